@@ -1,0 +1,50 @@
+/* vks_common.h: error codes, dtypes and small helpers shared by every module. */
+#ifndef VKS_COMMON_H
+#define VKS_COMMON_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+/* Return codes. Functions return VKS_OK (0) or a negative code and fill an
+ * error message retrievable with vks_last_error(). */
+enum {
+    VKS_OK = 0,
+    VKS_ERR_IO = -1,        /* file could not be opened / read / mapped */
+    VKS_ERR_FORMAT = -2,    /* hostile or malformed input */
+    VKS_ERR_NOMEM = -3,     /* host or device allocation failed / does not fit */
+    VKS_ERR_GPU = -4,       /* Vulkan call failed */
+    VKS_ERR_ARG = -5,       /* caller passed an invalid argument */
+};
+
+/* Weight element types. Numbering is stable (stored in files later). */
+typedef enum {
+    VKS_DTYPE_F32 = 0,
+    VKS_DTYPE_F16 = 1,
+    VKS_DTYPE_BF16 = 2,
+} vks_dtype;
+
+const char *vks_dtype_name(vks_dtype t);
+/* Parses "f32", "f16", "bf16"; returns 0 and sets *out, or -1. */
+int vks_dtype_parse(const char *s, vks_dtype *out);
+size_t vks_dtype_size(vks_dtype t); /* bytes per element */
+
+/* Thread-local last error message (one line, no trailing newline). */
+const char *vks_last_error(void);
+/* Sets the last error (printf-style) and returns code. */
+int vks_set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Scalar conversions (round to nearest even; NaN stays NaN). */
+float vks_f16_to_f32(uint16_t h);
+uint16_t vks_f32_to_f16(float f);
+float vks_bf16_to_f32(uint16_t h);
+uint16_t vks_f32_to_bf16(float f);
+
+/* Overflow-checked size arithmetic: return false on overflow. */
+static inline bool vks_mul_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool vks_add_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
+#endif

@@ -1,0 +1,102 @@
+/* vks_gpu.h: the Vulkan compute runtime. The only module that calls Vulkan;
+ * this header exposes no Vulkan types. */
+#ifndef VKS_GPU_H
+#define VKS_GPU_H
+#include "vks_common.h"
+
+typedef enum { VKS_VENDOR_OTHER, VKS_VENDOR_NVIDIA, VKS_VENDOR_AMD, VKS_VENDOR_INTEL,
+               VKS_VENDOR_MESA_CPU } vks_vendor;
+typedef enum { VKS_DEVTYPE_OTHER, VKS_DEVTYPE_INTEGRATED, VKS_DEVTYPE_DISCRETE,
+               VKS_DEVTYPE_VIRTUAL, VKS_DEVTYPE_CPU } vks_device_type;
+
+typedef struct {
+    int index;
+    char name[256];
+    vks_vendor vendor;
+    vks_device_type type;
+    uint64_t device_local_bytes;
+    bool fp16_arith;      /* shaderFloat16 */
+    bool int8_arith;      /* shaderInt8 */
+    bool subgroup_arith;  /* subgroup arithmetic ops in compute */
+    uint32_t subgroup_size;
+    uint32_t max_shared_bytes;
+    uint64_t max_storage_range;     /* maxStorageBufferRange */
+    uint32_t max_workgroup_count_x;
+    uint32_t max_workgroup_size_x;
+    uint32_t min_storage_align;     /* minStorageBufferOffsetAlignment */
+    uint32_t api_version;
+    float timestamp_period_ns;
+    bool timestamps;
+} vks_device_info;
+
+const char *vks_vendor_name(vks_vendor v);
+const char *vks_device_type_name(vks_device_type t);
+
+typedef struct vks_gpu vks_gpu;
+typedef struct vks_buffer vks_buffer;
+typedef struct vks_cmd vks_cmd;
+
+/* Lists physical devices. *count gets the total; at most max are written. */
+int vks_gpu_list(vks_device_info *out, int max, int *count);
+/* Index chosen by default: discrete with most memory, else integrated, else CPU. */
+int vks_gpu_default_index(const vks_device_info *devs, int n);
+
+typedef struct {
+    int device_index;   /* -1: VKSWARM_DEVICE env or the default rule */
+    bool validation;    /* enable VK_LAYER_KHRONOS_validation + message counter */
+    bool profile;       /* timestamp queries per dispatch */
+} vks_gpu_options;
+
+int vks_gpu_create(const vks_gpu_options *opt, vks_gpu **out);
+void vks_gpu_destroy(vks_gpu *g);
+const vks_device_info *vks_gpu_info(const vks_gpu *g);
+/* Number of validation messages of severity warning or error seen so far
+ * (they are also printed to stderr). */
+int vks_gpu_validation_messages(const vks_gpu *g);
+/* Device-local bytes still free by our own accounting (heap size - allocated). */
+uint64_t vks_gpu_free_bytes(const vks_gpu *g);
+
+/* Device-local storage buffer. bytes must be <= max_storage_range. */
+int vks_buffer_create(vks_gpu *g, size_t bytes, vks_buffer **out);
+void vks_buffer_destroy(vks_buffer *b);
+size_t vks_buffer_size(const vks_buffer *b);
+/* Copies through a staging buffer; blocking. */
+int vks_buffer_upload(vks_buffer *b, size_t offset, const void *src, size_t bytes);
+int vks_buffer_download(vks_buffer *b, size_t offset, void *dst, size_t bytes);
+/* Fills with a 32-bit pattern (e.g. NaN poison 0x7fc00000); blocking. */
+int vks_buffer_fill(vks_buffer *b, uint32_t pattern);
+
+/* Kernels are SPIR-V modules embedded at build time, looked up by name
+ * (e.g. "matmul_f16"). Specialization constants: id 0 = local_size_x, then
+ * ids 1.. as given. */
+typedef struct vks_kernel vks_kernel;
+int vks_kernel_get(vks_gpu *g, const char *name, const uint32_t *spec, int n_spec,
+                   int n_bindings, uint32_t push_bytes, vks_kernel **out);
+
+typedef struct {
+    vks_buffer *buf;
+    size_t offset;   /* must be a multiple of min_storage_align */
+    size_t range;    /* 0 = to the end of the buffer */
+} vks_binding;
+
+/* One command buffer; many dispatches; submitted once. */
+int vks_cmd_begin(vks_gpu *g, vks_cmd **out);
+/* Records a dispatch. label names the op for --profile. */
+int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bindings,
+                     const void *push, uint32_t push_bytes, uint32_t gx, uint32_t gy,
+                     uint32_t gz, const char *label);
+/* Full compute->compute memory barrier (write-after-read and read-after-write). */
+void vks_cmd_barrier(vks_cmd *c);
+/* Records a buffer-to-buffer copy (transfer), barriers included. */
+int vks_cmd_copy(vks_cmd *c, vks_buffer *src, size_t src_off, vks_buffer *dst, size_t dst_off,
+                 size_t bytes);
+/* Submits and waits; frees the command buffer. */
+int vks_cmd_submit(vks_cmd *c);
+/* Frees a command buffer without submitting (after a recording error). */
+void vks_cmd_discard(vks_cmd *c);
+
+/* Profiling: per-label accumulated GPU time since the last reset. */
+typedef struct { char label[48]; double ms; uint64_t calls; } vks_profile_entry;
+int vks_gpu_profile(const vks_gpu *g, vks_profile_entry *out, int max);
+void vks_gpu_profile_reset(vks_gpu *g);
+#endif

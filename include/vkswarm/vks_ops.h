@@ -1,0 +1,65 @@
+/* vks_ops.h: records one transformer op into a command buffer. Each op picks
+ * its kernel variant (weight dtype, matvec vs tiled, subgroup/tile sizes) from
+ * the device features. All activations are f32. Buffers are passed as
+ * vks_binding (buffer + byte offset). Barriers: vks_cmd_dispatch inserts a full
+ * compute barrier before every dispatch, so ops may be recorded back to back. */
+#ifndef VKS_OPS_H
+#define VKS_OPS_H
+#include "vks_gpu.h"
+
+typedef struct vks_ops vks_ops;
+int vks_ops_create(vks_gpu *g, vks_ops **out);
+void vks_ops_destroy(vks_ops *o);
+
+/* GPU layout of one sampling request (32 bytes, std430). */
+typedef struct {
+    float temperature;   /* <= 0: greedy */
+    uint32_t top_k;      /* 0: off */
+    float top_p;         /* <= 0 or >= 1: off */
+    uint32_t seed_lo, seed_hi;
+    uint32_t seq, pos;
+    uint32_t pad;
+} vks_gpu_sample_row;
+
+/* out[r, :] = table[tokens[r] - row0, :] for rows whose token lies in
+ * [row0, row0 + table_rows); other rows are left untouched (tables larger
+ * than max_storage_range are split into chunks, one call per chunk).
+ * tokens: uint32[R]. table: [table_rows, D] of dtype. out: f32 [R, D]. */
+int vks_op_embed(vks_ops *o, vks_cmd *c, vks_binding tokens, vks_binding table, vks_dtype dtype,
+                 uint32_t row0, uint32_t table_rows, uint32_t D, vks_binding out, uint32_t R);
+/* out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w  (w f32 [D]); out may equal x. */
+int vks_op_rmsnorm(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w, vks_binding out,
+                   uint32_t R, uint32_t D, float eps);
+/* y[m, y_col0 + n] = (accumulate ? y[m, y_col0 + n] : 0) + sum_k x[m,k] W[n,k]
+ * x f32 [M, K]; W [N, K] of dtype (f16/bf16 packed two per 32-bit word,
+ * element e at word e/2, low half first); y f32 with row stride ldy. */
+int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
+                  vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
+                  uint32_t y_col0, bool accumulate);
+/* In place: x[r, col0 + h*head_dim + ...] for h < n_heads, row stride `stride`;
+ * pos uint32[R]; mode VKS_ROPE_ADJACENT or VKS_ROPE_HALF. */
+int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R,
+                uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta,
+                uint32_t mode);
+/* kcache[(slot[r]*seq_len + pos[r])*kv_dim + j] = k[r*kv_dim + j]; same for v. */
+int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
+                    vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R,
+                    uint32_t kv_dim, uint32_t seq_len);
+/* Causal GQA attention, row r over keys 0..pos[r] of slot[r]; head h uses kv
+ * head h / (n_heads/n_kv_heads). q, out: f32 [R, n_heads*head_dim]. */
+int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
+                     vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
+                     uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                     uint32_t seq_len);
+/* out[i] = silu(g[i]) * u[i]; out may equal g. */
+int vks_op_swiglu(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_binding out,
+                  uint32_t n);
+/* x[i] += y[i] */
+int vks_op_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding y, uint32_t n);
+/* dst[i, :] = src[idx[i], :], D floats per row. */
+int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
+                       vks_binding dst, uint32_t n, uint32_t D);
+/* tokens[s] = sample(logits[s, :], params[s]) as vks_ref_sample. */
+int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
+                  vks_binding tokens, uint32_t S, uint32_t V);
+#endif

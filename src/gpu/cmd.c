@@ -1,0 +1,183 @@
+/* Command recording: one command buffer per forward pass, many dispatches,
+ * one submit. Descriptor sets come from per-command pools freed at submit.
+ * With profiling on, each dispatch is bracketed by timestamp queries. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gpu/gpu_internal.h"
+
+int vks_cmd_begin(vks_gpu *g, vks_cmd **out) {
+    if (!g || !out) return vks_set_error(VKS_ERR_ARG, "vks_cmd_begin: NULL argument");
+    vks_cmd *c = calloc(1, sizeof *c);
+    if (!c) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    c->gpu = g;
+    int rc = vks_gpu_oneshot_begin(g, &c->cb);
+    if (rc) { free(c); return rc; }
+    if (g->profile) vkCmdResetQueryPool(c->cb, g->query_pool, 0, VKS_MAX_TIMESTAMPS);
+    *out = c;
+    return VKS_OK;
+}
+
+static int new_descriptor_pool(vks_cmd *c) {
+    if (c->n_pools == (int)(sizeof c->pools / sizeof c->pools[0]))
+        return vks_set_error(VKS_ERR_ARG, "too many dispatches in one command buffer");
+    VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                 .descriptorCount = VKS_SETS_PER_POOL * VKS_MAX_BINDINGS};
+    VkDescriptorPoolCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                     .maxSets = VKS_SETS_PER_POOL, .poolSizeCount = 1, .pPoolSizes = &size};
+    VkResult r = vkCreateDescriptorPool(c->gpu->dev, &ci, NULL, &c->pools[c->n_pools]);
+    if (r != VK_SUCCESS) return vks_vk_error(r, "vkCreateDescriptorPool");
+    c->n_pools++;
+    c->sets_in_pool = 0;
+    return VKS_OK;
+}
+
+static int allocate_set(vks_cmd *c, vks_kernel *k, VkDescriptorSet *set) {
+    if (c->n_pools == 0 || c->sets_in_pool == VKS_SETS_PER_POOL) {
+        int rc = new_descriptor_pool(c);
+        if (rc) return rc;
+    }
+    VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                      .descriptorPool = c->pools[c->n_pools - 1], .descriptorSetCount = 1,
+                                      .pSetLayouts = &k->set_layout};
+    VkResult r = vkAllocateDescriptorSets(c->gpu->dev, &ai, set);
+    if (r != VK_SUCCESS) return vks_vk_error(r, "vkAllocateDescriptorSets");
+    c->sets_in_pool++;
+    return VKS_OK;
+}
+
+static int check_binding(const vks_gpu *g, const vks_binding *b, int i, const char *label) {
+    size_t range = b->range ? b->range : (b->buf ? b->buf->size - (b->offset < b->buf->size ? b->offset : b->buf->size) : 0);
+    size_t end;
+    if (!b->buf || b->offset >= b->buf->size || !vks_add_size(b->offset, range, &end) || end > b->buf->size ||
+        range == 0 || range > g->info.max_storage_range || b->offset % g->info.min_storage_align)
+        return vks_set_error(VKS_ERR_ARG, "%s: binding %d out of range (offset %zu, range %zu, buffer %zu)",
+                             label, i, b->offset, range, b->buf ? b->buf->size : 0);
+    return VKS_OK;
+}
+
+void vks_cmd_barrier(vks_cmd *c) {
+    if (!c) return;
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT |
+                                           VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT,
+                          .dstAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT |
+                                           VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT};
+    VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    vkCmdPipelineBarrier(c->cb, stages, stages, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+static void write_descriptors(vks_cmd *c, VkDescriptorSet set, const vks_binding *b, int n) {
+    VkDescriptorBufferInfo infos[VKS_MAX_BINDINGS];
+    VkWriteDescriptorSet writes[VKS_MAX_BINDINGS];
+    for (int i = 0; i < n; i++) {
+        infos[i] = (VkDescriptorBufferInfo){.buffer = b[i].buf->buf, .offset = b[i].offset,
+                                            .range = b[i].range ? b[i].range : VK_WHOLE_SIZE};
+        writes[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstSet = set,
+                                           .dstBinding = (uint32_t)i, .descriptorCount = 1,
+                                           .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                           .pBufferInfo = &infos[i]};
+    }
+    vkUpdateDescriptorSets(c->gpu->dev, (uint32_t)n, writes, 0, NULL);
+}
+
+int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bindings, const void *push,
+                     uint32_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz, const char *label) {
+    if (!c || !k || !b || n_bindings != k->n_bindings || push_bytes != k->push_bytes || (push_bytes && !push))
+        return vks_set_error(VKS_ERR_ARG, "vks_cmd_dispatch(%s): interface mismatch", k ? k->name : "NULL");
+    const vks_device_info *info = &c->gpu->info;
+    if (gx == 0 || gy == 0 || gz == 0 || gx > info->max_workgroup_count_x || gy > 65535 || gz > 65535)
+        return vks_set_error(VKS_ERR_ARG, "%s: bad dispatch size %ux%ux%u", k->name, gx, gy, gz);
+    for (int i = 0; i < n_bindings; i++) {
+        int rc = check_binding(c->gpu, &b[i], i, k->name);
+        if (rc) return rc;
+    }
+    VkDescriptorSet set;
+    int rc = allocate_set(c, k, &set);
+    if (rc) return rc;
+    write_descriptors(c, set, b, n_bindings);
+    if (c->n_dispatches > 0) vks_cmd_barrier(c);
+    vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipeline);
+    vkCmdBindDescriptorSets(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->layout, 0, 1, &set, 0, NULL);
+    if (push_bytes) vkCmdPushConstants(c->cb, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
+    bool timed = c->gpu->profile && c->n_queries + 2 <= VKS_MAX_TIMESTAMPS;
+    if (timed) vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, c->gpu->query_pool, c->n_queries);
+    vkCmdDispatch(c->cb, gx, gy, gz);
+    if (timed) {
+        vkCmdWriteTimestamp(c->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, c->gpu->query_pool, c->n_queries + 1);
+        c->labels[c->n_queries / 2] = label ? label : k->name;
+        c->n_queries += 2;
+    }
+    c->n_dispatches++;
+    return VKS_OK;
+}
+
+int vks_cmd_copy(vks_cmd *c, vks_buffer *src, size_t src_off, vks_buffer *dst, size_t dst_off, size_t bytes) {
+    size_t se, de;
+    if (!c || !src || !dst || bytes == 0 || !vks_add_size(src_off, bytes, &se) || se > src->size ||
+        !vks_add_size(dst_off, bytes, &de) || de > dst->size)
+        return vks_set_error(VKS_ERR_ARG, "vks_cmd_copy: out of range");
+    vks_cmd_barrier(c);
+    VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
+    vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &region);
+    vks_cmd_barrier(c);
+    return VKS_OK;
+}
+
+static void add_profile_sample(vks_gpu *g, const char *label, double ms) {
+    for (int i = 0; i < g->n_profile_entries; i++) {
+        if (strcmp(g->profile_entries[i].label, label) == 0) {
+            g->profile_entries[i].ms += ms;
+            g->profile_entries[i].calls++;
+            return;
+        }
+    }
+    if (g->n_profile_entries == VKS_MAX_PROFILE_LABELS) return;
+    vks_profile_entry *e = &g->profile_entries[g->n_profile_entries++];
+    snprintf(e->label, sizeof e->label, "%s", label);
+    e->ms = ms;
+    e->calls = 1;
+}
+
+static void collect_profile(vks_cmd *c) {
+    vks_gpu *g = c->gpu;
+    if (!g->profile || c->n_queries == 0) return;
+    uint64_t *ts = malloc(sizeof(uint64_t) * c->n_queries);
+    if (!ts) return;
+    VkResult r = vkGetQueryPoolResults(g->dev, g->query_pool, 0, c->n_queries, sizeof(uint64_t) * c->n_queries,
+                                       ts, sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    if (r == VK_SUCCESS)
+        for (uint32_t i = 0; i + 1 < c->n_queries; i += 2)
+            add_profile_sample(g, c->labels[i / 2], (double)(ts[i + 1] - ts[i]) * g->info.timestamp_period_ns * 1e-6);
+    free(ts);
+}
+
+int vks_cmd_submit(vks_cmd *c) {
+    if (!c) return vks_set_error(VKS_ERR_ARG, "vks_cmd_submit: NULL");
+    vks_gpu *g = c->gpu;
+    int rc = vks_gpu_oneshot_end(g, c->cb);
+    if (rc == VKS_OK) collect_profile(c);
+    for (int i = 0; i < c->n_pools; i++) vkDestroyDescriptorPool(g->dev, c->pools[i], NULL);
+    free(c);
+    return rc;
+}
+
+void vks_cmd_discard(vks_cmd *c) {
+    if (!c) return;
+    vks_gpu *g = c->gpu;
+    vkEndCommandBuffer(c->cb);
+    vkFreeCommandBuffers(g->dev, g->pool, 1, &c->cb);
+    for (int i = 0; i < c->n_pools; i++) vkDestroyDescriptorPool(g->dev, c->pools[i], NULL);
+    free(c);
+}
+
+int vks_gpu_profile(const vks_gpu *g, vks_profile_entry *out, int max) {
+    if (!g || !out) return 0;
+    int n = g->n_profile_entries < max ? g->n_profile_entries : max;
+    memcpy(out, g->profile_entries, sizeof(vks_profile_entry) * (size_t)n);
+    return n;
+}
+
+void vks_gpu_profile_reset(vks_gpu *g) {
+    if (g) g->n_profile_entries = 0;
+}

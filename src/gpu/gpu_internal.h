@@ -1,0 +1,72 @@
+/* Private structures of the Vulkan runtime (src/gpu only). */
+#ifndef VKS_GPU_INTERNAL_H
+#define VKS_GPU_INTERNAL_H
+#include <vulkan/vulkan.h>
+#include "vkswarm/vks_gpu.h"
+
+#define VKS_MAX_BINDINGS 8
+#define VKS_MAX_SPEC 8
+#define VKS_MAX_PROFILE_LABELS 64
+#define VKS_MAX_TIMESTAMPS 8192
+#define VKS_SETS_PER_POOL 256
+
+struct vks_kernel {
+    struct vks_kernel *next;       /* cache list */
+    char name[48];
+    uint32_t spec[VKS_MAX_SPEC];
+    int n_spec, n_bindings;
+    uint32_t push_bytes;
+    VkShaderModule module;
+    VkDescriptorSetLayout set_layout;
+    VkPipelineLayout layout;
+    VkPipeline pipeline;
+};
+
+struct vks_buffer {
+    vks_gpu *gpu;
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    size_t size;
+};
+
+typedef struct { VkBuffer buf; VkDeviceMemory mem; void *map; size_t size; } vks_staging;
+
+struct vks_gpu {
+    VkInstance instance;
+    VkDebugUtilsMessengerEXT messenger;
+    VkPhysicalDevice phys;
+    VkDevice dev;
+    VkQueue queue;
+    uint32_t queue_family;
+    VkCommandPool pool;
+    VkFence fence;
+    vks_device_info info;
+    uint32_t device_mem_type, host_mem_type;
+    uint64_t heap_bytes, allocated_bytes;
+    int validation_messages;
+    struct vks_kernel *kernels;
+    vks_staging staging;
+    bool profile;
+    VkQueryPool query_pool;
+    vks_profile_entry profile_entries[VKS_MAX_PROFILE_LABELS];
+    int n_profile_entries;
+};
+
+struct vks_cmd {
+    vks_gpu *gpu;
+    VkCommandBuffer cb;
+    VkDescriptorPool pools[64];
+    int n_pools, sets_in_pool;
+    int n_dispatches;
+    uint32_t n_queries;
+    const char *labels[VKS_MAX_TIMESTAMPS / 2];
+};
+
+int vks_vk_error(VkResult r, const char *what);
+int vks_gpu_find_memory(const vks_gpu *g, uint32_t type_bits, VkMemoryPropertyFlags want,
+                        uint32_t *out);
+/* One-shot command buffer for transfers: begin/end+submit+wait. */
+int vks_gpu_oneshot_begin(vks_gpu *g, VkCommandBuffer *out);
+int vks_gpu_oneshot_end(vks_gpu *g, VkCommandBuffer cb);
+void vks_kernel_cache_destroy(vks_gpu *g);
+#endif

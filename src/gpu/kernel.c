@@ -1,0 +1,106 @@
+/* Compute pipelines from embedded SPIR-V plus specialization constants, cached
+ * per (name, specialization values). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gpu/gpu_internal.h"
+#include "gpu/spirv_table.h"
+
+static const vks_spirv_blob *find_blob(const char *name) {
+    for (const vks_spirv_blob *b = vks_spirv_table; b->name; b++)
+        if (strcmp(b->name, name) == 0) return b;
+    return NULL;
+}
+
+static struct vks_kernel *find_cached(vks_gpu *g, const char *name, const uint32_t *spec, int n_spec) {
+    for (struct vks_kernel *k = g->kernels; k; k = k->next)
+        if (k->n_spec == n_spec && strcmp(k->name, name) == 0 &&
+            (n_spec == 0 || memcmp(k->spec, spec, sizeof(uint32_t) * (size_t)n_spec) == 0))
+            return k;
+    return NULL;
+}
+
+static int create_layouts(vks_gpu *g, struct vks_kernel *k) {
+    VkDescriptorSetLayoutBinding binds[VKS_MAX_BINDINGS];
+    for (int i = 0; i < k->n_bindings; i++)
+        binds[i] = (VkDescriptorSetLayoutBinding){.binding = (uint32_t)i,
+                                                  .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                  .descriptorCount = 1,
+                                                  .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+    VkDescriptorSetLayoutCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                           .bindingCount = (uint32_t)k->n_bindings, .pBindings = binds};
+    VkResult r = vkCreateDescriptorSetLayout(g->dev, &dci, NULL, &k->set_layout);
+    if (r != VK_SUCCESS) return vks_vk_error(r, "vkCreateDescriptorSetLayout");
+    VkPushConstantRange pcr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = k->push_bytes};
+    VkPipelineLayoutCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                      .setLayoutCount = 1, .pSetLayouts = &k->set_layout,
+                                      .pushConstantRangeCount = k->push_bytes ? 1 : 0, .pPushConstantRanges = &pcr};
+    r = vkCreatePipelineLayout(g->dev, &pci, NULL, &k->layout);
+    return r == VK_SUCCESS ? VKS_OK : vks_vk_error(r, "vkCreatePipelineLayout");
+}
+
+static int create_pipeline(vks_gpu *g, struct vks_kernel *k, const vks_spirv_blob *blob) {
+    VkShaderModuleCreateInfo mci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                    .codeSize = blob->bytes, .pCode = blob->code};
+    VkResult r = vkCreateShaderModule(g->dev, &mci, NULL, &k->module);
+    if (r != VK_SUCCESS) return vks_vk_error(r, "vkCreateShaderModule");
+    VkSpecializationMapEntry entries[VKS_MAX_SPEC];
+    for (int i = 0; i < k->n_spec; i++)
+        entries[i] = (VkSpecializationMapEntry){.constantID = (uint32_t)i, .offset = (uint32_t)(4 * i), .size = 4};
+    VkSpecializationInfo si = {.mapEntryCount = (uint32_t)k->n_spec, .pMapEntries = entries,
+                               .dataSize = 4 * (size_t)k->n_spec, .pData = k->spec};
+    VkComputePipelineCreateInfo ci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = k->module, .pName = "main",
+                  .pSpecializationInfo = k->n_spec ? &si : NULL},
+        .layout = k->layout};
+    r = vkCreateComputePipelines(g->dev, VK_NULL_HANDLE, 1, &ci, NULL, &k->pipeline);
+    return r == VK_SUCCESS ? VKS_OK : vks_vk_error(r, "vkCreateComputePipelines");
+}
+
+static void destroy_kernel(vks_gpu *g, struct vks_kernel *k) {
+    if (k->pipeline) vkDestroyPipeline(g->dev, k->pipeline, NULL);
+    if (k->layout) vkDestroyPipelineLayout(g->dev, k->layout, NULL);
+    if (k->set_layout) vkDestroyDescriptorSetLayout(g->dev, k->set_layout, NULL);
+    if (k->module) vkDestroyShaderModule(g->dev, k->module, NULL);
+    free(k);
+}
+
+int vks_kernel_get(vks_gpu *g, const char *name, const uint32_t *spec, int n_spec, int n_bindings,
+                   uint32_t push_bytes, vks_kernel **out) {
+    if (!g || !name || !out || n_spec < 0 || n_spec > VKS_MAX_SPEC || (n_spec && !spec) || n_bindings < 1 ||
+        n_bindings > VKS_MAX_BINDINGS || push_bytes > 128 || push_bytes % 4)
+        return vks_set_error(VKS_ERR_ARG, "vks_kernel_get(%s): bad arguments", name ? name : "NULL");
+    struct vks_kernel *k = find_cached(g, name, spec, n_spec);
+    if (k) {
+        if (k->n_bindings != n_bindings || k->push_bytes != push_bytes)
+            return vks_set_error(VKS_ERR_ARG, "kernel %s requested with a different interface", name);
+        *out = k;
+        return VKS_OK;
+    }
+    const vks_spirv_blob *blob = find_blob(name);
+    if (!blob) return vks_set_error(VKS_ERR_ARG, "no embedded kernel named %s", name);
+    k = calloc(1, sizeof *k);
+    if (!k) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    snprintf(k->name, sizeof k->name, "%s", name);
+    if (n_spec) memcpy(k->spec, spec, sizeof(uint32_t) * (size_t)n_spec);
+    k->n_spec = n_spec;
+    k->n_bindings = n_bindings;
+    k->push_bytes = push_bytes;
+    int rc = create_layouts(g, k);
+    if (!rc) rc = create_pipeline(g, k, blob);
+    if (rc) { destroy_kernel(g, k); return rc; }
+    k->next = g->kernels;
+    g->kernels = k;
+    *out = k;
+    return VKS_OK;
+}
+
+void vks_kernel_cache_destroy(vks_gpu *g) {
+    while (g->kernels) {
+        struct vks_kernel *k = g->kernels;
+        g->kernels = k->next;
+        destroy_kernel(g, k);
+    }
+}

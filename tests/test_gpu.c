@@ -1,0 +1,91 @@
+/* Vulkan runtime: device enumeration, buffers, transfers, errors. */
+#include "test_util.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#include "vkswarm/vks_gpu.h"
+
+static vks_gpu *open_gpu(void) {
+    vks_gpu_options opt = {.device_index = -1, .validation = getenv("VKSWARM_VALIDATION") != NULL};
+    vks_gpu *g = NULL;
+    int rc = vks_gpu_create(&opt, &g);
+    if (rc) fprintf(stderr, "vks_gpu_create: %s\n", vks_last_error());
+    assert_int_equal(rc, VKS_OK);
+    return g;
+}
+
+static void test_list_devices(void **state) {
+    (void)state;
+    vks_device_info d[16];
+    int n = 0;
+    assert_int_equal(vks_gpu_list(d, 16, &n), VKS_OK);
+    assert_true(n >= 1);
+    int def = vks_gpu_default_index(d, n);
+    assert_true(def >= 0 && def < n);
+    for (int i = 0; i < n && i < 16; i++) {
+        assert_true(d[i].subgroup_size >= 1);
+        assert_true(d[i].max_storage_range >= (1u << 20));
+        assert_true(d[i].max_shared_bytes >= 16384);
+    }
+}
+
+static void test_upload_download_fill(void **state) {
+    (void)state;
+    vks_gpu *g = open_gpu();
+    size_t n = (40u << 20) / 4 + 7; /* larger than the staging buffer, odd size */
+    uint32_t *a = malloc(n * 4), *b = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) a[i] = (uint32_t)(i * 2654435761u);
+    vks_buffer *buf;
+    assert_int_equal(vks_buffer_create(g, n * 4, &buf), VKS_OK);
+    assert_int_equal(vks_buffer_upload(buf, 0, a, n * 4), VKS_OK);
+    memset(b, 0, n * 4);
+    assert_int_equal(vks_buffer_download(buf, 0, b, n * 4), VKS_OK);
+    assert_memory_equal(a, b, n * 4);
+    assert_int_equal(vks_buffer_download(buf, 12, b, 16), VKS_OK);
+    assert_memory_equal(a + 3, b, 16);
+    assert_int_equal(vks_buffer_fill(buf, 0x7fc00000u), VKS_OK);
+    assert_int_equal(vks_buffer_download(buf, 0, b, 64), VKS_OK);
+    for (int i = 0; i < 16; i++) assert_int_equal(b[i], 0x7fc00000u);
+    /* out of range transfers are refused, not performed */
+    assert_int_equal(vks_buffer_upload(buf, n * 4 - 4, a, 8), VKS_ERR_ARG);
+    assert_int_equal(vks_buffer_download(buf, SIZE_MAX - 2, b, 8), VKS_ERR_ARG);
+    vks_buffer_destroy(buf);
+    free(a);
+    free(b);
+    assert_int_equal(vks_gpu_validation_messages(g), 0);
+    vks_gpu_destroy(g);
+}
+
+static void test_limits_refused(void **state) {
+    (void)state;
+    vks_gpu *g = open_gpu();
+    vks_buffer *buf = NULL;
+    uint64_t too_big = vks_gpu_info(g)->max_storage_range + 1;
+    assert_int_equal(vks_buffer_create(g, (size_t)too_big, &buf), VKS_ERR_ARG);
+    assert_int_equal(vks_buffer_create(g, 0, &buf), VKS_ERR_ARG);
+    vks_kernel *k;
+    assert_int_equal(vks_kernel_get(g, "no_such_kernel", NULL, 0, 1, 0, &k), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "no_such_kernel"));
+    assert_int_equal(vks_gpu_validation_messages(g), 0);
+    vks_gpu_destroy(g);
+}
+
+static void test_bad_device_index(void **state) {
+    (void)state;
+    vks_gpu_options opt = {.device_index = 99};
+    vks_gpu *g = NULL;
+    assert_int_equal(vks_gpu_create(&opt, &g), VKS_ERR_ARG);
+    assert_null(g);
+    assert_non_null(strstr(vks_last_error(), "99"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_list_devices),
+        cmocka_unit_test(test_upload_download_fill),
+        cmocka_unit_test(test_limits_refused),
+        cmocka_unit_test(test_bad_device_index),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,63 @@
+#include "test_util.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *tu_shared_path(const char *rel) {
+    static char buf[4096];
+    const char *root = getenv("VKSWARM_SHARED");
+    if (!root) root = "../shared";
+    snprintf(buf, sizeof buf, "%s/models/%s", root, rel);
+    if (access(buf, R_OK) != 0) {
+        fprintf(stderr, "SKIP: %s not found (../shared is missing)\n", buf);
+        return NULL;
+    }
+    return buf;
+}
+
+unsigned char *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    fclose(f);
+    if (b) { b[n] = 0; if (len) *len = (size_t)n; }
+    return b;
+}
+
+double tu_nmse(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * (double)ref[i];
+    }
+    return num / (den > 1e-30 ? den : 1e-30);
+}
+
+bool tu_has_nonfinite(const float *a, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(a[i])) return true;
+    return false;
+}
+
+void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+        uint32_t u = (uint32_t)((s * 0x2545F4914F6CDD1Dull) >> 40);
+        x[i] = lo + (hi - lo) * (float)u / 16777216.0f;
+    }
+}
+
+const char *tu_tmpdir(void) {
+    static char buf[256];
+    snprintf(buf, sizeof buf, "/tmp/vkstest.XXXXXX");
+    if (!mkdtemp(buf)) return "/tmp";
+    return buf;
+}

@@ -1,0 +1,24 @@
+/* Helpers shared by the cmocka suites. */
+#ifndef VKS_TEST_UTIL_H
+#define VKS_TEST_UTIL_H
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <cmocka.h>
+
+/* Path of ../shared/models/<rel> or NULL (and a printed skip reason) when absent.
+ * Uses $VKSWARM_SHARED, else ../shared relative to the source tree. Static buffer. */
+const char *tu_shared_path(const char *rel);
+/* Reads a whole file; returns malloc'd bytes (NUL-terminated) and *len; NULL if missing. */
+unsigned char *tu_read_file(const char *path, size_t *len);
+/* Normalized mean squared error: sum((a-b)^2) / max(sum(b^2), tiny). */
+double tu_nmse(const float *a, const float *ref, size_t n);
+/* True if any element is NaN or Inf. */
+bool tu_has_nonfinite(const float *a, size_t n);
+/* Deterministic uniform floats in [lo, hi). */
+void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
+/* Makes a fresh temporary directory; returns static path. */
+const char *tu_tmpdir(void);
+#endif
