@@ -1,0 +1,80 @@
+/* vks_engine.h: the transformer forward on the GPU over a layer range (a
+ * pipeline stage is a range), with its KV cache. Rows are tokens: each row
+ * names its KV slot (sequence) and position, so one call can mix prefill
+ * chunks of several sequences and decode steps. */
+#ifndef VKS_ENGINE_H
+#define VKS_ENGINE_H
+#include "vks_gpu.h"
+#include "vks_model.h"
+#include "vks_ops.h"
+
+typedef struct {
+    int layer_begin, layer_end; /* [begin, end); 0,0 = all layers */
+    vks_dtype dtype;            /* weight dtype on the device */
+    int max_rows;               /* rows per forward call (0: 256) */
+    int max_out_rows;           /* rows producing logits per call (0: max_rows) */
+    int n_slots;                /* sequences with a KV cache (0: 1) */
+    int kv_len;                 /* positions per slot (0: model seq_len) */
+    uint64_t max_chunk_bytes;   /* split weights above this (0: the device's binding limit) */
+} vks_engine_options;
+
+typedef struct vks_engine vks_engine;
+
+/* Uploads the weights of the layer range (plus embedding when the range starts
+ * at 0 and final norm + classifier when it ends at n_layers). Refuses with the
+ * bytes needed and available when the model does not fit. */
+int vks_engine_create(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, vks_engine **out);
+void vks_engine_destroy(vks_engine *e);
+/* Device bytes this engine allocated (weights, KV cache, activations). */
+uint64_t vks_engine_device_bytes(const vks_engine *e);
+uint64_t vks_engine_weight_bytes(const vks_engine *e);
+const vks_model_config *vks_engine_config(const vks_engine *e);
+bool vks_engine_has_embed(const vks_engine *e);
+bool vks_engine_has_head(const vks_engine *e);
+int vks_engine_max_rows(const vks_engine *e);
+int vks_engine_max_out_rows(const vks_engine *e);
+
+typedef struct {
+    int n_rows;
+    const int32_t *tokens;       /* [n_rows]; required when the engine has the embedding */
+    const float *x_in;           /* [n_rows, dim]; required otherwise */
+    const uint32_t *slot, *pos;  /* [n_rows] */
+    /* Head outputs (engines with the head only): */
+    int n_out;
+    const uint32_t *out_rows;    /* [n_out] row indices whose logits are wanted */
+    float *logits;               /* [n_out, vocab] or NULL */
+    float *hidden;               /* [n_out, dim] final-norm rows or NULL */
+    const vks_gpu_sample_row *sample; /* [n_out] or NULL: sample on the GPU */
+    int32_t *sampled;            /* [n_out] sampled tokens (when sample != NULL) */
+    /* Stage output (engines without the head): */
+    float *x_out;                /* [n_rows, dim] residual stream after the range */
+} vks_forward_batch;
+
+/* Records the whole forward into one command buffer and submits it once. */
+int vks_engine_forward(vks_engine *e, const vks_forward_batch *b);
+
+/* ---- generation (generate.c) ---- */
+typedef struct {
+    int steps;            /* positions, prompt included (llama2.c -n); 0: seq_len */
+    float temperature;    /* 0: greedy */
+    float top_p;          /* 0 or 1: off */
+    uint32_t top_k;       /* 0: off */
+    uint64_t seed;
+    int stop_token_a, stop_token_b; /* generation of a sequence stops on either (-1: none) */
+    /* Progress callback (may be NULL): called after each decode step. */
+    void (*on_step)(void *user, int step, int n_steps, int active);
+    void *user;
+} vks_generate_options;
+
+typedef struct {
+    int32_t *ids;    /* prompt ids followed by generated ids (malloc'd) */
+    int n_ids;
+    int n_prompt;
+} vks_sequence;
+
+/* Runs every prompt as one batch (one KV slot each; the engine needs at
+ * least n_seqs slots). Sequence s samples with seq index seq_base + s. */
+int vks_generate(vks_engine *e, const vks_generate_options *opt, vks_sequence *seqs, int n_seqs,
+                 uint32_t seq_base);
+void vks_sequence_free(vks_sequence *s);
+#endif

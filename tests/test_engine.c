@@ -1,0 +1,348 @@
+/* The GPU engine end to end: stories260K logits and greedy text against the
+ * llama2.c references, the CPU forward on random models, weight splitting,
+ * batch-invariant sampling and refusals. */
+#include "test_util.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_tokenizer.h"
+
+static vks_gpu *gpu;
+
+static int setup(void **state) {
+    (void)state;
+    vks_gpu_options opt = {.device_index = -1, .validation = getenv("VKSWARM_VALIDATION") != NULL};
+    if (vks_gpu_create(&opt, &gpu)) {
+        fprintf(stderr, "vks_gpu_create: %s\n", vks_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    vks_gpu_destroy(gpu);
+    return 0;
+}
+
+static void assert_no_validation_messages(void) { assert_int_equal(vks_gpu_validation_messages(gpu), 0); }
+
+/* Reads a ref .ids file: the data line (tokens fed, then one sampled). */
+static int32_t *read_ref_ids(const char *name, int *n) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "stories260K/ref/%s.ids", name);
+    const char *path = tu_shared_path(rel);
+    if (!path) return NULL;
+    char *text = (char *)tu_read_file(path, NULL);
+    assert_non_null(text);
+    int32_t *ids = malloc(sizeof(int32_t) * 4096);
+    *n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#') continue;
+        for (char *tok = line; *tok;) {
+            char *end;
+            long v = strtol(tok, &end, 10);
+            if (end == tok) break;
+            ids[(*n)++] = (int32_t)v;
+            tok = end;
+        }
+    }
+    free(text);
+    return ids;
+}
+
+static float *read_ref_logits(const char *name, size_t *n_floats) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "stories260K/ref/%s.logits.f32", name);
+    const char *path = tu_shared_path(rel);
+    size_t bytes;
+    float *l = path ? (float *)tu_read_file(path, &bytes) : NULL;
+    if (l) *n_floats = bytes / 4;
+    return l;
+}
+
+static vks_model *load_stories(void) {
+    const char *path = tu_shared_path("stories260K/stories260K.bin");
+    if (!path) return NULL;
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_load_llama2c(path, &m), VKS_OK);
+    return m;
+}
+
+/* Feeds ids at positions 0..n-1 of slot 0 in chunks of `chunk` rows; logits for every row. */
+static void engine_logits(vks_engine *e, const int32_t *ids, int n, int chunk, float *logits, int V) {
+    uint32_t slot[512] = {0}, pos[512], rows[512];
+    for (int p0 = 0; p0 < n; p0 += chunk) {
+        int R = n - p0 < chunk ? n - p0 : chunk;
+        for (int r = 0; r < R; r++) { pos[r] = (uint32_t)(p0 + r); rows[r] = (uint32_t)r; }
+        vks_forward_batch b = {.n_rows = R, .tokens = ids + p0, .slot = slot, .pos = pos, .n_out = R,
+                               .out_rows = rows, .logits = logits + (size_t)p0 * V};
+        int rc = vks_engine_forward(e, &b);
+        if (rc) fprintf(stderr, "forward: %s\n", vks_last_error());
+        assert_int_equal(rc, VKS_OK);
+    }
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates as a failure */
+    }
+    return m;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Runs one ref case with the given dtype/chunking; returns max |diff| and top-1 agreement. */
+static void run_ref_case(vks_model *m, const char *name, vks_dtype dt, int chunk, uint64_t max_chunk_bytes,
+                         double *max_diff, double *top1) {
+    int n_ids;
+    int32_t *ids = read_ref_ids(name, &n_ids);
+    size_t nf = 0;
+    float *ref = read_ref_logits(name, &nf);
+    assert_non_null(ids);
+    assert_non_null(ref);
+    int V = m->cfg.vocab_size, N = (int)(nf / (size_t)V);
+    assert_true(N <= n_ids);
+    vks_engine_options o = {.dtype = dt, .n_slots = 1, .kv_len = N, .max_rows = chunk,
+                            .max_chunk_bytes = max_chunk_bytes};
+    vks_engine *e = NULL;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    float *got = malloc(sizeof(float) * nf);
+    for (size_t i = 0; i < nf; i++) got[i] = NAN;
+    engine_logits(e, ids, N, chunk, got, V);
+    assert_false(tu_has_nonfinite(got, nf));
+    *max_diff = max_abs_diff(got, ref, nf);
+    int agree = 0;
+    for (int p = 0; p < N; p++) agree += argmax(got + (size_t)p * V, V) == argmax(ref + (size_t)p * V, V);
+    *top1 = (double)agree / N;
+    vks_engine_destroy(e);
+    free(got); free(ref); free(ids);
+}
+
+static void test_stories_logits_f32(void **state) {
+    (void)state;
+    vks_model *m = load_stories();
+    if (!m) skip();
+    const char *cases[] = {"greedy_noprompt_n200", "greedy_onceuponatime_n64"};
+    int chunks[] = {200, 17, 1};
+    for (int c = 0; c < 2; c++)
+        for (int k = 0; k < 3; k++) {
+            double d, top1;
+            run_ref_case(m, cases[c], VKS_DTYPE_F32, chunks[k], 0, &d, &top1);
+            fprintf(stderr, "%s chunk %d: max |diff| %.3g, top-1 %.4f\n", cases[c], chunks[k], d, top1);
+            assert_true(d <= 1e-4);
+            assert_true(top1 == 1.0);
+        }
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+static void test_stories_logits_half(void **state) {
+    (void)state;
+    vks_model *m = load_stories();
+    if (!m) skip();
+    vks_dtype types[] = {VKS_DTYPE_F16, VKS_DTYPE_BF16};
+    for (int t = 0; t < 2; t++) {
+        double d, top1;
+        run_ref_case(m, "greedy_noprompt_n200", types[t], 64, 0, &d, &top1);
+        fprintf(stderr, "%s: max |diff| %.3g, top-1 agreement %.4f\n", vks_dtype_name(types[t]), d, top1);
+        assert_true(top1 >= 0.99);
+        assert_true(d < 1.0); /* a sanity bound: the weights, not the method, differ */
+    }
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+/* Weights split into many bindings (as tensors above 128 MiB are on lavapipe) give the same logits. */
+static void test_split_weights(void **state) {
+    (void)state;
+    vks_model *m = load_stories();
+    if (!m) skip();
+    double d, top1;
+    run_ref_case(m, "greedy_onceuponatime_n64", VKS_DTYPE_F32, 32, 12000, &d, &top1);
+    assert_true(d <= 1e-4);
+    run_ref_case(m, "greedy_onceuponatime_n64", VKS_DTYPE_F16, 32, 12000, &d, &top1);
+    assert_true(top1 >= 0.98);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+static char *generate_text(vks_model *m, vks_tokenizer *t, const char *prompt, int steps) {
+    vks_sequence s = {0};
+    s.ids = malloc(sizeof(int32_t) * (strlen(prompt) + 3));
+    assert_int_equal(vks_tokenizer_encode(t, prompt, strlen(prompt), true, false, s.ids, &s.n_prompt), VKS_OK);
+    vks_engine_options o = {.n_slots = 1, .kv_len = steps, .max_rows = 8};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    vks_generate_options g = {.steps = steps, .temperature = 0, .stop_token_a = 1, .stop_token_b = -1};
+    assert_int_equal(vks_generate(e, &g, &s, 1, 0), VKS_OK);
+    char *out = calloc(1, 65536);
+    size_t len = 0;
+    for (int i = 0; i + 1 < s.n_ids; i++) {
+        char buf[32];
+        size_t plen;
+        const char *piece = vks_tokenizer_decode(t, s.ids[i], s.ids[i + 1], buf, &plen);
+        if (!vks_tokenizer_piece_printable(piece, plen)) continue;
+        memcpy(out + len, piece, plen);
+        len += plen;
+    }
+    out[len++] = '\n';
+    vks_engine_destroy(e);
+    vks_sequence_free(&s);
+    return out;
+}
+
+static void test_greedy_text(void **state) {
+    (void)state;
+    vks_model *m = load_stories();
+    const char *tokp = tu_shared_path("stories260K/tok512.bin");
+    if (!m || !tokp) skip();
+    vks_tokenizer *t;
+    assert_int_equal(vks_tokenizer_load_llama2c(tokp, m->cfg.vocab_size, &t), VKS_OK);
+    struct { const char *prompt; int steps; const char *ref; } cases[] = {
+        {"", 200, "stories260K/ref/greedy_noprompt_n200.txt"},
+        {"Once upon a time", 64, "stories260K/ref/greedy_onceuponatime_n64.txt"},
+        {"", 256, "stories260K/ref/greedy_noprompt_n256.txt"},
+    };
+    for (int c = 0; c < 3; c++) {
+        char *want = (char *)tu_read_file(tu_shared_path(cases[c].ref), NULL);
+        char *got = generate_text(m, t, cases[c].prompt, cases[c].steps);
+        assert_string_equal(got, want);
+        free(want);
+        free(got);
+    }
+    vks_tokenizer_free(t);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+/* A random GQA model with sizes that are not multiples of any tile: GPU vs CPU forward. */
+static void test_random_model_vs_cpu(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 96, .hidden_dim = 200, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
+                          .vocab_size = 301, .seq_len = 64, .head_dim = 16, .kv_dim = 32, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 7, &m), VKS_OK);
+    int N = 40;
+    int32_t ids[40];
+    for (int i = 0; i < N; i++) ids[i] = (i * 37 + 5) % c.vocab_size;
+    float *want = malloc(sizeof(float) * (size_t)N * c.vocab_size), *got = malloc(sizeof(float) * (size_t)N * c.vocab_size);
+    assert_int_equal(vks_cpu_forward(m, ids, N, want, NULL), VKS_OK);
+    vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = 13};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    engine_logits(e, ids, N, 13, got, c.vocab_size);
+    double nmse = tu_nmse(got, want, (size_t)N * c.vocab_size);
+    fprintf(stderr, "random model: nmse %.3g\n", nmse);
+    assert_true(nmse < 1e-10);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    free(want);
+    free(got);
+    assert_no_validation_messages();
+}
+
+/* Seeded sampling does not depend on what else is in the batch. */
+static void test_batch_invariant_sampling(void **state) {
+    (void)state;
+    vks_model *m = load_stories();
+    if (!m) skip();
+    int32_t prompts[3][4] = {{1, 403, 407, 261}, {1, 300}, {1}};
+    int lens[3] = {4, 2, 1};
+    vks_generate_options g = {.steps = 40, .temperature = 0.9f, .top_p = 0.9f, .top_k = 40, .seed = 42,
+                              .stop_token_a = 1, .stop_token_b = -1};
+    vks_sequence batch[3] = {{0}};
+    for (int s = 0; s < 3; s++) {
+        batch[s].ids = malloc(16);
+        memcpy(batch[s].ids, prompts[s], sizeof(int32_t) * (size_t)lens[s]);
+        batch[s].n_prompt = lens[s];
+    }
+    vks_engine_options o = {.n_slots = 3, .kv_len = 40, .max_rows = 5};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    assert_int_equal(vks_generate(e, &g, batch, 3, 0), VKS_OK);
+    for (int s = 0; s < 3; s++) {
+        vks_sequence alone = {0};
+        alone.ids = malloc(16);
+        memcpy(alone.ids, prompts[s], sizeof(int32_t) * (size_t)lens[s]);
+        alone.n_prompt = lens[s];
+        assert_int_equal(vks_generate(e, &g, &alone, 1, (uint32_t)s), VKS_OK);
+        assert_int_equal(alone.n_ids, batch[s].n_ids);
+        assert_memory_equal(alone.ids, batch[s].ids, sizeof(int32_t) * (size_t)alone.n_ids);
+        vks_sequence_free(&alone);
+    }
+    /* different seeds give different text */
+    vks_sequence other = {0};
+    other.ids = malloc(16);
+    other.ids[0] = 1;
+    other.n_prompt = 1;
+    g.seed = 43;
+    assert_int_equal(vks_generate(e, &g, &other, 1, 2), VKS_OK);
+    assert_true(other.n_ids != batch[2].n_ids || memcmp(other.ids, batch[2].ids, 4 * (size_t)other.n_ids) != 0);
+    vks_sequence_free(&other);
+    for (int s = 0; s < 3; s++) vks_sequence_free(&batch[s]);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    /* a model far larger than the device: refused before reading any weight */
+    vks_model big = {.cfg = {.dim = 8192, .hidden_dim = 28672, .n_layers = 80, .n_heads = 64, .n_kv_heads = 8,
+                             .vocab_size = 128256, .seq_len = 4096, .head_dim = 128, .kv_dim = 1024,
+                             .norm_eps = 1e-5f, .rope_theta = 5e5f}};
+    vks_engine_options o = {0};
+    vks_engine *e = NULL;
+    assert_int_equal(vks_engine_create(gpu, &big, &o, &e), VKS_ERR_NOMEM);
+    assert_null(e);
+    assert_non_null(strstr(vks_last_error(), "needs"));
+    assert_non_null(strstr(vks_last_error(), "available"));
+    /* bad rows are refused, not executed */
+    vks_model *m = load_stories();
+    if (!m) return;
+    vks_engine_options o2 = {.n_slots = 2, .kv_len = 16, .max_rows = 4};
+    assert_int_equal(vks_engine_create(gpu, m, &o2, &e), VKS_OK);
+    int32_t tok[2] = {1, 5};
+    uint32_t slot[2] = {0, 2}, pos[2] = {0, 1}, rows[1] = {0};
+    vks_forward_batch b = {.n_rows = 2, .tokens = tok, .slot = slot, .pos = pos, .n_out = 1, .out_rows = rows};
+    assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
+    slot[1] = 1;
+    pos[1] = 16;
+    assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
+    pos[1] = 1;
+    tok[1] = 512;
+    assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
+    tok[1] = 5;
+    rows[0] = 2;
+    assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
+    rows[0] = 1;
+    b.n_rows = 5;
+    assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
+    b.n_rows = 2;
+    assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories_logits_f32),   cmocka_unit_test(test_stories_logits_half),
+        cmocka_unit_test(test_split_weights),        cmocka_unit_test(test_greedy_text),
+        cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_batch_invariant_sampling),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,107 @@
+#include "cli_model.h"
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli_util.h"
+
+bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
+    if (!strcmp(opt, "model")) a->model_path = val;
+    else if (!strcmp(opt, "tokenizer")) a->tokenizer_path = val;
+    else if (!strcmp(opt, "random-model")) a->random_spec = val;
+    else if (!strcmp(opt, "device")) a->device = (int)cli_parse_long("--device", val, 0, 64);
+    else if (!strcmp(opt, "profile")) a->profile = true;
+    else if (!strcmp(opt, "dtype")) {
+        if (vks_dtype_parse(val, &a->dtype)) cli_die(EXIT_BAD_INPUT, "--dtype: '%s' is not f32, f16 or bf16", val);
+    } else return false;
+    return true;
+}
+
+/* "dim,hidden,layers,heads,kv_heads,vocab[,seq_len]" */
+static vks_model *random_model(const char *spec) {
+    long v[7] = {0, 0, 0, 0, 0, 0, 2048};
+    int n = 0;
+    const char *s = spec;
+    while (n < 7 && *s) {
+        char *end;
+        v[n++] = strtol(s, &end, 10);
+        if (end == s || (*end && *end != ',')) n = 99;
+        if (n == 99) break;
+        s = *end ? end + 1 : end;
+    }
+    if (n < 6 || n > 7 || *s)
+        cli_die(EXIT_BAD_INPUT, "--random-model: '%s' is not dim,hidden,layers,heads,kv_heads,vocab[,seq_len]", spec);
+    for (int i = 0; i < 7; i++)
+        if (v[i] <= 0 || v[i] > (1 << 22)) cli_die(EXIT_BAD_INPUT, "--random-model: value %ld out of range", v[i]);
+    vks_model_config c = {.dim = (int)v[0], .hidden_dim = (int)v[1], .n_layers = (int)v[2], .n_heads = (int)v[3],
+                          .n_kv_heads = (int)v[4], .vocab_size = (int)v[5], .seq_len = (int)v[6],
+                          .norm_eps = 1e-5f, .rope_theta = 10000.0f, .shared_classifier = false};
+    if (c.n_heads > 0 && c.dim % c.n_heads == 0) {
+        c.head_dim = c.dim / c.n_heads;
+        c.kv_dim = c.head_dim * c.n_kv_heads;
+    }
+    vks_model *m = NULL;
+    if (vks_model_random(&c, 1234, &m)) cli_die(EXIT_BAD_INPUT, "--random-model: %s", vks_last_error());
+    return m;
+}
+
+vks_model *cli_load_model(const cli_model_args *a) {
+    if (a->random_spec) return random_model(a->random_spec);
+    if (!a->model_path) cli_die(EXIT_BAD_INPUT, "--model is required (or --random-model)");
+    vks_model *m = NULL;
+    int rc = vks_model_load_llama2c(a->model_path, &m);
+    if (rc) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    return m;
+}
+
+vks_tokenizer *cli_load_tokenizer(const cli_model_args *a, const vks_model *m) {
+    if (!a->tokenizer_path) return NULL;
+    vks_tokenizer *t = NULL;
+    if (vks_tokenizer_load_llama2c(a->tokenizer_path, m->cfg.vocab_size, &t))
+        cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    return t;
+}
+
+vks_gpu *cli_open_gpu(const cli_model_args *a) {
+    const char *val = getenv("VKSWARM_VALIDATION");
+    vks_gpu_options o = {.device_index = a->device, .validation = val && *val && strcmp(val, "0"),
+                         .profile = a->profile};
+    vks_gpu *g = NULL;
+    int rc = vks_gpu_create(&o, &g);
+    if (rc) cli_die(rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    const vks_device_info *d = vks_gpu_info(g);
+    fprintf(stderr, "vkswarm: device %d: %s (%s, %s)\n", d->index, d->name, vks_vendor_name(d->vendor),
+            vks_device_type_name(d->type));
+    return g;
+}
+
+vks_engine *cli_create_engine(vks_gpu *g, const vks_model *m, const vks_engine_options *o) {
+    vks_engine *e = NULL;
+    int rc = vks_engine_create(g, m, o, &e);
+    if (rc) cli_die(rc == VKS_ERR_NOMEM || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    return e;
+}
+
+static int by_time_desc(const void *a, const void *b) {
+    double x = ((const vks_profile_entry *)a)->ms, y = ((const vks_profile_entry *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void cli_print_profile(vks_gpu *g) {
+    vks_profile_entry e[64];
+    int n = vks_gpu_profile(g, e, 64);
+    if (n == 0) return;
+    qsort(e, (size_t)n, sizeof e[0], by_time_desc);
+    double total = 0;
+    for (int i = 0; i < n; i++) total += e[i].ms;
+    fprintf(stderr, "%-24s %10s %10s %8s %6s\n", "kernel", "total ms", "calls", "us/call", "%");
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "%-24s %10.3f %10llu %8.1f %6.1f\n", e[i].label, e[i].ms, (unsigned long long)e[i].calls,
+                1000.0 * e[i].ms / (double)e[i].calls, 100.0 * e[i].ms / (total > 0 ? total : 1));
+}
+
+int cli_finish_gpu(vks_gpu *g) {
+    int msgs = vks_gpu_validation_messages(g);
+    vks_gpu_destroy(g);
+    if (msgs) fprintf(stderr, "vkswarm: %d Vulkan validation message(s)\n", msgs);
+    return msgs ? 1 : 0;
+}

@@ -1,0 +1,34 @@
+/* Options every model-running subcommand shares, and loading them. */
+#ifndef VKS_CLI_MODEL_H
+#define VKS_CLI_MODEL_H
+#include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_tokenizer.h"
+
+typedef struct {
+    const char *model_path, *tokenizer_path, *random_spec;
+    vks_dtype dtype;
+    int device;      /* -1: default */
+    bool profile;
+} cli_model_args;
+
+/* Handles --model, --tokenizer, --random-model, --dtype, --device, --profile.
+ * Returns true if `opt` (a getopt_long name) was one of them. */
+bool cli_model_option(cli_model_args *a, const char *opt, const char *val);
+#define CLI_MODEL_LONG_OPTIONS                                                              \
+    {"model", required_argument, 0, 0}, {"tokenizer", required_argument, 0, 0},            \
+        {"random-model", required_argument, 0, 0}, {"dtype", required_argument, 0, 0},     \
+        {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}
+
+/* Loads the model (exit 2 naming the file on bad input), or builds the random one. */
+vks_model *cli_load_model(const cli_model_args *a);
+/* Loads the tokenizer if a path was given (exit 2 on bad input); NULL otherwise. */
+vks_tokenizer *cli_load_tokenizer(const cli_model_args *a, const vks_model *m);
+/* Opens the GPU (VKSWARM_VALIDATION=1 turns the validation layer on). */
+vks_gpu *cli_open_gpu(const cli_model_args *a);
+/* Creates an engine; a model that does not fit exits 2 with the bytes. */
+vks_engine *cli_create_engine(vks_gpu *g, const vks_model *m, const vks_engine_options *o);
+/* Prints per-kernel times (after --profile) on stderr. */
+void cli_print_profile(vks_gpu *g);
+/* Checks for validation messages at exit (fails the command under tests). */
+int cli_finish_gpu(vks_gpu *g);
+#endif

@@ -1,0 +1,24 @@
+/* Small helpers shared by the vkswarm subcommands: strict number parsing,
+ * errors with exit status 2, JSON string output, progress on stderr. */
+#ifndef VKS_CLI_UTIL_H
+#define VKS_CLI_UTIL_H
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define EXIT_BAD_INPUT 2
+
+/* Prints "vkswarm: <msg>" on stderr and exits with `status`. */
+_Noreturn void cli_die(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+long cli_parse_long(const char *opt, const char *s, long lo, long hi);
+double cli_parse_double(const char *opt, const char *s, double lo, double hi);
+uint64_t cli_parse_u64(const char *opt, const char *s);
+void cli_json_string(FILE *f, const char *s, size_t len);
+double cli_now(void);
+
+/* A progress line on stderr (step, rate, ETA), redrawn at most 4 times a second. */
+typedef struct { const char *what; double start, last; bool tty; } cli_progress;
+void cli_progress_start(cli_progress *p, const char *what);
+void cli_progress_update(cli_progress *p, long done, long total, const char *unit);
+void cli_progress_end(cli_progress *p, long done, const char *unit);
+#endif

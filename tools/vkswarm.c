@@ -1,0 +1,58 @@
+/* vkswarm: the command-line entry point. stdout carries results only; logs,
+ * progress and errors go to stderr. Exit status 2 means bad input. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli_util.h"
+#include "vkswarm/vks_gpu.h"
+
+int cmd_generate(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+static const char usage[] =
+    "usage: vkswarm <command> [options]   (vkswarm <command> --help for details)\n"
+    "commands:\n"
+    "  devices    list Vulkan devices\n"
+    "  generate   generate text from a prompt or a file of prompts\n"
+    "  logits     write the logits of a sequence of ids\n"
+    "  bench      measure prefill/decode speed against the device's bandwidth and matmul rate\n"
+    "  version    print the version\n"
+    "environment: VKSWARM_DEVICE=N picks a device; VKSWARM_VALIDATION=1 turns on the Khronos validation layer.\n";
+
+static int cmd_devices(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        puts("usage: vkswarm devices\nLists every Vulkan device: index, name, vendor, type, device-local memory,\n"
+             "fp16 and int8 arithmetic, subgroup size, max shared memory, max storage-buffer range.\n"
+             "The default device (*) is the discrete GPU with the most memory, else an integrated one, else the CPU driver.");
+        return 0;
+    }
+    if (argc > 1) cli_die(EXIT_BAD_INPUT, "devices: unexpected argument '%s'", argv[1]);
+    vks_device_info d[16];
+    int n = 0;
+    if (vks_gpu_list(d, 16, &n)) cli_die(1, "%s", vks_last_error());
+    int def = vks_gpu_default_index(d, n < 16 ? n : 16);
+    printf("%-3s %-40s %-8s %-10s %10s %5s %5s %8s %10s %12s\n", "idx", "name", "vendor", "type", "memory", "fp16",
+           "int8", "subgroup", "shared", "max-binding");
+    for (int i = 0; i < n && i < 16; i++)
+        printf("%d%s  %-40.40s %-8s %-10s %7.1fGiB %5s %5s %8u %8uKiB %9lluMiB\n", i, i == def ? "*" : " ", d[i].name,
+               vks_vendor_name(d[i].vendor), vks_device_type_name(d[i].type), d[i].device_local_bytes / 1073741824.0,
+               d[i].fp16_arith ? "yes" : "no", d[i].int8_arith ? "yes" : "no", d[i].subgroup_size,
+               d[i].max_shared_bytes / 1024, (unsigned long long)(d[i].max_storage_range >> 20));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_BAD_INPUT : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "logits")) return cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { puts("vkswarm " VKS_VERSION); return 0; }
+    fprintf(stderr, "vkswarm: unknown command '%s'\n%s", cmd, usage);
+    return EXIT_BAD_INPUT;
+}
