@@ -112,7 +112,7 @@ static int decode(vks_engine *e, const vks_generate_options *o, row_batch *b, vk
         for (int s = 0; s < n; s++) {
             if (done[s]) continue;
             /* the last id sits at position n_ids-1; sampling it would produce position n_ids */
-            if (seqs[s].n_ids >= steps) { done[s] = true; continue; }
+            if (seqs[s].n_ids > steps) { done[s] = true; continue; }
             add_row(b, seqs[s].ids[seqs[s].n_ids - 1], (uint32_t)s, (uint32_t)(seqs[s].n_ids - 1));
             add_output(b, o, s, seq_base + (uint32_t)s);
         }

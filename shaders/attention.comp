@@ -1,0 +1,77 @@
+#version 450
+// Causal GQA attention over the KV cache [n_slots, seq_len, kv_dim], used by
+// prefill and decode alike. One workgroup per (row r, head h); row r attends
+// to keys 0..pos[r] of slot[r]. Keys are visited in tiles of local_size_x
+// (one key per invocation for the scores) with an online softmax, so any
+// seq_len fits in a few KiB of shared memory. head_dim <= MAX_HEAD_DIM.
+#include "common.glsl"
+#include "reduce.glsl"
+layout(local_size_x_id = 0) in;
+
+const uint MAX_HEAD_DIM = 256u;
+// Output elements owned per invocation (d = t, t + WG, ...).
+const uint DIMS_PER_THREAD = (MAX_HEAD_DIM + WG_SIZE - 1u) / WG_SIZE;
+
+layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, set = 0, binding = 1) readonly buffer KC { float kcache[]; };
+layout(std430, set = 0, binding = 2) readonly buffer VC { float vcache[]; };
+layout(std430, set = 0, binding = 3) readonly buffer Slot { uint slot[]; };
+layout(std430, set = 0, binding = 4) readonly buffer Pos { uint pos[]; };
+layout(std430, set = 0, binding = 5) writeonly buffer Out { float outv[]; };
+layout(push_constant) uniform Push {
+    uint R, n_heads, n_kv_heads, head_dim, seq_len, n_slots;
+    float scale;
+} pc;
+
+shared float q_s[MAX_HEAD_DIM];
+shared float p_s[WG_SIZE];
+
+float score(uint kbase) {
+    float s = 0.0;
+    for (uint d = 0u; d < pc.head_dim; d++) s += q_s[d] * kcache[kbase + d];
+    return s;
+}
+
+void main() {
+    uint id = linear_group_id();
+    if (id >= pc.R * pc.n_heads) return;  // uniform over the workgroup
+    uint r = id / pc.n_heads, h = id - r * pc.n_heads;
+    uint t = gl_LocalInvocationID.x, wg = WG_SIZE;
+    uint kv_dim = pc.n_kv_heads * pc.head_dim;
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    uint qbase = r * pc.n_heads * pc.head_dim + h * pc.head_dim;
+    // slot/pos are GPU data the ops layer cannot check: clamp so that a bad
+    // value never reads outside the cache.
+    uint s = min(slot[r], pc.n_slots - 1u);
+    uint n_keys = min(pos[r], pc.seq_len - 1u) + 1u;
+    uint cache0 = s * pc.seq_len * kv_dim + kvh * pc.head_dim;
+
+    for (uint d = t; d < pc.head_dim; d += wg) q_s[d] = q[qbase + d] * pc.scale;
+    float o[DIMS_PER_THREAD];
+    for (uint i = 0u; i < DIMS_PER_THREAD; i++) o[i] = 0.0;
+    float m_run = -1.0 / 0.0, l_run = 0.0;
+    barrier();
+
+    for (uint t0 = 0u; t0 < n_keys; t0 += wg) {
+        uint j = t0 + t, tile_len = min(wg, n_keys - t0);
+        float sc = j < n_keys ? score(cache0 + j * kv_dim) : -1.0 / 0.0;
+        float m_new = max(m_run, workgroup_max(sc));
+        float p = j < n_keys ? exp(sc - m_new) : 0.0;
+        p_s[t] = p;
+        float corr = exp(m_run - m_new);
+        l_run = l_run * corr + workgroup_sum(p);  // its barriers also publish p_s
+        for (uint i = 0u; i < DIMS_PER_THREAD; i++) {
+            uint d = t + i * wg;
+            if (d >= pc.head_dim) break;
+            float acc = o[i] * corr;
+            for (uint jj = 0u; jj < tile_len; jj++)
+                acc += p_s[jj] * vcache[cache0 + (t0 + jj) * kv_dim + d];
+            o[i] = acc;
+        }
+        m_run = m_new;
+    }
+    for (uint i = 0u; i < DIMS_PER_THREAD; i++) {
+        uint d = t + i * wg;
+        if (d < pc.head_dim) outv[qbase + d] = o[i] / l_run;
+    }
+}

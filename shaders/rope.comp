@@ -1,0 +1,33 @@
+#version 450
+// Rotary position embedding, in place. One invocation per (row, head, pair).
+// Pair i rotates by angle pos * theta^(-2i/head_dim):
+//   mode 0 (adjacent): elements (2i, 2i+1)   (llama2.c / GGUF)
+//   mode 1 (half):     elements (i, i + head_dim/2)   (Hugging Face)
+#include "common.glsl"
+layout(local_size_x_id = 0) in;
+
+layout(std430, set = 0, binding = 0) buffer X { float x[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Pos { uint pos[]; };
+layout(push_constant) uniform Push {
+    uint R, stride, col0, n_heads, head_dim, mode;
+    float log2_theta;
+} pc;
+
+void main() {
+    uint half_dim = pc.head_dim / 2u;
+    uint pairs_per_row = pc.n_heads * half_dim;
+    uint count = pc.R * pairs_per_row;
+    for (uint id = linear_invocation_id(); id < count; id += total_invocations()) {
+        uint r = id / pairs_per_row, rem = id - r * pairs_per_row;
+        uint h = rem / half_dim, i = rem - h * half_dim;
+        float freq = exp2(-float(2u * i) / float(pc.head_dim) * pc.log2_theta);
+        float angle = float(pos[r]) * freq;
+        float c = cos(angle), s = sin(angle);
+        uint base = r * pc.stride + pc.col0 + h * pc.head_dim;
+        uint i0 = pc.mode == 0u ? base + 2u * i : base + i;
+        uint i1 = pc.mode == 0u ? i0 + 1u : i0 + half_dim;
+        float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * c - x1 * s;
+        x[i1] = x0 * s + x1 * c;
+    }
+}

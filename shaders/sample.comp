@@ -1,0 +1,181 @@
+#version 450
+// Token sampling, one workgroup per row, mirroring vks_ref_sample exactly:
+//   temperature <= 0: argmax of the logits (lowest index on ties);
+//   else z = logit / temperature, optional top-k then top-p filtering, and
+//   token = argmax over kept tokens of z_i + Gumbel(Philox(i, pos, seq; seed)).
+// Thresholds are found by bisection over the order-preserving uint key of z:
+// top-k keeps key >= the largest t with count(key >= t) >= k; top-p keeps
+// key >= the largest t whose kept softmax mass is >= top_p. NaN z is never
+// kept and never wins (all NaN: token 0).
+#include "common.glsl"
+layout(local_size_x_id = 0) in;
+
+struct SampleRow {
+    float temperature;
+    uint top_k;
+    float top_p;
+    uint seed_lo, seed_hi, seq, pos, pad;
+};
+layout(std430, set = 0, binding = 0) readonly buffer Logits { float logits[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Params { SampleRow params[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer Tokens { uint tokens[]; };
+layout(push_constant) uniform Push { uint S, V; } pc;
+
+shared float red_v[WG_SIZE];
+shared uint red_i[WG_SIZE];
+
+// ---- workgroup reductions (all invocations call them, all get the result)
+#define TREE_REDUCE(STEP)                                                          \
+    for (uint half_n = (n + 1u) / 2u, len = n; len > 1u;                           \
+         len = half_n, half_n = (half_n + 1u) / 2u) {                              \
+        if (t < len - half_n) { STEP; }                                            \
+        barrier();                                                                 \
+    }
+
+uint sum_u(uint v) {
+    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
+    barrier();
+    red_i[t] = v;
+    barrier();
+    TREE_REDUCE(red_i[t] += red_i[t + half_n])
+    return red_i[0];
+}
+
+float sum_f(float v) {
+    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
+    barrier();
+    red_v[t] = v;
+    barrier();
+    TREE_REDUCE(red_v[t] += red_v[t + half_n])
+    return red_v[0];
+}
+
+float max_f(float v) {
+    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
+    barrier();
+    red_v[t] = v;
+    barrier();
+    TREE_REDUCE(red_v[t] = max(red_v[t], red_v[t + half_n]))
+    return red_v[0];
+}
+
+bool better(float v, uint i, float bv, uint bi) { return v > bv || (v == bv && i < bi); }
+
+// Index of the largest value (lowest index on ties).
+uint argmax(float v, uint i) {
+    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
+    barrier();
+    red_v[t] = v;
+    red_i[t] = i;
+    barrier();
+    TREE_REDUCE(if (better(red_v[t + half_n], red_i[t + half_n], red_v[t], red_i[t])) {
+        red_v[t] = red_v[t + half_n];
+        red_i[t] = red_i[t + half_n];
+    })
+    return red_i[0];
+}
+
+// ---- order-preserving float -> uint key (-0 and +0 share a key, as they compare equal)
+uint key_of(float f) {
+    uint u = floatBitsToUint(f);
+    if (u == 0x80000000u) u = 0u;
+    return (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
+}
+
+// ---- Philox4x32-10 (Random123), word 0 of the output block
+uint philox_word0(uvec4 c, uvec2 k) {
+    for (int round = 0; round < 10; round++) {
+        uint hi0, lo0, hi1, lo1;
+        umulExtended(0xD2511F53u, c.x, hi0, lo0);
+        umulExtended(0xCD9E8D57u, c.z, hi1, lo1);
+        c = uvec4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+        k += uvec2(0x9E3779B9u, 0xBB67AE85u);
+    }
+    return c.x;
+}
+
+float gumbel(uint i, SampleRow p) {
+    uint x = philox_word0(uvec4(i, p.pos, p.seq, 0u), uvec2(p.seed_lo, p.seed_hi));
+    float u = (float(x >> 8) + 0.5) / 16777216.0;
+    return -log(-log(u));
+}
+
+// ---- per-row state: first logit of this workgroup's row
+uint row_base;
+
+float z_at(uint i, float temperature) { return logits[row_base + i] / temperature; }
+
+uint count_at_least(uint thr, float temperature) {
+    uint c = 0u;
+    for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
+        float z = z_at(i, temperature);
+        c += !isnan(z) && key_of(z) >= thr ? 1u : 0u;
+    }
+    return sum_u(c);
+}
+
+// Largest key t with count(key >= t) >= k: the k-th largest key.
+uint top_k_threshold(uint k, float temperature) {
+    uint t = 0u;
+    for (int bit = 31; bit >= 0; bit--) {
+        uint cand = t | (1u << uint(bit));
+        if (count_at_least(cand, temperature) >= k) t = cand;
+    }
+    return t;
+}
+
+float mass_at_least(uint thr, float zmax, float temperature) {
+    float m = 0.0;
+    for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
+        float z = z_at(i, temperature);
+        if (!isnan(z) && key_of(z) >= thr) m += exp(z - zmax);
+    }
+    return sum_f(m);
+}
+
+// Largest key t >= lo whose mass (keys >= t, relative to keys >= lo) is >= top_p.
+uint top_p_threshold(uint lo, float top_p, float temperature) {
+    float zmax = -1.0 / 0.0;
+    for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
+        float z = z_at(i, temperature);
+        if (z > zmax) zmax = z;  // NaN never compares greater
+    }
+    zmax = max_f(zmax);
+    float total = mass_at_least(lo, zmax, temperature);
+    uint t = 0u;
+    for (int bit = 31; bit >= 0; bit--) {
+        uint cand = t | (1u << uint(bit));
+        if (mass_at_least(max(cand, lo), zmax, temperature) / total >= top_p) t = cand;
+    }
+    return max(t, lo);
+}
+
+uint sample_row(SampleRow p) {
+    uint best_i = 0xffffffffu;
+    float best_v = -1.0 / 0.0;
+    if (!(p.temperature > 0.0)) {  // NaN temperature is greedy too, as in the reference
+        for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
+            float v = logits[row_base + i];
+            if (better(v, i, best_v, best_i)) { best_v = v; best_i = i; }
+        }
+        return argmax(best_v, best_i);
+    }
+    uint thr = 0u;
+    if (p.top_k > 0u && p.top_k < pc.V) thr = top_k_threshold(p.top_k, p.temperature);
+    if (p.top_p > 0.0 && p.top_p < 1.0) thr = top_p_threshold(thr, p.top_p, p.temperature);
+    for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
+        float z = z_at(i, p.temperature);
+        if (isnan(z) || key_of(z) < thr) continue;
+        float v = z + gumbel(i, p);
+        if (better(v, i, best_v, best_i)) { best_v = v; best_i = i; }
+    }
+    return argmax(best_v, best_i);
+}
+
+void main() {
+    uint row = linear_group_id();
+    if (row >= pc.S) return;  // uniform over the workgroup
+    row_base = row * pc.V;
+    uint tok = sample_row(params[row]);
+    if (gl_LocalInvocationID.x == 0u) tokens[row] = tok == 0xffffffffu ? 0u : tok;
+}

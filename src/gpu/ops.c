@@ -1,0 +1,381 @@
+/* ops.c: records transformer ops as kernel dispatches (vks_ops.h). Uses only
+ * the runtime API of vks_gpu.h. Every op validates its sizes and buffer
+ * ranges on the host (VKS_ERR_ARG) so that no kernel can read or write out of
+ * range; kernels bounds-check everything else (tile edges, surplus groups). */
+#include "vkswarm/vks_ops.h"
+#include "vkswarm/vks_ref.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define MAX_PUSH_BYTES 128u
+/* Workgroup counts per grid dimension that every Vulkan device supports. */
+#define MIN_GROUP_COUNT_YZ 65535u
+/* matvec handles M up to this many activation rows (M is a spec constant). */
+#define MATVEC_MAX_M 8u
+#define ATTENTION_MAX_HEAD_DIM 256u
+
+/* Kernel variants chosen once per device in vks_ops_create. */
+struct vks_ops {
+    vks_gpu *g;
+    vks_device_info info;
+    uint32_t wg_elementwise;  /* embed, rope, kv_store, swiglu, add, gather_rows */
+    uint32_t wg_row;          /* rmsnorm, sample: one workgroup per row */
+    uint32_t wg_attention;    /* also the key tile length */
+    /* matvec: lane groups are subgroups (mv_subgroup) or the whole workgroup */
+    bool mv_subgroup;
+    uint32_t mv_wg, mv_rows, mv_rows_per_wg;
+    /* matmul tiles */
+    uint32_t mm_bm, mm_bn, mm_bk, mm_tm, mm_tn;
+};
+
+/* ---- small helpers ---- */
+
+static uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }
+static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/* A workgroup size near `target`: a multiple of the subgroup size, within limits. */
+static uint32_t pick_wg(const vks_device_info *info, uint32_t target) {
+    uint32_t sg = info->subgroup_size ? info->subgroup_size : 1;
+    uint32_t limit = info->max_workgroup_size_x ? info->max_workgroup_size_x : 128;
+    if (target > limit) target = limit;
+    uint32_t wg = round_down(target, sg);
+    return wg ? wg : (sg <= limit ? sg : limit);
+}
+
+/* Bytes a binding exposes, or 0 when it is unusable. */
+static size_t binding_bytes(vks_binding b) {
+    if (!b.buf) return 0;
+    size_t size = vks_buffer_size(b.buf);
+    if (b.offset >= size) return 0;
+    if (b.range == 0) return size - b.offset;
+    size_t end;
+    if (!vks_add_size(b.offset, b.range, &end) || end > size) return 0;
+    return b.range;
+}
+
+/* Checks that `b` holds at least count elements of elem_bytes (count may be
+ * fractional for packed 16-bit types: bytes = ceil(count*elem_bytes/4)*4). */
+static int check_range(const char *op, const char *what, vks_binding b, uint64_t count,
+                       uint32_t elem_bytes) {
+    size_t need;
+    if (!vks_mul_size((size_t)count, elem_bytes, &need))
+        return vks_set_error(VKS_ERR_ARG, "%s: %s size overflows", op, what);
+    need = (need + 3) / 4 * 4; /* kernels read whole 32-bit words */
+    size_t have = binding_bytes(b);
+    if (have == 0 || have < need)
+        return vks_set_error(VKS_ERR_ARG, "%s: %s needs %zu bytes, binding has %zu", op, what, need,
+                             have);
+    /* kernels index with 32-bit element indices */
+    if (need / 4 > UINT32_MAX)
+        return vks_set_error(VKS_ERR_ARG, "%s: %s exceeds 2^32 words", op, what);
+    return VKS_OK;
+}
+
+/* Splits a linear workgroup count over x, y, z (kernels use the linear index). */
+static int grid(const vks_ops *o, const char *op, uint64_t groups, uint32_t g[3]) {
+    uint64_t max_x = o->info.max_workgroup_count_x ? o->info.max_workgroup_count_x : 65535;
+    if (groups == 0) return vks_set_error(VKS_ERR_ARG, "%s: empty dispatch", op);
+    uint64_t gx = groups < max_x ? groups : max_x;
+    uint64_t rest = ceil_div(groups, gx);
+    uint64_t gy = rest < MIN_GROUP_COUNT_YZ ? rest : MIN_GROUP_COUNT_YZ;
+    uint64_t gz = ceil_div(rest, gy);
+    if (gz > MIN_GROUP_COUNT_YZ)
+        return vks_set_error(VKS_ERR_ARG, "%s: %llu workgroups exceed the device grid", op,
+                             (unsigned long long)groups);
+    g[0] = (uint32_t)gx;
+    g[1] = (uint32_t)gy;
+    g[2] = (uint32_t)gz;
+    return VKS_OK;
+}
+
+/* Looks up (or builds) a kernel and records one dispatch over `groups` workgroups. */
+static int dispatch(vks_ops *o, vks_cmd *c, const char *name, const uint32_t *spec, int n_spec,
+                    const vks_binding *b, int n_bindings, const void *push, uint32_t push_bytes,
+                    uint64_t groups, const char *label) {
+    if (push_bytes > MAX_PUSH_BYTES || push_bytes % 4)
+        return vks_set_error(VKS_ERR_ARG, "%s: push constants of %u bytes", name, push_bytes);
+    uint32_t g[3] = {0, 0, 0};
+    int rc = grid(o, label, groups, g);
+    if (rc) return rc;
+    vks_kernel *k;
+    rc = vks_kernel_get(o->g, name, spec, n_spec, n_bindings, push_bytes, &k);
+    if (rc) return rc;
+    return vks_cmd_dispatch(c, k, b, n_bindings, push, push_bytes, g[0], g[1], g[2], label);
+}
+
+static const char *dtype_suffix(vks_dtype t) {
+    switch (t) {
+    case VKS_DTYPE_F32: return "f32";
+    case VKS_DTYPE_F16: return "f16";
+    case VKS_DTYPE_BF16: return "bf16";
+    }
+    return NULL;
+}
+
+static bool offset_aligned(vks_binding b, size_t align) { return b.offset % align == 0; }
+
+/* ---- creation ---- */
+
+static void choose_matmul_tiles(vks_ops *o) {
+    /* 64x64 output tiles, 16-deep K slices, 4x4 outputs per invocation:
+     * 256 invocations and 8 KiB of shared memory. */
+    o->mm_bm = 64; o->mm_bn = 64; o->mm_bk = 16; o->mm_tm = 4; o->mm_tn = 4;
+    uint32_t limit = o->info.max_workgroup_size_x ? o->info.max_workgroup_size_x : 128;
+    if (limit < 256) o->mm_tn = 8; /* 128 invocations */
+    uint32_t shared = (o->mm_bm + o->mm_bn) * o->mm_bk * 4;
+    if (o->info.max_shared_bytes && shared > o->info.max_shared_bytes) o->mm_bk = 4;
+}
+
+static void choose_matvec(vks_ops *o) {
+    /* VKSWARM_NO_SUBGROUP forces the shared-memory variant (tests use it). */
+    o->mv_subgroup = o->info.subgroup_arith && !getenv("VKSWARM_NO_SUBGROUP");
+    uint32_t sg = o->info.subgroup_size ? o->info.subgroup_size : 1;
+    if (o->mv_subgroup) {
+        /* 4 subgroups of (ideally) 32-64 lanes; each takes 2 rows per pass. */
+        o->mv_wg = pick_wg(&o->info, sg >= 64 ? 256 : (sg * 4 < 128 ? 128 : sg * 4));
+        o->mv_rows = 2;
+        o->mv_rows_per_wg = o->mv_rows * (o->mv_wg / sg);
+    } else {
+        /* shared reduction of rows*M partial sums per invocation: 128*2*8*4 = 8 KiB */
+        o->mv_wg = pick_wg(&o->info, 128);
+        o->mv_rows = 2;
+        o->mv_rows_per_wg = 2;
+    }
+}
+
+int vks_ops_create(vks_gpu *g, vks_ops **out) {
+    if (!g || !out) return vks_set_error(VKS_ERR_ARG, "vks_ops_create: NULL argument");
+    vks_ops *o = calloc(1, sizeof *o);
+    if (!o) return vks_set_error(VKS_ERR_NOMEM, "vks_ops_create: out of host memory");
+    o->g = g;
+    o->info = *vks_gpu_info(g);
+    o->wg_elementwise = pick_wg(&o->info, 256);
+    o->wg_row = pick_wg(&o->info, 256);
+    o->wg_attention = pick_wg(&o->info, 64);
+    choose_matvec(o);
+    choose_matmul_tiles(o);
+    *out = o;
+    return VKS_OK;
+}
+
+void vks_ops_destroy(vks_ops *o) { free(o); }
+
+/* ---- ops ---- */
+
+int vks_op_embed(vks_ops *o, vks_cmd *c, vks_binding tokens, vks_binding table, vks_dtype dtype,
+                 uint32_t row0, uint32_t table_rows, uint32_t D, vks_binding out, uint32_t R) {
+    const char *op = "embed";
+    const char *sfx = dtype_suffix(dtype);
+    if (!o || !c || !sfx || !table_rows || !D || !R)
+        return vks_set_error(VKS_ERR_ARG, "embed: bad arguments");
+    int rc = check_range(op, "tokens", tokens, R, 4);
+    if (!rc) rc = check_range(op, "table", table, (uint64_t)table_rows * D, (uint32_t)vks_dtype_size(dtype));
+    if (!rc) rc = check_range(op, "out", out, (uint64_t)R * D, 4);
+    if (rc) return rc;
+    char name[32];
+    snprintf(name, sizeof name, "embed_%s", sfx);
+    uint32_t spec[] = {o->wg_elementwise};
+    uint32_t push[] = {row0, table_rows, D, R};
+    vks_binding b[] = {tokens, table, out};
+    return dispatch(o, c, name, spec, 1, b, 3, push, sizeof push,
+                    ceil_div((uint64_t)R * D, o->wg_elementwise), op);
+}
+
+int vks_op_rmsnorm(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w, vks_binding out,
+                   uint32_t R, uint32_t D, float eps) {
+    const char *op = "rmsnorm";
+    if (!o || !c || !R || !D || !(eps >= 0.0f))
+        return vks_set_error(VKS_ERR_ARG, "rmsnorm: bad arguments");
+    int rc = check_range(op, "x", x, (uint64_t)R * D, 4);
+    if (!rc) rc = check_range(op, "w", w, D, 4);
+    if (!rc) rc = check_range(op, "out", out, (uint64_t)R * D, 4);
+    if (rc) return rc;
+    struct { uint32_t R, D; float eps; } push = {R, D, eps};
+    uint32_t spec[] = {o->wg_row};
+    vks_binding b[] = {x, w, out};
+    return dispatch(o, c, "rmsnorm", spec, 1, b, 3, &push, sizeof push, R, op);
+}
+
+static int check_matmul_args(vks_ops *o, vks_binding x, vks_binding W, vks_dtype dtype,
+                             vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
+                             uint32_t y_col0) {
+    const char *op = "matmul";
+    if (!dtype_suffix(dtype) || !M || !N || !K || (uint64_t)y_col0 + N > ldy)
+        return vks_set_error(VKS_ERR_ARG, "matmul: bad sizes M=%u N=%u K=%u ldy=%u y_col0=%u",
+                             M, N, K, ldy, y_col0);
+    (void)o;
+    int rc = check_range(op, "x", x, (uint64_t)M * K, 4);
+    if (!rc) rc = check_range(op, "W", W, (uint64_t)N * K, (uint32_t)vks_dtype_size(dtype));
+    if (!rc) rc = check_range(op, "y", y, (uint64_t)(M - 1) * ldy + y_col0 + N, 4);
+    return rc;
+}
+
+static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
+                         vks_binding y, const uint32_t push[6]) {
+    uint32_t M = push[0], N = push[1], K = push[2];
+    /* 16-byte vector loads need whole vectors per row and aligned bindings. */
+    uint32_t elems_per_vec4 = dtype == VKS_DTYPE_F32 ? 4 : 8;
+    bool vec4 = K % elems_per_vec4 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
+    char name[32];
+    snprintf(name, sizeof name, "matvec_%s%s", dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
+    uint32_t spec[] = {o->mv_wg, o->mv_rows, M, vec4, o->mv_rows_per_wg};
+    vks_binding b[] = {x, W, y};
+    return dispatch(o, c, name, spec, 5, b, 3, push, 6 * sizeof(uint32_t),
+                    ceil_div(N, o->mv_rows_per_wg), "matvec");
+}
+
+static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W,
+                               vks_dtype dtype, vks_binding y, const uint32_t push[6]) {
+    uint32_t M = push[0], N = push[1];
+    char name[32];
+    snprintf(name, sizeof name, "matmul_%s", dtype_suffix(dtype));
+    uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
+    uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn};
+    vks_binding b[] = {x, W, y};
+    uint64_t tiles = ceil_div(M, o->mm_bm) * ceil_div(N, o->mm_bn);
+    return dispatch(o, c, name, spec, 6, b, 3, push, 6 * sizeof(uint32_t), tiles, "matmul");
+}
+
+int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
+                  vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
+                  uint32_t y_col0, bool accumulate) {
+    if (!o || !c) return vks_set_error(VKS_ERR_ARG, "matmul: NULL argument");
+    int rc = check_matmul_args(o, x, W, dtype, y, M, N, K, ldy, y_col0);
+    if (rc) return rc;
+    const uint32_t push[6] = {M, N, K, ldy, y_col0, accumulate ? 1u : 0u};
+    if (M <= MATVEC_MAX_M) return record_matvec(o, c, x, W, dtype, y, push);
+    return record_matmul_tiled(o, c, x, W, dtype, y, push);
+}
+
+int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R,
+                uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta,
+                uint32_t mode) {
+    const char *op = "rope";
+    if (!o || !c || !R || !n_heads || head_dim < 2 || head_dim % 2 || !(theta > 0.0f) ||
+        (mode != VKS_ROPE_ADJACENT && mode != VKS_ROPE_HALF) ||
+        (uint64_t)col0 + (uint64_t)n_heads * head_dim > stride)
+        return vks_set_error(VKS_ERR_ARG, "rope: bad arguments");
+    int rc = check_range(op, "x", x, (uint64_t)(R - 1) * stride + col0 + (uint64_t)n_heads * head_dim, 4);
+    if (!rc) rc = check_range(op, "pos", pos, R, 4);
+    if (rc) return rc;
+    struct { uint32_t R, stride, col0, n_heads, head_dim, mode; float log2_theta; } push = {
+        R, stride, col0, n_heads, head_dim, mode, log2f(theta)};
+    uint32_t spec[] = {o->wg_elementwise};
+    vks_binding b[] = {x, pos};
+    uint64_t pairs = (uint64_t)R * n_heads * (head_dim / 2);
+    return dispatch(o, c, "rope", spec, 1, b, 2, &push, sizeof push,
+                    ceil_div(pairs, o->wg_elementwise), op);
+}
+
+/* Slots whole caches of seq_len*kv_dim floats that the binding holds. */
+static uint32_t cache_slots(vks_binding cache, uint32_t seq_len, uint32_t kv_dim) {
+    uint64_t per_slot = (uint64_t)seq_len * kv_dim * 4;
+    uint64_t n = binding_bytes(cache) / per_slot;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
+                    vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R,
+                    uint32_t kv_dim, uint32_t seq_len) {
+    const char *op = "kv_store";
+    if (!o || !c || !R || !kv_dim || !seq_len)
+        return vks_set_error(VKS_ERR_ARG, "kv_store: bad arguments");
+    int rc = check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
+    if (!rc) rc = check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
+    if (!rc) rc = check_range(op, "slot", slot, R, 4);
+    if (!rc) rc = check_range(op, "pos", pos, R, 4);
+    if (!rc) rc = check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, 4);
+    if (!rc) rc = check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, 4);
+    if (rc) return rc;
+    uint32_t ks = cache_slots(kcache, seq_len, kv_dim), vs = cache_slots(vcache, seq_len, kv_dim);
+    uint32_t push[] = {R, kv_dim, seq_len, ks < vs ? ks : vs};
+    uint32_t spec[] = {o->wg_elementwise};
+    vks_binding b[] = {k, v, kcache, vcache, slot, pos};
+    return dispatch(o, c, "kv_store", spec, 1, b, 6, push, sizeof push,
+                    ceil_div((uint64_t)R * kv_dim, o->wg_elementwise), op);
+}
+
+int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
+                     vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
+                     uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                     uint32_t seq_len) {
+    const char *op = "attention";
+    if (!o || !c || !R || !n_heads || !n_kv_heads || n_heads % n_kv_heads || !head_dim ||
+        head_dim > ATTENTION_MAX_HEAD_DIM || !seq_len)
+        return vks_set_error(VKS_ERR_ARG, "attention: bad arguments");
+    uint32_t kv_dim = n_kv_heads * head_dim;
+    uint64_t q_elems = (uint64_t)R * n_heads * head_dim;
+    int rc = check_range(op, "q", q, q_elems, 4);
+    if (!rc) rc = check_range(op, "out", out, q_elems, 4);
+    if (!rc) rc = check_range(op, "slot", slot, R, 4);
+    if (!rc) rc = check_range(op, "pos", pos, R, 4);
+    if (!rc) rc = check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, 4);
+    if (!rc) rc = check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, 4);
+    if (rc) return rc;
+    uint32_t ks = cache_slots(kcache, seq_len, kv_dim), vs = cache_slots(vcache, seq_len, kv_dim);
+    struct {
+        uint32_t R, n_heads, n_kv_heads, head_dim, seq_len, n_slots;
+        float scale;
+    } push = {R, n_heads, n_kv_heads, head_dim, seq_len, ks < vs ? ks : vs,
+              (float)(1.0 / sqrt((double)head_dim))};
+    uint32_t spec[] = {o->wg_attention};
+    vks_binding b[] = {q, kcache, vcache, slot, pos, out};
+    return dispatch(o, c, "attention", spec, 1, b, 6, &push, sizeof push,
+                    (uint64_t)R * n_heads, op);
+}
+
+static int elementwise(vks_ops *o, vks_cmd *c, const char *name, const vks_binding *b, int nb,
+                       uint32_t n) {
+    if (!o || !c || !n) return vks_set_error(VKS_ERR_ARG, "%s: bad arguments", name);
+    static const char *const what[] = {"a", "b", "out"};
+    for (int i = 0; i < nb; i++) {
+        int rc = check_range(name, what[i], b[i], n, 4);
+        if (rc) return rc;
+    }
+    uint32_t spec[] = {o->wg_elementwise};
+    return dispatch(o, c, name, spec, 1, b, nb, &n, sizeof n, ceil_div(n, o->wg_elementwise),
+                    name);
+}
+
+int vks_op_swiglu(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_binding out,
+                  uint32_t n) {
+    vks_binding b[] = {g, u, out};
+    return elementwise(o, c, "swiglu", b, 3, n);
+}
+
+int vks_op_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding y, uint32_t n) {
+    vks_binding b[] = {x, y};
+    return elementwise(o, c, "add", b, 2, n);
+}
+
+int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
+                       vks_binding dst, uint32_t n, uint32_t D) {
+    const char *op = "gather_rows";
+    if (!o || !c || !n || !D) return vks_set_error(VKS_ERR_ARG, "gather_rows: bad arguments");
+    int rc = check_range(op, "src", src, D, 4);
+    if (!rc) rc = check_range(op, "idx", idx, n, 4);
+    if (!rc) rc = check_range(op, "dst", dst, (uint64_t)n * D, 4);
+    if (rc) return rc;
+    uint64_t src_rows = binding_bytes(src) / ((uint64_t)D * 4);
+    uint32_t push[] = {n, D, src_rows > UINT32_MAX ? UINT32_MAX : (uint32_t)src_rows};
+    uint32_t spec[] = {o->wg_elementwise};
+    vks_binding b[] = {src, idx, dst};
+    return dispatch(o, c, "gather_rows", spec, 1, b, 3, push, sizeof push,
+                    ceil_div((uint64_t)n * D, o->wg_elementwise), op);
+}
+
+int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
+                  vks_binding tokens, uint32_t S, uint32_t V) {
+    const char *op = "sample";
+    if (!o || !c || !S || !V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
+    int rc = check_range(op, "logits", logits, (uint64_t)S * V, 4);
+    if (!rc) rc = check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
+    if (!rc) rc = check_range(op, "tokens", tokens, S, 4);
+    if (rc) return rc;
+    uint32_t push[] = {S, V};
+    uint32_t spec[] = {o->wg_row};
+    vks_binding b[] = {logits, params, tokens};
+    return dispatch(o, c, "sample", spec, 1, b, 3, push, sizeof push, S, op);
+}

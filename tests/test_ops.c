@@ -1,0 +1,501 @@
+/* test_ops: every GPU op against its vks_ref_* reference, table-driven.
+ * Each table row is one cmocka test; adding a shape or an op is one row.
+ * Outputs are poisoned with NaN before each run; any NaN/Inf fails. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vkswarm/vks_gpu.h"
+#include "vkswarm/vks_ops.h"
+#include "vkswarm/vks_ref.h"
+
+#define NAN_POISON 0x7fc00000u
+
+static vks_gpu *gpu;
+static vks_ops *ops;
+
+/* One table row. Fields are used as each runner documents; unused ones stay 0. */
+typedef struct op_case op_case;
+typedef void (*op_runner)(const op_case *tc);
+struct op_case {
+    const char *name;
+    op_runner run;
+    uint32_t M, N, K;          /* matmul; also R (=M), D (=N) for row ops */
+    vks_dtype dtype;
+    uint32_t heads, kv_heads, head_dim, seq_len;
+    uint32_t mode;             /* rope mode; matmul: 1 = accumulate + column window */
+    float temperature, top_p;  /* sample */
+    uint32_t top_k;
+    double tol;                /* nmse threshold */
+};
+
+/* ---- small helpers ---- */
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static float *rand_floats(size_t n, uint64_t seed, float lo, float hi) {
+    float *x = xmalloc(n * sizeof *x);
+    tu_fill_uniform(x, n, seed, lo, hi);
+    return x;
+}
+
+static vks_buffer *gpu_buffer(const void *src, size_t bytes) {
+    vks_buffer *b;
+    assert_int_equal(vks_buffer_create(gpu, bytes, &b), VKS_OK);
+    if (src) assert_int_equal(vks_buffer_upload(b, 0, src, bytes), VKS_OK);
+    else assert_int_equal(vks_buffer_fill(b, NAN_POISON), VKS_OK);
+    return b;
+}
+
+static vks_binding bind(vks_buffer *b) { return (vks_binding){b, 0, 0}; }
+
+static void download(vks_buffer *b, void *dst, size_t bytes) {
+    assert_int_equal(vks_buffer_download(b, 0, dst, bytes), VKS_OK);
+}
+
+static vks_cmd *begin(void) {
+    vks_cmd *c;
+    assert_int_equal(vks_cmd_begin(gpu, &c), VKS_OK);
+    return c;
+}
+
+static void submit(vks_cmd *c) { assert_int_equal(vks_cmd_submit(c), VKS_OK); }
+
+static void expect_close(const char *what, const float *got, const float *want, size_t n,
+                         double tol) {
+    assert_false(tu_has_nonfinite(got, n));
+    double e = tu_nmse(got, want, n);
+    if (e > tol || getenv("VKSWARM_TEST_VERBOSE"))
+        fprintf(stderr, "%s: nmse %.3g (limit %.3g)\n", what, e, tol);
+    assert_true(e <= tol);
+}
+
+/* Rounds weights to dtype: `packed` receives the GPU bytes, `w` the rounded floats. */
+static void *pack_weights(float *w, size_t n, vks_dtype t, size_t *bytes) {
+    if (t == VKS_DTYPE_F32) {
+        *bytes = n * 4;
+        void *p = xmalloc(*bytes);
+        memcpy(p, w, *bytes);
+        return p;
+    }
+    *bytes = (n * 2 + 3) / 4 * 4;
+    uint16_t *h = calloc(*bytes / 2, 2);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = t == VKS_DTYPE_F16 ? vks_f32_to_f16(w[i]) : vks_f32_to_bf16(w[i]);
+        w[i] = t == VKS_DTYPE_F16 ? vks_f16_to_f32(h[i]) : vks_bf16_to_f32(h[i]);
+    }
+    return h;
+}
+
+static vks_buffer *weight_buffer(float *w, size_t n, vks_dtype t) {
+    size_t bytes;
+    void *p = pack_weights(w, n, t, &bytes);
+    vks_buffer *b = gpu_buffer(p, bytes);
+    free(p);
+    return b;
+}
+
+/* ---- runners ---- */
+
+/* matmul: x [M,K], W [N,K] of dtype. mode 1: accumulate into a y of row stride
+ * ldy = N + 7 at column 5, whose other columns must stay untouched. */
+static void run_matmul(const op_case *tc) {
+    uint32_t M = tc->M, N = tc->N, K = tc->K;
+    bool window = tc->mode == 1;
+    uint32_t ldy = window ? N + 7 : N, col0 = window ? 5 : 0;
+    float *x = rand_floats((size_t)M * K, 1, -1, 1);
+    float *w = rand_floats((size_t)N * K, 2, -1, 1);
+    vks_buffer *bx = gpu_buffer(x, (size_t)M * K * 4);
+    vks_buffer *bw = weight_buffer(w, (size_t)N * K, tc->dtype);
+    size_t ny = (size_t)M * ldy;
+    float *y0 = window ? rand_floats(ny, 3, -1, 1) : NULL;
+    vks_buffer *by = gpu_buffer(y0, ny * 4);
+
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_matmul(ops, c, bind(bx), bind(bw), tc->dtype, bind(by), M, N, K, ldy,
+                                   col0, window),
+                     VKS_OK);
+    submit(c);
+
+    float *prod = xmalloc((size_t)M * N * 4), *want = xmalloc(ny * 4), *got = xmalloc(ny * 4);
+    vks_ref_matmul(x, w, (int)M, (int)N, (int)K, prod);
+    for (size_t m = 0; m < M; m++)
+        for (size_t j = 0; j < ldy; j++) {
+            bool in = j >= col0 && j < col0 + N;
+            float base = window ? y0[m * ldy + j] : 0.0f;
+            want[m * ldy + j] = base + (in ? prod[m * N + j - col0] : 0.0f);
+        }
+    download(by, got, ny * 4);
+    expect_close(tc->name, got, want, ny, tc->tol);
+    free(x); free(w); free(y0); free(prod); free(want); free(got);
+    vks_buffer_destroy(bx); vks_buffer_destroy(bw); vks_buffer_destroy(by);
+}
+
+/* embed: V = K table rows of D = N, R = M tokens. mode 1: the table is a chunk
+ * [row0, row0 + V/2) and rows outside it must keep their old values. */
+static void run_embed(const op_case *tc) {
+    uint32_t V = tc->K, D = tc->N, R = tc->M;
+    bool chunk = tc->mode == 1;
+    uint32_t row0 = chunk ? V / 3 : 0, rows = chunk ? V / 2 : V;
+    float *table = rand_floats((size_t)V * D, 4, -2, 2);
+    uint32_t *tok = xmalloc(R * 4);
+    for (uint32_t r = 0; r < R; r++) tok[r] = (r * 7919u + 13u) % V;
+    vks_buffer *bt = gpu_buffer(tok, R * 4);
+    /* the GPU table holds rows [row0, row0 + rows) only */
+    vks_buffer *btab = weight_buffer(table + (size_t)row0 * D, (size_t)rows * D, tc->dtype);
+    float *old = chunk ? rand_floats((size_t)R * D, 5, -1, 1) : NULL;
+    vks_buffer *bo = gpu_buffer(old, (size_t)R * D * 4);
+
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_embed(ops, c, bind(bt), bind(btab), tc->dtype, row0, rows, D,
+                                  bind(bo), R), VKS_OK);
+    submit(c);
+
+    float *want = xmalloc((size_t)R * D * 4), *got = xmalloc((size_t)R * D * 4);
+    vks_ref_embed(table, (int)V, (int)D, tok, (int)R, want);  /* table rows now rounded */
+    for (uint32_t r = 0; r < R; r++)
+        if (tok[r] < row0 || tok[r] >= row0 + rows)
+            memcpy(want + (size_t)r * D, old + (size_t)r * D, D * 4);
+    download(bo, got, (size_t)R * D * 4);
+    expect_close(tc->name, got, want, (size_t)R * D, tc->tol);
+    free(table); free(tok); free(old); free(want); free(got);
+    vks_buffer_destroy(bt); vks_buffer_destroy(btab); vks_buffer_destroy(bo);
+}
+
+/* rmsnorm: R = M rows of D = N. mode 1: in place. */
+static void run_rmsnorm(const op_case *tc) {
+    uint32_t R = tc->M, D = tc->N;
+    size_t n = (size_t)R * D;
+    float *x = rand_floats(n, 6, -3, 3), *w = rand_floats(D, 7, 0.5f, 1.5f);
+    vks_buffer *bx = gpu_buffer(x, n * 4), *bw = gpu_buffer(w, D * 4);
+    vks_buffer *bo = tc->mode == 1 ? bx : gpu_buffer(NULL, n * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_rmsnorm(ops, c, bind(bx), bind(bw), bind(bo), R, D, 1e-5f), VKS_OK);
+    submit(c);
+    float *want = xmalloc(n * 4), *got = xmalloc(n * 4);
+    vks_ref_rmsnorm(x, w, (int)R, (int)D, 1e-5f, want);
+    download(bo, got, n * 4);
+    expect_close(tc->name, got, want, n, tc->tol);
+    free(x); free(w); free(want); free(got);
+    if (bo != bx) vks_buffer_destroy(bo);
+    vks_buffer_destroy(bx); vks_buffer_destroy(bw);
+}
+
+/* rope: R = M rows, heads x head_dim at column 3 of rows of stride +5; other columns untouched. */
+static void run_rope(const op_case *tc) {
+    uint32_t R = tc->M, col0 = 3, stride = col0 + tc->heads * tc->head_dim + 5;
+    size_t n = (size_t)R * stride;
+    float *x = rand_floats(n, 8, -1, 1), *want = xmalloc(n * 4), *got = xmalloc(n * 4);
+    uint32_t *pos = xmalloc(R * 4);
+    for (uint32_t r = 0; r < R; r++) pos[r] = (r * 37u) % (tc->seq_len + 1);
+    vks_buffer *bx = gpu_buffer(x, n * 4), *bp = gpu_buffer(pos, R * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_rope(ops, c, bind(bx), bind(bp), R, stride, col0, tc->heads,
+                                 tc->head_dim, 10000.0f, tc->mode), VKS_OK);
+    submit(c);
+    memcpy(want, x, n * 4);
+    vks_ref_rope(want, pos, (int)R, (int)stride, (int)col0, (int)tc->heads, (int)tc->head_dim,
+                 10000.0f, (int)tc->mode);
+    download(bx, got, n * 4);
+    expect_close(tc->name, got, want, n, tc->tol);
+    free(x); free(want); free(got); free(pos);
+    vks_buffer_destroy(bx); vks_buffer_destroy(bp);
+}
+
+/* kv_store: R = M rows of kv_dim = N into 3 slots of seq_len; the rest of the caches untouched. */
+static void run_kv_store(const op_case *tc) {
+    uint32_t R = tc->M, kv = tc->N, L = tc->seq_len, slots = 3;
+    size_t nc = (size_t)slots * L * kv, nr = (size_t)R * kv;
+    float *k = rand_floats(nr, 9, -1, 1), *v = rand_floats(nr, 10, -1, 1);
+    float *kc = rand_floats(nc, 11, -1, 1), *vc = rand_floats(nc, 12, -1, 1);
+    uint32_t *slot = xmalloc(R * 4), *pos = xmalloc(R * 4);
+    for (uint32_t r = 0; r < R; r++) { slot[r] = r % slots; pos[r] = (r * 5u) % L; }
+    vks_buffer *bk = gpu_buffer(k, nr * 4), *bv = gpu_buffer(v, nr * 4);
+    vks_buffer *bkc = gpu_buffer(kc, nc * 4), *bvc = gpu_buffer(vc, nc * 4);
+    vks_buffer *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_kv_store(ops, c, bind(bk), bind(bv), bind(bkc), bind(bvc), bind(bs),
+                                     bind(bp), R, kv, L), VKS_OK);
+    submit(c);
+    for (uint32_t r = 0; r < R; r++) {
+        size_t dst = ((size_t)slot[r] * L + pos[r]) * kv;
+        memcpy(kc + dst, k + (size_t)r * kv, kv * 4);
+        memcpy(vc + dst, v + (size_t)r * kv, kv * 4);
+    }
+    float *got = xmalloc(nc * 4);
+    download(bkc, got, nc * 4);
+    expect_close("kcache", got, kc, nc, tc->tol);
+    download(bvc, got, nc * 4);
+    expect_close("vcache", got, vc, nc, tc->tol);
+    free(k); free(v); free(kc); free(vc); free(slot); free(pos); free(got);
+    vks_buffer_destroy(bk); vks_buffer_destroy(bv); vks_buffer_destroy(bkc);
+    vks_buffer_destroy(bvc); vks_buffer_destroy(bs); vks_buffer_destroy(bp);
+}
+
+/* attention: a prefill batch of every position of two sequences (lengths
+ * seq_len and seq_len/3+1, slots 2 and 0 of 3), plus M extra decode rows at
+ * mixed slots/positions. */
+static void run_attention(const op_case *tc) {
+    uint32_t L = tc->seq_len, hd = tc->head_dim, H = tc->heads, KH = tc->kv_heads;
+    uint32_t len_a = L, len_b = L / 3 + 1, R = len_a + len_b + tc->M, slots = 3;
+    uint32_t *slot = xmalloc(R * 4), *pos = xmalloc(R * 4);
+    for (uint32_t r = 0; r < R; r++) {
+        if (r < len_a) { slot[r] = 2; pos[r] = r; }
+        else if (r < len_a + len_b) { slot[r] = 0; pos[r] = r - len_a; }
+        else { slot[r] = r % slots; pos[r] = (r * 97u) % L; }
+    }
+    size_t nq = (size_t)R * H * hd, nc = (size_t)slots * L * KH * hd;
+    float *q = rand_floats(nq, 13, -2, 2), *kc = rand_floats(nc, 14, -2, 2);
+    float *vc = rand_floats(nc, 15, -1, 1);
+    vks_buffer *bq = gpu_buffer(q, nq * 4), *bkc = gpu_buffer(kc, nc * 4);
+    vks_buffer *bvc = gpu_buffer(vc, nc * 4), *bo = gpu_buffer(NULL, nq * 4);
+    vks_buffer *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_attention(ops, c, bind(bq), bind(bkc), bind(bvc), bind(bs), bind(bp),
+                                      bind(bo), R, H, KH, hd, L), VKS_OK);
+    submit(c);
+    float *want = xmalloc(nq * 4), *got = xmalloc(nq * 4);
+    vks_ref_attention(q, kc, vc, slot, pos, (int)R, (int)H, (int)KH, (int)hd, (int)L, want);
+    download(bo, got, nq * 4);
+    expect_close(tc->name, got, want, nq, tc->tol);
+    free(slot); free(pos); free(q); free(kc); free(vc); free(want); free(got);
+    vks_buffer_destroy(bq); vks_buffer_destroy(bkc); vks_buffer_destroy(bvc);
+    vks_buffer_destroy(bo); vks_buffer_destroy(bs); vks_buffer_destroy(bp);
+}
+
+/* swiglu / add over n = N elements; mode 1: swiglu in place. */
+static void run_elementwise(const op_case *tc, bool swiglu) {
+    size_t n = tc->N;
+    float *a = rand_floats(n, 16, -6, 6), *b = rand_floats(n, 17, -2, 2);
+    float *want = xmalloc(n * 4), *got = xmalloc(n * 4);
+    vks_buffer *ba = gpu_buffer(a, n * 4), *bb = gpu_buffer(b, n * 4);
+    vks_buffer *bo = swiglu && tc->mode != 1 ? gpu_buffer(NULL, n * 4) : ba;
+    vks_cmd *c = begin();
+    if (swiglu)
+        assert_int_equal(vks_op_swiglu(ops, c, bind(ba), bind(bb), bind(bo), tc->N), VKS_OK);
+    else
+        assert_int_equal(vks_op_add(ops, c, bind(ba), bind(bb), tc->N), VKS_OK);
+    submit(c);
+    if (swiglu) vks_ref_swiglu(a, b, n, want);
+    else { memcpy(want, a, n * 4); vks_ref_add(want, b, n); }
+    download(bo, got, n * 4);
+    expect_close(tc->name, got, want, n, tc->tol);
+    free(a); free(b); free(want); free(got);
+    if (bo != ba) vks_buffer_destroy(bo);
+    vks_buffer_destroy(ba); vks_buffer_destroy(bb);
+}
+static void run_swiglu(const op_case *tc) { run_elementwise(tc, true); }
+static void run_add(const op_case *tc) { run_elementwise(tc, false); }
+
+/* gather_rows: n = M rows of D = N from K source rows. */
+static void run_gather(const op_case *tc) {
+    uint32_t n = tc->M, D = tc->N, src_rows = tc->K;
+    float *src = rand_floats((size_t)src_rows * D, 18, -1, 1);
+    uint32_t *idx = xmalloc(n * 4);
+    for (uint32_t i = 0; i < n; i++) idx[i] = (i * 7u + 3u) % src_rows;
+    vks_buffer *bs = gpu_buffer(src, (size_t)src_rows * D * 4), *bi = gpu_buffer(idx, n * 4);
+    vks_buffer *bd = gpu_buffer(NULL, (size_t)n * D * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_gather_rows(ops, c, bind(bs), bind(bi), bind(bd), n, D), VKS_OK);
+    submit(c);
+    float *want = xmalloc((size_t)n * D * 4), *got = xmalloc((size_t)n * D * 4);
+    for (uint32_t i = 0; i < n; i++) memcpy(want + (size_t)i * D, src + (size_t)idx[i] * D, D * 4);
+    download(bd, got, (size_t)n * D * 4);
+    expect_close(tc->name, got, want, (size_t)n * D, tc->tol);
+    free(src); free(idx); free(want); free(got);
+    vks_buffer_destroy(bs); vks_buffer_destroy(bi); vks_buffer_destroy(bd);
+}
+
+/* ---- sampler ---- */
+
+static float gumbel_score(const float *logits, const vks_sample_params *p, uint32_t i) {
+    float u = vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, i));
+    return logits[i] / p->temperature + -logf(-logf(u));
+}
+
+/* A GPU/reference disagreement is acceptable only when float rounding can
+ * explain it: the two tokens' Gumbel scores nearly tie, or the GPU token sits
+ * at the top-p boundary of the reference's kept set. */
+static bool near_tie(const float *logits, int V, const vks_sample_params *p, uint32_t got,
+                     uint32_t want) {
+    if (got >= (uint32_t)V) return false;
+    float a = gumbel_score(logits, p, got), b = gumbel_score(logits, p, want);
+    if (fabsf(a - b) <= 1e-5f * (1.0f + fabsf(b))) return true;
+    uint8_t *keep = xmalloc((size_t)V);
+    float *z = xmalloc((size_t)V * 4);
+    vks_ref_sample_kept(logits, V, p, keep, z);
+    float zmin = INFINITY;
+    for (int i = 0; i < V; i++)
+        if (keep[i] && z[i] < zmin) zmin = z[i];
+    bool boundary = !keep[got] && fabsf(z[got] - zmin) <= 1e-3f * (1.0f + fabsf(zmin));
+    free(keep); free(z);
+    return boundary;
+}
+
+/* sample: S = M rows of V = N logits. mode 1: logits quantized to create ties. */
+static void run_sample(const op_case *tc) {
+    uint32_t S = tc->M, V = tc->N;
+    float *logits = rand_floats((size_t)S * V, 19, -8, 8);
+    if (tc->mode == 1)
+        for (size_t i = 0; i < (size_t)S * V; i++) logits[i] = roundf(logits[i] * 2) / 2;
+    vks_gpu_sample_row *rows = xmalloc(S * sizeof *rows);
+    vks_sample_params *ref = xmalloc(S * sizeof *ref);
+    for (uint32_t s = 0; s < S; s++) {
+        uint64_t seed = 0x123456789abcull * (s + 1);
+        ref[s] = (vks_sample_params){tc->temperature, tc->top_k, tc->top_p, seed, s * 3u, 17u + s};
+        rows[s] = (vks_gpu_sample_row){tc->temperature, tc->top_k, tc->top_p, (uint32_t)seed,
+                                       (uint32_t)(seed >> 32), s * 3u, 17u + s, 0};
+    }
+    vks_buffer *bl = gpu_buffer(logits, (size_t)S * V * 4);
+    vks_buffer *bp = gpu_buffer(rows, S * sizeof *rows), *bt = gpu_buffer(NULL, S * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_sample(ops, c, bind(bl), bind(bp), bind(bt), S, V), VKS_OK);
+    submit(c);
+    uint32_t *got = xmalloc(S * 4);
+    download(bt, got, S * 4);
+    uint32_t mismatches = 0;
+    for (uint32_t s = 0; s < S; s++) {
+        const float *row = logits + (size_t)s * V;
+        uint32_t want = vks_ref_sample(row, (int)V, &ref[s]);
+        if (got[s] == want) continue;
+        mismatches++;
+        fprintf(stderr, "%s: row %u gpu %u ref %u\n", tc->name, s, got[s], want);
+        assert_true(tc->temperature > 0.0f);  /* greedy must match exactly */
+        assert_true(near_tie(row, (int)V, &ref[s], got[s], want));
+    }
+    assert_true(mismatches * 200 <= S); /* at most 1 in 200 rows */
+    free(logits); free(rows); free(ref); free(got);
+    vks_buffer_destroy(bl); vks_buffer_destroy(bp); vks_buffer_destroy(bt);
+}
+
+/* ---- argument checking ---- */
+
+static void run_bad_args(const op_case *tc) {
+    (void)tc;
+    vks_buffer *b = gpu_buffer(NULL, 1024);
+    vks_cmd *c = begin();
+    /* too small for M*K, zero sizes, column window past ldy, head_dim too large */
+    assert_int_equal(vks_op_matmul(ops, c, bind(b), bind(b), VKS_DTYPE_F32, bind(b), 4, 4, 100, 4,
+                                   0, false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul(ops, c, bind(b), bind(b), VKS_DTYPE_F32, bind(b), 0, 4, 4, 4, 0,
+                                   false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul(ops, c, bind(b), bind(b), VKS_DTYPE_F32, bind(b), 2, 4, 4, 4, 1,
+                                   false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_attention(ops, c, bind(b), bind(b), bind(b), bind(b), bind(b), bind(b),
+                                      1, 1, 1, 512, 1), VKS_ERR_ARG);
+    assert_int_equal(vks_op_add(ops, c, bind(b), bind(b), 257), VKS_ERR_ARG);
+    vks_binding past_end = {b, 2048, 0};
+    assert_int_equal(vks_op_add(ops, c, past_end, bind(b), 1), VKS_ERR_ARG);
+    submit(c);
+    vks_buffer_destroy(b);
+}
+
+/* ---- the table ---- */
+
+#define F32 VKS_DTYPE_F32
+#define F16 VKS_DTYPE_F16
+#define BF16 VKS_DTYPE_BF16
+#define MATMUL(nm, m, n, k, dt, md) {nm, run_matmul, .M = m, .N = n, .K = k, .dtype = dt, .mode = md, .tol = 1e-11}
+#define ATTN(nm, h, kh, hd, L, extra) \
+    {nm, run_attention, .M = extra, .heads = h, .kv_heads = kh, .head_dim = hd, .seq_len = L, .tol = 1e-11}
+#define SAMPLE(nm, s, v, t, k, p, md) \
+    {nm, run_sample, .M = s, .N = v, .temperature = t, .top_k = k, .top_p = p, .mode = md}
+
+static const op_case cases[] = {
+    MATMUL("matvec f32 M1 odd", 1, 173, 67, F32, 0),
+    MATMUL("matvec f32 M3 odd", 3, 173, 67, F32, 0),
+    MATMUL("matvec f32 M8 vec4", 8, 173, 256, F32, 0),
+    MATMUL("matvec f16 M1 odd", 1, 173, 67, F16, 0),
+    MATMUL("matvec f16 M2 vec4", 2, 300, 512, F16, 0),
+    MATMUL("matvec bf16 M1 odd", 1, 173, 67, BF16, 0),
+    MATMUL("matvec bf16 M4 vec4", 4, 67, 1024, BF16, 0),
+    MATMUL("matvec f32 accumulate window", 3, 173, 64, F32, 1),
+    MATMUL("matvec f16 accumulate window", 1, 173, 67, F16, 1),
+    MATMUL("matmul f32 M17 odd", 17, 173, 67, F32, 0),
+    MATMUL("matmul f32 M64", 64, 173, 67, F32, 0),
+    MATMUL("matmul f16 M17", 17, 173, 67, F16, 0),
+    MATMUL("matmul f16 M64 K256", 64, 130, 256, F16, 0),
+    MATMUL("matmul bf16 M17", 17, 173, 67, BF16, 0),
+    MATMUL("matmul bf16 M100", 100, 65, 129, BF16, 0),
+    MATMUL("matmul f32 accumulate window", 17, 173, 67, F32, 1),
+    MATMUL("matmul bf16 accumulate window", 70, 64, 64, BF16, 1),
+    {"embed f32", run_embed, .M = 9, .N = 67, .K = 100, .dtype = F32, .tol = 0},
+    {"embed f16", run_embed, .M = 9, .N = 67, .K = 100, .dtype = F16, .tol = 0},
+    {"embed bf16", run_embed, .M = 9, .N = 67, .K = 100, .dtype = BF16, .tol = 0},
+    {"embed f16 chunk", run_embed, .M = 17, .N = 33, .K = 90, .dtype = F16, .mode = 1, .tol = 0},
+    {"embed f32 chunk", run_embed, .M = 17, .N = 64, .K = 90, .dtype = F32, .mode = 1, .tol = 0},
+    {"rmsnorm D67", run_rmsnorm, .M = 5, .N = 67, .tol = 1e-12},
+    {"rmsnorm D4096 in place", run_rmsnorm, .M = 3, .N = 4096, .mode = 1, .tol = 1e-12},
+    {"rmsnorm D1", run_rmsnorm, .M = 2, .N = 1, .tol = 1e-12},
+    {"rope adjacent hd8", run_rope, .M = 7, .heads = 3, .head_dim = 8, .seq_len = 300, .tol = 1e-10},
+    {"rope half hd64", run_rope, .M = 9, .heads = 2, .head_dim = 64, .seq_len = 300, .mode = 1, .tol = 1e-10},
+    {"rope adjacent hd128", run_rope, .M = 5, .heads = 4, .head_dim = 128, .seq_len = 300, .tol = 1e-10},
+    {"rope half hd128", run_rope, .M = 5, .heads = 4, .head_dim = 128, .seq_len = 300, .mode = 1, .tol = 1e-10},
+    {"kv_store", run_kv_store, .M = 7, .N = 67, .seq_len = 20, .tol = 0},
+    ATTN("attention hd8 gqa1", 2, 2, 8, 40, 5),
+    ATTN("attention hd64 gqa2", 4, 2, 64, 300, 3),
+    ATTN("attention hd128 gqa4", 8, 2, 128, 150, 4),
+    ATTN("attention hd256 gqa1", 2, 2, 256, 70, 2),
+    ATTN("attention hd72 gqa4", 4, 1, 72, 129, 1),
+    {"swiglu", run_swiglu, .N = 100003, .tol = 1e-12},
+    {"swiglu in place", run_swiglu, .N = 1, .mode = 1, .tol = 1e-12},
+    {"add", run_add, .N = 1000, .tol = 1e-14},
+    {"gather_rows", run_gather, .M = 13, .N = 67, .K = 10, .tol = 0},
+    SAMPLE("sample greedy V32000", 4, 32000, 0.0f, 0, 0.0f, 0),
+    SAMPLE("sample greedy ties", 8, 1000, 0.0f, 0, 0.0f, 1),
+    SAMPLE("sample T0.8", 200, 1000, 0.8f, 0, 0.0f, 0),
+    SAMPLE("sample top-k 40", 200, 1000, 1.0f, 40, 0.0f, 0),
+    SAMPLE("sample top-k ties", 200, 1000, 1.0f, 40, 0.0f, 1),
+    SAMPLE("sample top-p 0.9", 200, 1000, 1.0f, 0, 0.9f, 0),
+    SAMPLE("sample top-k 50 top-p 0.7 ties", 200, 1000, 0.7f, 50, 0.7f, 1),
+    SAMPLE("sample V32000 top-k top-p", 4, 32000, 0.9f, 100, 0.95f, 0),
+    /* more workgroups than maxComputeWorkGroupCount[0] (65535 on lavapipe): folded into y */
+    SAMPLE("sample greedy 70000 rows", 70000, 3, 0.0f, 0, 0.0f, 1),
+    {"add 2^24+3 elements", run_add, .N = (1u << 24) + 3, .tol = 0},
+    {"bad arguments", run_bad_args, .tol = 0},
+};
+
+/* ---- cmocka glue ---- */
+
+static int group_setup(void **state) {
+    (void)state;
+    vks_gpu_options opt = {.device_index = -1, .validation = getenv("VKSWARM_VALIDATION") != NULL};
+    if (vks_gpu_create(&opt, &gpu) != VKS_OK) {
+        fprintf(stderr, "vks_gpu_create: %s\n", vks_last_error());
+        return -1;
+    }
+    if (vks_ops_create(gpu, &ops) != VKS_OK) return -1;
+    const vks_device_info *info = vks_gpu_info(gpu);
+    fprintf(stderr, "device: %s, subgroup %u, shared %u\n", info->name, info->subgroup_size,
+            info->max_shared_bytes);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    vks_ops_destroy(ops);
+    vks_gpu_destroy(gpu);
+    return 0;
+}
+
+static void run_case(void **state) {
+    const op_case *tc = *state;
+    tc->run(tc);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+int main(void) {
+    enum { N_CASES = sizeof cases / sizeof cases[0] };
+    struct CMUnitTest tests[N_CASES];
+    for (size_t i = 0; i < N_CASES; i++)
+        tests[i] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
+    return _cmocka_run_group_tests("ops", tests, N_CASES, group_setup, group_teardown);
+}
