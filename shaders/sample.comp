@@ -96,7 +96,7 @@ uint philox_word0(uvec4 c, uvec2 k) {
 
 float gumbel(uint i, SampleRow p) {
     uint x = philox_word0(uvec4(i, p.pos, p.seq, 0u), uvec2(p.seed_lo, p.seed_hi));
-    float u = (float(x >> 8) + 0.5) / 16777216.0;
+    float u = (float(x >> 9) + 0.5) * (1.0 / 8388608.0); /* exact, strictly inside (0, 1) */
     return -log(-log(u));
 }
 

@@ -1,0 +1,150 @@
+/* cpu_forward.c: the whole model forward on the CPU from the reference ops,
+ * following llama2.c run.c. All n positions go through each layer together:
+ * every row's K/V is computed before attention, and causal attention (row r
+ * sees keys 0..r) makes this identical to run.c's token-by-token loop.
+ * f16/bf16 weights are converted to f32 a chunk of rows at a time. */
+#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref.h"
+#include "model/model_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CONVERT_CHUNK_ROWS 64
+
+typedef struct {
+    float *x, *xb, *q, *k, *v, *att, *tmp, *h1, *h3;
+    float *norm_w;    /* one converted norm vector [dim] */
+    float *w_chunk;   /* CONVERT_CHUNK_ROWS converted weight rows */
+    float *y_chunk;   /* [n, CONVERT_CHUNK_ROWS] partial matmul output */
+    uint32_t *pos, *slot;
+} fwd_buffers;
+
+static void free_buffers(fwd_buffers *b) {
+    float *all[] = {b->x, b->xb, b->q, b->k, b->v, b->att, b->tmp, b->h1, b->h3,
+                    b->norm_w, b->w_chunk, b->y_chunk};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+    free(b->pos);
+    free(b->slot);
+}
+
+static int alloc_buffers(fwd_buffers *b, const vks_model_config *c, int n) {
+    size_t rows = (size_t)n, dim = (size_t)c->dim, kv = (size_t)c->kv_dim, hid = (size_t)c->hidden_dim;
+    size_t widest = dim > hid ? dim : hid;
+    memset(b, 0, sizeof *b);
+    b->x = malloc(rows * dim * sizeof(float));
+    b->xb = malloc(rows * dim * sizeof(float));
+    b->q = malloc(rows * dim * sizeof(float));
+    b->att = malloc(rows * dim * sizeof(float));
+    b->tmp = malloc(rows * dim * sizeof(float));
+    b->k = malloc(rows * kv * sizeof(float));
+    b->v = malloc(rows * kv * sizeof(float));
+    b->h1 = malloc(rows * hid * sizeof(float));
+    b->h3 = malloc(rows * hid * sizeof(float));
+    b->norm_w = malloc(dim * sizeof(float));
+    b->w_chunk = malloc(CONVERT_CHUNK_ROWS * widest * sizeof(float));
+    b->y_chunk = malloc(rows * CONVERT_CHUNK_ROWS * sizeof(float));
+    b->pos = malloc(rows * sizeof(uint32_t));
+    b->slot = calloc(rows, sizeof(uint32_t));
+    if (!b->x || !b->xb || !b->q || !b->att || !b->tmp || !b->k || !b->v || !b->h1 || !b->h3 ||
+        !b->norm_w || !b->w_chunk || !b->y_chunk || !b->pos || !b->slot) {
+        free_buffers(b);
+        return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_forward: out of memory for %d positions", n);
+    }
+    for (int i = 0; i < n; i++) b->pos[i] = (uint32_t)i;
+    return VKS_OK;
+}
+
+/* Converts `count` rows starting at `row` of t into dst as f32. */
+static void convert_rows(const vks_tensor *t, int64_t row, int64_t count, float *dst) {
+    size_t first = (size_t)row * (size_t)t->cols, n = (size_t)count * (size_t)t->cols;
+    const unsigned char *src = (const unsigned char *)t->data + first * vks_dtype_size(t->dtype);
+    if (t->dtype == VKS_DTYPE_F32) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * i, sizeof h);
+        dst[i] = t->dtype == VKS_DTYPE_F16 ? vks_f16_to_f32(h) : vks_bf16_to_f32(h);
+    }
+}
+
+/* y[M, rows] = x[M, cols] @ W^T for a weight of any dtype. */
+static void matmul_tensor(const vks_tensor *W, const float *x, int M, float *y, fwd_buffers *b) {
+    int N = (int)W->rows, K = (int)W->cols;
+    if (W->dtype == VKS_DTYPE_F32) {
+        vks_ref_matmul(x, W->data, M, N, K, y);
+        return;
+    }
+    for (int r0 = 0; r0 < N; r0 += CONVERT_CHUNK_ROWS) {
+        int nr = N - r0 < CONVERT_CHUNK_ROWS ? N - r0 : CONVERT_CHUNK_ROWS;
+        convert_rows(W, r0, nr, b->w_chunk);
+        vks_ref_matmul(x, b->w_chunk, M, nr, K, b->y_chunk);
+        for (int m = 0; m < M; m++)
+            memcpy(y + (size_t)m * (size_t)N + (size_t)r0, b->y_chunk + (size_t)m * (size_t)nr,
+                   (size_t)nr * sizeof(float));
+    }
+}
+
+static void rmsnorm_tensor(const vks_model *m, const vks_tensor *w, const float *x, int n, float *out,
+                           fwd_buffers *b) {
+    convert_rows(w, 0, 1, b->norm_w);
+    vks_ref_rmsnorm(x, b->norm_w, n, m->cfg.dim, m->cfg.norm_eps, out);
+}
+
+static void attention_block(const vks_model *m, const vks_layer_weights *w, int n, fwd_buffers *b) {
+    const vks_model_config *c = &m->cfg;
+    rmsnorm_tensor(m, &w->attn_norm, b->x, n, b->xb, b);
+    matmul_tensor(&w->wq, b->xb, n, b->q, b);
+    matmul_tensor(&w->wk, b->xb, n, b->k, b);
+    matmul_tensor(&w->wv, b->xb, n, b->v, b);
+    vks_ref_rope(b->q, b->pos, n, c->dim, 0, c->n_heads, c->head_dim, c->rope_theta, c->rope_mode);
+    vks_ref_rope(b->k, b->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, c->rope_theta, c->rope_mode);
+    /* One slot whose cache holds exactly these n positions. */
+    vks_ref_attention(b->q, b->k, b->v, b->slot, b->pos, n, c->n_heads, c->n_kv_heads, c->head_dim, n,
+                      b->att);
+    matmul_tensor(&w->wo, b->att, n, b->tmp, b);
+    vks_ref_add(b->x, b->tmp, (size_t)n * (size_t)c->dim);
+}
+
+static void ffn_block(const vks_model *m, const vks_layer_weights *w, int n, fwd_buffers *b) {
+    const vks_model_config *c = &m->cfg;
+    rmsnorm_tensor(m, &w->ffn_norm, b->x, n, b->xb, b);
+    matmul_tensor(&w->w1, b->xb, n, b->h1, b);
+    matmul_tensor(&w->w3, b->xb, n, b->h3, b);
+    vks_ref_swiglu(b->h1, b->h3, (size_t)n * (size_t)c->hidden_dim, b->h1);
+    matmul_tensor(&w->w2, b->h1, n, b->tmp, b);
+    vks_ref_add(b->x, b->tmp, (size_t)n * (size_t)c->dim);
+}
+
+static int check_args(const vks_model *m, const int32_t *ids, int n, const float *logits) {
+    if (!m || !ids || !logits) return vks_set_error(VKS_ERR_ARG, "vks_cpu_forward: NULL argument");
+    int rc = vks_model_check_tensors(m, "vks_cpu_forward");
+    if (rc != VKS_OK) return rc;
+    if (n <= 0 || n > m->cfg.seq_len)
+        return vks_set_error(VKS_ERR_ARG, "vks_cpu_forward: n = %d outside 1..seq_len %d", n, m->cfg.seq_len);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
+            return vks_set_error(VKS_ERR_ARG, "vks_cpu_forward: token %d at position %d outside the vocabulary",
+                                 ids[i], i);
+    return VKS_OK;
+}
+
+int vks_cpu_forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden) {
+    int rc = check_args(m, ids, n, logits);
+    if (rc != VKS_OK) return rc;
+    const vks_model_config *c = &m->cfg;
+    fwd_buffers b;
+    if ((rc = alloc_buffers(&b, c, n)) != VKS_OK) return rc;
+    for (int r = 0; r < n; r++) convert_rows(&m->tok_emb, ids[r], 1, b.x + (size_t)r * (size_t)c->dim);
+    for (int l = 0; l < c->n_layers; l++) {
+        attention_block(m, &m->layers[l], n, &b);
+        ffn_block(m, &m->layers[l], n, &b);
+    }
+    rmsnorm_tensor(m, &m->final_norm, b.x, n, b.xb, &b);
+    if (hidden) memcpy(hidden, b.xb, (size_t)n * (size_t)c->dim * sizeof(float));
+    matmul_tensor(&m->classifier, b.xb, n, logits, &b);
+    free_buffers(&b);
+    return VKS_OK;
+}

@@ -1,0 +1,442 @@
+/* tokenizer.c: llama2.c tokenizer.bin reader with run.c's encode/decode.
+ *
+ * File: int32 max_token_length, then vocab_size records of
+ * (float32 score, int32 len, len bytes). Trailing bytes after the last record
+ * are ignored. Every length is validated before use.
+ *
+ * Encode follows run.c: optional BOS, the dummy prefix " " when the text is
+ * not empty, UTF-8 code point groups (a lead byte plus up to 3 following
+ * continuation bytes, exactly as run.c groups them, so invalid UTF-8 simply
+ * falls back to bytes), byte fallback id = byte + 3, then repeatedly merge the
+ * adjacent pair with the highest score (leftmost on ties; only scores above
+ * -1e10 as in run.c), then optional EOS. The merge loop uses a heap with lazy
+ * invalidation instead of run.c's full rescans: same result, O(n log n).
+ * Deviations only matter for hostile vocabularies: if " " is not in the
+ * vocabulary the dummy prefix uses byte fallback (run.c would emit -1), byte
+ * fallback ids beyond the vocabulary become 0 (<unk>), and duplicate pieces
+ * resolve to the lowest id.
+ */
+#include "vkswarm/vks_tokenizer.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOK_MAX_PIECE (1 << 20)   /* sanity limit for max_token_length and piece lengths */
+#define TOK_MAX_VOCAB (1 << 22)
+#define TOK_BOS 1
+#define TOK_EOS 2
+#define TOK_BYTE_BASE 3           /* "<0x00>" is id 3 */
+#define TOK_MIN_MERGE_SCORE -1e10f /* run.c's initial best score: never merged at or below */
+
+typedef struct {
+    const char *bytes;
+    int32_t len, id;
+} sorted_piece;
+
+struct vks_tokenizer {
+    int vocab_size, max_token_length;
+    char *blob;           /* every piece, NUL-terminated, back to back */
+    size_t *offset;       /* piece i starts at blob + offset[i] */
+    int32_t *len;
+    float *score;
+    sorted_piece *sorted; /* by (bytes, length, id) for binary search */
+    int32_t space_id;     /* id of " " or -1 */
+};
+
+/* ---- loading ---- */
+
+static int32_t le_i32(const unsigned char *b) {
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    int32_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+static float le_f32(const unsigned char *b) {
+    int32_t i = le_i32(b);
+    float f;
+    memcpy(&f, &i, sizeof f);
+    return f;
+}
+
+/* Reads the whole file into *out (malloc'd, *size bytes). */
+static int read_whole_file(const char *path, unsigned char **out, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    unsigned char *buf = NULL;
+    size_t used = 0, cap = 0;
+    int rc = VKS_OK;
+    for (;;) {
+        if (used == cap) {
+            size_t ncap = cap ? cap * 2 : 65536;
+            unsigned char *nb = ncap > cap ? realloc(buf, ncap) : NULL;
+            if (!nb) {
+                rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory reading the file", path);
+                break;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t got = fread(buf + used, 1, cap - used, f);
+        used += got;
+        if (got == 0) break;
+    }
+    if (rc == VKS_OK && ferror(f)) rc = vks_set_error(VKS_ERR_IO, "%s: read error", path);
+    fclose(f);
+    if (rc != VKS_OK) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *size = used;
+    return VKS_OK;
+}
+
+static int alloc_tables(vks_tokenizer *t, const char *path) {
+    size_t V = (size_t)t->vocab_size;
+    t->offset = malloc(V * sizeof *t->offset);
+    t->len = malloc(V * sizeof *t->len);
+    t->score = malloc(V * sizeof *t->score);
+    t->sorted = malloc(V * sizeof *t->sorted);
+    if (!t->offset || !t->len || !t->score || !t->sorted)
+        return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for the vocabulary", path);
+    return VKS_OK;
+}
+
+/* Validates every record; fills offset/len/score (offsets into `file`) and
+ * the blob size needed for NUL-terminated copies. */
+static int parse_records(vks_tokenizer *t, const unsigned char *file, size_t size,
+                         const char *path, size_t *blob_bytes) {
+    size_t pos = 4, blob = 0;
+    for (int i = 0; i < t->vocab_size; i++) {
+        if (size - pos < 8)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: truncated: record %d needs 8 bytes at offset %zu, file has %zu",
+                                 path, i, pos, size);
+        float score = le_f32(file + pos);
+        int32_t len = le_i32(file + pos + 4);
+        pos += 8;
+        if (isnan(score)) return vks_set_error(VKS_ERR_FORMAT, "%s: token %d has a NaN score", path, i);
+        if (len < 0 || len > t->max_token_length)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: token %d has length %d outside 0..%d", path, i, len,
+                                 t->max_token_length);
+        if (size - pos < (size_t)len)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: truncated: token %d needs %d bytes at offset %zu, file has %zu",
+                                 path, i, len, pos, size);
+        t->score[i] = score;
+        t->len[i] = len;
+        t->offset[i] = pos; /* file offset for now; rebased onto the blob later */
+        pos += (size_t)len;
+        blob += (size_t)len + 1;
+    }
+    *blob_bytes = blob;
+    return VKS_OK;
+}
+
+static int cmp_piece_bytes(const char *a, size_t alen, const char *b, size_t blen) {
+    size_t n = alen < blen ? alen : blen;
+    int c = memcmp(a, b, n);
+    if (c != 0) return c;
+    return (alen > blen) - (alen < blen);
+}
+
+static int cmp_sorted(const void *pa, const void *pb) {
+    const sorted_piece *a = pa, *b = pb;
+    int c = cmp_piece_bytes(a->bytes, (size_t)a->len, b->bytes, (size_t)b->len);
+    return c != 0 ? c : (a->id > b->id) - (a->id < b->id);
+}
+
+/* Id of the piece equal to bytes[0..n), lowest id among duplicates, or -1. */
+static int32_t lookup_piece(const vks_tokenizer *t, const char *bytes, size_t n) {
+    size_t lo = 0, hi = (size_t)t->vocab_size;
+    while (lo < hi) { /* lower bound */
+        size_t mid = lo + (hi - lo) / 2;
+        const sorted_piece *p = &t->sorted[mid];
+        if (cmp_piece_bytes(p->bytes, (size_t)p->len, bytes, n) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < (size_t)t->vocab_size &&
+        cmp_piece_bytes(t->sorted[lo].bytes, (size_t)t->sorted[lo].len, bytes, n) == 0)
+        return t->sorted[lo].id;
+    return -1;
+}
+
+/* Copies pieces into the NUL-terminated blob and builds the sorted index. */
+static void build_index(vks_tokenizer *t, const unsigned char *file) {
+    size_t at = 0;
+    for (int i = 0; i < t->vocab_size; i++) {
+        memcpy(t->blob + at, file + t->offset[i], (size_t)t->len[i]);
+        t->blob[at + (size_t)t->len[i]] = '\0';
+        t->offset[i] = at;
+        at += (size_t)t->len[i] + 1;
+        t->sorted[i] = (sorted_piece){t->blob + t->offset[i], t->len[i], i};
+    }
+    qsort(t->sorted, (size_t)t->vocab_size, sizeof *t->sorted, cmp_sorted);
+    t->space_id = lookup_piece(t, " ", 1);
+}
+
+static int parse_file(vks_tokenizer *t, const unsigned char *file, size_t size, const char *path) {
+    size_t min_size = 4 + 8 * (size_t)t->vocab_size; /* vocab is bounded: cannot overflow */
+    if (size < min_size)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: truncated: %d tokens need at least %zu bytes, file has %zu",
+                             path, t->vocab_size, min_size, size);
+    t->max_token_length = le_i32(file);
+    if (t->max_token_length < 1 || t->max_token_length > TOK_MAX_PIECE)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: max_token_length %d outside 1..%d", path,
+                             t->max_token_length, TOK_MAX_PIECE);
+    size_t blob_bytes = 0;
+    int rc = alloc_tables(t, path);
+    if (rc == VKS_OK) rc = parse_records(t, file, size, path, &blob_bytes);
+    if (rc != VKS_OK) return rc;
+    t->blob = malloc(blob_bytes);
+    if (!t->blob) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for the vocabulary", path);
+    build_index(t, file);
+    return VKS_OK;
+}
+
+int vks_tokenizer_load_llama2c(const char *path, int vocab_size, vks_tokenizer **out) {
+    if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_load_llama2c: NULL argument");
+    *out = NULL;
+    if (vocab_size < TOK_BYTE_BASE || vocab_size > TOK_MAX_VOCAB)
+        return vks_set_error(VKS_ERR_ARG, "%s: vocab_size %d outside %d..%d", path, vocab_size,
+                             TOK_BYTE_BASE, TOK_MAX_VOCAB);
+    size_t size = 0;
+    unsigned char *file = NULL;
+    int rc = read_whole_file(path, &file, &size);
+    if (rc != VKS_OK) return rc;
+    vks_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
+    else {
+        t->vocab_size = vocab_size;
+        rc = parse_file(t, file, size, path);
+    }
+    free(file);
+    if (rc != VKS_OK) {
+        vks_tokenizer_free(t);
+        return rc;
+    }
+    *out = t;
+    return VKS_OK;
+}
+
+void vks_tokenizer_free(vks_tokenizer *t) {
+    if (!t) return;
+    free(t->blob);
+    free(t->offset);
+    free(t->len);
+    free(t->score);
+    free(t->sorted);
+    free(t);
+}
+
+int vks_tokenizer_vocab_size(const vks_tokenizer *t) { return t ? t->vocab_size : 0; }
+int vks_tokenizer_bos(const vks_tokenizer *t) { (void)t; return TOK_BOS; }
+int vks_tokenizer_eos(const vks_tokenizer *t) { (void)t; return TOK_EOS; }
+
+/* ---- encode ---- */
+
+static int32_t byte_token(const vks_tokenizer *t, unsigned char b) {
+    int32_t id = TOK_BYTE_BASE + b;
+    return id < t->vocab_size ? id : 0;
+}
+
+/* Appends the ids for one code point group: its piece, else its bytes. */
+static int emit_group(const vks_tokenizer *t, const char *group, size_t n, int32_t *ids, int n_ids) {
+    int32_t id = lookup_piece(t, group, n);
+    if (id >= 0) {
+        ids[n_ids++] = id;
+        return n_ids;
+    }
+    for (size_t i = 0; i < n; i++) ids[n_ids++] = byte_token(t, (unsigned char)group[i]);
+    return n_ids;
+}
+
+static bool is_continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+/* run.c's split: a byte plus following continuation bytes, at most 4 in all. */
+static int split_codepoints(const vks_tokenizer *t, const char *text, size_t len, int32_t *ids, int n_ids) {
+    size_t start = 0, group = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (group == 0) start = i;
+        group++;
+        bool next_cont = i + 1 < len && is_continuation((unsigned char)text[i + 1]);
+        if (next_cont && group < 4) continue;
+        n_ids = emit_group(t, text + start, group, ids, n_ids);
+        group = 0;
+    }
+    return n_ids;
+}
+
+typedef struct {
+    float score;
+    int32_t left, right, id;
+    uint32_t left_ver, right_ver;
+} merge_cand;
+
+typedef struct {
+    int32_t *tok, *next, *prev;
+    uint32_t *ver;
+    merge_cand *heap;
+    size_t heap_n;
+    char *scratch; /* 2 * max_token_length bytes for a concatenated pair */
+} merge_state;
+
+/* Higher score first; equal scores: leftmost first (list order = node order). */
+static bool cand_before(const merge_cand *a, const merge_cand *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void heap_push(merge_state *s, merge_cand c) {
+    size_t i = s->heap_n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!cand_before(&c, &s->heap[parent])) break;
+        s->heap[i] = s->heap[parent];
+        i = parent;
+    }
+    s->heap[i] = c;
+}
+
+static merge_cand heap_pop(merge_state *s) {
+    merge_cand top = s->heap[0], last = s->heap[--s->heap_n];
+    size_t i = 0, n = s->heap_n;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= n) break;
+        if (child + 1 < n && cand_before(&s->heap[child + 1], &s->heap[child])) child++;
+        if (!cand_before(&s->heap[child], &last)) break;
+        s->heap[i] = s->heap[child];
+        i = child;
+    }
+    if (n > 0) s->heap[i] = last;
+    return top;
+}
+
+/* Pushes the merge of nodes a and b if their concatenation is a mergeable piece. */
+static void push_pair(const vks_tokenizer *t, merge_state *s, int32_t a, int32_t b) {
+    if (a < 0 || b < 0) return;
+    int32_t ta = s->tok[a], tb = s->tok[b];
+    size_t la = (size_t)t->len[ta], lb = (size_t)t->len[tb];
+    memcpy(s->scratch, t->blob + t->offset[ta], la);
+    memcpy(s->scratch + la, t->blob + t->offset[tb], lb);
+    int32_t id = lookup_piece(t, s->scratch, la + lb);
+    if (id < 0 || !(t->score[id] > TOK_MIN_MERGE_SCORE)) return;
+    heap_push(s, (merge_cand){t->score[id], a, b, id, s->ver[a], s->ver[b]});
+}
+
+static bool cand_current(const merge_state *s, const merge_cand *c) {
+    return s->next[c->left] == c->right && s->ver[c->left] == c->left_ver &&
+           s->ver[c->right] == c->right_ver;
+}
+
+static void run_merges(const vks_tokenizer *t, merge_state *s, int n) {
+    for (int i = 0; i + 1 < n; i++) push_pair(t, s, i, i + 1);
+    while (s->heap_n > 0) {
+        merge_cand c = heap_pop(s);
+        if (!cand_current(s, &c)) continue; /* stale: a neighbour changed since the push */
+        int32_t after = s->next[c.right];
+        s->tok[c.left] = c.id;
+        s->ver[c.left]++;
+        s->ver[c.right]++; /* the right node is gone; invalidates its entries */
+        s->next[c.right] = -1;
+        s->next[c.left] = after;
+        if (after >= 0) s->prev[after] = c.left;
+        push_pair(t, s, s->prev[c.left], c.left);
+        push_pair(t, s, c.left, after);
+    }
+}
+
+/* Merges ids[0..n) in place; returns the new count, or -1 on allocation failure. */
+static int merge_pairs(const vks_tokenizer *t, int32_t *ids, int n) {
+    if (n < 2) return n;
+    merge_state s = {0};
+    s.tok = ids;
+    s.next = malloc((size_t)n * sizeof *s.next);
+    s.prev = malloc((size_t)n * sizeof *s.prev);
+    s.ver = calloc((size_t)n, sizeof *s.ver);
+    s.heap = malloc(3 * (size_t)n * sizeof *s.heap); /* n-1 initial + 2 per merge */
+    s.scratch = malloc(2 * (size_t)t->max_token_length);
+    int count = -1;
+    if (s.next && s.prev && s.ver && s.heap && s.scratch) {
+        for (int i = 0; i < n; i++) {
+            s.next[i] = i + 1 < n ? i + 1 : -1;
+            s.prev[i] = i - 1;
+        }
+        run_merges(t, &s, n);
+        count = 0; /* node 0 is never removed: compact the list in place */
+        for (int32_t i = 0; i >= 0; i = s.next[i]) ids[count++] = s.tok[i];
+    }
+    free(s.next);
+    free(s.prev);
+    free(s.ver);
+    free(s.heap);
+    free(s.scratch);
+    return count;
+}
+
+int vks_tokenizer_encode(const vks_tokenizer *t, const char *text, size_t len, bool bos, bool eos,
+                         int32_t *ids, int *n_out) {
+    if (!t || !ids || !n_out || (!text && len > 0))
+        return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_encode: NULL argument");
+    if (len > (size_t)INT32_MAX - 3)
+        return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_encode: text of %zu bytes is too long", len);
+    *n_out = 0;
+    int n = 0;
+    if (bos) ids[n++] = TOK_BOS;
+    if (len > 0) ids[n++] = t->space_id >= 0 ? t->space_id : byte_token(t, ' ');
+    n = split_codepoints(t, text, len, ids, n);
+    n = merge_pairs(t, ids, n);
+    if (n < 0) return vks_set_error(VKS_ERR_NOMEM, "vks_tokenizer_encode: out of memory");
+    if (eos) ids[n++] = TOK_EOS;
+    *n_out = n;
+    return VKS_OK;
+}
+
+/* ---- decode ---- */
+
+static int hex_value(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Byte of a "<0xHH>" piece, or -1. */
+static int byte_piece_value(const char *p, size_t n) {
+    if (n != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>') return -1;
+    int hi = hex_value(p[3]), lo = hex_value(p[4]);
+    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+const char *vks_tokenizer_decode(const vks_tokenizer *t, int prev, int next, char *buf, size_t *len) {
+    static const char empty[1] = "";
+    if (len) *len = 0;
+    if (!t || !buf || !len || next < 0 || next >= t->vocab_size) return empty;
+    const char *piece = t->blob + t->offset[next];
+    size_t n = (size_t)t->len[next];
+    if (prev == TOK_BOS && n > 0 && piece[0] == ' ') { /* sentencepiece strips it after BOS */
+        piece++;
+        n--;
+    }
+    int byte = byte_piece_value(piece, n);
+    if (byte >= 0) {
+        buf[0] = (char)byte;
+        buf[1] = '\0';
+        *len = 1;
+        return buf;
+    }
+    *len = n;
+    return piece;
+}
+
+bool vks_tokenizer_piece_printable(const char *piece, size_t len) {
+    if (!piece || len == 0 || piece[0] == '\0') return false; /* run.c: empty C string */
+    if (len == 1) {
+        unsigned char b = (unsigned char)piece[0];
+        return isprint(b) || isspace(b);
+    }
+    return true;
+}

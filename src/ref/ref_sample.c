@@ -1,0 +1,185 @@
+/* ref_sample.c: counter-based RNG and the reference sampler.
+ *
+ * Sampling semantics (the GLSL sampler mirrors this exactly):
+ *   1. temperature <= 0: greedy. token = argmax(logits), lowest index on ties.
+ *      vks_ref_sample_kept reports z = logits and keeps only that token.
+ *   2. Otherwise z_i = logits_i / temperature (float division).
+ *   3. top_k with 0 < top_k < V: tau_k = the k-th largest z (counting
+ *      duplicates). Keep z_i >= tau_k, so every tie at the threshold is kept.
+ *   4. top_p with 0 < top_p < 1: over the kept tokens, in double,
+ *      p_i = exp(z_i - zmax) / sum_kept exp(z_j - zmax) (sum in index order).
+ *      Walk the distinct kept z values from the largest down, adding the
+ *      probability of all tokens equal to each value (in index order) to a
+ *      running double sum; tau_p is the first value at which that sum is
+ *      >= top_p (the smallest kept z if rounding never gets there). Keep
+ *      z_i >= tau_p: the minimal set of top values reaching top_p.
+ *   5. token = argmax over kept i of z_i + g_i (float add), lowest index on ties,
+ *      with g_i = -logf(-logf(vks_rng_uniform(vks_philox_u32(seed, seq, pos, i))))
+ *      in float. This is the Gumbel-max trick: a draw from softmax(z) over the
+ *      kept set, reproducible per (seed, seq, pos) and independent of batching.
+ * NaN z values are never kept by top-k/top-p thresholds and never win an argmax
+ * (if every value is NaN the result is token 0).
+ *
+ * The uniform uses 23 bits, ((u32 >> 9) + 0.5) / 2^23: every value is exact
+ * in float and strictly inside (0, 1). (With 24 bits, 2^24 - 0.5 rounds up to
+ * 2^24 and u = 1 gives a Gumbel of +inf.) The GLSL sampler does the same.
+ */
+#include "vkswarm/vks_ref.h"
+#include "ref/ref_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Philox4x32-10 (Random123) ---- */
+
+enum {
+    PHILOX_M0 = 0xD2511F53u,
+    PHILOX_M1 = 0xCD9E8D57u,
+    PHILOX_W0 = 0x9E3779B9u,
+    PHILOX_W1 = 0xBB67AE85u,
+};
+
+static void philox_round(uint32_t ctr[4], const uint32_t key[2]) {
+    uint64_t p0 = (uint64_t)PHILOX_M0 * ctr[0];
+    uint64_t p1 = (uint64_t)PHILOX_M1 * ctr[2];
+    uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+    uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+    uint32_t next[4] = {hi1 ^ ctr[1] ^ key[0], lo1, hi0 ^ ctr[3] ^ key[1], lo0};
+    memcpy(ctr, next, sizeof next);
+}
+
+void vks_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
+    uint32_t k[2] = {key[0], key[1]};
+    for (int round = 0; round < 10; round++) {
+        philox_round(c, k);
+        k[0] += PHILOX_W0; /* the bump after the last round is unused */
+        k[1] += PHILOX_W1;
+    }
+    memcpy(out, c, sizeof c);
+}
+
+uint32_t vks_philox_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx) {
+    const uint32_t ctr[4] = {idx, pos, seq, 0};
+    const uint32_t key[2] = {(uint32_t)(seed & 0xffffffffu), (uint32_t)(seed >> 32)};
+    uint32_t out[4];
+    vks_philox4x32_10(ctr, key, out);
+    return out[0];
+}
+
+float vks_rng_uniform(uint32_t u32) { return ((float)(u32 >> 9) + 0.5f) * (1.0f / 8388608.0f); }
+
+/* ---- sampler ---- */
+
+/* Index of the largest value (NaN never wins; lowest index on ties). */
+static int argmax_first(const float *v, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best] || (isnan(v[best]) && !isnan(v[i]))) best = i;
+    return best;
+}
+
+/* Descending order, NaN last: a total order so qsort stays well-defined. */
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    if (isnan(x) || isnan(y)) return isnan(x) - isnan(y);
+    return (x < y) - (x > y);
+}
+
+/* Keeps z_i >= the k-th largest z. `sorted` is scratch of n floats. */
+static void apply_top_k(const float *z, int n, uint32_t k, uint8_t *keep, float *sorted) {
+    memcpy(sorted, z, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, cmp_desc);
+    uint32_t numbers = 0; /* NaNs sort last; never let one become the threshold */
+    while (numbers < (uint32_t)n && !isnan(sorted[numbers])) numbers++;
+    if (numbers == 0) return;
+    float tau = sorted[(k < numbers ? k : numbers) - 1];
+    for (int i = 0; i < n; i++) keep[i] = keep[i] && z[i] >= tau;
+}
+
+/* Keeps the minimal top set of kept z whose probability reaches top_p.
+ * `sorted` is scratch of n floats. */
+static void apply_top_p(const float *z, int n, float top_p, uint8_t *keep, float *sorted) {
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (keep[i]) sorted[m++] = z[i];
+    if (m == 0) return;
+    qsort(sorted, (size_t)m, sizeof *sorted, cmp_desc);
+    double zmax = sorted[0], total = 0.0;
+    for (int i = 0; i < n; i++)
+        if (keep[i]) total += exp((double)z[i] - zmax);
+    float tau = sorted[m - 1];
+    double cum = 0.0;
+    for (int j = 0; j < m; j++) {
+        if (j > 0 && sorted[j] == sorted[j - 1]) continue; /* each distinct value once */
+        for (int i = 0; i < n; i++)
+            if (keep[i] && z[i] == sorted[j]) cum += exp((double)z[i] - zmax) / total;
+        if (cum >= (double)top_p) {
+            tau = sorted[j];
+            break;
+        }
+    }
+    for (int i = 0; i < n; i++) keep[i] = keep[i] && z[i] >= tau;
+}
+
+static bool sample_args_ok(const float *logits, int V, const vks_sample_params *p) {
+    return logits && p && V > 0;
+}
+
+int vks_ref_sample_kept(const float *logits, int V, const vks_sample_params *p, uint8_t *keep,
+                        float *z) {
+    if (!sample_args_ok(logits, V, p) || !keep || !z) return 0;
+    if (!(p->temperature > 0.0f)) {
+        memcpy(z, logits, (size_t)V * sizeof *z);
+        memset(keep, 0, (size_t)V);
+        keep[argmax_first(logits, V)] = 1;
+        return 1;
+    }
+    for (int i = 0; i < V; i++) {
+        z[i] = logits[i] / p->temperature;
+        keep[i] = !isnan(z[i]);
+    }
+    bool use_k = p->top_k > 0 && p->top_k < (uint32_t)V;
+    bool use_p = p->top_p > 0.0f && p->top_p < 1.0f;
+    if (use_k || use_p) {
+        float *scratch = malloc((size_t)V * sizeof *scratch);
+        if (!scratch) return 0;
+        if (use_k) apply_top_k(z, V, p->top_k, keep, scratch);
+        if (use_p) apply_top_p(z, V, p->top_p, keep, scratch);
+        free(scratch);
+    }
+    int count = 0;
+    for (int i = 0; i < V; i++) count += keep[i];
+    return count;
+}
+
+static float gumbel(const vks_sample_params *p, uint32_t idx) {
+    float u = vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, idx));
+    return -logf(-logf(u));
+}
+
+/* Returns the sampled token; 0 on invalid arguments or allocation failure. */
+uint32_t vks_ref_sample(const float *logits, int V, const vks_sample_params *p) {
+    if (!sample_args_ok(logits, V, p)) return 0;
+    if (!(p->temperature > 0.0f)) return (uint32_t)argmax_first(logits, V);
+    uint8_t *keep = malloc((size_t)V);
+    float *z = malloc((size_t)V * sizeof *z);
+    uint32_t best = 0;
+    if (keep && z && vks_ref_sample_kept(logits, V, p, keep, z) > 0) {
+        bool found = false;
+        float best_score = 0.0f;
+        for (int i = 0; i < V; i++) {
+            if (!keep[i]) continue;
+            float score = z[i] + gumbel(p, (uint32_t)i);
+            if (!found || score > best_score) {
+                best = (uint32_t)i;
+                best_score = score;
+                found = true;
+            }
+        }
+    }
+    free(keep);
+    free(z);
+    return best;
+}
