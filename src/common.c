@@ -33,12 +33,18 @@ const char *vks_dtype_name(vks_dtype t) {
     case VKS_DTYPE_F32: return "f32";
     case VKS_DTYPE_F16: return "f16";
     case VKS_DTYPE_BF16: return "bf16";
+    case VKS_DTYPE_Q8_0: return "q8_0";
+    case VKS_DTYPE_Q4_0: return "q4_0";
+    case VKS_DTYPE_Q4_K: return "q4_k";
+    case VKS_DTYPE_Q6_K: return "q6_k";
+    case VKS_DTYPE_COUNT: break;
     }
     return "unknown";
 }
 
 int vks_dtype_parse(const char *s, vks_dtype *out) {
-    static const vks_dtype all[] = {VKS_DTYPE_F32, VKS_DTYPE_F16, VKS_DTYPE_BF16};
+    static const vks_dtype all[] = {VKS_DTYPE_F32,  VKS_DTYPE_F16,  VKS_DTYPE_BF16, VKS_DTYPE_Q8_0,
+                                    VKS_DTYPE_Q4_0, VKS_DTYPE_Q4_K, VKS_DTYPE_Q6_K};
     if (!s || !out) return -1;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (strcmp(s, vks_dtype_name(all[i])) == 0) {
@@ -54,8 +60,8 @@ size_t vks_dtype_size(vks_dtype t) {
     case VKS_DTYPE_F32: return 4;
     case VKS_DTYPE_F16: return 2;
     case VKS_DTYPE_BF16: return 2;
+    default: return 0; /* block formats: see vks_dtype_row_bytes() */
     }
-    return 0;
 }
 
 /* ---- float conversions ---- */

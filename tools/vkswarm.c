@@ -6,9 +6,7 @@
 #include "cli_util.h"
 #include "vkswarm/vks_gpu.h"
 
-int cmd_generate(int argc, char **argv);
-int cmd_logits(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
+#include "commands.h"
 
 static const char usage[] =
     "usage: vkswarm <command> [options]   (vkswarm <command> --help for details)\n"
@@ -17,6 +15,11 @@ static const char usage[] =
     "  generate   generate text from a prompt or a file of prompts\n"
     "  logits     write the logits of a sequence of ids\n"
     "  bench      measure prefill/decode speed against the device's bandwidth and matmul rate\n"
+    "  tokenize   text on stdin to token ids        detokenize  ids on stdin to text\n"
+    "  convert    convert between llama2.c, GGUF and safetensors\n"
+    "  pipeline   pipeline-parallel generation across MPI ranks (under mpirun)\n"
+    "  verify     check rollouts with TOPLOC proofs and sampler replay\n"
+    "  keygen     write an Ed25519 key pair         broadcast   signed sharded weight broadcast (mpirun)\n"
     "  version    print the version\n"
     "environment: VKSWARM_DEVICE=N picks a device; VKSWARM_VALIDATION=1 turns on the Khronos validation layer.\n";
 
@@ -52,6 +55,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    static const struct { const char *name; int (*fn)(int, char **); } more[] = {
+        {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"convert", cmd_convert},
+        {"pipeline", cmd_pipeline}, {"verify", cmd_verify}, {"keygen", cmd_keygen}, {"broadcast", cmd_broadcast},
+    };
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+        if (!strcmp(cmd, more[i].name)) return more[i].fn(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { puts("vkswarm " VKS_VERSION); return 0; }
     fprintf(stderr, "vkswarm: unknown command '%s'\n%s", cmd, usage);
     return EXIT_BAD_INPUT;

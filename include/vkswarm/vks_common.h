@@ -21,12 +21,18 @@ typedef enum {
     VKS_DTYPE_F32 = 0,
     VKS_DTYPE_F16 = 1,
     VKS_DTYPE_BF16 = 2,
+    /* llama.cpp block formats (issue 3): see include/vkswarm/vks_quant.h */
+    VKS_DTYPE_Q8_0 = 3, /* 32 elements: f16 d, int8 q[32]                 (34 bytes)  */
+    VKS_DTYPE_Q4_0 = 4, /* 32 elements: f16 d, uint8 nibbles[16]          (18 bytes)  */
+    VKS_DTYPE_Q4_K = 5, /* 256 elements: f16 d, f16 dmin, scales[12], q[128] (144 bytes) */
+    VKS_DTYPE_Q6_K = 6, /* 256 elements: ql[128], qh[64], int8 scales[16], f16 d (210 bytes) */
+    VKS_DTYPE_COUNT
 } vks_dtype;
 
 const char *vks_dtype_name(vks_dtype t);
 /* Parses "f32", "f16", "bf16"; returns 0 and sets *out, or -1. */
 int vks_dtype_parse(const char *s, vks_dtype *out);
-size_t vks_dtype_size(vks_dtype t); /* bytes per element */
+size_t vks_dtype_size(vks_dtype t); /* bytes per element; 0 for block formats */
 
 /* Thread-local last error message (one line, no trailing newline). */
 const char *vks_last_error(void);

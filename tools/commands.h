@@ -1,0 +1,14 @@
+/* Every vkswarm subcommand: int cmd_NAME(int argc, char **argv), argv[0] is the command name. */
+#ifndef VKS_COMMANDS_H
+#define VKS_COMMANDS_H
+int cmd_generate(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);   /* issue 3: tools/cmd_tokenize.c */
+int cmd_detokenize(int argc, char **argv); /* issue 3 */
+int cmd_convert(int argc, char **argv);    /* issue 3: tools/cmd_convert.c */
+int cmd_pipeline(int argc, char **argv);   /* issue 4: tools/cmd_pipeline.c */
+int cmd_verify(int argc, char **argv);     /* issue 5: tools/cmd_verify.c */
+int cmd_keygen(int argc, char **argv);     /* issue 6: tools/cmd_broadcast.c */
+int cmd_broadcast(int argc, char **argv);  /* issue 6 */
+#endif
