@@ -7,6 +7,7 @@
 #include "vks_gpu.h"
 #include "vks_model.h"
 #include "vks_ops.h"
+#include "vks_sched.h"
 
 typedef struct {
     int layer_begin, layer_end; /* [begin, end); 0,0 = all layers */
@@ -63,6 +64,11 @@ typedef struct {
     int stop_token_a, stop_token_b; /* generation of a sequence stops on either (-1: none) */
     /* Progress callback (may be NULL): called after each decode step. */
     void (*on_step)(void *user, int step, int n_steps, int active);
+    /* Called after every forward with the final-norm hidden rows [step->n_out, dim]
+     * of the sampling rows and the tokens sampled from them, before they are
+     * applied (may be NULL; TOPLOC proofs are built from these rows). */
+    void (*on_hidden)(void *user, const vks_step *step, const vks_seq_state *seqs,
+                      const float *hidden, const int32_t *sampled);
     void *user;
 } vks_generate_options;
 
@@ -70,6 +76,7 @@ typedef struct {
     int32_t *ids;    /* prompt ids followed by generated ids (malloc'd) */
     int n_ids;
     int n_prompt;
+    int32_t stop_token; /* the stop token that ended it (not in ids), or -1 */
 } vks_sequence;
 
 /* Runs every prompt as one batch (one KV slot each; the engine needs at

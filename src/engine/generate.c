@@ -1,127 +1,58 @@
-/* Batched generation with llama2.c semantics: `steps` counts positions, the
- * prompt included; each prompt occupies one KV slot; prompts are prefilled in
- * row chunks, then all live sequences decode one row each per forward. The
- * sampler runs on the GPU, keyed by (seed, sequence index, position). */
+/* Batched generation on one engine: every prompt gets a KV slot; the schedule
+ * (vks_sched.h) alternates prefill chunks and decode steps; the sampler runs
+ * on the GPU, keyed by (seed, sequence index, position). */
 #include <stdlib.h>
 #include <string.h>
 #include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_sched.h"
 
-typedef struct {
-    int32_t *tokens;
-    uint32_t *slot, *pos, *out_rows;
-    vks_gpu_sample_row *sample;
-    int32_t *sampled;
-    int *out_seq; /* which sequence each output row belongs to */
-    int n_rows, n_out;
-} row_batch;
-
-static int batch_alloc(row_batch *b, int max_rows) {
-    size_t n = (size_t)max_rows;
-    b->tokens = malloc(n * 4);
-    b->slot = malloc(n * 4);
-    b->pos = malloc(n * 4);
-    b->out_rows = malloc(n * 4);
-    b->sample = malloc(n * sizeof *b->sample);
-    b->sampled = malloc(n * 4);
-    b->out_seq = malloc(n * sizeof(int));
-    if (!b->tokens || !b->slot || !b->pos || !b->out_rows || !b->sample || !b->sampled || !b->out_seq)
-        return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    return VKS_OK;
+static vks_sched_params sched_params(const vks_generate_options *o, int steps) {
+    return (vks_sched_params){.steps = steps, .temperature = o->temperature, .top_p = o->top_p, .top_k = o->top_k,
+                              .seed = o->seed, .stop_token_a = o->stop_token_a, .stop_token_b = o->stop_token_b};
 }
 
-static void batch_free(row_batch *b) {
-    free(b->tokens); free(b->slot); free(b->pos); free(b->out_rows);
-    free(b->sample); free(b->sampled); free(b->out_seq);
-}
-
-static vks_gpu_sample_row sample_row(const vks_generate_options *o, uint32_t seq, uint32_t pos) {
-    return (vks_gpu_sample_row){.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
-                                .seed_lo = (uint32_t)o->seed, .seed_hi = (uint32_t)(o->seed >> 32),
-                                .seq = seq, .pos = pos};
-}
-
-static void add_row(row_batch *b, int32_t token, uint32_t slot, uint32_t pos) {
-    b->tokens[b->n_rows] = token;
-    b->slot[b->n_rows] = slot;
-    b->pos[b->n_rows] = pos;
-    b->n_rows++;
-}
-
-static void add_output(row_batch *b, const vks_generate_options *o, int seq, uint32_t seq_index) {
-    b->out_rows[b->n_out] = (uint32_t)(b->n_rows - 1);
-    b->sample[b->n_out] = sample_row(o, seq_index, b->pos[b->n_rows - 1]);
-    b->out_seq[b->n_out] = seq;
-    b->n_out++;
-}
-
-static int run_batch(vks_engine *e, row_batch *b) {
-    vks_forward_batch fb = {.n_rows = b->n_rows, .tokens = b->tokens, .slot = b->slot, .pos = b->pos,
-                            .n_out = b->n_out, .out_rows = b->out_rows, .sample = b->sample, .sampled = b->sampled};
+static int run_step(vks_engine *e, const vks_step *st, int32_t *sampled, float *hidden) {
+    vks_forward_batch fb = {.n_rows = st->n_rows, .tokens = st->tokens, .slot = st->slot, .pos = st->pos,
+                            .n_out = st->n_out, .out_rows = st->out_rows, .sample = st->sample,
+                            .sampled = sampled, .hidden = hidden};
     return vks_engine_forward(e, &fb);
 }
 
-static bool is_stop(const vks_generate_options *o, int32_t t) {
-    return t == o->stop_token_a || t == o->stop_token_b;
-}
-
-/* Appends sampled tokens; a stop token ends the sequence and is not kept
- * (run.c prints nothing for it). */
-static void take_samples(const vks_generate_options *o, row_batch *b, vks_sequence *seqs, bool *done, int steps) {
-    for (int i = 0; i < b->n_out; i++) {
-        vks_sequence *s = &seqs[b->out_seq[i]];
-        int32_t t = b->sampled[i];
-        if (is_stop(o, t)) { done[b->out_seq[i]] = true; continue; }
-        s->ids[s->n_ids++] = t;
-        if (s->n_ids >= steps + 1) done[b->out_seq[i]] = true;
-    }
-}
-
-/* Prefills every prompt: positions 0..n_prompt-1, the last one sampled.
- * A prompt of more than `steps` positions is only cut, as in run.c, which
- * forces prompt tokens up to position `steps`. */
-static int prefill(vks_engine *e, const vks_generate_options *o, row_batch *b, vks_sequence *seqs, int n,
-                   uint32_t seq_base, bool *done, int steps, int max_rows, int max_out) {
-    b->n_rows = b->n_out = 0;
+static int init_states(const vks_sched_params *p, const vks_sequence *seqs, int n, uint32_t seq_base,
+                       vks_seq_state *states) {
     for (int s = 0; s < n; s++) {
-        if (seqs[s].n_prompt > steps) {
-            seqs[s].n_ids = steps + 1;
-            done[s] = true;
-            continue;
-        }
-        for (int p = 0; p < seqs[s].n_prompt; p++) {
-            add_row(b, seqs[s].ids[p], (uint32_t)s, (uint32_t)p);
-            if (p == seqs[s].n_prompt - 1) add_output(b, o, s, seq_base + (uint32_t)s);
-            if (b->n_rows == max_rows || b->n_out == max_out) {
-                int rc = run_batch(e, b);
-                if (rc) return rc;
-                take_samples(o, b, seqs, done, steps);
-                b->n_rows = b->n_out = 0;
-            }
-        }
+        int rc = vks_seq_init(&states[s], p, seqs[s].ids, seqs[s].n_prompt, seq_base + (uint32_t)s, (uint32_t)s);
+        if (rc) return rc;
     }
-    if (b->n_rows == 0) return VKS_OK;
-    int rc = run_batch(e, b);
-    if (rc == VKS_OK) take_samples(o, b, seqs, done, steps);
-    return rc;
+    return VKS_OK;
 }
 
-static int decode(vks_engine *e, const vks_generate_options *o, row_batch *b, vks_sequence *seqs, int n,
-                  uint32_t seq_base, bool *done, int steps) {
-    for (int step = 0;; step++) {
-        b->n_rows = b->n_out = 0;
-        for (int s = 0; s < n; s++) {
-            if (done[s]) continue;
-            /* the last id sits at position n_ids-1; sampling it would produce position n_ids */
-            if (seqs[s].n_ids > steps) { done[s] = true; continue; }
-            add_row(b, seqs[s].ids[seqs[s].n_ids - 1], (uint32_t)s, (uint32_t)(seqs[s].n_ids - 1));
-            add_output(b, o, s, seq_base + (uint32_t)s);
-        }
-        if (b->n_rows == 0) return VKS_OK;
-        int rc = run_batch(e, b);
-        if (rc) return rc;
-        take_samples(o, b, seqs, done, steps);
-        if (o->on_step) o->on_step(o->user, step, steps, b->n_rows);
+/* Hands the generated ids back to the caller's sequences. */
+static void export_states(vks_seq_state *states, vks_sequence *seqs, int n) {
+    for (int s = 0; s < n; s++) {
+        free(seqs[s].ids);
+        seqs[s].ids = states[s].ids;
+        seqs[s].n_ids = states[s].n_ids;
+        seqs[s].stop_token = states[s].stop_token;
+        states[s].ids = NULL;
     }
+}
+
+static int run_schedule(vks_engine *e, const vks_generate_options *o, const vks_sched_params *p,
+                        vks_seq_state *states, int n, vks_step *st) {
+    int D = vks_engine_config(e)->dim;
+    int32_t *sampled = malloc(sizeof(int32_t) * (size_t)st->max_rows);
+    float *hidden = o->on_hidden ? malloc(sizeof(float) * (size_t)st->max_rows * (size_t)D) : NULL;
+    int rc = !sampled || (o->on_hidden && !hidden) ? vks_set_error(VKS_ERR_NOMEM, "out of host memory") : VKS_OK;
+    for (int step = 0; rc == VKS_OK && vks_sched_build(p, states, n, st); step++) {
+        if ((rc = run_step(e, st, sampled, hidden))) break;
+        if (o->on_hidden) o->on_hidden(o->user, st, states, hidden, sampled);
+        vks_sched_apply(p, states, st, sampled);
+        if (o->on_step && !st->prefill) o->on_step(o->user, step, p->steps, st->n_rows);
+    }
+    free(sampled);
+    free(hidden);
+    return rc;
 }
 
 int vks_generate(vks_engine *e, const vks_generate_options *o, vks_sequence *seqs, int n, uint32_t seq_base) {
@@ -129,25 +60,20 @@ int vks_generate(vks_engine *e, const vks_generate_options *o, vks_sequence *seq
     const vks_model_config *cfg = vks_engine_config(e);
     if (!vks_engine_has_embed(e) || !vks_engine_has_head(e))
         return vks_set_error(VKS_ERR_ARG, "vks_generate needs an engine holding every layer");
+    if (n > vks_engine_max_out_rows(e))
+        return vks_set_error(VKS_ERR_ARG, "%d sequences exceed the engine's %d output rows", n, vks_engine_max_out_rows(e));
     int steps = o->steps <= 0 || o->steps > cfg->seq_len ? cfg->seq_len : o->steps;
-    for (int s = 0; s < n; s++) {
-        if (seqs[s].n_prompt < 1) return vks_set_error(VKS_ERR_ARG, "prompt %d is empty (it needs at least BOS)", s);
-        /* room for every position plus the token sampled at the last one */
-        int32_t *ids = realloc(seqs[s].ids, sizeof(int32_t) * (size_t)(steps + seqs[s].n_prompt + 1));
-        if (!ids) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-        seqs[s].ids = ids;
-        seqs[s].n_ids = seqs[s].n_prompt;
-    }
-    row_batch b = {0};
-    bool *done = calloc((size_t)n, sizeof(bool));
-    int max_rows = vks_engine_max_rows(e), max_out = vks_engine_max_out_rows(e);
-    int rc = done ? batch_alloc(&b, max_rows) : vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    if (rc == VKS_OK && n > max_out)
-        rc = vks_set_error(VKS_ERR_ARG, "%d sequences exceed the engine's %d output rows", n, max_out);
-    if (rc == VKS_OK) rc = prefill(e, o, &b, seqs, n, seq_base, done, steps, max_rows, max_out);
-    if (rc == VKS_OK) rc = decode(e, o, &b, seqs, n, seq_base, done, steps);
-    batch_free(&b);
-    free(done);
+    vks_sched_params p = sched_params(o, steps);
+    vks_seq_state *states = calloc((size_t)n, sizeof *states);
+    vks_step st;
+    int rc = states ? vks_step_alloc(&st, vks_engine_max_rows(e)) : vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    if (rc) { free(states); return rc; }
+    rc = init_states(&p, seqs, n, seq_base, states);
+    if (rc == VKS_OK) rc = run_schedule(e, o, &p, states, n, &st);
+    if (rc == VKS_OK) export_states(states, seqs, n);
+    for (int s = 0; s < n; s++) vks_seq_free(&states[s]);
+    free(states);
+    vks_step_free(&st);
     return rc;
 }
 

@@ -1,1 +1,0 @@
-/* Placeholder until the first MPI role lands. */ typedef int vks_mpi_placeholder;
