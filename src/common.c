@@ -131,3 +131,12 @@ uint16_t vks_f32_to_bf16(float f) {
         return (uint16_t)((x >> 16) | 0x40u);
     return (uint16_t)shift_round_even(x, 16); /* overflow carries into inf correctly */
 }
+
+void vks_hash_hex(const uint8_t hash[32], char out[65]) {
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = digits[hash[i] >> 4];
+        out[2 * i + 1] = digits[hash[i] & 15];
+    }
+    out[64] = 0;
+}

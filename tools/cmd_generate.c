@@ -4,138 +4,79 @@
 #include <string.h>
 #include <time.h>
 #include "cli_model.h"
+#include "cli_prompts.h"
+#include "cli_rollouts.h"
 #include "cli_util.h"
-
-#define MAX_PROMPTS 4096
-#define MAX_PROMPT_BYTES (1 << 20)
 
 static const char generate_usage[] =
     "usage: vkswarm generate --model M --tokenizer T [--prompt TEXT | --prompts FILE] [-n STEPS]\n"
     "                        [--temp X] [--top-p P] [--top-k K] [--seed S] [--dtype f32|f16|bf16]\n"
     "                        [--device N] [--profile] [--random-model dim,hidden,layers,heads,kv,vocab]\n"
+    "                        [--rollouts-out FILE [--toploc | --no-toploc]]\n"
     "Generates text. -n counts positions, prompt included (llama2.c); 0 means the model's context.\n"
     "Defaults: -n 256 --temp 1.0 --top-p 0.9 --top-k 0 (off), --seed from the clock (printed on stderr).\n"
     "Sampling is Gumbel-max with a Philox RNG keyed by (seed, prompt index, position): results do\n"
     "not depend on batch composition. With --prompts FILE (one prompt per line) all prompts run as\n"
     "one batch and stdout gets one JSON object per prompt, in order: {\"prompt\", \"ids\", \"text\"},\n"
     "where ids are the prompt ids followed by the generated ones and text is what a single run prints.\n"
-    "Without --tokenizer (random models) output is token ids.\n";
+    "Without --tokenizer (random models) output is token ids.\n"
+    "--rollouts-out FILE also writes a rollout file (JSONL, see README \"Rollout files\") for\n"
+    "`vkswarm verify`: one sample per prompt with its TOPLOC proofs, built on a worker thread while\n"
+    "the GPU runs (--toploc, the default; --no-toploc writes empty proofs, to measure their cost).\n";
 
 typedef struct {
     cli_model_args m;
-    const char *prompt, *prompts_file;
-    int steps;
-    vks_generate_options g;
-    bool seed_given;
+    cli_sampling s;
+    const char *prompt, *prompts_file, *rollouts_out;
+    bool no_toploc;
 } generate_args;
 
 static void parse_generate(int argc, char **argv, generate_args *a) {
-    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_SAMPLING_LONG_OPTIONS,
                                          {"prompt", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
-                                         {"temp", required_argument, 0, 0}, {"top-p", required_argument, 0, 0},
-                                         {"top-k", required_argument, 0, 0}, {"seed", required_argument, 0, 0},
-                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+                                         {"rollouts-out", required_argument, 0, 0}, {"toploc", no_argument, 0, 0},
+                                         {"no-toploc", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     a->m.device = -1;
-    a->steps = 256;
-    a->g.temperature = 1.0f;
-    a->g.top_p = 0.9f;
+    cli_sampling_defaults(&a->s);
     int c, idx;
     while ((c = getopt_long(argc, argv, "n:h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(generate_usage, stdout); exit(0); }
-        if (c == 'n') { a->steps = (int)cli_parse_long("-n", optarg, 0, 1 << 20); continue; }
+        if (c == 'n') { cli_sampling_option(&a->s, "n", optarg); continue; }
         if (c != 0) { fputs(generate_usage, stderr); exit(EXIT_BAD_INPUT); }
         const char *name = opts[idx].name;
-        if (cli_model_option(&a->m, name, optarg)) continue;
+        if (cli_model_option(&a->m, name, optarg) || cli_sampling_option(&a->s, name, optarg)) continue;
         if (!strcmp(name, "prompt")) a->prompt = optarg;
         else if (!strcmp(name, "prompts")) a->prompts_file = optarg;
-        else if (!strcmp(name, "temp")) a->g.temperature = (float)cli_parse_double("--temp", optarg, 0, 1e6);
-        else if (!strcmp(name, "top-p")) a->g.top_p = (float)cli_parse_double("--top-p", optarg, 0, 1);
-        else if (!strcmp(name, "top-k")) a->g.top_k = (uint32_t)cli_parse_long("--top-k", optarg, 0, 1 << 24);
-        else if (!strcmp(name, "seed")) { a->g.seed = cli_parse_u64("--seed", optarg); a->seed_given = true; }
+        else if (!strcmp(name, "rollouts-out")) a->rollouts_out = optarg;
+        else if (!strcmp(name, "toploc")) a->no_toploc = false;
+        else if (!strcmp(name, "no-toploc")) a->no_toploc = true;
     }
     if (optind < argc) cli_die(EXIT_BAD_INPUT, "generate: unexpected argument '%s' (see --help)", argv[optind]);
     if (a->prompt && a->prompts_file) cli_die(EXIT_BAD_INPUT, "generate: give --prompt or --prompts, not both");
 }
 
-/* Reads one prompt per line (a final line without '\n' counts). */
-static char **read_prompts(const char *path, int *n_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) cli_die(EXIT_BAD_INPUT, "%s: cannot open", path);
-    char **lines = calloc(MAX_PROMPTS, sizeof *lines);
-    char *buf = malloc(MAX_PROMPT_BYTES + 2);
-    int n = 0;
-    if (!lines || !buf) cli_die(1, "out of host memory");
-    while (fgets(buf, MAX_PROMPT_BYTES + 2, f)) {
-        size_t len = strlen(buf);
-        if (len > MAX_PROMPT_BYTES) cli_die(EXIT_BAD_INPUT, "%s: line %d is longer than %d bytes", path, n + 1, MAX_PROMPT_BYTES);
-        if (len && buf[len - 1] == '\n') buf[--len] = 0;
-        if (n == MAX_PROMPTS) cli_die(EXIT_BAD_INPUT, "%s: more than %d prompts", path, MAX_PROMPTS);
-        lines[n++] = strdup(buf);
-    }
-    fclose(f);
-    free(buf);
-    if (n == 0) cli_die(EXIT_BAD_INPUT, "%s: no prompts", path);
-    *n_out = n;
-    return lines;
-}
-
-static void encode_prompt(const vks_tokenizer *t, const char *text, vks_sequence *s, int bos) {
-    size_t len = strlen(text);
-    s->ids = malloc(sizeof(int32_t) * (len + 3));
-    if (!s->ids) cli_die(1, "out of host memory");
-    if (!t) {
-        if (len) cli_die(EXIT_BAD_INPUT, "a prompt needs --tokenizer");
-        s->ids[0] = bos;
-        s->n_prompt = 1;
-        return;
-    }
-    if (vks_tokenizer_encode(t, text, len, true, false, s->ids, &s->n_prompt))
-        cli_die(EXIT_BAD_INPUT, "cannot encode prompt: %s", vks_last_error());
-}
-
-/* What run.c prints for a sequence: decode(prev, next) for each pair. */
-static char *sequence_text(const vks_tokenizer *t, const vks_sequence *s, size_t *len_out) {
-    size_t cap = 64, len = 0;
-    char *out = malloc(cap);
-    for (int i = 0; out && i + 1 < s->n_ids; i++) {
-        char buf[32];
-        size_t plen;
-        const char *piece;
-        if (t) {
-            piece = vks_tokenizer_decode(t, s->ids[i], s->ids[i + 1], buf, &plen);
-            if (!vks_tokenizer_piece_printable(piece, plen)) continue;
-        } else {
-            plen = (size_t)snprintf(buf, sizeof buf, "%s%d", i ? " " : "", s->ids[i + 1]);
-            piece = buf;
-        }
-        if (len + plen + 1 > cap) {
-            while (len + plen + 1 > cap) cap *= 2;
-            char *n = realloc(out, cap);
-            if (!n) { free(out); return NULL; }
-            out = n;
-        }
-        memcpy(out + len, piece, plen);
-        len += plen;
-    }
-    if (!out) cli_die(1, "out of host memory");
-    out[len] = 0;
-    *len_out = len;
-    return out;
-}
-
-static void print_json(const char *prompt, const vks_sequence *s, const char *text, size_t len) {
-    fputs("{\"prompt\":", stdout);
-    cli_json_string(stdout, prompt, strlen(prompt));
-    fputs(",\"ids\":[", stdout);
-    for (int i = 0; i < s->n_ids; i++) printf("%s%d", i ? "," : "", s->ids[i]);
-    fputs("],\"text\":", stdout);
-    cli_json_string(stdout, text, len);
-    fputs("}\n", stdout);
-}
+typedef struct {
+    cli_progress progress;
+    cli_rollouts *rollouts; /* NULL without --rollouts-out */
+} generate_hooks;
 
 static void on_step(void *user, int step, int n_steps, int active) {
-    cli_progress_update(user, step + 1, n_steps, "steps");
+    cli_progress_update(&((generate_hooks *)user)->progress, step + 1, n_steps, "steps");
     (void)active;
+}
+
+static void on_hidden(void *user, const vks_step *st, const vks_seq_state *states, const float *hidden,
+                      const int32_t *sampled) {
+    cli_rollouts_on_hidden(((generate_hooks *)user)->rollouts, st, states, hidden);
+    (void)sampled;
+}
+
+/* A rollout must be verifiable: its prompt has to fit in -n positions. */
+static void check_rollout_prompts(const vks_sequence *seqs, int n, int steps) {
+    for (int i = 0; i < n; i++)
+        if (seqs[i].n_prompt > steps)
+            cli_die(EXIT_BAD_INPUT, "generate: prompt %d has %d tokens, more than -n %d (no rollout possible)", i + 1,
+                    seqs[i].n_prompt, steps);
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -143,32 +84,39 @@ int cmd_generate(int argc, char **argv) {
     parse_generate(argc, argv, &a);
     vks_model *m = cli_load_model(&a.m);
     vks_tokenizer *t = cli_load_tokenizer(&a.m, m);
-    if (!a.seed_given) a.g.seed = (uint64_t)time(NULL);
-    fprintf(stderr, "vkswarm: seed %llu\n", (unsigned long long)a.g.seed);
+    cli_sampling_finish(&a.s);
     int n = 1;
-    char **prompts = a.prompts_file ? read_prompts(a.prompts_file, &n) : NULL;
+    char **prompts = a.prompts_file ? cli_read_prompts(a.prompts_file, &n) : NULL;
     vks_sequence *seqs = calloc((size_t)n, sizeof *seqs);
-    for (int i = 0; i < n; i++) encode_prompt(t, prompts ? prompts[i] : (a.prompt ? a.prompt : ""), &seqs[i], 1);
-    int steps = a.steps == 0 || a.steps > m->cfg.seq_len ? m->cfg.seq_len : a.steps;
-    a.g.steps = steps;
-    a.g.stop_token_a = 1; /* BOS ends a llama2.c story */
-    a.g.stop_token_b = t ? vks_tokenizer_eos(t) : -1;
+    for (int i = 0; i < n; i++) cli_encode_prompt(t, m->cfg.vocab_size, prompts ? prompts[i] : (a.prompt ? a.prompt : ""), &seqs[i], 1);
+    vks_sched_params sp = cli_sched_params(&a.s, m, t);
+    int steps = sp.steps;
+    vks_generate_options go = {.steps = sp.steps, .temperature = sp.temperature, .top_p = sp.top_p,
+                               .top_k = sp.top_k, .seed = sp.seed, .stop_token_a = sp.stop_token_a,
+                               .stop_token_b = sp.stop_token_b};
     vks_gpu *g = cli_open_gpu(&a.m);
     vks_engine_options eo = {.dtype = a.m.dtype, .n_slots = n, .kv_len = steps, .max_rows = n > 256 ? n : 256,
                              .max_out_rows = n};
     vks_engine *e = cli_create_engine(g, m, &eo);
-    cli_progress p;
-    cli_progress_start(&p, "generate");
-    a.g.on_step = on_step;
-    a.g.user = &p;
-    if (vks_generate(e, &a.g, seqs, n, 0)) cli_die(1, "generate: %s", vks_last_error());
+    generate_hooks hooks = {0};
+    if (a.rollouts_out) {
+        check_rollout_prompts(seqs, n, steps);
+        hooks.rollouts = cli_rollouts_start(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n,
+                                            !a.no_toploc);
+        go.on_hidden = on_hidden;
+    }
+    cli_progress_start(&hooks.progress, "generate");
+    go.on_step = on_step;
+    go.user = &hooks;
+    if (vks_generate(e, &go, seqs, n, 0)) cli_die(1, "generate: %s", vks_last_error());
     long produced = 0;
     for (int i = 0; i < n; i++) produced += seqs[i].n_ids - seqs[i].n_prompt;
-    cli_progress_end(&p, produced, "tokens");
+    cli_progress_end(&hooks.progress, produced, "tokens");
+    if (hooks.rollouts) cli_rollouts_finish(hooks.rollouts, seqs, n, 0);
     for (int i = 0; i < n; i++) {
         size_t len = 0;
-        char *text = sequence_text(t, &seqs[i], &len);
-        if (prompts) print_json(prompts[i], &seqs[i], text, len);
+        char *text = cli_sequence_text(t, &seqs[i], &len);
+        if (prompts) cli_print_json(prompts[i], &seqs[i], text, len);
         else { fwrite(text, 1, len, stdout); fputc('\n', stdout); }
         free(text);
         vks_sequence_free(&seqs[i]);

@@ -11,10 +11,3 @@
         fprintf(stderr, "vkswarm: " #name ": not implemented yet (" text ")\n"); \
         return 1;                                                                \
     }
-STUB(tokenize, "issue 3")
-STUB(detokenize, "issue 3")
-STUB(convert, "issue 3")
-STUB(pipeline, "issue 4")
-STUB(verify, "issue 5")
-STUB(keygen, "issue 6")
-STUB(broadcast, "issue 6")

@@ -45,6 +45,9 @@ uint16_t vks_f32_to_f16(float f);
 float vks_bf16_to_f32(uint16_t h);
 uint16_t vks_f32_to_bf16(float f);
 
+/* Lower-case hex of a 32-byte hash (BLAKE2b-256) into out[65]. */
+void vks_hash_hex(const uint8_t hash[32], char out[65]);
+
 /* Overflow-checked size arithmetic: return false on overflow. */
 static inline bool vks_mul_size(size_t a, size_t b, size_t *out) {
     return !__builtin_mul_overflow(a, b, out);

@@ -53,6 +53,7 @@ int vks_seq_init(vks_seq_state *s, const vks_sched_params *p, const int32_t *pro
 void vks_seq_free(vks_seq_state *s) {
     free(s->ids);
     memset(s, 0, sizeof *s);
+    s->done = true; /* an empty slot takes no part in any step */
 }
 
 vks_gpu_sample_row vks_sched_sample_row(const vks_sched_params *p, uint32_t seq_index, uint32_t pos) {
@@ -81,7 +82,7 @@ static void add_out(const vks_sched_params *p, vks_step *st, const vks_seq_state
 static void build_prefill(const vks_sched_params *p, vks_seq_state *seqs, int n, vks_step *st) {
     for (int i = 0; i < n && st->n_rows < st->max_rows; i++) {
         vks_seq_state *s = &seqs[i];
-        while (!s->done && s->fed < s->n_prompt && st->n_rows < st->max_rows) {
+        while (!s->done && s->ids && s->fed < s->n_prompt && st->n_rows < st->max_rows) {
             add_row(st, s, s->ids[s->fed], (uint32_t)s->fed);
             s->fed++;
             if (s->fed == s->n_prompt) add_out(p, st, s, i);
@@ -93,7 +94,7 @@ static void build_prefill(const vks_sched_params *p, vks_seq_state *seqs, int n,
 static void build_decode(const vks_sched_params *p, vks_seq_state *seqs, int n, vks_step *st) {
     for (int i = 0; i < n && st->n_rows < st->max_rows; i++) {
         vks_seq_state *s = &seqs[i];
-        if (s->done) continue;
+        if (s->done || !s->ids) continue;
         if (s->n_ids > p->steps) { s->done = true; continue; }
         add_row(st, s, s->ids[s->n_ids - 1], (uint32_t)(s->n_ids - 1));
         add_out(p, st, s, i);
@@ -103,7 +104,7 @@ static void build_decode(const vks_sched_params *p, vks_seq_state *seqs, int n, 
 bool vks_sched_build(const vks_sched_params *p, vks_seq_state *seqs, int n, vks_step *st) {
     st->n_rows = st->n_out = 0;
     bool pending_prompt = false;
-    for (int i = 0; i < n; i++) pending_prompt |= !seqs[i].done && seqs[i].fed < seqs[i].n_prompt;
+    for (int i = 0; i < n; i++) pending_prompt |= !seqs[i].done && seqs[i].ids && seqs[i].fed < seqs[i].n_prompt;
     st->prefill = pending_prompt;
     if (pending_prompt) build_prefill(p, seqs, n, st);
     else build_decode(p, seqs, n, st);

@@ -1,0 +1,392 @@
+/* Pipeline-parallel generation (see vks_pipeline.h). The main thread is the
+ * only one that calls MPI: it receives and checks messages, hands forward
+ * passes to the GPU worker, sends results through the (optionally emulated)
+ * link, sends heartbeats and watches the other ranks' silence. Rank 0 also
+ * runs the schedule: K micro-batches of B KV slots each, refilled with the
+ * next prompt as soon as a sequence ends. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "pipeline_worker.h"
+#include "protocol.h"
+#include "vks_pipeline.h"
+
+#define HEARTBEAT_EVERY_S 1.0
+
+typedef struct {
+    vks_seq_state *seqs;  /* batch slots */
+    int *prompt_of;       /* prompt index per slot, -1 when free */
+    vks_step step;
+    bool in_flight;
+} microbatch;
+
+typedef struct outgoing {
+    struct outgoing *next;
+    void *buf;
+    vks_link_send *send;
+} outgoing;
+
+typedef struct {
+    MPI_Comm comm;
+    int rank, size, prev, next;
+    const vks_pipeline_options *o;
+    vks_engine *engine;
+    vks_worker worker;
+    vks_link *link;
+    vks_msg_limits limits;
+    outgoing *outbox;
+    double *last_heard, last_heartbeat;
+    vks_pipeline_stats *stats;
+    bool finished;
+    /* rank 0 only */
+    microbatch *mbs;
+    vks_sequence *prompts;
+    int n_prompts, next_prompt, n_finished;
+} pipe_ctx;
+
+static _Noreturn void die(pipe_ctx *c, int code, const char *fmt, const char *detail) {
+    fprintf(stderr, "vkswarm: rank %d: ", c->rank);
+    fprintf(stderr, fmt, detail);
+    fputc('\n', stderr);
+    fflush(stderr);
+    MPI_Abort(c->comm, code);
+    exit(code);
+}
+
+static _Noreturn void die_rank(pipe_ctx *c, int code, const char *what, int other) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%d", other);
+    fprintf(stderr, "vkswarm: rank %d: rank %s %s\n", c->rank, buf, what);
+    fflush(stderr);
+    MPI_Abort(c->comm, code);
+    exit(code);
+}
+
+/* ---------------- sending ---------------- */
+
+static void send_message(pipe_ctx *c, void *buf, size_t bytes, int dest, int tag) {
+    outgoing *o = malloc(sizeof *o);
+    if (!o || vks_link_isend(c->link, buf, bytes, dest, tag, &o->send)) die(c, 1, "%s", vks_last_error());
+    o->buf = buf;
+    o->next = c->outbox;
+    c->outbox = o;
+    c->stats->bytes_sent += bytes;
+}
+
+static void reap_outbox(pipe_ctx *c) {
+    for (outgoing **p = &c->outbox; *p;) {
+        outgoing *o = *p;
+        if (vks_link_send_done(c->link, o->send)) {
+            *p = o->next;
+            free(o->buf);
+            free(o);
+        } else {
+            p = &o->next;
+        }
+    }
+}
+
+static void send_heartbeats(pipe_ctx *c, double now) {
+    static vks_msg_header beat = {VKS_MSG_MAGIC, VKS_MSG_HEARTBEAT, 0, 0, 0, 0, 0, 0};
+    if (now - c->last_heartbeat < HEARTBEAT_EVERY_S) return;
+    c->last_heartbeat = now;
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank) continue;
+        MPI_Request req;
+        MPI_Isend(&beat, sizeof beat, MPI_BYTE, r, VKS_TAG_HEARTBEAT, c->comm, &req);
+        MPI_Request_free(&req);
+    }
+}
+
+static void check_silence(pipe_ctx *c, double now) {
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank && now - c->last_heard[r] > c->o->timeout_s)
+            die_rank(c, 3, "stopped answering: no message within the timeout; stopping the job", r);
+}
+
+/* ---------------- rank 0: the schedule ---------------- */
+
+static void finish_sequence(pipe_ctx *c, microbatch *mb, int i) {
+    vks_seq_state *s = &mb->seqs[i];
+    vks_sequence *out = &c->prompts[mb->prompt_of[i]];
+    free(out->ids);
+    out->ids = s->ids;
+    out->n_ids = s->n_ids;
+    out->stop_token = s->stop_token;
+    s->ids = NULL;
+    vks_seq_free(s);
+    mb->prompt_of[i] = -1;
+    c->n_finished++;
+}
+
+/* Collects finished sequences and gives their slots the next prompts. */
+static void refill(pipe_ctx *c, int m) {
+    microbatch *mb = &c->mbs[m];
+    for (int i = 0; i < c->o->batch; i++) {
+        if (mb->prompt_of[i] >= 0 && mb->seqs[i].done) finish_sequence(c, mb, i);
+        if (mb->prompt_of[i] >= 0 || c->next_prompt == c->n_prompts) continue;
+        int p = c->next_prompt++;
+        uint32_t slot = (uint32_t)(m * c->o->batch + i);
+        if (vks_seq_init(&mb->seqs[i], &c->o->sched, c->prompts[p].ids, c->prompts[p].n_prompt, (uint32_t)p, slot))
+            die(c, 2, "%s", vks_last_error());
+        mb->prompt_of[i] = p;
+        if (mb->seqs[i].done) finish_sequence(c, mb, i), i--; /* a prompt longer than -n: only cut */
+    }
+}
+
+static void schedule_microbatch(pipe_ctx *c, int m) {
+    microbatch *mb = &c->mbs[m];
+    refill(c, m);
+    if (!vks_sched_build(&c->o->sched, mb->seqs, c->o->batch, &mb->step)) return;
+    vks_job *j = calloc(1, sizeof *j);
+    if (!j) die(c, 1, "%s", "out of host memory");
+    j->mb = (uint32_t)m;
+    j->step = &mb->step;
+    mb->in_flight = true;
+    vks_worker_submit(&c->worker, j);
+}
+
+static void apply_tokens(pipe_ctx *c, uint32_t m, const int32_t *tokens, uint32_t n) {
+    microbatch *mb = &c->mbs[m];
+    if (!mb->in_flight || (int)n != mb->step.n_out) die(c, 2, "%s", "tokens for a micro-batch that has none in flight");
+    vks_sched_apply(&c->o->sched, mb->seqs, &mb->step, tokens);
+    mb->in_flight = false;
+    schedule_microbatch(c, (int)m);
+}
+
+static bool all_done(const pipe_ctx *c) {
+    if (c->n_finished < c->n_prompts) return false;
+    for (int m = 0; m < c->o->micro_batches; m++)
+        if (c->mbs[m].in_flight) return false;
+    return true;
+}
+
+static void broadcast_done(pipe_ctx *c) {
+    static vks_msg_header done = {VKS_MSG_MAGIC, VKS_MSG_DONE, 0, 0, 0, 0, 0, 0};
+    for (int r = 1; r < c->size; r++) MPI_Send(&done, sizeof done, MPI_BYTE, r, VKS_TAG_DONE, c->comm);
+    c->finished = true;
+}
+
+/* ---------------- receiving ---------------- */
+
+static void *receive(pipe_ctx *c, const MPI_Status *st, int *bytes) {
+    MPI_Get_count(st, MPI_BYTE, bytes);
+    size_t max = vks_msg_size(VKS_MSG_ACT, c->limits.max_rows, c->limits.max_out, c->limits.dim, VKS_WIRE_F32);
+    if (*bytes < 0 || (size_t)*bytes > max) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "rank %d sent a message of %d bytes; at most %zu are expected", st->MPI_SOURCE,
+                 *bytes, max);
+        die(c, 2, "%s", buf);
+    }
+    void *msg = malloc(*bytes > 0 ? (size_t)*bytes : 1);
+    if (!msg) die(c, 1, "%s", "out of host memory");
+    MPI_Recv(msg, *bytes, MPI_BYTE, st->MPI_SOURCE, st->MPI_TAG, c->comm, MPI_STATUS_IGNORE);
+    return msg;
+}
+
+static void handle_stage_message(pipe_ctx *c, const MPI_Status *st) {
+    if (st->MPI_SOURCE != c->prev) die_rank(c, 2, "sent a pipeline message but is not the previous stage", st->MPI_SOURCE);
+    int bytes;
+    void *msg = receive(c, st, &bytes);
+    uint32_t expect = c->rank == 0 ? VKS_MSG_TOKENS : VKS_MSG_ACT;
+    char err[256];
+    if (vks_msg_check(msg, (size_t)bytes, st->MPI_TAG, expect, &c->limits, err, sizeof err)) {
+        char buf[320];
+        snprintf(buf, sizeof buf, "bad message from rank %d: %s", st->MPI_SOURCE, err);
+        die(c, 2, "%s", buf);
+    }
+    const vks_msg_header *h = msg;
+    if (c->rank == 0) {
+        apply_tokens(c, h->mb, vks_msg_tokens(msg), h->n_out);
+        free(msg);
+        return;
+    }
+    vks_job *j = calloc(1, sizeof *j);
+    if (!j) die(c, 1, "%s", "out of host memory");
+    j->mb = h->mb;
+    j->in = msg;
+    vks_worker_submit(&c->worker, j);
+}
+
+static bool poll_messages(pipe_ctx *c) {
+    int flag;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c->comm, &flag, &st);
+    if (!flag) return false;
+    c->last_heard[st.MPI_SOURCE] = MPI_Wtime();
+    if (st.MPI_TAG == VKS_TAG_HEARTBEAT || st.MPI_TAG == VKS_TAG_DONE) {
+        vks_msg_header h;
+        int bytes;
+        MPI_Get_count(&st, MPI_BYTE, &bytes);
+        if (bytes != (int)sizeof h) die_rank(c, 2, "sent a control message of the wrong size", st.MPI_SOURCE);
+        MPI_Recv(&h, sizeof h, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, c->comm, MPI_STATUS_IGNORE);
+        if (st.MPI_TAG == VKS_TAG_DONE) {
+            if (st.MPI_SOURCE != 0 || h.magic != VKS_MSG_MAGIC || h.type != VKS_MSG_DONE)
+                die_rank(c, 2, "sent a stop message but is not rank 0", st.MPI_SOURCE);
+            c->finished = true;
+        }
+        return true;
+    }
+    if (st.MPI_TAG < VKS_TAG_MB || st.MPI_TAG >= VKS_TAG_MB + c->o->micro_batches)
+        die_rank(c, 2, "sent a message with an unknown tag or micro-batch id", st.MPI_SOURCE);
+    handle_stage_message(c, &st);
+    return true;
+}
+
+/* ---------------- finished GPU work ---------------- */
+
+static bool poll_worker(pipe_ctx *c) {
+    vks_job *j = vks_worker_take_done(&c->worker);
+    if (!j) return false;
+    if (j->rc) die(c, 1, "%s", j->err);
+    c->stats->steps++;
+    c->stats->gpu_busy_s += j->gpu_s;
+    if (c->size == 1) {
+        const vks_msg_header *h = j->out;
+        apply_tokens(c, j->mb, vks_msg_tokens(j->out), h->n_out);
+    } else {
+        send_message(c, j->out, j->out_bytes, c->next, VKS_TAG_MB + (int)j->mb);
+        j->out = NULL; /* owned by the outbox now */
+    }
+    vks_job_free(j);
+    return true;
+}
+
+/* ---------------- set-up ---------------- */
+
+static void create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
+    const vks_pipeline_options *o = c->o;
+    int rows = o->chunk > o->batch ? o->chunk : o->batch;
+    vks_engine_options eo = {.layer_begin = o->first[c->rank], .layer_end = o->first[c->rank + 1], .dtype = o->dtype,
+                             .max_rows = rows, .max_out_rows = o->batch, .n_slots = o->micro_batches * o->batch,
+                             .kv_len = o->sched.steps};
+    int rc = vks_engine_create(g, m, &eo, &c->engine);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", rc ? vks_last_error() : "");
+    int any = 0, mine = rc != 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, c->comm);
+    if (!any) return;
+    if (mine) fprintf(stderr, "vkswarm: rank %d: %s\n", c->rank, msg);
+    MPI_Barrier(c->comm);
+    MPI_Finalize();
+    exit(2);
+}
+
+static void setup_rank0(pipe_ctx *c, vks_sequence *prompts, int n_prompts) {
+    c->prompts = prompts;
+    c->n_prompts = n_prompts;
+    c->mbs = calloc((size_t)c->o->micro_batches, sizeof *c->mbs);
+    if (!c->mbs) die(c, 1, "%s", "out of host memory");
+    int rows = c->o->chunk > c->o->batch ? c->o->chunk : c->o->batch;
+    for (int m = 0; m < c->o->micro_batches; m++) {
+        microbatch *mb = &c->mbs[m];
+        mb->seqs = calloc((size_t)c->o->batch, sizeof *mb->seqs);
+        mb->prompt_of = malloc(sizeof(int) * (size_t)c->o->batch);
+        if (!mb->seqs || !mb->prompt_of || vks_step_alloc(&mb->step, rows)) die(c, 1, "%s", "out of host memory");
+        for (int i = 0; i < c->o->batch; i++) mb->prompt_of[i] = -1;
+    }
+}
+
+static void teardown_rank0(pipe_ctx *c) {
+    for (int m = 0; c->mbs && m < c->o->micro_batches; m++) {
+        for (int i = 0; i < c->o->batch; i++) vks_seq_free(&c->mbs[m].seqs[i]);
+        free(c->mbs[m].seqs);
+        free(c->mbs[m].prompt_of);
+        vks_step_free(&c->mbs[m].step);
+    }
+    free(c->mbs);
+}
+
+static int check_options(const vks_pipeline_options *o, int size) {
+    if (!o || !o->first || o->micro_batches < 1 || o->micro_batches > 4096 || o->batch < 1 || o->batch > 65536 ||
+        o->chunk < 1 || o->chunk > 65536 || o->timeout_s <= 0 || o->sched.steps < 1)
+        return vks_set_error(VKS_ERR_ARG, "pipeline: bad options");
+    for (int s = 0; s < size; s++)
+        if (o->first[s] >= o->first[s + 1]) return vks_set_error(VKS_ERR_ARG, "pipeline: stage %d has no layers", s);
+    return VKS_OK;
+}
+
+/* ---------------- the loop ---------------- */
+
+static void run_loop(pipe_ctx *c) {
+    if (c->rank == 0) {
+        for (int m = 0; m < c->o->micro_batches; m++) schedule_microbatch(c, m);
+        if (all_done(c)) broadcast_done(c);
+    }
+    while (!c->finished) {
+        bool busy = poll_messages(c);
+        busy |= poll_worker(c);
+        if (c->rank == 0 && !c->finished && all_done(c)) broadcast_done(c);
+        vks_link_progress(c->link);
+        reap_outbox(c);
+        double now = MPI_Wtime();
+        send_heartbeats(c, now);
+        check_silence(c, now);
+        if (!busy) usleep(200); /* leave the cores to the GPU driver (lavapipe runs on them) */
+    }
+    /* let queued sends (heartbeats aside) reach their destination */
+    while (c->outbox) {
+        vks_link_progress(c->link);
+        reap_outbox(c);
+        if (c->outbox) usleep(200);
+    }
+}
+
+int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pipeline_options *o,
+                     vks_sequence *prompts, int n_prompts, vks_pipeline_stats *stats) {
+    pipe_ctx c = {.comm = comm, .o = o, .stats = stats};
+    MPI_Comm_rank(comm, &c.rank);
+    MPI_Comm_size(comm, &c.size);
+    memset(stats, 0, sizeof *stats);
+    int rc = check_options(o, c.size);
+    if (rc) return rc;
+    if (c.rank == 0 && (n_prompts < 1 || !prompts)) return vks_set_error(VKS_ERR_ARG, "pipeline: no prompts");
+    c.prev = (c.rank + c.size - 1) % c.size;
+    c.next = (c.rank + 1) % c.size;
+    double t0 = MPI_Wtime();
+    create_engine(&c, g, m);
+    int rows = o->chunk > o->batch ? o->chunk : o->batch;
+    c.limits = (vks_msg_limits){.max_rows = (uint32_t)rows, .max_out = (uint32_t)o->batch,
+                                .dim = (uint32_t)m->cfg.dim, .n_mb = (uint32_t)o->micro_batches};
+    c.last_heard = malloc(sizeof(double) * (size_t)c.size);
+    if (!c.last_heard || vks_link_create(comm, &o->link, &c.link) ||
+        vks_worker_start(&c.worker, c.engine, &o->sched, o->wire, c.rank == 0, c.rank == c.size - 1))
+        die(&c, 1, "%s", vks_last_error());
+    if (c.rank == 0) setup_rank0(&c, prompts, n_prompts);
+    MPI_Barrier(comm); /* every engine is ready: start the silence clocks now */
+    for (int r = 0; r < c.size; r++) c.last_heard[r] = MPI_Wtime();
+    run_loop(&c);
+    vks_worker_stop(&c.worker);
+    stats->wall_s = MPI_Wtime() - t0;
+    MPI_Barrier(comm);
+    vks_link_destroy(c.link);
+    if (c.rank == 0) teardown_rank0(&c);
+    free(c.last_heard);
+    vks_engine_destroy(c.engine);
+    return VKS_OK;
+}
+
+int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32]) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    uint8_t mine[64] = {0};
+    snprintf((char *)mine, 32, "%s", VKS_VERSION);
+    memcpy(mine + 32, model_hash, 32);
+    uint8_t *all = malloc(64 * (size_t)size);
+    if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    MPI_Allgather(mine, 64, MPI_BYTE, all, 64, MPI_BYTE, comm);
+    int bad = -1, what = 0;
+    for (int r = 0; r < size && bad < 0; r++) {
+        if (memcmp(all + 64 * r, all, 32)) bad = r, what = 1;
+        else if (memcmp(all + 64 * r + 32, all + 32, 32)) bad = r, what = 2;
+    }
+    int rc = VKS_OK;
+    if (bad >= 0)
+        rc = what == 1 ? vks_set_error(VKS_ERR_FORMAT, "rank %d runs vkswarm %.31s, rank 0 runs %.31s", bad,
+                                       (const char *)all + 64 * bad, (const char *)all)
+                       : vks_set_error(VKS_ERR_FORMAT, "rank %d loaded a different model than rank 0 (model hashes differ)", bad);
+    free(all);
+    return rc;
+}

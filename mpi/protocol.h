@@ -1,0 +1,57 @@
+/* protocol.h: the pipeline's messages between ranks. Every message starts
+ * with a fixed header; the receiver checks the header against the message
+ * size and its own limits before reading anything else.
+ *
+ *   ACT    stage s -> s+1   header, meta[n_rows] {slot, pos, seq}, out_rows[n_out],
+ *                           rows [n_rows, dim] as f32 or f16
+ *   TOKENS stage S-1 -> 0   header, tokens[n_out]
+ *   DONE   rank 0 -> all    header
+ *   HELLO  start-up check   header + vks_hello
+ * MPI tags: VKS_TAG_MB + micro-batch id for ACT and TOKENS; fixed tags below. */
+#ifndef VKS_PROTOCOL_H
+#define VKS_PROTOCOL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define VKS_MSG_MAGIC 0x504b5356u /* "VSKP" */
+enum { VKS_MSG_ACT = 1, VKS_MSG_TOKENS = 2, VKS_MSG_DONE = 3, VKS_MSG_HEARTBEAT = 4 };
+enum { VKS_TAG_DONE = 1, VKS_TAG_HEARTBEAT = 2, VKS_TAG_MB = 1000 };
+enum { VKS_WIRE_F32 = 0, VKS_WIRE_F16 = 1 };
+
+typedef struct {
+    uint32_t magic, type, mb, n_rows, n_out, dim, wire, step;
+} vks_msg_header;
+
+typedef struct {
+    uint32_t slot, pos, seq;
+} vks_row_meta;
+
+/* Exact byte size of a message with these counts (0 on overflow). */
+size_t vks_msg_size(uint32_t type, uint32_t n_rows, uint32_t n_out, uint32_t dim, uint32_t wire);
+
+typedef struct {
+    uint32_t max_rows, max_out, dim, n_mb;
+} vks_msg_limits;
+
+/* Validates a received message: header fields against the limits, the size
+ * against the header, the type against what the sender may send. On failure
+ * writes a one-line reason into err. */
+int vks_msg_check(const void *buf, size_t bytes, int tag, uint32_t expect_type, const vks_msg_limits *lim,
+                  char *err, size_t err_len);
+
+/* Views into a checked message. */
+static inline const vks_row_meta *vks_msg_meta(const void *buf) {
+    return (const vks_row_meta *)((const char *)buf + sizeof(vks_msg_header));
+}
+static inline const uint32_t *vks_msg_out_rows(const void *buf) {
+    const vks_msg_header *h = buf;
+    return (const uint32_t *)(vks_msg_meta(buf) + h->n_rows);
+}
+static inline const void *vks_msg_rows(const void *buf) {
+    const vks_msg_header *h = buf;
+    return vks_msg_out_rows(buf) + h->n_out;
+}
+static inline const int32_t *vks_msg_tokens(const void *buf) {
+    return (const int32_t *)((const char *)buf + sizeof(vks_msg_header));
+}
+#endif

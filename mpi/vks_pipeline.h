@@ -1,0 +1,40 @@
+/* vks_pipeline.h: pipeline-parallel generation across MPI ranks. Rank s holds
+ * layers [first[s], first[s+1]); rank 0 also the embedding and the schedule,
+ * the last rank the head and the sampler. K micro-batches circulate in a ring
+ * (the last stage sends sampled tokens back to rank 0). MPI calls happen on
+ * the calling (main) thread only; the GPU runs on a worker thread, so
+ * transfers progress while it computes. */
+#ifndef VKS_PIPELINE_H
+#define VKS_PIPELINE_H
+#include <mpi.h>
+#include "vks_link.h"
+#include "vkswarm/vks_engine.h"
+
+typedef struct {
+    int micro_batches;       /* K */
+    int batch;               /* sequences per micro-batch */
+    int chunk;               /* rows per prefill step */
+    vks_sched_params sched;  /* steps, sampling, stop tokens */
+    int wire;                /* VKS_WIRE_F32 or VKS_WIRE_F16 (protocol.h) */
+    vks_link_options link;   /* emulated latency / bandwidth */
+    double timeout_s;        /* silence after which a rank counts as lost */
+    const int *first;        /* partition: first[s], first[size] = n_layers */
+    vks_dtype dtype;
+} vks_pipeline_options;
+
+typedef struct {
+    long steps;              /* forward passes run by this rank */
+    double wall_s, gpu_busy_s;
+    uint64_t bytes_sent;
+} vks_pipeline_stats;
+
+/* Runs the whole job. Rank 0 passes the prompts (n_prompts of them) and gets
+ * the finished sequences back in place; other ranks pass NULL, 0. Any error
+ * is printed naming the rank and aborts the job (MPI_Abort). */
+int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pipeline_options *o,
+                     vks_sequence *prompts, int n_prompts, vks_pipeline_stats *stats);
+
+/* Start-up checks, collective: same vkswarm version and model hash on every
+ * rank; on a mismatch every rank exits with a message naming the rank. */
+int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32]);
+#endif

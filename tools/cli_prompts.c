@@ -1,0 +1,130 @@
+/* Prompts in, JSON lines out (see cli_prompts.h). */
+#include "cli_prompts.h"
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "cli_util.h"
+
+#define MAX_PROMPTS 4096
+#define MAX_PROMPT_BYTES (1 << 20)
+
+/* Reads one prompt per line (a final line without '\n' counts). */
+char **cli_read_prompts(const char *path, int *n_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) cli_die(EXIT_BAD_INPUT, "%s: cannot open", path);
+    char **lines = calloc(MAX_PROMPTS, sizeof *lines);
+    char *buf = malloc(MAX_PROMPT_BYTES + 2);
+    int n = 0;
+    if (!lines || !buf) cli_die(1, "out of host memory");
+    while (fgets(buf, MAX_PROMPT_BYTES + 2, f)) {
+        size_t len = strlen(buf);
+        if (len > MAX_PROMPT_BYTES) cli_die(EXIT_BAD_INPUT, "%s: line %d is longer than %d bytes", path, n + 1, MAX_PROMPT_BYTES);
+        if (len && buf[len - 1] == '\n') buf[--len] = 0;
+        if (n == MAX_PROMPTS) cli_die(EXIT_BAD_INPUT, "%s: more than %d prompts", path, MAX_PROMPTS);
+        lines[n++] = strdup(buf);
+    }
+    fclose(f);
+    free(buf);
+    if (n == 0) cli_die(EXIT_BAD_INPUT, "%s: no prompts", path);
+    *n_out = n;
+    return lines;
+}
+
+/* Without a tokenizer a prompt is BOS followed by the ids written in it
+ * (whitespace-separated integers in [0, vocab)): random models have no text. */
+static void parse_id_prompt(const char *text, int vocab, vks_sequence *s, int bos) {
+    s->ids[0] = bos;
+    s->n_prompt = 1;
+    for (const char *p = text;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (!*p) break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ' ' && *end != '\t') || v < 0 || v >= vocab)
+            cli_die(EXIT_BAD_INPUT, "prompt '%.40s': without --tokenizer a prompt is token ids in [0, %d)", text, vocab);
+        s->ids[s->n_prompt++] = (int32_t)v;
+        p = end;
+    }
+}
+
+void cli_encode_prompt(const vks_tokenizer *t, int vocab, const char *text, vks_sequence *s, int bos) {
+    size_t len = strlen(text);
+    s->ids = malloc(sizeof(int32_t) * (len + 3));
+    if (!s->ids) cli_die(1, "out of host memory");
+    s->stop_token = -1;
+    if (!t) {
+        parse_id_prompt(text, vocab, s, bos);
+        return;
+    }
+    if (vks_tokenizer_encode(t, text, len, true, false, s->ids, &s->n_prompt))
+        cli_die(EXIT_BAD_INPUT, "cannot encode prompt: %s", vks_last_error());
+}
+
+/* What run.c prints for a sequence: decode(prev, next) for each pair. */
+char *cli_sequence_text(const vks_tokenizer *t, const vks_sequence *s, size_t *len_out) {
+    size_t cap = 64, len = 0;
+    char *out = malloc(cap);
+    for (int i = 0; out && i + 1 < s->n_ids; i++) {
+        char buf[32];
+        size_t plen;
+        const char *piece;
+        if (t) {
+            piece = vks_tokenizer_decode(t, s->ids[i], s->ids[i + 1], buf, &plen);
+            if (!vks_tokenizer_piece_printable(piece, plen)) continue;
+        } else {
+            plen = (size_t)snprintf(buf, sizeof buf, "%s%d", i ? " " : "", s->ids[i + 1]);
+            piece = buf;
+        }
+        if (len + plen + 1 > cap) {
+            while (len + plen + 1 > cap) cap *= 2;
+            char *n = realloc(out, cap);
+            if (!n) { free(out); return NULL; }
+            out = n;
+        }
+        memcpy(out + len, piece, plen);
+        len += plen;
+    }
+    if (!out) cli_die(1, "out of host memory");
+    out[len] = 0;
+    *len_out = len;
+    return out;
+}
+
+void cli_print_json(const char *prompt, const vks_sequence *s, const char *text, size_t len) {
+    fputs("{\"prompt\":", stdout);
+    cli_json_string(stdout, prompt, strlen(prompt));
+    fputs(",\"ids\":[", stdout);
+    for (int i = 0; i < s->n_ids; i++) printf("%s%d", i ? "," : "", s->ids[i]);
+    fputs("],\"text\":", stdout);
+    cli_json_string(stdout, text, len);
+    fputs("}\n", stdout);
+}
+
+
+void cli_sampling_defaults(cli_sampling *s) {
+    *s = (cli_sampling){.steps = 256, .temperature = 1.0f, .top_p = 0.9f};
+}
+
+bool cli_sampling_option(cli_sampling *s, const char *name, const char *val) {
+    if (!strcmp(name, "n")) s->steps = (int)cli_parse_long("-n", val, 0, 1 << 20);
+    else if (!strcmp(name, "temp")) s->temperature = (float)cli_parse_double("--temp", val, 0, 1e6);
+    else if (!strcmp(name, "top-p")) s->top_p = (float)cli_parse_double("--top-p", val, 0, 1);
+    else if (!strcmp(name, "top-k")) s->top_k = (uint32_t)cli_parse_long("--top-k", val, 0, 1 << 24);
+    else if (!strcmp(name, "seed")) {
+        s->seed = cli_parse_u64("--seed", val);
+        s->seed_given = true;
+    } else return false;
+    return true;
+}
+
+void cli_sampling_finish(cli_sampling *s) {
+    if (!s->seed_given) s->seed = (uint64_t)time(NULL);
+    fprintf(stderr, "vkswarm: seed %llu\n", (unsigned long long)s->seed);
+}
+
+vks_sched_params cli_sched_params(const cli_sampling *s, const vks_model *m, const vks_tokenizer *t) {
+    int steps = s->steps == 0 || s->steps > m->cfg.seq_len ? m->cfg.seq_len : s->steps;
+    return (vks_sched_params){.steps = steps, .temperature = s->temperature, .top_p = s->top_p, .top_k = s->top_k,
+                              .seed = s->seed, .stop_token_a = t ? vks_tokenizer_bos(t) : 1,
+                              .stop_token_b = t ? vks_tokenizer_eos(t) : -1};
+}

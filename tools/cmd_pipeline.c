@@ -1,0 +1,186 @@
+/* `vkswarm pipeline`: generation with the model cut into stages across MPI
+ * ranks (run under mpirun). Prints exactly what `vkswarm generate --prompts`
+ * prints for the same prompts and seed. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli_model.h"
+#include "cli_prompts.h"
+#include "cli_util.h"
+#include "protocol.h"
+#include "vks_pipeline.h"
+#include "vkswarm/vks_partition.h"
+
+static const char pipeline_usage[] =
+    "usage: mpirun -np S vkswarm pipeline --model M [--tokenizer T] --prompts FILE [--batch B]\n"
+    "           [--micro-batches K] [--chunk R] [-n STEPS] [--temp X] [--top-p P] [--top-k K] [--seed S]\n"
+    "           [--partition even|auto|n1,n2,...] [--wire f32|f16] [--link-latency-ms L] [--link-mbps R]\n"
+    "           [--timeout-s T] [--dtype f32|f16|bf16] [--device N]\n"
+    "Rank s holds a contiguous range of layers; rank 0 also the embedding and the schedule, rank S-1 the\n"
+    "final norm, the classifier and the sampler. K micro-batches of B sequences circulate in a ring; the\n"
+    "MPI tag carries the micro-batch id. Output on rank 0's stdout: one JSON object per prompt, in prompt\n"
+    "order, exactly as `vkswarm generate --prompts` prints. Defaults: --micro-batches S, --batch\n"
+    "ceil(prompts / K), --chunk 32 rows per prefill step, --partition even, --wire f32 (exact; f16 halves\n"
+    "the bytes), --timeout-s 10 (a rank silent that long is reported lost and the job stops).\n"
+    "--link-latency-ms / --link-mbps delay each message between stages by L plus its size over R.\n";
+
+typedef struct {
+    cli_model_args m;
+    cli_sampling s;
+    const char *prompts_file, *partition, *wire;
+    int batch, micro_batches, chunk;
+    double latency_ms, mbps, timeout_s;
+} pipeline_args;
+
+static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_SAMPLING_LONG_OPTIONS,
+                                         {"prompts", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
+                                         {"micro-batches", required_argument, 0, 0}, {"chunk", required_argument, 0, 0},
+                                         {"partition", required_argument, 0, 0}, {"wire", required_argument, 0, 0},
+                                         {"link-latency-ms", required_argument, 0, 0},
+                                         {"link-mbps", required_argument, 0, 0}, {"timeout-s", required_argument, 0, 0},
+                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    a->m.device = -1;
+    cli_sampling_defaults(&a->s);
+    a->partition = "even";
+    a->wire = "f32";
+    a->chunk = 32;
+    a->timeout_s = 10;
+    int c, idx;
+    while ((c = getopt_long(argc, argv, "n:h", opts, &idx)) != -1) {
+        if (c == 'h') { fputs(pipeline_usage, stdout); exit(0); }
+        if (c == 'n') { cli_sampling_option(&a->s, "n", optarg); continue; }
+        if (c != 0) { fputs(pipeline_usage, stderr); exit(EXIT_BAD_INPUT); }
+        const char *name = opts[idx].name;
+        if (cli_model_option(&a->m, name, optarg) || cli_sampling_option(&a->s, name, optarg)) continue;
+        if (!strcmp(name, "prompts")) a->prompts_file = optarg;
+        else if (!strcmp(name, "batch")) a->batch = (int)cli_parse_long("--batch", optarg, 1, 4096);
+        else if (!strcmp(name, "micro-batches")) a->micro_batches = (int)cli_parse_long("--micro-batches", optarg, 1, 256);
+        else if (!strcmp(name, "chunk")) a->chunk = (int)cli_parse_long("--chunk", optarg, 1, 4096);
+        else if (!strcmp(name, "partition")) a->partition = optarg;
+        else if (!strcmp(name, "wire")) a->wire = optarg;
+        else if (!strcmp(name, "link-latency-ms")) a->latency_ms = cli_parse_double("--link-latency-ms", optarg, 0, 1e5);
+        else if (!strcmp(name, "link-mbps")) a->mbps = cli_parse_double("--link-mbps", optarg, 0, 1e7);
+        else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.1, 1e5);
+    }
+    if (optind < argc) cli_die(EXIT_BAD_INPUT, "pipeline: unexpected argument '%s' (see --help)", argv[optind]);
+    if (!a->prompts_file) cli_die(EXIT_BAD_INPUT, "pipeline: --prompts FILE is required (see --help)");
+    if (strcmp(a->wire, "f32") && strcmp(a->wire, "f16")) cli_die(EXIT_BAD_INPUT, "--wire: '%s' is not f32 or f16", a->wire);
+}
+
+/* Per-layer step time of this rank at the run's batch, and its free memory. */
+static vks_stage_measure measure_rank(vks_gpu *g, const vks_model *m, int batch) {
+    vks_engine_options eo = {.layer_begin = 0, .layer_end = 1, .max_rows = batch, .max_out_rows = 1, .kv_len = 8};
+    vks_stage_measure me = {.seconds_per_layer = 1.0, .free_bytes = vks_gpu_free_bytes(g)};
+    vks_engine *e;
+    if (vks_engine_create(g, m, &eo, &e)) return me;
+    int32_t *tok = calloc((size_t)batch, 4);
+    uint32_t *slot = calloc((size_t)batch, 4), *pos = calloc((size_t)batch, 4);
+    float *x = malloc(sizeof(float) * (size_t)batch * (size_t)m->cfg.dim);
+    for (int i = 0; i < batch && i < 8; i++) pos[i] = (uint32_t)i;
+    vks_forward_batch b = {.n_rows = batch < 8 ? batch : 8, .tokens = tok, .slot = slot, .pos = pos, .x_out = x};
+    vks_engine_forward(e, &b); /* warm-up */
+    double t0 = cli_now();
+    for (int r = 0; r < 3; r++) vks_engine_forward(e, &b);
+    me.seconds_per_layer = (cli_now() - t0) / 3;
+    free(tok); free(slot); free(pos); free(x);
+    vks_engine_destroy(e);
+    return me;
+}
+
+static void choose_partition(const pipeline_args *a, vks_gpu *g, const vks_model *m, int rank, int size, int *first) {
+    int n = m->cfg.n_layers, rc;
+    if (!strcmp(a->partition, "even")) rc = vks_partition_even(n, size, first);
+    else if (strcmp(a->partition, "auto")) rc = vks_partition_parse(a->partition, n, size, first);
+    else {
+        vks_stage_measure me = measure_rank(g, m, a->batch), *all = malloc(sizeof me * (size_t)size);
+        MPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, MPI_COMM_WORLD);
+        const vks_model_config *c = &m->cfg;
+        uint64_t layer_w = ((uint64_t)c->dim * (c->n_heads * c->head_dim) * 2 + (uint64_t)c->dim * c->kv_dim * 2 +
+                            (uint64_t)c->dim * c->hidden_dim * 3) * vks_dtype_size(a->m.dtype);
+        uint64_t layer_kv = 2ull * (uint64_t)a->micro_batches * a->batch * (uint64_t)c->seq_len * c->kv_dim * 4;
+        uint64_t table = (uint64_t)c->vocab_size * c->dim * vks_dtype_size(a->m.dtype);
+        double table_layers = (double)table / (double)(layer_w ? layer_w : 1); /* the classifier's matmul vs a layer's */
+        rc = vks_partition_auto(n, size, all, layer_w + layer_kv, table, table, 0.0, table_layers, first);
+        free(all);
+    }
+    if (rc) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (rank == 0) {
+        char buf[1024];
+        vks_partition_describe(first, size, buf, sizeof buf);
+        fprintf(stderr, "vkswarm: partition (%s): %s\n", a->partition, buf);
+    }
+}
+
+static void print_results(const pipeline_args *a, vks_tokenizer *t, char **lines, vks_sequence *seqs, int n) {
+    (void)a;
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        char *text = cli_sequence_text(t, &seqs[i], &len);
+        cli_print_json(lines[i], &seqs[i], text, len);
+        free(text);
+    }
+    fflush(stdout);
+}
+
+int cmd_pipeline(int argc, char **argv) {
+    pipeline_args a = {0};
+    parse_pipeline(argc, argv, &a);
+    int provided, rank, size;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    vks_model *m = cli_load_model(&a.m);
+    uint8_t hash[32];
+    if (vks_model_hash(m, hash) || vks_pipeline_check_ranks(MPI_COMM_WORLD, hash)) {
+        if (rank == 0) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
+        MPI_Finalize();
+        return EXIT_BAD_INPUT;
+    }
+    vks_tokenizer *t = rank == 0 ? cli_load_tokenizer(&a.m, m) : NULL;
+    char **lines = NULL;
+    int n = 0;
+    vks_sequence *seqs = NULL;
+    if (rank == 0) {
+        cli_sampling_finish(&a.s);
+        lines = cli_read_prompts(a.prompts_file, &n);
+        seqs = calloc((size_t)n, sizeof *seqs);
+        for (int i = 0; i < n; i++) cli_encode_prompt(t, m->cfg.vocab_size, lines[i], &seqs[i], 1);
+    }
+    /* every rank needs the seed, the prompt count and the stop tokens */
+    uint64_t shared[4] = {a.s.seed, (uint64_t)n, (uint64_t)(t ? vks_tokenizer_bos(t) : 1),
+                          (uint64_t)(int64_t)(t ? vks_tokenizer_eos(t) : -1)};
+    MPI_Bcast(shared, 4, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    a.s.seed = shared[0];
+    n = (int)shared[1];
+    if (a.micro_batches == 0) a.micro_batches = size;
+    if (a.batch == 0) a.batch = (n + a.micro_batches - 1) / a.micro_batches;
+    vks_sched_params sp = cli_sched_params(&a.s, m, NULL);
+    sp.stop_token_a = (int)shared[2];
+    sp.stop_token_b = (int)(int64_t)shared[3];
+    vks_gpu *g = cli_open_gpu(&a.m);
+    int *first = malloc(sizeof(int) * (size_t)(size + 1));
+    choose_partition(&a, g, m, rank, size, first);
+    vks_pipeline_options po = {.micro_batches = a.micro_batches, .batch = a.batch, .chunk = a.chunk, .sched = sp,
+                               .wire = strcmp(a.wire, "f16") ? VKS_WIRE_F32 : VKS_WIRE_F16,
+                               .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
+                               .dtype = a.m.dtype};
+    vks_pipeline_stats st;
+    if (vks_pipeline_run(MPI_COMM_WORLD, g, m, &po, seqs, n, &st)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, GPU busy %.0f%%, %.1f MB sent\n", rank,
+            first[rank], first[rank + 1], st.steps, st.wall_s, 100.0 * st.gpu_busy_s / (st.wall_s + 1e-9),
+            st.bytes_sent / 1e6);
+    if (rank == 0) {
+        long produced = 0;
+        for (int i = 0; i < n; i++) produced += seqs[i].n_ids - seqs[i].n_prompt;
+        fprintf(stderr, "vkswarm: %ld tokens in %.2fs (%.1f tokens/s)\n", produced, st.wall_s, produced / st.wall_s);
+        print_results(&a, t, lines, seqs, n);
+        for (int i = 0; i < n; i++) { vks_sequence_free(&seqs[i]); free(lines[i]); }
+    }
+    int rc = cli_finish_gpu(g);
+    free(seqs); free(lines); free(first);
+    vks_tokenizer_free(t);
+    vks_model_free(m);
+    MPI_Finalize();
+    return rc;
+}
