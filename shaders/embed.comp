@@ -2,6 +2,7 @@
 // Embedding lookup: out[r, :] = table[tokens[r] - row0, :] for tokens inside
 // this table chunk [row0, row0 + table_rows); other rows are not touched.
 // One invocation per output element.
+#define WEIGHT_COUNT (pc.table_rows * pc.D)  // elements of the table (block types)
 #include "common.glsl"
 #include "weights.glsl"
 layout(local_size_x_id = 0) in;

@@ -5,6 +5,7 @@
 // outputs, strided by BM/TM rows and BN/TN columns so that neighbouring
 // invocations read neighbouring shared words and write neighbouring columns.
 // local_size_x must equal (BM/TM) * (BN/TN).
+#define WEIGHT_COUNT (pc.N * pc.K)  // elements of W (block types, weights.glsl)
 #include "common.glsl"
 #include "weights.glsl"
 layout(local_size_x_id = 0) in;

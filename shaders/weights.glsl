@@ -34,3 +34,64 @@ vec2 decode_pair(uint word) {
 #else
 #define DECODE_ELEMENT(WORD, e) half_from_bits((WORD((e) >> 1) >> (((e) & 1u) * 16u)) & 0xffffu)
 #endif
+
+// ---- block types (issue 3), in the GPU layout written by vks_op_pack_weights ----
+// WTYPE 3 = Q8_0: the int8 quants of all WEIGHT_COUNT elements first (element e
+//           at byte e), then the f16 scales of the WEIGHT_COUNT/32 blocks (block
+//           b in word SCALE0 + b/2, low half first).
+// WTYPE 4 = Q4_0: 16 bytes of nibbles per block first (llama.cpp order: byte j
+//           of block b holds element 32b+j in its low and 32b+j+16 in its high
+//           nibble), then the f16 scales as for Q8_0.
+// WTYPE 5 = Q4_K: llama.cpp's 144-byte blocks unchanged (36 words, so every
+//           block starts 16-byte aligned): word 0 = f16 d | f16 dmin << 16,
+//           words 1-3 = 12 bytes of 6-bit scales and mins, words 4-35 = quants.
+// A shader including this for WTYPE 3 or 4 defines WEIGHT_COUNT (elements of
+// the bound matrix, a multiple of 32) before DECODE_ELEMENT is used.
+// DECODE_ELEMENT decodes one element (tiled matmul, embed); matvec_q.comp
+// decodes whole 32-element units with the *_unit helpers below.
+// f16 scale of block b given its scale word.
+float block_scale(uint scale_word, uint b) {
+    return unpackHalf2x16(scale_word >> ((b & 1u) * 16u)).x;
+}
+
+#if WTYPE == 3
+#define SCALE0 (uint(WEIGHT_COUNT) / 4u)
+float q8_0_element(uint qword, uint scale_word, uint e) {
+    return block_scale(scale_word, e >> 5) * float(bitfieldExtract(int(qword), int((e & 3u) * 8u), 8));
+}
+#undef DECODE_ELEMENT
+#define DECODE_ELEMENT(WORD, e) q8_0_element(WORD((e) >> 2), WORD(SCALE0 + ((e) >> 6)), (e))
+#elif WTYPE == 4
+#define SCALE0 (uint(WEIGHT_COUNT) / 8u)
+float q4_0_element(uint qword, uint scale_word, uint e) {
+    uint shift = (e & 3u) * 8u + ((e >> 4) & 1u) * 4u;
+    return block_scale(scale_word, e >> 5) * (float((qword >> shift) & 15u) - 8.0);
+}
+#undef DECODE_ELEMENT
+#define DECODE_ELEMENT(WORD, e) \
+    q4_0_element(WORD(((e) >> 5) * 4u + (((e) & 15u) >> 2)), WORD(SCALE0 + ((e) >> 6)), (e))
+#elif WTYPE == 5
+// 6-bit scale (x) and min (y) of sub-block s (0..7) from the 12 scale bytes.
+uvec2 q4_k_scale_min(uvec3 sc, uint s) {
+#define SC_BYTE(i) ((sc[(i) >> 2] >> (((i) & 3u) * 8u)) & 255u)
+    if (s < 4u) return uvec2(SC_BYTE(s) & 63u, SC_BYTE(s + 4u) & 63u);
+    return uvec2((SC_BYTE(s + 4u) & 15u) | ((SC_BYTE(s - 4u) >> 6) << 4),
+                 (SC_BYTE(s + 4u) >> 4) | ((SC_BYTE(s) >> 6) << 4));
+#undef SC_BYTE
+}
+// Element e (index within the matrix) given its block's words 0..3 and its quant word.
+float q4_k_element(uint dword, uvec3 sc, uint qword, uint e) {
+    uint s = (e >> 5) & 7u;
+    vec2 dm = unpackHalf2x16(dword);
+    uvec2 scm = q4_k_scale_min(sc, s);
+    uint q = (qword >> ((e & 3u) * 8u + (s & 1u) * 4u)) & 15u;
+    return dm.x * float(scm.x) * float(q) - dm.y * float(scm.y);
+}
+#define Q4K_BLOCK_WORD(e) (36u * ((e) >> 8))
+#undef DECODE_ELEMENT
+#define DECODE_ELEMENT(WORD, e)                                                              \
+    q4_k_element(WORD(Q4K_BLOCK_WORD(e)),                                                   \
+                 uvec3(WORD(Q4K_BLOCK_WORD(e) + 1u), WORD(Q4K_BLOCK_WORD(e) + 2u),          \
+                       WORD(Q4K_BLOCK_WORD(e) + 3u)),                                       \
+                 WORD(Q4K_BLOCK_WORD(e) + 4u + (((e) & 255u) >> 6) * 8u + (((e) & 31u) >> 2)), (e))
+#endif

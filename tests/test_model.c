@@ -708,7 +708,7 @@ static void test_f16_model_save_and_forward(void **state) {
     vks_model *a = NULL;
     assert_int_equal(vks_model_random(&c, 7, &a), VKS_OK);
     vks_model half = *a;
-    vks_layer_weights layers[3];
+    vks_layer_weights layers[3] = {0}; /* zero: optional fields (biases) stay absent */
     half.layers = layers;
     half.map = NULL;
     half.owned = NULL;

@@ -10,6 +10,7 @@
 
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_ops.h"
+#include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
 
 #define NAN_POISON 0x7fc00000u
@@ -77,8 +78,27 @@ static void expect_close(const char *what, const float *got, const float *want, 
     assert_true(e <= tol);
 }
 
+/* Block types: quantizes the rows x cols weights w with vks_quantize, replaces
+ * them by their dequantized values (the reference) and returns the GPU layout. */
+static void *pack_blocks(float *w, size_t rows, size_t cols, vks_dtype t, size_t *bytes) {
+    size_t n = rows * cols;
+    uint64_t row_bytes;
+    assert_true(vks_dtype_row_bytes(t, cols, &row_bytes));
+    void *blocks = xmalloc(rows * row_bytes);
+    assert_int_equal(vks_quantize(t, w, blocks, n), VKS_OK);
+    vks_dequantize(t, blocks, w, n);
+    *bytes = vks_op_weight_bytes(t, rows, cols);
+    assert_true(*bytes > 0);
+    void *gpu_layout = xmalloc(*bytes);
+    assert_int_equal(vks_op_pack_weights(t, blocks, rows, cols, gpu_layout), VKS_OK);
+    free(blocks);
+    return gpu_layout;
+}
+
 /* Rounds weights to dtype: `packed` receives the GPU bytes, `w` the rounded floats. */
-static void *pack_weights(float *w, size_t n, vks_dtype t, size_t *bytes) {
+static void *pack_weights(float *w, size_t rows, size_t cols, vks_dtype t, size_t *bytes) {
+    size_t n = rows * cols;
+    if (vks_dtype_block_elems(t) > 1) return pack_blocks(w, rows, cols, t, bytes);
     if (t == VKS_DTYPE_F32) {
         *bytes = n * 4;
         void *p = xmalloc(*bytes);
@@ -95,9 +115,9 @@ static void *pack_weights(float *w, size_t n, vks_dtype t, size_t *bytes) {
     return h;
 }
 
-static vks_buffer *weight_buffer(float *w, size_t n, vks_dtype t) {
+static vks_buffer *weight_buffer(float *w, size_t rows, size_t cols, vks_dtype t) {
     size_t bytes;
-    void *p = pack_weights(w, n, t, &bytes);
+    void *p = pack_weights(w, rows, cols, t, &bytes);
     vks_buffer *b = gpu_buffer(p, bytes);
     free(p);
     return b;
@@ -114,7 +134,7 @@ static void run_matmul(const op_case *tc) {
     float *x = rand_floats((size_t)M * K, 1, -1, 1);
     float *w = rand_floats((size_t)N * K, 2, -1, 1);
     vks_buffer *bx = gpu_buffer(x, (size_t)M * K * 4);
-    vks_buffer *bw = weight_buffer(w, (size_t)N * K, tc->dtype);
+    vks_buffer *bw = weight_buffer(w, N, K, tc->dtype);
     size_t ny = (size_t)M * ldy;
     float *y0 = window ? rand_floats(ny, 3, -1, 1) : NULL;
     vks_buffer *by = gpu_buffer(y0, ny * 4);
@@ -150,7 +170,7 @@ static void run_embed(const op_case *tc) {
     for (uint32_t r = 0; r < R; r++) tok[r] = (r * 7919u + 13u) % V;
     vks_buffer *bt = gpu_buffer(tok, R * 4);
     /* the GPU table holds rows [row0, row0 + rows) only */
-    vks_buffer *btab = weight_buffer(table + (size_t)row0 * D, (size_t)rows * D, tc->dtype);
+    vks_buffer *btab = weight_buffer(table + (size_t)row0 * D, rows, D, tc->dtype);
     float *old = chunk ? rand_floats((size_t)R * D, 5, -1, 1) : NULL;
     vks_buffer *bo = gpu_buffer(old, (size_t)R * D * 4);
 
@@ -392,6 +412,18 @@ static void run_bad_args(const op_case *tc) {
     assert_int_equal(vks_op_attention(ops, c, bind(b), bind(b), bind(b), bind(b), bind(b), bind(b),
                                       1, 1, 1, 512, 1), VKS_ERR_ARG);
     assert_int_equal(vks_op_add(ops, c, bind(b), bind(b), 257), VKS_ERR_ARG);
+    /* block types: K not a whole number of blocks, an unaligned binding, q6_k (no kernel) */
+    assert_int_equal(vks_op_matmul(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_0, bind(b), 1, 2, 48, 2,
+                                   0, false), VKS_ERR_ARG);
+    vks_binding unaligned = {b, 4, 0};
+    assert_int_equal(vks_op_matmul(ops, c, unaligned, bind(b), VKS_DTYPE_Q8_0, bind(b), 1, 2, 32, 2,
+                                   0, false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul(ops, c, bind(b), bind(b), VKS_DTYPE_Q6_K, bind(b), 1, 1, 256, 1,
+                                   0, false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_embed(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_K, 0, 2, 128, bind(b), 1),
+                     VKS_ERR_ARG); /* D = 128 is half a block */
+    assert_int_equal(vks_op_embed(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_K, 0, 8, 256, bind(b), 1),
+                     VKS_ERR_ARG); /* 8 blocks of 144 bytes exceed the 1024-byte table */
     vks_binding past_end = {b, 2048, 0};
     assert_int_equal(vks_op_add(ops, c, past_end, bind(b), 1), VKS_ERR_ARG);
     submit(c);
@@ -403,6 +435,9 @@ static void run_bad_args(const op_case *tc) {
 #define F32 VKS_DTYPE_F32
 #define F16 VKS_DTYPE_F16
 #define BF16 VKS_DTYPE_BF16
+#define Q8_0 VKS_DTYPE_Q8_0
+#define Q4_0 VKS_DTYPE_Q4_0
+#define Q4_K VKS_DTYPE_Q4_K
 #define MATMUL(nm, m, n, k, dt, md) {nm, run_matmul, .M = m, .N = n, .K = k, .dtype = dt, .mode = md, .tol = 1e-11}
 #define ATTN(nm, h, kh, hd, L, extra) \
     {nm, run_attention, .M = extra, .heads = h, .kv_heads = kh, .head_dim = hd, .seq_len = L, .tol = 1e-11}
@@ -427,6 +462,26 @@ static const op_case cases[] = {
     MATMUL("matmul bf16 M100", 100, 65, 129, BF16, 0),
     MATMUL("matmul f32 accumulate window", 17, 173, 67, F32, 1),
     MATMUL("matmul bf16 accumulate window", 70, 64, 64, BF16, 1),
+    /* block types: GPU vs the reference on the dequantized weights (K whole blocks) */
+    MATMUL("matvec q8_0 M1", 1, 173, 96, Q8_0, 0),
+    MATMUL("matvec q8_0 M3 K1024", 3, 67, 1024, Q8_0, 0),
+    MATMUL("matvec q8_0 M8", 8, 37, 160, Q8_0, 0),
+    MATMUL("matvec q4_0 M1", 1, 173, 96, Q4_0, 0),
+    MATMUL("matvec q4_0 M2 K1024", 2, 67, 1024, Q4_0, 0),
+    MATMUL("matvec q4_0 M7", 7, 37, 160, Q4_0, 0),
+    MATMUL("matvec q4_k M1", 1, 173, 256, Q4_K, 0),
+    MATMUL("matvec q4_k M3 K1280", 3, 67, 1280, Q4_K, 0),
+    MATMUL("matvec q4_k M8", 8, 37, 512, Q4_K, 0),
+    MATMUL("matvec q8_0 accumulate window", 1, 173, 64, Q8_0, 1),
+    MATMUL("matvec q4_k accumulate window", 2, 41, 256, Q4_K, 1),
+    MATMUL("matmul q8_0 M17", 17, 173, 96, Q8_0, 0),
+    MATMUL("matmul q4_0 M70", 70, 65, 160, Q4_0, 0),
+    MATMUL("matmul q4_k M17", 17, 67, 512, Q4_K, 0),
+    MATMUL("matmul q4_0 accumulate window", 9, 130, 64, Q4_0, 1),
+    MATMUL("matmul q4_k accumulate window", 66, 37, 256, Q4_K, 1),
+    {"embed q8_0", run_embed, .M = 9, .N = 96, .K = 100, .dtype = Q8_0, .tol = 0},
+    {"embed q4_0 chunk", run_embed, .M = 17, .N = 64, .K = 90, .dtype = Q4_0, .mode = 1, .tol = 0},
+    {"embed q4_k chunk", run_embed, .M = 17, .N = 512, .K = 30, .dtype = Q4_K, .mode = 1, .tol = 0},
     {"embed f32", run_embed, .M = 9, .N = 67, .K = 100, .dtype = F32, .tol = 0},
     {"embed f16", run_embed, .M = 9, .N = 67, .K = 100, .dtype = F16, .tol = 0},
     {"embed bf16", run_embed, .M = 9, .N = 67, .K = 100, .dtype = BF16, .tol = 0},

@@ -11,7 +11,10 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     else if (!strcmp(opt, "device")) a->device = (int)cli_parse_long("--device", val, 0, 64);
     else if (!strcmp(opt, "profile")) a->profile = true;
     else if (!strcmp(opt, "dtype")) {
-        if (vks_dtype_parse(val, &a->dtype)) cli_die(EXIT_BAD_INPUT, "--dtype: '%s' is not f32, f16 or bf16", val);
+        /* "file": every matrix keeps its file's type (quantized GGUF tensors stay quantized) */
+        a->keep_file_dtype = !strcmp(val, "file");
+        if (!a->keep_file_dtype && (vks_dtype_parse(val, &a->dtype) || a->dtype == VKS_DTYPE_Q6_K))
+            cli_die(EXIT_BAD_INPUT, "--dtype: '%s' is not f32, f16, bf16, q8_0, q4_0, q4_k or file", val);
     } else return false;
     return true;
 }
@@ -48,16 +51,16 @@ vks_model *cli_load_model(const cli_model_args *a) {
     if (a->random_spec) return random_model(a->random_spec);
     if (!a->model_path) cli_die(EXIT_BAD_INPUT, "--model is required (or --random-model)");
     vks_model *m = NULL;
-    int rc = vks_model_load_llama2c(a->model_path, &m);
+    int rc = vks_model_load(a->model_path, &m);
     if (rc) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     return m;
 }
 
 vks_tokenizer *cli_load_tokenizer(const cli_model_args *a, const vks_model *m) {
-    if (!a->tokenizer_path) return NULL;
+    bool model_has_one = m && (m->gguf || m->dir[0]);
+    if (!a->tokenizer_path && !model_has_one) return NULL; /* random / llama2.c models: ids only */
     vks_tokenizer *t = NULL;
-    if (vks_tokenizer_load_llama2c(a->tokenizer_path, m->cfg.vocab_size, &t))
-        cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (vks_tokenizer_load_auto(a->tokenizer_path, m, &t)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     return t;
 }
 

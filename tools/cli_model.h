@@ -7,6 +7,7 @@
 typedef struct {
     const char *model_path, *tokenizer_path, *random_spec;
     vks_dtype dtype;
+    bool keep_file_dtype; /* --dtype file: vks_engine_options.keep_file_dtype */
     int device;      /* -1: default */
     bool profile;
 } cli_model_args;

@@ -8,10 +8,11 @@
 
 static const char bench_usage[] =
     "usage: vkswarm bench (--model M | --random-model dim,hidden,layers,heads,kv_heads,vocab[,seq])\n"
-    "                     [--batch B] [--prompt-len P] [--gen N] [--dtype f32|f16|bf16] [--device N] [--profile]\n"
+    "                     [--batch B] [--prompt-len P] [--gen N] [--dtype T] [--device N] [--profile]\n"
     "Prints prefill and decode tokens/s and, measured in the same run, the device's copy bandwidth and\n"
     "large-matmul FLOP/s, with the fraction of each that prefill and decode reach.\n"
-    "Defaults: --batch 1 --prompt-len 128 --gen 32.\n";
+    "--dtype: f32, f16, bf16, q8_0, q4_0, q4_k (quantized on upload) or file (the file's types).\n"
+    "Defaults: --batch 1 --prompt-len 128 --gen 32 --dtype f32.\n";
 
 /* Bytes/s of a device-local buffer-to-buffer copy, counting read + write. */
 static double measure_copy_bandwidth(vks_gpu *g) {
@@ -40,7 +41,7 @@ static double measure_matmul_rate(vks_gpu *g, vks_dtype dt, uint32_t M, uint32_t
     vks_ops *ops;
     vks_buffer *x, *w, *y;
     if (vks_ops_create(g, &ops) || vks_buffer_create(g, (size_t)M * K * 4, &x) ||
-        vks_buffer_create(g, (size_t)N * K * vks_dtype_size(dt), &w) || vks_buffer_create(g, (size_t)M * N * 4, &y))
+        vks_buffer_create(g, vks_op_weight_bytes(dt, N, K), &w) || vks_buffer_create(g, (size_t)M * N * 4, &y))
         cli_die(1, "bench: %s", vks_last_error());
     vks_buffer_fill(x, 0x3c000000u);
     vks_buffer_fill(w, dt == VKS_DTYPE_F32 ? 0x3c000000u : 0x20002000u);
@@ -138,12 +139,12 @@ int cmd_bench(int argc, char **argv) {
     vks_gpu *g = cli_open_gpu(&ma);
     int chunk = s.batch * s.prompt_len < 512 ? s.batch * s.prompt_len : 512;
     if (chunk < s.batch) chunk = s.batch;
-    vks_engine_options eo = {.dtype = ma.dtype, .n_slots = s.batch, .kv_len = s.prompt_len + s.gen,
+    vks_engine_options eo = {.dtype = ma.dtype, .keep_file_dtype = ma.keep_file_dtype, .n_slots = s.batch, .kv_len = s.prompt_len + s.gen,
                              .max_rows = chunk, .max_out_rows = s.batch};
     vks_engine *e = cli_create_engine(g, m, &eo);
     int64_t params = vks_model_param_count(m);
     fprintf(stderr, "vkswarm: bench: %lld parameters, %s weights, %.1f MiB on the device\n", (long long)params,
-            vks_dtype_name(ma.dtype), vks_engine_weight_bytes(e) / 1048576.0);
+            ma.keep_file_dtype ? "file-typed" : vks_dtype_name(ma.dtype), vks_engine_weight_bytes(e) / 1048576.0);
     double copy_bw = measure_copy_bandwidth(g);
     double mm_rate = measure_matmul_rate(g, ma.dtype, 512, 1024, 1024);
     run_decode(e, &(bench_shape){s.batch, 0, 1}, m->cfg.vocab_size); /* warm-up: pipelines, caches */
@@ -154,11 +155,11 @@ int cmd_bench(int argc, char **argv) {
     /* per token: every matrix except the embedding lookup is read (decode) / multiplied (prefill) */
     double matrix_params = (double)params - (cf->shared_classifier ? 0 : (double)cf->vocab_size * cf->dim);
     double pre_tps = s.batch * s.prompt_len / t_pre, dec_tps = s.batch * s.gen / t_dec;
-    double dec_bytes = (double)vks_engine_weight_bytes(e) - (cf->shared_classifier ? 0 :
-                       (double)cf->vocab_size * cf->dim * vks_dtype_size(ma.dtype));
+    double dec_bytes = (double)vks_engine_decode_weight_bytes(e); /* device bytes: quantized as stored */
     double dec_bw = dec_bytes * s.gen / t_dec, pre_flops = 2.0 * matrix_params * pre_tps;
     printf("device: %s\n", vks_gpu_info(g)->name);
-    printf("model: %lld params, %s, batch %d, prompt %d, gen %d\n", (long long)params, vks_dtype_name(ma.dtype),
+    printf("model: %lld params, %s, batch %d, prompt %d, gen %d\n", (long long)params,
+           ma.keep_file_dtype ? "file types" : vks_dtype_name(ma.dtype),
            s.batch, s.prompt_len, s.gen);
     printf("copy bandwidth:    %10.2f GB/s\n", copy_bw / 1e9);
     printf("matmul rate:       %10.2f GFLOP/s (512x1024x1024, %s weights)\n", mm_rate / 1e9, vks_dtype_name(ma.dtype));

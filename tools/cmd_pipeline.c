@@ -21,7 +21,7 @@ static const char pipeline_usage[] =
     "MPI tag carries the micro-batch id. Output on rank 0's stdout: one JSON object per prompt, in prompt\n"
     "order, exactly as `vkswarm generate --prompts` prints. Defaults: --micro-batches S, --batch\n"
     "ceil(prompts / K), --chunk 32 rows per prefill step, --partition even, --wire f32 (exact; f16 halves\n"
-    "the bytes), --timeout-s 10 (a rank silent that long is reported lost and the job stops).\n"
+    "the bytes), --timeout-s 20 (a rank silent that long is reported lost and the job stops).\n"
     "--link-latency-ms / --link-mbps delay each message between stages by L plus its size over R.\n";
 
 typedef struct {
@@ -45,7 +45,7 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
     a->partition = "even";
     a->wire = "f32";
     a->chunk = 32;
-    a->timeout_s = 10;
+    a->timeout_s = 20;
     int c, idx;
     while ((c = getopt_long(argc, argv, "n:h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(pipeline_usage, stdout); exit(0); }
@@ -167,9 +167,9 @@ int cmd_pipeline(int argc, char **argv) {
                                .dtype = a.m.dtype};
     vks_pipeline_stats st;
     if (vks_pipeline_run(MPI_COMM_WORLD, g, m, &po, seqs, n, &st)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-    fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, GPU busy %.0f%%, %.1f MB sent\n", rank,
-            first[rank], first[rank + 1], st.steps, st.wall_s, 100.0 * st.gpu_busy_s / (st.wall_s + 1e-9),
-            st.bytes_sent / 1e6);
+    fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, step %.2f ms, GPU busy %.0f%%, %.1f MB sent\n",
+            rank, first[rank], first[rank + 1], st.steps, st.wall_s, 1e3 * st.gpu_busy_s / (st.steps ? st.steps : 1),
+            100.0 * st.gpu_busy_s / (st.wall_s + 1e-9), st.bytes_sent / 1e6);
     if (rank == 0) {
         long produced = 0;
         for (int i = 0; i < n; i++) produced += seqs[i].n_ids - seqs[i].n_prompt;

@@ -11,7 +11,11 @@
 
 typedef struct {
     int layer_begin, layer_end; /* [begin, end); 0,0 = all layers */
-    vks_dtype dtype;            /* weight dtype on the device */
+    vks_dtype dtype;            /* weight dtype on the device: f32, f16, bf16, or q8_0, q4_0,
+                                   q4_k (quantized on upload; matrices whose rows are not whole
+                                   blocks stay f16; norms and biases are f32) */
+    bool keep_file_dtype;       /* ignore dtype: every matrix keeps its file's type (q6_k,
+                                   which has no kernel yet, is dequantized to f16) */
     int max_rows;               /* rows per forward call (0: 256) */
     int max_out_rows;           /* rows producing logits per call (0: max_rows) */
     int n_slots;                /* sequences with a KV cache (0: 1) */
@@ -29,11 +33,16 @@ void vks_engine_destroy(vks_engine *e);
 /* Device bytes this engine allocated (weights, KV cache, activations). */
 uint64_t vks_engine_device_bytes(const vks_engine *e);
 uint64_t vks_engine_weight_bytes(const vks_engine *e);
+/* Weight bytes one decode step reads: all but the embedding table (which is
+ * only gathered from), unless it doubles as the classifier. */
+uint64_t vks_engine_decode_weight_bytes(const vks_engine *e);
 const vks_model_config *vks_engine_config(const vks_engine *e);
 bool vks_engine_has_embed(const vks_engine *e);
 bool vks_engine_has_head(const vks_engine *e);
 int vks_engine_max_rows(const vks_engine *e);
 int vks_engine_max_out_rows(const vks_engine *e);
+int vks_engine_n_slots(const vks_engine *e);  /* KV slots (sequences) */
+int vks_engine_kv_len(const vks_engine *e);   /* positions per slot */
 
 typedef struct {
     int n_rows;

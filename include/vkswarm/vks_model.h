@@ -15,7 +15,9 @@ typedef struct {
     bool shared_classifier;
 } vks_model_config;
 
-/* A weight matrix or vector: rows x cols elements of dtype, row-major. */
+/* A weight matrix or vector: rows x cols elements of dtype, row-major. Block
+ * dtypes (Q8_0, Q4_0, Q4_K, Q6_K; vks_quant.h) keep their file bytes: each row
+ * is cols / block_elems blocks, so cols is a multiple of the block size. */
 typedef struct {
     vks_dtype dtype;
     int64_t rows, cols;   /* vectors: rows = 1 */
@@ -32,6 +34,10 @@ typedef struct {
     vks_tensor w1;        /* gate [hidden, dim] */
     vks_tensor w2;        /* down [dim, hidden] */
     vks_tensor w3;        /* up   [hidden, dim] */
+    /* Optional attention biases (Qwen2); data == NULL when absent. f32 [1, rows]. */
+    vks_tensor bq;        /* [1, n_heads*head_dim] */
+    vks_tensor bk;        /* [1, kv_dim] */
+    vks_tensor bv;        /* [1, kv_dim] */
 } vks_layer_weights;
 
 typedef struct vks_model {
@@ -43,6 +49,13 @@ typedef struct vks_model {
     /* ownership (private to the reader) */
     void *map; size_t map_size; void *owned;
     char path[512];
+    /* issue 3 */
+    int bos_id, eos_id;     /* -1 when unknown */
+    char arch[32];          /* "llama" or "qwen2" */
+    struct vks_gguf *gguf;  /* open GGUF file (metadata, tokenizer) or NULL */
+    char dir[512];          /* safetensors directory ("" otherwise) */
+    void *format_state;     /* reader-private extra state, freed by format_free */
+    void (*format_free)(void *state);
 } vks_model;
 
 /* Loads a llama2.c checkpoint. Hostile-input safe: on failure returns a
@@ -58,4 +71,34 @@ void vks_model_free(vks_model *m);
 int64_t vks_model_param_count(const vks_model *m);
 /* Validates a config (dims > 0, heads divide, sizes do not overflow). */
 int vks_model_config_check(const vks_model_config *c, const char *what);
+/* Identity of a model (src/model/model_hash.c): BLAKE2b-256 over the config
+ * and every weight tensor's bytes (dtype and shape included) in a fixed order. */
+int vks_model_hash(const vks_model *m, uint8_t out[32]);
+
+/* ---- issue 3: other formats (src/model/gguf_model.c, safetensors.c, model_load.c) ---- */
+struct vks_gguf;
+
+/* Loads any supported model, detected by content: GGUF (magic "GGUF"), a
+ * safetensors file or directory (config.json next to it), else llama2.c. */
+int vks_model_load(const char *path, vks_model **out);
+int vks_model_load_gguf(const char *path, vks_model **out);
+/* path: a directory (config.json + model.safetensors or sharded with
+ * model.safetensors.index.json) or one .safetensors file with config.json beside it. */
+int vks_model_load_safetensors(const char *path, vks_model **out);
+/* The GGUF file behind a model loaded from GGUF (tokenizer metadata), else NULL. */
+const struct vks_gguf *vks_model_gguf(const vks_model *m);
+/* Directory of a safetensors model (where tokenizer.json lives), else NULL. */
+const char *vks_model_dir(const vks_model *m);
+
+typedef struct {
+    vks_dtype dtype;            /* dtype of 2-D weight matrices; norms and biases stay f32 */
+    const char *tokenizer_path; /* GGUF only: llama2.c tokenizer.bin to embed, or NULL */
+} vks_model_save_options;
+
+/* Writes a GGUF file (arch llama or qwen2; q/k rows in adjacent-pair RoPE order
+ * for llama, as llama.cpp's converter writes them). opt may be NULL (f32). */
+int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_save_options *opt);
+/* Writes a Hugging Face directory: config.json + model.safetensors (q/k rows in
+ * half-split RoPE order). dtype f32, f16 or bf16 (opt may be NULL: f32). */
+int vks_model_save_safetensors(const vks_model *m, const char *dir, const vks_model_save_options *opt);
 #endif

@@ -27,12 +27,31 @@ typedef struct {
  * tokens: uint32[R]. table: [table_rows, D] of dtype. out: f32 [R, D]. */
 int vks_op_embed(vks_ops *o, vks_cmd *c, vks_binding tokens, vks_binding table, vks_dtype dtype,
                  uint32_t row0, uint32_t table_rows, uint32_t D, vks_binding out, uint32_t R);
+/* Weight matrices on the device. f32/f16/bf16: the elements, packed. Block
+ * types q8_0, q4_0, q4_k stay quantized (they are dequantized in registers by
+ * the kernels): Q8_0/Q4_0 hold the quants of every block first (32 resp. 16
+ * bytes per block, in llama.cpp's order) and then the f16 block scales, two
+ * per 32-bit word; Q4_K keeps llama.cpp's 144-byte blocks (16-byte aligned as
+ * they are). vks_op_weight_bytes: bytes of a [rows, cols] matrix in this
+ * layout (block types: a multiple of 16; others: of 4), 0 when cols is not a whole number of blocks, the
+ * dtype has no kernel (q6_k) or the size overflows. vks_op_pack_weights
+ * writes that layout from row-major llama.cpp blocks (as in GGUF files; for
+ * f32/f16/bf16 the plain elements). */
+size_t vks_op_weight_bytes(vks_dtype t, uint64_t rows, uint64_t cols);
+int vks_op_pack_weights(vks_dtype t, const void *blocks, uint64_t rows, uint64_t cols, void *dst);
+/* The same for rows [row0, row0 + n) only (n rows of blocks), written into dst
+ * holding the whole matrix's layout: lets the engine convert a matrix in steps. */
+int vks_op_pack_weight_rows(vks_dtype t, const void *blocks, uint64_t row0, uint64_t n, uint64_t rows,
+                            uint64_t cols, void *dst);
+
 /* out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w  (w f32 [D]); out may equal x. */
 int vks_op_rmsnorm(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w, vks_binding out,
                    uint32_t R, uint32_t D, float eps);
 /* y[m, y_col0 + n] = (accumulate ? y[m, y_col0 + n] : 0) + sum_k x[m,k] W[n,k]
  * x f32 [M, K]; W [N, K] of dtype (f16/bf16 packed two per 32-bit word,
- * element e at word e/2, low half first); y f32 with row stride ldy. */
+ * element e at word e/2, low half first; q8_0, q4_0, q4_k in the layout of
+ * vks_op_pack_weights, K a whole number of blocks, x and W 16-byte aligned);
+ * y f32 with row stride ldy. */
 int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
                   vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
                   uint32_t y_col0, bool accumulate);
@@ -54,6 +73,9 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
 /* out[i] = silu(g[i]) * u[i]; out may equal g. */
 int vks_op_swiglu(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_binding out,
                   uint32_t n);
+/* x[r, j] += bias[j] for r < R, j < D (x f32 [R, D], bias f32 [D]). */
+int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uint32_t R,
+                    uint32_t D);
 /* x[i] += y[i] */
 int vks_op_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding y, uint32_t n);
 /* dst[i, :] = src[idx[i], :], D floats per row. */

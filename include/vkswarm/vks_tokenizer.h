@@ -1,5 +1,10 @@
-/* vks_tokenizer.h: llama2.c tokenizer (SentencePiece-style BPE with scores and
- * byte fallback) with exactly run.c's encode/decode semantics. */
+/* vks_tokenizer.h: tokenizers exactly as the originals.
+ *  - llama2.c tokenizer.bin: run.c's encode/decode semantics.
+ *  - GGUF tokenizer.ggml.model "llama": SentencePiece BPE by scores with byte
+ *    fallback (llama.cpp llm_tokenizer_spm: U+2581 for spaces, dummy prefix).
+ *  - GGUF "gpt2" and Hugging Face tokenizer.json BPE: byte-level BPE by merge
+ *    rank after the GPT-2 / Llama 3 / Qwen2 regex pre-tokenizer (PCRE2).
+ * Plus chat templates (ChatML, Llama 2, Llama 3, Phi-3). */
 #ifndef VKS_TOKENIZER_H
 #define VKS_TOKENIZER_H
 #include "vks_common.h"
@@ -23,4 +28,74 @@ int vks_tokenizer_encode(const vks_tokenizer *t, const char *text, size_t len, b
 const char *vks_tokenizer_decode(const vks_tokenizer *t, int prev, int next, char *buf, size_t *len);
 /* run.c safe_printf rule: true if the piece should be printed. */
 bool vks_tokenizer_piece_printable(const char *piece, size_t len);
+
+/* ---- issue 3: GGUF / tokenizer.json vocabularies ---- */
+struct vks_model;
+struct vks_gguf;
+
+/* Token types as GGUF stores them (tokenizer.ggml.token_type). */
+enum {
+    VKS_TOKEN_TYPE_UNDEFINED = 0,
+    VKS_TOKEN_TYPE_NORMAL = 1,
+    VKS_TOKEN_TYPE_UNKNOWN = 2,
+    VKS_TOKEN_TYPE_CONTROL = 3,
+    VKS_TOKEN_TYPE_USER_DEFINED = 4,
+    VKS_TOKEN_TYPE_UNUSED = 5,
+    VKS_TOKEN_TYPE_BYTE = 6,
+};
+
+/* Loads the vocabulary of a GGUF file (vocab-only or a full model). */
+int vks_tokenizer_load_gguf(const char *path, vks_tokenizer **out);
+/* Same from an open GGUF (name is used in error messages). */
+int vks_tokenizer_load_gguf_handle(const struct vks_gguf *g, const char *name, vks_tokenizer **out);
+/* Loads a Hugging Face tokenizer.json (BPE model: vocab, merges, byte-level
+ * pre-tokenizer, added tokens); reads tokenizer_config.json beside it when
+ * present (bos/eos tokens, add_bos_token, chat_template). */
+int vks_tokenizer_load_hf_json(const char *path, vks_tokenizer **out);
+/* From the tokenizer file when given (tokenizer.bin: needs m for the vocab
+ * size; .gguf; tokenizer.json; or a directory holding tokenizer.json), else
+ * from the model's own GGUF metadata or the tokenizer.json beside a
+ * safetensors model. */
+int vks_tokenizer_load_auto(const char *tokenizer_path_or_null, const struct vks_model *m, vks_tokenizer **out);
+
+typedef struct {
+    bool add_bos, add_eos;
+    bool parse_special; /* match CONTROL tokens in the text (USER_DEFINED always match) */
+} vks_tokenize_options;
+
+/* Encodes len bytes (any bytes) into *ids (malloc'd, *n entries). */
+int vks_tokenizer_tokenize(const vks_tokenizer *t, const char *text, size_t len, const vks_tokenize_options *o,
+                           int32_t **ids, int *n);
+/* Decodes ids into *text (malloc'd, NUL-terminated, *len bytes). Control
+ * tokens print their text only with show_special. SPM drops the dummy-prefix
+ * space of the first piece, so detokenize(tokenize(s)) == s. Ids out of range
+ * are an error. */
+int vks_tokenizer_detokenize(const vks_tokenizer *t, const int32_t *ids, int n, bool show_special, char **text,
+                             size_t *len);
+/* "llama2c", "spm" or "bpe" */
+const char *vks_tokenizer_kind(const vks_tokenizer *t);
+/* Whether the vocabulary asks for BOS / EOS (tokenizer.ggml.add_bos_token ...). */
+bool vks_tokenizer_wants_bos(const vks_tokenizer *t);
+bool vks_tokenizer_wants_eos(const vks_tokenizer *t);
+/* tokenizer.chat_template (Jinja text) or NULL. */
+const char *vks_tokenizer_chat_template(const vks_tokenizer *t);
+/* Id of the token whose piece is exactly text[0..len), or -1. */
+int vks_tokenizer_find(const vks_tokenizer *t, const char *text, size_t len);
+/* Token type (VKS_TOKEN_TYPE_*); NORMAL for llama2c vocabularies. -1 if out of range. */
+int vks_tokenizer_token_type(const vks_tokenizer *t, int id);
+
+/* ---- chat templates (chat.c) ---- */
+typedef struct {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content;
+} vks_chat_message;
+
+/* Formats a conversation. template_name_or_jinja: "chatml", "llama2",
+ * "llama3", "phi3", or a Jinja template (tokenizer.chat_template) whose family
+ * is recognized from its markers. The text carries no BOS (the tokenizer adds
+ * it); tokenize it with parse_special. *out is malloc'd. */
+int vks_chat_format(const char *template_name_or_jinja, const vks_chat_message *msgs, int n,
+                    bool add_assistant_prompt, char **out);
+/* Family name ("chatml", ...) of a name or Jinja text, or NULL. */
+const char *vks_chat_template_family(const char *template_name_or_jinja);
 #endif

@@ -2,8 +2,11 @@
  * following llama2.c run.c. All n positions go through each layer together:
  * every row's K/V is computed before attention, and causal attention (row r
  * sees keys 0..r) makes this identical to run.c's token-by-token loop.
- * f16/bf16 weights are converted to f32 a chunk of rows at a time. */
+ * f16/bf16 and block-quantized weights are converted to f32 (vks_dequantize)
+ * a chunk of rows at a time. Optional q/k/v biases (Qwen2) are added after
+ * their matmuls. */
 #include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
 #include "model/model_internal.h"
 
@@ -55,19 +58,21 @@ static int alloc_buffers(fwd_buffers *b, const vks_model_config *c, int n) {
     return VKS_OK;
 }
 
-/* Converts `count` rows starting at `row` of t into dst as f32. */
+/* Converts `count` rows starting at `row` of t into dst as f32 (the row size
+ * was validated by vks_model_check_tensors). */
 static void convert_rows(const vks_tensor *t, int64_t row, int64_t count, float *dst) {
-    size_t first = (size_t)row * (size_t)t->cols, n = (size_t)count * (size_t)t->cols;
-    const unsigned char *src = (const unsigned char *)t->data + first * vks_dtype_size(t->dtype);
-    if (t->dtype == VKS_DTYPE_F32) {
-        memcpy(dst, src, n * sizeof(float));
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, src + 2 * i, sizeof h);
-        dst[i] = t->dtype == VKS_DTYPE_F16 ? vks_f16_to_f32(h) : vks_bf16_to_f32(h);
-    }
+    uint64_t row_bytes = 0;
+    vks_dtype_row_bytes(t->dtype, (uint64_t)t->cols, &row_bytes);
+    const unsigned char *src = (const unsigned char *)t->data + (size_t)row * (size_t)row_bytes;
+    vks_dequantize(t->dtype, src, dst, (size_t)count * (size_t)t->cols);
+}
+
+/* y[r, :] += bias for n rows of bias->cols (no-op when the model has no bias). */
+static void add_bias(const vks_tensor *bias, float *y, int n, fwd_buffers *b) {
+    if (!bias->data) return;
+    size_t cols = (size_t)bias->cols;
+    convert_rows(bias, 0, 1, b->w_chunk);
+    for (size_t r = 0; r < (size_t)n; r++) vks_ref_add(y + r * cols, b->w_chunk, cols);
 }
 
 /* y[M, rows] = x[M, cols] @ W^T for a weight of any dtype. */
@@ -99,6 +104,9 @@ static void attention_block(const vks_model *m, const vks_layer_weights *w, int 
     matmul_tensor(&w->wq, b->xb, n, b->q, b);
     matmul_tensor(&w->wk, b->xb, n, b->k, b);
     matmul_tensor(&w->wv, b->xb, n, b->v, b);
+    add_bias(&w->bq, b->q, n, b);
+    add_bias(&w->bk, b->k, n, b);
+    add_bias(&w->bv, b->v, n, b);
     vks_ref_rope(b->q, b->pos, n, c->dim, 0, c->n_heads, c->head_dim, c->rope_theta, c->rope_mode);
     vks_ref_rope(b->k, b->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, c->rope_theta, c->rope_mode);
     /* One slot whose cache holds exactly these n positions. */

@@ -5,12 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
 
 #define MAX_CHUNKS 64
+/* Weights are converted on the host a chunk at a time; chunks are capped so
+ * that the host copy stays moderate even where bindings may be 4 GiB. */
+#define MAX_HOST_CHUNK_BYTES ((uint64_t)256 << 20)
+#define HOST_STEP_BYTES ((size_t)8 << 20)
 
 /* A weight matrix on the device, split by rows into chunks that each fit in
- * one storage-buffer binding. */
+ * one storage-buffer binding. Each chunk is a self-contained matrix in the
+ * GPU layout of vks_op_pack_weights (block types stay quantized). */
 typedef struct {
     vks_dtype dtype;
     uint32_t rows, cols, rows_per_chunk;
@@ -21,6 +27,7 @@ typedef struct {
 typedef struct {
     vks_buffer *attn_norm, *ffn_norm;
     dev_matrix wq, wk, wv, wo, w1, w2, w3;
+    vks_buffer *bq, *bk, *bv; /* q/k/v biases (Qwen2); NULL when absent */
     vks_buffer *kcache, *vcache;
 } dev_layer;
 
@@ -41,24 +48,46 @@ struct vks_engine {
     dev_layer *layers; /* opt.layer_end - opt.layer_begin entries */
     dev_activations act;
     uint64_t weight_bytes, device_bytes;
+    uint64_t embed_bytes; /* device bytes of the token embedding table */
 };
 
 /* ---------- sizes ---------- */
 
-static uint64_t matrix_bytes(vks_dtype t, uint64_t rows, uint64_t cols) {
-    return rows * cols * vks_dtype_size(t) + 16;
+/* The dtype a weight matrix gets on the device. keep_file_dtype keeps each
+ * tensor's own type, except Q6_K (no kernel yet), which becomes f16. Rows that
+ * are not a whole number of blocks of a block type (stories260K's hidden 172,
+ * Q4_K's 256 against dim 64) fall back to f16, as llama.cpp falls back to
+ * another type for such tensors. Norms and biases are always f32. */
+static vks_dtype device_dtype(const vks_engine *e, vks_dtype file_dtype, int64_t cols) {
+    vks_dtype t = e->opt.keep_file_dtype ? file_dtype : e->opt.dtype;
+    if (t == VKS_DTYPE_Q6_K) t = VKS_DTYPE_F16;
+    size_t be = vks_dtype_block_elems(t);
+    if (be == 0 || cols % (int64_t)be) t = VKS_DTYPE_F16;
+    return t;
 }
 
-static uint64_t weight_bytes_needed(const vks_engine *e) {
-    const vks_model_config *c = &e->cfg;
-    vks_dtype t = e->opt.dtype;
-    uint64_t per_layer = matrix_bytes(t, (uint64_t)c->n_heads * c->head_dim, c->dim) +
-                         2 * matrix_bytes(t, c->kv_dim, c->dim) +
-                         matrix_bytes(t, c->dim, (uint64_t)c->n_heads * c->head_dim) +
-                         3 * matrix_bytes(t, c->hidden_dim, c->dim) + 2 * ((uint64_t)c->dim * 4 + 16);
-    uint64_t total = per_layer * (uint64_t)(e->opt.layer_end - e->opt.layer_begin);
-    if (e->has_embed) total += matrix_bytes(t, c->vocab_size, c->dim);
-    if (e->has_head) total += (uint64_t)c->dim * 4 + (c->shared_classifier && e->has_embed ? 0 : matrix_bytes(t, c->vocab_size, c->dim));
+/* Device bytes of a [rows, cols] matrix stored from `t` (NULL: shape only, opt.dtype). */
+static uint64_t matrix_bytes(const vks_engine *e, const vks_tensor *t, uint64_t rows, uint64_t cols) {
+    vks_dtype dt = device_dtype(e, t ? t->dtype : e->opt.dtype, (int64_t)cols);
+    uint64_t chunk_pad = 16 * (1 + rows * cols / (MAX_HOST_CHUNK_BYTES / 2));
+    return (uint64_t)vks_op_weight_bytes(dt, rows, cols) + chunk_pad;
+}
+
+static uint64_t weight_bytes_needed(const vks_engine *e, const vks_model *m) {
+    const vks_model_config *c = &m->cfg;
+    uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->kv_dim, d = (uint64_t)c->dim;
+    uint64_t h = (uint64_t)c->hidden_dim, total = 0;
+    for (int l = e->opt.layer_begin; l < e->opt.layer_end; l++) {
+        const vks_layer_weights *w = m->layers ? &m->layers[l] : NULL;
+        total += matrix_bytes(e, w ? &w->wq : NULL, qd, d) + matrix_bytes(e, w ? &w->wk : NULL, kv, d) +
+                 matrix_bytes(e, w ? &w->wv : NULL, kv, d) + matrix_bytes(e, w ? &w->wo : NULL, d, qd) +
+                 matrix_bytes(e, w ? &w->w1 : NULL, h, d) + matrix_bytes(e, w ? &w->w3 : NULL, h, d) +
+                 matrix_bytes(e, w ? &w->w2 : NULL, d, h) + 2 * (d * 4 + 16) + (qd + 2 * kv) * 4 + 48; /* norms, biases */
+    }
+    if (e->has_embed) total += matrix_bytes(e, &m->tok_emb, (uint64_t)c->vocab_size, d);
+    if (e->has_head)
+        total += d * 4 + 16 + (c->shared_classifier && e->has_embed ? 0 :
+                               matrix_bytes(e, &m->classifier, (uint64_t)c->vocab_size, d));
     return total;
 }
 
@@ -76,60 +105,85 @@ static uint64_t activation_bytes(const vks_engine *e) {
 
 /* ---------- uploads ---------- */
 
-/* Converts `n` elements of src (dtype `from`) into dst (dtype `to`). */
-static void convert_elements(const void *src, vks_dtype from, void *dst, vks_dtype to, size_t n) {
-    if (from == to) {
-        memcpy(dst, src, n * vks_dtype_size(to));
-        return;
+/* Writes rows [row0, row0 + n) of t, converted to `to`, as a self-contained
+ * matrix in the GPU layout into dst, a few MiB of rows at a time: the file's
+ * blocks are used as they are when the types agree, else rows go through f32
+ * (vks_dequantize) and are converted or quantized (vks_quantize). */
+static int pack_chunk(const vks_tensor *t, const char *what, uint32_t row0, uint32_t n, vks_dtype to, void *dst) {
+    size_t cols = (size_t)t->cols;
+    uint64_t src_row_bytes, dst_row_bytes;
+    if (!vks_dtype_row_bytes(t->dtype, cols, &src_row_bytes) || !vks_dtype_row_bytes(to, cols, &dst_row_bytes))
+        return vks_set_error(VKS_ERR_FORMAT, "%s: a %s row of %zu elements is not a whole number of blocks", what,
+                             vks_dtype_name(t->dtype), cols);
+    size_t step = HOST_STEP_BYTES / (cols * 4) + 1;
+    float *f32 = NULL;
+    void *blocks = NULL;
+    if (t->dtype != to) {
+        f32 = malloc(step * cols * sizeof(float));
+        blocks = malloc(step * (size_t)dst_row_bytes);
+        if (!f32 || !blocks) {
+            free(f32);
+            free(blocks);
+            return vks_set_error(VKS_ERR_NOMEM, "out of host memory converting weights");
+        }
     }
-    for (size_t i = 0; i < n; i++) {
-        float f = from == VKS_DTYPE_F32 ? ((const float *)src)[i]
-                : from == VKS_DTYPE_F16 ? vks_f16_to_f32(((const uint16_t *)src)[i])
-                                        : vks_bf16_to_f32(((const uint16_t *)src)[i]);
-        if (to == VKS_DTYPE_F32) ((float *)dst)[i] = f;
-        else if (to == VKS_DTYPE_F16) ((uint16_t *)dst)[i] = vks_f32_to_f16(f);
-        else ((uint16_t *)dst)[i] = vks_f32_to_bf16(f);
-    }
-}
-
-/* Uploads `rows` rows of t starting at row0 into buffer b, converted to `to`. */
-static int upload_rows(vks_buffer *b, const vks_tensor *t, uint32_t row0, uint32_t rows, vks_dtype to) {
-    size_t row_elems = (size_t)t->cols;
-    size_t step_rows = ((size_t)8 << 20) / (row_elems * 4) + 1; /* ~8 MiB host blocks */
-    void *tmp = malloc(step_rows * row_elems * 4);
-    if (!tmp) return vks_set_error(VKS_ERR_NOMEM, "out of host memory converting weights");
     int rc = VKS_OK;
-    for (size_t r = 0; r < rows && rc == VKS_OK; r += step_rows) {
-        size_t n = rows - r < step_rows ? rows - r : step_rows;
-        const char *src = (const char *)t->data + ((size_t)row0 + r) * row_elems * vks_dtype_size(t->dtype);
-        convert_elements(src, t->dtype, tmp, to, n * row_elems);
-        rc = vks_buffer_upload(b, r * row_elems * vks_dtype_size(to), tmp, n * row_elems * vks_dtype_size(to));
+    for (size_t r = 0; r < n && rc == VKS_OK; r += step) {
+        size_t k = n - r < step ? n - r : step;
+        const void *rows = (const char *)t->data + ((size_t)row0 + r) * (size_t)src_row_bytes;
+        if (t->dtype != to) {
+            vks_dequantize(t->dtype, rows, f32, k * cols);
+            rc = vks_quantize(to, f32, blocks, k * cols);
+            rows = blocks;
+        }
+        if (rc == VKS_OK) rc = vks_op_pack_weight_rows(to, rows, r, k, n, cols, dst);
     }
-    free(tmp);
+    free(f32);
+    free(blocks);
     return rc;
 }
 
-static int upload_matrix(vks_engine *e, const vks_tensor *t, dev_matrix *out) {
-    vks_dtype to = e->opt.dtype;
+static int upload_chunk(vks_engine *e, const vks_tensor *t, const char *what, uint32_t row0, uint32_t n,
+                        vks_dtype to, vks_buffer **out) {
+    size_t bytes = vks_op_weight_bytes(to, n, (uint64_t)t->cols);
+    void *host = calloc(1, bytes);
+    if (!host) return vks_set_error(VKS_ERR_NOMEM, "out of host memory converting weights");
+    int rc = pack_chunk(t, what, row0, n, to, host);
+    if (!rc) rc = vks_buffer_create(e->gpu, bytes, out);
+    if (!rc) rc = vks_buffer_upload(*out, 0, host, bytes);
+    free(host);
+    return rc;
+}
+
+/* Uploads weight matrix t (named `what` in errors) in chunks. */
+static int upload_matrix(vks_engine *e, const vks_tensor *t, const char *what, dev_matrix *out) {
+    vks_dtype to = device_dtype(e, t->dtype, t->cols);
     uint64_t range = vks_gpu_info(e->gpu)->max_storage_range;
     if (e->opt.max_chunk_bytes && e->opt.max_chunk_bytes < range) range = e->opt.max_chunk_bytes;
-    uint64_t row_bytes = (uint64_t)t->cols * vks_dtype_size(to);
+    if (range > MAX_HOST_CHUNK_BYTES) range = MAX_HOST_CHUNK_BYTES;
+    uint64_t row_bytes;
     memset(out, 0, sizeof *out);
+    if (!vks_dtype_row_bytes(to, (uint64_t)t->cols, &row_bytes))
+        return vks_set_error(VKS_ERR_FORMAT, "%s: rows of %lld elements do not fit %s", what, (long long)t->cols,
+                             vks_dtype_name(to));
     out->dtype = to;
     out->rows = (uint32_t)t->rows;
     out->cols = (uint32_t)t->cols;
     uint64_t per_chunk = range > 16 ? (range - 16) / row_bytes : 0;
     per_chunk &= ~(uint64_t)1; /* even rows keep f16 pairs inside a chunk */
-    if (per_chunk == 0) return vks_set_error(VKS_ERR_ARG, "a weight row of %llu bytes exceeds the device's storage range",
-                                             (unsigned long long)row_bytes);
+    if (per_chunk == 0) return vks_set_error(VKS_ERR_ARG, "%s: a row of %llu bytes exceeds the device's storage range",
+                                             what, (unsigned long long)row_bytes);
     out->rows_per_chunk = per_chunk >= out->rows ? out->rows : (uint32_t)per_chunk;
     out->n_chunks = (int)((out->rows + out->rows_per_chunk - 1) / out->rows_per_chunk);
-    if (out->n_chunks > MAX_CHUNKS) return vks_set_error(VKS_ERR_ARG, "weight matrix too large (%d chunks)", out->n_chunks);
+    if (out->n_chunks > MAX_CHUNKS) {
+        out->n_chunks = 0;
+        return vks_set_error(VKS_ERR_ARG, "%s: weight matrix too large (%u rows of %llu bytes)", what, out->rows,
+                             (unsigned long long)row_bytes);
+    }
     for (int i = 0; i < out->n_chunks; i++) {
         uint32_t row0 = (uint32_t)i * out->rows_per_chunk;
         uint32_t n = out->rows - row0 < out->rows_per_chunk ? out->rows - row0 : out->rows_per_chunk;
-        int rc = vks_buffer_create(e->gpu, (size_t)n * row_bytes, &out->chunk[i]);
-        if (!rc) rc = upload_rows(out->chunk[i], t, row0, n, to);
+        int rc = upload_chunk(e, t, what, row0, n, to, &out->chunk[i]);
         if (rc) return rc;
     }
     return VKS_OK;
@@ -140,9 +194,19 @@ static void free_matrix(dev_matrix *m) {
     m->n_chunks = 0;
 }
 
-static int upload_vector(vks_engine *e, const vks_tensor *t, vks_buffer **out) {
-    int rc = vks_buffer_create(e->gpu, (size_t)t->cols * 4, out);
-    return rc ? rc : upload_rows(*out, t, 0, 1, VKS_DTYPE_F32);
+/* Uploads a vector (norm weights, biases) as f32; `cols` is the length the config implies. */
+static int upload_vector(vks_engine *e, const vks_tensor *t, int64_t cols, const char *what, vks_buffer **out) {
+    uint64_t row_bytes;
+    if (!t->data || t->rows != 1 || t->cols != cols || !vks_dtype_row_bytes(t->dtype, (uint64_t)cols, &row_bytes))
+        return vks_set_error(VKS_ERR_FORMAT, "%s: expected %lld values, the model has %lld x %lld of %s", what,
+                             (long long)cols, (long long)t->rows, (long long)t->cols, vks_dtype_name(t->dtype));
+    float *f = malloc((size_t)cols * sizeof(float));
+    if (!f) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    vks_dequantize(t->dtype, t->data, f, (size_t)cols);
+    int rc = vks_buffer_create(e->gpu, (size_t)cols * 4, out);
+    if (!rc) rc = vks_buffer_upload(*out, 0, f, (size_t)cols * 4);
+    free(f);
+    return rc;
 }
 
 static int new_buffer(vks_engine *e, uint64_t bytes, const char *what, vks_buffer **out) {
@@ -153,14 +217,30 @@ static int new_buffer(vks_engine *e, uint64_t bytes, const char *what, vks_buffe
     return vks_buffer_create(e->gpu, (size_t)bytes, out);
 }
 
-static int create_layer(vks_engine *e, const vks_layer_weights *w, dev_layer *l) {
+/* Uploads a layer's norms, optional q/k/v biases (Qwen2; absent ones stay
+ * NULL) and matrices; errors name the layer and tensor. */
+static int create_layer(vks_engine *e, const vks_layer_weights *w, int layer, dev_layer *l) {
+    const vks_model_config *c = &e->cfg;
+    int64_t d = c->dim, qd = (int64_t)c->n_heads * c->head_dim;
+    struct { const vks_tensor *t; int64_t len; vks_buffer **out; const char *name; } vecs[] = {
+        {&w->attn_norm, d, &l->attn_norm, "attention norm"}, {&w->ffn_norm, d, &l->ffn_norm, "FFN norm"},
+        {&w->bq, qd, &l->bq, "q bias"}, {&w->bk, c->kv_dim, &l->bk, "k bias"}, {&w->bv, c->kv_dim, &l->bv, "v bias"},
+    };
+    struct { const vks_tensor *t; dev_matrix *out; const char *name; } mats[] = {
+        {&w->wq, &l->wq, "wq"}, {&w->wk, &l->wk, "wk"}, {&w->wv, &l->wv, "wv"}, {&w->wo, &l->wo, "wo"},
+        {&w->w1, &l->w1, "w1"}, {&w->w2, &l->w2, "w2"}, {&w->w3, &l->w3, "w3"},
+    };
+    char what[64];
     int rc;
-    if ((rc = upload_vector(e, &w->attn_norm, &l->attn_norm)) || (rc = upload_vector(e, &w->ffn_norm, &l->ffn_norm)) ||
-        (rc = upload_matrix(e, &w->wq, &l->wq)) || (rc = upload_matrix(e, &w->wk, &l->wk)) ||
-        (rc = upload_matrix(e, &w->wv, &l->wv)) || (rc = upload_matrix(e, &w->wo, &l->wo)) ||
-        (rc = upload_matrix(e, &w->w1, &l->w1)) || (rc = upload_matrix(e, &w->w2, &l->w2)) ||
-        (rc = upload_matrix(e, &w->w3, &l->w3)))
-        return rc;
+    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) {
+        if (i >= 2 && !vecs[i].t->data) continue; /* no bias */
+        snprintf(what, sizeof what, "layer %d %s", layer, vecs[i].name);
+        if ((rc = upload_vector(e, vecs[i].t, vecs[i].len, what, vecs[i].out))) return rc;
+    }
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        snprintf(what, sizeof what, "layer %d %s", layer, mats[i].name);
+        if ((rc = upload_matrix(e, mats[i].t, what, mats[i].out))) return rc;
+    }
     uint64_t kv = kv_bytes_per_layer(e);
     if ((rc = new_buffer(e, kv, "the KV cache of one layer", &l->kcache)) ||
         (rc = new_buffer(e, kv, "the KV cache of one layer", &l->vcache)))
@@ -207,21 +287,25 @@ static int check_options(vks_engine *e, const vks_model *m, const vks_engine_opt
         return vks_set_error(VKS_ERR_ARG, "layer range [%d, %d) is not inside the model's %d layers", o->layer_begin,
                              o->layer_end, m->cfg.n_layers);
     if (o->max_rows > 65536 || o->max_out_rows > o->max_rows || o->n_slots > 65536 || o->kv_len > m->cfg.seq_len ||
-        (unsigned)o->dtype > VKS_DTYPE_BF16)
+        (unsigned)o->dtype >= VKS_DTYPE_COUNT)
         return vks_set_error(VKS_ERR_ARG, "engine options out of range (rows %d, out rows %d, slots %d, kv_len %d)",
                              o->max_rows, o->max_out_rows, o->n_slots, o->kv_len);
+    if (!o->keep_file_dtype && !vks_op_weight_bytes(o->dtype, 1, vks_dtype_block_elems(o->dtype)))
+        return vks_set_error(VKS_ERR_ARG, "engine: weights cannot be stored as %s on the device (f32, f16, bf16, "
+                             "q8_0, q4_0 or q4_k)", vks_dtype_name(o->dtype));
     return VKS_OK;
 }
 
-static int check_fits(vks_engine *e) {
-    uint64_t need = weight_bytes_needed(e) + 2 * kv_bytes_per_layer(e) * (uint64_t)(e->opt.layer_end - e->opt.layer_begin) +
+static int check_fits(vks_engine *e, const vks_model *m) {
+    uint64_t weights = weight_bytes_needed(e, m);
+    uint64_t need = weights + 2 * kv_bytes_per_layer(e) * (uint64_t)(e->opt.layer_end - e->opt.layer_begin) +
                     activation_bytes(e);
     uint64_t avail = vks_gpu_free_bytes(e->gpu);
     if (need > avail)
         return vks_set_error(VKS_ERR_NOMEM, "model does not fit on %s: needs %llu bytes of device memory "
                              "(weights %llu, KV cache and activations %llu), %llu available",
                              vks_gpu_info(e->gpu)->name, (unsigned long long)need,
-                             (unsigned long long)weight_bytes_needed(e), (unsigned long long)(need - weight_bytes_needed(e)),
+                             (unsigned long long)weights, (unsigned long long)(need - weights),
                              (unsigned long long)avail);
     return VKS_OK;
 }
@@ -238,17 +322,19 @@ int vks_engine_create(vks_gpu *g, const vks_model *m, const vks_engine_options *
     if (rc) goto fail;
     e->has_embed = e->opt.layer_begin == 0;
     e->has_head = e->opt.layer_end == m->cfg.n_layers;
-    if ((rc = check_fits(e)) || (rc = vks_ops_create(g, &e->ops))) goto fail;
+    if ((rc = check_fits(e, m)) || (rc = vks_ops_create(g, &e->ops))) goto fail;
     int n = e->opt.layer_end - e->opt.layer_begin;
     e->layers = calloc((size_t)n, sizeof *e->layers);
     if (!e->layers) { rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory"); goto fail; }
-    if (e->has_embed && (rc = upload_matrix(e, &m->tok_emb, &e->tok_emb))) goto fail;
+    uint64_t before_embed = vks_gpu_free_bytes(g);
+    if (e->has_embed && (rc = upload_matrix(e, &m->tok_emb, "token embedding", &e->tok_emb))) goto fail;
+    e->embed_bytes = before_embed - vks_gpu_free_bytes(g);
     for (int i = 0; i < n; i++)
-        if ((rc = create_layer(e, &m->layers[e->opt.layer_begin + i], &e->layers[i]))) goto fail;
+        if ((rc = create_layer(e, &m->layers[e->opt.layer_begin + i], e->opt.layer_begin + i, &e->layers[i]))) goto fail;
     if (e->has_head) {
-        if ((rc = upload_vector(e, &m->final_norm, &e->final_norm))) goto fail;
+        if ((rc = upload_vector(e, &m->final_norm, m->cfg.dim, "final norm", &e->final_norm))) goto fail;
         if (m->cfg.shared_classifier && e->has_embed) e->classifier = e->tok_emb;
-        else if ((rc = upload_matrix(e, &m->classifier, &e->classifier))) goto fail;
+        else if ((rc = upload_matrix(e, &m->classifier, "classifier", &e->classifier))) goto fail;
     }
     e->weight_bytes = before - vks_gpu_free_bytes(g);
     if ((rc = create_activations(e))) goto fail;
@@ -267,6 +353,9 @@ void vks_engine_destroy(vks_engine *e) {
         dev_layer *l = &e->layers[i];
         vks_buffer_destroy(l->attn_norm);
         vks_buffer_destroy(l->ffn_norm);
+        vks_buffer_destroy(l->bq);
+        vks_buffer_destroy(l->bk);
+        vks_buffer_destroy(l->bv);
         dev_matrix *ms[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w1, &l->w2, &l->w3};
         for (int j = 0; j < 7; j++) free_matrix(ms[j]);
         vks_buffer_destroy(l->kcache);
@@ -283,11 +372,18 @@ void vks_engine_destroy(vks_engine *e) {
 
 uint64_t vks_engine_device_bytes(const vks_engine *e) { return e ? e->device_bytes : 0; }
 uint64_t vks_engine_weight_bytes(const vks_engine *e) { return e ? e->weight_bytes : 0; }
+uint64_t vks_engine_decode_weight_bytes(const vks_engine *e) {
+    if (!e) return 0;
+    bool shared = e->has_head && e->cfg.shared_classifier;
+    return e->weight_bytes - (shared ? 0 : e->embed_bytes);
+}
 const vks_model_config *vks_engine_config(const vks_engine *e) { return e ? &e->cfg : NULL; }
 bool vks_engine_has_embed(const vks_engine *e) { return e && e->has_embed; }
 bool vks_engine_has_head(const vks_engine *e) { return e && e->has_head; }
 int vks_engine_max_rows(const vks_engine *e) { return e ? e->opt.max_rows : 0; }
 int vks_engine_max_out_rows(const vks_engine *e) { return e ? e->opt.max_out_rows : 0; }
+int vks_engine_n_slots(const vks_engine *e) { return e ? e->opt.n_slots : 0; }
+int vks_engine_kv_len(const vks_engine *e) { return e ? e->opt.kv_len : 0; }
 
 /* ---------- forward ---------- */
 
@@ -327,6 +423,9 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, dev_layer *l, uint3
         (rc = matmul(e, c, a->xb, &l->wq, a->q, R, qd, false)) ||
         (rc = matmul(e, c, a->xb, &l->wk, a->k, R, kvd, false)) ||
         (rc = matmul(e, c, a->xb, &l->wv, a->v, R, kvd, false)) ||
+        (l->bq && (rc = vks_op_bias_add(e->ops, c, bind(a->q), bind(l->bq), R, qd))) ||
+        (l->bk && (rc = vks_op_bias_add(e->ops, c, bind(a->k), bind(l->bk), R, kvd))) ||
+        (l->bv && (rc = vks_op_bias_add(e->ops, c, bind(a->v), bind(l->bv), R, kvd))) ||
         (rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), R, qd, 0, (uint32_t)cf->n_heads,
                           (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode)) ||
         (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), R, kvd, 0, (uint32_t)cf->n_kv_heads,

@@ -3,11 +3,13 @@
  * ranges on the host (VKS_ERR_ARG) so that no kernel can read or write out of
  * range; kernels bounds-check everything else (tile edges, surplus groups). */
 #include "vkswarm/vks_ops.h"
+#include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define MAX_PUSH_BYTES 128u
 /* Workgroup counts per grid dimension that every Vulkan device supports. */
@@ -73,6 +75,16 @@ static int check_range(const char *op, const char *what, vks_binding b, uint64_t
     return VKS_OK;
 }
 
+/* Checks that `b` holds a [rows, cols] weight matrix of dtype in the GPU layout. */
+static int check_weights(const char *op, const char *what, vks_binding b, vks_dtype t, uint64_t rows,
+                         uint64_t cols) {
+    size_t bytes = vks_op_weight_bytes(t, rows, cols);
+    if (bytes == 0)
+        return vks_set_error(VKS_ERR_ARG, "%s: %s of %llu x %llu %s has no valid size", op, what,
+                             (unsigned long long)rows, (unsigned long long)cols, vks_dtype_name(t));
+    return check_range(op, what, b, bytes, 1);
+}
+
 /* Splits a linear workgroup count over x, y, z (kernels use the linear index). */
 static int grid(const vks_ops *o, const char *op, uint64_t groups, uint32_t g[3]) {
     uint64_t max_x = o->info.max_workgroup_count_x ? o->info.max_workgroup_count_x : 65535;
@@ -110,11 +122,76 @@ static const char *dtype_suffix(vks_dtype t) {
     case VKS_DTYPE_F32: return "f32";
     case VKS_DTYPE_F16: return "f16";
     case VKS_DTYPE_BF16: return "bf16";
-    default: return NULL; /* block formats: their own kernels */
+    case VKS_DTYPE_Q8_0: return "q8_0";
+    case VKS_DTYPE_Q4_0: return "q4_0";
+    case VKS_DTYPE_Q4_K: return "q4_k";
+    default: return NULL; /* Q6_K: no kernel (the engine dequantizes it on upload) */
     }
 }
 
+static bool is_block_type(vks_dtype t) {
+    return t == VKS_DTYPE_Q8_0 || t == VKS_DTYPE_Q4_0 || t == VKS_DTYPE_Q4_K;
+}
+
 static bool offset_aligned(vks_binding b, size_t align) { return b.offset % align == 0; }
+
+/* ---- GPU weight layout ---- */
+
+/* Block types are repacked so that every kernel load is aligned: Q8_0 and
+ * Q4_0 keep the quants of all blocks first (32 and 16 bytes per block) and the
+ * f16 scales after them, two per word; Q4_K blocks are 144 = 9 * 16 bytes and
+ * stay as they are. Sizes are rounded up to whole 16-byte vectors (plain
+ * types: to whole words). */
+size_t vks_op_weight_bytes(vks_dtype t, uint64_t rows, uint64_t cols) {
+    uint64_t n;
+    if (!dtype_suffix(t) || __builtin_mul_overflow(rows, cols, &n)) return 0;
+    uint64_t be = vks_dtype_block_elems(t), bytes, blocks = n / be;
+    if (cols % be) return 0;
+    switch (t) {
+    case VKS_DTYPE_Q8_0: bytes = n + blocks * 2; break;
+    case VKS_DTYPE_Q4_0: bytes = n / 2 + blocks * 2; break;
+    case VKS_DTYPE_Q4_K: bytes = blocks * vks_dtype_block_bytes(t); break;
+    default: /* plain elements, whole words (as check_range counts them) */
+        if (__builtin_mul_overflow(n, vks_dtype_size(t), &bytes) || bytes > SIZE_MAX - 3) return 0;
+        return (size_t)((bytes + 3) / 4 * 4);
+    }
+    if (bytes > SIZE_MAX - 15) return 0;
+    return (size_t)((bytes + 15) / 16 * 16);
+}
+
+int vks_op_pack_weight_rows(vks_dtype t, const void *blocks, uint64_t row0, uint64_t n, uint64_t rows,
+                            uint64_t cols, void *dst) {
+    uint64_t row_bytes;
+    if (!blocks || !dst || !vks_op_weight_bytes(t, rows, cols) || row0 > rows || n > rows - row0 ||
+        !vks_dtype_row_bytes(t, cols, &row_bytes))
+        return vks_set_error(VKS_ERR_ARG, "vks_op_pack_weight_rows: bad arguments (%s, rows %llu+%llu of %llu x %llu)",
+                             vks_dtype_name(t), (unsigned long long)row0, (unsigned long long)n,
+                             (unsigned long long)rows, (unsigned long long)cols);
+    if (t != VKS_DTYPE_Q8_0 && t != VKS_DTYPE_Q4_0) { /* the layout is the rows themselves */
+        memcpy((unsigned char *)dst + row0 * row_bytes, blocks, (size_t)(n * row_bytes));
+        return VKS_OK;
+    }
+    /* Q8_0 / Q4_0: quants of block b at b * quant_bytes, its f16 scale after all quants */
+    size_t quant_bytes = t == VKS_DTYPE_Q8_0 ? 32 : 16, bb = 2 + quant_bytes;
+    size_t blocks_per_row = (size_t)cols / 32, first = (size_t)row0 * blocks_per_row;
+    size_t count = (size_t)n * blocks_per_row, all = (size_t)rows * blocks_per_row;
+    const unsigned char *src = blocks;
+    unsigned char *quants = dst, *scales = quants + all * quant_bytes;
+    for (size_t i = 0; i < count; i++) {
+        memcpy(scales + 2 * (first + i), src + i * bb, 2);
+        memcpy(quants + (first + i) * quant_bytes, src + i * bb + 2, quant_bytes);
+    }
+    return VKS_OK;
+}
+
+int vks_op_pack_weights(vks_dtype t, const void *blocks, uint64_t rows, uint64_t cols, void *dst) {
+    size_t total = vks_op_weight_bytes(t, rows, cols);
+    if (!dst || total == 0)
+        return vks_set_error(VKS_ERR_ARG, "vks_op_pack_weights: bad arguments (%s, %llu x %llu)", vks_dtype_name(t),
+                             (unsigned long long)rows, (unsigned long long)cols);
+    memset(dst, 0, total); /* the padding after the last block */
+    return vks_op_pack_weight_rows(t, blocks, 0, rows, rows, cols, dst);
+}
 
 /* ---- creation ---- */
 
@@ -168,10 +245,11 @@ int vks_op_embed(vks_ops *o, vks_cmd *c, vks_binding tokens, vks_binding table, 
                  uint32_t row0, uint32_t table_rows, uint32_t D, vks_binding out, uint32_t R) {
     const char *op = "embed";
     const char *sfx = dtype_suffix(dtype);
-    if (!o || !c || !sfx || !table_rows || !D || !R)
+    if (!o || !c || !sfx || !table_rows || !D || !R || D % vks_dtype_block_elems(dtype) ||
+        (uint64_t)table_rows * D > UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "embed: bad arguments");
     int rc = check_range(op, "tokens", tokens, R, 4);
-    if (!rc) rc = check_range(op, "table", table, (uint64_t)table_rows * D, (uint32_t)vks_dtype_size(dtype));
+    if (!rc) rc = check_weights(op, "table", table, dtype, table_rows, D);
     if (!rc) rc = check_range(op, "out", out, (uint64_t)R * D, 4);
     if (rc) return rc;
     char name[32];
@@ -206,8 +284,17 @@ static int check_matmul_args(vks_ops *o, vks_binding x, vks_binding W, vks_dtype
         return vks_set_error(VKS_ERR_ARG, "matmul: bad sizes M=%u N=%u K=%u ldy=%u y_col0=%u",
                              M, N, K, ldy, y_col0);
     (void)o;
+    if (is_block_type(dtype)) {
+        /* kernels index elements with 32 bits and load whole aligned blocks */
+        if (K % vks_dtype_block_elems(dtype) || (uint64_t)N * K > UINT32_MAX)
+            return vks_set_error(VKS_ERR_ARG, "matmul: K=%u is not a whole number of %s blocks (or N*K "
+                                 "exceeds 2^32)", K, vks_dtype_name(dtype));
+        if (!offset_aligned(x, 16) || !offset_aligned(W, 16))
+            return vks_set_error(VKS_ERR_ARG, "matmul: %s needs 16-byte aligned x and W bindings",
+                                 vks_dtype_name(dtype));
+    }
     int rc = check_range(op, "x", x, (uint64_t)M * K, 4);
-    if (!rc) rc = check_range(op, "W", W, (uint64_t)N * K, (uint32_t)vks_dtype_size(dtype));
+    if (!rc) rc = check_weights(op, "W", W, dtype, N, K);
     if (!rc) rc = check_range(op, "y", y, (uint64_t)(M - 1) * ldy + y_col0 + N, 4);
     return rc;
 }
@@ -215,13 +302,19 @@ static int check_matmul_args(vks_ops *o, vks_binding x, vks_binding W, vks_dtype
 static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
                          vks_binding y, const uint32_t push[6]) {
     uint32_t M = push[0], N = push[1], K = push[2];
+    char name[32];
+    vks_binding b[] = {x, W, y};
+    if (is_block_type(dtype)) {
+        snprintf(name, sizeof name, "matvec_%s%s", dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
+        uint32_t spec[] = {o->mv_wg, o->mv_rows, M, o->mv_rows_per_wg};
+        return dispatch(o, c, name, spec, 4, b, 3, push, 6 * sizeof(uint32_t),
+                        ceil_div(N, o->mv_rows_per_wg), "matvec");
+    }
     /* 16-byte vector loads need whole vectors per row and aligned bindings. */
     uint32_t elems_per_vec4 = dtype == VKS_DTYPE_F32 ? 4 : 8;
     bool vec4 = K % elems_per_vec4 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
-    char name[32];
     snprintf(name, sizeof name, "matvec_%s%s", dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
     uint32_t spec[] = {o->mv_wg, o->mv_rows, M, vec4, o->mv_rows_per_wg};
-    vks_binding b[] = {x, W, y};
     return dispatch(o, c, name, spec, 5, b, 3, push, 6 * sizeof(uint32_t),
                     ceil_div(N, o->mv_rows_per_wg), "matvec");
 }
@@ -247,6 +340,21 @@ int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtyp
     const uint32_t push[6] = {M, N, K, ldy, y_col0, accumulate ? 1u : 0u};
     if (M <= MATVEC_MAX_M) return record_matvec(o, c, x, W, dtype, y, push);
     return record_matmul_tiled(o, c, x, W, dtype, y, push);
+}
+
+int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uint32_t R,
+                    uint32_t D) {
+    const char *op = "bias_add";
+    if (!o || !c || !R || !D || (uint64_t)R * D > UINT32_MAX)
+        return vks_set_error(VKS_ERR_ARG, "bias_add: bad arguments");
+    int rc = check_range(op, "x", x, (uint64_t)R * D, 4);
+    if (!rc) rc = check_range(op, "bias", bias, D, 4);
+    if (rc) return rc;
+    uint32_t push[] = {R, D};
+    uint32_t spec[] = {o->wg_elementwise};
+    vks_binding b[] = {x, bias};
+    return dispatch(o, c, "bias_add", spec, 1, b, 2, push, sizeof push,
+                    ceil_div((uint64_t)R * D, o->wg_elementwise), op);
 }
 
 int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R,

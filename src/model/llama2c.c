@@ -12,6 +12,8 @@
  * ignored (run.c does not check the size either).
  */
 #include "model/model_internal.h"
+#include "vkswarm/vks_gguf.h"
+#include "vkswarm/vks_quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -126,7 +128,12 @@ int vks_model_config_check(const vks_model_config *c, const char *what) {
 
 vks_model *vks_model_alloc(void) {
     vks_model *m = calloc(1, sizeof *m);
-    if (!m) vks_set_error(VKS_ERR_NOMEM, "out of memory allocating a model");
+    if (!m) {
+        vks_set_error(VKS_ERR_NOMEM, "out of memory allocating a model");
+        return NULL;
+    }
+    m->bos_id = m->eos_id = -1;
+    snprintf(m->arch, sizeof m->arch, "llama");
     return m;
 }
 
@@ -172,8 +179,15 @@ int vks_model_bind_llama2c(vks_model *m, const float *body) {
     return VKS_OK;
 }
 
+/* Block formats (issue 3) are allowed when a row is a whole number of blocks. */
 static bool tensor_ok(const vks_tensor *t, int64_t rows, int64_t cols) {
-    return t->data && vks_dtype_size(t->dtype) != 0 && t->rows == rows && t->cols == cols;
+    size_t be = vks_dtype_block_elems(t->dtype);
+    return t->data && be != 0 && cols % (int64_t)be == 0 && t->rows == rows && t->cols == cols;
+}
+
+/* Optional biases: all three or none, f32/f16/bf16 vectors. */
+static bool bias_ok(const vks_tensor *t, int64_t cols) {
+    return vks_dtype_size(t->dtype) != 0 && tensor_ok(t, 1, cols);
 }
 
 static int tensor_error(const char *what, const char *name, int layer) {
@@ -194,6 +208,11 @@ static int check_layer(const vks_model *m, int l, const char *what) {
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!tensor_ok(want[i].t, want[i].rows, want[i].cols))
             return tensor_error(what, want[i].name, l);
+    if (w->bq.data || w->bk.data || w->bv.data) {
+        if (!bias_ok(&w->bq, c->dim)) return tensor_error(what, "bq", l);
+        if (!bias_ok(&w->bk, c->kv_dim)) return tensor_error(what, "bk", l);
+        if (!bias_ok(&w->bv, c->kv_dim)) return tensor_error(what, "bv", l);
+    }
     return VKS_OK;
 }
 
@@ -325,6 +344,8 @@ int vks_model_load_llama2c(const char *path, vks_model **out) {
 void vks_model_free(vks_model *m) {
     if (!m) return;
     if (m->map) munmap(m->map, m->map_size);
+    if (m->gguf) vks_gguf_close(m->gguf);
+    if (m->format_free) m->format_free(m->format_state);
     free(m->owned);
     free(m->layers);
     free(m);
@@ -409,10 +430,31 @@ static bool write_body(FILE *f, const vks_model *m) {
     return ok;
 }
 
+/* llama2.c needs f32 in adjacent RoPE order: other models go through an f32 copy. */
+static bool needs_f32_copy(const vks_model *m) {
+    if (m->cfg.rope_mode != 0 || vks_dtype_block_elems(m->tok_emb.dtype) != 1) return true;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const vks_layer_weights *w = &m->layers[l];
+        const vks_tensor *all[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (vks_dtype_block_elems(all[i]->dtype) != 1) return true;
+    }
+    return vks_dtype_block_elems(m->classifier.dtype) != 1;
+}
+
 int vks_model_save_llama2c(const vks_model *m, const char *path) {
     if (!path) return vks_set_error(VKS_ERR_ARG, "vks_model_save_llama2c: NULL path");
     int rc = vks_model_check_tensors(m, path);
     if (rc != VKS_OK) return rc;
+    if (m->layers[0].bq.data)
+        return vks_set_error(VKS_ERR_ARG, "%s: llama2.c files cannot hold q/k/v biases", path);
+    if (needs_f32_copy(m)) {
+        vks_model *f32 = NULL;
+        rc = vks_model_copy_f32(m, 0, &f32);
+        if (rc == VKS_OK) rc = vks_model_save_llama2c(f32, path);
+        vks_model_free(f32);
+        return rc;
+    }
     FILE *f = fopen(path, "wb");
     if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     bool ok = write_body(f, m);

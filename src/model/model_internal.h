@@ -22,4 +22,21 @@ int vks_model_check_tensors(const vks_model *m, const char *what);
 /* Allocates a zeroed model struct; NULL (with error set) on failure. */
 vks_model *vks_model_alloc(void);
 
+/* ---- issue 3 (src/model/model_convert.c) ---- */
+/* Source row of destination row r of a q/k matrix [n_heads*head_dim, dim]
+ * when RoPE row order changes from from_mode to to_mode (VKS_ROPE_*). */
+int64_t vks_rope_src_row(int64_t r, int head_dim, int from_mode, int to_mode);
+/* Dequantizes row `row` of t into dst[t->cols]. */
+void vks_tensor_row_f32(const vks_tensor *t, int64_t row, float *dst);
+/* Owned f32 copy of src (biases included) with q/k rows (and biases) in
+ * rope_mode order. */
+int vks_model_copy_f32(const vks_model *src, int rope_mode, vks_model **out);
+/* Checks a tensor bound out of a file: data present, dtype known (block
+ * formats only when allow_blocks), data aligned for its element type. */
+int vks_check_bound_tensor(const char *what, const char *name, const vks_tensor *t, bool allow_blocks);
+/* src/model/gguf_tokenizer.c: writes tokenizer.ggml.* keys from a llama2.c
+ * tokenizer.bin (tokenizer_path), else copies them from m's GGUF, else just
+ * the known bos/eos ids. */
+struct vks_gguf_writer;
+int vks_gguf_add_tokenizer(struct vks_gguf_writer *w, const vks_model *m, const char *tokenizer_path);
 #endif

@@ -16,7 +16,7 @@
  * fallback ids beyond the vocabulary become 0 (<unk>), and duplicate pieces
  * resolve to the lowest id.
  */
-#include "vkswarm/vks_tokenizer.h"
+#include "tokenizer_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -25,27 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TOK_MAX_PIECE (1 << 20)   /* sanity limit for max_token_length and piece lengths */
-#define TOK_MAX_VOCAB (1 << 22)
 #define TOK_BOS 1
 #define TOK_EOS 2
 #define TOK_BYTE_BASE 3           /* "<0x00>" is id 3 */
 #define TOK_MIN_MERGE_SCORE -1e10f /* run.c's initial best score: never merged at or below */
-
-typedef struct {
-    const char *bytes;
-    int32_t len, id;
-} sorted_piece;
-
-struct vks_tokenizer {
-    int vocab_size, max_token_length;
-    char *blob;           /* every piece, NUL-terminated, back to back */
-    size_t *offset;       /* piece i starts at blob + offset[i] */
-    int32_t *len;
-    float *score;
-    sorted_piece *sorted; /* by (bytes, length, id) for binary search */
-    int32_t space_id;     /* id of " " or -1 */
-};
 
 /* ---- loading ---- */
 
@@ -149,8 +132,7 @@ static int cmp_sorted(const void *pa, const void *pb) {
     return c != 0 ? c : (a->id > b->id) - (a->id < b->id);
 }
 
-/* Id of the piece equal to bytes[0..n), lowest id among duplicates, or -1. */
-static int32_t lookup_piece(const vks_tokenizer *t, const char *bytes, size_t n) {
+int32_t tok_lookup(const vks_tokenizer *t, const char *bytes, size_t n) {
     size_t lo = 0, hi = (size_t)t->vocab_size;
     while (lo < hi) { /* lower bound */
         size_t mid = lo + (hi - lo) / 2;
@@ -174,8 +156,12 @@ static void build_index(vks_tokenizer *t, const unsigned char *file) {
         at += (size_t)t->len[i] + 1;
         t->sorted[i] = (sorted_piece){t->blob + t->offset[i], t->len[i], i};
     }
+    tok_sort_index(t);
+    t->space_id = tok_lookup(t, " ", 1);
+}
+
+void tok_sort_index(vks_tokenizer *t) {
     qsort(t->sorted, (size_t)t->vocab_size, sizeof *t->sorted, cmp_sorted);
-    t->space_id = lookup_piece(t, " ", 1);
 }
 
 static int parse_file(vks_tokenizer *t, const unsigned char *file, size_t size, const char *path) {
@@ -210,7 +196,12 @@ int vks_tokenizer_load_llama2c(const char *path, int vocab_size, vks_tokenizer *
     vks_tokenizer *t = calloc(1, sizeof *t);
     if (!t) rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
     else {
+        t->kind = TOK_KIND_LLAMA2C;
         t->vocab_size = vocab_size;
+        t->bos = TOK_BOS;
+        t->eos = TOK_EOS;
+        t->unk = 0;
+        t->add_bos = true;
         rc = parse_file(t, file, size, path);
     }
     free(file);
@@ -229,12 +220,21 @@ void vks_tokenizer_free(vks_tokenizer *t) {
     free(t->len);
     free(t->score);
     free(t->sorted);
+    free(t->type);
+    free(t->text_blob);
+    free(t->text_offset);
+    free(t->text_len);
+    free(t->specials);
+    free(t->merges);
+    tok_pretok_free(t->pre);
+    free(t->pre_name);
+    free(t->chat_template);
     free(t);
 }
 
 int vks_tokenizer_vocab_size(const vks_tokenizer *t) { return t ? t->vocab_size : 0; }
-int vks_tokenizer_bos(const vks_tokenizer *t) { (void)t; return TOK_BOS; }
-int vks_tokenizer_eos(const vks_tokenizer *t) { (void)t; return TOK_EOS; }
+int vks_tokenizer_bos(const vks_tokenizer *t) { return t ? t->bos : -1; }
+int vks_tokenizer_eos(const vks_tokenizer *t) { return t ? t->eos : -1; }
 
 /* ---- encode ---- */
 
@@ -245,7 +245,7 @@ static int32_t byte_token(const vks_tokenizer *t, unsigned char b) {
 
 /* Appends the ids for one code point group: its piece, else its bytes. */
 static int emit_group(const vks_tokenizer *t, const char *group, size_t n, int32_t *ids, int n_ids) {
-    int32_t id = lookup_piece(t, group, n);
+    int32_t id = tok_lookup(t, group, n);
     if (id >= 0) {
         ids[n_ids++] = id;
         return n_ids;
@@ -322,7 +322,7 @@ static void push_pair(const vks_tokenizer *t, merge_state *s, int32_t a, int32_t
     size_t la = (size_t)t->len[ta], lb = (size_t)t->len[tb];
     memcpy(s->scratch, t->blob + t->offset[ta], la);
     memcpy(s->scratch + la, t->blob + t->offset[tb], lb);
-    int32_t id = lookup_piece(t, s->scratch, la + lb);
+    int32_t id = tok_lookup(t, s->scratch, la + lb);
     if (id < 0 || !(t->score[id] > TOK_MIN_MERGE_SCORE)) return;
     heap_push(s, (merge_cand){t->score[id], a, b, id, s->ver[a], s->ver[b]});
 }
@@ -377,6 +377,25 @@ static int merge_pairs(const vks_tokenizer *t, int32_t *ids, int n) {
     return count;
 }
 
+/* SPM / BPE through vks_tokenizer_tokenize, into the caller's len + 3 ids. */
+static int encode_other(const vks_tokenizer *t, const char *text, size_t len, bool bos, bool eos, int32_t *ids,
+                        int *n_out) {
+    vks_tokenize_options o = {.add_bos = bos, .add_eos = eos, .parse_special = false};
+    int32_t *v = NULL;
+    int n = 0;
+    int rc = vks_tokenizer_tokenize(t, text, len, &o, &v, &n);
+    if (rc != VKS_OK) return rc;
+    if ((size_t)n > len + 3) {
+        free(v);
+        return vks_set_error(VKS_ERR_FORMAT, "vks_tokenizer_encode: %d ids do not fit the %zu-entry buffer", n,
+                             len + 3);
+    }
+    memcpy(ids, v, (size_t)n * sizeof *ids);
+    free(v);
+    *n_out = n;
+    return VKS_OK;
+}
+
 int vks_tokenizer_encode(const vks_tokenizer *t, const char *text, size_t len, bool bos, bool eos,
                          int32_t *ids, int *n_out) {
     if (!t || !ids || !n_out || (!text && len > 0))
@@ -384,6 +403,7 @@ int vks_tokenizer_encode(const vks_tokenizer *t, const char *text, size_t len, b
     if (len > (size_t)INT32_MAX - 3)
         return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_encode: text of %zu bytes is too long", len);
     *n_out = 0;
+    if (t->kind != TOK_KIND_LLAMA2C) return encode_other(t, text, len, bos, eos, ids, n_out);
     int n = 0;
     if (bos) ids[n++] = TOK_BOS;
     if (len > 0) ids[n++] = t->space_id >= 0 ? t->space_id : byte_token(t, ' ');
@@ -415,6 +435,17 @@ const char *vks_tokenizer_decode(const vks_tokenizer *t, int prev, int next, cha
     static const char empty[1] = "";
     if (len) *len = 0;
     if (!t || !buf || !len || next < 0 || next >= t->vocab_size) return empty;
+    if (t->kind != TOK_KIND_LLAMA2C) { /* decoded bytes; control tokens print nothing */
+        if (t->type[next] == VKS_TOKEN_TYPE_CONTROL) return empty;
+        const char *text = t->text_blob + t->text_offset[next];
+        size_t n = (size_t)t->text_len[next];
+        if (t->kind == TOK_KIND_SPM && t->add_space_prefix && prev == t->bos && n > 0 && text[0] == ' ') {
+            text++;
+            n--;
+        }
+        *len = n;
+        return text;
+    }
     const char *piece = t->blob + t->offset[next];
     size_t n = (size_t)t->len[next];
     if (prev == TOK_BOS && n > 0 && piece[0] == ' ') { /* sentencepiece strips it after BOS */

@@ -1,0 +1,75 @@
+/* vks_rollout.h: rollout files (JSONL). The first line describes the format
+ * and the model:
+ *   {"format":"vkswarm-rollouts","version":1,"model":NAME,"model_hash":HEX64,
+ *    "stop_ids":[1,2],"toploc":{"chunk_rows":32,"k":128,"prime":65497}}
+ * then one sample per line:
+ *   {"id":STR,"prompt_ids":[..],"output_ids":[..],"seed":U64,"seq":U32,
+ *    "temperature":X,"top_k":K,"top_p":P,"max_steps":N,"model_hash":HEX64,
+ *    "proofs":BASE64}
+ * output_ids includes the stop token when generation stopped on one. seq is
+ * the sampler's stream index (the prompt's index in its generation batch):
+ * the sampler is keyed by (seed, seq, position). max_steps counts positions,
+ * prompt included (llama2.c -n). Unknown fields are ignored (the RL issue adds
+ * rewards and advantages). The parser treats every line as hostile: limits on
+ * lengths and counts, strict types and ranges, one-line errors. */
+#ifndef VKS_ROLLOUT_H
+#define VKS_ROLLOUT_H
+#include "vks_common.h"
+#include <stdio.h>
+
+enum {
+    VKS_ROLLOUT_VERSION = 1,
+    VKS_ROLLOUT_MAX_STOP = 8,
+    VKS_ROLLOUT_MAX_IDS = 1 << 20,           /* per list */
+    VKS_ROLLOUT_MAX_ID_LEN = 256,            /* bytes of "id" */
+    VKS_ROLLOUT_MAX_LINE = 64 << 20,         /* bytes per line */
+};
+
+typedef struct {
+    int version;
+    char model[256];
+    uint8_t model_hash[32];
+    int32_t stop_ids[VKS_ROLLOUT_MAX_STOP];
+    int n_stop;
+} vks_rollout_header;
+
+typedef struct {
+    char *id;
+    int32_t *prompt_ids, *output_ids;
+    int n_prompt, n_output;
+    uint64_t seed;
+    uint32_t seq;
+    float temperature, top_p;
+    uint32_t top_k;
+    int max_steps;
+    uint8_t model_hash[32];
+    uint8_t *proofs;
+    size_t proof_bytes;
+} vks_rollout_sample;
+
+/* Writes one JSON line (with '\n'). */
+int vks_rollout_write_header(FILE *f, const vks_rollout_header *h);
+int vks_rollout_write_sample(FILE *f, const vks_rollout_sample *s);
+
+/* Parse one line (len bytes, without the newline). On failure: VKS_ERR_FORMAT
+ * and a one-line reason (the caller prefixes file and line). */
+int vks_rollout_parse_header(const char *line, size_t len, vks_rollout_header *out);
+int vks_rollout_parse_sample(const char *line, size_t len, vks_rollout_sample *out);
+void vks_rollout_sample_free(vks_rollout_sample *s);
+
+typedef struct {
+    vks_rollout_header header;
+    vks_rollout_sample *samples;
+    int n_samples;
+} vks_rollout_file;
+
+/* Reads a whole rollout file; errors name "path:line: problem". */
+int vks_rollout_read(const char *path, vks_rollout_file *out);
+/* Same from memory (the fuzz target's entry); name is used in errors. */
+int vks_rollout_read_mem(const char *data, size_t len, const char *name, vks_rollout_file *out);
+void vks_rollout_file_free(vks_rollout_file *f);
+
+/* Hex of 32 bytes (65 bytes with NUL) and back (-1 on bad input). */
+/* vks_hash_hex() is in vks_common.h */
+int vks_hash_parse_hex(const char *s, uint8_t out[32]);
+#endif

@@ -1,0 +1,134 @@
+/* vks_toploc.h: TOPLOC proofs of inference (arXiv 2501.16007, following its
+ * public implementation), and a builder that makes them off the GPU's path.
+ *
+ * Committed rows: the final hidden state after the last RMSNorm, one row per
+ * position that samples a token (row 0: the last prompt position; row t: the
+ * position that produced output token t), rounded to bf16. Rows are grouped
+ * in chunks of 32 (the last may be shorter). Per chunk, the chunk is flattened
+ * to n = rows * dim values and the k = min(128, n) largest by |value| are
+ * taken; ties go to the lower flat index. With y_i the bf16 bit pattern of
+ * value i and x_i = idx_i mod m (m: the largest integer <= 65497 making the
+ * x_i pairwise distinct), the proof is the polynomial of degree < k through
+ * the (x_i, y_i) over GF(65497), as ascending monomial coefficients.
+ *
+ * Bytes of one chunk proof (always 258): m as big-endian uint16, then 128
+ * big-endian uint16 coefficients (those above degree k-1 are zero when a
+ * chunk has fewer than 128 values).
+ *
+ * Checking a chunk: the verifier takes its own top-k indices, evaluates the
+ * polynomial at idx mod m, and compares bf16 exponent bits (0x7F80) and
+ * mantissa bits (0x007F) with its own values: exp_mismatches counts differing
+ * exponents; the absolute mantissa differences where exponents agree give a
+ * mean and a median. Accepted iff all three are within the thresholds. */
+#ifndef VKS_TOPLOC_H
+#define VKS_TOPLOC_H
+#include "vks_engine.h"
+#include "vks_rollout.h"
+
+enum {
+    VKS_TOPLOC_CHUNK_ROWS = 32,
+    VKS_TOPLOC_K = 128,
+    VKS_TOPLOC_PRIME = 65497,
+    VKS_TOPLOC_PROOF_BYTES = 2 + 2 * VKS_TOPLOC_K, /* 258 */
+};
+
+/* Bytes of the proofs for n_rows committed rows: ceil(n_rows/32) * 258. */
+size_t vks_toploc_proof_size(size_t n_rows);
+
+/* Builds the proof of one chunk of n_rows (1..32) rows of dim floats.
+ * The rows are rounded to bf16 here. */
+int vks_toploc_chunk_proof(const float *rows, int n_rows, int dim, uint8_t out[VKS_TOPLOC_PROOF_BYTES]);
+/* Same, from rows already rounded to bf16 patterns. */
+int vks_toploc_chunk_proof_bf16(const uint16_t *rows, int n_rows, int dim, uint8_t out[VKS_TOPLOC_PROOF_BYTES]);
+/* Builds the proofs of n_rows rows (every chunk); out holds vks_toploc_proof_size(n_rows) bytes. */
+int vks_toploc_build(const float *rows, int n_rows, int dim, uint8_t *out);
+
+typedef struct {
+    int max_exp_mismatches; /* 38 */
+    double max_mant_mean;   /* 10 */
+    double max_mant_median; /* 8 */
+} vks_toploc_thresholds;
+void vks_toploc_thresholds_default(vks_toploc_thresholds *t);
+
+typedef struct {
+    int exp_mismatches;
+    int n_compared;
+    double mant_mean, mant_median; /* over the values whose exponents agree; 1e9 when none do */
+} vks_toploc_stats;
+
+/* Checks one chunk proof (len bytes) against the verifier's own rows.
+ * Returns VKS_OK and sets *accepted and *st; a malformed proof (wrong length,
+ * m = 0 or above the prime, a coefficient >= 65497) is a rejection with the
+ * problem in why (never an error). Errors only for bad arguments. */
+int vks_toploc_check_chunk(const uint8_t *proof, size_t len, const float *rows, int n_rows, int dim,
+                           const vks_toploc_thresholds *th, bool *accepted, vks_toploc_stats *st,
+                           char *why, size_t why_len);
+
+/* ---- the polynomial layer (exposed for tests and fuzzing) ---- */
+typedef struct {
+    uint16_t m;
+    uint16_t coeffs[VKS_TOPLOC_K];
+} vks_toploc_poly;
+/* Parses 258 bytes; returns VKS_ERR_FORMAT with a reason for m = 0, m > 65497,
+ * a coefficient >= 65497 or a wrong length. */
+int vks_toploc_poly_parse(const uint8_t *bytes, size_t len, vks_toploc_poly *out);
+void vks_toploc_poly_write(const vks_toploc_poly *p, uint8_t out[VKS_TOPLOC_PROOF_BYTES]);
+/* Interpolates through n (<= 128) points with pairwise distinct x < 65497. */
+int vks_toploc_interpolate(const uint32_t *x, const uint16_t *y, int n, uint16_t coeffs[VKS_TOPLOC_K]);
+/* Evaluates at x mod m (Horner, mod 65497). */
+uint32_t vks_toploc_poly_eval(const vks_toploc_poly *p, uint32_t idx);
+/* Indices of the k largest |bf16| values of v[0..n) (ties: lower index; NaN
+ * ranks below every number), in ascending index order. Returns k. */
+int vks_toploc_topk(const uint16_t *v, int n, int k, uint32_t *idx);
+
+/* ---- builder: proofs made on a worker thread while the GPU runs ---- */
+typedef struct vks_toploc_builder vks_toploc_builder;
+/* n_seqs sequences of rows of dim floats. */
+int vks_toploc_builder_create(int n_seqs, int dim, vks_toploc_builder **out);
+/* Appends the next committed row of sequence seq (copied; rounded to bf16). */
+int vks_toploc_builder_push(vks_toploc_builder *b, int seq, const float *row);
+/* Flushes partial chunks and waits for the worker. */
+int vks_toploc_builder_finish(vks_toploc_builder *b);
+/* After finish: the proofs of seq (owned by the builder) and their length. */
+const uint8_t *vks_toploc_builder_proofs(const vks_toploc_builder *b, int seq, size_t *len);
+int vks_toploc_builder_rows(const vks_toploc_builder *b, int seq);
+int vks_toploc_builder_dim(const vks_toploc_builder *b);
+void vks_toploc_builder_destroy(vks_toploc_builder *b);
+
+/* ---- verification of rollout samples (src/toploc/verify.c) ----
+ * Per sample: structure (model hash, ids in the vocabulary, lengths within
+ * max_steps and the context, a sample that stops early ends with a stop token
+ * and has none before), then one prefill over prompt + output[:-1] giving the
+ * N committed rows and their logits; every TOPLOC chunk is checked, and the
+ * sampler is replayed: from the verifier's logits, the sample's seed, seq,
+ * temperature, top-k and top-p, each emitted token must be the seeded
+ * Gumbel-max draw or within logit_margin of it (score gaps are measured in
+ * logits: temperature * (best score - token score)). */
+typedef struct {
+    vks_toploc_thresholds toploc;
+    float logit_margin;                      /* default 0.01 */
+    uint8_t model_hash[32];                  /* the verifier's model (vks_model_hash) */
+    int32_t stop_ids[VKS_ROLLOUT_MAX_STOP];  /* the stop tokens the samples were generated with */
+    int n_stop;
+} vks_verify_options;
+/* Default thresholds and margin; no stop tokens, zero hash (the caller sets both). */
+void vks_verify_options_default(vks_verify_options *o);
+
+typedef struct {
+    bool accepted;
+    char reason[256];         /* why rejected: which check, chunk or position ("" when accepted) */
+    int n_chunks;
+    vks_toploc_stats worst;   /* each statistic's largest value over the chunks */
+    float max_gap;            /* largest sampler gap seen, in logits */
+} vks_verdict;
+
+/* Verifies n samples on a GPU engine holding every layer: several sequences'
+ * rows go through each vks_engine_forward (one KV slot each, up to the
+ * engine's slots, rows and output rows). Returns an error only when the
+ * engine fails; rejections are verdicts. */
+int vks_verify_batch(vks_engine *e, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
+                     vks_verdict *out);
+/* The same with the C reference forward (no GPU). */
+int vks_verify_batch_cpu(const vks_model *m, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
+                         vks_verdict *out);
+#endif

@@ -1,0 +1,83 @@
+/* Internals shared by mpi/broadcast.c (roles) and mpi/broadcast_tree.c
+ * (tree, chunk layout, streaming to children). */
+#ifndef VKS_BROADCAST_INTERNAL_H
+#define VKS_BROADCAST_INTERNAL_H
+#include "vks_broadcast.h"
+
+enum { TAG_MANIFEST = 601, TAG_ACK, TAG_PLAN, TAG_CHUNK, TAG_REQ, TAG_REPAIR, TAG_DONE, TAG_FINISH };
+
+#define REPAIR_HEADER 16 /* u32 shard, u32 0, u64 version */
+#define SEND_WINDOW 8    /* chunks queued per child */
+#define RECV_WINDOW 16   /* chunk receives posted from the parent */
+
+typedef enum { FAULT_NONE, FAULT_CORRUPT, FAULT_SHORT, FAULT_DIE } fault_kind;
+typedef struct {
+    fault_kind kind;
+    int rank;
+    uint32_t shard;
+} bcast_fault;
+
+/* The wire stream cut into chunks that never cross a shard boundary. */
+typedef struct {
+    size_t n;
+    uint32_t n_shards;
+    uint64_t *off;
+    uint32_t *len, *shard;
+    size_t *first_of_shard; /* n_shards + 1 entries */
+} chunk_layout;
+
+int layout_build(const vks_manifest *m, size_t chunk_bytes, chunk_layout *c);
+void layout_free(chunk_layout *c);
+
+/* Tree over the participating ranks (plan[r] != 0), rank order, fanout children. */
+int tree_parent(const uint8_t *plan, int size, int rank, int fanout);
+int tree_children(const uint8_t *plan, int size, int rank, int fanout, int *out, int cap);
+
+/* Streams the chunks a node has (have[i] != 0) to its children in order,
+ * SEND_WINDOW chunks in flight per child. */
+typedef struct {
+    vks_link *link;
+    int n_children;
+    int children[64];
+    size_t next[64];                      /* next chunk to queue per child */
+    size_t done_upto[64];                 /* chunks whose send completed per child */
+    vks_link_send *inflight[64][SEND_WINDOW];
+    const chunk_layout *layout;
+    const uint8_t *wire;
+    uint8_t *damaged;                     /* fault: the damaged copy of one chunk */
+    size_t damaged_chunk;
+    bool short_first;                     /* fault: first chunk one byte short */
+} forwarder;
+
+int forwarder_init(forwarder *f, vks_link *link, const int *children, int n, const chunk_layout *c, const uint8_t *wire,
+                   const bcast_fault *fault, int rank);
+/* Queues what it can; returns <0 on error. */
+int forwarder_pump(forwarder *f, const uint8_t *have);
+/* Chunks queued to the slowest child (for the `die` fault). */
+size_t forwarder_min_queued(const forwarder *f);
+bool forwarder_all_done(forwarder *f);
+void forwarder_free(forwarder *f);
+#define MAX_KEEP 8
+
+struct vks_bcast {
+    MPI_Comm comm;
+    int rank, size;
+    vks_bcast_options opt;
+    vks_link *link;
+    bcast_fault fault;
+    uint64_t latest;                            /* newest version this rank holds */
+    int n_cached;                               /* relays: last versions in memory */
+    struct { uint64_t version; uint8_t *wire; } cache[MAX_KEEP];
+};
+
+
+double now_s(void);
+void idle(void);
+/* Waits for a message (src, tag) while driving the link; false on timeout
+ * (timeout <= 0 waits forever). */
+bool wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st);
+/* Sends a small buffer through the link and waits for it (bounded). */
+void send_small(vks_bcast *b, const void *buf, size_t len, int dest, int tag);
+uint64_t get_u64(const uint8_t *p);
+void put_u64(uint8_t *p, uint64_t v);
+#endif

@@ -1,0 +1,411 @@
+/* Shardcast on relays and receivers: accept or refuse the manifest, receive
+ * the wire stream from the parent while forwarding it, check every shard,
+ * repair from the origin, and (receivers) decode and switch versions. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "broadcast_internal.h"
+
+enum { SHARD_INCOMPLETE, SHARD_REQUESTED, SHARD_VERIFIED };
+
+typedef struct {
+    vks_bcast *b;
+    const vks_manifest *m;
+    chunk_layout lay;
+    uint8_t *wire, *have, *shard_state, *shard_bad, *req_buf;
+    uint32_t *missing;
+    vks_link_send **req_send;
+    int parent;
+    bool parent_dead;
+    MPI_Request rq[RECV_WINDOW];
+    size_t posted, received, verified;
+    double last_parent, last_event;
+    int repaired;
+    uint64_t bytes;
+    forwarder fw;
+} node;
+
+/* ---- manifest acceptance ---- */
+
+/* Receives the manifest blob from the origin; *blob malloc'd. */
+static int receive_manifest(vks_bcast *b, uint8_t **blob, size_t *len) {
+    MPI_Status st;
+    if (!wait_probe(b, 0, TAG_MANIFEST, b->opt.manifest_timeout_s, &st))
+        return vks_set_error(VKS_ERR_IO, "rank %d: no manifest from the origin within %.0fs", b->rank,
+                             b->opt.manifest_timeout_s);
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    size_t max = VKS_MANIFEST_HEADER_BYTES + (size_t)VKS_SHARD_MAX_COUNT * VKS_MANIFEST_ENTRY_BYTES + VKS_SIGNATURE_BYTES;
+    if (count <= 0 || (size_t)count > max) {
+        MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_MANIFEST, b->comm, MPI_STATUS_IGNORE);
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d: manifest of %d bytes refused", b->rank, count);
+    }
+    *blob = malloc((size_t)count);
+    if (!*blob) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    MPI_Recv(*blob, count, MPI_BYTE, 0, TAG_MANIFEST, b->comm, MPI_STATUS_IGNORE);
+    *len = (size_t)count;
+    return VKS_OK;
+}
+
+/* Signature, no replay, and for receivers the delta base: reads *base. */
+static int accept_manifest(vks_bcast *b, const uint8_t *blob, size_t len, vks_manifest *m, uint8_t **base,
+                           size_t *base_len) {
+    char what[64];
+    snprintf(what, sizeof what, "rank %d: manifest", b->rank);
+    int rc = vks_manifest_open(blob, len, b->opt.public_key, what, m);
+    if (rc) return rc;
+    uint64_t have = b->latest;
+    bool receiver = vks_bcast_role_of(b->rank, b->opt.relays) == VKS_BCAST_RECEIVER;
+    if (receiver) {
+        if (!b->opt.store_dir) return vks_set_error(VKS_ERR_ARG, "rank %d: receiver without a store directory", b->rank);
+        if (m->delta) rc = vks_store_read_current(b->opt.store_dir, &have, base, base_len);
+        else rc = vks_store_current(b->opt.store_dir, &have);
+        if (rc) return rc;
+    }
+    if (m->version <= have)
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d: manifest version %llu is not newer than version %llu held here "
+                             "(replayed or stale)", b->rank, (unsigned long long)m->version, (unsigned long long)have);
+    if (receiver && m->delta) {
+        uint8_t h[VKS_HASH_BYTES];
+        if (*base) vks_hash(*base, *base_len, h);
+        if (have != m->base_version || !*base || memcmp(h, m->base_hash, VKS_HASH_BYTES))
+            return vks_set_error(VKS_ERR_FORMAT, "rank %d: delta against version %llu, this rank holds version %llu%s",
+                                 b->rank, (unsigned long long)m->base_version, (unsigned long long)have,
+                                 have == m->base_version ? " with other bytes" : "");
+    }
+    return VKS_OK;
+}
+
+/* ---- transfer ---- */
+
+static int request_repair(node *n, uint32_t s) {
+    n->shard_state[s] = SHARD_REQUESTED;
+    n->repaired++;
+    uint8_t *req = n->req_buf + (size_t)s * REPAIR_HEADER;
+    put_u64(req, s);
+    put_u64(req + 8, n->m->version);
+    return vks_link_isend(n->b->link, req, REPAIR_HEADER, 0, TAG_REQ, &n->req_send[s]);
+}
+
+static int check_shard(node *n, uint32_t s) {
+    const vks_shard_entry *e = &n->m->shards[s];
+    if (!n->shard_bad[s] && vks_shard_wire_ok(n->m, s, n->wire + e->wire_offset, e->wire_size)) {
+        n->shard_state[s] = SHARD_VERIFIED;
+        n->verified++;
+        return VKS_OK;
+    }
+    fprintf(stderr, "broadcast: rank %d: shard %u from rank %d fails its hash, asking the origin\n", n->b->rank, s,
+            n->parent);
+    return request_repair(n, s);
+}
+
+static int chunk_arrived(node *n, size_t k, bool bad) {
+    uint32_t s = n->lay.shard[k];
+    n->have[k] = 1;
+    n->bytes += n->lay.len[k];
+    if (bad) n->shard_bad[s] = 1;
+    if (--n->missing[s] == 0 && n->shard_state[s] == SHARD_INCOMPLETE) return check_shard(n, s);
+    return VKS_OK;
+}
+
+/* Keeps RECV_WINDOW receives posted from the parent and takes completed ones in order. */
+static int poll_parent(node *n) {
+    if (n->parent_dead) return VKS_OK;
+    while (n->posted < n->lay.n && n->posted - n->received < RECV_WINDOW) {
+        size_t k = n->posted++;
+        MPI_Irecv(n->wire + n->lay.off[k], (int)n->lay.len[k], MPI_BYTE, n->parent, TAG_CHUNK, n->b->comm,
+                  &n->rq[k % RECV_WINDOW]);
+    }
+    while (n->received < n->posted) {
+        size_t k = n->received;
+        int flag = 0, count = -1;
+        MPI_Status st;
+        int err = MPI_Test(&n->rq[k % RECV_WINDOW], &flag, &st);
+        if (err == MPI_SUCCESS && !flag) break;
+        if (err == MPI_SUCCESS) MPI_Get_count(&st, MPI_BYTE, &count);
+        bool bad = err != MPI_SUCCESS || count != (int)n->lay.len[k];
+        if (bad)
+            fprintf(stderr, "broadcast: rank %d: chunk %zu from rank %d has the wrong length (%d, expected %u)\n",
+                    n->b->rank, k, n->parent, count, n->lay.len[k]);
+        n->received++;
+        n->last_parent = n->last_event = now_s();
+        int rc = chunk_arrived(n, k, bad);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+/* The parent fell silent: cancel its receives, ask the origin for the rest. */
+static int fail_over(node *n) {
+    fprintf(stderr, "broadcast: rank %d: relay %d silent for %.0fs, turning to the origin\n", n->b->rank, n->parent,
+            n->b->opt.timeout_s);
+    n->parent_dead = true;
+    for (size_t k = n->received; k < n->posted; k++) {
+        /* A receive the dead rank had started cannot always be cancelled
+         * (Open MPI keeps it matched): give it a moment, then abandon it.
+         * Its shard is fetched again from the origin below either way. */
+        MPI_Request *r = &n->rq[k % RECV_WINDOW];
+        MPI_Status st;
+        int flag = 0, cancelled = 0;
+        MPI_Cancel(r);
+        for (double until = now_s() + 0.1; !flag && now_s() < until;) MPI_Test(r, &flag, &st);
+        if (flag) MPI_Test_cancelled(&st, &cancelled);
+        if (flag && !cancelled) chunk_arrived(n, k, true);
+    }
+    for (uint32_t s = 0; s < n->m->n_shards; s++)
+        if (n->shard_state[s] == SHARD_INCOMPLETE) {
+            int rc = request_repair(n, s);
+            if (rc) return rc;
+        }
+    return VKS_OK;
+}
+
+/* Takes a REPAIR from the origin: checked, then copied into place. */
+static int poll_repair(node *n) {
+    MPI_Status st;
+    int flag = 0, count = 0;
+    MPI_Iprobe(0, TAG_REPAIR, n->b->comm, &flag, &st);
+    if (!flag) return VKS_OK;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    uint8_t *buf = count >= REPAIR_HEADER && (uint64_t)count <= REPAIR_HEADER + (uint64_t)n->m->shard_size
+                       ? malloc((size_t)count) : NULL;
+    if (!buf) {
+        MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_REPAIR, n->b->comm, MPI_STATUS_IGNORE);
+        return vks_set_error(VKS_ERR_IO, "rank %d: repair message of %d bytes from the origin refused", n->b->rank, count);
+    }
+    MPI_Recv(buf, count, MPI_BYTE, 0, TAG_REPAIR, n->b->comm, MPI_STATUS_IGNORE);
+    n->last_event = now_s();
+    uint64_t s = get_u64(buf);
+    size_t len = (size_t)count - REPAIR_HEADER;
+    int rc = VKS_OK;
+    if (get_u64(buf + 8) != n->m->version || s >= n->m->n_shards || n->shard_state[s] != SHARD_REQUESTED ||
+        !vks_shard_wire_ok(n->m, (uint32_t)s, buf + REPAIR_HEADER, len)) {
+        rc = vks_set_error(VKS_ERR_IO, "rank %d: repair of shard %llu from the origin is not the signed shard",
+                           n->b->rank, (unsigned long long)s);
+    } else {
+        memcpy(n->wire + n->m->shards[s].wire_offset, buf + REPAIR_HEADER, len);
+        for (size_t k = n->lay.first_of_shard[s]; k < n->lay.first_of_shard[s + 1]; k++)
+            if (!n->have[k]) {
+                n->have[k] = 1;
+                n->bytes += n->lay.len[k];
+            }
+        n->shard_state[s] = SHARD_VERIFIED;
+        n->verified++;
+    }
+    free(buf);
+    return rc;
+}
+
+static void maybe_die(node *n) {
+    const bcast_fault *f = &n->b->fault;
+    if (f->kind != FAULT_DIE || f->rank != n->b->rank) return;
+    size_t progress = n->fw.n_children ? forwarder_min_queued(&n->fw) : n->received;
+    if (progress >= n->lay.n / 2) {
+        fprintf(stderr, "broadcast: rank %d: fault injection: dying now\n", n->b->rank);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+}
+
+/* Receives until every shard is verified. */
+static int transfer(node *n) {
+    const vks_bcast_options *o = &n->b->opt;
+    double last_report = 0;
+    n->last_parent = n->last_event = now_s();
+    while (n->verified < n->m->n_shards) {
+        size_t before = n->received + n->verified;
+        int rc = poll_parent(n);
+        if (!rc) rc = poll_repair(n);
+        if (!rc) rc = forwarder_pump(&n->fw, n->have);
+        if (rc) return rc;
+        maybe_die(n);
+        double t = now_s();
+        if (!n->parent_dead && n->parent != 0 && n->received < n->lay.n && t - n->last_parent > o->timeout_s) {
+            rc = fail_over(n);
+            if (rc) return rc;
+        }
+        if (t - n->last_event > 3 * o->timeout_s)
+            return vks_set_error(VKS_ERR_IO, "rank %d: origin silent for %.0fs with %zu of %u shards verified",
+                                 n->b->rank, t - n->last_event, n->verified, n->m->n_shards);
+        if (o->progress && t - last_report > 0.25) {
+            o->progress(o->progress_ctx, n->bytes, n->m->wire_size);
+            last_report = t;
+        }
+        if (n->received + n->verified == before) idle();
+    }
+    if (o->progress) o->progress(o->progress_ctx, n->m->wire_size, n->m->wire_size);
+    return VKS_OK;
+}
+
+static int node_init(node *n, vks_bcast *b, const vks_manifest *m, const uint8_t *plan) {
+    memset(n, 0, sizeof *n);
+    n->b = b;
+    n->m = m;
+    int rc = layout_build(m, b->opt.chunk_bytes, &n->lay);
+    if (rc) return rc;
+    n->wire = malloc(m->wire_size);
+    n->have = calloc(n->lay.n + 1, 1);
+    n->shard_state = calloc(m->n_shards, 1);
+    n->shard_bad = calloc(m->n_shards, 1);
+    n->req_buf = calloc(m->n_shards, REPAIR_HEADER);
+    n->missing = calloc(m->n_shards, sizeof *n->missing);
+    n->req_send = calloc(m->n_shards, sizeof *n->req_send);
+    if (!n->wire || !n->have || !n->shard_state || !n->shard_bad || !n->req_buf || !n->missing || !n->req_send)
+        return vks_set_error(VKS_ERR_NOMEM, "rank %d: out of host memory for %llu bytes", b->rank,
+                             (unsigned long long)m->wire_size);
+    for (uint32_t s = 0; s < m->n_shards; s++)
+        n->missing[s] = (uint32_t)(n->lay.first_of_shard[s + 1] - n->lay.first_of_shard[s]);
+    n->parent = tree_parent(plan, b->size, b->rank, b->opt.fanout);
+    int children[64];
+    int nc = tree_children(plan, b->size, b->rank, b->opt.fanout, children, 64);
+    return forwarder_init(&n->fw, b->link, children, nc, &n->lay, n->wire, &b->fault, b->rank);
+}
+
+/* Frees what the node owns; the wire buffer only when no send still reads it. */
+static void node_free(node *n, bool keep_wire) {
+    bool req_left = false;
+    for (uint32_t s = 0; n->req_send && s < n->m->n_shards; s++)
+        if (n->req_send[s] && !vks_link_send_done(n->b->link, n->req_send[s])) req_left = true;
+    bool sends_left = !forwarder_all_done(&n->fw);
+    forwarder_free(&n->fw);
+    if (!keep_wire && !sends_left) free(n->wire);
+    free(n->have);
+    free(n->shard_state);
+    free(n->shard_bad);
+    if (!req_left) free(n->req_buf); /* else a send to a dead rank may still read it */
+    free(n->missing);
+    free(n->req_send);
+    layout_free(&n->lay);
+}
+
+/* ---- receivers: decode, check, switch ---- */
+
+static int decode_and_store(vks_bcast *b, const vks_manifest *m, const uint8_t *wire, const uint8_t *base,
+                            size_t base_len) {
+    uint8_t *out = malloc(m->file_size);
+    if (!out) return vks_set_error(VKS_ERR_NOMEM, "rank %d: out of host memory", b->rank);
+    int rc = VKS_OK;
+    for (uint32_t s = 0; s < m->n_shards && !rc; s++) {
+        uint64_t off;
+        uint32_t len;
+        vks_shard_range(m, s, &off, &len);
+        rc = vks_shard_decode(m, s, wire + m->shards[s].wire_offset, base, base_len, out + off);
+    }
+    uint8_t h[VKS_HASH_BYTES];
+    if (!rc) {
+        vks_hash(out, m->file_size, h);
+        if (memcmp(h, m->file_hash, VKS_HASH_BYTES))
+            rc = vks_set_error(VKS_ERR_FORMAT, "rank %d: assembled file does not match the signed file hash", b->rank);
+    }
+    if (!rc) rc = vks_store_write(b->opt.store_dir, m->version, out, m->file_size);
+    if (!rc) rc = vks_store_commit(b->opt.store_dir, m->version, b->opt.keep_versions);
+    if (rc) vks_store_abort(b->opt.store_dir, m->version);
+    free(out);
+    return rc;
+}
+
+static void cache_version(vks_bcast *b, uint64_t version, uint8_t *wire) {
+    if (b->n_cached == b->opt.keep_versions) {
+        free(b->cache[0].wire);
+        memmove(b->cache, b->cache + 1, (size_t)(b->n_cached - 1) * sizeof b->cache[0]);
+        b->n_cached--;
+    }
+    b->cache[b->n_cached].version = version;
+    b->cache[b->n_cached].wire = wire;
+    b->n_cached++;
+}
+
+/* After DONE: keep forwarding to children until the origin says FINISH. */
+static void wait_finish(node *n, double elapsed) {
+    vks_bcast *b = n->b;
+    double deadline = now_s() + 3 * b->opt.timeout_s + 2 * elapsed;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        forwarder_pump(&n->fw, n->have);
+        MPI_Iprobe(0, TAG_FINISH, b->comm, &flag, &st);
+        if (flag) {
+            MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_FINISH, b->comm, MPI_STATUS_IGNORE);
+            break;
+        }
+        if (now_s() > deadline) {
+            fprintf(stderr, "broadcast: rank %d: no FINISH from the origin, leaving\n", b->rank);
+            break;
+        }
+        idle();
+    }
+    double drain = now_s() + b->opt.timeout_s;
+    while (!forwarder_all_done(&n->fw) && now_s() < drain) {
+        forwarder_pump(&n->fw, n->have);
+        idle();
+    }
+}
+
+static int receive_plan(vks_bcast *b, uint8_t *plan) {
+    MPI_Status st;
+    int count = 0;
+    if (!wait_probe(b, 0, TAG_PLAN, 2 * b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3, &st))
+        return vks_set_error(VKS_ERR_IO, "rank %d: no transfer plan from the origin", b->rank);
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    if (count != b->size) {
+        MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_PLAN, b->comm, MPI_STATUS_IGNORE);
+        return vks_set_error(VKS_ERR_IO, "rank %d: malformed plan (%d bytes for %d ranks)", b->rank, count, b->size);
+    }
+    MPI_Recv(plan, count, MPI_BYTE, 0, TAG_PLAN, b->comm, MPI_STATUS_IGNORE);
+    if (!plan[0] || !plan[b->rank]) return vks_set_error(VKS_ERR_IO, "rank %d: left out of the transfer", b->rank);
+    return VKS_OK;
+}
+
+int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
+    if (!b || !rep || b->rank == 0) return vks_set_error(VKS_ERR_ARG, "broadcast: receive on ranks other than 0");
+    memset(rep, 0, sizeof *rep);
+    uint8_t *blob = NULL, *base = NULL, *plan = NULL;
+    size_t blob_len = 0, base_len = 0;
+    vks_manifest m = {0};
+    int rc = receive_manifest(b, &blob, &blob_len);
+    if (rc) return rc;
+    double t0 = now_s();
+    rc = accept_manifest(b, blob, blob_len, &m, &base, &base_len);
+    int32_t status = rc ? 1 : 0;
+    char err[512];
+    snprintf(err, sizeof err, "%s", vks_last_error());
+    send_small(b, &status, sizeof status, 0, TAG_ACK);
+    free(blob);
+    if (rc) {
+        vks_manifest_free(&m);
+        free(base);
+        return vks_set_error(rc, "%s", err);
+    }
+    plan = malloc((size_t)b->size);
+    rc = plan ? receive_plan(b, plan) : vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    node n = {0};
+    bool have_node = false;
+    if (!rc) {
+        rc = node_init(&n, b, &m, plan);
+        have_node = true;
+    }
+    if (!rc) rc = transfer(&n);
+    bool receiver = vks_bcast_role_of(b->rank, b->opt.relays) == VKS_BCAST_RECEIVER;
+    if (!rc && receiver) rc = decode_and_store(b, &m, n.wire, base, base_len);
+    if (!rc) snprintf(err, sizeof err, "ok");
+    else snprintf(err, sizeof err, "%s", vks_last_error());
+    status = rc ? 1 : 0;
+    send_small(b, &status, sizeof status, 0, TAG_DONE);
+    if (have_node) wait_finish(&n, now_s() - t0);
+    bool keep = !rc && !receiver;
+    if (!rc) {
+        b->latest = m.version;
+        *rep = (vks_bcast_report){.version = m.version, .step = m.step, .file_bytes = m.file_size,
+                                  .wire_bytes = m.wire_size, .seconds = now_s() - t0,
+                                  .repaired_shards = n.repaired, .failovers = n.parent_dead};
+        memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
+        if (keep) cache_version(b, m.version, n.wire);
+    }
+    if (have_node) node_free(&n, keep);
+    vks_manifest_free(&m);
+    free(base);
+    free(plan);
+    if (rc) return vks_set_error(rc, "%s", err);
+    return VKS_OK;
+}

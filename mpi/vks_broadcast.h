@@ -1,0 +1,72 @@
+/* vks_broadcast.h: Shardcast over MPI (issue 6). Rank 0 of the communicator
+ * is the origin, ranks 1..relays are relays, the others receivers. The origin
+ * sends a signed manifest to every rank; those that accept it (signature,
+ * version newer than theirs, delta base present) form a tree with `fanout`
+ * children per node, in rank order, and the wire stream flows down it chunk
+ * by chunk: a node forwards chunk i while chunk i+1 arrives. Every node checks
+ * each shard's hash; a bad shard is asked again from the origin, and a node
+ * whose parent falls silent for timeout_s asks the origin for everything it
+ * misses. Receivers decode, check the whole file and switch their version
+ * store (vks_shard.h) atomically; relays keep the last keep_versions in memory.
+ *
+ * The same calls serve the CLI (vkswarm broadcast) and in-process RL roles:
+ * create a vks_bcast once per rank, then call vks_bcast_send (origin) or
+ * vks_bcast_receive (others) once per new version. */
+#ifndef VKS_BROADCAST_H
+#define VKS_BROADCAST_H
+#include <mpi.h>
+#include "vks_link.h"
+#include "vkswarm/vks_shard.h"
+
+typedef enum { VKS_BCAST_ORIGIN, VKS_BCAST_RELAY, VKS_BCAST_RECEIVER } vks_bcast_role;
+
+typedef struct {
+    int relays;                  /* ranks 1..relays are relays */
+    int fanout;                  /* children per tree node (>= 1; default 2) */
+    size_t chunk_bytes;          /* pipelining unit (default 1 MiB) */
+    double timeout_s;            /* parent silence before turning to the origin (default 30) */
+    double manifest_timeout_s;   /* how long non-origin ranks wait for a manifest (0 = forever) */
+    vks_link_options link;       /* emulated latency / bandwidth per link */
+    const char *store_dir;       /* receivers: version store (required for receivers) */
+    int keep_versions;           /* versions kept by relays (memory) and receivers (disk); default 2 */
+    uint8_t public_key[VKS_PUBLIC_KEY_BYTES]; /* the trainer's key: the only signer accepted */
+    /* Test hook: "corrupt:RANK[:SHARD]" (RANK sends SHARD damaged to its children),
+     * "short:RANK[:SHARD]" (sends its first chunk one byte short), "die:RANK"
+     * (RANK kills itself half way through forwarding). NULL = none. */
+    const char *fault;
+    void (*progress)(void *ctx, uint64_t done, uint64_t total); /* bytes of wire received */
+    void *progress_ctx;
+} vks_bcast_options;
+
+typedef struct {
+    uint64_t version, step;
+    uint64_t file_bytes, wire_bytes; /* wire < file when deltas saved bytes */
+    double seconds;
+    int repaired_shards;             /* this rank: shards asked again from the origin */
+    int failovers;                   /* this rank: 1 if its parent fell silent */
+    int ranks_ok, ranks_failed;      /* origin: non-origin ranks that finished / did not */
+    uint8_t file_hash[VKS_HASH_BYTES];
+} vks_bcast_report;
+
+typedef struct vks_bcast vks_bcast;
+
+vks_bcast_role vks_bcast_role_of(int rank, int relays);
+/* Duplicates comm (collective over comm). */
+int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **out);
+void vks_bcast_destroy(vks_bcast *b);
+/* Origin: broadcasts the signed manifest and its wire stream (vks_manifest_build
+ * + vks_manifest_sign). Fails if any rank refused or did not finish. */
+int vks_bcast_send(vks_bcast *b, const uint8_t *manifest, size_t manifest_len, const uint8_t *wire, size_t wire_len,
+                   vks_bcast_report *rep);
+/* Relays and receivers: take part in one broadcast. VKS_ERR_FORMAT when the
+ * manifest was refused, VKS_ERR_IO when the transfer failed; nothing is
+ * switched to in either case. */
+int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep);
+
+/* Benchmark baselines over the same communicator: "p2p" (rank 0 sends bytes
+ * to rank 1 through vks_link in chunk_bytes messages) or "mpi-bcast"
+ * (MPI_Bcast of bytes from rank 0, no emulation). Collective; *seconds on
+ * every rank is the slowest rank's time. */
+int vks_bcast_baseline(MPI_Comm comm, const char *kind, size_t bytes, const vks_link_options *link,
+                       size_t chunk_bytes, double *seconds);
+#endif

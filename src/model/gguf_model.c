@@ -1,0 +1,274 @@
+/* gguf_model.c: Llama-family models in GGUF files (architectures llama and
+ * qwen2), read in place from the mmap and written from any vks_model.
+ *
+ * Tensor names and metadata keys are llama.cpp's. q/k row order: llama.cpp's
+ * converter permutes llama q/k rows to adjacent RoPE pairs (rope_mode
+ * ADJACENT) but leaves qwen2 in Hugging Face's half-split order (llama.cpp
+ * runs qwen2 with NEOX RoPE, our HALF); the writer does the same, so a model
+ * gives the same logits from every format. */
+#include "model/model_internal.h"
+#include "vkswarm/vks_gguf.h"
+#include "vkswarm/vks_quant.h"
+#include "vkswarm/vks_ref.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_NAME 96
+
+const struct vks_gguf *vks_model_gguf(const vks_model *m) { return m ? m->gguf : NULL; }
+
+static int arch_rope_mode(const char *arch) { return strcmp(arch, "qwen2") == 0 ? VKS_ROPE_HALF : VKS_ROPE_ADJACENT; }
+
+/* ---- reading ---- */
+
+/* "<arch>.<suffix>" as a positive int (<= INT32_MAX). */
+static int get_dim(const vks_gguf *g, const char *arch, const char *suffix, bool required, int *out) {
+    char key[MAX_NAME];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (vks_gguf_find_key(g, key) < 0 && !required) return VKS_OK;
+    uint32_t v;
+    int rc = vks_gguf_get_u32(g, key, &v);
+    if (rc != VKS_OK) return vks_set_error(VKS_ERR_FORMAT, "%s", vks_last_error());
+    if (v == 0 || v > INT32_MAX) return vks_set_error(VKS_ERR_FORMAT, "%s: bad value for %s", "gguf", key);
+    *out = (int)v;
+    return VKS_OK;
+}
+
+static int get_float(const vks_gguf *g, const char *arch, const char *suffix, float *out) {
+    char key[MAX_NAME];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (vks_gguf_find_key(g, key) < 0) return VKS_OK; /* keep the default */
+    int rc = vks_gguf_get_f32(g, key, out);
+    return rc == VKS_OK ? rc : vks_set_error(VKS_ERR_FORMAT, "%s", vks_last_error());
+}
+
+static int read_arch(const vks_gguf *g, const char *path, char *arch, size_t cap) {
+    const char *a;
+    if (vks_gguf_get_str(g, "general.architecture", &a, NULL) != VKS_OK)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: no general.architecture string", path);
+    if (strcmp(a, "llama") != 0 && strcmp(a, "qwen2") != 0)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need llama or qwen2)", path, a);
+    snprintf(arch, cap, "%s", a);
+    return VKS_OK;
+}
+
+static int read_config(const vks_gguf *g, const char *path, const char *arch, vks_model_config *c) {
+    memset(c, 0, sizeof *c);
+    c->norm_eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    c->rope_mode = arch_rope_mode(arch);
+    int rc = get_dim(g, arch, "embedding_length", true, &c->dim);
+    if (rc == VKS_OK) rc = get_dim(g, arch, "feed_forward_length", true, &c->hidden_dim);
+    if (rc == VKS_OK) rc = get_dim(g, arch, "block_count", true, &c->n_layers);
+    if (rc == VKS_OK) rc = get_dim(g, arch, "attention.head_count", true, &c->n_heads);
+    c->n_kv_heads = c->n_heads;
+    if (rc == VKS_OK) rc = get_dim(g, arch, "attention.head_count_kv", false, &c->n_kv_heads);
+    c->seq_len = 2048;
+    if (rc == VKS_OK) rc = get_dim(g, arch, "context_length", false, &c->seq_len);
+    if (rc == VKS_OK) rc = get_float(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps);
+    if (rc == VKS_OK) rc = get_float(g, arch, "rope.freq_base", &c->rope_theta);
+    if (rc != VKS_OK) return vks_set_error(rc, "%s: %s", path, vks_last_error());
+    c->head_dim = c->dim / c->n_heads;
+    c->kv_dim = c->n_kv_heads <= c->n_heads ? c->n_kv_heads * c->head_dim : 0;
+    int rope_dims = c->head_dim;
+    if ((rc = get_dim(g, arch, "rope.dimension_count", false, &rope_dims)) != VKS_OK) return rc;
+    if (rope_dims != c->head_dim)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: partial RoPE (%d of %d dims) is not supported", path, rope_dims,
+                             c->head_dim);
+    return VKS_OK;
+}
+
+/* Binds tensor `name` with shape [rows, cols] (ne = {cols, rows}). */
+static int bind(const vks_gguf *g, const char *path, const char *name, int64_t rows, int64_t cols, bool required,
+                bool allow_blocks, vks_tensor *t) {
+    const vks_gguf_tensor *gt = vks_gguf_find_tensor(g, name);
+    if (!gt) return required ? vks_set_error(VKS_ERR_FORMAT, "%s: missing tensor %s", path, name) : VKS_OK;
+    bool shape_ok = gt->ne[0] == cols && gt->ne[1] == rows && gt->ne[2] == 1 && gt->ne[3] == 1;
+    if (!shape_ok)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s has shape [%lld, %lld, %lld, %lld], config implies [%lld, %lld]",
+                             path, name, (long long)gt->ne[0], (long long)gt->ne[1], (long long)gt->ne[2],
+                             (long long)gt->ne[3], (long long)cols, (long long)rows);
+    if (gt->dtype == VKS_DTYPE_COUNT)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s has ggml type %u, which vkswarm does not support", path,
+                             name, gt->ggml_type);
+    *t = (vks_tensor){gt->dtype, rows, cols, gt->data};
+    return vks_check_bound_tensor(path, name, t, allow_blocks);
+}
+
+static int bind_layer(const vks_gguf *g, const char *path, const vks_model_config *c, int l, vks_layer_weights *w) {
+    struct { const char *suffix; vks_tensor *t; int64_t rows, cols; bool matrix, required; } want[] = {
+        {"attn_norm.weight", &w->attn_norm, 1, c->dim, false, true},
+        {"attn_q.weight", &w->wq, c->dim, c->dim, true, true},
+        {"attn_k.weight", &w->wk, c->kv_dim, c->dim, true, true},
+        {"attn_v.weight", &w->wv, c->kv_dim, c->dim, true, true},
+        {"attn_output.weight", &w->wo, c->dim, c->dim, true, true},
+        {"ffn_norm.weight", &w->ffn_norm, 1, c->dim, false, true},
+        {"ffn_gate.weight", &w->w1, c->hidden_dim, c->dim, true, true},
+        {"ffn_down.weight", &w->w2, c->dim, c->hidden_dim, true, true},
+        {"ffn_up.weight", &w->w3, c->hidden_dim, c->dim, true, true},
+        {"attn_q.bias", &w->bq, 1, c->dim, false, false},
+        {"attn_k.bias", &w->bk, 1, c->kv_dim, false, false},
+        {"attn_v.bias", &w->bv, 1, c->kv_dim, false, false},
+    };
+    char name[MAX_NAME];
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s", l, want[i].suffix);
+        int rc = bind(g, path, name, want[i].rows, want[i].cols, want[i].required, want[i].matrix, want[i].t);
+        if (rc != VKS_OK) return rc;
+    }
+    bool any = w->bq.data || w->bk.data || w->bv.data, all = w->bq.data && w->bk.data && w->bv.data;
+    if (any && !all) return vks_set_error(VKS_ERR_FORMAT, "%s: layer %d has some but not all q/k/v biases", path, l);
+    return VKS_OK;
+}
+
+static int bind_model(vks_model *m, const char *path) {
+    const vks_gguf *g = m->gguf;
+    vks_model_config *c = &m->cfg;
+    const vks_gguf_tensor *emb = vks_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) return vks_set_error(VKS_ERR_FORMAT, "%s: missing tensor token_embd.weight", path);
+    if (emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: token_embd.weight has a bad vocab dimension", path);
+    c->vocab_size = (int)emb->ne[1];
+    int declared = c->vocab_size;
+    int rc = get_dim(g, m->arch, "vocab_size", false, &declared);
+    if (rc != VKS_OK) return vks_set_error(rc, "%s: %s", path, vks_last_error());
+    if (declared != c->vocab_size)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %s.vocab_size %d disagrees with token_embd.weight (%d rows)", path,
+                             m->arch, declared, c->vocab_size);
+    c->shared_classifier = vks_gguf_find_tensor(g, "output.weight") == NULL;
+    if ((rc = vks_model_config_check(c, path)) != VKS_OK) return rc;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
+    rc = bind(g, path, "token_embd.weight", c->vocab_size, c->dim, true, true, &m->tok_emb);
+    if (rc == VKS_OK) rc = bind(g, path, "output_norm.weight", 1, c->dim, true, false, &m->final_norm);
+    m->classifier = m->tok_emb;
+    if (rc == VKS_OK && !c->shared_classifier)
+        rc = bind(g, path, "output.weight", c->vocab_size, c->dim, true, true, &m->classifier);
+    for (int l = 0; l < c->n_layers && rc == VKS_OK; l++) rc = bind_layer(g, path, c, l, &m->layers[l]);
+    bool biased = c->n_layers > 0 && m->layers[0].bq.data;
+    for (int l = 1; l < c->n_layers && rc == VKS_OK; l++)
+        if ((m->layers[l].bq.data != NULL) != biased)
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: q/k/v biases present in some layers only", path);
+    return rc == VKS_OK ? vks_model_check_tensors(m, path) : rc;
+}
+
+static void read_special_ids(vks_model *m) {
+    uint32_t v;
+    if (vks_gguf_get_u32(m->gguf, "tokenizer.ggml.bos_token_id", &v) == VKS_OK && v < (uint32_t)m->cfg.vocab_size)
+        m->bos_id = (int)v;
+    if (vks_gguf_get_u32(m->gguf, "tokenizer.ggml.eos_token_id", &v) == VKS_OK && v < (uint32_t)m->cfg.vocab_size)
+        m->eos_id = (int)v;
+}
+
+int vks_model_load_gguf(const char *path, vks_model **out) {
+    if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_model_load_gguf: NULL argument");
+    *out = NULL;
+    vks_model *m = vks_model_alloc();
+    if (!m) return VKS_ERR_NOMEM;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    int rc = vks_gguf_open(path, &m->gguf);
+    if (rc == VKS_OK) rc = read_arch(m->gguf, path, m->arch, sizeof m->arch);
+    if (rc == VKS_OK) rc = read_config(m->gguf, path, m->arch, &m->cfg);
+    if (rc == VKS_OK) rc = bind_model(m, path);
+    if (rc != VKS_OK) {
+        vks_model_free(m);
+        return rc;
+    }
+    read_special_ids(m);
+    *out = m;
+    return VKS_OK;
+}
+
+/* ---- writing ---- */
+
+/* Encodes an f32 tensor as dtype (matrices whose rows are not whole blocks stay f32). */
+static int add_tensor(vks_gguf_writer *w, const char *name, const vks_tensor *t, vks_dtype dtype, bool matrix) {
+    uint64_t row_bytes, total;
+    if (!matrix || !vks_dtype_row_bytes(dtype, (uint64_t)t->cols, &row_bytes)) {
+        dtype = VKS_DTYPE_F32;
+        vks_dtype_row_bytes(dtype, (uint64_t)t->cols, &row_bytes);
+    }
+    int64_t ne[2] = {t->cols, t->rows};
+    int n_dims = matrix ? 2 : 1;
+    if (dtype == VKS_DTYPE_F32) return vks_gguf_add_tensor(w, name, dtype, n_dims, ne, t->data);
+    if (__builtin_mul_overflow(row_bytes, (uint64_t)t->rows, &total) || total > SIZE_MAX)
+        return vks_set_error(VKS_ERR_NOMEM, "tensor %s too large", name);
+    void *buf = malloc((size_t)total);
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "out of memory encoding %s", name);
+    vks_quantize(dtype, t->data, buf, (size_t)t->rows * (size_t)t->cols);
+    return vks_gguf_add_tensor_owned(w, name, dtype, n_dims, ne, buf);
+}
+
+static int add_layer_tensors(vks_gguf_writer *w, const vks_layer_weights *lw, int l, vks_dtype dt) {
+    struct { const char *suffix; const vks_tensor *t; bool matrix; } all[] = {
+        {"attn_norm.weight", &lw->attn_norm, false}, {"attn_q.weight", &lw->wq, true},
+        {"attn_k.weight", &lw->wk, true},            {"attn_v.weight", &lw->wv, true},
+        {"attn_output.weight", &lw->wo, true},       {"ffn_norm.weight", &lw->ffn_norm, false},
+        {"ffn_gate.weight", &lw->w1, true},          {"ffn_down.weight", &lw->w2, true},
+        {"ffn_up.weight", &lw->w3, true},            {"attn_q.bias", &lw->bq, false},
+        {"attn_k.bias", &lw->bk, false},             {"attn_v.bias", &lw->bv, false},
+    };
+    char name[MAX_NAME];
+    int rc = VKS_OK;
+    for (size_t i = 0; i < sizeof all / sizeof all[0] && rc == VKS_OK; i++) {
+        if (!all[i].t->data) continue;
+        snprintf(name, sizeof name, "blk.%d.%s", l, all[i].suffix);
+        rc = add_tensor(w, name, all[i].t, dt, all[i].matrix);
+    }
+    return rc;
+}
+
+static int add_hparams(vks_gguf_writer *w, const vks_model *m) {
+    const vks_model_config *c = &m->cfg;
+    const char *a = m->arch;
+    char key[MAX_NAME];
+    int rc = vks_gguf_add_str(w, "general.architecture", a);
+    if (rc == VKS_OK) rc = vks_gguf_add_str(w, "general.name", "vkswarm");
+    struct { const char *suffix; int value; } dims[] = {
+        {"context_length", c->seq_len},          {"embedding_length", c->dim},
+        {"block_count", c->n_layers},            {"feed_forward_length", c->hidden_dim},
+        {"attention.head_count", c->n_heads},    {"attention.head_count_kv", c->n_kv_heads},
+        {"rope.dimension_count", c->head_dim},   {"vocab_size", c->vocab_size},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0] && rc == VKS_OK; i++) {
+        snprintf(key, sizeof key, "%s.%s", a, dims[i].suffix);
+        rc = vks_gguf_add_u32(w, key, (uint32_t)dims[i].value);
+    }
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
+    if (rc == VKS_OK) rc = vks_gguf_add_f32(w, key, c->norm_eps);
+    snprintf(key, sizeof key, "%s.rope.freq_base", a);
+    if (rc == VKS_OK) rc = vks_gguf_add_f32(w, key, c->rope_theta);
+    return rc;
+}
+
+static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt) {
+    int rc = add_tensor(w, "token_embd.weight", &m->tok_emb, dt, true);
+    for (int l = 0; l < m->cfg.n_layers && rc == VKS_OK; l++) rc = add_layer_tensors(w, &m->layers[l], l, dt);
+    if (rc == VKS_OK) rc = add_tensor(w, "output_norm.weight", &m->final_norm, dt, false);
+    if (rc == VKS_OK && !m->cfg.shared_classifier) rc = add_tensor(w, "output.weight", &m->classifier, dt, true);
+    return rc;
+}
+
+int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_save_options *opt) {
+    if (!m || !path) return vks_set_error(VKS_ERR_ARG, "vks_model_save_gguf: NULL argument");
+    vks_dtype dt = opt ? opt->dtype : VKS_DTYPE_F32;
+    if (vks_gguf_ggml_from_dtype(dt) == UINT32_MAX)
+        return vks_set_error(VKS_ERR_ARG, "%s: dtype %s cannot be written to GGUF", path, vks_dtype_name(dt));
+    if (strcmp(m->arch, "llama") != 0 && strcmp(m->arch, "qwen2") != 0)
+        return vks_set_error(VKS_ERR_ARG, "%s: cannot write architecture '%s'", path, m->arch);
+    vks_model *f32 = NULL;
+    int rc = vks_model_copy_f32(m, arch_rope_mode(m->arch), &f32);
+    if (rc != VKS_OK) return rc;
+    vks_gguf_writer *w = NULL;
+    rc = vks_gguf_writer_create(&w);
+    if (rc == VKS_OK) rc = add_hparams(w, f32);
+    if (rc == VKS_OK) rc = vks_gguf_add_tokenizer(w, m, opt ? opt->tokenizer_path : NULL);
+    if (rc == VKS_OK) rc = add_all_tensors(w, f32, dt);
+    if (rc == VKS_OK) rc = vks_gguf_writer_save(w, path);
+    vks_gguf_writer_free(w);
+    vks_model_free(f32);
+    return rc;
+}

@@ -1,0 +1,157 @@
+/* hf_config.c: Hugging Face config.json for LlamaForCausalLM and
+ * Qwen2ForCausalLM (read with jansson; every field type- and range-checked). */
+#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_safetensors.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CONFIG_BYTES (1 << 20)
+
+/* Integer field in 1..INT32_MAX; absent is an error unless a default is given (def >= 0). */
+static int get_int(json_t *root, const char *name, const char *key, int def, int *out) {
+    json_t *v = json_object_get(root, key);
+    if (!v && def >= 0) {
+        *out = def;
+        return VKS_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > INT32_MAX)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: '%s' must be a positive integer", name, key);
+    *out = (int)json_integer_value(v);
+    return VKS_OK;
+}
+
+static int get_float(json_t *root, const char *name, const char *key, float def, float *out) {
+    json_t *v = json_object_get(root, key);
+    if (!v) {
+        *out = def;
+        return VKS_OK;
+    }
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return vks_set_error(VKS_ERR_FORMAT, "%s: '%s' must be a finite number", name, key);
+    *out = (float)json_number_value(v);
+    return VKS_OK;
+}
+
+/* bos/eos: an integer >= 0, or a list (first entry), or null/absent (-1). */
+static int get_token_id(json_t *root, const char *name, const char *key, int *out) {
+    json_t *v = json_object_get(root, key);
+    *out = -1;
+    if (json_is_array(v)) v = json_array_get(v, 0);
+    if (!v || json_is_null(v)) return VKS_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: '%s' must be a token id", name, key);
+    *out = (int)json_integer_value(v);
+    return VKS_OK;
+}
+
+static int get_arch(json_t *root, const char *name, vks_hf_config *c) {
+    json_t *archs = json_object_get(root, "architectures"), *mt = json_object_get(root, "model_type");
+    const char *a = json_is_array(archs) ? json_string_value(json_array_get(archs, 0)) : NULL;
+    const char *t = json_string_value(mt);
+    if ((a && strcmp(a, "LlamaForCausalLM") == 0) || (!a && t && strcmp(t, "llama") == 0))
+        snprintf(c->arch, sizeof c->arch, "llama");
+    else if ((a && strcmp(a, "Qwen2ForCausalLM") == 0) || (!a && t && strcmp(t, "qwen2") == 0))
+        snprintf(c->arch, sizeof c->arch, "qwen2");
+    else
+        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need LlamaForCausalLM or Qwen2ForCausalLM)",
+                             name, a ? a : t ? t : "(none)");
+    json_t *hd = json_object_get(root, "head_dim");
+    if (hd && !json_is_null(hd)) {
+        int head_dim = 0;
+        int rc = get_int(root, name, "head_dim", -1, &head_dim);
+        if (rc != VKS_OK) return rc;
+        c->cfg.head_dim = head_dim; /* checked against hidden_size / heads by the config check */
+    }
+    return VKS_OK;
+}
+
+static int get_bool(json_t *root, const char *name, const char *key, bool def, bool *out) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return VKS_OK;
+    }
+    if (!json_is_boolean(v)) return vks_set_error(VKS_ERR_FORMAT, "%s: '%s' must be true or false", name, key);
+    *out = json_is_true(v);
+    return VKS_OK;
+}
+
+static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
+    vks_model_config *m = &c->cfg;
+    int rc = get_arch(root, name, c);
+    if (rc == VKS_OK) rc = get_int(root, name, "hidden_size", -1, &m->dim);
+    if (rc == VKS_OK) rc = get_int(root, name, "intermediate_size", -1, &m->hidden_dim);
+    if (rc == VKS_OK) rc = get_int(root, name, "num_hidden_layers", -1, &m->n_layers);
+    if (rc == VKS_OK) rc = get_int(root, name, "num_attention_heads", -1, &m->n_heads);
+    if (rc == VKS_OK) rc = get_int(root, name, "num_key_value_heads", m->n_heads, &m->n_kv_heads);
+    if (rc == VKS_OK) rc = get_int(root, name, "vocab_size", -1, &m->vocab_size);
+    if (rc == VKS_OK) rc = get_int(root, name, "max_position_embeddings", 2048, &m->seq_len);
+    if (rc == VKS_OK) rc = get_float(root, name, "rms_norm_eps", 1e-6f, &m->norm_eps);
+    if (rc == VKS_OK) rc = get_float(root, name, "rope_theta", 10000.0f, &m->rope_theta);
+    if (rc == VKS_OK) rc = get_bool(root, name, "tie_word_embeddings", false, &m->shared_classifier);
+    bool qwen = strcmp(c->arch, "qwen2") == 0;
+    if (rc == VKS_OK) rc = get_bool(root, name, "attention_bias", qwen, &c->attention_bias);
+    if (rc == VKS_OK) rc = get_token_id(root, name, "bos_token_id", &c->bos_id);
+    if (rc == VKS_OK) rc = get_token_id(root, name, "eos_token_id", &c->eos_id);
+    if (rc != VKS_OK) return rc;
+    json_t *rs = json_object_get(root, "rope_scaling");
+    if (rs && !json_is_null(rs)) return vks_set_error(VKS_ERR_FORMAT, "%s: rope_scaling is not supported", name);
+    int head_dim = m->dim / m->n_heads;
+    if (m->head_dim == 0) m->head_dim = head_dim;
+    m->kv_dim = m->n_kv_heads <= m->n_heads ? m->n_kv_heads * m->head_dim : 0;
+    m->rope_mode = VKS_ROPE_HALF;
+    return vks_model_config_check(m, name);
+}
+
+int vks_hf_config_parse(const char *json, size_t len, const char *name, vks_hf_config *out) {
+    if (!json || !out) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_parse: NULL argument");
+    if (!name) name = "config.json";
+    memset(out, 0, sizeof *out);
+    out->bos_id = out->eos_id = -1;
+    if (len > MAX_CONFIG_BYTES) return vks_set_error(VKS_ERR_FORMAT, "%s: larger than 1 MiB", name);
+    json_error_t err;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &err);
+    if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: bad JSON: %s (at byte %d)", name, err.text, err.position);
+    int rc = json_is_object(root) ? parse_fields(root, name, out)
+                                   : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", name);
+    json_decref(root);
+    return rc;
+}
+
+int vks_hf_config_load(const char *path, vks_hf_config *out) {
+    if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_load: NULL argument");
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
+    char *buf = malloc(MAX_CONFIG_BYTES + 1);
+    size_t len = buf ? fread(buf, 1, MAX_CONFIG_BYTES + 1, f) : 0;
+    fclose(f);
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
+    int rc = vks_hf_config_parse(buf, len, path, out);
+    free(buf);
+    return rc;
+}
+
+int vks_hf_config_save(const char *path, const vks_hf_config *c, vks_dtype torch_dtype) {
+    if (!path || !c) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_save: NULL argument");
+    const vks_model_config *m = &c->cfg;
+    bool qwen = strcmp(c->arch, "qwen2") == 0;
+    json_t *root = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:b,s:s,s:s}", "architectures",
+                             qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", "model_type", qwen ? "qwen2" : "llama",
+                             "hidden_size", m->dim, "intermediate_size", m->hidden_dim, "num_hidden_layers", m->n_layers,
+                             "num_attention_heads", m->n_heads, "num_key_value_heads", m->n_kv_heads, "vocab_size",
+                             m->vocab_size, "max_position_embeddings", m->seq_len, "rms_norm_eps", (double)m->norm_eps,
+                             "rope_theta", (double)m->rope_theta, "tie_word_embeddings", m->shared_classifier,
+                             "hidden_act", "silu", "torch_dtype",
+                             torch_dtype == VKS_DTYPE_F16 ? "float16" : torch_dtype == VKS_DTYPE_BF16 ? "bfloat16" : "float32");
+    if (!root) return vks_set_error(VKS_ERR_NOMEM, "%s: cannot build JSON", path);
+    if (c->bos_id >= 0) json_object_set_new(root, "bos_token_id", json_integer(c->bos_id));
+    if (c->eos_id >= 0) json_object_set_new(root, "eos_token_id", json_integer(c->eos_id));
+    if (c->attention_bias != qwen) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
+    int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
+    json_decref(root);
+    return rc == 0 ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: write failed", path);
+}

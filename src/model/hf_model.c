@@ -1,0 +1,321 @@
+/* hf_model.c: Hugging Face checkpoints (config.json + safetensors, single or
+ * sharded with model.safetensors.index.json) as vks_model, read in place.
+ * HF stores q/k rows for half-split RoPE, so these models run with
+ * VKS_ROPE_HALF; the writer permutes rows into that order. */
+#include "model/model_internal.h"
+#include "vkswarm/vks_quant.h"
+#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_safetensors.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_SHARDS 1024
+#define MAX_INDEX_BYTES (64 << 20)
+#define MAX_NAME 128
+
+typedef struct {
+    vks_st_file **files;
+    int n;
+} hf_state;
+
+static void hf_state_free(void *p) {
+    hf_state *s = p;
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) vks_st_close(s->files[i]);
+    free(s->files);
+    free(s);
+}
+
+const char *vks_model_dir(const vks_model *m) { return m && m->dir[0] ? m->dir : NULL; }
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static int join(char *out, size_t cap, const char *dir, const char *name) {
+    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
+        return vks_set_error(VKS_ERR_ARG, "%s: path too long", dir);
+    return VKS_OK;
+}
+
+static int add_shard(hf_state *s, const char *path) {
+    if (s->n >= MAX_SHARDS) return vks_set_error(VKS_ERR_FORMAT, "%s: more than %d shards", path, MAX_SHARDS);
+    vks_st_file **f = realloc(s->files, (size_t)(s->n + 1) * sizeof *f);
+    if (!f) return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    s->files = f;
+    int rc = vks_st_open(path, &s->files[s->n]);
+    if (rc == VKS_OK) s->n++;
+    return rc;
+}
+
+/* A shard file name from the index must be a plain name inside the directory. */
+static bool safe_shard_name(const char *n) {
+    return n && n[0] && n[0] != '.' && !strchr(n, '/') && !strchr(n, '\\') && strlen(n) < 256;
+}
+
+static int open_sharded(hf_state *s, const char *dir, const char *index_path) {
+    json_error_t err;
+    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: bad JSON: %s", index_path, err.text);
+    json_t *map = json_object_get(root, "weight_map");
+    int rc = json_is_object(map) ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "%s: no weight_map object", index_path);
+    /* Distinct shard names, in order of first appearance. */
+    const char **names = NULL;
+    int n_names = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(map, key, val) {
+        if (rc != VKS_OK) break;
+        const char *shard = json_string_value(val);
+        if (!safe_shard_name(shard)) {
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: tensor '%s' maps to a bad shard name", index_path, key);
+            break;
+        }
+        bool seen = false;
+        for (int i = 0; i < n_names && !seen; i++) seen = strcmp(names[i], shard) == 0;
+        if (seen) continue;
+        if (n_names >= MAX_SHARDS) rc = vks_set_error(VKS_ERR_FORMAT, "%s: more than %d shards", index_path, MAX_SHARDS);
+        const char **p = rc == VKS_OK ? realloc(names, (size_t)(n_names + 1) * sizeof *p) : NULL;
+        if (rc == VKS_OK && !p) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory");
+        if (rc != VKS_OK) break;
+        names = p;
+        names[n_names++] = shard;
+    }
+    char path[1024];
+    for (int i = 0; i < n_names && rc == VKS_OK; i++) {
+        rc = join(path, sizeof path, dir, names[i]);
+        if (rc == VKS_OK) rc = add_shard(s, path);
+    }
+    free(names);
+    json_decref(root);
+    return rc;
+}
+
+/* Finds a tensor in exactly one shard. */
+static int find_tensor(const hf_state *s, const char *what, const char *name, const vks_st_tensor **out) {
+    *out = NULL;
+    for (int i = 0; i < s->n; i++) {
+        const vks_st_tensor *t = vks_st_find(s->files[i], name);
+        if (t && *out) return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s appears in two shards", what, name);
+        if (t) *out = t;
+    }
+    return VKS_OK;
+}
+
+static int bind(const hf_state *s, const char *what, const char *name, int64_t rows, int64_t cols, bool required,
+                vks_tensor *t) {
+    const vks_st_tensor *st;
+    int rc = find_tensor(s, what, name, &st);
+    if (rc != VKS_OK) return rc;
+    if (!st) return required ? vks_set_error(VKS_ERR_FORMAT, "%s: missing tensor %s", what, name) : VKS_OK;
+    bool vec_ok = rows == 1 && st->n_dims == 1 && st->shape[0] == cols;
+    bool mat_ok = st->n_dims == 2 && st->shape[0] == rows && st->shape[1] == cols;
+    if (!vec_ok && !mat_ok)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s has a shape that disagrees with config.json ([%lld, %lld])",
+                             what, name, (long long)rows, (long long)cols);
+    if (st->dtype == VKS_DTYPE_COUNT)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s has unsupported dtype %s", what, name, st->dtype_name);
+    *t = (vks_tensor){st->dtype, rows, cols, st->data};
+    return vks_check_bound_tensor(what, name, t, false);
+}
+
+static int bind_layer(const hf_state *s, const char *what, const vks_model_config *c, bool bias, int l,
+                      vks_layer_weights *w) {
+    struct { const char *suffix; vks_tensor *t; int64_t rows, cols; bool required; } want[] = {
+        {"input_layernorm.weight", &w->attn_norm, 1, c->dim, true},
+        {"self_attn.q_proj.weight", &w->wq, c->dim, c->dim, true},
+        {"self_attn.k_proj.weight", &w->wk, c->kv_dim, c->dim, true},
+        {"self_attn.v_proj.weight", &w->wv, c->kv_dim, c->dim, true},
+        {"self_attn.o_proj.weight", &w->wo, c->dim, c->dim, true},
+        {"post_attention_layernorm.weight", &w->ffn_norm, 1, c->dim, true},
+        {"mlp.gate_proj.weight", &w->w1, c->hidden_dim, c->dim, true},
+        {"mlp.down_proj.weight", &w->w2, c->dim, c->hidden_dim, true},
+        {"mlp.up_proj.weight", &w->w3, c->hidden_dim, c->dim, true},
+        {"self_attn.q_proj.bias", &w->bq, 1, c->dim, bias},
+        {"self_attn.k_proj.bias", &w->bk, 1, c->kv_dim, bias},
+        {"self_attn.v_proj.bias", &w->bv, 1, c->kv_dim, bias},
+    };
+    char name[MAX_NAME];
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (i >= 9 && !bias) break;
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, want[i].suffix);
+        int rc = bind(s, what, name, want[i].rows, want[i].cols, want[i].required, want[i].t);
+        if (rc != VKS_OK) return rc;
+    }
+    return VKS_OK;
+}
+
+static int bind_model(vks_model *m, const hf_state *s, bool bias) {
+    const vks_model_config *c = &m->cfg;
+    const char *what = m->path;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", what);
+    int rc = bind(s, what, "model.embed_tokens.weight", c->vocab_size, c->dim, true, &m->tok_emb);
+    if (rc == VKS_OK) rc = bind(s, what, "model.norm.weight", 1, c->dim, true, &m->final_norm);
+    m->classifier = m->tok_emb;
+    if (rc == VKS_OK && !c->shared_classifier)
+        rc = bind(s, what, "lm_head.weight", c->vocab_size, c->dim, true, &m->classifier);
+    for (int l = 0; l < c->n_layers && rc == VKS_OK; l++) rc = bind_layer(s, what, c, bias, l, &m->layers[l]);
+    return rc == VKS_OK ? vks_model_check_tensors(m, what) : rc;
+}
+
+/* Splits path into the model directory and the weights to open. */
+static int open_weights(const char *path, char *dir, size_t dir_cap, hf_state *s) {
+    char p[1024];
+    if (is_dir(path)) {
+        snprintf(dir, dir_cap, "%s", path);
+        int rc = join(p, sizeof p, dir, "model.safetensors.index.json");
+        if (rc == VKS_OK && exists(p)) return open_sharded(s, dir, p);
+        if (rc == VKS_OK) rc = join(p, sizeof p, dir, "model.safetensors");
+        return rc == VKS_OK ? add_shard(s, p) : rc;
+    }
+    snprintf(dir, dir_cap, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, dir_cap, ".");
+    return add_shard(s, path);
+}
+
+int vks_model_load_safetensors(const char *path, vks_model **out) {
+    if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_model_load_safetensors: NULL argument");
+    *out = NULL;
+    vks_model *m = vks_model_alloc();
+    hf_state *s = calloc(1, sizeof *s);
+    if (!m || !s) {
+        free(s);
+        vks_model_free(m);
+        return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    }
+    m->format_state = s;
+    m->format_free = hf_state_free;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    char cfg_path[1100];
+    vks_hf_config hc;
+    int rc = open_weights(path, m->dir, sizeof m->dir, s);
+    if (rc == VKS_OK) rc = join(cfg_path, sizeof cfg_path, m->dir, "config.json");
+    if (rc == VKS_OK) rc = vks_hf_config_load(cfg_path, &hc);
+    if (rc == VKS_OK) {
+        m->cfg = hc.cfg;
+        m->bos_id = hc.bos_id < hc.cfg.vocab_size ? hc.bos_id : -1;
+        m->eos_id = hc.eos_id < hc.cfg.vocab_size ? hc.eos_id : -1;
+        snprintf(m->arch, sizeof m->arch, "%s", hc.arch);
+        rc = bind_model(m, s, hc.attention_bias);
+    }
+    if (rc != VKS_OK) {
+        vks_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return VKS_OK;
+}
+
+/* ---- writing ---- */
+
+typedef struct {
+    vks_st_write_tensor *t;
+    void **owned;
+    size_t n, cap;
+} st_list;
+
+static int list_add(st_list *l, const char *name, const vks_tensor *src, vks_dtype dt) {
+    if (!src->data) return VKS_OK;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        vks_st_write_tensor *t = realloc(l->t, cap * sizeof *t);
+        if (t) l->t = t;
+        void **o = realloc(l->owned, cap * sizeof *o);
+        if (o) l->owned = o;
+        if (!t || !o) return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+        l->cap = cap;
+    }
+    size_t n = (size_t)src->rows * (size_t)src->cols;
+    void *buf = malloc(n * vks_dtype_size(dt));
+    char *nm = strdup(name);
+    if (!buf || !nm) {
+        free(buf);
+        free(nm);
+        return vks_set_error(VKS_ERR_NOMEM, "out of memory encoding %s", name);
+    }
+    vks_quantize(dt, src->data, buf, n);
+    vks_st_write_tensor *t = &l->t[l->n];
+    memset(t, 0, sizeof *t);
+    t->name = nm;
+    t->dtype = dt;
+    t->n_dims = strstr(name, "norm") || strstr(name, ".bias") ? 1 : 2; /* vectors are 1-D in HF */
+    t->shape[0] = t->n_dims == 1 ? src->cols : src->rows;
+    t->shape[1] = src->cols;
+    t->data = buf;
+    l->owned[l->n++] = buf;
+    return VKS_OK;
+}
+
+static void list_free(st_list *l) {
+    for (size_t i = 0; i < l->n; i++) {
+        free(l->owned[i]);
+        free((void *)l->t[i].name);
+    }
+    free(l->t);
+    free(l->owned);
+}
+
+static int list_layer(st_list *l, const vks_layer_weights *w, int layer, vks_dtype dt) {
+    struct { const char *suffix; const vks_tensor *t; } all[] = {
+        {"input_layernorm.weight", &w->attn_norm},  {"self_attn.q_proj.weight", &w->wq},
+        {"self_attn.k_proj.weight", &w->wk},        {"self_attn.v_proj.weight", &w->wv},
+        {"self_attn.o_proj.weight", &w->wo},        {"post_attention_layernorm.weight", &w->ffn_norm},
+        {"mlp.gate_proj.weight", &w->w1},           {"mlp.down_proj.weight", &w->w2},
+        {"mlp.up_proj.weight", &w->w3},             {"self_attn.q_proj.bias", &w->bq},
+        {"self_attn.k_proj.bias", &w->bk},          {"self_attn.v_proj.bias", &w->bv},
+    };
+    char name[MAX_NAME];
+    int rc = VKS_OK;
+    for (size_t i = 0; i < sizeof all / sizeof all[0] && rc == VKS_OK; i++) {
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, all[i].suffix);
+        rc = list_add(l, name, all[i].t, dt);
+    }
+    return rc;
+}
+
+static int write_weights(const vks_model *m, const char *file, vks_dtype dt) {
+    st_list l = {0};
+    int rc = list_add(&l, "model.embed_tokens.weight", &m->tok_emb, dt);
+    for (int i = 0; i < m->cfg.n_layers && rc == VKS_OK; i++) rc = list_layer(&l, &m->layers[i], i, dt);
+    if (rc == VKS_OK) rc = list_add(&l, "model.norm.weight", &m->final_norm, dt);
+    if (rc == VKS_OK && !m->cfg.shared_classifier) rc = list_add(&l, "lm_head.weight", &m->classifier, dt);
+    if (rc == VKS_OK) rc = vks_st_write(file, l.t, l.n);
+    list_free(&l);
+    return rc;
+}
+
+int vks_model_save_safetensors(const vks_model *m, const char *dir, const vks_model_save_options *opt) {
+    if (!m || !dir) return vks_set_error(VKS_ERR_ARG, "vks_model_save_safetensors: NULL argument");
+    vks_dtype dt = opt ? opt->dtype : VKS_DTYPE_F32;
+    if (vks_dtype_size(dt) == 0)
+        return vks_set_error(VKS_ERR_ARG, "%s: safetensors holds f32, f16 or bf16, not %s", dir, vks_dtype_name(dt));
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return vks_set_error(VKS_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
+    vks_model *f32 = NULL;
+    int rc = vks_model_copy_f32(m, VKS_ROPE_HALF, &f32);
+    if (rc != VKS_OK) return rc;
+    vks_hf_config hc = {.cfg = f32->cfg, .bos_id = m->bos_id, .eos_id = m->eos_id,
+                        .attention_bias = m->layers[0].bq.data != NULL};
+    snprintf(hc.arch, sizeof hc.arch, "%s", m->arch);
+    char path[1100];
+    rc = join(path, sizeof path, dir, "config.json");
+    if (rc == VKS_OK) rc = vks_hf_config_save(path, &hc, dt);
+    if (rc == VKS_OK) rc = join(path, sizeof path, dir, "model.safetensors");
+    if (rc == VKS_OK) rc = write_weights(f32, path, dt);
+    vks_model_free(f32);
+    return rc;
+}

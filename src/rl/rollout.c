@@ -1,0 +1,371 @@
+/* rollout.c: rollout JSONL files (see vks_rollout.h), read with jansson and
+ * checked field by field as hostile input. */
+#include "vkswarm/vks_rollout.h"
+#include "vkswarm/vks_toploc.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char format_name[] = "vkswarm-rollouts";
+
+/* ---- hashes ---- */
+
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+int vks_hash_parse_hex(const char *s, uint8_t out[32]) {
+    if (!s || strlen(s) != 64) return -1;
+    for (int i = 0; i < 32; i++) {
+        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+/* ---- field readers: each returns VKS_OK or sets a one-line error ---- */
+
+static json_t *field(json_t *o, const char *name) {
+    json_t *v = json_object_get(o, name);
+    if (!v) vks_set_error(VKS_ERR_FORMAT, "missing field \"%s\"", name);
+    return v;
+}
+
+static int get_int(json_t *o, const char *name, long long lo, long long hi, long long *out) {
+    json_t *v = field(o, name);
+    if (!v) return VKS_ERR_FORMAT;
+    if (!json_is_integer(v)) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is not an integer", name);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" = %lld outside [%lld, %lld]", name, x, lo, hi);
+    *out = x;
+    return VKS_OK;
+}
+
+static int get_float(json_t *o, const char *name, double lo, double hi, float *out) {
+    json_t *v = field(o, name);
+    if (!v) return VKS_ERR_FORMAT;
+    if (!json_is_number(v)) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is not a number", name);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" = %g outside [%g, %g]", name, x, lo, hi);
+    *out = (float)x;
+    return VKS_OK;
+}
+
+/* A u64 as a JSON integer (up to 2^63-1) or a string of decimal digits. */
+static int get_u64(json_t *o, const char *name, uint64_t *out) {
+    json_t *v = field(o, name);
+    if (!v) return VKS_ERR_FORMAT;
+    if (json_is_integer(v) && json_integer_value(v) >= 0) {
+        *out = (uint64_t)json_integer_value(v);
+        return VKS_OK;
+    }
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    if (!s || !*s || strlen(s) > 20 || strspn(s, "0123456789") != strlen(s))
+        return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is not an unsigned 64-bit integer", name);
+    errno = 0;
+    unsigned long long x = strtoull(s, NULL, 10);
+    if (errno == ERANGE) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" does not fit 64 bits", name);
+    *out = x;
+    return VKS_OK;
+}
+
+static int get_hash(json_t *o, const char *name, uint8_t out[32]) {
+    json_t *v = field(o, name);
+    if (!v) return VKS_ERR_FORMAT;
+    if (!json_is_string(v) || vks_hash_parse_hex(json_string_value(v), out))
+        return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is not 64 hex digits", name);
+    return VKS_OK;
+}
+
+/* A list of token ids in [0, 2^31): at most max entries, malloc'd (>= 1 slot). */
+static int get_ids(json_t *o, const char *name, int max, int32_t **ids, int *n) {
+    json_t *v = field(o, name);
+    if (!v) return VKS_ERR_FORMAT;
+    if (!json_is_array(v)) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is not an array", name);
+    size_t count = json_array_size(v);
+    if (count > (size_t)max) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" has %zu ids (at most %d)", name, count, max);
+    *ids = malloc((count ? count : 1) * sizeof **ids);
+    if (!*ids) return vks_set_error(VKS_ERR_NOMEM, "out of host memory for \"%s\"", name);
+    for (size_t i = 0; i < count; i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return vks_set_error(VKS_ERR_FORMAT, "\"%s\"[%zu] is not a token id", name, i);
+        (*ids)[i] = (int32_t)json_integer_value(e);
+    }
+    *n = (int)count;
+    return VKS_OK;
+}
+
+static int get_base64(json_t *o, const char *name, uint8_t **out, size_t *len) {
+    json_t *v = field(o, name);
+    if (!v) return VKS_ERR_FORMAT;
+    if (!json_is_string(v)) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is not a base64 string", name);
+    const char *s = json_string_value(v);
+    size_t slen = json_string_length(v), cap = slen / 4 * 3 + 3;
+    *out = malloc(cap);
+    if (!*out) return vks_set_error(VKS_ERR_NOMEM, "out of host memory for \"%s\"", name);
+    const char *end = NULL;
+    if (sodium_base642bin(*out, cap, s, slen, NULL, len, &end, sodium_base64_VARIANT_ORIGINAL) != 0 ||
+        end != s + slen)
+        return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is not valid base64", name);
+    return VKS_OK;
+}
+
+static json_t *parse_object(const char *line, size_t len) {
+    if (!line) {
+        vks_set_error(VKS_ERR_ARG, "NULL line");
+        return NULL;
+    }
+    if (len > VKS_ROLLOUT_MAX_LINE) {
+        vks_set_error(VKS_ERR_FORMAT, "line of %zu bytes (at most %d)", len, VKS_ROLLOUT_MAX_LINE);
+        return NULL;
+    }
+    json_error_t err;
+    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &err);
+    if (!o) {
+        vks_set_error(VKS_ERR_FORMAT, "not JSON: %s (column %d)", err.text, err.column);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        vks_set_error(VKS_ERR_FORMAT, "not a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+/* ---- header ---- */
+
+static int header_from_json(json_t *o, vks_rollout_header *h) {
+    json_t *fmt = field(o, "format");
+    if (!fmt) return VKS_ERR_FORMAT;
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), format_name))
+        return vks_set_error(VKS_ERR_FORMAT, "\"format\" is not \"%s\" (not a rollout file header)", format_name);
+    long long version;
+    int rc = get_int(o, "version", 1, 1000000, &version);
+    if (rc) return rc;
+    if (version != VKS_ROLLOUT_VERSION)
+        return vks_set_error(VKS_ERR_FORMAT, "format version %lld (this build reads %d)", version, VKS_ROLLOUT_VERSION);
+    h->version = (int)version;
+    json_t *name = json_object_get(o, "model");
+    if (name && json_is_string(name)) snprintf(h->model, sizeof h->model, "%s", json_string_value(name));
+    if ((rc = get_hash(o, "model_hash", h->model_hash))) return rc;
+    int32_t *stops = NULL;
+    rc = get_ids(o, "stop_ids", VKS_ROLLOUT_MAX_STOP, &stops, &h->n_stop);
+    if (rc == VKS_OK) memcpy(h->stop_ids, stops, (size_t)h->n_stop * sizeof *stops);
+    free(stops);
+    if (rc) return rc;
+    json_t *t = json_object_get(o, "toploc");
+    if (t) {
+        long long rows, k, prime;
+        if (!json_is_object(t)) return vks_set_error(VKS_ERR_FORMAT, "\"toploc\" is not an object");
+        if ((rc = get_int(t, "chunk_rows", 0, 1 << 20, &rows)) || (rc = get_int(t, "k", 0, 1 << 20, &k)) ||
+            (rc = get_int(t, "prime", 0, 1LL << 40, &prime)))
+            return rc;
+        if (rows != VKS_TOPLOC_CHUNK_ROWS || k != VKS_TOPLOC_K || prime != VKS_TOPLOC_PRIME)
+            return vks_set_error(VKS_ERR_FORMAT, "TOPLOC parameters %lld/%lld/%lld (this build uses %d/%d/%d)", rows,
+                                 k, prime, VKS_TOPLOC_CHUNK_ROWS, VKS_TOPLOC_K, VKS_TOPLOC_PRIME);
+    }
+    return VKS_OK;
+}
+
+int vks_rollout_parse_header(const char *line, size_t len, vks_rollout_header *out) {
+    if (!out) return vks_set_error(VKS_ERR_ARG, "NULL header");
+    memset(out, 0, sizeof *out);
+    json_t *o = parse_object(line, len);
+    if (!o) return VKS_ERR_FORMAT;
+    int rc = header_from_json(o, out);
+    json_decref(o);
+    return rc;
+}
+
+int vks_rollout_write_header(FILE *f, const vks_rollout_header *h) {
+    if (!f || !h || h->n_stop < 0 || h->n_stop > VKS_ROLLOUT_MAX_STOP)
+        return vks_set_error(VKS_ERR_ARG, "rollout header: bad arguments");
+    char hex[65];
+    vks_hash_hex(h->model_hash, hex);
+    json_t *stops = json_array();
+    for (int i = 0; i < h->n_stop; i++) json_array_append_new(stops, json_integer(h->stop_ids[i]));
+    json_t *o = json_pack("{s:s, s:i, s:s, s:s, s:o, s:{s:i, s:i, s:i}}", "format", format_name, "version",
+                          VKS_ROLLOUT_VERSION, "model", h->model, "model_hash", hex, "stop_ids", stops, "toploc",
+                          "chunk_rows", VKS_TOPLOC_CHUNK_ROWS, "k", VKS_TOPLOC_K, "prime", VKS_TOPLOC_PRIME);
+    int rc = o && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF
+                 ? VKS_OK : vks_set_error(VKS_ERR_IO, "cannot write the rollout header");
+    json_decref(o);
+    return rc;
+}
+
+/* ---- samples ---- */
+
+static int sample_from_json(json_t *o, vks_rollout_sample *s) {
+    json_t *id = field(o, "id");
+    if (!id) return VKS_ERR_FORMAT;
+    if (!json_is_string(id) || json_string_length(id) > VKS_ROLLOUT_MAX_ID_LEN ||
+        strlen(json_string_value(id)) != json_string_length(id))
+        return vks_set_error(VKS_ERR_FORMAT, "\"id\" is not a string of at most %d bytes", VKS_ROLLOUT_MAX_ID_LEN);
+    if (!(s->id = strdup(json_string_value(id)))) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    long long seq, top_k, max_steps;
+    int rc;
+    if ((rc = get_ids(o, "prompt_ids", VKS_ROLLOUT_MAX_IDS, &s->prompt_ids, &s->n_prompt)) ||
+        (rc = get_ids(o, "output_ids", VKS_ROLLOUT_MAX_IDS, &s->output_ids, &s->n_output)) ||
+        (rc = get_u64(o, "seed", &s->seed)) || (rc = get_int(o, "seq", 0, UINT32_MAX, &seq)) ||
+        (rc = get_float(o, "temperature", 0.0, 1e6, &s->temperature)) ||
+        (rc = get_int(o, "top_k", 0, 1 << 24, &top_k)) || (rc = get_float(o, "top_p", 0.0, 1.0, &s->top_p)) ||
+        (rc = get_int(o, "max_steps", 1, VKS_ROLLOUT_MAX_IDS, &max_steps)) ||
+        (rc = get_hash(o, "model_hash", s->model_hash)) ||
+        (rc = get_base64(o, "proofs", &s->proofs, &s->proof_bytes)))
+        return rc;
+    s->seq = (uint32_t)seq;
+    s->top_k = (uint32_t)top_k;
+    s->max_steps = (int)max_steps;
+    return VKS_OK;
+}
+
+int vks_rollout_parse_sample(const char *line, size_t len, vks_rollout_sample *out) {
+    if (!out) return vks_set_error(VKS_ERR_ARG, "NULL sample");
+    memset(out, 0, sizeof *out);
+    json_t *o = parse_object(line, len);
+    if (!o) return VKS_ERR_FORMAT;
+    int rc = sample_from_json(o, out);
+    json_decref(o);
+    if (rc) vks_rollout_sample_free(out);
+    return rc;
+}
+
+static json_t *ids_json(const int32_t *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static json_t *seed_json(uint64_t seed) {
+    if (seed <= (uint64_t)INT64_MAX) return json_integer((json_int_t)seed);
+    char buf[24];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)seed);
+    return json_string(buf);
+}
+
+int vks_rollout_write_sample(FILE *f, const vks_rollout_sample *s) {
+    if (!f || !s || !s->id || s->n_prompt < 0 || s->n_output < 0 || (s->proof_bytes && !s->proofs))
+        return vks_set_error(VKS_ERR_ARG, "rollout sample: bad arguments");
+    char hex[65];
+    vks_hash_hex(s->model_hash, hex);
+    size_t b64_len = sodium_base64_ENCODED_LEN(s->proof_bytes, sodium_base64_VARIANT_ORIGINAL);
+    char *b64 = malloc(b64_len);
+    if (!b64) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    sodium_bin2base64(b64, b64_len, s->proofs ? s->proofs : (const uint8_t *)"", s->proof_bytes,
+                      sodium_base64_VARIANT_ORIGINAL);
+    json_t *o = json_pack("{s:s, s:o, s:o, s:o, s:I, s:f, s:I, s:f, s:i, s:s, s:s}", "id", s->id, "prompt_ids",
+                          ids_json(s->prompt_ids, s->n_prompt), "output_ids", ids_json(s->output_ids, s->n_output),
+                          "seed", seed_json(s->seed), "seq", (json_int_t)s->seq, "temperature",
+                          (double)s->temperature, "top_k", (json_int_t)s->top_k, "top_p", (double)s->top_p,
+                          "max_steps", s->max_steps, "model_hash", hex, "proofs", b64);
+    free(b64);
+    int rc = o && json_dumpf(o, f, JSON_COMPACT | JSON_REAL_PRECISION(9)) == 0 && fputc('\n', f) != EOF
+                 ? VKS_OK : vks_set_error(VKS_ERR_IO, "cannot write rollout sample \"%s\"", s->id);
+    json_decref(o);
+    return rc;
+}
+
+void vks_rollout_sample_free(vks_rollout_sample *s) {
+    if (!s) return;
+    free(s->id);
+    free(s->prompt_ids);
+    free(s->output_ids);
+    free(s->proofs);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- whole files ---- */
+
+enum { MAX_SAMPLES = 1 << 20 };
+
+/* "name:line: <the last error>" (copied first: the error buffer is the destination). */
+static int prefix_error(const char *name, int lineno) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", vks_last_error());
+    return vks_set_error(VKS_ERR_FORMAT, "%s:%d: %s", name, lineno, msg);
+}
+
+static int add_sample(vks_rollout_file *f, int *cap, const char *line, size_t len, const char *name, int lineno) {
+    if (f->n_samples == MAX_SAMPLES) return vks_set_error(VKS_ERR_FORMAT, "%s: more than %d samples", name, MAX_SAMPLES);
+    if (f->n_samples == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        vks_rollout_sample *s = realloc(f->samples, (size_t)nc * sizeof *s);
+        if (!s) return vks_set_error(VKS_ERR_NOMEM, "%s: out of host memory", name);
+        f->samples = s;
+        *cap = nc;
+    }
+    if (vks_rollout_parse_sample(line, len, &f->samples[f->n_samples])) return prefix_error(name, lineno);
+    f->n_samples++;
+    return VKS_OK;
+}
+
+int vks_rollout_read_mem(const char *data, size_t len, const char *name, vks_rollout_file *out) {
+    if (!out || (!data && len)) return vks_set_error(VKS_ERR_ARG, "vks_rollout_read_mem: bad arguments");
+    memset(out, 0, sizeof *out);
+    if (!name) name = "rollouts";
+    int cap = 0, lineno = 0, rc = VKS_OK;
+    bool have_header = false;
+    for (size_t pos = 0; pos < len && rc == VKS_OK;) {
+        const char *nl = memchr(data + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - data) : len, line_len = end - pos;
+        const char *line = data + pos;
+        pos = end + 1;
+        lineno++;
+        if (line_len && line[line_len - 1] == '\r') line_len--;
+        if (line_len == 0) continue; /* blank lines are allowed */
+        if (!have_header) {
+            rc = vks_rollout_parse_header(line, line_len, &out->header);
+            if (rc) rc = prefix_error(name, lineno);
+            have_header = true;
+        } else {
+            rc = add_sample(out, &cap, line, line_len, name, lineno);
+        }
+    }
+    if (rc == VKS_OK && !have_header) rc = vks_set_error(VKS_ERR_FORMAT, "%s: empty (no header line)", name);
+    if (rc) vks_rollout_file_free(out);
+    return rc;
+}
+
+int vks_rollout_read(const char *path, vks_rollout_file *out) {
+    if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_rollout_read: NULL argument");
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (size_t got = 1; buf && got;) {
+        if (len == cap) {
+            if (cap >= ((size_t)1 << 34)) { free(buf); buf = NULL; break; } /* 16 GiB: refuse */
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+        got = fread(buf + len, 1, cap - len, f);
+        len += got;
+    }
+    bool read_error = ferror(f);
+    fclose(f);
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "%s: too large to read", path);
+    int rc = read_error ? vks_set_error(VKS_ERR_IO, "%s: read error", path) : vks_rollout_read_mem(buf, len, path, out);
+    free(buf);
+    return rc;
+}
+
+void vks_rollout_file_free(vks_rollout_file *f) {
+    if (!f) return;
+    for (int i = 0; i < f->n_samples; i++) vks_rollout_sample_free(&f->samples[i]);
+    free(f->samples);
+    memset(f, 0, sizeof *f);
+}

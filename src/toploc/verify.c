@@ -1,0 +1,385 @@
+/* verify.c: verification of rollout samples (see vks_toploc.h): structure
+ * checks, TOPLOC chunks and sampler replay, with the rows recomputed on the
+ * CPU reference forward or in batched prefill on a GPU engine. */
+#include "vkswarm/vks_toploc.h"
+#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void vks_verify_options_default(vks_verify_options *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    vks_toploc_thresholds_default(&o->toploc);
+    o->logit_margin = 0.01f;
+}
+
+static bool reject(vks_verdict *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool reject(vks_verdict *v, const char *fmt, ...) {
+    if (!v->accepted) return false; /* keep the first reason */
+    v->accepted = false;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->reason, sizeof v->reason, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static bool is_stop(const vks_verify_options *o, int32_t t) {
+    for (int i = 0; i < o->n_stop; i++)
+        if (o->stop_ids[i] == t) return true;
+    return false;
+}
+
+static bool ids_in_vocab(const int32_t *ids, int n, int vocab, const char *what, vks_verdict *v) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return reject(v, "%s token %d at index %d is outside the vocabulary (%d)", what, ids[i], i, vocab);
+    return true;
+}
+
+/* Everything that can be checked without running the model. */
+static bool check_structure(const vks_model_config *c, const vks_verify_options *o, const vks_rollout_sample *s,
+                            vks_verdict *v) {
+    if (memcmp(s->model_hash, o->model_hash, 32) != 0) return reject(v, "model hash differs from the verifier's model");
+    if (s->n_prompt < 1) return reject(v, "empty prompt");
+    if (s->max_steps < 1 || s->max_steps > c->seq_len)
+        return reject(v, "max_steps %d outside 1..%d (the model's context)", s->max_steps, c->seq_len);
+    if (s->n_prompt > s->max_steps) return reject(v, "prompt of %d ids exceeds max_steps %d", s->n_prompt, s->max_steps);
+    int room = s->max_steps + 1 - s->n_prompt; /* output tokens a full-length generation has */
+    if (s->n_output > room) return reject(v, "%d output tokens exceed the %d that max_steps allows", s->n_output, room);
+    if (!ids_in_vocab(s->prompt_ids, s->n_prompt, c->vocab_size, "prompt", v) ||
+        !ids_in_vocab(s->output_ids, s->n_output, c->vocab_size, "output", v))
+        return false;
+    for (int t = 0; t + 1 < s->n_output; t++)
+        if (is_stop(o, s->output_ids[t]))
+            return reject(v, "output continues after stop token %d at output index %d", s->output_ids[t], t);
+    if (s->n_output < room && (s->n_output == 0 || !is_stop(o, s->output_ids[s->n_output - 1])))
+        return reject(v, "stops after %d of %d output tokens without a stop token", s->n_output, room);
+    size_t want = vks_toploc_proof_size((size_t)s->n_output);
+    if (s->proof_bytes != want)
+        return reject(v, "proofs are %zu bytes; %d committed rows need %zu (%zu chunks of %d)", s->proof_bytes,
+                      s->n_output, want, want / VKS_TOPLOC_PROOF_BYTES, VKS_TOPLOC_PROOF_BYTES);
+    return true;
+}
+
+/* ---- sampler replay ---- */
+
+typedef struct {
+    uint8_t *keep;
+    float *z;
+} sampler_scratch;
+
+static float gumbel(const vks_sample_params *p, uint32_t i) {
+    float u = vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, i));
+    return -logf(-logf(u));
+}
+
+static int argmax_first(const float *v, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best] || (isnan(v[best]) && !isnan(v[i]))) best = i;
+    return best;
+}
+
+/* Gap in logits between the seeded draw and `token` (0 when it is the draw);
+ * *outside is the distance below the top-k/top-p threshold when the token was
+ * cut. */
+static void sampler_gap(const float *logits, int V, const vks_sample_params *p, int32_t token, sampler_scratch *s,
+                       double *gap, double *outside) {
+    *outside = 0;
+    if (!(p->temperature > 0.0f)) {
+        *gap = (double)logits[argmax_first(logits, V)] - (double)logits[token];
+        return;
+    }
+    if (vks_ref_sample_kept(logits, V, p, s->keep, s->z) <= 0) { /* nothing kept (all NaN) */
+        *gap = INFINITY;
+        return;
+    }
+    double best = -INFINITY, tau = INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (!s->keep[i]) continue;
+        float score = s->z[i] + gumbel(p, (uint32_t)i);
+        if (score > best) best = score;
+        if (s->z[i] < tau) tau = s->z[i];
+    }
+    float own = s->z[token] + gumbel(p, (uint32_t)token);
+    *gap = (best - (double)own) * (double)p->temperature;
+    if (!s->keep[token]) *outside = (tau - (double)s->z[token]) * (double)p->temperature;
+}
+
+/* Checks output token t of sample s against the verifier's logits row. */
+static int check_token(const vks_rollout_sample *s, int t, const float *logits, int V, const vks_verify_options *o,
+                       sampler_scratch *scr, vks_verdict *v) {
+    int pos = s->n_prompt - 1 + t;
+    vks_sample_params p = {.temperature = s->temperature, .top_k = s->top_k, .top_p = s->top_p, .seed = s->seed,
+                           .seq = s->seq, .pos = (uint32_t)pos};
+    double gap, outside;
+    int32_t token = s->output_ids[t];
+    sampler_gap(logits, V, &p, token, scr, &gap, &outside);
+    if (!(gap <= (double)o->logit_margin))
+        reject(v, "position %d (output %d): token %d is not the seeded sampler's draw (gap %.4g > margin %.4g)", pos, t,
+               token, gap, (double)o->logit_margin);
+    else if (!(outside <= (double)o->logit_margin))
+        reject(v, "position %d (output %d): token %d is outside the top-k/top-p set (by %.4g)", pos, t, token, outside);
+    if (gap > v->max_gap && gap <= 1e30) v->max_gap = (float)gap;
+    return VKS_OK;
+}
+
+/* ---- per-sample state while its rows arrive ---- */
+
+typedef struct {
+    const vks_rollout_sample *s;
+    vks_verdict *v;
+    float *hidden;   /* [n_output, dim] */
+    int rows_seen;
+    int fed;         /* GPU path: positions already sent */
+} sample_job;
+
+static int job_start(sample_job *j, const vks_rollout_sample *s, vks_verdict *v, int dim) {
+    j->s = s;
+    j->v = v;
+    j->rows_seen = j->fed = 0;
+    j->hidden = malloc(sizeof(float) * (size_t)s->n_output * (size_t)dim);
+    return j->hidden ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+}
+
+static int job_row(sample_job *j, int t, const float *logits, const float *hidden, const vks_model_config *c,
+                   const vks_verify_options *o, sampler_scratch *scr) {
+    memcpy(j->hidden + (size_t)t * (size_t)c->dim, hidden, sizeof(float) * (size_t)c->dim);
+    j->rows_seen++;
+    return check_token(j->s, t, logits, c->vocab_size, o, scr, j->v);
+}
+
+/* Every row is in: check the TOPLOC chunks; the first failing one is the reason. */
+static int job_finish(sample_job *j, const vks_model_config *c, const vks_verify_options *o) {
+    const vks_rollout_sample *s = j->s;
+    vks_verdict *v = j->v;
+    bool toploc_ok = true;
+    char toploc_reason[256] = "";
+    for (int r0 = 0, ch = 0; r0 < s->n_output; r0 += VKS_TOPLOC_CHUNK_ROWS, ch++) {
+        int nr = s->n_output - r0 < VKS_TOPLOC_CHUNK_ROWS ? s->n_output - r0 : VKS_TOPLOC_CHUNK_ROWS;
+        bool ok;
+        vks_toploc_stats st;
+        char why[160];
+        int rc = vks_toploc_check_chunk(s->proofs + (size_t)ch * VKS_TOPLOC_PROOF_BYTES, VKS_TOPLOC_PROOF_BYTES,
+                                        j->hidden + (size_t)r0 * (size_t)c->dim, nr, c->dim, &o->toploc, &ok, &st,
+                                        why, sizeof why);
+        if (rc) return rc;
+        v->n_chunks++;
+        if (ch == 0) v->worst = st;
+        v->worst.exp_mismatches = st.exp_mismatches > v->worst.exp_mismatches ? st.exp_mismatches : v->worst.exp_mismatches;
+        v->worst.mant_mean = st.mant_mean > v->worst.mant_mean ? st.mant_mean : v->worst.mant_mean;
+        v->worst.mant_median = st.mant_median > v->worst.mant_median ? st.mant_median : v->worst.mant_median;
+        if (!ok && toploc_ok) {
+            toploc_ok = false;
+            snprintf(toploc_reason, sizeof toploc_reason, "TOPLOC chunk %d (rows %d..%d): %s", ch, r0, r0 + nr - 1, why);
+        }
+    }
+    if (!toploc_ok) { /* a failed proof outranks a sampler finding */
+        v->accepted = false;
+        snprintf(v->reason, sizeof v->reason, "%s", toploc_reason);
+    }
+    free(j->hidden);
+    j->hidden = NULL;
+    return VKS_OK;
+}
+
+static int scratch_alloc(sampler_scratch *s, int V) {
+    s->keep = malloc((size_t)V);
+    s->z = malloc(sizeof(float) * (size_t)V);
+    return s->keep && s->z ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+}
+
+static void scratch_free(sampler_scratch *s) {
+    free(s->keep);
+    free(s->z);
+}
+
+static int start_verdicts(const vks_model_config *c, const vks_verify_options *o, const vks_rollout_sample *samples,
+                          int n, vks_verdict *out, bool *live) {
+    for (int i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].accepted = true;
+        live[i] = check_structure(c, o, &samples[i], &out[i]);
+    }
+    return VKS_OK;
+}
+
+static bool verify_args_ok(const vks_verify_options *o, const vks_rollout_sample *samples, int n, vks_verdict *out) {
+    return o && out && n >= 0 && (samples || n == 0) && o->n_stop >= 0 && o->n_stop <= VKS_ROLLOUT_MAX_STOP;
+}
+
+/* ---- CPU ---- */
+
+static int verify_one_cpu(const vks_model *m, const vks_verify_options *o, const vks_rollout_sample *s,
+                          vks_verdict *v, sampler_scratch *scr) {
+    const vks_model_config *c = &m->cfg;
+    int L = s->n_prompt + s->n_output - 1;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)L);
+    float *logits = malloc(sizeof(float) * (size_t)L * (size_t)c->vocab_size);
+    float *hidden = malloc(sizeof(float) * (size_t)L * (size_t)c->dim);
+    sample_job j = {0};
+    int rc = ids && logits && hidden ? job_start(&j, s, v, c->dim) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    if (rc == VKS_OK) {
+        memcpy(ids, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
+        memcpy(ids + s->n_prompt, s->output_ids, sizeof(int32_t) * (size_t)(s->n_output - 1));
+        rc = vks_cpu_forward(m, ids, L, logits, hidden);
+    }
+    for (int t = 0; rc == VKS_OK && t < s->n_output; t++) {
+        size_t r = (size_t)(s->n_prompt - 1 + t);
+        rc = job_row(&j, t, logits + r * (size_t)c->vocab_size, hidden + r * (size_t)c->dim, c, o, scr);
+    }
+    if (rc == VKS_OK) rc = job_finish(&j, c, o);
+    free(j.hidden);
+    free(ids);
+    free(logits);
+    free(hidden);
+    return rc;
+}
+
+int vks_verify_batch_cpu(const vks_model *m, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
+                         vks_verdict *out) {
+    if (!m || !verify_args_ok(o, samples, n, out)) return vks_set_error(VKS_ERR_ARG, "vks_verify_batch_cpu: bad arguments");
+    bool *live = calloc((size_t)n + 1, sizeof *live);
+    sampler_scratch scr = {0};
+    int rc = live ? scratch_alloc(&scr, m->cfg.vocab_size) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    if (rc == VKS_OK) rc = start_verdicts(&m->cfg, o, samples, n, out, live);
+    for (int i = 0; rc == VKS_OK && i < n; i++)
+        if (live[i]) rc = verify_one_cpu(m, o, &samples[i], &out[i], &scr);
+    scratch_free(&scr);
+    free(live);
+    return rc;
+}
+
+/* ---- GPU: batched prefill over up to n_slots samples at a time ---- */
+
+typedef struct {
+    int32_t *tokens;
+    uint32_t *slot, *pos, *out_rows;
+    int *out_job, *out_t;  /* which job and output index each out row belongs to */
+    float *logits, *hidden;
+    int n_rows, n_out;
+} gpu_batch;
+
+static void gpu_batch_free(gpu_batch *b) {
+    free(b->tokens); free(b->slot); free(b->pos); free(b->out_rows);
+    free(b->out_job); free(b->out_t); free(b->logits); free(b->hidden);
+}
+
+static int gpu_batch_alloc(gpu_batch *b, int rows, int outs, const vks_model_config *c) {
+    memset(b, 0, sizeof *b);
+    size_t R = (size_t)rows, O = (size_t)outs;
+    b->tokens = malloc(R * 4);
+    b->slot = malloc(R * 4);
+    b->pos = malloc(R * 4);
+    b->out_rows = malloc(O * 4);
+    b->out_job = malloc(O * sizeof(int));
+    b->out_t = malloc(O * sizeof(int));
+    b->logits = malloc(O * (size_t)c->vocab_size * sizeof(float));
+    b->hidden = malloc(O * (size_t)c->dim * sizeof(float));
+    if (!b->tokens || !b->slot || !b->pos || !b->out_rows || !b->out_job || !b->out_t || !b->logits || !b->hidden)
+        return vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    return VKS_OK;
+}
+
+static int32_t token_at(const vks_rollout_sample *s, int p) {
+    return p < s->n_prompt ? s->prompt_ids[p] : s->output_ids[p - s->n_prompt];
+}
+
+/* Fills b with the next rows of the group's jobs (fed[j]: positions sent). */
+static void fill_batch(gpu_batch *b, sample_job *jobs, int n_jobs, int max_rows, int max_out) {
+    b->n_rows = b->n_out = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const vks_rollout_sample *s = jobs[j].s;
+        int L = s->n_prompt + s->n_output - 1;
+        int *fed = &jobs[j].fed;
+        while (*fed < L && b->n_rows < max_rows) {
+            bool out = *fed >= s->n_prompt - 1;
+            if (out && b->n_out == max_out) return;
+            b->tokens[b->n_rows] = token_at(s, *fed);
+            b->slot[b->n_rows] = (uint32_t)j;
+            b->pos[b->n_rows] = (uint32_t)*fed;
+            if (out) {
+                b->out_rows[b->n_out] = (uint32_t)b->n_rows;
+                b->out_job[b->n_out] = j;
+                b->out_t[b->n_out] = *fed - (s->n_prompt - 1);
+                b->n_out++;
+            }
+            b->n_rows++;
+            (*fed)++;
+        }
+    }
+}
+
+static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, gpu_batch *b,
+                     sampler_scratch *scr) {
+    const vks_model_config *c = vks_engine_config(e);
+    for (;;) {
+        fill_batch(b, jobs, n_jobs, vks_engine_max_rows(e), vks_engine_max_out_rows(e));
+        if (b->n_rows == 0) break;
+        vks_forward_batch fb = {.n_rows = b->n_rows, .tokens = b->tokens, .slot = b->slot, .pos = b->pos,
+                                .n_out = b->n_out, .out_rows = b->out_rows, .logits = b->logits, .hidden = b->hidden};
+        int rc = vks_engine_forward(e, &fb);
+        for (int i = 0; rc == VKS_OK && i < b->n_out; i++)
+            rc = job_row(&jobs[b->out_job[i]], b->out_t[i], b->logits + (size_t)i * (size_t)c->vocab_size,
+                         b->hidden + (size_t)i * (size_t)c->dim, c, o, scr);
+        if (rc) return rc;
+    }
+    for (int j = 0; j < n_jobs; j++) {
+        int rc = job_finish(&jobs[j], c, o);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
+                           vks_verdict *out, const bool *live) {
+    const vks_model_config *c = vks_engine_config(e);
+    int slots = vks_engine_n_slots(e), kv_len = vks_engine_kv_len(e);
+    int max_slots = slots < 4096 ? slots : 4096;
+    gpu_batch b;
+    sampler_scratch scr = {0};
+    sample_job *jobs = calloc((size_t)max_slots, sizeof *jobs);
+    int rc = jobs ? gpu_batch_alloc(&b, vks_engine_max_rows(e), vks_engine_max_out_rows(e), c)
+                  : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    if (rc == VKS_OK) rc = scratch_alloc(&scr, c->vocab_size);
+    int n_jobs = 0;
+    for (int i = 0; rc == VKS_OK && i <= n; i++) {
+        bool flush = i == n || n_jobs == max_slots;
+        if (flush && n_jobs > 0) {
+            rc = run_group(e, o, jobs, n_jobs, &b, &scr);
+            n_jobs = 0;
+        }
+        if (rc || i == n || !live[i]) continue;
+        if (samples[i].n_prompt + samples[i].n_output - 1 > kv_len) {
+            reject(&out[i], "%d positions exceed the verifier's KV cache (%d)",
+                   samples[i].n_prompt + samples[i].n_output - 1, kv_len);
+            continue;
+        }
+        rc = job_start(&jobs[n_jobs], &samples[i], &out[i], c->dim);
+        if (rc == VKS_OK) n_jobs++;
+    }
+    for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* after an error */
+    scratch_free(&scr);
+    if (jobs) gpu_batch_free(&b);
+    free(jobs);
+    return rc;
+}
+
+int vks_verify_batch(vks_engine *e, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
+                     vks_verdict *out) {
+    if (!e || !verify_args_ok(o, samples, n, out)) return vks_set_error(VKS_ERR_ARG, "vks_verify_batch: bad arguments");
+    if (!vks_engine_has_embed(e) || !vks_engine_has_head(e))
+        return vks_set_error(VKS_ERR_ARG, "vks_verify_batch needs an engine holding every layer");
+    bool *live = calloc((size_t)n + 1, sizeof *live);
+    if (!live) return vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    int rc = start_verdicts(vks_engine_config(e), o, samples, n, out, live);
+    if (rc == VKS_OK) rc = verify_gpu_live(e, o, samples, n, out, live);
+    free(live);
+    return rc;
+}

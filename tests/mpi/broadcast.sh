@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Shardcast under mpirun (issue 6): a clean transfer, a tampered shard, a
+# short chunk, a replayed version, a manifest signed by another key, a
+# tampered signature, a delta, and a relay killed mid-transfer. Each case is
+# under `timeout`; a receiver's store must hold only verified versions.
+# Usage: tests/mpi/broadcast.sh path/to/vkswarm
+set -uo pipefail
+V=${1:?usage: broadcast.sh path/to/vkswarm}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Under ASan: Open MPI's plugins leak allocations that LSan cannot symbolize
+# (dlclose'd), so leaks are not checked here; test_shard checks the pure logic's.
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+T=$(mktemp -d /tmp/vks-bcast.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+M=(timeout 120 mpirun --oversubscribe --mca btl tcp,self)
+"$V" keygen --out "$T/k" >/dev/null || exit 1
+"$V" keygen --out "$T/evil" >/dev/null || exit 1
+head -c 3000000 /dev/urandom >"$T/v1.bin"
+python3 -c "
+b=bytearray(open('$T/v1.bin','rb').read())
+for i in range(0,len(b),997): b[i]^=1
+open('$T/v2.bin','wb').write(b)"
+A=(--pub "$T/k/shardcast.pub" --out "$T/out" --relays 2 --shard-mb 0.25 --chunk-kb 64 --timeout-s 3)
+K=(--key "$T/k/shardcast.key")
+hash() { b2sum -l 256 "$1" | cut -d' ' -f1; }
+# expect_store VERSION FILE: every receiver's current file is FILE at VERSION
+expect_store() {
+    for r in 3 4 5; do
+        [ "$(readlink "$T/out/rank-$r/current")" = "v$1" ] || fail "$case: rank $r current is not v$1"
+        cmp -s "$T/out/rank-$r/current/model.bin" "$2" || fail "$case: rank $r holds other bytes"
+    done
+    ls -a "$T/out/rank-3" | grep -q partial && fail "$case: partial version left visible"
+}
+run() { # name expected-status [env] args...
+    case=$1 want=$2; shift 2
+    "$@" >"$T/stdout" 2>"$T/stderr"
+    local rc=$?
+    [ $rc -eq "$want" ] || { fail "$case: exit $rc, expected $want"; tail -5 "$T/stderr" >&2; }
+}
+
+run clean 0 "${M[@]}" -np 6 "$V" broadcast --file "$T/v1.bin" "${K[@]}" "${A[@]}" --weights-version 1
+[ "$(grep -c "version 1 $(hash "$T/v1.bin")" "$T/stdout")" = 3 ] || fail "clean: 3 receivers must print the hash"
+expect_store 1 "$T/v1.bin"
+
+run corrupt 0 env VKSWARM_FAULT=corrupt:1:3 "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 2
+grep -q "shard 3 from rank 1 fails its hash" "$T/stderr" || fail "corrupt: not detected"
+expect_store 2 "$T/v2.bin"
+
+run short 0 env VKSWARM_FAULT=short:0 "${M[@]}" -np 6 "$V" broadcast --file "$T/v1.bin" "${K[@]}" "${A[@]}" --weights-version 3
+grep -q "wrong length" "$T/stderr" || fail "short: not detected"
+expect_store 3 "$T/v1.bin"
+
+run replay 2 "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 2
+grep -q "not newer than version 3" "$T/stderr" || fail "replay: no message"
+expect_store 3 "$T/v1.bin"
+
+run otherkey 2 "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" --key "$T/evil/shardcast.key" "${A[@]}" --weights-version 9
+grep -q "bad signature" "$T/stderr" || fail "otherkey: no message"
+expect_store 3 "$T/v1.bin"
+
+run badsig 2 env VKSWARM_FAULT=badsig "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 9
+grep -q "rank 5: manifest: bad signature" "$T/stderr" || fail "badsig: no message"
+expect_store 3 "$T/v1.bin"
+
+run delta 0 "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 4 --delta xor --base "$T/v1.bin"
+grep -q "delta saves" "$T/stderr" || fail "delta: no savings reported"
+expect_store 4 "$T/v2.bin"
+
+# Open MPI 4.1 aborts the job when a rank dies unless --enable-recovery;
+# with it, mpirun itself exits 0, so the check is on the receivers' output.
+# Known: in about one run in three, Open MPI's teardown (MPI_Finalize after a
+# rank died) hangs after every survivor has finished; that is reported, not
+# counted, when the transfer itself completed (checked below).
+case=relay-dies
+env VKSWARM_FAULT=die:1 timeout 90 mpirun --oversubscribe --mca btl tcp,self --enable-recovery -np 6 "$V" broadcast \
+    --file "$T/v1.bin" "${K[@]}" "${A[@]}" --weights-version 5 --link-mbps 200 >"$T/stdout" 2>"$T/stderr"
+rc=$?
+[ $rc -eq 124 ] && echo "NOTE: relay-dies: mpirun teardown hung after the transfer (Open MPI 4.1 recovery)" >&2
+[ $rc -eq 0 ] || [ $rc -eq 124 ] || fail "relay-dies: exit $rc"
+grep -q "relay 1 silent" "$T/stderr" || fail "relay-dies: no failover"
+[ "$(grep -c "rank [345]: version 5 .*failed over\\|rank [345]: version 5 in" "$T/stderr")" = 3 ] ||
+    fail "relay-dies: 3 receivers must finish"
+expect_store 5 "$T/v1.bin"
+
+echo "broadcast.sh: $fails failures"
+[ $fails -eq 0 ]

@@ -1,0 +1,1087 @@
+/* test_formats.c: block quantization (known blocks, error bounds), GGUF and
+ * safetensors readers/writers (round trips, every metadata type, real vocab
+ * files), one model giving the same logits from every format, the convert
+ * CLI, content-based detection, and hostile files (mutants and the fuzz
+ * regression corpus). */
+#define _GNU_SOURCE /* memmem */
+#include "test_util.h"
+
+#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_gguf.h"
+#include "vkswarm/vks_model.h"
+#include "vkswarm/vks_quant.h"
+#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_safetensors.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- helpers ---- */
+
+static char *path_in(const char *dir, const char *name) {
+    char *p = malloc(strlen(dir) + strlen(name) + 2);
+    sprintf(p, "%s/%s", dir, name);
+    return p;
+}
+
+static char *shared_file(const char *rel) {
+    const char *p = tu_shared_path(rel);
+    return p ? strdup(p) : NULL;
+}
+
+static void write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+static uint16_t h16(float f) { return vks_f32_to_f16(f); }
+
+static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+static const int32_t test_ids[] = {1, 403, 407, 261, 9, 33, 45, 100, 200, 300, 17, 2};
+#define N_IDS ((int)(sizeof test_ids / sizeof test_ids[0]))
+
+static float *logits_of(const vks_model *m) {
+    float *l = malloc((size_t)N_IDS * (size_t)m->cfg.vocab_size * sizeof(float));
+    int rc = vks_cpu_forward(m, test_ids, N_IDS, l, NULL);
+    if (rc != VKS_OK) fail_msg("cpu forward of %s: %s", m->path, vks_last_error());
+    return l;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
+    return m;
+}
+
+static vks_model *small_random(int vocab, uint64_t seed) {
+    vks_model_config c = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                          .vocab_size = vocab, .seq_len = 32};
+    vks_model *m = NULL;
+    if (vks_model_random(&c, seed, &m) != VKS_OK) fail_msg("random model: %s", vks_last_error());
+    return m;
+}
+
+/* ---- quantization: hand-built blocks ---- */
+
+static void test_q8_0_known_block(void **state) {
+    (void)state;
+    uint8_t b[34];
+    put16(b, h16(0.5f));
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)(j - 16);
+    float y[32];
+    vks_dequantize(VKS_DTYPE_Q8_0, b, y, 32);
+    for (int j = 0; j < 32; j++) assert_true(y[j] == 0.5f * (float)(j - 16));
+    /* quantizing x = j - 16: amax 16, d = 16/127, q = round(x * 127/16) */
+    float x[32];
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 16);
+    uint8_t q[34];
+    assert_int_equal(vks_quantize(VKS_DTYPE_Q8_0, x, q, 32), VKS_OK);
+    uint16_t d;
+    memcpy(&d, q, 2);
+    assert_int_equal(d, h16(16.0f / 127.0f));
+    for (int j = 0; j < 32; j++) assert_int_equal((int8_t)q[2 + j], (int)roundf((float)(j - 16) * (127.0f / 16.0f)));
+    assert_int_equal(vks_dtype_block_bytes(VKS_DTYPE_Q8_0), 34);
+}
+
+static void test_q4_0_known_block(void **state) {
+    (void)state;
+    uint8_t b[18];
+    put16(b, h16(2.0f));
+    for (int j = 0; j < 16; j++) b[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+    float y[32];
+    vks_dequantize(VKS_DTYPE_Q4_0, b, y, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == 2.0f * (float)(j - 8));
+        assert_true(y[j + 16] == 2.0f * (float)(15 - j - 8));
+    }
+    /* llama.cpp q4_0: d = max/-8 with the signed largest value; -8 maps to level 0 */
+    float x[32] = {0};
+    x[3] = -8.0f;
+    x[20] = 4.0f;
+    uint8_t q[18];
+    assert_int_equal(vks_quantize(VKS_DTYPE_Q4_0, x, q, 32), VKS_OK);
+    vks_dequantize(VKS_DTYPE_Q4_0, q, y, 32);
+    for (int j = 0; j < 32; j++) assert_true(y[j] == x[j]);
+    assert_int_equal(vks_dtype_block_bytes(VKS_DTYPE_Q4_0), 18);
+}
+
+/* Q4_K: 8 sub-blocks of 32 with 6-bit scale sc and min m: y = d*sc*q - dmin*m. */
+static void test_q4_k_known_block(void **state) {
+    (void)state;
+    const uint8_t sc[8] = {1, 7, 33, 63, 5, 40, 17, 62}, mn[8] = {0, 9, 63, 2, 50, 3, 31, 16};
+    uint8_t b[144] = {0};
+    put16(b, h16(0.25f));
+    put16(b + 2, h16(0.125f));
+    uint8_t *s = b + 4;
+    for (int j = 0; j < 4; j++) { /* low 6 bits of scales 0-3 and mins 0-3; top 2 bits hold the high bits of 4-7 */
+        s[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+        s[j + 4] = (uint8_t)(mn[j] | ((mn[j + 4] >> 4) << 6));
+        s[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+    }
+    int level[256];
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            int lo = l & 15, hi = (l * 3 + c) & 15;
+            b[16 + 32 * c + l] = (uint8_t)(lo | (hi << 4));
+            level[64 * c + l] = lo;
+            level[64 * c + 32 + l] = hi;
+        }
+    float y[256];
+    vks_dequantize(VKS_DTYPE_Q4_K, b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        int sb = e / 32;
+        float want = (0.25f * sc[sb]) * (float)level[e] - 0.125f * mn[sb];
+        if (y[e] != want) fail_msg("q4_k element %d: got %g want %g", e, y[e], want);
+    }
+    assert_int_equal(vks_dtype_block_bytes(VKS_DTYPE_Q4_K), 144);
+}
+
+/* Q6_K: 16 sub-blocks of 16 with int8 scales: y = d*scale*(L-32), L in 0..63. */
+static void test_q6_k_known_block(void **state) {
+    (void)state;
+    uint8_t b[210] = {0}, L[256];
+    for (int e = 0; e < 256; e++) L[e] = (uint8_t)((e * 7 + e / 64) % 64);
+    uint8_t *ql = b, *qh = b + 128;
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *q = L + 128 * h + l; /* elements l, l+32, l+64, l+96 of this half */
+            ql[64 * h + l] = (uint8_t)((q[0] & 15) | ((q[64] & 15) << 4));
+            ql[64 * h + l + 32] = (uint8_t)((q[32] & 15) | ((q[96] & 15) << 4));
+            qh[32 * h + l] = (uint8_t)((q[0] >> 4) | ((q[32] >> 4) << 2) | ((q[64] >> 4) << 4) | ((q[96] >> 4) << 6));
+        }
+    for (int i = 0; i < 16; i++) b[192 + i] = (uint8_t)(int8_t)(i * 9 - 70);
+    put16(b + 208, h16(0.25f));
+    float y[256];
+    vks_dequantize(VKS_DTYPE_Q6_K, b, y, 256);
+    for (int e = 0; e < 256; e++) {
+        float want = 0.25f * (float)(int8_t)b[192 + e / 16] * (float)(L[e] - 32);
+        if (y[e] != want) fail_msg("q6_k element %d: got %g want %g", e, y[e], want);
+    }
+    assert_int_equal(vks_dtype_block_bytes(VKS_DTYPE_Q6_K), 210);
+}
+
+/* ---- quantization: error bounds on random data ---- */
+
+static void check_quant_error(vks_dtype t, double max_nmse, double min_nmse) {
+    enum { N = 256 * 64 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    uint64_t bytes;
+    assert_true(vks_dtype_row_bytes(t, N, &bytes));
+    uint8_t *q = malloc((size_t)bytes);
+    tu_fill_uniform(x, N, 42 + (uint64_t)t, -1.0f, 1.0f);
+    for (int i = 0; i < N; i += 97) x[i] *= 6.0f; /* outliers */
+    assert_int_equal(vks_quantize(t, x, q, N), VKS_OK);
+    vks_dequantize(t, q, y, N);
+    double e = tu_nmse(y, x, N);
+    print_message("%s: nmse %.3g\n", vks_dtype_name(t), e);
+    assert_true(e < max_nmse);
+    assert_true(e > min_nmse); /* lossy formats must actually lose something */
+    /* Q8_0 per element: levels come from the exact d but decode with d rounded to
+     * f16 (relative error <= 2^-11), so |err| <= d/2 + 127 * d * 2^-11 < 0.563 d. */
+    if (t == VKS_DTYPE_Q8_0)
+        for (int blk = 0; blk < N / 32; blk++) {
+            float amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * blk + j]));
+            for (int j = 0; j < 32; j++) assert_true(fabsf(x[32 * blk + j] - y[32 * blk + j]) <= amax / 127.0f * 0.563f + 1e-7f);
+        }
+    free(x);
+    free(y);
+    free(q);
+}
+
+static void test_quant_error_bounds(void **state) {
+    (void)state;
+    check_quant_error(VKS_DTYPE_Q8_0, 1e-4, 1e-7);
+    check_quant_error(VKS_DTYPE_Q4_0, 1.5e-2, 1e-4);
+    check_quant_error(VKS_DTYPE_Q4_K, 1e-2, 1e-4);
+    check_quant_error(VKS_DTYPE_Q6_K, 1e-3, 1e-6);
+    float x[32] = {0};
+    uint8_t q[64];
+    assert_int_equal(vks_quantize(VKS_DTYPE_Q4_K, x, q, 32), VKS_ERR_ARG); /* not a whole block */
+    assert_int_equal(vks_quantize(VKS_DTYPE_COUNT, x, q, 32), VKS_ERR_ARG);
+    uint64_t rb;
+    assert_false(vks_dtype_row_bytes(VKS_DTYPE_Q8_0, 33, &rb));
+    assert_true(vks_dtype_row_bytes(VKS_DTYPE_Q4_K, 512, &rb));
+    assert_int_equal(rb, 288);
+}
+
+/* A zero block stays zero (no NaN from 0/0). */
+static void test_quant_zero_block(void **state) {
+    (void)state;
+    const vks_dtype all[] = {VKS_DTYPE_Q8_0, VKS_DTYPE_Q4_0, VKS_DTYPE_Q4_K, VKS_DTYPE_Q6_K};
+    float x[256] = {0}, y[256];
+    uint8_t q[8 * 34]; /* the largest: 8 q8_0 blocks */
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(vks_quantize(all[i], x, q, 256), VKS_OK);
+        vks_dequantize(all[i], q, y, 256);
+        for (int j = 0; j < 256; j++) assert_true(y[j] == 0.0f);
+    }
+}
+
+/* ---- GGUF container ---- */
+
+static void test_gguf_tensor_round_trip(void **state) {
+    (void)state;
+    const vks_dtype all[] = {VKS_DTYPE_F32,  VKS_DTYPE_F16,  VKS_DTYPE_BF16, VKS_DTYPE_Q8_0,
+                             VKS_DTYPE_Q4_0, VKS_DTYPE_Q4_K, VKS_DTYPE_Q6_K};
+    enum { ROWS = 3, COLS = 512 };
+    float src[ROWS * COLS];
+    tu_fill_uniform(src, ROWS * COLS, 7, -2.0f, 2.0f);
+    vks_gguf_writer *w;
+    assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+    void *enc[7];
+    size_t sizes[7];
+    char name[32];
+    for (int i = 0; i < 7; i++) {
+        uint64_t rb;
+        assert_true(vks_dtype_row_bytes(all[i], COLS, &rb));
+        sizes[i] = (size_t)rb * ROWS;
+        enc[i] = malloc(sizes[i]);
+        assert_int_equal(vks_quantize(all[i], src, enc[i], ROWS * COLS), VKS_OK);
+        snprintf(name, sizeof name, "t.%s", vks_dtype_name(all[i]));
+        int64_t ne[2] = {COLS, ROWS};
+        assert_int_equal(vks_gguf_add_tensor(w, name, all[i], 2, ne, enc[i]), VKS_OK);
+    }
+    int64_t ne1[1] = {COLS};
+    assert_int_equal(vks_gguf_add_tensor(w, "t.f32", VKS_DTYPE_F32, 1, ne1, src), VKS_ERR_ARG); /* duplicate */
+    int64_t bad[1] = {100};
+    assert_int_equal(vks_gguf_add_tensor(w, "bad", VKS_DTYPE_Q8_0, 1, bad, src), VKS_ERR_ARG); /* not whole blocks */
+    char *path = path_in(tu_tmpdir(), "t.gguf");
+    assert_int_equal(vks_gguf_writer_save(w, path), VKS_OK);
+    vks_gguf_writer_free(w);
+    vks_gguf *g;
+    if (vks_gguf_open(path, &g) != VKS_OK) fail_msg("%s", vks_last_error());
+    assert_int_equal(vks_gguf_version(g), 3);
+    assert_int_equal(vks_gguf_n_tensors(g), 7);
+    assert_int_equal(vks_gguf_data_offset(g) % 32, 0);
+    for (int i = 0; i < 7; i++) {
+        snprintf(name, sizeof name, "t.%s", vks_dtype_name(all[i]));
+        const vks_gguf_tensor *t = vks_gguf_find_tensor(g, name);
+        assert_non_null(t);
+        assert_int_equal(t->dtype, all[i]);
+        assert_int_equal(t->ne[0], COLS);
+        assert_int_equal(t->ne[1], ROWS);
+        assert_int_equal(t->size, sizes[i]);
+        assert_int_equal(t->offset % 32, 0);
+        assert_memory_equal(t->data, enc[i], sizes[i]);
+        free(enc[i]);
+    }
+    assert_null(vks_gguf_find_tensor(g, "t.q5_k"));
+    vks_gguf_close(g);
+    free(path);
+}
+
+static void test_gguf_metadata_every_type(void **state) {
+    (void)state;
+    vks_gguf_writer *w;
+    assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+    assert_int_equal(vks_gguf_writer_set_alignment(w, 64), VKS_OK);
+    uint8_t u8 = 200; int8_t i8 = -100; uint16_t u16 = 60000; int16_t i16 = -30000;
+    uint64_t u64 = 0xFFFFFFFFFFFFFFF0ull; int64_t i64 = -((int64_t)1 << 60); double f64 = 3.141592653589793;
+    assert_int_equal(vks_gguf_add_scalar(w, "k.u8", VKS_GGUF_UINT8, &u8), VKS_OK);
+    assert_int_equal(vks_gguf_add_scalar(w, "k.i8", VKS_GGUF_INT8, &i8), VKS_OK);
+    assert_int_equal(vks_gguf_add_scalar(w, "k.u16", VKS_GGUF_UINT16, &u16), VKS_OK);
+    assert_int_equal(vks_gguf_add_scalar(w, "k.i16", VKS_GGUF_INT16, &i16), VKS_OK);
+    assert_int_equal(vks_gguf_add_u32(w, "k.u32", 4000000000u), VKS_OK);
+    assert_int_equal(vks_gguf_add_i32(w, "k.i32", -2000000000), VKS_OK);
+    assert_int_equal(vks_gguf_add_f32(w, "k.f32", 0.1f), VKS_OK);
+    assert_int_equal(vks_gguf_add_bool(w, "k.bool", true), VKS_OK);
+    assert_int_equal(vks_gguf_add_strn(w, "k.str", "a\0b", 3), VKS_OK);
+    assert_int_equal(vks_gguf_add_scalar(w, "k.u64", VKS_GGUF_UINT64, &u64), VKS_OK);
+    assert_int_equal(vks_gguf_add_scalar(w, "k.i64", VKS_GGUF_INT64, &i64), VKS_OK);
+    assert_int_equal(vks_gguf_add_scalar(w, "k.f64", VKS_GGUF_FLOAT64, &f64), VKS_OK);
+    const char *strs[] = {"", "x", "\xe2\x96\x81hello"};
+    float fa[3] = {1.5f, -2.0f, 1e30f};
+    int32_t ia[4] = {-1, 0, 7, INT32_MAX};
+    uint8_t ba[2] = {1, 0};
+    int16_t sa[2] = {-5, 5};
+    assert_int_equal(vks_gguf_add_arr_str(w, "a.str", strs, 3), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr(w, "a.f32", VKS_GGUF_FLOAT32, fa, 3), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr(w, "a.i32", VKS_GGUF_INT32, ia, 4), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr(w, "a.bool", VKS_GGUF_BOOL, ba, 2), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr(w, "a.i16", VKS_GGUF_INT16, sa, 2), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr(w, "a.empty", VKS_GGUF_UINT8, NULL, 0), VKS_OK);
+    assert_int_equal(vks_gguf_add_u32(w, "k.u32", 1), VKS_ERR_ARG); /* duplicate */
+    char *path = path_in(tu_tmpdir(), "meta.gguf");
+    assert_int_equal(vks_gguf_writer_save(w, path), VKS_OK);
+    vks_gguf_writer_free(w);
+
+    vks_gguf *g;
+    if (vks_gguf_open(path, &g) != VKS_OK) fail_msg("%s", vks_last_error());
+    assert_int_equal(vks_gguf_n_kv(g), 19); /* 12 scalars + 6 arrays + general.alignment */
+    assert_int_equal(vks_gguf_alignment(g), 64);
+    int64_t v;
+    uint64_t uv;
+    uint32_t u32;
+    assert_int_equal(vks_gguf_get_i64(g, "k.u8", &v), VKS_OK); assert_int_equal(v, 200);
+    assert_int_equal(vks_gguf_get_i64(g, "k.i8", &v), VKS_OK); assert_int_equal(v, -100);
+    assert_int_equal(vks_gguf_get_i64(g, "k.u16", &v), VKS_OK); assert_int_equal(v, 60000);
+    assert_int_equal(vks_gguf_get_i64(g, "k.i16", &v), VKS_OK); assert_int_equal(v, -30000);
+    assert_int_equal(vks_gguf_get_u32(g, "k.u32", &u32), VKS_OK); assert_int_equal(u32, 4000000000u);
+    assert_int_equal(vks_gguf_get_i64(g, "k.i32", &v), VKS_OK); assert_int_equal(v, -2000000000);
+    assert_int_equal(vks_gguf_get_u32(g, "k.i32", &u32), VKS_ERR_FORMAT); /* negative does not fit */
+    assert_int_equal(vks_gguf_get_u64(g, "k.u64", &uv), VKS_OK); assert_true(uv == u64);
+    assert_int_equal(vks_gguf_get_i64(g, "k.u64", &v), VKS_ERR_FORMAT);
+    assert_int_equal(vks_gguf_get_i64(g, "k.i64", &v), VKS_OK); assert_true(v == i64);
+    float f;
+    double d;
+    bool b;
+    assert_int_equal(vks_gguf_get_f32(g, "k.f32", &f), VKS_OK); assert_true(f == 0.1f);
+    assert_int_equal(vks_gguf_get_f64(g, "k.f64", &d), VKS_OK); assert_true(d == f64);
+    assert_int_equal(vks_gguf_get_bool(g, "k.bool", &b), VKS_OK); assert_true(b);
+    assert_int_equal(vks_gguf_get_f32(g, "k.bool", &f), VKS_ERR_FORMAT);
+    const char *s;
+    size_t len;
+    assert_int_equal(vks_gguf_get_str(g, "k.str", &s, &len), VKS_OK);
+    assert_int_equal(len, 3);
+    assert_memory_equal(s, "a\0b", 4);
+    assert_int_equal(vks_gguf_get_str(g, "missing", &s, &len), VKS_ERR_ARG);
+    vks_gguf_type et;
+    uint64_t n;
+    assert_int_equal(vks_gguf_get_arr_info(g, "a.str", &et, &n), VKS_OK);
+    assert_int_equal(et, VKS_GGUF_STRING);
+    assert_int_equal(n, 3);
+    for (uint64_t i = 0; i < 3; i++) {
+        assert_int_equal(vks_gguf_get_arr_str(g, "a.str", i, &s, &len), VKS_OK);
+        assert_string_equal(s, strs[i]);
+    }
+    assert_int_equal(vks_gguf_get_arr_str(g, "a.str", 3, &s, &len), VKS_ERR_ARG);
+    float fo[3];
+    int32_t io[4];
+    assert_int_equal(vks_gguf_get_arr_f32(g, "a.f32", fo, 3), VKS_OK);
+    assert_memory_equal(fo, fa, sizeof fa);
+    assert_int_equal(vks_gguf_get_arr_i32(g, "a.i32", io, 4), VKS_OK);
+    assert_memory_equal(io, ia, sizeof ia);
+    assert_int_equal(vks_gguf_get_arr_i32(g, "a.f32", io, 3), VKS_ERR_FORMAT);
+    assert_int_equal(vks_gguf_get_arr_i32(g, "a.i32", io, 3), VKS_ERR_ARG); /* wrong length */
+    assert_int_equal(vks_gguf_get_arr_i32(g, "a.i16", io, 2), VKS_OK);
+    assert_int_equal(io[0], -5);
+    assert_int_equal(vks_gguf_get_arr_info(g, "a.bool", &et, &n), VKS_OK);
+    assert_int_equal(et, VKS_GGUF_BOOL);
+    assert_int_equal(vks_gguf_get_arr_info(g, "a.empty", &et, &n), VKS_OK);
+    assert_int_equal(n, 0);
+    vks_gguf_close(g);
+    free(path);
+}
+
+static void check_vocab(const char *file, int64_t n_kv, const char *model, uint64_t n_tokens) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "llamacpp-vocab/%s", file);
+    char *path = shared_file(rel);
+    if (!path) return;
+    vks_gguf *g;
+    if (vks_gguf_open(path, &g) != VKS_OK) fail_msg("%s", vks_last_error());
+    assert_int_equal(vks_gguf_version(g), 3);
+    assert_int_equal(vks_gguf_n_kv(g), n_kv);
+    assert_int_equal(vks_gguf_n_tensors(g), 0);
+    const char *s;
+    assert_int_equal(vks_gguf_get_str(g, "tokenizer.ggml.model", &s, NULL), VKS_OK);
+    assert_string_equal(s, model);
+    uint64_t n;
+    vks_gguf_type et;
+    assert_int_equal(vks_gguf_get_arr_info(g, "tokenizer.ggml.tokens", &et, &n), VKS_OK);
+    assert_int_equal(n, n_tokens);
+    int32_t *types = malloc(n * sizeof *types);
+    assert_int_equal(vks_gguf_get_arr_i32(g, "tokenizer.ggml.token_type", types, n), VKS_OK);
+    free(types);
+    vks_gguf_close(g);
+    free(path);
+}
+
+static void test_gguf_real_vocab_files(void **state) {
+    (void)state;
+    check_vocab("ggml-vocab-llama-spm.gguf", 22, "llama", 32000);
+    check_vocab("ggml-vocab-phi-3.gguf", 26, "llama", 32064);
+    check_vocab("ggml-vocab-gpt-2.gguf", 16, "gpt2", 50257);
+    char *path = shared_file("llamacpp-vocab/ggml-vocab-llama-spm.gguf");
+    if (!path) return;
+    vks_gguf *g;
+    assert_int_equal(vks_gguf_open(path, &g), VKS_OK);
+    float eps, score;
+    assert_int_equal(vks_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &eps), VKS_OK);
+    assert_true(eps == 1e-5f);
+    float *scores = malloc(32000 * sizeof(float));
+    assert_int_equal(vks_gguf_get_arr_f32(g, "tokenizer.ggml.scores", scores, 32000), VKS_OK);
+    score = scores[300];
+    assert_true(isfinite(score) && score < 0);
+    free(scores);
+    const char *s;
+    assert_int_equal(vks_gguf_get_arr_str(g, "tokenizer.ggml.tokens", 1, &s, NULL), VKS_OK);
+    assert_string_equal(s, "<s>");
+    vks_gguf_close(g);
+    /* A vocab-only file is not a model: one line naming the file and the problem. */
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_load(path, &m), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), path));
+    assert_non_null(strstr(vks_last_error(), "token_embd.weight"));
+    free(path);
+}
+
+/* ---- one model, every format, same logits ---- */
+
+static void test_stories_gguf_safetensors_logits(void **state) {
+    (void)state;
+    char *bin = shared_file("stories260K/stories260K.bin");
+    if (!bin) return;
+    vks_model *orig, *g, *h, *back;
+    assert_int_equal(vks_model_load(bin, &orig), VKS_OK);
+    const char *dir = tu_tmpdir();
+    char *gguf = path_in(dir, "s.gguf"), *hf = path_in(dir, "hf"), *bin2 = path_in(dir, "back.bin");
+    assert_int_equal(vks_model_save_gguf(orig, gguf, NULL), VKS_OK);
+    assert_int_equal(vks_model_load(gguf, &g), VKS_OK);
+    assert_non_null(vks_model_gguf(g));
+    assert_int_equal(g->cfg.rope_mode, VKS_ROPE_ADJACENT);
+    assert_int_equal(vks_model_save_safetensors(g, hf, NULL), VKS_OK);
+    assert_int_equal(vks_model_load(hf, &h), VKS_OK);
+    assert_int_equal(h->cfg.rope_mode, VKS_ROPE_HALF);
+    assert_string_equal(vks_model_dir(h), hf);
+    assert_null(vks_model_dir(g));
+    assert_true(h->cfg.shared_classifier);
+    assert_true(h->cfg.norm_eps == orig->cfg.norm_eps);
+    /* HF q rows are permuted: HF row j*half+i is adjacent row 2i+j (head 1, i=1, j=1). */
+    int hd = orig->cfg.head_dim, row_hf = hd + hd / 2 + 1, row_adj = hd + 2 + 1;
+    assert_memory_equal((const float *)h->layers[2].wq.data + row_hf * 64,
+                        (const float *)orig->layers[2].wq.data + row_adj * 64, 64 * sizeof(float));
+    float *lo = logits_of(orig), *lg = logits_of(g), *lh = logits_of(h);
+    size_t n = (size_t)N_IDS * 512;
+    assert_true(max_abs_diff(lg, lo, n) == 0.0);
+    double dh = max_abs_diff(lh, lo, n);
+    print_message("stories260K -> gguf -> safetensors: max |logit diff| %.3g\n", dh);
+    assert_true(dh <= 1e-6);
+    /* and back to llama2.c: the same body bytes (the unused freq_cis tables are zeros) */
+    assert_int_equal(vks_model_save_llama2c(h, bin2), VKS_OK);
+    assert_int_equal(vks_model_load(bin2, &back), VKS_OK);
+    float *lb = logits_of(back);
+    assert_true(max_abs_diff(lb, lo, n) == 0.0);
+    assert_memory_equal(back->layers[4].wk.data, orig->layers[4].wk.data, 32 * 64 * sizeof(float));
+    free(lo); free(lg); free(lh); free(lb);
+    vks_model_free(orig); vks_model_free(g); vks_model_free(h); vks_model_free(back);
+    free(gguf); free(hf); free(bin2); free(bin);
+}
+
+/* Quantized GGUF: loads with block dtypes in place; logits near the original. */
+static void test_quantized_gguf_model(void **state) {
+    (void)state;
+    vks_model *m = small_random(256, 5);
+    m->bos_id = 1;
+    m->eos_id = 2;
+    char *path = path_in(tu_tmpdir(), "q.gguf");
+    const vks_dtype types[] = {VKS_DTYPE_Q8_0, VKS_DTYPE_Q4_0, VKS_DTYPE_F16, VKS_DTYPE_BF16};
+    for (size_t i = 0; i < 4; i++) {
+        vks_model_save_options o = {.dtype = types[i]};
+        assert_int_equal(vks_model_save_gguf(m, path, &o), VKS_OK);
+        vks_model *q;
+        if (vks_model_load(path, &q) != VKS_OK) fail_msg("%s", vks_last_error());
+        assert_int_equal(q->layers[1].w2.dtype, types[i]);
+        assert_int_equal(q->final_norm.dtype, VKS_DTYPE_F32);
+        assert_int_equal(q->bos_id, 1);
+        assert_int_equal(q->eos_id, 2);
+        /* dequantized rows match a direct quantize/dequantize of the original */
+        float want[96], got[96];
+        uint8_t enc[400];
+        assert_int_equal(vks_quantize(types[i], (const float *)m->layers[1].w1.data + 5 * 64, enc, 64), VKS_OK);
+        vks_dequantize(types[i], enc, want, 64);
+        uint64_t rb;
+        assert_true(vks_dtype_row_bytes(types[i], 64, &rb));
+        vks_dequantize(types[i], (const uint8_t *)q->layers[1].w1.data + 5 * rb, got, 64);
+        assert_memory_equal(got, want, 64 * sizeof(float));
+        /* round trip through an f32 llama2.c file dequantizes */
+        char *bin = path_in(tu_tmpdir(), "q.bin");
+        assert_int_equal(vks_model_save_llama2c(q, bin), VKS_OK);
+        vks_model *b;
+        assert_int_equal(vks_model_load(bin, &b), VKS_OK);
+        assert_int_equal(b->layers[1].w1.dtype, VKS_DTYPE_F32);
+        assert_memory_equal((const float *)b->layers[1].w1.data + 5 * 64, want, 64 * sizeof(float));
+        vks_model_free(b);
+        vks_model_free(q);
+        free(bin);
+    }
+    vks_model_free(m);
+    free(path);
+}
+
+/* Qwen2: biases survive both formats; GGUF qwen2 keeps HF's half-split order. */
+static void test_qwen2_biases(void **state) {
+    (void)state;
+    vks_model *m = small_random(512, 9);
+    snprintf(m->arch, sizeof m->arch, "qwen2");
+    m->cfg.rope_mode = VKS_ROPE_HALF;
+    int L = m->cfg.n_layers, per = m->cfg.dim + 2 * m->cfg.kv_dim;
+    float *bias = malloc((size_t)(L * per) * sizeof(float));
+    tu_fill_uniform(bias, (size_t)(L * per), 3, -0.5f, 0.5f);
+    for (int l = 0; l < L; l++) {
+        float *p = bias + l * per;
+        m->layers[l].bq = (vks_tensor){VKS_DTYPE_F32, 1, m->cfg.dim, p};
+        m->layers[l].bk = (vks_tensor){VKS_DTYPE_F32, 1, m->cfg.kv_dim, p + m->cfg.dim};
+        m->layers[l].bv = (vks_tensor){VKS_DTYPE_F32, 1, m->cfg.kv_dim, p + m->cfg.dim + m->cfg.kv_dim};
+    }
+    const char *dir = tu_tmpdir();
+    char *gguf = path_in(dir, "qw.gguf"), *hf = path_in(dir, "qw");
+    assert_int_equal(vks_model_save_gguf(m, gguf, NULL), VKS_OK);
+    assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
+    vks_model *g, *h;
+    if (vks_model_load(gguf, &g) != VKS_OK) fail_msg("%s", vks_last_error());
+    if (vks_model_load(hf, &h) != VKS_OK) fail_msg("%s", vks_last_error());
+    vks_model *all[] = {g, h};
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(all[i]->arch, "qwen2");
+        assert_int_equal(all[i]->cfg.rope_mode, VKS_ROPE_HALF);
+        for (int l = 0; l < L; l++) {
+            assert_memory_equal(all[i]->layers[l].bq.data, m->layers[l].bq.data, (size_t)m->cfg.dim * 4);
+            assert_memory_equal(all[i]->layers[l].bk.data, m->layers[l].bk.data, (size_t)m->cfg.kv_dim * 4);
+            assert_memory_equal(all[i]->layers[l].bv.data, m->layers[l].bv.data, (size_t)m->cfg.kv_dim * 4);
+            assert_memory_equal(all[i]->layers[l].wq.data, m->layers[l].wq.data, 64 * 64 * 4);
+        }
+    }
+    /* same logits from the in-memory model and both files (the biases are used) */
+    float *lm = logits_of(m), *lg = logits_of(g), *lh = logits_of(h);
+    size_t nl = (size_t)N_IDS * 512;
+    assert_true(max_abs_diff(lg, lm, nl) == 0.0);
+    assert_true(max_abs_diff(lh, lm, nl) == 0.0);
+    m->layers[0].bq.data = NULL, m->layers[0].bk.data = NULL, m->layers[0].bv.data = NULL;
+    m->layers[1].bq.data = NULL, m->layers[1].bk.data = NULL, m->layers[1].bv.data = NULL;
+    float *ln = logits_of(m); /* without biases the logits change: they were applied */
+    assert_true(max_abs_diff(ln, lm, nl) > 1e-3);
+    free(lm); free(lg); free(lh); free(ln);
+    /* llama2.c cannot hold biases */
+    char *bin = path_in(dir, "qw.bin");
+    assert_int_equal(vks_model_save_llama2c(g, bin), VKS_ERR_ARG);
+    vks_model_free(g); vks_model_free(h); vks_model_free(m);
+    free(bias); free(gguf); free(hf); free(bin);
+}
+
+/* A llama2.c tokenizer embedded in GGUF equals llama.cpp's own vocab file. */
+static void test_embedded_tokenizer_matches_llama_cpp(void **state) {
+    (void)state;
+    char *tok = shared_file("llamacpp-vocab/llama2c-tokenizer.bin");
+    char *ref = shared_file("llamacpp-vocab/ggml-vocab-llama-spm.gguf");
+    if (!tok || !ref) { free(tok); free(ref); return; }
+    vks_model_config c = {.dim = 8, .hidden_dim = 8, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1,
+                          .vocab_size = 32000, .seq_len = 8};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 1, &m), VKS_OK);
+    char *path = path_in(tu_tmpdir(), "tok.gguf");
+    vks_model_save_options o = {.dtype = VKS_DTYPE_F32, .tokenizer_path = tok};
+    assert_int_equal(vks_model_save_gguf(m, path, &o), VKS_OK);
+    vks_gguf *a, *b;
+    assert_int_equal(vks_gguf_open(path, &a), VKS_OK);
+    assert_int_equal(vks_gguf_open(ref, &b), VKS_OK);
+    float *sa = malloc(32000 * 4), *sb = malloc(32000 * 4);
+    int32_t *ta = malloc(32000 * 4), *tb = malloc(32000 * 4);
+    assert_int_equal(vks_gguf_get_arr_f32(a, "tokenizer.ggml.scores", sa, 32000), VKS_OK);
+    assert_int_equal(vks_gguf_get_arr_f32(b, "tokenizer.ggml.scores", sb, 32000), VKS_OK);
+    assert_memory_equal(sa, sb, 32000 * 4);
+    assert_int_equal(vks_gguf_get_arr_i32(a, "tokenizer.ggml.token_type", ta, 32000), VKS_OK);
+    assert_int_equal(vks_gguf_get_arr_i32(b, "tokenizer.ggml.token_type", tb, 32000), VKS_OK);
+    assert_memory_equal(ta, tb, 32000 * 4);
+    for (uint64_t i = 0; i < 32000; i++) {
+        const char *x, *y;
+        size_t lx, ly;
+        assert_int_equal(vks_gguf_get_arr_str(a, "tokenizer.ggml.tokens", i, &x, &lx), VKS_OK);
+        assert_int_equal(vks_gguf_get_arr_str(b, "tokenizer.ggml.tokens", i, &y, &ly), VKS_OK);
+        if (lx != ly || memcmp(x, y, lx) != 0) fail_msg("token %llu: '%s' vs '%s'", (unsigned long long)i, x, y);
+    }
+    const char *model;
+    assert_int_equal(vks_gguf_get_str(a, "tokenizer.ggml.model", &model, NULL), VKS_OK);
+    assert_string_equal(model, "llama");
+    uint32_t bos, eos;
+    assert_int_equal(vks_gguf_get_u32(a, "tokenizer.ggml.bos_token_id", &bos), VKS_OK);
+    assert_int_equal(vks_gguf_get_u32(a, "tokenizer.ggml.eos_token_id", &eos), VKS_OK);
+    assert_int_equal(bos, 1);
+    assert_int_equal(eos, 2);
+    vks_gguf_close(a);
+    vks_gguf_close(b);
+    /* GGUF -> GGUF copies the tokenizer metadata */
+    vks_model *g;
+    char *path2 = path_in(tu_tmpdir(), "tok2.gguf");
+    assert_int_equal(vks_model_load(path, &g), VKS_OK);
+    assert_int_equal(vks_model_save_gguf(g, path2, NULL), VKS_OK);
+    assert_int_equal(vks_gguf_open(path2, &a), VKS_OK);
+    assert_int_equal(vks_gguf_get_arr_f32(a, "tokenizer.ggml.scores", sa, 32000), VKS_OK);
+    assert_memory_equal(sa, sb, 32000 * 4);
+    vks_gguf_close(a);
+    vks_model_free(g);
+    vks_model_free(m);
+    free(sa); free(sb); free(ta); free(tb); free(path); free(path2); free(tok); free(ref);
+}
+
+/* ---- sharded safetensors, detection by content ---- */
+
+static void test_sharded_safetensors_and_detection(void **state) {
+    (void)state;
+    vks_model *m = small_random(512, 11);
+    const char *dir = tu_tmpdir();
+    char *hf = path_in(dir, "one");
+    assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
+    /* Split model.safetensors into two shards with an index. */
+    char *single = path_in(hf, "model.safetensors");
+    vks_st_file *f;
+    assert_int_equal(vks_st_open(single, &f), VKS_OK);
+    int64_t n = vks_st_n_tensors(f);
+    vks_st_write_tensor *wt = calloc((size_t)n, sizeof *wt);
+    char *index = malloc(1 << 16);
+    int len = sprintf(index, "{\"metadata\": {}, \"weight_map\": {");
+    for (int64_t i = 0; i < n; i++) {
+        const vks_st_tensor *t = vks_st_tensor_at(f, i);
+        wt[i] = (vks_st_write_tensor){.name = t->name, .dtype = t->dtype, .n_dims = t->n_dims, .data = t->data};
+        memcpy(wt[i].shape, t->shape, sizeof t->shape);
+        len += sprintf(index + len, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "", t->name,
+                       i < n / 2 ? 1 : 2);
+    }
+    sprintf(index + len, "}}");
+    char *shard_dir = path_in(dir, "sharded");
+    assert_int_equal(mkdir(shard_dir, 0777), 0);
+    char *p1 = path_in(shard_dir, "model-00001-of-00002.safetensors");
+    char *p2 = path_in(shard_dir, "model-00002-of-00002.safetensors");
+    char *pi = path_in(shard_dir, "model.safetensors.index.json");
+    char *pc = path_in(shard_dir, "config.json"), *pc0 = path_in(hf, "config.json");
+    assert_int_equal(vks_st_write(p1, wt, (size_t)(n / 2)), VKS_OK);
+    assert_int_equal(vks_st_write(p2, wt + n / 2, (size_t)(n - n / 2)), VKS_OK);
+    write_file(pi, index, strlen(index));
+    size_t clen;
+    unsigned char *cfg = tu_read_file(pc0, &clen);
+    write_file(pc, cfg, clen);
+    vks_model *a, *b, *c;
+    if (vks_model_load(hf, &a) != VKS_OK) fail_msg("%s", vks_last_error());
+    if (vks_model_load(shard_dir, &b) != VKS_OK) fail_msg("%s", vks_last_error());
+    if (vks_model_load(single, &c) != VKS_OK) fail_msg("%s", vks_last_error()); /* the file, config beside it */
+    float *la = logits_of(a), *lb = logits_of(b), *lc = logits_of(c);
+    size_t nl = (size_t)N_IDS * 512;
+    assert_true(max_abs_diff(la, lb, nl) == 0.0);
+    assert_true(max_abs_diff(la, lc, nl) == 0.0);
+    /* A shard name that escapes the directory is refused. */
+    char *evil = strdup(index);
+    char *at = strstr(evil, "model-00002-of-00002");
+    memcpy(at, "../00002-of-00002.ss", 20);
+    write_file(pi, evil, strlen(evil));
+    vks_model *d = NULL;
+    assert_int_equal(vks_model_load(shard_dir, &d), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "shard"));
+    /* Detection is by content: a GGUF named .bin and a llama2.c file named .gguf */
+    char *g_as_bin = path_in(dir, "model.bin"), *l_as_gguf = path_in(dir, "model.gguf");
+    assert_int_equal(vks_model_save_gguf(m, g_as_bin, NULL), VKS_OK);
+    assert_int_equal(vks_model_save_llama2c(m, l_as_gguf), VKS_OK);
+    vks_model *e, *f2;
+    assert_int_equal(vks_model_load(g_as_bin, &e), VKS_OK);
+    assert_non_null(vks_model_gguf(e));
+    assert_int_equal(vks_model_load(l_as_gguf, &f2), VKS_OK);
+    assert_null(vks_model_gguf(f2));
+    float *le = logits_of(e), *lf = logits_of(f2);
+    assert_true(max_abs_diff(le, lf, nl) == 0.0);
+    assert_true(max_abs_diff(le, la, nl) <= 1e-6);
+    free(la); free(lb); free(lc); free(le); free(lf);
+    vks_model_free(a); vks_model_free(b); vks_model_free(c); vks_model_free(e); vks_model_free(f2);
+    vks_model_free(m);
+    vks_st_close(f);
+    free(wt); free(index); free(evil); free(cfg);
+    free(hf); free(single); free(shard_dir); free(p1); free(p2); free(pi); free(pc); free(pc0);
+    free(g_as_bin); free(l_as_gguf);
+}
+
+/* ---- hostile files ---- */
+
+/* A small valid GGUF in memory (metadata of several types, two tensors). */
+static unsigned char *small_gguf(size_t *len, size_t *data_end) {
+    vks_gguf_writer *w;
+    assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+    const char *strs[] = {"a", "bb", "ccc"};
+    float fa[2] = {1, 2};
+    static float t1[64], t2[32];
+    assert_int_equal(vks_gguf_add_str(w, "general.architecture", "llama"), VKS_OK);
+    assert_int_equal(vks_gguf_add_u32(w, "x.u32", 7), VKS_OK);
+    assert_int_equal(vks_gguf_add_bool(w, "x.bool", false), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr_str(w, "x.strs", strs, 3), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr(w, "x.f32s", VKS_GGUF_FLOAT32, fa, 2), VKS_OK);
+    int64_t ne1[2] = {32, 2}, ne2[1] = {32};
+    uint8_t *q = malloc(68);
+    assert_int_equal(vks_quantize(VKS_DTYPE_Q8_0, t1, q, 64), VKS_OK);
+    assert_int_equal(vks_gguf_add_tensor_owned(w, "t.q8", VKS_DTYPE_Q8_0, 2, ne1, q), VKS_OK);
+    assert_int_equal(vks_gguf_add_tensor(w, "t.f32", VKS_DTYPE_F32, 1, ne2, t2), VKS_OK);
+    char *path = path_in(tu_tmpdir(), "small.gguf");
+    assert_int_equal(vks_gguf_writer_save(w, path), VKS_OK);
+    vks_gguf_writer_free(w);
+    unsigned char *b = tu_read_file(path, len);
+    vks_gguf *g;
+    assert_int_equal(vks_gguf_open_memory(b, *len, "small", &g), VKS_OK);
+    *data_end = vks_gguf_data_offset(g) + vks_gguf_find_tensor(g, "t.f32")->offset + 128;
+    vks_gguf_close(g);
+    free(path);
+    return b;
+}
+
+static int open_bytes(const unsigned char *b, size_t len) {
+    vks_gguf *g = NULL;
+    int rc = vks_gguf_open_memory(b, len, "mutant", &g);
+    if (rc == VKS_OK) { /* whatever opened must be safe to walk */
+        for (int64_t i = 0; i < vks_gguf_n_kv(g); i++) (void)strlen(vks_gguf_key(g, i));
+        for (int64_t i = 0; i < vks_gguf_n_tensors(g); i++) {
+            const vks_gguf_tensor *t = vks_gguf_tensor_at(g, i);
+            volatile uint8_t sink = 0;
+            for (uint64_t k = 0; k < t->size; k++) sink ^= ((const uint8_t *)t->data)[k];
+            (void)sink;
+        }
+        vks_gguf_close(g);
+    } else {
+        assert_non_null(strstr(vks_last_error(), "mutant"));
+        assert_null(strchr(vks_last_error(), '\n'));
+    }
+    return rc;
+}
+
+static void set_u64(unsigned char *b, size_t off, uint64_t v) { memcpy(b + off, &v, 8); }
+
+static void test_gguf_hostile(void **state) {
+    (void)state;
+    size_t len, data_end;
+    unsigned char *good = small_gguf(&len, &data_end);
+    assert_int_equal(open_bytes(good, len), VKS_OK);
+    for (size_t cut = 0; cut < data_end; cut++) assert_int_not_equal(open_bytes(good, cut), VKS_OK);
+    unsigned char *b = malloc(len);
+    uint64_t s = 12345;
+    for (int iter = 0; iter < 3000; iter++) { /* flipped bytes */
+        memcpy(b, good, len);
+        for (int k = 0; k < 1 + iter % 4; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            size_t pos = (size_t)(s >> 33) % (data_end < len ? data_end : len);
+            b[pos] ^= (uint8_t)(1u << ((s >> 20) & 7));
+        }
+        open_bytes(b, len);
+    }
+    struct { size_t off; uint64_t v; const char *msg; } edits[] = {
+        {4, 1, "version"},                   /* version 1 */
+        {8, 1ull << 40, "claims"},           /* tensor count */
+        {16, 1ull << 40, "claims"},          /* metadata count */
+        {16, 6, NULL},                       /* one key too many: reads tensor infos as a key */
+        {24, UINT64_MAX, "claims"},          /* first key length */
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        memcpy(b, good, len);
+        if (edits[i].off == 4) {
+            uint32_t v = (uint32_t)edits[i].v;
+            memcpy(b + 4, &v, 4);
+        } else {
+            set_u64(b, edits[i].off, edits[i].v);
+        }
+        assert_int_not_equal(open_bytes(b, len), VKS_OK);
+        if (edits[i].msg && !strstr(vks_last_error(), edits[i].msg)) fail_msg("edit %zu: '%s'", i, vks_last_error());
+    }
+    /* Duplicate key: rename x.u32 to x.f32 is not the same length; rename "x.bool" -> "x.u32" region instead. */
+    memcpy(b, good, len);
+    unsigned char *k = memmem(b, len, "x.bool", 6);
+    assert_non_null(k);
+    memcpy(k, "x.strs", 6);
+    assert_int_equal(open_bytes(b, len), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "duplicate"));
+    /* Tensor offset past the end, and an unknown ggml type. */
+    memcpy(b, good, len);
+    unsigned char *tn = memmem(b, len, "t.f32", 5);
+    assert_non_null(tn);
+    /* after the name: u32 n_dims (1), u64 ne0, u32 type, u64 offset */
+    set_u64(b, (size_t)(tn - b) + 5 + 4 + 8 + 4, 1ull << 30);
+    assert_int_equal(open_bytes(b, len), VKS_ERR_FORMAT);
+    memcpy(b, good, len);
+    uint32_t bad_type = 99;
+    memcpy(tn + 5 + 4 + 8, &bad_type, 4);
+    assert_int_equal(open_bytes(b, len), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "ggml type"));
+    /* Overlap: point t.f32 at t.q8's data */
+    memcpy(b, good, len);
+    set_u64(b, (size_t)(tn - b) + 5 + 4 + 8 + 4, 0);
+    assert_int_equal(open_bytes(b, len), VKS_ERR_FORMAT);
+    free(b);
+    free(good);
+}
+
+/* Model-level checks: shapes that disagree with the config, missing tensors. */
+static void test_gguf_model_hostile(void **state) {
+    (void)state;
+    vks_model *m = small_random(64, 2);
+    char *path = path_in(tu_tmpdir(), "h.gguf");
+    assert_int_equal(vks_model_save_gguf(m, path, NULL), VKS_OK);
+    size_t len;
+    unsigned char *good = tu_read_file(path, &len);
+    unsigned char *b = malloc(len);
+    struct { const char *key; uint32_t value; const char *msg; } edits[] = {
+        {"llama.embedding_length", 32, "partial RoPE"}, /* head_dim changes first */
+        {"llama.block_count", 3, "missing tensor blk.2"},
+        {"llama.feed_forward_length", 97, "shape"},
+        {"llama.attention.head_count_kv", 3, "does not divide"},
+        {"llama.rope.dimension_count", 8, "partial RoPE"},
+        {"llama.vocab_size", 65, "disagrees"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        memcpy(b, good, len);
+        unsigned char *k = memmem(b, len, edits[i].key, strlen(edits[i].key));
+        assert_non_null(k);
+        memcpy(k + strlen(edits[i].key) + 4, &edits[i].value, 4); /* key, u32 type, value */
+        write_file(path, b, len);
+        vks_model *x = NULL;
+        int rc = vks_model_load(path, &x);
+        if (rc != VKS_ERR_FORMAT || !strstr(vks_last_error(), edits[i].msg) || !strstr(vks_last_error(), path))
+            fail_msg("edit %s: rc %d, '%s'", edits[i].key, rc, vks_last_error());
+    }
+    for (size_t cut = 0; cut < len; cut += 97) { /* truncations of a model file */
+        write_file(path, good, cut);
+        vks_model *x = NULL;
+        assert_int_not_equal(vks_model_load(path, &x), VKS_OK);
+    }
+    free(b);
+    free(good);
+    free(path);
+    vks_model_free(m);
+}
+
+static int open_st(const char *s, size_t len) {
+    vks_st_file *f = NULL;
+    int rc = vks_st_open_memory(s, len, "mutant.safetensors", &f);
+    vks_st_close(f);
+    return rc;
+}
+
+/* Builds "<u64 len><header><data>" in buf; returns the total length. */
+static size_t st_bytes(char *buf, const char *header, size_t data_len) {
+    uint64_t n = strlen(header);
+    memcpy(buf, &n, 8);
+    memcpy(buf + 8, header, n);
+    memset(buf + 8 + n, 0, data_len);
+    return 8 + n + data_len;
+}
+
+static void test_safetensors_hostile(void **state) {
+    (void)state;
+    char buf[4096];
+    struct { const char *header; size_t data; int rc; const char *msg; } cases[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", 16, VKS_OK, NULL},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", 15, VKS_ERR_FORMAT, "outside"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,16]}}", 24, VKS_ERR_FORMAT, "disagrees"},
+        {"{\"a\":{\"dtype\":\"F33\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", 16, VKS_ERR_FORMAT, "dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,0]}}", 16, VKS_ERR_FORMAT, "shape"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,16]}}", 16, VKS_ERR_FORMAT,
+         "overflow"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,0]}}", 16, VKS_ERR_FORMAT, "outside"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}", 24, VKS_ERR_FORMAT, "overlaps"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, VKS_ERR_FORMAT, "JSON"},
+        {"[1,2]", 0, VKS_ERR_FORMAT, "not an object"},
+        {"{\"a\":", 0, VKS_ERR_FORMAT, "JSON"},
+        {"{\"__metadata__\":{\"format\":\"pt\"}}", 0, VKS_OK, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len = st_bytes(buf, cases[i].header, cases[i].data);
+        int rc = open_st(buf, len);
+        if (rc != cases[i].rc || (cases[i].msg && !strstr(vks_last_error(), cases[i].msg)))
+            fail_msg("case %zu: rc %d, '%s'", i, rc, vks_last_error());
+    }
+    size_t len = st_bytes(buf, cases[0].header, 16);
+    uint64_t huge = (uint64_t)1 << 62;
+    memcpy(buf, &huge, 8);
+    assert_int_equal(open_st(buf, len), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "header length"));
+    for (size_t cut = 0; cut < len; cut++) {
+        st_bytes(buf, cases[0].header, 16);
+        assert_int_not_equal(open_st(buf, cut), VKS_OK);
+    }
+}
+
+static void test_hf_config_hostile(void **state) {
+    (void)state;
+    const char *good = "{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                       "\"vocab_size\":100,\"rms_norm_eps\":1e-6,\"rope_theta\":1000000.0,"
+                       "\"tie_word_embeddings\":true,\"bos_token_id\":null,\"eos_token_id\":[7,8]}";
+    vks_hf_config c;
+    assert_int_equal(vks_hf_config_parse(good, strlen(good), "config.json", &c), VKS_OK);
+    assert_string_equal(c.arch, "qwen2");
+    assert_true(c.attention_bias);
+    assert_int_equal(c.cfg.kv_dim, 32);
+    assert_int_equal(c.cfg.seq_len, 2048);
+    assert_true(c.cfg.rope_theta == 1e6f);
+    assert_int_equal(c.bos_id, -1);
+    assert_int_equal(c.eos_id, 7);
+    assert_int_equal(c.cfg.rope_mode, VKS_ROPE_HALF);
+    const char *bad[][2] = {
+        {"{\"architectures\":[\"GPT2LMHeadModel\"],\"hidden_size\":64}", "unsupported"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":-64}", "hidden_size"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":\"64\"}", "hidden_size"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":5,\"vocab_size\":10}", "n_heads"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":4,\"vocab_size\":10,\"rope_scaling\":{\"type\":\"linear\"}}", "rope_scaling"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":4,\"vocab_size\":10,\"head_dim\":32}", "head_dim"},
+        {"{\"hidden_size\":1,\"hidden_size\":2}", "JSON"},
+        {"not json", "JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = vks_hf_config_parse(bad[i][0], strlen(bad[i][0]), "cfg", &c);
+        if (rc != VKS_ERR_FORMAT || !strstr(vks_last_error(), bad[i][1]) || !strstr(vks_last_error(), "cfg"))
+            fail_msg("case %zu: rc %d '%s'", i, rc, vks_last_error());
+    }
+}
+
+/* Every input the fuzzers once crashed on (tests/fuzz/regressions/<parser>/...)
+ * must now be handled: a clean error or a clean open. */
+static int replay_dir(const char *dir, int which) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int count = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char *p = path_in(dir, e->d_name);
+        size_t len;
+        unsigned char *b = tu_read_file(p, &len);
+        assert_non_null(b);
+        if (which == 0) open_bytes(b, len);
+        else if (which == 1) open_st((const char *)b, len);
+        else {
+            vks_hf_config c;
+            (void)vks_hf_config_parse((const char *)b, len, "mutant", &c);
+        }
+        free(b);
+        free(p);
+        count++;
+    }
+    closedir(d);
+    print_message("%s: %d regression inputs\n", dir, count);
+    return count;
+}
+
+static void test_fuzz_regressions(void **state) {
+    (void)state;
+    /* this file's directory (meson compiles it by a path relative to the build dir, the tests' cwd) */
+    char here[1024], dir[1200];
+    snprintf(here, sizeof here, "%s", __FILE__);
+    char *slash = strrchr(here, '/');
+    if (slash) *slash = '\0';
+    else snprintf(here, sizeof here, ".");
+    const char *sub[] = {"gguf", "safetensors", "config"};
+    int total = 0;
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir, sizeof dir, "%s/fuzz/regressions/%s", here, sub[i]);
+        total += replay_dir(dir, i);
+    }
+    assert_true(total > 0); /* the corpus is in the repository: not finding it is a bug */
+}
+
+/* ---- the convert CLI ---- */
+
+static const char *bin_path(void) {
+    const char *b = getenv("VKSWARM_BIN");
+    return b ? b : "./vkswarm";
+}
+
+static int run(const char *cmd) {
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void test_convert_cli(void **state) {
+    (void)state;
+    char *model = shared_file("stories260K/stories260K.bin");
+    char *tok = shared_file("stories260K/tok512.bin");
+    if (!model || !tok) { free(model); free(tok); return; }
+    const char *dir = tu_tmpdir();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s/a.gguf --tokenizer %s 2>/dev/null", bin_path(), model, dir, tok);
+    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s/a.gguf --out %s/hf --type bf16 2>/dev/null", bin_path(), dir, dir);
+    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s/a.gguf --out %s/q.gguf --type q8_0 2>/dev/null", bin_path(), dir, dir);
+    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s/hf --out %s/b.bin 2>/dev/null", bin_path(), dir, dir);
+    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --random-model 256,320,1,4,4,64,64 --out %s/r.gguf --type q4_k 2>/dev/null",
+             bin_path(), dir);
+    assert_int_equal(run(cmd), 0);
+    char p[1024];
+    vks_model *o, *h, *q, *b, *r;
+    assert_int_equal(vks_model_load(model, &o), VKS_OK);
+    snprintf(p, sizeof p, "%s/hf", dir);
+    assert_int_equal(vks_model_load(p, &h), VKS_OK);
+    assert_int_equal(h->layers[0].wq.dtype, VKS_DTYPE_BF16);
+    snprintf(p, sizeof p, "%s/q.gguf", dir);
+    assert_int_equal(vks_model_load(p, &q), VKS_OK);
+    assert_int_equal(q->layers[0].wq.dtype, VKS_DTYPE_Q8_0);
+    assert_int_equal(q->layers[0].w2.dtype, VKS_DTYPE_F32); /* 172 columns: not whole q8_0 blocks */
+    const vks_gguf *qg = vks_model_gguf(q);
+    uint64_t ntok;
+    assert_int_equal(vks_gguf_get_arr_info(qg, "tokenizer.ggml.tokens", NULL, &ntok), VKS_OK); /* copied along */
+    assert_int_equal(ntok, 512);
+    snprintf(p, sizeof p, "%s/b.bin", dir);
+    assert_int_equal(vks_model_load(p, &b), VKS_OK);
+    snprintf(p, sizeof p, "%s/r.gguf", dir);
+    assert_int_equal(vks_model_load(p, &r), VKS_OK);
+    assert_int_equal(r->layers[0].wq.dtype, VKS_DTYPE_Q4_K);
+    assert_int_equal(r->layers[0].w2.dtype, VKS_DTYPE_F32); /* 320 columns: not whole q4_k blocks */
+    assert_int_equal(r->tok_emb.dtype, VKS_DTYPE_Q4_K);
+    assert_int_equal(r->cfg.seq_len, 64);
+    float *lo = logits_of(o), *lh = logits_of(h), *lq = logits_of(q), *lb = logits_of(b);
+    size_t n = (size_t)N_IDS * 512;
+    double eh = tu_nmse(lh, lo, n), eq = tu_nmse(lq, lo, n), eb = tu_nmse(lb, lh, n);
+    print_message("convert: nmse bf16 %.3g, q8_0 %.3g, bf16->bin %.3g\n", eh, eq, eb);
+    assert_true(eh < 1e-3 && eh > 0);
+    assert_true(eq < 1e-3 && eq > 0);
+    assert_true(eb < 1e-10);
+    free(lo); free(lh); free(lq); free(lb);
+    vks_model_free(o); vks_model_free(h); vks_model_free(q); vks_model_free(b); vks_model_free(r);
+    /* bad input: exit 2 with one line */
+    const char *bad[] = {
+        "convert --in /nonexistent --out x.gguf",
+        "convert --in %s --out %s/x.bin --type q8_0",
+        "convert --in %s --out %s/x --type q4_0",
+        "convert --in %s --out %s/x.gguf --type q5_k",
+        "convert --out x.gguf",
+        "convert --in %s --out %s/x --tokenizer t.bin",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[2048];
+        snprintf(args, sizeof args, bad[i], model, dir);
+        snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", bin_path(), args);
+        if (run(cmd) != 2) fail_msg("'%s' did not exit 2", args);
+    }
+    snprintf(cmd, sizeof cmd, "%s convert --help | grep -q 'usage: vkswarm convert'", bin_path());
+    assert_int_equal(run(cmd), 0);
+    /* --model in other commands takes any format */
+    snprintf(cmd, sizeof cmd, "cd %s && printf '1 403 407' > ids && %s logits --model hf --ids ids --out l 2>/dev/null",
+             dir, bin_path());
+    assert_int_equal(run(cmd), 0);
+    free(model);
+    free(tok);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_q8_0_known_block),
+        cmocka_unit_test(test_q4_0_known_block),
+        cmocka_unit_test(test_q4_k_known_block),
+        cmocka_unit_test(test_q6_k_known_block),
+        cmocka_unit_test(test_quant_error_bounds),
+        cmocka_unit_test(test_quant_zero_block),
+        cmocka_unit_test(test_gguf_tensor_round_trip),
+        cmocka_unit_test(test_gguf_metadata_every_type),
+        cmocka_unit_test(test_gguf_real_vocab_files),
+        cmocka_unit_test(test_stories_gguf_safetensors_logits),
+        cmocka_unit_test(test_quantized_gguf_model),
+        cmocka_unit_test(test_qwen2_biases),
+        cmocka_unit_test(test_embedded_tokenizer_matches_llama_cpp),
+        cmocka_unit_test(test_sharded_safetensors_and_detection),
+        cmocka_unit_test(test_gguf_hostile),
+        cmocka_unit_test(test_gguf_model_hostile),
+        cmocka_unit_test(test_safetensors_hostile),
+        cmocka_unit_test(test_hf_config_hostile),
+        cmocka_unit_test(test_fuzz_regressions),
+        cmocka_unit_test(test_convert_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

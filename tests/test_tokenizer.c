@@ -1,0 +1,624 @@
+/* Tokenizers against the originals: llama.cpp's test vectors for the GGUF
+ * vocabularies (SentencePiece and GPT-2 byte-level BPE), llama2.c run.c
+ * vectors, round trips, invalid UTF-8, special tokens, tokenizer.json,
+ * chat templates, hostile files, and the tokenize/detokenize commands. */
+#include "test_util.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "vkswarm/vks_gguf.h"
+#include "vkswarm/vks_model.h"
+#include "vkswarm/vks_tokenizer.h"
+
+#define SEP "\n__ggml_vocab_test__\n"
+
+typedef struct {
+    char **text;
+    size_t *len;
+    int n;
+} cases;
+
+/* Splits an .inp file into its cases (each one followed by SEP). */
+static cases read_cases(const char *path) {
+    size_t size;
+    char *data = (char *)tu_read_file(path, &size);
+    assert_non_null(data);
+    cases c = {calloc(4096, sizeof(char *)), calloc(4096, sizeof(size_t)), 0};
+    size_t at = 0, sl = strlen(SEP);
+    while (at < size) {
+        char *hit = strstr(data + at, SEP);
+        assert_non_null(hit);
+        size_t n = (size_t)(hit - (data + at));
+        c.text[c.n] = malloc(n + 1);
+        memcpy(c.text[c.n], data + at, n);
+        c.text[c.n][n] = 0;
+        c.len[c.n++] = n;
+        at += n + sl;
+    }
+    free(data);
+    return c;
+}
+
+static void free_cases(cases *c) {
+    for (int i = 0; i < c->n; i++) free(c->text[i]);
+    free(c->text);
+    free(c->len);
+}
+
+/* Parses one line of ids; returns the count. */
+static int parse_ids(const char *line, int32_t *ids, int cap) {
+    int n = 0;
+    char *end;
+    for (const char *s = line; *s && *s != '\n';) {
+        if (*s == ' ') {
+            s++;
+            continue;
+        }
+        long v = strtol(s, &end, 10);
+        assert_true(end != s && n < cap);
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    return n;
+}
+
+/* Runs every case of a vector set; returns how many matched (and asserts all do). */
+static int check_vectors(const vks_tokenizer *t, const char *inp, const char *out, bool round_trip) {
+    cases c = read_cases(inp);
+    char *expect = (char *)tu_read_file(out, NULL);
+    assert_non_null(expect);
+    const char *line = expect;
+    int ok = 0;
+    int32_t *want = malloc(1 << 20);
+    for (int i = 0; i < c.n; i++) {
+        assert_non_null(line);
+        int nw = parse_ids(line, want, (1 << 20) / 4);
+        vks_tokenize_options o = {0};
+        int32_t *ids = NULL;
+        int n = 0;
+        assert_int_equal(vks_tokenizer_tokenize(t, c.text[i], c.len[i], &o, &ids, &n), VKS_OK);
+        bool same = n == nw && (n == 0 || !memcmp(ids, want, (size_t)n * 4));
+        if (!same) {
+            fprintf(stderr, "case %d '%s': got", i, c.text[i]);
+            for (int k = 0; k < n; k++) fprintf(stderr, " %d", ids[k]);
+            fprintf(stderr, "\n  want %s", line);
+        }
+        ok += same;
+        if (round_trip) {
+            char *text;
+            size_t len;
+            assert_int_equal(vks_tokenizer_detokenize(t, ids, n, false, &text, &len), VKS_OK);
+            if (len != c.len[i] || memcmp(text, c.text[i], len)) fprintf(stderr, "round trip %d: '%s'\n", i, text);
+            assert_int_equal(len, c.len[i]);
+            assert_memory_equal(text, c.text[i], len);
+            free(text);
+        }
+        free(ids);
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    fprintf(stderr, "%s: %d/%d cases match\n", inp, ok, c.n);
+    assert_int_equal(ok, c.n);
+    free(want);
+    free(expect);
+    free_cases(&c);
+    return ok;
+}
+
+static vks_tokenizer *load_vocab(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "llamacpp-vocab/%s", name);
+    const char *p = tu_shared_path(rel);
+    if (!p) return NULL;
+    vks_tokenizer *t = NULL;
+    int rc = vks_tokenizer_load_auto(p, NULL, &t);
+    if (rc) fprintf(stderr, "%s\n", vks_last_error());
+    assert_int_equal(rc, VKS_OK);
+    return t;
+}
+
+static void vocab_vectors(const char *name, const char *kind) {
+    vks_tokenizer *t = load_vocab(name);
+    if (!t) skip();
+    assert_string_equal(vks_tokenizer_kind(t), kind);
+    char inp[2048], out[2048];
+    snprintf(inp, sizeof inp, "%s", tu_shared_path("llamacpp-vocab/"));
+    snprintf(out, sizeof out, "%s", inp);
+    strcat(inp, name);
+    strcat(inp, ".inp");
+    strcat(out, name);
+    strcat(out, ".out");
+    assert_int_equal(check_vectors(t, inp, out, true), 46);
+    vks_tokenizer_free(t);
+}
+
+static void test_llama_spm_vectors(void **s) { (void)s; vocab_vectors("ggml-vocab-llama-spm.gguf", "spm"); }
+static void test_phi3_vectors(void **s) { (void)s; vocab_vectors("ggml-vocab-phi-3.gguf", "spm"); }
+static void test_gpt2_vectors(void **s) { (void)s; vocab_vectors("ggml-vocab-gpt-2.gguf", "bpe"); }
+
+/* llama2.c's tokenizer.bin of the same vocabulary gives the same ids (run.c). */
+static void test_llama2c_bin_on_spm_vectors(void **s) {
+    (void)s;
+    const char *p = tu_shared_path("llamacpp-vocab/llama2c-tokenizer.bin");
+    if (!p) skip();
+    vks_tokenizer *t = NULL;
+    assert_int_equal(vks_tokenizer_load_llama2c(p, 32000, &t), VKS_OK);
+    char inp[2048], out[2048];
+    snprintf(inp, sizeof inp, "%s", tu_shared_path("llamacpp-vocab/ggml-vocab-llama-spm.gguf.inp"));
+    snprintf(out, sizeof out, "%s", tu_shared_path("llamacpp-vocab/ggml-vocab-llama-spm.gguf.out"));
+    assert_int_equal(check_vectors(t, inp, out, false), 46);
+    vks_tokenizer_free(t);
+}
+
+static void test_tok512_vectors(void **s) {
+    (void)s;
+    const char *p = tu_shared_path("stories260K/tok512.bin");
+    if (!p) skip();
+    vks_tokenizer *t = NULL;
+    assert_int_equal(vks_tokenizer_load_llama2c(p, 512, &t), VKS_OK);
+    char inp[2048], out[2048];
+    snprintf(inp, sizeof inp, "%s", tu_shared_path("stories260K/ref/tok512.encode.inp"));
+    snprintf(out, sizeof out, "%s", tu_shared_path("stories260K/ref/tok512.encode.out"));
+    assert_int_equal(check_vectors(t, inp, out, true), 21);
+    vks_tokenizer_free(t);
+}
+
+/* tok512.bin embedded in a GGUF (as llama.cpp stores SentencePiece) and read
+ * back by the SPM tokenizer gives run.c's ids too. */
+static void test_tok512_through_gguf(void **s) {
+    (void)s;
+    const char *shared = tu_shared_path("stories260K/stories260K.bin");
+    if (!shared) skip();
+    char mp[2048], tok[2048], path[4096], inp[2048], out[2048];
+    snprintf(mp, sizeof mp, "%s", shared); /* tu_shared_path reuses its buffer */
+    snprintf(tok, sizeof tok, "%s", tu_shared_path("stories260K/tok512.bin"));
+    vks_model *m = NULL;
+    int lrc = vks_model_load_llama2c(mp, &m);
+    if (lrc) fprintf(stderr, "%s\n", vks_last_error());
+    assert_int_equal(lrc, VKS_OK);
+    snprintf(path, sizeof path, "%s/s.gguf", tu_tmpdir());
+    vks_model_save_options so = {.dtype = VKS_DTYPE_F32, .tokenizer_path = tok};
+    assert_int_equal(vks_model_save_gguf(m, path, &so), VKS_OK);
+    vks_tokenizer *t = NULL;
+    assert_int_equal(vks_tokenizer_load_auto(path, m, &t), VKS_OK);
+    assert_string_equal(vks_tokenizer_kind(t), "spm");
+    snprintf(inp, sizeof inp, "%s", tu_shared_path("stories260K/ref/tok512.encode.inp"));
+    snprintf(out, sizeof out, "%s", tu_shared_path("stories260K/ref/tok512.encode.out"));
+    assert_int_equal(check_vectors(t, inp, out, true), 21);
+    vks_tokenizer_free(t);
+    vks_model_free(m);
+}
+
+/* Bytes that are not UTF-8 survive tokenize + detokenize unchanged. */
+static void invalid_utf8_round_trip(const char *name) {
+    vks_tokenizer *t = load_vocab(name);
+    if (!t) skip();
+    static const char text[] = "ok \xff\xfe caf\xc3 \xe4\xbd \xed\xa0\x80 end \xf4\x90\x80\x80\xc0\xaf";
+    size_t len = sizeof text - 1;
+    vks_tokenize_options o = {0};
+    int32_t *ids;
+    int n;
+    assert_int_equal(vks_tokenizer_tokenize(t, text, len, &o, &ids, &n), VKS_OK);
+    assert_true(n > 0);
+    char *back;
+    size_t blen;
+    assert_int_equal(vks_tokenizer_detokenize(t, ids, n, false, &back, &blen), VKS_OK);
+    assert_int_equal(blen, len);
+    assert_memory_equal(back, text, len);
+    free(back);
+    free(ids);
+    vks_tokenizer_free(t);
+}
+
+static void test_invalid_utf8(void **s) {
+    (void)s;
+    invalid_utf8_round_trip("ggml-vocab-llama-spm.gguf");
+    invalid_utf8_round_trip("ggml-vocab-gpt-2.gguf");
+}
+
+static int count_id(const int32_t *ids, int n, int32_t id) {
+    int c = 0;
+    for (int i = 0; i < n; i++) c += ids[i] == id;
+    return c;
+}
+
+static void test_special_tokens(void **s) {
+    (void)s;
+    vks_tokenizer *t = load_vocab("ggml-vocab-gpt-2.gguf");
+    if (!t) skip();
+    static const char text[] = "a<|endoftext|>b<|endoftext|>";
+    int32_t *ids;
+    int n;
+    vks_tokenize_options o = {.parse_special = true};
+    int eot = vks_tokenizer_find(t, "<|endoftext|>", 13);
+    assert_int_equal(eot, 50256);
+    assert_int_equal(vks_tokenizer_token_type(t, eot), VKS_TOKEN_TYPE_CONTROL);
+    assert_int_equal(vks_tokenizer_tokenize(t, text, strlen(text), &o, &ids, &n), VKS_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(ids[1], 50256);
+    assert_int_equal(ids[3], 50256);
+    char *back;
+    assert_int_equal(vks_tokenizer_detokenize(t, ids, n, true, &back, NULL), VKS_OK);
+    assert_string_equal(back, text);
+    free(back);
+    assert_int_equal(vks_tokenizer_detokenize(t, ids, n, false, &back, NULL), VKS_OK);
+    assert_string_equal(back, "ab");
+    free(back);
+    free(ids);
+    o.parse_special = false;
+    assert_int_equal(vks_tokenizer_tokenize(t, text, strlen(text), &o, &ids, &n), VKS_OK);
+    assert_int_equal(count_id(ids, n, 50256), 0);
+    free(ids);
+    vks_tokenizer_free(t);
+
+    /* SPM: BOS typed in text, and the dummy prefix after a special token. */
+    t = load_vocab("ggml-vocab-llama-spm.gguf");
+    o = (vks_tokenize_options){.add_bos = true, .parse_special = true};
+    assert_int_equal(vks_tokenizer_tokenize(t, "Hi</s>Hi", 8, &o, &ids, &n), VKS_OK);
+    int32_t hi = ids[1];
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(n, 4);
+    assert_int_equal(ids[2], 2);
+    assert_int_equal(ids[3], hi); /* "▁Hi" again: prefix space after a special token */
+    free(ids);
+    o.parse_special = false;
+    assert_int_equal(vks_tokenizer_tokenize(t, "<s>", 3, &o, &ids, &n), VKS_OK);
+    assert_int_equal(count_id(ids, n, 1), 1); /* only the added BOS */
+    free(ids);
+    vks_tokenizer_free(t);
+}
+
+static void test_phi3_metadata(void **s) {
+    (void)s;
+    vks_tokenizer *t = load_vocab("ggml-vocab-phi-3.gguf");
+    if (!t) skip();
+    assert_int_equal(vks_tokenizer_eos(t), 32000);
+    const char *tmpl = vks_tokenizer_chat_template(t);
+    assert_non_null(tmpl);
+    const char *fam = vks_chat_template_family(tmpl);
+    assert_non_null(fam);
+    fprintf(stderr, "phi-3 chat template family: %s\n", fam);
+    vks_tokenizer_free(t);
+}
+
+static void test_chat_formats(void **s) {
+    (void)s;
+    vks_chat_message m[] = {{"system", "Be brief."}, {"user", " Hi! "}, {"assistant", "Hello."}, {"user", "Bye"}};
+    char *out;
+    assert_int_equal(vks_chat_format("chatml", m, 4, true, &out), VKS_OK);
+    assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi! <|im_end|>\n"
+                             "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+                             "<|im_start|>assistant\n");
+    free(out);
+    assert_int_equal(vks_chat_format("llama3", m, 4, true, &out), VKS_OK);
+    assert_string_equal(out, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                             "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+                             "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+                             "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+                             "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(out);
+    assert_int_equal(vks_chat_format("llama2", m, 4, true, &out), VKS_OK);
+    assert_string_equal(out, "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n Hi! [/INST] Hello. </s><s>[INST] Bye [/INST]");
+    free(out);
+    assert_int_equal(vks_chat_format("phi3", m + 1, 1, true, &out), VKS_OK);
+    assert_string_equal(out, "<|user|>\n Hi! <|end|>\n<|assistant|>\n");
+    free(out);
+    /* Jinja templates are recognized by their markers. */
+    assert_string_equal(vks_chat_template_family("{% for m in messages %}<|im_start|>{{ m.role }}"), "chatml");
+    assert_string_equal(vks_chat_template_family("{{ '<|start_header_id|>' + role }}"), "llama3");
+    assert_string_equal(vks_chat_template_family("{{ bos_token + '[INST] ' + c }}"), "llama2");
+    assert_null(vks_chat_template_family("{{ messages }}"));
+    assert_int_equal(vks_chat_format("{{ messages }}", m, 1, true, &out), VKS_ERR_ARG);
+    vks_chat_message bad[] = {{"us<er", "x"}};
+    assert_int_equal(vks_chat_format("chatml", bad, 1, true, &out), VKS_ERR_ARG);
+}
+
+/* The pre-tokenizers named by tokenizer.ggml.pre, on a tiny GGUF BPE vocabulary
+ * (llama-bpe and qwen2 have test vectors but no vocabulary in the shared folder). */
+static void test_pretokenizer_rules(void **s) {
+    (void)s;
+    const char *toks[] = {"1", "2", "3", "4", "12", "123", "1234", "'", "S", "'S", "34"};
+    const char *merges[] = {"1 2", "12 3", "123 4", "' S", "3 4"};
+    const char *pres[] = {"gpt-2", "llama-bpe", "qwen2"};
+    const int32_t want[3][5] = {{6, 7, 8}, {5, 3, 9}, {0, 1, 2, 3, 9}};
+    const int want_n[3] = {3, 3, 5};
+    const char *dir = tu_tmpdir();
+    for (int p = 0; p < 3; p++) {
+        vks_gguf_writer *w;
+        assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+        vks_gguf_add_str(w, "tokenizer.ggml.model", "gpt2");
+        vks_gguf_add_str(w, "tokenizer.ggml.pre", pres[p]);
+        vks_gguf_add_arr_str(w, "tokenizer.ggml.tokens", toks, 11);
+        vks_gguf_add_arr_str(w, "tokenizer.ggml.merges", merges, 5);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/pre%d.gguf", dir, p);
+        assert_int_equal(vks_gguf_writer_save(w, path), VKS_OK);
+        vks_gguf_writer_free(w);
+        vks_tokenizer *t = NULL;
+        assert_int_equal(vks_tokenizer_load_gguf(path, &t), VKS_OK);
+        vks_tokenize_options o = {0};
+        int32_t *ids;
+        int n;
+        assert_int_equal(vks_tokenizer_tokenize(t, "1234'S", 6, &o, &ids, &n), VKS_OK);
+        assert_int_equal(n, want_n[p]);
+        assert_memory_equal(ids, want[p], (size_t)n * 4);
+        free(ids);
+        vks_tokenizer_free(t);
+    }
+}
+
+/* ---- tokenizer.json ---- */
+
+static const char *write_text(const char *dir, const char *name, const char *text) {
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* A tiny byte-level BPE: base bytes a, b, c, space (Ġ) and merges in both
+ * JSON forms. Rank order decides: " ab" is Ġa + b, "abc" is ab + c. */
+static const char TINY_JSON[] =
+    "{\"added_tokens\": [{\"id\": 9, \"content\": \"<|end|>\", \"special\": true}],"
+    " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true},"
+    " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"\\u0120\": 3, \"ab\": 4,"
+    " \"abc\": 5, \"\\u0120a\": 6, \"\\u0120ab\": 7, \"bc\": 8},"
+    " \"merges\": [\"\\u0120 a\", \"a b\", \"\\u0120a b\", [\"ab\", \"c\"], \"b c\"]}}";
+
+static void test_hf_json(void **s) {
+    (void)s;
+    const char *dir = tu_tmpdir();
+    write_text(dir, "tokenizer_config.json", "{\"eos_token\": {\"content\": \"<|end|>\"}, \"chat_template\": "
+                                             "\"{{'<|im_start|>'}}\"}");
+    char path[4096];
+    snprintf(path, sizeof path, "%s", write_text(dir, "tokenizer.json", TINY_JSON));
+    vks_tokenizer *t = NULL;
+    int rc = vks_tokenizer_load_auto(dir, NULL, &t); /* a directory: its tokenizer.json */
+    if (rc) fprintf(stderr, "%s\n", vks_last_error());
+    assert_int_equal(rc, VKS_OK);
+    assert_string_equal(vks_tokenizer_kind(t), "bpe");
+    assert_int_equal(vks_tokenizer_eos(t), 9);
+    assert_string_equal(vks_chat_template_family(vks_tokenizer_chat_template(t)), "chatml");
+    vks_tokenize_options o = {.parse_special = true};
+    int32_t *ids;
+    int n;
+    /* "abc ab<|end|>bc": words "abc", " ab", "<|end|>", "bc" */
+    assert_int_equal(vks_tokenizer_tokenize(t, "abc ab<|end|>bc", 15, &o, &ids, &n), VKS_OK);
+    int32_t want[] = {5, 7, 9, 8};
+    assert_int_equal(n, 4);
+    assert_memory_equal(ids, want, sizeof want);
+    char *back;
+    assert_int_equal(vks_tokenizer_detokenize(t, ids, n, true, &back, NULL), VKS_OK);
+    assert_string_equal(back, "abc ab<|end|>bc");
+    free(back);
+    free(ids);
+    vks_tokenizer_free(t);
+
+    /* Hostile variants: one-line errors naming the file, never a crash. */
+    const char *bad[] = {
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 99999999}}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [7]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"added_tokens\": [{\"id\": 1}],"
+        " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": \"Sequence\", "
+        "\"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}}, {\"type\": \"ByteLevel\"}]}}",
+        "{\"model\": [1, 2]}",
+        "[1, 2",
+        "",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *p = write_text(dir, "bad.json", bad[i]);
+        rc = vks_tokenizer_load_hf_json(p, &t);
+        assert_true(rc < 0);
+        assert_null(t);
+        assert_non_null(strstr(vks_last_error(), "bad.json"));
+        assert_null(strchr(vks_last_error(), '\n'));
+    }
+}
+
+/* ---- hostile GGUF vocabularies ---- */
+
+static void test_gguf_mutations(void **s) {
+    (void)s;
+    const char *p = tu_shared_path("llamacpp-vocab/ggml-vocab-gpt-2.gguf");
+    if (!p) skip();
+    size_t size;
+    unsigned char *orig = tu_read_file(p, &size);
+    unsigned char *buf = malloc(size);
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
+    int loaded = 0, refused = 0;
+    for (int iter = 0; iter < 40; iter++) {
+        memcpy(buf, orig, size);
+        size_t len = size;
+        if (iter % 4 == 0) {
+            len = (size_t)((x >> 11) % size); /* truncation */
+        } else {
+            /* byte flips: in the header and first KV pairs, or anywhere (mostly token text) */
+            size_t span = iter % 4 == 1 ? 4096 : size;
+            for (int k = 0; k < 8; k++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                unsigned char *b = &buf[(x >> 5) % span];
+                if (iter % 4 == 3) { /* change letters only: still a valid file, odd pieces */
+                    if (*b >= 'a' && *b <= 'z') *b ^= 0x20;
+                } else {
+                    *b ^= (unsigned char)(1u << (x % 8));
+                }
+            }
+        }
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        vks_gguf *g = NULL;
+        vks_tokenizer *t = NULL;
+        int rc = vks_gguf_open_memory(buf, len, "mutant.gguf", &g);
+        if (rc == VKS_OK) rc = vks_tokenizer_load_gguf_handle(g, "mutant.gguf", &t);
+        if (rc == VKS_OK) {
+            int32_t *ids;
+            int n;
+            vks_tokenize_options o = {.parse_special = true};
+            assert_int_equal(vks_tokenizer_tokenize(t, "Hello <|endoftext|> w\xff", 22, &o, &ids, &n), VKS_OK);
+            free(ids);
+            loaded++;
+        } else {
+            if (refused < 3) fprintf(stderr, "refused: %s\n", vks_last_error());
+            assert_non_null(strstr(vks_last_error(), "mutant.gguf"));
+            refused++;
+        }
+        vks_tokenizer_free(t);
+        vks_gguf_close(g);
+    }
+    fprintf(stderr, "gguf mutations: %d loaded, %d refused\n", loaded, refused);
+    assert_true(refused > 0);
+    assert_true(loaded > 0);
+    free(buf);
+    free(orig);
+}
+
+/* Hand-made GGUF vocabularies with bad fields. */
+static void test_gguf_bad_fields(void **s) {
+    (void)s;
+    const char *dir = tu_tmpdir();
+    const char *toks[] = {"<unk>", "<s>", "</s>", "a"};
+    struct {
+        const char *what;
+        int variant;
+    } cases[] = {{"no model key", 0}, {"unknown model", 1}, {"bos out of range", 2}, {"bad token type", 3},
+                 {"scores length", 4}, {"unknown pre", 5}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        vks_gguf_writer *w;
+        assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+        int v = cases[i].variant;
+        if (v != 0) vks_gguf_add_str(w, "tokenizer.ggml.model", v == 1 ? "bert" : v == 5 ? "gpt2" : "llama");
+        vks_gguf_add_arr_str(w, "tokenizer.ggml.tokens", toks, 4);
+        if (v == 5) vks_gguf_add_arr_str(w, "tokenizer.ggml.merges", toks, 0);
+        if (v == 5) vks_gguf_add_str(w, "tokenizer.ggml.pre", "mystery");
+        if (v == 2) vks_gguf_add_u32(w, "tokenizer.ggml.bos_token_id", 4);
+        int32_t types[4] = {2, 3, 3, v == 3 ? 9 : 1};
+        vks_gguf_add_arr(w, "tokenizer.ggml.token_type", VKS_GGUF_INT32, types, 4);
+        float scores[4] = {0, 0, 0, -1};
+        vks_gguf_add_arr(w, "tokenizer.ggml.scores", VKS_GGUF_FLOAT32, scores, v == 4 ? 3 : 4);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/bad%zu.gguf", dir, i);
+        assert_int_equal(vks_gguf_writer_save(w, path), VKS_OK);
+        vks_gguf_writer_free(w);
+        vks_tokenizer *t = NULL;
+        int rc = vks_tokenizer_load_gguf(path, &t);
+        if (rc == VKS_OK) fprintf(stderr, "%s: loaded\n", cases[i].what);
+        assert_true(rc < 0);
+        assert_non_null(strstr(vks_last_error(), path));
+    }
+}
+
+/* ---- through the binary ---- */
+
+static const char *bin(void) {
+    const char *b = getenv("VKSWARM_BIN");
+    return b ? b : "./vkswarm";
+}
+
+static int run(const char *cmd, char **out) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = 0;
+    int st = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void test_cli(void **s) {
+    (void)s;
+    const char *p = tu_shared_path("llamacpp-vocab/ggml-vocab-gpt-2.gguf");
+    if (!p) skip();
+    char gpt2[2048], spm[2048], tok512[2048], cmd[8192], *out;
+    snprintf(gpt2, sizeof gpt2, "%s", p);
+    snprintf(spm, sizeof spm, "%s", tu_shared_path("llamacpp-vocab/ggml-vocab-llama-spm.gguf"));
+    snprintf(tok512, sizeof tok512, "%s", tu_shared_path("stories260K/tok512.bin"));
+    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --tokenizer %s", bin(), gpt2);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "15496 995\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "echo '15496 995 50256' | %s detokenize --tokenizer %s", bin(), gpt2);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "Hello world");
+    free(out);
+    snprintf(cmd, sizeof cmd, "echo '15496 995 50256' | %s detokenize --special --tokenizer %s", bin(), gpt2);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "Hello world<|endoftext|>");
+    free(out);
+    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --model %s", bin(), gpt2);
+    assert_int_equal(run(cmd, &out), 0); /* --model alone: the GGUF's own tokenizer */
+    assert_string_equal(out, "15496 995\n");
+    free(out);
+    /* SPM: BOS by default (add_bos_token), --no-bos off. */
+    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --tokenizer %s", bin(), spm);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "1 15043 3186\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --no-bos --tokenizer %s", bin(), spm);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "15043 3186\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "echo 1 15043 3186 | %s detokenize --tokenizer %s", bin(), spm);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "Hello world");
+    free(out);
+    /* Chat with a named template: the markers are special tokens of the vocabulary. */
+    snprintf(cmd, sizeof cmd, "printf 'Hi' | %s tokenize --chat --chat-template llama2 --no-bos --tokenizer %s "
+             "| %s detokenize --tokenizer %s", bin(), spm, bin(), spm);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "[INST] Hi [/INST]");
+    free(out);
+    /* llama2.c tokenizer.bin without a model needs --vocab-size. */
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s tokenize --no-bos --vocab-size 512 --tokenizer %s",
+             bin(), tok512);
+    assert_int_equal(run(cmd, &out), 0);
+    assert_string_equal(out, "403 407 261 378\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "printf 'x' | %s tokenize --tokenizer %s 2>/dev/null", bin(), tok512);
+    assert_int_equal(run(cmd, NULL), 2);
+    /* Bad input: exit 2. */
+    snprintf(cmd, sizeof cmd, "echo '15496 99999999' | %s detokenize --tokenizer %s 2>/dev/null", bin(), gpt2);
+    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "echo '15496 x' | %s detokenize --tokenizer %s 2>/dev/null", bin(), gpt2);
+    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "printf x | %s tokenize --tokenizer /nonexistent.gguf 2>/dev/null", bin());
+    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "printf x | %s tokenize --chat --chat-template nope --tokenizer %s 2>/dev/null", bin(),
+             gpt2);
+    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "%s tokenize --help", bin());
+    assert_int_equal(run(cmd, &out), 0);
+    assert_non_null(strstr(out, "usage: vkswarm tokenize"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s detokenize --help", bin());
+    assert_int_equal(run(cmd, &out), 0);
+    assert_non_null(strstr(out, "usage: vkswarm detokenize"));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_llama_spm_vectors),  cmocka_unit_test(test_phi3_vectors),
+        cmocka_unit_test(test_gpt2_vectors),       cmocka_unit_test(test_llama2c_bin_on_spm_vectors),
+        cmocka_unit_test(test_tok512_vectors),     cmocka_unit_test(test_tok512_through_gguf),
+            cmocka_unit_test(test_invalid_utf8),
+        cmocka_unit_test(test_special_tokens),     cmocka_unit_test(test_phi3_metadata),
+        cmocka_unit_test(test_chat_formats),       cmocka_unit_test(test_hf_json),
+        cmocka_unit_test(test_gguf_mutations),     cmocka_unit_test(test_gguf_bad_fields),
+        cmocka_unit_test(test_pretokenizer_rules), cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

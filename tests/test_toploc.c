@@ -1,0 +1,778 @@
+/* TOPLOC proofs, rollout files and verification: the polynomial layer against
+ * hand values, proofs against perturbed rows, hostile rollout lines, honest
+ * work across implementations (GPU generation verified on the CPU reference
+ * and the other way round, several batchings, subgroup sizes through the
+ * CLI) and every kind of cheat caught in each of 200 samples. */
+#include "test_util.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_sched.h"
+#include "vkswarm/vks_toploc.h"
+
+enum { N_SAMPLES = 200, STEPS = 40 };
+
+static vks_gpu *gpu;
+static vks_model *stories;
+static uint8_t stories_hash[32];
+
+static int setup(void **state) {
+    (void)state;
+    vks_gpu_options opt = {.device_index = -1, .validation = getenv("VKSWARM_VALIDATION") != NULL};
+    if (vks_gpu_create(&opt, &gpu)) {
+        fprintf(stderr, "vks_gpu_create: %s\n", vks_last_error());
+        return -1;
+    }
+    const char *path = tu_shared_path("stories260K/stories260K.bin");
+    if (path && (vks_model_load_llama2c(path, &stories) || vks_model_hash(stories, stories_hash))) return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    vks_model_free(stories);
+    vks_gpu_destroy(gpu);
+    return 0;
+}
+
+static const char *dump_label = "honest"; /* VKSWARM_TOPLOC_DUMP: per-sample statistics */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 33;
+}
+
+/* ---------------- the polynomial layer ---------------- */
+
+static void test_poly_known_values(void **state) {
+    (void)state;
+    /* through (0,5), (1,7): 5 + 2x; through (1,1), (2,4), (3,9): x^2 */
+    uint32_t x1[] = {0, 1}, x2[] = {1, 2, 3};
+    uint16_t y1[] = {5, 7}, y2[] = {1, 4, 9};
+    vks_toploc_poly p = {.m = VKS_TOPLOC_PRIME};
+    assert_int_equal(vks_toploc_interpolate(x1, y1, 2, p.coeffs), VKS_OK);
+    assert_int_equal(p.coeffs[0], 5);
+    assert_int_equal(p.coeffs[1], 2);
+    assert_int_equal(p.coeffs[2], 0);
+    assert_int_equal(vks_toploc_interpolate(x2, y2, 3, p.coeffs), VKS_OK);
+    assert_int_equal(p.coeffs[0], 0);
+    assert_int_equal(p.coeffs[1], 0);
+    assert_int_equal(p.coeffs[2], 1);
+    assert_int_equal(vks_toploc_poly_eval(&p, 300), (300 * 300) % VKS_TOPLOC_PRIME);
+    /* (x - 1)(x - 2) mod p at a large x, through Horner */
+    uint16_t y3[] = {0, 0, 2};
+    assert_int_equal(vks_toploc_interpolate(x2, y3, 3, p.coeffs), VKS_OK);
+    assert_int_equal(vks_toploc_poly_eval(&p, 65000), (uint32_t)((64999ULL * 64998ULL) % VKS_TOPLOC_PRIME));
+    uint32_t dup[] = {4, 4};
+    assert_int_not_equal(vks_toploc_interpolate(dup, y1, 2, p.coeffs), VKS_OK);
+}
+
+static void test_poly_random_points(void **state) {
+    (void)state;
+    uint64_t s = 42;
+    for (int trial = 0; trial < 20; trial++) {
+        uint32_t x[VKS_TOPLOC_K];
+        uint16_t y[VKS_TOPLOC_K];
+        int n = 1 + (int)(rng_next(&s) % VKS_TOPLOC_K);
+        for (int i = 0; i < n; i++) {
+            x[i] = (uint32_t)(i * 511 + rng_next(&s) % 500); /* distinct */
+            y[i] = (uint16_t)(rng_next(&s) % 65497);
+        }
+        vks_toploc_poly p = {.m = VKS_TOPLOC_PRIME};
+        assert_int_equal(vks_toploc_interpolate(x, y, n, p.coeffs), VKS_OK);
+        for (int i = 0; i < n; i++) assert_int_equal(vks_toploc_poly_eval(&p, x[i]), y[i]);
+        uint8_t bytes[VKS_TOPLOC_PROOF_BYTES];
+        vks_toploc_poly back;
+        vks_toploc_poly_write(&p, bytes);
+        assert_int_equal(vks_toploc_poly_parse(bytes, sizeof bytes, &back), VKS_OK);
+        assert_memory_equal(&back, &p, sizeof p);
+    }
+}
+
+static void test_poly_parse_rejects(void **state) {
+    (void)state;
+    uint8_t b[VKS_TOPLOC_PROOF_BYTES] = {0};
+    vks_toploc_poly p;
+    assert_int_equal(vks_toploc_poly_parse(b, sizeof b, &p), VKS_ERR_FORMAT); /* m = 0 */
+    assert_non_null(strstr(vks_last_error(), "m = 0"));
+    b[0] = 0xFF, b[1] = 0xD8; /* 65496: fine */
+    assert_int_equal(vks_toploc_poly_parse(b, sizeof b, &p), VKS_OK);
+    b[0] = 0xFF, b[1] = 0xFF;
+    assert_int_equal(vks_toploc_poly_parse(b, sizeof b, &p), VKS_ERR_FORMAT);
+    b[1] = 0xD9; /* m = 65497 */
+    b[2 + 2 * 77] = 0xFF, b[3 + 2 * 77] = 0xD9; /* coefficient 77 = 65497 */
+    assert_int_equal(vks_toploc_poly_parse(b, sizeof b, &p), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "coefficient 77"));
+    assert_int_equal(vks_toploc_poly_parse(b, 130, &p), VKS_ERR_FORMAT); /* k = 64 */
+}
+
+static void test_topk_ties_and_nan(void **state) {
+    (void)state;
+    /* |values|: 2, 3, 3, nan, 1, -3, 0 */
+    uint16_t v[] = {vks_f32_to_bf16(2), vks_f32_to_bf16(3), vks_f32_to_bf16(3), 0x7FC1,
+                    vks_f32_to_bf16(1), vks_f32_to_bf16(-3), 0};
+    uint32_t idx[8];
+    assert_int_equal(vks_toploc_topk(v, 7, 2, idx), 2);
+    assert_int_equal(idx[0], 1); /* ties at 3: lower indices first */
+    assert_int_equal(idx[1], 2);
+    assert_int_equal(vks_toploc_topk(v, 7, 4, idx), 4);
+    uint32_t want[] = {0, 1, 2, 5};
+    assert_memory_equal(idx, want, sizeof want);
+    assert_int_equal(vks_toploc_topk(v, 7, 7, idx), 7); /* NaN comes last */
+    assert_int_equal(idx[3], 3);
+}
+
+/* ---------------- proofs ---------------- */
+
+static void check_rows(const uint8_t *proof, const float *rows, int n_rows, int dim, bool want, int *exp_mis) {
+    vks_toploc_thresholds th;
+    vks_toploc_thresholds_default(&th);
+    bool ok;
+    vks_toploc_stats st;
+    char why[160];
+    assert_int_equal(vks_toploc_check_chunk(proof, VKS_TOPLOC_PROOF_BYTES, rows, n_rows, dim, &th, &ok, &st, why,
+                                            sizeof why), VKS_OK);
+    if (ok != want) fprintf(stderr, "chunk %s: %s (exp %d mean %.2f median %.1f)\n", ok ? "accepted" : "rejected", why,
+                            st.exp_mismatches, st.mant_mean, st.mant_median);
+    assert_true(ok == want);
+    if (exp_mis) *exp_mis = st.exp_mismatches;
+}
+
+static void test_proof_self_and_perturbed(void **state) {
+    (void)state;
+    const int dims[] = {64, 288, 4096}; /* 4096: 131072 values, the modulus search runs */
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+        int dim = dims[d], rows = 32;
+        size_t n = (size_t)rows * (size_t)dim;
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        tu_fill_uniform(x, n, 7 + d, -3.0f, 3.0f);
+        uint8_t proof[VKS_TOPLOC_PROOF_BYTES];
+        assert_int_equal(vks_toploc_chunk_proof(x, rows, dim, proof), VKS_OK);
+        int mis;
+        check_rows(proof, x, rows, dim, true, &mis);
+        assert_int_equal(mis, 0);
+        /* 1e-4 relative noise: bf16 rounding barely moves */
+        for (size_t i = 0; i < n; i++) y[i] = x[i] * (1.0f + 1e-4f * (float)((int)((i * 7919) % 3) - 1));
+        check_rows(proof, y, rows, dim, true, NULL);
+        /* 5% scale: the mantissas move by ~6 units of 128 on average... and the median too */
+        for (size_t i = 0; i < n; i++) y[i] = x[i] * 1.15f;
+        check_rows(proof, y, rows, dim, false, NULL);
+        /* other values altogether */
+        tu_fill_uniform(y, n, 99 + d, -3.0f, 3.0f);
+        check_rows(proof, y, rows, dim, false, NULL);
+        free(x);
+        free(y);
+    }
+}
+
+static void test_build_sizes_and_builder(void **state) {
+    (void)state;
+    assert_int_equal(vks_toploc_proof_size(0), 0);
+    assert_int_equal(vks_toploc_proof_size(1), 258);
+    assert_int_equal(vks_toploc_proof_size(32), 258);
+    assert_int_equal(vks_toploc_proof_size(33), 516);
+    const int dim = 64, n_seqs = 3, lens[] = {1, 33, 70};
+    float *rows[3];
+    vks_toploc_builder *b;
+    assert_int_equal(vks_toploc_builder_create(n_seqs, dim, &b), VKS_OK);
+    for (int s = 0; s < n_seqs; s++) {
+        rows[s] = malloc(sizeof(float) * (size_t)lens[s] * dim);
+        tu_fill_uniform(rows[s], (size_t)lens[s] * dim, 100 + (uint64_t)s, -2, 2);
+    }
+    for (int r = 0; r < 70; r++) /* interleaved as decode steps push them */
+        for (int s = 0; s < n_seqs; s++)
+            if (r < lens[s]) assert_int_equal(vks_toploc_builder_push(b, s, rows[s] + (size_t)r * dim), VKS_OK);
+    assert_int_equal(vks_toploc_builder_finish(b), VKS_OK);
+    for (int s = 0; s < n_seqs; s++) {
+        size_t len, want = vks_toploc_proof_size((size_t)lens[s]);
+        const uint8_t *got = vks_toploc_builder_proofs(b, s, &len);
+        assert_int_equal(len, want);
+        uint8_t *ref = malloc(want);
+        assert_int_equal(vks_toploc_build(rows[s], lens[s], dim, ref), VKS_OK);
+        assert_memory_equal(got, ref, want);
+        free(ref);
+        free(rows[s]);
+    }
+    vks_toploc_builder_destroy(b);
+}
+
+/* ---------------- rollout files ---------------- */
+
+static vks_rollout_header make_header(void) {
+    vks_rollout_header h = {.version = 1, .n_stop = 2, .stop_ids = {1, 2}};
+    snprintf(h.model, sizeof h.model, "stories260K");
+    memcpy(h.model_hash, stories_hash, 32);
+    return h;
+}
+
+static void test_rollout_roundtrip(void **state) {
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    vks_rollout_header h = make_header();
+    int32_t prompt[] = {1, 400, 7}, out[] = {5, 6, 2};
+    uint8_t proofs[VKS_TOPLOC_PROOF_BYTES];
+    for (int i = 0; i < VKS_TOPLOC_PROOF_BYTES; i++) proofs[i] = (uint8_t)(i * 37);
+    vks_rollout_sample s = {.id = "a\"b\\c\n", .prompt_ids = prompt, .n_prompt = 3, .output_ids = out, .n_output = 3,
+                            .seed = 18446744073709551615ULL, .seq = 4000000000u, .temperature = 0.7f, .top_k = 40,
+                            .top_p = 0.9f, .max_steps = 40, .proofs = proofs, .proof_bytes = sizeof proofs};
+    memcpy(s.model_hash, stories_hash, 32);
+    assert_int_equal(vks_rollout_write_header(f, &h), VKS_OK);
+    assert_int_equal(vks_rollout_write_sample(f, &s), VKS_OK);
+    s.seed = 12345;
+    s.temperature = 0;
+    assert_int_equal(vks_rollout_write_sample(f, &s), VKS_OK);
+    fclose(f);
+    vks_rollout_file rf;
+    assert_int_equal(vks_rollout_read_mem(buf, len, "mem", &rf), VKS_OK);
+    assert_int_equal(rf.n_samples, 2);
+    assert_memory_equal(rf.header.model_hash, stories_hash, 32);
+    assert_int_equal(rf.header.n_stop, 2);
+    vks_rollout_sample *r = &rf.samples[0];
+    assert_string_equal(r->id, "a\"b\\c\n");
+    assert_int_equal(r->n_prompt, 3);
+    assert_memory_equal(r->prompt_ids, prompt, sizeof prompt);
+    assert_memory_equal(r->output_ids, out, sizeof out);
+    assert_true(r->seed == 18446744073709551615ULL);
+    assert_int_equal(r->seq, 4000000000u);
+    assert_true(r->temperature == 0.7f && r->top_p == 0.9f && r->top_k == 40 && r->max_steps == 40);
+    assert_int_equal(r->proof_bytes, sizeof proofs);
+    assert_memory_equal(r->proofs, proofs, sizeof proofs);
+    assert_true(rf.samples[1].seed == 12345 && rf.samples[1].temperature == 0.0f);
+    vks_rollout_file_free(&rf);
+    free(buf);
+}
+
+static void test_rollout_malformed(void **state) {
+    (void)state;
+    char hex[65];
+    vks_hash_hex(stories_hash, hex);
+    char header[512];
+    snprintf(header, sizeof header,
+             "{\"format\":\"vkswarm-rollouts\",\"version\":1,\"model\":\"m\",\"model_hash\":\"%s\",\"stop_ids\":[1,2]}\n",
+             hex);
+    char good[1024];
+    snprintf(good, sizeof good,
+             "{\"id\":\"x\",\"prompt_ids\":[1],\"output_ids\":[2],\"seed\":1,\"seq\":0,\"temperature\":1,\"top_k\":0,"
+             "\"top_p\":0.9,\"max_steps\":8,\"model_hash\":\"%s\",\"proofs\":\"\"}", hex);
+    struct { const char *from, *to, *want; } cases[] = {
+        {"\"prompt_ids\":[1]", "\"prompt_ids\":[-1]", "not a token id"},
+        {"\"prompt_ids\":[1]", "\"prompt_ids\":[99999999999999999999999]", "not JSON"},
+        {"\"prompt_ids\":[1]", "\"prompt_ids\":\"1\"", "not an array"},
+        {"\"seed\":1", "\"seed\":-1", "unsigned 64-bit"},
+        {"\"seed\":1", "\"seed\":\"18446744073709551616\"", "does not fit"},
+        {"\"temperature\":1", "\"temperature\":1e999", "not JSON"},
+        {"\"temperature\":1", "\"temperature\":-1", "outside"},
+        {"\"top_p\":0.9", "\"top_p\":1.5", "outside"},
+        {"\"max_steps\":8", "\"max_steps\":0", "outside"},
+        {"\"max_steps\":8", "\"max_steps\":4294967296", "outside"},
+        {"\"proofs\":\"\"", "\"proofs\":\"AAA*\"", "base64"},
+        {"\"proofs\":\"\"", "\"proofs\":\"AAA\"", "base64"},
+        {"\"proofs\":\"\"", "\"proofs\":7", "base64"},
+        {"\"id\":\"x\"", "\"id\":\"x\",\"id\":\"y\"", "not JSON"},
+        {"\"id\":\"x\",", "", "missing field \"id\""},
+        {"\"seq\":0,", "", "missing field \"seq\""},
+        {"\"model_hash\":\"", "\"model_hash\":\"zz", "hex"},
+        {"}", "", "not JSON"},          /* truncated */
+        {"{", "[", "not JSON"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char line[2048], file[4096];
+        const char *at = strstr(good, cases[i].from);
+        assert_non_null(at);
+        snprintf(line, sizeof line, "%.*s%s%s", (int)(at - good), good, cases[i].to, at + strlen(cases[i].from));
+        snprintf(file, sizeof file, "%s%s\n", header, line);
+        vks_rollout_file rf;
+        int rc = vks_rollout_read_mem(file, strlen(file), "f.jsonl", &rf);
+        if (rc != VKS_ERR_FORMAT || !strstr(vks_last_error(), cases[i].want) || !strstr(vks_last_error(), "f.jsonl:2:"))
+            fprintf(stderr, "case %zu: rc %d, '%s' (want '%s')\n", i, rc, vks_last_error(), cases[i].want);
+        assert_int_equal(rc, VKS_ERR_FORMAT);
+        assert_non_null(strstr(vks_last_error(), cases[i].want));
+    }
+    /* the good line parses; headers: wrong format, version, missing, garbage */
+    char file[4096];
+    vks_rollout_file rf;
+    snprintf(file, sizeof file, "%s%s\n", header, good);
+    assert_int_equal(vks_rollout_read_mem(file, strlen(file), "f", &rf), VKS_OK);
+    vks_rollout_file_free(&rf);
+    const char *bad_headers[] = {"{\"format\":\"other\"}", "{\"format\":\"vkswarm-rollouts\",\"version\":2}", "", "\x01\x02",
+                                 "null"};
+    for (size_t i = 0; i < sizeof bad_headers / sizeof bad_headers[0]; i++)
+        assert_int_equal(vks_rollout_read_mem(bad_headers[i], strlen(bad_headers[i]), "f", &rf), VKS_ERR_FORMAT);
+}
+
+/* ---------------- generation helpers ---------------- */
+
+typedef struct {
+    vks_toploc_builder *b;
+} gen_hook;
+
+static void on_hidden(void *user, const vks_step *st, const vks_seq_state *states, const float *hidden,
+                      const int32_t *sampled) {
+    gen_hook *h = user;
+    (void)sampled;
+    int dim = vks_toploc_builder_dim(h->b);
+    for (int i = 0; i < st->n_out; i++)
+        if (!states[st->out_seq[i]].done)
+            assert_int_equal(vks_toploc_builder_push(h->b, st->out_seq[i], hidden + (size_t)i * (size_t)dim), VKS_OK);
+}
+
+typedef struct {
+    float temperature, top_p;
+    uint32_t top_k;
+    uint64_t seed;
+    int steps;
+} gen_params;
+
+static int32_t *make_prompt(int i, int vocab, int *n) {
+    uint64_t s = 1000 + (uint64_t)i;
+    *n = 1 + i % 6;
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)*n);
+    p[0] = 1;
+    for (int k = 1; k < *n; k++) p[k] = 3 + (int32_t)(rng_next(&s) % (uint64_t)(vocab - 3));
+    return p;
+}
+
+static void fill_sample(vks_rollout_sample *s, int i, const gen_params *gp, const int32_t *ids, int n_prompt,
+                        const int32_t *out, int n_out) {
+    char id[32];
+    snprintf(id, sizeof id, "s%d", i);
+    *s = (vks_rollout_sample){.id = strdup(id), .n_prompt = n_prompt, .n_output = n_out, .seed = gp->seed,
+                              .seq = (uint32_t)i, .temperature = gp->temperature, .top_k = gp->top_k,
+                              .top_p = gp->top_p, .max_steps = gp->steps};
+    s->prompt_ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    s->output_ids = malloc(sizeof(int32_t) * (size_t)(n_out + 1));
+    memcpy(s->prompt_ids, ids, sizeof(int32_t) * (size_t)n_prompt);
+    memcpy(s->output_ids, out, sizeof(int32_t) * (size_t)n_out);
+    memcpy(s->model_hash, stories_hash, 32);
+}
+
+/* n honest samples from `m` on the GPU (one vks_generate over all of them). */
+static vks_rollout_sample *gen_gpu(const vks_model *m, vks_dtype dt, int n, const gen_params *gp, int max_rows) {
+    vks_sequence *seqs = calloc((size_t)n, sizeof *seqs);
+    for (int i = 0; i < n; i++) seqs[i].ids = make_prompt(i, m->cfg.vocab_size, &seqs[i].n_prompt);
+    vks_engine_options eo = {.dtype = dt, .n_slots = n, .kv_len = gp->steps, .max_rows = max_rows, .max_out_rows = n};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &eo, &e), VKS_OK);
+    gen_hook h;
+    assert_int_equal(vks_toploc_builder_create(n, m->cfg.dim, &h.b), VKS_OK);
+    vks_generate_options go = {.steps = gp->steps, .temperature = gp->temperature, .top_p = gp->top_p,
+                               .top_k = gp->top_k, .seed = gp->seed, .stop_token_a = 1, .stop_token_b = 2,
+                               .on_hidden = on_hidden, .user = &h};
+    assert_int_equal(vks_generate(e, &go, seqs, n, 0), VKS_OK);
+    assert_int_equal(vks_toploc_builder_finish(h.b), VKS_OK);
+    vks_rollout_sample *out = calloc((size_t)n, sizeof *out);
+    for (int i = 0; i < n; i++) {
+        vks_sequence *q = &seqs[i];
+        int n_out = q->n_ids - q->n_prompt;
+        fill_sample(&out[i], i, gp, q->ids, q->n_prompt, q->ids + q->n_prompt, n_out);
+        if (q->stop_token >= 0) out[i].output_ids[out[i].n_output++] = q->stop_token;
+        const uint8_t *p = vks_toploc_builder_proofs(h.b, i, &out[i].proof_bytes);
+        out[i].proofs = malloc(out[i].proof_bytes);
+        memcpy(out[i].proofs, p, out[i].proof_bytes);
+        vks_sequence_free(q);
+    }
+    vks_toploc_builder_destroy(h.b);
+    vks_engine_destroy(e);
+    free(seqs);
+    return out;
+}
+
+/* One honest sample with the CPU reference forward (recomputed every step). */
+static void gen_cpu(const vks_model *m, int i, const gen_params *gp, vks_rollout_sample *out) {
+    int n_prompt, V = m->cfg.vocab_size, dim = m->cfg.dim;
+    int32_t *prompt = make_prompt(i, V, &n_prompt);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(gp->steps + 1));
+    memcpy(ids, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    int n = n_prompt;
+    float *logits = malloc(sizeof(float) * (size_t)gp->steps * V), *hidden = malloc(sizeof(float) * (size_t)gp->steps * dim);
+    float *rows = malloc(sizeof(float) * (size_t)gp->steps * dim);
+    int n_rows = 0;
+    while (n <= gp->steps) {
+        assert_int_equal(vks_cpu_forward(m, ids, n, logits, hidden), VKS_OK);
+        memcpy(rows + (size_t)n_rows++ * dim, hidden + (size_t)(n - 1) * dim, sizeof(float) * (size_t)dim);
+        vks_sample_params sp = {.temperature = gp->temperature, .top_k = gp->top_k, .top_p = gp->top_p,
+                                .seed = gp->seed, .seq = (uint32_t)i, .pos = (uint32_t)(n - 1)};
+        ids[n] = (int32_t)vks_ref_sample(logits + (size_t)(n - 1) * V, V, &sp);
+        n++;
+        if (ids[n - 1] == 1 || ids[n - 1] == 2) break;
+    }
+    fill_sample(out, i, gp, ids, n_prompt, ids + n_prompt, n - n_prompt);
+    out->proof_bytes = vks_toploc_proof_size((size_t)n_rows);
+    out->proofs = malloc(out->proof_bytes);
+    assert_int_equal(vks_toploc_build(rows, n_rows, dim, out->proofs), VKS_OK);
+    free(prompt); free(ids); free(logits); free(hidden); free(rows);
+}
+
+static void free_samples(vks_rollout_sample *s, int n) {
+    for (int i = 0; i < n; i++) vks_rollout_sample_free(&s[i]);
+    free(s);
+}
+
+static vks_verify_options verify_opts(void) {
+    vks_verify_options o;
+    vks_verify_options_default(&o);
+    memcpy(o.model_hash, stories_hash, 32);
+    o.stop_ids[0] = 1;
+    o.stop_ids[1] = 2;
+    o.n_stop = 2;
+    return o;
+}
+
+/* Verifies on the CPU (cpu) or a batched GPU engine; returns the accepted count. */
+static int verify_count(const vks_rollout_sample *s, int n, bool cpu, const vks_verify_options *o, bool print_rejects) {
+    vks_verdict *v = calloc((size_t)n, sizeof *v);
+    double t0 = now_s();
+    if (cpu) {
+        assert_int_equal(vks_verify_batch_cpu(stories, o, s, n, v), VKS_OK);
+    } else {
+        vks_engine_options eo = {.n_slots = 16, .kv_len = STEPS, .max_rows = 256, .max_out_rows = 256};
+        vks_engine *e;
+        int rc = vks_engine_create(gpu, stories, &eo, &e);
+        if (rc == VKS_OK) rc = vks_verify_batch(e, o, s, n, v);
+        if (rc) fprintf(stderr, "verify: %s\n", vks_last_error());
+        assert_int_equal(rc, VKS_OK);
+        vks_engine_destroy(e);
+    }
+    vks_toploc_stats worst = {0};
+    for (int i = 0; i < n; i++) {
+        if (v[i].worst.exp_mismatches > worst.exp_mismatches) worst.exp_mismatches = v[i].worst.exp_mismatches;
+        if (v[i].worst.mant_mean > worst.mant_mean) worst.mant_mean = v[i].worst.mant_mean;
+        if (v[i].worst.mant_median > worst.mant_median) worst.mant_median = v[i].worst.mant_median;
+    }
+    FILE *dump = getenv("VKSWARM_TOPLOC_DUMP") ? fopen(getenv("VKSWARM_TOPLOC_DUMP"), "a") : NULL;
+    for (int i = 0; dump && i < n; i++)
+        fprintf(dump, "%s %d %.4f %.1f %d %.5f\n", dump_label, v[i].worst.exp_mismatches, v[i].worst.mant_mean,
+                v[i].worst.mant_median, v[i].accepted, v[i].max_gap);
+    if (dump) fclose(dump);
+    fprintf(stderr, "  verified %d samples on the %s in %.2f s; largest exp mismatches %d, mantissa mean %.3f, median %.1f\n",
+            n, cpu ? "CPU" : "GPU", now_s() - t0, worst.exp_mismatches, worst.mant_mean, worst.mant_median);
+    int accepted = 0;
+    for (int i = 0; i < n; i++) {
+        accepted += v[i].accepted;
+        if (print_rejects && !v[i].accepted) fprintf(stderr, "  %s: %s\n", s[i].id, v[i].reason);
+    }
+    free(v);
+    return accepted;
+}
+
+static const gen_params sampled_params = {.temperature = 1.0f, .top_p = 0.9f, .seed = 77, .steps = STEPS};
+
+/* ---------------- honest work passes ---------------- */
+
+static void test_honest_gpu_on_cpu_and_gpu(void **state) {
+    (void)state;
+    if (!stories) skip();
+    vks_verify_options o = verify_opts();
+    vks_rollout_sample *s = gen_gpu(stories, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
+    int early = 0;
+    for (int i = 0; i < N_SAMPLES; i++) early += s[i].n_prompt + s[i].n_output < STEPS + 1;
+    fprintf(stderr, "honest: %d samples (%d stopped on a stop token)\n", N_SAMPLES, early);
+    assert_int_equal(verify_count(s, N_SAMPLES, true, &o, true), N_SAMPLES);
+    assert_int_equal(verify_count(s, 50, false, &o, true), 50); /* lavapipe is slow: a quarter on the GPU */
+    free_samples(s, N_SAMPLES);
+    /* other samplers and batchings: greedy, top-k, small prefill chunks, one sequence */
+    gen_params greedy = {.temperature = 0, .seed = 5, .steps = STEPS};
+    gen_params topk = {.temperature = 0.8f, .top_k = 20, .top_p = 0.95f, .seed = 9, .steps = STEPS};
+    struct { const gen_params *p; int n, rows; } cfgs[] = {{&greedy, 24, 256}, {&topk, 8, 8}, {&sampled_params, 1, 3}};
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        s = gen_gpu(stories, VKS_DTYPE_F32, cfgs[c].n, cfgs[c].p, cfgs[c].rows);
+        assert_int_equal(verify_count(s, cfgs[c].n, c != 1, &o, true), cfgs[c].n);
+        free_samples(s, cfgs[c].n);
+    }
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+static void test_honest_cpu_on_gpu(void **state) {
+    (void)state;
+    if (!stories) skip();
+    enum { N = 4 };
+    vks_rollout_sample s[N];
+    for (int i = 0; i < N; i++) gen_cpu(stories, i, &sampled_params, &s[i]);
+    vks_verify_options o = verify_opts();
+    assert_int_equal(verify_count(s, N, false, &o, true), N);
+    /* and the same tokens as the GPU generator drew (batch- and device-invariant sampling) */
+    vks_rollout_sample *g = gen_gpu(stories, VKS_DTYPE_F32, N, &sampled_params, 256);
+    int same = 0;
+    for (int i = 0; i < N; i++)
+        same += g[i].n_output == s[i].n_output && !memcmp(g[i].output_ids, s[i].output_ids, 4 * (size_t)s[i].n_output);
+    fprintf(stderr, "CPU and GPU generators agree on %d of %d samples\n", same, N);
+    for (int i = 0; i < N; i++) vks_rollout_sample_free(&s[i]);
+    free_samples(g, N);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+/* ---------------- cheats are caught ---------------- */
+
+/* Thresholds fitted to f32 engines: honest work (GPU vs CPU reference, 433
+ * samples) shows at most 0 exponent mismatches and a mantissa mean of 0.008. */
+static bool strict;
+
+static int detect(const char *what, vks_rollout_sample *s, int n, bool cpu) {
+    vks_verify_options o = verify_opts();
+    if (strict) o.toploc = (vks_toploc_thresholds){.max_exp_mismatches = 2, .max_mant_mean = 0.25, .max_mant_median = 0};
+    char label[64];
+    snprintf(label, sizeof label, "%.60s", what);
+    for (char *c = label; *c; c++) *c = *c == ' ' ? '_' : *c;
+    dump_label = label;
+    int rejected = n - verify_count(s, n, cpu, &o, false);
+    dump_label = "honest";
+    fprintf(stderr, "cheat %-36s caught in %d of %d samples (%s thresholds)\n", what, rejected, n,
+            strict ? "strict 2/0.25/0" : "TOPLOC 38/10/8");
+    return rejected;
+}
+
+static vks_model *perturbed_copy(const vks_model *m, int layer, float rel) {
+    vks_model *c;
+    assert_int_equal(vks_model_random(&m->cfg, 1, &c), VKS_OK);
+    const vks_tensor *src[] = {&m->tok_emb, &m->final_norm};
+    vks_tensor *dst[] = {&c->tok_emb, &c->final_norm};
+    for (int i = 0; i < 2; i++) memcpy((void *)dst[i]->data, src[i]->data, (size_t)(src[i]->rows * src[i]->cols) * 4);
+    uint64_t seed = 3;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const vks_layer_weights *a = &m->layers[l];
+        vks_layer_weights *b = &c->layers[l];
+        const vks_tensor *sa[] = {&a->attn_norm, &a->wq, &a->wk, &a->wv, &a->wo, &a->ffn_norm, &a->w1, &a->w2, &a->w3};
+        vks_tensor *sb[] = {&b->attn_norm, &b->wq, &b->wk, &b->wv, &b->wo, &b->ffn_norm, &b->w1, &b->w2, &b->w3};
+        for (int t = 0; t < 9; t++) {
+            size_t n = (size_t)(sa[t]->rows * sa[t]->cols);
+            float *w = (float *)sb[t]->data;
+            memcpy(w, sa[t]->data, n * 4);
+            if (l == layer && t > 0 && t != 5) /* matrices of that layer: w *= 1 + rel * u, u in [-1, 1] */
+                for (size_t i = 0; i < n; i++) w[i] *= 1.0f + rel * ((float)(rng_next(&seed) % 2001) / 1000.0f - 1.0f);
+        }
+    }
+    return c;
+}
+
+static void test_cheats_other_models(void **state) {
+    (void)state;
+    if (!stories) skip();
+    vks_model *other;
+    assert_int_equal(vks_model_random(&stories->cfg, 2024, &other), VKS_OK);
+    vks_rollout_sample *s = gen_gpu(other, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
+    assert_int_equal(detect("another model (other weights)", s, N_SAMPLES, true), N_SAMPLES);
+    free_samples(s, N_SAMPLES);
+    vks_model_free(other);
+    vks_model *pert = perturbed_copy(stories, 2, 0.01f);
+    s = gen_gpu(pert, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
+    assert_true(detect("layer 2 perturbed by 1%", s, N_SAMPLES, true) >= 25); /* TOPLOC's thresholds miss most */
+    strict = true;
+    assert_int_equal(detect("layer 2 perturbed by 1%", s, N_SAMPLES, true), N_SAMPLES);
+    strict = false;
+    free_samples(s, N_SAMPLES);
+    vks_model_free(pert);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+/* Lower precision claimed as f32: a detection rate, reported. */
+static void test_lower_precision_rate(void **state) {
+    (void)state;
+    if (!stories) skip();
+    const vks_dtype dts[] = {VKS_DTYPE_F16, VKS_DTYPE_BF16};
+    for (size_t d = 0; d < 2; d++) {
+        vks_rollout_sample *s = gen_gpu(stories, dts[d], N_SAMPLES, &sampled_params, 256);
+        char what[64];
+        snprintf(what, sizeof what, "%s weights claimed as f32", vks_dtype_name(dts[d]));
+        int caught = detect(what, s, N_SAMPLES, true);
+        strict = true;
+        int caught_strict = detect(what, s, N_SAMPLES, true);
+        strict = false;
+        assert_true(caught_strict >= caught);
+        if (dts[d] == VKS_DTYPE_BF16) assert_int_equal(caught_strict, N_SAMPLES);
+        free_samples(s, N_SAMPLES);
+    }
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+/* Second-best token at output index t (by the seeded scores), from the verifier's logits. */
+static int32_t runner_up(const float *logits, int V, const vks_rollout_sample *s, int t, int32_t drawn) {
+    vks_sample_params p = {.temperature = s->temperature, .top_k = s->top_k, .top_p = s->top_p, .seed = s->seed,
+                           .seq = s->seq, .pos = (uint32_t)(s->n_prompt - 1 + t)};
+    int best = -1;
+    float best_score = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (i == drawn) continue;
+        float g = -logf(-logf(vks_rng_uniform(vks_philox_u32(p.seed, p.seq, p.pos, (uint32_t)i))));
+        float score = (p.temperature > 0 ? logits[i] / p.temperature + g : logits[i]);
+        if (score > best_score) best_score = score, best = i;
+    }
+    return best;
+}
+
+static void test_cheats_edited_samples(void **state) {
+    (void)state;
+    if (!stories) skip();
+    int V = stories->cfg.vocab_size, dim = stories->cfg.dim;
+    vks_rollout_sample *base = gen_gpu(stories, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
+    vks_rollout_sample *s = calloc(N_SAMPLES, sizeof *s);
+    uint64_t r = 11;
+    /* a changed prompt token */
+    for (int i = 0; i < N_SAMPLES; i++) {
+        fill_sample(&s[i], i, &sampled_params, base[i].prompt_ids, base[i].n_prompt, base[i].output_ids, base[i].n_output);
+        s[i].proofs = malloc(base[i].proof_bytes);
+        memcpy(s[i].proofs, base[i].proofs, s[i].proof_bytes = base[i].proof_bytes);
+        int p = (int)(rng_next(&r) % (uint64_t)s[i].n_prompt);
+        s[i].prompt_ids[p] = 3 + (s[i].prompt_ids[p] + 1 + (int32_t)(rng_next(&r) % 500)) % (V - 3);
+    }
+    /* Known gap (see README): a changed prompt token whose effect on the
+     * committed rows stays below bf16 resolution in every top-128 value, and
+     * leaves every seeded draw unchanged, is invisible; stories260K shows
+     * 16 of 200 at TOPLOC's thresholds, 10 at the strict ones. */
+    assert_true(detect("changed prompt token", s, N_SAMPLES, true) >= 184);
+    strict = true;
+    assert_true(detect("changed prompt token", s, N_SAMPLES, true) >= 190);
+    strict = false;
+    /* a changed output token (not a stop token) */
+    for (int i = 0; i < N_SAMPLES; i++) {
+        memcpy(s[i].prompt_ids, base[i].prompt_ids, 4 * (size_t)base[i].n_prompt);
+        int t = (int)(rng_next(&r) % (uint64_t)s[i].n_output);
+        int32_t old = s[i].output_ids[t];
+        do s[i].output_ids[t] = 3 + (int32_t)(rng_next(&r) % (uint64_t)(V - 3));
+        while (s[i].output_ids[t] == old);
+    }
+    assert_int_equal(detect("changed output token", s, N_SAMPLES, true), N_SAMPLES);
+    /* the runner-up instead of the seeded draw at output index t, the sample
+     * cut right after it (max_steps lowered so it is complete) with honest
+     * proofs of its rows: only the sampler replay can see it */
+    float *logits = malloc(sizeof(float) * (STEPS + 1) * (size_t)V), *hidden = malloc(sizeof(float) * (STEPS + 1) * (size_t)dim);
+    for (int i = 0; i < N_SAMPLES; i++) {
+        vks_rollout_sample *b = &base[i];
+        int t = (int)(rng_next(&r) % (uint64_t)b->n_output), L = b->n_prompt + b->n_output - 1;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)L);
+        memcpy(ids, b->prompt_ids, 4 * (size_t)b->n_prompt);
+        memcpy(ids + b->n_prompt, b->output_ids, 4 * (size_t)(b->n_output - 1));
+        assert_int_equal(vks_cpu_forward(stories, ids, L, logits, hidden), VKS_OK);
+        free(ids);
+        int row0 = b->n_prompt - 1;
+        s[i].n_output = t + 1;
+        memcpy(s[i].output_ids, b->output_ids, 4 * (size_t)t);
+        s[i].output_ids[t] = runner_up(logits + (size_t)(row0 + t) * V, V, b, t, b->output_ids[t]);
+        s[i].max_steps = b->n_prompt + t;
+        s[i].proof_bytes = vks_toploc_proof_size((size_t)t + 1);
+        assert_int_equal(vks_toploc_build(hidden + (size_t)row0 * dim, t + 1, dim, s[i].proofs), VKS_OK);
+        if (s[i].output_ids[t] == 1 || s[i].output_ids[t] == 2) s[i].max_steps = STEPS; /* a stop: fine either way */
+    }
+    /* Known limit: a runner-up whose seeded score is within the 0.01-logit
+     * margin of the draw passes (the top-two Gumbel gap is ~Exp(1) in z units,
+     * so about 1% of single swaps at temperature 1); 1 of these 200. */
+    assert_true(detect("runner-up token instead of the draw", s, N_SAMPLES, true) >= 199);
+    /* a stop without EOS: output cut short (and proofs rebuilt for the kept rows) */
+    for (int i = 0; i < N_SAMPLES; i++) {
+        vks_rollout_sample *b = &base[i];
+        s[i].max_steps = STEPS;
+        int keep = b->n_output > 1 ? 1 + (int)(rng_next(&r) % (uint64_t)(b->n_output - 1)) : 1;
+        memcpy(s[i].output_ids, b->output_ids, 4 * (size_t)b->n_output);
+        s[i].n_output = keep;
+        if (keep == b->n_output) s[i].output_ids[keep - 1] = 5; /* one-token sample: drop its stop */
+        s[i].proof_bytes = vks_toploc_proof_size((size_t)keep);
+        memcpy(s[i].proofs, b->proofs, s[i].proof_bytes); /* chunk proofs change only in the last chunk */
+    }
+    assert_int_equal(detect("stop without EOS", s, N_SAMPLES, true), N_SAMPLES);
+    free(logits);
+    free(hidden);
+    free_samples(s, N_SAMPLES);
+    free_samples(base, N_SAMPLES);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+static void test_malformed_proofs_rejected(void **state) {
+    (void)state;
+    if (!stories) skip();
+    gen_params gp = sampled_params;
+    vks_rollout_sample *s = gen_gpu(stories, VKS_DTYPE_F32, 5, &gp, 256);
+    vks_verify_options o = verify_opts();
+    vks_verdict v[5];
+    s[0].proofs[0] = s[0].proofs[1] = 0;                          /* m = 0 */
+    s[1].proofs[2 + 2 * 5] = 0xFF, s[1].proofs[3 + 2 * 5] = 0xFF; /* coefficient >= prime */
+    s[2].proof_bytes -= 1;                                        /* truncated */
+    for (size_t i = 0; i < s[3].proof_bytes; i++) s[3].proofs[i] = (uint8_t)(i * 131 + 7); /* random bytes */
+    memcpy(s[4].model_hash, "another model's hash, 32 bytes!", 32);
+    assert_int_equal(vks_verify_batch_cpu(stories, &o, s, 5, v), VKS_OK);
+    const char *want[] = {"m = 0", "coefficient 5", "bytes", "TOPLOC chunk 0", "model hash"};
+    for (int i = 0; i < 5; i++) {
+        fprintf(stderr, "malformed %d: %s\n", i, v[i].reason);
+        assert_false(v[i].accepted);
+        assert_non_null(strstr(v[i].reason, want[i]));
+    }
+    free_samples(s, 5);
+}
+
+/* ---------------- the CLI, and lavapipe at other subgroup sizes ---------------- */
+
+static int run(const char *cmd) {
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void test_cli_generate_verify(void **state) {
+    (void)state;
+    const char *bin = getenv("VKSWARM_BIN"), *path = tu_shared_path("stories260K/stories260K.bin");
+    char model_s[512], tok_s[512], dir[256], cmd[4096];
+    if (!bin || !path) skip();
+    snprintf(model_s, sizeof model_s, "%s", path);
+    if (!(path = tu_shared_path("stories260K/tok512.bin"))) skip();
+    snprintf(tok_s, sizeof tok_s, "%s", path);
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nThe dog\\nLily\\n\\n' > %s/p.txt", dir);
+    assert_int_equal(run(cmd), 0);
+    const char *widths[] = {"", "LP_NATIVE_VECTOR_WIDTH=128 ", "LP_NATIVE_VECTOR_WIDTH=1024 "};
+    for (int w = 0; w < 3; w++) {
+        snprintf(cmd, sizeof cmd, "%s%s generate --model %s --tokenizer %s --prompts %s/p.txt -n 60 --seed %d "
+                 "--rollouts-out %s/r%d.jsonl > /dev/null 2>&1", widths[w], bin, model_s, tok_s, dir, 10 + w, dir, w);
+        assert_int_equal(run(cmd), 0);
+        snprintf(cmd, sizeof cmd, "%s verify --cpu --jsonl --model %s --rollouts %s/r%d.jsonl > %s/v%d.jsonl 2>/dev/null",
+                 bin, model_s, dir, w, dir, w);
+        assert_int_equal(run(cmd), 0);
+    }
+    /* GPU verifier, text output */
+    snprintf(cmd, sizeof cmd, "%s verify --model %s --rollouts %s/r0.jsonl > %s/v.txt 2>/dev/null", bin, model_s, dir, dir);
+    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/v0.jsonl", dir);
+    char *out = (char *)tu_read_file(cmd, NULL);
+    assert_non_null(out);
+    assert_non_null(strstr(out, "{\"id\":\"10-0\",\"accepted\":true,\"reason\":\"\"}"));
+    free(out);
+    /* a tampered file: exit 1; a malformed one: exit 2 */
+    snprintf(cmd, sizeof cmd, "sed '2s/\"output_ids\":\\[/\"output_ids\":[9,/' %s/r0.jsonl > %s/bad.jsonl", dir, dir);
+    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s verify --cpu --model %s --rollouts %s/bad.jsonl > /dev/null 2>&1", bin, model_s, dir);
+    assert_int_equal(run(cmd), 1);
+    snprintf(cmd, sizeof cmd, "head -c 300 %s/r0.jsonl > %s/trunc.jsonl && %s verify --cpu --model %s --rollouts "
+             "%s/trunc.jsonl > /dev/null 2>&1", dir, dir, bin, model_s, dir);
+    assert_int_equal(run(cmd), 2);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_poly_known_values),
+        cmocka_unit_test(test_poly_random_points),
+        cmocka_unit_test(test_poly_parse_rejects),
+        cmocka_unit_test(test_topk_ties_and_nan),
+        cmocka_unit_test(test_proof_self_and_perturbed),
+        cmocka_unit_test(test_build_sizes_and_builder),
+        cmocka_unit_test(test_rollout_roundtrip),
+        cmocka_unit_test(test_rollout_malformed),
+        cmocka_unit_test(test_malformed_proofs_rejected),
+        cmocka_unit_test(test_honest_gpu_on_cpu_and_gpu),
+        cmocka_unit_test(test_honest_cpu_on_gpu),
+        cmocka_unit_test(test_cheats_edited_samples),
+        cmocka_unit_test(test_cheats_other_models),
+        cmocka_unit_test(test_lower_precision_rate),
+        cmocka_unit_test(test_cli_generate_verify),
+    };
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

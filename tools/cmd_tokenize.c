@@ -1,0 +1,208 @@
+/* `vkswarm tokenize` and `vkswarm detokenize`. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_model.h"
+#include "cli_util.h"
+#include "commands.h"
+
+#define MAX_INPUT_BYTES ((size_t)256 << 20)
+
+static const char tokenize_usage[] =
+    "usage: vkswarm tokenize (--model M | --tokenizer T [--vocab-size N]) [--no-bos] [--special]\n"
+    "                        [--chat [--chat-template chatml|llama2|llama3|phi3] [--system TEXT]] [--prompt TEXT]\n"
+    "Reads UTF-8 text on stdin (every byte counts, a final newline too; or --prompt TEXT) and prints\n"
+    "its token ids, space-separated, on one line. The tokenizer comes from --tokenizer (llama2.c\n"
+    "tokenizer.bin, a .gguf, a Hugging Face tokenizer.json or its directory) or from the model (GGUF\n"
+    "metadata, tokenizer.json beside safetensors). tokenizer.bin alone needs --vocab-size.\n"
+    "BOS is added when the vocabulary asks for it (--no-bos: never). --special: control tokens\n"
+    "written in the text (<|endoftext|>, </s>...) become those tokens.\n"
+    "--chat: stdin is one user message, formatted with the model's chat template (or the one named\n"
+    "by --chat-template) and an assistant prompt; special tokens are parsed.\n";
+
+static const char detokenize_usage[] =
+    "usage: vkswarm detokenize (--model M | --tokenizer T [--vocab-size N]) [--special]\n"
+    "Reads token ids (whitespace-separated) on stdin and prints their text, nothing added.\n"
+    "Control tokens print only with --special.\n";
+
+typedef struct {
+    cli_model_args m;
+    int vocab_size;
+    bool no_bos, special, chat;
+    const char *chat_template, *system, *prompt;
+} tok_args;
+
+static void parse_args(int argc, char **argv, tok_args *a, bool tokenize) {
+    static const struct option opts[] = {{"model", required_argument, 0, 0},     {"tokenizer", required_argument, 0, 0},
+                                         {"vocab-size", required_argument, 0, 0}, {"no-bos", no_argument, 0, 0},
+                                         {"special", no_argument, 0, 0},          {"chat", no_argument, 0, 0},
+                                         {"chat-template", required_argument, 0, 0},
+                                         {"system", required_argument, 0, 0},     {"prompt", required_argument, 0, 0},
+                                         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    const char *usage = tokenize ? tokenize_usage : detokenize_usage;
+    int c, idx;
+    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+        if (c == 'h') {
+            fputs(usage, stdout);
+            exit(0);
+        }
+        if (c != 0) {
+            fputs(usage, stderr);
+            exit(EXIT_BAD_INPUT);
+        }
+        const char *name = opts[idx].name;
+        bool tok_only = !strcmp(name, "no-bos") || !strcmp(name, "chat") || !strcmp(name, "chat-template") ||
+                        !strcmp(name, "system") || !strcmp(name, "prompt");
+        if (tok_only && !tokenize) cli_die(EXIT_BAD_INPUT, "detokenize: unknown option --%s (see --help)", name);
+        if (!strcmp(name, "model")) a->m.model_path = optarg;
+        else if (!strcmp(name, "tokenizer")) a->m.tokenizer_path = optarg;
+        else if (!strcmp(name, "vocab-size")) a->vocab_size = (int)cli_parse_long("--vocab-size", optarg, 1, 1 << 22);
+        else if (!strcmp(name, "no-bos")) a->no_bos = true;
+        else if (!strcmp(name, "special")) a->special = true;
+        else if (!strcmp(name, "chat")) a->chat = true;
+        else if (!strcmp(name, "chat-template")) a->chat_template = optarg;
+        else if (!strcmp(name, "system")) a->system = optarg;
+        else if (!strcmp(name, "prompt")) a->prompt = optarg;
+    }
+    if (optind < argc) cli_die(EXIT_BAD_INPUT, "%s: unexpected argument '%s' (see --help)", argv[0], argv[optind]);
+    if (!a->m.model_path && !a->m.tokenizer_path) cli_die(EXIT_BAD_INPUT, "%s: give --model or --tokenizer", argv[0]);
+    if ((a->chat_template || a->system) && !a->chat)
+        cli_die(EXIT_BAD_INPUT, "tokenize: --chat-template and --system need --chat");
+}
+
+static bool is_gguf_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    bool yes = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (f) fclose(f);
+    return yes;
+}
+
+static vks_tokenizer *load_tokenizer(const tok_args *a) {
+    vks_tokenizer *t = NULL;
+    int rc;
+    if (!a->m.model_path) {
+        vks_model fake = {0}; /* only its vocab size is read: tokenizer.bin needs one */
+        fake.cfg.vocab_size = a->vocab_size;
+        snprintf(fake.path, sizeof fake.path, "--vocab-size");
+        rc = vks_tokenizer_load_auto(a->m.tokenizer_path, a->vocab_size ? &fake : NULL, &t);
+    } else if (!a->m.tokenizer_path && is_gguf_file(a->m.model_path)) {
+        rc = vks_tokenizer_load_gguf(a->m.model_path, &t); /* metadata only: no need to map the weights */
+    } else {
+        vks_model *m = cli_load_model(&a->m);
+        rc = vks_tokenizer_load_auto(a->m.tokenizer_path, m, &t);
+        vks_model_free(m);
+    }
+    if (rc) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    return t;
+}
+
+static char *read_stdin(size_t *len) {
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    if (!buf) cli_die(1, "out of memory");
+    while ((got = fread(buf + n, 1, cap - n - 1, stdin)) > 0) {
+        n += got;
+        if (n + 1 == cap) {
+            if (cap >= MAX_INPUT_BYTES) cli_die(EXIT_BAD_INPUT, "stdin: more than %zu bytes", MAX_INPUT_BYTES);
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) cli_die(1, "out of memory");
+            buf = nb;
+        }
+    }
+    if (ferror(stdin)) cli_die(EXIT_BAD_INPUT, "stdin: read error");
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* The chat text for one user message (and an optional system message). */
+static char *chat_text(const tok_args *a, const vks_tokenizer *t, const char *user) {
+    const char *tmpl = a->chat_template ? a->chat_template : vks_tokenizer_chat_template(t);
+    if (!tmpl) cli_die(EXIT_BAD_INPUT, "tokenize: the tokenizer has no chat template; give --chat-template");
+    vks_chat_message msgs[2];
+    int n = 0;
+    if (a->system) msgs[n++] = (vks_chat_message){"system", a->system};
+    msgs[n++] = (vks_chat_message){"user", user};
+    char *out = NULL;
+    if (vks_chat_format(tmpl, msgs, n, true, &out)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    return out;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    tok_args a = {0};
+    parse_args(argc, argv, &a, true);
+    vks_tokenizer *t = load_tokenizer(&a);
+    size_t len = 0;
+    char *text = a.prompt ? strdup(a.prompt) : read_stdin(&len);
+    if (!text) cli_die(1, "out of memory");
+    if (a.prompt) len = strlen(text);
+    if (a.chat) {
+        if (memchr(text, '\0', len)) cli_die(EXIT_BAD_INPUT, "tokenize: --chat text contains a NUL byte");
+        char *formatted = chat_text(&a, t, text);
+        free(text);
+        text = formatted;
+        len = strlen(text);
+    }
+    vks_tokenize_options o = {.add_bos = !a.no_bos && vks_tokenizer_wants_bos(t),
+                              .add_eos = false,
+                              .parse_special = a.special || a.chat};
+    int32_t *ids = NULL;
+    int n = 0;
+    if (vks_tokenizer_tokenize(t, text, len, &o, &ids, &n)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    free(text);
+    vks_tokenizer_free(t);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+/* Parses whitespace-separated ids (anything else is bad input). */
+static int32_t *parse_id_list(const char *s, int vocab, int *n_out) {
+    size_t cap = 256, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) cli_die(1, "out of memory");
+    while (*s) {
+        if (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') {
+            s++;
+            continue;
+        }
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r'))
+            cli_die(EXIT_BAD_INPUT, "stdin: '%.20s' is not a token id", s);
+        if (v < 0 || v >= vocab) cli_die(EXIT_BAD_INPUT, "stdin: token %ld outside 0..%d", v, vocab - 1);
+        if (n == cap) {
+            if (cap > (size_t)INT32_MAX / 2) cli_die(EXIT_BAD_INPUT, "stdin: too many ids");
+            int32_t *nb = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!nb) cli_die(1, "out of memory");
+            ids = nb;
+        }
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    *n_out = (int)n;
+    return ids;
+}
+
+int cmd_detokenize(int argc, char **argv) {
+    tok_args a = {0};
+    parse_args(argc, argv, &a, false);
+    vks_tokenizer *t = load_tokenizer(&a);
+    size_t len;
+    char *in = read_stdin(&len);
+    if (memchr(in, '\0', len)) cli_die(EXIT_BAD_INPUT, "stdin: NUL byte among the ids");
+    int n = 0;
+    int32_t *ids = parse_id_list(in, vks_tokenizer_vocab_size(t), &n);
+    char *text = NULL;
+    size_t tlen = 0;
+    if (vks_tokenizer_detokenize(t, ids, n, a.special, &text, &tlen)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    fwrite(text, 1, tlen, stdout);
+    free(text);
+    free(ids);
+    free(in);
+    vks_tokenizer_free(t);
+    return fflush(stdout) == 0 ? 0 : 1;
+}

@@ -1,0 +1,182 @@
+/* `vkswarm verify`: recomputes rollout samples and accepts or rejects each
+ * (TOPLOC proofs, sampler replay, stop rules). */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli_model.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "vkswarm/vks_toploc.h"
+
+static const char verify_usage[] =
+    "usage: vkswarm verify --model M --rollouts FILE [--device N] [--cpu] [--jsonl] [--batch N]\n"
+    "                      [--stop-ids LIST] [--max-exp-mismatches N] [--max-mant-mean X]\n"
+    "                      [--max-mant-median X] [--logit-margin X] [--dtype f32|f16|bf16]\n"
+    "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
+    "recomputing it with one prefill over prompt + output: the TOPLOC proof of each chunk of 32\n"
+    "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
+    "stops before max_steps ends with a stop token). Prints one line per sample (id, accepted or\n"
+    "rejected: reason) and a summary; with --jsonl one {\"id\",\"accepted\",\"reason\"} per sample and\n"
+    "nothing else on stdout. Exit 0 when all pass, 1 when any is rejected, 2 on bad input.\n"
+    "--cpu verifies with the C reference forward (no GPU). --batch N: samples per batched prefill\n"
+    "(GPU KV slots, default 16). --stop-ids: the stop tokens the verifier trusts (default 1,2: BOS\n"
+    "and EOS of llama2.c models); the file's must be among them. Thresholds default to TOPLOC's:\n"
+    "38 exponent mismatches, mantissa error mean 10 and median 8 (of 128 values per chunk), and a\n"
+    "sampler margin of 0.01 logits for cross-device rounding.\n";
+
+typedef struct {
+    cli_model_args m;
+    const char *rollouts;
+    bool cpu, jsonl;
+    int batch;
+    vks_verify_options vo;
+    int32_t trusted_stop[VKS_ROLLOUT_MAX_STOP];
+    int n_trusted;
+} verify_args;
+
+static void parse_stop_ids(const char *s, verify_args *a) {
+    a->n_trusted = 0;
+    char *copy = strdup(s);
+    if (!copy) cli_die(1, "out of host memory");
+    for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+        if (a->n_trusted == VKS_ROLLOUT_MAX_STOP) cli_die(EXIT_BAD_INPUT, "--stop-ids: at most %d ids", VKS_ROLLOUT_MAX_STOP);
+        a->trusted_stop[a->n_trusted++] = (int32_t)cli_parse_long("--stop-ids", tok, 0, INT32_MAX);
+    }
+    free(copy);
+    if (a->n_trusted == 0) cli_die(EXIT_BAD_INPUT, "--stop-ids: no ids in '%s'", s);
+}
+
+static bool verify_option(verify_args *a, const char *name, const char *val) {
+    if (!strcmp(name, "rollouts")) a->rollouts = val;
+    else if (!strcmp(name, "cpu")) a->cpu = true;
+    else if (!strcmp(name, "jsonl")) a->jsonl = true;
+    else if (!strcmp(name, "batch")) a->batch = (int)cli_parse_long("--batch", val, 1, 4096);
+    else if (!strcmp(name, "stop-ids")) parse_stop_ids(val, a);
+    else if (!strcmp(name, "max-exp-mismatches"))
+        a->vo.toploc.max_exp_mismatches = (int)cli_parse_long("--max-exp-mismatches", val, 0, VKS_TOPLOC_K);
+    else if (!strcmp(name, "max-mant-mean")) a->vo.toploc.max_mant_mean = cli_parse_double("--max-mant-mean", val, 0, 128);
+    else if (!strcmp(name, "max-mant-median"))
+        a->vo.toploc.max_mant_median = cli_parse_double("--max-mant-median", val, 0, 128);
+    else if (!strcmp(name, "logit-margin")) a->vo.logit_margin = (float)cli_parse_double("--logit-margin", val, 0, 1e6);
+    else return false;
+    return true;
+}
+
+static void parse_verify(int argc, char **argv, verify_args *a) {
+    static const struct option opts[] = {
+        CLI_MODEL_LONG_OPTIONS, {"rollouts", required_argument, 0, 0}, {"cpu", no_argument, 0, 0},
+        {"jsonl", no_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"stop-ids", required_argument, 0, 0},
+        {"max-exp-mismatches", required_argument, 0, 0}, {"max-mant-mean", required_argument, 0, 0},
+        {"max-mant-median", required_argument, 0, 0}, {"logit-margin", required_argument, 0, 0},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    a->m.device = -1;
+    a->batch = 16;
+    vks_verify_options_default(&a->vo);
+    a->trusted_stop[0] = 1;
+    a->trusted_stop[1] = 2;
+    a->n_trusted = 2;
+    int c, idx;
+    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+        if (c == 'h') { fputs(verify_usage, stdout); exit(0); }
+        if (c != 0) { fputs(verify_usage, stderr); exit(EXIT_BAD_INPUT); }
+        const char *name = opts[idx].name;
+        if (!cli_model_option(&a->m, name, optarg)) verify_option(a, name, optarg);
+    }
+    if (optind < argc) cli_die(EXIT_BAD_INPUT, "verify: unexpected argument '%s' (see --help)", argv[optind]);
+    if (!a->rollouts) cli_die(EXIT_BAD_INPUT, "verify: --rollouts FILE is required (see --help)");
+}
+
+static bool trusted(const verify_args *a, int32_t id) {
+    for (int i = 0; i < a->n_trusted; i++)
+        if (a->trusted_stop[i] == id) return true;
+    return false;
+}
+
+/* File-level reasons that reject every sample, or NULL. */
+static const char *header_problem(const verify_args *a, const vks_rollout_header *h, const uint8_t hash[32]) {
+    if (memcmp(h->model_hash, hash, 32) != 0) return "the rollout file names another model (model_hash differs)";
+    for (int i = 0; i < h->n_stop; i++)
+        if (!trusted(a, h->stop_ids[i])) return "the rollout file's stop_ids are not among the trusted stop tokens";
+    return NULL;
+}
+
+static void print_verdict(const verify_args *a, const vks_rollout_sample *s, const vks_verdict *v) {
+    if (a->jsonl) {
+        fputs("{\"id\":", stdout);
+        cli_json_string(stdout, s->id, strlen(s->id));
+        printf(",\"accepted\":%s,\"reason\":", v->accepted ? "true" : "false");
+        cli_json_string(stdout, v->reason, strlen(v->reason));
+        fputs("}\n", stdout);
+    } else if (v->accepted) {
+        printf("%s\taccepted\n", s->id);
+    } else {
+        printf("%s\trejected: %s\n", s->id, v->reason);
+    }
+}
+
+static int verify_all(const verify_args *a, const vks_model *m, const vks_rollout_file *rf, vks_verdict *verdicts) {
+    vks_gpu *g = NULL;
+    vks_engine *e = NULL;
+    int kv = 1;
+    for (int i = 0; i < rf->n_samples; i++) {
+        int len = rf->samples[i].n_prompt + rf->samples[i].n_output - 1;
+        if (len > kv) kv = len;
+    }
+    if (kv > m->cfg.seq_len) kv = m->cfg.seq_len; /* longer samples are rejected */
+    if (!a->cpu) {
+        g = cli_open_gpu(&a->m);
+        vks_engine_options eo = {.dtype = a->m.dtype, .n_slots = a->batch, .kv_len = kv, .max_rows = 512,
+                                 .max_out_rows = 512};
+        e = cli_create_engine(g, m, &eo);
+    }
+    cli_progress p;
+    cli_progress_start(&p, "verify");
+    int rc = VKS_OK;
+    for (int i0 = 0; i0 < rf->n_samples && rc == VKS_OK; i0 += a->batch) {
+        int n = rf->n_samples - i0 < a->batch ? rf->n_samples - i0 : a->batch;
+        rc = e ? vks_verify_batch(e, &a->vo, rf->samples + i0, n, verdicts + i0)
+               : vks_verify_batch_cpu(m, &a->vo, rf->samples + i0, n, verdicts + i0);
+        cli_progress_update(&p, i0 + n, rf->n_samples, "samples");
+    }
+    if (rc) cli_die(1, "verify: %s", vks_last_error());
+    cli_progress_end(&p, rf->n_samples, "samples");
+    if (e) {
+        if (a->m.profile) cli_print_profile(g);
+        vks_engine_destroy(e);
+        rc = cli_finish_gpu(g);
+    }
+    return rc;
+}
+
+int cmd_verify(int argc, char **argv) {
+    verify_args a = {0};
+    parse_verify(argc, argv, &a);
+    vks_model *m = cli_load_model(&a.m);
+    vks_rollout_file rf;
+    if (vks_rollout_read(a.rollouts, &rf)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (vks_model_hash(m, a.vo.model_hash)) cli_die(EXIT_BAD_INPUT, "model hash: %s", vks_last_error());
+    memcpy(a.vo.stop_ids, rf.header.stop_ids, sizeof a.vo.stop_ids);
+    a.vo.n_stop = rf.header.n_stop;
+    vks_verdict *verdicts = calloc((size_t)rf.n_samples + 1, sizeof *verdicts);
+    if (!verdicts) cli_die(1, "out of host memory");
+    const char *problem = header_problem(&a, &rf.header, a.vo.model_hash);
+    int rc = 0;
+    if (problem) {
+        for (int i = 0; i < rf.n_samples; i++) snprintf(verdicts[i].reason, sizeof verdicts[i].reason, "%s", problem);
+    } else {
+        rc = verify_all(&a, m, &rf, verdicts);
+    }
+    int accepted = 0, total = rf.n_samples;
+    for (int i = 0; i < total; i++) {
+        print_verdict(&a, &rf.samples[i], &verdicts[i]);
+        accepted += verdicts[i].accepted;
+    }
+    FILE *summary = a.jsonl ? stderr : stdout;
+    fprintf(summary, "verified %d samples: %d accepted, %d rejected\n", total, accepted, total - accepted);
+    fflush(stdout);
+    free(verdicts);
+    vks_rollout_file_free(&rf);
+    vks_model_free(m);
+    if (rc) return rc;
+    return accepted == total ? 0 : 1;
+}
