@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <unistd.h>
 #include "pipeline_worker.h"
 #include "protocol.h"
@@ -39,6 +40,9 @@ typedef struct {
     double *last_heard, last_heartbeat;
     vks_pipeline_stats *stats;
     bool finished;
+    int n_seqs;                  /* prompts in the whole job (every rank) */
+    vks_toploc_builder *builder; /* last stage with TOPLOC */
+    bool awaiting_proofs;        /* rank 0: DONE sent, proofs not yet here */
     /* rank 0 only */
     microbatch *mbs;
     vks_sequence *prompts;
@@ -162,10 +166,72 @@ static bool all_done(const pipe_ctx *c) {
     return true;
 }
 
+/* ---------------- TOPLOC proofs (last stage -> rank 0) ---------------- */
+
+static void set_proof(pipe_ctx *c, int i, const uint8_t *p, size_t len) {
+    vks_sequence *s = &c->prompts[i];
+    free(s->proofs);
+    s->proofs = len ? malloc(len) : NULL;
+    if (len && !s->proofs) die(c, 1, "%s", "out of host memory");
+    if (len) memcpy(s->proofs, p, len);
+    s->proof_bytes = len;
+}
+
+static void finish_builder(pipe_ctx *c) {
+    if (vks_toploc_builder_finish(c->builder)) die(c, 1, "%s", vks_last_error());
+}
+
+static void take_local_proofs(pipe_ctx *c) {
+    finish_builder(c);
+    for (int i = 0; i < c->n_seqs; i++) {
+        size_t len;
+        const uint8_t *p = vks_toploc_builder_proofs(c->builder, i, &len);
+        set_proof(c, i, p, len);
+    }
+}
+
+static void send_proofs(pipe_ctx *c) {
+    finish_builder(c);
+    const uint8_t **p = malloc(sizeof *p * (size_t)c->n_seqs);
+    size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), bytes;
+    if (!p || !lens) die(c, 1, "%s", "out of host memory");
+    for (int i = 0; i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(c->builder, i, &lens[i]);
+    void *msg = vks_msg_pack_proofs(p, lens, (uint32_t)c->n_seqs, &bytes);
+    if (!msg || bytes > INT_MAX) die(c, 1, "%s", "cannot pack the proofs");
+    MPI_Send(msg, (int)bytes, MPI_BYTE, 0, VKS_TAG_PROOFS, c->comm);
+    free(msg);
+    free(p);
+    free(lens);
+}
+
+static void receive_proofs(pipe_ctx *c, const MPI_Status *st) {
+    if (st->MPI_SOURCE != c->size - 1 || !c->awaiting_proofs)
+        die_rank(c, 2, "sent proofs but is not the last stage, or none were due", st->MPI_SOURCE);
+    int bytes;
+    MPI_Get_count(st, MPI_BYTE, &bytes);
+    size_t max_one = vks_toploc_proof_size((size_t)c->o->sched.steps + 1);
+    size_t max = sizeof(vks_msg_header) + (4 + max_one) * (size_t)c->n_seqs;
+    if (bytes < 0 || (size_t)bytes > max) die_rank(c, 2, "sent a proof message larger than the job allows", st->MPI_SOURCE);
+    uint8_t *msg = malloc((size_t)bytes + 1);
+    size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), *offs = malloc(sizeof *offs * (size_t)c->n_seqs);
+    if (!msg || !lens || !offs) die(c, 1, "%s", "out of host memory");
+    MPI_Recv(msg, bytes, MPI_BYTE, st->MPI_SOURCE, VKS_TAG_PROOFS, c->comm, MPI_STATUS_IGNORE);
+    char err[256];
+    if (vks_msg_check_proofs(msg, (size_t)bytes, (uint32_t)c->n_seqs, VKS_TOPLOC_PROOF_BYTES, max_one, lens, offs, err,
+                             sizeof err))
+        die(c, 2, "bad proofs from the last stage: %s", err);
+    for (int i = 0; i < c->n_seqs; i++) set_proof(c, i, msg + offs[i], lens[i]);
+    free(msg); free(lens); free(offs);
+    c->awaiting_proofs = false;
+    c->finished = true;
+}
+
 static void broadcast_done(pipe_ctx *c) {
     static vks_msg_header done = {VKS_MSG_MAGIC, VKS_MSG_DONE, 0, 0, 0, 0, 0, 0};
     for (int r = 1; r < c->size; r++) MPI_Send(&done, sizeof done, MPI_BYTE, r, VKS_TAG_DONE, c->comm);
-    c->finished = true;
+    if (c->builder) take_local_proofs(c); /* one rank: rank 0 is the last stage */
+    c->awaiting_proofs = c->o->toploc && c->size > 1;
+    c->finished = !c->awaiting_proofs;
 }
 
 /* ---------------- receiving ---------------- */
@@ -224,8 +290,13 @@ static bool poll_messages(pipe_ctx *c) {
         if (st.MPI_TAG == VKS_TAG_DONE) {
             if (st.MPI_SOURCE != 0 || h.magic != VKS_MSG_MAGIC || h.type != VKS_MSG_DONE)
                 die_rank(c, 2, "sent a stop message but is not rank 0", st.MPI_SOURCE);
+            if (c->builder) send_proofs(c);
             c->finished = true;
         }
+        return true;
+    }
+    if (st.MPI_TAG == VKS_TAG_PROOFS && c->rank == 0) {
+        receive_proofs(c, &st);
         return true;
     }
     if (st.MPI_TAG < VKS_TAG_MB || st.MPI_TAG >= VKS_TAG_MB + c->o->micro_batches)
@@ -317,7 +388,7 @@ static void run_loop(pipe_ctx *c) {
     while (!c->finished) {
         bool busy = poll_messages(c);
         busy |= poll_worker(c);
-        if (c->rank == 0 && !c->finished && all_done(c)) broadcast_done(c);
+        if (c->rank == 0 && !c->finished && !c->awaiting_proofs && all_done(c)) broadcast_done(c);
         vks_link_progress(c->link);
         reap_outbox(c);
         double now = MPI_Wtime();
@@ -341,7 +412,8 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
     memset(stats, 0, sizeof *stats);
     int rc = check_options(o, c.size);
     if (rc) return rc;
-    if (c.rank == 0 && (n_prompts < 1 || !prompts)) return vks_set_error(VKS_ERR_ARG, "pipeline: no prompts");
+    if (n_prompts < 1 || (c.rank == 0 && !prompts)) return vks_set_error(VKS_ERR_ARG, "pipeline: no prompts");
+    c.n_seqs = n_prompts;
     c.prev = (c.rank + c.size - 1) % c.size;
     c.next = (c.rank + 1) % c.size;
     double t0 = MPI_Wtime();
@@ -354,6 +426,10 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
         vks_worker_start(&c.worker, c.engine, &o->sched, o->wire, c.rank == 0, c.rank == c.size - 1))
         die(&c, 1, "%s", vks_last_error());
     if (c.rank == 0) setup_rank0(&c, prompts, n_prompts);
+    if (o->toploc && c.rank == c.size - 1) {
+        if (vks_toploc_builder_create(n_prompts, m->cfg.dim, &c.builder)) die(&c, 1, "%s", vks_last_error());
+        c.worker.builder = c.builder; /* the worker is idle until the first job */
+    }
     MPI_Barrier(comm); /* every engine is ready: start the silence clocks now */
     for (int r = 0; r < c.size; r++) c.last_heard[r] = MPI_Wtime();
     run_loop(&c);
@@ -361,6 +437,7 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
     stats->wall_s = MPI_Wtime() - t0;
     MPI_Barrier(comm);
     vks_link_destroy(c.link);
+    vks_toploc_builder_destroy(c.builder);
     if (c.rank == 0) teardown_rank0(&c);
     free(c.last_heard);
     vks_engine_destroy(c.engine);

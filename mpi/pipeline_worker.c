@@ -98,10 +98,13 @@ static int run_job(vks_worker *w, vks_job *j) {
         b.out_rows = out_rows;
         b.sample = w->sample;
         b.sampled = w->sampled;
+        b.hidden = w->builder ? w->hidden : NULL;
     } else {
         b.x_out = w->x_out;
     }
     int rc = vks_engine_forward(w->engine, &b);
+    for (uint32_t i = 0; rc == VKS_OK && b.hidden && i < n_out; i++)
+        rc = vks_toploc_builder_push(w->builder, (int)row_meta[out_rows[i]].seq, w->hidden + (size_t)i * dim);
     if (rc == VKS_OK)
         rc = w->last_stage ? pack_tokens(w, j, n_out) : pack_act(w, j, (uint32_t)b.n_rows, n_out, row_meta, out_rows, dim);
     free(meta);
@@ -147,7 +150,8 @@ int vks_worker_start(vks_worker *w, vks_engine *e, const vks_sched_params *sched
     w->out_rows = malloc(rows * 4);
     w->sample = malloc(rows * sizeof *w->sample);
     w->sampled = malloc(rows * 4);
-    if (!w->x_in || !w->x_out || !w->slot || !w->pos || !w->out_rows || !w->sample || !w->sampled)
+    w->hidden = malloc(rows * dim * sizeof(float));
+    if (!w->hidden || !w->x_in || !w->x_out || !w->slot || !w->pos || !w->out_rows || !w->sample || !w->sampled)
         return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->wake, NULL);
@@ -169,7 +173,7 @@ void vks_worker_stop(vks_worker *w) {
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->wake);
     free(w->x_in); free(w->x_out); free(w->slot); free(w->pos);
-    free(w->out_rows); free(w->sample); free(w->sampled);
+    free(w->out_rows); free(w->sample); free(w->sampled); free(w->hidden);
 }
 
 void vks_worker_submit(vks_worker *w, vks_job *j) {

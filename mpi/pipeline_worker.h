@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include "protocol.h"
 #include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_toploc.h"
 
 typedef struct vks_job {
     struct vks_job *next;
@@ -26,11 +27,13 @@ typedef struct {
     const vks_sched_params *sched; /* sampling parameters (last stage) */
     int wire;
     bool first_stage, last_stage;
+    vks_toploc_builder *builder; /* last stage with TOPLOC: committed rows go here */
     /* scratch sized for the largest message */
     float *x_in, *x_out;
     uint32_t *slot, *pos, *out_rows;
     vks_gpu_sample_row *sample;
     int32_t *sampled;
+    float *hidden;
     /* queues */
     pthread_t thread;
     pthread_mutex_t lock;

@@ -1,6 +1,7 @@
 /* Pipeline message sizes and validation (see protocol.h). No MPI calls. */
 #include "protocol.h"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "vkswarm/vks_common.h"
 
@@ -53,6 +54,56 @@ int vks_msg_check(const void *buf, size_t bytes, int tag, uint32_t expect_type, 
     }
     if (why) {
         snprintf(err, err_len, "%s (type %u, micro-batch %u, %u rows, %zu bytes)", why, h.type, h.mb, h.n_rows, bytes);
+        return VKS_ERR_FORMAT;
+    }
+    return VKS_OK;
+}
+
+void *vks_msg_pack_proofs(const uint8_t *const *proofs, const size_t *lens, uint32_t n, size_t *bytes) {
+    size_t total = sizeof(vks_msg_header) + 4 * (size_t)n;
+    for (uint32_t i = 0; i < n; i++) total += lens[i];
+    char *buf = malloc(total);
+    if (!buf) return NULL;
+    vks_msg_header h = {VKS_MSG_MAGIC, VKS_MSG_PROOFS, 0, 0, n, 0, 0, 0};
+    memcpy(buf, &h, sizeof h);
+    size_t at = sizeof h + 4 * (size_t)n;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t len = (uint32_t)lens[i];
+        memcpy(buf + sizeof h + 4 * (size_t)i, &len, 4);
+        if (len) memcpy(buf + at, proofs[i], len);
+        at += len;
+    }
+    *bytes = total;
+    return buf;
+}
+
+int vks_msg_check_proofs(const void *buf, size_t bytes, uint32_t n, size_t chunk_bytes, size_t max_bytes,
+                         size_t *lens, size_t *offsets, char *err, size_t err_len) {
+    vks_msg_header h;
+    size_t at = sizeof h + 4 * (size_t)n;
+    if (bytes < at) {
+        snprintf(err, err_len, "proof message of %zu bytes is too short for %u sequences", bytes, n);
+        return VKS_ERR_FORMAT;
+    }
+    memcpy(&h, buf, sizeof h);
+    if (h.magic != VKS_MSG_MAGIC || h.type != VKS_MSG_PROOFS || h.n_out != n) {
+        snprintf(err, err_len, "proof message header does not describe %u sequences", n);
+        return VKS_ERR_FORMAT;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t len;
+        memcpy(&len, (const char *)buf + sizeof h + 4 * (size_t)i, 4);
+        if (len % chunk_bytes || len > max_bytes || len > bytes - at) {
+            snprintf(err, err_len, "proof of sequence %u has %u bytes (chunks of %zu, at most %zu, %zu left)", i, len,
+                     chunk_bytes, max_bytes, bytes - at);
+            return VKS_ERR_FORMAT;
+        }
+        lens[i] = len;
+        offsets[i] = at;
+        at += len;
+    }
+    if (at != bytes) {
+        snprintf(err, err_len, "proof message has %zu bytes after its last proof", bytes - at);
         return VKS_ERR_FORMAT;
     }
     return VKS_OK;

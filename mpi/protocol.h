@@ -6,6 +6,7 @@
  *                           rows [n_rows, dim] as f32 or f16
  *   TOKENS stage S-1 -> 0   header, tokens[n_out]
  *   DONE   rank 0 -> all    header
+ *   PROOFS stage S-1 -> 0   header (n_out = sequences), lengths[n_out], TOPLOC proofs
  *   HELLO  start-up check   header + vks_hello
  * MPI tags: VKS_TAG_MB + micro-batch id for ACT and TOKENS; fixed tags below. */
 #ifndef VKS_PROTOCOL_H
@@ -14,8 +15,8 @@
 #include <stdint.h>
 
 #define VKS_MSG_MAGIC 0x504b5356u /* "VSKP" */
-enum { VKS_MSG_ACT = 1, VKS_MSG_TOKENS = 2, VKS_MSG_DONE = 3, VKS_MSG_HEARTBEAT = 4 };
-enum { VKS_TAG_DONE = 1, VKS_TAG_HEARTBEAT = 2, VKS_TAG_MB = 1000 };
+enum { VKS_MSG_ACT = 1, VKS_MSG_TOKENS = 2, VKS_MSG_DONE = 3, VKS_MSG_HEARTBEAT = 4, VKS_MSG_PROOFS = 5 };
+enum { VKS_TAG_DONE = 1, VKS_TAG_HEARTBEAT = 2, VKS_TAG_PROOFS = 3, VKS_TAG_MB = 1000 };
 enum { VKS_WIRE_F32 = 0, VKS_WIRE_F16 = 1 };
 
 typedef struct {
@@ -54,4 +55,11 @@ static inline const void *vks_msg_rows(const void *buf) {
 static inline const int32_t *vks_msg_tokens(const void *buf) {
     return (const int32_t *)((const char *)buf + sizeof(vks_msg_header));
 }
+
+/* Packs per-sequence proofs into one PROOFS message (malloc'd). */
+void *vks_msg_pack_proofs(const uint8_t *const *proofs, const size_t *lens, uint32_t n, size_t *bytes);
+/* Checks a PROOFS message: n sequences, each proof a whole number of chunks of
+ * at most max_bytes. Fills lens[n] and offsets of each proof in buf. */
+int vks_msg_check_proofs(const void *buf, size_t bytes, uint32_t n, size_t chunk_bytes, size_t max_bytes,
+                         size_t *lens, size_t *offsets, char *err, size_t err_len);
 #endif

@@ -20,6 +20,7 @@ typedef struct {
     double timeout_s;        /* silence after which a rank counts as lost */
     const int *first;        /* partition: first[s], first[size] = n_layers */
     vks_dtype dtype;
+    bool toploc;             /* the last stage builds TOPLOC proofs and sends them to rank 0 */
 } vks_pipeline_options;
 
 typedef struct {
@@ -28,9 +29,10 @@ typedef struct {
     uint64_t bytes_sent;
 } vks_pipeline_stats;
 
-/* Runs the whole job. Rank 0 passes the prompts (n_prompts of them) and gets
- * the finished sequences back in place; other ranks pass NULL, 0. Any error
- * is printed naming the rank and aborts the job (MPI_Abort). */
+/* Runs the whole job. Every rank passes the number of prompts; rank 0 also the
+ * prompts, and gets the finished sequences back in place (with their proofs
+ * when o->toploc); other ranks pass NULL. Any error is printed naming the rank
+ * and aborts the job (MPI_Abort). */
 int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pipeline_options *o,
                      vks_sequence *prompts, int n_prompts, vks_pipeline_stats *stats);
 

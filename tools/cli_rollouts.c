@@ -70,6 +70,9 @@ void cli_rollouts_finish(cli_rollouts *r, const vks_sequence *seqs, int n, uint3
             if (vks_toploc_builder_rows(r->builder, i) != s.n_output)
                 cli_die(1, "toploc: sequence %d has %d committed rows for %d output tokens", i,
                         vks_toploc_builder_rows(r->builder, i), s.n_output);
+        } else if (seqs[i].proofs) { /* made elsewhere: the pipeline's last stage */
+            s.proofs = seqs[i].proofs;
+            s.proof_bytes = seqs[i].proof_bytes;
         }
         if (vks_rollout_write_sample(r->f, &s)) cli_die(1, "%s: %s", r->path, vks_last_error());
         free(s.output_ids);

@@ -15,6 +15,7 @@ cli_rollouts *cli_rollouts_start(const char *path, const vks_model *m, const cha
 /* The vks_generate_options.on_hidden hook body: pushes each live row. */
 void cli_rollouts_on_hidden(cli_rollouts *r, const vks_step *st, const vks_seq_state *states, const float *hidden);
 /* Writes the header and one sample per sequence (output ids: the generated
- * ids, then the stop token when one ended it); seq index i + seq_base. */
+ * ids, then the stop token when one ended it); seq index i + seq_base. Proofs
+ * come from this writer's builder, else from seqs[i].proofs (pipeline). */
 void cli_rollouts_finish(cli_rollouts *r, const vks_sequence *seqs, int n, uint32_t seq_base);
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "cli_model.h"
 #include "cli_prompts.h"
+#include "cli_rollouts.h"
 #include "cli_util.h"
 #include "protocol.h"
 #include "vks_pipeline.h"
@@ -15,19 +16,22 @@ static const char pipeline_usage[] =
     "usage: mpirun -np S vkswarm pipeline --model M [--tokenizer T] --prompts FILE [--batch B]\n"
     "           [--micro-batches K] [--chunk R] [-n STEPS] [--temp X] [--top-p P] [--top-k K] [--seed S]\n"
     "           [--partition even|auto|n1,n2,...] [--wire f32|f16] [--link-latency-ms L] [--link-mbps R]\n"
-    "           [--timeout-s T] [--dtype f32|f16|bf16] [--device N]\n"
+    "           [--timeout-s T] [--dtype f32|f16|bf16] [--device N] [--rollouts-out FILE [--toploc|--no-toploc]]\n"
     "Rank s holds a contiguous range of layers; rank 0 also the embedding and the schedule, rank S-1 the\n"
     "final norm, the classifier and the sampler. K micro-batches of B sequences circulate in a ring; the\n"
     "MPI tag carries the micro-batch id. Output on rank 0's stdout: one JSON object per prompt, in prompt\n"
     "order, exactly as `vkswarm generate --prompts` prints. Defaults: --micro-batches S, --batch\n"
     "ceil(prompts / K), --chunk 32 rows per prefill step, --partition even, --wire f32 (exact; f16 halves\n"
     "the bytes), --timeout-s 20 (a rank silent that long is reported lost and the job stops).\n"
-    "--link-latency-ms / --link-mbps delay each message between stages by L plus its size over R.\n";
+    "--link-latency-ms / --link-mbps delay each message between stages by L plus its size over R.\n"
+    "--rollouts-out FILE writes the rollout file of `generate --rollouts-out`; the last stage builds the\n"
+    "TOPLOC proofs while it samples and sends them to rank 0 at the end (--no-toploc: empty proofs).\n";
 
 typedef struct {
     cli_model_args m;
     cli_sampling s;
-    const char *prompts_file, *partition, *wire;
+    const char *prompts_file, *partition, *wire, *rollouts_out;
+    bool no_toploc;
     int batch, micro_batches, chunk;
     double latency_ms, mbps, timeout_s;
 } pipeline_args;
@@ -39,6 +43,8 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
                                          {"partition", required_argument, 0, 0}, {"wire", required_argument, 0, 0},
                                          {"link-latency-ms", required_argument, 0, 0},
                                          {"link-mbps", required_argument, 0, 0}, {"timeout-s", required_argument, 0, 0},
+                                         {"rollouts-out", required_argument, 0, 0}, {"toploc", no_argument, 0, 0},
+                                         {"no-toploc", no_argument, 0, 0},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     a->m.device = -1;
     cli_sampling_defaults(&a->s);
@@ -62,6 +68,9 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
         else if (!strcmp(name, "link-latency-ms")) a->latency_ms = cli_parse_double("--link-latency-ms", optarg, 0, 1e5);
         else if (!strcmp(name, "link-mbps")) a->mbps = cli_parse_double("--link-mbps", optarg, 0, 1e7);
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.1, 1e5);
+        else if (!strcmp(name, "rollouts-out")) a->rollouts_out = optarg;
+        else if (!strcmp(name, "toploc")) a->no_toploc = false;
+        else if (!strcmp(name, "no-toploc")) a->no_toploc = true;
     }
     if (optind < argc) cli_die(EXIT_BAD_INPUT, "pipeline: unexpected argument '%s' (see --help)", argv[optind]);
     if (!a->prompts_file) cli_die(EXIT_BAD_INPUT, "pipeline: --prompts FILE is required (see --help)");
@@ -164,7 +173,10 @@ int cmd_pipeline(int argc, char **argv) {
     vks_pipeline_options po = {.micro_batches = a.micro_batches, .batch = a.batch, .chunk = a.chunk, .sched = sp,
                                .wire = strcmp(a.wire, "f16") ? VKS_WIRE_F32 : VKS_WIRE_F16,
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
-                               .dtype = a.m.dtype};
+                               .dtype = a.m.dtype, .toploc = a.rollouts_out && !a.no_toploc};
+    cli_rollouts *rollouts = NULL;
+    if (rank == 0 && a.rollouts_out) /* no builder here: the last stage makes the proofs */
+        rollouts = cli_rollouts_start(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false);
     vks_pipeline_stats st;
     if (vks_pipeline_run(MPI_COMM_WORLD, g, m, &po, seqs, n, &st)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, step %.2f ms, GPU busy %.0f%%, %.1f MB sent\n",
@@ -175,6 +187,7 @@ int cmd_pipeline(int argc, char **argv) {
         for (int i = 0; i < n; i++) produced += seqs[i].n_ids - seqs[i].n_prompt;
         fprintf(stderr, "vkswarm: %ld tokens in %.2fs (%.1f tokens/s)\n", produced, st.wall_s, produced / st.wall_s);
         print_results(&a, t, lines, seqs, n);
+        if (rollouts) cli_rollouts_finish(rollouts, seqs, n, 0);
         for (int i = 0; i < n; i++) { vks_sequence_free(&seqs[i]); free(lines[i]); }
     }
     int rc = cli_finish_gpu(g);

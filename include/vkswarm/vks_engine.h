@@ -86,6 +86,8 @@ typedef struct {
     int n_ids;
     int n_prompt;
     int32_t stop_token; /* the stop token that ended it (not in ids), or -1 */
+    uint8_t *proofs;    /* TOPLOC chunk proofs when the producer made them (malloc'd), else NULL */
+    size_t proof_bytes;
 } vks_sequence;
 
 /* Runs every prompt as one batch (one KV slot each; the engine needs at

@@ -80,6 +80,9 @@ int vks_generate(vks_engine *e, const vks_generate_options *o, vks_sequence *seq
 void vks_sequence_free(vks_sequence *s) {
     if (!s) return;
     free(s->ids);
+    free(s->proofs);
     s->ids = NULL;
+    s->proofs = NULL;
     s->n_ids = 0;
+    s->proof_bytes = 0;
 }

@@ -52,6 +52,17 @@ done
 check_same "S=3 partition 1,2,3" "$tmp/ref_greedy.jsonl" -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" \
     --temp 0 -n 48 --partition 1,2,3
 
+# rollouts: the last stage's TOPLOC proofs make the same file as one rank's, and it verifies
+samp="--temp 0.9 --top-p 0.9 --seed 11"
+$bin generate $model --prompts "$tmp/prompts.txt" $samp -n 48 --rollouts-out "$tmp/r_gen.jsonl" > /dev/null 2>&1 ||
+    bad "generate --rollouts-out"
+for S in 2 3; do
+    if mpi -np $S $bin pipeline $model --prompts "$tmp/prompts.txt" $samp -n 48 --micro-batches 2 \
+           --rollouts-out "$tmp/r_$S.jsonl" > /dev/null 2>&1 && cmp -s "$tmp/r_$S.jsonl" "$tmp/r_gen.jsonl" &&
+       $bin verify $model --rollouts "$tmp/r_$S.jsonl" --cpu > /dev/null 2>&1; then ok "S=$S rollouts equal one rank's and verify"
+    else bad "S=$S rollouts"; fi
+done
+
 # f16 on the wire: runs; how many tokens differ from f32 is reported, not required to be 0
 if mpi -np 2 $bin pipeline $model --prompts "$tmp/prompts.txt" --temp 0 -n 48 --wire f16 > "$tmp/f16.jsonl" 2>/dev/null; then
     differ=$(paste -d'\n' "$tmp/f16.jsonl" "$tmp/ref_greedy.jsonl" | awk 'NR%2{a=$0;next}{if(a!=$0)d++}END{print d+0}')
