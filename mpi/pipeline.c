@@ -330,6 +330,7 @@ static void create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     const vks_pipeline_options *o = c->o;
     int rows = o->chunk > o->batch ? o->chunk : o->batch;
     vks_engine_options eo = {.layer_begin = o->first[c->rank], .layer_end = o->first[c->rank + 1], .dtype = o->dtype,
+                             .keep_file_dtype = o->keep_file_dtype,
                              .max_rows = rows, .max_out_rows = o->batch, .n_slots = o->micro_batches * o->batch,
                              .kv_len = o->sched.steps};
     int rc = vks_engine_create(g, m, &eo, &c->engine);

@@ -44,10 +44,12 @@ static void *alloc_msg(uint32_t type, uint32_t mb, uint32_t n_rows, uint32_t n_o
 }
 
 /* ACT for the next stage: same rows and out rows, the residual stream after our layers. */
-static int pack_act(vks_worker *w, vks_job *j, uint32_t n_rows, uint32_t n_out, const vks_row_meta *meta,
+static int pack_act(vks_worker *w, vks_job *j, const vks_forward_batch *b, uint32_t n_out, const vks_row_meta *meta,
                     const uint32_t *out_rows, uint32_t dim) {
+    uint32_t n_rows = (uint32_t)b->n_rows;
     j->out = alloc_msg(VKS_MSG_ACT, j->mb, n_rows, n_out, dim, (uint32_t)w->wire, &j->out_bytes);
     if (!j->out) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    if (b->matmul_kind == VKS_MATMUL_PREFILL) ((vks_msg_header *)j->out)->flags = VKS_MSG_PREFILL;
     memcpy((void *)vks_msg_meta(j->out), meta, sizeof(vks_row_meta) * n_rows);
     memcpy((void *)vks_msg_out_rows(j->out), out_rows, 4 * (size_t)n_out);
     size_t n = (size_t)n_rows * dim;
@@ -75,7 +77,8 @@ static int run_job(vks_worker *w, vks_job *j) {
     uint32_t n_out;
     if (w->first_stage) {
         const vks_step *st = j->step;
-        b = (vks_forward_batch){.n_rows = st->n_rows, .tokens = st->tokens, .slot = st->slot, .pos = st->pos};
+        b = (vks_forward_batch){.n_rows = st->n_rows, .tokens = st->tokens, .slot = st->slot, .pos = st->pos,
+                                .matmul_kind = st->prefill ? VKS_MATMUL_PREFILL : VKS_MATMUL_DECODE};
         out_rows = st->out_rows;
         n_out = (uint32_t)st->n_out;
         meta = malloc(sizeof *meta * (size_t)st->n_rows);
@@ -84,7 +87,8 @@ static int run_job(vks_worker *w, vks_job *j) {
     } else {
         const vks_msg_header *h = j->in;
         unpack_rows(w, j->in, dim);
-        b = (vks_forward_batch){.n_rows = (int)h->n_rows, .x_in = w->x_in, .slot = w->slot, .pos = w->pos};
+        b = (vks_forward_batch){.n_rows = (int)h->n_rows, .x_in = w->x_in, .slot = w->slot, .pos = w->pos,
+                                .matmul_kind = h->flags & VKS_MSG_PREFILL ? VKS_MATMUL_PREFILL : VKS_MATMUL_DECODE};
         out_rows = vks_msg_out_rows(j->in);
         n_out = h->n_out;
     }
@@ -106,7 +110,7 @@ static int run_job(vks_worker *w, vks_job *j) {
     for (uint32_t i = 0; rc == VKS_OK && b.hidden && i < n_out; i++)
         rc = vks_toploc_builder_push(w->builder, (int)row_meta[out_rows[i]].seq, w->hidden + (size_t)i * dim);
     if (rc == VKS_OK)
-        rc = w->last_stage ? pack_tokens(w, j, n_out) : pack_act(w, j, (uint32_t)b.n_rows, n_out, row_meta, out_rows, dim);
+        rc = w->last_stage ? pack_tokens(w, j, n_out) : pack_act(w, j, &b, n_out, row_meta, out_rows, dim);
     free(meta);
     return rc;
 }

@@ -41,6 +41,7 @@ int vks_msg_check(const void *buf, size_t bytes, int tag, uint32_t expect_type, 
     else if (h.n_rows > lim->max_rows || h.n_out > lim->max_out || (h.type == VKS_MSG_ACT && h.n_out > h.n_rows))
         why = "more rows than the pipeline allows";
     else if (h.mb >= lim->n_mb) why = "unknown micro-batch id";
+    else if (h.flags & ~VKS_MSG_PREFILL) why = "unknown flags";
     else if ((h.type == VKS_MSG_ACT || h.type == VKS_MSG_TOKENS) && tag != VKS_TAG_MB + (int)h.mb)
         why = "tag does not carry the micro-batch id";
     else if (vks_msg_size(h.type, h.n_rows, h.n_out, h.dim, h.wire) != bytes) why = "size does not match its header";

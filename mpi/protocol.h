@@ -20,8 +20,9 @@ enum { VKS_TAG_DONE = 1, VKS_TAG_HEARTBEAT = 2, VKS_TAG_PROOFS = 3, VKS_TAG_MB =
 enum { VKS_WIRE_F32 = 0, VKS_WIRE_F16 = 1 };
 
 typedef struct {
-    uint32_t magic, type, mb, n_rows, n_out, dim, wire, step;
+    uint32_t magic, type, mb, n_rows, n_out, dim, wire, flags; /* flags: VKS_MSG_PREFILL */
 } vks_msg_header;
+#define VKS_MSG_PREFILL 1u /* ACT: prompt rows (the tiled matmul), else decode rows */
 
 typedef struct {
     uint32_t slot, pos, seq;

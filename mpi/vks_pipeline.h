@@ -20,6 +20,7 @@ typedef struct {
     double timeout_s;        /* silence after which a rank counts as lost */
     const int *first;        /* partition: first[s], first[size] = n_layers */
     vks_dtype dtype;
+    bool keep_file_dtype;    /* weights keep their file's types (quantized GGUF) */
     bool toploc;             /* the last stage builds TOPLOC proofs and sends them to rank 0 */
 } vks_pipeline_options;
 

@@ -7,8 +7,8 @@
 // ROWS rows at a time and its lanes stride over 32-element units (a Q8_0 or
 // Q4_0 block, a Q4_K sub-block). A lane loads each row's unit with 16-byte
 // loads and decodes it in registers once, loads each x row's 32 values once,
-// and applies the unit's scale and offset once per dot product. The ops layer guarantees K % 32 == 0
-// (K % 256 for Q4_K) and 16-byte aligned bindings.
+// and applies the unit's scale and offset once per dot product. The ops
+// layer guarantees K % 32 == 0 (K % 256 for Q4_K) and 16-byte aligned bindings.
 #ifdef USE_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require

@@ -297,6 +297,67 @@ static void test_batch_invariant_sampling(void **state) {
     assert_no_validation_messages();
 }
 
+/* Captures the committed hidden rows of every sampled position, by sequence
+ * index and position, to compare batched and lone runs bit for bit. */
+enum { CAP_SEQS = 12, CAP_POS = 48, CAP_DIM = 64 };
+static float captured[2][CAP_SEQS][CAP_POS][CAP_DIM];
+static int capture_run;
+
+static void capture_hidden(void *user, const vks_step *st, const vks_seq_state *seqs, const float *hidden,
+                           const int32_t *sampled) {
+    (void)user;
+    (void)sampled;
+    for (int i = 0; i < st->n_out; i++) {
+        const vks_seq_state *s = &seqs[st->out_seq[i]];
+        uint32_t pos = st->pos[st->out_rows[i]];
+        if (s->seq_index < CAP_SEQS && pos < CAP_POS)
+            memcpy(captured[capture_run][s->seq_index][pos], hidden + (size_t)i * CAP_DIM, sizeof(float) * CAP_DIM);
+    }
+}
+
+/* Twelve sequences decode as one batch (more rows than the matrix-vector
+ * kernel takes at once, prompts longer than a tile): each one's tokens and
+ * hidden rows equal, bit for bit, those of the sequence generated alone. */
+static void test_batch_invariance_large(void **state) {
+    (void)state;
+    vks_model *m = load_stories();
+    if (!m) skip();
+    enum { N = 12 };
+    vks_generate_options g = {.steps = 48, .temperature = 0.8f, .top_p = 0.95f, .seed = 9, .stop_token_a = 1,
+                              .stop_token_b = -1, .on_hidden = capture_hidden};
+    memset(captured, 0, sizeof captured);
+    vks_sequence batch[N] = {{0}};
+    for (int s = 0; s < N; s++) {
+        batch[s].n_prompt = 1 + (s * 5) % 23; /* 1..23 prompt tokens */
+        batch[s].ids = malloc(sizeof(int32_t) * 32);
+        batch[s].ids[0] = 1;
+        for (int i = 1; i < batch[s].n_prompt; i++) batch[s].ids[i] = 259 + (s * 31 + i * 7) % 250;
+    }
+    vks_engine_options o = {.n_slots = N, .kv_len = 48, .max_rows = 40};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    vks_sequence alone[N] = {{0}};
+    for (int s = 0; s < N; s++) {
+        alone[s].n_prompt = batch[s].n_prompt;
+        alone[s].ids = malloc(sizeof(int32_t) * 32);
+        memcpy(alone[s].ids, batch[s].ids, sizeof(int32_t) * (size_t)batch[s].n_prompt);
+    }
+    capture_run = 0;
+    assert_int_equal(vks_generate(e, &g, batch, N, 0), VKS_OK);
+    capture_run = 1;
+    for (int s = 0; s < N; s++) {
+        assert_int_equal(vks_generate(e, &g, &alone[s], 1, (uint32_t)s), VKS_OK);
+        assert_memory_equal(captured[0][s], captured[1][s], sizeof captured[0][s]);
+        assert_int_equal(alone[s].n_ids, batch[s].n_ids);
+        assert_memory_equal(alone[s].ids, batch[s].ids, sizeof(int32_t) * (size_t)alone[s].n_ids);
+        vks_sequence_free(&alone[s]);
+        vks_sequence_free(&batch[s]);
+    }
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 static void test_refusals(void **state) {
     (void)state;
     /* a model far larger than the device: refused before reading any weight */
@@ -342,7 +403,7 @@ int main(void) {
         cmocka_unit_test(test_stories_logits_f32),   cmocka_unit_test(test_stories_logits_half),
         cmocka_unit_test(test_split_weights),        cmocka_unit_test(test_greedy_text),
         cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_batch_invariant_sampling),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

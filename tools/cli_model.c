@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli_util.h"
+#include "vkswarm/vks_quant.h"
 
 bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     if (!strcmp(opt, "model")) a->model_path = val;
@@ -11,6 +12,7 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     else if (!strcmp(opt, "device")) a->device = (int)cli_parse_long("--device", val, 0, 64);
     else if (!strcmp(opt, "profile")) a->profile = true;
     else if (!strcmp(opt, "dtype")) {
+        a->dtype_given = true;
         /* "file": every matrix keeps its file's type (quantized GGUF tensors stay quantized) */
         a->keep_file_dtype = !strcmp(val, "file");
         if (!a->keep_file_dtype && (vks_dtype_parse(val, &a->dtype) || a->dtype == VKS_DTYPE_Q6_K))
@@ -47,7 +49,34 @@ static vks_model *random_model(const char *spec) {
     return m;
 }
 
-vks_model *cli_load_model(const cli_model_args *a) {
+static vks_model *cli_load_model_file(const cli_model_args *a);
+static bool keep_file_types; /* what cli_load_model chose, for cli_create_engine */
+
+static bool has_block_tensors(const vks_model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const vks_layer_weights *w = &m->layers[l];
+        const vks_tensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
+        for (int i = 0; i < 7; i++)
+            if (vks_dtype_block_elems(t[i]->dtype) > 1) return true;
+    }
+    return vks_dtype_block_elems(m->tok_emb.dtype) > 1;
+}
+
+static void resolve_dtype(cli_model_args *a, const vks_model *m) {
+    if (!a->dtype_given && has_block_tensors(m)) {
+        a->keep_file_dtype = true;
+        fprintf(stderr, "vkswarm: quantized model: weights keep their file types (--dtype to override)\n");
+    }
+    keep_file_types = a->keep_file_dtype;
+}
+
+vks_model *cli_load_model(cli_model_args *a) {
+    vks_model *m = cli_load_model_file(a);
+    resolve_dtype(a, m);
+    return m;
+}
+
+static vks_model *cli_load_model_file(const cli_model_args *a) {
     if (a->random_spec) return random_model(a->random_spec);
     if (!a->model_path) cli_die(EXIT_BAD_INPUT, "--model is required (or --random-model)");
     vks_model *m = NULL;
@@ -79,7 +108,9 @@ vks_gpu *cli_open_gpu(const cli_model_args *a) {
 
 vks_engine *cli_create_engine(vks_gpu *g, const vks_model *m, const vks_engine_options *o) {
     vks_engine *e = NULL;
-    int rc = vks_engine_create(g, m, o, &e);
+    vks_engine_options chosen = *o;
+    chosen.keep_file_dtype |= keep_file_types;
+    int rc = vks_engine_create(g, m, &chosen, &e);
     if (rc) cli_die(rc == VKS_ERR_NOMEM || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
     return e;
 }

@@ -78,8 +78,9 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
 }
 
 /* Per-layer step time of this rank at the run's batch, and its free memory. */
-static vks_stage_measure measure_rank(vks_gpu *g, const vks_model *m, int batch) {
-    vks_engine_options eo = {.layer_begin = 0, .layer_end = 1, .max_rows = batch, .max_out_rows = 1, .kv_len = 8};
+static vks_stage_measure measure_rank(const pipeline_args *a, vks_gpu *g, const vks_model *m, int batch) {
+    vks_engine_options eo = {.layer_begin = 0, .layer_end = 1, .max_rows = batch, .max_out_rows = 1, .kv_len = 8,
+                             .dtype = a->m.dtype, .keep_file_dtype = a->m.keep_file_dtype};
     vks_stage_measure me = {.seconds_per_layer = 1.0, .free_bytes = vks_gpu_free_bytes(g)};
     vks_engine *e;
     if (vks_engine_create(g, m, &eo, &e)) return me;
@@ -97,18 +98,32 @@ static vks_stage_measure measure_rank(vks_gpu *g, const vks_model *m, int batch)
     return me;
 }
 
+/* Device bytes of a weight matrix in the type the engine will give it. */
+static uint64_t matrix_bytes(const pipeline_args *a, const vks_tensor *t) {
+    vks_dtype d = a->m.keep_file_dtype ? t->dtype : a->m.dtype;
+    uint64_t b = vks_op_weight_bytes(d, (uint64_t)t->rows, (uint64_t)t->cols);
+    return b ? b : (uint64_t)t->rows * (uint64_t)t->cols * 2; /* a fallback type: f16 */
+}
+
+static uint64_t layer_weight_bytes(const pipeline_args *a, const vks_model *m) {
+    const vks_layer_weights *w = &m->layers[0];
+    const vks_tensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
+    uint64_t sum = 0;
+    for (int i = 0; i < 7; i++) sum += matrix_bytes(a, t[i]);
+    return sum;
+}
+
 static void choose_partition(const pipeline_args *a, vks_gpu *g, const vks_model *m, int rank, int size, int *first) {
     int n = m->cfg.n_layers, rc;
     if (!strcmp(a->partition, "even")) rc = vks_partition_even(n, size, first);
     else if (strcmp(a->partition, "auto")) rc = vks_partition_parse(a->partition, n, size, first);
     else {
-        vks_stage_measure me = measure_rank(g, m, a->batch), *all = malloc(sizeof me * (size_t)size);
+        vks_stage_measure me = measure_rank(a, g, m, a->batch), *all = malloc(sizeof me * (size_t)size);
         MPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, MPI_COMM_WORLD);
         const vks_model_config *c = &m->cfg;
-        uint64_t layer_w = ((uint64_t)c->dim * (c->n_heads * c->head_dim) * 2 + (uint64_t)c->dim * c->kv_dim * 2 +
-                            (uint64_t)c->dim * c->hidden_dim * 3) * vks_dtype_size(a->m.dtype);
+        uint64_t layer_w = layer_weight_bytes(a, m);
         uint64_t layer_kv = 2ull * (uint64_t)a->micro_batches * a->batch * (uint64_t)c->seq_len * c->kv_dim * 4;
-        uint64_t table = (uint64_t)c->vocab_size * c->dim * vks_dtype_size(a->m.dtype);
+        uint64_t table = matrix_bytes(a, &m->tok_emb);
         double table_layers = (double)table / (double)(layer_w ? layer_w : 1); /* the classifier's matmul vs a layer's */
         rc = vks_partition_auto(n, size, all, layer_w + layer_kv, table, table, 0.0, table_layers, first);
         free(all);
@@ -173,7 +188,7 @@ int cmd_pipeline(int argc, char **argv) {
     vks_pipeline_options po = {.micro_batches = a.micro_batches, .batch = a.batch, .chunk = a.chunk, .sched = sp,
                                .wire = strcmp(a.wire, "f16") ? VKS_WIRE_F32 : VKS_WIRE_F16,
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
-                               .dtype = a.m.dtype, .toploc = a.rollouts_out && !a.no_toploc};
+                               .dtype = a.m.dtype, .keep_file_dtype = a.m.keep_file_dtype, .toploc = a.rollouts_out && !a.no_toploc};
     cli_rollouts *rollouts = NULL;
     if (rank == 0 && a.rollouts_out) /* no builder here: the last stage makes the proofs */
         rollouts = cli_rollouts_start(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false);

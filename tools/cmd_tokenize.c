@@ -90,7 +90,8 @@ static vks_tokenizer *load_tokenizer(const tok_args *a) {
     } else if (!a->m.tokenizer_path && is_gguf_file(a->m.model_path)) {
         rc = vks_tokenizer_load_gguf(a->m.model_path, &t); /* metadata only: no need to map the weights */
     } else {
-        vks_model *m = cli_load_model(&a->m);
+        cli_model_args ma = a->m; /* the weights' device type does not matter here */
+        vks_model *m = cli_load_model(&ma);
         rc = vks_tokenizer_load_auto(a->m.tokenizer_path, m, &t);
         vks_model_free(m);
     }

@@ -46,6 +46,7 @@ int vks_engine_kv_len(const vks_engine *e);   /* positions per slot */
 
 typedef struct {
     int n_rows;
+    vks_matmul_kind matmul_kind; /* AUTO, or DECODE / PREFILL: see vks_ops.h (batch invariance) */
     const int32_t *tokens;       /* [n_rows]; required when the engine has the embedding */
     const float *x_in;           /* [n_rows, dim]; required otherwise */
     const uint32_t *slot, *pos;  /* [n_rows] */

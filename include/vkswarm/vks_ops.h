@@ -55,6 +55,15 @@ int vks_op_rmsnorm(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w, vks_bin
 int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
                   vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
                   uint32_t y_col0, bool accumulate);
+/* Which kernel a matmul uses. AUTO picks by M (matvec for a few rows, tiled
+ * above). DECODE always uses the matrix-vector kernel (in groups of rows) and
+ * PREFILL always the tiled one: each kernel's result for a row does not depend
+ * on the other rows, so fixing the kernel per kind of step makes a row's
+ * arithmetic independent of the batch around it. */
+typedef enum { VKS_MATMUL_AUTO, VKS_MATMUL_DECODE, VKS_MATMUL_PREFILL } vks_matmul_kind;
+int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype, vks_binding y,
+                       uint32_t M, uint32_t N, uint32_t K, uint32_t ldy, uint32_t y_col0, bool accumulate,
+                       vks_matmul_kind kind);
 /* In place: x[r, col0 + h*head_dim + ...] for h < n_heads, row stride `stride`;
  * pos uint32[R]; mode VKS_ROPE_ADJACENT or VKS_ROPE_HALF. */
 int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R,

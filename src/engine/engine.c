@@ -38,6 +38,7 @@ typedef struct {
 } dev_activations;
 
 struct vks_engine {
+    vks_matmul_kind matmul_kind; /* of the forward being recorded */
     vks_gpu *gpu;
     vks_ops *ops;
     vks_model_config cfg;
@@ -395,8 +396,8 @@ static int matmul(vks_engine *e, vks_cmd *c, vks_buffer *x, const dev_matrix *w,
     for (int i = 0; i < w->n_chunks; i++) {
         uint32_t row0 = (uint32_t)i * w->rows_per_chunk;
         uint32_t n = w->rows - row0 < w->rows_per_chunk ? w->rows - row0 : w->rows_per_chunk;
-        int rc = vks_op_matmul(e->ops, c, bind(x), bind(w->chunk[i]), w->dtype, bind(y), M, n, w->cols, ldy, row0,
-                               accumulate);
+        int rc = vks_op_matmul_kind(e->ops, c, bind(x), bind(w->chunk[i]), w->dtype, bind(y), M, n, w->cols, ldy,
+                                    row0, accumulate, e->matmul_kind);
         if (rc) return rc;
     }
     return VKS_OK;
@@ -523,6 +524,7 @@ int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
     if (rc || (rc = upload_inputs(e, b))) return rc;
     vks_cmd *c;
     if ((rc = vks_cmd_begin(e->gpu, &c))) return rc;
+    e->matmul_kind = b->matmul_kind;
     uint32_t R = (uint32_t)b->n_rows;
     if (e->has_embed) rc = record_embedding(e, c, R);
     int n_layers = e->opt.layer_end - e->opt.layer_begin;

@@ -12,7 +12,8 @@ static vks_sched_params sched_params(const vks_generate_options *o, int steps) {
 }
 
 static int run_step(vks_engine *e, const vks_step *st, int32_t *sampled, float *hidden) {
-    vks_forward_batch fb = {.n_rows = st->n_rows, .tokens = st->tokens, .slot = st->slot, .pos = st->pos,
+    vks_forward_batch fb = {.n_rows = st->n_rows, .matmul_kind = st->prefill ? VKS_MATMUL_PREFILL : VKS_MATMUL_DECODE,
+                            .tokens = st->tokens, .slot = st->slot, .pos = st->pos,
                             .n_out = st->n_out, .out_rows = st->out_rows, .sample = st->sample,
                             .sampled = sampled, .hidden = hidden};
     return vks_engine_forward(e, &fb);

@@ -331,15 +331,46 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
     return dispatch(o, c, name, spec, 6, b, 3, push, 6 * sizeof(uint32_t), tiles, "matmul");
 }
 
-int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
-                  vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
-                  uint32_t y_col0, bool accumulate) {
+/* Decode rows in groups of MATVEC_MAX_M through the matrix-vector kernel; the
+ * groups are bound at row offsets, so those must meet the binding alignment
+ * (false: the caller falls back to the tiled kernel). */
+static bool matvec_groups_aligned(const vks_ops *o, vks_binding x, vks_binding y, uint32_t K, uint32_t ldy) {
+    size_t align = o->info.min_storage_align ? o->info.min_storage_align : 1;
+    return ((size_t)MATVEC_MAX_M * K * 4) % align == 0 && ((size_t)MATVEC_MAX_M * ldy * 4) % align == 0 &&
+           x.offset % align == 0 && y.offset % align == 0;
+}
+
+static int record_matvec_groups(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
+                                vks_binding y, const uint32_t push[6]) {
+    uint32_t M = push[0], K = push[2], ldy = push[3];
+    for (uint32_t m0 = 0; m0 < M; m0 += MATVEC_MAX_M) {
+        uint32_t group[6] = {M - m0 < MATVEC_MAX_M ? M - m0 : MATVEC_MAX_M, push[1], K, ldy, push[4], push[5]};
+        vks_binding xg = {x.buf, x.offset + (size_t)m0 * K * 4, 0};
+        vks_binding yg = {y.buf, y.offset + (size_t)m0 * ldy * 4, 0};
+        int rc = record_matvec(o, c, xg, W, dtype, yg, group);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype, vks_binding y,
+                       uint32_t M, uint32_t N, uint32_t K, uint32_t ldy, uint32_t y_col0, bool accumulate,
+                       vks_matmul_kind kind) {
     if (!o || !c) return vks_set_error(VKS_ERR_ARG, "matmul: NULL argument");
     int rc = check_matmul_args(o, x, W, dtype, y, M, N, K, ldy, y_col0);
     if (rc) return rc;
     const uint32_t push[6] = {M, N, K, ldy, y_col0, accumulate ? 1u : 0u};
-    if (M <= MATVEC_MAX_M) return record_matvec(o, c, x, W, dtype, y, push);
+    if (kind == VKS_MATMUL_AUTO) kind = M <= MATVEC_MAX_M ? VKS_MATMUL_DECODE : VKS_MATMUL_PREFILL;
+    if (kind == VKS_MATMUL_DECODE && M <= MATVEC_MAX_M) return record_matvec(o, c, x, W, dtype, y, push);
+    if (kind == VKS_MATMUL_DECODE && matvec_groups_aligned(o, x, y, K, ldy))
+        return record_matvec_groups(o, c, x, W, dtype, y, push);
     return record_matmul_tiled(o, c, x, W, dtype, y, push);
+}
+
+int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
+                  vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
+                  uint32_t y_col0, bool accumulate) {
+    return vks_op_matmul_kind(o, c, x, W, dtype, y, M, N, K, ldy, y_col0, accumulate, VKS_MATMUL_AUTO);
 }
 
 int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uint32_t R,

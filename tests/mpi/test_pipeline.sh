@@ -72,8 +72,12 @@ else bad "wire f16"; fi
 # overlap: over 150 ms links, 3 micro-batches of one sequence finish 6 prompts
 # much sooner than 1 (one micro-batch's transfers overlap the others' work)
 head -6 "$tmp/prompts.txt" > "$tmp/six.txt"
-run_time() { local t0=$(date +%s.%N); mpi -np 2 $bin pipeline $model --prompts "$tmp/six.txt" --temp 0 -n 16 \
-    --link-latency-ms 150 --batch 1 "$@" > /dev/null 2>&1; echo "$(date +%s.%N) - $t0" | bc; }
+run_time() { # a failed run counts as infinitely slow
+    local t0=$(date +%s.%N)
+    mpi -np 2 $bin pipeline $model --prompts "$tmp/six.txt" --temp 0 -n 16 --link-latency-ms 150 --batch 1 "$@" \
+        > /dev/null 2>&1 || { echo 99999; return; }
+    echo "$(date +%s.%N) - $t0" | bc
+}
 t1=$(run_time --micro-batches 1)
 t3=$(run_time --micro-batches 3)
 if [ "$(echo "$t3 < 0.6 * $t1" | bc)" = 1 ]; then ok "overlap: K=3 ${t3}s vs K=1 ${t1}s"
@@ -81,7 +85,7 @@ else bad "overlap: K=3 ${t3}s vs K=1 ${t1}s"; fi
 
 # a rank killed mid-run: everyone exits within 30 s, non-zero, naming the lost rank
 fault_run() { # signal
-    local sig=$1 start pid rc
+    local sig=$1 start=0 pid="" rc=0
     start=$(date +%s)
     mpi -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" --temp 0 -n 120 --link-latency-ms 300 \
         --timeout-s 5 > /dev/null 2> "$tmp/fault.txt" &
@@ -96,7 +100,7 @@ fault_run() { # signal
     if [ -n "$pid" ] && [ $rc -ne 0 ] && [ $took -le 30 ] && grep -q "rank 1" "$tmp/fault.txt"; then
         ok "rank 1 $sig: others exited in ${took}s with status $rc"
     else bad "rank 1 $sig: pid '$pid' status $rc after ${took}s"; cat "$tmp/fault.txt" | tail -5; fi
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+    if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
 }
 fault_run KILL
 fault_run STOP
