@@ -5,8 +5,11 @@
  *   origin -> accepted PLAN (one byte per rank: takes part or not)
  *   parent -> child   CHUNK (chunks of the wire stream, in order)
  *   node -> origin    REQ (shard to send again) / origin -> node REPAIR
- *   node -> origin    DONE (int32 status) / origin -> accepted FINISH
+ *   node -> origin    LOST (int32: my parent, silent; I turned to the origin)
+ *   node -> origin    DONE (int32 status) / origin -> finished FINISH (int32:
+ *                     ranks lost; > 0 tells survivors not to MPI_Finalize)
  * Every size read from a message is checked before use. */
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +64,7 @@ int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **ou
     MPI_Comm_size(b->comm, &b->size);
     if (b->opt.relays < 0 || b->opt.relays >= b->size) b->opt.relays = b->size > 1 ? b->size - 1 : 0;
     rc = vks_link_create(b->comm, &b->opt.link, &b->link);
+    if (!rc) rc = vks_link_set_shared_uplink(b->link, b->opt.shared_uplink);
     if (rc) {
         MPI_Comm_free(&b->comm);
         free(b);
@@ -83,6 +87,17 @@ void vks_bcast_destroy(vks_bcast *b) {
 double now_s(void) { return MPI_Wtime(); }
 
 void idle(void) { usleep(100); }
+
+/* Open MPI's TCP transport moves bytes only inside MPI calls, so a rank with
+ * transfers in flight keeps calling (yielding the core between calls); once
+ * nothing has moved for a millisecond it sleeps in short naps instead, so
+ * that idle ranks do not take the cores from those hashing or forwarding. */
+void pace(double *last_progress, bool progressed) {
+    double t = now_s();
+    if (progressed) *last_progress = t;
+    else if (t - *last_progress < 1e-3) sched_yield();
+    else usleep(100);
+}
 
 /* Waits for a message (src, tag) while driving the link; false on timeout
  * (timeout <= 0 waits forever). */
@@ -158,6 +173,33 @@ static int serve_requests(vks_bcast *b, const vks_manifest *m, const uint8_t *wi
     }
 }
 
+/* A node reports its parent silent (it turned to the origin): the origin
+ * stops waiting for that parent. Only a rank's own tree parent can be
+ * reported, so a hostile rank cannot strike out arbitrary ranks. */
+static void take_lost_reports(vks_bcast *b, const uint8_t *plan, uint8_t *done, int *finished, bool *event) {
+    for (;;) {
+        int flag = 0, count = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_LOST, b->comm, &flag, &st);
+        if (!flag) return;
+        int32_t r = -1;
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        if (count == sizeof r) MPI_Recv(&r, 4, MPI_BYTE, st.MPI_SOURCE, TAG_LOST, b->comm, MPI_STATUS_IGNORE);
+        else MPI_Recv(NULL, 0, MPI_BYTE, st.MPI_SOURCE, TAG_LOST, b->comm, MPI_STATUS_IGNORE);
+        *event = true;
+        if (!plan[st.MPI_SOURCE] || r <= 0 || r >= b->size || !plan[r] ||
+            tree_parent(plan, b->size, st.MPI_SOURCE, b->opt.fanout) != r) {
+            fprintf(stderr, "broadcast: rank %d: bogus report of a silent parent ignored\n", st.MPI_SOURCE);
+            continue;
+        }
+        if (!done[r]) {
+            fprintf(stderr, "broadcast: rank %d reports rank %d silent\n", st.MPI_SOURCE, r);
+            done[r] = 2; /* lost */
+            (*finished)++;
+        }
+    }
+}
+
 /* Collects ACKs for the manifest: plan[r] = 1 for ranks that accepted. */
 static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
     int got = 0;
@@ -227,12 +269,14 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
     forwarder fw;
     rc = forwarder_init(&fw, b->link, children, nc, &lay, wire, &b->fault, 0);
     int finished = 0;
-    double last_event = now_s();
+    double last_event = now_s(), last_moved = last_event;
+    size_t sent_before = 0;
     while (!rc && finished < accepted && now_s() - last_event < 2 * b->opt.timeout_s + 5) {
         size_t before = forwarder_min_queued(&fw);
         bool event = false;
         rc = forwarder_pump(&fw, have);
         if (!rc) rc = serve_requests(b, &m, wire, reps, max_rep, &n_rep, &event);
+        take_lost_reports(b, plan, done, &finished, &event);
         MPI_Status st;
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_DONE, b->comm, &flag, &st);
@@ -249,21 +293,28 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
             }
             event = true;
         }
+        size_t sent = fw.n_children ? fw.done_upto[0] : 0;
+        bool moved = event || forwarder_min_queued(&fw) != before || sent != sent_before;
+        sent_before = sent;
         if (event || forwarder_min_queued(&fw) != before) last_event = now_s();
-        else idle();
+        pace(&last_moved, moved);
     }
+    int32_t lost = 0;
     for (int r = 1; r < b->size; r++)
-        if (plan[r] && !done[r]) fprintf(stderr, "broadcast: rank %d fell silent\n", r);
-    static const int32_t finish = 0;
+        if (plan[r] && done[r] != 1) {
+            if (!done[r]) fprintf(stderr, "broadcast: rank %d fell silent\n", r);
+            lost++;
+        }
+    double seconds = now_s() - t0;
     for (int r = 1; r < b->size; r++)
-        if (plan[r]) send_small(b, &finish, 0, r, TAG_FINISH);
+        if (plan[r] && done[r] == 1) send_small(b, &lost, sizeof lost, r, TAG_FINISH);
     for (int i = 0; i < n_rep; i++) /* repairs to live ranks are done by now: they sent DONE */
         if (vks_link_send_done(b->link, reps[i].send)) free(reps[i].buf);
     forwarder_free(&fw);
     layout_free(&lay);
     *rep = (vks_bcast_report){.version = m.version, .step = m.step, .file_bytes = m.file_size,
-                              .wire_bytes = m.wire_size, .seconds = now_s() - t0, .ranks_ok = ok,
-                              .ranks_failed = b->size - 1 - ok};
+                              .wire_bytes = m.wire_size, .seconds = seconds, .ranks_ok = ok,
+                              .ranks_failed = b->size - 1 - ok, .ranks_lost = lost};
     memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
     if (!rc && ok != b->size - 1)
         rc = vks_set_error(refused == b->size - 1 - ok ? VKS_ERR_FORMAT : VKS_ERR_IO, "origin: %d of %d ranks did not receive version %llu (%d refused the manifest)",
@@ -279,11 +330,13 @@ out:
 
 /* ---- benchmark baselines ---- */
 
-static int p2p_transfer(MPI_Comm comm, int rank, uint8_t *buf, size_t bytes, const vks_link_options *lo, size_t chunk) {
+static int p2p_transfer(MPI_Comm comm, int rank, uint8_t *buf, size_t bytes, const vks_link_options *lo, bool shared,
+                        size_t chunk) {
     if (rank == 0) {
         vks_link *l;
         int rc = vks_link_create(comm, lo, &l);
         if (rc) return rc;
+        vks_link_set_shared_uplink(l, shared);
         vks_link_send *win[SEND_WINDOW] = {0};
         size_t n = (bytes + chunk - 1) / chunk, queued = 0, done = 0;
         while (done < n) {
@@ -308,8 +361,8 @@ static int p2p_transfer(MPI_Comm comm, int rank, uint8_t *buf, size_t bytes, con
     return VKS_OK;
 }
 
-int vks_bcast_baseline(MPI_Comm comm, const char *kind, size_t bytes, const vks_link_options *link, size_t chunk_bytes,
-                       double *seconds) {
+int vks_bcast_baseline(MPI_Comm comm, const char *kind, size_t bytes, const vks_link_options *link, bool shared_uplink,
+                       size_t chunk_bytes, double *seconds) {
     if (!kind || !link || !seconds || bytes == 0 || chunk_bytes == 0 || chunk_bytes > (1u << 30))
         return vks_set_error(VKS_ERR_ARG, "baseline: bad argument");
     bool p2p = !strcmp(kind, "p2p");
@@ -325,7 +378,7 @@ int vks_bcast_baseline(MPI_Comm comm, const char *kind, size_t bytes, const vks_
     double t0 = MPI_Wtime();
     int rc = VKS_OK;
     if (p2p) {
-        rc = p2p_transfer(comm, rank, buf, bytes, link, chunk_bytes);
+        rc = p2p_transfer(comm, rank, buf, bytes, link, shared_uplink, chunk_bytes);
     } else {
         for (size_t off = 0; off < bytes; off += (1u << 30)) {
             size_t len = bytes - off < (1u << 30) ? bytes - off : (1u << 30);

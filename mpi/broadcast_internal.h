@@ -4,7 +4,7 @@
 #define VKS_BROADCAST_INTERNAL_H
 #include "vks_broadcast.h"
 
-enum { TAG_MANIFEST = 601, TAG_ACK, TAG_PLAN, TAG_CHUNK, TAG_REQ, TAG_REPAIR, TAG_DONE, TAG_FINISH };
+enum { TAG_MANIFEST = 601, TAG_ACK, TAG_PLAN, TAG_CHUNK, TAG_REQ, TAG_REPAIR, TAG_DONE, TAG_FINISH, TAG_LOST };
 
 #define REPAIR_HEADER 16 /* u32 shard, u32 0, u64 version */
 #define SEND_WINDOW 8    /* chunks queued per child */
@@ -73,6 +73,8 @@ struct vks_bcast {
 
 double now_s(void);
 void idle(void);
+/* Waits a little in a progress loop: yields while things move, naps when not. */
+void pace(double *last_progress, bool progressed);
 /* Waits for a message (src, tag) while driving the link; false on timeout
  * (timeout <= 0 waits forever). */
 bool wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st);

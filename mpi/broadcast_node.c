@@ -1,10 +1,15 @@
 /* Shardcast on relays and receivers: accept or refuse the manifest, receive
  * the wire stream from the parent while forwarding it, check every shard,
  * repair from the origin, and (receivers) decode and switch versions. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "broadcast_internal.h"
 
 enum { SHARD_INCOMPLETE, SHARD_REQUESTED, SHARD_VERIFIED };
@@ -24,6 +29,20 @@ typedef struct {
     int repaired;
     uint64_t bytes;
     forwarder fw;
+    /* Chunks come from the parent in order, so each shard's hash is computed
+     * as its chunks arrive (stream_ok: every chunk of stream_shard so far
+     * went through `stream`); no second pass once the last chunk is in. */
+    crypto_generichash_state stream;
+    uint32_t stream_shard;
+    bool stream_ok;
+    /* Receivers of a manifest without deltas: the wire stream is the file.
+     * Chunks are written to the (invisible) staging file as they arrive;
+     * repaired shards are written again. */
+    bool direct;
+    int fd;
+    bool write_failed;
+    int32_t lost_parent; /* TAG_LOST payload (stays valid while it is sent) */
+    vks_link_send *lost_send;
 } node;
 
 /* ---- manifest acceptance ---- */
@@ -88,9 +107,18 @@ static int request_repair(node *n, uint32_t s) {
     return vks_link_isend(n->b->link, req, REPAIR_HEADER, 0, TAG_REQ, &n->req_send[s]);
 }
 
-static int check_shard(node *n, uint32_t s) {
+/* The shard's wire hash: from the stream when it covered every chunk. */
+static bool shard_hash_ok(node *n, uint32_t s) {
     const vks_shard_entry *e = &n->m->shards[s];
-    if (!n->shard_bad[s] && vks_shard_wire_ok(n->m, s, n->wire + e->wire_offset, e->wire_size)) {
+    if (!n->stream_ok || n->stream_shard != s) return vks_shard_wire_ok(n->m, s, n->wire + e->wire_offset, e->wire_size);
+    uint8_t h[VKS_HASH_BYTES];
+    crypto_generichash_final(&n->stream, h, VKS_HASH_BYTES);
+    n->stream_ok = false;
+    return sodium_memcmp(h, e->wire_hash, VKS_HASH_BYTES) == 0;
+}
+
+static int check_shard(node *n, uint32_t s) {
+    if (!n->shard_bad[s] && shard_hash_ok(n, s)) {
         n->shard_state[s] = SHARD_VERIFIED;
         n->verified++;
         return VKS_OK;
@@ -100,11 +128,40 @@ static int check_shard(node *n, uint32_t s) {
     return request_repair(n, s);
 }
 
+/* Writes wire bytes [off, off+len) to the staging file (direct receivers). */
+static void write_through(node *n, uint64_t off, size_t len) {
+    if (n->fd < 0 || n->write_failed) return;
+    for (size_t done = 0; done < len;) {
+        ssize_t w = pwrite(n->fd, n->wire + off + done, len - done, (off_t)(off + done));
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR) continue;
+            n->write_failed = true;
+            return;
+        }
+        done += (size_t)w;
+    }
+}
+
+/* Hashes (shard stream) and writes (direct receivers) a chunk that just arrived. */
+static void stream_chunk(node *n, size_t k, bool bad) {
+    uint32_t s = n->lay.shard[k];
+    const uint8_t *p = n->wire + n->lay.off[k];
+    if (k == n->lay.first_of_shard[s]) {
+        crypto_generichash_init(&n->stream, NULL, 0, VKS_HASH_BYTES);
+        n->stream_shard = s;
+        n->stream_ok = true;
+    }
+    if (bad || n->stream_shard != s) n->stream_ok = false;
+    if (n->stream_ok) crypto_generichash_update(&n->stream, p, n->lay.len[k]);
+    if (n->direct) write_through(n, n->lay.off[k], n->lay.len[k]);
+}
+
 static int chunk_arrived(node *n, size_t k, bool bad) {
     uint32_t s = n->lay.shard[k];
     n->have[k] = 1;
     n->bytes += n->lay.len[k];
     if (bad) n->shard_bad[s] = 1;
+    stream_chunk(n, k, bad);
     if (--n->missing[s] == 0 && n->shard_state[s] == SHARD_INCOMPLETE) return check_shard(n, s);
     return VKS_OK;
 }
@@ -141,6 +198,8 @@ static int fail_over(node *n) {
     fprintf(stderr, "broadcast: rank %d: relay %d silent for %.0fs, turning to the origin\n", n->b->rank, n->parent,
             n->b->opt.timeout_s);
     n->parent_dead = true;
+    n->lost_parent = n->parent;
+    vks_link_isend(n->b->link, &n->lost_parent, sizeof n->lost_parent, 0, TAG_LOST, &n->lost_send);
     for (size_t k = n->received; k < n->posted; k++) {
         /* A receive the dead rank had started cannot always be cancelled
          * (Open MPI keeps it matched): give it a moment, then abandon it.
@@ -185,6 +244,7 @@ static int poll_repair(node *n) {
                            n->b->rank, (unsigned long long)s);
     } else {
         memcpy(n->wire + n->m->shards[s].wire_offset, buf + REPAIR_HEADER, len);
+        write_through(n, n->m->shards[s].wire_offset, len);
         for (size_t k = n->lay.first_of_shard[s]; k < n->lay.first_of_shard[s + 1]; k++)
             if (!n->have[k]) {
                 n->have[k] = 1;
@@ -211,10 +271,10 @@ static void maybe_die(node *n) {
 /* Receives until every shard is verified. */
 static int transfer(node *n) {
     const vks_bcast_options *o = &n->b->opt;
-    double last_report = 0;
+    double last_report = 0, last_moved = now_s();
     n->last_parent = n->last_event = now_s();
     while (n->verified < n->m->n_shards) {
-        size_t before = n->received + n->verified;
+        size_t before = n->received + n->verified, queued = n->fw.n_children ? n->fw.done_upto[0] : 0;
         int rc = poll_parent(n);
         if (!rc) rc = poll_repair(n);
         if (!rc) rc = forwarder_pump(&n->fw, n->have);
@@ -232,9 +292,20 @@ static int transfer(node *n) {
             o->progress(o->progress_ctx, n->bytes, n->m->wire_size);
             last_report = t;
         }
-        if (n->received + n->verified == before) idle();
+        size_t queued_now = n->fw.n_children ? n->fw.done_upto[0] : 0;
+        pace(&last_moved, n->received + n->verified != before || queued_now != queued);
     }
     if (o->progress) o->progress(o->progress_ctx, n->m->wire_size, n->m->wire_size);
+    return VKS_OK;
+}
+
+/* Direct receivers: the staging file the chunks are written to. */
+static int open_staging(node *n) {
+    char path[4096];
+    int rc = vks_store_stage(n->b->opt.store_dir, n->m->version, path, sizeof path);
+    if (rc) return rc;
+    n->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (n->fd < 0) return vks_set_error(VKS_ERR_IO, "%s: cannot create (%s)", path, strerror(errno));
     return VKS_OK;
 }
 
@@ -242,6 +313,12 @@ static int node_init(node *n, vks_bcast *b, const vks_manifest *m, const uint8_t
     memset(n, 0, sizeof *n);
     n->b = b;
     n->m = m;
+    n->fd = -1;
+    n->direct = vks_bcast_role_of(b->rank, b->opt.relays) == VKS_BCAST_RECEIVER && m->delta == VKS_DELTA_NONE;
+    if (n->direct) {
+        int rc = open_staging(n);
+        if (rc) return rc;
+    }
     int rc = layout_build(m, b->opt.chunk_bytes, &n->lay);
     if (rc) return rc;
     n->wire = malloc(m->wire_size);
@@ -267,6 +344,7 @@ static void node_free(node *n, bool keep_wire) {
     bool req_left = false;
     for (uint32_t s = 0; n->req_send && s < n->m->n_shards; s++)
         if (n->req_send[s] && !vks_link_send_done(n->b->link, n->req_send[s])) req_left = true;
+    if (n->lost_send && !vks_link_send_done(n->b->link, n->lost_send)) req_left = true; /* keeps req_buf too */
     bool sends_left = !forwarder_all_done(&n->fw);
     forwarder_free(&n->fw);
     if (!keep_wire && !sends_left) free(n->wire);
@@ -277,9 +355,31 @@ static void node_free(node *n, bool keep_wire) {
     free(n->missing);
     free(n->req_send);
     layout_free(&n->lay);
+    if (n->fd >= 0) close(n->fd);
+    n->fd = -1;
 }
 
 /* ---- receivers: decode, check, switch ---- */
+
+/* Manifests without deltas: every shard is verified and already written to
+ * the staging file; make it durable and switch. No whole-file hash pass:
+ * the parser made sure the shards tile the file and that each raw shard's
+ * data hash is its wire hash, so the verified shards are the signed file
+ * (the file hash is implied; a pass would cost a core-second per GiB). */
+static int finish_direct(node *n) {
+    vks_bcast *b = n->b;
+    const vks_manifest *m = n->m;
+    int rc = VKS_OK;
+    if (n->write_failed || fsync(n->fd) != 0)
+        rc = vks_set_error(VKS_ERR_IO, "rank %d: %s: writing version %llu failed (%s)", b->rank, b->opt.store_dir,
+                           (unsigned long long)m->version, strerror(errno));
+    if (close(n->fd) != 0 && !rc)
+        rc = vks_set_error(VKS_ERR_IO, "rank %d: %s: closing version %llu failed", b->rank, b->opt.store_dir,
+                           (unsigned long long)m->version);
+    n->fd = -1;
+    if (!rc) rc = vks_store_commit(b->opt.store_dir, m->version, b->opt.keep_versions);
+    return rc;
+}
 
 static int decode_and_store(vks_bcast *b, const vks_manifest *m, const uint8_t *wire, const uint8_t *base,
                             size_t base_len) {
@@ -316,30 +416,43 @@ static void cache_version(vks_bcast *b, uint64_t version, uint8_t *wire) {
     b->n_cached++;
 }
 
-/* After DONE: keep forwarding to children until the origin says FINISH. */
-static void wait_finish(node *n, double elapsed) {
+/* After DONE: keep forwarding to children until the origin says FINISH,
+ * which carries the number of ranks that fell silent. Returns that number
+ * (1 when the origin itself is silent). */
+static int wait_finish(node *n, double elapsed) {
     vks_bcast *b = n->b;
     double deadline = now_s() + 3 * b->opt.timeout_s + 2 * elapsed;
+    int32_t lost = 1;
+    double last_moved = now_s();
     for (;;) {
-        int flag = 0;
+        int flag = 0, count = 0;
         MPI_Status st;
+        size_t sent = n->fw.n_children ? n->fw.done_upto[0] : 0;
         forwarder_pump(&n->fw, n->have);
+        bool moved = (n->fw.n_children ? n->fw.done_upto[0] : 0) != sent;
         MPI_Iprobe(0, TAG_FINISH, b->comm, &flag, &st);
         if (flag) {
-            MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_FINISH, b->comm, MPI_STATUS_IGNORE);
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            if (count == sizeof lost) MPI_Recv(&lost, 4, MPI_BYTE, 0, TAG_FINISH, b->comm, MPI_STATUS_IGNORE);
+            else MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_FINISH, b->comm, MPI_STATUS_IGNORE);
+            if (count != sizeof lost || lost < 0 || lost >= b->size) lost = 1; /* malformed: assume the worst */
             break;
         }
         if (now_s() > deadline) {
             fprintf(stderr, "broadcast: rank %d: no FINISH from the origin, leaving\n", b->rank);
             break;
         }
-        idle();
+        /* children still fed: keep MPI progressing; else only the FINISH is awaited */
+        if (forwarder_all_done(&n->fw)) usleep(500);
+        else pace(&last_moved, moved);
     }
     double drain = now_s() + b->opt.timeout_s;
     while (!forwarder_all_done(&n->fw) && now_s() < drain) {
+        size_t sent = n->fw.done_upto[0];
         forwarder_pump(&n->fw, n->have);
-        idle();
+        pace(&last_moved, n->fw.done_upto[0] != sent);
     }
+    return lost;
 }
 
 static int receive_plan(vks_bcast *b, uint8_t *plan) {
@@ -387,21 +500,30 @@ int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
     }
     if (!rc) rc = transfer(&n);
     bool receiver = vks_bcast_role_of(b->rank, b->opt.relays) == VKS_BCAST_RECEIVER;
-    if (!rc && receiver) rc = decode_and_store(b, &m, n.wire, base, base_len);
+    if (!rc && receiver) rc = n.direct ? finish_direct(&n) : decode_and_store(b, &m, n.wire, base, base_len);
+    if (rc && have_node && n.direct) {
+        if (n.fd >= 0) close(n.fd);
+        n.fd = -1;
+        vks_store_abort(b->opt.store_dir, m.version);
+    }
     if (!rc) snprintf(err, sizeof err, "ok");
     else snprintf(err, sizeof err, "%s", vks_last_error());
     status = rc ? 1 : 0;
+    double t_done = now_s(); /* verified, written, switched */
     send_small(b, &status, sizeof status, 0, TAG_DONE);
-    if (have_node) wait_finish(&n, now_s() - t0);
+    int lost = have_node ? wait_finish(&n, now_s() - t0) : 0;
     bool keep = !rc && !receiver;
     if (!rc) {
         b->latest = m.version;
         *rep = (vks_bcast_report){.version = m.version, .step = m.step, .file_bytes = m.file_size,
-                                  .wire_bytes = m.wire_size, .seconds = now_s() - t0,
-                                  .repaired_shards = n.repaired, .failovers = n.parent_dead};
+                                  .wire_bytes = m.wire_size, .seconds = t_done - t0,
+                                  .repaired_shards = n.repaired, .failovers = n.parent_dead,
+                                  .ranks_lost = lost};
         memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
         if (keep) cache_version(b, m.version, n.wire);
     }
+    rep->ranks_lost = lost;
+    rep->failovers = n.parent_dead;
     if (have_node) node_free(&n, keep);
     vks_manifest_free(&m);
     free(base);

@@ -19,6 +19,8 @@ struct vks_link {
     vks_link_options opt;
     int n_ranks;
     double *link_free_at; /* per destination: when its emulated wire is free */
+    bool shared_uplink;   /* one wire for all destinations (vks_link_set_shared_uplink) */
+    double uplink_free_at;
     struct vks_link_send *queue;
 };
 
@@ -38,6 +40,12 @@ int vks_link_create(MPI_Comm comm, const vks_link_options *opt, vks_link **out) 
         return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     }
     *out = l;
+    return VKS_OK;
+}
+
+int vks_link_set_shared_uplink(vks_link *l, bool shared) {
+    if (!l) return vks_set_error(VKS_ERR_ARG, "link: null argument");
+    l->shared_uplink = shared;
     return VKS_OK;
 }
 
@@ -73,8 +81,9 @@ int vks_link_isend(vks_link *l, const void *buf, size_t bytes, int dest, int tag
     double now = MPI_Wtime();
     if (emulated(l)) {
         double wire = l->opt.mbps > 0 ? (double)bytes * 8.0 / (l->opt.mbps * 1e6) : 0.0;
-        double start = now > l->link_free_at[dest] ? now : l->link_free_at[dest];
-        l->link_free_at[dest] = start + wire;
+        double *free_at = l->shared_uplink ? &l->uplink_free_at : &l->link_free_at[dest];
+        double start = now > *free_at ? now : *free_at;
+        *free_at = start + wire;
         s->due = start + wire + l->opt.latency_ms * 1e-3;
     } else {
         s->due = now;

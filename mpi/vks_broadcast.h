@@ -3,11 +3,15 @@
  * sends a signed manifest to every rank; those that accept it (signature,
  * version newer than theirs, delta base present) form a tree with `fanout`
  * children per node, in rank order, and the wire stream flows down it chunk
- * by chunk: a node forwards chunk i while chunk i+1 arrives. Every node checks
- * each shard's hash; a bad shard is asked again from the origin, and a node
- * whose parent falls silent for timeout_s asks the origin for everything it
- * misses. Receivers decode, check the whole file and switch their version
- * store (vks_shard.h) atomically; relays keep the last keep_versions in memory.
+ * by chunk: a node forwards chunk i while chunk i+1 arrives. Every node hashes
+ * each chunk as it arrives and checks each shard's hash when its last chunk is
+ * in; a bad shard is asked again from the origin, and a node whose parent
+ * falls silent for timeout_s tells the origin and asks it for everything it
+ * misses. Receivers write chunks to an invisible staging file as they arrive
+ * (deltas: decode at the end), then fsync and switch their version store
+ * (vks_shard.h) atomically; relays keep the last keep_versions in memory.
+ * Waiting: ranks with transfers in flight stay in MPI calls (Open MPI's TCP
+ * transport only moves bytes there) and yield the core; idle ranks nap.
  *
  * The same calls serve the CLI (vkswarm broadcast) and in-process RL roles:
  * create a vks_bcast once per rank, then call vks_bcast_send (origin) or
@@ -27,6 +31,7 @@ typedef struct {
     double timeout_s;            /* parent silence before turning to the origin (default 30) */
     double manifest_timeout_s;   /* how long non-origin ranks wait for a manifest (0 = forever) */
     vks_link_options link;       /* emulated latency / bandwidth per link */
+    bool shared_uplink;          /* emulation: one uplink per sender shared by its children (vks_link.h) */
     const char *store_dir;       /* receivers: version store (required for receivers) */
     int keep_versions;           /* versions kept by relays (memory) and receivers (disk); default 2 */
     uint8_t public_key[VKS_PUBLIC_KEY_BYTES]; /* the trainer's key: the only signer accepted */
@@ -45,6 +50,9 @@ typedef struct {
     int repaired_shards;             /* this rank: shards asked again from the origin */
     int failovers;                   /* this rank: 1 if its parent fell silent */
     int ranks_ok, ranks_failed;      /* origin: non-origin ranks that finished / did not */
+    int ranks_lost;                  /* ranks that fell silent (origin: counted; others: told in FINISH).
+                                      * Open MPI cannot finalize after a rank died: callers should
+                                      * flush and _exit instead of MPI_Finalize when this is > 0. */
     uint8_t file_hash[VKS_HASH_BYTES];
 } vks_bcast_report;
 
@@ -68,5 +76,5 @@ int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep);
  * (MPI_Bcast of bytes from rank 0, no emulation). Collective; *seconds on
  * every rank is the slowest rank's time. */
 int vks_bcast_baseline(MPI_Comm comm, const char *kind, size_t bytes, const vks_link_options *link,
-                       size_t chunk_bytes, double *seconds);
+                       bool shared_uplink, size_t chunk_bytes, double *seconds);
 #endif

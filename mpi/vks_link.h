@@ -7,6 +7,10 @@
  * due = max(now, previous due on the link to d) + bytes*8/(mbps*1e6), plus the
  * one-way latency (the latency overlaps between messages, the bandwidth term
  * serializes them per link). Without emulation sends go to MPI at once.
+ * By default each (sender, destination) pair has its own wire, so a sender
+ * fanning out to k ranks gets k times the bandwidth; with a shared uplink
+ * (vks_link_set_shared_uplink) all of a sender's messages, whatever their
+ * destination, queue on one wire of `mbps`, like a home connection's uplink.
  * Nothing here blocks: callers drive vks_link_progress() from their progress
  * loop or communication thread. */
 #ifndef VKS_LINK_H
@@ -25,6 +29,9 @@ typedef struct {
 
 int vks_link_create(MPI_Comm comm, const vks_link_options *opt, vks_link **out);
 void vks_link_destroy(vks_link *l);
+/* One emulated wire per sender shared by all destinations (default: one per
+ * destination). Set it before the first send. */
+int vks_link_set_shared_uplink(vks_link *l, bool shared);
 /* Queues a send; buf must stay valid until vks_link_send_done() is true. */
 int vks_link_isend(vks_link *l, const void *buf, size_t bytes, int dest, int tag, vks_link_send **out);
 /* Starts sends whose due time has come and tests in-flight ones. */

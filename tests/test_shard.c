@@ -121,6 +121,7 @@ static void test_absurd_manifests(void **state) {
         {152, 9, 4},                       /* shard 0 encoding */
         {156, SHARD + 1, 4},               /* shard 0 wire size (wrong length) */
         {156 + 72 * 12, 0, 4},             /* last shard's wire size */
+        {152 + 40, 0x1234, 2},             /* raw shard 0: data hash is not its wire hash */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memcpy(copy, blob, len);

@@ -45,6 +45,8 @@ static const char broadcast_usage[] =
     "  --chunk-kb K          pipelining unit in KiB (default 1024)\n"
     "  --link-latency-ms L   emulated one-way latency per link (default 0)\n"
     "  --link-mbps M         emulated bandwidth per link in Mbit/s (default 0 = unlimited)\n"
+    "  --shared-uplink       emulation: each rank has one uplink of M Mbit/s shared by all the ranks\n"
+    "                        it sends to (a home connection), not one link per destination\n"
     "  --weights-version V   version number (> the receivers' current one; default 1)\n"
     "  --step S              training step recorded in the manifest (default 0)\n"
     "  --model-id ID         model identity hashed into the manifest (default 'default')\n"
@@ -59,6 +61,7 @@ static const char broadcast_usage[] =
 typedef struct {
     const char *file, *key, *pub, *out, *model_id, *base, *baseline;
     int relays, fanout, keep;
+    bool shared_uplink;
     double shard_mb, chunk_kb, latency_ms, mbps, timeout_s;
     uint64_t version, step, base_version, bytes;
     vks_delta_mode delta;
@@ -72,6 +75,10 @@ static void parse_args(int argc, char **argv, bcast_args *a) {
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             fputs(broadcast_usage, stdout);
             exit(0);
+        }
+        if (!strcmp(o, "--shared-uplink")) {
+            a->shared_uplink = true;
+            continue;
         }
         if (i + 1 >= argc) cli_die(EXIT_BAD_INPUT, "broadcast: unexpected argument '%s' (see --help)", o);
         const char *v = argv[++i];
@@ -129,7 +136,7 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
 }
 
 /* Rank 0: build, sign and send. */
-static int run_origin(vks_bcast *b, const bcast_args *a, const uint8_t sk[VKS_SECRET_KEY_BYTES]) {
+static int run_origin(vks_bcast *b, const bcast_args *a, const uint8_t sk[VKS_SECRET_KEY_BYTES], int *lost) {
     size_t len = 0, base_len = 0;
     uint8_t *data = read_whole(a->file, &len), *base = a->base ? read_whole(a->base, &base_len) : NULL;
     vks_manifest_params p = {.version = a->version, .step = a->step, .delta = a->delta,
@@ -151,6 +158,7 @@ static int run_origin(vks_bcast *b, const bcast_args *a, const uint8_t sk[VKS_SE
     fprintf(stderr, "broadcast: %d ranks ok, %d failed, %.2fs, %.1f MB/s per receiver\n", r.ranks_ok, r.ranks_failed,
             r.seconds, r.seconds > 0 ? (double)r.wire_bytes / r.seconds / 1e6 : 0.0);
     if (rc) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
+    *lost = r.ranks_lost;
     vks_manifest_free(&m);
     free(blob);
     free(data);
@@ -164,7 +172,8 @@ static int run_baseline(const bcast_args *a, int rank) {
     if (!a->bytes) cli_die(EXIT_BAD_INPUT, "--baseline needs --bytes N");
     vks_link_options lo = {.latency_ms = a->latency_ms, .mbps = a->mbps};
     double s = 0;
-    if (vks_bcast_baseline(MPI_COMM_WORLD, a->baseline, (size_t)a->bytes, &lo, (size_t)(a->chunk_kb * 1024), &s))
+    if (vks_bcast_baseline(MPI_COMM_WORLD, a->baseline, (size_t)a->bytes, &lo, a->shared_uplink,
+                           (size_t)(a->chunk_kb * 1024), &s))
         cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     if (rank == 0) printf("%s %llu bytes %.3f s\n", a->baseline, (unsigned long long)a->bytes, s);
     return 0;
@@ -189,6 +198,7 @@ int cmd_broadcast(int argc, char **argv) {
     vks_bcast_options o = {.relays = a.relays >= 0 ? a.relays : (size - 1) / 3, .fanout = a.fanout,
                            .chunk_bytes = (size_t)(a.chunk_kb * 1024), .timeout_s = a.timeout_s,
                            .manifest_timeout_s = 600, .link = {.latency_ms = a.latency_ms, .mbps = a.mbps},
+                           .shared_uplink = a.shared_uplink,
                            .keep_versions = a.keep, .progress = on_progress};
     const char *fault = getenv("VKSWARM_FAULT");
     if (fault && strcmp(fault, "badsig")) o.fault = fault;
@@ -214,12 +224,13 @@ int cmd_broadcast(int argc, char **argv) {
     o.progress_ctx = &pc;
     vks_bcast *b;
     if (vks_bcast_create(MPI_COMM_WORLD, &o, &b)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-    int rc;
+    int rc, lost = 0;
     if (rank == 0) {
-        rc = run_origin(b, &a, sk);
+        rc = run_origin(b, &a, sk, &lost);
     } else {
         vks_bcast_report r;
         rc = vks_bcast_receive(b, &r);
+        lost = r.ranks_lost;
         if (rc) {
             fprintf(stderr, "vkswarm: %s\n", vks_last_error());
             rc = rc == VKS_ERR_FORMAT ? EXIT_BAD_INPUT : 1;
@@ -236,6 +247,14 @@ int cmd_broadcast(int argc, char **argv) {
         }
     }
     sodium_memzero(sk, sizeof sk);
+    if (lost > 0) {
+        /* Open MPI cannot finalize (nor always end mpirun) once a rank died:
+         * every survivor was told, reports its own status and leaves now. */
+        fprintf(stderr, "broadcast: rank %d: %d rank(s) lost, leaving without MPI_Finalize\n", rank, lost);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(rc);
+    }
     vks_bcast_destroy(b);
     MPI_Finalize();
     return rc;

@@ -15,7 +15,8 @@
  * Its wire payload is either the bytes themselves (encoding RAW) or the zstd
  * frame of their delta against the same bytes of the base version (DELTA);
  * wire_hash is checked on arrival (before anything is decoded), data_hash and
- * file_hash after decoding. */
+ * file_hash after decoding. A raw shard's wire and data hashes must be equal
+ * (the parser refuses others), so a receiver of raw shards checks each once. */
 #ifndef VKS_SHARD_H
 #define VKS_SHARD_H
 #include "vks_common.h"

@@ -220,6 +220,9 @@ static int parse_entry(const uint8_t *p, uint32_t i, const char *what, vks_manif
         if (e->wire_size != len)
             return vks_set_error(VKS_ERR_FORMAT, "%s: shard %u is raw with %u wire bytes, its range has %u", what, i,
                                  e->wire_size, len);
+        /* the same bytes: receivers check raw shards by their wire hash alone */
+        if (memcmp(e->wire_hash, e->data_hash, VKS_HASH_BYTES))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: raw shard %u has different wire and data hashes", what, i);
     } else if (e->encoding == VKS_SHARD_DELTA && m->delta != VKS_DELTA_NONE) {
         if (e->wire_size == 0 || e->wire_size >= len)
             return vks_set_error(VKS_ERR_FORMAT, "%s: delta shard %u has %u wire bytes (range %u)", what, i,
