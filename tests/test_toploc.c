@@ -33,8 +33,12 @@ static int setup(void **state) {
     return 0;
 }
 
+static vks_rollout_sample *honest_base;
+static void free_samples(vks_rollout_sample *s, int n);
+
 static int teardown(void **state) {
     (void)state;
+    if (honest_base) free_samples(honest_base, N_SAMPLES);
     vks_model_free(stories);
     vks_gpu_destroy(gpu);
     return 0;
@@ -371,8 +375,10 @@ static vks_rollout_sample *gen_gpu(const vks_model *m, vks_dtype dt, int n, cons
     vks_generate_options go = {.steps = gp->steps, .temperature = gp->temperature, .top_p = gp->top_p,
                                .top_k = gp->top_k, .seed = gp->seed, .stop_token_a = 1, .stop_token_b = 2,
                                .on_hidden = on_hidden, .user = &h};
+    double t0 = now_s();
     assert_int_equal(vks_generate(e, &go, seqs, n, 0), VKS_OK);
     assert_int_equal(vks_toploc_builder_finish(h.b), VKS_OK);
+    fprintf(stderr, "  generated %d samples (%s) on the GPU in %.2f s\n", n, vks_dtype_name(dt), now_s() - t0);
     vks_rollout_sample *out = calloc((size_t)n, sizeof *out);
     for (int i = 0; i < n; i++) {
         vks_sequence *q = &seqs[i];
@@ -431,8 +437,17 @@ static vks_verify_options verify_opts(void) {
     return o;
 }
 
-/* Verifies on the CPU (cpu) or a batched GPU engine; returns the accepted count. */
-static int verify_count(const vks_rollout_sample *s, int n, bool cpu, const vks_verify_options *o, bool print_rejects) {
+static double last_max_gap; /* largest sampler gap of the last verify_count, in logits */
+
+static const vks_toploc_thresholds strict_thresholds;
+
+/* Verifies on the CPU (cpu) or a batched GPU engine; returns the accepted
+ * count. *strict_accepted (may be NULL): how many the strict thresholds
+ * accept, from the same verdicts: a sample passes them iff it passed every
+ * other check and each statistic's worst chunk value is within them (exact,
+ * as every strict threshold is at or below o's; one pass instead of two). */
+static int verify_count(const vks_rollout_sample *s, int n, bool cpu, const vks_verify_options *o, bool print_rejects,
+                        int *strict_accepted) {
     vks_verdict *v = calloc((size_t)n, sizeof *v);
     double t0 = now_s();
     if (cpu) {
@@ -459,38 +474,106 @@ static int verify_count(const vks_rollout_sample *s, int n, bool cpu, const vks_
     if (dump) fclose(dump);
     fprintf(stderr, "  verified %d samples on the %s in %.2f s; largest exp mismatches %d, mantissa mean %.3f, median %.1f\n",
             n, cpu ? "CPU" : "GPU", now_s() - t0, worst.exp_mismatches, worst.mant_mean, worst.mant_median);
-    int accepted = 0;
+    int accepted = 0, strict_ok = 0;
+    const vks_toploc_thresholds *st = &strict_thresholds;
+    assert_true(st->max_exp_mismatches <= o->toploc.max_exp_mismatches && st->max_mant_mean <= o->toploc.max_mant_mean &&
+                st->max_mant_median <= o->toploc.max_mant_median);
+    last_max_gap = 0;
     for (int i = 0; i < n; i++) {
+        if (v[i].max_gap > last_max_gap) last_max_gap = v[i].max_gap;
+        strict_ok += v[i].accepted && v[i].worst.exp_mismatches <= st->max_exp_mismatches &&
+                     v[i].worst.mant_mean <= st->max_mant_mean && v[i].worst.mant_median <= st->max_mant_median;
         accepted += v[i].accepted;
         if (print_rejects && !v[i].accepted) fprintf(stderr, "  %s: %s\n", s[i].id, v[i].reason);
     }
     free(v);
+    if (strict_accepted) *strict_accepted = strict_ok;
     return accepted;
 }
 
 static const gen_params sampled_params = {.temperature = 1.0f, .top_p = 0.9f, .seed = 77, .steps = STEPS};
+
+/* Thresholds fitted to f32 engines: honest work (GPU vs CPU reference) shows
+ * at most 0 exponent mismatches and a mantissa mean of 0.008 (one unit in one
+ * of 128 values) with a median of 0. Every strict threshold is at or below the
+ * default one, so acceptance at the strict thresholds implies acceptance at
+ * the default ones. */
+static const vks_toploc_thresholds strict_thresholds = {.max_exp_mismatches = 2, .max_mant_mean = 0.25,
+                                                        .max_mant_median = 0};
+
+static vks_verify_options strict_opts(void) {
+    vks_verify_options o = verify_opts();
+    o.toploc = strict_thresholds;
+    return o;
+}
+
+/* The task the shared samples were generated for: prompt i is make_prompt(i). */
+typedef struct {
+    int32_t *ids[N_SAMPLES];
+    int lens[N_SAMPLES];
+} task;
+
+static void task_make(task *t, vks_verify_options *o) {
+    for (int i = 0; i < N_SAMPLES; i++) t->ids[i] = make_prompt(i, stories->cfg.vocab_size, &t->lens[i]);
+    o->task_prompts = (const int32_t *const *)t->ids;
+    o->task_prompt_lens = t->lens;
+    o->n_task_prompts = N_SAMPLES;
+}
+
+static void task_free(task *t) {
+    for (int i = 0; i < N_SAMPLES; i++) free(t->ids[i]);
+}
+
+/* The honest samples every test shares (N_SAMPLES prompts, one GPU generation): honest_base. */
+
+static const vks_rollout_sample *honest_samples(void) {
+    if (!honest_base) honest_base = gen_gpu(stories, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
+    return honest_base;
+}
+
+static vks_rollout_sample *copy_samples(const vks_rollout_sample *b, int n) {
+    vks_rollout_sample *s = calloc((size_t)n, sizeof *s);
+    for (int i = 0; i < n; i++) {
+        gen_params gp = {.temperature = b[i].temperature, .top_p = b[i].top_p, .top_k = b[i].top_k,
+                         .seed = b[i].seed, .steps = b[i].max_steps};
+        fill_sample(&s[i], i, &gp, b[i].prompt_ids, b[i].n_prompt, b[i].output_ids, b[i].n_output);
+        s[i].seq = b[i].seq;
+        s[i].proofs = malloc(b[i].proof_bytes);
+        memcpy(s[i].proofs, b[i].proofs, s[i].proof_bytes = b[i].proof_bytes);
+    }
+    return s;
+}
 
 /* ---------------- honest work passes ---------------- */
 
 static void test_honest_gpu_on_cpu_and_gpu(void **state) {
     (void)state;
     if (!stories) skip();
-    vks_verify_options o = verify_opts();
-    vks_rollout_sample *s = gen_gpu(stories, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
+    vks_verify_options o = verify_opts(), so = strict_opts();
+    const vks_rollout_sample *s = honest_samples();
     int early = 0;
     for (int i = 0; i < N_SAMPLES; i++) early += s[i].n_prompt + s[i].n_output < STEPS + 1;
     fprintf(stderr, "honest: %d samples (%d stopped on a stop token)\n", N_SAMPLES, early);
-    assert_int_equal(verify_count(s, N_SAMPLES, true, &o, true), N_SAMPLES);
-    assert_int_equal(verify_count(s, 50, false, &o, true), 50); /* lavapipe is slow: a quarter on the GPU */
-    free_samples(s, N_SAMPLES);
+    vks_verify_options ot = o; /* with the task known */
+    task t;
+    task_make(&t, &ot);
+    int strict_ok;
+    assert_int_equal(verify_count(s, N_SAMPLES, true, &ot, true, &strict_ok), N_SAMPLES);
+    assert_int_equal(strict_ok, N_SAMPLES);
+    double gap_cpu = last_max_gap;
+    task_free(&t);
+    /* lavapipe is slow: a fifth on the GPU, at the strict thresholds (which imply the default ones) */
+    assert_int_equal(verify_count(s, 40, false, &so, true, NULL), 40);
+    fprintf(stderr, "largest honest sampler gap: %.3g logits on the CPU verifier, %.3g on the GPU (margin %.3g)\n",
+            gap_cpu, last_max_gap, (double)o.logit_margin);
     /* other samplers and batchings: greedy, top-k, small prefill chunks, one sequence */
     gen_params greedy = {.temperature = 0, .seed = 5, .steps = STEPS};
     gen_params topk = {.temperature = 0.8f, .top_k = 20, .top_p = 0.95f, .seed = 9, .steps = STEPS};
     struct { const gen_params *p; int n, rows; } cfgs[] = {{&greedy, 24, 256}, {&topk, 8, 8}, {&sampled_params, 1, 3}};
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
-        s = gen_gpu(stories, VKS_DTYPE_F32, cfgs[c].n, cfgs[c].p, cfgs[c].rows);
-        assert_int_equal(verify_count(s, cfgs[c].n, c != 1, &o, true), cfgs[c].n);
-        free_samples(s, cfgs[c].n);
+        vks_rollout_sample *g = gen_gpu(stories, VKS_DTYPE_F32, cfgs[c].n, cfgs[c].p, cfgs[c].rows);
+        assert_int_equal(verify_count(g, cfgs[c].n, c != 1, &so, true, NULL), cfgs[c].n);
+        free_samples(g, cfgs[c].n);
     }
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
@@ -498,40 +581,111 @@ static void test_honest_gpu_on_cpu_and_gpu(void **state) {
 static void test_honest_cpu_on_gpu(void **state) {
     (void)state;
     if (!stories) skip();
-    enum { N = 4 };
+    enum { N = 8 };
     vks_rollout_sample s[N];
     for (int i = 0; i < N; i++) gen_cpu(stories, i, &sampled_params, &s[i]);
-    vks_verify_options o = verify_opts();
-    assert_int_equal(verify_count(s, N, false, &o, true), N);
+    vks_verify_options so = strict_opts();
+    assert_int_equal(verify_count(s, N, false, &so, true, NULL), N);
     /* and the same tokens as the GPU generator drew (batch- and device-invariant sampling) */
-    vks_rollout_sample *g = gen_gpu(stories, VKS_DTYPE_F32, N, &sampled_params, 256);
+    const vks_rollout_sample *g = honest_samples();
     int same = 0;
     for (int i = 0; i < N; i++)
         same += g[i].n_output == s[i].n_output && !memcmp(g[i].output_ids, s[i].output_ids, 4 * (size_t)s[i].n_output);
     fprintf(stderr, "CPU and GPU generators agree on %d of %d samples\n", same, N);
+    assert_int_equal(same, N);
     for (int i = 0; i < N; i++) vks_rollout_sample_free(&s[i]);
-    free_samples(g, N);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+/* Largest |logit| difference between the GPU engine (prefill of each sample
+ * in chunks of max_rows rows: the tiled matmul above 8 rows, matvec at or
+ * below) and the C reference, over the sampling rows of n samples. */
+static double gpu_cpu_logit_diff(const vks_rollout_sample *s, int n, int max_rows) {
+    int V = stories->cfg.vocab_size, dim = stories->cfg.dim;
+    vks_engine_options eo = {.n_slots = 1, .kv_len = STEPS, .max_rows = max_rows, .max_out_rows = max_rows};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, stories, &eo, &e), VKS_OK);
+    float *ref = malloc(sizeof(float) * STEPS * (size_t)V), *hid = malloc(sizeof(float) * STEPS * (size_t)dim);
+    float *got = malloc(sizeof(float) * (size_t)max_rows * (size_t)V);
+    int32_t ids[STEPS];
+    uint32_t slot[256] = {0}, pos[256], out_rows[256];
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        int L = s[i].n_prompt + s[i].n_output - 1;
+        memcpy(ids, s[i].prompt_ids, 4 * (size_t)s[i].n_prompt);
+        memcpy(ids + s[i].n_prompt, s[i].output_ids, 4 * (size_t)(s[i].n_output - 1));
+        assert_int_equal(vks_cpu_forward(stories, ids, L, ref, hid), VKS_OK);
+        for (int p0 = 0; p0 < L; p0 += max_rows) {
+            int nr = L - p0 < max_rows ? L - p0 : max_rows;
+            for (int r = 0; r < nr; r++) pos[r] = (uint32_t)(p0 + r), out_rows[r] = (uint32_t)r;
+            vks_forward_batch fb = {.n_rows = nr, .tokens = ids + p0, .slot = slot, .pos = pos, .n_out = nr,
+                                    .out_rows = out_rows, .logits = got};
+            assert_int_equal(vks_engine_forward(e, &fb), VKS_OK);
+            for (int r = 0; r < nr; r++) {
+                if (p0 + r < s[i].n_prompt - 1) continue; /* rows that sample nothing */
+                for (int v = 0; v < V; v++) {
+                    double d = fabs((double)got[(size_t)r * V + v] - (double)ref[(size_t)(p0 + r) * V + v]);
+                    if (d > worst) worst = d;
+                }
+            }
+        }
+    }
+    free(ref); free(hid); free(got);
+    vks_engine_destroy(e);
+    return worst;
+}
+
+/* The sampler margin against what honest implementations differ by: an honest
+ * token's gap is at most twice the largest logit difference (vks_toploc.h);
+ * the default margin must leave a factor of at least 10 above that. */
+static void test_honest_logit_differences(void **state) {
+    (void)state;
+    if (!stories) skip();
+    const vks_rollout_sample *s = honest_samples();
+    double tiled = gpu_cpu_logit_diff(s, 32, 256), matvec = gpu_cpu_logit_diff(s + 32, 8, 8);
+    double worst = tiled > matvec ? tiled : matvec;
+    vks_verify_options o;
+    vks_verify_options_default(&o);
+    fprintf(stderr, "largest GPU f32 vs C reference logit difference: %.3g (tiled matmul), %.3g (matvec); "
+            "honest gap bound %.3g, margin %.3g: factor %.0f\n", tiled, matvec, 2 * worst, (double)o.logit_margin,
+            (double)o.logit_margin / (2 * worst));
+    assert_true(worst > 0); /* the two really are different implementations */
+    assert_true(20 * worst <= (double)o.logit_margin);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
 
 /* ---------------- cheats are caught ---------------- */
 
-/* Thresholds fitted to f32 engines: honest work (GPU vs CPU reference, 433
- * samples) shows at most 0 exponent mismatches and a mantissa mean of 0.008. */
-static bool strict;
+static void report(const char *what, int caught, int n, const char *profile, bool cpu) {
+    fprintf(stderr, "cheat %-36s caught in %3d of %d samples (%s, %s verifier)\n", what, caught, n, profile,
+            cpu ? "CPU" : "GPU");
+}
 
-static int detect(const char *what, vks_rollout_sample *s, int n, bool cpu) {
-    vks_verify_options o = verify_opts();
-    if (strict) o.toploc = (vks_toploc_thresholds){.max_exp_mismatches = 2, .max_mant_mean = 0.25, .max_mant_median = 0};
+/* Rejections of n cheating samples under o; *strict_caught (may be NULL): under the strict thresholds. */
+static int detect(const char *what, vks_rollout_sample *s, int n, bool cpu, const vks_verify_options *o,
+                  int *strict_caught) {
     char label[64];
     snprintf(label, sizeof label, "%.60s", what);
     for (char *c = label; *c; c++) *c = *c == ' ' ? '_' : *c;
     dump_label = label;
-    int rejected = n - verify_count(s, n, cpu, &o, false);
+    int strict_ok, caught = n - verify_count(s, n, cpu, o, false, &strict_ok);
     dump_label = "honest";
-    fprintf(stderr, "cheat %-36s caught in %d of %d samples (%s thresholds)\n", what, rejected, n,
-            strict ? "strict 2/0.25/0" : "TOPLOC 38/10/8");
-    return rejected;
+    bool is_strict = o->toploc.max_exp_mismatches == strict_thresholds.max_exp_mismatches &&
+                     o->toploc.max_mant_mean == strict_thresholds.max_mant_mean;
+    report(what, caught, n, is_strict ? "strict 2/0.25/0" : "TOPLOC 38/10/8", cpu);
+    if (strict_caught) {
+        *strict_caught = n - strict_ok;
+        report(what, n - strict_ok, n, "strict 2/0.25/0", cpu);
+    }
+    return caught;
+}
+
+/* At the default TOPLOC thresholds (*at_default) and at the strict ones (returned). */
+static int detect_both(const char *what, vks_rollout_sample *s, int n, int *at_default) {
+    vks_verify_options o = verify_opts();
+    int strict;
+    *at_default = detect(what, s, n, true, &o, &strict);
+    return strict;
 }
 
 static vks_model *perturbed_copy(const vks_model *m, int layer, float rel) {
@@ -557,21 +711,30 @@ static vks_model *perturbed_copy(const vks_model *m, int layer, float rel) {
     return c;
 }
 
+/* Cheats that need their own generation run shorter (CHEAT_STEPS positions:
+ * one proof chunk each) to keep the suite fast; still N_SAMPLES each. */
+enum { CHEAT_STEPS = 16 };
+
 static void test_cheats_other_models(void **state) {
     (void)state;
     if (!stories) skip();
+    gen_params gp = sampled_params;
+    gp.steps = 12; /* other weights altogether: every chunk is far off */
     vks_model *other;
     assert_int_equal(vks_model_random(&stories->cfg, 2024, &other), VKS_OK);
-    vks_rollout_sample *s = gen_gpu(other, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
-    assert_int_equal(detect("another model (other weights)", s, N_SAMPLES, true), N_SAMPLES);
+    vks_rollout_sample *s = gen_gpu(other, VKS_DTYPE_F32, N_SAMPLES, &gp, 256);
+    int d;
+    assert_int_equal(detect_both("another model (other weights)", s, N_SAMPLES, &d), N_SAMPLES);
+    assert_int_equal(d, N_SAMPLES);
     free_samples(s, N_SAMPLES);
     vks_model_free(other);
+    gp.steps = CHEAT_STEPS;
     vks_model *pert = perturbed_copy(stories, 2, 0.01f);
-    s = gen_gpu(pert, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
-    assert_true(detect("layer 2 perturbed by 1%", s, N_SAMPLES, true) >= 25); /* TOPLOC's thresholds miss most */
-    strict = true;
-    assert_int_equal(detect("layer 2 perturbed by 1%", s, N_SAMPLES, true), N_SAMPLES);
-    strict = false;
+    s = gen_gpu(pert, VKS_DTYPE_F32, N_SAMPLES, &gp, 256);
+    /* TOPLOC's thresholds miss most of these; the strict ones catch all */
+    assert_int_equal(detect_both("layer 2 perturbed by 1%", s, N_SAMPLES, &d), N_SAMPLES);
+    vks_verify_options so = strict_opts();
+    assert_int_equal(detect("layer 2 perturbed by 1%", s, 24, false, &so, NULL), 24);
     free_samples(s, N_SAMPLES);
     vks_model_free(pert);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
@@ -582,14 +745,14 @@ static void test_lower_precision_rate(void **state) {
     (void)state;
     if (!stories) skip();
     const vks_dtype dts[] = {VKS_DTYPE_F16, VKS_DTYPE_BF16};
+    gen_params gp = sampled_params;
+    gp.steps = CHEAT_STEPS;
     for (size_t d = 0; d < 2; d++) {
-        vks_rollout_sample *s = gen_gpu(stories, dts[d], N_SAMPLES, &sampled_params, 256);
+        vks_rollout_sample *s = gen_gpu(stories, dts[d], N_SAMPLES, &gp, 256);
         char what[64];
         snprintf(what, sizeof what, "%s weights claimed as f32", vks_dtype_name(dts[d]));
-        int caught = detect(what, s, N_SAMPLES, true);
-        strict = true;
-        int caught_strict = detect(what, s, N_SAMPLES, true);
-        strict = false;
+        int caught;
+        int caught_strict = detect_both(what, s, N_SAMPLES, &caught);
         assert_true(caught_strict >= caught);
         if (dts[d] == VKS_DTYPE_BF16) assert_int_equal(caught_strict, N_SAMPLES);
         free_samples(s, N_SAMPLES);
@@ -597,81 +760,117 @@ static void test_lower_precision_rate(void **state) {
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
 
-/* Second-best token at output index t (by the seeded scores), from the verifier's logits. */
-static int32_t runner_up(const float *logits, int V, const vks_rollout_sample *s, int t, int32_t drawn) {
+/* The second-best token at output index t by the seeded scores, among the
+ * tokens the sampler keeps (top-k/top-p; -1 when it keeps only the draw), from the verifier's logits; *gap:
+ * how far below the draw it scores, in logits (temperature * score gap). */
+static int32_t runner_up(const float *logits, int V, const vks_rollout_sample *s, int t, int32_t drawn, double *gap) {
     vks_sample_params p = {.temperature = s->temperature, .top_k = s->top_k, .top_p = s->top_p, .seed = s->seed,
                            .seq = s->seq, .pos = (uint32_t)(s->n_prompt - 1 + t)};
+    uint8_t *keep = malloc((size_t)V);
+    float *z = malloc(sizeof(float) * (size_t)V);
     int best = -1;
-    float best_score = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        if (i == drawn) continue;
-        float g = -logf(-logf(vks_rng_uniform(vks_philox_u32(p.seed, p.seq, p.pos, (uint32_t)i))));
-        float score = (p.temperature > 0 ? logits[i] / p.temperature + g : logits[i]);
-        if (score > best_score) best_score = score, best = i;
+    if (!(p.temperature > 0) || vks_ref_sample_kept(logits, V, &p, keep, z) < 2) { /* nothing else to draw */
+        free(keep);
+        free(z);
+        return -1;
     }
+    double best_score = -INFINITY, drawn_score = 0;
+    for (int i = 0; i < V; i++) {
+        if (!keep[i]) continue;
+        double score = (double)(z[i] + -logf(-logf(vks_rng_uniform(vks_philox_u32(p.seed, p.seq, p.pos, (uint32_t)i)))));
+        if (i == drawn) drawn_score = score;
+        else if (score > best_score) best_score = score, best = i;
+    }
+    assert_true(keep[drawn]);
+    *gap = (drawn_score - best_score) * (double)p.temperature;
+    free(keep);
+    free(z);
     return best;
+}
+
+/* Every sample rejected with a reason containing `want`. */
+static void assert_reasons(const vks_rollout_sample *s, int n, const vks_verify_options *o, const char *want) {
+    vks_verdict *v = calloc((size_t)n, sizeof *v);
+    assert_int_equal(vks_verify_batch_cpu(stories, o, s, n, v), VKS_OK);
+    for (int i = 0; i < n; i++) {
+        if (v[i].accepted || !strstr(v[i].reason, want)) fprintf(stderr, "  %s: '%s'\n", s[i].id, v[i].reason);
+        assert_false(v[i].accepted);
+        assert_non_null(strstr(v[i].reason, want));
+    }
+    free(v);
 }
 
 static void test_cheats_edited_samples(void **state) {
     (void)state;
     if (!stories) skip();
     int V = stories->cfg.vocab_size, dim = stories->cfg.dim;
-    vks_rollout_sample *base = gen_gpu(stories, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
-    vks_rollout_sample *s = calloc(N_SAMPLES, sizeof *s);
+    const vks_rollout_sample *base = honest_samples();
+    vks_rollout_sample *s = copy_samples(base, N_SAMPLES);
+    vks_verify_options o = verify_opts();
     uint64_t r = 11;
+    int d;
     /* a changed prompt token */
     for (int i = 0; i < N_SAMPLES; i++) {
-        fill_sample(&s[i], i, &sampled_params, base[i].prompt_ids, base[i].n_prompt, base[i].output_ids, base[i].n_output);
-        s[i].proofs = malloc(base[i].proof_bytes);
-        memcpy(s[i].proofs, base[i].proofs, s[i].proof_bytes = base[i].proof_bytes);
         int p = (int)(rng_next(&r) % (uint64_t)s[i].n_prompt);
         s[i].prompt_ids[p] = 3 + (s[i].prompt_ids[p] + 1 + (int32_t)(rng_next(&r) % 500)) % (V - 3);
     }
-    /* Known gap (see README): a changed prompt token whose effect on the
-     * committed rows stays below bf16 resolution in every top-128 value, and
-     * leaves every seeded draw unchanged, is invisible; stories260K shows
-     * 16 of 200 at TOPLOC's thresholds, 10 at the strict ones. */
-    assert_true(detect("changed prompt token", s, N_SAMPLES, true) >= 184);
-    strict = true;
-    assert_true(detect("changed prompt token", s, N_SAMPLES, true) >= 190);
-    strict = false;
+    /* Without the task, TOPLOC + the sampler see only what the change does to
+     * the committed rows and the draws: reported, not required (vks_toploc.h). */
+    int strict_rate = detect_both("changed prompt token, task unknown", s, N_SAMPLES, &d);
+    assert_true(strict_rate >= d);
+    vks_verify_options ot = o;
+    task t;
+    task_make(&t, &ot);
+    assert_int_equal(detect("changed prompt token, task known", s, N_SAMPLES, true, &ot, NULL), N_SAMPLES);
+    assert_reasons(s, N_SAMPLES, &ot, "prompt does not match the task");
+    assert_int_equal(detect("changed prompt token, task known", s, 24, false, &ot, NULL), 24);
+    task_free(&t);
     /* a changed output token (not a stop token) */
     for (int i = 0; i < N_SAMPLES; i++) {
         memcpy(s[i].prompt_ids, base[i].prompt_ids, 4 * (size_t)base[i].n_prompt);
-        int t = (int)(rng_next(&r) % (uint64_t)s[i].n_output);
-        int32_t old = s[i].output_ids[t];
-        do s[i].output_ids[t] = 3 + (int32_t)(rng_next(&r) % (uint64_t)(V - 3));
-        while (s[i].output_ids[t] == old);
+        int k = (int)(rng_next(&r) % (uint64_t)s[i].n_output);
+        int32_t old = s[i].output_ids[k];
+        do s[i].output_ids[k] = 3 + (int32_t)(rng_next(&r) % (uint64_t)(V - 3));
+        while (s[i].output_ids[k] == old);
     }
-    assert_int_equal(detect("changed output token", s, N_SAMPLES, true), N_SAMPLES);
-    /* the runner-up instead of the seeded draw at output index t, the sample
+    assert_int_equal(detect("changed output token", s, N_SAMPLES, true, &o, NULL), N_SAMPLES);
+    assert_int_equal(detect("changed output token", s, 24, false, &o, NULL), 24);
+    /* the runner-up instead of the seeded draw at output index k, the sample
      * cut right after it (max_steps lowered so it is complete) with honest
      * proofs of its rows: only the sampler replay can see it */
     float *logits = malloc(sizeof(float) * (STEPS + 1) * (size_t)V), *hidden = malloc(sizeof(float) * (STEPS + 1) * (size_t)dim);
+    double min_gap = INFINITY;
     for (int i = 0; i < N_SAMPLES; i++) {
-        vks_rollout_sample *b = &base[i];
-        int t = (int)(rng_next(&r) % (uint64_t)b->n_output), L = b->n_prompt + b->n_output - 1;
+        const vks_rollout_sample *b = &base[i];
+        int k0 = (int)(rng_next(&r) % (uint64_t)b->n_output), L = b->n_prompt + b->n_output - 1;
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)L);
         memcpy(ids, b->prompt_ids, 4 * (size_t)b->n_prompt);
         memcpy(ids + b->n_prompt, b->output_ids, 4 * (size_t)(b->n_output - 1));
         assert_int_equal(vks_cpu_forward(stories, ids, L, logits, hidden), VKS_OK);
         free(ids);
-        int row0 = b->n_prompt - 1;
-        s[i].n_output = t + 1;
-        memcpy(s[i].output_ids, b->output_ids, 4 * (size_t)t);
-        s[i].output_ids[t] = runner_up(logits + (size_t)(row0 + t) * V, V, b, t, b->output_ids[t]);
-        s[i].max_steps = b->n_prompt + t;
-        s[i].proof_bytes = vks_toploc_proof_size((size_t)t + 1);
-        assert_int_equal(vks_toploc_build(hidden + (size_t)row0 * dim, t + 1, dim, s[i].proofs), VKS_OK);
-        if (s[i].output_ids[t] == 1 || s[i].output_ids[t] == 2) s[i].max_steps = STEPS; /* a stop: fine either way */
+        int row0 = b->n_prompt - 1, k = k0, other = -1;
+        double gap = 0;
+        for (int j = 0; j < b->n_output && other < 0; j++) { /* the first position from k0 with a choice */
+            k = (k0 + j) % b->n_output;
+            other = runner_up(logits + (size_t)(row0 + k) * V, V, b, k, b->output_ids[k], &gap);
+        }
+        assert_true(other >= 0);
+        s[i].n_output = k + 1;
+        memcpy(s[i].output_ids, b->output_ids, 4 * (size_t)k);
+        s[i].output_ids[k] = other;
+        if (gap < min_gap) min_gap = gap;
+        s[i].max_steps = b->n_prompt + k;
+        s[i].proof_bytes = vks_toploc_proof_size((size_t)k + 1);
+        assert_int_equal(vks_toploc_build(hidden + (size_t)row0 * dim, k + 1, dim, s[i].proofs), VKS_OK);
+        if (s[i].output_ids[k] == 1 || s[i].output_ids[k] == 2) s[i].max_steps = STEPS; /* a stop: fine either way */
     }
-    /* Known limit: a runner-up whose seeded score is within the 0.01-logit
-     * margin of the draw passes (the top-two Gumbel gap is ~Exp(1) in z units,
-     * so about 1% of single swaps at temperature 1); 1 of these 200. */
-    assert_true(detect("runner-up token instead of the draw", s, N_SAMPLES, true) >= 199);
+    fprintf(stderr, "smallest gap between the draw and the runner-up: %.3g logits (margin %.3g)\n", min_gap,
+            (double)o.logit_margin);
+    assert_int_equal(detect("runner-up token instead of the draw", s, N_SAMPLES, true, &o, NULL), N_SAMPLES);
+    assert_int_equal(detect("runner-up token instead of the draw", s, 24, false, &o, NULL), 24);
     /* a stop without EOS: output cut short (and proofs rebuilt for the kept rows) */
     for (int i = 0; i < N_SAMPLES; i++) {
-        vks_rollout_sample *b = &base[i];
+        const vks_rollout_sample *b = &base[i];
         s[i].max_steps = STEPS;
         int keep = b->n_output > 1 ? 1 + (int)(rng_next(&r) % (uint64_t)(b->n_output - 1)) : 1;
         memcpy(s[i].output_ids, b->output_ids, 4 * (size_t)b->n_output);
@@ -680,19 +879,17 @@ static void test_cheats_edited_samples(void **state) {
         s[i].proof_bytes = vks_toploc_proof_size((size_t)keep);
         memcpy(s[i].proofs, b->proofs, s[i].proof_bytes); /* chunk proofs change only in the last chunk */
     }
-    assert_int_equal(detect("stop without EOS", s, N_SAMPLES, true), N_SAMPLES);
+    assert_int_equal(detect("stop without EOS", s, N_SAMPLES, true, &o, NULL), N_SAMPLES);
     free(logits);
     free(hidden);
     free_samples(s, N_SAMPLES);
-    free_samples(base, N_SAMPLES);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
 
 static void test_malformed_proofs_rejected(void **state) {
     (void)state;
     if (!stories) skip();
-    gen_params gp = sampled_params;
-    vks_rollout_sample *s = gen_gpu(stories, VKS_DTYPE_F32, 5, &gp, 256);
+    vks_rollout_sample *s = copy_samples(honest_samples(), 5);
     vks_verify_options o = verify_opts();
     vks_verdict v[5];
     s[0].proofs[0] = s[0].proofs[1] = 0;                          /* m = 0 */
@@ -745,6 +942,20 @@ static void test_cli_generate_verify(void **state) {
     assert_non_null(out);
     assert_non_null(strstr(out, "{\"id\":\"10-0\",\"accepted\":true,\"reason\":\"\"}"));
     free(out);
+    /* the task known: the same prompts pass; another prompt 2 rejects sample 1 */
+    snprintf(cmd, sizeof cmd, "%s verify --cpu --model %s --tokenizer %s --prompts %s/p.txt --rollouts %s/r0.jsonl "
+             "> /dev/null 2>&1", bin, model_s, tok_s, dir, dir);
+    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nThe cat\\nLily\\n\\n' > %s/q.txt && %s verify --cpu --jsonl "
+             "--model %s --tokenizer %s --prompts %s/q.txt --rollouts %s/r0.jsonl > %s/vq.jsonl 2>/dev/null", dir, bin,
+             model_s, tok_s, dir, dir, dir);
+    assert_int_equal(run(cmd), 1);
+    snprintf(cmd, sizeof cmd, "%s/vq.jsonl", dir);
+    out = (char *)tu_read_file(cmd, NULL);
+    assert_non_null(out);
+    assert_non_null(strstr(out, "{\"id\":\"10-1\",\"accepted\":false,\"reason\":\"prompt does not match the task"));
+    assert_non_null(strstr(out, "{\"id\":\"10-2\",\"accepted\":true,\"reason\":\"\"}"));
+    free(out);
     /* a tampered file: exit 1; a malformed one: exit 2 */
     snprintf(cmd, sizeof cmd, "sed '2s/\"output_ids\":\\[/\"output_ids\":[9,/' %s/r0.jsonl > %s/bad.jsonl", dir, dir);
     assert_int_equal(run(cmd), 0);
@@ -768,6 +979,7 @@ int main(void) {
         cmocka_unit_test(test_malformed_proofs_rejected),
         cmocka_unit_test(test_honest_gpu_on_cpu_and_gpu),
         cmocka_unit_test(test_honest_cpu_on_gpu),
+        cmocka_unit_test(test_honest_logit_differences),
         cmocka_unit_test(test_cheats_edited_samples),
         cmocka_unit_test(test_cheats_other_models),
         cmocka_unit_test(test_lower_precision_rate),

@@ -4,14 +4,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli_model.h"
+#include "cli_prompts.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "vkswarm/vks_toploc.h"
 
 static const char verify_usage[] =
-    "usage: vkswarm verify --model M --rollouts FILE [--device N] [--cpu] [--jsonl] [--batch N]\n"
-    "                      [--stop-ids LIST] [--max-exp-mismatches N] [--max-mant-mean X]\n"
-    "                      [--max-mant-median X] [--logit-margin X] [--dtype f32|f16|bf16]\n"
+    "usage: vkswarm verify --model M --rollouts FILE [--prompts FILE [--tokenizer T]] [--device N]\n"
+    "                      [--cpu] [--jsonl] [--batch N] [--stop-ids LIST] [--max-exp-mismatches N]\n"
+    "                      [--max-mant-mean X] [--max-mant-median X] [--logit-margin X]\n"
+    "                      [--dtype f32|f16|bf16]\n"
     "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
     "recomputing it with one prefill over prompt + output: the TOPLOC proof of each chunk of 32\n"
     "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
@@ -22,11 +24,15 @@ static const char verify_usage[] =
     "(GPU KV slots, default 16). --stop-ids: the stop tokens the verifier trusts (default 1,2: BOS\n"
     "and EOS of llama2.c models); the file's must be among them. Thresholds default to TOPLOC's:\n"
     "38 exponent mismatches, mantissa error mean 10 and median 8 (of 128 values per chunk), and a\n"
-    "sampler margin of 0.01 logits for cross-device rounding.\n";
+    "sampler margin of 0.001 logits for cross-device rounding.\n"
+    "--prompts FILE: the task, the prompts file given to generate/pipeline (one prompt per line,\n"
+    "encoded with --tokenizer, or token ids after BOS without one): a sample with seq i must carry\n"
+    "exactly prompt i, else it is rejected (\"prompt does not match the task\"). Without it a\n"
+    "changed prompt token can go unseen: TOPLOC commits only the rows that sample tokens.\n";
 
 typedef struct {
     cli_model_args m;
-    const char *rollouts;
+    const char *rollouts, *prompts;
     bool cpu, jsonl;
     int batch;
     vks_verify_options vo;
@@ -48,6 +54,7 @@ static void parse_stop_ids(const char *s, verify_args *a) {
 
 static bool verify_option(verify_args *a, const char *name, const char *val) {
     if (!strcmp(name, "rollouts")) a->rollouts = val;
+    else if (!strcmp(name, "prompts")) a->prompts = val;
     else if (!strcmp(name, "cpu")) a->cpu = true;
     else if (!strcmp(name, "jsonl")) a->jsonl = true;
     else if (!strcmp(name, "batch")) a->batch = (int)cli_parse_long("--batch", val, 1, 4096);
@@ -64,7 +71,8 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
 
 static void parse_verify(int argc, char **argv, verify_args *a) {
     static const struct option opts[] = {
-        CLI_MODEL_LONG_OPTIONS, {"rollouts", required_argument, 0, 0}, {"cpu", no_argument, 0, 0},
+        CLI_MODEL_LONG_OPTIONS, {"rollouts", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
+        {"cpu", no_argument, 0, 0},
         {"jsonl", no_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"stop-ids", required_argument, 0, 0},
         {"max-exp-mismatches", required_argument, 0, 0}, {"max-mant-mean", required_argument, 0, 0},
         {"max-mant-median", required_argument, 0, 0}, {"logit-margin", required_argument, 0, 0},
@@ -148,6 +156,38 @@ static int verify_all(const verify_args *a, const vks_model *m, const vks_rollou
     return rc;
 }
 
+/* The task: every prompt of the prompts file, encoded as generate does. */
+typedef struct {
+    vks_sequence *seqs;
+    int32_t **ids;
+    int *lens;
+    int n;
+} task_prompts;
+
+static void load_task(const verify_args *a, const vks_model *m, task_prompts *tp) {
+    vks_tokenizer *t = cli_load_tokenizer(&a->m, m);
+    char **lines = cli_read_prompts(a->prompts, &tp->n);
+    tp->seqs = calloc((size_t)tp->n, sizeof *tp->seqs);
+    tp->ids = calloc((size_t)tp->n, sizeof *tp->ids);
+    tp->lens = calloc((size_t)tp->n, sizeof *tp->lens);
+    if (!tp->seqs || !tp->ids || !tp->lens) cli_die(1, "out of host memory");
+    for (int i = 0; i < tp->n; i++) {
+        cli_encode_prompt(t, m->cfg.vocab_size, lines[i], &tp->seqs[i], 1);
+        tp->ids[i] = tp->seqs[i].ids;
+        tp->lens[i] = tp->seqs[i].n_prompt;
+        free(lines[i]);
+    }
+    free(lines);
+    vks_tokenizer_free(t);
+}
+
+static void free_task(task_prompts *tp) {
+    for (int i = 0; i < tp->n; i++) vks_sequence_free(&tp->seqs[i]);
+    free(tp->seqs);
+    free(tp->ids);
+    free(tp->lens);
+}
+
 int cmd_verify(int argc, char **argv) {
     verify_args a = {0};
     parse_verify(argc, argv, &a);
@@ -157,6 +197,13 @@ int cmd_verify(int argc, char **argv) {
     if (vks_model_hash(m, a.vo.model_hash)) cli_die(EXIT_BAD_INPUT, "model hash: %s", vks_last_error());
     memcpy(a.vo.stop_ids, rf.header.stop_ids, sizeof a.vo.stop_ids);
     a.vo.n_stop = rf.header.n_stop;
+    task_prompts task = {0};
+    if (a.prompts) {
+        load_task(&a, m, &task);
+        a.vo.task_prompts = (const int32_t *const *)task.ids;
+        a.vo.task_prompt_lens = task.lens;
+        a.vo.n_task_prompts = task.n;
+    }
     vks_verdict *verdicts = calloc((size_t)rf.n_samples + 1, sizeof *verdicts);
     if (!verdicts) cli_die(1, "out of host memory");
     const char *problem = header_problem(&a, &rf.header, a.vo.model_hash);
@@ -175,6 +222,7 @@ int cmd_verify(int argc, char **argv) {
     fprintf(summary, "verified %d samples: %d accepted, %d rejected\n", total, accepted, total - accepted);
     fflush(stdout);
     free(verdicts);
+    free_task(&task);
     vks_rollout_file_free(&rf);
     vks_model_free(m);
     if (rc) return rc;

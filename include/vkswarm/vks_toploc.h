@@ -102,16 +102,42 @@ void vks_toploc_builder_destroy(vks_toploc_builder *b);
  * N committed rows and their logits; every TOPLOC chunk is checked, and the
  * sampler is replayed: from the verifier's logits, the sample's seed, seq,
  * temperature, top-k and top-p, each emitted token must be the seeded
- * Gumbel-max draw or within logit_margin of it (score gaps are measured in
- * logits: temperature * (best score - token score)). */
+ * Gumbel-max draw or within logit_margin of it.
+ *
+ * The margin. With scores s_i = l_i / T + g_i (g_i the seeded Gumbel noise),
+ * a verifier whose logits differ from the generator's by at most e per entry
+ * sees each score moved by at most e / T, so an honest token's score gap is at
+ * most 2e / T; in logits, T * gap <= 2e whatever the temperature. The gap is
+ * therefore measured in logits (T * (best score - token score); at T = 0 the
+ * plain logit gap) and compared with logit_margin. Measured e between f32
+ * implementations on stories260K (GPU f32 on lavapipe, tiled matmul and
+ * matvec, vs the C reference in double; test_toploc prints it): 3.9e-5, so
+ * honest gaps stay below 7.7e-5; the default 1e-3 is 13 times that bound (26
+ * times e), room for other devices and larger logits. What it allows: a forger
+ * may emit another token than the draw only where its score is within
+ * margin / T of the best one; for one swapped token that is a chance of about
+ * margin / T (the top-two Gumbel spacing is about Exp(1)), 0.1% at T = 1. The
+ * previous 0.01 let 1 of 200 runner-up swaps through (gap 0.0039).
+ *
+ * The task. TOPLOC commits only the rows of sampling positions, so a changed
+ * prompt token can leave every committed bf16 value and every draw unchanged
+ * (the rows move by less than bf16 resolution). A verifier that knows the task
+ * (which prompt each sample was given) sets task_prompts: the sample with
+ * stream index seq must carry exactly task_prompts[seq]. */
 typedef struct {
     vks_toploc_thresholds toploc;
-    float logit_margin;                      /* default 0.01 */
+    float logit_margin;                      /* default 1e-3 (see above) */
     uint8_t model_hash[32];                  /* the verifier's model (vks_model_hash) */
     int32_t stop_ids[VKS_ROLLOUT_MAX_STOP];  /* the stop tokens the samples were generated with */
     int n_stop;
+    /* The task, when known (NULL: prompts are not checked): prompt q is
+     * task_prompts[q], task_prompt_lens[q] ids, for q < n_task_prompts. */
+    const int32_t *const *task_prompts;
+    const int *task_prompt_lens;
+    int n_task_prompts;
 } vks_verify_options;
-/* Default thresholds and margin; no stop tokens, zero hash (the caller sets both). */
+enum { VKS_VERIFY_MAX_TASK_PROMPTS = 1 << 24 };
+/* Default thresholds and margin; no stop tokens, no task, zero hash (the caller sets the hash and stops). */
 void vks_verify_options_default(vks_verify_options *o);
 
 typedef struct {

@@ -15,7 +15,7 @@ void vks_verify_options_default(vks_verify_options *o) {
     if (!o) return;
     memset(o, 0, sizeof *o);
     vks_toploc_thresholds_default(&o->toploc);
-    o->logit_margin = 0.01f;
+    o->logit_margin = 1e-3f; /* 13x the measured honest f32 gap bound (see vks_toploc.h) */
 }
 
 static bool reject(vks_verdict *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -42,6 +42,22 @@ static bool ids_in_vocab(const int32_t *ids, int n, int vocab, const char *what,
     return true;
 }
 
+/* The sample with stream index seq was given task prompt seq. */
+static bool prompt_matches_task(const vks_verify_options *o, const vks_rollout_sample *s, vks_verdict *v) {
+    if (s->seq >= (uint32_t)o->n_task_prompts)
+        return reject(v, "prompt does not match the task: seq %u names none of its %d prompts", s->seq,
+                      o->n_task_prompts);
+    const int32_t *want = o->task_prompts[s->seq];
+    int n = o->task_prompt_lens[s->seq];
+    if (n != s->n_prompt)
+        return reject(v, "prompt does not match the task: %d ids where task prompt %u has %d", s->n_prompt, s->seq, n);
+    for (int i = 0; i < n; i++)
+        if (want[i] != s->prompt_ids[i])
+            return reject(v, "prompt does not match the task: id %d at index %d where task prompt %u has %d",
+                          s->prompt_ids[i], i, s->seq, want[i]);
+    return true;
+}
+
 /* Everything that can be checked without running the model. */
 static bool check_structure(const vks_model_config *c, const vks_verify_options *o, const vks_rollout_sample *s,
                             vks_verdict *v) {
@@ -55,6 +71,7 @@ static bool check_structure(const vks_model_config *c, const vks_verify_options 
     if (!ids_in_vocab(s->prompt_ids, s->n_prompt, c->vocab_size, "prompt", v) ||
         !ids_in_vocab(s->output_ids, s->n_output, c->vocab_size, "output", v))
         return false;
+    if (o->task_prompts && !prompt_matches_task(o, s, v)) return false;
     for (int t = 0; t + 1 < s->n_output; t++)
         if (is_stop(o, s->output_ids[t]))
             return reject(v, "output continues after stop token %d at output index %d", s->output_ids[t], t);
@@ -210,8 +227,17 @@ static int start_verdicts(const vks_model_config *c, const vks_verify_options *o
     return VKS_OK;
 }
 
+static bool task_ok(const vks_verify_options *o) {
+    if (!o->task_prompts) return true;
+    if (!o->task_prompt_lens || o->n_task_prompts < 0 || o->n_task_prompts > VKS_VERIFY_MAX_TASK_PROMPTS) return false;
+    for (int q = 0; q < o->n_task_prompts; q++)
+        if (o->task_prompt_lens[q] < 0 || (o->task_prompt_lens[q] > 0 && !o->task_prompts[q])) return false;
+    return true;
+}
+
 static bool verify_args_ok(const vks_verify_options *o, const vks_rollout_sample *samples, int n, vks_verdict *out) {
-    return o && out && n >= 0 && (samples || n == 0) && o->n_stop >= 0 && o->n_stop <= VKS_ROLLOUT_MAX_STOP;
+    return o && out && n >= 0 && (samples || n == 0) && o->n_stop >= 0 && o->n_stop <= VKS_ROLLOUT_MAX_STOP &&
+           o->logit_margin >= 0 && task_ok(o);
 }
 
 /* ---- CPU ---- */
