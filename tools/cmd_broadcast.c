@@ -1,5 +1,4 @@
 /* vkswarm keygen / broadcast: Shardcast from the command line (issue 6). */
-#include <mpi.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +8,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "vks_broadcast.h"
+#include "vks_mpi.h"
 #include "vkswarm/vks_shard.h"
 
 static const char keygen_usage[] =
@@ -172,7 +172,7 @@ static int run_baseline(const bcast_args *a, int rank) {
     if (!a->bytes) cli_die(EXIT_BAD_INPUT, "--baseline needs --bytes N");
     vks_link_options lo = {.latency_ms = a->latency_ms, .mbps = a->mbps};
     double s = 0;
-    if (vks_bcast_baseline(MPI_COMM_WORLD, a->baseline, (size_t)a->bytes, &lo, a->shared_uplink,
+    if (vks_bcast_baseline(vks_mpi_world(), a->baseline, (size_t)a->bytes, &lo, a->shared_uplink,
                            (size_t)(a->chunk_kb * 1024), &s))
         cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     if (rank == 0) printf("%s %llu bytes %.3f s\n", a->baseline, (unsigned long long)a->bytes, s);
@@ -182,13 +182,11 @@ static int run_baseline(const bcast_args *a, int rank) {
 int cmd_broadcast(int argc, char **argv) {
     bcast_args a;
     parse_args(argc, argv, &a);
-    MPI_Init(NULL, NULL);
     int rank = 0, size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    vks_mpi_start(false, &rank, &size);
     if (a.baseline) {
         int rc = run_baseline(&a, rank);
-        MPI_Finalize();
+        vks_mpi_stop();
         return rc;
     }
     if (size < 2) cli_die(EXIT_BAD_INPUT, "broadcast: run under mpirun with 2 ranks or more");
@@ -223,7 +221,7 @@ int cmd_broadcast(int argc, char **argv) {
     cli_progress_start(&pc.p, pc.what);
     o.progress_ctx = &pc;
     vks_bcast *b;
-    if (vks_bcast_create(MPI_COMM_WORLD, &o, &b)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (vks_bcast_create(vks_mpi_world(), &o, &b)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     int rc, lost = 0;
     if (rank == 0) {
         rc = run_origin(b, &a, sk, &lost);
@@ -256,6 +254,6 @@ int cmd_broadcast(int argc, char **argv) {
         _exit(rc);
     }
     vks_bcast_destroy(b);
-    MPI_Finalize();
+    vks_mpi_stop();
     return rc;
 }

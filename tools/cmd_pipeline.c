@@ -9,6 +9,7 @@
 #include "cli_rollouts.h"
 #include "cli_util.h"
 #include "protocol.h"
+#include "vks_mpi.h"
 #include "vks_pipeline.h"
 #include "vkswarm/vks_partition.h"
 
@@ -119,7 +120,7 @@ static void choose_partition(const pipeline_args *a, vks_gpu *g, const vks_model
     else if (strcmp(a->partition, "auto")) rc = vks_partition_parse(a->partition, n, size, first);
     else {
         vks_stage_measure me = measure_rank(a, g, m, a->batch), *all = malloc(sizeof me * (size_t)size);
-        MPI_Allgather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, MPI_COMM_WORLD);
+        vks_mpi_allgather(&me, all, sizeof me);
         const vks_model_config *c = &m->cfg;
         uint64_t layer_w = layer_weight_bytes(a, m);
         uint64_t layer_kv = 2ull * (uint64_t)a->micro_batches * a->batch * (uint64_t)c->seq_len * c->kv_dim * 4;
@@ -150,15 +151,13 @@ static void print_results(const pipeline_args *a, vks_tokenizer *t, char **lines
 int cmd_pipeline(int argc, char **argv) {
     pipeline_args a = {0};
     parse_pipeline(argc, argv, &a);
-    int provided, rank, size;
-    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int rank, size;
+    vks_mpi_start(true, &rank, &size);
     vks_model *m = cli_load_model(&a.m);
     uint8_t hash[32];
-    if (vks_model_hash(m, hash) || vks_pipeline_check_ranks(MPI_COMM_WORLD, hash)) {
+    if (vks_model_hash(m, hash) || vks_pipeline_check_ranks(vks_mpi_world(), hash)) {
         if (rank == 0) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
-        MPI_Finalize();
+        vks_mpi_stop();
         return EXIT_BAD_INPUT;
     }
     vks_tokenizer *t = rank == 0 ? cli_load_tokenizer(&a.m, m) : NULL;
@@ -174,7 +173,7 @@ int cmd_pipeline(int argc, char **argv) {
     /* every rank needs the seed, the prompt count and the stop tokens */
     uint64_t shared[4] = {a.s.seed, (uint64_t)n, (uint64_t)(t ? vks_tokenizer_bos(t) : 1),
                           (uint64_t)(int64_t)(t ? vks_tokenizer_eos(t) : -1)};
-    MPI_Bcast(shared, 4, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    vks_mpi_bcast(shared, sizeof shared, 0);
     a.s.seed = shared[0];
     n = (int)shared[1];
     if (a.micro_batches == 0) a.micro_batches = size;
@@ -193,7 +192,7 @@ int cmd_pipeline(int argc, char **argv) {
     if (rank == 0 && a.rollouts_out) /* no builder here: the last stage makes the proofs */
         rollouts = cli_rollouts_start(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false);
     vks_pipeline_stats st;
-    if (vks_pipeline_run(MPI_COMM_WORLD, g, m, &po, seqs, n, &st)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (vks_pipeline_run(vks_mpi_world(), g, m, &po, seqs, n, &st)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, step %.2f ms, GPU busy %.0f%%, %.1f MB sent\n",
             rank, first[rank], first[rank + 1], st.steps, st.wall_s, 1e3 * st.gpu_busy_s / (st.steps ? st.steps : 1),
             100.0 * st.gpu_busy_s / (st.wall_s + 1e-9), st.bytes_sent / 1e6);
@@ -209,6 +208,6 @@ int cmd_pipeline(int argc, char **argv) {
     free(seqs); free(lines); free(first);
     vks_tokenizer_free(t);
     vks_model_free(m);
-    MPI_Finalize();
+    vks_mpi_stop();
     return rc;
 }

@@ -6,6 +6,8 @@
 #include "cli_model.h"
 #include "cli_prompts.h"
 #include "cli_util.h"
+#include "vks_mpi.h"
+#include "vks_verifier.h"
 #include "commands.h"
 #include "vkswarm/vks_toploc.h"
 
@@ -13,13 +15,15 @@ static const char verify_usage[] =
     "usage: vkswarm verify --model M --rollouts FILE [--prompts FILE [--tokenizer T]] [--device N]\n"
     "                      [--cpu] [--jsonl] [--batch N] [--stop-ids LIST] [--max-exp-mismatches N]\n"
     "                      [--max-mant-mean X] [--max-mant-median X] [--logit-margin X]\n"
-    "                      [--dtype f32|f16|bf16]\n"
+    "                      [--dtype f32|f16|bf16] [--mpi]\n"
     "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
     "recomputing it with one prefill over prompt + output: the TOPLOC proof of each chunk of 32\n"
     "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
     "stops before max_steps ends with a stop token). Prints one line per sample (id, accepted or\n"
     "rejected: reason) and a summary; with --jsonl one {\"id\",\"accepted\",\"reason\"} per sample and\n"
     "nothing else on stdout. Exit 0 when all pass, 1 when any is rejected, 2 on bad input.\n"
+    "--mpi (under mpirun): rank 0 reads the file and hands batches to verifier ranks 1..N-1, which\n"
+    "verify them (each with its own GPU, or --cpu) and send back verdicts; output as without --mpi.\n"
     "--cpu verifies with the C reference forward (no GPU). --batch N: samples per batched prefill\n"
     "(GPU KV slots, default 16). --stop-ids: the stop tokens the verifier trusts (default 1,2: BOS\n"
     "and EOS of llama2.c models); the file's must be among them. Thresholds default to TOPLOC's:\n"
@@ -33,7 +37,7 @@ static const char verify_usage[] =
 typedef struct {
     cli_model_args m;
     const char *rollouts, *prompts;
-    bool cpu, jsonl;
+    bool cpu, jsonl, mpi;
     int batch;
     vks_verify_options vo;
     int32_t trusted_stop[VKS_ROLLOUT_MAX_STOP];
@@ -56,6 +60,7 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
     if (!strcmp(name, "rollouts")) a->rollouts = val;
     else if (!strcmp(name, "prompts")) a->prompts = val;
     else if (!strcmp(name, "cpu")) a->cpu = true;
+    else if (!strcmp(name, "mpi")) a->mpi = true;
     else if (!strcmp(name, "jsonl")) a->jsonl = true;
     else if (!strcmp(name, "batch")) a->batch = (int)cli_parse_long("--batch", val, 1, 4096);
     else if (!strcmp(name, "stop-ids")) parse_stop_ids(val, a);
@@ -72,7 +77,7 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
 static void parse_verify(int argc, char **argv, verify_args *a) {
     static const struct option opts[] = {
         CLI_MODEL_LONG_OPTIONS, {"rollouts", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
-        {"cpu", no_argument, 0, 0},
+        {"cpu", no_argument, 0, 0}, {"mpi", no_argument, 0, 0},
         {"jsonl", no_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"stop-ids", required_argument, 0, 0},
         {"max-exp-mismatches", required_argument, 0, 0}, {"max-mant-mean", required_argument, 0, 0},
         {"max-mant-median", required_argument, 0, 0}, {"logit-margin", required_argument, 0, 0},
@@ -122,38 +127,73 @@ static void print_verdict(const verify_args *a, const vks_rollout_sample *s, con
     }
 }
 
+/* What verifies a batch here: a GPU engine, or the C reference forward. */
+typedef struct {
+    const verify_args *a;
+    const vks_model *m;
+    vks_gpu *g;
+    vks_engine *e;
+} verifier;
+
+static void verifier_open(verifier *v, const verify_args *a, const vks_model *m) {
+    *v = (verifier){.a = a, .m = m};
+    if (a->cpu) return;
+    v->g = cli_open_gpu(&a->m);
+    /* a sample is at most the context long; longer ones are rejected before any forward */
+    vks_engine_options eo = {.dtype = a->m.dtype, .n_slots = a->batch, .kv_len = m->cfg.seq_len, .max_rows = 512,
+                             .max_out_rows = 512};
+    v->e = cli_create_engine(v->g, m, &eo);
+}
+
+static int verifier_close(verifier *v) {
+    if (!v->e) return 0;
+    if (v->a->m.profile) cli_print_profile(v->g);
+    vks_engine_destroy(v->e);
+    return cli_finish_gpu(v->g);
+}
+
+static int verify_batch(void *ctx, const vks_rollout_sample *s, int n, vks_verdict *out) {
+    verifier *v = ctx;
+    return v->e ? vks_verify_batch(v->e, &v->a->vo, s, n, out) : vks_verify_batch_cpu(v->m, &v->a->vo, s, n, out);
+}
+
 static int verify_all(const verify_args *a, const vks_model *m, const vks_rollout_file *rf, vks_verdict *verdicts) {
-    vks_gpu *g = NULL;
-    vks_engine *e = NULL;
-    int kv = 1;
-    for (int i = 0; i < rf->n_samples; i++) {
-        int len = rf->samples[i].n_prompt + rf->samples[i].n_output - 1;
-        if (len > kv) kv = len;
-    }
-    if (kv > m->cfg.seq_len) kv = m->cfg.seq_len; /* longer samples are rejected */
-    if (!a->cpu) {
-        g = cli_open_gpu(&a->m);
-        vks_engine_options eo = {.dtype = a->m.dtype, .n_slots = a->batch, .kv_len = kv, .max_rows = 512,
-                                 .max_out_rows = 512};
-        e = cli_create_engine(g, m, &eo);
-    }
+    verifier v;
+    verifier_open(&v, a, m);
     cli_progress p;
     cli_progress_start(&p, "verify");
     int rc = VKS_OK;
     for (int i0 = 0; i0 < rf->n_samples && rc == VKS_OK; i0 += a->batch) {
         int n = rf->n_samples - i0 < a->batch ? rf->n_samples - i0 : a->batch;
-        rc = e ? vks_verify_batch(e, &a->vo, rf->samples + i0, n, verdicts + i0)
-               : vks_verify_batch_cpu(m, &a->vo, rf->samples + i0, n, verdicts + i0);
+        rc = verify_batch(&v, rf->samples + i0, n, verdicts + i0);
         cli_progress_update(&p, i0 + n, rf->n_samples, "samples");
     }
     if (rc) cli_die(1, "verify: %s", vks_last_error());
     cli_progress_end(&p, rf->n_samples, "samples");
-    if (e) {
-        if (a->m.profile) cli_print_profile(g);
-        vks_engine_destroy(e);
-        rc = cli_finish_gpu(g);
+    return verifier_close(&v);
+}
+
+/* --mpi, rank 0: batches go to the verifier ranks (or are verified here when alone). */
+static int verify_dispatch(const verify_args *a, const vks_model *m, const vks_rollout_file *rf, int size,
+                           vks_verdict *verdicts) {
+    verifier v;
+    if (size == 1) verifier_open(&v, a, m);
+    else v = (verifier){.a = a, .m = m};
+    if (vks_verifier_dispatch(vks_mpi_world(), 1, rf->samples, rf->n_samples, a->batch, 600.0, verify_batch, &v,
+                              verdicts))
+        cli_die(1, "verify: %s", vks_last_error());
+    return verifier_close(&v);
+}
+
+/* --mpi, ranks 1..N-1: verify what rank 0 sends until it says stop. */
+static int serve_verifier(const verify_args *a, const vks_model *m) {
+    verifier v;
+    verifier_open(&v, a, m);
+    if (vks_verifier_serve(vks_mpi_world(), 0, a->batch, verify_batch, &v)) {
+        fprintf(stderr, "vkswarm: verifier: %s\n", vks_last_error());
+        vks_mpi_abort(2);
     }
-    return rc;
+    return verifier_close(&v);
 }
 
 /* The task: every prompt of the prompts file, encoded as generate does. */
@@ -191,12 +231,19 @@ static void free_task(task_prompts *tp) {
 int cmd_verify(int argc, char **argv) {
     verify_args a = {0};
     parse_verify(argc, argv, &a);
+    int rank = 0, size = 1;
+    if (a.mpi) vks_mpi_start(false, &rank, &size);
     vks_model *m = cli_load_model(&a.m);
-    vks_rollout_file rf;
-    if (vks_rollout_read(a.rollouts, &rf)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    vks_rollout_file rf = {0};
+    if (rank == 0 && vks_rollout_read(a.rollouts, &rf)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     if (vks_model_hash(m, a.vo.model_hash)) cli_die(EXIT_BAD_INPUT, "model hash: %s", vks_last_error());
     memcpy(a.vo.stop_ids, rf.header.stop_ids, sizeof a.vo.stop_ids);
     a.vo.n_stop = rf.header.n_stop;
+    if (a.mpi) { /* the verifier ranks learn the file's stop tokens from rank 0 */
+        vks_mpi_bcast(a.vo.stop_ids, sizeof a.vo.stop_ids, 0);
+        vks_mpi_bcast(&a.vo.n_stop, sizeof a.vo.n_stop, 0);
+        if (a.vo.n_stop < 0 || a.vo.n_stop > VKS_ROLLOUT_MAX_STOP) cli_die(EXIT_BAD_INPUT, "bad stop ids from rank 0");
+    }
     task_prompts task = {0};
     if (a.prompts) {
         load_task(&a, m, &task);
@@ -204,14 +251,22 @@ int cmd_verify(int argc, char **argv) {
         a.vo.task_prompt_lens = task.lens;
         a.vo.n_task_prompts = task.n;
     }
+    if (rank > 0) {
+        int rc = serve_verifier(&a, m);
+        free_task(&task);
+        vks_model_free(m);
+        vks_mpi_stop();
+        return rc;
+    }
     vks_verdict *verdicts = calloc((size_t)rf.n_samples + 1, sizeof *verdicts);
     if (!verdicts) cli_die(1, "out of host memory");
     const char *problem = header_problem(&a, &rf.header, a.vo.model_hash);
     int rc = 0;
     if (problem) {
         for (int i = 0; i < rf.n_samples; i++) snprintf(verdicts[i].reason, sizeof verdicts[i].reason, "%s", problem);
+        if (a.mpi) vks_verifier_dispatch(vks_mpi_world(), 1, rf.samples, 0, a.batch, 600.0, verify_batch, NULL, verdicts);
     } else {
-        rc = verify_all(&a, m, &rf, verdicts);
+        rc = a.mpi ? verify_dispatch(&a, m, &rf, size, verdicts) : verify_all(&a, m, &rf, verdicts);
     }
     int accepted = 0, total = rf.n_samples;
     for (int i = 0; i < total; i++) {
@@ -225,6 +280,7 @@ int cmd_verify(int argc, char **argv) {
     free_task(&task);
     vks_rollout_file_free(&rf);
     vks_model_free(m);
+    if (a.mpi) vks_mpi_stop();
     if (rc) return rc;
     return accepted == total ? 0 : 1;
 }
