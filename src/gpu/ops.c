@@ -117,16 +117,10 @@ static int dispatch(vks_ops *o, vks_cmd *c, const char *name, const uint32_t *sp
     return vks_cmd_dispatch(c, k, b, n_bindings, push, push_bytes, g[0], g[1], g[2], label);
 }
 
+/* Kernel name suffix of a weight dtype; NULL for Q6_K, which has no kernel
+ * (the engine dequantizes it on upload). */
 static const char *dtype_suffix(vks_dtype t) {
-    switch (t) {
-    case VKS_DTYPE_F32: return "f32";
-    case VKS_DTYPE_F16: return "f16";
-    case VKS_DTYPE_BF16: return "bf16";
-    case VKS_DTYPE_Q8_0: return "q8_0";
-    case VKS_DTYPE_Q4_0: return "q4_0";
-    case VKS_DTYPE_Q4_K: return "q4_k";
-    default: return NULL; /* Q6_K: no kernel (the engine dequantizes it on upload) */
-    }
+    return (unsigned)t < VKS_DTYPE_COUNT && t != VKS_DTYPE_Q6_K ? vks_dtype_name(t) : NULL;
 }
 
 static bool is_block_type(vks_dtype t) {
