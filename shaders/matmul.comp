@@ -1,10 +1,15 @@
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 // Prefill matrix product: y[m, y_col0 + n] = (accumulate ? y : 0) + sum_k x[m,k] W[n,k]
-// Output tiles of BM x BN; K is walked in BK slices staged in shared memory
-// (weights decoded to f32 once per slice). Each invocation computes TM x TN
-// outputs, strided by BM/TM rows and BN/TN columns so that neighbouring
-// invocations read neighbouring shared words and write neighbouring columns.
-// local_size_x must equal (BM/TM) * (BN/TN).
+// Output tiles of BM x BN; K is walked in BK slices staged in shared memory as
+// vec4s of 4 consecutive k (weights decoded to f32 once per element while
+// staging). Each invocation computes TM x TN outputs, strided by BM/TM rows
+// and BN/TN columns, reading one vec4 of x per row and one vec4 of W per column
+// for every 4 k: few, wide loads per multiply-add (CPU implementations such as
+// lavapipe gather every load lane by lane, so load count dominates there).
+// Every output is accumulated over k = 0..K-1 in order, one product at a time,
+// whatever M and the tile are (batch invariance).
+// local_size_x must equal (BM/TM) * (BN/TN); BK must be a multiple of 4.
 #define WEIGHT_COUNT (pc.N * pc.K)  // elements of W (block types, weights.glsl)
 #include "common.glsl"
 #include "weights.glsl"
@@ -14,26 +19,64 @@ layout(constant_id = 2) const uint BN = 64;
 layout(constant_id = 3) const uint BK = 16;
 layout(constant_id = 4) const uint TM = 4;
 layout(constant_id = 5) const uint TN = 4;
+// K % 8 == 0 and x, W bound 16-byte aligned: stage with vector loads.
+layout(constant_id = 6) const bool VEC4 = false;
 
+// Scalar and vector views of the same bindings; the vector ones only when VEC4.
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
+layout(std430, set = 0, binding = 0) readonly buffer X4 { vec4 x4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer W { uint w[]; };
+layout(std430, set = 0, binding = 1) readonly buffer W2 { uvec2 w2[]; };
+layout(std430, set = 0, binding = 1) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, set = 0, binding = 2) buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint M, N, K, ldy, y_col0, accumulate; } pc;
 
-shared float xs[BK * BM];  // xs[kk * BM + mm]
-shared float ws[BK * BN];  // ws[kk * BN + nn]
+const uint BK4 = BK / 4u;
+shared vec4 xs[BM * BK4];  // xs[mm * BK4 + kq] = x[m0 + mm, k0 + 4kq .. +3]
+shared vec4 ws[BN * BK4];  // ws[nn * BK4 + kq] = W[n0 + nn, k0 + 4kq .. +3]
 float acc[TM * TN];
 
 uint w_word(uint i) { return w[i]; }
 
-void load_tiles(uint m0, uint n0, uint k0) {
-    for (uint i = gl_LocalInvocationID.x; i < BM * BK; i += WG_SIZE) {
-        uint mm = i / BK, kk = i - mm * BK, m = m0 + mm, k = k0 + kk;
-        xs[kk * BM + mm] = (m < pc.M && k < pc.K) ? x[m * pc.K + k] : 0.0;
+// 4 consecutive elements of row m of x from k (zero past M or K).
+vec4 x_quad(uint m, uint k) {
+    if (m >= pc.M || k >= pc.K) return vec4(0.0);
+    uint e = m * pc.K + k;
+    if (VEC4) return x4[e >> 2];
+    vec4 v = vec4(0.0);
+    for (uint c = 0u; c < 4u && k + c < pc.K; c++) v[c] = x[e + c];
+    return v;
+}
+
+float w_element(uint e) { return DECODE_ELEMENT(w_word, e); }
+
+// 4 consecutive decoded elements of row n of W from k (zero past N or K).
+vec4 w_quad(uint n, uint k) {
+    if (n >= pc.N || k >= pc.K) return vec4(0.0);
+    uint e = n * pc.K + k;
+#if WTYPE == 0
+    if (VEC4) return uintBitsToFloat(w4[e >> 2]);
+#elif WTYPE == 1 || WTYPE == 2
+    if (VEC4) {
+        uvec2 q = w2[e >> 2];
+        return vec4(decode_pair(q.x), decode_pair(q.y));
     }
-    for (uint i = gl_LocalInvocationID.x; i < BN * BK; i += WG_SIZE) {
-        uint nn = i / BK, kk = i - nn * BK, n = n0 + nn, k = k0 + kk;
-        ws[kk * BN + nn] = (n < pc.N && k < pc.K) ? DECODE_ELEMENT(w_word, n * pc.K + k) : 0.0;
+#else
+    return DECODE_QUAD(w_word, e);  // K is a whole number of blocks: e % 4 == 0
+#endif
+    vec4 v = vec4(0.0);
+    for (uint c = 0u; c < 4u && k + c < pc.K; c++) v[c] = w_element(e + c);
+    return v;
+}
+
+void load_tiles(uint m0, uint n0, uint k0) {
+    for (uint i = gl_LocalInvocationID.x; i < BM * BK4; i += WG_SIZE) {
+        uint mm = i / BK4, kq = i - mm * BK4;
+        xs[i] = x_quad(m0 + mm, k0 + 4u * kq);
+    }
+    for (uint i = gl_LocalInvocationID.x; i < BN * BK4; i += WG_SIZE) {
+        uint nn = i / BK4, kq = i - nn * BK4;
+        ws[i] = w_quad(n0 + nn, k0 + 4u * kq);
     }
 }
 
@@ -45,24 +88,31 @@ void main() {
     uint m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
     uint tx = gl_LocalInvocationID.x % THREADS_N, ty = gl_LocalInvocationID.x / THREADS_N;
 
-    for (uint i = 0u; i < TM * TN; i++) acc[i] = 0.0;
+    [[unroll]] for (uint i = 0u; i < TM * TN; i++) acc[i] = 0.0;
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
         barrier();  // previous slice fully consumed
         load_tiles(m0, n0, k0);
         barrier();
-        for (uint kk = 0u; kk < BK; kk++) {
-            float wv[TN];
-            for (uint j = 0u; j < TN; j++) wv[j] = ws[kk * BN + tx + j * THREADS_N];
-            for (uint i = 0u; i < TM; i++) {
-                float xv = xs[kk * BM + ty + i * THREADS_M];
-                for (uint j = 0u; j < TN; j++) acc[i * TN + j] += xv * wv[j];
+        [[unroll]] for (uint kq = 0u; kq < BK4; kq++) {
+            vec4 wv[TN];
+            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = ws[(tx + j * THREADS_N) * BK4 + kq];
+            [[unroll]] for (uint i = 0u; i < TM; i++) {
+                vec4 xv = xs[(ty + i * THREADS_M) * BK4 + kq];
+                [[unroll]] for (uint j = 0u; j < TN; j++) {
+                    float a = acc[i * TN + j];  // k order: .x .y .z .w
+                    a += xv.x * wv[j].x;
+                    a += xv.y * wv[j].y;
+                    a += xv.z * wv[j].z;
+                    a += xv.w * wv[j].w;
+                    acc[i * TN + j] = a;
+                }
             }
         }
     }
-    for (uint i = 0u; i < TM; i++) {
+    [[unroll]] for (uint i = 0u; i < TM; i++) {
         uint m = m0 + ty + i * THREADS_M;
         if (m >= pc.M) continue;
-        for (uint j = 0u; j < TN; j++) {
+        [[unroll]] for (uint j = 0u; j < TN; j++) {
             uint n = n0 + tx + j * THREADS_N;
             if (n >= pc.N) continue;
             uint o = m * pc.ldy + pc.y_col0 + n;

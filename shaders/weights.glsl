@@ -95,3 +95,35 @@ float q4_k_element(uint dword, uvec3 sc, uint qword, uint e) {
                        WORD(Q4K_BLOCK_WORD(e) + 3u)),                                       \
                  WORD(Q4K_BLOCK_WORD(e) + 4u + (((e) & 255u) >> 6) * 8u + (((e) & 31u) >> 2)), (e))
 #endif
+
+// ---- 4 consecutive elements e..e+3 (e a multiple of 4) of a block type ----
+// They share one quant word and one scale (tiled matmul staging), so the quad
+// costs two or three word reads instead of four element decodes.
+#if WTYPE == 3
+#define DECODE_QUAD(WORD, e) q8_0_quad(WORD((e) >> 2), WORD(SCALE0 + ((e) >> 6)), (e))
+vec4 q8_0_quad(uint qword, uint scale_word, uint e) {
+    ivec4 q = ivec4(bitfieldExtract(int(qword), 0, 8), bitfieldExtract(int(qword), 8, 8),
+                    bitfieldExtract(int(qword), 16, 8), bitfieldExtract(int(qword), 24, 8));
+    return block_scale(scale_word, e >> 5) * vec4(q);
+}
+#elif WTYPE == 4
+#define DECODE_QUAD(WORD, e) \
+    q4_0_quad(WORD(((e) >> 5) * 4u + (((e) & 15u) >> 2)), WORD(SCALE0 + ((e) >> 6)), (e))
+vec4 q4_0_quad(uint qword, uint scale_word, uint e) {
+    uvec4 q = (uvec4(qword) >> (uvec4(0u, 8u, 16u, 24u) + ((e >> 4) & 1u) * 4u)) & 15u;
+    return block_scale(scale_word, e >> 5) * (vec4(q) - 8.0);
+}
+#elif WTYPE == 5
+#define DECODE_QUAD(WORD, e)                                                                 \
+    q4_k_quad(WORD(Q4K_BLOCK_WORD(e)),                                                      \
+              uvec3(WORD(Q4K_BLOCK_WORD(e) + 1u), WORD(Q4K_BLOCK_WORD(e) + 2u),             \
+                    WORD(Q4K_BLOCK_WORD(e) + 3u)),                                          \
+              WORD(Q4K_BLOCK_WORD(e) + 4u + (((e) & 255u) >> 6) * 8u + (((e) & 31u) >> 2)), (e))
+vec4 q4_k_quad(uint dword, uvec3 sc, uint qword, uint e) {
+    uint s = (e >> 5) & 7u;
+    vec2 dm = unpackHalf2x16(dword);
+    uvec2 scm = q4_k_scale_min(sc, s);
+    uvec4 q = (uvec4(qword) >> (uvec4(0u, 8u, 16u, 24u) + (s & 1u) * 4u)) & 15u;
+    return dm.x * float(scm.x) * vec4(q) - dm.y * float(scm.y);
+}
+#endif

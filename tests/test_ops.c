@@ -462,6 +462,10 @@ static const op_case cases[] = {
     MATMUL("matmul bf16 M100", 100, 65, 129, BF16, 0),
     MATMUL("matmul f32 accumulate window", 17, 173, 67, F32, 1),
     MATMUL("matmul bf16 accumulate window", 70, 64, 64, BF16, 1),
+    /* vector staging (K % 8 == 0) with partial K slices and tiles in M and N */
+    MATMUL("matmul f32 M130 N200 K40", 130, 200, 40, F32, 0),
+    MATMUL("matmul f16 M65 N129 K520", 65, 129, 520, F16, 0),
+    MATMUL("matmul f16 accumulate window K24", 66, 131, 24, F16, 1),
     /* block types: GPU vs the reference on the dequantized weights (K whole blocks) */
     MATMUL("matvec q8_0 M1", 1, 173, 96, Q8_0, 0),
     MATMUL("matvec q8_0 M3 K1024", 3, 67, 1024, Q8_0, 0),
@@ -479,6 +483,7 @@ static const op_case cases[] = {
     MATMUL("matmul q4_k M17", 17, 67, 512, Q4_K, 0),
     MATMUL("matmul q4_0 accumulate window", 9, 130, 64, Q4_0, 1),
     MATMUL("matmul q4_k accumulate window", 66, 37, 256, Q4_K, 1),
+    MATMUL("matmul q8_0 M70 N130", 70, 130, 64, Q8_0, 0),
     {"embed q8_0", run_embed, .M = 9, .N = 96, .K = 100, .dtype = Q8_0, .tol = 0},
     {"embed q4_0 chunk", run_embed, .M = 17, .N = 64, .K = 90, .dtype = Q4_0, .mode = 1, .tol = 0},
     {"embed q4_k chunk", run_embed, .M = 17, .N = 512, .K = 30, .dtype = Q4_K, .mode = 1, .tol = 0},
