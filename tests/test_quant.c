@@ -16,11 +16,7 @@ static vks_gpu *gpu;
 
 static int setup(void **state) {
     (void)state;
-    vks_gpu_options opt = {.device_index = -1, .validation = getenv("VKSWARM_VALIDATION") != NULL};
-    if (vks_gpu_create(&opt, &gpu)) {
-        fprintf(stderr, "vks_gpu_create: %s\n", vks_last_error());
-        return -1;
-    }
+    if (!(gpu = tu_gpu_open())) return -1;
     return 0;
 }
 

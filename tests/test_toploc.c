@@ -23,11 +23,7 @@ static uint8_t stories_hash[32];
 
 static int setup(void **state) {
     (void)state;
-    vks_gpu_options opt = {.device_index = -1, .validation = getenv("VKSWARM_VALIDATION") != NULL};
-    if (vks_gpu_create(&opt, &gpu)) {
-        fprintf(stderr, "vks_gpu_create: %s\n", vks_last_error());
-        return -1;
-    }
+    if (!(gpu = tu_gpu_open())) return -1;
     const char *path = tu_shared_path("stories260K/stories260K.bin");
     if (path && (vks_model_load_llama2c(path, &stories) || vks_model_hash(stories, stories_hash))) return -1;
     return 0;

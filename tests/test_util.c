@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "vkswarm/vks_gpu.h"
 
 const char *tu_shared_path(const char *rel) {
     static char buf[4096];
@@ -60,4 +61,14 @@ const char *tu_tmpdir(void) {
     snprintf(buf, sizeof buf, "/tmp/vkstest.XXXXXX");
     if (!mkdtemp(buf)) return "/tmp";
     return buf;
+}
+
+struct vks_gpu *tu_gpu_open(void) {
+    vks_gpu_options opt = {.device_index = -1, .validation = getenv("VKSWARM_VALIDATION") != NULL};
+    vks_gpu *g = NULL;
+    if (vks_gpu_create(&opt, &g)) {
+        fprintf(stderr, "vks_gpu_create: %s\n", vks_last_error());
+        return NULL;
+    }
+    return g;
 }

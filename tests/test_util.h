@@ -19,6 +19,9 @@ double tu_nmse(const float *a, const float *ref, size_t n);
 bool tu_has_nonfinite(const float *a, size_t n);
 /* Deterministic uniform floats in [lo, hi). */
 void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
+/* The default Vulkan device, with the validation layer when VKSWARM_VALIDATION
+ * is set; NULL (and the reason on stderr) when it cannot be opened. */
+struct vks_gpu *tu_gpu_open(void);
 /* Makes a fresh temporary directory; returns static path. */
 const char *tu_tmpdir(void);
 #endif
