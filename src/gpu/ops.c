@@ -414,21 +414,32 @@ static uint32_t cache_slots(vks_binding cache, uint32_t seq_len, uint32_t kv_dim
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
+/* The KV-cache bindings kv_store and attention share: slot and pos per row,
+ * both caches at least one slot long. *n_slots = slots both caches hold. */
+static int check_kv_bindings(const char *op, vks_binding kcache, vks_binding vcache, vks_binding slot,
+                             vks_binding pos, uint32_t R, uint32_t seq_len, uint32_t kv_dim, uint32_t *n_slots) {
+    int rc = check_range(op, "slot", slot, R, 4);
+    if (!rc) rc = check_range(op, "pos", pos, R, 4);
+    if (!rc) rc = check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, 4);
+    if (!rc) rc = check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, 4);
+    if (rc) return rc;
+    uint32_t ks = cache_slots(kcache, seq_len, kv_dim), vs = cache_slots(vcache, seq_len, kv_dim);
+    *n_slots = ks < vs ? ks : vs;
+    return VKS_OK;
+}
+
 int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
                     vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R,
                     uint32_t kv_dim, uint32_t seq_len) {
     const char *op = "kv_store";
     if (!o || !c || !R || !kv_dim || !seq_len)
         return vks_set_error(VKS_ERR_ARG, "kv_store: bad arguments");
+    uint32_t n_slots = 0;
     int rc = check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
     if (!rc) rc = check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
-    if (!rc) rc = check_range(op, "slot", slot, R, 4);
-    if (!rc) rc = check_range(op, "pos", pos, R, 4);
-    if (!rc) rc = check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, 4);
-    if (!rc) rc = check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, 4);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, &n_slots);
     if (rc) return rc;
-    uint32_t ks = cache_slots(kcache, seq_len, kv_dim), vs = cache_slots(vcache, seq_len, kv_dim);
-    uint32_t push[] = {R, kv_dim, seq_len, ks < vs ? ks : vs};
+    uint32_t push[] = {R, kv_dim, seq_len, n_slots};
     uint32_t spec[] = {o->wg_elementwise};
     vks_binding b[] = {k, v, kcache, vcache, slot, pos};
     return dispatch(o, c, "kv_store", spec, 1, b, 6, push, sizeof push,
@@ -445,18 +456,15 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
         return vks_set_error(VKS_ERR_ARG, "attention: bad arguments");
     uint32_t kv_dim = n_kv_heads * head_dim;
     uint64_t q_elems = (uint64_t)R * n_heads * head_dim;
+    uint32_t n_slots = 0;
     int rc = check_range(op, "q", q, q_elems, 4);
     if (!rc) rc = check_range(op, "out", out, q_elems, 4);
-    if (!rc) rc = check_range(op, "slot", slot, R, 4);
-    if (!rc) rc = check_range(op, "pos", pos, R, 4);
-    if (!rc) rc = check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, 4);
-    if (!rc) rc = check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, 4);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, &n_slots);
     if (rc) return rc;
-    uint32_t ks = cache_slots(kcache, seq_len, kv_dim), vs = cache_slots(vcache, seq_len, kv_dim);
     struct {
         uint32_t R, n_heads, n_kv_heads, head_dim, seq_len, n_slots;
         float scale;
-    } push = {R, n_heads, n_kv_heads, head_dim, seq_len, ks < vs ? ks : vs,
+    } push = {R, n_heads, n_kv_heads, head_dim, seq_len, n_slots,
               (float)(1.0 / sqrt((double)head_dim))};
     uint32_t spec[] = {o->wg_attention};
     vks_binding b[] = {q, kcache, vcache, slot, pos, out};
