@@ -6,7 +6,7 @@
 # Usage: tests/mpi/broadcast.sh path/to/vkswarm
 set -uo pipefail
 V=${1:?usage: broadcast.sh path/to/vkswarm}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. "$(dirname "$0")/common.sh"
 # Under ASan: Open MPI's plugins leak allocations that LSan cannot symbolize
 # (dlclose'd), so leaks are not checked here; test_shard checks the pure logic's.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -14,7 +14,7 @@ T=$(mktemp -d /tmp/vks-bcast.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-M=(timeout 120 mpirun --oversubscribe --mca btl tcp,self)
+M=(mpi_run 120)
 "$V" keygen --out "$T/k" >/dev/null || exit 1
 "$V" keygen --out "$T/evil" >/dev/null || exit 1
 head -c 3000000 /dev/urandom >"$T/v1.bin"
@@ -44,11 +44,11 @@ run clean 0 "${M[@]}" -np 6 "$V" broadcast --file "$T/v1.bin" "${K[@]}" "${A[@]}
 [ "$(grep -c "version 1 $(hash "$T/v1.bin")" "$T/stdout")" = 3 ] || fail "clean: 3 receivers must print the hash"
 expect_store 1 "$T/v1.bin"
 
-run corrupt 0 env VKSWARM_FAULT=corrupt:1:3 "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 2
+run corrupt 0 "${M[@]}" -x VKSWARM_FAULT=corrupt:1:3 -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 2
 grep -q "shard 3 from rank 1 fails its hash" "$T/stderr" || fail "corrupt: not detected"
 expect_store 2 "$T/v2.bin"
 
-run short 0 env VKSWARM_FAULT=short:0 "${M[@]}" -np 6 "$V" broadcast --file "$T/v1.bin" "${K[@]}" "${A[@]}" --weights-version 3
+run short 0 "${M[@]}" -x VKSWARM_FAULT=short:0 -np 6 "$V" broadcast --file "$T/v1.bin" "${K[@]}" "${A[@]}" --weights-version 3
 grep -q "wrong length" "$T/stderr" || fail "short: not detected"
 expect_store 3 "$T/v1.bin"
 
@@ -60,7 +60,7 @@ run otherkey 2 "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" --key "$T/evil/
 grep -q "bad signature" "$T/stderr" || fail "otherkey: no message"
 expect_store 3 "$T/v1.bin"
 
-run badsig 2 env VKSWARM_FAULT=badsig "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 9
+run badsig 2 "${M[@]}" -x VKSWARM_FAULT=badsig -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 9
 grep -q "rank 5: manifest: bad signature" "$T/stderr" || fail "badsig: no message"
 expect_store 3 "$T/v1.bin"
 
@@ -75,7 +75,7 @@ expect_store 4 "$T/v2.bin"
 # promptly and cleanly (a timeout is a failure).
 case=relay-dies
 start=$SECONDS
-env VKSWARM_FAULT=die:1 timeout 60 mpirun --oversubscribe --mca btl tcp,self --enable-recovery -np 6 "$V" broadcast \
+mpi_run 60 -x VKSWARM_FAULT=die:1 --enable-recovery -np 6 "$V" broadcast \
     --file "$T/v1.bin" "${K[@]}" "${A[@]}" --weights-version 5 --link-mbps 200 >"$T/stdout" 2>"$T/stderr"
 rc=$?
 [ $rc -eq 0 ] || fail "relay-dies: exit $rc (124: mpirun hung)"

@@ -5,11 +5,11 @@
 # Usage: test_verifier.sh BUILD_DIR
 set -uo pipefail
 bin=${1:?build dir}/vkswarm
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model="--random-model 64,160,4,4,2,300,128"
-mpi() { timeout 120 mpirun --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"; }
+mpi() { mpi_run 120 "$@"; }
 passed=0 failed=0
 ok() { echo "ok: $*"; passed=$((passed + 1)); }
 bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
