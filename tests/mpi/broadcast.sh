@@ -7,9 +7,6 @@
 set -uo pipefail
 V=${1:?usage: broadcast.sh path/to/vkswarm}
 . "$(dirname "$0")/common.sh"
-# Under ASan: Open MPI's plugins leak allocations that LSan cannot symbolize
-# (dlclose'd), so leaks are not checked here; test_shard checks the pure logic's.
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 T=$(mktemp -d /tmp/vks-bcast.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fails=0

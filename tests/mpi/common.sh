@@ -8,6 +8,10 @@
 # pmix_server_log_fn -> orte_rml_oob_send_buffer_nb crashes with SIGSEGV.
 # Measured on the relay-killed broadcast case: 2 crashes in 24 runs with
 # mpirun perturbed, 0 in 40 with only the ranks perturbed, 0 in 12 without.
+# Under ASan: Open MPI's plugins leak allocations that LSan cannot symbolize
+# (dlclose'd, no frame pointers), so leaks are not checked in MPI runs; the
+# cmocka suites check the pure logic's. Memory errors and UB still abort.
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 mpi_rank_env=()
 [ -n "${MALLOC_PERTURB_:-}" ] && mpi_rank_env=(-x "MALLOC_PERTURB_=$MALLOC_PERTURB_")
