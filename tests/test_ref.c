@@ -343,6 +343,53 @@ static void test_sample_top_p_minimal(void **state) {
     assert_int_equal(kept_count(tied, 4, params(1, 0, 0.1f, 0, 0, 0)), 3);
 }
 
+/* The top-p rule of ref_sample.c's header, written as plainly as possible
+ * (quadratic): distinct values from the largest down, each value's tokens
+ * added in index order. The reference sorts instead; results must be equal. */
+static int naive_top_p_keep(const float *z, int n, double top_p, uint8_t *keep) {
+    double zmax = -INFINITY, total = 0.0, cum = 0.0, prev = INFINITY;
+    for (int i = 0; i < n; i++) zmax = z[i] > zmax ? z[i] : zmax;
+    for (int i = 0; i < n; i++) total += exp((double)z[i] - zmax);
+    float tau = INFINITY;
+    for (;;) {
+        float v = -INFINITY; /* next distinct value below prev */
+        bool any = false;
+        for (int i = 0; i < n; i++)
+            if (z[i] < prev && (!any || z[i] > v)) v = z[i], any = true;
+        if (!any) break;
+        tau = v;
+        for (int i = 0; i < n; i++)
+            if (z[i] == v) cum += exp((double)z[i] - zmax) / total;
+        if (cum >= top_p) break;
+        prev = v;
+    }
+    int count = 0;
+    for (int i = 0; i < n; i++) count += keep[i] = z[i] >= tau;
+    return count;
+}
+
+static void test_sample_top_p_matches_rule(void **state) {
+    (void)state;
+    enum { V = 300 };
+    float logits[V], z[V];
+    uint8_t keep[V], want[V];
+    uint32_t x = 12345;
+    for (int trial = 0; trial < 200; trial++) {
+        int levels = 1 + trial % 40; /* few levels: many ties, some spanning the threshold */
+        for (int i = 0; i < V; i++) {
+            x = x * 1664525u + 1013904223u;
+            logits[i] = (float)((int)(x >> 8) % levels) * 0.37f - 3.0f;
+            if (trial % 7 == 0 && i % 11 == 0) logits[i] = (x & 256) ? -0.0f : 0.0f;
+        }
+        float top_p = 0.05f + 0.9f * (float)(trial % 19) / 18.0f;
+        vks_sample_params p = params(1, 0, top_p, 0, 0, 0);
+        int got = vks_ref_sample_kept(logits, V, &p, keep, z);
+        int expect = naive_top_p_keep(z, V, (double)top_p, want);
+        assert_int_equal(got, expect);
+        assert_memory_equal(keep, want, V);
+    }
+}
+
 /* Empirical frequency of each token over `draws` seeds vs softmax over kept. */
 static void check_frequencies(const float *logits, int V, vks_sample_params base, int draws, double tol) {
     uint8_t keep[16];
@@ -428,6 +475,7 @@ int main(void) {
         cmocka_unit_test(test_sample_greedy),
         cmocka_unit_test(test_sample_top_k_ties),
         cmocka_unit_test(test_sample_top_p_minimal),
+        cmocka_unit_test(test_sample_top_p_matches_rule),
         cmocka_unit_test(test_sample_frequencies),
         cmocka_unit_test(test_sample_deterministic_and_order_free),
         cmocka_unit_test(test_sample_bad_args),

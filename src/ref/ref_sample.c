@@ -98,25 +98,39 @@ static void apply_top_k(const float *z, int n, uint32_t k, uint8_t *keep, float 
     for (int i = 0; i < n; i++) keep[i] = keep[i] && z[i] >= tau;
 }
 
+typedef struct {
+    float z;
+    int i;
+} scored;
+
+/* Descending z, then ascending index: each value's tokens in index order. */
+static int cmp_scored(const void *a, const void *b) {
+    const scored *x = a, *y = b;
+    if (x->z != y->z) return x->z < y->z ? 1 : -1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
 /* Keeps the minimal top set of kept z whose probability reaches top_p.
- * `sorted` is scratch of n floats. */
-static void apply_top_p(const float *z, int n, float top_p, uint8_t *keep, float *sorted) {
+ * Kept values are never NaN. One sort of (z, index) pairs: walking it adds
+ * each distinct value's tokens in index order, so the running sum is the one
+ * the rule in the header defines, in O(V log V) (a flat distribution needs
+ * most of the vocabulary; the walk per distinct value was O(V^2)). `order`
+ * is scratch of n pairs. */
+static void apply_top_p(const float *z, int n, float top_p, uint8_t *keep, scored *order) {
     int m = 0;
     for (int i = 0; i < n; i++)
-        if (keep[i]) sorted[m++] = z[i];
+        if (keep[i]) order[m++] = (scored){z[i], i};
     if (m == 0) return;
-    qsort(sorted, (size_t)m, sizeof *sorted, cmp_desc);
-    double zmax = sorted[0], total = 0.0;
+    qsort(order, (size_t)m, sizeof *order, cmp_scored);
+    double zmax = order[0].z, total = 0.0;
     for (int i = 0; i < n; i++)
         if (keep[i]) total += exp((double)z[i] - zmax);
-    float tau = sorted[m - 1];
+    float tau = order[m - 1].z;
     double cum = 0.0;
     for (int j = 0; j < m; j++) {
-        if (j > 0 && sorted[j] == sorted[j - 1]) continue; /* each distinct value once */
-        for (int i = 0; i < n; i++)
-            if (keep[i] && z[i] == sorted[j]) cum += exp((double)z[i] - zmax) / total;
-        if (cum >= (double)top_p) {
-            tau = sorted[j];
+        cum += exp((double)order[j].z - zmax) / total;
+        if (cum >= (double)top_p) { /* the whole value's group is kept: z >= tau */
+            tau = order[j].z;
             break;
         }
     }
@@ -143,9 +157,9 @@ int vks_ref_sample_kept(const float *logits, int V, const vks_sample_params *p, 
     bool use_k = p->top_k > 0 && p->top_k < (uint32_t)V;
     bool use_p = p->top_p > 0.0f && p->top_p < 1.0f;
     if (use_k || use_p) {
-        float *scratch = malloc((size_t)V * sizeof *scratch);
+        scored *scratch = malloc((size_t)V * sizeof *scratch); /* also holds V floats for top-k */
         if (!scratch) return 0;
-        if (use_k) apply_top_k(z, V, p->top_k, keep, scratch);
+        if (use_k) apply_top_k(z, V, p->top_k, keep, (float *)scratch);
         if (use_p) apply_top_p(z, V, p->top_p, keep, scratch);
         free(scratch);
     }
