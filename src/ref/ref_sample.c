@@ -80,57 +80,66 @@ static int argmax_first(const float *v, int n) {
     return best;
 }
 
-/* Descending order, NaN last: a total order so qsort stays well-defined. */
-static int cmp_desc(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    if (isnan(x) || isnan(y)) return isnan(x) - isnan(y);
-    return (x < y) - (x > y);
+/* Kept tokens in descending z, ties in ascending index: a stable LSD radix
+ * sort (four 8-bit passes) over an order-preserving key, O(V) where qsort
+ * with a comparator was most of a verifier's time on large vocabularies. */
+typedef struct {
+    uint32_t key; /* ascending key = descending z; -0 and +0 share one */
+    int32_t i;
+} ranked;
+
+static uint32_t descending_key(float z) {
+    uint32_t u;
+    memcpy(&u, &z, sizeof u);
+    if (u == 0x80000000u) u = 0;
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u; /* ascending with z */
+    return ~u;
 }
 
-/* Keeps z_i >= the k-th largest z. `sorted` is scratch of n floats. */
-static void apply_top_k(const float *z, int n, uint32_t k, uint8_t *keep, float *sorted) {
-    memcpy(sorted, z, (size_t)n * sizeof *sorted);
-    qsort(sorted, (size_t)n, sizeof *sorted, cmp_desc);
-    uint32_t numbers = 0; /* NaNs sort last; never let one become the threshold */
-    while (numbers < (uint32_t)n && !isnan(sorted[numbers])) numbers++;
-    if (numbers == 0) return;
-    float tau = sorted[(k < numbers ? k : numbers) - 1];
+/* Sorts the m kept entries of z (never NaN) into a; b is scratch of m. */
+static ranked *rank_kept(const float *z, int n, const uint8_t *keep, ranked *a, ranked *b, int *m_out) {
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (keep[i]) a[m++] = (ranked){descending_key(z[i]), i};
+    for (int shift = 0; shift < 32; shift += 8) {
+        uint32_t count[257] = {0};
+        for (int j = 0; j < m; j++) count[((a[j].key >> shift) & 255u) + 1]++;
+        if (m == 0 || count[((a[0].key >> shift) & 255u) + 1] == (uint32_t)m) continue; /* one digit: order holds */
+        for (int d = 0; d < 256; d++) count[d + 1] += count[d];
+        for (int j = 0; j < m; j++) b[count[(a[j].key >> shift) & 255u]++] = a[j];
+        ranked *t = a;
+        a = b;
+        b = t;
+    }
+    *m_out = m;
+    return a;
+}
+
+/* Keeps z_i >= the k-th largest kept z (NaN is never kept). */
+static void apply_top_k(const float *z, int n, uint32_t k, uint8_t *keep, ranked *a, ranked *b) {
+    int m;
+    const ranked *order = rank_kept(z, n, keep, a, b, &m);
+    if (m == 0) return;
+    float tau = z[order[(k < (uint32_t)m ? k : (uint32_t)m) - 1].i];
     for (int i = 0; i < n; i++) keep[i] = keep[i] && z[i] >= tau;
 }
 
-typedef struct {
-    float z;
-    int i;
-} scored;
-
-/* Descending z, then ascending index: each value's tokens in index order. */
-static int cmp_scored(const void *a, const void *b) {
-    const scored *x = a, *y = b;
-    if (x->z != y->z) return x->z < y->z ? 1 : -1;
-    return (x->i > y->i) - (x->i < y->i);
-}
-
 /* Keeps the minimal top set of kept z whose probability reaches top_p.
- * Kept values are never NaN. One sort of (z, index) pairs: walking it adds
- * each distinct value's tokens in index order, so the running sum is the one
- * the rule in the header defines, in O(V log V) (a flat distribution needs
- * most of the vocabulary; the walk per distinct value was O(V^2)). `order`
- * is scratch of n pairs. */
-static void apply_top_p(const float *z, int n, float top_p, uint8_t *keep, scored *order) {
-    int m = 0;
-    for (int i = 0; i < n; i++)
-        if (keep[i]) order[m++] = (scored){z[i], i};
+ * Walking the ranked tokens adds each distinct value's tokens in index
+ * order, so the running sum is the one the rule in the header defines. */
+static void apply_top_p(const float *z, int n, float top_p, uint8_t *keep, ranked *a, ranked *b) {
+    int m;
+    const ranked *order = rank_kept(z, n, keep, a, b, &m);
     if (m == 0) return;
-    qsort(order, (size_t)m, sizeof *order, cmp_scored);
-    double zmax = order[0].z, total = 0.0;
+    double zmax = z[order[0].i], total = 0.0;
     for (int i = 0; i < n; i++)
         if (keep[i]) total += exp((double)z[i] - zmax);
-    float tau = order[m - 1].z;
+    float tau = z[order[m - 1].i];
     double cum = 0.0;
     for (int j = 0; j < m; j++) {
-        cum += exp((double)order[j].z - zmax) / total;
+        cum += exp((double)z[order[j].i] - zmax) / total;
         if (cum >= (double)top_p) { /* the whole value's group is kept: z >= tau */
-            tau = order[j].z;
+            tau = z[order[j].i];
             break;
         }
     }
@@ -157,10 +166,10 @@ int vks_ref_sample_kept(const float *logits, int V, const vks_sample_params *p, 
     bool use_k = p->top_k > 0 && p->top_k < (uint32_t)V;
     bool use_p = p->top_p > 0.0f && p->top_p < 1.0f;
     if (use_k || use_p) {
-        scored *scratch = malloc((size_t)V * sizeof *scratch); /* also holds V floats for top-k */
+        ranked *scratch = malloc(2 * (size_t)V * sizeof *scratch);
         if (!scratch) return 0;
-        if (use_k) apply_top_k(z, V, p->top_k, keep, (float *)scratch);
-        if (use_p) apply_top_p(z, V, p->top_p, keep, scratch);
+        if (use_k) apply_top_k(z, V, p->top_k, keep, scratch, scratch + V);
+        if (use_p) apply_top_p(z, V, p->top_p, keep, scratch, scratch + V);
         free(scratch);
     }
     int count = 0;

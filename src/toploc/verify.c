@@ -6,6 +6,7 @@
 #include "vkswarm/vks_ref.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -342,25 +343,104 @@ static void fill_batch(gpu_batch *b, sample_job *jobs, int n_jobs, int max_rows,
     }
 }
 
-static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, gpu_batch *b,
+/* Checks the rows of one batch (sampler replay, TOPLOC rows) on its own
+ * thread while the GPU computes the next batch: the replay over the
+ * vocabulary per row is CPU work that would otherwise leave the GPU idle.
+ * At most one batch is with the checker; submit waits for the previous. */
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake, idle;
+    const gpu_batch *pending; /* being checked; NULL when idle */
+    bool stop;
+    sample_job *jobs;
+    const vks_model_config *c;
+    const vks_verify_options *o;
+    sampler_scratch *scr;
+} row_checker;
+
+static void check_batch(row_checker *k, const gpu_batch *b) {
+    for (int i = 0; i < b->n_out; i++) /* job_row cannot fail: its findings go to the verdict */
+        job_row(&k->jobs[b->out_job[i]], b->out_t[i], b->logits + (size_t)i * (size_t)k->c->vocab_size,
+                b->hidden + (size_t)i * (size_t)k->c->dim, k->c, k->o, k->scr);
+}
+
+static void *checker_main(void *arg) {
+    row_checker *k = arg;
+    pthread_mutex_lock(&k->lock);
+    for (;;) {
+        while (!k->pending && !k->stop) pthread_cond_wait(&k->wake, &k->lock);
+        if (!k->pending) break;
+        const gpu_batch *b = k->pending;
+        pthread_mutex_unlock(&k->lock);
+        check_batch(k, b);
+        pthread_mutex_lock(&k->lock);
+        k->pending = NULL;
+        pthread_cond_signal(&k->idle);
+    }
+    pthread_mutex_unlock(&k->lock);
+    return NULL;
+}
+
+static void checker_wait_idle(row_checker *k) {
+    pthread_mutex_lock(&k->lock);
+    while (k->pending) pthread_cond_wait(&k->idle, &k->lock);
+    pthread_mutex_unlock(&k->lock);
+}
+
+static void checker_submit(row_checker *k, const gpu_batch *b) {
+    pthread_mutex_lock(&k->lock);
+    while (k->pending) pthread_cond_wait(&k->idle, &k->lock);
+    k->pending = b;
+    pthread_cond_signal(&k->wake);
+    pthread_mutex_unlock(&k->lock);
+}
+
+static int checker_start(row_checker *k, sample_job *jobs, const vks_model_config *c, const vks_verify_options *o,
+                         sampler_scratch *scr) {
+    *k = (row_checker){.jobs = jobs, .c = c, .o = o, .scr = scr};
+    pthread_mutex_init(&k->lock, NULL);
+    pthread_cond_init(&k->wake, NULL);
+    pthread_cond_init(&k->idle, NULL);
+    if (pthread_create(&k->thread, NULL, checker_main, k) == 0) return VKS_OK;
+    pthread_mutex_destroy(&k->lock);
+    pthread_cond_destroy(&k->wake);
+    pthread_cond_destroy(&k->idle);
+    return vks_set_error(VKS_ERR_NOMEM, "verify: cannot start the row checker thread");
+}
+
+static void checker_stop(row_checker *k) {
+    pthread_mutex_lock(&k->lock);
+    k->stop = true;
+    pthread_cond_signal(&k->wake);
+    pthread_mutex_unlock(&k->lock);
+    pthread_join(k->thread, NULL); /* checks what is pending first */
+    pthread_mutex_destroy(&k->lock);
+    pthread_cond_destroy(&k->wake);
+    pthread_cond_destroy(&k->idle);
+}
+
+/* Forward passes alternate between two batches: the GPU fills one while the
+ * checker reads the other. */
+static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, gpu_batch b[2],
                      sampler_scratch *scr) {
     const vks_model_config *c = vks_engine_config(e);
-    for (;;) {
-        fill_batch(b, jobs, n_jobs, vks_engine_max_rows(e), vks_engine_max_out_rows(e));
-        if (b->n_rows == 0) break;
-        vks_forward_batch fb = {.n_rows = b->n_rows, .tokens = b->tokens, .slot = b->slot, .pos = b->pos,
-                                .n_out = b->n_out, .out_rows = b->out_rows, .logits = b->logits, .hidden = b->hidden};
-        int rc = vks_engine_forward(e, &fb);
-        for (int i = 0; rc == VKS_OK && i < b->n_out; i++)
-            rc = job_row(&jobs[b->out_job[i]], b->out_t[i], b->logits + (size_t)i * (size_t)c->vocab_size,
-                         b->hidden + (size_t)i * (size_t)c->dim, c, o, scr);
-        if (rc) return rc;
+    row_checker k;
+    int rc = checker_start(&k, jobs, c, o, scr);
+    if (rc) return rc;
+    for (int cur = 0; rc == VKS_OK; cur ^= 1) {
+        fill_batch(&b[cur], jobs, n_jobs, vks_engine_max_rows(e), vks_engine_max_out_rows(e));
+        if (b[cur].n_rows == 0) break;
+        vks_forward_batch fb = {.n_rows = b[cur].n_rows, .tokens = b[cur].tokens, .slot = b[cur].slot,
+                                .pos = b[cur].pos, .n_out = b[cur].n_out, .out_rows = b[cur].out_rows,
+                                .logits = b[cur].logits, .hidden = b[cur].hidden};
+        rc = vks_engine_forward(e, &fb);
+        if (rc == VKS_OK) checker_submit(&k, &b[cur]);
     }
-    for (int j = 0; j < n_jobs; j++) {
-        int rc = job_finish(&jobs[j], c, o);
-        if (rc) return rc;
-    }
-    return VKS_OK;
+    checker_wait_idle(&k); /* the last batch's rows are in before the chunks are checked */
+    checker_stop(&k);
+    for (int j = 0; rc == VKS_OK && j < n_jobs; j++) rc = job_finish(&jobs[j], c, o);
+    return rc;
 }
 
 static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
@@ -368,17 +448,18 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
     const vks_model_config *c = vks_engine_config(e);
     int slots = vks_engine_n_slots(e), kv_len = vks_engine_kv_len(e);
     int max_slots = slots < 4096 ? slots : 4096;
-    gpu_batch b;
+    gpu_batch b[2] = {0};
     sampler_scratch scr = {0};
     sample_job *jobs = calloc((size_t)max_slots, sizeof *jobs);
-    int rc = jobs ? gpu_batch_alloc(&b, vks_engine_max_rows(e), vks_engine_max_out_rows(e), c)
+    int rc = jobs ? gpu_batch_alloc(&b[0], vks_engine_max_rows(e), vks_engine_max_out_rows(e), c)
                   : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    if (rc == VKS_OK) rc = gpu_batch_alloc(&b[1], vks_engine_max_rows(e), vks_engine_max_out_rows(e), c);
     if (rc == VKS_OK) rc = scratch_alloc(&scr, c->vocab_size);
     int n_jobs = 0;
     for (int i = 0; rc == VKS_OK && i <= n; i++) {
         bool flush = i == n || n_jobs == max_slots;
         if (flush && n_jobs > 0) {
-            rc = run_group(e, o, jobs, n_jobs, &b, &scr);
+            rc = run_group(e, o, jobs, n_jobs, b, &scr);
             n_jobs = 0;
         }
         if (rc || i == n || !live[i]) continue;
@@ -392,7 +473,8 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
     }
     for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* after an error */
     scratch_free(&scr);
-    if (jobs) gpu_batch_free(&b);
+    gpu_batch_free(&b[0]);
+    gpu_batch_free(&b[1]);
     free(jobs);
     return rc;
 }
