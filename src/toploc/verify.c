@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void vks_verify_options_default(vks_verify_options *o) {
     if (!o) return;
@@ -343,40 +344,72 @@ static void fill_batch(gpu_batch *b, sample_job *jobs, int n_jobs, int max_rows,
     }
 }
 
-/* Checks the rows of one batch (sampler replay, TOPLOC rows) on its own
- * thread while the GPU computes the next batch: the replay over the
+/* Checks the rows of one batch (sampler replay, TOPLOC rows) on checker
+ * threads while the GPU computes the next batch: the replay over the
  * vocabulary per row is CPU work that would otherwise leave the GPU idle.
- * At most one batch is with the checker; submit waits for the previous. */
+ * Worker w takes the rows of the jobs with job % n_workers == w, so a job's
+ * verdict is written by one thread. At most one batch is with the checkers;
+ * submit waits for the previous one. */
+enum { MAX_CHECKERS = 16 };
+
+typedef struct row_checker row_checker;
+
 typedef struct {
+    row_checker *k;
+    int id;
     pthread_t thread;
+    sampler_scratch scr;
+} checker_worker;
+
+struct row_checker {
     pthread_mutex_t lock;
     pthread_cond_t wake, idle;
     const gpu_batch *pending; /* being checked; NULL when idle */
+    uint64_t generation;      /* bumped per submitted batch */
+    int busy;                 /* workers still on `pending` */
     bool stop;
+    int n_workers;
+    checker_worker w[MAX_CHECKERS];
     sample_job *jobs;
     const vks_model_config *c;
     const vks_verify_options *o;
-    sampler_scratch *scr;
-} row_checker;
+};
 
-static void check_batch(row_checker *k, const gpu_batch *b) {
-    for (int i = 0; i < b->n_out; i++) /* job_row cannot fail: its findings go to the verdict */
+/* Checker threads: VKSWARM_VERIFY_THREADS, else one per core beyond the
+ * one that drives the GPU. */
+static int checker_threads(void) {
+    const char *env = getenv("VKSWARM_VERIFY_THREADS");
+    long n = env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN) - 1;
+    return n < 1 ? 1 : n > MAX_CHECKERS ? MAX_CHECKERS : (int)n;
+}
+
+static void check_rows(checker_worker *w, const gpu_batch *b) {
+    const row_checker *k = w->k;
+    for (int i = 0; i < b->n_out; i++) {
+        if (b->out_job[i] % k->n_workers != w->id) continue;
+        /* job_row cannot fail: its findings go to the verdict */
         job_row(&k->jobs[b->out_job[i]], b->out_t[i], b->logits + (size_t)i * (size_t)k->c->vocab_size,
-                b->hidden + (size_t)i * (size_t)k->c->dim, k->c, k->o, k->scr);
+                b->hidden + (size_t)i * (size_t)k->c->dim, k->c, k->o, &w->scr);
+    }
 }
 
 static void *checker_main(void *arg) {
-    row_checker *k = arg;
+    checker_worker *w = arg;
+    row_checker *k = w->k;
+    uint64_t seen = 0;
     pthread_mutex_lock(&k->lock);
     for (;;) {
-        while (!k->pending && !k->stop) pthread_cond_wait(&k->wake, &k->lock);
-        if (!k->pending) break;
+        while (k->generation == seen && !k->stop) pthread_cond_wait(&k->wake, &k->lock);
+        if (k->generation == seen) break; /* stop, nothing new */
+        seen = k->generation;
         const gpu_batch *b = k->pending;
         pthread_mutex_unlock(&k->lock);
-        check_batch(k, b);
+        check_rows(w, b);
         pthread_mutex_lock(&k->lock);
-        k->pending = NULL;
-        pthread_cond_signal(&k->idle);
+        if (--k->busy == 0) {
+            k->pending = NULL;
+            pthread_cond_broadcast(&k->idle);
+        }
     }
     pthread_mutex_unlock(&k->lock);
     return NULL;
@@ -392,41 +425,52 @@ static void checker_submit(row_checker *k, const gpu_batch *b) {
     pthread_mutex_lock(&k->lock);
     while (k->pending) pthread_cond_wait(&k->idle, &k->lock);
     k->pending = b;
-    pthread_cond_signal(&k->wake);
+    k->busy = k->n_workers;
+    k->generation++;
+    pthread_cond_broadcast(&k->wake);
     pthread_mutex_unlock(&k->lock);
 }
 
-static int checker_start(row_checker *k, sample_job *jobs, const vks_model_config *c, const vks_verify_options *o,
-                         sampler_scratch *scr) {
-    *k = (row_checker){.jobs = jobs, .c = c, .o = o, .scr = scr};
-    pthread_mutex_init(&k->lock, NULL);
-    pthread_cond_init(&k->wake, NULL);
-    pthread_cond_init(&k->idle, NULL);
-    if (pthread_create(&k->thread, NULL, checker_main, k) == 0) return VKS_OK;
-    pthread_mutex_destroy(&k->lock);
-    pthread_cond_destroy(&k->wake);
-    pthread_cond_destroy(&k->idle);
-    return vks_set_error(VKS_ERR_NOMEM, "verify: cannot start the row checker thread");
-}
-
+/* Joins the started workers (after checker_wait_idle) and frees them. */
 static void checker_stop(row_checker *k) {
     pthread_mutex_lock(&k->lock);
     k->stop = true;
-    pthread_cond_signal(&k->wake);
+    pthread_cond_broadcast(&k->wake);
     pthread_mutex_unlock(&k->lock);
-    pthread_join(k->thread, NULL); /* checks what is pending first */
+    for (int i = 0; i < k->n_workers; i++) {
+        pthread_join(k->w[i].thread, NULL);
+        scratch_free(&k->w[i].scr);
+    }
     pthread_mutex_destroy(&k->lock);
     pthread_cond_destroy(&k->wake);
     pthread_cond_destroy(&k->idle);
+}
+
+static int checker_start(row_checker *k, sample_job *jobs, const vks_model_config *c, const vks_verify_options *o) {
+    *k = (row_checker){.jobs = jobs, .c = c, .o = o};
+    pthread_mutex_init(&k->lock, NULL);
+    pthread_cond_init(&k->wake, NULL);
+    pthread_cond_init(&k->idle, NULL);
+    int want = checker_threads(), rc = VKS_OK;
+    for (int i = 0; i < want && rc == VKS_OK; i++) {
+        checker_worker *w = &k->w[i];
+        *w = (checker_worker){.k = k, .id = i};
+        rc = scratch_alloc(&w->scr, c->vocab_size);
+        if (rc == VKS_OK && pthread_create(&w->thread, NULL, checker_main, w) != 0)
+            rc = vks_set_error(VKS_ERR_NOMEM, "verify: cannot start a row checker thread");
+        if (rc) scratch_free(&w->scr);
+        else k->n_workers++;
+    }
+    if (rc) checker_stop(k); /* nothing was submitted: the started workers just leave */
+    return rc;
 }
 
 /* Forward passes alternate between two batches: the GPU fills one while the
  * checker reads the other. */
-static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, gpu_batch b[2],
-                     sampler_scratch *scr) {
+static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, gpu_batch b[2]) {
     const vks_model_config *c = vks_engine_config(e);
     row_checker k;
-    int rc = checker_start(&k, jobs, c, o, scr);
+    int rc = checker_start(&k, jobs, c, o);
     if (rc) return rc;
     for (int cur = 0; rc == VKS_OK; cur ^= 1) {
         fill_batch(&b[cur], jobs, n_jobs, vks_engine_max_rows(e), vks_engine_max_out_rows(e));
@@ -449,17 +493,15 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
     int slots = vks_engine_n_slots(e), kv_len = vks_engine_kv_len(e);
     int max_slots = slots < 4096 ? slots : 4096;
     gpu_batch b[2] = {0};
-    sampler_scratch scr = {0};
     sample_job *jobs = calloc((size_t)max_slots, sizeof *jobs);
     int rc = jobs ? gpu_batch_alloc(&b[0], vks_engine_max_rows(e), vks_engine_max_out_rows(e), c)
                   : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
     if (rc == VKS_OK) rc = gpu_batch_alloc(&b[1], vks_engine_max_rows(e), vks_engine_max_out_rows(e), c);
-    if (rc == VKS_OK) rc = scratch_alloc(&scr, c->vocab_size);
     int n_jobs = 0;
     for (int i = 0; rc == VKS_OK && i <= n; i++) {
         bool flush = i == n || n_jobs == max_slots;
         if (flush && n_jobs > 0) {
-            rc = run_group(e, o, jobs, n_jobs, b, &scr);
+            rc = run_group(e, o, jobs, n_jobs, b);
             n_jobs = 0;
         }
         if (rc || i == n || !live[i]) continue;
@@ -472,7 +514,6 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
         if (rc == VKS_OK) n_jobs++;
     }
     for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* after an error */
-    scratch_free(&scr);
     gpu_batch_free(&b[0]);
     gpu_batch_free(&b[1]);
     free(jobs);

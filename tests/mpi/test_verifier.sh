@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Verifier ranks: `mpirun -np N vkswarm verify --mpi` hands batches of rollout
 # samples to ranks 1..N-1 and prints exactly what a lone `vkswarm verify`
-# prints, for honest and tampered files, on the GPU and with --cpu.
+# prints, for honest and tampered files, on the GPU and with --cpu; and a
+# lone GPU verify with three row-checker threads prints the same again.
 # Usage: test_verifier.sh BUILD_DIR
 set -uo pipefail
 bin=${1:?build dir}/vkswarm
@@ -24,6 +25,14 @@ for file in honest tampered; do
     for mode in --cpu ""; do
         $bin verify $model --rollouts "$tmp/$file.jsonl" $mode --batch 3 --jsonl > "$tmp/lone.txt" 2>/dev/null
         lone_rc=$?
+        if [ -z "$mode" ]; then # rows checked by 3 threads (one per job) give the same verdicts
+            VKSWARM_VERIFY_THREADS=3 $bin verify $model --rollouts "$tmp/$file.jsonl" --batch 3 --jsonl \
+                > "$tmp/threads.txt" 2>/dev/null
+            rc=$?
+            if [ $rc -eq $lone_rc ] && cmp -s "$tmp/threads.txt" "$tmp/lone.txt"; then
+                ok "$file gpu: 3 checker threads give the same verdicts"
+            else bad "$file gpu: 3 checker threads: status $rc vs $lone_rc"; fi
+        fi
         for np in 1 3; do
             mpi -np $np $bin verify $model --rollouts "$tmp/$file.jsonl" $mode --batch 3 --jsonl --mpi \
                 > "$tmp/mpi.txt" 2> "$tmp/err.txt"
