@@ -332,7 +332,7 @@ static void create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     vks_engine_options eo = {.layer_begin = o->first[c->rank], .layer_end = o->first[c->rank + 1], .dtype = o->dtype,
                              .keep_file_dtype = o->keep_file_dtype,
                              .max_rows = rows, .max_out_rows = o->batch, .n_slots = o->micro_batches * o->batch,
-                             .kv_len = o->sched.steps};
+                             .kv_len = o->sched.steps, .f32_math = o->f32_math};
     int rc = vks_engine_create(g, m, &eo, &c->engine);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", rc ? vks_last_error() : "");

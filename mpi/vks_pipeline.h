@@ -22,6 +22,7 @@ typedef struct {
     vks_dtype dtype;
     bool keep_file_dtype;    /* weights keep their file's types (quantized GGUF) */
     bool toploc;             /* the last stage builds TOPLOC proofs and sends them to rank 0 */
+    bool f32_math;           /* no half-arithmetic kernels (rollouts: verifiers recompute in f32) */
 } vks_pipeline_options;
 
 typedef struct {

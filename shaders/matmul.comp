@@ -10,6 +10,16 @@
 // Every output is accumulated over k = 0..K-1 in order, one product at a time,
 // whatever M and the tile are (batch invariance).
 // local_size_x must equal (BM/TM) * (BN/TN); BK must be a multiple of 4.
+// F16_MATH (the *_h variants, for devices with shaderFloat16): tiles are
+// staged as half and each product is a half multiply; the sum over k stays in
+// f32. Half the shared memory and, on GPUs with packed half math, twice the
+// multiplies per instruction; each product carries two half roundings.
+#ifdef F16_MATH
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#define TILE_VEC f16vec4
+#else
+#define TILE_VEC vec4
+#endif
 #define WEIGHT_COUNT (pc.N * pc.K)  // elements of W (block types, weights.glsl)
 #include "common.glsl"
 #include "weights.glsl"
@@ -32,8 +42,8 @@ layout(std430, set = 0, binding = 2) buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint M, N, K, ldy, y_col0, accumulate; } pc;
 
 const uint BK4 = BK / 4u;
-shared vec4 xs[BM * BK4];  // xs[mm * BK4 + kq] = x[m0 + mm, k0 + 4kq .. +3]
-shared vec4 ws[BN * BK4];  // ws[nn * BK4 + kq] = W[n0 + nn, k0 + 4kq .. +3]
+shared TILE_VEC xs[BM * BK4];  // xs[mm * BK4 + kq] = x[m0 + mm, k0 + 4kq .. +3]
+shared TILE_VEC ws[BN * BK4];  // ws[nn * BK4 + kq] = W[n0 + nn, k0 + 4kq .. +3]
 float acc[TM * TN];
 
 uint w_word(uint i) { return w[i]; }
@@ -72,11 +82,11 @@ vec4 w_quad(uint n, uint k) {
 void load_tiles(uint m0, uint n0, uint k0) {
     for (uint i = gl_LocalInvocationID.x; i < BM * BK4; i += WG_SIZE) {
         uint mm = i / BK4, kq = i - mm * BK4;
-        xs[i] = x_quad(m0 + mm, k0 + 4u * kq);
+        xs[i] = TILE_VEC(x_quad(m0 + mm, k0 + 4u * kq));
     }
     for (uint i = gl_LocalInvocationID.x; i < BN * BK4; i += WG_SIZE) {
         uint nn = i / BK4, kq = i - nn * BK4;
-        ws[i] = w_quad(n0 + nn, k0 + 4u * kq);
+        ws[i] = TILE_VEC(w_quad(n0 + nn, k0 + 4u * kq));
     }
 }
 
@@ -94,16 +104,24 @@ void main() {
         load_tiles(m0, n0, k0);
         barrier();
         [[unroll]] for (uint kq = 0u; kq < BK4; kq++) {
-            vec4 wv[TN];
+            TILE_VEC wv[TN];
             [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = ws[(tx + j * THREADS_N) * BK4 + kq];
             [[unroll]] for (uint i = 0u; i < TM; i++) {
-                vec4 xv = xs[(ty + i * THREADS_M) * BK4 + kq];
+                TILE_VEC xv = xs[(ty + i * THREADS_M) * BK4 + kq];
                 [[unroll]] for (uint j = 0u; j < TN; j++) {
                     float a = acc[i * TN + j];  // k order: .x .y .z .w
+#ifdef F16_MATH
+                    f16vec4 p = xv * wv[j];  // half products, f32 sum
+                    a += float(p.x);
+                    a += float(p.y);
+                    a += float(p.z);
+                    a += float(p.w);
+#else
                     a += xv.x * wv[j].x;
                     a += xv.y * wv[j].y;
                     a += xv.z * wv[j].z;
                     a += xv.w * wv[j].w;
+#endif
                     acc[i * TN + j] = a;
                 }
             }

@@ -125,6 +125,11 @@ static vks_buffer *weight_buffer(float *w, size_t rows, size_t cols, vks_dtype t
 
 /* ---- runners ---- */
 
+/* Half-arithmetic matmul (matmul_*_h): x and W rounded to half and each
+ * product rounded to half, u = 2^-11 each, so every term is off by at most
+ * about 3u relative and the NMSE of the sums by at most (3u)^2. */
+#define F16_MATH_NMSE (9.0 / (2048.0 * 2048.0))
+
 /* matmul: x [M,K], W [N,K] of dtype. mode 1: accumulate into a y of row stride
  * ldy = N + 7 at column 5, whose other columns must stay untouched. */
 static void run_matmul(const op_case *tc) {
@@ -154,7 +159,7 @@ static void run_matmul(const op_case *tc) {
             want[m * ldy + j] = base + (in ? prod[m * N + j - col0] : 0.0f);
         }
     download(by, got, ny * 4);
-    expect_close(tc->name, got, want, ny, tc->tol);
+    expect_close(tc->name, got, want, ny, vks_ops_f16_math(ops) ? F16_MATH_NMSE : tc->tol);
     free(x); free(w); free(y0); free(prod); free(want); free(got);
     vks_buffer_destroy(bx); vks_buffer_destroy(bw); vks_buffer_destroy(by);
 }
@@ -534,8 +539,13 @@ static int group_setup(void **state) {
     }
     if (vks_ops_create(gpu, &ops) != VKS_OK) return -1;
     const vks_device_info *info = vks_gpu_info(gpu);
-    fprintf(stderr, "device: %s, subgroup %u, shared %u\n", info->name, info->subgroup_size,
-            info->max_shared_bytes);
+    fprintf(stderr, "device: %s, subgroup %u, shared %u, matmul in %s\n", info->name, info->subgroup_size,
+            info->max_shared_bytes, vks_ops_f16_math(ops) ? "half arithmetic" : "f32");
+    const char *want_f16 = getenv("VKSWARM_FP16_MATH");
+    if (want_f16 && !strcmp(want_f16, "1") && !vks_ops_f16_math(ops)) {
+        fprintf(stderr, "VKSWARM_FP16_MATH=1 but the half-arithmetic kernels are off (device without shaderFloat16)\n");
+        return info->fp16_arith ? -1 : 0;
+    }
     return 0;
 }
 

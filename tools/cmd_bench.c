@@ -36,13 +36,15 @@ static double measure_copy_bandwidth(vks_gpu *g) {
     return best;
 }
 
-/* FLOP/s of the tiled matmul kernel on an M x K x N problem with dtype weights. */
-static double measure_matmul_rate(vks_gpu *g, vks_dtype dt, uint32_t M, uint32_t N, uint32_t K) {
+/* FLOP/s of the tiled matmul kernel on an M x K x N problem with dtype weights;
+ * *half: whether it ran the half-arithmetic variant. */
+static double measure_matmul_rate(vks_gpu *g, vks_dtype dt, uint32_t M, uint32_t N, uint32_t K, bool *half) {
     vks_ops *ops;
     vks_buffer *x, *w, *y;
     if (vks_ops_create(g, &ops) || vks_buffer_create(g, (size_t)M * K * 4, &x) ||
         vks_buffer_create(g, vks_op_weight_bytes(dt, N, K), &w) || vks_buffer_create(g, (size_t)M * N * 4, &y))
         cli_die(1, "bench: %s", vks_last_error());
+    *half = vks_ops_f16_math(ops);
     vks_buffer_fill(x, 0x3c000000u);
     vks_buffer_fill(w, dt == VKS_DTYPE_F32 ? 0x3c000000u : 0x20002000u);
     double best = 0;
@@ -146,7 +148,8 @@ int cmd_bench(int argc, char **argv) {
     fprintf(stderr, "vkswarm: bench: %lld parameters, %s weights, %.1f MiB on the device\n", (long long)params,
             ma.keep_file_dtype ? "file-typed" : vks_dtype_name(ma.dtype), vks_engine_weight_bytes(e) / 1048576.0);
     double copy_bw = measure_copy_bandwidth(g);
-    double mm_rate = measure_matmul_rate(g, ma.dtype, 512, 1024, 1024);
+    bool half = false;
+    double mm_rate = measure_matmul_rate(g, ma.dtype, 512, 1024, 1024, &half);
     run_decode(e, &(bench_shape){s.batch, 0, 1}, m->cfg.vocab_size); /* warm-up: pipelines, caches */
     vks_gpu_profile_reset(g);
     double t_pre = run_prefill(e, &s, m->cfg.vocab_size, chunk);
@@ -162,7 +165,8 @@ int cmd_bench(int argc, char **argv) {
            ma.keep_file_dtype ? "file types" : vks_dtype_name(ma.dtype),
            s.batch, s.prompt_len, s.gen);
     printf("copy bandwidth:    %10.2f GB/s\n", copy_bw / 1e9);
-    printf("matmul rate:       %10.2f GFLOP/s (512x1024x1024, %s weights)\n", mm_rate / 1e9, vks_dtype_name(ma.dtype));
+    printf("matmul rate:       %10.2f GFLOP/s (512x1024x1024, %s weights, %s arithmetic)\n", mm_rate / 1e9,
+           vks_dtype_name(ma.dtype), half ? "half" : "f32");
     printf("prefill:           %10.1f tokens/s  %8.2f GFLOP/s  %5.1f%% of matmul rate\n", pre_tps, pre_flops / 1e9,
            100.0 * pre_flops / mm_rate);
     printf("decode:            %10.1f tokens/s  %8.2f GB/s     %5.1f%% of copy bandwidth\n", dec_tps, dec_bw / 1e9,

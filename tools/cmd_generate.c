@@ -95,8 +95,10 @@ int cmd_generate(int argc, char **argv) {
                                .top_k = sp.top_k, .seed = sp.seed, .stop_token_a = sp.stop_token_a,
                                .stop_token_b = sp.stop_token_b};
     vks_gpu *g = cli_open_gpu(&a.m);
+    /* rollouts are recomputed by verifiers in f32 and compared within margins:
+     * no half arithmetic for them */
     vks_engine_options eo = {.dtype = a.m.dtype, .n_slots = n, .kv_len = steps, .max_rows = n > 256 ? n : 256,
-                             .max_out_rows = n};
+                             .max_out_rows = n, .f32_math = a.rollouts_out != NULL};
     vks_engine *e = cli_create_engine(g, m, &eo);
     generate_hooks hooks = {0};
     if (a.rollouts_out) {

@@ -187,7 +187,8 @@ int cmd_pipeline(int argc, char **argv) {
     vks_pipeline_options po = {.micro_batches = a.micro_batches, .batch = a.batch, .chunk = a.chunk, .sched = sp,
                                .wire = strcmp(a.wire, "f16") ? VKS_WIRE_F32 : VKS_WIRE_F16,
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
-                               .dtype = a.m.dtype, .keep_file_dtype = a.m.keep_file_dtype, .toploc = a.rollouts_out && !a.no_toploc};
+                               .dtype = a.m.dtype, .keep_file_dtype = a.m.keep_file_dtype, .toploc = a.rollouts_out && !a.no_toploc,
+                               .f32_math = a.rollouts_out != NULL};
     cli_rollouts *rollouts = NULL;
     if (rank == 0 && a.rollouts_out) /* no builder here: the last stage makes the proofs */
         rollouts = cli_rollouts_start(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false);

@@ -21,6 +21,8 @@ typedef struct {
     int n_slots;                /* sequences with a KV cache (0: 1) */
     int kv_len;                 /* positions per slot (0: model seq_len) */
     uint64_t max_chunk_bytes;   /* split weights above this (0: the device's binding limit) */
+    bool f32_math;              /* no half-arithmetic kernels even where the device has them
+                                   (verifiers: their logits are compared within a margin) */
 } vks_engine_options;
 
 typedef struct vks_engine vks_engine;

@@ -324,6 +324,7 @@ int vks_engine_create(vks_gpu *g, const vks_model *m, const vks_engine_options *
     e->has_embed = e->opt.layer_begin == 0;
     e->has_head = e->opt.layer_end == m->cfg.n_layers;
     if ((rc = check_fits(e, m)) || (rc = vks_ops_create(g, &e->ops))) goto fail;
+    if (e->opt.f32_math) vks_ops_set_f16_math(e->ops, false);
     int n = e->opt.layer_end - e->opt.layer_begin;
     e->layers = calloc((size_t)n, sizeof *e->layers);
     if (!e->layers) { rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory"); goto fail; }

@@ -212,8 +212,12 @@ static int create_logical_device(vks_gpu *g) {
     VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                    .queueFamilyIndex = g->queue_family, .queueCount = 1,
                                    .pQueuePriorities = &prio};
-    VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
-                              .pQueueCreateInfos = &qci};
+    /* Half arithmetic in shaders (the *_h kernel variants) needs the feature
+     * enabled, not just present. */
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                            .shaderFloat16 = g->info.fp16_arith ? VK_TRUE : VK_FALSE};
+    VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f12,
+                              .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci};
     VkResult r = vkCreateDevice(g->phys, &dci, NULL, &g->dev);
     if (r != VK_SUCCESS) return vks_vk_error(r, "vkCreateDevice");
     vkGetDeviceQueue(g->dev, g->queue_family, 0, &g->queue);

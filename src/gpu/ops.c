@@ -30,6 +30,7 @@ struct vks_ops {
     uint32_t mv_wg, mv_rows, mv_rows_per_wg;
     /* matmul tiles */
     uint32_t mm_bm, mm_bn, mm_bk, mm_tm, mm_tn;
+    bool mm_f16_math; /* matmul_*_h variants */
 };
 
 /* ---- small helpers ---- */
@@ -219,6 +220,18 @@ static void choose_matvec(vks_ops *o) {
     }
 }
 
+static bool default_f16_math(const vks_device_info *info) {
+    const char *env = getenv("VKSWARM_FP16_MATH");
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return info->fp16_arith && env[0] == '1';
+    return info->fp16_arith && info->type != VKS_DEVTYPE_CPU;
+}
+
+bool vks_ops_f16_math(const vks_ops *o) { return o && o->mm_f16_math; }
+
+void vks_ops_set_f16_math(vks_ops *o, bool on) {
+    if (o) o->mm_f16_math = on && o->info.fp16_arith;
+}
+
 int vks_ops_create(vks_gpu *g, vks_ops **out) {
     if (!g || !out) return vks_set_error(VKS_ERR_ARG, "vks_ops_create: NULL argument");
     vks_ops *o = calloc(1, sizeof *o);
@@ -230,6 +243,7 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
     o->wg_attention = pick_wg(&o->info, 64);
     choose_matvec(o);
     choose_matmul_tiles(o);
+    o->mm_f16_math = default_f16_math(&o->info);
     *out = o;
     return VKS_OK;
 }
@@ -320,7 +334,7 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
                                vks_dtype dtype, vks_binding y, const uint32_t push[6]) {
     uint32_t M = push[0], N = push[1];
     char name[32];
-    snprintf(name, sizeof name, "matmul_%s", dtype_suffix(dtype));
+    snprintf(name, sizeof name, "matmul_%s%s", dtype_suffix(dtype), o->mm_f16_math ? "_h" : "");
     uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
     /* vector staging loads need whole 8-element groups per row and aligned bindings */
     uint32_t vec4 = push[2] % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
