@@ -484,6 +484,10 @@ static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *job
     checker_wait_idle(&k); /* the last batch's rows are in before the chunks are checked */
     checker_stop(&k);
     for (int j = 0; rc == VKS_OK && j < n_jobs; j++) rc = job_finish(&jobs[j], c, o);
+    for (int j = 0; j < n_jobs; j++) { /* after an error: the rows of unfinished jobs */
+        free(jobs[j].hidden);
+        jobs[j].hidden = NULL;
+    }
     return rc;
 }
 
@@ -513,7 +517,7 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
         rc = job_start(&jobs[n_jobs], &samples[i], &out[i], c->dim);
         if (rc == VKS_OK) n_jobs++;
     }
-    for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* after an error */
+    for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* started but not run (an error) */
     gpu_batch_free(&b[0]);
     gpu_batch_free(&b[1]);
     free(jobs);
