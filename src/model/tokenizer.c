@@ -9,8 +9,9 @@
  * continuation bytes, exactly as run.c groups them, so invalid UTF-8 simply
  * falls back to bytes), byte fallback id = byte + 3, then repeatedly merge the
  * adjacent pair with the highest score (leftmost on ties; only scores above
- * -1e10 as in run.c), then optional EOS. The merge loop uses a heap with lazy
- * invalidation instead of run.c's full rescans: same result, O(n log n).
+ * -1e10 as in run.c), then optional EOS. The merges run through the engine
+ * shared with SPM and BPE (tokenizer_merge.c: a heap with lazy invalidation)
+ * instead of run.c's full rescans: same result, O(n log n).
  * Deviations only matter for hostile vocabularies: if " " is not in the
  * vocabulary the dummy prefix uses byte fallback (run.c would emit -1), byte
  * fallback ids beyond the vocabulary become 0 (<unk>), and duplicate pieces
@@ -270,111 +271,37 @@ static int split_codepoints(const vks_tokenizer *t, const char *text, size_t len
     return n_ids;
 }
 
-typedef struct {
-    float score;
-    int32_t left, right, id;
-    uint32_t left_ver, right_ver;
-} merge_cand;
-
-typedef struct {
-    int32_t *tok, *next, *prev;
-    uint32_t *ver;
-    merge_cand *heap;
-    size_t heap_n;
-    char *scratch; /* 2 * max_token_length bytes for a concatenated pair */
-} merge_state;
-
-/* Higher score first; equal scores: leftmost first (list order = node order). */
-static bool cand_before(const merge_cand *a, const merge_cand *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void heap_push(merge_state *s, merge_cand c) {
-    size_t i = s->heap_n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!cand_before(&c, &s->heap[parent])) break;
-        s->heap[i] = s->heap[parent];
-        i = parent;
-    }
-    s->heap[i] = c;
-}
-
-static merge_cand heap_pop(merge_state *s) {
-    merge_cand top = s->heap[0], last = s->heap[--s->heap_n];
-    size_t i = 0, n = s->heap_n;
-    for (;;) {
-        size_t child = 2 * i + 1;
-        if (child >= n) break;
-        if (child + 1 < n && cand_before(&s->heap[child + 1], &s->heap[child])) child++;
-        if (!cand_before(&s->heap[child], &last)) break;
-        s->heap[i] = s->heap[child];
-        i = child;
-    }
-    if (n > 0) s->heap[i] = last;
-    return top;
-}
-
-/* Pushes the merge of nodes a and b if their concatenation is a mergeable piece. */
-static void push_pair(const vks_tokenizer *t, merge_state *s, int32_t a, int32_t b) {
-    if (a < 0 || b < 0) return;
-    int32_t ta = s->tok[a], tb = s->tok[b];
-    size_t la = (size_t)t->len[ta], lb = (size_t)t->len[tb];
-    memcpy(s->scratch, t->blob + t->offset[ta], la);
-    memcpy(s->scratch + la, t->blob + t->offset[tb], lb);
-    int32_t id = tok_lookup(t, s->scratch, la + lb);
-    if (id < 0 || !(t->score[id] > TOK_MIN_MERGE_SCORE)) return;
-    heap_push(s, (merge_cand){t->score[id], a, b, id, s->ver[a], s->ver[b]});
-}
-
-static bool cand_current(const merge_state *s, const merge_cand *c) {
-    return s->next[c->left] == c->right && s->ver[c->left] == c->left_ver &&
-           s->ver[c->right] == c->right_ver;
-}
-
-static void run_merges(const vks_tokenizer *t, merge_state *s, int n) {
-    for (int i = 0; i + 1 < n; i++) push_pair(t, s, i, i + 1);
-    while (s->heap_n > 0) {
-        merge_cand c = heap_pop(s);
-        if (!cand_current(s, &c)) continue; /* stale: a neighbour changed since the push */
-        int32_t after = s->next[c.right];
-        s->tok[c.left] = c.id;
-        s->ver[c.left]++;
-        s->ver[c.right]++; /* the right node is gone; invalidates its entries */
-        s->next[c.right] = -1;
-        s->next[c.left] = after;
-        if (after >= 0) s->prev[after] = c.left;
-        push_pair(t, s, s->prev[c.left], c.left);
-        push_pair(t, s, c.left, after);
-    }
+/* run.c's merge rule through the shared engine (tokenizer_merge.c): the pair
+ * whose concatenated pieces form the best-scoring vocabulary entry merges
+ * first (priority = -score), leftmost on ties, and only entries scoring above
+ * -1e10. Pieces are concatenated by id, as run.c does, so byte-fallback
+ * tokens merge by their "<0xAB>" text. ctx: 2 * max_token_length bytes. */
+static bool llama2c_pair(const vks_tokenizer *t, void *ctx, const tok_sym *a, const tok_sym *b, double *priority,
+                         int32_t *id) {
+    char *joined = ctx;
+    size_t la = (size_t)t->len[a->id], lb = (size_t)t->len[b->id];
+    memcpy(joined, t->blob + t->offset[a->id], la);
+    memcpy(joined + la, t->blob + t->offset[b->id], lb);
+    int32_t m = tok_lookup(t, joined, la + lb);
+    if (m < 0 || !(t->score[m] > TOK_MIN_MERGE_SCORE)) return false;
+    *priority = -(double)t->score[m];
+    *id = m;
+    return true;
 }
 
 /* Merges ids[0..n) in place; returns the new count, or -1 on allocation failure. */
 static int merge_pairs(const vks_tokenizer *t, int32_t *ids, int n) {
     if (n < 2) return n;
-    merge_state s = {0};
-    s.tok = ids;
-    s.next = malloc((size_t)n * sizeof *s.next);
-    s.prev = malloc((size_t)n * sizeof *s.prev);
-    s.ver = calloc((size_t)n, sizeof *s.ver);
-    s.heap = malloc(3 * (size_t)n * sizeof *s.heap); /* n-1 initial + 2 per merge */
-    s.scratch = malloc(2 * (size_t)t->max_token_length);
-    int count = -1;
-    if (s.next && s.prev && s.ver && s.heap && s.scratch) {
-        for (int i = 0; i < n; i++) {
-            s.next[i] = i + 1 < n ? i + 1 : -1;
-            s.prev[i] = i - 1;
-        }
-        run_merges(t, &s, n);
-        count = 0; /* node 0 is never removed: compact the list in place */
-        for (int32_t i = 0; i >= 0; i = s.next[i]) ids[count++] = s.tok[i];
-    }
-    free(s.next);
-    free(s.prev);
-    free(s.ver);
-    free(s.heap);
-    free(s.scratch);
-    return count;
+    tok_sym *syms = malloc((size_t)n * sizeof *syms);
+    char *joined = malloc(2 * (size_t)t->max_token_length);
+    size_t count = (size_t)n;
+    int rc = syms && joined ? VKS_OK : VKS_ERR_NOMEM;
+    for (int i = 0; rc == VKS_OK && i < n; i++) syms[i] = (tok_sym){0, 0, ids[i]};
+    if (rc == VKS_OK) rc = tok_merge(t, joined, syms, &count, llama2c_pair);
+    for (size_t i = 0; rc == VKS_OK && i < count; i++) ids[i] = syms[i].id;
+    free(syms);
+    free(joined);
+    return rc == VKS_OK ? (int)count : -1;
 }
 
 /* SPM / BPE through vks_tokenizer_tokenize, into the caller's len + 3 ids. */

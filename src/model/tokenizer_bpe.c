@@ -62,9 +62,9 @@ bool tok_merge_find(const vks_tokenizer *t, int32_t left, int32_t right, int32_t
     }
 }
 
-static bool bpe_pair(const vks_tokenizer *t, const char *text, const tok_sym *a, const tok_sym *b,
-                     double *priority, int32_t *id) {
-    (void)text;
+static bool bpe_pair(const vks_tokenizer *t, void *ctx, const tok_sym *a, const tok_sym *b, double *priority,
+                     int32_t *id) {
+    (void)ctx; /* merges are by id */
     int32_t rank;
     if (!tok_merge_find(t, a->id, b->id, &rank, id)) return false;
     *priority = (double)rank;
@@ -100,7 +100,7 @@ static int encode_word(const vks_tokenizer *t, const char *w, size_t n, tok_sym 
     }
     for (size_t i = 0; i < n; i++) syms[i] = (tok_sym){(int32_t)i, 1, t->byte_token[(unsigned char)w[i]]};
     size_t count = n;
-    int rc = tok_merge(t, w, syms, &count, bpe_pair);
+    int rc = tok_merge(t, NULL, syms, &count, bpe_pair);
     for (size_t i = 0; rc == VKS_OK && i < count; i++) {
         int32_t id = syms[i].id >= 0 ? syms[i].id : t->unk;
         if (id >= 0) rc = tok_ids_push(out, id);

@@ -68,16 +68,18 @@ typedef struct {
 int tok_ids_push(tok_ids *ids, int32_t id);
 
 /* ---- merge engine (tokenizer_merge.c) ----
- * Symbols are adjacent spans of one text buffer. `pair` decides whether two
- * neighbours merge: it returns true with a priority (lower merges first; ties
- * go to the leftmost pair) and the id of the merged symbol. */
+ * Symbols are adjacent spans of one text (start, len) with their ids. `pair`
+ * decides whether two neighbours merge: it returns true with a priority
+ * (lower merges first; ties go to the leftmost pair) and the id of the merged
+ * symbol. `ctx` is the caller's, passed to `pair` as it is (SPM: the text;
+ * llama2.c: a scratch buffer). */
 typedef struct {
     int32_t start, len, id;
 } tok_sym;
-typedef bool (*tok_pair_fn)(const vks_tokenizer *t, const char *text, const tok_sym *a, const tok_sym *b,
-                            double *priority, int32_t *id);
+typedef bool (*tok_pair_fn)(const vks_tokenizer *t, void *ctx, const tok_sym *a, const tok_sym *b, double *priority,
+                            int32_t *id);
 /* Merges syms[0..*n) in place (compacting them); VKS_ERR_NOMEM on failure. */
-int tok_merge(const vks_tokenizer *t, const char *text, tok_sym *syms, size_t *n, tok_pair_fn pair);
+int tok_merge(const vks_tokenizer *t, void *ctx, tok_sym *syms, size_t *n, tok_pair_fn pair);
 
 /* ---- per kind ---- */
 int tok_spm_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, bool prefix_space,

@@ -27,7 +27,7 @@ typedef struct {
 
 typedef struct {
     const vks_tokenizer *t;
-    const char *text;
+    void *ctx;
     tok_sym *sym;
     tok_pair_fn pair;
     int32_t *next, *prev;
@@ -69,7 +69,7 @@ static pair_cand heap_pop(merge_state *s) {
 static void push_pair(merge_state *s, int32_t a, int32_t b) {
     if (a < 0 || b < 0) return;
     pair_cand c = {.left = a, .right = b, .left_ver = s->ver[a], .right_ver = s->ver[b]};
-    if (s->pair(s->t, s->text, &s->sym[a], &s->sym[b], &c.priority, &c.id)) heap_push(s, c);
+    if (s->pair(s->t, s->ctx, &s->sym[a], &s->sym[b], &c.priority, &c.id)) heap_push(s, c);
 }
 
 static bool cand_current(const merge_state *s, const pair_cand *c) {
@@ -94,11 +94,11 @@ static void run_merges(merge_state *s, size_t n) {
     }
 }
 
-int tok_merge(const vks_tokenizer *t, const char *text, tok_sym *syms, size_t *n_io, tok_pair_fn pair) {
+int tok_merge(const vks_tokenizer *t, void *ctx, tok_sym *syms, size_t *n_io, tok_pair_fn pair) {
     size_t n = *n_io;
     if (n < 2) return VKS_OK;
     if (n > (size_t)INT32_MAX / 4) return vks_set_error(VKS_ERR_NOMEM, "tokenize: word of %zu symbols", n);
-    merge_state s = {.t = t, .text = text, .sym = syms, .pair = pair};
+    merge_state s = {.t = t, .ctx = ctx, .sym = syms, .pair = pair};
     s.next = malloc(n * sizeof *s.next);
     s.prev = malloc(n * sizeof *s.prev);
     s.ver = calloc(n, sizeof *s.ver);

@@ -29,8 +29,9 @@ static int32_t text_piece(const vks_tokenizer *t, const char *s, size_t n) {
     return ty == VKS_TOKEN_TYPE_CONTROL || ty == VKS_TOKEN_TYPE_UNKNOWN || ty == VKS_TOKEN_TYPE_BYTE ? -1 : id;
 }
 
-static bool spm_pair(const vks_tokenizer *t, const char *text, const tok_sym *a, const tok_sym *b,
-                     double *priority, int32_t *id) {
+static bool spm_pair(const vks_tokenizer *t, void *ctx, const tok_sym *a, const tok_sym *b, double *priority,
+                     int32_t *id) {
+    const char *text = ctx;
     int32_t m = text_piece(t, text + a->start, (size_t)a->len + (size_t)b->len);
     if (m < 0) return false;
     *priority = -(double)t->score[m];
