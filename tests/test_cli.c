@@ -5,29 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-
-static const char *bin(void) {
-    const char *b = getenv("VKSWARM_BIN");
-    return b ? b : "./vkswarm";
-}
-
-/* Runs a shell command; captures stdout into *out (malloc'd); returns the exit status. */
-static int run(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = 0;
-    int st = pclose(p);
-    if (out) *out = buf; else free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
 
 static void test_help_everywhere(void **state) {
     (void)state;
@@ -35,22 +12,22 @@ static void test_help_everywhere(void **state) {
     char cmd[1024];
     for (int i = 0; i < 4; i++) {
         char *out;
-        snprintf(cmd, sizeof cmd, "%s %s --help 2>/dev/null", bin(), cmds[i]);
-        assert_int_equal(run(cmd, &out), 0);
+        snprintf(cmd, sizeof cmd, "%s %s --help 2>/dev/null", tu_bin(), cmds[i]);
+        assert_int_equal(tu_run(cmd, &out), 0);
         assert_non_null(strstr(out, "usage: vkswarm"));
         free(out);
     }
-    snprintf(cmd, sizeof cmd, "%s nonsense 2>/dev/null", bin());
-    assert_int_equal(run(cmd, NULL), 2);
-    snprintf(cmd, sizeof cmd, "%s generate --temp abc 2>/dev/null", bin());
-    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "%s nonsense 2>/dev/null", tu_bin());
+    assert_int_equal(tu_run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "%s generate --temp abc 2>/dev/null", tu_bin());
+    assert_int_equal(tu_run(cmd, NULL), 2);
 }
 
 static void test_devices(void **state) {
     (void)state;
     char cmd[1024], *out;
-    snprintf(cmd, sizeof cmd, "%s devices", bin());
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "%s devices", tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_non_null(strstr(out, "subgroup"));
     assert_non_null(strstr(out, "0*"));
     free(out);
@@ -63,8 +40,8 @@ static void check_text(const char *args, const char *ref_rel) {
     snprintf(model_s, sizeof model_s, "%s", model);
     snprintf(tok_s, sizeof tok_s, "%s", tu_shared_path("stories260K/tok512.bin"));
     char *want = (char *)tu_read_file(tu_shared_path(ref_rel), NULL);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokenizer %s %s 2>/dev/null", bin(), model_s, tok_s, args);
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokenizer %s %s 2>/dev/null", tu_bin(), model_s, tok_s, args);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, want);
     free(out);
     free(want);
@@ -85,9 +62,9 @@ static void test_logits_file(void **state) {
     snprintf(ids_s, sizeof ids_s, "%s", tu_shared_path("stories260K/ref/greedy_onceuponatime_n64.ids"));
     snprintf(ref_s, sizeof ref_s, "%s", tu_shared_path("stories260K/ref/greedy_onceuponatime_n64.logits.f32"));
     snprintf(out_path, sizeof out_path, "%s/logits.f32", tu_tmpdir());
-    snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s --out %s 2>/dev/null", bin(), model_s, ids_s, out_path);
+    snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s --out %s 2>/dev/null", tu_bin(), model_s, ids_s, out_path);
     /* the ids file holds 65 ids (64 fed + the last sampled); the reference has 64 rows */
-    assert_int_equal(run(cmd, NULL), 0);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     size_t got_n, ref_n;
     float *got = (float *)tu_read_file(out_path, &got_n), *ref = (float *)tu_read_file(ref_s, &ref_n);
     assert_int_equal(got_n, ref_n + 512 * 4);
@@ -109,9 +86,9 @@ static void test_prompts_jsonl(void **state) {
     FILE *f = fopen(path, "w");
     fputs("Once upon a time\nThe \"dog\"\n", f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokenizer %s --prompts %s --temp 0 -n 64 2>/dev/null", bin(),
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokenizer %s --prompts %s --temp 0 -n 64 2>/dev/null", tu_bin(),
              model_s, tok_s, path);
-    assert_int_equal(run(cmd, &out), 0);
+    assert_int_equal(tu_run(cmd, &out), 0);
     char *line2 = strchr(out, '\n');
     assert_non_null(line2);
     *line2++ = 0;
@@ -137,15 +114,15 @@ static void test_bad_files_exit_2(void **state) {
     int32_t hdr[7] = {64, 172, 5, 8, 4, 512, 512};
     fwrite(hdr, 4, 7, f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s -n 4 2>%s", bin(), path, errp);
-    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s -n 4 2>%s", tu_bin(), path, errp);
+    assert_int_equal(tu_run(cmd, NULL), 2);
     char *err = (char *)tu_read_file(errp, NULL);
     assert_non_null(strstr(err, "bad.bin"));
     assert_non_null(strchr(err, '\n'));
     assert_true(strchr(err, '\n')[1] == 0); /* one line */
     free(err);
-    snprintf(cmd, sizeof cmd, "%s generate --model /nonexistent/m.bin 2>/dev/null", bin());
-    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "%s generate --model /nonexistent/m.bin 2>/dev/null", tu_bin());
+    assert_int_equal(tu_run(cmd, NULL), 2);
     const char *model = tu_shared_path("stories260K/stories260K.bin");
     if (!model) return;
     char model_s[2048];
@@ -154,12 +131,12 @@ static void test_bad_files_exit_2(void **state) {
     f = fopen(path, "w");
     fputs("1 2 3 999\n", f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s --out %s/o.f32 2>/dev/null", bin(), model_s, path, dir);
-    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "%s logits --model %s --ids %s --out %s/o.f32 2>/dev/null", tu_bin(), model_s, path, dir);
+    assert_int_equal(tu_run(cmd, NULL), 2);
     f = fopen(path, "w");
     fputs("1 2 x3\n", f);
     fclose(f);
-    assert_int_equal(run(cmd, NULL), 2);
+    assert_int_equal(tu_run(cmd, NULL), 2);
 }
 
 int main(void) {

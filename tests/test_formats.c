@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 /* ---- helpers ---- */
@@ -976,16 +975,6 @@ static void test_fuzz_regressions(void **state) {
 
 /* ---- the convert CLI ---- */
 
-static const char *bin_path(void) {
-    const char *b = getenv("VKSWARM_BIN");
-    return b ? b : "./vkswarm";
-}
-
-static int run(const char *cmd) {
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 static void test_convert_cli(void **state) {
     (void)state;
     char *model = shared_file("stories260K/stories260K.bin");
@@ -993,17 +982,18 @@ static void test_convert_cli(void **state) {
     if (!model || !tok) { free(model); free(tok); return; }
     const char *dir = tu_tmpdir();
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s/a.gguf --tokenizer %s 2>/dev/null", bin_path(), model, dir, tok);
-    assert_int_equal(run(cmd), 0);
-    snprintf(cmd, sizeof cmd, "%s convert --in %s/a.gguf --out %s/hf --type bf16 2>/dev/null", bin_path(), dir, dir);
-    assert_int_equal(run(cmd), 0);
-    snprintf(cmd, sizeof cmd, "%s convert --in %s/a.gguf --out %s/q.gguf --type q8_0 2>/dev/null", bin_path(), dir, dir);
-    assert_int_equal(run(cmd), 0);
-    snprintf(cmd, sizeof cmd, "%s convert --in %s/hf --out %s/b.bin 2>/dev/null", bin_path(), dir, dir);
-    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s/a.gguf --tokenizer %s 2>/dev/null", tu_bin(), model, dir,
+             tok);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s/a.gguf --out %s/hf --type bf16 2>/dev/null", tu_bin(), dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s/a.gguf --out %s/q.gguf --type q8_0 2>/dev/null", tu_bin(), dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s/hf --out %s/b.bin 2>/dev/null", tu_bin(), dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     snprintf(cmd, sizeof cmd, "%s convert --random-model 256,320,1,4,4,64,64 --out %s/r.gguf --type q4_k 2>/dev/null",
-             bin_path(), dir);
-    assert_int_equal(run(cmd), 0);
+             tu_bin(), dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     char p[1024];
     vks_model *o, *h, *q, *b, *r;
     assert_int_equal(vks_model_load(model, &o), VKS_OK);
@@ -1047,15 +1037,15 @@ static void test_convert_cli(void **state) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char args[2048];
         snprintf(args, sizeof args, bad[i], model, dir);
-        snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", bin_path(), args);
-        if (run(cmd) != 2) fail_msg("'%s' did not exit 2", args);
+        snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", tu_bin(), args);
+        if (tu_run(cmd, NULL) != 2) fail_msg("'%s' did not exit 2", args);
     }
-    snprintf(cmd, sizeof cmd, "%s convert --help | grep -q 'usage: vkswarm convert'", bin_path());
-    assert_int_equal(run(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s convert --help | grep -q 'usage: vkswarm convert'", tu_bin());
+    assert_int_equal(tu_run(cmd, NULL), 0);
     /* --model in other commands takes any format */
     snprintf(cmd, sizeof cmd, "cd %s && printf '1 403 407' > ids && %s logits --model hf --ids ids --out l 2>/dev/null",
-             dir, bin_path());
-    assert_int_equal(run(cmd), 0);
+             dir, tu_bin());
+    assert_int_equal(tu_run(cmd, NULL), 0);
     free(model);
     free(tok);
 }

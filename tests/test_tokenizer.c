@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "vkswarm/vks_gguf.h"
 #include "vkswarm/vks_model.h"
@@ -517,27 +516,6 @@ static void test_gguf_bad_fields(void **s) {
 
 /* ---- through the binary ---- */
 
-static const char *bin(void) {
-    const char *b = getenv("VKSWARM_BIN");
-    return b ? b : "./vkswarm";
-}
-
-static int run(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = 0;
-    int st = pclose(p);
-    if (out) *out = buf;
-    else free(buf);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 static void test_cli(void **s) {
     (void)s;
     const char *p = tu_shared_path("llamacpp-vocab/ggml-vocab-gpt-2.gguf");
@@ -546,65 +524,65 @@ static void test_cli(void **s) {
     snprintf(gpt2, sizeof gpt2, "%s", p);
     snprintf(spm, sizeof spm, "%s", tu_shared_path("llamacpp-vocab/ggml-vocab-llama-spm.gguf"));
     snprintf(tok512, sizeof tok512, "%s", tu_shared_path("stories260K/tok512.bin"));
-    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --tokenizer %s", bin(), gpt2);
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --tokenizer %s", tu_bin(), gpt2);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "15496 995\n");
     free(out);
-    snprintf(cmd, sizeof cmd, "echo '15496 995 50256' | %s detokenize --tokenizer %s", bin(), gpt2);
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "echo '15496 995 50256' | %s detokenize --tokenizer %s", tu_bin(), gpt2);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "Hello world");
     free(out);
-    snprintf(cmd, sizeof cmd, "echo '15496 995 50256' | %s detokenize --special --tokenizer %s", bin(), gpt2);
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "echo '15496 995 50256' | %s detokenize --special --tokenizer %s", tu_bin(), gpt2);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "Hello world<|endoftext|>");
     free(out);
-    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --model %s", bin(), gpt2);
-    assert_int_equal(run(cmd, &out), 0); /* --model alone: the GGUF's own tokenizer */
+    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --model %s", tu_bin(), gpt2);
+    assert_int_equal(tu_run(cmd, &out), 0); /* --model alone: the GGUF's own tokenizer */
     assert_string_equal(out, "15496 995\n");
     free(out);
     /* SPM: BOS by default (add_bos_token), --no-bos off. */
-    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --tokenizer %s", bin(), spm);
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --tokenizer %s", tu_bin(), spm);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "1 15043 3186\n");
     free(out);
-    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --no-bos --tokenizer %s", bin(), spm);
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "printf 'Hello world' | %s tokenize --no-bos --tokenizer %s", tu_bin(), spm);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "15043 3186\n");
     free(out);
-    snprintf(cmd, sizeof cmd, "echo 1 15043 3186 | %s detokenize --tokenizer %s", bin(), spm);
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "echo 1 15043 3186 | %s detokenize --tokenizer %s", tu_bin(), spm);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "Hello world");
     free(out);
     /* Chat with a named template: the markers are special tokens of the vocabulary. */
     snprintf(cmd, sizeof cmd, "printf 'Hi' | %s tokenize --chat --chat-template llama2 --no-bos --tokenizer %s "
-             "| %s detokenize --tokenizer %s", bin(), spm, bin(), spm);
-    assert_int_equal(run(cmd, &out), 0);
+             "| %s detokenize --tokenizer %s", tu_bin(), spm, tu_bin(), spm);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "[INST] Hi [/INST]");
     free(out);
     /* llama2.c tokenizer.bin without a model needs --vocab-size. */
     snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s tokenize --no-bos --vocab-size 512 --tokenizer %s",
-             bin(), tok512);
-    assert_int_equal(run(cmd, &out), 0);
+             tu_bin(), tok512);
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "403 407 261 378\n");
     free(out);
-    snprintf(cmd, sizeof cmd, "printf 'x' | %s tokenize --tokenizer %s 2>/dev/null", bin(), tok512);
-    assert_int_equal(run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "printf 'x' | %s tokenize --tokenizer %s 2>/dev/null", tu_bin(), tok512);
+    assert_int_equal(tu_run(cmd, NULL), 2);
     /* Bad input: exit 2. */
-    snprintf(cmd, sizeof cmd, "echo '15496 99999999' | %s detokenize --tokenizer %s 2>/dev/null", bin(), gpt2);
-    assert_int_equal(run(cmd, NULL), 2);
-    snprintf(cmd, sizeof cmd, "echo '15496 x' | %s detokenize --tokenizer %s 2>/dev/null", bin(), gpt2);
-    assert_int_equal(run(cmd, NULL), 2);
-    snprintf(cmd, sizeof cmd, "printf x | %s tokenize --tokenizer /nonexistent.gguf 2>/dev/null", bin());
-    assert_int_equal(run(cmd, NULL), 2);
-    snprintf(cmd, sizeof cmd, "printf x | %s tokenize --chat --chat-template nope --tokenizer %s 2>/dev/null", bin(),
+    snprintf(cmd, sizeof cmd, "echo '15496 99999999' | %s detokenize --tokenizer %s 2>/dev/null", tu_bin(), gpt2);
+    assert_int_equal(tu_run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "echo '15496 x' | %s detokenize --tokenizer %s 2>/dev/null", tu_bin(), gpt2);
+    assert_int_equal(tu_run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "printf x | %s tokenize --tokenizer /nonexistent.gguf 2>/dev/null", tu_bin());
+    assert_int_equal(tu_run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "printf x | %s tokenize --chat --chat-template nope --tokenizer %s 2>/dev/null", tu_bin(),
              gpt2);
-    assert_int_equal(run(cmd, NULL), 2);
-    snprintf(cmd, sizeof cmd, "%s tokenize --help", bin());
-    assert_int_equal(run(cmd, &out), 0);
+    assert_int_equal(tu_run(cmd, NULL), 2);
+    snprintf(cmd, sizeof cmd, "%s tokenize --help", tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_non_null(strstr(out, "usage: vkswarm tokenize"));
     free(out);
-    snprintf(cmd, sizeof cmd, "%s detokenize --help", bin());
-    assert_int_equal(run(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "%s detokenize --help", tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
     assert_non_null(strstr(out, "usage: vkswarm detokenize"));
     free(out);
 }

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include "vkswarm/vks_cpu_forward.h"
 #include "vkswarm/vks_ref.h"
@@ -905,11 +904,6 @@ static void test_malformed_proofs_rejected(void **state) {
 
 /* ---------------- the CLI, and lavapipe at other subgroup sizes ---------------- */
 
-static int run(const char *cmd) {
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 static void test_cli_generate_verify(void **state) {
     (void)state;
     const char *bin = getenv("VKSWARM_BIN"), *path = tu_shared_path("stories260K/stories260K.bin");
@@ -920,19 +914,19 @@ static void test_cli_generate_verify(void **state) {
     snprintf(tok_s, sizeof tok_s, "%s", path);
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nThe dog\\nLily\\n\\n' > %s/p.txt", dir);
-    assert_int_equal(run(cmd), 0);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     const char *widths[] = {"", "LP_NATIVE_VECTOR_WIDTH=128 ", "LP_NATIVE_VECTOR_WIDTH=1024 "};
     for (int w = 0; w < 3; w++) {
         snprintf(cmd, sizeof cmd, "%s%s generate --model %s --tokenizer %s --prompts %s/p.txt -n 60 --seed %d "
                  "--rollouts-out %s/r%d.jsonl > /dev/null 2>&1", widths[w], bin, model_s, tok_s, dir, 10 + w, dir, w);
-        assert_int_equal(run(cmd), 0);
+        assert_int_equal(tu_run(cmd, NULL), 0);
         snprintf(cmd, sizeof cmd, "%s verify --cpu --jsonl --model %s --rollouts %s/r%d.jsonl > %s/v%d.jsonl 2>/dev/null",
                  bin, model_s, dir, w, dir, w);
-        assert_int_equal(run(cmd), 0);
+        assert_int_equal(tu_run(cmd, NULL), 0);
     }
     /* GPU verifier, text output */
     snprintf(cmd, sizeof cmd, "%s verify --model %s --rollouts %s/r0.jsonl > %s/v.txt 2>/dev/null", bin, model_s, dir, dir);
-    assert_int_equal(run(cmd), 0);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     snprintf(cmd, sizeof cmd, "%s/v0.jsonl", dir);
     char *out = (char *)tu_read_file(cmd, NULL);
     assert_non_null(out);
@@ -941,11 +935,11 @@ static void test_cli_generate_verify(void **state) {
     /* the task known: the same prompts pass; another prompt 2 rejects sample 1 */
     snprintf(cmd, sizeof cmd, "%s verify --cpu --model %s --tokenizer %s --prompts %s/p.txt --rollouts %s/r0.jsonl "
              "> /dev/null 2>&1", bin, model_s, tok_s, dir, dir);
-    assert_int_equal(run(cmd), 0);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     snprintf(cmd, sizeof cmd, "printf 'Once upon a time\\nThe cat\\nLily\\n\\n' > %s/q.txt && %s verify --cpu --jsonl "
              "--model %s --tokenizer %s --prompts %s/q.txt --rollouts %s/r0.jsonl > %s/vq.jsonl 2>/dev/null", dir, bin,
              model_s, tok_s, dir, dir, dir);
-    assert_int_equal(run(cmd), 1);
+    assert_int_equal(tu_run(cmd, NULL), 1);
     snprintf(cmd, sizeof cmd, "%s/vq.jsonl", dir);
     out = (char *)tu_read_file(cmd, NULL);
     assert_non_null(out);
@@ -954,12 +948,12 @@ static void test_cli_generate_verify(void **state) {
     free(out);
     /* a tampered file: exit 1; a malformed one: exit 2 */
     snprintf(cmd, sizeof cmd, "sed '2s/\"output_ids\":\\[/\"output_ids\":[9,/' %s/r0.jsonl > %s/bad.jsonl", dir, dir);
-    assert_int_equal(run(cmd), 0);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     snprintf(cmd, sizeof cmd, "%s verify --cpu --model %s --rollouts %s/bad.jsonl > /dev/null 2>&1", bin, model_s, dir);
-    assert_int_equal(run(cmd), 1);
+    assert_int_equal(tu_run(cmd, NULL), 1);
     snprintf(cmd, sizeof cmd, "head -c 300 %s/r0.jsonl > %s/trunc.jsonl && %s verify --cpu --model %s --rollouts "
              "%s/trunc.jsonl > /dev/null 2>&1", dir, dir, bin, model_s, dir);
-    assert_int_equal(run(cmd), 2);
+    assert_int_equal(tu_run(cmd, NULL), 2);
 }
 
 int main(void) {

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "vkswarm/vks_gpu.h"
 
@@ -71,4 +72,29 @@ struct vks_gpu *tu_gpu_open(void) {
         return NULL;
     }
     return g;
+}
+
+const char *tu_bin(void) {
+    const char *b = getenv("VKSWARM_BIN");
+    return b ? b : "./vkswarm";
+}
+
+int tu_run(const char *cmd, char **out) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (len + 1 == cap) {
+            buf = realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+    }
+    buf[len] = 0;
+    int st = pclose(p);
+    if (out) *out = buf;
+    else free(buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }

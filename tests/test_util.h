@@ -24,4 +24,10 @@ void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
 struct vks_gpu *tu_gpu_open(void);
 /* Makes a fresh temporary directory; returns static path. */
 const char *tu_tmpdir(void);
+/* The vkswarm binary under test: $VKSWARM_BIN, else ./vkswarm. */
+const char *tu_bin(void);
+/* Runs a shell command and reads its stdout: into *out (malloc'd,
+ * NUL-terminated) when out is not NULL, else discarded. Returns the exit
+ * status, or 128 when the command did not exit normally. */
+int tu_run(const char *cmd, char **out);
 #endif
