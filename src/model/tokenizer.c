@@ -344,20 +344,6 @@ int vks_tokenizer_encode(const vks_tokenizer *t, const char *text, size_t len, b
 
 /* ---- decode ---- */
 
-static int hex_value(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* Byte of a "<0xHH>" piece, or -1. */
-static int byte_piece_value(const char *p, size_t n) {
-    if (n != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>') return -1;
-    int hi = hex_value(p[3]), lo = hex_value(p[4]);
-    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
-}
-
 const char *vks_tokenizer_decode(const vks_tokenizer *t, int prev, int next, char *buf, size_t *len) {
     static const char empty[1] = "";
     if (len) *len = 0;
@@ -379,7 +365,7 @@ const char *vks_tokenizer_decode(const vks_tokenizer *t, int prev, int next, cha
         piece++;
         n--;
     }
-    int byte = byte_piece_value(piece, n);
+    int byte = tok_byte_piece(piece, n);
     if (byte >= 0) {
         buf[0] = (char)byte;
         buf[1] = '\0';

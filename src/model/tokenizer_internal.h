@@ -57,6 +57,8 @@ struct vks_tokenizer {
 
 /* Id of the piece equal to bytes[0..n), lowest id among duplicates, or -1. */
 int32_t tok_lookup(const vks_tokenizer *t, const char *bytes, size_t n);
+/* The byte a "<0xHH>" piece of n bytes stands for, or -1. */
+int tok_byte_piece(const char *p, size_t n);
 /* Sorts t->sorted (filled by the caller) for tok_lookup. */
 void tok_sort_index(vks_tokenizer *t);
 

@@ -73,7 +73,7 @@ static int hex_digit(char c) {
     return -1;
 }
 
-static int byte_piece(const char *p, size_t n) {
+int tok_byte_piece(const char *p, size_t n) {
     if (n != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>') return -1;
     int hi = hex_digit(p[3]), lo = hex_digit(p[4]);
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
@@ -93,7 +93,7 @@ static size_t piece_text(const vks_tokenizer *t, int i, char *out) {
         return n;
     }
     if (t->kind == TOK_KIND_SPM) {
-        int b = ty == VKS_TOKEN_TYPE_BYTE ? byte_piece(p, n) : -1;
+        int b = ty == VKS_TOKEN_TYPE_BYTE ? tok_byte_piece(p, n) : -1;
         if (b >= 0) {
             out[0] = (char)b;
             return 1;
