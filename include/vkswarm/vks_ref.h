@@ -48,5 +48,12 @@ float vks_rng_uniform(uint32_t u32);
 uint32_t vks_ref_sample(const float *logits, int V, const vks_sample_params *p);
 /* Fills keep[V] (1 = token survives top-k/top-p) and z[V] = logits/T. Returns count kept. */
 int vks_ref_sample_kept(const float *logits, int V, const vks_sample_params *p, uint8_t *keep, float *z);
+/* What a verifier replays: *gap is the logit distance (temperature x Gumbel
+ * score gap; greedy: logit gap) between the seeded draw and `token`, 0 when
+ * `token` is the draw, +inf when nothing is kept; *outside is how far below the
+ * top-k/top-p threshold `token` lies when it was cut, else 0. keep and z are
+ * scratch of V entries, as for vks_ref_sample_kept. */
+void vks_ref_sample_gap(const float *logits, int V, const vks_sample_params *p, int32_t token, uint8_t *keep, float *z,
+                        double *gap, double *outside);
 
 #endif

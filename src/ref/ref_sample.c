@@ -206,3 +206,26 @@ uint32_t vks_ref_sample(const float *logits, int V, const vks_sample_params *p) 
     free(z);
     return best;
 }
+
+void vks_ref_sample_gap(const float *logits, int V, const vks_sample_params *p, int32_t token, uint8_t *keep, float *z,
+                        double *gap, double *outside) {
+    *outside = 0;
+    if (!(p->temperature > 0.0f)) {
+        *gap = (double)logits[argmax_first(logits, V)] - (double)logits[token];
+        return;
+    }
+    if (vks_ref_sample_kept(logits, V, p, keep, z) <= 0) { /* nothing kept (all NaN) */
+        *gap = INFINITY;
+        return;
+    }
+    double best = -INFINITY, tau = INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (!keep[i]) continue;
+        float score = z[i] + gumbel(p, (uint32_t)i);
+        if (score > best) best = score;
+        if (z[i] < tau) tau = z[i];
+    }
+    float own = z[token] + gumbel(p, (uint32_t)token);
+    *gap = (best - (double)own) * (double)p->temperature;
+    if (!keep[token]) *outside = (tau - (double)z[token]) * (double)p->temperature;
+}

@@ -93,44 +93,6 @@ typedef struct {
     float *z;
 } sampler_scratch;
 
-static float gumbel(const vks_sample_params *p, uint32_t i) {
-    float u = vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, i));
-    return -logf(-logf(u));
-}
-
-static int argmax_first(const float *v, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best] || (isnan(v[best]) && !isnan(v[i]))) best = i;
-    return best;
-}
-
-/* Gap in logits between the seeded draw and `token` (0 when it is the draw);
- * *outside is the distance below the top-k/top-p threshold when the token was
- * cut. */
-static void sampler_gap(const float *logits, int V, const vks_sample_params *p, int32_t token, sampler_scratch *s,
-                       double *gap, double *outside) {
-    *outside = 0;
-    if (!(p->temperature > 0.0f)) {
-        *gap = (double)logits[argmax_first(logits, V)] - (double)logits[token];
-        return;
-    }
-    if (vks_ref_sample_kept(logits, V, p, s->keep, s->z) <= 0) { /* nothing kept (all NaN) */
-        *gap = INFINITY;
-        return;
-    }
-    double best = -INFINITY, tau = INFINITY;
-    for (int i = 0; i < V; i++) {
-        if (!s->keep[i]) continue;
-        float score = s->z[i] + gumbel(p, (uint32_t)i);
-        if (score > best) best = score;
-        if (s->z[i] < tau) tau = s->z[i];
-    }
-    float own = s->z[token] + gumbel(p, (uint32_t)token);
-    *gap = (best - (double)own) * (double)p->temperature;
-    if (!s->keep[token]) *outside = (tau - (double)s->z[token]) * (double)p->temperature;
-}
-
 /* Checks output token t of sample s against the verifier's logits row. */
 static int check_token(const vks_rollout_sample *s, int t, const float *logits, int V, const vks_verify_options *o,
                        sampler_scratch *scr, vks_verdict *v) {
@@ -139,7 +101,7 @@ static int check_token(const vks_rollout_sample *s, int t, const float *logits, 
                            .seq = s->seq, .pos = (uint32_t)pos};
     double gap, outside;
     int32_t token = s->output_ids[t];
-    sampler_gap(logits, V, &p, token, scr, &gap, &outside);
+    vks_ref_sample_gap(logits, V, &p, token, scr->keep, scr->z, &gap, &outside);
     if (!(gap <= (double)o->logit_margin))
         reject(v, "position %d (output %d): token %d is not the seeded sampler's draw (gap %.4g > margin %.4g)", pos, t,
                token, gap, (double)o->logit_margin);
