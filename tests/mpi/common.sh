@@ -1,5 +1,6 @@
 # Sourced by the MPI tests: run as root, TCP over loopback only, a timeout on
-# every mpirun, and MALLOC_PERTURB_ for the ranks but not for mpirun.
+# every mpirun, MALLOC_PERTURB_ for the ranks but not for mpirun, and the
+# ok/bad check counters.
 #
 # meson test sets MALLOC_PERTURB_ (freed and new memory filled with a byte)
 # to expose reads of freed memory in our code. Open MPI 4.1.4's mpirun has
@@ -22,3 +23,7 @@ mpi_run() {
     env -u MALLOC_PERTURB_ timeout "$t" mpirun "${mpi_rank_env[@]}" --oversubscribe --mca btl tcp,self \
         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
 }
+# ok/bad WHAT: one check passed or failed (counted in passed, failed)
+passed=0 failed=0
+ok() { echo "ok: $*"; passed=$((passed + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }

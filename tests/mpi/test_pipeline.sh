@@ -12,9 +12,6 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model="--random-model 64,160,6,4,2,300,128"
 mpi() { mpi_run "${T:-120}" "$@"; }
-passed=0 failed=0
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
 # prompts as token ids (the random model has no tokenizer); one longer than a prefill chunk
 cat > "$tmp/prompts.txt" <<'P'

@@ -11,9 +11,6 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model="--random-model 64,160,4,4,2,300,128"
 mpi() { mpi_run 120 "$@"; }
-passed=0 failed=0
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
 for i in $(seq 1 20); do echo "$((i + 3)) $((i * 7 % 290 + 3)) $((i * 13 % 290 + 3))"; done > "$tmp/prompts.txt"
 $bin generate $model --prompts "$tmp/prompts.txt" --temp 0.9 --seed 3 -n 40 --rollouts-out "$tmp/honest.jsonl" \
