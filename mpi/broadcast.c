@@ -113,6 +113,17 @@ bool wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st) 
     }
 }
 
+bool recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v) {
+    int count = 0;
+    MPI_Get_count(st, MPI_BYTE, &count);
+    if (count == (int)sizeof *v) {
+        MPI_Recv(v, (int)sizeof *v, MPI_BYTE, st->MPI_SOURCE, tag, b->comm, MPI_STATUS_IGNORE);
+        return true;
+    }
+    MPI_Recv(NULL, 0, MPI_BYTE, st->MPI_SOURCE, tag, b->comm, MPI_STATUS_IGNORE);
+    return false;
+}
+
 /* Sends a small buffer through the link and waits for it (bounded). */
 void send_small(vks_bcast *b, const void *buf, size_t len, int dest, int tag) {
     vks_link_send *s;
@@ -178,14 +189,12 @@ static int serve_requests(vks_bcast *b, const vks_manifest *m, const uint8_t *wi
  * reported, so a hostile rank cannot strike out arbitrary ranks. */
 static void take_lost_reports(vks_bcast *b, const uint8_t *plan, uint8_t *done, int *finished, bool *event) {
     for (;;) {
-        int flag = 0, count = 0;
+        int flag = 0;
         MPI_Status st;
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_LOST, b->comm, &flag, &st);
         if (!flag) return;
         int32_t r = -1;
-        MPI_Get_count(&st, MPI_BYTE, &count);
-        if (count == sizeof r) MPI_Recv(&r, 4, MPI_BYTE, st.MPI_SOURCE, TAG_LOST, b->comm, MPI_STATUS_IGNORE);
-        else MPI_Recv(NULL, 0, MPI_BYTE, st.MPI_SOURCE, TAG_LOST, b->comm, MPI_STATUS_IGNORE);
+        recv_i32(b, &st, TAG_LOST, &r);
         *event = true;
         if (!plan[st.MPI_SOURCE] || r <= 0 || r >= b->size || !plan[r] ||
             tree_parent(plan, b->size, st.MPI_SOURCE, b->opt.fanout) != r) {
@@ -213,10 +222,8 @@ static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
             idle();
             continue;
         }
-        int32_t status = -1, count = 0;
-        MPI_Get_count(&st, MPI_BYTE, &count);
-        if (count == sizeof status) MPI_Recv(&status, 4, MPI_BYTE, st.MPI_SOURCE, TAG_ACK, b->comm, MPI_STATUS_IGNORE);
-        else MPI_Recv(NULL, 0, MPI_BYTE, st.MPI_SOURCE, TAG_ACK, b->comm, MPI_STATUS_IGNORE);
+        int32_t status = -1;
+        recv_i32(b, &st, TAG_ACK, &status);
         if (plan[st.MPI_SOURCE] || st.MPI_SOURCE == 0) continue;
         got++;
         if (status == 0) plan[st.MPI_SOURCE] = 1;
@@ -281,10 +288,8 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_DONE, b->comm, &flag, &st);
         if (flag) {
-            int32_t status = -1, count = 0;
-            MPI_Get_count(&st, MPI_BYTE, &count);
-            if (count == 4) MPI_Recv(&status, 4, MPI_BYTE, st.MPI_SOURCE, TAG_DONE, b->comm, MPI_STATUS_IGNORE);
-            else MPI_Recv(NULL, 0, MPI_BYTE, st.MPI_SOURCE, TAG_DONE, b->comm, MPI_STATUS_IGNORE);
+            int32_t status = -1;
+            recv_i32(b, &st, TAG_DONE, &status);
             if (plan[st.MPI_SOURCE] && !done[st.MPI_SOURCE]) {
                 done[st.MPI_SOURCE] = 1;
                 finished++;

@@ -78,6 +78,9 @@ void pace(double *last_progress, bool progressed);
 /* Waits for a message (src, tag) while driving the link; false on timeout
  * (timeout <= 0 waits forever). */
 bool wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st);
+/* Receives the probed message *st of `tag` as one int32 into *v; a message of
+ * any other size is consumed, *v left as it was, and false returned. */
+bool recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v);
 /* Sends a small buffer through the link and waits for it (bounded). */
 void send_small(vks_bcast *b, const void *buf, size_t len, int dest, int tag);
 uint64_t get_u64(const uint8_t *p);

@@ -425,17 +425,15 @@ static int wait_finish(node *n, double elapsed) {
     int32_t lost = 1;
     double last_moved = now_s();
     for (;;) {
-        int flag = 0, count = 0;
+        int flag = 0;
         MPI_Status st;
         size_t sent = n->fw.n_children ? n->fw.done_upto[0] : 0;
         forwarder_pump(&n->fw, n->have);
         bool moved = (n->fw.n_children ? n->fw.done_upto[0] : 0) != sent;
         MPI_Iprobe(0, TAG_FINISH, b->comm, &flag, &st);
         if (flag) {
-            MPI_Get_count(&st, MPI_BYTE, &count);
-            if (count == sizeof lost) MPI_Recv(&lost, 4, MPI_BYTE, 0, TAG_FINISH, b->comm, MPI_STATUS_IGNORE);
-            else MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_FINISH, b->comm, MPI_STATUS_IGNORE);
-            if (count != sizeof lost || lost < 0 || lost >= b->size) lost = 1; /* malformed: assume the worst */
+            if (!recv_i32(b, &st, TAG_FINISH, &lost) || lost < 0 || lost >= b->size)
+                lost = 1; /* malformed: assume the worst */
             break;
         }
         if (now_s() > deadline) {
