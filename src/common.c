@@ -11,6 +11,16 @@ static _Thread_local char last_error[1024];
 
 const char *vks_last_error(void) { return last_error; }
 
+/* Formats into a scratch buffer first: the arguments may be last_error itself. */
+static void set_message(const char *prefix, const char *fmt, va_list ap) {
+    char raw[sizeof last_error];
+    int n = 0;
+    if (prefix) n = snprintf(raw, sizeof raw, "%s: ", prefix);
+    if (n < 0) n = 0;
+    if ((size_t)n < sizeof raw) vsnprintf(raw + n, sizeof raw - (size_t)n, fmt, ap);
+    vks_escape(raw, strlen(raw), last_error, sizeof last_error);
+}
+
 int vks_set_error(int code, const char *fmt, ...) {
     if (!fmt) {
         last_error[0] = '\0';
@@ -18,12 +28,73 @@ int vks_set_error(int code, const char *fmt, ...) {
     }
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    set_message(NULL, fmt, ap);
     va_end(ap);
-    /* The contract is one line: fold any line breaks a caller let through. */
-    for (char *c = last_error; *c; c++)
-        if (*c == '\n' || *c == '\r') *c = ' ';
     return code;
+}
+
+int vks_error_prefix(int code, const char *fmt, ...) {
+    char context[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(context, sizeof context, fmt, ap);
+    va_end(ap);
+    char old[sizeof last_error];
+    memcpy(old, last_error, sizeof old);
+    return vks_set_error(code, "%s: %s", context, old);
+}
+
+/* Length of the valid, printable UTF-8 character at s[0..len), or 0 when the
+ * byte must be escaped (control character, C1 control, invalid or overlong
+ * sequence, surrogate, beyond U+10FFFF). */
+static size_t printable_utf8_len(const unsigned char *s, size_t len) {
+    unsigned c = s[0];
+    if (c >= 0x20 && c < 0x7f) return 1;
+    size_t n;
+    unsigned cp;
+    if (c >= 0xc2 && c <= 0xdf) { n = 2; cp = c & 0x1f; }
+    else if (c >= 0xe0 && c <= 0xef) { n = 3; cp = c & 0x0f; }
+    else if (c >= 0xf0 && c <= 0xf4) { n = 4; cp = c & 0x07; }
+    else return 0;
+    if (n > len) return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    if (cp >= 0x80 && cp <= 0x9f) return 0; /* C1 controls: 0x9b is CSI on some terminals */
+    return n;
+}
+
+size_t vks_escape(const char *in, size_t len, char *out, size_t cap) {
+    if (!out || cap == 0) return 0;
+    const unsigned char *s = (const unsigned char *)(in ? in : "");
+    if (!in) len = 0;
+    size_t o = 0;
+    const size_t room = cap > 4 ? cap - 4 : 0; /* keeps space for "..." + NUL */
+    for (size_t i = 0; i < len;) {
+        size_t n = printable_utf8_len(s + i, len - i);
+        size_t need = n ? n : 4;
+        if (o + need > room) {
+            if (cap > 4) memcpy(out + o, "...", 3), o += 3;
+            break;
+        }
+        if (n) {
+            memcpy(out + o, s + i, n);
+            o += n;
+            i += n;
+        } else {
+            static const char hex[] = "0123456789abcdef";
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[s[i] >> 4];
+            out[o++] = hex[s[i] & 15];
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return o;
 }
 
 /* ---- dtypes ---- */

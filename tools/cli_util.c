@@ -4,16 +4,48 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <time.h>
+#include <string.h>
 #include <unistd.h>
+#include "vkswarm/vks_common.h"
+
+static int die_status; /* the status cli_die is exiting with, for the stdout check */
+
+static void check_stdout(void) {
+    int e = 0;
+    if (fflush(stdout) != 0) e = errno ? errno : EIO;
+    if (!e && ferror(stdout)) e = EIO;
+    if (fclose(stdout) != 0 && !e) e = errno ? errno : EIO;
+    if (!e) return;
+    fprintf(stderr, "vkswarm: writing results to stdout failed: %s\n", strerror(e));
+    _exit(die_status ? die_status : 1);
+}
+
+void cli_guard_stdout(void) { atexit(check_stdout); }
 
 _Noreturn void cli_die(int status, const char *fmt, ...) {
+    char msg[2048], esc[4096];
     va_list ap;
     va_start(ap, fmt);
-    fputs("vkswarm: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* Messages carry strings from files: nothing reaches the terminal raw. */
+    vks_escape(msg, strlen(msg), esc, sizeof esc);
+    fprintf(stderr, "vkswarm: %s\n", esc);
+    die_status = status;
     exit(status);
+}
+
+void cli_put_escaped(FILE *f, const char *s, size_t len) {
+    char buf[1024];
+    while (len > 0) {
+        /* whole characters per chunk: cut only after a byte that starts no sequence */
+        size_t n = len < 200 ? len : 200;
+        while (n < len && n > 1 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;
+        vks_escape(s, n, buf, sizeof buf);
+        fputs(buf, f);
+        s += n;
+        len -= n;
+    }
 }
 
 long cli_parse_long(const char *opt, const char *s, long lo, long hi) {

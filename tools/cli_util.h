@@ -10,6 +10,12 @@
 
 /* Prints "vkswarm: <msg>" on stderr and exits with `status`. */
 _Noreturn void cli_die(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Installed first thing in main: at exit, stdout is flushed and closed and
+ * any failed write to it (full disk, closed pipe) turns the exit status into
+ * 1 with a one-line message, so results are never lost silently. */
+void cli_guard_stdout(void);
+/* Writes s (len bytes) with terminal-active bytes escaped (vks_escape). */
+void cli_put_escaped(FILE *f, const char *s, size_t len);
 long cli_parse_long(const char *opt, const char *s, long lo, long hi);
 double cli_parse_double(const char *opt, const char *s, double lo, double hi);
 uint64_t cli_parse_u64(const char *opt, const char *s);

@@ -2,6 +2,7 @@
 #ifndef VKS_COMMON_H
 #define VKS_COMMON_H
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdbool.h>
 
@@ -36,8 +37,40 @@ size_t vks_dtype_size(vks_dtype t); /* bytes per element; 0 for block formats */
 
 /* Thread-local last error message (one line, no trailing newline). */
 const char *vks_last_error(void);
-/* Sets the last error (printf-style) and returns code. */
+/* Sets the last error (printf-style) and returns code. The arguments may
+ * point into the current message (vks_last_error()). Bytes a terminal could
+ * act on (control characters, invalid UTF-8) are escaped as \xHH, so strings
+ * from files can be passed as they are. */
 int vks_set_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Puts "<context>: " in front of the current message and returns code:
+ * vks_error_prefix(rc, "%s", path) after a call that failed. */
+int vks_error_prefix(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Copies `in` (len bytes) to out (cap bytes, always NUL-terminated when
+ * cap > 0), escaping C0/C1 control characters, DEL, NUL and invalid UTF-8
+ * as \xHH; valid printable UTF-8 passes unchanged and backslashes are kept,
+ * so escaping twice changes nothing. Output that does not fit is cut at a
+ * character boundary and ends in "...". Returns strlen(out). */
+size_t vks_escape(const char *in, size_t len, char *out, size_t cap);
+
+/* ---- files written whole or not at all ----
+ * A writer opens a temporary file beside `path` (same directory, so the
+ * rename is atomic), writes, and commits: flush, fsync, rename over `path`,
+ * fsync the directory. Until the commit `path` is untouched (an input being
+ * read from `path`, even mapped, stays intact); abort removes the temporary.
+ * mode is the new file's permission (before umask), e.g. 0644 or 0600. */
+typedef struct vks_outfile {
+    FILE *f;    /* write here (stdio), or to fileno(f) with write(2): not both */
+    char *path; /* final name */
+    char *tmp;  /* temporary name */
+} vks_outfile;
+int vks_outfile_open(vks_outfile *o, const char *path, unsigned mode);
+/* Checks every earlier write (ferror), then flush, fsync, rename. On failure
+ * the temporary is removed, `path` is left as it was, and a message naming
+ * `path` is set. Always releases o. */
+int vks_outfile_commit(vks_outfile *o);
+/* Drops the temporary; safe on a zeroed or already released o. */
+void vks_outfile_abort(vks_outfile *o);
 
 /* Scalar conversions (round to nearest even; NaN stays NaN). */
 float vks_f16_to_f32(uint16_t h);
