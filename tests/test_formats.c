@@ -928,6 +928,174 @@ static void test_hf_config_hostile(void **state) {
     }
 }
 
+/* ---- issue 9 items 12, 13: configs the engine does not run, unused tensors, NaN/Inf weights ---- */
+
+/* Replaces the first `from` in file `path` by `to`. */
+static void edit_file(const char *path, const char *from, const char *to) {
+    size_t len;
+    unsigned char *b = tu_read_file(path, &len);
+    assert_non_null(b);
+    unsigned char *at = memmem(b, len, from, strlen(from));
+    if (!at) fail_msg("%s: no '%s'", path, from);
+    size_t head = (size_t)(at - b), tail = len - head - strlen(from);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, head, f), head);
+    assert_int_equal(fwrite(to, 1, strlen(to), f), strlen(to));
+    assert_int_equal(fwrite(at + strlen(from), 1, tail, f), tail);
+    assert_int_equal(fclose(f), 0);
+    free(b);
+}
+
+/* vks_model_load(path) fails with VKS_ERR_FORMAT and a message holding path and want. */
+static void expect_load_error(const char *path, const char *want) {
+    vks_model *x = NULL;
+    int rc = vks_model_load(path, &x);
+    vks_model_free(x);
+    if (rc != VKS_ERR_FORMAT || !strstr(vks_last_error(), want) || !strstr(vks_last_error(), path))
+        fail_msg("%s: rc %d, '%s' (want '%s')", path, rc, vks_last_error(), want);
+}
+
+static void expect_load_ok(const char *path) {
+    vks_model *x = NULL;
+    if (vks_model_load(path, &x) != VKS_OK) fail_msg("%s: %s", path, vks_last_error());
+    vks_model_free(x);
+}
+
+static void test_hf_unsupported_config_refused(void **state) {
+    (void)state;
+    vks_model *m = small_random(64, 21);
+    char *hf = path_in(tu_tmpdir(), "hf-extra");
+    assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
+    char *cfg = path_in(hf, "config.json");
+    expect_load_ok(hf);
+    edit_file(cfg, "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1"); /* the file holds 2 */
+    expect_load_error(hf, "tensor model.layers.1.");
+    edit_file(cfg, "\"num_hidden_layers\": 1", "\"num_hidden_layers\": 2");
+    edit_file(cfg, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true"); /* lm_head unused */
+    expect_load_error(hf, "tensor lm_head.weight");
+    edit_file(cfg, "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false");
+    edit_file(cfg, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"");
+    expect_load_error(hf, "hidden_act 'gelu'");
+    edit_file(cfg, "\"hidden_act\": \"gelu\"", "\"hidden_act\": \"silu\", \"rope_scaling\": {\"rope_type\": \"yarn\"}");
+    expect_load_error(hf, "rope_scaling type 'yarn'");
+    edit_file(cfg, "\"yarn\"", "\"default\"");
+    expect_load_ok(hf);
+    free(cfg);
+    free(hf);
+    vks_model_free(m);
+}
+
+/* Copies the u32/f32/string keys and every tensor of GGUF `g` into a new file,
+ * plus one string key (NULL: none). */
+static void rewrite_gguf(const vks_gguf *g, const char *path, const char *key, const char *value) {
+    vks_gguf_writer *w;
+    assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+    for (int64_t i = 0; i < vks_gguf_n_kv(g); i++) {
+        const char *k = vks_gguf_key(g, i), *str;
+        uint32_t u;
+        float f;
+        if (vks_gguf_kv_type(g, i) == VKS_GGUF_UINT32 && vks_gguf_get_u32(g, k, &u) == VKS_OK)
+            assert_int_equal(vks_gguf_add_u32(w, k, u), VKS_OK);
+        else if (vks_gguf_kv_type(g, i) == VKS_GGUF_FLOAT32 && vks_gguf_get_f32(g, k, &f) == VKS_OK)
+            assert_int_equal(vks_gguf_add_f32(w, k, f), VKS_OK);
+        else if (vks_gguf_kv_type(g, i) == VKS_GGUF_STRING && vks_gguf_get_str(g, k, &str, NULL) == VKS_OK)
+            assert_int_equal(vks_gguf_add_str(w, k, str), VKS_OK);
+    }
+    if (key) assert_int_equal(vks_gguf_add_str(w, key, value), VKS_OK);
+    for (int64_t i = 0; i < vks_gguf_n_tensors(g); i++) {
+        const vks_gguf_tensor *t = vks_gguf_tensor_at(g, i);
+        assert_int_equal(vks_gguf_add_tensor(w, t->name, t->dtype, t->n_dims, t->ne, t->data), VKS_OK);
+    }
+    if (vks_gguf_writer_save(w, path) != VKS_OK) fail_msg("%s", vks_last_error());
+    vks_gguf_writer_free(w);
+}
+
+static void test_gguf_unsupported_config_refused(void **state) {
+    (void)state;
+    vks_model *m = small_random(64, 22);
+    char *path = path_in(tu_tmpdir(), "extra.gguf"), *edited = path_in(tu_tmpdir(), "extra-edited.gguf");
+    assert_int_equal(vks_model_save_gguf(m, path, NULL), VKS_OK);
+    vks_gguf *g;
+    assert_int_equal(vks_gguf_open(path, &g), VKS_OK);
+    rewrite_gguf(g, edited, "llama.rope.scaling.type", "linear");
+    expect_load_error(edited, "RoPE scaling type 'linear'");
+    rewrite_gguf(g, edited, "llama.rope.scaling.type", "none");
+    expect_load_ok(edited);
+    vks_gguf_close(g);
+    uint32_t one = 1;
+    size_t len;
+    unsigned char *b = tu_read_file(path, &len);
+    const char *key = "llama.block_count";
+    unsigned char *k = memmem(b, len, key, strlen(key));
+    assert_non_null(k);
+    memcpy(k + strlen(key) + 4, &one, 4); /* declares 1 layer, holds 2 */
+    write_file(edited, b, len);
+    expect_load_error(edited, "tensor blk.1.");
+    free(b);
+    free(edited);
+    free(path);
+    vks_model_free(m);
+}
+
+/* Overwrites `n` bytes at `offset` of file `path`. */
+static void poke(const char *path, long offset, const void *bytes, size_t n) {
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    if (offset < 0) assert_int_equal(fseek(f, offset, SEEK_END), 0);
+    else assert_int_equal(fseek(f, offset, SEEK_SET), 0);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void test_non_finite_weights_refused(void **state) {
+    (void)state;
+    vks_model *m = small_random(64, 23);
+    const char *dir = tu_tmpdir();
+    /* llama2.c f32: element 5 of the embedding (after the 28-byte header). */
+    char *l2c = path_in(dir, "nan.bin");
+    assert_int_equal(vks_model_save_llama2c(m, l2c), VKS_OK);
+    expect_load_ok(l2c);
+    uint32_t nan32 = 0x7fc00000u, inf32 = 0xff800000u;
+    poke(l2c, 28 + 4 * 5, &nan32, 4);
+    expect_load_error(l2c, "tensor token embedding holds NaN or Inf (row 0, column 5)");
+    poke(l2c, 28 + 4 * 5, &inf32, 4);
+    expect_load_error(l2c, "token embedding holds NaN or Inf");
+    /* GGUF Q8_0: the f16 scale of layer 1's q block 1 is Inf. */
+    char *q8 = path_in(dir, "inf.gguf");
+    vks_model_save_options opt = {.dtype = VKS_DTYPE_Q8_0};
+    assert_int_equal(vks_model_save_gguf(m, q8, &opt), VKS_OK);
+    expect_load_ok(q8);
+    vks_gguf *g;
+    assert_int_equal(vks_gguf_open(q8, &g), VKS_OK);
+    const vks_gguf_tensor *t = vks_gguf_find_tensor(g, "blk.1.attn_q.weight");
+    assert_non_null(t);
+    long at = (long)(vks_gguf_data_offset(g) + t->offset) + 34; /* block 1 of row 0 */
+    vks_gguf_close(g);
+    uint16_t inf16 = 0x7c00, nan16 = 0x7e00, bf_inf = 0x7f80;
+    poke(q8, at, &inf16, 2);
+    expect_load_error(q8, "tensor wq of layer 1 holds NaN or Inf (row 0, column 32)");
+    /* safetensors f16 and bf16: the last element of the file. */
+    const vks_dtype halves[2] = {VKS_DTYPE_F16, VKS_DTYPE_BF16};
+    const uint16_t bad[2] = {nan16, bf_inf};
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "nan-%d", i);
+        char *hf = path_in(dir, name);
+        vks_model_save_options o = {.dtype = halves[i]};
+        assert_int_equal(vks_model_save_safetensors(m, hf, &o), VKS_OK);
+        expect_load_ok(hf);
+        char *st = path_in(hf, "model.safetensors");
+        poke(st, -2, &bad[i], 2);
+        expect_load_error(hf, "holds NaN or Inf");
+        free(st);
+        free(hf);
+    }
+    free(q8);
+    free(l2c);
+    vks_model_free(m);
+}
+
 /* Every input the fuzzers once crashed on (tests/fuzz/regressions/<parser>/...)
  * must now be handled: a clean error or a clean open. */
 static int replay_dir(const char *dir, int which) {
@@ -1070,6 +1238,9 @@ int main(void) {
         cmocka_unit_test(test_gguf_model_hostile),
         cmocka_unit_test(test_safetensors_hostile),
         cmocka_unit_test(test_hf_config_hostile),
+        cmocka_unit_test(test_hf_unsupported_config_refused),
+        cmocka_unit_test(test_gguf_unsupported_config_refused),
+        cmocka_unit_test(test_non_finite_weights_refused),
         cmocka_unit_test(test_fuzz_regressions),
         cmocka_unit_test(test_convert_cli),
     };

@@ -155,6 +155,30 @@ static int bind_model(vks_model *m, const char *path) {
     return rc == VKS_OK ? vks_model_check_tensors(m, path) : rc;
 }
 
+/* <arch>.rope.scaling.type: only "none" (or absent) is what the engine runs. */
+static int check_rope_scaling(const vks_gguf *g, const char *path, const char *arch) {
+    char key[MAX_NAME];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (vks_gguf_find_key(g, key) < 0) return VKS_OK;
+    const char *type = NULL;
+    if (vks_gguf_get_str(g, key, &type, NULL) != VKS_OK)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %s is not a string", path, key);
+    if (strcmp(type, "none") == 0) return VKS_OK;
+    return vks_set_error(VKS_ERR_FORMAT, "%s: RoPE scaling type '%.40s' (%s) is not supported", path, type, key);
+}
+
+static const void *gguf_tensor_data(const void *ctx, int64_t i, const char **name) {
+    const vks_gguf_tensor *t = vks_gguf_tensor_at(ctx, i);
+    *name = t ? t->name : NULL;
+    return t ? t->data : NULL;
+}
+
+/* Every tensor of the file is used, and every weight is finite. */
+static int check_weights(const vks_model *m, const char *path) {
+    int rc = vks_model_check_unused(m, path, vks_gguf_n_tensors(m->gguf), gguf_tensor_data, m->gguf);
+    return rc == VKS_OK ? vks_model_check_finite(m, path) : rc;
+}
+
 static void read_special_ids(vks_model *m) {
     uint32_t v;
     if (vks_gguf_get_u32(m->gguf, "tokenizer.ggml.bos_token_id", &v) == VKS_OK && v < (uint32_t)m->cfg.vocab_size)
@@ -172,7 +196,9 @@ int vks_model_load_gguf(const char *path, vks_model **out) {
     int rc = vks_gguf_open(path, &m->gguf);
     if (rc == VKS_OK) rc = read_arch(m->gguf, path, m->arch, sizeof m->arch);
     if (rc == VKS_OK) rc = read_config(m->gguf, path, m->arch, &m->cfg);
+    if (rc == VKS_OK) rc = check_rope_scaling(m->gguf, path, m->arch);
     if (rc == VKS_OK) rc = bind_model(m, path);
+    if (rc == VKS_OK) rc = check_weights(m, path);
     if (rc != VKS_OK) {
         vks_model_free(m);
         return rc;

@@ -80,6 +80,29 @@ static int get_bool(json_t *root, const char *name, const char *key, bool def, b
     return VKS_OK;
 }
 
+/* hidden_act: the engine computes SiLU only ("silu", or its other name "swish"; absent means silu). */
+static int check_activation(json_t *root, const char *name) {
+    json_t *v = json_object_get(root, "hidden_act");
+    if (!v || json_is_null(v)) return VKS_OK;
+    const char *act = json_string_value(v);
+    if (!act) return vks_set_error(VKS_ERR_FORMAT, "%s: 'hidden_act' must be a string", name);
+    if (strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0) return VKS_OK;
+    return vks_set_error(VKS_ERR_FORMAT, "%s: activation hidden_act '%.40s' is not supported (only silu)", name, act);
+}
+
+/* rope_scaling: null, absent or of type "default" (no scaling) is what the engine runs. */
+static int check_rope_scaling(json_t *root, const char *name) {
+    json_t *rs = json_object_get(root, "rope_scaling");
+    if (!rs || json_is_null(rs)) return VKS_OK;
+    if (!json_is_object(rs)) return vks_set_error(VKS_ERR_FORMAT, "%s: 'rope_scaling' must be an object or null", name);
+    json_t *ty = json_object_get(rs, "rope_type");
+    if (!ty) ty = json_object_get(rs, "type");
+    const char *type = json_string_value(ty);
+    if (type && strcmp(type, "default") == 0) return VKS_OK;
+    return vks_set_error(VKS_ERR_FORMAT, "%s: rope_scaling type '%.40s' is not supported", name,
+                         type ? type : "(none given)");
+}
+
 static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
     vks_model_config *m = &c->cfg;
     int rc = get_arch(root, name, c);
@@ -98,8 +121,7 @@ static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
     if (rc == VKS_OK) rc = get_token_id(root, name, "bos_token_id", &c->bos_id);
     if (rc == VKS_OK) rc = get_token_id(root, name, "eos_token_id", &c->eos_id);
     if (rc != VKS_OK) return rc;
-    json_t *rs = json_object_get(root, "rope_scaling");
-    if (rs && !json_is_null(rs)) return vks_set_error(VKS_ERR_FORMAT, "%s: rope_scaling is not supported", name);
+    if ((rc = check_activation(root, name)) != VKS_OK || (rc = check_rope_scaling(root, name)) != VKS_OK) return rc;
     int head_dim = m->dim / m->n_heads;
     if (m->head_dim == 0) m->head_dim = head_dim;
     m->kv_dim = m->n_kv_heads <= m->n_heads ? m->n_kv_heads * m->head_dim : 0;

@@ -156,6 +156,34 @@ static int bind_layer(const hf_state *s, const char *what, const vks_model_confi
     return VKS_OK;
 }
 
+static int64_t hf_n_tensors(const hf_state *s) {
+    int64_t n = 0;
+    for (int i = 0; i < s->n; i++) n += vks_st_n_tensors(s->files[i]);
+    return n;
+}
+
+/* Tensor i counted across the shards in order. */
+static const void *hf_tensor_data(const void *ctx, int64_t i, const char **name) {
+    const hf_state *s = ctx;
+    for (int f = 0; f < s->n; f++) {
+        int64_t n = vks_st_n_tensors(s->files[f]);
+        if (i < n) {
+            const vks_st_tensor *t = vks_st_tensor_at(s->files[f], i);
+            *name = t ? t->name : NULL;
+            return t ? t->data : NULL;
+        }
+        i -= n;
+    }
+    *name = NULL;
+    return NULL;
+}
+
+/* Every tensor of the checkpoint is used, and every weight is finite. */
+static int check_weights(const vks_model *m, const hf_state *s) {
+    int rc = vks_model_check_unused(m, m->path, hf_n_tensors(s), hf_tensor_data, s);
+    return rc == VKS_OK ? vks_model_check_finite(m, m->path) : rc;
+}
+
 static int bind_model(vks_model *m, const hf_state *s, bool bias) {
     const vks_model_config *c = &m->cfg;
     const char *what = m->path;
@@ -167,7 +195,8 @@ static int bind_model(vks_model *m, const hf_state *s, bool bias) {
     if (rc == VKS_OK && !c->shared_classifier)
         rc = bind(s, what, "lm_head.weight", c->vocab_size, c->dim, true, &m->classifier);
     for (int l = 0; l < c->n_layers && rc == VKS_OK; l++) rc = bind_layer(s, what, c, bias, l, &m->layers[l]);
-    return rc == VKS_OK ? vks_model_check_tensors(m, what) : rc;
+    if (rc == VKS_OK) rc = vks_model_check_tensors(m, what);
+    return rc == VKS_OK ? check_weights(m, s) : rc;
 }
 
 /* Splits path into the model directory and the weights to open. */

@@ -333,6 +333,7 @@ int vks_model_load_llama2c(const char *path, vks_model **out) {
     m->map_size = file_size;
     snprintf(m->path, sizeof m->path, "%s", path);
     rc = vks_model_bind_llama2c(m, (const float *)((const unsigned char *)map + L2C_HEADER_BYTES));
+    if (rc == VKS_OK) rc = vks_model_check_finite(m, path);
     if (rc != VKS_OK) {
         vks_model_free(m);
         return rc;

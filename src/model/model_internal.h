@@ -34,6 +34,16 @@ int vks_model_copy_f32(const vks_model *src, int rope_mode, vks_model **out);
 /* Checks a tensor bound out of a file: data present, dtype known (block
  * formats only when allow_blocks), data aligned for its element type. */
 int vks_check_bound_tensor(const char *what, const char *name, const vks_tensor *t, bool allow_blocks);
+/* ---- issue 9 (src/model/model_weights_check.c) ---- */
+/* Refuses a model with a NaN or Inf weight (f32/f16/bf16 elements, the f16
+ * scales of block formats), naming the tensor and `what` (the file). */
+int vks_model_check_finite(const vks_model *m, const char *what);
+/* Tensor i (0..n-1) of the file(s) a model was bound from: its data pointer
+ * and *name. */
+typedef const void *(*vks_file_tensor_fn)(const void *ctx, int64_t i, const char **name);
+/* Refuses a file holding tensors that m does not use, naming the first. */
+int vks_model_check_unused(const vks_model *m, const char *what, int64_t n_file, vks_file_tensor_fn tensor_at,
+                           const void *ctx);
 /* src/model/gguf_tokenizer.c: writes tokenizer.ggml.* keys from a llama2.c
  * tokenizer.bin (tokenizer_path), else copies them from m's GGUF, else just
  * the known bos/eos ids. */
