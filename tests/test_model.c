@@ -626,6 +626,50 @@ static void test_hostile_tokenizer(void **state) {
 
 /* ---- (e) random model ---- */
 
+/* Issue 9 item 11: a tokenizer.bin holding more or fewer tokens than the
+ * model's vocabulary (another model's tokenizer) is refused naming both
+ * counts, and so are bytes after the last record. */
+static void expect_tok_error(const char *path, int vocab, const char *want) {
+    vks_tokenizer *t = NULL;
+    int rc = vks_tokenizer_load_llama2c(path, vocab, &t);
+    vks_tokenizer_free(t);
+    if (rc != VKS_ERR_FORMAT || !strstr(vks_last_error(), want) || !strstr(vks_last_error(), path))
+        fail_msg("%s with vocab %d: rc %d '%s' (want '%s')", path, vocab, rc, vks_last_error(), want);
+}
+
+static void test_tokenizer_count_mismatch(void **state) {
+    (void)state;
+    char *path = shared_file("stories260K/tok512.bin");
+    if (!path) skip();
+    size_t size = 0;
+    unsigned char *orig = tu_read_file(path, &size);
+    size_t offs[VOCAB];
+    record_len_offsets(orig, size, offs); /* record i starts at offs[i] - 4 */
+    expect_tok_error(path, 256, "holds 512 tokens but the model's vocabulary has 256");
+    expect_tok_error(path, 1000, "holds 512 tokens but the model's vocabulary has 1000");
+    const char *dir = tu_tmpdir();
+    char p[512];
+    snprintf(p, sizeof p, "%s/tok300.bin", dir);
+    write_file(p, orig, offs[300] - 4); /* the first 300 records */
+    expect_tok_error(p, VOCAB, "holds 300 tokens but the model's vocabulary has 512");
+    unsigned char *big = malloc(2 * size);
+    memcpy(big, orig, size);
+    memcpy(big + size, orig + 4, offs[100] - 8); /* records 0..99 again: 612 in all */
+    snprintf(p, sizeof p, "%s/tok612.bin", dir);
+    write_file(p, big, size + offs[100] - 8);
+    expect_tok_error(p, VOCAB, "holds 612 tokens but the model's vocabulary has 512");
+    memcpy(big + size, "xyz", 3);
+    write_file(p, big, size + 3);
+    expect_tok_error(p, VOCAB, "3 stray bytes after the last of 512 tokens");
+    unlink(p);
+    snprintf(p, sizeof p, "%s/tok300.bin", dir);
+    unlink(p);
+    rmdir(dir);
+    free(big);
+    free(orig);
+    free(path);
+}
+
 static void assert_tensor_equal(const vks_tensor *a, const vks_tensor *b) {
     assert_int_equal(a->rows, b->rows);
     assert_int_equal(a->cols, b->cols);
@@ -789,6 +833,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_text),
         cmocka_unit_test(test_hostile_model),
         cmocka_unit_test(test_hostile_tokenizer),
+        cmocka_unit_test(test_tokenizer_count_mismatch),
         cmocka_unit_test(test_random_roundtrip),
         cmocka_unit_test(test_f16_model_save_and_forward),
         cmocka_unit_test(test_config_errors),

@@ -1,8 +1,10 @@
 /* tokenizer.c: llama2.c tokenizer.bin reader with run.c's encode/decode.
  *
  * File: int32 max_token_length, then vocab_size records of
- * (float32 score, int32 len, len bytes). Trailing bytes after the last record
- * are ignored. Every length is validated before use.
+ * (float32 score, int32 len, len bytes), nothing after them. The file does not
+ * store its token count: a file holding more or fewer records than the
+ * model's vocabulary (a tokenizer of another model) is refused naming both
+ * counts. Every length is validated before use.
  *
  * Encode follows run.c: optional BOS, the dummy prefix " " when the text is
  * not empty, UTF-8 code point groups (a lead byte plus up to 3 following
@@ -165,18 +167,60 @@ void tok_sort_index(vks_tokenizer *t) {
     qsort(t->sorted, (size_t)t->vocab_size, sizeof *t->sorted, cmp_sorted);
 }
 
+/* Number of whole records from `pos` on (lengths within 0..max_len); *end is
+ * where the last one ends. */
+static int64_t count_records(const unsigned char *file, size_t size, size_t pos, int32_t max_len, size_t *end) {
+    int64_t n = 0;
+    while (size - pos >= 8) {
+        int32_t len = le_i32(file + pos + 4);
+        if (len < 0 || len > max_len || size - pos - 8 < (size_t)len) break;
+        pos += 8 + (size_t)len;
+        n++;
+    }
+    *end = pos;
+    return n;
+}
+
+/* A file of whole records but not vocab_size of them belongs to another model. */
+static int check_token_count(const vks_tokenizer *t, const unsigned char *file, size_t size, const char *path) {
+    size_t end = 0;
+    int64_t n = count_records(file, size, 4, t->max_token_length, &end);
+    if (end == size && n != t->vocab_size)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: holds %lld tokens but the model's vocabulary has %d "
+                             "(a tokenizer of another model?)", path, (long long)n, t->vocab_size);
+    return VKS_OK;
+}
+
+/* After the last record: nothing (else say what follows). */
+static int check_file_end(const vks_tokenizer *t, const unsigned char *file, size_t size, const char *path) {
+    size_t pos = 4;
+    for (int i = 0; i < t->vocab_size; i++) pos += 8 + (size_t)t->len[i];
+    if (pos == size) return VKS_OK;
+    size_t end = 0;
+    int64_t more = count_records(file, size, pos, t->max_token_length, &end);
+    if (more > 0)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: holds more than the model's %d tokens (%lld more records follow)",
+                             path, t->vocab_size, (long long)more);
+    return vks_set_error(VKS_ERR_FORMAT, "%s: %zu stray bytes after the last of %d tokens", path, size - pos,
+                         t->vocab_size);
+}
+
 static int parse_file(vks_tokenizer *t, const unsigned char *file, size_t size, const char *path) {
-    size_t min_size = 4 + 8 * (size_t)t->vocab_size; /* vocab is bounded: cannot overflow */
-    if (size < min_size)
-        return vks_set_error(VKS_ERR_FORMAT, "%s: truncated: %d tokens need at least %zu bytes, file has %zu",
-                             path, t->vocab_size, min_size, size);
+    if (size < 4) return vks_set_error(VKS_ERR_FORMAT, "%s: truncated: %zu bytes, no header", path, size);
     t->max_token_length = le_i32(file);
     if (t->max_token_length < 1 || t->max_token_length > TOK_MAX_PIECE)
         return vks_set_error(VKS_ERR_FORMAT, "%s: max_token_length %d outside 1..%d", path,
                              t->max_token_length, TOK_MAX_PIECE);
+    int rc = check_token_count(t, file, size, path);
+    if (rc != VKS_OK) return rc;
+    size_t min_size = 4 + 8 * (size_t)t->vocab_size; /* vocab is bounded: cannot overflow */
+    if (size < min_size)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: truncated: %d tokens need at least %zu bytes, file has %zu",
+                             path, t->vocab_size, min_size, size);
     size_t blob_bytes = 0;
-    int rc = alloc_tables(t, path);
+    rc = alloc_tables(t, path);
     if (rc == VKS_OK) rc = parse_records(t, file, size, path, &blob_bytes);
+    if (rc == VKS_OK) rc = check_file_end(t, file, size, path);
     if (rc != VKS_OK) return rc;
     t->blob = malloc(blob_bytes);
     if (!t->blob) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for the vocabulary", path);
