@@ -423,6 +423,74 @@ static void test_hf_json(void **s) {
     }
 }
 
+/* Issue 9 item 10: a vocabulary that cannot encode a byte of the input (no
+ * piece, no byte token, no unk) is an error naming the byte, never ids that
+ * silently lack it. */
+static void expect_encode_error(const vks_tokenizer *t, const char *text, const char *want) {
+    int32_t *ids = NULL;
+    int n = 0;
+    vks_tokenize_options o = {0};
+    int rc = vks_tokenizer_tokenize(t, text, strlen(text), &o, &ids, &n);
+    if (rc != VKS_ERR_FORMAT || !strstr(vks_last_error(), want))
+        fail_msg("'%s': rc %d, %d ids, '%s' (want '%s')", text, rc, n, rc ? vks_last_error() : "", want);
+    free(ids);
+}
+
+static void test_bpe_missing_bytes(void **s) {
+    (void)s;
+    const char *dir = tu_tmpdir();
+    vks_tokenizer *t = NULL;
+    assert_int_equal(vks_tokenizer_load_hf_json(write_text(dir, "tokenizer.json", TINY_JSON), &t), VKS_OK);
+    expect_encode_error(t, "Habc", "byte 0x48 ('H')");
+    expect_encode_error(t, "ab \xc3\xa9", "byte 0xC3");
+    vks_tokenizer_free(t);
+    const char *empty = "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []},"
+                        " \"added_tokens\": [{\"id\": 0, \"content\": \"<|end|>\", \"special\": true}],"
+                        " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}";
+    int rc = vks_tokenizer_load_hf_json(write_text(dir, "tokenizer.json", empty), &t);
+    if (rc == VKS_OK) expect_encode_error(t, "Hi", "byte 0x48 ('H')"); /* or refused at load */
+    vks_tokenizer_free(t);
+}
+
+/* SPM: a byte with no "<0xHH>" token and no unk (token 0 is not UNKNOWN and
+ * no unknown_token_id) is an error; with an UNKNOWN token 0 it becomes unk. */
+static void test_spm_missing_bytes(void **s) {
+    (void)s;
+    const char *dir = tu_tmpdir();
+    const char *toks[] = {"<s>", "</s>", "\xe2\x96\x81" "a", "a"};
+    for (int with_unk = 0; with_unk < 2; with_unk++) {
+        vks_gguf_writer *w;
+        assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+        vks_gguf_add_str(w, "tokenizer.ggml.model", "llama");
+        vks_gguf_add_arr_str(w, "tokenizer.ggml.tokens", toks, 4);
+        int32_t types[4] = {with_unk ? 2 : 3, 3, 1, 1};
+        vks_gguf_add_arr(w, "tokenizer.ggml.token_type", VKS_GGUF_INT32, types, 4);
+        float scores[4] = {0, 0, -1, -2};
+        vks_gguf_add_arr(w, "tokenizer.ggml.scores", VKS_GGUF_FLOAT32, scores, 4);
+        vks_gguf_add_u32(w, "tokenizer.ggml.bos_token_id", 0);
+        vks_gguf_add_u32(w, "tokenizer.ggml.eos_token_id", 1);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/nobytes%d.gguf", dir, with_unk);
+        assert_int_equal(vks_gguf_writer_save(w, path), VKS_OK);
+        vks_gguf_writer_free(w);
+        vks_tokenizer *t = NULL;
+        if (vks_tokenizer_load_gguf(path, &t) != VKS_OK) fail_msg("%s", vks_last_error());
+        if (!with_unk) {
+            expect_encode_error(t, "ab", "byte 0x62 ('b')");
+        } else {
+            int32_t *ids = NULL;
+            int n = 0;
+            vks_tokenize_options o = {0};
+            assert_int_equal(vks_tokenizer_tokenize(t, "ab", 2, &o, &ids, &n), VKS_OK);
+            int32_t want[2] = {2, 0}; /* "▁a", unk */
+            assert_int_equal(n, 2);
+            assert_memory_equal(ids, want, sizeof want);
+            free(ids);
+        }
+        vks_tokenizer_free(t);
+    }
+}
+
 /* ---- hostile GGUF vocabularies ---- */
 
 static void test_gguf_mutations(void **s) {
@@ -597,6 +665,7 @@ int main(void) {
         cmocka_unit_test(test_chat_formats),       cmocka_unit_test(test_hf_json),
         cmocka_unit_test(test_gguf_mutations),     cmocka_unit_test(test_gguf_bad_fields),
         cmocka_unit_test(test_pretokenizer_rules), cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_bpe_missing_bytes),  cmocka_unit_test(test_spm_missing_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

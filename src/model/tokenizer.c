@@ -283,6 +283,14 @@ int vks_tokenizer_eos(const vks_tokenizer *t) { return t ? t->eos : -1; }
 
 /* ---- encode ---- */
 
+int tok_missing_byte_error(unsigned char b) {
+    if (b > ' ' && b < 0x7f)
+        return vks_set_error(VKS_ERR_FORMAT, "tokenize: the vocabulary cannot encode byte 0x%02X ('%c'): "
+                             "no piece, byte token or unknown token for it", b, b);
+    return vks_set_error(VKS_ERR_FORMAT, "tokenize: the vocabulary cannot encode byte 0x%02X: "
+                         "no piece, byte token or unknown token for it", b);
+}
+
 static int32_t byte_token(const vks_tokenizer *t, unsigned char b) {
     int32_t id = TOK_BYTE_BASE + b;
     return id < t->vocab_size ? id : 0;

@@ -7,8 +7,9 @@
  * pair in the merge list (earliest first, leftmost on ties); a merge applies
  * only when both halves and the result are pieces. With ignore_merges (Llama
  * 3) a word that is itself a piece is taken whole. A final symbol that is not
- * a piece (only possible with a vocabulary lacking base bytes) becomes unk,
- * or nothing when there is no unk, as llama.cpp drops it.
+ * a piece (only possible with a vocabulary lacking base bytes) becomes unk;
+ * without an unk token it is an error naming the byte (llama.cpp drops it
+ * silently, which loses text).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +104,7 @@ static int encode_word(const vks_tokenizer *t, const char *w, size_t n, tok_sym 
     int rc = tok_merge(t, NULL, syms, &count, bpe_pair);
     for (size_t i = 0; rc == VKS_OK && i < count; i++) {
         int32_t id = syms[i].id >= 0 ? syms[i].id : t->unk;
-        if (id >= 0) rc = tok_ids_push(out, id);
+        rc = id >= 0 ? tok_ids_push(out, id) : tok_missing_byte_error((unsigned char)w[syms[i].start]);
     }
     return rc;
 }

@@ -68,6 +68,8 @@ typedef struct {
     size_t n, cap;
 } tok_ids;
 int tok_ids_push(tok_ids *ids, int32_t id);
+/* VKS_ERR_ARG: text byte b has no token (no piece, byte token or unk). */
+int tok_missing_byte_error(unsigned char b);
 
 /* ---- merge engine (tokenizer_merge.c) ----
  * Symbols are adjacent spans of one text (start, len) with their ids. `pair`

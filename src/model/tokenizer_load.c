@@ -143,6 +143,15 @@ static int gguf_specials(const vks_gguf *g, const char *name, tok_vocab_spec *s)
     return rc;
 }
 
+/* llama.cpp's default SPM unk is id 0: only a fallback when token 0 is an
+ * UNKNOWN token (else bytes without a byte token would silently become
+ * whatever token 0 is). */
+static void check_default_unk(const vks_gguf *g, const uint8_t *types, tok_vocab_spec *s) {
+    bool declared = has_key(g, "tokenizer.ggml.unknown_token_id");
+    if (s->kind == TOK_KIND_SPM && !declared && s->unk == 0 && (!types || types[0] != VKS_TOKEN_TYPE_UNKNOWN))
+        s->unk = -1;
+}
+
 int vks_tokenizer_load_gguf_handle(const struct vks_gguf *g, const char *name, vks_tokenizer **out) {
     if (!g || !out) return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_load_gguf_handle: NULL argument");
     *out = NULL;
@@ -158,6 +167,7 @@ int vks_tokenizer_load_gguf_handle(const struct vks_gguf *g, const char *name, v
     if (rc == VKS_OK && s.kind == TOK_KIND_BPE)
         rc = string_array(g, name, "tokenizer.ggml.merges", TOK_MAX_MERGES, &a.merges, &a.merge_lens, &n_merges);
     if (rc == VKS_OK) rc = gguf_specials(g, name, &s);
+    if (rc == VKS_OK) check_default_unk(g, a.types, &s);
     if (rc == VKS_OK) {
         s.pieces = a.pieces;
         s.lens = a.lens;

@@ -9,7 +9,7 @@
  * both are the same). Neighbours whose concatenation is a
  * piece merge, highest score first, leftmost on ties. Each final symbol is
  * its piece, or else one "<0xXX>" byte token per byte (unk if the vocabulary
- * has no byte tokens).
+ * has no such byte token; an error naming the byte when it has no unk either).
  * Deviation from llama.cpp, only visible with crafted text: CONTROL, UNKNOWN
  * and BYTE pieces are never merge results (SentencePiece never produces them
  * from text; llama.cpp would turn "<s>" typed text into BOS).
@@ -73,8 +73,9 @@ static int emit_symbol(const vks_tokenizer *t, const char *esc, const tok_sym *s
     int32_t id = s->id >= 0 ? s->id : text_piece(t, esc + s->start, (size_t)s->len);
     if (id >= 0) return tok_ids_push(out, id);
     for (int32_t i = 0; i < s->len; i++) {
-        int32_t b = t->byte_token[(unsigned char)esc[s->start + i]];
-        int rc = tok_ids_push(out, b >= 0 ? b : t->unk >= 0 ? t->unk : 0);
+        unsigned char byte = (unsigned char)esc[s->start + i];
+        int32_t b = t->byte_token[byte] >= 0 ? t->byte_token[byte] : t->unk;
+        int rc = b >= 0 ? tok_ids_push(out, b) : tok_missing_byte_error(byte);
         if (rc != VKS_OK) return rc;
     }
     return VKS_OK;
