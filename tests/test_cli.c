@@ -139,11 +139,77 @@ static void test_bad_files_exit_2(void **state) {
     assert_int_equal(tu_run(cmd, NULL), 2);
 }
 
+/* Issue 9 item 14: input lines end at "\n" or "\r\n"; a NUL byte is an error
+ * naming the file and line (it used to cut the line short silently). */
+static void write_bytes(const char *path, const char *bytes, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Runs cmd (stderr to errp); expects exit 2 and a last stderr line holding both strings. */
+static void expect_bad_input(const char *cmd, const char *errp, const char *want_a, const char *want_b) {
+    int rc = tu_run(cmd, NULL);
+    char *err = (char *)tu_read_file(errp, NULL);
+    assert_non_null(err);
+    size_t n = strlen(err);
+    if (n && err[n - 1] == '\n') err[--n] = 0;
+    char *last = strrchr(err, '\n') ? strrchr(err, '\n') + 1 : err;
+    if (rc != 2 || !strstr(last, want_a) || !strstr(last, want_b))
+        fail_msg("'%s': exit %d, stderr '%s' (want '%s' and '%s')", cmd, rc, err, want_a, want_b);
+    free(err);
+}
+
+static const char RANDOM_MODEL[] = "--random-model 64,96,2,4,2,64,32";
+
+static void test_input_lines_nul_and_crlf(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char prompts[512], ids[512], errp[600], cmd[8192], *out;
+    snprintf(prompts, sizeof prompts, "%s/prompts.txt", dir);
+    snprintf(ids, sizeof ids, "%s/ids.txt", dir);
+    snprintf(errp, sizeof errp, "%s/err.txt", dir);
+    write_bytes(prompts, "1 2\n3\0 4\n", 9);
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompts %s -n 4 --temp 0 2>%s", tu_bin(), RANDOM_MODEL, prompts, errp);
+    expect_bad_input(cmd, errp, "prompts.txt: line 2", "NUL");
+    write_bytes(ids, "1 2\n3\0 999\n", 11);
+    snprintf(cmd, sizeof cmd, "%s logits %s --ids %s --out %s/o.f32 2>%s", tu_bin(), RANDOM_MODEL, ids, dir, errp);
+    expect_bad_input(cmd, errp, "ids.txt: line 2", "NUL");
+    snprintf(cmd, sizeof cmd, "printf '1 2\\n3\\0004' | %s detokenize --tokenizer %s --vocab-size 512 2>%s", tu_bin(),
+             tu_shared_path("stories260K/tok512.bin") ? tu_shared_path("stories260K/tok512.bin") : "/nonexistent", errp);
+    if (tu_shared_path("stories260K/tok512.bin")) expect_bad_input(cmd, errp, "line 2", "NUL");
+    /* CRLF: the same prompts as with LF (id prompts refused the "\r" before). */
+    write_bytes(prompts, "1 2\r\n3\r\n", 8);
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompts %s -n 4 --temp 0 --seed 1 2>%s", tu_bin(), RANDOM_MODEL, prompts,
+             errp);
+    if (tu_run(cmd, &out) != 0) fail_msg("CRLF prompts: %s", (char *)tu_read_file(errp, NULL));
+    assert_non_null(strstr(out, "{\"prompt\":\"1 2\",\"ids\":[1,1,2,"));
+    assert_non_null(strstr(out, "{\"prompt\":\"3\",\"ids\":[1,3,"));
+    assert_null(strstr(out, "\\r"));
+    free(out);
+    write_bytes(ids, "1 2\r\n3\r\n", 8);
+    snprintf(cmd, sizeof cmd, "%s logits %s --ids %s --out %s/o.f32 2>%s", tu_bin(), RANDOM_MODEL, ids, dir, errp);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    const char *model = tu_shared_path("stories260K/stories260K.bin");
+    if (!model) return;
+    char model_s[2048], tok_s[2048];
+    snprintf(model_s, sizeof model_s, "%s", model);
+    snprintf(tok_s, sizeof tok_s, "%s", tu_shared_path("stories260K/tok512.bin"));
+    write_bytes(prompts, "Once upon a time\r\n", 18); /* text prompts: no "\r" token at the end */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokenizer %s --prompts %s --temp 0 -n 8 2>/dev/null", tu_bin(),
+             model_s, tok_s, prompts);
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_non_null(strstr(out, "{\"prompt\":\"Once upon a time\",\"ids\":[1,403,407,261,378,"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
         cmocka_unit_test(test_generate_reference_text), cmocka_unit_test(test_logits_file),
         cmocka_unit_test(test_prompts_jsonl),          cmocka_unit_test(test_bad_files_exit_2),
+        cmocka_unit_test(test_input_lines_nul_and_crlf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,23 +3,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "cli_lines.h"
 #include "cli_util.h"
 
 #define MAX_PROMPTS 4096
 #define MAX_PROMPT_BYTES (1 << 20)
 
-/* Reads one prompt per line (a final line without '\n' counts). */
+/* Reads one prompt per line (a final line without '\n' counts; "\r\n" ends a
+ * line like "\n"; a NUL byte is an error naming the line). */
 char **cli_read_prompts(const char *path, int *n_out) {
     FILE *f = fopen(path, "rb");
     if (!f) cli_die(EXIT_BAD_INPUT, "%s: cannot open", path);
     char **lines = calloc(MAX_PROMPTS, sizeof *lines);
     char *buf = malloc(MAX_PROMPT_BYTES + 2);
     int n = 0;
+    size_t len;
     if (!lines || !buf) cli_die(1, "out of host memory");
-    while (fgets(buf, MAX_PROMPT_BYTES + 2, f)) {
-        size_t len = strlen(buf);
-        if (len > MAX_PROMPT_BYTES) cli_die(EXIT_BAD_INPUT, "%s: line %d is longer than %d bytes", path, n + 1, MAX_PROMPT_BYTES);
-        if (len && buf[len - 1] == '\n') buf[--len] = 0;
+    while (cli_read_line(f, path, n + 1, buf, MAX_PROMPT_BYTES, &len)) {
         if (n == MAX_PROMPTS) cli_die(EXIT_BAD_INPUT, "%s: more than %d prompts", path, MAX_PROMPTS);
         lines[n++] = strdup(buf);
     }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "cli_lines.h"
 #include "cli_model.h"
 #include "cli_prompts.h"
 #include "cli_rollouts.h"
@@ -148,12 +149,10 @@ static int32_t *read_ids(const char *path, int vocab, int max_n, int *n_out) {
     FILE *f = fopen(path, "rb");
     if (!f) cli_die(EXIT_BAD_INPUT, "%s: cannot open", path);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)max_n);
-    char line[65536];
+    char line[65536 + 2];
     int n = 0, lineno = 0;
-    while (ids && fgets(line, sizeof line, f)) {
+    while (ids && cli_read_line(f, path, lineno + 1, line, 65536, &len)) {
         lineno++;
-        len = strlen(line);
-        if (len == sizeof line - 1 && line[len - 1] != '\n') cli_die(EXIT_BAD_INPUT, "%s:%d: line too long", path, lineno);
         if (line[0] == '#') continue;
         for (char *s = line;;) {
             while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r') s++;

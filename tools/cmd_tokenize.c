@@ -188,13 +188,21 @@ static int32_t *parse_id_list(const char *s, int vocab, int *n_out) {
     return ids;
 }
 
+/* 1-based line number of the byte at `at` in text. */
+static int line_of(const char *text, const char *at) {
+    int line = 1;
+    for (const char *p = text; p < at; p++) line += *p == '\n';
+    return line;
+}
+
 int cmd_detokenize(int argc, char **argv) {
     tok_args a = {0};
     parse_args(argc, argv, &a, false);
     vks_tokenizer *t = load_tokenizer(&a);
     size_t len;
     char *in = read_stdin(&len);
-    if (memchr(in, '\0', len)) cli_die(EXIT_BAD_INPUT, "stdin: NUL byte among the ids");
+    const char *nul = memchr(in, '\0', len);
+    if (nul) cli_die(EXIT_BAD_INPUT, "stdin: line %d holds a NUL byte among the ids", line_of(in, nul));
     int n = 0;
     int32_t *ids = parse_id_list(in, vks_tokenizer_vocab_size(t), &n);
     char *text = NULL;
