@@ -1096,6 +1096,29 @@ static void test_non_finite_weights_refused(void **state) {
     vks_model_free(m);
 }
 
+/* llama2.c: a header declaring fewer layers than the file holds (or any bytes
+ * after the weights) is refused. */
+static void test_llama2c_extra_bytes_refused(void **state) {
+    (void)state;
+    vks_model *m = small_random(64, 24);
+    char *path = path_in(tu_tmpdir(), "extra.bin");
+    assert_int_equal(vks_model_save_llama2c(m, path), VKS_OK);
+    expect_load_ok(path);
+    int32_t one = 1;
+    poke(path, 8, &one, 4); /* n_layers 2 -> 1 */
+    expect_load_error(path, "bytes after the");
+    int32_t two = 2;
+    poke(path, 8, &two, 4);
+    expect_load_ok(path);
+    FILE *f = fopen(path, "ab");
+    assert_non_null(f);
+    assert_int_equal(fwrite(&one, 4, 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+    expect_load_error(path, "4 bytes after the");
+    free(path);
+    vks_model_free(m);
+}
+
 /* Every input the fuzzers once crashed on (tests/fuzz/regressions/<parser>/...)
  * must now be handled: a clean error or a clean open. */
 static int replay_dir(const char *dir, int which) {
@@ -1241,6 +1264,7 @@ int main(void) {
         cmocka_unit_test(test_hf_unsupported_config_refused),
         cmocka_unit_test(test_gguf_unsupported_config_refused),
         cmocka_unit_test(test_non_finite_weights_refused),
+        cmocka_unit_test(test_llama2c_extra_bytes_refused),
         cmocka_unit_test(test_fuzz_regressions),
         cmocka_unit_test(test_convert_cli),
     };

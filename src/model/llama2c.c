@@ -8,8 +8,9 @@
  *
  * Hostile input: the header is validated before any size is derived from it,
  * all size arithmetic is overflow-checked, and the file must be at least as
- * large as the header implies. Trailing bytes after that are accepted and
- * ignored (run.c does not check the size either).
+ * large as the header implies. Bytes after that are refused (run.c ignores
+ * them): they mean the header describes fewer layers, a smaller vocabulary or
+ * a shorter context than the file holds, and every tensor would be misread.
  */
 #include "model/model_internal.h"
 #include "vkswarm/vks_gguf.h"
@@ -302,6 +303,9 @@ static int map_body(int fd, const char *path, size_t file_size, const vks_model_
     if (file_size < need)
         return vks_set_error(VKS_ERR_FORMAT, "%s: truncated: header needs %zu bytes, file has %zu",
                              path, need, file_size);
+    if (file_size > need)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %zu bytes after the %zu the header describes (more layers or "
+                             "a larger vocabulary than declared?)", path, file_size - need, need);
     void *map = mmap(NULL, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) return vks_set_error(VKS_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
     *map_out = map;
