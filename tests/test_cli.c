@@ -204,12 +204,29 @@ static void test_input_lines_nul_and_crlf(void **state) {
     free(out);
 }
 
+/* Issue 9 item 11: a llama2.c tokenizer of another model (32000 tokens on the
+ * 512-token stories260K) is refused naming both counts, exit 2. */
+static void test_tokenizer_of_another_model(void **state) {
+    (void)state;
+    char model_s[2048], tok_s[2048], errp[600], cmd[8192];
+    const char *model = tu_shared_path("stories260K/stories260K.bin"); /* a static buffer: copy it */
+    if (!model) skip();
+    snprintf(model_s, sizeof model_s, "%s", model);
+    const char *tok = tu_shared_path("llamacpp-vocab/llama2c-tokenizer.bin");
+    if (!tok) skip();
+    snprintf(tok_s, sizeof tok_s, "%s", tok);
+    snprintf(errp, sizeof errp, "%s/err.txt", tu_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokenizer %s --prompt 'Once' -n 8 --seed 1 2>%s", tu_bin(),
+             model_s, tok_s, errp);
+    expect_bad_input(cmd, errp, "holds 32000 tokens", "vocabulary has 512");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
         cmocka_unit_test(test_generate_reference_text), cmocka_unit_test(test_logits_file),
         cmocka_unit_test(test_prompts_jsonl),          cmocka_unit_test(test_bad_files_exit_2),
-        cmocka_unit_test(test_input_lines_nul_and_crlf),
+        cmocka_unit_test(test_input_lines_nul_and_crlf), cmocka_unit_test(test_tokenizer_of_another_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
