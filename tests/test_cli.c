@@ -358,7 +358,7 @@ static void test_write_failure_leaves_nothing(void **state) {
     free(old);
     snprintf(p, sizeof p, "%s/p.txt", dir);
     write_text(p, "Once upon a time\nThe dog\n");
-    snprintf(a, sizeof a, "generate --model %s --tokenizer %s --prompts %s -n 32 --temp 0 --rollouts-out %s/r.jsonl",
+    snprintf(a, sizeof a, "generate --model %s --tokenizer %s --prompts %s -n 64 --temp 0 --rollouts-out %s/r.jsonl",
              model, tok, p, dir);
     expect_write_failure(1, a, "r.jsonl: ");
     assert_true(dir_holds_only(dir, with_prompts, 3));
