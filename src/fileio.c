@@ -18,42 +18,66 @@ static void outfile_release(vks_outfile *o) {
     o->path = o->tmp = NULL;
 }
 
+/* stdio on top of fd, or closes fd and removes `created` (when not NULL). */
+static int attach_stream(vks_outfile *o, int fd, const char *created) {
+    o->f = fdopen(fd, "wb");
+    if (o->f) return VKS_OK;
+    close(fd);
+    if (created) unlink(created);
+    int rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", o->path);
+    outfile_release(o);
+    return rc;
+}
+
+/* A device or FIFO (/dev/null, /dev/stdout) cannot be replaced: it is
+ * written in place, with no temporary. */
+static int open_special(vks_outfile *o) {
+    int fd = open(o->path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", o->path, strerror(errno));
+        outfile_release(o);
+        return rc;
+    }
+    return attach_stream(o, fd, NULL);
+}
+
+/* A name no other writer (thread or process) picks: pid + counter, created
+ * exclusively, so a stale or hostile file of that name is never reused. */
+static int open_temporary(vks_outfile *o, unsigned mode) {
+    static atomic_uint counter;
+    size_t n = strlen(o->path) + 48;
+    o->tmp = malloc(n);
+    if (!o->tmp) {
+        outfile_release(o);
+        return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    }
+    for (int attempt = 0; attempt < 100; attempt++) {
+        snprintf(o->tmp, n, "%s.tmp-%ld-%u", o->path, (long)getpid(), atomic_fetch_add(&counter, 1));
+        int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, (mode_t)mode);
+        if (fd < 0 && errno == EEXIST) continue;
+        if (fd < 0) {
+            int rc = vks_set_error(VKS_ERR_IO, "%s: cannot create: %s", o->path, strerror(errno));
+            outfile_release(o);
+            return rc;
+        }
+        return attach_stream(o, fd, o->tmp);
+    }
+    int rc = vks_set_error(VKS_ERR_IO, "%s: cannot find a free temporary name", o->path);
+    outfile_release(o);
+    return rc;
+}
+
 int vks_outfile_open(vks_outfile *o, const char *path, unsigned mode) {
     if (!o) return vks_set_error(VKS_ERR_ARG, "vks_outfile_open: no handle");
     memset(o, 0, sizeof *o);
     if (!path || !*path) return vks_set_error(VKS_ERR_ARG, "output file: empty path");
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return vks_set_error(VKS_ERR_IO, "%s: is a directory", path);
-    size_t n = strlen(path) + 48;
+    bool exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) return vks_set_error(VKS_ERR_IO, "%s: is a directory", path);
     o->path = strdup(path);
-    o->tmp = malloc(n);
-    if (!o->path || !o->tmp) {
-        outfile_release(o);
-        return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
-    }
-    /* A name no other writer (thread or process) picks: pid + counter, created
-     * exclusively, so a stale or hostile file of that name is never reused. */
-    static atomic_uint counter;
-    for (int attempt = 0; attempt < 100; attempt++) {
-        snprintf(o->tmp, n, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
-        int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, (mode_t)mode);
-        if (fd < 0 && errno == EEXIST) continue;
-        if (fd < 0) {
-            int e = errno;
-            outfile_release(o);
-            return vks_set_error(VKS_ERR_IO, "%s: cannot create: %s", path, strerror(e));
-        }
-        o->f = fdopen(fd, "wb");
-        if (!o->f) {
-            close(fd);
-            unlink(o->tmp);
-            outfile_release(o);
-            return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
-        }
-        return VKS_OK;
-    }
-    outfile_release(o);
-    return vks_set_error(VKS_ERR_IO, "%s: cannot find a free temporary name", path);
+    if (!o->path) return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    if (exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) return open_special(o);
+    return open_temporary(o, mode);
 }
 
 /* fsync of the directory makes the rename itself durable. */
@@ -68,24 +92,81 @@ static void sync_parent_dir(const char *path) {
     free(copy);
 }
 
-int vks_outfile_commit(vks_outfile *o) {
-    if (!o || !o->f) return vks_set_error(VKS_ERR_ARG, "vks_outfile_commit: file not open");
+/* Checks earlier writes, flushes, syncs and closes o->f; returns 0 or an errno. */
+static int sync_and_close(vks_outfile *o) {
     int e = 0;
-    if (ferror(o->f)) e = errno ? errno : EIO;
+    if (ferror(o->f)) e = EIO; /* the failed write's errno is gone: callers report it themselves */
     if (!e && fflush(o->f) != 0) e = errno;
-    if (!e && fsync(fileno(o->f)) != 0 && errno != EINVAL) e = errno;
+    if (!e && o->tmp && fsync(fileno(o->f)) != 0 && errno != EINVAL) e = errno;
     if (fclose(o->f) != 0 && !e) e = errno;
     o->f = NULL;
-    if (!e && rename(o->tmp, o->path) != 0) e = errno;
-    if (e) {
-        unlink(o->tmp);
-        int rc = vks_set_error(VKS_ERR_IO, "%s: write failed: %s", o->path, strerror(e));
-        outfile_release(o);
-        return rc;
+    return e;
+}
+
+/* Links the temporary to its final name only when that name is free. */
+static int place_new(const vks_outfile *o) {
+    if (link(o->tmp, o->path) == 0) return 0;
+    int e = errno;
+    if (e != EPERM && e != ENOTSUP && e != EOPNOTSUPP) return e;
+    /* a file system without hard links: check, then rename */
+    struct stat st;
+    if (lstat(o->path, &st) == 0) return EEXIST;
+    return rename(o->tmp, o->path) == 0 ? 0 : errno;
+}
+
+static int place(const vks_outfile *o, bool noreplace) {
+    if (!o->tmp) return 0; /* written in place */
+    if (!noreplace) return rename(o->tmp, o->path) == 0 ? 0 : errno;
+    int e = place_new(o);
+    if (e == 0) unlink(o->tmp); /* after link(): the temporary is a second name */
+    return e;
+}
+
+static int commit_failed(vks_outfile *o, size_t n, size_t bad, int e) {
+    char *path = o[bad].path;
+    o[bad].path = NULL; /* keep the name for the message */
+    for (size_t i = 0; i < n; i++) vks_outfile_abort(&o[i]);
+    int rc = e == EEXIST ? vks_set_error(VKS_ERR_IO, "%s: exists (not overwritten)", path)
+                         : vks_set_error(VKS_ERR_IO, "%s: write failed: %s", path, strerror(e));
+    free(path);
+    return rc;
+}
+
+int vks_outfile_commit_all(vks_outfile *o, size_t n, bool noreplace) {
+    if (!o) return vks_set_error(VKS_ERR_ARG, "vks_outfile_commit_all: no files");
+    for (size_t i = 0; i < n; i++)
+        if (!o[i].f) {
+            for (size_t j = 0; j < n; j++) vks_outfile_abort(&o[j]);
+            return vks_set_error(VKS_ERR_ARG, "vks_outfile_commit_all: file %zu not open", i);
+        }
+    for (size_t i = 0; i < n; i++) {
+        int e = sync_and_close(&o[i]);
+        if (e) return commit_failed(o, n, i, e);
     }
-    sync_parent_dir(o->path);
-    outfile_release(o);
+    for (size_t i = 0; i < n; i++) {
+        int e = place(&o[i], noreplace);
+        if (e) {
+            /* new names placed so far are ours: take them back (replaced ones cannot be) */
+            for (size_t j = 0; noreplace && j < i; j++)
+                if (o[j].tmp) unlink(o[j].path);
+            return commit_failed(o, n, i, e);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (o[i].tmp) sync_parent_dir(o[i].path);
+        outfile_release(&o[i]);
+    }
     return VKS_OK;
+}
+
+int vks_outfile_commit(vks_outfile *o) { return vks_outfile_commit_all(o, 1, false); }
+
+int vks_outfile_finish(vks_outfile *o, bool ok) {
+    if (ok) return vks_outfile_commit(o);
+    int e = errno ? errno : EIO;
+    int rc = vks_set_error(VKS_ERR_IO, "%s: write failed: %s", o && o->path ? o->path : "output file", strerror(e));
+    vks_outfile_abort(o);
+    return rc;
 }
 
 void vks_outfile_abort(vks_outfile *o) {

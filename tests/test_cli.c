@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <unistd.h>
 
 static void test_help_everywhere(void **state) {
     (void)state;
@@ -221,12 +223,237 @@ static void test_tokenizer_of_another_model(void **state) {
     expect_bad_input(cmd, errp, "holds 32000 tokens", "vocabulary has 512");
 }
 
+/* ---- lost output and partial files (issue 9, items 1-3) ---- */
+
+/* Copies a shared model path out of tu_shared_path's static buffer. */
+static bool shared_copy(const char *rel, char *out, size_t cap) {
+    const char *p = tu_shared_path(rel);
+    if (!p) return false;
+    snprintf(out, cap, "%s", p);
+    return true;
+}
+
+/* Number of lines of s that contain needle. */
+static int lines_with(const char *s, const char *needle) {
+    int n = 0;
+    for (const char *line = s; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf - 1 ? len : sizeof buf - 1), line);
+        if (strstr(buf, needle)) n++;
+        line = end ? end + 1 : NULL;
+    }
+    return n;
+}
+
+/* Runs `args` with stdout on /dev/full: exit 1 and exactly one line on stderr
+ * that says stdout failed (no other stderr line when quiet). Counts misses. */
+static int stdout_misses;
+static void expect_stdout_full(const char *args, const char *stdin_text, bool quiet) {
+    char cmd[16384], *err;
+    if (stdin_text)
+        snprintf(cmd, sizeof cmd, "printf '%s' | %s %s 2>&1 >/dev/full", stdin_text, tu_bin(), args);
+    else snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/full", tu_bin(), args);
+    int rc = tu_run(cmd, &err);
+    if (rc != 1 || lines_with(err, "stdout failed") != 1 || (quiet && lines_with(err, "") != 1)) {
+        fprintf(stderr, "stdout on /dev/full: %s\n-> exit %d, stderr: %s\n", args, rc, err);
+        stdout_misses++;
+    }
+    free(err);
+}
+
+static void test_stdout_full_exits_1(void **state) {
+    (void)state;
+    if (access("/dev/full", W_OK) != 0) skip();
+    char dir[256], args[8192];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    expect_stdout_full("devices", NULL, true);
+    snprintf(args, sizeof args, "keygen --out %s/keys", dir);
+    expect_stdout_full(args, NULL, true);
+    char model[2048], tok[2048];
+    if (!shared_copy("stories260K/stories260K.bin", model, sizeof model) ||
+        !shared_copy("stories260K/tok512.bin", tok, sizeof tok)) {
+        assert_int_equal(stdout_misses, 0);
+        return;
+    }
+    snprintf(args, sizeof args, "tokenize --tokenizer %s --vocab-size 512", tok);
+    expect_stdout_full(args, "Once upon a time", true);
+    snprintf(args, sizeof args, "detokenize --tokenizer %s --vocab-size 512", tok);
+    expect_stdout_full(args, "1 403 407", true);
+    snprintf(args, sizeof args, "generate --model %s --tokenizer %s --prompt Once -n 16 --temp 0", model, tok);
+    expect_stdout_full(args, NULL, false);
+    char prompts[512], rollouts[512], cmd[16384];
+    snprintf(prompts, sizeof prompts, "%s/prompts.txt", dir);
+    snprintf(rollouts, sizeof rollouts, "%s/r.jsonl", dir);
+    FILE *f = fopen(prompts, "w");
+    fputs("Once upon a time\nThe dog\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "generate --model %s --tokenizer %s --prompts %s -n 16 --temp 0", model, tok, prompts);
+    expect_stdout_full(args, NULL, false);
+    snprintf(cmd, sizeof cmd, "%s %s --rollouts-out %s >/dev/null 2>&1", tu_bin(), args, rollouts);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(args, sizeof args, "verify --model %s --rollouts %s", model, rollouts);
+    expect_stdout_full(args, NULL, false);
+    snprintf(args, sizeof args, "verify --model %s --rollouts %s --jsonl", model, rollouts);
+    expect_stdout_full(args, NULL, false);
+    assert_int_equal(stdout_misses, 0);
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+static bool same_file(const char *a, const char *b) {
+    size_t na, nb;
+    unsigned char *x = tu_read_file(a, &na), *y = tu_read_file(b, &nb);
+    bool same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void run_ok(const char *args) {
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", tu_bin(), args);
+    char *out;
+    int rc = tu_run(cmd, &out);
+    if (rc) fprintf(stderr, "%s -> %d: %s", args, rc, out);
+    free(out);
+    assert_int_equal(rc, 0);
+}
+
+/* convert onto its own input (each format) gives what a fresh conversion
+ * gives, and the llama2.c model onto itself keeps its logits. */
+static void test_convert_onto_input(void **state) {
+    (void)state;
+    char model[2048], ids[2048], dir[256], a[8192];
+    if (!shared_copy("stories260K/stories260K.bin", model, sizeof model) ||
+        !shared_copy("stories260K/ref/greedy_onceuponatime_n64.ids", ids, sizeof ids))
+        skip();
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(a, sizeof a, "convert --in %s --out %s/m.bin", model, dir);
+    run_ok(a); /* m.bin: the writer's bytes (freq_cis zeroed), a fresh conversion */
+    snprintf(a, sizeof a, "logits --model %s/m.bin --ids %s --out %s/before.f32", dir, ids, dir);
+    run_ok(a);
+    const char *outs[] = {"m.bin", "m.gguf", "hf"};
+    for (int i = 0; i < 3; i++) {
+        if (i > 0) {
+            snprintf(a, sizeof a, "convert --in %s/m.bin --out %s/%s", dir, dir, outs[i]);
+            run_ok(a);
+        }
+        snprintf(a, sizeof a, "convert --in %s/%s --out %s/fresh-%s", dir, outs[i], dir, outs[i]);
+        run_ok(a);
+        snprintf(a, sizeof a, "convert --in %s/%s --out %s/%s", dir, outs[i], dir, outs[i]);
+        run_ok(a); /* onto itself: the input stays mapped while it is replaced */
+        char p[1024], q[1024];
+        if (i < 2) {
+            snprintf(p, sizeof p, "%s/%s", dir, outs[i]);
+            snprintf(q, sizeof q, "%s/fresh-%s", dir, outs[i]);
+            assert_true(same_file(p, q));
+        } else {
+            const char *files[] = {"config.json", "model.safetensors"};
+            for (int k = 0; k < 2; k++) {
+                snprintf(p, sizeof p, "%s/hf/%s", dir, files[k]);
+                snprintf(q, sizeof q, "%s/fresh-hf/%s", dir, files[k]);
+                assert_true(same_file(p, q));
+            }
+        }
+    }
+    snprintf(a, sizeof a, "logits --model %s/m.bin --ids %s --out %s/after.f32", dir, ids, dir);
+    run_ok(a);
+    char p[1024], q[1024];
+    snprintf(p, sizeof p, "%s/before.f32", dir);
+    snprintf(q, sizeof q, "%s/after.f32", dir);
+    assert_true(same_file(p, q));
+}
+
+/* True when dir holds exactly the names in keep (n of them). */
+static bool dir_holds_only(const char *dir, const char *const *keep, int n) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    int found = 0;
+    bool ok = true;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        bool known = false;
+        for (int i = 0; i < n; i++) known = known || !strcmp(e->d_name, keep[i]);
+        if (!known) fprintf(stderr, "left behind: %s/%s\n", dir, e->d_name);
+        ok = ok && known;
+        found++;
+    }
+    closedir(d);
+    return ok && found == n;
+}
+
+/* Runs args with file writes limited to `blocks` (RLIMIT_FSIZE, SIGXFSZ
+ * ignored: write() fails with EFBIG as on a full disk). Expects exit 1 and
+ * one line on stderr with `msg` (naming the file). */
+static void expect_write_failure(int blocks, const char *args, const char *msg) {
+    char cmd[16384], *err;
+    snprintf(cmd, sizeof cmd,
+             "MESA_SHADER_CACHE_DISABLE=true sh -c \"trap '' XFSZ; ulimit -f %d; exec %s %s 2>&1 >/dev/null\"", blocks,
+             tu_bin(), args);
+    int rc = tu_run(cmd, &err);
+    if (rc != 1 || !strstr(err, msg)) fprintf(stderr, "%s -> %d: %s", args, rc, err);
+    assert_int_equal(rc, 1);
+    assert_int_equal(lines_with(err, msg), 1);
+    free(err);
+}
+
+static void test_write_failure_leaves_nothing(void **state) {
+    (void)state;
+    char dir[256], a[8192], p[1024];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(a, sizeof a, "keygen --out %s/keys", dir);
+    expect_write_failure(0, a, "keys/shardcast.key: write failed");
+    assert_true(dir_holds_only(dir, NULL, 0)); /* no key, no temporary, no directory */
+    run_ok(a);                                 /* and no "exists" afterwards */
+    char model[2048], ids[2048], tok[2048];
+    if (!shared_copy("stories260K/stories260K.bin", model, sizeof model) ||
+        !shared_copy("stories260K/ref/greedy_onceuponatime_n64.ids", ids, sizeof ids) ||
+        !shared_copy("stories260K/tok512.bin", tok, sizeof tok))
+        return;
+    snprintf(a, sizeof a, "%s/keys", dir);
+    const char *keys_only[] = {"keys"}, *with_old[] = {"keys", "x.bin"}, *with_prompts[] = {"keys", "x.bin", "p.txt"};
+    const char *outs[] = {"x.gguf", "hf", "x.f32"};
+    const char *msgs[] = {"x.gguf: write failed", "hf/model.safetensors: write failed", "x.f32: write failed"};
+    for (int i = 0; i < 3; i++) {
+        if (i < 2) snprintf(a, sizeof a, "convert --in %s --out %s/%s", model, dir, outs[i]);
+        else snprintf(a, sizeof a, "logits --model %s --ids %s --out %s/%s", model, ids, dir, outs[i]);
+        expect_write_failure(64, a, msgs[i]);
+        assert_true(dir_holds_only(dir, keys_only, 1));
+    }
+    /* an existing output stays as it was */
+    snprintf(p, sizeof p, "%s/x.bin", dir);
+    write_text(p, "old");
+    snprintf(a, sizeof a, "convert --in %s --out %s", model, p);
+    expect_write_failure(64, a, "x.bin: write failed");
+    assert_true(dir_holds_only(dir, with_old, 2));
+    size_t n;
+    char *old = (char *)tu_read_file(p, &n);
+    assert_string_equal(old, "old");
+    free(old);
+    snprintf(p, sizeof p, "%s/p.txt", dir);
+    write_text(p, "Once upon a time\nThe dog\n");
+    snprintf(a, sizeof a, "generate --model %s --tokenizer %s --prompts %s -n 64 --temp 0 --rollouts-out %s/r.jsonl",
+             model, tok, p, dir);
+    expect_write_failure(1, a, "r.jsonl: ");
+    assert_true(dir_holds_only(dir, with_prompts, 3));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
         cmocka_unit_test(test_generate_reference_text), cmocka_unit_test(test_logits_file),
         cmocka_unit_test(test_prompts_jsonl),          cmocka_unit_test(test_bad_files_exit_2),
         cmocka_unit_test(test_input_lines_nul_and_crlf), cmocka_unit_test(test_tokenizer_of_another_model),
+        cmocka_unit_test(test_stdout_full_exits_1),    cmocka_unit_test(test_convert_onto_input),
+        cmocka_unit_test(test_write_failure_leaves_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

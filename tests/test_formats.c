@@ -14,6 +14,7 @@
 #include "vkswarm/vks_safetensors.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1241,6 +1242,76 @@ static void test_convert_cli(void **state) {
     free(tok);
 }
 
+/* ---- vks_outfile: whole files or nothing ---- */
+
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+static void put_file(vks_outfile *o, const char *path, const char *text) {
+    assert_int_equal(vks_outfile_open(o, path, 0644), VKS_OK);
+    assert_int_equal(fputs(text, o->f) >= 0, 1);
+}
+
+static void assert_file_text(const char *path, const char *want) {
+    char *got = (char *)tu_read_file(path, NULL);
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+}
+
+static void test_outfile_rules(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char *a = path_in(dir, "a"), *b = path_in(dir, "b"), *fifo = path_in(dir, "fifo");
+    vks_outfile o[2];
+    write_file(a, "old", 3);
+    put_file(&o[0], a, "new");
+    assert_int_equal(count_entries(dir), 2); /* a and its temporary */
+    assert_file_text(a, "old");              /* untouched until the commit */
+    vks_outfile_abort(&o[0]);
+    assert_int_equal(count_entries(dir), 1);
+    assert_file_text(a, "old");
+    put_file(&o[0], a, "new");
+    assert_int_equal(vks_outfile_commit(&o[0]), VKS_OK);
+    assert_file_text(a, "new");
+    assert_int_equal(count_entries(dir), 1);
+    /* noreplace: b is new but a exists: neither is placed, a is kept */
+    put_file(&o[0], b, "b");
+    put_file(&o[1], a, "a2");
+    assert_int_equal(vks_outfile_commit_all(o, 2, true), VKS_ERR_IO);
+    assert_non_null(strstr(vks_last_error(), "/a: exists"));
+    assert_int_equal(count_entries(dir), 1);
+    assert_file_text(a, "new");
+    /* a FIFO (like /dev/stdout) is written in place, not replaced */
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+    assert_true(rd >= 0);
+    put_file(&o[0], fifo, "through");
+    assert_int_equal(vks_outfile_commit(&o[0]), VKS_OK);
+    char buf[16] = {0};
+    assert_int_equal(read(rd, buf, sizeof buf - 1), 7);
+    assert_string_equal(buf, "through");
+    close(rd);
+    struct stat st;
+    assert_int_equal(lstat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    assert_int_equal(count_entries(dir), 2);
+    unlink(fifo);
+    unlink(a);
+    rmdir(dir);
+    free(a);
+    free(b);
+    free(fifo);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q8_0_known_block),
@@ -1267,6 +1338,7 @@ int main(void) {
         cmocka_unit_test(test_llama2c_extra_bytes_refused),
         cmocka_unit_test(test_fuzz_regressions),
         cmocka_unit_test(test_convert_cli),
+        cmocka_unit_test(test_outfile_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,5 @@
 #include "cli_rollouts.h"
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli_util.h"
@@ -6,7 +7,7 @@
 #include "vkswarm/vks_toploc.h"
 
 struct cli_rollouts {
-    FILE *f;
+    vks_outfile out; /* open only while cli_rollouts_finish writes */
     const char *path;
     vks_rollout_header header;
     vks_sched_params sp;
@@ -18,7 +19,9 @@ cli_rollouts *cli_rollouts_start(const char *path, const vks_model *m, const cha
                                  const vks_sched_params *sp, int n_seqs, bool toploc) {
     cli_rollouts *r = calloc(1, sizeof *r);
     if (!r) cli_die(1, "out of host memory");
-    if (!(r->f = fopen(path, "wb"))) cli_die(EXIT_BAD_INPUT, "%s: cannot create", path);
+    /* fail before generating when the file cannot be made (it is written at the end) */
+    if (vks_outfile_open(&r->out, path, 0666)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    vks_outfile_abort(&r->out);
     r->path = path;
     r->sp = *sp;
     r->n_seqs = n_seqs;
@@ -54,9 +57,21 @@ static int32_t *output_ids(const vks_sequence *s, int *n_out) {
     return ids;
 }
 
+/* Drops the unfinished file (no partial output stays), then exits 1. */
+static _Noreturn __attribute__((format(printf, 2, 3))) void rollouts_fail(cli_rollouts *r, const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    vks_outfile_abort(&r->out);
+    cli_die(1, "%s", msg);
+}
+
 void cli_rollouts_finish(cli_rollouts *r, const vks_sequence *seqs, int n, uint32_t seq_base) {
     if (r->builder && vks_toploc_builder_finish(r->builder)) cli_die(1, "toploc: %s", vks_last_error());
-    if (vks_rollout_write_header(r->f, &r->header)) cli_die(1, "%s: %s", r->path, vks_last_error());
+    if (vks_outfile_open(&r->out, r->path, 0666)) cli_die(1, "%s", vks_last_error());
+    if (vks_rollout_write_header(r->out.f, &r->header)) rollouts_fail(r, "%s: %s", r->path, vks_last_error());
     for (int i = 0; i < n && i < r->n_seqs; i++) {
         char id[64];
         snprintf(id, sizeof id, "%llu-%d", (unsigned long long)r->sp.seed, i);
@@ -68,16 +83,16 @@ void cli_rollouts_finish(cli_rollouts *r, const vks_sequence *seqs, int n, uint3
         if (r->builder) {
             s.proofs = (uint8_t *)vks_toploc_builder_proofs(r->builder, i, &s.proof_bytes);
             if (vks_toploc_builder_rows(r->builder, i) != s.n_output)
-                cli_die(1, "toploc: sequence %d has %d committed rows for %d output tokens", i,
+                rollouts_fail(r, "toploc: sequence %d has %d committed rows for %d output tokens", i,
                         vks_toploc_builder_rows(r->builder, i), s.n_output);
         } else if (seqs[i].proofs) { /* made elsewhere: the pipeline's last stage */
             s.proofs = seqs[i].proofs;
             s.proof_bytes = seqs[i].proof_bytes;
         }
-        if (vks_rollout_write_sample(r->f, &s)) cli_die(1, "%s: %s", r->path, vks_last_error());
+        if (vks_rollout_write_sample(r->out.f, &s)) rollouts_fail(r, "%s: %s", r->path, vks_last_error());
         free(s.output_ids);
     }
-    if (fclose(r->f)) cli_die(1, "%s: cannot write", r->path);
+    if (vks_outfile_commit(&r->out)) cli_die(1, "%s", vks_last_error());
     vks_toploc_builder_destroy(r->builder);
     free(r);
 }

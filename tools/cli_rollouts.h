@@ -8,7 +8,8 @@
 
 typedef struct cli_rollouts cli_rollouts;
 
-/* Opens `path` (exit 2 if it cannot be created) for n_seqs sequences generated
+/* Checks that `path` can be created (exit 2 if not; it is written through a
+ * temporary at the end, and on failure nothing stays) for n_seqs sequences generated
  * with `sp`; toploc false writes empty proofs (for measuring their cost). */
 cli_rollouts *cli_rollouts_start(const char *path, const vks_model *m, const char *model_name,
                                  const vks_sched_params *sp, int n_seqs, bool toploc);

@@ -10,17 +10,42 @@
 
 static int die_status; /* the status cli_die is exiting with, for the stdout check */
 
-static void check_stdout(void) {
+static bool stdout_reported; /* the one message about stdout was printed */
+
+static _Noreturn void stdout_failed(int e, int status) {
+    if (!stdout_reported) fprintf(stderr, "vkswarm: writing results to stdout failed: %s\n", strerror(e));
+    stdout_reported = true;
+    fflush(stderr);
+    _exit(status ? status : 1);
+}
+
+/* 0, or the errno of a failed write to stdout (EIO when it is gone). */
+static int stdout_error(bool close_it) {
     int e = 0;
     if (fflush(stdout) != 0) e = errno ? errno : EIO;
     if (!e && ferror(stdout)) e = EIO;
-    if (fclose(stdout) != 0 && !e) e = errno ? errno : EIO;
-    if (!e) return;
-    fprintf(stderr, "vkswarm: writing results to stdout failed: %s\n", strerror(e));
-    _exit(die_status ? die_status : 1);
+    if (close_it && fclose(stdout) != 0 && !e) e = errno ? errno : EIO;
+    return e;
+}
+
+static void check_stdout(void) {
+    int e = stdout_error(true);
+    if (e) stdout_failed(e, die_status);
 }
 
 void cli_guard_stdout(void) { atexit(check_stdout); }
+
+void cli_flush_stdout(void) {
+    int e = stdout_error(false);
+    if (e) stdout_failed(e, 1);
+}
+
+_Noreturn void cli_exit_now(int status) {
+    int e = stdout_error(false);
+    if (e) stdout_failed(e, status);
+    fflush(stderr);
+    _exit(status);
+}
 
 _Noreturn void cli_die(int status, const char *fmt, ...) {
     char msg[2048], esc[4096];

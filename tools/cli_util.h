@@ -14,6 +14,11 @@ _Noreturn void cli_die(int status, const char *fmt, ...) __attribute__((format(p
  * any failed write to it (full disk, closed pipe) turns the exit status into
  * 1 with a one-line message, so results are never lost silently. */
 void cli_guard_stdout(void);
+/* Flushes stdout now; a failed write exits 1 with that one-line message. */
+void cli_flush_stdout(void);
+/* _exit(status) (no atexit handlers, no MPI_Finalize) after the same stdout
+ * check: a lost result still turns the status into 1 with a message. */
+_Noreturn void cli_exit_now(int status);
 /* Writes s (len bytes) with terminal-active bytes escaped (vks_escape). */
 void cli_put_escaped(FILE *f, const char *s, size_t len);
 long cli_parse_long(const char *opt, const char *s, long lo, long hi);

@@ -249,9 +249,7 @@ int cmd_broadcast(int argc, char **argv) {
         /* Open MPI cannot finalize (nor always end mpirun) once a rank died:
          * every survivor was told, reports its own status and leaves now. */
         fprintf(stderr, "broadcast: rank %d: %d rank(s) lost, leaving without MPI_Finalize\n", rank, lost);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(rc);
+        cli_exit_now(rc); /* _exit, after checking that stdout took the result */
     }
     vks_bcast_destroy(b);
     vks_mpi_stop();

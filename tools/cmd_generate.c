@@ -125,7 +125,7 @@ int cmd_generate(int argc, char **argv) {
         vks_sequence_free(&seqs[i]);
         if (prompts) free(prompts[i]);
     }
-    fflush(stdout);
+    cli_flush_stdout();
     if (a.m.profile) cli_print_profile(g);
     vks_engine_destroy(e);
     int rc = cli_finish_gpu(g);
@@ -208,9 +208,10 @@ int cmd_logits(int argc, char **argv) {
                                .out_rows = rows, .logits = logits + (size_t)p0 * V};
         if (vks_engine_forward(e, &b)) cli_die(1, "logits: %s", vks_last_error());
     }
-    FILE *f = fopen(out_path, "wb");
-    if (!f || fwrite(logits, sizeof(float) * V, (size_t)n, f) != (size_t)n || fclose(f))
-        cli_die(1, "%s: cannot write", out_path);
+    vks_outfile out; /* a temporary renamed into place when complete */
+    if (vks_outfile_open(&out, out_path, 0666)) cli_die(1, "%s", vks_last_error());
+    if (vks_outfile_finish(&out, fwrite(logits, sizeof(float) * V, (size_t)n, out.f) == (size_t)n))
+        cli_die(1, "%s", vks_last_error());
     fprintf(stderr, "vkswarm: wrote %d x %zu logits to %s\n", n, V, out_path);
     if (ma.profile) cli_print_profile(g);
     vks_engine_destroy(e);

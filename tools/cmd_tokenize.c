@@ -157,7 +157,8 @@ int cmd_tokenize(int argc, char **argv) {
     free(ids);
     free(text);
     vks_tokenizer_free(t);
-    return fflush(stdout) == 0 ? 0 : 1;
+    cli_flush_stdout(); /* a lost result is exit 1 with a message */
+    return 0;
 }
 
 /* Parses whitespace-separated ids (anything else is bad input). */
@@ -213,5 +214,6 @@ int cmd_detokenize(int argc, char **argv) {
     free(ids);
     free(in);
     vks_tokenizer_free(t);
-    return fflush(stdout) == 0 ? 0 : 1;
+    cli_flush_stdout(); /* a lost result is exit 1 with a message */
+    return 0;
 }

@@ -58,7 +58,9 @@ size_t vks_escape(const char *in, size_t len, char *out, size_t cap);
  * rename is atomic), writes, and commits: flush, fsync, rename over `path`,
  * fsync the directory. Until the commit `path` is untouched (an input being
  * read from `path`, even mapped, stays intact); abort removes the temporary.
- * mode is the new file's permission (before umask), e.g. 0644 or 0600. */
+ * mode is the new file's permission (before umask), e.g. 0644 or 0600.
+ * A `path` that names a device or FIFO (/dev/null, /dev/stdout) is written
+ * in place (it cannot be replaced); a symbolic link is replaced, not followed. */
 typedef struct vks_outfile {
     FILE *f;    /* write here (stdio), or to fileno(f) with write(2): not both */
     char *path; /* final name */
@@ -69,6 +71,14 @@ int vks_outfile_open(vks_outfile *o, const char *path, unsigned mode);
  * the temporary is removed, `path` is left as it was, and a message naming
  * `path` is set. Always releases o. */
 int vks_outfile_commit(vks_outfile *o);
+/* Commits n files as a set: every one is checked, flushed and synced before
+ * any is renamed, so a failure (full disk) leaves every path as it was.
+ * noreplace: a path that exists is refused ("exists") instead of replaced,
+ * and the set's files already placed are removed again. Always releases o[]. */
+int vks_outfile_commit_all(vks_outfile *o, size_t n, bool noreplace);
+/* Ends a write: commits when ok; else (a write failed, errno tells why)
+ * drops the temporary and sets "<path>: write failed: <reason>". */
+int vks_outfile_finish(vks_outfile *o, bool ok);
 /* Drops the temporary; safe on a zeroed or already released o. */
 void vks_outfile_abort(vks_outfile *o);
 

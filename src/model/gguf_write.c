@@ -267,21 +267,18 @@ int vks_gguf_writer_save(vks_gguf_writer *w, const char *path) {
         free(h.p);
         return rc;
     }
-    FILE *f = fopen(path, "wb");
-    if (!f) {
+    vks_outfile o; /* a temporary renamed into place: `path` may be the mapped input */
+    rc = vks_outfile_open(&o, path, 0666);
+    if (rc != VKS_OK) {
         free(h.p);
-        return vks_set_error(VKS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        return rc;
     }
-    bool ok = fwrite(h.p, 1, h.len, f) == h.len && write_padding(f, h.len, w->alignment);
+    bool ok = fwrite(h.p, 1, h.len, o.f) == h.len && write_padding(o.f, h.len, w->alignment);
     for (size_t i = 0; ok && i < w->n_tensors; i++) {
         const wtensor *t = &w->tensors[i];
-        ok = fwrite(t->data, 1, (size_t)t->size, f) == t->size && write_padding(f, t->size, w->alignment);
+        ok = fwrite(t->data, 1, (size_t)t->size, o.f) == t->size && write_padding(o.f, t->size, w->alignment);
     }
+    rc = vks_outfile_finish(&o, ok);
     free(h.p);
-    ok = fclose(f) == 0 && ok;
-    if (!ok) {
-        unlink(path);
-        return vks_set_error(VKS_ERR_IO, "%s: write failed", path);
-    }
-    return VKS_OK;
+    return rc;
 }

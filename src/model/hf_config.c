@@ -2,7 +2,9 @@
  * Qwen2ForCausalLM (read with jansson; every field type- and range-checked). */
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_safetensors.h"
+#include "model/model_internal.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -157,8 +159,8 @@ int vks_hf_config_load(const char *path, vks_hf_config *out) {
     return rc;
 }
 
-int vks_hf_config_save(const char *path, const vks_hf_config *c, vks_dtype torch_dtype) {
-    if (!path || !c) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_save: NULL argument");
+int vks_hf_config_write_stream(FILE *f, const char *path, const vks_hf_config *c, vks_dtype torch_dtype) {
+    if (!f || !path || !c) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_write_stream: NULL argument");
     const vks_model_config *m = &c->cfg;
     bool qwen = strcmp(c->arch, "qwen2") == 0;
     json_t *root = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:b,s:s,s:s}", "architectures",
@@ -173,7 +175,18 @@ int vks_hf_config_save(const char *path, const vks_hf_config *c, vks_dtype torch
     if (c->bos_id >= 0) json_object_set_new(root, "bos_token_id", json_integer(c->bos_id));
     if (c->eos_id >= 0) json_object_set_new(root, "eos_token_id", json_integer(c->eos_id));
     if (c->attention_bias != qwen) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
-    int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
+    bool ok = json_dumpf(root, f, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) == 0;
+    int e = errno;
     json_decref(root);
-    return rc == 0 ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: write failed", path);
+    return ok ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: write failed: %s", path, strerror(e ? e : EIO));
+}
+
+int vks_hf_config_save(const char *path, const vks_hf_config *c, vks_dtype torch_dtype) {
+    if (!path || !c) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_save: NULL argument");
+    vks_outfile o;
+    int rc = vks_outfile_open(&o, path, 0666);
+    if (rc == VKS_OK) rc = vks_hf_config_write_stream(o.f, path, c, torch_dtype);
+    if (rc == VKS_OK) return vks_outfile_commit(&o);
+    vks_outfile_abort(&o);
+    return rc;
 }

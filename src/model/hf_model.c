@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_SHARDS 1024
 #define MAX_INDEX_BYTES (64 << 20)
@@ -316,14 +317,42 @@ static int list_layer(st_list *l, const vks_layer_weights *w, int layer, vks_dty
     return rc;
 }
 
-static int write_weights(const vks_model *m, const char *file, vks_dtype dt) {
+static int write_weights(const vks_model *m, FILE *f, const char *file, vks_dtype dt) {
     st_list l = {0};
     int rc = list_add(&l, "model.embed_tokens.weight", &m->tok_emb, dt);
     for (int i = 0; i < m->cfg.n_layers && rc == VKS_OK; i++) rc = list_layer(&l, &m->layers[i], i, dt);
     if (rc == VKS_OK) rc = list_add(&l, "model.norm.weight", &m->final_norm, dt);
     if (rc == VKS_OK && !m->cfg.shared_classifier) rc = list_add(&l, "lm_head.weight", &m->classifier, dt);
-    if (rc == VKS_OK) rc = vks_st_write(file, l.t, l.n);
+    if (rc == VKS_OK) rc = vks_st_write_stream(f, file, l.t, l.n);
     list_free(&l);
+    return rc;
+}
+
+/* model.safetensors and config.json, committed as a set: on any failure
+ * neither is placed (and an existing pair stays as it was). */
+static int write_hf_files(const vks_model *f32, const vks_hf_config *hc, const char *dir, vks_dtype dt) {
+    char st_path[1100], cfg_path[1100];
+    int rc = join(st_path, sizeof st_path, dir, "model.safetensors");
+    if (rc == VKS_OK) rc = join(cfg_path, sizeof cfg_path, dir, "config.json");
+    if (rc != VKS_OK) return rc;
+    vks_outfile o[2] = {{0}}; /* weights first: config.json is what marks a model directory */
+    rc = vks_outfile_open(&o[0], st_path, 0666);
+    if (rc == VKS_OK) rc = vks_outfile_open(&o[1], cfg_path, 0666);
+    if (rc == VKS_OK) rc = write_weights(f32, o[0].f, st_path, dt);
+    if (rc == VKS_OK) rc = vks_hf_config_write_stream(o[1].f, cfg_path, hc, dt);
+    if (rc == VKS_OK) return vks_outfile_commit_all(o, 2, false);
+    vks_outfile_abort(&o[0]);
+    vks_outfile_abort(&o[1]);
+    return rc;
+}
+
+/* A sharded checkpoint's index would keep shadowing a new model.safetensors. */
+static int refuse_sharded_dir(const char *dir) {
+    char p[1100];
+    int rc = join(p, sizeof p, dir, "model.safetensors.index.json");
+    if (rc == VKS_OK && exists(p))
+        rc = vks_set_error(VKS_ERR_ARG, "%s: holds a sharded checkpoint (model.safetensors.index.json); "
+                                        "write to another directory", dir);
     return rc;
 }
 
@@ -332,19 +361,20 @@ int vks_model_save_safetensors(const vks_model *m, const char *dir, const vks_mo
     vks_dtype dt = opt ? opt->dtype : VKS_DTYPE_F32;
     if (vks_dtype_size(dt) == 0)
         return vks_set_error(VKS_ERR_ARG, "%s: safetensors holds f32, f16 or bf16, not %s", dir, vks_dtype_name(dt));
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    int rc = refuse_sharded_dir(dir);
+    if (rc != VKS_OK) return rc;
+    bool created = mkdir(dir, 0777) == 0;
+    if (!created && errno != EEXIST)
         return vks_set_error(VKS_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
     vks_model *f32 = NULL;
-    int rc = vks_model_copy_f32(m, VKS_ROPE_HALF, &f32);
-    if (rc != VKS_OK) return rc;
-    vks_hf_config hc = {.cfg = f32->cfg, .bos_id = m->bos_id, .eos_id = m->eos_id,
-                        .attention_bias = m->layers[0].bq.data != NULL};
-    snprintf(hc.arch, sizeof hc.arch, "%s", m->arch);
-    char path[1100];
-    rc = join(path, sizeof path, dir, "config.json");
-    if (rc == VKS_OK) rc = vks_hf_config_save(path, &hc, dt);
-    if (rc == VKS_OK) rc = join(path, sizeof path, dir, "model.safetensors");
-    if (rc == VKS_OK) rc = write_weights(f32, path, dt);
+    rc = vks_model_copy_f32(m, VKS_ROPE_HALF, &f32);
+    if (rc == VKS_OK) {
+        vks_hf_config hc = {.cfg = f32->cfg, .bos_id = m->bos_id, .eos_id = m->eos_id,
+                            .attention_bias = m->layers[0].bq.data != NULL};
+        snprintf(hc.arch, sizeof hc.arch, "%s", m->arch);
+        rc = write_hf_files(f32, &hc, dir, dt);
+    }
     vks_model_free(f32);
+    if (rc != VKS_OK && created) rmdir(dir); /* nothing of a failed write stays behind */
     return rc;
 }

@@ -460,12 +460,11 @@ int vks_model_save_llama2c(const vks_model *m, const char *path) {
         vks_model_free(f32);
         return rc;
     }
-    FILE *f = fopen(path, "wb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    bool ok = write_body(f, m);
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) return vks_set_error(VKS_ERR_IO, "%s: write failed", path);
-    return VKS_OK;
+    /* a temporary renamed into place: `path` may be the mapped input */
+    vks_outfile o;
+    rc = vks_outfile_open(&o, path, 0666);
+    if (rc != VKS_OK) return rc;
+    return vks_outfile_finish(&o, write_body(o.f, m));
 }
 
 /* ---- counting ---- */

@@ -3,6 +3,7 @@
 #ifndef VKS_MODEL_INTERNAL_H
 #define VKS_MODEL_INTERNAL_H
 #include "vkswarm/vks_model.h"
+#include "vkswarm/vks_safetensors.h"
 
 /* Float counts of the llama2.c layout (after the 28-byte header). Per-layer
  * entries are for one layer; `total` covers the whole body, classifier
@@ -49,4 +50,10 @@ int vks_model_check_unused(const vks_model *m, const char *what, int64_t n_file,
  * the known bos/eos ids. */
 struct vks_gguf_writer;
 int vks_gguf_add_tokenizer(struct vks_gguf_writer *w, const vks_model *m, const char *tokenizer_path);
+/* ---- writers' bodies, for files written through vks_outfile (the HF
+ * directory commits config.json and model.safetensors together) ---- */
+/* The whole safetensors file to f; errors name `name`. */
+int vks_st_write_stream(FILE *f, const char *name, const vks_st_write_tensor *t, size_t n);
+/* config.json to f; errors name `path`. */
+int vks_hf_config_write_stream(FILE *f, const char *path, const vks_hf_config *c, vks_dtype torch_dtype);
 #endif

@@ -12,6 +12,7 @@
  * ranges must not overlap.
  */
 #include "vkswarm/vks_safetensors.h"
+#include "model/model_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -271,17 +272,12 @@ static char *build_header(const vks_st_write_tensor *t, size_t n) {
     return s;
 }
 
-int vks_st_write(const char *path, const vks_st_write_tensor *t, size_t n) {
-    if (!path || (!t && n)) return vks_set_error(VKS_ERR_ARG, "vks_st_write: NULL argument");
+int vks_st_write_stream(FILE *f, const char *name, const vks_st_write_tensor *t, size_t n) {
+    if (!f || !name || (!t && n)) return vks_set_error(VKS_ERR_ARG, "vks_st_write_stream: NULL argument");
     char *hdr = build_header(t, n);
     if (!hdr) return VKS_ERR_ARG;
     size_t len = strlen(hdr);
     uint64_t padded = (len + 7) / 8 * 8; /* data section 8-byte aligned */
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(hdr);
-        return vks_set_error(VKS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    }
     bool ok = fwrite(&padded, 8, 1, f) == 1 && fwrite(hdr, 1, len, f) == len;
     for (uint64_t i = len; ok && i < padded; i++) ok = fputc(' ', f) != EOF;
     for (size_t i = 0; ok && i < n; i++) {
@@ -289,11 +285,17 @@ int vks_st_write(const char *path, const vks_st_write_tensor *t, size_t n) {
         tensor_bytes(&t[i], &bytes);
         ok = fwrite(t[i].data, 1, (size_t)bytes, f) == bytes;
     }
+    int e = errno;
     free(hdr);
-    ok = fclose(f) == 0 && ok;
-    if (!ok) {
-        unlink(path);
-        return vks_set_error(VKS_ERR_IO, "%s: write failed", path);
-    }
-    return VKS_OK;
+    return ok ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: write failed: %s", name, strerror(e ? e : EIO));
+}
+
+int vks_st_write(const char *path, const vks_st_write_tensor *t, size_t n) {
+    if (!path || (!t && n)) return vks_set_error(VKS_ERR_ARG, "vks_st_write: NULL argument");
+    vks_outfile o;
+    int rc = vks_outfile_open(&o, path, 0666);
+    if (rc == VKS_OK) rc = vks_st_write_stream(o.f, path, t, n);
+    if (rc == VKS_OK) return vks_outfile_commit(&o);
+    vks_outfile_abort(&o);
+    return rc;
 }

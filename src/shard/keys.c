@@ -8,35 +8,63 @@
 #include <unistd.h>
 #include "vkswarm/vks_shard.h"
 
-static int write_hex_file(const char *path, const uint8_t *key, size_t n, mode_t mode) {
+/* Key as hex digits and a newline, with write(2): no stdio buffer keeps a copy
+ * of the secret. Returns 0 or an errno. */
+static int write_hex(const vks_outfile *o, const uint8_t *key, size_t n) {
     char hex[2 * VKS_SECRET_KEY_BYTES + 2];
     sodium_bin2hex(hex, sizeof hex, key, n);
     size_t len = 2 * n;
     hex[len++] = '\n';
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, mode);
-    if (fd < 0) return vks_set_error(VKS_ERR_IO, "%s: cannot create (%s)", path, strerror(errno));
-    bool ok = write(fd, hex, len) == (ssize_t)len && fsync(fd) == 0;
+    ssize_t w = write(fileno(o->f), hex, len);
+    int e = w == (ssize_t)len ? 0 : w < 0 ? errno : ENOSPC;
     sodium_memzero(hex, sizeof hex);
-    if (close(fd) != 0 || !ok) return vks_set_error(VKS_ERR_IO, "%s: write failed", path);
+    return e;
+}
+
+static int refuse_existing(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) == 0) return vks_set_error(VKS_ERR_IO, "%s: exists (not overwritten)", path);
     return VKS_OK;
+}
+
+/* Both files through temporaries, placed together and never over an existing
+ * file: a failure (full disk) leaves neither. */
+static int write_key_pair(const char *sec, const char *pub, const uint8_t *sk, const uint8_t *pk) {
+    vks_outfile o[2] = {{0}};
+    int rc = vks_outfile_open(&o[0], sec, 0600);
+    if (rc == VKS_OK) rc = vks_outfile_open(&o[1], pub, 0644);
+    int e = 0;
+    const char *failed = sec;
+    if (rc == VKS_OK && (e = write_hex(&o[0], sk, VKS_SECRET_KEY_BYTES)) == 0) {
+        failed = pub;
+        e = write_hex(&o[1], pk, VKS_PUBLIC_KEY_BYTES);
+    }
+    if (rc == VKS_OK && e == 0) return vks_outfile_commit_all(o, 2, true);
+    if (rc == VKS_OK) rc = vks_set_error(VKS_ERR_IO, "%s: write failed: %s", failed, strerror(e));
+    vks_outfile_abort(&o[0]);
+    vks_outfile_abort(&o[1]);
+    return rc;
 }
 
 int vks_keygen(const char *dir) {
     if (!dir) return vks_set_error(VKS_ERR_ARG, "keygen: no directory");
     if (sodium_init() < 0) return vks_set_error(VKS_ERR_IO, "keygen: libsodium failed to initialize");
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-        return vks_set_error(VKS_ERR_IO, "%s: cannot create directory (%s)", dir, strerror(errno));
     char pub[4096], sec[4096];
     if (snprintf(pub, sizeof pub, "%s/shardcast.pub", dir) >= (int)sizeof pub ||
         snprintf(sec, sizeof sec, "%s/shardcast.key", dir) >= (int)sizeof sec)
         return vks_set_error(VKS_ERR_ARG, "%s: path too long", dir);
-    uint8_t pk[VKS_PUBLIC_KEY_BYTES], sk[VKS_SECRET_KEY_BYTES];
-    crypto_sign_keypair(pk, sk);
-    int rc = write_hex_file(sec, sk, sizeof sk, 0600);
-    sodium_memzero(sk, sizeof sk);
-    if (rc) return rc;
-    rc = write_hex_file(pub, pk, sizeof pk, 0644);
-    if (rc) unlink(sec);
+    bool created = mkdir(dir, 0700) == 0;
+    if (!created && errno != EEXIST)
+        return vks_set_error(VKS_ERR_IO, "%s: cannot create directory (%s)", dir, strerror(errno));
+    int rc = refuse_existing(sec);
+    if (rc == VKS_OK) rc = refuse_existing(pub);
+    if (rc == VKS_OK) {
+        uint8_t pk[VKS_PUBLIC_KEY_BYTES], sk[VKS_SECRET_KEY_BYTES];
+        crypto_sign_keypair(pk, sk);
+        rc = write_key_pair(sec, pub, sk, pk);
+        sodium_memzero(sk, sizeof sk);
+    }
+    if (rc != VKS_OK && created) rmdir(dir);
     return rc;
 }
 
