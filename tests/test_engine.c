@@ -421,6 +421,44 @@ static void test_dispatches_beyond_one_command_buffer(void **state) {
     assert_no_validation_messages();
 }
 
+/* The KV cache can be resized after the weights are up: a cache too large
+ * for one binding is refused with the bytes, before anything is freed; after
+ * a resize the forward uses the new shape and still equals the CPU forward. */
+static void test_kv_resize(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 32, .hidden_dim = 48, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                          .vocab_size = 50, .seq_len = 1 << 20, .head_dim = 8, .kv_dim = 16, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 13, &m), VKS_OK);
+    vks_engine_options o = {.n_slots = 1, .kv_len = 2, .max_rows = 16};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    uint64_t bytes = vks_engine_device_bytes(e);
+    assert_int_equal(vks_engine_kv_fits(e, 65536, 1 << 20), VKS_ERR_NOMEM);
+    assert_non_null(strstr(vks_last_error(), "needs"));
+    assert_int_equal(vks_engine_resize_kv(e, 65536, 1 << 20), VKS_ERR_NOMEM);
+    assert_int_equal(vks_engine_kv_fits(e, 1, (1 << 20) + 1), VKS_ERR_ARG);
+    assert_int_equal(vks_engine_n_slots(e), 1);
+    assert_int_equal(vks_engine_kv_len(e), 2);
+    enum { N = 40 };
+    assert_int_equal(vks_engine_resize_kv(e, 3, N), VKS_OK);
+    assert_int_equal(vks_engine_n_slots(e), 3);
+    assert_int_equal(vks_engine_kv_len(e), N);
+    assert_true(vks_engine_device_bytes(e) == bytes + 2ull * 2 * (3 * N - 2) * 16 * 4);
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
+    float *want = malloc(sizeof(float) * N * 50), *got = malloc(sizeof(float) * N * 50);
+    assert_int_equal(vks_cpu_forward(m, ids, N, want, NULL), VKS_OK);
+    engine_logits(e, ids, N, 16, got, c.vocab_size);
+    assert_true(tu_nmse(got, want, (size_t)N * 50) < 1e-10);
+    free(want);
+    free(got);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 static void test_refusals(void **state) {
     (void)state;
     /* a model far larger than the device: refused before reading any weight */
@@ -467,7 +505,7 @@ int main(void) {
         cmocka_unit_test(test_split_weights),        cmocka_unit_test(test_greedy_text),
         cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_batch_invariant_sampling),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_refusals),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);

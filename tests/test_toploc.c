@@ -954,6 +954,45 @@ static void test_verify_huge_context(void **state) {
     free(out);
 }
 
+/* A structurally valid sample of 2^20 positions whose KV cache cannot fit the
+ * device (4 KiB a position and layer: 4 GiB in one binding) is rejected with
+ * the reason, before any forward; the short samples beside it are accepted. */
+static void test_verify_sample_beyond_device(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 1024, .hidden_dim = 32, .n_layers = 1, .n_heads = 8, .n_kv_heads = 8,
+                          .vocab_size = 32, .seq_len = 1 << 20, .head_dim = 128, .kv_dim = 1024, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT, .shared_classifier = true};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 4, &m), VKS_OK);
+    enum { N = 3 };
+    const gen_params gp = {.temperature = 1.0f, .top_p = 0.9f, .seed = 6, .steps = 8};
+    vks_rollout_sample *s = gen_gpu(m, VKS_DTYPE_F32, N, &gp, 64);
+    vks_rollout_sample *big = &s[1]; /* replaced by a full-length sample of 2^20 positions */
+    free(big->prompt_ids);
+    free(big->proofs);
+    big->max_steps = big->n_prompt = 1 << 20;
+    big->n_output = 1;
+    big->prompt_ids = calloc((size_t)big->n_prompt, sizeof(int32_t));
+    big->proof_bytes = vks_toploc_proof_size(1);
+    big->proofs = calloc(1, big->proof_bytes);
+    vks_engine_options eo = {.f32_math = true, .n_slots = 16, .kv_len = 1, .max_rows = 512, .max_out_rows = 512};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &eo, &e), VKS_OK);
+    vks_verify_options o = verify_opts();
+    vks_verdict v[N];
+    int rc = vks_verify_batch(e, &o, s, N, v);
+    if (rc) fprintf(stderr, "  verify: %s\n", vks_last_error());
+    assert_int_equal(rc, VKS_OK);
+    assert_true(v[0].accepted && v[2].accepted);
+    assert_false(v[1].accepted);
+    fprintf(stderr, "  %s\n", v[1].reason);
+    assert_non_null(strstr(v[1].reason, "1048576 positions do not fit the verifier's device"));
+    assert_true(vks_engine_kv_len(e) <= gp.steps);
+    vks_engine_destroy(e);
+    free_samples(s, N);
+    vks_model_free(m);
+}
+
 /* ---------------- the CLI, and lavapipe at other subgroup sizes ---------------- */
 
 static void test_cli_generate_verify(void **state) {
@@ -1027,6 +1066,7 @@ int main(void) {
         cmocka_unit_test(test_lower_precision_rate),
         cmocka_unit_test(test_cli_generate_verify),
         cmocka_unit_test(test_verify_huge_context),
+        cmocka_unit_test(test_verify_sample_beyond_device),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);

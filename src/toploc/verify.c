@@ -486,11 +486,9 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
     for (int i = 0; rc == VKS_OK && i < n; i++) {
         if (!live[i]) continue;
         int len = sample_positions(&samples[i]);
-        int grown = len > longest ? len : longest;
-        if (n_jobs > 0 && (n_jobs == max_slots || vks_engine_kv_fits(e, n_jobs + 1, grown) != VKS_OK)) {
+        if (n_jobs > 0 && (n_jobs == max_slots || vks_engine_kv_fits(e, n_jobs + 1, len > longest ? len : longest))) {
             rc = run_sized_group(e, o, jobs, n_jobs, longest, b);
-            n_jobs = 0;
-            longest = grown = len;
+            n_jobs = longest = 0;
             if (rc) break;
         }
         if (n_jobs == 0 && vks_engine_kv_fits(e, 1, len) != VKS_OK) {
@@ -500,7 +498,7 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
         rc = job_start(&jobs[n_jobs], &samples[i], &out[i], c->dim);
         if (rc == VKS_OK) {
             n_jobs++;
-            longest = grown;
+            if (len > longest) longest = len;
         }
     }
     if (rc == VKS_OK && n_jobs > 0) rc = run_sized_group(e, o, jobs, n_jobs, longest, b);
