@@ -354,6 +354,111 @@ static void test_batch_invariance_large(void **state) {
     assert_no_validation_messages();
 }
 
+/* Hidden rows of every sampled position of the big-batch test, by run, sequence and position. */
+enum { BIG_SEQS = 2560, BIG_STEPS = 3, BIG_DIM = 16 };
+static float (*big_hidden)[BIG_SEQS][BIG_STEPS][BIG_DIM];
+
+static void capture_big_hidden(void *user, const vks_step *st, const vks_seq_state *seqs, const float *hidden,
+                               const int32_t *sampled) {
+    int run = *(const int *)user;
+    (void)sampled;
+    for (int i = 0; i < st->n_out; i++) {
+        const vks_seq_state *s = &seqs[st->out_seq[i]];
+        uint32_t pos = st->pos[st->out_rows[i]];
+        assert_true(s->seq_index < BIG_SEQS && pos < BIG_STEPS);
+        memcpy(big_hidden[run][s->seq_index][pos], hidden + (size_t)i * BIG_DIM, sizeof(float) * BIG_DIM);
+    }
+}
+
+static void make_big_batch(vks_sequence *seqs, int n, int first, int vocab) {
+    for (int s = 0; s < n; s++) {
+        seqs[s] = (vks_sequence){.n_prompt = 2, .ids = malloc(sizeof(int32_t) * 2)};
+        seqs[s].ids[0] = 1;
+        seqs[s].ids[1] = 3 + (first + s) * 7 % (vocab - 3);
+    }
+}
+
+/* One decode step of 2560 rows on 8 layers records about 18,300 dispatches
+ * (320 groups of 8 rows x 7 matmuls x 8 layers, plus the head), more than one
+ * command buffer's descriptor pools hold (64 x 256): the recording continues
+ * in further command buffers, and every sequence's tokens and hidden rows
+ * equal, bit for bit, those of runs in batches of 512. */
+static void test_dispatches_beyond_one_command_buffer(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = BIG_DIM, .hidden_dim = 32, .n_layers = 8, .n_heads = 2, .n_kv_heads = 2,
+                          .vocab_size = 64, .seq_len = 64, .head_dim = 8, .kv_dim = 16, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 11, &m), VKS_OK);
+    vks_engine_options o = {.n_slots = BIG_SEQS, .kv_len = BIG_STEPS, .max_rows = 2 * BIG_SEQS, .max_out_rows = BIG_SEQS};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    big_hidden = calloc(2, sizeof *big_hidden);
+    vks_sequence *big = calloc(BIG_SEQS, sizeof *big), part[512];
+    int run = 0;
+    vks_generate_options g = {.steps = BIG_STEPS, .temperature = 1.0f, .top_p = 1.0f, .seed = 5, .stop_token_a = -1,
+                              .stop_token_b = -1, .on_hidden = capture_big_hidden, .user = &run};
+    make_big_batch(big, BIG_SEQS, 0, c.vocab_size);
+    int rc = vks_generate(e, &g, big, BIG_SEQS, 0);
+    if (rc) fprintf(stderr, "big batch: %s\n", vks_last_error());
+    assert_int_equal(rc, VKS_OK);
+    run = 1;
+    for (int first = 0; first < BIG_SEQS; first += 512) {
+        make_big_batch(part, 512, first, c.vocab_size);
+        assert_int_equal(vks_generate(e, &g, part, 512, (uint32_t)first), VKS_OK);
+        for (int s = 0; s < 512; s++) {
+            assert_int_equal(part[s].n_ids, big[first + s].n_ids);
+            assert_memory_equal(part[s].ids, big[first + s].ids, sizeof(int32_t) * (size_t)part[s].n_ids);
+            vks_sequence_free(&part[s]);
+        }
+    }
+    assert_memory_equal(big_hidden[0], big_hidden[1], sizeof big_hidden[0]);
+    for (int s = 0; s < BIG_SEQS; s++) vks_sequence_free(&big[s]);
+    free(big);
+    free(big_hidden);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+/* The KV cache can be resized after the weights are up: a cache too large
+ * for one binding is refused with the bytes, before anything is freed; after
+ * a resize the forward uses the new shape and still equals the CPU forward. */
+static void test_kv_resize(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 32, .hidden_dim = 48, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                          .vocab_size = 50, .seq_len = 1 << 20, .head_dim = 8, .kv_dim = 16, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 13, &m), VKS_OK);
+    vks_engine_options o = {.n_slots = 1, .kv_len = 2, .max_rows = 16};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    uint64_t bytes = vks_engine_device_bytes(e);
+    assert_int_equal(vks_engine_kv_fits(e, 65536, 1 << 20), VKS_ERR_NOMEM);
+    assert_non_null(strstr(vks_last_error(), "needs"));
+    assert_int_equal(vks_engine_resize_kv(e, 65536, 1 << 20), VKS_ERR_NOMEM);
+    assert_int_equal(vks_engine_kv_fits(e, 1, (1 << 20) + 1), VKS_ERR_ARG);
+    assert_int_equal(vks_engine_n_slots(e), 1);
+    assert_int_equal(vks_engine_kv_len(e), 2);
+    enum { N = 40 };
+    assert_int_equal(vks_engine_resize_kv(e, 3, N), VKS_OK);
+    assert_int_equal(vks_engine_n_slots(e), 3);
+    assert_int_equal(vks_engine_kv_len(e), N);
+    assert_true(vks_engine_device_bytes(e) == bytes + 2ull * 2 * (3 * N - 2) * 16 * 4);
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
+    float *want = malloc(sizeof(float) * N * 50), *got = malloc(sizeof(float) * N * 50);
+    assert_int_equal(vks_cpu_forward(m, ids, N, want, NULL), VKS_OK);
+    engine_logits(e, ids, N, 16, got, c.vocab_size);
+    assert_true(tu_nmse(got, want, (size_t)N * 50) < 1e-10);
+    free(want);
+    free(got);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 static void test_refusals(void **state) {
     (void)state;
     /* a model far larger than the device: refused before reading any weight */
@@ -399,7 +504,9 @@ int main(void) {
         cmocka_unit_test(test_stories_logits_f32),   cmocka_unit_test(test_stories_logits_half),
         cmocka_unit_test(test_split_weights),        cmocka_unit_test(test_greedy_text),
         cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_batch_invariant_sampling),
-        cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
+        cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_refusals),
     };
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -902,6 +902,97 @@ static void test_malformed_proofs_rejected(void **state) {
     free_samples(s, 5);
 }
 
+/* A model whose header declares a context of 2^20 positions (valid: generate
+ * runs it) with short samples: the verifier's KV cache is sized by the
+ * batch's longest sample, not by batch x context (16 x 2^20 positions did
+ * not fit: "needs 21478446304 bytes"). Library call, then the CLI on the file. */
+static void test_verify_huge_context(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 16, .hidden_dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 4,
+                          .vocab_size = 32, .seq_len = 1 << 20, .head_dim = 4, .kv_dim = 16, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT, .shared_classifier = true};
+    vks_model *r, *m;
+    char dir[256], path[512], cmd[4096];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(path, sizeof path, "%s/huge_context.bin", dir);
+    assert_int_equal(vks_model_random(&c, 3, &r), VKS_OK);
+    assert_int_equal(vks_model_save_llama2c(r, path), VKS_OK);
+    vks_model_free(r);
+    assert_int_equal(vks_model_load_llama2c(path, &m), VKS_OK);
+    assert_int_equal(m->cfg.seq_len, 1 << 20);
+    enum { N = 4 };
+    const gen_params gp = {.temperature = 1.0f, .top_p = 0.9f, .seed = 5, .steps = 12};
+    vks_rollout_sample *s = gen_gpu(m, VKS_DTYPE_F32, N, &gp, 64);
+    int longest = 0;
+    for (int i = 0; i < N; i++)
+        if (s[i].n_prompt + s[i].n_output - 1 > longest) longest = s[i].n_prompt + s[i].n_output - 1;
+    vks_engine_options eo = {.f32_math = true, .n_slots = 16, .kv_len = 1, .max_rows = 512, .max_out_rows = 512};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &eo, &e), VKS_OK);
+    vks_verify_options o = verify_opts();
+    vks_verdict v[N];
+    assert_int_equal(vks_verify_batch(e, &o, s, N, v), VKS_OK);
+    for (int i = 0; i < N; i++) {
+        if (!v[i].accepted) fprintf(stderr, "  %s: %s\n", s[i].id, v[i].reason);
+        assert_true(v[i].accepted);
+    }
+    assert_int_equal(vks_engine_n_slots(e), N);
+    assert_int_equal(vks_engine_kv_len(e), longest);
+    vks_engine_destroy(e);
+    free_samples(s, N);
+    vks_model_free(m);
+    /* the CLI: generate rollouts, then verify them with the default batch of 16 */
+    snprintf(cmd, sizeof cmd, "printf '3 4 5\\n6\\n7 8\\n' > %s/hp.txt && %s generate --model %s --prompts %s/hp.txt "
+             "-n 10 --seed 4 --rollouts-out %s/hr.jsonl > /dev/null 2>&1", dir, tu_bin(), path, dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s verify --model %s --rollouts %s/hr.jsonl 2>&1", tu_bin(), path, dir);
+    char *out = NULL;
+    int rc = tu_run(cmd, &out);
+    fprintf(stderr, "%s", out ? out : "");
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "verified 3 samples: 3 accepted, 0 rejected"));
+    free(out);
+}
+
+/* A structurally valid sample of 2^20 positions whose KV cache cannot fit the
+ * device (4 KiB a position and layer: 4 GiB in one binding) is rejected with
+ * the reason, before any forward; the short samples beside it are accepted. */
+static void test_verify_sample_beyond_device(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 1024, .hidden_dim = 32, .n_layers = 1, .n_heads = 8, .n_kv_heads = 8,
+                          .vocab_size = 32, .seq_len = 1 << 20, .head_dim = 128, .kv_dim = 1024, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT, .shared_classifier = true};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 4, &m), VKS_OK);
+    enum { N = 3 };
+    const gen_params gp = {.temperature = 1.0f, .top_p = 0.9f, .seed = 6, .steps = 8};
+    vks_rollout_sample *s = gen_gpu(m, VKS_DTYPE_F32, N, &gp, 64);
+    vks_rollout_sample *big = &s[1]; /* replaced by a full-length sample of 2^20 positions */
+    free(big->prompt_ids);
+    free(big->proofs);
+    big->max_steps = big->n_prompt = 1 << 20;
+    big->n_output = 1;
+    big->prompt_ids = calloc((size_t)big->n_prompt, sizeof(int32_t));
+    big->proof_bytes = vks_toploc_proof_size(1);
+    big->proofs = calloc(1, big->proof_bytes);
+    vks_engine_options eo = {.f32_math = true, .n_slots = 16, .kv_len = 1, .max_rows = 512, .max_out_rows = 512};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &eo, &e), VKS_OK);
+    vks_verify_options o = verify_opts();
+    vks_verdict v[N];
+    int rc = vks_verify_batch(e, &o, s, N, v);
+    if (rc) fprintf(stderr, "  verify: %s\n", vks_last_error());
+    assert_int_equal(rc, VKS_OK);
+    assert_true(v[0].accepted && v[2].accepted);
+    assert_false(v[1].accepted);
+    fprintf(stderr, "  %s\n", v[1].reason);
+    assert_non_null(strstr(v[1].reason, "1048576 positions do not fit the verifier's device"));
+    assert_true(vks_engine_kv_len(e) <= gp.steps);
+    vks_engine_destroy(e);
+    free_samples(s, N);
+    vks_model_free(m);
+}
+
 /* ---------------- the CLI, and lavapipe at other subgroup sizes ---------------- */
 
 static void test_cli_generate_verify(void **state) {
@@ -974,6 +1065,8 @@ int main(void) {
         cmocka_unit_test(test_cheats_other_models),
         cmocka_unit_test(test_lower_precision_rate),
         cmocka_unit_test(test_cli_generate_verify),
+        cmocka_unit_test(test_verify_huge_context),
+        cmocka_unit_test(test_verify_sample_beyond_device),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -139,8 +139,8 @@ static void verifier_open(verifier *v, const verify_args *a, const vks_model *m)
     *v = (verifier){.a = a, .m = m};
     if (a->cpu) return;
     v->g = cli_open_gpu(&a->m);
-    /* a sample is at most the context long; longer ones are rejected before any forward */
-    vks_engine_options eo = {.f32_math = true, .dtype = a->m.dtype, .n_slots = a->batch, .kv_len = m->cfg.seq_len, .max_rows = 512,
+    /* vks_verify_batch sizes the KV cache by each batch's longest sample */
+    vks_engine_options eo = {.f32_math = true, .dtype = a->m.dtype, .n_slots = a->batch, .kv_len = 1, .max_rows = 512,
                              .max_out_rows = 512};
     v->e = cli_create_engine(v->g, m, &eo);
 }

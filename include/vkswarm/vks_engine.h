@@ -45,6 +45,15 @@ int vks_engine_max_rows(const vks_engine *e);
 int vks_engine_max_out_rows(const vks_engine *e);
 int vks_engine_n_slots(const vks_engine *e);  /* KV slots (sequences) */
 int vks_engine_kv_len(const vks_engine *e);   /* positions per slot */
+/* VKS_OK when a KV cache of n_slots x kv_len positions (kv_len at most the
+ * model's context) fits on the device in place of the engine's current one;
+ * else an error with the bytes needed and available. */
+int vks_engine_kv_fits(const vks_engine *e, int n_slots, int kv_len);
+/* Replaces the KV cache by one of n_slots x kv_len positions (contents are
+ * lost; weights and activations stay). Checked as vks_engine_kv_fits first;
+ * when an allocation still fails the engine has no KV cache (0 slots, every
+ * forward refused) until a later resize succeeds. */
+int vks_engine_resize_kv(vks_engine *e, int n_slots, int kv_len);
 
 typedef struct {
     int n_rows;

@@ -150,8 +150,12 @@ typedef struct {
 
 /* Verifies n samples on a GPU engine holding every layer: several sequences'
  * rows go through each vks_engine_forward (one KV slot each, up to the
- * engine's slots, rows and output rows). Returns an error only when the
- * engine fails; rejections are verdicts. */
+ * engine's rows and output rows). The n samples are one batch: the engine's
+ * KV cache is resized to n slots of the longest sample's positions (prompt +
+ * output, at most the model's context) when it holds less, in groups where
+ * that does not fit the device; a sample that does not fit alone is
+ * rejected. Returns an error only when the engine fails; rejections are
+ * verdicts. */
 int vks_verify_batch(vks_engine *e, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
                      vks_verdict *out);
 /* The same with the C reference forward (no GPU). */

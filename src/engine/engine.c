@@ -92,9 +92,16 @@ static uint64_t weight_bytes_needed(const vks_engine *e, const vks_model *m) {
     return total;
 }
 
-static uint64_t kv_bytes_per_layer(const vks_engine *e) {
-    return (uint64_t)e->opt.n_slots * (uint64_t)e->opt.kv_len * (uint64_t)e->cfg.kv_dim * 4;
+/* Bytes of one layer's K (or V) cache; UINT64_MAX when that overflows. */
+static uint64_t kv_bytes_of(const vks_engine *e, int n_slots, int kv_len) {
+    size_t b = 4;
+    if (!vks_mul_size(b, (size_t)n_slots, &b) || !vks_mul_size(b, (size_t)kv_len, &b) ||
+        !vks_mul_size(b, (size_t)e->cfg.kv_dim, &b))
+        return UINT64_MAX;
+    return b;
 }
+
+static uint64_t kv_bytes_per_layer(const vks_engine *e) { return kv_bytes_of(e, e->opt.n_slots, e->opt.kv_len); }
 
 static uint64_t activation_bytes(const vks_engine *e) {
     const vks_model_config *c = &e->cfg;
@@ -218,6 +225,19 @@ static int new_buffer(vks_engine *e, uint64_t bytes, const char *what, vks_buffe
     return vks_buffer_create(e->gpu, (size_t)bytes, out);
 }
 
+static int create_layer_kv(vks_engine *e, dev_layer *l) {
+    uint64_t kv = kv_bytes_per_layer(e);
+    int rc = new_buffer(e, kv, "the KV cache of one layer", &l->kcache);
+    if (rc == VKS_OK) rc = new_buffer(e, kv, "the KV cache of one layer", &l->vcache);
+    return rc;
+}
+
+static void free_layer_kv(dev_layer *l) {
+    vks_buffer_destroy(l->kcache);
+    vks_buffer_destroy(l->vcache);
+    l->kcache = l->vcache = NULL;
+}
+
 /* Uploads a layer's norms, optional q/k/v biases (Qwen2; absent ones stay
  * NULL) and matrices; errors name the layer and tensor. */
 static int create_layer(vks_engine *e, const vks_layer_weights *w, int layer, dev_layer *l) {
@@ -242,11 +262,7 @@ static int create_layer(vks_engine *e, const vks_layer_weights *w, int layer, de
         snprintf(what, sizeof what, "layer %d %s", layer, mats[i].name);
         if ((rc = upload_matrix(e, mats[i].t, what, mats[i].out))) return rc;
     }
-    uint64_t kv = kv_bytes_per_layer(e);
-    if ((rc = new_buffer(e, kv, "the KV cache of one layer", &l->kcache)) ||
-        (rc = new_buffer(e, kv, "the KV cache of one layer", &l->vcache)))
-        return rc;
-    return VKS_OK;
+    return create_layer_kv(e, l);
 }
 
 static int create_activations(vks_engine *e) {
@@ -360,8 +376,7 @@ void vks_engine_destroy(vks_engine *e) {
         vks_buffer_destroy(l->bv);
         dev_matrix *ms[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w1, &l->w2, &l->w3};
         for (int j = 0; j < 7; j++) free_matrix(ms[j]);
-        vks_buffer_destroy(l->kcache);
-        vks_buffer_destroy(l->vcache);
+        free_layer_kv(l);
     }
     free(e->layers);
     if (e->classifier.chunk[0] != e->tok_emb.chunk[0]) free_matrix(&e->classifier);
@@ -386,6 +401,43 @@ int vks_engine_max_rows(const vks_engine *e) { return e ? e->opt.max_rows : 0; }
 int vks_engine_max_out_rows(const vks_engine *e) { return e ? e->opt.max_out_rows : 0; }
 int vks_engine_n_slots(const vks_engine *e) { return e ? e->opt.n_slots : 0; }
 int vks_engine_kv_len(const vks_engine *e) { return e ? e->opt.kv_len : 0; }
+
+/* ---------- KV cache shape ---------- */
+
+int vks_engine_kv_fits(const vks_engine *e, int n_slots, int kv_len) {
+    if (!e || n_slots < 1 || n_slots > 65536 || kv_len < 1 || kv_len > e->cfg.seq_len)
+        return vks_set_error(VKS_ERR_ARG, "KV cache of %d slots x %d positions: outside 1..65536 x 1..%d", n_slots,
+                             kv_len, e ? e->cfg.seq_len : 0);
+    uint64_t layers = (uint64_t)(e->opt.layer_end - e->opt.layer_begin);
+    uint64_t per_layer = kv_bytes_of(e, n_slots, kv_len), range = vks_gpu_info(e->gpu)->max_storage_range;
+    uint64_t avail = vks_gpu_free_bytes(e->gpu) + 2 * layers * kv_bytes_per_layer(e);
+    if (per_layer > range)
+        return vks_set_error(VKS_ERR_NOMEM, "a KV cache of %d x %d positions needs %llu bytes per layer in one "
+                             "binding; the device allows %llu", n_slots, kv_len, (unsigned long long)per_layer,
+                             (unsigned long long)range);
+    if (2 * layers * per_layer > avail)
+        return vks_set_error(VKS_ERR_NOMEM, "a KV cache of %d x %d positions needs %llu bytes of device memory, "
+                             "%llu available", n_slots, kv_len, (unsigned long long)(2 * layers * per_layer),
+                             (unsigned long long)avail);
+    return VKS_OK;
+}
+
+int vks_engine_resize_kv(vks_engine *e, int n_slots, int kv_len) {
+    int rc = vks_engine_kv_fits(e, n_slots, kv_len);
+    if (rc) return rc;
+    int n = e->opt.layer_end - e->opt.layer_begin;
+    uint64_t before = vks_gpu_free_bytes(e->gpu);
+    for (int i = 0; i < n; i++) free_layer_kv(&e->layers[i]);
+    e->opt.n_slots = n_slots;
+    e->opt.kv_len = kv_len;
+    for (int i = 0; i < n && rc == VKS_OK; i++) rc = create_layer_kv(e, &e->layers[i]);
+    if (rc) { /* no KV cache: every forward is refused until a resize succeeds */
+        for (int i = 0; i < n; i++) free_layer_kv(&e->layers[i]);
+        e->opt.n_slots = e->opt.kv_len = 0;
+    }
+    e->device_bytes += before - vks_gpu_free_bytes(e->gpu); /* modulo 2^64: right when the cache shrank too */
+    return rc;
+}
 
 /* ---------- forward ---------- */
 

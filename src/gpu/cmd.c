@@ -1,6 +1,9 @@
 /* Command recording: one command buffer per forward pass, many dispatches,
  * one submit. Descriptor sets come from per-command pools freed at submit.
- * With profiling on, each dispatch is bracketed by timestamp queries. */
+ * A recording that fills its pools is submitted and continues in a fresh
+ * command buffer (flush_and_continue), so the number of dispatches of one
+ * vks_cmd has no limit. With profiling on, each dispatch is bracketed by
+ * timestamp queries. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +22,6 @@ int vks_cmd_begin(vks_gpu *g, vks_cmd **out) {
 }
 
 static int new_descriptor_pool(vks_cmd *c) {
-    if (c->n_pools == (int)(sizeof c->pools / sizeof c->pools[0]))
-        return vks_set_error(VKS_ERR_ARG, "too many dispatches in one command buffer");
     VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                  .descriptorCount = VKS_SETS_PER_POOL * VKS_MAX_BINDINGS};
     VkDescriptorPoolCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
@@ -32,7 +33,39 @@ static int new_descriptor_pool(vks_cmd *c) {
     return VKS_OK;
 }
 
+static void collect_profile(vks_cmd *c);
+
+static void destroy_pools(vks_cmd *c) {
+    for (int i = 0; i < c->n_pools; i++) vkDestroyDescriptorPool(c->gpu->dev, c->pools[i], NULL);
+    c->n_pools = 0;
+    c->sets_in_pool = 0;
+}
+
+/* Submits what is recorded so far, waits for it and continues in a fresh
+ * command buffer with empty pools. The barrier that precedes the next
+ * dispatch (n_dispatches stays > 0) orders it after the submitted work. On
+ * failure c->cb is VK_NULL_HANDLE and the recording can only be discarded. */
+static int flush_and_continue(vks_cmd *c) {
+    vks_gpu *g = c->gpu;
+    int rc = vks_gpu_oneshot_end(g, c->cb);
+    c->cb = VK_NULL_HANDLE;
+    if (rc == VKS_OK) collect_profile(c);
+    destroy_pools(c);
+    c->n_queries = 0;
+    if (rc == VKS_OK) rc = vks_gpu_oneshot_begin(g, &c->cb);
+    if (rc) {
+        c->cb = VK_NULL_HANDLE;
+        return vks_error_prefix(rc, "continuing a full command buffer");
+    }
+    if (g->profile) vkCmdResetQueryPool(c->cb, g->query_pool, 0, VKS_MAX_TIMESTAMPS);
+    return VKS_OK;
+}
+
 static int allocate_set(vks_cmd *c, vks_kernel *k, VkDescriptorSet *set) {
+    if (c->n_pools == VKS_MAX_POOLS && c->sets_in_pool == VKS_SETS_PER_POOL) {
+        int rc = flush_and_continue(c);
+        if (rc) return rc;
+    }
     if (c->n_pools == 0 || c->sets_in_pool == VKS_SETS_PER_POOL) {
         int rc = new_descriptor_pool(c);
         if (rc) return rc;
@@ -154,10 +187,13 @@ static void collect_profile(vks_cmd *c) {
 
 int vks_cmd_submit(vks_cmd *c) {
     if (!c) return vks_set_error(VKS_ERR_ARG, "vks_cmd_submit: NULL");
-    vks_gpu *g = c->gpu;
-    int rc = vks_gpu_oneshot_end(g, c->cb);
+    if (!c->cb) { /* a failed flush_and_continue already reported why */
+        vks_cmd_discard(c);
+        return vks_set_error(VKS_ERR_ARG, "vks_cmd_submit: the recording failed earlier");
+    }
+    int rc = vks_gpu_oneshot_end(c->gpu, c->cb);
     if (rc == VKS_OK) collect_profile(c);
-    for (int i = 0; i < c->n_pools; i++) vkDestroyDescriptorPool(g->dev, c->pools[i], NULL);
+    destroy_pools(c);
     free(c);
     return rc;
 }
@@ -165,9 +201,11 @@ int vks_cmd_submit(vks_cmd *c) {
 void vks_cmd_discard(vks_cmd *c) {
     if (!c) return;
     vks_gpu *g = c->gpu;
-    vkEndCommandBuffer(c->cb);
-    vkFreeCommandBuffers(g->dev, g->pool, 1, &c->cb);
-    for (int i = 0; i < c->n_pools; i++) vkDestroyDescriptorPool(g->dev, c->pools[i], NULL);
+    if (c->cb) {
+        vkEndCommandBuffer(c->cb);
+        vkFreeCommandBuffers(g->dev, g->pool, 1, &c->cb);
+    }
+    destroy_pools(c);
     free(c);
 }
 

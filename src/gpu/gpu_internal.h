@@ -9,6 +9,7 @@
 #define VKS_MAX_PROFILE_LABELS 64
 #define VKS_MAX_TIMESTAMPS 8192
 #define VKS_SETS_PER_POOL 256
+#define VKS_MAX_POOLS 64 /* per command buffer: a vks_cmd submits and goes on after 64 x 256 dispatches */
 
 struct vks_kernel {
     struct vks_kernel *next;       /* cache list */
@@ -55,7 +56,7 @@ struct vks_gpu {
 struct vks_cmd {
     vks_gpu *gpu;
     VkCommandBuffer cb;
-    VkDescriptorPool pools[64];
+    VkDescriptorPool pools[VKS_MAX_POOLS];
     int n_pools, sets_in_pool;
     int n_dispatches;
     uint32_t n_queries;

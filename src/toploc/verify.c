@@ -246,7 +246,7 @@ int vks_verify_batch_cpu(const vks_model *m, const vks_verify_options *o, const 
     return rc;
 }
 
-/* ---- GPU: batched prefill over up to n_slots samples at a time ---- */
+/* ---- GPU: batched prefill over a group of samples, one KV slot each ---- */
 
 typedef struct {
     int32_t *tokens;
@@ -453,33 +453,57 @@ static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *job
     return rc;
 }
 
+/* Positions a sample's prefill covers: the prompt and every output token but the last. */
+static int sample_positions(const vks_rollout_sample *s) { return s->n_prompt + s->n_output - 1; }
+
+/* Runs a group with the KV cache sized to it: n_jobs slots of the group's
+ * longest sample (kept when the current cache already holds that). */
+static int run_sized_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, int longest,
+                           gpu_batch b[2]) {
+    if (vks_engine_n_slots(e) < n_jobs || vks_engine_kv_len(e) < longest) {
+        int rc = vks_engine_resize_kv(e, n_jobs, longest);
+        if (rc) {
+            for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden);
+            return rc;
+        }
+    }
+    return run_group(e, o, jobs, n_jobs, b);
+}
+
+/* Groups the live samples in order: a group grows while its KV cache (group
+ * size x longest sample) fits on the device, up to max_slots samples. A
+ * sample that does not fit even alone is rejected. */
 static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
                            vks_verdict *out, const bool *live) {
     const vks_model_config *c = vks_engine_config(e);
-    int slots = vks_engine_n_slots(e), kv_len = vks_engine_kv_len(e);
-    int max_slots = slots < 4096 ? slots : 4096;
+    int max_slots = n < 4096 ? n : 4096;
     gpu_batch b[2] = {0};
-    sample_job *jobs = calloc((size_t)max_slots, sizeof *jobs);
+    sample_job *jobs = calloc((size_t)max_slots + 1, sizeof *jobs);
     int rc = jobs ? gpu_batch_alloc(&b[0], vks_engine_max_rows(e), vks_engine_max_out_rows(e), c)
                   : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
     if (rc == VKS_OK) rc = gpu_batch_alloc(&b[1], vks_engine_max_rows(e), vks_engine_max_out_rows(e), c);
-    int n_jobs = 0;
-    for (int i = 0; rc == VKS_OK && i <= n; i++) {
-        bool flush = i == n || n_jobs == max_slots;
-        if (flush && n_jobs > 0) {
-            rc = run_group(e, o, jobs, n_jobs, b);
-            n_jobs = 0;
+    int n_jobs = 0, longest = 0;
+    for (int i = 0; rc == VKS_OK && i < n; i++) {
+        if (!live[i]) continue;
+        int len = sample_positions(&samples[i]);
+        if (n_jobs > 0 && (n_jobs == max_slots || vks_engine_kv_fits(e, n_jobs + 1, len > longest ? len : longest))) {
+            rc = run_sized_group(e, o, jobs, n_jobs, longest, b);
+            n_jobs = longest = 0;
+            if (rc) break;
         }
-        if (rc || i == n || !live[i]) continue;
-        if (samples[i].n_prompt + samples[i].n_output - 1 > kv_len) {
-            reject(&out[i], "%d positions exceed the verifier's KV cache (%d)",
-                   samples[i].n_prompt + samples[i].n_output - 1, kv_len);
+        if (n_jobs == 0 && vks_engine_kv_fits(e, 1, len) != VKS_OK) {
+            reject(&out[i], "%d positions do not fit the verifier's device: %s", len, vks_last_error());
             continue;
         }
         rc = job_start(&jobs[n_jobs], &samples[i], &out[i], c->dim);
-        if (rc == VKS_OK) n_jobs++;
+        if (rc == VKS_OK) {
+            n_jobs++;
+            if (len > longest) longest = len;
+        }
     }
-    for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* started but not run (an error) */
+    if (rc == VKS_OK && n_jobs > 0) rc = run_sized_group(e, o, jobs, n_jobs, longest, b);
+    else
+        for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* started but not run (an error) */
     gpu_batch_free(&b[0]);
     gpu_batch_free(&b[1]);
     free(jobs);
