@@ -89,14 +89,13 @@ static void parse_verify(int argc, char **argv, verify_args *a) {
     a->trusted_stop[1] = 2;
     a->n_trusted = 2;
     int c, idx;
-    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(verify_usage, stdout); exit(0); }
-        if (c != 0) { fputs(verify_usage, stderr); exit(EXIT_BAD_INPUT); }
         const char *name = opts[idx].name;
         if (!cli_model_option(&a->m, name, optarg)) verify_option(a, name, optarg);
     }
-    if (optind < argc) cli_die(EXIT_BAD_INPUT, "verify: unexpected argument '%s' (see --help)", argv[optind]);
-    if (!a->rollouts) cli_die(EXIT_BAD_INPUT, "verify: --rollouts FILE is required (see --help)");
+    if (optind < argc) cli_usage_error("verify", "unexpected argument '%s'", argv[optind]);
+    if (!a->rollouts) cli_usage_error("verify", "--rollouts FILE is required");
 }
 
 static bool trusted(const verify_args *a, int32_t id) {
