@@ -32,12 +32,15 @@ static void free_arrays(gguf_arrays *a) {
 
 static bool has_key(const vks_gguf *g, const char *key) { return vks_gguf_find_key(g, key) >= 0; }
 
+/* A vks_gguf getter failed: its message already names the file and the key. */
+static int gguf_failed(void) { return VKS_ERR_FORMAT; }
+
 /* A string array's elements; *n is its length (checked against limit). */
 static int string_array(const vks_gguf *g, const char *name, const char *key, uint64_t limit, const char ***out,
                         size_t **lens, uint64_t *n) {
     vks_gguf_type et;
     int rc = vks_gguf_get_arr_info(g, key, &et, n);
-    if (rc != VKS_OK) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+    if (rc != VKS_OK) return gguf_failed();
     if (et != VKS_GGUF_STRING) return vks_set_error(VKS_ERR_FORMAT, "%s: %s is not a string array", name, key);
     if (*n > limit) return vks_set_error(VKS_ERR_FORMAT, "%s: %s has %llu entries (limit %llu)", name, key,
                                          (unsigned long long)*n, (unsigned long long)limit);
@@ -46,7 +49,7 @@ static int string_array(const vks_gguf *g, const char *name, const char *key, ui
     if (!*out || !*lens) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for %s", name, key);
     for (uint64_t i = 0; i < *n; i++) {
         rc = vks_gguf_get_arr_str(g, key, i, &(*out)[i], &(*lens)[i]);
-        if (rc != VKS_OK) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+        if (rc != VKS_OK) return gguf_failed();
     }
     return VKS_OK;
 }
@@ -62,7 +65,7 @@ static int optional_arrays(const vks_gguf *g, const char *name, uint64_t n, gguf
         a->scores = malloc(n * sizeof *a->scores);
         if (!a->scores) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", name);
         if (vks_gguf_get_arr_f32(g, "tokenizer.ggml.scores", a->scores, n))
-            return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+            return gguf_failed();
     }
     if (has_key(g, "tokenizer.ggml.token_type")) {
         if (vks_gguf_get_arr_info(g, "tokenizer.ggml.token_type", &et, &len) || len != n)
@@ -72,7 +75,7 @@ static int optional_arrays(const vks_gguf *g, const char *name, uint64_t n, gguf
         a->types = malloc(n);
         if (!a->raw_types || !a->types) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", name);
         if (vks_gguf_get_arr_i32(g, "tokenizer.ggml.token_type", a->raw_types, n))
-            return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+            return gguf_failed();
         for (uint64_t i = 0; i < n; i++) {
             if (a->raw_types[i] < 0 || a->raw_types[i] > VKS_TOKEN_TYPE_BYTE)
                 return vks_set_error(VKS_ERR_FORMAT, "%s: token %llu has unknown type %d", name,
@@ -90,23 +93,23 @@ static int optional_id(const vks_gguf *g, const char *name, const char *key, int
         return VKS_OK;
     }
     uint32_t v;
-    if (vks_gguf_get_u32(g, key, &v)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+    if (vks_gguf_get_u32(g, key, &v)) return gguf_failed();
     if (v >= (uint32_t)n)
         return vks_set_error(VKS_ERR_FORMAT, "%s: %s = %u outside the %d-token vocabulary", name, key, v, n);
     *id = (int32_t)v;
     return VKS_OK;
 }
 
-static int optional_bool(const vks_gguf *g, const char *name, const char *key, bool *v) {
+static int optional_bool(const vks_gguf *g, const char *key, bool *v) {
     if (!has_key(g, key)) return VKS_OK;
-    if (vks_gguf_get_bool(g, key, v)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+    if (vks_gguf_get_bool(g, key, v)) return gguf_failed();
     return VKS_OK;
 }
 
 static int optional_str(const vks_gguf *g, const char *name, const char *key, const char **v) {
     if (!has_key(g, key)) return VKS_OK;
     size_t len;
-    if (vks_gguf_get_str(g, key, v, &len)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+    if (vks_gguf_get_str(g, key, v, &len)) return gguf_failed();
     if (strlen(*v) != len) return vks_set_error(VKS_ERR_FORMAT, "%s: %s contains a NUL byte", name, key);
     return VKS_OK;
 }
@@ -135,9 +138,9 @@ static int gguf_specials(const vks_gguf *g, const char *name, tok_vocab_spec *s)
     int rc = optional_id(g, name, "tokenizer.ggml.bos_token_id", s->n, &s->bos);
     if (rc == VKS_OK) rc = optional_id(g, name, "tokenizer.ggml.eos_token_id", s->n, &s->eos);
     if (rc == VKS_OK) rc = optional_id(g, name, "tokenizer.ggml.unknown_token_id", s->n, &s->unk);
-    if (rc == VKS_OK) rc = optional_bool(g, name, "tokenizer.ggml.add_bos_token", &s->add_bos);
-    if (rc == VKS_OK) rc = optional_bool(g, name, "tokenizer.ggml.add_eos_token", &s->add_eos);
-    if (rc == VKS_OK) rc = optional_bool(g, name, "tokenizer.ggml.add_space_prefix", &s->add_space_prefix);
+    if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_bos_token", &s->add_bos);
+    if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_eos_token", &s->add_eos);
+    if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_space_prefix", &s->add_space_prefix);
     if (rc == VKS_OK) rc = optional_str(g, name, "tokenizer.ggml.pre", &s->pre_name);
     if (rc == VKS_OK) rc = optional_str(g, name, "tokenizer.chat_template", &s->chat_template);
     return rc;
