@@ -422,11 +422,22 @@ static int json_spec(const char *path, json_t *root, json_vocab *v, tok_vocab_sp
     return VKS_OK;
 }
 
+/* json_load_file, but a UTF-8 byte order mark (some editors write one) is skipped. */
+static json_t *load_json_skipping_bom(const char *path, json_error_t *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return json_load_file(path, 0, err); /* for jansson's message */
+    unsigned char bom[3];
+    if (fread(bom, 1, 3, f) != 3 || memcmp(bom, "\xef\xbb\xbf", 3) != 0) rewind(f);
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, err);
+    fclose(f);
+    return root;
+}
+
 int vks_tokenizer_load_hf_json(const char *path, vks_tokenizer **out) {
     if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_load_hf_json: NULL argument");
     *out = NULL;
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = load_json_skipping_bom(path, &err);
     if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: JSON error at line %d: %s", path, err.line, err.text);
     json_vocab v = {0};
     tok_vocab_spec s = {0};
@@ -455,17 +466,26 @@ static bool is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* First bytes of a file: "GGUF", '{' (after whitespace) or something else. */
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* What a tokenizer file holds, from its name and first bytes: 'g' GGUF, 'j'
+ * JSON (a *.json name, or '{' or '[' after a byte order mark and whitespace),
+ * 'b' anything else (a llama2.c tokenizer.bin). An empty file is an error. */
 static int sniff(const char *path, char *kind) {
     FILE *f = fopen(path, "rb");
     if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open the tokenizer", path);
     unsigned char head[64];
     size_t n = fread(head, 1, sizeof head, f);
     fclose(f);
-    *kind = 'b';
+    if (n == 0) return vks_set_error(VKS_ERR_FORMAT, "%s: empty file, not a tokenizer", path);
+    *kind = ends_with(path, ".json") ? 'j' : 'b';
     if (n >= 4 && !memcmp(head, "GGUF", 4)) *kind = 'g';
-    for (size_t i = 0; i < n && *kind == 'b'; i++) {
-        if (head[i] == '{') *kind = 'j';
+    size_t i = n >= 3 && !memcmp(head, "\xef\xbb\xbf", 3) ? 3 : 0;
+    for (; i < n && *kind == 'b'; i++) {
+        if (head[i] == '{' || head[i] == '[') *kind = 'j';
         if (head[i] != ' ' && head[i] != '\n' && head[i] != '\r' && head[i] != '\t') break;
     }
     return VKS_OK;
@@ -482,7 +502,9 @@ static int load_path(const char *path, const vks_model *m, vks_tokenizer **out) 
     if (rc != VKS_OK) return rc;
     if (kind == 'g') return vks_tokenizer_load_gguf(path, out);
     if (kind == 'j') return vks_tokenizer_load_hf_json(path, out);
-    if (!m) return vks_set_error(VKS_ERR_ARG, "%s: a llama2.c tokenizer.bin needs the model's vocab size", path);
+    if (!m)
+        return vks_set_error(VKS_ERR_ARG, "%s: neither GGUF nor JSON; read as a llama2.c tokenizer.bin it needs the "
+                             "model's vocab size", path);
     return vks_tokenizer_load_llama2c(path, m->cfg.vocab_size, out);
 }
 
