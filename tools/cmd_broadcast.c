@@ -169,8 +169,10 @@ static int run_origin(vks_bcast *b, const bcast_args *a, const uint8_t sk[VKS_SE
     fputc('\n', stderr);
     vks_bcast_report r;
     int rc = vks_bcast_send(b, blob, blob_len, wire, m.wire_size, &r);
-    fprintf(stderr, "broadcast: %d ranks ok, %d failed, %.2fs, %.1f MB/s per receiver\n", r.ranks_ok, r.ranks_failed,
-            r.seconds, r.seconds > 0 ? (double)r.wire_bytes / r.seconds / 1e6 : 0.0);
+    fprintf(stderr, "broadcast: %d ranks ok, %d failed, %.2fs", r.ranks_ok, r.ranks_failed, r.seconds);
+    if (r.ranks_ok > 0 && r.seconds > 0) /* a rate only for bytes that arrived somewhere */
+        fprintf(stderr, ", %.1f MB/s per receiver", (double)r.wire_bytes / r.seconds / 1e6);
+    fputc('\n', stderr);
     if (rc) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
     *lost = r.ranks_lost;
     vks_manifest_free(&m);

@@ -110,8 +110,7 @@ int cmd_generate(int argc, char **argv) {
     go.on_step = on_step;
     go.user = &hooks;
     if (vks_generate(e, &go, seqs, n, 0)) cli_die(1, "generate: %s", vks_last_error());
-    long produced = 0;
-    for (int i = 0; i < n; i++) produced += seqs[i].n_ids - seqs[i].n_prompt;
+    long produced = cli_generated_tokens(seqs, n);
     cli_progress_end(&hooks.progress, produced, "tokens");
     if (hooks.rollouts) cli_rollouts_finish(hooks.rollouts, seqs, n, 0);
     for (int i = 0; i < n; i++) {

@@ -197,8 +197,7 @@ int cmd_pipeline(int argc, char **argv) {
             rank, first[rank], first[rank + 1], st.steps, st.wall_s, 1e3 * st.gpu_busy_s / (st.steps ? st.steps : 1),
             100.0 * st.gpu_busy_s / (st.wall_s + 1e-9), st.bytes_sent / 1e6);
     if (rank == 0) {
-        long produced = 0;
-        for (int i = 0; i < n; i++) produced += seqs[i].n_ids - seqs[i].n_prompt;
+        long produced = cli_generated_tokens(seqs, n);
         fprintf(stderr, "vkswarm: %ld tokens in %.2fs (%.1f tokens/s)\n", produced, st.wall_s, produced / st.wall_s);
         print_results(&a, t, lines, seqs, n);
         if (rollouts) cli_rollouts_finish(rollouts, seqs, n, 0);

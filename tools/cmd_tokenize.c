@@ -168,8 +168,10 @@ static int32_t *parse_id_list(const char *s, int vocab, int *n_out) {
         }
         char *end;
         long v = strtol(s, &end, 10);
-        if (end == s || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r'))
-            cli_die(EXIT_BAD_INPUT, "stdin: '%.20s' is not a token id", s);
+        if (end == s || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r')) {
+            size_t word = strcspn(s, " \n\t\r");
+            cli_die(EXIT_BAD_INPUT, "stdin: '%.*s' (word %zu) is not a token id", word > 40 ? 40 : (int)word, s, n + 1);
+        }
         if (v < 0 || v >= vocab) cli_die(EXIT_BAD_INPUT, "stdin: token %ld outside 0..%d", v, vocab - 1);
         if (n == cap) {
             if (cap > (size_t)INT32_MAX / 2) cli_die(EXIT_BAD_INPUT, "stdin: too many ids");

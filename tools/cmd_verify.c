@@ -119,10 +119,11 @@ static void print_verdict(const verify_args *a, const vks_rollout_sample *s, con
         printf(",\"accepted\":%s,\"reason\":", v->accepted ? "true" : "false");
         cli_json_string(stdout, v->reason, strlen(v->reason));
         fputs("}\n", stdout);
-    } else if (v->accepted) {
-        printf("%s\taccepted\n", s->id);
-    } else {
-        printf("%s\trejected: %s\n", s->id, v->reason);
+    } else { /* ids come from the file and reasons from verifier ranks: no raw tab or newline may forge a line */
+        cli_put_escaped(stdout, s->id, strlen(s->id));
+        fputs(v->accepted ? "\taccepted" : "\trejected: ", stdout);
+        if (!v->accepted) cli_put_escaped(stdout, v->reason, strnlen(v->reason, sizeof v->reason));
+        fputc('\n', stdout);
     }
 }
 

@@ -355,10 +355,11 @@ int vks_rollout_read(const char *path, vks_rollout_file *out) {
         got = fread(buf + len, 1, cap - len, f);
         len += got;
     }
-    bool read_error = ferror(f);
+    int read_errno = ferror(f) ? (errno ? errno : EIO) : 0; /* EISDIR for a directory */
     fclose(f);
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "%s: too large to read", path);
-    int rc = read_error ? vks_set_error(VKS_ERR_IO, "%s: read error", path) : vks_rollout_read_mem(buf, len, path, out);
+    int rc = read_errno ? vks_set_error(VKS_ERR_IO, "%s: cannot read: %s", path, strerror(read_errno))
+                        : vks_rollout_read_mem(buf, len, path, out);
     free(buf);
     return rc;
 }
