@@ -23,17 +23,28 @@ static void check_stdout(void) {
 
 void cli_guard_stdout(void) { atexit(check_stdout); }
 
-_Noreturn void cli_die(int status, const char *fmt, ...) {
+/* Messages carry strings from files: nothing reaches the terminal raw. */
+static void put_message(const char *fmt, va_list ap) {
     char msg[2048], esc[4096];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    /* Messages carry strings from files: nothing reaches the terminal raw. */
     vks_escape(msg, strlen(msg), esc, sizeof esc);
     fprintf(stderr, "vkswarm: %s\n", esc);
+}
+
+_Noreturn void cli_die(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    put_message(fmt, ap);
+    va_end(ap);
     die_status = status;
     exit(status);
+}
+
+void cli_note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    put_message(fmt, ap);
+    va_end(ap);
 }
 
 _Noreturn void cli_usage_error(const char *cmd, const char *fmt, ...) {

@@ -11,6 +11,9 @@
 
 /* Prints "vkswarm: <msg>" on stderr and exits with `status`. */
 _Noreturn void cli_die(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints "vkswarm: <msg>" on stderr, escaped like cli_die's: for notes that
+ * carry names from files (architectures, paths). */
+void cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Installed first thing in main: at exit, stdout is flushed and closed and
  * any failed write to it (full disk, closed pipe) turns the exit status into
  * 1 with a one-line message, so results are never lost silently. */

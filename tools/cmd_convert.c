@@ -75,8 +75,7 @@ int cmd_convert(int argc, char **argv) {
     const char *tok = a.m.tokenizer_path;
     a.m.tokenizer_path = NULL; /* not for cli_load_model */
     vks_model *m = cli_load_model(&a.m);
-    fprintf(stderr, "vkswarm: converting %s (%s, %lld parameters) to %s\n", m->path, m->arch,
-            (long long)vks_model_param_count(m), a.out);
+    cli_note("converting %s (%s, %lld parameters) to %s", m->path, m->arch, (long long)vks_model_param_count(m), a.out);
     vks_model_save_options o = {.dtype = a.type, .tokenizer_path = tok};
     int rc = VKS_OK;
     if (fmt == OUT_GGUF) rc = vks_model_save_gguf(m, a.out, &o);
