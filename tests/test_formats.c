@@ -888,6 +888,18 @@ static void test_gguf_errors_name_file_once(void **state) {
         assert_int_not_equal(vks_model_load(path, &x), VKS_OK);
         if (times_named(path) != 1) fail_msg("cut at %zu: '%s'", cut, vks_last_error());
     }
+    uint64_t seed = 99;
+    for (int iter = 0; iter < 1500; iter++) { /* flipped bits in the header and metadata */
+        memcpy(b, good, len);
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        b[(seed >> 33) % 1200] ^= (uint8_t)(1u << ((seed >> 20) & 7));
+        write_file(path, b, len);
+        if (vks_model_load(path, &x) == VKS_OK) {
+            vks_model_free(x);
+            continue;
+        }
+        if (times_named(path) != 1) fail_msg("flip %d: '%s'", iter, vks_last_error());
+    }
     free(b);
     free(good);
     free(path);
