@@ -23,18 +23,28 @@ static void check_stdout(void) {
 
 void cli_guard_stdout(void) { atexit(check_stdout); }
 
-/* Messages carry strings from files: nothing reaches the terminal raw. */
-static void put_message(const char *fmt, va_list ap) {
+/* "vkswarm[ CMD]: <msg>" on stderr. Messages carry strings from files:
+ * nothing reaches the terminal raw. */
+__attribute__((format(printf, 2, 0))) static void put_message(const char *cmd, const char *fmt, va_list ap) {
     char msg[2048], esc[4096];
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int n = snprintf(msg, sizeof msg, "vkswarm%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+    if (n < 0 || (size_t)n >= sizeof msg) n = 0;
+    vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
     vks_escape(msg, strlen(msg), esc, sizeof esc);
-    fprintf(stderr, "vkswarm: %s\n", esc);
+    fprintf(stderr, "%s\n", esc);
+}
+
+__attribute__((format(printf, 2, 3))) static void put_line(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    put_message(cmd, fmt, ap);
+    va_end(ap);
 }
 
 _Noreturn void cli_die(int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    put_message(fmt, ap);
+    put_message(NULL, fmt, ap);
     va_end(ap);
     die_status = status;
     exit(status);
@@ -43,20 +53,17 @@ _Noreturn void cli_die(int status, const char *fmt, ...) {
 void cli_note(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    put_message(fmt, ap);
+    put_message(NULL, fmt, ap);
     va_end(ap);
 }
 
 _Noreturn void cli_usage_error(const char *cmd, const char *fmt, ...) {
-    char msg[1024], esc[2048];
+    char what[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    vks_escape(msg, strlen(msg), esc, sizeof esc);
-    char cmd_esc[128];
-    vks_escape(cmd, strlen(cmd), cmd_esc, sizeof cmd_esc);
-    fprintf(stderr, "vkswarm %s: %s (see vkswarm %s --help)\n", cmd_esc, esc, cmd_esc);
+    put_line(cmd, "%s (see vkswarm %s --help)", what, cmd);
     die_status = EXIT_BAD_INPUT;
     exit(EXIT_BAD_INPUT);
 }
