@@ -170,9 +170,13 @@ static int32_t *parse_id_list(const char *s, int vocab, int *n_out) {
         long v = strtol(s, &end, 10);
         if (end == s || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r')) {
             size_t word = strcspn(s, " \n\t\r");
+            free(ids);
             cli_die(EXIT_BAD_INPUT, "stdin: '%.*s' (word %zu) is not a token id", word > 40 ? 40 : (int)word, s, n + 1);
         }
-        if (v < 0 || v >= vocab) cli_die(EXIT_BAD_INPUT, "stdin: token %ld outside 0..%d", v, vocab - 1);
+        if (v < 0 || v >= vocab) {
+            free(ids); /* cli_die exits: nothing left for the leak checker */
+            cli_die(EXIT_BAD_INPUT, "stdin: token %ld (word %zu) outside 0..%d", v, n + 1, vocab - 1);
+        }
         if (n == cap) {
             if (cap > (size_t)INT32_MAX / 2) cli_die(EXIT_BAD_INPUT, "stdin: too many ids");
             int32_t *nb = realloc(ids, (cap *= 2) * sizeof *ids);
