@@ -44,15 +44,14 @@ int vks_error_prefix(int code, const char *fmt, ...) {
     return vks_set_error(code, "%s: %s", context, old);
 }
 
-/* Length of the valid, printable UTF-8 character at s[0..len), or 0 when the
- * byte must be escaped (control character, C1 control, invalid or overlong
- * sequence, surrogate, beyond U+10FFFF). */
-static size_t printable_utf8_len(const unsigned char *s, size_t len) {
+size_t vks_utf8_decode(const char *str, size_t len, uint32_t *cp_out) {
+    const unsigned char *s = (const unsigned char *)str;
+    if (!s || len == 0) return 0;
     unsigned c = s[0];
-    if (c >= 0x20 && c < 0x7f) return 1;
     size_t n;
-    unsigned cp;
-    if (c >= 0xc2 && c <= 0xdf) { n = 2; cp = c & 0x1f; }
+    uint32_t cp;
+    if (c < 0x80) { n = 1; cp = c; }
+    else if (c >= 0xc2 && c <= 0xdf) { n = 2; cp = c & 0x1f; }
     else if (c >= 0xe0 && c <= 0xef) { n = 3; cp = c & 0x0f; }
     else if (c >= 0xf0 && c <= 0xf4) { n = 4; cp = c & 0x07; }
     else return 0;
@@ -61,8 +60,19 @@ static size_t printable_utf8_len(const unsigned char *s, size_t len) {
         if ((s[i] & 0xc0) != 0x80) return 0;
         cp = (cp << 6) | (s[i] & 0x3f);
     }
-    static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
     if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    if (cp_out) *cp_out = cp;
+    return n;
+}
+
+/* Length of the valid, printable UTF-8 character at s[0..len), or 0 when the
+ * byte must be escaped (control character, C1 control, invalid or overlong
+ * sequence, surrogate, beyond U+10FFFF). */
+static size_t printable_utf8_len(const unsigned char *s, size_t len) {
+    uint32_t cp = 0;
+    size_t n = vks_utf8_decode((const char *)s, len, &cp);
+    if (n == 0 || cp < 0x20 || cp == 0x7f) return 0;
     if (cp >= 0x80 && cp <= 0x9f) return 0; /* C1 controls: 0x9b is CSI on some terminals */
     return n;
 }

@@ -12,6 +12,7 @@
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_safetensors.h"
+#include "vkswarm/vks_tokenizer.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -840,6 +841,105 @@ static void test_gguf_model_hostile(void **state) {
     vks_model_free(m);
 }
 
+/* Occurrences of `needle` in the last error message. */
+static int times_named(const char *needle) {
+    int n = 0;
+    for (const char *p = vks_last_error(); (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* Sets the value type of metadata `key` (the u32 after the key string). */
+static void set_key_type(unsigned char *b, size_t len, const char *key, uint32_t type) {
+    unsigned char *k = memmem(b, len, key, strlen(key));
+    assert_non_null(k);
+    memcpy(k + strlen(key), &type, 4);
+}
+
+/* Every loader message names the file exactly once: metadata of the wrong
+ * type (the getters name the file, callers used to add it again), and every
+ * truncation of a model file. */
+static void test_gguf_errors_name_file_once(void **state) {
+    (void)state;
+    vks_model *m = small_random(64, 3);
+    char *path = path_in(tu_tmpdir(), "once.gguf");
+    assert_int_equal(vks_model_save_gguf(m, path, NULL), VKS_OK);
+    vks_model_free(m);
+    size_t len;
+    unsigned char *good = tu_read_file(path, &len), *b = malloc(len);
+    const char *u32_keys[] = {"llama.context_length", "llama.embedding_length", "llama.block_count",
+                              "llama.feed_forward_length", "llama.attention.head_count_kv", "llama.vocab_size",
+                              "llama.rope.dimension_count"};
+    for (size_t i = 0; i < sizeof u32_keys / sizeof u32_keys[0]; i++) {
+        memcpy(b, good, len);
+        set_key_type(b, len, u32_keys[i], VKS_GGUF_FLOAT32);
+        write_file(path, b, len);
+        vks_model *x = NULL;
+        assert_int_equal(vks_model_load(path, &x), VKS_ERR_FORMAT);
+        if (times_named(path) != 1 || !strstr(vks_last_error(), u32_keys[i]))
+            fail_msg("%s as f32: '%s'", u32_keys[i], vks_last_error());
+    }
+    memcpy(b, good, len);
+    set_key_type(b, len, "llama.rope.freq_base", VKS_GGUF_UINT32);
+    write_file(path, b, len);
+    vks_model *x = NULL;
+    assert_int_equal(vks_model_load(path, &x), VKS_ERR_FORMAT);
+    if (times_named(path) != 1) fail_msg("freq_base as u32: '%s'", vks_last_error());
+    for (size_t cut = 0; cut < len; cut += 13) {
+        write_file(path, good, cut);
+        assert_int_not_equal(vks_model_load(path, &x), VKS_OK);
+        if (times_named(path) != 1) fail_msg("cut at %zu: '%s'", cut, vks_last_error());
+    }
+    uint64_t seed = 99;
+    for (int iter = 0; iter < 1500; iter++) { /* flipped bits in the header and metadata */
+        memcpy(b, good, len);
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        b[(seed >> 33) % 1200] ^= (uint8_t)(1u << ((seed >> 20) & 7));
+        write_file(path, b, len);
+        if (vks_model_load(path, &x) == VKS_OK) {
+            vks_model_free(x);
+            continue;
+        }
+        if (times_named(path) != 1) fail_msg("flip %d: '%s'", iter, vks_last_error());
+    }
+    free(b);
+    free(good);
+    free(path);
+}
+
+/* The same for tokenizer metadata read from a GGUF. */
+static void test_gguf_tokenizer_errors_name_file_once(void **state) {
+    (void)state;
+    const char *keys[] = {"tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.add_bos_token",
+                          "tokenizer.chat_template", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"};
+    char *path = path_in(tu_tmpdir(), "tok-once.gguf");
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        vks_gguf_writer *w;
+        assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+        const char *toks[] = {"<unk>", "<s>", "</s>", "a"};
+        float scores[4] = {0, 0, 0, -1};
+        int32_t types[4] = {2, 3, 3, 1};
+        assert_int_equal(vks_gguf_add_str(w, "tokenizer.ggml.model", "llama"), VKS_OK);
+        bool broken = i == 0;
+        if (broken) assert_int_equal(vks_gguf_add_u32(w, keys[0], 4), VKS_OK);
+        else assert_int_equal(vks_gguf_add_arr_str(w, keys[0], toks, 4), VKS_OK);
+        /* the others: a string where a number, bool or array is expected, or a number for a string */
+        for (size_t k = 1; k < sizeof keys / sizeof keys[0]; k++) {
+            if (k != i) continue;
+            if (!strcmp(keys[k], "tokenizer.chat_template")) assert_int_equal(vks_gguf_add_u32(w, keys[k], 1), VKS_OK);
+            else assert_int_equal(vks_gguf_add_str(w, keys[k], "x"), VKS_OK);
+        }
+        if (i != 4) assert_int_equal(vks_gguf_add_arr(w, "tokenizer.ggml.scores", VKS_GGUF_FLOAT32, scores, 4), VKS_OK);
+        if (i != 5) assert_int_equal(vks_gguf_add_arr(w, "tokenizer.ggml.token_type", VKS_GGUF_INT32, types, 4), VKS_OK);
+        assert_int_equal(vks_gguf_writer_save(w, path), VKS_OK);
+        vks_gguf_writer_free(w);
+        vks_tokenizer *t = NULL;
+        assert_int_equal(vks_tokenizer_load_gguf(path, &t), VKS_ERR_FORMAT);
+        if (times_named(path) != 1 || !strstr(vks_last_error(), keys[i]))
+            fail_msg("%s: '%s'", keys[i], vks_last_error());
+    }
+    free(path);
+}
+
 static int open_st(const char *s, size_t len) {
     vks_st_file *f = NULL;
     int rc = vks_st_open_memory(s, len, "mutant.safetensors", &f);
@@ -1330,6 +1430,8 @@ int main(void) {
         cmocka_unit_test(test_sharded_safetensors_and_detection),
         cmocka_unit_test(test_gguf_hostile),
         cmocka_unit_test(test_gguf_model_hostile),
+        cmocka_unit_test(test_gguf_errors_name_file_once),
+        cmocka_unit_test(test_gguf_tokenizer_errors_name_file_once),
         cmocka_unit_test(test_safetensors_hostile),
         cmocka_unit_test(test_hf_config_hostile),
         cmocka_unit_test(test_hf_unsupported_config_refused),

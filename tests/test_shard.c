@@ -219,6 +219,53 @@ static void test_keys(void **state) {
     assert_int_equal(vks_key_load_secret(path, s), VKS_ERR_FORMAT);
 }
 
+/* Rewrites a key file with its hex digits followed by `end`. */
+static void rewrite_key_line(const char *path, const char *end) {
+    char hex[200] = "";
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_non_null(fgets(hex, sizeof hex, f));
+    fclose(f);
+    hex[strcspn(hex, "\r\n")] = 0;
+    f = fopen(path, "wb");
+    fprintf(f, "%s%s", hex, end);
+    fclose(f);
+}
+
+/* A secret key readable by group or others is refused, naming the file and
+ * its mode (as ssh does); "\r\n" ends a key line like "\n", a lone "\r" does not. */
+static void test_key_permissions_and_line_ends(void **state) {
+    (void)state;
+    char dir[512], sec[600], pub[600];
+    snprintf(dir, sizeof dir, "%s/keys2", tu_tmpdir());
+    assert_int_equal(vks_keygen(dir), VKS_OK);
+    snprintf(sec, sizeof sec, "%s/shardcast.key", dir);
+    snprintf(pub, sizeof pub, "%s/shardcast.pub", dir);
+    uint8_t s[64], p[32], p2[32];
+    const unsigned refused[] = {0640, 0604, 0644, 0660, 0606};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char mode[16];
+        snprintf(mode, sizeof mode, "%04o", refused[i]);
+        assert_int_equal(chmod(sec, refused[i]), 0);
+        assert_int_not_equal(vks_key_load_secret(sec, s), VKS_OK);
+        if (!strstr(vks_last_error(), sec) || !strstr(vks_last_error(), mode))
+            fail_msg("mode %s: '%s'", mode, vks_last_error());
+    }
+    assert_int_equal(chmod(sec, 0400), 0);
+    assert_int_equal(vks_key_load_secret(sec, s), VKS_OK);
+    assert_int_equal(chmod(sec, 0600), 0);
+    assert_int_equal(vks_key_load_public(pub, p), VKS_OK);
+    rewrite_key_line(pub, "\r\n");
+    assert_int_equal(vks_key_load_public(pub, p2), VKS_OK);
+    assert_memory_equal(p, p2, 32);
+    rewrite_key_line(sec, "\r\n");
+    assert_int_equal(vks_key_load_secret(sec, s), VKS_OK);
+    rewrite_key_line(pub, "\r");
+    assert_int_equal(vks_key_load_public(pub, p2), VKS_ERR_FORMAT);
+    rewrite_key_line(pub, "\n\n");
+    assert_int_equal(vks_key_load_public(pub, p2), VKS_ERR_FORMAT);
+}
+
 static void test_store(void **state) {
     (void)state;
     char dir[512], path[700];
@@ -266,6 +313,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip),        cmocka_unit_test(test_signature_refused),
         cmocka_unit_test(test_absurd_manifests), cmocka_unit_test(test_tampered_shard),
         cmocka_unit_test(test_delta),            cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_key_permissions_and_line_ends),
         cmocka_unit_test(test_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -493,6 +493,35 @@ static void test_spm_missing_bytes(void **s) {
 
 /* ---- hostile GGUF vocabularies ---- */
 
+/* Empty, null, [] and BOM-prefixed tokenizer.json files: said for what they
+ * are (never "a llama2.c tokenizer.bin needs the model's vocab size"); a
+ * byte order mark before valid JSON is skipped. */
+static void test_hf_json_odd_files(void **s) {
+    (void)s;
+    const char *dir = tu_tmpdir();
+    const char *bad[] = {"", "null", "[]", " \n", "\xef\xbb\xbf", "\xef\xbb\xbfnull"};
+    const char *names[] = {"tokenizer.json", "tok"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        for (int k = 0; k < 2; k++) {
+            const char *p = write_text(dir, names[k], bad[i]);
+            vks_tokenizer *t = NULL;
+            assert_true(vks_tokenizer_load_auto(p, NULL, &t) < 0);
+            assert_null(t);
+            bool said = strstr(vks_last_error(), names[k]) && !strstr(vks_last_error(), "llama2.c");
+            bool must = k == 0 || i == 0 || i == 2; /* "tok" holding null: could be anything */
+            if (must && !said) fail_msg("'%s' as %s: %s", bad[i], names[k], vks_last_error());
+        }
+    char bom_json[sizeof TINY_JSON + 3] = "\xef\xbb\xbf";
+    strcat(bom_json, TINY_JSON);
+    for (int k = 0; k < 2; k++) {
+        vks_tokenizer *t = NULL;
+        int rc = vks_tokenizer_load_auto(write_text(dir, names[k], bom_json), NULL, &t);
+        if (rc) fail_msg("BOM + JSON as %s: %s", names[k], vks_last_error());
+        assert_int_equal(vks_tokenizer_vocab_size(t), 10);
+        vks_tokenizer_free(t);
+    }
+}
+
 static void test_gguf_mutations(void **s) {
     (void)s;
     const char *p = tu_shared_path("llamacpp-vocab/ggml-vocab-gpt-2.gguf");
@@ -663,6 +692,7 @@ int main(void) {
             cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_special_tokens),     cmocka_unit_test(test_phi3_metadata),
         cmocka_unit_test(test_chat_formats),       cmocka_unit_test(test_hf_json),
+        cmocka_unit_test(test_hf_json_odd_files),
         cmocka_unit_test(test_gguf_mutations),     cmocka_unit_test(test_gguf_bad_fields),
         cmocka_unit_test(test_pretokenizer_rules), cmocka_unit_test(test_cli),
         cmocka_unit_test(test_bpe_missing_bytes),  cmocka_unit_test(test_spm_missing_bytes),

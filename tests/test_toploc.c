@@ -254,6 +254,24 @@ static void test_rollout_roundtrip(void **state) {
     free(buf);
 }
 
+/* A model name (a path) that is not UTF-8 still gives a valid header: its
+ * invalid bytes become U+FFFD (issue 9, item 17). */
+static void test_rollout_header_model_not_utf8(void **state) {
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    vks_rollout_header h = make_header();
+    snprintf(h.model, sizeof h.model, "m\xff\xc3.gguf");
+    assert_int_equal(vks_rollout_write_header(f, &h), VKS_OK);
+    fclose(f);
+    vks_rollout_file rf;
+    assert_int_equal(vks_rollout_read_mem(buf, len, "mem", &rf), VKS_OK);
+    assert_string_equal(rf.header.model, "m\xef\xbf\xbd\xef\xbf\xbd.gguf");
+    vks_rollout_file_free(&rf);
+    free(buf);
+}
+
 static void test_rollout_malformed(void **state) {
     (void)state;
     char hex[65];
@@ -1056,6 +1074,7 @@ int main(void) {
         cmocka_unit_test(test_proof_self_and_perturbed),
         cmocka_unit_test(test_build_sizes_and_builder),
         cmocka_unit_test(test_rollout_roundtrip),
+        cmocka_unit_test(test_rollout_header_model_not_utf8),
         cmocka_unit_test(test_rollout_malformed),
         cmocka_unit_test(test_malformed_proofs_rejected),
         cmocka_unit_test(test_honest_gpu_on_cpu_and_gpu),

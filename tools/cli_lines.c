@@ -2,6 +2,8 @@
 #include "cli_lines.h"
 
 #include "cli_util.h"
+#include <errno.h>
+#include <string.h>
 
 bool cli_read_line(FILE *f, const char *path, int line_no, char *buf, size_t max, size_t *len) {
     size_t n = 0;
@@ -11,7 +13,8 @@ bool cli_read_line(FILE *f, const char *path, int line_no, char *buf, size_t max
         if (n == max + 1) cli_die(EXIT_BAD_INPUT, "%s: line %d is longer than %zu bytes", path, line_no, max);
         buf[n++] = (char)c; /* max + 1 bytes fit: a final '\r' may follow max bytes */
     }
-    if (ferror(f)) cli_die(EXIT_BAD_INPUT, "%s: read error at line %d", path, line_no);
+    if (ferror(f)) /* a directory, say: name the reason */
+        cli_die(EXIT_BAD_INPUT, "%s: cannot read: %s (line %d)", path, strerror(errno), line_no);
     if (c == EOF && n == 0) return false;
     if (c == '\n' && n > 0 && buf[n - 1] == '\r') n--;
     if (n > max) cli_die(EXIT_BAD_INPUT, "%s: line %d is longer than %zu bytes", path, line_no, max);

@@ -1,5 +1,6 @@
 /* Prompts in, JSON lines out (see cli_prompts.h). */
 #include "cli_prompts.h"
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,6 +24,7 @@ char **cli_read_prompts(const char *path, int *n_out) {
         if (n == MAX_PROMPTS) cli_die(EXIT_BAD_INPUT, "%s: more than %d prompts", path, MAX_PROMPTS);
         lines[n++] = strdup(buf);
     }
+    if (ferror(f)) cli_die(EXIT_BAD_INPUT, "%s: cannot read: %s", path, strerror(errno)); /* a directory, say */
     fclose(f);
     free(buf);
     if (n == 0) cli_die(EXIT_BAD_INPUT, "%s: no prompts", path);
@@ -88,6 +90,13 @@ char *cli_sequence_text(const vks_tokenizer *t, const vks_sequence *s, size_t *l
     out[len] = 0;
     *len_out = len;
     return out;
+}
+
+long cli_generated_tokens(const vks_sequence *seqs, int n) {
+    long total = 0;
+    for (int i = 0; i < n; i++)
+        if (seqs[i].n_ids > seqs[i].n_prompt) total += seqs[i].n_ids - seqs[i].n_prompt; /* -n may end in the prompt */
+    return total;
 }
 
 void cli_print_json(const char *prompt, const vks_sequence *s, const char *text, size_t len) {

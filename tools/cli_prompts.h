@@ -13,6 +13,8 @@ void cli_encode_prompt(const vks_tokenizer *t, int vocab, const char *text, vks_
 /* What llama2.c's run.c prints for a sequence: decode(prev, next) for each pair. */
 char *cli_sequence_text(const vks_tokenizer *t, const vks_sequence *s, size_t *len_out);
 /* {"prompt", "ids", "text"} on one line of stdout. */
+/* Tokens generated after the prompts (0 for a sequence whose -n ends inside its prompt). */
+long cli_generated_tokens(const vks_sequence *seqs, int n);
 void cli_print_json(const char *prompt, const vks_sequence *s, const char *text, size_t len);
 
 /* Sampling options shared by generate and pipeline: -n, --temp, --top-p, --top-k, --seed. */

@@ -1,5 +1,6 @@
 #include "cli_util.h"
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -47,17 +48,84 @@ _Noreturn void cli_exit_now(int status) {
     _exit(status);
 }
 
-_Noreturn void cli_die(int status, const char *fmt, ...) {
+/* "vkswarm[ CMD]: <msg>" on stderr. Messages carry strings from files:
+ * nothing reaches the terminal raw. */
+__attribute__((format(printf, 2, 0))) static void put_message(const char *cmd, const char *fmt, va_list ap) {
     char msg[2048], esc[4096];
+    int n = snprintf(msg, sizeof msg, "vkswarm%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+    if (n < 0 || (size_t)n >= sizeof msg) n = 0;
+    vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+    vks_escape(msg, strlen(msg), esc, sizeof esc);
+    fprintf(stderr, "%s\n", esc);
+}
+
+__attribute__((format(printf, 2, 3))) static void put_line(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    put_message(cmd, fmt, ap);
     va_end(ap);
-    /* Messages carry strings from files: nothing reaches the terminal raw. */
-    vks_escape(msg, strlen(msg), esc, sizeof esc);
-    fprintf(stderr, "vkswarm: %s\n", esc);
+}
+
+_Noreturn void cli_die(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    put_message(NULL, fmt, ap);
+    va_end(ap);
     die_status = status;
     exit(status);
+}
+
+void cli_note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    put_message(NULL, fmt, ap);
+    va_end(ap);
+}
+
+_Noreturn void cli_usage_error(const char *cmd, const char *fmt, ...) {
+    char what[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    put_line(cmd, "%s (see vkswarm %s --help)", what, cmd);
+    die_status = EXIT_BAD_INPUT;
+    exit(EXIT_BAD_INPUT);
+}
+
+/* Why getopt_long refused `arg` (argv[optind - 1]), a long option. */
+static _Noreturn void bad_long_option(const char *cmd, const char *arg, const struct option *longopts) {
+    const char *name = arg + 2, *eq = strchr(name, '=');
+    size_t len = eq ? (size_t)(eq - name) : strlen(name);
+    int matches = 0;
+    const struct option *hit = NULL;
+    for (const struct option *o = longopts; o->name; o++) {
+        if (strncmp(o->name, name, len) != 0) continue;
+        if (strlen(o->name) == len) { hit = o; matches = 1; break; } /* an exact name wins */
+        hit = o;
+        matches++;
+    }
+    if (matches == 0) cli_usage_error(cmd, "unknown option '--%.*s'", (int)len, name);
+    if (matches > 1) cli_usage_error(cmd, "ambiguous option '--%.*s'", (int)len, name);
+    if (eq && hit->has_arg == no_argument) cli_usage_error(cmd, "option '--%s' takes no value", hit->name);
+    cli_usage_error(cmd, "option '--%.*s' is not valid here", (int)len, name);
+}
+
+int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *longopts, int *idx) {
+    char opts[64];
+    snprintf(opts, sizeof opts, ":%s", shortopts); /* ':' tells a missing value from an unknown option */
+    opterr = 0;
+    int c = getopt_long(argc, argv, opts, longopts, idx);
+    if (c != '?' && c != ':') return c;
+    const char *cmd = argv[0];
+    const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+    if (optopt && (optopt & 0xff) == optopt && strncmp(arg, "--", 2) != 0) {
+        if (c == ':') cli_usage_error(cmd, "option '-%c' needs a value", optopt);
+        cli_usage_error(cmd, "unknown option '-%c'", optopt);
+    }
+    if (c == ':') cli_usage_error(cmd, "option '%s' needs a value", arg);
+    if (strncmp(arg, "--", 2) == 0) bad_long_option(cmd, arg, longopts);
+    cli_usage_error(cmd, "unknown option '%s'", arg);
 }
 
 void cli_put_escaped(FILE *f, const char *s, size_t len) {
@@ -99,17 +167,28 @@ uint64_t cli_parse_u64(const char *opt, const char *s) {
     return v;
 }
 
+/* One character of a JSON string: escapes for quotes, backslashes and control
+ * characters (C0, DEL, C1, and U+2028/2029, which JavaScript reads as line
+ * ends); each byte of invalid UTF-8 becomes U+FFFD. Returns the bytes used. */
+static size_t json_char(FILE *f, const char *s, size_t len) {
+    uint32_t cp;
+    size_t n = vks_utf8_decode(s, len, &cp);
+    if (n == 0) {
+        fputs("\\ufffd", f);
+        return 1;
+    }
+    if (cp == '"' || cp == '\\') fprintf(f, "\\%c", (int)cp);
+    else if (cp == '\n') fputs("\\n", f);
+    else if (cp == '\r') fputs("\\r", f);
+    else if (cp == '\t') fputs("\\t", f);
+    else if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029) fprintf(f, "\\u%04x", (unsigned)cp);
+    else fwrite(s, 1, n, f);
+    return n;
+}
+
 void cli_json_string(FILE *f, const char *s, size_t len) {
     fputc('"', f);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\r') fputs("\\r", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
+    for (size_t i = 0; i < len;) i += json_char(f, s + i, len - i);
     fputc('"', f);
 }
 

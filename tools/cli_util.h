@@ -2,6 +2,7 @@
  * errors with exit status 2, JSON string output, progress on stderr. */
 #ifndef VKS_CLI_UTIL_H
 #define VKS_CLI_UTIL_H
+#include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,6 +11,9 @@
 
 /* Prints "vkswarm: <msg>" on stderr and exits with `status`. */
 _Noreturn void cli_die(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints "vkswarm: <msg>" on stderr, escaped like cli_die's: for notes that
+ * carry names from files (architectures, paths). */
+void cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Installed first thing in main: at exit, stdout is flushed and closed and
  * any failed write to it (full disk, closed pipe) turns the exit status into
  * 1 with a one-line message, so results are never lost silently. */
@@ -19,6 +23,14 @@ void cli_flush_stdout(void);
 /* _exit(status) (no atexit handlers, no MPI_Finalize) after the same stdout
  * check: a lost result still turns the status into 1 with a message. */
 _Noreturn void cli_exit_now(int status);
+/* A command-line mistake: prints one line, "vkswarm CMD: <msg> (see vkswarm
+ * CMD --help)", and exits with status 2. */
+_Noreturn void cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* getopt_long for a subcommand (argv[0] is its name) that never prints
+ * getopt's own messages: an unknown or ambiguous option, a missing value or
+ * a value given to a flag ends in cli_usage_error. Returns what getopt_long
+ * returns otherwise. */
+int cli_getopt(int argc, char **argv, const char *shortopts, const struct option *longopts, int *idx);
 /* Writes s (len bytes) with terminal-active bytes escaped (vks_escape). */
 void cli_put_escaped(FILE *f, const char *s, size_t len);
 long cli_parse_long(const char *opt, const char *s, long lo, long hi);

@@ -125,15 +125,15 @@ int cmd_bench(int argc, char **argv) {
     cli_model_args ma = {.device = -1};
     bench_shape s = {1, 128, 32};
     int c, idx;
-    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(bench_usage, stdout); return 0; }
-        if (c != 0) { fputs(bench_usage, stderr); return EXIT_BAD_INPUT; }
         const char *name = opts[idx].name;
         if (cli_model_option(&ma, name, optarg)) continue;
         if (!strcmp(name, "batch")) s.batch = (int)cli_parse_long("--batch", optarg, 1, 4096);
         else if (!strcmp(name, "prompt-len")) s.prompt_len = (int)cli_parse_long("--prompt-len", optarg, 1, 1 << 20);
         else if (!strcmp(name, "gen")) s.gen = (int)cli_parse_long("--gen", optarg, 1, 1 << 20);
     }
+    if (optind < argc) cli_usage_error("bench", "unexpected argument '%s'", argv[optind]);
     vks_model *m = cli_load_model(&ma);
     if (s.prompt_len + s.gen > m->cfg.seq_len)
         cli_die(EXIT_BAD_INPUT, "bench: prompt-len + gen = %d exceeds the model's context %d", s.prompt_len + s.gen,

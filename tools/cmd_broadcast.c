@@ -24,9 +24,11 @@ int cmd_keygen(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
-        else cli_die(EXIT_BAD_INPUT, "keygen: unexpected argument '%s'", argv[i]);
+        else if (!strcmp(argv[i], "--out")) cli_usage_error("keygen", "option '--out' needs a value");
+        else if (argv[i][0] == '-') cli_usage_error("keygen", "unknown option '%s'", argv[i]);
+        else cli_usage_error("keygen", "unexpected argument '%s'", argv[i]);
     }
-    if (!out) cli_die(EXIT_BAD_INPUT, "keygen: --out DIR is required");
+    if (!out) cli_usage_error("keygen", "--out DIR is required");
     if (vks_keygen(out)) cli_die(1, "%s", vks_last_error());
     printf("%s/shardcast.pub\n%s/shardcast.key\n", out, out);
     return 0;
@@ -67,6 +69,16 @@ typedef struct {
     vks_delta_mode delta;
 } bcast_args;
 
+static bool takes_value(const char *o) {
+    static const char *const names[] = {"--file", "--key", "--pub", "--out", "--model-id", "--base", "--baseline",
+                                        "--relays", "--fanout", "--keep", "--shard-mb", "--chunk-kb",
+                                        "--link-latency-ms", "--link-mbps", "--timeout-s", "--weights-version",
+                                        "--step", "--base-version", "--bytes", "--delta"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(o, names[i])) return true;
+    return false;
+}
+
 static void parse_args(int argc, char **argv, bcast_args *a) {
     *a = (bcast_args){.model_id = "default", .relays = -1, .fanout = 2, .keep = 2, .shard_mb = 32, .chunk_kb = 1024,
                       .timeout_s = 30, .version = 1};
@@ -80,7 +92,9 @@ static void parse_args(int argc, char **argv, bcast_args *a) {
             a->shared_uplink = true;
             continue;
         }
-        if (i + 1 >= argc) cli_die(EXIT_BAD_INPUT, "broadcast: unexpected argument '%s' (see --help)", o);
+        if (o[0] != '-') cli_usage_error("broadcast", "unexpected argument '%s'", o);
+        if (!takes_value(o)) cli_usage_error("broadcast", "unknown option '%s'", o);
+        if (i + 1 >= argc) cli_usage_error("broadcast", "option '%s' needs a value", o);
         const char *v = argv[++i];
         if (!strcmp(o, "--file")) a->file = v;
         else if (!strcmp(o, "--key")) a->key = v;
@@ -105,7 +119,7 @@ static void parse_args(int argc, char **argv, bcast_args *a) {
             if (!strcmp(v, "xor")) a->delta = VKS_DELTA_XOR;
             else if (!strcmp(v, "sub")) a->delta = VKS_DELTA_SUB;
             else cli_die(EXIT_BAD_INPUT, "--delta: '%s' is not xor or sub", v);
-        } else cli_die(EXIT_BAD_INPUT, "broadcast: unknown option '%s' (see --help)", o);
+        } else cli_usage_error("broadcast", "unknown option '%s'", o);
     }
     if (a->version == 0) cli_die(EXIT_BAD_INPUT, "--weights-version: must be at least 1");
     if (a->delta && !a->base) cli_die(EXIT_BAD_INPUT, "broadcast: --delta needs --base FILE");
@@ -155,8 +169,10 @@ static int run_origin(vks_bcast *b, const bcast_args *a, const uint8_t sk[VKS_SE
     fputc('\n', stderr);
     vks_bcast_report r;
     int rc = vks_bcast_send(b, blob, blob_len, wire, m.wire_size, &r);
-    fprintf(stderr, "broadcast: %d ranks ok, %d failed, %.2fs, %.1f MB/s per receiver\n", r.ranks_ok, r.ranks_failed,
-            r.seconds, r.seconds > 0 ? (double)r.wire_bytes / r.seconds / 1e6 : 0.0);
+    fprintf(stderr, "broadcast: %d ranks ok, %d failed, %.2fs", r.ranks_ok, r.ranks_failed, r.seconds);
+    if (r.ranks_ok > 0 && r.seconds > 0) /* a rate only for bytes that arrived somewhere */
+        fprintf(stderr, ", %.1f MB/s per receiver", (double)r.wire_bytes / r.seconds / 1e6);
+    fputc('\n', stderr);
     if (rc) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
     *lost = r.ranks_lost;
     vks_manifest_free(&m);
@@ -191,7 +207,7 @@ int cmd_broadcast(int argc, char **argv) {
     }
     if (size < 2) cli_die(EXIT_BAD_INPUT, "broadcast: run under mpirun with 2 ranks or more");
     if (!a.pub || !a.out || (rank == 0 && (!a.file || !a.key)))
-        cli_die(EXIT_BAD_INPUT, "broadcast: --file, --key (origin), --pub and --out are required");
+        cli_usage_error("broadcast", "--file, --key (origin), --pub and --out are required");
     if (sodium_init() < 0) cli_die(1, "libsodium failed to initialize");
     vks_bcast_options o = {.relays = a.relays >= 0 ? a.relays : (size - 1) / 3, .fanout = a.fanout,
                            .chunk_bytes = (size_t)(a.chunk_kb * 1024), .timeout_s = a.timeout_s,

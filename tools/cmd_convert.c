@@ -38,14 +38,10 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
                                          {0, 0, 0, 0}};
     int c, idx;
     a->type = VKS_DTYPE_F32;
-    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') {
             fputs(convert_usage, stdout);
             exit(0);
-        }
-        if (c != 0) {
-            fputs(convert_usage, stderr);
-            exit(EXIT_BAD_INPUT);
         }
         const char *name = opts[idx].name;
         if (!strcmp(name, "in")) a->m.model_path = optarg;
@@ -54,8 +50,8 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
         else if (!strcmp(name, "random-model")) a->m.random_spec = optarg;
         else if (!strcmp(name, "type")) a->type_name = optarg;
     }
-    if (optind < argc) cli_die(EXIT_BAD_INPUT, "convert: unexpected argument '%s' (see --help)", argv[optind]);
-    if (!a->out) cli_die(EXIT_BAD_INPUT, "convert: --out is required (see --help)");
+    if (optind < argc) cli_usage_error("convert", "unexpected argument '%s'", argv[optind]);
+    if (!a->out) cli_usage_error("convert", "--out is required");
     if (!a->m.model_path == !a->m.random_spec) cli_die(EXIT_BAD_INPUT, "convert: give exactly one of --in and --random-model");
     if (a->type_name && vks_dtype_parse(a->type_name, &a->type))
         cli_die(EXIT_BAD_INPUT, "convert: --type '%s' is not f32, f16, bf16, q8_0, q4_0, q4_k or q6_k", a->type_name);
@@ -79,8 +75,7 @@ int cmd_convert(int argc, char **argv) {
     const char *tok = a.m.tokenizer_path;
     a.m.tokenizer_path = NULL; /* not for cli_load_model */
     vks_model *m = cli_load_model(&a.m);
-    fprintf(stderr, "vkswarm: converting %s (%s, %lld parameters) to %s\n", m->path, m->arch,
-            (long long)vks_model_param_count(m), a.out);
+    cli_note("converting %s (%s, %lld parameters) to %s", m->path, m->arch, (long long)vks_model_param_count(m), a.out);
     vks_model_save_options o = {.dtype = a.type, .tokenizer_path = tok};
     int rc = VKS_OK;
     if (fmt == OUT_GGUF) rc = vks_model_save_gguf(m, a.out, &o);

@@ -40,10 +40,9 @@ static void parse_generate(int argc, char **argv, generate_args *a) {
     a->m.device = -1;
     cli_sampling_defaults(&a->s);
     int c, idx;
-    while ((c = getopt_long(argc, argv, "n:h", opts, &idx)) != -1) {
+    while ((c = cli_getopt(argc, argv, "n:h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(generate_usage, stdout); exit(0); }
         if (c == 'n') { cli_sampling_option(&a->s, "n", optarg); continue; }
-        if (c != 0) { fputs(generate_usage, stderr); exit(EXIT_BAD_INPUT); }
         const char *name = opts[idx].name;
         if (cli_model_option(&a->m, name, optarg) || cli_sampling_option(&a->s, name, optarg)) continue;
         if (!strcmp(name, "prompt")) a->prompt = optarg;
@@ -52,7 +51,7 @@ static void parse_generate(int argc, char **argv, generate_args *a) {
         else if (!strcmp(name, "toploc")) a->no_toploc = false;
         else if (!strcmp(name, "no-toploc")) a->no_toploc = true;
     }
-    if (optind < argc) cli_die(EXIT_BAD_INPUT, "generate: unexpected argument '%s' (see --help)", argv[optind]);
+    if (optind < argc) cli_usage_error("generate", "unexpected argument '%s'", argv[optind]);
     if (a->prompt && a->prompts_file) cli_die(EXIT_BAD_INPUT, "generate: give --prompt or --prompts, not both");
 }
 
@@ -112,8 +111,7 @@ int cmd_generate(int argc, char **argv) {
     go.on_step = on_step;
     go.user = &hooks;
     if (vks_generate(e, &go, seqs, n, 0)) cli_die(1, "generate: %s", vks_last_error());
-    long produced = 0;
-    for (int i = 0; i < n; i++) produced += seqs[i].n_ids - seqs[i].n_prompt;
+    long produced = cli_generated_tokens(seqs, n);
     cli_progress_end(&hooks.progress, produced, "tokens");
     if (hooks.rollouts) cli_rollouts_finish(hooks.rollouts, seqs, n, 0);
     for (int i = 0; i < n; i++) {
@@ -180,15 +178,15 @@ int cmd_logits(int argc, char **argv) {
     cli_model_args ma = {.device = -1};
     const char *ids_path = NULL, *out_path = NULL;
     int c, idx;
-    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(logits_usage, stdout); return 0; }
-        if (c != 0) { fputs(logits_usage, stderr); return EXIT_BAD_INPUT; }
         const char *name = opts[idx].name;
         if (cli_model_option(&ma, name, optarg)) continue;
         if (!strcmp(name, "ids")) ids_path = optarg;
         else if (!strcmp(name, "out")) out_path = optarg;
     }
-    if (!ids_path || !out_path) cli_die(EXIT_BAD_INPUT, "logits: --ids and --out are required (see --help)");
+    if (optind < argc) cli_usage_error("logits", "unexpected argument '%s'", argv[optind]);
+    if (!ids_path || !out_path) cli_usage_error("logits", "--ids and --out are required");
     vks_model *m = cli_load_model(&ma);
     int n;
     int32_t *ids = read_ids(ids_path, m->cfg.vocab_size, m->cfg.seq_len, &n);

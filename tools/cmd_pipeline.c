@@ -54,10 +54,9 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
     a->chunk = 32;
     a->timeout_s = 20;
     int c, idx;
-    while ((c = getopt_long(argc, argv, "n:h", opts, &idx)) != -1) {
+    while ((c = cli_getopt(argc, argv, "n:h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(pipeline_usage, stdout); exit(0); }
         if (c == 'n') { cli_sampling_option(&a->s, "n", optarg); continue; }
-        if (c != 0) { fputs(pipeline_usage, stderr); exit(EXIT_BAD_INPUT); }
         const char *name = opts[idx].name;
         if (cli_model_option(&a->m, name, optarg) || cli_sampling_option(&a->s, name, optarg)) continue;
         if (!strcmp(name, "prompts")) a->prompts_file = optarg;
@@ -73,8 +72,8 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
         else if (!strcmp(name, "toploc")) a->no_toploc = false;
         else if (!strcmp(name, "no-toploc")) a->no_toploc = true;
     }
-    if (optind < argc) cli_die(EXIT_BAD_INPUT, "pipeline: unexpected argument '%s' (see --help)", argv[optind]);
-    if (!a->prompts_file) cli_die(EXIT_BAD_INPUT, "pipeline: --prompts FILE is required (see --help)");
+    if (optind < argc) cli_usage_error("pipeline", "unexpected argument '%s'", argv[optind]);
+    if (!a->prompts_file) cli_usage_error("pipeline", "--prompts FILE is required");
     if (strcmp(a->wire, "f32") && strcmp(a->wire, "f16")) cli_die(EXIT_BAD_INPUT, "--wire: '%s' is not f32 or f16", a->wire);
 }
 
@@ -198,8 +197,7 @@ int cmd_pipeline(int argc, char **argv) {
             rank, first[rank], first[rank + 1], st.steps, st.wall_s, 1e3 * st.gpu_busy_s / (st.steps ? st.steps : 1),
             100.0 * st.gpu_busy_s / (st.wall_s + 1e-9), st.bytes_sent / 1e6);
     if (rank == 0) {
-        long produced = 0;
-        for (int i = 0; i < n; i++) produced += seqs[i].n_ids - seqs[i].n_prompt;
+        long produced = cli_generated_tokens(seqs, n);
         fprintf(stderr, "vkswarm: %ld tokens in %.2fs (%.1f tokens/s)\n", produced, st.wall_s, produced / st.wall_s);
         print_results(&a, t, lines, seqs, n);
         if (rollouts) cli_rollouts_finish(rollouts, seqs, n, 0);

@@ -42,19 +42,15 @@ static void parse_args(int argc, char **argv, tok_args *a, bool tokenize) {
                                          {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     const char *usage = tokenize ? tokenize_usage : detokenize_usage;
     int c, idx;
-    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') {
             fputs(usage, stdout);
             exit(0);
         }
-        if (c != 0) {
-            fputs(usage, stderr);
-            exit(EXIT_BAD_INPUT);
-        }
         const char *name = opts[idx].name;
         bool tok_only = !strcmp(name, "no-bos") || !strcmp(name, "chat") || !strcmp(name, "chat-template") ||
                         !strcmp(name, "system") || !strcmp(name, "prompt");
-        if (tok_only && !tokenize) cli_die(EXIT_BAD_INPUT, "detokenize: unknown option --%s (see --help)", name);
+        if (tok_only && !tokenize) cli_usage_error("detokenize", "unknown option '--%s'", name);
         if (!strcmp(name, "model")) a->m.model_path = optarg;
         else if (!strcmp(name, "tokenizer")) a->m.tokenizer_path = optarg;
         else if (!strcmp(name, "vocab-size")) a->vocab_size = (int)cli_parse_long("--vocab-size", optarg, 1, 1 << 22);
@@ -65,7 +61,7 @@ static void parse_args(int argc, char **argv, tok_args *a, bool tokenize) {
         else if (!strcmp(name, "system")) a->system = optarg;
         else if (!strcmp(name, "prompt")) a->prompt = optarg;
     }
-    if (optind < argc) cli_die(EXIT_BAD_INPUT, "%s: unexpected argument '%s' (see --help)", argv[0], argv[optind]);
+    if (optind < argc) cli_usage_error(argv[0], "unexpected argument '%s'", argv[optind]);
     if (!a->m.model_path && !a->m.tokenizer_path) cli_die(EXIT_BAD_INPUT, "%s: give --model or --tokenizer", argv[0]);
     if ((a->chat_template || a->system) && !a->chat)
         cli_die(EXIT_BAD_INPUT, "tokenize: --chat-template and --system need --chat");
@@ -173,9 +169,15 @@ static int32_t *parse_id_list(const char *s, int vocab, int *n_out) {
         }
         char *end;
         long v = strtol(s, &end, 10);
-        if (end == s || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r'))
-            cli_die(EXIT_BAD_INPUT, "stdin: '%.20s' is not a token id", s);
-        if (v < 0 || v >= vocab) cli_die(EXIT_BAD_INPUT, "stdin: token %ld outside 0..%d", v, vocab - 1);
+        if (end == s || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r')) {
+            size_t word = strcspn(s, " \n\t\r");
+            free(ids);
+            cli_die(EXIT_BAD_INPUT, "stdin: '%.*s' (word %zu) is not a token id", word > 40 ? 40 : (int)word, s, n + 1);
+        }
+        if (v < 0 || v >= vocab) {
+            free(ids); /* cli_die exits: nothing left for the leak checker */
+            cli_die(EXIT_BAD_INPUT, "stdin: token %ld (word %zu) outside 0..%d", v, n + 1, vocab - 1);
+        }
         if (n == cap) {
             if (cap > (size_t)INT32_MAX / 2) cli_die(EXIT_BAD_INPUT, "stdin: too many ids");
             int32_t *nb = realloc(ids, (cap *= 2) * sizeof *ids);

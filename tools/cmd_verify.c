@@ -89,14 +89,13 @@ static void parse_verify(int argc, char **argv, verify_args *a) {
     a->trusted_stop[1] = 2;
     a->n_trusted = 2;
     int c, idx;
-    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(verify_usage, stdout); exit(0); }
-        if (c != 0) { fputs(verify_usage, stderr); exit(EXIT_BAD_INPUT); }
         const char *name = opts[idx].name;
         if (!cli_model_option(&a->m, name, optarg)) verify_option(a, name, optarg);
     }
-    if (optind < argc) cli_die(EXIT_BAD_INPUT, "verify: unexpected argument '%s' (see --help)", argv[optind]);
-    if (!a->rollouts) cli_die(EXIT_BAD_INPUT, "verify: --rollouts FILE is required (see --help)");
+    if (optind < argc) cli_usage_error("verify", "unexpected argument '%s'", argv[optind]);
+    if (!a->rollouts) cli_usage_error("verify", "--rollouts FILE is required");
 }
 
 static bool trusted(const verify_args *a, int32_t id) {
@@ -120,10 +119,11 @@ static void print_verdict(const verify_args *a, const vks_rollout_sample *s, con
         printf(",\"accepted\":%s,\"reason\":", v->accepted ? "true" : "false");
         cli_json_string(stdout, v->reason, strlen(v->reason));
         fputs("}\n", stdout);
-    } else if (v->accepted) {
-        printf("%s\taccepted\n", s->id);
-    } else {
-        printf("%s\trejected: %s\n", s->id, v->reason);
+    } else { /* ids come from the file and reasons from verifier ranks: no raw tab or newline may forge a line */
+        cli_put_escaped(stdout, s->id, strlen(s->id));
+        fputs(v->accepted ? "\taccepted" : "\trejected: ", stdout);
+        if (!v->accepted) cli_put_escaped(stdout, v->reason, strnlen(v->reason, sizeof v->reason));
+        fputc('\n', stdout);
     }
 }
 

@@ -30,7 +30,7 @@ static int cmd_devices(int argc, char **argv) {
              "The default device (*) is the discrete GPU with the most memory, else an integrated one, else the CPU driver.");
         return 0;
     }
-    if (argc > 1) cli_die(EXIT_BAD_INPUT, "devices: unexpected argument '%s'", argv[1]);
+    if (argc > 1) cli_usage_error("devices", "%s '%s'", argv[1][0] == '-' ? "unknown option" : "unexpected argument", argv[1]);
     vks_device_info d[16];
     int n = 0;
     if (vks_gpu_list(d, 16, &n)) cli_die(1, "%s", vks_last_error());
@@ -63,6 +63,5 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         if (!strcmp(cmd, more[i].name)) return more[i].fn(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) { puts("vkswarm " VKS_VERSION); return 0; }
-    fprintf(stderr, "vkswarm: unknown command '%s'\n%s", cmd, usage);
-    return EXIT_BAD_INPUT;
+    cli_die(EXIT_BAD_INPUT, "unknown command '%s' (see vkswarm --help)", cmd);
 }

@@ -53,6 +53,11 @@ int vks_error_prefix(int code, const char *fmt, ...) __attribute__((format(print
  * character boundary and ends in "...". Returns strlen(out). */
 size_t vks_escape(const char *in, size_t len, char *out, size_t cap);
 
+/* Decodes the UTF-8 character at s[0..len): returns its length (1-4) and sets
+ * *cp (when not NULL), or 0 for an invalid, overlong or truncated sequence,
+ * a surrogate or a code point beyond U+10FFFF. */
+size_t vks_utf8_decode(const char *s, size_t len, uint32_t *cp);
+
 /* ---- files written whole or not at all ----
  * A writer opens a temporary file beside `path` (same directory, so the
  * rename is atomic), writes, and commits: flush, fsync, rename over `path`,

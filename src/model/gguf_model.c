@@ -24,15 +24,16 @@ static int arch_rope_mode(const char *arch) { return strcmp(arch, "qwen2") == 0 
 
 /* ---- reading ---- */
 
-/* "<arch>.<suffix>" as a positive int (<= INT32_MAX). */
-static int get_dim(const vks_gguf *g, const char *arch, const char *suffix, bool required, int *out) {
+/* "<arch>.<suffix>" as a positive int (<= INT32_MAX). Errors name the file
+ * once: the getters' messages already start with it. */
+static int get_dim(const vks_gguf *g, const char *path, const char *arch, const char *suffix, bool required, int *out) {
     char key[MAX_NAME];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (vks_gguf_find_key(g, key) < 0 && !required) return VKS_OK;
     uint32_t v;
     int rc = vks_gguf_get_u32(g, key, &v);
-    if (rc != VKS_OK) return vks_set_error(VKS_ERR_FORMAT, "%s", vks_last_error());
-    if (v == 0 || v > INT32_MAX) return vks_set_error(VKS_ERR_FORMAT, "%s: bad value for %s", "gguf", key);
+    if (rc != VKS_OK) return VKS_ERR_FORMAT;
+    if (v == 0 || v > INT32_MAX) return vks_set_error(VKS_ERR_FORMAT, "%s: bad value %u for %s", path, v, key);
     *out = (int)v;
     return VKS_OK;
 }
@@ -42,7 +43,7 @@ static int get_float(const vks_gguf *g, const char *arch, const char *suffix, fl
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (vks_gguf_find_key(g, key) < 0) return VKS_OK; /* keep the default */
     int rc = vks_gguf_get_f32(g, key, out);
-    return rc == VKS_OK ? rc : vks_set_error(VKS_ERR_FORMAT, "%s", vks_last_error());
+    return rc == VKS_OK ? rc : VKS_ERR_FORMAT;
 }
 
 static int read_arch(const vks_gguf *g, const char *path, char *arch, size_t cap) {
@@ -60,21 +61,21 @@ static int read_config(const vks_gguf *g, const char *path, const char *arch, vk
     c->norm_eps = 1e-5f;
     c->rope_theta = 10000.0f;
     c->rope_mode = arch_rope_mode(arch);
-    int rc = get_dim(g, arch, "embedding_length", true, &c->dim);
-    if (rc == VKS_OK) rc = get_dim(g, arch, "feed_forward_length", true, &c->hidden_dim);
-    if (rc == VKS_OK) rc = get_dim(g, arch, "block_count", true, &c->n_layers);
-    if (rc == VKS_OK) rc = get_dim(g, arch, "attention.head_count", true, &c->n_heads);
+    int rc = get_dim(g, path, arch, "embedding_length", true, &c->dim);
+    if (rc == VKS_OK) rc = get_dim(g, path, arch, "feed_forward_length", true, &c->hidden_dim);
+    if (rc == VKS_OK) rc = get_dim(g, path, arch, "block_count", true, &c->n_layers);
+    if (rc == VKS_OK) rc = get_dim(g, path, arch, "attention.head_count", true, &c->n_heads);
     c->n_kv_heads = c->n_heads;
-    if (rc == VKS_OK) rc = get_dim(g, arch, "attention.head_count_kv", false, &c->n_kv_heads);
+    if (rc == VKS_OK) rc = get_dim(g, path, arch, "attention.head_count_kv", false, &c->n_kv_heads);
     c->seq_len = 2048;
-    if (rc == VKS_OK) rc = get_dim(g, arch, "context_length", false, &c->seq_len);
+    if (rc == VKS_OK) rc = get_dim(g, path, arch, "context_length", false, &c->seq_len);
     if (rc == VKS_OK) rc = get_float(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps);
     if (rc == VKS_OK) rc = get_float(g, arch, "rope.freq_base", &c->rope_theta);
-    if (rc != VKS_OK) return vks_set_error(rc, "%s: %s", path, vks_last_error());
+    if (rc != VKS_OK) return rc;
     c->head_dim = c->dim / c->n_heads;
     c->kv_dim = c->n_kv_heads <= c->n_heads ? c->n_kv_heads * c->head_dim : 0;
     int rope_dims = c->head_dim;
-    if ((rc = get_dim(g, arch, "rope.dimension_count", false, &rope_dims)) != VKS_OK) return rc;
+    if ((rc = get_dim(g, path, arch, "rope.dimension_count", false, &rope_dims)) != VKS_OK) return rc;
     if (rope_dims != c->head_dim)
         return vks_set_error(VKS_ERR_FORMAT, "%s: partial RoPE (%d of %d dims) is not supported", path, rope_dims,
                              c->head_dim);
@@ -133,8 +134,8 @@ static int bind_model(vks_model *m, const char *path) {
         return vks_set_error(VKS_ERR_FORMAT, "%s: token_embd.weight has a bad vocab dimension", path);
     c->vocab_size = (int)emb->ne[1];
     int declared = c->vocab_size;
-    int rc = get_dim(g, m->arch, "vocab_size", false, &declared);
-    if (rc != VKS_OK) return vks_set_error(rc, "%s: %s", path, vks_last_error());
+    int rc = get_dim(g, path, m->arch, "vocab_size", false, &declared);
+    if (rc != VKS_OK) return rc;
     if (declared != c->vocab_size)
         return vks_set_error(VKS_ERR_FORMAT, "%s: %s.vocab_size %d disagrees with token_embd.weight (%d rows)", path,
                              m->arch, declared, c->vocab_size);

@@ -32,12 +32,15 @@ static void free_arrays(gguf_arrays *a) {
 
 static bool has_key(const vks_gguf *g, const char *key) { return vks_gguf_find_key(g, key) >= 0; }
 
+/* A vks_gguf getter failed: its message already names the file and the key. */
+static int gguf_failed(void) { return VKS_ERR_FORMAT; }
+
 /* A string array's elements; *n is its length (checked against limit). */
 static int string_array(const vks_gguf *g, const char *name, const char *key, uint64_t limit, const char ***out,
                         size_t **lens, uint64_t *n) {
     vks_gguf_type et;
     int rc = vks_gguf_get_arr_info(g, key, &et, n);
-    if (rc != VKS_OK) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+    if (rc != VKS_OK) return gguf_failed();
     if (et != VKS_GGUF_STRING) return vks_set_error(VKS_ERR_FORMAT, "%s: %s is not a string array", name, key);
     if (*n > limit) return vks_set_error(VKS_ERR_FORMAT, "%s: %s has %llu entries (limit %llu)", name, key,
                                          (unsigned long long)*n, (unsigned long long)limit);
@@ -46,7 +49,7 @@ static int string_array(const vks_gguf *g, const char *name, const char *key, ui
     if (!*out || !*lens) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for %s", name, key);
     for (uint64_t i = 0; i < *n; i++) {
         rc = vks_gguf_get_arr_str(g, key, i, &(*out)[i], &(*lens)[i]);
-        if (rc != VKS_OK) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+        if (rc != VKS_OK) return gguf_failed();
     }
     return VKS_OK;
 }
@@ -62,7 +65,7 @@ static int optional_arrays(const vks_gguf *g, const char *name, uint64_t n, gguf
         a->scores = malloc(n * sizeof *a->scores);
         if (!a->scores) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", name);
         if (vks_gguf_get_arr_f32(g, "tokenizer.ggml.scores", a->scores, n))
-            return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+            return gguf_failed();
     }
     if (has_key(g, "tokenizer.ggml.token_type")) {
         if (vks_gguf_get_arr_info(g, "tokenizer.ggml.token_type", &et, &len) || len != n)
@@ -72,7 +75,7 @@ static int optional_arrays(const vks_gguf *g, const char *name, uint64_t n, gguf
         a->types = malloc(n);
         if (!a->raw_types || !a->types) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", name);
         if (vks_gguf_get_arr_i32(g, "tokenizer.ggml.token_type", a->raw_types, n))
-            return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+            return gguf_failed();
         for (uint64_t i = 0; i < n; i++) {
             if (a->raw_types[i] < 0 || a->raw_types[i] > VKS_TOKEN_TYPE_BYTE)
                 return vks_set_error(VKS_ERR_FORMAT, "%s: token %llu has unknown type %d", name,
@@ -90,23 +93,23 @@ static int optional_id(const vks_gguf *g, const char *name, const char *key, int
         return VKS_OK;
     }
     uint32_t v;
-    if (vks_gguf_get_u32(g, key, &v)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+    if (vks_gguf_get_u32(g, key, &v)) return gguf_failed();
     if (v >= (uint32_t)n)
         return vks_set_error(VKS_ERR_FORMAT, "%s: %s = %u outside the %d-token vocabulary", name, key, v, n);
     *id = (int32_t)v;
     return VKS_OK;
 }
 
-static int optional_bool(const vks_gguf *g, const char *name, const char *key, bool *v) {
+static int optional_bool(const vks_gguf *g, const char *key, bool *v) {
     if (!has_key(g, key)) return VKS_OK;
-    if (vks_gguf_get_bool(g, key, v)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+    if (vks_gguf_get_bool(g, key, v)) return gguf_failed();
     return VKS_OK;
 }
 
 static int optional_str(const vks_gguf *g, const char *name, const char *key, const char **v) {
     if (!has_key(g, key)) return VKS_OK;
     size_t len;
-    if (vks_gguf_get_str(g, key, v, &len)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s", name, vks_last_error());
+    if (vks_gguf_get_str(g, key, v, &len)) return gguf_failed();
     if (strlen(*v) != len) return vks_set_error(VKS_ERR_FORMAT, "%s: %s contains a NUL byte", name, key);
     return VKS_OK;
 }
@@ -135,9 +138,9 @@ static int gguf_specials(const vks_gguf *g, const char *name, tok_vocab_spec *s)
     int rc = optional_id(g, name, "tokenizer.ggml.bos_token_id", s->n, &s->bos);
     if (rc == VKS_OK) rc = optional_id(g, name, "tokenizer.ggml.eos_token_id", s->n, &s->eos);
     if (rc == VKS_OK) rc = optional_id(g, name, "tokenizer.ggml.unknown_token_id", s->n, &s->unk);
-    if (rc == VKS_OK) rc = optional_bool(g, name, "tokenizer.ggml.add_bos_token", &s->add_bos);
-    if (rc == VKS_OK) rc = optional_bool(g, name, "tokenizer.ggml.add_eos_token", &s->add_eos);
-    if (rc == VKS_OK) rc = optional_bool(g, name, "tokenizer.ggml.add_space_prefix", &s->add_space_prefix);
+    if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_bos_token", &s->add_bos);
+    if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_eos_token", &s->add_eos);
+    if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_space_prefix", &s->add_space_prefix);
     if (rc == VKS_OK) rc = optional_str(g, name, "tokenizer.ggml.pre", &s->pre_name);
     if (rc == VKS_OK) rc = optional_str(g, name, "tokenizer.chat_template", &s->chat_template);
     return rc;
@@ -429,11 +432,22 @@ static int json_spec(const char *path, json_t *root, json_vocab *v, tok_vocab_sp
     return VKS_OK;
 }
 
+/* json_load_file, but a UTF-8 byte order mark (some editors write one) is skipped. */
+static json_t *load_json_skipping_bom(const char *path, json_error_t *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return json_load_file(path, 0, err); /* for jansson's message */
+    unsigned char bom[3];
+    if (fread(bom, 1, 3, f) != 3 || memcmp(bom, "\xef\xbb\xbf", 3) != 0) rewind(f);
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, err);
+    fclose(f);
+    return root;
+}
+
 int vks_tokenizer_load_hf_json(const char *path, vks_tokenizer **out) {
     if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_load_hf_json: NULL argument");
     *out = NULL;
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = load_json_skipping_bom(path, &err);
     if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: JSON error at line %d: %s", path, err.line, err.text);
     json_vocab v = {0};
     tok_vocab_spec s = {0};
@@ -462,17 +476,26 @@ static bool is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* First bytes of a file: "GGUF", '{' (after whitespace) or something else. */
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* What a tokenizer file holds, from its name and first bytes: 'g' GGUF, 'j'
+ * JSON (a *.json name, or '{' or '[' after a byte order mark and whitespace),
+ * 'b' anything else (a llama2.c tokenizer.bin). An empty file is an error. */
 static int sniff(const char *path, char *kind) {
     FILE *f = fopen(path, "rb");
     if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open the tokenizer", path);
     unsigned char head[64];
     size_t n = fread(head, 1, sizeof head, f);
     fclose(f);
-    *kind = 'b';
+    if (n == 0) return vks_set_error(VKS_ERR_FORMAT, "%s: empty file, not a tokenizer", path);
+    *kind = ends_with(path, ".json") ? 'j' : 'b';
     if (n >= 4 && !memcmp(head, "GGUF", 4)) *kind = 'g';
-    for (size_t i = 0; i < n && *kind == 'b'; i++) {
-        if (head[i] == '{') *kind = 'j';
+    size_t i = n >= 3 && !memcmp(head, "\xef\xbb\xbf", 3) ? 3 : 0;
+    for (; i < n && *kind == 'b'; i++) {
+        if (head[i] == '{' || head[i] == '[') *kind = 'j';
         if (head[i] != ' ' && head[i] != '\n' && head[i] != '\r' && head[i] != '\t') break;
     }
     return VKS_OK;
@@ -489,7 +512,9 @@ static int load_path(const char *path, const vks_model *m, vks_tokenizer **out) 
     if (rc != VKS_OK) return rc;
     if (kind == 'g') return vks_tokenizer_load_gguf(path, out);
     if (kind == 'j') return vks_tokenizer_load_hf_json(path, out);
-    if (!m) return vks_set_error(VKS_ERR_ARG, "%s: a llama2.c tokenizer.bin needs the model's vocab size", path);
+    if (!m)
+        return vks_set_error(VKS_ERR_ARG, "%s: neither GGUF nor JSON; read as a llama2.c tokenizer.bin it needs the "
+                             "model's vocab size", path);
     return vks_tokenizer_load_llama2c(path, m->cfg.vocab_size, out);
 }
 

@@ -188,6 +188,21 @@ int vks_rollout_parse_header(const char *line, size_t len, vks_rollout_header *o
     return rc;
 }
 
+/* s as valid UTF-8 (JSON strings must be): each invalid byte becomes U+FFFD. */
+static void valid_utf8_copy(const char *s, char *out, size_t cap) {
+    size_t o = 0, len = strlen(s);
+    for (size_t i = 0; i < len;) {
+        size_t n = vks_utf8_decode(s + i, len - i, NULL);
+        const char *piece = n ? s + i : "\xef\xbf\xbd";
+        size_t plen = n ? n : 3;
+        if (o + plen >= cap) break;
+        memcpy(out + o, piece, plen);
+        o += plen;
+        i += n ? n : 1;
+    }
+    out[o] = '\0';
+}
+
 int vks_rollout_write_header(FILE *f, const vks_rollout_header *h) {
     if (!f || !h || h->n_stop < 0 || h->n_stop > VKS_ROLLOUT_MAX_STOP)
         return vks_set_error(VKS_ERR_ARG, "rollout header: bad arguments");
@@ -195,8 +210,10 @@ int vks_rollout_write_header(FILE *f, const vks_rollout_header *h) {
     vks_hash_hex(h->model_hash, hex);
     json_t *stops = json_array();
     for (int i = 0; i < h->n_stop; i++) json_array_append_new(stops, json_integer(h->stop_ids[i]));
+    char model[3 * sizeof h->model];
+    valid_utf8_copy(h->model, model, sizeof model); /* a path need not be UTF-8 */
     json_t *o = json_pack("{s:s, s:i, s:s, s:s, s:o, s:{s:i, s:i, s:i}}", "format", format_name, "version",
-                          VKS_ROLLOUT_VERSION, "model", h->model, "model_hash", hex, "stop_ids", stops, "toploc",
+                          VKS_ROLLOUT_VERSION, "model", model, "model_hash", hex, "stop_ids", stops, "toploc",
                           "chunk_rows", VKS_TOPLOC_CHUNK_ROWS, "k", VKS_TOPLOC_K, "prime", VKS_TOPLOC_PRIME);
     int rc = o && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF
                  ? VKS_OK : vks_set_error(VKS_ERR_IO, "cannot write the rollout header");
@@ -355,10 +372,11 @@ int vks_rollout_read(const char *path, vks_rollout_file *out) {
         got = fread(buf + len, 1, cap - len, f);
         len += got;
     }
-    bool read_error = ferror(f);
+    int read_errno = ferror(f) ? (errno ? errno : EIO) : 0; /* EISDIR for a directory */
     fclose(f);
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "%s: too large to read", path);
-    int rc = read_error ? vks_set_error(VKS_ERR_IO, "%s: read error", path) : vks_rollout_read_mem(buf, len, path, out);
+    int rc = read_errno ? vks_set_error(VKS_ERR_IO, "%s: cannot read: %s", path, strerror(read_errno))
+                        : vks_rollout_read_mem(buf, len, path, out);
     free(buf);
     return rc;
 }

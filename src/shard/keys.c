@@ -68,17 +68,33 @@ int vks_keygen(const char *dir) {
     return rc;
 }
 
-/* Reads exactly n bytes of key as 2n hex digits plus an optional newline. */
-static int load_hex_file(const char *path, uint8_t *key, size_t n, const char *kind) {
+/* A secret key others can read is refused, as ssh does (checked on the open file). */
+static int check_private(FILE *f, const char *path) {
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) return vks_set_error(VKS_ERR_IO, "%s: cannot stat (%s)", path, strerror(errno));
+    if (st.st_mode & 077)
+        return vks_set_error(VKS_ERR_ARG, "%s: secret key is accessible by group or others (mode %04o); chmod 600 it",
+                             path, (unsigned)(st.st_mode & 07777));
+    return VKS_OK;
+}
+
+/* Reads exactly n bytes of key as 2n hex digits plus an optional line end
+ * ("\n" or "\r\n", for public and secret keys alike). */
+static int load_hex_file(const char *path, uint8_t *key, size_t n, const char *kind, bool secret) {
     FILE *f = fopen(path, "rb");
     if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open %s key (%s)", path, kind, strerror(errno));
+    int rc = secret ? check_private(f, path) : VKS_OK;
+    if (rc) {
+        fclose(f);
+        return rc;
+    }
     char buf[2 * VKS_SECRET_KEY_BYTES + 4];
     size_t got = fread(buf, 1, sizeof buf, f);
     fclose(f);
     size_t len = got;
     if (len > 0 && buf[len - 1] == '\n') len--;
+    if (len > 0 && buf[len - 1] == '\r' && len < got) len--;
     size_t bin_len = 0;
-    int rc = VKS_OK;
     if (len != 2 * n || sodium_hex2bin(key, n, buf, len, NULL, &bin_len, NULL) != 0 || bin_len != n)
         rc = vks_set_error(VKS_ERR_FORMAT, "%s: not a %s key (%zu hex digits expected)", path, kind, 2 * n);
     sodium_memzero(buf, sizeof buf);
@@ -87,12 +103,12 @@ static int load_hex_file(const char *path, uint8_t *key, size_t n, const char *k
 
 int vks_key_load_public(const char *path, uint8_t pk[VKS_PUBLIC_KEY_BYTES]) {
     if (!path || !pk) return vks_set_error(VKS_ERR_ARG, "key: null argument");
-    return load_hex_file(path, pk, VKS_PUBLIC_KEY_BYTES, "Ed25519 public");
+    return load_hex_file(path, pk, VKS_PUBLIC_KEY_BYTES, "Ed25519 public", false);
 }
 
 int vks_key_load_secret(const char *path, uint8_t sk[VKS_SECRET_KEY_BYTES]) {
     if (!path || !sk) return vks_set_error(VKS_ERR_ARG, "key: null argument");
-    int rc = load_hex_file(path, sk, VKS_SECRET_KEY_BYTES, "Ed25519 secret");
+    int rc = load_hex_file(path, sk, VKS_SECRET_KEY_BYTES, "Ed25519 secret", true);
     if (rc) return rc;
     /* the libsodium secret key ends with its public key: check they match */
     uint8_t seed[32], pk[32], sk2[64];

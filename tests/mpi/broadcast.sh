@@ -55,6 +55,7 @@ expect_store 3 "$T/v1.bin"
 
 run otherkey 2 "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" --key "$T/evil/shardcast.key" "${A[@]}" --weights-version 9
 grep -q "bad signature" "$T/stderr" || fail "otherkey: no message"
+grep -q "MB/s" "$T/stderr" && fail "otherkey: a transfer rate although no rank got the version"
 expect_store 3 "$T/v1.bin"
 
 run badsig 2 "${M[@]}" -x VKSWARM_FAULT=badsig -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" "${A[@]}" --weights-version 9
