@@ -38,6 +38,19 @@ static void test_devices(void **state) {
     free(out);
 }
 
+/* bench names the host CPU (lavapipe figures depend on it) and reports a
+ * matmul rate only after checking the kernel's result. */
+static void test_bench_small(void **state) {
+    (void)state;
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "%s bench --random-model 64,128,1,4,4,64,64 --prompt-len 8 --gen 2 2>/dev/null", tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_non_null(strstr(out, "host: "));
+    assert_non_null(strstr(out, "cores online"));
+    assert_non_null(strstr(out, "matmul rate: "));
+    free(out);
+}
+
 static void check_text(const char *args, const char *ref_rel) {
     const char *model = tu_shared_path("stories260K/stories260K.bin");
     if (!model) skip();
@@ -679,6 +692,7 @@ static void test_file_strings_escaped_in_messages(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
+        cmocka_unit_test(test_bench_small),
         cmocka_unit_test(test_generate_reference_text), cmocka_unit_test(test_logits_file),
         cmocka_unit_test(test_prompts_jsonl),          cmocka_unit_test(test_bad_files_exit_2),
         cmocka_unit_test(test_input_lines_nul_and_crlf), cmocka_unit_test(test_tokenizer_of_another_model),

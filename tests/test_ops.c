@@ -320,6 +320,24 @@ static void run_elementwise(const op_case *tc, bool swiglu) {
 static void run_swiglu(const op_case *tc) { run_elementwise(tc, true); }
 static void run_add(const op_case *tc) { run_elementwise(tc, false); }
 
+/* bias_add: M rows of D = N columns. */
+static void run_bias_add(const op_case *tc) {
+    uint32_t R = tc->M, D = tc->N;
+    size_t n = (size_t)R * D;
+    float *x = rand_floats(n, 18, -3, 3), *bias = rand_floats(D, 19, -1, 1);
+    float *want = xmalloc(n * 4), *got = xmalloc(n * 4);
+    vks_buffer *bx = gpu_buffer(x, n * 4), *bb = gpu_buffer(bias, D * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_bias_add(ops, c, bind(bx), bind(bb), R, D), VKS_OK);
+    submit(c);
+    memcpy(want, x, n * 4);
+    vks_ref_bias_add(want, bias, (int)R, (int)D);
+    download(bx, got, n * 4);
+    expect_close(tc->name, got, want, n, tc->tol);
+    free(x); free(bias); free(want); free(got);
+    vks_buffer_destroy(bx); vks_buffer_destroy(bb);
+}
+
 /* gather_rows: n = M rows of D = N from K source rows. */
 static void run_gather(const op_case *tc) {
     uint32_t n = tc->M, D = tc->N, src_rows = tc->K;
@@ -513,6 +531,8 @@ static const op_case cases[] = {
     {"swiglu", run_swiglu, .N = 100003, .tol = 1e-12},
     {"swiglu in place", run_swiglu, .N = 1, .mode = 1, .tol = 1e-12},
     {"add", run_add, .N = 1000, .tol = 1e-14},
+    {"bias_add", run_bias_add, .M = 7, .N = 131, .tol = 1e-14},
+    {"bias_add one column", run_bias_add, .M = 300, .N = 1, .tol = 1e-14},
     {"gather_rows", run_gather, .M = 13, .N = 67, .K = 10, .tol = 0},
     SAMPLE("sample greedy V32000", 4, 32000, 0.0f, 0, 0.0f, 0),
     SAMPLE("sample greedy ties", 8, 1000, 0.0f, 0, 0.0f, 1),

@@ -3,8 +3,12 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli_model.h"
 #include "cli_util.h"
+#include "vkswarm/vks_ops.h"
+#include "vkswarm/vks_quant.h"
+#include "vkswarm/vks_ref.h"
 
 static const char bench_usage[] =
     "usage: vkswarm bench (--model M | --random-model dim,hidden,layers,heads,kv_heads,vocab[,seq])\n"
@@ -36,8 +40,56 @@ static double measure_copy_bandwidth(vks_gpu *g) {
     return best;
 }
 
-/* FLOP/s of the tiled matmul kernel on an M x K x N problem with dtype weights;
- * *half: whether it ran the half-arithmetic variant. */
+/* Uploads random x [M, K] and W [N, K] (W in dtype dt, packed for the
+ * kernel) and returns W as the kernel sees it (dequantized), for the check. */
+static float *upload_random_operands(vks_buffer *x, vks_buffer *w, vks_dtype dt, uint32_t M, uint32_t N, uint32_t K,
+                                     float **x_host) {
+    size_t nx = (size_t)M * K, nw = (size_t)N * K;
+    float *xs = malloc(nx * 4), *ws = malloc(nw * 4);
+    uint64_t row_bytes = 0;
+    if (!xs || !ws || !vks_dtype_row_bytes(dt, K, &row_bytes)) cli_die(1, "bench: out of host memory");
+    uint32_t state = 12345u;
+    for (size_t i = 0; i < nx + nw; i++) {
+        state = state * 1664525u + 1013904223u;
+        float v = (float)(state >> 8) / 16777216.0f * 2.0f - 1.0f;
+        if (i < nx) xs[i] = v;
+        else ws[i - nx] = v;
+    }
+    void *blocks = malloc(row_bytes * N), *packed = malloc(vks_op_weight_bytes(dt, N, K));
+    if (!blocks || !packed) cli_die(1, "bench: out of host memory");
+    if (vks_quantize(dt, ws, blocks, nw) || vks_op_pack_weights(dt, blocks, N, K, packed) ||
+        vks_buffer_upload(x, 0, xs, nx * 4) || vks_buffer_upload(w, 0, packed, vks_op_weight_bytes(dt, N, K)))
+        cli_die(1, "bench: %s", vks_last_error());
+    vks_dequantize(dt, blocks, ws, nw);
+    free(blocks);
+    free(packed);
+    *x_host = xs;
+    return ws;
+}
+
+/* Checks the first rows of y against the float64 reference: a broken kernel
+ * must not report a rate. Bound: the normalized squared error of half
+ * rounding ((3 * 2^-11)^2) or of f32 sums, as in test_ops. */
+static void check_matmul_result(vks_buffer *y, const float *xs, const float *ws, uint32_t N, uint32_t K, bool half) {
+    enum { ROWS = 4 };
+    float *got = malloc((size_t)ROWS * N * 4), *want = malloc((size_t)ROWS * N * 4);
+    if (!got || !want) cli_die(1, "bench: out of host memory");
+    if (vks_buffer_download(y, 0, got, (size_t)ROWS * N * 4)) cli_die(1, "bench: %s", vks_last_error());
+    vks_ref_matmul(xs, ws, ROWS, (int)N, (int)K, want);
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < (size_t)ROWS * N; i++) {
+        double d = (double)got[i] - want[i];
+        err += d * d;
+        ref += (double)want[i] * want[i];
+    }
+    double nmse = ref > 0 ? err / ref : err, bound = half ? 9.0 / (1 << 22) : 1e-10;
+    if (!(nmse <= bound)) cli_die(1, "bench: the matmul kernel's result is wrong (nmse %.3g > %.3g): no rate", nmse, bound);
+    free(got);
+    free(want);
+}
+
+/* FLOP/s of the tiled matmul kernel on an M x K x N problem with dtype weights,
+ * after checking its result; *half: whether it ran the half-arithmetic variant. */
 static double measure_matmul_rate(vks_gpu *g, vks_dtype dt, uint32_t M, uint32_t N, uint32_t K, bool *half) {
     vks_ops *ops;
     vks_buffer *x, *w, *y;
@@ -45,8 +97,8 @@ static double measure_matmul_rate(vks_gpu *g, vks_dtype dt, uint32_t M, uint32_t
         vks_buffer_create(g, vks_op_weight_bytes(dt, N, K), &w) || vks_buffer_create(g, (size_t)M * N * 4, &y))
         cli_die(1, "bench: %s", vks_last_error());
     *half = vks_ops_f16_math(ops);
-    vks_buffer_fill(x, 0x3c000000u);
-    vks_buffer_fill(w, dt == VKS_DTYPE_F32 ? 0x3c000000u : 0x20002000u);
+    float *xs, *ws = upload_random_operands(x, w, dt, M, N, K, &xs);
+    vks_buffer_fill(y, 0x7fc00000u); /* NaN: rows the kernel does not write fail the check */
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
         vks_cmd *c;
@@ -58,13 +110,35 @@ static double measure_matmul_rate(vks_gpu *g, vks_dtype dt, uint32_t M, uint32_t
         double t0 = cli_now();
         if (vks_cmd_submit(c)) cli_die(1, "bench: %s", vks_last_error());
         double rate = 2.0 * 2.0 * M * (double)N * K / (cli_now() - t0);
-        if (rate > best) best = rate;
+        if (rep == 0) check_matmul_result(y, xs, ws, N, K, *half); /* the timed runs are the checked kernel */
+        else if (rate > best) best = rate;
     }
+    free(xs);
+    free(ws);
     vks_buffer_destroy(x);
     vks_buffer_destroy(w);
     vks_buffer_destroy(y);
     vks_ops_destroy(ops);
     return best;
+}
+
+/* The host CPU's model name (lavapipe's figures depend on it), or "unknown". */
+static void host_cpu_model(char *out, size_t cap) {
+    snprintf(out, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        const char *v = strchr(line, ':');
+        if (!v) break;
+        v++;
+        while (*v == ' ' || *v == '\t') v++;
+        size_t n = strcspn(v, "\n");
+        vks_escape(v, n, out, cap);
+        break;
+    }
+    fclose(f);
 }
 
 typedef struct { int batch, prompt_len, gen; } bench_shape;
@@ -160,7 +234,12 @@ int cmd_bench(int argc, char **argv) {
     double pre_tps = s.batch * s.prompt_len / t_pre, dec_tps = s.batch * s.gen / t_dec;
     double dec_bytes = (double)vks_engine_decode_weight_bytes(e); /* device bytes: quantized as stored */
     double dec_bw = dec_bytes * s.gen / t_dec, pre_flops = 2.0 * matrix_params * pre_tps;
+    char cpu[256];
+    host_cpu_model(cpu, sizeof cpu);
+    const char *lp_threads = getenv("LP_NUM_THREADS");
     printf("device: %s\n", vks_gpu_info(g)->name);
+    printf("host: %s, %ld cores online%s%s\n", cpu, sysconf(_SC_NPROCESSORS_ONLN),
+           lp_threads ? ", LP_NUM_THREADS=" : "", lp_threads ? lp_threads : "");
     printf("model: %lld params, %s, batch %d, prompt %d, gen %d\n", (long long)params,
            ma.keep_file_dtype ? "file types" : vks_dtype_name(ma.dtype),
            s.batch, s.prompt_len, s.gen);

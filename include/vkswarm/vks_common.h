@@ -22,7 +22,7 @@ typedef enum {
     VKS_DTYPE_F32 = 0,
     VKS_DTYPE_F16 = 1,
     VKS_DTYPE_BF16 = 2,
-    /* llama.cpp block formats (issue 3): see include/vkswarm/vks_quant.h */
+    /* llama.cpp block formats: see include/vkswarm/vks_quant.h */
     VKS_DTYPE_Q8_0 = 3, /* 32 elements: f16 d, int8 q[32]                 (34 bytes)  */
     VKS_DTYPE_Q4_0 = 4, /* 32 elements: f16 d, uint8 nibbles[16]          (18 bytes)  */
     VKS_DTYPE_Q4_K = 5, /* 256 elements: f16 d, f16 dmin, scales[12], q[128] (144 bytes) */

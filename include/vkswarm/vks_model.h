@@ -49,7 +49,7 @@ typedef struct vks_model {
     /* ownership (private to the reader) */
     void *map; size_t map_size; void *owned;
     char path[512];
-    /* issue 3 */
+    /* special tokens and architecture */
     int bos_id, eos_id;     /* -1 when unknown */
     char arch[32];          /* "llama" or "qwen2" */
     struct vks_gguf *gguf;  /* open GGUF file (metadata, tokenizer) or NULL */
@@ -75,7 +75,7 @@ int vks_model_config_check(const vks_model_config *c, const char *what);
  * and every weight tensor's bytes (dtype and shape included) in a fixed order. */
 int vks_model_hash(const vks_model *m, uint8_t out[32]);
 
-/* ---- issue 3: other formats (src/model/gguf_model.c, safetensors.c, model_load.c) ---- */
+/* ---- GGUF and safetensors models (src/model/gguf_model.c, safetensors.c, model_load.c) ---- */
 struct vks_gguf;
 
 /* Loads any supported model, detected by content: GGUF (magic "GGUF"), a

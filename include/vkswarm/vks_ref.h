@@ -29,6 +29,8 @@ void vks_ref_attention(const float *q, const float *kcache, const float *vcache,
 void vks_ref_swiglu(const float *g, const float *u, size_t n, float *out);
 /* x[i] += y[i] */
 void vks_ref_add(float *x, const float *y, size_t n);
+/* x[r, j] += bias[j] for r < R, j < D (x [R, D], bias [D]). */
+void vks_ref_bias_add(float *x, const float *bias, int R, int D);
 
 /* ---- sampling (see shaders/README.md "Sampling") ---- */
 typedef struct {

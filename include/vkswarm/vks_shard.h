@@ -1,5 +1,5 @@
 /* vks_shard.h: the pure logic of Shardcast, the signed sharded weight
- * broadcast (issue 6): manifest format, signing and verification (Ed25519),
+ * broadcast: manifest format, signing and verification (Ed25519),
  * shard hashing (BLAKE2b-256), delta encoding against the previous version
  * (byte-wise XOR or subtraction, then zstd), key files, and the on-disk
  * version store with its atomic switch. No MPI here: mpi/broadcast.c moves

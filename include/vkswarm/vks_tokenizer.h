@@ -29,7 +29,7 @@ const char *vks_tokenizer_decode(const vks_tokenizer *t, int prev, int next, cha
 /* run.c safe_printf rule: true if the piece should be printed. */
 bool vks_tokenizer_piece_printable(const char *piece, size_t len);
 
-/* ---- issue 3: GGUF / tokenizer.json vocabularies ---- */
+/* ---- GGUF / tokenizer.json vocabularies ---- */
 struct vks_model;
 struct vks_gguf;
 

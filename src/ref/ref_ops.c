@@ -152,6 +152,12 @@ void vks_ref_swiglu(const float *g, const float *u, size_t n, float *out) {
     }
 }
 
+void vks_ref_bias_add(float *x, const float *bias, int R, int D) {
+    if (!x || !bias) return;
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < D; j++) x[(size_t)r * D + j] = (float)((double)x[(size_t)r * D + j] + (double)bias[j]);
+}
+
 void vks_ref_add(float *x, const float *y, size_t n) {
     if (!x || !y) return;
     for (size_t i = 0; i < n; i++) x[i] = (float)((double)x[i] + (double)y[i]);
