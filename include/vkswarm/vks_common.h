@@ -30,6 +30,10 @@ typedef enum {
     VKS_DTYPE_COUNT
 } vks_dtype;
 
+/* RoPE pairings (model configs, the rope kernel and its reference). */
+enum { VKS_ROPE_ADJACENT = 0, /* (2i, 2i+1) as llama2.c / GGUF */
+       VKS_ROPE_HALF = 1 };   /* (i, i + head_dim/2) as Hugging Face */
+
 const char *vks_dtype_name(vks_dtype t);
 /* Parses "f32", "f16", "bf16"; returns 0 and sets *out, or -1. */
 int vks_dtype_parse(const char *s, vks_dtype *out);

@@ -11,7 +11,7 @@ typedef struct {
     int kv_dim;        /* n_kv_heads * head_dim */
     float norm_eps;    /* 1e-5 for llama2.c */
     float rope_theta;  /* 10000 for llama2.c */
-    int rope_mode;     /* VKS_ROPE_ADJACENT or VKS_ROPE_HALF (vks_ref.h) */
+    int rope_mode;     /* VKS_ROPE_ADJACENT or VKS_ROPE_HALF (vks_common.h) */
     bool shared_classifier;
 } vks_model_config;
 

@@ -5,9 +5,6 @@
 #define VKS_REF_H
 #include "vks_common.h"
 
-/* RoPE pairings. */
-enum { VKS_ROPE_ADJACENT = 0, /* (2i, 2i+1) as llama2.c / GGUF */
-       VKS_ROPE_HALF = 1 };   /* (i, i + head_dim/2) as Hugging Face */
 
 /* out[r, :] = table[tokens[r], :]  (table [V, D] f32) */
 void vks_ref_embed(const float *table, int V, int D, const uint32_t *tokens, int R, float *out);

@@ -6,7 +6,6 @@
 #include <string.h>
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_quant.h"
-#include "vkswarm/vks_ref.h"
 
 #define MAX_CHUNKS 64
 /* Weights are converted on the host a chunk at a time; chunks are capped so

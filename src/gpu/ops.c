@@ -4,7 +4,6 @@
  * range; kernels bounds-check everything else (tile edges, surplus groups). */
 #include "vkswarm/vks_ops.h"
 #include "vkswarm/vks_quant.h"
-#include "vkswarm/vks_ref.h"
 
 #include <math.h>
 #include <stdio.h>
