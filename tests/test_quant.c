@@ -217,6 +217,15 @@ static void test_device_bytes(void **state) {
         assert_true(per_param >= 0.5);
         /* decode reads all but the (unshared) embedding table */
         assert_true(vks_engine_decode_weight_bytes(e) < vks_engine_weight_bytes(e));
+        /* weights only: a larger KV cache does not change the figure */
+        vks_engine_options big = o;
+        big.n_slots = 4;
+        big.kv_len = 32;
+        vks_engine *e2;
+        assert_int_equal(vks_engine_create(gpu, m, &big, &e2), VKS_OK);
+        assert_int_equal(vks_engine_weight_bytes(e2), vks_engine_weight_bytes(e));
+        assert_true(vks_engine_device_bytes(e2) > vks_engine_device_bytes(e));
+        vks_engine_destroy(e2);
         vks_engine_destroy(e);
     }
     vks_model_free(m);

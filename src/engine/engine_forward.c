@@ -1,0 +1,158 @@
+/* engine_forward.c: the forward over a layer range, read top to bottom:
+ * embedding, then per layer the attention block and the FFN block (residual
+ * adds fused into the output matmuls), then the head (final norm, classifier,
+ * optional sampling), all recorded into one command buffer. */
+#include "engine_internal.h"
+
+static vks_binding bind(vks_buffer *b) { return (vks_binding){.buf = b}; }
+
+/* y[:, 0:N] (row stride ldy) (+)= x @ W^T, one dispatch per weight chunk. */
+static int matmul(vks_engine *e, vks_cmd *c, vks_buffer *x, const dev_matrix *w, vks_buffer *y, uint32_t M,
+                  uint32_t ldy, bool accumulate) {
+    for (int i = 0; i < w->n_chunks; i++) {
+        uint32_t row0 = (uint32_t)i * w->rows_per_chunk;
+        uint32_t n = w->rows - row0 < w->rows_per_chunk ? w->rows - row0 : w->rows_per_chunk;
+        int rc = vks_op_matmul_kind(e->ops, c, bind(x), bind(w->chunk[i]), w->dtype, bind(y), M, n, w->cols, ldy,
+                                    row0, accumulate, e->matmul_kind);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static int record_embedding(vks_engine *e, vks_cmd *c, uint32_t R) {
+    const dev_matrix *t = &e->w.tok_emb;
+    for (int i = 0; i < t->n_chunks; i++) {
+        uint32_t row0 = (uint32_t)i * t->rows_per_chunk;
+        uint32_t n = t->rows - row0 < t->rows_per_chunk ? t->rows - row0 : t->rows_per_chunk;
+        int rc = vks_op_embed(e->ops, c, bind(e->act.tokens), bind(t->chunk[i]), t->dtype, row0, n, t->cols,
+                              bind(e->act.x), R);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l, const dev_layer_kv *kv,
+                                  uint32_t R) {
+    const vks_model_config *cf = &e->cfg;
+    dev_activations *a = &e->act;
+    uint32_t qd = (uint32_t)(cf->n_heads * cf->head_dim), kvd = (uint32_t)cf->kv_dim;
+    int rc;
+    if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->attn_norm), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
+        (rc = matmul(e, c, a->xb, &l->wq, a->q, R, qd, false)) ||
+        (rc = matmul(e, c, a->xb, &l->wk, a->k, R, kvd, false)) ||
+        (rc = matmul(e, c, a->xb, &l->wv, a->v, R, kvd, false)) ||
+        (l->bq && (rc = vks_op_bias_add(e->ops, c, bind(a->q), bind(l->bq), R, qd))) ||
+        (l->bk && (rc = vks_op_bias_add(e->ops, c, bind(a->k), bind(l->bk), R, kvd))) ||
+        (l->bv && (rc = vks_op_bias_add(e->ops, c, bind(a->v), bind(l->bv), R, kvd))) ||
+        (rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), R, qd, 0, (uint32_t)cf->n_heads,
+                          (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode)) ||
+        (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), R, kvd, 0, (uint32_t)cf->n_kv_heads,
+                          (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode)) ||
+        (rc = vks_op_kv_store(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
+                              bind(a->pos), R, kvd, (uint32_t)e->opt.kv_len)) ||
+        (rc = vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot), bind(a->pos),
+                               bind(a->att), R, (uint32_t)cf->n_heads, (uint32_t)cf->n_kv_heads,
+                               (uint32_t)cf->head_dim, (uint32_t)e->opt.kv_len)))
+        return rc;
+    /* residual: x += wo @ att (the matmul accumulates into x) */
+    return matmul(e, c, a->att, &l->wo, a->x, R, (uint32_t)cf->dim, true);
+}
+
+static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint32_t R) {
+    const vks_model_config *cf = &e->cfg;
+    dev_activations *a = &e->act;
+    uint32_t H = (uint32_t)cf->hidden_dim;
+    int rc;
+    if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->ffn_norm), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
+        (rc = matmul(e, c, a->xb, &l->w1, a->hb, R, H, false)) ||
+        (rc = matmul(e, c, a->xb, &l->w3, a->hb2, R, H, false)) ||
+        (rc = vks_op_swiglu(e->ops, c, bind(a->hb), bind(a->hb2), bind(a->hb), R * H)))
+        return rc;
+    return matmul(e, c, a->hb, &l->w2, a->x, R, (uint32_t)cf->dim, true);
+}
+
+static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {
+    const vks_model_config *cf = &e->cfg;
+    dev_activations *a = &e->act;
+    uint32_t O = (uint32_t)b->n_out, D = (uint32_t)cf->dim;
+    int rc;
+    if ((rc = vks_op_gather_rows(e->ops, c, bind(a->x), bind(a->out_rows), bind(a->xo), O, D)) ||
+        (rc = vks_op_rmsnorm(e->ops, c, bind(a->xo), bind(e->w.final_norm), bind(a->xo), O, D, cf->norm_eps)) ||
+        (rc = matmul(e, c, a->xo, &e->w.classifier, a->logits, O, (uint32_t)cf->vocab_size, false)))
+        return rc;
+    if (b->sample)
+        rc = vks_op_sample(e->ops, c, bind(a->logits), bind(a->sample), bind(a->sampled), O, (uint32_t)cf->vocab_size);
+    return rc;
+}
+
+static int check_batch(const vks_engine *e, const vks_forward_batch *b) {
+    const vks_model_config *cf = &e->cfg;
+    if (b->n_rows <= 0 || b->n_rows > e->opt.max_rows || !b->slot || !b->pos)
+        return vks_set_error(VKS_ERR_ARG, "forward: %d rows (1..%d allowed)", b->n_rows, e->opt.max_rows);
+    if (e->w.has_embed ? !b->tokens : !b->x_in) return vks_set_error(VKS_ERR_ARG, "forward: missing input rows");
+    for (int r = 0; r < b->n_rows; r++) {
+        if (b->slot[r] >= (uint32_t)e->opt.n_slots || b->pos[r] >= (uint32_t)e->opt.kv_len)
+            return vks_set_error(VKS_ERR_ARG, "forward: row %d has slot %u / position %u outside the KV cache "
+                                 "(%d slots x %d positions)", r, b->slot[r], b->pos[r], e->opt.n_slots, e->opt.kv_len);
+        if (e->w.has_embed && (b->tokens[r] < 0 || b->tokens[r] >= cf->vocab_size))
+            return vks_set_error(VKS_ERR_ARG, "forward: token %d at row %d is outside the vocabulary (%d)",
+                                 b->tokens[r], r, cf->vocab_size);
+    }
+    if (e->w.has_head) {
+        if (b->n_out < 0 || b->n_out > e->opt.max_out_rows || (b->n_out && !b->out_rows) || (b->sample && !b->sampled))
+            return vks_set_error(VKS_ERR_ARG, "forward: %d output rows (0..%d allowed)", b->n_out, e->opt.max_out_rows);
+        for (int i = 0; i < b->n_out; i++)
+            if (b->out_rows[i] >= (uint32_t)b->n_rows)
+                return vks_set_error(VKS_ERR_ARG, "forward: output row %u is not a row of this batch", b->out_rows[i]);
+    }
+    return VKS_OK;
+}
+
+static int upload_inputs(vks_engine *e, const vks_forward_batch *b) {
+    dev_activations *a = &e->act;
+    size_t R = (size_t)b->n_rows;
+    int rc;
+    if ((rc = vks_buffer_upload(a->slot, 0, b->slot, R * 4)) || (rc = vks_buffer_upload(a->pos, 0, b->pos, R * 4)))
+        return rc;
+    if (e->w.has_embed) rc = vks_buffer_upload(a->tokens, 0, b->tokens, R * 4);
+    else rc = vks_buffer_upload(a->x, 0, b->x_in, R * (size_t)e->cfg.dim * 4);
+    if (rc || !e->w.has_head || b->n_out == 0) return rc;
+    if ((rc = vks_buffer_upload(a->out_rows, 0, b->out_rows, (size_t)b->n_out * 4))) return rc;
+    if (b->sample) rc = vks_buffer_upload(a->sample, 0, b->sample, (size_t)b->n_out * sizeof(vks_gpu_sample_row));
+    return rc;
+}
+
+static int download_outputs(vks_engine *e, const vks_forward_batch *b) {
+    dev_activations *a = &e->act;
+    size_t O = (size_t)b->n_out, D = (size_t)e->cfg.dim;
+    int rc = VKS_OK;
+    if (!e->w.has_head)
+        return b->x_out ? vks_buffer_download(a->x, 0, b->x_out, (size_t)b->n_rows * D * 4) : VKS_OK;
+    if (O == 0) return VKS_OK;
+    if (b->logits) rc = vks_buffer_download(a->logits, 0, b->logits, O * (size_t)e->cfg.vocab_size * 4);
+    if (!rc && b->hidden) rc = vks_buffer_download(a->xo, 0, b->hidden, O * D * 4);
+    if (!rc && b->sample) rc = vks_buffer_download(a->sampled, 0, b->sampled, O * 4);
+    return rc;
+}
+
+int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
+    if (!e || !b) return vks_set_error(VKS_ERR_ARG, "vks_engine_forward: NULL argument");
+    int rc = check_batch(e, b);
+    if (rc || (rc = upload_inputs(e, b))) return rc;
+    vks_cmd *c;
+    if ((rc = vks_cmd_begin(e->gpu, &c))) return rc;
+    e->matmul_kind = b->matmul_kind;
+    uint32_t R = (uint32_t)b->n_rows;
+    if (e->w.has_embed) rc = record_embedding(e, c, R);
+    for (int i = 0; i < e->w.n_layers && rc == VKS_OK; i++) {
+        rc = record_attention_block(e, c, &e->w.layers[i], &e->kv[i], R);
+        if (rc == VKS_OK) rc = record_ffn_block(e, c, &e->w.layers[i], R);
+    }
+    if (rc == VKS_OK && e->w.has_head && b->n_out > 0) rc = record_head(e, c, b);
+    if (rc) {
+        vks_cmd_discard(c);
+        return rc;
+    }
+    if ((rc = vks_cmd_submit(c))) return rc;
+    return download_outputs(e, b);
+}

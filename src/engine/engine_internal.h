@@ -1,0 +1,69 @@
+/* engine_internal.h: what the engine's files share (not a public interface).
+ * engine.c owns creation, the KV cache and activations; engine_weights.c the
+ * weights on the device (a parameter set); engine_forward.c the recording of
+ * the forward. */
+#ifndef VKS_ENGINE_INTERNAL_H
+#define VKS_ENGINE_INTERNAL_H
+#include "vkswarm/vks_engine.h"
+
+#define MAX_CHUNKS 64
+
+/* A weight matrix on the device, split by rows into chunks that each fit in
+ * one storage-buffer binding. Each chunk is a self-contained matrix in the
+ * GPU layout of vks_op_pack_weights (block types stay quantized). */
+typedef struct {
+    vks_dtype dtype;
+    uint32_t rows, cols, rows_per_chunk;
+    int n_chunks;
+    vks_buffer *chunk[MAX_CHUNKS];
+} dev_matrix;
+
+/* One layer's parameters. */
+typedef struct {
+    vks_buffer *attn_norm, *ffn_norm;
+    dev_matrix wq, wk, wv, wo, w1, w2, w3;
+    vks_buffer *bq, *bk, *bv; /* q/k/v biases (Qwen2); NULL when absent */
+} dev_layer;
+
+/* One layer's KV cache [n_slots, kv_len, kv_dim] (K and V). */
+typedef struct {
+    vks_buffer *kcache, *vcache;
+} dev_layer_kv;
+
+/* The parameters of a layer range on the device: one parameter set. The
+ * forward reads the weights' set; training creates more of the same shape
+ * (gradients, two Adam moments), as llm.c's ParameterTensors. */
+typedef struct {
+    bool has_embed, has_head; /* the range starts at layer 0 / ends at the last layer */
+    dev_matrix tok_emb, classifier; /* classifier aliases tok_emb when tied */
+    vks_buffer *final_norm;
+    dev_layer *layers; /* n_layers entries, for layers layer_begin.. */
+    int n_layers;
+    uint64_t embed_bytes; /* device bytes of the token embedding table */
+} vks_param_set;
+
+typedef struct {
+    vks_buffer *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [max_rows, ...] */
+    vks_buffer *tokens, *slot, *pos;                  /* [max_rows] uint32 */
+    vks_buffer *out_rows, *xo, *logits, *sample, *sampled; /* [max_out_rows, ...] */
+} dev_activations;
+
+struct vks_engine {
+    vks_matmul_kind matmul_kind; /* of the forward being recorded */
+    vks_gpu *gpu;
+    vks_ops *ops;
+    vks_model_config cfg;
+    vks_engine_options opt;
+    vks_param_set w;   /* the weights */
+    dev_layer_kv *kv;  /* w.n_layers entries */
+    dev_activations act;
+    uint64_t weight_bytes, device_bytes;
+};
+
+/* engine_weights.c: device bytes the weights of opt's layer range need, and
+ * their upload (errors name the layer and tensor) and release. */
+uint64_t vks_param_set_bytes_needed(const vks_engine_options *opt, const vks_model *m);
+int vks_param_set_upload(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, vks_param_set *out);
+void vks_param_set_free(vks_param_set *p);
+
+#endif
