@@ -13,6 +13,7 @@ typedef struct {
 } vks_l2c_sizes;
 
 /* Fills *s; false if any product or sum overflows size_t. */
+#define L2C_HEADER_BYTES 28 /* 7 int32 fields */
 bool vks_l2c_sizes_compute(const vks_model_config *c, vks_l2c_sizes *s);
 /* Points every tensor of m (config already set and checked) into `body`, an f32
  * array in llama2.c layout. Allocates m->layers. Returns VKS_OK or VKS_ERR_NOMEM. */
