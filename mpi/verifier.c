@@ -518,7 +518,7 @@ int vks_verifier_dispatch(MPI_Comm comm, int first_verifier, const vks_rollout_s
     MPI_Comm_size(comm, &size);
     if ((!samples && n > 0) || !out || !report || n < 0 || batch < 1 || first_verifier < 1 || timeout_s <= 0)
         return vks_set_error(VKS_ERR_ARG, "verifier dispatch: bad arguments");
-    *report = (vks_dispatch_report){.first_lost = -1};
+    *report = (vks_dispatch_report){.first_lost = -1, .all_stopped = true};
     if (first_verifier >= size) return n ? fn(ctx, samples, n, out) : VKS_OK; /* nobody else: verify here */
     dispatcher d = {.comm = comm, .first = first_verifier, .size = size, .n = n, .batch = batch,
                     .n_batches = (n + batch - 1) / batch, .timeout_s = timeout_s, .samples = samples, .out = out,
