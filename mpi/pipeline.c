@@ -40,6 +40,8 @@ typedef struct {
     outgoing *outbox;
     double *last_heard, last_heartbeat;
     vks_mpi_clock clock;         /* leaves out the time this rank itself was stopped */
+    bool *left_loop;             /* rank r is waiting in the finish exchange: no more messages */
+    int probe_from;              /* round robin over the sources */
     double now;                  /* this loop iteration's time on that clock */
     vks_pipeline_stats *stats;
     bool finished;
@@ -122,7 +124,7 @@ static void send_heartbeats(pipe_ctx *c, double now) {
  * itself stopped: a rank that resumes does not blame the ones that waited. */
 static void check_silence(pipe_ctx *c, double now) {
     for (int r = 0; r < c->size; r++)
-        if (r != c->rank && now - c->last_heard[r] > c->o->timeout_s)
+        if (r != c->rank && !c->left_loop[r] && now - c->last_heard[r] > c->o->timeout_s)
             die_rank(c, 3, "stopped answering: no message within the timeout; stopping the job", r);
 }
 
@@ -298,11 +300,28 @@ static void handle_stage_message(pipe_ctx *c, const MPI_Status *st) {
     vks_worker_submit(&c->worker, j);
 }
 
+/* The next message of a source still in its loop (round robin). A rank that
+ * left its loop has sent its finish-exchange message, which waits for
+ * sync_ranks; nothing it sent before is behind it (MPI keeps the order). */
+static bool probe_next(pipe_ctx *c, MPI_Status *st) {
+    for (int k = 1; k <= c->size; k++) {
+        int r = (c->probe_from + k) % c->size, flag;
+        if (r == c->rank || c->left_loop[r]) continue;
+        MPI_Iprobe(r, MPI_ANY_TAG, c->comm, &flag, st);
+        if (!flag) continue;
+        if (st->MPI_TAG == VKS_TAG_FINISH) {
+            c->left_loop[r] = true;
+            continue;
+        }
+        c->probe_from = r;
+        return true;
+    }
+    return false;
+}
+
 static bool poll_messages(pipe_ctx *c) {
-    int flag;
     MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c->comm, &flag, &st);
-    if (!flag) return false;
+    if (!probe_next(c, &st)) return false;
     c->last_heard[st.MPI_SOURCE] = c->now;
     if (st.MPI_TAG == VKS_TAG_HEARTBEAT || st.MPI_TAG == VKS_TAG_DONE) {
         vks_msg_header h;
@@ -460,7 +479,8 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
     c.limits = (vks_msg_limits){.max_rows = (uint32_t)rows, .max_out = (uint32_t)o->batch,
                                 .dim = (uint32_t)m->cfg.dim, .n_mb = (uint32_t)o->micro_batches};
     c.last_heard = malloc(sizeof(double) * (size_t)c.size);
-    if (!c.last_heard || vks_link_create(comm, &o->link, &c.link) ||
+    c.left_loop = calloc((size_t)c.size, sizeof *c.left_loop);
+    if (!c.last_heard || !c.left_loop || vks_link_create(comm, &o->link, &c.link) ||
         vks_worker_start(&c.worker, c.engine, &o->sched, o->wire, c.rank == 0, c.rank == c.size - 1))
         die(&c, 1, "%s", vks_last_error());
     if (c.rank == 0) setup_rank0(&c, prompts, n_prompts);
@@ -480,6 +500,7 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
     vks_toploc_builder_destroy(c.builder);
     if (c.rank == 0) teardown_rank0(&c);
     free(c.last_heard);
+    free(c.left_loop);
     vks_engine_destroy(c.engine);
     return VKS_OK;
 }
