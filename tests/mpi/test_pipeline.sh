@@ -129,15 +129,15 @@ rm -rf "$pids"
 mkdir -p "$pids"
 args="$model --prompts $tmp/prompts.txt --temp 0 -n 48 --link-latency-ms 50"
 VKSWARM_PID_DIR=$pids mpi -x VKSWARM_PID_DIR -np 1 $bin pipeline $args --timeout-s 20 : \
-    -np 1 $bin pipeline $args --timeout-s 2.5 : -np 1 $bin pipeline $args --timeout-s 20 \
+    -np 1 $bin pipeline $args --timeout-s 4 : -np 1 $bin pipeline $args --timeout-s 20 \
     > "$tmp/resumed.jsonl" 2> "$tmp/resumed.txt" &
 job=$!
-pid=$(pid_file_pid "$pids" 1) && sleep 1.5 && stop_pid "$pid" && sleep 5 && kill -CONT "$pid"
+pid=$(pid_file_pid "$pids" 1) && sleep 1.5 && stop_pid "$pid" && sleep 6.5 && kill -CONT "$pid"
 wait $job
 rc=$?
 release_stopped
 if [ -n "$pid" ] && [ $rc -eq 0 ] && cmp -s "$tmp/resumed.jsonl" "$tmp/ref_greedy.jsonl"; then
-    ok "rank 1 stopped 5 s past its 2.5 s timeout and resumed: nobody blamed, same output"
+    ok "rank 1 stopped 6.5 s, past its 4 s timeout, and resumed: nobody blamed, same output"
 else bad "rank 1 stopped and resumed: pid '$pid' status $rc"; grep vkswarm "$tmp/resumed.txt" | tail -3; fi
 
 # different models on different ranks: refused, naming the rank
