@@ -466,7 +466,8 @@ static void check_silence(dispatcher *d) {
 static int pump(dispatcher *d) {
     d->now = vks_mpi_deadline_tick(&d->clock, d->timeout_s);
     if (d->now - d->last_beat >= HEARTBEAT_EVERY_S) {
-        for (int r = d->first; r < d->size; r++) send_heartbeat(d->comm, r);
+        for (int r = d->first; r < d->size; r++)
+            if (!d->peer[r].stopped) send_heartbeat(d->comm, r); /* a stopped one may be in MPI_Finalize */
         d->last_beat = d->now;
     }
     int flag, rc = VKS_OK;
