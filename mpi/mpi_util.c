@@ -51,15 +51,19 @@ static int rank_from_env(void) {
     return s && *s && !*end && r >= 0 && r < INT_MAX ? (int)r : -1;
 }
 
+/* A thread that ends the process when a blocking MPI call (MPI_Init,
+ * MPI_Finalize: fences over every rank) does not return within timeout_s. */
 typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t done_cond;
-    bool done;
+    bool done, watching;
     double timeout_s;
-} init_watchdog;
+    const char *what;
+    pthread_t thread;
+} watchdog;
 
-static void *watch_init(void *arg) {
-    init_watchdog *w = arg;
+static void *watch(void *arg) {
+    watchdog *w = arg;
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     double whole = floor(w->timeout_s);
@@ -72,8 +76,8 @@ static void *watch_init(void *arg) {
     bool done = w->done;
     pthread_mutex_unlock(&w->lock);
     if (done) return NULL;
-    fprintf(stderr, "vkswarm: rank %d: MPI start-up did not complete within %.1f s: a rank did not join; stopping\n",
-            rank_from_env(), w->timeout_s);
+    fprintf(stderr, "vkswarm: rank %d: %s did not complete within %.1f s; stopping\n", rank_from_env(), w->what,
+            w->timeout_s);
     fflush(stderr);
     _exit(3);
 }
@@ -89,21 +93,36 @@ static void write_pid_file(int rank) {
     vks_outfile_commit(&o);
 }
 
+static void watchdog_start(watchdog *w, double timeout_s, const char *what) {
+    *w = (watchdog){.timeout_s = timeout_s, .what = what};
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->done_cond, NULL);
+    w->watching = pthread_create(&w->thread, NULL, watch, w) == 0;
+}
+
+static void watchdog_stop(watchdog *w) {
+    pthread_mutex_lock(&w->lock);
+    w->done = true;
+    pthread_cond_signal(&w->done_cond);
+    pthread_mutex_unlock(&w->lock);
+    if (w->watching) pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->done_cond);
+}
+
 void vks_mpi_start_within(bool worker_thread, double timeout_s, int *rank, int *size) {
-    init_watchdog w = {.timeout_s = timeout_s};
-    pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.done_cond, NULL);
-    pthread_t t;
-    bool watching = pthread_create(&t, NULL, watch_init, &w) == 0;
+    watchdog w;
+    watchdog_start(&w, timeout_s, "MPI start-up (a rank did not join)");
     vks_mpi_start(worker_thread, rank, size);
-    pthread_mutex_lock(&w.lock);
-    w.done = true;
-    pthread_cond_signal(&w.done_cond);
-    pthread_mutex_unlock(&w.lock);
-    if (watching) pthread_join(t, NULL);
-    pthread_mutex_destroy(&w.lock);
-    pthread_cond_destroy(&w.done_cond);
+    watchdog_stop(&w);
     write_pid_file(*rank);
+}
+
+void vks_mpi_stop_within(double timeout_s) {
+    watchdog w;
+    watchdog_start(&w, timeout_s, "MPI_Finalize (a rank stopped answering at the end)");
+    vks_mpi_stop();
+    watchdog_stop(&w);
 }
 
 double vks_mpi_deadline_tick(vks_mpi_clock *c, double timeout_s) {

@@ -23,6 +23,10 @@ void vks_mpi_allgather(const void *mine, void *all, size_t bytes);
  * rank and exits with status 3. With VKSWARM_PID_DIR set, each rank writes
  * DIR/rank-R.pid after MPI_Init (fault tests find a rank's process there). */
 void vks_mpi_start_within(bool worker_thread, double timeout_s, int *rank, int *size);
+/* vks_mpi_stop under the same watchdog: MPI_Finalize waits for every rank,
+ * so a rank stopped at the end would hold the others forever. Rank 0 must
+ * therefore write its output within timeout_s of the others' finalize. */
+void vks_mpi_stop_within(double timeout_s);
 
 /* A clock that does not count the time this process was stopped: when two
  * ticks are more than timeout_s / 2 apart the process itself stood still

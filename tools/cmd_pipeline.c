@@ -170,7 +170,7 @@ int cmd_pipeline(int argc, char **argv) {
     if (rc == VKS_ERR_IO) die_startup(rank);
     if (rc) {
         if (rank == 0) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
-        vks_mpi_stop();
+        vks_mpi_stop_within(a.timeout_s);
         return EXIT_BAD_INPUT;
     }
     vks_tokenizer *t = rank == 0 ? cli_load_tokenizer(&a.m, m) : NULL;
@@ -223,6 +223,6 @@ int cmd_pipeline(int argc, char **argv) {
     free(seqs); free(lines); free(first);
     vks_tokenizer_free(t);
     vks_model_free(m);
-    vks_mpi_stop();
+    vks_mpi_stop_within(a.timeout_s);
     return rc;
 }

@@ -289,7 +289,7 @@ int cmd_verify(int argc, char **argv) {
         int rc = serve_verifier(&a, m, rank);
         free_task(&task);
         vks_model_free(m);
-        vks_mpi_stop();
+        vks_mpi_stop_within(a.timeout_s);
         return rc;
     }
     vks_verdict *verdicts = calloc((size_t)rf.n_samples + 1, sizeof *verdicts);
@@ -323,7 +323,7 @@ int cmd_verify(int argc, char **argv) {
     free_task(&task);
     vks_rollout_file_free(&rf);
     vks_model_free(m);
-    if (a.mpi) vks_mpi_stop();
+    if (a.mpi) vks_mpi_stop_within(a.timeout_s);
     if (rc) return rc;
     return accepted == total ? 0 : 1;
 }

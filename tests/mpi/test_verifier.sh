@@ -86,7 +86,7 @@ verify_fault() { # np rank when(startup|SECONDS after MPI_Init) resume_after(-|S
 verify_fault 3 1 startup - honest --cpu 3 11
 verify_fault 3 2 1.5 - big "" 3 20
 verify_fault 2 1 1.5 4.5 big "" 0 40
-verify_fault 3 0 startup - honest --cpu 3 11
+verify_fault 3 0 startup - big --cpu 3 11
 
 echo "verifier: $passed passed, $failed failed"
 [ $failed -eq 0 ]
