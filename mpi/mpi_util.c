@@ -1,7 +1,15 @@
 /* Start, stop and share values across the world (see vks_mpi.h). */
 #include "vks_mpi.h"
+#include <errno.h>
 #include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "vkswarm/vks_common.h"
 
 void vks_mpi_start(bool worker_thread, int *rank, int *size) {
     int provided;
@@ -26,4 +34,165 @@ void vks_mpi_bcast(void *buf, size_t bytes, int root) {
 void vks_mpi_allgather(const void *mine, void *all, size_t bytes) {
     int n = bytes > INT_MAX ? INT_MAX : (int)bytes;
     MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, MPI_COMM_WORLD);
+}
+
+/* ---- start-up that cannot hang (every wait under a deadline) ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int rank_from_env(void) {
+    const char *s = getenv("OMPI_COMM_WORLD_RANK");
+    char *end;
+    long r = s ? strtol(s, &end, 10) : -1;
+    return s && *s && !*end && r >= 0 && r < INT_MAX ? (int)r : -1;
+}
+
+/* A thread that ends the process when a blocking MPI call (MPI_Init,
+ * MPI_Finalize: fences over every rank) does not return within timeout_s. */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t done_cond;
+    bool done, watching;
+    double timeout_s;
+    const char *what;
+    pthread_t thread;
+} watchdog;
+
+static void *watch(void *arg) {
+    watchdog *w = arg;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double whole = floor(w->timeout_s);
+    until.tv_sec += (time_t)whole;
+    until.tv_nsec += (long)((w->timeout_s - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&w->lock);
+    int rc = 0;
+    while (!w->done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&w->done_cond, &w->lock, &until);
+    bool done = w->done;
+    pthread_mutex_unlock(&w->lock);
+    if (done) return NULL;
+    fprintf(stderr, "vkswarm: rank %d: %s did not complete within %.1f s; stopping\n", rank_from_env(), w->what,
+            w->timeout_s);
+    fflush(stderr);
+    _exit(3);
+}
+
+static void write_pid_file(int rank) {
+    const char *dir = getenv("VKSWARM_PID_DIR");
+    if (!dir || !*dir) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank-%d.pid", dir, rank);
+    vks_outfile o;
+    if (vks_outfile_open(&o, path, 0644)) return; /* a test hook: no pid file, no harm */
+    fprintf(o.f, "%ld\n", (long)getpid());
+    vks_outfile_commit(&o);
+}
+
+static void watchdog_start(watchdog *w, double timeout_s, const char *what) {
+    *w = (watchdog){.timeout_s = timeout_s, .what = what};
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->done_cond, NULL);
+    w->watching = pthread_create(&w->thread, NULL, watch, w) == 0;
+}
+
+static void watchdog_stop(watchdog *w) {
+    pthread_mutex_lock(&w->lock);
+    w->done = true;
+    pthread_cond_signal(&w->done_cond);
+    pthread_mutex_unlock(&w->lock);
+    if (w->watching) pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->done_cond);
+}
+
+void vks_mpi_start_within(bool worker_thread, double timeout_s, int *rank, int *size) {
+    watchdog w;
+    watchdog_start(&w, timeout_s, "MPI start-up (a rank did not join)");
+    vks_mpi_start(worker_thread, rank, size);
+    watchdog_stop(&w);
+    write_pid_file(*rank);
+}
+
+void vks_mpi_stop_within(double timeout_s) {
+    watchdog w;
+    watchdog_start(&w, timeout_s, "MPI_Finalize (a rank stopped answering at the end)");
+    vks_mpi_stop();
+    watchdog_stop(&w);
+}
+
+double vks_mpi_deadline_tick(vks_mpi_clock *c, double timeout_s) {
+    double now = now_s();
+    if (c->last > 0 && now - c->last > timeout_s / 2) c->jumped += now - c->last; /* we were stopped, not them */
+    c->last = now;
+    return now - c->jumped;
+}
+
+int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n, double timeout_s, const char *what) {
+    vks_mpi_clock clock = {0};
+    double start = vks_mpi_deadline_tick(&clock, timeout_s);
+    for (;;) {
+        int pending = -1;
+        for (int i = 0; i < n; i++) {
+            int flag = 1;
+            if (reqs[i] != MPI_REQUEST_NULL) MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
+            if (!flag && pending < 0) pending = i;
+        }
+        if (pending < 0) return VKS_OK;
+        if (vks_mpi_deadline_tick(&clock, timeout_s) - start > timeout_s) {
+            (void)comm; /* requests stay pending: the caller ends the job */
+            return vks_set_error(VKS_ERR_IO, "rank %d did not answer within %.1f s (%s)", peer[pending], timeout_s, what);
+        }
+        usleep(200);
+    }
+}
+
+int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
+                     const char *what) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    if (bytes > INT_MAX || size < 1) return vks_set_error(VKS_ERR_ARG, "%s: %zu bytes per rank", what, bytes);
+    MPI_Request *reqs = malloc(sizeof *reqs * 2 * (size_t)size);
+    int *peer = malloc(sizeof *peer * 2 * (size_t)size);
+    if (!reqs || !peer) {
+        free(reqs);
+        free(peer);
+        return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    }
+    memcpy((char *)all + bytes * (size_t)rank, mine, bytes);
+    int n = 0;
+    /* receives first, in rank order: on a timeout the lowest silent rank is named */
+    for (int r = 0; r < size; r++)
+        if (r != rank) {
+            peer[n] = r;
+            MPI_Irecv((char *)all + bytes * (size_t)r, (int)bytes, MPI_BYTE, r, tag, comm, &reqs[n++]);
+        }
+    for (int r = 0; r < size; r++)
+        if (r != rank) {
+            peer[n] = r;
+            MPI_Isend(mine, (int)bytes, MPI_BYTE, r, tag, comm, &reqs[n++]);
+        }
+    int rc = vks_mpi_wait_within(comm, reqs, peer, n, timeout_s, what);
+    free(reqs);
+    free(peer);
+    return rc;
+}
+
+int vks_mpi_bcast_within(void *buf, size_t bytes, int root, int tag, double timeout_s, const char *what) {
+    MPI_Comm comm = MPI_COMM_WORLD;
+    int size;
+    MPI_Comm_size(comm, &size);
+    if (root < 0 || root >= size) return vks_set_error(VKS_ERR_ARG, "%s: root %d", what, root);
+    char *all = malloc(bytes * (size_t)size + 1);
+    if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    int rc = vks_mpi_exchange(comm, buf, all, bytes, tag, timeout_s, what);
+    if (rc) return rc; /* all stays in MPI's hands: the caller ends the job */
+    memcpy(buf, all + bytes * (size_t)root, bytes);
+    free(all);
+    return VKS_OK;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "pipeline_worker.h"
 #include "protocol.h"
+#include "vks_mpi.h"
 #include "vks_pipeline.h"
 
 #define HEARTBEAT_EVERY_S 1.0
@@ -38,6 +39,10 @@ typedef struct {
     vks_msg_limits limits;
     outgoing *outbox;
     double *last_heard, last_heartbeat;
+    vks_mpi_clock clock;         /* leaves out the time this rank itself was stopped */
+    bool *left_loop;             /* rank r is waiting in the finish exchange: no more messages */
+    int probe_from;              /* round robin over the sources */
+    double now;                  /* this loop iteration's time on that clock */
     vks_pipeline_stats *stats;
     bool finished;
     int n_seqs;                  /* prompts in the whole job (every rank) */
@@ -65,6 +70,18 @@ static _Noreturn void die_rank(pipe_ctx *c, int code, const char *what, int othe
     fflush(stderr);
     MPI_Abort(c->comm, code);
     exit(code);
+}
+
+/* A bounded wait for one request to or from `peer`; a silent peer ends the job. */
+static void wait_for(pipe_ctx *c, MPI_Request *req, int peer, const char *what) {
+    if (vks_mpi_wait_within(c->comm, req, &peer, 1, c->o->timeout_s, what)) die(c, 3, "%s", vks_last_error());
+}
+
+/* Blocking receive of a probed message, bounded by the timeout. */
+static void recv_probed(pipe_ctx *c, void *buf, int bytes, const MPI_Status *st, const char *what) {
+    MPI_Request req;
+    MPI_Irecv(buf, bytes, MPI_BYTE, st->MPI_SOURCE, st->MPI_TAG, c->comm, &req);
+    wait_for(c, &req, st->MPI_SOURCE, what);
 }
 
 /* ---------------- sending ---------------- */
@@ -103,9 +120,11 @@ static void send_heartbeats(pipe_ctx *c, double now) {
     }
 }
 
+/* last_heard and now are on c->clock, which leaves out any time this rank was
+ * itself stopped: a rank that resumes does not blame the ones that waited. */
 static void check_silence(pipe_ctx *c, double now) {
     for (int r = 0; r < c->size; r++)
-        if (r != c->rank && now - c->last_heard[r] > c->o->timeout_s)
+        if (r != c->rank && !c->left_loop[r] && now - c->last_heard[r] > c->o->timeout_s)
             die_rank(c, 3, "stopped answering: no message within the timeout; stopping the job", r);
 }
 
@@ -198,7 +217,9 @@ static void send_proofs(pipe_ctx *c) {
     for (int i = 0; i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(c->builder, i, &lens[i]);
     void *msg = vks_msg_pack_proofs(p, lens, (uint32_t)c->n_seqs, &bytes);
     if (!msg || bytes > INT_MAX) die(c, 1, "%s", "cannot pack the proofs");
-    MPI_Send(msg, (int)bytes, MPI_BYTE, 0, VKS_TAG_PROOFS, c->comm);
+    MPI_Request req;
+    MPI_Isend(msg, (int)bytes, MPI_BYTE, 0, VKS_TAG_PROOFS, c->comm, &req);
+    wait_for(c, &req, 0, "sending the TOPLOC proofs");
     free(msg);
     free(p);
     free(lens);
@@ -215,7 +236,7 @@ static void receive_proofs(pipe_ctx *c, const MPI_Status *st) {
     uint8_t *msg = malloc((size_t)bytes + 1);
     size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), *offs = malloc(sizeof *offs * (size_t)c->n_seqs);
     if (!msg || !lens || !offs) die(c, 1, "%s", "out of host memory");
-    MPI_Recv(msg, bytes, MPI_BYTE, st->MPI_SOURCE, VKS_TAG_PROOFS, c->comm, MPI_STATUS_IGNORE);
+    recv_probed(c, msg, bytes, st, "receiving the TOPLOC proofs");
     char err[256];
     if (vks_msg_check_proofs(msg, (size_t)bytes, (uint32_t)c->n_seqs, VKS_TOPLOC_PROOF_BYTES, max_one, lens, offs, err,
                              sizeof err))
@@ -228,7 +249,11 @@ static void receive_proofs(pipe_ctx *c, const MPI_Status *st) {
 
 static void broadcast_done(pipe_ctx *c) {
     static vks_msg_header done = {VKS_MSG_MAGIC, VKS_MSG_DONE, 0, 0, 0, 0, 0, 0};
-    for (int r = 1; r < c->size; r++) MPI_Send(&done, sizeof done, MPI_BYTE, r, VKS_TAG_DONE, c->comm);
+    for (int r = 1; r < c->size; r++) {
+        MPI_Request req;
+        MPI_Isend(&done, sizeof done, MPI_BYTE, r, VKS_TAG_DONE, c->comm, &req);
+        wait_for(c, &req, r, "sending the stop message");
+    }
     if (c->builder) take_local_proofs(c); /* one rank: rank 0 is the last stage */
     c->awaiting_proofs = c->o->toploc && c->size > 1;
     c->finished = !c->awaiting_proofs;
@@ -247,7 +272,7 @@ static void *receive(pipe_ctx *c, const MPI_Status *st, int *bytes) {
     }
     void *msg = malloc(*bytes > 0 ? (size_t)*bytes : 1);
     if (!msg) die(c, 1, "%s", "out of host memory");
-    MPI_Recv(msg, *bytes, MPI_BYTE, st->MPI_SOURCE, st->MPI_TAG, c->comm, MPI_STATUS_IGNORE);
+    recv_probed(c, msg, *bytes, st, "receiving a pipeline message");
     return msg;
 }
 
@@ -275,18 +300,35 @@ static void handle_stage_message(pipe_ctx *c, const MPI_Status *st) {
     vks_worker_submit(&c->worker, j);
 }
 
+/* The next message of a source still in its loop (round robin). A rank that
+ * left its loop has sent its finish-exchange message, which waits for
+ * sync_ranks; nothing it sent before is behind it (MPI keeps the order). */
+static bool probe_next(pipe_ctx *c, MPI_Status *st) {
+    for (int k = 1; k <= c->size; k++) {
+        int r = (c->probe_from + k) % c->size, flag;
+        if (r == c->rank || c->left_loop[r]) continue;
+        MPI_Iprobe(r, MPI_ANY_TAG, c->comm, &flag, st);
+        if (!flag) continue;
+        if (st->MPI_TAG == VKS_TAG_FINISH) {
+            c->left_loop[r] = true;
+            continue;
+        }
+        c->probe_from = r;
+        return true;
+    }
+    return false;
+}
+
 static bool poll_messages(pipe_ctx *c) {
-    int flag;
     MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c->comm, &flag, &st);
-    if (!flag) return false;
-    c->last_heard[st.MPI_SOURCE] = MPI_Wtime();
+    if (!probe_next(c, &st)) return false;
+    c->last_heard[st.MPI_SOURCE] = c->now;
     if (st.MPI_TAG == VKS_TAG_HEARTBEAT || st.MPI_TAG == VKS_TAG_DONE) {
         vks_msg_header h;
         int bytes;
         MPI_Get_count(&st, MPI_BYTE, &bytes);
         if (bytes != (int)sizeof h) die_rank(c, 2, "sent a control message of the wrong size", st.MPI_SOURCE);
-        MPI_Recv(&h, sizeof h, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, c->comm, MPI_STATUS_IGNORE);
+        recv_probed(c, &h, sizeof h, &st, "receiving a control message");
         if (st.MPI_TAG == VKS_TAG_DONE) {
             if (st.MPI_SOURCE != 0 || h.magic != VKS_MSG_MAGIC || h.type != VKS_MSG_DONE)
                 die_rank(c, 2, "sent a stop message but is not rank 0", st.MPI_SOURCE);
@@ -336,11 +378,14 @@ static void create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     int rc = vks_engine_create(g, m, &eo, &c->engine);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", rc ? vks_last_error() : "");
-    int any = 0, mine = rc != 0;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, c->comm);
+    int mine = rc != 0, any = 0, *all = malloc(sizeof(int) * (size_t)c->size);
+    if (!all) die(c, 1, "%s", "out of host memory");
+    if (vks_mpi_exchange(c->comm, &mine, all, sizeof mine, VKS_TAG_ENGINE, o->timeout_s, "creating the engines"))
+        die(c, 3, "%s", vks_last_error());
+    for (int r = 0; r < c->size; r++) any |= all[r];
+    free(all);
     if (!any) return;
     if (mine) fprintf(stderr, "vkswarm: rank %d: %s\n", c->rank, msg);
-    MPI_Barrier(c->comm);
     MPI_Finalize();
     exit(2);
 }
@@ -379,6 +424,14 @@ static int check_options(const vks_pipeline_options *o, int size) {
     return VKS_OK;
 }
 
+/* A barrier that cannot hang: a rank silent for the timeout is named and ends the job. */
+static void sync_ranks(pipe_ctx *c, int tag, const char *what) {
+    char mine = 1, *all = malloc((size_t)c->size);
+    if (!all) die(c, 1, "%s", "out of host memory");
+    if (vks_mpi_exchange(c->comm, &mine, all, 1, tag, c->o->timeout_s, what)) die(c, 3, "%s", vks_last_error());
+    free(all);
+}
+
 /* ---------------- the loop ---------------- */
 
 static void run_loop(pipe_ctx *c) {
@@ -387,18 +440,21 @@ static void run_loop(pipe_ctx *c) {
         if (all_done(c)) broadcast_done(c);
     }
     while (!c->finished) {
+        c->now = vks_mpi_deadline_tick(&c->clock, c->o->timeout_s);
         bool busy = poll_messages(c);
         busy |= poll_worker(c);
         if (c->rank == 0 && !c->finished && !c->awaiting_proofs && all_done(c)) broadcast_done(c);
         vks_link_progress(c->link);
         reap_outbox(c);
-        double now = MPI_Wtime();
-        send_heartbeats(c, now);
-        check_silence(c, now);
+        send_heartbeats(c, c->now);
+        check_silence(c, c->now);
         if (!busy) usleep(200); /* leave the cores to the GPU driver (lavapipe runs on them) */
     }
     /* let queued sends (heartbeats aside) reach their destination */
+    double start = vks_mpi_deadline_tick(&c->clock, c->o->timeout_s);
     while (c->outbox) {
+        if (vks_mpi_deadline_tick(&c->clock, c->o->timeout_s) - start > c->o->timeout_s)
+            die_rank(c, 3, "did not take this rank's last messages within the timeout; stopping the job", c->next);
         vks_link_progress(c->link);
         reap_outbox(c);
         if (c->outbox) usleep(200);
@@ -423,7 +479,8 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
     c.limits = (vks_msg_limits){.max_rows = (uint32_t)rows, .max_out = (uint32_t)o->batch,
                                 .dim = (uint32_t)m->cfg.dim, .n_mb = (uint32_t)o->micro_batches};
     c.last_heard = malloc(sizeof(double) * (size_t)c.size);
-    if (!c.last_heard || vks_link_create(comm, &o->link, &c.link) ||
+    c.left_loop = calloc((size_t)c.size, sizeof *c.left_loop);
+    if (!c.last_heard || !c.left_loop || vks_link_create(comm, &o->link, &c.link) ||
         vks_worker_start(&c.worker, c.engine, &o->sched, o->wire, c.rank == 0, c.rank == c.size - 1))
         die(&c, 1, "%s", vks_last_error());
     if (c.rank == 0) setup_rank0(&c, prompts, n_prompts);
@@ -431,21 +488,24 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
         if (vks_toploc_builder_create(n_prompts, m->cfg.dim, &c.builder)) die(&c, 1, "%s", vks_last_error());
         c.worker.builder = c.builder; /* the worker is idle until the first job */
     }
-    MPI_Barrier(comm); /* every engine is ready: start the silence clocks now */
-    for (int r = 0; r < c.size; r++) c.last_heard[r] = MPI_Wtime();
+    /* every engine is ready: start the silence clocks now */
+    sync_ranks(&c, VKS_TAG_READY, "waiting for every rank's engine");
+    c.now = vks_mpi_deadline_tick(&c.clock, o->timeout_s);
+    for (int r = 0; r < c.size; r++) c.last_heard[r] = c.now;
     run_loop(&c);
     vks_worker_stop(&c.worker);
     stats->wall_s = MPI_Wtime() - t0;
-    MPI_Barrier(comm);
+    sync_ranks(&c, VKS_TAG_FINISH, "finishing the job");
     vks_link_destroy(c.link);
     vks_toploc_builder_destroy(c.builder);
     if (c.rank == 0) teardown_rank0(&c);
     free(c.last_heard);
+    free(c.left_loop);
     vks_engine_destroy(c.engine);
     return VKS_OK;
 }
 
-int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32]) {
+int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s) {
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -454,13 +514,13 @@ int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32]) {
     memcpy(mine + 32, model_hash, 32);
     uint8_t *all = malloc(64 * (size_t)size);
     if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    MPI_Allgather(mine, 64, MPI_BYTE, all, 64, MPI_BYTE, comm);
+    int rc = vks_mpi_exchange(comm, mine, all, 64, VKS_TAG_CHECK_RANKS, timeout_s, "checking versions and models");
+    if (rc) return rc; /* all stays in MPI's hands: the caller ends the job */
     int bad = -1, what = 0;
     for (int r = 0; r < size && bad < 0; r++) {
         if (memcmp(all + 64 * r, all, 32)) bad = r, what = 1;
         else if (memcmp(all + 64 * r + 32, all + 32, 32)) bad = r, what = 2;
     }
-    int rc = VKS_OK;
     if (bad >= 0)
         rc = what == 1 ? vks_set_error(VKS_ERR_FORMAT, "rank %d runs vkswarm %.31s, rank 0 runs %.31s", bad,
                                        (const char *)all + 64 * bad, (const char *)all)

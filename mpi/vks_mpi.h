@@ -15,4 +15,39 @@ _Noreturn void vks_mpi_abort(int status);
 MPI_Comm vks_mpi_world(void);
 void vks_mpi_bcast(void *buf, size_t bytes, int root);
 void vks_mpi_allgather(const void *mine, void *all, size_t bytes);
+
+/* ---- waits that cannot hang: every one is bounded by a timeout ---- */
+
+/* vks_mpi_start under a watchdog: when MPI_Init does not complete within
+ * timeout_s (a rank was stopped before it joined), prints a line naming this
+ * rank and exits with status 3. With VKSWARM_PID_DIR set, each rank writes
+ * DIR/rank-R.pid after MPI_Init (fault tests find a rank's process there). */
+void vks_mpi_start_within(bool worker_thread, double timeout_s, int *rank, int *size);
+/* vks_mpi_stop under the same watchdog: MPI_Finalize waits for every rank,
+ * so a rank stopped at the end would hold the others forever. Rank 0 must
+ * therefore write its output within timeout_s of the others' finalize. */
+void vks_mpi_stop_within(double timeout_s);
+
+/* A clock that does not count the time this process was stopped: when two
+ * ticks are more than timeout_s / 2 apart the process itself stood still
+ * (SIGSTOP, suspended VM), so the gap is left out and no peer is blamed. */
+typedef struct { double last, jumped; } vks_mpi_clock;
+double vks_mpi_deadline_tick(vks_mpi_clock *c, double timeout_s);
+
+/* Polls n requests (peer[i]: the rank request i talks to) until all complete
+ * or timeout_s passes; then VKS_ERR_IO naming the rank of the first pending
+ * request and `what`. After a timeout the requests stay pending: the caller
+ * must end the job (MPI_Abort), not free the buffers and carry on. */
+int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n, double timeout_s, const char *what);
+
+/* All-gather of `bytes` per rank by point-to-point messages under tag, bounded
+ * by timeout_s (a blocking collective cannot time out). all[] holds size *
+ * bytes, rank r's part at r * bytes. On a timeout: VKS_ERR_IO naming the lowest
+ * silent rank (see vks_mpi_wait_within). Every rank must call it with the same
+ * bytes and tag, in the same order as its other exchanges. */
+int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
+                     const char *what);
+/* Broadcast from root over the world, bounded like vks_mpi_exchange (every
+ * rank also learns that every other one is alive). */
+int vks_mpi_bcast_within(void *buf, size_t bytes, int root, int tag, double timeout_s, const char *what);
 #endif

@@ -17,7 +17,7 @@ typedef struct {
     vks_sched_params sched;  /* steps, sampling, stop tokens */
     int wire;                /* VKS_WIRE_F32 or VKS_WIRE_F16 (protocol.h) */
     vks_link_options link;   /* emulated latency / bandwidth */
-    double timeout_s;        /* silence after which a rank counts as lost */
+    double timeout_s;        /* silence after which a rank counts as lost; bounds every wait */
     const int *first;        /* partition: first[s], first[size] = n_layers */
     vks_dtype dtype;
     bool keep_file_dtype;    /* weights keep their file's types (quantized GGUF) */
@@ -39,6 +39,8 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
                      vks_sequence *prompts, int n_prompts, vks_pipeline_stats *stats);
 
 /* Start-up checks, collective: same vkswarm version and model hash on every
- * rank; on a mismatch every rank exits with a message naming the rank. */
-int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32]);
+ * rank; on a mismatch VKS_ERR_FORMAT naming the rank (every rank sees it).
+ * A rank silent for timeout_s: VKS_ERR_IO naming it; the caller must end the
+ * job (vks_mpi_abort), since MPI_Finalize would wait for the silent rank. */
+int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s);
 #endif

@@ -23,7 +23,8 @@ static const char pipeline_usage[] =
     "MPI tag carries the micro-batch id. Output on rank 0's stdout: one JSON object per prompt, in prompt\n"
     "order, exactly as `vkswarm generate --prompts` prints. Defaults: --micro-batches S, --batch\n"
     "ceil(prompts / K), --chunk 32 rows per prefill step, --partition even, --wire f32 (exact; f16 halves\n"
-    "the bytes), --timeout-s 20 (a rank silent that long is reported lost and the job stops).\n"
+    "the bytes), --timeout-s 20 (a rank silent that long is reported lost and the job stops, exit status\n"
+    "3; it bounds every start-up step too, so each rank must load its model within it).\n"
     "--link-latency-ms / --link-mbps delay each message between stages by L plus its size over R.\n"
     "--rollouts-out FILE writes the rollout file of `generate --rollouts-out`; the last stage builds the\n"
     "TOPLOC proofs while it samples and sends them to rank 0 at the end (--no-toploc: empty proofs).\n";
@@ -77,6 +78,13 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
     if (strcmp(a->wire, "f32") && strcmp(a->wire, "f16")) cli_die(EXIT_BAD_INPUT, "--wire: '%s' is not f32 or f16", a->wire);
 }
 
+/* A rank went silent during start-up: MPI_Finalize would wait for it, so the job ends here. */
+static _Noreturn void die_startup(int rank) {
+    fprintf(stderr, "vkswarm: rank %d: %s; stopping the job\n", rank, vks_last_error());
+    fflush(stderr);
+    vks_mpi_abort(3);
+}
+
 /* Per-layer step time of this rank at the run's batch, and its free memory. */
 static vks_stage_measure measure_rank(const pipeline_args *a, vks_gpu *g, const vks_model *m, int batch) {
     vks_engine_options eo = {.layer_begin = 0, .layer_end = 1, .max_rows = batch, .max_out_rows = 1, .kv_len = 8,
@@ -119,7 +127,9 @@ static void choose_partition(const pipeline_args *a, vks_gpu *g, const vks_model
     else if (strcmp(a->partition, "auto")) rc = vks_partition_parse(a->partition, n, size, first);
     else {
         vks_stage_measure me = measure_rank(a, g, m, a->batch), *all = malloc(sizeof me * (size_t)size);
-        vks_mpi_allgather(&me, all, sizeof me);
+        if (!all) cli_die(1, "out of host memory");
+        if (vks_mpi_exchange(vks_mpi_world(), &me, all, sizeof me, VKS_TAG_MEASURE, a->timeout_s, "measuring the ranks"))
+            die_startup(rank);
         const vks_model_config *c = &m->cfg;
         uint64_t layer_w = layer_weight_bytes(a, m);
         uint64_t layer_kv = 2ull * (uint64_t)a->micro_batches * a->batch * (uint64_t)c->seq_len * c->kv_dim * 4;
@@ -151,12 +161,15 @@ int cmd_pipeline(int argc, char **argv) {
     pipeline_args a = {0};
     parse_pipeline(argc, argv, &a);
     int rank, size;
-    vks_mpi_start(true, &rank, &size);
+    vks_mpi_start_within(true, a.timeout_s, &rank, &size);
     vks_model *m = cli_load_model(&a.m);
     uint8_t hash[32];
-    if (vks_model_hash(m, hash) || vks_pipeline_check_ranks(vks_mpi_world(), hash)) {
+    if (vks_model_hash(m, hash)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    int rc = vks_pipeline_check_ranks(vks_mpi_world(), hash, a.timeout_s);
+    if (rc == VKS_ERR_IO) die_startup(rank);
+    if (rc) {
         if (rank == 0) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
-        vks_mpi_stop();
+        vks_mpi_stop_within(a.timeout_s);
         return EXIT_BAD_INPUT;
     }
     vks_tokenizer *t = rank == 0 ? cli_load_tokenizer(&a.m, m) : NULL;
@@ -172,7 +185,8 @@ int cmd_pipeline(int argc, char **argv) {
     /* every rank needs the seed, the prompt count and the stop tokens */
     uint64_t shared[4] = {a.s.seed, (uint64_t)n, (uint64_t)(t ? vks_tokenizer_bos(t) : 1),
                           (uint64_t)(int64_t)(t ? vks_tokenizer_eos(t) : -1)};
-    vks_mpi_bcast(shared, sizeof shared, 0);
+    if (vks_mpi_bcast_within(shared, sizeof shared, 0, VKS_TAG_SHARED, a.timeout_s, "sharing the seed and prompt count"))
+        die_startup(rank);
     a.s.seed = shared[0];
     n = (int)shared[1];
     if (a.micro_batches == 0) a.micro_batches = size;
@@ -203,10 +217,10 @@ int cmd_pipeline(int argc, char **argv) {
         if (rollouts) cli_rollouts_finish(rollouts, seqs, n, 0);
         for (int i = 0; i < n; i++) { vks_sequence_free(&seqs[i]); free(lines[i]); }
     }
-    int rc = cli_finish_gpu(g);
+    rc = cli_finish_gpu(g);
     free(seqs); free(lines); free(first);
     vks_tokenizer_free(t);
     vks_model_free(m);
-    vks_mpi_stop();
+    vks_mpi_stop_within(a.timeout_s);
     return rc;
 }

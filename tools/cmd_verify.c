@@ -15,7 +15,7 @@ static const char verify_usage[] =
     "usage: vkswarm verify --model M --rollouts FILE [--prompts FILE [--tokenizer T]] [--device N]\n"
     "                      [--cpu] [--jsonl] [--batch N] [--stop-ids LIST] [--max-exp-mismatches N]\n"
     "                      [--max-mant-mean X] [--max-mant-median X] [--logit-margin X]\n"
-    "                      [--dtype f32|f16|bf16] [--mpi]\n"
+    "                      [--dtype f32|f16|bf16] [--mpi [--timeout-s T]]\n"
     "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
     "recomputing it with one prefill over prompt + output: the TOPLOC proof of each chunk of 32\n"
     "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
@@ -24,6 +24,9 @@ static const char verify_usage[] =
     "nothing else on stdout. Exit 0 when all pass, 1 when any is rejected, 2 on bad input.\n"
     "--mpi (under mpirun): rank 0 reads the file and hands batches to verifier ranks 1..N-1, which\n"
     "verify them (each with its own GPU, or --cpu) and send back verdicts; output as without --mpi.\n"
+    "--timeout-s T (default 20): a verifier rank silent that long loses its batches to the others (or\n"
+    "to rank 0 when none is left; a late answer is discarded) and the job then ends with status 3 after\n"
+    "the complete output; a silent rank 0 stops the verifiers within T.\n"
     "--cpu verifies with the C reference forward (no GPU). --batch N: samples per batched prefill\n"
     "(GPU KV slots, default 16). --stop-ids: the stop tokens the verifier trusts (default 1,2: BOS\n"
     "and EOS of llama2.c models); the file's must be among them. Thresholds default to TOPLOC's:\n"
@@ -39,6 +42,7 @@ typedef struct {
     const char *rollouts, *prompts;
     bool cpu, jsonl, mpi;
     int batch;
+    double timeout_s;
     vks_verify_options vo;
     int32_t trusted_stop[VKS_ROLLOUT_MAX_STOP];
     int n_trusted;
@@ -63,6 +67,7 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
     else if (!strcmp(name, "mpi")) a->mpi = true;
     else if (!strcmp(name, "jsonl")) a->jsonl = true;
     else if (!strcmp(name, "batch")) a->batch = (int)cli_parse_long("--batch", val, 1, 4096);
+    else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", val, 0.1, 1e5);
     else if (!strcmp(name, "stop-ids")) parse_stop_ids(val, a);
     else if (!strcmp(name, "max-exp-mismatches"))
         a->vo.toploc.max_exp_mismatches = (int)cli_parse_long("--max-exp-mismatches", val, 0, VKS_TOPLOC_K);
@@ -81,9 +86,11 @@ static void parse_verify(int argc, char **argv, verify_args *a) {
         {"jsonl", no_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"stop-ids", required_argument, 0, 0},
         {"max-exp-mismatches", required_argument, 0, 0}, {"max-mant-mean", required_argument, 0, 0},
         {"max-mant-median", required_argument, 0, 0}, {"logit-margin", required_argument, 0, 0},
+        {"timeout-s", required_argument, 0, 0},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     a->m.device = -1;
     a->batch = 16;
+    a->timeout_s = 20;
     vks_verify_options_default(&a->vo);
     a->trusted_stop[0] = 1;
     a->trusted_stop[1] = 2;
@@ -133,10 +140,11 @@ typedef struct {
     const vks_model *m;
     vks_gpu *g;
     vks_engine *e;
+    bool opened;
 } verifier;
 
 static void verifier_open(verifier *v, const verify_args *a, const vks_model *m) {
-    *v = (verifier){.a = a, .m = m};
+    *v = (verifier){.a = a, .m = m, .opened = true};
     if (a->cpu) return;
     v->g = cli_open_gpu(&a->m);
     /* vks_verify_batch sizes the KV cache by each batch's longest sample */
@@ -154,6 +162,7 @@ static int verifier_close(verifier *v) {
 
 static int verify_batch(void *ctx, const vks_rollout_sample *s, int n, vks_verdict *out) {
     verifier *v = ctx;
+    if (!v->opened) verifier_open(v, v->a, v->m); /* rank 0 verifies only when every verifier rank is lost */
     return v->e ? vks_verify_batch(v->e, &v->a->vo, s, n, out) : vks_verify_batch_cpu(v->m, &v->a->vo, s, n, out);
 }
 
@@ -173,27 +182,56 @@ static int verify_all(const verify_args *a, const vks_model *m, const vks_rollou
     return verifier_close(&v);
 }
 
-/* --mpi, rank 0: batches go to the verifier ranks (or are verified here when alone). */
-static int verify_dispatch(const verify_args *a, const vks_model *m, const vks_rollout_file *rf, int size,
-                           vks_verdict *verdicts) {
-    verifier v;
-    if (size == 1) verifier_open(&v, a, m);
-    else v = (verifier){.a = a, .m = m};
-    if (vks_verifier_dispatch(vks_mpi_world(), 1, rf->samples, rf->n_samples, a->batch, 600.0, verify_batch, &v,
-                              verdicts))
-        cli_die(1, "verify: %s", vks_last_error());
+/* A verifier rank went silent: say so; the verdicts are still complete. */
+static void report_lost(const vks_dispatch_report *r, double timeout_s) {
+    if (r->n_lost)
+        fprintf(stderr, "vkswarm: verify: verifier rank %d went silent for %.1f s (%d rank%s lost); its batches were "
+                "verified by the remaining ranks\n", r->first_lost, timeout_s, r->n_lost, r->n_lost > 1 ? "s" : "");
+    else if (!r->all_stopped)
+        fprintf(stderr, "vkswarm: verify: a verifier rank did not answer the final stop within %.1f s\n", timeout_s);
+}
+
+/* --mpi, rank 0: batches go to the verifier ranks (or are verified here when alone or all are lost). */
+static int verify_dispatch(const verify_args *a, const vks_model *m, const vks_rollout_file *rf,
+                           vks_verdict *verdicts, vks_dispatch_report *report) {
+    verifier v = {.a = a, .m = m};
+    if (vks_verifier_dispatch(vks_mpi_world(), 1, rf->samples, rf->n_samples, a->batch, a->timeout_s, verify_batch, &v,
+                              verdicts, report)) {
+        fprintf(stderr, "vkswarm: verify: %s\n", vks_last_error());
+        vks_mpi_abort(1);
+    }
+    report_lost(report, a->timeout_s);
     return verifier_close(&v);
 }
 
 /* --mpi, ranks 1..N-1: verify what rank 0 sends until it says stop. */
-static int serve_verifier(const verify_args *a, const vks_model *m) {
+static int serve_verifier(const verify_args *a, const vks_model *m, int rank) {
     verifier v;
     verifier_open(&v, a, m);
-    if (vks_verifier_serve(vks_mpi_world(), 0, a->batch, verify_batch, &v)) {
-        fprintf(stderr, "vkswarm: verifier: %s\n", vks_last_error());
-        vks_mpi_abort(2);
+    int rc = vks_verifier_serve(vks_mpi_world(), 0, a->batch, a->timeout_s, verify_batch, &v);
+    if (rc) {
+        fprintf(stderr, "vkswarm: verifier rank %d: %s\n", rank, vks_last_error());
+        vks_mpi_abort(rc == VKS_ERR_IO ? 3 : 2);
     }
     return verifier_close(&v);
+}
+
+/* --mpi: the verifier ranks learn the file's stop tokens from rank 0 (bounded by --timeout-s). */
+static void share_stop_ids(verify_args *a, int rank) {
+    static struct { int32_t ids[VKS_ROLLOUT_MAX_STOP]; int32_t n; } settings; /* outlives the sends */
+    if (rank == 0) {
+        memcpy(settings.ids, a->vo.stop_ids, sizeof settings.ids);
+        settings.n = a->vo.n_stop;
+        if (vks_verifier_send_settings(vks_mpi_world(), 1, &settings, sizeof settings)) cli_die(1, "%s", vks_last_error());
+        return;
+    }
+    if (vks_verifier_recv_settings(vks_mpi_world(), 0, &settings, sizeof settings, a->timeout_s)) {
+        fprintf(stderr, "vkswarm: verifier rank %d: %s\n", rank, vks_last_error());
+        vks_mpi_abort(3);
+    }
+    if (settings.n < 0 || settings.n > VKS_ROLLOUT_MAX_STOP) cli_die(EXIT_BAD_INPUT, "bad stop ids from rank 0");
+    memcpy(a->vo.stop_ids, settings.ids, sizeof settings.ids);
+    a->vo.n_stop = settings.n;
 }
 
 /* The task: every prompt of the prompts file, encoded as generate does. */
@@ -232,18 +270,14 @@ int cmd_verify(int argc, char **argv) {
     verify_args a = {0};
     parse_verify(argc, argv, &a);
     int rank = 0, size = 1;
-    if (a.mpi) vks_mpi_start(false, &rank, &size);
+    if (a.mpi) vks_mpi_start_within(true, a.timeout_s, &rank, &size); /* true: verify threads beside MPI */
     vks_model *m = cli_load_model(&a.m);
     vks_rollout_file rf = {0};
     if (rank == 0 && vks_rollout_read(a.rollouts, &rf)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     if (vks_model_hash(m, a.vo.model_hash)) cli_die(EXIT_BAD_INPUT, "model hash: %s", vks_last_error());
     memcpy(a.vo.stop_ids, rf.header.stop_ids, sizeof a.vo.stop_ids);
     a.vo.n_stop = rf.header.n_stop;
-    if (a.mpi) { /* the verifier ranks learn the file's stop tokens from rank 0 */
-        vks_mpi_bcast(a.vo.stop_ids, sizeof a.vo.stop_ids, 0);
-        vks_mpi_bcast(&a.vo.n_stop, sizeof a.vo.n_stop, 0);
-        if (a.vo.n_stop < 0 || a.vo.n_stop > VKS_ROLLOUT_MAX_STOP) cli_die(EXIT_BAD_INPUT, "bad stop ids from rank 0");
-    }
+    if (a.mpi) share_stop_ids(&a, rank);
     task_prompts task = {0};
     if (a.prompts) {
         load_task(&a, m, &task);
@@ -252,21 +286,25 @@ int cmd_verify(int argc, char **argv) {
         a.vo.n_task_prompts = task.n;
     }
     if (rank > 0) {
-        int rc = serve_verifier(&a, m);
+        int rc = serve_verifier(&a, m, rank);
         free_task(&task);
         vks_model_free(m);
-        vks_mpi_stop();
+        vks_mpi_stop_within(a.timeout_s);
         return rc;
     }
     vks_verdict *verdicts = calloc((size_t)rf.n_samples + 1, sizeof *verdicts);
     if (!verdicts) cli_die(1, "out of host memory");
     const char *problem = header_problem(&a, &rf.header, a.vo.model_hash);
     int rc = 0;
+    vks_dispatch_report report = {.first_lost = -1, .all_stopped = true};
     if (problem) {
         for (int i = 0; i < rf.n_samples; i++) snprintf(verdicts[i].reason, sizeof verdicts[i].reason, "%s", problem);
-        if (a.mpi) vks_verifier_dispatch(vks_mpi_world(), 1, rf.samples, 0, a.batch, 600.0, verify_batch, NULL, verdicts);
+        verifier idle = {.a = &a, .m = m, .opened = true}; /* verifies nothing */
+        if (a.mpi && size > 1 && vks_verifier_dispatch(vks_mpi_world(), 1, rf.samples, 0, a.batch, a.timeout_s,
+                                                       verify_batch, &idle, verdicts, &report) == VKS_OK)
+            report_lost(&report, a.timeout_s);
     } else {
-        rc = a.mpi ? verify_dispatch(&a, m, &rf, size, verdicts) : verify_all(&a, m, &rf, verdicts);
+        rc = a.mpi ? verify_dispatch(&a, m, &rf, verdicts, &report) : verify_all(&a, m, &rf, verdicts);
     }
     int accepted = 0, total = rf.n_samples;
     for (int i = 0; i < total; i++) {
@@ -276,11 +314,16 @@ int cmd_verify(int argc, char **argv) {
     FILE *summary = a.jsonl ? stderr : stdout;
     fprintf(summary, "verified %d samples: %d accepted, %d rejected\n", total, accepted, total - accepted);
     fflush(stdout);
+    if (a.mpi && !report.all_stopped) { /* MPI_Finalize would wait for the silent rank */
+        if (ferror(stdout)) fprintf(stderr, "vkswarm: verify: writing the verdicts to stdout failed\n");
+        fflush(stderr);
+        vks_mpi_abort(3);
+    }
     free(verdicts);
     free_task(&task);
     vks_rollout_file_free(&rf);
     vks_model_free(m);
-    if (a.mpi) vks_mpi_stop();
+    if (a.mpi) vks_mpi_stop_within(a.timeout_s);
     if (rc) return rc;
     return accepted == total ? 0 : 1;
 }

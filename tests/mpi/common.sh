@@ -27,3 +27,46 @@ mpi_run() {
 passed=0 failed=0
 ok() { echo "ok: $*"; passed=$((passed + 1)); }
 bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+
+# ---- fault tests: find a rank's process, stop it, clean up ----
+# Ranks write DIR/rank-R.pid after MPI_Init when VKSWARM_PID_DIR=DIR is set
+# (pass it to the ranks with `-x VKSWARM_PID_DIR`).
+# pid_file_pid DIR RANK: waits up to 60 s for the rank's pid file; prints the pid
+pid_file_pid() {
+    local i
+    for i in $(seq 1 1200); do
+        [ -s "$1/rank-$2.pid" ] && { cat "$1/rank-$2.pid"; return 0; }
+        sleep 0.05
+    done
+    return 1
+}
+# env_rank_pid RANK WORD: waits up to 60 s for a process with OMPI_COMM_WORLD_RANK=RANK
+# whose command line has the argument WORD (e.g. the subcommand); prints its pid.
+# Finds a rank before it reaches MPI_Init.
+env_rank_pid() {
+    local i p
+    for i in $(seq 1 1200); do
+        for p in $(grep -l "OMPI_COMM_WORLD_RANK=$1" /proc/[0-9]*/environ 2>/dev/null | grep -o '[0-9]*'); do
+            tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" &&
+                tr '\0' '\n' < /proc/$p/cmdline 2>/dev/null | grep -qx -- "$2" && { echo "$p"; return 0; }
+        done
+        sleep 0.05
+    done
+    return 1
+}
+# stopped_pids: every pid stopped by stop_pid; release_stopped kills them (-CONT, -9)
+stopped_pids=()
+stop_pid() { [ -n "$1" ] && kill -STOP "$1" && stopped_pids+=("$1"); }
+release_stopped() {
+    local p
+    for p in "${stopped_pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+    stopped_pids=()
+    return 0
+}
+# blames_only RANK FILE: every "rank X did not answer / stopped answering" line
+# in FILE names RANK, and there is at least one
+blames_only() {
+    local lines
+    lines=$(grep -o "rank [0-9]* \(did not answer\|stopped answering\|went silent\)" "$2")
+    [ -n "$lines" ] && ! grep -qv "^rank $1 " <<< "$lines"
+}
