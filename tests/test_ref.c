@@ -223,7 +223,21 @@ static void test_dtype_and_errors(void **state) {
     assert_int_equal(vks_dtype_size(VKS_DTYPE_F32), 4);
     assert_int_equal(vks_dtype_size(VKS_DTYPE_BF16), 2);
     assert_int_equal(vks_set_error(VKS_ERR_FORMAT, "bad %d\nline", 7), VKS_ERR_FORMAT);
-    assert_string_equal(vks_last_error(), "bad 7 line");
+    assert_string_equal(vks_last_error(), "bad 7\\x0aline"); /* one line, the break visible */
+    /* the arguments may be the current message (it used to format into itself) */
+    vks_set_error(VKS_ERR_FORMAT, "r llama.context_length");
+    assert_int_equal(vks_set_error(VKS_ERR_IO, "%s: %s", "fz.gguf", vks_last_error()), VKS_ERR_IO);
+    assert_string_equal(vks_last_error(), "fz.gguf: r llama.context_length");
+    assert_int_equal(vks_error_prefix(VKS_ERR_IO, "%s", "m.bin"), VKS_ERR_IO);
+    assert_string_equal(vks_last_error(), "m.bin: fz.gguf: r llama.context_length");
+    /* bytes a terminal acts on are escaped; printable UTF-8 and backslashes pass */
+    vks_set_error(VKS_ERR_FORMAT, "arch '%s'", "\x1b]0;pwned\x07\xc2\x9b" "2J\xff\\ok \xc3\xa9");
+    assert_string_equal(vks_last_error(), "arch '\\x1b]0;pwned\\x07\\xc2\\x9b2J\\xff\\ok \xc3\xa9'");
+    char esc[16];
+    assert_int_equal(vks_escape("\x01\x02\x03\x04", 4, esc, sizeof esc), 15); /* cut at a whole escape */
+    assert_string_equal(esc, "\\x01\\x02\\x03...");
+    assert_int_equal(vks_escape("\xe2\x82", 2, esc, sizeof esc), 8); /* a sequence cut short */
+    assert_string_equal(esc, "\\xe2\\x82");
     size_t out;
     assert_false(vks_mul_size(SIZE_MAX / 2 + 1, 2, &out));
     assert_true(vks_add_size(1, 2, &out) && out == 3);
