@@ -103,7 +103,7 @@ static int serve_one(MPI_Comm comm, const MPI_Status *st, int max_batch, vks_ver
         memcpy(reply, &h, sizeof h);
         for (int i = 0; i < n; i++) {
             wire_verdict w = {.accepted = v[i].accepted};
-            snprintf(w.reason, sizeof w.reason, "%s", v[i].reason);
+            snprintf(w.reason, sizeof w.reason, "%.*s", (int)sizeof w.reason - 1, v[i].reason);
             memcpy(reply + sizeof h + sizeof w * (size_t)i, &w, sizeof w);
         }
         MPI_Send(reply, (int)reply_bytes, MPI_BYTE, st->MPI_SOURCE, TAG_VERDICTS, comm);
