@@ -100,7 +100,10 @@ static int truncated(reader *r, const char *what) {
 }
 
 static int read_bytes(reader *r, void *dst, size_t n, const char *what) {
-    if (n > r->g->size - r->pos) return truncated(r, what);
+    if (n > r->g->size - r->pos) {
+        memset(dst, 0, n); /* defined even on error: gcc -O3 cannot see that truncated() returns non-zero */
+        return truncated(r, what);
+    }
     memcpy(dst, r->g->base + r->pos, n);
     r->pos += n;
     return VKS_OK;
@@ -410,7 +413,7 @@ static int read_alignment(vks_gguf *g) {
 
 static int parse(vks_gguf *g) {
     reader r = {g, 0};
-    uint64_t n_tensors, n_kv;
+    uint64_t n_tensors = 0, n_kv = 0;
     int rc = read_header(&r, &n_tensors, &n_kv);
     if (rc != VKS_OK) return rc;
     g->kv = calloc((size_t)n_kv + 1, sizeof *g->kv);

@@ -76,7 +76,7 @@ static int get_int_range(const vks_gguf *g, const char *key, int64_t lo, uint64_
 }
 
 int vks_gguf_get_u32(const vks_gguf *g, const char *key, uint32_t *out) {
-    uint64_t u;
+    uint64_t u = 0;
     int rc = get_int_range(g, key, 0, UINT32_MAX, NULL, &u);
     if (rc == VKS_OK && out) *out = (uint32_t)u;
     return rc;
@@ -179,8 +179,8 @@ int vks_gguf_get_arr_f32(const vks_gguf *g, const char *key, float *dst, uint64_
     size_t es = vks_gguf_scalar_size(e->elem);
     for (uint64_t i = 0; i < n; i++) {
         size_t off = e->val + (size_t)i * es;
-        int64_t s;
-        uint64_t u;
+        int64_t s = 0;
+        uint64_t u = 0;
         bool is_signed;
         if (e->elem == VKS_GGUF_FLOAT32) {
             memcpy(&dst[i], g->base + off, 4);

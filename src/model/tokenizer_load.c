@@ -507,7 +507,7 @@ static int load_path(const char *path, const vks_model *m, vks_tokenizer **out) 
         snprintf(buf, sizeof buf, "%s/tokenizer.json", path);
         return vks_tokenizer_load_hf_json(buf, out);
     }
-    char kind;
+    char kind = 'b';
     int rc = sniff(path, &kind);
     if (rc != VKS_OK) return rc;
     if (kind == 'g') return vks_tokenizer_load_gguf(path, out);

@@ -150,7 +150,7 @@ static int header_from_json(json_t *o, vks_rollout_header *h) {
     if (!fmt) return VKS_ERR_FORMAT;
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), format_name))
         return vks_set_error(VKS_ERR_FORMAT, "\"format\" is not \"%s\" (not a rollout file header)", format_name);
-    long long version;
+    long long version = 0;
     int rc = get_int(o, "version", 1, 1000000, &version);
     if (rc) return rc;
     if (version != VKS_ROLLOUT_VERSION)
@@ -166,7 +166,7 @@ static int header_from_json(json_t *o, vks_rollout_header *h) {
     if (rc) return rc;
     json_t *t = json_object_get(o, "toploc");
     if (t) {
-        long long rows, k, prime;
+        long long rows = 0, k = 0, prime = 0;
         if (!json_is_object(t)) return vks_set_error(VKS_ERR_FORMAT, "\"toploc\" is not an object");
         if ((rc = get_int(t, "chunk_rows", 0, 1 << 20, &rows)) || (rc = get_int(t, "k", 0, 1 << 20, &k)) ||
             (rc = get_int(t, "prime", 0, 1LL << 40, &prime)))
@@ -230,7 +230,7 @@ static int sample_from_json(json_t *o, vks_rollout_sample *s) {
         strlen(json_string_value(id)) != json_string_length(id))
         return vks_set_error(VKS_ERR_FORMAT, "\"id\" is not a string of at most %d bytes", VKS_ROLLOUT_MAX_ID_LEN);
     if (!(s->id = strdup(json_string_value(id)))) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    long long seq, top_k, max_steps;
+    long long seq = 0, top_k = 0, max_steps = 0;
     int rc;
     if ((rc = get_ids(o, "prompt_ids", VKS_ROLLOUT_MAX_IDS, &s->prompt_ids, &s->n_prompt)) ||
         (rc = get_ids(o, "output_ids", VKS_ROLLOUT_MAX_IDS, &s->output_ids, &s->n_output)) ||
