@@ -26,7 +26,7 @@ static const char LLAMA3_PATTERN[] = CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}
 static const char QWEN2_PATTERN[] = CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
                                     "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-const char *tok_pretok_pattern(const char *pre, bool *ignore_merges) {
+const char *vks_tok_pretok_pattern(const char *pre, bool *ignore_merges) {
     *ignore_merges = false;
     if (!pre || !strcmp(pre, "default") || !strcmp(pre, "gpt-2") || !strcmp(pre, "gpt2")) return GPT2_PATTERN;
     if (!strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama-v3")) {
@@ -37,7 +37,7 @@ const char *tok_pretok_pattern(const char *pre, bool *ignore_merges) {
     return NULL;
 }
 
-int tok_pretok_create(const char *pattern, const char *source, tok_pretok **out) {
+int vks_tok_pretok_create(const char *pattern, const char *source, tok_pretok **out) {
     *out = NULL;
     int err = 0;
     PCRE2_SIZE at = 0;
@@ -64,7 +64,7 @@ int tok_pretok_create(const char *pattern, const char *source, tok_pretok **out)
     return VKS_OK;
 }
 
-void tok_pretok_free(tok_pretok *p) {
+void vks_tok_pretok_free(tok_pretok *p) {
     if (!p) return;
     pcre2_code_free(p->re);
     pcre2_match_context_free(p->mctx);
@@ -192,7 +192,7 @@ static int split_clean(const tok_pretok *p, const char *s, size_t n, const size_
     return rc;
 }
 
-int tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_span **spans, size_t *n) {
+int vks_tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_span **spans, size_t *n) {
     *spans = NULL;
     *n = 0;
     if (!p) return vks_set_error(VKS_ERR_ARG, "tokenize: no pre-tokenizer");

@@ -135,7 +135,7 @@ static int cmp_sorted(const void *pa, const void *pb) {
     return c != 0 ? c : (a->id > b->id) - (a->id < b->id);
 }
 
-int32_t tok_lookup(const vks_tokenizer *t, const char *bytes, size_t n) {
+int32_t vks_tok_lookup(const vks_tokenizer *t, const char *bytes, size_t n) {
     size_t lo = 0, hi = (size_t)t->vocab_size;
     while (lo < hi) { /* lower bound */
         size_t mid = lo + (hi - lo) / 2;
@@ -159,11 +159,11 @@ static void build_index(vks_tokenizer *t, const unsigned char *file) {
         at += (size_t)t->len[i] + 1;
         t->sorted[i] = (sorted_piece){t->blob + t->offset[i], t->len[i], i};
     }
-    tok_sort_index(t);
-    t->space_id = tok_lookup(t, " ", 1);
+    vks_tok_sort_index(t);
+    t->space_id = vks_tok_lookup(t, " ", 1);
 }
 
-void tok_sort_index(vks_tokenizer *t) {
+void vks_tok_sort_index(vks_tokenizer *t) {
     qsort(t->sorted, (size_t)t->vocab_size, sizeof *t->sorted, cmp_sorted);
 }
 
@@ -271,7 +271,7 @@ void vks_tokenizer_free(vks_tokenizer *t) {
     free(t->text_len);
     free(t->specials);
     free(t->merges);
-    tok_pretok_free(t->pre);
+    vks_tok_pretok_free(t->pre);
     free(t->pre_name);
     free(t->chat_template);
     free(t);
@@ -283,7 +283,7 @@ int vks_tokenizer_eos(const vks_tokenizer *t) { return t ? t->eos : -1; }
 
 /* ---- encode ---- */
 
-int tok_missing_byte_error(unsigned char b) {
+int vks_tok_missing_byte_error(unsigned char b) {
     if (b > ' ' && b < 0x7f)
         return vks_set_error(VKS_ERR_FORMAT, "tokenize: the vocabulary cannot encode byte 0x%02X ('%c'): "
                              "no piece, byte token or unknown token for it", b, b);
@@ -298,7 +298,7 @@ static int32_t byte_token(const vks_tokenizer *t, unsigned char b) {
 
 /* Appends the ids for one code point group: its piece, else its bytes. */
 static int emit_group(const vks_tokenizer *t, const char *group, size_t n, int32_t *ids, int n_ids) {
-    int32_t id = tok_lookup(t, group, n);
+    int32_t id = vks_tok_lookup(t, group, n);
     if (id >= 0) {
         ids[n_ids++] = id;
         return n_ids;
@@ -334,7 +334,7 @@ static bool llama2c_pair(const vks_tokenizer *t, void *ctx, const tok_sym *a, co
     size_t la = (size_t)t->len[a->id], lb = (size_t)t->len[b->id];
     memcpy(joined, t->blob + t->offset[a->id], la);
     memcpy(joined + la, t->blob + t->offset[b->id], lb);
-    int32_t m = tok_lookup(t, joined, la + lb);
+    int32_t m = vks_tok_lookup(t, joined, la + lb);
     if (m < 0 || !(t->score[m] > TOK_MIN_MERGE_SCORE)) return false;
     *priority = -(double)t->score[m];
     *id = m;
@@ -349,7 +349,7 @@ static int merge_pairs(const vks_tokenizer *t, int32_t *ids, int n) {
     size_t count = (size_t)n;
     int rc = syms && joined ? VKS_OK : VKS_ERR_NOMEM;
     for (int i = 0; rc == VKS_OK && i < n; i++) syms[i] = (tok_sym){0, 0, ids[i]};
-    if (rc == VKS_OK) rc = tok_merge(t, joined, syms, &count, llama2c_pair);
+    if (rc == VKS_OK) rc = vks_tok_merge(t, joined, syms, &count, llama2c_pair);
     for (size_t i = 0; rc == VKS_OK && i < count; i++) ids[i] = syms[i].id;
     free(syms);
     free(joined);
@@ -417,7 +417,7 @@ const char *vks_tokenizer_decode(const vks_tokenizer *t, int prev, int next, cha
         piece++;
         n--;
     }
-    int byte = tok_byte_piece(piece, n);
+    int byte = vks_tok_byte_piece(piece, n);
     if (byte >= 0) {
         buf[0] = (char)byte;
         buf[1] = '\0';

@@ -22,14 +22,14 @@ static bool byte_maps_to_itself(unsigned b) {
     return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
 }
 
-uint32_t tok_byte_to_cp(unsigned char b) {
+uint32_t vks_tok_byte_to_cp(unsigned char b) {
     if (byte_maps_to_itself(b)) return b;
     uint32_t n = 0;
     for (unsigned i = 0; i < b; i++) n += !byte_maps_to_itself(i);
     return 256 + n;
 }
 
-int tok_cp_to_byte(uint32_t cp) {
+int vks_tok_cp_to_byte(uint32_t cp) {
     if (cp < 256) return byte_maps_to_itself(cp) ? (int)cp : -1;
     uint32_t n = 0;
     for (unsigned b = 0; b < 256; b++) {
@@ -48,7 +48,7 @@ static uint64_t mix64(uint64_t x) {
     return x ^ (x >> 33);
 }
 
-bool tok_merge_find(const vks_tokenizer *t, int32_t left, int32_t right, int32_t *rank, int32_t *result) {
+bool vks_tok_merge_find(const vks_tokenizer *t, int32_t left, int32_t right, int32_t *rank, int32_t *result) {
     if (!t->merges || left < 0 || right < 0) return false;
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
     size_t mask = t->merge_cap - 1;
@@ -67,7 +67,7 @@ static bool bpe_pair(const vks_tokenizer *t, void *ctx, const tok_sym *a, const 
                      int32_t *id) {
     (void)ctx; /* merges are by id */
     int32_t rank;
-    if (!tok_merge_find(t, a->id, b->id, &rank, id)) return false;
+    if (!vks_tok_merge_find(t, a->id, b->id, &rank, id)) return false;
     *priority = (double)rank;
     return true;
 }
@@ -78,7 +78,7 @@ static char *map_bytes(const char *w, size_t n, size_t *out_len) {
     if (!m) return NULL;
     size_t at = 0;
     for (size_t i = 0; i < n; i++) {
-        uint32_t cp = tok_byte_to_cp((unsigned char)w[i]);
+        uint32_t cp = vks_tok_byte_to_cp((unsigned char)w[i]);
         if (cp < 0x80) {
             m[at++] = (char)cp;
         } else {
@@ -95,26 +95,26 @@ static int encode_word(const vks_tokenizer *t, const char *w, size_t n, tok_sym 
         size_t ml = 0;
         char *mapped = map_bytes(w, n, &ml);
         if (!mapped) return vks_set_error(VKS_ERR_NOMEM, "tokenize: out of memory");
-        int32_t id = tok_lookup(t, mapped, ml);
+        int32_t id = vks_tok_lookup(t, mapped, ml);
         free(mapped);
-        if (id >= 0) return tok_ids_push(out, id);
+        if (id >= 0) return vks_tok_ids_push(out, id);
     }
     for (size_t i = 0; i < n; i++) syms[i] = (tok_sym){(int32_t)i, 1, t->byte_token[(unsigned char)w[i]]};
     size_t count = n;
-    int rc = tok_merge(t, NULL, syms, &count, bpe_pair);
+    int rc = vks_tok_merge(t, NULL, syms, &count, bpe_pair);
     for (size_t i = 0; rc == VKS_OK && i < count; i++) {
         int32_t id = syms[i].id >= 0 ? syms[i].id : t->unk;
-        rc = id >= 0 ? tok_ids_push(out, id) : tok_missing_byte_error((unsigned char)w[syms[i].start]);
+        rc = id >= 0 ? vks_tok_ids_push(out, id) : vks_tok_missing_byte_error((unsigned char)w[syms[i].start]);
     }
     return rc;
 }
 
-int tok_bpe_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, tok_ids *out) {
+int vks_tok_bpe_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, tok_ids *out) {
     if (len == 0) return VKS_OK;
     if (len > (size_t)INT32_MAX / 4) return vks_set_error(VKS_ERR_ARG, "tokenize: text of %zu bytes is too long", len);
     tok_span *words = NULL;
     size_t n_words = 0;
-    int rc = tok_pretok_split(t->pre, text, len, &words, &n_words);
+    int rc = vks_tok_pretok_split(t->pre, text, len, &words, &n_words);
     if (rc != VKS_OK) return rc;
     tok_sym *syms = malloc(len * sizeof *syms);
     if (!syms) rc = vks_set_error(VKS_ERR_NOMEM, "tokenize: out of memory");

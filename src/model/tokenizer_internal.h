@@ -56,20 +56,20 @@ struct vks_tokenizer {
 };
 
 /* Id of the piece equal to bytes[0..n), lowest id among duplicates, or -1. */
-int32_t tok_lookup(const vks_tokenizer *t, const char *bytes, size_t n);
+int32_t vks_tok_lookup(const vks_tokenizer *t, const char *bytes, size_t n);
 /* The byte a "<0xHH>" piece of n bytes stands for, or -1. */
-int tok_byte_piece(const char *p, size_t n);
-/* Sorts t->sorted (filled by the caller) for tok_lookup. */
-void tok_sort_index(vks_tokenizer *t);
+int vks_tok_byte_piece(const char *p, size_t n);
+/* Sorts t->sorted (filled by the caller) for vks_tok_lookup. */
+void vks_tok_sort_index(vks_tokenizer *t);
 
 /* A growable id list. */
 typedef struct {
     int32_t *v;
     size_t n, cap;
 } tok_ids;
-int tok_ids_push(tok_ids *ids, int32_t id);
+int vks_tok_ids_push(tok_ids *ids, int32_t id);
 /* VKS_ERR_ARG: text byte b has no token (no piece, byte token or unk). */
-int tok_missing_byte_error(unsigned char b);
+int vks_tok_missing_byte_error(unsigned char b);
 
 /* ---- merge engine (tokenizer_merge.c) ----
  * Symbols are adjacent spans of one text (start, len) with their ids. `pair`
@@ -83,29 +83,29 @@ typedef struct {
 typedef bool (*tok_pair_fn)(const vks_tokenizer *t, void *ctx, const tok_sym *a, const tok_sym *b, double *priority,
                             int32_t *id);
 /* Merges syms[0..*n) in place (compacting them); VKS_ERR_NOMEM on failure. */
-int tok_merge(const vks_tokenizer *t, void *ctx, tok_sym *syms, size_t *n, tok_pair_fn pair);
+int vks_tok_merge(const vks_tokenizer *t, void *ctx, tok_sym *syms, size_t *n, tok_pair_fn pair);
 
 /* ---- per kind ---- */
-int tok_spm_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, bool prefix_space,
+int vks_tok_spm_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, bool prefix_space,
                             tok_ids *out);
-int tok_bpe_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, tok_ids *out);
+int vks_tok_bpe_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, tok_ids *out);
 /* GPT-2's byte <-> code point table. */
-uint32_t tok_byte_to_cp(unsigned char b);
-int tok_cp_to_byte(uint32_t cp); /* -1 if cp is not in the table */
+uint32_t vks_tok_byte_to_cp(unsigned char b);
+int vks_tok_cp_to_byte(uint32_t cp); /* -1 if cp is not in the table */
 /* Merge table of a BPE tokenizer: rank and result of (left, right), or false. */
-bool tok_merge_find(const vks_tokenizer *t, int32_t left, int32_t right, int32_t *rank, int32_t *result);
+bool vks_tok_merge_find(const vks_tokenizer *t, int32_t left, int32_t right, int32_t *rank, int32_t *result);
 
 /* ---- pre-tokenizer (pretokenize.c) ---- */
 /* Regex of a GGUF tokenizer.ggml.pre name, or NULL when unknown. */
-const char *tok_pretok_pattern(const char *pre_name, bool *ignore_merges);
-int tok_pretok_create(const char *pattern, const char *source, tok_pretok **out);
-void tok_pretok_free(tok_pretok *p);
+const char *vks_tok_pretok_pattern(const char *pre_name, bool *ignore_merges);
+int vks_tok_pretok_create(const char *pattern, const char *source, tok_pretok **out);
+void vks_tok_pretok_free(tok_pretok *p);
 typedef struct {
     size_t start, len;
 } tok_span;
 /* Splits text into words (every byte in exactly one span, in order). Invalid
  * UTF-8 bytes take part in matching as U+FFFD but keep their own bytes. */
-int tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_span **spans, size_t *n);
+int vks_tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_span **spans, size_t *n);
 
 /* ---- building SPM / BPE tokenizers from a vocabulary (tokenizer_vocab.c) ---- */
 typedef struct {
@@ -126,5 +126,5 @@ typedef struct {
     bool ignore_merges;          /* with pre_pattern (else from pre_name) */
     const char *chat_template;   /* or NULL */
 } tok_vocab_spec;
-int tok_build(const tok_vocab_spec *s, vks_tokenizer **out);
+int vks_tok_build(const tok_vocab_spec *s, vks_tokenizer **out);
 #endif

@@ -179,7 +179,7 @@ int vks_tokenizer_load_gguf_handle(const struct vks_gguf *g, const char *name, v
         s.merges = a.merges;
         s.merge_lens = a.merge_lens;
         s.n_merges = (size_t)n_merges;
-        rc = tok_build(&s, out);
+        rc = vks_tok_build(&s, out);
     }
     free_arrays(&a);
     return rc;
@@ -456,7 +456,7 @@ int vks_tokenizer_load_hf_json(const char *path, vks_tokenizer **out) {
                                   : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
     if (rc == VKS_OK) {
         cfg = read_config(path, &s);
-        rc = tok_build(&s, out);
+        rc = vks_tok_build(&s, out);
     }
     json_decref(cfg);
     free_json_vocab(&v);

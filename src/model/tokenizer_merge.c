@@ -6,7 +6,7 @@
 
 #include "tokenizer_internal.h"
 
-int tok_ids_push(tok_ids *ids, int32_t id) {
+int vks_tok_ids_push(tok_ids *ids, int32_t id) {
     if (ids->n == ids->cap) {
         size_t cap = ids->cap ? ids->cap * 2 : 64;
         if (cap > (size_t)INT32_MAX) return vks_set_error(VKS_ERR_NOMEM, "tokenize: too many tokens");
@@ -94,7 +94,7 @@ static void run_merges(merge_state *s, size_t n) {
     }
 }
 
-int tok_merge(const vks_tokenizer *t, void *ctx, tok_sym *syms, size_t *n_io, tok_pair_fn pair) {
+int vks_tok_merge(const vks_tokenizer *t, void *ctx, tok_sym *syms, size_t *n_io, tok_pair_fn pair) {
     size_t n = *n_io;
     if (n < 2) return VKS_OK;
     if (n > (size_t)INT32_MAX / 4) return vks_set_error(VKS_ERR_NOMEM, "tokenize: word of %zu symbols", n);

@@ -23,7 +23,7 @@ static const char SPACE_ESC[3] = {(char)0xE2, (char)0x96, (char)0x81}; /* U+2581
 
 /* Id of a piece text may become: not CONTROL, UNKNOWN or BYTE. */
 static int32_t text_piece(const vks_tokenizer *t, const char *s, size_t n) {
-    int32_t id = tok_lookup(t, s, n);
+    int32_t id = vks_tok_lookup(t, s, n);
     if (id < 0) return -1;
     uint8_t ty = t->type[id];
     return ty == VKS_TOKEN_TYPE_CONTROL || ty == VKS_TOKEN_TYPE_UNKNOWN || ty == VKS_TOKEN_TYPE_BYTE ? -1 : id;
@@ -71,17 +71,17 @@ static char *escape_spaces(const char *text, size_t len, bool prefix_space, size
 
 static int emit_symbol(const vks_tokenizer *t, const char *esc, const tok_sym *s, tok_ids *out) {
     int32_t id = s->id >= 0 ? s->id : text_piece(t, esc + s->start, (size_t)s->len);
-    if (id >= 0) return tok_ids_push(out, id);
+    if (id >= 0) return vks_tok_ids_push(out, id);
     for (int32_t i = 0; i < s->len; i++) {
         unsigned char byte = (unsigned char)esc[s->start + i];
         int32_t b = t->byte_token[byte] >= 0 ? t->byte_token[byte] : t->unk;
-        int rc = b >= 0 ? tok_ids_push(out, b) : tok_missing_byte_error(byte);
+        int rc = b >= 0 ? vks_tok_ids_push(out, b) : vks_tok_missing_byte_error(byte);
         if (rc != VKS_OK) return rc;
     }
     return VKS_OK;
 }
 
-int tok_spm_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, bool prefix_space,
+int vks_tok_spm_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, bool prefix_space,
                             tok_ids *out) {
     size_t n_esc = 0;
     char *esc = escape_spaces(text, len, prefix_space, &n_esc);
@@ -99,7 +99,7 @@ int tok_spm_encode_fragment(const vks_tokenizer *t, const char *text, size_t len
         syms[n++] = (tok_sym){(int32_t)at, (int32_t)cl, -1};
         at += cl;
     }
-    if (rc == VKS_OK) rc = tok_merge(t, esc, syms, &n, spm_pair);
+    if (rc == VKS_OK) rc = vks_tok_merge(t, esc, syms, &n, spm_pair);
     for (size_t i = 0; rc == VKS_OK && i < n; i++) rc = emit_symbol(t, esc, &syms[i], out);
     free(syms);
     free(esc);

@@ -62,7 +62,7 @@ static int copy_pieces(vks_tokenizer *t, const tok_vocab_spec *s) {
         if ((int)s->lens[i] > t->max_token_length) t->max_token_length = (int)s->lens[i];
         at += s->lens[i] + 1;
     }
-    tok_sort_index(t);
+    vks_tok_sort_index(t);
     return VKS_OK;
 }
 
@@ -73,7 +73,7 @@ static int hex_digit(char c) {
     return -1;
 }
 
-int tok_byte_piece(const char *p, size_t n) {
+int vks_tok_byte_piece(const char *p, size_t n) {
     if (n != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>') return -1;
     int hi = hex_digit(p[3]), lo = hex_digit(p[4]);
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
@@ -93,7 +93,7 @@ static size_t piece_text(const vks_tokenizer *t, int i, char *out) {
         return n;
     }
     if (t->kind == TOK_KIND_SPM) {
-        int b = ty == VKS_TOKEN_TYPE_BYTE ? tok_byte_piece(p, n) : -1;
+        int b = ty == VKS_TOKEN_TYPE_BYTE ? vks_tok_byte_piece(p, n) : -1;
         if (b >= 0) {
             out[0] = (char)b;
             return 1;
@@ -111,8 +111,8 @@ static size_t piece_text(const vks_tokenizer *t, int i, char *out) {
     for (size_t k = 0; k < n;) { /* BPE: undo the byte-to-code-point table */
         unsigned char c = (unsigned char)p[k];
         int b = -1;
-        if (c >= 0xC0 && c < 0xE0 && k + 1 < n) b = tok_cp_to_byte((uint32_t)(c & 0x1F) << 6 | (p[k + 1] & 0x3F));
-        else if (c < 0x80) b = tok_cp_to_byte(c);
+        if (c >= 0xC0 && c < 0xE0 && k + 1 < n) b = vks_tok_cp_to_byte((uint32_t)(c & 0x1F) << 6 | (p[k + 1] & 0x3F));
+        else if (c < 0x80) b = vks_tok_cp_to_byte(c);
         if (b >= 0) {
             out[at++] = (char)b;
             k += c < 0x80 ? 1 : 2;
@@ -188,7 +188,7 @@ static void find_byte_tokens(vks_tokenizer *t) {
             s[5] = '>';
             n = 6;
         } else {
-            uint32_t cp = tok_byte_to_cp((unsigned char)b);
+            uint32_t cp = vks_tok_byte_to_cp((unsigned char)b);
             if (cp < 0x80) {
                 s[0] = (char)cp;
                 n = 1;
@@ -198,7 +198,7 @@ static void find_byte_tokens(vks_tokenizer *t) {
                 n = 2;
             }
         }
-        t->byte_token[b] = tok_lookup(t, s, n);
+        t->byte_token[b] = vks_tok_lookup(t, s, n);
     }
 }
 
@@ -241,10 +241,10 @@ static int build_merges(vks_tokenizer *t, const tok_vocab_spec *s) {
         const char *sp = n > 1 ? memchr(m + 1, ' ', n - 1) : NULL;
         if (!sp) continue;
         size_t ll = (size_t)(sp - m), rl = n - ll - 1;
-        int32_t left = tok_lookup(t, m, ll), right = tok_lookup(t, sp + 1, rl);
+        int32_t left = vks_tok_lookup(t, m, ll), right = vks_tok_lookup(t, sp + 1, rl);
         memcpy(joined, m, ll);
         memcpy(joined + ll, sp + 1, rl);
-        int32_t result = tok_lookup(t, joined, ll + rl);
+        int32_t result = vks_tok_lookup(t, joined, ll + rl);
         if (left >= 0 && right >= 0 && result >= 0) merge_insert(t, left, right, (int32_t)r, result);
     }
     free(joined);
@@ -261,18 +261,18 @@ static char *dup_or_null(const char *s) {
 
 static int setup_bpe(vks_tokenizer *t, const tok_vocab_spec *s) {
     bool ignore = false;
-    const char *pattern = s->pre_pattern ? s->pre_pattern : tok_pretok_pattern(s->pre_name, &ignore);
+    const char *pattern = s->pre_pattern ? s->pre_pattern : vks_tok_pretok_pattern(s->pre_name, &ignore);
     if (!pattern)
         return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported pre-tokenizer '%s' (known: gpt-2, llama-bpe, llama3, "
                              "qwen2)", s->source, s->pre_name);
     if (s->pre_pattern) ignore = s->ignore_merges;
     t->ignore_merges = ignore;
-    int rc = tok_pretok_create(pattern, s->source, &t->pre);
+    int rc = vks_tok_pretok_create(pattern, s->source, &t->pre);
     if (rc == VKS_OK) rc = build_merges(t, s);
     return rc;
 }
 
-int tok_build(const tok_vocab_spec *s, vks_tokenizer **out) {
+int vks_tok_build(const tok_vocab_spec *s, vks_tokenizer **out) {
     *out = NULL;
     int rc = check_spec(s);
     if (rc != VKS_OK) return rc;
@@ -390,13 +390,13 @@ static int tokenize_fragments(const vks_tokenizer *t, const char *text, const fr
     for (size_t i = 0; rc == VKS_OK && i < l->n; i++) {
         const fragment *f = &l->v[i];
         if (f->token >= 0) {
-            rc = tok_ids_push(out, f->token);
+            rc = vks_tok_ids_push(out, f->token);
             prev_special = true;
         } else if (t->kind == TOK_KIND_SPM) {
-            rc = tok_spm_encode_fragment(t, text + f->start, f->len, t->add_space_prefix && prev_special, out);
+            rc = vks_tok_spm_encode_fragment(t, text + f->start, f->len, t->add_space_prefix && prev_special, out);
             prev_special = false;
         } else {
-            rc = tok_bpe_encode_fragment(t, text + f->start, f->len, out);
+            rc = vks_tok_bpe_encode_fragment(t, text + f->start, f->len, out);
         }
     }
     return rc;
@@ -425,10 +425,10 @@ int vks_tokenizer_tokenize(const vks_tokenizer *t, const char *text, size_t len,
         rc = tokenize_llama2c(t, text, len, o, &out);
     } else {
         frag_list frags = {0};
-        rc = o->add_bos && t->bos >= 0 ? tok_ids_push(&out, t->bos) : VKS_OK;
+        rc = o->add_bos && t->bos >= 0 ? vks_tok_ids_push(&out, t->bos) : VKS_OK;
         if (rc == VKS_OK) rc = partition(t, text, len, o->parse_special, &frags);
         if (rc == VKS_OK) rc = tokenize_fragments(t, text, &frags, &out);
-        if (rc == VKS_OK && o->add_eos && t->eos >= 0) rc = tok_ids_push(&out, t->eos);
+        if (rc == VKS_OK && o->add_eos && t->eos >= 0) rc = vks_tok_ids_push(&out, t->eos);
         free(frags.v);
     }
     if (rc == VKS_OK && out.n > (size_t)INT32_MAX) rc = vks_set_error(VKS_ERR_ARG, "tokenize: too many tokens");
@@ -537,7 +537,7 @@ const char *vks_tokenizer_chat_template(const vks_tokenizer *t) { return t ? t->
 
 int vks_tokenizer_find(const vks_tokenizer *t, const char *text, size_t len) {
     if (!t || (!text && len > 0)) return -1;
-    return tok_lookup(t, text, len);
+    return vks_tok_lookup(t, text, len);
 }
 
 int vks_tokenizer_token_type(const vks_tokenizer *t, int id) {
