@@ -457,7 +457,7 @@ static void test_bpe_missing_bytes(void **s) {
 static void test_spm_missing_bytes(void **s) {
     (void)s;
     const char *dir = tu_tmpdir();
-    const char *toks[] = {"<s>", "</s>", "\xe2\x96\x81" "a", "a"};
+    const char *toks[] = {"<s>", "</s>", ("\xe2\x96\x81" "a"), "a"};
     for (int with_unk = 0; with_unk < 2; with_unk++) {
         vks_gguf_writer *w;
         assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
