@@ -15,7 +15,7 @@ static const char verify_usage[] =
     "usage: vkswarm verify --model M --rollouts FILE [--prompts FILE [--tokenizer T]] [--device N]\n"
     "                      [--cpu] [--jsonl] [--batch N] [--stop-ids LIST] [--max-exp-mismatches N]\n"
     "                      [--max-mant-mean X] [--max-mant-median X] [--logit-margin X]\n"
-    "                      [--dtype f32|f16|bf16] [--mpi]\n"
+    "                      [--dtype f32|f16|bf16] [--mpi] [--threads N] [--cpu-reference]\n"
     "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
     "recomputing it with one prefill over prompt + output: the TOPLOC proof of each chunk of 32\n"
     "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
@@ -24,8 +24,9 @@ static const char verify_usage[] =
     "nothing else on stdout. Exit 0 when all pass, 1 when any is rejected, 2 on bad input.\n"
     "--mpi (under mpirun): rank 0 reads the file and hands batches to verifier ranks 1..N-1, which\n"
     "verify them (each with its own GPU, or --cpu) and send back verdicts; output as without --mpi.\n"
-    "--cpu verifies with the C reference forward (no GPU). --batch N: samples per batched prefill\n"
-    "(GPU KV slots, default 16). --stop-ids: the stop tokens the verifier trusts (default 1,2: BOS\n"
+    "--cpu verifies with the fast f32 CPU forward (OpenBLAS; no GPU) on --threads N threads (default:\n"
+    "every core); --cpu-reference uses the float64 reference forward instead (slow, one thread).\n"
+    "--batch N: samples per batched prefill (GPU KV slots, default 16). --stop-ids: the stop tokens the verifier trusts (default 1,2: BOS\n"
     "and EOS of llama2.c models); the file's must be among them. Thresholds default to TOPLOC's:\n"
     "38 exponent mismatches, mantissa error mean 10 and median 8 (of 128 values per chunk), and a\n"
     "sampler margin of 0.001 logits for cross-device rounding.\n"
@@ -61,6 +62,8 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
     else if (!strcmp(name, "prompts")) a->prompts = val;
     else if (!strcmp(name, "cpu")) a->cpu = true;
     else if (!strcmp(name, "mpi")) a->mpi = true;
+    else if (!strcmp(name, "threads")) a->vo.cpu_threads = (int)cli_parse_long("--threads", val, 1, 256);
+    else if (!strcmp(name, "cpu-reference")) a->cpu = a->vo.cpu_reference = true;
     else if (!strcmp(name, "jsonl")) a->jsonl = true;
     else if (!strcmp(name, "batch")) a->batch = (int)cli_parse_long("--batch", val, 1, 4096);
     else if (!strcmp(name, "stop-ids")) parse_stop_ids(val, a);
@@ -77,7 +80,8 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
 static void parse_verify(int argc, char **argv, verify_args *a) {
     static const struct option opts[] = {
         CLI_MODEL_LONG_OPTIONS, {"rollouts", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
-        {"cpu", no_argument, 0, 0}, {"mpi", no_argument, 0, 0},
+        {"cpu", no_argument, 0, 0}, {"mpi", no_argument, 0, 0}, {"threads", required_argument, 0, 0},
+        {"cpu-reference", no_argument, 0, 0},
         {"jsonl", no_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"stop-ids", required_argument, 0, 0},
         {"max-exp-mismatches", required_argument, 0, 0}, {"max-mant-mean", required_argument, 0, 0},
         {"max-mant-median", required_argument, 0, 0}, {"logit-margin", required_argument, 0, 0},
