@@ -7,13 +7,15 @@
 #include "model/model_internal.h"
 #include "vkswarm/vks_ref.h"
 
+#include <cblas.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { PANEL_FLOATS = 1 << 18, MAX_PANEL_ROWS = 1 << 16 }; /* default panel: 1 MiB of f32 */
+/* Default panel: 1 MiB of f32 per thread (at least 16 rows). */
+enum { PANEL_FLOATS = 1 << 18, MAX_PANEL_ROWS = 1 << 16 };
 
 typedef struct {
     int rows, n_seqs, max_len;
@@ -79,7 +81,8 @@ typedef struct {
     int width;
 } row_job;
 
-static void rmsnorm_rows(void *ctx, int begin, int end) {
+static void rmsnorm_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
     row_job *j = ctx;
     size_t D = (size_t)j->width;
     for (int r = begin; r < end; r++) {
@@ -98,7 +101,8 @@ static void rmsnorm(vks_cpu *c, activations *a, const vks_tensor *w, const float
     cpu_parallel_for(c->threads, rows, 16, rmsnorm_rows, &j);
 }
 
-static void rope_rows(void *ctx, int begin, int end) {
+static void rope_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
     row_job *j = ctx;
     const vks_model_config *cf = &j->c->m->cfg;
     int hd = cf->head_dim, half = hd / 2, heads = j->width / hd;
@@ -121,7 +125,8 @@ static void rope(vks_cpu *c, activations *a, float *x, int width) {
     cpu_parallel_for(c->threads, a->rows, 16, rope_rows, &j);
 }
 
-static void swiglu_rows(void *ctx, int begin, int end) {
+static void swiglu_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
     row_job *j = ctx;
     size_t W = (size_t)j->width;
     for (size_t i = (size_t)begin * W; i < (size_t)end * W; i++) {
@@ -130,7 +135,8 @@ static void swiglu_rows(void *ctx, int begin, int end) {
     }
 }
 
-static void add_rows(void *ctx, int begin, int end) {
+static void add_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
     row_job *j = ctx;
     size_t W = (size_t)j->width;
     for (size_t i = (size_t)begin * W; i < (size_t)end * W; i++) j->out[i] += j->in[i];
@@ -150,46 +156,51 @@ static void add_bias(vks_cpu *c, const vks_tensor *bias, float *y, int rows) {
         for (size_t i = 0; i < cols; i++) y[r * cols + i] += c->vec[i];
 }
 
-/* ---- attention: one work item per (sequence, query head) ---- */
+/* ---- attention: one work item per (sequence, query head) ----
+ * Query rows go in blocks of ATT_BLOCK: scores = Q K^T and out = P V are
+ * single-threaded sgemm calls on this worker (BLAS threads are set to 1
+ * around the loop), softmax over each row's keys 0..t in between. */
 
-static float dot_f32(const float *a, const float *b, int n) {
-    float acc[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
-    for (; i < n; i++) acc[0] += a[i] * b[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
+enum { ATT_BLOCK = 64 };
 
-static void attend_row(const vks_model_config *cf, const activations *a, int base, int t, int h, float *scores) {
-    int hd = cf->head_dim, kv_off = (h / (cf->n_heads / cf->n_kv_heads)) * hd;
-    const float *q = a->q + (size_t)(base + t) * cf->dim + (size_t)h * hd;
-    float scale = 1.0f / sqrtf((float)hd), max_score = -INFINITY, total = 0.0f;
-    for (int u = 0; u <= t; u++) {
-        scores[u] = dot_f32(q, a->k + (size_t)(base + u) * cf->kv_dim + kv_off, hd) * scale;
-        if (scores[u] > max_score) max_score = scores[u];
-    }
-    for (int u = 0; u <= t; u++) total += (scores[u] = expf(scores[u] - max_score));
-    float *out = a->att + (size_t)(base + t) * cf->dim + (size_t)h * hd;
-    for (int i = 0; i < hd; i++) out[i] = 0.0f;
-    for (int u = 0; u <= t; u++) {
-        const float *vu = a->v + (size_t)(base + u) * cf->kv_dim + kv_off;
-        float w = scores[u] / total;
-        for (int i = 0; i < hd; i++) out[i] += w * vu[i];
+static void softmax_causal(float *s, int ld, int rows, int t0) {
+    for (int i = 0; i < rows; i++) {
+        float *row = s + (size_t)i * ld, max_score = -INFINITY, total = 0.0f;
+        int last = t0 + i;
+        for (int u = 0; u <= last; u++) max_score = row[u] > max_score ? row[u] : max_score;
+        for (int u = 0; u <= last; u++) total += (row[u] = expf(row[u] - max_score));
+        float inv = 1.0f / total;
+        for (int u = 0; u <= last; u++) row[u] *= inv;
+        for (int u = last + 1; u < ld; u++) row[u] = 0.0f;
     }
 }
 
-static void attention_items(void *ctx, int begin, int end) {
+static void attend_block(const vks_model_config *cf, const activations *a, int base, int t0, int rows, int h,
+                         float *scores) {
+    int hd = cf->head_dim, kv_off = (h / (cf->n_heads / cf->n_kv_heads)) * hd, keys = t0 + rows;
+    const float *q = a->q + (size_t)(base + t0) * cf->dim + (size_t)h * hd;
+    const float *k = a->k + (size_t)base * cf->kv_dim + kv_off, *v = a->v + (size_t)base * cf->kv_dim + kv_off;
+    float *out = a->att + (size_t)(base + t0) * cf->dim + (size_t)h * hd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f / sqrtf((float)hd), q, cf->dim, k,
+                cf->kv_dim, 0.0f, scores, keys);
+    softmax_causal(scores, keys, rows, t0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, scores, keys, v, cf->kv_dim, 0.0f, out,
+                cf->dim);
+}
+
+static void attention_items(void *ctx, int begin, int end, int worker) {
+    (void)worker;
     row_job *j = ctx;
     const vks_model_config *cf = &j->c->m->cfg;
-    float *scores = malloc((size_t)j->a->max_len * sizeof *scores);
+    float *scores = malloc((size_t)ATT_BLOCK * (size_t)j->a->max_len * sizeof *scores);
     if (!scores) {
         atomic_store(&j->a->failed, 1);
         return;
     }
     for (int it = begin; it < end; it++) {
-        int s = it / cf->n_heads, h = it % cf->n_heads;
-        for (int t = 0; t < j->a->seq_lens[s]; t++) attend_row(cf, j->a, j->a->seq_base[s], t, h, scores);
+        int s = it / cf->n_heads, h = it % cf->n_heads, len = j->a->seq_lens[s];
+        for (int t0 = 0; t0 < len; t0 += ATT_BLOCK)
+            attend_block(cf, j->a, j->a->seq_base[s], t0, len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK, h, scores);
     }
     free(scores);
 }
@@ -269,7 +280,7 @@ int vks_cpu_prefill(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_s
     const vks_model_config *cf = &c->m->cfg;
     activations a;
     if ((rc = alloc_activations(&a, cf, seq_lens, n_seqs, rows)) != VKS_OK) return rc;
-    cpu_blas_threads(c->threads);
+    cpu_blas_threads(1); /* each worker's sgemm runs on that worker */
     for (int r = 0; r < rows; r++) cpu_convert_rows(&c->m->tok_emb, ids[r], 1, a.x + (size_t)r * cf->dim);
     for (int l = 0; l < cf->n_layers; l++) {
         attention_block(c, &c->m->layers[l], &a);
@@ -298,8 +309,10 @@ int vks_cpu_create(const vks_model *m, const vks_cpu_options *opt, vks_cpu **out
     int64_t wide = widest_row(m);
     c->m = m;
     c->threads = vks_cpu_thread_count(opt ? opt->threads : 0);
-    c->panel_rows = opt && opt->panel_rows > 0 ? (opt->panel_rows < MAX_PANEL_ROWS ? opt->panel_rows : MAX_PANEL_ROWS) : (int)(PANEL_FLOATS / wide > 64 ? PANEL_FLOATS / wide : 64);
-    c->panel = malloc((size_t)c->panel_rows * (size_t)wide * sizeof(float));
+    c->panel_rows = opt && opt->panel_rows > 0 ? (opt->panel_rows < MAX_PANEL_ROWS ? opt->panel_rows : MAX_PANEL_ROWS)
+                                               : (int)(PANEL_FLOATS / wide > 16 ? PANEL_FLOATS / wide : 16);
+    c->panel_floats = (size_t)c->panel_rows * (size_t)wide;
+    c->panel = malloc(c->panel_floats * (size_t)c->threads * sizeof(float));
     c->vec = malloc((size_t)wide * sizeof(float));
     if (!c->panel || !c->vec) {
         vks_cpu_destroy(c);

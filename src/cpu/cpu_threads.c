@@ -11,18 +11,27 @@ typedef struct {
     cpu_task_fn fn;
     void *ctx;
     int n, grain;
-    atomic_int next;
+    atomic_int next, workers;
 } parallel_loop;
 
 static void *run_items(void *arg) {
     parallel_loop *p = arg;
+    int worker = atomic_fetch_add(&p->workers, 1);
     for (;;) {
         int begin = atomic_fetch_add(&p->next, p->grain);
         if (begin >= p->n) break;
         int end = p->n - begin < p->grain ? p->n : begin + p->grain;
-        p->fn(p->ctx, begin, end);
+        p->fn(p->ctx, begin, end, worker);
     }
     return NULL;
+}
+
+static void run_items_as_caller(parallel_loop *p) {
+    for (;;) {
+        int begin = atomic_fetch_add(&p->next, p->grain);
+        if (begin >= p->n) break;
+        p->fn(p->ctx, begin, p->n - begin < p->grain ? p->n : begin + p->grain, 0);
+    }
 }
 
 enum { CPU_MAX_THREADS = 256 };
@@ -35,10 +44,11 @@ void cpu_parallel_for(int threads, int n, int grain, cpu_task_fn fn, void *ctx) 
     if (want > useful) want = useful;
     parallel_loop p = {.fn = fn, .ctx = ctx, .n = n, .grain = grain};
     atomic_init(&p.next, 0);
+    atomic_init(&p.workers, 1); /* the caller is worker 0 */
     pthread_t tid[CPU_MAX_THREADS];
     int started = 0;
     while (started < want - 1 && pthread_create(&tid[started], NULL, run_items, &p) == 0) started++;
-    run_items(&p);
+    run_items_as_caller(&p);
     for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
 }
 
@@ -48,6 +58,18 @@ int vks_cpu_thread_count(int threads) {
     return cores < 1 ? 1 : cores > CPU_MAX_THREADS ? CPU_MAX_THREADS : (int)cores;
 }
 
+typedef struct {
+    void (*fn)(void *ctx, int begin, int end);
+    void *ctx;
+} public_task;
+
+static void run_public_task(void *ctx, int begin, int end, int worker) {
+    (void)worker;
+    public_task *t = ctx;
+    t->fn(t->ctx, begin, end);
+}
+
 void vks_cpu_parallel(const vks_cpu *c, int n, void (*fn)(void *ctx, int begin, int end), void *ctx) {
-    cpu_parallel_for(c ? c->threads : 1, n, 1, fn, ctx);
+    public_task t = {fn, ctx};
+    cpu_parallel_for(c ? c->threads : 1, n, 1, run_public_task, &t);
 }
