@@ -1,11 +1,12 @@
 /* vks_cpu.h: the fast f32 CPU forward (src/cpu). The same layer-range forward
  * as the engine over many sequences (rows) at once: grouped-query attention,
  * both RoPE pairings, Qwen2 q/k/v biases and every weight type the engine
- * reads. Matrix products go through OpenBLAS cblas_sgemm; f16, bf16, Q8_0,
- * Q4_0, Q4_K and Q6_K weights are dequantized a panel of rows at a time into
- * one reused f32 buffer (no f32 copy of the model). Norms, RoPE, attention
- * and the panel conversion run on the context's own pthreads. The float64
- * reference (vks_cpu_forward.h) stays the oracle. */
+ * reads. Matrix products go through OpenBLAS cblas_sgemm (one BLAS thread
+ * per call): a weight's rows are split among the context's pthreads, and
+ * f16, bf16, Q8_0, Q4_0, Q4_K and Q6_K rows are dequantized into each
+ * thread's reused f32 panel (no f32 copy of the model). Norms, RoPE and
+ * attention run on the same threads. The float64 reference
+ * (vks_cpu_forward.h) stays the oracle. */
 #ifndef VKS_CPU_H
 #define VKS_CPU_H
 #include "vks_model.h"
