@@ -7,6 +7,8 @@
 #include "test_util.h"
 #include "vkswarm/vks_cpu.h"
 #include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_gpu.h"
+#include "vkswarm/vks_sched.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
@@ -271,6 +273,94 @@ static void test_verdicts_same_on_1_and_n_threads(void **state) {
     vks_model_free(m);
 }
 
+/* ---- GPU rollouts (lavapipe; meson runs this again at other subgroup sizes) ---- */
+
+static void push_hidden(void *user, const vks_step *st, const vks_seq_state *states, const float *hidden,
+                        const int32_t *sampled) {
+    vks_toploc_builder *b = user;
+    (void)sampled;
+    int dim = vks_toploc_builder_dim(b);
+    for (int i = 0; i < st->n_out; i++)
+        if (!states[st->out_seq[i]].done)
+            assert_int_equal(vks_toploc_builder_push(b, st->out_seq[i], hidden + (size_t)i * (size_t)dim), VKS_OK);
+}
+
+/* n samples generated on the GPU as `generate --rollouts-out` makes them. */
+static vks_rollout_sample *gpu_samples(vks_gpu *g, const vks_model *m, const uint8_t hash[32], int n, int steps) {
+    vks_sequence *seqs = calloc((size_t)n, sizeof *seqs);
+    assert_non_null(seqs);
+    for (int i = 0; i < n; i++) {
+        seqs[i].n_prompt = 1 + i % 7;
+        seqs[i].ids = make_ids(seqs[i].n_prompt, m->cfg.vocab_size, 900 + (uint64_t)i);
+        seqs[i].ids[0] = 1;
+    }
+    vks_engine_options eo = {.n_slots = n, .kv_len = steps, .max_rows = 256, .max_out_rows = n, .f32_math = true};
+    vks_engine *e;
+    vks_toploc_builder *b;
+    assert_int_equal(vks_engine_create(g, m, &eo, &e), VKS_OK);
+    assert_int_equal(vks_toploc_builder_create(n, m->cfg.dim, &b), VKS_OK);
+    vks_generate_options go = {.steps = steps, .temperature = 1.0f, .top_p = 0.9f, .seed = 31, .stop_token_a = 1,
+                               .stop_token_b = 2, .on_hidden = push_hidden, .user = b};
+    assert_int_equal(vks_generate(e, &go, seqs, n, 0), VKS_OK);
+    assert_int_equal(vks_toploc_builder_finish(b), VKS_OK);
+    vks_rollout_sample *out = calloc((size_t)n, sizeof *out);
+    for (int i = 0; i < n; i++) {
+        vks_sequence *q = &seqs[i];
+        int n_out = q->n_ids - q->n_prompt + (q->stop_token >= 0);
+        out[i] = (vks_rollout_sample){.id = strdup("g"), .n_prompt = q->n_prompt, .n_output = n_out, .seed = 31,
+                                      .seq = (uint32_t)i, .temperature = 1.0f, .top_p = 0.9f, .max_steps = steps};
+        out[i].prompt_ids = malloc(sizeof(int32_t) * (size_t)q->n_prompt);
+        out[i].output_ids = malloc(sizeof(int32_t) * (size_t)n_out);
+        memcpy(out[i].prompt_ids, q->ids, sizeof(int32_t) * (size_t)q->n_prompt);
+        memcpy(out[i].output_ids, q->ids + q->n_prompt, sizeof(int32_t) * (size_t)(q->n_ids - q->n_prompt));
+        if (q->stop_token >= 0) out[i].output_ids[n_out - 1] = q->stop_token;
+        memcpy(out[i].model_hash, hash, 32);
+        const uint8_t *p = vks_toploc_builder_proofs(b, i, &out[i].proof_bytes);
+        out[i].proofs = malloc(out[i].proof_bytes);
+        memcpy(out[i].proofs, p, out[i].proof_bytes);
+        vks_sequence_free(q);
+    }
+    vks_toploc_builder_destroy(b);
+    vks_engine_destroy(e);
+    free(seqs);
+    return out;
+}
+
+static void test_gpu_rollouts_accepted(void **state) {
+    (void)state;
+    enum { N = 200, STEPS = 40 };
+    const char *path = tu_shared_path("stories260K/stories260K.bin");
+    if (!path) skip();
+    vks_gpu *g = tu_gpu_open();
+    if (!g) skip();
+    vks_model *m;
+    assert_int_equal(vks_model_load(path, &m), VKS_OK);
+    vks_verify_options o;
+    vks_verify_options_default(&o);
+    assert_int_equal(vks_model_hash(m, o.model_hash), VKS_OK);
+    o.stop_ids[0] = 1, o.stop_ids[1] = 2, o.n_stop = 2;
+    vks_rollout_sample *s = gpu_samples(g, m, o.model_hash, N, STEPS);
+    vks_verdict *v = calloc(N, sizeof *v);
+    o.cpu_threads = 3;
+    assert_int_equal(vks_verify_batch_cpu(m, &o, s, N, v), VKS_OK);
+    int rejected = 0;
+    float worst_gap = 0;
+    for (int i = 0; i < N; i++) {
+        if (!v[i].accepted) fprintf(stderr, "sample %d rejected: %s\n", i, v[i].reason);
+        rejected += !v[i].accepted;
+        worst_gap = v[i].max_gap > worst_gap ? v[i].max_gap : worst_gap;
+    }
+    const char *width = getenv("LP_NATIVE_VECTOR_WIDTH");
+    fprintf(stderr, "%d GPU samples (lavapipe vector width %s): %d rejected by the fast CPU verifier, largest gap %.3g\n",
+            N, width ? width : "default", rejected, (double)worst_gap);
+    assert_int_equal(rejected, 0);
+    assert_int_equal(vks_gpu_validation_messages(g), 0);
+    for (int i = 0; i < N; i++) vks_rollout_sample_free(&s[i]);
+    free(s), free(v);
+    vks_model_free(m);
+    vks_gpu_destroy(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_f32_within_1e4),
@@ -278,6 +368,7 @@ int main(void) {
         cmocka_unit_test(test_odd_shapes_and_panels),
         cmocka_unit_test(test_output_rows_and_bad_arguments),
         cmocka_unit_test(test_verdicts_same_on_1_and_n_threads),
+        cmocka_unit_test(test_gpu_rollouts_accepted),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
