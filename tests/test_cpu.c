@@ -361,6 +361,41 @@ static void test_gpu_rollouts_accepted(void **state) {
     vks_gpu_destroy(g);
 }
 
+/* ---- the CLI: logits --cpu against the GPU's, verify with no Vulkan device ---- */
+
+static float *read_floats(const char *path, size_t want) {
+    size_t len = 0;
+    unsigned char *b = tu_read_file(path, &len);
+    assert_non_null(b);
+    assert_int_equal(len, want * sizeof(float));
+    return (float *)(void *)b;
+}
+
+static void test_cli_logits_cpu_and_no_gpu_verify(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir(), *bin = tu_bin(), *rnd = "--random-model 64,128,2,4,2,96,32";
+    char cmd[2048], *err = NULL;
+    snprintf(cmd, sizeof cmd, "echo '1 5 9 13 2 77 30' > %s/ids && %s logits %s --ids %s/ids --out %s/gpu.f32 2>/dev/null && "
+             "%s logits %s --cpu --threads 3 --ids %s/ids --out %s/cpu.f32 2>/dev/null", dir, bin, rnd, dir, dir, bin,
+             rnd, dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/gpu.f32", dir);
+    float *gpu = read_floats(path, 7 * 96);
+    snprintf(path, sizeof path, "%s/cpu.f32", dir);
+    float *cpu = read_floats(path, 7 * 96);
+    assert_true(max_abs_diff(cpu, gpu, 7 * 96) <= 1e-4);
+    free(gpu), free(cpu);
+    /* rollouts from the GPU, verified where no Vulkan driver loads: the CPU forward takes over */
+    snprintf(cmd, sizeof cmd, "%s generate %s --prompt '1 5 7' -n 20 --seed 3 --rollouts-out %s/r.jsonl > /dev/null 2>&1 && "
+             "VK_ICD_FILENAMES=/nonexistent VK_DRIVER_FILES=/nonexistent %s verify %s --rollouts %s/r.jsonl 2>&1",
+             bin, rnd, dir, bin, rnd, dir);
+    assert_int_equal(tu_run(cmd, &err), 0);
+    assert_non_null(strstr(err, "verifying with the CPU forward"));
+    assert_non_null(strstr(err, "1 accepted"));
+    free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_f32_within_1e4),
@@ -369,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_output_rows_and_bad_arguments),
         cmocka_unit_test(test_verdicts_same_on_1_and_n_threads),
         cmocka_unit_test(test_gpu_rollouts_accepted),
+        cmocka_unit_test(test_cli_logits_cpu_and_no_gpu_verify),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

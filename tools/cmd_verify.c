@@ -24,6 +24,7 @@ static const char verify_usage[] =
     "nothing else on stdout. Exit 0 when all pass, 1 when any is rejected, 2 on bad input.\n"
     "--mpi (under mpirun): rank 0 reads the file and hands batches to verifier ranks 1..N-1, which\n"
     "verify them (each with its own GPU, or --cpu) and send back verdicts; output as without --mpi.\n"
+    "Without --device, a machine (or verifier rank) where no Vulkan device opens verifies with --cpu.\n"
     "--cpu verifies with the fast f32 CPU forward (OpenBLAS; no GPU) on --threads N threads (default:\n"
     "every core); --cpu-reference uses the float64 reference forward instead (slow, one thread).\n"
     "--batch N: samples per batched prefill (GPU KV slots, default 16). --stop-ids: the stop tokens the verifier trusts (default 1,2: BOS\n"
@@ -142,7 +143,11 @@ typedef struct {
 static void verifier_open(verifier *v, const verify_args *a, const vks_model *m) {
     *v = (verifier){.a = a, .m = m};
     if (a->cpu) return;
-    v->g = cli_open_gpu(&a->m);
+    if (a->m.device < 0 && !(v->g = cli_try_open_gpu(&a->m))) { /* no Vulkan device here: verify on the CPU */
+        cli_note("verify: no GPU (%s); verifying with the CPU forward (--cpu)", vks_last_error());
+        return;
+    }
+    if (!v->g) v->g = cli_open_gpu(&a->m);
     /* vks_verify_batch sizes the KV cache by each batch's longest sample */
     vks_engine_options eo = {.f32_math = true, .dtype = a->m.dtype, .n_slots = a->batch, .kv_len = 1, .max_rows = 512,
                              .max_out_rows = 512};
