@@ -93,12 +93,26 @@ vks_tokenizer *cli_load_tokenizer(const cli_model_args *a, const vks_model *m) {
     return t;
 }
 
-vks_gpu *cli_open_gpu(const cli_model_args *a) {
+static int open_gpu(const cli_model_args *a, vks_gpu **g) {
     const char *val = getenv("VKSWARM_VALIDATION");
     vks_gpu_options o = {.device_index = a->device, .validation = val && *val && strcmp(val, "0"),
                          .profile = a->profile};
+    *g = NULL;
+    return vks_gpu_create(&o, g);
+}
+
+vks_gpu *cli_try_open_gpu(const cli_model_args *a) {
     vks_gpu *g = NULL;
-    int rc = vks_gpu_create(&o, &g);
+    if (open_gpu(a, &g)) return NULL;
+    const vks_device_info *d = vks_gpu_info(g);
+    fprintf(stderr, "vkswarm: device %d: %s (%s, %s)\n", d->index, d->name, vks_vendor_name(d->vendor),
+            vks_device_type_name(d->type));
+    return g;
+}
+
+vks_gpu *cli_open_gpu(const cli_model_args *a) {
+    vks_gpu *g = NULL;
+    int rc = open_gpu(a, &g);
     if (rc) cli_die(rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
     const vks_device_info *d = vks_gpu_info(g);
     fprintf(stderr, "vkswarm: device %d: %s (%s, %s)\n", d->index, d->name, vks_vendor_name(d->vendor),

@@ -30,6 +30,8 @@ vks_model *cli_load_model(cli_model_args *a);
 vks_tokenizer *cli_load_tokenizer(const cli_model_args *a, const vks_model *m);
 /* Opens the GPU (VKSWARM_VALIDATION=1 turns the validation layer on). */
 vks_gpu *cli_open_gpu(const cli_model_args *a);
+/* The same, but NULL (vks_last_error() says why) when no device opens. */
+vks_gpu *cli_try_open_gpu(const cli_model_args *a);
 /* Creates an engine; a model that does not fit exits 2 with the bytes. */
 vks_engine *cli_create_engine(vks_gpu *g, const vks_model *m, const vks_engine_options *o);
 /* Prints per-kernel times (after --profile) on stderr. */

@@ -9,6 +9,7 @@
 #include "vkswarm/vks_ops.h"
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_cpu.h"
 
 static const char bench_usage[] =
     "usage: vkswarm bench (--model M | --random-model dim,hidden,layers,heads,kv_heads,vocab[,seq])\n"
@@ -16,7 +17,24 @@ static const char bench_usage[] =
     "Prints prefill and decode tokens/s and, measured in the same run, the device's copy bandwidth and\n"
     "large-matmul FLOP/s, with the fraction of each that prefill and decode reach.\n"
     "--dtype: f32, f16, bf16, q8_0, q4_0, q4_k (quantized on upload) or file (the file's types).\n"
-    "Defaults: --batch 1 --prompt-len 128 --gen 32 --dtype f32.\n";
+    "Defaults: --batch 1 --prompt-len 128 --gen 32 --dtype f32.\n"
+    "       vkswarm bench --sgemm M,N,K [--threads N]\n"
+    "prints OpenBLAS cblas_sgemm's GFLOP/s on y[M,N] = x[M,K] W[N,K]^T as the CPU forward calls it\n"
+    "(--threads: default every core), the ceiling for `verify --cpu`.\n";
+
+/* --sgemm M,N,K: the CPU forward's matrix-product rate (no model, no GPU). */
+static int bench_sgemm(const char *spec, int threads) {
+    long v[3];
+    char extra;
+    if (sscanf(spec, "%ld,%ld,%ld%c", &v[0], &v[1], &v[2], &extra) != 3)
+        cli_die(EXIT_BAD_INPUT, "--sgemm: '%s' is not M,N,K", spec);
+    for (int i = 0; i < 3; i++)
+        if (v[i] < 1 || v[i] > 65536) cli_die(EXIT_BAD_INPUT, "--sgemm: %ld outside 1..65536", v[i]);
+    double gflops;
+    if (vks_cpu_sgemm_rate((int)v[0], (int)v[1], (int)v[2], threads, 2.0, &gflops)) cli_die(1, "bench: %s", vks_last_error());
+    printf("sgemm %ldx%ldx%ld, %d threads: %.1f GFLOP/s\n", v[0], v[1], v[2], vks_cpu_thread_count(threads), gflops);
+    return 0;
+}
 
 /* Bytes/s of a device-local buffer-to-buffer copy, counting read + write. */
 static double measure_copy_bandwidth(vks_gpu *g) {
@@ -195,9 +213,12 @@ static double run_decode(vks_engine *e, const bench_shape *s, int vocab) {
 int cmd_bench(int argc, char **argv) {
     static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"batch", required_argument, 0, 0},
                                          {"prompt-len", required_argument, 0, 0}, {"gen", required_argument, 0, 0},
+                                         {"sgemm", required_argument, 0, 0}, {"threads", required_argument, 0, 0},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     cli_model_args ma = {.device = -1};
     bench_shape s = {1, 128, 32};
+    const char *sgemm = NULL;
+    int threads = 0;
     int c, idx;
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(bench_usage, stdout); return 0; }
@@ -206,8 +227,11 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(name, "batch")) s.batch = (int)cli_parse_long("--batch", optarg, 1, 4096);
         else if (!strcmp(name, "prompt-len")) s.prompt_len = (int)cli_parse_long("--prompt-len", optarg, 1, 1 << 20);
         else if (!strcmp(name, "gen")) s.gen = (int)cli_parse_long("--gen", optarg, 1, 1 << 20);
+        else if (!strcmp(name, "sgemm")) sgemm = optarg;
+        else if (!strcmp(name, "threads")) threads = (int)cli_parse_long("--threads", optarg, 1, 256);
     }
     if (optind < argc) cli_usage_error("bench", "unexpected argument '%s'", argv[optind]);
+    if (sgemm) return bench_sgemm(sgemm, threads);
     vks_model *m = cli_load_model(&ma);
     if (s.prompt_len + s.gen > m->cfg.seq_len)
         cli_die(EXIT_BAD_INPUT, "bench: prompt-len + gen = %d exceeds the model's context %d", s.prompt_len + s.gen,

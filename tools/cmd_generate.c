@@ -8,6 +8,7 @@
 #include "cli_prompts.h"
 #include "cli_rollouts.h"
 #include "cli_util.h"
+#include "vkswarm/vks_cpu.h"
 
 static const char generate_usage[] =
     "usage: vkswarm generate --model M --tokenizer T [--prompt TEXT | --prompts FILE] [-n STEPS]\n"
@@ -138,8 +139,10 @@ int cmd_generate(int argc, char **argv) {
 
 static const char logits_usage[] =
     "usage: vkswarm logits --model M --ids FILE --out FILE [--dtype f32|f16|bf16] [--device N] [--profile]\n"
+    "                      [--cpu [--threads N]]\n"
     "Feeds the ids (whitespace-separated integers; lines starting with '#' are ignored) at positions\n"
-    "0..N-1 of one sequence and writes float32 logits [N, vocab], little-endian, to --out.\n";
+    "0..N-1 of one sequence and writes float32 logits [N, vocab], little-endian, to --out.\n"
+    "--cpu: the fast f32 CPU forward (OpenBLAS) on N threads (default: every core) instead of the GPU.\n";
 
 /* Parses the ids file strictly: integers in [0, vocab), at most max_n of them. */
 static int32_t *read_ids(const char *path, int vocab, int max_n, int *n_out) {
@@ -172,32 +175,15 @@ static int32_t *read_ids(const char *path, int vocab, int max_n, int *n_out) {
     return ids;
 }
 
-int cmd_logits(int argc, char **argv) {
-    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"ids", required_argument, 0, 0},
-                                         {"out", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    cli_model_args ma = {.device = -1};
-    const char *ids_path = NULL, *out_path = NULL;
-    int c, idx;
-    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
-        if (c == 'h') { fputs(logits_usage, stdout); return 0; }
-        const char *name = opts[idx].name;
-        if (cli_model_option(&ma, name, optarg)) continue;
-        if (!strcmp(name, "ids")) ids_path = optarg;
-        else if (!strcmp(name, "out")) out_path = optarg;
-    }
-    if (optind < argc) cli_usage_error("logits", "unexpected argument '%s'", argv[optind]);
-    if (!ids_path || !out_path) cli_usage_error("logits", "--ids and --out are required");
-    vks_model *m = cli_load_model(&ma);
-    int n;
-    int32_t *ids = read_ids(ids_path, m->cfg.vocab_size, m->cfg.seq_len, &n);
-    vks_gpu *g = cli_open_gpu(&ma);
+/* The engine's logits of ids at positions 0..n-1 of one sequence (one KV slot). */
+static void logits_gpu(const cli_model_args *ma, const vks_model *m, const int32_t *ids, int n, float *logits) {
+    vks_gpu *g = cli_open_gpu(ma);
     int chunk = n < 128 ? n : 128;
-    vks_engine_options eo = {.dtype = ma.dtype, .n_slots = 1, .kv_len = n, .max_rows = chunk, .max_out_rows = chunk};
+    vks_engine_options eo = {.dtype = ma->dtype, .n_slots = 1, .kv_len = n, .max_rows = chunk, .max_out_rows = chunk};
     vks_engine *e = cli_create_engine(g, m, &eo);
     size_t V = (size_t)m->cfg.vocab_size;
-    float *logits = malloc(sizeof(float) * V * (size_t)n);
     uint32_t *slot = calloc((size_t)chunk, 4), *pos = malloc(4 * (size_t)chunk), *rows = malloc(4 * (size_t)chunk);
-    if (!logits || !slot || !pos || !rows) cli_die(1, "out of host memory");
+    if (!slot || !pos || !rows) cli_die(1, "out of host memory");
     for (int r = 0; r < chunk; r++) rows[r] = (uint32_t)r;
     for (int p0 = 0; p0 < n; p0 += chunk) {
         int R = n - p0 < chunk ? n - p0 : chunk;
@@ -206,15 +192,55 @@ int cmd_logits(int argc, char **argv) {
                                .out_rows = rows, .logits = logits + (size_t)p0 * V};
         if (vks_engine_forward(e, &b)) cli_die(1, "logits: %s", vks_last_error());
     }
+    if (ma->profile) cli_print_profile(g);
+    vks_engine_destroy(e);
+    if (cli_finish_gpu(g)) cli_die(1, "logits: %s", vks_last_error());
+    free(slot); free(pos); free(rows);
+}
+
+/* The fast CPU forward's logits (vks_cpu.h). */
+static void logits_cpu(const vks_model *m, int threads, const int32_t *ids, int n, float *logits) {
+    vks_cpu_options co = {.threads = threads};
+    vks_cpu *cpu = NULL;
+    if (vks_cpu_create(m, &co, &cpu) || vks_cpu_prefill(cpu, ids, &n, 1, NULL, n, logits, NULL))
+        cli_die(1, "logits: %s", vks_last_error());
+    vks_cpu_destroy(cpu);
+}
+
+int cmd_logits(int argc, char **argv) {
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"ids", required_argument, 0, 0},
+                                         {"out", required_argument, 0, 0}, {"cpu", no_argument, 0, 0},
+                                         {"threads", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    cli_model_args ma = {.device = -1};
+    const char *ids_path = NULL, *out_path = NULL;
+    bool cpu = false;
+    int threads = 0;
+    int c, idx;
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
+        if (c == 'h') { fputs(logits_usage, stdout); return 0; }
+        const char *name = opts[idx].name;
+        if (cli_model_option(&ma, name, optarg)) continue;
+        if (!strcmp(name, "ids")) ids_path = optarg;
+        else if (!strcmp(name, "out")) out_path = optarg;
+        else if (!strcmp(name, "cpu")) cpu = true;
+        else if (!strcmp(name, "threads")) threads = (int)cli_parse_long("--threads", optarg, 1, 256);
+    }
+    if (optind < argc) cli_usage_error("logits", "unexpected argument '%s'", argv[optind]);
+    if (!ids_path || !out_path) cli_usage_error("logits", "--ids and --out are required");
+    vks_model *m = cli_load_model(&ma);
+    int n;
+    int32_t *ids = read_ids(ids_path, m->cfg.vocab_size, m->cfg.seq_len, &n);
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *logits = malloc(sizeof(float) * V * (size_t)n);
+    if (!logits) cli_die(1, "out of host memory");
+    if (cpu) logits_cpu(m, threads, ids, n, logits);
+    else logits_gpu(&ma, m, ids, n, logits);
     vks_outfile out; /* a temporary renamed into place when complete */
     if (vks_outfile_open(&out, out_path, 0666)) cli_die(1, "%s", vks_last_error());
     if (vks_outfile_finish(&out, fwrite(logits, sizeof(float) * V, (size_t)n, out.f) == (size_t)n))
         cli_die(1, "%s", vks_last_error());
     fprintf(stderr, "vkswarm: wrote %d x %zu logits to %s\n", n, V, out_path);
-    if (ma.profile) cli_print_profile(g);
-    vks_engine_destroy(e);
-    int rc = cli_finish_gpu(g);
-    free(logits); free(slot); free(pos); free(rows); free(ids);
+    free(logits); free(ids);
     vks_model_free(m);
-    return rc;
+    return 0;
 }

@@ -15,7 +15,7 @@ static const char verify_usage[] =
     "usage: vkswarm verify --model M --rollouts FILE [--prompts FILE [--tokenizer T]] [--device N]\n"
     "                      [--cpu] [--jsonl] [--batch N] [--stop-ids LIST] [--max-exp-mismatches N]\n"
     "                      [--max-mant-mean X] [--max-mant-median X] [--logit-margin X]\n"
-    "                      [--dtype f32|f16|bf16] [--mpi [--timeout-s T]]\n"
+    "                      [--dtype f32|f16|bf16] [--mpi [--timeout-s T]] [--threads N] [--cpu-reference]\n"
     "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
     "recomputing it with one prefill over prompt + output: the TOPLOC proof of each chunk of 32\n"
     "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
@@ -27,9 +27,11 @@ static const char verify_usage[] =
     "--timeout-s T (default 20): a verifier rank silent that long loses its batches to the others (or\n"
     "to rank 0 when none is left; a late answer is discarded) and the job then ends with status 3 after\n"
     "the complete output; a silent rank 0 stops the verifiers within T.\n"
-    "--cpu verifies with the C reference forward (no GPU). --batch N: samples per batched prefill\n"
-    "(GPU KV slots, default 16). --stop-ids: the stop tokens the verifier trusts (default 1,2: BOS\n"
-    "and EOS of llama2.c models); the file's must be among them. Thresholds default to TOPLOC's:\n"
+    "Without --device, a machine (or verifier rank) where no Vulkan device opens verifies with --cpu.\n"
+    "--cpu verifies with the fast f32 CPU forward (OpenBLAS; no GPU) on --threads N threads (default:\n"
+    "every core); --cpu-reference uses the float64 reference forward instead (slow, one thread).\n"
+    "--batch N: samples per batched prefill (GPU KV slots, default 16). --stop-ids: the stop tokens\n"
+    "the verifier trusts (default 1,2: BOS and EOS of llama2.c models); the file's must be among them. Thresholds default to TOPLOC's:\n"
     "38 exponent mismatches, mantissa error mean 10 and median 8 (of 128 values per chunk), and a\n"
     "sampler margin of 0.001 logits for cross-device rounding.\n"
     "--prompts FILE: the task, the prompts file given to generate/pipeline (one prompt per line,\n"
@@ -65,6 +67,8 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
     else if (!strcmp(name, "prompts")) a->prompts = val;
     else if (!strcmp(name, "cpu")) a->cpu = true;
     else if (!strcmp(name, "mpi")) a->mpi = true;
+    else if (!strcmp(name, "threads")) a->vo.cpu_threads = (int)cli_parse_long("--threads", val, 1, 256);
+    else if (!strcmp(name, "cpu-reference")) a->cpu = a->vo.cpu_reference = true;
     else if (!strcmp(name, "jsonl")) a->jsonl = true;
     else if (!strcmp(name, "batch")) a->batch = (int)cli_parse_long("--batch", val, 1, 4096);
     else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", val, 0.1, 1e5);
@@ -82,7 +86,8 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
 static void parse_verify(int argc, char **argv, verify_args *a) {
     static const struct option opts[] = {
         CLI_MODEL_LONG_OPTIONS, {"rollouts", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
-        {"cpu", no_argument, 0, 0}, {"mpi", no_argument, 0, 0},
+        {"cpu", no_argument, 0, 0}, {"mpi", no_argument, 0, 0}, {"threads", required_argument, 0, 0},
+        {"cpu-reference", no_argument, 0, 0},
         {"jsonl", no_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"stop-ids", required_argument, 0, 0},
         {"max-exp-mismatches", required_argument, 0, 0}, {"max-mant-mean", required_argument, 0, 0},
         {"max-mant-median", required_argument, 0, 0}, {"logit-margin", required_argument, 0, 0},
@@ -146,7 +151,11 @@ typedef struct {
 static void verifier_open(verifier *v, const verify_args *a, const vks_model *m) {
     *v = (verifier){.a = a, .m = m, .opened = true};
     if (a->cpu) return;
-    v->g = cli_open_gpu(&a->m);
+    if (a->m.device < 0 && !(v->g = cli_try_open_gpu(&a->m))) { /* no Vulkan device here: verify on the CPU */
+        cli_note("verify: no GPU (%s); verifying with the CPU forward (--cpu)", vks_last_error());
+        return;
+    }
+    if (!v->g) v->g = cli_open_gpu(&a->m);
     /* vks_verify_batch sizes the KV cache by each batch's longest sample */
     vks_engine_options eo = {.f32_math = true, .dtype = a->m.dtype, .n_slots = a->batch, .kv_len = 1, .max_rows = 512,
                              .max_out_rows = 512};

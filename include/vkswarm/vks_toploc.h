@@ -135,6 +135,10 @@ typedef struct {
     const int32_t *const *task_prompts;
     const int *task_prompt_lens;
     int n_task_prompts;
+    /* vks_verify_batch_cpu: threads of the fast f32 forward (vks_cpu.h; <= 0:
+     * every core), or the float64 reference forward when cpu_reference. */
+    int cpu_threads;
+    bool cpu_reference;
 } vks_verify_options;
 enum { VKS_VERIFY_MAX_TASK_PROMPTS = 1 << 24 };
 /* Default thresholds and margin; no stop tokens, no task, zero hash (the caller sets the hash and stops). */
@@ -158,7 +162,9 @@ typedef struct {
  * verdicts. */
 int vks_verify_batch(vks_engine *e, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
                      vks_verdict *out);
-/* The same with the C reference forward (no GPU). */
+/* The same without a GPU: all n samples go through one batched prefill of the
+ * fast f32 CPU forward (vks_cpu.h) on o->cpu_threads threads, or one by one
+ * through the float64 reference forward when o->cpu_reference. */
 int vks_verify_batch_cpu(const vks_model *m, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
                          vks_verdict *out);
 #endif

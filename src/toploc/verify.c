@@ -3,6 +3,7 @@
  * CPU reference forward or in batched prefill on a GPU engine. */
 #include "vkswarm/vks_toploc.h"
 #include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_cpu.h"
 #include "vkswarm/vks_ref.h"
 
 #include <math.h>
@@ -232,6 +233,123 @@ static int verify_one_cpu(const vks_model *m, const vks_verify_options *o, const
     return rc;
 }
 
+/* ---- CPU, fast: every sample of a group in one batched prefill ---- */
+
+enum { CPU_GROUP_MAX_ROWS = 4096 }; /* rows per prefill; a longer sample goes alone */
+
+typedef struct {
+    const vks_model *m;
+    const vks_verify_options *o;
+    const vks_rollout_sample *samples;
+    vks_verdict *out;
+    const int *which;     /* the group's samples */
+    const int *first_out; /* each one's first row in logits/hidden */
+    const float *logits, *hidden;
+    pthread_mutex_t lock;
+    int rc;               /* first failure, under lock */
+    char error[512];
+} cpu_replay;
+
+static int replay_sample(cpu_replay *r, int g) {
+    const vks_model_config *c = &r->m->cfg;
+    const vks_rollout_sample *s = &r->samples[r->which[g]];
+    sampler_scratch scr = {0};
+    sample_job j = {0};
+    int rc = scratch_alloc(&scr, c->vocab_size);
+    if (rc == VKS_OK) rc = job_start(&j, s, &r->out[r->which[g]], c->dim);
+    for (int t = 0; rc == VKS_OK && t < s->n_output; t++) {
+        size_t row = (size_t)(r->first_out[g] + t);
+        rc = job_row(&j, t, r->logits + row * (size_t)c->vocab_size, r->hidden + row * (size_t)c->dim, c, r->o, &scr);
+    }
+    if (rc == VKS_OK) rc = job_finish(&j, c, r->o);
+    free(j.hidden);
+    scratch_free(&scr);
+    return rc;
+}
+
+static void replay_samples(void *ctx, int begin, int end) {
+    cpu_replay *r = ctx;
+    for (int g = begin; g < end; g++) {
+        int rc = replay_sample(r, g);
+        if (rc == VKS_OK) continue;
+        pthread_mutex_lock(&r->lock);
+        if (r->rc == VKS_OK) {
+            r->rc = rc;
+            snprintf(r->error, sizeof r->error, "%s", vks_last_error()); /* errors are per thread */
+        }
+        pthread_mutex_unlock(&r->lock);
+    }
+}
+
+/* Ids of the group's samples (prompt + output but the last) and where each one's output rows are. */
+static void group_layout(const vks_rollout_sample *samples, const int *which, int n, int32_t *ids, int *lens,
+                         int *out_rows, int *first_out) {
+    int row = 0, n_out = 0;
+    for (int g = 0; g < n; g++) {
+        const vks_rollout_sample *s = &samples[which[g]];
+        lens[g] = s->n_prompt + s->n_output - 1;
+        memcpy(ids + row, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
+        memcpy(ids + row + s->n_prompt, s->output_ids, sizeof(int32_t) * (size_t)(s->n_output - 1));
+        first_out[g] = n_out;
+        for (int t = 0; t < s->n_output; t++) out_rows[n_out++] = row + s->n_prompt - 1 + t;
+        row += lens[g];
+    }
+}
+
+static int verify_group_fast(vks_cpu *cpu, cpu_replay *r, const int *which, int n, int rows, int n_out) {
+    const vks_model_config *c = &r->m->cfg;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)rows);
+    int *lens = malloc(sizeof(int) * (size_t)n), *first = malloc(sizeof(int) * (size_t)n);
+    int *out_rows = malloc(sizeof(int) * (size_t)n_out);
+    float *logits = malloc(sizeof(float) * (size_t)n_out * (size_t)c->vocab_size);
+    float *hidden = malloc(sizeof(float) * (size_t)n_out * (size_t)c->dim);
+    int rc = ids && lens && first && out_rows && logits && hidden ? VKS_OK
+                                                                   : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    if (rc == VKS_OK) {
+        group_layout(r->samples, which, n, ids, lens, out_rows, first);
+        rc = vks_cpu_prefill(cpu, ids, lens, n, out_rows, n_out, logits, hidden);
+    }
+    if (rc == VKS_OK) {
+        r->which = which, r->first_out = first, r->logits = logits, r->hidden = hidden;
+        vks_cpu_parallel(cpu, n, replay_samples, r); /* the sampler replay, one sample per item */
+        if ((rc = r->rc) != VKS_OK) vks_set_error(rc, "%s", r->error);
+    }
+    free(ids), free(lens), free(first), free(out_rows), free(logits), free(hidden);
+    return rc;
+}
+
+static int verify_live_fast(vks_cpu *cpu, cpu_replay *r, const bool *live, int n) {
+    int *which = malloc(sizeof(int) * (size_t)(n + 1));
+    if (!which) return vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    int rc = VKS_OK;
+    for (int i = 0; i < n && rc == VKS_OK;) {
+        int count = 0, rows = 0, n_out = 0;
+        for (; i < n; i++) {
+            if (!live[i]) continue;
+            int len = r->samples[i].n_prompt + r->samples[i].n_output - 1;
+            if (count > 0 && rows + len > CPU_GROUP_MAX_ROWS) break;
+            which[count++] = i, rows += len, n_out += r->samples[i].n_output;
+        }
+        if (count > 0) rc = verify_group_fast(cpu, r, which, count, rows, n_out);
+    }
+    free(which);
+    return rc;
+}
+
+static int verify_batch_fast(const vks_model *m, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
+                             vks_verdict *out, const bool *live) {
+    vks_cpu_options co = {.threads = o->cpu_threads};
+    vks_cpu *cpu = NULL;
+    int rc = vks_cpu_create(m, &co, &cpu);
+    if (rc != VKS_OK) return rc;
+    cpu_replay r = {.m = m, .o = o, .samples = samples, .out = out};
+    pthread_mutex_init(&r.lock, NULL);
+    rc = verify_live_fast(cpu, &r, live, n);
+    pthread_mutex_destroy(&r.lock);
+    vks_cpu_destroy(cpu);
+    return rc;
+}
+
 int vks_verify_batch_cpu(const vks_model *m, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
                          vks_verdict *out) {
     if (!m || !verify_args_ok(o, samples, n, out)) return vks_set_error(VKS_ERR_ARG, "vks_verify_batch_cpu: bad arguments");
@@ -239,7 +357,8 @@ int vks_verify_batch_cpu(const vks_model *m, const vks_verify_options *o, const 
     sampler_scratch scr = {0};
     int rc = live ? scratch_alloc(&scr, m->cfg.vocab_size) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
     if (rc == VKS_OK) rc = start_verdicts(&m->cfg, o, samples, n, out, live);
-    for (int i = 0; rc == VKS_OK && i < n; i++)
+    if (rc == VKS_OK && !o->cpu_reference) rc = verify_batch_fast(m, o, samples, n, out, live);
+    for (int i = 0; rc == VKS_OK && o->cpu_reference && i < n; i++)
         if (live[i]) rc = verify_one_cpu(m, o, &samples[i], &out[i], &scr);
     scratch_free(&scr);
     free(live);

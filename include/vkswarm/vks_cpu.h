@@ -1,0 +1,37 @@
+/* vks_cpu.h: the fast f32 CPU forward (src/cpu). The same layer-range forward
+ * as the engine over many sequences (rows) at once: grouped-query attention,
+ * both RoPE pairings, Qwen2 q/k/v biases and every weight type the engine
+ * reads. Matrix products go through OpenBLAS cblas_sgemm (one BLAS thread
+ * per call): a weight's rows are split among the context's pthreads, and
+ * f16, bf16, Q8_0, Q4_0, Q4_K and Q6_K rows are dequantized into each
+ * thread's reused f32 panel (no f32 copy of the model). Norms, RoPE and
+ * attention run on the same threads. The float64 reference
+ * (vks_cpu_forward.h) stays the oracle. */
+#ifndef VKS_CPU_H
+#define VKS_CPU_H
+#include "vks_model.h"
+
+typedef struct vks_cpu vks_cpu;
+
+typedef struct {
+    int threads;    /* <= 0: every online core */
+    int panel_rows; /* weight rows converted per sgemm panel; <= 0: about 1 MiB of f32 */
+} vks_cpu_options;
+
+/* Thread count a vks_cpu_options.threads value means (<= 0: online cores). */
+int vks_cpu_thread_count(int threads);
+/* opt may be NULL (defaults). The model must outlive the context. */
+int vks_cpu_create(const vks_model *m, const vks_cpu_options *opt, vks_cpu **out);
+void vks_cpu_destroy(vks_cpu *c);
+/* Runs n_seqs sequences, each from position 0: ids holds seq_lens[0] ids of
+ * the first, then the second's, ... For the rows out_rows[0..n_out) of that
+ * concatenation (NULL: every row, n_out = the total) writes logits
+ * [n_out, vocab] and, when hidden != NULL, the final-norm rows [n_out, dim]. */
+int vks_cpu_prefill(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_seqs, const int *out_rows, int n_out,
+                    float *logits, float *hidden);
+/* Runs fn over items 0..n-1 on the context's threads (one item at a time). */
+void vks_cpu_parallel(const vks_cpu *c, int n, void (*fn)(void *ctx, int begin, int end), void *ctx);
+/* cblas_sgemm's rate in GFLOP/s on y[M,N] = x[M,K] W[N,K]^T (as the forward
+ * calls it) with `threads` BLAS threads, repeated for about `seconds`. */
+int vks_cpu_sgemm_rate(int M, int N, int K, int threads, double seconds, double *gflops);
+#endif

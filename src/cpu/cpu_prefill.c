@@ -1,0 +1,330 @@
+/* cpu_prefill.c: the fast f32 forward over many sequences at once (see
+ * vks_cpu.h). Rows of every sequence go through each layer together; each
+ * sequence attends causally to its own rows only. Norms accumulate in double
+ * and RoPE rotates in double as the reference does; attention and SwiGLU run
+ * in f32. */
+#include "cpu/cpu_internal.h"
+#include "model/model_internal.h"
+#include "vkswarm/vks_ref.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Default panel: 1 MiB of f32 per thread (at least 16 rows). */
+enum { PANEL_FLOATS = 1 << 18, MAX_PANEL_ROWS = 1 << 16 };
+
+typedef struct {
+    int rows, n_seqs, max_len;
+    const int *seq_lens;
+    int *seq_base;     /* first row of each sequence */
+    uint32_t *pos;     /* position of each row in its sequence */
+    double *rope_cos, *rope_sin; /* [max_len, head_dim/2] */
+    float *x, *xb, *q, *k, *v, *att, *tmp, *h1, *h3;
+    atomic_int failed; /* a worker could not get its scratch */
+} activations;
+
+static void free_activations(activations *a) {
+    float *f[] = {a->x, a->xb, a->q, a->k, a->v, a->att, a->tmp, a->h1, a->h3};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    free(a->seq_base), free(a->pos), free(a->rope_cos), free(a->rope_sin);
+}
+
+static void fill_positions_and_rope(activations *a, const vks_model_config *c) {
+    for (int s = 0, row = 0; s < a->n_seqs; s++) {
+        a->seq_base[s] = row;
+        for (int t = 0; t < a->seq_lens[s]; t++) a->pos[row++] = (uint32_t)t;
+    }
+    int half = c->head_dim / 2;
+    for (int p = 0; p < a->max_len; p++)
+        for (int i = 0; i < half; i++) {
+            double angle = (double)p * pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+            a->rope_cos[(size_t)p * half + i] = cos(angle);
+            a->rope_sin[(size_t)p * half + i] = sin(angle);
+        }
+}
+
+static int alloc_activations(activations *a, const vks_model_config *c, const int *seq_lens, int n_seqs, int rows) {
+    memset(a, 0, sizeof *a);
+    a->rows = rows, a->n_seqs = n_seqs, a->seq_lens = seq_lens;
+    for (int s = 0; s < n_seqs; s++)
+        if (seq_lens[s] > a->max_len) a->max_len = seq_lens[s];
+    size_t r = (size_t)rows, dim = (size_t)c->dim, kv = (size_t)c->kv_dim, hid = (size_t)c->hidden_dim;
+    size_t rope = (size_t)a->max_len * (size_t)(c->head_dim / 2) + 1;
+    a->seq_base = malloc((size_t)n_seqs * sizeof(int));
+    a->pos = malloc(r * sizeof(uint32_t));
+    a->rope_cos = malloc(rope * sizeof(double)), a->rope_sin = malloc(rope * sizeof(double));
+    a->x = malloc(r * dim * 4), a->xb = malloc(r * dim * 4), a->q = malloc(r * dim * 4);
+    a->att = malloc(r * dim * 4), a->tmp = malloc(r * dim * 4);
+    a->k = malloc(r * kv * 4), a->v = malloc(r * kv * 4);
+    a->h1 = malloc(r * hid * 4), a->h3 = malloc(r * hid * 4);
+    if (!a->seq_base || !a->pos || !a->rope_cos || !a->rope_sin || !a->x || !a->xb || !a->q || !a->att || !a->tmp ||
+        !a->k || !a->v || !a->h1 || !a->h3) {
+        free_activations(a);
+        return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_prefill: out of memory for %d rows", rows);
+    }
+    atomic_init(&a->failed, 0);
+    fill_positions_and_rope(a, c);
+    return VKS_OK;
+}
+
+/* ---- row-parallel element-wise steps ---- */
+
+typedef struct {
+    const vks_cpu *c;
+    activations *a;
+    const float *in, *w;
+    float *out;
+    int width;
+} row_job;
+
+static void rmsnorm_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
+    row_job *j = ctx;
+    size_t D = (size_t)j->width;
+    for (int r = begin; r < end; r++) {
+        const float *x = j->in + (size_t)r * D;
+        float *y = j->out + (size_t)r * D;
+        double sum_sq = 0.0;
+        for (size_t d = 0; d < D; d++) sum_sq += (double)x[d] * (double)x[d];
+        double inv = 1.0 / sqrt(sum_sq / (double)D + (double)j->c->m->cfg.norm_eps);
+        for (size_t d = 0; d < D; d++) y[d] = (float)((double)x[d] * inv * (double)j->w[d]);
+    }
+}
+
+static void rmsnorm(vks_cpu *c, activations *a, const vks_tensor *w, const float *in, int rows, float *out) {
+    cpu_convert_rows(w, 0, 1, c->vec);
+    row_job j = {.c = c, .a = a, .in = in, .w = c->vec, .out = out, .width = c->m->cfg.dim};
+    cpu_parallel_for(c->threads, rows, 16, rmsnorm_rows, &j);
+}
+
+static void rope_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
+    row_job *j = ctx;
+    const vks_model_config *cf = &j->c->m->cfg;
+    int hd = cf->head_dim, half = hd / 2, heads = j->width / hd;
+    for (int r = begin; r < end; r++) {
+        const double *cs = j->a->rope_cos + (size_t)j->a->pos[r] * half, *sn = j->a->rope_sin + (size_t)j->a->pos[r] * half;
+        for (int h = 0; h < heads; h++) {
+            float *head = j->out + (size_t)r * j->width + (size_t)h * hd;
+            for (int i = 0; i < half; i++) {
+                int i0 = cf->rope_mode == VKS_ROPE_HALF ? i : 2 * i, i1 = cf->rope_mode == VKS_ROPE_HALF ? i + half : 2 * i + 1;
+                double v0 = head[i0], v1 = head[i1];
+                head[i0] = (float)(v0 * cs[i] - v1 * sn[i]);
+                head[i1] = (float)(v0 * sn[i] + v1 * cs[i]);
+            }
+        }
+    }
+}
+
+static void rope(vks_cpu *c, activations *a, float *x, int width) {
+    row_job j = {.c = c, .a = a, .out = x, .width = width};
+    cpu_parallel_for(c->threads, a->rows, 16, rope_rows, &j);
+}
+
+static void swiglu_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
+    row_job *j = ctx;
+    size_t W = (size_t)j->width;
+    for (size_t i = (size_t)begin * W; i < (size_t)end * W; i++) {
+        float g = j->a->h1[i];
+        j->a->h1[i] = g / (1.0f + expf(-g)) * j->a->h3[i];
+    }
+}
+
+static void add_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
+    row_job *j = ctx;
+    size_t W = (size_t)j->width;
+    for (size_t i = (size_t)begin * W; i < (size_t)end * W; i++) j->out[i] += j->in[i];
+}
+
+static void add_residual(vks_cpu *c, activations *a, const float *y) {
+    row_job j = {.c = c, .a = a, .in = y, .out = a->x, .width = c->m->cfg.dim};
+    cpu_parallel_for(c->threads, a->rows, 64, add_rows, &j);
+}
+
+/* y[r, :] += bias (no-op when the model has none). */
+static void add_bias(vks_cpu *c, const vks_tensor *bias, float *y, int rows) {
+    if (!bias->data) return;
+    size_t cols = (size_t)bias->cols;
+    cpu_convert_rows(bias, 0, 1, c->vec);
+    for (size_t r = 0; r < (size_t)rows; r++)
+        for (size_t i = 0; i < cols; i++) y[r * cols + i] += c->vec[i];
+}
+
+/* ---- attention: one work item per (sequence, query head) ----
+ * Query rows go in blocks of ATT_BLOCK: scores = Q K^T and out = P V are
+ * single-threaded sgemm calls on this worker (BLAS threads are set to 1
+ * around the loop), softmax over each row's keys 0..t in between. */
+
+enum { ATT_BLOCK = 64 };
+
+static void softmax_causal(float *s, int ld, int rows, int t0) {
+    for (int i = 0; i < rows; i++) {
+        float *row = s + (size_t)i * ld, max_score = -INFINITY, total = 0.0f;
+        int last = t0 + i;
+        for (int u = 0; u <= last; u++) max_score = row[u] > max_score ? row[u] : max_score;
+        for (int u = 0; u <= last; u++) total += (row[u] = expf(row[u] - max_score));
+        float inv = 1.0f / total;
+        for (int u = 0; u <= last; u++) row[u] *= inv;
+        for (int u = last + 1; u < ld; u++) row[u] = 0.0f;
+    }
+}
+
+static void attend_block(const vks_model_config *cf, const activations *a, int base, int t0, int rows, int h,
+                         float *scores) {
+    int hd = cf->head_dim, kv_off = (h / (cf->n_heads / cf->n_kv_heads)) * hd, keys = t0 + rows;
+    const float *q = a->q + (size_t)(base + t0) * cf->dim + (size_t)h * hd;
+    const float *k = a->k + (size_t)base * cf->kv_dim + kv_off, *v = a->v + (size_t)base * cf->kv_dim + kv_off;
+    float *out = a->att + (size_t)(base + t0) * cf->dim + (size_t)h * hd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f / sqrtf((float)hd), q, cf->dim, k,
+                cf->kv_dim, 0.0f, scores, keys);
+    softmax_causal(scores, keys, rows, t0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, scores, keys, v, cf->kv_dim, 0.0f, out,
+                cf->dim);
+}
+
+static void attention_items(void *ctx, int begin, int end, int worker) {
+    (void)worker;
+    row_job *j = ctx;
+    const vks_model_config *cf = &j->c->m->cfg;
+    float *scores = malloc((size_t)ATT_BLOCK * (size_t)j->a->max_len * sizeof *scores);
+    if (!scores) {
+        atomic_store(&j->a->failed, 1);
+        return;
+    }
+    for (int it = begin; it < end; it++) {
+        int s = it / cf->n_heads, h = it % cf->n_heads, len = j->a->seq_lens[s];
+        for (int t0 = 0; t0 < len; t0 += ATT_BLOCK)
+            attend_block(cf, j->a, j->a->seq_base[s], t0, len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK, h, scores);
+    }
+    free(scores);
+}
+
+/* ---- layers ---- */
+
+static void attention_block(vks_cpu *c, const vks_layer_weights *w, activations *a) {
+    const vks_model_config *cf = &c->m->cfg;
+    rmsnorm(c, a, &w->attn_norm, a->x, a->rows, a->xb);
+    cpu_matmul(c, &w->wq, a->xb, a->rows, a->q);
+    cpu_matmul(c, &w->wk, a->xb, a->rows, a->k);
+    cpu_matmul(c, &w->wv, a->xb, a->rows, a->v);
+    add_bias(c, &w->bq, a->q, a->rows);
+    add_bias(c, &w->bk, a->k, a->rows);
+    add_bias(c, &w->bv, a->v, a->rows);
+    rope(c, a, a->q, cf->dim);
+    rope(c, a, a->k, cf->kv_dim);
+    row_job j = {.c = c, .a = a};
+    cpu_parallel_for(c->threads, a->n_seqs * cf->n_heads, 1, attention_items, &j);
+    cpu_matmul(c, &w->wo, a->att, a->rows, a->tmp);
+    add_residual(c, a, a->tmp);
+}
+
+static void ffn_block(vks_cpu *c, const vks_layer_weights *w, activations *a) {
+    rmsnorm(c, a, &w->ffn_norm, a->x, a->rows, a->xb);
+    cpu_matmul(c, &w->w1, a->xb, a->rows, a->h1);
+    cpu_matmul(c, &w->w3, a->xb, a->rows, a->h3);
+    row_job j = {.c = c, .a = a, .width = c->m->cfg.hidden_dim};
+    cpu_parallel_for(c->threads, a->rows, 16, swiglu_rows, &j);
+    cpu_matmul(c, &w->w2, a->h1, a->rows, a->tmp);
+    add_residual(c, a, a->tmp);
+}
+
+/* Final norm and classifier on the chosen rows only (gathered into xb, tmp). */
+static void output_rows(vks_cpu *c, activations *a, const int *out_rows, int n_out, float *logits, float *hidden) {
+    size_t dim = (size_t)c->m->cfg.dim;
+    for (int i = 0; i < n_out; i++)
+        memcpy(a->tmp + (size_t)i * dim, a->x + (size_t)(out_rows ? out_rows[i] : i) * dim, dim * sizeof(float));
+    rmsnorm(c, a, &c->m->final_norm, a->tmp, n_out, a->xb);
+    if (hidden) memcpy(hidden, a->xb, (size_t)n_out * dim * sizeof(float));
+    cpu_matmul(c, &c->m->classifier, a->xb, n_out, logits);
+}
+
+/* ---- entry points ---- */
+
+static int check_prefill_args(const vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_seqs,
+                              const int *out_rows, int n_out, const float *logits, int *rows) {
+    if (!c || !ids || !seq_lens || !logits || n_seqs <= 0)
+        return vks_set_error(VKS_ERR_ARG, "vks_cpu_prefill: NULL argument or no sequences");
+    const vks_model_config *cf = &c->m->cfg;
+    int64_t total = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seq_lens[s] <= 0 || seq_lens[s] > cf->seq_len)
+            return vks_set_error(VKS_ERR_ARG, "vks_cpu_prefill: sequence %d has %d tokens, outside 1..seq_len %d", s,
+                                 seq_lens[s], cf->seq_len);
+        if ((total += seq_lens[s]) > INT_MAX / 4)
+            return vks_set_error(VKS_ERR_ARG, "vks_cpu_prefill: too many rows in one call");
+    }
+    for (int64_t r = 0; r < total; r++)
+        if (ids[r] < 0 || ids[r] >= cf->vocab_size)
+            return vks_set_error(VKS_ERR_ARG, "vks_cpu_prefill: token %d at row %lld outside the vocabulary", ids[r],
+                                 (long long)r);
+    if (out_rows ? n_out < 0 || n_out > total : n_out != total)
+        return vks_set_error(VKS_ERR_ARG, "vks_cpu_prefill: %d output rows of %lld", n_out, (long long)total);
+    for (int i = 0; out_rows && i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= total)
+            return vks_set_error(VKS_ERR_ARG, "vks_cpu_prefill: output row %d outside 0..%lld", out_rows[i],
+                                 (long long)total - 1);
+    *rows = (int)total;
+    return VKS_OK;
+}
+
+int vks_cpu_prefill(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_seqs, const int *out_rows, int n_out,
+                    float *logits, float *hidden) {
+    int rows = 0, rc = check_prefill_args(c, ids, seq_lens, n_seqs, out_rows, n_out, logits, &rows);
+    if (rc != VKS_OK) return rc;
+    const vks_model_config *cf = &c->m->cfg;
+    activations a;
+    if ((rc = alloc_activations(&a, cf, seq_lens, n_seqs, rows)) != VKS_OK) return rc;
+    cpu_blas_threads(1); /* each worker's sgemm runs on that worker */
+    for (int r = 0; r < rows; r++) cpu_convert_rows(&c->m->tok_emb, ids[r], 1, a.x + (size_t)r * cf->dim);
+    for (int l = 0; l < cf->n_layers; l++) {
+        attention_block(c, &c->m->layers[l], &a);
+        ffn_block(c, &c->m->layers[l], &a);
+    }
+    if (n_out > 0) output_rows(c, &a, out_rows, n_out, logits, hidden);
+    rc = atomic_load(&a.failed) ? vks_set_error(VKS_ERR_NOMEM, "vks_cpu_prefill: out of memory for attention scores")
+                                : VKS_OK;
+    free_activations(&a);
+    return rc;
+}
+
+static int64_t widest_row(const vks_model *m) {
+    const vks_model_config *c = &m->cfg;
+    int64_t w = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    return w > c->kv_dim ? w : c->kv_dim;
+}
+
+int vks_cpu_create(const vks_model *m, const vks_cpu_options *opt, vks_cpu **out) {
+    if (!m || !out) return vks_set_error(VKS_ERR_ARG, "vks_cpu_create: NULL argument");
+    *out = NULL;
+    int rc = vks_model_check_tensors(m, "vks_cpu_create");
+    if (rc != VKS_OK) return rc;
+    vks_cpu *c = calloc(1, sizeof *c);
+    if (!c) return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_create: out of memory");
+    int64_t wide = widest_row(m);
+    c->m = m;
+    c->threads = vks_cpu_thread_count(opt ? opt->threads : 0);
+    c->panel_rows = opt && opt->panel_rows > 0 ? (opt->panel_rows < MAX_PANEL_ROWS ? opt->panel_rows : MAX_PANEL_ROWS)
+                                               : (int)(PANEL_FLOATS / wide > 16 ? PANEL_FLOATS / wide : 16);
+    c->panel_floats = (size_t)c->panel_rows * (size_t)wide;
+    c->panel = malloc(c->panel_floats * (size_t)c->threads * sizeof(float));
+    c->vec = malloc((size_t)wide * sizeof(float));
+    if (!c->panel || !c->vec) {
+        vks_cpu_destroy(c);
+        return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_create: out of memory for a %d-row panel", opt ? opt->panel_rows : 0);
+    }
+    *out = c;
+    return VKS_OK;
+}
+
+void vks_cpu_destroy(vks_cpu *c) {
+    if (!c) return;
+    free(c->panel);
+    free(c->vec);
+    free(c);
+}
