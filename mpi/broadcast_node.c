@@ -78,6 +78,7 @@ static int accept_manifest(vks_bcast *b, const uint8_t *blob, size_t len, vks_ma
     bool receiver = vks_bcast_role_of(b->rank, b->opt.relays) == VKS_BCAST_RECEIVER;
     if (receiver) {
         if (!b->opt.store_dir) return vks_set_error(VKS_ERR_ARG, "rank %d: receiver without a store directory", b->rank);
+        vks_store_sweep(b->opt.store_dir); /* what a transfer killed here left, even if this one is refused */
         if (m->delta) rc = vks_store_read_current(b->opt.store_dir, &have, base, base_len);
         else rc = vks_store_current(b->opt.store_dir, &have);
         if (rc) return rc;
