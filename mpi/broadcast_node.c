@@ -460,10 +460,13 @@ static int wait_finish(node *n, double elapsed) {
         if (forwarder_all_done(&n->fw)) usleep(500);
         else pace(&last_moved, moved);
     }
+    /* FINISH comes once every live rank said DONE, so the children have it
+     * all; sends to a child that died never complete: no drain then. */
     double drain = now_s() + b->opt.timeout_s;
-    while (!forwarder_all_done(&n->fw) && now_s() < drain) {
+    while (lost == 0 && !forwarder_all_done(&n->fw) && now_s() < drain) {
         size_t sent = n->fw.done_upto[0];
         forwarder_pump(&n->fw, n->have);
+        beat(b);
         pace(&last_moved, n->fw.done_upto[0] != sent);
     }
     return lost;
