@@ -517,18 +517,22 @@ static int close_origin(vks_bcast *b, int *lost) {
         }
         for (int r = 1; r < b->size; r++)
             if (!said[r] && b->outcome[r] != OUTCOME_SILENT && (silent_for(b, r) > b->opt.timeout_s || now_s() > give_up)) {
-                fprintf(stderr, "broadcast: rank %d silent for %.0fs at the end\n", r, silent_for(b, r));
+                if (silent_for(b, r) > b->opt.timeout_s)
+                    fprintf(stderr, "broadcast: rank %d silent for %.0fs at the end\n", r, silent_for(b, r));
+                else
+                    fprintf(stderr, "broadcast: rank %d did not close within %.0fs\n", r, 2 * b->opt.timeout_s + 5);
                 b->outcome[r] = OUTCOME_SILENT;
                 waiting--;
             }
         if (!flag) usleep(500);
     }
-    int32_t n_lost = 0;
-    for (int r = 1; r < b->size; r++) n_lost += !said[r];
+    int32_t *n_lost = &b->bye; /* the GO payload: outlives a send to a rank that stopped */
+    *n_lost = 0;
+    for (int r = 1; r < b->size; r++) *n_lost += !said[r];
     int rc = b->status_version ? write_status(b, true) : VKS_OK;
     for (int r = 1; r < b->size; r++) {
         go[r] = MPI_REQUEST_NULL;
-        if (said[r]) MPI_Isend(&n_lost, (int)sizeof n_lost, MPI_BYTE, r, TAG_GO, b->comm, &go[r]);
+        if (said[r]) MPI_Isend(n_lost, (int)sizeof *n_lost, MPI_BYTE, r, TAG_GO, b->comm, &go[r]);
     }
     for (double until = now_s() + b->opt.timeout_s;;) { /* small messages: at once, unless a rank stopped */
         int all = 0;
@@ -536,7 +540,7 @@ static int close_origin(vks_bcast *b, int *lost) {
         if (all || now_s() > until) break;
         usleep(500);
     }
-    *lost = n_lost;
+    *lost = *n_lost;
     free(said);
     free(go); /* requests still pending belong to ranks that stopped; the job ends without them */
     return rc;

@@ -79,7 +79,7 @@ struct vks_bcast {
     double *last_heard;
     double last_beat;
     bool origin_silent;                         /* nodes: the origin fell silent (no close handshake) */
-    int32_t bye;                                /* nodes: TAG_BYE payload (stays valid while sent) */
+    int32_t bye;                                /* TAG_BYE (nodes) / TAG_GO (origin) payload, valid while sent */
     vks_link_send *bye_send;
     /* Origin: each rank's outcome of the last send, for the status file. */
     uint8_t *outcome;

@@ -59,8 +59,8 @@ typedef struct {
     int failovers;                   /* this rank: 1 if its parent fell silent */
     int ranks_ok, ranks_failed;      /* origin: non-origin ranks that finished / did not */
     int ranks_lost;                  /* ranks that fell silent (origin: counted; others: told in FINISH).
-                                      * Open MPI cannot finalize after a rank died: callers should
-                                      * flush and _exit instead of MPI_Finalize when this is > 0. */
+                                      * Processes that end after the broadcast learn it again,
+                                      * final, from vks_bcast_close. */
     uint8_t file_hash[VKS_HASH_BYTES];
 } vks_bcast_report;
 
