@@ -365,9 +365,8 @@ int write_status(vks_bcast *b, bool complete) {
     return vks_outfile_commit(&o);
 }
 
-int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uint8_t *wire, size_t wire_len,
-                   vks_bcast_report *rep) {
-    if (!b || !blob || !wire || !rep || b->rank != 0) return vks_set_error(VKS_ERR_ARG, "broadcast: send from rank 0 only");
+static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uint8_t *wire, size_t wire_len,
+                        vks_bcast_report *rep, bool *manifest_sent) {
     memset(rep, 0, sizeof *rep);
     vks_manifest m;
     /* the origin parses its own blob; the nodes check the signature */
@@ -399,9 +398,11 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
     for (int r = 0; r < b->size; r++) b->last_heard[r] = now_s();
     rc = write_status(b, false);
     if (rc) {
+        b->status_version = 0; /* no status to update at close */
         layout_free(&lay);
         goto out;
     }
+    *manifest_sent = true;
     for (int r = 1; r < b->size; r++) {
         vks_link_send *s;
         vks_link_isend(b->link, blob, blob_len, r, TAG_MANIFEST, &s);
@@ -485,6 +486,15 @@ out:
     free(done);
     free(reps);
     vks_manifest_free(&m);
+    return rc;
+}
+
+int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uint8_t *wire, size_t wire_len,
+                   vks_bcast_report *rep) {
+    if (!b || !blob || !wire || !rep || b->rank != 0) return vks_set_error(VKS_ERR_ARG, "broadcast: send from rank 0 only");
+    bool manifest_sent = false;
+    int rc = send_version(b, blob, blob_len, wire, wire_len, rep, &manifest_sent);
+    if (rc && !manifest_sent) vks_bcast_cancel(b); /* the others wait for a manifest that will not come */
     return rc;
 }
 

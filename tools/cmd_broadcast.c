@@ -299,9 +299,10 @@ _Noreturn static void leave_job(int status, bool end_all) {
 
 _Noreturn static void end_job(vks_bcast *b, int rank, int rc, double timeout_s) {
     int lost = 0;
-    if (vks_bcast_close(b, rc, &lost)) { /* the origin is silent: nobody else will end the job */
+    if (vks_bcast_close(b, rc, &lost)) {
         fprintf(stderr, "vkswarm: %s\n", vks_last_error());
-        leave_job(rc ? rc : 1, true);
+        if (!rc) rc = 1;
+        if (rank != 0) leave_job(rc, true); /* the origin is silent: nobody else will end the job */
     }
     if (lost > 0) {
         fprintf(stderr, "broadcast: rank %d: %d rank(s) silent, ending the job without MPI_Finalize\n", rank, lost);
