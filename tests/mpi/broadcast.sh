@@ -49,21 +49,52 @@ status_field() { # KEY VALUE (JSON literal)
 import json, sys
 sys.exit(0 if json.load(open('$T/status.json'))['$1'] == $2 else 1)" || fail "$case: status file: $1 is not $2"
 }
-# fault_run NAME FAULT VERSION [mpirun options]: a broadcast of v1.bin as VERSION, with --status-out, under
-# the fault, timed; the rank the fault stopped is killed afterwards whatever
-# happened (it names its pid), so nothing is left stopped.
+# fault_run NAME FAULT VERSION [mpirun options]: a broadcast of v1.bin as
+# VERSION, with --status-out, under the fault, timed. The rank the fault
+# stopped names its pid; it is killed afterwards whatever happened, so
+# nothing is left stopped. Every rank but a stopped one must be gone within
+# --timeout-s (3) plus a few seconds. mpirun then normally ends too: the
+# origin's MPI_Abort makes Open MPI kill the stopped rank, but Open MPI 4.1.4
+# under --enable-recovery misses that kill now and then (measured 1 in 16-25
+# runs: the stopped rank gets no signal at all); then mpirun must end as soon
+# as that rank is killed, and the case says so.
+# live_ranks PID EXCEPT: vkswarm processes under PID (mpirun's ranks), zombies and EXCEPT left out
+live_ranks() {
+    ps -eo pid=,ppid=,stat=,comm= | awk -v root="$1" -v except="$2" '
+        { ppid[$1] = $2; stat[$1] = $3; comm[$1] = $4 }
+        END {
+            n = 0
+            for (p in ppid) {
+                if (p == except || comm[p] != "vkswarm" || stat[p] ~ /^Z/) continue
+                for (q = ppid[p]; q > 1; q = ppid[q]) if (q == root) { n++; break }
+            }
+            print n
+        }'
+}
 fault_run() {
     case=$1 fault=$2 version=$3
     shift 3
     rm -f "$T/status.json"
     start=$SECONDS
     mpi_run 60 -x VKSWARM_FAULT="$fault" "$@" -np 6 "$V" broadcast --file "$T/v1.bin" "${K[@]}" "${A[@]}" \
-        --weights-version "$version" --link-mbps 200 --status-out "$T/status.json" >"$T/stdout" 2>"$T/stderr"
-    rc=$?
+        --weights-version "$version" --link-mbps 200 --status-out "$T/status.json" >"$T/stdout" 2>"$T/stderr" &
+    local job=$! pid="" left
+    while kill -0 $job 2>/dev/null && [ $((SECONDS - start)) -le 12 ]; do
+        sleep 0.2
+        [ -n "$pid" ] || pid=$(sed -n 's/.*fault injection: stopping now (pid \([0-9]*\)).*/\1/p' "$T/stderr" | head -1)
+        left=$(live_ranks $job "$pid")
+        [ -n "$pid" ] && [ "$left" = 0 ] && [ $((SECONDS - start)) -ge 9 ] && break
+    done
     took=$((SECONDS - start))
+    if kill -0 $job 2>/dev/null && [ -n "$pid" ]; then
+        echo "$case: NOTE: after ${took}s only the stopped rank (pid $pid) is left: Open MPI did not kill it; killing it"
+        kill -9 "$pid" 2>/dev/null
+        for _ in $(seq 1 25); do kill -0 $job 2>/dev/null || break; sleep 0.2; done
+        kill -0 $job 2>/dev/null && fail "$case: mpirun did not end once the stopped rank was killed"
+    fi
+    wait $job
+    rc=$?
     echo "$case: exit $rc after ${took}s"
-    local pid
-    pid=$(sed -n 's/.*fault injection: .* (pid \([0-9]*\)).*/\1/p' "$T/stderr" | head -1)
     [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
     grep -q "fault injection" "$T/stderr" || fail "$case: the fault did not fire"
     [ $rc -ne 124 ] || fail "$case: mpirun hung"
@@ -125,6 +156,7 @@ expect_store 5 "$T/v1.bin"
 # A relay stopped (SIGSTOP) mid-transfer: its children turn to the origin
 # after --timeout-s, the origin names it, and the job ends although it lives.
 fault_run relay-stopped stop:1 6 --enable-recovery
+grep -q "MPI_ABORT was invoked on rank 0" "$T/stderr" || fail "relay-stopped: the origin did not end the job"
 grep -q "broadcast: rank 1 silent for\\|rank 1 silent" "$T/stderr" || fail "relay-stopped: rank 1 not named"
 [ "$(grep -c "version 6 $(hash "$T/v1.bin")" "$T/stdout")" = 3 ] || fail "relay-stopped: 3 receivers must print the hash"
 status_field complete True
