@@ -305,7 +305,8 @@ _Noreturn static void end_job(vks_bcast *b, int rank, int rc, double timeout_s) 
         if (rank != 0) leave_job(rc, true); /* the origin is silent: nobody else will end the job */
     }
     if (lost > 0) {
-        fprintf(stderr, "broadcast: rank %d: %d rank(s) silent, ending the job without MPI_Finalize\n", rank, lost);
+        fprintf(stderr, "broadcast: rank %d: %d rank(s) silent, %s\n", rank, lost,
+                rank == 0 ? "aborting the job (which ends a stopped rank too)" : "leaving without MPI_Finalize");
         if (rank == 0 && !rc) rc = 1;
         leave_job(rc, rank == 0); /* the origin last: every other rank has had its say */
     }

@@ -156,7 +156,7 @@ expect_store 5 "$T/v1.bin"
 # A relay stopped (SIGSTOP) mid-transfer: its children turn to the origin
 # after --timeout-s, the origin names it, and the job ends although it lives.
 fault_run relay-stopped stop:1 6 --enable-recovery
-grep -q "MPI_ABORT was invoked on rank 0" "$T/stderr" || fail "relay-stopped: the origin did not end the job"
+grep -q "rank 0: 1 rank(s) silent, aborting the job" "$T/stderr" || fail "relay-stopped: the origin did not end the job"
 grep -q "broadcast: rank 1 silent for\\|rank 1 silent" "$T/stderr" || fail "relay-stopped: rank 1 not named"
 [ "$(grep -c "version 6 $(hash "$T/v1.bin")" "$T/stdout")" = 3 ] || fail "relay-stopped: 3 receivers must print the hash"
 status_field complete True
