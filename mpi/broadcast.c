@@ -8,6 +8,9 @@
  *   node -> origin    LOST (int32: my parent, silent; I turned to the origin)
  *   node -> origin    DONE (int32 status) / origin -> finished FINISH (int32:
  *                     ranks lost; > 0 tells survivors not to MPI_Finalize)
+ *   origin <-> all    BEAT (1 byte, every second; not emulated traffic)
+ *   node -> origin    BYE (int32 final status) / origin -> node GO (int32:
+ *                     ranks silent): the closing handshake (vks_bcast_close)
  * Every size read from a message is checked before use. */
 #include <sched.h>
 #include <signal.h>
@@ -33,9 +36,29 @@ static int parse_fault(const char *s, bcast_fault *f) {
     if (!strcmp(kind, "corrupt")) f->kind = FAULT_CORRUPT;
     else if (!strcmp(kind, "short")) f->kind = FAULT_SHORT;
     else if (!strcmp(kind, "die")) f->kind = FAULT_DIE;
-    else return vks_set_error(VKS_ERR_ARG, "fault '%s': unknown kind (corrupt, short, die)", s);
+    else if (!strcmp(kind, "stop")) f->kind = FAULT_STOP;
+    else return vks_set_error(VKS_ERR_ARG, "fault '%s': unknown kind (corrupt, short, die, stop)", s);
     f->rank = rank;
     f->shard = shard;
+    return VKS_OK;
+}
+
+/* MPI_Comm_dup as a nonblocking collective polled against a deadline: a
+ * rank stopped at start-up cannot hold the others forever. */
+static int dup_bounded(MPI_Comm comm, double timeout_s, MPI_Comm *out) {
+    MPI_Request rq;
+    if (MPI_Comm_idup(comm, out, &rq) != MPI_SUCCESS) return vks_set_error(VKS_ERR_IO, "broadcast: MPI_Comm_idup failed");
+    double deadline = MPI_Wtime() + timeout_s;
+    for (int flag = 0; !flag;) {
+        MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
+        if (!flag && MPI_Wtime() > deadline) {
+            int rank = -1;
+            MPI_Comm_rank(comm, &rank);
+            return vks_set_error(VKS_ERR_IO, "broadcast: rank %d: start-up: not every rank joined within %.0fs", rank,
+                                 timeout_s);
+        }
+        if (!flag) usleep(1000);
+    }
     return VKS_OK;
 }
 
@@ -58,15 +81,22 @@ int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **ou
         free(b);
         return rc;
     }
-    MPI_Comm_dup(comm, &b->comm);
+    rc = dup_bounded(comm, b->opt.timeout_s, &b->comm);
+    if (rc) return rc; /* b stays allocated: the pending dup may still write b->comm */
     MPI_Comm_set_errhandler(b->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(b->comm, &b->rank);
     MPI_Comm_size(b->comm, &b->size);
+    b->last_heard = calloc((size_t)b->size, sizeof *b->last_heard);
+    b->outcome = calloc((size_t)b->size, 1);
+    if (!b->last_heard || !b->outcome) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    for (int r = 0; !rc && r < b->size; r++) b->last_heard[r] = now_s();
     if (b->opt.relays < 0 || b->opt.relays >= b->size) b->opt.relays = b->size > 1 ? b->size - 1 : 0;
-    rc = vks_link_create(b->comm, &b->opt.link, &b->link);
+    if (!rc) rc = vks_link_create(b->comm, &b->opt.link, &b->link);
     if (!rc) rc = vks_link_set_shared_uplink(b->link, b->opt.shared_uplink);
     if (rc) {
         MPI_Comm_free(&b->comm);
+        free(b->last_heard);
+        free(b->outcome);
         free(b);
         return rc;
     }
@@ -79,6 +109,8 @@ void vks_bcast_destroy(vks_bcast *b) {
     vks_link_destroy(b->link);
     for (int i = 0; i < b->n_cached; i++) free(b->cache[i].wire);
     MPI_Comm_free(&b->comm);
+    free(b->last_heard);
+    free(b->outcome);
     free(b);
 }
 
@@ -99,23 +131,78 @@ void pace(double *last_progress, bool progressed) {
     else usleep(100);
 }
 
-/* Waits for a message (src, tag) while driving the link; false on timeout
- * (timeout <= 0 waits forever). */
+/* Waits for a message (src, tag) while driving the link and the heartbeats;
+ * false once src has not been heard from for `timeout` (<= 0: forever). */
 bool wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st) {
-    double deadline = now_s() + timeout;
     for (;;) {
         int flag = 0;
         vks_link_progress(b->link);
+        beat(b);
         MPI_Iprobe(src, tag, b->comm, &flag, st);
-        if (flag) return true;
-        if (timeout > 0 && now_s() > deadline) return false;
+        if (flag) {
+            heard(b, src);
+            return true;
+        }
+        if (timeout > 0 && silent_for(b, src) > timeout) return false;
         idle();
     }
+}
+
+/* ---- liveness ---- */
+
+static const uint8_t beat_byte = 0;
+
+static void send_beat(vks_bcast *b, int dest) {
+    MPI_Request rq;
+    if (MPI_Isend(&beat_byte, 1, MPI_BYTE, dest, TAG_BEAT, b->comm, &rq) == MPI_SUCCESS) MPI_Request_free(&rq);
+}
+
+void heard(vks_bcast *b, int rank) {
+    if (rank >= 0 && rank < b->size) b->last_heard[rank] = now_s();
+}
+
+double silent_for(const vks_bcast *b, int rank) { return rank >= 0 && rank < b->size ? now_s() - b->last_heard[rank] : 0; }
+
+void beat(vks_bcast *b) {
+    double t = now_s();
+    if (t - b->last_beat >= BEAT_S) {
+        b->last_beat = t;
+        if (b->rank != 0) send_beat(b, 0);
+        else
+            for (int r = 1; r < b->size; r++) send_beat(b, r);
+    }
+    for (;;) {
+        int flag = 0, count = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_BEAT, b->comm, &flag, &st);
+        if (!flag) return;
+        uint8_t byte;
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        MPI_Recv(count == 1 ? &byte : NULL, count == 1 ? 1 : 0, MPI_BYTE, st.MPI_SOURCE, TAG_BEAT, b->comm,
+                 MPI_STATUS_IGNORE);
+        heard(b, st.MPI_SOURCE);
+    }
+}
+
+void vks_bcast_keepalive(vks_bcast *b) {
+    if (b) beat(b);
+}
+
+void fault_point(vks_bcast *b, size_t progress, size_t total) {
+    const bcast_fault *f = &b->fault;
+    if ((f->kind != FAULT_DIE && f->kind != FAULT_STOP) || f->rank != b->rank || progress < total / 2) return;
+    bool stop = f->kind == FAULT_STOP;
+    fprintf(stderr, "broadcast: rank %d: fault injection: %s now (pid %ld)\n", b->rank, stop ? "stopping" : "dying",
+            (long)getpid());
+    fflush(stderr);
+    b->fault.kind = FAULT_NONE; /* once */
+    raise(stop ? SIGSTOP : SIGKILL);
 }
 
 bool recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v) {
     int count = 0;
     MPI_Get_count(st, MPI_BYTE, &count);
+    heard(b, st->MPI_SOURCE);
     if (count == (int)sizeof *v) {
         MPI_Recv(v, (int)sizeof *v, MPI_BYTE, st->MPI_SOURCE, tag, b->comm, MPI_STATUS_IGNORE);
         return true;
@@ -165,6 +252,7 @@ static int serve_requests(vks_bcast *b, const vks_manifest *m, const uint8_t *wi
             continue;
         }
         MPI_Recv(req, REPAIR_HEADER, MPI_BYTE, st.MPI_SOURCE, TAG_REQ, b->comm, MPI_STATUS_IGNORE);
+        heard(b, st.MPI_SOURCE);
         *event = true;
         uint32_t s = (uint32_t)get_u64(req);
         if (get_u64(req + 8) != m->version || s >= m->n_shards || *n_rep >= cap) {
@@ -204,6 +292,7 @@ static void take_lost_reports(vks_bcast *b, const uint8_t *plan, uint8_t *done, 
         if (!done[r]) {
             fprintf(stderr, "broadcast: rank %d reports rank %d silent\n", st.MPI_SOURCE, r);
             done[r] = 2; /* lost */
+            b->outcome[r] = OUTCOME_SILENT;
             (*finished)++;
         }
     }
@@ -217,6 +306,7 @@ static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
         MPI_Status st;
         int flag = 0;
         vks_link_progress(b->link);
+        beat(b);
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_ACK, b->comm, &flag, &st);
         if (!flag) {
             idle();
@@ -224,16 +314,59 @@ static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
         }
         int32_t status = -1;
         recv_i32(b, &st, TAG_ACK, &status);
-        if (plan[st.MPI_SOURCE] || st.MPI_SOURCE == 0) continue;
+        if (plan[st.MPI_SOURCE] || st.MPI_SOURCE == 0 || b->outcome[st.MPI_SOURCE] == OUTCOME_REFUSED) continue;
         got++;
         if (status == 0) plan[st.MPI_SOURCE] = 1;
-        else (*refused)++;
+        else {
+            (*refused)++;
+            b->outcome[st.MPI_SOURCE] = OUTCOME_REFUSED;
+        }
     }
+    for (int r = 1; r < b->size; r++)
+        if (!plan[r] && b->outcome[r] != OUTCOME_REFUSED) {
+            fprintf(stderr, "broadcast: rank %d did not answer the manifest within %.0fs\n", r, b->opt.timeout_s);
+            b->outcome[r] = OUTCOME_SILENT;
+        }
 }
 
-int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uint8_t *wire, size_t wire_len,
-                   vks_bcast_report *rep) {
-    if (!b || !blob || !wire || !rep || b->rank != 0) return vks_set_error(VKS_ERR_ARG, "broadcast: send from rank 0 only");
+/* Planned ranks not heard from (heartbeats included) for timeout_s: lost. */
+static void strike_silent(vks_bcast *b, const uint8_t *plan, uint8_t *done, int *finished) {
+    for (int r = 1; r < b->size; r++)
+        if (plan[r] && !done[r] && silent_for(b, r) > b->opt.timeout_s) {
+            fprintf(stderr, "broadcast: rank %d silent for %.0fs\n", r, silent_for(b, r));
+            done[r] = 2;
+            b->outcome[r] = OUTCOME_SILENT;
+            (*finished)++;
+        }
+}
+
+static const char *const outcome_names[] = {"pending", "ok", "failed", "refused", "silent"};
+
+int write_status(vks_bcast *b, bool complete) {
+    if (!b->opt.status_out || b->rank != 0) return VKS_OK;
+    int n_ok = 0, n_silent = 0;
+    for (int r = 1; r < b->size; r++) {
+        n_ok += b->outcome[r] == OUTCOME_OK;
+        n_silent += b->outcome[r] == OUTCOME_SILENT;
+    }
+    vks_outfile o;
+    int rc = vks_outfile_open(&o, b->opt.status_out, 0644);
+    if (rc) return rc;
+    fprintf(o.f, "{\"version\":%llu,\"complete\":%s,\"ok\":%s,\"seconds\":%.3f,\"ranks_ok\":%d,"
+            "\"ranks_failed\":%d,\"ranks_silent\":%d,\"ranks\":[", (unsigned long long)b->status_version,
+            complete ? "true" : "false", complete && n_ok == b->size - 1 ? "true" : "false", b->status_seconds, n_ok,
+            b->size - 1 - n_ok, n_silent);
+    for (int r = 1; r < b->size; r++) {
+        vks_bcast_role role = vks_bcast_role_of(r, b->opt.relays);
+        fprintf(o.f, "%s{\"rank\":%d,\"role\":\"%s\",\"outcome\":\"%s\"}", r > 1 ? "," : "", r,
+                role == VKS_BCAST_RELAY ? "relay" : "receiver", outcome_names[b->outcome[r] % 5]);
+    }
+    fputs("]}\n", o.f);
+    return vks_outfile_commit(&o);
+}
+
+static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uint8_t *wire, size_t wire_len,
+                        vks_bcast_report *rep, bool *manifest_sent) {
     memset(rep, 0, sizeof *rep);
     vks_manifest m;
     /* the origin parses its own blob; the nodes check the signature */
@@ -259,6 +392,17 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
         goto out;
     }
     memset(have, 1, lay.n);
+    memset(b->outcome, OUTCOME_PENDING, (size_t)b->size);
+    b->status_version = m.version;
+    b->status_seconds = 0;
+    for (int r = 0; r < b->size; r++) b->last_heard[r] = now_s();
+    rc = write_status(b, false);
+    if (rc) {
+        b->status_version = 0; /* no status to update at close */
+        layout_free(&lay);
+        goto out;
+    }
+    *manifest_sent = true;
     for (int r = 1; r < b->size; r++) {
         vks_link_send *s;
         vks_link_isend(b->link, blob, blob_len, r, TAG_MANIFEST, &s);
@@ -276,14 +420,21 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
     forwarder fw;
     rc = forwarder_init(&fw, b->link, children, nc, &lay, wire, &b->fault, 0);
     int finished = 0;
-    double last_event = now_s(), last_moved = last_event;
+    double last_event = now_s(), last_moved = last_event, last_turn = last_event;
     size_t sent_before = 0;
     while (!rc && finished < accepted && now_s() - last_event < 2 * b->opt.timeout_s + 5) {
+        if (now_s() - last_turn > b->opt.timeout_s / 2)
+            fprintf(stderr, "broadcast: rank 0: this rank stalled for %.0fs (stopped?): the others may have given up on it\n",
+                    now_s() - last_turn);
+        last_turn = now_s();
         size_t before = forwarder_min_queued(&fw);
         bool event = false;
         rc = forwarder_pump(&fw, have);
+        fault_point(b, before, lay.n);
+        beat(b);
         if (!rc) rc = serve_requests(b, &m, wire, reps, max_rep, &n_rep, &event);
         take_lost_reports(b, plan, done, &finished, &event);
+        strike_silent(b, plan, done, &finished);
         MPI_Status st;
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_DONE, b->comm, &flag, &st);
@@ -294,6 +445,7 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
                 done[st.MPI_SOURCE] = 1;
                 finished++;
                 ok += status == 0;
+                b->outcome[st.MPI_SOURCE] = status == 0 ? OUTCOME_OK : OUTCOME_FAILED;
                 if (status) fprintf(stderr, "broadcast: rank %d failed\n", st.MPI_SOURCE);
             }
             event = true;
@@ -308,6 +460,7 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
     for (int r = 1; r < b->size; r++)
         if (plan[r] && done[r] != 1) {
             if (!done[r]) fprintf(stderr, "broadcast: rank %d fell silent\n", r);
+            b->outcome[r] = OUTCOME_SILENT;
             lost++;
         }
     double seconds = now_s() - t0;
@@ -321,6 +474,9 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uin
                               .wire_bytes = m.wire_size, .seconds = seconds, .ranks_ok = ok,
                               .ranks_failed = b->size - 1 - ok, .ranks_lost = lost};
     memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
+    b->status_seconds = seconds;
+    int status_rc = write_status(b, true);
+    if (!rc) rc = status_rc;
     if (!rc && ok != b->size - 1)
         rc = vks_set_error(refused == b->size - 1 - ok ? VKS_ERR_FORMAT : VKS_ERR_IO, "origin: %d of %d ranks did not receive version %llu (%d refused the manifest)",
                            b->size - 1 - ok, b->size - 1, (unsigned long long)m.version, refused);
@@ -331,6 +487,115 @@ out:
     free(reps);
     vks_manifest_free(&m);
     return rc;
+}
+
+int vks_bcast_send(vks_bcast *b, const uint8_t *blob, size_t blob_len, const uint8_t *wire, size_t wire_len,
+                   vks_bcast_report *rep) {
+    if (!b || !blob || !wire || !rep || b->rank != 0) return vks_set_error(VKS_ERR_ARG, "broadcast: send from rank 0 only");
+    bool manifest_sent = false;
+    int rc = send_version(b, blob, blob_len, wire, wire_len, rep, &manifest_sent);
+    if (rc && !manifest_sent) vks_bcast_cancel(b); /* the others wait for a manifest that will not come */
+    return rc;
+}
+
+/* ---- closing handshake ---- */
+
+/* Origin: BYE from every rank not known silent (or until it falls silent),
+ * then the status file, then GO (the number of silent ranks) to each. */
+static int close_origin(vks_bcast *b, int *lost) {
+    uint8_t *said = calloc((size_t)b->size, 1);
+    MPI_Request *go = calloc((size_t)b->size, sizeof *go);
+    if (!said || !go) {
+        free(said);
+        free(go);
+        return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    }
+    int waiting = 0;
+    for (int r = 1; r < b->size; r++) waiting += b->outcome[r] != OUTCOME_SILENT;
+    double give_up = now_s() + 2 * b->opt.timeout_s + 5; /* even ranks that beat must say BYE by then */
+    while (waiting > 0) {
+        beat(b);
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_BYE, b->comm, &flag, &st);
+        int32_t status = 1;
+        if (flag && recv_i32(b, &st, TAG_BYE, &status) && !said[st.MPI_SOURCE] &&
+            b->outcome[st.MPI_SOURCE] != OUTCOME_SILENT) {
+            said[st.MPI_SOURCE] = 1;
+            waiting--;
+            if (status != 0 && b->outcome[st.MPI_SOURCE] == OUTCOME_OK) b->outcome[st.MPI_SOURCE] = OUTCOME_FAILED;
+        }
+        for (int r = 1; r < b->size; r++)
+            if (!said[r] && b->outcome[r] != OUTCOME_SILENT && (silent_for(b, r) > b->opt.timeout_s || now_s() > give_up)) {
+                if (silent_for(b, r) > b->opt.timeout_s)
+                    fprintf(stderr, "broadcast: rank %d silent for %.0fs at the end\n", r, silent_for(b, r));
+                else
+                    fprintf(stderr, "broadcast: rank %d did not close within %.0fs\n", r, 2 * b->opt.timeout_s + 5);
+                b->outcome[r] = OUTCOME_SILENT;
+                waiting--;
+            }
+        if (!flag) usleep(500);
+    }
+    int32_t *n_lost = &b->bye; /* the GO payload: outlives a send to a rank that stopped */
+    *n_lost = 0;
+    for (int r = 1; r < b->size; r++) *n_lost += !said[r];
+    int rc = b->status_version ? write_status(b, true) : VKS_OK;
+    for (int r = 1; r < b->size; r++) {
+        go[r] = MPI_REQUEST_NULL;
+        if (said[r]) MPI_Isend(n_lost, (int)sizeof *n_lost, MPI_BYTE, r, TAG_GO, b->comm, &go[r]);
+    }
+    for (double until = now_s() + b->opt.timeout_s;;) { /* small messages: at once, unless a rank stopped */
+        int all = 0;
+        MPI_Testall(b->size - 1, go + 1, &all, MPI_STATUSES_IGNORE);
+        if (all || now_s() > until) break;
+        usleep(500);
+    }
+    *lost = *n_lost;
+    free(said);
+    free(go); /* requests still pending belong to ranks that stopped; the job ends without them */
+    return rc;
+}
+
+/* Nodes: BYE to the origin, then GO from it while it lives. */
+static int close_node(vks_bcast *b, int status, int *lost) {
+    if (b->origin_silent)
+        return vks_set_error(VKS_ERR_IO, "rank %d: the origin (rank 0) is silent: leaving without it", b->rank);
+    b->bye = status;
+    MPI_Request rq;
+    if (MPI_Isend(&b->bye, (int)sizeof b->bye, MPI_BYTE, 0, TAG_BYE, b->comm, &rq) == MPI_SUCCESS) MPI_Request_free(&rq);
+    for (;;) {
+        beat(b);
+        int flag = 0;
+        MPI_Status st;
+        MPI_Iprobe(0, TAG_GO, b->comm, &flag, &st);
+        int32_t v = -1;
+        if (flag) {
+            if (!recv_i32(b, &st, TAG_GO, &v) || v < 0 || v >= b->size) v = 1; /* malformed: assume the worst */
+            *lost = v;
+            return VKS_OK;
+        }
+        if (silent_for(b, 0) > b->opt.timeout_s) {
+            b->origin_silent = true;
+            return vks_set_error(VKS_ERR_IO, "rank %d: the origin (rank 0) silent for %.0fs at the end", b->rank,
+                                 silent_for(b, 0));
+        }
+        usleep(500);
+    }
+}
+
+void vks_bcast_cancel(vks_bcast *b) {
+    if (!b || b->rank != 0) return;
+    static const uint8_t nothing = 0;
+    for (int r = 1; r < b->size; r++) {
+        MPI_Request rq;
+        if (MPI_Isend(&nothing, 0, MPI_BYTE, r, TAG_MANIFEST, b->comm, &rq) == MPI_SUCCESS) MPI_Request_free(&rq);
+    }
+}
+
+int vks_bcast_close(vks_bcast *b, int status, int *lost) {
+    if (!b || !lost) return vks_set_error(VKS_ERR_ARG, "broadcast: null argument");
+    *lost = b->size;
+    return b->rank == 0 ? close_origin(b, lost) : close_node(b, status, lost);
 }
 
 /* ---- benchmark baselines ---- */

@@ -4,13 +4,19 @@
 #define VKS_BROADCAST_INTERNAL_H
 #include "vks_broadcast.h"
 
-enum { TAG_MANIFEST = 601, TAG_ACK, TAG_PLAN, TAG_CHUNK, TAG_REQ, TAG_REPAIR, TAG_DONE, TAG_FINISH, TAG_LOST };
+enum { TAG_MANIFEST = 601, TAG_ACK, TAG_PLAN, TAG_CHUNK, TAG_REQ, TAG_REPAIR, TAG_DONE, TAG_FINISH, TAG_LOST,
+       TAG_BEAT, TAG_BYE, TAG_GO };
+
+#define BEAT_S 1.0 /* heartbeat period: origin -> every rank, every rank -> origin */
+
+/* What the origin knows of each rank after a broadcast (the status file). */
+typedef enum { OUTCOME_PENDING, OUTCOME_OK, OUTCOME_FAILED, OUTCOME_REFUSED, OUTCOME_SILENT } rank_outcome;
 
 #define REPAIR_HEADER 16 /* u32 shard, u32 0, u64 version */
 #define SEND_WINDOW 8    /* chunks queued per child */
 #define RECV_WINDOW 16   /* chunk receives posted from the parent */
 
-typedef enum { FAULT_NONE, FAULT_CORRUPT, FAULT_SHORT, FAULT_DIE } fault_kind;
+typedef enum { FAULT_NONE, FAULT_CORRUPT, FAULT_SHORT, FAULT_DIE, FAULT_STOP } fault_kind;
 typedef struct {
     fault_kind kind;
     int rank;
@@ -68,6 +74,17 @@ struct vks_bcast {
     uint64_t latest;                            /* newest version this rank holds */
     int n_cached;                               /* relays: last versions in memory */
     struct { uint64_t version; uint8_t *wire; } cache[MAX_KEEP];
+    /* Liveness: when each rank was last heard from (nodes use [0], the
+     * origin), when this rank last sent heartbeats. */
+    double *last_heard;
+    double last_beat;
+    bool origin_silent;                         /* nodes: the origin fell silent (no close handshake) */
+    int32_t bye;                                /* TAG_BYE (nodes) / TAG_GO (origin) payload, valid while sent */
+    vks_link_send *bye_send;
+    /* Origin: each rank's outcome of the last send, for the status file. */
+    uint8_t *outcome;
+    uint64_t status_version;
+    double status_seconds;
 };
 
 
@@ -83,6 +100,16 @@ bool wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st);
 bool recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v);
 /* Sends a small buffer through the link and waits for it (bounded). */
 void send_small(vks_bcast *b, const void *buf, size_t len, int dest, int tag);
+/* Heartbeats: sends them when due (origin: to every rank; others: to the
+ * origin) and takes those waiting, noting who was heard. */
+void beat(vks_bcast *b);
+void heard(vks_bcast *b, int rank);
+/* Seconds since `rank` was last heard from. */
+double silent_for(const vks_bcast *b, int rank);
+/* Test hook: dies or stops (die:/stop:RANK) once progress reaches half of total. */
+void fault_point(vks_bcast *b, size_t progress, size_t total);
+/* Origin: writes the status file (opt.status_out), if any. */
+int write_status(vks_bcast *b, bool complete);
 uint64_t get_u64(const uint8_t *p);
 void put_u64(uint8_t *p, uint64_t v);
 #endif

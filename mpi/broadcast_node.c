@@ -50,11 +50,17 @@ typedef struct {
 /* Receives the manifest blob from the origin; *blob malloc'd. */
 static int receive_manifest(vks_bcast *b, uint8_t **blob, size_t *len) {
     MPI_Status st;
-    if (!wait_probe(b, 0, TAG_MANIFEST, b->opt.manifest_timeout_s, &st))
-        return vks_set_error(VKS_ERR_IO, "rank %d: no manifest from the origin within %.0fs", b->rank,
+    if (!wait_probe(b, 0, TAG_MANIFEST, b->opt.manifest_timeout_s, &st)) {
+        b->origin_silent = true;
+        return vks_set_error(VKS_ERR_IO, "rank %d: no manifest and no word from the origin (rank 0) for %.0fs", b->rank,
                              b->opt.manifest_timeout_s);
+    }
     int count = 0;
     MPI_Get_count(&st, MPI_BYTE, &count);
+    if (count == 0) { /* vks_bcast_cancel */
+        MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_MANIFEST, b->comm, MPI_STATUS_IGNORE);
+        return vks_set_error(VKS_ERR_IO, "rank %d: the origin (rank 0) has no version to send (see its message)", b->rank);
+    }
     size_t max = VKS_MANIFEST_HEADER_BYTES + (size_t)VKS_SHARD_MAX_COUNT * VKS_MANIFEST_ENTRY_BYTES + VKS_SIGNATURE_BYTES;
     if (count <= 0 || (size_t)count > max) {
         MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_MANIFEST, b->comm, MPI_STATUS_IGNORE);
@@ -78,6 +84,7 @@ static int accept_manifest(vks_bcast *b, const uint8_t *blob, size_t len, vks_ma
     bool receiver = vks_bcast_role_of(b->rank, b->opt.relays) == VKS_BCAST_RECEIVER;
     if (receiver) {
         if (!b->opt.store_dir) return vks_set_error(VKS_ERR_ARG, "rank %d: receiver without a store directory", b->rank);
+        vks_store_sweep(b->opt.store_dir); /* what a transfer killed here left, even if this one is refused */
         if (m->delta) rc = vks_store_read_current(b->opt.store_dir, &have, base, base_len);
         else rc = vks_store_current(b->opt.store_dir, &have);
         if (rc) return rc;
@@ -235,6 +242,7 @@ static int poll_repair(node *n) {
     }
     MPI_Recv(buf, count, MPI_BYTE, 0, TAG_REPAIR, n->b->comm, MPI_STATUS_IGNORE);
     n->last_event = now_s();
+    heard(n->b, 0);
     uint64_t s = get_u64(buf);
     size_t len = (size_t)count - REPAIR_HEADER;
     int rc = VKS_OK;
@@ -257,15 +265,17 @@ static int poll_repair(node *n) {
     return rc;
 }
 
-static void maybe_die(node *n) {
-    const bcast_fault *f = &n->b->fault;
-    if (f->kind != FAULT_DIE || f->rank != n->b->rank) return;
-    size_t progress = n->fw.n_children ? forwarder_min_queued(&n->fw) : n->received;
-    if (progress >= n->lay.n / 2) {
-        fprintf(stderr, "broadcast: rank %d: fault injection: dying now\n", n->b->rank);
-        fflush(stderr);
-        raise(SIGKILL);
-    }
+static void maybe_fault(node *n) {
+    fault_point(n->b, n->fw.n_children ? forwarder_min_queued(&n->fw) : n->received, n->lay.n);
+}
+
+/* The origin sends a heartbeat every second: silence means it is gone. */
+static int check_origin(node *n) {
+    vks_bcast *b = n->b;
+    if (silent_for(b, 0) <= b->opt.timeout_s) return VKS_OK;
+    b->origin_silent = true;
+    return vks_set_error(VKS_ERR_IO, "rank %d: the origin (rank 0) silent for %.0fs with %zu of %u shards verified",
+                         b->rank, silent_for(b, 0), n->verified, n->m->n_shards);
 }
 
 /* Receives until every shard is verified. */
@@ -279,7 +289,10 @@ static int transfer(node *n) {
         if (!rc) rc = poll_repair(n);
         if (!rc) rc = forwarder_pump(&n->fw, n->have);
         if (rc) return rc;
-        maybe_die(n);
+        maybe_fault(n);
+        beat(n->b);
+        rc = check_origin(n);
+        if (rc) return rc;
         double t = now_s();
         if (!n->parent_dead && n->parent != 0 && n->received < n->lay.n && t - n->last_parent > o->timeout_s) {
             rc = fail_over(n);
@@ -430,24 +443,30 @@ static int wait_finish(node *n, double elapsed) {
         size_t sent = n->fw.n_children ? n->fw.done_upto[0] : 0;
         forwarder_pump(&n->fw, n->have);
         bool moved = (n->fw.n_children ? n->fw.done_upto[0] : 0) != sent;
+        beat(b);
         MPI_Iprobe(0, TAG_FINISH, b->comm, &flag, &st);
         if (flag) {
             if (!recv_i32(b, &st, TAG_FINISH, &lost) || lost < 0 || lost >= b->size)
                 lost = 1; /* malformed: assume the worst */
             break;
         }
-        if (now_s() > deadline) {
-            fprintf(stderr, "broadcast: rank %d: no FINISH from the origin, leaving\n", b->rank);
+        if (now_s() > deadline || silent_for(b, 0) > b->opt.timeout_s) {
+            fprintf(stderr, "broadcast: rank %d: no FINISH from the origin (rank 0), silent for %.0fs: leaving\n",
+                    b->rank, silent_for(b, 0));
+            b->origin_silent = silent_for(b, 0) > b->opt.timeout_s;
             break;
         }
         /* children still fed: keep MPI progressing; else only the FINISH is awaited */
         if (forwarder_all_done(&n->fw)) usleep(500);
         else pace(&last_moved, moved);
     }
+    /* FINISH comes once every live rank said DONE, so the children have it
+     * all; sends to a child that died never complete: no drain then. */
     double drain = now_s() + b->opt.timeout_s;
-    while (!forwarder_all_done(&n->fw) && now_s() < drain) {
+    while (lost == 0 && !forwarder_all_done(&n->fw) && now_s() < drain) {
         size_t sent = n->fw.done_upto[0];
         forwarder_pump(&n->fw, n->have);
+        beat(b);
         pace(&last_moved, n->fw.done_upto[0] != sent);
     }
     return lost;
@@ -456,8 +475,11 @@ static int wait_finish(node *n, double elapsed) {
 static int receive_plan(vks_bcast *b, uint8_t *plan) {
     MPI_Status st;
     int count = 0;
-    if (!wait_probe(b, 0, TAG_PLAN, 2 * b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3, &st))
-        return vks_set_error(VKS_ERR_IO, "rank %d: no transfer plan from the origin", b->rank);
+    if (!wait_probe(b, 0, TAG_PLAN, b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3, &st)) {
+        b->origin_silent = true;
+        return vks_set_error(VKS_ERR_IO, "rank %d: no transfer plan from the origin (rank 0), silent for %.0fs", b->rank,
+                             silent_for(b, 0));
+    }
     MPI_Get_count(&st, MPI_BYTE, &count);
     if (count != b->size) {
         MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_PLAN, b->comm, MPI_STATUS_IGNORE);
@@ -474,6 +496,8 @@ int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
     uint8_t *blob = NULL, *base = NULL, *plan = NULL;
     size_t blob_len = 0, base_len = 0;
     vks_manifest m = {0};
+    heard(b, 0); /* the origin's silence counts from here */
+    b->origin_silent = false;
     int rc = receive_manifest(b, &blob, &blob_len);
     if (rc) return rc;
     double t0 = now_s();
@@ -508,8 +532,9 @@ int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
     else snprintf(err, sizeof err, "%s", vks_last_error());
     status = rc ? 1 : 0;
     double t_done = now_s(); /* verified, written, switched */
-    send_small(b, &status, sizeof status, 0, TAG_DONE);
-    int lost = have_node ? wait_finish(&n, now_s() - t0) : 0;
+    bool origin_there = !b->origin_silent;
+    if (origin_there) send_small(b, &status, sizeof status, 0, TAG_DONE);
+    int lost = have_node && origin_there ? wait_finish(&n, now_s() - t0) : 0;
     bool keep = !rc && !receiver;
     if (!rc) {
         b->latest = m.version;

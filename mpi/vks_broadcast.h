@@ -12,6 +12,10 @@
  * (vks_shard.h) atomically; relays keep the last keep_versions in memory.
  * Waiting: ranks with transfers in flight stay in MPI calls (Open MPI's TCP
  * transport only moves bytes there) and yield the core; idle ranks nap.
+ * Liveness: the origin sends every rank a heartbeat each second and every
+ * rank sends the origin one; a rank not heard from for timeout_s is silent
+ * (the origin names it; the others give up when the origin is), so every
+ * wait is bounded by timeout_s, start-up and the closing handshake included.
  *
  * The same calls serve the CLI (vkswarm broadcast) and in-process RL roles:
  * create a vks_bcast once per rank, then call vks_bcast_send (origin) or
@@ -28,8 +32,12 @@ typedef struct {
     int relays;                  /* ranks 1..relays are relays */
     int fanout;                  /* children per tree node (>= 1; default 2) */
     size_t chunk_bytes;          /* pipelining unit (default 1 MiB) */
-    double timeout_s;            /* parent silence before turning to the origin (default 30) */
-    double manifest_timeout_s;   /* how long non-origin ranks wait for a manifest (0 = forever) */
+    double timeout_s;            /* silence of a parent, of the origin or of a rank before it counts as
+                                  * gone (default 30); also bounds start-up (the communicator's dup) */
+    double manifest_timeout_s;   /* how long non-origin ranks wait for a manifest without word from the
+                                  * origin (heartbeats count; 0 = forever) */
+    const char *status_out;      /* origin: JSON status file, written atomically when a send starts
+                                  * ("complete": false), when it ends and at vks_bcast_close */
     vks_link_options link;       /* emulated latency / bandwidth per link */
     bool shared_uplink;          /* emulation: one uplink per sender shared by its children (vks_link.h) */
     const char *store_dir;       /* receivers: version store (required for receivers) */
@@ -51,15 +59,16 @@ typedef struct {
     int failovers;                   /* this rank: 1 if its parent fell silent */
     int ranks_ok, ranks_failed;      /* origin: non-origin ranks that finished / did not */
     int ranks_lost;                  /* ranks that fell silent (origin: counted; others: told in FINISH).
-                                      * Open MPI cannot finalize after a rank died: callers should
-                                      * flush and _exit instead of MPI_Finalize when this is > 0. */
+                                      * Processes that end after the broadcast learn it again,
+                                      * final, from vks_bcast_close. */
     uint8_t file_hash[VKS_HASH_BYTES];
 } vks_bcast_report;
 
 typedef struct vks_bcast vks_bcast;
 
 vks_bcast_role vks_bcast_role_of(int rank, int relays);
-/* Duplicates comm (collective over comm). */
+/* Duplicates comm (collective over comm, nonblocking: fails when not every
+ * rank joins within timeout_s; the caller should then abort the job). */
 int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **out);
 void vks_bcast_destroy(vks_bcast *b);
 /* Origin: broadcasts the signed manifest and its wire stream (vks_manifest_build
@@ -70,6 +79,21 @@ int vks_bcast_send(vks_bcast *b, const uint8_t *manifest, size_t manifest_len, c
  * manifest was refused, VKS_ERR_IO when the transfer failed; nothing is
  * switched to in either case. */
 int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep);
+/* Origin: tells every rank waiting for a manifest that none will come (it
+ * failed to prepare one); they end their vks_bcast_receive with an error. */
+void vks_bcast_cancel(vks_bcast *b);
+/* Origin: heartbeats while it prepares a manifest (call at least every
+ * second from the thread that made the MPI calls). */
+void vks_bcast_keepalive(vks_bcast *b);
+/* Closing handshake for processes that end after a broadcast (collective in
+ * effect, bounded by timeout_s): every rank reports its final status
+ * (`status`, 0 = ok) to the origin, which records it in the status file and
+ * answers with the number of ranks that fell silent. *lost is that number
+ * (0: every rank can MPI_Finalize). An error (VKS_ERR_IO) when the origin
+ * is silent. After *lost > 0 or an error, MPI_Finalize would hang: nodes
+ * leave without it, the origin (or a node that found the origin silent)
+ * aborts the job, which is what ends a rank that is stopped rather than dead. */
+int vks_bcast_close(vks_bcast *b, int status, int *lost);
 
 /* Benchmark baselines over the same communicator: "p2p" (rank 0 sends bytes
  * to rank 1 through vks_link in chunk_bytes messages) or "mpi-bcast"

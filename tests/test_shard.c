@@ -305,6 +305,49 @@ static void test_store(void **state) {
     assert_int_equal(vks_store_current(dir, &v), VKS_ERR_FORMAT);
 }
 
+/* A receiver killed mid-transfer leaves .v<N>.partial behind: the next
+ * version's staging (the next broadcast) removes it, whatever its version,
+ * and a symlink in a stage's place is removed without being followed. */
+static void test_store_sweeps_stale_stages(void **state) {
+    (void)state;
+    char dir[512], path[700], outside[512];
+    snprintf(dir, sizeof dir, "%s/sweep", tu_tmpdir());
+    snprintf(outside, sizeof outside, "%s/sweep-outside", tu_tmpdir());
+    const uint8_t a[] = "version one", b[] = "version two";
+    assert_int_equal(vks_store_write(dir, 1, a, sizeof a), VKS_OK);
+    assert_int_equal(vks_store_commit(dir, 1, 2), VKS_OK);
+    assert_int_equal(vks_store_stage(dir, 5, path, sizeof path), VKS_OK); /* killed while receiving v5 */
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs("half", f);
+    fclose(f);
+    assert_int_equal(vks_store_stage(dir, 7, path, sizeof path), VKS_OK); /* and v7 */
+    snprintf(path, sizeof path, "%s/.current.7.tmp", dir);
+    assert_int_equal(symlink("v7", path), 0);
+    assert_int_equal(mkdir(outside, 0755), 0);
+    snprintf(path, sizeof path, "%s/keep.me", outside);
+    f = fopen(path, "wb");
+    fclose(f);
+    snprintf(path, sizeof path, "%s/.v9.partial", dir);
+    assert_int_equal(symlink(outside, path), 0);
+    assert_int_equal(vks_store_write(dir, 6, b, sizeof b), VKS_OK); /* the next broadcast */
+    assert_int_equal(vks_store_commit(dir, 6, 2), VKS_OK);
+    const char *gone[] = {".v5.partial", ".v7.partial", ".current.7.tmp", ".v9.partial"};
+    for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, gone[i]);
+        struct stat st;
+        assert_int_not_equal(lstat(path, &st), 0);
+    }
+    snprintf(path, sizeof path, "%s/keep.me", outside);
+    assert_int_equal(access(path, F_OK), 0); /* not followed */
+    uint64_t v = 0;
+    assert_int_equal(vks_store_current(dir, &v), VKS_OK);
+    assert_int_equal(v, 6);
+    vks_store_sweep(dir); /* idempotent; the current version stays */
+    snprintf(path, sizeof path, "%s/v6/%s", dir, VKS_STORE_FILE);
+    assert_int_equal(access(path, F_OK), 0);
+}
+
 int main(void) {
     if (sodium_init() < 0) return 1;
     crypto_sign_keypair(pk, sk);
@@ -314,7 +357,7 @@ int main(void) {
         cmocka_unit_test(test_absurd_manifests), cmocka_unit_test(test_tampered_shard),
         cmocka_unit_test(test_delta),            cmocka_unit_test(test_keys),
         cmocka_unit_test(test_key_permissions_and_line_ends),
-        cmocka_unit_test(test_store),
+        cmocka_unit_test(test_store),            cmocka_unit_test(test_store_sweeps_stale_stages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,13 @@
 /* vkswarm keygen / broadcast: Shardcast from the command line (issue 6). */
+#include <pthread.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "cli_util.h"
 #include "commands.h"
@@ -56,12 +60,16 @@ static const char broadcast_usage[] =
     "  --base FILE           the previous version's file (the receivers' current one)\n"
     "  --base-version B      its version number (default V-1)\n"
     "  --keep K              versions kept by relays and receivers (default 2)\n"
-    "  --timeout-s T         parent silence before turning to the origin (default 30)\n"
-    "environment: VKSWARM_FAULT=corrupt:RANK[:SHARD] | short:RANK | die:RANK | badsig (tests only).\n"
+    "  --timeout-s T         silence of a parent, of the origin or of any rank before it counts as gone\n"
+    "                        (default 30); bounds every wait, start-up and the end included\n"
+    "  --status-out FILE     origin: JSON outcome per rank, written atomically (\"complete\": false until\n"
+    "                        the end; removed at start, so a missing file means the origin failed).\n"
+    "                        Read it: with --enable-recovery mpirun exits 0 whatever happened\n"
+    "environment: VKSWARM_FAULT=corrupt:RANK[:SHARD] | short:RANK | die:RANK | stop:RANK | badsig (tests only).\n"
     "Hidden benchmark mode: --baseline p2p|mpi-bcast --bytes N prints the seconds of one transfer.\n";
 
 typedef struct {
-    const char *file, *key, *pub, *out, *model_id, *base, *baseline;
+    const char *file, *key, *pub, *out, *model_id, *base, *baseline, *status_out;
     int relays, fanout, keep;
     bool shared_uplink;
     double shard_mb, chunk_kb, latency_ms, mbps, timeout_s;
@@ -70,7 +78,7 @@ typedef struct {
 } bcast_args;
 
 static bool takes_value(const char *o) {
-    static const char *const names[] = {"--file", "--key", "--pub", "--out", "--model-id", "--base", "--baseline",
+    static const char *const names[] = {"--file", "--key", "--pub", "--out", "--model-id", "--base", "--baseline", "--status-out",
                                         "--relays", "--fanout", "--keep", "--shard-mb", "--chunk-kb",
                                         "--link-latency-ms", "--link-mbps", "--timeout-s", "--weights-version",
                                         "--step", "--base-version", "--bytes", "--delta"};
@@ -103,6 +111,7 @@ static void parse_args(int argc, char **argv, bcast_args *a) {
         else if (!strcmp(o, "--model-id")) a->model_id = v;
         else if (!strcmp(o, "--base")) a->base = v;
         else if (!strcmp(o, "--baseline")) a->baseline = v;
+        else if (!strcmp(o, "--status-out")) a->status_out = v;
         else if (!strcmp(o, "--relays")) a->relays = (int)cli_parse_long(o, v, 0, 1 << 20);
         else if (!strcmp(o, "--fanout")) a->fanout = (int)cli_parse_long(o, v, 1, 64);
         else if (!strcmp(o, "--keep")) a->keep = (int)cli_parse_long(o, v, 1, 8);
@@ -126,17 +135,21 @@ static void parse_args(int argc, char **argv, bcast_args *a) {
     if (a->delta && !a->base_version) a->base_version = a->version - 1;
 }
 
-static uint8_t *read_whole(const char *path, size_t *len) {
+static int read_whole(const char *path, uint8_t **out, size_t *len) {
+    *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) cli_die(EXIT_BAD_INPUT, "%s: cannot open", path);
+    if (!f) return vks_set_error(VKS_ERR_ARG, "%s: cannot open", path);
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || st.st_size <= 0) cli_die(EXIT_BAD_INPUT, "%s: empty or unreadable", path);
+    if (fstat(fileno(f), &st) != 0 || st.st_size <= 0) {
+        fclose(f);
+        return vks_set_error(VKS_ERR_ARG, "%s: empty or unreadable", path);
+    }
     *len = (size_t)st.st_size;
-    uint8_t *b = malloc(*len);
-    if (!b) cli_die(1, "%s: out of host memory for %zu bytes", path, *len);
-    if (fread(b, 1, *len, f) != *len) cli_die(1, "%s: read failed", path);
+    *out = malloc(*len);
+    bool ok = *out && fread(*out, 1, *len, f) == *len;
     fclose(f);
-    return b;
+    if (!ok) return vks_set_error(*out ? VKS_ERR_IO : VKS_ERR_NOMEM, "%s: cannot read %zu bytes", path, *len);
+    return VKS_OK;
 }
 
 typedef struct {
@@ -149,38 +162,77 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
     cli_progress_update(&c->p, (long)(done >> 10), (long)(total >> 10), "KiB");
 }
 
-/* Rank 0: build, sign and send. */
-static int run_origin(vks_bcast *b, const bcast_args *a, const uint8_t sk[VKS_SECRET_KEY_BYTES], int *lost) {
-    size_t len = 0, base_len = 0;
-    uint8_t *data = read_whole(a->file, &len), *base = a->base ? read_whole(a->base, &base_len) : NULL;
-    vks_manifest_params p = {.version = a->version, .step = a->step, .delta = a->delta,
-                             .base_version = a->base_version, .shard_size = (uint32_t)(a->shard_mb * 1048576.0)};
-    vks_model_id_hash(a->model_id, p.model_hash);
+/* The origin's manifest, built on a thread while the main thread keeps the
+ * heartbeats going (hashing a large file takes longer than --timeout-s). */
+typedef struct {
+    const bcast_args *a;
+    const uint8_t *sk;
+    uint8_t *data, *base, *wire, *blob;
+    size_t len, base_len, blob_len;
     vks_manifest m;
-    uint8_t *wire = NULL, *blob = NULL;
-    size_t blob_len = 0;
-    if (vks_manifest_build(data, len, base, base_len, &p, &m, &wire)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-    if (vks_manifest_sign(&m, sk, &blob, &blob_len)) cli_die(1, "%s", vks_last_error());
+    int rc;
+    char err[1024];
+    atomic_bool done;
+} origin_prep;
+
+static void *prepare(void *arg) {
+    origin_prep *p = arg;
+    const bcast_args *a = p->a;
+    vks_manifest_params mp = {.version = a->version, .step = a->step, .delta = a->delta,
+                              .base_version = a->base_version, .shard_size = (uint32_t)(a->shard_mb * 1048576.0)};
+    vks_model_id_hash(a->model_id, mp.model_hash);
+    p->rc = read_whole(a->file, &p->data, &p->len);
+    if (!p->rc && a->base) p->rc = read_whole(a->base, &p->base, &p->base_len);
+    if (!p->rc) p->rc = vks_manifest_build(p->data, p->len, p->base, p->base_len, &mp, &p->m, &p->wire);
+    if (!p->rc && vks_manifest_sign(&p->m, p->sk, &p->blob, &p->blob_len)) {
+        vks_manifest_free(&p->m);
+        p->rc = VKS_ERR_IO;
+    }
+    if (p->rc) snprintf(p->err, sizeof p->err, "%s", vks_last_error());
+    atomic_store(&p->done, true);
+    return NULL;
+}
+
+static int prepare_origin(vks_bcast *b, origin_prep *p) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, prepare, p) != 0) cli_die(1, "broadcast: cannot start a thread");
+    while (!atomic_load(&p->done)) {
+        vks_bcast_keepalive(b);
+        usleep(10000);
+    }
+    pthread_join(t, NULL);
+    if (!p->rc) return 0;
+    fprintf(stderr, "vkswarm: %s\n", p->err);
+    free(p->data);
+    free(p->base);
+    vks_bcast_cancel(b);
+    return p->rc == VKS_ERR_ARG || p->rc == VKS_ERR_FORMAT ? EXIT_BAD_INPUT : 1;
+}
+
+/* Rank 0: build, sign and send. */
+static int run_origin(vks_bcast *b, const bcast_args *a, const uint8_t sk[VKS_SECRET_KEY_BYTES]) {
+    origin_prep p = {.a = a, .sk = sk};
+    int status = prepare_origin(b, &p);
+    if (status) return status;
     const char *fault = getenv("VKSWARM_FAULT");
-    if (fault && !strcmp(fault, "badsig")) blob[20] ^= 1; /* tamper after signing */
+    if (fault && !strcmp(fault, "badsig")) p.blob[20] ^= 1; /* tamper after signing */
     fprintf(stderr, "broadcast: version %llu, %zu bytes in %u shards, %llu bytes on the wire", (unsigned long long)a->version,
-            len, m.n_shards, (unsigned long long)m.wire_size);
-    if (a->delta) fprintf(stderr, " (delta saves %llu bytes)", (unsigned long long)(len - m.wire_size));
+            p.len, p.m.n_shards, (unsigned long long)p.m.wire_size);
+    if (a->delta) fprintf(stderr, " (delta saves %llu bytes)", (unsigned long long)(p.len - p.m.wire_size));
     fputc('\n', stderr);
     vks_bcast_report r;
-    int rc = vks_bcast_send(b, blob, blob_len, wire, m.wire_size, &r);
+    int rc = vks_bcast_send(b, p.blob, p.blob_len, p.wire, p.m.wire_size, &r);
     fprintf(stderr, "broadcast: %d ranks ok, %d failed, %.2fs", r.ranks_ok, r.ranks_failed, r.seconds);
     if (r.ranks_ok > 0 && r.seconds > 0) /* a rate only for bytes that arrived somewhere */
         fprintf(stderr, ", %.1f MB/s per receiver", (double)r.wire_bytes / r.seconds / 1e6);
     fputc('\n', stderr);
     if (rc) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
-    *lost = r.ranks_lost;
-    vks_manifest_free(&m);
-    free(blob);
-    free(data);
-    free(base);
+    vks_manifest_free(&p.m);
+    free(p.blob);
+    free(p.data);
+    free(p.base);
     /* wire stays allocated: sends to a dead rank may still reference it */
-    if (!rc) free(wire);
+    if (!rc) free(p.wire);
     return rc == VKS_ERR_FORMAT ? EXIT_BAD_INPUT : rc ? 1 : 0;
 }
 
@@ -195,11 +247,101 @@ static int run_baseline(const bcast_args *a, int rank) {
     return 0;
 }
 
+/* ---- ending the job ----
+ * A blocking MPI call cannot time out and Open MPI cannot finalize once a
+ * rank is gone (with --enable-recovery; without it mpirun ends the job).
+ * Start-up and MPI_Finalize run under a watchdog; the closing handshake
+ * (vks_bcast_close) is bounded by --timeout-s and tells each rank whether
+ * every rank is still there. */
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool armed;
+    double timeout_s;
+    int status;
+    const char *what;
+} watchdog = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, 0, NULL};
+
+static void *watchdog_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&watchdog.lock);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)watchdog.timeout_s;
+    until.tv_nsec += (long)((watchdog.timeout_s - (double)(time_t)watchdog.timeout_s) * 1e9);
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    int rc = 0;
+    while (watchdog.armed && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&watchdog.cond, &watchdog.lock, &until);
+    if (watchdog.armed) {
+        fprintf(stderr, "vkswarm: broadcast: %s did not complete within %.0fs, leaving\n", watchdog.what,
+                watchdog.timeout_s);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(watchdog.status);
+    }
+    pthread_mutex_unlock(&watchdog.lock);
+    return NULL;
+}
+
+static pthread_t watchdog_thread;
+
+/* Ends the process with `status` if not disarmed within timeout_s. */
+static void watchdog_arm(double timeout_s, int status, const char *what) {
+    watchdog.armed = true;
+    watchdog.timeout_s = timeout_s;
+    watchdog.status = status;
+    watchdog.what = what;
+    if (pthread_create(&watchdog_thread, NULL, watchdog_main, NULL) != 0) watchdog.armed = false;
+}
+
+static void watchdog_disarm(void) {
+    pthread_mutex_lock(&watchdog.lock);
+    bool was = watchdog.armed;
+    watchdog.armed = false;
+    pthread_cond_signal(&watchdog.cond);
+    pthread_mutex_unlock(&watchdog.lock);
+    if (was) pthread_join(watchdog_thread, NULL);
+}
+
+/* Leaves without MPI_Finalize. `end_all`: abort the job, which is what ends a
+ * rank that is stopped rather than dead (needed under --enable-recovery). */
+_Noreturn static void leave_job(int status, bool end_all) {
+    if (!end_all) cli_exit_now(status); /* _exit, after checking that stdout took the result */
+    if (fflush(stdout) != 0 && !status) status = 1;
+    fflush(stderr);
+    vks_mpi_abort(status ? status : 1);
+    _exit(status);
+}
+
+_Noreturn static void end_job(vks_bcast *b, int rank, int rc, double timeout_s) {
+    int lost = 0;
+    if (vks_bcast_close(b, rc, &lost)) {
+        fprintf(stderr, "vkswarm: %s\n", vks_last_error());
+        if (!rc) rc = 1;
+        if (rank != 0) leave_job(rc, true); /* the origin is silent: nobody else will end the job */
+    }
+    if (lost > 0) {
+        fprintf(stderr, "broadcast: rank %d: %d rank(s) silent, %s\n", rank, lost,
+                rank == 0 ? "aborting the job (which ends a stopped rank too)" : "leaving without MPI_Finalize");
+        if (rank == 0 && !rc) rc = 1;
+        leave_job(rc, rank == 0); /* the origin last: every other rank has had its say */
+    }
+    vks_bcast_destroy(b);
+    watchdog_arm(timeout_s, rc, "MPI_Finalize");
+    vks_mpi_stop();
+    watchdog_disarm();
+    exit(rc); /* the stdout check at exit (cli_guard_stdout) still runs */
+}
+
 int cmd_broadcast(int argc, char **argv) {
     bcast_args a;
     parse_args(argc, argv, &a);
     int rank = 0, size = 1;
-    vks_mpi_start(false, &rank, &size);
+    /* MPI_Init waits for every rank: bounded (it takes seconds on its own) */
+    watchdog_arm(a.timeout_s > 10 ? a.timeout_s : 10, 1, "MPI start-up (a rank stopped or slow)");
+    vks_mpi_start(true, &rank, &size);
+    watchdog_disarm();
     if (a.baseline) {
         int rc = run_baseline(&a, rank);
         vks_mpi_stop();
@@ -211,7 +353,7 @@ int cmd_broadcast(int argc, char **argv) {
     if (sodium_init() < 0) cli_die(1, "libsodium failed to initialize");
     vks_bcast_options o = {.relays = a.relays >= 0 ? a.relays : (size - 1) / 3, .fanout = a.fanout,
                            .chunk_bytes = (size_t)(a.chunk_kb * 1024), .timeout_s = a.timeout_s,
-                           .manifest_timeout_s = 600, .link = {.latency_ms = a.latency_ms, .mbps = a.mbps},
+                           .manifest_timeout_s = a.timeout_s, .status_out = rank == 0 ? a.status_out : NULL, .link = {.latency_ms = a.latency_ms, .mbps = a.mbps},
                            .shared_uplink = a.shared_uplink,
                            .keep_versions = a.keep, .progress = on_progress};
     const char *fault = getenv("VKSWARM_FAULT");
@@ -236,15 +378,19 @@ int cmd_broadcast(int argc, char **argv) {
     snprintf(pc.what, sizeof pc.what, "rank %d", rank);
     cli_progress_start(&pc.p, pc.what);
     o.progress_ctx = &pc;
+    if (rank == 0 && a.status_out && unlink(a.status_out) != 0 && errno != ENOENT)
+        cli_die(EXIT_BAD_INPUT, "%s: cannot remove the previous status (%s)", a.status_out, strerror(errno));
     vks_bcast *b;
-    if (vks_bcast_create(vks_mpi_world(), &o, &b)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-    int rc, lost = 0;
+    if (vks_bcast_create(vks_mpi_world(), &o, &b)) {
+        fprintf(stderr, "vkswarm: %s\n", vks_last_error());
+        leave_job(1, true);
+    }
+    int rc;
     if (rank == 0) {
-        rc = run_origin(b, &a, sk, &lost);
+        rc = run_origin(b, &a, sk);
     } else {
         vks_bcast_report r;
         rc = vks_bcast_receive(b, &r);
-        lost = r.ranks_lost;
         if (rc) {
             fprintf(stderr, "vkswarm: %s\n", vks_last_error());
             rc = rc == VKS_ERR_FORMAT ? EXIT_BAD_INPUT : 1;
@@ -261,13 +407,5 @@ int cmd_broadcast(int argc, char **argv) {
         }
     }
     sodium_memzero(sk, sizeof sk);
-    if (lost > 0) {
-        /* Open MPI cannot finalize (nor always end mpirun) once a rank died:
-         * every survivor was told, reports its own status and leaves now. */
-        fprintf(stderr, "broadcast: rank %d: %d rank(s) lost, leaving without MPI_Finalize\n", rank, lost);
-        cli_exit_now(rc); /* _exit, after checking that stdout took the result */
-    }
-    vks_bcast_destroy(b);
-    vks_mpi_stop();
-    return rc;
+    end_job(b, rank, rc, a.timeout_s);
 }

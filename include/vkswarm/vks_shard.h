@@ -124,6 +124,10 @@ int vks_store_path(const char *dir, uint64_t version, char *out, size_t cap);
 /* Creates DIR (if needed) and a fresh staging directory for version; writes
  * the staging file path into out. */
 int vks_store_stage(const char *dir, uint64_t version, char *out, size_t cap);
+/* Removes what interrupted transfers left in DIR: staging directories of any
+ * version (.v<N>.partial) and half-switched links (.current.<N>.tmp). Called
+ * by vks_store_stage and when a broadcast starts; one writer per store. */
+void vks_store_sweep(const char *dir);
 /* Writes len bytes to the staging file of version, fsyncs it. */
 int vks_store_write(const char *dir, uint64_t version, const uint8_t *data, size_t len);
 /* Moves staging into DIR/v<N>, switches DIR/current to it atomically and

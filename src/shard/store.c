@@ -65,8 +65,16 @@ int vks_store_path(const char *dir, uint64_t version, char *out, size_t cap) {
     return VKS_OK;
 }
 
-/* Removes a version directory: only plain files inside, then the directory. */
+/* Removes a version directory: only plain files inside, then the directory.
+ * A symlink or other non-directory in its place is removed itself, never
+ * followed (a hostile store could point one at another directory). */
 static void remove_version_dir(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (!S_ISDIR(st.st_mode)) {
+        unlink(path);
+        return;
+    }
     DIR *d = opendir(path);
     if (!d) return;
     struct dirent *e;
@@ -79,6 +87,45 @@ static void remove_version_dir(const char *path) {
     rmdir(path);
 }
 
+/* Parses ".v<N>.partial" (a staging directory) into *v. */
+static bool parse_stage_name(const char *s, uint64_t *v) {
+    static const char suffix[] = ".partial";
+    size_t n = strlen(s), k = sizeof suffix - 1;
+    char name[32];
+    if (s[0] != '.' || n <= k + 1 || n - 1 - k >= sizeof name || strcmp(s + n - k, suffix)) return false;
+    memcpy(name, s + 1, n - 1 - k);
+    name[n - 1 - k] = 0;
+    return parse_version_name(name, v);
+}
+
+/* ".current.<N>.tmp": a symlink left by a switch that was interrupted. */
+static bool is_switch_leftover(const char *s) {
+    static const char prefix[] = ".current.", suffix[] = ".tmp";
+    size_t n = strlen(s), p = sizeof prefix - 1, k = sizeof suffix - 1;
+    if (n <= p + k || strncmp(s, prefix, p) || strcmp(s + n - k, suffix)) return false;
+    for (size_t i = p; i < n - k; i++)
+        if (s[i] < '0' || s[i] > '9') return false;
+    return true;
+}
+
+void vks_store_sweep(const char *dir) {
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (!d) return;
+    char names[64][64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        uint64_t v;
+        size_t len = strlen(e->d_name);
+        if ((parse_stage_name(e->d_name, &v) || is_switch_leftover(e->d_name)) && len < sizeof names[0])
+            memcpy(names[n++], e->d_name, len + 1);
+    }
+    closedir(d);
+    char p[PATH_CAP];
+    for (int i = 0; i < n; i++)
+        if (snprintf(p, sizeof p, "%s/%s", dir, names[i]) < (int)sizeof p) remove_version_dir(p);
+}
+
 int vks_store_stage(const char *dir, uint64_t version, char *out, size_t cap) {
     if (!dir || !out || version == 0) return vks_set_error(VKS_ERR_ARG, "store: bad argument");
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -86,7 +133,7 @@ int vks_store_stage(const char *dir, uint64_t version, char *out, size_t cap) {
     char d[PATH_CAP];
     int rc = join(d, sizeof d, dir, ".v%" PRIu64 ".partial", version);
     if (rc) return rc;
-    remove_version_dir(d); /* a stale one from an interrupted transfer */
+    vks_store_sweep(dir); /* stale stages of interrupted transfers, this version's included */
     if (mkdir(d, 0755) != 0) return vks_set_error(VKS_ERR_IO, "%s: cannot create (%s)", d, strerror(errno));
     if (snprintf(out, cap, "%s/%s", d, VKS_STORE_FILE) >= (int)cap)
         return vks_set_error(VKS_ERR_ARG, "%s: path too long", dir);
