@@ -89,7 +89,7 @@ int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **ou
     b->last_heard = calloc((size_t)b->size, sizeof *b->last_heard);
     b->outcome = calloc((size_t)b->size, 1);
     if (!b->last_heard || !b->outcome) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    for (int r = 0; !rc && r < b->size; r++) b->last_heard[r] = now_s();
+    for (int r = 0; !rc && r < b->size; r++) b->last_heard[r] = vks_bc_now_s();
     if (b->opt.relays < 0 || b->opt.relays >= b->size) b->opt.relays = b->size > 1 ? b->size - 1 : 0;
     if (!rc) rc = vks_link_create(b->comm, &b->opt.link, &b->link);
     if (!rc) rc = vks_link_set_shared_uplink(b->link, b->opt.shared_uplink);
@@ -116,16 +116,16 @@ void vks_bcast_destroy(vks_bcast *b) {
 
 /* ---- small helpers ---- */
 
-double now_s(void) { return MPI_Wtime(); }
+double vks_bc_now_s(void) { return MPI_Wtime(); }
 
-void idle(void) { usleep(100); }
+void vks_bc_idle(void) { usleep(100); }
 
 /* Open MPI's TCP transport moves bytes only inside MPI calls, so a rank with
  * transfers in flight keeps calling (yielding the core between calls); once
  * nothing has moved for a millisecond it sleeps in short naps instead, so
  * that idle ranks do not take the cores from those hashing or forwarding. */
-void pace(double *last_progress, bool progressed) {
-    double t = now_s();
+void vks_bc_pace(double *last_progress, bool progressed) {
+    double t = vks_bc_now_s();
     if (progressed) *last_progress = t;
     else if (t - *last_progress < 1e-3) sched_yield();
     else usleep(100);
@@ -133,18 +133,18 @@ void pace(double *last_progress, bool progressed) {
 
 /* Waits for a message (src, tag) while driving the link and the heartbeats;
  * false once src has not been heard from for `timeout` (<= 0: forever). */
-bool wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st) {
+bool vks_bc_wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st) {
     for (;;) {
         int flag = 0;
         vks_link_progress(b->link);
-        beat(b);
+        vks_bc_beat(b);
         MPI_Iprobe(src, tag, b->comm, &flag, st);
         if (flag) {
-            heard(b, src);
+            vks_bc_heard(b, src);
             return true;
         }
-        if (timeout > 0 && silent_for(b, src) > timeout) return false;
-        idle();
+        if (timeout > 0 && vks_bc_silent_for(b, src) > timeout) return false;
+        vks_bc_idle();
     }
 }
 
@@ -157,14 +157,14 @@ static void send_beat(vks_bcast *b, int dest) {
     if (MPI_Isend(&beat_byte, 1, MPI_BYTE, dest, TAG_BEAT, b->comm, &rq) == MPI_SUCCESS) MPI_Request_free(&rq);
 }
 
-void heard(vks_bcast *b, int rank) {
-    if (rank >= 0 && rank < b->size) b->last_heard[rank] = now_s();
+void vks_bc_heard(vks_bcast *b, int rank) {
+    if (rank >= 0 && rank < b->size) b->last_heard[rank] = vks_bc_now_s();
 }
 
-double silent_for(const vks_bcast *b, int rank) { return rank >= 0 && rank < b->size ? now_s() - b->last_heard[rank] : 0; }
+double vks_bc_silent_for(const vks_bcast *b, int rank) { return rank >= 0 && rank < b->size ? vks_bc_now_s() - b->last_heard[rank] : 0; }
 
-void beat(vks_bcast *b) {
-    double t = now_s();
+void vks_bc_beat(vks_bcast *b) {
+    double t = vks_bc_now_s();
     if (t - b->last_beat >= BEAT_S) {
         b->last_beat = t;
         if (b->rank != 0) send_beat(b, 0);
@@ -180,15 +180,15 @@ void beat(vks_bcast *b) {
         MPI_Get_count(&st, MPI_BYTE, &count);
         MPI_Recv(count == 1 ? &byte : NULL, count == 1 ? 1 : 0, MPI_BYTE, st.MPI_SOURCE, TAG_BEAT, b->comm,
                  MPI_STATUS_IGNORE);
-        heard(b, st.MPI_SOURCE);
+        vks_bc_heard(b, st.MPI_SOURCE);
     }
 }
 
 void vks_bcast_keepalive(vks_bcast *b) {
-    if (b) beat(b);
+    if (b) vks_bc_beat(b);
 }
 
-void fault_point(vks_bcast *b, size_t progress, size_t total) {
+void vks_bc_fault_point(vks_bcast *b, size_t progress, size_t total) {
     const bcast_fault *f = &b->fault;
     if ((f->kind != FAULT_DIE && f->kind != FAULT_STOP) || f->rank != b->rank || progress < total / 2) return;
     bool stop = f->kind == FAULT_STOP;
@@ -199,10 +199,10 @@ void fault_point(vks_bcast *b, size_t progress, size_t total) {
     raise(stop ? SIGSTOP : SIGKILL);
 }
 
-bool recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v) {
+bool vks_bc_recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v) {
     int count = 0;
     MPI_Get_count(st, MPI_BYTE, &count);
-    heard(b, st->MPI_SOURCE);
+    vks_bc_heard(b, st->MPI_SOURCE);
     if (count == (int)sizeof *v) {
         MPI_Recv(v, (int)sizeof *v, MPI_BYTE, st->MPI_SOURCE, tag, b->comm, MPI_STATUS_IGNORE);
         return true;
@@ -212,19 +212,19 @@ bool recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v) {
 }
 
 /* Sends a small buffer through the link and waits for it (bounded). */
-void send_small(vks_bcast *b, const void *buf, size_t len, int dest, int tag) {
+void vks_bc_send_small(vks_bcast *b, const void *buf, size_t len, int dest, int tag) {
     vks_link_send *s;
     if (vks_link_isend(b->link, buf, len, dest, tag, &s)) return;
-    double deadline = now_s() + b->opt.timeout_s + b->opt.link.latency_ms * 1e-3;
-    while (!vks_link_send_done(b->link, s) && now_s() < deadline) idle();
+    double deadline = vks_bc_now_s() + b->opt.timeout_s + b->opt.link.latency_ms * 1e-3;
+    while (!vks_link_send_done(b->link, s) && vks_bc_now_s() < deadline) vks_bc_idle();
 }
 
-uint64_t get_u64(const uint8_t *p) {
+uint64_t vks_bc_get_u64(const uint8_t *p) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
     return v;
 }
-void put_u64(uint8_t *p, uint64_t v) {
+void vks_bc_put_u64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
@@ -252,12 +252,12 @@ static int serve_requests(vks_bcast *b, const vks_manifest *m, const uint8_t *wi
             continue;
         }
         MPI_Recv(req, REPAIR_HEADER, MPI_BYTE, st.MPI_SOURCE, TAG_REQ, b->comm, MPI_STATUS_IGNORE);
-        heard(b, st.MPI_SOURCE);
+        vks_bc_heard(b, st.MPI_SOURCE);
         *event = true;
-        uint32_t s = (uint32_t)get_u64(req);
-        if (get_u64(req + 8) != m->version || s >= m->n_shards || *n_rep >= cap) {
+        uint32_t s = (uint32_t)vks_bc_get_u64(req);
+        if (vks_bc_get_u64(req + 8) != m->version || s >= m->n_shards || *n_rep >= cap) {
             fprintf(stderr, "broadcast: rank %d: request for shard %u of version %llu ignored\n", st.MPI_SOURCE, s,
-                    (unsigned long long)get_u64(req + 8));
+                    (unsigned long long)vks_bc_get_u64(req + 8));
             continue;
         }
         const vks_shard_entry *e = &m->shards[s];
@@ -282,10 +282,10 @@ static void take_lost_reports(vks_bcast *b, const uint8_t *plan, uint8_t *done, 
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_LOST, b->comm, &flag, &st);
         if (!flag) return;
         int32_t r = -1;
-        recv_i32(b, &st, TAG_LOST, &r);
+        vks_bc_recv_i32(b, &st, TAG_LOST, &r);
         *event = true;
         if (!plan[st.MPI_SOURCE] || r <= 0 || r >= b->size || !plan[r] ||
-            tree_parent(plan, b->size, st.MPI_SOURCE, b->opt.fanout) != r) {
+            vks_bc_tree_parent(plan, b->size, st.MPI_SOURCE, b->opt.fanout) != r) {
             fprintf(stderr, "broadcast: rank %d: bogus report of a silent parent ignored\n", st.MPI_SOURCE);
             continue;
         }
@@ -301,19 +301,19 @@ static void take_lost_reports(vks_bcast *b, const uint8_t *plan, uint8_t *done, 
 /* Collects ACKs for the manifest: plan[r] = 1 for ranks that accepted. */
 static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
     int got = 0;
-    double deadline = now_s() + b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3;
-    while (got < b->size - 1 && now_s() < deadline) {
+    double deadline = vks_bc_now_s() + b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3;
+    while (got < b->size - 1 && vks_bc_now_s() < deadline) {
         MPI_Status st;
         int flag = 0;
         vks_link_progress(b->link);
-        beat(b);
+        vks_bc_beat(b);
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_ACK, b->comm, &flag, &st);
         if (!flag) {
-            idle();
+            vks_bc_idle();
             continue;
         }
         int32_t status = -1;
-        recv_i32(b, &st, TAG_ACK, &status);
+        vks_bc_recv_i32(b, &st, TAG_ACK, &status);
         if (plan[st.MPI_SOURCE] || st.MPI_SOURCE == 0 || b->outcome[st.MPI_SOURCE] == OUTCOME_REFUSED) continue;
         got++;
         if (status == 0) plan[st.MPI_SOURCE] = 1;
@@ -332,8 +332,8 @@ static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
 /* Planned ranks not heard from (heartbeats included) for timeout_s: lost. */
 static void strike_silent(vks_bcast *b, const uint8_t *plan, uint8_t *done, int *finished) {
     for (int r = 1; r < b->size; r++)
-        if (plan[r] && !done[r] && silent_for(b, r) > b->opt.timeout_s) {
-            fprintf(stderr, "broadcast: rank %d silent for %.0fs\n", r, silent_for(b, r));
+        if (plan[r] && !done[r] && vks_bc_silent_for(b, r) > b->opt.timeout_s) {
+            fprintf(stderr, "broadcast: rank %d silent for %.0fs\n", r, vks_bc_silent_for(b, r));
             done[r] = 2;
             b->outcome[r] = OUTCOME_SILENT;
             (*finished)++;
@@ -342,7 +342,7 @@ static void strike_silent(vks_bcast *b, const uint8_t *plan, uint8_t *done, int 
 
 static const char *const outcome_names[] = {"pending", "ok", "failed", "refused", "silent"};
 
-int write_status(vks_bcast *b, bool complete) {
+int vks_bc_write_status(vks_bcast *b, bool complete) {
     if (!b->opt.status_out || b->rank != 0) return VKS_OK;
     int n_ok = 0, n_silent = 0;
     for (int r = 1; r < b->size; r++) {
@@ -377,17 +377,17 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
         return vks_set_error(VKS_ERR_ARG, "origin: wire stream is %zu bytes, the manifest says %llu", wire_len,
                              (unsigned long long)m.wire_size);
     }
-    double t0 = now_s();
+    double t0 = vks_bc_now_s();
     uint8_t *plan = calloc((size_t)b->size, 1), *have = NULL, *done = calloc((size_t)b->size, 1);
     int max_rep = 4 * (int)m.n_shards * b->size + 16;
     pending_repair *reps = calloc((size_t)max_rep, sizeof *reps);
     chunk_layout lay;
-    rc = !plan || !done || !reps ? vks_set_error(VKS_ERR_NOMEM, "out of host memory") : layout_build(&m, b->opt.chunk_bytes, &lay);
+    rc = !plan || !done || !reps ? vks_set_error(VKS_ERR_NOMEM, "out of host memory") : vks_bc_layout_build(&m, b->opt.chunk_bytes, &lay);
     if (rc) goto out;
     plan[0] = 1;
     have = malloc(lay.n + 1);
     if (!have) {
-        layout_free(&lay);
+        vks_bc_layout_free(&lay);
         rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
         goto out;
     }
@@ -395,11 +395,11 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
     memset(b->outcome, OUTCOME_PENDING, (size_t)b->size);
     b->status_version = m.version;
     b->status_seconds = 0;
-    for (int r = 0; r < b->size; r++) b->last_heard[r] = now_s();
-    rc = write_status(b, false);
+    for (int r = 0; r < b->size; r++) b->last_heard[r] = vks_bc_now_s();
+    rc = vks_bc_write_status(b, false);
     if (rc) {
         b->status_version = 0; /* no status to update at close */
-        layout_free(&lay);
+        vks_bc_layout_free(&lay);
         goto out;
     }
     *manifest_sent = true;
@@ -416,22 +416,22 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
         vks_link_isend(b->link, plan, (size_t)b->size, r, TAG_PLAN, &s);
     }
     int children[64];
-    int nc = tree_children(plan, b->size, 0, b->opt.fanout, children, 64);
+    int nc = vks_bc_tree_children(plan, b->size, 0, b->opt.fanout, children, 64);
     forwarder fw;
-    rc = forwarder_init(&fw, b->link, children, nc, &lay, wire, &b->fault, 0);
+    rc = vks_bc_forwarder_init(&fw, b->link, children, nc, &lay, wire, &b->fault, 0);
     int finished = 0;
-    double last_event = now_s(), last_moved = last_event, last_turn = last_event;
+    double last_event = vks_bc_now_s(), last_moved = last_event, last_turn = last_event;
     size_t sent_before = 0;
-    while (!rc && finished < accepted && now_s() - last_event < 2 * b->opt.timeout_s + 5) {
-        if (now_s() - last_turn > b->opt.timeout_s / 2)
+    while (!rc && finished < accepted && vks_bc_now_s() - last_event < 2 * b->opt.timeout_s + 5) {
+        if (vks_bc_now_s() - last_turn > b->opt.timeout_s / 2)
             fprintf(stderr, "broadcast: rank 0: this rank stalled for %.0fs (stopped?): the others may have given up on it\n",
-                    now_s() - last_turn);
-        last_turn = now_s();
-        size_t before = forwarder_min_queued(&fw);
+                    vks_bc_now_s() - last_turn);
+        last_turn = vks_bc_now_s();
+        size_t before = vks_bc_forwarder_min_queued(&fw);
         bool event = false;
-        rc = forwarder_pump(&fw, have);
-        fault_point(b, before, lay.n);
-        beat(b);
+        rc = vks_bc_forwarder_pump(&fw, have);
+        vks_bc_fault_point(b, before, lay.n);
+        vks_bc_beat(b);
         if (!rc) rc = serve_requests(b, &m, wire, reps, max_rep, &n_rep, &event);
         take_lost_reports(b, plan, done, &finished, &event);
         strike_silent(b, plan, done, &finished);
@@ -440,7 +440,7 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_DONE, b->comm, &flag, &st);
         if (flag) {
             int32_t status = -1;
-            recv_i32(b, &st, TAG_DONE, &status);
+            vks_bc_recv_i32(b, &st, TAG_DONE, &status);
             if (plan[st.MPI_SOURCE] && !done[st.MPI_SOURCE]) {
                 done[st.MPI_SOURCE] = 1;
                 finished++;
@@ -451,10 +451,10 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
             event = true;
         }
         size_t sent = fw.n_children ? fw.done_upto[0] : 0;
-        bool moved = event || forwarder_min_queued(&fw) != before || sent != sent_before;
+        bool moved = event || vks_bc_forwarder_min_queued(&fw) != before || sent != sent_before;
         sent_before = sent;
-        if (event || forwarder_min_queued(&fw) != before) last_event = now_s();
-        pace(&last_moved, moved);
+        if (event || vks_bc_forwarder_min_queued(&fw) != before) last_event = vks_bc_now_s();
+        vks_bc_pace(&last_moved, moved);
     }
     int32_t lost = 0;
     for (int r = 1; r < b->size; r++)
@@ -463,19 +463,19 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
             b->outcome[r] = OUTCOME_SILENT;
             lost++;
         }
-    double seconds = now_s() - t0;
+    double seconds = vks_bc_now_s() - t0;
     for (int r = 1; r < b->size; r++)
-        if (plan[r] && done[r] == 1) send_small(b, &lost, sizeof lost, r, TAG_FINISH);
+        if (plan[r] && done[r] == 1) vks_bc_send_small(b, &lost, sizeof lost, r, TAG_FINISH);
     for (int i = 0; i < n_rep; i++) /* repairs to live ranks are done by now: they sent DONE */
         if (vks_link_send_done(b->link, reps[i].send)) free(reps[i].buf);
-    forwarder_free(&fw);
-    layout_free(&lay);
+    vks_bc_forwarder_free(&fw);
+    vks_bc_layout_free(&lay);
     *rep = (vks_bcast_report){.version = m.version, .step = m.step, .file_bytes = m.file_size,
                               .wire_bytes = m.wire_size, .seconds = seconds, .ranks_ok = ok,
                               .ranks_failed = b->size - 1 - ok, .ranks_lost = lost};
     memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
     b->status_seconds = seconds;
-    int status_rc = write_status(b, true);
+    int status_rc = vks_bc_write_status(b, true);
     if (!rc) rc = status_rc;
     if (!rc && ok != b->size - 1)
         rc = vks_set_error(refused == b->size - 1 - ok ? VKS_ERR_FORMAT : VKS_ERR_IO, "origin: %d of %d ranks did not receive version %llu (%d refused the manifest)",
@@ -512,23 +512,23 @@ static int close_origin(vks_bcast *b, int *lost) {
     }
     int waiting = 0;
     for (int r = 1; r < b->size; r++) waiting += b->outcome[r] != OUTCOME_SILENT;
-    double give_up = now_s() + 2 * b->opt.timeout_s + 5; /* even ranks that beat must say BYE by then */
+    double give_up = vks_bc_now_s() + 2 * b->opt.timeout_s + 5; /* even ranks that beat must say BYE by then */
     while (waiting > 0) {
-        beat(b);
+        vks_bc_beat(b);
         int flag = 0;
         MPI_Status st;
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_BYE, b->comm, &flag, &st);
         int32_t status = 1;
-        if (flag && recv_i32(b, &st, TAG_BYE, &status) && !said[st.MPI_SOURCE] &&
+        if (flag && vks_bc_recv_i32(b, &st, TAG_BYE, &status) && !said[st.MPI_SOURCE] &&
             b->outcome[st.MPI_SOURCE] != OUTCOME_SILENT) {
             said[st.MPI_SOURCE] = 1;
             waiting--;
             if (status != 0 && b->outcome[st.MPI_SOURCE] == OUTCOME_OK) b->outcome[st.MPI_SOURCE] = OUTCOME_FAILED;
         }
         for (int r = 1; r < b->size; r++)
-            if (!said[r] && b->outcome[r] != OUTCOME_SILENT && (silent_for(b, r) > b->opt.timeout_s || now_s() > give_up)) {
-                if (silent_for(b, r) > b->opt.timeout_s)
-                    fprintf(stderr, "broadcast: rank %d silent for %.0fs at the end\n", r, silent_for(b, r));
+            if (!said[r] && b->outcome[r] != OUTCOME_SILENT && (vks_bc_silent_for(b, r) > b->opt.timeout_s || vks_bc_now_s() > give_up)) {
+                if (vks_bc_silent_for(b, r) > b->opt.timeout_s)
+                    fprintf(stderr, "broadcast: rank %d silent for %.0fs at the end\n", r, vks_bc_silent_for(b, r));
                 else
                     fprintf(stderr, "broadcast: rank %d did not close within %.0fs\n", r, 2 * b->opt.timeout_s + 5);
                 b->outcome[r] = OUTCOME_SILENT;
@@ -539,15 +539,15 @@ static int close_origin(vks_bcast *b, int *lost) {
     int32_t *n_lost = &b->bye; /* the GO payload: outlives a send to a rank that stopped */
     *n_lost = 0;
     for (int r = 1; r < b->size; r++) *n_lost += !said[r];
-    int rc = b->status_version ? write_status(b, true) : VKS_OK;
+    int rc = b->status_version ? vks_bc_write_status(b, true) : VKS_OK;
     for (int r = 1; r < b->size; r++) {
         go[r] = MPI_REQUEST_NULL;
         if (said[r]) MPI_Isend(n_lost, (int)sizeof *n_lost, MPI_BYTE, r, TAG_GO, b->comm, &go[r]);
     }
-    for (double until = now_s() + b->opt.timeout_s;;) { /* small messages: at once, unless a rank stopped */
+    for (double until = vks_bc_now_s() + b->opt.timeout_s;;) { /* small messages: at once, unless a rank stopped */
         int all = 0;
         MPI_Testall(b->size - 1, go + 1, &all, MPI_STATUSES_IGNORE);
-        if (all || now_s() > until) break;
+        if (all || vks_bc_now_s() > until) break;
         usleep(500);
     }
     *lost = *n_lost;
@@ -564,20 +564,20 @@ static int close_node(vks_bcast *b, int status, int *lost) {
     MPI_Request rq;
     if (MPI_Isend(&b->bye, (int)sizeof b->bye, MPI_BYTE, 0, TAG_BYE, b->comm, &rq) == MPI_SUCCESS) MPI_Request_free(&rq);
     for (;;) {
-        beat(b);
+        vks_bc_beat(b);
         int flag = 0;
         MPI_Status st;
         MPI_Iprobe(0, TAG_GO, b->comm, &flag, &st);
         int32_t v = -1;
         if (flag) {
-            if (!recv_i32(b, &st, TAG_GO, &v) || v < 0 || v >= b->size) v = 1; /* malformed: assume the worst */
+            if (!vks_bc_recv_i32(b, &st, TAG_GO, &v) || v < 0 || v >= b->size) v = 1; /* malformed: assume the worst */
             *lost = v;
             return VKS_OK;
         }
-        if (silent_for(b, 0) > b->opt.timeout_s) {
+        if (vks_bc_silent_for(b, 0) > b->opt.timeout_s) {
             b->origin_silent = true;
             return vks_set_error(VKS_ERR_IO, "rank %d: the origin (rank 0) silent for %.0fs at the end", b->rank,
-                                 silent_for(b, 0));
+                                 vks_bc_silent_for(b, 0));
         }
         usleep(500);
     }

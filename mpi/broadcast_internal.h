@@ -32,12 +32,12 @@ typedef struct {
     size_t *first_of_shard; /* n_shards + 1 entries */
 } chunk_layout;
 
-int layout_build(const vks_manifest *m, size_t chunk_bytes, chunk_layout *c);
-void layout_free(chunk_layout *c);
+int vks_bc_layout_build(const vks_manifest *m, size_t chunk_bytes, chunk_layout *c);
+void vks_bc_layout_free(chunk_layout *c);
 
 /* Tree over the participating ranks (plan[r] != 0), rank order, fanout children. */
-int tree_parent(const uint8_t *plan, int size, int rank, int fanout);
-int tree_children(const uint8_t *plan, int size, int rank, int fanout, int *out, int cap);
+int vks_bc_tree_parent(const uint8_t *plan, int size, int rank, int fanout);
+int vks_bc_tree_children(const uint8_t *plan, int size, int rank, int fanout, int *out, int cap);
 
 /* Streams the chunks a node has (have[i] != 0) to its children in order,
  * SEND_WINDOW chunks in flight per child. */
@@ -55,14 +55,14 @@ typedef struct {
     bool short_first;                     /* fault: first chunk one byte short */
 } forwarder;
 
-int forwarder_init(forwarder *f, vks_link *link, const int *children, int n, const chunk_layout *c, const uint8_t *wire,
+int vks_bc_forwarder_init(forwarder *f, vks_link *link, const int *children, int n, const chunk_layout *c, const uint8_t *wire,
                    const bcast_fault *fault, int rank);
 /* Queues what it can; returns <0 on error. */
-int forwarder_pump(forwarder *f, const uint8_t *have);
+int vks_bc_forwarder_pump(forwarder *f, const uint8_t *have);
 /* Chunks queued to the slowest child (for the `die` fault). */
-size_t forwarder_min_queued(const forwarder *f);
-bool forwarder_all_done(forwarder *f);
-void forwarder_free(forwarder *f);
+size_t vks_bc_forwarder_min_queued(const forwarder *f);
+bool vks_bc_forwarder_all_done(forwarder *f);
+void vks_bc_forwarder_free(forwarder *f);
 #define MAX_KEEP 8
 
 struct vks_bcast {
@@ -88,28 +88,28 @@ struct vks_bcast {
 };
 
 
-double now_s(void);
-void idle(void);
+double vks_bc_now_s(void);
+void vks_bc_idle(void);
 /* Waits a little in a progress loop: yields while things move, naps when not. */
-void pace(double *last_progress, bool progressed);
+void vks_bc_pace(double *last_progress, bool progressed);
 /* Waits for a message (src, tag) while driving the link; false on timeout
  * (timeout <= 0 waits forever). */
-bool wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st);
+bool vks_bc_wait_probe(vks_bcast *b, int src, int tag, double timeout, MPI_Status *st);
 /* Receives the probed message *st of `tag` as one int32 into *v; a message of
  * any other size is consumed, *v left as it was, and false returned. */
-bool recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v);
+bool vks_bc_recv_i32(vks_bcast *b, const MPI_Status *st, int tag, int32_t *v);
 /* Sends a small buffer through the link and waits for it (bounded). */
-void send_small(vks_bcast *b, const void *buf, size_t len, int dest, int tag);
+void vks_bc_send_small(vks_bcast *b, const void *buf, size_t len, int dest, int tag);
 /* Heartbeats: sends them when due (origin: to every rank; others: to the
  * origin) and takes those waiting, noting who was heard. */
-void beat(vks_bcast *b);
-void heard(vks_bcast *b, int rank);
+void vks_bc_beat(vks_bcast *b);
+void vks_bc_heard(vks_bcast *b, int rank);
 /* Seconds since `rank` was last heard from. */
-double silent_for(const vks_bcast *b, int rank);
+double vks_bc_silent_for(const vks_bcast *b, int rank);
 /* Test hook: dies or stops (die:/stop:RANK) once progress reaches half of total. */
-void fault_point(vks_bcast *b, size_t progress, size_t total);
+void vks_bc_fault_point(vks_bcast *b, size_t progress, size_t total);
 /* Origin: writes the status file (opt.status_out), if any. */
-int write_status(vks_bcast *b, bool complete);
-uint64_t get_u64(const uint8_t *p);
-void put_u64(uint8_t *p, uint64_t v);
+int vks_bc_write_status(vks_bcast *b, bool complete);
+uint64_t vks_bc_get_u64(const uint8_t *p);
+void vks_bc_put_u64(uint8_t *p, uint64_t v);
 #endif

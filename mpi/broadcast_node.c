@@ -50,7 +50,7 @@ typedef struct {
 /* Receives the manifest blob from the origin; *blob malloc'd. */
 static int receive_manifest(vks_bcast *b, uint8_t **blob, size_t *len) {
     MPI_Status st;
-    if (!wait_probe(b, 0, TAG_MANIFEST, b->opt.manifest_timeout_s, &st)) {
+    if (!vks_bc_wait_probe(b, 0, TAG_MANIFEST, b->opt.manifest_timeout_s, &st)) {
         b->origin_silent = true;
         return vks_set_error(VKS_ERR_IO, "rank %d: no manifest and no word from the origin (rank 0) for %.0fs", b->rank,
                              b->opt.manifest_timeout_s);
@@ -109,8 +109,8 @@ static int request_repair(node *n, uint32_t s) {
     n->shard_state[s] = SHARD_REQUESTED;
     n->repaired++;
     uint8_t *req = n->req_buf + (size_t)s * REPAIR_HEADER;
-    put_u64(req, s);
-    put_u64(req + 8, n->m->version);
+    vks_bc_put_u64(req, s);
+    vks_bc_put_u64(req + 8, n->m->version);
     return vks_link_isend(n->b->link, req, REPAIR_HEADER, 0, TAG_REQ, &n->req_send[s]);
 }
 
@@ -193,7 +193,7 @@ static int poll_parent(node *n) {
             fprintf(stderr, "broadcast: rank %d: chunk %zu from rank %d has the wrong length (%d, expected %u)\n",
                     n->b->rank, k, n->parent, count, n->lay.len[k]);
         n->received++;
-        n->last_parent = n->last_event = now_s();
+        n->last_parent = n->last_event = vks_bc_now_s();
         int rc = chunk_arrived(n, k, bad);
         if (rc) return rc;
     }
@@ -215,7 +215,7 @@ static int fail_over(node *n) {
         MPI_Status st;
         int flag = 0, cancelled = 0;
         MPI_Cancel(r);
-        for (double until = now_s() + 0.1; !flag && now_s() < until;) MPI_Test(r, &flag, &st);
+        for (double until = vks_bc_now_s() + 0.1; !flag && vks_bc_now_s() < until;) MPI_Test(r, &flag, &st);
         if (flag) MPI_Test_cancelled(&st, &cancelled);
         if (flag && !cancelled) chunk_arrived(n, k, true);
     }
@@ -241,12 +241,12 @@ static int poll_repair(node *n) {
         return vks_set_error(VKS_ERR_IO, "rank %d: repair message of %d bytes from the origin refused", n->b->rank, count);
     }
     MPI_Recv(buf, count, MPI_BYTE, 0, TAG_REPAIR, n->b->comm, MPI_STATUS_IGNORE);
-    n->last_event = now_s();
-    heard(n->b, 0);
-    uint64_t s = get_u64(buf);
+    n->last_event = vks_bc_now_s();
+    vks_bc_heard(n->b, 0);
+    uint64_t s = vks_bc_get_u64(buf);
     size_t len = (size_t)count - REPAIR_HEADER;
     int rc = VKS_OK;
-    if (get_u64(buf + 8) != n->m->version || s >= n->m->n_shards || n->shard_state[s] != SHARD_REQUESTED ||
+    if (vks_bc_get_u64(buf + 8) != n->m->version || s >= n->m->n_shards || n->shard_state[s] != SHARD_REQUESTED ||
         !vks_shard_wire_ok(n->m, (uint32_t)s, buf + REPAIR_HEADER, len)) {
         rc = vks_set_error(VKS_ERR_IO, "rank %d: repair of shard %llu from the origin is not the signed shard",
                            n->b->rank, (unsigned long long)s);
@@ -266,34 +266,34 @@ static int poll_repair(node *n) {
 }
 
 static void maybe_fault(node *n) {
-    fault_point(n->b, n->fw.n_children ? forwarder_min_queued(&n->fw) : n->received, n->lay.n);
+    vks_bc_fault_point(n->b, n->fw.n_children ? vks_bc_forwarder_min_queued(&n->fw) : n->received, n->lay.n);
 }
 
 /* The origin sends a heartbeat every second: silence means it is gone. */
 static int check_origin(node *n) {
     vks_bcast *b = n->b;
-    if (silent_for(b, 0) <= b->opt.timeout_s) return VKS_OK;
+    if (vks_bc_silent_for(b, 0) <= b->opt.timeout_s) return VKS_OK;
     b->origin_silent = true;
     return vks_set_error(VKS_ERR_IO, "rank %d: the origin (rank 0) silent for %.0fs with %zu of %u shards verified",
-                         b->rank, silent_for(b, 0), n->verified, n->m->n_shards);
+                         b->rank, vks_bc_silent_for(b, 0), n->verified, n->m->n_shards);
 }
 
 /* Receives until every shard is verified. */
 static int transfer(node *n) {
     const vks_bcast_options *o = &n->b->opt;
-    double last_report = 0, last_moved = now_s();
-    n->last_parent = n->last_event = now_s();
+    double last_report = 0, last_moved = vks_bc_now_s();
+    n->last_parent = n->last_event = vks_bc_now_s();
     while (n->verified < n->m->n_shards) {
         size_t before = n->received + n->verified, queued = n->fw.n_children ? n->fw.done_upto[0] : 0;
         int rc = poll_parent(n);
         if (!rc) rc = poll_repair(n);
-        if (!rc) rc = forwarder_pump(&n->fw, n->have);
+        if (!rc) rc = vks_bc_forwarder_pump(&n->fw, n->have);
         if (rc) return rc;
         maybe_fault(n);
-        beat(n->b);
+        vks_bc_beat(n->b);
         rc = check_origin(n);
         if (rc) return rc;
-        double t = now_s();
+        double t = vks_bc_now_s();
         if (!n->parent_dead && n->parent != 0 && n->received < n->lay.n && t - n->last_parent > o->timeout_s) {
             rc = fail_over(n);
             if (rc) return rc;
@@ -306,7 +306,7 @@ static int transfer(node *n) {
             last_report = t;
         }
         size_t queued_now = n->fw.n_children ? n->fw.done_upto[0] : 0;
-        pace(&last_moved, n->received + n->verified != before || queued_now != queued);
+        vks_bc_pace(&last_moved, n->received + n->verified != before || queued_now != queued);
     }
     if (o->progress) o->progress(o->progress_ctx, n->m->wire_size, n->m->wire_size);
     return VKS_OK;
@@ -332,7 +332,7 @@ static int node_init(node *n, vks_bcast *b, const vks_manifest *m, const uint8_t
         int rc = open_staging(n);
         if (rc) return rc;
     }
-    int rc = layout_build(m, b->opt.chunk_bytes, &n->lay);
+    int rc = vks_bc_layout_build(m, b->opt.chunk_bytes, &n->lay);
     if (rc) return rc;
     n->wire = malloc(m->wire_size);
     n->have = calloc(n->lay.n + 1, 1);
@@ -346,10 +346,10 @@ static int node_init(node *n, vks_bcast *b, const vks_manifest *m, const uint8_t
                              (unsigned long long)m->wire_size);
     for (uint32_t s = 0; s < m->n_shards; s++)
         n->missing[s] = (uint32_t)(n->lay.first_of_shard[s + 1] - n->lay.first_of_shard[s]);
-    n->parent = tree_parent(plan, b->size, b->rank, b->opt.fanout);
+    n->parent = vks_bc_tree_parent(plan, b->size, b->rank, b->opt.fanout);
     int children[64];
-    int nc = tree_children(plan, b->size, b->rank, b->opt.fanout, children, 64);
-    return forwarder_init(&n->fw, b->link, children, nc, &n->lay, n->wire, &b->fault, b->rank);
+    int nc = vks_bc_tree_children(plan, b->size, b->rank, b->opt.fanout, children, 64);
+    return vks_bc_forwarder_init(&n->fw, b->link, children, nc, &n->lay, n->wire, &b->fault, b->rank);
 }
 
 /* Frees what the node owns; the wire buffer only when no send still reads it. */
@@ -358,8 +358,8 @@ static void node_free(node *n, bool keep_wire) {
     for (uint32_t s = 0; n->req_send && s < n->m->n_shards; s++)
         if (n->req_send[s] && !vks_link_send_done(n->b->link, n->req_send[s])) req_left = true;
     if (n->lost_send && !vks_link_send_done(n->b->link, n->lost_send)) req_left = true; /* keeps req_buf too */
-    bool sends_left = !forwarder_all_done(&n->fw);
-    forwarder_free(&n->fw);
+    bool sends_left = !vks_bc_forwarder_all_done(&n->fw);
+    vks_bc_forwarder_free(&n->fw);
     if (!keep_wire && !sends_left) free(n->wire);
     free(n->have);
     free(n->shard_state);
@@ -367,7 +367,7 @@ static void node_free(node *n, bool keep_wire) {
     if (!req_left) free(n->req_buf); /* else a send to a dead rank may still read it */
     free(n->missing);
     free(n->req_send);
-    layout_free(&n->lay);
+    vks_bc_layout_free(&n->lay);
     if (n->fd >= 0) close(n->fd);
     n->fd = -1;
 }
@@ -434,40 +434,40 @@ static void cache_version(vks_bcast *b, uint64_t version, uint8_t *wire) {
  * (1 when the origin itself is silent). */
 static int wait_finish(node *n, double elapsed) {
     vks_bcast *b = n->b;
-    double deadline = now_s() + 3 * b->opt.timeout_s + 2 * elapsed;
+    double deadline = vks_bc_now_s() + 3 * b->opt.timeout_s + 2 * elapsed;
     int32_t lost = 1;
-    double last_moved = now_s();
+    double last_moved = vks_bc_now_s();
     for (;;) {
         int flag = 0;
         MPI_Status st;
         size_t sent = n->fw.n_children ? n->fw.done_upto[0] : 0;
-        forwarder_pump(&n->fw, n->have);
+        vks_bc_forwarder_pump(&n->fw, n->have);
         bool moved = (n->fw.n_children ? n->fw.done_upto[0] : 0) != sent;
-        beat(b);
+        vks_bc_beat(b);
         MPI_Iprobe(0, TAG_FINISH, b->comm, &flag, &st);
         if (flag) {
-            if (!recv_i32(b, &st, TAG_FINISH, &lost) || lost < 0 || lost >= b->size)
+            if (!vks_bc_recv_i32(b, &st, TAG_FINISH, &lost) || lost < 0 || lost >= b->size)
                 lost = 1; /* malformed: assume the worst */
             break;
         }
-        if (now_s() > deadline || silent_for(b, 0) > b->opt.timeout_s) {
+        if (vks_bc_now_s() > deadline || vks_bc_silent_for(b, 0) > b->opt.timeout_s) {
             fprintf(stderr, "broadcast: rank %d: no FINISH from the origin (rank 0), silent for %.0fs: leaving\n",
-                    b->rank, silent_for(b, 0));
-            b->origin_silent = silent_for(b, 0) > b->opt.timeout_s;
+                    b->rank, vks_bc_silent_for(b, 0));
+            b->origin_silent = vks_bc_silent_for(b, 0) > b->opt.timeout_s;
             break;
         }
         /* children still fed: keep MPI progressing; else only the FINISH is awaited */
-        if (forwarder_all_done(&n->fw)) usleep(500);
-        else pace(&last_moved, moved);
+        if (vks_bc_forwarder_all_done(&n->fw)) usleep(500);
+        else vks_bc_pace(&last_moved, moved);
     }
     /* FINISH comes once every live rank said DONE, so the children have it
      * all; sends to a child that died never complete: no drain then. */
-    double drain = now_s() + b->opt.timeout_s;
-    while (lost == 0 && !forwarder_all_done(&n->fw) && now_s() < drain) {
+    double drain = vks_bc_now_s() + b->opt.timeout_s;
+    while (lost == 0 && !vks_bc_forwarder_all_done(&n->fw) && vks_bc_now_s() < drain) {
         size_t sent = n->fw.done_upto[0];
-        forwarder_pump(&n->fw, n->have);
-        beat(b);
-        pace(&last_moved, n->fw.done_upto[0] != sent);
+        vks_bc_forwarder_pump(&n->fw, n->have);
+        vks_bc_beat(b);
+        vks_bc_pace(&last_moved, n->fw.done_upto[0] != sent);
     }
     return lost;
 }
@@ -475,10 +475,10 @@ static int wait_finish(node *n, double elapsed) {
 static int receive_plan(vks_bcast *b, uint8_t *plan) {
     MPI_Status st;
     int count = 0;
-    if (!wait_probe(b, 0, TAG_PLAN, b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3, &st)) {
+    if (!vks_bc_wait_probe(b, 0, TAG_PLAN, b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3, &st)) {
         b->origin_silent = true;
         return vks_set_error(VKS_ERR_IO, "rank %d: no transfer plan from the origin (rank 0), silent for %.0fs", b->rank,
-                             silent_for(b, 0));
+                             vks_bc_silent_for(b, 0));
     }
     MPI_Get_count(&st, MPI_BYTE, &count);
     if (count != b->size) {
@@ -496,16 +496,16 @@ int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
     uint8_t *blob = NULL, *base = NULL, *plan = NULL;
     size_t blob_len = 0, base_len = 0;
     vks_manifest m = {0};
-    heard(b, 0); /* the origin's silence counts from here */
+    vks_bc_heard(b, 0); /* the origin's silence counts from here */
     b->origin_silent = false;
     int rc = receive_manifest(b, &blob, &blob_len);
     if (rc) return rc;
-    double t0 = now_s();
+    double t0 = vks_bc_now_s();
     rc = accept_manifest(b, blob, blob_len, &m, &base, &base_len);
     int32_t status = rc ? 1 : 0;
     char err[512];
     snprintf(err, sizeof err, "%s", vks_last_error());
-    send_small(b, &status, sizeof status, 0, TAG_ACK);
+    vks_bc_send_small(b, &status, sizeof status, 0, TAG_ACK);
     free(blob);
     if (rc) {
         vks_manifest_free(&m);
@@ -531,10 +531,10 @@ int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
     if (!rc) snprintf(err, sizeof err, "ok");
     else snprintf(err, sizeof err, "%s", vks_last_error());
     status = rc ? 1 : 0;
-    double t_done = now_s(); /* verified, written, switched */
+    double t_done = vks_bc_now_s(); /* verified, written, switched */
     bool origin_there = !b->origin_silent;
-    if (origin_there) send_small(b, &status, sizeof status, 0, TAG_DONE);
-    int lost = have_node && origin_there ? wait_finish(&n, now_s() - t0) : 0;
+    if (origin_there) vks_bc_send_small(b, &status, sizeof status, 0, TAG_DONE);
+    int lost = have_node && origin_there ? wait_finish(&n, vks_bc_now_s() - t0) : 0;
     bool keep = !rc && !receiver;
     if (!rc) {
         b->latest = m.version;

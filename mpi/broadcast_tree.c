@@ -4,7 +4,7 @@
 #include <string.h>
 #include "broadcast_internal.h"
 
-int layout_build(const vks_manifest *m, size_t chunk_bytes, chunk_layout *c) {
+int vks_bc_layout_build(const vks_manifest *m, size_t chunk_bytes, chunk_layout *c) {
     memset(c, 0, sizeof *c);
     if (chunk_bytes == 0) return vks_set_error(VKS_ERR_ARG, "broadcast: chunk size 0");
     size_t n = 0;
@@ -14,7 +14,7 @@ int layout_build(const vks_manifest *m, size_t chunk_bytes, chunk_layout *c) {
     c->shard = malloc(n * sizeof *c->shard);
     c->first_of_shard = malloc(((size_t)m->n_shards + 1) * sizeof *c->first_of_shard);
     if (!c->off || !c->len || !c->shard || !c->first_of_shard) {
-        layout_free(c);
+        vks_bc_layout_free(c);
         return vks_set_error(VKS_ERR_NOMEM, "broadcast: out of host memory for %zu chunks", n);
     }
     size_t k = 0;
@@ -34,7 +34,7 @@ int layout_build(const vks_manifest *m, size_t chunk_bytes, chunk_layout *c) {
     return VKS_OK;
 }
 
-void layout_free(chunk_layout *c) {
+void vks_bc_layout_free(chunk_layout *c) {
     free(c->off);
     free(c->len);
     free(c->shard);
@@ -56,12 +56,12 @@ static int rank_at(const uint8_t *plan, int size, int pos) {
     return -1;
 }
 
-int tree_parent(const uint8_t *plan, int size, int rank, int fanout) {
+int vks_bc_tree_parent(const uint8_t *plan, int size, int rank, int fanout) {
     int pos = position(plan, rank);
     return pos <= 0 ? -1 : rank_at(plan, size, (pos - 1) / fanout);
 }
 
-int tree_children(const uint8_t *plan, int size, int rank, int fanout, int *out, int cap) {
+int vks_bc_tree_children(const uint8_t *plan, int size, int rank, int fanout, int *out, int cap) {
     int pos = position(plan, rank), n = 0;
     if (pos < 0) return 0;
     for (int k = 1; k <= fanout && n < cap; k++) {
@@ -72,7 +72,7 @@ int tree_children(const uint8_t *plan, int size, int rank, int fanout, int *out,
     return n;
 }
 
-int forwarder_init(forwarder *f, vks_link *link, const int *children, int n, const chunk_layout *c, const uint8_t *wire,
+int vks_bc_forwarder_init(forwarder *f, vks_link *link, const int *children, int n, const chunk_layout *c, const uint8_t *wire,
                    const bcast_fault *fault, int rank) {
     memset(f, 0, sizeof *f);
     if (n > 64) return vks_set_error(VKS_ERR_ARG, "broadcast: fan-out %d above 64", n);
@@ -107,7 +107,7 @@ static int queue_chunk(forwarder *f, int child, size_t k) {
     return vks_link_isend(f->link, buf, len, f->children[child], TAG_CHUNK, &f->inflight[child][k % SEND_WINDOW]);
 }
 
-int forwarder_pump(forwarder *f, const uint8_t *have) {
+int vks_bc_forwarder_pump(forwarder *f, const uint8_t *have) {
     int rc = vks_link_progress(f->link);
     if (rc) return rc;
     size_t n = f->layout->n;
@@ -124,20 +124,20 @@ int forwarder_pump(forwarder *f, const uint8_t *have) {
     return VKS_OK;
 }
 
-size_t forwarder_min_queued(const forwarder *f) {
+size_t vks_bc_forwarder_min_queued(const forwarder *f) {
     size_t m = f->layout->n;
     for (int ch = 0; ch < f->n_children; ch++)
         if (f->next[ch] < m) m = f->next[ch];
     return m;
 }
 
-bool forwarder_all_done(forwarder *f) {
+bool vks_bc_forwarder_all_done(forwarder *f) {
     for (int ch = 0; ch < f->n_children; ch++)
         if (f->done_upto[ch] < f->layout->n) return false;
     return true;
 }
 
-void forwarder_free(forwarder *f) {
+void vks_bc_forwarder_free(forwarder *f) {
     free(f->damaged);
     f->damaged = NULL;
 }
