@@ -17,14 +17,14 @@ typedef void (*cpu_task_fn)(void *ctx, int begin, int end, int worker);
 /* Runs fn over items 0..n-1 on up to `threads` threads (the caller is worker
  * 0), handing out `grain` items at a time. Runs everything on the caller
  * when threads cannot be started. */
-void cpu_parallel_for(int threads, int n, int grain, cpu_task_fn fn, void *ctx);
+void vks_cpu_parallel_for(int threads, int n, int grain, cpu_task_fn fn, void *ctx);
 
 /* Converts `count` rows from `row` of t into dst as f32. */
-void cpu_convert_rows(const vks_tensor *t, int64_t row, int64_t count, float *dst);
+void vks_cpu_convert_rows(const vks_tensor *t, int64_t row, int64_t count, float *dst);
 /* y[M, W->rows] = x[M, W->cols] W^T for a weight of any dtype (ldy = W->rows):
  * each worker converts panel_rows weight rows into its own panel and runs a
  * one-thread sgemm on them, so conversion and products never wait on each other. */
-void cpu_matmul(vks_cpu *c, const vks_tensor *W, const float *x, int M, float *y);
+void vks_cpu_matmul(vks_cpu *c, const vks_tensor *W, const float *x, int M, float *y);
 /* Sets OpenBLAS's thread count (a process-wide setting; the forward uses 1). */
-void cpu_blas_threads(int threads);
+void vks_cpu_blas_threads(int threads);
 #endif

@@ -1,4 +1,4 @@
-/* cpu_matmul.c: weight products through OpenBLAS cblas_sgemm. The weight's
+/* vks_cpu_matmul.c: weight products through OpenBLAS cblas_sgemm. The weight's
  * rows are split among the context's threads, panel_rows at a time; f32
  * weights are used in place, every other dtype is dequantized into the
  * worker's reused f32 panel; each panel's one-thread sgemm writes straight
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-void cpu_blas_threads(int threads) { openblas_set_num_threads(threads); }
+void vks_cpu_blas_threads(int threads) { openblas_set_num_threads(threads); }
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -34,7 +34,7 @@ static void f16_to_f32_f16c(const uint16_t *src, float *dst, size_t n) { vks_deq
 static bool have_f16c(void) { return false; }
 #endif
 
-void cpu_convert_rows(const vks_tensor *t, int64_t row, int64_t count, float *dst) {
+void vks_cpu_convert_rows(const vks_tensor *t, int64_t row, int64_t count, float *dst) {
     uint64_t row_bytes = 0;
     vks_dtype_row_bytes(t->dtype, (uint64_t)t->cols, &row_bytes); /* validated by vks_model_check_tensors */
     const unsigned char *src = (const unsigned char *)t->data + (size_t)row * (size_t)row_bytes;
@@ -62,17 +62,17 @@ static void matmul_rows(void *ctx, int begin, int end, int worker) {
     const float *w = (const float *)j->W->data + (size_t)begin * (size_t)K;
     if (j->W->dtype != VKS_DTYPE_F32) {
         float *panel = j->c->panel + (size_t)worker * j->c->panel_floats;
-        cpu_convert_rows(j->W, begin, end - begin, panel);
+        vks_cpu_convert_rows(j->W, begin, end - begin, panel);
         w = panel;
     }
     sgemm_xwt(j->x, w, j->M, end - begin, K, j->y + begin, N);
 }
 
-void cpu_matmul(vks_cpu *c, const vks_tensor *W, const float *x, int M, float *y) {
+void vks_cpu_matmul(vks_cpu *c, const vks_tensor *W, const float *x, int M, float *y) {
     matmul_job j = {.c = c, .W = W, .x = x, .M = M, .y = y};
     int N = (int)W->rows, share = (N + c->threads - 1) / c->threads; /* every thread gets work */
     int rows = share < c->panel_rows ? (share < 16 && c->panel_rows > 16 ? 16 : share) : c->panel_rows;
-    cpu_parallel_for(c->threads, N, rows, matmul_rows, &j);
+    vks_cpu_parallel_for(c->threads, N, rows, matmul_rows, &j);
 }
 
 static double seconds_now(void) {
@@ -92,7 +92,7 @@ int vks_cpu_sgemm_rate(int M, int N, int K, int threads, double seconds, double 
     }
     for (size_t i = 0; i < (size_t)M * (size_t)K; i++) x[i] = (float)((i * 7) % 13) * 0.01f;
     for (size_t i = 0; i < (size_t)N * (size_t)K; i++) w[i] = (float)((i * 5) % 11) * 0.01f;
-    cpu_blas_threads(vks_cpu_thread_count(threads));
+    vks_cpu_blas_threads(vks_cpu_thread_count(threads));
     sgemm_xwt(x, w, M, N, K, y, N); /* warm-up */
     int reps = 0;
     double t0 = seconds_now(), t = t0;

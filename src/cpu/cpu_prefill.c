@@ -96,9 +96,9 @@ static void rmsnorm_rows(void *ctx, int begin, int end, int worker) {
 }
 
 static void rmsnorm(vks_cpu *c, activations *a, const vks_tensor *w, const float *in, int rows, float *out) {
-    cpu_convert_rows(w, 0, 1, c->vec);
+    vks_cpu_convert_rows(w, 0, 1, c->vec);
     row_job j = {.c = c, .a = a, .in = in, .w = c->vec, .out = out, .width = c->m->cfg.dim};
-    cpu_parallel_for(c->threads, rows, 16, rmsnorm_rows, &j);
+    vks_cpu_parallel_for(c->threads, rows, 16, rmsnorm_rows, &j);
 }
 
 static void rope_rows(void *ctx, int begin, int end, int worker) {
@@ -122,7 +122,7 @@ static void rope_rows(void *ctx, int begin, int end, int worker) {
 
 static void rope(vks_cpu *c, activations *a, float *x, int width) {
     row_job j = {.c = c, .a = a, .out = x, .width = width};
-    cpu_parallel_for(c->threads, a->rows, 16, rope_rows, &j);
+    vks_cpu_parallel_for(c->threads, a->rows, 16, rope_rows, &j);
 }
 
 static void swiglu_rows(void *ctx, int begin, int end, int worker) {
@@ -144,14 +144,14 @@ static void add_rows(void *ctx, int begin, int end, int worker) {
 
 static void add_residual(vks_cpu *c, activations *a, const float *y) {
     row_job j = {.c = c, .a = a, .in = y, .out = a->x, .width = c->m->cfg.dim};
-    cpu_parallel_for(c->threads, a->rows, 64, add_rows, &j);
+    vks_cpu_parallel_for(c->threads, a->rows, 64, add_rows, &j);
 }
 
 /* y[r, :] += bias (no-op when the model has none). */
 static void add_bias(vks_cpu *c, const vks_tensor *bias, float *y, int rows) {
     if (!bias->data) return;
     size_t cols = (size_t)bias->cols;
-    cpu_convert_rows(bias, 0, 1, c->vec);
+    vks_cpu_convert_rows(bias, 0, 1, c->vec);
     for (size_t r = 0; r < (size_t)rows; r++)
         for (size_t i = 0; i < cols; i++) y[r * cols + i] += c->vec[i];
 }
@@ -210,27 +210,27 @@ static void attention_items(void *ctx, int begin, int end, int worker) {
 static void attention_block(vks_cpu *c, const vks_layer_weights *w, activations *a) {
     const vks_model_config *cf = &c->m->cfg;
     rmsnorm(c, a, &w->attn_norm, a->x, a->rows, a->xb);
-    cpu_matmul(c, &w->wq, a->xb, a->rows, a->q);
-    cpu_matmul(c, &w->wk, a->xb, a->rows, a->k);
-    cpu_matmul(c, &w->wv, a->xb, a->rows, a->v);
+    vks_cpu_matmul(c, &w->wq, a->xb, a->rows, a->q);
+    vks_cpu_matmul(c, &w->wk, a->xb, a->rows, a->k);
+    vks_cpu_matmul(c, &w->wv, a->xb, a->rows, a->v);
     add_bias(c, &w->bq, a->q, a->rows);
     add_bias(c, &w->bk, a->k, a->rows);
     add_bias(c, &w->bv, a->v, a->rows);
     rope(c, a, a->q, cf->dim);
     rope(c, a, a->k, cf->kv_dim);
     row_job j = {.c = c, .a = a};
-    cpu_parallel_for(c->threads, a->n_seqs * cf->n_heads, 1, attention_items, &j);
-    cpu_matmul(c, &w->wo, a->att, a->rows, a->tmp);
+    vks_cpu_parallel_for(c->threads, a->n_seqs * cf->n_heads, 1, attention_items, &j);
+    vks_cpu_matmul(c, &w->wo, a->att, a->rows, a->tmp);
     add_residual(c, a, a->tmp);
 }
 
 static void ffn_block(vks_cpu *c, const vks_layer_weights *w, activations *a) {
     rmsnorm(c, a, &w->ffn_norm, a->x, a->rows, a->xb);
-    cpu_matmul(c, &w->w1, a->xb, a->rows, a->h1);
-    cpu_matmul(c, &w->w3, a->xb, a->rows, a->h3);
+    vks_cpu_matmul(c, &w->w1, a->xb, a->rows, a->h1);
+    vks_cpu_matmul(c, &w->w3, a->xb, a->rows, a->h3);
     row_job j = {.c = c, .a = a, .width = c->m->cfg.hidden_dim};
-    cpu_parallel_for(c->threads, a->rows, 16, swiglu_rows, &j);
-    cpu_matmul(c, &w->w2, a->h1, a->rows, a->tmp);
+    vks_cpu_parallel_for(c->threads, a->rows, 16, swiglu_rows, &j);
+    vks_cpu_matmul(c, &w->w2, a->h1, a->rows, a->tmp);
     add_residual(c, a, a->tmp);
 }
 
@@ -241,7 +241,7 @@ static void output_rows(vks_cpu *c, activations *a, const int *out_rows, int n_o
         memcpy(a->tmp + (size_t)i * dim, a->x + (size_t)(out_rows ? out_rows[i] : i) * dim, dim * sizeof(float));
     rmsnorm(c, a, &c->m->final_norm, a->tmp, n_out, a->xb);
     if (hidden) memcpy(hidden, a->xb, (size_t)n_out * dim * sizeof(float));
-    cpu_matmul(c, &c->m->classifier, a->xb, n_out, logits);
+    vks_cpu_matmul(c, &c->m->classifier, a->xb, n_out, logits);
 }
 
 /* ---- entry points ---- */
@@ -280,8 +280,8 @@ int vks_cpu_prefill(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_s
     const vks_model_config *cf = &c->m->cfg;
     activations a;
     if ((rc = alloc_activations(&a, cf, seq_lens, n_seqs, rows)) != VKS_OK) return rc;
-    cpu_blas_threads(1); /* each worker's sgemm runs on that worker */
-    for (int r = 0; r < rows; r++) cpu_convert_rows(&c->m->tok_emb, ids[r], 1, a.x + (size_t)r * cf->dim);
+    vks_cpu_blas_threads(1); /* each worker's sgemm runs on that worker */
+    for (int r = 0; r < rows; r++) vks_cpu_convert_rows(&c->m->tok_emb, ids[r], 1, a.x + (size_t)r * cf->dim);
     for (int l = 0; l < cf->n_layers; l++) {
         attention_block(c, &c->m->layers[l], &a);
         ffn_block(c, &c->m->layers[l], &a);

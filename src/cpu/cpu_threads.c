@@ -36,7 +36,7 @@ static void run_items_as_caller(parallel_loop *p) {
 
 enum { CPU_MAX_THREADS = 256 };
 
-void cpu_parallel_for(int threads, int n, int grain, cpu_task_fn fn, void *ctx) {
+void vks_cpu_parallel_for(int threads, int n, int grain, cpu_task_fn fn, void *ctx) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     int want = threads < 1 ? 1 : threads > CPU_MAX_THREADS ? CPU_MAX_THREADS : threads;
@@ -71,5 +71,5 @@ static void run_public_task(void *ctx, int begin, int end, int worker) {
 
 void vks_cpu_parallel(const vks_cpu *c, int n, void (*fn)(void *ctx, int begin, int end), void *ctx) {
     public_task t = {fn, ctx};
-    cpu_parallel_for(c ? c->threads : 1, n, 1, run_public_task, &t);
+    vks_cpu_parallel_for(c ? c->threads : 1, n, 1, run_public_task, &t);
 }
