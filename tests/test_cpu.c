@@ -6,7 +6,7 @@
  * tests/test_toploc.c, whose vks_verify_batch_cpu is this forward.) */
 #include "test_util.h"
 #include "vkswarm/vks_cpu.h"
-#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_sched.h"
 #include "vkswarm/vks_model.h"
@@ -112,7 +112,7 @@ static double compare_with_reference(const vks_model *m, const vks_cpu_options *
     assert_int_equal(vks_cpu_prefill(c, ids, lens, n_seqs, NULL, total, fast, fast_h), VKS_OK);
     vks_cpu_destroy(c);
     for (int s = 0, row = 0; s < n_seqs; row += lens[s++])
-        assert_int_equal(vks_cpu_forward(m, ids + row, lens[s], ref + (size_t)row * V, ref_h + (size_t)row * D), VKS_OK);
+        assert_int_equal(vks_ref_forward(m, ids + row, lens[s], ref + (size_t)row * V, ref_h + (size_t)row * D), VKS_OK);
     double d = max_abs_diff(fast, ref, V * (size_t)total), dh = max_abs_diff(fast_h, ref_h, D * (size_t)total);
     free(ids), free(fast), free(fast_h), free(ref), free(ref_h);
     if (dh > d) d = dh;
@@ -223,7 +223,7 @@ static void gen_sample(const vks_model *m, const uint8_t hash[32], int i, int st
     float *rows = malloc(sizeof(float) * (size_t)steps * D);
     int n = n_prompt;
     for (; n <= steps; n++) {
-        assert_int_equal(vks_cpu_forward(m, ids, n, logits, hidden), VKS_OK);
+        assert_int_equal(vks_ref_forward(m, ids, n, logits, hidden), VKS_OK);
         memcpy(rows + (size_t)(n - n_prompt) * D, hidden + (size_t)(n - 1) * D, sizeof(float) * (size_t)D);
         vks_sample_params sp = {.temperature = 0.9f, .seed = 77, .seq = (uint32_t)i, .pos = (uint32_t)(n - 1)};
         ids[n] = (int32_t)vks_ref_sample(logits + (size_t)(n - 1) * V, V, &sp);

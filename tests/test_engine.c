@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_tokenizer.h"
@@ -234,7 +234,7 @@ static void test_random_model_vs_cpu(void **state) {
     int32_t ids[40];
     for (int i = 0; i < N; i++) ids[i] = (i * 37 + 5) % c.vocab_size;
     float *want = malloc(sizeof(float) * (size_t)N * c.vocab_size), *got = malloc(sizeof(float) * (size_t)N * c.vocab_size);
-    assert_int_equal(vks_cpu_forward(m, ids, N, want, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
     vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = 13};
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
@@ -449,7 +449,7 @@ static void test_kv_resize(void **state) {
     int32_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
     float *want = malloc(sizeof(float) * N * 50), *got = malloc(sizeof(float) * N * 50);
-    assert_int_equal(vks_cpu_forward(m, ids, N, want, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
     engine_logits(e, ids, N, 16, got, c.vocab_size);
     assert_true(tu_nmse(got, want, (size_t)N * 50) < 1e-10);
     free(want);

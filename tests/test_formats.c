@@ -6,7 +6,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "test_util.h"
 
-#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_gguf.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_quant.h"
@@ -52,7 +52,7 @@ static const int32_t test_ids[] = {1, 403, 407, 261, 9, 33, 45, 100, 200, 300, 1
 
 static float *logits_of(const vks_model *m) {
     float *l = malloc((size_t)N_IDS * (size_t)m->cfg.vocab_size * sizeof(float));
-    int rc = vks_cpu_forward(m, test_ids, N_IDS, l, NULL);
+    int rc = vks_ref_forward(m, test_ids, N_IDS, l, NULL);
     if (rc != VKS_OK) fail_msg("cpu forward of %s: %s", m->path, vks_last_error());
     return l;
 }

@@ -2,7 +2,7 @@
  * stories260K references; hostile-file mutants; random model round trip. */
 #include "test_util.h"
 
-#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_tokenizer.h"
@@ -93,7 +93,7 @@ static void check_case_logits(vks_model *m, const char *stem) {
     int n = (int)(bytes / (VOCAB * sizeof(float)));
     assert_true(n > 0 && n <= n_ids);
     float *got = malloc((size_t)n * VOCAB * sizeof(float));
-    assert_int_equal(vks_cpu_forward(m, ids, n, got, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward(m, ids, n, got, NULL), VKS_OK);
     double max_err = 0;
     for (size_t i = 0; i < (size_t)n * VOCAB; i++) max_err = fmax(max_err, fabs((double)got[i] - want[i]));
     printf("  %s: %d positions, max |logit error| = %.3g\n", stem, n, max_err);
@@ -354,7 +354,7 @@ static char *greedy_generate(vks_model *m, vks_tokenizer *t, const char *prompt,
         if (pos < n_prompt - 1) {
             next = ids[pos + 1];
         } else {
-            assert_int_equal(vks_cpu_forward(m, ids, pos + 1, logits, NULL), VKS_OK);
+            assert_int_equal(vks_ref_forward(m, ids, pos + 1, logits, NULL), VKS_OK);
             next = (int32_t)vks_ref_sample(logits + (size_t)pos * VOCAB, VOCAB, &greedy);
             ids[pos + 1] = next;
         }
@@ -438,7 +438,7 @@ static void exercise_model(vks_model *m) {
     int32_t ids[2] = {0, m->cfg.vocab_size > 1 ? 1 : 0};
     int n = m->cfg.seq_len >= 2 ? 2 : 1;
     float *logits = malloc((size_t)n * (size_t)m->cfg.vocab_size * sizeof(float));
-    assert_int_equal(vks_cpu_forward(m, ids, n, logits, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward(m, ids, n, logits, NULL), VKS_OK);
     free(logits);
 }
 
@@ -734,7 +734,7 @@ static void test_random_roundtrip(void **state) {
         assert_models_equal(a, b);
         float logits[4 * 97];
         const int32_t ids[4] = {1, 5, 96, 0};
-        assert_int_equal(vks_cpu_forward(b, ids, 4, logits, NULL), VKS_OK);
+        assert_int_equal(vks_ref_forward(b, ids, 4, logits, NULL), VKS_OK);
         assert_false(tu_has_nonfinite(logits, 4 * 97));
         vks_model_free(a);
         vks_model_free(b);
@@ -785,8 +785,8 @@ static void test_f16_model_save_and_forward(void **state) {
                 vks_f16_to_f32(vks_f32_to_f16(((const float *)a->layers[2].w2.data)[5])));
     const int32_t ids[3] = {3, 1, 4};
     float la[3 * 97], lb[3 * 97];
-    assert_int_equal(vks_cpu_forward(&half, ids, 3, la, NULL), VKS_OK);
-    assert_int_equal(vks_cpu_forward(b, ids, 3, lb, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward(&half, ids, 3, la, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward(b, ids, 3, lb, NULL), VKS_OK);
     assert_memory_equal(la, lb, sizeof la);
     for (int i = 0; i < n; i++) free(bufs[i]);
     vks_model_free(a);
@@ -819,7 +819,7 @@ static void test_config_errors(void **state) {
     c.kv_dim = 5;
     assert_int_equal(vks_model_config_check(&c, "cfg"), VKS_ERR_FORMAT);
     assert_true(strncmp(vks_last_error(), "cfg: ", 5) == 0);
-    assert_int_equal(vks_cpu_forward(NULL, NULL, 1, NULL, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_ref_forward(NULL, NULL, 1, NULL, NULL), VKS_ERR_ARG);
 }
 
 int main(void) {

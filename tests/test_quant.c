@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_quant.h"
 
@@ -110,7 +110,7 @@ static double gpu_vs_cpu(const vks_model *gm, const vks_engine_options *o, const
     float *want = malloc(sizeof(float) * N * (size_t)V), *got = malloc(sizeof(float) * N * (size_t)V);
     assert_non_null(want);
     assert_non_null(got);
-    assert_int_equal(vks_cpu_forward(cm, ids, N, want, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward(cm, ids, N, want, NULL), VKS_OK);
     vks_engine_options eo = *o;
     eo.n_slots = 1;
     eo.kv_len = N;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_sched.h"
 #include "vkswarm/vks_toploc.h"
@@ -420,7 +420,7 @@ static void gen_cpu(const vks_model *m, int i, const gen_params *gp, vks_rollout
     float *rows = malloc(sizeof(float) * (size_t)gp->steps * dim);
     int n_rows = 0;
     while (n <= gp->steps) {
-        assert_int_equal(vks_cpu_forward(m, ids, n, logits, hidden), VKS_OK);
+        assert_int_equal(vks_ref_forward(m, ids, n, logits, hidden), VKS_OK);
         memcpy(rows + (size_t)n_rows++ * dim, hidden + (size_t)(n - 1) * dim, sizeof(float) * (size_t)dim);
         vks_sample_params sp = {.temperature = gp->temperature, .top_k = gp->top_k, .top_p = gp->top_p,
                                 .seed = gp->seed, .seq = (uint32_t)i, .pos = (uint32_t)(n - 1)};
@@ -627,7 +627,7 @@ static double gpu_cpu_logit_diff(const vks_rollout_sample *s, int n, int max_row
         int L = s[i].n_prompt + s[i].n_output - 1;
         memcpy(ids, s[i].prompt_ids, 4 * (size_t)s[i].n_prompt);
         memcpy(ids + s[i].n_prompt, s[i].output_ids, 4 * (size_t)(s[i].n_output - 1));
-        assert_int_equal(vks_cpu_forward(stories, ids, L, ref, hid), VKS_OK);
+        assert_int_equal(vks_ref_forward(stories, ids, L, ref, hid), VKS_OK);
         for (int p0 = 0; p0 < L; p0 += max_rows) {
             int nr = L - p0 < max_rows ? L - p0 : max_rows;
             for (int r = 0; r < nr; r++) pos[r] = (uint32_t)(p0 + r), out_rows[r] = (uint32_t)r;
@@ -859,7 +859,7 @@ static void test_cheats_edited_samples(void **state) {
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)L);
         memcpy(ids, b->prompt_ids, 4 * (size_t)b->n_prompt);
         memcpy(ids + b->n_prompt, b->output_ids, 4 * (size_t)(b->n_output - 1));
-        assert_int_equal(vks_cpu_forward(stories, ids, L, logits, hidden), VKS_OK);
+        assert_int_equal(vks_ref_forward(stories, ids, L, logits, hidden), VKS_OK);
         free(ids);
         int row0 = b->n_prompt - 1, k = k0, other = -1;
         double gap = 0;

@@ -6,7 +6,7 @@
  * f16, bf16, Q8_0, Q4_0, Q4_K and Q6_K rows are dequantized into each
  * thread's reused f32 panel (no f32 copy of the model). Norms, RoPE and
  * attention run on the same threads. The float64 reference
- * (vks_cpu_forward.h) stays the oracle. */
+ * (vks_ref_forward.h) stays the oracle. */
 #ifndef VKS_CPU_H
 #define VKS_CPU_H
 #include "vks_model.h"

@@ -2,7 +2,7 @@
  * checks, TOPLOC chunks and sampler replay, with the rows recomputed on the
  * CPU reference forward or in batched prefill on a GPU engine. */
 #include "vkswarm/vks_toploc.h"
-#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_cpu.h"
 #include "vkswarm/vks_ref.h"
 
@@ -219,7 +219,7 @@ static int verify_one_cpu(const vks_model *m, const vks_verify_options *o, const
     if (rc == VKS_OK) {
         memcpy(ids, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
         memcpy(ids + s->n_prompt, s->output_ids, sizeof(int32_t) * (size_t)(s->n_output - 1));
-        rc = vks_cpu_forward(m, ids, L, logits, hidden);
+        rc = vks_ref_forward(m, ids, L, logits, hidden);
     }
     for (int t = 0; rc == VKS_OK && t < s->n_output; t++) {
         size_t r = (size_t)(s->n_prompt - 1 + t);

@@ -1,10 +1,10 @@
-/* vks_cpu_forward.h: the whole model forward on the CPU from src/ref ops,
+/* vks_ref_forward.h: the reference model forward (src/ref ops, float64 sums),
  * exactly as llama2.c run.c (f32 weights; others converted). The truth for
  * the GPU engine's tests. */
-#ifndef VKS_CPU_FORWARD_H
-#define VKS_CPU_FORWARD_H
+#ifndef VKS_REF_FORWARD_H
+#define VKS_REF_FORWARD_H
 #include "vks_model.h"
 /* Feeds ids[0..n-1] at positions 0..n-1 of one sequence; writes logits
  * [n, vocab] (and, when hidden != NULL, the final-norm hidden rows [n, dim]). */
-int vks_cpu_forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden);
+int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden);
 #endif

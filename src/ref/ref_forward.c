@@ -1,11 +1,11 @@
-/* cpu_forward.c: the whole model forward on the CPU from the reference ops,
+/* ref_forward.c: the whole model forward on the CPU from the reference ops,
  * following llama2.c run.c. All n positions go through each layer together:
  * every row's K/V is computed before attention, and causal attention (row r
  * sees keys 0..r) makes this identical to run.c's token-by-token loop.
  * f16/bf16 and block-quantized weights are converted to f32 (vks_dequantize)
  * a chunk of rows at a time. Optional q/k/v biases (Qwen2) are added after
  * their matmuls. */
-#include "vkswarm/vks_cpu_forward.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
 #include "model/model_internal.h"
@@ -52,7 +52,7 @@ static int alloc_buffers(fwd_buffers *b, const vks_model_config *c, int n) {
     if (!b->x || !b->xb || !b->q || !b->att || !b->tmp || !b->k || !b->v || !b->h1 || !b->h3 ||
         !b->norm_w || !b->w_chunk || !b->y_chunk || !b->pos || !b->slot) {
         free_buffers(b);
-        return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_forward: out of memory for %d positions", n);
+        return vks_set_error(VKS_ERR_NOMEM, "vks_ref_forward: out of memory for %d positions", n);
     }
     for (int i = 0; i < n; i++) b->pos[i] = (uint32_t)i;
     return VKS_OK;
@@ -127,19 +127,19 @@ static void ffn_block(const vks_model *m, const vks_layer_weights *w, int n, fwd
 }
 
 static int check_args(const vks_model *m, const int32_t *ids, int n, const float *logits) {
-    if (!m || !ids || !logits) return vks_set_error(VKS_ERR_ARG, "vks_cpu_forward: NULL argument");
-    int rc = vks_model_check_tensors(m, "vks_cpu_forward");
+    if (!m || !ids || !logits) return vks_set_error(VKS_ERR_ARG, "vks_ref_forward: NULL argument");
+    int rc = vks_model_check_tensors(m, "vks_ref_forward");
     if (rc != VKS_OK) return rc;
     if (n <= 0 || n > m->cfg.seq_len)
-        return vks_set_error(VKS_ERR_ARG, "vks_cpu_forward: n = %d outside 1..seq_len %d", n, m->cfg.seq_len);
+        return vks_set_error(VKS_ERR_ARG, "vks_ref_forward: n = %d outside 1..seq_len %d", n, m->cfg.seq_len);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
-            return vks_set_error(VKS_ERR_ARG, "vks_cpu_forward: token %d at position %d outside the vocabulary",
+            return vks_set_error(VKS_ERR_ARG, "vks_ref_forward: token %d at position %d outside the vocabulary",
                                  ids[i], i);
     return VKS_OK;
 }
 
-int vks_cpu_forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden) {
+int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden) {
     int rc = check_args(m, ids, n, logits);
     if (rc != VKS_OK) return rc;
     const vks_model_config *c = &m->cfg;
