@@ -217,6 +217,15 @@ static void test_device_bytes(void **state) {
         assert_true(per_param >= 0.5);
         /* decode reads all but the (unshared) embedding table */
         assert_true(vks_engine_decode_weight_bytes(e) < vks_engine_weight_bytes(e));
+        /* the planning sizes (pipeline placement) agree with what was placed */
+        uint64_t planned = vks_engine_embedding_bytes(m, &o);
+        for (int l = 0; l < m->cfg.n_layers; l++) planned += vks_engine_layer_bytes(m, &o, l);
+        if (!m->cfg.shared_classifier) planned += vks_engine_embedding_bytes(m, &o); /* the classifier's shape */
+        double placed = (double)vks_engine_weight_bytes(e);
+        fprintf(stderr, "%s: planned %llu bytes, placed %.0f\n", vks_dtype_name(types[t]), (unsigned long long)planned,
+                placed);
+        assert_true(planned >= 0.95 * placed && planned <= 1.05 * placed);
+        assert_int_equal(vks_engine_layer_bytes(m, &o, m->cfg.n_layers), 0);
         /* weights only: a larger KV cache does not change the figure */
         vks_engine_options big = o;
         big.n_slots = 4;

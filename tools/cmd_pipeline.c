@@ -85,55 +85,22 @@ static _Noreturn void die_startup(int rank) {
     vks_mpi_abort(3);
 }
 
-/* Per-layer step time of this rank at the run's batch, and its free memory. */
-static vks_stage_measure measure_rank(const pipeline_args *a, vks_gpu *g, const vks_model *m, int batch) {
-    vks_engine_options eo = {.layer_begin = 0, .layer_end = 1, .max_rows = batch, .max_out_rows = 1, .kv_len = 8,
-                             .dtype = a->m.dtype, .keep_file_dtype = a->m.keep_file_dtype};
-    vks_stage_measure me = {.seconds_per_layer = 1.0, .free_bytes = vks_gpu_free_bytes(g)};
-    vks_engine *e;
-    if (vks_engine_create(g, m, &eo, &e)) return me;
-    int32_t *tok = calloc((size_t)batch, 4);
-    uint32_t *slot = calloc((size_t)batch, 4), *pos = calloc((size_t)batch, 4);
-    float *x = malloc(sizeof(float) * (size_t)batch * (size_t)m->cfg.dim);
-    for (int i = 0; i < batch && i < 8; i++) pos[i] = (uint32_t)i;
-    vks_forward_batch b = {.n_rows = batch < 8 ? batch : 8, .tokens = tok, .slot = slot, .pos = pos, .x_out = x};
-    vks_engine_forward(e, &b); /* warm-up */
-    double t0 = cli_now();
-    for (int r = 0; r < 3; r++) vks_engine_forward(e, &b);
-    me.seconds_per_layer = (cli_now() - t0) / 3;
-    free(tok); free(slot); free(pos); free(x);
-    vks_engine_destroy(e);
-    return me;
-}
-
-/* Device bytes of a weight matrix in the type the engine will give it. */
-static uint64_t matrix_bytes(const pipeline_args *a, const vks_tensor *t) {
-    vks_dtype d = a->m.keep_file_dtype ? t->dtype : a->m.dtype;
-    uint64_t b = vks_op_weight_bytes(d, (uint64_t)t->rows, (uint64_t)t->cols);
-    return b ? b : (uint64_t)t->rows * (uint64_t)t->cols * 2; /* a fallback type: f16 */
-}
-
-static uint64_t layer_weight_bytes(const pipeline_args *a, const vks_model *m) {
-    const vks_layer_weights *w = &m->layers[0];
-    const vks_tensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
-    uint64_t sum = 0;
-    for (int i = 0; i < 7; i++) sum += matrix_bytes(a, t[i]);
-    return sum;
-}
-
 static void choose_partition(const pipeline_args *a, vks_gpu *g, const vks_model *m, int rank, int size, int *first) {
     int n = m->cfg.n_layers, rc;
     if (!strcmp(a->partition, "even")) rc = vks_partition_even(n, size, first);
     else if (strcmp(a->partition, "auto")) rc = vks_partition_parse(a->partition, n, size, first);
     else {
-        vks_stage_measure me = measure_rank(a, g, m, a->batch), *all = malloc(sizeof me * (size_t)size);
+        vks_engine_options types = {.dtype = a->m.dtype, .keep_file_dtype = a->m.keep_file_dtype};
+        vks_stage_measure me, *all = malloc(sizeof me * (size_t)size);
         if (!all) cli_die(1, "out of host memory");
+        if (vks_engine_measure_stage(g, m, &types, a->batch, &me)) /* unmeasured: placed by memory alone */
+            me = (vks_stage_measure){.seconds_per_layer = 1.0, .free_bytes = vks_gpu_free_bytes(g)};
         if (vks_mpi_exchange(vks_mpi_world(), &me, all, sizeof me, VKS_TAG_MEASURE, a->timeout_s, "measuring the ranks"))
             die_startup(rank);
         const vks_model_config *c = &m->cfg;
-        uint64_t layer_w = layer_weight_bytes(a, m);
+        uint64_t layer_w = vks_engine_layer_bytes(m, &types, 0);
         uint64_t layer_kv = 2ull * (uint64_t)a->micro_batches * a->batch * (uint64_t)c->seq_len * c->kv_dim * 4;
-        uint64_t table = matrix_bytes(a, &m->tok_emb);
+        uint64_t table = vks_engine_embedding_bytes(m, &types);
         double table_layers = (double)table / (double)(layer_w ? layer_w : 1); /* the classifier's matmul vs a layer's */
         rc = vks_partition_auto(n, size, all, layer_w + layer_kv, table, table, 0.0, table_layers, first);
         free(all);

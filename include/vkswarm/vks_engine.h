@@ -7,6 +7,7 @@
 #include "vks_gpu.h"
 #include "vks_model.h"
 #include "vks_ops.h"
+#include "vks_partition.h"
 #include "vks_sched.h"
 
 typedef struct {
@@ -35,6 +36,16 @@ void vks_engine_destroy(vks_engine *e);
 /* Device bytes this engine allocated (weights, KV cache, activations). */
 uint64_t vks_engine_device_bytes(const vks_engine *e);
 uint64_t vks_engine_weight_bytes(const vks_engine *e);
+/* Device bytes that layer `layer` (its matrices, norms and biases), or the
+ * token embedding table, takes with opt's weight types, as vks_engine_create
+ * places them: the sizes pipeline placement plans with. 0 for a bad layer. */
+uint64_t vks_engine_layer_bytes(const vks_model *m, const vks_engine_options *opt, int layer);
+uint64_t vks_engine_embedding_bytes(const vks_model *m, const vks_engine_options *opt);
+/* This device's step time for layer 0 at `rows` rows (a warm-up, then the
+ * mean of 3 forwards) and its free memory, for vks_partition_auto. opt gives
+ * the weight types; the layer range and sizes are set here. */
+int vks_engine_measure_stage(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, int rows,
+                             vks_stage_measure *out);
 /* Weight bytes one decode step reads: all but the embedding table (which is
  * only gathered from), unless it doubles as the classifier. */
 uint64_t vks_engine_decode_weight_bytes(const vks_engine *e);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "engine_internal.h"
 #include "vkswarm/vks_quant.h"
 
@@ -199,3 +200,39 @@ int vks_engine_resize_kv(vks_engine *e, int n_slots, int kv_len) {
     return rc;
 }
 
+
+/* ---------- measuring a stage for pipeline placement ---------- */
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int vks_engine_measure_stage(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, int rows,
+                             vks_stage_measure *out) {
+    if (!g || !m || !opt || !out || rows < 1) return vks_set_error(VKS_ERR_ARG, "vks_engine_measure_stage: bad argument");
+    *out = (vks_stage_measure){.seconds_per_layer = 1.0, .free_bytes = vks_gpu_free_bytes(g)};
+    vks_engine_options eo = {.layer_begin = 0, .layer_end = 1, .max_rows = rows, .max_out_rows = 1, .kv_len = 8,
+                             .dtype = opt->dtype, .keep_file_dtype = opt->keep_file_dtype};
+    vks_engine *e;
+    int rc = vks_engine_create(g, m, &eo, &e);
+    if (rc) return rc;
+    int n = rows < 8 ? rows : 8;
+    int32_t *tok = calloc((size_t)rows, 4);
+    uint32_t *slot = calloc((size_t)rows, 4), *pos = calloc((size_t)rows, 4);
+    float *x = malloc(sizeof(float) * (size_t)rows * (size_t)m->cfg.dim);
+    if (!tok || !slot || !pos || !x) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    for (int i = 0; rc == VKS_OK && i < n; i++) pos[i] = (uint32_t)i;
+    vks_forward_batch b = {.n_rows = n, .tokens = tok, .slot = slot, .pos = pos, .x_out = x};
+    if (rc == VKS_OK) rc = vks_engine_forward(e, &b); /* warm-up */
+    double t0 = seconds_now();
+    for (int r = 0; r < 3 && rc == VKS_OK; r++) rc = vks_engine_forward(e, &b);
+    if (rc == VKS_OK) out->seconds_per_layer = (seconds_now() - t0) / 3;
+    free(tok);
+    free(slot);
+    free(pos);
+    free(x);
+    vks_engine_destroy(e);
+    return rc;
+}

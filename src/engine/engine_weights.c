@@ -32,19 +32,29 @@ static uint64_t matrix_bytes(const vks_engine_options *opt, const vks_tensor *t,
     return (uint64_t)vks_op_weight_bytes(dt, rows, cols) + chunk_pad;
 }
 
+uint64_t vks_engine_layer_bytes(const vks_model *m, const vks_engine_options *opt, int layer) {
+    if (!m || !opt || layer < 0 || layer >= m->cfg.n_layers) return 0;
+    const vks_model_config *c = &m->cfg;
+    uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->kv_dim, d = (uint64_t)c->dim;
+    uint64_t h = (uint64_t)c->hidden_dim;
+    const vks_layer_weights *w = m->layers ? &m->layers[layer] : NULL;
+    return matrix_bytes(opt, w ? &w->wq : NULL, qd, d) + matrix_bytes(opt, w ? &w->wk : NULL, kv, d) +
+           matrix_bytes(opt, w ? &w->wv : NULL, kv, d) + matrix_bytes(opt, w ? &w->wo : NULL, d, qd) +
+           matrix_bytes(opt, w ? &w->w1 : NULL, h, d) + matrix_bytes(opt, w ? &w->w3 : NULL, h, d) +
+           matrix_bytes(opt, w ? &w->w2 : NULL, d, h) + 2 * (d * 4 + 16) + (qd + 2 * kv) * 4 + 48; /* norms, biases */
+}
+
+uint64_t vks_engine_embedding_bytes(const vks_model *m, const vks_engine_options *opt) {
+    if (!m || !opt) return 0;
+    return matrix_bytes(opt, &m->tok_emb, (uint64_t)m->cfg.vocab_size, (uint64_t)m->cfg.dim);
+}
+
 uint64_t vks_param_set_bytes_needed(const vks_engine_options *opt, const vks_model *m) {
     const vks_model_config *c = &m->cfg;
     bool has_embed = opt->layer_begin == 0, has_head = opt->layer_end == c->n_layers;
-    uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->kv_dim, d = (uint64_t)c->dim;
-    uint64_t h = (uint64_t)c->hidden_dim, total = 0;
-    for (int l = opt->layer_begin; l < opt->layer_end; l++) {
-        const vks_layer_weights *w = m->layers ? &m->layers[l] : NULL;
-        total += matrix_bytes(opt, w ? &w->wq : NULL, qd, d) + matrix_bytes(opt, w ? &w->wk : NULL, kv, d) +
-                 matrix_bytes(opt, w ? &w->wv : NULL, kv, d) + matrix_bytes(opt, w ? &w->wo : NULL, d, qd) +
-                 matrix_bytes(opt, w ? &w->w1 : NULL, h, d) + matrix_bytes(opt, w ? &w->w3 : NULL, h, d) +
-                 matrix_bytes(opt, w ? &w->w2 : NULL, d, h) + 2 * (d * 4 + 16) + (qd + 2 * kv) * 4 + 48; /* norms, biases */
-    }
-    if (has_embed) total += matrix_bytes(opt, &m->tok_emb, (uint64_t)c->vocab_size, d);
+    uint64_t d = (uint64_t)c->dim, total = 0;
+    for (int l = opt->layer_begin; l < opt->layer_end; l++) total += vks_engine_layer_bytes(m, opt, l);
+    if (has_embed) total += vks_engine_embedding_bytes(m, opt);
     if (has_head)
         total += d * 4 + 16 + (c->shared_classifier && has_embed ? 0 :
                                matrix_bytes(opt, &m->classifier, (uint64_t)c->vocab_size, d));
