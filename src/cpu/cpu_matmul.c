@@ -16,6 +16,7 @@
 void vks_cpu_blas_threads(int threads) { openblas_set_num_threads(threads); }
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 /* f16 -> f32 with the F16C instruction, 8 at a time (exact, as vks_f16_to_f32). */
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *src, float *dst, size_t n) {
@@ -25,9 +26,16 @@ __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *
     for (; i < n; i++) dst[i] = vks_f16_to_f32(src[i]);
 }
 
+/* CPUID leaf 1, ECX: F16C (bit 29) and AVX (28) with OS-saved YMM state
+ * (OSXSAVE, bit 27, and XCR0 bits 1-2). clang 14's __builtin_cpu_supports
+ * does not know "f16c", so ask the CPU directly. */
 static bool have_f16c(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    if (!(c & (1u << 29)) || !(c & (1u << 28)) || !(c & (1u << 27))) return false;
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
 }
 #else
 static void f16_to_f32_f16c(const uint16_t *src, float *dst, size_t n) { vks_dequantize(VKS_DTYPE_F16, src, dst, n); }
