@@ -1065,6 +1065,22 @@ static void test_cli_generate_verify(void **state) {
     assert_int_equal(tu_run(cmd, NULL), 2);
 }
 
+/* The file-level rules: another model's file, or stop tokens the verifier
+ * does not trust, reject every sample. */
+static void test_header_rules(void **state) {
+    (void)state;
+    vks_rollout_header h = {0};
+    uint8_t mine[32] = {1, 2, 3};
+    memcpy(h.model_hash, mine, 32);
+    h.stop_ids[0] = 2;
+    h.n_stop = 1;
+    const int32_t trusted[] = {1, 2};
+    assert_null(vks_verify_header_problem(&h, mine, trusted, 2));
+    assert_non_null(strstr(vks_verify_header_problem(&h, mine, trusted, 1), "stop_ids"));
+    h.model_hash[31] ^= 1;
+    assert_non_null(strstr(vks_verify_header_problem(&h, mine, trusted, 2), "another model"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_poly_known_values),
@@ -1086,6 +1102,7 @@ int main(void) {
         cmocka_unit_test(test_cli_generate_verify),
         cmocka_unit_test(test_verify_huge_context),
         cmocka_unit_test(test_verify_sample_beyond_device),
+        cmocka_unit_test(test_header_rules),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);

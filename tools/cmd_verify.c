@@ -110,20 +110,6 @@ static void parse_verify(int argc, char **argv, verify_args *a) {
     if (!a->rollouts) cli_usage_error("verify", "--rollouts FILE is required");
 }
 
-static bool trusted(const verify_args *a, int32_t id) {
-    for (int i = 0; i < a->n_trusted; i++)
-        if (a->trusted_stop[i] == id) return true;
-    return false;
-}
-
-/* File-level reasons that reject every sample, or NULL. */
-static const char *header_problem(const verify_args *a, const vks_rollout_header *h, const uint8_t hash[32]) {
-    if (memcmp(h->model_hash, hash, 32) != 0) return "the rollout file names another model (model_hash differs)";
-    for (int i = 0; i < h->n_stop; i++)
-        if (!trusted(a, h->stop_ids[i])) return "the rollout file's stop_ids are not among the trusted stop tokens";
-    return NULL;
-}
-
 static void print_verdict(const verify_args *a, const vks_rollout_sample *s, const vks_verdict *v) {
     if (a->jsonl) {
         fputs("{\"id\":", stdout);
@@ -303,7 +289,7 @@ int cmd_verify(int argc, char **argv) {
     }
     vks_verdict *verdicts = calloc((size_t)rf.n_samples + 1, sizeof *verdicts);
     if (!verdicts) cli_die(1, "out of host memory");
-    const char *problem = header_problem(&a, &rf.header, a.vo.model_hash);
+    const char *problem = vks_verify_header_problem(&rf.header, a.vo.model_hash, a.trusted_stop, a.n_trusted);
     int rc = 0;
     vks_dispatch_report report = {.first_lost = -1, .all_stopped = true};
     if (problem) {

@@ -152,6 +152,12 @@ typedef struct {
     float max_gap;            /* largest sampler gap seen, in logits */
 } vks_verdict;
 
+/* File-level rules that reject every sample of a rollout file: the file must
+ * name the verifier's model (model_hash) and stop only on tokens the verifier
+ * trusts. Returns the reason, or NULL when the header passes. */
+const char *vks_verify_header_problem(const vks_rollout_header *h, const uint8_t model_hash[32],
+                                      const int32_t *trusted_stop, int n_trusted);
+
 /* Verifies n samples on a GPU engine holding every layer: several sequences'
  * rows go through each vks_engine_forward (one KV slot each, up to the
  * engine's rows and output rows). The n samples are one batch: the engine's

@@ -641,3 +641,15 @@ int vks_verify_batch(vks_engine *e, const vks_verify_options *o, const vks_rollo
     free(live);
     return rc;
 }
+
+const char *vks_verify_header_problem(const vks_rollout_header *h, const uint8_t model_hash[32],
+                                      const int32_t *trusted_stop, int n_trusted) {
+    if (!h || !model_hash) return "no rollout header";
+    if (memcmp(h->model_hash, model_hash, 32) != 0) return "the rollout file names another model (model_hash differs)";
+    for (int i = 0; i < h->n_stop; i++) {
+        bool trusted = false;
+        for (int j = 0; j < n_trusted && trusted_stop; j++) trusted |= trusted_stop[j] == h->stop_ids[i];
+        if (!trusted) return "the rollout file's stop_ids are not among the trusted stop tokens";
+    }
+    return NULL;
+}
