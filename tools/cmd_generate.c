@@ -6,8 +6,8 @@
 #include "cli_lines.h"
 #include "cli_model.h"
 #include "cli_prompts.h"
-#include "cli_rollouts.h"
 #include "cli_util.h"
+#include "vkswarm/vks_toploc.h"
 #include "vkswarm/vks_cpu.h"
 
 static const char generate_usage[] =
@@ -58,7 +58,7 @@ static void parse_generate(int argc, char **argv, generate_args *a) {
 
 typedef struct {
     cli_progress progress;
-    cli_rollouts *rollouts; /* NULL without --rollouts-out */
+    vks_rollout_writer *rollouts; /* NULL without --rollouts-out */
 } generate_hooks;
 
 static void on_step(void *user, int step, int n_steps, int active) {
@@ -68,7 +68,7 @@ static void on_step(void *user, int step, int n_steps, int active) {
 
 static void on_hidden(void *user, const vks_step *st, const vks_seq_state *states, const float *hidden,
                       const int32_t *sampled) {
-    cli_rollouts_on_hidden(((generate_hooks *)user)->rollouts, st, states, hidden);
+    vks_rollout_writer_on_hidden(((generate_hooks *)user)->rollouts, st, states, hidden);
     (void)sampled;
 }
 
@@ -104,8 +104,9 @@ int cmd_generate(int argc, char **argv) {
     generate_hooks hooks = {0};
     if (a.rollouts_out) {
         check_rollout_prompts(seqs, n, steps);
-        hooks.rollouts = cli_rollouts_start(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n,
-                                            !a.no_toploc);
+        if (vks_rollout_writer_create(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n,
+                                      !a.no_toploc, &hooks.rollouts))
+            cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
         go.on_hidden = on_hidden;
     }
     cli_progress_start(&hooks.progress, "generate");
@@ -114,7 +115,8 @@ int cmd_generate(int argc, char **argv) {
     if (vks_generate(e, &go, seqs, n, 0)) cli_die(1, "generate: %s", vks_last_error());
     long produced = cli_generated_tokens(seqs, n);
     cli_progress_end(&hooks.progress, produced, "tokens");
-    if (hooks.rollouts) cli_rollouts_finish(hooks.rollouts, seqs, n, 0);
+    if (hooks.rollouts && vks_rollout_writer_finish(hooks.rollouts, seqs, n, 0)) cli_die(1, "%s", vks_last_error());
+    vks_rollout_writer_destroy(hooks.rollouts);
     for (int i = 0; i < n; i++) {
         size_t len = 0;
         char *text = cli_sequence_text(t, &seqs[i], &len);

@@ -6,8 +6,8 @@
 #include <string.h>
 #include "cli_model.h"
 #include "cli_prompts.h"
-#include "cli_rollouts.h"
 #include "cli_util.h"
+#include "vkswarm/vks_toploc.h"
 #include "protocol.h"
 #include "vks_mpi.h"
 #include "vks_pipeline.h"
@@ -169,9 +169,11 @@ int cmd_pipeline(int argc, char **argv) {
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
                                .dtype = a.m.dtype, .keep_file_dtype = a.m.keep_file_dtype, .toploc = a.rollouts_out && !a.no_toploc,
                                .f32_math = a.rollouts_out != NULL};
-    cli_rollouts *rollouts = NULL;
-    if (rank == 0 && a.rollouts_out) /* no builder here: the last stage makes the proofs */
-        rollouts = cli_rollouts_start(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false);
+    vks_rollout_writer *rollouts = NULL;
+    if (rank == 0 && a.rollouts_out && /* no proofs made here: the last stage makes them */
+        vks_rollout_writer_create(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false,
+                                  &rollouts))
+        cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     vks_pipeline_stats st;
     if (vks_pipeline_run(vks_mpi_world(), g, m, &po, seqs, n, &st)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, step %.2f ms, GPU busy %.0f%%, %.1f MB sent\n",
@@ -181,7 +183,8 @@ int cmd_pipeline(int argc, char **argv) {
         long produced = cli_generated_tokens(seqs, n);
         fprintf(stderr, "vkswarm: %ld tokens in %.2fs (%.1f tokens/s)\n", produced, st.wall_s, produced / st.wall_s);
         print_results(&a, t, lines, seqs, n);
-        if (rollouts) cli_rollouts_finish(rollouts, seqs, n, 0);
+        if (rollouts && vks_rollout_writer_finish(rollouts, seqs, n, 0)) cli_die(1, "%s", vks_last_error());
+        vks_rollout_writer_destroy(rollouts);
         for (int i = 0; i < n; i++) { vks_sequence_free(&seqs[i]); free(lines[i]); }
     }
     rc = cli_finish_gpu(g);

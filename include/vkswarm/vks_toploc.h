@@ -152,6 +152,23 @@ typedef struct {
     float max_gap;            /* largest sampler gap seen, in logits */
 } vks_verdict;
 
+/* ---- rollout files from generation ----
+ * The writer checks at create that `path` can be made, collects proofs from
+ * the committed hidden rows (the vks_generate_options.on_hidden hook body;
+ * toploc false: none made here, e.g. the pipeline's last stage makes them),
+ * and at finish writes the header and one sample per sequence (output ids:
+ * the generated ids, then the stop token when one ended it; seq index
+ * i + seq_base; proofs from this writer, else seqs[i].proofs) through a
+ * temporary file: on failure nothing stays at `path`. */
+typedef struct vks_rollout_writer vks_rollout_writer;
+int vks_rollout_writer_create(const char *path, const vks_model *m, const char *model_name,
+                              const vks_sched_params *sp, int n_seqs, bool toploc, vks_rollout_writer **out);
+/* A failure here is kept and returned by finish (the hook cannot return one). */
+void vks_rollout_writer_on_hidden(vks_rollout_writer *r, const vks_step *st, const vks_seq_state *states,
+                                  const float *hidden);
+int vks_rollout_writer_finish(vks_rollout_writer *r, const vks_sequence *seqs, int n, uint32_t seq_base);
+void vks_rollout_writer_destroy(vks_rollout_writer *r);
+
 /* File-level rules that reject every sample of a rollout file: the file must
  * name the verifier's model (model_hash) and stop only on tokens the verifier
  * trusts. Returns the reason, or NULL when the header passes. */
