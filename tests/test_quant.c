@@ -401,10 +401,23 @@ static void test_refusals(void **state) {
     assert_no_validation_messages();
 }
 
+/* The default weight-type policy: block-quantized matrices keep their types. */
+static void test_default_type_policy(void **state) {
+    (void)state;
+    vks_model *m = random_model(false);
+    assert_false(vks_engine_keeps_file_types(m));
+    vks_dtype saved = m->layers[m->cfg.n_layers - 1].w2.dtype;
+    m->layers[m->cfg.n_layers - 1].w2.dtype = VKS_DTYPE_Q4_0; /* only the type is looked at */
+    assert_true(vks_engine_keeps_file_types(m));
+    m->layers[m->cfg.n_layers - 1].w2.dtype = saved;
+    assert_false(vks_engine_keeps_file_types(NULL));
+    vks_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantize_on_upload), cmocka_unit_test(test_keep_file_dtype),
-        cmocka_unit_test(test_device_bytes),       cmocka_unit_test(test_stories_q8_0),
+        cmocka_unit_test(test_device_bytes), cmocka_unit_test(test_default_type_policy),       cmocka_unit_test(test_stories_q8_0),
         cmocka_unit_test(test_qkv_biases),         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

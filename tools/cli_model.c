@@ -50,24 +50,11 @@ static vks_model *random_model(const char *spec) {
 }
 
 static vks_model *cli_load_model_file(const cli_model_args *a);
-static bool keep_file_types; /* what cli_load_model chose, for cli_create_engine */
-
-static bool has_block_tensors(const vks_model *m) {
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const vks_layer_weights *w = &m->layers[l];
-        const vks_tensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
-        for (int i = 0; i < 7; i++)
-            if (vks_dtype_block_elems(t[i]->dtype) > 1) return true;
-    }
-    return vks_dtype_block_elems(m->tok_emb.dtype) > 1;
-}
-
 static void resolve_dtype(cli_model_args *a, const vks_model *m) {
-    if (!a->dtype_given && has_block_tensors(m)) {
+    if (!a->dtype_given && vks_engine_keeps_file_types(m)) {
         a->keep_file_dtype = true;
         fprintf(stderr, "vkswarm: quantized model: weights keep their file types (--dtype to override)\n");
     }
-    keep_file_types = a->keep_file_dtype;
 }
 
 vks_model *cli_load_model(cli_model_args *a) {
@@ -122,9 +109,7 @@ vks_gpu *cli_open_gpu(const cli_model_args *a) {
 
 vks_engine *cli_create_engine(vks_gpu *g, const vks_model *m, const vks_engine_options *o) {
     vks_engine *e = NULL;
-    vks_engine_options chosen = *o;
-    chosen.keep_file_dtype |= keep_file_types;
-    int rc = vks_engine_create(g, m, &chosen, &e);
+    int rc = vks_engine_create(g, m, o, &e);
     if (rc) cli_die(rc == VKS_ERR_NOMEM || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
     return e;
 }

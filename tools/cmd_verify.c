@@ -143,7 +143,7 @@ static void verifier_open(verifier *v, const verify_args *a, const vks_model *m)
     }
     if (!v->g) v->g = cli_open_gpu(&a->m);
     /* vks_verify_batch sizes the KV cache by each batch's longest sample */
-    vks_engine_options eo = {.f32_math = true, .dtype = a->m.dtype, .n_slots = a->batch, .kv_len = 1, .max_rows = 512,
+    vks_engine_options eo = {.f32_math = true, .dtype = a->m.dtype, .keep_file_dtype = a->m.keep_file_dtype, .n_slots = a->batch, .kv_len = 1, .max_rows = 512,
                              .max_out_rows = 512};
     v->e = cli_create_engine(v->g, m, &eo);
 }

@@ -32,6 +32,10 @@ typedef struct vks_engine vks_engine;
  * at 0 and final norm + classifier when it ends at n_layers). Refuses with the
  * bytes needed and available when the model does not fit. */
 int vks_engine_create(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, vks_engine **out);
+/* The default weight-type policy: a model with block-quantized matrices
+ * keeps its file types on the device (keep_file_dtype) unless the user asks
+ * for a type; other models are converted to opt.dtype. */
+bool vks_engine_keeps_file_types(const vks_model *m);
 void vks_engine_destroy(vks_engine *e);
 /* Device bytes this engine allocated (weights, KV cache, activations). */
 uint64_t vks_engine_device_bytes(const vks_engine *e);

@@ -32,6 +32,17 @@ static uint64_t matrix_bytes(const vks_engine_options *opt, const vks_tensor *t,
     return (uint64_t)vks_op_weight_bytes(dt, rows, cols) + chunk_pad;
 }
 
+bool vks_engine_keeps_file_types(const vks_model *m) {
+    if (!m || !m->layers) return false;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const vks_layer_weights *w = &m->layers[l];
+        const vks_tensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
+        for (int i = 0; i < 7; i++)
+            if (vks_dtype_block_elems(t[i]->dtype) > 1) return true;
+    }
+    return vks_dtype_block_elems(m->tok_emb.dtype) > 1;
+}
+
 uint64_t vks_engine_layer_bytes(const vks_model *m, const vks_engine_options *opt, int layer) {
     if (!m || !opt || layer < 0 || layer >= m->cfg.n_layers) return 0;
     const vks_model_config *c = &m->cfg;
