@@ -299,8 +299,7 @@ static vks_rollout_sample *gpu_samples(vks_gpu *g, const vks_model *m, const uin
     vks_toploc_builder *b;
     assert_int_equal(vks_engine_create(g, m, &eo, &e), VKS_OK);
     assert_int_equal(vks_toploc_builder_create(n, m->cfg.dim, &b), VKS_OK);
-    vks_generate_options go = {.steps = steps, .temperature = 1.0f, .top_p = 0.9f, .seed = 31, .stop_token_a = 1,
-                               .stop_token_b = 2, .on_hidden = push_hidden, .user = b};
+    vks_generate_options go = {.sched = {.steps = steps, .temperature = 1.0f, .top_p = 0.9f, .seed = 31, .stop_token_a = 1, .stop_token_b = 2}, .on_hidden = push_hidden, .user = b};
     assert_int_equal(vks_generate(e, &go, seqs, n, 0), VKS_OK);
     assert_int_equal(vks_toploc_builder_finish(b), VKS_OK);
     vks_rollout_sample *out = calloc((size_t)n, sizeof *out);

@@ -173,6 +173,15 @@ static void test_split_weights(void **state) {
     assert_no_validation_messages();
 }
 
+/* Progress: the reported step never passes the total, and reaches its end. */
+typedef struct { int last, calls; } progress_seen;
+static void check_progress(void *user, int step, int n_steps, int active) {
+    progress_seen *p = user;
+    if (!(step >= p->last && step < n_steps && active > 0)) fail_msg("step %d after %d of %d, %d active", step, p->last, n_steps, active);
+    p->last = step;
+    p->calls++;
+}
+
 static char *generate_text(vks_model *m, vks_tokenizer *t, const char *prompt, int steps) {
     vks_sequence s = {0};
     s.ids = malloc(sizeof(int32_t) * (strlen(prompt) + 3));
@@ -180,8 +189,12 @@ static char *generate_text(vks_model *m, vks_tokenizer *t, const char *prompt, i
     vks_engine_options o = {.n_slots = 1, .kv_len = steps, .max_rows = 8};
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
-    vks_generate_options g = {.steps = steps, .temperature = 0, .stop_token_a = 1, .stop_token_b = -1};
+    progress_seen seen = {0};
+    vks_generate_options g = {.sched = {.steps = steps, .temperature = 0, .stop_token_a = 1, .stop_token_b = -1},
+                              .on_step = check_progress, .user = &seen};
     assert_int_equal(vks_generate(e, &g, &s, 1, 0), VKS_OK);
+    assert_true(seen.calls > 0);
+    assert_true(seen.last >= s.n_ids - 2 && seen.last < steps); /* reached the end */
     char *out = calloc(1, 65536);
     size_t len = 0;
     for (int i = 0; i + 1 < s.n_ids; i++) {
@@ -256,8 +269,8 @@ static void test_batch_invariant_sampling(void **state) {
     if (!m) skip();
     int32_t prompts[3][4] = {{1, 403, 407, 261}, {1, 300}, {1}};
     int lens[3] = {4, 2, 1};
-    vks_generate_options g = {.steps = 40, .temperature = 0.9f, .top_p = 0.9f, .top_k = 40, .seed = 42,
-                              .stop_token_a = 1, .stop_token_b = -1};
+    vks_generate_options g = {.sched = {.steps = 40, .temperature = 0.9f, .top_p = 0.9f, .top_k = 40, .seed = 42,
+                                        .stop_token_a = 1, .stop_token_b = -1}};
     vks_sequence batch[3] = {{0}};
     for (int s = 0; s < 3; s++) {
         batch[s].ids = malloc(16);
@@ -283,7 +296,7 @@ static void test_batch_invariant_sampling(void **state) {
     other.ids = malloc(16);
     other.ids[0] = 1;
     other.n_prompt = 1;
-    g.seed = 43;
+    g.sched.seed = 43;
     assert_int_equal(vks_generate(e, &g, &other, 1, 2), VKS_OK);
     assert_true(other.n_ids != batch[2].n_ids || memcmp(other.ids, batch[2].ids, 4 * (size_t)other.n_ids) != 0);
     vks_sequence_free(&other);
@@ -319,8 +332,9 @@ static void test_batch_invariance_large(void **state) {
     vks_model *m = load_stories();
     if (!m) skip();
     enum { N = 12 };
-    vks_generate_options g = {.steps = 48, .temperature = 0.8f, .top_p = 0.95f, .seed = 9, .stop_token_a = 1,
-                              .stop_token_b = -1, .on_hidden = capture_hidden};
+    vks_generate_options g = {.sched = {.steps = 48, .temperature = 0.8f, .top_p = 0.95f, .seed = 9, .stop_token_a = 1,
+                                        .stop_token_b = -1},
+                              .on_hidden = capture_hidden};
     memset(captured, 0, sizeof captured);
     vks_sequence batch[N] = {{0}};
     for (int s = 0; s < N; s++) {
@@ -396,8 +410,9 @@ static void test_dispatches_beyond_one_command_buffer(void **state) {
     big_hidden = calloc(2, sizeof *big_hidden);
     vks_sequence *big = calloc(BIG_SEQS, sizeof *big), part[512];
     int run = 0;
-    vks_generate_options g = {.steps = BIG_STEPS, .temperature = 1.0f, .top_p = 1.0f, .seed = 5, .stop_token_a = -1,
-                              .stop_token_b = -1, .on_hidden = capture_big_hidden, .user = &run};
+    vks_generate_options g = {.sched = {.steps = BIG_STEPS, .temperature = 1.0f, .top_p = 1.0f, .seed = 5,
+                                        .stop_token_a = -1, .stop_token_b = -1},
+                              .on_hidden = capture_big_hidden, .user = &run};
     make_big_batch(big, BIG_SEQS, 0, c.vocab_size);
     int rc = vks_generate(e, &g, big, BIG_SEQS, 0);
     if (rc) fprintf(stderr, "big batch: %s\n", vks_last_error());

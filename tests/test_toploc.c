@@ -385,9 +385,7 @@ static vks_rollout_sample *gen_gpu(const vks_model *m, vks_dtype dt, int n, cons
     assert_int_equal(vks_engine_create(gpu, m, &eo, &e), VKS_OK);
     gen_hook h;
     assert_int_equal(vks_toploc_builder_create(n, m->cfg.dim, &h.b), VKS_OK);
-    vks_generate_options go = {.steps = gp->steps, .temperature = gp->temperature, .top_p = gp->top_p,
-                               .top_k = gp->top_k, .seed = gp->seed, .stop_token_a = 1, .stop_token_b = 2,
-                               .on_hidden = on_hidden, .user = &h};
+    vks_generate_options go = {.sched = {.steps = gp->steps, .temperature = gp->temperature, .top_p = gp->top_p, .top_k = gp->top_k, .seed = gp->seed, .stop_token_a = 1, .stop_token_b = 2}, .on_hidden = on_hidden, .user = &h};
     double t0 = now_s();
     assert_int_equal(vks_generate(e, &go, seqs, n, 0), VKS_OK);
     assert_int_equal(vks_toploc_builder_finish(h.b), VKS_OK);

@@ -132,8 +132,7 @@ void cli_sampling_finish(cli_sampling *s) {
 }
 
 vks_sched_params cli_sched_params(const cli_sampling *s, const vks_model *m, const vks_tokenizer *t) {
-    int steps = s->steps == 0 || s->steps > m->cfg.seq_len ? m->cfg.seq_len : s->steps;
-    return (vks_sched_params){.steps = steps, .temperature = s->temperature, .top_p = s->top_p, .top_k = s->top_k,
+    return (vks_sched_params){.steps = vks_sched_steps(s->steps, m->cfg.seq_len), .temperature = s->temperature, .top_p = s->top_p, .top_k = s->top_k,
                               .seed = s->seed, .stop_token_a = t ? vks_tokenizer_bos(t) : 1,
                               .stop_token_b = t ? vks_tokenizer_eos(t) : -1};
 }

@@ -92,9 +92,7 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 0; i < n; i++) cli_encode_prompt(t, m->cfg.vocab_size, prompts ? prompts[i] : (a.prompt ? a.prompt : ""), &seqs[i], 1);
     vks_sched_params sp = cli_sched_params(&a.s, m, t);
     int steps = sp.steps;
-    vks_generate_options go = {.steps = sp.steps, .temperature = sp.temperature, .top_p = sp.top_p,
-                               .top_k = sp.top_k, .seed = sp.seed, .stop_token_a = sp.stop_token_a,
-                               .stop_token_b = sp.stop_token_b};
+    vks_generate_options go = {.sched = sp};
     vks_gpu *g = cli_open_gpu(&a.m);
     /* rollouts are recomputed by verifiers in f32 and compared within margins:
      * no half arithmetic for them */

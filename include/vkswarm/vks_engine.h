@@ -92,13 +92,11 @@ int vks_engine_forward(vks_engine *e, const vks_forward_batch *b);
 
 /* ---- generation (generate.c) ---- */
 typedef struct {
-    int steps;            /* positions, prompt included (llama2.c -n); 0: seq_len */
-    float temperature;    /* 0: greedy */
-    float top_p;          /* 0 or 1: off */
-    uint32_t top_k;       /* 0: off */
-    uint64_t seed;
-    int stop_token_a, stop_token_b; /* generation of a sequence stops on either (-1: none) */
-    /* Progress callback (may be NULL): called after each decode step. */
+    /* steps (positions, prompt included, as llama2.c -n; 0 or more than the
+     * model's context: the context), sampling, seed and stop tokens */
+    vks_sched_params sched;
+    /* Progress callback (may be NULL): after each decode step, the last position
+     * any sequence holds (0-based) of n_steps, and the rows of the step. */
     void (*on_step)(void *user, int step, int n_steps, int active);
     /* Called after every forward with the final-norm hidden rows [step->n_out, dim]
      * of the sampling rows and the tokens sampled from them, before they are

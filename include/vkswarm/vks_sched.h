@@ -42,6 +42,9 @@ int vks_step_alloc(vks_step *s, int max_rows);
 void vks_step_free(vks_step *s);
 
 /* Takes ownership of `prompt` ids (copied); fails on an empty prompt. */
+/* The steps a run takes: `steps`, or the model's context seq_len when steps
+ * is 0 or more than that. */
+int vks_sched_steps(int steps, int seq_len);
 int vks_seq_init(vks_seq_state *s, const vks_sched_params *p, const int32_t *prompt, int n_prompt,
                  uint32_t seq_index, uint32_t slot);
 void vks_seq_free(vks_seq_state *s);

@@ -6,11 +6,6 @@
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_sched.h"
 
-static vks_sched_params sched_params(const vks_generate_options *o, int steps) {
-    return (vks_sched_params){.steps = steps, .temperature = o->temperature, .top_p = o->top_p, .top_k = o->top_k,
-                              .seed = o->seed, .stop_token_a = o->stop_token_a, .stop_token_b = o->stop_token_b};
-}
-
 static int run_step(vks_engine *e, const vks_step *st, int32_t *sampled, float *hidden) {
     vks_forward_batch fb = {.n_rows = st->n_rows, .matmul_kind = st->prefill ? VKS_MATMUL_PREFILL : VKS_MATMUL_DECODE,
                             .tokens = st->tokens, .slot = st->slot, .pos = st->pos,
@@ -39,17 +34,26 @@ static void export_states(vks_seq_state *states, vks_sequence *seqs, int n) {
     }
 }
 
+/* The furthest position any sequence holds (0-based, at most steps - 1):
+ * the progress of a run of `steps` positions, prefill included. */
+static int furthest_position(const vks_seq_state *states, int n, int steps) {
+    int furthest = 0;
+    for (int s = 0; s < n; s++)
+        if (states[s].n_ids > furthest) furthest = states[s].n_ids;
+    return furthest > steps ? steps - 1 : furthest - 1;
+}
+
 static int run_schedule(vks_engine *e, const vks_generate_options *o, const vks_sched_params *p,
                         vks_seq_state *states, int n, vks_step *st) {
     int D = vks_engine_config(e)->dim;
     int32_t *sampled = malloc(sizeof(int32_t) * (size_t)st->max_rows);
     float *hidden = o->on_hidden ? malloc(sizeof(float) * (size_t)st->max_rows * (size_t)D) : NULL;
     int rc = !sampled || (o->on_hidden && !hidden) ? vks_set_error(VKS_ERR_NOMEM, "out of host memory") : VKS_OK;
-    for (int step = 0; rc == VKS_OK && vks_sched_build(p, states, n, st); step++) {
+    while (rc == VKS_OK && vks_sched_build(p, states, n, st)) {
         if ((rc = run_step(e, st, sampled, hidden))) break;
         if (o->on_hidden) o->on_hidden(o->user, st, states, hidden, sampled);
         vks_sched_apply(p, states, st, sampled);
-        if (o->on_step && !st->prefill) o->on_step(o->user, step, p->steps, st->n_rows);
+        if (o->on_step && !st->prefill) o->on_step(o->user, furthest_position(states, n, p->steps), p->steps, st->n_rows);
     }
     free(sampled);
     free(hidden);
@@ -63,8 +67,8 @@ int vks_generate(vks_engine *e, const vks_generate_options *o, vks_sequence *seq
         return vks_set_error(VKS_ERR_ARG, "vks_generate needs an engine holding every layer");
     if (n > vks_engine_max_out_rows(e))
         return vks_set_error(VKS_ERR_ARG, "%d sequences exceed the engine's %d output rows", n, vks_engine_max_out_rows(e));
-    int steps = o->steps <= 0 || o->steps > cfg->seq_len ? cfg->seq_len : o->steps;
-    vks_sched_params p = sched_params(o, steps);
+    vks_sched_params p = o->sched;
+    p.steps = vks_sched_steps(p.steps, cfg->seq_len);
     vks_seq_state *states = calloc((size_t)n, sizeof *states);
     vks_step st;
     int rc = states ? vks_step_alloc(&st, vks_engine_max_rows(e)) : vks_set_error(VKS_ERR_NOMEM, "out of host memory");

@@ -127,3 +127,5 @@ void vks_sched_apply(const vks_sched_params *p, vks_seq_state *seqs, const vks_s
         if (s->n_ids > p->steps) s->done = true;
     }
 }
+
+int vks_sched_steps(int steps, int seq_len) { return steps <= 0 || steps > seq_len ? seq_len : steps; }
