@@ -181,21 +181,10 @@ static void logits_gpu(const cli_model_args *ma, const vks_model *m, const int32
     int chunk = n < 128 ? n : 128;
     vks_engine_options eo = {.dtype = ma->dtype, .keep_file_dtype = ma->keep_file_dtype, .n_slots = 1, .kv_len = n, .max_rows = chunk, .max_out_rows = chunk};
     vks_engine *e = cli_create_engine(g, m, &eo);
-    size_t V = (size_t)m->cfg.vocab_size;
-    uint32_t *slot = calloc((size_t)chunk, 4), *pos = malloc(4 * (size_t)chunk), *rows = malloc(4 * (size_t)chunk);
-    if (!slot || !pos || !rows) cli_die(1, "out of host memory");
-    for (int r = 0; r < chunk; r++) rows[r] = (uint32_t)r;
-    for (int p0 = 0; p0 < n; p0 += chunk) {
-        int R = n - p0 < chunk ? n - p0 : chunk;
-        for (int r = 0; r < R; r++) pos[r] = (uint32_t)(p0 + r);
-        vks_forward_batch b = {.n_rows = R, .tokens = ids + p0, .slot = slot, .pos = pos, .n_out = R,
-                               .out_rows = rows, .logits = logits + (size_t)p0 * V};
-        if (vks_engine_forward(e, &b)) cli_die(1, "logits: %s", vks_last_error());
-    }
+    if (vks_engine_logits(e, 0, ids, 0, n, chunk, logits, NULL)) cli_die(1, "logits: %s", vks_last_error());
     if (ma->profile) cli_print_profile(g);
     vks_engine_destroy(e);
     if (cli_finish_gpu(g)) cli_die(1, "logits: %s", vks_last_error());
-    free(slot); free(pos); free(rows);
 }
 
 /* The fast CPU forward's logits (vks_cpu.h). */

@@ -89,6 +89,13 @@ typedef struct {
 
 /* Records the whole forward into one command buffer and submits it once. */
 int vks_engine_forward(vks_engine *e, const vks_forward_batch *b);
+/* Feeds ids[first..end) at those positions of KV slot `slot` (positions
+ * before `first` must be in the cache already), in forwards of at most
+ * `chunk` rows (0: as many as the engine takes), and collects the logits of
+ * every position p into logits[p * vocab] (and, when hidden is not NULL, the
+ * final-norm rows into hidden[p * dim]). The engine must hold every layer. */
+int vks_engine_logits(vks_engine *e, uint32_t slot, const int32_t *ids, int first, int end, int chunk, float *logits,
+                      float *hidden);
 
 /* ---- generation (generate.c) ---- */
 typedef struct {
