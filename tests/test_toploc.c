@@ -617,29 +617,20 @@ static double gpu_cpu_logit_diff(const vks_rollout_sample *s, int n, int max_row
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, stories, &eo, &e), VKS_OK);
     float *ref = malloc(sizeof(float) * STEPS * (size_t)V), *hid = malloc(sizeof(float) * STEPS * (size_t)dim);
-    float *got = malloc(sizeof(float) * (size_t)max_rows * (size_t)V);
+    float *got = malloc(sizeof(float) * STEPS * (size_t)V);
     int32_t ids[STEPS];
-    uint32_t slot[256] = {0}, pos[256], out_rows[256];
     double worst = 0;
     for (int i = 0; i < n; i++) {
         int L = s[i].n_prompt + s[i].n_output - 1;
         memcpy(ids, s[i].prompt_ids, 4 * (size_t)s[i].n_prompt);
         memcpy(ids + s[i].n_prompt, s[i].output_ids, 4 * (size_t)(s[i].n_output - 1));
         assert_int_equal(vks_ref_forward(stories, ids, L, ref, hid), VKS_OK);
-        for (int p0 = 0; p0 < L; p0 += max_rows) {
-            int nr = L - p0 < max_rows ? L - p0 : max_rows;
-            for (int r = 0; r < nr; r++) pos[r] = (uint32_t)(p0 + r), out_rows[r] = (uint32_t)r;
-            vks_forward_batch fb = {.n_rows = nr, .tokens = ids + p0, .slot = slot, .pos = pos, .n_out = nr,
-                                    .out_rows = out_rows, .logits = got};
-            assert_int_equal(vks_engine_forward(e, &fb), VKS_OK);
-            for (int r = 0; r < nr; r++) {
-                if (p0 + r < s[i].n_prompt - 1) continue; /* rows that sample nothing */
-                for (int v = 0; v < V; v++) {
-                    double d = fabs((double)got[(size_t)r * V + v] - (double)ref[(size_t)(p0 + r) * V + v]);
-                    if (d > worst) worst = d;
-                }
+        assert_int_equal(vks_engine_logits(e, 0, ids, 0, L, max_rows, got, NULL), VKS_OK);
+        for (int p = s[i].n_prompt - 1; p < L; p++) /* the rows that sample */
+            for (int v = 0; v < V; v++) {
+                double d = fabs((double)got[(size_t)p * V + v] - (double)ref[(size_t)p * V + v]);
+                if (d > worst) worst = d;
             }
-        }
     }
     free(ref); free(hid); free(got);
     vks_engine_destroy(e);
