@@ -225,11 +225,11 @@ int cmd_logits(int argc, char **argv) {
     if (cpu) logits_cpu(m, threads, ids, n, logits);
     else logits_gpu(&ma, m, ids, n, logits);
     vks_outfile out; /* a temporary renamed into place when complete */
-    if (vks_outfile_open(&out, out_path, 0666)) cli_die(1, "%s", vks_last_error());
-    if (vks_outfile_finish(&out, fwrite(logits, sizeof(float) * V, (size_t)n, out.f) == (size_t)n))
-        cli_die(1, "%s", vks_last_error());
-    fprintf(stderr, "vkswarm: wrote %d x %zu logits to %s\n", n, V, out_path);
+    int rc = vks_outfile_open(&out, out_path, 0666);
+    if (rc == VKS_OK) rc = vks_outfile_finish(&out, fwrite(logits, sizeof(float) * V, (size_t)n, out.f) == (size_t)n);
     free(logits); free(ids);
     vks_model_free(m);
+    if (rc) cli_die(1, "%s", vks_last_error());
+    fprintf(stderr, "vkswarm: wrote %d x %zu logits to %s\n", n, V, out_path);
     return 0;
 }
