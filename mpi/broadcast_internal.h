@@ -2,7 +2,7 @@
  * (tree, chunk layout, streaming to children). */
 #ifndef VKS_BROADCAST_INTERNAL_H
 #define VKS_BROADCAST_INTERNAL_H
-#include "vks_broadcast.h"
+#include "vkswarm/vks_broadcast.h"
 
 enum { TAG_MANIFEST = 601, TAG_ACK, TAG_PLAN, TAG_CHUNK, TAG_REQ, TAG_REPAIR, TAG_DONE, TAG_FINISH, TAG_LOST,
        TAG_BEAT, TAG_BYE, TAG_GO };

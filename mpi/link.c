@@ -1,6 +1,6 @@
 /* Point-to-point sends with optional emulated latency and bandwidth: a queued
  * send is handed to MPI at its due time (see vks_link.h). */
-#include "vks_link.h"
+#include "vkswarm/vks_link.h"
 #include <limits.h>
 #include <stdlib.h>
 #include "vkswarm/vks_common.h"

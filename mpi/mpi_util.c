@@ -1,5 +1,5 @@
 /* Start, stop and share values across the world (see vks_mpi.h). */
-#include "vks_mpi.h"
+#include "vkswarm/vks_mpi.h"
 #include <errno.h>
 #include <limits.h>
 #include <math.h>

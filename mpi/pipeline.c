@@ -11,8 +11,8 @@
 #include <unistd.h>
 #include "pipeline_worker.h"
 #include "protocol.h"
-#include "vks_mpi.h"
-#include "vks_pipeline.h"
+#include "vkswarm/vks_mpi.h"
+#include "vkswarm/vks_pipeline.h"
 
 #define HEARTBEAT_EVERY_S 1.0
 

@@ -13,14 +13,12 @@
 #define VKS_PROTOCOL_H
 #include <stddef.h>
 #include <stdint.h>
+#include "vkswarm/vks_pipeline.h"
 
 #define VKS_MSG_MAGIC 0x504b5356u /* "VSKP" */
 enum { VKS_MSG_ACT = 1, VKS_MSG_TOKENS = 2, VKS_MSG_DONE = 3, VKS_MSG_HEARTBEAT = 4, VKS_MSG_PROOFS = 5 };
 enum { VKS_TAG_DONE = 1, VKS_TAG_HEARTBEAT = 2, VKS_TAG_PROOFS = 3, VKS_TAG_MB = 1000 };
-/* start-up and finish exchanges (vks_mpi_exchange, bounded by --timeout-s) */
-enum { VKS_TAG_CHECK_RANKS = 100, VKS_TAG_SHARED = 101, VKS_TAG_MEASURE = 102, VKS_TAG_ENGINE = 103,
-       VKS_TAG_READY = 104, VKS_TAG_FINISH = 105 };
-enum { VKS_WIRE_F32 = 0, VKS_WIRE_F16 = 1 };
+/* the start-up and finish tags and the wire types are public: vkswarm/vks_pipeline.h */
 
 typedef struct {
     uint32_t magic, type, mb, n_rows, n_out, dim, wire, flags; /* flags: VKS_MSG_PREFILL */

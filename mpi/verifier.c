@@ -4,14 +4,14 @@
  * send heartbeats every second, and every wait is bounded by the timeout. A
  * verifier silent that long loses its batch to the others (or to the
  * dispatcher itself); anything it sends afterwards is discarded. */
-#include "vks_verifier.h"
+#include "vkswarm/vks_verifier.h"
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
 #include <unistd.h>
-#include "vks_mpi.h"
+#include "vkswarm/vks_mpi.h"
 
 enum { TAG_BATCH = 11, TAG_VERDICTS = 12, TAG_STOP = 13, TAG_HEARTBEAT = 14, TAG_STOP_ACK = 15, TAG_SETTINGS = 16 };
 #define HEARTBEAT_EVERY_S 1.0

@@ -11,8 +11,8 @@
 #include <unistd.h>
 #include "cli_util.h"
 #include "commands.h"
-#include "vks_broadcast.h"
-#include "vks_mpi.h"
+#include "vkswarm/vks_broadcast.h"
+#include "vkswarm/vks_mpi.h"
 #include "vkswarm/vks_shard.h"
 
 static const char keygen_usage[] =

@@ -8,9 +8,8 @@
 #include "cli_prompts.h"
 #include "cli_util.h"
 #include "vkswarm/vks_toploc.h"
-#include "protocol.h"
-#include "vks_mpi.h"
-#include "vks_pipeline.h"
+#include "vkswarm/vks_mpi.h"
+#include "vkswarm/vks_pipeline.h"
 #include "vkswarm/vks_partition.h"
 
 static const char pipeline_usage[] =

@@ -6,8 +6,8 @@
 #include "cli_model.h"
 #include "cli_prompts.h"
 #include "cli_util.h"
-#include "vks_mpi.h"
-#include "vks_verifier.h"
+#include "vkswarm/vks_mpi.h"
+#include "vkswarm/vks_verifier.h"
 #include "commands.h"
 #include "vkswarm/vks_toploc.h"
 

@@ -6,8 +6,8 @@
 #ifndef VKS_VERIFIER_H
 #define VKS_VERIFIER_H
 #include <mpi.h>
-#include "vkswarm/vks_rollout.h"
-#include "vkswarm/vks_toploc.h"
+#include "vks_rollout.h"
+#include "vks_toploc.h"
 
 /* Verifies n samples into out[n]; returns non-zero only on an internal failure. */
 typedef int (*vks_verify_fn)(void *ctx, const vks_rollout_sample *samples, int n, vks_verdict *out);

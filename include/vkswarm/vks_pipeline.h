@@ -8,14 +8,21 @@
 #define VKS_PIPELINE_H
 #include <mpi.h>
 #include "vks_link.h"
-#include "vkswarm/vks_engine.h"
+#include "vks_engine.h"
+
+/* Tags of the start-up and finish exchanges (vks_mpi_exchange, bounded by
+ * --timeout-s); the command's own (seed and prompt count, measurements) too. */
+enum { VKS_TAG_CHECK_RANKS = 100, VKS_TAG_SHARED = 101, VKS_TAG_MEASURE = 102, VKS_TAG_ENGINE = 103,
+       VKS_TAG_READY = 104, VKS_TAG_FINISH = 105 };
+/* How activations cross a link. */
+enum { VKS_WIRE_F32 = 0, VKS_WIRE_F16 = 1 };
 
 typedef struct {
     int micro_batches;       /* K */
     int batch;               /* sequences per micro-batch */
     int chunk;               /* rows per prefill step */
     vks_sched_params sched;  /* steps, sampling, stop tokens */
-    int wire;                /* VKS_WIRE_F32 or VKS_WIRE_F16 (protocol.h) */
+    int wire;                /* VKS_WIRE_F32 or VKS_WIRE_F16 */
     vks_link_options link;   /* emulated latency / bandwidth */
     double timeout_s;        /* silence after which a rank counts as lost; bounds every wait */
     const int *first;        /* partition: first[s], first[size] = n_layers */

@@ -1,4 +1,4 @@
-/* vks_broadcast.h: Shardcast over MPI (issue 6). Rank 0 of the communicator
+/* vks_broadcast.h: Shardcast over MPI. Rank 0 of the communicator
  * is the origin, ranks 1..relays are relays, the others receivers. The origin
  * sends a signed manifest to every rank; those that accept it (signature,
  * version newer than theirs, delta base present) form a tree with `fanout`
@@ -24,7 +24,7 @@
 #define VKS_BROADCAST_H
 #include <mpi.h>
 #include "vks_link.h"
-#include "vkswarm/vks_shard.h"
+#include "vks_shard.h"
 
 typedef enum { VKS_BCAST_ORIGIN, VKS_BCAST_RELAY, VKS_BCAST_RECEIVER } vks_bcast_role;
 
