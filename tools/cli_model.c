@@ -1,3 +1,4 @@
+/* cli_model.c: the model, tokenizer, device and engine options every command shares, and loading them. */
 #include "cli_model.h"
 #include <getopt.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* cli_util.c: small helpers of every subcommand: messages and exits, option parsing, numbers, JSON strings, progress, the stdout check. */
 #include "cli_util.h"
 #include <errno.h>
 #include <getopt.h>
