@@ -77,8 +77,10 @@ static int run_job(vks_worker *w, vks_job *j) {
     uint32_t n_out;
     if (w->first_stage) {
         const vks_step *st = j->step;
-        b = (vks_forward_batch){.n_rows = st->n_rows, .tokens = st->tokens, .slot = st->slot, .pos = st->pos,
-                                .matmul_kind = st->prefill ? VKS_MATMUL_PREFILL : VKS_MATMUL_DECODE};
+        b = vks_step_batch(st, NULL, NULL);
+        b.n_out = 0; /* the output rows and their sampling belong to the last stage (below) */
+        b.out_rows = NULL;
+        b.sample = NULL;
         out_rows = st->out_rows;
         n_out = (uint32_t)st->n_out;
         meta = malloc(sizeof *meta * (size_t)st->n_rows);

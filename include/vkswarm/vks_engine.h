@@ -122,6 +122,12 @@ typedef struct {
     size_t proof_bytes;
 } vks_sequence;
 
+/* The forward of one schedule step: its rows, tokens, KV slots and
+ * positions, the matmul kind (prefill or decode), its sampling rows with
+ * their sampler parameters, and where the sampled tokens and (when not NULL)
+ * the final-norm hidden rows go. */
+vks_forward_batch vks_step_batch(const vks_step *st, int32_t *sampled, float *hidden);
+
 /* Runs every prompt as one batch (one KV slot each; the engine needs at
  * least n_seqs slots). Sequence s samples with seq index seq_base + s. */
 int vks_generate(vks_engine *e, const vks_generate_options *opt, vks_sequence *seqs, int n_seqs,

@@ -6,12 +6,11 @@
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_sched.h"
 
-static int run_step(vks_engine *e, const vks_step *st, int32_t *sampled, float *hidden) {
-    vks_forward_batch fb = {.n_rows = st->n_rows, .matmul_kind = st->prefill ? VKS_MATMUL_PREFILL : VKS_MATMUL_DECODE,
-                            .tokens = st->tokens, .slot = st->slot, .pos = st->pos,
-                            .n_out = st->n_out, .out_rows = st->out_rows, .sample = st->sample,
-                            .sampled = sampled, .hidden = hidden};
-    return vks_engine_forward(e, &fb);
+vks_forward_batch vks_step_batch(const vks_step *st, int32_t *sampled, float *hidden) {
+    return (vks_forward_batch){.n_rows = st->n_rows,
+                               .matmul_kind = st->prefill ? VKS_MATMUL_PREFILL : VKS_MATMUL_DECODE,
+                               .tokens = st->tokens, .slot = st->slot, .pos = st->pos, .n_out = st->n_out,
+                               .out_rows = st->out_rows, .sample = st->sample, .sampled = sampled, .hidden = hidden};
 }
 
 static int init_states(const vks_sched_params *p, const vks_sequence *seqs, int n, uint32_t seq_base,
@@ -50,7 +49,8 @@ static int run_schedule(vks_engine *e, const vks_generate_options *o, const vks_
     float *hidden = o->on_hidden ? malloc(sizeof(float) * (size_t)st->max_rows * (size_t)D) : NULL;
     int rc = !sampled || (o->on_hidden && !hidden) ? vks_set_error(VKS_ERR_NOMEM, "out of host memory") : VKS_OK;
     while (rc == VKS_OK && vks_sched_build(p, states, n, st)) {
-        if ((rc = run_step(e, st, sampled, hidden))) break;
+        vks_forward_batch fb = vks_step_batch(st, sampled, hidden);
+        if ((rc = vks_engine_forward(e, &fb))) break;
         if (o->on_hidden) o->on_hidden(o->user, st, states, hidden, sampled);
         vks_sched_apply(p, states, st, sampled);
         if (o->on_step && !st->prefill) o->on_step(o->user, furthest_position(states, n, p->steps), p->steps, st->n_rows);
