@@ -38,12 +38,6 @@ void vks_mpi_allgather(const void *mine, void *all, size_t bytes) {
 
 /* ---- start-up that cannot hang (every wait under a deadline) ---- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int rank_from_env(void) {
     const char *s = getenv("OMPI_COMM_WORLD_RANK");
     char *end;
@@ -126,7 +120,7 @@ void vks_mpi_stop_within(double timeout_s) {
 }
 
 double vks_mpi_deadline_tick(vks_mpi_clock *c, double timeout_s) {
-    double now = now_s();
+    double now = vks_seconds_now();
     if (c->last > 0 && now - c->last > timeout_s / 2) c->jumped += now - c->last; /* we were stopped, not them */
     c->last = now;
     return now - c->jumped;

@@ -5,12 +5,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void vks_job_free(vks_job *j) {
     if (!j) return;
     free(j->in);
@@ -126,9 +120,9 @@ static void *worker_main(void *arg) {
         vks_job *j = w->todo;
         w->todo = j->next;
         pthread_mutex_unlock(&w->lock);
-        double t0 = now_s();
+        double t0 = vks_seconds_now();
         j->rc = run_job(w, j);
-        j->gpu_s = now_s() - t0;
+        j->gpu_s = vks_seconds_now() - t0;
         if (j->rc) snprintf(j->err, sizeof j->err, "%s", vks_last_error());
         pthread_mutex_lock(&w->lock);
         vks_job **tail = &w->done;

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- errors ---- */
 
@@ -220,4 +221,12 @@ void vks_hash_hex(const uint8_t hash[32], char out[65]) {
         out[2 * i + 1] = digits[hash[i] & 15];
     }
     out[64] = 0;
+}
+
+/* ---- time ---- */
+
+double vks_seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -193,11 +193,7 @@ void cli_json_string(FILE *f, const char *s, size_t len) {
     fputc('"', f);
 }
 
-double cli_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double cli_now(void) { return vks_seconds_now(); }
 
 void cli_progress_start(cli_progress *p, const char *what) {
     p->what = what;

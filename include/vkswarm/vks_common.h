@@ -97,6 +97,9 @@ uint16_t vks_f32_to_f16(float f);
 float vks_bf16_to_f32(uint16_t h);
 uint16_t vks_f32_to_bf16(float f);
 
+/* Seconds on the monotonic clock (for intervals and deadlines). */
+double vks_seconds_now(void);
+
 /* Lower-case hex of a 32-byte hash (BLAKE2b-256) into out[65]. */
 void vks_hash_hex(const uint8_t hash[32], char out[65]);
 

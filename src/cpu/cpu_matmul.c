@@ -83,12 +83,6 @@ void vks_cpu_matmul(vks_cpu *c, const vks_tensor *W, const float *x, int M, floa
     vks_cpu_parallel_for(c->threads, N, rows, matmul_rows, &j);
 }
 
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int vks_cpu_sgemm_rate(int M, int N, int K, int threads, double seconds, double *gflops) {
     if (M <= 0 || N <= 0 || K <= 0 || !gflops || !(seconds > 0) || M > (1 << 20) || N > (1 << 20) || K > (1 << 20))
         return vks_set_error(VKS_ERR_ARG, "vks_cpu_sgemm_rate: bad shape %dx%dx%d", M, N, K);
@@ -103,11 +97,11 @@ int vks_cpu_sgemm_rate(int M, int N, int K, int threads, double seconds, double 
     vks_cpu_blas_threads(vks_cpu_thread_count(threads));
     sgemm_xwt(x, w, M, N, K, y, N); /* warm-up */
     int reps = 0;
-    double t0 = seconds_now(), t = t0;
+    double t0 = vks_seconds_now(), t = t0;
     while (t - t0 < seconds || reps < 2) {
         sgemm_xwt(x, w, M, N, K, y, N);
         reps++;
-        t = seconds_now();
+        t = vks_seconds_now();
     }
     *gflops = 2.0 * M * (double)N * K * reps / (t - t0) / 1e9;
     free(x), free(w), free(y);

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "engine_internal.h"
 #include "vkswarm/vks_quant.h"
 
@@ -202,13 +201,6 @@ int vks_engine_resize_kv(vks_engine *e, int n_slots, int kv_len) {
 
 
 /* ---------- measuring a stage for pipeline placement ---------- */
-
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int vks_engine_measure_stage(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, int rows,
                              vks_stage_measure *out) {
     if (!g || !m || !opt || !out || rows < 1) return vks_set_error(VKS_ERR_ARG, "vks_engine_measure_stage: bad argument");
@@ -226,9 +218,9 @@ int vks_engine_measure_stage(vks_gpu *g, const vks_model *m, const vks_engine_op
     for (int i = 0; rc == VKS_OK && i < n; i++) pos[i] = (uint32_t)i;
     vks_forward_batch b = {.n_rows = n, .tokens = tok, .slot = slot, .pos = pos, .x_out = x};
     if (rc == VKS_OK) rc = vks_engine_forward(e, &b); /* warm-up */
-    double t0 = seconds_now();
+    double t0 = vks_seconds_now();
     for (int r = 0; r < 3 && rc == VKS_OK; r++) rc = vks_engine_forward(e, &b);
-    if (rc == VKS_OK) out->seconds_per_layer = (seconds_now() - t0) / 3;
+    if (rc == VKS_OK) out->seconds_per_layer = (vks_seconds_now() - t0) / 3;
     free(tok);
     free(slot);
     free(pos);
