@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include <stdatomic.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,34 +78,31 @@ typedef struct {
     vks_delta_mode delta;
 } bcast_args;
 
-static bool takes_value(const char *o) {
-    static const char *const names[] = {"--file", "--key", "--pub", "--out", "--model-id", "--base", "--baseline", "--status-out",
-                                        "--relays", "--fanout", "--keep", "--shard-mb", "--chunk-kb",
-                                        "--link-latency-ms", "--link-mbps", "--timeout-s", "--weights-version",
-                                        "--step", "--base-version", "--bytes", "--delta"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(o, names[i])) return true;
-    return false;
-}
-
 static void parse_args(int argc, char **argv, bcast_args *a) {
+    static const struct option opts[] = {
+        {"file", required_argument, 0, 0}, {"key", required_argument, 0, 0}, {"pub", required_argument, 0, 0},
+        {"out", required_argument, 0, 0}, {"model-id", required_argument, 0, 0}, {"base", required_argument, 0, 0},
+        {"baseline", required_argument, 0, 0}, {"status-out", required_argument, 0, 0},
+        {"relays", required_argument, 0, 0}, {"fanout", required_argument, 0, 0}, {"keep", required_argument, 0, 0},
+        {"shard-mb", required_argument, 0, 0}, {"chunk-kb", required_argument, 0, 0},
+        {"link-latency-ms", required_argument, 0, 0}, {"link-mbps", required_argument, 0, 0},
+        {"timeout-s", required_argument, 0, 0}, {"weights-version", required_argument, 0, 0},
+        {"step", required_argument, 0, 0}, {"base-version", required_argument, 0, 0},
+        {"bytes", required_argument, 0, 0}, {"delta", required_argument, 0, 0},
+        {"shared-uplink", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *a = (bcast_args){.model_id = "default", .relays = -1, .fanout = 2, .keep = 2, .shard_mb = 32, .chunk_kb = 1024,
                       .timeout_s = 30, .version = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+    int c, idx;
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
+        if (c == 'h') {
             fputs(broadcast_usage, stdout);
             exit(0);
         }
-        if (!strcmp(o, "--shared-uplink")) {
-            a->shared_uplink = true;
-            continue;
-        }
-        if (o[0] != '-') cli_usage_error("broadcast", "unexpected argument '%s'", o);
-        if (!takes_value(o)) cli_usage_error("broadcast", "unknown option '%s'", o);
-        if (i + 1 >= argc) cli_usage_error("broadcast", "option '%s' needs a value", o);
-        const char *v = argv[++i];
-        if (!strcmp(o, "--file")) a->file = v;
+        char o[32]; /* "--name", as the messages name it */
+        snprintf(o, sizeof o, "--%s", opts[idx].name);
+        const char *v = optarg;
+        if (!strcmp(o, "--shared-uplink")) a->shared_uplink = true;
+        else if (!strcmp(o, "--file")) a->file = v;
         else if (!strcmp(o, "--key")) a->key = v;
         else if (!strcmp(o, "--pub")) a->pub = v;
         else if (!strcmp(o, "--out")) a->out = v;
@@ -128,8 +126,9 @@ static void parse_args(int argc, char **argv, bcast_args *a) {
             if (!strcmp(v, "xor")) a->delta = VKS_DELTA_XOR;
             else if (!strcmp(v, "sub")) a->delta = VKS_DELTA_SUB;
             else cli_die(EXIT_BAD_INPUT, "--delta: '%s' is not xor or sub", v);
-        } else cli_usage_error("broadcast", "unknown option '%s'", o);
+        }
     }
+    if (optind < argc) cli_usage_error("broadcast", "unexpected argument '%s'", argv[optind]);
     if (a->version == 0) cli_die(EXIT_BAD_INPUT, "--weights-version: must be at least 1");
     if (a->delta && !a->base) cli_die(EXIT_BAD_INPUT, "broadcast: --delta needs --base FILE");
     if (a->delta && !a->base_version) a->base_version = a->version - 1;
