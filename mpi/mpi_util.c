@@ -20,11 +20,6 @@ void vks_mpi_start(bool worker_thread, int *rank, int *size) {
 
 void vks_mpi_stop(void) { MPI_Finalize(); }
 
-_Noreturn void vks_mpi_abort(int status) {
-    MPI_Abort(MPI_COMM_WORLD, status);
-    exit(status);
-}
-
 MPI_Comm vks_mpi_world(void) { return MPI_COMM_WORLD; }
 
 void vks_mpi_bcast(void *buf, size_t bytes, int root) {
@@ -45,14 +40,17 @@ static int rank_from_env(void) {
     return s && *s && !*end && r >= 0 && r < INT_MAX ? (int)r : -1;
 }
 
-/* A thread that ends the process when a blocking MPI call (MPI_Init,
- * MPI_Finalize: fences over every rank) does not return within timeout_s. */
+/* A thread that hands the caller's on_stuck a message when a blocking MPI call
+ * (MPI_Init, MPI_Finalize: fences over every rank) does not return within
+ * timeout_s. Nothing can unwind out of that call, so ending the process is
+ * on_stuck's job (tools/), not the library's. */
 typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t done_cond;
     bool done, watching;
     double timeout_s;
     const char *what;
+    vks_mpi_stuck_fn on_stuck;
     pthread_t thread;
 } watchdog;
 
@@ -70,10 +68,11 @@ static void *watch(void *arg) {
     bool done = w->done;
     pthread_mutex_unlock(&w->lock);
     if (done) return NULL;
-    fprintf(stderr, "vkswarm: rank %d: %s did not complete within %.1f s; stopping\n", rank_from_env(), w->what,
-            w->timeout_s);
-    fflush(stderr);
-    _exit(3);
+    char msg[256];
+    snprintf(msg, sizeof msg, "rank %d: %s did not complete within %.1f s; stopping", rank_from_env(), w->what,
+             w->timeout_s);
+    w->on_stuck(msg);
+    return NULL;
 }
 
 static void write_pid_file(int rank) {
@@ -87,11 +86,11 @@ static void write_pid_file(int rank) {
     vks_outfile_commit(&o);
 }
 
-static void watchdog_start(watchdog *w, double timeout_s, const char *what) {
-    *w = (watchdog){.timeout_s = timeout_s, .what = what};
+static void watchdog_start(watchdog *w, double timeout_s, const char *what, vks_mpi_stuck_fn on_stuck) {
+    *w = (watchdog){.timeout_s = timeout_s, .what = what, .on_stuck = on_stuck};
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->done_cond, NULL);
-    w->watching = pthread_create(&w->thread, NULL, watch, w) == 0;
+    w->watching = on_stuck && pthread_create(&w->thread, NULL, watch, w) == 0;
 }
 
 static void watchdog_stop(watchdog *w) {
@@ -104,17 +103,17 @@ static void watchdog_stop(watchdog *w) {
     pthread_cond_destroy(&w->done_cond);
 }
 
-void vks_mpi_start_within(bool worker_thread, double timeout_s, int *rank, int *size) {
+void vks_mpi_start_within(bool worker_thread, double timeout_s, vks_mpi_stuck_fn on_stuck, int *rank, int *size) {
     watchdog w;
-    watchdog_start(&w, timeout_s, "MPI start-up (a rank did not join)");
+    watchdog_start(&w, timeout_s, "MPI start-up (a rank did not join)", on_stuck);
     vks_mpi_start(worker_thread, rank, size);
     watchdog_stop(&w);
     write_pid_file(*rank);
 }
 
-void vks_mpi_stop_within(double timeout_s) {
+void vks_mpi_stop_within(double timeout_s, vks_mpi_stuck_fn on_stuck) {
     watchdog w;
-    watchdog_start(&w, timeout_s, "MPI_Finalize (a rank stopped answering at the end)");
+    watchdog_start(&w, timeout_s, "MPI_Finalize (a rank stopped answering at the end)", on_stuck);
     vks_mpi_stop();
     watchdog_stop(&w);
 }
@@ -139,7 +138,7 @@ int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n
         if (pending < 0) return VKS_OK;
         if (vks_mpi_deadline_tick(&clock, timeout_s) - start > timeout_s) {
             (void)comm; /* requests stay pending: the caller ends the job */
-            return vks_set_error(VKS_ERR_IO, "rank %d did not answer within %.1f s (%s)", peer[pending], timeout_s, what);
+            return vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s)", peer[pending], timeout_s, what);
         }
         usleep(200);
     }

@@ -54,45 +54,54 @@ typedef struct {
     int n_prompts, next_prompt, n_finished;
 } pipe_ctx;
 
-static _Noreturn void die(pipe_ctx *c, int code, const char *fmt, const char *detail) {
-    fprintf(stderr, "vkswarm: rank %d: ", c->rank);
-    fprintf(stderr, fmt, detail);
-    fputc('\n', stderr);
-    fflush(stderr);
-    MPI_Abort(c->comm, code);
-    exit(code);
+/* Errors. The first one ends this rank's part of the job: every function
+ * returns it upward and vks_pipeline_run cleans up and returns it. Messages
+ * start with this rank's number; the codes say how the caller should end:
+ * VKS_ERR_TIMEOUT a silent rank (status 3), VKS_ERR_FORMAT a bad message from
+ * another rank or input (2), others a local failure (1). */
+static int fail(pipe_ctx *c, int code, const char *msg) {
+    return vks_set_error(code, "rank %d: %s", c->rank, msg);
 }
 
-static _Noreturn void die_rank(pipe_ctx *c, int code, const char *what, int other) {
-    char buf[64];
-    snprintf(buf, sizeof buf, "%d", other);
-    fprintf(stderr, "vkswarm: rank %d: rank %s %s\n", c->rank, buf, what);
-    fflush(stderr);
-    MPI_Abort(c->comm, code);
-    exit(code);
+static int fail_rank(pipe_ctx *c, int code, const char *what, int other) {
+    return vks_set_error(code, "rank %d: rank %d %s", c->rank, other, what);
 }
 
-/* A bounded wait for one request to or from `peer`; a silent peer ends the job. */
-static void wait_for(pipe_ctx *c, MPI_Request *req, int peer, const char *what) {
-    if (vks_mpi_wait_within(c->comm, req, &peer, 1, c->o->timeout_s, what)) die(c, 3, "%s", vks_last_error());
+static int out_of_memory(pipe_ctx *c) { return fail(c, VKS_ERR_NOMEM, "out of host memory"); }
+
+/* A bounded wait for one request to or from `peer`: a silent peer ends the job. */
+static int wait_for(pipe_ctx *c, MPI_Request *req, int peer, const char *what) {
+    if (vks_mpi_wait_within(c->comm, req, &peer, 1, c->o->timeout_s, what))
+        return fail(c, VKS_ERR_TIMEOUT, vks_last_error());
+    return VKS_OK;
 }
 
 /* Blocking receive of a probed message, bounded by the timeout. */
-static void recv_probed(pipe_ctx *c, void *buf, int bytes, const MPI_Status *st, const char *what) {
+static int recv_probed(pipe_ctx *c, void *buf, int bytes, const MPI_Status *st, const char *what) {
     MPI_Request req;
     MPI_Irecv(buf, bytes, MPI_BYTE, st->MPI_SOURCE, st->MPI_TAG, c->comm, &req);
-    wait_for(c, &req, st->MPI_SOURCE, what);
+    return wait_for(c, &req, st->MPI_SOURCE, what);
 }
 
 /* ---------------- sending ---------------- */
 
-static void send_message(pipe_ctx *c, void *buf, size_t bytes, int dest, int tag) {
+/* Queues buf (malloc'd; the outbox owns it from here, also on failure). */
+static int send_message(pipe_ctx *c, void *buf, size_t bytes, int dest, int tag) {
     outgoing *o = malloc(sizeof *o);
-    if (!o || vks_link_isend(c->link, buf, bytes, dest, tag, &o->send)) die(c, 1, "%s", vks_last_error());
+    if (!o) {
+        free(buf);
+        return out_of_memory(c);
+    }
+    if (vks_link_isend(c->link, buf, bytes, dest, tag, &o->send)) {
+        free(buf);
+        free(o);
+        return fail(c, VKS_ERR_IO, vks_last_error());
+    }
     o->buf = buf;
     o->next = c->outbox;
     c->outbox = o;
     c->stats->bytes_sent += bytes;
+    return VKS_OK;
 }
 
 static void reap_outbox(pipe_ctx *c) {
@@ -122,10 +131,11 @@ static void send_heartbeats(pipe_ctx *c, double now) {
 
 /* last_heard and now are on c->clock, which leaves out any time this rank was
  * itself stopped: a rank that resumes does not blame the ones that waited. */
-static void check_silence(pipe_ctx *c, double now) {
+static int check_silence(pipe_ctx *c, double now) {
     for (int r = 0; r < c->size; r++)
         if (r != c->rank && !c->left_loop[r] && now - c->last_heard[r] > c->o->timeout_s)
-            die_rank(c, 3, "stopped answering: no message within the timeout; stopping the job", r);
+            return fail_rank(c, VKS_ERR_TIMEOUT, "stopped answering: no message within the timeout; stopping the job", r);
+    return VKS_OK;
 }
 
 /* ---------------- rank 0: the schedule ---------------- */
@@ -144,7 +154,7 @@ static void finish_sequence(pipe_ctx *c, microbatch *mb, int i) {
 }
 
 /* Collects finished sequences and gives their slots the next prompts. */
-static void refill(pipe_ctx *c, int m) {
+static int refill(pipe_ctx *c, int m) {
     microbatch *mb = &c->mbs[m];
     for (int i = 0; i < c->o->batch; i++) {
         if (mb->prompt_of[i] >= 0 && mb->seqs[i].done) finish_sequence(c, mb, i);
@@ -152,30 +162,33 @@ static void refill(pipe_ctx *c, int m) {
         int p = c->next_prompt++;
         uint32_t slot = (uint32_t)(m * c->o->batch + i);
         if (vks_seq_init(&mb->seqs[i], &c->o->sched, c->prompts[p].ids, c->prompts[p].n_prompt, (uint32_t)p, slot))
-            die(c, 2, "%s", vks_last_error());
+            return fail(c, VKS_ERR_FORMAT, vks_last_error());
         mb->prompt_of[i] = p;
         if (mb->seqs[i].done) finish_sequence(c, mb, i), i--; /* a prompt longer than -n: only cut */
     }
+    return VKS_OK;
 }
 
-static void schedule_microbatch(pipe_ctx *c, int m) {
+static int schedule_microbatch(pipe_ctx *c, int m) {
     microbatch *mb = &c->mbs[m];
-    refill(c, m);
-    if (!vks_sched_build(&c->o->sched, mb->seqs, c->o->batch, &mb->step)) return;
+    int rc = refill(c, m);
+    if (rc || !vks_sched_build(&c->o->sched, mb->seqs, c->o->batch, &mb->step)) return rc;
     vks_job *j = calloc(1, sizeof *j);
-    if (!j) die(c, 1, "%s", "out of host memory");
+    if (!j) return out_of_memory(c);
     j->mb = (uint32_t)m;
     j->step = &mb->step;
     mb->in_flight = true;
     vks_worker_submit(&c->worker, j);
+    return VKS_OK;
 }
 
-static void apply_tokens(pipe_ctx *c, uint32_t m, const int32_t *tokens, uint32_t n) {
+static int apply_tokens(pipe_ctx *c, uint32_t m, const int32_t *tokens, uint32_t n) {
     microbatch *mb = &c->mbs[m];
-    if (!mb->in_flight || (int)n != mb->step.n_out) die(c, 2, "%s", "tokens for a micro-batch that has none in flight");
+    if (!mb->in_flight || (int)n != mb->step.n_out)
+        return fail(c, VKS_ERR_FORMAT, "tokens for a micro-batch that has none in flight");
     vks_sched_apply(&c->o->sched, mb->seqs, &mb->step, tokens);
     mb->in_flight = false;
-    schedule_microbatch(c, (int)m);
+    return schedule_microbatch(c, (int)m);
 }
 
 static bool all_done(const pipe_ctx *c) {
@@ -187,117 +200,153 @@ static bool all_done(const pipe_ctx *c) {
 
 /* ---------------- TOPLOC proofs (last stage -> rank 0) ---------------- */
 
-static void set_proof(pipe_ctx *c, int i, const uint8_t *p, size_t len) {
+static int set_proof(pipe_ctx *c, int i, const uint8_t *p, size_t len) {
     vks_sequence *s = &c->prompts[i];
     free(s->proofs);
     s->proofs = len ? malloc(len) : NULL;
-    if (len && !s->proofs) die(c, 1, "%s", "out of host memory");
+    s->proof_bytes = 0;
+    if (len && !s->proofs) return out_of_memory(c);
     if (len) memcpy(s->proofs, p, len);
     s->proof_bytes = len;
+    return VKS_OK;
 }
 
-static void finish_builder(pipe_ctx *c) {
-    if (vks_toploc_builder_finish(c->builder)) die(c, 1, "%s", vks_last_error());
+static int finish_builder(pipe_ctx *c) {
+    if (vks_toploc_builder_finish(c->builder)) return fail(c, VKS_ERR_NOMEM, vks_last_error());
+    return VKS_OK;
 }
 
-static void take_local_proofs(pipe_ctx *c) {
-    finish_builder(c);
-    for (int i = 0; i < c->n_seqs; i++) {
+static int take_local_proofs(pipe_ctx *c) {
+    int rc = finish_builder(c);
+    for (int i = 0; !rc && i < c->n_seqs; i++) {
         size_t len;
         const uint8_t *p = vks_toploc_builder_proofs(c->builder, i, &len);
-        set_proof(c, i, p, len);
+        rc = set_proof(c, i, p, len);
     }
+    return rc;
 }
 
-static void send_proofs(pipe_ctx *c) {
-    finish_builder(c);
+static int send_proofs(pipe_ctx *c) {
+    int rc = finish_builder(c);
+    if (rc) return rc;
     const uint8_t **p = malloc(sizeof *p * (size_t)c->n_seqs);
-    size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), bytes;
-    if (!p || !lens) die(c, 1, "%s", "out of host memory");
-    for (int i = 0; i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(c->builder, i, &lens[i]);
-    void *msg = vks_msg_pack_proofs(p, lens, (uint32_t)c->n_seqs, &bytes);
-    if (!msg || bytes > INT_MAX) die(c, 1, "%s", "cannot pack the proofs");
-    MPI_Request req;
-    MPI_Isend(msg, (int)bytes, MPI_BYTE, 0, VKS_TAG_PROOFS, c->comm, &req);
-    wait_for(c, &req, 0, "sending the TOPLOC proofs");
+    size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), bytes = 0;
+    void *msg = NULL;
+    if (!p || !lens) rc = out_of_memory(c);
+    for (int i = 0; !rc && i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(c->builder, i, &lens[i]);
+    if (!rc) msg = vks_msg_pack_proofs(p, lens, (uint32_t)c->n_seqs, &bytes);
+    if (!rc && (!msg || bytes > INT_MAX)) rc = fail(c, VKS_ERR_NOMEM, "cannot pack the proofs");
+    if (!rc) {
+        MPI_Request req;
+        MPI_Isend(msg, (int)bytes, MPI_BYTE, 0, VKS_TAG_PROOFS, c->comm, &req);
+        rc = wait_for(c, &req, 0, "sending the TOPLOC proofs");
+        if (rc) msg = NULL; /* still MPI's: the caller ends the job */
+    }
     free(msg);
     free(p);
     free(lens);
+    return rc;
 }
 
-static void receive_proofs(pipe_ctx *c, const MPI_Status *st) {
+static int unpack_proofs(pipe_ctx *c, const uint8_t *msg, int bytes, size_t max_one, size_t *lens, size_t *offs) {
+    char err[256], buf[320];
+    if (vks_msg_check_proofs(msg, (size_t)bytes, (uint32_t)c->n_seqs, VKS_TOPLOC_PROOF_BYTES, max_one, lens, offs, err,
+                             sizeof err)) {
+        snprintf(buf, sizeof buf, "bad proofs from the last stage: %s", err);
+        return fail(c, VKS_ERR_FORMAT, buf);
+    }
+    int rc = VKS_OK;
+    for (int i = 0; !rc && i < c->n_seqs; i++) rc = set_proof(c, i, msg + offs[i], lens[i]);
+    return rc;
+}
+
+static int receive_proofs(pipe_ctx *c, const MPI_Status *st) {
     if (st->MPI_SOURCE != c->size - 1 || !c->awaiting_proofs)
-        die_rank(c, 2, "sent proofs but is not the last stage, or none were due", st->MPI_SOURCE);
+        return fail_rank(c, VKS_ERR_FORMAT, "sent proofs but is not the last stage, or none were due", st->MPI_SOURCE);
     int bytes;
     MPI_Get_count(st, MPI_BYTE, &bytes);
     size_t max_one = vks_toploc_proof_size((size_t)c->o->sched.steps + 1);
     size_t max = sizeof(vks_msg_header) + (4 + max_one) * (size_t)c->n_seqs;
-    if (bytes < 0 || (size_t)bytes > max) die_rank(c, 2, "sent a proof message larger than the job allows", st->MPI_SOURCE);
+    if (bytes < 0 || (size_t)bytes > max)
+        return fail_rank(c, VKS_ERR_FORMAT, "sent a proof message larger than the job allows", st->MPI_SOURCE);
     uint8_t *msg = malloc((size_t)bytes + 1);
     size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), *offs = malloc(sizeof *offs * (size_t)c->n_seqs);
-    if (!msg || !lens || !offs) die(c, 1, "%s", "out of host memory");
-    recv_probed(c, msg, bytes, st, "receiving the TOPLOC proofs");
-    char err[256];
-    if (vks_msg_check_proofs(msg, (size_t)bytes, (uint32_t)c->n_seqs, VKS_TOPLOC_PROOF_BYTES, max_one, lens, offs, err,
-                             sizeof err))
-        die(c, 2, "bad proofs from the last stage: %s", err);
-    for (int i = 0; i < c->n_seqs; i++) set_proof(c, i, msg + offs[i], lens[i]);
+    int rc = !msg || !lens || !offs ? out_of_memory(c) : recv_probed(c, msg, bytes, st, "receiving the TOPLOC proofs");
+    if (rc == VKS_ERR_TIMEOUT) msg = NULL; /* still MPI's: the caller ends the job */
+    if (!rc) rc = unpack_proofs(c, msg, bytes, max_one, lens, offs);
     free(msg); free(lens); free(offs);
+    if (rc) return rc;
     c->awaiting_proofs = false;
     c->finished = true;
+    return VKS_OK;
 }
 
-static void broadcast_done(pipe_ctx *c) {
+static int broadcast_done(pipe_ctx *c) {
     static vks_msg_header done = {VKS_MSG_MAGIC, VKS_MSG_DONE, 0, 0, 0, 0, 0, 0};
     for (int r = 1; r < c->size; r++) {
         MPI_Request req;
         MPI_Isend(&done, sizeof done, MPI_BYTE, r, VKS_TAG_DONE, c->comm, &req);
-        wait_for(c, &req, r, "sending the stop message");
+        int rc = wait_for(c, &req, r, "sending the stop message");
+        if (rc) return rc;
     }
-    if (c->builder) take_local_proofs(c); /* one rank: rank 0 is the last stage */
+    if (c->builder) { /* one rank: rank 0 is the last stage */
+        int rc = take_local_proofs(c);
+        if (rc) return rc;
+    }
     c->awaiting_proofs = c->o->toploc && c->size > 1;
     c->finished = !c->awaiting_proofs;
+    return VKS_OK;
 }
 
 /* ---------------- receiving ---------------- */
 
-static void *receive(pipe_ctx *c, const MPI_Status *st, int *bytes) {
+static int receive(pipe_ctx *c, const MPI_Status *st, void **msg, int *bytes) {
+    *msg = NULL;
     MPI_Get_count(st, MPI_BYTE, bytes);
     size_t max = vks_msg_size(VKS_MSG_ACT, c->limits.max_rows, c->limits.max_out, c->limits.dim, VKS_WIRE_F32);
     if (*bytes < 0 || (size_t)*bytes > max) {
         char buf[128];
         snprintf(buf, sizeof buf, "rank %d sent a message of %d bytes; at most %zu are expected", st->MPI_SOURCE,
                  *bytes, max);
-        die(c, 2, "%s", buf);
+        return fail(c, VKS_ERR_FORMAT, buf);
     }
-    void *msg = malloc(*bytes > 0 ? (size_t)*bytes : 1);
-    if (!msg) die(c, 1, "%s", "out of host memory");
-    recv_probed(c, msg, *bytes, st, "receiving a pipeline message");
-    return msg;
+    void *m = malloc(*bytes > 0 ? (size_t)*bytes : 1);
+    if (!m) return out_of_memory(c);
+    int rc = recv_probed(c, m, *bytes, st, "receiving a pipeline message");
+    if (!rc) *msg = m; /* on a timeout m stays MPI's: the caller ends the job */
+    return rc;
 }
 
-static void handle_stage_message(pipe_ctx *c, const MPI_Status *st) {
-    if (st->MPI_SOURCE != c->prev) die_rank(c, 2, "sent a pipeline message but is not the previous stage", st->MPI_SOURCE);
+static int handle_stage_message(pipe_ctx *c, const MPI_Status *st) {
+    if (st->MPI_SOURCE != c->prev)
+        return fail_rank(c, VKS_ERR_FORMAT, "sent a pipeline message but is not the previous stage", st->MPI_SOURCE);
     int bytes;
-    void *msg = receive(c, st, &bytes);
+    void *msg;
+    int rc = receive(c, st, &msg, &bytes);
+    if (rc) return rc;
     uint32_t expect = c->rank == 0 ? VKS_MSG_TOKENS : VKS_MSG_ACT;
     char err[256];
     if (vks_msg_check(msg, (size_t)bytes, st->MPI_TAG, expect, &c->limits, err, sizeof err)) {
         char buf[320];
         snprintf(buf, sizeof buf, "bad message from rank %d: %s", st->MPI_SOURCE, err);
-        die(c, 2, "%s", buf);
+        free(msg);
+        return fail(c, VKS_ERR_FORMAT, buf);
     }
     const vks_msg_header *h = msg;
     if (c->rank == 0) {
-        apply_tokens(c, h->mb, vks_msg_tokens(msg), h->n_out);
+        rc = apply_tokens(c, h->mb, vks_msg_tokens(msg), h->n_out);
         free(msg);
-        return;
+        return rc;
     }
     vks_job *j = calloc(1, sizeof *j);
-    if (!j) die(c, 1, "%s", "out of host memory");
+    if (!j) {
+        free(msg);
+        return out_of_memory(c);
+    }
     j->mb = h->mb;
     j->in = msg;
     vks_worker_submit(&c->worker, j);
+    return VKS_OK;
 }
 
 /* The next message of a source still in its loop (round robin). A rank that
@@ -319,95 +368,105 @@ static bool probe_next(pipe_ctx *c, MPI_Status *st) {
     return false;
 }
 
-static bool poll_messages(pipe_ctx *c) {
+static int handle_control_message(pipe_ctx *c, const MPI_Status *st) {
+    vks_msg_header h;
+    int bytes;
+    MPI_Get_count(st, MPI_BYTE, &bytes);
+    if (bytes != (int)sizeof h) return fail_rank(c, VKS_ERR_FORMAT, "sent a control message of the wrong size", st->MPI_SOURCE);
+    int rc = recv_probed(c, &h, sizeof h, st, "receiving a control message");
+    if (rc || st->MPI_TAG != VKS_TAG_DONE) return rc;
+    if (st->MPI_SOURCE != 0 || h.magic != VKS_MSG_MAGIC || h.type != VKS_MSG_DONE)
+        return fail_rank(c, VKS_ERR_FORMAT, "sent a stop message but is not rank 0", st->MPI_SOURCE);
+    if (c->builder && (rc = send_proofs(c))) return rc;
+    c->finished = true;
+    return VKS_OK;
+}
+
+/* One message, if any: 1 when one was handled, 0 when none waited, or an error. */
+static int poll_messages(pipe_ctx *c) {
     MPI_Status st;
-    if (!probe_next(c, &st)) return false;
+    if (!probe_next(c, &st)) return 0;
     c->last_heard[st.MPI_SOURCE] = c->now;
-    if (st.MPI_TAG == VKS_TAG_HEARTBEAT || st.MPI_TAG == VKS_TAG_DONE) {
-        vks_msg_header h;
-        int bytes;
-        MPI_Get_count(&st, MPI_BYTE, &bytes);
-        if (bytes != (int)sizeof h) die_rank(c, 2, "sent a control message of the wrong size", st.MPI_SOURCE);
-        recv_probed(c, &h, sizeof h, &st, "receiving a control message");
-        if (st.MPI_TAG == VKS_TAG_DONE) {
-            if (st.MPI_SOURCE != 0 || h.magic != VKS_MSG_MAGIC || h.type != VKS_MSG_DONE)
-                die_rank(c, 2, "sent a stop message but is not rank 0", st.MPI_SOURCE);
-            if (c->builder) send_proofs(c);
-            c->finished = true;
-        }
-        return true;
-    }
-    if (st.MPI_TAG == VKS_TAG_PROOFS && c->rank == 0) {
-        receive_proofs(c, &st);
-        return true;
-    }
-    if (st.MPI_TAG < VKS_TAG_MB || st.MPI_TAG >= VKS_TAG_MB + c->o->micro_batches)
-        die_rank(c, 2, "sent a message with an unknown tag or micro-batch id", st.MPI_SOURCE);
-    handle_stage_message(c, &st);
-    return true;
+    int rc;
+    if (st.MPI_TAG == VKS_TAG_HEARTBEAT || st.MPI_TAG == VKS_TAG_DONE) rc = handle_control_message(c, &st);
+    else if (st.MPI_TAG == VKS_TAG_PROOFS && c->rank == 0) rc = receive_proofs(c, &st);
+    else if (st.MPI_TAG < VKS_TAG_MB || st.MPI_TAG >= VKS_TAG_MB + c->o->micro_batches)
+        rc = fail_rank(c, VKS_ERR_FORMAT, "sent a message with an unknown tag or micro-batch id", st.MPI_SOURCE);
+    else rc = handle_stage_message(c, &st);
+    return rc ? rc : 1;
 }
 
 /* ---------------- finished GPU work ---------------- */
 
-static bool poll_worker(pipe_ctx *c) {
+/* One finished forward pass, if any: 1 when one was passed on, 0 when none, or an error. */
+static int poll_worker(pipe_ctx *c) {
     vks_job *j = vks_worker_take_done(&c->worker);
-    if (!j) return false;
-    if (j->rc) die(c, 1, "%s", j->err);
-    c->stats->steps++;
-    c->stats->gpu_busy_s += j->gpu_s;
-    if (c->size == 1) {
-        const vks_msg_header *h = j->out;
-        apply_tokens(c, j->mb, vks_msg_tokens(j->out), h->n_out);
+    if (!j) return 0;
+    int rc = VKS_OK;
+    if (j->rc) {
+        rc = fail(c, VKS_ERR_GPU, j->err);
     } else {
-        send_message(c, j->out, j->out_bytes, c->next, VKS_TAG_MB + (int)j->mb);
-        j->out = NULL; /* owned by the outbox now */
+        c->stats->steps++;
+        c->stats->gpu_busy_s += j->gpu_s;
+        if (c->size == 1) {
+            const vks_msg_header *h = j->out;
+            rc = apply_tokens(c, j->mb, vks_msg_tokens(j->out), h->n_out);
+        } else {
+            rc = send_message(c, j->out, j->out_bytes, c->next, VKS_TAG_MB + (int)j->mb);
+            j->out = NULL; /* owned by the outbox now */
+        }
     }
     vks_job_free(j);
-    return true;
+    return rc ? rc : 1;
 }
 
 /* ---------------- set-up ---------------- */
 
-static void create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
+/* Every rank creates its engine, then all learn whether each one could: when
+ * any could not, every rank returns an error at this same point, so the job
+ * can still end cleanly (stats->ended_together; MPI_Finalize works). */
+static int create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     const vks_pipeline_options *o = c->o;
     int rows = o->chunk > o->batch ? o->chunk : o->batch;
-    vks_engine_options eo = {.layer_begin = o->first[c->rank], .layer_end = o->first[c->rank + 1], .dtype = o->dtype,
-                             .keep_file_dtype = o->keep_file_dtype,
-                             .max_rows = rows, .max_out_rows = o->batch, .n_slots = o->micro_batches * o->batch,
-                             .kv_len = o->sched.steps, .f32_math = o->f32_math};
-    int rc = vks_engine_create(g, m, &eo, &c->engine);
+    vks_engine_options eo = o->engine;
+    eo.layer_begin = o->first[c->rank], eo.layer_end = o->first[c->rank + 1];
+    eo.max_rows = rows, eo.max_out_rows = o->batch, eo.n_slots = o->micro_batches * o->batch, eo.kv_len = o->sched.steps;
+    int mine = vks_engine_create(g, m, &eo, &c->engine);
     char msg[512];
-    snprintf(msg, sizeof msg, "%s", rc ? vks_last_error() : "");
-    int mine = rc != 0, any = 0, *all = malloc(sizeof(int) * (size_t)c->size);
-    if (!all) die(c, 1, "%s", "out of host memory");
-    if (vks_mpi_exchange(c->comm, &mine, all, sizeof mine, VKS_TAG_ENGINE, o->timeout_s, "creating the engines"))
-        die(c, 3, "%s", vks_last_error());
-    for (int r = 0; r < c->size; r++) any |= all[r];
+    snprintf(msg, sizeof msg, "%s", mine ? vks_last_error() : "");
+    int failed = mine != 0, *all = malloc(sizeof(int) * (size_t)c->size);
+    if (!all) return out_of_memory(c);
+    if (vks_mpi_exchange(c->comm, &failed, all, sizeof failed, VKS_TAG_ENGINE, o->timeout_s, "creating the engines"))
+        return fail(c, VKS_ERR_TIMEOUT, vks_last_error());
+    int first_failed = -1;
+    for (int r = 0; r < c->size && first_failed < 0; r++)
+        if (all[r]) first_failed = r;
     free(all);
-    if (!any) return;
-    if (mine) fprintf(stderr, "vkswarm: rank %d: %s\n", c->rank, msg);
-    MPI_Finalize();
-    exit(2);
+    if (first_failed < 0) return VKS_OK;
+    c->stats->ended_together = true;
+    if (mine) return fail(c, mine, msg);
+    return fail_rank(c, VKS_ERR_ARG, "could not create its engine (see its message)", first_failed);
 }
 
-static void setup_rank0(pipe_ctx *c, vks_sequence *prompts, int n_prompts) {
+static int setup_rank0(pipe_ctx *c, vks_sequence *prompts, int n_prompts) {
     c->prompts = prompts;
     c->n_prompts = n_prompts;
     c->mbs = calloc((size_t)c->o->micro_batches, sizeof *c->mbs);
-    if (!c->mbs) die(c, 1, "%s", "out of host memory");
+    if (!c->mbs) return out_of_memory(c);
     int rows = c->o->chunk > c->o->batch ? c->o->chunk : c->o->batch;
     for (int m = 0; m < c->o->micro_batches; m++) {
         microbatch *mb = &c->mbs[m];
         mb->seqs = calloc((size_t)c->o->batch, sizeof *mb->seqs);
         mb->prompt_of = malloc(sizeof(int) * (size_t)c->o->batch);
-        if (!mb->seqs || !mb->prompt_of || vks_step_alloc(&mb->step, rows)) die(c, 1, "%s", "out of host memory");
+        if (!mb->seqs || !mb->prompt_of || vks_step_alloc(&mb->step, rows)) return out_of_memory(c);
         for (int i = 0; i < c->o->batch; i++) mb->prompt_of[i] = -1;
     }
+    return VKS_OK;
 }
 
 static void teardown_rank0(pipe_ctx *c) {
     for (int m = 0; c->mbs && m < c->o->micro_batches; m++) {
-        for (int i = 0; i < c->o->batch; i++) vks_seq_free(&c->mbs[m].seqs[i]);
+        for (int i = 0; c->mbs[m].seqs && i < c->o->batch; i++) vks_seq_free(&c->mbs[m].seqs[i]);
         free(c->mbs[m].seqs);
         free(c->mbs[m].prompt_of);
         vks_step_free(&c->mbs[m].step);
@@ -425,40 +484,100 @@ static int check_options(const vks_pipeline_options *o, int size) {
 }
 
 /* A barrier that cannot hang: a rank silent for the timeout is named and ends the job. */
-static void sync_ranks(pipe_ctx *c, int tag, const char *what) {
+static int sync_ranks(pipe_ctx *c, int tag, const char *what) {
     char mine = 1, *all = malloc((size_t)c->size);
-    if (!all) die(c, 1, "%s", "out of host memory");
-    if (vks_mpi_exchange(c->comm, &mine, all, 1, tag, c->o->timeout_s, what)) die(c, 3, "%s", vks_last_error());
+    if (!all) return out_of_memory(c);
+    if (vks_mpi_exchange(c->comm, &mine, all, 1, tag, c->o->timeout_s, what))
+        return fail(c, VKS_ERR_TIMEOUT, vks_last_error()); /* all stays MPI's: the caller ends the job */
     free(all);
+    return VKS_OK;
 }
 
 /* ---------------- the loop ---------------- */
 
-static void run_loop(pipe_ctx *c) {
-    if (c->rank == 0) {
-        for (int m = 0; m < c->o->micro_batches; m++) schedule_microbatch(c, m);
-        if (all_done(c)) broadcast_done(c);
+static int start_schedule(pipe_ctx *c) {
+    int rc = VKS_OK;
+    for (int m = 0; !rc && m < c->o->micro_batches; m++) rc = schedule_microbatch(c, m);
+    if (!rc && all_done(c)) rc = broadcast_done(c);
+    return rc;
+}
+
+/* One pass: messages, finished GPU work, sends, heartbeats, silence. */
+static int run_once(pipe_ctx *c) {
+    c->now = vks_mpi_deadline_tick(&c->clock, c->o->timeout_s);
+    int got = poll_messages(c);
+    if (got < 0) return got;
+    int done = poll_worker(c);
+    if (done < 0) return done;
+    if (c->rank == 0 && !c->finished && !c->awaiting_proofs && all_done(c)) {
+        int rc = broadcast_done(c);
+        if (rc) return rc;
     }
-    while (!c->finished) {
-        c->now = vks_mpi_deadline_tick(&c->clock, c->o->timeout_s);
-        bool busy = poll_messages(c);
-        busy |= poll_worker(c);
-        if (c->rank == 0 && !c->finished && !c->awaiting_proofs && all_done(c)) broadcast_done(c);
-        vks_link_progress(c->link);
-        reap_outbox(c);
-        send_heartbeats(c, c->now);
-        check_silence(c, c->now);
-        if (!busy) usleep(200); /* leave the cores to the GPU driver (lavapipe runs on them) */
-    }
-    /* let queued sends (heartbeats aside) reach their destination */
+    vks_link_progress(c->link);
+    reap_outbox(c);
+    send_heartbeats(c, c->now);
+    int rc = check_silence(c, c->now);
+    if (rc) return rc;
+    if (!got && !done) usleep(200); /* leave the cores to the GPU driver (lavapipe runs on them) */
+    return VKS_OK;
+}
+
+/* Lets queued sends (heartbeats aside) reach their destination. */
+static int drain_outbox(pipe_ctx *c) {
     double start = vks_mpi_deadline_tick(&c->clock, c->o->timeout_s);
     while (c->outbox) {
         if (vks_mpi_deadline_tick(&c->clock, c->o->timeout_s) - start > c->o->timeout_s)
-            die_rank(c, 3, "did not take this rank's last messages within the timeout; stopping the job", c->next);
+            return fail_rank(c, VKS_ERR_TIMEOUT, "did not take this rank's last messages within the timeout; stopping the job",
+                             c->next);
         vks_link_progress(c->link);
         reap_outbox(c);
         if (c->outbox) usleep(200);
     }
+    return VKS_OK;
+}
+
+static int run_loop(pipe_ctx *c) {
+    int rc = c->rank == 0 ? start_schedule(c) : VKS_OK;
+    while (!rc && !c->finished) rc = run_once(c);
+    return rc ? rc : drain_outbox(c);
+}
+
+/* Everything vks_pipeline_run made, in reverse; sends still queued are
+ * cancelled (after an error the caller ends the job). */
+static void destroy(pipe_ctx *c, bool worker_started) {
+    if (worker_started) vks_worker_stop(&c->worker);
+    vks_link_destroy(c->link);
+    while (c->outbox) {
+        outgoing *o = c->outbox;
+        c->outbox = o->next;
+        free(o->buf);
+        free(o);
+    }
+    vks_toploc_builder_destroy(c->builder);
+    if (c->rank == 0) teardown_rank0(c);
+    free(c->last_heard);
+    free(c->left_loop);
+    vks_engine_destroy(c->engine);
+}
+
+static int prepare(pipe_ctx *c, const vks_model *m, vks_sequence *prompts, int n_prompts, bool *worker_started) {
+    const vks_pipeline_options *o = c->o;
+    int rows = o->chunk > o->batch ? o->chunk : o->batch;
+    c->limits = (vks_msg_limits){.max_rows = (uint32_t)rows, .max_out = (uint32_t)o->batch,
+                                 .dim = (uint32_t)m->cfg.dim, .n_mb = (uint32_t)o->micro_batches};
+    c->last_heard = malloc(sizeof(double) * (size_t)c->size);
+    c->left_loop = calloc((size_t)c->size, sizeof *c->left_loop);
+    if (!c->last_heard || !c->left_loop) return out_of_memory(c);
+    if (vks_link_create(c->comm, &o->link, &c->link)) return fail(c, VKS_ERR_IO, vks_last_error());
+    if (vks_worker_start(&c->worker, c->engine, &o->sched, o->wire, c->rank == 0, c->rank == c->size - 1))
+        return fail(c, VKS_ERR_NOMEM, vks_last_error());
+    *worker_started = true;
+    int rc = c->rank == 0 ? setup_rank0(c, prompts, n_prompts) : VKS_OK;
+    if (!rc && o->toploc && c->rank == c->size - 1) {
+        if (vks_toploc_builder_create(n_prompts, m->cfg.dim, &c->builder)) return fail(c, VKS_ERR_NOMEM, vks_last_error());
+        c->worker.builder = c->builder; /* the worker is idle until the first job */
+    }
+    return rc;
 }
 
 int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pipeline_options *o,
@@ -474,35 +593,22 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
     c.prev = (c.rank + c.size - 1) % c.size;
     c.next = (c.rank + 1) % c.size;
     double t0 = MPI_Wtime();
-    create_engine(&c, g, m);
-    int rows = o->chunk > o->batch ? o->chunk : o->batch;
-    c.limits = (vks_msg_limits){.max_rows = (uint32_t)rows, .max_out = (uint32_t)o->batch,
-                                .dim = (uint32_t)m->cfg.dim, .n_mb = (uint32_t)o->micro_batches};
-    c.last_heard = malloc(sizeof(double) * (size_t)c.size);
-    c.left_loop = calloc((size_t)c.size, sizeof *c.left_loop);
-    if (!c.last_heard || !c.left_loop || vks_link_create(comm, &o->link, &c.link) ||
-        vks_worker_start(&c.worker, c.engine, &o->sched, o->wire, c.rank == 0, c.rank == c.size - 1))
-        die(&c, 1, "%s", vks_last_error());
-    if (c.rank == 0) setup_rank0(&c, prompts, n_prompts);
-    if (o->toploc && c.rank == c.size - 1) {
-        if (vks_toploc_builder_create(n_prompts, m->cfg.dim, &c.builder)) die(&c, 1, "%s", vks_last_error());
-        c.worker.builder = c.builder; /* the worker is idle until the first job */
-    }
+    bool worker_started = false;
+    rc = create_engine(&c, g, m);
+    if (!rc) rc = prepare(&c, m, prompts, n_prompts, &worker_started);
     /* every engine is ready: start the silence clocks now */
-    sync_ranks(&c, VKS_TAG_READY, "waiting for every rank's engine");
-    c.now = vks_mpi_deadline_tick(&c.clock, o->timeout_s);
-    for (int r = 0; r < c.size; r++) c.last_heard[r] = c.now;
-    run_loop(&c);
-    vks_worker_stop(&c.worker);
+    if (!rc) rc = sync_ranks(&c, VKS_TAG_READY, "waiting for every rank's engine");
+    if (!rc) {
+        c.now = vks_mpi_deadline_tick(&c.clock, o->timeout_s);
+        for (int r = 0; r < c.size; r++) c.last_heard[r] = c.now;
+        rc = run_loop(&c);
+    }
+    if (worker_started) vks_worker_stop(&c.worker);
+    worker_started = false;
     stats->wall_s = MPI_Wtime() - t0;
-    sync_ranks(&c, VKS_TAG_FINISH, "finishing the job");
-    vks_link_destroy(c.link);
-    vks_toploc_builder_destroy(c.builder);
-    if (c.rank == 0) teardown_rank0(&c);
-    free(c.last_heard);
-    free(c.left_loop);
-    vks_engine_destroy(c.engine);
-    return VKS_OK;
+    if (!rc) rc = sync_ranks(&c, VKS_TAG_FINISH, "finishing the job");
+    destroy(&c, worker_started);
+    return rc;
 }
 
 int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s) {

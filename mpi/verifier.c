@@ -285,7 +285,7 @@ static int serve_loop(verifier_state *vs) {
         } else if (vs->call.running && background_finished(&vs->call)) {
             rc = send_verdicts(vs);
         } else if (now - last_heard > vs->timeout_s) {
-            rc = vks_set_error(VKS_ERR_IO, "rank %d stopped answering (the dispatcher): nothing within %.1f s",
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d stopped answering (the dispatcher): nothing within %.1f s",
                                vs->dispatcher, vs->timeout_s);
         } else {
             usleep(500);

@@ -15,8 +15,8 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     else if (!strcmp(opt, "dtype")) {
         a->dtype_given = true;
         /* "file": every matrix keeps its file's type (quantized GGUF tensors stay quantized) */
-        a->keep_file_dtype = !strcmp(val, "file");
-        if (!a->keep_file_dtype && (vks_dtype_parse(val, &a->dtype) || a->dtype == VKS_DTYPE_Q6_K))
+        a->engine.keep_file_dtype = !strcmp(val, "file");
+        if (!a->engine.keep_file_dtype && (vks_dtype_parse(val, &a->engine.dtype) || a->engine.dtype == VKS_DTYPE_Q6_K))
             cli_die(EXIT_BAD_INPUT, "--dtype: '%s' is not f32, f16, bf16, q8_0, q4_0, q4_k or file", val);
     } else return false;
     return true;
@@ -53,7 +53,7 @@ static vks_model *random_model(const char *spec) {
 static vks_model *cli_load_model_file(const cli_model_args *a);
 static void resolve_dtype(cli_model_args *a, const vks_model *m) {
     if (!a->dtype_given && vks_engine_keeps_file_types(m)) {
-        a->keep_file_dtype = true;
+        a->engine.keep_file_dtype = true;
         fprintf(stderr, "vkswarm: quantized model: weights keep their file types (--dtype to override)\n");
     }
 }

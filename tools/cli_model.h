@@ -6,8 +6,8 @@
 
 typedef struct {
     const char *model_path, *tokenizer_path, *random_spec;
-    vks_dtype dtype;
-    bool keep_file_dtype; /* --dtype file: vks_engine_options.keep_file_dtype */
+    vks_engine_options engine; /* what the user chose: .dtype, .keep_file_dtype (--dtype);
+                                  each command adds the sizes and the math it needs */
     bool dtype_given;     /* --dtype was on the command line */
     int device;      /* -1: default */
     bool profile;
@@ -24,7 +24,7 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val);
 /* Loads the model (exit 2 naming the file on bad input), or builds the random one. */
 /* Without --dtype, a model stored in block formats (a quantized GGUF) keeps
  * its file's types; anything else runs in f32. cli_load_model records that
- * choice in a->keep_file_dtype and cli_create_engine applies it. */
+ * choice in a->engine.keep_file_dtype. */
 vks_model *cli_load_model(cli_model_args *a);
 /* Loads the tokenizer if a path was given (exit 2 on bad input); NULL otherwise. */
 vks_tokenizer *cli_load_tokenizer(const cli_model_args *a, const vks_model *m);

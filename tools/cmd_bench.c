@@ -239,15 +239,15 @@ int cmd_bench(int argc, char **argv) {
     vks_gpu *g = cli_open_gpu(&ma);
     int chunk = s.batch * s.prompt_len < 512 ? s.batch * s.prompt_len : 512;
     if (chunk < s.batch) chunk = s.batch;
-    vks_engine_options eo = {.dtype = ma.dtype, .keep_file_dtype = ma.keep_file_dtype, .n_slots = s.batch, .kv_len = s.prompt_len + s.gen,
-                             .max_rows = chunk, .max_out_rows = s.batch};
+    vks_engine_options eo = ma.engine;
+    eo.n_slots = s.batch, eo.kv_len = s.prompt_len + s.gen, eo.max_rows = chunk, eo.max_out_rows = s.batch;
     vks_engine *e = cli_create_engine(g, m, &eo);
     int64_t params = vks_model_param_count(m);
     fprintf(stderr, "vkswarm: bench: %lld parameters, %s weights, %.1f MiB on the device\n", (long long)params,
-            ma.keep_file_dtype ? "file-typed" : vks_dtype_name(ma.dtype), vks_engine_weight_bytes(e) / 1048576.0);
+            ma.engine.keep_file_dtype ? "file-typed" : vks_dtype_name(ma.engine.dtype), vks_engine_weight_bytes(e) / 1048576.0);
     double copy_bw = measure_copy_bandwidth(g);
     bool half = false;
-    double mm_rate = measure_matmul_rate(g, ma.dtype, 512, 1024, 1024, &half);
+    double mm_rate = measure_matmul_rate(g, ma.engine.dtype, 512, 1024, 1024, &half);
     run_decode(e, &(bench_shape){s.batch, 0, 1}, m->cfg.vocab_size); /* warm-up: pipelines, caches */
     vks_gpu_profile_reset(g);
     double t_pre = run_prefill(e, &s, m->cfg.vocab_size, chunk);
@@ -265,11 +265,11 @@ int cmd_bench(int argc, char **argv) {
     printf("host: %s, %ld cores online%s%s\n", cpu, sysconf(_SC_NPROCESSORS_ONLN),
            lp_threads ? ", LP_NUM_THREADS=" : "", lp_threads ? lp_threads : "");
     printf("model: %lld params, %s, batch %d, prompt %d, gen %d\n", (long long)params,
-           ma.keep_file_dtype ? "file types" : vks_dtype_name(ma.dtype),
+           ma.engine.keep_file_dtype ? "file types" : vks_dtype_name(ma.engine.dtype),
            s.batch, s.prompt_len, s.gen);
     printf("copy bandwidth:    %10.2f GB/s\n", copy_bw / 1e9);
     printf("matmul rate:       %10.2f GFLOP/s (512x1024x1024, %s weights, %s arithmetic)\n", mm_rate / 1e9,
-           vks_dtype_name(ma.dtype), half ? "half" : "f32");
+           vks_dtype_name(ma.engine.dtype), half ? "half" : "f32");
     printf("prefill:           %10.1f tokens/s  %8.2f GFLOP/s  %5.1f%% of matmul rate\n", pre_tps, pre_flops / 1e9,
            100.0 * pre_flops / mm_rate);
     printf("decode:            %10.1f tokens/s  %8.2f GB/s     %5.1f%% of copy bandwidth\n", dec_tps, dec_bw / 1e9,

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "cli_mpi.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "vkswarm/vks_broadcast.h"
@@ -253,54 +254,14 @@ static int run_baseline(const bcast_args *a, int rank) {
  * (vks_bcast_close) is bounded by --timeout-s and tells each rank whether
  * every rank is still there. */
 
-static struct {
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool armed;
-    double timeout_s;
-    int status;
-    const char *what;
-} watchdog = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, 0, NULL};
+/* The status a stuck MPI_Init (1) or MPI_Finalize (the job's own) ends with. */
+static int stuck_status = 1;
 
-static void *watchdog_main(void *arg) {
-    (void)arg;
-    pthread_mutex_lock(&watchdog.lock);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)watchdog.timeout_s;
-    until.tv_nsec += (long)((watchdog.timeout_s - (double)(time_t)watchdog.timeout_s) * 1e9);
-    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-    int rc = 0;
-    while (watchdog.armed && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&watchdog.cond, &watchdog.lock, &until);
-    if (watchdog.armed) {
-        fprintf(stderr, "vkswarm: broadcast: %s did not complete within %.0fs, leaving\n", watchdog.what,
-                watchdog.timeout_s);
-        fflush(stdout);
-        fflush(stderr);
-        _exit(watchdog.status);
-    }
-    pthread_mutex_unlock(&watchdog.lock);
-    return NULL;
-}
-
-static pthread_t watchdog_thread;
-
-/* Ends the process with `status` if not disarmed within timeout_s. */
-static void watchdog_arm(double timeout_s, int status, const char *what) {
-    watchdog.armed = true;
-    watchdog.timeout_s = timeout_s;
-    watchdog.status = status;
-    watchdog.what = what;
-    if (pthread_create(&watchdog_thread, NULL, watchdog_main, NULL) != 0) watchdog.armed = false;
-}
-
-static void watchdog_disarm(void) {
-    pthread_mutex_lock(&watchdog.lock);
-    bool was = watchdog.armed;
-    watchdog.armed = false;
-    pthread_cond_signal(&watchdog.cond);
-    pthread_mutex_unlock(&watchdog.lock);
-    if (was) pthread_join(watchdog_thread, NULL);
+static void on_stuck(const char *message) {
+    fprintf(stderr, "vkswarm: broadcast: %s\n", message);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(stuck_status);
 }
 
 /* Leaves without MPI_Finalize. `end_all`: abort the job, which is what ends a
@@ -309,8 +270,7 @@ _Noreturn static void leave_job(int status, bool end_all) {
     if (!end_all) cli_exit_now(status); /* _exit, after checking that stdout took the result */
     if (fflush(stdout) != 0 && !status) status = 1;
     fflush(stderr);
-    vks_mpi_abort(status ? status : 1);
-    _exit(status);
+    cli_mpi_abort(status ? status : 1);
 }
 
 _Noreturn static void end_job(vks_bcast *b, int rank, int rc, double timeout_s) {
@@ -327,9 +287,8 @@ _Noreturn static void end_job(vks_bcast *b, int rank, int rc, double timeout_s) 
         leave_job(rc, rank == 0); /* the origin last: every other rank has had its say */
     }
     vks_bcast_destroy(b);
-    watchdog_arm(timeout_s, rc, "MPI_Finalize");
-    vks_mpi_stop();
-    watchdog_disarm();
+    stuck_status = rc;
+    vks_mpi_stop_within(timeout_s, on_stuck);
     exit(rc); /* the stdout check at exit (cli_guard_stdout) still runs */
 }
 
@@ -338,9 +297,7 @@ int cmd_broadcast(int argc, char **argv) {
     parse_args(argc, argv, &a);
     int rank = 0, size = 1;
     /* MPI_Init waits for every rank: bounded (it takes seconds on its own) */
-    watchdog_arm(a.timeout_s > 10 ? a.timeout_s : 10, 1, "MPI start-up (a rank stopped or slow)");
-    vks_mpi_start(true, &rank, &size);
-    watchdog_disarm();
+    vks_mpi_start_within(true, a.timeout_s > 10 ? a.timeout_s : 10, on_stuck, &rank, &size);
     if (a.baseline) {
         int rc = run_baseline(&a, rank);
         vks_mpi_stop();

@@ -96,8 +96,9 @@ int cmd_generate(int argc, char **argv) {
     vks_gpu *g = cli_open_gpu(&a.m);
     /* rollouts are recomputed by verifiers in f32 and compared within margins:
      * no half arithmetic for them */
-    vks_engine_options eo = {.dtype = a.m.dtype, .keep_file_dtype = a.m.keep_file_dtype, .n_slots = n, .kv_len = steps, .max_rows = n > 256 ? n : 256,
-                             .max_out_rows = n, .f32_math = a.rollouts_out != NULL};
+    vks_engine_options eo = a.m.engine;
+    eo.n_slots = n, eo.kv_len = steps, eo.max_rows = n > 256 ? n : 256, eo.max_out_rows = n;
+    eo.f32_math = a.rollouts_out != NULL;
     vks_engine *e = cli_create_engine(g, m, &eo);
     generate_hooks hooks = {0};
     if (a.rollouts_out) {
@@ -179,7 +180,8 @@ static int32_t *read_ids(const char *path, int vocab, int max_n, int *n_out) {
 static void logits_gpu(const cli_model_args *ma, const vks_model *m, const int32_t *ids, int n, float *logits) {
     vks_gpu *g = cli_open_gpu(ma);
     int chunk = n < 128 ? n : 128;
-    vks_engine_options eo = {.dtype = ma->dtype, .keep_file_dtype = ma->keep_file_dtype, .n_slots = 1, .kv_len = n, .max_rows = chunk, .max_out_rows = chunk};
+    vks_engine_options eo = ma->engine;
+    eo.n_slots = 1, eo.kv_len = n, eo.max_rows = chunk, eo.max_out_rows = chunk;
     vks_engine *e = cli_create_engine(g, m, &eo);
     if (vks_engine_logits(e, 0, ids, 0, n, chunk, logits, NULL)) cli_die(1, "logits: %s", vks_last_error());
     if (ma->profile) cli_print_profile(g);

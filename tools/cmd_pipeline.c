@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli_model.h"
+#include "cli_mpi.h"
 #include "cli_prompts.h"
 #include "cli_util.h"
 #include "vkswarm/vks_toploc.h"
@@ -80,8 +81,16 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
 /* A rank went silent during start-up: MPI_Finalize would wait for it, so the job ends here. */
 static _Noreturn void die_startup(int rank) {
     fprintf(stderr, "vkswarm: rank %d: %s; stopping the job\n", rank, vks_last_error());
-    fflush(stderr);
-    vks_mpi_abort(3);
+    cli_mpi_abort(3);
+}
+
+/* vks_pipeline_run failed on this rank: say so, and end the job (cleanly when
+ * every rank failed at the same point, else by MPI_Abort: peers may be waiting). */
+static _Noreturn void end_failed_run(int rc, const vks_pipeline_stats *st, double timeout_s) {
+    fprintf(stderr, "vkswarm: %s\n", vks_last_error());
+    if (!st->ended_together) cli_mpi_abort(cli_mpi_status(rc));
+    vks_mpi_stop_within(timeout_s, cli_mpi_stuck);
+    exit(EXIT_BAD_INPUT);
 }
 
 static void choose_partition(const pipeline_args *a, vks_gpu *g, const vks_model *m, int rank, int size, int *first) {
@@ -89,17 +98,17 @@ static void choose_partition(const pipeline_args *a, vks_gpu *g, const vks_model
     if (!strcmp(a->partition, "even")) rc = vks_partition_even(n, size, first);
     else if (strcmp(a->partition, "auto")) rc = vks_partition_parse(a->partition, n, size, first);
     else {
-        vks_engine_options types = {.dtype = a->m.dtype, .keep_file_dtype = a->m.keep_file_dtype};
+        const vks_engine_options *types = &a->m.engine;
         vks_stage_measure me, *all = malloc(sizeof me * (size_t)size);
         if (!all) cli_die(1, "out of host memory");
-        if (vks_engine_measure_stage(g, m, &types, a->batch, &me)) /* unmeasured: placed by memory alone */
+        if (vks_engine_measure_stage(g, m, types, a->batch, &me)) /* unmeasured: placed by memory alone */
             me = (vks_stage_measure){.seconds_per_layer = 1.0, .free_bytes = vks_gpu_free_bytes(g)};
         if (vks_mpi_exchange(vks_mpi_world(), &me, all, sizeof me, VKS_TAG_MEASURE, a->timeout_s, "measuring the ranks"))
             die_startup(rank);
         const vks_model_config *c = &m->cfg;
-        uint64_t layer_w = vks_engine_layer_bytes(m, &types, 0);
+        uint64_t layer_w = vks_engine_layer_bytes(m, types, 0);
         uint64_t layer_kv = 2ull * (uint64_t)a->micro_batches * a->batch * (uint64_t)c->seq_len * c->kv_dim * 4;
-        uint64_t table = vks_engine_embedding_bytes(m, &types);
+        uint64_t table = vks_engine_embedding_bytes(m, types);
         double table_layers = (double)table / (double)(layer_w ? layer_w : 1); /* the classifier's matmul vs a layer's */
         rc = vks_partition_auto(n, size, all, layer_w + layer_kv, table, table, 0.0, table_layers, first);
         free(all);
@@ -127,15 +136,15 @@ int cmd_pipeline(int argc, char **argv) {
     pipeline_args a = {0};
     parse_pipeline(argc, argv, &a);
     int rank, size;
-    vks_mpi_start_within(true, a.timeout_s, &rank, &size);
+    vks_mpi_start_within(true, a.timeout_s, cli_mpi_stuck, &rank, &size);
     vks_model *m = cli_load_model(&a.m);
     uint8_t hash[32];
     if (vks_model_hash(m, hash)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     int rc = vks_pipeline_check_ranks(vks_mpi_world(), hash, a.timeout_s);
-    if (rc == VKS_ERR_IO) die_startup(rank);
+    if (rc == VKS_ERR_TIMEOUT) die_startup(rank);
     if (rc) {
         if (rank == 0) fprintf(stderr, "vkswarm: %s\n", vks_last_error());
-        vks_mpi_stop_within(a.timeout_s);
+        vks_mpi_stop_within(a.timeout_s, cli_mpi_stuck);
         return EXIT_BAD_INPUT;
     }
     vks_tokenizer *t = rank == 0 ? cli_load_tokenizer(&a.m, m) : NULL;
@@ -166,15 +175,16 @@ int cmd_pipeline(int argc, char **argv) {
     vks_pipeline_options po = {.micro_batches = a.micro_batches, .batch = a.batch, .chunk = a.chunk, .sched = sp,
                                .wire = strcmp(a.wire, "f16") ? VKS_WIRE_F32 : VKS_WIRE_F16,
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
-                               .dtype = a.m.dtype, .keep_file_dtype = a.m.keep_file_dtype, .toploc = a.rollouts_out && !a.no_toploc,
-                               .f32_math = a.rollouts_out != NULL};
+                               .engine = a.m.engine, .toploc = a.rollouts_out && !a.no_toploc};
+    po.engine.f32_math = a.rollouts_out != NULL;
     vks_rollout_writer *rollouts = NULL;
     if (rank == 0 && a.rollouts_out && /* no proofs made here: the last stage makes them */
         vks_rollout_writer_create(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false,
                                   &rollouts))
         cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     vks_pipeline_stats st;
-    if (vks_pipeline_run(vks_mpi_world(), g, m, &po, seqs, n, &st)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    rc = vks_pipeline_run(vks_mpi_world(), g, m, &po, seqs, n, &st);
+    if (rc) end_failed_run(rc, &st, a.timeout_s);
     fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, step %.2f ms, GPU busy %.0f%%, %.1f MB sent\n",
             rank, first[rank], first[rank + 1], st.steps, st.wall_s, 1e3 * st.gpu_busy_s / (st.steps ? st.steps : 1),
             100.0 * st.gpu_busy_s / (st.wall_s + 1e-9), st.bytes_sent / 1e6);
@@ -190,6 +200,6 @@ int cmd_pipeline(int argc, char **argv) {
     free(seqs); free(lines); free(first);
     vks_tokenizer_free(t);
     vks_model_free(m);
-    vks_mpi_stop_within(a.timeout_s);
+    vks_mpi_stop_within(a.timeout_s, cli_mpi_stuck);
     return rc;
 }

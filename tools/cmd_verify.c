@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli_model.h"
+#include "cli_mpi.h"
 #include "cli_prompts.h"
 #include "cli_util.h"
 #include "vkswarm/vks_mpi.h"
@@ -143,8 +144,8 @@ static void verifier_open(verifier *v, const verify_args *a, const vks_model *m)
     }
     if (!v->g) v->g = cli_open_gpu(&a->m);
     /* vks_verify_batch sizes the KV cache by each batch's longest sample */
-    vks_engine_options eo = {.f32_math = true, .dtype = a->m.dtype, .keep_file_dtype = a->m.keep_file_dtype, .n_slots = a->batch, .kv_len = 1, .max_rows = 512,
-                             .max_out_rows = 512};
+    vks_engine_options eo = a->m.engine;
+    eo.f32_math = true, eo.n_slots = a->batch, eo.kv_len = 1, eo.max_rows = 512, eo.max_out_rows = 512;
     v->e = cli_create_engine(v->g, m, &eo);
 }
 
@@ -193,7 +194,7 @@ static int verify_dispatch(const verify_args *a, const vks_model *m, const vks_r
     if (vks_verifier_dispatch(vks_mpi_world(), 1, rf->samples, rf->n_samples, a->batch, a->timeout_s, verify_batch, &v,
                               verdicts, report)) {
         fprintf(stderr, "vkswarm: verify: %s\n", vks_last_error());
-        vks_mpi_abort(1);
+        cli_mpi_abort(1);
     }
     report_lost(report, a->timeout_s);
     return verifier_close(&v);
@@ -206,7 +207,7 @@ static int serve_verifier(const verify_args *a, const vks_model *m, int rank) {
     int rc = vks_verifier_serve(vks_mpi_world(), 0, a->batch, a->timeout_s, verify_batch, &v);
     if (rc) {
         fprintf(stderr, "vkswarm: verifier rank %d: %s\n", rank, vks_last_error());
-        vks_mpi_abort(rc == VKS_ERR_IO ? 3 : 2);
+        cli_mpi_abort(rc == VKS_ERR_TIMEOUT ? 3 : 2);
     }
     return verifier_close(&v);
 }
@@ -222,7 +223,7 @@ static void share_stop_ids(verify_args *a, int rank) {
     }
     if (vks_verifier_recv_settings(vks_mpi_world(), 0, &settings, sizeof settings, a->timeout_s)) {
         fprintf(stderr, "vkswarm: verifier rank %d: %s\n", rank, vks_last_error());
-        vks_mpi_abort(3);
+        cli_mpi_abort(3);
     }
     if (settings.n < 0 || settings.n > VKS_ROLLOUT_MAX_STOP) cli_die(EXIT_BAD_INPUT, "bad stop ids from rank 0");
     memcpy(a->vo.stop_ids, settings.ids, sizeof settings.ids);
@@ -265,7 +266,7 @@ int cmd_verify(int argc, char **argv) {
     verify_args a = {0};
     parse_verify(argc, argv, &a);
     int rank = 0, size = 1;
-    if (a.mpi) vks_mpi_start_within(true, a.timeout_s, &rank, &size); /* true: verify threads beside MPI */
+    if (a.mpi) vks_mpi_start_within(true, a.timeout_s, cli_mpi_stuck, &rank, &size); /* true: verify threads beside MPI */
     vks_model *m = cli_load_model(&a.m);
     vks_rollout_file rf = {0};
     if (rank == 0 && vks_rollout_read(a.rollouts, &rf)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
@@ -284,7 +285,7 @@ int cmd_verify(int argc, char **argv) {
         int rc = serve_verifier(&a, m, rank);
         free_task(&task);
         vks_model_free(m);
-        vks_mpi_stop_within(a.timeout_s);
+        vks_mpi_stop_within(a.timeout_s, cli_mpi_stuck);
         return rc;
     }
     vks_verdict *verdicts = calloc((size_t)rf.n_samples + 1, sizeof *verdicts);
@@ -312,13 +313,13 @@ int cmd_verify(int argc, char **argv) {
     if (a.mpi && !report.all_stopped) { /* MPI_Finalize would wait for the silent rank */
         if (ferror(stdout)) fprintf(stderr, "vkswarm: verify: writing the verdicts to stdout failed\n");
         fflush(stderr);
-        vks_mpi_abort(3);
+        cli_mpi_abort(3);
     }
     free(verdicts);
     free_task(&task);
     vks_rollout_file_free(&rf);
     vks_model_free(m);
-    if (a.mpi) vks_mpi_stop_within(a.timeout_s);
+    if (a.mpi) vks_mpi_stop_within(a.timeout_s, cli_mpi_stuck);
     if (rc) return rc;
     return accepted == total ? 0 : 1;
 }

@@ -15,6 +15,7 @@ enum {
     VKS_ERR_NOMEM = -3,     /* host or device allocation failed / does not fit */
     VKS_ERR_GPU = -4,       /* Vulkan call failed */
     VKS_ERR_ARG = -5,       /* caller passed an invalid argument */
+    VKS_ERR_TIMEOUT = -6,   /* a peer (MPI rank) stayed silent past the timeout */
 };
 
 /* Weight element types. Numbering is stable (stored in files later). */

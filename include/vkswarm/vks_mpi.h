@@ -9,8 +9,7 @@
 /* MPI_Init_thread (FUNNELED when a GPU worker thread exists) on the world. */
 void vks_mpi_start(bool worker_thread, int *rank, int *size);
 void vks_mpi_stop(void);
-/* Stops every rank of the job with this exit status. */
-_Noreturn void vks_mpi_abort(int status);
+/* Ending the job (MPI_Abort) is the caller's decision: tools/cli_mpi.c. */
 /* The world communicator, for the mpi/ modules' entry points. */
 MPI_Comm vks_mpi_world(void);
 void vks_mpi_bcast(void *buf, size_t bytes, int root);
@@ -18,15 +17,21 @@ void vks_mpi_allgather(const void *mine, void *all, size_t bytes);
 
 /* ---- waits that cannot hang: every one is bounded by a timeout ---- */
 
+/* Called on a watchdog thread when MPI_Init or MPI_Finalize has not returned
+ * within the timeout, with one line naming this rank and the call. Nothing
+ * unwinds out of a blocking MPI call, so it must end the process (the library
+ * never does); NULL: no watchdog. */
+typedef void (*vks_mpi_stuck_fn)(const char *message);
+
 /* vks_mpi_start under a watchdog: when MPI_Init does not complete within
- * timeout_s (a rank was stopped before it joined), prints a line naming this
- * rank and exits with status 3. With VKSWARM_PID_DIR set, each rank writes
- * DIR/rank-R.pid after MPI_Init (fault tests find a rank's process there). */
-void vks_mpi_start_within(bool worker_thread, double timeout_s, int *rank, int *size);
+ * timeout_s (a rank was stopped before it joined), on_stuck is called. With
+ * VKSWARM_PID_DIR set, each rank writes DIR/rank-R.pid after MPI_Init (fault
+ * tests find a rank's process there). */
+void vks_mpi_start_within(bool worker_thread, double timeout_s, vks_mpi_stuck_fn on_stuck, int *rank, int *size);
 /* vks_mpi_stop under the same watchdog: MPI_Finalize waits for every rank,
  * so a rank stopped at the end would hold the others forever. Rank 0 must
  * therefore write its output within timeout_s of the others' finalize. */
-void vks_mpi_stop_within(double timeout_s);
+void vks_mpi_stop_within(double timeout_s, vks_mpi_stuck_fn on_stuck);
 
 /* A clock that does not count the time this process was stopped: when two
  * ticks are more than timeout_s / 2 apart the process itself stood still
@@ -35,14 +40,14 @@ typedef struct { double last, jumped; } vks_mpi_clock;
 double vks_mpi_deadline_tick(vks_mpi_clock *c, double timeout_s);
 
 /* Polls n requests (peer[i]: the rank request i talks to) until all complete
- * or timeout_s passes; then VKS_ERR_IO naming the rank of the first pending
+ * or timeout_s passes; then VKS_ERR_TIMEOUT naming the rank of the first pending
  * request and `what`. After a timeout the requests stay pending: the caller
  * must end the job (MPI_Abort), not free the buffers and carry on. */
 int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n, double timeout_s, const char *what);
 
 /* All-gather of `bytes` per rank by point-to-point messages under tag, bounded
  * by timeout_s (a blocking collective cannot time out). all[] holds size *
- * bytes, rank r's part at r * bytes. On a timeout: VKS_ERR_IO naming the lowest
+ * bytes, rank r's part at r * bytes. On a timeout: VKS_ERR_TIMEOUT naming the lowest
  * silent rank (see vks_mpi_wait_within). Every rank must call it with the same
  * bytes and tag, in the same order as its other exchanges. */
 int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,

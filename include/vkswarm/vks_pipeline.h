@@ -26,28 +26,34 @@ typedef struct {
     vks_link_options link;   /* emulated latency / bandwidth */
     double timeout_s;        /* silence after which a rank counts as lost; bounds every wait */
     const int *first;        /* partition: first[s], first[size] = n_layers */
-    vks_dtype dtype;
-    bool keep_file_dtype;    /* weights keep their file's types (quantized GGUF) */
+    vks_engine_options engine; /* weight types and math: .dtype, .keep_file_dtype, .f32_math (rollouts:
+                                verifiers recompute in f32); the layer range and sizes are the pipeline's */
     bool toploc;             /* the last stage builds TOPLOC proofs and sends them to rank 0 */
-    bool f32_math;           /* no half-arithmetic kernels (rollouts: verifiers recompute in f32) */
 } vks_pipeline_options;
 
 typedef struct {
     long steps;              /* forward passes run by this rank */
     double wall_s, gpu_busy_s;
     uint64_t bytes_sent;
+    bool ended_together;     /* after an error: every rank failed at the same point (an engine could not be
+                                created), so the job can end with MPI_Finalize rather than MPI_Abort */
 } vks_pipeline_stats;
 
 /* Runs the whole job. Every rank passes the number of prompts; rank 0 also the
  * prompts, and gets the finished sequences back in place (with their proofs
- * when o->toploc); other ranks pass NULL. Any error is printed naming the rank
- * and aborts the job (MPI_Abort). */
+ * when o->toploc); other ranks pass NULL. Errors are returned, never acted on:
+ * the message starts with this rank ("rank R: ..."), and the code says what
+ * happened: VKS_ERR_TIMEOUT a rank went silent (named), VKS_ERR_FORMAT another
+ * rank sent a bad message or a prompt was refused, others a local failure.
+ * Everything the run allocated is freed; unless stats->ended_together, other
+ * ranks may still be waiting on this one, so the caller must end the job
+ * (MPI_Abort) rather than MPI_Finalize. */
 int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pipeline_options *o,
                      vks_sequence *prompts, int n_prompts, vks_pipeline_stats *stats);
 
 /* Start-up checks, collective: same vkswarm version and model hash on every
  * rank; on a mismatch VKS_ERR_FORMAT naming the rank (every rank sees it).
- * A rank silent for timeout_s: VKS_ERR_IO naming it; the caller must end the
- * job (vks_mpi_abort), since MPI_Finalize would wait for the silent rank. */
+ * A rank silent for timeout_s: VKS_ERR_TIMEOUT naming it; the caller must end the
+ * job (MPI_Abort), since MPI_Finalize would wait for the silent rank. */
 int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s);
 #endif

@@ -32,12 +32,12 @@ int vks_verifier_dispatch(MPI_Comm comm, int first_verifier, const vks_rollout_s
                           double timeout_s, vks_verify_fn fn, void *ctx, vks_verdict *out, vks_dispatch_report *report);
 /* Verifier rank: serves batches from `dispatcher` until told to stop, sending
  * heartbeats while it verifies (fn runs on a thread). A dispatcher silent for
- * timeout_s is an error (VKS_ERR_IO) naming it; the caller ends the job. */
+ * timeout_s is an error (VKS_ERR_TIMEOUT) naming it; the caller ends the job. */
 int vks_verifier_serve(MPI_Comm comm, int dispatcher, int max_batch, double timeout_s, vks_verify_fn fn, void *ctx);
 
 /* Start-up: the dispatcher sends a few settings bytes (at most 4096; buf must
  * stay valid until the job ends) to every verifier; a verifier waits for them
- * at most timeout_s (VKS_ERR_IO naming the dispatcher). */
+ * at most timeout_s (VKS_ERR_TIMEOUT naming the dispatcher). */
 int vks_verifier_send_settings(MPI_Comm comm, int first_verifier, const void *buf, size_t bytes);
 int vks_verifier_recv_settings(MPI_Comm comm, int dispatcher, void *buf, size_t bytes, double timeout_s);
 #endif
