@@ -2,25 +2,36 @@
  * central finite differences of its own forward, against the inference
  * reference ops (vks_ref.h), and AdamW/schedule against hand-computed values.
  *
+ * The whole-model reference (vks_ref_train.h) is checked the same way, every
+ * entry of every named tensor against differences of the loss, on tiny random
+ * models (tied and untied classifier, both RoPE modes, q/k/v biases, GQA
+ * ratios 1, 2 and 4, packed sequences), and its logits against
+ * vks_ref_forward's.
+ *
  * Gradient checks use the scalar loss L = sum(c * out) with random c in
  * [-1, 1), so dL/dout = c. Each input entry x_i is moved by +-h (h = 1e-5) and
  * fd_i = (L(x_i + h) - L(x_i - h)) / 2h. In double the truncation error is
  * h^2 |L'''| / 6 ~ 1e-11 and the rounding error ~ 1e-16 |L| / h ~ 1e-10 for
  * these sizes, so fd_i matches the analytic gradient to ~1e-9 of the largest
- * gradient entry (measured: at most 1.1e-9 of it, RMSNorm with D = 1 aside).
- * Tolerance: |fd_i - g_i| <= 1e-6 * max(|g_i|, max_j |g_j|) + 1e-9, a 1000x
- * margin; the absolute 1e-9 is 10x the rounding floor and matters only where
- * a whole tensor's gradient is tiny (RMSNorm with D = 1: out ~ w sign(x),
- * gradients ~1e-5, rounding alone is 1e-7 of them). A wrong term (a
- * missing factor, a wrong sign, a dropped head) is an error of the order of
- * the gradient itself (see test_checker_detects_a_wrong_gradient). Backwards are called on gradients
- * prefilled with random values and the prefill is subtracted afterwards, so a
- * backward that overwrites instead of accumulating fails. */
+ * gradient entry (measured: ops at most 1.1e-9 of it, RMSNorm with D = 1
+ * aside; whole models at most 8.5e-8, in tensors whose gradients are <= 1e-4).
+ * Tolerance: |fd_i - g_i| <= 1e-6 * max(|g_i|, max_j |g_j|) + 1e-9: a 1000x
+ * margin for the ops, 12x before the absolute term for the whole model's
+ * smallest gradients. The absolute 1e-9 is 10x the rounding floor and matters
+ * only where a whole tensor's gradient is tiny (RMSNorm with D = 1: out ~
+ * w sign(x), gradients ~1e-5, rounding alone is 1e-7 of them). A wrong term
+ * (a missing factor, a wrong sign, a dropped head) is an error of the order of
+ * the gradient itself (see test_checker_detects_a_wrong_gradient). Backwards
+ * are called on gradients prefilled with random values and the prefill is
+ * subtracted afterwards, so a backward that overwrites instead of
+ * accumulating fails. */
 #include "test_util.h"
 
 #include "vkswarm/vks_common.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_ref_grad.h"
+#include "vkswarm/vks_ref_forward.h"
+#include "vkswarm/vks_ref_train.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -609,6 +620,258 @@ static void test_lr_schedule(void **state) {
     assert_true(vks_ref_lr_at(&no_warmup, 1) == 2e-3);
 }
 
+/* ---- the whole model ---- */
+
+/* A tiny random model; with biases (as Qwen2) when asked. The bias floats are
+ * owned by the test (*bias_block, freed by the caller). */
+static vks_model *tiny_model(const vks_model_config *cfg, uint64_t seed, bool biases, float **bias_block) {
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_random(cfg, seed, &m), VKS_OK);
+    *bias_block = NULL;
+    if (!biases) return m;
+    int dim = m->cfg.dim, kv = m->cfg.kv_dim, per_layer = dim + 2 * kv;
+    float *b = malloc((size_t)per_layer * m->cfg.n_layers * sizeof *b);
+    assert_non_null(b);
+    tu_fill_uniform(b, (size_t)per_layer * m->cfg.n_layers, seed + 1, -0.5f, 0.5f);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        float *at = b + (size_t)l * per_layer;
+        m->layers[l].bq = (vks_tensor){VKS_DTYPE_F32, 1, dim, at};
+        m->layers[l].bk = (vks_tensor){VKS_DTYPE_F32, 1, kv, at + dim};
+        m->layers[l].bv = (vks_tensor){VKS_DTYPE_F32, 1, kv, at + dim + kv};
+    }
+    *bias_block = b;
+    return m;
+}
+
+typedef struct {
+    vks_model_config cfg;
+    bool biases;
+    int n_seqs, lens[3];
+} model_case;
+
+static const model_case model_cases[] = {
+    /* tied classifier, adjacent pairs, GQA ratio 2, odd hidden and vocab */
+    {{.dim = 8, .hidden_dim = 11, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 13, .seq_len = 8,
+      .rope_mode = VKS_ROPE_ADJACENT, .shared_classifier = true}, false, 3, {4, 1, 3}},
+    /* own classifier, half-split pairs, q/k/v biases, GQA ratio 4, one sequence */
+    {{.dim = 16, .hidden_dim = 7, .n_layers = 2, .n_heads = 4, .n_kv_heads = 1, .vocab_size = 9, .seq_len = 8,
+      .rope_mode = VKS_ROPE_HALF, .shared_classifier = false}, true, 1, {6}},
+    /* one layer, plain multi-head, two sequences */
+    {{.dim = 6, .hidden_dim = 10, .n_layers = 1, .n_heads = 3, .n_kv_heads = 3, .vocab_size = 17, .seq_len = 5,
+      .rope_mode = VKS_ROPE_HALF, .shared_classifier = true}, false, 2, {5, 2}},
+};
+
+static int case_tokens(const model_case *mc) {
+    int n = 0;
+    for (int s = 0; s < mc->n_seqs; s++) n += mc->lens[s];
+    return n;
+}
+
+static void random_tokens(int32_t *tokens, int n, int vocab, uint64_t seed) {
+    rng64 r = {seed};
+    for (int i = 0; i < n; i++) tokens[i] = (int32_t)(rng_uniform(&r, 0, 1) * vocab) % vocab;
+}
+
+/* The training forward's logits are vks_ref_forward's, sequence by sequence.
+ * vks_ref_forward rounds every op's output to f32 (relative 6e-8 each, a few
+ * dozen ops deep) while the training forward stays in double: logits of
+ * magnitude ~1 agree to ~1e-6; the bound 1e-5 + 1e-5 |logit| is 10x that. */
+static void test_train_logits_match_ref_forward(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof model_cases / sizeof model_cases[0]; i++) {
+        const model_case *mc = &model_cases[i];
+        float *bias_block;
+        vks_model *m = tiny_model(&mc->cfg, 20 + i, mc->biases, &bias_block);
+        vks_ref_params *p = NULL;
+        assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+        assert_int_equal(p->has_bias, mc->biases);
+        int n = case_tokens(mc), V = m->cfg.vocab_size;
+        int32_t tokens[16];
+        random_tokens(tokens, n, V, 30 + i);
+        vks_ref_batch b = {tokens, n, mc->lens, mc->n_seqs};
+        double *logits = malloc((size_t)n * V * sizeof *logits), logp[16];
+        float *ref = malloc((size_t)n * V * sizeof *ref);
+        assert_int_equal(vks_ref_train_forward(p, &b, logp, logits, NULL), VKS_OK);
+        double worst = 0.0;
+        for (int s = 0, t0 = 0; s < mc->n_seqs; t0 += mc->lens[s], s++) {
+            assert_int_equal(vks_ref_forward(m, tokens + t0, mc->lens[s], ref + (size_t)t0 * V, NULL), VKS_OK);
+            for (int j = 0; j < mc->lens[s]; j++) {
+                int t = t0 + j;
+                const double *row = logits + (size_t)t * V;
+                for (int v = 0; v < V; v++) {
+                    double d = fabs(row[v] - ref[(size_t)t * V + v]);
+                    worst = fmax(worst, d);
+                    assert_true(d <= 1e-5 + 1e-5 * fabs(row[v]));
+                }
+                /* logp of the next token of the same sequence; 0 at its end */
+                if (j + 1 == mc->lens[s]) {
+                    assert_true(logp[t] == 0.0);
+                    continue;
+                }
+                double lse = 0.0;
+                for (int v = 0; v < V; v++) lse += exp(row[v]);
+                assert_true(fabs(logp[t] - (row[tokens[t + 1]] - log(lse))) < 1e-12);
+            }
+        }
+        assert_true(worst > 0.0); /* f32 rounding shows: the two are independent computations */
+        free(logits), free(ref), free(bias_block);
+        vks_ref_params_free(p);
+        vks_model_free(m);
+    }
+}
+
+typedef struct {
+    vks_ref_params *p;
+    const vks_ref_batch *b;
+    const double *weight;
+    double normaliser;
+} model_loss_ctx;
+
+static double model_loss(void *ctx) {
+    model_loss_ctx *c = ctx;
+    double loss = NAN;
+    assert_int_equal(vks_ref_train_loss(c->p, c->b, c->weight, c->normaliser, &loss, NULL), VKS_OK);
+    return loss;
+}
+
+/* Every entry of every named tensor against central differences of the loss
+ * (a few thousand forwards of a few tokens: well under a second). */
+static void test_train_grad_every_tensor(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof model_cases / sizeof model_cases[0]; i++) {
+        const model_case *mc = &model_cases[i];
+        float *bias_block;
+        vks_model *m = tiny_model(&mc->cfg, 40 + i, mc->biases, &bias_block);
+        vks_ref_params *p = NULL, *g = NULL;
+        assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+        assert_int_equal(vks_ref_params_create(&p->cfg, p->has_bias, &g), VKS_OK);
+        int n = case_tokens(mc);
+        int32_t tokens[16];
+        random_tokens(tokens, n, m->cfg.vocab_size, 50 + i);
+        rng64 r = {60 + i};
+        double weight[16];
+        for (int t = 0; t < n; t++) weight[t] = t % 3 == 1 ? 0.0 : rng_uniform(&r, 0.2, 1.5); /* a mask too */
+        vks_ref_batch b = {tokens, n, mc->lens, mc->n_seqs};
+        model_loss_ctx ctx = {p, &b, weight, 3.7};
+        double loss = 0.0;
+        for (size_t j = 0; j < g->n_values; j++) g->data[j] = rng_uniform(&r, -1, 1); /* must accumulate */
+        double *prefill = malloc(g->n_values * sizeof *prefill);
+        memcpy(prefill, g->data, g->n_values * sizeof *prefill);
+        assert_int_equal(vks_ref_train_loss(p, &b, weight, 3.7, &loss, g), VKS_OK);
+        for (size_t j = 0; j < g->n_values; j++) g->data[j] -= prefill[j];
+        assert_true(isfinite(loss) && loss > 0.0);
+        int expect = 3 + (mc->cfg.shared_classifier ? 0 : 1) + mc->cfg.n_layers * (mc->biases ? 12 : 9) - 1;
+        assert_int_equal(g->n_tensors, expect);
+        for (int t = 0; t < g->n_tensors; t++) {
+            const vks_ref_tensor *gt = &g->tensors[t];
+            vks_ref_tensor *pt = vks_ref_params_find(p, gt->name);
+            assert_non_null(pt);
+            assert_true(pt->rows == gt->rows && pt->cols == gt->cols);
+            char what[96];
+            snprintf(what, sizeof what, "model case %zu, tensor %s", i, gt->name);
+            check_grad(what, pt->data, (size_t)pt->rows * pt->cols, gt->data, model_loss, &ctx);
+        }
+        free(prefill), free(bias_block);
+        vks_ref_params_free(p), vks_ref_params_free(g);
+        vks_model_free(m);
+    }
+}
+
+/* Named views, the tied classifier, accumulation and refusals. */
+static void test_train_params_and_errors(void **state) {
+    (void)state;
+    const model_case *mc = &model_cases[0];
+    float *bias_block;
+    vks_model *m = tiny_model(&mc->cfg, 70, false, &bias_block);
+    vks_ref_params *p = NULL, *g = NULL, *other = NULL;
+    assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+    assert_int_equal(vks_ref_params_create(&p->cfg, false, &g), VKS_OK);
+    assert_true(p->classifier == p->tok_emb && vks_ref_params_find(p, "classifier") == NULL);
+    vks_ref_tensor *wk = vks_ref_params_find(p, "layers.1.wk");
+    assert_non_null(wk);
+    assert_true(wk->data == p->layers[1].wk && wk->rows == m->cfg.kv_dim && wk->cols == m->cfg.dim);
+    assert_true(wk->data[5] == ((const float *)m->layers[1].wk.data)[5]);
+    assert_null(vks_ref_params_find(p, "layers.2.wk"));
+    size_t total = 0;
+    for (int t = 0; t < p->n_tensors; t++) total += (size_t)p->tensors[t].rows * p->tensors[t].cols;
+    assert_true(total == p->n_values && (int64_t)total == vks_model_param_count(m));
+
+    int32_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const int lens[2] = {5, 3};
+    vks_ref_batch b = {tokens, 8, lens, 2};
+    double loss1, loss2;
+    assert_int_equal(vks_ref_train_loss(p, &b, NULL, 6.0, &loss1, g), VKS_OK);
+    double *once = malloc(g->n_values * sizeof *once);
+    memcpy(once, g->data, g->n_values * sizeof *once);
+    assert_int_equal(vks_ref_train_loss(p, &b, NULL, 6.0, &loss2, g), VKS_OK); /* adds the same again */
+    assert_true(loss1 == loss2);
+    for (size_t j = 0; j < g->n_values; j++)
+        assert_true(fabs(g->data[j] - 2.0 * once[j]) <= 1e-13 * (1 + fabs(once[j])));
+    double zero_w[8] = {0};
+    vks_ref_params_zero(g);
+    assert_int_equal(vks_ref_train_loss(p, &b, zero_w, 1.0, &loss1, g), VKS_OK);
+    assert_true(loss1 == 0.0 && vks_ref_sum_squares(g->data, g->n_values) == 0.0);
+
+    const int too_long[1] = {9}, short_sum[2] = {4, 3}, empty[2] = {8, 0};
+    vks_ref_batch bad = {tokens, 8, too_long, 1};
+    tokens[7] = 8; /* still below vocab 13 */
+    assert_int_equal(vks_ref_train_loss(p, &bad, NULL, 1.0, &loss1, NULL), VKS_ERR_ARG); /* > seq_len */
+    bad = (vks_ref_batch){tokens, 8, short_sum, 2};
+    assert_int_equal(vks_ref_train_loss(p, &bad, NULL, 1.0, &loss1, NULL), VKS_ERR_ARG);
+    bad = (vks_ref_batch){tokens, 8, empty, 2};
+    assert_int_equal(vks_ref_train_loss(p, &bad, NULL, 1.0, &loss1, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_ref_train_loss(p, &b, NULL, 0.0, &loss1, NULL), VKS_ERR_ARG); /* normaliser */
+    tokens[3] = 13;
+    assert_int_equal(vks_ref_train_loss(p, &b, NULL, 1.0, &loss1, NULL), VKS_ERR_ARG); /* outside the vocabulary */
+    tokens[3] = 4;
+    vks_model_config cfg = p->cfg;
+    cfg.shared_classifier = false;
+    assert_int_equal(vks_ref_params_create(&cfg, false, &other), VKS_OK);
+    vks_ref_acts *acts = NULL;
+    double logp[8], dlogp[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    assert_int_equal(vks_ref_train_forward(p, &b, logp, NULL, &acts), VKS_OK);
+    assert_int_equal(vks_ref_train_backward(p, &b, acts, dlogp, other), VKS_ERR_ARG); /* shaped unlike p */
+    vks_ref_batch shorter = {tokens, 5, NULL, 0};
+    assert_int_equal(vks_ref_train_backward(p, &shorter, acts, dlogp, g), VKS_ERR_ARG); /* not the forward's rows */
+    vks_ref_acts_free(acts);
+    free(once);
+    vks_ref_params_free(p), vks_ref_params_free(g), vks_ref_params_free(other);
+    vks_model_free(m);
+}
+
+/* The pieces make a working trainer: AdamW on the reference gradients drives
+ * the loss on one fixed sequence down (memorising it), with warm-up and
+ * clipping in play. */
+static void test_train_adamw_lowers_loss(void **state) {
+    (void)state;
+    const model_case *mc = &model_cases[1];
+    float *bias_block;
+    vks_model *m = tiny_model(&mc->cfg, 80, true, &bias_block);
+    vks_ref_params *p = NULL, *g = NULL, *mom1 = NULL, *mom2 = NULL;
+    assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+    assert_int_equal(vks_ref_params_create(&p->cfg, true, &g), VKS_OK);
+    assert_int_equal(vks_ref_params_create(&p->cfg, true, &mom1), VKS_OK);
+    assert_int_equal(vks_ref_params_create(&p->cfg, true, &mom2), VKS_OK);
+    int32_t tokens[8] = {3, 1, 4, 1, 5, 0, 2, 6};
+    vks_ref_batch b = {tokens, 8, NULL, 0};
+    const vks_lr_schedule sched = {.lr = 2e-2, .min_lr = 2e-3, .warmup_steps = 5, .total_steps = 60, .cosine = true};
+    double first = 0.0, loss = 0.0;
+    for (int t = 1; t <= 60; t++) {
+        vks_ref_params_zero(g);
+        assert_int_equal(vks_ref_train_loss(p, &b, NULL, 7.0, &loss, g), VKS_OK);
+        if (t == 1) first = loss;
+        double norm = sqrt(vks_ref_sum_squares(g->data, g->n_values));
+        vks_adamw_params h = {vks_ref_lr_at(&sched, t), 0.9, 0.95, 1e-8, 0.01};
+        assert_int_equal(vks_ref_adamw_step(p->data, g->data, mom1->data, mom2->data, p->n_values, &h, t,
+                                            vks_ref_clip_scale(norm, 1.0)), VKS_OK);
+    }
+    assert_true(first > 1.5);        /* ~log(9) at random weights */
+    assert_true(loss < 0.1 * first); /* memorised */
+    free(bias_block);
+    vks_ref_params_free(p), vks_ref_params_free(g), vks_ref_params_free(mom1), vks_ref_params_free(mom2);
+    vks_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checker_detects_a_wrong_gradient),
@@ -627,6 +890,10 @@ int main(void) {
         cmocka_unit_test(test_adamw_multi_step),
         cmocka_unit_test(test_clip_and_norm),
         cmocka_unit_test(test_lr_schedule),
+        cmocka_unit_test(test_train_logits_match_ref_forward),
+        cmocka_unit_test(test_train_grad_every_tensor),
+        cmocka_unit_test(test_train_params_and_errors),
+        cmocka_unit_test(test_train_adamw_lowers_loss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
