@@ -1,0 +1,121 @@
+/* vks_ref_grad.h: float64 reference of every training op, forward and backward
+ * side by side (as llm.c's train_gpt2.c), and the AdamW step with its
+ * schedule. The truth the GPU backward kernels are tested against.
+ *
+ * Conventions:
+ * - Everything is double end to end, so central finite differences of a
+ *   forward agree with its backward to ~1e-8; GPU tests convert f32 to double.
+ * - Layouts are vks_ref.h's: row-major, rows = tokens, a weight W [N, K] maps
+ *   K inputs to N outputs (y = x W^T).
+ * - Every backward ACCUMULATES (+=) into its gradient outputs: the caller zeroes
+ *   them. A gradient pointer that may be NULL is said so; NULL skips it.
+ *   The one exception is RoPE, in place like its forward (see there).
+ * - A residual add y = x + f(x) has no function: its backward passes dy
+ *   through unchanged, i.e. the caller accumulates f's input gradient into
+ *   the same buffer that already holds dy (dx = dy + df/dx^T dy).
+ * - Functions return VKS_OK, or VKS_ERR_ARG (bad shape, NULL, out-of-range
+ *   index) / VKS_ERR_NOMEM with vks_last_error() set, leaving outputs as they
+ *   were. */
+#ifndef VKS_REF_GRAD_H
+#define VKS_REF_GRAD_H
+#include "vks_common.h"
+
+/* ---- embedding: out[r, :] = table[tokens[r], :]  (table [V, D]) ---- */
+int vks_ref_embed_forward(const double *table, int V, int D, const uint32_t *tokens, int R, double *out);
+/* dtable[tokens[r], :] += dout[r, :], rows added in order r = 0..R-1 (a
+ * deterministic order: the GPU must sum repeated tokens in the same order to
+ * match bit for bit in f32). */
+int vks_ref_embed_backward(double *dtable, int V, int D, const uint32_t *tokens, int R, const double *dout);
+
+/* ---- RMSNorm: out[r, d] = x[r, d] * w[d] / sqrt(mean(x[r, :]^2) + eps) ---- */
+int vks_ref_rmsnorm_forward(const double *x, const double *w, int R, int D, double eps, double *out);
+/* dx (may be NULL) and dw (may be NULL); the inverse RMS is recomputed from x. */
+int vks_ref_rmsnorm_backward(const double *x, const double *w, int R, int D, double eps, const double *dout,
+                             double *dx, double *dw);
+
+/* ---- matmul: y[M, N] = x[M, K] W[N, K]^T ---- */
+int vks_ref_matmul_forward(const double *x, const double *W, int M, int N, int K, double *y);
+/* dx[M, K] += dy W (may be NULL), dW[N, K] += dy^T x (may be NULL). */
+int vks_ref_matmul_backward(const double *x, const double *W, int M, int N, int K, const double *dy, double *dx,
+                            double *dW);
+
+/* ---- bias: y[r, j] += b[j] (Qwen2's q/k/v biases) ---- */
+int vks_ref_bias_forward(double *y, const double *b, int R, int D);
+/* db[j] += sum_r dy[r, j]; dy passes through to the input unchanged. */
+int vks_ref_bias_backward(const double *dy, int R, int D, double *db);
+
+/* ---- RoPE, exactly vks_ref_rope's rotation (same modes, angles, arguments) ----
+ * In place on x[r, col0 + h*head_dim + j], h < n_heads, row stride `stride`:
+ * each pair rotates by angle pos[r] * theta^(-2i/head_dim). */
+int vks_ref_rope_forward(double *x, const uint32_t *pos, int R, int stride, int col0, int n_heads, int head_dim,
+                         double theta, int mode);
+/* In place too: the rotation is orthogonal, so the input gradient is the
+ * output gradient rotated back (angle negated). Turns d(out) held in dx into
+ * d(in); it does not accumulate. */
+int vks_ref_rope_backward(double *dx, const uint32_t *pos, int R, int stride, int col0, int n_heads, int head_dim,
+                          double theta, int mode);
+
+/* ---- causal attention over packed sequences, grouped-query heads ----
+ * q, out [T, n_heads*head_dim]; k, v [T, n_kv_heads*head_dim]. Query head h
+ * reads KV head h / (n_heads / n_kv_heads). Row t attends keys start[t]..t
+ * (start[t] <= t: the first row of t's sequence), scale 1/sqrt(head_dim).
+ * The softmax statistics of row t, head h go to row_max[t*n_heads + h] (the
+ * largest scaled score) and row_sum[t*n_heads + h] (sum of exp(score - max));
+ * both may be NULL. One row of scores (T doubles) is held at a time. */
+int vks_ref_attention_forward(const double *q, const double *k, const double *v, const uint32_t *start, int T,
+                              int n_heads, int n_kv_heads, int head_dim, double *out, double *row_max,
+                              double *row_sum);
+/* Gradients dq, dk, dv (each may be NULL) from dout, given the forward's
+ * statistics (the probabilities are exp(score - max) / sum, not recomputed
+ * from scratch: wrong statistics give wrong gradients). */
+int vks_ref_attention_backward(const double *q, const double *k, const double *v, const uint32_t *start, int T,
+                               int n_heads, int n_kv_heads, int head_dim, const double *row_max,
+                               const double *row_sum, const double *dout, double *dq, double *dk, double *dv);
+
+/* ---- SwiGLU: out[i] = silu(g[i]) * u[i], silu(a) = a / (1 + exp(-a)) ---- */
+int vks_ref_swiglu_forward(const double *g, const double *u, size_t n, double *out);
+/* dg += dout * u * silu'(g), du += dout * silu(g) (either may be NULL). */
+int vks_ref_swiglu_backward(const double *g, const double *u, size_t n, const double *dout, double *dg, double *du);
+
+/* ---- log-probability of chosen tokens ----
+ * logp[r] = log_softmax(logits[r, :])[target[r]]  (logits [R, V]). The
+ * cross-entropy loss of row r is -logp[r]. */
+int vks_ref_token_logprob_forward(const double *logits, int R, int V, const uint32_t *target, double *logp);
+/* dlogits[r, :] += dlogp[r] * (onehot(target[r]) - softmax(logits[r, :])). */
+int vks_ref_token_logprob_backward(const double *logits, int R, int V, const uint32_t *target, const double *dlogp,
+                                   double *dlogits);
+
+/* ---- optimizer ---- */
+typedef struct {
+    double lr;           /* this step's learning rate (see vks_ref_lr_at) */
+    double beta1, beta2; /* e.g. 0.9, 0.95 */
+    double eps;          /* e.g. 1e-8 */
+    double weight_decay; /* decoupled: p -= lr * weight_decay * p */
+} vks_adamw_params;
+
+/* One AdamW step (PyTorch's and llm.c's), element by element, t = 1-based step:
+ *   g = grad_scale * grads[i]            (grad_scale: clipping, else 1)
+ *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+ *   p -= lr * (m / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay * p)
+ * (the decay uses p before the step). */
+int vks_ref_adamw_step(double *params, const double *grads, double *m, double *v, size_t n,
+                       const vks_adamw_params *h, int t, double grad_scale);
+/* sum of g[i]^2: add these over every tensor and take the root for the
+ * global gradient norm. */
+double vks_ref_sum_squares(const double *g, size_t n);
+/* Clipping factor for a global norm: min(1, max_norm / (norm + 1e-6)), as
+ * torch.nn.utils.clip_grad_norm_; 1 when max_norm <= 0 (clipping off). */
+double vks_ref_clip_scale(double norm, double max_norm);
+
+/* Learning rate at 1-based step t: linear warm-up lr * t / warmup_steps for
+ * t <= warmup_steps, then constant lr, or (cosine) a half cosine from lr down
+ * to min_lr at total_steps, min_lr after. */
+typedef struct {
+    double lr, min_lr;
+    int warmup_steps; /* 0: no warm-up */
+    int total_steps;  /* cosine only: the step where min_lr is reached */
+    bool cosine;
+} vks_lr_schedule;
+double vks_ref_lr_at(const vks_lr_schedule *s, int t);
+
+#endif
