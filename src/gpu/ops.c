@@ -2,120 +2,13 @@
  * the runtime API of vks_gpu.h. Every op validates its sizes and buffer
  * ranges on the host (VKS_ERR_ARG) so that no kernel can read or write out of
  * range; kernels bounds-check everything else (tile edges, surplus groups). */
-#include "vkswarm/vks_ops.h"
+#include "ops_internal.h"
 #include "vkswarm/vks_quant.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_PUSH_BYTES 128u
-/* Workgroup counts per grid dimension that every Vulkan device supports. */
-#define MIN_GROUP_COUNT_YZ 65535u
-/* matvec handles M up to this many activation rows (M is a spec constant). */
-#define MATVEC_MAX_M 8u
-#define ATTENTION_MAX_HEAD_DIM 256u
-
-/* Kernel variants chosen once per device in vks_ops_create. */
-struct vks_ops {
-    vks_gpu *g;
-    vks_device_info info;
-    uint32_t wg_elementwise;  /* embed, rope, kv_store, swiglu, add, gather_rows */
-    uint32_t wg_row;          /* rmsnorm, sample: one workgroup per row */
-    uint32_t wg_attention;    /* also the key tile length */
-    /* matvec: lane groups are subgroups (mv_subgroup) or the whole workgroup */
-    bool mv_subgroup;
-    uint32_t mv_wg, mv_rows, mv_rows_per_wg;
-    /* matmul tiles */
-    uint32_t mm_bm, mm_bn, mm_bk, mm_tm, mm_tn;
-    bool mm_f16_math; /* matmul_*_h variants */
-};
-
-/* ---- small helpers ---- */
-
-static uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }
-static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-
-/* A workgroup size near `target`: a multiple of the subgroup size, within limits. */
-static uint32_t pick_wg(const vks_device_info *info, uint32_t target) {
-    uint32_t sg = info->subgroup_size ? info->subgroup_size : 1;
-    uint32_t limit = info->max_workgroup_size_x ? info->max_workgroup_size_x : 128;
-    if (target > limit) target = limit;
-    uint32_t wg = round_down(target, sg);
-    return wg ? wg : (sg <= limit ? sg : limit);
-}
-
-/* Bytes a binding exposes, or 0 when it is unusable. */
-static size_t binding_bytes(vks_binding b) {
-    if (!b.buf) return 0;
-    size_t size = vks_buffer_size(b.buf);
-    if (b.offset >= size) return 0;
-    if (b.range == 0) return size - b.offset;
-    size_t end;
-    if (!vks_add_size(b.offset, b.range, &end) || end > size) return 0;
-    return b.range;
-}
-
-/* Checks that `b` holds at least count elements of elem_bytes (count may be
- * fractional for packed 16-bit types: bytes = ceil(count*elem_bytes/4)*4). */
-static int check_range(const char *op, const char *what, vks_binding b, uint64_t count,
-                       uint32_t elem_bytes) {
-    size_t need;
-    if (!vks_mul_size((size_t)count, elem_bytes, &need))
-        return vks_set_error(VKS_ERR_ARG, "%s: %s size overflows", op, what);
-    need = (need + 3) / 4 * 4; /* kernels read whole 32-bit words */
-    size_t have = binding_bytes(b);
-    if (have == 0 || have < need)
-        return vks_set_error(VKS_ERR_ARG, "%s: %s needs %zu bytes, binding has %zu", op, what, need,
-                             have);
-    /* kernels index with 32-bit element indices */
-    if (need / 4 > UINT32_MAX)
-        return vks_set_error(VKS_ERR_ARG, "%s: %s exceeds 2^32 words", op, what);
-    return VKS_OK;
-}
-
-/* Checks that `b` holds a [rows, cols] weight matrix of dtype in the GPU layout. */
-static int check_weights(const char *op, const char *what, vks_binding b, vks_dtype t, uint64_t rows,
-                         uint64_t cols) {
-    size_t bytes = vks_op_weight_bytes(t, rows, cols);
-    if (bytes == 0)
-        return vks_set_error(VKS_ERR_ARG, "%s: %s of %llu x %llu %s has no valid size", op, what,
-                             (unsigned long long)rows, (unsigned long long)cols, vks_dtype_name(t));
-    return check_range(op, what, b, bytes, 1);
-}
-
-/* Splits a linear workgroup count over x, y, z (kernels use the linear index). */
-static int grid(const vks_ops *o, const char *op, uint64_t groups, uint32_t g[3]) {
-    uint64_t max_x = o->info.max_workgroup_count_x ? o->info.max_workgroup_count_x : 65535;
-    if (groups == 0) return vks_set_error(VKS_ERR_ARG, "%s: empty dispatch", op);
-    uint64_t gx = groups < max_x ? groups : max_x;
-    uint64_t rest = ceil_div(groups, gx);
-    uint64_t gy = rest < MIN_GROUP_COUNT_YZ ? rest : MIN_GROUP_COUNT_YZ;
-    uint64_t gz = ceil_div(rest, gy);
-    if (gz > MIN_GROUP_COUNT_YZ)
-        return vks_set_error(VKS_ERR_ARG, "%s: %llu workgroups exceed the device grid", op,
-                             (unsigned long long)groups);
-    g[0] = (uint32_t)gx;
-    g[1] = (uint32_t)gy;
-    g[2] = (uint32_t)gz;
-    return VKS_OK;
-}
-
-/* Looks up (or builds) a kernel and records one dispatch over `groups` workgroups. */
-static int dispatch(vks_ops *o, vks_cmd *c, const char *name, const uint32_t *spec, int n_spec,
-                    const vks_binding *b, int n_bindings, const void *push, uint32_t push_bytes,
-                    uint64_t groups, const char *label) {
-    if (push_bytes > MAX_PUSH_BYTES || push_bytes % 4)
-        return vks_set_error(VKS_ERR_ARG, "%s: push constants of %u bytes", name, push_bytes);
-    uint32_t g[3] = {0, 0, 0};
-    int rc = grid(o, label, groups, g);
-    if (rc) return rc;
-    vks_kernel *k;
-    rc = vks_kernel_get(o->g, name, spec, n_spec, n_bindings, push_bytes, &k);
-    if (rc) return rc;
-    return vks_cmd_dispatch(c, k, b, n_bindings, push, push_bytes, g[0], g[1], g[2], label);
-}
 
 /* Kernel name suffix of a weight dtype; NULL for Q6_K, which has no kernel
  * (the engine dequantizes it on upload). */
@@ -208,12 +101,12 @@ static void choose_matvec(vks_ops *o) {
     uint32_t sg = o->info.subgroup_size ? o->info.subgroup_size : 1;
     if (o->mv_subgroup) {
         /* 4 subgroups of (ideally) 32-64 lanes; each takes 2 rows per pass. */
-        o->mv_wg = pick_wg(&o->info, sg >= 64 ? 256 : (sg * 4 < 128 ? 128 : sg * 4));
+        o->mv_wg = vks_ops_pick_wg(&o->info, sg >= 64 ? 256 : (sg * 4 < 128 ? 128 : sg * 4));
         o->mv_rows = 2;
         o->mv_rows_per_wg = o->mv_rows * (o->mv_wg / sg);
     } else {
         /* shared reduction of rows*M partial sums per invocation: 128*2*8*4 = 8 KiB */
-        o->mv_wg = pick_wg(&o->info, 128);
+        o->mv_wg = vks_ops_pick_wg(&o->info, 128);
         o->mv_rows = 2;
         o->mv_rows_per_wg = 2;
     }
@@ -237,9 +130,9 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
     if (!o) return vks_set_error(VKS_ERR_NOMEM, "vks_ops_create: out of host memory");
     o->g = g;
     o->info = *vks_gpu_info(g);
-    o->wg_elementwise = pick_wg(&o->info, 256);
-    o->wg_row = pick_wg(&o->info, 256);
-    o->wg_attention = pick_wg(&o->info, 64);
+    o->wg_elementwise = vks_ops_pick_wg(&o->info, 256);
+    o->wg_row = vks_ops_pick_wg(&o->info, 256);
+    o->wg_attention = vks_ops_pick_wg(&o->info, 64);
     choose_matvec(o);
     choose_matmul_tiles(o);
     o->mm_f16_math = default_f16_math(&o->info);
@@ -258,16 +151,16 @@ int vks_op_embed(vks_ops *o, vks_cmd *c, vks_binding tokens, vks_binding table, 
     if (!o || !c || !sfx || !table_rows || !D || !R || D % vks_dtype_block_elems(dtype) ||
         (uint64_t)table_rows * D > UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "embed: bad arguments");
-    int rc = check_range(op, "tokens", tokens, R, 4);
-    if (!rc) rc = check_weights(op, "table", table, dtype, table_rows, D);
-    if (!rc) rc = check_range(op, "out", out, (uint64_t)R * D, 4);
+    int rc = vks_ops_check_range(op, "tokens", tokens, R, 4);
+    if (!rc) rc = vks_ops_check_weights(op, "table", table, dtype, table_rows, D);
+    if (!rc) rc = vks_ops_check_range(op, "out", out, (uint64_t)R * D, 4);
     if (rc) return rc;
     char name[32];
     snprintf(name, sizeof name, "embed_%s", sfx);
     uint32_t spec[] = {o->wg_elementwise};
     uint32_t push[] = {row0, table_rows, D, R};
     vks_binding b[] = {tokens, table, out};
-    return dispatch(o, c, name, spec, 1, b, 3, push, sizeof push,
+    return vks_ops_dispatch(o, c, name, spec, 1, b, 3, push, sizeof push,
                     ceil_div((uint64_t)R * D, o->wg_elementwise), op);
 }
 
@@ -276,14 +169,14 @@ int vks_op_rmsnorm(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w, vks_bin
     const char *op = "rmsnorm";
     if (!o || !c || !R || !D || !(eps >= 0.0f))
         return vks_set_error(VKS_ERR_ARG, "rmsnorm: bad arguments");
-    int rc = check_range(op, "x", x, (uint64_t)R * D, 4);
-    if (!rc) rc = check_range(op, "w", w, D, 4);
-    if (!rc) rc = check_range(op, "out", out, (uint64_t)R * D, 4);
+    int rc = vks_ops_check_range(op, "x", x, (uint64_t)R * D, 4);
+    if (!rc) rc = vks_ops_check_range(op, "w", w, D, 4);
+    if (!rc) rc = vks_ops_check_range(op, "out", out, (uint64_t)R * D, 4);
     if (rc) return rc;
     struct { uint32_t R, D; float eps; } push = {R, D, eps};
     uint32_t spec[] = {o->wg_row};
     vks_binding b[] = {x, w, out};
-    return dispatch(o, c, "rmsnorm", spec, 1, b, 3, &push, sizeof push, R, op);
+    return vks_ops_dispatch(o, c, "rmsnorm", spec, 1, b, 3, &push, sizeof push, R, op);
 }
 
 static int check_matmul_args(vks_ops *o, vks_binding x, vks_binding W, vks_dtype dtype,
@@ -303,9 +196,9 @@ static int check_matmul_args(vks_ops *o, vks_binding x, vks_binding W, vks_dtype
             return vks_set_error(VKS_ERR_ARG, "matmul: %s needs 16-byte aligned x and W bindings",
                                  vks_dtype_name(dtype));
     }
-    int rc = check_range(op, "x", x, (uint64_t)M * K, 4);
-    if (!rc) rc = check_weights(op, "W", W, dtype, N, K);
-    if (!rc) rc = check_range(op, "y", y, (uint64_t)(M - 1) * ldy + y_col0 + N, 4);
+    int rc = vks_ops_check_range(op, "x", x, (uint64_t)M * K, 4);
+    if (!rc) rc = vks_ops_check_weights(op, "W", W, dtype, N, K);
+    if (!rc) rc = vks_ops_check_range(op, "y", y, (uint64_t)(M - 1) * ldy + y_col0 + N, 4);
     return rc;
 }
 
@@ -317,7 +210,7 @@ static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, v
     if (is_block_type(dtype)) {
         snprintf(name, sizeof name, "matvec_%s%s", dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
         uint32_t spec[] = {o->mv_wg, o->mv_rows, M, o->mv_rows_per_wg};
-        return dispatch(o, c, name, spec, 4, b, 3, push, 6 * sizeof(uint32_t),
+        return vks_ops_dispatch(o, c, name, spec, 4, b, 3, push, 6 * sizeof(uint32_t),
                         ceil_div(N, o->mv_rows_per_wg), "matvec");
     }
     /* 16-byte vector loads need whole vectors per row and aligned bindings. */
@@ -325,7 +218,7 @@ static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, v
     bool vec4 = K % elems_per_vec4 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
     snprintf(name, sizeof name, "matvec_%s%s", dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
     uint32_t spec[] = {o->mv_wg, o->mv_rows, M, vec4, o->mv_rows_per_wg};
-    return dispatch(o, c, name, spec, 5, b, 3, push, 6 * sizeof(uint32_t),
+    return vks_ops_dispatch(o, c, name, spec, 5, b, 3, push, 6 * sizeof(uint32_t),
                     ceil_div(N, o->mv_rows_per_wg), "matvec");
 }
 
@@ -340,7 +233,7 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
     uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn, vec4};
     vks_binding b[] = {x, W, y};
     uint64_t tiles = ceil_div(M, o->mm_bm) * ceil_div(N, o->mm_bn);
-    return dispatch(o, c, name, spec, 7, b, 3, push, 6 * sizeof(uint32_t), tiles, "matmul");
+    return vks_ops_dispatch(o, c, name, spec, 7, b, 3, push, 6 * sizeof(uint32_t), tiles, "matmul");
 }
 
 /* Decode rows in groups of MATVEC_MAX_M through the matrix-vector kernel; the
@@ -390,13 +283,13 @@ int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uin
     const char *op = "bias_add";
     if (!o || !c || !R || !D || (uint64_t)R * D > UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "bias_add: bad arguments");
-    int rc = check_range(op, "x", x, (uint64_t)R * D, 4);
-    if (!rc) rc = check_range(op, "bias", bias, D, 4);
+    int rc = vks_ops_check_range(op, "x", x, (uint64_t)R * D, 4);
+    if (!rc) rc = vks_ops_check_range(op, "bias", bias, D, 4);
     if (rc) return rc;
     uint32_t push[] = {R, D};
     uint32_t spec[] = {o->wg_elementwise};
     vks_binding b[] = {x, bias};
-    return dispatch(o, c, "bias_add", spec, 1, b, 2, push, sizeof push,
+    return vks_ops_dispatch(o, c, "bias_add", spec, 1, b, 2, push, sizeof push,
                     ceil_div((uint64_t)R * D, o->wg_elementwise), op);
 }
 
@@ -408,22 +301,22 @@ int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t
         (mode != VKS_ROPE_ADJACENT && mode != VKS_ROPE_HALF) ||
         (uint64_t)col0 + (uint64_t)n_heads * head_dim > stride)
         return vks_set_error(VKS_ERR_ARG, "rope: bad arguments");
-    int rc = check_range(op, "x", x, (uint64_t)(R - 1) * stride + col0 + (uint64_t)n_heads * head_dim, 4);
-    if (!rc) rc = check_range(op, "pos", pos, R, 4);
+    int rc = vks_ops_check_range(op, "x", x, (uint64_t)(R - 1) * stride + col0 + (uint64_t)n_heads * head_dim, 4);
+    if (!rc) rc = vks_ops_check_range(op, "pos", pos, R, 4);
     if (rc) return rc;
     struct { uint32_t R, stride, col0, n_heads, head_dim, mode; float log2_theta; } push = {
         R, stride, col0, n_heads, head_dim, mode, log2f(theta)};
     uint32_t spec[] = {o->wg_elementwise};
     vks_binding b[] = {x, pos};
     uint64_t pairs = (uint64_t)R * n_heads * (head_dim / 2);
-    return dispatch(o, c, "rope", spec, 1, b, 2, &push, sizeof push,
+    return vks_ops_dispatch(o, c, "rope", spec, 1, b, 2, &push, sizeof push,
                     ceil_div(pairs, o->wg_elementwise), op);
 }
 
 /* Slots whole caches of seq_len*kv_dim floats that the binding holds. */
 static uint32_t cache_slots(vks_binding cache, uint32_t seq_len, uint32_t kv_dim) {
     uint64_t per_slot = (uint64_t)seq_len * kv_dim * 4;
-    uint64_t n = binding_bytes(cache) / per_slot;
+    uint64_t n = vks_ops_binding_bytes(cache) / per_slot;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
@@ -431,10 +324,10 @@ static uint32_t cache_slots(vks_binding cache, uint32_t seq_len, uint32_t kv_dim
  * both caches at least one slot long. *n_slots = slots both caches hold. */
 static int check_kv_bindings(const char *op, vks_binding kcache, vks_binding vcache, vks_binding slot,
                              vks_binding pos, uint32_t R, uint32_t seq_len, uint32_t kv_dim, uint32_t *n_slots) {
-    int rc = check_range(op, "slot", slot, R, 4);
-    if (!rc) rc = check_range(op, "pos", pos, R, 4);
-    if (!rc) rc = check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, 4);
-    if (!rc) rc = check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, 4);
+    int rc = vks_ops_check_range(op, "slot", slot, R, 4);
+    if (!rc) rc = vks_ops_check_range(op, "pos", pos, R, 4);
+    if (!rc) rc = vks_ops_check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, 4);
+    if (!rc) rc = vks_ops_check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, 4);
     if (rc) return rc;
     uint32_t ks = cache_slots(kcache, seq_len, kv_dim), vs = cache_slots(vcache, seq_len, kv_dim);
     *n_slots = ks < vs ? ks : vs;
@@ -448,14 +341,14 @@ int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_bi
     if (!o || !c || !R || !kv_dim || !seq_len)
         return vks_set_error(VKS_ERR_ARG, "kv_store: bad arguments");
     uint32_t n_slots = 0;
-    int rc = check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
-    if (!rc) rc = check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
+    int rc = vks_ops_check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
+    if (!rc) rc = vks_ops_check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
     if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, &n_slots);
     if (rc) return rc;
     uint32_t push[] = {R, kv_dim, seq_len, n_slots};
     uint32_t spec[] = {o->wg_elementwise};
     vks_binding b[] = {k, v, kcache, vcache, slot, pos};
-    return dispatch(o, c, "kv_store", spec, 1, b, 6, push, sizeof push,
+    return vks_ops_dispatch(o, c, "kv_store", spec, 1, b, 6, push, sizeof push,
                     ceil_div((uint64_t)R * kv_dim, o->wg_elementwise), op);
 }
 
@@ -470,8 +363,8 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
     uint32_t kv_dim = n_kv_heads * head_dim;
     uint64_t q_elems = (uint64_t)R * n_heads * head_dim;
     uint32_t n_slots = 0;
-    int rc = check_range(op, "q", q, q_elems, 4);
-    if (!rc) rc = check_range(op, "out", out, q_elems, 4);
+    int rc = vks_ops_check_range(op, "q", q, q_elems, 4);
+    if (!rc) rc = vks_ops_check_range(op, "out", out, q_elems, 4);
     if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, &n_slots);
     if (rc) return rc;
     struct {
@@ -481,47 +374,47 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
               (float)(1.0 / sqrt((double)head_dim))};
     uint32_t spec[] = {o->wg_attention};
     vks_binding b[] = {q, kcache, vcache, slot, pos, out};
-    return dispatch(o, c, "attention", spec, 1, b, 6, &push, sizeof push,
+    return vks_ops_dispatch(o, c, "attention", spec, 1, b, 6, &push, sizeof push,
                     (uint64_t)R * n_heads, op);
 }
 
-static int elementwise(vks_ops *o, vks_cmd *c, const char *name, const vks_binding *b, int nb,
+int vks_ops_elementwise(vks_ops *o, vks_cmd *c, const char *name, const vks_binding *b, int nb,
                        uint32_t n) {
     if (!o || !c || !n) return vks_set_error(VKS_ERR_ARG, "%s: bad arguments", name);
     static const char *const what[] = {"a", "b", "out"};
     for (int i = 0; i < nb; i++) {
-        int rc = check_range(name, what[i], b[i], n, 4);
+        int rc = vks_ops_check_range(name, what[i], b[i], n, 4);
         if (rc) return rc;
     }
     uint32_t spec[] = {o->wg_elementwise};
-    return dispatch(o, c, name, spec, 1, b, nb, &n, sizeof n, ceil_div(n, o->wg_elementwise),
+    return vks_ops_dispatch(o, c, name, spec, 1, b, nb, &n, sizeof n, ceil_div(n, o->wg_elementwise),
                     name);
 }
 
 int vks_op_swiglu(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_binding out,
                   uint32_t n) {
     vks_binding b[] = {g, u, out};
-    return elementwise(o, c, "swiglu", b, 3, n);
+    return vks_ops_elementwise(o, c, "swiglu", b, 3, n);
 }
 
 int vks_op_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding y, uint32_t n) {
     vks_binding b[] = {x, y};
-    return elementwise(o, c, "add", b, 2, n);
+    return vks_ops_elementwise(o, c, "add", b, 2, n);
 }
 
 int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
                        vks_binding dst, uint32_t n, uint32_t D) {
     const char *op = "gather_rows";
     if (!o || !c || !n || !D) return vks_set_error(VKS_ERR_ARG, "gather_rows: bad arguments");
-    int rc = check_range(op, "src", src, D, 4);
-    if (!rc) rc = check_range(op, "idx", idx, n, 4);
-    if (!rc) rc = check_range(op, "dst", dst, (uint64_t)n * D, 4);
+    int rc = vks_ops_check_range(op, "src", src, D, 4);
+    if (!rc) rc = vks_ops_check_range(op, "idx", idx, n, 4);
+    if (!rc) rc = vks_ops_check_range(op, "dst", dst, (uint64_t)n * D, 4);
     if (rc) return rc;
-    uint64_t src_rows = binding_bytes(src) / ((uint64_t)D * 4);
+    uint64_t src_rows = vks_ops_binding_bytes(src) / ((uint64_t)D * 4);
     uint32_t push[] = {n, D, src_rows > UINT32_MAX ? UINT32_MAX : (uint32_t)src_rows};
     uint32_t spec[] = {o->wg_elementwise};
     vks_binding b[] = {src, idx, dst};
-    return dispatch(o, c, "gather_rows", spec, 1, b, 3, push, sizeof push,
+    return vks_ops_dispatch(o, c, "gather_rows", spec, 1, b, 3, push, sizeof push,
                     ceil_div((uint64_t)n * D, o->wg_elementwise), op);
 }
 
@@ -529,12 +422,12 @@ int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params
                   vks_binding tokens, uint32_t S, uint32_t V) {
     const char *op = "sample";
     if (!o || !c || !S || !V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
-    int rc = check_range(op, "logits", logits, (uint64_t)S * V, 4);
-    if (!rc) rc = check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
-    if (!rc) rc = check_range(op, "tokens", tokens, S, 4);
+    int rc = vks_ops_check_range(op, "logits", logits, (uint64_t)S * V, 4);
+    if (!rc) rc = vks_ops_check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
+    if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
     if (rc) return rc;
     uint32_t push[] = {S, V};
     uint32_t spec[] = {o->wg_row};
     vks_binding b[] = {logits, params, tokens};
-    return dispatch(o, c, "sample", spec, 1, b, 3, push, sizeof push, S, op);
+    return vks_ops_dispatch(o, c, "sample", spec, 1, b, 3, push, sizeof push, S, op);
 }

@@ -1,0 +1,54 @@
+/* ops_internal.h: what the op files of src/gpu share (ops.c records the
+ * forward ops; backward and optimizer ops sit in their own files beside it):
+ * the per-device kernel choices and the checked dispatch helpers. */
+#ifndef VKS_OPS_INTERNAL_H
+#define VKS_OPS_INTERNAL_H
+#include "vkswarm/vks_ops.h"
+
+#define MAX_PUSH_BYTES 128u
+/* Workgroup counts per grid dimension that every Vulkan device supports. */
+#define MIN_GROUP_COUNT_YZ 65535u
+/* matvec handles M up to this many activation rows (M is a spec constant). */
+#define MATVEC_MAX_M 8u
+#define ATTENTION_MAX_HEAD_DIM 256u
+
+/* Kernel variants chosen once per device in vks_ops_create. */
+struct vks_ops {
+    vks_gpu *g;
+    vks_device_info info;
+    uint32_t wg_elementwise;  /* embed, rope, kv_store, swiglu, add, gather_rows */
+    uint32_t wg_row;          /* rmsnorm, sample: one workgroup per row */
+    uint32_t wg_attention;    /* also the key tile length */
+    /* matvec: lane groups are subgroups (mv_subgroup) or the whole workgroup */
+    bool mv_subgroup;
+    uint32_t mv_wg, mv_rows, mv_rows_per_wg;
+    /* matmul tiles */
+    uint32_t mm_bm, mm_bn, mm_bk, mm_tm, mm_tn;
+    bool mm_f16_math; /* matmul_*_h variants */
+};
+
+static inline uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }
+static inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/* Bytes a binding exposes, or 0 when it is unusable. */
+size_t vks_ops_binding_bytes(vks_binding b);
+/* A workgroup size near `target`: a multiple of the subgroup size, within limits. */
+uint32_t vks_ops_pick_wg(const vks_device_info *info, uint32_t target);
+/* Checks that `b` holds at least count elements of elem_bytes (count may be
+ * fractional for packed 16-bit types: bytes = ceil(count*elem_bytes/4)*4),
+ * within 2^32 words; VKS_ERR_ARG naming op and what otherwise. */
+int vks_ops_check_range(const char *op, const char *what, vks_binding b, uint64_t count, uint32_t elem_bytes);
+/* Checks that `b` holds a [rows, cols] weight matrix of dtype in the GPU layout. */
+int vks_ops_check_weights(const char *op, const char *what, vks_binding b, vks_dtype t, uint64_t rows,
+                          uint64_t cols);
+/* Splits a linear workgroup count over x, y, z (kernels use the linear index). */
+int vks_ops_grid(const vks_ops *o, const char *op, uint64_t groups, uint32_t g[3]);
+/* Looks up (or builds) kernel `name` with its specialization constants and
+ * records one dispatch over `groups` workgroups (push: at most 128 bytes). */
+int vks_ops_dispatch(vks_ops *o, vks_cmd *c, const char *name, const uint32_t *spec, int n_spec,
+                     const vks_binding *b, int n_bindings, const void *push, uint32_t push_bytes, uint64_t groups,
+                     const char *label);
+/* One thread per element i < n over nb f32 bindings of n elements each
+ * (kernel `name` of shaders/elementwise.comp style; push: n). */
+int vks_ops_elementwise(vks_ops *o, vks_cmd *c, const char *name, const vks_binding *b, int nb, uint32_t n);
+#endif
