@@ -14,10 +14,14 @@ static int die_status; /* the status cli_die is exiting with, for the stdout che
 
 static bool stdout_reported; /* the one message about stdout was printed */
 
-static _Noreturn void stdout_failed(int e, int status) {
+static void report_stdout(int e) {
     if (!stdout_reported) fprintf(stderr, "vkswarm: writing results to stdout failed: %s\n", strerror(e));
     stdout_reported = true;
     fflush(stderr);
+}
+
+static _Noreturn void stdout_failed(int e, int status) {
+    report_stdout(e);
     _exit(status ? status : 1);
 }
 
@@ -40,6 +44,12 @@ void cli_guard_stdout(void) { atexit(check_stdout); }
 void cli_flush_stdout(void) {
     int e = stdout_error(false);
     if (e) stdout_failed(e, 1);
+}
+
+bool cli_stdout_ok(void) {
+    int e = stdout_error(false);
+    if (e) report_stdout(e);
+    return e == 0;
 }
 
 _Noreturn void cli_exit_now(int status) {

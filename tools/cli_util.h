@@ -20,6 +20,9 @@ void cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_guard_stdout(void);
 /* Flushes stdout now; a failed write exits 1 with that one-line message. */
 void cli_flush_stdout(void);
+/* Flushes stdout now; on a failed write prints that one-line message (once)
+ * and returns false, for a command that must still end in its own way. */
+bool cli_stdout_ok(void);
 /* _exit(status) (no atexit handlers, no MPI_Finalize) after the same stdout
  * check: a lost result still turns the status into 1 with a message. */
 _Noreturn void cli_exit_now(int status);

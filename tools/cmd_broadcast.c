@@ -268,8 +268,7 @@ static void on_stuck(const char *message) {
  * rank that is stopped rather than dead (needed under --enable-recovery). */
 _Noreturn static void leave_job(int status, bool end_all) {
     if (!end_all) cli_exit_now(status); /* _exit, after checking that stdout took the result */
-    if (fflush(stdout) != 0 && !status) status = 1;
-    fflush(stderr);
+    cli_stdout_ok(); /* says so when the results did not reach stdout */
     cli_mpi_abort(status ? status : 1);
 }
 

@@ -309,12 +309,11 @@ int cmd_verify(int argc, char **argv) {
     }
     FILE *summary = a.jsonl ? stderr : stdout;
     fprintf(summary, "verified %d samples: %d accepted, %d rejected\n", total, accepted, total - accepted);
-    fflush(stdout);
     if (a.mpi && !report.all_stopped) { /* MPI_Finalize would wait for the silent rank */
-        if (ferror(stdout)) fprintf(stderr, "vkswarm: verify: writing the verdicts to stdout failed\n");
-        fflush(stderr);
+        cli_stdout_ok(); /* says so when the verdicts did not reach stdout */
         cli_mpi_abort(3);
     }
+    fflush(stdout);
     free(verdicts);
     free_task(&task);
     vks_rollout_file_free(&rf);
