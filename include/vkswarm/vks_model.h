@@ -64,6 +64,9 @@ int vks_model_load_llama2c(const char *path, vks_model **out);
 /* Builds a random model (weights ~ N(0, 0.02)-ish, norms = 1) for benchmarks
  * and tests. seed makes it reproducible. */
 int vks_model_random(const vks_model_config *cfg, uint64_t seed, vks_model **out);
+/* A model of cfg (checked) with zeroed f32 weights it owns and may write
+ * (q/k/v biases when has_bias): what a trainer fills with its weights. */
+int vks_model_create_f32(const vks_model_config *cfg, bool has_bias, vks_model **out);
 /* Writes a model as a llama2.c checkpoint (f32). */
 int vks_model_save_llama2c(const vks_model *m, const char *path);
 void vks_model_free(vks_model *m);

@@ -49,9 +49,9 @@ static void copy_tensor(const vks_tensor *src, const vks_tensor *dst, int head_d
 static void free_state(void *p) { free(p); }
 
 /* Allocates one buffer for the biases of every layer (or none) and binds them. */
-static int bind_biases(const vks_model *src, vks_model *m) {
+static int bind_biases(bool has_bias, vks_model *m) {
     const vks_model_config *c = &m->cfg;
-    if (!src->layers[0].bq.data) return VKS_OK;
+    if (!has_bias) return VKS_OK;
     size_t per = (size_t)c->dim + 2 * (size_t)c->kv_dim;
     float *b = calloc(per * (size_t)c->n_layers, sizeof(float));
     if (!b) return vks_set_error(VKS_ERR_NOMEM, "out of memory for biases");
@@ -83,30 +83,43 @@ static void copy_layer(const vks_layer_weights *s, const vks_layer_weights *d, i
     }
 }
 
+int vks_model_create_f32(const vks_model_config *cfg, bool has_bias, vks_model **out) {
+    if (!cfg || !out) return vks_set_error(VKS_ERR_ARG, "vks_model_create_f32: NULL argument");
+    *out = NULL;
+    int rc = vks_model_config_check(cfg, "vks_model_create_f32");
+    if (rc != VKS_OK) return rc;
+    vks_l2c_sizes s;
+    if (!vks_l2c_sizes_compute(cfg, &s) || s.total > SIZE_MAX / sizeof(float))
+        return vks_set_error(VKS_ERR_NOMEM, "model too large for an f32 copy");
+    vks_model *m = vks_model_alloc();
+    if (!m) return VKS_ERR_NOMEM;
+    m->cfg = *cfg;
+    m->owned = calloc(s.total, sizeof(float));
+    if (!m->owned) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory for an f32 model (%zu floats)", s.total);
+    if (rc == VKS_OK) rc = vks_model_bind_llama2c(m, m->owned);
+    if (rc == VKS_OK) rc = bind_biases(has_bias, m);
+    if (rc != VKS_OK) {
+        vks_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return VKS_OK;
+}
+
 int vks_model_copy_f32(const vks_model *src, int rope_mode, vks_model **out) {
     if (!src || !out) return vks_set_error(VKS_ERR_ARG, "vks_model_copy_f32: NULL argument");
     *out = NULL;
     int rc = vks_model_check_tensors(src, src->path);
     if (rc != VKS_OK) return rc;
-    vks_l2c_sizes s;
-    if (!vks_l2c_sizes_compute(&src->cfg, &s) || s.total > SIZE_MAX / sizeof(float))
-        return vks_set_error(VKS_ERR_NOMEM, "%s: model too large to convert", src->path);
-    vks_model *m = vks_model_alloc();
-    if (!m) return VKS_ERR_NOMEM;
-    m->cfg = src->cfg;
-    m->cfg.rope_mode = rope_mode;
+    vks_model_config cfg = src->cfg;
+    cfg.rope_mode = rope_mode;
+    vks_model *m;
+    rc = vks_model_create_f32(&cfg, src->cfg.n_layers > 0 && src->layers[0].bq.data, &m);
+    if (rc != VKS_OK) return rc == VKS_ERR_NOMEM ? vks_set_error(rc, "%s: %s", src->path, vks_last_error()) : rc;
     m->bos_id = src->bos_id;
     m->eos_id = src->eos_id;
     memcpy(m->arch, src->arch, sizeof m->arch);
     snprintf(m->path, sizeof m->path, "%s", src->path);
-    m->owned = calloc(s.total, sizeof(float));
-    if (!m->owned) rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for an f32 copy (%zu floats)", src->path, s.total);
-    if (rc == VKS_OK) rc = vks_model_bind_llama2c(m, m->owned);
-    if (rc == VKS_OK) rc = bind_biases(src, m);
-    if (rc != VKS_OK) {
-        vks_model_free(m);
-        return rc;
-    }
     int from = src->cfg.rope_mode, hd = src->cfg.head_dim;
     copy_tensor(&src->tok_emb, &m->tok_emb, 0, from, rope_mode);
     for (int l = 0; l < m->cfg.n_layers; l++) copy_layer(&src->layers[l], &m->layers[l], hd, from, rope_mode);

@@ -1,0 +1,43 @@
+/* vks_train.h: training a whole model on the device (src/engine/train*.c).
+ * Four parameter sets of the same shape live on the device: f32 master
+ * weights, gradients and the two Adam moments, each a list of tensors named
+ * and ordered as vks_ref_params (vks_ref_train.h): tok_emb, then per layer
+ * attn_norm wq wk wv [bq bk bv] wo ffn_norm w1 w2 w3, then final_norm and,
+ * when the classifier is not tied to tok_emb, classifier. A model in any
+ * file type is dequantized to the f32 masters on load (quantized blocks are
+ * not trained in place; writing quantized weights back is convert's job). */
+#ifndef VKS_TRAIN_H
+#define VKS_TRAIN_H
+#include "vks_gpu.h"
+#include "vks_model.h"
+
+typedef enum { VKS_SET_PARAMS = 0, VKS_SET_GRADS = 1, VKS_SET_ADAM_M = 2, VKS_SET_ADAM_V = 3, VKS_SET_COUNT } vks_param_kind;
+
+typedef struct {
+    char name[32];
+    int64_t rows, cols; /* vectors: rows = 1 */
+} vks_train_tensor_info;
+
+typedef struct vks_trainer vks_trainer;
+
+typedef struct {
+    int max_tokens;  /* rows of one micro-batch (packed sequences); 0: the model's seq_len */
+    bool recompute;  /* keep only each layer's input; recompute its activations in backward */
+} vks_trainer_options;
+
+int vks_trainer_create(vks_gpu *g, const vks_model *m, const vks_trainer_options *o, vks_trainer **out);
+void vks_trainer_destroy(vks_trainer *t);
+
+/* The parameter tensors (same list in every set). */
+int vks_trainer_n_tensors(const vks_trainer *t);
+int vks_trainer_tensor_info(const vks_trainer *t, int i, vks_train_tensor_info *info);
+/* Index of the tensor called name, or -1. */
+int vks_trainer_find_tensor(const vks_trainer *t, const char *name);
+/* Copies tensor i of a set to or from host f32 (rows * cols values). */
+int vks_trainer_read(vks_trainer *t, vks_param_kind set, int i, float *dst);
+int vks_trainer_write(vks_trainer *t, vks_param_kind set, int i, const float *src);
+/* A host model (f32, owning its weights) with the current master weights and
+ * m's config, special tokens and architecture: for checkpoints, generation
+ * and broadcasting. */
+int vks_trainer_export_model(vks_trainer *t, vks_model **out);
+#endif
