@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void test_help_everywhere(void **state) {
@@ -689,6 +690,123 @@ static void test_file_strings_escaped_in_messages(void **state) {
     }
 }
 
+/* ---- the built-in tiny model (issue 11) ---- */
+
+/* Runs a shell pipeline (%s is the binary, twice at most); returns stdout. */
+static char *pipe_ok(const char *fmt, const char *arg) {
+    char cmd[16384], *out;
+    snprintf(cmd, sizeof cmd, fmt, tu_bin(), arg, tu_bin(), arg);
+    int rc = tu_run(cmd, &out);
+    if (rc) fail_msg("'%s' -> %d", cmd, rc);
+    return out;
+}
+
+/* The model's own tokenizer: one id per byte after BOS, and the bytes back. */
+static void check_tiny_tokenizer(const char *model) {
+    char *ids = pipe_ok("printf 'a\\377\\303( z' | %s tokenize --model %s", model);
+    assert_string_equal(ids, "256 97 255 195 40 32 122\n");
+    free(ids);
+    char *text = pipe_ok("printf 'a\\377\\303( z\\n' | %s tokenize --model %s | %s detokenize --model %s", model);
+    assert_string_equal(text, "a\377\303( z\n");
+    free(text);
+}
+
+static void check_tiny_generates(const char *dir, const char *model) {
+    char args[8192], *out, *err;
+    snprintf(args, sizeof args, "generate --model %s --prompt ab -n 24 --temp 0", model);
+    int rc = run_capture(args, &out, &err);
+    if (rc || strncmp(out, "ab", 2)) fail_msg("%s: status %d, stdout '%s', stderr '%s'", args, rc, out, err);
+    free(out), free(err);
+    char prompts[1024];
+    snprintf(prompts, sizeof prompts, "%s/tiny-prompts.txt", dir);
+    write_text_file(prompts, "ab\n\xc3\xa9\n");
+    snprintf(args, sizeof args, "generate --model %s --prompts %s -n 24 --temp 1 --seed 9", model, prompts);
+    rc = run_capture(args, &out, &err);
+    if (rc || !strstr(out, "\"ids\":[256,97,98,") || !strstr(out, "\"ids\":[256,195,169,"))
+        fail_msg("%s: status %d, stdout '%s', stderr '%s'", args, rc, out, err);
+    free(out), free(err);
+}
+
+static float *tiny_logits(const char *dir, const char *model, const char *name) {
+    char args[8192], path[1024];
+    snprintf(path, sizeof path, "%s/%s.f32", dir, name);
+    snprintf(args, sizeof args, "logits --model %s --ids %s/tiny-ids.txt --out %s", model, dir, path);
+    run_ok(args);
+    size_t n = 0;
+    float *l = (float *)tu_read_file(path, &n);
+    assert_int_equal(n, 5 * 259 * sizeof(float));
+    return l;
+}
+
+static void test_init_tiny(void **state) {
+    (void)state;
+    char dir[256], a[8192], p[1024], q[1024];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    /* The same seed writes the same bytes; another seed other weights. */
+    const char *outs[] = {"t.gguf", "t-again.gguf", "t4.gguf", "hf", "hf-again"};
+    const int seeds[] = {3, 3, 4, 3, 3};
+    for (int i = 0; i < 5; i++) {
+        snprintf(a, sizeof a, "convert --init tiny --seed %d --out %s/%s", seeds[i], dir, outs[i]);
+        run_ok(a);
+    }
+    snprintf(p, sizeof p, "%s/t.gguf", dir);
+    snprintf(q, sizeof q, "%s/t-again.gguf", dir);
+    assert_true(same_file(p, q));
+    snprintf(q, sizeof q, "%s/t4.gguf", dir);
+    assert_false(same_file(p, q));
+    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"};
+    for (int k = 0; k < 4; k++) {
+        snprintf(p, sizeof p, "%s/hf/%s", dir, files[k]);
+        snprintf(q, sizeof q, "%s/hf-again/%s", dir, files[k]);
+        assert_true(same_file(p, q));
+    }
+    /* Both checkpoints carry the tokenizer, run, and give the same logits. */
+    snprintf(p, sizeof p, "%s/tiny-ids.txt", dir);
+    write_text_file(p, "256 72 105 255 10\n");
+    float *ref = NULL;
+    const char *models[] = {"t.gguf", "hf"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, models[i]);
+        check_tiny_tokenizer(p);
+        check_tiny_generates(dir, p);
+        float *l = tiny_logits(dir, p, models[i]);
+        double d = 0;
+        for (int k = 0; ref && k < 5 * 259; k++) d = fmax(d, fabs((double)l[k] - ref[k]));
+        assert_true(d <= 1e-5);
+        if (ref) free(l);
+        else ref = l;
+    }
+    free(ref);
+    /* GGUF -> Hugging Face and back keep the tokenizer. */
+    snprintf(a, sizeof a, "convert --in %s/t.gguf --out %s/from-gguf", dir, dir);
+    run_ok(a);
+    snprintf(a, sizeof a, "convert --in %s/hf --out %s/from-hf.gguf", dir, dir);
+    run_ok(a);
+    snprintf(p, sizeof p, "%s/from-gguf", dir);
+    check_tiny_tokenizer(p);
+    snprintf(p, sizeof p, "%s/from-hf.gguf", dir);
+    check_tiny_tokenizer(p);
+    /* Refused: exit 2, one line. */
+    const char *bad[] = {"--init tiny --out %s/t.bin", "--init huge --out %s/x.gguf",
+                         "--init tiny --in %s/t.gguf --out x.gguf", "--init tiny --tokenizer %s/t.gguf --out x.gguf",
+                         "--init tiny --type q8_0 --out %s/x-hf", "--init tiny --seed -1 --out %s/x.gguf"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[8192], *out, *err;
+        snprintf(args, sizeof args, "convert ");
+        snprintf(args + 8, sizeof args - 8, bad[i], dir);
+        int rc = run_capture(args, &out, &err);
+        if (rc != 2 || !one_clean_line(err)) fail_msg("'%s': status %d, stderr '%s'", args, rc, err);
+        free(out), free(err);
+    }
+    /* A failed write leaves none of the four files. */
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s/wf", dir);
+    assert_int_equal(mkdir(sub, 0777), 0);
+    snprintf(a, sizeof a, "convert --init tiny --out %s/hf", sub);
+    expect_write_failure(64, a, "hf/model.safetensors: write failed");
+    assert_true(dir_holds_only(sub, NULL, 0));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -701,6 +819,8 @@ int main(void) {
         cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_messages_say_what_happened),
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
+        cmocka_unit_test(test_init_tiny),
     };
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -469,6 +469,113 @@ static void test_stories_gguf_safetensors_logits(void **state) {
     free(gguf); free(hf); free(bin2); free(bin);
 }
 
+/* ---- the built-in tiny model's checkpoints (issue 11) ---- */
+
+/* got == want element for element; q/k matrices (head_dim > 0) of a GGUF
+ * (adjacent RoPE pairs) against the tiny model's half-split rows: GGUF row
+ * 2i+j of a head is row j*half+i. */
+static void assert_same_f32(const vks_tensor *got, const vks_tensor *want, int head_dim, const char *name) {
+    assert_int_equal(got->dtype, VKS_DTYPE_F32);
+    assert_int_equal(got->rows, want->rows);
+    assert_int_equal(got->cols, want->cols);
+    for (int64_t r = 0; r < got->rows; r++) {
+        int64_t k = head_dim ? r % head_dim : 0, src = head_dim ? r - k + (k % 2) * (head_dim / 2) + k / 2 : r;
+        const float *g = (const float *)got->data + r * got->cols, *w = (const float *)want->data + src * want->cols;
+        if (memcmp(g, w, (size_t)got->cols * sizeof(float))) fail_msg("%s: row %lld differs", name, (long long)r);
+    }
+}
+
+static void assert_same_tiny_weights(const vks_model *got, const vks_model *want) {
+    int hd = got->cfg.rope_mode == want->cfg.rope_mode ? 0 : want->cfg.head_dim;
+    assert_same_f32(&got->tok_emb, &want->tok_emb, 0, "tok_emb");
+    assert_same_f32(&got->final_norm, &want->final_norm, 0, "final_norm");
+    assert_true(got->cfg.shared_classifier);
+    for (int l = 0; l < want->cfg.n_layers; l++) {
+        const vks_layer_weights *g = &got->layers[l], *w = &want->layers[l];
+        assert_same_f32(&g->attn_norm, &w->attn_norm, 0, "attn_norm");
+        assert_same_f32(&g->wq, &w->wq, hd, "wq");
+        assert_same_f32(&g->wk, &w->wk, hd, "wk");
+        assert_same_f32(&g->wv, &w->wv, 0, "wv");
+        assert_same_f32(&g->wo, &w->wo, 0, "wo");
+        assert_same_f32(&g->ffn_norm, &w->ffn_norm, 0, "ffn_norm");
+        assert_same_f32(&g->w1, &w->w1, 0, "w1");
+        assert_same_f32(&g->w2, &w->w2, 0, "w2");
+        assert_same_f32(&g->w3, &w->w3, 0, "w3");
+    }
+}
+
+/* The checkpoint's own tokenizer is the byte-level one: one id per byte. */
+static void assert_byte_level_tokenizer(const vks_model *m) {
+    vks_tokenizer *t = NULL;
+    int rc = vks_tokenizer_load_auto(NULL, m, &t);
+    if (rc) fail_msg("%s: %s", m->path, vks_last_error());
+    assert_string_equal(vks_tokenizer_kind(t), "bpe");
+    assert_int_equal(vks_tokenizer_vocab_size(t), 259);
+    assert_int_equal(vks_tokenizer_bos(t), 256);
+    assert_int_equal(vks_tokenizer_eos(t), 257);
+    assert_int_equal(vks_tokenizer_pad(t), 258);
+    assert_true(vks_tokenizer_wants_bos(t));
+    static const char text[] = "x\xff\x01 \xc3(<|eos|>";
+    vks_tokenize_options o = {.add_bos = true};
+    int32_t *ids = NULL;
+    int n = 0;
+    assert_int_equal(vks_tokenizer_tokenize(t, text, sizeof text - 1, &o, &ids, &n), VKS_OK);
+    assert_int_equal(n, (int)sizeof text);
+    assert_int_equal(ids[0], 256);
+    for (size_t i = 0; i + 1 < sizeof text; i++) assert_int_equal(ids[i + 1], (unsigned char)text[i]);
+    char *back = NULL;
+    size_t len = 0;
+    assert_int_equal(vks_tokenizer_detokenize(t, ids, n, true, &back, &len), VKS_OK);
+    assert_int_equal(len, 7 + sizeof text - 1);
+    assert_memory_equal(back, "<|bos|>", 7);
+    assert_memory_equal(back + 7, text, sizeof text - 1);
+    free(back);
+    free(ids);
+    vks_tokenizer_free(t);
+}
+
+static void test_tiny_model_checkpoints(void **state) {
+    (void)state;
+    vks_model *m = NULL;
+    vks_tokenizer *tok = NULL;
+    assert_int_equal(vks_model_init_tiny(5, &m, &tok), VKS_OK);
+    const char *dir = tu_tmpdir();
+    char *gguf = path_in(dir, "tiny.gguf"), *hf = path_in(dir, "tiny-hf");
+    vks_model_save_options o = {.dtype = VKS_DTYPE_F32, .tokenizer = tok};
+    assert_int_equal(vks_model_save_gguf(m, gguf, &o), VKS_OK);
+    assert_int_equal(vks_model_save_safetensors(m, hf, &o), VKS_OK);
+    const char *paths[2] = {gguf, hf};
+    const int32_t ids[6] = {256, 'H', 'i', 0xff, 10, 257};
+    float *want = malloc(6 * 259 * sizeof(float)), *got = malloc(6 * 259 * sizeof(float));
+    assert_int_equal(vks_ref_forward(m, ids, 6, want, NULL), VKS_OK);
+    for (int i = 0; i < 2; i++) {
+        vks_model *back = NULL;
+        int rc = vks_model_load(paths[i], &back);
+        if (rc) fail_msg("%s: %s", paths[i], vks_last_error());
+        const vks_model_config *a = &back->cfg, *b = &m->cfg;
+        int x[9] = {a->dim, a->hidden_dim, a->n_layers, a->n_heads, a->n_kv_heads, a->vocab_size, a->seq_len, a->head_dim, a->kv_dim};
+        int y[9] = {b->dim, b->hidden_dim, b->n_layers, b->n_heads, b->n_kv_heads, b->vocab_size, b->seq_len, b->head_dim, b->kv_dim};
+        assert_memory_equal(x, y, sizeof x);
+        assert_true(a->norm_eps == b->norm_eps && a->rope_theta == b->rope_theta);
+        assert_int_equal(a->rope_mode, i == 0 ? VKS_ROPE_ADJACENT : VKS_ROPE_HALF);
+        assert_int_equal(back->bos_id, 256);
+        assert_int_equal(back->eos_id, 257);
+        assert_same_tiny_weights(back, m);
+        assert_byte_level_tokenizer(back);
+        assert_int_equal(vks_ref_forward(back, ids, 6, got, NULL), VKS_OK);
+        double d = max_abs_diff(got, want, 6 * 259);
+        print_message("tiny -> %s: max |logit diff| %.3g\n", i == 0 ? "gguf" : "safetensors", d);
+        assert_true(d <= 1e-6);
+        vks_model_free(back);
+    }
+    free(want);
+    free(got);
+    vks_tokenizer_free(tok);
+    vks_model_free(m);
+    free(gguf);
+    free(hf);
+}
+
 /* Quantized GGUF: loads with block dtypes in place; logits near the original. */
 static void test_quantized_gguf_model(void **state) {
     (void)state;
@@ -1425,6 +1532,7 @@ int main(void) {
         cmocka_unit_test(test_gguf_real_vocab_files),
         cmocka_unit_test(test_stories_gguf_safetensors_logits),
         cmocka_unit_test(test_quantized_gguf_model),
+        cmocka_unit_test(test_tiny_model_checkpoints),
         cmocka_unit_test(test_qwen2_biases),
         cmocka_unit_test(test_embedded_tokenizer_matches_llama_cpp),
         cmocka_unit_test(test_sharded_safetensors_and_detection),
@@ -1442,5 +1550,6 @@ int main(void) {
         cmocka_unit_test(test_convert_cli),
         cmocka_unit_test(test_outfile_rules),
     };
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

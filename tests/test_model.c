@@ -795,6 +795,110 @@ static void test_f16_model_save_and_forward(void **state) {
     rmdir(dir);
 }
 
+/* ---- the built-in tiny model (issue 11) ---- */
+
+static double mean_of(const vks_tensor *t, double *std) {
+    const float *w = t->data;
+    size_t n = (size_t)t->rows * (size_t)t->cols;
+    double s = 0, s2 = 0;
+    for (size_t i = 0; i < n; i++) s += w[i], s2 += (double)w[i] * w[i];
+    double mean = s / (double)n;
+    *std = sqrt(s2 / (double)n - mean * mean);
+    return mean;
+}
+
+/* Mean and spread of every matrix of a kind (all layers together). */
+static void check_init_stats(const vks_tensor *t, double want_std, const char *name) {
+    double std = 0, mean = mean_of(t, &std);
+    if (fabs(mean) > 0.05 * want_std || fabs(std / want_std - 1) > 0.03)
+        fail_msg("%s: mean %g, std %g (want 0, %g)", name, mean, std, want_std);
+    const float *w = t->data;
+    for (int64_t i = 0; i < t->rows * t->cols; i++) /* Irwin-Hall: |z| <= 6 */
+        if (fabs(w[i]) > 6 * want_std * (1 + 1e-6)) fail_msg("%s[%lld] = %g beyond 6 sigma", name, (long long)i, w[i]);
+}
+
+static void test_tiny_model_init(void **state) {
+    (void)state;
+    vks_model *a = NULL, *b = NULL, *c = NULL;
+    vks_tokenizer *tok = NULL;
+    assert_int_equal(vks_model_init_tiny(1, &a, &tok), VKS_OK);
+    const vks_model_config *k = &a->cfg;
+    int got[9] = {k->dim, k->hidden_dim, k->n_layers, k->n_heads, k->n_kv_heads, k->vocab_size, k->seq_len,
+                  k->head_dim, k->kv_dim};
+    int want[9] = {128, 384, 4, 4, 2, 259, 512, 32, 64};
+    assert_memory_equal(got, want, sizeof got);
+    assert_true(k->shared_classifier && k->norm_eps == 1e-5f && k->rope_theta == 10000.0f);
+    assert_int_equal(vks_model_param_count(a), 820736);
+    assert_string_equal(a->arch, "llama");
+    assert_int_equal(a->bos_id, vks_tokenizer_bos(tok));
+    assert_int_equal(a->eos_id, vks_tokenizer_eos(tok));
+    assert_int_equal(vks_tokenizer_vocab_size(tok), k->vocab_size);
+    vks_model_config cfg;
+    vks_model_tiny_config(&cfg);
+    assert_int_equal(vks_model_config_check(&cfg, "tiny"), VKS_OK);
+
+    /* Same seed, same bits; another seed, other weights. */
+    assert_int_equal(vks_model_init_tiny(1, &b, NULL), VKS_OK);
+    assert_models_equal(a, b);
+    uint8_t ha[32], hb[32], hc[32];
+    assert_int_equal(vks_model_hash(a, ha), VKS_OK);
+    assert_int_equal(vks_model_hash(b, hb), VKS_OK);
+    assert_memory_equal(ha, hb, 32);
+    assert_int_equal(vks_model_init_tiny(2, &c, NULL), VKS_OK);
+    assert_int_equal(vks_model_hash(c, hc), VKS_OK);
+    assert_memory_not_equal(ha, hc, 32);
+    size_t same = 0, n = (size_t)k->vocab_size * (size_t)k->dim;
+    for (size_t i = 0; i < n; i++) same += ((const float *)a->tok_emb.data)[i] == ((const float *)c->tok_emb.data)[i];
+    assert_true(same < n / 100);
+
+    /* The same bits on every machine: seed 1's first embedding values (also
+     * computed by an independent Python Philox4x32-10 + Irwin-Hall). */
+    const uint32_t golden[4] = {0x3d34170cu, 0xbb9e643du, 0xbcc611afu, 0x3cc47012u};
+    uint32_t bits[4];
+    memcpy(bits, a->tok_emb.data, sizeof bits);
+    assert_memory_equal(bits, golden, sizeof bits);
+
+    /* GPT-2's initialisation: N(0, 0.02), residual projections / sqrt(2 n_layers), norms 1. */
+    check_init_stats(&a->tok_emb, 0.02, "tok_emb");
+    double res = 0.02 / sqrt(8.0);
+    for (int l = 0; l < 4; l++) {
+        const vks_layer_weights *w = &a->layers[l];
+        check_init_stats(&w->wq, 0.02, "wq");
+        check_init_stats(&w->wk, 0.02, "wk");
+        check_init_stats(&w->wv, 0.02, "wv");
+        check_init_stats(&w->w1, 0.02, "w1");
+        check_init_stats(&w->w3, 0.02, "w3");
+        check_init_stats(&w->wo, res, "wo");
+        check_init_stats(&w->w2, res, "w2");
+        for (int i = 0; i < 128; i++)
+            assert_true(((const float *)w->attn_norm.data)[i] == 1.0f && ((const float *)w->ffn_norm.data)[i] == 1.0f);
+    }
+    assert_ptr_equal(a->classifier.data, a->tok_emb.data);
+
+    /* An untrained model predicts near-uniformly: cross-entropy ~ ln(259). */
+    enum { T = 64 };
+    int32_t ids[T];
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 37 + 11) % 256);
+    float *logits = malloc((size_t)T * 259 * sizeof(float));
+    assert_int_equal(vks_ref_forward(a, ids, T, logits, NULL), VKS_OK);
+    double ce = 0;
+    for (int i = 0; i + 1 < T; i++) {
+        const float *z = logits + (size_t)i * 259;
+        double mx = z[0], sum = 0;
+        for (int v = 1; v < 259; v++) mx = fmax(mx, z[v]);
+        for (int v = 0; v < 259; v++) sum += exp(z[v] - mx);
+        ce += mx + log(sum) - z[ids[i + 1]];
+    }
+    ce /= T - 1;
+    fprintf(stderr, "tiny seed 1: cross-entropy %.4f (ln 259 = %.4f)\n", ce, log(259.0));
+    assert_true(fabs(ce - log(259.0)) < 0.15);
+    free(logits);
+    vks_model_free(a);
+    vks_model_free(b);
+    vks_model_free(c);
+    vks_tokenizer_free(tok);
+}
+
 static void test_config_errors(void **state) {
     (void)state;
     vks_model_config c = small_config(true);
@@ -825,6 +929,7 @@ static void test_config_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_header),
+        cmocka_unit_test(test_tiny_model_init),
         cmocka_unit_test(test_stories_logits),
         cmocka_unit_test(test_tokenizer_vectors),
         cmocka_unit_test(test_tokenizer_decode_rules),
@@ -838,5 +943,6 @@ int main(void) {
         cmocka_unit_test(test_f16_model_save_and_forward),
         cmocka_unit_test(test_config_errors),
     };
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -611,6 +611,282 @@ static void test_gguf_bad_fields(void **s) {
     }
 }
 
+/* ---- the byte-level vocabulary and the tokenizer writers (issue 11) ---- */
+
+/* n bytes of every value (NUL and invalid UTF-8 included), from a fixed LCG. */
+static char *random_bytes(size_t n, uint32_t seed) {
+    char *b = malloc(n ? n : 1);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        b[i] = (char)(seed >> 24);
+    }
+    return b;
+}
+
+static int32_t *tokenize_or_fail(const vks_tokenizer *t, const char *text, size_t len, vks_tokenize_options o, int *n) {
+    int32_t *ids = NULL;
+    int rc = vks_tokenizer_tokenize(t, text, len, &o, &ids, n);
+    if (rc) fail_msg("tokenize: %s", vks_last_error());
+    return ids;
+}
+
+static char *detokenize_or_fail(const vks_tokenizer *t, const int32_t *ids, int n, bool special, size_t *len) {
+    char *text = NULL;
+    int rc = vks_tokenizer_detokenize(t, ids, n, special, &text, len);
+    if (rc) fail_msg("detokenize: %s", vks_last_error());
+    return text;
+}
+
+/* Any bytes are one token each (id = byte), and come back exactly. */
+static void check_bytes_one_to_one(const vks_tokenizer *t, const char *text, size_t len) {
+    int n = 0;
+    int32_t *ids = tokenize_or_fail(t, text, len, (vks_tokenize_options){0}, &n);
+    assert_int_equal(n, (int)len);
+    for (size_t i = 0; i < len; i++)
+        if (ids[i] != (unsigned char)text[i]) fail_msg("byte %zu (0x%02x) became id %d", i, (unsigned char)text[i], ids[i]);
+    size_t blen = 0;
+    char *back = detokenize_or_fail(t, ids, n, false, &blen);
+    assert_int_equal(blen, len);
+    assert_memory_equal(back, text, len);
+    free(back);
+    free(ids);
+}
+
+static void test_byte_level_vocabulary(void **s) {
+    (void)s;
+    vks_tokenizer *t = NULL;
+    assert_int_equal(vks_tokenizer_byte_level(&t), VKS_OK);
+    assert_string_equal(vks_tokenizer_kind(t), "bpe");
+    assert_int_equal(vks_tokenizer_vocab_size(t), 259);
+    assert_int_equal(vks_tokenizer_bos(t), 256);
+    assert_int_equal(vks_tokenizer_eos(t), 257);
+    assert_int_equal(vks_tokenizer_pad(t), 258);
+    assert_true(vks_tokenizer_wants_bos(t));
+    assert_false(vks_tokenizer_wants_eos(t));
+    assert_int_equal(vks_tokenizer_find(t, "<|pad|>", 7), 258);
+    for (int id = 256; id < 259; id++) assert_int_equal(vks_tokenizer_token_type(t, id), VKS_TOKEN_TYPE_CONTROL);
+    for (int b = 0; b < 256; b++) { /* each byte alone */
+        char c = (char)b;
+        check_bytes_one_to_one(t, &c, 1);
+    }
+    const char odd[] = "caf\xc3\xa9 \xff\xfe \xc3\x28 \xed\xa0\x80 \xf4\x90\x80\x80 \r\n\t  \x1b[2J 12345 'll";
+    check_bytes_one_to_one(t, odd, sizeof odd - 1);
+    char *big = random_bytes(1 << 20, 11);
+    check_bytes_one_to_one(t, big, 1 << 20);
+    free(big);
+
+    /* BOS and EOS around the text; control tokens print only with show_special. */
+    int n = 0;
+    int32_t *ids = tokenize_or_fail(t, "hi", 2, (vks_tokenize_options){.add_bos = true, .add_eos = true}, &n);
+    int32_t want[] = {256, 'h', 'i', 257};
+    assert_int_equal(n, 4);
+    assert_memory_equal(ids, want, sizeof want);
+    size_t len = 0;
+    char *text = detokenize_or_fail(t, ids, n, false, &len);
+    assert_string_equal(text, "hi");
+    free(text);
+    text = detokenize_or_fail(t, ids, n, true, &len);
+    assert_string_equal(text, "<|bos|>hi<|eos|>");
+    free(text);
+    free(ids);
+    /* A control token's text is bytes unless special tokens are parsed. */
+    ids = tokenize_or_fail(t, "a<|eos|>", 8, (vks_tokenize_options){0}, &n);
+    assert_int_equal(n, 8);
+    free(ids);
+    ids = tokenize_or_fail(t, "a<|eos|>", 8, (vks_tokenize_options){.parse_special = true}, &n);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[1], 257);
+    free(ids);
+    /* What generate calls: BOS, then one id per byte. */
+    int32_t buf[8];
+    assert_int_equal(vks_tokenizer_encode(t, "\xff" "a", 2, true, false, buf, &n), VKS_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(buf[0], 256);
+    assert_int_equal(buf[1], 255);
+    assert_int_equal(buf[2], 'a');
+    vks_tokenizer_free(t);
+}
+
+/* Writes t as GGUF metadata or as tokenizer.json + tokenizer_config.json and
+ * loads it back. */
+static vks_tokenizer *saved_and_reloaded(const vks_tokenizer *t, bool hf) {
+    const char *dir = tu_tmpdir();
+    char path[4096], cfg[4096];
+    vks_tokenizer *back = NULL;
+    int rc;
+    if (hf) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+        FILE *f = fopen(path, "wb"), *g = fopen(cfg, "wb");
+        assert_true(f && g);
+        rc = vks_tokenizer_save_hf(t, f, path, g, cfg);
+        if (rc) fail_msg("save_hf: %s", vks_last_error());
+        assert_int_equal(fclose(f), 0);
+        assert_int_equal(fclose(g), 0);
+        rc = vks_tokenizer_load_auto(dir, NULL, &back);
+    } else {
+        snprintf(path, sizeof path, "%s/vocab.gguf", dir);
+        vks_gguf_writer *w = NULL;
+        assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+        rc = vks_tokenizer_save_gguf(t, w);
+        if (rc) fail_msg("save_gguf: %s", vks_last_error());
+        assert_int_equal(vks_gguf_writer_save(w, path), VKS_OK);
+        vks_gguf_writer_free(w);
+        rc = vks_tokenizer_load_gguf(path, &back);
+    }
+    if (rc) fail_msg("reload: %s", vks_last_error());
+    return back;
+}
+
+/* Same vocabulary: size, specials, flags, and each token's type and text. */
+static void assert_same_tokenizer(const vks_tokenizer *a, const vks_tokenizer *b) {
+    assert_string_equal(vks_tokenizer_kind(a), vks_tokenizer_kind(b));
+    assert_int_equal(vks_tokenizer_vocab_size(a), vks_tokenizer_vocab_size(b));
+    assert_int_equal(vks_tokenizer_bos(a), vks_tokenizer_bos(b));
+    assert_int_equal(vks_tokenizer_eos(a), vks_tokenizer_eos(b));
+    assert_int_equal(vks_tokenizer_pad(a), vks_tokenizer_pad(b));
+    assert_int_equal(vks_tokenizer_wants_bos(a), vks_tokenizer_wants_bos(b));
+    assert_int_equal(vks_tokenizer_wants_eos(a), vks_tokenizer_wants_eos(b));
+    const char *ta = vks_tokenizer_chat_template(a), *tb = vks_tokenizer_chat_template(b);
+    assert_true(!ta == !tb);
+    if (ta) assert_string_equal(ta, tb);
+    for (int id = 0; id < vks_tokenizer_vocab_size(a); id++) {
+        int ty = vks_tokenizer_token_type(a, id);
+        if (ty == VKS_TOKEN_TYPE_UNUSED) continue; /* an id nobody names */
+        if (ty != vks_tokenizer_token_type(b, id)) fail_msg("token %d: type %d, then %d", id, ty, vks_tokenizer_token_type(b, id));
+        size_t la, lb;
+        char *xa = detokenize_or_fail(a, &id, 1, true, &la), *xb = detokenize_or_fail(b, &id, 1, true, &lb);
+        if (la != lb || memcmp(xa, xb, la)) fail_msg("token %d: text '%s', then '%s'", id, xa, xb);
+        free(xa);
+        free(xb);
+    }
+}
+
+static void vectors_of(const vks_tokenizer *t, const char *name) {
+    char inp[2048], out[2048];
+    snprintf(inp, sizeof inp, "%s%s.inp", tu_shared_path("llamacpp-vocab/"), name);
+    snprintf(out, sizeof out, "%s%s.out", tu_shared_path("llamacpp-vocab/"), name);
+    assert_int_equal(check_vectors(t, inp, out, true), 46);
+}
+
+static void test_byte_level_through_files(void **s) {
+    (void)s;
+    vks_tokenizer *t = NULL;
+    assert_int_equal(vks_tokenizer_byte_level(&t), VKS_OK);
+    char *text = random_bytes(4096, 5);
+    for (int hf = 0; hf < 2; hf++) {
+        vks_tokenizer *back = saved_and_reloaded(t, hf);
+        assert_same_tokenizer(t, back);
+        check_bytes_one_to_one(back, text, 4096);
+        vks_tokenizer_free(back);
+    }
+    free(text);
+    vks_tokenizer_free(t);
+}
+
+/* Real vocabularies through the writers still give llama.cpp's ids: the
+ * merges (GPT-2: 50000, in rank order), scores and flags survive. */
+static void test_tokenizer_writers_real_vocabularies(void **s) {
+    (void)s;
+    vks_tokenizer *gpt2 = load_vocab("ggml-vocab-gpt-2.gguf");
+    if (!gpt2) skip();
+    for (int hf = 0; hf < 2; hf++) {
+        vks_tokenizer *back = saved_and_reloaded(gpt2, hf);
+        assert_same_tokenizer(gpt2, back);
+        vectors_of(back, "ggml-vocab-gpt-2.gguf");
+        vks_tokenizer_free(back);
+    }
+    vks_tokenizer_free(gpt2);
+    vks_tokenizer *spm = load_vocab("ggml-vocab-llama-spm.gguf");
+    vks_tokenizer *back = saved_and_reloaded(spm, false);
+    assert_same_tokenizer(spm, back);
+    vectors_of(back, "ggml-vocab-llama-spm.gguf");
+    vks_tokenizer_free(back);
+    /* tokenizer.json holds byte-level BPE only: refused, naming the file. */
+    FILE *f = tmpfile(), *g = tmpfile();
+    assert_int_equal(vks_tokenizer_save_hf(spm, f, "x/tokenizer.json", g, "x/tokenizer_config.json"), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "x/tokenizer.json"));
+    fclose(f);
+    fclose(g);
+    vks_tokenizer_free(spm);
+}
+
+/* TINY_JSON with a Split regex before a ByteLevel without its own regex. */
+static const char *tiny_json_with_split(const char *regex_json, bool ignore_merges) {
+    static char buf[4096];
+    const char *pre = strstr(TINY_JSON, "\"pre_tokenizer\"");
+    const char *model = strstr(TINY_JSON, "\"model\"");
+    snprintf(buf, sizeof buf, "%.*s\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+             "\"pattern\": {\"Regex\": \"%s\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": "
+             "\"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}, \"model\": {\"ignore_merges\": %s, %s",
+             (int)(pre - TINY_JSON), TINY_JSON, regex_json, ignore_merges ? "true" : "false",
+             strchr(model, '{') + 1);
+    return buf;
+}
+
+/* Llama 3's split rules have a GGUF name (llama-bpe); a regex without one
+ * goes to tokenizer.json only. */
+static void test_tokenizer_writers_split_rules(void **s) {
+    (void)s;
+    const char *dir = tu_tmpdir();
+    static const char llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}|"
+                                 " ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+";
+    vks_tokenizer *t = NULL;
+    int rc = vks_tokenizer_load_hf_json(write_text(dir, "tokenizer.json", tiny_json_with_split(llama3, true)), &t);
+    if (rc) fail_msg("%s", vks_last_error());
+    for (int hf = 0; hf < 2; hf++) {
+        vks_tokenizer *back = saved_and_reloaded(t, hf);
+        assert_same_tokenizer(t, back);
+        int n = 0; /* ignore_merges: "abc" is a piece, taken whole; "ab" too */
+        int32_t *ids = tokenize_or_fail(back, "abc ab", 6, (vks_tokenize_options){0}, &n);
+        int32_t want[] = {5, 7};
+        assert_int_equal(n, 2);
+        assert_memory_equal(ids, want, sizeof want);
+        free(ids);
+        vks_tokenizer_free(back);
+    }
+    vks_tokenizer_free(t);
+    rc = vks_tokenizer_load_hf_json(write_text(dir, "tokenizer.json", tiny_json_with_split("\\\\S+|\\\\s+", false)), &t);
+    if (rc) fail_msg("%s", vks_last_error());
+    vks_gguf_writer *w = NULL;
+    assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+    assert_int_equal(vks_tokenizer_save_gguf(t, w), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "no GGUF name"));
+    vks_gguf_writer_free(w);
+    vks_tokenizer *back = saved_and_reloaded(t, true);
+    assert_same_tokenizer(t, back);
+    int n = 0;
+    int32_t *ids = tokenize_or_fail(back, "abc ab", 6, (vks_tokenize_options){0}, &n);
+    assert_int_equal(n, 3); /* "abc", " " (Ġ), "ab": the space is a word of its own here */
+    free(ids);
+    vks_tokenizer_free(back);
+    vks_tokenizer_free(t);
+}
+
+/* tokenizer.json with merges in both forms, a special token, an EOS from the
+ * config and a chat template, through both writers. */
+static void test_tokenizer_writers_merges_and_template(void **s) {
+    (void)s;
+    const char *dir = tu_tmpdir();
+    write_text(dir, "tokenizer_config.json", "{\"eos_token\": {\"content\": \"<|end|>\"}, \"chat_template\": "
+                                             "\"{{'<|im_start|>'}}\"}");
+    write_text(dir, "tokenizer.json", TINY_JSON);
+    vks_tokenizer *t = NULL;
+    assert_int_equal(vks_tokenizer_load_auto(dir, NULL, &t), VKS_OK);
+    int32_t want[] = {5, 7, 9, 8};
+    for (int hf = 0; hf < 2; hf++) {
+        vks_tokenizer *back = saved_and_reloaded(t, hf);
+        assert_same_tokenizer(t, back);
+        int n = 0;
+        int32_t *ids = tokenize_or_fail(back, "abc ab<|end|>bc", 15, (vks_tokenize_options){.parse_special = true}, &n);
+        assert_int_equal(n, 4);
+        assert_memory_equal(ids, want, sizeof want);
+        free(ids);
+        vks_tokenizer_free(back);
+    }
+    vks_tokenizer_free(t);
+}
+
 /* ---- through the binary ---- */
 
 static void test_cli(void **s) {
@@ -696,6 +972,11 @@ int main(void) {
         cmocka_unit_test(test_gguf_mutations),     cmocka_unit_test(test_gguf_bad_fields),
         cmocka_unit_test(test_pretokenizer_rules), cmocka_unit_test(test_cli),
         cmocka_unit_test(test_bpe_missing_bytes),  cmocka_unit_test(test_spm_missing_bytes),
+        cmocka_unit_test(test_byte_level_vocabulary), cmocka_unit_test(test_byte_level_through_files),
+        cmocka_unit_test(test_tokenizer_writers_real_vocabularies),
+        cmocka_unit_test(test_tokenizer_writers_merges_and_template),
+        cmocka_unit_test(test_tokenizer_writers_split_rules),
     };
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,17 +62,21 @@ void cli_encode_prompt(const vks_tokenizer *t, int vocab, const char *text, vks_
         cli_die(EXIT_BAD_INPUT, "cannot encode prompt: %s", vks_last_error());
 }
 
-/* What run.c prints for a sequence: decode(prev, next) for each pair. */
+/* What run.c prints for a sequence: decode(prev, next) for each pair. run.c's
+ * safe_printf drops single-byte pieces that are not printable: that rule is
+ * for llama2.c vocabularies; GGUF and tokenizer.json pieces print their bytes
+ * (a byte-level vocabulary spells a UTF-8 character in several tokens). */
 char *cli_sequence_text(const vks_tokenizer *t, const vks_sequence *s, size_t *len_out) {
     size_t cap = 64, len = 0;
     char *out = malloc(cap);
+    bool run_c_filter = t && !strcmp(vks_tokenizer_kind(t), "llama2c");
     for (int i = 0; out && i + 1 < s->n_ids; i++) {
         char buf[32];
         size_t plen;
         const char *piece;
         if (t) {
             piece = vks_tokenizer_decode(t, s->ids[i], s->ids[i + 1], buf, &plen);
-            if (!vks_tokenizer_piece_printable(piece, plen)) continue;
+            if (run_c_filter ? !vks_tokenizer_piece_printable(piece, plen) : plen == 0) continue;
         } else {
             plen = (size_t)snprintf(buf, sizeof buf, "%s%d", i ? " " : "", s->ids[i + 1]);
             piece = buf;

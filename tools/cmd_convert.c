@@ -2,12 +2,16 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli_model.h"
 #include "cli_util.h"
+#include "vkswarm/vks_gguf.h"
 #include "vkswarm/vks_model.h"
+#include "vkswarm/vks_tokenizer.h"
 
 static const char convert_usage[] =
-    "usage: vkswarm convert (--in MODEL | --random-model dim,hidden,layers,heads,kv,vocab[,seq]) --out PATH\n"
+    "usage: vkswarm convert (--in MODEL | --random-model dim,hidden,layers,heads,kv,vocab[,seq] |\n"
+    "                        --init tiny [--seed S]) --out PATH\n"
     "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer tokenizer.bin]\n"
     "Converts a model. The input format is detected by content (GGUF, safetensors file or directory\n"
     "with config.json, llama2.c). The output format follows PATH: *.gguf is GGUF, *.bin is llama2.c\n"
@@ -16,14 +20,19 @@ static const char convert_usage[] =
     "--type sets the dtype of weight matrices (default f32; norms and biases stay f32); block types\n"
     "apply to matrices whose rows are whole blocks, others stay f32.\n"
     "--tokenizer embeds a llama2.c tokenizer.bin as tokenizer.ggml.* metadata (GGUF only); without\n"
-    "it a GGUF source's tokenizer metadata is copied.\n";
+    "it a GGUF source's tokenizer metadata is copied, a byte-level BPE tokenizer goes from GGUF to\n"
+    "a Hugging Face directory's tokenizer.json and back.\n"
+    "--init tiny writes the built-in tiny model (dim 128, 4 layers, byte-level vocabulary of 259\n"
+    "tokens, 0.82M parameters) initialised from --seed (default 0), with its tokenizer, as GGUF or\n"
+    "a Hugging Face directory; the same seed gives the same file.\n";
 
 typedef enum { OUT_GGUF, OUT_LLAMA2C, OUT_HF } out_format;
 
 typedef struct {
     cli_model_args m;
-    const char *out, *type_name;
+    const char *out, *type_name, *init;
     vks_dtype type;
+    uint64_t seed;
 } convert_args;
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -34,7 +43,8 @@ static bool ends_with(const char *s, const char *suffix) {
 static void parse_convert(int argc, char **argv, convert_args *a) {
     static const struct option opts[] = {{"in", required_argument, 0, 0},       {"out", required_argument, 0, 0},
                                          {"type", required_argument, 0, 0},     {"tokenizer", required_argument, 0, 0},
-                                         {"random-model", required_argument, 0, 0}, {"help", no_argument, 0, 'h'},
+                                         {"random-model", required_argument, 0, 0}, {"init", required_argument, 0, 0},
+                                         {"seed", required_argument, 0, 0},         {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c, idx;
     a->type = VKS_DTYPE_F32;
@@ -49,10 +59,15 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
         else if (!strcmp(name, "tokenizer")) a->m.tokenizer_path = optarg;
         else if (!strcmp(name, "random-model")) a->m.random_spec = optarg;
         else if (!strcmp(name, "type")) a->type_name = optarg;
+        else if (!strcmp(name, "init")) a->init = optarg;
+        else if (!strcmp(name, "seed")) a->seed = cli_parse_u64("--seed", optarg);
     }
     if (optind < argc) cli_usage_error("convert", "unexpected argument '%s'", argv[optind]);
     if (!a->out) cli_usage_error("convert", "--out is required");
-    if (!a->m.model_path == !a->m.random_spec) cli_die(EXIT_BAD_INPUT, "convert: give exactly one of --in and --random-model");
+    if (!!a->m.model_path + !!a->m.random_spec + !!a->init != 1)
+        cli_die(EXIT_BAD_INPUT, "convert: give exactly one of --in, --random-model and --init");
+    if (a->init && strcmp(a->init, "tiny")) cli_die(EXIT_BAD_INPUT, "convert: --init '%s' is not 'tiny'", a->init);
+    if (a->init && a->m.tokenizer_path) cli_die(EXIT_BAD_INPUT, "convert: --init tiny has its own tokenizer");
     if (a->type_name && vks_dtype_parse(a->type_name, &a->type))
         cli_die(EXIT_BAD_INPUT, "convert: --type '%s' is not f32, f16, bf16, q8_0, q4_0, q4_k or q6_k", a->type_name);
 }
@@ -63,24 +78,75 @@ static out_format output_format(const char *out) {
     return OUT_HF;
 }
 
+/* Whether the tokenizer can be written in the target format (a dry run). */
+static int probe_gguf(const vks_tokenizer *t) {
+    vks_gguf_writer *w = NULL;
+    int rc = vks_gguf_writer_create(&w);
+    if (rc == VKS_OK) rc = vks_tokenizer_save_gguf(t, w);
+    vks_gguf_writer_free(w);
+    return rc;
+}
+
+static int probe_hf(const vks_tokenizer *t) {
+    FILE *a = fopen("/dev/null", "w"), *b = fopen("/dev/null", "w");
+    int rc = a && b ? vks_tokenizer_save_hf(t, a, "tokenizer.json", b, "tokenizer_config.json")
+                    : vks_set_error(VKS_ERR_IO, "/dev/null: cannot open");
+    if (a) fclose(a);
+    if (b) fclose(b);
+    return rc;
+}
+
+/* A tokenizer the output format must be given (NULL: none, or the writer's
+ * own handling): a GGUF source's byte-level BPE into a Hugging Face
+ * directory, a directory's tokenizer.json into GGUF. A GGUF source into GGUF
+ * copies its keys as they are. */
+static vks_tokenizer *crossing_tokenizer(const vks_model *m, out_format fmt) {
+    bool from_gguf = m->gguf != NULL, from_hf = m->dir[0] != '\0';
+    if (!(fmt == OUT_HF && from_gguf) && !(fmt == OUT_GGUF && from_hf)) return NULL;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
+    if (from_hf ? access(path, F_OK) != 0 : vks_gguf_find_key(m->gguf, "tokenizer.ggml.model") < 0)
+        return NULL; /* the source has none */
+    /* What cannot be read or held is noted and left out (convert wrote weights only before). */
+    vks_tokenizer *t = NULL;
+    int rc = vks_tokenizer_load_auto(NULL, m, &t);
+    if (rc == VKS_OK) rc = fmt == OUT_HF ? probe_hf(t) : probe_gguf(t);
+    if (rc == VKS_OK) return t;
+    cli_note("the tokenizer is not written: %s", vks_last_error());
+    vks_tokenizer_free(t);
+    return NULL;
+}
+
+static vks_model *tiny_model(uint64_t seed, vks_tokenizer **tok) {
+    vks_model *m = NULL;
+    if (vks_model_init_tiny(seed, &m, tok)) cli_die(1, "%s", vks_last_error());
+    return m;
+}
+
 int cmd_convert(int argc, char **argv) {
     convert_args a = {0};
     parse_convert(argc, argv, &a);
     out_format fmt = output_format(a.out);
     if (fmt == OUT_LLAMA2C && a.type != VKS_DTYPE_F32) cli_die(EXIT_BAD_INPUT, "convert: llama2.c files hold f32 only");
+    if (fmt == OUT_LLAMA2C && a.init)
+        cli_die(EXIT_BAD_INPUT, "convert: a llama2.c file cannot hold the tiny model's byte-level tokenizer; write "
+                "GGUF or a Hugging Face directory");
     if (fmt == OUT_HF && vks_dtype_size(a.type) == 0)
         cli_die(EXIT_BAD_INPUT, "convert: safetensors output holds f32, f16 or bf16, not %s", vks_dtype_name(a.type));
     if (fmt != OUT_GGUF && a.m.tokenizer_path)
         cli_die(EXIT_BAD_INPUT, "convert: --tokenizer is only embedded in GGUF output");
-    const char *tok = a.m.tokenizer_path;
+    const char *tok_path = a.m.tokenizer_path;
     a.m.tokenizer_path = NULL; /* not for cli_load_model */
-    vks_model *m = cli_load_model(&a.m);
+    vks_tokenizer *tok = NULL;
+    vks_model *m = a.init ? tiny_model(a.seed, &tok) : cli_load_model(&a.m);
+    if (!a.init && !tok_path) tok = crossing_tokenizer(m, fmt);
     cli_note("converting %s (%s, %lld parameters) to %s", m->path, m->arch, (long long)vks_model_param_count(m), a.out);
-    vks_model_save_options o = {.dtype = a.type, .tokenizer_path = tok};
+    vks_model_save_options o = {.dtype = a.type, .tokenizer_path = tok_path, .tokenizer = tok};
     int rc = VKS_OK;
     if (fmt == OUT_GGUF) rc = vks_model_save_gguf(m, a.out, &o);
     else if (fmt == OUT_HF) rc = vks_model_save_safetensors(m, a.out, &o);
     else rc = vks_model_save_llama2c(m, a.out);
+    vks_tokenizer_free(tok);
     vks_model_free(m);
     if (rc != VKS_OK) cli_die(rc == VKS_ERR_IO ? 1 : EXIT_BAD_INPUT, "%s", vks_last_error());
     return 0;

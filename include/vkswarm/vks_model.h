@@ -93,15 +93,44 @@ const struct vks_gguf *vks_model_gguf(const vks_model *m);
 /* Directory of a safetensors model (where tokenizer.json lives), else NULL. */
 const char *vks_model_dir(const vks_model *m);
 
+struct vks_tokenizer;
 typedef struct {
     vks_dtype dtype;            /* dtype of 2-D weight matrices; norms and biases stay f32 */
     const char *tokenizer_path; /* GGUF only: llama2.c tokenizer.bin to embed, or NULL */
+    /* A tokenizer to write with the model (SPM or BPE for GGUF, BPE for a HF
+     * directory), or NULL. Not together with tokenizer_path. */
+    const struct vks_tokenizer *tokenizer;
 } vks_model_save_options;
 
 /* Writes a GGUF file (arch llama or qwen2; q/k rows in adjacent-pair RoPE order
- * for llama, as llama.cpp's converter writes them). opt may be NULL (f32). */
+ * for llama, as llama.cpp's converter writes them). opt may be NULL (f32).
+ * The tokenizer metadata comes from opt->tokenizer_path or opt->tokenizer,
+ * else is copied from m's own GGUF (else only m's bos/eos ids are written). */
 int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_save_options *opt);
 /* Writes a Hugging Face directory: config.json + model.safetensors (q/k rows in
- * half-split RoPE order). dtype f32, f16 or bf16 (opt may be NULL: f32). */
+ * half-split RoPE order), and with opt->tokenizer its tokenizer.json and
+ * tokenizer_config.json, all four placed together. dtype f32, f16 or bf16
+ * (opt may be NULL: f32). */
 int vks_model_save_safetensors(const vks_model *m, const char *dir, const vks_model_save_options *opt);
+
+/* ---- the built-in tiny model (src/model/model_tiny.c) ----
+ * A small Llama that needs no download, for the demo and the tests:
+ *   dim 128, 4 layers, 4 query heads and 2 key/value heads of 32 (grouped-
+ *   query attention), SwiGLU hidden 384, RMSNorm eps 1e-5, RoPE theta 10000
+ *   (half-split pairs, as Hugging Face), context 512, the classifier tied to
+ *   the token embedding; vocabulary: the 259-token byte-level tokenizer
+ *   (vks_tokenizer_byte_level: bytes 0..255, <|bos|> 256, <|eos|> 257,
+ *   <|pad|> 258). 0.82M parameters, f32.
+ * dim and hidden are multiples of 32, so Q8_0 and Q4_0 hold every matrix;
+ * Q4_K/Q6_K need rows of 256 and leave these matrices f16 (see convert).
+ * Initialisation, GPT-2's: every matrix N(0, 0.02), the attention output
+ * (wo) and FFN down (w2) projections N(0, 0.02 / sqrt(2 * n_layers)), norms
+ * 1. A normal draw is the Irwin-Hall sum of 12 uniforms from Philox4x32-10
+ * keyed by (seed, tensor, element), minus 6: integer-exact in double
+ * arithmetic, so the same seed gives the same bits on every machine (tails
+ * end at 6 sigma). */
+void vks_model_tiny_config(vks_model_config *c);
+/* Builds the tiny model from seed into *model and, when tok is not NULL, its
+ * tokenizer into *tok (the model's bos_id/eos_id are the tokenizer's). */
+int vks_model_init_tiny(uint64_t seed, vks_model **model, struct vks_tokenizer **tok);
 #endif

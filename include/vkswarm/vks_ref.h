@@ -41,6 +41,8 @@ typedef struct {
 
 /* Philox4x32-10: key = (seed lo, seed hi), counter = (idx, pos, seq, 0); returns word 0. */
 uint32_t vks_philox_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx);
+/* All four words of that block (vks_philox_u32 is out[0]). */
+void vks_philox4_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx, uint32_t out[4]);
 /* Uniform strictly in (0,1): ((u32 >> 9) + 0.5) / 2^23. Gumbel: -log(-log(u)). */
 float vks_rng_uniform(uint32_t u32);
 /* Returns the sampled token. Greedy and all ties: lowest index wins. */

@@ -17,6 +17,8 @@ void vks_tokenizer_free(vks_tokenizer *t);
 int vks_tokenizer_vocab_size(const vks_tokenizer *t);
 int vks_tokenizer_bos(const vks_tokenizer *t); /* 1 */
 int vks_tokenizer_eos(const vks_tokenizer *t); /* 2 */
+/* Padding token id, or -1 when the vocabulary names none. */
+int vks_tokenizer_pad(const vks_tokenizer *t);
 /* Encodes text (len bytes, any bytes) into ids. *n_out receives the count;
  * ids must hold at least len + 3 entries. */
 int vks_tokenizer_encode(const vks_tokenizer *t, const char *text, size_t len, bool bos,
@@ -83,6 +85,36 @@ const char *vks_tokenizer_chat_template(const vks_tokenizer *t);
 int vks_tokenizer_find(const vks_tokenizer *t, const char *text, size_t len);
 /* Token type (VKS_TOKEN_TYPE_*); NORMAL for llama2c vocabularies. -1 if out of range. */
 int vks_tokenizer_token_type(const vks_tokenizer *t, int id);
+
+/* ---- the byte-level vocabulary (tokenizer_bytes.c) ----
+ * The built-in tiny model's tokenizer: id b (0..255) is byte b, then three
+ * control tokens. It is a GPT-2 style byte-level BPE (pieces in GPT-2's
+ * byte-to-unicode spelling, "gpt-2" pre-tokenizer) with no merges, so every
+ * byte of any text, invalid UTF-8 included, is exactly one token, and GGUF
+ * ("gpt2" tokenizer.ggml.*) and tokenizer.json hold it as they hold any BPE.
+ * BOS is added by default (tokenizer.ggml.add_bos_token), EOS is not. */
+enum {
+    VKS_BYTE_VOCAB_BOS = 256, /* "<|bos|>" */
+    VKS_BYTE_VOCAB_EOS = 257, /* "<|eos|>" */
+    VKS_BYTE_VOCAB_PAD = 258, /* "<|pad|>" */
+    VKS_BYTE_VOCAB_SIZE = 259,
+};
+int vks_tokenizer_byte_level(vks_tokenizer **out);
+
+/* ---- writing a tokenizer (tokenizer_save.c) ---- */
+struct vks_gguf_writer;
+/* Adds the tokenizer.ggml.* keys (and tokenizer.chat_template) of an SPM or
+ * BPE tokenizer, as llama.cpp's converter writes them, so that
+ * vks_tokenizer_load_gguf gives the same tokenizer back. A llama2.c
+ * tokenizer.bin is embedded by the model writer instead (its tokenizer_path). */
+int vks_tokenizer_save_gguf(const vks_tokenizer *t, struct vks_gguf_writer *w);
+/* Writes a BPE tokenizer as a Hugging Face tokenizer.json (to tok, named
+ * tok_name in errors) and tokenizer_config.json (to cfg): BPE model with
+ * vocab and merges, ByteLevel pre-tokenizer (a Split regex before it unless
+ * it is GPT-2's), control tokens as special added tokens, BOS/EOS/PAD/UNK,
+ * add_bos_token/add_eos_token and the chat template in the config, so that
+ * vks_tokenizer_load_hf_json gives the same tokenizer back. */
+int vks_tokenizer_save_hf(const vks_tokenizer *t, FILE *tok, const char *tok_name, FILE *cfg, const char *cfg_name);
 
 /* ---- chat templates (chat.c) ---- */
 typedef struct {

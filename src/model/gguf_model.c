@@ -10,6 +10,7 @@
 #include "vkswarm/vks_gguf.h"
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -279,6 +280,11 @@ static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt)
     return rc;
 }
 
+static int add_tokenizer(vks_gguf_writer *w, const vks_model *m, const vks_model_save_options *opt) {
+    if (opt && opt->tokenizer) return vks_tokenizer_save_gguf(opt->tokenizer, w);
+    return vks_gguf_add_tokenizer(w, m, opt ? opt->tokenizer_path : NULL);
+}
+
 int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_save_options *opt) {
     if (!m || !path) return vks_set_error(VKS_ERR_ARG, "vks_model_save_gguf: NULL argument");
     vks_dtype dt = opt ? opt->dtype : VKS_DTYPE_F32;
@@ -286,13 +292,15 @@ int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_sa
         return vks_set_error(VKS_ERR_ARG, "%s: dtype %s cannot be written to GGUF", path, vks_dtype_name(dt));
     if (strcmp(m->arch, "llama") != 0 && strcmp(m->arch, "qwen2") != 0)
         return vks_set_error(VKS_ERR_ARG, "%s: cannot write architecture '%s'", path, m->arch);
+    if (opt && opt->tokenizer && opt->tokenizer_path)
+        return vks_set_error(VKS_ERR_ARG, "%s: give a tokenizer file or a tokenizer, not both", path);
     vks_model *f32 = NULL;
     int rc = vks_model_copy_f32(m, arch_rope_mode(m->arch), &f32);
     if (rc != VKS_OK) return rc;
     vks_gguf_writer *w = NULL;
     rc = vks_gguf_writer_create(&w);
     if (rc == VKS_OK) rc = add_hparams(w, f32);
-    if (rc == VKS_OK) rc = vks_gguf_add_tokenizer(w, m, opt ? opt->tokenizer_path : NULL);
+    if (rc == VKS_OK) rc = add_tokenizer(w, m, opt);
     if (rc == VKS_OK) rc = add_all_tensors(w, f32, dt);
     if (rc == VKS_OK) rc = vks_gguf_writer_save(w, path);
     vks_gguf_writer_free(w);

@@ -6,6 +6,7 @@
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_safetensors.h"
+#include "vkswarm/vks_tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -328,21 +329,24 @@ static int write_weights(const vks_model *m, FILE *f, const char *file, vks_dtyp
     return rc;
 }
 
-/* model.safetensors and config.json, committed as a set: on any failure
- * neither is placed (and an existing pair stays as it was). */
-static int write_hf_files(const vks_model *f32, const vks_hf_config *hc, const char *dir, vks_dtype dt) {
-    char st_path[1100], cfg_path[1100];
-    int rc = join(st_path, sizeof st_path, dir, "model.safetensors");
-    if (rc == VKS_OK) rc = join(cfg_path, sizeof cfg_path, dir, "config.json");
+/* model.safetensors and config.json (and the tokenizer's tokenizer.json and
+ * tokenizer_config.json when tok is given), committed as a set: on any
+ * failure none is placed (and an existing set stays as it was). */
+static int write_hf_files(const vks_model *f32, const vks_hf_config *hc, const char *dir, vks_dtype dt,
+                          const vks_tokenizer *tok) {
+    const char *names[4] = {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"};
+    char paths[4][1100];
+    size_t n = tok ? 4 : 2;
+    int rc = VKS_OK;
+    for (size_t i = 0; i < n && rc == VKS_OK; i++) rc = join(paths[i], sizeof paths[i], dir, names[i]);
     if (rc != VKS_OK) return rc;
-    vks_outfile o[2] = {{0}}; /* weights first: config.json is what marks a model directory */
-    rc = vks_outfile_open(&o[0], st_path, 0666);
-    if (rc == VKS_OK) rc = vks_outfile_open(&o[1], cfg_path, 0666);
-    if (rc == VKS_OK) rc = write_weights(f32, o[0].f, st_path, dt);
-    if (rc == VKS_OK) rc = vks_hf_config_write_stream(o[1].f, cfg_path, hc, dt);
-    if (rc == VKS_OK) return vks_outfile_commit_all(o, 2, false);
-    vks_outfile_abort(&o[0]);
-    vks_outfile_abort(&o[1]);
+    vks_outfile o[4] = {{0}}; /* weights first: config.json is what marks a model directory */
+    for (size_t i = 0; i < n && rc == VKS_OK; i++) rc = vks_outfile_open(&o[i], paths[i], 0666);
+    if (rc == VKS_OK) rc = write_weights(f32, o[0].f, paths[0], dt);
+    if (rc == VKS_OK) rc = vks_hf_config_write_stream(o[1].f, paths[1], hc, dt);
+    if (rc == VKS_OK && tok) rc = vks_tokenizer_save_hf(tok, o[2].f, paths[2], o[3].f, paths[3]);
+    if (rc == VKS_OK) return vks_outfile_commit_all(o, n, false);
+    for (size_t i = 0; i < n; i++) vks_outfile_abort(&o[i]);
     return rc;
 }
 
@@ -361,6 +365,8 @@ int vks_model_save_safetensors(const vks_model *m, const char *dir, const vks_mo
     vks_dtype dt = opt ? opt->dtype : VKS_DTYPE_F32;
     if (vks_dtype_size(dt) == 0)
         return vks_set_error(VKS_ERR_ARG, "%s: safetensors holds f32, f16 or bf16, not %s", dir, vks_dtype_name(dt));
+    if (opt && opt->tokenizer_path)
+        return vks_set_error(VKS_ERR_ARG, "%s: a tokenizer file is only embedded in GGUF; pass the tokenizer", dir);
     int rc = refuse_sharded_dir(dir);
     if (rc != VKS_OK) return rc;
     bool created = mkdir(dir, 0777) == 0;
@@ -372,7 +378,7 @@ int vks_model_save_safetensors(const vks_model *m, const char *dir, const vks_mo
         vks_hf_config hc = {.cfg = f32->cfg, .bos_id = m->bos_id, .eos_id = m->eos_id,
                             .attention_bias = m->layers[0].bq.data != NULL};
         snprintf(hc.arch, sizeof hc.arch, "%s", m->arch);
-        rc = write_hf_files(f32, &hc, dir, dt);
+        rc = write_hf_files(f32, &hc, dir, dt, opt ? opt->tokenizer : NULL);
     }
     vks_model_free(f32);
     if (rc != VKS_OK && created) rmdir(dir); /* nothing of a failed write stays behind */

@@ -23,6 +23,10 @@ int vks_model_bind_llama2c(vks_model *m, const float *body);
 int vks_model_check_tensors(const vks_model *m, const char *what);
 /* Allocates a zeroed model struct; NULL (with error set) on failure. */
 vks_model *vks_model_alloc(void);
+/* A model of config c (complete: head_dim, kv_dim set) whose tensors are
+ * views into one owned, zeroed f32 block in llama2.c layout (random_model.c);
+ * name is its path and starts every error message. */
+int vks_model_alloc_f32(const vks_model_config *c, const char *name, vks_model **out);
 
 /* ---- issue 3 (src/model/model_convert.c) ---- */
 /* Source row of destination row r of a q/k matrix [n_heads*head_dim, dim]

@@ -59,33 +59,41 @@ static vks_model_config complete_config(const vks_model_config *in) {
     return c;
 }
 
-int vks_model_random(const vks_model_config *cfg, uint64_t seed, vks_model **out) {
-    if (!cfg || !out) return vks_set_error(VKS_ERR_ARG, "vks_model_random: NULL argument");
+int vks_model_alloc_f32(const vks_model_config *c, const char *name, vks_model **out) {
     *out = NULL;
-    vks_model_config c = complete_config(cfg);
-    int rc = vks_model_config_check(&c, "random model config");
+    int rc = vks_model_config_check(c, name);
     if (rc != VKS_OK) return VKS_ERR_ARG; /* message already names the problem */
     vks_l2c_sizes s;
     size_t bytes = 0;
-    if (!vks_l2c_sizes_compute(&c, &s) || !vks_mul_size(s.total, sizeof(float), &bytes) ||
+    if (!vks_l2c_sizes_compute(c, &s) || !vks_mul_size(s.total, sizeof(float), &bytes) ||
         bytes > RANDOM_MODEL_MAX_BYTES)
-        return vks_set_error(VKS_ERR_NOMEM, "random model config: %zu floats exceed the 16 GiB limit",
-                             s.total);
+        return vks_set_error(VKS_ERR_NOMEM, "%s: %zu floats exceed the 16 GiB limit", name, s.total);
     vks_model *m = vks_model_alloc();
     if (!m) return VKS_ERR_NOMEM;
-    m->cfg = c;
-    snprintf(m->path, sizeof m->path, "random(seed=%llu)", (unsigned long long)seed);
+    m->cfg = *c;
+    snprintf(m->path, sizeof m->path, "%s", name);
     m->owned = calloc(s.total, sizeof(float)); /* zeroed: the unused freq_cis gap stays 0 */
     if (!m->owned) {
         vks_model_free(m);
-        return vks_set_error(VKS_ERR_NOMEM, "random model: out of memory for %zu bytes", bytes);
+        return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for %zu bytes", name, bytes);
     }
     rc = vks_model_bind_llama2c(m, m->owned);
     if (rc != VKS_OK) {
         vks_model_free(m);
         return rc;
     }
-    fill_weights(m, seed);
     *out = m;
     return VKS_OK;
+}
+
+int vks_model_random(const vks_model_config *cfg, uint64_t seed, vks_model **out) {
+    if (!cfg || !out) return vks_set_error(VKS_ERR_ARG, "vks_model_random: NULL argument");
+    *out = NULL;
+    vks_model_config c = complete_config(cfg);
+    if (vks_model_config_check(&c, "random model config") != VKS_OK) return VKS_ERR_ARG;
+    char name[64];
+    snprintf(name, sizeof name, "random(seed=%llu)", (unsigned long long)seed);
+    int rc = vks_model_alloc_f32(&c, name, out);
+    if (rc == VKS_OK) fill_weights(*out, seed);
+    return rc;
 }

@@ -60,11 +60,15 @@ void vks_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t ou
     memcpy(out, c, sizeof c);
 }
 
-uint32_t vks_philox_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx) {
+void vks_philox4_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx, uint32_t out[4]) {
     const uint32_t ctr[4] = {idx, pos, seq, 0};
     const uint32_t key[2] = {(uint32_t)(seed & 0xffffffffu), (uint32_t)(seed >> 32)};
-    uint32_t out[4];
     vks_philox4x32_10(ctr, key, out);
+}
+
+uint32_t vks_philox_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx) {
+    uint32_t out[4];
+    vks_philox4_u32(seed, seq, pos, idx, out);
     return out[0];
 }
 

@@ -37,6 +37,20 @@ const char *vks_tok_pretok_pattern(const char *pre, bool *ignore_merges) {
     return NULL;
 }
 
+const char *vks_tok_gpt2_pattern(void) { return GPT2_PATTERN; }
+
+const char *vks_tok_pretok_name(const vks_tokenizer *t) {
+    if (t->pre_name) return t->pre_name;
+    if (!t->pre_pattern) return NULL;
+    static const char *const names[] = {"gpt-2", "llama-bpe", "qwen2"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        bool ignore = false;
+        const char *p = vks_tok_pretok_pattern(names[i], &ignore);
+        if (!strcmp(p, t->pre_pattern) && ignore == t->ignore_merges) return names[i];
+    }
+    return NULL;
+}
+
 int vks_tok_pretok_create(const char *pattern, const char *source, tok_pretok **out) {
     *out = NULL;
     int err = 0;

@@ -109,9 +109,22 @@ static int encode_word(const vks_tokenizer *t, const char *w, size_t n, tok_sym 
     return rc;
 }
 
+/* Without merges (and without whole-word lookups) every byte is its own
+ * token whatever the word splits are: the pre-tokenizer can be skipped. */
+static int encode_bytes(const vks_tokenizer *t, const char *text, size_t len, tok_ids *out) {
+    int rc = VKS_OK;
+    for (size_t i = 0; rc == VKS_OK && i < len; i++) {
+        int32_t id = t->byte_token[(unsigned char)text[i]];
+        if (id < 0) id = t->unk;
+        rc = id >= 0 ? vks_tok_ids_push(out, id) : vks_tok_missing_byte_error((unsigned char)text[i]);
+    }
+    return rc;
+}
+
 int vks_tok_bpe_encode_fragment(const vks_tokenizer *t, const char *text, size_t len, tok_ids *out) {
     if (len == 0) return VKS_OK;
     if (len > (size_t)INT32_MAX / 4) return vks_set_error(VKS_ERR_ARG, "tokenize: text of %zu bytes is too long", len);
+    if (t->n_merges == 0 && !t->ignore_merges) return encode_bytes(t, text, len, out);
     tok_span *words = NULL;
     size_t n_words = 0;
     int rc = vks_tok_pretok_split(t->pre, text, len, &words, &n_words);

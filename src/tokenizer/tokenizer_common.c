@@ -52,6 +52,7 @@ void vks_tokenizer_free(vks_tokenizer *t) {
     free(t->merges);
     vks_tok_pretok_free(t->pre);
     free(t->pre_name);
+    free(t->pre_pattern);
     free(t->chat_template);
     free(t);
 }
@@ -59,6 +60,7 @@ void vks_tokenizer_free(vks_tokenizer *t) {
 int vks_tokenizer_vocab_size(const vks_tokenizer *t) { return t ? t->vocab_size : 0; }
 int vks_tokenizer_bos(const vks_tokenizer *t) { return t ? t->bos : -1; }
 int vks_tokenizer_eos(const vks_tokenizer *t) { return t ? t->eos : -1; }
+int vks_tokenizer_pad(const vks_tokenizer *t) { return t ? t->pad : -1; }
 
 int vks_tok_missing_byte_error(unsigned char b) {
     if (b > ' ' && b < 0x7f)

@@ -43,15 +43,16 @@ struct vks_tokenizer {
     char *text_blob;      /* decoded bytes of each piece (what detokenize prints) */
     size_t *text_offset;
     int32_t *text_len;
-    int32_t bos, eos, unk;
+    int32_t bos, eos, unk, pad; /* -1 when absent */
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
     int32_t *specials;    /* CONTROL / USER_DEFINED / UNKNOWN ids, longest text first */
     int n_specials;
     int32_t byte_token[256]; /* SPM: "<0xXX>" id; BPE: id of the mapped byte; -1 if none */
     tok_merge_slot *merges;  /* BPE: open-addressing table, merge_cap slots */
-    size_t merge_cap;
+    size_t merge_cap, n_merges; /* n_merges: entries in the table */
     tok_pretok *pre;
     char *pre_name;
+    char *pre_pattern;       /* BPE: the regex the words are split with */
     char *chat_template;
 };
 
@@ -107,6 +108,12 @@ typedef struct {
  * UTF-8 bytes take part in matching as U+FFFD but keep their own bytes. */
 int vks_tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_span **spans, size_t *n);
 
+/* The tokenizer.ggml.pre name of a BPE tokenizer's split rules (its own
+ * name, else the name of the known regex it uses), or NULL when none fits. */
+const char *vks_tok_pretok_name(const vks_tokenizer *t);
+/* The regex of GPT-2's pre-tokenizer (a ByteLevel pre-tokenizer with use_regex). */
+const char *vks_tok_gpt2_pattern(void);
+
 /* ---- building SPM / BPE tokenizers from a vocabulary (tokenizer_vocab.c) ---- */
 typedef struct {
     const char *source;          /* file name for errors */
@@ -119,7 +126,7 @@ typedef struct {
     const char *const *merges;   /* BPE: "left right", n_merges of them */
     const size_t *merge_lens;
     size_t n_merges;
-    int32_t bos, eos, unk;       /* -1 when absent */
+    int32_t bos, eos, unk, pad;  /* -1 when absent */
     bool add_bos, add_eos, add_space_prefix;
     const char *pre_name;        /* BPE: GGUF pre name, or NULL */
     const char *pre_pattern;     /* BPE: explicit regex (tokenizer.json), or NULL */

@@ -215,6 +215,7 @@ int vks_tokenizer_load_llama2c(const char *path, int vocab_size, vks_tokenizer *
         t->bos = TOK_BOS;
         t->eos = TOK_EOS;
         t->unk = 0;
+        t->pad = -1;
         t->add_bos = true;
         rc = parse_file(t, file, size, path);
     }

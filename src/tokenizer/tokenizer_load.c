@@ -133,11 +133,13 @@ static int gguf_specials(const vks_gguf *g, const char *name, tok_vocab_spec *s)
     s->bos = spm ? 1 : -1;
     s->eos = spm ? 2 : -1;
     s->unk = spm ? 0 : -1;
+    s->pad = -1;
     s->add_bos = spm;
     s->add_space_prefix = spm;
     int rc = optional_id(g, name, "tokenizer.ggml.bos_token_id", s->n, &s->bos);
     if (rc == VKS_OK) rc = optional_id(g, name, "tokenizer.ggml.eos_token_id", s->n, &s->eos);
     if (rc == VKS_OK) rc = optional_id(g, name, "tokenizer.ggml.unknown_token_id", s->n, &s->unk);
+    if (rc == VKS_OK) rc = optional_id(g, name, "tokenizer.ggml.padding_token_id", s->n, &s->pad);
     if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_bos_token", &s->add_bos);
     if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_eos_token", &s->add_eos);
     if (rc == VKS_OK) rc = optional_bool(g, "tokenizer.ggml.add_space_prefix", &s->add_space_prefix);
@@ -380,6 +382,7 @@ static json_t *read_config(const char *path, tok_vocab_spec *s) {
     if (id >= 0) s->bos = id;
     if ((id = config_token(cfg, "eos_token", s)) >= 0) s->eos = id;
     if ((id = config_token(cfg, "unk_token", s)) >= 0) s->unk = id;
+    if ((id = config_token(cfg, "pad_token", s)) >= 0) s->pad = id;
     json_t *b = json_object_get(cfg, "add_bos_token");
     if (json_is_boolean(b)) s->add_bos = json_is_true(b);
     if (json_is_boolean(b = json_object_get(cfg, "add_eos_token"))) s->add_eos = json_is_true(b);
@@ -425,7 +428,7 @@ static int json_spec(const char *path, json_t *root, json_vocab *v, tok_vocab_sp
     s->n_merges = v->n_merges;
     s->pre_pattern = pattern == GPT2_REGEX_MARK ? NULL : pattern;
     s->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
-    s->bos = s->eos = s->unk = -1;
+    s->bos = s->eos = s->unk = s->pad = -1;
     scan_post(json_object_get(root, "post_processor"), s, v);
     const char *eos_names[] = {"<|endoftext|>", "<|end_of_text|>", "</s>"};
     for (int k = 0; k < 3 && s->eos < 0; k++) s->eos = find_piece(s, eos_names[k]);

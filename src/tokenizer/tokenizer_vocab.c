@@ -23,9 +23,9 @@ static int check_spec(const tok_vocab_spec *s) {
         if (s->types && s->types[i] > VKS_TOKEN_TYPE_BYTE)
             return vks_set_error(VKS_ERR_FORMAT, "%s: token %d has unknown type %u", s->source, i, s->types[i]);
     }
-    const int32_t ids[3] = {s->bos, s->eos, s->unk};
-    const char *names[3] = {"bos", "eos", "unknown"};
-    for (int k = 0; k < 3; k++)
+    const int32_t ids[4] = {s->bos, s->eos, s->unk, s->pad};
+    const char *names[4] = {"bos", "eos", "unknown", "padding"};
+    for (int k = 0; k < 4; k++)
         if (ids[k] < -1 || ids[k] >= s->n)
             return vks_set_error(VKS_ERR_FORMAT, "%s: %s token id %d outside 0..%d", s->source, names[k], ids[k],
                                  s->n - 1);
@@ -197,7 +197,8 @@ static void find_byte_tokens(vks_tokenizer *t) {
     }
 }
 
-static void merge_insert(vks_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t result) {
+/* Returns 1 when the pair is new, 0 when an earlier merge already has it. */
+static int merge_insert(vks_tokenizer *t, int32_t left, int32_t right, int32_t rank, int32_t result) {
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
     size_t mask = t->merge_cap - 1;
     uint64_t h = key;
@@ -208,10 +209,10 @@ static void merge_insert(vks_tokenizer *t, int32_t left, int32_t right, int32_t 
     h ^= h >> 33;
     for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
         tok_merge_slot *s = &t->merges[i];
-        if (s->key == key) return; /* first occurrence keeps its rank */
+        if (s->key == key) return 0; /* first occurrence keeps its rank */
         if (s->key == UINT64_MAX) {
             *s = (tok_merge_slot){key, rank, result};
-            return;
+            return 1;
         }
     }
 }
@@ -240,7 +241,7 @@ static int build_merges(vks_tokenizer *t, const tok_vocab_spec *s) {
         memcpy(joined, m, ll);
         memcpy(joined + ll, sp + 1, rl);
         int32_t result = vks_tok_lookup(t, joined, ll + rl);
-        if (left >= 0 && right >= 0 && result >= 0) merge_insert(t, left, right, (int32_t)r, result);
+        if (left >= 0 && right >= 0 && result >= 0) t->n_merges += merge_insert(t, left, right, (int32_t)r, result);
     }
     free(joined);
     return VKS_OK;
@@ -262,6 +263,8 @@ static int setup_bpe(vks_tokenizer *t, const tok_vocab_spec *s) {
                              "qwen2)", s->source, s->pre_name);
     if (s->pre_pattern) ignore = s->ignore_merges;
     t->ignore_merges = ignore;
+    t->pre_pattern = dup_or_null(pattern);
+    if (!t->pre_pattern) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", s->source);
     int rc = vks_tok_pretok_create(pattern, s->source, &t->pre);
     if (rc == VKS_OK) rc = build_merges(t, s);
     return rc;
@@ -279,6 +282,7 @@ int vks_tok_build(const tok_vocab_spec *s, vks_tokenizer **out) {
     t->bos = s->bos;
     t->eos = s->eos;
     t->unk = s->unk;
+    t->pad = s->pad;
     t->add_bos = s->add_bos;
     t->add_eos = s->add_eos;
     t->add_space_prefix = s->add_space_prefix;
