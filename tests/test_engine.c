@@ -1,6 +1,6 @@
 /* The GPU engine end to end: stories260K logits and greedy text against the
  * llama2.c references, the CPU forward on random models, weight splitting,
- * batch-invariant sampling and refusals. */
+ * feeds of several sequences, batch-invariant sampling and refusals. */
 #include "test_util.h"
 #include <math.h>
 #include <stdio.h>
@@ -229,14 +229,21 @@ static void test_greedy_text(void **state) {
     assert_no_validation_messages();
 }
 
-/* A random GQA model with sizes that are not multiples of any tile: GPU vs CPU forward. */
-static void test_random_model_vs_cpu(void **state) {
-    (void)state;
+/* A random GQA model with sizes that are not multiples of any tile. */
+static vks_model *odd_random_model(uint64_t seed) {
     vks_model_config c = {.dim = 96, .hidden_dim = 200, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
                           .vocab_size = 301, .seq_len = 64, .head_dim = 16, .kv_dim = 32, .norm_eps = 1e-5f,
                           .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false};
     vks_model *m;
-    assert_int_equal(vks_model_random(&c, 7, &m), VKS_OK);
+    assert_int_equal(vks_model_random(&c, seed, &m), VKS_OK);
+    return m;
+}
+
+/* The odd random model: GPU vs CPU forward. */
+static void test_random_model_vs_cpu(void **state) {
+    (void)state;
+    vks_model *m = odd_random_model(7);
+    const vks_model_config c = m->cfg;
     int N = 40;
     int32_t ids[40];
     for (int i = 0; i < N; i++) ids[i] = (i * 37 + 5) % c.vocab_size;
@@ -253,6 +260,79 @@ static void test_random_model_vs_cpu(void **state) {
     vks_model_free(m);
     free(want);
     free(got);
+    assert_no_validation_messages();
+}
+
+/* A feed of three sequences (one starting mid-way, with its earlier positions
+ * in the cache already) packs them into forwards of 13 rows with at most 4
+ * output rows: every output row arrives once, in feeding order, with the
+ * reference forward's logits and final-norm rows, and a forward's rows are
+ * still intact after the next forward (the two buffers alternate). */
+static void test_feed_several_sequences(void **state) {
+    (void)state;
+    vks_model *m = odd_random_model(11);
+    const vks_model_config c = m->cfg;
+    enum { S = 3, L = 30 };
+    const int end[S] = {9, 30, 5}, out_begin[S] = {6, 12, 0};
+    size_t V = (size_t)c.vocab_size, D = (size_t)c.dim;
+    int32_t ids[S][L];
+    float *want_logits[S], *want_hidden[S];
+    for (int s = 0; s < S; s++) {
+        for (int p = 0; p < L; p++) ids[s][p] = (p * 37 + s * 101 + 5) % c.vocab_size;
+        want_logits[s] = malloc(sizeof(float) * L * V);
+        want_hidden[s] = malloc(sizeof(float) * L * D);
+        assert_int_equal(vks_ref_forward(m, ids[s], end[s], want_logits[s], want_hidden[s]), VKS_OK);
+    }
+    vks_engine_options o = {.n_slots = S, .kv_len = L, .max_rows = 13, .max_out_rows = 4};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    /* sequence 1's positions 0..9 go in first, alone */
+    float *skipped = malloc(sizeof(float) * 10 * V);
+    assert_int_equal(vks_engine_logits(e, 1, ids[1], 0, 10, 0, skipped, NULL), VKS_OK);
+    vks_feed_seq seqs[S];
+    for (int s = 0; s < S; s++)
+        seqs[s] = (vks_feed_seq){.slot = (uint32_t)s, .ids = ids[s], .end = end[s], .out_begin = out_begin[s]};
+    seqs[1].begin = 10;
+    vks_feed *f;
+    vks_feed_options fo = {.want_hidden = true};
+    assert_int_equal(vks_feed_create(e, seqs, S, &fo, &f), VKS_OK);
+    const vks_feed_rows *rows, *prev = NULL;
+    float *prev_copy = malloc(sizeof(float) * 4 * V);
+    int next_seq = 0, next_pos = out_begin[0], forwards = 0, worst_pos = -1;
+    double worst = 0, worst_h = 0;
+    for (;;) {
+        assert_int_equal(vks_feed_next(f, &rows), VKS_OK);
+        if (!rows) break;
+        forwards++;
+        assert_true(rows->n >= 0 && rows->n <= 4);
+        if (prev) assert_memory_equal(prev->logits, prev_copy, sizeof(float) * (size_t)prev->n * V);
+        for (int i = 0; i < rows->n; i++) {
+            if (next_pos == end[next_seq]) next_seq++, next_pos = out_begin[next_seq];
+            assert_int_equal(rows->seq[i], next_seq);
+            assert_int_equal(rows->pos[i], next_pos);
+            size_t at = (size_t)next_pos;
+            double d = tu_nmse(rows->logits + i * V, want_logits[next_seq] + at * V, V);
+            double h = tu_nmse(rows->hidden + i * D, want_hidden[next_seq] + at * D, D);
+            if (d > worst) worst = d, worst_pos = next_pos;
+            if (h > worst_h) worst_h = h;
+            next_pos++;
+        }
+        memcpy(prev_copy, rows->logits, sizeof(float) * (size_t)rows->n * V);
+        prev = rows;
+    }
+    assert_int_equal(next_seq, S - 1);
+    assert_int_equal(next_pos, end[S - 1]);
+    /* 9 + 20 + 5 rows, 3 + 18 + 5 of them output rows: at least 7 forwards */
+    fprintf(stderr, "feed: %d forwards, worst nmse %.3g (position %d), hidden %.3g\n", forwards, worst, worst_pos,
+            worst_h);
+    assert_true(forwards >= 7);
+    assert_true(worst < 1e-10 && worst_h < 1e-10);
+    vks_feed_destroy(f);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    for (int s = 0; s < S; s++) free(want_logits[s]), free(want_hidden[s]);
+    free(skipped);
+    free(prev_copy);
     assert_no_validation_messages();
 }
 
@@ -512,7 +592,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_logits_f32),   cmocka_unit_test(test_stories_logits_half),
         cmocka_unit_test(test_split_weights),        cmocka_unit_test(test_greedy_text),
-        cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_batch_invariant_sampling),
+        cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_feed_several_sequences),
+        cmocka_unit_test(test_batch_invariant_sampling),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
         cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_refusals),
     };

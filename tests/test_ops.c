@@ -18,19 +18,26 @@
 static vks_gpu *gpu;
 static vks_ops *ops;
 
-/* One table row. Fields are used as each runner documents; unused ones stay 0. */
+/* One table row: a name, its runner, the NMSE limit and the shape of the op
+ * family the runner tests. The runner is the tag: it reads only its family's
+ * member of the union (each runner documents its fields). */
 typedef struct op_case op_case;
 typedef void (*op_runner)(const op_case *tc);
 struct op_case {
     const char *name;
     op_runner run;
-    uint32_t M, N, K;          /* matmul; also R (=M), D (=N) for row ops */
-    vks_dtype dtype;
-    uint32_t heads, kv_heads, head_dim, seq_len;
-    uint32_t mode;             /* rope mode; matmul: 1 = accumulate + column window */
-    float temperature, top_p;  /* sample */
-    uint32_t top_k;
     double tol;                /* nmse threshold */
+    union {
+        struct { uint32_t M, N, K; vks_dtype dtype; bool accumulate_window; } matmul;
+        struct { uint32_t tokens, dim, vocab; vks_dtype dtype; bool chunk; } embed;
+        struct { uint32_t R, D; bool in_place; } rows;       /* rmsnorm, bias_add */
+        struct { uint32_t R, heads, head_dim, max_pos, mode; } rope;
+        struct { uint32_t R, kv_dim, seq_len; } kv_store;
+        struct { uint32_t heads, kv_heads, head_dim, seq_len, decode_rows; } attention;
+        struct { uint32_t n; bool in_place; } elementwise;   /* swiglu, add */
+        struct { uint32_t R, D, src_rows; } gather;
+        struct { uint32_t S, V; float temperature; uint32_t top_k; float top_p; bool ties; } sample;
+    };
 };
 
 /* ---- small helpers ---- */
@@ -130,22 +137,23 @@ static vks_buffer *weight_buffer(float *w, size_t rows, size_t cols, vks_dtype t
  * about 3u relative and the NMSE of the sums by at most (3u)^2. */
 #define F16_MATH_NMSE (9.0 / (2048.0 * 2048.0))
 
-/* matmul: x [M,K], W [N,K] of dtype. mode 1: accumulate into a y of row stride
- * ldy = N + 7 at column 5, whose other columns must stay untouched. */
+/* matmul: x [M,K], W [N,K] of dtype. accumulate_window: accumulate into a y of
+ * row stride ldy = N + 7 at column 5, whose other columns must stay untouched. */
 static void run_matmul(const op_case *tc) {
-    uint32_t M = tc->M, N = tc->N, K = tc->K;
-    bool window = tc->mode == 1;
+    uint32_t M = tc->matmul.M, N = tc->matmul.N, K = tc->matmul.K;
+    vks_dtype dtype = tc->matmul.dtype;
+    bool window = tc->matmul.accumulate_window;
     uint32_t ldy = window ? N + 7 : N, col0 = window ? 5 : 0;
     float *x = rand_floats((size_t)M * K, 1, -1, 1);
     float *w = rand_floats((size_t)N * K, 2, -1, 1);
     vks_buffer *bx = gpu_buffer(x, (size_t)M * K * 4);
-    vks_buffer *bw = weight_buffer(w, N, K, tc->dtype);
+    vks_buffer *bw = weight_buffer(w, N, K, dtype);
     size_t ny = (size_t)M * ldy;
     float *y0 = window ? rand_floats(ny, 3, -1, 1) : NULL;
     vks_buffer *by = gpu_buffer(y0, ny * 4);
 
     vks_cmd *c = begin();
-    assert_int_equal(vks_op_matmul(ops, c, bind(bx), bind(bw), tc->dtype, bind(by), M, N, K, ldy,
+    assert_int_equal(vks_op_matmul(ops, c, bind(bx), bind(bw), dtype, bind(by), M, N, K, ldy,
                                    col0, window),
                      VKS_OK);
     submit(c);
@@ -164,23 +172,24 @@ static void run_matmul(const op_case *tc) {
     vks_buffer_destroy(bx); vks_buffer_destroy(bw); vks_buffer_destroy(by);
 }
 
-/* embed: V = K table rows of D = N, R = M tokens. mode 1: the table is a chunk
- * [row0, row0 + V/2) and rows outside it must keep their old values. */
+/* embed: R tokens looked up in a table of V rows of D. chunk: the GPU table is
+ * the chunk [row0, row0 + V/2) and rows outside it must keep their old values. */
 static void run_embed(const op_case *tc) {
-    uint32_t V = tc->K, D = tc->N, R = tc->M;
-    bool chunk = tc->mode == 1;
+    uint32_t V = tc->embed.vocab, D = tc->embed.dim, R = tc->embed.tokens;
+    vks_dtype dtype = tc->embed.dtype;
+    bool chunk = tc->embed.chunk;
     uint32_t row0 = chunk ? V / 3 : 0, rows = chunk ? V / 2 : V;
     float *table = rand_floats((size_t)V * D, 4, -2, 2);
     uint32_t *tok = xmalloc(R * 4);
     for (uint32_t r = 0; r < R; r++) tok[r] = (r * 7919u + 13u) % V;
     vks_buffer *bt = gpu_buffer(tok, R * 4);
     /* the GPU table holds rows [row0, row0 + rows) only */
-    vks_buffer *btab = weight_buffer(table + (size_t)row0 * D, rows, D, tc->dtype);
+    vks_buffer *btab = weight_buffer(table + (size_t)row0 * D, rows, D, dtype);
     float *old = chunk ? rand_floats((size_t)R * D, 5, -1, 1) : NULL;
     vks_buffer *bo = gpu_buffer(old, (size_t)R * D * 4);
 
     vks_cmd *c = begin();
-    assert_int_equal(vks_op_embed(ops, c, bind(bt), bind(btab), tc->dtype, row0, rows, D,
+    assert_int_equal(vks_op_embed(ops, c, bind(bt), bind(btab), dtype, row0, rows, D,
                                   bind(bo), R), VKS_OK);
     submit(c);
 
@@ -195,13 +204,13 @@ static void run_embed(const op_case *tc) {
     vks_buffer_destroy(bt); vks_buffer_destroy(btab); vks_buffer_destroy(bo);
 }
 
-/* rmsnorm: R = M rows of D = N. mode 1: in place. */
+/* rmsnorm: R rows of D, into a fresh buffer or in place. */
 static void run_rmsnorm(const op_case *tc) {
-    uint32_t R = tc->M, D = tc->N;
+    uint32_t R = tc->rows.R, D = tc->rows.D;
     size_t n = (size_t)R * D;
     float *x = rand_floats(n, 6, -3, 3), *w = rand_floats(D, 7, 0.5f, 1.5f);
     vks_buffer *bx = gpu_buffer(x, n * 4), *bw = gpu_buffer(w, D * 4);
-    vks_buffer *bo = tc->mode == 1 ? bx : gpu_buffer(NULL, n * 4);
+    vks_buffer *bo = tc->rows.in_place ? bx : gpu_buffer(NULL, n * 4);
     vks_cmd *c = begin();
     assert_int_equal(vks_op_rmsnorm(ops, c, bind(bx), bind(bw), bind(bo), R, D, 1e-5f), VKS_OK);
     submit(c);
@@ -214,30 +223,32 @@ static void run_rmsnorm(const op_case *tc) {
     vks_buffer_destroy(bx); vks_buffer_destroy(bw);
 }
 
-/* rope: R = M rows, heads x head_dim at column 3 of rows of stride +5; other columns untouched. */
+/* rope: R rows at positions 0..max_pos, heads x head_dim at column 3 of rows of
+ * stride +5 (other columns untouched); mode VKS_ROPE_ADJACENT or VKS_ROPE_HALF. */
 static void run_rope(const op_case *tc) {
-    uint32_t R = tc->M, col0 = 3, stride = col0 + tc->heads * tc->head_dim + 5;
+    uint32_t R = tc->rope.R, heads = tc->rope.heads, head_dim = tc->rope.head_dim;
+    uint32_t mode = tc->rope.mode, col0 = 3, stride = col0 + heads * head_dim + 5;
     size_t n = (size_t)R * stride;
     float *x = rand_floats(n, 8, -1, 1), *want = xmalloc(n * 4), *got = xmalloc(n * 4);
     uint32_t *pos = xmalloc(R * 4);
-    for (uint32_t r = 0; r < R; r++) pos[r] = (r * 37u) % (tc->seq_len + 1);
+    for (uint32_t r = 0; r < R; r++) pos[r] = (r * 37u) % (tc->rope.max_pos + 1);
     vks_buffer *bx = gpu_buffer(x, n * 4), *bp = gpu_buffer(pos, R * 4);
     vks_cmd *c = begin();
-    assert_int_equal(vks_op_rope(ops, c, bind(bx), bind(bp), R, stride, col0, tc->heads,
-                                 tc->head_dim, 10000.0f, tc->mode), VKS_OK);
+    assert_int_equal(vks_op_rope(ops, c, bind(bx), bind(bp), R, stride, col0, heads, head_dim,
+                                 10000.0f, mode), VKS_OK);
     submit(c);
     memcpy(want, x, n * 4);
-    vks_ref_rope(want, pos, (int)R, (int)stride, (int)col0, (int)tc->heads, (int)tc->head_dim,
-                 10000.0f, (int)tc->mode);
+    vks_ref_rope(want, pos, (int)R, (int)stride, (int)col0, (int)heads, (int)head_dim,
+                 10000.0f, (int)mode);
     download(bx, got, n * 4);
     expect_close(tc->name, got, want, n, tc->tol);
     free(x); free(want); free(got); free(pos);
     vks_buffer_destroy(bx); vks_buffer_destroy(bp);
 }
 
-/* kv_store: R = M rows of kv_dim = N into 3 slots of seq_len; the rest of the caches untouched. */
+/* kv_store: R rows of kv_dim into 3 slots of seq_len; the rest of the caches untouched. */
 static void run_kv_store(const op_case *tc) {
-    uint32_t R = tc->M, kv = tc->N, L = tc->seq_len, slots = 3;
+    uint32_t R = tc->kv_store.R, kv = tc->kv_store.kv_dim, L = tc->kv_store.seq_len, slots = 3;
     size_t nc = (size_t)slots * L * kv, nr = (size_t)R * kv;
     float *k = rand_floats(nr, 9, -1, 1), *v = rand_floats(nr, 10, -1, 1);
     float *kc = rand_floats(nc, 11, -1, 1), *vc = rand_floats(nc, 12, -1, 1);
@@ -266,11 +277,12 @@ static void run_kv_store(const op_case *tc) {
 }
 
 /* attention: a prefill batch of every position of two sequences (lengths
- * seq_len and seq_len/3+1, slots 2 and 0 of 3), plus M extra decode rows at
+ * seq_len and seq_len/3+1, slots 2 and 0 of 3), plus decode_rows extra rows at
  * mixed slots/positions. */
 static void run_attention(const op_case *tc) {
-    uint32_t L = tc->seq_len, hd = tc->head_dim, H = tc->heads, KH = tc->kv_heads;
-    uint32_t len_a = L, len_b = L / 3 + 1, R = len_a + len_b + tc->M, slots = 3;
+    uint32_t L = tc->attention.seq_len, hd = tc->attention.head_dim;
+    uint32_t H = tc->attention.heads, KH = tc->attention.kv_heads;
+    uint32_t len_a = L, len_b = L / 3 + 1, R = len_a + len_b + tc->attention.decode_rows, slots = 3;
     uint32_t *slot = xmalloc(R * 4), *pos = xmalloc(R * 4);
     for (uint32_t r = 0; r < R; r++) {
         if (r < len_a) { slot[r] = 2; pos[r] = r; }
@@ -296,18 +308,18 @@ static void run_attention(const op_case *tc) {
     vks_buffer_destroy(bo); vks_buffer_destroy(bs); vks_buffer_destroy(bp);
 }
 
-/* swiglu / add over n = N elements; mode 1: swiglu in place. */
+/* swiglu / add over n elements; add is always in place, swiglu when in_place. */
 static void run_elementwise(const op_case *tc, bool swiglu) {
-    size_t n = tc->N;
+    size_t n = tc->elementwise.n;
     float *a = rand_floats(n, 16, -6, 6), *b = rand_floats(n, 17, -2, 2);
     float *want = xmalloc(n * 4), *got = xmalloc(n * 4);
     vks_buffer *ba = gpu_buffer(a, n * 4), *bb = gpu_buffer(b, n * 4);
-    vks_buffer *bo = swiglu && tc->mode != 1 ? gpu_buffer(NULL, n * 4) : ba;
+    vks_buffer *bo = swiglu && !tc->elementwise.in_place ? gpu_buffer(NULL, n * 4) : ba;
     vks_cmd *c = begin();
     if (swiglu)
-        assert_int_equal(vks_op_swiglu(ops, c, bind(ba), bind(bb), bind(bo), tc->N), VKS_OK);
+        assert_int_equal(vks_op_swiglu(ops, c, bind(ba), bind(bb), bind(bo), (uint32_t)n), VKS_OK);
     else
-        assert_int_equal(vks_op_add(ops, c, bind(ba), bind(bb), tc->N), VKS_OK);
+        assert_int_equal(vks_op_add(ops, c, bind(ba), bind(bb), (uint32_t)n), VKS_OK);
     submit(c);
     if (swiglu) vks_ref_swiglu(a, b, n, want);
     else { memcpy(want, a, n * 4); vks_ref_add(want, b, n); }
@@ -320,9 +332,9 @@ static void run_elementwise(const op_case *tc, bool swiglu) {
 static void run_swiglu(const op_case *tc) { run_elementwise(tc, true); }
 static void run_add(const op_case *tc) { run_elementwise(tc, false); }
 
-/* bias_add: M rows of D = N columns. */
+/* bias_add: R rows of D columns, always in place (rows.in_place unused). */
 static void run_bias_add(const op_case *tc) {
-    uint32_t R = tc->M, D = tc->N;
+    uint32_t R = tc->rows.R, D = tc->rows.D;
     size_t n = (size_t)R * D;
     float *x = rand_floats(n, 18, -3, 3), *bias = rand_floats(D, 19, -1, 1);
     float *want = xmalloc(n * 4), *got = xmalloc(n * 4);
@@ -338,9 +350,9 @@ static void run_bias_add(const op_case *tc) {
     vks_buffer_destroy(bx); vks_buffer_destroy(bb);
 }
 
-/* gather_rows: n = M rows of D = N from K source rows. */
+/* gather_rows: R rows of D picked from src_rows source rows. */
 static void run_gather(const op_case *tc) {
-    uint32_t n = tc->M, D = tc->N, src_rows = tc->K;
+    uint32_t n = tc->gather.R, D = tc->gather.D, src_rows = tc->gather.src_rows;
     float *src = rand_floats((size_t)src_rows * D, 18, -1, 1);
     uint32_t *idx = xmalloc(n * 4);
     for (uint32_t i = 0; i < n; i++) idx[i] = (i * 7u + 3u) % src_rows;
@@ -383,18 +395,19 @@ static bool near_tie(const float *logits, int V, const vks_sample_params *p, uin
     return boundary;
 }
 
-/* sample: S = M rows of V = N logits. mode 1: logits quantized to create ties. */
+/* sample: S rows of V logits. ties: logits rounded to halves to create ties. */
 static void run_sample(const op_case *tc) {
-    uint32_t S = tc->M, V = tc->N;
+    uint32_t S = tc->sample.S, V = tc->sample.V, top_k = tc->sample.top_k;
+    float temperature = tc->sample.temperature, top_p = tc->sample.top_p;
     float *logits = rand_floats((size_t)S * V, 19, -8, 8);
-    if (tc->mode == 1)
+    if (tc->sample.ties)
         for (size_t i = 0; i < (size_t)S * V; i++) logits[i] = roundf(logits[i] * 2) / 2;
     vks_gpu_sample_row *rows = xmalloc(S * sizeof *rows);
     vks_sample_params *ref = xmalloc(S * sizeof *ref);
     for (uint32_t s = 0; s < S; s++) {
         uint64_t seed = 0x123456789abcull * (s + 1);
-        ref[s] = (vks_sample_params){tc->temperature, tc->top_k, tc->top_p, seed, s * 3u, 17u + s};
-        rows[s] = (vks_gpu_sample_row){tc->temperature, tc->top_k, tc->top_p, (uint32_t)seed,
+        ref[s] = (vks_sample_params){temperature, top_k, top_p, seed, s * 3u, 17u + s};
+        rows[s] = (vks_gpu_sample_row){temperature, top_k, top_p, (uint32_t)seed,
                                        (uint32_t)(seed >> 32), s * 3u, 17u + s, 0};
     }
     vks_buffer *bl = gpu_buffer(logits, (size_t)S * V * 4);
@@ -411,7 +424,7 @@ static void run_sample(const op_case *tc) {
         if (got[s] == want) continue;
         mismatches++;
         fprintf(stderr, "%s: row %u gpu %u ref %u\n", tc->name, s, got[s], want);
-        assert_true(tc->temperature > 0.0f);  /* greedy must match exactly */
+        assert_true(temperature > 0.0f);  /* greedy must match exactly */
         assert_true(near_tie(row, (int)V, &ref[s], got[s], want));
     }
     assert_true(mismatches * 200 <= S); /* at most 1 in 200 rows */
@@ -461,90 +474,92 @@ static void run_bad_args(const op_case *tc) {
 #define Q8_0 VKS_DTYPE_Q8_0
 #define Q4_0 VKS_DTYPE_Q4_0
 #define Q4_K VKS_DTYPE_Q4_K
-#define MATMUL(nm, m, n, k, dt, md) {nm, run_matmul, .M = m, .N = n, .K = k, .dtype = dt, .mode = md, .tol = 1e-11}
-#define ATTN(nm, h, kh, hd, L, extra) \
-    {nm, run_attention, .M = extra, .heads = h, .kv_heads = kh, .head_dim = hd, .seq_len = L, .tol = 1e-11}
-#define SAMPLE(nm, s, v, t, k, p, md) \
-    {nm, run_sample, .M = s, .N = v, .temperature = t, .top_k = k, .top_p = p, .mode = md}
+/* Families whose limit is the same for every row; the shape is named in the row. */
+#define MATMUL(nm, ...) {nm, run_matmul, .tol = 1e-11, .matmul = {__VA_ARGS__}}
+#define EMBED(nm, ...) {nm, run_embed, .tol = 0, .embed = {__VA_ARGS__}}
+#define ROPE(nm, ...) {nm, run_rope, .tol = 1e-10, .rope = {__VA_ARGS__}}
+#define ATTN(nm, ...) {nm, run_attention, .tol = 1e-11, .attention = {__VA_ARGS__}}
+#define SAMPLE(nm, ...) {nm, run_sample, .sample = {__VA_ARGS__}}
 
 static const op_case cases[] = {
-    MATMUL("matvec f32 M1 odd", 1, 173, 67, F32, 0),
-    MATMUL("matvec f32 M3 odd", 3, 173, 67, F32, 0),
-    MATMUL("matvec f32 M8 vec4", 8, 173, 256, F32, 0),
-    MATMUL("matvec f16 M1 odd", 1, 173, 67, F16, 0),
-    MATMUL("matvec f16 M2 vec4", 2, 300, 512, F16, 0),
-    MATMUL("matvec bf16 M1 odd", 1, 173, 67, BF16, 0),
-    MATMUL("matvec bf16 M4 vec4", 4, 67, 1024, BF16, 0),
-    MATMUL("matvec f32 accumulate window", 3, 173, 64, F32, 1),
-    MATMUL("matvec f16 accumulate window", 1, 173, 67, F16, 1),
-    MATMUL("matmul f32 M17 odd", 17, 173, 67, F32, 0),
-    MATMUL("matmul f32 M64", 64, 173, 67, F32, 0),
-    MATMUL("matmul f16 M17", 17, 173, 67, F16, 0),
-    MATMUL("matmul f16 M64 K256", 64, 130, 256, F16, 0),
-    MATMUL("matmul bf16 M17", 17, 173, 67, BF16, 0),
-    MATMUL("matmul bf16 M100", 100, 65, 129, BF16, 0),
-    MATMUL("matmul f32 accumulate window", 17, 173, 67, F32, 1),
-    MATMUL("matmul bf16 accumulate window", 70, 64, 64, BF16, 1),
+    MATMUL("matvec f32 M1 odd", .M = 1, .N = 173, .K = 67, .dtype = F32),
+    MATMUL("matvec f32 M3 odd", .M = 3, .N = 173, .K = 67, .dtype = F32),
+    MATMUL("matvec f32 M8 vec4", .M = 8, .N = 173, .K = 256, .dtype = F32),
+    MATMUL("matvec f16 M1 odd", .M = 1, .N = 173, .K = 67, .dtype = F16),
+    MATMUL("matvec f16 M2 vec4", .M = 2, .N = 300, .K = 512, .dtype = F16),
+    MATMUL("matvec bf16 M1 odd", .M = 1, .N = 173, .K = 67, .dtype = BF16),
+    MATMUL("matvec bf16 M4 vec4", .M = 4, .N = 67, .K = 1024, .dtype = BF16),
+    MATMUL("matvec f32 accumulate window", .M = 3, .N = 173, .K = 64, .dtype = F32, .accumulate_window = true),
+    MATMUL("matvec f16 accumulate window", .M = 1, .N = 173, .K = 67, .dtype = F16, .accumulate_window = true),
+    MATMUL("matmul f32 M17 odd", .M = 17, .N = 173, .K = 67, .dtype = F32),
+    MATMUL("matmul f32 M64", .M = 64, .N = 173, .K = 67, .dtype = F32),
+    MATMUL("matmul f16 M17", .M = 17, .N = 173, .K = 67, .dtype = F16),
+    MATMUL("matmul f16 M64 K256", .M = 64, .N = 130, .K = 256, .dtype = F16),
+    MATMUL("matmul bf16 M17", .M = 17, .N = 173, .K = 67, .dtype = BF16),
+    MATMUL("matmul bf16 M100", .M = 100, .N = 65, .K = 129, .dtype = BF16),
+    MATMUL("matmul f32 accumulate window", .M = 17, .N = 173, .K = 67, .dtype = F32, .accumulate_window = true),
+    MATMUL("matmul bf16 accumulate window", .M = 70, .N = 64, .K = 64, .dtype = BF16, .accumulate_window = true),
     /* vector staging (K % 8 == 0) with partial K slices and tiles in M and N */
-    MATMUL("matmul f32 M130 N200 K40", 130, 200, 40, F32, 0),
-    MATMUL("matmul f16 M65 N129 K520", 65, 129, 520, F16, 0),
-    MATMUL("matmul f16 accumulate window K24", 66, 131, 24, F16, 1),
+    MATMUL("matmul f32 M130 N200 K40", .M = 130, .N = 200, .K = 40, .dtype = F32),
+    MATMUL("matmul f16 M65 N129 K520", .M = 65, .N = 129, .K = 520, .dtype = F16),
+    MATMUL("matmul f16 accumulate window K24", .M = 66, .N = 131, .K = 24, .dtype = F16, .accumulate_window = true),
     /* block types: GPU vs the reference on the dequantized weights (K whole blocks) */
-    MATMUL("matvec q8_0 M1", 1, 173, 96, Q8_0, 0),
-    MATMUL("matvec q8_0 M3 K1024", 3, 67, 1024, Q8_0, 0),
-    MATMUL("matvec q8_0 M8", 8, 37, 160, Q8_0, 0),
-    MATMUL("matvec q4_0 M1", 1, 173, 96, Q4_0, 0),
-    MATMUL("matvec q4_0 M2 K1024", 2, 67, 1024, Q4_0, 0),
-    MATMUL("matvec q4_0 M7", 7, 37, 160, Q4_0, 0),
-    MATMUL("matvec q4_k M1", 1, 173, 256, Q4_K, 0),
-    MATMUL("matvec q4_k M3 K1280", 3, 67, 1280, Q4_K, 0),
-    MATMUL("matvec q4_k M8", 8, 37, 512, Q4_K, 0),
-    MATMUL("matvec q8_0 accumulate window", 1, 173, 64, Q8_0, 1),
-    MATMUL("matvec q4_k accumulate window", 2, 41, 256, Q4_K, 1),
-    MATMUL("matmul q8_0 M17", 17, 173, 96, Q8_0, 0),
-    MATMUL("matmul q4_0 M70", 70, 65, 160, Q4_0, 0),
-    MATMUL("matmul q4_k M17", 17, 67, 512, Q4_K, 0),
-    MATMUL("matmul q4_0 accumulate window", 9, 130, 64, Q4_0, 1),
-    MATMUL("matmul q4_k accumulate window", 66, 37, 256, Q4_K, 1),
-    MATMUL("matmul q8_0 M70 N130", 70, 130, 64, Q8_0, 0),
-    {"embed q8_0", run_embed, .M = 9, .N = 96, .K = 100, .dtype = Q8_0, .tol = 0},
-    {"embed q4_0 chunk", run_embed, .M = 17, .N = 64, .K = 90, .dtype = Q4_0, .mode = 1, .tol = 0},
-    {"embed q4_k chunk", run_embed, .M = 17, .N = 512, .K = 30, .dtype = Q4_K, .mode = 1, .tol = 0},
-    {"embed f32", run_embed, .M = 9, .N = 67, .K = 100, .dtype = F32, .tol = 0},
-    {"embed f16", run_embed, .M = 9, .N = 67, .K = 100, .dtype = F16, .tol = 0},
-    {"embed bf16", run_embed, .M = 9, .N = 67, .K = 100, .dtype = BF16, .tol = 0},
-    {"embed f16 chunk", run_embed, .M = 17, .N = 33, .K = 90, .dtype = F16, .mode = 1, .tol = 0},
-    {"embed f32 chunk", run_embed, .M = 17, .N = 64, .K = 90, .dtype = F32, .mode = 1, .tol = 0},
-    {"rmsnorm D67", run_rmsnorm, .M = 5, .N = 67, .tol = 1e-12},
-    {"rmsnorm D4096 in place", run_rmsnorm, .M = 3, .N = 4096, .mode = 1, .tol = 1e-12},
-    {"rmsnorm D1", run_rmsnorm, .M = 2, .N = 1, .tol = 1e-12},
-    {"rope adjacent hd8", run_rope, .M = 7, .heads = 3, .head_dim = 8, .seq_len = 300, .tol = 1e-10},
-    {"rope half hd64", run_rope, .M = 9, .heads = 2, .head_dim = 64, .seq_len = 300, .mode = 1, .tol = 1e-10},
-    {"rope adjacent hd128", run_rope, .M = 5, .heads = 4, .head_dim = 128, .seq_len = 300, .tol = 1e-10},
-    {"rope half hd128", run_rope, .M = 5, .heads = 4, .head_dim = 128, .seq_len = 300, .mode = 1, .tol = 1e-10},
-    {"kv_store", run_kv_store, .M = 7, .N = 67, .seq_len = 20, .tol = 0},
-    ATTN("attention hd8 gqa1", 2, 2, 8, 40, 5),
-    ATTN("attention hd64 gqa2", 4, 2, 64, 300, 3),
-    ATTN("attention hd128 gqa4", 8, 2, 128, 150, 4),
-    ATTN("attention hd256 gqa1", 2, 2, 256, 70, 2),
-    ATTN("attention hd72 gqa4", 4, 1, 72, 129, 1),
-    {"swiglu", run_swiglu, .N = 100003, .tol = 1e-12},
-    {"swiglu in place", run_swiglu, .N = 1, .mode = 1, .tol = 1e-12},
-    {"add", run_add, .N = 1000, .tol = 1e-14},
-    {"bias_add", run_bias_add, .M = 7, .N = 131, .tol = 1e-14},
-    {"bias_add one column", run_bias_add, .M = 300, .N = 1, .tol = 1e-14},
-    {"gather_rows", run_gather, .M = 13, .N = 67, .K = 10, .tol = 0},
-    SAMPLE("sample greedy V32000", 4, 32000, 0.0f, 0, 0.0f, 0),
-    SAMPLE("sample greedy ties", 8, 1000, 0.0f, 0, 0.0f, 1),
-    SAMPLE("sample T0.8", 200, 1000, 0.8f, 0, 0.0f, 0),
-    SAMPLE("sample top-k 40", 200, 1000, 1.0f, 40, 0.0f, 0),
-    SAMPLE("sample top-k ties", 200, 1000, 1.0f, 40, 0.0f, 1),
-    SAMPLE("sample top-p 0.9", 200, 1000, 1.0f, 0, 0.9f, 0),
-    SAMPLE("sample top-k 50 top-p 0.7 ties", 200, 1000, 0.7f, 50, 0.7f, 1),
-    SAMPLE("sample V32000 top-k top-p", 4, 32000, 0.9f, 100, 0.95f, 0),
+    MATMUL("matvec q8_0 M1", .M = 1, .N = 173, .K = 96, .dtype = Q8_0),
+    MATMUL("matvec q8_0 M3 K1024", .M = 3, .N = 67, .K = 1024, .dtype = Q8_0),
+    MATMUL("matvec q8_0 M8", .M = 8, .N = 37, .K = 160, .dtype = Q8_0),
+    MATMUL("matvec q4_0 M1", .M = 1, .N = 173, .K = 96, .dtype = Q4_0),
+    MATMUL("matvec q4_0 M2 K1024", .M = 2, .N = 67, .K = 1024, .dtype = Q4_0),
+    MATMUL("matvec q4_0 M7", .M = 7, .N = 37, .K = 160, .dtype = Q4_0),
+    MATMUL("matvec q4_k M1", .M = 1, .N = 173, .K = 256, .dtype = Q4_K),
+    MATMUL("matvec q4_k M3 K1280", .M = 3, .N = 67, .K = 1280, .dtype = Q4_K),
+    MATMUL("matvec q4_k M8", .M = 8, .N = 37, .K = 512, .dtype = Q4_K),
+    MATMUL("matvec q8_0 accumulate window", .M = 1, .N = 173, .K = 64, .dtype = Q8_0, .accumulate_window = true),
+    MATMUL("matvec q4_k accumulate window", .M = 2, .N = 41, .K = 256, .dtype = Q4_K, .accumulate_window = true),
+    MATMUL("matmul q8_0 M17", .M = 17, .N = 173, .K = 96, .dtype = Q8_0),
+    MATMUL("matmul q4_0 M70", .M = 70, .N = 65, .K = 160, .dtype = Q4_0),
+    MATMUL("matmul q4_k M17", .M = 17, .N = 67, .K = 512, .dtype = Q4_K),
+    MATMUL("matmul q4_0 accumulate window", .M = 9, .N = 130, .K = 64, .dtype = Q4_0, .accumulate_window = true),
+    MATMUL("matmul q4_k accumulate window", .M = 66, .N = 37, .K = 256, .dtype = Q4_K, .accumulate_window = true),
+    MATMUL("matmul q8_0 M70 N130", .M = 70, .N = 130, .K = 64, .dtype = Q8_0),
+    EMBED("embed q8_0", .tokens = 9, .dim = 96, .vocab = 100, .dtype = Q8_0),
+    EMBED("embed q4_0 chunk", .tokens = 17, .dim = 64, .vocab = 90, .dtype = Q4_0, .chunk = true),
+    EMBED("embed q4_k chunk", .tokens = 17, .dim = 512, .vocab = 30, .dtype = Q4_K, .chunk = true),
+    EMBED("embed f32", .tokens = 9, .dim = 67, .vocab = 100, .dtype = F32),
+    EMBED("embed f16", .tokens = 9, .dim = 67, .vocab = 100, .dtype = F16),
+    EMBED("embed bf16", .tokens = 9, .dim = 67, .vocab = 100, .dtype = BF16),
+    EMBED("embed f16 chunk", .tokens = 17, .dim = 33, .vocab = 90, .dtype = F16, .chunk = true),
+    EMBED("embed f32 chunk", .tokens = 17, .dim = 64, .vocab = 90, .dtype = F32, .chunk = true),
+    {"rmsnorm D67", run_rmsnorm, .tol = 1e-12, .rows = {.R = 5, .D = 67}},
+    {"rmsnorm D4096 in place", run_rmsnorm, .tol = 1e-12, .rows = {.R = 3, .D = 4096, .in_place = true}},
+    {"rmsnorm D1", run_rmsnorm, .tol = 1e-12, .rows = {.R = 2, .D = 1}},
+    ROPE("rope adjacent hd8", .R = 7, .heads = 3, .head_dim = 8, .max_pos = 300, .mode = VKS_ROPE_ADJACENT),
+    ROPE("rope half hd64", .R = 9, .heads = 2, .head_dim = 64, .max_pos = 300, .mode = VKS_ROPE_HALF),
+    ROPE("rope adjacent hd128", .R = 5, .heads = 4, .head_dim = 128, .max_pos = 300, .mode = VKS_ROPE_ADJACENT),
+    ROPE("rope half hd128", .R = 5, .heads = 4, .head_dim = 128, .max_pos = 300, .mode = VKS_ROPE_HALF),
+    {"kv_store", run_kv_store, .tol = 0, .kv_store = {.R = 7, .kv_dim = 67, .seq_len = 20}},
+    ATTN("attention hd8 gqa1", .heads = 2, .kv_heads = 2, .head_dim = 8, .seq_len = 40, .decode_rows = 5),
+    ATTN("attention hd64 gqa2", .heads = 4, .kv_heads = 2, .head_dim = 64, .seq_len = 300, .decode_rows = 3),
+    ATTN("attention hd128 gqa4", .heads = 8, .kv_heads = 2, .head_dim = 128, .seq_len = 150, .decode_rows = 4),
+    ATTN("attention hd256 gqa1", .heads = 2, .kv_heads = 2, .head_dim = 256, .seq_len = 70, .decode_rows = 2),
+    ATTN("attention hd72 gqa4", .heads = 4, .kv_heads = 1, .head_dim = 72, .seq_len = 129, .decode_rows = 1),
+    {"swiglu", run_swiglu, .tol = 1e-12, .elementwise = {.n = 100003}},
+    {"swiglu in place", run_swiglu, .tol = 1e-12, .elementwise = {.n = 1, .in_place = true}},
+    {"add", run_add, .tol = 1e-14, .elementwise = {.n = 1000}},
+    {"bias_add", run_bias_add, .tol = 1e-14, .rows = {.R = 7, .D = 131}},
+    {"bias_add one column", run_bias_add, .tol = 1e-14, .rows = {.R = 300, .D = 1}},
+    {"gather_rows", run_gather, .tol = 0, .gather = {.R = 13, .D = 67, .src_rows = 10}},
+    SAMPLE("sample greedy V32000", .S = 4, .V = 32000, .temperature = 0.0f),
+    SAMPLE("sample greedy ties", .S = 8, .V = 1000, .temperature = 0.0f, .ties = true),
+    SAMPLE("sample T0.8", .S = 200, .V = 1000, .temperature = 0.8f),
+    SAMPLE("sample top-k 40", .S = 200, .V = 1000, .temperature = 1.0f, .top_k = 40),
+    SAMPLE("sample top-k ties", .S = 200, .V = 1000, .temperature = 1.0f, .top_k = 40, .ties = true),
+    SAMPLE("sample top-p 0.9", .S = 200, .V = 1000, .temperature = 1.0f, .top_p = 0.9f),
+    SAMPLE("sample top-k 50 top-p 0.7 ties", .S = 200, .V = 1000, .temperature = 0.7f, .top_k = 50,
+           .top_p = 0.7f, .ties = true),
+    SAMPLE("sample V32000 top-k top-p", .S = 4, .V = 32000, .temperature = 0.9f, .top_k = 100, .top_p = 0.95f),
     /* more workgroups than maxComputeWorkGroupCount[0] (65535 on lavapipe): folded into y */
-    SAMPLE("sample greedy 70000 rows", 70000, 3, 0.0f, 0, 0.0f, 1),
-    {"add 2^24+3 elements", run_add, .N = (1u << 24) + 3, .tol = 0},
+    SAMPLE("sample greedy 70000 rows", .S = 70000, .V = 3, .temperature = 0.0f, .ties = true),
+    {"add 2^24+3 elements", run_add, .tol = 0, .elementwise = {.n = (1u << 24) + 3}},
     {"bad arguments", run_bad_args, .tol = 0},
 };
 

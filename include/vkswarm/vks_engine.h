@@ -89,13 +89,59 @@ typedef struct {
 
 /* Records the whole forward into one command buffer and submits it once. */
 int vks_engine_forward(vks_engine *e, const vks_forward_batch *b);
+
+/* ---- feed ids, collect logits (engine_feed.c) ---- */
 /* Feeds ids[first..end) at those positions of KV slot `slot` (positions
  * before `first` must be in the cache already), in forwards of at most
  * `chunk` rows (0: as many as the engine takes), and collects the logits of
  * every position p into logits[p * vocab] (and, when hidden is not NULL, the
- * final-norm rows into hidden[p * dim]). The engine must hold every layer. */
+ * final-norm rows into hidden[p * dim]). The engine must hold every layer.
+ * One sequence through a vks_feed. */
 int vks_engine_logits(vks_engine *e, uint32_t slot, const int32_t *ids, int first, int end, int chunk, float *logits,
                       float *hidden);
+
+/* One sequence of a feed: the token ids[p] goes to position p of KV slot
+ * `slot` for p in [begin, end) (positions before begin must be in the cache
+ * already); positions from out_begin on are output rows, whose logits (and
+ * final-norm rows) are collected. */
+typedef struct {
+    uint32_t slot;
+    const int32_t *ids; /* indexed by position */
+    int begin, end, out_begin;
+} vks_feed_seq;
+
+typedef struct {
+    int max_rows;      /* rows per forward (0 or more than the engine's: the engine's max_rows) */
+    bool want_hidden;  /* collect the final-norm rows too */
+    /* NULL: each forward's output rows go to one of two buffers of the feed,
+     * which alternate. Else output row k of the whole feed (in feeding order)
+     * goes to all_logits[k * vocab] (all_hidden[k * dim]): the caller holds
+     * every row. */
+    float *all_logits, *all_hidden;
+} vks_feed_options;
+
+/* The output rows of one forward, in feeding order. */
+typedef struct {
+    int n;
+    const int *seq, *pos; /* [n]: the row's sequence (index into the feed's) and position */
+    const float *logits;  /* [n, vocab] */
+    const float *hidden;  /* [n, dim] final-norm rows; NULL without want_hidden */
+} vks_feed_rows;
+
+typedef struct vks_feed vks_feed;
+
+/* Feeds the sequences in order, packing the next rows of consecutive
+ * sequences into each forward: at most max_rows rows, of which at most the
+ * engine's max_out_rows are output rows. The engine must hold every layer;
+ * seqs (not the ids) is copied. */
+int vks_feed_create(vks_engine *e, const vks_feed_seq *seqs, int n_seqs, const vks_feed_options *opt,
+                    vks_feed **out);
+/* Runs the next forward and points *rows at its output rows (NULL once every
+ * row is fed; a forward of prompt rows only gives n == 0). Rows stay valid until
+ * the next call but one (the buffers alternate), so a caller may check them on
+ * another thread while the next forward runs, and until vks_feed_destroy. */
+int vks_feed_next(vks_feed *f, const vks_feed_rows **rows);
+void vks_feed_destroy(vks_feed *f);
 
 /* ---- generation (generate.c) ---- */
 typedef struct {

@@ -1,5 +1,6 @@
 /* vks_partition.h: how a model's layers are cut into pipeline stages. Pure
- * logic; the measurements come from each rank (mpi/pipeline.c). */
+ * logic in libvks_mpi (mpi/partition.c, no MPI calls); the measurements come
+ * from each rank (vks_engine_measure_stage). */
 #ifndef VKS_PARTITION_H
 #define VKS_PARTITION_H
 #include "vks_common.h"

@@ -2,7 +2,6 @@
  * embedding, then per layer the attention block and the FFN block (residual
  * adds fused into the output matmuls), then the head (final norm, classifier,
  * optional sampling), all recorded into one command buffer. */
-#include <stdlib.h>
 #include "engine_internal.h"
 
 static vks_binding bind(vks_buffer *b) { return (vks_binding){.buf = b}; }
@@ -156,34 +155,4 @@ int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
     }
     if ((rc = vks_cmd_submit(c))) return rc;
     return download_outputs(e, b);
-}
-
-int vks_engine_logits(vks_engine *e, uint32_t slot, const int32_t *ids, int first, int end, int chunk, float *logits,
-                      float *hidden) {
-    if (!e || !ids || !logits || first < 0 || end < first)
-        return vks_set_error(VKS_ERR_ARG, "vks_engine_logits: bad argument");
-    if (!e->w.has_embed || !e->w.has_head)
-        return vks_set_error(VKS_ERR_ARG, "vks_engine_logits needs an engine holding every layer");
-    int most = e->opt.max_out_rows < e->opt.max_rows ? e->opt.max_out_rows : e->opt.max_rows;
-    if (chunk <= 0 || chunk > most) chunk = most;
-    uint32_t *slots = malloc(sizeof(uint32_t) * (size_t)chunk), *pos = malloc(sizeof(uint32_t) * (size_t)chunk);
-    uint32_t *rows = malloc(sizeof(uint32_t) * (size_t)chunk);
-    int rc = slots && pos && rows ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    size_t V = (size_t)e->cfg.vocab_size, D = (size_t)e->cfg.dim;
-    for (int p0 = first; rc == VKS_OK && p0 < end; p0 += chunk) {
-        int R = end - p0 < chunk ? end - p0 : chunk;
-        for (int r = 0; r < R; r++) {
-            slots[r] = slot;
-            pos[r] = (uint32_t)(p0 + r);
-            rows[r] = (uint32_t)r;
-        }
-        vks_forward_batch b = {.n_rows = R, .tokens = ids + p0, .slot = slots, .pos = pos, .n_out = R,
-                               .out_rows = rows, .logits = logits + (size_t)p0 * V,
-                               .hidden = hidden ? hidden + (size_t)p0 * D : NULL};
-        rc = vks_engine_forward(e, &b);
-    }
-    free(slots);
-    free(pos);
-    free(rows);
-    return rc;
 }

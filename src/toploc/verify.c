@@ -119,13 +119,12 @@ typedef struct {
     vks_verdict *v;
     float *hidden;   /* [n_output, dim] */
     int rows_seen;
-    int fed;         /* GPU path: positions already sent */
 } sample_job;
 
 static int job_start(sample_job *j, const vks_rollout_sample *s, vks_verdict *v, int dim) {
     j->s = s;
     j->v = v;
-    j->rows_seen = j->fed = 0;
+    j->rows_seen = 0;
     j->hidden = malloc(sizeof(float) * (size_t)s->n_output * (size_t)dim);
     return j->hidden ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
 }
@@ -367,70 +366,13 @@ int vks_verify_batch_cpu(const vks_model *m, const vks_verify_options *o, const 
 
 /* ---- GPU: batched prefill over a group of samples, one KV slot each ---- */
 
-typedef struct {
-    int32_t *tokens;
-    uint32_t *slot, *pos, *out_rows;
-    int *out_job, *out_t;  /* which job and output index each out row belongs to */
-    float *logits, *hidden;
-    int n_rows, n_out;
-} gpu_batch;
-
-static void gpu_batch_free(gpu_batch *b) {
-    free(b->tokens); free(b->slot); free(b->pos); free(b->out_rows);
-    free(b->out_job); free(b->out_t); free(b->logits); free(b->hidden);
-}
-
-static int gpu_batch_alloc(gpu_batch *b, int rows, int outs, const vks_model_config *c) {
-    memset(b, 0, sizeof *b);
-    size_t R = (size_t)rows, O = (size_t)outs;
-    b->tokens = malloc(R * 4);
-    b->slot = malloc(R * 4);
-    b->pos = malloc(R * 4);
-    b->out_rows = malloc(O * 4);
-    b->out_job = malloc(O * sizeof(int));
-    b->out_t = malloc(O * sizeof(int));
-    b->logits = malloc(O * (size_t)c->vocab_size * sizeof(float));
-    b->hidden = malloc(O * (size_t)c->dim * sizeof(float));
-    if (!b->tokens || !b->slot || !b->pos || !b->out_rows || !b->out_job || !b->out_t || !b->logits || !b->hidden)
-        return vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
-    return VKS_OK;
-}
-
-static int32_t token_at(const vks_rollout_sample *s, int p) {
-    return p < s->n_prompt ? s->prompt_ids[p] : s->output_ids[p - s->n_prompt];
-}
-
-/* Fills b with the next rows of the group's jobs (fed[j]: positions sent). */
-static void fill_batch(gpu_batch *b, sample_job *jobs, int n_jobs, int max_rows, int max_out) {
-    b->n_rows = b->n_out = 0;
-    for (int j = 0; j < n_jobs; j++) {
-        const vks_rollout_sample *s = jobs[j].s;
-        int L = s->n_prompt + s->n_output - 1;
-        int *fed = &jobs[j].fed;
-        while (*fed < L && b->n_rows < max_rows) {
-            bool out = *fed >= s->n_prompt - 1;
-            if (out && b->n_out == max_out) return;
-            b->tokens[b->n_rows] = token_at(s, *fed);
-            b->slot[b->n_rows] = (uint32_t)j;
-            b->pos[b->n_rows] = (uint32_t)*fed;
-            if (out) {
-                b->out_rows[b->n_out] = (uint32_t)b->n_rows;
-                b->out_job[b->n_out] = j;
-                b->out_t[b->n_out] = *fed - (s->n_prompt - 1);
-                b->n_out++;
-            }
-            b->n_rows++;
-            (*fed)++;
-        }
-    }
-}
-
-/* Checks the rows of one batch (sampler replay, TOPLOC rows) on checker
- * threads while the GPU computes the next batch: the replay over the
- * vocabulary per row is CPU work that would otherwise leave the GPU idle.
+/* Checks the output rows of one forward (sampler replay, TOPLOC rows) on
+ * checker threads while the GPU computes the next forward: the replay over
+ * the vocabulary per row is CPU work that would otherwise leave the GPU idle.
  * Worker w takes the rows of the jobs with job % n_workers == w, so a job's
- * verdict is written by one thread. At most one batch is with the checkers;
- * submit waits for the previous one. */
+ * verdict is written by one thread. At most one forward's rows are with the
+ * checkers: submit waits until the previous forward's are done (the feed
+ * reuses a forward's buffer two forwards later). */
 enum { MAX_CHECKERS = 16 };
 
 typedef struct row_checker row_checker;
@@ -445,9 +387,9 @@ typedef struct {
 struct row_checker {
     pthread_mutex_t lock;
     pthread_cond_t wake, idle;
-    const gpu_batch *pending; /* being checked; NULL when idle */
-    uint64_t generation;      /* bumped per submitted batch */
-    int busy;                 /* workers still on `pending` */
+    const vks_feed_rows *pending; /* being checked; NULL when idle */
+    uint64_t generation;          /* bumped per submitted forward */
+    int busy;                     /* workers still on `pending` */
     bool stop;
     int n_workers;
     checker_worker w[MAX_CHECKERS];
@@ -464,13 +406,16 @@ static int checker_threads(void) {
     return n < 1 ? 1 : n > MAX_CHECKERS ? MAX_CHECKERS : (int)n;
 }
 
-static void check_rows(checker_worker *w, const gpu_batch *b) {
+/* Feed sequence j is job j; its output rows start at the prompt's last position. */
+static void check_rows(checker_worker *w, const vks_feed_rows *rows) {
     const row_checker *k = w->k;
-    for (int i = 0; i < b->n_out; i++) {
-        if (b->out_job[i] % k->n_workers != w->id) continue;
+    for (int i = 0; i < rows->n; i++) {
+        if (rows->seq[i] % k->n_workers != w->id) continue;
+        sample_job *j = &k->jobs[rows->seq[i]];
+        int t = rows->pos[i] - (j->s->n_prompt - 1);
         /* job_row cannot fail: its findings go to the verdict */
-        job_row(&k->jobs[b->out_job[i]], b->out_t[i], b->logits + (size_t)i * (size_t)k->c->vocab_size,
-                b->hidden + (size_t)i * (size_t)k->c->dim, k->c, k->o, &w->scr);
+        job_row(j, t, rows->logits + (size_t)i * (size_t)k->c->vocab_size, rows->hidden + (size_t)i * (size_t)k->c->dim,
+                k->c, k->o, &w->scr);
     }
 }
 
@@ -483,9 +428,9 @@ static void *checker_main(void *arg) {
         while (k->generation == seen && !k->stop) pthread_cond_wait(&k->wake, &k->lock);
         if (k->generation == seen) break; /* stop, nothing new */
         seen = k->generation;
-        const gpu_batch *b = k->pending;
+        const vks_feed_rows *rows = k->pending;
         pthread_mutex_unlock(&k->lock);
-        check_rows(w, b);
+        check_rows(w, rows);
         pthread_mutex_lock(&k->lock);
         if (--k->busy == 0) {
             k->pending = NULL;
@@ -502,10 +447,10 @@ static void checker_wait_idle(row_checker *k) {
     pthread_mutex_unlock(&k->lock);
 }
 
-static void checker_submit(row_checker *k, const gpu_batch *b) {
+static void checker_submit(row_checker *k, const vks_feed_rows *rows) {
     pthread_mutex_lock(&k->lock);
     while (k->pending) pthread_cond_wait(&k->idle, &k->lock);
-    k->pending = b;
+    k->pending = rows;
     k->busy = k->n_workers;
     k->generation++;
     pthread_cond_broadcast(&k->wake);
@@ -546,24 +491,51 @@ static int checker_start(row_checker *k, sample_job *jobs, const vks_model_confi
     return rc;
 }
 
-/* Forward passes alternate between two batches: the GPU fills one while the
- * checker reads the other. */
-static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, gpu_batch b[2]) {
+/* Positions a sample's prefill covers: the prompt and every output token but the last. */
+static int sample_positions(const vks_rollout_sample *s) { return s->n_prompt + s->n_output - 1; }
+
+/* The group's samples as feed sequences, job j in KV slot j; ids holds each
+ * one's prompt and output ids by position. */
+static int32_t *group_seqs(const sample_job *jobs, int n_jobs, vks_feed_seq *seqs) {
+    size_t total = 1;
+    for (int j = 0; j < n_jobs; j++) total += (size_t)sample_positions(jobs[j].s);
+    int32_t *ids = malloc(sizeof(int32_t) * total), *at = ids;
+    for (int j = 0; ids && j < n_jobs; j++) {
+        const vks_rollout_sample *s = jobs[j].s;
+        memcpy(at, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
+        memcpy(at + s->n_prompt, s->output_ids, sizeof(int32_t) * (size_t)(s->n_output - 1));
+        seqs[j] = (vks_feed_seq){.slot = (uint32_t)j, .ids = at, .begin = 0, .end = sample_positions(s),
+                                 .out_begin = s->n_prompt - 1};
+        at += sample_positions(s);
+    }
+    return ids;
+}
+
+/* Feeds the group through the engine; each forward's output rows go to the
+ * checker threads while the GPU runs the next one. */
+static int feed_group(vks_engine *e, row_checker *k, const sample_job *jobs, int n_jobs) {
+    vks_feed_seq *seqs = malloc(sizeof *seqs * (size_t)(n_jobs + 1));
+    int32_t *ids = seqs ? group_seqs(jobs, n_jobs, seqs) : NULL;
+    vks_feed *f = NULL;
+    vks_feed_options fo = {.want_hidden = true};
+    int rc = ids ? vks_feed_create(e, seqs, n_jobs, &fo, &f) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    const vks_feed_rows *rows = NULL;
+    while (rc == VKS_OK && (rc = vks_feed_next(f, &rows)) == VKS_OK && rows) checker_submit(k, rows);
+    checker_wait_idle(k); /* the last forward's rows are in, and the feed's buffers free to go */
+    vks_feed_destroy(f);
+    free(ids);
+    free(seqs);
+    return rc;
+}
+
+static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs) {
     const vks_model_config *c = vks_engine_config(e);
     row_checker k;
     int rc = checker_start(&k, jobs, c, o);
-    if (rc) return rc;
-    for (int cur = 0; rc == VKS_OK; cur ^= 1) {
-        fill_batch(&b[cur], jobs, n_jobs, vks_engine_max_rows(e), vks_engine_max_out_rows(e));
-        if (b[cur].n_rows == 0) break;
-        vks_forward_batch fb = {.n_rows = b[cur].n_rows, .tokens = b[cur].tokens, .slot = b[cur].slot,
-                                .pos = b[cur].pos, .n_out = b[cur].n_out, .out_rows = b[cur].out_rows,
-                                .logits = b[cur].logits, .hidden = b[cur].hidden};
-        rc = vks_engine_forward(e, &fb);
-        if (rc == VKS_OK) checker_submit(&k, &b[cur]);
+    if (rc == VKS_OK) {
+        rc = feed_group(e, &k, jobs, n_jobs);
+        checker_stop(&k);
     }
-    checker_wait_idle(&k); /* the last batch's rows are in before the chunks are checked */
-    checker_stop(&k);
     for (int j = 0; rc == VKS_OK && j < n_jobs; j++) rc = job_finish(&jobs[j], c, o);
     for (int j = 0; j < n_jobs; j++) { /* after an error: the rows of unfinished jobs */
         free(jobs[j].hidden);
@@ -572,13 +544,9 @@ static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *job
     return rc;
 }
 
-/* Positions a sample's prefill covers: the prompt and every output token but the last. */
-static int sample_positions(const vks_rollout_sample *s) { return s->n_prompt + s->n_output - 1; }
-
 /* Runs a group with the KV cache sized to it: n_jobs slots of the group's
  * longest sample (kept when the current cache already holds that). */
-static int run_sized_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, int longest,
-                           gpu_batch b[2]) {
+static int run_sized_group(vks_engine *e, const vks_verify_options *o, sample_job *jobs, int n_jobs, int longest) {
     if (vks_engine_n_slots(e) < n_jobs || vks_engine_kv_len(e) < longest) {
         int rc = vks_engine_resize_kv(e, n_jobs, longest);
         if (rc) {
@@ -586,7 +554,7 @@ static int run_sized_group(vks_engine *e, const vks_verify_options *o, sample_jo
             return rc;
         }
     }
-    return run_group(e, o, jobs, n_jobs, b);
+    return run_group(e, o, jobs, n_jobs);
 }
 
 /* Groups the live samples in order: a group grows while its KV cache (group
@@ -596,17 +564,14 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
                            vks_verdict *out, const bool *live) {
     const vks_model_config *c = vks_engine_config(e);
     int max_slots = n < 4096 ? n : 4096;
-    gpu_batch b[2] = {0};
     sample_job *jobs = calloc((size_t)max_slots + 1, sizeof *jobs);
-    int rc = jobs ? gpu_batch_alloc(&b[0], vks_engine_max_rows(e), vks_engine_max_out_rows(e), c)
-                  : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
-    if (rc == VKS_OK) rc = gpu_batch_alloc(&b[1], vks_engine_max_rows(e), vks_engine_max_out_rows(e), c);
+    int rc = jobs ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
     int n_jobs = 0, longest = 0;
     for (int i = 0; rc == VKS_OK && i < n; i++) {
         if (!live[i]) continue;
         int len = sample_positions(&samples[i]);
         if (n_jobs > 0 && (n_jobs == max_slots || vks_engine_kv_fits(e, n_jobs + 1, len > longest ? len : longest))) {
-            rc = run_sized_group(e, o, jobs, n_jobs, longest, b);
+            rc = run_sized_group(e, o, jobs, n_jobs, longest);
             n_jobs = longest = 0;
             if (rc) break;
         }
@@ -620,11 +585,9 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
             if (len > longest) longest = len;
         }
     }
-    if (rc == VKS_OK && n_jobs > 0) rc = run_sized_group(e, o, jobs, n_jobs, longest, b);
+    if (rc == VKS_OK && n_jobs > 0) rc = run_sized_group(e, o, jobs, n_jobs, longest);
     else
         for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* started but not run (an error) */
-    gpu_batch_free(&b[0]);
-    gpu_batch_free(&b[1]);
     free(jobs);
     return rc;
 }

@@ -1,4 +1,4 @@
-/* Cutting layers into pipeline stages (see vks_partition.h). */
+/* Pipeline placement: cutting layers into stages (see vks_partition.h). Pure logic, no MPI calls. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
