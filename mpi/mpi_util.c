@@ -22,15 +22,6 @@ void vks_mpi_stop(void) { MPI_Finalize(); }
 
 MPI_Comm vks_mpi_world(void) { return MPI_COMM_WORLD; }
 
-void vks_mpi_bcast(void *buf, size_t bytes, int root) {
-    MPI_Bcast(buf, bytes > INT_MAX ? INT_MAX : (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
-}
-
-void vks_mpi_allgather(const void *mine, void *all, size_t bytes) {
-    int n = bytes > INT_MAX ? INT_MAX : (int)bytes;
-    MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, MPI_COMM_WORLD);
-}
-
 /* ---- start-up that cannot hang (every wait under a deadline) ---- */
 
 static int rank_from_env(void) {
@@ -174,18 +165,4 @@ int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, i
     free(reqs);
     free(peer);
     return rc;
-}
-
-int vks_mpi_bcast_within(void *buf, size_t bytes, int root, int tag, double timeout_s, const char *what) {
-    MPI_Comm comm = MPI_COMM_WORLD;
-    int size;
-    MPI_Comm_size(comm, &size);
-    if (root < 0 || root >= size) return vks_set_error(VKS_ERR_ARG, "%s: root %d", what, root);
-    char *all = malloc(bytes * (size_t)size + 1);
-    if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    int rc = vks_mpi_exchange(comm, buf, all, bytes, tag, timeout_s, what);
-    if (rc) return rc; /* all stays in MPI's hands: the caller ends the job */
-    memcpy(buf, all + bytes * (size_t)root, bytes);
-    free(all);
-    return VKS_OK;
 }

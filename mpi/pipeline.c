@@ -611,6 +611,25 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
     return rc;
 }
 
+int vks_pipeline_share_job(MPI_Comm comm, vks_pipeline_job *job, double timeout_s) {
+    if (!job) return vks_set_error(VKS_ERR_ARG, "vks_pipeline_share_job: NULL job");
+    int64_t wire[4] = {(int64_t)job->seed, job->n_prompts, job->stop_token_a, job->stop_token_b};
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    int64_t *all = malloc(sizeof wire * (size_t)size);
+    if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    int rc = vks_mpi_exchange(comm, wire, all, sizeof wire, VKS_TAG_SHARED, timeout_s, "sharing the seed and prompt count");
+    if (rc) return rc; /* all stays in MPI's hands: the caller ends the job */
+    memcpy(wire, all, sizeof wire); /* rank 0's */
+    free(all);
+    if (wire[1] < 0 || wire[1] > INT_MAX || wire[2] < -1 || wire[2] > INT_MAX || wire[3] < -1 || wire[3] > INT_MAX)
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d: rank 0 sent a bad job (prompts %lld, stop tokens %lld %lld)", rank,
+                             (long long)wire[1], (long long)wire[2], (long long)wire[3]);
+    *job = (vks_pipeline_job){(uint64_t)wire[0], (int)wire[1], (int)wire[2], (int)wire[3]};
+    return VKS_OK;
+}
+
 int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s) {
     int rank, size;
     MPI_Comm_rank(comm, &rank);

@@ -1,3 +1,4 @@
+/* test_util.c: helpers shared by the cmocka suites (see test_util.h). */
 #include "test_util.h"
 #include <math.h>
 #include <stdio.h>

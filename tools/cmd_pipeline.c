@@ -157,18 +157,18 @@ int cmd_pipeline(int argc, char **argv) {
         seqs = calloc((size_t)n, sizeof *seqs);
         for (int i = 0; i < n; i++) cli_encode_prompt(t, m->cfg.vocab_size, lines[i], &seqs[i], 1);
     }
-    /* every rank needs the seed, the prompt count and the stop tokens */
-    uint64_t shared[4] = {a.s.seed, (uint64_t)n, (uint64_t)(t ? vks_tokenizer_bos(t) : 1),
-                          (uint64_t)(int64_t)(t ? vks_tokenizer_eos(t) : -1)};
-    if (vks_mpi_bcast_within(shared, sizeof shared, 0, VKS_TAG_SHARED, a.timeout_s, "sharing the seed and prompt count"))
-        die_startup(rank);
-    a.s.seed = shared[0];
-    n = (int)shared[1];
+    vks_pipeline_job job = {.seed = a.s.seed, .n_prompts = n, .stop_token_a = t ? vks_tokenizer_bos(t) : 1,
+                            .stop_token_b = t ? vks_tokenizer_eos(t) : -1};
+    rc = vks_pipeline_share_job(vks_mpi_world(), &job, a.timeout_s);
+    if (rc == VKS_ERR_TIMEOUT) die_startup(rank);
+    if (rc) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    a.s.seed = job.seed;
+    n = job.n_prompts;
     if (a.micro_batches == 0) a.micro_batches = size;
     if (a.batch == 0) a.batch = (n + a.micro_batches - 1) / a.micro_batches;
     vks_sched_params sp = cli_sched_params(&a.s, m, NULL);
-    sp.stop_token_a = (int)shared[2];
-    sp.stop_token_b = (int)(int64_t)shared[3];
+    sp.stop_token_a = job.stop_token_a;
+    sp.stop_token_b = job.stop_token_b;
     vks_gpu *g = cli_open_gpu(&a.m);
     int *first = malloc(sizeof(int) * (size_t)(size + 1));
     choose_partition(&a, g, m, rank, size, first);

@@ -9,11 +9,9 @@
 /* MPI_Init_thread (FUNNELED when a GPU worker thread exists) on the world. */
 void vks_mpi_start(bool worker_thread, int *rank, int *size);
 void vks_mpi_stop(void);
-/* Ending the job (MPI_Abort) is the caller's decision: tools/cli_mpi.c. */
+/* Ending the job (MPI_Abort) is the caller's decision (tools/cli_mpi.c). */
 /* The world communicator, for the mpi/ modules' entry points. */
 MPI_Comm vks_mpi_world(void);
-void vks_mpi_bcast(void *buf, size_t bytes, int root);
-void vks_mpi_allgather(const void *mine, void *all, size_t bytes);
 
 /* ---- waits that cannot hang: every one is bounded by a timeout ---- */
 
@@ -52,7 +50,4 @@ int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n
  * bytes and tag, in the same order as its other exchanges. */
 int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
                      const char *what);
-/* Broadcast from root over the world, bounded like vks_mpi_exchange (every
- * rank also learns that every other one is alive). */
-int vks_mpi_bcast_within(void *buf, size_t bytes, int root, int tag, double timeout_s, const char *what);
 #endif

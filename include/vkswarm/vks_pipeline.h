@@ -51,6 +51,18 @@ typedef struct {
 int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pipeline_options *o,
                      vks_sequence *prompts, int n_prompts, vks_pipeline_stats *stats);
 
+/* What rank 0 tells every rank before the run: the sampling seed, the
+ * number of prompts and the stop tokens (rank 0 knows the tokenizer). */
+typedef struct {
+    uint64_t seed;
+    int n_prompts;
+    int stop_token_a, stop_token_b; /* -1: none */
+} vks_pipeline_job;
+/* Every rank calls it; rank 0's *job reaches all (bounded by timeout_s:
+ * VKS_ERR_TIMEOUT names a silent rank, and the caller must end the job).
+ * A count or token outside int range from rank 0 is VKS_ERR_FORMAT. */
+int vks_pipeline_share_job(MPI_Comm comm, vks_pipeline_job *job, double timeout_s);
+
 /* Start-up checks, collective: same vkswarm version and model hash on every
  * rank; on a mismatch VKS_ERR_FORMAT naming the rank (every rank sees it).
  * A rank silent for timeout_s: VKS_ERR_TIMEOUT naming it; the caller must end the
