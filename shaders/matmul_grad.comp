@@ -1,0 +1,140 @@
+#version 450
+#extension GL_EXT_control_flow_attributes : require
+// Matmul backward for f32 weights (training keeps f32 master weights):
+//   C[i, j] = (accumulate ? C[i, j] : 0) + sum_{r < R} A(i, r) B(j, r)
+// with C dense [I, J] and B(j, r) = b[r * ldb + j] (B read down its columns).
+//   GRAD_DX: A(i, r) = a[i * lda + a_col0 + r]   dX[M,K] = dY[M,N] . W[N,K]
+//            (I = M, J = K, R = N; a = dY, b = W)
+//   GRAD_DW: A(i, r) = a[r * lda + a_col0 + i]   dW[N,K] = dY^T . X
+//            (I = N, J = K, R = M; a = dY, b = X)
+// dY may be a column window [a_col0, a_col0 + N) of rows of stride lda, as the
+// forward writes its output (weights split into row chunks).
+// The structure is matmul.comp's: BI x BJ output tiles, the reduction walked
+// in BK slices staged in shared memory as vec4s of 4 consecutive r, TI x TJ
+// outputs per invocation. An operand read down its columns is staged in 4x4
+// blocks: 4 loads of 4 consecutive i (or j) at 4 consecutive r, transposed in
+// registers, so it costs as many (vector) loads as one read along its rows.
+// Every output sums r = 0..R-1 in order, one product at a time, then adds the
+// old value once: deterministic, whatever the tile.
+// local_size_x must equal (BI/TI) * (BJ/TJ); BI, BJ and BK multiples of 4.
+#include "common.glsl"
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint BI = 64;
+layout(constant_id = 2) const uint BJ = 64;
+layout(constant_id = 3) const uint BK = 16;
+layout(constant_id = 4) const uint TI = 4;
+layout(constant_id = 5) const uint TJ = 4;
+// I, J, R, lda, ldb, a_col0 multiples of 4 and a, b bound 16-byte aligned:
+// stage with vector loads (a vector is then wholly inside or outside).
+layout(constant_id = 6) const bool VEC4 = false;
+
+layout(std430, set = 0, binding = 0) readonly buffer A { float a[]; };
+layout(std430, set = 0, binding = 0) readonly buffer A4 { vec4 a4[]; };
+layout(std430, set = 0, binding = 1) readonly buffer B { float b[]; };
+layout(std430, set = 0, binding = 1) readonly buffer B4 { vec4 b4[]; };
+layout(std430, set = 0, binding = 2) buffer C { float c[]; };
+layout(push_constant) uniform Push { uint I, J, R, lda, a_col0, ldb, accumulate; } pc;
+
+const uint BK4 = BK / 4u;
+shared vec4 as_[BI * BK4];  // as_[ii * BK4 + kq] = A(i0 + ii, k0 + 4kq .. +3)
+shared vec4 bs_[BJ * BK4];  // bs_[jj * BK4 + kq] = B(j0 + jj, k0 + 4kq .. +3)
+float acc[TI * TJ];
+
+// ---- A: 4 consecutive values, zero outside [0, I) x [0, R) ----
+#ifdef GRAD_DX
+// A(i, r0 .. r0+3): along a row of a.
+vec4 a_along_r(uint i, uint r0) {
+    if (i >= pc.I || r0 >= pc.R) return vec4(0.0);
+    uint e = i * pc.lda + pc.a_col0 + r0;
+    if (VEC4) return a4[e >> 2];
+    vec4 v = vec4(0.0);
+    for (uint q = 0u; q < 4u && r0 + q < pc.R; q++) v[q] = a[e + q];
+    return v;
+}
+#else
+// A(i0 .. i0+3, r): along a row of a (A is a's transpose).
+vec4 a_along_i(uint i0, uint r) {
+    if (i0 >= pc.I || r >= pc.R) return vec4(0.0);
+    uint e = r * pc.lda + pc.a_col0 + i0;
+    if (VEC4) return a4[e >> 2];
+    vec4 v = vec4(0.0);
+    for (uint q = 0u; q < 4u && i0 + q < pc.I; q++) v[q] = a[e + q];
+    return v;
+}
+#endif
+
+// B(j0 .. j0+3, r): along a row of b.
+vec4 b_along_j(uint j0, uint r) {
+    if (j0 >= pc.J || r >= pc.R) return vec4(0.0);
+    uint e = r * pc.ldb + j0;
+    if (VEC4) return b4[e >> 2];
+    vec4 v = vec4(0.0);
+    for (uint q = 0u; q < 4u && j0 + q < pc.J; q++) v[q] = b[e + q];
+    return v;
+}
+
+// Block (x, kq) of 4 columns x 4 reductions: q[c] holds column values at r = 4kq + c;
+// its transpose goes to 4 consecutive shared rows, vec4 per row along r.
+#define STAGE_TRANSPOSED(tile, rows, first, k0, along)                                 \
+    for (uint blk = gl_LocalInvocationID.x; blk < (rows / 4u) * BK4; blk += WG_SIZE) { \
+        uint xb = blk % (rows / 4u), kq = blk / (rows / 4u);                            \
+        vec4 q0 = along(first + 4u * xb, k0 + 4u * kq);                                 \
+        vec4 q1 = along(first + 4u * xb, k0 + 4u * kq + 1u);                           \
+        vec4 q2 = along(first + 4u * xb, k0 + 4u * kq + 2u);                            \
+        vec4 q3 = along(first + 4u * xb, k0 + 4u * kq + 3u);                            \
+        [[unroll]] for (uint d = 0u; d < 4u; d++)                                       \
+            tile[(4u * xb + d) * BK4 + kq] = vec4(q0[d], q1[d], q2[d], q3[d]);          \
+    }
+
+void load_tiles(uint i0, uint j0, uint k0) {
+#ifdef GRAD_DX
+    for (uint t = gl_LocalInvocationID.x; t < BI * BK4; t += WG_SIZE) {
+        uint ii = t / BK4, kq = t - ii * BK4;
+        as_[t] = a_along_r(i0 + ii, k0 + 4u * kq);
+    }
+#else
+    STAGE_TRANSPOSED(as_, BI, i0, k0, a_along_i)
+#endif
+    STAGE_TRANSPOSED(bs_, BJ, j0, k0, b_along_j)
+}
+
+void main() {
+    const uint THREADS_J = BJ / TJ, THREADS_I = BI / TI;
+    uint tiles_j = (pc.J + BJ - 1u) / BJ, tiles_i = (pc.I + BI - 1u) / BI;
+    uint tile = linear_group_id();
+    if (tile >= tiles_j * tiles_i) return;  // uniform over the workgroup
+    uint i0 = (tile / tiles_j) * BI, j0 = (tile % tiles_j) * BJ;
+    uint tx = gl_LocalInvocationID.x % THREADS_J, ty = gl_LocalInvocationID.x / THREADS_J;
+
+    [[unroll]] for (uint e = 0u; e < TI * TJ; e++) acc[e] = 0.0;
+    for (uint k0 = 0u; k0 < pc.R; k0 += BK) {
+        barrier();  // previous slice fully consumed
+        load_tiles(i0, j0, k0);
+        barrier();
+        [[unroll]] for (uint kq = 0u; kq < BK4; kq++) {
+            vec4 bv[TJ];
+            [[unroll]] for (uint j = 0u; j < TJ; j++) bv[j] = bs_[(tx + j * THREADS_J) * BK4 + kq];
+            [[unroll]] for (uint i = 0u; i < TI; i++) {
+                vec4 av = as_[(ty + i * THREADS_I) * BK4 + kq];
+                [[unroll]] for (uint j = 0u; j < TJ; j++) {
+                    float s = acc[i * TJ + j];  // r order: .x .y .z .w
+                    s += av.x * bv[j].x;
+                    s += av.y * bv[j].y;
+                    s += av.z * bv[j].z;
+                    s += av.w * bv[j].w;
+                    acc[i * TJ + j] = s;
+                }
+            }
+        }
+    }
+    [[unroll]] for (uint i = 0u; i < TI; i++) {
+        uint row = i0 + ty + i * THREADS_I;
+        if (row >= pc.I) continue;
+        [[unroll]] for (uint j = 0u; j < TJ; j++) {
+            uint col = j0 + tx + j * THREADS_J;
+            if (col >= pc.J) continue;
+            uint o = row * pc.J + col;
+            c[o] = (pc.accumulate != 0u ? c[o] : 0.0) + acc[i * TJ + j];
+        }
+    }
+}
