@@ -3,6 +3,8 @@
 // Pair i rotates by angle pos * theta^(-2i/head_dim):
 //   mode 0 (adjacent): elements (2i, 2i+1)   (llama2.c / GGUF)
 //   mode 1 (half):     elements (i, i + head_dim/2)   (Hugging Face)
+// ROPE_BACKWARD (kernel rope_backward): the inverse rotation (angle negated),
+// which turns the gradient of the output into the gradient of the input.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 
@@ -23,6 +25,9 @@ void main() {
         float freq = exp2(-float(2u * i) / float(pc.head_dim) * pc.log2_theta);
         float angle = float(pos[r]) * freq;
         float c = cos(angle), s = sin(angle);
+#ifdef ROPE_BACKWARD
+        s = -s;
+#endif
         uint base = r * pc.stride + pc.col0 + h * pc.head_dim;
         uint i0 = pc.mode == 0u ? base + 2u * i : base + i;
         uint i1 = pc.mode == 0u ? i0 + 1u : i0 + half_dim;

@@ -73,4 +73,86 @@ int vks_op_grad_clip(vks_ops *o, vks_cmd *c, const vks_binding *grads, const uin
 int vks_op_adamw(vks_ops *o, vks_cmd *c, vks_binding params, vks_binding grads, vks_binding m, vks_binding v,
                  uint32_t n, const vks_adamw_params *h, int t, vks_binding scale);
 
+/* ==== layer ops: RMSNorm, RoPE, attention, SwiGLU, token log-probability:
+ * src/gpu/ops_grad_layer.c (shaders rmsnorm_backward.comp, rope.comp,
+ * attention_train.comp, swiglu_backward.comp, token_logprob.comp) ====
+ * "(+)=" below: the op overwrites, or adds to what is there when `accumulate`
+ * is set; weight gradients (RMSNorm's dw) always accumulate. A binding whose
+ * buf is NULL is "not wanted" where an argument says it may be. An output
+ * that overlaps an input or another output is refused (VKS_ERR_ARG) except
+ * where an op says it may (in place). */
+
+/* Scratch bytes vks_op_rmsnorm_backward needs for R rows of D (R inverse RMS
+ * values and the per-row-block partial sums of dw); 0 on overflow. */
+size_t vks_op_rmsnorm_backward_scratch_bytes(uint32_t R, uint32_t D);
+/* For out = x / rms(x) * w (vks_op_rmsnorm), with g = dout * w, s = 1/rms(x[r]):
+ *   dx[r, d] (+)= s g_d - s^3 x[r, d] (g . x[r, :]) / D   (dx.buf NULL: skipped)
+ *   dw[d]     += sum_r dout[r, d] x[r, d] s_r              (dw.buf NULL: skipped)
+ * x, dout, dx f32 [R, D]; w, dw f32 [D]; scratch as sized above (may be NULL
+ * without dw). dw's rows are summed in blocks of 64, then the blocks in order. */
+int vks_op_rmsnorm_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w, vks_binding dout,
+                            vks_binding dx, vks_binding dw, vks_binding scratch, uint32_t R, uint32_t D, float eps,
+                            bool accumulate_dx);
+
+/* In place, the inverse of vks_op_rope (same arguments): the gradient of the
+ * rotated output in x becomes the gradient of its input (rotation by the
+ * negated angle), as vks_ref_rope_backward. */
+int vks_op_rope_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R, uint32_t stride,
+                         uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta, uint32_t mode);
+
+/* Causal grouped-query attention over T packed rows, for training: row t
+ * attends keys start[t]..t (start[t] = first row of t's sequence; a value
+ * above t is read as t, i.e. the row sees itself only), query head h reads KV
+ * head h / (n_heads / n_kv_heads), scores scaled by 1/sqrt(head_dim).
+ * Limits (VKS_ERR_ARG past them): head_dim <= 128 (the shared-memory tiles
+ * are sized for it), T <= 16384 (the work of one dispatch grows as T^2 and a
+ * GPU may stop a dispatch that runs for seconds: split longer batches at
+ * sequence boundaries), and the device needs 26496 bytes of shared memory
+ * per workgroup (desktop GPUs and lavapipe have 32 KiB or more). */
+#define VKS_ATTENTION_TRAIN_MAX_HEAD_DIM 128u
+#define VKS_ATTENTION_TRAIN_MAX_T 16384u
+typedef struct {
+    uint32_t T, n_heads, n_kv_heads, head_dim;
+    vks_binding q;                /* f32 [T, n_heads*head_dim] */
+    vks_binding k, v;             /* f32 [T, n_kv_heads*head_dim] */
+    vks_binding start;            /* uint32 [T] */
+    vks_binding out;              /* f32 [T, n_heads*head_dim] */
+    vks_binding row_max, row_sum; /* f32 [T*n_heads], index t*n_heads + h */
+} vks_attention_train;
+/* Writes out and the softmax statistics of every (row t, head h): row_max =
+ * the largest scaled score, row_sum = sum of exp(score - row_max), as
+ * vks_ref_attention_forward. */
+int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a);
+/* Scratch bytes of vks_op_attention_train_backward (3*T*n_heads floats); 0 on overflow. */
+size_t vks_op_attention_train_backward_scratch_bytes(uint32_t T, uint32_t n_heads);
+/* dq, dk, dv (+)= the gradients from dout (f32 [T, n_heads*head_dim]), given
+ * a's q, k, v, start and the forward's out and statistics (probabilities are
+ * recomputed from them, FlashAttention-2 style: wrong statistics give wrong
+ * gradients). dq [T, n_heads*head_dim], dk, dv [T, n_kv_heads*head_dim].
+ * A key's dk/dv sum over the query heads of its group and the query rows that
+ * see it, in order. */
+int vks_op_attention_train_backward(vks_ops *o, vks_cmd *c, const vks_attention_train *a, vks_binding dout,
+                                    vks_binding dq, vks_binding dk, vks_binding dv, vks_binding scratch,
+                                    bool accumulate);
+
+/* For out = silu(g) * u (vks_op_swiglu with out apart from g keeps g and u
+ * for this): dg (+)= dout * u * silu'(g), du (+)= dout * silu(g), n elements.
+ * Without accumulate, dg may be g's (or dout's) memory and du u's. */
+int vks_op_swiglu_backward(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_binding dout, vks_binding dg,
+                           vks_binding du, uint32_t n, bool accumulate);
+
+/* logp[r] = logits[r, target[r]] - logsumexp(logits[r, :]), logits f32 [R, V],
+ * target int32 [R], logp f32 [R]. target[r] < 0 means "no target" (the last
+ * row of a sequence, a masked row): logp[r] = 0. A target >= V (bad data the
+ * host did not check) gives logp NaN, so that the loss shows it. */
+int vks_op_token_logprob(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target, vks_binding logp,
+                         uint32_t R, uint32_t V);
+/* dlogits[r, :] (+)= dlogp[r] * (onehot(target[r]) - softmax(logits[r, :])),
+ * dlogp f32 [R] on the device (the loss writes it: no host round trip). Rows
+ * with target < 0 get no gradient (0 without accumulate, untouched with it);
+ * target >= V: a NaN row. Without accumulate, dlogits may be the memory of
+ * logits (the gradient replaces the logits). */
+int vks_op_token_logprob_backward(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target,
+                                  vks_binding dlogp, vks_binding dlogits, uint32_t R, uint32_t V, bool accumulate);
+
 #endif

@@ -1,0 +1,257 @@
+/* ops_grad_layer.c: records the backward of the layer ops (RMSNorm, RoPE,
+ * SwiGLU), the training attention (forward with softmax statistics and its
+ * backward) and the token log-probability with its gradient (vks_ops_grad.h).
+ * Sizes and binding ranges are checked here; kernels bounds-check the rest. */
+#include "ops_internal.h"
+#include "vkswarm/vks_ops_grad.h"
+
+#include <math.h>
+
+/* Rows per block of RMSNorm's dw partial sums (rmsnorm_backward.comp). */
+#define RMSNORM_DW_ROWS 64u
+/* Query rows per workgroup of attention_train and attention_train_dq, keys per
+ * workgroup of attention_train_dkdv (the shader's BQ and BK). */
+#define ATTN_TRAIN_QUERY_BLOCK 16u
+#define ATTN_TRAIN_KEY_BLOCK 16u
+
+static bool wanted(vks_binding b) { return b.buf != NULL; }
+
+/* True when a and b expose overlapping bytes of the same buffer. */
+static bool overlap(vks_binding a, vks_binding b) {
+    if (!a.buf || a.buf != b.buf) return false;
+    size_t a_end = a.offset + vks_ops_binding_bytes(a), b_end = b.offset + vks_ops_binding_bytes(b);
+    return a.offset < b_end && b.offset < a_end;
+}
+
+/* VKS_ERR_ARG when output `out` overlaps any of the n bindings in `in` (bindings
+ * that a later kernel of the same op still reads, or other outputs). */
+static int check_apart(const char *op, const char *what, vks_binding out, const vks_binding *in, int n) {
+    for (int i = 0; i < n; i++)
+        if (overlap(out, in[i]))
+            return vks_set_error(VKS_ERR_ARG, "%s: %s shares memory with an input or another output", op, what);
+    return VKS_OK;
+}
+
+/* ---- RMSNorm ---- */
+
+static uint64_t rmsnorm_dw_blocks(uint32_t R) { return ceil_div(R, RMSNORM_DW_ROWS); }
+
+/* Floats of scratch: R inverse RMS values, then blocks x D partial sums. */
+static uint64_t rmsnorm_scratch_floats(uint32_t R, uint32_t D) { return R + rmsnorm_dw_blocks(R) * D; }
+
+size_t vks_op_rmsnorm_backward_scratch_bytes(uint32_t R, uint32_t D) {
+    uint64_t bytes = rmsnorm_scratch_floats(R, D) * 4;
+    return bytes > SIZE_MAX || bytes / 4 > UINT32_MAX ? 0 : (size_t)bytes;
+}
+
+static int check_rmsnorm_backward(vks_binding x, vks_binding w, vks_binding dout, vks_binding dx, vks_binding dw,
+                                  vks_binding scratch, uint32_t R, uint32_t D) {
+    const char *op = "rmsnorm_backward";
+    uint64_t n = (uint64_t)R * D;
+    int rc = vks_ops_check_range(op, "x", x, n, 4);
+    if (!rc) rc = vks_ops_check_range(op, "w", w, D, 4);
+    if (!rc) rc = vks_ops_check_range(op, "dout", dout, n, 4);
+    if (!rc && wanted(dx)) rc = vks_ops_check_range(op, "dx", dx, n, 4);
+    if (!rc && wanted(dw)) rc = vks_ops_check_range(op, "dw", dw, D, 4);
+    if (!rc && wanted(dw)) rc = vks_ops_check_range(op, "scratch", scratch, rmsnorm_scratch_floats(R, D), 4);
+    vks_binding read[] = {x, w, dout, dw, scratch};
+    if (!rc && wanted(dx)) rc = check_apart(op, "dx", dx, read, 5);
+    vks_binding read_dw[] = {x, w, dout, scratch};
+    if (!rc && wanted(dw)) rc = check_apart(op, "dw", dw, read_dw, 4);
+    return rc;
+}
+
+/* dw += sum over rows of dout * x * inv, through per-block partial sums in scratch. */
+static int record_rmsnorm_dw(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding dout, vks_binding dw,
+                             vks_binding scratch, uint32_t R, uint32_t D) {
+    uint32_t push[] = {R, D, RMSNORM_DW_ROWS};
+    uint32_t spec[] = {o->wg_elementwise};
+    vks_binding partial_b[] = {x, dout, scratch};
+    int rc = vks_ops_dispatch(o, c, "rmsnorm_backward_dw_partial", spec, 1, partial_b, 3, push, sizeof push,
+                              ceil_div(rmsnorm_dw_blocks(R) * D, o->wg_elementwise), "rmsnorm_backward");
+    if (rc) return rc;
+    vks_binding sum_b[] = {scratch, dw};
+    return vks_ops_dispatch(o, c, "rmsnorm_backward_dw_sum", spec, 1, sum_b, 2, push, sizeof push,
+                            ceil_div(D, o->wg_elementwise), "rmsnorm_backward");
+}
+
+int vks_op_rmsnorm_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w, vks_binding dout,
+                            vks_binding dx, vks_binding dw, vks_binding scratch, uint32_t R, uint32_t D, float eps,
+                            bool accumulate_dx) {
+    if (!o || !c || !R || !D || !(eps >= 0.0f) || (!wanted(dx) && !wanted(dw)))
+        return vks_set_error(VKS_ERR_ARG, "rmsnorm_backward: bad arguments");
+    int rc = check_rmsnorm_backward(x, w, dout, dx, dw, scratch, R, D);
+    if (rc) return rc;
+    /* flags: 1 = write dx, 2 = accumulate into dx, 4 = write the inverse RMS for dw */
+    uint32_t flags = (wanted(dx) ? 1u : 0u) | (accumulate_dx ? 2u : 0u) | (wanted(dw) ? 4u : 0u);
+    struct { uint32_t R, D; float eps; uint32_t flags; } push = {R, D, eps, flags};
+    uint32_t spec[] = {o->wg_row};
+    /* bindings that are not wanted get dout, which the kernel then never writes */
+    vks_binding b[] = {x, w, dout, wanted(dx) ? dx : dout, wanted(dw) ? scratch : dout};
+    rc = vks_ops_dispatch(o, c, "rmsnorm_backward_rows", spec, 1, b, 5, &push, sizeof push, R, "rmsnorm_backward");
+    if (rc || !wanted(dw)) return rc;
+    return record_rmsnorm_dw(o, c, x, dout, dw, scratch, R, D);
+}
+
+/* ---- RoPE ---- */
+
+int vks_op_rope_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R, uint32_t stride,
+                         uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta, uint32_t mode) {
+    return vks_ops_rope_kernel(o, c, "rope_backward", x, pos, R, stride, col0, n_heads, head_dim, theta, mode);
+}
+
+/* ---- attention ---- */
+
+typedef struct {
+    uint32_t T, n_heads, n_kv_heads, head_dim;
+    float scale;
+    uint32_t accumulate;
+} attn_push;
+
+static int check_attention_train(const char *op, const vks_attention_train *a) {
+    if (!a->T || !a->n_heads || !a->n_kv_heads || a->n_heads % a->n_kv_heads || !a->head_dim)
+        return vks_set_error(VKS_ERR_ARG, "%s: bad shape T=%u heads=%u kv_heads=%u head_dim=%u", op, a->T,
+                             a->n_heads, a->n_kv_heads, a->head_dim);
+    if (a->head_dim > VKS_ATTENTION_TRAIN_MAX_HEAD_DIM || a->T > VKS_ATTENTION_TRAIN_MAX_T)
+        return vks_set_error(VKS_ERR_ARG, "%s: T=%u head_dim=%u past the supported %u rows, head_dim %u", op, a->T,
+                             a->head_dim, VKS_ATTENTION_TRAIN_MAX_T, VKS_ATTENTION_TRAIN_MAX_HEAD_DIM);
+    uint64_t nq = (uint64_t)a->T * a->n_heads * a->head_dim, nkv = (uint64_t)a->T * a->n_kv_heads * a->head_dim;
+    uint64_t stats = (uint64_t)a->T * a->n_heads;
+    int rc = vks_ops_check_range(op, "q", a->q, nq, 4);
+    if (!rc) rc = vks_ops_check_range(op, "k", a->k, nkv, 4);
+    if (!rc) rc = vks_ops_check_range(op, "v", a->v, nkv, 4);
+    if (!rc) rc = vks_ops_check_range(op, "start", a->start, a->T, 4);
+    if (!rc) rc = vks_ops_check_range(op, "out", a->out, nq, 4);
+    if (!rc) rc = vks_ops_check_range(op, "row_max", a->row_max, stats, 4);
+    if (!rc) rc = vks_ops_check_range(op, "row_sum", a->row_sum, stats, 4);
+    vks_binding ins[] = {a->q, a->k, a->v, a->start, a->out, a->row_max};
+    if (!rc) rc = check_apart(op, "out", a->out, ins, 4);
+    if (!rc) rc = check_apart(op, "row_max", a->row_max, ins, 5);
+    if (!rc) rc = check_apart(op, "row_sum", a->row_sum, ins, 6);
+    return rc;
+}
+
+static attn_push attention_push(const vks_attention_train *a, bool accumulate) {
+    return (attn_push){a->T, a->n_heads, a->n_kv_heads, a->head_dim, (float)(1.0 / sqrt((double)a->head_dim)),
+                       accumulate ? 1u : 0u};
+}
+
+int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a) {
+    const char *op = "attention_train";
+    if (!o || !c || !a) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
+    int rc = check_attention_train(op, a);
+    if (rc) return rc;
+    attn_push push = attention_push(a, false);
+    uint32_t spec[] = {o->wg_attention};
+    vks_binding b[] = {a->q, a->k, a->v, a->start, a->out, a->row_max, a->row_sum};
+    return vks_ops_dispatch(o, c, "attention_train", spec, 1, b, 7, &push, sizeof push,
+                            ceil_div(a->T, ATTN_TRAIN_QUERY_BLOCK) * a->n_heads, op);
+}
+
+/* Floats of the backward's scratch: (max, sum, delta) per (row, head). */
+static uint64_t attention_scratch_floats(uint32_t T, uint32_t n_heads) { return 3 * (uint64_t)T * n_heads; }
+
+size_t vks_op_attention_train_backward_scratch_bytes(uint32_t T, uint32_t n_heads) {
+    uint64_t floats = attention_scratch_floats(T, n_heads);
+    return floats > UINT32_MAX ? 0 : (size_t)(floats * 4);
+}
+
+int vks_op_attention_train_backward(vks_ops *o, vks_cmd *c, const vks_attention_train *a, vks_binding dout,
+                                    vks_binding dq, vks_binding dk, vks_binding dv, vks_binding scratch,
+                                    bool accumulate) {
+    const char *op = "attention_train_backward";
+    if (!o || !c || !a) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
+    int rc = check_attention_train(op, a);
+    if (rc) return rc;
+    uint64_t nq = (uint64_t)a->T * a->n_heads * a->head_dim, nkv = (uint64_t)a->T * a->n_kv_heads * a->head_dim;
+    rc = vks_ops_check_range(op, "dout", dout, nq, 4);
+    if (!rc) rc = vks_ops_check_range(op, "dq", dq, nq, 4);
+    if (!rc) rc = vks_ops_check_range(op, "dk", dk, nkv, 4);
+    if (!rc) rc = vks_ops_check_range(op, "dv", dv, nkv, 4);
+    if (!rc) rc = vks_ops_check_range(op, "scratch", scratch, attention_scratch_floats(a->T, a->n_heads), 4);
+    vks_binding used[] = {a->q, a->k, a->v, a->start, a->out, a->row_max, a->row_sum, dout, scratch, dq, dk, dv};
+    if (!rc) rc = check_apart(op, "dq", dq, used, 9);
+    if (!rc) rc = check_apart(op, "dk", dk, used, 10);
+    if (!rc) rc = check_apart(op, "dv", dv, used, 11);
+    if (!rc) rc = check_apart(op, "scratch", scratch, used, 8);
+    if (rc) return rc;
+    attn_push push = attention_push(a, accumulate);
+    /* scratch[t, h] = (max, sum, dout . out): the statistics and sum_j P_j dP_j
+     * of every (row, head), in one binding for the two kernels after it */
+    uint32_t spec_e[] = {o->wg_elementwise};
+    vks_binding b_delta[] = {a->out, dout, a->row_max, a->row_sum, scratch};
+    rc = vks_ops_dispatch(o, c, "attention_train_delta", spec_e, 1, b_delta, 5, &push, sizeof push,
+                          ceil_div((uint64_t)a->T * a->n_heads, o->wg_elementwise), "attention_train_delta");
+    if (rc) return rc;
+    uint32_t spec[] = {o->wg_attention};
+    vks_binding b_dq[] = {a->q, a->k, a->v, a->start, dout, scratch, dq};
+    rc = vks_ops_dispatch(o, c, "attention_train_dq", spec, 1, b_dq, 7, &push, sizeof push,
+                          ceil_div(a->T, ATTN_TRAIN_QUERY_BLOCK) * a->n_heads, "attention_train_dq");
+    if (rc) return rc;
+    vks_binding b_dkdv[] = {a->q, a->k, a->v, a->start, dout, scratch, dk, dv};
+    return vks_ops_dispatch(o, c, "attention_train_dkdv", spec, 1, b_dkdv, 8, &push, sizeof push,
+                            ceil_div(a->T, ATTN_TRAIN_KEY_BLOCK) * a->n_kv_heads, "attention_train_dkdv");
+}
+
+/* ---- SwiGLU ---- */
+
+int vks_op_swiglu_backward(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_binding dout, vks_binding dg,
+                           vks_binding du, uint32_t n, bool accumulate) {
+    const char *op = "swiglu_backward";
+    if (!o || !c || !n) return vks_set_error(VKS_ERR_ARG, "%s: bad arguments", op);
+    int rc = vks_ops_check_range(op, "g", g, n, 4);
+    if (!rc) rc = vks_ops_check_range(op, "u", u, n, 4);
+    if (!rc) rc = vks_ops_check_range(op, "dout", dout, n, 4);
+    if (!rc) rc = vks_ops_check_range(op, "dg", dg, n, 4);
+    if (!rc) rc = vks_ops_check_range(op, "du", du, n, 4);
+    /* dg may be g's or dout's memory and du u's (each element is read before
+     * it is written), but not when accumulating, and never each other's */
+    vks_binding dg_apart[] = {u, du, g, dout}, du_apart[] = {g, dout, u};
+    if (!rc) rc = check_apart(op, "dg", dg, dg_apart, accumulate ? 4 : 2);
+    if (!rc) rc = check_apart(op, "du", du, du_apart, accumulate ? 3 : 2);
+    if (rc) return rc;
+    uint32_t push[] = {n, accumulate ? 1u : 0u};
+    uint32_t spec[] = {o->wg_elementwise};
+    vks_binding b[] = {g, u, dout, dg, du};
+    return vks_ops_dispatch(o, c, "swiglu_backward", spec, 1, b, 5, push, sizeof push,
+                            ceil_div(n, o->wg_elementwise), op);
+}
+
+/* ---- token log-probability ---- */
+
+static int check_logprob(const char *op, vks_binding logits, vks_binding target, const char *per_row_name,
+                         vks_binding per_row, uint32_t R, uint32_t V) {
+    if (!R || !V) return vks_set_error(VKS_ERR_ARG, "%s: bad sizes R=%u V=%u", op, R, V);
+    int rc = vks_ops_check_range(op, "logits", logits, (uint64_t)R * V, 4);
+    if (!rc) rc = vks_ops_check_range(op, "target", target, R, 4);
+    if (!rc) rc = vks_ops_check_range(op, per_row_name, per_row, R, 4);
+    return rc;
+}
+
+int vks_op_token_logprob(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target, vks_binding logp,
+                         uint32_t R, uint32_t V) {
+    const char *op = "token_logprob";
+    if (!o || !c) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
+    int rc = check_logprob(op, logits, target, "logp", logp, R, V);
+    if (rc) return rc;
+    uint32_t push[] = {R, V, 0};
+    uint32_t spec[] = {o->wg_row};
+    vks_binding b[] = {logits, target, logp};
+    return vks_ops_dispatch(o, c, "token_logprob", spec, 1, b, 3, push, sizeof push, R, op);
+}
+
+int vks_op_token_logprob_backward(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target,
+                                  vks_binding dlogp, vks_binding dlogits, uint32_t R, uint32_t V, bool accumulate) {
+    const char *op = "token_logprob_backward";
+    if (!o || !c) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
+    int rc = check_logprob(op, logits, target, "dlogp", dlogp, R, V);
+    if (!rc) rc = vks_ops_check_range(op, "dlogits", dlogits, (uint64_t)R * V, 4);
+    /* over the logits only in overwrite mode: each element is read before it is replaced */
+    vks_binding read[] = {logits, target, dlogp};
+    if (!rc) rc = check_apart(op, "dlogits", dlogits, read + (accumulate ? 0 : 1), accumulate ? 3 : 2);
+    if (rc) return rc;
+    uint32_t push[] = {R, V, accumulate ? 1u : 0u};
+    uint32_t spec[] = {o->wg_row};
+    vks_binding b[] = {logits, target, dlogp, dlogits};
+    return vks_ops_dispatch(o, c, "token_logprob_backward", spec, 1, b, 4, push, sizeof push, R, op);
+}
