@@ -13,6 +13,10 @@
  * workgroup of attention_train_dkdv (the shader's BQ and BK). */
 #define ATTN_TRAIN_QUERY_BLOCK 16u
 #define ATTN_TRAIN_KEY_BLOCK 16u
+/* Shared memory of the largest attention_train kernel (attention_train_dkdv:
+ * K, V tiles of 16 rows and Q, dO tiles of 8 rows of 33 vec4s, P and dS tiles,
+ * statistics); Vulkan promises only 16 KiB, desktop GPUs and lavapipe have 32+. */
+#define ATTN_TRAIN_SHARED_BYTES 26496u
 
 static bool wanted(vks_binding b) { return b.buf != NULL; }
 
@@ -108,7 +112,10 @@ typedef struct {
     uint32_t accumulate;
 } attn_push;
 
-static int check_attention_train(const char *op, const vks_attention_train *a) {
+static int check_attention_train(const vks_ops *o, const char *op, const vks_attention_train *a) {
+    if (o->info.max_shared_bytes && o->info.max_shared_bytes < ATTN_TRAIN_SHARED_BYTES)
+        return vks_set_error(VKS_ERR_ARG, "%s: the device has %u bytes of shared memory, the kernels need %u", op,
+                             o->info.max_shared_bytes, ATTN_TRAIN_SHARED_BYTES);
     if (!a->T || !a->n_heads || !a->n_kv_heads || a->n_heads % a->n_kv_heads || !a->head_dim)
         return vks_set_error(VKS_ERR_ARG, "%s: bad shape T=%u heads=%u kv_heads=%u head_dim=%u", op, a->T,
                              a->n_heads, a->n_kv_heads, a->head_dim);
@@ -139,7 +146,7 @@ static attn_push attention_push(const vks_attention_train *a, bool accumulate) {
 int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a) {
     const char *op = "attention_train";
     if (!o || !c || !a) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
-    int rc = check_attention_train(op, a);
+    int rc = check_attention_train(o, op, a);
     if (rc) return rc;
     attn_push push = attention_push(a, false);
     uint32_t spec[] = {o->wg_attention};
@@ -161,7 +168,7 @@ int vks_op_attention_train_backward(vks_ops *o, vks_cmd *c, const vks_attention_
                                     bool accumulate) {
     const char *op = "attention_train_backward";
     if (!o || !c || !a) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
-    int rc = check_attention_train(op, a);
+    int rc = check_attention_train(o, op, a);
     if (rc) return rc;
     uint64_t nq = (uint64_t)a->T * a->n_heads * a->head_dim, nkv = (uint64_t)a->T * a->n_kv_heads * a->head_dim;
     rc = vks_ops_check_range(op, "dout", dout, nq, 4);
