@@ -72,6 +72,9 @@ int vks_model_save_llama2c(const vks_model *m, const char *path);
 void vks_model_free(vks_model *m);
 /* Number of parameters (classifier counted once when shared). */
 int64_t vks_model_param_count(const vks_model *m);
+/* Checks that every tensor of m has data, a known dtype and the shape the
+ * config implies. Errors (VKS_ERR_ARG) name `what`. */
+int vks_model_check_tensors(const vks_model *m, const char *what);
 /* Validates a config (dims > 0, heads divide, sizes do not overflow). */
 int vks_model_config_check(const vks_model_config *c, const char *what);
 /* Identity of a model (src/model/model_hash.c): BLAKE2b-256 over the config

@@ -10,6 +10,7 @@
 #define VKS_TRAIN_H
 #include "vks_gpu.h"
 #include "vks_model.h"
+#include "vks_ref_grad.h" /* vks_adamw_params, vks_lr_schedule */
 
 typedef enum { VKS_SET_PARAMS = 0, VKS_SET_GRADS = 1, VKS_SET_ADAM_M = 2, VKS_SET_ADAM_V = 3, VKS_SET_COUNT } vks_param_kind;
 
@@ -27,6 +28,41 @@ typedef struct {
 
 int vks_trainer_create(vks_gpu *g, const vks_model *m, const vks_trainer_options *o, vks_trainer **out);
 void vks_trainer_destroy(vks_trainer *t);
+
+/* One micro-batch: packed sequences as vks_ref_batch (sequence s is
+ * seq_lens[s] consecutive tokens at positions 0..seq_lens[s]-1, attending
+ * only to itself; seq_lens NULL: one sequence). Row r's target is the next
+ * token of its own sequence; the last row of each sequence has none.
+ * weight[r] scales row r's loss term (0 masks it; the caller divides by its
+ * normaliser), ignored on rows without a target; NULL: 1 for every row. */
+typedef struct {
+    const int32_t *tokens;
+    int n_tokens;
+    const int *seq_lens;
+    int n_seqs;
+    const float *weight;
+} vks_train_batch;
+
+/* Forward and backward of loss = -sum_r weight[r] * logp[r] over rows with a
+ * target: the gradients of every parameter ACCUMULATE into the gradient set
+ * (micro-batches add up until vks_trainer_step). *loss (may be NULL) gets the
+ * loss; logp (may be NULL, n_tokens entries) each row's log-probability of
+ * its target (0 where none). */
+int vks_trainer_accumulate(vks_trainer *t, const vks_train_batch *b, double *loss, float *logp);
+/* Forward only: logp[n_tokens] as above (evaluation, the RL trainer's check of
+ * the inference ranks' log-probabilities). */
+int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp);
+
+/* One optimizer step on the accumulated gradients, all on the device: the
+ * global gradient norm, clipping to max_grad_norm (<= 0: off), AdamW with h
+ * at step vks_trainer_steps(t) + 1, then zeroed gradients. *grad_norm (may be
+ * NULL) gets the norm before clipping. */
+int vks_trainer_step(vks_trainer *t, const vks_adamw_params *h, double max_grad_norm, double *grad_norm);
+/* Optimizer steps taken (restored by vks_trainer_set_steps on resume). */
+int vks_trainer_steps(const vks_trainer *t);
+void vks_trainer_set_steps(vks_trainer *t, int steps);
+/* Zeroes the gradient set (vks_trainer_step does it after each step). */
+int vks_trainer_zero_grads(vks_trainer *t);
 
 /* The parameter tensors (same list in every set). */
 int vks_trainer_n_tensors(const vks_trainer *t);

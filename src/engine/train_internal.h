@@ -3,7 +3,7 @@
  * optimizer files record into the same vks_trainer. */
 #ifndef VKS_TRAIN_INTERNAL_H
 #define VKS_TRAIN_INTERNAL_H
-#include "vkswarm/vks_ops.h"
+#include "vkswarm/vks_ops_grad.h"
 #include "vkswarm/vks_train.h"
 
 /* One tensor of a set: rows * cols f32 on the device. */
@@ -17,6 +17,38 @@ typedef struct {
     int attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w1, w2, w3;
 } train_layer;
 
+/* What a layer's forward keeps for its backward, [T, ...] each (T = max_tokens). */
+typedef struct {
+    vks_buffer *xn1, *q, *k, *v, *att;  /* attention block: normed input, q/k after RoPE, v, attention output */
+    vks_buffer *stat_max, *stat_sum;    /* [T, n_heads] softmax statistics */
+    vks_buffer *x_mid, *xn2;            /* residual after attention, its norm */
+    vks_buffer *g, *u, *h;              /* FFN gate, up, swiglu(g, u) */
+} train_layer_acts;
+
+/* The activation store and the backward's scratch. With opt.recompute one
+ * train_layer_acts serves every layer (recomputed from x_in[l] in backward). */
+typedef struct {
+    int T;                               /* rows allocated */
+    vks_buffer *tokens, *pos, *start, *target; /* [T] uint32 (target int32, VKS_TRAIN_NO_TARGET where none) */
+    vks_buffer **x_in;                   /* n_layers + 1: each layer's input; x_in[n_layers] the last output */
+    train_layer_acts *layer;             /* n_layers, or 1 with recompute */
+    vks_buffer *xf, *logits, *logp, *dlogp; /* head: final norm [T, D], [T, V] (then their gradient), [T], [T] */
+    /* backward scratch */
+    vks_buffer *dres, *dxn, *dq, *dk, *dv, *datt, *dh, *dg, *du;
+    vks_buffer *norm_scratch, *attn_scratch; /* the RMSNorm and attention backward ops' scratch */
+    vks_buffer *embed_index;             /* VKS_EMBED_GRAD_INDEX_WORDS(T) uint32 */
+    vks_buffer *clip_partials, *clip_out, *one; /* gradient norm: partial sums, {scale, norm}, 1.0f */
+    uint32_t n_partials;
+} train_acts;
+
+/* A micro-batch's per-row facts, built on the host from vks_train_batch. */
+typedef struct {
+    int n;
+    uint32_t *tokens, *pos, *start;
+    int32_t *target; /* VKS_TRAIN_NO_TARGET on the last row of each sequence */
+    bool *has_target;
+} train_rows;
+
 struct vks_trainer {
     vks_gpu *gpu;
     vks_ops *ops;
@@ -29,11 +61,34 @@ struct vks_trainer {
     int n_tensors;
     int tok_emb, final_norm, classifier; /* classifier == tok_emb when tied */
     train_layer *layers;
+    train_acts acts;
+    int steps; /* optimizer steps taken */
 };
+
+#define VKS_TRAIN_NO_TARGET (-1) /* what vks_op_token_logprob reads as "no target" */
+#define VKS_TRAIN_MAX_TOKENS ((int)VKS_ATTENTION_TRAIN_MAX_T)
+
+/* The vks_attention_train of layer activations a over n rows. */
+#define VKS_TRAIN_ATTENTION(t, a, n)                                                                               \
+    .T = (n), .n_heads = (uint32_t)(t)->cfg.n_heads, .n_kv_heads = (uint32_t)(t)->cfg.n_kv_heads,                 \
+    .head_dim = (uint32_t)(t)->cfg.head_dim, .q = {(a)->q, 0, 0}, .k = {(a)->k, 0, 0}, .v = {(a)->v, 0, 0},       \
+    .start = {(t)->acts.start, 0, 0}, .out = {(a)->att, 0, 0}, .row_max = {(a)->stat_max, 0, 0},                  \
+    .row_sum = {(a)->stat_sum, 0, 0}
 
 /* train_params.c */
 int vks_train_params_create(vks_trainer *t, const vks_model *m);
 void vks_train_params_free(vks_trainer *t);
 /* The binding of tensor i of a set. */
 vks_binding vks_train_binding(const vks_trainer *t, vks_param_kind set, int i);
+
+/* train_forward.c: records the forward of n rows (rows already uploaded):
+ * every layer, the head and the log-probabilities into acts.logp. */
+int vks_train_record_forward(vks_trainer *t, vks_cmd *c, uint32_t n);
+/* The forward of layer l alone (x_in[l] -> x_in[l + 1]); backward recomputes with it. */
+int vks_train_record_layer_forward(vks_trainer *t, vks_cmd *c, int l, uint32_t n);
+/* train_backward.c: records the backward of loss = sum_r dlogp[r] * logp[r]
+ * (acts.dlogp uploaded), accumulating into the gradient set. */
+int vks_train_record_backward(vks_trainer *t, vks_cmd *c, uint32_t n, uint32_t n_unique_tokens);
+/* The activations of layer l (the shared set under recompute). */
+train_layer_acts *vks_train_layer_acts(vks_trainer *t, int l);
 #endif

@@ -1,0 +1,300 @@
+/* train.c: the trainer (vks_train.h): creation with its activation store,
+ * micro-batches (rows built on the host, one command buffer for forward and
+ * backward), and the optimizer step (clipping and AdamW on the device). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "train_internal.h"
+#include "vkswarm/vks_ops_grad.h"
+
+static vks_binding bind(vks_buffer *b) { return (vks_binding){.buf = b}; }
+
+/* ---- the activation store ---- */
+
+static int make(vks_trainer *t, vks_buffer **b, uint64_t floats) {
+    uint64_t bytes = (floats ? floats : 1) * 4;
+    if (bytes > vks_gpu_info(t->gpu)->max_storage_range)
+        return vks_set_error(VKS_ERR_ARG, "trainer: an activation of %llu bytes exceeds one storage binding: "
+                             "fewer tokens per micro-batch (--micro-batch)", (unsigned long long)bytes);
+    return vks_buffer_create(t->gpu, (size_t)bytes, b);
+}
+
+static int make_layer_acts(vks_trainer *t, train_layer_acts *a) {
+    const vks_model_config *c = &t->cfg;
+    uint64_t T = (uint64_t)t->acts.T, d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
+    uint64_t kv = (uint64_t)c->kv_dim, h = (uint64_t)c->hidden_dim, heads = (uint64_t)c->n_heads;
+    struct { vks_buffer **b; uint64_t n; } all[] = {
+        {&a->xn1, T * d}, {&a->q, T * qd}, {&a->k, T * kv}, {&a->v, T * kv}, {&a->att, T * qd},
+        {&a->stat_max, T * heads}, {&a->stat_sum, T * heads}, {&a->x_mid, T * d}, {&a->xn2, T * d},
+        {&a->g, T * h}, {&a->u, T * h}, {&a->h, T * h},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        int rc = make(t, all[i].b, all[i].n);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static void free_layer_acts(train_layer_acts *a) {
+    vks_buffer *all[] = {a->xn1, a->q, a->k, a->v, a->att, a->stat_max, a->stat_sum, a->x_mid, a->xn2, a->g, a->u, a->h};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
+}
+
+static int make_scratch(vks_trainer *t) {
+    const vks_model_config *c = &t->cfg;
+    train_acts *a = &t->acts;
+    uint64_t T = (uint64_t)a->T, d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
+    uint64_t kv = (uint64_t)c->kv_dim, h = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
+    uint64_t grads = 0;
+    for (int i = 0; i < t->n_tensors; i++) grads += vks_op_grad_squares_partials(t->ops,
+                         (uint64_t)t->tensors[i].info.rows * (uint64_t)t->tensors[i].info.cols);
+    a->n_partials = (uint32_t)grads;
+    struct { vks_buffer **b; uint64_t n; } all[] = {
+        {&a->tokens, T}, {&a->pos, T}, {&a->start, T}, {&a->target, T}, {&a->xf, T * d}, {&a->logits, T * V},
+        {&a->logp, T}, {&a->dlogp, T}, {&a->dres, T * d}, {&a->dxn, T * d}, {&a->dq, T * qd}, {&a->dk, T * kv},
+        {&a->dv, T * kv}, {&a->datt, T * qd}, {&a->dh, T * h}, {&a->dg, T * h}, {&a->du, T * h},
+        {&a->norm_scratch, vks_op_rmsnorm_backward_scratch_bytes((uint32_t)T, (uint32_t)d) / 4 + 1},
+        {&a->attn_scratch, vks_op_attention_train_backward_scratch_bytes((uint32_t)T, (uint32_t)c->n_heads) / 4 + 1},
+        {&a->embed_index, VKS_EMBED_GRAD_INDEX_WORDS(T)}, {&a->clip_partials, grads},
+        {&a->clip_out, 2}, {&a->one, 1},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        int rc = make(t, all[i].b, all[i].n);
+        if (rc) return rc;
+    }
+    float one = 1.0f;
+    return vks_buffer_upload(a->one, 0, &one, sizeof one);
+}
+
+static int make_acts(vks_trainer *t) {
+    train_acts *a = &t->acts;
+    int n_layers = t->cfg.n_layers, n_sets = t->opt.recompute ? 1 : n_layers;
+    a->x_in = calloc((size_t)n_layers + 1, sizeof *a->x_in);
+    a->layer = calloc((size_t)n_sets, sizeof *a->layer);
+    if (!a->x_in || !a->layer) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    int rc = VKS_OK;
+    for (int l = 0; !rc && l <= n_layers; l++) rc = make(t, &a->x_in[l], (uint64_t)a->T * (uint64_t)t->cfg.dim);
+    for (int l = 0; !rc && l < n_sets; l++) rc = make_layer_acts(t, &a->layer[l]);
+    return rc ? rc : make_scratch(t);
+}
+
+static void free_acts(vks_trainer *t) {
+    train_acts *a = &t->acts;
+    for (int l = 0; a->x_in && l <= t->cfg.n_layers; l++) vks_buffer_destroy(a->x_in[l]);
+    for (int l = 0; a->layer && l < (t->opt.recompute ? 1 : t->cfg.n_layers); l++) free_layer_acts(&a->layer[l]);
+    vks_buffer *all[] = {a->tokens, a->pos, a->start, a->target, a->xf, a->logits, a->logp, a->dlogp, a->dres,
+                         a->dxn, a->dq, a->dk, a->dv, a->datt, a->dh, a->dg, a->du, a->norm_scratch, a->attn_scratch, a->embed_index,
+                         a->clip_partials, a->clip_out, a->one};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
+    free(a->x_in);
+    free(a->layer);
+}
+
+train_layer_acts *vks_train_layer_acts(vks_trainer *t, int l) { return &t->acts.layer[t->opt.recompute ? 0 : l]; }
+
+/* ---- creation ---- */
+
+int vks_trainer_create(vks_gpu *g, const vks_model *m, const vks_trainer_options *o, vks_trainer **out) {
+    if (!g || !m || !out) return vks_set_error(VKS_ERR_ARG, "vks_trainer_create: NULL argument");
+    *out = NULL;
+    int rc = vks_model_check_tensors(m, "trainer");
+    if (rc) return rc;
+    vks_trainer *t = calloc(1, sizeof *t);
+    if (!t) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    t->gpu = g;
+    t->cfg = m->cfg;
+    if (o) t->opt = *o;
+    if (t->opt.max_tokens <= 0) t->opt.max_tokens = m->cfg.seq_len;
+    t->acts.T = t->opt.max_tokens;
+    t->bos_id = m->bos_id;
+    t->eos_id = m->eos_id;
+    memcpy(t->arch, m->arch, sizeof t->arch);
+    if (t->opt.max_tokens > VKS_TRAIN_MAX_TOKENS)
+        rc = vks_set_error(VKS_ERR_ARG, "trainer: %d tokens per micro-batch, at most %d", t->opt.max_tokens,
+                           VKS_TRAIN_MAX_TOKENS);
+    if (!rc) rc = vks_ops_create(g, &t->ops);
+    if (!rc) vks_ops_set_f16_math(t->ops, false); /* training matmuls stay f32 */
+    if (!rc) rc = vks_train_params_create(t, m);
+    if (!rc) rc = make_acts(t);
+    if (rc) {
+        vks_trainer_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return VKS_OK;
+}
+
+void vks_trainer_destroy(vks_trainer *t) {
+    if (!t) return;
+    free_acts(t);
+    vks_train_params_free(t);
+    vks_ops_destroy(t->ops);
+    free(t);
+}
+
+/* ---- a micro-batch ---- */
+
+static void rows_free(train_rows *r) {
+    free(r->tokens);
+    free(r->pos);
+    free(r->start);
+    free(r->target);
+    free(r->has_target);
+}
+
+/* Positions, sequence starts and targets of a packed batch; bounds-checked. */
+static int rows_build(const vks_trainer *t, const vks_train_batch *b, train_rows *r) {
+    memset(r, 0, sizeof *r);
+    if (!b || !b->tokens || b->n_tokens < 1 || b->n_tokens > t->acts.T || b->n_seqs < 0 || (b->n_seqs && !b->seq_lens))
+        return vks_set_error(VKS_ERR_ARG, "trainer: a micro-batch of %d tokens (1..%d)", b ? b->n_tokens : 0, t->acts.T);
+    int n = b->n_tokens;
+    r->n = n;
+    r->tokens = malloc(sizeof *r->tokens * (size_t)n);
+    r->pos = malloc(sizeof *r->pos * (size_t)n);
+    r->start = malloc(sizeof *r->start * (size_t)n);
+    r->target = malloc(sizeof *r->target * (size_t)n);
+    r->has_target = malloc(sizeof *r->has_target * (size_t)n);
+    if (!r->tokens || !r->pos || !r->start || !r->target || !r->has_target)
+        return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    int one_len = n, n_seqs = b->n_seqs ? b->n_seqs : 1, row = 0;
+    const int *lens = b->n_seqs ? b->seq_lens : &one_len;
+    for (int s = 0; s < n_seqs; s++) {
+        if (lens[s] < 1 || lens[s] > t->cfg.seq_len || lens[s] > n - row)
+            return vks_set_error(VKS_ERR_ARG, "trainer: sequence %d has %d tokens (1..%d, the rest of %d)", s, lens[s],
+                                 t->cfg.seq_len, n - row);
+        for (int i = 0; i < lens[s]; i++, row++) {
+            int32_t tok = b->tokens[row];
+            if (tok < 0 || tok >= t->cfg.vocab_size)
+                return vks_set_error(VKS_ERR_ARG, "trainer: token %d at row %d is outside the vocabulary (%d)", tok,
+                                     row, t->cfg.vocab_size);
+            r->tokens[row] = (uint32_t)tok;
+            r->pos[row] = (uint32_t)i;
+            r->start[row] = (uint32_t)(row - i);
+            r->has_target[row] = i + 1 < lens[s];
+            r->target[row] = r->has_target[row] ? b->tokens[row + 1] : VKS_TRAIN_NO_TARGET;
+        }
+    }
+    if (row != n) return vks_set_error(VKS_ERR_ARG, "trainer: sequence lengths add up to %d, not %d tokens", row, n);
+    return VKS_OK;
+}
+
+static int upload_rows(vks_trainer *t, const train_rows *r) {
+    size_t bytes = sizeof(uint32_t) * (size_t)r->n;
+    int rc = vks_buffer_upload(t->acts.tokens, 0, r->tokens, bytes);
+    if (!rc) rc = vks_buffer_upload(t->acts.pos, 0, r->pos, bytes);
+    if (!rc) rc = vks_buffer_upload(t->acts.start, 0, r->start, bytes);
+    if (!rc) rc = vks_buffer_upload(t->acts.target, 0, r->target, bytes);
+    return rc;
+}
+
+/* dlogp[r] = -weight[r] on rows with a target (d loss / d logp). */
+static int upload_dlogp(vks_trainer *t, const vks_train_batch *b, const train_rows *r) {
+    float *d = malloc(sizeof *d * (size_t)r->n);
+    if (!d) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    for (int i = 0; i < r->n; i++) d[i] = r->has_target[i] ? -(b->weight ? b->weight[i] : 1.0f) : 0.0f;
+    int rc = vks_buffer_upload(t->acts.dlogp, 0, d, sizeof *d * (size_t)r->n);
+    free(d);
+    return rc;
+}
+
+static int upload_embed_index(vks_trainer *t, const train_rows *r, uint32_t *n_unique) {
+    uint32_t *index = malloc(sizeof *index * VKS_EMBED_GRAD_INDEX_WORDS(r->n));
+    if (!index) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    int rc = vks_op_embed_backward_index(r->tokens, (uint32_t)r->n, (uint32_t)t->cfg.vocab_size, index, n_unique);
+    if (!rc) rc = vks_buffer_upload(t->acts.embed_index, 0, index, sizeof *index * VKS_EMBED_GRAD_INDEX_WORDS(r->n));
+    free(index);
+    return rc;
+}
+
+/* Downloads logp and, when wanted, the weighted loss. */
+static int read_logp(vks_trainer *t, const vks_train_batch *b, const train_rows *r, double *loss, float *logp) {
+    float *lp = logp ? logp : malloc(sizeof *lp * (size_t)r->n);
+    if (!lp) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    int rc = vks_buffer_download(t->acts.logp, 0, lp, sizeof *lp * (size_t)r->n);
+    double sum = 0;
+    for (int i = 0; !rc && i < r->n; i++) {
+        if (!r->has_target[i]) lp[i] = 0.0f;
+        else sum -= (double)(b->weight ? b->weight[i] : 1.0f) * lp[i];
+    }
+    if (!rc && loss) *loss = sum;
+    if (lp != logp) free(lp);
+    return rc;
+}
+
+static int run(vks_trainer *t, const vks_train_batch *b, bool backward, double *loss, float *logp) {
+    if (!t) return vks_set_error(VKS_ERR_ARG, "trainer: NULL trainer");
+    train_rows r;
+    uint32_t n_unique = 0;
+    int rc = rows_build(t, b, &r);
+    if (!rc) rc = upload_rows(t, &r);
+    if (!rc && backward) rc = upload_dlogp(t, b, &r);
+    if (!rc && backward) rc = upload_embed_index(t, &r, &n_unique);
+    vks_cmd *c = NULL;
+    if (!rc) rc = vks_cmd_begin(t->gpu, &c);
+    if (!rc) rc = vks_train_record_forward(t, c, (uint32_t)r.n);
+    if (!rc && backward) rc = vks_train_record_backward(t, c, (uint32_t)r.n, n_unique);
+    if (c) rc = rc ? (vks_cmd_discard(c), rc) : vks_cmd_submit(c);
+    if (!rc) rc = read_logp(t, b, &r, loss, logp);
+    rows_free(&r);
+    return rc;
+}
+
+int vks_trainer_accumulate(vks_trainer *t, const vks_train_batch *b, double *loss, float *logp) {
+    return run(t, b, true, loss, logp);
+}
+
+int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp) {
+    if (!logp) return vks_set_error(VKS_ERR_ARG, "vks_trainer_logprobs: NULL logp");
+    return run(t, b, false, NULL, logp);
+}
+
+/* ---- the optimizer step ---- */
+
+int vks_trainer_zero_grads(vks_trainer *t) {
+    for (int i = 0; t && i < t->n_tensors; i++) {
+        int rc = vks_buffer_fill(t->tensors[i].buf[VKS_SET_GRADS], 0);
+        if (rc) return rc;
+    }
+    return t ? VKS_OK : vks_set_error(VKS_ERR_ARG, "trainer: NULL trainer");
+}
+
+static int record_step(vks_trainer *t, vks_cmd *c, const vks_adamw_params *h, double max_grad_norm) {
+    vks_binding *grads = malloc(sizeof *grads * (size_t)t->n_tensors);
+    uint32_t *counts = malloc(sizeof *counts * (size_t)t->n_tensors);
+    int rc = grads && counts ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    for (int i = 0; !rc && i < t->n_tensors; i++) {
+        grads[i] = vks_train_binding(t, VKS_SET_GRADS, i);
+        counts[i] = (uint32_t)(t->tensors[i].info.rows * t->tensors[i].info.cols);
+    }
+    if (!rc) rc = vks_op_grad_clip(t->ops, c, grads, counts, t->n_tensors, bind(t->acts.clip_partials),
+                                   (float)max_grad_norm, bind(t->acts.clip_out));
+    for (int i = 0; !rc && i < t->n_tensors; i++)
+        rc = vks_op_adamw(t->ops, c, vks_train_binding(t, VKS_SET_PARAMS, i), grads[i],
+                          vks_train_binding(t, VKS_SET_ADAM_M, i), vks_train_binding(t, VKS_SET_ADAM_V, i), counts[i],
+                          h, t->steps + 1, bind(t->acts.clip_out));
+    free(grads);
+    free(counts);
+    return rc;
+}
+
+int vks_trainer_step(vks_trainer *t, const vks_adamw_params *h, double max_grad_norm, double *grad_norm) {
+    if (!t || !h) return vks_set_error(VKS_ERR_ARG, "vks_trainer_step: NULL argument");
+    vks_cmd *c;
+    int rc = vks_cmd_begin(t->gpu, &c);
+    if (rc) return rc;
+    rc = record_step(t, c, h, max_grad_norm);
+    rc = rc ? (vks_cmd_discard(c), rc) : vks_cmd_submit(c);
+    float out[2] = {0, 0};
+    if (!rc) rc = vks_buffer_download(t->acts.clip_out, 0, out, sizeof out);
+    if (!rc && !isfinite(out[1]))
+        rc = vks_set_error(VKS_ERR_ARG, "trainer: the gradient norm is %g at step %d: not applied", out[1], t->steps + 1);
+    if (!rc) t->steps++;
+    if (!rc && grad_norm) *grad_norm = out[1];
+    int zr = vks_trainer_zero_grads(t);
+    return rc ? rc : zr;
+}
+
+int vks_trainer_steps(const vks_trainer *t) { return t ? t->steps : 0; }
+void vks_trainer_set_steps(vks_trainer *t, int steps) {
+    if (t && steps >= 0) t->steps = steps;
+}
