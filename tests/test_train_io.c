@@ -78,11 +78,17 @@ static void write_byte_tokenizer(const char *dir) {
 
 static char tok_dir[256];
 
-static vks_tokenizer *byte_tokenizer(void) {
+/* The directory holding the test tokenizer's files (made once). */
+static const char *ensure_tok_dir(void) {
     if (!tok_dir[0]) {
         snprintf(tok_dir, sizeof tok_dir, "%s", tu_tmpdir());
         write_byte_tokenizer(tok_dir);
     }
+    return tok_dir;
+}
+
+static vks_tokenizer *byte_tokenizer(void) {
+    ensure_tok_dir();
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", tok_dir);
     vks_tokenizer *t = NULL;
@@ -157,6 +163,16 @@ static void test_sft_masks(void **state) {
     assert_int_equal(vks_sft_data_count(d), 3);
     check_sequence(d, 0, "2+2=", "4", 1);
     check_sequence(d, 1, "", "hello", 3); /* text: loss on every token after BOS */
+    vks_sft_data_free(d);
+    /* special tokens typed into the data stay text: a line cannot forge BOS/EOS */
+    d = parse_ok("{\"prompt\": \"<|eos|>\", \"completion\": \"<|bos|>\"}\n", &o);
+    check_sequence(d, 0, "<|eos|>", "<|bos|>", 1);
+    vks_sft_data_free(d);
+    d = parse_ok("{\"prompt\": \"2+2=\", \"completion\": \"4\"}\n"
+                 "\n"
+                 "{\"text\": \"hello\", \"id\": 7}\n"
+                 "{\"completion\": \"\", \"prompt\": \"x\\u0000y\"}",
+                 &o);
     const int32_t *tok;
     const uint8_t *mask;
     int len;
@@ -586,7 +602,7 @@ static void check_state_equal(const vks_ckpt_state *a, const vks_ckpt_state *b) 
 
 static void test_checkpoint_roundtrip(void **state) {
     (void)state;
-    byte_tokenizer(); /* makes tok_dir */
+    ensure_tok_dir();
     for (int variant = 0; variant < 2; variant++) {
         vks_model_config cfg = tiny_config(variant == 0, VKS_ROPE_HALF);
         ckpt_fixture f;
@@ -677,7 +693,7 @@ static void test_checkpoint_rope_order(void **state) {
 
 static void test_checkpoint_is_a_model(void **state) {
     (void)state;
-    byte_tokenizer();
+    ensure_tok_dir();
     vks_model_config cfg = tiny_config(true, VKS_ROPE_HALF);
     ckpt_fixture f;
     fixture_make(&f, &cfg, false, 9);
@@ -833,6 +849,13 @@ static void test_checkpoint_corrupt_refused(void **state) {
     snprintf(p, sizeof p, "%s/optimizer.safetensors", FRESH());
     unlink(p);
     assert_refused(bad, "optimizer.safetensors: missing (listed in state.json)");
+    /* a shard index beside the model does not redirect the loader */
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", FRESH());
+    const char *index = "{\"weight_map\": {\"model.norm.weight\": \"evil.safetensors\"}}";
+    write_file(p, index, strlen(index));
+    vks_checkpoint *c2 = NULL;
+    if (vks_checkpoint_load(bad, &c2) != VKS_OK) fail_msg("%s", vks_last_error());
+    vks_checkpoint_free(c2);
     /* a symbolic link in place of a file is not followed */
     snprintf(p, sizeof p, "%s/config.json", FRESH());
     char target[700];
@@ -908,7 +931,9 @@ static void test_checkpoint_replace(void **state) {
     assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_OK);
     f.w[0] = 12345.0f;
     f.c.state.step = 6;
+    strcat(dir, "/");
     assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_OK); /* same directory again: replaced whole */
+    dir[strlen(dir) - 1] = '\0';
     vks_checkpoint *c = NULL;
     assert_int_equal(vks_checkpoint_load(dir, &c), VKS_OK);
     assert_true(c->weights[0] == 12345.0f);

@@ -76,8 +76,8 @@ int vks_sft_data_hash(const vks_sft_data *d, uint8_t out[32]);
 
 /* ---- the batcher ----
  * Epoch e visits every sequence once, in the order of a permutation drawn by
- * Fisher-Yates from Philox4x32-10 keyed by seed with counter (i, e) (file
- * order when shuffle is off), and packs them greedily in that order: a
+ * Fisher-Yates (swap i with j < i + 1 drawn from the 64 bits of
+ * vks_philox_u32(seed, e, i, 0 and 1)) (file order when shuffle is off), and packs them greedily in that order: a
  * micro-batch takes the next sequences while they fit in max_tokens rows
  * (and max_seqs); it never spans two epochs, and a sequence is never split.
  * The generator is counter-based, so its whole state is (seed, epoch): the

@@ -442,8 +442,13 @@ static int place_dir(const char *tmp, const char *dir) {
         if (rename(tmp, dir) != 0) return vks_set_error(VKS_ERR_IO, "%s: cannot rename into place: %s", dir, strerror(errno));
         return VKS_OK;
     }
-    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) /* tmp now names the old one */
-        return vks_ckpt_remove_dir(tmp) >= 0 ? VKS_OK : VKS_ERR_IO;
+    /* Once the new checkpoint is in place the save has succeeded: an old one
+     * that cannot be removed stays under its temporary name, which a later
+     * vks_checkpoint_prune removes when this process has ended. */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) { /* tmp now names the old one */
+        vks_ckpt_remove_dir(tmp);
+        return VKS_OK;
+    }
     if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
         return vks_set_error(VKS_ERR_IO, "%s: cannot replace: %s", dir, strerror(errno));
     char old[4200];
@@ -454,7 +459,8 @@ static int place_dir(const char *tmp, const char *dir) {
         rename(old, dir);
         return vks_set_error(VKS_ERR_IO, "%s: cannot rename into place: %s", dir, strerror(e));
     }
-    return vks_ckpt_remove_dir(old) >= 0 ? VKS_OK : VKS_ERR_IO;
+    vks_ckpt_remove_dir(old);
+    return VKS_OK;
 }
 
 /* An existing dir may be replaced only when it is a checkpoint-shaped directory. */
@@ -467,9 +473,14 @@ static int check_replaceable(const char *dir) {
     return r ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: exists and holds files that are not a checkpoint's (not replaced)", dir);
 }
 
-int vks_checkpoint_save(const char *dir, const vks_checkpoint_data *c) {
-    int rc = check_data(dir, c);
-    if (rc == VKS_OK) rc = check_replaceable(dir);
+int vks_checkpoint_save(const char *dir_arg, const vks_checkpoint_data *c) {
+    char dir[4096];
+    int rc = check_data(dir_arg, c);
+    if (rc == VKS_OK && (size_t)snprintf(dir, sizeof dir, "%s", dir_arg) >= sizeof dir)
+        rc = vks_set_error(VKS_ERR_ARG, "%s: path too long", dir_arg);
+    if (rc != VKS_OK) return rc;
+    for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--) dir[n - 1] = '\0'; /* "out/step-1/": beside it, not in it */
+    rc = check_replaceable(dir);
     if (rc != VKS_OK) return rc;
     char tmp[4200];
     rc = make_temp_dir(dir, tmp, sizeof tmp);
@@ -704,7 +715,11 @@ static int load_moments(vks_checkpoint *c, const vks_model *model, const char *d
 
 static int load_model(vks_checkpoint *c, const char *dir, bool has_optimizer) {
     vks_model *m = NULL;
-    int rc = vks_model_load_safetensors(dir, &m);
+    char path[4096];
+    /* the file, not the directory: a model.safetensors.index.json put beside
+     * it would send the reader to shards that state.json does not vouch for */
+    int rc = join(path, sizeof path, dir, "model.safetensors");
+    if (rc == VKS_OK) rc = vks_model_load_safetensors(path, &m);
     if (rc == VKS_OK) rc = vks_param_layout_create(&m->cfg, m->layers[0].bq.data != NULL, &c->layout);
     if (rc == VKS_OK && !(c->weights = malloc(c->layout->n_values * sizeof(float))))
         rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", dir);

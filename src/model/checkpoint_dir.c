@@ -188,7 +188,7 @@ int vks_checkpoint_latest(const char *out_dir, char *buf, size_t cap, bool *foun
     *found = false;
     entry_list l = {0};
     int rc = list_checkpoints(out_dir, &l);
-    if (rc == VKS_OK) qsort(l.e, l.n, sizeof *l.e, newest_first);
+    if (rc == VKS_OK && l.n > 1) qsort(l.e, l.n, sizeof *l.e, newest_first);
     for (size_t i = 0; i < l.n && rc == VKS_OK && !*found; i++) {
         if (l.e[i].kind != NAME_FINAL || !has_state(out_dir, l.e[i].name)) continue;
         if ((size_t)snprintf(buf, cap, "%s/%s", out_dir, l.e[i].name) >= cap)
@@ -211,7 +211,7 @@ int vks_checkpoint_prune(const char *out_dir, int keep, int *n_removed) {
     if (!out_dir || keep < 1) return vks_set_error(VKS_ERR_ARG, "vks_checkpoint_prune: keep must be at least 1");
     entry_list l = {0};
     int rc = list_checkpoints(out_dir, &l);
-    if (rc == VKS_OK) qsort(l.e, l.n, sizeof *l.e, newest_first);
+    if (rc == VKS_OK && l.n > 1) qsort(l.e, l.n, sizeof *l.e, newest_first);
     int kept = 0;
     char path[4096];
     for (size_t i = 0; i < l.n && rc == VKS_OK; i++) {
