@@ -70,10 +70,24 @@ static void write_checkpoint(void) {
     vks_param_layout_free(l);
 }
 
+/* Removes what init and the runs wrote (at exit). */
+static void cleanup(void) {
+    const char *files[] = {"ck/model.safetensors", "ck/config.json", "ck/tokenizer.json", "ck/tokenizer_config.json",
+                           "ck/optimizer.safetensors", "ck/state.json", "ck", "tokenizer.json", "tokenizer_config.json",
+                           "metrics.jsonl", "plot.svg", ""};
+    char path[128];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (unlink(path) != 0) rmdir(path);
+    }
+    vks_tokenizer_free(tok);
+}
+
 static void init(void) {
     if (tok) return;
     snprintf(dir, sizeof dir, "/tmp/vkswarm-fuzz-train.XXXXXX");
     if (!mkdtemp(dir)) abort();
+    atexit(cleanup);
     write_tokenizer();
     write_checkpoint();
 }
