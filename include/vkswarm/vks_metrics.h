@@ -1,0 +1,71 @@
+/* vks_metrics.h: per-step training metrics as JSON lines, and line plots of
+ * them as SVG (src/rl/metrics.c).
+ *
+ * DIR/metrics.jsonl holds one object per step, {"step": N, "<name>": value,
+ * ...} in the order given, each line written whole and flushed: a reader
+ * (`tail -f`, a plot) sees complete lines, and a crash loses at most the
+ * line being written. Integral values below 2^53 are written as integers,
+ * others with 17 significant digits (they read back exactly); NaN and
+ * infinities, which JSON cannot hold, are written as null. */
+#ifndef VKS_METRICS_H
+#define VKS_METRICS_H
+#include "vks_common.h"
+
+typedef struct {
+    const char *name;
+    double value;
+} vks_metric;
+
+typedef struct vks_metrics vks_metrics;
+
+/* Opens DIR/metrics.jsonl (DIR is created when missing). resume_step < 0
+ * starts a new file (an old one is replaced); resume_step >= 0 continues a
+ * resumed run: the old file's lines with a step above resume_step (written
+ * after the checkpoint being resumed) and any line that is not a complete
+ * object with a "step" are dropped first, in an atomic rewrite. */
+int vks_metrics_open(const char *dir, int64_t resume_step, vks_metrics **out);
+/* Appends {"step": step, names: values...} and flushes it. Names must be
+ * distinct and not "step". */
+int vks_metrics_log(vks_metrics *m, int64_t step, const vks_metric *values, int n);
+/* Path of the metrics file. */
+const char *vks_metrics_path(const vks_metrics *m);
+/* Closes; an error when a buffered write failed. NULL is fine. */
+int vks_metrics_close(vks_metrics *m);
+
+/* Series read back from a metrics file: x[i] = the "step" of line i, and for
+ * each key k, y[k][i] its value (NaN where the line lacks it or holds null).
+ * Lines that are not objects with an integer "step" are skipped; a line
+ * longer than 1 MiB is an error. */
+typedef struct {
+    int64_t n;
+    double *x;
+    double **y; /* [n_keys][n] */
+    int n_keys;
+} vks_metric_series;
+int vks_metrics_read(const char *path, const char *const *keys, int n_keys, vks_metric_series **out);
+void vks_metric_series_free(vks_metric_series *s);
+
+/* ---- SVG line plots ---- */
+typedef struct {
+    const char *name;     /* legend entry (any bytes: escaped) */
+    const double *x, *y;  /* n points; a point with x or y non-finite or beyond 1e300 in magnitude is a gap */
+    int64_t n;
+} vks_plot_series;
+
+typedef struct {
+    const char *title, *x_label, *y_label; /* NULL: none */
+    const vks_plot_series *series;
+    int n_series;
+    int width, height; /* pixels; 0: 800 x 480 (at least 200 x 150) */
+} vks_plot;
+
+/* Writes the plot as a standalone SVG file, atomically (vks_outfile):
+ * axes with ticks at 1-2-5 steps over the finite points' range, tick labels,
+ * title and axis labels, one polyline per series and stretch between gaps
+ * (a stretch of one point is a dot), a legend. Without a finite point the
+ * axes span [0, 1] and the plot says "no data". */
+int vks_plot_svg(const char *path, const vks_plot *p);
+/* Plots keys of DIR/metrics.jsonl against the step into svg_path. */
+int vks_metrics_plot(const char *metrics_path, const char *const *keys, int n_keys, const char *title,
+                     const char *svg_path);
+#endif

@@ -1,0 +1,19 @@
+/* checkpoint_internal.h: what checkpoint.c and checkpoint_dir.c share. Not a
+ * public API. */
+#ifndef VKS_CHECKPOINT_INTERNAL_H
+#define VKS_CHECKPOINT_INTERNAL_H
+#include "vkswarm/vks_common.h"
+
+/* A file name a checkpoint directory holds (model.safetensors, config.json,
+ * tokenizer.json, tokenizer_config.json, optimizer.safetensors, state.json). */
+bool vks_ckpt_known_file(const char *name);
+/* 1 when dir holds nothing but checkpoint files and vks_outfile temporaries
+ * of them (regular files), 0 when it holds anything else, < 0 on error. */
+int vks_ckpt_only_our_files(const char *dir);
+/* Removes dir and its files when vks_ckpt_only_our_files says it may: 1
+ * removed, 0 left alone, < 0 error (message set). */
+int vks_ckpt_remove_dir(const char *dir);
+/* fsync of a directory, and of the directory holding path. */
+int vks_ckpt_sync_dir(const char *dir);
+int vks_ckpt_sync_parent(const char *path);
+#endif

@@ -1,0 +1,460 @@
+/* metrics.c: per-step metrics appended to DIR/metrics.jsonl (vks_metrics.h),
+ * read back as series, and a small SVG line-plot writer for them. */
+#include "vkswarm/vks_metrics.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_LINE_BYTES ((size_t)1 << 20)
+
+struct vks_metrics {
+    FILE *f;
+    char *path;
+};
+
+/* ---- lines ---- */
+
+/* Reads one line (without its LF) into *buf; a line over MAX_LINE_BYTES sets
+ * *too_long and is consumed. Returns false at EOF (or when out of memory:
+ * then !feof). */
+static bool read_line(FILE *f, char **buf, size_t *cap, size_t *len, bool *too_long) {
+    *len = 0;
+    *too_long = false;
+    int ch;
+    bool any = false;
+    while ((ch = getc(f)) != EOF) {
+        any = true;
+        if (ch == '\n') break;
+        if (*len >= MAX_LINE_BYTES) {
+            *too_long = true;
+            continue;
+        }
+        if (*len + 1 >= *cap) {
+            size_t n = *cap ? *cap * 2 : 1024;
+            char *p = realloc(*buf, n);
+            if (!p) return false;
+            *buf = p;
+            *cap = n;
+        }
+        (*buf)[(*len)++] = (char)ch;
+    }
+    return any;
+}
+
+/* The line's object when it is one with an integer "step" (else NULL). */
+static json_t *step_object(const char *line, size_t len, int64_t *step) {
+    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *s = json_object_get(o, "step");
+    if (!json_is_object(o) || !json_is_integer(s)) {
+        json_decref(o);
+        return NULL;
+    }
+    *step = json_integer_value(s);
+    return o;
+}
+
+/* ---- writing ---- */
+
+static int make_dir(const char *dir) {
+    if (mkdir(dir, 0777) == 0 || errno == EEXIST) return VKS_OK;
+    return vks_set_error(VKS_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
+}
+
+/* Rewrites path with the old lines whose step is at most keep_through
+ * (none when keep_through < 0 or the file is missing). */
+static int rewrite(const char *path, int64_t keep_through) {
+    vks_outfile o;
+    int rc = vks_outfile_open(&o, path, 0666);
+    if (rc != VKS_OK) return rc;
+    FILE *in = keep_through >= 0 ? fopen(path, "rb") : NULL;
+    if (keep_through >= 0 && !in && errno != ENOENT) {
+        int e = errno;
+        vks_outfile_abort(&o);
+        return vks_set_error(VKS_ERR_IO, "%s: cannot read the previous metrics: %s", path, strerror(e));
+    }
+    char *buf = NULL;
+    size_t cap = 0, len = 0;
+    bool too_long, ok = true;
+    while (in && ok && read_line(in, &buf, &cap, &len, &too_long)) {
+        int64_t step = 0;
+        json_t *obj = too_long ? NULL : step_object(buf, len, &step);
+        if (obj && step <= keep_through) ok = fwrite(buf, 1, len, o.f) == len && putc('\n', o.f) != EOF;
+        json_decref(obj);
+    }
+    bool read_failed = in && (ferror(in) || !feof(in));
+    if (in) fclose(in);
+    free(buf);
+    if (read_failed) {
+        vks_outfile_abort(&o);
+        return vks_set_error(VKS_ERR_IO, "%s: cannot read the previous metrics", path);
+    }
+    return vks_outfile_finish(&o, ok);
+}
+
+int vks_metrics_open(const char *dir, int64_t resume_step, vks_metrics **out) {
+    if (!dir || !out) return vks_set_error(VKS_ERR_ARG, "vks_metrics_open: NULL argument");
+    *out = NULL;
+    int rc = make_dir(dir);
+    if (rc != VKS_OK) return rc;
+    vks_metrics *m = calloc(1, sizeof *m);
+    size_t n = strlen(dir) + sizeof "/metrics.jsonl";
+    if (m) m->path = malloc(n);
+    if (!m || !m->path) {
+        free(m);
+        return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    }
+    snprintf(m->path, n, "%s/metrics.jsonl", dir);
+    rc = rewrite(m->path, resume_step);
+    if (rc == VKS_OK) {
+        m->f = fopen(m->path, "ab");
+        if (!m->f) rc = vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", m->path, strerror(errno));
+    }
+    if (rc != VKS_OK) {
+        free(m->path);
+        free(m);
+        return rc;
+    }
+    *out = m;
+    return VKS_OK;
+}
+
+static json_t *metric_value(double v) {
+    if (!isfinite(v)) return json_null();
+    if (v == floor(v) && fabs(v) < 9007199254740992.0) return json_integer((json_int_t)v);
+    return json_real(v);
+}
+
+static int check_names(const vks_metric *v, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!v[i].name || !v[i].name[0] || !strcmp(v[i].name, "step"))
+            return vks_set_error(VKS_ERR_ARG, "metrics: metric %d has no name or is called \"step\"", i);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(v[i].name, v[j].name)) return vks_set_error(VKS_ERR_ARG, "metrics: \"%s\" twice", v[i].name);
+    }
+    return VKS_OK;
+}
+
+int vks_metrics_log(vks_metrics *m, int64_t step, const vks_metric *values, int n) {
+    if (!m || !m->f || (n && !values) || n < 0) return vks_set_error(VKS_ERR_ARG, "vks_metrics_log: bad argument");
+    int rc = check_names(values, n);
+    if (rc != VKS_OK) return rc;
+    json_t *o = json_object();
+    bool ok = o && json_object_set_new(o, "step", json_integer((json_int_t)step)) == 0;
+    for (int i = 0; i < n && ok; i++) ok = json_object_set_new(o, values[i].name, metric_value(values[i].value)) == 0;
+    char *line = ok ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(o);
+    if (!line) return vks_set_error(VKS_ERR_NOMEM, "%s: cannot format a line", m->path);
+    size_t len = strlen(line);
+    line[len] = '\n'; /* json_dumps' terminator becomes the newline: the line goes out in one write */
+    ok = fwrite(line, 1, len + 1, m->f) == len + 1 && fflush(m->f) == 0;
+    int e = errno;
+    free(line);
+    return ok ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: write failed: %s", m->path, strerror(e ? e : EIO));
+}
+
+const char *vks_metrics_path(const vks_metrics *m) { return m ? m->path : NULL; }
+
+int vks_metrics_close(vks_metrics *m) {
+    if (!m) return VKS_OK;
+    int rc = VKS_OK;
+    if (m->f) {
+        bool failed = ferror(m->f) != 0;
+        failed = fclose(m->f) != 0 || failed;
+        if (failed) rc = vks_set_error(VKS_ERR_IO, "%s: write failed: %s", m->path, strerror(errno ? errno : EIO));
+    }
+    free(m->path);
+    free(m);
+    return rc;
+}
+
+/* ---- reading series ---- */
+
+static int series_grow(vks_metric_series *s, int64_t *cap) {
+    if (s->n < *cap) return VKS_OK;
+    int64_t n = *cap ? 2 * *cap : 256;
+    double *x = realloc(s->x, (size_t)n * sizeof *x);
+    if (x) s->x = x;
+    for (int k = 0; k < s->n_keys && x; k++) {
+        double *y = realloc(s->y[k], (size_t)n * sizeof *y);
+        if (!y) x = NULL;
+        else s->y[k] = y;
+    }
+    if (!x) return vks_set_error(VKS_ERR_NOMEM, "metrics: out of memory");
+    *cap = n;
+    return VKS_OK;
+}
+
+static double read_value(json_t *v) { return json_is_number(v) ? json_number_value(v) : NAN; }
+
+static int read_series(FILE *f, const char *path, const char *const *keys, vks_metric_series *s) {
+    char *buf = NULL;
+    size_t cap = 0, len = 0;
+    int64_t n_cap = 0;
+    bool too_long;
+    int rc = VKS_OK;
+    while (rc == VKS_OK && read_line(f, &buf, &cap, &len, &too_long)) {
+        if (too_long) {
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: a line longer than 1 MiB", path);
+            break;
+        }
+        int64_t step = 0;
+        json_t *o = step_object(buf, len, &step);
+        if (o && (rc = series_grow(s, &n_cap)) == VKS_OK) {
+            s->x[s->n] = (double)step;
+            for (int k = 0; k < s->n_keys; k++) s->y[k][s->n] = read_value(json_object_get(o, keys[k]));
+            s->n++;
+        }
+        json_decref(o);
+    }
+    if (rc == VKS_OK && (ferror(f) || !feof(f))) rc = vks_set_error(VKS_ERR_IO, "%s: read failed", path);
+    free(buf);
+    return rc;
+}
+
+int vks_metrics_read(const char *path, const char *const *keys, int n_keys, vks_metric_series **out) {
+    if (!path || !out || n_keys < 0 || (n_keys && !keys)) return vks_set_error(VKS_ERR_ARG, "vks_metrics_read: bad argument");
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    vks_metric_series *s = calloc(1, sizeof *s);
+    if (s) s->y = calloc((size_t)n_keys + 1, sizeof *s->y);
+    int rc = s && s->y ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    if (rc == VKS_OK) {
+        s->n_keys = n_keys;
+        rc = read_series(f, path, keys, s);
+    }
+    fclose(f);
+    if (rc != VKS_OK) {
+        vks_metric_series_free(s);
+        return rc;
+    }
+    *out = s;
+    return VKS_OK;
+}
+
+void vks_metric_series_free(vks_metric_series *s) {
+    if (!s) return;
+    for (int k = 0; s->y && k < s->n_keys; k++) free(s->y[k]);
+    free(s->y);
+    free(s->x);
+    free(s);
+}
+
+/* ---- SVG ---- */
+
+typedef struct {
+    double lo, hi, step; /* axis range and tick spacing */
+} axis;
+
+#define PLOT_LIMIT 1e300 /* larger magnitudes are gaps: every difference of two values stays finite */
+
+static bool plottable(double x, double y) { return fabs(x) <= PLOT_LIMIT && fabs(y) <= PLOT_LIMIT; }
+
+typedef struct {
+    FILE *f;
+    int w, h;
+    double left, right, top, bottom; /* plot area in pixels */
+    axis ax, ay;
+    bool any;
+} svg_ctx;
+
+static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                      "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+
+/* 1, 2 or 5 times a power of ten, at least raw. */
+static double nice_step(double raw) {
+    double p = pow(10.0, floor(log10(raw)));
+    double f = raw / p;
+    return (f <= 1.0 ? 1.0 : f <= 2.0 ? 2.0 : f <= 5.0 ? 5.0 : 10.0) * p;
+}
+
+/* Range [lo, hi] of the finite values widened to whole ticks (about 5). */
+static axis make_axis(double lo, double hi, bool any) {
+    if (!any) lo = 0.0, hi = 1.0;
+    if (hi - lo <= fabs(hi) * 1e-12 || !(hi - lo > 1e-300)) { /* one value: a unit band around it */
+        double pad = fabs(lo) > 0 ? fabs(lo) * 0.5 : 1.0;
+        lo -= pad;
+        hi += pad;
+    }
+    double step = nice_step((hi - lo) / 5.0);
+    axis a = {floor(lo / step) * step, ceil(hi / step) * step, step};
+    if (!isfinite(a.lo) || !isfinite(a.hi) || !(a.hi > a.lo)) a = (axis){lo, hi, (hi - lo) / 5.0};
+    return a;
+}
+
+static void find_ranges(const vks_plot *p, svg_ctx *c) {
+    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+    for (int s = 0; s < p->n_series; s++)
+        for (int64_t i = 0; i < p->series[s].n; i++) {
+            double x = p->series[s].x[i], y = p->series[s].y[i];
+            if (!plottable(x, y)) continue;
+            x0 = fmin(x0, x), x1 = fmax(x1, x), y0 = fmin(y0, y), y1 = fmax(y1, y);
+            c->any = true;
+        }
+    c->ax = make_axis(x0, x1, c->any);
+    c->ay = make_axis(y0, y1, c->any);
+}
+
+static double px(const svg_ctx *c, double x) {
+    return c->left + (x - c->ax.lo) / (c->ax.hi - c->ax.lo) * (c->right - c->left);
+}
+
+static double py(const svg_ctx *c, double y) {
+    return c->bottom - (y - c->ay.lo) / (c->ay.hi - c->ay.lo) * (c->bottom - c->top);
+}
+
+/* Text as XML character data: control bytes and invalid UTF-8 as \xHH
+ * (vks_escape), then & < > " ' as entities. */
+static void put_text(FILE *f, const char *s) {
+    char esc[512];
+    vks_escape(s, strlen(s), esc, sizeof esc);
+    for (const char *q = esc; *q; q++) {
+        switch (*q) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default: putc(*q, f);
+        }
+    }
+}
+
+/* A tick label: as many decimals as the step needs, no "-0". */
+static void tick_label(char *out, size_t cap, double v, double step) {
+    if (fabs(v) < step * 1e-9) v = 0.0;
+    double mag = fmax(fabs(v), step);
+    if (mag >= 1e6 || mag < 1e-4) {
+        snprintf(out, cap, "%.3g", v);
+        return;
+    }
+    int decimals = step >= 1.0 ? 0 : (int)ceil(-log10(step) - 1e-9);
+    snprintf(out, cap, "%.*f", decimals, v);
+}
+
+static void text_at(FILE *f, double x, double y, const char *anchor, const char *extra, const char *s) {
+    fprintf(f, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"%s\"%s>", x, y, anchor, extra);
+    put_text(f, s);
+    fputs("</text>\n", f);
+}
+
+static void draw_axes(const svg_ctx *c, const vks_plot *p) {
+    FILE *f = c->f;
+    fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"none\" stroke=\"#000\"/>\n", c->left,
+            c->top, c->right - c->left, c->bottom - c->top);
+    char label[64];
+    for (int axis_y = 0; axis_y < 2; axis_y++) {
+        const axis *a = axis_y ? &c->ay : &c->ax;
+        double ticks = floor((a->hi - a->lo) / a->step + 1e-6);
+        int n = ticks >= 0 && ticks <= 100 ? (int)ticks : -1; /* about 5; none when the range is degenerate */
+        for (int i = 0; i <= n; i++) {
+            double v = a->lo + i * a->step;
+            tick_label(label, sizeof label, v, a->step);
+            if (axis_y) {
+                double y = py(c, v);
+                fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#ddd\"/>\n", c->left, y, c->right, y);
+                text_at(f, c->left - 6, y + 4, "end", "", label);
+            } else {
+                double x = px(c, v);
+                fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#ddd\"/>\n", x, c->top, x, c->bottom);
+                text_at(f, x, c->bottom + 16, "middle", "", label);
+            }
+        }
+    }
+    if (p->title) text_at(f, c->w / 2.0, 22, "middle", " font-size=\"16\"", p->title);
+    if (p->x_label) text_at(f, (c->left + c->right) / 2, c->h - 8, "middle", "", p->x_label);
+    if (p->y_label) {
+        char rot[96];
+        snprintf(rot, sizeof rot, " transform=\"rotate(-90 16 %.2f)\"", (c->top + c->bottom) / 2);
+        text_at(f, 16, (c->top + c->bottom) / 2, "middle", rot, p->y_label);
+    }
+    if (!c->any) text_at(f, (c->left + c->right) / 2, (c->top + c->bottom) / 2, "middle", "", "no data");
+}
+
+/* One series: a path with a new subpath after every gap; lone points as dots. */
+static void draw_series(const svg_ctx *c, const vks_plot_series *s, const char *color) {
+    FILE *f = c->f;
+    fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" d=\"", color);
+    bool open = false;
+    for (int64_t i = 0; i < s->n; i++) {
+        bool ok = plottable(s->x[i], s->y[i]);
+        if (ok) fprintf(f, "%s%.2f %.2f ", open ? "L" : "M", px(c, s->x[i]), py(c, s->y[i]));
+        open = ok;
+    }
+    fputs("\"/>\n", f);
+    for (int64_t i = 0; i < s->n; i++) {
+        bool ok = plottable(s->x[i], s->y[i]);
+        bool prev = i > 0 && plottable(s->x[i - 1], s->y[i - 1]);
+        bool next = i + 1 < s->n && plottable(s->x[i + 1], s->y[i + 1]);
+        if (ok && !prev && !next)
+            fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2\" fill=\"%s\"/>\n", px(c, s->x[i]), py(c, s->y[i]), color);
+    }
+}
+
+static void draw_legend(const svg_ctx *c, const vks_plot *p) {
+    if (p->n_series > 0) /* a backing so that lines under the legend do not cross its text */
+        fprintf(c->f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"146\" height=\"%d\" fill=\"#fff\" fill-opacity=\"0.85\"/>\n",
+                c->right - 154, c->top + 2, 16 * p->n_series + 4);
+    for (int s = 0; s < p->n_series; s++) {
+        if (!p->series[s].name) continue;
+        double y = c->top + 14 + 16 * s, x = c->right - 150;
+        const char *color = palette[s % (int)(sizeof palette / sizeof palette[0])];
+        fprintf(c->f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"2\"/>\n", x,
+                y - 4, x + 20, y - 4, color);
+        text_at(c->f, x + 26, y, "start", "", p->series[s].name);
+    }
+}
+
+static int check_plot(const char *path, const vks_plot *p) {
+    if (!path || !p || p->n_series < 0 || (p->n_series && !p->series) || p->width < 0 || p->height < 0)
+        return vks_set_error(VKS_ERR_ARG, "vks_plot_svg: bad argument");
+    for (int s = 0; s < p->n_series; s++)
+        if (p->series[s].n < 0 || (p->series[s].n && (!p->series[s].x || !p->series[s].y)))
+            return vks_set_error(VKS_ERR_ARG, "vks_plot_svg: series %d has no points", s);
+    return VKS_OK;
+}
+
+int vks_plot_svg(const char *path, const vks_plot *p) {
+    int rc = check_plot(path, p);
+    if (rc != VKS_OK) return rc;
+    svg_ctx c = {.w = p->width ? p->width : 800, .h = p->height ? p->height : 480};
+    if (c.w < 200) c.w = 200;
+    if (c.h < 150) c.h = 150;
+    c.left = 70, c.right = c.w - 20, c.top = 36, c.bottom = c.h - 44;
+    find_ranges(p, &c);
+    vks_outfile o;
+    rc = vks_outfile_open(&o, path, 0666);
+    if (rc != VKS_OK) return rc;
+    c.f = o.f;
+    fprintf(c.f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+                 "font-family=\"sans-serif\" font-size=\"12\">\n"
+                 "<rect width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n",
+            c.w, c.h, c.w, c.h, c.w, c.h);
+    draw_axes(&c, p);
+    for (int s = 0; s < p->n_series; s++) draw_series(&c, &p->series[s], palette[s % (int)(sizeof palette / sizeof palette[0])]);
+    draw_legend(&c, p);
+    fputs("</svg>\n", c.f);
+    return vks_outfile_finish(&o, !ferror(c.f));
+}
+
+int vks_metrics_plot(const char *metrics_path, const char *const *keys, int n_keys, const char *title,
+                     const char *svg_path) {
+    vks_metric_series *s = NULL;
+    int rc = vks_metrics_read(metrics_path, keys, n_keys, &s);
+    if (rc != VKS_OK) return rc;
+    vks_plot_series *ps = calloc((size_t)n_keys + 1, sizeof *ps);
+    if (!ps) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < n_keys && ps; k++) ps[k] = (vks_plot_series){keys[k], s->x, s->y[k], s->n};
+    vks_plot p = {.title = title, .x_label = "step", .y_label = n_keys == 1 ? keys[0] : NULL, .series = ps,
+                  .n_series = n_keys};
+    if (rc == VKS_OK) rc = vks_plot_svg(svg_path, &p);
+    free(ps);
+    vks_metric_series_free(s);
+    return rc;
+}
