@@ -14,9 +14,9 @@
 
 static void test_help_everywhere(void **state) {
     (void)state;
-    const char *cmds[] = {"devices", "generate", "logits", "bench"};
+    const char *cmds[] = {"devices", "generate", "logits", "bench", "train", "eval"};
     char cmd[1024];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         char *out;
         snprintf(cmd, sizeof cmd, "%s %s --help 2>/dev/null", tu_bin(), cmds[i]);
         assert_int_equal(tu_run(cmd, &out), 0);
@@ -807,6 +807,77 @@ static void test_init_tiny(void **state) {
     assert_true(dir_holds_only(sub, NULL, 0));
 }
 
+/* train sft from --init tiny: the three result lines, metrics per step, a
+ * checkpoint that generate and eval read, and 2 steps + --resume 2 steps
+ * giving the 4-step run's losses and weights bit for bit; bad data refused
+ * naming file and line. */
+static char *read_text(const char *path) {
+    size_t len;
+    char *s = (char *)tu_read_file(path, &len);
+    assert_non_null(s);
+    return s;
+}
+
+static void test_train_sft_resume(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char data[512], cmd[4096], path[1024];
+    snprintf(data, sizeof data, "%s/add.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 12; i++) fprintf(f, "{\"prompt\": \"%d+%d=\", \"completion\": \"%d\"}\n", i, 2 * i, 3 * i);
+    fclose(f);
+    const char *args = "train sft --init tiny --batch 4 --micro-batch 2 --lr 3e-3 --keep 2";
+    char *out;
+    snprintf(cmd, sizeof cmd, "%s %s --data %s --steps 4 --out %s/a 2>/dev/null", tu_bin(), args, data, dir);
+    assert_int_equal(tu_run(cmd, &out), 0);
+    snprintf(path, sizeof path, "metrics: %s/a/metrics.jsonl\nplot: %s/a/loss.svg\nfinal checkpoint: %s/a/step-000000004\n",
+             dir, dir, dir);
+    assert_string_equal(out, path);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s %s --data %s --steps 2 --out %s/b 2>/dev/null && %s %s --data %s --steps 4 --out %s/b "
+             "--resume 2>/dev/null", tu_bin(), args, data, dir, tu_bin(), args, data, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(path, sizeof path, "%s/a/metrics.jsonl", dir);
+    char *a = read_text(path);
+    snprintf(path, sizeof path, "%s/b/metrics.jsonl", dir);
+    char *b = read_text(path);
+    /* the same 4 lines up to the rate column */
+    int lines = 0;
+    for (char *p = a, *q = b; *p; lines++) {
+        char *pe = strstr(p, "\"tokens_per_s\""), *qe = strstr(q, "\"tokens_per_s\"");
+        assert_non_null(pe);
+        assert_non_null(qe);
+        assert_int_equal(pe - p, qe - q);
+        assert_memory_equal(p, q, (size_t)(pe - p));
+        p = strchr(pe, '\n') + 1;
+        q = strchr(qe, '\n') + 1;
+    }
+    assert_int_equal(lines, 4);
+    free(a);
+    free(b);
+    snprintf(cmd, sizeof cmd, "cmp %s/a/step-000000004/model.safetensors %s/b/step-000000004/model.safetensors && "
+             "cmp %s/a/step-000000004/optimizer.safetensors %s/b/step-000000004/optimizer.safetensors", dir, dir, dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s eval --model %s/a/step-000000004 --data %s 2>/dev/null", tu_bin(), dir, data);
+    assert_int_equal(tu_run(cmd, &out), 0);
+    double loss = -1, acc = -1;
+    const char *l = strstr(out, "\"mean_loss\": "), *t = strstr(out, "\"token_accuracy\": ");
+    assert_non_null(l);
+    assert_non_null(t);
+    loss = atof(l + 13);
+    acc = atof(t + 18);
+    assert_true(loss > 0 && loss < 5.6 && acc >= 0 && acc <= 1); /* trained below the uniform 5.56 */
+    free(out);
+    f = fopen(data, "a");
+    fputs("{\"prompt\": 3}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s %s --data %s --steps 1 --out %s/c 2>&1 >/dev/null", tu_bin(), args, data, dir);
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "line 13"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -819,7 +890,7 @@ int main(void) {
         cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_messages_say_what_happened),
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
-        cmocka_unit_test(test_init_tiny),
+        cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

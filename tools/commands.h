@@ -11,4 +11,6 @@ int cmd_pipeline(int argc, char **argv);   /* issue 4: tools/cmd_pipeline.c */
 int cmd_verify(int argc, char **argv);     /* issue 5: tools/cmd_verify.c */
 int cmd_keygen(int argc, char **argv);     /* issue 6: tools/cmd_broadcast.c */
 int cmd_broadcast(int argc, char **argv);  /* issue 6 */
+int cmd_train(int argc, char **argv);     /* tools/cmd_train.c: train sft */
+int cmd_eval(int argc, char **argv);
 #endif

@@ -52,6 +52,9 @@ int vks_trainer_accumulate(vks_trainer *t, const vks_train_batch *b, double *los
 /* Forward only: logp[n_tokens] as above (evaluation, the RL trainer's check of
  * the inference ranks' log-probabilities). */
 int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp);
+/* The same, and top1[r] = 1 where row r's target is the model's most likely
+ * token (lowest index on ties), 0 elsewhere and where there is no target. */
+int vks_trainer_score(vks_trainer *t, const vks_train_batch *b, float *logp, uint8_t *top1);
 
 /* One optimizer step on the accumulated gradients, all on the device: the
  * global gradient norm, clipping to max_grad_norm (<= 0: off), AdamW with h

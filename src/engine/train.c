@@ -248,6 +248,35 @@ int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp) 
     return run(t, b, false, NULL, logp);
 }
 
+/* top1[r] = 1 when row r's target is the argmax of its logits (lowest index on ties). */
+static int read_top1(vks_trainer *t, const vks_train_batch *b, uint8_t *top1) {
+    size_t V = (size_t)t->cfg.vocab_size, n = (size_t)b->n_tokens;
+    float *row = malloc(sizeof *row * V);
+    if (!row) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    int rc = VKS_OK;
+    int one_len = b->n_tokens, n_seqs = b->n_seqs ? b->n_seqs : 1, r = 0;
+    const int *lens = b->n_seqs ? b->seq_lens : &one_len;
+    for (int s = 0; !rc && s < n_seqs; s++)
+        for (int i = 0; !rc && i < lens[s]; i++, r++) {
+            top1[r] = 0;
+            if (i + 1 == lens[s]) continue; /* no target */
+            rc = vks_buffer_download(t->acts.logits, sizeof *row * V * (size_t)r, row, sizeof *row * V);
+            size_t best = 0;
+            for (size_t v = 1; v < V; v++)
+                if (row[v] > row[best]) best = v;
+            top1[r] = (int32_t)best == b->tokens[r + 1];
+        }
+    (void)n;
+    free(row);
+    return rc;
+}
+
+int vks_trainer_score(vks_trainer *t, const vks_train_batch *b, float *logp, uint8_t *top1) {
+    if (!logp || !top1) return vks_set_error(VKS_ERR_ARG, "vks_trainer_score: NULL output");
+    int rc = run(t, b, false, NULL, logp);
+    return rc ? rc : read_top1(t, b, top1);
+}
+
 /* ---- the optimizer step ---- */
 
 int vks_trainer_zero_grads(vks_trainer *t) {

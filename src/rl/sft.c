@@ -1,0 +1,308 @@
+/* sft.c: supervised fine-tuning runs and their evaluation (vks_sft.h): data
+ * -> micro-batches -> the GPU trainer -> AdamW steps, with metrics, a loss
+ * plot and atomic checkpoints that a resume continues bit for bit. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "vkswarm/vks_checkpoint.h"
+#include "vkswarm/vks_metrics.h"
+#include "vkswarm/vks_sft.h"
+#include "vkswarm/vks_sft_data.h"
+#include "vkswarm/vks_tokenizer.h"
+#include "vkswarm/vks_train.h"
+
+/* One micro-batch copied out of the batcher (whose buffer the next call reuses). */
+typedef struct {
+    int32_t *tokens;
+    int *seq_lens;
+    float *weight;   /* loss_mask / the step's loss tokens */
+    uint8_t *mask;
+    int n_tokens, n_seqs, n_loss;
+} micro;
+
+static void micro_free(micro *m) {
+    free(m->tokens);
+    free(m->seq_lens);
+    free(m->weight);
+    free(m->mask);
+}
+
+static int micro_copy(const vks_sft_batch *b, micro *m) {
+    memset(m, 0, sizeof *m);
+    m->n_tokens = b->n_tokens;
+    m->n_seqs = b->n_seqs;
+    m->n_loss = b->n_loss_tokens;
+    m->tokens = malloc(sizeof *m->tokens * (size_t)b->n_tokens);
+    m->seq_lens = malloc(sizeof *m->seq_lens * (size_t)b->n_seqs);
+    m->weight = malloc(sizeof *m->weight * (size_t)b->n_tokens);
+    m->mask = malloc((size_t)b->n_tokens);
+    if (!m->tokens || !m->seq_lens || !m->weight || !m->mask) return vks_set_error(VKS_ERR_NOMEM, "sft: out of host memory");
+    memcpy(m->tokens, b->tokens, sizeof *m->tokens * (size_t)b->n_tokens);
+    memcpy(m->seq_lens, b->seq_lens, sizeof *m->seq_lens * (size_t)b->n_seqs);
+    memcpy(m->mask, b->loss_mask, (size_t)b->n_tokens);
+    return VKS_OK;
+}
+
+static vks_train_batch train_batch(const micro *m) {
+    return (vks_train_batch){.tokens = m->tokens, .n_tokens = m->n_tokens, .seq_lens = m->seq_lens,
+                             .n_seqs = m->n_seqs, .weight = m->weight};
+}
+
+/* ---- the run's state ---- */
+
+typedef struct {
+    const vks_sft_run_options *o;
+    vks_model *own_model;     /* loaded from a checkpoint on resume */
+    const vks_model *model;
+    vks_sft_data *data;
+    vks_sft_batcher *batcher;
+    vks_trainer *trainer;
+    vks_param_layout *layout;
+    vks_metrics *metrics;
+    uint8_t data_hash[32];
+    int64_t tokens_seen;
+    micro *micros;
+    int n_micros, cap_micros;
+} sft_run;
+
+static void run_free(sft_run *s) {
+    for (int i = 0; i < s->cap_micros; i++) micro_free(&s->micros[i]);
+    free(s->micros);
+    vks_metrics_close(s->metrics);
+    vks_param_layout_free(s->layout);
+    vks_trainer_destroy(s->trainer);
+    vks_sft_batcher_free(s->batcher);
+    vks_sft_data_free(s->data);
+    vks_model_free(s->own_model);
+}
+
+static void hex(const uint8_t *b, size_t n, char *out) {
+    for (size_t i = 0; i < n; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+/* Copies one parameter set between the trainer and a checkpoint block (by name). */
+static int move_set(sft_run *s, vks_param_kind set, float *block, bool to_block) {
+    for (int i = 0; i < s->layout->n_tensors; i++) {
+        const vks_param_info *p = &s->layout->tensors[i];
+        int t = vks_trainer_find_tensor(s->trainer, p->name);
+        if (t < 0) return vks_set_error(VKS_ERR_FORMAT, "sft: the checkpoint's tensor %s is not the model's", p->name);
+        int rc = to_block ? vks_trainer_read(s->trainer, set, t, block + p->offset)
+                          : vks_trainer_write(s->trainer, set, t, block + p->offset);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static int save_checkpoint(sft_run *s, int64_t step, const vks_adamw_params *h, char *dir, size_t cap) {
+    const vks_sft_run_options *o = s->o;
+    size_t n = s->layout->n_values;
+    float *w = malloc(sizeof *w * n), *m = malloc(sizeof *m * n), *v = malloc(sizeof *v * n);
+    int rc = w && m && v ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "sft: out of host memory for a checkpoint");
+    if (!rc) rc = move_set(s, VKS_SET_PARAMS, w, true);
+    if (!rc) rc = move_set(s, VKS_SET_ADAM_M, m, true);
+    if (!rc) rc = move_set(s, VKS_SET_ADAM_V, v, true);
+    vks_model_save_options save = {.dtype = VKS_DTYPE_F32, .tokenizer = o->tok};
+    vks_checkpoint_data c = {.layout = s->layout, .weights = w, .adam_m = m, .adam_v = v, .arch = s->model->arch,
+                             .bos_id = s->model->bos_id, .eos_id = s->model->eos_id, .save = &save};
+    c.state = (vks_ckpt_state){.step = step, .tokens_seen = s->tokens_seen, .seed = o->seed, .adam = *h,
+                               .schedule = o->schedule, .grad_clip = o->grad_clip};
+    vks_sft_batcher_position(s->batcher, &c.state.data);
+    hex(s->data_hash, sizeof s->data_hash, c.state.data_hash);
+    if (!rc) rc = vks_checkpoint_step_dir(o->out_dir, step, dir, cap);
+    if (!rc) rc = vks_checkpoint_save(dir, &c);
+    if (!rc && o->keep > 0) rc = vks_checkpoint_prune(o->out_dir, o->keep, NULL);
+    free(w);
+    free(m);
+    free(v);
+    return rc;
+}
+
+/* On resume: the newest checkpoint's weights become the model; its moments,
+ * step and data position are applied once the trainer exists. */
+static int open_start(sft_run *s, vks_checkpoint **ck, int64_t *resumed_from) {
+    const vks_sft_run_options *o = s->o;
+    s->model = o->model;
+    *resumed_from = -1;
+    if (!o->resume) return VKS_OK;
+    char dir[4096];
+    bool found = false;
+    int rc = vks_checkpoint_latest(o->out_dir, dir, sizeof dir, &found);
+    if (rc || !found) return rc; /* nothing to resume: a fresh run */
+    if ((rc = vks_checkpoint_load(dir, ck)) || (rc = vks_model_load(dir, &s->own_model))) return rc;
+    s->model = s->own_model;
+    *resumed_from = (*ck)->state.step;
+    return VKS_OK;
+}
+
+static int apply_checkpoint(sft_run *s, const vks_checkpoint *ck) {
+    char want[65];
+    hex(s->data_hash, sizeof s->data_hash, want);
+    if (ck->state.data_hash[0] && strcmp(ck->state.data_hash, want))
+        return vks_set_error(VKS_ERR_ARG, "sft: %s is not the data the checkpoint was trained on (its hash differs)",
+                             s->o->data_path);
+    if (!ck->adam_m || !ck->adam_v) return vks_set_error(VKS_ERR_FORMAT, "sft: the checkpoint has no optimizer state");
+    int rc = move_set(s, VKS_SET_ADAM_M, ck->adam_m, false);
+    if (!rc) rc = move_set(s, VKS_SET_ADAM_V, ck->adam_v, false);
+    if (!rc) rc = vks_sft_batcher_seek(s->batcher, &ck->state.data);
+    vks_trainer_set_steps(s->trainer, (int)ck->state.step);
+    s->tokens_seen = ck->state.tokens_seen;
+    return rc;
+}
+
+static int open_run(sft_run *s, const vks_checkpoint *ck, vks_gpu *g) {
+    const vks_sft_run_options *o = s->o;
+    const vks_model_config *c = &s->model->cfg;
+    vks_sft_options data_opt = {.seq_len = c->seq_len, .vocab_size = c->vocab_size, .strict = true};
+    int rc = vks_sft_data_load(o->data_path, o->tok, &data_opt, &s->data);
+    if (!rc) rc = vks_sft_data_hash(s->data, s->data_hash);
+    vks_sft_stats st;
+    if (!rc) vks_sft_data_stats(s->data, &st);
+    int max_tokens = rc ? 0 : st.max_len * o->micro_batch;
+    if (!rc) {
+        vks_sft_batcher_options bo = {.max_tokens = max_tokens, .max_seqs = o->micro_batch, .seed = o->seed,
+                                      .shuffle = true};
+        rc = vks_sft_batcher_create(s->data, &bo, &s->batcher);
+    }
+    vks_trainer_options to = {.max_tokens = max_tokens, .recompute = o->recompute};
+    if (!rc) rc = vks_trainer_create(g, s->model, &to, &s->trainer);
+    if (!rc) rc = vks_param_layout_create(c, s->model->layers[0].bq.data != NULL, &s->layout);
+    if (!rc && ck) rc = apply_checkpoint(s, ck);
+    if (!rc) rc = vks_metrics_open(o->out_dir, ck ? ck->state.step : -1, &s->metrics);
+    return rc;
+}
+
+/* ---- one step ---- */
+
+/* Collects micro-batches until the step holds o->batch sequences; each row's
+ * weight is its loss mask over the step's loss tokens (a per-token mean). */
+static int collect_step(sft_run *s) {
+    int seqs = 0, loss_tokens = 0, rc = VKS_OK;
+    s->n_micros = 0;
+    while (!rc && seqs < s->o->batch) {
+        if (s->n_micros == s->cap_micros) {
+            int cap = s->cap_micros ? 2 * s->cap_micros : 8;
+            micro *m = realloc(s->micros, sizeof *m * (size_t)cap);
+            if (!m) return vks_set_error(VKS_ERR_NOMEM, "sft: out of host memory");
+            memset(m + s->cap_micros, 0, sizeof *m * (size_t)(cap - s->cap_micros));
+            s->micros = m;
+            s->cap_micros = cap;
+        }
+        const vks_sft_batch *b;
+        micro *m = &s->micros[s->n_micros];
+        micro_free(m);
+        if ((rc = vks_sft_batcher_next(s->batcher, &b)) || (rc = micro_copy(b, m))) break;
+        s->n_micros++;
+        seqs += b->n_seqs;
+        loss_tokens += b->n_loss_tokens;
+    }
+    for (int i = 0; !rc && i < s->n_micros; i++)
+        for (int r = 0; r < s->micros[i].n_tokens; r++)
+            s->micros[i].weight[r] = loss_tokens ? (float)s->micros[i].mask[r] / (float)loss_tokens : 0.0f;
+    s->tokens_seen += loss_tokens;
+    return rc;
+}
+
+static int train_step(sft_run *s, vks_adamw_params *h, double *loss, double *grad_norm) {
+    int rc = collect_step(s);
+    *loss = 0;
+    for (int i = 0; !rc && i < s->n_micros; i++) {
+        vks_train_batch b = train_batch(&s->micros[i]);
+        double l;
+        rc = vks_trainer_accumulate(s->trainer, &b, &l, NULL);
+        *loss += l;
+    }
+    h->lr = vks_ref_lr_at(&s->o->schedule, vks_trainer_steps(s->trainer) + 1);
+    return rc ? rc : vks_trainer_step(s->trainer, h, s->o->grad_clip, grad_norm);
+}
+
+static int check_options(const vks_sft_run_options *o) {
+    if (!o || !o->model || !o->tok || !o->data_path || !o->out_dir || o->steps < 1 || o->batch < 1 ||
+        o->micro_batch < 1 || o->micro_batch > o->batch || o->save_every < 0 || o->keep < 0)
+        return vks_set_error(VKS_ERR_ARG, "sft: bad options (steps, batch and micro-batch >= 1, micro-batch <= batch)");
+    return VKS_OK;
+}
+
+static int finish(sft_run *s, const vks_adamw_params *h, vks_sft_result *r) {
+    int rc = save_checkpoint(s, vks_trainer_steps(s->trainer), h, r->final_checkpoint, sizeof r->final_checkpoint);
+    snprintf(r->metrics_path, sizeof r->metrics_path, "%s", vks_metrics_path(s->metrics));
+    if (!rc) rc = vks_metrics_close(s->metrics);
+    s->metrics = NULL;
+    snprintf(r->plot_path, sizeof r->plot_path, "%s/loss.svg", s->o->out_dir);
+    const char *keys[] = {"loss"};
+    if (!rc) rc = vks_metrics_plot(r->metrics_path, keys, 1, "training loss", r->plot_path);
+    return rc;
+}
+
+int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
+    int rc = check_options(o);
+    if (rc || !g || !r) return rc ? rc : vks_set_error(VKS_ERR_ARG, "sft: NULL argument");
+    memset(r, 0, sizeof *r);
+    sft_run s = {.o = o};
+    vks_checkpoint *ck = NULL;
+    rc = open_start(&s, &ck, &r->resumed_from);
+    if (!rc) rc = open_run(&s, ck, g);
+    vks_adamw_params h = o->adamw;
+    double t0 = vks_seconds_now();
+    int64_t tokens0 = s.tokens_seen;
+    while (!rc && vks_trainer_steps(s.trainer) < o->steps) {
+        double loss, norm;
+        if ((rc = train_step(&s, &h, &loss, &norm))) break;
+        int64_t step = vks_trainer_steps(s.trainer);
+        double el = vks_seconds_now() - t0, tps = (double)(s.tokens_seen - tokens0) / (el > 0 ? el : 1e-9);
+        if (step == (r->resumed_from < 0 ? 0 : r->resumed_from) + 1) r->first_loss = loss; /* this run's first */
+        r->last_loss = loss;
+        vks_metric m[] = {{"loss", loss}, {"lr", h.lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
+        rc = vks_metrics_log(s.metrics, step, m, 4);
+        if (o->progress) o->progress(o->progress_ctx, &(vks_sft_progress){step, o->steps, loss, h.lr, norm, tps, el});
+        char dir[4096];
+        if (!rc && o->save_every && step % o->save_every == 0 && step < o->steps)
+            rc = save_checkpoint(&s, step, &h, dir, sizeof dir);
+    }
+    if (!rc) rc = finish(&s, &h, r);
+    vks_checkpoint_free(ck);
+    run_free(&s);
+    return rc;
+}
+
+/* ---- evaluation ---- */
+
+int vks_sft_eval(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const char *data_path,
+                 vks_sft_eval_result *r) {
+    if (!g || !m || !tok || !data_path || !r) return vks_set_error(VKS_ERR_ARG, "sft eval: NULL argument");
+    memset(r, 0, sizeof *r);
+    vks_sft_options data_opt = {.seq_len = m->cfg.seq_len, .vocab_size = m->cfg.vocab_size, .strict = true};
+    vks_sft_data *d = NULL;
+    vks_trainer *t = NULL;
+    int rc = vks_sft_data_load(data_path, tok, &data_opt, &d);
+    vks_sft_stats st;
+    if (!rc) vks_sft_data_stats(d, &st);
+    vks_trainer_options to = {.max_tokens = rc ? 1 : st.max_len};
+    if (!rc) rc = vks_trainer_create(g, m, &to, &t);
+    float *logp = rc ? NULL : malloc(sizeof *logp * (size_t)st.max_len);
+    uint8_t *top1 = rc ? NULL : malloc((size_t)st.max_len);
+    if (!rc && (!logp || !top1)) rc = vks_set_error(VKS_ERR_NOMEM, "sft eval: out of host memory");
+    double sum = 0;
+    int64_t correct = 0;
+    for (int64_t i = 0; !rc && i < vks_sft_data_count(d); i++) {
+        const int32_t *tokens;
+        const uint8_t *mask;
+        int len;
+        int64_t line;
+        if ((rc = vks_sft_data_sequence(d, i, &tokens, &mask, &len, &line))) break;
+        vks_train_batch b = {.tokens = tokens, .n_tokens = len};
+        if ((rc = vks_trainer_score(t, &b, logp, top1))) break;
+        for (int k = 0; k + 1 < len; k++) /* row k predicts token k + 1 */
+            if (mask[k + 1]) sum -= logp[k], correct += top1[k], r->loss_tokens++;
+        r->sequences++;
+    }
+    if (!rc && r->loss_tokens) {
+        r->mean_loss = sum / (double)r->loss_tokens;
+        r->token_accuracy = (double)correct / (double)r->loss_tokens;
+    }
+    free(logp);
+    free(top1);
+    vks_trainer_destroy(t);
+    vks_sft_data_free(d);
+    return rc;
+}

@@ -1,0 +1,167 @@
+/* `vkswarm train sft` and `vkswarm eval`: argument parsing around vks_sft_train and vks_sft_eval. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli_model.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "vkswarm/vks_sft.h"
+#include "vkswarm/vks_tokenizer.h"
+
+static const char train_usage[] =
+    "usage: vkswarm train sft (--model M | --init tiny) --data FILE.jsonl --steps N [--batch B]\n"
+    "                         [--micro-batch b] [--lr X] [--warmup N] [--cosine] [--min-lr X]\n"
+    "                         [--weight-decay X] [--grad-clip X] [--out DIR] [--resume] [--seed S]\n"
+    "                         [--save-every N] [--keep N] [--recompute] [--device N]\n"
+    "Supervised fine-tuning on the GPU. FILE.jsonl holds {\"prompt\": ..., \"completion\": ...} lines (the\n"
+    "loss is on the completion and EOS) or {\"text\": ...} lines (every token after BOS). Each step takes\n"
+    "B sequences (default 8) in micro-batches of b (default B) whose gradients add up, then one AdamW\n"
+    "step (betas 0.9, 0.95, eps 1e-8, --weight-decay 0.1) at --lr (default 1e-3) after a linear\n"
+    "--warmup (default 0 steps), constant or --cosine down to --min-lr (default lr/10) at the last\n"
+    "step; gradients are clipped to a global norm of --grad-clip (default 1, 0: off).\n"
+    "--init tiny starts from the built-in tiny model (byte-level vocabulary) initialised from --seed,\n"
+    "which also orders the data (default 0). DIR (default sft-out) gets metrics.jsonl (one JSON\n"
+    "object per step: loss, lr, grad_norm, tokens_per_s), loss.svg and checkpoints DIR/step-N\n"
+    "(safetensors + config.json + tokenizer, optimizer.safetensors, state.json), the last --keep\n"
+    "(default 3) of them, every --save-every steps (default: only the last). --resume continues\n"
+    "from the newest checkpoint in DIR, bit for bit. Progress goes to stderr; stdout gets the paths:\n"
+    "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n";
+
+static const char eval_usage[] =
+    "usage: vkswarm eval --model M --data FILE.jsonl [--tokenizer T] [--device N]\n"
+    "Scores a model on a JSONL file like train sft's: prints one JSON object with the number of\n"
+    "sequences and loss tokens, the mean loss (-log p per completion token) and the token accuracy\n"
+    "(the fraction of completion tokens that are the model's most likely next token).\n";
+
+typedef struct {
+    cli_model_args m;
+    const char *init, *data, *out;
+    bool cosine, lr_min_given;
+    vks_sft_run_options o;
+} train_args;
+
+static void parse_train(int argc, char **argv, train_args *a) {
+    static const struct option opts[] = {
+        CLI_MODEL_LONG_OPTIONS, {"init", required_argument, 0, 0}, {"data", required_argument, 0, 0},
+        {"steps", required_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"micro-batch", required_argument, 0, 0},
+        {"lr", required_argument, 0, 0}, {"warmup", required_argument, 0, 0}, {"cosine", no_argument, 0, 0},
+        {"min-lr", required_argument, 0, 0}, {"weight-decay", required_argument, 0, 0},
+        {"grad-clip", required_argument, 0, 0}, {"out", required_argument, 0, 0}, {"resume", no_argument, 0, 0},
+        {"seed", required_argument, 0, 0}, {"save-every", required_argument, 0, 0}, {"keep", required_argument, 0, 0},
+        {"recompute", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    vks_sft_run_options *o = &a->o;
+    *o = (vks_sft_run_options){.batch = 8, .schedule = {.lr = 1e-3}, .grad_clip = 1.0, .keep = 3,
+                               .adamw = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}};
+    a->out = "sft-out";
+    a->m.device = -1;
+    int c, idx;
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
+        if (c == 'h') { fputs(train_usage, stdout); exit(0); }
+        const char *name = opts[idx].name;
+        if (cli_model_option(&a->m, name, optarg)) continue;
+        if (!strcmp(name, "init")) a->init = optarg;
+        else if (!strcmp(name, "data")) a->data = optarg;
+        else if (!strcmp(name, "steps")) o->steps = (int)cli_parse_long("--steps", optarg, 1, 100000000);
+        else if (!strcmp(name, "batch")) o->batch = (int)cli_parse_long("--batch", optarg, 1, 1 << 20);
+        else if (!strcmp(name, "micro-batch")) o->micro_batch = (int)cli_parse_long("--micro-batch", optarg, 1, 1 << 20);
+        else if (!strcmp(name, "lr")) o->schedule.lr = cli_parse_double("--lr", optarg, 0, 10);
+        else if (!strcmp(name, "warmup")) o->schedule.warmup_steps = (int)cli_parse_long("--warmup", optarg, 0, 100000000);
+        else if (!strcmp(name, "cosine")) a->cosine = true;
+        else if (!strcmp(name, "min-lr")) o->schedule.min_lr = cli_parse_double("--min-lr", optarg, 0, 10), a->lr_min_given = true;
+        else if (!strcmp(name, "weight-decay")) o->adamw.weight_decay = cli_parse_double("--weight-decay", optarg, 0, 10);
+        else if (!strcmp(name, "grad-clip")) o->grad_clip = cli_parse_double("--grad-clip", optarg, 0, 1e9);
+        else if (!strcmp(name, "out")) a->out = optarg;
+        else if (!strcmp(name, "resume")) o->resume = true;
+        else if (!strcmp(name, "seed")) o->seed = cli_parse_u64("--seed", optarg);
+        else if (!strcmp(name, "save-every")) o->save_every = (int)cli_parse_long("--save-every", optarg, 0, 100000000);
+        else if (!strcmp(name, "keep")) o->keep = (int)cli_parse_long("--keep", optarg, 0, 1000000);
+        else if (!strcmp(name, "recompute")) o->recompute = true;
+    }
+    if (optind >= argc || strcmp(argv[optind], "sft")) cli_usage_error("train", "the only kind of training is 'sft'");
+    if (optind + 1 < argc) cli_usage_error("train", "unexpected argument '%s'", argv[optind + 1]);
+    if (!a->data || !o->steps) cli_usage_error("train", "--data FILE and --steps N are required");
+    if (!!a->init + !!a->m.model_path + !!a->m.random_spec != 1)
+        cli_usage_error("train", "give exactly one of --model, --random-model and --init tiny");
+    if (a->init && strcmp(a->init, "tiny")) cli_usage_error("train", "--init '%s' is not 'tiny'", a->init);
+    if (!o->micro_batch) o->micro_batch = o->batch;
+    if (o->micro_batch > o->batch) cli_usage_error("train", "--micro-batch %d exceeds --batch %d", o->micro_batch, o->batch);
+    o->schedule.cosine = a->cosine;
+    o->schedule.total_steps = o->steps;
+    if (!a->lr_min_given) o->schedule.min_lr = o->schedule.lr / 10;
+    o->data_path = a->data;
+    o->out_dir = a->out;
+}
+
+static void on_progress(void *ctx, const vks_sft_progress *p) {
+    cli_progress *bar = ctx;
+    char what[96];
+    snprintf(what, sizeof what, "train: loss %.4f, lr %.2e, grad norm %.3f, %.0f tokens/s", p->loss, p->lr,
+             p->grad_norm, p->tokens_per_s);
+    bar->what = what;
+    cli_progress_update(bar, (long)p->step, (long)p->steps, "steps");
+    bar->what = "train";
+}
+
+/* The model and tokenizer a command starts from: --init tiny, or --model with its tokenizer. */
+static vks_model *load_start(cli_model_args *m, const char *init, uint64_t seed, vks_tokenizer **tok) {
+    vks_model *model = NULL;
+    if (init) {
+        if (vks_model_init_tiny(seed, &model, tok)) cli_die(1, "%s", vks_last_error());
+        return model;
+    }
+    model = cli_load_model(m);
+    if (vks_tokenizer_load_auto(m->tokenizer_path, model, tok))
+        cli_die(EXIT_BAD_INPUT, "%s (training needs the model's tokenizer: --tokenizer)", vks_last_error());
+    return model;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_args a = {0};
+    parse_train(argc, argv, &a);
+    vks_tokenizer *tok = NULL;
+    vks_model *m = load_start(&a.m, a.init, a.o.seed, &tok);
+    vks_gpu *g = cli_open_gpu(&a.m);
+    cli_progress bar;
+    cli_progress_start(&bar, "train");
+    a.o.model = m;
+    a.o.tok = tok;
+    a.o.progress = on_progress;
+    a.o.progress_ctx = &bar;
+    vks_sft_result r;
+    int rc = vks_sft_train(g, &a.o, &r);
+    if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    cli_progress_end(&bar, (long)a.o.steps, "steps");
+    fprintf(stderr, "vkswarm: train: loss %.4f -> %.4f%s\n", r.first_loss, r.last_loss,
+            r.resumed_from >= 0 ? " (resumed)" : "");
+    printf("metrics: %s\nplot: %s\nfinal checkpoint: %s\n", r.metrics_path, r.plot_path, r.final_checkpoint);
+    rc = cli_finish_gpu(g);
+    vks_tokenizer_free(tok);
+    vks_model_free(m);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv) {
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"data", required_argument, 0, 0},
+                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    cli_model_args ma = {.device = -1};
+    const char *data = NULL;
+    int c, idx;
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
+        if (c == 'h') { fputs(eval_usage, stdout); exit(0); }
+        if (!cli_model_option(&ma, opts[idx].name, optarg) && !strcmp(opts[idx].name, "data")) data = optarg;
+    }
+    if (optind < argc) cli_usage_error("eval", "unexpected argument '%s'", argv[optind]);
+    if (!ma.model_path || !data) cli_usage_error("eval", "--model M and --data FILE are required");
+    vks_tokenizer *tok = NULL;
+    vks_model *m = load_start(&ma, NULL, 0, &tok);
+    vks_gpu *g = cli_open_gpu(&ma);
+    vks_sft_eval_result r;
+    int rc = vks_sft_eval(g, m, tok, data, &r);
+    if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    printf("{\"sequences\": %lld, \"loss_tokens\": %lld, \"mean_loss\": %.6f, \"token_accuracy\": %.6f}\n",
+           (long long)r.sequences, (long long)r.loss_tokens, r.mean_loss, r.token_accuracy);
+    rc = cli_finish_gpu(g);
+    vks_tokenizer_free(tok);
+    vks_model_free(m);
+    return rc;
+}
