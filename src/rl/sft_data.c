@@ -52,7 +52,8 @@ static int reserve_sequence(vks_sft_data *d, int len) {
  * loss from the first token of b (or of a when loss_from_a), cut to `keep`. */
 static int append_sequence(vks_sft_data *d, int bos, const int32_t *a, int na, const int32_t *b, int nb, int eos,
                            bool loss_from_a, int keep, int64_t line) {
-    int len = 2 + na + nb < keep ? 2 + na + nb : keep;
+    int64_t full = 2 + (int64_t)na + nb;
+    int len = full < keep ? (int)full : keep;
     int rc = reserve_sequence(d, len);
     if (rc != VKS_OK) return rc;
     int64_t at = d->offsets[d->n_seqs];
@@ -118,13 +119,12 @@ static int line_fields(json_t *root, json_t **a, json_t **b) {
 typedef enum { LINE_OK, LINE_MALFORMED, LINE_FATAL } line_result;
 
 /* Applies the long-sequence policy; returns the tokens to keep (0: skip) or an error. */
-static int length_policy(vks_sft_data *d, const parse_ctx *c, int len, int na, bool text, int *keep) {
-    *keep = len;
+static int length_policy(vks_sft_data *d, const parse_ctx *c, int64_t len, int na, bool text, int *keep) {
+    *keep = (int)(len <= c->o.seq_len ? len : 0);
     if (len <= c->o.seq_len) return VKS_OK;
     if (c->o.long_policy == VKS_SFT_LONG_REFUSE)
-        return vks_set_error(VKS_ERR_FORMAT, "%d tokens (BOS and EOS included) exceed the context of %d; "
-                             "shorten the line or truncate", len, c->o.seq_len);
-    *keep = 0;
+        return vks_set_error(VKS_ERR_FORMAT, "%lld tokens (BOS and EOS included) exceed the context of %d; "
+                             "shorten the line or truncate", (long long)len, c->o.seq_len);
     bool keeps_loss = text ? c->o.seq_len >= 2 : 1 + na < c->o.seq_len; /* a loss token fits */
     if (c->o.long_policy == VKS_SFT_LONG_TRUNCATE && keeps_loss) {
         *keep = c->o.seq_len;
@@ -149,7 +149,7 @@ static line_result add_line(vks_sft_data *d, const parse_ctx *c, const char *lin
     if (rc == VKS_OK) rc = tokenize_field(c, a, b ? "prompt" : "text", &ia, &na);
     if (rc == VKS_OK && b) rc = tokenize_field(c, b, "completion", &ib, &nb);
     line_result r = rc == VKS_OK ? LINE_OK : rc == VKS_ERR_NOMEM ? LINE_FATAL : LINE_MALFORMED;
-    if (r == LINE_OK && length_policy(d, c, 2 + na + nb, na, !b, &keep) != VKS_OK) r = LINE_FATAL;
+    if (r == LINE_OK && length_policy(d, c, 2 + (int64_t)na + nb, na, !b, &keep) != VKS_OK) r = LINE_FATAL;
     if (r == LINE_OK && keep > 0 && d->n_seqs >= c->o.max_sequences) {
         vks_set_error(VKS_ERR_FORMAT, "more than %lld sequences", (long long)c->o.max_sequences);
         r = LINE_FATAL;
@@ -177,7 +177,7 @@ static bool read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len,
     *too_long = false;
     int ch = EOF;
     bool any = false;
-    while ((ch = getc(f)) != EOF) {
+    while ((ch = getc_unlocked(f)) != EOF) { /* the stream is this call's alone */
         any = true;
         if (ch == '\n') break;
         if (*len >= max) {
@@ -307,7 +307,7 @@ int vks_sft_data_parse(const char *text, size_t len, const char *name, const vks
     static const char empty[1] = "";
     FILE *f = fmemopen((void *)(len ? text : empty), len ? len : 1, "rb"); /* glibc refuses a size of 0 */
     if (!f) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", name);
-    if (!len) getc(f); /* consume the stand-in byte: the stream is at EOF */
+    if (!len) getc_unlocked(f); /* consume the stand-in byte: the stream is at EOF */
     rc = load_stream(f, &c, out);
     fclose(f);
     return rc;
