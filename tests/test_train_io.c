@@ -769,7 +769,7 @@ static void copy_dir(const char *from, const char *to) {
 
 static void edit_file(const char *dir, const char *name, long at, int delta, long truncate_to) {
     char p[600];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    assert_true(snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p);
     size_t n;
     unsigned char *buf = tu_read_file(p, &n);
     assert_non_null(buf);
