@@ -1,0 +1,73 @@
+/* vks_rl_config.h: the configuration of an RL run (src/rl/rl_config.c): a
+ * small JSON file, every key also settable as KEY=VALUE (the CLI's --set and
+ * its named flags), and the roles of the ranks, checked against the number of
+ * ranks started.
+ *
+ * {
+ *   "task": "addition",          built-in task (vks_tasks.h) or "file:PATH" for JSONL tasks
+ *   "init": "tiny" | "model": P, the policy's start (a checkpoint from train sft, usually)
+ *   "out": "rl-out",             metrics, plot, checkpoints
+ *   "steps": 50,                 trainer steps
+ *   "prompts_per_step": 8,       prompts per step; each gets group_size completions
+ *   "group_size": 8,
+ *   "async_level": 2,            k: inference uses weights at most k steps old
+ *   "max_new_tokens": 48, "temperature": 1.0, "lr": 1e-4, "seed": 1,
+ *   "length_targets": [],        e.g. [64, 128, 256]: the thinking budget; [] off
+ *   "length_penalty": 3e-4,      lambda of the thinking budget
+ *   "token_budget": 0,           loss normaliser per step (0: prompts_per_step * group_size * max_new_tokens)
+ *   "roles": {
+ *     "orchestrator": 0,         owns tasks, batching and metrics; may share a rank
+ *     "trainer": 0,              exactly one
+ *     "inference": [[1], [2, 3]],a list of groups; a group of S ranks is a pipeline of S stages
+ *     "verifiers": [4],          0 or more
+ *     "relays": []               broadcast relays, 0 or more
+ *   }
+ * }
+ * Without "roles" every role runs on rank 0 (one machine). Trainer,
+ * inference, verifier and relay ranks are disjoint; the orchestrator may be
+ * any rank. Unknown keys, duplicate or out-of-range ranks, a rank without a
+ * role, and values out of range are refused, naming the key. */
+#ifndef VKS_RL_CONFIG_H
+#define VKS_RL_CONFIG_H
+#include "vks_common.h"
+
+#define VKS_RL_MAX_RANKS 4096
+#define VKS_RL_MAX_GROUPS 256
+#define VKS_RL_MAX_LENGTH_TARGETS 16
+
+typedef struct {
+    int first, n;              /* ranks inference_ranks[first .. first + n) form one pipeline group */
+} vks_rl_group;
+
+typedef struct {
+    char task[512], init[16], model[1024], out[1024];
+    int steps, prompts_per_step, group_size, async_level, max_new_tokens;
+    double temperature, lr, length_penalty, token_budget;
+    uint64_t seed;
+    int length_targets[VKS_RL_MAX_LENGTH_TARGETS], n_length_targets;
+    /* roles */
+    bool roles_given;
+    int orchestrator, trainer;
+    int inference_ranks[VKS_RL_MAX_RANKS], n_inference_ranks;
+    vks_rl_group groups[VKS_RL_MAX_GROUPS];
+    int n_groups;
+    int verifiers[VKS_RL_MAX_RANKS], n_verifiers;
+    int relays[VKS_RL_MAX_RANKS], n_relays;
+} vks_rl_config;
+
+/* The defaults (above). */
+void vks_rl_config_defaults(vks_rl_config *c);
+/* Reads a JSON file over c (keys not in the file keep their values). Errors
+ * name the file and the key. */
+int vks_rl_config_load(vks_rl_config *c, const char *path);
+/* Sets one key from text ("steps=10", "roles.trainer=1",
+ * "length_targets=64,128", "roles.inference=1;2,3" for groups {1} and {2,3}). */
+int vks_rl_config_set(vks_rl_config *c, const char *assignment);
+/* Checks values and roles against n_ranks started; without roles, assigns
+ * every role to rank 0 (n_ranks must then be 1). */
+int vks_rl_config_check(vks_rl_config *c, int n_ranks);
+/* What rank r does: a bit set of VKS_RL_ROLE_*. */
+enum { VKS_RL_ROLE_ORCHESTRATOR = 1, VKS_RL_ROLE_TRAINER = 2, VKS_RL_ROLE_INFERENCE = 4, VKS_RL_ROLE_VERIFIER = 8,
+       VKS_RL_ROLE_RELAY = 16 };
+int vks_rl_config_roles_of(const vks_rl_config *c, int rank);
+#endif

@@ -1,0 +1,363 @@
+/* rl_config.c: an RL run's configuration (vks_rl_config.h): one table of
+ * keys used by the JSON reader and by KEY=VALUE, then the role checks. */
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include "vkswarm/vks_rl_config.h"
+
+typedef enum { KEY_INT, KEY_DOUBLE, KEY_U64, KEY_STRING } key_type;
+
+typedef struct {
+    const char *name;
+    key_type type;
+    size_t offset, size; /* size: strings' capacity */
+    double lo, hi;       /* numbers: the allowed range */
+} key_info;
+
+#define INT_KEY(f, lo, hi) {#f, KEY_INT, offsetof(vks_rl_config, f), 0, lo, hi}
+#define DBL_KEY(f, lo, hi) {#f, KEY_DOUBLE, offsetof(vks_rl_config, f), 0, lo, hi}
+#define STR_KEY(f) {#f, KEY_STRING, offsetof(vks_rl_config, f), sizeof(((vks_rl_config *)0)->f), 0, 0}
+
+static const key_info keys[] = {
+    STR_KEY(task), STR_KEY(init), STR_KEY(model), STR_KEY(out),
+    INT_KEY(steps, 1, 1e8), INT_KEY(prompts_per_step, 1, 65536), INT_KEY(group_size, 2, 1024),
+    INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, 1 << 20),
+    DBL_KEY(temperature, 0, 100), DBL_KEY(lr, 0, 10), DBL_KEY(length_penalty, 0, 1e3), DBL_KEY(token_budget, 0, 1e12),
+    {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0},
+};
+
+void vks_rl_config_defaults(vks_rl_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->task, sizeof c->task, "addition");
+    snprintf(c->init, sizeof c->init, "tiny");
+    snprintf(c->out, sizeof c->out, "rl-out");
+    c->steps = 50;
+    c->prompts_per_step = 8;
+    c->group_size = 8;
+    c->async_level = 2;
+    c->max_new_tokens = 48;
+    c->temperature = 1.0;
+    c->lr = 1e-4;
+    c->seed = 1;
+    c->length_penalty = 3e-4;
+    c->trainer = -1; /* required once roles are given */
+}
+
+static const key_info *find_key(const char *name) {
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strcmp(keys[i].name, name)) return &keys[i];
+    return NULL;
+}
+
+static int set_number(vks_rl_config *c, const key_info *k, double v, const char *where) {
+    if (!isfinite(v) || v < k->lo || v > k->hi || (k->type == KEY_INT && v != floor(v)))
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be %s in [%g, %g]", where, k->name,
+                             k->type == KEY_INT ? "an integer" : "a number", k->lo, k->hi);
+    char *p = (char *)c + k->offset;
+    if (k->type == KEY_INT) *(int *)p = (int)v;
+    else *(double *)p = v;
+    return VKS_OK;
+}
+
+static int set_string(vks_rl_config *c, const key_info *k, const char *s, const char *where) {
+    if (strlen(s) >= k->size) return vks_set_error(VKS_ERR_FORMAT, "%s: %s is longer than %zu bytes", where, k->name, k->size - 1);
+    memcpy((char *)c + k->offset, s, strlen(s) + 1);
+    return VKS_OK;
+}
+
+/* ---- rank lists ---- */
+
+static int add_rank(int *list, int *n, long r, const char *what, const char *where) {
+    if (r < 0 || r >= VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_FORMAT, "%s: %s: rank %ld out of range", where, what, r);
+    if (*n >= VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_FORMAT, "%s: %s: too many ranks", where, what);
+    list[(*n)++] = (int)r;
+    return VKS_OK;
+}
+
+static int start_group(vks_rl_config *c, const char *where) {
+    if (c->n_groups >= VKS_RL_MAX_GROUPS) return vks_set_error(VKS_ERR_FORMAT, "%s: more than %d inference groups", where, VKS_RL_MAX_GROUPS);
+    c->groups[c->n_groups++] = (vks_rl_group){c->n_inference_ranks, 0};
+    return VKS_OK;
+}
+
+static int add_inference_rank(vks_rl_config *c, long r, const char *where) {
+    int rc = add_rank(c->inference_ranks, &c->n_inference_ranks, r, "roles.inference", where);
+    if (!rc) c->groups[c->n_groups - 1].n++;
+    return rc;
+}
+
+/* "1,2,3" */
+static int parse_rank_list(const char *s, int *list, int *n, const char *what, const char *where) {
+    *n = 0;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long r = strtol(s, &end, 10);
+        if (end == s || errno) return vks_set_error(VKS_ERR_FORMAT, "%s: %s: '%s' is not a list of ranks", where, what, s);
+        int rc = add_rank(list, n, r, what, where);
+        if (rc) return rc;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return vks_set_error(VKS_ERR_FORMAT, "%s: %s: unexpected '%c'", where, what, *end);
+    }
+    return VKS_OK;
+}
+
+/* "1;2,3": groups separated by ';' */
+static int parse_groups(vks_rl_config *c, const char *s, const char *where) {
+    c->n_groups = c->n_inference_ranks = 0;
+    char buf[4096];
+    if (strlen(s) >= sizeof buf) return vks_set_error(VKS_ERR_FORMAT, "%s: roles.inference too long", where);
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *g = strtok_r(buf, ";", &save); g; g = strtok_r(NULL, ";", &save)) {
+        int ranks[VKS_RL_MAX_RANKS], n, rc;
+        if ((rc = parse_rank_list(g, ranks, &n, "roles.inference", where)) || (rc = start_group(c, where))) return rc;
+        for (int i = 0; i < n; i++)
+            if ((rc = add_inference_rank(c, ranks[i], where))) return rc;
+    }
+    return VKS_OK;
+}
+
+static int parse_one_rank(const char *s, int *out, const char *what, const char *where) {
+    int list[VKS_RL_MAX_RANKS], n;
+    int rc = parse_rank_list(s, list, &n, what, where);
+    if (!rc && n != 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: %s takes one rank", where, what);
+    if (!rc) *out = list[0];
+    return rc;
+}
+
+static int parse_targets(vks_rl_config *c, const char *s, const char *where) {
+    int list[VKS_RL_MAX_RANKS], n;
+    c->n_length_targets = 0;
+    int rc = parse_rank_list(s, list, &n, "length_targets", where);
+    if (!rc && n > VKS_RL_MAX_LENGTH_TARGETS)
+        rc = vks_set_error(VKS_ERR_FORMAT, "%s: at most %d length_targets", where, VKS_RL_MAX_LENGTH_TARGETS);
+    for (int i = 0; !rc && i < n; i++) {
+        if (list[i] < 1) return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets must be >= 1", where);
+        c->length_targets[c->n_length_targets++] = list[i];
+    }
+    return rc;
+}
+
+int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
+    const char *where = "--set";
+    const char *eq = assignment ? strchr(assignment, '=') : NULL;
+    if (!c || !eq || eq == assignment) return vks_set_error(VKS_ERR_FORMAT, "--set: '%s' is not KEY=VALUE", assignment ? assignment : "");
+    char key[64];
+    size_t kn = (size_t)(eq - assignment);
+    if (kn >= sizeof key) return vks_set_error(VKS_ERR_FORMAT, "--set: unknown key '%.*s'", (int)kn, assignment);
+    memcpy(key, assignment, kn);
+    key[kn] = 0;
+    const char *v = eq + 1;
+    if (!strcmp(key, "length_targets")) return parse_targets(c, v, where);
+    if (!strncmp(key, "roles.", 6)) {
+        const char *r = key + 6;
+        c->roles_given = true;
+        if (!strcmp(r, "trainer")) return parse_one_rank(v, &c->trainer, key, where);
+        if (!strcmp(r, "orchestrator")) return parse_one_rank(v, &c->orchestrator, key, where);
+        if (!strcmp(r, "inference")) return parse_groups(c, v, where);
+        if (!strcmp(r, "verifiers")) return parse_rank_list(v, c->verifiers, &c->n_verifiers, key, where);
+        if (!strcmp(r, "relays")) return parse_rank_list(v, c->relays, &c->n_relays, key, where);
+        return vks_set_error(VKS_ERR_FORMAT, "--set: unknown key '%s'", key);
+    }
+    const key_info *k = find_key(key);
+    if (!k) return vks_set_error(VKS_ERR_FORMAT, "--set: unknown key '%s'", key);
+    if (k->type == KEY_STRING) return set_string(c, k, v, where);
+    char *end;
+    errno = 0;
+    if (k->type == KEY_U64) {
+        unsigned long long u = strtoull(v, &end, 10);
+        if (end == v || *end || errno || *v == '-') return vks_set_error(VKS_ERR_FORMAT, "--set: seed '%s' is not a number", v);
+        c->seed = u;
+        return VKS_OK;
+    }
+    double d = strtod(v, &end);
+    if (end == v || *end || errno) return vks_set_error(VKS_ERR_FORMAT, "--set: %s: '%s' is not a number", key, v);
+    return set_number(c, k, d, where);
+}
+
+/* ---- the JSON file ---- */
+
+static int json_rank(json_t *v, long *r, const char *what, const char *path) {
+    if (!json_is_integer(v)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s: ranks are integers", path, what);
+    *r = (long)json_integer_value(v) == json_integer_value(v) ? (long)json_integer_value(v) : -1;
+    return VKS_OK;
+}
+
+static int json_rank_array(json_t *a, int *list, int *n, const char *what, const char *path) {
+    if (!json_is_array(a)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be an array of ranks", path, what);
+    *n = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) {
+        long r;
+        int rc = json_rank(v, &r, what, path);
+        if (!rc) rc = add_rank(list, n, r, what, path);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static int json_groups(vks_rl_config *c, json_t *a, const char *path) {
+    if (!json_is_array(a)) return vks_set_error(VKS_ERR_FORMAT, "%s: roles.inference must be an array of rank arrays", path);
+    c->n_groups = c->n_inference_ranks = 0;
+    size_t i, j;
+    json_t *g, *v;
+    json_array_foreach(a, i, g) {
+        if (!json_is_array(g) || json_array_size(g) == 0)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: roles.inference[%zu] must be a non-empty array of ranks", path, i);
+        int rc = start_group(c, path);
+        json_array_foreach(g, j, v) {
+            long r;
+            if (!rc) rc = json_rank(v, &r, "roles.inference", path);
+            if (!rc) rc = add_inference_rank(c, r, path);
+        }
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static int json_roles(vks_rl_config *c, json_t *o, const char *path) {
+    if (!json_is_object(o)) return vks_set_error(VKS_ERR_FORMAT, "%s: roles must be an object", path);
+    c->roles_given = true;
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        long r;
+        int rc;
+        if (!strcmp(k, "trainer") || !strcmp(k, "orchestrator")) {
+            rc = json_rank(v, &r, k, path);
+            if (!rc && (r < 0 || r >= VKS_RL_MAX_RANKS)) rc = vks_set_error(VKS_ERR_FORMAT, "%s: roles.%s: rank out of range", path, k);
+            if (!rc) *(!strcmp(k, "trainer") ? &c->trainer : &c->orchestrator) = (int)r;
+        } else if (!strcmp(k, "inference")) rc = json_groups(c, v, path);
+        else if (!strcmp(k, "verifiers")) rc = json_rank_array(v, c->verifiers, &c->n_verifiers, "roles.verifiers", path);
+        else if (!strcmp(k, "relays")) rc = json_rank_array(v, c->relays, &c->n_relays, "roles.relays", path);
+        else rc = vks_set_error(VKS_ERR_FORMAT, "%s: unknown key roles.%s", path, k);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path) {
+    if (!strcmp(k, "roles")) return json_roles(c, v, path);
+    if (!strcmp(k, "length_targets")) {
+        int list[VKS_RL_MAX_RANKS], n;
+        int rc = json_rank_array(v, list, &n, "length_targets", path);
+        if (!rc && n > VKS_RL_MAX_LENGTH_TARGETS) rc = vks_set_error(VKS_ERR_FORMAT, "%s: too many length_targets", path);
+        c->n_length_targets = 0;
+        for (int i = 0; !rc && i < n; i++) {
+            if (list[i] < 1) return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets must be >= 1", path);
+            c->length_targets[c->n_length_targets++] = list[i];
+        }
+        return rc;
+    }
+    const key_info *info = find_key(k);
+    if (!info) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key '%s'", path, k);
+    if (info->type == KEY_STRING) {
+        if (!json_is_string(v)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be a string", path, k);
+        return set_string(c, info, json_string_value(v), path);
+    }
+    if (info->type == KEY_U64) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0) return vks_set_error(VKS_ERR_FORMAT, "%s: seed must be a non-negative integer", path);
+        c->seed = (uint64_t)json_integer_value(v);
+        return VKS_OK;
+    }
+    if (!json_is_number(v)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be a number", path, k);
+    return set_number(c, info, json_number_value(v), path);
+}
+
+int vks_rl_config_load(vks_rl_config *c, const char *path) {
+    if (!c || !path) return vks_set_error(VKS_ERR_ARG, "vks_rl_config_load: NULL argument");
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
+    int rc = json_is_object(root) ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (!rc) rc = json_key(c, k, v, path);
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* ---- roles ---- */
+
+int vks_rl_config_roles_of(const vks_rl_config *c, int rank) {
+    int roles = 0;
+    if (c->orchestrator == rank) roles |= VKS_RL_ROLE_ORCHESTRATOR;
+    if (c->trainer == rank) roles |= VKS_RL_ROLE_TRAINER;
+    for (int i = 0; i < c->n_inference_ranks; i++)
+        if (c->inference_ranks[i] == rank) roles |= VKS_RL_ROLE_INFERENCE;
+    for (int i = 0; i < c->n_verifiers; i++)
+        if (c->verifiers[i] == rank) roles |= VKS_RL_ROLE_VERIFIER;
+    for (int i = 0; i < c->n_relays; i++)
+        if (c->relays[i] == rank) roles |= VKS_RL_ROLE_RELAY;
+    return roles;
+}
+
+static const char *role_name(int bit) {
+    switch (bit) {
+    case VKS_RL_ROLE_TRAINER: return "trainer";
+    case VKS_RL_ROLE_INFERENCE: return "inference";
+    case VKS_RL_ROLE_VERIFIER: return "verifier";
+    default: return "relay";
+    }
+}
+
+/* Counts how often rank r is listed among the disjoint roles, naming the first clash. */
+static int check_rank(const vks_rl_config *c, int r) {
+    int seen = 0, first = 0;
+    int counts[4] = {c->trainer == r, 0, 0, 0};
+    for (int i = 0; i < c->n_inference_ranks; i++) counts[1] += c->inference_ranks[i] == r;
+    for (int i = 0; i < c->n_verifiers; i++) counts[2] += c->verifiers[i] == r;
+    for (int i = 0; i < c->n_relays; i++) counts[3] += c->relays[i] == r;
+    static const int bits[4] = {VKS_RL_ROLE_TRAINER, VKS_RL_ROLE_INFERENCE, VKS_RL_ROLE_VERIFIER, VKS_RL_ROLE_RELAY};
+    for (int i = 0; i < 4; i++) {
+        if (counts[i] > 1) return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d is listed twice as %s", r, role_name(bits[i]));
+        if (counts[i] && seen) return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d is both %s and %s", r, role_name(first), role_name(bits[i]));
+        if (counts[i] && !seen) seen = 1, first = bits[i];
+    }
+    if (!seen && c->orchestrator != r) return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d has no role", r);
+    return VKS_OK;
+}
+
+static int check_values(const vks_rl_config *c) {
+    if (!c->task[0]) return vks_set_error(VKS_ERR_FORMAT, "config: task is empty");
+    if (!c->model[0] && strcmp(c->init, "tiny")) /* model, when given, is the start */
+        return vks_set_error(VKS_ERR_FORMAT, "config: init must be \"tiny\" (or give model: a checkpoint)");
+    return VKS_OK;
+}
+
+int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
+    if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
+    int rc = check_values(c);
+    if (rc) return rc;
+    if (!c->roles_given) {
+        c->trainer = c->orchestrator = 0;
+        if (n_ranks != 1)
+            return vks_set_error(VKS_ERR_FORMAT, "config: %d ranks started but no roles given (without roles every role runs on rank 0)", n_ranks);
+        c->n_groups = 1;
+        c->groups[0] = (vks_rl_group){0, 1};
+        c->inference_ranks[0] = 0;
+        c->n_inference_ranks = 1;
+        return VKS_OK; /* one rank does everything: no overlap rules */
+    }
+    if (c->trainer < 0) return vks_set_error(VKS_ERR_FORMAT, "roles: no trainer (exactly one: roles.trainer)");
+    if (c->n_groups < 1) return vks_set_error(VKS_ERR_FORMAT, "roles: no inference group");
+    int all[5] = {c->trainer, c->orchestrator};
+    for (int i = 0; i < 2; i++)
+        if (all[i] >= n_ranks) return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d named but only %d ranks started", all[i], n_ranks);
+    const int *lists[3] = {c->inference_ranks, c->verifiers, c->relays};
+    int counts[3] = {c->n_inference_ranks, c->n_verifiers, c->n_relays};
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < counts[l]; i++)
+            if (lists[l][i] >= n_ranks)
+                return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d named but only %d ranks started", lists[l][i], n_ranks);
+    for (int r = 0; r < n_ranks; r++)
+        if ((rc = check_rank(c, r))) return rc;
+    return VKS_OK;
+}

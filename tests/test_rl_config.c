@@ -1,0 +1,96 @@
+/* test_rl_config: the RL run's configuration (vks_rl_config.h): defaults,
+ * the JSON file, KEY=VALUE, and every refusal the issue names. */
+#include "test_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "vkswarm/vks_rl_config.h"
+
+static int load_text(vks_rl_config *c, const char *json) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/run.json", tu_tmpdir());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(json, f);
+    fclose(f);
+    return vks_rl_config_load(c, path);
+}
+
+static void test_defaults_one_rank(void **state) {
+    (void)state;
+    vks_rl_config c;
+    vks_rl_config_defaults(&c);
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    assert_int_equal(vks_rl_config_roles_of(&c, 0), VKS_RL_ROLE_ORCHESTRATOR | VKS_RL_ROLE_TRAINER | VKS_RL_ROLE_INFERENCE);
+    assert_int_equal(c.async_level, 2);
+    assert_int_equal(vks_rl_config_check(&c, 2), VKS_ERR_FORMAT); /* two ranks need roles */
+}
+
+static void test_file_and_set(void **state) {
+    (void)state;
+    vks_rl_config c;
+    vks_rl_config_defaults(&c);
+    assert_int_equal(load_text(&c, "{\"task\": \"countdown\", \"steps\": 7, \"lr\": 2e-4, \"seed\": 9,"
+                                   " \"length_targets\": [64, 128],"
+                                   " \"roles\": {\"trainer\": 0, \"orchestrator\": 0, \"inference\": [[1], [2, 3]],"
+                                   " \"verifiers\": [4], \"relays\": [5]}}"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "group_size=4"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "roles.verifiers=4,6"), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 7), VKS_OK);
+    assert_string_equal(c.task, "countdown");
+    assert_int_equal(c.steps, 7);
+    assert_int_equal(c.group_size, 4);
+    assert_int_equal(c.n_groups, 2);
+    assert_int_equal(c.groups[1].n, 2);
+    assert_int_equal(c.inference_ranks[c.groups[1].first + 1], 3);
+    assert_int_equal(c.n_length_targets, 2);
+    assert_int_equal(vks_rl_config_roles_of(&c, 6), VKS_RL_ROLE_VERIFIER);
+    assert_int_equal(vks_rl_config_roles_of(&c, 5), VKS_RL_ROLE_RELAY);
+    assert_int_equal(vks_rl_config_set(&c, "roles.inference=1;2,3;"), VKS_OK);
+    assert_int_equal(c.n_groups, 2);
+}
+
+static void expect_refused(const char *json, int n_ranks, const char *needle) {
+    vks_rl_config c;
+    vks_rl_config_defaults(&c);
+    int rc = load_text(&c, json);
+    if (!rc) rc = vks_rl_config_check(&c, n_ranks);
+    assert_int_equal(rc, VKS_ERR_FORMAT);
+    if (!strstr(vks_last_error(), needle)) fprintf(stderr, "message: %s (wanted '%s')\n", vks_last_error(), needle);
+    assert_non_null(strstr(vks_last_error(), needle));
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    expect_refused("{\"roles\": {\"inference\": [[1]]}}", 2, "no trainer");
+    expect_refused("{\"roles\": {\"trainer\": 1, \"inference\": [[1]]}}", 2, "rank 1 is both trainer and inference");
+    expect_refused("{\"roles\": {\"trainer\": 0, \"inference\": [[1], [1]]}}", 2, "listed twice");
+    expect_refused("{\"roles\": {\"trainer\": 0, \"inference\": [[1, 5]]}}", 3, "rank 5 named but only 3 ranks");
+    expect_refused("{\"roles\": {\"trainer\": 0, \"inference\": [[1]]}}", 3, "rank 2 has no role");
+    expect_refused("{\"roles\": {\"trainer\": 0}}", 1, "no inference group");
+    expect_refused("{\"stepz\": 3}", 1, "unknown key 'stepz'");
+    expect_refused("{\"roles\": {\"trainers\": 0}}", 1, "unknown key roles.trainers");
+    expect_refused("{\"steps\": 0}", 1, "steps must be an integer in");
+    expect_refused("{\"group_size\": 2.5}", 1, "group_size");
+    expect_refused("{\"task\": 3}", 1, "task must be a string");
+    expect_refused("{\"steps\": 1, \"steps\": 2}", 1, "line");
+    expect_refused("[1, 2]", 1, "not a JSON object");
+    expect_refused("{\"init\": \"huge\"}", 1, "init must be");
+    vks_rl_config c;
+    vks_rl_config_defaults(&c);
+    assert_int_equal(vks_rl_config_set(&c, "nonsense=1"), VKS_ERR_FORMAT);
+    assert_int_equal(vks_rl_config_set(&c, "steps"), VKS_ERR_FORMAT);
+    assert_int_equal(vks_rl_config_set(&c, "steps=ten"), VKS_ERR_FORMAT);
+    assert_int_equal(vks_rl_config_set(&c, "roles.trainer=-1"), VKS_ERR_FORMAT);
+    assert_int_equal(vks_rl_config_set(&c, "seed=-3"), VKS_ERR_FORMAT);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults_one_rank),
+        cmocka_unit_test(test_file_and_set),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests_name("rl_config", tests, NULL, NULL);
+}
