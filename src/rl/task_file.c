@@ -40,10 +40,11 @@ static const struct { const char *name; vks_verify_kind kind; } types[] = {
     {"mul", VKS_VERIFY_NUMERIC},   {"sort", VKS_VERIFY_LIST},         {"reverse", VKS_VERIFY_LIST},
 };
 
+/* A string field (or, for "answer", an integer written out). */
 static int string_field(json_t *root, const char *key, char *out, size_t cap, bool required) {
     json_t *v = json_object_get(root, key);
     if (!v) return required ? vks_set_error(VKS_ERR_FORMAT, "missing \"%s\"", key) : VKS_OK;
-    if (json_is_integer(v)) {
+    if (json_is_integer(v) && !strcmp(key, "answer")) {
         snprintf(out, cap, "%lld", (long long)json_integer_value(v));
         return VKS_OK;
     }
