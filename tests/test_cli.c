@@ -14,9 +14,9 @@
 
 static void test_help_everywhere(void **state) {
     (void)state;
-    const char *cmds[] = {"devices", "generate", "logits", "bench", "train", "eval"};
+    const char *cmds[] = {"devices", "generate", "logits", "bench", "train", "eval", "tasks"};
     char cmd[1024];
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         char *out;
         snprintf(cmd, sizeof cmd, "%s %s --help 2>/dev/null", tu_bin(), cmds[i]);
         assert_int_equal(tu_run(cmd, &out), 0);
@@ -878,6 +878,87 @@ static void test_train_sft_resume(void **state) {
     free(out);
 }
 
+static double json_number(const char *out, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    const char *p = strstr(out, k);
+    assert_non_null(p);
+    return atof(p + strlen(k));
+}
+
+/* tasks sft -> train sft --init tiny -> eval --task (deterministic per seed) and
+ * tasks filter (kept lines copied as they were; a bad line named). */
+static void test_tasks_eval(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char cmd[4096], path[1024], *out;
+    snprintf(cmd, sizeof cmd, "%s tasks sft --task reverse:2 --n 6 --seed 3 --out %s/rev.jsonl 2>/dev/null", tu_bin(), dir);
+    assert_int_equal(tu_run(cmd, &out), 0);
+    snprintf(path, sizeof path, "data: %s/rev.jsonl\n", dir);
+    assert_string_equal(out, path);
+    free(out);
+    snprintf(path, sizeof path, "%s/rev.jsonl", dir);
+    char *data = read_text(path);
+    int lines = 0;
+    for (char *p = data; (p = strchr(p, '\n')); p++) lines++;
+    assert_int_equal(lines, 6);
+    assert_non_null(strstr(data, "{\"prompt\":\"Reverse: "));
+    assert_non_null(strstr(data, "\"completion\":\"answer: "));
+    free(data);
+    snprintf(cmd, sizeof cmd, "%s train sft --init tiny --batch 2 --data %s --steps 1 --out %s/rt 2>/dev/null", tu_bin(),
+             path, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    char *first = NULL;
+    for (int run = 0; run < 2; run++) { /* the same instances and completions again, whatever the batch */
+        snprintf(cmd, sizeof cmd, "%s eval --model %s/rt/step-000000001 --task reverse:2 --n 5 --seed 11 --max-new 10 "
+                 "--temp 1 --batch %d 2>/dev/null", tu_bin(), dir, run ? 2 : 5);
+        assert_int_equal(tu_run(cmd, &out), 0);
+        assert_non_null(strstr(out, "{\"task\": \"reverse:2\", \"seed\": 11, \"n\": 5, "));
+        double acc = json_number(out, "accuracy"), len = json_number(out, "mean_length");
+        assert_true(acc >= 0 && acc <= 1);
+        assert_true(len >= 0 && len <= 10);
+        if (run) assert_string_equal(out, first);
+        free(first);
+        first = out;
+    }
+    free(first);
+    const char *bad[][2] = {{"--task divide", "unknown task 'divide'"}, {"--task mul:12", "must be 1 to 9"},
+                            {"--task add --data x.jsonl", "one of --data"}, {"--data x.jsonl --n 3", "go with --task"},
+                            {"--task add --n 0", "--n: '0'"}};
+    for (int i = 0; i < 5; i++) {
+        snprintf(cmd, sizeof cmd, "%s eval --model %s/rt/step-000000001 %s 2>&1", tu_bin(), dir, bad[i][0]);
+        assert_int_equal(tu_run(cmd, &out), 2);
+        assert_non_null(strstr(out, bad[i][1]));
+        free(out);
+    }
+    snprintf(path, sizeof path, "%s/user.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"prompt\": \"2+2?\", \"answer\": \"4\", \"task_type\": \"numeric\"}\n\n"
+          "{\"prompt\": \"Make 8\",  \"task_type\": \"countdown\", \"numbers\": [2, 10], \"target\": 8}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s tasks filter --model %s/rt/step-000000001 --tasks %s --samples 2 --max-new 6 --min 0 "
+             "--max 0 --out %s/kept.jsonl 2>/dev/null", tu_bin(), dir, path, dir);
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_string_equal(out, "{\"kept\": 2, \"total\": 2}\n"); /* an untrained model solves neither */
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/kept.jsonl", dir);
+    data = read_text(cmd);
+    assert_string_equal(data, "{\"prompt\": \"2+2?\", \"answer\": \"4\", \"task_type\": \"numeric\"}\n"
+                              "{\"prompt\": \"Make 8\",  \"task_type\": \"countdown\", \"numbers\": [2, 10], \"target\": 8}\n");
+    free(data);
+    f = fopen(path, "a");
+    fputs("{\"prompt\": \"x\", \"answer\": \"4\"}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s tasks filter --model %s/rt/step-000000001 --tasks %s --out %s/kept2.jsonl 2>&1",
+             tu_bin(), dir, path, dir);
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "user.jsonl: line 4: missing \"task_type\""));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/kept2.jsonl", dir);
+    assert_int_not_equal(access(cmd, F_OK), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -891,6 +972,7 @@ int main(void) {
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
+        cmocka_unit_test(test_tasks_eval),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,6 +6,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "vkswarm/vks_sft.h"
+#include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_tokenizer.h"
 
 static const char train_usage[] =
@@ -29,9 +30,15 @@ static const char train_usage[] =
 
 static const char eval_usage[] =
     "usage: vkswarm eval --model M --data FILE.jsonl [--tokenizer T] [--device N]\n"
+    "       vkswarm eval --model M --task NAME [--n N] [--seed S] [--temp X] [--max-new N] [--batch B]\n"
     "Scores a model on a JSONL file like train sft's: prints one JSON object with the number of\n"
     "sequences and loss tokens, the mean loss (-log p per completion token) and the token accuracy\n"
-    "(the fraction of completion tokens that are the model's most likely next token).\n";
+    "(the fraction of completion tokens that are the model's most likely next token).\n"
+    "--task NAME (add, mul, countdown, sort, reverse, optionally :SIZE, e.g. mul:3) instead generates\n"
+    "N (default 100) fresh instances from seed S (default 0), completes each (BOS + prompt, up to EOS\n"
+    "or --max-new tokens, default 256; --temp default 0: greedy, sampled from seed S otherwise, in\n"
+    "batches of B, default 64) and scores the final answer: one JSON object with task, n, solved,\n"
+    "accuracy (solved / n) and mean_length (completion tokens).\n";
 
 typedef struct {
     cli_model_args m;
@@ -140,18 +147,69 @@ int cmd_train(int argc, char **argv) {
     return rc;
 }
 
+typedef struct {
+    const char *task;
+    int64_t n;
+    uint64_t seed;
+    vks_task_run_options o;
+} task_eval_args;
+
+/* eval --task: fresh instances, generated completions, verified answers. */
+static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
+    vks_task_spec spec;
+    if (vks_task_parse(ta->task, &spec)) cli_usage_error("eval", "%s", vks_last_error());
+    vks_tokenizer *tok = NULL;
+    vks_model *m = load_start(ma, NULL, 0, &tok);
+    vks_gpu *g = cli_open_gpu(ma);
+    vks_task_run_options o = ta->o;
+    o.engine = ma->engine;
+    vks_task_eval_result r;
+    int rc = vks_task_eval(g, m, tok, &spec, ta->seed, ta->n, &o, &r);
+    if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    char name[32];
+    vks_task_spec_name(&spec, name, sizeof name);
+    printf("{\"task\": \"%s\", \"seed\": %llu, \"n\": %lld, \"solved\": %lld, \"accuracy\": %.6f, \"mean_length\": %.3f}\n",
+           name, (unsigned long long)ta->seed, (long long)r.n, (long long)r.solved, r.accuracy, r.mean_length);
+    rc = cli_finish_gpu(g);
+    vks_tokenizer_free(tok);
+    vks_model_free(m);
+    return rc;
+}
+
+/* The --task options; false when name is not one of them. */
+static bool task_option(task_eval_args *ta, const char *name, const char *val) {
+    if (!strcmp(name, "task")) ta->task = val;
+    else if (!strcmp(name, "n")) ta->n = cli_parse_long("--n", val, 1, 10000000);
+    else if (!strcmp(name, "seed")) ta->seed = cli_parse_u64("--seed", val);
+    else if (!strcmp(name, "temp")) ta->o.temperature = (float)cli_parse_double("--temp", val, 0, 100);
+    else if (!strcmp(name, "max-new")) ta->o.max_new_tokens = (int)cli_parse_long("--max-new", val, 1, 1 << 20);
+    else if (!strcmp(name, "batch")) ta->o.batch = (int)cli_parse_long("--batch", val, 1, 4096);
+    else return false;
+    return true;
+}
+
 int cmd_eval(int argc, char **argv) {
     static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"data", required_argument, 0, 0},
+                                         {"task", required_argument, 0, 0}, {"n", required_argument, 0, 0},
+                                         {"seed", required_argument, 0, 0}, {"temp", required_argument, 0, 0},
+                                         {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     cli_model_args ma = {.device = -1};
+    task_eval_args ta = {.n = 100, .o = {.samples = 1}};
     const char *data = NULL;
+    bool task_only = false; /* a --task option was given */
     int c, idx;
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(eval_usage, stdout); exit(0); }
-        if (!cli_model_option(&ma, opts[idx].name, optarg) && !strcmp(opts[idx].name, "data")) data = optarg;
+        const char *name = opts[idx].name;
+        if (cli_model_option(&ma, name, optarg)) continue;
+        if (!strcmp(name, "data")) data = optarg;
+        else if (task_option(&ta, name, optarg) && strcmp(name, "task")) task_only = true;
     }
     if (optind < argc) cli_usage_error("eval", "unexpected argument '%s'", argv[optind]);
-    if (!ma.model_path || !data) cli_usage_error("eval", "--model M and --data FILE are required");
+    if (!ma.model_path || !!data + !!ta.task != 1) cli_usage_error("eval", "--model M and one of --data FILE and --task NAME are required");
+    if (data && task_only) cli_usage_error("eval", "--n, --seed, --temp, --max-new and --batch go with --task");
+    if (ta.task) return eval_task(&ma, &ta);
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(&ma, NULL, 0, &tok);
     vks_gpu *g = cli_open_gpu(&ma);

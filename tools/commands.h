@@ -13,4 +13,5 @@ int cmd_keygen(int argc, char **argv);     /* issue 6: tools/cmd_broadcast.c */
 int cmd_broadcast(int argc, char **argv);  /* issue 6 */
 int cmd_train(int argc, char **argv);     /* tools/cmd_train.c: train sft */
 int cmd_eval(int argc, char **argv);
+int cmd_tasks(int argc, char **argv);     /* tools/cmd_tasks.c: tasks sft, tasks filter */
 #endif

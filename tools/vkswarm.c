@@ -19,7 +19,8 @@ static const char usage[] =
     "  convert    convert between llama2.c, GGUF and safetensors\n"
     "  pipeline   pipeline-parallel generation across MPI ranks (under mpirun)\n"
     "  verify     check rollouts with TOPLOC proofs and sampler replay\n"
-    "  train sft  supervised fine-tuning on the GPU      eval   a model's loss and accuracy on JSONL data\n"
+    "  train sft  supervised fine-tuning on the GPU      eval   a model's loss and accuracy on JSONL data or a task\n"
+    "  tasks      built-in task data for SFT (tasks sft), difficulty filter of task files (tasks filter)\n"
     "  keygen     write an Ed25519 key pair         broadcast   signed sharded weight broadcast (mpirun)\n"
     "  version    print the version\n"
     "environment: VKSWARM_DEVICE=N picks a device; VKSWARM_VALIDATION=1 turns on the Khronos validation layer.\n";
@@ -59,7 +60,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     static const struct { const char *name; int (*fn)(int, char **); } more[] = {
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"convert", cmd_convert},
-        {"pipeline", cmd_pipeline}, {"train", cmd_train}, {"eval", cmd_eval}, {"verify", cmd_verify}, {"keygen", cmd_keygen}, {"broadcast", cmd_broadcast},
+        {"pipeline", cmd_pipeline}, {"train", cmd_train}, {"eval", cmd_eval}, {"tasks", cmd_tasks}, {"verify", cmd_verify}, {"keygen", cmd_keygen}, {"broadcast", cmd_broadcast},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         if (!strcmp(cmd, more[i].name)) return more[i].fn(argc - 1, argv + 1);

@@ -1,0 +1,184 @@
+/* task_file.c: user tasks from JSONL (hostile input: bounded lines, fields and
+ * counts; the first malformed line fails with "FILE: line N: ...") and the SFT
+ * warm-up file of a built-in task (vks_tasks.h). */
+#include "vkswarm/vks_tasks.h"
+#include "task_internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Reads one line (without LF, CR dropped) of at most max bytes into buf[max + 1];
+ * a longer line is consumed and flagged. False at EOF. */
+bool vks_task_read_line(FILE *f, char *buf, size_t max, size_t *len, bool *too_long) {
+    int ch;
+    bool any = false;
+    *len = 0;
+    *too_long = false;
+    while ((ch = getc(f)) != EOF) {
+        any = true;
+        if (ch == '\n') break;
+        if (*len >= max) *too_long = true;
+        else buf[(*len)++] = (char)ch;
+    }
+    if (*len && buf[*len - 1] == '\r') (*len)--;
+    buf[*len] = 0;
+    return any;
+}
+
+bool vks_task_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t') return false;
+    return true;
+}
+
+static const struct { const char *name; vks_verify_kind kind; } types[] = {
+    {"exact", VKS_VERIFY_EXACT},   {"boxed", VKS_VERIFY_EXACT},       {"numeric", VKS_VERIFY_NUMERIC},
+    {"list", VKS_VERIFY_LIST},     {"countdown", VKS_VERIFY_COUNTDOWN}, {"add", VKS_VERIFY_NUMERIC},
+    {"mul", VKS_VERIFY_NUMERIC},   {"sort", VKS_VERIFY_LIST},         {"reverse", VKS_VERIFY_LIST},
+};
+
+/* A string field (or, for "answer", an integer written out). */
+static int string_field(json_t *root, const char *key, char *out, size_t cap, bool required) {
+    json_t *v = json_object_get(root, key);
+    if (!v) return required ? vks_set_error(VKS_ERR_FORMAT, "missing \"%s\"", key) : VKS_OK;
+    if (json_is_integer(v) && !strcmp(key, "answer")) {
+        snprintf(out, cap, "%lld", (long long)json_integer_value(v));
+        return VKS_OK;
+    }
+    if (!json_is_string(v)) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is not a string", key);
+    size_t n = json_string_length(v);
+    if (n + 1 > cap) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" is longer than %zu bytes", key, cap - 1);
+    if (memchr(json_string_value(v), 0, n)) return vks_set_error(VKS_ERR_FORMAT, "\"%s\" holds a NUL byte", key);
+    memcpy(out, json_string_value(v), n + 1);
+    return VKS_OK;
+}
+
+static int countdown_fields(json_t *root, vks_task *t) {
+    json_t *nums = json_object_get(root, "numbers"), *target = json_object_get(root, "target");
+    if (!json_is_array(nums)) return vks_set_error(VKS_ERR_FORMAT, "countdown needs \"numbers\": [integers]");
+    if (!json_is_integer(target)) return vks_set_error(VKS_ERR_FORMAT, "countdown needs \"target\": integer");
+    size_t n = json_array_size(nums);
+    if (n < 1 || n > VKS_TASK_MAX_NUMBERS)
+        return vks_set_error(VKS_ERR_FORMAT, "\"numbers\" holds %zu entries, not 1 to %d", n, VKS_TASK_MAX_NUMBERS);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(nums, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > 1000000)
+            return vks_set_error(VKS_ERR_FORMAT, "\"numbers\"[%zu] is not an integer from 1 to 1000000", i);
+        t->numbers[i] = json_integer_value(x);
+    }
+    t->n_numbers = (int)n;
+    t->target = json_integer_value(target);
+    if (t->target < -1000000000LL || t->target > 1000000000LL)
+        return vks_set_error(VKS_ERR_FORMAT, "\"target\" is outside +-1e9");
+    return VKS_OK;
+}
+
+static int task_from_json(json_t *root, vks_task *t) {
+    if (!json_is_object(root)) return vks_set_error(VKS_ERR_FORMAT, "not a JSON object");
+    char type[32];
+    int rc = string_field(root, "task_type", type, sizeof type, true);
+    if (rc) return rc;
+    int k = -1;
+    for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++)
+        if (!strcmp(types[i].name, type)) k = i;
+    if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown)", type);
+    t->verify = types[k].kind;
+    if ((rc = string_field(root, "prompt", t->prompt, sizeof t->prompt, true))) return rc;
+    bool countdown = t->verify == VKS_VERIFY_COUNTDOWN;
+    if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, !countdown))) return rc;
+    if (countdown) return countdown_fields(root, t);
+    if (!t->answer[0]) return vks_set_error(VKS_ERR_FORMAT, "\"answer\" is empty");
+    return VKS_OK;
+}
+
+static int append_task(vks_task **tasks, int64_t *n, int64_t *cap, const vks_task *t) {
+    if (*n == *cap) {
+        if (*n >= VKS_TASK_MAX_TASKS) return vks_set_error(VKS_ERR_FORMAT, "more than %d tasks", VKS_TASK_MAX_TASKS);
+        int64_t c = *cap ? *cap * 2 : 64;
+        vks_task *p = realloc(*tasks, sizeof *p * (size_t)c);
+        if (!p) return vks_set_error(VKS_ERR_NOMEM, "out of memory for tasks");
+        *tasks = p;
+        *cap = c;
+    }
+    (*tasks)[(*n)++] = *t;
+    return VKS_OK;
+}
+
+static int load_lines(FILE *f, const char *path, char *line, vks_task **tasks, int64_t *n) {
+    int64_t cap = 0, line_no = 0;
+    size_t len;
+    bool too_long;
+    vks_task *t = malloc(sizeof *t);
+    if (!t) return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    int rc = VKS_OK;
+    while (rc == VKS_OK && vks_task_read_line(f, line, VKS_TASK_MAX_LINE, &len, &too_long)) {
+        line_no++;
+        if (too_long) rc = vks_set_error(VKS_ERR_FORMAT, "longer than %d bytes", VKS_TASK_MAX_LINE);
+        else if (vks_task_blank(line, len)) continue;
+        json_error_t err;
+        json_t *root = rc ? NULL : json_loadb(line, len, JSON_REJECT_DUPLICATES, &err);
+        if (!rc && !root) rc = vks_set_error(VKS_ERR_FORMAT, "bad JSON: %s (column %d)", err.text, err.column);
+        memset(t, 0, sizeof *t);
+        t->line = line_no;
+        if (!rc) rc = task_from_json(root, t);
+        if (!rc) rc = append_task(tasks, n, &cap, t);
+        json_decref(root);
+        if (rc) rc = vks_error_prefix(rc, "%s: line %lld", path, (long long)line_no);
+    }
+    free(t);
+    if (!rc && ferror(f)) rc = vks_set_error(VKS_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+    if (!rc && *n == 0) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", path);
+    return rc;
+}
+
+int vks_task_file_load(const char *path, vks_task **tasks, int64_t *n) {
+    if (!path || !tasks || !n) return vks_set_error(VKS_ERR_ARG, "tasks: NULL argument");
+    *tasks = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *line = malloc(VKS_TASK_MAX_LINE + 1);
+    int rc = line ? load_lines(f, path, line, tasks, n) : vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    free(line);
+    fclose(f);
+    if (rc) {
+        free(*tasks);
+        *tasks = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+/* One {"prompt","completion"} line. */
+static bool write_sft_line(FILE *f, const vks_task *t, const char *completion) {
+    json_t *o = json_pack("{s:s, s:s}", "prompt", t->prompt, "completion", completion);
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    bool ok = s && fprintf(f, "%s\n", s) > 0;
+    free(s);
+    json_decref(o);
+    return ok;
+}
+
+int vks_task_write_sft(const vks_task_spec *s, uint64_t seed, int64_t n, const char *path) {
+    if (!s || !path || n < 1 || n > UINT32_MAX) return vks_set_error(VKS_ERR_ARG, "tasks sft: bad arguments");
+    vks_outfile out;
+    int rc = vks_outfile_open(&out, path, 0666);
+    if (rc) return rc;
+    vks_task *t = malloc(sizeof *t);
+    char completion[2 * VKS_TASK_MAX_ANSWER + 256];
+    bool ok = t != NULL;
+    for (int64_t i = 0; ok && i < n; i++) {
+        rc = vks_task_generate(s, seed, (uint32_t)i, t);
+        if (!rc) rc = vks_task_worked_completion(t, completion, sizeof completion);
+        ok = !rc && write_sft_line(out.f, t, completion);
+    }
+    free(t);
+    if (rc) {
+        vks_outfile_abort(&out);
+        return rc;
+    }
+    return vks_outfile_finish(&out, ok);
+}

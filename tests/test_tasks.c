@@ -1,0 +1,335 @@
+/* Verifiable tasks (vks_tasks.h): generators against golden instances, every
+ * verifier on right, wrong, malformed and hostile completions, user task files
+ * with their line numbers, the thinking-budget reward, and a tiny model scored
+ * by generation (the same greedy results whatever the batch size). */
+#include "test_util.h"
+#include "vkswarm/vks_gpu.h"
+#include "vkswarm/vks_model.h"
+#include "vkswarm/vks_tasks.h"
+#include "vkswarm/vks_tokenizer.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static vks_task make(const char *name, uint64_t seed, uint32_t index) {
+    vks_task_spec s;
+    assert_int_equal(vks_task_parse(name, &s), VKS_OK);
+    vks_task t;
+    assert_int_equal(vks_task_generate(&s, seed, index, &t), VKS_OK);
+    return t;
+}
+
+static double score(const vks_task *t, const char *completion) { return vks_task_score(t, completion, strlen(completion)); }
+
+/* Golden instances: a change of the generators (or of Philox) shows here. */
+static void test_generators_golden(void **state) {
+    (void)state;
+    static const struct { const char *name; uint32_t index; const char *prompt, *answer; } golden[] = {
+        {"add", 0, "What is 395 + 452? End with the line answer: N\n", "847"},
+        {"add", 2, "What is 476 + 810? End with the line answer: N\n", "1286"},
+        {"mul:3", 1, "What is 818 * 342? End with the line answer: N\n", "279756"},
+        {"mul:1", 0, "What is 7 * 9? End with the line answer: N\n", "63"},
+        {"countdown", 1, "Make 8 from 17 11 10 2 with + - * / (each number at most once). End with the line answer: EXPR\n",
+         "(17+10-11)/2"},
+        {"sort", 0, "Sort ascending: 33 4 5 61 51. End with the line answer: LIST\n", "4 5 33 51 61"},
+        {"reverse:3", 1, "Reverse: 84 39 47. End with the line answer: LIST\n", "47 39 84"},
+    };
+    for (size_t i = 0; i < sizeof golden / sizeof golden[0]; i++) {
+        vks_task t = make(golden[i].name, 42, golden[i].index);
+        assert_string_equal(t.prompt, golden[i].prompt);
+        assert_string_equal(t.answer, golden[i].answer);
+    }
+    vks_task c = make("countdown", 42, 1);
+    assert_int_equal(c.n_numbers, 4);
+    assert_int_equal(c.target, 8);
+    /* a pure function of (seed, index): again the same, another seed differs */
+    vks_task a = make("add", 42, 0), b = make("add", 43, 0);
+    assert_string_equal(a.prompt, make("add", 42, 0).prompt);
+    assert_string_not_equal(a.prompt, b.prompt);
+}
+
+/* Every generated instance is solvable: its worked completion scores 1, and
+ * countdown targets are reachable with the given numbers. */
+static void test_worked_completions_solve(void **state) {
+    (void)state;
+    const char *names[] = {"add:1", "add:9", "mul:2", "mul:9", "countdown:2", "countdown", "countdown:6", "sort:16", "reverse:2"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+        for (uint32_t i = 0; i < 2000; i++) {
+            vks_task t = make(names[k], 7, i);
+            char c[1024];
+            assert_int_equal(vks_task_worked_completion(&t, c, sizeof c), VKS_OK);
+            if (score(&t, c) != 1.0) fail_msg("%s %u: %s -> %s", names[k], i, t.prompt, c);
+            if (t.verify == VKS_VERIFY_COUNTDOWN) assert_true(t.target >= 1 && t.target < 1000);
+        }
+    vks_task_spec s;
+    assert_int_equal(vks_task_parse("mul:10", &s), VKS_ERR_ARG);
+    assert_int_equal(vks_task_parse("add:", &s), VKS_ERR_ARG);
+    assert_int_equal(vks_task_parse("divide", &s), VKS_ERR_ARG);
+    assert_int_equal(vks_task_parse("sort:3x", &s), VKS_ERR_ARG);
+}
+
+static void test_extract_answer(void **state) {
+    (void)state;
+    char a[VKS_TASK_MAX_ANSWER];
+    const char *c = "answer: 1\nthinking... answer: 2\n  Answer:  3  \nmore";
+    assert_true(vks_task_extract_answer(c, strlen(c), a, sizeof a));
+    assert_string_equal(a, "3"); /* the last line starting with answer: */
+    c = "answer: 1\nso \\boxed{4{}}\n";
+    assert_true(vks_task_extract_answer(c, strlen(c), a, sizeof a));
+    assert_string_equal(a, "4{}"); /* the boxed one comes last */
+    c = "\\boxed{4}\nanswer: 5";
+    assert_true(vks_task_extract_answer(c, strlen(c), a, sizeof a));
+    assert_string_equal(a, "5");
+    assert_false(vks_task_extract_answer("the answer is 5", 15, a, sizeof a));
+    assert_false(vks_task_extract_answer("answer:   \n", 11, a, sizeof a));
+    assert_false(vks_task_extract_answer("\\boxed{5", 8, a, sizeof a));
+    char nul[] = "answer: 5\0 6";
+    assert_false(vks_task_extract_answer(nul, sizeof nul - 1, a, sizeof a));
+    char *huge = malloc(100000);
+    memcpy(huge, "answer: ", 8);
+    memset(huge + 8, '9', 100000 - 9);
+    huge[99999] = 0;
+    assert_false(vks_task_extract_answer(huge, strlen(huge), a, sizeof a)); /* longer than the answer bound */
+    free(huge);
+}
+
+static void test_numeric_and_list(void **state) {
+    (void)state;
+    vks_task t = make("add", 42, 2); /* 1286 */
+    assert_true(score(&t, "476+810\nanswer: 1286") == 1.0);
+    assert_true(score(&t, "answer: 1,286") == 1.0);
+    assert_true(score(&t, "answer: +01286.000") == 1.0);
+    assert_true(score(&t, "\\boxed{1286}") == 1.0);
+    assert_true(score(&t, "answer: 1287") == 0.0);
+    assert_true(score(&t, "answer: 1286 apples") == 0.0);
+    assert_true(score(&t, "answer: 1286.") == 0.0);
+    assert_true(score(&t, "answer: -1286") == 0.0);
+    assert_true(score(&t, "answer: 12,86,") == 0.0);
+    assert_true(score(&t, "1286") == 0.0); /* no answer line */
+    assert_true(score(&t, "answer: 1286\nanswer: 7") == 0.0); /* the last one counts */
+    assert_true(score(&t, "answer: 99999999999999999999999999999999999999999999") == 0.0);
+    vks_task s = make("sort", 42, 0); /* 4 5 33 51 61 */
+    assert_true(score(&s, "answer: 4 5 33 51 61") == 1.0);
+    assert_true(score(&s, "answer: [4, 5, 33, 51, 61]") == 1.0);
+    assert_true(score(&s, "answer: 4,5,33,51,61") == 1.0);
+    assert_true(score(&s, "answer: 4 5 33 51") == 0.0);
+    assert_true(score(&s, "answer: 4 5 33 51 61 61") == 0.0);
+    assert_true(score(&s, "answer: 5 4 33 51 61") == 0.0);
+    assert_true(score(&s, "answer: 4 5 33 51 x") == 0.0);
+    vks_task e = {.verify = VKS_VERIFY_EXACT};
+    strcpy(e.answer, "Paris  France");
+    assert_true(score(&e, "answer:  Paris France ") == 1.0);
+    assert_true(score(&e, "answer: paris France") == 0.0);
+}
+
+static void test_countdown_verifier(void **state) {
+    (void)state;
+    const int64_t nums[] = {17, 11, 10, 2};
+    assert_true(vks_task_countdown_ok("(17+10-11)/2", nums, 4, 8));
+    assert_true(vks_task_countdown_ok(" ( 17 + 10 - 11 ) / 2 = 8", nums, 4, 8));
+    assert_true(vks_task_countdown_ok("10-2", nums, 4, 8));           /* not every number needed */
+    assert_true(vks_task_countdown_ok("((17-11)*2-10)*(0+0+10)", nums, 4, 20) == false); /* 0 is not given */
+    assert_false(vks_task_countdown_ok("10-2 = 9", nums, 4, 8));      /* a wrong stated result */
+    assert_false(vks_task_countdown_ok("2+2+2+2", nums, 4, 8));       /* reused number */
+    assert_false(vks_task_countdown_ok("17/2", nums, 4, 8));          /* 8.5 */
+    assert_false(vks_task_countdown_ok("(17+11)/(10-10)", nums, 4, 8));
+    assert_false(vks_task_countdown_ok("17/(11-11)", nums, 4, 8));
+    const int64_t two[] = {2, 2, 10};
+    assert_true(vks_task_countdown_ok("10-2", two, 3, 8));
+    assert_true(vks_task_countdown_ok("10/(2/2)/2*2-2", two, 3, 8) == false); /* a third 2 */
+    assert_true(vks_task_countdown_ok("(10+2)/2", two, 3, 6));
+    const int64_t z[] = {5, 5, 3};
+    assert_false(vks_task_countdown_ok("3/(5-5)", z, 3, 0));           /* division by zero */
+    assert_true(vks_task_countdown_ok("(5-5)/3", z, 3, 0));
+    const int64_t w[] = {5, 3, 3};
+    assert_true(vks_task_countdown_ok("5/3*3", w, 3, 5)); /* exact rationals: 5/3*3 = 5 */
+    assert_false(vks_task_countdown_ok("5/3*3", z, 3, 5)); /* one 3 only */
+    /* malformed */
+    const char *bad[] = {"", "17+", "+17", "-2+10", "(10-2", "10-2)", "10--2", "10 2", "10-2x", "1e1-2", "10.0-2",
+                         "()", "10**2", "(10)(2)"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (vks_task_countdown_ok(bad[i], nums, 4, 8)) fail_msg("accepted '%s'", bad[i]);
+    /* hostile: huge literals, deep nesting, long chains, overflow */
+    assert_false(vks_task_countdown_ok("99999999999999999999999999-2", nums, 4, 8));
+    char deep[VKS_TASK_MAX_ANSWER];
+    int at = 0;
+    for (int i = 0; i < 100; i++) deep[at++] = '(';
+    at += sprintf(deep + at, "10-2");
+    for (int i = 0; i < 100; i++) deep[at++] = ')';
+    deep[at] = 0;
+    assert_false(vks_task_countdown_ok(deep, nums, 4, 8));
+    at = 0;
+    for (int i = 0; i < 20; i++) deep[at++] = '(';
+    at += sprintf(deep + at, "10-2");
+    for (int i = 0; i < 20; i++) deep[at++] = ')';
+    deep[at] = 0;
+    assert_true(vks_task_countdown_ok(deep, nums, 4, 8)); /* nesting below the bound is fine */
+    const int64_t big[] = {2147483647, 2147483647, 2147483647, 2147483647, 2147483647, 2147483647, 1, 2};
+    assert_false(vks_task_countdown_ok("2147483647*2147483647*2147483647*2147483647", big, 8, 1));
+    assert_false(vks_task_countdown_ok("1/2147483647/2147483647/2147483647-2", big, 8, 1));
+    assert_false(vks_task_countdown_ok("2147483648", big, 8, 2147483647));
+    /* through a task: the answer line */
+    vks_task t = make("countdown", 42, 1);
+    assert_true(score(&t, "I try (17+10-11)/2\nanswer: (17+10-11)/2") == 1.0);
+    assert_true(score(&t, "answer: 10-2") == 1.0);
+    assert_true(score(&t, "answer: 10+2") == 0.0);
+    assert_true(score(&t, "answer: 8") == 0.0); /* 8 is not a given number */
+}
+
+static void test_length_reward(void **state) {
+    (void)state;
+    assert_true(fabs(vks_task_length_reward(1.0, 128, 100, VKS_TASK_LENGTH_LAMBDA) - (1.0 - 28 * 3e-4)) < 1e-12);
+    assert_true(fabs(vks_task_length_reward(0.0, 64, 100, VKS_TASK_LENGTH_LAMBDA) - (-36 * 3e-4)) < 1e-12);
+    assert_true(vks_task_length_reward(1.0, 64, 64, 0.5) == 1.0);
+    vks_task t = make("add", 42, 0);
+    assert_int_equal(vks_task_add_length_target(&t, 128), VKS_OK);
+    assert_string_equal(t.prompt, "What is 395 + 452? End with the line answer: N\nThink for 128 tokens.\n");
+    assert_int_equal(vks_task_add_length_target(&t, 0), VKS_ERR_ARG);
+}
+
+static char *write_tmp(const char *name, const char *text) {
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void expect_load_error(const char *text, const char *needle) {
+    char *path = write_tmp("bad.jsonl", text);
+    vks_task *tasks = (vks_task *)1;
+    int64_t n = -1;
+    if (vks_task_file_load(path, &tasks, &n) != VKS_ERR_FORMAT) fail_msg("loaded: %s", text);
+    assert_null(tasks);
+    assert_int_equal(n, 0);
+    if (!strstr(vks_last_error(), needle)) fail_msg("'%s' lacks '%s'", vks_last_error(), needle);
+}
+
+static void test_task_file(void **state) {
+    (void)state;
+    const char *good =
+        "{\"prompt\": \"2+2?\", \"answer\": \"4\", \"task_type\": \"numeric\", \"id\": 7}\n"
+        "\n"
+        "{\"prompt\": \"Capital?\", \"answer\": \"Paris\", \"task_type\": \"boxed\"}\r\n"
+        "{\"prompt\": \"Make 8\", \"task_type\": \"countdown\", \"numbers\": [2, 10], \"target\": 8}\n"
+        "{\"prompt\": \"Sort 3 1\", \"answer\": 13, \"task_type\": \"list\"}";
+    char *path = write_tmp("good.jsonl", good);
+    vks_task *tasks = NULL;
+    int64_t n = 0;
+    if (vks_task_file_load(path, &tasks, &n)) fail_msg("%s", vks_last_error());
+    assert_int_equal(n, 4);
+    assert_int_equal(tasks[0].line, 1);
+    assert_int_equal(tasks[1].line, 3);
+    assert_int_equal(tasks[3].line, 5);
+    assert_true(score(&tasks[0], "answer: 4.0") == 1.0);
+    assert_true(score(&tasks[1], "so \\boxed{Paris}") == 1.0);
+    assert_true(score(&tasks[1], "so \\boxed{London}") == 0.0);
+    assert_true(score(&tasks[2], "answer: 10-2") == 1.0);
+    assert_true(score(&tasks[2], "answer: 10-2-2+2") == 0.0);
+    assert_true(score(&tasks[3], "answer: 13") == 1.0);
+    free(tasks);
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"b\", \"task_type\": \"exact\"}\n{\"prompt\": \"a\"", ": line 2: bad JSON");
+    expect_load_error("\n\n[1]\n", "bad.jsonl: line 3: not a JSON object");
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"b\"}\n", "line 1: missing \"task_type\"");
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"b\", \"task_type\": \"vibes\"}\n", "line 1: unknown \"task_type\"");
+    expect_load_error("{\"prompt\": 3, \"answer\": \"b\", \"task_type\": \"exact\"}\n", "line 1: \"prompt\" is not a string");
+    expect_load_error("{\"prompt\": \"a\", \"task_type\": \"exact\"}\n", "line 1: missing \"answer\"");
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"\", \"task_type\": \"exact\"}\n", "line 1: \"answer\" is empty");
+    expect_load_error("{\"prompt\": \"a\", \"task_type\": \"countdown\", \"numbers\": [1], \"target\": 1, \"answer\": 1, "
+                      "\"answer\": 2}\n", "line 1: bad JSON");
+    expect_load_error("{\"prompt\": \"a\", \"task_type\": \"countdown\", \"target\": 1}\n", "line 1: countdown needs \"numbers\"");
+    expect_load_error("{\"prompt\": \"a\", \"task_type\": \"countdown\", \"numbers\": [1,2,3,4,5,6,7,8,9], \"target\": 1}\n",
+                      "line 1: \"numbers\" holds 9 entries");
+    expect_load_error("{\"prompt\": \"a\", \"task_type\": \"countdown\", \"numbers\": [1, -2], \"target\": 1}\n",
+                      "line 1: \"numbers\"[1] is not an integer");
+    expect_load_error("{\"prompt\": \"a\\u0000b\", \"answer\": \"b\", \"task_type\": \"exact\"}\n", "line 1: bad JSON");
+    expect_load_error("", "no tasks");
+    /* bounded: a prompt over the limit, and a line over the limit */
+    size_t big = VKS_TASK_MAX_LINE + 100;
+    char *text = malloc(big + 64);
+    int at = sprintf(text, "{\"prompt\": \"a\", \"answer\": \"b\", \"task_type\": \"exact\"}\n{\"prompt\": \"");
+    memset(text + at, 'x', VKS_TASK_MAX_PROMPT + 10);
+    at += VKS_TASK_MAX_PROMPT + 10;
+    at += sprintf(text + at, "\", \"answer\": \"b\", \"task_type\": \"exact\"}\n");
+    expect_load_error(text, "line 2: \"prompt\" is longer than 4095 bytes");
+    memset(text, ' ', big);
+    text[big] = 0;
+    expect_load_error(text, "line 1: longer than 65536 bytes");
+    free(text);
+}
+
+static void test_sft_file(void **state) {
+    (void)state;
+    vks_task_spec s;
+    assert_int_equal(vks_task_parse("mul:2", &s), VKS_OK);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/sft.jsonl", tu_tmpdir());
+    assert_int_equal(vks_task_write_sft(&s, 42, 3, path), VKS_OK);
+    char *text = (char *)tu_read_file(path, NULL);
+    assert_non_null(text);
+    int lines = 0;
+    for (char *p = text; (p = strchr(p, '\n')); p++) lines++;
+    assert_int_equal(lines, 3);
+    vks_task t = make("mul:2", 42, 0);
+    char c[1024], want[4096];
+    vks_task_worked_completion(&t, c, sizeof c);
+    assert_true(score(&t, c) == 1.0);
+    assert_non_null(strstr(text, "\"prompt\":\"What is "));
+    snprintf(want, sizeof want, "\\nanswer: %s\"}\n", t.answer);
+    assert_non_null(strstr(text, want));
+    free(text);
+}
+
+/* A tiny model scored by generation: accuracy is a fraction, lengths are
+ * bounded, and greedy results do not depend on the batch size. */
+static void test_run_tiny_model(void **state) {
+    (void)state;
+    vks_gpu *g = tu_gpu_open();
+    if (!g) skip();
+    vks_model *m = NULL;
+    vks_tokenizer *tok = NULL;
+    assert_int_equal(vks_model_init_tiny(3, &m, &tok), VKS_OK);
+    vks_task tasks[5];
+    for (uint32_t i = 0; i < 5; i++) tasks[i] = make("reverse:2", 9, i);
+    vks_task_run_options o = {.samples = 2, .max_new_tokens = 12, .batch = 3, .seed = 1};
+    double r1[10], r2[10];
+    int l1[10], l2[10];
+    memset(r1, 0xff, sizeof r1);
+    memset(l1, 0xff, sizeof l1);
+    assert_int_equal(vks_task_run(g, m, tok, tasks, 5, &o, r1, l1), VKS_OK);
+    o.batch = 10;
+    assert_int_equal(vks_task_run(g, m, tok, tasks, 5, &o, r2, l2), VKS_OK);
+    for (int i = 0; i < 10; i++) {
+        assert_true(r1[i] == 0.0 || r1[i] == 1.0);
+        assert_true(l1[i] >= 0 && l1[i] <= 12);
+        assert_true(r1[i] == r2[i]);
+        assert_int_equal(l1[i], l2[i]);
+    }
+    assert_int_equal(l1[0], l1[1]); /* greedy: both samples of a task alike */
+    vks_task_spec s;
+    vks_task_parse("add:1", &s);
+    vks_task_eval_result er;
+    o.max_new_tokens = 4;
+    assert_int_equal(vks_task_eval(g, m, tok, &s, 5, 6, &o, &er), VKS_OK);
+    assert_int_equal(er.n, 6);
+    assert_true(er.accuracy >= 0 && er.accuracy <= 1);
+    assert_true(er.mean_length >= 0 && er.mean_length <= 4);
+    vks_model_free(m);
+    vks_tokenizer_free(tok);
+    vks_gpu_destroy(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generators_golden), cmocka_unit_test(test_worked_completions_solve),
+        cmocka_unit_test(test_extract_answer),    cmocka_unit_test(test_numeric_and_list),
+        cmocka_unit_test(test_countdown_verifier), cmocka_unit_test(test_length_reward),
+        cmocka_unit_test(test_task_file),         cmocka_unit_test(test_sft_file),
+        cmocka_unit_test(test_run_tiny_model),
+    };
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
