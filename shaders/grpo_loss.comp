@@ -6,6 +6,8 @@
 //   dlogp[r] = 0 where the clipped term is strictly larger (flag CLIPPED),
 //              else -w A (rho < delta ? rho : 0) / token_budget
 // flags: 1 = clipped term active, 2 = rho >= delta (ratio capped).
+// With kl_beta != 0, the k3 KL penalty to a reference model, x = ref_logp - logp:
+//   loss_r += w kl_beta (exp(x) - x - 1) / token_budget, dlogp += w kl_beta (1 - exp(x)) / token_budget
 // Rows with weight 0 (prompt tokens, rows without a target) write zeros and
 // read nothing else, so their logp/logp_old may be anything. dlogp is
 // overwritten; each row is read before it is written, so dlogp may be the
@@ -17,10 +19,11 @@ layout(std430, set = 0, binding = 0) readonly buffer LogP { float logp[]; };
 layout(std430, set = 0, binding = 1) readonly buffer LogPOld { float logp_old[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Adv { float adv[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Weight { float weight[]; };
-layout(std430, set = 0, binding = 4) buffer DLogP { float dlogp[]; };
-layout(std430, set = 0, binding = 5) writeonly buffer LossRows { float loss_rows[]; };
-layout(std430, set = 0, binding = 6) writeonly buffer Flags { uint flags[]; };
-layout(push_constant) uniform Push { uint R; float delta, lo, hi, token_budget; } pc;
+layout(std430, set = 0, binding = 4) readonly buffer RefLogP { float ref_logp[]; };
+layout(std430, set = 0, binding = 5) buffer DLogP { float dlogp[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer LossRows { float loss_rows[]; };
+layout(std430, set = 0, binding = 7) writeonly buffer Flags { uint flags[]; };
+layout(push_constant) uniform Push { uint R; float delta, lo, hi, token_budget, kl_beta; } pc;
 
 void main() {
     for (uint r = linear_invocation_id(); r < pc.R; r += total_invocations()) {
@@ -34,6 +37,11 @@ void main() {
             if (clipped > plain) f |= 1u;
             term = w * max(plain, clipped) / pc.token_budget;
             grad = (f & 1u) != 0u ? 0.0 : -w * a * dc / pc.token_budget;
+            if (pc.kl_beta != 0.0) {
+                float x = ref_logp[r] - logp[r], e = exp(x);
+                term += w * pc.kl_beta * (e - x - 1.0) / pc.token_budget;
+                grad += w * pc.kl_beta * (1.0 - e) / pc.token_budget;
+            }
         }
         dlogp[r] = grad;
         loss_rows[r] = term;

@@ -3,7 +3,8 @@
  * per case, named fields per op. Inputs cover every branch on every case:
  * ratios below 1 - eps, inside the clip range, above 1 + eps and above delta
  * (capped), advantages positive, negative and zero, masked rows (weight 0,
- * with NaN in their other inputs: never read). Outputs are poisoned with NaN
+ * with NaN in their other inputs: never read); rows with the KL penalty on
+ * (the reference logp within +-1 of logp) and off (its binding unset). Outputs are poisoned with NaN
  * before each run (the op overwrites every output); any NaN/Inf fails; every
  * case runs twice and must be bit-identical; flags must equal the reference's
  * exactly (inputs keep log-ratios at least 0.05 away from every branch edge).
@@ -34,8 +35,9 @@ struct loss_case {
     const char *name;
     void (*run)(const loss_case *tc);
     /* grpo: R rows, in_place = dlogp over logp, unit_weights = a 0/1 mask
-     * (else weights in [0.5, 1.5) with zeros), eps and the token budget */
-    struct { uint32_t R; bool in_place, unit_weights; double eps, token_budget; } grpo;
+     * (else weights in [0.5, 1.5) with zeros), eps, the token budget and
+     * kl_beta (0: the ref_logp binding is left unset) */
+    struct { uint32_t R; bool in_place, unit_weights; double eps, token_budget, kl_beta; } grpo;
     double tol;
 };
 
@@ -108,7 +110,7 @@ static double uniform(uint64_t *s, double lo, double hi) {
 
 typedef struct {
     uint32_t R;
-    float *logp, *logp_old, *adv, *weight;
+    float *logp, *logp_old, *adv, *weight, *ref;
 } grpo_inputs;
 
 /* Log-ratios logp - logp_old, one per branch: below 1 - eps, inside the
@@ -119,13 +121,14 @@ static const double log_ratios[] = {-1.2, -0.4, -0.03, 0.03, 0.3, 0.9, 1.7, 3.0}
 
 static grpo_inputs grpo_make(const loss_case *tc, uint64_t seed) {
     uint32_t R = tc->grpo.R;
-    grpo_inputs in = {R, xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4)};
+    grpo_inputs in = {R, xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4)};
     uint64_t s = seed;
     for (uint32_t r = 0; r < R; r++) {
         uint64_t kind = next_u64(&s);
         double lr = log_ratios[kind % 8] + uniform(&s, -0.02, 0.02);
         in.logp[r] = (float)uniform(&s, -8.0, -0.01);
         in.logp_old[r] = (float)(in.logp[r] - lr);
+        in.ref[r] = (float)(in.logp[r] + uniform(&s, -1.0, 1.0));
         int sign = (int)((kind >> 8) % 5); /* 0, 1: positive; 2, 3: negative; 4: zero */
         in.adv[r] = sign == 4 ? 0.0f : (float)(uniform(&s, 0.05, 2.5) * (sign < 2 ? 1 : -1));
         bool masked = R > 1 && ((kind >> 16) % 5 == 0 || r == R - 1); /* R = 1: the one row is live */
@@ -134,13 +137,16 @@ static grpo_inputs grpo_make(const loss_case *tc, uint64_t seed) {
             uint32_t nan = NAN_POISON;
             memcpy(&in.logp_old[r], &nan, 4);
             memcpy(&in.adv[r], &nan, 4);
+            memcpy(&in.ref[r], &nan, 4);
             if (r % 2) memcpy(&in.logp[r], &nan, 4);
         }
     }
     return in;
 }
 
-static void grpo_free(grpo_inputs *in) { free(in->logp); free(in->logp_old); free(in->adv); free(in->weight); }
+static void grpo_free(grpo_inputs *in) {
+    free(in->logp); free(in->logp_old); free(in->adv); free(in->weight); free(in->ref);
+}
 
 static double *to_double(const float *x, size_t n) {
     double *d = xmalloc(n * sizeof *d);
@@ -156,7 +162,8 @@ static grpo_outputs gpu_grpo(const loss_case *tc, const grpo_inputs *in, const v
     vks_buffer *adv = gpu_buffer(in->adv, bytes), *w = gpu_buffer(in->weight, bytes);
     vks_buffer *dl = tc->grpo.in_place ? lp : gpu_buffer(NULL, bytes);
     vks_buffer *loss = gpu_buffer(NULL, bytes), *flags = gpu_buffer(NULL, bytes);
-    vks_grpo_loss_rows rows = {bind(lp), bind(old), bind(adv), bind(w), bind(dl), bind(loss), bind(flags)};
+    vks_buffer *ref = h->kl_beta != 0.0 ? gpu_buffer(in->ref, bytes) : NULL;
+    vks_grpo_loss_rows rows = {bind(lp), bind(old), bind(adv), bind(w), bind(ref), bind(dl), bind(loss), bind(flags)};
     vks_cmd *c;
     assert_int_equal(vks_cmd_begin(gpu, &c), VKS_OK);
     expect_ok(vks_op_grpo_loss(ops, c, &rows, in->R, h));
@@ -165,6 +172,7 @@ static grpo_outputs gpu_grpo(const loss_case *tc, const grpo_inputs *in, const v
     vks_buffer *all[] = {lp, old, adv, w, loss, flags};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
     if (dl != lp) vks_buffer_destroy(dl);
+    if (ref) vks_buffer_destroy(ref);
     return out;
 }
 
@@ -189,14 +197,15 @@ static void expect_branches_covered(const grpo_inputs *in, const uint32_t *flags
 
 static void run_grpo(const loss_case *tc) {
     uint32_t R = tc->grpo.R;
-    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = tc->grpo.eps, .token_budget = tc->grpo.token_budget};
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = tc->grpo.eps, .token_budget = tc->grpo.token_budget,
+                              .kl_beta = tc->grpo.kl_beta};
     grpo_inputs in = grpo_make(tc, 0x5eed0000u + R);
     double *lp = to_double(in.logp, R), *old = to_double(in.logp_old, R), *adv = to_double(in.adv, R);
-    double *w = to_double(in.weight, R), *want_loss = xmalloc(R * sizeof *want_loss);
+    double *w = to_double(in.weight, R), *ref = to_double(in.ref, R), *want_loss = xmalloc(R * sizeof *want_loss);
     double *want_d = calloc(R, sizeof *want_d);
     uint32_t *want_flags = xmalloc(R * 4);
     double total;
-    assert_int_equal(vks_ref_grpo_loss(lp, old, adv, w, (int)R, &h, want_loss, want_flags, &total, want_d), VKS_OK);
+    assert_int_equal(vks_ref_grpo_loss(lp, old, adv, h.kl_beta != 0.0 ? ref : NULL, w, (int)R, &h, want_loss, want_flags, &total, want_d), VKS_OK);
     assert_true(isfinite(total));
     grpo_outputs out[2];
     for (int run = 0; run < 2; run++) out[run] = gpu_grpo(tc, &in, &h);
@@ -215,7 +224,7 @@ static void run_grpo(const loss_case *tc) {
     grpo_outputs_free(&out[0]);
     grpo_outputs_free(&out[1]);
     grpo_free(&in);
-    free(lp); free(old); free(adv); free(w); free(want_loss); free(want_d); free(want_flags);
+    free(lp); free(old); free(adv); free(w); free(ref); free(want_loss); free(want_d); free(want_flags);
 }
 
 /* Bad parameters, short bindings and outputs sharing memory are refused. */
@@ -225,15 +234,18 @@ static void run_grpo_refusals(const loss_case *tc) {
     vks_buffer *a = gpu_buffer(NULL, R * 4), *b = gpu_buffer(NULL, R * 4), *c4 = gpu_buffer(NULL, R * 4);
     vks_buffer *d = gpu_buffer(NULL, R * 4), *e = gpu_buffer(NULL, R * 4), *f = gpu_buffer(NULL, R * 4);
     vks_buffer *g = gpu_buffer(NULL, R * 4), *small = gpu_buffer(NULL, (R - 1) * 4);
-    vks_grpo_loss_rows ok = {bind(a), bind(b), bind(c4), bind(d), bind(e), bind(f), bind(g)};
+    vks_grpo_loss_rows ok = {bind(a), bind(b), bind(c4), bind(d), {NULL, 0, 0}, bind(e), bind(f), bind(g)};
     vks_grpo_loss_params h = {.delta = 4, .eps = 0.2, .token_budget = 100};
     vks_cmd *c;
     assert_int_equal(vks_cmd_begin(gpu, &c), VKS_OK);
     expect_arg_error(vks_op_grpo_loss(ops, c, &ok, 0, &h));
     expect_arg_error(vks_op_grpo_loss(ops, c, &ok, R, NULL));
     expect_arg_error(vks_op_grpo_loss(ops, c, NULL, R, &h));
-    vks_grpo_loss_params bad[] = {{4, 0.2, 0}, {4, 0.2, -1}, {4, 0.2, NAN}, {4, -0.1, 100}, {4, 1.0, 100},
-                                  {1.1, 0.2, 100}, {INFINITY, 0.2, 100}, {NAN, 0.2, 100}};
+    vks_grpo_loss_params bad[] = {{4, 0.2, 0, 0}, {4, 0.2, -1, 0}, {4, 0.2, NAN, 0}, {4, -0.1, 100, 0},
+                                  {4, 1.0, 100, 0}, {1.1, 0.2, 100, 0}, {INFINITY, 0.2, 100, 0}, {NAN, 0.2, 100, 0},
+                                  {4, 0.2, 100, -0.1},
+                                  {4, 0.2, 100, NAN}, {4, 0.2, 100, INFINITY},
+                                  {4, 0.2, 100, 0.1}}; /* KL on without a ref_logp binding */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_arg_error(vks_op_grpo_loss(ops, c, &ok, R, &bad[i]));
     vks_grpo_loss_rows r = ok;
     r.flags = bind(small); /* one value short */
@@ -251,6 +263,15 @@ static void run_grpo_refusals(const loss_case *tc) {
     r.loss_rows = r.logp;
     expect_arg_error(vks_op_grpo_loss(ops, c, &r, R, &h));
     r = ok;
+    r.ref_logp = bind(small);
+    h.kl_beta = 0.1;
+    expect_arg_error(vks_op_grpo_loss(ops, c, &r, R, &h));
+    r.ref_logp = r.flags; /* an output over the reference input */
+    expect_arg_error(vks_op_grpo_loss(ops, c, &r, R, &h));
+    r.ref_logp = r.logp; /* inputs may share memory */
+    expect_ok(vks_op_grpo_loss(ops, c, &r, R, &h));
+    h.kl_beta = 0;
+    r = ok;
     r.dlogp = r.logp; /* in place: allowed */
     expect_ok(vks_op_grpo_loss(ops, c, &r, R, &h));
     vks_cmd_discard(c);
@@ -260,17 +281,20 @@ static void run_grpo_refusals(const loss_case *tc) {
 
 /* ---- the table ---- */
 
-#define GRPO(n, R_, inplace, unit, eps_, budget) \
-    {n, run_grpo, .grpo = {R_, inplace, unit, eps_, budget}, .tol = 1e-5}
+#define GRPO(n, R_, inplace, unit, eps_, budget, kl) \
+    {n, run_grpo, .grpo = {R_, inplace, unit, eps_, budget, kl}, .tol = 1e-5}
 
 static const loss_case cases[] = {
-    GRPO("grpo R=1", 1, false, true, 0.2, 1.0),
-    GRPO("grpo R=7", 7, false, false, 0.2, 7.0),
-    GRPO("grpo R=67 mask", 67, false, true, 0.2, 64.0),
-    GRPO("grpo R=173 weights", 173, false, false, 0.2, 173.0),
-    GRPO("grpo R=173 in place", 173, true, true, 0.2, 512.0),
-    GRPO("grpo R=4099 eps 0.1", 4099, false, false, 0.1, 4096.0),
-    GRPO("grpo R=300007", 300007, false, true, 0.2, 300000.0),
+    GRPO("grpo R=1", 1, false, true, 0.2, 1.0, 0),
+    GRPO("grpo R=7", 7, false, false, 0.2, 7.0, 0),
+    GRPO("grpo R=67 mask", 67, false, true, 0.2, 64.0, 0),
+    GRPO("grpo R=173 weights", 173, false, false, 0.2, 173.0, 0),
+    GRPO("grpo R=173 in place", 173, true, true, 0.2, 512.0, 0),
+    GRPO("grpo R=4099 eps 0.1", 4099, false, false, 0.1, 4096.0, 0),
+    GRPO("grpo R=300007", 300007, false, true, 0.2, 300000.0, 0),
+    GRPO("grpo R=7 kl", 7, false, true, 0.2, 8.0, 0.5),
+    GRPO("grpo R=173 kl in place", 173, true, false, 0.2, 173.0, 0.04),
+    GRPO("grpo R=4099 kl", 4099, false, false, 0.2, 1024.0, 0.1),
     {"grpo refusals", run_grpo_refusals, .tol = 0},
 };
 

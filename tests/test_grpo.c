@@ -146,48 +146,60 @@ static const double rewards4[] = {1.0, 0.0, 0.5, 0.0};
  * 1 + eps, above delta; each >= 0.08 from an edge (f32 logp is within 2e-5). */
 static const double shifts[] = {-0.6, -0.1, 0.05, 0.4, 1.7};
 
-static void check_grpo_gradients(bool tied, int rope_mode, bool recompute) {
+/* kl_beta != 0: with the KL penalty to a reference logp within +-0.5 of logp. */
+static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, double kl_beta) {
     vks_model *m = small_model(tied, rope_mode, 29);
     group_batch gb;
     make_group(&gb, lens4, rewards4, 4, m->cfg.vocab_size, 31);
     vks_trainer *t = make_trainer(m, recompute);
     vks_train_batch b = train_batch(&gb);
-    float logp0[MAX_ROWS], logp_old[MAX_ROWS], logp[MAX_ROWS];
+    float logp0[MAX_ROWS], logp_old[MAX_ROWS], logp[MAX_ROWS], ref_logp[MAX_ROWS];
     assert_int_equal(vks_trainer_logprobs(t, &b, logp0), VKS_OK);
-    for (int i = 0, k = 0; i < gb.n; i++) logp_old[i] = gb.weight[i] ? logp0[i] - (float)shifts[k++ % 5] : NAN;
-    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 64};
+    for (int i = 0, k = 0; i < gb.n; i++) {
+        logp_old[i] = gb.weight[i] ? logp0[i] - (float)shifts[k % 5] : NAN;
+        ref_logp[i] = gb.weight[i] ? fminf(0.0f, logp0[i] + 0.5f - 0.23f * (float)(k % 5)) : NAN;
+        k += gb.weight[i] != 0;
+    }
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 64, .kl_beta = kl_beta};
     vks_grpo_stats st;
-    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, logp_old, gb.adv, &h, &st, logp), VKS_OK);
+    vks_grpo_rows rows = {logp_old, gb.adv, kl_beta != 0.0 ? ref_logp : NULL};
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st, logp), VKS_OK);
     assert_memory_equal(logp, logp0, sizeof(float) * (size_t)gb.n); /* the same forward, bit for bit */
 
     vks_ref_params *p, *g;
     assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
     assert_int_equal(vks_ref_params_create(&m->cfg, false, &g), VKS_OK);
     vks_ref_batch rb = {.tokens = gb.tokens, .n_tokens = gb.n, .seq_lens = gb.lens, .n_seqs = gb.n_seqs};
-    double ref_logp[MAX_ROWS], old[MAX_ROWS], adv[MAX_ROWS], w[MAX_ROWS], dlogp[MAX_ROWS] = {0}, ref_loss;
+    double ref_logp_d[MAX_ROWS], old[MAX_ROWS], adv[MAX_ROWS], w[MAX_ROWS], dlogp[MAX_ROWS] = {0}, ref_loss;
+    double model_logp[MAX_ROWS];
     uint32_t flags[MAX_ROWS];
     for (int i = 0; i < gb.n; i++) {
+        ref_logp_d[i] = ref_logp[i];
         old[i] = logp_old[i];
         adv[i] = gb.adv[i];
         w[i] = gb.weight[i];
     }
     vks_ref_acts *acts;
-    assert_int_equal(vks_ref_train_forward(p, &rb, ref_logp, NULL, &acts), VKS_OK);
-    assert_int_equal(vks_ref_grpo_loss(ref_logp, old, adv, w, gb.n, &h, NULL, flags, &ref_loss, dlogp), VKS_OK);
+    assert_int_equal(vks_ref_train_forward(p, &rb, model_logp, NULL, &acts), VKS_OK);
+    assert_int_equal(vks_ref_grpo_loss(model_logp, old, adv, kl_beta != 0.0 ? ref_logp_d : NULL, w, gb.n, &h, NULL,
+                                       flags, &ref_loss, dlogp), VKS_OK);
     assert_int_equal(vks_ref_train_backward(p, &rb, acts, dlogp, g), VKS_OK);
     vks_ref_acts_free(acts);
 
     int live = 0, clipped = 0, capped = 0;
-    double mismatch = 0;
+    double mismatch = 0, kl = 0;
     for (int i = 0; i < gb.n; i++) {
         if (!w[i]) continue;
         live++;
         clipped += (flags[i] & VKS_GRPO_CLIPPED) != 0;
         capped += (flags[i] & VKS_GRPO_CAPPED) != 0;
         mismatch += fabs((double)logp[i] - old[i]);
+        kl += kl_beta != 0.0 ? exp(ref_logp_d[i] - logp[i]) - (ref_logp_d[i] - logp[i]) - 1.0 : 0.0;
     }
-    fprintf(stderr, "grpo: %d live rows, loss %.6g (ref %.6g), %d clipped, %d capped, mismatch %.4f\n", st.tokens,
-            st.loss, ref_loss, st.clipped, st.capped, st.logp_mismatch);
+    fprintf(stderr, "grpo: %d live rows, loss %.6g (ref %.6g), %d clipped, %d capped, mismatch %.4f, kl %.4f\n",
+            st.tokens, st.loss, ref_loss, st.clipped, st.capped, st.logp_mismatch, st.kl);
+    assert_true(fabs(st.kl - kl / live) < 1e-9);
+    assert_true(kl_beta == 0.0 ? st.kl == 0.0 : st.kl > 0.01);
     assert_int_equal(st.tokens, live);
     assert_true(live == 4 + 6 + 3 + 5);
     assert_int_equal(st.clipped, clipped);
@@ -218,8 +230,9 @@ static void check_grpo_gradients(bool tied, int rope_mode, bool recompute) {
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
 
-static void test_gradients_untied(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_ADJACENT, false); }
-static void test_gradients_tied_recompute(void **s) { (void)s; check_grpo_gradients(true, VKS_ROPE_HALF, true); }
+static void test_gradients_untied(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_ADJACENT, false, 0); }
+static void test_gradients_tied_recompute(void **s) { (void)s; check_grpo_gradients(true, VKS_ROPE_HALF, true, 0); }
+static void test_gradients_kl(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_HALF, false, 0.2); }
 
 /* Sum of the live rows' logp of sequence q. */
 static double completion_logp(const group_batch *g, const float *logp, int q) {
@@ -247,7 +260,8 @@ static void test_step_follows_advantage(void **state) {
     assert_int_equal(vks_trainer_logprobs(t, &b, before), VKS_OK);
     vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 14};
     vks_grpo_stats st;
-    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, before, gb.adv, &h, &st, NULL), VKS_OK);
+    vks_grpo_rows rows = {before, gb.adv, NULL};
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st, NULL), VKS_OK);
     assert_int_equal(st.tokens, 14);
     assert_int_equal(st.clipped, 0);
     assert_true(st.logp_mismatch == 0.0 && st.max_mismatch == 0.0);
@@ -281,7 +295,8 @@ static void test_deterministic(void **state) {
         if (run == 0)
             for (int i = 0, k = 0; i < gb.n; i++) logp_old[i] = lp[i] - (float)shifts[k++ % 5];
         vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 32};
-        assert_int_equal(vks_trainer_accumulate_grpo(t, &b, logp_old, gb.adv, &h, &st[run], NULL), VKS_OK);
+        vks_grpo_rows rows = {logp_old, gb.adv, NULL};
+        assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st[run], NULL), VKS_OK);
         total = 0;
         for (int i = 0; i < vks_trainer_n_tensors(t); i++) {
             vks_train_tensor_info info;
@@ -316,22 +331,29 @@ static void test_bad_rows(void **state) {
     make_group(&gb, lens4, rewards4, 4, m->cfg.vocab_size, 59);
     vks_trainer *t = make_trainer(m, false);
     vks_train_batch b = train_batch(&gb);
-    float old[MAX_ROWS], adv[MAX_ROWS];
+    float old[MAX_ROWS], adv[MAX_ROWS], ref[MAX_ROWS];
     vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 32};
-    for (int i = 0; i < gb.n; i++) old[i] = gb.weight[i] ? -1.0f : NAN;
+    for (int i = 0; i < gb.n; i++) old[i] = ref[i] = gb.weight[i] ? -1.0f : NAN;
     memcpy(adv, gb.adv, sizeof adv);
     adv[0] = NAN; /* row 0 is a prompt row */
-    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, old, adv, &h, NULL, NULL), VKS_OK);
+    vks_grpo_rows rows = {old, adv, NULL};
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_OK);
     adv[PROMPT] = NAN; /* a completion row */
-    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, old, adv, &h, NULL, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
     adv[PROMPT] = 1;
     old[PROMPT] = 0.5f;
-    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, old, adv, &h, NULL, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
     old[PROMPT] = -1;
+    h.kl_beta = 0.1; /* KL on: ref_logp needed, and checked */
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    rows.ref_logp = ref;
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_OK);
+    ref[PROMPT + 1] = NAN;
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
     h.token_budget = 0;
-    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, old, adv, &h, NULL, NULL), VKS_ERR_ARG);
-    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, old, adv, NULL, NULL, NULL), VKS_ERR_ARG);
-    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, NULL, adv, &h, NULL, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, NULL, NULL, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, NULL, &h, NULL, NULL), VKS_ERR_ARG);
     vks_trainer_destroy(t);
     vks_model_free(m);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
@@ -343,6 +365,7 @@ int main(void) {
         cmocka_unit_test(test_sequence_rows),
         cmocka_unit_test(test_gradients_untied),
         cmocka_unit_test(test_gradients_tied_recompute),
+        cmocka_unit_test(test_gradients_kl),
         cmocka_unit_test(test_step_follows_advantage),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_bad_rows),

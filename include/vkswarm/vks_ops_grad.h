@@ -169,6 +169,7 @@ typedef struct {
     vks_binding logp_old;  /* f32: the policy that sampled it */
     vks_binding advantage; /* f32: the row's sequence's advantage */
     vks_binding weight;    /* f32: completion mask / weight, 0 masks the row */
+    vks_binding ref_logp;  /* f32: the reference model's (KL term); may be unset (buf NULL) when h->kl_beta == 0 */
     vks_binding dlogp;     /* f32 out: d loss / d logp */
     vks_binding loss_rows; /* f32 out: each row's loss term (already divided by the token budget) */
     vks_binding flags;     /* uint32 out: VKS_GRPO_CLIPPED | VKS_GRPO_CAPPED */

@@ -57,23 +57,30 @@ typedef struct {
     double clip_fraction; /* clipped / tokens (0 without live rows) */
     double logp_mismatch; /* mean |logp - logp_old|: the trainer's recomputation vs the sampler's record */
     double max_mismatch;  /* the largest of them */
+    double kl;            /* mean k3 KL estimate exp(x) - x - 1, x = ref_logp - logp (0 without the KL term) */
 } vks_grpo_stats;
+
+/* A GRPO micro-batch's per-row inputs, n_tokens entries each. */
+typedef struct {
+    const float *logp_old;  /* the sampling policy's log-probability of the row's target */
+    const float *advantage; /* the row's sequence's advantage */
+    const float *ref_logp;  /* the reference model's, for the KL term; read only when kl_beta != 0 */
+} vks_grpo_rows;
 
 /* Forward, INTELLECT-2's GRPO loss (vks_ref_grpo_loss: ratio cap h->delta,
  * clip h->eps, divided by h->token_budget) and backward, recorded in ONE
  * command buffer: the loss kernel reads the forward's logp and writes the
  * backward's dlogp on the device. Gradients ACCUMULATE as with
- * vks_trainer_accumulate. Per row r (n_tokens entries each): logp_old[r] the
- * log-probability the sampling policy gave row r's target (the next token),
- * advantage[r] that of r's sequence, b->weight[r] the completion mask (1 on
- * rows whose target is a completion token, 0 on prompt rows; NULL: every row
- * with a target is live). Rows without a target are never live; logp_old and
- * advantage are read only on live rows (finite, logp_old <= 0, or
- * VKS_ERR_ARG naming the row). stats and logp (this policy's log-probability
- * of each row's target, 0 where none) may be NULL. */
-int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const float *logp_old,
-                                const float *advantage, const vks_grpo_loss_params *h, vks_grpo_stats *stats,
-                                float *logp);
+ * vks_trainer_accumulate. b->weight[r] is the completion mask (1 on rows
+ * whose target is a completion token, 0 on prompt rows; NULL: every row with
+ * a target is live; vks_grpo_sequence_rows builds it); rows without a target
+ * are never live. rows' arrays are read only on live rows (finite,
+ * log-probabilities <= 0, or VKS_ERR_ARG naming the row). With h->kl_beta
+ * the KL penalty to the reference model is added (off by default). stats and
+ * logp (this policy's log-probability of each row's target, 0 where none)
+ * may be NULL. No entropy bonus (see NOTES.md). */
+int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const vks_grpo_rows *rows,
+                                const vks_grpo_loss_params *h, vks_grpo_stats *stats, float *logp);
 /* Forward only: logp[n_tokens] as above (evaluation, the RL trainer's check of
  * the inference ranks' log-probabilities). */
 int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp);
