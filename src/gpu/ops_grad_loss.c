@@ -44,7 +44,7 @@ int vks_op_grpo_loss(vks_ops *o, vks_cmd *c, const vks_grpo_loss_rows *rows, uin
     const char *op = "grpo_loss";
     if (!o || !c || !rows || !R || !grpo_params_ok(h))
         return vks_set_error(VKS_ERR_ARG, "%s: bad arguments (R=%u; needs 0 <= eps < 1, delta >= 1 + eps, "
-                             "token_budget > 0)", op, R);
+                             "token_budget > 0, kl_beta >= 0)", op, R);
     bool kl = h->kl_beta != 0.0;
     vks_binding b[N_GRPO] = {rows->logp, rows->logp_old, rows->advantage, rows->weight, rows->ref_logp,
                              rows->dlogp, rows->loss_rows, rows->flags};
