@@ -155,4 +155,26 @@ int vks_op_token_logprob(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding
 int vks_op_token_logprob_backward(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target,
                                   vks_binding dlogp, vks_binding dlogits, uint32_t R, uint32_t V, bool accumulate);
 
+/* ==== loss ops: the GRPO loss (src/gpu/ops_grad_loss.c, shaders/grpo_loss.comp) ====
+ * INTELLECT-2's GRPO loss per row, vks_ref_grpo_loss in f32 (the definition,
+ * the flags and the parameters are there), one invocation per row: every
+ * output is OVERWRITTEN (dlogp is the gradient the trainer's backward starts
+ * from, not a sum). Rows with weight 0 get dlogp 0, loss 0 and flags 0 and
+ * their other inputs are not read. Bindings of R 4-byte values each; dlogp
+ * may be logp's memory (in place); no other output may share memory with
+ * another binding (VKS_ERR_ARG). Deterministic: no reduction (the host sums
+ * loss_rows in order). */
+typedef struct {
+    vks_binding logp;      /* f32: this policy's log-probability of each row's target (the forward's) */
+    vks_binding logp_old;  /* f32: the policy that sampled it */
+    vks_binding advantage; /* f32: the row's sequence's advantage */
+    vks_binding weight;    /* f32: completion mask / weight, 0 masks the row */
+    vks_binding ref_logp;  /* f32: the reference model's (KL term); may be unset (buf NULL) when h->kl_beta == 0 */
+    vks_binding dlogp;     /* f32 out: d loss / d logp */
+    vks_binding loss_rows; /* f32 out: each row's loss term (already divided by the token budget) */
+    vks_binding flags;     /* uint32 out: VKS_GRPO_CLIPPED | VKS_GRPO_CAPPED */
+} vks_grpo_loss_rows;
+int vks_op_grpo_loss(vks_ops *o, vks_cmd *c, const vks_grpo_loss_rows *rows, uint32_t R,
+                     const vks_grpo_loss_params *h);
+
 #endif

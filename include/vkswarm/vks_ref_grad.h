@@ -85,6 +85,39 @@ int vks_ref_token_logprob_forward(const double *logits, int R, int V, const uint
 int vks_ref_token_logprob_backward(const double *logits, int R, int V, const uint32_t *target, const double *dlogp,
                                    double *dlogits);
 
+/* ---- GRPO loss (INTELLECT-2's variant) on the log-probabilities ----
+ * Per row r with weight w[r] != 0 (a completion token; 0 masks the row):
+ *   rho = exp(logp - logp_old), c = min(rho, delta)            (ratio capped at delta)
+ *   loss_r = w[r] * max(-c A, -clip(c, 1 - eps, 1 + eps) A) / token_budget
+ * summed over rows: divided by a fixed token budget per step, not averaged
+ * per sequence. The row is "clipped" when the clipped term is strictly the
+ * larger one: its gradient is then 0 (the clipped value is a constant). Else
+ * d loss_r / d logp = -w[r] A dc/dlogp / token_budget, with dc/dlogp = rho
+ * where rho < delta and 0 where the cap holds (rho >= delta).
+ * Optional KL penalty to a reference model (kl_beta > 0; off by default), the
+ * k3 estimator on the sampled token, x = ref_logp - logp:
+ *   loss_r += w[r] kl_beta (exp(x) - x - 1) / token_budget   (>= 0, 0 at x = 0)
+ *   d/dlogp += w[r] kl_beta (1 - exp(x)) / token_budget       (also on clipped rows) */
+typedef struct {
+    double delta;        /* ratio cap: 4 */
+    double eps;          /* clip range: 0.2 */
+    double token_budget; /* the step's fixed normaliser (> 0) */
+    double kl_beta;      /* KL penalty weight, >= 0; 0: off (ref_logp not read) */
+} vks_grpo_loss_params;
+#define VKS_GRPO_DELTA 4.0
+#define VKS_GRPO_EPS 0.2
+/* Per-row flags of the loss (vks_ref_grpo_loss, vks_op_grpo_loss). */
+#define VKS_GRPO_CLIPPED 1u /* the clipped term is active: no gradient */
+#define VKS_GRPO_CAPPED 2u  /* rho >= delta: the ratio was capped */
+/* ref_logp (the reference model's log-probability of each row's target) may
+ * be NULL when kl_beta is 0. loss_rows[r] (may be NULL) gets loss_r (0 on masked rows), flags[r] (may be
+ * NULL) the VKS_GRPO_* flags (0 on masked rows), *loss (may be NULL) the sum
+ * in row order; dlogp (may be NULL) ACCUMULATES d loss / d logp. weight NULL:
+ * 1 for every row. delta >= 1 + eps, 0 <= eps < 1, token_budget > 0. */
+int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
+                      const double *weight, int R, const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags, double *loss,
+                      double *dlogp);
+
 /* ---- optimizer ---- */
 typedef struct {
     double lr;           /* this step's learning rate (see vks_ref_lr_at) */

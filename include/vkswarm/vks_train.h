@@ -10,7 +10,7 @@
 #define VKS_TRAIN_H
 #include "vks_gpu.h"
 #include "vks_model.h"
-#include "vks_ref_grad.h" /* vks_adamw_params, vks_lr_schedule */
+#include "vks_ref_grad.h" /* vks_adamw_params, vks_lr_schedule, vks_grpo_loss_params */
 
 typedef enum { VKS_SET_PARAMS = 0, VKS_SET_GRADS = 1, VKS_SET_ADAM_M = 2, VKS_SET_ADAM_V = 3, VKS_SET_COUNT } vks_param_kind;
 
@@ -49,6 +49,38 @@ typedef struct {
  * loss; logp (may be NULL, n_tokens entries) each row's log-probability of
  * its target (0 where none). */
 int vks_trainer_accumulate(vks_trainer *t, const vks_train_batch *b, double *loss, float *logp);
+/* What one GRPO micro-batch reports, over its live rows (weight != 0). */
+typedef struct {
+    double loss;          /* sum of the rows' loss terms (each already divided by the token budget) */
+    int tokens;           /* live rows */
+    int clipped, capped;  /* rows with VKS_GRPO_CLIPPED (no gradient), VKS_GRPO_CAPPED (rho >= delta) */
+    double clip_fraction; /* clipped / tokens (0 without live rows) */
+    double logp_mismatch; /* mean |logp - logp_old|: the trainer's recomputation vs the sampler's record */
+    double max_mismatch;  /* the largest of them */
+    double kl;            /* mean k3 KL estimate exp(x) - x - 1, x = ref_logp - logp (0 without the KL term) */
+} vks_grpo_stats;
+
+/* A GRPO micro-batch's per-row inputs, n_tokens entries each. */
+typedef struct {
+    const float *logp_old;  /* the sampling policy's log-probability of the row's target */
+    const float *advantage; /* the row's sequence's advantage */
+    const float *ref_logp;  /* the reference model's, for the KL term; read only when kl_beta != 0 */
+} vks_grpo_rows;
+
+/* Forward, INTELLECT-2's GRPO loss (vks_ref_grpo_loss: ratio cap h->delta,
+ * clip h->eps, divided by h->token_budget) and backward, recorded in ONE
+ * command buffer: the loss kernel reads the forward's logp and writes the
+ * backward's dlogp on the device. Gradients ACCUMULATE as with
+ * vks_trainer_accumulate. b->weight[r] is the completion mask (1 on rows
+ * whose target is a completion token, 0 on prompt rows; NULL: every row with
+ * a target is live; vks_grpo_sequence_rows builds it); rows without a target
+ * are never live. rows' arrays are read only on live rows (finite,
+ * log-probabilities <= 0, or VKS_ERR_ARG naming the row). With h->kl_beta
+ * the KL penalty to the reference model is added (off by default). stats and
+ * logp (this policy's log-probability of each row's target, 0 where none)
+ * may be NULL. No entropy bonus (see NOTES.md). */
+int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const vks_grpo_rows *rows,
+                                const vks_grpo_loss_params *h, vks_grpo_stats *stats, float *logp);
 /* Forward only: logp[n_tokens] as above (evaluation, the RL trainer's check of
  * the inference ranks' log-probabilities). */
 int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp);

@@ -1,6 +1,7 @@
 /* train.c: the trainer (vks_train.h): creation with its activation store,
  * micro-batches (rows built on the host, one command buffer for forward and
- * backward), and the optimizer step (clipping and AdamW on the device). */
+ * backward; the GRPO loss computed on the device in between), and the
+ * optimizer step (clipping and AdamW on the device). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +57,8 @@ static int make_scratch(vks_trainer *t) {
         {&a->norm_scratch, vks_op_rmsnorm_backward_scratch_bytes((uint32_t)T, (uint32_t)d) / 4 + 1},
         {&a->attn_scratch, vks_op_attention_train_backward_scratch_bytes((uint32_t)T, (uint32_t)c->n_heads) / 4 + 1},
         {&a->embed_index, VKS_EMBED_GRAD_INDEX_WORDS(T)}, {&a->clip_partials, grads},
-        {&a->clip_out, 2}, {&a->one, 1},
+        {&a->clip_out, 2}, {&a->one, 1}, {&a->grpo_old, T}, {&a->grpo_adv, T}, {&a->grpo_weight, T},
+        {&a->grpo_ref, T}, {&a->grpo_loss, T}, {&a->grpo_flags, T},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         int rc = make(t, all[i].b, all[i].n);
@@ -84,7 +86,8 @@ static void free_acts(vks_trainer *t) {
     for (int l = 0; a->layer && l < (t->opt.recompute ? 1 : t->cfg.n_layers); l++) free_layer_acts(&a->layer[l]);
     vks_buffer *all[] = {a->tokens, a->pos, a->start, a->target, a->xf, a->logits, a->logp, a->dlogp, a->dres,
                          a->dxn, a->dq, a->dk, a->dv, a->datt, a->dh, a->dg, a->du, a->norm_scratch, a->attn_scratch, a->embed_index,
-                         a->clip_partials, a->clip_out, a->one};
+                         a->clip_partials, a->clip_out, a->one, a->grpo_old, a->grpo_adv, a->grpo_weight,
+                         a->grpo_ref, a->grpo_loss, a->grpo_flags};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
     free(a->x_in);
     free(a->layer);
@@ -221,31 +224,131 @@ static int read_logp(vks_trainer *t, const vks_train_batch *b, const train_rows 
     return rc;
 }
 
-static int run(vks_trainer *t, const vks_train_batch *b, bool backward, double *loss, float *logp) {
+/* A GRPO micro-batch's per-row inputs (vks_trainer_accumulate_grpo). */
+typedef struct {
+    const vks_grpo_rows *rows;
+    const vks_grpo_loss_params *h;
+    vks_grpo_stats *stats;
+} grpo_job;
+
+static bool has_kl(const grpo_job *g) { return g->h->kl_beta != 0.0; }
+
+/* The row weights the loss sees: 0 on rows without a target. */
+static float row_weight(const vks_train_batch *b, const train_rows *r, int i) {
+    return r->has_target[i] ? (b->weight ? b->weight[i] : 1.0f) : 0.0f;
+}
+
+/* Uploads weight, logp_old, advantage and (with the KL term) the reference
+ * logp; a live row (weight != 0) needs finite values, log-probabilities <= 0
+ * (a NaN there would reach every gradient). */
+static int upload_grpo(vks_trainer *t, const vks_train_batch *b, const train_rows *r, const grpo_job *g) {
+    size_t bytes = sizeof(float) * (size_t)r->n;
+    float *w = malloc(bytes), *old = malloc(bytes), *adv = malloc(bytes), *ref = malloc(bytes);
+    int rc = w && old && adv && ref ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    for (int i = 0; !rc && i < r->n; i++) {
+        w[i] = row_weight(b, r, i);
+        bool live = w[i] != 0.0f;
+        old[i] = live ? g->rows->logp_old[i] : 0.0f;
+        adv[i] = live ? g->rows->advantage[i] : 0.0f;
+        ref[i] = live && has_kl(g) ? g->rows->ref_logp[i] : 0.0f;
+        if (!isfinite(w[i]) || !isfinite(old[i]) || !isfinite(adv[i]) || !isfinite(ref[i]) || old[i] > 0.0f ||
+            ref[i] > 0.0f)
+            rc = vks_set_error(VKS_ERR_ARG, "trainer: GRPO row %d has weight %g, logp_old %g, advantage %g, ref_logp "
+                               "%g (finite, log-probabilities <= 0)", i, w[i], old[i], adv[i], ref[i]);
+    }
+    if (!rc) rc = vks_buffer_upload(t->acts.grpo_weight, 0, w, bytes);
+    if (!rc) rc = vks_buffer_upload(t->acts.grpo_old, 0, old, bytes);
+    if (!rc) rc = vks_buffer_upload(t->acts.grpo_adv, 0, adv, bytes);
+    if (!rc) rc = vks_buffer_upload(t->acts.grpo_ref, 0, ref, bytes);
+    free(w);
+    free(old);
+    free(adv);
+    free(ref);
+    return rc;
+}
+
+/* The loss kernel between forward and backward: logp -> dlogp on the device. */
+static int record_grpo(vks_trainer *t, vks_cmd *c, uint32_t n, const grpo_job *g) {
+    train_acts *a = &t->acts;
+    vks_grpo_loss_rows rows = {bind(a->logp),     bind(a->grpo_old),  bind(a->grpo_adv),  bind(a->grpo_weight),
+                               bind(a->grpo_ref), bind(a->dlogp),     bind(a->grpo_loss), bind(a->grpo_flags)};
+    return vks_op_grpo_loss(t->ops, c, &rows, n, g->h);
+}
+
+/* The statistics from logp, the loss terms and the flags, summed in row order. */
+static int read_grpo(vks_trainer *t, const vks_train_batch *b, const train_rows *r, const grpo_job *g, float *logp) {
+    size_t bytes = sizeof(float) * (size_t)r->n;
+    float *lp = logp ? logp : malloc(bytes), *loss = malloc(bytes);
+    uint32_t *flags = malloc(bytes);
+    int rc = lp && loss && flags ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    if (!rc) rc = vks_buffer_download(t->acts.logp, 0, lp, bytes);
+    if (!rc) rc = vks_buffer_download(t->acts.grpo_loss, 0, loss, bytes);
+    if (!rc) rc = vks_buffer_download(t->acts.grpo_flags, 0, flags, bytes);
+    vks_grpo_stats st = {0};
+    double mismatch = 0.0, kl = 0.0;
+    for (int i = 0; !rc && i < r->n; i++) {
+        if (!r->has_target[i]) lp[i] = 0.0f;
+        if (row_weight(b, r, i) == 0.0f) continue;
+        st.tokens++;
+        st.loss += loss[i];
+        st.clipped += (flags[i] & VKS_GRPO_CLIPPED) != 0;
+        st.capped += (flags[i] & VKS_GRPO_CAPPED) != 0;
+        double d = fabs((double)lp[i] - g->rows->logp_old[i]);
+        mismatch += d;
+        st.max_mismatch = fmax(st.max_mismatch, d);
+        if (has_kl(g)) {
+            double x = (double)g->rows->ref_logp[i] - lp[i];
+            kl += exp(x) - x - 1.0;
+        }
+    }
+    st.kl = st.tokens ? kl / st.tokens : 0.0;
+    st.clip_fraction = st.tokens ? (double)st.clipped / st.tokens : 0.0;
+    st.logp_mismatch = st.tokens ? mismatch / st.tokens : 0.0;
+    if (!rc && g->stats) *g->stats = st;
+    if (lp != logp) free(lp);
+    free(loss);
+    free(flags);
+    return rc;
+}
+
+/* One micro-batch: forward, and with backward the loss's dlogp (uploaded for
+ * the weighted log-likelihood, computed on the device for GRPO) and the
+ * backward, all in one command buffer. */
+static int run(vks_trainer *t, const vks_train_batch *b, bool backward, const grpo_job *g, double *loss, float *logp) {
     if (!t) return vks_set_error(VKS_ERR_ARG, "trainer: NULL trainer");
     train_rows r;
     uint32_t n_unique = 0;
     int rc = rows_build(t, b, &r);
     if (!rc) rc = upload_rows(t, &r);
-    if (!rc && backward) rc = upload_dlogp(t, b, &r);
+    if (!rc && g) rc = upload_grpo(t, b, &r, g);
+    if (!rc && backward && !g) rc = upload_dlogp(t, b, &r);
     if (!rc && backward) rc = upload_embed_index(t, &r, &n_unique);
     vks_cmd *c = NULL;
     if (!rc) rc = vks_cmd_begin(t->gpu, &c);
     if (!rc) rc = vks_train_record_forward(t, c, (uint32_t)r.n);
+    if (!rc && g) rc = record_grpo(t, c, (uint32_t)r.n, g);
     if (!rc && backward) rc = vks_train_record_backward(t, c, (uint32_t)r.n, n_unique);
     if (c) rc = rc ? (vks_cmd_discard(c), rc) : vks_cmd_submit(c);
-    if (!rc) rc = read_logp(t, b, &r, loss, logp);
+    if (!rc) rc = g ? read_grpo(t, b, &r, g, logp) : read_logp(t, b, &r, loss, logp);
     rows_free(&r);
     return rc;
 }
 
 int vks_trainer_accumulate(vks_trainer *t, const vks_train_batch *b, double *loss, float *logp) {
-    return run(t, b, true, loss, logp);
+    return run(t, b, true, NULL, loss, logp);
+}
+
+int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const vks_grpo_rows *rows,
+                                const vks_grpo_loss_params *h, vks_grpo_stats *stats, float *logp) {
+    if (!rows || !rows->logp_old || !rows->advantage || !h || (h->kl_beta != 0.0 && !rows->ref_logp))
+        return vks_set_error(VKS_ERR_ARG, "vks_trainer_accumulate_grpo: NULL argument (ref_logp is needed with kl_beta)");
+    grpo_job g = {rows, h, stats};
+    return run(t, b, true, &g, NULL, logp);
 }
 
 int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp) {
     if (!logp) return vks_set_error(VKS_ERR_ARG, "vks_trainer_logprobs: NULL logp");
-    return run(t, b, false, NULL, logp);
+    return run(t, b, false, NULL, NULL, logp);
 }
 
 /* top1[r] = 1 when row r's target is the argmax of its logits (lowest index on ties). */
@@ -273,7 +376,7 @@ static int read_top1(vks_trainer *t, const vks_train_batch *b, uint8_t *top1) {
 
 int vks_trainer_score(vks_trainer *t, const vks_train_batch *b, float *logp, uint8_t *top1) {
     if (!logp || !top1) return vks_set_error(VKS_ERR_ARG, "vks_trainer_score: NULL output");
-    int rc = run(t, b, false, NULL, logp);
+    int rc = run(t, b, false, NULL, NULL, logp);
     return rc ? rc : read_top1(t, b, top1);
 }
 

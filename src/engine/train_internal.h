@@ -38,6 +38,8 @@ typedef struct {
     vks_buffer *norm_scratch, *attn_scratch; /* the RMSNorm and attention backward ops' scratch */
     vks_buffer *embed_index;             /* VKS_EMBED_GRAD_INDEX_WORDS(T) uint32 */
     vks_buffer *clip_partials, *clip_out, *one; /* gradient norm: partial sums, {scale, norm}, 1.0f */
+    /* GRPO loss: per row logp_old, advantage, weight, reference logp (inputs), loss term, flags (outputs), [T] each */
+    vks_buffer *grpo_old, *grpo_adv, *grpo_weight, *grpo_ref, *grpo_loss, *grpo_flags;
     uint32_t n_partials;
 } train_acts;
 

@@ -316,6 +316,47 @@ int vks_ref_token_logprob_backward(const double *logits, int R, int V, const uin
     return VKS_OK;
 }
 
+/* ---- GRPO loss ---- */
+
+static bool grpo_params_ok(const vks_grpo_loss_params *h) {
+    return h && h->eps >= 0.0 && h->eps < 1.0 && h->delta >= 1.0 + h->eps && isfinite(h->delta) &&
+           h->token_budget > 0.0 && isfinite(h->token_budget) && h->kl_beta >= 0.0 && isfinite(h->kl_beta);
+}
+
+static double clamp(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
+                      const double *weight, int R, const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags,
+                      double *loss, double *dlogp) {
+    if (!logp || !logp_old || !advantage || R <= 0 || !grpo_params_ok(h) || (h->kl_beta != 0.0 && !ref_logp))
+        return bad_args("vks_ref_grpo_loss");
+    double total = 0.0;
+    for (int r = 0; r < R; r++) {
+        double w = weight ? weight[r] : 1.0, term = 0.0, grad = 0.0;
+        uint32_t f = 0;
+        if (w != 0.0) {
+            double a = advantage[r], rho = exp(logp[r] - logp_old[r]);
+            double c = fmin(rho, h->delta), dc = rho < h->delta ? rho : 0.0;
+            double plain = -c * a, clipped = -clamp(c, 1.0 - h->eps, 1.0 + h->eps) * a;
+            if (rho >= h->delta) f |= VKS_GRPO_CAPPED;
+            if (clipped > plain) f |= VKS_GRPO_CLIPPED;
+            term = w * fmax(plain, clipped) / h->token_budget;
+            grad = (f & VKS_GRPO_CLIPPED) ? 0.0 : -w * a * dc / h->token_budget;
+            if (h->kl_beta != 0.0) {
+                double x = ref_logp[r] - logp[r], e = exp(x);
+                term += w * h->kl_beta * (e - x - 1.0) / h->token_budget;
+                grad += w * h->kl_beta * (1.0 - e) / h->token_budget;
+            }
+        }
+        if (loss_rows) loss_rows[r] = term;
+        if (flags) flags[r] = f;
+        if (dlogp) dlogp[r] += grad;
+        total += term;
+    }
+    if (loss) *loss = total;
+    return VKS_OK;
+}
+
 /* ---- optimizer ---- */
 
 int vks_ref_adamw_step(double *params, const double *grads, double *m, double *v, size_t n,

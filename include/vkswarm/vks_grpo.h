@@ -1,0 +1,32 @@
+/* vks_grpo.h: the host side of INTELLECT-2's GRPO (src/rl/advantage.c):
+ * group-relative advantages, the online filter, and the per-row arrays the
+ * trainer's loss reads (vks_trainer_accumulate_grpo). The loss itself is
+ * vks_ref_grpo_loss / vks_op_grpo_loss; the thinking-budget reward
+ * adjustment belongs to the tasks (the rewards given here already include it). */
+#ifndef VKS_GRPO_H
+#define VKS_GRPO_H
+#include "vks_common.h"
+
+/* Added to the group's standard deviation (INTELLECT-2's value). */
+#define VKS_GRPO_STD_EPS 1e-6
+
+/* n_groups groups of G completions of one prompt each, rewards[g * G + i]:
+ * advantage[g * G + i] = (r - mean) / (std + VKS_GRPO_STD_EPS), mean and the
+ * POPULATION standard deviation (divided by G, not G - 1) of its own group,
+ * computed in double. A group whose rewards are all equal gets 0 everywhere.
+ * VKS_ERR_ARG on NULL, n_groups < 1, G < 1 or a reward that is not finite. */
+int vks_grpo_advantages(const double *rewards, int n_groups, int G, double *advantage);
+
+/* The online filter: false when the G rewards are all equal (every advantage
+ * 0: the group carries no signal and must not reach the trainer), true
+ * otherwise. G < 1 or NULL: false. */
+bool vks_grpo_group_has_signal(const double *rewards, int G);
+
+/* One packed sequence of prompt_len prompt tokens then completion_len
+ * completion tokens (prompt_len >= 1), rows [0, prompt_len + completion_len)
+ * of the arrays: weight = 1 and advantage = adv on the rows whose target is
+ * a completion token (rows prompt_len - 1 .. prompt_len + completion_len - 2),
+ * weight = 0 and advantage = 0 elsewhere (the prompt rows and the last row,
+ * which has no target). VKS_ERR_ARG on NULL or bad lengths. */
+int vks_grpo_sequence_rows(int prompt_len, int completion_len, double adv, float *advantage, float *weight);
+#endif

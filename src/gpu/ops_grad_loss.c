@@ -1,0 +1,59 @@
+/* ops_grad_loss.c: records the RL losses on the device (vks_ops_grad.h,
+ * "loss ops"): the GRPO loss and its gradient with respect to each row's
+ * log-probability, written where the trainer's backward reads it. */
+#include "ops_internal.h"
+#include "vkswarm/vks_ops_grad.h"
+
+#include <math.h>
+
+/* True when a and b expose overlapping bytes of the same buffer. */
+static bool overlap(vks_binding a, vks_binding b) {
+    if (!a.buf || a.buf != b.buf) return false;
+    size_t a_end = a.offset + vks_ops_binding_bytes(a), b_end = b.offset + vks_ops_binding_bytes(b);
+    return a.offset < b_end && b.offset < a_end;
+}
+
+static bool grpo_params_ok(const vks_grpo_loss_params *h) {
+    return h && h->eps >= 0.0 && h->eps < 1.0 && isfinite(h->delta) && h->delta >= 1.0 + h->eps &&
+           isfinite(h->token_budget) && h->token_budget > 0.0 && (float)h->token_budget > 0.0f &&
+           isfinite(h->kl_beta) && h->kl_beta >= 0.0;
+}
+
+enum { N_GRPO = 8, GRPO_REF = 4, GRPO_DLOGP = 5 }; /* bindings; ref_logp; the first output */
+
+/* Every binding holds R 4-byte values; no output shares memory with another
+ * binding, except dlogp with logp (in place). ref_logp only counts with the
+ * KL term (kl). */
+static int check_grpo(const char *op, const vks_binding *b, uint32_t R, bool kl) {
+    static const char *const what[] = {"logp", "logp_old", "advantage", "weight", "ref_logp",
+                                       "dlogp", "loss_rows", "flags"};
+    for (int i = 0; i < N_GRPO; i++) {
+        if (i == GRPO_REF && !kl) continue;
+        int rc = vks_ops_check_range(op, what[i], b[i], R, 4);
+        if (rc) return rc;
+    }
+    for (int out = GRPO_DLOGP; out < N_GRPO; out++)
+        for (int i = 0; i < N_GRPO; i++)
+            if (i != out && !(out == GRPO_DLOGP && i == 0) && (kl || i != GRPO_REF) && overlap(b[out], b[i]))
+                return vks_set_error(VKS_ERR_ARG, "%s: %s shares memory with %s", op, what[out], what[i]);
+    return VKS_OK;
+}
+
+int vks_op_grpo_loss(vks_ops *o, vks_cmd *c, const vks_grpo_loss_rows *rows, uint32_t R,
+                     const vks_grpo_loss_params *h) {
+    const char *op = "grpo_loss";
+    if (!o || !c || !rows || !R || !grpo_params_ok(h))
+        return vks_set_error(VKS_ERR_ARG, "%s: bad arguments (R=%u; needs 0 <= eps < 1, delta >= 1 + eps, "
+                             "token_budget > 0, kl_beta >= 0)", op, R);
+    bool kl = h->kl_beta != 0.0;
+    vks_binding b[N_GRPO] = {rows->logp, rows->logp_old, rows->advantage, rows->weight, rows->ref_logp,
+                             rows->dlogp, rows->loss_rows, rows->flags};
+    int rc = check_grpo(op, b, R, kl);
+    if (rc) return rc;
+    if (!kl) b[GRPO_REF] = rows->logp; /* not read: logp stands in for a binding that may be unset */
+    struct { uint32_t R; float delta, lo, hi, token_budget, kl_beta; } push = {
+        R, (float)h->delta, (float)(1.0 - h->eps), (float)(1.0 + h->eps), (float)h->token_budget, (float)h->kl_beta};
+    uint32_t spec[] = {o->wg_elementwise};
+    return vks_ops_dispatch(o, c, "grpo_loss", spec, 1, b, N_GRPO, &push, sizeof push,
+                            ceil_div(R, o->wg_elementwise), op);
+}

@@ -1,0 +1,374 @@
+/* test_grpo: GRPO on the GPU trainer (vks_trainer_accumulate_grpo) and its
+ * host side (vks_grpo.h): group advantages and the online filter by hand;
+ * the whole-model gradient of the GRPO loss against the float64 model
+ * reference (vks_ref_grpo_loss's dlogp through vks_ref_train_backward) by
+ * tensor name, with ratios in every branch; one step from logp_old == logp
+ * raises the positive-advantage completion and lowers the other; reruns are
+ * bit-identical; bad rows are refused. */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vkswarm/vks_gpu.h"
+#include "vkswarm/vks_grpo.h"
+#include "vkswarm/vks_model.h"
+#include "vkswarm/vks_ref_train.h"
+#include "vkswarm/vks_train.h"
+
+static vks_gpu *gpu;
+
+static int setup(void **state) {
+    (void)state;
+    return (gpu = tu_gpu_open()) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    vks_gpu_destroy(gpu);
+    return 0;
+}
+
+/* ---- advantages and the filter ---- */
+
+static void test_advantages(void **state) {
+    (void)state;
+    /* group 0: mean 0.5, population std 0.5 (the sample std would be 0.577);
+     * group 1: all equal; group 2: {0, 1}: population std 0.5 (sample: 0.707) */
+    double r[] = {1, 0, 0, 1, 0.3, 0.3, 0.3, 0.3, 0, 1, 0, 1};
+    double a[12];
+    assert_int_equal(vks_grpo_advantages(r, 3, 4, a), VKS_OK);
+    double unit = 0.5 / (0.5 + 1e-6);
+    double want[] = {unit, -unit, -unit, unit, 0, 0, 0, 0, -unit, unit, -unit, unit};
+    for (int i = 0; i < 12; i++) assert_true(fabs(a[i] - want[i]) < 1e-12);
+    assert_true(vks_grpo_group_has_signal(r, 4));
+    assert_false(vks_grpo_group_has_signal(r + 4, 4));
+    assert_true(vks_grpo_group_has_signal(r + 8, 4));
+    assert_false(vks_grpo_group_has_signal(r, 1)); /* one completion: nothing to compare */
+    double r3[] = {2.0, -1.0, 0.5};              /* mean 0.5, std sqrt(1.5) */
+    assert_int_equal(vks_grpo_advantages(r3, 1, 3, a), VKS_OK);
+    assert_true(fabs(a[0] - 1.5 / (sqrt(1.5) + 1e-6)) < 1e-12 && fabs(a[2]) < 1e-12);
+    double bad[] = {0, NAN};
+    assert_int_equal(vks_grpo_advantages(bad, 1, 2, a), VKS_ERR_ARG);
+    assert_int_equal(vks_grpo_advantages(r, 0, 4, a), VKS_ERR_ARG);
+    assert_int_equal(vks_grpo_advantages(r, 1, 0, a), VKS_ERR_ARG);
+}
+
+static void test_sequence_rows(void **state) {
+    (void)state;
+    float adv[7], w[7];
+    assert_int_equal(vks_grpo_sequence_rows(3, 4, -0.5, adv, w), VKS_OK);
+    float want_w[] = {0, 0, 1, 1, 1, 1, 0}; /* rows 2..5 predict the 4 completion tokens */
+    for (int i = 0; i < 7; i++) {
+        assert_true(w[i] == want_w[i]);
+        assert_true(adv[i] == (want_w[i] ? -0.5f : 0.0f));
+    }
+    assert_int_equal(vks_grpo_sequence_rows(0, 4, 1, adv, w), VKS_ERR_ARG);
+    assert_int_equal(vks_grpo_sequence_rows(3, -1, 1, adv, w), VKS_ERR_ARG);
+}
+
+/* ---- the trainer ---- */
+
+static vks_model *small_model(bool tied, int rope_mode, uint64_t seed) {
+    vks_model_config c = {.dim = 48, .hidden_dim = 72, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                          .vocab_size = 67, .seq_len = 32, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+                          .rope_mode = rope_mode, .shared_classifier = tied};
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_random(&c, seed, &m), VKS_OK);
+    return m;
+}
+
+static vks_trainer *make_trainer(const vks_model *m, bool recompute) {
+    vks_trainer_options o = {.max_tokens = 48, .recompute = recompute};
+    vks_trainer *t = NULL;
+    if (vks_trainer_create(gpu, m, &o, &t)) fprintf(stderr, "vks_trainer_create: %s\n", vks_last_error());
+    assert_non_null(t);
+    return t;
+}
+
+/* A group of G completions of one prompt, packed: sequence s is the prompt
+ * then completion s; per-row advantage and completion mask. */
+enum { MAX_ROWS = 48, PROMPT = 5 };
+typedef struct {
+    int32_t tokens[MAX_ROWS];
+    int lens[8], n_seqs, n;
+    float adv[MAX_ROWS], weight[MAX_ROWS];
+} group_batch;
+
+static void make_group(group_batch *g, const int *completion_lens, const double *rewards, int G, int vocab,
+                       uint64_t seed) {
+    memset(g, 0, sizeof *g);
+    double adv[8];
+    assert_int_equal(vks_grpo_advantages(rewards, 1, G, adv), VKS_OK);
+    int32_t prompt[PROMPT];
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int i = 0; i < PROMPT; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[i] = (int32_t)((s >> 33) % (uint64_t)vocab);
+    }
+    for (int q = 0; q < G; q++) {
+        int start = g->n, len = PROMPT + completion_lens[q];
+        assert_true(start + len <= MAX_ROWS);
+        memcpy(g->tokens + start, prompt, sizeof prompt);
+        for (int i = PROMPT; i < len; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            g->tokens[start + i] = (int32_t)((s >> 33) % (uint64_t)vocab);
+        }
+        assert_int_equal(vks_grpo_sequence_rows(PROMPT, completion_lens[q], adv[q], g->adv + start, g->weight + start),
+                         VKS_OK);
+        g->lens[q] = len;
+        g->n += len;
+    }
+    g->n_seqs = G;
+}
+
+static vks_train_batch train_batch(const group_batch *g) {
+    return (vks_train_batch){.tokens = g->tokens, .n_tokens = g->n, .seq_lens = g->lens, .n_seqs = g->n_seqs,
+                             .weight = g->weight};
+}
+
+/* Largest |a - ref| relative to the largest |ref| of a tensor (plus a floor). */
+static double tensor_error(const float *a, const double *ref, size_t n) {
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (!(d <= err)) err = d; /* NaN propagates */
+        if (fabs(ref[i]) > scale) scale = fabs(ref[i]);
+    }
+    return err / (scale + 1e-6);
+}
+
+static const int lens4[] = {4, 6, 3, 5};
+static const double rewards4[] = {1.0, 0.0, 0.5, 0.0};
+/* logp - logp_old of the live rows in turn: below 1 - eps, inside, above
+ * 1 + eps, above delta; each >= 0.08 from an edge (f32 logp is within 2e-5). */
+static const double shifts[] = {-0.6, -0.1, 0.05, 0.4, 1.7};
+
+/* kl_beta != 0: with the KL penalty to a reference logp within +-0.5 of logp. */
+static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, double kl_beta) {
+    vks_model *m = small_model(tied, rope_mode, 29);
+    group_batch gb;
+    make_group(&gb, lens4, rewards4, 4, m->cfg.vocab_size, 31);
+    vks_trainer *t = make_trainer(m, recompute);
+    vks_train_batch b = train_batch(&gb);
+    float logp0[MAX_ROWS], logp_old[MAX_ROWS], logp[MAX_ROWS], ref_logp[MAX_ROWS];
+    assert_int_equal(vks_trainer_logprobs(t, &b, logp0), VKS_OK);
+    for (int i = 0, k = 0; i < gb.n; i++) {
+        logp_old[i] = gb.weight[i] ? logp0[i] - (float)shifts[k % 5] : NAN;
+        ref_logp[i] = gb.weight[i] ? fminf(0.0f, logp0[i] + 0.5f - 0.23f * (float)(k % 5)) : NAN;
+        k += gb.weight[i] != 0;
+    }
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 64, .kl_beta = kl_beta};
+    vks_grpo_stats st;
+    vks_grpo_rows rows = {logp_old, gb.adv, kl_beta != 0.0 ? ref_logp : NULL};
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st, logp), VKS_OK);
+    assert_memory_equal(logp, logp0, sizeof(float) * (size_t)gb.n); /* the same forward, bit for bit */
+
+    vks_ref_params *p, *g;
+    assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+    assert_int_equal(vks_ref_params_create(&m->cfg, false, &g), VKS_OK);
+    vks_ref_batch rb = {.tokens = gb.tokens, .n_tokens = gb.n, .seq_lens = gb.lens, .n_seqs = gb.n_seqs};
+    double ref_logp_d[MAX_ROWS], old[MAX_ROWS], adv[MAX_ROWS], w[MAX_ROWS], dlogp[MAX_ROWS] = {0}, ref_loss;
+    double model_logp[MAX_ROWS];
+    uint32_t flags[MAX_ROWS];
+    for (int i = 0; i < gb.n; i++) {
+        ref_logp_d[i] = ref_logp[i];
+        old[i] = logp_old[i];
+        adv[i] = gb.adv[i];
+        w[i] = gb.weight[i];
+    }
+    vks_ref_acts *acts;
+    assert_int_equal(vks_ref_train_forward(p, &rb, model_logp, NULL, &acts), VKS_OK);
+    assert_int_equal(vks_ref_grpo_loss(model_logp, old, adv, kl_beta != 0.0 ? ref_logp_d : NULL, w, gb.n, &h, NULL,
+                                       flags, &ref_loss, dlogp), VKS_OK);
+    assert_int_equal(vks_ref_train_backward(p, &rb, acts, dlogp, g), VKS_OK);
+    vks_ref_acts_free(acts);
+
+    int live = 0, clipped = 0, capped = 0;
+    double mismatch = 0, kl = 0;
+    for (int i = 0; i < gb.n; i++) {
+        if (!w[i]) continue;
+        live++;
+        clipped += (flags[i] & VKS_GRPO_CLIPPED) != 0;
+        capped += (flags[i] & VKS_GRPO_CAPPED) != 0;
+        mismatch += fabs((double)logp[i] - old[i]);
+        kl += kl_beta != 0.0 ? exp(ref_logp_d[i] - logp[i]) - (ref_logp_d[i] - logp[i]) - 1.0 : 0.0;
+    }
+    fprintf(stderr, "grpo: %d live rows, loss %.6g (ref %.6g), %d clipped, %d capped, mismatch %.4f, kl %.4f\n",
+            st.tokens, st.loss, ref_loss, st.clipped, st.capped, st.logp_mismatch, st.kl);
+    assert_true(fabs(st.kl - kl / live) < 1e-9);
+    assert_true(kl_beta == 0.0 ? st.kl == 0.0 : st.kl > 0.01);
+    assert_int_equal(st.tokens, live);
+    assert_true(live == 4 + 6 + 3 + 5);
+    assert_int_equal(st.clipped, clipped);
+    assert_int_equal(st.capped, capped);
+    assert_true(clipped > 0 && capped > 0 && clipped < live);
+    assert_true(fabs(st.clip_fraction - (double)clipped / live) < 1e-12);
+    assert_true(fabs(st.logp_mismatch - mismatch / live) < 1e-9);
+    assert_true(fabs(st.loss - ref_loss) <= 1e-5 * (fabs(ref_loss) + 1e-3));
+
+    assert_int_equal(vks_trainer_n_tensors(t), g->n_tensors);
+    for (int i = 0; i < g->n_tensors; i++) {
+        vks_train_tensor_info info;
+        assert_int_equal(vks_trainer_tensor_info(t, i, &info), VKS_OK);
+        assert_string_equal(info.name, g->tensors[i].name);
+        size_t n = (size_t)(info.rows * info.cols);
+        float *grad = malloc(n * sizeof *grad);
+        assert_int_equal(vks_trainer_read(t, VKS_SET_GRADS, i, grad), VKS_OK);
+        assert_false(tu_has_nonfinite(grad, n));
+        double err = tensor_error(grad, g->tensors[i].data, n);
+        if (err > 1e-4) fprintf(stderr, "gradient of %s: relative error %.3g\n", info.name, err);
+        assert_true(err <= 1e-4);
+        free(grad);
+    }
+    vks_ref_params_free(p);
+    vks_ref_params_free(g);
+    vks_trainer_destroy(t);
+    vks_model_free(m);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+static void test_gradients_untied(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_ADJACENT, false, 0); }
+static void test_gradients_tied_recompute(void **s) { (void)s; check_grpo_gradients(true, VKS_ROPE_HALF, true, 0); }
+static void test_gradients_kl(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_HALF, false, 0.2); }
+
+/* Sum of the live rows' logp of sequence q. */
+static double completion_logp(const group_batch *g, const float *logp, int q) {
+    int start = 0;
+    for (int i = 0; i < q; i++) start += g->lens[i];
+    double sum = 0;
+    for (int r = start; r < start + g->lens[q]; r++)
+        if (g->weight[r]) sum += logp[r];
+    return sum;
+}
+
+/* From logp_old == logp, one AdamW step on two completions with rewards
+ * {1, 0} (advantages +-1): the first completion becomes more likely, the
+ * second less; nothing is clipped and the mismatch is exactly 0. */
+static void test_step_follows_advantage(void **state) {
+    (void)state;
+    vks_model *m = small_model(false, VKS_ROPE_HALF, 37);
+    static const int lens[] = {7, 7};
+    static const double rewards[] = {1.0, 0.0};
+    group_batch gb;
+    make_group(&gb, lens, rewards, 2, m->cfg.vocab_size, 41);
+    vks_trainer *t = make_trainer(m, false);
+    vks_train_batch b = train_batch(&gb);
+    float before[MAX_ROWS], after[MAX_ROWS];
+    assert_int_equal(vks_trainer_logprobs(t, &b, before), VKS_OK);
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 14};
+    vks_grpo_stats st;
+    vks_grpo_rows rows = {before, gb.adv, NULL};
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st, NULL), VKS_OK);
+    assert_int_equal(st.tokens, 14);
+    assert_int_equal(st.clipped, 0);
+    assert_true(st.logp_mismatch == 0.0 && st.max_mismatch == 0.0);
+    /* at rho = 1 the loss is -sum A / budget = 0 for two opposite advantages */
+    assert_true(fabs(st.loss) < 1e-6);
+    vks_adamw_params adamw = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0};
+    assert_int_equal(vks_trainer_step(t, &adamw, 0, NULL), VKS_OK);
+    assert_int_equal(vks_trainer_logprobs(t, &b, after), VKS_OK);
+    double up = completion_logp(&gb, after, 0) - completion_logp(&gb, before, 0);
+    double down = completion_logp(&gb, after, 1) - completion_logp(&gb, before, 1);
+    fprintf(stderr, "one step: A>0 completion logp %+.4f, A<0 completion %+.4f\n", up, down);
+    assert_true(up > 0 && down < 0);
+    vks_trainer_destroy(t);
+    vks_model_free(m);
+}
+
+/* The same batch twice on fresh trainers: bit-identical gradients and stats. */
+static void test_deterministic(void **state) {
+    (void)state;
+    vks_model *m = small_model(true, VKS_ROPE_ADJACENT, 43);
+    group_batch gb;
+    make_group(&gb, lens4, rewards4, 4, m->cfg.vocab_size, 47);
+    vks_train_batch b = train_batch(&gb);
+    float *grads[2] = {NULL, NULL}, logp_old[MAX_ROWS];
+    vks_grpo_stats st[2];
+    size_t total = 0;
+    for (int run = 0; run < 2; run++) {
+        vks_trainer *t = make_trainer(m, run == 1); /* recompute changes nothing either */
+        float lp[MAX_ROWS];
+        assert_int_equal(vks_trainer_logprobs(t, &b, lp), VKS_OK);
+        if (run == 0)
+            for (int i = 0, k = 0; i < gb.n; i++) logp_old[i] = lp[i] - (float)shifts[k++ % 5];
+        vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 32};
+        vks_grpo_rows rows = {logp_old, gb.adv, NULL};
+        assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st[run], NULL), VKS_OK);
+        total = 0;
+        for (int i = 0; i < vks_trainer_n_tensors(t); i++) {
+            vks_train_tensor_info info;
+            assert_int_equal(vks_trainer_tensor_info(t, i, &info), VKS_OK);
+            total += (size_t)(info.rows * info.cols);
+        }
+        grads[run] = malloc(total * sizeof(float));
+        for (int i = 0, off = 0; i < vks_trainer_n_tensors(t); i++) {
+            vks_train_tensor_info info;
+            assert_int_equal(vks_trainer_tensor_info(t, i, &info), VKS_OK);
+            assert_int_equal(vks_trainer_read(t, VKS_SET_GRADS, i, grads[run] + off), VKS_OK);
+            off += (int)(info.rows * info.cols);
+        }
+        vks_trainer_destroy(t);
+    }
+    assert_false(tu_has_nonfinite(grads[0], total));
+    assert_memory_equal(grads[0], grads[1], total * sizeof(float));
+    assert_true(st[0].tokens == st[1].tokens && st[0].clipped == st[1].clipped && st[0].capped == st[1].capped);
+    assert_memory_equal(&st[0].loss, &st[1].loss, sizeof st[0].loss);
+    assert_memory_equal(&st[0].logp_mismatch, &st[1].logp_mismatch, sizeof st[0].logp_mismatch);
+    free(grads[0]);
+    free(grads[1]);
+    vks_model_free(m);
+}
+
+/* NaN or positive logp_old and NaN advantages on a live row are refused;
+ * on a masked row they are never read. */
+static void test_bad_rows(void **state) {
+    (void)state;
+    vks_model *m = small_model(false, VKS_ROPE_ADJACENT, 53);
+    group_batch gb;
+    make_group(&gb, lens4, rewards4, 4, m->cfg.vocab_size, 59);
+    vks_trainer *t = make_trainer(m, false);
+    vks_train_batch b = train_batch(&gb);
+    float old[MAX_ROWS], adv[MAX_ROWS], ref[MAX_ROWS];
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 32};
+    for (int i = 0; i < gb.n; i++) old[i] = ref[i] = gb.weight[i] ? -1.0f : NAN;
+    memcpy(adv, gb.adv, sizeof adv);
+    adv[0] = NAN; /* row 0 is a prompt row */
+    vks_grpo_rows rows = {old, adv, NULL};
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_OK);
+    adv[PROMPT] = NAN; /* a completion row */
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    adv[PROMPT] = 1;
+    old[PROMPT] = 0.5f;
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    old[PROMPT] = -1;
+    h.kl_beta = 0.1; /* KL on: ref_logp needed, and checked */
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    rows.ref_logp = ref;
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_OK);
+    ref[PROMPT + 1] = NAN;
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    h.token_budget = 0;
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, NULL, NULL, NULL), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, NULL, &h, NULL, NULL), VKS_ERR_ARG);
+    vks_trainer_destroy(t);
+    vks_model_free(m);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_advantages),
+        cmocka_unit_test(test_sequence_rows),
+        cmocka_unit_test(test_gradients_untied),
+        cmocka_unit_test(test_gradients_tied_recompute),
+        cmocka_unit_test(test_gradients_kl),
+        cmocka_unit_test(test_step_follows_advantage),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_bad_rows),
+    };
+    return cmocka_run_group_tests_name("grpo", tests, setup, teardown);
+}
