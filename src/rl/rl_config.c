@@ -193,7 +193,7 @@ static int json_rank_array(json_t *a, int *list, int *n, const char *what, const
     size_t i;
     json_t *v;
     json_array_foreach(a, i, v) {
-        long r;
+        long r = -1;
         int rc = json_rank(v, &r, what, path);
         if (!rc) rc = add_rank(list, n, r, what, path);
         if (rc) return rc;
@@ -211,7 +211,7 @@ static int json_groups(vks_rl_config *c, json_t *a, const char *path) {
             return vks_set_error(VKS_ERR_FORMAT, "%s: roles.inference[%zu] must be a non-empty array of ranks", path, i);
         int rc = start_group(c, path);
         json_array_foreach(g, j, v) {
-            long r;
+            long r = -1;
             if (!rc) rc = json_rank(v, &r, "roles.inference", path);
             if (!rc) rc = add_inference_rank(c, r, path);
         }
@@ -226,7 +226,7 @@ static int json_roles(vks_rl_config *c, json_t *o, const char *path) {
     const char *k;
     json_t *v;
     json_object_foreach(o, k, v) {
-        long r;
+        long r = -1;
         int rc;
         if (!strcmp(k, "trainer") || !strcmp(k, "orchestrator")) {
             rc = json_rank(v, &r, k, path);
