@@ -314,7 +314,26 @@ static int read_grpo(vks_trainer *t, const vks_train_batch *b, const train_rows 
 /* One micro-batch: forward, and with backward the loss's dlogp (uploaded for
  * the weighted log-likelihood, computed on the device for GRPO) and the
  * backward, all in one command buffer. */
-static int run(vks_trainer *t, const vks_train_batch *b, bool backward, const grpo_job *g, double *loss, float *logp) {
+/* top1[r] = 1 when row r's target is the argmax of its logits (lowest index
+ * on ties); the rows' targets are the ones rows_build derived. */
+static int read_top1(vks_trainer *t, const train_rows *r, uint8_t *top1) {
+    size_t V = (size_t)t->cfg.vocab_size;
+    float *logits = malloc(sizeof *logits * V * (size_t)r->n);
+    if (!logits) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    int rc = vks_buffer_download(t->acts.logits, 0, logits, sizeof *logits * V * (size_t)r->n);
+    for (int i = 0; !rc && i < r->n; i++) {
+        const float *row = logits + V * (size_t)i;
+        size_t best = 0;
+        for (size_t v = 1; v < V; v++)
+            if (row[v] > row[best]) best = v;
+        top1[i] = r->has_target[i] && (int32_t)best == r->target[i];
+    }
+    free(logits);
+    return rc;
+}
+
+static int run(vks_trainer *t, const vks_train_batch *b, bool backward, const grpo_job *g, double *loss, float *logp,
+               uint8_t *top1) {
     if (!t) return vks_set_error(VKS_ERR_ARG, "trainer: NULL trainer");
     train_rows r;
     uint32_t n_unique = 0;
@@ -330,12 +349,13 @@ static int run(vks_trainer *t, const vks_train_batch *b, bool backward, const gr
     if (!rc && backward) rc = vks_train_record_backward(t, c, (uint32_t)r.n, n_unique);
     if (c) rc = rc ? (vks_cmd_discard(c), rc) : vks_cmd_submit(c);
     if (!rc) rc = g ? read_grpo(t, b, &r, g, logp) : read_logp(t, b, &r, loss, logp);
+    if (!rc && top1) rc = read_top1(t, &r, top1);
     rows_free(&r);
     return rc;
 }
 
 int vks_trainer_accumulate(vks_trainer *t, const vks_train_batch *b, double *loss, float *logp) {
-    return run(t, b, true, NULL, loss, logp);
+    return run(t, b, true, NULL, loss, logp, NULL);
 }
 
 int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const vks_grpo_rows *rows,
@@ -343,41 +363,17 @@ int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const 
     if (!rows || !rows->logp_old || !rows->advantage || !h || (h->kl_beta != 0.0 && !rows->ref_logp))
         return vks_set_error(VKS_ERR_ARG, "vks_trainer_accumulate_grpo: NULL argument (ref_logp is needed with kl_beta)");
     grpo_job g = {rows, h, stats};
-    return run(t, b, true, &g, NULL, logp);
+    return run(t, b, true, &g, NULL, logp, NULL);
 }
 
 int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp) {
     if (!logp) return vks_set_error(VKS_ERR_ARG, "vks_trainer_logprobs: NULL logp");
-    return run(t, b, false, NULL, NULL, logp);
-}
-
-/* top1[r] = 1 when row r's target is the argmax of its logits (lowest index on ties). */
-static int read_top1(vks_trainer *t, const vks_train_batch *b, uint8_t *top1) {
-    size_t V = (size_t)t->cfg.vocab_size, n = (size_t)b->n_tokens;
-    float *row = malloc(sizeof *row * V);
-    if (!row) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    int rc = VKS_OK;
-    int one_len = b->n_tokens, n_seqs = b->n_seqs ? b->n_seqs : 1, r = 0;
-    const int *lens = b->n_seqs ? b->seq_lens : &one_len;
-    for (int s = 0; !rc && s < n_seqs; s++)
-        for (int i = 0; !rc && i < lens[s]; i++, r++) {
-            top1[r] = 0;
-            if (i + 1 == lens[s]) continue; /* no target */
-            rc = vks_buffer_download(t->acts.logits, sizeof *row * V * (size_t)r, row, sizeof *row * V);
-            size_t best = 0;
-            for (size_t v = 1; v < V; v++)
-                if (row[v] > row[best]) best = v;
-            top1[r] = (int32_t)best == b->tokens[r + 1];
-        }
-    (void)n;
-    free(row);
-    return rc;
+    return run(t, b, false, NULL, NULL, logp, NULL);
 }
 
 int vks_trainer_score(vks_trainer *t, const vks_train_batch *b, float *logp, uint8_t *top1) {
     if (!logp || !top1) return vks_set_error(VKS_ERR_ARG, "vks_trainer_score: NULL output");
-    int rc = run(t, b, false, NULL, NULL, logp);
-    return rc ? rc : read_top1(t, b, top1);
+    return run(t, b, false, NULL, NULL, logp, top1);
 }
 
 /* ---- the optimizer step ---- */

@@ -77,10 +77,6 @@ static void run_free(sft_run *s) {
     vks_model_free(s->own_model);
 }
 
-static void hex(const uint8_t *b, size_t n, char *out) {
-    for (size_t i = 0; i < n; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
-}
-
 /* Copies one parameter set between the trainer and a checkpoint block (by name). */
 static int move_set(sft_run *s, vks_param_kind set, float *block, bool to_block) {
     for (int i = 0; i < s->layout->n_tensors; i++) {
@@ -108,7 +104,7 @@ static int save_checkpoint(sft_run *s, int64_t step, const vks_adamw_params *h, 
     c.state = (vks_ckpt_state){.step = step, .tokens_seen = s->tokens_seen, .seed = o->seed, .adam = *h,
                                .schedule = o->schedule, .grad_clip = o->grad_clip};
     vks_sft_batcher_position(s->batcher, &c.state.data);
-    hex(s->data_hash, sizeof s->data_hash, c.state.data_hash);
+    vks_hash_hex(s->data_hash, c.state.data_hash);
     if (!rc) rc = vks_checkpoint_step_dir(o->out_dir, step, dir, cap);
     if (!rc) rc = vks_checkpoint_save(dir, &c);
     if (!rc && o->keep > 0) rc = vks_checkpoint_prune(o->out_dir, o->keep, NULL);
@@ -137,7 +133,7 @@ static int open_start(sft_run *s, vks_checkpoint **ck, int64_t *resumed_from) {
 
 static int apply_checkpoint(sft_run *s, const vks_checkpoint *ck) {
     char want[65];
-    hex(s->data_hash, sizeof s->data_hash, want);
+    vks_hash_hex(s->data_hash, want);
     if (ck->state.data_hash[0] && strcmp(ck->state.data_hash, want))
         return vks_set_error(VKS_ERR_ARG, "sft: %s is not the data the checkpoint was trained on (its hash differs)",
                              s->o->data_path);
