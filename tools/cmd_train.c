@@ -13,7 +13,7 @@ static const char train_usage[] =
     "usage: vkswarm train sft (--model M | --init tiny) --data FILE.jsonl --steps N [--batch B]\n"
     "                         [--micro-batch b] [--lr X] [--warmup N] [--cosine] [--min-lr X]\n"
     "                         [--weight-decay X] [--grad-clip X] [--out DIR] [--resume] [--seed S]\n"
-    "                         [--save-every N] [--keep N] [--recompute] [--device N]\n"
+    "                         [--save-every N] [--keep N] [--recompute] [--device N] [--profile]\n"
     "Supervised fine-tuning on the GPU. FILE.jsonl holds {\"prompt\": ..., \"completion\": ...} lines (the\n"
     "loss is on the completion and EOS) or {\"text\": ...} lines (every token after BOS). Each step takes\n"
     "B sequences (default 8) in micro-batches of b (default B) whose gradients add up, then one AdamW\n"
@@ -141,6 +141,7 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "vkswarm: train: loss %.4f -> %.4f%s\n", r.first_loss, r.last_loss,
             r.resumed_from >= 0 ? " (resumed)" : "");
     printf("metrics: %s\nplot: %s\nfinal checkpoint: %s\n", r.metrics_path, r.plot_path, r.final_checkpoint);
+    if (a.m.profile) cli_print_profile(g);
     rc = cli_finish_gpu(g);
     vks_tokenizer_free(tok);
     vks_model_free(m);
@@ -218,6 +219,7 @@ int cmd_eval(int argc, char **argv) {
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
     printf("{\"sequences\": %lld, \"loss_tokens\": %lld, \"mean_loss\": %.6f, \"token_accuracy\": %.6f}\n",
            (long long)r.sequences, (long long)r.loss_tokens, r.mean_loss, r.token_accuracy);
+    if (ma.profile) cli_print_profile(g);
     rc = cli_finish_gpu(g);
     vks_tokenizer_free(tok);
     vks_model_free(m);
