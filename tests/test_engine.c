@@ -380,6 +380,70 @@ static void test_batch_invariant_sampling(void **state) {
     assert_no_validation_messages();
 }
 
+/* record_logp: every sampled token's recorded log-probability (and the stop
+ * token's) equals log-softmax at temperature 1 of the float64 reference
+ * forward's logits over the finished sequence, whatever the sampling
+ * temperature; ids do not change when recording. */
+static void test_record_logp(void **state) {
+    (void)state;
+    vks_model *m = odd_random_model(11);
+    const int V = m->cfg.vocab_size, S = 3, steps = 24;
+    vks_generate_options g = {.sched = {.steps = steps, .temperature = 0.7f, .top_p = 1.0f, .seed = 5,
+                                        .stop_token_a = -1, .stop_token_b = -1}};
+    vks_engine_options o = {.n_slots = S, .kv_len = steps, .max_rows = 7};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    vks_sequence plain[3] = {{0}}, rec[3] = {{0}};
+    for (int s = 0; s < S; s++)
+        for (int k = 0; k < 2; k++) {
+            vks_sequence *q = k ? &rec[s] : &plain[s];
+            q->ids = malloc(sizeof(int32_t) * 4);
+            for (int i = 0; i < 2 + s; i++) q->ids[i] = (i * 7 + s + 1) % V;
+            q->n_prompt = 2 + s;
+        }
+    /* a first run without stop tokens picks one that sequence 0 samples */
+    vks_sequence probe = {.ids = malloc(sizeof(int32_t) * 4), .n_prompt = 2};
+    memcpy(probe.ids, plain[0].ids, sizeof(int32_t) * 2);
+    assert_int_equal(vks_generate(e, &g, &probe, 1, 0), VKS_OK);
+    assert_true(probe.n_ids > probe.n_prompt + 2);
+    g.sched.stop_token_a = probe.ids[probe.n_prompt + 2];
+    vks_sequence_free(&probe);
+    assert_int_equal(vks_generate(e, &g, plain, S, 0), VKS_OK);
+    assert_null(plain[0].logp);
+    assert_true(plain[0].stop_token >= 0);
+    g.record_logp = true;
+    assert_int_equal(vks_generate(e, &g, rec, S, 0), VKS_OK);
+    float *logits = malloc(sizeof(float) * (size_t)(steps + 1) * (size_t)V);
+    int stopped = 0;
+    for (int s = 0; s < S; s++) {
+        vks_sequence *q = &rec[s];
+        assert_int_equal(q->n_ids, plain[s].n_ids);
+        assert_memory_equal(q->ids, plain[s].ids, sizeof(int32_t) * (size_t)q->n_ids);
+        assert_non_null(q->logp);
+        int n_out = q->n_ids - q->n_prompt + (q->stop_token >= 0);
+        stopped += q->stop_token >= 0;
+        int32_t all[64];
+        memcpy(all, q->ids, sizeof(int32_t) * (size_t)q->n_ids);
+        if (q->stop_token >= 0) all[q->n_ids] = q->stop_token;
+        assert_int_equal(vks_ref_forward(m, all, q->n_prompt + n_out - 1, logits, NULL), VKS_OK);
+        for (int i = 0; i < n_out; i++) {
+            const float *row = logits + (size_t)(q->n_prompt - 1 + i) * (size_t)V;
+            double mx = row[0], sum = 0;
+            for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+            double want = row[all[q->n_prompt + i]] - mx - log(sum);
+            assert_true(want <= 0);
+            if (fabs(q->logp[i] - want) > 1e-4) fail_msg("seq %d token %d: logp %.6f, reference %.6f", s, i, q->logp[i], want);
+        }
+    }
+    fprintf(stderr, "record_logp: %d of %d sequences stopped on the stop token\n", stopped, S);
+    for (int s = 0; s < S; s++) vks_sequence_free(&plain[s]), vks_sequence_free(&rec[s]);
+    free(logits);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 /* Captures the committed hidden rows of every sampled position, by sequence
  * index and position, to compare batched and lone runs bit for bit. */
 enum { CAP_SEQS = 12, CAP_POS = 48, CAP_DIM = 64 };
@@ -593,7 +657,7 @@ int main(void) {
         cmocka_unit_test(test_stories_logits_f32),   cmocka_unit_test(test_stories_logits_half),
         cmocka_unit_test(test_split_weights),        cmocka_unit_test(test_greedy_text),
         cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_feed_several_sequences),
-        cmocka_unit_test(test_batch_invariant_sampling),
+        cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
         cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_refusals),
     };

@@ -157,6 +157,11 @@ typedef struct {
     void (*on_hidden)(void *user, const vks_step *step, const vks_seq_state *seqs,
                       const float *hidden, const int32_t *sampled);
     void *user;
+    /* Record each sampled token's log-probability in vks_sequence.logp: the
+     * model's log-softmax at temperature 1, before top-k/top-p (what a
+     * trainer recomputes), from the logits of the same forward (downloaded:
+     * vocab floats per sampling row). */
+    bool record_logp;
 } vks_generate_options;
 
 typedef struct {
@@ -166,6 +171,9 @@ typedef struct {
     int32_t stop_token; /* the stop token that ended it (not in ids), or -1 */
     uint8_t *proofs;    /* TOPLOC chunk proofs when the producer made them (malloc'd), else NULL */
     size_t proof_bytes;
+    /* With record_logp (malloc'd, else NULL): logp[i] for generated id
+     * n_prompt + i, then one more for the stop token when one ended it. */
+    float *logp;
 } vks_sequence;
 
 /* The forward of one schedule step: its rows, tokens, KV slots and

@@ -1,6 +1,7 @@
 /* Batched generation on one engine: every prompt gets a KV slot; the schedule
  * (vks_sched.h) alternates prefill chunks and decode steps; the sampler runs
  * on the GPU, keyed by (seed, sequence index, position). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "vkswarm/vks_engine.h"
@@ -22,14 +23,38 @@ static int init_states(const vks_sched_params *p, const vks_sequence *seqs, int 
     return VKS_OK;
 }
 
-/* Hands the generated ids back to the caller's sequences. */
-static void export_states(vks_seq_state *states, vks_sequence *seqs, int n) {
+/* Hands the generated ids (and recorded log-probabilities) back to the caller's sequences. */
+static void export_states(vks_seq_state *states, vks_sequence *seqs, int n, float **logp) {
     for (int s = 0; s < n; s++) {
         free(seqs[s].ids);
         seqs[s].ids = states[s].ids;
         seqs[s].n_ids = states[s].n_ids;
         seqs[s].stop_token = states[s].stop_token;
         states[s].ids = NULL;
+        free(seqs[s].logp);
+        seqs[s].logp = logp ? logp[s] : NULL;
+        if (logp) logp[s] = NULL;
+    }
+}
+
+/* log-softmax(row)[token] in double (temperature 1). */
+static float token_logp(const float *row, int vocab, int32_t token) {
+    double mx = row[0], sum = 0;
+    for (int v = 1; v < vocab; v++) mx = row[v] > mx ? row[v] : mx;
+    for (int v = 0; v < vocab; v++) sum += exp((double)row[v] - mx);
+    return (float)((double)row[token] - mx - log(sum));
+}
+
+/* Per-sequence log-probabilities of the tokens sampled in this step, at the
+ * index the token takes among the sequence's generated ids (read before
+ * vks_sched_apply appends them). */
+static void record_logp(const vks_step *st, const vks_seq_state *states, const float *logits, int vocab,
+                        const int32_t *sampled, float **logp) {
+    for (int i = 0; i < st->n_out; i++) {
+        const vks_seq_state *q = &states[st->out_seq[i]];
+        int k = q->n_ids - q->n_prompt;
+        if (q->done || k < 0 || sampled[i] < 0 || sampled[i] >= vocab) continue;
+        logp[st->out_seq[i]][k] = token_logp(logits + (size_t)i * (size_t)vocab, vocab, sampled[i]);
     }
 }
 
@@ -43,21 +68,38 @@ static int furthest_position(const vks_seq_state *states, int n, int steps) {
 }
 
 static int run_schedule(vks_engine *e, const vks_generate_options *o, const vks_sched_params *p,
-                        vks_seq_state *states, int n, vks_step *st) {
-    int D = vks_engine_config(e)->dim;
+                        vks_seq_state *states, int n, vks_step *st, float **logp) {
+    int D = vks_engine_config(e)->dim, V = vks_engine_config(e)->vocab_size;
     int32_t *sampled = malloc(sizeof(int32_t) * (size_t)st->max_rows);
     float *hidden = o->on_hidden ? malloc(sizeof(float) * (size_t)st->max_rows * (size_t)D) : NULL;
-    int rc = !sampled || (o->on_hidden && !hidden) ? vks_set_error(VKS_ERR_NOMEM, "out of host memory") : VKS_OK;
+    float *logits = logp ? malloc(sizeof(float) * (size_t)vks_engine_max_out_rows(e) * (size_t)V) : NULL;
+    int rc = !sampled || (o->on_hidden && !hidden) || (logp && !logits) ? vks_set_error(VKS_ERR_NOMEM, "out of host memory")
+                                                                          : VKS_OK;
     while (rc == VKS_OK && vks_sched_build(p, states, n, st)) {
         vks_forward_batch fb = vks_step_batch(st, sampled, hidden);
+        fb.logits = logits;
         if ((rc = vks_engine_forward(e, &fb))) break;
         if (o->on_hidden) o->on_hidden(o->user, st, states, hidden, sampled);
+        if (logp) record_logp(st, states, logits, V, sampled, logp);
         vks_sched_apply(p, states, st, sampled);
         if (o->on_step && !st->prefill) o->on_step(o->user, furthest_position(states, n, p->steps), p->steps, st->n_rows);
     }
     free(sampled);
     free(hidden);
+    free(logits);
     return rc;
+}
+
+/* One array per sequence, room for every position it can reach (and a stop token). */
+static float **alloc_logp(const vks_sched_params *p, int n) {
+    float **logp = calloc((size_t)n, sizeof *logp);
+    for (int s = 0; logp && s < n; s++)
+        if (!(logp[s] = calloc((size_t)p->steps + 1, sizeof **logp))) {
+            for (int i = 0; i < s; i++) free(logp[i]);
+            free(logp);
+            return NULL;
+        }
+    return logp;
 }
 
 int vks_generate(vks_engine *e, const vks_generate_options *o, vks_sequence *seqs, int n, uint32_t seq_base) {
@@ -73,10 +115,14 @@ int vks_generate(vks_engine *e, const vks_generate_options *o, vks_sequence *seq
     vks_step st;
     int rc = states ? vks_step_alloc(&st, vks_engine_max_rows(e)) : vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     if (rc) { free(states); return rc; }
-    rc = init_states(&p, seqs, n, seq_base, states);
-    if (rc == VKS_OK) rc = run_schedule(e, o, &p, states, n, &st);
-    if (rc == VKS_OK) export_states(states, seqs, n);
+    float **logp = o->record_logp ? alloc_logp(&p, n) : NULL;
+    if (o->record_logp && !logp) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    if (rc == VKS_OK) rc = init_states(&p, seqs, n, seq_base, states);
+    if (rc == VKS_OK) rc = run_schedule(e, o, &p, states, n, &st, logp);
+    if (rc == VKS_OK) export_states(states, seqs, n, logp);
     for (int s = 0; s < n; s++) vks_seq_free(&states[s]);
+    for (int s = 0; logp && s < n; s++) free(logp[s]);
+    free(logp);
     free(states);
     vks_step_free(&st);
     return rc;
@@ -86,8 +132,10 @@ void vks_sequence_free(vks_sequence *s) {
     if (!s) return;
     free(s->ids);
     free(s->proofs);
+    free(s->logp);
     s->ids = NULL;
     s->proofs = NULL;
+    s->logp = NULL;
     s->n_ids = 0;
     s->proof_bytes = 0;
 }
