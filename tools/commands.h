@@ -14,4 +14,5 @@ int cmd_broadcast(int argc, char **argv);  /* issue 6 */
 int cmd_train(int argc, char **argv);     /* tools/cmd_train.c: train sft */
 int cmd_eval(int argc, char **argv);
 int cmd_tasks(int argc, char **argv);     /* tools/cmd_tasks.c: tasks sft, tasks filter */
+int cmd_rl(int argc, char **argv);        /* tools/cmd_rl.c: the asynchronous RL run */
 #endif

@@ -4,7 +4,7 @@
  * ranks started.
  *
  * {
- *   "task": "addition",          built-in task (vks_tasks.h) or "file:PATH" for JSONL tasks
+ *   "task": "add:2",             built-in task (vks_tasks.h: NAME[:SIZE]) or "file:PATH" for JSONL tasks
  *   "init": "tiny" | "model": P, the policy's start (a checkpoint from train sft, usually)
  *   "out": "rl-out",             metrics, plot, checkpoints
  *   "steps": 50,                 trainer steps

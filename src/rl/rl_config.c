@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "vkswarm/vks_rl_config.h"
+#include "vkswarm/vks_tasks.h"
 
 typedef enum { KEY_INT, KEY_DOUBLE, KEY_U64, KEY_STRING } key_type;
 
@@ -32,7 +33,7 @@ static const key_info keys[] = {
 
 void vks_rl_config_defaults(vks_rl_config *c) {
     memset(c, 0, sizeof *c);
-    snprintf(c->task, sizeof c->task, "addition");
+    snprintf(c->task, sizeof c->task, "add:2");
     snprintf(c->init, sizeof c->init, "tiny");
     snprintf(c->out, sizeof c->out, "rl-out");
     c->steps = 50;
@@ -327,6 +328,9 @@ static int check_rank(const vks_rl_config *c, int r) {
 
 static int check_values(const vks_rl_config *c) {
     if (!c->task[0]) return vks_set_error(VKS_ERR_FORMAT, "config: task is empty");
+    vks_task_spec spec;
+    if (strncmp(c->task, "file:", 5) && vks_task_parse(c->task, &spec))
+        return vks_error_prefix(VKS_ERR_FORMAT, "config: task");
     if (!c->model[0] && strcmp(c->init, "tiny")) /* model, when given, is the start */
         return vks_set_error(VKS_ERR_FORMAT, "config: init must be \"tiny\" (or give model: a checkpoint)");
     return VKS_OK;

@@ -11,6 +11,7 @@
 #include "vkswarm/vks_sft_data.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "vkswarm/vks_train.h"
+#include "rl_internal.h"
 
 /* One micro-batch copied out of the batcher (whose buffer the next call reuses). */
 typedef struct {
@@ -77,41 +78,13 @@ static void run_free(sft_run *s) {
     vks_model_free(s->own_model);
 }
 
-/* Copies one parameter set between the trainer and a checkpoint block (by name). */
-static int move_set(sft_run *s, vks_param_kind set, float *block, bool to_block) {
-    for (int i = 0; i < s->layout->n_tensors; i++) {
-        const vks_param_info *p = &s->layout->tensors[i];
-        int t = vks_trainer_find_tensor(s->trainer, p->name);
-        if (t < 0) return vks_set_error(VKS_ERR_FORMAT, "sft: the checkpoint's tensor %s is not the model's", p->name);
-        int rc = to_block ? vks_trainer_read(s->trainer, set, t, block + p->offset)
-                          : vks_trainer_write(s->trainer, set, t, block + p->offset);
-        if (rc) return rc;
-    }
-    return VKS_OK;
-}
-
 static int save_checkpoint(sft_run *s, int64_t step, const vks_adamw_params *h, char *dir, size_t cap) {
     const vks_sft_run_options *o = s->o;
-    size_t n = s->layout->n_values;
-    float *w = malloc(sizeof *w * n), *m = malloc(sizeof *m * n), *v = malloc(sizeof *v * n);
-    int rc = w && m && v ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "sft: out of host memory for a checkpoint");
-    if (!rc) rc = move_set(s, VKS_SET_PARAMS, w, true);
-    if (!rc) rc = move_set(s, VKS_SET_ADAM_M, m, true);
-    if (!rc) rc = move_set(s, VKS_SET_ADAM_V, v, true);
-    vks_model_save_options save = {.dtype = VKS_DTYPE_F32, .tokenizer = o->tok};
-    vks_checkpoint_data c = {.layout = s->layout, .weights = w, .adam_m = m, .adam_v = v, .arch = s->model->arch,
-                             .bos_id = s->model->bos_id, .eos_id = s->model->eos_id, .save = &save};
-    c.state = (vks_ckpt_state){.step = step, .tokens_seen = s->tokens_seen, .seed = o->seed, .adam = *h,
-                               .schedule = o->schedule, .grad_clip = o->grad_clip};
-    vks_sft_batcher_position(s->batcher, &c.state.data);
-    vks_hash_hex(s->data_hash, c.state.data_hash);
-    if (!rc) rc = vks_checkpoint_step_dir(o->out_dir, step, dir, cap);
-    if (!rc) rc = vks_checkpoint_save(dir, &c);
-    if (!rc && o->keep > 0) rc = vks_checkpoint_prune(o->out_dir, o->keep, NULL);
-    free(w);
-    free(m);
-    free(v);
-    return rc;
+    vks_ckpt_state st = {.step = step, .tokens_seen = s->tokens_seen, .seed = o->seed, .adam = *h,
+                         .schedule = o->schedule, .grad_clip = o->grad_clip};
+    vks_sft_batcher_position(s->batcher, &st.data);
+    vks_hash_hex(s->data_hash, st.data_hash);
+    return vks_rl_save_trainer(s->trainer, s->layout, s->model, o->tok, &st, o->out_dir, o->keep, dir, cap);
 }
 
 /* On resume: the newest checkpoint's weights become the model; its moments,
@@ -138,8 +111,8 @@ static int apply_checkpoint(sft_run *s, const vks_checkpoint *ck) {
         return vks_set_error(VKS_ERR_ARG, "sft: %s is not the data the checkpoint was trained on (its hash differs)",
                              s->o->data_path);
     if (!ck->adam_m || !ck->adam_v) return vks_set_error(VKS_ERR_FORMAT, "sft: the checkpoint has no optimizer state");
-    int rc = move_set(s, VKS_SET_ADAM_M, ck->adam_m, false);
-    if (!rc) rc = move_set(s, VKS_SET_ADAM_V, ck->adam_v, false);
+    int rc = vks_rl_move_set(s->trainer, s->layout, VKS_SET_ADAM_M, ck->adam_m, false);
+    if (!rc) rc = vks_rl_move_set(s->trainer, s->layout, VKS_SET_ADAM_V, ck->adam_v, false);
     if (!rc) rc = vks_sft_batcher_seek(s->batcher, &ck->state.data);
     vks_trainer_set_steps(s->trainer, (int)ck->state.step);
     s->tokens_seen = ck->state.tokens_seen;

@@ -1,0 +1,72 @@
+/* vks_rl.h: the asynchronous RL run (src/rl/rl_run.c, rl_rollouts.c), in the
+ * manner of INTELLECT-2, on one machine: an inference thread generates groups
+ * of completions of built-in or user tasks with the newest policy it holds,
+ * scores them (task verifiers, thinking budget), has them checked by the
+ * verifier (TOPLOC proofs and the sampling replay on the CPU forward), turns
+ * rewards into group advantages and drops groups without signal; the trainer
+ * (the calling thread) takes prompts_per_step useful groups per step, trains
+ * the GRPO loss on the accepted completions and hands the new weights back.
+ *
+ * Async level k: the group consumed by trainer step s was generated with a
+ * policy no older than s - k. The inference thread generates ahead only as far
+ * as that allows and otherwise waits for new weights; k = 0 is synchronous
+ * (the trainer idles while inference runs). Weights switch between batches:
+ * no sequence in flight is dropped; each group records the policy step that
+ * made it. */
+#ifndef VKS_RL_H
+#define VKS_RL_H
+#include "vks_gpu.h"
+#include "vks_model.h"
+#include "vks_rl_config.h"
+
+struct vks_tokenizer;
+
+#define VKS_RL_MAX_EMPTY_BATCHES 20
+
+/* What one trainer step reports. */
+typedef struct {
+    int64_t step, steps;      /* steps done, of steps */
+    double policy_lag;        /* mean (step - 1 - policy step) over the step's groups */
+    double reward;            /* mean task reward (0..1, before the length term) of the step's completions */
+    double accuracy;          /* held-out accuracy on fresh instances; NaN when not measured this step */
+    double length;            /* mean completion tokens */
+    double accept_rate;       /* verifier: accepted / checked completions so far (1 without a verifier) */
+    double rollouts_per_s;    /* completions generated per second so far */
+    double trainer_idle;      /* fraction of this step's time the trainer waited for groups */
+    double broadcast_s;       /* handing the new weights to inference (export, hash, copy) */
+    double loss, grad_norm, clip_fraction, logp_mismatch;
+    int64_t groups_filtered;  /* groups dropped so far for equal rewards (no signal) */
+    int64_t rejected;         /* completions the verifier rejected so far */
+    int64_t groups_stale;     /* useful groups beyond the async window, dropped so far */
+    double elapsed_s;
+} vks_rl_progress;
+
+typedef struct {
+    const vks_rl_config *config;     /* checked (vks_rl_config_check); roles are ignored: every role runs here */
+    const vks_model *model;          /* the start policy */
+    const struct vks_tokenizer *tok;
+    vks_gpu *train_gpu, *infer_gpu;  /* two handles (the inference thread records on its own) */
+    int eval_every;                  /* held-out accuracy every N steps, and at the start and end (0: only those) */
+    int eval_n;                      /* fresh instances per evaluation (0: none) */
+    uint64_t eval_seed;              /* their seed (differ from config->seed) */
+    bool verify;                     /* run the verifier role */
+    int max_empty_batches;           /* generation batches in a row without a useful group before the run
+                                      * fails (0: VKS_RL_MAX_EMPTY_BATCHES) */
+    int cheat_every;                 /* TEST ONLY: every Nth completion gets a token it did not sample (0: honest) */
+    void (*progress)(void *ctx, const vks_rl_progress *p);
+    void *progress_ctx;
+} vks_rl_run_options;
+
+typedef struct {
+    char final_checkpoint[4096], metrics_path[4096], plot_path[4096], rollouts_dir[4096];
+    double start_accuracy, final_accuracy; /* NaN without evaluations */
+    double trainer_idle;                   /* over the whole run */
+    int64_t rollouts, accepted, rejected, groups_filtered, groups_stale;
+    int64_t trained;          /* completions the trainer trained on */
+    int64_t trained_rejected; /* rejected completions that reached the trainer (skipped there; 0 unless a bug) */
+    double elapsed_s;
+} vks_rl_result;
+
+/* Runs config->steps trainer steps; every error names its role and step. */
+int vks_rl_run(const vks_rl_run_options *o, vks_rl_result *r);
+#endif

@@ -1,0 +1,80 @@
+/* rl_internal.h: what the RL run's files share (src/rl): saving a trainer's
+ * state as a checkpoint (sft.c and rl_run.c), and the hand-over between the
+ * RL run's inference thread (rl_rollouts.c) and its trainer (rl_run.c). */
+#ifndef VKS_RL_INTERNAL_H
+#define VKS_RL_INTERNAL_H
+#include <pthread.h>
+#include "vkswarm/vks_checkpoint.h"
+#include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_rl.h"
+#include "vkswarm/vks_tasks.h"
+#include "vkswarm/vks_train.h"
+
+/* Copies one parameter set between the trainer and a checkpoint block (by name). */
+int vks_rl_move_set(vks_trainer *t, const vks_param_layout *l, vks_param_kind set, float *block, bool to_block);
+/* Saves the trainer's weights and both moments as OUT/step-N (state->step),
+ * then keeps the newest `keep` (0: all). dir gets the checkpoint's path. */
+int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_model *m,
+                        const struct vks_tokenizer *tok, const vks_ckpt_state *state, const char *out_dir, int keep,
+                        char *dir, size_t cap);
+
+#define VKS_RL_MAX_GROUP 1024          /* group_size's bound in the config */
+#define VKS_RL_MAX_BATCH 4096          /* prompts_per_step x group_size generated at once */
+
+/* One completion: BOS + prompt, then the completion (with the stop token when one ended it). */
+typedef struct {
+    int32_t *tokens;
+    int prompt_len, completion_len;
+    float *logp;          /* completion_len entries: the sampler's record (logp_old) */
+    double task_reward;   /* 0..1 */
+    double reward;        /* with the thinking-budget term */
+    double advantage;
+    bool accepted;        /* by the verifier (true without one) */
+} vks_rl_sample;
+
+/* A group of accepted completions of one prompt, with signal. */
+typedef struct {
+    vks_rl_sample *samples;
+    int n;
+    int64_t policy_step;  /* the trainer step whose weights generated it (0: the start) */
+    int64_t task_index;
+} vks_rl_batch_group;
+
+void vks_rl_group_free(vks_rl_batch_group *g);
+
+/* The hand-over, under mu: groups from inference to the trainer, weights back. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    vks_rl_batch_group *queue;     /* ring of cap groups */
+    int head, len, cap;
+    int64_t pushed;          /* useful groups queued so far (consumed ones included) */
+    vks_model *next_model;   /* newest weights the inference thread has not taken; NULL: none */
+    int64_t next_step;
+    bool stop;               /* the trainer is done: inference returns */
+    int gen_rc;              /* inference failed: the code, and gen_error the message */
+    char gen_error[1024];
+    /* counters (inference writes, trainer reads) */
+    int64_t rollouts, checked, accepted, rejected, filtered, stale;
+    double gen_busy_s;       /* seconds spent generating, scoring and verifying */
+} vks_rl_shared;
+
+/* The inference thread's state. */
+typedef struct {
+    const vks_rl_run_options *o;
+    vks_rl_shared *sh;
+    vks_task_spec spec;       /* built-in task, when tasks is NULL */
+    vks_task *tasks;          /* user tasks ("file:PATH") */
+    int64_t n_tasks;
+    vks_model *model;         /* the policy it generates with (owned) */
+    int64_t policy_step;
+    uint8_t model_hash[32];
+    vks_engine *engine;
+    int64_t batch;            /* generation batches done */
+    int empty_batches;        /* batches in a row that gave the trainer nothing */
+    char rollouts_dir[4096];
+} vks_rl_gen;
+
+/* The inference thread's body (pthread start routine; arg: vks_rl_gen *). */
+void *vks_rl_gen_main(void *arg);
+#endif

@@ -1,0 +1,350 @@
+/* rl_rollouts.c: the RL run's inference thread (vks_rl.h): batches of
+ * prompts_per_step tasks x group_size completions with the newest policy it
+ * may use, scored by the task verifiers (and the thinking budget), checked by
+ * the verifier (TOPLOC proofs and the sampling replay, vks_verify_batch_cpu,
+ * on a rollout file it writes per batch), turned into group advantages over
+ * the accepted completions; groups without signal are dropped (online filter),
+ * the others go to the trainer while the async window allows. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "rl_internal.h"
+#include "vkswarm/vks_grpo.h"
+#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_rollout.h"
+#include "vkswarm/vks_tokenizer.h"
+#include "vkswarm/vks_toploc.h"
+
+void vks_rl_group_free(vks_rl_batch_group *g) {
+    for (int i = 0; g->samples && i < g->n; i++) free(g->samples[i].tokens), free(g->samples[i].logp);
+    free(g->samples);
+    g->samples = NULL;
+    g->n = 0;
+}
+
+/* One generation batch in flight. */
+typedef struct {
+    vks_task *tasks;        /* P */
+    int32_t **prompt_ids;   /* P: BOS + prompt */
+    int *prompt_lens;
+    vks_sequence *seqs;     /* P * G */
+    vks_verdict *verdicts;  /* P * G, when verifying */
+    double *task_reward, *reward;
+    int *lengths;           /* completion tokens kept for training (stop token included) */
+    int longest_prompt;
+} gen_batch;
+
+static void batch_free(gen_batch *b, int P, int n) {
+    for (int p = 0; b->prompt_ids && p < P; p++) free(b->prompt_ids[p]);
+    for (int i = 0; b->seqs && i < n; i++) vks_sequence_free(&b->seqs[i]);
+    free(b->tasks), free(b->prompt_ids), free(b->prompt_lens), free(b->seqs), free(b->verdicts);
+    free(b->task_reward), free(b->reward), free(b->lengths);
+}
+
+static int batch_alloc(gen_batch *b, int P, int n) {
+    memset(b, 0, sizeof *b);
+    b->tasks = calloc((size_t)P, sizeof *b->tasks);
+    b->prompt_ids = calloc((size_t)P, sizeof *b->prompt_ids);
+    b->prompt_lens = calloc((size_t)P, sizeof *b->prompt_lens);
+    b->seqs = calloc((size_t)n, sizeof *b->seqs);
+    b->verdicts = calloc((size_t)n, sizeof *b->verdicts);
+    b->task_reward = calloc((size_t)n, sizeof *b->task_reward);
+    b->reward = calloc((size_t)n, sizeof *b->reward);
+    b->lengths = calloc((size_t)n, sizeof *b->lengths);
+    if (b->tasks && b->prompt_ids && b->prompt_lens && b->seqs && b->verdicts && b->task_reward && b->reward && b->lengths)
+        return VKS_OK;
+    return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+}
+
+/* Task `index` of the run: a built-in instance or a user task (cycled), with
+ * its thinking-budget target appended when the run has length targets. */
+static int make_task(const vks_rl_gen *g, int64_t index, vks_task *t, int *target) {
+    const vks_rl_config *c = g->o->config;
+    int rc = g->tasks ? (*t = g->tasks[index % g->n_tasks], VKS_OK)
+                      : vks_task_generate(&g->spec, c->seed, (uint32_t)index, t);
+    *target = 0;
+    if (rc || !c->n_length_targets) return rc;
+    uint32_t draw = vks_philox_u32(c->seed, (uint32_t)index, 0x1e46u, 0);
+    *target = c->length_targets[draw % (uint32_t)c->n_length_targets];
+    return vks_task_add_length_target(t, *target);
+}
+
+static int tokenize_prompt(const vks_rl_gen *g, const vks_task *t, int32_t **ids, int *n) {
+    const vks_model_config *cf = &g->model->cfg;
+    vks_tokenize_options to = {.add_bos = true};
+    int rc = vks_tokenizer_tokenize(g->o->tok, t->prompt, strlen(t->prompt), &to, ids, n);
+    if (rc) return vks_error_prefix(rc, "task %lld", (long long)t->line);
+    for (int k = 0; k < *n; k++)
+        if ((*ids)[k] < 0 || (*ids)[k] >= cf->vocab_size)
+            return vks_set_error(VKS_ERR_FORMAT, "task %lld: token %d outside the vocabulary", (long long)t->line, (*ids)[k]);
+    if (*n + g->o->config->max_new_tokens > cf->seq_len)
+        return vks_set_error(VKS_ERR_FORMAT, "task %lld: %d prompt tokens + max_new_tokens %d exceed the context of %d",
+                             (long long)t->line, *n, g->o->config->max_new_tokens, cf->seq_len);
+    return VKS_OK;
+}
+
+static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int *targets) {
+    const vks_rl_config *c = g->o->config;
+    int P = c->prompts_per_step, G = c->group_size;
+    for (int p = 0; p < P; p++) {
+        int rc = make_task(g, g->batch * P + p, &b->tasks[p], &targets[p]);
+        if (!rc) rc = tokenize_prompt(g, &b->tasks[p], &b->prompt_ids[p], &b->prompt_lens[p]);
+        if (rc) return rc;
+        if (b->prompt_lens[p] > b->longest_prompt) b->longest_prompt = b->prompt_lens[p];
+        for (int j = 0; j < G; j++) {
+            vks_sequence *s = &b->seqs[p * G + j];
+            s->ids = malloc(sizeof(int32_t) * (size_t)b->prompt_lens[p]);
+            if (!s->ids) return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+            memcpy(s->ids, b->prompt_ids[p], sizeof(int32_t) * (size_t)b->prompt_lens[p]);
+            s->n_prompt = s->n_ids = b->prompt_lens[p];
+            s->stop_token = -1;
+        }
+    }
+    return VKS_OK;
+}
+
+/* The sampler of batch `batch`: its own seed, so stream indices restart at 0
+ * in every batch (the verifier's task prompts are indexed by them). */
+static vks_sched_params batch_sched(const vks_rl_gen *g, const gen_batch *b) {
+    const vks_rl_config *c = g->o->config;
+    uint32_t w[4];
+    vks_philox4_u32(c->seed, (uint32_t)g->batch, 0x5a3du, (uint32_t)(g->batch >> 32), w);
+    return (vks_sched_params){.steps = b->longest_prompt + c->max_new_tokens, .temperature = (float)c->temperature,
+                              .top_p = 1.0f, .top_k = 0, .seed = (uint64_t)w[0] << 32 | w[1],
+                              .stop_token_a = vks_tokenizer_eos(g->o->tok), .stop_token_b = -1};
+}
+
+static void on_hidden(void *user, const vks_step *st, const vks_seq_state *states, const float *hidden,
+                      const int32_t *sampled) {
+    (void)sampled;
+    vks_rollout_writer_on_hidden(user, st, states, hidden);
+}
+
+/* TEST ONLY: a cheating inference worker's completions carry a token the
+ * sampler did not draw (the first generated one, shifted by one). */
+static void cheat(const vks_rl_gen *g, gen_batch *b, int n) {
+    int every = g->o->cheat_every, V = g->model->cfg.vocab_size;
+    for (int i = 0; every > 0 && i < n; i++) {
+        int64_t global = g->batch * n + i;
+        vks_sequence *s = &b->seqs[i];
+        if ((global + 1) % every == 0 && s->n_ids > s->n_prompt) s->ids[s->n_prompt] = (s->ids[s->n_prompt] + 1) % V;
+    }
+}
+
+/* The verifier: reads the batch's rollout file back (as a verifier rank
+ * receives it) and replays it on the CPU forward of the same policy. */
+static int verify_batch(const vks_rl_gen *g, const char *path, gen_batch *b, int n) {
+    vks_rollout_file f;
+    int rc = vks_rollout_read(path, &f);
+    if (rc) return rc;
+    if (f.n_samples != n) rc = vks_set_error(VKS_ERR_FORMAT, "%s: %d samples, %d expected", path, f.n_samples, n);
+    vks_verify_options vo;
+    vks_verify_options_default(&vo);
+    memcpy(vo.model_hash, g->model_hash, 32);
+    vo.n_stop = f.header.n_stop;
+    memcpy(vo.stop_ids, f.header.stop_ids, sizeof vo.stop_ids);
+    int G = g->o->config->group_size;
+    const int32_t **prompts = malloc(sizeof *prompts * (size_t)n);
+    int *lens = malloc(sizeof *lens * (size_t)n);
+    if (!rc && (!prompts || !lens)) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int i = 0; !rc && i < n; i++) prompts[i] = b->prompt_ids[i / G], lens[i] = b->prompt_lens[i / G];
+    vo.task_prompts = prompts, vo.task_prompt_lens = lens, vo.n_task_prompts = n;
+    vo.cpu_threads = 1;
+    if (!rc) rc = vks_verify_batch_cpu(g->model, &vo, f.samples, n, b->verdicts);
+    free(prompts);
+    free(lens);
+    vks_rollout_file_free(&f);
+    return rc;
+}
+
+static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
+    vks_sched_params sp = batch_sched(g, b);
+    vks_generate_options go = {.sched = sp, .record_logp = true};
+    vks_rollout_writer *w = NULL;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/batch-%06lld.jsonl", g->rollouts_dir, (long long)g->batch);
+    int rc = VKS_OK;
+    if (g->o->verify) {
+        rc = vks_rollout_writer_create(path, g->model, "policy", &sp, n, true, &w);
+        go.on_hidden = on_hidden, go.user = w;
+    }
+    if (!rc) rc = vks_generate(g->engine, &go, b->seqs, n, 0);
+    if (!rc) cheat(g, b, n);
+    if (!rc && w) rc = vks_rollout_writer_finish(w, b->seqs, n, 0);
+    vks_rollout_writer_destroy(w);
+    if (!rc && g->o->verify) rc = verify_batch(g, path, b, n);
+    return rc;
+}
+
+/* Task rewards of the completions (text up to the stop token, at most
+ * max_new_tokens), the thinking-budget term, and the tokens kept for training. */
+static int score_batch(const vks_rl_gen *g, gen_batch *b, const int *targets, int n) {
+    const vks_rl_config *c = g->o->config;
+    for (int i = 0; i < n; i++) {
+        vks_sequence *s = &b->seqs[i];
+        int n_new = s->n_ids - s->n_prompt, keep_stop = s->stop_token >= 0;
+        if (n_new >= c->max_new_tokens) n_new = c->max_new_tokens, keep_stop = 0;
+        char *text = NULL;
+        size_t len = 0;
+        int rc = vks_tokenizer_detokenize(g->o->tok, s->ids + s->n_prompt, n_new, false, &text, &len);
+        if (rc) return rc;
+        const vks_task *t = &b->tasks[i / c->group_size];
+        b->task_reward[i] = vks_task_score(t, text, len);
+        free(text);
+        int target = targets[i / c->group_size];
+        b->reward[i] = target ? vks_task_length_reward(b->task_reward[i], target, n_new, c->length_penalty)
+                              : b->task_reward[i];
+        b->lengths[i] = n_new + keep_stop;
+    }
+    return VKS_OK;
+}
+
+static int copy_sample(const gen_batch *b, int i, double adv, bool accepted, vks_rl_sample *out) {
+    const vks_sequence *s = &b->seqs[i];
+    int n = s->n_prompt + b->lengths[i];
+    *out = (vks_rl_sample){.prompt_len = s->n_prompt, .completion_len = b->lengths[i], .task_reward = b->task_reward[i],
+                           .reward = b->reward[i], .advantage = adv, .accepted = accepted};
+    out->tokens = malloc(sizeof(int32_t) * (size_t)n);
+    out->logp = malloc(sizeof(float) * (size_t)(b->lengths[i] ? b->lengths[i] : 1));
+    if (!out->tokens || !out->logp) return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    memcpy(out->tokens, s->ids, sizeof(int32_t) * (size_t)(n - (b->lengths[i] > s->n_ids - s->n_prompt)));
+    if (b->lengths[i] > s->n_ids - s->n_prompt) out->tokens[n - 1] = s->stop_token; /* the stop token, kept */
+    memcpy(out->logp, s->logp, sizeof(float) * (size_t)b->lengths[i]);
+    return VKS_OK;
+}
+
+/* The accepted completions of prompt p as a group with advantages, or none
+ * (n = 0) when fewer than two were accepted or their rewards are all equal. */
+static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_batch_group *out) {
+    int G = g->o->config->group_size, n = 0;
+    int idx[VKS_RL_MAX_GROUP];
+    double r[VKS_RL_MAX_GROUP], adv[VKS_RL_MAX_GROUP];
+    memset(out, 0, sizeof *out);
+    for (int j = 0; j < G; j++)
+        if (!g->o->verify || b->verdicts[p * G + j].accepted) idx[n] = p * G + j, r[n] = b->reward[p * G + j], n++;
+    if (n < 2 || !vks_grpo_group_has_signal(r, n)) return VKS_OK;
+    int rc = vks_grpo_advantages(r, 1, n, adv);
+    out->samples = rc ? NULL : calloc((size_t)n, sizeof *out->samples);
+    if (!rc && !out->samples) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    for (int k = 0; !rc && k < n; k++)
+        rc = copy_sample(b, idx[k], adv[k], !g->o->verify || b->verdicts[idx[k]].accepted, &out->samples[out->n++]);
+    out->policy_step = g->policy_step;
+    out->task_index = g->batch * g->o->config->prompts_per_step + p;
+    if (rc) vks_rl_group_free(out);
+    return rc;
+}
+
+/* Queues the batch's useful groups while the async window allows: the group
+ * becomes number `pushed` and is consumed by step pushed / P, which may be at
+ * most policy_step + k. Returns the number queued. */
+static int push_groups(vks_rl_gen *g, const gen_batch *b, int n, int *useful) {
+    const vks_rl_config *c = g->o->config;
+    int P = c->prompts_per_step, G = c->group_size, rc = VKS_OK;
+    int64_t limit = (g->policy_step + c->async_level + 1) * P;
+    int64_t checked = 0, accepted = 0;
+    for (int i = 0; g->o->verify && i < n; i++) checked++, accepted += b->verdicts[i].accepted;
+    for (int p = 0; !rc && p < P; p++) {
+        vks_rl_batch_group grp;
+        if ((rc = make_group(g, b, p, &grp))) break;
+        vks_rl_shared *sh = g->sh;
+        pthread_mutex_lock(&sh->mu);
+        *useful += grp.n > 0;
+        if (!grp.n) sh->filtered++;
+        else if (sh->pushed >= limit || sh->len == sh->cap) sh->stale++, vks_rl_group_free(&grp);
+        else {
+            sh->queue[(sh->head + sh->len) % sh->cap] = grp;
+            sh->len++, sh->pushed++;
+            pthread_cond_broadcast(&sh->cv);
+        }
+        pthread_mutex_unlock(&sh->mu);
+    }
+    pthread_mutex_lock(&g->sh->mu);
+    g->sh->rollouts += n, g->sh->checked += checked, g->sh->accepted += accepted, g->sh->rejected += checked - accepted;
+    pthread_mutex_unlock(&g->sh->mu);
+    (void)G;
+    return rc;
+}
+
+static int run_batch(vks_rl_gen *g) {
+    const vks_rl_config *c = g->o->config;
+    int P = c->prompts_per_step, n = P * c->group_size;
+    gen_batch b;
+    int *targets = calloc((size_t)P, sizeof *targets);
+    double t0 = vks_seconds_now();
+    int rc = batch_alloc(&b, P, n);
+    if (!rc && !targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    if (!rc) rc = prepare_batch(g, &b, targets);
+    if (!rc) rc = generate_batch(g, &b, n);
+    if (!rc) rc = score_batch(g, &b, targets, n);
+    int useful = 0;
+    if (!rc) rc = push_groups(g, &b, n, &useful);
+    g->empty_batches = useful ? 0 : g->empty_batches + 1;
+    int most = g->o->max_empty_batches ? g->o->max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
+    if (!rc && g->empty_batches >= most)
+        rc = vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
+                           "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
+    batch_free(&b, P, n);
+    free(targets);
+    g->batch++;
+    pthread_mutex_lock(&g->sh->mu);
+    g->sh->gen_busy_s += vks_seconds_now() - t0;
+    pthread_mutex_unlock(&g->sh->mu);
+    return rc;
+}
+
+/* Replaces the policy with the trainer's newest weights. */
+static int switch_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
+    vks_engine_destroy(g->engine);
+    g->engine = NULL;
+    vks_model_free(g->model);
+    g->model = m;
+    g->policy_step = step;
+    const vks_rl_config *c = g->o->config;
+    int n = c->prompts_per_step * c->group_size;
+    /* verifiers recompute in f32 and compare within margins: no half arithmetic */
+    vks_engine_options eo = {.n_slots = n, .kv_len = m->cfg.seq_len, .max_rows = n > 256 ? n : 256, .max_out_rows = n,
+                             .f32_math = true, .dtype = VKS_DTYPE_F32};
+    int rc = vks_model_hash(m, g->model_hash);
+    if (!rc) rc = vks_engine_create(g->o->infer_gpu, m, &eo, &g->engine);
+    return rc;
+}
+
+/* Waits until it may generate (the async window has room) or new weights
+ * arrive; takes them. Returns false when the run is over. */
+static bool wait_for_work(vks_rl_gen *g, int *rc) {
+    vks_rl_shared *sh = g->sh;
+    const vks_rl_config *c = g->o->config;
+    pthread_mutex_lock(&sh->mu);
+    for (;;) {
+        if (sh->stop) break;
+        if (sh->next_model) {
+            vks_model *m = sh->next_model;
+            int64_t step = sh->next_step;
+            sh->next_model = NULL;
+            pthread_mutex_unlock(&sh->mu);
+            if ((*rc = switch_policy(g, m, step))) return false;
+            pthread_mutex_lock(&sh->mu);
+            continue;
+        }
+        if (sh->pushed < (g->policy_step + c->async_level + 1) * c->prompts_per_step) break;
+        pthread_cond_wait(&sh->cv, &sh->mu);
+    }
+    bool go = !sh->stop;
+    pthread_mutex_unlock(&sh->mu);
+    return go;
+}
+
+void *vks_rl_gen_main(void *arg) {
+    vks_rl_gen *g = arg;
+    int rc = VKS_OK;
+    while (wait_for_work(g, &rc) && !(rc = run_batch(g))) {}
+    if (rc) {
+        vks_rl_shared *sh = g->sh;
+        pthread_mutex_lock(&sh->mu);
+        sh->gen_rc = rc;
+        snprintf(sh->gen_error, sizeof sh->gen_error, "inference, batch %lld: %s", (long long)g->batch, vks_last_error());
+        pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+    }
+    return NULL;
+}

@@ -1,0 +1,377 @@
+/* rl_run.c: the RL run's trainer and orchestration (vks_rl.h): starts the
+ * inference thread, takes prompts_per_step useful groups per step, trains
+ * INTELLECT-2's GRPO loss on them (vks_trainer_accumulate_grpo over packed
+ * micro-batches, one AdamW step), hands the new weights to inference, scores
+ * held-out accuracy, logs metrics, and saves the final checkpoint. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "rl_internal.h"
+#include "vkswarm/vks_grpo.h"
+#include "vkswarm/vks_metrics.h"
+#include "vkswarm/vks_tokenizer.h"
+
+/* The run's fixed optimizer settings (INTELLECT-2 style: no weight decay, clipping at 1). */
+#define RL_BETA1 0.9
+#define RL_BETA2 0.95
+#define RL_GRAD_CLIP 1.0
+
+typedef struct {
+    const vks_rl_run_options *o;
+    const vks_rl_config *c;
+    vks_trainer *trainer;
+    vks_param_layout *layout;
+    vks_metrics *metrics;
+    vks_rl_shared sh;
+    vks_rl_gen gen;
+    pthread_t thread;
+    bool thread_started, shared_ready;
+    vks_rl_batch_group *groups;  /* the step's P groups */
+    /* a micro-batch being packed */
+    int32_t *tokens;
+    int *seq_lens;
+    float *weight, *advantage, *logp_old;
+    int max_tokens;
+    int64_t trained, trained_rejected;
+} rl_run;
+
+static int check_options(const vks_rl_run_options *o) {
+    if (!o || !o->config || !o->model || !o->tok || !o->train_gpu || !o->infer_gpu || o->eval_every < 0 ||
+        o->eval_n < 0 || o->cheat_every < 0)
+        return vks_set_error(VKS_ERR_ARG, "rl: bad options");
+    const vks_rl_config *c = o->config;
+    if ((int64_t)c->prompts_per_step * c->group_size > VKS_RL_MAX_BATCH)
+        return vks_set_error(VKS_ERR_ARG, "rl: prompts_per_step x group_size is %lld, at most %d on one machine",
+                             (long long)c->prompts_per_step * c->group_size, VKS_RL_MAX_BATCH);
+    if (c->group_size > VKS_RL_MAX_GROUP) return vks_set_error(VKS_ERR_ARG, "rl: group_size above %d", VKS_RL_MAX_GROUP);
+    return VKS_OK;
+}
+
+static int open_tasks(rl_run *r) {
+    const char *task = r->c->task;
+    if (!strncmp(task, "file:", 5)) {
+        int rc = vks_task_file_load(task + 5, &r->gen.tasks, &r->gen.n_tasks);
+        if (!rc && r->gen.n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", task + 5);
+        return rc;
+    }
+    return vks_task_parse(task, &r->gen.spec);
+}
+
+static bool is_dir(const char *path) {
+    struct stat st;
+    return !stat(path, &st) && S_ISDIR(st.st_mode);
+}
+
+static int make_dirs(rl_run *r, vks_rl_result *res) {
+    const char *out = r->c->out;
+    if (mkdir(out, 0777) && !is_dir(out)) return vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", out);
+    snprintf(r->gen.rollouts_dir, sizeof r->gen.rollouts_dir, "%s/rollouts", out);
+    snprintf(res->rollouts_dir, sizeof res->rollouts_dir, "%s", r->gen.rollouts_dir);
+    if (mkdir(r->gen.rollouts_dir, 0777) && !is_dir(r->gen.rollouts_dir))
+        return vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", r->gen.rollouts_dir);
+    return VKS_OK;
+}
+
+static int open_run(rl_run *r, vks_rl_result *res) {
+    const vks_rl_config *c = r->c;
+    const vks_model *m = r->o->model;
+    int P = c->prompts_per_step;
+    r->max_tokens = m->cfg.seq_len > 2048 ? m->cfg.seq_len : 2048;
+    r->groups = calloc((size_t)P, sizeof *r->groups);
+    r->tokens = malloc(sizeof *r->tokens * (size_t)r->max_tokens);
+    r->seq_lens = malloc(sizeof *r->seq_lens * (size_t)r->max_tokens);
+    r->weight = malloc(sizeof *r->weight * (size_t)r->max_tokens);
+    r->advantage = malloc(sizeof *r->advantage * (size_t)r->max_tokens);
+    r->logp_old = malloc(sizeof *r->logp_old * (size_t)r->max_tokens);
+    r->sh.cap = P * (c->async_level + 2);
+    r->sh.queue = calloc((size_t)r->sh.cap, sizeof *r->sh.queue);
+    if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old || !r->sh.queue)
+        return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    int rc = open_tasks(r);
+    if (!rc) rc = make_dirs(r, res);
+    vks_trainer_options to = {.max_tokens = r->max_tokens};
+    if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
+    if (!rc) rc = vks_param_layout_create(&m->cfg, m->layers[0].bq.data != NULL, &r->layout);
+    if (!rc) rc = vks_metrics_open(c->out, -1, &r->metrics);
+    return rc;
+}
+
+static int start_inference(rl_run *r) {
+    if (pthread_mutex_init(&r->sh.mu, NULL)) return vks_set_error(VKS_ERR_NOMEM, "rl: pthread_mutex_init failed");
+    if (pthread_cond_init(&r->sh.cv, NULL)) {
+        pthread_mutex_destroy(&r->sh.mu);
+        return vks_set_error(VKS_ERR_NOMEM, "rl: pthread_cond_init failed");
+    }
+    r->shared_ready = true;
+    r->gen.o = r->o;
+    r->gen.sh = &r->sh;
+    /* the inference thread starts from the trainer's f32 masters: policy step 0 */
+    int rc = vks_trainer_export_model(r->trainer, &r->sh.next_model);
+    r->sh.next_step = 0;
+    if (!rc && pthread_create(&r->thread, NULL, vks_rl_gen_main, &r->gen))
+        rc = vks_set_error(VKS_ERR_NOMEM, "rl: cannot start the inference thread");
+    r->thread_started = !rc;
+    return rc;
+}
+
+static void stop_inference(rl_run *r) {
+    if (r->thread_started) {
+        pthread_mutex_lock(&r->sh.mu);
+        r->sh.stop = true;
+        pthread_cond_broadcast(&r->sh.cv);
+        pthread_mutex_unlock(&r->sh.mu);
+        pthread_join(r->thread, NULL);
+        r->thread_started = false;
+    }
+}
+
+static void run_free(rl_run *r) {
+    stop_inference(r);
+    for (int i = 0; r->sh.queue && i < r->sh.len; i++) vks_rl_group_free(&r->sh.queue[(r->sh.head + i) % r->sh.cap]);
+    free(r->sh.queue);
+    vks_model_free(r->sh.next_model);
+    if (r->shared_ready) pthread_mutex_destroy(&r->sh.mu), pthread_cond_destroy(&r->sh.cv);
+    vks_engine_destroy(r->gen.engine);
+    vks_model_free(r->gen.model);
+    free(r->gen.tasks);
+    for (int i = 0; r->groups && i < r->c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
+    free(r->groups), free(r->tokens), free(r->seq_lens), free(r->weight), free(r->advantage), free(r->logp_old);
+    vks_metrics_close(r->metrics);
+    vks_param_layout_free(r->layout);
+    vks_trainer_destroy(r->trainer);
+}
+
+/* Blocks until P groups are queued (or inference failed); takes them. */
+static int take_groups(rl_run *r, double *waited) {
+    int P = r->c->prompts_per_step, rc = VKS_OK;
+    double t0 = vks_seconds_now();
+    pthread_mutex_lock(&r->sh.mu);
+    while (r->sh.len < P && !r->sh.gen_rc) pthread_cond_wait(&r->sh.cv, &r->sh.mu);
+    if (r->sh.gen_rc) rc = vks_set_error(r->sh.gen_rc, "%s", r->sh.gen_error);
+    for (int i = 0; !rc && i < P; i++) {
+        r->groups[i] = r->sh.queue[r->sh.head];
+        memset(&r->sh.queue[r->sh.head], 0, sizeof r->sh.queue[r->sh.head]);
+        r->sh.head = (r->sh.head + 1) % r->sh.cap;
+        r->sh.len--;
+    }
+    pthread_cond_broadcast(&r->sh.cv);
+    pthread_mutex_unlock(&r->sh.mu);
+    *waited = vks_seconds_now() - t0;
+    return rc;
+}
+
+/* What the step's samples say, for the metrics. */
+typedef struct {
+    double reward, length, lag;
+    int n;
+    vks_grpo_stats grpo;  /* summed over micro-batches (fractions recomputed) */
+    double mismatch_sum;
+} step_stats;
+
+static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_params *h, step_stats *st) {
+    if (!n_tokens) return VKS_OK;
+    vks_train_batch b = {.tokens = r->tokens, .n_tokens = n_tokens, .seq_lens = r->seq_lens, .n_seqs = n_seqs,
+                         .weight = r->weight};
+    vks_grpo_rows rows = {.logp_old = r->logp_old, .advantage = r->advantage};
+    vks_grpo_stats s;
+    int rc = vks_trainer_accumulate_grpo(r->trainer, &b, &rows, h, &s, NULL);
+    if (rc) return rc;
+    st->grpo.loss += s.loss;
+    st->grpo.tokens += s.tokens;
+    st->grpo.clipped += s.clipped;
+    st->grpo.capped += s.capped;
+    st->mismatch_sum += s.logp_mismatch * s.tokens;
+    if (s.max_mismatch > st->grpo.max_mismatch) st->grpo.max_mismatch = s.max_mismatch;
+    return VKS_OK;
+}
+
+/* Packs the step's completions into micro-batches of at most max_tokens rows
+ * and accumulates the GRPO loss over them. */
+static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats *st) {
+    int n_tokens = 0, n_seqs = 0, rc = VKS_OK;
+    for (int gi = 0; !rc && gi < r->c->prompts_per_step; gi++) {
+        const vks_rl_batch_group *g = &r->groups[gi];
+        for (int i = 0; !rc && i < g->n; i++) {
+            const vks_rl_sample *s = &g->samples[i];
+            int len = s->prompt_len + s->completion_len;
+            if (!s->accepted) { /* never trained on; counted, so that a leak shows */
+                r->trained_rejected++;
+                continue;
+            }
+            r->trained++;
+            if (len > r->max_tokens) return vks_set_error(VKS_ERR_FORMAT, "rl: a completion of %d tokens", len);
+            if (n_tokens + len > r->max_tokens) {
+                rc = flush_micro(r, n_tokens, n_seqs, h, st);
+                n_tokens = n_seqs = 0;
+            }
+            if (rc) break;
+            memcpy(r->tokens + n_tokens, s->tokens, sizeof(int32_t) * (size_t)len);
+            rc = vks_grpo_sequence_rows(s->prompt_len, s->completion_len, s->advantage, r->advantage + n_tokens,
+                                        r->weight + n_tokens);
+            for (int k = 0; k < len; k++) r->logp_old[n_tokens + k] = 0.0f;
+            for (int k = 0; k < s->completion_len; k++) r->logp_old[n_tokens + s->prompt_len - 1 + k] = s->logp[k];
+            r->seq_lens[n_seqs++] = len;
+            n_tokens += len;
+            st->reward += s->task_reward, st->length += s->completion_len, st->lag += 0, st->n++;
+        }
+    }
+    if (!rc) rc = flush_micro(r, n_tokens, n_seqs, h, st);
+    return rc;
+}
+
+static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
+    const vks_rl_config *c = r->c;
+    int64_t step = vks_trainer_steps(r->trainer); /* this step consumes groups of step `step` */
+    double lag = 0;
+    for (int i = 0; i < c->prompts_per_step; i++) lag += (double)(step - r->groups[i].policy_step);
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS,
+                              .token_budget = c->token_budget > 0 ? c->token_budget
+                                                                  : (double)c->prompts_per_step * c->group_size * c->max_new_tokens};
+    memset(st, 0, sizeof *st);
+    int rc = accumulate_step(r, &h, st);
+    st->lag = lag / c->prompts_per_step;
+    vks_adamw_params a = {.lr = c->lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
+    if (!rc) rc = vks_trainer_step(r->trainer, &a, RL_GRAD_CLIP, grad_norm);
+    for (int i = 0; i < c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
+    if (rc) return vks_error_prefix(rc, "trainer, step %lld", (long long)step + 1);
+    return VKS_OK;
+}
+
+/* Hands the new weights to the inference thread (replacing any it has not
+ * taken yet); returns the seconds it took. */
+static int publish(rl_run *r, double *seconds) {
+    double t0 = vks_seconds_now();
+    vks_model *m = NULL;
+    int rc = vks_trainer_export_model(r->trainer, &m);
+    if (rc) return vks_error_prefix(rc, "trainer: exporting the weights");
+    pthread_mutex_lock(&r->sh.mu);
+    vks_model_free(r->sh.next_model);
+    r->sh.next_model = m;
+    r->sh.next_step = vks_trainer_steps(r->trainer);
+    pthread_cond_broadcast(&r->sh.cv);
+    pthread_mutex_unlock(&r->sh.mu);
+    *seconds = vks_seconds_now() - t0;
+    return VKS_OK;
+}
+
+/* Held-out accuracy of the trainer's current weights on fresh instances
+ * (greedy); NaN for user tasks or without eval_n. */
+static int evaluate(rl_run *r, double *accuracy) {
+    *accuracy = NAN;
+    if (!r->o->eval_n || r->gen.tasks) return VKS_OK;
+    vks_model *m = NULL;
+    int rc = vks_trainer_export_model(r->trainer, &m);
+    vks_task_run_options to = {.samples = 1, .temperature = 0, .max_new_tokens = r->c->max_new_tokens,
+                               .engine = {.dtype = VKS_DTYPE_F32}};
+    vks_task_eval_result e;
+    if (!rc) rc = vks_task_eval(r->o->train_gpu, m, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
+    if (!rc) *accuracy = e.accuracy;
+    vks_model_free(m);
+    return rc ? vks_error_prefix(rc, "held-out evaluation") : VKS_OK;
+}
+
+static int log_step(rl_run *r, const vks_rl_progress *p) {
+    vks_metric m[20];
+    int n = 0;
+    m[n++] = (vks_metric){"policy_lag", p->policy_lag};
+    m[n++] = (vks_metric){"reward", p->reward};
+    if (!isnan(p->accuracy)) m[n++] = (vks_metric){"accuracy", p->accuracy};
+    m[n++] = (vks_metric){"length", p->length};
+    m[n++] = (vks_metric){"accept_rate", p->accept_rate};
+    m[n++] = (vks_metric){"rollouts_per_s", p->rollouts_per_s};
+    m[n++] = (vks_metric){"trainer_idle", p->trainer_idle};
+    m[n++] = (vks_metric){"broadcast_s", p->broadcast_s};
+    m[n++] = (vks_metric){"loss", p->loss};
+    m[n++] = (vks_metric){"grad_norm", p->grad_norm};
+    m[n++] = (vks_metric){"clip_fraction", p->clip_fraction};
+    m[n++] = (vks_metric){"logp_mismatch", p->logp_mismatch};
+    m[n++] = (vks_metric){"groups_filtered", (double)p->groups_filtered};
+    m[n++] = (vks_metric){"rejected", (double)p->rejected};
+    m[n++] = (vks_metric){"groups_stale", (double)p->groups_stale};
+    m[n++] = (vks_metric){"elapsed_s", p->elapsed_s};
+    return vks_metrics_log(r->metrics, p->step, m, n);
+}
+
+/* Fills the counters the inference thread keeps. */
+static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
+    pthread_mutex_lock(&r->sh.mu);
+    p->accept_rate = r->sh.checked ? (double)r->sh.accepted / (double)r->sh.checked : 1.0;
+    double el = vks_seconds_now() - t_start;
+    p->rollouts_per_s = el > 0 ? (double)r->sh.rollouts / el : 0;
+    p->groups_filtered = r->sh.filtered;
+    p->rejected = r->sh.rejected;
+    p->groups_stale = r->sh.stale;
+    pthread_mutex_unlock(&r->sh.mu);
+    p->elapsed_s = el;
+}
+
+static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_sum, vks_rl_progress *p) {
+    double t0 = vks_seconds_now(), waited = 0, broadcast_s = 0, norm = 0;
+    step_stats st;
+    int rc = take_groups(r, &waited);
+    if (!rc) rc = train_step(r, &st, &norm);
+    if (!rc) rc = publish(r, &broadcast_s);
+    if (rc) return rc;
+    double spent = vks_seconds_now() - t0;
+    *idle_sum += waited, *time_sum += spent;
+    int64_t step = vks_trainer_steps(r->trainer);
+    *p = (vks_rl_progress){.step = step, .steps = r->c->steps, .policy_lag = st.lag,
+                           .reward = st.n ? st.reward / st.n : 0, .accuracy = NAN,
+                           .length = st.n ? st.length / st.n : 0, .trainer_idle = spent > 0 ? waited / spent : 0,
+                           .broadcast_s = broadcast_s, .loss = st.grpo.loss, .grad_norm = norm,
+                           .clip_fraction = st.grpo.tokens ? (double)st.grpo.clipped / st.grpo.tokens : 0,
+                           .logp_mismatch = st.grpo.tokens ? st.mismatch_sum / st.grpo.tokens : 0};
+    bool eval_now = step == r->c->steps || (r->o->eval_every && step % r->o->eval_every == 0);
+    if (eval_now) rc = evaluate(r, &p->accuracy);
+    read_counters(r, p, t_start);
+    if (!rc) rc = log_step(r, p);
+    return rc;
+}
+
+static int finish(rl_run *r, vks_rl_result *res) {
+    const vks_rl_config *c = r->c;
+    vks_ckpt_state st = {.step = vks_trainer_steps(r->trainer), .seed = c->seed,
+                         .adam = {.lr = c->lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8},
+                         .schedule = {.lr = c->lr}, .grad_clip = RL_GRAD_CLIP};
+    int rc = vks_rl_save_trainer(r->trainer, r->layout, r->o->model, r->o->tok, &st, c->out, 0, res->final_checkpoint,
+                                 sizeof res->final_checkpoint);
+    snprintf(res->metrics_path, sizeof res->metrics_path, "%s", vks_metrics_path(r->metrics));
+    if (!rc) rc = vks_metrics_close(r->metrics);
+    r->metrics = NULL;
+    snprintf(res->plot_path, sizeof res->plot_path, "%s/rl.svg", c->out);
+    const char *keys[] = {"reward", "accuracy", "trainer_idle", "accept_rate"};
+    if (!rc) rc = vks_metrics_plot(res->metrics_path, keys, 4, "RL run: reward, held-out accuracy, trainer idle, accepted",
+                                   res->plot_path);
+    pthread_mutex_lock(&r->sh.mu);
+    res->rollouts = r->sh.rollouts, res->accepted = r->sh.accepted, res->rejected = r->sh.rejected;
+    res->groups_filtered = r->sh.filtered, res->groups_stale = r->sh.stale;
+    pthread_mutex_unlock(&r->sh.mu);
+    return rc;
+}
+
+int vks_rl_run(const vks_rl_run_options *o, vks_rl_result *res) {
+    int rc = check_options(o);
+    if (rc || !res) return rc ? rc : vks_set_error(VKS_ERR_ARG, "rl: NULL result");
+    memset(res, 0, sizeof *res);
+    res->start_accuracy = res->final_accuracy = NAN;
+    rl_run r = {.o = o, .c = o->config};
+    double t_start = vks_seconds_now(), idle = 0, total = 0;
+    rc = open_run(&r, res);
+    if (!rc) rc = evaluate(&r, &res->start_accuracy);
+    if (!rc) rc = start_inference(&r);
+    vks_rl_progress p = {0};
+    while (!rc && vks_trainer_steps(r.trainer) < r.c->steps) {
+        if ((rc = one_step(&r, t_start, &idle, &total, &p))) break;
+        if (!isnan(p.accuracy)) res->final_accuracy = p.accuracy;
+        if (o->progress) o->progress(o->progress_ctx, &p);
+    }
+    stop_inference(&r);
+    if (!rc) rc = finish(&r, res);
+    res->trainer_idle = total > 0 ? idle / total : 0;
+    res->trained = r.trained, res->trained_rejected = r.trained_rejected;
+    res->elapsed_s = vks_seconds_now() - t_start;
+    run_free(&r);
+    return rc;
+}

@@ -1,0 +1,157 @@
+/* The RL run end to end on one machine (vks_rl.h), with the built-in tiny
+ * model and short user tasks: rollouts flow from the inference thread through
+ * the verifier to the trainer, the async window holds (k = 0: every step on
+ * the newest weights, the sampler's log-probabilities equal the trainer's;
+ * k = 1: at most one step old), losses are finite, a cheating inference
+ * worker's completions are rejected and never trained on, and a run whose
+ * groups never carry signal ends with an error instead of waiting forever. */
+#include "test_util.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "vkswarm/vks_gpu.h"
+#include "vkswarm/vks_model.h"
+#include "vkswarm/vks_rl.h"
+#include "vkswarm/vks_tokenizer.h"
+
+static vks_gpu *gpu_a, *gpu_b;
+static vks_model *tiny;
+static vks_tokenizer *tok;
+static char tasks_path[400];
+
+static int setup(void **state) {
+    (void)state;
+    if (!(gpu_a = tu_gpu_open()) || !(gpu_b = tu_gpu_open())) return -1;
+    if (vks_model_init_tiny(1, &tiny, &tok)) return -1;
+    snprintf(tasks_path, sizeof tasks_path, "%s/tasks.jsonl", tu_tmpdir());
+    FILE *f = fopen(tasks_path, "w");
+    if (!f) return -1;
+    for (int i = 0; i < 8; i++) fprintf(f, "{\"prompt\": \"%d+%d=\", \"answer\": \"%d\", \"task_type\": \"numeric\"}\n", i, i + 1, 2 * i + 1);
+    return fclose(f);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    vks_model_free(tiny);
+    vks_tokenizer_free(tok);
+    vks_gpu_destroy(gpu_a);
+    vks_gpu_destroy(gpu_b);
+    return 0;
+}
+
+typedef struct {
+    int n;
+    vks_rl_progress p[16];
+} progress_log;
+
+static void on_progress(void *ctx, const vks_rl_progress *p) {
+    progress_log *l = ctx;
+    if (l->n < 16) l->p[l->n++] = *p;
+}
+
+/* An untrained tiny model solves nothing; the thinking budget (targets 4
+ * and 12 tokens) still makes rewards differ within a group. */
+static void small_config(vks_rl_config *c, const char *out, int steps, int k) {
+    vks_rl_config_defaults(c);
+    snprintf(c->task, sizeof c->task, "file:%s", tasks_path);
+    snprintf(c->out, sizeof c->out, "%s", out);
+    c->steps = steps, c->prompts_per_step = 2, c->group_size = 4, c->async_level = k, c->max_new_tokens = 12;
+    c->length_targets[0] = 4, c->length_targets[1] = 12, c->n_length_targets = 2;
+    c->lr = 1e-3;
+    assert_int_equal(vks_rl_config_check(c, 1), VKS_OK);
+}
+
+static vks_rl_run_options options(const vks_rl_config *c, progress_log *log) {
+    return (vks_rl_run_options){.config = c, .model = tiny, .tok = tok, .train_gpu = gpu_a, .infer_gpu = gpu_b,
+                                .verify = true, .progress = on_progress, .progress_ctx = log};
+}
+
+static void test_synchronous_run(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600];
+    snprintf(out, sizeof out, "%s/rl-k0", tu_tmpdir());
+    small_config(&c, out, 2, 0);
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    vks_rl_result r;
+    int rc = vks_rl_run(&o, &r);
+    if (rc) fail_msg("%s", vks_last_error());
+    assert_int_equal(log.n, 2);
+    for (int i = 0; i < log.n; i++) {
+        const vks_rl_progress *p = &log.p[i];
+        fprintf(stderr, "k=0 step %lld: lag %.2f, loss %.5f, mismatch %.2g, length %.1f, idle %.2f\n", (long long)p->step,
+                p->policy_lag, p->loss, p->logp_mismatch, p->length, p->trainer_idle);
+        assert_int_equal(p->step, i + 1);
+        assert_true(p->policy_lag == 0.0); /* k = 0: every group made by the newest weights */
+        assert_true(isfinite(p->loss) && isfinite(p->grad_norm) && p->grad_norm > 0);
+        /* same weights: the sampler's log-probabilities are the trainer's (f32 rounding only) */
+        assert_true(p->logp_mismatch < 1e-4);
+        assert_true(p->length > 0 && p->length <= 13);
+        assert_true(p->accept_rate == 1.0); /* honest work passes the verifier */
+    }
+    assert_true(r.rollouts >= 2 * 8 && r.accepted == r.rollouts && r.rejected == 0);
+    assert_int_equal(r.groups_stale, 0);
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_load(r.final_checkpoint, &m), VKS_OK);
+    assert_int_equal(m->cfg.dim, tiny->cfg.dim);
+    vks_model_free(m);
+    size_t len;
+    char *metrics = (char *)tu_read_file(r.metrics_path, &len);
+    assert_non_null(metrics);
+    assert_non_null(strstr(metrics, "\"policy_lag\""));
+    free(metrics);
+    assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
+}
+
+static void test_async_run_rejects_cheater(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600];
+    snprintf(out, sizeof out, "%s/rl-k1", tu_tmpdir());
+    small_config(&c, out, 2, 1);
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.cheat_every = 4; /* every fourth completion carries a token its sampler did not draw */
+    vks_rl_result r;
+    int rc = vks_rl_run(&o, &r);
+    if (rc) fail_msg("%s", vks_last_error());
+    assert_int_equal(log.n, 2);
+    for (int i = 0; i < log.n; i++) {
+        fprintf(stderr, "k=1 step %lld: lag %.2f, accepted %.3f\n", (long long)log.p[i].step, log.p[i].policy_lag,
+                log.p[i].accept_rate);
+        assert_true(log.p[i].policy_lag >= 0 && log.p[i].policy_lag <= 1.0);
+        assert_true(isfinite(log.p[i].loss));
+    }
+    fprintf(stderr, "cheater: %lld rollouts, %lld rejected, %lld trained\n", (long long)r.rollouts,
+            (long long)r.rejected, (long long)r.trained);
+    /* every cheated completion (a quarter of them, less those that stopped at once) is caught */
+    assert_true(r.rejected >= r.rollouts / 4 - r.rollouts / 16 && r.rejected <= r.rollouts / 4);
+    assert_int_equal(r.accepted + r.rejected, r.rollouts);
+    assert_int_equal(r.trained_rejected, 0); /* the trainer saw none of them */
+    assert_true(r.trained > 0 && r.trained <= r.accepted);
+}
+
+static void test_no_signal_fails(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600];
+    snprintf(out, sizeof out, "%s/rl-nosignal", tu_tmpdir());
+    small_config(&c, out, 2, 0);
+    c.n_length_targets = 0; /* the untrained model solves nothing: every reward 0 */
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.max_empty_batches = 2;
+    o.verify = false;
+    vks_rl_result r;
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "warm it up"));
+    assert_int_equal(log.n, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_async_run_rejects_cheater),
+                                       cmocka_unit_test(test_no_signal_fails)};
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

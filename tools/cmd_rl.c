@@ -1,0 +1,130 @@
+/* `vkswarm rl`: argument parsing around vks_rl_run (the asynchronous RL run). */
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli_model.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "vkswarm/vks_rl.h"
+#include "vkswarm/vks_rl_config.h"
+#include "vkswarm/vks_tokenizer.h"
+
+static const char rl_usage[] =
+    "usage: vkswarm rl [--config FILE.json] [--set KEY=VALUE]... [--model M | --init tiny] [--task T]\n"
+    "                  [--steps N] [--async-level K] [--out DIR] [--eval-every N] [--eval-n N]\n"
+    "                  [--eval-seed S] [--no-verify] [--device N] [--tokenizer T]\n"
+    "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
+    "completions of the task with the newest policy the async level allows (weights at most K steps\n"
+    "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
+    "online filter pick what the trainer trains on; the trainer hands each step's weights back.\n"
+    "The config (README \"RL runs\") gives every key; --set KEY=VALUE and the named flags override it.\n"
+    "--model starts from a checkpoint (train sft's), --init tiny from the built-in tiny model.\n"
+    "Held-out accuracy on --eval-n (default 64) fresh instances from --eval-seed (default 999983,\n"
+    "not the run's seed) is measured at the start, every --eval-every steps (default 5) and at the end.\n"
+    "One line per step on stderr (step, policy lag, reward, accuracy, length, verifier accept rate,\n"
+    "rollouts/s, trainer idle, broadcast time); DIR (default from the config, rl-out) gets\n"
+    "metrics.jsonl, rl.svg, rollouts/batch-N.jsonl and the final checkpoint. stdout gets:\n"
+    "  task: NAME\n  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n"
+    "  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
+    "Roles across MPI ranks (the config's roles) are not run yet: every role runs in this process.\n";
+
+typedef struct {
+    cli_model_args m;
+    vks_rl_config c;
+    vks_rl_run_options o;
+    const char *init;
+    int n_set;
+} rl_args;
+
+static void set_key(vks_rl_config *c, const char *key, const char *val) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s=%s", key, val);
+    if (vks_rl_config_set(c, buf)) cli_usage_error("rl", "%s", vks_last_error());
+}
+
+static void parse_rl(int argc, char **argv, rl_args *a) {
+    static const struct option opts[] = {
+        CLI_MODEL_LONG_OPTIONS, {"config", required_argument, 0, 0}, {"set", required_argument, 0, 0},
+        {"init", required_argument, 0, 0}, {"task", required_argument, 0, 0}, {"steps", required_argument, 0, 0},
+        {"async-level", required_argument, 0, 0}, {"out", required_argument, 0, 0},
+        {"eval-every", required_argument, 0, 0}, {"eval-n", required_argument, 0, 0},
+        {"eval-seed", required_argument, 0, 0}, {"no-verify", no_argument, 0, 0},
+        {"test-cheat-every", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    vks_rl_config_defaults(&a->c);
+    a->o = (vks_rl_run_options){.config = &a->c, .eval_every = 5, .eval_n = 64, .eval_seed = 999983, .verify = true};
+    a->m.device = -1;
+    /* the config file first, so that flags override it wherever they stand */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--config") && vks_rl_config_load(&a->c, argv[i + 1]))
+            cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    int c, idx;
+    while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
+        if (c == 'h') { fputs(rl_usage, stdout); exit(0); }
+        const char *name = opts[idx].name;
+        if (cli_model_option(&a->m, name, optarg)) continue;
+        if (!strcmp(name, "config")) continue;
+        else if (!strcmp(name, "set")) { if (vks_rl_config_set(&a->c, optarg)) cli_usage_error("rl", "%s", vks_last_error()); }
+        else if (!strcmp(name, "init")) a->init = optarg, set_key(&a->c, "init", optarg);
+        else if (!strcmp(name, "task")) set_key(&a->c, "task", optarg);
+        else if (!strcmp(name, "steps")) set_key(&a->c, "steps", optarg);
+        else if (!strcmp(name, "async-level")) set_key(&a->c, "async_level", optarg);
+        else if (!strcmp(name, "out")) set_key(&a->c, "out", optarg);
+        else if (!strcmp(name, "eval-every")) a->o.eval_every = (int)cli_parse_long("--eval-every", optarg, 0, 1 << 30);
+        else if (!strcmp(name, "eval-n")) a->o.eval_n = (int)cli_parse_long("--eval-n", optarg, 0, 1 << 20);
+        else if (!strcmp(name, "eval-seed")) a->o.eval_seed = cli_parse_u64("--eval-seed", optarg);
+        else if (!strcmp(name, "no-verify")) a->o.verify = false;
+        else if (!strcmp(name, "test-cheat-every")) a->o.cheat_every = (int)cli_parse_long("--test-cheat-every", optarg, 0, 1 << 30);
+    }
+    if (optind < argc) cli_usage_error("rl", "unexpected argument '%s'", argv[optind]);
+    if (a->m.model_path) set_key(&a->c, "model", a->m.model_path);
+    if (a->m.random_spec) cli_usage_error("rl", "--random-model has no tokenizer: use --init tiny or --model");
+    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
+    if (np && atoi(np) > 1)
+        cli_die(EXIT_BAD_INPUT, "rl: roles across %s MPI ranks are not implemented yet; run one process", np);
+    if (vks_rl_config_check(&a->c, 1)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+}
+
+static void on_progress(void *ctx, const vks_rl_progress *p) {
+    (void)ctx;
+    char acc[32] = "-";
+    if (!isnan(p->accuracy)) snprintf(acc, sizeof acc, "%.3f", p->accuracy);
+    fprintf(stderr,
+            "rl: step %lld/%lld: lag %.1f, reward %.3f, accuracy %s, length %.1f, accepted %.3f, %.1f rollouts/s, "
+            "trainer idle %.0f%%, broadcast %.3f s, loss %.4f, clipped %.3f, logp mismatch %.2g (%.0f s)\n",
+            (long long)p->step, (long long)p->steps, p->policy_lag, p->reward, acc, p->length, p->accept_rate,
+            p->rollouts_per_s, 100 * p->trainer_idle, p->broadcast_s, p->loss, p->clip_fraction, p->logp_mismatch,
+            p->elapsed_s);
+}
+
+int cmd_rl(int argc, char **argv) {
+    rl_args a = {0};
+    parse_rl(argc, argv, &a);
+    vks_tokenizer *tok = NULL;
+    vks_model *m = NULL;
+    if (a.c.model[0]) {
+        a.m.model_path = a.c.model;
+        m = cli_load_model(&a.m);
+        if (vks_tokenizer_load_auto(a.m.tokenizer_path, m, &tok))
+            cli_die(EXIT_BAD_INPUT, "%s (RL needs the model's tokenizer: --tokenizer)", vks_last_error());
+    } else if (vks_model_init_tiny(a.c.seed, &m, &tok)) cli_die(1, "%s", vks_last_error());
+    vks_gpu *train_gpu = cli_open_gpu(&a.m), *infer_gpu = cli_open_gpu(&a.m);
+    a.o.model = m, a.o.tok = tok, a.o.train_gpu = train_gpu, a.o.infer_gpu = infer_gpu;
+    a.o.progress = on_progress;
+    vks_rl_result r;
+    int rc = vks_rl_run(&a.o, &r);
+    if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    fprintf(stderr, "vkswarm: rl: %lld rollouts, %lld accepted, %lld rejected, %lld groups without signal, %lld stale, %.0f s\n",
+            (long long)r.rollouts, (long long)r.accepted, (long long)r.rejected, (long long)r.groups_filtered,
+            (long long)r.groups_stale, r.elapsed_s);
+    printf("task: ");
+    cli_put_escaped(stdout, a.c.task, strlen(a.c.task));
+    printf("\nmetrics: %s\nplot: %s\nfinal checkpoint: %s\n", r.metrics_path, r.plot_path, r.final_checkpoint);
+    printf("accuracy: %.3f -> %.3f\ntrainer idle: %.3f\n", r.start_accuracy, r.final_accuracy, r.trainer_idle);
+    if (a.m.profile) cli_print_profile(train_gpu);
+    rc = cli_finish_gpu(infer_gpu);
+    int rc2 = cli_finish_gpu(train_gpu);
+    vks_tokenizer_free(tok);
+    vks_model_free(m);
+    return rc ? rc : rc2;
+}
