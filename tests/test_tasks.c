@@ -34,6 +34,12 @@ static void test_generators_golden(void **state) {
          "(17+10-11)/2"},
         {"sort", 0, "Sort ascending: 33 4 5 61 51. End with the line answer: LIST\n", "4 5 33 51 61"},
         {"reverse:3", 1, "Reverse: 84 39 47. End with the line answer: LIST\n", "47 39 84"},
+        /* the terse style: the same instances */
+        {"add:3:short", 2, "476+810=\n", "1286"},
+        {"mul:1:short", 0, "7*9=\n", "63"},
+        {"countdown:short", 1, "make 8 from 17 11 10 2\n", "(17+10-11)/2"},
+        {"sort:short", 0, "sort 33 4 5 61 51\n", "4 5 33 51 61"},
+        {"reverse:3:short", 1, "reverse 84 39 47\n", "47 39 84"},
     };
     for (size_t i = 0; i < sizeof golden / sizeof golden[0]; i++) {
         vks_task t = make(golden[i].name, 42, golden[i].index);
@@ -53,7 +59,8 @@ static void test_generators_golden(void **state) {
  * countdown targets are reachable with the given numbers. */
 static void test_worked_completions_solve(void **state) {
     (void)state;
-    const char *names[] = {"add:1", "add:9", "mul:2", "mul:9", "countdown:2", "countdown", "countdown:6", "sort:16", "reverse:2"};
+    const char *names[] = {"add:1", "add:9", "mul:2", "mul:9", "countdown:2", "countdown", "countdown:6", "sort:16", "reverse:2",
+                           "add:2:short", "mul:3:short", "countdown:short", "sort:short"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         for (uint32_t i = 0; i < 2000; i++) {
             vks_task t = make(names[k], 7, i);
@@ -67,6 +74,13 @@ static void test_worked_completions_solve(void **state) {
     assert_int_equal(vks_task_parse("add:", &s), VKS_ERR_ARG);
     assert_int_equal(vks_task_parse("divide", &s), VKS_ERR_ARG);
     assert_int_equal(vks_task_parse("sort:3x", &s), VKS_ERR_ARG);
+    assert_int_equal(vks_task_parse("sort:3:shortx", &s), VKS_ERR_ARG);
+    assert_int_equal(vks_task_parse("sort:short:3", &s), VKS_ERR_ARG);
+    assert_int_equal(vks_task_parse("add:short", &s), VKS_OK);
+    assert_true(s.short_prompt && s.size == 3);
+    char name[32];
+    vks_task_spec_name(&s, name, sizeof name);
+    assert_string_equal(name, "add:3:short");
 }
 
 static void test_extract_answer(void **state) {

@@ -32,6 +32,8 @@ typedef enum { VKS_TASK_ADD, VKS_TASK_MUL, VKS_TASK_COUNTDOWN, VKS_TASK_SORT, VK
 typedef struct {
     vks_task_kind kind;
     int size; /* add/mul: digits per operand (1-9); countdown: given numbers (2-6); sort/reverse: list length (2-16) */
+    bool short_prompt; /* ":short": a terse prompt ("39+39=", "sort 5 2 9", "make 24 from 3 8 1") for small
+                        * models (fewer tokens per sample); same instances, same answers */
 } vks_task_spec;
 
 typedef struct {
@@ -45,9 +47,10 @@ typedef struct {
 } vks_task;
 
 /* "add", "mul", "countdown", "sort", "reverse", optionally ":N" for the size
- * (defaults: add 3, mul 2, countdown 4, sort 5, reverse 5). */
+ * (defaults: add 3, mul 2, countdown 4, sort 5, reverse 5), then optionally
+ * ":short" for the terse prompt style ("add:2:short", "sort:short"). */
 int vks_task_parse(const char *name, vks_task_spec *out);
-/* The canonical "NAME:N" of a spec (at least 32 bytes). */
+/* The canonical "NAME:N[:short]" of a spec (at least 32 bytes). */
 void vks_task_spec_name(const vks_task_spec *s, char *buf, size_t cap);
 /* Instance `index` of a task: a pure function of (spec, seed, index) on every machine. */
 int vks_task_generate(const vks_task_spec *s, uint64_t seed, uint32_t index, vks_task *out);

@@ -26,21 +26,29 @@ int vks_task_parse(const char *name, vks_task_spec *out) {
         if (strlen(kinds[i].name) != len || memcmp(kinds[i].name, name, len)) continue;
         out->kind = kinds[i].kind;
         out->size = kinds[i].def;
+        out->short_prompt = false;
         if (!colon) return VKS_OK;
+        const char *style = strstr(colon, ":short");
+        if (style && !style[6]) out->short_prompt = true;
+        if (style == colon && !style[6]) return VKS_OK; /* NAME:short */
         char *end;
         long v = strtol(colon + 1, &end, 10);
+        if (out->short_prompt && end == style) end += 6;
         if (end == colon + 1 || *end || v < kinds[i].min || v > kinds[i].max)
             return vks_set_error(VKS_ERR_ARG, "task '%s': the size after ':' must be %d to %d", name, kinds[i].min,
                                  kinds[i].max);
         out->size = (int)v;
         return VKS_OK;
     }
-    return vks_set_error(VKS_ERR_ARG, "unknown task '%s' (add, mul, countdown, sort, reverse, optionally :N)", name);
+    return vks_set_error(VKS_ERR_ARG, "unknown task '%s' (add, mul, countdown, sort, reverse, optionally :N and :short)", name);
 }
 
 void vks_task_spec_name(const vks_task_spec *s, char *buf, size_t cap) {
     for (int i = 0; i < N_KINDS; i++)
-        if (kinds[i].kind == s->kind) { snprintf(buf, cap, "%s:%d", kinds[i].name, s->size); return; }
+        if (kinds[i].kind == s->kind) {
+            snprintf(buf, cap, "%s:%d%s", kinds[i].name, s->size, s->short_prompt ? ":short" : "");
+            return;
+        }
     snprintf(buf, cap, "?");
 }
 
@@ -95,8 +103,9 @@ static int gen_arith(const vks_task_spec *s, draws *d, vks_task *t) {
     int64_t a = draw_digits(d, s->size), b = draw_digits(d, s->size);
     bool add = s->kind == VKS_TASK_ADD;
     t->verify = VKS_VERIFY_NUMERIC;
-    int rc = fmt(t->prompt, sizeof t->prompt, "What is %lld %c %lld? %sN\n", (long long)a, add ? '+' : '*',
-                 (long long)b, answer_hint);
+    int rc = s->short_prompt ? fmt(t->prompt, sizeof t->prompt, "%lld%c%lld=\n", (long long)a, add ? '+' : '*', (long long)b)
+                             : fmt(t->prompt, sizeof t->prompt, "What is %lld %c %lld? %sN\n", (long long)a,
+                                   add ? '+' : '*', (long long)b, answer_hint);
     return rc ? rc : fmt(t->answer, sizeof t->answer, "%lld", (long long)(add ? a + b : a * b));
 }
 
@@ -112,8 +121,10 @@ static int gen_list(const vks_task_spec *s, draws *d, vks_task *t) {
             for (int j = i; j > 0 && r[j - 1] > r[j]; j--) { int64_t x = r[j]; r[j] = r[j - 1]; r[j - 1] = x; }
     join_list(r, s->size, ans, sizeof ans);
     t->verify = VKS_VERIFY_LIST;
-    int rc = fmt(t->prompt, sizeof t->prompt, "%s: %s. %sLIST\n",
-                 s->kind == VKS_TASK_SORT ? "Sort ascending" : "Reverse", list, answer_hint);
+    const char *what = s->kind == VKS_TASK_SORT ? (s->short_prompt ? "sort" : "Sort ascending")
+                                                 : (s->short_prompt ? "reverse" : "Reverse");
+    int rc = s->short_prompt ? fmt(t->prompt, sizeof t->prompt, "%s %s\n", what, list)
+                             : fmt(t->prompt, sizeof t->prompt, "%s: %s. %sLIST\n", what, list, answer_hint);
     return rc ? rc : fmt(t->answer, sizeof t->answer, "%s", ans);
 }
 
@@ -161,6 +172,7 @@ static int gen_countdown(const vks_task_spec *s, draws *d, vks_task *t) {
     char list[128];
     join_list(t->numbers, s->size, list, sizeof list);
     t->verify = VKS_VERIFY_COUNTDOWN;
+    if (s->short_prompt) return fmt(t->prompt, sizeof t->prompt, "make %lld from %s\n", (long long)t->target, list);
     return fmt(t->prompt, sizeof t->prompt, "Make %lld from %s with + - * / (each number at most once). %sEXPR\n",
                (long long)t->target, list, answer_hint);
 }
