@@ -242,18 +242,23 @@ static void gen_sample(const vks_model *m, const uint8_t hash[32], int i, int st
     free(ids), free(logits), free(hidden), free(rows);
 }
 
+/* 12 samples of 40 steps (2 proof chunks); 8 with VKSWARM_TEST_SHORT (tools/
+ * test's ASan run, where generating them with the reference forward, which
+ * recomputes the prefix each step, dominates): both cheats and every prompt
+ * length stay. */
 static void test_verdicts_same_on_1_and_n_threads(void **state) {
     (void)state;
-    enum { N = 12, STEPS = 40 };
+    enum { MAX_N = 12, STEPS = 40 };
+    const int N = tu_test_short() ? 8 : MAX_N;
     vks_model *m = block_model(0);
     vks_verify_options o;
     vks_verify_options_default(&o);
     assert_int_equal(vks_model_hash(m, o.model_hash), VKS_OK);
-    vks_rollout_sample s[N];
+    vks_rollout_sample s[MAX_N];
     for (int i = 0; i < N; i++) gen_sample(m, o.model_hash, i, STEPS, &s[i]);
     s[3].output_ids[10] = (s[3].output_ids[10] + 1) % 300; /* cheats: a changed token, a forged proof byte */
     s[7].proofs[5] ^= 0x40;
-    vks_verdict v[3][N];
+    vks_verdict v[3][MAX_N];
     int threads[] = {1, 4};
     for (int k = 0; k < 2; k++) {
         o.cpu_threads = threads[k];
@@ -325,9 +330,12 @@ static vks_rollout_sample *gpu_samples(vks_gpu *g, const vks_model *m, const uin
     return out;
 }
 
+/* 200 GPU samples, none rejected; 50 with VKSWARM_TEST_SHORT (tools/test's
+ * ASan run: the same code; the normal build runs all 200 at three widths). */
 static void test_gpu_rollouts_accepted(void **state) {
     (void)state;
-    enum { N = 200, STEPS = 40 };
+    enum { STEPS = 40 };
+    const int N = tu_test_short() ? 50 : 200;
     const char *path = tu_shared_path("stories260K/stories260K.bin");
     if (!path) skip();
     vks_gpu *g = tu_gpu_open();
@@ -339,7 +347,7 @@ static void test_gpu_rollouts_accepted(void **state) {
     assert_int_equal(vks_model_hash(m, o.model_hash), VKS_OK);
     o.stop_ids[0] = 1, o.stop_ids[1] = 2, o.n_stop = 2;
     vks_rollout_sample *s = gpu_samples(g, m, o.model_hash, N, STEPS);
-    vks_verdict *v = calloc(N, sizeof *v);
+    vks_verdict *v = calloc((size_t)N, sizeof *v);
     o.cpu_threads = 3;
     assert_int_equal(vks_verify_batch_cpu(m, &o, s, N, v), VKS_OK);
     int rejected = 0;

@@ -15,6 +15,10 @@
 #include "vkswarm/vks_toploc.h"
 
 enum { N_SAMPLES = 200, STEPS = 40 };
+/* Samples per case: N_SAMPLES; 50 with VKSWARM_TEST_SHORT (tools/test's ASan
+ * run: the same code and the same every-sample checks, on fewer samples; the
+ * normal build runs all 200). Set in main. */
+static int n_samples = N_SAMPLES;
 
 static vks_gpu *gpu;
 static vks_model *stories;
@@ -33,7 +37,7 @@ static void free_samples(vks_rollout_sample *s, int n);
 
 static int teardown(void **state) {
     (void)state;
-    if (honest_base) free_samples(honest_base, N_SAMPLES);
+    if (honest_base) free_samples(honest_base, n_samples);
     vks_model_free(stories);
     vks_gpu_destroy(gpu);
     return 0;
@@ -525,20 +529,20 @@ typedef struct {
 } task;
 
 static void task_make(task *t, vks_verify_options *o) {
-    for (int i = 0; i < N_SAMPLES; i++) t->ids[i] = make_prompt(i, stories->cfg.vocab_size, &t->lens[i]);
+    for (int i = 0; i < n_samples; i++) t->ids[i] = make_prompt(i, stories->cfg.vocab_size, &t->lens[i]);
     o->task_prompts = (const int32_t *const *)t->ids;
     o->task_prompt_lens = t->lens;
-    o->n_task_prompts = N_SAMPLES;
+    o->n_task_prompts = n_samples;
 }
 
 static void task_free(task *t) {
-    for (int i = 0; i < N_SAMPLES; i++) free(t->ids[i]);
+    for (int i = 0; i < n_samples; i++) free(t->ids[i]);
 }
 
-/* The honest samples every test shares (N_SAMPLES prompts, one GPU generation): honest_base. */
+/* The honest samples every test shares (n_samples prompts, one GPU generation): honest_base. */
 
 static const vks_rollout_sample *honest_samples(void) {
-    if (!honest_base) honest_base = gen_gpu(stories, VKS_DTYPE_F32, N_SAMPLES, &sampled_params, 256);
+    if (!honest_base) honest_base = gen_gpu(stories, VKS_DTYPE_F32, n_samples, &sampled_params, 256);
     return honest_base;
 }
 
@@ -563,14 +567,14 @@ static void test_honest_gpu_on_cpu_and_gpu(void **state) {
     vks_verify_options o = verify_opts(), so = strict_opts();
     const vks_rollout_sample *s = honest_samples();
     int early = 0;
-    for (int i = 0; i < N_SAMPLES; i++) early += s[i].n_prompt + s[i].n_output < STEPS + 1;
-    fprintf(stderr, "honest: %d samples (%d stopped on a stop token)\n", N_SAMPLES, early);
+    for (int i = 0; i < n_samples; i++) early += s[i].n_prompt + s[i].n_output < STEPS + 1;
+    fprintf(stderr, "honest: %d samples (%d stopped on a stop token)\n", n_samples, early);
     vks_verify_options ot = o; /* with the task known */
     task t;
     task_make(&t, &ot);
     int strict_ok;
-    assert_int_equal(verify_count(s, N_SAMPLES, true, &ot, true, &strict_ok), N_SAMPLES);
-    assert_int_equal(strict_ok, N_SAMPLES);
+    assert_int_equal(verify_count(s, n_samples, true, &ot, true, &strict_ok), n_samples);
+    assert_int_equal(strict_ok, n_samples);
     double gap_cpu = last_max_gap;
     task_free(&t);
     /* lavapipe is slow: a fifth on the GPU, at the strict thresholds (which imply the default ones) */
@@ -714,7 +718,7 @@ static vks_model *perturbed_copy(const vks_model *m, int layer, float rel) {
 }
 
 /* Cheats that need their own generation run shorter (CHEAT_STEPS positions:
- * one proof chunk each) to keep the suite fast; still N_SAMPLES each. */
+ * one proof chunk each) to keep the suite fast; still n_samples each. */
 enum { CHEAT_STEPS = 16 };
 
 static void test_cheats_other_models(void **state) {
@@ -724,20 +728,20 @@ static void test_cheats_other_models(void **state) {
     gp.steps = 12; /* other weights altogether: every chunk is far off */
     vks_model *other;
     assert_int_equal(vks_model_random(&stories->cfg, 2024, &other), VKS_OK);
-    vks_rollout_sample *s = gen_gpu(other, VKS_DTYPE_F32, N_SAMPLES, &gp, 256);
+    vks_rollout_sample *s = gen_gpu(other, VKS_DTYPE_F32, n_samples, &gp, 256);
     int d;
-    assert_int_equal(detect_both("another model (other weights)", s, N_SAMPLES, &d), N_SAMPLES);
-    assert_int_equal(d, N_SAMPLES);
-    free_samples(s, N_SAMPLES);
+    assert_int_equal(detect_both("another model (other weights)", s, n_samples, &d), n_samples);
+    assert_int_equal(d, n_samples);
+    free_samples(s, n_samples);
     vks_model_free(other);
     gp.steps = CHEAT_STEPS;
     vks_model *pert = perturbed_copy(stories, 2, 0.01f);
-    s = gen_gpu(pert, VKS_DTYPE_F32, N_SAMPLES, &gp, 256);
+    s = gen_gpu(pert, VKS_DTYPE_F32, n_samples, &gp, 256);
     /* TOPLOC's thresholds miss most of these; the strict ones catch all */
-    assert_int_equal(detect_both("layer 2 perturbed by 1%", s, N_SAMPLES, &d), N_SAMPLES);
+    assert_int_equal(detect_both("layer 2 perturbed by 1%", s, n_samples, &d), n_samples);
     vks_verify_options so = strict_opts();
     assert_int_equal(detect("layer 2 perturbed by 1%", s, 24, false, &so, NULL), 24);
-    free_samples(s, N_SAMPLES);
+    free_samples(s, n_samples);
     vks_model_free(pert);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
@@ -750,14 +754,14 @@ static void test_lower_precision_rate(void **state) {
     gen_params gp = sampled_params;
     gp.steps = CHEAT_STEPS;
     for (size_t d = 0; d < 2; d++) {
-        vks_rollout_sample *s = gen_gpu(stories, dts[d], N_SAMPLES, &gp, 256);
+        vks_rollout_sample *s = gen_gpu(stories, dts[d], n_samples, &gp, 256);
         char what[64];
         snprintf(what, sizeof what, "%s weights claimed as f32", vks_dtype_name(dts[d]));
         int caught;
-        int caught_strict = detect_both(what, s, N_SAMPLES, &caught);
+        int caught_strict = detect_both(what, s, n_samples, &caught);
         assert_true(caught_strict >= caught);
-        if (dts[d] == VKS_DTYPE_BF16) assert_int_equal(caught_strict, N_SAMPLES);
-        free_samples(s, N_SAMPLES);
+        if (dts[d] == VKS_DTYPE_BF16) assert_int_equal(caught_strict, n_samples);
+        free_samples(s, n_samples);
     }
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
@@ -807,42 +811,42 @@ static void test_cheats_edited_samples(void **state) {
     if (!stories) skip();
     int V = stories->cfg.vocab_size, dim = stories->cfg.dim;
     const vks_rollout_sample *base = honest_samples();
-    vks_rollout_sample *s = copy_samples(base, N_SAMPLES);
+    vks_rollout_sample *s = copy_samples(base, n_samples);
     vks_verify_options o = verify_opts();
     uint64_t r = 11;
     int d;
     /* a changed prompt token */
-    for (int i = 0; i < N_SAMPLES; i++) {
+    for (int i = 0; i < n_samples; i++) {
         int p = (int)(rng_next(&r) % (uint64_t)s[i].n_prompt);
         s[i].prompt_ids[p] = 3 + (s[i].prompt_ids[p] + 1 + (int32_t)(rng_next(&r) % 500)) % (V - 3);
     }
     /* Without the task, TOPLOC + the sampler see only what the change does to
      * the committed rows and the draws: reported, not required (vks_toploc.h). */
-    int strict_rate = detect_both("changed prompt token, task unknown", s, N_SAMPLES, &d);
+    int strict_rate = detect_both("changed prompt token, task unknown", s, n_samples, &d);
     assert_true(strict_rate >= d);
     vks_verify_options ot = o;
     task t;
     task_make(&t, &ot);
-    assert_int_equal(detect("changed prompt token, task known", s, N_SAMPLES, true, &ot, NULL), N_SAMPLES);
-    assert_reasons(s, N_SAMPLES, &ot, "prompt does not match the task");
+    assert_int_equal(detect("changed prompt token, task known", s, n_samples, true, &ot, NULL), n_samples);
+    assert_reasons(s, n_samples, &ot, "prompt does not match the task");
     assert_int_equal(detect("changed prompt token, task known", s, 24, false, &ot, NULL), 24);
     task_free(&t);
     /* a changed output token (not a stop token) */
-    for (int i = 0; i < N_SAMPLES; i++) {
+    for (int i = 0; i < n_samples; i++) {
         memcpy(s[i].prompt_ids, base[i].prompt_ids, 4 * (size_t)base[i].n_prompt);
         int k = (int)(rng_next(&r) % (uint64_t)s[i].n_output);
         int32_t old = s[i].output_ids[k];
         do s[i].output_ids[k] = 3 + (int32_t)(rng_next(&r) % (uint64_t)(V - 3));
         while (s[i].output_ids[k] == old);
     }
-    assert_int_equal(detect("changed output token", s, N_SAMPLES, true, &o, NULL), N_SAMPLES);
+    assert_int_equal(detect("changed output token", s, n_samples, true, &o, NULL), n_samples);
     assert_int_equal(detect("changed output token", s, 24, false, &o, NULL), 24);
     /* the runner-up instead of the seeded draw at output index k, the sample
      * cut right after it (max_steps lowered so it is complete) with honest
      * proofs of its rows: only the sampler replay can see it */
     float *logits = malloc(sizeof(float) * (STEPS + 1) * (size_t)V), *hidden = malloc(sizeof(float) * (STEPS + 1) * (size_t)dim);
     double min_gap = INFINITY;
-    for (int i = 0; i < N_SAMPLES; i++) {
+    for (int i = 0; i < n_samples; i++) {
         const vks_rollout_sample *b = &base[i];
         int k0 = (int)(rng_next(&r) % (uint64_t)b->n_output), L = b->n_prompt + b->n_output - 1;
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)L);
@@ -868,10 +872,10 @@ static void test_cheats_edited_samples(void **state) {
     }
     fprintf(stderr, "smallest gap between the draw and the runner-up: %.3g logits (margin %.3g)\n", min_gap,
             (double)o.logit_margin);
-    assert_int_equal(detect("runner-up token instead of the draw", s, N_SAMPLES, true, &o, NULL), N_SAMPLES);
+    assert_int_equal(detect("runner-up token instead of the draw", s, n_samples, true, &o, NULL), n_samples);
     assert_int_equal(detect("runner-up token instead of the draw", s, 24, false, &o, NULL), 24);
     /* a stop without EOS: output cut short (and proofs rebuilt for the kept rows) */
-    for (int i = 0; i < N_SAMPLES; i++) {
+    for (int i = 0; i < n_samples; i++) {
         const vks_rollout_sample *b = &base[i];
         s[i].max_steps = STEPS;
         int keep = b->n_output > 1 ? 1 + (int)(rng_next(&r) % (uint64_t)(b->n_output - 1)) : 1;
@@ -881,10 +885,10 @@ static void test_cheats_edited_samples(void **state) {
         s[i].proof_bytes = vks_toploc_proof_size((size_t)keep);
         memcpy(s[i].proofs, b->proofs, s[i].proof_bytes); /* chunk proofs change only in the last chunk */
     }
-    assert_int_equal(detect("stop without EOS", s, N_SAMPLES, true, &o, NULL), N_SAMPLES);
+    assert_int_equal(detect("stop without EOS", s, n_samples, true, &o, NULL), n_samples);
     free(logits);
     free(hidden);
-    free_samples(s, N_SAMPLES);
+    free_samples(s, n_samples);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
 
@@ -1094,5 +1098,6 @@ int main(void) {
         cmocka_unit_test(test_header_rules),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
+    if (tu_test_short()) n_samples = 50;
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -58,6 +58,11 @@ void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi) {
     }
 }
 
+bool tu_test_short(void) {
+    const char *s = getenv("VKSWARM_TEST_SHORT");
+    return s && s[0] && strcmp(s, "0") != 0;
+}
+
 const char *tu_tmpdir(void) {
     static char buf[256];
     snprintf(buf, sizeof buf, "/tmp/vkstest.XXXXXX");

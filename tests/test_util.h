@@ -22,6 +22,10 @@ void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
 /* The default Vulkan device, with the validation layer when VKSWARM_VALIDATION
  * is set; NULL (and the reason on stderr) when it cannot be opened. */
 struct vks_gpu *tu_gpu_open(void);
+/* VKSWARM_TEST_SHORT set (and not "0"): the slowest cases take fewer steps.
+ * tools/test sets it for the ASan run only, where the code paths matter and
+ * the normal build has already run the full cases. */
+bool tu_test_short(void);
 /* Makes a fresh temporary directory; returns static path. */
 const char *tu_tmpdir(void);
 /* The vkswarm binary under test: $VKSWARM_BIN, else ./vkswarm. */
