@@ -72,13 +72,14 @@ static void test_synchronous_run(void **state) {
     vks_rl_config c;
     char out[600];
     snprintf(out, sizeof out, "%s/rl-k0", tu_tmpdir());
-    small_config(&c, out, 2, 0);
+    int steps = tu_test_short() ? 1 : 2; /* the ASan run: one step */
+    small_config(&c, out, steps, 0);
     progress_log log = {0};
     vks_rl_run_options o = options(&c, &log);
     vks_rl_result r;
     int rc = vks_rl_run(&o, &r);
     if (rc) fail_msg("%s", vks_last_error());
-    assert_int_equal(log.n, 2);
+    assert_int_equal(log.n, steps);
     for (int i = 0; i < log.n; i++) {
         const vks_rl_progress *p = &log.p[i];
         fprintf(stderr, "k=0 step %lld: lag %.2f, loss %.5f, mismatch %.2g, length %.1f, idle %.2f\n", (long long)p->step,
@@ -91,7 +92,7 @@ static void test_synchronous_run(void **state) {
         assert_true(p->length > 0 && p->length <= 13);
         assert_true(p->accept_rate == 1.0); /* honest work passes the verifier */
     }
-    assert_true(r.rollouts >= 2 * 8 && r.accepted == r.rollouts && r.rejected == 0);
+    assert_true(r.rollouts >= steps * 8 && r.accepted == r.rollouts && r.rejected == 0);
     assert_int_equal(r.groups_stale, 0);
     vks_model *m = NULL;
     assert_int_equal(vks_model_load(r.final_checkpoint, &m), VKS_OK);
@@ -110,14 +111,15 @@ static void test_async_run_rejects_cheater(void **state) {
     vks_rl_config c;
     char out[600];
     snprintf(out, sizeof out, "%s/rl-k1", tu_tmpdir());
-    small_config(&c, out, 2, 1);
+    int steps = tu_test_short() ? 1 : 2;
+    small_config(&c, out, steps, 1);
     progress_log log = {0};
     vks_rl_run_options o = options(&c, &log);
     o.cheat_every = 4; /* every fourth completion carries a token its sampler did not draw */
     vks_rl_result r;
     int rc = vks_rl_run(&o, &r);
     if (rc) fail_msg("%s", vks_last_error());
-    assert_int_equal(log.n, 2);
+    assert_int_equal(log.n, steps);
     for (int i = 0; i < log.n; i++) {
         fprintf(stderr, "k=1 step %lld: lag %.2f, accepted %.3f\n", (long long)log.p[i].step, log.p[i].policy_lag,
                 log.p[i].accept_rate);
