@@ -89,7 +89,7 @@ int vks_op_rmsnorm_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w
     /* flags: 1 = write dx, 2 = accumulate into dx, 4 = write the inverse RMS for dw */
     uint32_t flags = (wanted(dx) ? 1u : 0u) | (accumulate_dx ? 2u : 0u) | (wanted(dw) ? 4u : 0u);
     struct { uint32_t R, D; float eps; uint32_t flags; } push = {R, D, eps, flags};
-    uint32_t spec[] = {o->wg_row};
+    uint32_t spec[] = {o->wg_norm};
     /* bindings that are not wanted get dout, which the kernel then never writes */
     vks_binding b[] = {x, w, dout, wanted(dx) ? dx : dout, wanted(dw) ? scratch : dout};
     rc = vks_ops_dispatch(o, c, "rmsnorm_backward_rows", spec, 1, b, 5, &push, sizeof push, R, "rmsnorm_backward");

@@ -17,7 +17,8 @@ struct vks_ops {
     vks_gpu *g;
     vks_device_info info;
     uint32_t wg_elementwise;  /* embed, rope, kv_store, swiglu, add, gather_rows */
-    uint32_t wg_row;          /* rmsnorm, sample: one workgroup per row */
+    uint32_t wg_row;          /* sample, token_logprob: one workgroup per row */
+    uint32_t wg_norm;         /* rmsnorm and its backward: one workgroup per row */
     uint32_t wg_attention;    /* also the key tile length */
     /* matvec: lane groups are subgroups (mv_subgroup) or the whole workgroup */
     bool mv_subgroup;
