@@ -31,6 +31,12 @@ layout(constant_id = 4) const uint TM = 4;
 layout(constant_id = 5) const uint TN = 4;
 // K % 8 == 0 and x, W bound 16-byte aligned: stage with vector loads.
 layout(constant_id = 6) const bool VEC4 = false;
+// DIRECT (CPU drivers): no shared-memory tiles and no barriers; each
+// invocation reads its x and W vec4s straight from the buffers. lavapipe
+// gathers shared and storage loads alike lane by lane, so staging only added
+// loads, stores and two barriers (coroutine switches) per K slice. The
+// products and their order are the same: results are bit-identical.
+layout(constant_id = 7) const bool DIRECT = false;
 
 // Scalar and vector views of the same bindings; the vector ones only when VEC4.
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
@@ -99,7 +105,32 @@ void main() {
     uint tx = gl_LocalInvocationID.x % THREADS_N, ty = gl_LocalInvocationID.x / THREADS_N;
 
     [[unroll]] for (uint i = 0u; i < TM * TN; i++) acc[i] = 0.0;
-    for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
+    if (DIRECT) {
+        for (uint k = 0u; k < pc.K; k += 4u) {
+            TILE_VEC wv[TN];
+            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = TILE_VEC(w_quad(n0 + tx + j * THREADS_N, k));
+            [[unroll]] for (uint i = 0u; i < TM; i++) {
+                TILE_VEC xv = TILE_VEC(x_quad(m0 + ty + i * THREADS_M, k));
+                [[unroll]] for (uint j = 0u; j < TN; j++) {
+                    float a = acc[i * TN + j];  // k order: .x .y .z .w
+#ifdef F16_MATH
+                    f16vec4 p = xv * wv[j];
+                    a += float(p.x);
+                    a += float(p.y);
+                    a += float(p.z);
+                    a += float(p.w);
+#else
+                    a += xv.x * wv[j].x;
+                    a += xv.y * wv[j].y;
+                    a += xv.z * wv[j].z;
+                    a += xv.w * wv[j].w;
+#endif
+                    acc[i * TN + j] = a;
+                }
+            }
+        }
+    }
+    for (uint k0 = 0u; !DIRECT && k0 < pc.K; k0 += BK) {
         barrier();  // previous slice fully consumed
         load_tiles(m0, n0, k0);
         barrier();

@@ -93,6 +93,9 @@ static void choose_matmul_tiles(vks_ops *o) {
     if (limit < 128) o->mm_bn = 64; /* 64 invocations */
     uint32_t shared = (o->mm_bm + o->mm_bn) * o->mm_bk * 4;
     if (o->info.max_shared_bytes && shared > o->info.max_shared_bytes) o->mm_bk = 4; /* stays a multiple of 4 */
+    /* CPU drivers: operands read straight from the buffers (matmul.comp's DIRECT) */
+    const char *env = getenv("VKSWARM_MATMUL_DIRECT");
+    o->mm_direct = env && (!strcmp(env, "0") || !strcmp(env, "1")) ? env[0] == '1' : o->info.type == VKS_DEVTYPE_CPU;
 }
 
 static void choose_matvec(vks_ops *o) {
@@ -235,10 +238,10 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
     uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
     /* vector staging loads need whole 8-element groups per row and aligned bindings */
     uint32_t vec4 = push[2] % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
-    uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn, vec4};
+    uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn, vec4, o->mm_direct};
     vks_binding b[] = {x, W, y};
     uint64_t tiles = ceil_div(M, o->mm_bm) * ceil_div(N, o->mm_bn);
-    return vks_ops_dispatch(o, c, name, spec, 7, b, 3, push, 6 * sizeof(uint32_t), tiles, "matmul");
+    return vks_ops_dispatch(o, c, name, spec, 8, b, 3, push, 6 * sizeof(uint32_t), tiles, "matmul");
 }
 
 /* Decode rows in groups of MATVEC_MAX_M through the matrix-vector kernel; the

@@ -25,6 +25,7 @@ struct vks_ops {
     uint32_t mv_wg, mv_rows, mv_rows_per_wg;
     /* matmul tiles */
     uint32_t mm_bm, mm_bn, mm_bk, mm_tm, mm_tn;
+    uint32_t mm_direct; /* no shared-memory staging (CPU drivers; VKSWARM_MATMUL_DIRECT=0|1) */
     bool mm_f16_math; /* matmul_*_h variants */
 };
 
