@@ -234,7 +234,10 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
                                vks_dtype dtype, vks_binding y, const uint32_t push[6]) {
     uint32_t M = push[0], N = push[1];
     char name[32];
-    snprintf(name, sizeof name, "matmul_%s%s", dtype_suffix(dtype), o->mm_f16_math ? "_h" : "");
+    /* DIRECT f32 with subgroup broadcasts of the x rows (matmul.comp DIRECT_SG) */
+    bool dsg = dtype == VKS_DTYPE_F32 && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
+               o->info.subgroup_ballot && o->mm_tm == 8;
+    snprintf(name, sizeof name, "matmul_%s%s", dtype_suffix(dtype), dsg ? "_dsg" : o->mm_f16_math ? "_h" : "");
     uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
     /* vector staging loads need whole 8-element groups per row and aligned bindings */
     uint32_t vec4 = push[2] % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
