@@ -27,7 +27,12 @@
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 
-const uint MAX_HD = 128u;
+// head_dim rounded up to a whole vec4 (at most 128): the tiles' row length.
+// A specialization constant, so the per-invocation output arrays below hold
+// only the units a workgroup needs for the model's head_dim (with 128 for
+// head_dim 32 they were 4x longer than used, dynamically indexed, and spilled
+// to memory on CPU drivers).
+layout(constant_id = 1) const uint MAX_HD = 128u;
 const uint MAX_HD4 = MAX_HD / 4u;
 const uint S4 = MAX_HD4 + 1u;
 const float NEG_INF = -1.0 / 0.0;
@@ -366,7 +371,12 @@ void main() {
     for (uint h = kvh * group; h < (kvh + 1u) * group; h++)
         for (uint q0 = k0; q0 < pc.T; q0 += BQ) {  // rows before k0 see none of these keys
             uint nq = min(BQ, pc.T - q0);
-            if (query_tile_start(q0, nq) >= k0 + nk) continue;  // uniform: nobody here sees these keys
+            // Skip tiles where nobody sees these keys without a barrier: each
+            // invocation reads the tile's starts itself (same value everywhere).
+            uint lo = 0xffffffffu;
+            for (uint i = 0u; i < nq; i++) lo = min(lo, min(start[q0 + i], q0 + i));
+            if (lo >= k0 + nk) continue;  // uniform
+            query_tile_start(q0, nq);
             load_query_tile(q0, nq, h);
             for (uint b = t; b < (BQ / 2u) * (BK / 2u); b += WG_SIZE) {
                 uint ib = b / (BK / 2u), jb = b - ib * (BK / 2u), i1 = ib + BQ / 2u, j1 = jb + BK / 2u;

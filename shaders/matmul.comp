@@ -20,6 +20,11 @@
 #else
 #define TILE_VEC vec4
 #endif
+#ifdef DIRECT_SG
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_ballot : require
+#endif
 #define WEIGHT_COUNT (pc.N * pc.K)  // elements of W (block types, weights.glsl)
 #include "common.glsl"
 #include "weights.glsl"
@@ -31,6 +36,12 @@ layout(constant_id = 4) const uint TM = 4;
 layout(constant_id = 5) const uint TN = 4;
 // K % 8 == 0 and x, W bound 16-byte aligned: stage with vector loads.
 layout(constant_id = 6) const bool VEC4 = false;
+// DIRECT (CPU drivers): no shared-memory tiles and no barriers; each
+// invocation reads its x and W vec4s straight from the buffers. lavapipe
+// gathers shared and storage loads alike lane by lane, so staging only added
+// loads, stores and two barriers (coroutine switches) per K slice. The
+// products and their order are the same: results are bit-identical.
+layout(constant_id = 7) const bool DIRECT = false;
 
 // Scalar and vector views of the same bindings; the vector ones only when VEC4.
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
@@ -99,7 +110,65 @@ void main() {
     uint tx = gl_LocalInvocationID.x % THREADS_N, ty = gl_LocalInvocationID.x / THREADS_N;
 
     [[unroll]] for (uint i = 0u; i < TM * TN; i++) acc[i] = 0.0;
-    for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
+#ifdef DIRECT_SG
+    // The TM rows of x an invocation reads are the same for the lanes of a
+    // subgroup (they share ty when lanes <= THREADS_N): lane l loads row
+    // l % TM once and the rows reach every lane by broadcast (8 loads -> 1).
+    uint lanes = subgroupAdd(1u);
+    bool sg_rows = DIRECT && TM == 8u && lanes >= 8u && lanes <= THREADS_N && THREADS_N % lanes == 0u;
+    if (sg_rows) {
+        uint lane = gl_SubgroupInvocationID;
+        for (uint k = 0u; k < pc.K; k += 4u) {
+            vec4 wv[TN];
+            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = w_quad(n0 + tx + j * THREADS_N, k);
+            vec4 mine = x_quad(m0 + ty + (lane % 8u) * THREADS_M, k);
+            vec4 xr[8];
+            xr[0] = subgroupBroadcast(mine, 0u); xr[1] = subgroupBroadcast(mine, 1u);
+            xr[2] = subgroupBroadcast(mine, 2u); xr[3] = subgroupBroadcast(mine, 3u);
+            xr[4] = subgroupBroadcast(mine, 4u); xr[5] = subgroupBroadcast(mine, 5u);
+            xr[6] = subgroupBroadcast(mine, 6u); xr[7] = subgroupBroadcast(mine, 7u);
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                vec4 xv = xr[i];
+                [[unroll]] for (uint j = 0u; j < TN; j++) {
+                    float a = acc[i * TN + j];  // k order: .x .y .z .w
+                    a += xv.x * wv[j].x;
+                    a += xv.y * wv[j].y;
+                    a += xv.z * wv[j].z;
+                    a += xv.w * wv[j].w;
+                    acc[i * TN + j] = a;
+                }
+            }
+        }
+    }
+#else
+    const bool sg_rows = false;
+#endif
+    if (DIRECT && !sg_rows) {
+        for (uint k = 0u; k < pc.K; k += 4u) {
+            TILE_VEC wv[TN];
+            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = TILE_VEC(w_quad(n0 + tx + j * THREADS_N, k));
+            [[unroll]] for (uint i = 0u; i < TM; i++) {
+                TILE_VEC xv = TILE_VEC(x_quad(m0 + ty + i * THREADS_M, k));
+                [[unroll]] for (uint j = 0u; j < TN; j++) {
+                    float a = acc[i * TN + j];  // k order: .x .y .z .w
+#ifdef F16_MATH
+                    f16vec4 p = xv * wv[j];
+                    a += float(p.x);
+                    a += float(p.y);
+                    a += float(p.z);
+                    a += float(p.w);
+#else
+                    a += xv.x * wv[j].x;
+                    a += xv.y * wv[j].y;
+                    a += xv.z * wv[j].z;
+                    a += xv.w * wv[j].w;
+#endif
+                    acc[i * TN + j] = a;
+                }
+            }
+        }
+    }
+    for (uint k0 = 0u; !DIRECT && k0 < pc.K; k0 += BK) {
         barrier();  // previous slice fully consumed
         load_tiles(m0, n0, k0);
         barrier();

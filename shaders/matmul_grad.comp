@@ -27,6 +27,11 @@ layout(constant_id = 5) const uint TJ = 4;
 // I, J, R, lda, ldb, a_col0 multiples of 4 and a, b bound 16-byte aligned:
 // stage with vector loads (a vector is then wholly inside or outside).
 layout(constant_id = 6) const bool VEC4 = false;
+// DIRECT (CPU drivers, dX only): no shared tiles or barriers, operands read
+// straight from the buffers (matmul.comp says why); same products in the same
+// order. Not for dW: there both operands run down columns, i.e. 4 scalar loads
+// per vec4 instead of one vector load, which made dW 20% slower on lavapipe.
+layout(constant_id = 7) const bool DIRECT = false;
 
 layout(std430, set = 0, binding = 0) readonly buffer A { float a[]; };
 layout(std430, set = 0, binding = 0) readonly buffer A4 { vec4 a4[]; };
@@ -75,6 +80,17 @@ vec4 b_along_j(uint j0, uint r) {
 
 // Block (x, kq) of 4 columns x 4 reductions: q[c] holds column values at r = 4kq + c;
 // its transpose goes to 4 consecutive shared rows, vec4 per row along r.
+#ifdef GRAD_DX
+// B(j, r .. r+3) down a column of b (zeros past J or R), for DIRECT.
+vec4 b_col(uint j, uint r) {
+    vec4 v = vec4(0.0);
+    if (j >= pc.J) return v;
+    for (uint q = 0u; q < 4u && r + q < pc.R; q++) v[q] = b[(r + q) * pc.ldb + j];
+    return v;
+}
+#endif
+
+
 #define STAGE_TRANSPOSED(tile, rows, first, k0, along)                                 \
     for (uint blk = gl_LocalInvocationID.x; blk < (rows / 4u) * BK4; blk += WG_SIZE) { \
         uint xb = blk % (rows / 4u), kq = blk / (rows / 4u);                            \
@@ -107,7 +123,26 @@ void main() {
     uint tx = gl_LocalInvocationID.x % THREADS_J, ty = gl_LocalInvocationID.x / THREADS_J;
 
     [[unroll]] for (uint e = 0u; e < TI * TJ; e++) acc[e] = 0.0;
-    for (uint k0 = 0u; k0 < pc.R; k0 += BK) {
+#ifdef GRAD_DX
+    if (DIRECT) {
+        for (uint k = 0u; k < pc.R; k += 4u) {
+            vec4 bv[TJ];
+            [[unroll]] for (uint j = 0u; j < TJ; j++) bv[j] = b_col(j0 + tx + j * THREADS_J, k);
+            [[unroll]] for (uint i = 0u; i < TI; i++) {
+                vec4 av = a_along_r(i0 + ty + i * THREADS_I, k);
+                [[unroll]] for (uint j = 0u; j < TJ; j++) {
+                    float s = acc[i * TJ + j];  // r order: .x .y .z .w
+                    s += av.x * bv[j].x;
+                    s += av.y * bv[j].y;
+                    s += av.z * bv[j].z;
+                    s += av.w * bv[j].w;
+                    acc[i * TJ + j] = s;
+                }
+            }
+        }
+    }
+#endif
+    for (uint k0 = 0u; !DIRECT && k0 < pc.R; k0 += BK) {
         barrier();  // previous slice fully consumed
         load_tiles(i0, j0, k0);
         barrier();

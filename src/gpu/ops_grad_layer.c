@@ -89,7 +89,7 @@ int vks_op_rmsnorm_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w
     /* flags: 1 = write dx, 2 = accumulate into dx, 4 = write the inverse RMS for dw */
     uint32_t flags = (wanted(dx) ? 1u : 0u) | (accumulate_dx ? 2u : 0u) | (wanted(dw) ? 4u : 0u);
     struct { uint32_t R, D; float eps; uint32_t flags; } push = {R, D, eps, flags};
-    uint32_t spec[] = {o->wg_row};
+    uint32_t spec[] = {o->wg_norm};
     /* bindings that are not wanted get dout, which the kernel then never writes */
     vks_binding b[] = {x, w, dout, wanted(dx) ? dx : dout, wanted(dw) ? scratch : dout};
     rc = vks_ops_dispatch(o, c, "rmsnorm_backward_rows", spec, 1, b, 5, &push, sizeof push, R, "rmsnorm_backward");
@@ -149,9 +149,9 @@ int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a)
     int rc = check_attention_train(o, op, a);
     if (rc) return rc;
     attn_push push = attention_push(a, false);
-    uint32_t spec[] = {o->wg_attention};
+    uint32_t spec[] = {o->wg_attention, (a->head_dim + 3u) / 4u * 4u};
     vks_binding b[] = {a->q, a->k, a->v, a->start, a->out, a->row_max, a->row_sum};
-    return vks_ops_dispatch(o, c, "attention_train", spec, 1, b, 7, &push, sizeof push,
+    return vks_ops_dispatch(o, c, "attention_train", spec, 2, b, 7, &push, sizeof push,
                             ceil_div(a->T, ATTN_TRAIN_QUERY_BLOCK) * a->n_heads, op);
 }
 
@@ -190,13 +190,13 @@ int vks_op_attention_train_backward(vks_ops *o, vks_cmd *c, const vks_attention_
     rc = vks_ops_dispatch(o, c, "attention_train_delta", spec_e, 1, b_delta, 5, &push, sizeof push,
                           ceil_div((uint64_t)a->T * a->n_heads, o->wg_elementwise), "attention_train_delta");
     if (rc) return rc;
-    uint32_t spec[] = {o->wg_attention};
+    uint32_t spec[] = {o->wg_attention, (a->head_dim + 3u) / 4u * 4u};
     vks_binding b_dq[] = {a->q, a->k, a->v, a->start, dout, scratch, dq};
-    rc = vks_ops_dispatch(o, c, "attention_train_dq", spec, 1, b_dq, 7, &push, sizeof push,
+    rc = vks_ops_dispatch(o, c, "attention_train_dq", spec, 2, b_dq, 7, &push, sizeof push,
                           ceil_div(a->T, ATTN_TRAIN_QUERY_BLOCK) * a->n_heads, "attention_train_dq");
     if (rc) return rc;
     vks_binding b_dkdv[] = {a->q, a->k, a->v, a->start, dout, scratch, dk, dv};
-    return vks_ops_dispatch(o, c, "attention_train_dkdv", spec, 1, b_dkdv, 8, &push, sizeof push,
+    return vks_ops_dispatch(o, c, "attention_train_dkdv", spec, 2, b_dkdv, 8, &push, sizeof push,
                             ceil_div(a->T, ATTN_TRAIN_KEY_BLOCK) * a->n_kv_heads, "attention_train_dkdv");
 }
 

@@ -2,6 +2,8 @@
  * weights, embedding, bias) as kernel dispatches (vks_ops_grad.h), and builds
  * the embedding backward's token index on the host. */
 #include "ops_internal.h"
+
+#include <string.h>
 #include "vkswarm/vks_ops_grad.h"
 
 #include <stdlib.h>
@@ -27,10 +29,11 @@ static int check_dy(const char *op, vks_binding dy, uint32_t ldy, uint32_t dy_co
 static int record_matmul_grad(vks_ops *o, vks_cmd *c, const char *name, vks_binding a, vks_binding b,
                               vks_binding out, const matmul_grad_push *p, bool vec4, const char *label) {
     uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
-    uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn, vec4};
+    uint32_t direct = strcmp(name, "matmul_grad_dx") == 0 ? o->mm_direct : 0; /* dW stays staged (shader) */
+    uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn, vec4, direct};
     vks_binding bind[] = {a, b, out};
     uint64_t tiles = ceil_div(p->I, o->mm_bm) * ceil_div(p->J, o->mm_bn);
-    return vks_ops_dispatch(o, c, name, spec, 7, bind, 3, p, sizeof *p, tiles, label);
+    return vks_ops_dispatch(o, c, name, spec, 8, bind, 3, p, sizeof *p, tiles, label);
 }
 
 int vks_op_matmul_backward_x(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ldy, uint32_t dy_col0,

@@ -17,13 +17,15 @@ struct vks_ops {
     vks_gpu *g;
     vks_device_info info;
     uint32_t wg_elementwise;  /* embed, rope, kv_store, swiglu, add, gather_rows */
-    uint32_t wg_row;          /* rmsnorm, sample: one workgroup per row */
+    uint32_t wg_row;          /* sample, token_logprob: one workgroup per row */
+    uint32_t wg_norm;         /* rmsnorm and its backward: one workgroup per row */
     uint32_t wg_attention;    /* also the key tile length */
     /* matvec: lane groups are subgroups (mv_subgroup) or the whole workgroup */
     bool mv_subgroup;
     uint32_t mv_wg, mv_rows, mv_rows_per_wg;
     /* matmul tiles */
     uint32_t mm_bm, mm_bn, mm_bk, mm_tm, mm_tn;
+    uint32_t mm_direct; /* no shared-memory staging (CPU drivers; VKSWARM_MATMUL_DIRECT=0|1) */
     bool mm_f16_math; /* matmul_*_h variants */
 };
 
