@@ -234,57 +234,94 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     return rc;
 }
 
-/* Queues the batch's useful groups while the async window allows: the group
- * becomes number `pushed` and is consumed by step pushed / P, which may be at
- * most policy_step + k. Returns the number queued. */
-static int push_groups(vks_rl_gen *g, const gen_batch *b, int n, int *useful) {
-    const vks_rl_config *c = g->o->config;
-    int P = c->prompts_per_step, G = c->group_size, rc = VKS_OK;
-    int64_t limit = (g->policy_step + c->async_level + 1) * P;
-    int64_t checked = 0, accepted = 0;
-    for (int i = 0; g->o->verify && i < n; i++) checked++, accepted += b->verdicts[i].accepted;
-    for (int p = 0; !rc && p < P; p++) {
-        vks_rl_batch_group grp;
-        if ((rc = make_group(g, b, p, &grp))) break;
-        vks_rl_shared *sh = g->sh;
-        pthread_mutex_lock(&sh->mu);
-        *useful += grp.n > 0;
-        if (!grp.n) sh->filtered++;
-        else if (sh->pushed >= limit || sh->len == sh->cap) sh->stale++, vks_rl_group_free(&grp);
-        else {
-            sh->queue[(sh->head + sh->len) % sh->cap] = grp;
-            sh->len++, sh->pushed++;
-            pthread_cond_broadcast(&sh->cv);
-        }
-        pthread_mutex_unlock(&sh->mu);
+int vks_rl_gen_open_tasks(vks_rl_gen *g) {
+    const char *task = g->o->config->task;
+    if (!strncmp(task, "file:", 5)) {
+        int rc = vks_task_file_load(task + 5, &g->tasks, &g->n_tasks);
+        if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", task + 5);
+        return rc;
     }
-    pthread_mutex_lock(&g->sh->mu);
-    g->sh->rollouts += n, g->sh->checked += checked, g->sh->accepted += accepted, g->sh->rejected += checked - accepted;
-    pthread_mutex_unlock(&g->sh->mu);
-    (void)G;
-    return rc;
+    return vks_task_parse(task, &g->spec);
 }
 
-static int run_batch(vks_rl_gen *g) {
+void vks_rl_gen_close(vks_rl_gen *g) {
+    vks_engine_destroy(g->engine);
+    g->engine = NULL;
+    vks_model_free(g->model);
+    g->model = NULL;
+    free(g->tasks);
+    g->tasks = NULL;
+}
+
+int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {
     const vks_rl_config *c = g->o->config;
     int P = c->prompts_per_step, n = P * c->group_size;
     gen_batch b;
+    memset(groups, 0, sizeof *groups * (size_t)P);
+    memset(cnt, 0, sizeof *cnt);
+    g->batch = batch;
     int *targets = calloc((size_t)P, sizeof *targets);
-    double t0 = vks_seconds_now();
     int rc = batch_alloc(&b, P, n);
     if (!rc && !targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     if (!rc) rc = prepare_batch(g, &b, targets);
     if (!rc) rc = generate_batch(g, &b, n);
     if (!rc) rc = score_batch(g, &b, targets, n);
-    int useful = 0;
-    if (!rc) rc = push_groups(g, &b, n, &useful);
-    g->empty_batches = useful ? 0 : g->empty_batches + 1;
-    int most = g->o->max_empty_batches ? g->o->max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
-    if (!rc && g->empty_batches >= most)
-        rc = vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
-                           "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
+    for (int p = 0; !rc && p < P; p++) rc = make_group(g, &b, p, &groups[p]);
+    if (rc)
+        for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
+    cnt->rollouts = rc ? 0 : n;
+    for (int i = 0; !rc && g->o->verify && i < n; i++) cnt->checked++, cnt->accepted += b.verdicts[i].accepted;
     batch_free(&b, P, n);
     free(targets);
+    return rc;
+}
+
+/* Queues the batch's useful groups while the async window allows: the group
+ * becomes number `pushed` and is consumed by step pushed / P, which may be at
+ * most policy_step + k. Returns the number queued. */
+static void push_groups(vks_rl_gen *g, vks_rl_batch_group *groups, const vks_rl_gen_counts *cnt, int *useful) {
+    const vks_rl_config *c = g->o->config;
+    int P = c->prompts_per_step;
+    int64_t limit = (g->policy_step + c->async_level + 1) * P;
+    vks_rl_shared *sh = g->sh;
+    pthread_mutex_lock(&sh->mu);
+    for (int p = 0; p < P; p++) {
+        vks_rl_batch_group *grp = &groups[p];
+        *useful += grp->n > 0;
+        if (!grp->n) sh->filtered++;
+        else if (sh->pushed >= limit || sh->len == sh->cap) sh->stale++, vks_rl_group_free(grp);
+        else {
+            sh->queue[(sh->head + sh->len) % sh->cap] = *grp;
+            memset(grp, 0, sizeof *grp);
+            sh->len++, sh->pushed++;
+            pthread_cond_broadcast(&sh->cv);
+        }
+    }
+    sh->rollouts += cnt->rollouts, sh->checked += cnt->checked, sh->accepted += cnt->accepted;
+    sh->rejected += cnt->checked - cnt->accepted;
+    pthread_mutex_unlock(&sh->mu);
+}
+
+int vks_rl_count_empty(vks_rl_gen *g, int useful) {
+    g->empty_batches = useful ? 0 : g->empty_batches + 1;
+    int most = g->o->max_empty_batches ? g->o->max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
+    if (g->empty_batches >= most)
+        return vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
+                             "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
+    return VKS_OK;
+}
+
+static int run_batch(vks_rl_gen *g) {
+    int P = g->o->config->prompts_per_step;
+    double t0 = vks_seconds_now();
+    vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
+    vks_rl_gen_counts cnt;
+    int rc = groups ? vks_rl_gen_batch(g, g->batch, groups, &cnt) : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    int useful = 0;
+    if (!rc) push_groups(g, groups, &cnt, &useful);
+    if (!rc) rc = vks_rl_count_empty(g, useful);
+    for (int p = 0; groups && p < P; p++) vks_rl_group_free(&groups[p]);
+    free(groups);
     g->batch++;
     pthread_mutex_lock(&g->sh->mu);
     g->sh->gen_busy_s += vks_seconds_now() - t0;
@@ -293,7 +330,7 @@ static int run_batch(vks_rl_gen *g) {
 }
 
 /* Replaces the policy with the trainer's newest weights. */
-static int switch_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
+int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
     vks_engine_destroy(g->engine);
     g->engine = NULL;
     vks_model_free(g->model);
@@ -322,7 +359,7 @@ static bool wait_for_work(vks_rl_gen *g, int *rc) {
             int64_t step = sh->next_step;
             sh->next_model = NULL;
             pthread_mutex_unlock(&sh->mu);
-            if ((*rc = switch_policy(g, m, step))) return false;
+            if ((*rc = vks_rl_gen_set_policy(g, m, step))) return false;
             pthread_mutex_lock(&sh->mu);
             continue;
         }

@@ -1,0 +1,32 @@
+/* vks_rl_mpi.h: the RL run across MPI ranks (mpi/rl_roles.c), first cut.
+ *
+ * The trainer rank (also the orchestrator) trains as vks_rl_run does, but its
+ * groups come from inference ranks (pipeline groups of one rank each): it
+ * grants each idle inference rank a batch (index b, the policy step it must
+ * use at least) only while the async window has room, sends every rank the
+ * f32 weights after each step (plain point-to-point, tagged with the step;
+ * Shardcast can replace it later), and checks every group it receives
+ * against the config before it is queued. An inference rank that sends
+ * something malformed is named and refused; one silent for timeout_s (it
+ * beats every second, also while generating) is dropped and its batch goes to
+ * another rank. The trainer dying ends the run: inference ranks give up after
+ * timeout_s without a word from it while idle. */
+#ifndef VKS_RL_MPI_H
+#define VKS_RL_MPI_H
+#include "vks_rl.h"
+
+typedef struct {
+    double timeout_s;       /* silence after which a rank counts as gone; also bounds every wait */
+    bool test_garbage;      /* TEST ONLY: this inference rank sends a token id outside the vocabulary */
+} vks_rl_mpi_options;
+
+/* Refuses roles this cut does not run (orchestrator elsewhere than the
+ * trainer, pipeline groups of S > 1, relays, verifier ranks), naming them. */
+int vks_rl_mpi_check_roles(const vks_rl_config *c);
+/* The trainer/orchestrator rank. *lost: inference ranks were dropped or
+ * refused (under Open MPI 4.1 the survivors must then not call MPI_Finalize). */
+int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *r, bool *lost);
+/* An inference rank: generates the batches the trainer grants until it says
+ * stop. *no_finalize: the trainer said ranks were lost (or it went silent). */
+int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
+#endif
