@@ -226,11 +226,25 @@ typedef struct {
     bool lost;
 } trainer_src;
 
+/* A small message under a bounded wait (a blocking send to a dead rank never
+ * returns); after a timeout MPI may still hold the buffer, so it is left. */
+static int send_small(MPI_Comm comm, int rank, int tag, const rl_msg *m, double timeout_s, const char *what) {
+    rl_msg *buf = malloc(sizeof *buf);
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    *buf = *m;
+    MPI_Request req;
+    if (MPI_Isend(buf, sizeof *buf, MPI_BYTE, rank, tag, comm, &req) != MPI_SUCCESS) {
+        free(buf);
+        return vks_set_error(VKS_ERR_IO, "rank %d: %s could not be sent", rank, what);
+    }
+    int rc = vks_mpi_wait_within(comm, &req, &rank, 1, timeout_s, what);
+    if (!rc) free(buf);
+    return rc;
+}
+
 static int send_ctl(trainer_src *t, int rank, uint32_t type, int64_t batch, int64_t step, uint64_t n) {
     rl_msg m = {.magic = RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
-    if (MPI_Send(&m, sizeof m, MPI_BYTE, rank, TAG_CTL, t->comm) != MPI_SUCCESS)
-        return vks_set_error(VKS_ERR_IO, "rank %d: the message could not be sent", rank);
-    return VKS_OK;
+    return send_small(t->comm, rank, TAG_CTL, &m, t->mo->timeout_s, type == MSG_STOP ? "the stop" : "a grant");
 }
 
 static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
@@ -543,13 +557,22 @@ typedef struct {
     double last_heard, last_beat;
     bool stop, no_finalize;
     int64_t assigned, min_step;
+    rl_msg beat_msg;
+    MPI_Request beat_req;
 } inf_state;
 
+/* A beat every second; none while the last one is still on its way (a dead
+ * trainer: the rank's own silence bound ends it). */
 static void beat(inf_state *s) {
     double now = vks_seconds_now();
     if (now - s->last_beat < 1.0) return;
-    rl_msg m = {.magic = RL_MAGIC, .type = MSG_BEAT};
-    MPI_Send(&m, sizeof m, MPI_BYTE, s->trainer, TAG_UP, s->comm);
+    if (s->beat_req != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Test(&s->beat_req, &flag, MPI_STATUS_IGNORE);
+        if (!flag) return;
+    }
+    s->beat_msg = (rl_msg){.magic = RL_MAGIC, .type = MSG_BEAT};
+    MPI_Isend(&s->beat_msg, sizeof s->beat_msg, MPI_BYTE, s->trainer, TAG_UP, s->comm, &s->beat_req);
     s->last_beat = now;
 }
 
@@ -628,7 +651,11 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     pthread_join(th, NULL);
     pthread_mutex_destroy(&j.mu);
     if (!rc && j.rc) rc = vks_set_error(j.rc, "batch %lld: %s", (long long)j.batch, j.err);
-    if (!rc && s->mo->test_garbage && j.groups[0].n) j.groups[0].samples[0].tokens[0] = s->o->model->cfg.vocab_size;
+    for (int p = 0; !rc && s->mo->test_garbage && p < P; p++)
+        if (j.groups[p].n) {
+            j.groups[p].samples[0].tokens[0] = s->o->model->cfg.vocab_size;
+            break;
+        }
     size_t bytes = 0;
     void *buf = rc ? NULL : pack_groups(j.groups, P, j.batch, g->policy_step, &j.cnt, &bytes);
     if (!rc && !buf) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
@@ -658,7 +685,7 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
     inf_state s = {.comm = vks_mpi_world(), .trainer = o->config->trainer, .o = o, .mo = mo, .assigned = -1,
-                   .pending_step = -1};
+                   .pending_step = -1, .beat_req = MPI_REQUEST_NULL};
     MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN);
     vks_rl_gen g = {.o = o, .policy_step = -1};
     rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &s.layout);
@@ -670,7 +697,8 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
         rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", g.rollouts_dir);
     s.last_heard = vks_seconds_now();
     vks_mpi_clock clock = {0};
-    double idle_from = vks_mpi_deadline_tick(&clock, mo->timeout_s);
+    double tb = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
+    double idle_from = vks_mpi_deadline_tick(&clock, tb);
     while (!rc && !s.stop) {
         beat(&s);
         if ((rc = poll_trainer(&s)) || s.stop) break;
@@ -679,15 +707,15 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
             if (s.pending) rc = take_weights(&s, &g);
             if (!rc && g.policy_step >= s.min_step) {
                 rc = run_job(&s, &g);
-                idle_from = vks_mpi_deadline_tick(&clock, mo->timeout_s);
+                idle_from = vks_mpi_deadline_tick(&clock, tb);
                 s.last_heard = vks_seconds_now();
                 continue;
             }
         }
-        double now = vks_mpi_deadline_tick(&clock, mo->timeout_s);
-        if (s.last_heard > 0 && now - idle_from > mo->timeout_s && vks_seconds_now() - s.last_heard > mo->timeout_s) {
-            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (the trainer)", s.trainer,
-                               mo->timeout_s);
+        double now = vks_mpi_deadline_tick(&clock, tb);
+        double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
+        if (now - idle_from > bound && vks_seconds_now() - s.last_heard > bound) {
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (the trainer)", s.trainer, bound);
             s.no_finalize = true;
         }
         usleep(1000);

@@ -15,7 +15,8 @@
 static const char rl_usage[] =
     "usage: vkswarm rl [--config FILE.json] [--set KEY=VALUE]... [--model M | --init tiny] [--task T]\n"
     "                  [--steps N] [--async-level K] [--out DIR] [--eval-every N] [--eval-n N]\n"
-    "                  [--eval-seed S] [--no-verify] [--timeout-s S] [--device N] [--tokenizer T]\n"
+    "                  [--eval-seed S] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
+    "                  [--device N] [--tokenizer T]\n"
     "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
@@ -32,9 +33,10 @@ static const char rl_usage[] =
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
     "trainer rank (also the orchestrator) grants batches to inference ranks (groups of one rank)\n"
     "within the async window, sends them the weights after each step and checks every group it\n"
-    "receives; a rank that sends garbage is refused, one silent for --timeout-s (default 120; also\n"
-    "the bound on a trainer step) is dropped and its batch granted again (under mpirun\n"
-    "--enable-recovery the run goes on). Each inference rank verifies its own batches for now;\n"
+    "receives; a rank that sends garbage is refused, one silent for --timeout-s (default 120) is\n"
+    "dropped and its batch granted again (under mpirun --enable-recovery the run goes on). Idle\n"
+    "inference ranks give up after --trainer-timeout-s (default 600; more than a trainer step)\n"
+    "without a word from the trainer. Each inference rank verifies its own batches for now;\n"
     "verifier ranks and relays are refused. Every rank must be started with the same model.\n";
 
 typedef struct {
@@ -43,7 +45,7 @@ typedef struct {
     vks_rl_run_options o;
     const char *init;
     int n_set, n_ranks;
-    double timeout_s;
+    double timeout_s, trainer_timeout_s;
     int test_garbage_rank;
 } rl_args;
 
@@ -61,11 +63,12 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"eval-every", required_argument, 0, 0}, {"eval-n", required_argument, 0, 0},
         {"eval-seed", required_argument, 0, 0}, {"no-verify", no_argument, 0, 0},
         {"test-cheat-every", required_argument, 0, 0},
-        {"timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
     a->o = (vks_rl_run_options){.config = &a->c, .eval_every = 5, .eval_n = 64, .eval_seed = 999983, .verify = true};
     a->m.device = -1;
     a->timeout_s = 120;
+    a->trainer_timeout_s = 600;
     a->test_garbage_rank = -1;
     /* the config file first, so that flags override it wherever they stand */
     for (int i = 1; i + 1 < argc; i++)
@@ -88,6 +91,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "eval-seed")) a->o.eval_seed = cli_parse_u64("--eval-seed", optarg);
         else if (!strcmp(name, "no-verify")) a->o.verify = false;
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
+        else if (!strcmp(name, "trainer-timeout-s"))
+            a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
         else if (!strcmp(name, "test-garbage-rank")) a->test_garbage_rank = (int)cli_parse_long("--test-garbage-rank", optarg, 0, 1 << 20);
         else if (!strcmp(name, "test-cheat-every")) a->o.cheat_every = (int)cli_parse_long("--test-cheat-every", optarg, 0, 1 << 30);
     }
@@ -128,7 +133,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     vks_mpi_start_within(true, a->timeout_s, cli_mpi_stuck, &rank, &size);
     if (size != a->n_ranks) cli_mpi_abort(EXIT_BAD_INPUT);
     int roles = vks_rl_config_roles_of(&a->c, rank);
-    vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .test_garbage = rank == a->test_garbage_rank};
+    vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank == a->test_garbage_rank};
     vks_gpu *gpu = cli_open_gpu(&a->m);
     a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;
     int rc, status = 0;

@@ -10,13 +10,16 @@
  * something malformed is named and refused; one silent for timeout_s (it
  * beats every second, also while generating) is dropped and its batch goes to
  * another rank. The trainer dying ends the run: inference ranks give up after
- * timeout_s without a word from it while idle. */
+ * trainer_timeout_s without a word from it while idle. */
 #ifndef VKS_RL_MPI_H
 #define VKS_RL_MPI_H
 #include "vks_rl.h"
 
 typedef struct {
-    double timeout_s;       /* silence after which a rank counts as gone; also bounds every wait */
+    double timeout_s;       /* an inference rank silent this long is gone; also bounds every send */
+    double trainer_timeout_s; /* an idle inference rank gives up after this long without a word from the
+                               * trainer, which says nothing while it trains a step: it must exceed a
+                               * step's time (below timeout_s: timeout_s) */
     bool test_garbage;      /* TEST ONLY: this inference rank sends a token id outside the vocabulary */
 } vks_rl_mpi_options;
 

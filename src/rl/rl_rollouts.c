@@ -220,6 +220,8 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     int idx[VKS_RL_MAX_GROUP];
     double r[VKS_RL_MAX_GROUP], adv[VKS_RL_MAX_GROUP];
     memset(out, 0, sizeof *out);
+    out->policy_step = g->policy_step;
+    out->task_index = g->batch * g->o->config->prompts_per_step + p;
     for (int j = 0; j < G; j++)
         if (!g->o->verify || b->verdicts[p * G + j].accepted) idx[n] = p * G + j, r[n] = b->reward[p * G + j], n++;
     if (n < 2 || !vks_grpo_group_has_signal(r, n)) return VKS_OK;
@@ -228,8 +230,6 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     if (!rc && !out->samples) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     for (int k = 0; !rc && k < n; k++)
         rc = copy_sample(b, idx[k], adv[k], !g->o->verify || b->verdicts[idx[k]].accepted, &out->samples[out->n++]);
-    out->policy_step = g->policy_step;
-    out->task_index = g->batch * g->o->config->prompts_per_step + p;
     if (rc) vks_rl_group_free(out);
     return rc;
 }
