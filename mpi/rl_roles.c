@@ -251,7 +251,7 @@ static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
     fprintf(stderr, "vkswarm: rl: inference rank %d %s: %s; the run goes on without it\n", r->rank,
             state == RANK_REFUSED ? "refused" : "dropped", why);
     r->state = state;
-    t->lost = true;
+    t->lost = t->lost || state == RANK_DROPPED; /* a refused rank is alive: it can still finalize */
     if (r->batch >= 0) t->redo[t->n_redo++] = r->batch;
     r->batch = -1;
 }
@@ -273,7 +273,10 @@ static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
         if (!w->buf || !w->reqs) {
             free(w->buf), free(w->reqs);
             rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-        } else t->n_sends++;
+        } else {
+            for (int i = 0; i < t->n_ranks; i++) w->reqs[i] = MPI_REQUEST_NULL;
+            t->n_sends++;
+        }
     }
     if (!rc) rc = vks_param_layout_gather(t->layout, m, w->buf + sizeof(rl_msg) / sizeof(float));
     vks_model_free(m);
@@ -282,7 +285,6 @@ static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
     memcpy(w->buf, &h, sizeof h);
     size_t bytes = sizeof h + sizeof(float) * n;
     for (int i = 0; i < t->n_ranks; i++) {
-        w->reqs[i] = MPI_REQUEST_NULL;
         if (t->ranks[i].state != RANK_LIVE) continue;
         /* buffers stay until the end: a dead rank's send never completes */
         if (MPI_Isend(w->buf, (int)bytes, MPI_BYTE, t->ranks[i].rank, TAG_WEIGHTS, t->comm, &w->reqs[i]) != MPI_SUCCESS)
@@ -401,7 +403,6 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
     const vks_model_config *mc = &t->o->model->cfg;
     vks_rl_batch_group *scratch = calloc((size_t)P, sizeof *scratch);
     if (!scratch) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    vks_mpi_clock clock = {0};
     (void)step;
     while (!rc && t->len < P) {
         test_sends(t);
@@ -413,8 +414,6 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
             if ((rc = receive_up(t, &st, scratch, mc->seq_len, mc))) break;
         }
         if (rc) break;
-        double now = vks_mpi_deadline_tick(&clock, t->mo->timeout_s);
-        (void)now;
         double wall = vks_seconds_now();
         int live = 0;
         for (int i = 0; i < t->n_ranks; i++) {
@@ -480,7 +479,7 @@ static void stop_ranks(trainer_src *t) {
         if (t->ranks[i].state == RANK_LIVE) send_ctl(t, t->ranks[i].rank, MSG_STOP, 0, t->newest, t->lost);
     /* refused ranks are told too: they stop instead of waiting for the trainer */
     for (int i = 0; i < t->n_ranks; i++)
-        if (t->ranks[i].state == RANK_REFUSED) send_ctl(t, t->ranks[i].rank, MSG_STOP, 0, t->newest, 1);
+        if (t->ranks[i].state == RANK_REFUSED) send_ctl(t, t->ranks[i].rank, MSG_STOP, 0, t->newest, t->lost);
 }
 
 int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *res, bool *lost) {
