@@ -80,5 +80,22 @@ if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/er
     ok "an inference rank killed mid-run is dropped, the run finishes on the other"
 else bad "killed rank: pid '$pid' status $rc"; tail -5 "$tmp/err.txt"; fi
 
+# the trainer killed mid-run ends the run: idle inference ranks give up after --trainer-timeout-s
+config "$tmp/trainer" 3 0
+rm -rf "$pids"
+mkdir -p "$pids"
+start=$(date +%s)
+VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
+    --timeout-s 5 --trainer-timeout-s 10 > "$tmp/out.txt" 2> "$tmp/err.txt" &
+job=$!
+pid=$(pid_file_pid "$pids" 0) && sleep 8 && kill -9 "$pid"
+wait $job
+rc=$?
+took=$(($(date +%s) - start))
+if [ -n "$pid" ] && [ $rc -ne 124 ] && [ $took -le 60 ] && [ "$(grep -c "inference rank [12]: rank 0 did not answer" "$tmp/err.txt")" = 2 ] &&
+   ! grep -q "^final checkpoint" "$tmp/out.txt"; then
+    ok "the trainer killed mid-run: both inference ranks give up after ${took}s (status $rc)"
+else bad "killed trainer: pid '$pid' status $rc after ${took}s"; tail -5 "$tmp/err.txt"; fi
+
 echo "rl across ranks: $passed passed, $failed failed"
 [ $failed -eq 0 ]
