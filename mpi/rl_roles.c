@@ -11,6 +11,7 @@
  *                                     step used, then the serialized groups (see pack_groups) */
 #include "vkswarm/vks_rl_mpi.h"
 #include <limits.h>
+#include <stdint.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -116,7 +117,8 @@ static bool take_bytes(cursor *c, void *dst, size_t n) {
 /* Checks and unpacks a GROUPS message of `bytes` from an inference rank that
  * was granted batch `batch` with policy step at least `min_step`, the trainer
  * having published up to `newest`. Any failure: err says why, nothing kept. */
-static int unpack_groups(const void *buf, size_t bytes, const vks_rl_config *c, const vks_model_config *mc, int64_t batch,
+static int unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *gen, const vks_rl_config *c,
+                         const vks_model_config *mc, int64_t batch,
                          int64_t min_step, int64_t newest, vks_rl_batch_group *groups, int64_t *policy,
                          vks_rl_gen_counts *cnt, char *err, size_t cap) {
     int P = c->prompts_per_step, G = c->group_size;
@@ -172,6 +174,8 @@ static int unpack_groups(const void *buf, size_t bytes, const vks_rl_config *c, 
             for (int k = 0; k < ws.completion_len; k++)
                 if (!isfinite(s->logp[k]) || s->logp[k] > 0)
                     BAD("group %d, completion %d: log-probability %g", p, i, (double)s->logp[k]);
+            char why[200];
+            if (vks_rl_check_sample(gen, wg.task_index, s, why, sizeof why)) BAD("group %d, completion %d: %s", p, i, why);
             rewards[i] = ws.reward;
         }
         /* the advantages must be the group's own (a rank cannot inflate them) */
@@ -224,6 +228,7 @@ typedef struct {
     weights_send *sends;
     int n_sends, cap_sends;
     bool lost;
+    vks_rl_gen gen;       /* the tasks, to check prompts and rewards (model: the start policy, not owned) */
 } trainer_src;
 
 /* A small message under a bounded wait (a blocking send to a dead rank never
@@ -367,7 +372,7 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
             char err[256];
             int64_t policy = 0;
             vks_rl_gen_counts cnt;
-            if (unpack_groups(buf, (size_t)count, t->c, mc, r->batch, r->min_step, t->newest, scratch, &policy, &cnt, err,
+            if (unpack_groups(buf, (size_t)count, &t->gen, t->c, mc, r->batch, r->min_step, t->newest, scratch, &policy, &cnt, err,
                               sizeof err)) {
                 char why[320];
                 snprintf(why, sizeof why, "batch %lld: %s", (long long)r->batch, err);
@@ -498,6 +503,9 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     double now = vks_seconds_now();
     for (int i = 0; !rc && i < t.n_ranks; i++) t.ranks[i] = (inf_rank){.rank = c->inference_ranks[i], .batch = -1, .last_seen = now};
     if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &t.layout);
+    t.gen.o = o;
+    t.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
+    if (!rc) rc = vks_rl_gen_open_tasks(&t.gen);
     if (!rc && sizeof(rl_msg) + sizeof(float) * t.layout->n_values > INT_MAX)
         rc = vks_set_error(VKS_ERR_ARG, "rl across ranks: the model's %zu weights do not fit one message", t.layout->n_values);
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi};
@@ -517,6 +525,8 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     (void)all_done; /* the buffers of sends to dropped ranks stay: MPI may still hold them */
     free(t.sends), free(t.queue), free(t.ranks), free(t.redo);
     vks_param_layout_free(t.layout);
+    t.gen.model = NULL;
+    vks_rl_gen_close(&t.gen);
     if (rc) return vks_set_error(rc, "%s", err);
     return VKS_OK;
 }
@@ -652,7 +662,9 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     if (!rc && j.rc) rc = vks_set_error(j.rc, "batch %lld: %s", (long long)j.batch, j.err);
     for (int p = 0; !rc && s->mo->test_garbage && p < P; p++)
         if (j.groups[p].n) {
-            j.groups[p].samples[0].tokens[0] = s->o->model->cfg.vocab_size;
+            vks_rl_sample *x = &j.groups[p].samples[0];
+            if (s->mo->test_garbage == 1) x->tokens[0] = s->o->model->cfg.vocab_size;
+            else x->task_reward = 1, x->reward = 1; /* a reward the completion did not earn */
             break;
         }
     size_t bytes = 0;

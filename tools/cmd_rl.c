@@ -46,7 +46,7 @@ typedef struct {
     const char *init;
     int n_set, n_ranks;
     double timeout_s, trainer_timeout_s;
-    int test_garbage_rank;
+    int test_garbage_rank, test_garbage_kind;
 } rl_args;
 
 static void set_key(vks_rl_config *c, const char *key, const char *val) {
@@ -63,7 +63,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"eval-every", required_argument, 0, 0}, {"eval-n", required_argument, 0, 0},
         {"eval-seed", required_argument, 0, 0}, {"no-verify", no_argument, 0, 0},
         {"test-cheat-every", required_argument, 0, 0},
-        {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
+        {"test-garbage-reward", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
     a->o = (vks_rl_run_options){.config = &a->c, .eval_every = 5, .eval_n = 64, .eval_seed = 999983, .verify = true};
     a->m.device = -1;
@@ -93,6 +94,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
         else if (!strcmp(name, "trainer-timeout-s"))
             a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
+        else if (!strcmp(name, "test-garbage-reward")) a->test_garbage_kind = 2;
         else if (!strcmp(name, "test-garbage-rank")) a->test_garbage_rank = (int)cli_parse_long("--test-garbage-rank", optarg, 0, 1 << 20);
         else if (!strcmp(name, "test-cheat-every")) a->o.cheat_every = (int)cli_parse_long("--test-cheat-every", optarg, 0, 1 << 30);
     }
@@ -133,7 +135,8 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     vks_mpi_start_within(true, a->timeout_s, cli_mpi_stuck, &rank, &size);
     if (size != a->n_ranks) cli_mpi_abort(EXIT_BAD_INPUT);
     int roles = vks_rl_config_roles_of(&a->c, rank);
-    vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank == a->test_garbage_rank};
+    vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
+                                                                         : a->test_garbage_kind ? a->test_garbage_kind : 1};
     vks_gpu *gpu = cli_open_gpu(&a->m);
     a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;
     int rc, status = 0;

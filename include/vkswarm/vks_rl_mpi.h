@@ -6,7 +6,9 @@
  * use at least) only while the async window has room, sends every rank the
  * f32 weights after each step (plain point-to-point, tagged with the step;
  * Shardcast can replace it later), and checks every group it receives
- * against the config before it is queued. An inference rank that sends
+ * against the config (lengths, token ids, log-probabilities, batch, policy
+ * step), the task (prompt tokens, rewards re-scored) and its own advantages
+ * before it is queued. An inference rank that sends
  * something malformed is named and refused; one silent for timeout_s (it
  * beats every second, also while generating) is dropped and its batch goes to
  * another rank. The trainer dying ends the run: inference ranks give up after
@@ -20,7 +22,8 @@ typedef struct {
     double trainer_timeout_s; /* an idle inference rank gives up after this long without a word from the
                                * trainer, which says nothing while it trains a step: it must exceed a
                                * step's time (below timeout_s: timeout_s) */
-    bool test_garbage;      /* TEST ONLY: this inference rank sends a token id outside the vocabulary */
+    int test_garbage;       /* TEST ONLY: this inference rank sends a token id outside the vocabulary (1)
+                             * or a reward of 1 its completion did not earn (2) */
 } vks_rl_mpi_options;
 
 /* Refuses roles this cut does not run (orchestrator elsewhere than the

@@ -91,6 +91,11 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
  * (groups[p].n = 0: no signal, dropped). The single-process inference thread
  * and an inference rank (mpi/rl_roles.c) both call it. */
 int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt);
+/* The trainer's check of a sample from another rank: its prompt is task
+ * task_index's (built as the inference side builds it: g->model gives the
+ * vocabulary and context) and its rewards are what the task (and the
+ * thinking budget) give its completion. err says why not. */
+int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap);
 /* Counts a batch with `useful` groups: an error after max_empty_batches in a row without any. */
 int vks_rl_count_empty(vks_rl_gen *g, int useful);
 

@@ -5,6 +5,7 @@
  * on a rollout file it writes per batch), turned into group advantages over
  * the accepted completions; groups without signal are dropped (online filter),
  * the others go to the trainer while the async window allows. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,47 @@ static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int *targets) {
             s->n_prompt = s->n_ids = b->prompt_lens[p];
             s->stop_token = -1;
         }
+    }
+    return VKS_OK;
+}
+
+int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap) {
+    const vks_rl_config *c = g->o->config;
+    vks_task t;
+    int target = 0, n = 0, rc = make_task(g, task_index, &t, &target);
+    int32_t *ids = NULL;
+    if (!rc) rc = tokenize_prompt(g, &t, &ids, &n);
+    if (rc) {
+        snprintf(err, cap, "task %lld: %s", (long long)task_index, vks_last_error());
+        return rc;
+    }
+    if (n != s->prompt_len || memcmp(ids, s->tokens, sizeof(int32_t) * (size_t)n)) {
+        free(ids);
+        snprintf(err, cap, "the prompt is not task %lld's", (long long)task_index);
+        return VKS_ERR_FORMAT;
+    }
+    free(ids);
+    /* a stop token can only end a completion (it stops the sampler) */
+    int n_new = s->completion_len, eos = vks_tokenizer_eos(g->o->tok);
+    if (n_new > 0 && s->tokens[s->prompt_len + n_new - 1] == eos) n_new--;
+    for (int k = 0; k < n_new; k++)
+        if (s->tokens[s->prompt_len + k] == eos) {
+            snprintf(err, cap, "a stop token inside the completion");
+            return VKS_ERR_FORMAT;
+        }
+    char *text = NULL;
+    size_t len = 0;
+    rc = vks_tokenizer_detokenize(g->o->tok, s->tokens + s->prompt_len, n_new, false, &text, &len);
+    if (rc) {
+        snprintf(err, cap, "%s", vks_last_error());
+        return rc;
+    }
+    double task_reward = vks_task_score(&t, text, len);
+    free(text);
+    double reward = target ? vks_task_length_reward(task_reward, target, n_new, c->length_penalty) : task_reward;
+    if (task_reward != s->task_reward || fabs(reward - s->reward) > 1e-12 * (1 + fabs(reward))) {
+        snprintf(err, cap, "rewards %g / %g, the task gives %g / %g", s->task_reward, s->reward, task_reward, reward);
+        return VKS_ERR_FORMAT;
     }
     return VKS_OK;
 }

@@ -65,6 +65,16 @@ if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: batch [0-9]*: group [0-9]
     ok "a rank sending a token outside the vocabulary is refused, the run finishes"
 else bad "garbage rank: status $rc"; tail -5 "$tmp/err.txt"; fi
 
+# a rank that claims a reward its completion did not earn (the trainer re-scores every completion)
+config "$tmp/reward" 2 0
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-garbage-rank 1 --test-garbage-reward \
+    > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "inference rank 1 refused: batch [0-9]*: group [0-9]*, completion 0: rewards 1 / 1, the task gives" "$tmp/err.txt" &&
+   ! grep -q "inference rank 2 \(refused\|dropped\)" "$tmp/err.txt" && metrics_ok "$tmp/reward/metrics.jsonl" 2 0; then
+    ok "a rank claiming an unearned reward is refused, the run finishes"
+else bad "reward garbage rank: status $rc"; tail -5 "$tmp/err.txt"; fi
+
 # an inference rank killed mid-run: dropped, its batch granted again, the run finishes (--enable-recovery)
 config "$tmp/kill" 3 0
 pids=$tmp/pids
