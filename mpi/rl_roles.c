@@ -515,14 +515,12 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     stop_ranks(&t);
     *lost = t.lost;
     for (int i = 0; t.queue && i < t.len; i++) vks_rl_group_free(&t.queue[(t.head + i) % t.cap]);
-    bool all_done = true;
+    /* the buffers of sends not known complete (dropped or refused ranks) stay: MPI may still hold them */
     for (int s = 0; s < t.n_sends; s++) {
         bool done = true;
         for (int i = 0; i < t.n_ranks; i++) done = done && t.sends[s].reqs[i] == MPI_REQUEST_NULL;
         if (done) free(t.sends[s].buf), free(t.sends[s].reqs);
-        all_done = all_done && done;
     }
-    (void)all_done; /* the buffers of sends to dropped ranks stay: MPI may still hold them */
     free(t.sends), free(t.queue), free(t.ranks), free(t.redo);
     vks_param_layout_free(t.layout);
     t.gen.model = NULL;
