@@ -4,16 +4,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli_model.h"
+#include "cli_mpi.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_rl_config.h"
+#include "vkswarm/vks_rl_mpi.h"
 #include "vkswarm/vks_tokenizer.h"
 
 static const char rl_usage[] =
     "usage: vkswarm rl [--config FILE.json] [--set KEY=VALUE]... [--model M | --init tiny] [--task T]\n"
     "                  [--steps N] [--async-level K] [--out DIR] [--eval-every N] [--eval-n N]\n"
-    "                  [--eval-seed S] [--no-verify] [--device N] [--tokenizer T]\n"
+    "                  [--eval-seed S] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
+    "                  [--device N] [--tokenizer T]\n"
     "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
@@ -27,14 +30,23 @@ static const char rl_usage[] =
     "metrics.jsonl, rl.svg, rollouts/batch-N.jsonl and the final checkpoint. stdout gets:\n"
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n"
     "  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
-    "Roles across MPI ranks (the config's roles) are not run yet: every role runs in this process.\n";
+    "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
+    "trainer rank (also the orchestrator) grants batches to inference ranks (groups of one rank)\n"
+    "within the async window, sends them the weights after each step and checks every group it\n"
+    "receives; a rank that sends garbage is refused, one silent for --timeout-s (default 120) is\n"
+    "dropped and its batch granted again (under mpirun --enable-recovery the run goes on). Idle\n"
+    "inference ranks give up after --trainer-timeout-s (default 600; more than a trainer step)\n"
+    "without a word from the trainer. Each inference rank verifies its own batches for now;\n"
+    "verifier ranks and relays are refused. Every rank must be started with the same model.\n";
 
 typedef struct {
     cli_model_args m;
     vks_rl_config c;
     vks_rl_run_options o;
     const char *init;
-    int n_set;
+    int n_set, n_ranks;
+    double timeout_s, trainer_timeout_s;
+    int test_garbage_rank, test_garbage_kind;
 } rl_args;
 
 static void set_key(vks_rl_config *c, const char *key, const char *val) {
@@ -50,10 +62,15 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"async-level", required_argument, 0, 0}, {"out", required_argument, 0, 0},
         {"eval-every", required_argument, 0, 0}, {"eval-n", required_argument, 0, 0},
         {"eval-seed", required_argument, 0, 0}, {"no-verify", no_argument, 0, 0},
-        {"test-cheat-every", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"test-cheat-every", required_argument, 0, 0},
+        {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
+        {"test-garbage-reward", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
     a->o = (vks_rl_run_options){.config = &a->c, .eval_every = 5, .eval_n = 64, .eval_seed = 999983, .verify = true};
     a->m.device = -1;
+    a->timeout_s = 120;
+    a->trainer_timeout_s = 600;
+    a->test_garbage_rank = -1;
     /* the config file first, so that flags override it wherever they stand */
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--config") && vks_rl_config_load(&a->c, argv[i + 1]))
@@ -74,15 +91,20 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "eval-n")) a->o.eval_n = (int)cli_parse_long("--eval-n", optarg, 0, 1 << 20);
         else if (!strcmp(name, "eval-seed")) a->o.eval_seed = cli_parse_u64("--eval-seed", optarg);
         else if (!strcmp(name, "no-verify")) a->o.verify = false;
+        else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
+        else if (!strcmp(name, "trainer-timeout-s"))
+            a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
+        else if (!strcmp(name, "test-garbage-reward")) a->test_garbage_kind = 2;
+        else if (!strcmp(name, "test-garbage-rank")) a->test_garbage_rank = (int)cli_parse_long("--test-garbage-rank", optarg, 0, 1 << 20);
         else if (!strcmp(name, "test-cheat-every")) a->o.cheat_every = (int)cli_parse_long("--test-cheat-every", optarg, 0, 1 << 30);
     }
     if (optind < argc) cli_usage_error("rl", "unexpected argument '%s'", argv[optind]);
     if (a->m.model_path) set_key(&a->c, "model", a->m.model_path);
     if (a->m.random_spec) cli_usage_error("rl", "--random-model has no tokenizer: use --init tiny or --model");
     const char *np = getenv("OMPI_COMM_WORLD_SIZE");
-    if (np && atoi(np) > 1)
-        cli_die(EXIT_BAD_INPUT, "rl: roles across %s MPI ranks are not implemented yet; run one process", np);
-    if (vks_rl_config_check(&a->c, 1)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    a->n_ranks = np && atoi(np) > 1 ? atoi(np) : 1;
+    if (vks_rl_config_check(&a->c, a->n_ranks)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
 }
 
 static void on_progress(void *ctx, const vks_rl_progress *p) {
@@ -97,6 +119,52 @@ static void on_progress(void *ctx, const vks_rl_progress *p) {
             p->elapsed_s);
 }
 
+static void print_result(const rl_args *a, const vks_rl_result *r) {
+    fprintf(stderr, "vkswarm: rl: %lld rollouts, %lld accepted, %lld rejected, %lld groups without signal, %lld stale, %.0f s\n",
+            (long long)r->rollouts, (long long)r->accepted, (long long)r->rejected, (long long)r->groups_filtered,
+            (long long)r->groups_stale, r->elapsed_s);
+    printf("task: ");
+    cli_put_escaped(stdout, a->c.task, strlen(a->c.task));
+    printf("\nmetrics: %s\nplot: %s\nfinal checkpoint: %s\n", r->metrics_path, r->plot_path, r->final_checkpoint);
+    printf("accuracy: %.3f -> %.3f\ntrainer idle: %.3f\n", r->start_accuracy, r->final_accuracy, r->trainer_idle);
+}
+
+/* One rank of an RL run across MPI ranks: the trainer or an inference rank. */
+static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
+    int rank = 0, size = 0;
+    vks_mpi_start_within(true, a->timeout_s, cli_mpi_stuck, &rank, &size);
+    if (size != a->n_ranks) cli_mpi_abort(EXIT_BAD_INPUT);
+    int roles = vks_rl_config_roles_of(&a->c, rank);
+    vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
+                                                                         : a->test_garbage_kind ? a->test_garbage_kind : 1};
+    vks_gpu *gpu = cli_open_gpu(&a->m);
+    a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;
+    int rc, status = 0;
+    bool no_finalize = false;
+    if (roles & VKS_RL_ROLE_TRAINER) {
+        a->o.progress = on_progress;
+        vks_rl_result r;
+        rc = vks_rl_mpi_trainer(&a->o, &mo, &r, &no_finalize);
+        if (rc) {
+            fprintf(stderr, "vkswarm: rl: %s\n", vks_last_error());
+            cli_mpi_abort(cli_mpi_status(rc));
+        }
+        print_result(a, &r);
+    } else if (roles & VKS_RL_ROLE_INFERENCE) {
+        rc = vks_rl_mpi_inference(&a->o, &mo, &no_finalize);
+        if (rc) fprintf(stderr, "vkswarm: rl: inference rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
+    } else {
+        fprintf(stderr, "vkswarm: rl: rank %d has no role this cut runs\n", rank);
+        status = EXIT_BAD_INPUT;
+    }
+    fflush(stdout);
+    int grc = cli_finish_gpu(gpu);
+    if (!status && grc) status = grc;
+    if (no_finalize || status) cli_exit_now(status); /* a lost rank would hold MPI_Finalize */
+    vks_mpi_stop_within(a->timeout_s, cli_mpi_stuck);
+    return status;
+}
+
 int cmd_rl(int argc, char **argv) {
     rl_args a = {0};
     parse_rl(argc, argv, &a);
@@ -108,19 +176,19 @@ int cmd_rl(int argc, char **argv) {
         if (vks_tokenizer_load_auto(a.m.tokenizer_path, m, &tok))
             cli_die(EXIT_BAD_INPUT, "%s (RL needs the model's tokenizer: --tokenizer)", vks_last_error());
     } else if (vks_model_init_tiny(a.c.seed, &m, &tok)) cli_die(1, "%s", vks_last_error());
+    if (a.n_ranks > 1) {
+        int status = rl_mpi(&a, m, tok);
+        vks_tokenizer_free(tok);
+        vks_model_free(m);
+        return status;
+    }
     vks_gpu *train_gpu = cli_open_gpu(&a.m), *infer_gpu = cli_open_gpu(&a.m);
     a.o.model = m, a.o.tok = tok, a.o.train_gpu = train_gpu, a.o.infer_gpu = infer_gpu;
     a.o.progress = on_progress;
     vks_rl_result r;
     int rc = vks_rl_run(&a.o, &r);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
-    fprintf(stderr, "vkswarm: rl: %lld rollouts, %lld accepted, %lld rejected, %lld groups without signal, %lld stale, %.0f s\n",
-            (long long)r.rollouts, (long long)r.accepted, (long long)r.rejected, (long long)r.groups_filtered,
-            (long long)r.groups_stale, r.elapsed_s);
-    printf("task: ");
-    cli_put_escaped(stdout, a.c.task, strlen(a.c.task));
-    printf("\nmetrics: %s\nplot: %s\nfinal checkpoint: %s\n", r.metrics_path, r.plot_path, r.final_checkpoint);
-    printf("accuracy: %.3f -> %.3f\ntrainer idle: %.3f\n", r.start_accuracy, r.final_accuracy, r.trainer_idle);
+    print_result(&a, &r);
     if (a.m.profile) cli_print_profile(train_gpu);
     rc = cli_finish_gpu(infer_gpu);
     int rc2 = cli_finish_gpu(train_gpu);

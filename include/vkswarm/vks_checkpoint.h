@@ -53,6 +53,9 @@ const vks_param_info *vks_param_layout_find(const vks_param_layout *l, const cha
 /* Copies m's weights (any dtype, dequantized; rows in m's RoPE order) into
  * block[l->n_values]; m's config must be l's. */
 int vks_param_layout_gather(const vks_param_layout *l, const vks_model *m, float *block);
+/* The reverse: block's values into m's tensors, which must be f32 and owned
+ * (vks_model_create_f32 with l's config). */
+int vks_param_layout_scatter(const vks_param_layout *l, const float *block, vks_model *m);
 
 /* ---- what a resume needs besides the tensors ---- */
 typedef struct {

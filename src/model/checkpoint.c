@@ -147,6 +147,22 @@ int vks_param_layout_gather(const vks_param_layout *l, const vks_model *m, float
     return VKS_OK;
 }
 
+int vks_param_layout_scatter(const vks_param_layout *l, const float *block, vks_model *m) {
+    if (!l || !m || !block || !m->layers) return vks_set_error(VKS_ERR_ARG, "vks_param_layout_scatter: NULL argument");
+    if (!same_config(&l->cfg, &m->cfg) || l->has_bias != (m->layers[0].bq.data != NULL))
+        return vks_set_error(VKS_ERR_ARG, "%s: the model's shape differs from the parameter layout's", m->path);
+    char hf[128];
+    for (int i = 0; i < l->n_tensors; i++) {
+        const vks_param_info *t = &l->tensors[i];
+        vks_tensor *dst = model_slot(m, t->name, hf, sizeof hf);
+        if (!dst || !dst->data || dst->dtype != VKS_DTYPE_F32 || dst->rows != t->rows || dst->cols != t->cols)
+            return vks_set_error(VKS_ERR_ARG, "%s: tensor %s is not f32 or shaped unlike the layout", m->path, t->name);
+        /* an f32 model made by vks_model_create_f32 owns its weights */
+        memcpy((float *)(uintptr_t)dst->data, block + t->offset, sizeof(float) * (size_t)(t->rows * t->cols));
+    }
+    return VKS_OK;
+}
+
 /* A vks_model whose tensors are views into block (f32, not owned). */
 static int model_view(const vks_param_layout *l, const float *block, const char *arch, int bos, int eos,
                       const char *name, vks_model **out) {

@@ -75,6 +75,47 @@ typedef struct {
     char rollouts_dir[4096];
 } vks_rl_gen;
 
+/* What one generation batch counted. */
+typedef struct {
+    int64_t rollouts, checked, accepted;
+} vks_rl_gen_counts;
+
+/* Opens the run's tasks (config->task) into g; vks_rl_gen_close frees them,
+ * the engine and the policy. */
+int vks_rl_gen_open_tasks(vks_rl_gen *g);
+void vks_rl_gen_close(vks_rl_gen *g);
+/* Makes m (owned from here) the policy of step `step`: a fresh engine. */
+int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
+/* Generation batch `batch` with the current policy: its prompts_per_step
+ * tasks x group_size completions, scored, verified (o->verify), as groups[P]
+ * (groups[p].n = 0: no signal, dropped). The single-process inference thread
+ * and an inference rank (mpi/rl_roles.c) both call it. */
+int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt);
+/* The trainer's check of a sample from another rank: its prompt is task
+ * task_index's (built as the inference side builds it: g->model gives the
+ * vocabulary and context) and its rewards are what the task (and the
+ * thinking budget) give its completion. err says why not. */
+int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap);
+/* Counts a batch with `useful` groups: an error after max_empty_batches in a row without any. */
+int vks_rl_count_empty(vks_rl_gen *g, int useful);
+
+/* Where the trainer's groups come from and its weights go: the inference
+ * thread (NULL source) or inference ranks (mpi/rl_roles.c). */
+typedef struct {
+    int64_t rollouts, checked, accepted, rejected, filtered, stale;
+} vks_rl_counters;
+typedef struct {
+    void *ctx;
+    /* Hands the weights of trainer step `step` (0: the start) to inference; m is owned from here. */
+    int (*publish)(void *ctx, vks_model *m, int64_t step);
+    /* Blocks (bounded) until the prompts_per_step groups that trainer step
+     * step + 1 consumes are there; moves them into groups[]. */
+    int (*take)(void *ctx, int64_t step, vks_rl_batch_group *groups);
+    void (*counters)(void *ctx, vks_rl_counters *c);
+} vks_rl_source;
+/* vks_rl_run with the groups from src (NULL: the inference thread). */
+int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *r);
+
 /* The inference thread's body (pthread start routine; arg: vks_rl_gen *). */
 void *vks_rl_gen_main(void *arg);
 #endif

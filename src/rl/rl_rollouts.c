@@ -5,6 +5,7 @@
  * on a rollout file it writes per batch), turned into group advantages over
  * the accepted completions; groups without signal are dropped (online filter),
  * the others go to the trainer while the async window allows. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,47 @@ static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int *targets) {
             s->n_prompt = s->n_ids = b->prompt_lens[p];
             s->stop_token = -1;
         }
+    }
+    return VKS_OK;
+}
+
+int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap) {
+    const vks_rl_config *c = g->o->config;
+    vks_task t;
+    int target = 0, n = 0, rc = make_task(g, task_index, &t, &target);
+    int32_t *ids = NULL;
+    if (!rc) rc = tokenize_prompt(g, &t, &ids, &n);
+    if (rc) {
+        snprintf(err, cap, "task %lld: %s", (long long)task_index, vks_last_error());
+        return rc;
+    }
+    if (n != s->prompt_len || memcmp(ids, s->tokens, sizeof(int32_t) * (size_t)n)) {
+        free(ids);
+        snprintf(err, cap, "the prompt is not task %lld's", (long long)task_index);
+        return VKS_ERR_FORMAT;
+    }
+    free(ids);
+    /* a stop token can only end a completion (it stops the sampler) */
+    int n_new = s->completion_len, eos = vks_tokenizer_eos(g->o->tok);
+    if (n_new > 0 && s->tokens[s->prompt_len + n_new - 1] == eos) n_new--;
+    for (int k = 0; k < n_new; k++)
+        if (s->tokens[s->prompt_len + k] == eos) {
+            snprintf(err, cap, "a stop token inside the completion");
+            return VKS_ERR_FORMAT;
+        }
+    char *text = NULL;
+    size_t len = 0;
+    rc = vks_tokenizer_detokenize(g->o->tok, s->tokens + s->prompt_len, n_new, false, &text, &len);
+    if (rc) {
+        snprintf(err, cap, "%s", vks_last_error());
+        return rc;
+    }
+    double task_reward = vks_task_score(&t, text, len);
+    free(text);
+    double reward = target ? vks_task_length_reward(task_reward, target, n_new, c->length_penalty) : task_reward;
+    if (task_reward != s->task_reward || fabs(reward - s->reward) > 1e-12 * (1 + fabs(reward))) {
+        snprintf(err, cap, "rewards %g / %g, the task gives %g / %g", s->task_reward, s->reward, task_reward, reward);
+        return VKS_ERR_FORMAT;
     }
     return VKS_OK;
 }
@@ -220,6 +262,8 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     int idx[VKS_RL_MAX_GROUP];
     double r[VKS_RL_MAX_GROUP], adv[VKS_RL_MAX_GROUP];
     memset(out, 0, sizeof *out);
+    out->policy_step = g->policy_step;
+    out->task_index = g->batch * g->o->config->prompts_per_step + p;
     for (int j = 0; j < G; j++)
         if (!g->o->verify || b->verdicts[p * G + j].accepted) idx[n] = p * G + j, r[n] = b->reward[p * G + j], n++;
     if (n < 2 || !vks_grpo_group_has_signal(r, n)) return VKS_OK;
@@ -228,63 +272,98 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     if (!rc && !out->samples) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     for (int k = 0; !rc && k < n; k++)
         rc = copy_sample(b, idx[k], adv[k], !g->o->verify || b->verdicts[idx[k]].accepted, &out->samples[out->n++]);
-    out->policy_step = g->policy_step;
-    out->task_index = g->batch * g->o->config->prompts_per_step + p;
     if (rc) vks_rl_group_free(out);
+    return rc;
+}
+
+int vks_rl_gen_open_tasks(vks_rl_gen *g) {
+    const char *task = g->o->config->task;
+    if (!strncmp(task, "file:", 5)) {
+        int rc = vks_task_file_load(task + 5, &g->tasks, &g->n_tasks);
+        if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", task + 5);
+        return rc;
+    }
+    return vks_task_parse(task, &g->spec);
+}
+
+void vks_rl_gen_close(vks_rl_gen *g) {
+    vks_engine_destroy(g->engine);
+    g->engine = NULL;
+    vks_model_free(g->model);
+    g->model = NULL;
+    free(g->tasks);
+    g->tasks = NULL;
+}
+
+int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {
+    const vks_rl_config *c = g->o->config;
+    int P = c->prompts_per_step, n = P * c->group_size;
+    gen_batch b;
+    memset(groups, 0, sizeof *groups * (size_t)P);
+    memset(cnt, 0, sizeof *cnt);
+    g->batch = batch;
+    int *targets = calloc((size_t)P, sizeof *targets);
+    int rc = batch_alloc(&b, P, n);
+    if (!rc && !targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    if (!rc) rc = prepare_batch(g, &b, targets);
+    if (!rc) rc = generate_batch(g, &b, n);
+    if (!rc) rc = score_batch(g, &b, targets, n);
+    for (int p = 0; !rc && p < P; p++) rc = make_group(g, &b, p, &groups[p]);
+    if (rc)
+        for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
+    cnt->rollouts = rc ? 0 : n;
+    for (int i = 0; !rc && g->o->verify && i < n; i++) cnt->checked++, cnt->accepted += b.verdicts[i].accepted;
+    batch_free(&b, P, n);
+    free(targets);
     return rc;
 }
 
 /* Queues the batch's useful groups while the async window allows: the group
  * becomes number `pushed` and is consumed by step pushed / P, which may be at
  * most policy_step + k. Returns the number queued. */
-static int push_groups(vks_rl_gen *g, const gen_batch *b, int n, int *useful) {
+static void push_groups(vks_rl_gen *g, vks_rl_batch_group *groups, const vks_rl_gen_counts *cnt, int *useful) {
     const vks_rl_config *c = g->o->config;
-    int P = c->prompts_per_step, G = c->group_size, rc = VKS_OK;
+    int P = c->prompts_per_step;
     int64_t limit = (g->policy_step + c->async_level + 1) * P;
-    int64_t checked = 0, accepted = 0;
-    for (int i = 0; g->o->verify && i < n; i++) checked++, accepted += b->verdicts[i].accepted;
-    for (int p = 0; !rc && p < P; p++) {
-        vks_rl_batch_group grp;
-        if ((rc = make_group(g, b, p, &grp))) break;
-        vks_rl_shared *sh = g->sh;
-        pthread_mutex_lock(&sh->mu);
-        *useful += grp.n > 0;
-        if (!grp.n) sh->filtered++;
-        else if (sh->pushed >= limit || sh->len == sh->cap) sh->stale++, vks_rl_group_free(&grp);
+    vks_rl_shared *sh = g->sh;
+    pthread_mutex_lock(&sh->mu);
+    for (int p = 0; p < P; p++) {
+        vks_rl_batch_group *grp = &groups[p];
+        *useful += grp->n > 0;
+        if (!grp->n) sh->filtered++;
+        else if (sh->pushed >= limit || sh->len == sh->cap) sh->stale++, vks_rl_group_free(grp);
         else {
-            sh->queue[(sh->head + sh->len) % sh->cap] = grp;
+            sh->queue[(sh->head + sh->len) % sh->cap] = *grp;
+            memset(grp, 0, sizeof *grp);
             sh->len++, sh->pushed++;
             pthread_cond_broadcast(&sh->cv);
         }
-        pthread_mutex_unlock(&sh->mu);
     }
-    pthread_mutex_lock(&g->sh->mu);
-    g->sh->rollouts += n, g->sh->checked += checked, g->sh->accepted += accepted, g->sh->rejected += checked - accepted;
-    pthread_mutex_unlock(&g->sh->mu);
-    (void)G;
-    return rc;
+    sh->rollouts += cnt->rollouts, sh->checked += cnt->checked, sh->accepted += cnt->accepted;
+    sh->rejected += cnt->checked - cnt->accepted;
+    pthread_mutex_unlock(&sh->mu);
+}
+
+int vks_rl_count_empty(vks_rl_gen *g, int useful) {
+    g->empty_batches = useful ? 0 : g->empty_batches + 1;
+    int most = g->o->max_empty_batches ? g->o->max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
+    if (g->empty_batches >= most)
+        return vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
+                             "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
+    return VKS_OK;
 }
 
 static int run_batch(vks_rl_gen *g) {
-    const vks_rl_config *c = g->o->config;
-    int P = c->prompts_per_step, n = P * c->group_size;
-    gen_batch b;
-    int *targets = calloc((size_t)P, sizeof *targets);
+    int P = g->o->config->prompts_per_step;
     double t0 = vks_seconds_now();
-    int rc = batch_alloc(&b, P, n);
-    if (!rc && !targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    if (!rc) rc = prepare_batch(g, &b, targets);
-    if (!rc) rc = generate_batch(g, &b, n);
-    if (!rc) rc = score_batch(g, &b, targets, n);
+    vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
+    vks_rl_gen_counts cnt;
+    int rc = groups ? vks_rl_gen_batch(g, g->batch, groups, &cnt) : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     int useful = 0;
-    if (!rc) rc = push_groups(g, &b, n, &useful);
-    g->empty_batches = useful ? 0 : g->empty_batches + 1;
-    int most = g->o->max_empty_batches ? g->o->max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
-    if (!rc && g->empty_batches >= most)
-        rc = vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
-                           "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
-    batch_free(&b, P, n);
-    free(targets);
+    if (!rc) push_groups(g, groups, &cnt, &useful);
+    if (!rc) rc = vks_rl_count_empty(g, useful);
+    for (int p = 0; groups && p < P; p++) vks_rl_group_free(&groups[p]);
+    free(groups);
     g->batch++;
     pthread_mutex_lock(&g->sh->mu);
     g->sh->gen_busy_s += vks_seconds_now() - t0;
@@ -293,7 +372,7 @@ static int run_batch(vks_rl_gen *g) {
 }
 
 /* Replaces the policy with the trainer's newest weights. */
-static int switch_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
+int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
     vks_engine_destroy(g->engine);
     g->engine = NULL;
     vks_model_free(g->model);
@@ -322,7 +401,7 @@ static bool wait_for_work(vks_rl_gen *g, int *rc) {
             int64_t step = sh->next_step;
             sh->next_model = NULL;
             pthread_mutex_unlock(&sh->mu);
-            if ((*rc = switch_policy(g, m, step))) return false;
+            if ((*rc = vks_rl_gen_set_policy(g, m, step))) return false;
             pthread_mutex_lock(&sh->mu);
             continue;
         }

@@ -26,6 +26,7 @@ typedef struct {
     vks_metrics *metrics;
     vks_rl_shared sh;
     vks_rl_gen gen;
+    const vks_rl_source *src;    /* NULL: the inference thread */
     pthread_t thread;
     bool thread_started, shared_ready;
     vks_rl_batch_group *groups;  /* the step's P groups */
@@ -47,16 +48,6 @@ static int check_options(const vks_rl_run_options *o) {
                              (long long)c->prompts_per_step * c->group_size, VKS_RL_MAX_BATCH);
     if (c->group_size > VKS_RL_MAX_GROUP) return vks_set_error(VKS_ERR_ARG, "rl: group_size above %d", VKS_RL_MAX_GROUP);
     return VKS_OK;
-}
-
-static int open_tasks(rl_run *r) {
-    const char *task = r->c->task;
-    if (!strncmp(task, "file:", 5)) {
-        int rc = vks_task_file_load(task + 5, &r->gen.tasks, &r->gen.n_tasks);
-        if (!rc && r->gen.n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", task + 5);
-        return rc;
-    }
-    return vks_task_parse(task, &r->gen.spec);
 }
 
 static bool is_dir(const char *path) {
@@ -89,7 +80,8 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     r->sh.queue = calloc((size_t)r->sh.cap, sizeof *r->sh.queue);
     if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old || !r->sh.queue)
         return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
-    int rc = open_tasks(r);
+    r->gen.o = r->o;
+    int rc = vks_rl_gen_open_tasks(&r->gen);
     if (!rc) rc = make_dirs(r, res);
     vks_trainer_options to = {.max_tokens = r->max_tokens};
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
@@ -99,6 +91,11 @@ static int open_run(rl_run *r, vks_rl_result *res) {
 }
 
 static int start_inference(rl_run *r) {
+    if (r->src) {
+        vks_model *m = NULL;
+        int rc = vks_trainer_export_model(r->trainer, &m);
+        return rc ? rc : r->src->publish(r->src->ctx, m, 0);
+    }
     if (pthread_mutex_init(&r->sh.mu, NULL)) return vks_set_error(VKS_ERR_NOMEM, "rl: pthread_mutex_init failed");
     if (pthread_cond_init(&r->sh.cv, NULL)) {
         pthread_mutex_destroy(&r->sh.mu);
@@ -133,9 +130,7 @@ static void run_free(rl_run *r) {
     free(r->sh.queue);
     vks_model_free(r->sh.next_model);
     if (r->shared_ready) pthread_mutex_destroy(&r->sh.mu), pthread_cond_destroy(&r->sh.cv);
-    vks_engine_destroy(r->gen.engine);
-    vks_model_free(r->gen.model);
-    free(r->gen.tasks);
+    vks_rl_gen_close(&r->gen);
     for (int i = 0; r->groups && i < r->c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
     free(r->groups), free(r->tokens), free(r->seq_lens), free(r->weight), free(r->advantage), free(r->logp_old);
     vks_metrics_close(r->metrics);
@@ -147,6 +142,11 @@ static void run_free(rl_run *r) {
 static int take_groups(rl_run *r, double *waited) {
     int P = r->c->prompts_per_step, rc = VKS_OK;
     double t0 = vks_seconds_now();
+    if (r->src) {
+        rc = r->src->take(r->src->ctx, vks_trainer_steps(r->trainer), r->groups);
+        *waited = vks_seconds_now() - t0;
+        return rc;
+    }
     pthread_mutex_lock(&r->sh.mu);
     while (r->sh.len < P && !r->sh.gen_rc) pthread_cond_wait(&r->sh.cv, &r->sh.mu);
     if (r->sh.gen_rc) rc = vks_set_error(r->sh.gen_rc, "%s", r->sh.gen_error);
@@ -246,6 +246,11 @@ static int publish(rl_run *r, double *seconds) {
     vks_model *m = NULL;
     int rc = vks_trainer_export_model(r->trainer, &m);
     if (rc) return vks_error_prefix(rc, "trainer: exporting the weights");
+    if (r->src) {
+        rc = r->src->publish(r->src->ctx, m, vks_trainer_steps(r->trainer));
+        *seconds = vks_seconds_now() - t0;
+        return rc;
+    }
     pthread_mutex_lock(&r->sh.mu);
     vks_model_free(r->sh.next_model);
     r->sh.next_model = m;
@@ -295,15 +300,26 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
 }
 
 /* Fills the counters the inference thread keeps. */
-static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
+static void get_counters(rl_run *r, vks_rl_counters *c) {
+    if (r->src) {
+        r->src->counters(r->src->ctx, c);
+        return;
+    }
     pthread_mutex_lock(&r->sh.mu);
-    p->accept_rate = r->sh.checked ? (double)r->sh.accepted / (double)r->sh.checked : 1.0;
-    double el = vks_seconds_now() - t_start;
-    p->rollouts_per_s = el > 0 ? (double)r->sh.rollouts / el : 0;
-    p->groups_filtered = r->sh.filtered;
-    p->rejected = r->sh.rejected;
-    p->groups_stale = r->sh.stale;
+    *c = (vks_rl_counters){.rollouts = r->sh.rollouts, .checked = r->sh.checked, .accepted = r->sh.accepted,
+                           .rejected = r->sh.rejected, .filtered = r->sh.filtered, .stale = r->sh.stale};
     pthread_mutex_unlock(&r->sh.mu);
+}
+
+static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
+    vks_rl_counters c;
+    get_counters(r, &c);
+    p->accept_rate = c.checked ? (double)c.accepted / (double)c.checked : 1.0;
+    double el = vks_seconds_now() - t_start;
+    p->rollouts_per_s = el > 0 ? (double)c.rollouts / el : 0;
+    p->groups_filtered = c.filtered;
+    p->rejected = c.rejected;
+    p->groups_stale = c.stale;
     p->elapsed_s = el;
 }
 
@@ -344,19 +360,21 @@ static int finish(rl_run *r, vks_rl_result *res) {
     const char *keys[] = {"reward", "accuracy", "trainer_idle", "accept_rate"};
     if (!rc) rc = vks_metrics_plot(res->metrics_path, keys, 4, "RL run: reward, held-out accuracy, trainer idle, accepted",
                                    res->plot_path);
-    pthread_mutex_lock(&r->sh.mu);
-    res->rollouts = r->sh.rollouts, res->accepted = r->sh.accepted, res->rejected = r->sh.rejected;
-    res->groups_filtered = r->sh.filtered, res->groups_stale = r->sh.stale;
-    pthread_mutex_unlock(&r->sh.mu);
+    vks_rl_counters cn;
+    get_counters(r, &cn);
+    res->rollouts = cn.rollouts, res->accepted = cn.accepted, res->rejected = cn.rejected;
+    res->groups_filtered = cn.filtered, res->groups_stale = cn.stale;
     return rc;
 }
 
-int vks_rl_run(const vks_rl_run_options *o, vks_rl_result *res) {
+int vks_rl_run(const vks_rl_run_options *o, vks_rl_result *res) { return vks_rl_run_source(o, NULL, res); }
+
+int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *res) {
     int rc = check_options(o);
     if (rc || !res) return rc ? rc : vks_set_error(VKS_ERR_ARG, "rl: NULL result");
     memset(res, 0, sizeof *res);
     res->start_accuracy = res->final_accuracy = NAN;
-    rl_run r = {.o = o, .c = o->config};
+    rl_run r = {.o = o, .c = o->config, .src = src};
     double t_start = vks_seconds_now(), idle = 0, total = 0;
     rc = open_run(&r, res);
     if (!rc) rc = evaluate(&r, &res->start_accuracy);

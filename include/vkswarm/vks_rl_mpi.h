@@ -1,0 +1,38 @@
+/* vks_rl_mpi.h: the RL run across MPI ranks (mpi/rl_roles.c), first cut.
+ *
+ * The trainer rank (also the orchestrator) trains as vks_rl_run does, but its
+ * groups come from inference ranks (pipeline groups of one rank each): it
+ * grants each idle inference rank a batch (index b, the policy step it must
+ * use at least) only while the async window has room, sends every rank the
+ * f32 weights after each step (plain point-to-point, tagged with the step;
+ * Shardcast can replace it later), and checks every group it receives
+ * against the config (lengths, token ids, log-probabilities, batch, policy
+ * step), the task (prompt tokens, rewards re-scored) and its own advantages
+ * before it is queued. An inference rank that sends
+ * something malformed is named and refused; one silent for timeout_s (it
+ * beats every second, also while generating) is dropped and its batch goes to
+ * another rank. The trainer dying ends the run: inference ranks give up after
+ * trainer_timeout_s without a word from it while idle. */
+#ifndef VKS_RL_MPI_H
+#define VKS_RL_MPI_H
+#include "vks_rl.h"
+
+typedef struct {
+    double timeout_s;       /* an inference rank silent this long is gone; also bounds every send */
+    double trainer_timeout_s; /* an idle inference rank gives up after this long without a word from the
+                               * trainer, which says nothing while it trains a step: it must exceed a
+                               * step's time (below timeout_s: timeout_s) */
+    int test_garbage;       /* TEST ONLY: this inference rank sends a token id outside the vocabulary (1)
+                             * or a reward of 1 its completion did not earn (2) */
+} vks_rl_mpi_options;
+
+/* Refuses roles this cut does not run (orchestrator elsewhere than the
+ * trainer, pipeline groups of S > 1, relays, verifier ranks), naming them. */
+int vks_rl_mpi_check_roles(const vks_rl_config *c);
+/* The trainer/orchestrator rank. *lost: inference ranks were dropped or
+ * refused (under Open MPI 4.1 the survivors must then not call MPI_Finalize). */
+int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *r, bool *lost);
+/* An inference rank: generates the batches the trainer grants until it says
+ * stop. *no_finalize: the trainer said ranks were lost (or it went silent). */
+int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
+#endif

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The RL run across MPI ranks (mpi/rl_roles.c): a trainer rank and two
+# inference ranks with the tiny model and short user tasks (length targets, so
+# that untrained groups have signal). The happy path ends 0 with finite losses
+# and a metrics line per step (k = 0: lag 0, and the sampler's log-probabilities
+# on the inference ranks equal the trainer's: the weights arrived intact); an
+# inference rank that sends a token outside the vocabulary is named, refused,
+# and the run finishes on the other; an inference rank killed (-9) mid-run is
+# dropped under --enable-recovery and the run finishes on the other.
+# Usage: test_rl.sh BUILD_DIR
+set -uo pipefail
+bin=${1:?build dir}/vkswarm
+. "$(dirname "$0")/common.sh"
+tmp=$(mktemp -d)
+trap 'release_stopped; rm -rf "$tmp"' EXIT
+
+for i in $(seq 0 7); do echo "{\"prompt\": \"$i+$((i + 1))=\", \"answer\": \"$((2 * i + 1))\", \"task_type\": \"numeric\"}"; done \
+    > "$tmp/tasks.jsonl"
+config() { # OUT STEPS K
+    cat > "$tmp/run.json" <<EOF
+{"task": "file:$tmp/tasks.jsonl", "init": "tiny", "out": "$1", "steps": $2, "prompts_per_step": 2, "group_size": 4,
+ "async_level": $3, "max_new_tokens": 12, "length_targets": [4, 12], "lr": 1e-3,
+ "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1], [2]], "verifiers": [], "relays": []}}
+EOF
+}
+# metrics_ok FILE STEPS MAX_LAG: one line per step 1..STEPS, finite losses, lag <= MAX_LAG
+metrics_ok() {
+    awk -v steps="$2" -v lag="$3" '
+        { if (!match($0, /"step":[0-9]+/)) exit 1; s = substr($0, RSTART + 7, RLENGTH - 7)
+          if (s != NR) exit 1
+          if (!match($0, /"loss":-?[0-9.]+(e-?[0-9]+)?[,}]/)) exit 1
+          if (!match($0, /"policy_lag":[0-9.]+/)) exit 1; l = substr($0, RSTART + 13, RLENGTH - 13) + 0
+          if (l > lag) exit 1 }
+        END { if (NR != steps) exit 1 }' "$1"
+}
+# the sampler's logp against the trainer's, at k = 0: below 1e-4 on every step
+mismatch_ok() {
+    awk '{ if (!match($0, /"logp_mismatch":[0-9.]+(e-?[0-9]+)?/)) exit 1
+           v = substr($0, RSTART + 16, RLENGTH - 16) + 0; if (v >= 1e-4) exit 1 }' "$1"
+}
+
+# happy path: trainer + 2 inference ranks, k = 0, 2 steps
+config "$tmp/k0" 2 0
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/k0/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/k0/metrics.jsonl" 2 0 && mismatch_ok "$tmp/k0/metrics.jsonl" && ! grep -q "dropped\|refused" "$tmp/err.txt"; then
+    ok "3 ranks, k=0: 2 steps, finite losses, lag 0, logp mismatch < 1e-4"
+else bad "3 ranks, k=0: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
+
+# k = 1 across ranks: lag at most 1
+config "$tmp/k1" 3 1
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && metrics_ok "$tmp/k1/metrics.jsonl" 3 1; then ok "3 ranks, k=1: 3 steps, lag <= 1"
+else bad "3 ranks, k=1: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k1/metrics.jsonl" 2>/dev/null; fi
+
+# a rank that sends garbage (a token id >= vocab) is named and refused; the run finishes
+config "$tmp/garbage" 2 0
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-garbage-rank 2 \
+    > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: batch [0-9]*: group [0-9]*, completion 0: token [0-9]* outside the vocabulary" "$tmp/err.txt" &&
+   ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt" && metrics_ok "$tmp/garbage/metrics.jsonl" 2 0; then
+    ok "a rank sending a token outside the vocabulary is refused, the run finishes"
+else bad "garbage rank: status $rc"; tail -5 "$tmp/err.txt"; fi
+
+# a rank that claims a reward its completion did not earn (the trainer re-scores every completion)
+config "$tmp/reward" 2 0
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-garbage-rank 1 --test-garbage-reward \
+    > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "inference rank 1 refused: batch [0-9]*: group [0-9]*, completion 0: rewards 1 / 1, the task gives" "$tmp/err.txt" &&
+   ! grep -q "inference rank 2 \(refused\|dropped\)" "$tmp/err.txt" && metrics_ok "$tmp/reward/metrics.jsonl" 2 0; then
+    ok "a rank claiming an unearned reward is refused, the run finishes"
+else bad "reward garbage rank: status $rc"; tail -5 "$tmp/err.txt"; fi
+
+# an inference rank killed mid-run: dropped, its batch granted again, the run finishes (--enable-recovery)
+config "$tmp/kill" 3 0
+pids=$tmp/pids
+mkdir -p "$pids"
+VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
+    --timeout-s 5 --trainer-timeout-s 120 > "$tmp/out.txt" 2> "$tmp/err.txt" &
+job=$!
+pid=$(pid_file_pid "$pids" 2) && sleep 8 && kill -9 "$pid"
+wait $job
+rc=$?
+if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/err.txt" &&
+   grep -q "^final checkpoint: $tmp/kill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/kill/metrics.jsonl" 3 0; then
+    ok "an inference rank killed mid-run is dropped, the run finishes on the other"
+else bad "killed rank: pid '$pid' status $rc"; tail -5 "$tmp/err.txt"; fi
+
+# the trainer killed mid-run ends the run: idle inference ranks give up after --trainer-timeout-s
+config "$tmp/trainer" 3 0
+rm -rf "$pids"
+mkdir -p "$pids"
+start=$(date +%s)
+VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
+    --timeout-s 5 --trainer-timeout-s 10 > "$tmp/out.txt" 2> "$tmp/err.txt" &
+job=$!
+pid=$(pid_file_pid "$pids" 0) && sleep 8 && kill -9 "$pid"
+wait $job
+rc=$?
+took=$(($(date +%s) - start))
+if [ -n "$pid" ] && [ $rc -ne 124 ] && [ $took -le 60 ] && [ "$(grep -c "inference rank [12]: rank 0 did not answer" "$tmp/err.txt")" = 2 ] &&
+   ! grep -q "^final checkpoint" "$tmp/out.txt"; then
+    ok "the trainer killed mid-run: both inference ranks give up after ${took}s (status $rc)"
+else bad "killed trainer: pid '$pid' status $rc after ${took}s"; tail -5 "$tmp/err.txt"; fi
+
+echo "rl across ranks: $passed passed, $failed failed"
+[ $failed -eq 0 ]
