@@ -126,7 +126,9 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
     printf("task: ");
     cli_put_escaped(stdout, a->c.task, strlen(a->c.task));
     printf("\nmetrics: %s\nplot: %s\nfinal checkpoint: %s\n", r->metrics_path, r->plot_path, r->final_checkpoint);
-    printf("accuracy: %.3f -> %.3f\ntrainer idle: %.3f\n", r->start_accuracy, r->final_accuracy, r->trainer_idle);
+    if (isnan(r->start_accuracy)) printf("accuracy: not measured (--eval-n 0 or a task file)\n");
+    else printf("accuracy: %.3f -> %.3f\n", r->start_accuracy, r->final_accuracy);
+    printf("trainer idle: %.3f\n", r->trainer_idle);
 }
 
 /* One rank of an RL run across MPI ranks: the trainer or an inference rank. */
