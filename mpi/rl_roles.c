@@ -334,12 +334,7 @@ static int queue_groups(trainer_src *t, vks_rl_batch_group *groups, int64_t poli
     }
     t->counters.rollouts += cnt->rollouts, t->counters.checked += cnt->checked, t->counters.accepted += cnt->accepted;
     t->counters.rejected += cnt->checked - cnt->accepted;
-    t->empty_batches = useful ? 0 : t->empty_batches + 1;
-    int most = t->o->max_empty_batches ? t->o->max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
-    if (t->empty_batches >= most)
-        return vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
-                             "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
-    return VKS_OK;
+    return vks_rl_count_empty(&t->empty_batches, t->o->max_empty_batches, useful);
 }
 
 /* Receives one message from an inference rank (probed: st). */

@@ -96,8 +96,10 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, v
  * vocabulary and context) and its rewards are what the task (and the
  * thinking budget) give its completion. err says why not. */
 int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap);
-/* Counts a batch with `useful` groups: an error after max_empty_batches in a row without any. */
-int vks_rl_count_empty(vks_rl_gen *g, int useful);
+/* Counts a batch with `useful` groups in *empty_batches (batches in a row without any): an
+ * error after max_empty_batches (0: VKS_RL_MAX_EMPTY_BATCHES) in a row. The inference thread and
+ * the MPI trainer (which sees every rank's batches) share it. */
+int vks_rl_count_empty(int *empty_batches, int max_empty_batches, int useful);
 
 /* Where the trainer's groups come from and its weights go: the inference
  * thread (NULL source) or inference ranks (mpi/rl_roles.c). */

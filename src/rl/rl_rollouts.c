@@ -344,10 +344,10 @@ static void push_groups(vks_rl_gen *g, vks_rl_batch_group *groups, const vks_rl_
     pthread_mutex_unlock(&sh->mu);
 }
 
-int vks_rl_count_empty(vks_rl_gen *g, int useful) {
-    g->empty_batches = useful ? 0 : g->empty_batches + 1;
-    int most = g->o->max_empty_batches ? g->o->max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
-    if (g->empty_batches >= most)
+int vks_rl_count_empty(int *empty_batches, int max_empty_batches, int useful) {
+    *empty_batches = useful ? 0 : *empty_batches + 1;
+    int most = max_empty_batches ? max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
+    if (*empty_batches >= most)
         return vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
                              "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
     return VKS_OK;
@@ -361,7 +361,7 @@ static int run_batch(vks_rl_gen *g) {
     int rc = groups ? vks_rl_gen_batch(g, g->batch, groups, &cnt) : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     int useful = 0;
     if (!rc) push_groups(g, groups, &cnt, &useful);
-    if (!rc) rc = vks_rl_count_empty(g, useful);
+    if (!rc) rc = vks_rl_count_empty(&g->empty_batches, g->o->max_empty_batches, useful);
     for (int p = 0; groups && p < P; p++) vks_rl_group_free(&groups[p]);
     free(groups);
     g->batch++;

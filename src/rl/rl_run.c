@@ -214,7 +214,7 @@ static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats 
             for (int k = 0; k < s->completion_len; k++) r->logp_old[n_tokens + s->prompt_len - 1 + k] = s->logp[k];
             r->seq_lens[n_seqs++] = len;
             n_tokens += len;
-            st->reward += s->task_reward, st->length += s->completion_len, st->lag += 0, st->n++;
+            st->reward += s->task_reward, st->length += s->completion_len, st->n++;
         }
     }
     if (!rc) rc = flush_micro(r, n_tokens, n_seqs, h, st);
