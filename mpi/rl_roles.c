@@ -691,7 +691,7 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
     inf_state s = {.comm = vks_mpi_world(), .trainer = o->config->trainer, .o = o, .mo = mo, .assigned = -1,
                    .pending_step = -1, .beat_req = MPI_REQUEST_NULL};
     MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN);
-    vks_rl_gen g = {.o = o, .policy_step = -1};
+    vks_rl_gen g = {.o = o, .policy_step = -1, .keep_flat_groups = mo->test_garbage != 0};
     rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &s.layout);
     if (!rc) rc = vks_rl_gen_open_tasks(&g);
     int me = 0;

@@ -73,6 +73,8 @@ typedef struct {
     int64_t batch;            /* generation batches done */
     int empty_batches;        /* batches in a row that gave the trainer nothing */
     char rollouts_dir[4096];
+    bool keep_flat_groups;    /* TEST ONLY: keep groups without signal (advantages 0), so that a
+                                 rank told to send garbage always has a group to spoil */
 } vks_rl_gen;
 
 /* What one generation batch counted. */
