@@ -220,11 +220,7 @@ typedef struct {
     int64_t next_batch, newest;
     int64_t *redo;        /* batches of dropped ranks, to grant again */
     int n_redo;
-    vks_rl_batch_group *queue;
-    int head, len, cap;
-    int64_t pushed;
-    int empty_batches;
-    vks_rl_counters counters;
+    vks_rl_queue queue;
     weights_send *sends;
     int n_sends, cap_sends;
     bool lost;
@@ -316,27 +312,6 @@ static inf_rank *find_rank(trainer_src *t, int rank) {
     return NULL;
 }
 
-/* Queues a checked batch's useful groups while the window allows them. */
-static int queue_groups(trainer_src *t, vks_rl_batch_group *groups, int64_t policy, const vks_rl_gen_counts *cnt) {
-    const vks_rl_config *c = t->c;
-    int P = c->prompts_per_step, useful = 0;
-    int64_t limit = (policy + c->async_level + 1) * P;
-    for (int p = 0; p < P; p++) {
-        vks_rl_batch_group *g = &groups[p];
-        useful += g->n > 0;
-        if (!g->n) t->counters.filtered++;
-        else if (t->pushed >= limit || t->len == t->cap) t->counters.stale++, vks_rl_group_free(g);
-        else {
-            t->queue[(t->head + t->len) % t->cap] = *g;
-            memset(g, 0, sizeof *g);
-            t->len++, t->pushed++;
-        }
-    }
-    t->counters.rollouts += cnt->rollouts, t->counters.checked += cnt->checked, t->counters.accepted += cnt->accepted;
-    t->counters.rejected += cnt->checked - cnt->accepted;
-    return vks_rl_count_empty(&t->empty_batches, t->o->max_empty_batches, useful);
-}
-
 /* Receives one message from an inference rank (probed: st). */
 static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *scratch, int seq_len,
                       const vks_model_config *mc) {
@@ -374,7 +349,7 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
                 drop_rank(t, r, RANK_REFUSED, why);
             } else {
                 r->batch = -1;
-                rc = queue_groups(t, scratch, policy, &cnt);
+                rc = vks_rl_queue_push(&t->queue, policy, scratch, &cnt, t->o->max_empty_batches);
                 for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
             }
         }
@@ -385,11 +360,10 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
 
 /* Grants batches to idle live ranks while the window has room for groups of the newest policy. */
 static int grant(trainer_src *t) {
-    int P = t->c->prompts_per_step;
     for (int i = 0; i < t->n_ranks; i++) {
         inf_rank *r = &t->ranks[i];
         if (r->state != RANK_LIVE || r->batch >= 0) continue;
-        if (t->pushed >= (t->newest + t->c->async_level + 1) * P) break;
+        if (!vks_rl_queue_has_room(&t->queue, t->newest)) break;
         int64_t b = t->n_redo ? t->redo[--t->n_redo] : t->next_batch++;
         r->batch = b, r->min_step = t->newest;
         if (send_ctl(t, r->rank, MSG_ASSIGN, b, t->newest, 0)) drop_rank(t, r, RANK_DROPPED, vks_last_error());
@@ -404,7 +378,7 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
     vks_rl_batch_group *scratch = calloc((size_t)P, sizeof *scratch);
     if (!scratch) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     (void)step;
-    while (!rc && t->len < P) {
+    while (!rc && t->queue.len < P) {
         test_sends(t);
         /* every queued word first: silence is judged only after them */
         for (;;) {
@@ -430,19 +404,14 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
             break;
         }
         grant(t);
-        if (t->len < P) usleep(500);
+        if (t->queue.len < P) usleep(500);
     }
-    for (int i = 0; !rc && i < P; i++) {
-        groups[i] = t->queue[t->head];
-        memset(&t->queue[t->head], 0, sizeof t->queue[t->head]);
-        t->head = (t->head + 1) % t->cap;
-        t->len--;
-    }
+    if (!rc) rc = vks_rl_queue_pop(&t->queue, P, groups);
     free(scratch);
     return rc;
 }
 
-static void counters_mpi(void *ctx, vks_rl_counters *c) { *c = ((trainer_src *)ctx)->counters; }
+static void counters_mpi(void *ctx, vks_rl_counters *c) { *c = ((trainer_src *)ctx)->queue.counters; }
 
 /* Waits (bounded) until the live ranks have every weight message, then says stop. */
 static void stop_ranks(trainer_src *t) {
@@ -490,11 +459,10 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     const vks_rl_config *c = o->config;
     trainer_src t = {.comm = vks_mpi_world(), .o = o, .mo = mo, .c = c, .n_ranks = c->n_inference_ranks};
     MPI_Comm_set_errhandler(t.comm, MPI_ERRORS_RETURN);
-    t.cap = c->prompts_per_step * (c->async_level + 2);
-    t.queue = calloc((size_t)t.cap, sizeof *t.queue);
     t.ranks = calloc((size_t)t.n_ranks, sizeof *t.ranks);
     t.redo = calloc((size_t)t.n_ranks, sizeof *t.redo);
-    if (!t.queue || !t.ranks || !t.redo) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    if (!t.ranks || !t.redo) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    if (!rc) rc = vks_rl_queue_init(&t.queue, c->prompts_per_step, c->async_level);
     double now = vks_seconds_now();
     for (int i = 0; !rc && i < t.n_ranks; i++) t.ranks[i] = (inf_rank){.rank = c->inference_ranks[i], .batch = -1, .last_seen = now};
     if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &t.layout);
@@ -509,14 +477,14 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");
     stop_ranks(&t);
     *lost = t.lost;
-    for (int i = 0; t.queue && i < t.len; i++) vks_rl_group_free(&t.queue[(t.head + i) % t.cap]);
+    vks_rl_queue_free(&t.queue);
     /* the buffers of sends not known complete (dropped or refused ranks) stay: MPI may still hold them */
     for (int s = 0; s < t.n_sends; s++) {
         bool done = true;
         for (int i = 0; i < t.n_ranks; i++) done = done && t.sends[s].reqs[i] == MPI_REQUEST_NULL;
         if (done) free(t.sends[s].buf), free(t.sends[s].reqs);
     }
-    free(t.sends), free(t.queue), free(t.ranks), free(t.redo);
+    free(t.sends), free(t.ranks), free(t.redo);
     vks_param_layout_free(t.layout);
     t.gen.model = NULL;
     vks_rl_gen_close(&t.gen);

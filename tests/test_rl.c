@@ -14,6 +14,7 @@
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_tokenizer.h"
+#include "../src/rl/rl_internal.h" /* the group queue (internal to src/rl and mpi/) */
 
 static vks_gpu *gpu_a, *gpu_b;
 static vks_model *tiny;
@@ -152,8 +153,59 @@ static void test_no_signal_fails(void **state) {
     assert_int_equal(log.n, 0);
 }
 
+/* A group of n completions (n = 0: one without signal) of task `task`. */
+static vks_rl_batch_group fake_group(int n, int64_t task) {
+    vks_rl_batch_group g = {.n = n, .task_index = task};
+    g.samples = n ? calloc((size_t)n, sizeof *g.samples) : NULL;
+    for (int i = 0; i < n; i++) {
+        g.samples[i].tokens = calloc(4, sizeof(int32_t));
+        g.samples[i].logp = calloc(2, sizeof(float));
+        g.samples[i].prompt_len = 2, g.samples[i].completion_len = 2;
+    }
+    return g;
+}
+
+/* The queue both hand-overs use: the async window, the filtered and stale
+ * counts, first in first out, the empty-batch limit. */
+static void test_group_queue(void **state) {
+    (void)state;
+    vks_rl_queue q;
+    assert_int_equal(vks_rl_queue_init(&q, 2, 1), VKS_OK); /* P = 2, k = 1: groups 0..3 from policy 0 */
+    assert_true(vks_rl_queue_has_room(&q, 0));
+    vks_rl_gen_counts cnt = {.rollouts = 8, .checked = 8, .accepted = 7};
+    vks_rl_batch_group b[2] = {fake_group(2, 0), fake_group(0, 1)};
+    assert_int_equal(vks_rl_queue_push(&q, 0, b, &cnt, 3), VKS_OK);
+    assert_int_equal(q.len, 1);
+    assert_null(b[0].samples); /* moved into the ring */
+    b[0] = fake_group(3, 2), b[1] = fake_group(2, 3);
+    assert_int_equal(vks_rl_queue_push(&q, 0, b, &cnt, 3), VKS_OK);
+    b[0] = fake_group(2, 4), b[1] = fake_group(2, 5);
+    assert_int_equal(vks_rl_queue_push(&q, 0, b, &cnt, 3), VKS_OK); /* task 5 would be consumed by step 3: stale */
+    assert_int_equal(q.len, 4);
+    assert_int_equal(q.pushed, 4);
+    assert_null(b[1].samples); /* freed */
+    assert_false(vks_rl_queue_has_room(&q, 0));
+    assert_true(vks_rl_queue_has_room(&q, 1));
+    vks_rl_counters c = q.counters;
+    assert_true(c.filtered == 1 && c.stale == 1 && c.rollouts == 24 && c.checked == 24 && c.accepted == 21 && c.rejected == 3);
+    vks_rl_batch_group out[3];
+    assert_int_equal(vks_rl_queue_pop(&q, 2, out), VKS_OK);
+    assert_true(out[0].task_index == 0 && out[0].n == 2 && out[1].task_index == 2 && out[1].n == 3);
+    vks_rl_group_free(&out[0]), vks_rl_group_free(&out[1]);
+    assert_int_equal(vks_rl_queue_pop(&q, 3, out), VKS_ERR_ARG); /* only 2 left */
+    assert_int_equal(q.len, 2);
+    /* three batches in a row without signal: the third fails */
+    for (int i = 0; i < 3; i++) {
+        b[0] = fake_group(0, 6 + 2 * i), b[1] = fake_group(0, 7 + 2 * i);
+        assert_int_equal(vks_rl_queue_push(&q, 1, b, &cnt, 3), i < 2 ? VKS_OK : VKS_ERR_ARG);
+    }
+    assert_non_null(strstr(vks_last_error(), "3 batches in a row"));
+    vks_rl_queue_free(&q); /* frees the groups still queued (ASan: no leak) */
+    assert_int_equal(vks_rl_queue_init(&q, 0, 1), VKS_ERR_ARG);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_async_run_rejects_cheater),
-                                       cmocka_unit_test(test_no_signal_fails)};
+                                       cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_group_queue)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -42,20 +42,50 @@ typedef struct {
 
 void vks_rl_group_free(vks_rl_batch_group *g);
 
+/* What generation batches counted, for the metrics. */
+typedef struct {
+    int64_t rollouts, checked, accepted, rejected, filtered, stale;
+} vks_rl_counters;
+/* What one generation batch counted. */
+typedef struct {
+    int64_t rollouts, checked, accepted;
+} vks_rl_gen_counts;
+
+/* The groups on their way to the trainer (rl_queue.c): a ring of
+ * prompts_per_step x (async_level + 2) groups, filled within the async window.
+ * Not locked: the single-process hand-over holds its mutex around it. */
+typedef struct {
+    vks_rl_batch_group *ring;
+    int head, len, cap;
+    int prompts_per_step, async_level;
+    int64_t pushed;            /* useful groups queued so far (consumed ones included) */
+    int empty_batches;         /* batches in a row without a useful group */
+    vks_rl_counters counters;
+} vks_rl_queue;
+int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level);
+void vks_rl_queue_free(vks_rl_queue *q);
+/* Whether a group made with the weights of step `policy` may still be queued. */
+bool vks_rl_queue_has_room(const vks_rl_queue *q, int64_t policy);
+/* Queues a batch's prompts_per_step groups made with policy `policy`: a group
+ * without signal (n = 0) is counted as filtered, one past the window (or with
+ * the ring full) as stale and freed; the others move into the ring (groups[p]
+ * left empty). Counts cnt; the error of vks_rl_count_empty when too many
+ * batches in a row had no useful group. */
+int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, const vks_rl_gen_counts *cnt,
+                      int max_empty_batches);
+/* Moves the n oldest groups (n <= len) into out[]. */
+int vks_rl_queue_pop(vks_rl_queue *q, int n, vks_rl_batch_group *out);
+
 /* The hand-over, under mu: groups from inference to the trainer, weights back. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    vks_rl_batch_group *queue;     /* ring of cap groups */
-    int head, len, cap;
-    int64_t pushed;          /* useful groups queued so far (consumed ones included) */
+    vks_rl_queue queue;
     vks_model *next_model;   /* newest weights the inference thread has not taken; NULL: none */
     int64_t next_step;
     bool stop;               /* the trainer is done: inference returns */
     int gen_rc;              /* inference failed: the code, and gen_error the message */
     char gen_error[1024];
-    /* counters (inference writes, trainer reads) */
-    int64_t rollouts, checked, accepted, rejected, filtered, stale;
     double gen_busy_s;       /* seconds spent generating, scoring and verifying */
 } vks_rl_shared;
 
@@ -71,16 +101,10 @@ typedef struct {
     uint8_t model_hash[32];
     vks_engine *engine;
     int64_t batch;            /* generation batches done */
-    int empty_batches;        /* batches in a row that gave the trainer nothing */
     char rollouts_dir[4096];
     bool keep_flat_groups;    /* TEST ONLY: keep groups without signal (advantages 0), so that a
                                  rank told to send garbage always has a group to spoil */
 } vks_rl_gen;
-
-/* What one generation batch counted. */
-typedef struct {
-    int64_t rollouts, checked, accepted;
-} vks_rl_gen_counts;
 
 /* Opens the run's tasks (config->task) into g; vks_rl_gen_close frees them,
  * the engine and the policy. */
@@ -105,9 +129,6 @@ int vks_rl_count_empty(int *empty_batches, int max_empty_batches, int useful);
 
 /* Where the trainer's groups come from and its weights go: the inference
  * thread (NULL source) or inference ranks (mpi/rl_roles.c). */
-typedef struct {
-    int64_t rollouts, checked, accepted, rejected, filtered, stale;
-} vks_rl_counters;
 typedef struct {
     void *ctx;
     /* Hands the weights of trainer step `step` (0: the start) to inference; m is owned from here. */

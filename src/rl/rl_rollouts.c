@@ -318,50 +318,20 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, v
     return rc;
 }
 
-/* Queues the batch's useful groups while the async window allows: the group
- * becomes number `pushed` and is consumed by step pushed / P, which may be at
- * most policy_step + k. Returns the number queued. */
-static void push_groups(vks_rl_gen *g, vks_rl_batch_group *groups, const vks_rl_gen_counts *cnt, int *useful) {
-    const vks_rl_config *c = g->o->config;
-    int P = c->prompts_per_step;
-    int64_t limit = (g->policy_step + c->async_level + 1) * P;
-    vks_rl_shared *sh = g->sh;
-    pthread_mutex_lock(&sh->mu);
-    for (int p = 0; p < P; p++) {
-        vks_rl_batch_group *grp = &groups[p];
-        *useful += grp->n > 0;
-        if (!grp->n) sh->filtered++;
-        else if (sh->pushed >= limit || sh->len == sh->cap) sh->stale++, vks_rl_group_free(grp);
-        else {
-            sh->queue[(sh->head + sh->len) % sh->cap] = *grp;
-            memset(grp, 0, sizeof *grp);
-            sh->len++, sh->pushed++;
-            pthread_cond_broadcast(&sh->cv);
-        }
-    }
-    sh->rollouts += cnt->rollouts, sh->checked += cnt->checked, sh->accepted += cnt->accepted;
-    sh->rejected += cnt->checked - cnt->accepted;
-    pthread_mutex_unlock(&sh->mu);
-}
-
-int vks_rl_count_empty(int *empty_batches, int max_empty_batches, int useful) {
-    *empty_batches = useful ? 0 : *empty_batches + 1;
-    int most = max_empty_batches ? max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
-    if (*empty_batches >= most)
-        return vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
-                             "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
-    return VKS_OK;
-}
-
 static int run_batch(vks_rl_gen *g) {
     int P = g->o->config->prompts_per_step;
     double t0 = vks_seconds_now();
     vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
     vks_rl_gen_counts cnt;
     int rc = groups ? vks_rl_gen_batch(g, g->batch, groups, &cnt) : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    int useful = 0;
-    if (!rc) push_groups(g, groups, &cnt, &useful);
-    if (!rc) rc = vks_rl_count_empty(&g->empty_batches, g->o->max_empty_batches, useful);
+    if (!rc) {
+        vks_rl_shared *sh = g->sh;
+        pthread_mutex_lock(&sh->mu);
+        int64_t pushed = sh->queue.pushed;
+        rc = vks_rl_queue_push(&sh->queue, g->policy_step, groups, &cnt, g->o->max_empty_batches);
+        if (sh->queue.pushed != pushed) pthread_cond_broadcast(&sh->cv);
+        pthread_mutex_unlock(&sh->mu);
+    }
     for (int p = 0; groups && p < P; p++) vks_rl_group_free(&groups[p]);
     free(groups);
     g->batch++;
@@ -392,7 +362,6 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
  * arrive; takes them. Returns false when the run is over. */
 static bool wait_for_work(vks_rl_gen *g, int *rc) {
     vks_rl_shared *sh = g->sh;
-    const vks_rl_config *c = g->o->config;
     pthread_mutex_lock(&sh->mu);
     for (;;) {
         if (sh->stop) break;
@@ -405,7 +374,7 @@ static bool wait_for_work(vks_rl_gen *g, int *rc) {
             pthread_mutex_lock(&sh->mu);
             continue;
         }
-        if (sh->pushed < (g->policy_step + c->async_level + 1) * c->prompts_per_step) break;
+        if (vks_rl_queue_has_room(&sh->queue, g->policy_step)) break;
         pthread_cond_wait(&sh->cv, &sh->mu);
     }
     bool go = !sh->stop;

@@ -76,12 +76,12 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     r->weight = malloc(sizeof *r->weight * (size_t)r->max_tokens);
     r->advantage = malloc(sizeof *r->advantage * (size_t)r->max_tokens);
     r->logp_old = malloc(sizeof *r->logp_old * (size_t)r->max_tokens);
-    r->sh.cap = P * (c->async_level + 2);
-    r->sh.queue = calloc((size_t)r->sh.cap, sizeof *r->sh.queue);
-    if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old || !r->sh.queue)
+    if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old)
         return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    int rc = vks_rl_queue_init(&r->sh.queue, P, c->async_level);
+    if (rc) return rc;
     r->gen.o = r->o;
-    int rc = vks_rl_gen_open_tasks(&r->gen);
+    rc = vks_rl_gen_open_tasks(&r->gen);
     if (!rc) rc = make_dirs(r, res);
     vks_trainer_options to = {.max_tokens = r->max_tokens};
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
@@ -126,8 +126,7 @@ static void stop_inference(rl_run *r) {
 
 static void run_free(rl_run *r) {
     stop_inference(r);
-    for (int i = 0; r->sh.queue && i < r->sh.len; i++) vks_rl_group_free(&r->sh.queue[(r->sh.head + i) % r->sh.cap]);
-    free(r->sh.queue);
+    vks_rl_queue_free(&r->sh.queue);
     vks_model_free(r->sh.next_model);
     if (r->shared_ready) pthread_mutex_destroy(&r->sh.mu), pthread_cond_destroy(&r->sh.cv);
     vks_rl_gen_close(&r->gen);
@@ -148,14 +147,9 @@ static int take_groups(rl_run *r, double *waited) {
         return rc;
     }
     pthread_mutex_lock(&r->sh.mu);
-    while (r->sh.len < P && !r->sh.gen_rc) pthread_cond_wait(&r->sh.cv, &r->sh.mu);
+    while (r->sh.queue.len < P && !r->sh.gen_rc) pthread_cond_wait(&r->sh.cv, &r->sh.mu);
     if (r->sh.gen_rc) rc = vks_set_error(r->sh.gen_rc, "%s", r->sh.gen_error);
-    for (int i = 0; !rc && i < P; i++) {
-        r->groups[i] = r->sh.queue[r->sh.head];
-        memset(&r->sh.queue[r->sh.head], 0, sizeof r->sh.queue[r->sh.head]);
-        r->sh.head = (r->sh.head + 1) % r->sh.cap;
-        r->sh.len--;
-    }
+    if (!rc) rc = vks_rl_queue_pop(&r->sh.queue, P, r->groups);
     pthread_cond_broadcast(&r->sh.cv);
     pthread_mutex_unlock(&r->sh.mu);
     *waited = vks_seconds_now() - t0;
@@ -306,8 +300,7 @@ static void get_counters(rl_run *r, vks_rl_counters *c) {
         return;
     }
     pthread_mutex_lock(&r->sh.mu);
-    *c = (vks_rl_counters){.rollouts = r->sh.rollouts, .checked = r->sh.checked, .accepted = r->sh.accepted,
-                           .rejected = r->sh.rejected, .filtered = r->sh.filtered, .stale = r->sh.stale};
+    *c = r->sh.queue.counters;
     pthread_mutex_unlock(&r->sh.mu);
 }
 

@@ -1,0 +1,71 @@
+/* rl_queue.c: the groups on their way to the RL trainer, one type for both
+ * hand-overs (the inference thread's, src/rl/rl_rollouts.c, and the MPI
+ * trainer's, mpi/rl_roles.c). The async window lives here: the group queued
+ * as number `pushed` is consumed by trainer step pushed / P + 1, whose weights
+ * are step pushed / P; a group made with policy s may be at most k steps older
+ * than that, so it is queued only while pushed < (s + k + 1) * P. */
+#include <stdlib.h>
+#include <string.h>
+#include "rl_internal.h"
+#include "vkswarm/vks_common.h"
+
+int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level) {
+    memset(q, 0, sizeof *q);
+    if (prompts_per_step < 1 || async_level < 0 || async_level > 1000)
+        return vks_set_error(VKS_ERR_ARG, "rl queue: %d prompts per step, async level %d", prompts_per_step, async_level);
+    q->prompts_per_step = prompts_per_step, q->async_level = async_level;
+    q->cap = prompts_per_step * (async_level + 2);
+    q->ring = calloc((size_t)q->cap, sizeof *q->ring);
+    if (!q->ring) return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    return VKS_OK;
+}
+
+void vks_rl_queue_free(vks_rl_queue *q) {
+    for (int i = 0; q->ring && i < q->len; i++) vks_rl_group_free(&q->ring[(q->head + i) % q->cap]);
+    free(q->ring);
+    q->ring = NULL;
+    q->len = 0;
+}
+
+bool vks_rl_queue_has_room(const vks_rl_queue *q, int64_t policy) {
+    return q->pushed < (policy + q->async_level + 1) * q->prompts_per_step;
+}
+
+int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, const vks_rl_gen_counts *cnt,
+                      int max_empty_batches) {
+    int useful = 0;
+    for (int p = 0; p < q->prompts_per_step; p++) {
+        vks_rl_batch_group *g = &groups[p];
+        useful += g->n > 0;
+        if (!g->n) q->counters.filtered++;
+        else if (!vks_rl_queue_has_room(q, policy) || q->len == q->cap) q->counters.stale++, vks_rl_group_free(g);
+        else {
+            q->ring[(q->head + q->len) % q->cap] = *g;
+            memset(g, 0, sizeof *g);
+            q->len++, q->pushed++;
+        }
+    }
+    q->counters.rollouts += cnt->rollouts, q->counters.checked += cnt->checked, q->counters.accepted += cnt->accepted;
+    q->counters.rejected += cnt->checked - cnt->accepted;
+    return vks_rl_count_empty(&q->empty_batches, max_empty_batches, useful);
+}
+
+int vks_rl_queue_pop(vks_rl_queue *q, int n, vks_rl_batch_group *out) {
+    if (n < 0 || n > q->len) return vks_set_error(VKS_ERR_ARG, "rl queue: %d of %d groups taken", n, q->len);
+    for (int i = 0; i < n; i++) {
+        out[i] = q->ring[q->head];
+        memset(&q->ring[q->head], 0, sizeof q->ring[q->head]);
+        q->head = (q->head + 1) % q->cap;
+        q->len--;
+    }
+    return VKS_OK;
+}
+
+int vks_rl_count_empty(int *empty_batches, int max_empty_batches, int useful) {
+    *empty_batches = useful ? 0 : *empty_batches + 1;
+    int most = max_empty_batches ? max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
+    if (*empty_batches >= most)
+        return vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
+                             "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
+    return VKS_OK;
+}
