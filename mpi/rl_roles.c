@@ -65,13 +65,13 @@ int vks_rl_mpi_check_roles(const vks_rl_config *c) {
 
 static size_t max_groups_bytes(const vks_rl_config *c, int seq_len) {
     size_t per_sample = sizeof(wire_sample) + sizeof(int32_t) * (size_t)seq_len + sizeof(float) * (size_t)c->max_new_tokens;
-    return sizeof(rl_msg) + 3 * sizeof(int64_t) +
+    return sizeof(rl_msg) + 3 * sizeof(int64_t) + sizeof(double) +
            (size_t)c->prompts_per_step * (sizeof(wire_group) + (size_t)c->group_size * per_sample);
 }
 
 static void *pack_groups(const vks_rl_batch_group *groups, int P, int64_t batch, int64_t step,
                          const vks_rl_gen_counts *cnt, size_t *bytes) {
-    size_t n = sizeof(rl_msg) + 3 * sizeof(int64_t);
+    size_t n = sizeof(rl_msg) + 3 * sizeof(int64_t) + sizeof(double);
     for (int p = 0; p < P; p++) {
         n += sizeof(wire_group);
         for (int i = 0; i < groups[p].n; i++) {
@@ -86,6 +86,7 @@ static void *pack_groups(const vks_rl_batch_group *groups, int P, int64_t batch,
     memcpy(q, &h, sizeof h), q += sizeof h;
     int64_t c3[3] = {cnt->rollouts, cnt->checked, cnt->accepted};
     memcpy(q, c3, sizeof c3), q += sizeof c3;
+    memcpy(q, &cnt->task_reward_sum, sizeof(double)), q += sizeof(double);
     for (int p = 0; p < P; p++) {
         wire_group wg = {.n = groups[p].n, .task_index = groups[p].task_index};
         memcpy(q, &wg, sizeof wg), q += sizeof wg;
@@ -135,7 +136,10 @@ static int unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *gen, c
     if (!take_bytes(&cu, c3, sizeof c3) || c3[0] != (int64_t)P * G || c3[1] < 0 || c3[1] > c3[0] || c3[2] < 0 ||
         c3[2] > c3[1])
         BAD("counts %lld/%lld/%lld for a batch of %d", (long long)c3[0], (long long)c3[1], (long long)c3[2], P * G);
-    *cnt = (vks_rl_gen_counts){c3[0], c3[1], c3[2]};
+    double reward_sum = 0; /* only a metric: bounded, not checkable (filtered groups are not sent) */
+    if (!take_bytes(&cu, &reward_sum, sizeof reward_sum) || !(reward_sum >= 0 && reward_sum <= (double)c3[0]))
+        BAD("a task reward sum of %g for %lld rollouts", reward_sum, (long long)c3[0]);
+    *cnt = (vks_rl_gen_counts){c3[0], c3[1], c3[2], reward_sum};
     *policy = h.step;
     for (int p = 0; p < P; p++) {
         wire_group wg;

@@ -92,6 +92,8 @@ static void test_synchronous_run(void **state) {
         assert_true(p->logp_mismatch < 1e-4);
         assert_true(p->length > 0 && p->length <= 13);
         assert_true(p->accept_rate == 1.0); /* honest work passes the verifier */
+        /* the untrained model solves none of the tasks: the task reward of every completion is 0 */
+        assert_true(p->reward == 0.0 && p->trained_reward == 0.0);
     }
     assert_true(r.rollouts >= steps * 8 && r.accepted == r.rollouts && r.rejected == 0);
     assert_int_equal(r.groups_stale, 0);
@@ -172,7 +174,7 @@ static void test_group_queue(void **state) {
     vks_rl_queue q;
     assert_int_equal(vks_rl_queue_init(&q, 2, 1), VKS_OK); /* P = 2, k = 1: groups 0..3 from policy 0 */
     assert_true(vks_rl_queue_has_room(&q, 0));
-    vks_rl_gen_counts cnt = {.rollouts = 8, .checked = 8, .accepted = 7};
+    vks_rl_gen_counts cnt = {.rollouts = 8, .checked = 8, .accepted = 7, .task_reward_sum = 2.5};
     vks_rl_batch_group b[2] = {fake_group(2, 0), fake_group(0, 1)};
     assert_int_equal(vks_rl_queue_push(&q, 0, b, &cnt, 3), VKS_OK);
     assert_int_equal(q.len, 1);
@@ -188,6 +190,7 @@ static void test_group_queue(void **state) {
     assert_true(vks_rl_queue_has_room(&q, 1));
     vks_rl_counters c = q.counters;
     assert_true(c.filtered == 1 && c.stale == 1 && c.rollouts == 24 && c.checked == 24 && c.accepted == 21 && c.rejected == 3);
+    assert_true(c.task_reward_sum == 7.5); /* every rollout's reward, filtered and stale groups included */
     vks_rl_batch_group out[3];
     assert_int_equal(vks_rl_queue_pop(&q, 2, out), VKS_OK);
     assert_true(out[0].task_index == 0 && out[0].n == 2 && out[1].task_index == 2 && out[1].n == 3);

@@ -109,12 +109,13 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
 
 static void on_progress(void *ctx, const vks_rl_progress *p) {
     (void)ctx;
-    char acc[32] = "-";
+    char acc[32] = "-", reward[32] = "-";
     if (!isnan(p->accuracy)) snprintf(acc, sizeof acc, "%.3f", p->accuracy);
+    if (!isnan(p->reward)) snprintf(reward, sizeof reward, "%.3f", p->reward);
     fprintf(stderr,
-            "rl: step %lld/%lld: lag %.1f, reward %.3f, accuracy %s, length %.1f, accepted %.3f, %.1f rollouts/s, "
+            "rl: step %lld/%lld: lag %.1f, reward %s, accuracy %s, length %.1f, accepted %.3f, %.1f rollouts/s, "
             "trainer idle %.0f%%, broadcast %.3f s, loss %.4f, clipped %.3f, logp mismatch %.2g (%.0f s)\n",
-            (long long)p->step, (long long)p->steps, p->policy_lag, p->reward, acc, p->length, p->accept_rate,
+            (long long)p->step, (long long)p->steps, p->policy_lag, reward, acc, p->length, p->accept_rate,
             p->rollouts_per_s, 100 * p->trainer_idle, p->broadcast_s, p->loss, p->clip_fraction, p->logp_mismatch,
             p->elapsed_s);
 }

@@ -27,7 +27,9 @@ struct vks_tokenizer;
 typedef struct {
     int64_t step, steps;      /* steps done, of steps */
     double policy_lag;        /* mean (step - 1 - policy step) over the step's groups */
-    double reward;            /* mean task reward (0..1, before the length term) of the step's completions */
+    double reward;            /* mean task reward (0..1, before the length term) of every completion generated
+                               * since the previous step (filtered groups included); NaN when none was */
+    double trained_reward;    /* the same over the completions trained this step (groups with signal only) */
     double accuracy;          /* held-out accuracy on fresh instances; NaN when not measured this step */
     double length;            /* mean completion tokens */
     double accept_rate;       /* verifier: accepted / checked completions so far (1 without a verifier) */

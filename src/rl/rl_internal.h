@@ -45,10 +45,12 @@ void vks_rl_group_free(vks_rl_batch_group *g);
 /* What generation batches counted, for the metrics. */
 typedef struct {
     int64_t rollouts, checked, accepted, rejected, filtered, stale;
+    double task_reward_sum;    /* over every rollout, 0..1 each */
 } vks_rl_counters;
 /* What one generation batch counted. */
 typedef struct {
     int64_t rollouts, checked, accepted;
+    double task_reward_sum;    /* sum of the task rewards of all its rollouts (0..rollouts) */
 } vks_rl_gen_counts;
 
 /* The groups on their way to the trainer (rl_queue.c): a ring of

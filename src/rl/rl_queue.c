@@ -47,6 +47,7 @@ int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *group
     }
     q->counters.rollouts += cnt->rollouts, q->counters.checked += cnt->checked, q->counters.accepted += cnt->accepted;
     q->counters.rejected += cnt->checked - cnt->accepted;
+    q->counters.task_reward_sum += cnt->task_reward_sum;
     return vks_rl_count_empty(&q->empty_batches, max_empty_batches, useful);
 }
 

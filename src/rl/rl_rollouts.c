@@ -313,6 +313,7 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, v
         for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
     cnt->rollouts = rc ? 0 : n;
     for (int i = 0; !rc && g->o->verify && i < n; i++) cnt->checked++, cnt->accepted += b.verdicts[i].accepted;
+    for (int i = 0; !rc && i < n; i++) cnt->task_reward_sum += b.task_reward[i];
     batch_free(&b, P, n);
     free(targets);
     return rc;

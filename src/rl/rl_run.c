@@ -36,6 +36,7 @@ typedef struct {
     float *weight, *advantage, *logp_old;
     int max_tokens;
     int64_t trained, trained_rejected;
+    vks_rl_counters reported;    /* the counters at the previous step's report */
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
@@ -275,7 +276,8 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     vks_metric m[20];
     int n = 0;
     m[n++] = (vks_metric){"policy_lag", p->policy_lag};
-    m[n++] = (vks_metric){"reward", p->reward};
+    if (!isnan(p->reward)) m[n++] = (vks_metric){"reward", p->reward};
+    m[n++] = (vks_metric){"trained_reward", p->trained_reward};
     if (!isnan(p->accuracy)) m[n++] = (vks_metric){"accuracy", p->accuracy};
     m[n++] = (vks_metric){"length", p->length};
     m[n++] = (vks_metric){"accept_rate", p->accept_rate};
@@ -314,6 +316,9 @@ static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
     p->rejected = c.rejected;
     p->groups_stale = c.stale;
     p->elapsed_s = el;
+    int64_t made = c.rollouts - r->reported.rollouts;
+    p->reward = made > 0 ? (c.task_reward_sum - r->reported.task_reward_sum) / (double)made : NAN;
+    r->reported = c;
 }
 
 static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_sum, vks_rl_progress *p) {
@@ -327,7 +332,7 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
     *idle_sum += waited, *time_sum += spent;
     int64_t step = vks_trainer_steps(r->trainer);
     *p = (vks_rl_progress){.step = step, .steps = r->c->steps, .policy_lag = st.lag,
-                           .reward = st.n ? st.reward / st.n : 0, .accuracy = NAN,
+                           .trained_reward = st.n ? st.reward / st.n : 0, .accuracy = NAN,
                            .length = st.n ? st.length / st.n : 0, .trainer_idle = spent > 0 ? waited / spent : 0,
                            .broadcast_s = broadcast_s, .loss = st.grpo.loss, .grad_norm = norm,
                            .clip_fraction = st.grpo.tokens ? (double)st.grpo.clipped / st.grpo.tokens : 0,
