@@ -416,6 +416,12 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
 }
 
 static void counters_mpi(void *ctx, vks_rl_counters *c) { *c = ((trainer_src *)ctx)->queue.counters; }
+static int64_t position_mpi(void *ctx) { return ((trainer_src *)ctx)->next_batch; }
+static void resume_mpi(void *ctx, int64_t step, int64_t next_batch) {
+    trainer_src *t = ctx;
+    t->next_batch = next_batch;
+    t->queue.pushed = step * t->c->prompts_per_step;
+}
 
 /* Waits (bounded) until the live ranks have every weight message, then says stop. */
 static void stop_ranks(trainer_src *t) {
@@ -475,7 +481,8 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     if (!rc) rc = vks_rl_gen_open_tasks(&t.gen);
     if (!rc && sizeof(rl_msg) + sizeof(float) * t.layout->n_values > INT_MAX)
         rc = vks_set_error(VKS_ERR_ARG, "rl across ranks: the model's %zu weights do not fit one message", t.layout->n_values);
-    vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi};
+    vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
+                         .position = position_mpi, .resume = resume_mpi};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");

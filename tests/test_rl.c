@@ -46,6 +46,10 @@ typedef struct {
     vks_rl_progress p[16];
 } progress_log;
 
+/* test_synchronous_run's directory and last loss, for test_resume */
+static char k0_out[600];
+static double k0_last_loss = NAN;
+
 static void on_progress(void *ctx, const vks_rl_progress *p) {
     progress_log *l = ctx;
     if (l->n < 16) l->p[l->n++] = *p;
@@ -73,8 +77,10 @@ static void test_synchronous_run(void **state) {
     vks_rl_config c;
     char out[600];
     snprintf(out, sizeof out, "%s/rl-k0", tu_tmpdir());
-    int steps = tu_test_short() ? 1 : 2; /* the ASan run: one step */
+    snprintf(k0_out, sizeof k0_out, "%s", out);
+    int steps = 2;
     small_config(&c, out, steps, 0);
+    c.save_every = 1, c.keep = 0; /* step-1 for test_resume */
     progress_log log = {0};
     vks_rl_run_options o = options(&c, &log);
     vks_rl_result r;
@@ -97,6 +103,8 @@ static void test_synchronous_run(void **state) {
     }
     assert_true(r.rollouts >= steps * 8 && r.accepted == r.rollouts && r.rejected == 0);
     assert_int_equal(r.groups_stale, 0);
+    assert_int_equal(r.resumed_from, -1);
+    k0_last_loss = log.p[steps - 1].loss;
     vks_model *m = NULL;
     assert_int_equal(vks_model_load(r.final_checkpoint, &m), VKS_OK);
     assert_int_equal(m->cfg.dim, tiny->cfg.dim);
@@ -107,6 +115,47 @@ static void test_synchronous_run(void **state) {
     assert_non_null(strstr(metrics, "\"policy_lag\""));
     free(metrics);
     assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
+}
+
+/* The synchronous run above, its last step lost (its checkpoint removed) and
+ * resumed: at k = 0 the resumed step trains on the same rollouts with the same
+ * weights and moments, so its loss is the straight run's, bit for bit. */
+static void test_resume(void **state) {
+    (void)state;
+    assert_false(isnan(k0_last_loss)); /* test_synchronous_run ran */
+    vks_rl_config c;
+    char cmd[800];
+    const char *out = k0_out;
+    small_config(&c, out, 2, 0);
+    c.save_every = 1, c.keep = 0;
+    snprintf(cmd, sizeof cmd, "rm -r '%s/step-000000002'", out);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.resume = true;
+    vks_rl_result r;
+    int rc = vks_rl_run(&o, &r);
+    if (rc) fail_msg("%s", vks_last_error());
+    assert_int_equal(r.resumed_from, 1);
+    assert_int_equal(log.n, 1);
+    assert_int_equal(log.p[0].step, 2);
+    assert_true(log.p[0].policy_lag == 0.0);
+    fprintf(stderr, "resumed step 2: loss %.9g, straight %.9g\n", log.p[0].loss, k0_last_loss);
+    assert_true(log.p[0].loss == k0_last_loss);
+    /* metrics.jsonl: step 1 from before, step 2 once (the lost run's line dropped) */
+    size_t len;
+    char *metrics = (char *)tu_read_file(r.metrics_path, &len);
+    assert_non_null(metrics);
+    int lines = 0;
+    for (size_t i = 0; i < len; i++) lines += metrics[i] == '\n';
+    assert_int_equal(lines, 2);
+    free(metrics);
+    /* a resume with another task is refused, nothing trained */
+    snprintf(c.task, sizeof c.task, "add:1");
+    log.n = 0;
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "another task"));
+    assert_int_equal(log.n, 0);
 }
 
 static void test_async_run_rejects_cheater(void **state) {
@@ -208,7 +257,7 @@ static void test_group_queue(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_async_run_rejects_cheater),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_group_queue)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -16,7 +16,7 @@ static const char rl_usage[] =
     "usage: vkswarm rl [--config FILE.json] [--set KEY=VALUE]... [--model M | --init tiny] [--task T]\n"
     "                  [--steps N] [--async-level K] [--out DIR] [--eval-every N] [--eval-n N]\n"
     "                  [--eval-seed S] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
-    "                  [--device N] [--tokenizer T]\n"
+    "                  [--save-every N] [--keep N] [--resume] [--device N] [--tokenizer T]\n"
     "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
@@ -27,7 +27,10 @@ static const char rl_usage[] =
     "not the run's seed) is measured at the start, every --eval-every steps (default 5) and at the end.\n"
     "One line per step on stderr (step, policy lag, reward, accuracy, length, verifier accept rate,\n"
     "rollouts/s, trainer idle, broadcast time); DIR (default from the config, rl-out) gets\n"
-    "metrics.jsonl, rl.svg, rollouts/batch-N.jsonl and the final checkpoint. stdout gets:\n"
+    "metrics.jsonl, rl.svg, rollouts/batch-N.jsonl and checkpoints DIR/step-N (weights, optimizer\n"
+    "state, the rollout position) every --save-every steps (default 10) and at the end, the newest\n"
+    "--keep (default 3). --resume continues from the newest one (same task and prompts per step;\n"
+    "the rollouts of batches started after it are not reused). stdout gets:\n"
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n"
     "  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
@@ -64,7 +67,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"eval-seed", required_argument, 0, 0}, {"no-verify", no_argument, 0, 0},
         {"test-cheat-every", required_argument, 0, 0},
         {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
-        {"test-garbage-reward", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"test-garbage-reward", no_argument, 0, 0}, {"save-every", required_argument, 0, 0},
+        {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
     a->o = (vks_rl_run_options){.config = &a->c, .eval_every = 5, .eval_n = 64, .eval_seed = 999983, .verify = true};
     a->m.device = -1;
@@ -91,6 +95,9 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "eval-n")) a->o.eval_n = (int)cli_parse_long("--eval-n", optarg, 0, 1 << 20);
         else if (!strcmp(name, "eval-seed")) a->o.eval_seed = cli_parse_u64("--eval-seed", optarg);
         else if (!strcmp(name, "no-verify")) a->o.verify = false;
+        else if (!strcmp(name, "save-every")) set_key(&a->c, "save_every", optarg);
+        else if (!strcmp(name, "keep")) set_key(&a->c, "keep", optarg);
+        else if (!strcmp(name, "resume")) a->o.resume = true;
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
         else if (!strcmp(name, "trainer-timeout-s"))
             a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
@@ -121,6 +128,8 @@ static void on_progress(void *ctx, const vks_rl_progress *p) {
 }
 
 static void print_result(const rl_args *a, const vks_rl_result *r) {
+    if (r->resumed_from >= 0)
+        fprintf(stderr, "vkswarm: rl: resumed from step %lld\n", (long long)r->resumed_from);
     fprintf(stderr, "vkswarm: rl: %lld rollouts, %lld accepted, %lld rejected, %lld groups without signal, %lld stale, %.0f s\n",
             (long long)r->rollouts, (long long)r->accepted, (long long)r->rejected, (long long)r->groups_filtered,
             (long long)r->groups_stale, r->elapsed_s);

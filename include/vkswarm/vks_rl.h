@@ -55,6 +55,8 @@ typedef struct {
     int max_empty_batches;           /* generation batches in a row without a useful group before the run
                                       * fails (0: VKS_RL_MAX_EMPTY_BATCHES) */
     int cheat_every;                 /* TEST ONLY: every Nth completion gets a token it did not sample (0: honest) */
+    bool resume;                     /* continue from the newest checkpoint in config->out (weights, moments,
+                                      * step, rollout position), when there is one; model must be its shape */
     void (*progress)(void *ctx, const vks_rl_progress *p);
     void *progress_ctx;
 } vks_rl_run_options;
@@ -66,6 +68,8 @@ typedef struct {
     int64_t rollouts, accepted, rejected, groups_filtered, groups_stale;
     int64_t trained;          /* completions the trainer trained on */
     int64_t trained_rejected; /* rejected completions that reached the trainer (skipped there; 0 unless a bug) */
+    int64_t resumed_from;     /* the step resumed from, -1: a fresh run */
+    int64_t next_batch;       /* the rollout position at the end: generation batches started */
     double elapsed_s;
 } vks_rl_result;
 

@@ -26,7 +26,7 @@ typedef struct {
 static const key_info keys[] = {
     STR_KEY(task), STR_KEY(init), STR_KEY(model), STR_KEY(out),
     INT_KEY(steps, 1, 1e8), INT_KEY(prompts_per_step, 1, 65536), INT_KEY(group_size, 2, 1024),
-    INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, 1 << 20),
+    INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, 1 << 20), INT_KEY(save_every, 0, 1e8), INT_KEY(keep, 0, 1e6),
     DBL_KEY(temperature, 0, 100), DBL_KEY(lr, 0, 10), DBL_KEY(length_penalty, 0, 1e3), DBL_KEY(token_budget, 0, 1e12),
     {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0},
 };
@@ -40,6 +40,8 @@ void vks_rl_config_defaults(vks_rl_config *c) {
     c->prompts_per_step = 8;
     c->group_size = 8;
     c->async_level = 2;
+    c->save_every = 10;
+    c->keep = 3;
     c->max_new_tokens = 48;
     c->temperature = 1.0;
     c->lr = 1e-4;

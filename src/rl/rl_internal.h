@@ -88,6 +88,7 @@ typedef struct {
     bool stop;               /* the trainer is done: inference returns */
     int gen_rc;              /* inference failed: the code, and gen_error the message */
     char gen_error[1024];
+    int64_t batches;         /* generation batches started (the rollout position) */
     double gen_busy_s;       /* seconds spent generating, scoring and verifying */
 } vks_rl_shared;
 
@@ -139,6 +140,10 @@ typedef struct {
      * step + 1 consumes are there; moves them into groups[]. */
     int (*take)(void *ctx, int64_t step, vks_rl_batch_group *groups);
     void (*counters)(void *ctx, vks_rl_counters *c);
+    /* The rollout position: generation batches started so far (a resumed run starts the next one). */
+    int64_t (*position)(void *ctx);
+    /* Before the first publish of a resumed run: trainer steps done, the next generation batch. */
+    void (*resume)(void *ctx, int64_t step, int64_t next_batch);
 } vks_rl_source;
 /* vks_rl_run with the groups from src (NULL: the inference thread). */
 int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *r);

@@ -322,6 +322,9 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, v
 static int run_batch(vks_rl_gen *g) {
     int P = g->o->config->prompts_per_step;
     double t0 = vks_seconds_now();
+    pthread_mutex_lock(&g->sh->mu);
+    g->sh->batches = g->batch + 1; /* the rollout position a checkpoint records */
+    pthread_mutex_unlock(&g->sh->mu);
     vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
     vks_rl_gen_counts cnt;
     int rc = groups ? vks_rl_gen_batch(g, g->batch, groups, &cnt) : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");

@@ -3,6 +3,7 @@
  * INTELLECT-2's GRPO loss on them (vks_trainer_accumulate_grpo over packed
  * micro-batches, one AdamW step), hands the new weights to inference, scores
  * held-out accuracy, logs metrics, and saves the final checkpoint. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,11 @@ typedef struct {
     int max_tokens;
     int64_t trained, trained_rejected;
     vks_rl_counters reported;    /* the counters at the previous step's report */
+    /* a resumed run */
+    const vks_model *start;      /* the start policy: o->model, or the resumed checkpoint's weights */
+    vks_model *own_model;        /* those weights, loaded */
+    vks_checkpoint *ck;          /* the checkpoint resumed from */
+    int64_t next_batch;          /* the rollout position it recorded */
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
@@ -66,9 +72,98 @@ static int make_dirs(rl_run *r, vks_rl_result *res) {
     return VKS_OK;
 }
 
+/* ---- resume ---- */
+
+/* What a checkpoint records beside the trainer's state: the task, the batch
+ * size (task i of batch b is b * P + i) and the rollout position. */
+static char *position_json(const rl_run *r, int64_t next_batch) {
+    json_t *o = json_pack("{s:s, s:i, s:I}", "rl_task", r->c->task, "rl_prompts_per_step", r->c->prompts_per_step,
+                          "rl_next_batch", (json_int_t)next_batch);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return s;
+}
+
+static int read_position(rl_run *r, const char *dir) {
+    const char *extra = r->ck->state.extra_json;
+    json_t *o = extra ? json_loads(extra, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    const char *task = json_string_value(json_object_get(o, "rl_task"));
+    json_t *p = json_object_get(o, "rl_prompts_per_step"), *b = json_object_get(o, "rl_next_batch");
+    int rc = VKS_OK;
+    if (!task || !json_is_integer(p) || !json_is_integer(b) || json_integer_value(b) < 0 ||
+        json_integer_value(b) > ((json_int_t)1 << 40))
+        rc = vks_set_error(VKS_ERR_FORMAT, "rl: %s is not an RL run's checkpoint (no rollout position)", dir);
+    else if (strcmp(task, r->c->task) || json_integer_value(p) != r->c->prompts_per_step)
+        rc = vks_set_error(VKS_ERR_ARG, "rl: %s was made with another task or prompts_per_step than this run's", dir);
+    else r->next_batch = (int64_t)json_integer_value(b);
+    json_decref(o);
+    return rc;
+}
+
+static bool same_shape(const vks_model_config *a, const vks_model_config *b) {
+    return a->dim == b->dim && a->hidden_dim == b->hidden_dim && a->n_layers == b->n_layers && a->n_heads == b->n_heads &&
+           a->n_kv_heads == b->n_kv_heads && a->vocab_size == b->vocab_size && a->seq_len == b->seq_len;
+}
+
+/* On resume: the newest checkpoint in OUT becomes the start policy; its
+ * moments, step and rollout position are applied once the trainer exists.
+ * Nothing there: a fresh run. */
+static int open_start(rl_run *r, vks_rl_result *res) {
+    r->start = r->o->model;
+    res->resumed_from = -1;
+    if (!r->o->resume) return VKS_OK;
+    char dir[4096];
+    bool found = false;
+    int rc = vks_checkpoint_latest(r->c->out, dir, sizeof dir, &found);
+    if (rc || !found) return rc;
+    if ((rc = vks_checkpoint_load(dir, &r->ck)) || (rc = vks_model_load(dir, &r->own_model))) return rc;
+    if (!same_shape(&r->own_model->cfg, &r->o->model->cfg))
+        return vks_set_error(VKS_ERR_ARG, "rl: %s is a checkpoint of another model (dim %d, %d layers; this run's: dim %d, "
+                             "%d layers)", dir, r->own_model->cfg.dim, r->own_model->cfg.n_layers, r->o->model->cfg.dim,
+                             r->o->model->cfg.n_layers);
+    if (!r->ck->adam_m || !r->ck->adam_v) return vks_set_error(VKS_ERR_FORMAT, "rl: %s has no optimizer state", dir);
+    if ((rc = read_position(r, dir))) return rc;
+    r->own_model->bos_id = r->o->model->bos_id, r->own_model->eos_id = r->o->model->eos_id;
+    r->start = r->own_model;
+    res->resumed_from = r->ck->state.step;
+    return VKS_OK;
+}
+
+static int apply_checkpoint(rl_run *r) {
+    int rc = vks_rl_move_set(r->trainer, r->layout, VKS_SET_ADAM_M, r->ck->adam_m, false);
+    if (!rc) rc = vks_rl_move_set(r->trainer, r->layout, VKS_SET_ADAM_V, r->ck->adam_v, false);
+    vks_trainer_set_steps(r->trainer, (int)r->ck->state.step);
+    /* the groups that trainer steps 1..step consumed count as queued (the async window) */
+    r->sh.queue.pushed = r->ck->state.step * r->c->prompts_per_step;
+    r->gen.batch = r->sh.batches = r->next_batch;
+    return rc;
+}
+
+/* The rollout position: generation batches started so far. */
+static int64_t position(rl_run *r) {
+    if (r->src) return r->src->position(r->src->ctx);
+    pthread_mutex_lock(&r->sh.mu);
+    int64_t b = r->sh.batches;
+    pthread_mutex_unlock(&r->sh.mu);
+    return b;
+}
+
+/* OUT/step-N with the trainer's state and the rollout position; keeps the newest c->keep. */
+static int save_checkpoint(rl_run *r, char *dir, size_t cap) {
+    const vks_rl_config *c = r->c;
+    char *extra = position_json(r, position(r));
+    if (!extra) return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    vks_ckpt_state st = {.step = vks_trainer_steps(r->trainer), .seed = c->seed,
+                         .adam = {.lr = c->lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8},
+                         .schedule = {.lr = c->lr}, .grad_clip = RL_GRAD_CLIP, .extra_json = extra};
+    int rc = vks_rl_save_trainer(r->trainer, r->layout, r->start, r->o->tok, &st, c->out, c->keep, dir, cap);
+    free(extra);
+    return rc ? vks_error_prefix(rc, "trainer, checkpoint at step %lld", (long long)st.step) : VKS_OK;
+}
+
 static int open_run(rl_run *r, vks_rl_result *res) {
     const vks_rl_config *c = r->c;
-    const vks_model *m = r->o->model;
+    const vks_model *m = r->start;
     int P = c->prompts_per_step;
     r->max_tokens = m->cfg.seq_len > 2048 ? m->cfg.seq_len : 2048;
     r->groups = calloc((size_t)P, sizeof *r->groups);
@@ -87,15 +182,18 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     vks_trainer_options to = {.max_tokens = r->max_tokens};
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
     if (!rc) rc = vks_param_layout_create(&m->cfg, m->layers[0].bq.data != NULL, &r->layout);
-    if (!rc) rc = vks_metrics_open(c->out, -1, &r->metrics);
+    if (!rc && r->ck) rc = apply_checkpoint(r);
+    if (!rc) rc = vks_metrics_open(c->out, r->ck ? r->ck->state.step : -1, &r->metrics);
     return rc;
 }
 
 static int start_inference(rl_run *r) {
+    int64_t step = vks_trainer_steps(r->trainer); /* 0, or the step resumed from */
     if (r->src) {
         vks_model *m = NULL;
+        if (r->ck) r->src->resume(r->src->ctx, step, r->next_batch);
         int rc = vks_trainer_export_model(r->trainer, &m);
-        return rc ? rc : r->src->publish(r->src->ctx, m, 0);
+        return rc ? rc : r->src->publish(r->src->ctx, m, step);
     }
     if (pthread_mutex_init(&r->sh.mu, NULL)) return vks_set_error(VKS_ERR_NOMEM, "rl: pthread_mutex_init failed");
     if (pthread_cond_init(&r->sh.cv, NULL)) {
@@ -105,9 +203,9 @@ static int start_inference(rl_run *r) {
     r->shared_ready = true;
     r->gen.o = r->o;
     r->gen.sh = &r->sh;
-    /* the inference thread starts from the trainer's f32 masters: policy step 0 */
+    /* the inference thread starts from the trainer's f32 masters: policy step 0 (or the resumed step) */
     int rc = vks_trainer_export_model(r->trainer, &r->sh.next_model);
-    r->sh.next_step = 0;
+    r->sh.next_step = step;
     if (!rc && pthread_create(&r->thread, NULL, vks_rl_gen_main, &r->gen))
         rc = vks_set_error(VKS_ERR_NOMEM, "rl: cannot start the inference thread");
     r->thread_started = !rc;
@@ -136,6 +234,8 @@ static void run_free(rl_run *r) {
     vks_metrics_close(r->metrics);
     vks_param_layout_free(r->layout);
     vks_trainer_destroy(r->trainer);
+    vks_checkpoint_free(r->ck);
+    vks_model_free(r->own_model);
 }
 
 /* Blocks until P groups are queued (or inference failed); takes them. */
@@ -321,11 +421,22 @@ static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
     r->reported = c;
 }
 
+/* Every save_every steps (not the last: finish saves it), before the weights
+ * are published: at k = 0 inference is then waiting for them, so the rollout
+ * position recorded is exactly where a resumed run must continue. */
+static int save_periodic(rl_run *r) {
+    int64_t step = vks_trainer_steps(r->trainer);
+    if (!r->c->save_every || step % r->c->save_every || step >= r->c->steps) return VKS_OK;
+    char dir[4096];
+    return save_checkpoint(r, dir, sizeof dir);
+}
+
 static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_sum, vks_rl_progress *p) {
     double t0 = vks_seconds_now(), waited = 0, broadcast_s = 0, norm = 0;
     step_stats st;
     int rc = take_groups(r, &waited);
     if (!rc) rc = train_step(r, &st, &norm);
+    if (!rc) rc = save_periodic(r);
     if (!rc) rc = publish(r, &broadcast_s);
     if (rc) return rc;
     double spent = vks_seconds_now() - t0;
@@ -346,11 +457,8 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
 
 static int finish(rl_run *r, vks_rl_result *res) {
     const vks_rl_config *c = r->c;
-    vks_ckpt_state st = {.step = vks_trainer_steps(r->trainer), .seed = c->seed,
-                         .adam = {.lr = c->lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8},
-                         .schedule = {.lr = c->lr}, .grad_clip = RL_GRAD_CLIP};
-    int rc = vks_rl_save_trainer(r->trainer, r->layout, r->o->model, r->o->tok, &st, c->out, 0, res->final_checkpoint,
-                                 sizeof res->final_checkpoint);
+    res->next_batch = position(r);
+    int rc = save_checkpoint(r, res->final_checkpoint, sizeof res->final_checkpoint);
     snprintf(res->metrics_path, sizeof res->metrics_path, "%s", vks_metrics_path(r->metrics));
     if (!rc) rc = vks_metrics_close(r->metrics);
     r->metrics = NULL;
@@ -374,7 +482,8 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     res->start_accuracy = res->final_accuracy = NAN;
     rl_run r = {.o = o, .c = o->config, .src = src};
     double t_start = vks_seconds_now(), idle = 0, total = 0;
-    rc = open_run(&r, res);
+    rc = open_start(&r, res);
+    if (!rc) rc = open_run(&r, res);
     if (!rc) rc = evaluate(&r, &res->start_accuracy);
     if (!rc) rc = start_inference(&r);
     vks_rl_progress p = {0};
