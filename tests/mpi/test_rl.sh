@@ -52,6 +52,18 @@ else bad "3 ranks, k=0: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metric
 # inference rank only; the others add no host code that these do not run.
 short=${VKSWARM_TEST_SHORT:-}
 
+# the k = 0 run resumed from its final checkpoint (step 2) for one more step: the trainer rank
+# restores its state and the inference ranks continue from step 2's weights
+if [ -z "$short" ]; then
+config "$tmp/k0" 3 0
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --resume > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "resumed from step 2" "$tmp/err.txt" && grep -q "^final checkpoint: $tmp/k0/step-000000003" "$tmp/out.txt" &&
+   metrics_ok "$tmp/k0/metrics.jsonl" 3 0 && mismatch_ok "$tmp/k0/metrics.jsonl"; then
+    ok "3 ranks, k=0: resumed from step 2, step 3 trained (lag 0, logp mismatch < 1e-4)"
+else bad "3 ranks, resume: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
+fi
+
 # k = 1 across ranks: lag at most 1
 if [ -z "$short" ]; then
 config "$tmp/k1" 3 1
