@@ -3,7 +3,8 @@
  * the verifier to the trainer, the async window holds (k = 0: every step on
  * the newest weights, the sampler's log-probabilities equal the trainer's;
  * k = 1: at most one step old), losses are finite, a cheating inference
- * worker's completions are rejected and never trained on, and a run whose
+ * worker's completions are rejected and never trained on, the timeline shows
+ * the synchronous trainer waiting while inference generates, and a run whose
  * groups never carry signal ends with an error instead of waiting forever. */
 #include "test_util.h"
 #include <math.h>
@@ -72,6 +73,38 @@ static vks_rl_run_options options(const vks_rl_config *c, progress_log *log) {
                                 .verify = true, .progress = on_progress, .progress_ctx = log};
 }
 
+/* OUT/timeline.svg of a synchronous run: an SVG with both rows; the trainer
+ * waited while the inference thread generated and verified (k = 0: it has
+ * nothing else to wait for), and inference waited while the trainer trained. */
+static void check_timeline(const vks_rl_result *r, int steps) {
+    size_t len;
+    char *svg = (char *)tu_read_file(r->timeline_path, &len);
+    assert_non_null(svg);
+    const char *root = svg;
+    if (!strncmp(svg, "<?xml", 5)) { /* after the XML declaration */
+        root = strstr(svg, "?>\n");
+        assert_non_null(root);
+        root += 3;
+    }
+    assert_true(!strncmp(root, "<svg", 4));
+    assert_true(len > 8 && !strcmp(svg + len - 7, "</svg>\n"));
+    assert_non_null(strstr(svg, ">trainer</text>"));
+    assert_non_null(strstr(svg, ">inference</text>"));
+    assert_non_null(strstr(svg, ">step 1</text>"));
+    free(svg);
+    const vks_rl_timeline_summary *t = &r->timeline;
+    fprintf(stderr,
+            "timeline, steps %lld-%lld (%.2f-%.2f s): trainer wait %.3f (on inference %.3f), train %.3f, publish %.3f; "
+            "inference wait %.3f (on the trainer %.3f), load %.3f, generate %.3f, verify %.3f\n",
+            (long long)t->first_step, (long long)t->last_step, t->start, t->end, t->trainer_wait,
+            t->trainer_wait_on_inference, t->trainer_train, t->trainer_publish, t->inference_wait,
+            t->inference_wait_on_trainer, t->inference_load, t->inference_generate, t->inference_verify);
+    assert_true(t->first_step == 1 && t->last_step == steps); /* fewer steps than shown: the whole run */
+    assert_true(t->trainer_wait > 0 && t->trainer_train > 0 && t->inference_generate > 0 && t->inference_verify > 0);
+    assert_true(t->trainer_wait_on_inference >= 0.8 * t->trainer_wait);
+    assert_true(t->inference_wait_on_trainer >= 0.8 * t->trainer_train);
+}
+
 static void test_synchronous_run(void **state) {
     (void)state;
     vks_rl_config c;
@@ -114,6 +147,7 @@ static void test_synchronous_run(void **state) {
     assert_non_null(metrics);
     assert_non_null(strstr(metrics, "\"policy_lag\""));
     free(metrics);
+    check_timeline(&r, steps);
     assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
 }
 

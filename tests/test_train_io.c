@@ -1,6 +1,6 @@
 /* test_train_io.c: the host side of training: SFT data and its batcher,
  * checkpoints (round trip, resume, corruption, keep N), metrics and the SVG
- * plot. No GPU except one `vkswarm generate` on a checkpoint. */
+ * plot and timeline. No GPU except one `vkswarm generate` on a checkpoint. */
 #include "test_util.h"
 #include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_metrics.h"
@@ -1267,6 +1267,46 @@ static void test_plot_svg(void **state) {
     assert_true(has_text(&sum, "grad_norm"));
 }
 
+/* Gantt-style timelines: bars clipped to the time shown (bars of no length or
+ * outside it left out), names escaped, marks outside the range left out, a
+ * legend of the kinds in use only, bad kinds refused. */
+static void test_timeline_svg(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/timeline.svg", tu_tmpdir());
+    vks_timeline_kind kinds[3] = {{"wait", 0xc7c7c7}, {"a <b> & c", 0xd62728}, {"unused", 0x1f77b4}};
+    vks_timeline_bar trainer[5] = {{0, 1, 0}, {1, 3, 1}, {NAN, 2, 1}, {5, 9, 1}, {7, 8, 0}};
+    vks_timeline_bar inference[2] = {{-1, 0.5, 0}, {2, 2, 1}};
+    vks_timeline_row rows[2] = {{"trainer", trainer, 5}, {"generator", inference, 2}}; /* check_svg refuses "inf" */
+    vks_timeline_mark marks[2] = {{1, 1}, {10, 2}};
+    vks_timeline t = {.title = "who waited", .mark_label = "step", .t0 = 0, .t1 = 6, .rows = rows, .n_rows = 2,
+                      .kinds = kinds, .n_kinds = 3, .marks = marks, .n_marks = 2};
+    assert_int_equal(vks_timeline_svg(path, &t), VKS_OK);
+    svg_summary sum;
+    check_svg(path, &sum);
+    assert_true(has_text(&sum, "who waited") && has_text(&sum, "trainer") && has_text(&sum, "generator"));
+    assert_true(has_text(&sum, "step 1") && !has_text(&sum, "step 2"));
+    assert_true(has_text(&sum, "wait") && has_text(&sum, "a &lt;b&gt; &amp; c") && !has_text(&sum, "unused"));
+    assert_true(has_text(&sum, "0") && has_text(&sum, "6") && has_text(&sum, "seconds"));
+    char *text = (char *)tu_read_file(path, NULL);
+    assert_non_null(text);
+    int bars = 0;
+    for (const char *q = text; (q = strstr(q, "<title>")) != NULL; q++) bars++;
+    assert_int_equal(bars, 4); /* [0, 1], [1, 3], [5, 6] of [5, 9], [0, 0.5] of [-1, 0.5] */
+    assert_non_null(strstr(text, "fill=\"#d62728\"><title>a &lt;b&gt; &amp; c 4.000 s</title>"));
+    free(text);
+    /* an empty range: one second from t0; nothing at all */
+    t.t1 = -3;
+    assert_int_equal(vks_timeline_svg(path, &t), VKS_OK);
+    check_svg(path, &sum);
+    vks_timeline none = {0};
+    assert_int_equal(vks_timeline_svg(path, &none), VKS_OK);
+    check_svg(path, &sum);
+    trainer[1].kind = 3;
+    t.t1 = 6;
+    assert_int_equal(vks_timeline_svg(path, &t), VKS_ERR_ARG);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sft_masks),
@@ -1287,6 +1327,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_keep_latest),
         cmocka_unit_test(test_metrics_roundtrip),
         cmocka_unit_test(test_plot_svg),
+        cmocka_unit_test(test_timeline_svg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,11 +27,12 @@ static const char rl_usage[] =
     "not the run's seed) is measured at the start, every --eval-every steps (default 5) and at the end.\n"
     "One line per step on stderr (step, policy lag, reward, accuracy, length, verifier accept rate,\n"
     "rollouts/s, trainer idle, broadcast time); DIR (default from the config, rl-out) gets\n"
-    "metrics.jsonl, rl.svg, rollouts/batch-N.jsonl and checkpoints DIR/step-N (weights, optimizer\n"
-    "state, the rollout position) every --save-every steps (default 10) and at the end, the newest\n"
-    "--keep (default 3). --resume continues from the newest one (same task and prompts per step;\n"
-    "the rollouts of batches started after it are not reused). stdout gets:\n"
-    "  task: NAME\n  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n"
+    "metrics.jsonl, rl.svg, timeline.svg (what the trainer and the inference thread did when over the\n"
+    "last 4 steps: who waited for whom), rollouts/batch-N.jsonl and checkpoints DIR/step-N (weights,\n"
+    "optimizer state, the rollout position) every --save-every steps (default 10) and at the end, the\n"
+    "newest --keep (default 3). --resume continues from the newest one (same task and prompts per\n"
+    "step; the rollouts of batches started after it are not reused). stdout gets:\n"
+    "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  final checkpoint: PATH\n"
     "  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
     "trainer rank (also the orchestrator) grants batches to inference ranks (groups of one rank)\n"
@@ -135,7 +136,8 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
             (long long)r->groups_stale, r->elapsed_s);
     printf("task: ");
     cli_put_escaped(stdout, a->c.task, strlen(a->c.task));
-    printf("\nmetrics: %s\nplot: %s\nfinal checkpoint: %s\n", r->metrics_path, r->plot_path, r->final_checkpoint);
+    printf("\nmetrics: %s\nplot: %s\ntimeline: %s\nfinal checkpoint: %s\n", r->metrics_path, r->plot_path,
+           r->timeline_path, r->final_checkpoint);
     if (isnan(r->start_accuracy)) printf("accuracy: not measured (--eval-n 0 or a task file)\n");
     else printf("accuracy: %.3f -> %.3f\n", r->start_accuracy, r->final_accuracy);
     printf("trainer idle: %.3f\n", r->trainer_idle);

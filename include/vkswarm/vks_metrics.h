@@ -1,5 +1,5 @@
-/* vks_metrics.h: per-step training metrics as JSON lines, and line plots of
- * them as SVG (src/rl/metrics.c).
+/* vks_metrics.h: per-step training metrics as JSON lines, line plots of them
+ * as SVG, and Gantt-style timelines as SVG (src/rl/metrics.c).
  *
  * DIR/metrics.jsonl holds one object per step, {"step": N, "<name>": value,
  * ...} in the order given, each line written whole and flushed: a reader
@@ -68,4 +68,46 @@ int vks_plot_svg(const char *path, const vks_plot *p);
 /* Plots keys of DIR/metrics.jsonl against the step into svg_path. */
 int vks_metrics_plot(const char *metrics_path, const char *const *keys, int n_keys, const char *title,
                      const char *svg_path);
+
+/* ---- SVG timelines (Gantt charts) ---- */
+typedef struct {
+    const char *name;  /* legend entry (escaped) */
+    uint32_t rgb;      /* bar color, 0xRRGGBB */
+} vks_timeline_kind;
+
+typedef struct {
+    double start, end; /* seconds; a bar with either non-finite is left out */
+    int kind;          /* index into the chart's kinds */
+} vks_timeline_bar;
+
+typedef struct {
+    const char *name;  /* row label (escaped) */
+    const vks_timeline_bar *bars;
+    int n;
+} vks_timeline_row;
+
+typedef struct {
+    double t;          /* seconds */
+    int64_t number;    /* labelled "<mark_label> number" */
+} vks_timeline_mark;
+
+typedef struct {
+    const char *title, *mark_label;     /* NULL: none */
+    double t0, t1;                      /* the time shown (seconds); bars are clipped to it */
+    const vks_timeline_row *rows;
+    int n_rows;
+    const vks_timeline_kind *kinds;
+    int n_kinds;
+    const vks_timeline_mark *marks;     /* dashed vertical lines across the rows */
+    int n_marks;
+    int width;                          /* pixels; 0: 900 (at least 300) */
+} vks_timeline;
+
+/* Writes the timeline as a standalone SVG file, atomically (vks_outfile):
+ * one labelled row of bars per row (a bar at least half a pixel wide, with a
+ * tooltip giving its kind and length; one with nothing within [t0, t1] left
+ * out), the marks, a time axis in seconds with ticks at 1-2-5 steps, and a
+ * legend of the kinds some bar uses. When t1 <= t0 (or either is not finite)
+ * the axis spans [t0, t0 + 1]. */
+int vks_timeline_svg(const char *path, const vks_timeline *t);
 #endif

@@ -22,6 +22,7 @@
 struct vks_tokenizer;
 
 #define VKS_RL_MAX_EMPTY_BATCHES 20
+#define VKS_RL_TIMELINE_STEPS 4     /* trainer steps OUT/timeline.svg shows by default */
 
 /* What one trainer step reports. */
 typedef struct {
@@ -54,6 +55,7 @@ typedef struct {
     bool verify;                     /* run the verifier role */
     int max_empty_batches;           /* generation batches in a row without a useful group before the run
                                       * fails (0: VKS_RL_MAX_EMPTY_BATCHES) */
+    int timeline_steps;              /* the last N trainer steps OUT/timeline.svg shows (0: VKS_RL_TIMELINE_STEPS) */
     int cheat_every;                 /* TEST ONLY: every Nth completion gets a token it did not sample (0: honest) */
     bool resume;                     /* continue from the newest checkpoint in config->out (weights, moments,
                                       * step, rollout position), when there is one; model must be its shape */
@@ -61,8 +63,25 @@ typedef struct {
     void *progress_ctx;
 } vks_rl_run_options;
 
+/* What OUT/timeline.svg shows: trainer steps first_step..last_step (with the
+ * start's evaluation when that is every step), from `start` to `end` (seconds
+ * since the run's start), and the seconds each role spent per kind of work in
+ * that window. The inference thread's row is absent (its seconds 0) when
+ * inference runs on other ranks. */
 typedef struct {
-    char final_checkpoint[4096], metrics_path[4096], plot_path[4096], rollouts_dir[4096];
+    int64_t first_step, last_step;
+    double start, end;
+    double trainer_wait, trainer_train, trainer_publish, trainer_eval;
+    double inference_wait, inference_load, inference_generate, inference_verify; /* load: new weights into the engine */
+    /* who waited for whom: the trainer waiting for groups while inference
+     * generated or verified, and inference waiting (for room in the async
+     * window or for weights) while the trainer trained or published */
+    double trainer_wait_on_inference, inference_wait_on_trainer;
+} vks_rl_timeline_summary;
+
+typedef struct {
+    char final_checkpoint[4096], metrics_path[4096], plot_path[4096], timeline_path[4096], rollouts_dir[4096];
+    vks_rl_timeline_summary timeline;
     double start_accuracy, final_accuracy; /* NaN without evaluations */
     double trainer_idle;                   /* over the whole run */
     int64_t rollouts, accepted, rejected, groups_filtered, groups_stale;

@@ -1,5 +1,6 @@
 /* metrics.c: per-step metrics appended to DIR/metrics.jsonl (vks_metrics.h),
- * read back as series, and a small SVG line-plot writer for them. */
+ * read back as series, a small SVG line-plot writer for them, and an SVG
+ * timeline (Gantt chart) writer. */
 #include "vkswarm/vks_metrics.h"
 
 #include <errno.h>
@@ -457,4 +458,136 @@ int vks_metrics_plot(const char *metrics_path, const char *const *keys, int n_ke
     free(ps);
     vks_metric_series_free(s);
     return rc;
+}
+
+/* ---- SVG timelines ---- */
+
+#define TL_ROW_H 28
+#define TL_ROW_GAP 14
+#define TL_TOP 56 /* below the title and the marks' labels */
+
+typedef struct {
+    FILE *f;
+    double left, right, top, rows_bottom; /* pixels */
+    double t0, t1;                        /* seconds shown */
+} tl_ctx;
+
+static double tl_x(const tl_ctx *c, double t) { return c->left + (t - c->t0) / (c->t1 - c->t0) * (c->right - c->left); }
+
+static int check_timeline(const char *path, const vks_timeline *t) {
+    if (!path || !t || t->n_rows < 0 || (t->n_rows && !t->rows) || t->n_kinds < 0 || (t->n_kinds && !t->kinds) ||
+        t->n_marks < 0 || (t->n_marks && !t->marks) || t->width < 0)
+        return vks_set_error(VKS_ERR_ARG, "vks_timeline_svg: bad argument");
+    for (int k = 0; k < t->n_kinds; k++)
+        if (!t->kinds[k].name || t->kinds[k].rgb > 0xffffffu)
+            return vks_set_error(VKS_ERR_ARG, "vks_timeline_svg: kind %d has no name or a bad color", k);
+    for (int r = 0; r < t->n_rows; r++) {
+        const vks_timeline_row *row = &t->rows[r];
+        if (!row->name || row->n < 0 || (row->n && !row->bars))
+            return vks_set_error(VKS_ERR_ARG, "vks_timeline_svg: row %d has no name or no bars", r);
+        for (int i = 0; i < row->n; i++)
+            if (row->bars[i].kind < 0 || row->bars[i].kind >= t->n_kinds)
+                return vks_set_error(VKS_ERR_ARG, "vks_timeline_svg: row %d, bar %d: kind %d unknown", r, i, row->bars[i].kind);
+    }
+    return VKS_OK;
+}
+
+/* Grid lines and tick labels at 1-2-5 steps (about 8) across [t0, t1]. */
+static void tl_axis(const tl_ctx *c) {
+    FILE *f = c->f;
+    double step = nice_step((c->t1 - c->t0) / 8.0), first = ceil(c->t0 / step) * step, base = c->rows_bottom + 8;
+    double ticks = floor((c->t1 - first) / step + 1e-6);
+    int n = ticks >= 0 && ticks <= 100 ? (int)ticks : -1;
+    char label[64];
+    for (int i = 0; i <= n; i++) {
+        double v = first + i * step, x = tl_x(c, v);
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#ddd\"/>\n", x, c->top, x, base + 4);
+        tick_label(label, sizeof label, v, step);
+        text_at(f, x, base + 18, "middle", "", label);
+    }
+    fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#000\"/>\n", c->left, base, c->right, base);
+    text_at(f, (c->left + c->right) / 2, base + 36, "middle", "", "seconds");
+}
+
+/* One row's label and light band, under the grid. */
+static void tl_band(const tl_ctx *c, const vks_timeline_row *row, double y) {
+    text_at(c->f, c->left - 8, y + TL_ROW_H / 2.0 + 4, "end", "", row->name);
+    fprintf(c->f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%d\" fill=\"#f4f4f4\"/>\n", c->left, y,
+            c->right - c->left, TL_ROW_H);
+}
+
+/* One row's bars, clipped to [t0, t1], each with a tooltip. */
+static void tl_bars(const tl_ctx *c, const vks_timeline *t, const vks_timeline_row *row, double y) {
+    FILE *f = c->f;
+    for (int i = 0; i < row->n; i++) {
+        const vks_timeline_bar *b = &row->bars[i];
+        if (!isfinite(b->start) || !isfinite(b->end)) continue;
+        double s = fmax(b->start, c->t0), e = fmin(b->end, c->t1);
+        if (!(e > s)) continue; /* nothing of it shown */
+        double x = tl_x(c, s), w = fmax(tl_x(c, e) - x, 0.5);
+        const vks_timeline_kind *k = &t->kinds[b->kind];
+        fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%d\" fill=\"#%06x\"><title>", x, y, w, TL_ROW_H,
+                (unsigned)k->rgb);
+        put_text(f, k->name);
+        fprintf(f, " %.3f s</title></rect>\n", b->end - b->start);
+    }
+}
+
+/* Dashed lines across the rows, labelled above them. */
+static void tl_marks(const tl_ctx *c, const vks_timeline *t) {
+    char label[160];
+    for (int i = 0; i < t->n_marks; i++) {
+        double m = t->marks[i].t;
+        if (!(m >= c->t0 && m <= c->t1)) continue;
+        double x = tl_x(c, m);
+        fprintf(c->f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#333\" stroke-dasharray=\"4 3\"/>\n",
+                x, c->top - 14, x, c->rows_bottom + 8);
+        snprintf(label, sizeof label, "%s%s%lld", t->mark_label ? t->mark_label : "", t->mark_label ? " " : "",
+                 (long long)t->marks[i].number);
+        text_at(c->f, x + 3, c->top - 6, "start", " font-size=\"11\"", label);
+    }
+}
+
+/* The kinds some bar uses, side by side under the axis. */
+static void tl_legend(const tl_ctx *c, const vks_timeline *t, double y) {
+    double x = c->left;
+    for (int k = 0; k < t->n_kinds; k++) {
+        bool used = false;
+        for (int r = 0; r < t->n_rows && !used; r++)
+            for (int i = 0; i < t->rows[r].n && !used; i++) used = t->rows[r].bars[i].kind == k;
+        if (!used) continue;
+        fprintf(c->f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"12\" height=\"12\" fill=\"#%06x\"/>\n", x, y - 10,
+                (unsigned)t->kinds[k].rgb);
+        text_at(c->f, x + 16, y, "start", "", t->kinds[k].name);
+        x += 16 + 7.0 * (double)strlen(t->kinds[k].name) + 18; /* about 7 pixels a character */
+    }
+}
+
+int vks_timeline_svg(const char *path, const vks_timeline *t) {
+    int rc = check_timeline(path, t);
+    if (rc != VKS_OK) return rc;
+    int w = t->width ? t->width : 900;
+    if (w < 300) w = 300;
+    tl_ctx c = {.left = 90, .right = w - 20, .top = TL_TOP, .t0 = t->t0, .t1 = t->t1};
+    if (!isfinite(c.t0)) c.t0 = 0;
+    if (!isfinite(c.t1) || !(c.t1 > c.t0) || !isfinite(c.t1 - c.t0)) c.t1 = c.t0 + 1;
+    c.rows_bottom = c.top + t->n_rows * (TL_ROW_H + TL_ROW_GAP) - (t->n_rows ? TL_ROW_GAP : 0);
+    int h = (int)c.rows_bottom + 84;
+    vks_outfile o;
+    rc = vks_outfile_open(&o, path, 0666);
+    if (rc != VKS_OK) return rc;
+    c.f = o.f;
+    fprintf(c.f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+                 "font-family=\"sans-serif\" font-size=\"12\">\n"
+                 "<rect width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n",
+            w, h, w, h, w, h);
+    if (t->title) text_at(c.f, w / 2.0, 22, "middle", " font-size=\"16\"", t->title);
+    for (int r = 0; r < t->n_rows; r++) tl_band(&c, &t->rows[r], c.top + r * (TL_ROW_H + TL_ROW_GAP));
+    tl_axis(&c);
+    for (int r = 0; r < t->n_rows; r++) tl_bars(&c, t, &t->rows[r], c.top + r * (TL_ROW_H + TL_ROW_GAP));
+    tl_marks(&c, t);
+    tl_legend(&c, t, c.rows_bottom + 72);
+    fputs("</svg>\n", c.f);
+    return vks_outfile_finish(&o, !ferror(c.f));
 }

@@ -92,6 +92,49 @@ typedef struct {
     double gen_busy_s;       /* seconds spent generating, scoring and verifying */
 } vks_rl_shared;
 
+/* ---- what each role did when (timeline.c): OUT/timeline.svg ---- */
+typedef enum {
+    VKS_RL_WORK_WAIT,      /* trainer: for groups; inference: for room in the async window or for weights */
+    VKS_RL_WORK_TRAIN,
+    VKS_RL_WORK_PUBLISH,   /* the trainer's weights to inference */
+    VKS_RL_WORK_EVAL,      /* held-out evaluation */
+    VKS_RL_WORK_LOAD,      /* inference: new weights into its engine */
+    VKS_RL_WORK_GENERATE,  /* inference: a batch's generation, scoring and hand-over */
+    VKS_RL_WORK_VERIFY,    /* inference: the batch's verification */
+    VKS_RL_WORK_KINDS
+} vks_rl_work;
+
+typedef struct {
+    double start, end;     /* seconds since the run's start */
+    int64_t step;          /* the trainer step it belongs to (0: before the first); inference: its policy step */
+    vks_rl_work kind;
+} vks_rl_span;
+
+/* Intervals kept per role: a trainer step makes 3 or 4, a generation batch 3
+ * to 5 (with the waits and weight loads before it): enough for the plotted
+ * last few steps even when many batches in a row lack signal. */
+#define VKS_RL_TIMELINE_SPANS 512
+
+/* The newest VKS_RL_TIMELINE_SPANS intervals of one role (a ring). */
+typedef struct {
+    vks_rl_span *spans;    /* NULL: records nothing */
+    int next, len;         /* where the next one goes; how many are kept */
+    double t0;             /* the run's start (vks_seconds_now()) */
+} vks_rl_timeline;
+int vks_rl_timeline_init(vks_rl_timeline *t, double t0);
+void vks_rl_timeline_free(vks_rl_timeline *t);
+/* Records [start, end] (vks_seconds_now() times) as `kind` of step `step`,
+ * dropping the oldest interval when full; t NULL or without storage: nothing. */
+void vks_rl_timeline_add(vks_rl_timeline *t, vks_rl_work kind, int64_t step, double start, double end);
+/* Records [*since, now] and sets *since to now. */
+void vks_rl_timeline_note(vks_rl_timeline *t, vks_rl_work kind, int64_t step, double *since);
+/* Writes the Gantt chart of the trainer's last `last_n` steps (all of them,
+ * with the start's evaluation, when that reaches step 1) to path: the
+ * trainer's row, and the inference thread's when inference is not NULL.
+ * Fills *sum with what it shows. */
+int vks_rl_timeline_write(const vks_rl_timeline *trainer, const vks_rl_timeline *inference, int last_n,
+                          const char *path, vks_rl_timeline_summary *sum);
+
 /* The inference thread's state. */
 typedef struct {
     const vks_rl_run_options *o;
@@ -104,6 +147,8 @@ typedef struct {
     uint8_t model_hash[32];
     vks_engine *engine;
     int64_t batch;            /* generation batches done */
+    double verify_start, verify_end; /* the last batch's verification (vks_seconds_now(); both 0: none) */
+    vks_rl_timeline *timeline;       /* the inference thread's record (NULL: none, as on inference ranks) */
     char rollouts_dir[4096];
     bool keep_flat_groups;    /* TEST ONLY: keep groups without signal (advantages 0), so that a
                                  rank told to send garbage always has a group to spoil */

@@ -4,7 +4,9 @@
  * the verifier (TOPLOC proofs and the sampling replay, vks_verify_batch_cpu,
  * on a rollout file it writes per batch), turned into group advantages over
  * the accepted completions; groups without signal are dropped (online filter),
- * the others go to the trainer while the async window allows. */
+ * the others go to the trainer while the async window allows. The thread
+ * records what it did when (its timeline: waits, weight loads, generation,
+ * verification). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,7 +216,11 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     if (!rc) cheat(g, b, n);
     if (!rc && w) rc = vks_rollout_writer_finish(w, b->seqs, n, 0);
     vks_rollout_writer_destroy(w);
-    if (!rc && g->o->verify) rc = verify_batch(g, path, b, n);
+    if (!rc && g->o->verify) {
+        g->verify_start = vks_seconds_now();
+        rc = verify_batch(g, path, b, n);
+        g->verify_end = vks_seconds_now();
+    }
     return rc;
 }
 
@@ -302,6 +308,7 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, v
     memset(groups, 0, sizeof *groups * (size_t)P);
     memset(cnt, 0, sizeof *cnt);
     g->batch = batch;
+    g->verify_start = g->verify_end = 0;
     int *targets = calloc((size_t)P, sizeof *targets);
     int rc = batch_alloc(&b, P, n);
     if (!rc && !targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
@@ -317,6 +324,19 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, v
     batch_free(&b, P, n);
     free(targets);
     return rc;
+}
+
+/* The batch run from start to end on the thread's timeline: generation, with
+ * its verification in the middle when there was one. */
+static void note_batch(vks_rl_gen *g, double start, double end) {
+    vks_rl_timeline *t = g->timeline;
+    int64_t step = g->policy_step;
+    if (g->verify_end > g->verify_start && g->verify_start >= start) {
+        vks_rl_timeline_add(t, VKS_RL_WORK_GENERATE, step, start, g->verify_start);
+        vks_rl_timeline_add(t, VKS_RL_WORK_VERIFY, step, g->verify_start, g->verify_end);
+        start = g->verify_end; /* then scoring and the hand-over */
+    }
+    vks_rl_timeline_add(t, VKS_RL_WORK_GENERATE, step, start, end);
 }
 
 static int run_batch(vks_rl_gen *g) {
@@ -339,8 +359,10 @@ static int run_batch(vks_rl_gen *g) {
     for (int p = 0; groups && p < P; p++) vks_rl_group_free(&groups[p]);
     free(groups);
     g->batch++;
+    double t1 = vks_seconds_now();
+    note_batch(g, t0, t1);
     pthread_mutex_lock(&g->sh->mu);
-    g->sh->gen_busy_s += vks_seconds_now() - t0;
+    g->sh->gen_busy_s += t1 - t0;
     pthread_mutex_unlock(&g->sh->mu);
     return rc;
 }
@@ -363,9 +385,11 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
 }
 
 /* Waits until it may generate (the async window has room) or new weights
- * arrive; takes them. Returns false when the run is over. */
+ * arrive; takes them. Returns false when the run is over. The waits and the
+ * weight loads go on the thread's timeline. */
 static bool wait_for_work(vks_rl_gen *g, int *rc) {
     vks_rl_shared *sh = g->sh;
+    double since = vks_seconds_now();
     pthread_mutex_lock(&sh->mu);
     for (;;) {
         if (sh->stop) break;
@@ -374,7 +398,10 @@ static bool wait_for_work(vks_rl_gen *g, int *rc) {
             int64_t step = sh->next_step;
             sh->next_model = NULL;
             pthread_mutex_unlock(&sh->mu);
-            if ((*rc = vks_rl_gen_set_policy(g, m, step))) return false;
+            vks_rl_timeline_note(g->timeline, VKS_RL_WORK_WAIT, g->policy_step, &since);
+            *rc = vks_rl_gen_set_policy(g, m, step);
+            vks_rl_timeline_note(g->timeline, VKS_RL_WORK_LOAD, step, &since);
+            if (*rc) return false;
             pthread_mutex_lock(&sh->mu);
             continue;
         }
@@ -383,6 +410,7 @@ static bool wait_for_work(vks_rl_gen *g, int *rc) {
     }
     bool go = !sh->stop;
     pthread_mutex_unlock(&sh->mu);
+    vks_rl_timeline_note(g->timeline, VKS_RL_WORK_WAIT, g->policy_step, &since);
     return go;
 }
 

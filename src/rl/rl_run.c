@@ -2,7 +2,9 @@
  * inference thread, takes prompts_per_step useful groups per step, trains
  * INTELLECT-2's GRPO loss on them (vks_trainer_accumulate_grpo over packed
  * micro-batches, one AdamW step), hands the new weights to inference, scores
- * held-out accuracy, logs metrics, and saves the final checkpoint. */
+ * held-out accuracy, logs metrics, records what the trainer (and the
+ * inference thread) did when for OUT/timeline.svg, and saves checkpoints
+ * (every save_every steps and the final one; --resume continues from one). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -43,11 +45,14 @@ typedef struct {
     vks_model *own_model;        /* those weights, loaded */
     vks_checkpoint *ck;          /* the checkpoint resumed from */
     int64_t next_batch;          /* the rollout position it recorded */
+    double t_start;              /* the run's start (vks_seconds_now()) */
+    vks_rl_timeline timeline;    /* the trainer's intervals */
+    vks_rl_timeline gen_timeline; /* the inference thread's (written by it; read after it is joined) */
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
     if (!o || !o->config || !o->model || !o->tok || !o->train_gpu || !o->infer_gpu || o->eval_every < 0 ||
-        o->eval_n < 0 || o->cheat_every < 0)
+        o->eval_n < 0 || o->cheat_every < 0 || o->timeline_steps < 0)
         return vks_set_error(VKS_ERR_ARG, "rl: bad options");
     const vks_rl_config *c = o->config;
     if ((int64_t)c->prompts_per_step * c->group_size > VKS_RL_MAX_BATCH)
@@ -175,6 +180,7 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old)
         return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     int rc = vks_rl_queue_init(&r->sh.queue, P, c->async_level);
+    if (!rc) rc = vks_rl_timeline_init(&r->timeline, r->t_start);
     if (rc) return rc;
     r->gen.o = r->o;
     rc = vks_rl_gen_open_tasks(&r->gen);
@@ -203,8 +209,11 @@ static int start_inference(rl_run *r) {
     r->shared_ready = true;
     r->gen.o = r->o;
     r->gen.sh = &r->sh;
+    int rc = vks_rl_timeline_init(&r->gen_timeline, r->t_start);
+    if (rc) return rc;
+    r->gen.timeline = &r->gen_timeline;
     /* the inference thread starts from the trainer's f32 masters: policy step 0 (or the resumed step) */
-    int rc = vks_trainer_export_model(r->trainer, &r->sh.next_model);
+    rc = vks_trainer_export_model(r->trainer, &r->sh.next_model);
     r->sh.next_step = step;
     if (!rc && pthread_create(&r->thread, NULL, vks_rl_gen_main, &r->gen))
         rc = vks_set_error(VKS_ERR_NOMEM, "rl: cannot start the inference thread");
@@ -229,6 +238,8 @@ static void run_free(rl_run *r) {
     vks_model_free(r->sh.next_model);
     if (r->shared_ready) pthread_mutex_destroy(&r->sh.mu), pthread_cond_destroy(&r->sh.cv);
     vks_rl_gen_close(&r->gen);
+    vks_rl_timeline_free(&r->timeline);
+    vks_rl_timeline_free(&r->gen_timeline);
     for (int i = 0; r->groups && i < r->c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
     free(r->groups), free(r->tokens), free(r->seq_lens), free(r->weight), free(r->advantage), free(r->logp_old);
     vks_metrics_close(r->metrics);
@@ -361,6 +372,7 @@ static int publish(rl_run *r, double *seconds) {
 static int evaluate(rl_run *r, double *accuracy) {
     *accuracy = NAN;
     if (!r->o->eval_n || r->gen.tasks) return VKS_OK;
+    double since = vks_seconds_now();
     vks_model *m = NULL;
     int rc = vks_trainer_export_model(r->trainer, &m);
     vks_task_run_options to = {.samples = 1, .temperature = 0, .max_new_tokens = r->c->max_new_tokens,
@@ -369,6 +381,7 @@ static int evaluate(rl_run *r, double *accuracy) {
     if (!rc) rc = vks_task_eval(r->o->train_gpu, m, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
     if (!rc) *accuracy = e.accuracy;
     vks_model_free(m);
+    vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_EVAL, vks_trainer_steps(r->trainer), &since);
     return rc ? vks_error_prefix(rc, "held-out evaluation") : VKS_OK;
 }
 
@@ -432,12 +445,16 @@ static int save_periodic(rl_run *r) {
 }
 
 static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_sum, vks_rl_progress *p) {
-    double t0 = vks_seconds_now(), waited = 0, broadcast_s = 0, norm = 0;
+    double t0 = vks_seconds_now(), since = t0, waited = 0, broadcast_s = 0, norm = 0;
+    int64_t this_step = vks_trainer_steps(r->trainer) + 1;
     step_stats st;
     int rc = take_groups(r, &waited);
+    vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_WAIT, this_step, &since);
     if (!rc) rc = train_step(r, &st, &norm);
+    vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_TRAIN, this_step, &since);
     if (!rc) rc = save_periodic(r);
     if (!rc) rc = publish(r, &broadcast_s);
+    vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_PUBLISH, this_step, &since);
     if (rc) return rc;
     double spent = vks_seconds_now() - t0;
     *idle_sum += waited, *time_sum += spent;
@@ -466,6 +483,11 @@ static int finish(rl_run *r, vks_rl_result *res) {
     const char *keys[] = {"reward", "accuracy", "trainer_idle", "accept_rate"};
     if (!rc) rc = vks_metrics_plot(res->metrics_path, keys, 4, "RL run: reward, held-out accuracy, trainer idle, accepted",
                                    res->plot_path);
+    /* the inference thread is joined: its intervals are final (inference ranks: the trainer's row only) */
+    snprintf(res->timeline_path, sizeof res->timeline_path, "%s/timeline.svg", c->out);
+    int last_n = r->o->timeline_steps ? r->o->timeline_steps : VKS_RL_TIMELINE_STEPS;
+    if (!rc) rc = vks_rl_timeline_write(&r->timeline, r->src ? NULL : &r->gen_timeline, last_n, res->timeline_path,
+                                        &res->timeline);
     vks_rl_counters cn;
     get_counters(r, &cn);
     res->rollouts = cn.rollouts, res->accepted = cn.accepted, res->rejected = cn.rejected;
@@ -480,8 +502,8 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     if (rc || !res) return rc ? rc : vks_set_error(VKS_ERR_ARG, "rl: NULL result");
     memset(res, 0, sizeof *res);
     res->start_accuracy = res->final_accuracy = NAN;
-    rl_run r = {.o = o, .c = o->config, .src = src};
     double t_start = vks_seconds_now(), idle = 0, total = 0;
+    rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start};
     rc = open_start(&r, res);
     if (!rc) rc = open_run(&r, res);
     if (!rc) rc = evaluate(&r, &res->start_accuracy);
