@@ -37,6 +37,11 @@ static void test_file_and_set(void **state) {
                                    " \"verifiers\": [4], \"relays\": [5]}}"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "group_size=4"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "roles.verifiers=4,6"), VKS_OK);
+    assert_true(c.save_every == 10 && c.keep == 3 && c.warmup == 0); /* the defaults */
+    assert_int_equal(vks_rl_config_set(&c, "save_every=5"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "warmup=4"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "keep=-1"), VKS_ERR_FORMAT);
+    assert_true(c.save_every == 5 && c.warmup == 4 && c.keep == 3);
     assert_int_equal(vks_rl_config_check(&c, 7), VKS_OK);
     assert_string_equal(c.task, "countdown");
     assert_int_equal(c.steps, 7);

@@ -12,6 +12,8 @@
  *   "group_size": 8,
  *   "async_level": 2,            k: inference uses weights at most k steps old
  *   "max_new_tokens": 48, "temperature": 1.0, "lr": 1e-4, "seed": 1,
+ *   "warmup": 0,                 linear learning-rate warm-up over the first N steps (Adam's first
+ *                                steps, fresh moments, move every weight by about lr)
  *   "length_targets": [],        e.g. [64, 128, 256]: the thinking budget; [] off
  *   "length_penalty": 3e-4,      lambda of the thinking budget
  *   "token_budget": 0,           loss normaliser per step (0: prompts_per_step * group_size * max_new_tokens)
@@ -43,7 +45,7 @@ typedef struct {
 
 typedef struct {
     char task[512], init[16], model[1024], out[1024];
-    int steps, prompts_per_step, group_size, async_level, max_new_tokens, save_every, keep;
+    int steps, prompts_per_step, group_size, async_level, max_new_tokens, save_every, keep, warmup;
     double temperature, lr, length_penalty, token_budget;
     uint64_t seed;
     int length_targets[VKS_RL_MAX_LENGTH_TARGETS], n_length_targets;

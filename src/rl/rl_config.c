@@ -27,6 +27,7 @@ static const key_info keys[] = {
     STR_KEY(task), STR_KEY(init), STR_KEY(model), STR_KEY(out),
     INT_KEY(steps, 1, 1e8), INT_KEY(prompts_per_step, 1, 65536), INT_KEY(group_size, 2, 1024),
     INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, 1 << 20), INT_KEY(save_every, 0, 1e8), INT_KEY(keep, 0, 1e6),
+    INT_KEY(warmup, 0, 1e8),
     DBL_KEY(temperature, 0, 100), DBL_KEY(lr, 0, 10), DBL_KEY(length_penalty, 0, 1e3), DBL_KEY(token_budget, 0, 1e12),
     {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0},
 };

@@ -338,7 +338,8 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     memset(st, 0, sizeof *st);
     int rc = accumulate_step(r, &h, st);
     st->lag = lag / c->prompts_per_step;
-    vks_adamw_params a = {.lr = c->lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
+    double lr = c->warmup && step + 1 < c->warmup ? c->lr * (double)(step + 1) / c->warmup : c->lr;
+    vks_adamw_params a = {.lr = lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
     if (!rc) rc = vks_trainer_step(r->trainer, &a, RL_GRAD_CLIP, grad_norm);
     for (int i = 0; i < c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
     if (rc) return vks_error_prefix(rc, "trainer, step %lld", (long long)step + 1);
