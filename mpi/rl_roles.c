@@ -222,6 +222,7 @@ typedef struct {
     inf_rank *ranks;
     int n_ranks;
     int64_t next_batch, newest;
+    int grant_from;       /* the rank (index) the next grant looks at first: round robin */
     int64_t *redo;        /* batches of dropped ranks, to grant again */
     int n_redo;
     vks_rl_queue queue;
@@ -362,15 +363,21 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
     return rc;
 }
 
-/* Grants batches to idle live ranks while the window has room for groups of the newest policy. */
+/* Grants batches to idle live ranks while the window has room for their
+ * groups (vks_rl_queue_batches_to_grant), round robin. */
 static int grant(trainer_src *t) {
-    for (int i = 0; i < t->n_ranks; i++) {
+    int64_t out = 0;
+    for (int i = 0; i < t->n_ranks; i++) out += t->ranks[i].state == RANK_LIVE && t->ranks[i].batch >= 0;
+    for (int k = 0; k < t->n_ranks; k++) { /* round robin from after the last rank granted */
+        int i = (t->grant_from + k) % t->n_ranks;
         inf_rank *r = &t->ranks[i];
         if (r->state != RANK_LIVE || r->batch >= 0) continue;
-        if (!vks_rl_queue_has_room(&t->queue, t->newest)) break;
+        if (vks_rl_queue_batches_to_grant(&t->queue, t->newest, out) < 1) break;
         int64_t b = t->n_redo ? t->redo[--t->n_redo] : t->next_batch++;
         r->batch = b, r->min_step = t->newest;
+        t->grant_from = (i + 1) % t->n_ranks;
         if (send_ctl(t, r->rank, MSG_ASSIGN, b, t->newest, 0)) drop_rank(t, r, RANK_DROPPED, vks_last_error());
+        else out++;
     }
     return VKS_OK;
 }

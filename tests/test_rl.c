@@ -257,6 +257,10 @@ static void test_group_queue(void **state) {
     vks_rl_queue q;
     assert_int_equal(vks_rl_queue_init(&q, 2, 1), VKS_OK); /* P = 2, k = 1: groups 0..3 from policy 0 */
     assert_true(vks_rl_queue_has_room(&q, 0));
+    /* batches to hand out (MPI trainer): the window takes 4 groups = 2 batches of policy 0 */
+    assert_int_equal(vks_rl_queue_batches_to_grant(&q, 0, 0), 2);
+    assert_int_equal(vks_rl_queue_batches_to_grant(&q, 0, 1), 1);
+    assert_int_equal(vks_rl_queue_batches_to_grant(&q, 0, 2), 0);
     vks_rl_gen_counts cnt = {.rollouts = 8, .checked = 8, .accepted = 7, .task_reward_sum = 2.5};
     vks_rl_batch_group b[2] = {fake_group(2, 0), fake_group(0, 1)};
     assert_int_equal(vks_rl_queue_push(&q, 0, b, &cnt, 3), VKS_OK);
@@ -271,6 +275,8 @@ static void test_group_queue(void **state) {
     assert_null(b[1].samples); /* freed */
     assert_false(vks_rl_queue_has_room(&q, 0));
     assert_true(vks_rl_queue_has_room(&q, 1));
+    assert_int_equal(vks_rl_queue_batches_to_grant(&q, 0, 0), 0);
+    assert_int_equal(vks_rl_queue_batches_to_grant(&q, 1, 0), 1); /* room for 2 more groups */
     vks_rl_counters c = q.counters;
     assert_true(c.filtered == 1 && c.stale == 1 && c.rollouts == 24 && c.checked == 24 && c.accepted == 21 && c.rejected == 3);
     assert_true(c.task_reward_sum == 7.5); /* every rollout's reward, filtered and stale groups included */

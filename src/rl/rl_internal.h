@@ -66,8 +66,13 @@ typedef struct {
 } vks_rl_queue;
 int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level);
 void vks_rl_queue_free(vks_rl_queue *q);
-/* Whether a group made with the weights of step `policy` may still be queued. */
+/* How many more groups made with the weights of step `policy` may be queued; whether any. */
+int64_t vks_rl_queue_room(const vks_rl_queue *q, int64_t policy);
 bool vks_rl_queue_has_room(const vks_rl_queue *q, int64_t policy);
+/* How many more generation batches to hand out, with `out` batches already
+ * out: each may bring prompts_per_step useful groups, so no more are out than
+ * the window can take (at k = 0 one at a time: a second would go stale). */
+int64_t vks_rl_queue_batches_to_grant(const vks_rl_queue *q, int64_t policy, int64_t out);
 /* Queues a batch's prompts_per_step groups made with policy `policy`: a group
  * without signal (n = 0) is counted as filtered, one past the window (or with
  * the ring full) as stale and freed; the others move into the ring (groups[p]

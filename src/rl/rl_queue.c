@@ -27,8 +27,16 @@ void vks_rl_queue_free(vks_rl_queue *q) {
     q->len = 0;
 }
 
-bool vks_rl_queue_has_room(const vks_rl_queue *q, int64_t policy) {
-    return q->pushed < (policy + q->async_level + 1) * q->prompts_per_step;
+int64_t vks_rl_queue_room(const vks_rl_queue *q, int64_t policy) {
+    int64_t room = (policy + q->async_level + 1) * q->prompts_per_step - q->pushed;
+    return room > 0 ? room : 0;
+}
+
+bool vks_rl_queue_has_room(const vks_rl_queue *q, int64_t policy) { return vks_rl_queue_room(q, policy) > 0; }
+
+int64_t vks_rl_queue_batches_to_grant(const vks_rl_queue *q, int64_t policy, int64_t out) {
+    int64_t P = q->prompts_per_step, room = vks_rl_queue_room(q, policy) - out * P;
+    return room > 0 ? (room + P - 1) / P : 0;
 }
 
 int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, const vks_rl_gen_counts *cnt,

@@ -38,14 +38,17 @@ mismatch_ok() {
     awk '{ if (!match($0, /"logp_mismatch":[0-9.]+(e-?[0-9]+)?/)) exit 1
            v = substr($0, RSTART + 16, RLENGTH - 16) + 0; if (v >= 1e-4) exit 1 }' "$1"
 }
+# no group went stale (at k = 0 the trainer grants one batch at a time: a second rank's would)
+stale_none() { ! grep -q '"groups_stale":[1-9]' "$1"; }
 
 # happy path: trainer + 2 inference ranks, k = 0, 2 steps
 config "$tmp/k0" 2 0
 mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/k0/step-000000002" "$tmp/out.txt" &&
-   metrics_ok "$tmp/k0/metrics.jsonl" 2 0 && mismatch_ok "$tmp/k0/metrics.jsonl" && ! grep -q "dropped\|refused" "$tmp/err.txt"; then
-    ok "3 ranks, k=0: 2 steps, finite losses, lag 0, logp mismatch < 1e-4"
+   metrics_ok "$tmp/k0/metrics.jsonl" 2 0 && mismatch_ok "$tmp/k0/metrics.jsonl" && stale_none "$tmp/k0/metrics.jsonl" &&
+   ! grep -q "dropped\|refused" "$tmp/err.txt"; then
+    ok "3 ranks, k=0: 2 steps, finite losses, lag 0, logp mismatch < 1e-4, no stale group"
 else bad "3 ranks, k=0: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
 
 # VKSWARM_TEST_SHORT (tools/test's ASan run): the happy path, the garbage rank and the killed
