@@ -354,7 +354,7 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
                 drop_rank(t, r, RANK_REFUSED, why);
             } else {
                 r->batch = -1;
-                rc = vks_rl_queue_push(&t->queue, policy, scratch, &cnt, t->o->max_empty_batches);
+                rc = vks_rl_queue_push(&t->queue, policy, scratch, t->c->prompts_per_step, &cnt, t->o->max_empty_batches);
                 for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
             }
         }
@@ -525,7 +525,7 @@ typedef struct {
 
 static void *gen_thread(void *arg) {
     gen_job *j = arg;
-    int rc = vks_rl_gen_batch(j->g, j->batch, j->groups, &j->cnt);
+    int rc = vks_rl_gen_batch(j->g, j->batch, j->g->o->config->prompts_per_step, j->groups, &j->cnt);
     if (rc) snprintf(j->err, sizeof j->err, "%s", vks_last_error());
     pthread_mutex_lock(&j->mu);
     j->rc = rc;

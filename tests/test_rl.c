@@ -218,6 +218,9 @@ static void test_async_run_rejects_cheater(void **state) {
     assert_true(r.rejected >= r.rollouts / 4 - r.rollouts / 16 && r.rejected <= r.rollouts / 4);
     assert_int_equal(r.accepted + r.rejected, r.rollouts);
     assert_int_equal(r.trained_rejected, 0); /* the trainer saw none of them */
+    /* inference generates only as many prompts as the window has room for: no group goes stale */
+    fprintf(stderr, "k=1: %lld groups stale\n", (long long)r.groups_stale);
+    assert_int_equal(r.groups_stale, 0);
     assert_true(r.trained > 0 && r.trained <= r.accepted);
 }
 
@@ -263,13 +266,13 @@ static void test_group_queue(void **state) {
     assert_int_equal(vks_rl_queue_batches_to_grant(&q, 0, 2), 0);
     vks_rl_gen_counts cnt = {.rollouts = 8, .checked = 8, .accepted = 7, .task_reward_sum = 2.5};
     vks_rl_batch_group b[2] = {fake_group(2, 0), fake_group(0, 1)};
-    assert_int_equal(vks_rl_queue_push(&q, 0, b, &cnt, 3), VKS_OK);
+    assert_int_equal(vks_rl_queue_push(&q, 0, b, 2, &cnt, 3), VKS_OK);
     assert_int_equal(q.len, 1);
     assert_null(b[0].samples); /* moved into the ring */
     b[0] = fake_group(3, 2), b[1] = fake_group(2, 3);
-    assert_int_equal(vks_rl_queue_push(&q, 0, b, &cnt, 3), VKS_OK);
+    assert_int_equal(vks_rl_queue_push(&q, 0, b, 2, &cnt, 3), VKS_OK);
     b[0] = fake_group(2, 4), b[1] = fake_group(2, 5);
-    assert_int_equal(vks_rl_queue_push(&q, 0, b, &cnt, 3), VKS_OK); /* task 5 would be consumed by step 3: stale */
+    assert_int_equal(vks_rl_queue_push(&q, 0, b, 2, &cnt, 3), VKS_OK); /* task 5 would be consumed by step 3: stale */
     assert_int_equal(q.len, 4);
     assert_int_equal(q.pushed, 4);
     assert_null(b[1].samples); /* freed */
@@ -289,9 +292,15 @@ static void test_group_queue(void **state) {
     /* three batches in a row without signal: the third fails */
     for (int i = 0; i < 3; i++) {
         b[0] = fake_group(0, 6 + 2 * i), b[1] = fake_group(0, 7 + 2 * i);
-        assert_int_equal(vks_rl_queue_push(&q, 1, b, &cnt, 3), i < 2 ? VKS_OK : VKS_ERR_ARG);
+        assert_int_equal(vks_rl_queue_push(&q, 1, b, 2, &cnt, 3), i < 2 ? VKS_OK : VKS_ERR_ARG);
     }
-    assert_non_null(strstr(vks_last_error(), "3 batches in a row"));
+    assert_non_null(strstr(vks_last_error(), "6 prompts in a row (3 batches' worth)"));
+    /* a partial batch (the window's room): only its groups count */
+    int64_t filtered = q.counters.filtered;
+    b[0] = fake_group(0, 12);
+    assert_int_equal(vks_rl_queue_push(&q, 2, b, 1, &cnt, 9), VKS_OK);
+    assert_true(q.counters.filtered == filtered + 1);
+    assert_int_equal(vks_rl_queue_push(&q, 2, b, 3, &cnt, 9), VKS_ERR_ARG); /* more groups than a batch holds */
     vks_rl_queue_free(&q); /* frees the groups still queued (ASan: no leak) */
     assert_int_equal(vks_rl_queue_init(&q, 0, 1), VKS_ERR_ARG);
 }

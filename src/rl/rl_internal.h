@@ -61,7 +61,7 @@ typedef struct {
     int head, len, cap;
     int prompts_per_step, async_level;
     int64_t pushed;            /* useful groups queued so far (consumed ones included) */
-    int empty_batches;         /* batches in a row without a useful group */
+    int64_t empty_prompts;     /* prompts in a row without a useful group */
     vks_rl_counters counters;
 } vks_rl_queue;
 int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level);
@@ -73,13 +73,14 @@ bool vks_rl_queue_has_room(const vks_rl_queue *q, int64_t policy);
  * out: each may bring prompts_per_step useful groups, so no more are out than
  * the window can take (at k = 0 one at a time: a second would go stale). */
 int64_t vks_rl_queue_batches_to_grant(const vks_rl_queue *q, int64_t policy, int64_t out);
-/* Queues a batch's prompts_per_step groups made with policy `policy`: a group
- * without signal (n = 0) is counted as filtered, one past the window (or with
- * the ring full) as stale and freed; the others move into the ring (groups[p]
- * left empty). Counts cnt; the error of vks_rl_count_empty when too many
- * batches in a row had no useful group. */
-int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, const vks_rl_gen_counts *cnt,
-                      int max_empty_batches);
+/* Queues a batch's n_groups (<= prompts_per_step) groups made with policy
+ * `policy`: a group without signal (n = 0) is counted as filtered, one past
+ * the window (or with the ring full) as stale and freed; the others move into
+ * the ring (groups[p] left empty). Counts cnt; an error after
+ * max_empty_batches x prompts_per_step prompts in a row (0:
+ * VKS_RL_MAX_EMPTY_BATCHES batches' worth) without a useful group. */
+int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, int n_groups,
+                      const vks_rl_gen_counts *cnt, int max_empty_batches);
 /* Moves the n oldest groups (n <= len) into out[]. */
 int vks_rl_queue_pop(vks_rl_queue *q, int n, vks_rl_batch_group *out);
 
@@ -165,20 +166,18 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g);
 void vks_rl_gen_close(vks_rl_gen *g);
 /* Makes m (owned from here) the policy of step `step`: a fresh engine. */
 int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
-/* Generation batch `batch` with the current policy: its prompts_per_step
- * tasks x group_size completions, scored, verified (o->verify), as groups[P]
- * (groups[p].n = 0: no signal, dropped). The single-process inference thread
- * and an inference rank (mpi/rl_roles.c) both call it. */
-int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt);
+/* Generation batch `batch` with the current policy: the first n_prompts
+ * (1..prompts_per_step) of its tasks (task batch * prompts_per_step + p) x
+ * group_size completions, scored, verified (o->verify), as groups[0..n_prompts)
+ * (groups[p].n = 0: no signal, dropped; groups has prompts_per_step entries,
+ * the rest left empty). The single-process inference thread (n_prompts: the
+ * window's room) and an inference rank (mpi/rl_roles.c: all) both call it. */
+int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt);
 /* The trainer's check of a sample from another rank: its prompt is task
  * task_index's (built as the inference side builds it: g->model gives the
  * vocabulary and context) and its rewards are what the task (and the
  * thinking budget) give its completion. err says why not. */
 int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap);
-/* Counts a batch with `useful` groups in *empty_batches (batches in a row without any): an
- * error after max_empty_batches (0: VKS_RL_MAX_EMPTY_BATCHES) in a row. The inference thread and
- * the MPI trainer (which sees every rank's batches) share it. */
-int vks_rl_count_empty(int *empty_batches, int max_empty_batches, int useful);
 
 /* Where the trainer's groups come from and its weights go: the inference
  * thread (NULL source) or inference ranks (mpi/rl_roles.c). */

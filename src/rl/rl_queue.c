@@ -39,10 +39,12 @@ int64_t vks_rl_queue_batches_to_grant(const vks_rl_queue *q, int64_t policy, int
     return room > 0 ? (room + P - 1) / P : 0;
 }
 
-int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, const vks_rl_gen_counts *cnt,
-                      int max_empty_batches) {
+int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, int n_groups,
+                      const vks_rl_gen_counts *cnt, int max_empty_batches) {
     int useful = 0;
-    for (int p = 0; p < q->prompts_per_step; p++) {
+    if (n_groups < 0 || n_groups > q->prompts_per_step)
+        return vks_set_error(VKS_ERR_ARG, "rl queue: a batch of %d groups (at most %d)", n_groups, q->prompts_per_step);
+    for (int p = 0; p < n_groups; p++) {
         vks_rl_batch_group *g = &groups[p];
         useful += g->n > 0;
         if (!g->n) q->counters.filtered++;
@@ -56,7 +58,14 @@ int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *group
     q->counters.rollouts += cnt->rollouts, q->counters.checked += cnt->checked, q->counters.accepted += cnt->accepted;
     q->counters.rejected += cnt->checked - cnt->accepted;
     q->counters.task_reward_sum += cnt->task_reward_sum;
-    return vks_rl_count_empty(&q->empty_batches, max_empty_batches, useful);
+    /* counted in prompts: batches may be partial (the window's room) */
+    q->empty_prompts = useful ? 0 : q->empty_prompts + n_groups;
+    int most = max_empty_batches ? max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
+    if (q->empty_prompts >= (int64_t)most * q->prompts_per_step)
+        return vks_set_error(VKS_ERR_ARG, "%lld prompts in a row (%d batches' worth) without a group whose rewards "
+                             "differ: the task is too hard (or too easy) for this policy; warm it up first (train "
+                             "sft) or choose another task", (long long)q->empty_prompts, most);
+    return VKS_OK;
 }
 
 int vks_rl_queue_pop(vks_rl_queue *q, int n, vks_rl_batch_group *out) {
@@ -67,14 +76,5 @@ int vks_rl_queue_pop(vks_rl_queue *q, int n, vks_rl_batch_group *out) {
         q->head = (q->head + 1) % q->cap;
         q->len--;
     }
-    return VKS_OK;
-}
-
-int vks_rl_count_empty(int *empty_batches, int max_empty_batches, int useful) {
-    *empty_batches = useful ? 0 : *empty_batches + 1;
-    int most = max_empty_batches ? max_empty_batches : VKS_RL_MAX_EMPTY_BATCHES;
-    if (*empty_batches >= most)
-        return vks_set_error(VKS_ERR_ARG, "%d batches in a row without a group whose rewards differ: the task is too hard "
-                             "(or too easy) for this policy; warm it up first (train sft) or choose another task", most);
     return VKS_OK;
 }

@@ -86,10 +86,10 @@ static int tokenize_prompt(const vks_rl_gen *g, const vks_task *t, int32_t **ids
     return VKS_OK;
 }
 
-static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int *targets) {
+static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int n_prompts, int *targets) {
     const vks_rl_config *c = g->o->config;
     int P = c->prompts_per_step, G = c->group_size;
-    for (int p = 0; p < P; p++) {
+    for (int p = 0; p < n_prompts; p++) {
         int rc = make_task(g, g->batch * P + p, &b->tasks[p], &targets[p]);
         if (!rc) rc = tokenize_prompt(g, &b->tasks[p], &b->prompt_ids[p], &b->prompt_lens[p]);
         if (rc) return rc;
@@ -169,7 +169,7 @@ static void on_hidden(void *user, const vks_step *st, const vks_seq_state *state
 static void cheat(const vks_rl_gen *g, gen_batch *b, int n) {
     int every = g->o->cheat_every, V = g->model->cfg.vocab_size;
     for (int i = 0; every > 0 && i < n; i++) {
-        int64_t global = g->batch * n + i;
+        int64_t global = g->batch * g->o->config->prompts_per_step * g->o->config->group_size + i;
         vks_sequence *s = &b->seqs[i];
         if ((global + 1) % every == 0 && s->n_ids > s->n_prompt) s->ids[s->n_prompt] = (s->ids[s->n_prompt] + 1) % V;
     }
@@ -301,18 +301,20 @@ void vks_rl_gen_close(vks_rl_gen *g) {
     g->tasks = NULL;
 }
 
-int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {
+int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {
     const vks_rl_config *c = g->o->config;
-    int P = c->prompts_per_step, n = P * c->group_size;
-    gen_batch b;
-    memset(groups, 0, sizeof *groups * (size_t)P);
+    memset(groups, 0, sizeof *groups * (size_t)c->prompts_per_step);
     memset(cnt, 0, sizeof *cnt);
+    if (n_prompts < 1 || n_prompts > c->prompts_per_step)
+        return vks_set_error(VKS_ERR_ARG, "inference: %d prompts in a batch of %d", n_prompts, c->prompts_per_step);
+    int P = n_prompts, n = P * c->group_size;
+    gen_batch b;
     g->batch = batch;
     g->verify_start = g->verify_end = 0;
     int *targets = calloc((size_t)P, sizeof *targets);
     int rc = batch_alloc(&b, P, n);
     if (!rc && !targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    if (!rc) rc = prepare_batch(g, &b, targets);
+    if (!rc) rc = prepare_batch(g, &b, P, targets);
     if (!rc) rc = generate_batch(g, &b, n);
     if (!rc) rc = score_batch(g, &b, targets, n);
     for (int p = 0; !rc && p < P; p++) rc = make_group(g, &b, p, &groups[p]);
@@ -339,7 +341,8 @@ static void note_batch(vks_rl_gen *g, double start, double end) {
     vks_rl_timeline_add(t, VKS_RL_WORK_GENERATE, step, start, end);
 }
 
-static int run_batch(vks_rl_gen *g) {
+/* A batch of n_prompts prompts (the window's room, at most prompts_per_step). */
+static int run_batch(vks_rl_gen *g, int n_prompts) {
     int P = g->o->config->prompts_per_step;
     double t0 = vks_seconds_now();
     pthread_mutex_lock(&g->sh->mu);
@@ -347,12 +350,13 @@ static int run_batch(vks_rl_gen *g) {
     pthread_mutex_unlock(&g->sh->mu);
     vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
     vks_rl_gen_counts cnt;
-    int rc = groups ? vks_rl_gen_batch(g, g->batch, groups, &cnt) : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    int rc = groups ? vks_rl_gen_batch(g, g->batch, n_prompts, groups, &cnt)
+                    : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     if (!rc) {
         vks_rl_shared *sh = g->sh;
         pthread_mutex_lock(&sh->mu);
         int64_t pushed = sh->queue.pushed;
-        rc = vks_rl_queue_push(&sh->queue, g->policy_step, groups, &cnt, g->o->max_empty_batches);
+        rc = vks_rl_queue_push(&sh->queue, g->policy_step, groups, n_prompts, &cnt, g->o->max_empty_batches);
         if (sh->queue.pushed != pushed) pthread_cond_broadcast(&sh->cv);
         pthread_mutex_unlock(&sh->mu);
     }
@@ -385,9 +389,11 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
 }
 
 /* Waits until it may generate (the async window has room) or new weights
- * arrive; takes them. Returns false when the run is over. The waits and the
- * weight loads go on the thread's timeline. */
-static bool wait_for_work(vks_rl_gen *g, int *rc) {
+ * arrive; takes them. Returns false when the run is over; else *n_prompts is
+ * the batch to generate: as many prompts as the window has room for (at most
+ * prompts_per_step), so that no group is made only to go stale. The waits and
+ * the weight loads go on the thread's timeline. */
+static bool wait_for_work(vks_rl_gen *g, int *rc, int *n_prompts) {
     vks_rl_shared *sh = g->sh;
     double since = vks_seconds_now();
     pthread_mutex_lock(&sh->mu);
@@ -405,7 +411,11 @@ static bool wait_for_work(vks_rl_gen *g, int *rc) {
             pthread_mutex_lock(&sh->mu);
             continue;
         }
-        if (vks_rl_queue_has_room(&sh->queue, g->policy_step)) break;
+        int64_t room = vks_rl_queue_room(&sh->queue, g->policy_step);
+        if (room > 0) {
+            *n_prompts = room < g->o->config->prompts_per_step ? (int)room : g->o->config->prompts_per_step;
+            break;
+        }
         pthread_cond_wait(&sh->cv, &sh->mu);
     }
     bool go = !sh->stop;
@@ -417,7 +427,8 @@ static bool wait_for_work(vks_rl_gen *g, int *rc) {
 void *vks_rl_gen_main(void *arg) {
     vks_rl_gen *g = arg;
     int rc = VKS_OK;
-    while (wait_for_work(g, &rc) && !(rc = run_batch(g))) {}
+    int n_prompts = 0;
+    while (wait_for_work(g, &rc, &n_prompts) && !(rc = run_batch(g, n_prompts))) {}
     if (rc) {
         vks_rl_shared *sh = g->sh;
         pthread_mutex_lock(&sh->mu);
