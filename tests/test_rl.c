@@ -151,6 +151,34 @@ static void test_synchronous_run(void **state) {
     assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
 }
 
+/* `vkswarm verify --cpu` (no --stop-ids) on the run's rollout files against
+ * the step-1 checkpoint: the batches that policy made are accepted (the tiny
+ * model's EOS, 257, is trusted as the checkpoint declares it); the others are
+ * refused only for naming another model. */
+static void verify_with_cli(const char *out) {
+    int accepted = 0, other = 0;
+    for (int b = 0; b < 64; b++) {
+        char path[800], cmd[2400], *text = NULL;
+        snprintf(path, sizeof path, "%s/rollouts/batch-%06d.jsonl", out, b);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "'%s' verify --model '%s/step-000000001' --rollouts '%s' --cpu --jsonl 2>/dev/null",
+                 tu_bin(), out, path);
+        tu_run(cmd, &text);
+        assert_non_null(text);
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            if (strstr(line, "\"accepted\":true")) accepted++;
+            else if (!strstr(line, "another model")) other++, fprintf(stderr, "verify: %s\n", line);
+        }
+        free(text);
+    }
+    fprintf(stderr, "vkswarm verify of the rollouts against step 1: %d accepted, %d refused for another reason\n",
+            accepted, other);
+    assert_true(accepted >= 8); /* step 2's groups, at least one batch of 2 x 4 */
+    assert_int_equal(other, 0);
+}
+
 /* The synchronous run above, its last step lost (its checkpoint removed) and
  * resumed: at k = 0 the resumed step trains on the same rollouts with the same
  * weights and moments, so its loss is the straight run's, bit for bit. */
@@ -184,6 +212,7 @@ static void test_resume(void **state) {
     for (size_t i = 0; i < len; i++) lines += metrics[i] == '\n';
     assert_int_equal(lines, 2);
     free(metrics);
+    verify_with_cli(out);
     /* a resume with another task is refused, nothing trained */
     snprintf(c.task, sizeof c.task, "add:1");
     log.n = 0;

@@ -32,7 +32,8 @@ static const char verify_usage[] =
     "--cpu verifies with the fast f32 CPU forward (OpenBLAS; no GPU) on --threads N threads (default:\n"
     "every core); --cpu-reference uses the float64 reference forward instead (slow, one thread).\n"
     "--batch N: samples per batched prefill (GPU KV slots, default 16). --stop-ids: the stop tokens\n"
-    "the verifier trusts (default 1,2: BOS and EOS of llama2.c models); the file's must be among them. Thresholds default to TOPLOC's:\n"
+    "the verifier trusts (default 1,2, BOS and EOS of llama2.c models, and the model's own declared\n"
+    "BOS and EOS); the file's must be among them. Thresholds default to TOPLOC's:\n"
     "38 exponent mismatches, mantissa error mean 10 and median 8 (of 128 values per chunk), and a\n"
     "sampler margin of 0.001 logits for cross-device rounding.\n"
     "--prompts FILE: the task, the prompts file given to generate/pipeline (one prompt per line,\n"
@@ -49,10 +50,23 @@ typedef struct {
     vks_verify_options vo;
     int32_t trusted_stop[VKS_ROLLOUT_MAX_STOP];
     int n_trusted;
+    bool stop_ids_given;
 } verify_args;
+
+/* Without --stop-ids: 1 and 2 (llama2.c's BOS and EOS) and the model's own
+ * declared BOS and EOS (a checkpoint's config, a GGUF's metadata). */
+static void trust_model_tokens(verify_args *a, const vks_model *m) {
+    int32_t ids[2] = {m->bos_id, m->eos_id};
+    for (int i = 0; i < 2 && !a->stop_ids_given; i++) {
+        bool known = ids[i] < 0;
+        for (int j = 0; j < a->n_trusted; j++) known = known || a->trusted_stop[j] == ids[i];
+        if (!known && a->n_trusted < VKS_ROLLOUT_MAX_STOP) a->trusted_stop[a->n_trusted++] = ids[i];
+    }
+}
 
 static void parse_stop_ids(const char *s, verify_args *a) {
     a->n_trusted = 0;
+    a->stop_ids_given = true;
     char *copy = strdup(s);
     if (!copy) cli_die(1, "out of host memory");
     for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
@@ -268,6 +282,7 @@ int cmd_verify(int argc, char **argv) {
     int rank = 0, size = 1;
     if (a.mpi) vks_mpi_start_within(true, a.timeout_s, cli_mpi_stuck, &rank, &size); /* true: verify threads beside MPI */
     vks_model *m = cli_load_model(&a.m);
+    trust_model_tokens(&a, m);
     vks_rollout_file rf = {0};
     if (rank == 0 && vks_rollout_read(a.rollouts, &rf)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     if (vks_model_hash(m, a.vo.model_hash)) cli_die(EXIT_BAD_INPUT, "model hash: %s", vks_last_error());
