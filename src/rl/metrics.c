@@ -411,6 +411,25 @@ static void draw_legend(const svg_ctx *c, const vks_plot *p) {
     }
 }
 
+/* Opens path's temporary file (vks_outfile) and writes an SVG document's
+ * start: the XML declaration, the root of w x h pixels, a white background. */
+static int svg_begin(vks_outfile *o, const char *path, int w, int h) {
+    int rc = vks_outfile_open(o, path, 0666);
+    if (rc != VKS_OK) return rc;
+    fprintf(o->f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+                  "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+                  "font-family=\"sans-serif\" font-size=\"12\">\n"
+                  "<rect width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n",
+            w, h, w, h, w, h);
+    return VKS_OK;
+}
+
+/* Closes the document and renames it into place when every write succeeded. */
+static int svg_end(vks_outfile *o) {
+    fputs("</svg>\n", o->f);
+    return vks_outfile_finish(o, !ferror(o->f));
+}
+
 static int check_plot(const char *path, const vks_plot *p) {
     if (!path || !p || p->n_series < 0 || (p->n_series && !p->series) || p->width < 0 || p->height < 0)
         return vks_set_error(VKS_ERR_ARG, "vks_plot_svg: bad argument");
@@ -429,19 +448,12 @@ int vks_plot_svg(const char *path, const vks_plot *p) {
     c.left = 70, c.right = c.w - 20, c.top = 36, c.bottom = c.h - 44;
     find_ranges(p, &c);
     vks_outfile o;
-    rc = vks_outfile_open(&o, path, 0666);
-    if (rc != VKS_OK) return rc;
+    if ((rc = svg_begin(&o, path, c.w, c.h)) != VKS_OK) return rc;
     c.f = o.f;
-    fprintf(c.f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-                 "font-family=\"sans-serif\" font-size=\"12\">\n"
-                 "<rect width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n",
-            c.w, c.h, c.w, c.h, c.w, c.h);
     draw_axes(&c, p);
     for (int s = 0; s < p->n_series; s++) draw_series(&c, &p->series[s], palette[s % (int)(sizeof palette / sizeof palette[0])]);
     draw_legend(&c, p);
-    fputs("</svg>\n", c.f);
-    return vks_outfile_finish(&o, !ferror(c.f));
+    return svg_end(&o);
 }
 
 int vks_metrics_plot(const char *metrics_path, const char *const *keys, int n_keys, const char *title,
@@ -574,20 +586,13 @@ int vks_timeline_svg(const char *path, const vks_timeline *t) {
     c.rows_bottom = c.top + t->n_rows * (TL_ROW_H + TL_ROW_GAP) - (t->n_rows ? TL_ROW_GAP : 0);
     int h = (int)c.rows_bottom + 84;
     vks_outfile o;
-    rc = vks_outfile_open(&o, path, 0666);
-    if (rc != VKS_OK) return rc;
+    if ((rc = svg_begin(&o, path, w, h)) != VKS_OK) return rc;
     c.f = o.f;
-    fprintf(c.f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-                 "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-                 "font-family=\"sans-serif\" font-size=\"12\">\n"
-                 "<rect width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n",
-            w, h, w, h, w, h);
     if (t->title) text_at(c.f, w / 2.0, 22, "middle", " font-size=\"16\"", t->title);
     for (int r = 0; r < t->n_rows; r++) tl_band(&c, &t->rows[r], c.top + r * (TL_ROW_H + TL_ROW_GAP));
     tl_axis(&c);
     for (int r = 0; r < t->n_rows; r++) tl_bars(&c, t, &t->rows[r], c.top + r * (TL_ROW_H + TL_ROW_GAP));
     tl_marks(&c, t);
     tl_legend(&c, t, c.rows_bottom + 72);
-    fputs("</svg>\n", c.f);
-    return vks_outfile_finish(&o, !ferror(c.f));
+    return svg_end(&o);
 }
