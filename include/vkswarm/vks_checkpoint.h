@@ -48,6 +48,8 @@ typedef struct {
 } vks_param_layout;
 
 int vks_param_layout_create(const vks_model_config *cfg, bool has_bias, vks_param_layout **out);
+/* Whether two configs give the same parameter tensors (names and shapes). */
+bool vks_param_config_same(const vks_model_config *a, const vks_model_config *b);
 void vks_param_layout_free(vks_param_layout *l);
 const vks_param_info *vks_param_layout_find(const vks_param_layout *l, const char *name);
 /* Copies m's weights (any dtype, dequantized; rows in m's RoPE order) into

@@ -125,7 +125,8 @@ static vks_tensor *model_slot(vks_model *m, const char *name, char *hf, size_t c
     return NULL;
 }
 
-static bool same_config(const vks_model_config *a, const vks_model_config *b) {
+bool vks_param_config_same(const vks_model_config *a, const vks_model_config *b) {
+    if (!a || !b) return false;
     return a->dim == b->dim && a->hidden_dim == b->hidden_dim && a->n_layers == b->n_layers &&
            a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads && a->vocab_size == b->vocab_size &&
            a->head_dim == b->head_dim && a->kv_dim == b->kv_dim && a->shared_classifier == b->shared_classifier;
@@ -133,7 +134,7 @@ static bool same_config(const vks_model_config *a, const vks_model_config *b) {
 
 int vks_param_layout_gather(const vks_param_layout *l, const vks_model *m, float *block) {
     if (!l || !m || !block || !m->layers) return vks_set_error(VKS_ERR_ARG, "vks_param_layout_gather: NULL argument");
-    if (!same_config(&l->cfg, &m->cfg) || l->has_bias != (m->layers[0].bq.data != NULL))
+    if (!vks_param_config_same(&l->cfg, &m->cfg) || l->has_bias != (m->layers[0].bq.data != NULL))
         return vks_set_error(VKS_ERR_ARG, "%s: the model's shape differs from the parameter layout's", m->path);
     char hf[128];
     for (int i = 0; i < l->n_tensors; i++) {
@@ -149,7 +150,7 @@ int vks_param_layout_gather(const vks_param_layout *l, const vks_model *m, float
 
 int vks_param_layout_scatter(const vks_param_layout *l, const float *block, vks_model *m) {
     if (!l || !m || !block || !m->layers) return vks_set_error(VKS_ERR_ARG, "vks_param_layout_scatter: NULL argument");
-    if (!same_config(&l->cfg, &m->cfg) || l->has_bias != (m->layers[0].bq.data != NULL))
+    if (!vks_param_config_same(&l->cfg, &m->cfg) || l->has_bias != (m->layers[0].bq.data != NULL))
         return vks_set_error(VKS_ERR_ARG, "%s: the model's shape differs from the parameter layout's", m->path);
     char hf[128];
     for (int i = 0; i < l->n_tensors; i++) {

@@ -105,11 +105,6 @@ static int read_position(rl_run *r, const char *dir) {
     return rc;
 }
 
-static bool same_shape(const vks_model_config *a, const vks_model_config *b) {
-    return a->dim == b->dim && a->hidden_dim == b->hidden_dim && a->n_layers == b->n_layers && a->n_heads == b->n_heads &&
-           a->n_kv_heads == b->n_kv_heads && a->vocab_size == b->vocab_size && a->seq_len == b->seq_len;
-}
-
 /* On resume: the newest checkpoint in OUT becomes the start policy; its
  * moments, step and rollout position are applied once the trainer exists.
  * Nothing there: a fresh run. */
@@ -122,7 +117,8 @@ static int open_start(rl_run *r, vks_rl_result *res) {
     int rc = vks_checkpoint_latest(r->c->out, dir, sizeof dir, &found);
     if (rc || !found) return rc;
     if ((rc = vks_checkpoint_load(dir, &r->ck)) || (rc = vks_model_load(dir, &r->own_model))) return rc;
-    if (!same_shape(&r->own_model->cfg, &r->o->model->cfg))
+    const vks_model_config *had = &r->own_model->cfg, *want = &r->o->model->cfg;
+    if (!vks_param_config_same(had, want) || had->seq_len != want->seq_len)
         return vks_set_error(VKS_ERR_ARG, "rl: %s is a checkpoint of another model (dim %d, %d layers; this run's: dim %d, "
                              "%d layers)", dir, r->own_model->cfg.dim, r->own_model->cfg.n_layers, r->o->model->cfg.dim,
                              r->o->model->cfg.n_layers);
