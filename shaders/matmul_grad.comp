@@ -1,5 +1,10 @@
 #version 450
 #extension GL_EXT_control_flow_attributes : require
+#ifdef DIRECT_SG
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_ballot : require
+#endif
 // Matmul backward for f32 weights (training keeps f32 master weights):
 //   C[i, j] = (accumulate ? C[i, j] : 0) + sum_{r < R} A(i, r) B(j, r)
 // with C dense [I, J] and B(j, r) = b[r * ldb + j] (B read down its columns).
@@ -27,10 +32,13 @@ layout(constant_id = 5) const uint TJ = 4;
 // I, J, R, lda, ldb, a_col0 multiples of 4 and a, b bound 16-byte aligned:
 // stage with vector loads (a vector is then wholly inside or outside).
 layout(constant_id = 6) const bool VEC4 = false;
-// DIRECT (CPU drivers, dX only): no shared tiles or barriers, operands read
-// straight from the buffers (matmul.comp says why); same products in the same
-// order. Not for dW: there both operands run down columns, i.e. 4 scalar loads
-// per vec4 instead of one vector load, which made dW 20% slower on lavapipe.
+// DIRECT (CPU drivers): no shared tiles or barriers, operands read straight
+// from the buffers (matmul.comp says why); same products in the same order.
+// Plain DIRECT is dX only: for dW both operands run down columns and every
+// invocation loads its own TI rows of A, which made dW 20% slower than staged
+// on lavapipe. The DIRECT_SG variants (subgroup broadcast of the A rows, as
+// matmul.comp's) take both; dW falls back to the staged loop when the
+// subgroup does not fit (fewer than 8 lanes, or lanes spanning two ty).
 layout(constant_id = 7) const bool DIRECT = false;
 
 layout(std430, set = 0, binding = 0) readonly buffer A { float a[]; };
@@ -56,7 +64,16 @@ vec4 a_along_r(uint i, uint r0) {
     for (uint q = 0u; q < 4u && r0 + q < pc.R; q++) v[q] = a[e + q];
     return v;
 }
+// A(i, r .. r+3), what DIRECT reads: along a row of a.
+vec4 a_r4(uint i, uint r) { return a_along_r(i, r); }
 #else
+// A(i, r .. r+3) down a column of a (zeros past I or R), for DIRECT_SG.
+vec4 a_r4(uint i, uint r) {
+    vec4 v = vec4(0.0);
+    if (i >= pc.I) return v;
+    for (uint q = 0u; q < 4u && r + q < pc.R; q++) v[q] = a[(r + q) * pc.lda + pc.a_col0 + i];
+    return v;
+}
 // A(i0 .. i0+3, r): along a row of a (A is a's transpose).
 vec4 a_along_i(uint i0, uint r) {
     if (i0 >= pc.I || r >= pc.R) return vec4(0.0);
@@ -80,7 +97,6 @@ vec4 b_along_j(uint j0, uint r) {
 
 // Block (x, kq) of 4 columns x 4 reductions: q[c] holds column values at r = 4kq + c;
 // its transpose goes to 4 consecutive shared rows, vec4 per row along r.
-#ifdef GRAD_DX
 // B(j, r .. r+3) down a column of b (zeros past J or R), for DIRECT.
 vec4 b_col(uint j, uint r) {
     vec4 v = vec4(0.0);
@@ -88,7 +104,6 @@ vec4 b_col(uint j, uint r) {
     for (uint q = 0u; q < 4u && r + q < pc.R; q++) v[q] = b[(r + q) * pc.ldb + j];
     return v;
 }
-#endif
 
 
 #define STAGE_TRANSPOSED(tile, rows, first, k0, along)                                 \
@@ -123,13 +138,25 @@ void main() {
     uint tx = gl_LocalInvocationID.x % THREADS_J, ty = gl_LocalInvocationID.x / THREADS_J;
 
     [[unroll]] for (uint e = 0u; e < TI * TJ; e++) acc[e] = 0.0;
-#ifdef GRAD_DX
-    if (DIRECT) {
+#ifdef DIRECT_SG
+    // The TI rows of A an invocation reads are the same for the lanes of a
+    // subgroup (they share ty when lanes <= THREADS_J): lane l loads row
+    // l % TI once and the rows reach every lane by broadcast (8 loads -> 1).
+    uint lanes = subgroupAdd(1u);
+    bool sg_rows = DIRECT && TI == 8u && lanes >= 8u && lanes <= THREADS_J && THREADS_J % lanes == 0u;
+    if (sg_rows) {
+        uint lane = gl_SubgroupInvocationID;
         for (uint k = 0u; k < pc.R; k += 4u) {
             vec4 bv[TJ];
             [[unroll]] for (uint j = 0u; j < TJ; j++) bv[j] = b_col(j0 + tx + j * THREADS_J, k);
-            [[unroll]] for (uint i = 0u; i < TI; i++) {
-                vec4 av = a_along_r(i0 + ty + i * THREADS_I, k);
+            vec4 mine = a_r4(i0 + ty + (lane % 8u) * THREADS_I, k);
+            vec4 ar[8];
+            ar[0] = subgroupBroadcast(mine, 0u); ar[1] = subgroupBroadcast(mine, 1u);
+            ar[2] = subgroupBroadcast(mine, 2u); ar[3] = subgroupBroadcast(mine, 3u);
+            ar[4] = subgroupBroadcast(mine, 4u); ar[5] = subgroupBroadcast(mine, 5u);
+            ar[6] = subgroupBroadcast(mine, 6u); ar[7] = subgroupBroadcast(mine, 7u);
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                vec4 av = ar[i];
                 [[unroll]] for (uint j = 0u; j < TJ; j++) {
                     float s = acc[i * TJ + j];  // r order: .x .y .z .w
                     s += av.x * bv[j].x;
@@ -141,8 +168,34 @@ void main() {
             }
         }
     }
+#else
+    const bool sg_rows = false;
 #endif
-    for (uint k0 = 0u; !DIRECT && k0 < pc.R; k0 += BK) {
+#ifdef GRAD_DX
+    bool plain_direct = DIRECT && !sg_rows;
+#else
+    bool plain_direct = false;  // dW: staged unless the subgroup path ran
+#endif
+    bool staged = !sg_rows && !plain_direct;
+    if (plain_direct) {
+        for (uint k = 0u; k < pc.R; k += 4u) {
+            vec4 bv[TJ];
+            [[unroll]] for (uint j = 0u; j < TJ; j++) bv[j] = b_col(j0 + tx + j * THREADS_J, k);
+            [[unroll]] for (uint i = 0u; i < TI; i++) {
+                vec4 av = a_r4(i0 + ty + i * THREADS_I, k);
+                [[unroll]] for (uint j = 0u; j < TJ; j++) {
+                    float s = acc[i * TJ + j];  // r order: .x .y .z .w
+                    s += av.x * bv[j].x;
+                    s += av.y * bv[j].y;
+                    s += av.z * bv[j].z;
+                    s += av.w * bv[j].w;
+                    acc[i * TJ + j] = s;
+                }
+            }
+        }
+    }
+    // staged is uniform over the workgroup (every subgroup has the same lanes)
+    for (uint k0 = 0u; staged && k0 < pc.R; k0 += BK) {
         barrier();  // previous slice fully consumed
         load_tiles(i0, j0, k0);
         barrier();

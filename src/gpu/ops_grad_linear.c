@@ -3,6 +3,7 @@
  * the embedding backward's token index on the host. */
 #include "ops_internal.h"
 
+#include <stdio.h>
 #include <string.h>
 #include "vkswarm/vks_ops_grad.h"
 
@@ -25,11 +26,18 @@ static int check_dy(const char *op, vks_binding dy, uint32_t ldy, uint32_t dy_co
     return vks_ops_check_range(op, "dy", dy, (uint64_t)(M - 1) * ldy + dy_col0 + N, 4);
 }
 
-/* Records kernel `name` over the [I, J] output in tiles of the forward's size. */
-static int record_matmul_grad(vks_ops *o, vks_cmd *c, const char *name, vks_binding a, vks_binding b,
+/* Records matmul_grad_<dir> over the [I, J] output in tiles of the forward's
+ * size. On CPU drivers (mm_direct) with subgroup broadcasts both directions
+ * take the _dsg variant (A rows broadcast over a subgroup, as the forward's
+ * matmul_f32_dsg); without them dX reads plainly and dW stays staged (the
+ * shader says why). */
+static int record_matmul_grad(vks_ops *o, vks_cmd *c, const char *dir, vks_binding a, vks_binding b,
                               vks_binding out, const matmul_grad_push *p, bool vec4, const char *label) {
     uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
-    uint32_t direct = strcmp(name, "matmul_grad_dx") == 0 ? o->mm_direct : 0; /* dW stays staged (shader) */
+    bool dsg = o->mm_direct && o->info.subgroup_arith && o->info.subgroup_ballot && o->mm_tm == 8;
+    uint32_t direct = (dsg || strcmp(dir, "dx") == 0) ? o->mm_direct : 0;
+    char name[32];
+    snprintf(name, sizeof name, "matmul_grad_%s%s", dir, dsg ? "_dsg" : "");
     uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn, vec4, direct};
     vks_binding bind[] = {a, b, out};
     uint64_t tiles = ceil_div(p->I, o->mm_bm) * ceil_div(p->J, o->mm_bn);
@@ -47,7 +55,7 @@ int vks_op_matmul_backward_x(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ld
     /* A = dy read along its rows (r = n), B = W read down its columns (j = k) */
     matmul_grad_push p = {M, K, N, ldy, dy_col0, K, accumulate ? 1u : 0u};
     bool vec4 = N % 4 == 0 && ldy % 4 == 0 && dy_col0 % 4 == 0 && K % 4 == 0 && aligned16(dy) && aligned16(W);
-    return record_matmul_grad(o, c, "matmul_grad_dx", dy, W, dx, &p, vec4, op);
+    return record_matmul_grad(o, c, "dx", dy, W, dx, &p, vec4, op);
 }
 
 int vks_op_matmul_backward_w(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ldy, uint32_t dy_col0,
@@ -61,7 +69,7 @@ int vks_op_matmul_backward_w(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ld
     /* A = dy read down its columns (i = n, r = m), B = x down its columns (j = k) */
     matmul_grad_push p = {N, K, M, ldy, dy_col0, K, accumulate ? 1u : 0u};
     bool vec4 = N % 4 == 0 && ldy % 4 == 0 && dy_col0 % 4 == 0 && K % 4 == 0 && aligned16(dy) && aligned16(x);
-    return record_matmul_grad(o, c, "matmul_grad_dw", dy, x, dW, &p, vec4, op);
+    return record_matmul_grad(o, c, "dw", dy, x, dW, &p, vec4, op);
 }
 
 /* ---- embedding backward ---- */
