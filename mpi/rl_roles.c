@@ -3,12 +3,23 @@
  * inference ranks run vks_rl_gen_batch (the single-process code) on a thread
  * while their main thread keeps MPI moving and beats.
  *
- * Messages (every one starts with rl_msg):
- *   TAG_WEIGHTS trainer -> inference  WEIGHTS: step, n = floats, then the f32 parameter block
- *   TAG_CTL     trainer -> inference  ASSIGN: batch, step = the policy step to use at least
- *                                     STOP: n = 1 when ranks were lost (no MPI_Finalize)
- *   TAG_UP      inference -> trainer  BEAT (every second), GROUPS: batch, step = the policy
- *                                     step used, then the serialized groups (see pack_groups) */
+ * Verifier ranks (rl_verifier.c), when the config names any, check every
+ * batch before the trainer sees it.
+ *
+ * Messages (every one starts with vks_rl_msg; rl_wire.c packs the groups):
+ *   TAG_WEIGHTS trainer -> inference, verifiers  WEIGHTS: step, n = floats, then the f32 parameter block
+ *   TAG_CTL     trainer -> inference  ASSIGN: batch, step = the policy step to use at least,
+ *                                     n = the verifier rank + 1 (0: verify it yourself)
+ *               trainer -> all        STOP: n = 1 when ranks were lost (no MPI_Finalize)
+ *   TAG_UP      inference -> trainer  BEAT (every second); without verifier ranks GROUPS: batch,
+ *                                     step = the policy step used, then the groups (accepted
+ *                                     completions); with them DONE: batch, n = the verifier
+ *   TAG_VERIFY  inference -> verifier TO_VERIFY: batch, step, n = bytes of the GROUPS message
+ *                                     that follows (every completion, unverified), then the
+ *                                     batch's rollout file
+ *   TAG_UP      verifier -> trainer   BEAT; VERIFIED: batch, step, n = the inference rank, then
+ *                                     the GROUPS message of the accepted completions; REFUSE:
+ *                                     batch, n = the inference rank, then the reason (text) */
 #include "vkswarm/vks_rl_mpi.h"
 #include <limits.h>
 #include <stdint.h>
@@ -24,25 +35,7 @@
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_mpi.h"
 
-#define RL_MAGIC 0x4c52534bu /* "KSRL" */
-enum { TAG_WEIGHTS = 7101, TAG_CTL = 7102, TAG_UP = 7103 };
-enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS = 5 };
-
-typedef struct {
-    uint32_t magic, type;
-    int64_t batch, step;
-    uint64_t n;
-} rl_msg;
-
-/* What a group's sample looks like on the wire, before its tokens and logp. */
-typedef struct {
-    int32_t prompt_len, completion_len, accepted, pad;
-    double task_reward, reward, advantage;
-} wire_sample;
-typedef struct {
-    int32_t n, pad;
-    int64_t task_index;
-} wire_group;
+#include "rl_wire.h"
 
 int vks_rl_mpi_check_roles(const vks_rl_config *c) {
     if (!c->roles_given) return vks_set_error(VKS_ERR_ARG, "rl across ranks: the config gives no roles");
@@ -54,163 +47,32 @@ int vks_rl_mpi_check_roles(const vks_rl_config *c) {
             return vks_set_error(VKS_ERR_ARG, "rl across ranks: inference group %d has %d ranks: pipeline groups "
                                  "(S > 1) are not run yet, give each inference rank its own group", i, c->groups[i].n);
     if (c->n_relays) return vks_set_error(VKS_ERR_ARG, "rl across ranks: relays are not run yet (weights go point to point)");
-    if (c->n_verifiers)
-        return vks_set_error(VKS_ERR_ARG, "rl across ranks: verifier ranks are not run yet (each inference rank "
-                             "verifies its own batches); leave roles.verifiers empty");
     if (c->n_inference_ranks < 1) return vks_set_error(VKS_ERR_ARG, "rl across ranks: no inference ranks");
     return VKS_OK;
-}
-
-/* ---- wire format of a batch's groups ---- */
-
-static size_t max_groups_bytes(const vks_rl_config *c, int seq_len) {
-    size_t per_sample = sizeof(wire_sample) + sizeof(int32_t) * (size_t)seq_len + sizeof(float) * (size_t)c->max_new_tokens;
-    return sizeof(rl_msg) + 3 * sizeof(int64_t) + sizeof(double) +
-           (size_t)c->prompts_per_step * (sizeof(wire_group) + (size_t)c->group_size * per_sample);
-}
-
-static void *pack_groups(const vks_rl_batch_group *groups, int P, int64_t batch, int64_t step,
-                         const vks_rl_gen_counts *cnt, size_t *bytes) {
-    size_t n = sizeof(rl_msg) + 3 * sizeof(int64_t) + sizeof(double);
-    for (int p = 0; p < P; p++) {
-        n += sizeof(wire_group);
-        for (int i = 0; i < groups[p].n; i++) {
-            const vks_rl_sample *s = &groups[p].samples[i];
-            n += sizeof(wire_sample) + sizeof(int32_t) * (size_t)(s->prompt_len + s->completion_len) +
-                 sizeof(float) * (size_t)s->completion_len;
-        }
-    }
-    char *buf = malloc(n), *q = buf;
-    if (!buf) return NULL;
-    rl_msg h = {.magic = RL_MAGIC, .type = MSG_GROUPS, .batch = batch, .step = step, .n = n};
-    memcpy(q, &h, sizeof h), q += sizeof h;
-    int64_t c3[3] = {cnt->rollouts, cnt->checked, cnt->accepted};
-    memcpy(q, c3, sizeof c3), q += sizeof c3;
-    memcpy(q, &cnt->task_reward_sum, sizeof(double)), q += sizeof(double);
-    for (int p = 0; p < P; p++) {
-        wire_group wg = {.n = groups[p].n, .task_index = groups[p].task_index};
-        memcpy(q, &wg, sizeof wg), q += sizeof wg;
-        for (int i = 0; i < groups[p].n; i++) {
-            const vks_rl_sample *s = &groups[p].samples[i];
-            wire_sample ws = {.prompt_len = s->prompt_len, .completion_len = s->completion_len, .accepted = s->accepted,
-                              .task_reward = s->task_reward, .reward = s->reward, .advantage = s->advantage};
-            memcpy(q, &ws, sizeof ws), q += sizeof ws;
-            size_t nt = sizeof(int32_t) * (size_t)(s->prompt_len + s->completion_len);
-            memcpy(q, s->tokens, nt), q += nt;
-            memcpy(q, s->logp, sizeof(float) * (size_t)s->completion_len), q += sizeof(float) * (size_t)s->completion_len;
-        }
-    }
-    *bytes = n;
-    return buf;
-}
-
-typedef struct {
-    const char *p, *end;
-} cursor;
-
-static bool take_bytes(cursor *c, void *dst, size_t n) {
-    if ((size_t)(c->end - c->p) < n) return false;
-    memcpy(dst, c->p, n);
-    c->p += n;
-    return true;
-}
-
-/* Checks and unpacks a GROUPS message of `bytes` from an inference rank that
- * was granted batch `batch` with policy step at least `min_step`, the trainer
- * having published up to `newest`. Any failure: err says why, nothing kept. */
-static int unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *gen, const vks_rl_config *c,
-                         const vks_model_config *mc, int64_t batch,
-                         int64_t min_step, int64_t newest, vks_rl_batch_group *groups, int64_t *policy,
-                         vks_rl_gen_counts *cnt, char *err, size_t cap) {
-    int P = c->prompts_per_step, G = c->group_size;
-    cursor cu = {buf, (const char *)buf + bytes};
-    rl_msg h;
-    int64_t c3[3] = {0, 0, 0};
-    memset(groups, 0, sizeof *groups * (size_t)P);
-#define BAD(...) do { snprintf(err, cap, __VA_ARGS__); goto fail; } while (0)
-    if (!take_bytes(&cu, &h, sizeof h) || h.magic != RL_MAGIC || h.type != MSG_GROUPS || h.n != bytes)
-        BAD("a malformed message of %zu bytes", bytes);
-    if (h.batch != batch) BAD("batch %lld, but it was granted batch %lld", (long long)h.batch, (long long)batch);
-    if (h.step < min_step || h.step > newest)
-        BAD("policy step %lld outside [%lld, %lld]", (long long)h.step, (long long)min_step, (long long)newest);
-    if (!take_bytes(&cu, c3, sizeof c3) || c3[0] != (int64_t)P * G || c3[1] < 0 || c3[1] > c3[0] || c3[2] < 0 ||
-        c3[2] > c3[1])
-        BAD("counts %lld/%lld/%lld for a batch of %d", (long long)c3[0], (long long)c3[1], (long long)c3[2], P * G);
-    double reward_sum = 0; /* only a metric: bounded, not checkable (filtered groups are not sent) */
-    if (!take_bytes(&cu, &reward_sum, sizeof reward_sum) || !(reward_sum >= 0 && reward_sum <= (double)c3[0]))
-        BAD("a task reward sum of %g for %lld rollouts", reward_sum, (long long)c3[0]);
-    *cnt = (vks_rl_gen_counts){c3[0], c3[1], c3[2], reward_sum};
-    *policy = h.step;
-    for (int p = 0; p < P; p++) {
-        wire_group wg;
-        if (!take_bytes(&cu, &wg, sizeof wg)) BAD("truncated at group %d", p);
-        if (wg.n < 0 || wg.n > G || wg.n == 1) BAD("group %d has %d completions (0 or 2..%d)", p, wg.n, G);
-        if (wg.task_index != batch * P + p) BAD("group %d is task %lld, not %lld", p, (long long)wg.task_index, (long long)(batch * P + p));
-        vks_rl_batch_group *g = &groups[p];
-        g->policy_step = h.step, g->task_index = wg.task_index;
-        if (!wg.n) continue;
-        g->samples = calloc((size_t)wg.n, sizeof *g->samples);
-        if (!g->samples) BAD("out of host memory");
-        double rewards[VKS_RL_MAX_GROUP], adv[VKS_RL_MAX_GROUP];
-        for (int i = 0; i < wg.n; i++) {
-            wire_sample ws;
-            if (!take_bytes(&cu, &ws, sizeof ws)) BAD("truncated at group %d, completion %d", p, i);
-            if (ws.prompt_len < 1 || ws.completion_len < 0 || ws.completion_len > c->max_new_tokens ||
-                ws.prompt_len > mc->seq_len - c->max_new_tokens)
-                BAD("group %d, completion %d: lengths %d + %d (prompt at most %d, completion at most %d)", p, i,
-                    ws.prompt_len, ws.completion_len, mc->seq_len - c->max_new_tokens, c->max_new_tokens);
-            if (ws.accepted != 1) BAD("group %d, completion %d: not accepted by its verifier", p, i);
-            if (!(ws.task_reward >= 0 && ws.task_reward <= 1) || !isfinite(ws.reward) || !isfinite(ws.advantage))
-                BAD("group %d, completion %d: reward %g / %g, advantage %g", p, i, ws.task_reward, ws.reward, ws.advantage);
-            vks_rl_sample *s = &g->samples[g->n++];
-            *s = (vks_rl_sample){.prompt_len = ws.prompt_len, .completion_len = ws.completion_len, .accepted = true,
-                                 .task_reward = ws.task_reward, .reward = ws.reward, .advantage = ws.advantage};
-            int len = ws.prompt_len + ws.completion_len;
-            s->tokens = malloc(sizeof(int32_t) * (size_t)len);
-            s->logp = malloc(sizeof(float) * (size_t)(ws.completion_len ? ws.completion_len : 1));
-            if (!s->tokens || !s->logp) BAD("out of host memory");
-            if (!take_bytes(&cu, s->tokens, sizeof(int32_t) * (size_t)len) ||
-                !take_bytes(&cu, s->logp, sizeof(float) * (size_t)ws.completion_len))
-                BAD("truncated at group %d, completion %d", p, i);
-            for (int k = 0; k < len; k++)
-                if (s->tokens[k] < 0 || s->tokens[k] >= mc->vocab_size)
-                    BAD("group %d, completion %d: token %d outside the vocabulary of %d", p, i, s->tokens[k], mc->vocab_size);
-            for (int k = 0; k < ws.completion_len; k++)
-                if (!isfinite(s->logp[k]) || s->logp[k] > 0)
-                    BAD("group %d, completion %d: log-probability %g", p, i, (double)s->logp[k]);
-            char why[200];
-            if (vks_rl_check_sample(gen, wg.task_index, s, why, sizeof why)) BAD("group %d, completion %d: %s", p, i, why);
-            rewards[i] = ws.reward;
-        }
-        /* the advantages must be the group's own (a rank cannot inflate them) */
-        if (!vks_grpo_group_has_signal(rewards, wg.n)) BAD("group %d has no signal", p);
-        if (vks_grpo_advantages(rewards, 1, wg.n, adv)) BAD("group %d: %s", p, vks_last_error());
-        for (int i = 0; i < wg.n; i++)
-            if (fabs(adv[i] - g->samples[i].advantage) > 1e-9 * (1 + fabs(adv[i])))
-                BAD("group %d, completion %d: advantage %g, its rewards give %g", p, i, g->samples[i].advantage, adv[i]);
-    }
-    if (cu.p != cu.end) BAD("%zu bytes past the last group", (size_t)(cu.end - cu.p));
-#undef BAD
-    return VKS_OK;
-fail:
-    for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
-    return VKS_ERR_FORMAT;
 }
 
 /* ---- the trainer's side ---- */
 
 enum { RANK_LIVE = 0, RANK_DROPPED = 1, RANK_REFUSED = 2 };
 
+/* An inference or verifier rank, as the trainer sees it. */
 typedef struct {
     int rank, state;
-    int64_t batch;        /* granted batch, -1: idle */
+    bool verifier;
+    int64_t batch;        /* inference: the batch it generates, -1: idle */
     int64_t min_step;     /* its policy step at least */
     double last_seen;
 } inf_rank;
 
+/* With verifier ranks: a batch granted and not yet back from its verifier. */
+typedef struct {
+    int64_t batch, min_step;
+    int origin, verifier; /* ranks */
+} pending_batch;
+
 typedef struct {
     float *buf;
-    MPI_Request *reqs;    /* one per inference rank */
+    MPI_Request *reqs;    /* one per rank in ranks[] */
 } weights_send;
 
 typedef struct {
@@ -219,12 +81,15 @@ typedef struct {
     const vks_rl_mpi_options *mo;
     const vks_rl_config *c;
     vks_param_layout *layout;
-    inf_rank *ranks;
+    inf_rank *ranks;      /* the inference ranks, then the verifier ranks */
     int n_ranks;
     int64_t next_batch, newest;
     int grant_from;       /* the rank (index) the next grant looks at first: round robin */
+    int verifier_from;    /* the same for choosing a verifier */
     int64_t *redo;        /* batches of dropped ranks, to grant again */
-    int n_redo;
+    int n_redo, cap_redo;
+    pending_batch *pend;  /* with verifier ranks: batches out (generating or being verified) */
+    int n_pend, cap_pend;
     vks_rl_queue queue;
     weights_send *sends;
     int n_sends, cap_sends;
@@ -232,33 +97,41 @@ typedef struct {
     vks_rl_gen gen;       /* the tasks, to check prompts and rewards (model: the start policy, not owned) */
 } trainer_src;
 
-/* A small message under a bounded wait (a blocking send to a dead rank never
- * returns); after a timeout MPI may still hold the buffer, so it is left. */
-static int send_small(MPI_Comm comm, int rank, int tag, const rl_msg *m, double timeout_s, const char *what) {
-    rl_msg *buf = malloc(sizeof *buf);
-    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    *buf = *m;
-    MPI_Request req;
-    if (MPI_Isend(buf, sizeof *buf, MPI_BYTE, rank, tag, comm, &req) != MPI_SUCCESS) {
-        free(buf);
-        return vks_set_error(VKS_ERR_IO, "rank %d: %s could not be sent", rank, what);
-    }
-    int rc = vks_mpi_wait_within(comm, &req, &rank, 1, timeout_s, what);
-    if (!rc) free(buf);
-    return rc;
+static int send_ctl(trainer_src *t, int rank, uint32_t type, int64_t batch, int64_t step, uint64_t n) {
+    vks_rl_msg m = {.magic = VKS_RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
+    return vks_rl_wire_send_small(t->comm, rank, TAG_CTL, &m, t->mo->timeout_s, type == MSG_STOP ? "the stop" : "a grant");
 }
 
-static int send_ctl(trainer_src *t, int rank, uint32_t type, int64_t batch, int64_t step, uint64_t n) {
-    rl_msg m = {.magic = RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
-    return send_small(t->comm, rank, TAG_CTL, &m, t->mo->timeout_s, type == MSG_STOP ? "the stop" : "a grant");
+static void push_redo(trainer_src *t, int64_t batch) {
+    if (t->n_redo == t->cap_redo) {
+        int cap = t->cap_redo ? 2 * t->cap_redo : 8;
+        int64_t *r = realloc(t->redo, sizeof *r * (size_t)cap);
+        if (!r) return; /* out of memory: the batch is skipped (fresh tasks follow) */
+        t->redo = r, t->cap_redo = cap;
+    }
+    t->redo[t->n_redo++] = batch;
+}
+
+static void remove_pending(trainer_src *t, int i) { t->pend[i] = t->pend[--t->n_pend]; }
+
+static int find_pending(const trainer_src *t, int64_t batch, int origin) {
+    for (int i = 0; i < t->n_pend; i++)
+        if (t->pend[i].batch == batch && t->pend[i].origin == origin) return i;
+    return -1;
 }
 
 static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
-    fprintf(stderr, "vkswarm: rl: inference rank %d %s: %s; the run goes on without it\n", r->rank,
-            state == RANK_REFUSED ? "refused" : "dropped", why);
+    fprintf(stderr, "vkswarm: rl: %s rank %d %s: %s; the run goes on without it\n", r->verifier ? "verifier" : "inference",
+            r->rank, state == RANK_REFUSED ? "refused" : "dropped", why);
     r->state = state;
     t->lost = t->lost || state == RANK_DROPPED; /* a refused rank is alive: it can still finalize */
-    if (r->batch >= 0) t->redo[t->n_redo++] = r->batch;
+    if (t->c->n_verifiers) { /* its batches, generating or at a verifier, go out again */
+        for (int i = t->n_pend - 1; i >= 0; i--)
+            if (t->pend[i].origin == r->rank || t->pend[i].verifier == r->rank) {
+                push_redo(t, t->pend[i].batch);
+                remove_pending(t, i);
+            }
+    } else if (r->batch >= 0) push_redo(t, r->batch);
     r->batch = -1;
 }
 
@@ -274,7 +147,7 @@ static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
     size_t n = t->layout->n_values;
     weights_send *w = rc ? NULL : &t->sends[t->n_sends];
     if (w) {
-        w->buf = malloc(sizeof(rl_msg) + sizeof(float) * n);
+        w->buf = malloc(sizeof(vks_rl_msg) + sizeof(float) * n);
         w->reqs = malloc(sizeof *w->reqs * (size_t)t->n_ranks);
         if (!w->buf || !w->reqs) {
             free(w->buf), free(w->reqs);
@@ -284,10 +157,10 @@ static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
             t->n_sends++;
         }
     }
-    if (!rc) rc = vks_param_layout_gather(t->layout, m, w->buf + sizeof(rl_msg) / sizeof(float));
+    if (!rc) rc = vks_param_layout_gather(t->layout, m, w->buf + sizeof(vks_rl_msg) / sizeof(float));
     vks_model_free(m);
     if (rc) return rc;
-    rl_msg h = {.magic = RL_MAGIC, .type = MSG_WEIGHTS, .step = step, .n = n};
+    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_WEIGHTS, .step = step, .n = n};
     memcpy(w->buf, &h, sizeof h);
     size_t bytes = sizeof h + sizeof(float) * n;
     for (int i = 0; i < t->n_ranks; i++) {
@@ -317,14 +190,88 @@ static inf_rank *find_rank(trainer_src *t, int rank) {
     return NULL;
 }
 
-/* Receives one message from an inference rank (probed: st). */
+/* With verifier ranks an inference rank only says DONE (its batch went to the verifier). */
+static void from_inference_done(trainer_src *t, inf_rank *r, const vks_rl_msg *h, bool big) {
+    if (big || h->magic != VKS_RL_MAGIC || h->type != MSG_DONE) {
+        drop_rank(t, r, RANK_REFUSED, "a message other than DONE (its batches go to verifier ranks)");
+        return;
+    }
+    /* the verifier may have answered first: then the batch is no longer the rank's */
+    if (h->batch == r->batch) r->batch = -1;
+}
+
+/* Reads a verifier's REFUSE reason (text after the header) into out, escaped. */
+static void refuse_reason(const char *buf, size_t bytes, char *out, size_t cap) {
+    size_t n = bytes - sizeof(vks_rl_msg);
+    if (n > VKS_RL_REASON_MAX) n = VKS_RL_REASON_MAX;
+    const char *text = buf + sizeof(vks_rl_msg);
+    size_t len = strnlen(text, n);
+    vks_escape(text, len, out, cap);
+}
+
+/* VERIFIED or REFUSE from verifier rank v about a batch of inference rank h.n. */
+static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t bytes, vks_rl_batch_group *scratch,
+                         const vks_model_config *mc) {
+    vks_rl_msg h;
+    memcpy(&h, buf, sizeof h);
+    int origin = h.n <= INT_MAX ? (int)h.n : -1;
+    inf_rank *r = origin >= 0 ? find_rank(t, origin) : NULL;
+    int at = r && !r->verifier ? find_pending(t, h.batch, origin) : -1;
+    if (h.magic != VKS_RL_MAGIC || (h.type != MSG_VERIFIED && h.type != MSG_REFUSE)) {
+        drop_rank(t, v, RANK_REFUSED, "a malformed message");
+        return VKS_OK;
+    }
+    if (at < 0 && h.type == MSG_REFUSE && h.batch == -1 && r && !r->verifier && r->state == RANK_LIVE) {
+        char reason[4 * VKS_RL_REASON_MAX + 1], why[4 * VKS_RL_REASON_MAX + 96];
+        refuse_reason(buf, bytes, reason, sizeof reason); /* a message it could not read at all */
+        snprintf(why, sizeof why, "verifier rank %d: %s", v->rank, reason);
+        drop_rank(t, r, RANK_REFUSED, why);
+        return VKS_OK;
+    }
+    if (at < 0 || t->pend[at].verifier != v->rank) {
+        /* a batch of a rank dropped meanwhile (its batches went out again): late, ignored */
+        if (r && !r->verifier && r->state != RANK_LIVE) return VKS_OK;
+        char why[128];
+        snprintf(why, sizeof why, "a verdict on batch %lld of rank %d, which it was not given", (long long)h.batch, origin);
+        drop_rank(t, v, RANK_REFUSED, why);
+        return VKS_OK;
+    }
+    pending_batch e = t->pend[at];
+    remove_pending(t, at);
+    if (r->batch == e.batch) r->batch = -1;
+    if (h.type == MSG_REFUSE) {
+        char reason[4 * VKS_RL_REASON_MAX + 1], why[4 * VKS_RL_REASON_MAX + 96];
+        refuse_reason(buf, bytes, reason, sizeof reason);
+        snprintf(why, sizeof why, "verifier rank %d: batch %lld: %s", v->rank, (long long)e.batch, reason);
+        push_redo(t, e.batch);
+        drop_rank(t, r, RANK_REFUSED, why);
+        return VKS_OK;
+    }
+    char err[256];
+    int64_t policy = 0;
+    vks_rl_gen_counts cnt;
+    if (vks_rl_wire_unpack_groups(buf + sizeof h, bytes - sizeof h, &t->gen, t->c, mc, e.batch, e.min_step, t->newest,
+                                  false, scratch, &policy, &cnt, err, sizeof err)) {
+        char why[320];
+        snprintf(why, sizeof why, "batch %lld of rank %d: %s", (long long)e.batch, origin, err);
+        push_redo(t, e.batch);
+        drop_rank(t, v, RANK_REFUSED, why);
+        return VKS_OK;
+    }
+    int rc = vks_rl_queue_push(&t->queue, policy, scratch, t->c->prompts_per_step, &cnt, t->o->max_empty_batches);
+    for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
+    return rc;
+}
+
+/* Receives one message from an inference or verifier rank (probed: st). */
 static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *scratch, int seq_len,
                       const vks_model_config *mc) {
     int count = 0;
     MPI_Get_count(st, MPI_BYTE, &count);
     inf_rank *r = find_rank(t, st->MPI_SOURCE);
-    size_t most = max_groups_bytes(t->c, seq_len);
-    char small[sizeof(rl_msg)];
+    /* a verifier's VERIFIED wraps a GROUPS message; REFUSE carries a reason of at most VKS_RL_REASON_MAX */
+    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len);
+    char small[sizeof(vks_rl_msg)];
     bool big = count > (int)sizeof small && (size_t)count <= most;
     char *buf = big ? malloc((size_t)count) : small;
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
@@ -332,22 +279,26 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
     int mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, t->comm, MPI_STATUS_IGNORE);
     int rc = VKS_OK;
     if (!r || r->state != RANK_LIVE) { /* late words of a dropped rank: ignored */
-    } else if (mrc != MPI_SUCCESS || (!big && count != (int)sizeof(rl_msg))) {
+    } else if (mrc != MPI_SUCCESS || (!big && count != (int)sizeof(vks_rl_msg))) {
         char why[96];
         snprintf(why, sizeof why, "a message of %d bytes (at most %zu)", count, most);
         drop_rank(t, r, RANK_REFUSED, why);
     } else {
-        rl_msg h;
+        vks_rl_msg h;
         memcpy(&h, buf, sizeof h);
         r->last_seen = vks_seconds_now();
-        if (h.magic == RL_MAGIC && h.type == MSG_BEAT && !big) {
+        if (h.magic == VKS_RL_MAGIC && h.type == MSG_BEAT && !big) {
+        } else if (r->verifier) {
+            rc = from_verifier(t, r, buf, (size_t)count, scratch, mc);
+        } else if (t->c->n_verifiers) {
+            from_inference_done(t, r, &h, big);
         } else if (r->batch < 0) {
             drop_rank(t, r, RANK_REFUSED, "groups it was not asked for");
         } else {
             char err[256];
             int64_t policy = 0;
             vks_rl_gen_counts cnt;
-            if (unpack_groups(buf, (size_t)count, &t->gen, t->c, mc, r->batch, r->min_step, t->newest, scratch, &policy, &cnt, err,
+            if (vks_rl_wire_unpack_groups(buf, (size_t)count, &t->gen, t->c, mc, r->batch, r->min_step, t->newest, false, scratch, &policy, &cnt, err,
                               sizeof err)) {
                 char why[320];
                 snprintf(why, sizeof why, "batch %lld: %s", (long long)r->batch, err);
@@ -365,18 +316,49 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
 
 /* Grants batches to idle live ranks while the window has room for their
  * groups (vks_rl_queue_batches_to_grant), round robin. */
+/* The next live verifier rank, round robin (-1: none). */
+static int pick_verifier(trainer_src *t) {
+    for (int k = 0; k < t->n_ranks; k++) {
+        int i = (t->verifier_from + k) % t->n_ranks;
+        if (t->ranks[i].verifier && t->ranks[i].state == RANK_LIVE) {
+            t->verifier_from = (i + 1) % t->n_ranks;
+            return t->ranks[i].rank;
+        }
+    }
+    return -1;
+}
+
+static int grow_pending(trainer_src *t) {
+    if (t->n_pend < t->cap_pend) return VKS_OK;
+    int cap = t->cap_pend ? 2 * t->cap_pend : 8;
+    pending_batch *p = realloc(t->pend, sizeof *p * (size_t)cap);
+    if (!p) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    t->pend = p, t->cap_pend = cap;
+    return VKS_OK;
+}
+
+/* Grants batches to idle live inference ranks while the window has room for
+ * their groups (vks_rl_queue_batches_to_grant), round robin; with verifier
+ * ranks each grant names the verifier (round robin too), and batches at a
+ * verifier count as out. */
 static int grant(trainer_src *t) {
-    int64_t out = 0;
-    for (int i = 0; i < t->n_ranks; i++) out += t->ranks[i].state == RANK_LIVE && t->ranks[i].batch >= 0;
+    bool verifiers = t->c->n_verifiers > 0;
+    int64_t out = verifiers ? t->n_pend : 0;
+    for (int i = 0; !verifiers && i < t->n_ranks; i++) out += t->ranks[i].state == RANK_LIVE && t->ranks[i].batch >= 0;
     for (int k = 0; k < t->n_ranks; k++) { /* round robin from after the last rank granted */
         int i = (t->grant_from + k) % t->n_ranks;
         inf_rank *r = &t->ranks[i];
-        if (r->state != RANK_LIVE || r->batch >= 0) continue;
+        if (r->verifier || r->state != RANK_LIVE || r->batch >= 0) continue;
         if (vks_rl_queue_batches_to_grant(&t->queue, t->newest, out) < 1) break;
+        int v = verifiers ? pick_verifier(t) : -1;
+        if (verifiers && v < 0) return vks_set_error(VKS_ERR_TIMEOUT, "trainer: no verifier rank is left");
+        int rc = verifiers ? grow_pending(t) : VKS_OK;
+        if (rc) return rc;
         int64_t b = t->n_redo ? t->redo[--t->n_redo] : t->next_batch++;
         r->batch = b, r->min_step = t->newest;
         t->grant_from = (i + 1) % t->n_ranks;
-        if (send_ctl(t, r->rank, MSG_ASSIGN, b, t->newest, 0)) drop_rank(t, r, RANK_DROPPED, vks_last_error());
+        if (verifiers) t->pend[t->n_pend++] = (pending_batch){.batch = b, .min_step = t->newest, .origin = r->rank, .verifier = v};
+        if (send_ctl(t, r->rank, MSG_ASSIGN, b, t->newest, (uint64_t)(v + 1))) drop_rank(t, r, RANK_DROPPED, vks_last_error());
         else out++;
     }
     return VKS_OK;
@@ -408,13 +390,13 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
                 char why[96];
                 snprintf(why, sizeof why, "rank %d went silent (%.1f s)", r->rank, wall - r->last_seen);
                 drop_rank(t, r, RANK_DROPPED, why);
-            } else live++;
+            } else live += !r->verifier;
         }
         if (!live) {
             rc = vks_set_error(VKS_ERR_TIMEOUT, "trainer: no inference rank is left");
             break;
         }
-        grant(t);
+        if ((rc = grant(t))) break;
         if (t->queue.len < P) usleep(500);
     }
     if (!rc) rc = vks_rl_queue_pop(&t->queue, P, groups);
@@ -474,19 +456,22 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
     const vks_rl_config *c = o->config;
-    trainer_src t = {.comm = vks_mpi_world(), .o = o, .mo = mo, .c = c, .n_ranks = c->n_inference_ranks};
+    trainer_src t = {.comm = vks_mpi_world(), .o = o, .mo = mo, .c = c, .n_ranks = c->n_inference_ranks + c->n_verifiers};
     MPI_Comm_set_errhandler(t.comm, MPI_ERRORS_RETURN);
     t.ranks = calloc((size_t)t.n_ranks, sizeof *t.ranks);
-    t.redo = calloc((size_t)t.n_ranks, sizeof *t.redo);
-    if (!t.ranks || !t.redo) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    if (!t.ranks) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     if (!rc) rc = vks_rl_queue_init(&t.queue, c->prompts_per_step, c->async_level);
     double now = vks_seconds_now();
-    for (int i = 0; !rc && i < t.n_ranks; i++) t.ranks[i] = (inf_rank){.rank = c->inference_ranks[i], .batch = -1, .last_seen = now};
+    for (int i = 0; !rc && i < t.n_ranks; i++) {
+        bool v = i >= c->n_inference_ranks;
+        t.ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_inference_ranks] : c->inference_ranks[i],
+                                .verifier = v, .batch = -1, .last_seen = now};
+    }
     if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &t.layout);
     t.gen.o = o;
     t.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
     if (!rc) rc = vks_rl_gen_open_tasks(&t.gen);
-    if (!rc && sizeof(rl_msg) + sizeof(float) * t.layout->n_values > INT_MAX)
+    if (!rc && sizeof(vks_rl_msg) + sizeof(float) * t.layout->n_values > INT_MAX)
         rc = vks_set_error(VKS_ERR_ARG, "rl across ranks: the model's %zu weights do not fit one message", t.layout->n_values);
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
                          .position = position_mpi, .resume = resume_mpi};
@@ -502,7 +487,7 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
         for (int i = 0; i < t.n_ranks; i++) done = done && t.sends[s].reqs[i] == MPI_REQUEST_NULL;
         if (done) free(t.sends[s].buf), free(t.sends[s].reqs);
     }
-    free(t.sends), free(t.ranks), free(t.redo);
+    free(t.sends), free(t.ranks), free(t.redo), free(t.pend);
     vks_param_layout_free(t.layout);
     t.gen.model = NULL;
     vks_rl_gen_close(&t.gen);
@@ -542,27 +527,12 @@ typedef struct {
     vks_param_layout *layout;
     float *pending;        /* newest weights received and not yet in use */
     int64_t pending_step;
-    double last_heard, last_beat;
+    double last_heard;
     bool stop, no_finalize;
     int64_t assigned, min_step;
-    rl_msg beat_msg;
-    MPI_Request beat_req;
+    int verifier;          /* the verifier rank of the assigned batch, -1: none (verify here) */
+    vks_rl_beat beat;
 } inf_state;
-
-/* A beat every second; none while the last one is still on its way (a dead
- * trainer: the rank's own silence bound ends it). */
-static void beat(inf_state *s) {
-    double now = vks_seconds_now();
-    if (now - s->last_beat < 1.0) return;
-    if (s->beat_req != MPI_REQUEST_NULL) {
-        int flag = 0;
-        MPI_Test(&s->beat_req, &flag, MPI_STATUS_IGNORE);
-        if (!flag) return;
-    }
-    s->beat_msg = (rl_msg){.magic = RL_MAGIC, .type = MSG_BEAT};
-    MPI_Isend(&s->beat_msg, sizeof s->beat_msg, MPI_BYTE, s->trainer, TAG_UP, s->comm, &s->beat_req);
-    s->last_beat = now;
-}
 
 /* Receives what the trainer sent (weights, a grant, stop). */
 static int poll_trainer(inf_state *s) {
@@ -572,26 +542,25 @@ static int poll_trainer(inf_state *s) {
         if (MPI_Iprobe(s->trainer, MPI_ANY_TAG, s->comm, &flag, &st) != MPI_SUCCESS || !flag) return VKS_OK;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
-        size_t want = sizeof(rl_msg) + sizeof(float) * s->layout->n_values;
         if (st.MPI_TAG == TAG_WEIGHTS) {
-            if ((size_t)count != want) return vks_set_error(VKS_ERR_FORMAT, "weights of %d bytes, %zu expected", count, want);
-            float *buf = malloc(want);
-            if (!buf) return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-            MPI_Recv(buf, count, MPI_BYTE, s->trainer, TAG_WEIGHTS, s->comm, MPI_STATUS_IGNORE);
-            rl_msg h;
-            memcpy(&h, buf, sizeof h);
-            if (h.magic != RL_MAGIC || h.type != MSG_WEIGHTS || h.n != s->layout->n_values || h.step < s->pending_step) {
-                free(buf);
-                return vks_set_error(VKS_ERR_FORMAT, "a malformed weights message");
-            }
+            float *buf = NULL;
+            int64_t step = 0;
+            int rc = vks_rl_wire_recv_weights(s->comm, s->trainer, count, s->layout->n_values, s->pending_step, &buf, &step);
+            if (rc) return rc;
             free(s->pending);
-            s->pending = buf, s->pending_step = h.step;
-        } else if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(rl_msg)) {
-            rl_msg h;
+            s->pending = buf, s->pending_step = step;
+        } else if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
+            vks_rl_msg h;
             MPI_Recv(&h, sizeof h, MPI_BYTE, s->trainer, TAG_CTL, s->comm, MPI_STATUS_IGNORE);
-            if (h.magic != RL_MAGIC) return vks_set_error(VKS_ERR_FORMAT, "a malformed control message");
+            if (h.magic != VKS_RL_MAGIC) return vks_set_error(VKS_ERR_FORMAT, "a malformed control message");
             if (h.type == MSG_STOP) s->stop = true, s->no_finalize = h.n != 0;
-            else if (h.type == MSG_ASSIGN) s->assigned = h.batch, s->min_step = h.step;
+            else if (h.type == MSG_ASSIGN) {
+                int ranks = 0;
+                MPI_Comm_size(s->comm, &ranks);
+                if (h.batch < 0 || h.n > (uint64_t)ranks || (h.n == 0) != (s->o->config->n_verifiers == 0))
+                    return vks_set_error(VKS_ERR_FORMAT, "a malformed grant");
+                s->assigned = h.batch, s->min_step = h.step, s->verifier = (int)h.n - 1;
+            }
             else return vks_set_error(VKS_ERR_FORMAT, "control message of type %u", h.type);
         } else return vks_set_error(VKS_ERR_FORMAT, "a message of %d bytes under tag %d", count, st.MPI_TAG);
         s->last_heard = vks_seconds_now();
@@ -601,17 +570,73 @@ static int poll_trainer(inf_state *s) {
 /* Makes the pending weights the policy. */
 static int take_weights(inf_state *s, vks_rl_gen *g) {
     if (!s->pending) return VKS_OK;
-    const vks_model *start = s->o->model;
     vks_model *m = NULL;
-    int rc = vks_model_create_f32(&start->cfg, start->layers[0].bq.data != NULL, &m);
-    if (!rc) rc = vks_param_layout_scatter(s->layout, s->pending + sizeof(rl_msg) / sizeof(float), m);
-    if (!rc) {
-        m->bos_id = start->bos_id, m->eos_id = start->eos_id;
-        memcpy(m->arch, start->arch, sizeof m->arch);
-        rc = vks_rl_gen_set_policy(g, m, s->pending_step);
-    } else vks_model_free(m);
+    int rc = vks_rl_wire_model_from_block(s->o->model, s->layout, s->pending, &m);
+    if (!rc) rc = vks_rl_gen_set_policy(g, m, s->pending_step);
     free(s->pending);
     s->pending = NULL;
+    return rc;
+}
+
+/* Reads a whole file into memory (at most `most` bytes). */
+static int read_file(const char *path, size_t most, char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    int rc = VKS_OK;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 65536;
+            char *b = cap <= most + 1 ? realloc(buf, cap) : NULL;
+            if (!b) { rc = vks_set_error(VKS_ERR_ARG, "%s: more than %zu bytes", path, most); break; }
+            buf = b;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    if (!rc && ferror(f)) rc = vks_set_error(VKS_ERR_IO, "%s: read error", path);
+    if (!rc && n > most) rc = vks_set_error(VKS_ERR_ARG, "%s: more than %zu bytes", path, most);
+    fclose(f);
+    if (rc) free(buf), buf = NULL;
+    *out = buf, *len = n;
+    return rc;
+}
+
+/* With verifier ranks: the batch's GROUPS message (every completion,
+ * unverified; `groups` is owned from here) and its rollout file go to the
+ * verifier named in the grant, then DONE to the trainer. */
+static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *groups, size_t groups_bytes) {
+    const vks_rl_config *c = s->o->config;
+    char path[4200], *file = NULL;
+    size_t file_bytes = 0;
+    vks_rl_batch_path(g, batch, path, sizeof path);
+    int rc = read_file(path, vks_rl_wire_max_rollout_bytes(c, s->o->model->cfg.seq_len), &file, &file_bytes);
+    size_t total = sizeof(vks_rl_msg) + groups_bytes + file_bytes;
+    char *msg = rc ? NULL : malloc(total);
+    if (!rc && !msg) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    if (!rc && total > INT_MAX) rc = vks_set_error(VKS_ERR_ARG, "a batch of %zu bytes", total);
+    if (!rc) {
+        vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_TO_VERIFY, .batch = batch, .step = g->policy_step, .n = groups_bytes};
+        memcpy(msg, &h, sizeof h);
+        memcpy(msg + sizeof h, groups, groups_bytes);
+        memcpy(msg + sizeof h + groups_bytes, file, file_bytes);
+        MPI_Request req;
+        MPI_Isend(msg, (int)total, MPI_BYTE, s->verifier, TAG_VERIFY, s->comm, &req);
+        if (vks_mpi_wait_within(s->comm, &req, &s->verifier, 1, s->mo->timeout_s, "the verifier taking a batch")) {
+            /* a dead verifier: the trainer drops it and grants the batch again; this rank goes on */
+            fprintf(stderr, "vkswarm: rl: inference rank: batch %lld not sent to verifier rank %d: %s\n", (long long)batch,
+                    s->verifier, vks_last_error());
+            msg = NULL; /* MPI may still read it: left */
+        }
+    }
+    free(msg), free(file), free(groups);
+    if (!rc) {
+        vks_rl_msg done = {.magic = VKS_RL_MAGIC, .type = MSG_DONE, .batch = batch, .step = g->policy_step,
+                           .n = (uint64_t)s->verifier};
+        rc = vks_rl_wire_send_small(s->comm, s->trainer, TAG_UP, &done, s->mo->timeout_s, "the trainer taking DONE");
+    }
     return rc;
 }
 
@@ -632,7 +657,7 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
         bool done = j.done;
         pthread_mutex_unlock(&j.mu);
         if (done) break;
-        beat(s);
+        vks_rl_wire_beat(&s->beat);
         if (!rc) rc = poll_trainer(s);
         usleep(1000);
     }
@@ -647,10 +672,13 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
             break;
         }
     size_t bytes = 0;
-    void *buf = rc ? NULL : pack_groups(j.groups, P, j.batch, g->policy_step, &j.cnt, &bytes);
+    void *buf = rc ? NULL : vks_rl_wire_pack_groups(j.groups, P, j.batch, g->policy_step, &j.cnt, &bytes);
     if (!rc && !buf) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    if (!rc && bytes > INT_MAX) rc = vks_set_error(VKS_ERR_ARG, "a batch of %zu bytes", bytes);
-    if (!rc) {
+    if (!rc && s->verifier >= 0) {
+        rc = send_to_verifier(s, g, j.batch, buf, bytes);
+        buf = NULL; /* owned by send_to_verifier */
+    } else if (!rc && bytes > INT_MAX) rc = vks_set_error(VKS_ERR_ARG, "a batch of %zu bytes", bytes);
+    else if (!rc) {
         MPI_Request req;
         MPI_Isend(buf, (int)bytes, MPI_BYTE, s->trainer, TAG_UP, s->comm, &req);
         rc = vks_mpi_wait_within(s->comm, &req, &s->trainer, 1, s->mo->timeout_s, "the trainer taking a batch");
@@ -675,9 +703,14 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
     inf_state s = {.comm = vks_mpi_world(), .trainer = o->config->trainer, .o = o, .mo = mo, .assigned = -1,
-                   .pending_step = -1, .beat_req = MPI_REQUEST_NULL};
+                   .pending_step = -1, .verifier = -1};
+    s.beat = (vks_rl_beat){.comm = s.comm, .trainer = s.trainer, .req = MPI_REQUEST_NULL};
     MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN);
-    vks_rl_gen g = {.o = o, .policy_step = -1, .keep_flat_groups = mo->test_garbage != 0};
+    /* TEST ONLY: a rank told to send garbage, or to cheat under verifier ranks, keeps groups
+     * without signal too, so that what it spoils always reaches the trainer or verifier */
+    bool defer = o->config->n_verifiers > 0;
+    vks_rl_gen g = {.o = o, .policy_step = -1, .keep_flat_groups = mo->test_garbage != 0 || (defer && o->cheat_every > 0),
+                    .defer_verify = defer};
     rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &s.layout);
     if (!rc) rc = vks_rl_gen_open_tasks(&g);
     int me = 0;
@@ -690,7 +723,7 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
     double tb = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
     double idle_from = vks_mpi_deadline_tick(&clock, tb);
     while (!rc && !s.stop) {
-        beat(&s);
+        vks_rl_wire_beat(&s.beat);
         if ((rc = poll_trainer(&s)) || s.stop) break;
         if (s.pending && s.assigned < 0) rc = take_weights(&s, &g);
         if (!rc && s.assigned >= 0) {

@@ -40,8 +40,11 @@ static const char rl_usage[] =
     "receives; a rank that sends garbage is refused, one silent for --timeout-s (default 120) is\n"
     "dropped and its batch granted again (under mpirun --enable-recovery the run goes on). Idle\n"
     "inference ranks give up after --trainer-timeout-s (default 600; more than a trainer step)\n"
-    "without a word from the trainer. Each inference rank verifies its own batches for now;\n"
-    "verifier ranks and relays are refused. Every rank must be started with the same model.\n";
+    "without a word from the trainer. With verifier ranks (roles.verifiers) each grant names one:\n"
+    "the inference rank sends it the batch and its rollout file, it checks them (TOPLOC, the\n"
+    "sampling replay) and hands the trainer only the accepted completions; without them each\n"
+    "inference rank verifies its own batches. Relays are refused. Every rank must be started with\n"
+    "the same model.\n";
 
 typedef struct {
     cli_model_args m;
@@ -167,6 +170,9 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     } else if (roles & VKS_RL_ROLE_INFERENCE) {
         rc = vks_rl_mpi_inference(&a->o, &mo, &no_finalize);
         if (rc) fprintf(stderr, "vkswarm: rl: inference rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
+    } else if (roles & VKS_RL_ROLE_VERIFIER) {
+        rc = vks_rl_mpi_verifier(&a->o, &mo, &no_finalize);
+        if (rc) fprintf(stderr, "vkswarm: rl: verifier rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
     } else {
         fprintf(stderr, "vkswarm: rl: rank %d has no role this cut runs\n", rank);
         status = EXIT_BAD_INPUT;

@@ -27,7 +27,7 @@ typedef struct {
 } vks_rl_mpi_options;
 
 /* Refuses roles this cut does not run (orchestrator elsewhere than the
- * trainer, pipeline groups of S > 1, relays, verifier ranks), naming them. */
+ * trainer, pipeline groups of S > 1, relays), naming them. */
 int vks_rl_mpi_check_roles(const vks_rl_config *c);
 /* The trainer/orchestrator rank. *lost: inference ranks were dropped or
  * refused (under Open MPI 4.1 the survivors must then not call MPI_Finalize). */
@@ -35,4 +35,10 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
 /* An inference rank: generates the batches the trainer grants until it says
  * stop. *no_finalize: the trainer said ranks were lost (or it went silent). */
 int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
+/* A verifier rank: checks the batches inference ranks send it (their groups
+ * against their rollout files, then TOPLOC and the sampling replay on the CPU
+ * with the policy each batch names) and sends the trainer the accepted
+ * completions, or a refusal naming what was wrong, until the trainer says
+ * stop. *no_finalize as for an inference rank. */
+int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
 #endif

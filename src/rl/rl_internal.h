@@ -156,6 +156,8 @@ typedef struct {
     double verify_start, verify_end; /* the last batch's verification (vks_seconds_now(); both 0: none) */
     vks_rl_timeline *timeline;       /* the inference thread's record (NULL: none, as on inference ranks) */
     char rollouts_dir[4096];
+    bool defer_verify;        /* a verifier rank checks the batches: write the rollout file, verify
+                                 nothing here, every completion goes into its group unverified */
     bool keep_flat_groups;    /* TEST ONLY: keep groups without signal (advantages 0), so that a
                                  rank told to send garbage always has a group to spoil */
 } vks_rl_gen;
@@ -173,6 +175,10 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
  * the rest left empty). The single-process inference thread (n_prompts: the
  * window's room) and an inference rank (mpi/rl_roles.c: all) both call it. */
 int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt);
+/* The sampler seed of generation batch `batch` (every batch has its own). */
+uint64_t vks_rl_batch_seed(const vks_rl_config *c, int64_t batch);
+/* Where batch `batch`'s rollout file goes: g->rollouts_dir/batch-NNNNNN.jsonl. */
+void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap);
 /* The trainer's check of a sample from another rank: its prompt is task
  * task_index's (built as the inference side builds it: g->model gives the
  * vocabulary and context) and its rewards are what the task (and the

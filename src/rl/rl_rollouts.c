@@ -149,12 +149,20 @@ int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sa
 
 /* The sampler of batch `batch`: its own seed, so stream indices restart at 0
  * in every batch (the verifier's task prompts are indexed by them). */
+uint64_t vks_rl_batch_seed(const vks_rl_config *c, int64_t batch) {
+    uint32_t w[4];
+    vks_philox4_u32(c->seed, (uint32_t)batch, 0x5a3du, (uint32_t)(batch >> 32), w);
+    return (uint64_t)w[0] << 32 | w[1];
+}
+
+void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap) {
+    snprintf(out, cap, "%s/batch-%06lld.jsonl", g->rollouts_dir, (long long)batch);
+}
+
 static vks_sched_params batch_sched(const vks_rl_gen *g, const gen_batch *b) {
     const vks_rl_config *c = g->o->config;
-    uint32_t w[4];
-    vks_philox4_u32(c->seed, (uint32_t)g->batch, 0x5a3du, (uint32_t)(g->batch >> 32), w);
     return (vks_sched_params){.steps = b->longest_prompt + c->max_new_tokens, .temperature = (float)c->temperature,
-                              .top_p = 1.0f, .top_k = 0, .seed = (uint64_t)w[0] << 32 | w[1],
+                              .top_p = 1.0f, .top_k = 0, .seed = vks_rl_batch_seed(c, g->batch),
                               .stop_token_a = vks_tokenizer_eos(g->o->tok), .stop_token_b = -1};
 }
 
@@ -201,14 +209,17 @@ static int verify_batch(const vks_rl_gen *g, const char *path, gen_batch *b, int
     return rc;
 }
 
+/* Whether this batch's verdicts are made here (else by a verifier rank, or none). */
+static bool verified_here(const vks_rl_gen *g) { return g->o->verify && !g->defer_verify; }
+
 static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     vks_sched_params sp = batch_sched(g, b);
     vks_generate_options go = {.sched = sp, .record_logp = true};
     vks_rollout_writer *w = NULL;
     char path[4200];
-    snprintf(path, sizeof path, "%s/batch-%06lld.jsonl", g->rollouts_dir, (long long)g->batch);
+    vks_rl_batch_path(g, g->batch, path, sizeof path);
     int rc = VKS_OK;
-    if (g->o->verify) {
+    if (g->o->verify || g->defer_verify) { /* the rollout file: for this verifier or a verifier rank */
         rc = vks_rollout_writer_create(path, g->model, "policy", &sp, n, true, &w);
         go.on_hidden = on_hidden, go.user = w;
     }
@@ -216,7 +227,7 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     if (!rc) cheat(g, b, n);
     if (!rc && w) rc = vks_rollout_writer_finish(w, b->seqs, n, 0);
     vks_rollout_writer_destroy(w);
-    if (!rc && g->o->verify) {
+    if (!rc && verified_here(g)) {
         g->verify_start = vks_seconds_now();
         rc = verify_batch(g, path, b, n);
         g->verify_end = vks_seconds_now();
@@ -271,13 +282,14 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     out->policy_step = g->policy_step;
     out->task_index = g->batch * g->o->config->prompts_per_step + p;
     for (int j = 0; j < G; j++)
-        if (!g->o->verify || b->verdicts[p * G + j].accepted) idx[n] = p * G + j, r[n] = b->reward[p * G + j], n++;
+        if (!verified_here(g) || b->verdicts[p * G + j].accepted) idx[n] = p * G + j, r[n] = b->reward[p * G + j], n++;
     if (n < 2 || (!g->keep_flat_groups && !vks_grpo_group_has_signal(r, n))) return VKS_OK;
     int rc = vks_grpo_advantages(r, 1, n, adv);
     out->samples = rc ? NULL : calloc((size_t)n, sizeof *out->samples);
     if (!rc && !out->samples) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     for (int k = 0; !rc && k < n; k++)
-        rc = copy_sample(b, idx[k], adv[k], !g->o->verify || b->verdicts[idx[k]].accepted, &out->samples[out->n++]);
+        rc = copy_sample(b, idx[k], adv[k], verified_here(g) ? b->verdicts[idx[k]].accepted : !g->defer_verify,
+                         &out->samples[out->n++]);
     if (rc) vks_rl_group_free(out);
     return rc;
 }
@@ -321,7 +333,7 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_g
     if (rc)
         for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
     cnt->rollouts = rc ? 0 : n;
-    for (int i = 0; !rc && g->o->verify && i < n; i++) cnt->checked++, cnt->accepted += b.verdicts[i].accepted;
+    for (int i = 0; !rc && verified_here(g) && i < n; i++) cnt->checked++, cnt->accepted += b.verdicts[i].accepted;
     for (int i = 0; !rc && i < n; i++) cnt->task_reward_sum += b.task_reward[i];
     batch_free(&b, P, n);
     free(targets);

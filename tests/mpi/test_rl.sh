@@ -16,11 +16,11 @@ trap 'release_stopped; rm -rf "$tmp"' EXIT
 
 for i in $(seq 0 7); do echo "{\"prompt\": \"$i+$((i + 1))=\", \"answer\": \"$((2 * i + 1))\", \"task_type\": \"numeric\"}"; done \
     > "$tmp/tasks.jsonl"
-config() { # OUT STEPS K
+config() { # OUT STEPS K [VERIFIER RANKS]
     cat > "$tmp/run.json" <<EOF
 {"task": "file:$tmp/tasks.jsonl", "init": "tiny", "out": "$1", "steps": $2, "prompts_per_step": 2, "group_size": 4,
  "async_level": $3, "max_new_tokens": 12, "length_targets": [4, 12], "lr": 1e-3,
- "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1], [2]], "verifiers": [], "relays": []}}
+ "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1], [2]], "verifiers": [${4:-}], "relays": []}}
 EOF
 }
 # metrics_ok FILE STEPS MAX_LAG: one line per step 1..STEPS, finite losses, lag <= MAX_LAG
@@ -97,6 +97,28 @@ if [ $rc -eq 0 ] && grep -q "inference rank 1 refused: batch [0-9]*: group [0-9]
     ok "a rank claiming an unearned reward is refused, the run finishes"
 else bad "reward garbage rank: status $rc"; tail -5 "$tmp/err.txt"; fi
 fi
+
+# a verifier rank (3) checks every batch: both inference ranks cheat (the first generated token
+# of every 5th completion, global index (batch * 8 + q + 1) % 5 == 0, is not the sampler's draw;
+# they keep groups without signal, so that every batch holds cheated completions the verifier
+# sees) and rank 2 also claims a reward of 1 it did not earn. The verifier rejects cheated
+# completions and nothing else, hands the trainer only accepted ones (the trainer refuses any
+# sample not marked accepted), and refuses rank 2's batch: the trainer refuses rank 2 and the
+# run finishes on rank 1.
+config "$tmp/verifier" 2 0 3
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-cheat-every 5 --test-garbage-rank 2 \
+    --test-garbage-reward > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+rejections=$(grep -c "verifier rank 3: batch [0-9]* of rank 1: completion [0-9]* rejected: .*not the seeded sampler's draw" "$tmp/err.txt")
+false_rejections=$(grep -o "verifier rank 3: batch [0-9]* of rank [12]: completion [0-9]* rejected" "$tmp/err.txt" |
+    awk '{ b = $5; q = $10; if ((b * 8 + q + 1) % 5 != 0) n++ } END { print n + 0 }')
+if [ $rc -eq 0 ] && [ "$rejections" -ge 1 ] && [ "$false_rejections" = 0 ] &&
+   grep -q "inference rank 2 refused: verifier rank 3: batch [0-9]*: group [0-9]*, completion 0: rewards 1 / 1, the task gives" "$tmp/err.txt" &&
+   ! grep -q "inference rank 1 \(refused\|dropped\)\|verifier rank 3 \(refused\|dropped\)" "$tmp/err.txt" &&
+   grep -q "[1-9][0-9]* rejected" "$tmp/err.txt" && metrics_ok "$tmp/verifier/metrics.jsonl" 2 0 &&
+   mismatch_ok "$tmp/verifier/metrics.jsonl"; then
+    ok "a verifier rank rejects exactly the cheated completions ($rejections), refuses a rank's unearned reward, the run finishes"
+else bad "verifier rank: status $rc, $rejections rejections, $false_rejections false"; tail -5 "$tmp/err.txt"; fi
 
 # an inference rank killed mid-run: dropped, its batch granted again, the run finishes (--enable-recovery)
 config "$tmp/kill" 3 0

@@ -1,0 +1,364 @@
+/* rl_verifier.c: a verifier rank of the RL run across MPI ranks (vks_rl_mpi.h).
+ *
+ * Inference ranks send it each batch (TO_VERIFY: the GROUPS message with every
+ * completion unverified, then the batch's rollout file); it keeps the newest
+ * async_level + 3 policies the trainer published, checks that the groups are
+ * the file's completions (prompt, tokens, the batch's sampler seed, stream
+ * index, temperature), replays them with TOPLOC and the sampling check on the
+ * CPU forward of the policy the batch names (vks_verify_batch_cpu), and sends
+ * the trainer the accepted completions regrouped (VERIFIED), with the
+ * advantages of what is left; each rejected completion is logged with its
+ * reason. A batch that is malformed or does not match its rollout file is
+ * refused (REFUSE, with the reason), and the trainer refuses its rank. */
+#include "vkswarm/vks_rl_mpi.h"
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "rl_wire.h"
+#include "vkswarm/vks_grpo.h"
+#include "vkswarm/vks_tokenizer.h"
+#include "vkswarm/vks_toploc.h"
+
+typedef struct {
+    int64_t step;        /* -1: empty */
+    float *msg;          /* the WEIGHTS message */
+} kept_weights;
+
+typedef struct {
+    MPI_Comm comm;
+    int me, trainer;
+    const vks_rl_run_options *o;
+    const vks_rl_mpi_options *mo;
+    vks_param_layout *layout;
+    kept_weights *kept;
+    int n_keep;
+    int64_t newest;      /* newest step received, -1: none */
+    vks_model *model;    /* the policy of model_step, built when a batch needs it */
+    int64_t model_step;
+    uint8_t model_hash[32];
+    vks_rl_gen gen;      /* the tasks (gen.model: the start model, its shape; not owned) */
+    vks_rl_beat beat;
+    double last_heard;
+    bool stop, no_finalize;
+} ver_state;
+
+static kept_weights *find_kept(ver_state *v, int64_t step) {
+    for (int i = 0; i < v->n_keep; i++)
+        if (v->kept[i].msg && v->kept[i].step == step) return &v->kept[i];
+    return NULL;
+}
+
+/* Keeps a WEIGHTS message in place of the oldest one kept. */
+static void keep_weights(ver_state *v, float *msg, int64_t step) {
+    kept_weights *slot = &v->kept[0];
+    for (int i = 0; i < v->n_keep; i++) {
+        if (!v->kept[i].msg) { slot = &v->kept[i]; break; }
+        if (v->kept[i].step < slot->step) slot = &v->kept[i];
+    }
+    free(slot->msg);
+    slot->msg = msg, slot->step = step;
+    v->newest = step;
+}
+
+/* Receives what the trainer sent (weights, stop). */
+static int poll_trainer(ver_state *v) {
+    for (;;) {
+        int flag = 0, count = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(v->trainer, MPI_ANY_TAG, v->comm, &flag, &st) != MPI_SUCCESS || !flag) return VKS_OK;
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        if (st.MPI_TAG == TAG_WEIGHTS) {
+            float *msg = NULL;
+            int64_t step = 0;
+            int rc = vks_rl_wire_recv_weights(v->comm, v->trainer, count, v->layout->n_values, v->newest, &msg, &step);
+            if (rc) return rc;
+            keep_weights(v, msg, step);
+        } else if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
+            vks_rl_msg h;
+            MPI_Recv(&h, sizeof h, MPI_BYTE, v->trainer, TAG_CTL, v->comm, MPI_STATUS_IGNORE);
+            if (h.magic != VKS_RL_MAGIC || h.type != MSG_STOP)
+                return vks_set_error(VKS_ERR_FORMAT, "a control message of type %u from the trainer", h.type);
+            v->stop = true, v->no_finalize = h.n != 0;
+        } else if (st.MPI_TAG != TAG_VERIFY) {
+            return vks_set_error(VKS_ERR_FORMAT, "a message of %d bytes under tag %d from the trainer", count, st.MPI_TAG);
+        } else return VKS_OK; /* the trainer sends no batches: handled (refused) as any sender's */
+        v->last_heard = vks_seconds_now();
+    }
+}
+
+/* Makes the policy of `step` the model to verify with; waits (bounded) for
+ * weights the trainer has published but that have not arrived yet. */
+static int use_policy(ver_state *v, int64_t step, char *why, size_t cap) {
+    if (v->model && v->model_step == step) return VKS_OK;
+    double since = vks_seconds_now();
+    while (!find_kept(v, step) && step > v->newest && vks_seconds_now() - since < v->mo->timeout_s) {
+        int rc = poll_trainer(v);
+        if (rc) return rc;
+        vks_rl_wire_beat(&v->beat);
+        usleep(1000);
+    }
+    kept_weights *k = find_kept(v, step);
+    if (!k) {
+        snprintf(why, cap, "policy step %lld is not among the %d the verifier keeps (newest %lld)", (long long)step,
+                 v->n_keep, (long long)v->newest);
+        return VKS_ERR_ARG;
+    }
+    vks_model_free(v->model);
+    v->model = NULL;
+    int rc = vks_rl_wire_model_from_block(v->o->model, v->layout, k->msg, &v->model);
+    if (!rc) rc = vks_model_hash(v->model, v->model_hash);
+    if (!rc) v->model_step = step;
+    return rc;
+}
+
+/* The groups must be the file's completions: every completion of a group
+ * (all group_size, in order), drawn from the batch's sampler stream. */
+static bool matches_file(const ver_state *v, const vks_rollout_file *f, const vks_rl_batch_group *groups, int64_t batch,
+                         char *why, size_t cap) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step, G = c->group_size;
+    if (f->n_samples != P * G) {
+        snprintf(why, cap, "its rollout file has %d completions, the batch %d", f->n_samples, P * G);
+        return false;
+    }
+    uint64_t seed = vks_rl_batch_seed(c, batch);
+    for (int p = 0; p < P; p++) {
+        if (groups[p].n && groups[p].n != G) {
+            snprintf(why, cap, "group %d has %d completions, not all %d", p, groups[p].n, G);
+            return false;
+        }
+        for (int i = 0; i < groups[p].n; i++) {
+            const vks_rl_sample *s = &groups[p].samples[i];
+            const vks_rollout_sample *r = &f->samples[p * G + i];
+            if (r->seq != (uint32_t)(p * G + i) || r->seed != seed || r->temperature != (float)c->temperature ||
+                r->top_p != 1.0f || r->top_k != 0) {
+                snprintf(why, cap, "completion %d: its record is not the batch's sampler stream %d", p * G + i, p * G + i);
+                return false;
+            }
+            if (r->n_prompt != s->prompt_len || memcmp(r->prompt_ids, s->tokens, sizeof(int32_t) * (size_t)s->prompt_len) ||
+                s->completion_len > r->n_output ||
+                memcmp(r->output_ids, s->tokens + s->prompt_len, sizeof(int32_t) * (size_t)s->completion_len)) {
+                snprintf(why, cap, "completion %d: not the tokens of its rollout record", p * G + i);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* Replays the completions of the groups (the others are never trained on):
+ * verdicts[q] for file completion q; *checked and *accepted counted. */
+static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_group *groups, vks_verdict *verdicts,
+                  int64_t *checked, int64_t *accepted) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step, G = c->group_size, n = 0;
+    vks_rollout_sample *sub = malloc(sizeof *sub * (size_t)(P * G));
+    vks_verdict *got = malloc(sizeof *got * (size_t)(P * G));
+    const int32_t **prompts = calloc((size_t)(P * G), sizeof *prompts);
+    int *lens = calloc((size_t)(P * G), sizeof *lens), *where = malloc(sizeof *where * (size_t)(P * G));
+    int rc = sub && got && prompts && lens && where ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int p = 0; !rc && p < P; p++)
+        for (int i = 0; i < groups[p].n; i++) { /* the prompts were checked against the tasks (unpack) */
+            int q = p * G + i;
+            prompts[q] = groups[p].samples[i].tokens, lens[q] = groups[p].samples[i].prompt_len;
+            sub[n] = f->samples[q], where[n++] = q;
+        }
+    vks_verify_options vo;
+    vks_verify_options_default(&vo);
+    memcpy(vo.model_hash, v->model_hash, 32);
+    vo.n_stop = 1, vo.stop_ids[0] = vks_tokenizer_eos(v->o->tok); /* trusted: the model's own, not the file's */
+    vo.task_prompts = prompts, vo.task_prompt_lens = lens, vo.n_task_prompts = P * G;
+    vo.cpu_threads = 1;
+    const char *header = rc ? NULL : vks_verify_header_problem(&f->header, v->model_hash, vo.stop_ids, vo.n_stop);
+    if (!rc && header) /* another model or untrusted stops: every completion is rejected */
+        for (int k = 0; k < n; k++) got[k] = (vks_verdict){.accepted = false}, snprintf(got[k].reason, sizeof got[k].reason, "%s", header);
+    else if (!rc && n) rc = vks_verify_batch_cpu(v->model, &vo, sub, n, got);
+    for (int k = 0; !rc && k < n; k++) {
+        verdicts[where[k]] = got[k];
+        ++*checked, *accepted += got[k].accepted;
+    }
+    free(sub), free(got), free(prompts), free(lens), free(where);
+    return rc;
+}
+
+/* Keeps the accepted completions of each group, with the advantages of what
+ * is left (none: fewer than two or no signal); logs each rejection. */
+static int regroup(ver_state *v, int origin, int64_t batch, vks_rl_batch_group *groups, const vks_verdict *verdicts) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step, G = c->group_size;
+    for (int p = 0; p < P; p++) {
+        vks_rl_batch_group *g = &groups[p];
+        int kept = 0;
+        for (int i = 0; i < g->n; i++) {
+            const vks_verdict *vd = &verdicts[p * G + i];
+            if (!vd->accepted) {
+                char reason[4 * sizeof vd->reason];
+                vks_escape(vd->reason, strnlen(vd->reason, sizeof vd->reason), reason, sizeof reason);
+                fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %lld of rank %d: completion %d rejected: %s\n", v->me,
+                        (long long)batch, origin, p * G + i, reason);
+                free(g->samples[i].tokens), free(g->samples[i].logp);
+                continue;
+            }
+            g->samples[kept] = g->samples[i];
+            g->samples[kept++].accepted = true;
+        }
+        g->n = kept;
+        double r[VKS_RL_MAX_GROUP], adv[VKS_RL_MAX_GROUP];
+        for (int i = 0; i < kept; i++) r[i] = g->samples[i].reward;
+        if (kept < 2 || !vks_grpo_group_has_signal(r, kept)) {
+            vks_rl_group_free(g);
+            continue;
+        }
+        int rc = vks_grpo_advantages(r, 1, kept, adv);
+        if (rc) return rc;
+        for (int i = 0; i < kept; i++) g->samples[i].advantage = adv[i];
+    }
+    return VKS_OK;
+}
+
+/* Sends the trainer `body` (bytes) after a header (owned from here). */
+static int send_up(ver_state *v, const vks_rl_msg *h, void *body, size_t bytes, const char *what) {
+    size_t total = sizeof *h + bytes;
+    char *msg = total <= INT_MAX ? malloc(total) : NULL;
+    int rc = msg ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: a message of %zu bytes", total);
+    if (!rc) {
+        memcpy(msg, h, sizeof *h);
+        if (bytes) memcpy(msg + sizeof *h, body, bytes);
+        MPI_Request req;
+        MPI_Isend(msg, (int)total, MPI_BYTE, v->trainer, TAG_UP, v->comm, &req);
+        rc = vks_mpi_wait_within(v->comm, &req, &v->trainer, 1, v->mo->timeout_s, what);
+        if (rc) msg = NULL; /* MPI may still read it: left, the rank gives up */
+    }
+    free(msg), free(body);
+    return rc;
+}
+
+static int refuse(ver_state *v, int origin, int64_t batch, const char *why) {
+    fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %lld of rank %d refused: %s\n", v->me, (long long)batch, origin, why);
+    char *text = calloc(1, VKS_RL_REASON_MAX);
+    if (!text) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    snprintf(text, VKS_RL_REASON_MAX, "%s", why);
+    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_REFUSE, .batch = batch, .n = (uint64_t)origin};
+    return send_up(v, &h, text, strlen(text) + 1, "the trainer taking a refusal");
+}
+
+/* One TO_VERIFY message of `bytes` from inference rank `origin`. */
+static int verify_message(ver_state *v, int origin, const char *buf, size_t bytes) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step;
+    vks_rl_msg h;
+    memcpy(&h, buf, sizeof h);
+    if (h.magic != VKS_RL_MAGIC || h.type != MSG_TO_VERIFY || h.n > bytes - sizeof h)
+        return refuse(v, origin, h.batch, "a malformed batch for verification");
+    char why[512] = "";
+    int rc = use_policy(v, h.step, why, sizeof why);
+    if (rc == VKS_ERR_ARG) return refuse(v, origin, h.batch, why);
+    if (rc) return rc;
+    vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
+    vks_verdict *verdicts = calloc((size_t)(P * c->group_size), sizeof *verdicts);
+    if (!groups || !verdicts) {
+        free(groups), free(verdicts);
+        return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    }
+    int64_t policy = 0;
+    vks_rl_gen_counts cnt;
+    vks_rollout_file f = {0};
+    bool bad = vks_rl_wire_unpack_groups(buf + sizeof h, h.n, &v->gen, c, &v->o->model->cfg, h.batch, h.step, h.step,
+                                         true, groups, &policy, &cnt, why, sizeof why) != VKS_OK;
+    if (!bad) {
+        char name[64];
+        snprintf(name, sizeof name, "rank %d batch %lld", origin, (long long)h.batch);
+        bad = vks_rollout_read_mem(buf + sizeof h + h.n, bytes - sizeof h - h.n, name, &f) != VKS_OK;
+        if (bad) snprintf(why, sizeof why, "%s", vks_last_error());
+    }
+    if (!bad) bad = !matches_file(v, &f, groups, h.batch, why, sizeof why);
+    cnt.checked = cnt.accepted = 0;
+    if (!bad) rc = replay(v, &f, groups, verdicts, &cnt.checked, &cnt.accepted);
+    if (!bad && !rc) rc = regroup(v, origin, h.batch, groups, verdicts);
+    size_t n = 0;
+    void *packed = bad || rc ? NULL : vks_rl_wire_pack_groups(groups, P, h.batch, h.step, &cnt, &n);
+    if (!bad && !rc && !packed) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
+    free(groups), free(verdicts);
+    vks_rollout_file_free(&f);
+    if (rc) return rc;
+    if (bad) return refuse(v, origin, h.batch, why);
+    vks_rl_msg up = {.magic = VKS_RL_MAGIC, .type = MSG_VERIFIED, .batch = h.batch, .step = h.step, .n = (uint64_t)origin};
+    return send_up(v, &up, packed, n, "the trainer taking verdicts");
+}
+
+static bool is_inference_rank(const vks_rl_config *c, int rank) {
+    for (int i = 0; i < c->n_inference_ranks; i++)
+        if (c->inference_ranks[i] == rank) return true;
+    return false;
+}
+
+/* Receives a probed TAG_VERIFY message; one too big to be honest is received
+ * into nothing (a truncation error) and refused. */
+static int receive_batch(ver_state *v, const MPI_Status *st) {
+    const vks_rl_config *c = v->o->config;
+    int count = 0, seq_len = v->o->model->cfg.seq_len;
+    MPI_Get_count(st, MPI_BYTE, &count);
+    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(c, seq_len) + vks_rl_wire_max_rollout_bytes(c, seq_len);
+    bool fits = count >= (int)sizeof(vks_rl_msg) && (size_t)count <= most;
+    char small[sizeof(vks_rl_msg)];
+    char *buf = fits ? malloc((size_t)count) : small;
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    int mrc = MPI_Recv(buf, fits ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_VERIFY, v->comm, MPI_STATUS_IGNORE);
+    int rc = VKS_OK;
+    if (!is_inference_rank(c, st->MPI_SOURCE)) { /* only inference ranks send batches: ignored */
+    } else if (!fits || mrc != MPI_SUCCESS) {
+        char why[96];
+        snprintf(why, sizeof why, "a batch of %d bytes (at most %zu)", count, most);
+        rc = refuse(v, st->MPI_SOURCE, -1, why); /* which batch it is cannot be read */
+    } else rc = verify_message(v, st->MPI_SOURCE, buf, (size_t)count);
+    if (fits) free(buf);
+    return rc;
+}
+
+int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize) {
+    *no_finalize = false;
+    if (!o || !o->config || !o->model || !o->tok || !mo || !(mo->timeout_s > 0))
+        return vks_set_error(VKS_ERR_ARG, "rl: bad options");
+    int rc = vks_rl_mpi_check_roles(o->config);
+    if (rc) return rc;
+    ver_state v = {.comm = vks_mpi_world(), .trainer = o->config->trainer, .o = o, .mo = mo, .newest = -1,
+                   .model_step = -1, .n_keep = o->config->async_level + 3};
+    MPI_Comm_set_errhandler(v.comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(v.comm, &v.me);
+    v.beat = (vks_rl_beat){.comm = v.comm, .trainer = v.trainer, .req = MPI_REQUEST_NULL};
+    v.kept = calloc((size_t)v.n_keep, sizeof *v.kept);
+    if (!v.kept) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &v.layout);
+    v.gen.o = o;
+    v.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
+    if (!rc) rc = vks_rl_gen_open_tasks(&v.gen);
+    v.last_heard = vks_seconds_now();
+    double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
+    while (!rc && !v.stop) {
+        vks_rl_wire_beat(&v.beat);
+        if ((rc = poll_trainer(&v)) || v.stop) break;
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_VERIFY, v.comm, &flag, &st) == MPI_SUCCESS && flag) {
+            rc = receive_batch(&v, &st);
+            continue;
+        }
+        if (vks_seconds_now() - v.last_heard > bound) {
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (the trainer)", v.trainer, bound);
+            v.no_finalize = true;
+        }
+        usleep(1000);
+    }
+    *no_finalize = v.no_finalize;
+    for (int i = 0; v.kept && i < v.n_keep; i++) free(v.kept[i].msg);
+    free(v.kept);
+    vks_model_free(v.model);
+    v.gen.model = NULL;
+    vks_rl_gen_close(&v.gen);
+    vks_param_layout_free(v.layout);
+    return rc;
+}

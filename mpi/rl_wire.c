@@ -1,0 +1,214 @@
+/* rl_wire.c: the RL run's messages between ranks (rl_wire.h). */
+#include "rl_wire.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "vkswarm/vks_grpo.h"
+
+/* ---- wire format of a batch's groups ---- */
+
+size_t vks_rl_wire_max_groups_bytes(const vks_rl_config *c, int seq_len) {
+    size_t per_sample = sizeof(wire_sample) + sizeof(int32_t) * (size_t)seq_len + sizeof(float) * (size_t)c->max_new_tokens;
+    return sizeof(vks_rl_msg) + 3 * sizeof(int64_t) + sizeof(double) +
+           (size_t)c->prompts_per_step * (sizeof(wire_group) + (size_t)c->group_size * per_sample);
+}
+
+/* Per completion: its ids as JSON text (at most 12 bytes each), TOPLOC proofs
+ * (a few hundred bytes per 32 positions, in hex) and the fields: far above
+ * what a real file holds, far below a worrying allocation. */
+size_t vks_rl_wire_max_rollout_bytes(const vks_rl_config *c, int seq_len) {
+    return 65536 + (size_t)c->prompts_per_step * (size_t)c->group_size * (65536 + 64 * (size_t)seq_len);
+}
+
+void *vks_rl_wire_pack_groups(const vks_rl_batch_group *groups, int P, int64_t batch, int64_t step,
+                         const vks_rl_gen_counts *cnt, size_t *bytes) {
+    size_t n = sizeof(vks_rl_msg) + 3 * sizeof(int64_t) + sizeof(double);
+    for (int p = 0; p < P; p++) {
+        n += sizeof(wire_group);
+        for (int i = 0; i < groups[p].n; i++) {
+            const vks_rl_sample *s = &groups[p].samples[i];
+            n += sizeof(wire_sample) + sizeof(int32_t) * (size_t)(s->prompt_len + s->completion_len) +
+                 sizeof(float) * (size_t)s->completion_len;
+        }
+    }
+    char *buf = malloc(n), *q = buf;
+    if (!buf) return NULL;
+    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_GROUPS, .batch = batch, .step = step, .n = n};
+    memcpy(q, &h, sizeof h), q += sizeof h;
+    int64_t c3[3] = {cnt->rollouts, cnt->checked, cnt->accepted};
+    memcpy(q, c3, sizeof c3), q += sizeof c3;
+    memcpy(q, &cnt->task_reward_sum, sizeof(double)), q += sizeof(double);
+    for (int p = 0; p < P; p++) {
+        wire_group wg = {.n = groups[p].n, .task_index = groups[p].task_index};
+        memcpy(q, &wg, sizeof wg), q += sizeof wg;
+        for (int i = 0; i < groups[p].n; i++) {
+            const vks_rl_sample *s = &groups[p].samples[i];
+            wire_sample ws = {.prompt_len = s->prompt_len, .completion_len = s->completion_len, .accepted = s->accepted,
+                              .task_reward = s->task_reward, .reward = s->reward, .advantage = s->advantage};
+            memcpy(q, &ws, sizeof ws), q += sizeof ws;
+            size_t nt = sizeof(int32_t) * (size_t)(s->prompt_len + s->completion_len);
+            memcpy(q, s->tokens, nt), q += nt;
+            memcpy(q, s->logp, sizeof(float) * (size_t)s->completion_len), q += sizeof(float) * (size_t)s->completion_len;
+        }
+    }
+    *bytes = n;
+    return buf;
+}
+
+typedef struct {
+    const char *p, *end;
+} cursor;
+
+static bool take_bytes(cursor *c, void *dst, size_t n) {
+    if ((size_t)(c->end - c->p) < n) return false;
+    memcpy(dst, c->p, n);
+    c->p += n;
+    return true;
+}
+
+/* Checks and unpacks a GROUPS message of `bytes` from an inference rank that
+ * was granted batch `batch` with policy step at least `min_step`, the trainer
+ * having published up to `newest`. Any failure: err says why, nothing kept. */
+int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *gen, const vks_rl_config *c,
+                              const vks_model_config *mc, int64_t batch, int64_t min_step, int64_t newest,
+                              bool unverified, vks_rl_batch_group *groups, int64_t *policy, vks_rl_gen_counts *cnt,
+                              char *err, size_t cap) {
+    int P = c->prompts_per_step, G = c->group_size;
+    cursor cu = {buf, (const char *)buf + bytes};
+    vks_rl_msg h;
+    int64_t c3[3] = {0, 0, 0};
+    memset(groups, 0, sizeof *groups * (size_t)P);
+#define BAD(...) do { snprintf(err, cap, __VA_ARGS__); goto fail; } while (0)
+    if (!take_bytes(&cu, &h, sizeof h) || h.magic != VKS_RL_MAGIC || h.type != MSG_GROUPS || h.n != bytes)
+        BAD("a malformed message of %zu bytes", bytes);
+    if (h.batch != batch) BAD("batch %lld, but it was granted batch %lld", (long long)h.batch, (long long)batch);
+    if (h.step < min_step || h.step > newest)
+        BAD("policy step %lld outside [%lld, %lld]", (long long)h.step, (long long)min_step, (long long)newest);
+    if (!take_bytes(&cu, c3, sizeof c3) || c3[0] != (int64_t)P * G || c3[1] < 0 || c3[1] > c3[0] || c3[2] < 0 ||
+        c3[2] > c3[1])
+        BAD("counts %lld/%lld/%lld for a batch of %d", (long long)c3[0], (long long)c3[1], (long long)c3[2], P * G);
+    double reward_sum = 0; /* only a metric: bounded, not checkable (filtered groups are not sent) */
+    if (!take_bytes(&cu, &reward_sum, sizeof reward_sum) || !(reward_sum >= 0 && reward_sum <= (double)c3[0]))
+        BAD("a task reward sum of %g for %lld rollouts", reward_sum, (long long)c3[0]);
+    *cnt = (vks_rl_gen_counts){c3[0], c3[1], c3[2], reward_sum};
+    *policy = h.step;
+    for (int p = 0; p < P; p++) {
+        wire_group wg;
+        if (!take_bytes(&cu, &wg, sizeof wg)) BAD("truncated at group %d", p);
+        if (wg.n < 0 || wg.n > G || wg.n == 1) BAD("group %d has %d completions (0 or 2..%d)", p, wg.n, G);
+        if (wg.task_index != batch * P + p) BAD("group %d is task %lld, not %lld", p, (long long)wg.task_index, (long long)(batch * P + p));
+        vks_rl_batch_group *g = &groups[p];
+        g->policy_step = h.step, g->task_index = wg.task_index;
+        if (!wg.n) continue;
+        g->samples = calloc((size_t)wg.n, sizeof *g->samples);
+        if (!g->samples) BAD("out of host memory");
+        double rewards[VKS_RL_MAX_GROUP], adv[VKS_RL_MAX_GROUP];
+        for (int i = 0; i < wg.n; i++) {
+            wire_sample ws;
+            if (!take_bytes(&cu, &ws, sizeof ws)) BAD("truncated at group %d, completion %d", p, i);
+            if (ws.prompt_len < 1 || ws.completion_len < 0 || ws.completion_len > c->max_new_tokens ||
+                ws.prompt_len > mc->seq_len - c->max_new_tokens)
+                BAD("group %d, completion %d: lengths %d + %d (prompt at most %d, completion at most %d)", p, i,
+                    ws.prompt_len, ws.completion_len, mc->seq_len - c->max_new_tokens, c->max_new_tokens);
+            if (unverified ? ws.accepted != 0 : ws.accepted != 1)
+                BAD("group %d, completion %d: %s", p, i, unverified ? "a verdict before any verifier saw it"
+                                                                      : "not accepted by its verifier");
+            if (!(ws.task_reward >= 0 && ws.task_reward <= 1) || !isfinite(ws.reward) || !isfinite(ws.advantage))
+                BAD("group %d, completion %d: reward %g / %g, advantage %g", p, i, ws.task_reward, ws.reward, ws.advantage);
+            vks_rl_sample *s = &g->samples[g->n++];
+            *s = (vks_rl_sample){.prompt_len = ws.prompt_len, .completion_len = ws.completion_len, .accepted = !unverified,
+                                 .task_reward = ws.task_reward, .reward = ws.reward, .advantage = ws.advantage};
+            int len = ws.prompt_len + ws.completion_len;
+            s->tokens = malloc(sizeof(int32_t) * (size_t)len);
+            s->logp = malloc(sizeof(float) * (size_t)(ws.completion_len ? ws.completion_len : 1));
+            if (!s->tokens || !s->logp) BAD("out of host memory");
+            if (!take_bytes(&cu, s->tokens, sizeof(int32_t) * (size_t)len) ||
+                !take_bytes(&cu, s->logp, sizeof(float) * (size_t)ws.completion_len))
+                BAD("truncated at group %d, completion %d", p, i);
+            for (int k = 0; k < len; k++)
+                if (s->tokens[k] < 0 || s->tokens[k] >= mc->vocab_size)
+                    BAD("group %d, completion %d: token %d outside the vocabulary of %d", p, i, s->tokens[k], mc->vocab_size);
+            for (int k = 0; k < ws.completion_len; k++)
+                if (!isfinite(s->logp[k]) || s->logp[k] > 0)
+                    BAD("group %d, completion %d: log-probability %g", p, i, (double)s->logp[k]);
+            char why[200];
+            if (vks_rl_check_sample(gen, wg.task_index, s, why, sizeof why)) BAD("group %d, completion %d: %s", p, i, why);
+            rewards[i] = ws.reward;
+        }
+        /* the advantages must be the group's own (a rank cannot inflate them) */
+        /* (a verifier rank filters what is left after its verdicts) */
+        if (!unverified && !vks_grpo_group_has_signal(rewards, wg.n)) BAD("group %d has no signal", p);
+        if (vks_grpo_advantages(rewards, 1, wg.n, adv)) BAD("group %d: %s", p, vks_last_error());
+        for (int i = 0; i < wg.n; i++)
+            if (fabs(adv[i] - g->samples[i].advantage) > 1e-9 * (1 + fabs(adv[i])))
+                BAD("group %d, completion %d: advantage %g, its rewards give %g", p, i, g->samples[i].advantage, adv[i]);
+    }
+    if (cu.p != cu.end) BAD("%zu bytes past the last group", (size_t)(cu.end - cu.p));
+#undef BAD
+    return VKS_OK;
+fail:
+    for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
+    return VKS_ERR_FORMAT;
+}
+
+/* A small message under a bounded wait (a blocking send to a dead rank never
+ * returns); after a timeout MPI may still hold the buffer, so it is left. */
+int vks_rl_wire_send_small(MPI_Comm comm, int rank, int tag, const vks_rl_msg *m, double timeout_s, const char *what) {
+    vks_rl_msg *buf = malloc(sizeof *buf);
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    *buf = *m;
+    MPI_Request req;
+    if (MPI_Isend(buf, sizeof *buf, MPI_BYTE, rank, tag, comm, &req) != MPI_SUCCESS) {
+        free(buf);
+        return vks_set_error(VKS_ERR_IO, "rank %d: %s could not be sent", rank, what);
+    }
+    int rc = vks_mpi_wait_within(comm, &req, &rank, 1, timeout_s, what);
+    if (!rc) free(buf);
+    return rc;
+}
+
+void vks_rl_wire_beat(vks_rl_beat *b) {
+    double now = vks_seconds_now();
+    if (now - b->last < 1.0) return;
+    if (b->req != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Test(&b->req, &flag, MPI_STATUS_IGNORE);
+        if (!flag) return;
+    }
+    b->msg = (vks_rl_msg){.magic = VKS_RL_MAGIC, .type = MSG_BEAT};
+    MPI_Isend(&b->msg, sizeof b->msg, MPI_BYTE, b->trainer, TAG_UP, b->comm, &b->req);
+    b->last = now;
+}
+
+int vks_rl_wire_recv_weights(MPI_Comm comm, int trainer, int count, size_t n_values, int64_t min_step, float **out,
+                             int64_t *step) {
+    size_t want = sizeof(vks_rl_msg) + sizeof(float) * n_values;
+    if (count < 0 || (size_t)count != want) return vks_set_error(VKS_ERR_FORMAT, "weights of %d bytes, %zu expected", count, want);
+    float *buf = malloc(want);
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "out of host memory for the weights");
+    MPI_Recv(buf, count, MPI_BYTE, trainer, TAG_WEIGHTS, comm, MPI_STATUS_IGNORE);
+    vks_rl_msg h;
+    memcpy(&h, buf, sizeof h);
+    if (h.magic != VKS_RL_MAGIC || h.type != MSG_WEIGHTS || h.n != n_values || h.step < min_step) {
+        free(buf);
+        return vks_set_error(VKS_ERR_FORMAT, "a malformed weights message");
+    }
+    *out = buf, *step = h.step;
+    return VKS_OK;
+}
+
+int vks_rl_wire_model_from_block(const vks_model *start, const vks_param_layout *layout, const float *msg,
+                                 vks_model **out) {
+    vks_model *m = NULL;
+    int rc = vks_model_create_f32(&start->cfg, start->layers[0].bq.data != NULL, &m);
+    if (!rc) rc = vks_param_layout_scatter(layout, msg + sizeof(vks_rl_msg) / sizeof(float), m);
+    if (rc) {
+        vks_model_free(m);
+        return rc;
+    }
+    m->bos_id = start->bos_id, m->eos_id = start->eos_id;
+    memcpy(m->arch, start->arch, sizeof m->arch);
+    *out = m;
+    return VKS_OK;
+}

@@ -1,0 +1,78 @@
+/* rl_wire.h: the RL run's messages between ranks (mpi/rl_wire.c): their
+ * header, the wire format of a batch's groups, and a bounded small send.
+ * Shared by the trainer and inference ranks (rl_roles.c) and verifier ranks
+ * (rl_verifier.c). Internal to mpi/. */
+#ifndef VKS_RL_WIRE_H
+#define VKS_RL_WIRE_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "rl/rl_internal.h"
+#include "vkswarm/vks_mpi.h"
+
+#define VKS_RL_MAGIC 0x4c52534bu /* "KSRL" */
+/* Tags: trainer -> others (weights, control), others -> trainer, inference -> verifier. */
+enum { TAG_WEIGHTS = 7101, TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104 };
+/* Message types (rl_roles.c's header comment says who sends which). */
+enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS = 5, MSG_DONE = 6, MSG_TO_VERIFY = 7,
+       MSG_VERIFIED = 8, MSG_REFUSE = 9 };
+
+#define VKS_RL_REASON_MAX 512 /* bytes of a REFUSE message's reason */
+
+typedef struct {
+    uint32_t magic, type;
+    int64_t batch, step;
+    uint64_t n;
+} vks_rl_msg;
+
+/* What a group's sample looks like on the wire, before its tokens and logp. */
+typedef struct {
+    int32_t prompt_len, completion_len, accepted, pad;
+    double task_reward, reward, advantage;
+} wire_sample;
+typedef struct {
+    int32_t n, pad;
+    int64_t task_index;
+} wire_group;
+
+/* The largest honest GROUPS message of a batch (prompts_per_step groups). */
+size_t vks_rl_wire_max_groups_bytes(const vks_rl_config *c, int seq_len);
+/* The largest rollout file of a batch accepted from an inference rank. */
+size_t vks_rl_wire_max_rollout_bytes(const vks_rl_config *c, int seq_len);
+/* A GROUPS message (header batch, step; the batch's counts; the groups). NULL: out of memory. */
+void *vks_rl_wire_pack_groups(const vks_rl_batch_group *groups, int P, int64_t batch, int64_t step,
+                              const vks_rl_gen_counts *cnt, size_t *bytes);
+/* Checks and unpacks a GROUPS message of `bytes` made for batch `batch` with a
+ * policy step in [min_step, newest]. Every sample must be accepted by a
+ * verifier and every group have signal, or (unverified: what an inference
+ * rank sends a verifier rank) carry no verdict yet. Any failure: VKS_ERR_FORMAT, err says why, nothing kept. */
+int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *gen, const vks_rl_config *c,
+                              const vks_model_config *mc, int64_t batch, int64_t min_step, int64_t newest,
+                              bool unverified, vks_rl_batch_group *groups, int64_t *policy, vks_rl_gen_counts *cnt,
+                              char *err, size_t cap);
+/* Sends a header-only message under a bounded wait (a blocking send to a dead
+ * rank never returns); after a timeout MPI may still hold the buffer: left. */
+int vks_rl_wire_send_small(MPI_Comm comm, int rank, int tag, const vks_rl_msg *m, double timeout_s, const char *what);
+
+/* A rank's beat to the trainer: one every second, none while the last one is
+ * still on its way (a dead trainer: the rank's own silence bound ends it). */
+typedef struct {
+    MPI_Comm comm;
+    int trainer;
+    double last;
+    vks_rl_msg msg;
+    MPI_Request req;     /* MPI_REQUEST_NULL at the start */
+} vks_rl_beat;
+void vks_rl_wire_beat(vks_rl_beat *b);
+
+/* Receives a WEIGHTS message of `count` bytes (probed) from the trainer: the
+ * header and n_values floats after it, a step at least min_step. *out (the
+ * whole message; the block starts sizeof(vks_rl_msg) bytes in) is the
+ * caller's to free. */
+int vks_rl_wire_recv_weights(MPI_Comm comm, int trainer, int count, size_t n_values, int64_t min_step, float **out,
+                             int64_t *step);
+/* The f32 model of a WEIGHTS message (its parameter block in layout order)
+ * with the start model's shape, BOS/EOS and architecture. */
+int vks_rl_wire_model_from_block(const vks_model *start, const vks_param_layout *layout, const float *msg,
+                                 vks_model **out);
+#endif
