@@ -533,6 +533,64 @@ static void test_token_logprob_known(void **state) {
     assert_int_equal(vks_ref_token_logprob_forward(logits, 1, 3, out_of_range, &logp), VKS_ERR_ARG);
 }
 
+/* ---- entropy of each row (the entropy bonus) ---- */
+
+typedef struct {
+    double *logits, *c, *h;
+    int R, V;
+} entropy_ctx;
+
+static double entropy_loss(void *p) {
+    entropy_ctx *l = p;
+    assert_int_equal(vks_ref_token_entropy_forward(l->logits, l->R, l->V, l->h), VKS_OK);
+    return weighted_sum(l->c, l->h, (size_t)l->R);
+}
+
+/* Odd shapes, peaked rows (logits up to +-12) and a row with c = 0. */
+static void test_token_entropy_grad(void **state) {
+    (void)state;
+    const int rows[] = {1, 5}, vocabs[] = {2, 7, 67};
+    const double spread[] = {4, 12};
+    for (size_t a = 0; a < 2; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t s = 0; s < 2; s++) {
+                rng64 r = {640 + 6 * a + 2 * b + s};
+                int R = rows[a], V = vocabs[b];
+                size_t n = (size_t)R * V;
+                entropy_ctx l = {random_doubles(&r, n, -spread[s], spread[s]), random_doubles(&r, (size_t)R, -1, 1),
+                                 zeros((size_t)R), R, V};
+                if (R > 2) l.c[2] = 0.0;
+                grad_buf d = grad_buf_new(&r, n);
+                assert_int_equal(vks_ref_token_entropy_backward(l.logits, R, V, l.c, d.g), VKS_OK);
+                grad_buf_settle(&d);
+                check_grad("token entropy", l.logits, n, d.g, entropy_loss, &l);
+                if (R > 2)
+                    for (int j = 0; j < V; j++) assert_true(d.g[2 * V + j] == 0.0);
+                grad_buf_free(&d);
+                free(l.logits), free(l.c), free(l.h);
+            }
+}
+
+/* By hand: a uniform row has H = log V and no gradient (the maximum); a
+ * two-token row with p = (1/(1+e), e/(1+e)) has H = log(1+e) - e/(1+e). */
+static void test_token_entropy_known(void **state) {
+    (void)state;
+    const double uniform[4] = {0.5, 0.5, 0.5, 0.5}, two[2] = {0.0, 1.0}, one = 1.0;
+    double h, d[4] = {0, 0, 0, 0};
+    assert_int_equal(vks_ref_token_entropy_forward(uniform, 1, 4, &h), VKS_OK);
+    assert_true(fabs(h - log(4.0)) < 1e-15);
+    assert_int_equal(vks_ref_token_entropy_backward(uniform, 1, 4, &one, d), VKS_OK);
+    for (int j = 0; j < 4; j++) assert_true(fabs(d[j]) < 1e-15);
+    assert_int_equal(vks_ref_token_entropy_forward(two, 1, 2, &h), VKS_OK);
+    double e = exp(1.0), p1 = e / (1.0 + e);
+    assert_true(fabs(h - (log(1.0 + e) - p1)) < 1e-15);
+    /* dH/dz_1 = -p1 (log p1 + H) = -p0 p1 (z1 - z0): raising the likelier token lowers H */
+    assert_int_equal(vks_ref_token_entropy_backward(two, 1, 2, &one, d), VKS_OK);
+    assert_true(fabs(d[1] + p1 * (1.0 - p1)) < 1e-15 && fabs(d[0] - p1 * (1.0 - p1)) < 1e-15);
+    assert_int_equal(vks_ref_token_entropy_forward(two, 0, 2, &h), VKS_ERR_ARG);
+    assert_int_equal(vks_ref_token_entropy_backward(two, 1, 2, NULL, d), VKS_ERR_ARG);
+}
+
 /* ---- AdamW, clipping, schedule ---- */
 
 /* One step from zero moments, values worked out by hand:
@@ -886,6 +944,8 @@ int main(void) {
         cmocka_unit_test(test_swiglu_grad),
         cmocka_unit_test(test_token_logprob_grad),
         cmocka_unit_test(test_token_logprob_known),
+        cmocka_unit_test(test_token_entropy_grad),
+        cmocka_unit_test(test_token_entropy_known),
         cmocka_unit_test(test_adamw_first_step_by_hand),
         cmocka_unit_test(test_adamw_multi_step),
         cmocka_unit_test(test_clip_and_norm),
