@@ -835,6 +835,68 @@ static void test_train_grad_every_tensor(void **state) {
     }
 }
 
+/* The entropy bonus through the whole model: L = sum_r c_r logp_r +
+ * sum_r e_r H_r over rows with a target (H_r the entropy of row r's logits),
+ * vks_ref_train_backward_entropy's gradient against central differences. */
+typedef struct {
+    const vks_ref_params *p;
+    const vks_ref_batch *b;
+    const double *c, *e;
+} entropy_model_ctx;
+
+static double entropy_model_loss(void *ctx) {
+    entropy_model_ctx *m = ctx;
+    int n = m->b->n_tokens, V = m->p->cfg.vocab_size;
+    double *logp = malloc((size_t)n * sizeof *logp), *logits = malloc((size_t)n * V * sizeof *logits);
+    double *h = malloc((size_t)n * sizeof *h);
+    assert_true(logp && logits && h);
+    assert_int_equal(vks_ref_train_forward(m->p, m->b, logp, logits, NULL), VKS_OK);
+    assert_int_equal(vks_ref_token_entropy_forward(logits, n, V, h), VKS_OK);
+    double loss = 0.0;
+    for (int r = 0, s = 0, in_seq = 0; r < n; r++) { /* the last row of each sequence has no target */
+        int len = m->b->n_seqs ? m->b->seq_lens[s] : n;
+        if (++in_seq < len) loss += m->c[r] * logp[r] + m->e[r] * h[r];
+        else s++, in_seq = 0;
+    }
+    free(logp), free(logits), free(h);
+    return loss;
+}
+
+static void test_train_grad_entropy(void **state) {
+    (void)state;
+    for (size_t i = 0; i < 2; i++) {
+        const model_case *mc = &model_cases[i];
+        float *bias_block;
+        vks_model *m = tiny_model(&mc->cfg, 80 + i, mc->biases, &bias_block);
+        vks_ref_params *p = NULL, *g = NULL;
+        assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+        assert_int_equal(vks_ref_params_create(&p->cfg, p->has_bias, &g), VKS_OK);
+        int n = case_tokens(mc);
+        int32_t tokens[16];
+        random_tokens(tokens, n, m->cfg.vocab_size, 90 + i);
+        rng64 r = {95 + i};
+        double c[16], e[16];
+        for (int t = 0; t < n; t++) c[t] = rng_uniform(&r, -1, 1), e[t] = t % 3 == 1 ? 0.0 : rng_uniform(&r, -1, 1);
+        vks_ref_batch b = {tokens, n, mc->lens, mc->n_seqs};
+        entropy_model_ctx ctx = {p, &b, c, e};
+        vks_ref_acts *acts = NULL;
+        double logp[16];
+        assert_int_equal(vks_ref_train_forward(p, &b, logp, NULL, &acts), VKS_OK);
+        assert_int_equal(vks_ref_train_backward_entropy(p, &b, acts, c, e, g), VKS_OK);
+        vks_ref_acts_free(acts);
+        for (int t = 0; t < g->n_tensors; t++) {
+            const vks_ref_tensor *gt = &g->tensors[t];
+            vks_ref_tensor *pt = vks_ref_params_find(p, gt->name);
+            char what[96];
+            snprintf(what, sizeof what, "entropy, model case %zu, tensor %s", i, gt->name);
+            check_grad(what, pt->data, (size_t)pt->rows * pt->cols, gt->data, entropy_model_loss, &ctx);
+        }
+        free(bias_block);
+        vks_ref_params_free(p), vks_ref_params_free(g);
+        vks_model_free(m);
+    }
+}
+
 /* Named views, the tied classifier, accumulation and refusals. */
 static void test_train_params_and_errors(void **state) {
     (void)state;
@@ -952,6 +1014,7 @@ int main(void) {
         cmocka_unit_test(test_lr_schedule),
         cmocka_unit_test(test_train_logits_match_ref_forward),
         cmocka_unit_test(test_train_grad_every_tensor),
+        cmocka_unit_test(test_train_grad_entropy),
         cmocka_unit_test(test_train_params_and_errors),
         cmocka_unit_test(test_train_adamw_lowers_loss),
     };
