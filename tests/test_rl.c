@@ -52,6 +52,9 @@ typedef struct {
 static char k0_out[600];
 static double k0_last_loss = NAN;
 
+/* The entropy of the uniform distribution over the vocabulary: the largest. */
+static double max_entropy(void) { return log((double)tiny->cfg.vocab_size) + 1e-6; }
+
 static void on_progress(void *ctx, const vks_rl_progress *p) {
     progress_log *l = ctx;
     if (l->n < 16) l->p[l->n++] = *p;
@@ -123,8 +126,10 @@ static void test_synchronous_run(void **state) {
     assert_int_equal(log.n, steps);
     for (int i = 0; i < log.n; i++) {
         const vks_rl_progress *p = &log.p[i];
-        fprintf(stderr, "k=0 step %lld: lag %.2f, loss %.5f, mismatch %.2g, length %.1f, idle %.2f\n", (long long)p->step,
-                p->policy_lag, p->loss, p->logp_mismatch, p->length, p->trainer_idle);
+        fprintf(stderr, "k=0 step %lld: lag %.2f, loss %.5f, mismatch %.2g, length %.1f, idle %.2f, entropy %.4f\n",
+                (long long)p->step, p->policy_lag, p->loss, p->logp_mismatch, p->length, p->trainer_idle, p->entropy);
+        /* the mean entropy is reported with the bonus off: a distribution's, 0 < H <= log V */
+        assert_true(p->entropy > 0 && p->entropy <= max_entropy());
         assert_int_equal(p->step, i + 1);
         assert_true(p->policy_lag == 0.0); /* k = 0: every group made by the newest weights */
         assert_true(isfinite(p->loss) && isfinite(p->grad_norm) && p->grad_norm > 0);
@@ -147,6 +152,7 @@ static void test_synchronous_run(void **state) {
     char *metrics = (char *)tu_read_file(r.metrics_path, &len);
     assert_non_null(metrics);
     assert_non_null(strstr(metrics, "\"policy_lag\""));
+    assert_non_null(strstr(metrics, "\"entropy\":"));
     free(metrics);
     check_timeline(&r, steps);
     assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
@@ -266,6 +272,7 @@ static void test_async_run_rejects_cheater(void **state) {
     progress_log log = {0};
     vks_rl_run_options o = options(&c, &log);
     o.cheat_every = 4; /* every fourth completion carries a token its sampler did not draw */
+    c.entropy_coef = 0.05; /* the entropy bonus on, through the run's trainer */
     /* an earlier run's rejections in the same place: a fresh run drops them */
     char cmd[1600];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s/rollouts' && printf '%%s\\n' '{\"batch\":0,\"reason\":\"old\"}' "
@@ -276,8 +283,9 @@ static void test_async_run_rejects_cheater(void **state) {
     if (rc) fail_msg("%s", vks_last_error());
     assert_int_equal(log.n, steps);
     for (int i = 0; i < log.n; i++) {
-        fprintf(stderr, "k=1 step %lld: lag %.2f, accepted %.3f\n", (long long)log.p[i].step, log.p[i].policy_lag,
-                log.p[i].accept_rate);
+        fprintf(stderr, "k=1 step %lld: lag %.2f, accepted %.3f, loss %.5f, entropy %.4f\n", (long long)log.p[i].step,
+                log.p[i].policy_lag, log.p[i].accept_rate, log.p[i].loss, log.p[i].entropy);
+        assert_true(log.p[i].entropy > 0 && log.p[i].entropy <= max_entropy());
         assert_true(log.p[i].policy_lag >= 0 && log.p[i].policy_lag <= 1.0);
         assert_true(isfinite(log.p[i].loss));
     }
