@@ -1,6 +1,7 @@
 /* test_grad_layer: the GPU training ops of the layers (RMSNorm, RoPE and SwiGLU
  * backward, the training attention forward and backward, the token
- * log-probability and its gradient) against their float64 references
+ * log-probability and its gradient, each row's entropy and the entropy
+ * bonus's gradient) against their float64 references
  * (vks_ref_grad.h), table-driven: one row per case, named fields per op.
  * Outputs are poisoned with NaN before each run; outputs that accumulate start
  * from known random values and must end as old + delta. Any NaN/Inf fails.
@@ -510,6 +511,98 @@ static void run_logprob(const grad_case *tc) {
     free(logits); free(dlogp); free(target); free(logp_ref); free(dl_ref); free(dl0);
 }
 
+/* ---- the entropy bonus: token_entropy, token_logprob_entropy_backward ---- */
+
+typedef struct { float *logp, *dlogits, *entropy, *entropy_only; } entropy_out;
+
+/* The forward, the entropy alone (read before the backward may overwrite the
+ * logits), and the backward with the entropy term, in one command buffer. */
+static void gpu_logprob_entropy(const grad_case *tc, const logprob_inputs *in, const float *dent, entropy_out *out) {
+    uint32_t R = tc->logprob.R, V = tc->logprob.V;
+    size_t n = (size_t)R * V;
+    vks_buffer *bl = gpu_buffer(in->logits, n * 4), *bt = gpu_buffer(in->target, R * 4);
+    vks_buffer *blp = gpu_buffer(NULL, R * 4), *bdlp = gpu_buffer(in->dlogp, R * 4), *bde = gpu_buffer(dent, R * 4);
+    vks_buffer *bh = gpu_buffer(NULL, R * 4), *bh_only = gpu_buffer(NULL, R * 4);
+    vks_buffer *bdl = tc->logprob.in_place ? bl : gpu_buffer(in->dlogits0, n * 4);
+    vks_cmd *c = begin();
+    expect_ok(vks_op_token_logprob(ops, c, bind(bl), bind(bt), bind(blp), R, V));
+    expect_ok(vks_op_token_entropy(ops, c, bind(bl), bind(bt), bind(bh_only), R, V));
+    expect_ok(vks_op_token_logprob_entropy_backward(ops, c, bind(bl), bind(bt), bind(bdlp), bind(bde), bind(bdl),
+                                                    bind(bh), R, V, tc->logprob.accumulate));
+    submit(c);
+    out->logp = download_new(blp, R);
+    out->dlogits = download_new(bdl, n);
+    out->entropy = download_new(bh, R);
+    out->entropy_only = download_new(bh_only, R);
+    vks_buffer_destroy(bl); vks_buffer_destroy(bt); vks_buffer_destroy(blp); vks_buffer_destroy(bdlp);
+    vks_buffer_destroy(bde); vks_buffer_destroy(bh); vks_buffer_destroy(bh_only);
+    if (bdl != bl) vks_buffer_destroy(bdl);
+}
+
+static void entropy_out_free(entropy_out *o) { free(o->logp); free(o->dlogits); free(o->entropy); free(o->entropy_only); }
+
+/* Rows with a target >= V have entropy NaN: checked, then set to 0. */
+static void expect_bad_entropy_nan(const grad_case *tc, const int32_t *target, float *h) {
+    for (uint32_t r = 0; r < tc->logprob.R; r++) {
+        if (target[r] < 0 || valid_target(target[r], tc->logprob.V)) continue;
+        assert_true(isnan(h[r]));
+        h[r] = 0.0f;
+    }
+}
+
+/* dentropy: random, 0 on every third row (a masked row: exactly the plain
+ * backward's bits there, which the plain op run on the same inputs shows). */
+static void run_logprob_entropy(const grad_case *tc) {
+    uint32_t R = tc->logprob.R, V = tc->logprob.V;
+    size_t n = (size_t)R * V;
+    float *logits = rand_floats(n, 19, -10, 10), *dlogp = rand_floats(R, 20, -1, 1), *dent = rand_floats(R, 22, -1, 1);
+    for (uint32_t r = 0; r < R; r++)
+        if (r % 3 == 2) dent[r] = 0.0f;
+    int32_t *target = logprob_targets(tc);
+    double *logp_ref = xcalloc_d(R), *dl_ref = xcalloc_d(n), *h_ref = xcalloc_d(R), *row = xmalloc(V * sizeof *row);
+    ref_logprob(tc, logits, target, dlogp, logp_ref, dl_ref);
+    for (uint32_t r = 0; r < R; r++) { /* the entropy term on rows with a valid target */
+        if (!valid_target(target[r], V)) continue;
+        for (uint32_t j = 0; j < V; j++) row[j] = logits[(size_t)r * V + j];
+        double de = dent[r];
+        assert_int_equal(vks_ref_token_entropy_forward(row, 1, (int)V, &h_ref[r]), VKS_OK);
+        assert_int_equal(vks_ref_token_entropy_backward(row, 1, (int)V, &de, dl_ref + (size_t)r * V), VKS_OK);
+    }
+    float *dl0 = tc->logprob.accumulate ? old_values(n, 21, dl_ref) : NULL;
+    logprob_inputs in = {logits, dlogp, dl0, target};
+    float *plain_logp, *plain_dl;
+    gpu_logprob(tc, &in, &plain_logp, &plain_dl);
+    entropy_out o[2];
+    for (int run = 0; run < 2; run++) gpu_logprob_entropy(tc, &in, dent, &o[run]);
+    expect_same_bits("dlogits", o[0].dlogits, o[1].dlogits, n);
+    expect_same_bits("entropy", o[0].entropy, o[1].entropy, R);
+    expect_same_bits("entropy alone", o[0].entropy_only, o[1].entropy_only, R);
+    expect_same_bits("logp", o[0].logp, plain_logp, R);
+    int zero_rows = 0;
+    for (uint32_t r = 0; r < R; r++) /* no bonus on the row: the plain backward's bits (NaN rows too) */
+        if (dent[r] == 0.0f) {
+            zero_rows++;
+            if (memcmp(o[0].dlogits + (size_t)r * V, plain_dl + (size_t)r * V, V * sizeof(float)) != 0)
+                fail_msg("row %u with dentropy 0 differs from token_logprob_backward's", r);
+        }
+    assert_true(zero_rows > 0 || R < 3);
+    expect_bad_rows_nan(tc, target, o[0].logp, o[0].dlogits, dl0);
+    expect_bad_entropy_nan(tc, target, o[0].entropy);
+    expect_bad_entropy_nan(tc, target, o[0].entropy_only);
+    expect_close("dlogits", o[0].dlogits, dl0, dl_ref, n, tc->tol);
+    expect_close("entropy", o[0].entropy, NULL, h_ref, R, tc->tol);
+    expect_close("entropy alone", o[0].entropy_only, NULL, h_ref, R, tc->tol);
+    for (uint32_t r = 0; r < R; r++) /* no target: entropy exactly 0, dlogits exactly the old values */
+        if (target[r] < 0) {
+            assert_true(o[0].entropy[r] == 0.0f && o[0].entropy_only[r] == 0.0f);
+            for (uint32_t j = 0; j < V; j++)
+                assert_true(o[0].dlogits[(size_t)r * V + j] == (dl0 ? dl0[(size_t)r * V + j] : 0.0f));
+        }
+    entropy_out_free(&o[0]); entropy_out_free(&o[1]);
+    free(plain_logp); free(plain_dl);
+    free(logits); free(dlogp); free(dent); free(target); free(logp_ref); free(dl_ref); free(h_ref); free(row); free(dl0);
+}
+
 /* ---- argument checking ---- */
 
 static void run_bad_args(const grad_case *tc) {
@@ -567,6 +660,21 @@ static void run_bad_args(const grad_case *tc) {
     expect_arg_error(vks_op_token_logprob_backward(ops, c, bind(small), b[1], b[2], b[3], 2, 17, false));
     expect_ok(vks_op_token_logprob_backward(ops, c, b[0], b[1], b[2], b[0], 2, 17, false));
     expect_arg_error(vks_op_token_logprob_backward(ops, c, b[0], b[1], b[2], b[0], 2, 17, true));
+    /* token_entropy: empty vocabulary, short output, output over the logits */
+    expect_arg_error(vks_op_token_entropy(ops, c, b[0], b[1], b[2], 2, 0));
+    expect_arg_error(vks_op_token_entropy(ops, c, b[0], b[1], bind(small), 64, 17));
+    expect_arg_error(vks_op_token_entropy(ops, c, b[0], b[1], b[0], 2, 17));
+    expect_ok(vks_op_token_entropy(ops, c, b[0], b[1], b[2], 2, 17));
+    /* the entropy backward: short dentropy, entropy over dlogits / dentropy / the logits, dlogits over
+     * dentropy, dlogits over the logits only without accumulate */
+    expect_ok(vks_op_token_logprob_entropy_backward(ops, c, b[0], b[1], b[2], b[3], b[4], b[5], 2, 17, true));
+    expect_arg_error(vks_op_token_logprob_entropy_backward(ops, c, b[0], b[1], b[2], bind(small), b[4], b[5], 64, 17, false));
+    expect_arg_error(vks_op_token_logprob_entropy_backward(ops, c, b[0], b[1], b[2], b[3], b[4], b[4], 2, 17, false));
+    expect_arg_error(vks_op_token_logprob_entropy_backward(ops, c, b[0], b[1], b[2], b[3], b[4], b[3], 2, 17, false));
+    expect_arg_error(vks_op_token_logprob_entropy_backward(ops, c, b[0], b[1], b[2], b[3], b[4], b[0], 2, 17, false));
+    expect_arg_error(vks_op_token_logprob_entropy_backward(ops, c, b[0], b[1], b[2], b[3], b[3], b[5], 2, 17, false));
+    expect_ok(vks_op_token_logprob_entropy_backward(ops, c, b[0], b[1], b[2], b[3], b[0], b[5], 2, 17, false));
+    expect_arg_error(vks_op_token_logprob_entropy_backward(ops, c, b[0], b[1], b[2], b[3], b[0], b[5], 2, 17, true));
     vks_cmd_discard(c);
     for (int i = 0; i < NB; i++) vks_buffer_destroy(buf[i]);
     vks_buffer_destroy(small);
@@ -602,6 +710,11 @@ static void run_bad_args(const grad_case *tc) {
     {nm, run_logprob, .logprob = {.R = r, .V = v, .accumulate = acc, .in_place = inplace, .bad_target = bad}, \
      .tol = 2e-6}
 
+/* The entropy: a second V-term sum (p log p) after the log-sum-exp; relative to ~log V. */
+#define ENTROPY(nm, r, v, acc, inplace, bad) \
+    {nm, run_logprob_entropy, .logprob = {.R = r, .V = v, .accumulate = acc, .in_place = inplace, .bad_target = bad}, \
+     .tol = 2e-6}
+
 static const grad_case cases[] = {
     NORM("rmsnorm_backward D1", 3, 1, true, true, false),
     NORM("rmsnorm_backward D7 accumulate", 7, 7, true, true, true),
@@ -632,6 +745,13 @@ static const grad_case cases[] = {
     LOGPROB("token_logprob V1 one row", 1, 1, false, false, false),
     LOGPROB("token_logprob V262144", 3, 262144, false, false, false),
     LOGPROB("token_logprob targets past V", 5, 259, true, false, true),
+    ENTROPY("token_entropy V259", 17, 259, false, false, false),
+    ENTROPY("token_entropy V67 R13 accumulate", 13, 67, true, false, false),
+    ENTROPY("token_entropy V32000 in place", 9, 32000, false, true, false),
+    ENTROPY("token_entropy V1 one row", 1, 1, false, false, false),
+    ENTROPY("token_entropy V2 R4 in place", 4, 2, false, true, false),
+    ENTROPY("token_entropy V262144", 3, 262144, false, false, false),
+    ENTROPY("token_entropy targets past V", 5, 259, true, false, true),
     {"bad arguments", run_bad_args, .tol = 0},
 };
 

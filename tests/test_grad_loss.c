@@ -241,11 +241,11 @@ static void run_grpo_refusals(const loss_case *tc) {
     expect_arg_error(vks_op_grpo_loss(ops, c, &ok, 0, &h));
     expect_arg_error(vks_op_grpo_loss(ops, c, &ok, R, NULL));
     expect_arg_error(vks_op_grpo_loss(ops, c, NULL, R, &h));
-    vks_grpo_loss_params bad[] = {{4, 0.2, 0, 0}, {4, 0.2, -1, 0}, {4, 0.2, NAN, 0}, {4, -0.1, 100, 0},
-                                  {4, 1.0, 100, 0}, {1.1, 0.2, 100, 0}, {INFINITY, 0.2, 100, 0}, {NAN, 0.2, 100, 0},
-                                  {4, 0.2, 100, -0.1},
-                                  {4, 0.2, 100, NAN}, {4, 0.2, 100, INFINITY},
-                                  {4, 0.2, 100, 0.1}}; /* KL on without a ref_logp binding */
+    vks_grpo_loss_params bad[] = {{4, 0.2, 0, 0, 0}, {4, 0.2, -1, 0, 0}, {4, 0.2, NAN, 0, 0}, {4, -0.1, 100, 0, 0},
+                                  {4, 1.0, 100, 0, 0}, {1.1, 0.2, 100, 0, 0}, {INFINITY, 0.2, 100, 0, 0}, {NAN, 0.2, 100, 0, 0},
+                                  {4, 0.2, 100, -0.1, 0},
+                                  {4, 0.2, 100, NAN, 0}, {4, 0.2, 100, INFINITY, 0},
+                                  {4, 0.2, 100, 0.1, 0}}; /* KL on without a ref_logp binding */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_arg_error(vks_op_grpo_loss(ops, c, &ok, R, &bad[i]));
     vks_grpo_loss_rows r = ok;
     r.flags = bind(small); /* one value short */

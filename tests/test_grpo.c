@@ -2,7 +2,9 @@
  * host side (vks_grpo.h): group advantages and the online filter by hand;
  * the whole-model gradient of the GRPO loss against the float64 model
  * reference (vks_ref_grpo_loss's dlogp through vks_ref_train_backward) by
- * tensor name, with ratios in every branch; one step from logp_old == logp
+ * tensor name, with ratios in every branch, with the KL term and with the
+ * entropy bonus (vks_ref_train_backward_entropy), and the reported mean
+ * entropy; one step from logp_old == logp
  * raises the positive-advantage completion and lowers the other; reruns are
  * bit-identical; bad rows are refused. */
 #include "test_util.h"
@@ -146,8 +148,11 @@ static const double rewards4[] = {1.0, 0.0, 0.5, 0.0};
  * 1 + eps, above delta; each >= 0.08 from an edge (f32 logp is within 2e-5). */
 static const double shifts[] = {-0.6, -0.1, 0.05, 0.4, 1.7};
 
-/* kl_beta != 0: with the KL penalty to a reference logp within +-0.5 of logp. */
-static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, double kl_beta) {
+/* kl_beta != 0: with the KL penalty to a reference logp within +-0.5 of logp.
+ * entropy_coef != 0: with the entropy bonus (the reference adds the gradient of
+ * -coef sum_r w_r H_r / budget through vks_ref_train_backward_entropy). The
+ * mean entropy is reported either way. */
+static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, double kl_beta, double entropy_coef) {
     vks_model *m = small_model(tied, rope_mode, 29);
     group_batch gb;
     make_group(&gb, lens4, rewards4, 4, m->cfg.vocab_size, 31);
@@ -160,7 +165,8 @@ static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, doubl
         ref_logp[i] = gb.weight[i] ? fminf(0.0f, logp0[i] + 0.5f - 0.23f * (float)(k % 5)) : NAN;
         k += gb.weight[i] != 0;
     }
-    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 64, .kl_beta = kl_beta};
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 64, .kl_beta = kl_beta,
+                              .entropy_coef = entropy_coef};
     vks_grpo_stats st;
     vks_grpo_rows rows = {logp_old, gb.adv, kl_beta != 0.0 ? ref_logp : NULL};
     assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st, logp), VKS_OK);
@@ -171,7 +177,9 @@ static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, doubl
     assert_int_equal(vks_ref_params_create(&m->cfg, false, &g), VKS_OK);
     vks_ref_batch rb = {.tokens = gb.tokens, .n_tokens = gb.n, .seq_lens = gb.lens, .n_seqs = gb.n_seqs};
     double ref_logp_d[MAX_ROWS], old[MAX_ROWS], adv[MAX_ROWS], w[MAX_ROWS], dlogp[MAX_ROWS] = {0}, ref_loss;
-    double model_logp[MAX_ROWS];
+    double model_logp[MAX_ROWS], dent[MAX_ROWS], h_rows[MAX_ROWS];
+    double *logits = malloc(sizeof *logits * (size_t)gb.n * (size_t)m->cfg.vocab_size);
+    assert_non_null(logits);
     uint32_t flags[MAX_ROWS];
     for (int i = 0; i < gb.n; i++) {
         ref_logp_d[i] = ref_logp[i];
@@ -180,11 +188,36 @@ static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, doubl
         w[i] = gb.weight[i];
     }
     vks_ref_acts *acts;
-    assert_int_equal(vks_ref_train_forward(p, &rb, model_logp, NULL, &acts), VKS_OK);
+    assert_int_equal(vks_ref_train_forward(p, &rb, model_logp, logits, &acts), VKS_OK);
     assert_int_equal(vks_ref_grpo_loss(model_logp, old, adv, kl_beta != 0.0 ? ref_logp_d : NULL, w, gb.n, &h, NULL,
                                        flags, &ref_loss, dlogp), VKS_OK);
-    assert_int_equal(vks_ref_train_backward(p, &rb, acts, dlogp, g), VKS_OK);
+    assert_int_equal(vks_ref_token_entropy_forward(logits, gb.n, m->cfg.vocab_size, h_rows), VKS_OK);
+    double entropy = 0; /* the bonus -c w H / budget in the loss; d loss / d H = -c w / budget */
+    for (int i = 0; i < gb.n; i++) {
+        dent[i] = -entropy_coef * w[i] / h.token_budget;
+        ref_loss += dent[i] * h_rows[i];
+        entropy += w[i] ? h_rows[i] : 0.0;
+    }
+    assert_int_equal(vks_ref_train_backward_entropy(p, &rb, acts, dlogp, entropy_coef != 0.0 ? dent : NULL, g), VKS_OK);
+    if (entropy_coef != 0.0) { /* the bonus must move the gradient by far more than the tolerance */
+        vks_ref_params *plain;
+        assert_int_equal(vks_ref_params_create(&m->cfg, false, &plain), VKS_OK);
+        assert_int_equal(vks_ref_train_backward(p, &rb, acts, dlogp, plain), VKS_OK);
+        double moved = 0;
+        for (int i = 0; i < g->n_tensors; i++) {
+            double d = 0, scale = 1e-6;
+            for (int64_t k = 0; k < g->tensors[i].rows * g->tensors[i].cols; k++) {
+                d = fmax(d, fabs(g->tensors[i].data[k] - plain->tensors[i].data[k]));
+                scale = fmax(scale, fabs(g->tensors[i].data[k]));
+            }
+            moved = fmax(moved, d / scale);
+        }
+        fprintf(stderr, "the entropy bonus moves the reference gradient by up to %.3g of a tensor's scale\n", moved);
+        assert_true(moved > 0.05);
+        vks_ref_params_free(plain);
+    }
     vks_ref_acts_free(acts);
+    free(logits);
 
     int live = 0, clipped = 0, capped = 0;
     double mismatch = 0, kl = 0;
@@ -196,8 +229,10 @@ static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, doubl
         mismatch += fabs((double)logp[i] - old[i]);
         kl += kl_beta != 0.0 ? exp(ref_logp_d[i] - logp[i]) - (ref_logp_d[i] - logp[i]) - 1.0 : 0.0;
     }
-    fprintf(stderr, "grpo: %d live rows, loss %.6g (ref %.6g), %d clipped, %d capped, mismatch %.4f, kl %.4f\n",
-            st.tokens, st.loss, ref_loss, st.clipped, st.capped, st.logp_mismatch, st.kl);
+    fprintf(stderr, "grpo: %d live rows, loss %.6g (ref %.6g), %d clipped, %d capped, mismatch %.4f, kl %.4f, "
+            "entropy %.6f (ref %.6f)\n", st.tokens, st.loss, ref_loss, st.clipped, st.capped, st.logp_mismatch, st.kl,
+            st.entropy, entropy / live);
+    assert_true(fabs(st.entropy - entropy / live) <= 1e-5 * entropy / live); /* f32 logits and sums */
     assert_true(fabs(st.kl - kl / live) < 1e-9);
     assert_true(kl_beta == 0.0 ? st.kl == 0.0 : st.kl > 0.01);
     assert_int_equal(st.tokens, live);
@@ -230,9 +265,12 @@ static void check_grpo_gradients(bool tied, int rope_mode, bool recompute, doubl
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
 
-static void test_gradients_untied(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_ADJACENT, false, 0); }
-static void test_gradients_tied_recompute(void **s) { (void)s; check_grpo_gradients(true, VKS_ROPE_HALF, true, 0); }
-static void test_gradients_kl(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_HALF, false, 0.2); }
+static void test_gradients_untied(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_ADJACENT, false, 0, 0); }
+static void test_gradients_tied_recompute(void **s) { (void)s; check_grpo_gradients(true, VKS_ROPE_HALF, true, 0, 0); }
+static void test_gradients_kl(void **s) { (void)s; check_grpo_gradients(false, VKS_ROPE_HALF, false, 0.2, 0); }
+/* the bonus (tied + recompute, with the KL term too) at a weight where it moves the gradient
+ * by a good part of its scale (printed) */
+static void test_gradients_entropy(void **s) { (void)s; check_grpo_gradients(true, VKS_ROPE_ADJACENT, true, 0.1, 0.3); }
 
 /* Sum of the live rows' logp of sequence q. */
 static double completion_logp(const group_batch *g, const float *logp, int q) {
@@ -314,6 +352,14 @@ static void test_deterministic(void **state) {
     }
     assert_false(tu_has_nonfinite(grads[0], total));
     assert_memory_equal(grads[0], grads[1], total * sizeof(float));
+    /* a fingerprint of the gradients and the loss, to compare builds (e.g. before and after a change
+     * that must leave this path bit-identical) on one device */
+    uint64_t fnv = 14695981039346656037ull;
+    const unsigned char *bytes = (const unsigned char *)grads[0];
+    for (size_t i = 0; i < total * sizeof(float); i++) fnv = (fnv ^ bytes[i]) * 1099511628211ull;
+    bytes = (const unsigned char *)&st[0].loss;
+    for (size_t i = 0; i < sizeof st[0].loss; i++) fnv = (fnv ^ bytes[i]) * 1099511628211ull;
+    fprintf(stderr, "grpo gradients and loss: fingerprint %016llx (loss %.9g)\n", (unsigned long long)fnv, st[0].loss);
     assert_true(st[0].tokens == st[1].tokens && st[0].clipped == st[1].clipped && st[0].capped == st[1].capped);
     assert_memory_equal(&st[0].loss, &st[1].loss, sizeof st[0].loss);
     assert_memory_equal(&st[0].logp_mismatch, &st[1].logp_mismatch, sizeof st[0].logp_mismatch);
@@ -350,6 +396,13 @@ static void test_bad_rows(void **state) {
     assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_OK);
     ref[PROMPT + 1] = NAN;
     assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    ref[PROMPT + 1] = -1.0f;
+    h.entropy_coef = -0.1; /* a bonus, not a penalty; and a number */
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    h.entropy_coef = NAN;
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
+    h.entropy_coef = 0.1;
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_OK);
     h.token_budget = 0;
     assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, NULL, NULL), VKS_ERR_ARG);
     assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, NULL, NULL, NULL), VKS_ERR_ARG);
@@ -366,6 +419,7 @@ int main(void) {
         cmocka_unit_test(test_gradients_untied),
         cmocka_unit_test(test_gradients_tied_recompute),
         cmocka_unit_test(test_gradients_kl),
+        cmocka_unit_test(test_gradients_entropy),
         cmocka_unit_test(test_step_follows_advantage),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_bad_rows),

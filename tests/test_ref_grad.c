@@ -533,6 +533,64 @@ static void test_token_logprob_known(void **state) {
     assert_int_equal(vks_ref_token_logprob_forward(logits, 1, 3, out_of_range, &logp), VKS_ERR_ARG);
 }
 
+/* ---- entropy of each row (the entropy bonus) ---- */
+
+typedef struct {
+    double *logits, *c, *h;
+    int R, V;
+} entropy_ctx;
+
+static double entropy_loss(void *p) {
+    entropy_ctx *l = p;
+    assert_int_equal(vks_ref_token_entropy_forward(l->logits, l->R, l->V, l->h), VKS_OK);
+    return weighted_sum(l->c, l->h, (size_t)l->R);
+}
+
+/* Odd shapes, peaked rows (logits up to +-12) and a row with c = 0. */
+static void test_token_entropy_grad(void **state) {
+    (void)state;
+    const int rows[] = {1, 5}, vocabs[] = {2, 7, 67};
+    const double spread[] = {4, 12};
+    for (size_t a = 0; a < 2; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t s = 0; s < 2; s++) {
+                rng64 r = {640 + 6 * a + 2 * b + s};
+                int R = rows[a], V = vocabs[b];
+                size_t n = (size_t)R * V;
+                entropy_ctx l = {random_doubles(&r, n, -spread[s], spread[s]), random_doubles(&r, (size_t)R, -1, 1),
+                                 zeros((size_t)R), R, V};
+                if (R > 2) l.c[2] = 0.0;
+                grad_buf d = grad_buf_new(&r, n);
+                assert_int_equal(vks_ref_token_entropy_backward(l.logits, R, V, l.c, d.g), VKS_OK);
+                grad_buf_settle(&d);
+                check_grad("token entropy", l.logits, n, d.g, entropy_loss, &l);
+                if (R > 2)
+                    for (int j = 0; j < V; j++) assert_true(d.g[2 * V + j] == 0.0);
+                grad_buf_free(&d);
+                free(l.logits), free(l.c), free(l.h);
+            }
+}
+
+/* By hand: a uniform row has H = log V and no gradient (the maximum); a
+ * two-token row with p = (1/(1+e), e/(1+e)) has H = log(1+e) - e/(1+e). */
+static void test_token_entropy_known(void **state) {
+    (void)state;
+    const double uniform[4] = {0.5, 0.5, 0.5, 0.5}, two[2] = {0.0, 1.0}, one = 1.0;
+    double h, d[4] = {0, 0, 0, 0};
+    assert_int_equal(vks_ref_token_entropy_forward(uniform, 1, 4, &h), VKS_OK);
+    assert_true(fabs(h - log(4.0)) < 1e-15);
+    assert_int_equal(vks_ref_token_entropy_backward(uniform, 1, 4, &one, d), VKS_OK);
+    for (int j = 0; j < 4; j++) assert_true(fabs(d[j]) < 1e-15);
+    assert_int_equal(vks_ref_token_entropy_forward(two, 1, 2, &h), VKS_OK);
+    double e = exp(1.0), p1 = e / (1.0 + e);
+    assert_true(fabs(h - (log(1.0 + e) - p1)) < 1e-15);
+    /* dH/dz_1 = -p1 (log p1 + H) = -p0 p1 (z1 - z0): raising the likelier token lowers H */
+    assert_int_equal(vks_ref_token_entropy_backward(two, 1, 2, &one, d), VKS_OK);
+    assert_true(fabs(d[1] + p1 * (1.0 - p1)) < 1e-15 && fabs(d[0] - p1 * (1.0 - p1)) < 1e-15);
+    assert_int_equal(vks_ref_token_entropy_forward(two, 0, 2, &h), VKS_ERR_ARG);
+    assert_int_equal(vks_ref_token_entropy_backward(two, 1, 2, NULL, d), VKS_ERR_ARG);
+}
+
 /* ---- AdamW, clipping, schedule ---- */
 
 /* One step from zero moments, values worked out by hand:
@@ -777,6 +835,68 @@ static void test_train_grad_every_tensor(void **state) {
     }
 }
 
+/* The entropy bonus through the whole model: L = sum_r c_r logp_r +
+ * sum_r e_r H_r over rows with a target (H_r the entropy of row r's logits),
+ * vks_ref_train_backward_entropy's gradient against central differences. */
+typedef struct {
+    const vks_ref_params *p;
+    const vks_ref_batch *b;
+    const double *c, *e;
+} entropy_model_ctx;
+
+static double entropy_model_loss(void *ctx) {
+    entropy_model_ctx *m = ctx;
+    int n = m->b->n_tokens, V = m->p->cfg.vocab_size;
+    double *logp = malloc((size_t)n * sizeof *logp), *logits = malloc((size_t)n * V * sizeof *logits);
+    double *h = malloc((size_t)n * sizeof *h);
+    assert_true(logp && logits && h);
+    assert_int_equal(vks_ref_train_forward(m->p, m->b, logp, logits, NULL), VKS_OK);
+    assert_int_equal(vks_ref_token_entropy_forward(logits, n, V, h), VKS_OK);
+    double loss = 0.0;
+    for (int r = 0, s = 0, in_seq = 0; r < n; r++) { /* the last row of each sequence has no target */
+        int len = m->b->n_seqs ? m->b->seq_lens[s] : n;
+        if (++in_seq < len) loss += m->c[r] * logp[r] + m->e[r] * h[r];
+        else s++, in_seq = 0;
+    }
+    free(logp), free(logits), free(h);
+    return loss;
+}
+
+static void test_train_grad_entropy(void **state) {
+    (void)state;
+    for (size_t i = 0; i < 2; i++) {
+        const model_case *mc = &model_cases[i];
+        float *bias_block;
+        vks_model *m = tiny_model(&mc->cfg, 80 + i, mc->biases, &bias_block);
+        vks_ref_params *p = NULL, *g = NULL;
+        assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+        assert_int_equal(vks_ref_params_create(&p->cfg, p->has_bias, &g), VKS_OK);
+        int n = case_tokens(mc);
+        int32_t tokens[16];
+        random_tokens(tokens, n, m->cfg.vocab_size, 90 + i);
+        rng64 r = {95 + i};
+        double c[16], e[16];
+        for (int t = 0; t < n; t++) c[t] = rng_uniform(&r, -1, 1), e[t] = t % 3 == 1 ? 0.0 : rng_uniform(&r, -1, 1);
+        vks_ref_batch b = {tokens, n, mc->lens, mc->n_seqs};
+        entropy_model_ctx ctx = {p, &b, c, e};
+        vks_ref_acts *acts = NULL;
+        double logp[16];
+        assert_int_equal(vks_ref_train_forward(p, &b, logp, NULL, &acts), VKS_OK);
+        assert_int_equal(vks_ref_train_backward_entropy(p, &b, acts, c, e, g), VKS_OK);
+        vks_ref_acts_free(acts);
+        for (int t = 0; t < g->n_tensors; t++) {
+            const vks_ref_tensor *gt = &g->tensors[t];
+            vks_ref_tensor *pt = vks_ref_params_find(p, gt->name);
+            char what[96];
+            snprintf(what, sizeof what, "entropy, model case %zu, tensor %s", i, gt->name);
+            check_grad(what, pt->data, (size_t)pt->rows * pt->cols, gt->data, entropy_model_loss, &ctx);
+        }
+        free(bias_block);
+        vks_ref_params_free(p), vks_ref_params_free(g);
+        vks_model_free(m);
+    }
+}
+
 /* Named views, the tied classifier, accumulation and refusals. */
 static void test_train_params_and_errors(void **state) {
     (void)state;
@@ -886,12 +1006,15 @@ int main(void) {
         cmocka_unit_test(test_swiglu_grad),
         cmocka_unit_test(test_token_logprob_grad),
         cmocka_unit_test(test_token_logprob_known),
+        cmocka_unit_test(test_token_entropy_grad),
+        cmocka_unit_test(test_token_entropy_known),
         cmocka_unit_test(test_adamw_first_step_by_hand),
         cmocka_unit_test(test_adamw_multi_step),
         cmocka_unit_test(test_clip_and_norm),
         cmocka_unit_test(test_lr_schedule),
         cmocka_unit_test(test_train_logits_match_ref_forward),
         cmocka_unit_test(test_train_grad_every_tensor),
+        cmocka_unit_test(test_train_grad_entropy),
         cmocka_unit_test(test_train_params_and_errors),
         cmocka_unit_test(test_train_adamw_lowers_loss),
     };

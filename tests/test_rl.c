@@ -7,6 +7,7 @@
  * the synchronous trainer waiting while inference generates, and a run whose
  * groups never carry signal ends with an error instead of waiting forever. */
 #include "test_util.h"
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,9 @@ typedef struct {
 /* test_synchronous_run's directory and last loss, for test_resume */
 static char k0_out[600];
 static double k0_last_loss = NAN;
+
+/* The entropy of the uniform distribution over the vocabulary: the largest. */
+static double max_entropy(void) { return log((double)tiny->cfg.vocab_size) + 1e-6; }
 
 static void on_progress(void *ctx, const vks_rl_progress *p) {
     progress_log *l = ctx;
@@ -122,8 +126,10 @@ static void test_synchronous_run(void **state) {
     assert_int_equal(log.n, steps);
     for (int i = 0; i < log.n; i++) {
         const vks_rl_progress *p = &log.p[i];
-        fprintf(stderr, "k=0 step %lld: lag %.2f, loss %.5f, mismatch %.2g, length %.1f, idle %.2f\n", (long long)p->step,
-                p->policy_lag, p->loss, p->logp_mismatch, p->length, p->trainer_idle);
+        fprintf(stderr, "k=0 step %lld: lag %.2f, loss %.5f, mismatch %.2g, length %.1f, idle %.2f, entropy %.4f\n",
+                (long long)p->step, p->policy_lag, p->loss, p->logp_mismatch, p->length, p->trainer_idle, p->entropy);
+        /* the mean entropy is reported with the bonus off: a distribution's, 0 < H <= log V */
+        assert_true(p->entropy > 0 && p->entropy <= max_entropy());
         assert_int_equal(p->step, i + 1);
         assert_true(p->policy_lag == 0.0); /* k = 0: every group made by the newest weights */
         assert_true(isfinite(p->loss) && isfinite(p->grad_norm) && p->grad_norm > 0);
@@ -146,6 +152,7 @@ static void test_synchronous_run(void **state) {
     char *metrics = (char *)tu_read_file(r.metrics_path, &len);
     assert_non_null(metrics);
     assert_non_null(strstr(metrics, "\"policy_lag\""));
+    assert_non_null(strstr(metrics, "\"entropy\":"));
     free(metrics);
     check_timeline(&r, steps);
     assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
@@ -221,6 +228,40 @@ static void test_resume(void **state) {
     assert_int_equal(log.n, 0);
 }
 
+/* OUT/rollouts/rejected.jsonl: one object per rejected completion, with the
+ * verifier's reason (the cheat fails the sampling replay: a gap above the
+ * margin) and the numbers it measured; batch/sample name its rollout line. */
+static void check_rejections(const vks_rl_result *r) {
+    char path[4300];
+    snprintf(path, sizeof path, "%s/rejected.jsonl", r->rollouts_dir);
+    size_t len;
+    char *text = (char *)tu_read_file(path, &len);
+    assert_non_null(text);
+    assert_true(len > 0 && text[len - 1] == '\n');
+    int lines = 0;
+    for (char *line = text, *end; *line; line = end + 1) {
+        end = strchr(line, '\n');
+        assert_non_null(end);
+        json_t *o = json_loadb(line, (size_t)(end - line), JSON_REJECT_DUPLICATES, NULL);
+        assert_true(json_is_object(o));
+        const char *reason = json_string_value(json_object_get(o, "reason"));
+        assert_true(reason && reason[0]);
+        if (!lines) fprintf(stderr, "first rejection: %.*s\n", (int)(end - line), line);
+        assert_non_null(strstr(reason, "is not the seeded sampler's draw")); /* what the cheat breaks */
+        json_t *b = json_object_get(o, "batch"), *i = json_object_get(o, "sample"), *gap = json_object_get(o, "max_gap");
+        assert_true(json_is_integer(b) && json_integer_value(b) >= 0 && json_integer_value(b) < r->next_batch);
+        assert_true(json_is_integer(i) && json_integer_value(i) >= 0 && json_integer_value(i) < 8);
+        /* the cheat shifts sample i of every batch where (8 batch + i + 1) % 4 == 0 */
+        assert_int_equal((8 * json_integer_value(b) + json_integer_value(i) + 1) % 4, 0);
+        assert_true(json_is_number(gap) && json_number_value(gap) > json_number_value(json_object_get(o, "logit_margin")));
+        assert_true(json_is_string(json_object_get(o, "id")));
+        json_decref(o);
+        lines++;
+    }
+    free(text);
+    assert_int_equal(lines, r->rejected);
+}
+
 static void test_async_run_rejects_cheater(void **state) {
     (void)state;
     vks_rl_config c;
@@ -231,13 +272,20 @@ static void test_async_run_rejects_cheater(void **state) {
     progress_log log = {0};
     vks_rl_run_options o = options(&c, &log);
     o.cheat_every = 4; /* every fourth completion carries a token its sampler did not draw */
+    c.entropy_coef = 0.05; /* the entropy bonus on, through the run's trainer */
+    /* an earlier run's rejections in the same place: a fresh run drops them */
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s/rollouts' && printf '%%s\\n' '{\"batch\":0,\"reason\":\"old\"}' "
+             "'{\"batch\":99,\"reason\":\"old\"}' 'not json' > '%s/rollouts/rejected.jsonl'", out, out);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     vks_rl_result r;
     int rc = vks_rl_run(&o, &r);
     if (rc) fail_msg("%s", vks_last_error());
     assert_int_equal(log.n, steps);
     for (int i = 0; i < log.n; i++) {
-        fprintf(stderr, "k=1 step %lld: lag %.2f, accepted %.3f\n", (long long)log.p[i].step, log.p[i].policy_lag,
-                log.p[i].accept_rate);
+        fprintf(stderr, "k=1 step %lld: lag %.2f, accepted %.3f, loss %.5f, entropy %.4f\n", (long long)log.p[i].step,
+                log.p[i].policy_lag, log.p[i].accept_rate, log.p[i].loss, log.p[i].entropy);
+        assert_true(log.p[i].entropy > 0 && log.p[i].entropy <= max_entropy());
         assert_true(log.p[i].policy_lag >= 0 && log.p[i].policy_lag <= 1.0);
         assert_true(isfinite(log.p[i].loss));
     }
@@ -247,6 +295,7 @@ static void test_async_run_rejects_cheater(void **state) {
     assert_true(r.rejected >= r.rollouts / 4 - r.rollouts / 16 && r.rejected <= r.rollouts / 4);
     assert_int_equal(r.accepted + r.rejected, r.rollouts);
     assert_int_equal(r.trained_rejected, 0); /* the trainer saw none of them */
+    check_rejections(&r);
     /* inference generates only as many prompts as the window has room for: no group goes stale */
     fprintf(stderr, "k=1: %lld groups stale\n", (long long)r.groups_stale);
     assert_int_equal(r.groups_stale, 0);

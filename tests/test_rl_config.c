@@ -37,7 +37,12 @@ static void test_file_and_set(void **state) {
                                    " \"verifiers\": [4], \"relays\": [5]}}"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "group_size=4"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "roles.verifiers=4,6"), VKS_OK);
-    assert_true(c.save_every == 10 && c.keep == 3 && c.warmup == 0); /* the defaults */
+    assert_true(c.save_every == 10 && c.keep == 3 && c.warmup == 0 && c.entropy_coef == 0.0); /* the defaults */
+    assert_int_equal(vks_rl_config_set(&c, "entropy_coef=0.01"), VKS_OK);
+    assert_true(c.entropy_coef == 0.01);
+    assert_int_equal(vks_rl_config_set(&c, "entropy_coef=-0.01"), VKS_ERR_FORMAT); /* a bonus, not a penalty */
+    assert_int_equal(vks_rl_config_set(&c, "entropy_coef=nan"), VKS_ERR_FORMAT);
+    assert_true(c.entropy_coef == 0.01);
     assert_int_equal(vks_rl_config_set(&c, "save_every=5"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "warmup=4"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "keep=-1"), VKS_ERR_FORMAT);
@@ -82,6 +87,7 @@ static void test_refusals(void **state) {
     expect_refused("{\"steps\": 1, \"steps\": 2}", 1, "line");
     expect_refused("[1, 2]", 1, "not a JSON object");
     expect_refused("{\"init\": \"huge\"}", 1, "init must be");
+    expect_refused("{\"entropy_coef\": 11}", 1, "entropy_coef must be a number in");
     vks_rl_config c;
     vks_rl_config_defaults(&c);
     assert_int_equal(vks_rl_config_set(&c, "nonsense=1"), VKS_ERR_FORMAT);

@@ -125,10 +125,10 @@ static void on_progress(void *ctx, const vks_rl_progress *p) {
     if (!isnan(p->reward)) snprintf(reward, sizeof reward, "%.3f", p->reward);
     fprintf(stderr,
             "rl: step %lld/%lld: lag %.1f, reward %s, accuracy %s, length %.1f, accepted %.3f, %.1f rollouts/s, "
-            "trainer idle %.0f%%, broadcast %.3f s, loss %.4f, clipped %.3f, logp mismatch %.2g (%.0f s)\n",
+            "trainer idle %.0f%%, broadcast %.3f s, loss %.4f, clipped %.3f, logp mismatch %.2g, entropy %.3f (%.0f s)\n",
             (long long)p->step, (long long)p->steps, p->policy_lag, reward, acc, p->length, p->accept_rate,
             p->rollouts_per_s, 100 * p->trainer_idle, p->broadcast_s, p->loss, p->clip_fraction, p->logp_mismatch,
-            p->elapsed_s);
+            p->entropy, p->elapsed_s);
 }
 
 static void print_result(const rl_args *a, const vks_rl_result *r) {

@@ -154,6 +154,23 @@ int vks_op_token_logprob(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding
  * logits (the gradient replaces the logits). */
 int vks_op_token_logprob_backward(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target,
                                   vks_binding dlogp, vks_binding dlogits, uint32_t R, uint32_t V, bool accumulate);
+/* entropy[r] = H_r = -sum_j p_j log p_j, p = softmax(logits[r, :]), on rows
+ * with a target (target >= 0); 0 on rows without one, NaN for target >= V
+ * (vks_ref_token_entropy_forward). entropy f32 [R], apart from logits/target. */
+int vks_op_token_entropy(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target, vks_binding entropy,
+                         uint32_t R, uint32_t V);
+/* The entropy bonus: vks_op_token_logprob_backward plus the gradient of
+ * sum_r dentropy[r] H_r (dentropy f32 [R]: d loss / d H_r, e.g. -coef w_r /
+ * token_budget for the bonus term -coef w_r H_r / token_budget):
+ *   dlogits[r, j] (+)= dlogp[r] (onehot - p_j) - dentropy[r] p_j (log p_j + H_r)
+ * (vks_ref_token_logprob_backward + vks_ref_token_entropy_backward), and
+ * entropy[r] = H_r as vks_op_token_entropy. A row with dentropy[r] == 0 gets
+ * exactly the values of vks_op_token_logprob_backward (same arithmetic).
+ * Targets, accumulate and the in-place rule as vks_op_token_logprob_backward;
+ * entropy shares memory with no other binding. */
+int vks_op_token_logprob_entropy_backward(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target,
+                                          vks_binding dlogp, vks_binding dentropy, vks_binding dlogits,
+                                          vks_binding entropy, uint32_t R, uint32_t V, bool accumulate);
 
 /* ==== loss ops: the GRPO loss (src/gpu/ops_grad_loss.c, shaders/grpo_loss.comp) ====
  * INTELLECT-2's GRPO loss per row, vks_ref_grpo_loss in f32 (the definition,

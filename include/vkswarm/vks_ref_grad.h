@@ -85,6 +85,14 @@ int vks_ref_token_logprob_forward(const double *logits, int R, int V, const uint
 int vks_ref_token_logprob_backward(const double *logits, int R, int V, const uint32_t *target, const double *dlogp,
                                    double *dlogits);
 
+/* ---- entropy of each row's distribution (the entropy bonus) ----
+ * entropy[r] = H_r = -sum_j p_j log p_j, p = softmax(logits[r, :]). */
+int vks_ref_token_entropy_forward(const double *logits, int R, int V, double *entropy);
+/* dlogits[r, j] += dentropy[r] * dH_r/dlogits[r, j] = -dentropy[r] p_j (log p_j + H_r),
+ * the gradient of sum_r dentropy[r] H_r. The bonus term -c w_r H_r / budget
+ * has dentropy[r] = -c w_r / budget: dlogits += c w_r p_j (log p_j + H_r) / budget. */
+int vks_ref_token_entropy_backward(const double *logits, int R, int V, const double *dentropy, double *dlogits);
+
 /* ---- GRPO loss (INTELLECT-2's variant) on the log-probabilities ----
  * Per row r with weight w[r] != 0 (a completion token; 0 masks the row):
  *   rho = exp(logp - logp_old), c = min(rho, delta)            (ratio capped at delta)
@@ -103,6 +111,12 @@ typedef struct {
     double eps;          /* clip range: 0.2 */
     double token_budget; /* the step's fixed normaliser (> 0) */
     double kl_beta;      /* KL penalty weight, >= 0; 0: off (ref_logp not read) */
+    /* Entropy bonus weight c, >= 0; 0: off. The term -c w[r] H_r / token_budget
+     * (H_r the entropy of row r's whole distribution: it lowers the loss when
+     * entropy is higher) needs the logits, not logp: vks_trainer_accumulate_grpo
+     * adds it in the token log-probability backward; vks_ref_grpo_loss and
+     * vks_op_grpo_loss ignore it (vks_ref_token_entropy_backward is its reference). */
+    double entropy_coef;
 } vks_grpo_loss_params;
 #define VKS_GRPO_DELTA 4.0
 #define VKS_GRPO_EPS 0.2

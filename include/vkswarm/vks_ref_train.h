@@ -73,6 +73,12 @@ int vks_ref_train_forward(const vks_ref_params *p, const vks_ref_batch *b, doubl
  * of sum_r dlogp[r] * logp[r], given the forward's store for the same p and b. */
 int vks_ref_train_backward(const vks_ref_params *p, const vks_ref_batch *b, const vks_ref_acts *acts,
                            const double *dlogp, vks_ref_params *grads);
+/* The same plus the gradient of sum_r dentropy[r] * H_r over rows with a
+ * target, H_r the entropy of row r's distribution (vks_ref_token_entropy_forward
+ * of the forward's logits): the entropy bonus. dentropy NULL: none (as
+ * vks_ref_train_backward). */
+int vks_ref_train_backward_entropy(const vks_ref_params *p, const vks_ref_batch *b, const vks_ref_acts *acts,
+                                   const double *dlogp, const double *dentropy, vks_ref_params *grads);
 void vks_ref_acts_free(vks_ref_acts *a);
 
 /* Supervised loss = -sum_r weight[r] * logp[r] / normaliser over rows with a

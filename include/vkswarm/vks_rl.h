@@ -38,6 +38,8 @@ typedef struct {
     double trainer_idle;      /* fraction of this step's time the trainer waited for groups */
     double broadcast_s;       /* handing the new weights to inference (export, hash, copy) */
     double loss, grad_norm, clip_fraction, logp_mismatch;
+    double entropy;           /* mean entropy (nats, temperature 1, whole vocabulary) of the trained
+                               * completion tokens' distributions under the trainer's weights before the step */
     int64_t groups_filtered;  /* groups dropped so far for equal rewards (no signal) */
     int64_t rejected;         /* completions the verifier rejected so far */
     int64_t groups_stale;     /* useful groups beyond the async window, dropped so far */

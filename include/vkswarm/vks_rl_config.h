@@ -17,6 +17,8 @@
  *   "length_targets": [],        e.g. [64, 128, 256]: the thinking budget; [] off
  *   "length_penalty": 3e-4,      lambda of the thinking budget
  *   "token_budget": 0,           loss normaliser per step (0: prompts_per_step * group_size * max_new_tokens)
+ *   "entropy_coef": 0,           entropy bonus c: -c H / token_budget per completion token (0: off; the
+ *                                mean entropy is reported either way)
  *   "save_every": 10,            a checkpoint every N steps (0: only the final one), for --resume
  *   "keep": 3,                   keep the newest N checkpoints (0: all)
  *   "roles": {
@@ -46,7 +48,7 @@ typedef struct {
 typedef struct {
     char task[512], init[16], model[1024], out[1024];
     int steps, prompts_per_step, group_size, async_level, max_new_tokens, save_every, keep, warmup;
-    double temperature, lr, length_penalty, token_budget;
+    double temperature, lr, length_penalty, token_budget, entropy_coef;
     uint64_t seed;
     int length_targets[VKS_RL_MAX_LENGTH_TARGETS], n_length_targets;
     /* roles */

@@ -58,6 +58,8 @@ typedef struct {
     double logp_mismatch; /* mean |logp - logp_old|: the trainer's recomputation vs the sampler's record */
     double max_mismatch;  /* the largest of them */
     double kl;            /* mean k3 KL estimate exp(x) - x - 1, x = ref_logp - logp (0 without the KL term) */
+    double entropy;       /* mean entropy (nats) of the live rows' distributions (temperature 1, whole
+                           * vocabulary); reported with or without the entropy bonus */
 } vks_grpo_stats;
 
 /* A GRPO micro-batch's per-row inputs, n_tokens entries each. */
@@ -76,9 +78,13 @@ typedef struct {
  * a target is live; vks_grpo_sequence_rows builds it); rows without a target
  * are never live. rows' arrays are read only on live rows (finite,
  * log-probabilities <= 0, or VKS_ERR_ARG naming the row). With h->kl_beta
- * the KL penalty to the reference model is added (off by default). stats and
- * logp (this policy's log-probability of each row's target, 0 where none)
- * may be NULL. No entropy bonus (see NOTES.md). */
+ * the KL penalty to the reference model is added (off by default), with
+ * h->entropy_coef c the entropy bonus -c w[r] H_r / token_budget per live row
+ * (off by default: 0 records the same kernels as before it existed, plus one
+ * that only reads the logits for stats->entropy; the bonus's gradient is
+ * added in the token log-probability backward); stats->loss includes it.
+ * stats and logp (this policy's log-probability of each row's target, 0
+ * where none) may be NULL. */
 int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const vks_grpo_rows *rows,
                                 const vks_grpo_loss_params *h, vks_grpo_stats *stats, float *logp);
 /* Forward only: logp[n_tokens] as above (evaluation, the RL trainer's check of

@@ -58,7 +58,7 @@ static int make_scratch(vks_trainer *t) {
         {&a->attn_scratch, vks_op_attention_train_backward_scratch_bytes((uint32_t)T, (uint32_t)c->n_heads) / 4 + 1},
         {&a->embed_index, VKS_EMBED_GRAD_INDEX_WORDS(T)}, {&a->clip_partials, grads},
         {&a->clip_out, 2}, {&a->one, 1}, {&a->grpo_old, T}, {&a->grpo_adv, T}, {&a->grpo_weight, T},
-        {&a->grpo_ref, T}, {&a->grpo_loss, T}, {&a->grpo_flags, T},
+        {&a->grpo_ref, T}, {&a->grpo_loss, T}, {&a->grpo_flags, T}, {&a->grpo_dent, T}, {&a->grpo_entropy, T},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         int rc = make(t, all[i].b, all[i].n);
@@ -87,7 +87,7 @@ static void free_acts(vks_trainer *t) {
     vks_buffer *all[] = {a->tokens, a->pos, a->start, a->target, a->xf, a->logits, a->logp, a->dlogp, a->dres,
                          a->dxn, a->dq, a->dk, a->dv, a->datt, a->dh, a->dg, a->du, a->norm_scratch, a->attn_scratch, a->embed_index,
                          a->clip_partials, a->clip_out, a->one, a->grpo_old, a->grpo_adv, a->grpo_weight,
-                         a->grpo_ref, a->grpo_loss, a->grpo_flags};
+                         a->grpo_ref, a->grpo_loss, a->grpo_flags, a->grpo_dent, a->grpo_entropy};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
     free(a->x_in);
     free(a->layer);
@@ -232,6 +232,7 @@ typedef struct {
 } grpo_job;
 
 static bool has_kl(const grpo_job *g) { return g->h->kl_beta != 0.0; }
+static bool has_bonus(const grpo_job *g) { return g->h->entropy_coef != 0.0; }
 
 /* The row weights the loss sees: 0 on rows without a target. */
 static float row_weight(const vks_train_batch *b, const train_rows *r, int i) {
@@ -260,6 +261,10 @@ static int upload_grpo(vks_trainer *t, const vks_train_batch *b, const train_row
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_old, 0, old, bytes);
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_adv, 0, adv, bytes);
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_ref, 0, ref, bytes);
+    if (!rc && has_bonus(g)) { /* d loss / d H_r of the bonus term -c w_r H_r / token_budget (reuses old[]) */
+        for (int i = 0; i < r->n; i++) old[i] = (float)(-g->h->entropy_coef * w[i] / g->h->token_budget);
+        rc = vks_buffer_upload(t->acts.grpo_dent, 0, old, bytes);
+    }
     free(w);
     free(old);
     free(adv);
@@ -278,19 +283,23 @@ static int record_grpo(vks_trainer *t, vks_cmd *c, uint32_t n, const grpo_job *g
 /* The statistics from logp, the loss terms and the flags, summed in row order. */
 static int read_grpo(vks_trainer *t, const vks_train_batch *b, const train_rows *r, const grpo_job *g, float *logp) {
     size_t bytes = sizeof(float) * (size_t)r->n;
-    float *lp = logp ? logp : malloc(bytes), *loss = malloc(bytes);
+    float *lp = logp ? logp : malloc(bytes), *loss = malloc(bytes), *ent = malloc(bytes);
     uint32_t *flags = malloc(bytes);
-    int rc = lp && loss && flags ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    int rc = lp && loss && ent && flags ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     if (!rc) rc = vks_buffer_download(t->acts.logp, 0, lp, bytes);
     if (!rc) rc = vks_buffer_download(t->acts.grpo_loss, 0, loss, bytes);
     if (!rc) rc = vks_buffer_download(t->acts.grpo_flags, 0, flags, bytes);
+    if (!rc) rc = vks_buffer_download(t->acts.grpo_entropy, 0, ent, bytes);
     vks_grpo_stats st = {0};
-    double mismatch = 0.0, kl = 0.0;
+    double mismatch = 0.0, kl = 0.0, entropy = 0.0;
     for (int i = 0; !rc && i < r->n; i++) {
         if (!r->has_target[i]) lp[i] = 0.0f;
-        if (row_weight(b, r, i) == 0.0f) continue;
+        float w = row_weight(b, r, i);
+        if (w == 0.0f) continue;
         st.tokens++;
         st.loss += loss[i];
+        entropy += ent[i];
+        if (has_bonus(g)) st.loss -= g->h->entropy_coef * w * ent[i] / g->h->token_budget;
         st.clipped += (flags[i] & VKS_GRPO_CLIPPED) != 0;
         st.capped += (flags[i] & VKS_GRPO_CAPPED) != 0;
         double d = fabs((double)lp[i] - g->rows->logp_old[i]);
@@ -302,11 +311,13 @@ static int read_grpo(vks_trainer *t, const vks_train_batch *b, const train_rows 
         }
     }
     st.kl = st.tokens ? kl / st.tokens : 0.0;
+    st.entropy = st.tokens ? entropy / st.tokens : 0.0;
     st.clip_fraction = st.tokens ? (double)st.clipped / st.tokens : 0.0;
     st.logp_mismatch = st.tokens ? mismatch / st.tokens : 0.0;
     if (!rc && g->stats) *g->stats = st;
     if (lp != logp) free(lp);
     free(loss);
+    free(ent);
     free(flags);
     return rc;
 }
@@ -346,7 +357,8 @@ static int run(vks_trainer *t, const vks_train_batch *b, bool backward, const gr
     if (!rc) rc = vks_cmd_begin(t->gpu, &c);
     if (!rc) rc = vks_train_record_forward(t, c, (uint32_t)r.n);
     if (!rc && g) rc = record_grpo(t, c, (uint32_t)r.n, g);
-    if (!rc && backward) rc = vks_train_record_backward(t, c, (uint32_t)r.n, n_unique);
+    vks_train_entropy e = !g ? VKS_TRAIN_ENTROPY_NONE : has_bonus(g) ? VKS_TRAIN_ENTROPY_BONUS : VKS_TRAIN_ENTROPY_REPORT;
+    if (!rc && backward) rc = vks_train_record_backward(t, c, (uint32_t)r.n, n_unique, e);
     if (c) rc = rc ? (vks_cmd_discard(c), rc) : vks_cmd_submit(c);
     if (!rc) rc = g ? read_grpo(t, b, &r, g, logp) : read_logp(t, b, &r, loss, logp);
     if (!rc && top1) rc = read_top1(t, &r, top1);
@@ -362,6 +374,8 @@ int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const 
                                 const vks_grpo_loss_params *h, vks_grpo_stats *stats, float *logp) {
     if (!rows || !rows->logp_old || !rows->advantage || !h || (h->kl_beta != 0.0 && !rows->ref_logp))
         return vks_set_error(VKS_ERR_ARG, "vks_trainer_accumulate_grpo: NULL argument (ref_logp is needed with kl_beta)");
+    if (!(h->entropy_coef >= 0.0) || !isfinite(h->entropy_coef))
+        return vks_set_error(VKS_ERR_ARG, "vks_trainer_accumulate_grpo: entropy_coef %g (finite, >= 0)", h->entropy_coef);
     grpo_job g = {rows, h, stats};
     return run(t, b, true, &g, NULL, logp, NULL);
 }

@@ -40,6 +40,8 @@ typedef struct {
     vks_buffer *clip_partials, *clip_out, *one; /* gradient norm: partial sums, {scale, norm}, 1.0f */
     /* GRPO loss: per row logp_old, advantage, weight, reference logp (inputs), loss term, flags (outputs), [T] each */
     vks_buffer *grpo_old, *grpo_adv, *grpo_weight, *grpo_ref, *grpo_loss, *grpo_flags;
+    /* the entropy: d loss / d H per row (the bonus's input), each row's entropy (output), [T] each */
+    vks_buffer *grpo_dent, *grpo_entropy;
     uint32_t n_partials;
 } train_acts;
 
@@ -90,7 +92,12 @@ int vks_train_record_forward(vks_trainer *t, vks_cmd *c, uint32_t n);
 int vks_train_record_layer_forward(vks_trainer *t, vks_cmd *c, int l, uint32_t n);
 /* train_backward.c: records the backward of loss = sum_r dlogp[r] * logp[r]
  * (acts.dlogp uploaded), accumulating into the gradient set. */
-int vks_train_record_backward(vks_trainer *t, vks_cmd *c, uint32_t n, uint32_t n_unique_tokens);
+/* What the backward does with each row's entropy: nothing (SFT), write it to
+ * acts.grpo_entropy before the gradient replaces the logits (vks_op_token_entropy,
+ * then the plain token_logprob backward: the gradient is untouched), or the
+ * entropy bonus (vks_op_token_logprob_entropy_backward with acts.grpo_dent). */
+typedef enum { VKS_TRAIN_ENTROPY_NONE, VKS_TRAIN_ENTROPY_REPORT, VKS_TRAIN_ENTROPY_BONUS } vks_train_entropy;
+int vks_train_record_backward(vks_trainer *t, vks_cmd *c, uint32_t n, uint32_t n_unique_tokens, vks_train_entropy e);
 /* The activations of layer l (the shared set under recompute). */
 train_layer_acts *vks_train_layer_acts(vks_trainer *t, int l);
 #endif

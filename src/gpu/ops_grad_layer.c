@@ -262,3 +262,38 @@ int vks_op_token_logprob_backward(vks_ops *o, vks_cmd *c, vks_binding logits, vk
     vks_binding b[] = {logits, target, dlogp, dlogits};
     return vks_ops_dispatch(o, c, "token_logprob_backward", spec, 1, b, 4, push, sizeof push, R, op);
 }
+
+int vks_op_token_entropy(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target, vks_binding entropy,
+                         uint32_t R, uint32_t V) {
+    const char *op = "token_entropy";
+    if (!o || !c) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
+    int rc = check_logprob(op, logits, target, "entropy", entropy, R, V);
+    vks_binding read[] = {logits, target};
+    if (!rc) rc = check_apart(op, "entropy", entropy, read, 2);
+    if (rc) return rc;
+    uint32_t push[] = {R, V, 0};
+    uint32_t spec[] = {o->wg_row};
+    vks_binding b[] = {logits, target, entropy};
+    return vks_ops_dispatch(o, c, "token_entropy", spec, 1, b, 3, push, sizeof push, R, op);
+}
+
+int vks_op_token_logprob_entropy_backward(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding target,
+                                          vks_binding dlogp, vks_binding dentropy, vks_binding dlogits,
+                                          vks_binding entropy, uint32_t R, uint32_t V, bool accumulate) {
+    const char *op = "token_logprob_entropy_backward";
+    if (!o || !c) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
+    int rc = check_logprob(op, logits, target, "dlogp", dlogp, R, V);
+    if (!rc) rc = vks_ops_check_range(op, "dentropy", dentropy, R, 4);
+    if (!rc) rc = vks_ops_check_range(op, "dlogits", dlogits, (uint64_t)R * V, 4);
+    if (!rc) rc = vks_ops_check_range(op, "entropy", entropy, R, 4);
+    /* over the logits only in overwrite mode: each element is read before it is replaced */
+    vks_binding read[] = {logits, target, dlogp, dentropy, entropy};
+    if (!rc) rc = check_apart(op, "dlogits", dlogits, read + (accumulate ? 0 : 1), accumulate ? 5 : 4);
+    vks_binding others[] = {logits, target, dlogp, dentropy, dlogits};
+    if (!rc) rc = check_apart(op, "entropy", entropy, others, 5);
+    if (rc) return rc;
+    uint32_t push[] = {R, V, accumulate ? 1u : 0u};
+    uint32_t spec[] = {o->wg_row};
+    vks_binding b[] = {logits, target, dlogp, dlogits, dentropy, entropy};
+    return vks_ops_dispatch(o, c, "token_logprob_entropy_backward", spec, 1, b, 6, push, sizeof push, R, op);
+}

@@ -316,6 +316,43 @@ int vks_ref_token_logprob_backward(const double *logits, int R, int V, const uin
     return VKS_OK;
 }
 
+/* ---- entropy of each row ---- */
+
+/* H = -sum_j p_j log p_j with log p_j = row[j] - lse. */
+static double row_entropy(const double *row, int V, double lse) {
+    double h = 0.0;
+    for (int j = 0; j < V; j++) {
+        double logp = row[j] - lse;
+        h -= exp(logp) * logp;
+    }
+    return h;
+}
+
+int vks_ref_token_entropy_forward(const double *logits, int R, int V, double *entropy) {
+    if (!logits || !entropy || R <= 0 || V <= 0) return bad_args("vks_ref_token_entropy_forward");
+    for (int r = 0; r < R; r++) {
+        const double *row = logits + (size_t)r * V;
+        entropy[r] = row_entropy(row, V, log_sum_exp(row, V));
+    }
+    return VKS_OK;
+}
+
+/* dH/dz_j = -p_j (log p_j + H): from H = -sum_k p_k log p_k and
+ * dp_k/dz_j = p_k (delta_kj - p_j), using sum_k dp_k/dz_j = 0. */
+int vks_ref_token_entropy_backward(const double *logits, int R, int V, const double *dentropy, double *dlogits) {
+    if (!logits || !dentropy || !dlogits || R <= 0 || V <= 0) return bad_args("vks_ref_token_entropy_backward");
+    for (int r = 0; r < R; r++) {
+        const double *row = logits + (size_t)r * V;
+        double lse = log_sum_exp(row, V), h = row_entropy(row, V, lse);
+        double *drow = dlogits + (size_t)r * V;
+        for (int j = 0; j < V; j++) {
+            double logp = row[j] - lse;
+            drow[j] -= dentropy[r] * exp(logp) * (logp + h);
+        }
+    }
+    return VKS_OK;
+}
+
 /* ---- GRPO loss ---- */
 
 static bool grpo_params_ok(const vks_grpo_loss_params *h) {

@@ -490,13 +490,19 @@ static int attention_backward(const vks_ref_params *p, const vks_ref_layer *w, c
     return rc;
 }
 
-/* dlogp of rows with a target (others 0) -> dlogits -> classifier, final norm. */
+/* dlogp (and dentropy, when not NULL) of rows with a target (others 0) ->
+ * dlogits -> classifier, final norm. */
 static int head_backward(const vks_ref_params *p, const batch_rows *rows, const vks_ref_acts *a,
-                         const double *dlogp, vks_ref_params *grads, grad_scratch *g, double *dlogp_rows) {
+                         const double *dlogp, const double *dentropy, vks_ref_params *grads, grad_scratch *g,
+                         double *dlogp_rows) {
     const vks_model_config *c = &p->cfg;
     int n = rows->n;
     for (int r = 0; r < n; r++) dlogp_rows[r] = rows->has_target[r] ? dlogp[r] : 0.0;
     int rc = vks_ref_token_logprob_backward(a->logits, n, c->vocab_size, rows->target, dlogp_rows, g->dlogits);
+    if (rc == VKS_OK && dentropy) {
+        for (int r = 0; r < n; r++) dlogp_rows[r] = rows->has_target[r] ? dentropy[r] : 0.0;
+        rc = vks_ref_token_entropy_backward(a->logits, n, c->vocab_size, dlogp_rows, g->dlogits);
+    }
     if (rc == VKS_OK)
         rc = vks_ref_matmul_backward(a->xnf, p->classifier, n, c->vocab_size, c->dim, g->dlogits, g->dxn,
                                      grads->classifier); /* tied: grads->classifier is grads->tok_emb */
@@ -513,6 +519,11 @@ static bool same_shape(const vks_ref_params *a, const vks_ref_params *b) {
 
 int vks_ref_train_backward(const vks_ref_params *p, const vks_ref_batch *b, const vks_ref_acts *acts,
                            const double *dlogp, vks_ref_params *grads) {
+    return vks_ref_train_backward_entropy(p, b, acts, dlogp, NULL, grads);
+}
+
+int vks_ref_train_backward_entropy(const vks_ref_params *p, const vks_ref_batch *b, const vks_ref_acts *acts,
+                                   const double *dlogp, const double *dentropy, vks_ref_params *grads) {
     if (!p || !acts || !dlogp || !grads) return vks_set_error(VKS_ERR_ARG, "vks_ref_train_backward: NULL argument");
     if (!same_shape(p, grads))
         return vks_set_error(VKS_ERR_ARG, "vks_ref_train_backward: gradients shaped unlike the parameters");
@@ -533,7 +544,7 @@ int vks_ref_train_backward(const vks_ref_params *p, const vks_ref_batch *b, cons
         batch_rows_free(&rows);
         return rc;
     }
-    rc = head_backward(p, &rows, acts, dlogp, grads, &g, dlogp_rows);
+    rc = head_backward(p, &rows, acts, dlogp, dentropy, grads, &g, dlogp_rows);
     for (int l = p->cfg.n_layers - 1; rc == VKS_OK && l >= 0; l--) {
         rc = ffn_backward(p, &p->layers[l], &acts->layers[l], rows.n, &grads->layers[l], &g);
         if (rc == VKS_OK) rc = attention_backward(p, &p->layers[l], &acts->layers[l], &rows, &grads->layers[l], &g);

@@ -158,6 +158,7 @@ typedef struct {
     char rollouts_dir[4096];
     bool defer_verify;        /* a verifier rank checks the batches: write the rollout file, verify
                                  nothing here, every completion goes into its group unverified */
+    bool rejections_started;  /* rollouts_dir/rejected.jsonl has been trimmed for this process's batches */
     bool keep_flat_groups;    /* TEST ONLY: keep groups without signal (advantages 0), so that a
                                  rank told to send garbage always has a group to spoil */
 } vks_rl_gen;
@@ -168,6 +169,20 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g);
 void vks_rl_gen_close(vks_rl_gen *g);
 /* Makes m (owned from here) the policy of step `step`: a fresh engine. */
 int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
+/* The verifier's rejections, one JSON object per rejected completion,
+ * appended per batch (each line flushed and checked) to
+ * rollouts_dir/VKS_RL_REJECTED_FILE:
+ *   {"batch":B,"policy_step":S,"sample":I,"file":"batch-B.jsonl","id":ID,
+ *    "seq":Q,"task_index":T,"output_tokens":N,"reason":STR,"max_gap":X,
+ *    "logit_margin":M,"n_chunks":C,"toploc_exp_mismatches":E,
+ *    "toploc_mant_mean":A,"toploc_mant_median":D}
+ * (sample: the completion's index in the batch and in its rollout file; the
+ * gap, margin and TOPLOC statistics are the verdict's, null when not finite).
+ * Before a process's first batch the file keeps only lines of earlier batches
+ * (a fresh run starts it empty; a resumed one drops the batches it makes
+ * again). A batch with rejections also prints one line on stderr. */
+#define VKS_RL_REJECTED_FILE "rejected.jsonl"
+
 /* Generation batch `batch` with the current policy: the first n_prompts
  * (1..prompts_per_step) of its tasks (task batch * prompts_per_step + p) x
  * group_size completions, scored, verified (o->verify), as groups[0..n_prompts)

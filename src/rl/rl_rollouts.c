@@ -7,6 +7,8 @@
  * the others go to the trainer while the async window allows. The thread
  * records what it did when (its timeline: waits, weight loads, generation,
  * verification). */
+#include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,9 +185,134 @@ static void cheat(const vks_rl_gen *g, gen_batch *b, int n) {
     }
 }
 
+/* ---- the verifier's rejections (rl_internal.h: VKS_RL_REJECTED_FILE) ---- */
+
+enum { REJECTED_MAX_LINE = 1 << 16 }; /* a longer line in an old file is dropped */
+
+/* The line's "batch" when it is an object with an integer one, else -1. */
+static int64_t line_batch(const char *line, size_t len) {
+    json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *b = json_object_get(o, "batch");
+    int64_t batch = json_is_integer(b) ? (int64_t)json_integer_value(b) : -1;
+    json_decref(o);
+    return batch;
+}
+
+/* Before this process's first batch: rewrites the file (temporary + rename)
+ * with the old lines of batches before it; no file, nothing to do. */
+static int rejections_start(vks_rl_gen *g, const char *path) {
+    FILE *in = fopen(path, "rb");
+    if (!in) return errno == ENOENT ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+    vks_outfile o;
+    int rc = vks_outfile_open(&o, path, 0666);
+    if (rc) {
+        fclose(in);
+        return rc;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    bool ok = true;
+    while (ok && (len = getline(&line, &cap, in)) > 0) {
+        size_t n = (size_t)len - (line[len - 1] == '\n');
+        if (n > REJECTED_MAX_LINE) continue;
+        int64_t b = line_batch(line, n);
+        if (b >= 0 && b < g->batch) ok = fwrite(line, 1, n, o.f) == n && putc('\n', o.f) != EOF;
+    }
+    bool read_failed = ferror(in) != 0;
+    free(line);
+    fclose(in);
+    if (read_failed) {
+        vks_outfile_abort(&o);
+        return vks_set_error(VKS_ERR_IO, "%s: cannot read the earlier rejections", path);
+    }
+    return vks_outfile_finish(&o, ok);
+}
+
+/* A JSON string of bytes from a file: escaped first (jansson wants UTF-8). */
+static json_t *text_value(const char *s) {
+    char buf[1024];
+    vks_escape(s ? s : "", s ? strlen(s) : 0, buf, sizeof buf);
+    return json_string(buf);
+}
+
+static json_t *number_value(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static char *rejection_line(const vks_rl_gen *g, const vks_rollout_sample *s, const vks_verdict *v,
+                            const vks_verify_options *vo, int i) {
+    const vks_rl_config *c = g->o->config;
+    char file[64];
+    snprintf(file, sizeof file, "batch-%06lld.jsonl", (long long)g->batch);
+    json_t *o = json_object();
+    bool ok = o != NULL;
+#define PUT(key, val) (ok = ok && json_object_set_new(o, key, val) == 0)
+    PUT("batch", json_integer((json_int_t)g->batch));
+    PUT("policy_step", json_integer((json_int_t)g->policy_step));
+    PUT("sample", json_integer(i));
+    PUT("file", json_string(file));
+    PUT("id", text_value(s->id));
+    PUT("seq", json_integer((json_int_t)s->seq));
+    PUT("task_index", json_integer((json_int_t)(g->batch * c->prompts_per_step + i / c->group_size)));
+    PUT("output_tokens", json_integer(s->n_output));
+    PUT("reason", text_value(v->reason));
+    PUT("max_gap", number_value(v->max_gap));
+    PUT("logit_margin", number_value(vo->logit_margin));
+    PUT("n_chunks", json_integer(v->n_chunks));
+    PUT("toploc_exp_mismatches", json_integer(v->worst.exp_mismatches));
+    PUT("toploc_mant_mean", number_value(v->worst.mant_mean));
+    PUT("toploc_mant_median", number_value(v->worst.mant_median));
+#undef PUT
+    char *line = ok ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(o);
+    return line;
+}
+
+/* The batch's rejected completions (samples: its rollout file, in order):
+ * appended to the file, each line flushed and checked; one line on stderr. */
+static int record_rejections(vks_rl_gen *g, const vks_rollout_sample *samples, const vks_verdict *v, int n,
+                             const vks_verify_options *vo) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/" VKS_RL_REJECTED_FILE, g->rollouts_dir);
+    if (!g->rejections_started) {
+        int rc = rejections_start(g, path);
+        if (rc) return rc;
+        g->rejections_started = true;
+    }
+    int rejected = 0, first = -1;
+    for (int i = 0; i < n; i++)
+        if (!v[i].accepted) rejected++, first = first < 0 ? i : first;
+    if (!rejected) return VKS_OK;
+    FILE *f = fopen(path, "ab");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    bool ok = true;
+    for (int i = 0; ok && i < n; i++) {
+        if (v[i].accepted) continue;
+        char *line = rejection_line(g, &samples[i], &v[i], vo, i);
+        if (!line) {
+            fclose(f);
+            return vks_set_error(VKS_ERR_NOMEM, "%s: cannot format a line", path);
+        }
+        size_t len = strlen(line);
+        line[len] = '\n'; /* the terminator becomes the newline: one write per line */
+        ok = fwrite(line, 1, len + 1, f) == len + 1 && fflush(f) == 0;
+        free(line);
+    }
+    int e = errno;
+    ok = fclose(f) == 0 && ok;
+    if (!ok) return vks_set_error(VKS_ERR_IO, "%s: write failed: %s", path, strerror(e ? e : EIO));
+    char reason[300], where[300], msg[1024];
+    vks_escape(v[first].reason, strlen(v[first].reason), reason, sizeof reason);
+    vks_escape(path, strlen(path), where, sizeof where);
+    snprintf(msg, sizeof msg, "vkswarm: rl: batch %lld (policy step %lld): the verifier rejected %d of %d completions; "
+             "sample %d: %s (all in %s)\n", (long long)g->batch, (long long)g->policy_step, rejected, n, first, reason,
+             where);
+    fputs(msg, stderr);
+    return VKS_OK;
+}
+
 /* The verifier: reads the batch's rollout file back (as a verifier rank
  * receives it) and replays it on the CPU forward of the same policy. */
-static int verify_batch(const vks_rl_gen *g, const char *path, gen_batch *b, int n) {
+static int verify_batch(vks_rl_gen *g, const char *path, gen_batch *b, int n) {
     vks_rollout_file f;
     int rc = vks_rollout_read(path, &f);
     if (rc) return rc;
@@ -203,6 +330,7 @@ static int verify_batch(const vks_rl_gen *g, const char *path, gen_batch *b, int
     vo.task_prompts = prompts, vo.task_prompt_lens = lens, vo.n_task_prompts = n;
     vo.cpu_threads = 1;
     if (!rc) rc = vks_verify_batch_cpu(g->model, &vo, f.samples, n, b->verdicts);
+    if (!rc) rc = record_rejections(g, f.samples, b->verdicts, n, &vo);
     free(prompts);
     free(lens);
     vks_rollout_file_free(&f);

@@ -269,7 +269,7 @@ typedef struct {
     double reward, length, lag;
     int n;
     vks_grpo_stats grpo;  /* summed over micro-batches (fractions recomputed) */
-    double mismatch_sum;
+    double mismatch_sum, entropy_sum;
 } step_stats;
 
 static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_params *h, step_stats *st) {
@@ -285,6 +285,7 @@ static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_
     st->grpo.clipped += s.clipped;
     st->grpo.capped += s.capped;
     st->mismatch_sum += s.logp_mismatch * s.tokens;
+    st->entropy_sum += s.entropy * s.tokens;
     if (s.max_mismatch > st->grpo.max_mismatch) st->grpo.max_mismatch = s.max_mismatch;
     return VKS_OK;
 }
@@ -330,7 +331,8 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     for (int i = 0; i < c->prompts_per_step; i++) lag += (double)(step - r->groups[i].policy_step);
     vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS,
                               .token_budget = c->token_budget > 0 ? c->token_budget
-                                                                  : (double)c->prompts_per_step * c->group_size * c->max_new_tokens};
+                                                                  : (double)c->prompts_per_step * c->group_size * c->max_new_tokens,
+                              .entropy_coef = c->entropy_coef};
     memset(st, 0, sizeof *st);
     int rc = accumulate_step(r, &h, st);
     st->lag = lag / c->prompts_per_step;
@@ -398,6 +400,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"grad_norm", p->grad_norm};
     m[n++] = (vks_metric){"clip_fraction", p->clip_fraction};
     m[n++] = (vks_metric){"logp_mismatch", p->logp_mismatch};
+    m[n++] = (vks_metric){"entropy", p->entropy};
     m[n++] = (vks_metric){"groups_filtered", (double)p->groups_filtered};
     m[n++] = (vks_metric){"rejected", (double)p->rejected};
     m[n++] = (vks_metric){"groups_stale", (double)p->groups_stale};
@@ -461,7 +464,8 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
                            .length = st.n ? st.length / st.n : 0, .trainer_idle = spent > 0 ? waited / spent : 0,
                            .broadcast_s = broadcast_s, .loss = st.grpo.loss, .grad_norm = norm,
                            .clip_fraction = st.grpo.tokens ? (double)st.grpo.clipped / st.grpo.tokens : 0,
-                           .logp_mismatch = st.grpo.tokens ? st.mismatch_sum / st.grpo.tokens : 0};
+                           .logp_mismatch = st.grpo.tokens ? st.mismatch_sum / st.grpo.tokens : 0,
+                           .entropy = st.grpo.tokens ? st.entropy_sum / st.grpo.tokens : 0};
     bool eval_now = step == r->c->steps || (r->o->eval_every && step % r->o->eval_every == 0);
     if (eval_now) rc = evaluate(r, &p->accuracy);
     read_counters(r, p, t_start);
