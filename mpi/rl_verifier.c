@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "rl_wire.h"
 #include "vkswarm/vks_grpo.h"
@@ -176,10 +177,13 @@ static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_gr
     if (!rc && header) /* another model or untrusted stops: every completion is rejected */
         for (int k = 0; k < n; k++) got[k] = (vks_verdict){.accepted = false}, snprintf(got[k].reason, sizeof got[k].reason, "%s", header);
     else if (!rc && n) rc = vks_verify_batch_cpu(v->model, &vo, sub, n, got);
+    /* completions of flat groups are never trained on: not judged, recorded as accepted */
+    for (int q = 0; !rc && q < P * G; q++) verdicts[q] = (vks_verdict){.accepted = true};
     for (int k = 0; !rc && k < n; k++) {
         verdicts[where[k]] = got[k];
         ++*checked, *accepted += got[k].accepted;
     }
+    if (!rc && *accepted < *checked) rc = vks_rl_record_rejections(&v->gen, f->samples, verdicts, P * G, &vo);
     free(sub), free(got), free(prompts), free(lens), free(where);
     return rc;
 }
@@ -276,6 +280,7 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     }
     if (!bad) bad = !matches_file(v, &f, groups, h.batch, why, sizeof why);
     cnt.checked = cnt.accepted = 0;
+    v->gen.batch = h.batch, v->gen.policy_step = h.step; /* for the record of rejections */
     if (!bad) rc = replay(v, &f, groups, verdicts, &cnt.checked, &cnt.accepted);
     if (!bad && !rc) rc = regroup(v, origin, h.batch, groups, verdicts);
     size_t n = 0;
@@ -288,6 +293,11 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     if (bad) return refuse(v, origin, h.batch, why);
     vks_rl_msg up = {.magic = VKS_RL_MAGIC, .type = MSG_VERIFIED, .batch = h.batch, .step = h.step, .n = (uint64_t)origin};
     return send_up(v, &up, packed, n, "the trainer taking verdicts");
+}
+
+static int make_dir(const char *path) {
+    struct stat st;
+    return mkdir(path, 0777) && !(!stat(path, &st) && S_ISDIR(st.st_mode));
 }
 
 static bool is_inference_rank(const vks_rl_config *c, int rank) {
@@ -336,6 +346,10 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     v.gen.o = o;
     v.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
     if (!rc) rc = vks_rl_gen_open_tasks(&v.gen);
+    /* rejections are recorded in OUT/verifier-rankV/rejected.jsonl */
+    snprintf(v.gen.rollouts_dir, sizeof v.gen.rollouts_dir, "%s/verifier-rank%d", o->config->out, v.me);
+    if (!rc && (make_dir(o->config->out) || make_dir(v.gen.rollouts_dir)))
+        rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", v.gen.rollouts_dir);
     v.last_heard = vks_seconds_now();
     double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
     while (!rc && !v.stop) {

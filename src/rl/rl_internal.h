@@ -8,6 +8,7 @@
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_tasks.h"
+#include "vkswarm/vks_toploc.h"
 #include "vkswarm/vks_train.h"
 
 /* Copies one parameter set between the trainer and a checkpoint block (by name). */
@@ -182,6 +183,10 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
  * (a fresh run starts it empty; a resumed one drops the batches it makes
  * again). A batch with rejections also prints one line on stderr. */
 #define VKS_RL_REJECTED_FILE "rejected.jsonl"
+/* Records batch g->batch's rejected completions (samples: its rollout file,
+ * in order; v: their verdicts, made with vo) as above. */
+int vks_rl_record_rejections(vks_rl_gen *g, const vks_rollout_sample *samples, const vks_verdict *v, int n,
+                             const vks_verify_options *vo);
 
 /* Generation batch `batch` with the current policy: the first n_prompts
  * (1..prompts_per_step) of its tasks (task batch * prompts_per_step + p) x

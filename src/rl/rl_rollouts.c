@@ -267,9 +267,7 @@ static char *rejection_line(const vks_rl_gen *g, const vks_rollout_sample *s, co
     return line;
 }
 
-/* The batch's rejected completions (samples: its rollout file, in order):
- * appended to the file, each line flushed and checked; one line on stderr. */
-static int record_rejections(vks_rl_gen *g, const vks_rollout_sample *samples, const vks_verdict *v, int n,
+int vks_rl_record_rejections(vks_rl_gen *g, const vks_rollout_sample *samples, const vks_verdict *v, int n,
                              const vks_verify_options *vo) {
     char path[4200];
     snprintf(path, sizeof path, "%s/" VKS_RL_REJECTED_FILE, g->rollouts_dir);
@@ -330,7 +328,7 @@ static int verify_batch(vks_rl_gen *g, const char *path, gen_batch *b, int n) {
     vo.task_prompts = prompts, vo.task_prompt_lens = lens, vo.n_task_prompts = n;
     vo.cpu_threads = 1;
     if (!rc) rc = vks_verify_batch_cpu(g->model, &vo, f.samples, n, b->verdicts);
-    if (!rc) rc = record_rejections(g, f.samples, b->verdicts, n, &vo);
+    if (!rc) rc = vks_rl_record_rejections(g, f.samples, b->verdicts, n, &vo);
     free(prompts);
     free(lens);
     vks_rollout_file_free(&f);

@@ -103,8 +103,8 @@ fi
 # they keep groups without signal, so that every batch holds cheated completions the verifier
 # sees) and rank 2 also claims a reward of 1 it did not earn. The verifier rejects cheated
 # completions and nothing else, hands the trainer only accepted ones (the trainer refuses any
-# sample not marked accepted), and refuses rank 2's batch: the trainer refuses rank 2 and the
-# run finishes on rank 1.
+# sample not marked accepted), records each rejection in OUT/verifier-rank3/rejected.jsonl, and
+# refuses rank 2's batch: the trainer refuses rank 2 and the run finishes on rank 1.
 config "$tmp/verifier" 2 0 3
 mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-cheat-every 5 --test-garbage-rank 2 \
     --test-garbage-reward > "$tmp/out.txt" 2> "$tmp/err.txt"
@@ -112,13 +112,15 @@ rc=$?
 rejections=$(grep -c "verifier rank 3: batch [0-9]* of rank 1: completion [0-9]* rejected: .*not the seeded sampler's draw" "$tmp/err.txt")
 false_rejections=$(grep -o "verifier rank 3: batch [0-9]* of rank [12]: completion [0-9]* rejected" "$tmp/err.txt" |
     awk '{ b = $5; q = $10; if ((b * 8 + q + 1) % 5 != 0) n++ } END { print n + 0 }')
-if [ $rc -eq 0 ] && [ "$rejections" -ge 1 ] && [ "$false_rejections" = 0 ] &&
+all_rejections=$(grep -c "verifier rank 3: batch [0-9]* of rank [12]: completion [0-9]* rejected" "$tmp/err.txt")
+recorded=$(grep -c '"reason":' "$tmp/verifier/verifier-rank3/rejected.jsonl" 2>/dev/null)
+if [ $rc -eq 0 ] && [ "$rejections" -ge 1 ] && [ "$false_rejections" = 0 ] && [ "$recorded" = "$all_rejections" ] &&
    grep -q "inference rank 2 refused: verifier rank 3: batch [0-9]*: group [0-9]*, completion 0: rewards 1 / 1, the task gives" "$tmp/err.txt" &&
    ! grep -q "inference rank 1 \(refused\|dropped\)\|verifier rank 3 \(refused\|dropped\)" "$tmp/err.txt" &&
    grep -q "[1-9][0-9]* rejected" "$tmp/err.txt" && metrics_ok "$tmp/verifier/metrics.jsonl" 2 0 &&
    mismatch_ok "$tmp/verifier/metrics.jsonl"; then
     ok "a verifier rank rejects exactly the cheated completions ($rejections), refuses a rank's unearned reward, the run finishes"
-else bad "verifier rank: status $rc, $rejections rejections, $false_rejections false"; tail -5 "$tmp/err.txt"; fi
+else bad "verifier rank: status $rc, $rejections rejections, $false_rejections false, $recorded recorded"; tail -5 "$tmp/err.txt"; fi
 
 # an inference rank killed mid-run: dropped, its batch granted again, the run finishes (--enable-recovery)
 config "$tmp/kill" 3 0
