@@ -64,16 +64,7 @@ vec4 a_along_r(uint i, uint r0) {
     for (uint q = 0u; q < 4u && r0 + q < pc.R; q++) v[q] = a[e + q];
     return v;
 }
-// A(i, r .. r+3), what DIRECT reads: along a row of a.
-vec4 a_r4(uint i, uint r) { return a_along_r(i, r); }
 #else
-// A(i, r .. r+3) down a column of a (zeros past I or R), for DIRECT_SG.
-vec4 a_r4(uint i, uint r) {
-    vec4 v = vec4(0.0);
-    if (i >= pc.I) return v;
-    for (uint q = 0u; q < 4u && r + q < pc.R; q++) v[q] = a[(r + q) * pc.lda + pc.a_col0 + i];
-    return v;
-}
 // A(i0 .. i0+3, r): along a row of a (A is a's transpose).
 vec4 a_along_i(uint i0, uint r) {
     if (i0 >= pc.I || r >= pc.R) return vec4(0.0);
@@ -97,13 +88,15 @@ vec4 b_along_j(uint j0, uint r) {
 
 // Block (x, kq) of 4 columns x 4 reductions: q[c] holds column values at r = 4kq + c;
 // its transpose goes to 4 consecutive shared rows, vec4 per row along r.
-// B(j, r .. r+3) down a column of b (zeros past J or R), for DIRECT.
+#ifdef GRAD_DX
+// B(j, r .. r+3) down a column of b (zeros past J or R), for plain DIRECT.
 vec4 b_col(uint j, uint r) {
     vec4 v = vec4(0.0);
     if (j >= pc.J) return v;
     for (uint q = 0u; q < 4u && r + q < pc.R; q++) v[q] = b[(r + q) * pc.ldb + j];
     return v;
 }
+#endif
 
 
 #define STAGE_TRANSPOSED(tile, rows, first, k0, along)                                 \
@@ -139,31 +132,44 @@ void main() {
 
     [[unroll]] for (uint e = 0u; e < TI * TJ; e++) acc[e] = 0.0;
 #ifdef DIRECT_SG
-    // The TI rows of A an invocation reads are the same for the lanes of a
-    // subgroup (they share ty when lanes <= THREADS_J): lane l loads row
-    // l % TI once and the rows reach every lane by broadcast (8 loads -> 1).
+    // Outer products over r, 4 r at a time, with every operand read as vectors
+    // (lavapipe's cost is its number of load instructions, each a loop over
+    // the lanes: a vector load costs about what a scalar one does):
+    //  - columns in runs of 4 (j = jq * 4 * THREADS_J + 4 tx + c): B(j..j+3, r)
+    //    is one vector load along a row of b, for each r;
+    //  - the A values of an invocation are the same for every lane of its
+    //    subgroup (they share ty when lanes <= THREADS_J): lane l loads one
+    //    vec4 of them and subgroupBroadcast hands all 8 to every lane. dX: row
+    //    ty + l * THREADS_I at r..r+3 (along a row of dY); dW: rows 8 ty +
+    //    4 (l % 2) .. +3 at r + l / 2 (along a row of dY, A being its transpose).
+    // Each output still adds its products one at a time in r order.
     uint lanes = subgroupAdd(1u);
-    bool sg_rows = DIRECT && TI == 8u && lanes >= 8u && lanes <= THREADS_J && THREADS_J % lanes == 0u;
+    bool sg_rows = DIRECT && TI == 8u && TJ == 8u && lanes >= 8u && lanes <= THREADS_J && THREADS_J % lanes == 0u;
     if (sg_rows) {
-        uint lane = gl_SubgroupInvocationID;
+        uint lane = gl_SubgroupInvocationID % 8u;
         for (uint k = 0u; k < pc.R; k += 4u) {
-            vec4 bv[TJ];
-            [[unroll]] for (uint j = 0u; j < TJ; j++) bv[j] = b_col(j0 + tx + j * THREADS_J, k);
-            vec4 mine = a_r4(i0 + ty + (lane % 8u) * THREADS_I, k);
+            vec4 bq[8];  // bq[rr * 2 + jq] = B(j .. j+3, k + rr), j = j0 + jq * 4 * THREADS_J + 4 tx
+            [[unroll]] for (uint rr = 0u; rr < 4u; rr++)
+                [[unroll]] for (uint jq = 0u; jq < 2u; jq++)
+                    bq[rr * 2u + jq] = b_along_j(j0 + jq * 4u * THREADS_J + 4u * tx, k + rr);
+#ifdef GRAD_DX
+            vec4 mine = a_along_r(i0 + ty + lane * THREADS_I, k);
+#else
+            vec4 mine = a_along_i(i0 + 8u * ty + 4u * (lane % 2u), k + lane / 2u);
+#endif
             vec4 ar[8];
             ar[0] = subgroupBroadcast(mine, 0u); ar[1] = subgroupBroadcast(mine, 1u);
             ar[2] = subgroupBroadcast(mine, 2u); ar[3] = subgroupBroadcast(mine, 3u);
             ar[4] = subgroupBroadcast(mine, 4u); ar[5] = subgroupBroadcast(mine, 5u);
             ar[6] = subgroupBroadcast(mine, 6u); ar[7] = subgroupBroadcast(mine, 7u);
-            [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                vec4 av = ar[i];
-                [[unroll]] for (uint j = 0u; j < TJ; j++) {
-                    float s = acc[i * TJ + j];  // r order: .x .y .z .w
-                    s += av.x * bv[j].x;
-                    s += av.y * bv[j].y;
-                    s += av.z * bv[j].z;
-                    s += av.w * bv[j].w;
-                    acc[i * TJ + j] = s;
+            [[unroll]] for (uint rr = 0u; rr < 4u; rr++) {
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
+#ifdef GRAD_DX
+                    float av = ar[i][rr];                 // A(ty + i THREADS_I, k + rr)
+#else
+                    float av = ar[rr * 2u + i / 4u][i % 4u];  // A(8 ty + i, k + rr)
+#endif
+                    [[unroll]] for (uint j = 0u; j < 8u; j++) acc[i * 8u + j] += av * bq[rr * 2u + j / 4u][j % 4u];
                 }
             }
         }
@@ -177,12 +183,13 @@ void main() {
     bool plain_direct = false;  // dW: staged unless the subgroup path ran
 #endif
     bool staged = !sg_rows && !plain_direct;
+#ifdef GRAD_DX
     if (plain_direct) {
         for (uint k = 0u; k < pc.R; k += 4u) {
             vec4 bv[TJ];
             [[unroll]] for (uint j = 0u; j < TJ; j++) bv[j] = b_col(j0 + tx + j * THREADS_J, k);
             [[unroll]] for (uint i = 0u; i < TI; i++) {
-                vec4 av = a_r4(i0 + ty + i * THREADS_I, k);
+                vec4 av = a_along_r(i0 + ty + i * THREADS_I, k);
                 [[unroll]] for (uint j = 0u; j < TJ; j++) {
                     float s = acc[i * TJ + j];  // r order: .x .y .z .w
                     s += av.x * bv[j].x;
@@ -194,6 +201,7 @@ void main() {
             }
         }
     }
+#endif
     // staged is uniform over the workgroup (every subgroup has the same lanes)
     for (uint k0 = 0u; staged && k0 < pc.R; k0 += BK) {
         barrier();  // previous slice fully consumed
@@ -216,10 +224,14 @@ void main() {
         }
     }
     [[unroll]] for (uint i = 0u; i < TI; i++) {
+#ifdef GRAD_DX
         uint row = i0 + ty + i * THREADS_I;
+#else
+        uint row = sg_rows ? i0 + 8u * ty + i : i0 + ty + i * THREADS_I;
+#endif
         if (row >= pc.I) continue;
         [[unroll]] for (uint j = 0u; j < TJ; j++) {
-            uint col = j0 + tx + j * THREADS_J;
+            uint col = sg_rows ? j0 + (j / 4u) * 4u * THREADS_J + 4u * tx + j % 4u : j0 + tx + j * THREADS_J;
             if (col >= pc.J) continue;
             uint o = row * pc.J + col;
             c[o] = (pc.accumulate != 0u ? c[o] : 0.0) + acc[i * TJ + j];
