@@ -137,6 +137,26 @@ if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/er
     ok "an inference rank killed mid-run is dropped, the run finishes on the other"
 else bad "killed rank: pid '$pid' status $rc"; tail -5 "$tmp/err.txt"; fi
 
+# a verifier rank killed mid-run: dropped, its batches granted again (to the other verifier), and
+# the inference rank whose send to it times out goes on beating and generating: the run finishes
+if [ -z "$short" ]; then
+config "$tmp/vkill" 3 0 "2, 3"
+sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1]]/' "$tmp/run.json"
+rm -rf "$pids"
+mkdir -p "$pids"
+VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 \
+    --timeout-s 5 --trainer-timeout-s 120 > "$tmp/out.txt" 2> "$tmp/err.txt" &
+job=$!
+pid=$(pid_file_pid "$pids" 3) && sleep 8 && kill -9 "$pid"
+wait $job
+rc=$?
+if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "verifier rank 3 dropped" "$tmp/err.txt" &&
+   ! grep -q "inference rank 1 \(refused\|dropped\)\|verifier rank 2 \(refused\|dropped\)" "$tmp/err.txt" &&
+   grep -q "^final checkpoint: $tmp/vkill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/vkill/metrics.jsonl" 3 0; then
+    ok "a verifier rank killed mid-run is dropped, the run finishes with the other"
+else bad "killed verifier: pid '$pid' status $rc"; tail -5 "$tmp/err.txt"; fi
+fi
+
 # the trainer killed mid-run ends the run: idle inference ranks give up after --trainer-timeout-s
 if [ -z "$short" ]; then
 config "$tmp/trainer" 3 0
