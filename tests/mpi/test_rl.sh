@@ -86,22 +86,12 @@ if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: batch [0-9]*: group [0-9]
     ok "a rank sending a token outside the vocabulary is refused, the run finishes"
 else bad "garbage rank: status $rc"; tail -5 "$tmp/err.txt"; fi
 
-# a rank that claims a reward its completion did not earn (the trainer re-scores every completion)
-if [ -z "$short" ]; then
-config "$tmp/reward" 2 0
-mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-garbage-rank 1 --test-garbage-reward \
-    > "$tmp/out.txt" 2> "$tmp/err.txt"
-rc=$?
-if [ $rc -eq 0 ] && grep -q "inference rank 1 refused: batch [0-9]*: group [0-9]*, completion 0: rewards 1 / 1, the task gives" "$tmp/err.txt" &&
-   ! grep -q "inference rank 2 \(refused\|dropped\)" "$tmp/err.txt" && metrics_ok "$tmp/reward/metrics.jsonl" 2 0; then
-    ok "a rank claiming an unearned reward is refused, the run finishes"
-else bad "reward garbage rank: status $rc"; tail -5 "$tmp/err.txt"; fi
-fi
-
 # a verifier rank (3) checks every batch: both inference ranks cheat (the first generated token
 # of every 5th completion, global index (batch * 8 + q + 1) % 5 == 0, is not the sampler's draw;
 # they keep groups without signal, so that every batch holds cheated completions the verifier
-# sees) and rank 2 also claims a reward of 1 it did not earn. The verifier rejects cheated
+# sees) and rank 2 also claims a reward of 1 it did not earn (the check that refuses it,
+# vks_rl_check_sample re-scoring every completion inside vks_rl_wire_unpack_groups, is the
+# trainer's own too: the garbage case above goes through that path without a verifier). The verifier rejects cheated
 # completions and nothing else, hands the trainer only accepted ones (the trainer refuses any
 # sample not marked accepted), records each rejection in OUT/verifier-rank3/rejected.jsonl, and
 # refuses rank 2's batch: the trainer refuses rank 2 and the run finishes on rank 1.
