@@ -117,6 +117,11 @@ double vks_mpi_deadline_tick(vks_mpi_clock *c, double timeout_s) {
 }
 
 int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n, double timeout_s, const char *what) {
+    return vks_mpi_wait_within_doing(comm, reqs, peer, n, timeout_s, what, NULL, NULL);
+}
+
+int vks_mpi_wait_within_doing(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n, double timeout_s,
+                              const char *what, void (*meanwhile)(void *), void *ctx) {
     vks_mpi_clock clock = {0};
     double start = vks_mpi_deadline_tick(&clock, timeout_s);
     for (;;) {
@@ -131,6 +136,7 @@ int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n
             (void)comm; /* requests stay pending: the caller ends the job */
             return vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s)", peer[pending], timeout_s, what);
         }
+        if (meanwhile) meanwhile(ctx);
         usleep(200);
     }
 }

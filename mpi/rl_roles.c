@@ -624,7 +624,8 @@ static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *gr
         memcpy(msg + sizeof h + groups_bytes, file, file_bytes);
         MPI_Request req;
         MPI_Isend(msg, (int)total, MPI_BYTE, s->verifier, TAG_VERIFY, s->comm, &req);
-        if (vks_rl_wire_wait_beating(&s->beat, &req, s->verifier, s->mo->timeout_s, "the verifier taking a batch")) {
+        if (vks_mpi_wait_within_doing(s->comm, &req, &s->verifier, 1, s->mo->timeout_s, "the verifier taking a batch",
+                                      vks_rl_wire_beat_cb, &s->beat)) {
             /* a dead verifier: the trainer drops it and grants the batch again; this rank goes on */
             fprintf(stderr, "vkswarm: rl: inference rank: batch %lld not sent to verifier rank %d: %s\n", (long long)batch,
                     s->verifier, vks_last_error());

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include "vkswarm/vks_grpo.h"
 
 /* ---- wire format of a batch's groups ---- */
@@ -169,6 +168,8 @@ int vks_rl_wire_send_small(MPI_Comm comm, int rank, int tag, const vks_rl_msg *m
     return rc;
 }
 
+void vks_rl_wire_beat_cb(void *beat) { vks_rl_wire_beat(beat); }
+
 void vks_rl_wire_beat(vks_rl_beat *b) {
     double now = vks_seconds_now();
     if (now - b->last < 1.0) return;
@@ -180,20 +181,6 @@ void vks_rl_wire_beat(vks_rl_beat *b) {
     b->msg = (vks_rl_msg){.magic = VKS_RL_MAGIC, .type = MSG_BEAT};
     MPI_Isend(&b->msg, sizeof b->msg, MPI_BYTE, b->trainer, TAG_UP, b->comm, &b->req);
     b->last = now;
-}
-
-int vks_rl_wire_wait_beating(vks_rl_beat *b, MPI_Request *req, int peer, double timeout_s, const char *what) {
-    vks_mpi_clock clock = {0};
-    double start = vks_mpi_deadline_tick(&clock, timeout_s);
-    for (;;) {
-        int flag = 1;
-        if (*req != MPI_REQUEST_NULL) MPI_Test(req, &flag, MPI_STATUS_IGNORE);
-        if (flag) return VKS_OK;
-        if (vks_mpi_deadline_tick(&clock, timeout_s) - start > timeout_s)
-            return vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s)", peer, timeout_s, what);
-        vks_rl_wire_beat(b);
-        usleep(500);
-    }
 }
 
 int vks_rl_wire_recv_weights(MPI_Comm comm, int trainer, int count, size_t n_values, int64_t min_step, float **out,

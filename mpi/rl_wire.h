@@ -64,9 +64,9 @@ typedef struct {
     MPI_Request req;     /* MPI_REQUEST_NULL at the start */
 } vks_rl_beat;
 void vks_rl_wire_beat(vks_rl_beat *b);
-/* Waits up to timeout_s for req (a send to `peer`), beating meanwhile, so
- * that a send to a dead peer does not make this rank look dead as well. */
-int vks_rl_wire_wait_beating(vks_rl_beat *b, MPI_Request *req, int peer, double timeout_s, const char *what);
+/* vks_rl_wire_beat for vks_mpi_wait_within_doing (beat: a vks_rl_beat *), so
+ * that a send to a dead peer does not make the waiting rank look dead too. */
+void vks_rl_wire_beat_cb(void *beat);
 
 /* Receives a WEIGHTS message of `count` bytes (probed) from the trainer: the
  * header and n_values floats after it, a step at least min_step. *out (the

@@ -42,6 +42,10 @@ double vks_mpi_deadline_tick(vks_mpi_clock *c, double timeout_s);
  * request and `what`. After a timeout the requests stay pending: the caller
  * must end the job (MPI_Abort), not free the buffers and carry on. */
 int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n, double timeout_s, const char *what);
+/* The same, calling meanwhile(ctx) (when not NULL) on every poll: a rank
+ * that must keep beating while it waits on a peer that may be dead. */
+int vks_mpi_wait_within_doing(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n, double timeout_s,
+                              const char *what, void (*meanwhile)(void *), void *ctx);
 
 /* All-gather of `bytes` per rank by point-to-point messages under tag, bounded
  * by timeout_s (a blocking collective cannot time out). all[] holds size *
