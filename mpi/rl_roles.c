@@ -200,13 +200,17 @@ static void from_inference_done(trainer_src *t, inf_rank *r, const vks_rl_msg *h
     if (h->batch == r->batch) r->batch = -1;
 }
 
-/* Reads a verifier's REFUSE reason (text after the header) into out, escaped. */
-static void refuse_reason(const char *buf, size_t bytes, char *out, size_t cap) {
+/* Refuses inference rank r on verifier v's REFUSE about batch `batch` (-1:
+ * unreadable), giving its reason: the text after the header, escaped. */
+static void refuse_through(trainer_src *t, const inf_rank *v, inf_rank *r, int64_t batch, const char *buf, size_t bytes) {
     size_t n = bytes - sizeof(vks_rl_msg);
     if (n > VKS_RL_REASON_MAX) n = VKS_RL_REASON_MAX;
     const char *text = buf + sizeof(vks_rl_msg);
-    size_t len = strnlen(text, n);
-    vks_escape(text, len, out, cap);
+    char reason[4 * VKS_RL_REASON_MAX + 1], which[48] = "", why[4 * VKS_RL_REASON_MAX + 96];
+    vks_escape(text, strnlen(text, n), reason, sizeof reason);
+    if (batch >= 0) snprintf(which, sizeof which, "batch %lld: ", (long long)batch);
+    snprintf(why, sizeof why, "verifier rank %d: %s%s", v->rank, which, reason);
+    drop_rank(t, r, RANK_REFUSED, why);
 }
 
 /* VERIFIED or REFUSE from verifier rank v about a batch of inference rank h.n. */
@@ -222,10 +226,7 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
         return VKS_OK;
     }
     if (at < 0 && h.type == MSG_REFUSE && h.batch == -1 && r && !r->verifier && r->state == RANK_LIVE) {
-        char reason[4 * VKS_RL_REASON_MAX + 1], why[4 * VKS_RL_REASON_MAX + 96];
-        refuse_reason(buf, bytes, reason, sizeof reason); /* a message it could not read at all */
-        snprintf(why, sizeof why, "verifier rank %d: %s", v->rank, reason);
-        drop_rank(t, r, RANK_REFUSED, why);
+        refuse_through(t, v, r, -1, buf, bytes); /* a message it could not read at all */
         return VKS_OK;
     }
     if (at < 0 || t->pend[at].verifier != v->rank) {
@@ -240,11 +241,8 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
     remove_pending(t, at);
     if (r->batch == e.batch) r->batch = -1;
     if (h.type == MSG_REFUSE) {
-        char reason[4 * VKS_RL_REASON_MAX + 1], why[4 * VKS_RL_REASON_MAX + 96];
-        refuse_reason(buf, bytes, reason, sizeof reason);
-        snprintf(why, sizeof why, "verifier rank %d: batch %lld: %s", v->rank, (long long)e.batch, reason);
         push_redo(t, e.batch);
-        drop_rank(t, r, RANK_REFUSED, why);
+        refuse_through(t, v, r, e.batch, buf, bytes);
         return VKS_OK;
     }
     char err[256];
@@ -314,8 +312,6 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
     return rc;
 }
 
-/* Grants batches to idle live ranks while the window has room for their
- * groups (vks_rl_queue_batches_to_grant), round robin. */
 /* The next live verifier rank, round robin (-1: none). */
 static int pick_verifier(trainer_src *t) {
     for (int k = 0; k < t->n_ranks; k++) {
