@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "rl/rl_internal.h"
 #include "vkswarm/vks_checkpoint.h"
@@ -688,11 +687,6 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     return rc;
 }
 
-static int make_dir(const char *path) {
-    struct stat st;
-    return mkdir(path, 0777) && !(!stat(path, &st) && S_ISDIR(st.st_mode));
-}
-
 int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize) {
     *no_finalize = false;
     if (!o || !o->config || !o->model || !o->tok || !o->infer_gpu || !mo || !(mo->timeout_s > 0))
@@ -712,9 +706,9 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
     if (!rc) rc = vks_rl_gen_open_tasks(&g);
     int me = 0;
     MPI_Comm_rank(s.comm, &me);
-    snprintf(g.rollouts_dir, sizeof g.rollouts_dir, "%s/rollouts-rank%d", o->config->out, me);
-    if (!rc && (make_dir(o->config->out) || make_dir(g.rollouts_dir)))
-        rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", g.rollouts_dir);
+    char sub[32];
+    snprintf(sub, sizeof sub, "rollouts-rank%d", me);
+    if (!rc) rc = vks_rl_gen_make_dirs(&g, sub);
     s.last_heard = vks_seconds_now();
     vks_mpi_clock clock = {0};
     double tb = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "rl_wire.h"
 #include "vkswarm/vks_grpo.h"
@@ -295,11 +294,6 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     return send_up(v, &up, packed, n, "the trainer taking verdicts");
 }
 
-static int make_dir(const char *path) {
-    struct stat st;
-    return mkdir(path, 0777) && !(!stat(path, &st) && S_ISDIR(st.st_mode));
-}
-
 static bool is_inference_rank(const vks_rl_config *c, int rank) {
     for (int i = 0; i < c->n_inference_ranks; i++)
         if (c->inference_ranks[i] == rank) return true;
@@ -347,9 +341,9 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     v.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
     if (!rc) rc = vks_rl_gen_open_tasks(&v.gen);
     /* rejections are recorded in OUT/verifier-rankV/rejected.jsonl */
-    snprintf(v.gen.rollouts_dir, sizeof v.gen.rollouts_dir, "%s/verifier-rank%d", o->config->out, v.me);
-    if (!rc && (make_dir(o->config->out) || make_dir(v.gen.rollouts_dir)))
-        rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", v.gen.rollouts_dir);
+    char sub[32];
+    snprintf(sub, sizeof sub, "verifier-rank%d", v.me);
+    if (!rc) rc = vks_rl_gen_make_dirs(&v.gen, sub);
     v.last_heard = vks_seconds_now();
     double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
     while (!rc && !v.stop) {

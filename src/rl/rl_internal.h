@@ -197,6 +197,10 @@ int vks_rl_record_rejections(vks_rl_gen *g, const vks_rollout_sample *samples, c
 int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt);
 /* The sampler seed of generation batch `batch` (every batch has its own). */
 uint64_t vks_rl_batch_seed(const vks_rl_config *c, int64_t batch);
+/* Creates the run's OUT directory (config->out) and OUT/sub (either may exist)
+ * and makes OUT/sub g's rollouts_dir: where its batches' rollout files and
+ * its record of rejections go. */
+int vks_rl_gen_make_dirs(vks_rl_gen *g, const char *sub);
 /* Where batch `batch`'s rollout file goes: g->rollouts_dir/batch-NNNNNN.jsonl. */
 void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap);
 /* The trainer's check of a sample from another rank: its prompt is task

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_ref.h"
@@ -155,6 +156,20 @@ uint64_t vks_rl_batch_seed(const vks_rl_config *c, int64_t batch) {
     uint32_t w[4];
     vks_philox4_u32(c->seed, (uint32_t)batch, 0x5a3du, (uint32_t)(batch >> 32), w);
     return (uint64_t)w[0] << 32 | w[1];
+}
+
+static bool is_dir(const char *path) {
+    struct stat st;
+    return !stat(path, &st) && S_ISDIR(st.st_mode);
+}
+
+int vks_rl_gen_make_dirs(vks_rl_gen *g, const char *sub) {
+    const char *out = g->o->config->out;
+    if (mkdir(out, 0777) && !is_dir(out)) return vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", out);
+    snprintf(g->rollouts_dir, sizeof g->rollouts_dir, "%s/%s", out, sub);
+    if (mkdir(g->rollouts_dir, 0777) && !is_dir(g->rollouts_dir))
+        return vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", g->rollouts_dir);
+    return VKS_OK;
 }
 
 void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap) {

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_metrics.h"
@@ -62,19 +61,10 @@ static int check_options(const vks_rl_run_options *o) {
     return VKS_OK;
 }
 
-static bool is_dir(const char *path) {
-    struct stat st;
-    return !stat(path, &st) && S_ISDIR(st.st_mode);
-}
-
 static int make_dirs(rl_run *r, vks_rl_result *res) {
-    const char *out = r->c->out;
-    if (mkdir(out, 0777) && !is_dir(out)) return vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", out);
-    snprintf(r->gen.rollouts_dir, sizeof r->gen.rollouts_dir, "%s/rollouts", out);
+    int rc = vks_rl_gen_make_dirs(&r->gen, "rollouts");
     snprintf(res->rollouts_dir, sizeof res->rollouts_dir, "%s", r->gen.rollouts_dir);
-    if (mkdir(r->gen.rollouts_dir, 0777) && !is_dir(r->gen.rollouts_dir))
-        return vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", r->gen.rollouts_dir);
-    return VKS_OK;
+    return rc;
 }
 
 /* ---- resume ---- */
