@@ -573,32 +573,6 @@ static int take_weights(inf_state *s, vks_rl_gen *g) {
     return rc;
 }
 
-/* Reads a whole file into memory (at most `most` bytes). */
-static int read_file(const char *path, size_t most, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    int rc = VKS_OK;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? 2 * cap : 65536;
-            char *b = cap <= most + 1 ? realloc(buf, cap) : NULL;
-            if (!b) { rc = vks_set_error(VKS_ERR_ARG, "%s: more than %zu bytes", path, most); break; }
-            buf = b;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    if (!rc && ferror(f)) rc = vks_set_error(VKS_ERR_IO, "%s: read error", path);
-    if (!rc && n > most) rc = vks_set_error(VKS_ERR_ARG, "%s: more than %zu bytes", path, most);
-    fclose(f);
-    if (rc) free(buf), buf = NULL;
-    *out = buf, *len = n;
-    return rc;
-}
-
 /* With verifier ranks: the batch's GROUPS message (every completion,
  * unverified; `groups` is owned from here) and its rollout file go to the
  * verifier named in the grant, then DONE to the trainer. */
@@ -607,7 +581,7 @@ static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *gr
     char path[4200], *file = NULL;
     size_t file_bytes = 0;
     vks_rl_batch_path(g, batch, path, sizeof path);
-    int rc = read_file(path, vks_rl_wire_max_rollout_bytes(c, s->o->model->cfg.seq_len), &file, &file_bytes);
+    int rc = vks_file_read_all(path, vks_rl_wire_max_rollout_bytes(c, s->o->model->cfg.seq_len), &file, &file_bytes);
     size_t total = sizeof(vks_rl_msg) + groups_bytes + file_bytes;
     char *msg = rc ? NULL : malloc(total);
     if (!rc && !msg) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");

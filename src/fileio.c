@@ -1,4 +1,5 @@
-/* fileio.c: files written whole or not at all (temporary name, fsync, rename). */
+/* fileio.c: files written whole or not at all (temporary name, fsync, rename),
+ * and read whole. */
 #include "vkswarm/vks_common.h"
 
 #include <errno.h>
@@ -174,4 +175,35 @@ void vks_outfile_abort(vks_outfile *o) {
     if (o->f) fclose(o->f);
     if (o->tmp) unlink(o->tmp);
     outfile_release(o);
+}
+
+int vks_file_read_all(const char *path, size_t most, char **out, size_t *len) {
+    if (!path || !out || !len) return vks_set_error(VKS_ERR_ARG, "vks_file_read_all: NULL argument");
+    *out = NULL, *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
+    /* the buffer grows to at most most + 1 bytes: one byte more says the file is too large */
+    size_t cap = most < (1 << 16) ? most + 1 : 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got = 1; buf && got;) {
+        if (n == cap) {
+            size_t grown = cap > most / 2 ? most + 1 : cap * 2;
+            char *nb = cap <= most ? realloc(buf, grown) : NULL;
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap = grown;
+        }
+        got = fread(buf + n, 1, cap - n, f);
+        n += got;
+    }
+    int read_errno = ferror(f) ? (errno ? errno : EIO) : 0; /* EISDIR for a directory */
+    fclose(f);
+    if (buf && n > most) { free(buf); buf = NULL; }
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "%s: too large to read", path);
+    if (read_errno) {
+        free(buf);
+        return vks_set_error(VKS_ERR_IO, "%s: cannot read: %s", path, strerror(read_errno));
+    }
+    *out = buf, *len = n;
+    return VKS_OK;
 }

@@ -92,6 +92,12 @@ int vks_outfile_finish(vks_outfile *o, bool ok);
 /* Drops the temporary; safe on a zeroed or already released o. */
 void vks_outfile_abort(vks_outfile *o);
 
+/* Reads the whole file at path into *out (malloc'd, *len bytes, the caller
+ * frees it). Errors name the file: VKS_ERR_IO when it cannot be opened or
+ * read (a directory: "cannot read: Is a directory"), VKS_ERR_NOMEM when it
+ * holds more than `most` bytes or memory runs out ("too large to read"). */
+int vks_file_read_all(const char *path, size_t most, char **out, size_t *len);
+
 /* Scalar conversions (round to nearest even; NaN stays NaN). */
 float vks_f16_to_f32(uint16_t h);
 uint16_t vks_f32_to_f16(float f);

@@ -357,26 +357,10 @@ int vks_rollout_read_mem(const char *data, size_t len, const char *name, vks_rol
 int vks_rollout_read(const char *path, vks_rollout_file *out) {
     if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_rollout_read: NULL argument");
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    for (size_t got = 1; buf && got;) {
-        if (len == cap) {
-            if (cap >= ((size_t)1 << 34)) { free(buf); buf = NULL; break; } /* 16 GiB: refuse */
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) { free(buf); buf = NULL; break; }
-            buf = nb;
-            cap *= 2;
-        }
-        got = fread(buf + len, 1, cap - len, f);
-        len += got;
-    }
-    int read_errno = ferror(f) ? (errno ? errno : EIO) : 0; /* EISDIR for a directory */
-    fclose(f);
-    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "%s: too large to read", path);
-    int rc = read_errno ? vks_set_error(VKS_ERR_IO, "%s: cannot read: %s", path, strerror(read_errno))
-                        : vks_rollout_read_mem(buf, len, path, out);
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = vks_file_read_all(path, (size_t)1 << 34, &buf, &len); /* 16 GiB: refuse */
+    if (!rc) rc = vks_rollout_read_mem(buf, len, path, out);
     free(buf);
     return rc;
 }
