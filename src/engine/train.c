@@ -261,8 +261,9 @@ static int upload_grpo(vks_trainer *t, const vks_train_batch *b, const train_row
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_old, 0, old, bytes);
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_adv, 0, adv, bytes);
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_ref, 0, ref, bytes);
-    if (!rc && has_bonus(g)) { /* d loss / d H_r of the bonus term -c w_r H_r / token_budget (reuses old[]) */
-        for (int i = 0; i < r->n; i++) old[i] = (float)(-g->h->entropy_coef * w[i] / g->h->token_budget);
+    if (!rc) { /* d loss / d H_r of the bonus term -c w_r H_r / token_budget (reuses old[]); +0 when off */
+        for (int i = 0; i < r->n; i++)
+            old[i] = has_bonus(g) ? (float)(-g->h->entropy_coef * w[i] / g->h->token_budget) : 0.0f;
         rc = vks_buffer_upload(t->acts.grpo_dent, 0, old, bytes);
     }
     free(w);
@@ -357,8 +358,7 @@ static int run(vks_trainer *t, const vks_train_batch *b, bool backward, const gr
     if (!rc) rc = vks_cmd_begin(t->gpu, &c);
     if (!rc) rc = vks_train_record_forward(t, c, (uint32_t)r.n);
     if (!rc && g) rc = record_grpo(t, c, (uint32_t)r.n, g);
-    vks_train_entropy e = !g ? VKS_TRAIN_ENTROPY_NONE : has_bonus(g) ? VKS_TRAIN_ENTROPY_BONUS : VKS_TRAIN_ENTROPY_REPORT;
-    if (!rc && backward) rc = vks_train_record_backward(t, c, (uint32_t)r.n, n_unique, e);
+    if (!rc && backward) rc = vks_train_record_backward(t, c, (uint32_t)r.n, n_unique, g != NULL);
     if (c) rc = rc ? (vks_cmd_discard(c), rc) : vks_cmd_submit(c);
     if (!rc) rc = g ? read_grpo(t, b, &r, g, logp) : read_logp(t, b, &r, loss, logp);
     if (!rc && top1) rc = read_top1(t, &r, top1);

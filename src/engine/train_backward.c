@@ -41,18 +41,16 @@ static int rope_backward(vks_trainer *t, vks_cmd *c, vks_buffer *dx, uint32_t n,
 }
 
 /* logp (and the entropy) -> logits -> final norm: leaves d(x_in[n_layers]) in dres. */
-static int head_backward(vks_trainer *t, vks_cmd *c, uint32_t n, vks_train_entropy e) {
+static int head_backward(vks_trainer *t, vks_cmd *c, uint32_t n, bool with_entropy) {
     train_acts *a = &t->acts;
     uint32_t V = (uint32_t)t->cfg.vocab_size;
-    int rc = VKS_OK;
-    if (e == VKS_TRAIN_ENTROPY_REPORT) /* read before the gradient replaces the logits */
-        rc = vks_op_token_entropy(t->ops, c, bind(a->logits), bind(a->target), bind(a->grpo_entropy), n, V);
+    int rc;
     /* the gradient replaces the logits: nothing reads them after this */
-    if (!rc && e == VKS_TRAIN_ENTROPY_BONUS)
+    if (with_entropy)
         rc = vks_op_token_logprob_entropy_backward(t->ops, c, bind(a->logits), bind(a->target), bind(a->dlogp),
                                                    bind(a->grpo_dent), bind(a->logits), bind(a->grpo_entropy), n, V,
                                                    false);
-    else if (!rc)
+    else
         rc = vks_op_token_logprob_backward(t->ops, c, bind(a->logits), bind(a->target), bind(a->dlogp),
                                            bind(a->logits), n, V, false);
     if (rc || (rc = matmul_backward(t, c, a->xf, t->classifier, a->logits, a->dxn, false, n))) return rc;
@@ -98,8 +96,8 @@ static int attention_backward(vks_trainer *t, vks_cmd *c, int l, uint32_t n) {
     return rmsnorm_backward(t, c, a->x_in[l], L->attn_norm, a->dxn, n, true);
 }
 
-int vks_train_record_backward(vks_trainer *t, vks_cmd *c, uint32_t n, uint32_t n_unique_tokens, vks_train_entropy e) {
-    int rc = head_backward(t, c, n, e);
+int vks_train_record_backward(vks_trainer *t, vks_cmd *c, uint32_t n, uint32_t n_unique_tokens, bool with_entropy) {
+    int rc = head_backward(t, c, n, with_entropy);
     for (int l = t->cfg.n_layers - 1; !rc && l >= 0; l--) {
         if (t->opt.recompute) rc = vks_train_record_layer_forward(t, c, l, n);
         if (!rc) rc = ffn_backward(t, c, l, n);

@@ -92,12 +92,11 @@ int vks_train_record_forward(vks_trainer *t, vks_cmd *c, uint32_t n);
 int vks_train_record_layer_forward(vks_trainer *t, vks_cmd *c, int l, uint32_t n);
 /* train_backward.c: records the backward of loss = sum_r dlogp[r] * logp[r]
  * (acts.dlogp uploaded), accumulating into the gradient set. */
-/* What the backward does with each row's entropy: nothing (SFT), write it to
- * acts.grpo_entropy before the gradient replaces the logits (vks_op_token_entropy,
- * then the plain token_logprob backward: the gradient is untouched), or the
- * entropy bonus (vks_op_token_logprob_entropy_backward with acts.grpo_dent). */
-typedef enum { VKS_TRAIN_ENTROPY_NONE, VKS_TRAIN_ENTROPY_REPORT, VKS_TRAIN_ENTROPY_BONUS } vks_train_entropy;
-int vks_train_record_backward(vks_trainer *t, vks_cmd *c, uint32_t n, uint32_t n_unique_tokens, vks_train_entropy e);
+/* with_entropy (GRPO): the backward also writes each row's entropy to
+ * acts.grpo_entropy and adds the entropy bonus's gradient from acts.grpo_dent
+ * (vks_op_token_logprob_entropy_backward; rows with dent 0, e.g. every row
+ * when the bonus is off, get the plain token_logprob backward's values). */
+int vks_train_record_backward(vks_trainer *t, vks_cmd *c, uint32_t n, uint32_t n_unique_tokens, bool with_entropy);
 /* The activations of layer l (the shared set under recompute). */
 train_layer_acts *vks_train_layer_acts(vks_trainer *t, int l);
 #endif
