@@ -141,6 +141,70 @@ int vks_mpi_wait_within_doing(MPI_Comm comm, MPI_Request *reqs, const int *peer,
     }
 }
 
+/* ---- exchanges that name the rank everyone waits for ----
+ * A rank can be silent in an exchange only because it waits on another: Open
+ * MPI's TCP transport completes a small send locally before the connection is
+ * up, so a rank stopped just after finishing one exchange may have delivered
+ * its message to some ranks and not to others. Those others stay in the first
+ * exchange waiting on it, while the first ones wait on them in the next: each
+ * would blame a live rank. So a waiting rank answers "whom do you wait for?"
+ * (TAG_WHO_WAITS, answered on TAG_WAITS_ON with that rank, or -1), and a rank
+ * whose wait times out asks its silent peer once before naming anyone. */
+enum { TAG_WHO_WAITS = 190, TAG_WAITS_ON = 191 };
+
+typedef struct {
+    MPI_Comm comm;
+    const MPI_Request *reqs;
+    const int *peer;
+    int n;
+} exchange_wait;
+
+/* The rank of the first request still pending, or -1. */
+static int waited_on(const exchange_wait *w) {
+    for (int i = 0; i < w->n; i++)
+        if (w->reqs[i] != MPI_REQUEST_NULL) return w->peer[i];
+    return -1;
+}
+
+/* The meanwhile hook of an exchange's wait: answers every question waiting. */
+static void answer_who_waits(void *ctx) {
+    const exchange_wait *w = ctx;
+    for (;;) {
+        int flag = 0, question;
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_WHO_WAITS, w->comm, &flag, &st);
+        if (!flag) return;
+        MPI_Recv(&question, 1, MPI_INT, st.MPI_SOURCE, TAG_WHO_WAITS, w->comm, MPI_STATUS_IGNORE);
+        int answer = waited_on(w);
+        /* 4 bytes to a rank that has just asked: sent eagerly, never blocks */
+        MPI_Send(&answer, 1, MPI_INT, st.MPI_SOURCE, TAG_WAITS_ON, w->comm);
+    }
+}
+
+/* Asks `silent` whom it waits for, answering questions meanwhile, for at most
+ * `bound` seconds. Returns that rank when it is a third rank, else -1. */
+static int ask_who_waits(exchange_wait *w, int silent, double bound) {
+    static const int question = 0; /* outlives the send, which a silent rank may never take */
+    int me, size, answer = -1;
+    MPI_Comm_rank(w->comm, &me);
+    MPI_Comm_size(w->comm, &size);
+    MPI_Request ask;
+    if (MPI_Isend(&question, 1, MPI_INT, silent, TAG_WHO_WAITS, w->comm, &ask) != MPI_SUCCESS) return -1;
+    MPI_Request_free(&ask);
+    double until = vks_seconds_now() + bound;
+    while (vks_seconds_now() < until) {
+        int flag = 0;
+        MPI_Iprobe(silent, TAG_WAITS_ON, w->comm, &flag, MPI_STATUS_IGNORE);
+        if (flag) {
+            MPI_Recv(&answer, 1, MPI_INT, silent, TAG_WAITS_ON, w->comm, MPI_STATUS_IGNORE);
+            return answer >= 0 && answer < size && answer != me && answer != silent ? answer : -1;
+        }
+        answer_who_waits(w);
+        usleep(1000);
+    }
+    return -1;
+}
+
 int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
                      const char *what) {
     int rank, size;
@@ -167,7 +231,15 @@ int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, i
             peer[n] = r;
             MPI_Isend(mine, (int)bytes, MPI_BYTE, r, tag, comm, &reqs[n++]);
         }
-    int rc = vks_mpi_wait_within(comm, reqs, peer, n, timeout_s, what);
+    exchange_wait w = {.comm = comm, .reqs = reqs, .peer = peer, .n = n};
+    int rc = vks_mpi_wait_within_doing(comm, reqs, peer, n, timeout_s, what, answer_who_waits, &w);
+    if (rc == VKS_ERR_TIMEOUT) {
+        int silent = waited_on(&w);
+        int behind = silent >= 0 ? ask_who_waits(&w, silent, fmin(2.0, timeout_s / 2)) : -1;
+        if (behind >= 0)
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s; rank %d waits on it too)",
+                               behind, timeout_s, what, silent);
+    }
     free(reqs);
     free(peer);
     return rc;
