@@ -19,11 +19,13 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export VKSWARM_TEST_RUN="$$.$RANDOM"
 mpi_rank_env=(-x VKSWARM_TEST_RUN)
 [ -n "${MALLOC_PERTURB_:-}" ] && mpi_rank_env+=(-x "MALLOC_PERTURB_=$MALLOC_PERTURB_")
-# mpi_run SECONDS ARGS...: mpirun ARGS under `timeout SECONDS`
+# mpi_run SECONDS ARGS...: mpirun ARGS under `timeout SECONDS`, then SIGKILL 15 s later: seen
+# once on a loaded machine, mpirun with every rank gone (a start-up fault case) hung on and
+# outlived timeout's SIGTERM for ten minutes.
 mpi_run() {
     local t=$1
     shift
-    env -u MALLOC_PERTURB_ timeout "$t" mpirun "${mpi_rank_env[@]}" --oversubscribe --mca btl tcp,self \
+    env -u MALLOC_PERTURB_ timeout -k 15 "$t" mpirun "${mpi_rank_env[@]}" --oversubscribe --mca btl tcp,self \
         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
 }
 # ok/bad WHAT: one check passed or failed (counted in passed, failed)

@@ -12,10 +12,11 @@ tmp=$(mktemp -d)
 trap 'release_stopped; rm -rf "$tmp"' EXIT
 model="--random-model 64,160,4,4,2,300,128"
 mpi() { mpi_run 120 "$@"; }
-# VKSWARM_TEST_SHORT (tools/test's ASan run): the verdict comparisons with 3 ranks only (np = 1
-# runs rank 0's own checking, which the 3-rank runs' faults below also reach)
-nps="1 3"
-[ -n "${VKSWARM_TEST_SHORT:-}" ] && nps=3
+# np = 1 (rank 0 checks every batch itself) for the honest file with --cpu only: the same code
+# as np = 3's, which the faults below also reach when verifier ranks go silent.
+# VKSWARM_TEST_SHORT (tools/test's ASan run): the verdict comparisons with 3 ranks only, and
+# the faults without the resumed rank (its late verdicts are dropped by the same host code).
+short=${VKSWARM_TEST_SHORT:-}
 
 for i in $(seq 1 20); do echo "$((i + 3)) $((i * 7 % 290 + 3)) $((i * 13 % 290 + 3))"; done > "$tmp/prompts.txt"
 $bin generate $model --prompts "$tmp/prompts.txt" --temp 0.9 --seed 3 -n 40 --rollouts-out "$tmp/honest.jsonl" \
@@ -35,6 +36,8 @@ for file in honest tampered; do
                 ok "$file gpu: 3 checker threads give the same verdicts"
             else bad "$file gpu: 3 checker threads: status $rc vs $lone_rc"; fi
         fi
+        nps=3
+        [ -z "$short" ] && [ $file = honest ] && [ "$mode" = --cpu ] && nps="1 3"
         for np in $nps; do
             mpi -np $np $bin verify $model --rollouts "$tmp/$file.jsonl" $mode --batch 3 --jsonl --mpi \
                 > "$tmp/mpi.txt" 2> "$tmp/err.txt"
@@ -89,7 +92,7 @@ verify_fault() { # np rank when(startup|SECONDS after MPI_Init) resume_after(-|S
 }
 verify_fault 3 1 startup - honest --cpu 3 11
 verify_fault 3 2 1.5 - big "" 3 20
-verify_fault 2 1 1.5 4.5 big "" 0 40
+[ -z "$short" ] && verify_fault 2 1 1.5 4.5 big "" 0 40
 verify_fault 3 0 startup - big --cpu 3 11
 
 echo "verifier: $passed passed, $failed failed"
