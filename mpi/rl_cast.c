@@ -36,29 +36,70 @@ static void order_ranks(vks_rl_cast *s, const vks_rl_config *c) {
     for (int r = 0; r < s->n_world; r++) s->world_of[s->bc_of[r]] = r;
 }
 
-/* The start-up exchange: the trainer's public key, every store's version. */
-static int hello(vks_rl_cast *s, double start_s, uint8_t pk[VKS_PUBLIC_KEY_BYTES]) {
-    uint8_t mine[HELLO_BYTES] = {0};
-    int rc = VKS_OK;
-    if (s->me == s->trainer) rc = vks_keypair_new(mine + 8, s->sk);
-    else if (s->store[0]) {
+/* A configured key directory (vkswarm keygen): the trainer's secret key,
+ * everybody's public key. */
+static int load_keys(vks_rl_cast *s, const char *dir, uint8_t pk[VKS_PUBLIC_KEY_BYTES]) {
+    char path[sizeof ((vks_rl_config *)0)->shardcast_key + 32];
+    snprintf(path, sizeof path, "%s/shardcast.pub", dir);
+    int rc = vks_key_load_public(path, pk);
+    if (!rc && s->me == s->trainer) {
+        snprintf(path, sizeof path, "%s/shardcast.key", dir);
+        rc = vks_key_load_secret(path, s->sk);
+        /* an Ed25519 secret key ends with its public key: the pair must match */
+        if (!rc && memcmp(s->sk + VKS_SECRET_KEY_BYTES - VKS_PUBLIC_KEY_BYTES, pk, VKS_PUBLIC_KEY_BYTES))
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: shardcast.key and shardcast.pub are not one key pair", dir);
+    }
+    return rc;
+}
+
+/* This rank's part of the start-up exchange (a failure: *mine stays zero). */
+static int hello_part(vks_rl_cast *s, const char *key_dir, uint8_t mine[HELLO_BYTES], uint8_t pk[VKS_PUBLIC_KEY_BYTES]) {
+    int rc = key_dir[0] ? load_keys(s, key_dir, pk) : VKS_OK;
+    if (rc) return rc;
+    if (s->me == s->trainer) {
+        if (key_dir[0]) memcpy(mine + 8, pk, VKS_PUBLIC_KEY_BYTES);
+        else rc = vks_keypair_new(mine + 8, s->sk);
+    } else if (s->store[0]) {
         uint64_t have = 0;
         rc = vks_store_current(s->store, &have);
         put_u64(mine, have);
     }
-    if (rc) return rc;
-    uint8_t *all = malloc((size_t)s->n_world * HELLO_BYTES);
-    if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    rc = vks_mpi_exchange(vks_mpi_world(), mine, all, HELLO_BYTES, TAG_CAST_HELLO, start_s,
-                          "the weights broadcast's start-up");
-    for (int r = 0; !rc && r < s->n_world; r++) {
+    return rc;
+}
+
+/* What every rank said: the version base, the trainer's key (with a
+ * configured key, the announcement must be that key). */
+static int hello_read(vks_rl_cast *s, const char *key_dir, const uint8_t *all, uint8_t pk[VKS_PUBLIC_KEY_BYTES]) {
+    for (int r = 0; r < s->n_world; r++) {
         uint64_t v = get_u64(all + (size_t)r * HELLO_BYTES);
         if (v > MAX_BASE_VERSION)
-            rc = vks_set_error(VKS_ERR_FORMAT, "rank %d: says its weight store holds version %llu (at most %llu)", r,
-                               (unsigned long long)v, (unsigned long long)MAX_BASE_VERSION);
-        else if (v > s->version_base) s->version_base = v;
+            return vks_set_error(VKS_ERR_FORMAT, "rank %d: says its weight store holds version %llu (at most %llu)", r,
+                                 (unsigned long long)v, (unsigned long long)MAX_BASE_VERSION);
+        if (v > s->version_base) s->version_base = v;
     }
-    if (!rc) memcpy(pk, all + (size_t)s->trainer * HELLO_BYTES + 8, VKS_PUBLIC_KEY_BYTES);
+    const uint8_t *announced = all + (size_t)s->trainer * HELLO_BYTES + 8;
+    if (key_dir[0] && memcmp(announced, pk, VKS_PUBLIC_KEY_BYTES))
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the trainer) announces a key other than %s/shardcast.pub",
+                             s->trainer, key_dir);
+    memcpy(pk, announced, VKS_PUBLIC_KEY_BYTES);
+    return VKS_OK;
+}
+
+/* The start-up exchange: the trainer's public key, every store's version.
+ * Returns the exchange's error (the others may not have answered: no split
+ * then); *local: this rank's own failure, found before or after it (the
+ * rank still takes part, so that nobody waits for it in the split). */
+static int hello(vks_rl_cast *s, const char *key_dir, double start_s, uint8_t pk[VKS_PUBLIC_KEY_BYTES], int *local) {
+    uint8_t mine[HELLO_BYTES] = {0};
+    *local = hello_part(s, key_dir, mine, pk);
+    char err[512];
+    snprintf(err, sizeof err, "%s", *local ? vks_last_error() : "");
+    uint8_t *all = malloc((size_t)s->n_world * HELLO_BYTES);
+    if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    int rc = vks_mpi_exchange(vks_mpi_world(), mine, all, HELLO_BYTES, TAG_CAST_HELLO, start_s,
+                              "the weights broadcast's start-up");
+    if (!rc && !*local) *local = hello_read(s, key_dir, all, pk);
+    else if (!rc) vks_set_error(*local, "%s", err);
     free(all);
     return rc;
 }
@@ -81,12 +122,16 @@ int vks_rl_cast_open(vks_rl_cast *s, const vks_rl_run_options *o, const vks_rl_m
     if (receiver && snprintf(s->store, sizeof s->store, "%s/weights-rank%d", c->out, s->me) >= (int)sizeof s->store)
         return vks_set_error(VKS_ERR_ARG, "%s: path too long", c->out);
     uint8_t pk[VKS_PUBLIC_KEY_BYTES];
-    int rc = hello(s, start_s, pk);
+    int local = VKS_OK, rc = hello(s, c->shardcast_key, start_s, pk, &local);
     if (rc) return rc;
     /* every rank has just answered: the blocking split cannot wait long */
     MPI_Comm sub;
     if (MPI_Comm_split(world, 0, s->bc_of[s->me], &sub) != MPI_SUCCESS)
         return vks_set_error(VKS_ERR_IO, "rank %d: MPI_Comm_split for the weights broadcast failed", s->me);
+    if (local) { /* the others find out in vks_bcast_create's bounded start-up */
+        MPI_Comm_free(&sub);
+        return local;
+    }
     size_t file = sizeof(vks_rl_msg) + sizeof(float) * n_values;
     vks_bcast_options bo = {.relays = c->n_relays, .fanout = 2, .chunk_bytes = CHUNK_BYTES, .timeout_s = mo->timeout_s,
                             .manifest_timeout_s = mo->timeout_s, .store_dir = receiver ? s->store : NULL,

@@ -6,8 +6,11 @@
  * Verifier ranks (rl_verifier.c), when the config names any, check every
  * batch before the trainer sees it.
  *
+ * The weights go through Shardcast (rl_cast.c): after each step the trainer
+ * broadcasts the WEIGHTS file (vks_rl_msg with step, n = floats, then the f32
+ * parameter block) to every inference and verifier rank, through the relays.
+ *
  * Messages (every one starts with vks_rl_msg; rl_wire.c packs the groups):
- *   TAG_WEIGHTS trainer -> inference, verifiers  WEIGHTS: step, n = floats, then the f32 parameter block
  *   TAG_CTL     trainer -> inference  ASSIGN: batch, step = the policy step to use at least,
  *                                     n = the verifier rank + 1 (0: verify it yourself)
  *               trainer -> all        STOP: n = 1 when ranks were lost (no MPI_Finalize)
@@ -131,7 +134,11 @@ static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
     r->batch = -1;
 }
 
-static inf_rank *find_rank(trainer_src *t, int rank);
+static inf_rank *find_rank(trainer_src *t, int rank) {
+    for (int i = 0; i < t->n_ranks; i++)
+        if (t->ranks[i].rank == rank) return &t->ranks[i];
+    return NULL;
+}
 
 /* After a broadcast: every rank that did not finish it is dropped from the
  * run (inference and verifier ranks) or from later broadcasts (relays, and
@@ -145,10 +152,8 @@ static void drop_failed(trainer_src *t, int64_t step) {
             drop_rank(t, r, RANK_DROPPED, why);
             continue;
         }
-        if (!r) {
-            fprintf(stderr, "vkswarm: rl: relay rank %d dropped: %s; its part of the tree goes to the others\n", rank, why);
-            t->lost = true;
-        }
+        if (!r) fprintf(stderr, "vkswarm: rl: relay rank %d dropped: %s; its part of the tree goes to the others\n", rank, why);
+        t->lost = true; /* a relay, or a refused rank: maybe dead, so nobody waits for it in MPI_Finalize */
         vks_rl_cast_drop(&t->cast, rank);
     }
 }
@@ -174,12 +179,6 @@ static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
             "in %.3f s\n", (long long)step, (unsigned long long)rep.version, (unsigned long long)rep.wire_bytes,
             rep.ranks_ok, t->cast.n_world - 1, t->c->n_relays, rep.seconds);
     return VKS_OK;
-}
-
-static inf_rank *find_rank(trainer_src *t, int rank) {
-    for (int i = 0; i < t->n_ranks; i++)
-        if (t->ranks[i].rank == rank) return &t->ranks[i];
-    return NULL;
 }
 
 /* With verifier ranks an inference rank only says DONE (its batch went to the verifier). */
