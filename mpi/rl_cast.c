@@ -108,7 +108,7 @@ int vks_rl_cast_open(vks_rl_cast *s, const vks_rl_run_options *o, const vks_rl_m
                      double start_s) {
     const vks_rl_config *c = o->config;
     memset(s, 0, sizeof *s);
-    s->newest = -1, s->n_values = n_values, s->trainer = c->trainer, s->relays = c->n_relays;
+    s->newest = -1, s->n_values = n_values, s->trainer = c->trainer;
     MPI_Comm world = vks_mpi_world();
     MPI_Comm_rank(world, &s->me);
     MPI_Comm_size(world, &s->n_world);
@@ -191,10 +191,6 @@ void vks_rl_cast_drop(vks_rl_cast *s, int rank) {
     if (!s->b || rank < 0 || rank >= s->n_world) return;
     s->gone[s->bc_of[rank]] = 1;
     vks_bcast_drop(s->b, s->bc_of[rank]);
-}
-
-bool vks_rl_cast_is_relay(const vks_rl_cast *s, int rank) {
-    return rank >= 0 && rank < s->n_world && vks_bcast_role_of(s->bc_of[rank], s->relays) == VKS_BCAST_RELAY;
 }
 
 bool vks_rl_cast_waiting(vks_rl_cast *s) { return s->b && vks_bcast_waiting(s->b); }

@@ -19,7 +19,7 @@
 
 typedef struct {
     vks_bcast *b;
-    int me, trainer, n_world, relays;
+    int me, trainer, n_world;
     int *bc_of;               /* world rank -> broadcast rank */
     int *world_of;            /* broadcast rank -> world rank */
     uint8_t *gone;            /* origin: broadcast ranks dropped (vks_rl_cast_drop) */
@@ -46,8 +46,6 @@ int vks_rl_cast_send(vks_rl_cast *s, const void *file, size_t bytes, int64_t ste
 int vks_rl_cast_failed(const vks_rl_cast *s, int *from);
 /* Trainer: leaves world rank `rank` out of every later broadcast. */
 void vks_rl_cast_drop(vks_rl_cast *s, int rank);
-/* Trainer: true when world rank `rank` is a relay. */
-bool vks_rl_cast_is_relay(const vks_rl_cast *s, int rank);
 
 /* Nodes: a broadcast waits (poll it from the main loop and the waits). */
 bool vks_rl_cast_waiting(vks_rl_cast *s);
