@@ -20,10 +20,12 @@
 //
 // Tiles sit in shared memory as vec4 rows (head_dim <= MAX_HD, padded to a
 // whole vec4 with zeros; row stride S4 = MAX_HD/4 + 1 vec4s to spread banks):
-// at most 26 KiB, within lavapipe's 32 KiB. Each invocation computes 2x2
-// blocks of scores (rows i, i + half; keys j, j + half) and updates outputs
-// for a pair of rows at one vec4 of head_dim, so that every shared load feeds
-// several multiply-adds (loads are what costs on CPU drivers).
+// at most 26 KiB, within lavapipe's 32 KiB. Each invocation computes 4x4
+// blocks of scores (4 rows x 4 keys) and updates outputs for 4 rows (or 4
+// keys) at two vec4s of head_dim, so that every shared load feeds several
+// multiply-adds: a CPU driver's cost is its number of load instructions (a
+// vec4 load costs about what a scalar one does). Every sum keeps the order of
+// the 2x2-block kernels before (bit-identical results).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 
@@ -49,6 +51,12 @@ layout(push_constant) uniform Push {
 } pc;
 
 uint hd4() { return (pc.head_dim + 3u) / 4u; }
+// Output units of the update loops: 4 query rows (forward, dq) or 4 keys
+// (dk/dv) x a pair of vec4s of head_dim (the second is the first again past
+// head_dim, never stored), so that each vector load feeds several vec4
+// multiply-adds.
+const uint HD4P = (MAX_HD4 + 1u) / 2u;
+uint hd4p() { return (hd4() + 1u) / 2u; }
 uint q_stride() { return pc.n_heads * pc.head_dim; }
 uint kv_stride() { return pc.n_kv_heads * pc.head_dim; }
 uint kv_head_of(uint h) { return h / (pc.n_heads / pc.n_kv_heads); }
@@ -69,20 +77,6 @@ uint kv_head_of(uint h) { return h / (pc.n_heads / pc.n_kv_heads); }
         else tile[r_ * S4 + d4_] = GATHER4(buf, at_, 4u * d4_) * (mul);         \
     }
 
-// Dot products of rows (i, i + ROWS/2) of A with rows (j, j + COLS/2) of B:
-// (a0.b0, a0.b1, a1.b0, a1.b1), summed over the vec4s in order.
-#define DEFINE_DOT_BLOCK(NAME, A, B, ROWS, COLS)                                \
-    vec4 NAME(uint i, uint j) {                                                 \
-        vec4 acc = vec4(0.0);                                                   \
-        uint i1 = i + (ROWS) / 2u, j1 = j + (COLS) / 2u;                        \
-        for (uint d4 = 0u; d4 < hd4(); d4++) {                                  \
-            vec4 a0 = A[i * S4 + d4], a1 = A[i1 * S4 + d4];                     \
-            vec4 b0 = B[j * S4 + d4], b1 = B[j1 * S4 + d4];                     \
-            acc += vec4(dot(a0, b0), dot(a0, b1), dot(a1, b0), dot(a1, b1));    \
-        }                                                                       \
-        return acc;                                                             \
-    }
-
 // Stores an accumulated vec4 of head_dim (elements d0..d0+3) into buf at base,
 // adding to what is there when pc.accumulate is set.
 #define STORE4(buf, base, d0, val)                                              \
@@ -99,10 +93,6 @@ const uint BK = 16u;
 #else
 const uint BK = 8u;
 #endif
-#ifdef ATTN_FORWARD
-// (row pair, vec4 of head_dim) units of the output each invocation updates
-const uint UNITS = ((BQ / 2u) * MAX_HD4 + WG_SIZE - 1u) / WG_SIZE;
-#endif
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 0) readonly buffer Q4 { vec4 q4[]; };
@@ -114,9 +104,6 @@ layout(std430, set = 0, binding = 3) readonly buffer Start { uint start[]; };
 
 shared vec4 q_s[BQ * S4];
 shared vec4 k_s[BK * S4];
-#ifdef ATTN_FORWARD
-shared float s_s[BQ * BK];
-#endif
 shared uint start_s[BQ];
 
 // Loads the query block (times scale) and the rows' starts; returns the first key any row reads.
@@ -130,11 +117,6 @@ uint load_query_block(uint q0, uint nq, uint h) {
     return lo;
 }
 
-DEFINE_DOT_BLOCK(score_block, q_s, k_s, BQ, BK)
-
-bool visible(uint q0, uint nq, uint i, uint key, uint j, uint nk) {
-    return i < nq && j < nk && key >= start_s[i] && key <= q0 + i;
-}
 #endif
 
 #ifdef ATTN_FORWARD
@@ -142,34 +124,56 @@ layout(std430, set = 0, binding = 4) writeonly buffer Out { float outv[]; };
 layout(std430, set = 0, binding = 5) writeonly buffer RowMax { float row_max[]; };
 layout(std430, set = 0, binding = 6) writeonly buffer RowSum { float row_sum[]; };
 
+const uint BQ4 = BQ / 4u, BK4 = BK / 4u;
+const uint UNITS = (BQ4 * HD4P + WG_SIZE - 1u) / WG_SIZE;
+shared vec4 s_s[BQ * BK4];  // s_s[i * BK4 + jq]: row i's scores at keys 4jq..4jq+3, then exp(s - m)
 shared float m_s[BQ], l_s[BQ], corr_s[BQ];
 
 // Row i of the score tile becomes exp(s - m_new); updates m, l and the correction factor.
 void softmax_update(uint i) {
+    vec4 sv[BK4];
+    for (uint jq = 0u; jq < BK4; jq++) sv[jq] = s_s[i * BK4 + jq];
     float m_old = m_s[i], m_new = m_old;
-    for (uint j = 0u; j < BK; j++) m_new = max(m_new, s_s[i * BK + j]);
+    for (uint j = 0u; j < BK; j++) m_new = max(m_new, sv[j / 4u][j % 4u]);
     float sum = 0.0;
     for (uint j = 0u; j < BK; j++) {
-        float s = s_s[i * BK + j];
+        float s = sv[j / 4u][j % 4u];
         float p = s == NEG_INF ? 0.0 : exp(s - m_new);
-        s_s[i * BK + j] = p;
+        sv[j / 4u][j % 4u] = p;
         sum += p;
     }
+    for (uint jq = 0u; jq < BK4; jq++) s_s[i * BK4 + jq] = sv[jq];
     float corr = m_old == m_new ? 1.0 : (m_old == NEG_INF ? 0.0 : exp(m_old - m_new));
     l_s[i] = l_s[i] * corr + sum;
     m_s[i] = m_new;
     corr_s[i] = corr;
 }
 
+// Scores in blocks of 4 rows x 4 keys: per vec4 of head_dim, 8 vector loads
+// feed 16 dot products (the 2x2 blocks before: 4 for 4), each entry summed
+// over the vec4s in order as before.
 void scores_to_tile(uint q0, uint nq, uint k0, uint nk) {
-    // 2x2 blocks: rows (ib, ib + BQ/2), keys (jb, jb + BK/2)
-    for (uint b = gl_LocalInvocationID.x; b < (BQ / 2u) * (BK / 2u); b += WG_SIZE) {
-        uint ib = b / (BK / 2u), jb = b - ib * (BK / 2u), i1 = ib + BQ / 2u, j1 = jb + BK / 2u;
-        vec4 s = score_block(ib, jb);
-        s_s[ib * BK + jb] = visible(q0, nq, ib, k0 + jb, jb, nk) ? s.x : NEG_INF;
-        s_s[ib * BK + j1] = visible(q0, nq, ib, k0 + j1, j1, nk) ? s.y : NEG_INF;
-        s_s[i1 * BK + jb] = visible(q0, nq, i1, k0 + jb, jb, nk) ? s.z : NEG_INF;
-        s_s[i1 * BK + j1] = visible(q0, nq, i1, k0 + j1, j1, nk) ? s.w : NEG_INF;
+    for (uint b = gl_LocalInvocationID.x; b < BQ4 * BK4; b += WG_SIZE) {
+        uint iq = b / BK4, jq = b - iq * BK4;
+        vec4 s[4];
+        for (uint a = 0u; a < 4u; a++) s[a] = vec4(0.0);
+        for (uint d4 = 0u; d4 < hd4(); d4++) {
+            vec4 kb[4];
+            for (uint b2 = 0u; b2 < 4u; b2++) kb[b2] = k_s[(4u * jq + b2) * S4 + d4];
+            for (uint a = 0u; a < 4u; a++) {
+                vec4 qa = q_s[(4u * iq + a) * S4 + d4];
+                s[a] += vec4(dot(qa, kb[0]), dot(qa, kb[1]), dot(qa, kb[2]), dot(qa, kb[3]));
+            }
+        }
+        for (uint a = 0u; a < 4u; a++) {
+            uint i = 4u * iq + a, first = start_s[i];
+            vec4 r;
+            for (uint b2 = 0u; b2 < 4u; b2++) {
+                uint j = 4u * jq + b2, key = k0 + j;
+                r[b2] = i < nq && j < nk && key >= first && key <= q0 + i ? s[a][b2] : NEG_INF;
+            }
+            s_s[i * BK4 + jq] = r;
+        }
     }
 }
 
@@ -177,11 +181,11 @@ void main() {
     uint n_qb = (pc.T + BQ - 1u) / BQ, id = linear_group_id();
     if (id >= n_qb * pc.n_heads) return;  // uniform over the workgroup
     uint h = id / n_qb, q0 = (id - h * n_qb) * BQ, nq = min(BQ, pc.T - q0);
-    uint t = gl_LocalInvocationID.x, kvh = kv_head_of(h), units = (BQ / 2u) * hd4();
+    uint t = gl_LocalInvocationID.x, kvh = kv_head_of(h), units = BQ4 * hd4p();
     if (t < BQ) { m_s[t] = NEG_INF; l_s[t] = 0.0; }
     uint lo = load_query_block(q0, nq, h), hi = q0 + nq;
-    vec4 o0[UNITS], o1[UNITS];  // rows p and p + BQ/2
-    for (uint c = 0u; c < UNITS; c++) { o0[c] = vec4(0.0); o1[c] = vec4(0.0); }
+    vec4 acc[UNITS * 8u];  // unit c: rows 4iq + a at vec4 d4 (acc[8c + a]) and d4 + 1 (acc[8c + 4 + a])
+    for (uint c = 0u; c < UNITS * 8u; c++) acc[c] = vec4(0.0);
 
     for (uint k0 = lo; k0 < hi; k0 += BK) {
         uint nk = min(BK, hi - k0), kv0 = k0 * kv_stride() + kvh * pc.head_dim;
@@ -193,25 +197,40 @@ void main() {
         if (t < BQ) softmax_update(t);
         LOAD_TILE(k_s, BK, v, v4, kv0, kv_stride(), nk, 1.0)
         barrier();
+        // Keys past nk (up to the next 4) add 0 * 0: P is 0 there and V's rows are zeros.
         for (uint c = 0u; c < UNITS; c++) {
-            uint u = t + c * WG_SIZE, p = u / hd4(), d4 = u - p * hd4(), p1 = p + BQ / 2u;
+            uint u = t + c * WG_SIZE, iq = u / hd4p(), d4 = 2u * (u - iq * hd4p()), d4b = min(d4 + 1u, hd4() - 1u);
             if (u >= units) break;
-            vec4 a = o0[c] * corr_s[p], b = o1[c] * corr_s[p1];
-            for (uint j = 0u; j < nk; j++) {
-                vec4 vj = k_s[j * S4 + d4];
-                a += s_s[p * BK + j] * vj;
-                b += s_s[p1 * BK + j] * vj;
+            vec4 ra[4], rb[4];
+            for (uint a = 0u; a < 4u; a++) {
+                float corr = corr_s[4u * iq + a];
+                ra[a] = acc[8u * c + a] * corr;
+                rb[a] = acc[8u * c + 4u + a] * corr;
             }
-            o0[c] = a;
-            o1[c] = b;
+            for (uint jq = 0u; 4u * jq < nk; jq++) {
+                vec4 pa[4];
+                for (uint a = 0u; a < 4u; a++) pa[a] = s_s[(4u * iq + a) * BK4 + jq];
+                for (uint b2 = 0u; b2 < 4u; b2++) {
+                    uint j = 4u * jq + b2;
+                    vec4 va = k_s[j * S4 + d4], vb = k_s[j * S4 + d4b];
+                    for (uint a = 0u; a < 4u; a++) {
+                        ra[a] += pa[a][b2] * va;
+                        rb[a] += pa[a][b2] * vb;
+                    }
+                }
+            }
+            for (uint a = 0u; a < 4u; a++) { acc[8u * c + a] = ra[a]; acc[8u * c + 4u + a] = rb[a]; }
         }
     }
     for (uint c = 0u; c < UNITS; c++) {
-        uint u = t + c * WG_SIZE, p = u / hd4(), d4 = u - p * hd4(), p1 = p + BQ / 2u;
+        uint u = t + c * WG_SIZE, iq = u / hd4p(), d4 = 2u * (u - iq * hd4p());
         if (u >= units) break;
-        for (uint k_ = 0u; k_ < 4u && 4u * d4 + k_ < pc.head_dim; k_++) {
-            if (p < nq) outv[(q0 + p) * q_stride() + h * pc.head_dim + 4u * d4 + k_] = o0[c][k_] / l_s[p];
-            if (p1 < nq) outv[(q0 + p1) * q_stride() + h * pc.head_dim + 4u * d4 + k_] = o1[c][k_] / l_s[p1];
+        for (uint a = 0u; a < 4u; a++) {
+            uint i = 4u * iq + a, base = (q0 + i) * q_stride() + h * pc.head_dim + 4u * d4;
+            if (i >= nq) break;
+            vec4 ra = acc[8u * c + a], rb = acc[8u * c + 4u + a];
+            for (uint e = 0u; e < 4u && 4u * d4 + e < pc.head_dim; e++) outv[base + e] = ra[e] / l_s[i];
+            for (uint e = 4u; e < 8u && 4u * d4 + e < pc.head_dim; e++) outv[base + e] = rb[e - 4u] / l_s[i];
         }
     }
     if (t < nq) {
@@ -263,13 +282,9 @@ void main() {
             }                                                                   \
         }                                                                       \
     }
-// Output units of the update loops: 4 rows (dq) or 4 keys (dk/dv) x a pair
-// of vec4s of head_dim (the second is the first again past head_dim, never
-// stored), so that 3 (dq) or 6 (dk/dv) vector loads feed 8 or 16 vec4
-// multiply-adds.
-const uint HD4P = (MAX_HD4 + 1u) / 2u;
+// Update units (see hd4p): per key, 3 (dq) or 6 (dk/dv) vector loads feed 8
+// or 16 vec4 multiply-adds.
 layout(std430, set = 0, binding = 5) readonly buffer Stats { float stats[]; };  // (m, l, delta) per (row, head)
-uint hd4p() { return (hd4() + 1u) / 2u; }
 // (m, l, delta, first visible key) of a query row
 vec4 row_stats(uint t, uint h, uint first) {
     uint th = t * pc.n_heads + h;
