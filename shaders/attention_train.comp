@@ -112,6 +112,7 @@ uint load_query_block(uint q0, uint nq, uint h) {
     uint t = gl_LocalInvocationID.x;
     if (t < BQ) start_s[t] = t < nq ? min(start[q0 + t], q0 + t) : 0xffffffffu;
     barrier();
+    if ((pc.flags & 2u) != 0u) return start_s[0];  // starts never decrease
     uint lo = q0 + nq - 1u;
     for (uint i = 0u; i < nq; i++) lo = min(lo, start_s[i]);
     return lo;

@@ -121,7 +121,8 @@ typedef struct {
     /* true promises that start[] never decreases (packed sequences, as the
      * trainer builds them): the dk/dv kernel then stops at the first query
      * tile that sees none of its keys instead of reading every later row's
-     * start. A broken promise gives wrong dk/dv, never a memory fault. */
+     * start, and a query block's first row gives its first key. A broken
+     * promise gives wrong results, never a memory fault. */
     bool starts_sorted;
 } vks_attention_train;
 /* Writes out and the softmax statistics of every (row t, head h): row_max =
