@@ -38,8 +38,10 @@ struct grad_case {
     /* rope_backward: rows with positions up to max_pos, mode adjacent/half */
     struct { uint32_t R, heads, head_dim, max_pos, mode; } rope;
     /* attention: T = the sum of the packed sequences' lengths seq[] (0 ends);
-     * check_stats: a backward with perturbed statistics must be off */
-    struct { uint32_t heads, kv_heads, head_dim, seq[3]; bool accumulate, check_stats; } attn;
+     * check_stats: a backward with perturbed statistics must be off;
+     * sorted: the kernels are promised that the starts never decrease (true
+     * of every case: without it dk/dv scan every later query tile) */
+    struct { uint32_t heads, kv_heads, head_dim, seq[3]; bool accumulate, check_stats, sorted; } attn;
     /* swiglu_backward: in_place = dg over g, du over u */
     struct { uint32_t n; bool accumulate, in_place; } swiglu;
     /* token_logprob: in_place = dlogits over logits; bad_target: rows 1 and 2
@@ -253,7 +255,7 @@ static void attn_outputs_free(attn_outputs *o) {
 
 /* Forward, then backward from its out and statistics (row_max shifted by
  * max_shift before the backward: a planted error that must show). */
-static attn_outputs gpu_attention(const attn_inputs *in, bool accumulate, float max_shift) {
+static attn_outputs gpu_attention(const attn_inputs *in, bool accumulate, bool sorted, float max_shift) {
     vks_buffer *bq = gpu_buffer(in->q, in->nq * 4), *bk = gpu_buffer(in->k, in->nkv * 4);
     vks_buffer *bv = gpu_buffer(in->v, in->nkv * 4), *bst = gpu_buffer(in->start, in->T * 4);
     vks_buffer *bo = gpu_buffer(NULL, in->nq * 4), *bmax = gpu_buffer(NULL, in->ns * 4);
@@ -262,7 +264,7 @@ static attn_outputs gpu_attention(const attn_inputs *in, bool accumulate, float 
     vks_buffer *bdv = gpu_buffer(in->dv0, in->nkv * 4);
     vks_buffer *bsc = gpu_buffer(NULL, vks_op_attention_train_backward_scratch_bytes(in->T, in->H));
     vks_attention_train a = {in->T, in->H, in->KVH, in->hd, bind(bq), bind(bk), bind(bv), bind(bst),
-                             bind(bo), bind(bmax), bind(bsum)};
+                             bind(bo), bind(bmax), bind(bsum), sorted};
     vks_cmd *c = begin();
     expect_ok(vks_op_attention_train(ops, c, &a));
     submit(c);
@@ -358,11 +360,11 @@ static void run_attention(const grad_case *tc) {
         in.dv0 = old_values(in.nkv, 13, r.dv);
     }
     attn_outputs g[2];
-    for (int run = 0; run < 2; run++) g[run] = gpu_attention(&in, tc->attn.accumulate, 0.0f);
+    for (int run = 0; run < 2; run++) g[run] = gpu_attention(&in, tc->attn.accumulate, tc->attn.sorted, 0.0f);
     attn_check(tc, &in, &g[0], &r);
     attn_same_bits(&in, &g[0], &g[1]);
     if (tc->attn.check_stats) { /* the backward reads the statistics: a shifted max is seen */
-        attn_outputs bad = gpu_attention(&in, false, 0.01f);
+        attn_outputs bad = gpu_attention(&in, false, tc->attn.sorted, 0.01f);
         double e = rel_error(bad.dv, r.dv, in.nkv);
         fprintf(stderr, "  dv with row_max + 0.01: error %.3g (must exceed %.3g)\n", e, tc->tol);
         assert_true(e > 100 * tc->tol);
@@ -624,7 +626,7 @@ static void run_bad_args(const grad_case *tc) {
     /* rope_backward: odd head_dim */
     expect_arg_error(vks_op_rope_backward(ops, c, b[0], b[1], 1, 8, 0, 1, 7, 1e4f, VKS_ROPE_ADJACENT));
     /* attention: head_dim past 128, T past the limit, heads not a multiple of kv heads, short q */
-    vks_attention_train a = {4, 2, 1, 129, b[0], b[1], b[2], b[3], b[4], b[5], b[6]};
+    vks_attention_train a = {4, 2, 1, 129, b[0], b[1], b[2], b[3], b[4], b[5], b[6], false};
     expect_arg_error(vks_op_attention_train(ops, c, &a));
     a.head_dim = 128;
     expect_ok(vks_op_attention_train(ops, c, &a));
@@ -696,14 +698,14 @@ static void run_bad_args(const grad_case *tc) {
     {nm, run_rmsnorm, .norm = {.R = r, .D = d, .dx = want_dx, .dw = want_dw, .accumulate = acc}, .tol = 5e-6}
 #define ROPE(nm, r, h, hd, maxp, md) \
     {nm, run_rope, .rope = {.R = r, .heads = h, .head_dim = hd, .max_pos = maxp, .mode = md}, .tol = 5e-4}
-#define ATTN_(nm, h, kh, hd, s0, s1, s2, acc, stats, is_slow) \
+#define ATTN_(nm, h, kh, hd, s0, s1, s2, acc, stats, srt, is_slow) \
     {nm, run_attention, .attn = {.heads = h, .kv_heads = kh, .head_dim = hd, .seq = {s0, s1, s2}, .accumulate = acc, \
-                                 .check_stats = stats}, .tol = 2e-5, .slow = is_slow}
-#define ATTN(nm, h, kh, hd, s0, s1, s2, acc, stats) ATTN_(nm, h, kh, hd, s0, s1, s2, acc, stats, false)
+                                 .check_stats = stats, .sorted = srt}, .tol = 2e-5, .slow = is_slow}
+#define ATTN(nm, h, kh, hd, s0, s1, s2, acc, stats, srt) ATTN_(nm, h, kh, hd, s0, s1, s2, acc, stats, srt, false)
 /* The two long attention cases take ~90% of the suite, in the GPU kernel (the
  * host code and the float64 reference run the same paths at T 300 hd 8):
  * VKSWARM_TEST_SHORT (tools/test's ASan run) leaves them to the normal build. */
-#define ATTN_SLOW(nm, h, kh, hd, s0, s1, s2, acc, stats) ATTN_(nm, h, kh, hd, s0, s1, s2, acc, stats, true)
+#define ATTN_SLOW(nm, h, kh, hd, s0, s1, s2, acc, stats, srt) ATTN_(nm, h, kh, hd, s0, s1, s2, acc, stats, srt, true)
 #define SWIGLU(nm, count, acc, inplace) \
     {nm, run_swiglu, .swiglu = {.n = count, .accumulate = acc, .in_place = inplace}, .tol = 2e-6}
 #define LOGPROB(nm, r, v, acc, inplace, bad) \
@@ -727,13 +729,13 @@ static const grad_case cases[] = {
     ROPE("rope_backward adjacent hd128", 67, 4, 128, 1023, VKS_ROPE_ADJACENT),
     ROPE("rope_backward half hd128", 5, 4, 128, 300, VKS_ROPE_HALF),
     ROPE("rope_backward half hd2 one row", 1, 1, 2, 5, VKS_ROPE_HALF),
-    ATTN("attention T1 hd8", 2, 2, 8, 1, 0, 0, false, false),
-    ATTN("attention T5 two seqs hd32 gqa2", 4, 2, 32, 2, 3, 0, false, true),
-    ATTN("attention T67 three seqs hd64 gqa4 accumulate", 4, 1, 64, 30, 20, 17, true, false),
-    ATTN("attention T67 hd20 gqa1", 2, 2, 20, 67, 0, 0, false, false),
-    ATTN_SLOW("attention T300 two seqs hd128 gqa2", 4, 2, 128, 173, 127, 0, false, false),
-    ATTN("attention T300 three seqs hd8 gqa4 accumulate", 4, 1, 8, 100, 150, 50, true, false),
-    ATTN_SLOW("attention T1024 hd32 gqa2", 2, 1, 32, 1024, 0, 0, false, false),
+    ATTN("attention T1 hd8", 2, 2, 8, 1, 0, 0, false, false, false),
+    ATTN("attention T5 two seqs hd32 gqa2 sorted", 4, 2, 32, 2, 3, 0, false, true, true),
+    ATTN("attention T67 three seqs hd64 gqa4 accumulate", 4, 1, 64, 30, 20, 17, true, false, false),
+    ATTN("attention T67 hd20 gqa1 sorted", 2, 2, 20, 67, 0, 0, false, false, true),
+    ATTN_SLOW("attention T300 two seqs hd128 gqa2 sorted", 4, 2, 128, 173, 127, 0, false, false, true),
+    ATTN("attention T300 three seqs hd8 gqa4 accumulate sorted", 4, 1, 8, 100, 150, 50, true, false, true),
+    ATTN_SLOW("attention T1024 hd32 gqa2 sorted", 2, 1, 32, 1024, 0, 0, false, false, true),
     SWIGLU("swiglu_backward n1", 1, false, false),
     SWIGLU("swiglu_backward n7 accumulate", 7, true, false),
     SWIGLU("swiglu_backward n100003", 100003, false, false),

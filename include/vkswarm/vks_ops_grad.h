@@ -118,6 +118,12 @@ typedef struct {
     vks_binding start;            /* uint32 [T] */
     vks_binding out;              /* f32 [T, n_heads*head_dim] */
     vks_binding row_max, row_sum; /* f32 [T*n_heads], index t*n_heads + h */
+    /* true promises that start[] never decreases (packed sequences, as the
+     * trainer builds them): the dk/dv kernel then stops at the first query
+     * tile that sees none of its keys instead of reading every later row's
+     * start, and a query block's first row gives its first key. A broken
+     * promise gives wrong results, never a memory fault. */
+    bool starts_sorted;
 } vks_attention_train;
 /* Writes out and the softmax statistics of every (row t, head h): row_max =
  * the largest scaled score, row_sum = sum of exp(score - row_max), as

@@ -172,7 +172,7 @@ static int rows_build(const vks_trainer *t, const vks_train_batch *b, train_rows
                                      row, t->cfg.vocab_size);
             r->tokens[row] = (uint32_t)tok;
             r->pos[row] = (uint32_t)i;
-            r->start[row] = (uint32_t)(row - i);
+            r->start[row] = (uint32_t)(row - i);  /* never decreases (VKS_TRAIN_ATTENTION's starts_sorted) */
             r->has_target[row] = i + 1 < lens[s];
             r->target[row] = r->has_target[row] ? b->tokens[row + 1] : VKS_TRAIN_NO_TARGET;
         }

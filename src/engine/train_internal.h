@@ -72,12 +72,14 @@ struct vks_trainer {
 #define VKS_TRAIN_NO_TARGET (-1) /* what vks_op_token_logprob reads as "no target" */
 #define VKS_TRAIN_MAX_TOKENS ((int)VKS_ATTENTION_TRAIN_MAX_T)
 
-/* The vks_attention_train of layer activations a over n rows. */
+/* The vks_attention_train of layer activations a over n rows. The starts are
+ * sorted: rows_build (train.c) lays the sequences out in order and gives a
+ * row the first row of its own sequence. */
 #define VKS_TRAIN_ATTENTION(t, a, n)                                                                               \
     .T = (n), .n_heads = (uint32_t)(t)->cfg.n_heads, .n_kv_heads = (uint32_t)(t)->cfg.n_kv_heads,                 \
     .head_dim = (uint32_t)(t)->cfg.head_dim, .q = {(a)->q, 0, 0}, .k = {(a)->k, 0, 0}, .v = {(a)->v, 0, 0},       \
     .start = {(t)->acts.start, 0, 0}, .out = {(a)->att, 0, 0}, .row_max = {(a)->stat_max, 0, 0},                  \
-    .row_sum = {(a)->stat_sum, 0, 0}
+    .row_sum = {(a)->stat_sum, 0, 0}, .starts_sorted = true
 
 /* train_params.c */
 int vks_train_params_create(vks_trainer *t, const vks_model *m);

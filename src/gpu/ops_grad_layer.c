@@ -109,7 +109,7 @@ int vks_op_rope_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos,
 typedef struct {
     uint32_t T, n_heads, n_kv_heads, head_dim;
     float scale;
-    uint32_t accumulate;
+    uint32_t flags; /* 1: accumulate into the outputs; 2: a->starts_sorted */
 } attn_push;
 
 static int check_attention_train(const vks_ops *o, const char *op, const vks_attention_train *a) {
@@ -140,7 +140,18 @@ static int check_attention_train(const vks_ops *o, const char *op, const vks_att
 
 static attn_push attention_push(const vks_attention_train *a, bool accumulate) {
     return (attn_push){a->T, a->n_heads, a->n_kv_heads, a->head_dim, (float)(1.0 / sqrt((double)a->head_dim)),
-                       accumulate ? 1u : 0u};
+                       (accumulate ? 1u : 0u) | (a->starts_sorted ? 2u : 0u)};
+}
+
+/* Specialization constants of the attention_train kernels: workgroup size,
+ * head_dim rounded up to a vec4, and whether the tiles' rows can be read as
+ * vec4s (head_dim % 4 == 0, every float operand 16-byte aligned). */
+static bool aligned16(vks_binding b) { return b.offset % 16 == 0; }
+
+static void attention_spec(const vks_ops *o, const vks_attention_train *a, vks_binding dout, uint32_t spec[3]) {
+    spec[0] = o->wg_attention;
+    spec[1] = (a->head_dim + 3u) / 4u * 4u;
+    spec[2] = a->head_dim % 4 == 0 && aligned16(a->q) && aligned16(a->k) && aligned16(a->v) && aligned16(dout);
 }
 
 int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a) {
@@ -149,9 +160,10 @@ int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a)
     int rc = check_attention_train(o, op, a);
     if (rc) return rc;
     attn_push push = attention_push(a, false);
-    uint32_t spec[] = {o->wg_attention, (a->head_dim + 3u) / 4u * 4u};
+    uint32_t spec[3];
+    attention_spec(o, a, a->q, spec);
     vks_binding b[] = {a->q, a->k, a->v, a->start, a->out, a->row_max, a->row_sum};
-    return vks_ops_dispatch(o, c, "attention_train", spec, 2, b, 7, &push, sizeof push,
+    return vks_ops_dispatch(o, c, "attention_train", spec, 3, b, 7, &push, sizeof push,
                             ceil_div(a->T, ATTN_TRAIN_QUERY_BLOCK) * a->n_heads, op);
 }
 
@@ -190,13 +202,14 @@ int vks_op_attention_train_backward(vks_ops *o, vks_cmd *c, const vks_attention_
     rc = vks_ops_dispatch(o, c, "attention_train_delta", spec_e, 1, b_delta, 5, &push, sizeof push,
                           ceil_div((uint64_t)a->T * a->n_heads, o->wg_elementwise), "attention_train_delta");
     if (rc) return rc;
-    uint32_t spec[] = {o->wg_attention, (a->head_dim + 3u) / 4u * 4u};
+    uint32_t spec[3];
+    attention_spec(o, a, dout, spec);
     vks_binding b_dq[] = {a->q, a->k, a->v, a->start, dout, scratch, dq};
-    rc = vks_ops_dispatch(o, c, "attention_train_dq", spec, 2, b_dq, 7, &push, sizeof push,
+    rc = vks_ops_dispatch(o, c, "attention_train_dq", spec, 3, b_dq, 7, &push, sizeof push,
                           ceil_div(a->T, ATTN_TRAIN_QUERY_BLOCK) * a->n_heads, "attention_train_dq");
     if (rc) return rc;
     vks_binding b_dkdv[] = {a->q, a->k, a->v, a->start, dout, scratch, dk, dv};
-    return vks_ops_dispatch(o, c, "attention_train_dkdv", spec, 2, b_dkdv, 8, &push, sizeof push,
+    return vks_ops_dispatch(o, c, "attention_train_dkdv", spec, 3, b_dkdv, 8, &push, sizeof push,
                             ceil_div(a->T, ATTN_TRAIN_KEY_BLOCK) * a->n_kv_heads, "attention_train_dkdv");
 }
 
