@@ -602,5 +602,6 @@ int main(void) {
     struct CMUnitTest tests[N_CASES];
     for (size_t i = 0; i < N_CASES; i++)
         tests[i] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return _cmocka_run_group_tests("ops", tests, N_CASES, group_setup, group_teardown);
 }
