@@ -479,7 +479,12 @@ static int wait_finish(node *n, double elapsed) {
 static int receive_plan(vks_bcast *b, uint8_t *plan) {
     MPI_Status st;
     int count = 0;
-    if (!vks_bc_wait_probe(b, 0, TAG_PLAN, b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3, &st)) {
+    /* The origin sends the plan once every rank has answered the manifest or
+     * timeout_s has passed: while it waits on a dead rank its own beats can
+     * stall too (seen: Open MPI's failing TCP connects to the dead rank), so
+     * a live receiver must outwait that wait, or both give up together and the
+     * origin counts the live rank as failed. */
+    if (!vks_bc_wait_probe(b, 0, TAG_PLAN, 2 * b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3, &st)) {
         b->origin_silent = true;
         return vks_set_error(VKS_ERR_IO, "rank %d: no transfer plan from the origin (rank 0), silent for %.0fs", b->rank,
                              vks_bc_silent_for(b, 0));

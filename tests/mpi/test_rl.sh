@@ -137,7 +137,7 @@ if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/er
    grep -q "^final checkpoint: $tmp/kill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/kill/metrics.jsonl" 3 0 &&
    grep -q "shardcast: step 3 (version [0-9]*): [0-9]* bytes to 1 of 2 ranks" "$tmp/err.txt"; then
     ok "an inference rank killed mid-run is dropped (also from the weights broadcasts), the run finishes on the other"
-else bad "killed rank: pid '$pid' status $rc"; tail -5 "$tmp/err.txt"; fi
+else bad "killed rank: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -20; fi
 
 # a verifier rank killed mid-run: dropped, its batches granted again (to the other verifier), and
 # the inference rank whose send to it times out goes on beating and generating: the run finishes.
