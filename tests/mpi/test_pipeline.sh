@@ -37,8 +37,9 @@ check_same() { # name reference-file mpirun-args...
 # stage, the host code is greedy's), one K per S plus S = 3, K = 3.
 # VKSWARM_TEST_SHORT (tools/test's ASan run): three greedy pairs and one sampled pair, no
 # timed overlap case (a speed property, which ASan's slowdown says nothing about), one rollout
-# case, and four of the six faults (one of each kind: killed, stopped mid-run, stopped at
-# launch, stopped at start-up); the normal build runs all.
+# case, four of the six faults (one of each kind: killed, stopped mid-run, stopped at launch,
+# stopped at start-up), and not the explicit partition, f16 wire, blame cascade and resumed
+# rank cases; the normal build runs all.
 short=${VKSWARM_TEST_SHORT:-}
 for mode in greedy sampled; do
     if [ $mode = greedy ]; then samp="--temp 0"; else samp="--temp 0.9 --top-p 0.9 --top-k 50 --seed 7"; fi
@@ -60,8 +61,8 @@ for mode in greedy sampled; do
             --partition auto
     fi
 done
-check_same "S=3 partition 1,2,3" "$tmp/ref_greedy.jsonl" -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" \
-    --temp 0 -n 48 --partition 1,2,3
+[ -z "$short" ] && check_same "S=3 partition 1,2,3" "$tmp/ref_greedy.jsonl" -np 3 $bin pipeline $model \
+    --prompts "$tmp/prompts.txt" --temp 0 -n 48 --partition 1,2,3
 
 # rollouts: the last stage's TOPLOC proofs make the same file as one rank's, and it verifies
 samp="--temp 0.9 --top-p 0.9 --seed 11"
@@ -77,7 +78,8 @@ for S in $rollout_ss; do
 done
 
 # f16 on the wire: runs; how many tokens differ from f32 is reported, not required to be 0
-if mpi -np 2 $bin pipeline $model --prompts "$tmp/prompts.txt" --temp 0 -n 48 --wire f16 > "$tmp/f16.jsonl" 2>/dev/null; then
+if [ -n "$short" ]; then :
+elif mpi -np 2 $bin pipeline $model --prompts "$tmp/prompts.txt" --temp 0 -n 48 --wire f16 > "$tmp/f16.jsonl" 2>/dev/null; then
     differ=$(paste -d'\n' "$tmp/f16.jsonl" "$tmp/ref_greedy.jsonl" | awk 'NR%2{a=$0;next}{if(a!=$0)d++}END{print d+0}')
     ok "wire f16 ran ($differ of $(wc -l < "$tmp/prompts.txt") sequences differ from f32)"
 else bad "wire f16"; fi
@@ -143,12 +145,14 @@ fault_run 2 STOP startup 3
 # reach rank 0 only, so rank 0 waits on rank 2 in the second while rank 2 waits on rank 1 in
 # the first. Rank 0 asks rank 2 whom it waits for and names rank 1, never the live rank 2.
 blame=${1:?build dir}/tests/exchange_blame
-if mpi -np 3 "$blame" > "$tmp/blame.txt" 2>/dev/null; [ "$(grep -c "^rank 0: ok" "$tmp/blame.txt")" = 1 ] &&
+if [ -n "$short" ]; then :
+elif mpi -np 3 "$blame" > "$tmp/blame.txt" 2>/dev/null; [ "$(grep -c "^rank 0: ok" "$tmp/blame.txt")" = 1 ] &&
    grep -q "^rank 0: rank 1 did not answer within .* (exchange B; rank 2 waits on it too)" "$tmp/blame.txt" &&
    blames_only 1 "$tmp/blame.txt"; then
     ok "start-up exchanges: a rank waiting on a live rank that waits on a silent one names the silent one"
 else bad "blame cascade"; cat "$tmp/blame.txt"; fi
 
+if [ -z "$short" ]; then
 # A rank stopped for longer than its own --timeout-s (but not the others')
 # blames nobody when it resumes: that time is left out of its silence clocks,
 # and the job completes with the usual output.
@@ -166,6 +170,7 @@ release_stopped
 if [ -n "$pid" ] && [ $rc -eq 0 ] && cmp -s "$tmp/resumed.jsonl" "$tmp/ref_greedy.jsonl"; then
     ok "rank 1 stopped 6.5 s, past its 4 s timeout, and resumed: nobody blamed, same output"
 else bad "rank 1 stopped and resumed: pid '$pid' status $rc"; grep vkswarm "$tmp/resumed.txt" | tail -3; fi
+fi
 
 # different models on different ranks: refused, naming the rank
 if mpi -np 1 $bin pipeline $model --prompts "$tmp/prompts.txt" -n 8 : \

@@ -68,8 +68,9 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/k0/step-000000002" "$tmp/ou
     ok "4 ranks (a relay), k=0: 2 steps, weights through Shardcast, finite losses, lag 0, logp mismatch < 1e-4, no stale group"
 else bad "4 ranks (a relay), k=0: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
 
-# VKSWARM_TEST_SHORT (tools/test's ASan run): the happy path, the garbage rank and the killed
-# inference rank only; the others add no host code that these do not run.
+# VKSWARM_TEST_SHORT (tools/test's ASan run): the happy path (Shardcast with a relay) and the
+# verifier case (cheats rejected, a rank's unearned reward refused by the same unpacking code
+# that refuses the garbage token) only; the faults' drop paths run in the normal build.
 short=${VKSWARM_TEST_SHORT:-}
 
 # the k = 0 run resumed from its final checkpoint (step 2) for one more step: the trainer rank
@@ -87,6 +88,7 @@ if [ $rc -eq 0 ] && grep -q "resumed from step 2" "$tmp/err.txt" && grep -q "^fi
 else bad "4 ranks, resume: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
 fi
 
+if [ -z "$short" ]; then
 # a rank that sends garbage (a token id >= vocab) is named and refused; the run finishes
 config "$tmp/garbage" 2 0
 mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-garbage-rank 2 \
@@ -96,6 +98,7 @@ if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: batch [0-9]*: group [0-9]
    ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt" && metrics_ok "$tmp/garbage/metrics.jsonl" 2 0; then
     ok "a rank sending a token outside the vocabulary is refused, the run finishes"
 else bad "garbage rank: status $rc"; tail -5 "$tmp/err.txt"; fi
+fi
 
 # a verifier rank (3) checks every batch: both inference ranks cheat (the first generated token
 # of every 5th completion, global index (batch * 8 + q + 1) % 5 == 0, is not the sampler's draw;
@@ -123,6 +126,7 @@ if [ $rc -eq 0 ] && [ "$rejections" -ge 1 ] && [ "$false_rejections" = 0 ] && [ 
     ok "a verifier rank rejects exactly the cheated completions ($rejections), refuses a rank's unearned reward, the run finishes"
 else bad "verifier rank: status $rc, $rejections rejections, $false_rejections false, $recorded recorded"; tail -5 "$tmp/err.txt"; fi
 
+if [ -z "$short" ]; then
 # an inference rank killed mid-run: dropped, its batch granted again, the run finishes (--enable-recovery)
 config "$tmp/kill" 3 0
 pids=$tmp/pids
@@ -138,6 +142,7 @@ if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/er
    grep -q "shardcast: step 3 (version [0-9]*): [0-9]* bytes to 1 of 2 ranks" "$tmp/err.txt"; then
     ok "an inference rank killed mid-run is dropped (also from the weights broadcasts), the run finishes on the other"
 else bad "killed rank: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -20; fi
+fi
 
 # a verifier rank killed mid-run: dropped, its batches granted again (to the other verifier), and
 # the inference rank whose send to it times out goes on beating and generating: the run finishes.
