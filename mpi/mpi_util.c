@@ -11,11 +11,19 @@
 #include <unistd.h>
 #include "vkswarm/vks_common.h"
 
-void vks_mpi_start(bool worker_thread, int *rank, int *size) {
-    int provided;
-    MPI_Init_thread(NULL, NULL, worker_thread ? MPI_THREAD_FUNNELED : MPI_THREAD_SINGLE, &provided);
+void vks_mpi_start(int threads, int *rank, int *size) {
+    int provided, want = threads == VKS_MPI_THREADS_MULTIPLE   ? MPI_THREAD_MULTIPLE
+                         : threads == VKS_MPI_THREADS_FUNNELED ? MPI_THREAD_FUNNELED
+                                                               : MPI_THREAD_SINGLE;
+    MPI_Init_thread(NULL, NULL, want, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);
+}
+
+bool vks_mpi_threads_multiple(void) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    return provided == MPI_THREAD_MULTIPLE;
 }
 
 void vks_mpi_stop(void) { MPI_Finalize(); }
@@ -94,10 +102,10 @@ static void watchdog_stop(watchdog *w) {
     pthread_cond_destroy(&w->done_cond);
 }
 
-void vks_mpi_start_within(bool worker_thread, double timeout_s, vks_mpi_stuck_fn on_stuck, int *rank, int *size) {
+void vks_mpi_start_within(int threads, double timeout_s, vks_mpi_stuck_fn on_stuck, int *rank, int *size) {
     watchdog w;
     watchdog_start(&w, timeout_s, "MPI start-up (a rank did not join)", on_stuck);
-    vks_mpi_start(worker_thread, rank, size);
+    vks_mpi_start(threads, rank, size);
     watchdog_stop(&w);
     write_pid_file(*rank);
 }

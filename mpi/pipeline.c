@@ -4,6 +4,7 @@
  * link, sends heartbeats and watches the other ranks' silence. Rank 0 also
  * runs the schedule: K micro-batches of B KV slots each, refilled with the
  * next prompt as soon as a sequence ends. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,9 @@ typedef struct {
     int n_seqs;                  /* prompts in the whole job (every rank) */
     vks_toploc_builder *builder; /* last stage with TOPLOC */
     bool awaiting_proofs;        /* rank 0: DONE sent, proofs not yet here */
+    float *logp_by_pos;          /* last stage with record_logp: [n_seqs, steps] (the worker fills it) */
+    float *logits;               /* the worker's scratch for it */
+    bool awaiting_logp;          /* rank 0: DONE sent, log-probabilities not yet here */
     /* rank 0 only */
     microbatch *mbs;
     vks_sequence *prompts;
@@ -198,6 +202,73 @@ static bool all_done(const pipe_ctx *c) {
     return true;
 }
 
+/* ---------------- log-probabilities (last stage -> rank 0) ---------------- */
+
+/* Rank 0: each sequence's vks_sequence.logp from the last stage's [n_seqs,
+ * steps] record: generated id k (and the stop token after the last one) was
+ * sampled from position n_prompt + k - 1. A missing or impossible value fails
+ * (from another rank: a bad message). */
+static int apply_logp(pipe_ctx *c, const float *by_pos) {
+    int steps = c->o->sched.steps;
+    for (int i = 0; i < c->n_seqs; i++) {
+        vks_sequence *q = &c->prompts[i];
+        int n = q->n_ids - q->n_prompt + (q->stop_token >= 0);
+        float *logp = calloc((size_t)steps + 1, sizeof *logp);
+        if (!logp) return out_of_memory(c);
+        for (int k = 0; k < n; k++) {
+            int pos = q->n_prompt + k - 1;
+            float v = pos >= 0 && pos < steps ? by_pos[(size_t)i * (size_t)steps + (size_t)pos] : NAN;
+            if (!(v <= 0)) { /* NaN: never recorded; a log-probability is never positive */
+                free(logp);
+                char msg[160];
+                snprintf(msg, sizeof msg, "no valid log-probability for token %d of sequence %d (the last stage's record)", k, i);
+                return fail(c, VKS_ERR_FORMAT, msg);
+            }
+            logp[k] = v;
+        }
+        free(q->logp);
+        q->logp = logp;
+    }
+    return VKS_OK;
+}
+
+static int send_logp(pipe_ctx *c) {
+    size_t n = (size_t)c->n_seqs * (size_t)c->o->sched.steps, bytes = sizeof(vks_msg_header) + sizeof(float) * n;
+    if (bytes > INT_MAX) return fail(c, VKS_ERR_ARG, "the log-probabilities do not fit one message");
+    vks_msg_header *h = malloc(bytes);
+    if (!h) return out_of_memory(c);
+    *h = (vks_msg_header){VKS_MSG_MAGIC, VKS_MSG_LOGP, 0, (uint32_t)c->o->sched.steps, (uint32_t)c->n_seqs, 0, 0, 0};
+    memcpy(h + 1, c->logp_by_pos, sizeof(float) * n);
+    MPI_Request req;
+    MPI_Isend(h, (int)bytes, MPI_BYTE, 0, VKS_TAG_LOGP, c->comm, &req);
+    int rc = wait_for(c, &req, 0, "sending the log-probabilities");
+    if (!rc) free(h); /* else still MPI's: the caller ends the job */
+    return rc;
+}
+
+static int receive_logp(pipe_ctx *c, const MPI_Status *st) {
+    if (st->MPI_SOURCE != c->size - 1 || !c->awaiting_logp)
+        return fail_rank(c, VKS_ERR_FORMAT, "sent log-probabilities but is not the last stage, or none were due",
+                         st->MPI_SOURCE);
+    int bytes;
+    MPI_Get_count(st, MPI_BYTE, &bytes);
+    size_t n = (size_t)c->n_seqs * (size_t)c->o->sched.steps, want = sizeof(vks_msg_header) + sizeof(float) * n;
+    if (bytes < 0 || (size_t)bytes != want)
+        return fail_rank(c, VKS_ERR_FORMAT, "sent a log-probability message of the wrong size", st->MPI_SOURCE);
+    vks_msg_header *h = malloc(want);
+    int rc = !h ? out_of_memory(c) : recv_probed(c, h, bytes, st, "receiving the log-probabilities");
+    if (rc == VKS_ERR_TIMEOUT) h = NULL; /* still MPI's: the caller ends the job */
+    if (!rc && (h->magic != VKS_MSG_MAGIC || h->type != VKS_MSG_LOGP || h->n_out != (uint32_t)c->n_seqs ||
+                h->n_rows != (uint32_t)c->o->sched.steps))
+        rc = fail_rank(c, VKS_ERR_FORMAT, "sent a malformed log-probability message", st->MPI_SOURCE);
+    if (!rc) rc = apply_logp(c, (const float *)(h + 1));
+    free(h);
+    if (rc) return rc;
+    c->awaiting_logp = false;
+    c->finished = !c->awaiting_proofs;
+    return VKS_OK;
+}
+
 /* ---------------- TOPLOC proofs (last stage -> rank 0) ---------------- */
 
 static int set_proof(pipe_ctx *c, int i, const uint8_t *p, size_t len) {
@@ -277,7 +348,7 @@ static int receive_proofs(pipe_ctx *c, const MPI_Status *st) {
     free(msg); free(lens); free(offs);
     if (rc) return rc;
     c->awaiting_proofs = false;
-    c->finished = true;
+    c->finished = !c->awaiting_logp;
     return VKS_OK;
 }
 
@@ -293,8 +364,13 @@ static int broadcast_done(pipe_ctx *c) {
         int rc = take_local_proofs(c);
         if (rc) return rc;
     }
+    if (c->logp_by_pos) { /* the same */
+        int rc = apply_logp(c, c->logp_by_pos);
+        if (rc) return rc;
+    }
     c->awaiting_proofs = c->o->toploc && c->size > 1;
-    c->finished = !c->awaiting_proofs;
+    c->awaiting_logp = c->o->record_logp && c->size > 1;
+    c->finished = !c->awaiting_proofs && !c->awaiting_logp;
     return VKS_OK;
 }
 
@@ -377,6 +453,7 @@ static int handle_control_message(pipe_ctx *c, const MPI_Status *st) {
     if (rc || st->MPI_TAG != VKS_TAG_DONE) return rc;
     if (st->MPI_SOURCE != 0 || h.magic != VKS_MSG_MAGIC || h.type != VKS_MSG_DONE)
         return fail_rank(c, VKS_ERR_FORMAT, "sent a stop message but is not rank 0", st->MPI_SOURCE);
+    if (c->logp_by_pos && (rc = send_logp(c))) return rc; /* before the proofs: rank 0 takes both */
     if (c->builder && (rc = send_proofs(c))) return rc;
     c->finished = true;
     return VKS_OK;
@@ -390,6 +467,7 @@ static int poll_messages(pipe_ctx *c) {
     int rc;
     if (st.MPI_TAG == VKS_TAG_HEARTBEAT || st.MPI_TAG == VKS_TAG_DONE) rc = handle_control_message(c, &st);
     else if (st.MPI_TAG == VKS_TAG_PROOFS && c->rank == 0) rc = receive_proofs(c, &st);
+    else if (st.MPI_TAG == VKS_TAG_LOGP && c->rank == 0) rc = receive_logp(c, &st);
     else if (st.MPI_TAG < VKS_TAG_MB || st.MPI_TAG >= VKS_TAG_MB + c->o->micro_batches)
         rc = fail_rank(c, VKS_ERR_FORMAT, "sent a message with an unknown tag or micro-batch id", st.MPI_SOURCE);
     else rc = handle_stage_message(c, &st);
@@ -425,13 +503,31 @@ static int poll_worker(pipe_ctx *c) {
 /* Every rank creates its engine, then all learn whether each one could: when
  * any could not, every rank returns an error at this same point, so the job
  * can still end cleanly (stats->ended_together; MPI_Finalize works). */
+vks_engine_options vks_pipeline_engine_options(const vks_pipeline_options *o, int rank) {
+    vks_engine_options eo = o->engine;
+    eo.layer_begin = o->first[rank], eo.layer_end = o->first[rank + 1];
+    eo.max_rows = o->chunk > o->batch ? o->chunk : o->batch, eo.max_out_rows = o->batch;
+    eo.n_slots = o->micro_batches * o->batch, eo.kv_len = o->sched.steps;
+    return eo;
+}
+
+/* The caller's engine (o->keep_engine), when its sizes hold the run. */
+static int check_kept_engine(const pipe_ctx *c) {
+    vks_engine_options eo = vks_pipeline_engine_options(c->o, c->rank);
+    vks_engine *e = c->o->keep_engine;
+    if (vks_engine_max_rows(e) < eo.max_rows || vks_engine_max_out_rows(e) < eo.max_out_rows ||
+        vks_engine_n_slots(e) < eo.n_slots || vks_engine_kv_len(e) < eo.kv_len ||
+        vks_engine_has_embed(e) != (eo.layer_begin == 0) ||
+        vks_engine_has_head(e) != (eo.layer_end == vks_engine_config(e)->n_layers))
+        return vks_set_error(VKS_ERR_ARG, "pipeline: the kept engine does not hold the run (sizes or layer range)");
+    return VKS_OK;
+}
+
 static int create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     const vks_pipeline_options *o = c->o;
-    int rows = o->chunk > o->batch ? o->chunk : o->batch;
-    vks_engine_options eo = o->engine;
-    eo.layer_begin = o->first[c->rank], eo.layer_end = o->first[c->rank + 1];
-    eo.max_rows = rows, eo.max_out_rows = o->batch, eo.n_slots = o->micro_batches * o->batch, eo.kv_len = o->sched.steps;
-    int mine = vks_engine_create(g, m, &eo, &c->engine);
+    vks_engine_options eo = vks_pipeline_engine_options(o, c->rank);
+    int mine = o->keep_engine ? check_kept_engine(c) : vks_engine_create(g, m, &eo, &c->engine);
+    if (o->keep_engine) c->engine = o->keep_engine;
     char msg[512];
     snprintf(msg, sizeof msg, "%s", mine ? vks_last_error() : "");
     int failed = mine != 0, *all = malloc(sizeof(int) * (size_t)c->size);
@@ -509,7 +605,7 @@ static int run_once(pipe_ctx *c) {
     if (got < 0) return got;
     int done = poll_worker(c);
     if (done < 0) return done;
-    if (c->rank == 0 && !c->finished && !c->awaiting_proofs && all_done(c)) {
+    if (c->rank == 0 && !c->finished && !c->awaiting_proofs && !c->awaiting_logp && all_done(c)) {
         int rc = broadcast_done(c);
         if (rc) return rc;
     }
@@ -554,10 +650,12 @@ static void destroy(pipe_ctx *c, bool worker_started) {
         free(o);
     }
     vks_toploc_builder_destroy(c->builder);
+    free(c->logp_by_pos);
+    free(c->logits);
     if (c->rank == 0) teardown_rank0(c);
     free(c->last_heard);
     free(c->left_loop);
-    vks_engine_destroy(c->engine);
+    if (c->engine != c->o->keep_engine) vks_engine_destroy(c->engine);
 }
 
 static int prepare(pipe_ctx *c, const vks_model *m, vks_sequence *prompts, int n_prompts, bool *worker_started) {
@@ -576,6 +674,15 @@ static int prepare(pipe_ctx *c, const vks_model *m, vks_sequence *prompts, int n
     if (!rc && o->toploc && c->rank == c->size - 1) {
         if (vks_toploc_builder_create(n_prompts, m->cfg.dim, &c->builder)) return fail(c, VKS_ERR_NOMEM, vks_last_error());
         c->worker.builder = c->builder; /* the worker is idle until the first job */
+    }
+    if (!rc && o->record_logp && c->rank == c->size - 1) {
+        size_t n = (size_t)n_prompts * (size_t)o->sched.steps;
+        c->logp_by_pos = malloc(sizeof(float) * n);
+        c->logits = malloc(sizeof(float) * (size_t)o->batch * (size_t)m->cfg.vocab_size);
+        if (!c->logp_by_pos || !c->logits) return out_of_memory(c);
+        for (size_t i = 0; i < n; i++) c->logp_by_pos[i] = NAN;
+        c->worker.logp_by_pos = c->logp_by_pos, c->worker.logits = c->logits;
+        c->worker.logp_seqs = n_prompts, c->worker.logp_steps = o->sched.steps;
     }
     return rc;
 }

@@ -63,6 +63,20 @@ static int pack_tokens(vks_worker *w, vks_job *j, uint32_t n_out) {
     return VKS_OK;
 }
 
+/* The sampled tokens' log-probabilities, by sequence and position (rank 0
+ * knows which position's token each generated id is). */
+static void record_logp(vks_worker *w, const vks_forward_batch *b, const vks_row_meta *meta, const uint32_t *out_rows,
+                        uint32_t n_out) {
+    int V = vks_engine_config(w->engine)->vocab_size;
+    for (uint32_t i = 0; i < n_out; i++) {
+        const vks_row_meta *rm = &meta[out_rows[i]];
+        int32_t tok = b->sampled[i];
+        if (rm->seq >= (uint32_t)w->logp_seqs || rm->pos >= (uint32_t)w->logp_steps || tok < 0 || tok >= V) continue;
+        w->logp_by_pos[(size_t)rm->seq * (size_t)w->logp_steps + rm->pos] =
+            vks_token_logp(w->logits + (size_t)i * (size_t)V, V, tok);
+    }
+}
+
 static int run_job(vks_worker *w, vks_job *j) {
     uint32_t dim = (uint32_t)vks_engine_config(w->engine)->dim;
     vks_forward_batch b = {0};
@@ -99,12 +113,14 @@ static int run_job(vks_worker *w, vks_job *j) {
         b.sample = w->sample;
         b.sampled = w->sampled;
         b.hidden = w->builder ? w->hidden : NULL;
+        b.logits = w->logp_by_pos ? w->logits : NULL;
     } else {
         b.x_out = w->x_out;
     }
     int rc = vks_engine_forward(w->engine, &b);
     for (uint32_t i = 0; rc == VKS_OK && b.hidden && i < n_out; i++)
         rc = vks_toploc_builder_push(w->builder, (int)row_meta[out_rows[i]].seq, w->hidden + (size_t)i * dim);
+    if (rc == VKS_OK && b.logits) record_logp(w, &b, row_meta, out_rows, n_out);
     if (rc == VKS_OK)
         rc = w->last_stage ? pack_tokens(w, j, n_out) : pack_act(w, j, &b, n_out, row_meta, out_rows, dim);
     free(meta);

@@ -28,6 +28,9 @@ typedef struct {
     int wire;
     bool first_stage, last_stage;
     vks_toploc_builder *builder; /* last stage with TOPLOC: committed rows go here */
+    float *logp_by_pos;          /* last stage recording log-probabilities: [seqs, steps], else NULL */
+    int logp_seqs, logp_steps;
+    float *logits;               /* with logp_by_pos: the sampling rows' logits */
     /* scratch sized for the largest message */
     float *x_in, *x_out;
     uint32_t *slot, *pos, *out_rows;

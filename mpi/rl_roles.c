@@ -4,7 +4,8 @@
  * while their main thread keeps MPI moving and beats.
  *
  * Verifier ranks (rl_verifier.c), when the config names any, check every
- * batch before the trainer sees it.
+ * batch before the trainer sees it. An inference group of several ranks
+ * (rl_group.c) is seen through its first rank: the others hear only from it.
  *
  * Messages (every one starts with vks_rl_msg; rl_wire.c packs the groups):
  *   TAG_WEIGHTS trainer -> inference, verifiers  WEIGHTS: step, n = floats, then the f32 parameter block
@@ -34,6 +35,7 @@
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_mpi.h"
 
+#include "rl_group.h"
 #include "rl_wire.h"
 
 int vks_rl_mpi_check_roles(const vks_rl_config *c) {
@@ -41,10 +43,6 @@ int vks_rl_mpi_check_roles(const vks_rl_config *c) {
     if (c->orchestrator != c->trainer)
         return vks_set_error(VKS_ERR_ARG, "rl across ranks: the orchestrator (rank %d) must be the trainer's rank (%d) "
                              "for now", c->orchestrator, c->trainer);
-    for (int i = 0; i < c->n_groups; i++)
-        if (c->groups[i].n != 1)
-            return vks_set_error(VKS_ERR_ARG, "rl across ranks: inference group %d has %d ranks: pipeline groups "
-                                 "(S > 1) are not run yet, give each inference rank its own group", i, c->groups[i].n);
     if (c->n_relays) return vks_set_error(VKS_ERR_ARG, "rl across ranks: relays are not run yet (weights go point to point)");
     if (c->n_inference_ranks < 1) return vks_set_error(VKS_ERR_ARG, "rl across ranks: no inference ranks");
     return VKS_OK;
@@ -451,15 +449,16 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
     const vks_rl_config *c = o->config;
-    trainer_src t = {.comm = vks_mpi_world(), .o = o, .mo = mo, .c = c, .n_ranks = c->n_inference_ranks + c->n_verifiers};
+    /* the trainer sees one rank per inference group: its first (a pipeline's other stages hear only from it) */
+    trainer_src t = {.comm = vks_mpi_world(), .o = o, .mo = mo, .c = c, .n_ranks = c->n_groups + c->n_verifiers};
     MPI_Comm_set_errhandler(t.comm, MPI_ERRORS_RETURN);
     t.ranks = calloc((size_t)t.n_ranks, sizeof *t.ranks);
     if (!t.ranks) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     if (!rc) rc = vks_rl_queue_init(&t.queue, c->prompts_per_step, c->async_level);
     double now = vks_seconds_now();
     for (int i = 0; !rc && i < t.n_ranks; i++) {
-        bool v = i >= c->n_inference_ranks;
-        t.ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_inference_ranks] : c->inference_ranks[i],
+        bool v = i >= c->n_groups;
+        t.ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_groups] : c->inference_ranks[c->groups[i].first],
                                 .verifier = v, .batch = -1, .last_seen = now};
     }
     if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &t.layout);
@@ -527,6 +526,7 @@ typedef struct {
     int64_t assigned, min_step;
     int verifier;          /* the verifier rank of the assigned batch, -1: none (verify here) */
     vks_rl_beat beat;
+    vks_rl_pipe_group *group; /* the first rank of a pipeline group: its other stages, else NULL */
 } inf_state;
 
 /* Receives what the trainer sent (weights, a grant, stop). */
@@ -568,7 +568,8 @@ static int take_weights(inf_state *s, vks_rl_gen *g) {
     vks_model *m = NULL;
     int rc = vks_rl_wire_model_from_block(s->o->model, s->layout, s->pending, &m);
     if (!rc) rc = vks_rl_gen_set_policy(g, m, s->pending_step);
-    free(s->pending);
+    if (s->group) vks_rl_group_keep_weights(s->group, s->pending, s->pending_step); /* for its other stages */
+    else free(s->pending);
     s->pending = NULL;
     return rc;
 }
@@ -661,6 +662,9 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     return rc;
 }
 
+static int pipeline_group_rank(inf_state *s, int group, int stage, bool *no_finalize);
+static int inference_rank(inf_state *s, bool *no_finalize);
+
 int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize) {
     *no_finalize = false;
     if (!o || !o->config || !o->model || !o->tok || !o->infer_gpu || !mo || !(mo->timeout_s > 0))
@@ -671,11 +675,54 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
                    .pending_step = -1, .verifier = -1};
     s.beat = (vks_rl_beat){.comm = s.comm, .trainer = s.trainer, .req = MPI_REQUEST_NULL};
     MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN);
+    int me = 0, group = -1, stage = 0;
+    MPI_Comm_rank(s.comm, &me);
+    vks_rl_group_find(o->config, me, &group, &stage);
+    if (group >= 0) return pipeline_group_rank(&s, group, stage, no_finalize);
+    return inference_rank(&s, no_finalize);
+}
+
+/* A rank of a pipeline group: the first stage runs as an inference rank whose
+ * batches the group generates; the others serve it (rl_group.h). */
+static int pipeline_group_rank(inf_state *s, int group, int stage, bool *no_finalize) {
+    if (!vks_mpi_threads_multiple())
+        return vks_set_error(VKS_ERR_ARG, "inference group %d: pipeline groups need MPI_THREAD_MULTIPLE, which this MPI "
+                             "did not grant", group);
+    vks_param_layout *layout = NULL;
+    vks_rl_pipe_group grp = {0};
+    int rc = vks_param_layout_create(&s->o->model->cfg, s->o->model->layers[0].bq.data != NULL, &layout);
+    if (!rc) rc = vks_rl_group_open(&grp, s->o, s->mo, group, stage, layout->n_values);
+    vks_param_layout_free(layout);
+    if (rc) {
+        *no_finalize = true; /* the group's peers may be waiting on this rank */
+        vks_rl_group_close(&grp, false);
+        return rc;
+    }
+    if (stage > 0) rc = vks_rl_group_stage(&grp, no_finalize);
+    else {
+        s->group = &grp;
+        rc = inference_rank(s, no_finalize);
+        char err[1024];
+        snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");
+        vks_rl_group_stop(&grp, rc != VKS_OK || *no_finalize);
+        if (rc) vks_set_error(rc, "%s", err); /* the stop's own failure was printed: this rank's error stays */
+    }
+    vks_rl_group_close(&grp, !rc && !*no_finalize);
+    return rc;
+}
+
+/* An inference rank (or a pipeline group's first stage): takes grants and
+ * weights from the trainer and generates until it says stop. */
+static int inference_rank(inf_state *sp, bool *no_finalize) {
+    inf_state s = *sp;
+    const vks_rl_run_options *o = s.o;
+    const vks_rl_mpi_options *mo = s.mo;
+    int rc;
     /* TEST ONLY: a rank told to send garbage, or to cheat under verifier ranks, keeps groups
      * without signal too, so that what it spoils always reaches the trainer or verifier */
     bool defer = o->config->n_verifiers > 0;
     vks_rl_gen g = {.o = o, .policy_step = -1, .keep_flat_groups = mo->test_garbage != 0 || (defer && o->cheat_every > 0),
-                    .defer_verify = defer};
+                    .defer_verify = defer, .generate = s.group ? vks_rl_group_generate : NULL, .generate_ctx = s.group};
     rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &s.layout);
     if (!rc) rc = vks_rl_gen_open_tasks(&g);
     int me = 0;

@@ -294,9 +294,10 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     return send_up(v, &up, packed, n, "the trainer taking verdicts");
 }
 
+/* Whether rank is the first of an inference group (the rank that sends a group's batches). */
 static bool is_inference_rank(const vks_rl_config *c, int rank) {
-    for (int i = 0; i < c->n_inference_ranks; i++)
-        if (c->inference_ranks[i] == rank) return true;
+    for (int i = 0; i < c->n_groups; i++)
+        if (c->inference_ranks[c->groups[i].first] == rank) return true;
     return false;
 }
 

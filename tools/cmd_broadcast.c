@@ -296,7 +296,7 @@ int cmd_broadcast(int argc, char **argv) {
     parse_args(argc, argv, &a);
     int rank = 0, size = 1;
     /* MPI_Init waits for every rank: bounded (it takes seconds on its own) */
-    vks_mpi_start_within(true, a.timeout_s > 10 ? a.timeout_s : 10, on_stuck, &rank, &size);
+    vks_mpi_start_within(VKS_MPI_THREADS_FUNNELED, a.timeout_s > 10 ? a.timeout_s : 10, on_stuck, &rank, &size);
     if (a.baseline) {
         int rc = run_baseline(&a, rank);
         vks_mpi_stop();

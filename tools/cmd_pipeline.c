@@ -136,7 +136,7 @@ int cmd_pipeline(int argc, char **argv) {
     pipeline_args a = {0};
     parse_pipeline(argc, argv, &a);
     int rank, size;
-    vks_mpi_start_within(true, a.timeout_s, cli_mpi_stuck, &rank, &size);
+    vks_mpi_start_within(VKS_MPI_THREADS_FUNNELED, a.timeout_s, cli_mpi_stuck, &rank, &size);
     vks_model *m = cli_load_model(&a.m);
     uint8_t hash[32];
     if (vks_model_hash(m, hash)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());

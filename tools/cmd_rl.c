@@ -35,7 +35,8 @@ static const char rl_usage[] =
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  final checkpoint: PATH\n"
     "  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
-    "trainer rank (also the orchestrator) grants batches to inference ranks (groups of one rank)\n"
+    "trainer rank (also the orchestrator) grants batches to inference groups (one rank, or a\n"
+    "pipeline of several: the first takes the grants, the group generates across its stages)\n"
     "within the async window, sends them the weights after each step and checks every group it\n"
     "receives; a rank that sends garbage is refused, one silent for --timeout-s (default 120) is\n"
     "dropped and its batch granted again (under mpirun --enable-recovery the run goes on). Idle\n"
@@ -149,7 +150,10 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
 /* One rank of an RL run across MPI ranks: the trainer or an inference rank. */
 static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     int rank = 0, size = 0;
-    vks_mpi_start_within(true, a->timeout_s, cli_mpi_stuck, &rank, &size);
+    bool pipelines = false; /* a group's first stage runs its pipeline on its generation thread */
+    for (int i = 0; i < a->c.n_groups; i++) pipelines = pipelines || a->c.groups[i].n > 1;
+    vks_mpi_start_within(pipelines ? VKS_MPI_THREADS_MULTIPLE : VKS_MPI_THREADS_FUNNELED, a->timeout_s, cli_mpi_stuck,
+                         &rank, &size);
     if (size != a->n_ranks) cli_mpi_abort(EXIT_BAD_INPUT);
     int roles = vks_rl_config_roles_of(&a->c, rank);
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0

@@ -280,7 +280,7 @@ int cmd_verify(int argc, char **argv) {
     verify_args a = {0};
     parse_verify(argc, argv, &a);
     int rank = 0, size = 1;
-    if (a.mpi) vks_mpi_start_within(true, a.timeout_s, cli_mpi_stuck, &rank, &size); /* true: verify threads beside MPI */
+    if (a.mpi) vks_mpi_start_within(VKS_MPI_THREADS_FUNNELED, a.timeout_s, cli_mpi_stuck, &rank, &size); /* verify threads beside MPI */
     vks_model *m = cli_load_model(&a.m);
     trust_model_tokens(&a, m);
     vks_rollout_file rf = {0};

@@ -187,4 +187,7 @@ vks_forward_batch vks_step_batch(const vks_step *st, int32_t *sampled, float *hi
 int vks_generate(vks_engine *e, const vks_generate_options *opt, vks_sequence *seqs, int n_seqs,
                  uint32_t seq_base);
 void vks_sequence_free(vks_sequence *s);
+/* log-softmax(row)[token] in double, at temperature 1: what record_logp
+ * stores (token must lie in [0, vocab)). */
+float vks_token_logp(const float *row, int vocab, int32_t token);
 #endif

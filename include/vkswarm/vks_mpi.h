@@ -6,8 +6,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* MPI_Init_thread (FUNNELED when a GPU worker thread exists) on the world. */
-void vks_mpi_start(bool worker_thread, int *rank, int *size);
+/* How other threads use MPI: none exist (SINGLE); they exist but only the
+ * main thread calls MPI (FUNNELED: GPU and verify workers); any thread calls
+ * it (MULTIPLE: an RL pipeline group's leader runs the pipeline on its
+ * generation thread while its main thread beats to the trainer). */
+enum { VKS_MPI_THREADS_SINGLE = 0, VKS_MPI_THREADS_FUNNELED = 1, VKS_MPI_THREADS_MULTIPLE = 2 };
+/* MPI_Init_thread at that level on the world. */
+void vks_mpi_start(int threads, int *rank, int *size);
+/* Whether MPI granted MPI_THREAD_MULTIPLE. */
+bool vks_mpi_threads_multiple(void);
 void vks_mpi_stop(void);
 /* Ending the job (MPI_Abort) is the caller's decision (tools/cli_mpi.c). */
 /* The world communicator, for the mpi/ modules' entry points. */
@@ -25,7 +32,7 @@ typedef void (*vks_mpi_stuck_fn)(const char *message);
  * timeout_s (a rank was stopped before it joined), on_stuck is called. With
  * VKSWARM_PID_DIR set, each rank writes DIR/rank-R.pid after MPI_Init (fault
  * tests find a rank's process there). */
-void vks_mpi_start_within(bool worker_thread, double timeout_s, vks_mpi_stuck_fn on_stuck, int *rank, int *size);
+void vks_mpi_start_within(int threads, double timeout_s, vks_mpi_stuck_fn on_stuck, int *rank, int *size);
 /* vks_mpi_stop under the same watchdog: MPI_Finalize waits for every rank,
  * so a rank stopped at the end would hold the others forever. Rank 0 must
  * therefore write its output within timeout_s of the others' finalize. */

@@ -29,6 +29,13 @@ typedef struct {
     vks_engine_options engine; /* weight types and math: .dtype, .keep_file_dtype, .f32_math (rollouts:
                                 verifiers recompute in f32); the layer range and sizes are the pipeline's */
     bool toploc;             /* the last stage builds TOPLOC proofs and sends them to rank 0 */
+    /* This rank's engine, made by the caller with vks_pipeline_engine_options
+     * (or larger sizes) and kept across runs (weights and pipelines are not
+     * made again per run); NULL: the run makes its own and destroys it. */
+    vks_engine *keep_engine;
+    bool record_logp;        /* the last stage records each sampled token's log-probability (as
+                                vks_generate_options.record_logp: temperature 1, before top-k/top-p);
+                                rank 0's sequences get them in vks_sequence.logp */
 } vks_pipeline_options;
 
 typedef struct {
@@ -50,6 +57,10 @@ typedef struct {
  * (MPI_Abort) rather than MPI_Finalize. */
 int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pipeline_options *o,
                      vks_sequence *prompts, int n_prompts, vks_pipeline_stats *stats);
+
+/* The engine options a run with o needs on stage `rank` (its layer range and
+ * sizes; kv_len = o->sched.steps). */
+vks_engine_options vks_pipeline_engine_options(const vks_pipeline_options *o, int rank);
 
 /* What rank 0 tells every rank before the run: the sampling seed, the
  * number of prompts and the stop tokens (rank 0 knows the tokenizer). */

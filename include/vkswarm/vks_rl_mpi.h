@@ -1,7 +1,8 @@
 /* vks_rl_mpi.h: the RL run across MPI ranks (mpi/rl_roles.c), first cut.
  *
  * The trainer rank (also the orchestrator) trains as vks_rl_run does, but its
- * groups come from inference ranks (pipeline groups of one rank each): it
+ * groups come from inference groups (one rank, or a pipeline of S ranks whose
+ * first rank is the one the trainer sees: mpi/rl_group.h): it
  * grants each idle inference rank a batch (index b, the policy step it must
  * use at least) only while the async window has room, sends every rank the
  * f32 weights after each step (plain point-to-point, tagged with the step;
@@ -27,13 +28,15 @@ typedef struct {
 } vks_rl_mpi_options;
 
 /* Refuses roles this cut does not run (orchestrator elsewhere than the
- * trainer, pipeline groups of S > 1, relays), naming them. */
+ * trainer, relays), naming them. */
 int vks_rl_mpi_check_roles(const vks_rl_config *c);
 /* The trainer/orchestrator rank. *lost: inference ranks were dropped or
  * refused (under Open MPI 4.1 the survivors must then not call MPI_Finalize). */
 int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *r, bool *lost);
 /* An inference rank: generates the batches the trainer grants until it says
- * stop. *no_finalize: the trainer said ranks were lost (or it went silent). */
+ * stop; in a pipeline group the first stage does that across the group and
+ * the others serve it. *no_finalize: the trainer said ranks were lost (or it
+ * went silent). */
 int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
 /* A verifier rank: checks the batches inference ranks send it (their groups
  * against their rollout files, then TOPLOC and the sampling replay on the CPU

@@ -37,8 +37,7 @@ static void export_states(vks_seq_state *states, vks_sequence *seqs, int n, floa
     }
 }
 
-/* log-softmax(row)[token] in double (temperature 1). */
-static float token_logp(const float *row, int vocab, int32_t token) {
+float vks_token_logp(const float *row, int vocab, int32_t token) {
     double mx = row[0], sum = 0;
     for (int v = 1; v < vocab; v++) mx = row[v] > mx ? row[v] : mx;
     for (int v = 0; v < vocab; v++) sum += exp((double)row[v] - mx);
@@ -54,7 +53,7 @@ static void record_logp(const vks_step *st, const vks_seq_state *states, const f
         const vks_seq_state *q = &states[st->out_seq[i]];
         int k = q->n_ids - q->n_prompt;
         if (q->done || k < 0 || sampled[i] < 0 || sampled[i] >= vocab) continue;
-        logp[st->out_seq[i]][k] = token_logp(logits + (size_t)i * (size_t)vocab, vocab, sampled[i]);
+        logp[st->out_seq[i]][k] = vks_token_logp(logits + (size_t)i * (size_t)vocab, vocab, sampled[i]);
     }
 }
 

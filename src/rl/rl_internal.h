@@ -143,7 +143,8 @@ int vks_rl_timeline_write(const vks_rl_timeline *trainer, const vks_rl_timeline 
                           const char *path, vks_rl_timeline_summary *sum);
 
 /* The inference thread's state. */
-typedef struct {
+typedef struct vks_rl_gen vks_rl_gen;
+struct vks_rl_gen {
     const vks_rl_run_options *o;
     vks_rl_shared *sh;
     vks_task_spec spec;       /* built-in task, when tasks is NULL */
@@ -162,7 +163,14 @@ typedef struct {
     bool rejections_started;  /* rollouts_dir/rejected.jsonl has been trimmed for this process's batches */
     bool keep_flat_groups;    /* TEST ONLY: keep groups without signal (advantages 0), so that a
                                  rank told to send garbage always has a group to spoil */
-} vks_rl_gen;
+    /* Generation elsewhere (NULL: on this engine with vks_generate): an RL
+     * pipeline group's first rank (mpi/rl_group.c) runs it across its stages.
+     * It fills seqs[0..n) as vks_generate with record_logp does, and their
+     * TOPLOC proofs when toploc; the policy is g->model at g->policy_step, and
+     * vks_rl_gen_set_policy makes no engine. */
+    int (*generate)(void *ctx, const vks_rl_gen *g, const vks_sched_params *sp, vks_sequence *seqs, int n, bool toploc);
+    void *generate_ctx;
+};
 
 /* Opens the run's tasks (config->task) into g; vks_rl_gen_close frees them,
  * the engine and the policy. */

@@ -360,11 +360,13 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     char path[4200];
     vks_rl_batch_path(g, g->batch, path, sizeof path);
     int rc = VKS_OK;
-    if (g->o->verify || g->defer_verify) { /* the rollout file: for this verifier or a verifier rank */
-        rc = vks_rollout_writer_create(path, g->model, "policy", &sp, n, true, &w);
+    bool toploc = g->o->verify || g->defer_verify;
+    if (toploc) { /* the rollout file: for this verifier or a verifier rank (proofs made here unless elsewhere) */
+        rc = vks_rollout_writer_create(path, g->model, "policy", &sp, n, !g->generate, &w);
         go.on_hidden = on_hidden, go.user = w;
     }
-    if (!rc) rc = vks_generate(g->engine, &go, b->seqs, n, 0);
+    if (!rc) rc = g->generate ? g->generate(g->generate_ctx, g, &sp, b->seqs, n, toploc)
+                              : vks_generate(g->engine, &go, b->seqs, n, 0);
     if (!rc) cheat(g, b, n);
     if (!rc && w) rc = vks_rollout_writer_finish(w, b->seqs, n, 0);
     vks_rollout_writer_destroy(w);
@@ -537,7 +539,7 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
     vks_engine_options eo = {.n_slots = n, .kv_len = m->cfg.seq_len, .max_rows = n > 256 ? n : 256, .max_out_rows = n,
                              .f32_math = true, .dtype = VKS_DTYPE_F32};
     int rc = vks_model_hash(m, g->model_hash);
-    if (!rc) rc = vks_engine_create(g->o->infer_gpu, m, &eo, &g->engine);
+    if (!rc && !g->generate) rc = vks_engine_create(g->o->infer_gpu, m, &eo, &g->engine);
     return rc;
 }
 

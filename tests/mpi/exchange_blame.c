@@ -21,7 +21,7 @@ static void report(int rank, int rc) {
 
 int main(void) {
     int rank, size, mine = 0, all[3];
-    vks_mpi_start(false, &rank, &size);
+    vks_mpi_start(VKS_MPI_THREADS_SINGLE, &rank, &size);
     if (size != 3) {
         fprintf(stderr, "exchange_blame: run with 3 ranks\n");
         _exit(2);

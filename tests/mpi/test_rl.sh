@@ -51,6 +51,23 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/k0/step-000000002" "$tmp/ou
     ok "3 ranks, k=0: 2 steps, finite losses, lag 0, logp mismatch < 1e-4, no stale group"
 else bad "3 ranks, k=0: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
 
+# a pipeline group: ranks 1 and 2 are the two stages of one inference group (layers split in two),
+# rank 3 verifies. The same config as the happy path otherwise, so the same rollouts: the verifier
+# accepts every completion (the pipeline's tokens and TOPLOC proofs are one rank's), the last
+# stage's log-probabilities match the trainer's, and the loss of every step equals the happy
+# path's to the last digit.
+config "$tmp/group" 2 0 3
+sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1, 2]]/' "$tmp/run.json"
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+losses() { grep -o '"loss":[^,]*' "$1"; }
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/group/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/group/metrics.jsonl" 2 0 && mismatch_ok "$tmp/group/metrics.jsonl" &&
+   grep -q "rollouts, [0-9]* accepted, 0 rejected" "$tmp/err.txt" && ! grep -q "dropped\|refused" "$tmp/err.txt" &&
+   [ "$(losses "$tmp/group/metrics.jsonl")" = "$(losses "$tmp/k0/metrics.jsonl")" ]; then
+    ok "a pipeline group of 2 ranks + a verifier: nothing rejected, logp mismatch < 1e-4, the 2 single ranks' losses"
+else bad "pipeline group: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/group/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
+
 # VKSWARM_TEST_SHORT (tools/test's ASan run): the happy path and the verifier case (cheats
 # rejected, a rank's unearned reward refused by the same unpacking code that refuses the garbage
 # token) only; the faults' drop paths run in the normal build.
@@ -107,20 +124,24 @@ if [ $rc -eq 0 ] && [ "$rejections" -ge 1 ] && [ "$false_rejections" = 0 ] && [ 
 else bad "verifier rank: status $rc, $rejections rejections, $false_rejections false, $recorded recorded"; tail -5 "$tmp/err.txt"; fi
 
 if [ -z "$short" ]; then
-# an inference rank killed mid-run: dropped, its batch granted again, the run finishes (--enable-recovery)
+# an inference rank killed mid-run: the second stage (rank 3) of the pipeline group [2, 3]. Its
+# first stage's pipeline names it and that rank ends; the trainer drops the group (rank 2, for its
+# silence), grants its batch again, and the run finishes on rank 1 (--enable-recovery)
 config "$tmp/kill" 3 0
+sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1], [2, 3]]/' "$tmp/run.json"
 pids=$tmp/pids
 mkdir -p "$pids"
-VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
+VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 \
     --timeout-s 5 --trainer-timeout-s 120 > "$tmp/out.txt" 2> "$tmp/err.txt" &
 job=$!
-pid=$(pid_file_pid "$pids" 2) && sleep 8 && kill -9 "$pid"
+pid=$(pid_file_pid "$pids" 3) && sleep 8 && kill -9 "$pid"
 wait $job
 rc=$?
 if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/err.txt" &&
+   grep -q "inference rank 2: .*inference group 1 (ranks 2 3; .*rank 1 \(stopped answering\|did not answer\)" "$tmp/err.txt" &&
    grep -q "^final checkpoint: $tmp/kill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/kill/metrics.jsonl" 3 0; then
-    ok "an inference rank killed mid-run is dropped, the run finishes on the other"
-else bad "killed rank: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -20; fi
+    ok "a pipeline group's stage killed mid-run: the group is dropped, the run finishes on the other rank"
+else bad "killed stage: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -20; fi
 fi
 
 # a verifier rank killed mid-run: dropped, its batches granted again (to the other verifier), and

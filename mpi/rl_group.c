@@ -1,0 +1,299 @@
+/* rl_group.c: an RL inference group of S > 1 ranks, a pipeline (rl_group.h). */
+#include "rl_group.h"
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "vkswarm/vks_pipeline.h"
+
+enum { TAG_GROUP_HELLO = 7105 };
+enum { GROUP_RUN = 1, GROUP_STOP = 2 };
+
+/* RUN or STOP, first stage -> the other stages. */
+typedef struct {
+    uint32_t magic, type;
+    int64_t batch, step;        /* RUN: the batch, the policy step to run with */
+    int32_t n, steps, stop_a, stop_b, toploc, lost; /* lost: STOP after the run lost ranks */
+    uint32_t top_k, pad;
+    uint64_t seed;
+    float temperature, top_p;
+} group_msg;
+
+void vks_rl_group_find(const vks_rl_config *c, int rank, int *index, int *stage) {
+    *index = -1, *stage = 0;
+    for (int i = 0; i < c->n_groups; i++)
+        for (int s = 0; c->groups[i].n > 1 && s < c->groups[i].n; s++)
+            if (c->inference_ranks[c->groups[i].first + s] == rank) *index = i, *stage = s;
+}
+
+/* The group's ranks in one line ("1 2 3"), for messages. */
+static void rank_list(const vks_rl_pipe_group *g, char *out, size_t cap) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int s = 0; s < g->n && at < cap; s++)
+        at += (size_t)snprintf(out + at, cap - at, "%s%d", s ? " " : "", g->ranks[s]);
+}
+
+/* An error of the group's pipeline, whose messages number the stages (0..S-1). */
+static int group_error(const vks_rl_pipe_group *g, int rc, const char *what) {
+    char ranks[256];
+    rank_list(g, ranks, sizeof ranks);
+    return vks_set_error(rc, "inference group %d (ranks %s; stage s is its rank s below): %s: %s", g->index, ranks, what,
+                         vks_last_error());
+}
+
+/* Every stage answers the first one (and it them) within timeout_s, so that
+ * the blocking MPI_Comm_create_group only starts once all are there. */
+static int hello(vks_rl_pipe_group *g, MPI_Comm world) {
+    int mine[2] = {g->index, g->n}, peers = g->stage ? 1 : g->n - 1;
+    int(*theirs)[2] = calloc((size_t)peers, sizeof *theirs);
+    MPI_Request *reqs = malloc(sizeof *reqs * 2 * (size_t)peers);
+    int *peer = malloc(sizeof *peer * 2 * (size_t)peers);
+    if (!theirs || !reqs || !peer) {
+        free(theirs), free(reqs), free(peer);
+        return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    }
+    for (int k = 0; k < peers; k++) {
+        int r = g->stage ? g->ranks[0] : g->ranks[k + 1];
+        peer[2 * k] = peer[2 * k + 1] = r;
+        MPI_Irecv(theirs[k], 2, MPI_INT, r, TAG_GROUP_HELLO, world, &reqs[2 * k]);
+        MPI_Isend(mine, 2, MPI_INT, r, TAG_GROUP_HELLO, world, &reqs[2 * k + 1]);
+    }
+    int rc = vks_mpi_wait_within(world, reqs, peer, 2 * peers, g->mo->timeout_s, "forming its inference group");
+    if (rc) return rc; /* the requests stay MPI's: the rank ends */
+    for (int k = 0; !rc && k < peers; k++)
+        if (theirs[k][0] != g->index || theirs[k][1] != g->n)
+            rc = vks_set_error(VKS_ERR_FORMAT, "rank %d says it is in inference group %d of %d ranks, not %d of %d "
+                               "(different configs?)", peer[2 * k], theirs[k][0], theirs[k][1], g->index, g->n);
+    free(theirs), free(reqs), free(peer);
+    return rc;
+}
+
+int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, int index, int stage,
+                      size_t n_values) {
+    const vks_rl_config *c = o->config;
+    *g = (vks_rl_pipe_group){.pipe = MPI_COMM_NULL, .ctl = MPI_COMM_NULL, .index = index, .n = c->groups[index].n,
+                             .stage = stage, .ranks = c->inference_ranks + c->groups[index].first, .o = o, .mo = mo,
+                             .n_values = n_values, .weights_step = -1, .stages_step = -1, .engine_step = -1};
+    int L = o->model->cfg.n_layers;
+    if (g->n > L)
+        return vks_set_error(VKS_ERR_ARG, "inference group %d has %d ranks for the model's %d layers", index, g->n, L);
+    g->first = malloc(sizeof *g->first * (size_t)(g->n + 1));
+    if (!g->first) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    for (int s = 0; s <= g->n; s++) g->first[s] = (int)((int64_t)s * L / g->n); /* even: no stage without layers */
+    MPI_Comm world = vks_mpi_world();
+    int rc = hello(g, world);
+    if (rc) return rc;
+    MPI_Group all, mine;
+    MPI_Comm_group(world, &all);
+    MPI_Group_incl(all, g->n, g->ranks, &mine);
+    if (MPI_Comm_create_group(world, mine, TAG_GROUP_HELLO, &g->pipe) != MPI_SUCCESS ||
+        MPI_Comm_dup(g->pipe, &g->ctl) != MPI_SUCCESS)
+        rc = vks_set_error(VKS_ERR_IO, "inference group %d: its communicators could not be made", index);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
+    if (!rc) MPI_Comm_set_errhandler(g->pipe, MPI_ERRORS_RETURN), MPI_Comm_set_errhandler(g->ctl, MPI_ERRORS_RETURN);
+    return rc;
+}
+
+void vks_rl_group_close(vks_rl_pipe_group *g, bool finalize) {
+    if (finalize && g->ctl != MPI_COMM_NULL) MPI_Comm_free(&g->ctl);
+    if (finalize && g->pipe != MPI_COMM_NULL) MPI_Comm_free(&g->pipe);
+    free(g->first);
+    g->first = NULL;
+    free(g->weights);
+    g->weights = NULL;
+    vks_engine_destroy(g->engine);
+    g->engine = NULL;
+}
+
+void vks_rl_group_keep_weights(vks_rl_pipe_group *g, float *msg, int64_t step) {
+    free(g->weights);
+    g->weights = msg, g->weights_step = step;
+}
+
+/* The pipeline of a batch: the same on every stage, sized for the largest
+ * batch (prompts_per_step x group_size sequences), so that one engine per
+ * policy serves every batch. */
+static vks_pipeline_options pipe_options(const vks_rl_pipe_group *g, const vks_sched_params *sp, bool toploc) {
+    const vks_rl_config *c = g->o->config;
+    int most = c->prompts_per_step * c->group_size;
+    int K = most >= 2 ? 2 : 1; /* two micro-batches: one stage computes while the other's rows travel */
+    /* f32 weights and math, f32 on the wire: the tokens, proofs and log-probabilities are one rank's
+     * (verifiers recompute in f32; the trainer compares the log-probabilities) */
+    return (vks_pipeline_options){.micro_batches = K, .batch = (most + K - 1) / K, .chunk = 256, .sched = *sp,
+                                  .wire = VKS_WIRE_F32, .timeout_s = g->mo->timeout_s, .first = g->first,
+                                  .engine = {.dtype = VKS_DTYPE_F32, .f32_math = true}, .toploc = toploc,
+                                  .record_logp = true};
+}
+
+/* This stage's engine for the policy of step `step`, made once per policy
+ * (room for any batch's positions: the model's context). */
+static int stage_engine(vks_rl_pipe_group *g, const vks_model *policy, int64_t step, vks_pipeline_options *po) {
+    if (!g->engine || g->engine_step != step) {
+        vks_engine_destroy(g->engine);
+        g->engine = NULL;
+        vks_engine_options eo = vks_pipeline_engine_options(po, g->stage);
+        eo.kv_len = policy->cfg.seq_len;
+        int rc = vks_engine_create(g->o->infer_gpu, policy, &eo, &g->engine);
+        if (rc) return rc;
+        g->engine_step = step;
+    }
+    po->keep_engine = g->engine;
+    return VKS_OK;
+}
+
+/* Sends `bytes` of buf to every other stage under tag on ctl, bounded. On a
+ * timeout the buffer stays MPI's: *leak is set and the caller must not free it. */
+static int send_stages(vks_rl_pipe_group *g, const void *buf, size_t bytes, int tag, const char *what, bool *leak) {
+    *leak = false;
+    if (bytes > INT_MAX) return vks_set_error(VKS_ERR_ARG, "a message of %zu bytes", bytes);
+    MPI_Request *reqs = malloc(sizeof *reqs * (size_t)g->n);
+    int *peer = malloc(sizeof *peer * (size_t)g->n);
+    if (!reqs || !peer) {
+        free(reqs), free(peer);
+        return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    }
+    for (int s = 1; s < g->n; s++) {
+        peer[s - 1] = s;
+        MPI_Isend(buf, (int)bytes, MPI_BYTE, s, tag, g->ctl, &reqs[s - 1]);
+    }
+    int rc = vks_mpi_wait_within(g->ctl, reqs, peer, g->n - 1, g->mo->timeout_s, what);
+    *leak = rc != VKS_OK;
+    if (!*leak) free(reqs); /* else MPI still holds the requests */
+    free(peer);
+    return rc;
+}
+
+int vks_rl_group_generate(void *ctx, const vks_rl_gen *gen, const vks_sched_params *sp, vks_sequence *seqs, int n,
+                          bool toploc) {
+    vks_rl_pipe_group *g = ctx;
+    bool leak = false;
+    int rc = VKS_OK;
+    if (g->stages_step != gen->policy_step) { /* the other stages need this policy first */
+        if (!g->weights || g->weights_step != gen->policy_step)
+            return vks_set_error(VKS_ERR_ARG, "inference group %d: no weights of policy step %lld to pass on", g->index,
+                                 (long long)gen->policy_step);
+        rc = send_stages(g, g->weights, sizeof(vks_rl_msg) + sizeof(float) * g->n_values, TAG_WEIGHTS,
+                         "a stage taking the weights", &leak);
+        if (leak) g->weights = NULL; /* MPI may still read it */
+        if (rc) return group_error(g, rc, "passing on the weights");
+        g->stages_step = gen->policy_step;
+    }
+    group_msg *m = malloc(sizeof *m);
+    if (!m) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    *m = (group_msg){.magic = VKS_RL_MAGIC, .type = GROUP_RUN, .batch = gen->batch, .step = gen->policy_step, .n = n,
+                     .steps = sp->steps, .stop_a = sp->stop_token_a, .stop_b = sp->stop_token_b, .toploc = toploc,
+                     .top_k = sp->top_k, .seed = sp->seed, .temperature = sp->temperature, .top_p = sp->top_p};
+    rc = send_stages(g, m, sizeof *m, TAG_CTL, "a stage taking the batch", &leak);
+    if (!leak) free(m); /* else MPI may still read it: left (the rank is ending) */
+    if (rc) return group_error(g, rc, "handing out the batch");
+    vks_pipeline_options po = pipe_options(g, sp, toploc);
+    vks_pipeline_stats st;
+    rc = stage_engine(g, gen->model, gen->policy_step, &po);
+    if (!rc) rc = vks_pipeline_run(g->pipe, g->o->infer_gpu, gen->model, &po, seqs, n, &st);
+    return rc ? group_error(g, rc, "the pipeline") : VKS_OK;
+}
+
+void vks_rl_group_stop(vks_rl_pipe_group *g, bool lost) {
+    group_msg *stop = malloc(sizeof *stop);
+    bool leak = false;
+    if (stop) *stop = (group_msg){.magic = VKS_RL_MAGIC, .type = GROUP_STOP, .lost = lost};
+    if (!stop || send_stages(g, stop, sizeof *stop, TAG_CTL, "a stage taking the stop", &leak))
+        fprintf(stderr, "vkswarm: rl: inference group %d: the stop did not reach every stage: %s\n", g->index,
+                stop ? vks_last_error() : "out of host memory");
+    if (!leak) free(stop); /* else MPI may still read it: left */
+}
+
+/* ---- the other stages ---- */
+
+/* A RUN message's sampler and sizes, checked against the model. */
+static int check_run(const vks_rl_pipe_group *g, const group_msg *m, const vks_model *policy, int64_t held,
+                     vks_sched_params *sp) {
+    const vks_model_config *cf = &g->o->model->cfg;
+    const vks_rl_config *c = g->o->config;
+    if (m->n < 1 || m->n > c->prompts_per_step * c->group_size || m->steps < 1 || m->steps > cf->seq_len || m->stop_a < -1 ||
+        m->stop_a >= cf->vocab_size || m->stop_b < -1 || m->stop_b >= cf->vocab_size || m->top_k > (uint32_t)cf->vocab_size ||
+        !(m->temperature >= 0 && m->temperature <= 100) || !(m->top_p > 0 && m->top_p <= 1) || (uint32_t)m->toploc > 1)
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent a malformed run (batch %lld)",
+                             g->ranks[0], (long long)m->batch);
+    if (!policy || m->step != held)
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) asked for policy step %lld; this stage "
+                             "holds %lld", g->ranks[0], (long long)m->step, (long long)held);
+    *sp = (vks_sched_params){.steps = m->steps, .temperature = m->temperature, .top_p = m->top_p, .top_k = m->top_k,
+                             .seed = m->seed, .stop_token_a = m->stop_a, .stop_token_b = m->stop_b};
+    return VKS_OK;
+}
+
+/* One message from the first stage (probed: st): weights, a run, or stop. */
+static int stage_message(vks_rl_pipe_group *g, const MPI_Status *st, const vks_param_layout *layout, vks_model **policy,
+                         int64_t *held, bool *stop, bool *no_finalize) {
+    int count = 0;
+    MPI_Get_count(st, MPI_BYTE, &count);
+    if (st->MPI_TAG == TAG_WEIGHTS) {
+        float *buf = NULL;
+        int64_t step = 0;
+        int rc = vks_rl_wire_recv_weights(g->ctl, 0, count, g->n_values, *held + 1, &buf, &step);
+        vks_model *m = NULL;
+        if (!rc) rc = vks_rl_wire_model_from_block(g->o->model, layout, buf, &m);
+        free(buf);
+        if (rc) return vks_error_prefix(rc, "weights from rank %d (the group's first stage)", g->ranks[0]);
+        vks_model_free(*policy);
+        *policy = m, *held = step;
+        return VKS_OK;
+    }
+    group_msg m;
+    if (st->MPI_TAG != TAG_CTL || count != (int)sizeof m)
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent %d bytes under tag %d", g->ranks[0],
+                             count, st->MPI_TAG);
+    MPI_Recv(&m, sizeof m, MPI_BYTE, 0, TAG_CTL, g->ctl, MPI_STATUS_IGNORE);
+    if (m.magic != VKS_RL_MAGIC || (m.type != GROUP_RUN && m.type != GROUP_STOP))
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent a malformed message", g->ranks[0]);
+    if (m.type == GROUP_STOP) {
+        *stop = true, *no_finalize = m.lost != 0;
+        return VKS_OK;
+    }
+    vks_sched_params sp;
+    int rc = check_run(g, &m, *policy, *held, &sp);
+    if (rc) return rc;
+    vks_pipeline_options po = pipe_options(g, &sp, m.toploc != 0);
+    vks_pipeline_stats pst;
+    rc = stage_engine(g, *policy, *held, &po);
+    if (!rc) rc = vks_pipeline_run(g->pipe, g->o->infer_gpu, *policy, &po, NULL, m.n, &pst);
+    if (rc) *no_finalize = true; /* the others may still wait on this stage */
+    return rc ? group_error(g, rc, "the pipeline") : VKS_OK;
+}
+
+int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize) {
+    *no_finalize = false;
+    vks_param_layout *layout = NULL;
+    vks_model *policy = NULL;
+    int64_t held = -1;
+    bool stop = false;
+    int rc = vks_param_layout_create(&g->o->model->cfg, g->o->model->layers[0].bq.data != NULL, &layout);
+    /* the first stage says nothing while the trainer trains a step: the same bound as its own */
+    double bound = g->mo->trainer_timeout_s > g->mo->timeout_s ? g->mo->trainer_timeout_s : g->mo->timeout_s;
+    vks_mpi_clock clock = {0};
+    double heard = vks_mpi_deadline_tick(&clock, bound);
+    while (!rc && !stop) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(0, MPI_ANY_TAG, g->ctl, &flag, &st) != MPI_SUCCESS) flag = 0;
+        double now = vks_mpi_deadline_tick(&clock, bound);
+        if (flag) {
+            rc = stage_message(g, &st, layout, &policy, &held, &stop, no_finalize);
+            heard = vks_mpi_deadline_tick(&clock, bound);
+        } else if (now - heard > bound) {
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d (the group's first stage) did not answer within %.1f s",
+                               g->ranks[0], bound);
+            *no_finalize = true;
+        } else {
+            usleep(1000);
+        }
+    }
+    vks_model_free(policy);
+    vks_param_layout_free(layout);
+    return rc;
+}
