@@ -97,7 +97,12 @@ uint philox_word0(uvec4 c, uvec2 k) {
 float gumbel(uint i, SampleRow p) {
     uint x = philox_word0(uvec4(i, p.pos, p.seq, 0u), uvec2(p.seed_lo, p.seed_hi));
     float u = (float(x >> 9) + 0.5) * (1.0 / 8388608.0); /* exact, strictly inside (0, 1) */
-    return -log(-log(u));
+    /* -log(u) near u = 1 from its exact complement: log has only an absolute error bound
+     * there (2^-21 on [0.5, 2]), a large relative error of -log(u) when u is within ~1e-6 of 1;
+     * the same series as vks_gumbel_from_uniform (src/ref/ref_sample.c) */
+    float w = 1.0 - u;
+    float e = w < 0.015625 ? w * (1.0 + w * (0.5 + w * (0.33333334 + w * 0.25))) : -log(u);
+    return -log(e);
 }
 
 // ---- per-row state: first logit of this workgroup's row

@@ -36,7 +36,7 @@ struct op_case {
         struct { uint32_t heads, kv_heads, head_dim, seq_len, decode_rows; } attention;
         struct { uint32_t n; bool in_place; } elementwise;   /* swiglu, add */
         struct { uint32_t R, D, src_rows; } gather;
-        struct { uint32_t S, V; float temperature; uint32_t top_k; float top_p; bool ties; } sample;
+        struct { uint32_t S, V; float temperature; uint32_t top_k; float top_p; bool ties, near_one; } sample;
     };
 };
 
@@ -373,7 +373,7 @@ static void run_gather(const op_case *tc) {
 
 static float gumbel_score(const float *logits, const vks_sample_params *p, uint32_t i) {
     float u = vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, i));
-    return logits[i] / p->temperature + -logf(-logf(u));
+    return logits[i] / p->temperature + vks_gumbel_from_uniform(u);
 }
 
 /* A GPU/reference disagreement is acceptable only when float rounding can
@@ -395,6 +395,32 @@ static bool near_tie(const float *logits, int V, const vks_sample_params *p, uin
     return boundary;
 }
 
+/* A position whose draw for some token i < V has a uniform within 64 / 2^23
+ * of 1 (-log(u) ~ 1e-6 or less: where a GPU's log has a large relative
+ * error); sets *token to it. */
+static uint32_t position_near_one(uint64_t seed, uint32_t seq, uint32_t V, uint32_t *token) {
+    for (uint32_t pos = 0;; pos++)
+        for (uint32_t i = 0; i < V; i++)
+            if ((vks_philox_u32(seed, seq, pos, i) >> 9) >= (1u << 23) - 64) {
+                *token = i;
+                return pos;
+            }
+}
+
+/* near_one rows: the draw of token i has u near 1 and token j = i + 1 is set
+ * so that its Gumbel score (in double: -log(-log u)) differs from i's by
+ * +-0.02 (alternating), every other token far below: both the GPU and the
+ * reference must pick the winner that double precision picks. */
+static void set_near_one(float *row, uint32_t V, const vks_sample_params *p, uint32_t i, bool j_wins) {
+    uint32_t j = (i + 1) % V;
+    for (uint32_t k = 0; k < V; k++) row[k] = -40.0f;
+    double ui = vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, i));
+    double uj = vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, j));
+    double gi = -log(-log(ui)), gj = -log(-log(uj));
+    row[i] = 0.0f;
+    row[j] = (float)(gi - gj + (j_wins ? 0.02 : -0.02));
+}
+
 /* sample: S rows of V logits. ties: logits rounded to halves to create ties. */
 static void run_sample(const op_case *tc) {
     uint32_t S = tc->sample.S, V = tc->sample.V, top_k = tc->sample.top_k;
@@ -404,11 +430,18 @@ static void run_sample(const op_case *tc) {
         for (size_t i = 0; i < (size_t)S * V; i++) logits[i] = roundf(logits[i] * 2) / 2;
     vks_gpu_sample_row *rows = xmalloc(S * sizeof *rows);
     vks_sample_params *ref = xmalloc(S * sizeof *ref);
+    uint32_t *expect = xmalloc(S * 4);
     for (uint32_t s = 0; s < S; s++) {
         uint64_t seed = 0x123456789abcull * (s + 1);
         ref[s] = (vks_sample_params){temperature, top_k, top_p, seed, s * 3u, 17u + s};
+        uint32_t near = 0;
+        if (tc->sample.near_one) {
+            ref[s].pos = position_near_one(seed, ref[s].seq, V, &near);
+            set_near_one(logits + (size_t)s * V, V, &ref[s], near, s % 2 == 0);
+            expect[s] = s % 2 == 0 ? (near + 1) % V : near;
+        }
         rows[s] = (vks_gpu_sample_row){temperature, top_k, top_p, (uint32_t)seed,
-                                       (uint32_t)(seed >> 32), s * 3u, 17u + s, 0};
+                                       (uint32_t)(seed >> 32), s * 3u, ref[s].pos, 0};
     }
     vks_buffer *bl = gpu_buffer(logits, (size_t)S * V * 4);
     vks_buffer *bp = gpu_buffer(rows, S * sizeof *rows), *bt = gpu_buffer(NULL, S * 4);
@@ -421,6 +454,13 @@ static void run_sample(const op_case *tc) {
     for (uint32_t s = 0; s < S; s++) {
         const float *row = logits + (size_t)s * V;
         uint32_t want = vks_ref_sample(row, (int)V, &ref[s]);
+        if (tc->sample.near_one) { /* no rounding excuse: the scores are 0.02 apart */
+            if (got[s] != expect[s] || want != expect[s])
+                fprintf(stderr, "%s: row %u gpu %u ref %u, double precision %u\n", tc->name, s, got[s], want, expect[s]);
+            assert_int_equal(want, expect[s]);
+            assert_int_equal(got[s], expect[s]);
+            continue;
+        }
         if (got[s] == want) continue;
         mismatches++;
         fprintf(stderr, "%s: row %u gpu %u ref %u\n", tc->name, s, got[s], want);
@@ -428,7 +468,7 @@ static void run_sample(const op_case *tc) {
         assert_true(near_tie(row, (int)V, &ref[s], got[s], want));
     }
     assert_true(mismatches * 200 <= S); /* at most 1 in 200 rows */
-    free(logits); free(rows); free(ref); free(got);
+    free(logits); free(rows); free(ref); free(got); free(expect);
     vks_buffer_destroy(bl); vks_buffer_destroy(bp); vks_buffer_destroy(bt);
 }
 
@@ -558,6 +598,7 @@ static const op_case cases[] = {
            .top_p = 0.7f, .ties = true),
     SAMPLE("sample V32000 top-k top-p", .S = 4, .V = 32000, .temperature = 0.9f, .top_k = 100, .top_p = 0.95f),
     /* more workgroups than maxComputeWorkGroupCount[0] (65535 on lavapipe): folded into y */
+    SAMPLE("sample u near 1", .S = 16, .V = 64, .temperature = 1.0f, .near_one = true),
     SAMPLE("sample greedy 70000 rows", .S = 70000, .V = 3, .temperature = 0.0f, .ties = true),
     {"add 2^24+3 elements", run_add, .tol = 0, .elementwise = {.n = (1u << 24) + 3}},
     {"bad arguments", run_bad_args, .tol = 0},

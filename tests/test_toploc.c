@@ -783,7 +783,7 @@ static int32_t runner_up(const float *logits, int V, const vks_rollout_sample *s
     double best_score = -INFINITY, drawn_score = 0;
     for (int i = 0; i < V; i++) {
         if (!keep[i]) continue;
-        double score = (double)(z[i] + -logf(-logf(vks_rng_uniform(vks_philox_u32(p.seed, p.seq, p.pos, (uint32_t)i)))));
+        double score = (double)(z[i] + vks_gumbel_from_uniform(vks_rng_uniform(vks_philox_u32(p.seed, p.seq, p.pos, (uint32_t)i))));
         if (i == drawn) drawn_score = score;
         else if (score > best_score) best_score = score, best = i;
     }

@@ -45,6 +45,9 @@ uint32_t vks_philox_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx)
 void vks_philox4_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx, uint32_t out[4]);
 /* Uniform strictly in (0,1): ((u32 >> 9) + 0.5) / 2^23. Gumbel: -log(-log(u)). */
 float vks_rng_uniform(uint32_t u32);
+/* The sampler's Gumbel noise -log(-log(u)) in float, with -log(u) from a short
+ * series when u is within 2^-6 of 1 (shaders/sample.comp computes the same). */
+float vks_gumbel_from_uniform(float u);
 /* Returns the sampled token. Greedy and all ties: lowest index wins. */
 uint32_t vks_ref_sample(const float *logits, int V, const vks_sample_params *p);
 /* Fills keep[V] (1 = token survives top-k/top-p) and z[V] = logits/T. Returns count kept. */

@@ -14,8 +14,8 @@
  *      >= top_p (the smallest kept z if rounding never gets there). Keep
  *      z_i >= tau_p: the minimal set of top values reaching top_p.
  *   5. token = argmax over kept i of z_i + g_i (float add), lowest index on ties,
- *      with g_i = -logf(-logf(vks_rng_uniform(vks_philox_u32(seed, seq, pos, i))))
- *      in float. This is the Gumbel-max trick: a draw from softmax(z) over the
+ *      with g_i = vks_gumbel_from_uniform(vks_rng_uniform(vks_philox_u32(seed, seq, pos, i)))
+ *      in float (-log(-log(u)), with -log(u) from a series near u = 1). This is the Gumbel-max trick: a draw from softmax(z) over the
  *      kept set, reproducible per (seed, seq, pos) and independent of batching.
  * NaN z values are never kept by top-k/top-p thresholds and never win an argmax
  * (if every value is NaN the result is token 0).
@@ -181,9 +181,19 @@ int vks_ref_sample_kept(const float *logits, int V, const vks_sample_params *p, 
     return count;
 }
 
+float vks_gumbel_from_uniform(float u) {
+    /* -log(u) near u = 1 from its complement, which is exact for u >= 0.5: a GPU's
+     * log only has an absolute error bound there (GLSL: 2^-21 on [0.5, 2]), a
+     * relative error of several times -log(u) when u is within ~1e-6 of 1, which
+     * moved Gumbel values by 0.05 and more on lavapipe (an honest rank's token was
+     * rejected). The series' truncation error is below w^5 / 5 < 2e-10 w. */
+    float w = 1.0f - u;
+    float e = w < 0.015625f ? w * (1.0f + w * (0.5f + w * (0.33333334f + w * 0.25f))) : -logf(u);
+    return -logf(e);
+}
+
 static float gumbel(const vks_sample_params *p, uint32_t idx) {
-    float u = vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, idx));
-    return -logf(-logf(u));
+    return vks_gumbel_from_uniform(vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, idx)));
 }
 
 /* Returns the sampled token; 0 on invalid arguments or allocation failure. */
