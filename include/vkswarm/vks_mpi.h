@@ -6,7 +6,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* MPI_Init_thread (FUNNELED when a GPU worker thread exists) on the world. */
+/* MPI_Init_thread (FUNNELED when a GPU worker thread exists) on the world.
+ * SIGPIPE is ignored first (unless the program handles it): a write to a
+ * rank that died must fail, not end this process (mpi_util.c). */
 void vks_mpi_start(bool worker_thread, int *rank, int *size);
 void vks_mpi_stop(void);
 /* Ending the job (MPI_Abort) is the caller's decision (tools/cli_mpi.c). */
