@@ -91,6 +91,9 @@ typedef struct {
     vks_rl_cast cast;     /* the weights go out through Shardcast */
     float *weights;       /* the WEIGHTS file of the step being published */
     uint64_t cast_bytes;  /* wire bytes of the last publish */
+    MPI_Request *stop_req; /* per world rank: STOP to a rank dropped for a failed broadcast (stop_now) */
+    vks_rl_msg *stop_msg;  /* their buffers (MPI may read them until the send completes) */
+    int n_world;
     bool lost;
     vks_rl_gen gen;       /* the tasks, to check prompts and rewards (model: the start policy, not owned) */
 } trainer_src;
@@ -140,9 +143,21 @@ static inf_rank *find_rank(trainer_src *t, int rank) {
     return NULL;
 }
 
+/* Tells a rank dropped for a failed broadcast to stop now (n = 1: ranks were
+ * lost, no MPI_Finalize): it may be alive, and would otherwise wait for the
+ * trainer until its trainer timeout. Not waited for, as the rank may be dead:
+ * a live one takes it at its next poll, long before the run ends. */
+static void stop_now(trainer_src *t, int rank) {
+    if (!t->stop_req || rank < 0 || rank >= t->n_world || t->stop_req[rank] != MPI_REQUEST_NULL) return;
+    t->stop_msg[rank] = (vks_rl_msg){.magic = VKS_RL_MAGIC, .type = MSG_STOP, .step = t->newest, .n = 1};
+    if (MPI_Isend(&t->stop_msg[rank], sizeof t->stop_msg[rank], MPI_BYTE, rank, TAG_CTL, t->comm, &t->stop_req[rank]) !=
+        MPI_SUCCESS)
+        t->stop_req[rank] = MPI_REQUEST_NULL;
+}
+
 /* After a broadcast: every rank that did not finish it is dropped from the
  * run (inference and verifier ranks) or from later broadcasts (relays, and
- * ranks already refused). */
+ * ranks already refused); the dropped ones are told to stop. */
 static void drop_failed(trainer_src *t, int64_t step) {
     char why[96];
     snprintf(why, sizeof why, "it did not take the weights of step %lld (Shardcast)", (long long)step);
@@ -150,9 +165,13 @@ static void drop_failed(trainer_src *t, int64_t step) {
         inf_rank *r = find_rank(t, rank);
         if (r && r->state == RANK_LIVE) {
             drop_rank(t, r, RANK_DROPPED, why);
+            stop_now(t, rank);
             continue;
         }
-        if (!r) fprintf(stderr, "vkswarm: rl: relay rank %d dropped: %s; its part of the tree goes to the others\n", rank, why);
+        if (!r) {
+            fprintf(stderr, "vkswarm: rl: relay rank %d dropped: %s; its part of the tree goes to the others\n", rank, why);
+            stop_now(t, rank);
+        }
         t->lost = true; /* a relay, or a refused rank: maybe dead, so nobody waits for it in MPI_Finalize */
         vks_rl_cast_drop(&t->cast, rank);
     }
@@ -411,6 +430,21 @@ static void stop_ranks(trainer_src *t) {
             send_ctl(t, t->c->relays[i], MSG_STOP, 0, t->newest, t->lost);
 }
 
+/* The STOPs of stop_now: those to live ranks went out long ago; one still
+ * pending goes to a dead rank and is left (with its buffer: MPI may still
+ * read it; the trainer leaves without MPI_Finalize, as ranks were lost). */
+static void free_stops(trainer_src *t) {
+    bool pending = false;
+    for (int r = 0; t->stop_req && r < t->n_world; r++) {
+        int flag = 1;
+        if (t->stop_req[r] != MPI_REQUEST_NULL) MPI_Test(&t->stop_req[r], &flag, MPI_STATUS_IGNORE);
+        pending = pending || !flag;
+    }
+    if (pending) return;
+    free(t->stop_req), free(t->stop_msg);
+    t->stop_req = NULL, t->stop_msg = NULL;
+}
+
 int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *res, bool *lost) {
     *lost = false;
     if (!o || !o->config || !o->model || !mo || !(mo->timeout_s > 0)) return vks_set_error(VKS_ERR_ARG, "rl: bad options");
@@ -436,12 +470,18 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     if (!rc && !t.weights) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the weights");
     double start_s = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
     if (!rc) rc = vks_rl_cast_open(&t.cast, o, mo, t.layout->n_values, start_s);
+    MPI_Comm_size(t.comm, &t.n_world);
+    t.stop_req = malloc(sizeof *t.stop_req * (size_t)t.n_world);
+    t.stop_msg = malloc(sizeof *t.stop_msg * (size_t)t.n_world);
+    if (!rc && (!t.stop_req || !t.stop_msg)) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    for (int r = 0; t.stop_req && r < t.n_world; r++) t.stop_req[r] = MPI_REQUEST_NULL;
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
                          .position = position_mpi, .resume = resume_mpi, .broadcast_bytes = broadcast_bytes_mpi};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");
     stop_ranks(&t);
+    free_stops(&t);
     *lost = t.lost;
     vks_rl_queue_free(&t.queue);
     vks_rl_cast_close(&t.cast);
