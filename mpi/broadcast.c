@@ -88,7 +88,8 @@ int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **ou
     MPI_Comm_size(b->comm, &b->size);
     b->last_heard = calloc((size_t)b->size, sizeof *b->last_heard);
     b->outcome = calloc((size_t)b->size, 1);
-    if (!b->last_heard || !b->outcome) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    b->gone = calloc((size_t)b->size, 1);
+    if (!b->last_heard || !b->outcome || !b->gone) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     for (int r = 0; !rc && r < b->size; r++) b->last_heard[r] = vks_bc_now_s();
     if (b->opt.relays < 0 || b->opt.relays >= b->size) b->opt.relays = b->size > 1 ? b->size - 1 : 0;
     if (!rc) rc = vks_link_create(b->comm, &b->opt.link, &b->link);
@@ -97,6 +98,7 @@ int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **ou
         MPI_Comm_free(&b->comm);
         free(b->last_heard);
         free(b->outcome);
+        free(b->gone);
         free(b);
         return rc;
     }
@@ -111,7 +113,27 @@ void vks_bcast_destroy(vks_bcast *b) {
     MPI_Comm_free(&b->comm);
     free(b->last_heard);
     free(b->outcome);
+    free(b->gone);
     free(b);
+}
+
+void vks_bcast_drop(vks_bcast *b, int rank) {
+    if (!b || b->rank != 0 || rank <= 0 || rank >= b->size) return;
+    b->gone[rank] = 1;
+    b->outcome[rank] = OUTCOME_SILENT; /* not waited for at vks_bcast_close either */
+}
+
+bool vks_bcast_rank_ok(const vks_bcast *b, int rank) {
+    return b && b->rank == 0 && rank > 0 && rank < b->size && b->outcome[rank] == OUTCOME_OK;
+}
+
+bool vks_bcast_waiting(vks_bcast *b) {
+    if (!b || b->rank == 0) return false;
+    int flag = 0;
+    MPI_Status st;
+    vks_link_progress(b->link);
+    MPI_Iprobe(0, TAG_MANIFEST, b->comm, &flag, &st);
+    return flag != 0;
 }
 
 /* ---- small helpers ---- */
@@ -169,7 +191,8 @@ void vks_bc_beat(vks_bcast *b) {
         b->last_beat = t;
         if (b->rank != 0) send_beat(b, 0);
         else
-            for (int r = 1; r < b->size; r++) send_beat(b, r);
+            for (int r = 1; r < b->size; r++)
+                if (!b->gone[r]) send_beat(b, r);
     }
     for (;;) {
         int flag = 0, count = 0;
@@ -300,9 +323,10 @@ static void take_lost_reports(vks_bcast *b, const uint8_t *plan, uint8_t *done, 
 
 /* Collects ACKs for the manifest: plan[r] = 1 for ranks that accepted. */
 static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
-    int got = 0;
+    int got = 0, expected = 0;
+    for (int r = 1; r < b->size; r++) expected += !b->gone[r];
     double deadline = vks_bc_now_s() + b->opt.timeout_s + 2 * b->opt.link.latency_ms * 1e-3;
-    while (got < b->size - 1 && vks_bc_now_s() < deadline) {
+    while (got < expected && vks_bc_now_s() < deadline) {
         MPI_Status st;
         int flag = 0;
         vks_link_progress(b->link);
@@ -314,7 +338,9 @@ static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
         }
         int32_t status = -1;
         vks_bc_recv_i32(b, &st, TAG_ACK, &status);
-        if (plan[st.MPI_SOURCE] || st.MPI_SOURCE == 0 || b->outcome[st.MPI_SOURCE] == OUTCOME_REFUSED) continue;
+        if (plan[st.MPI_SOURCE] || st.MPI_SOURCE == 0 || b->gone[st.MPI_SOURCE] ||
+            b->outcome[st.MPI_SOURCE] == OUTCOME_REFUSED)
+            continue;
         got++;
         if (status == 0) plan[st.MPI_SOURCE] = 1;
         else {
@@ -323,7 +349,7 @@ static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
         }
     }
     for (int r = 1; r < b->size; r++)
-        if (!plan[r] && b->outcome[r] != OUTCOME_REFUSED) {
+        if (!plan[r] && !b->gone[r] && b->outcome[r] != OUTCOME_REFUSED) {
             fprintf(stderr, "broadcast: rank %d did not answer the manifest within %.0fs\n", r, b->opt.timeout_s);
             b->outcome[r] = OUTCOME_SILENT;
         }
@@ -393,6 +419,9 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
     }
     memset(have, 1, lay.n);
     memset(b->outcome, OUTCOME_PENDING, (size_t)b->size);
+    int n_gone = 0;
+    for (int r = 1; r < b->size; r++)
+        if (b->gone[r]) b->outcome[r] = OUTCOME_SILENT, n_gone++;
     b->status_version = m.version;
     b->status_seconds = 0;
     for (int r = 0; r < b->size; r++) b->last_heard[r] = vks_bc_now_s();
@@ -405,7 +434,7 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
     *manifest_sent = true;
     for (int r = 1; r < b->size; r++) {
         vks_link_send *s;
-        vks_link_isend(b->link, blob, blob_len, r, TAG_MANIFEST, &s);
+        if (!b->gone[r]) vks_link_isend(b->link, blob, blob_len, r, TAG_MANIFEST, &s);
     }
     int refused = 0, accepted = 0, n_rep = 0, ok = 0;
     collect_acks(b, plan, &refused);
@@ -477,9 +506,10 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
     b->status_seconds = seconds;
     int status_rc = vks_bc_write_status(b, true);
     if (!rc) rc = status_rc;
-    if (!rc && ok != b->size - 1)
-        rc = vks_set_error(refused == b->size - 1 - ok ? VKS_ERR_FORMAT : VKS_ERR_IO, "origin: %d of %d ranks did not receive version %llu (%d refused the manifest)",
-                           b->size - 1 - ok, b->size - 1, (unsigned long long)m.version, refused);
+    int expected = b->size - 1 - n_gone; /* ranks dropped before this send are not waited for */
+    if (!rc && ok != expected)
+        rc = vks_set_error(refused == expected - ok ? VKS_ERR_FORMAT : VKS_ERR_IO, "origin: %d of %d ranks did not receive version %llu (%d refused the manifest)",
+                           expected - ok, expected, (unsigned long long)m.version, refused);
 out:
     free(plan);
     free(have);
@@ -588,7 +618,7 @@ void vks_bcast_cancel(vks_bcast *b) {
     static const uint8_t nothing = 0;
     for (int r = 1; r < b->size; r++) {
         MPI_Request rq;
-        if (MPI_Isend(&nothing, 0, MPI_BYTE, r, TAG_MANIFEST, b->comm, &rq) == MPI_SUCCESS) MPI_Request_free(&rq);
+        if (!b->gone[r] && MPI_Isend(&nothing, 0, MPI_BYTE, r, TAG_MANIFEST, b->comm, &rq) == MPI_SUCCESS) MPI_Request_free(&rq);
     }
 }
 

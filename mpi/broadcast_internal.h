@@ -83,6 +83,7 @@ struct vks_bcast {
     vks_link_send *bye_send;
     /* Origin: each rank's outcome of the last send, for the status file. */
     uint8_t *outcome;
+    uint8_t *gone;                              /* origin: ranks left out of every later send (vks_bcast_drop) */
     uint64_t status_version;
     double status_seconds;
 };

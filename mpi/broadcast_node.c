@@ -80,6 +80,10 @@ static int accept_manifest(vks_bcast *b, const uint8_t *blob, size_t len, vks_ma
     snprintf(what, sizeof what, "rank %d: manifest", b->rank);
     int rc = vks_manifest_open(blob, len, b->opt.public_key, what, m);
     if (rc) return rc;
+    if (b->opt.max_file_bytes && (m->file_size > b->opt.max_file_bytes || m->wire_size > b->opt.max_file_bytes))
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d: manifest of a %llu-byte file (%llu on the wire), at most %llu "
+                             "expected", b->rank, (unsigned long long)m->file_size, (unsigned long long)m->wire_size,
+                             (unsigned long long)b->opt.max_file_bytes);
     uint64_t have = b->latest;
     bool receiver = vks_bcast_role_of(b->rank, b->opt.relays) == VKS_BCAST_RECEIVER;
     if (receiver) {

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +12,30 @@
 #include <unistd.h>
 #include "vkswarm/vks_common.h"
 
+/* Open MPI's TCP transport writes to its sockets with writev, which raises
+ * SIGPIPE when the peer's end is gone; its default action ends the process
+ * without a word. Seen: the RL trainer, back from a long first training step
+ * (no MPI call meanwhile, so the transport had not yet read the EOF of a rank
+ * killed during it), sent that rank the manifest and a beat in a row; the
+ * second write hit the reset connection and SIGPIPE killed the trainer.
+ * Ignored, the write fails with EPIPE and the transport closes the connection,
+ * as it does for a peer that hung up while it was listening. A handler the
+ * program installed itself is left alone. */
+static void ignore_sigpipe(void) {
+    struct sigaction old;
+    if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO)) {
+        struct sigaction ign = {0};
+        ign.sa_handler = SIG_IGN;
+        sigemptyset(&ign.sa_mask);
+        sigaction(SIGPIPE, &ign, NULL);
+    }
+}
+
 void vks_mpi_start(int threads, int *rank, int *size) {
     int provided, want = threads == VKS_MPI_THREADS_MULTIPLE   ? MPI_THREAD_MULTIPLE
                          : threads == VKS_MPI_THREADS_FUNNELED ? MPI_THREAD_FUNNELED
                                                                : MPI_THREAD_SINGLE;
+    ignore_sigpipe();
     MPI_Init_thread(NULL, NULL, want, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);

@@ -1,11 +1,15 @@
 /* rl_group.c: an RL inference group of S > 1 ranks, a pipeline (rl_group.h). */
 #include "rl_group.h"
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include "rl_cast.h"
 #include "vkswarm/vks_pipeline.h"
 
 enum { TAG_GROUP_HELLO = 7105 };
@@ -76,7 +80,7 @@ int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const v
     const vks_rl_config *c = o->config;
     *g = (vks_rl_pipe_group){.pipe = MPI_COMM_NULL, .ctl = MPI_COMM_NULL, .index = index, .n = c->groups[index].n,
                              .stage = stage, .ranks = c->inference_ranks + c->groups[index].first, .o = o, .mo = mo,
-                             .n_values = n_values, .weights_step = -1, .stages_step = -1, .engine_step = -1};
+                             .n_values = n_values, .engine_step = -1};
     int L = o->model->cfg.n_layers;
     if (g->n > L)
         return vks_set_error(VKS_ERR_ARG, "inference group %d has %d ranks for the model's %d layers", index, g->n, L);
@@ -103,15 +107,8 @@ void vks_rl_group_close(vks_rl_pipe_group *g, bool finalize) {
     if (finalize && g->pipe != MPI_COMM_NULL) MPI_Comm_free(&g->pipe);
     free(g->first);
     g->first = NULL;
-    free(g->weights);
-    g->weights = NULL;
     vks_engine_destroy(g->engine);
     g->engine = NULL;
-}
-
-void vks_rl_group_keep_weights(vks_rl_pipe_group *g, float *msg, int64_t step) {
-    free(g->weights);
-    g->weights = msg, g->weights_step = step;
 }
 
 /* The pipeline of a batch: the same on every stage, sized for the largest
@@ -172,16 +169,6 @@ int vks_rl_group_generate(void *ctx, const vks_rl_gen *gen, const vks_sched_para
     vks_rl_pipe_group *g = ctx;
     bool leak = false;
     int rc = VKS_OK;
-    if (g->stages_step != gen->policy_step) { /* the other stages need this policy first */
-        if (!g->weights || g->weights_step != gen->policy_step)
-            return vks_set_error(VKS_ERR_ARG, "inference group %d: no weights of policy step %lld to pass on", g->index,
-                                 (long long)gen->policy_step);
-        rc = send_stages(g, g->weights, sizeof(vks_rl_msg) + sizeof(float) * g->n_values, TAG_WEIGHTS,
-                         "a stage taking the weights", &leak);
-        if (leak) g->weights = NULL; /* MPI may still read it */
-        if (rc) return group_error(g, rc, "passing on the weights");
-        g->stages_step = gen->policy_step;
-    }
     group_msg *m = malloc(sizeof *m);
     if (!m) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     *m = (group_msg){.magic = VKS_RL_MAGIC, .type = GROUP_RUN, .batch = gen->batch, .step = gen->policy_step, .n = n,
@@ -227,23 +214,117 @@ static int check_run(const vks_rl_pipe_group *g, const group_msg *m, const vks_m
     return VKS_OK;
 }
 
-/* One message from the first stage (probed: st): weights, a run, or stop. */
-static int stage_message(vks_rl_pipe_group *g, const MPI_Status *st, const vks_param_layout *layout, vks_model **policy,
-                         int64_t *held, bool *stop, bool *no_finalize) {
+/* A batch a stage runs on its own thread, so that its main thread can take
+ * part in weight broadcasts meanwhile. */
+typedef struct {
+    vks_rl_pipe_group *g;
+    const vks_model *policy;
+    int64_t step;
+    vks_pipeline_options po;
+    int n, rc;
+    char err[1024];
+    pthread_mutex_t mu;
+    bool done;
+} stage_run;
+
+static void *stage_thread(void *arg) {
+    stage_run *r = arg;
+    vks_pipeline_stats st;
+    int rc = stage_engine(r->g, r->policy, r->step, &r->po);
+    if (!rc) rc = vks_pipeline_run(r->g->pipe, r->g->o->infer_gpu, r->policy, &r->po, NULL, r->n, &st);
+    if (rc) snprintf(r->err, sizeof r->err, "%s", vks_last_error());
+    pthread_mutex_lock(&r->mu);
+    r->rc = rc, r->done = true;
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+typedef struct {
+    vks_rl_pipe_group *g;
+    vks_rl_cast cast;
+    const vks_param_layout *layout;
+    vks_model *policy;       /* the newest weights (not replaced while a batch runs) */
+    int64_t held;
+    float *pending;          /* weights received while a batch ran */
+    int64_t pending_step;
+} stage_state;
+
+/* Takes part in the waiting broadcast; the weights become pending. */
+static void stage_broadcast(stage_state *s) {
+    float *msg = NULL;
+    int64_t step = 0;
+    if (vks_rl_cast_receive(&s->cast, &msg, &step)) {
+        fprintf(stderr, "vkswarm: rl: inference rank %d (a stage of group %d): the weights broadcast failed: %s\n",
+                s->cast.me, s->g->index, vks_last_error());
+        return;
+    }
+    free(s->pending);
+    s->pending = msg, s->pending_step = step;
+}
+
+/* The pending weights become the policy (never while a batch runs). */
+static int stage_take_weights(stage_state *s) {
+    if (!s->pending) return VKS_OK;
+    vks_model *m = NULL;
+    int rc = vks_rl_wire_model_from_block(s->g->o->model, s->layout, s->pending, &m);
+    free(s->pending);
+    s->pending = NULL;
+    if (rc) return rc;
+    vks_model_free(s->policy);
+    s->policy = m, s->held = s->pending_step;
+    return VKS_OK;
+}
+
+/* A RUN for policy step `step`: the broadcast of that step may still be on
+ * its way here (the first stage took its part sooner); waits for it, bounded. */
+static int stage_wait_policy(stage_state *s, int64_t step) {
+    vks_mpi_clock clock = {0};
+    double t0 = vks_mpi_deadline_tick(&clock, s->g->mo->timeout_s);
+    for (;;) {
+        int rc = stage_take_weights(s);
+        if (rc || s->held >= step) return rc;
+        if (vks_mpi_deadline_tick(&clock, s->g->mo->timeout_s) - t0 > s->g->mo->timeout_s)
+            return vks_set_error(VKS_ERR_TIMEOUT, "the weights of policy step %lld did not arrive within %.1f s (this "
+                                 "stage holds %lld)", (long long)step, s->g->mo->timeout_s, (long long)s->held);
+        if (vks_rl_cast_waiting(&s->cast)) stage_broadcast(s);
+        else usleep(1000);
+    }
+}
+
+/* Runs batch m on a thread while the main thread joins broadcasts. */
+static int stage_run_batch(stage_state *s, const group_msg *m, bool *no_finalize) {
+    vks_sched_params sp;
+    int rc = stage_wait_policy(s, m->step);
+    if (!rc) rc = check_run(s->g, m, s->policy, s->held, &sp);
+    if (rc) return rc;
+    stage_run r = {.g = s->g, .policy = s->policy, .step = s->held, .po = pipe_options(s->g, &sp, m->toploc != 0),
+                   .n = m->n};
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, stage_thread, &r)) {
+        pthread_mutex_destroy(&r.mu);
+        return vks_set_error(VKS_ERR_NOMEM, "cannot start the pipeline thread");
+    }
+    for (bool done = false; !done;) {
+        pthread_mutex_lock(&r.mu);
+        done = r.done;
+        pthread_mutex_unlock(&r.mu);
+        if (!done && vks_rl_cast_waiting(&s->cast)) stage_broadcast(s);
+        else if (!done) usleep(1000);
+    }
+    pthread_join(th, NULL);
+    pthread_mutex_destroy(&r.mu);
+    if (!r.rc) return VKS_OK;
+    *no_finalize = true; /* the others may still wait on this stage */
+    vks_set_error(r.rc, "%s", r.err);
+    return group_error(s->g, r.rc, "the pipeline");
+}
+
+/* One control message from the first stage (probed: st): a run or stop. */
+static int stage_message(stage_state *s, const MPI_Status *st, bool *stop, bool *no_finalize) {
+    vks_rl_pipe_group *g = s->g;
     int count = 0;
     MPI_Get_count(st, MPI_BYTE, &count);
-    if (st->MPI_TAG == TAG_WEIGHTS) {
-        float *buf = NULL;
-        int64_t step = 0;
-        int rc = vks_rl_wire_recv_weights(g->ctl, 0, count, g->n_values, *held + 1, &buf, &step);
-        vks_model *m = NULL;
-        if (!rc) rc = vks_rl_wire_model_from_block(g->o->model, layout, buf, &m);
-        free(buf);
-        if (rc) return vks_error_prefix(rc, "weights from rank %d (the group's first stage)", g->ranks[0]);
-        vks_model_free(*policy);
-        *policy = m, *held = step;
-        return VKS_OK;
-    }
     group_msg m;
     if (st->MPI_TAG != TAG_CTL || count != (int)sizeof m)
         return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent %d bytes under tag %d", g->ranks[0],
@@ -255,35 +336,34 @@ static int stage_message(vks_rl_pipe_group *g, const MPI_Status *st, const vks_p
         *stop = true, *no_finalize = m.lost != 0;
         return VKS_OK;
     }
-    vks_sched_params sp;
-    int rc = check_run(g, &m, *policy, *held, &sp);
-    if (rc) return rc;
-    vks_pipeline_options po = pipe_options(g, &sp, m.toploc != 0);
-    vks_pipeline_stats pst;
-    rc = stage_engine(g, *policy, *held, &po);
-    if (!rc) rc = vks_pipeline_run(g->pipe, g->o->infer_gpu, *policy, &po, NULL, m.n, &pst);
-    if (rc) *no_finalize = true; /* the others may still wait on this stage */
-    return rc ? group_error(g, rc, "the pipeline") : VKS_OK;
+    return stage_run_batch(s, &m, no_finalize);
 }
 
 int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize) {
     *no_finalize = false;
     vks_param_layout *layout = NULL;
-    vks_model *policy = NULL;
-    int64_t held = -1;
+    stage_state s = {.g = g, .held = -1, .pending_step = -1};
     bool stop = false;
-    int rc = vks_param_layout_create(&g->o->model->cfg, g->o->model->layers[0].bq.data != NULL, &layout);
     /* the first stage says nothing while the trainer trains a step: the same bound as its own */
     double bound = g->mo->trainer_timeout_s > g->mo->timeout_s ? g->mo->trainer_timeout_s : g->mo->timeout_s;
+    int rc = vks_param_layout_create(&g->o->model->cfg, g->o->model->layers[0].bq.data != NULL, &layout);
+    s.layout = layout;
+    const char *out = g->o->config->out; /* where the weight store goes (OUT/weights-rankR) */
+    if (!rc && mkdir(out, 0777) && errno != EEXIST) rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", out);
+    if (!rc) rc = vks_rl_cast_open(&s.cast, g->o, g->mo, g->n_values, bound);
     vks_mpi_clock clock = {0};
     double heard = vks_mpi_deadline_tick(&clock, bound);
     while (!rc && !stop) {
+        if (vks_rl_cast_waiting(&s.cast)) {
+            stage_broadcast(&s);
+            continue;
+        }
         int flag = 0;
         MPI_Status st;
         if (MPI_Iprobe(0, MPI_ANY_TAG, g->ctl, &flag, &st) != MPI_SUCCESS) flag = 0;
         double now = vks_mpi_deadline_tick(&clock, bound);
         if (flag) {
-            rc = stage_message(g, &st, layout, &policy, &held, &stop, no_finalize);
+            rc = stage_message(&s, &st, &stop, no_finalize);
             heard = vks_mpi_deadline_tick(&clock, bound);
         } else if (now - heard > bound) {
             rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d (the group's first stage) did not answer within %.1f s",
@@ -293,7 +373,9 @@ int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize) {
             usleep(1000);
         }
     }
-    vks_model_free(policy);
+    vks_rl_cast_close(&s.cast);
+    free(s.pending);
+    vks_model_free(s.policy);
     vks_param_layout_free(layout);
     return rc;
 }

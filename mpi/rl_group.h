@@ -2,16 +2,18 @@
  * Internal to mpi/.
  *
  * The group's first rank (stage 0) is the one the trainer sees: it takes
- * grants and weights, beats, scores and sends the groups, exactly as an
- * inference rank of its own (rl_roles.c). Only its generation differs: its
- * generation thread asks the other stages to run the batch and runs
- * vks_pipeline_run with them (layers split evenly, TOPLOC proofs and the
- * sampled tokens' log-probabilities made on the last stage). The other
- * stages hear only from the first one, on the group's own communicators:
- *   TAG_WEIGHTS  the trainer's WEIGHTS message, passed on when a batch needs a
- *                policy step they do not hold yet
+ * grants, beats, scores and sends the groups, exactly as an inference rank of
+ * its own (rl_roles.c). Only its generation differs: its generation thread
+ * asks the other stages to run the batch and runs vks_pipeline_run with them
+ * (layers split evenly, TOPLOC proofs and the sampled tokens'
+ * log-probabilities made on the last stage). Every stage receives the
+ * weights through Shardcast (rl_cast.h) as any inference rank does; otherwise
+ * the other stages hear only from the first one, on the group's own
+ * communicator:
  *   TAG_CTL      RUN (batch, policy step, sampler parameters, sequences) or
- *                STOP (n = 1: the run lost ranks, no MPI_Finalize)
+ *                STOP (lost = 1: the run lost ranks, no MPI_Finalize)
+ * A stage runs each batch on a thread while its main thread takes part in
+ * broadcasts (a broadcast must not wait for a batch to end).
  * A stage that dies fails the first stage's pipeline run (bounded by
  * timeout_s), which ends that rank: the trainer drops the whole group for
  * its silence and grants its batch again. MPI must be MPI_THREAD_MULTIPLE
@@ -30,9 +32,6 @@ typedef struct {
     const vks_rl_run_options *o;
     const vks_rl_mpi_options *mo;
     size_t n_values;        /* floats in a WEIGHTS message's block */
-    /* the first stage: the policy's WEIGHTS message (header + block), for the other stages */
-    float *weights;
-    int64_t weights_step, stages_step; /* -1: none yet */
     vks_engine *engine;     /* this stage's, for the policy of engine_step (kept across its batches) */
     int64_t engine_step;
 } vks_rl_pipe_group;
@@ -46,14 +45,13 @@ int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const v
 /* Frees what open made; the communicators only when finalize (after a
  * failure a peer may still use them). */
 void vks_rl_group_close(vks_rl_pipe_group *g, bool finalize);
-/* The first stage: the WEIGHTS message of policy step `step` (owned from here). */
-void vks_rl_group_keep_weights(vks_rl_pipe_group *g, float *msg, int64_t step);
 /* vks_rl_gen.generate for the first stage (ctx: the vks_rl_pipe_group). */
 int vks_rl_group_generate(void *ctx, const vks_rl_gen *gen, const vks_sched_params *sp, vks_sequence *seqs, int n,
                           bool toploc);
 /* The first stage: tells the other stages to stop (bounded; lost: no MPI_Finalize). */
 void vks_rl_group_stop(vks_rl_pipe_group *g, bool lost);
-/* Any other stage: runs what the first stage asks until it says stop.
- * *no_finalize: it said ranks were lost, or this stage failed or gave up. */
+/* Any other stage: joins the run's weights broadcast and runs what the first
+ * stage asks until it says stop. *no_finalize: it said ranks were lost, or
+ * this stage failed or gave up. */
 int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize);
 #endif

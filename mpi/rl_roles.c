@@ -7,8 +7,11 @@
  * batch before the trainer sees it. An inference group of several ranks
  * (rl_group.c) is seen through its first rank: the others hear only from it.
  *
+ * The weights go through Shardcast (rl_cast.c): after each step the trainer
+ * broadcasts the WEIGHTS file (vks_rl_msg with step, n = floats, then the f32
+ * parameter block) to every inference and verifier rank, through the relays.
+ *
  * Messages (every one starts with vks_rl_msg; rl_wire.c packs the groups):
- *   TAG_WEIGHTS trainer -> inference, verifiers  WEIGHTS: step, n = floats, then the f32 parameter block
  *   TAG_CTL     trainer -> inference  ASSIGN: batch, step = the policy step to use at least,
  *                                     n = the verifier rank + 1 (0: verify it yourself)
  *               trainer -> all        STOP: n = 1 when ranks were lost (no MPI_Finalize)
@@ -35,6 +38,7 @@
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_mpi.h"
 
+#include "rl_cast.h"
 #include "rl_group.h"
 #include "rl_wire.h"
 
@@ -43,7 +47,6 @@ int vks_rl_mpi_check_roles(const vks_rl_config *c) {
     if (c->orchestrator != c->trainer)
         return vks_set_error(VKS_ERR_ARG, "rl across ranks: the orchestrator (rank %d) must be the trainer's rank (%d) "
                              "for now", c->orchestrator, c->trainer);
-    if (c->n_relays) return vks_set_error(VKS_ERR_ARG, "rl across ranks: relays are not run yet (weights go point to point)");
     if (c->n_inference_ranks < 1) return vks_set_error(VKS_ERR_ARG, "rl across ranks: no inference ranks");
     return VKS_OK;
 }
@@ -68,11 +71,6 @@ typedef struct {
 } pending_batch;
 
 typedef struct {
-    float *buf;
-    MPI_Request *reqs;    /* one per rank in ranks[] */
-} weights_send;
-
-typedef struct {
     MPI_Comm comm;
     const vks_rl_run_options *o;
     const vks_rl_mpi_options *mo;
@@ -88,8 +86,12 @@ typedef struct {
     pending_batch *pend;  /* with verifier ranks: batches out (generating or being verified) */
     int n_pend, cap_pend;
     vks_rl_queue queue;
-    weights_send *sends;
-    int n_sends, cap_sends;
+    vks_rl_cast cast;     /* the weights go out through Shardcast */
+    float *weights;       /* the WEIGHTS file of the step being published */
+    uint64_t cast_bytes;  /* wire bytes of the last publish */
+    MPI_Request *stop_req; /* per world rank: STOP to a rank dropped for a failed broadcast (stop_now) */
+    vks_rl_msg *stop_msg;  /* their buffers (MPI may read them until the send completes) */
+    int n_world;
     bool lost;
     vks_rl_gen gen;       /* the tasks, to check prompts and rewards (model: the start policy, not owned) */
 } trainer_src;
@@ -117,11 +119,32 @@ static int find_pending(const trainer_src *t, int64_t batch, int origin) {
     return -1;
 }
 
+/* The group of more than one rank whose first rank is `rank` (-1: none). */
+static int pipeline_group_of(const vks_rl_config *c, int rank) {
+    for (int i = 0; i < c->n_groups; i++)
+        if (c->groups[i].n > 1 && c->inference_ranks[c->groups[i].first] == rank) return i;
+    return -1;
+}
+
+/* The first rank of the pipeline group in which `rank` is a later stage (-1: none). */
+static int first_stage_of(const vks_rl_config *c, int rank) {
+    for (int i = 0; i < c->n_groups; i++)
+        for (int s = 1; s < c->groups[i].n; s++)
+            if (c->inference_ranks[c->groups[i].first + s] == rank) return c->inference_ranks[c->groups[i].first];
+    return -1;
+}
+
 static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
     fprintf(stderr, "vkswarm: rl: %s rank %d %s: %s; the run goes on without it\n", r->verifier ? "verifier" : "inference",
             r->rank, state == RANK_REFUSED ? "refused" : "dropped", why);
     r->state = state;
     t->lost = t->lost || state == RANK_DROPPED; /* a refused rank is alive: it can still finalize */
+    if (state == RANK_DROPPED) { /* later broadcasts do not wait for it, nor for its group's other stages */
+        vks_rl_cast_drop(&t->cast, r->rank);
+        int g = r->verifier ? -1 : pipeline_group_of(t->c, r->rank);
+        for (int k = 1; g >= 0 && k < t->c->groups[g].n; k++)
+            vks_rl_cast_drop(&t->cast, t->c->inference_ranks[t->c->groups[g].first + k]);
+    }
     if (t->c->n_verifiers) { /* its batches, generating or at a verifier, go out again */
         for (int i = t->n_pend - 1; i >= 0; i--)
             if (t->pend[i].origin == r->rank || t->pend[i].verifier == r->rank) {
@@ -132,59 +155,80 @@ static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
     r->batch = -1;
 }
 
-static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
-    trainer_src *t = ctx;
-    int rc = VKS_OK;
-    if (t->n_sends == t->cap_sends) {
-        int cap = t->cap_sends ? 2 * t->cap_sends : 8;
-        weights_send *s = realloc(t->sends, sizeof *s * (size_t)cap);
-        if (!s) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-        else t->sends = s, t->cap_sends = cap;
-    }
-    size_t n = t->layout->n_values;
-    weights_send *w = rc ? NULL : &t->sends[t->n_sends];
-    if (w) {
-        w->buf = malloc(sizeof(vks_rl_msg) + sizeof(float) * n);
-        w->reqs = malloc(sizeof *w->reqs * (size_t)t->n_ranks);
-        if (!w->buf || !w->reqs) {
-            free(w->buf), free(w->reqs);
-            rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-        } else {
-            for (int i = 0; i < t->n_ranks; i++) w->reqs[i] = MPI_REQUEST_NULL;
-            t->n_sends++;
-        }
-    }
-    if (!rc) rc = vks_param_layout_gather(t->layout, m, w->buf + sizeof(vks_rl_msg) / sizeof(float));
-    vks_model_free(m);
-    if (rc) return rc;
-    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_WEIGHTS, .step = step, .n = n};
-    memcpy(w->buf, &h, sizeof h);
-    size_t bytes = sizeof h + sizeof(float) * n;
-    for (int i = 0; i < t->n_ranks; i++) {
-        if (t->ranks[i].state != RANK_LIVE) continue;
-        /* buffers stay until the end: a dead rank's send never completes */
-        if (MPI_Isend(w->buf, (int)bytes, MPI_BYTE, t->ranks[i].rank, TAG_WEIGHTS, t->comm, &w->reqs[i]) != MPI_SUCCESS)
-            drop_rank(t, &t->ranks[i], RANK_DROPPED, "the weights could not be sent");
-    }
-    t->newest = step;
-    return VKS_OK;
-}
-
-/* Keeps the weight sends moving (Open MPI's TCP moves bytes inside MPI calls). */
-static void test_sends(trainer_src *t) {
-    for (int s = 0; s < t->n_sends; s++)
-        for (int i = 0; i < t->n_ranks; i++)
-            if (t->sends[s].reqs[i] != MPI_REQUEST_NULL && t->ranks[i].state == RANK_LIVE) {
-                int flag = 0;
-                if (MPI_Test(&t->sends[s].reqs[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-                    drop_rank(t, &t->ranks[i], RANK_DROPPED, "sending it the weights failed");
-            }
-}
-
 static inf_rank *find_rank(trainer_src *t, int rank) {
     for (int i = 0; i < t->n_ranks; i++)
         if (t->ranks[i].rank == rank) return &t->ranks[i];
     return NULL;
+}
+
+/* Tells a rank dropped for a failed broadcast to stop now (n = 1: ranks were
+ * lost, no MPI_Finalize): it may be alive, and would otherwise wait for the
+ * trainer until its trainer timeout. Not waited for, as the rank may be dead:
+ * a live one takes it at its next poll, long before the run ends. */
+static void stop_now(trainer_src *t, int rank) {
+    if (!t->stop_req || rank < 0 || rank >= t->n_world || t->stop_req[rank] != MPI_REQUEST_NULL) return;
+    t->stop_msg[rank] = (vks_rl_msg){.magic = VKS_RL_MAGIC, .type = MSG_STOP, .step = t->newest, .n = 1};
+    if (MPI_Isend(&t->stop_msg[rank], sizeof t->stop_msg[rank], MPI_BYTE, rank, TAG_CTL, t->comm, &t->stop_req[rank]) !=
+        MPI_SUCCESS)
+        t->stop_req[rank] = MPI_REQUEST_NULL;
+}
+
+/* After a broadcast: every rank that did not finish it is dropped from the
+ * run (inference and verifier ranks) or from later broadcasts (relays, and
+ * ranks already refused); the dropped ones are told to stop. */
+static void drop_failed(trainer_src *t, int64_t step) {
+    char why[96];
+    snprintf(why, sizeof why, "it did not take the weights of step %lld (Shardcast)", (long long)step);
+    for (int from = 1, rank; (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) {
+        int first = first_stage_of(t->c, rank);
+        if (first >= 0) { /* a later stage of a pipeline group: the group cannot generate without it */
+            inf_rank *f = find_rank(t, first);
+            if (f && f->state == RANK_LIVE) {
+                char stage_why[160];
+                snprintf(stage_why, sizeof stage_why, "its stage rank %d %s", rank, why);
+                drop_rank(t, f, RANK_DROPPED, stage_why); /* also drops its stages from the broadcasts */
+                stop_now(t, first); /* it passes the stop on to its stages */
+            }
+            t->lost = true;
+            vks_rl_cast_drop(&t->cast, rank);
+            continue;
+        }
+        inf_rank *r = find_rank(t, rank);
+        if (r && r->state == RANK_LIVE) {
+            drop_rank(t, r, RANK_DROPPED, why);
+            stop_now(t, rank);
+            continue;
+        }
+        if (!r) {
+            fprintf(stderr, "vkswarm: rl: relay rank %d dropped: %s; its part of the tree goes to the others\n", rank, why);
+            stop_now(t, rank);
+        }
+        t->lost = true; /* a relay, or a refused rank: maybe dead, so nobody waits for it in MPI_Finalize */
+        vks_rl_cast_drop(&t->cast, rank);
+    }
+}
+
+/* The weights of `step` to every inference and verifier rank through
+ * Shardcast (the trainer is the origin). A rank that does not take them is
+ * dropped; the run fails only when nothing could be sent. */
+static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
+    trainer_src *t = ctx;
+    size_t n = t->layout->n_values, bytes = sizeof(vks_rl_msg) + sizeof(float) * n;
+    int rc = vks_param_layout_gather(t->layout, m, t->weights + sizeof(vks_rl_msg) / sizeof(float));
+    vks_model_free(m);
+    if (rc) return rc;
+    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_WEIGHTS, .step = step, .n = n};
+    memcpy(t->weights, &h, sizeof h);
+    vks_bcast_report rep;
+    rc = vks_rl_cast_send(&t->cast, t->weights, bytes, step, &rep);
+    if (rc && rep.version == 0) return vks_error_prefix(rc, "trainer: broadcasting the weights of step %lld", (long long)step);
+    drop_failed(t, step);
+    t->cast_bytes = rep.wire_bytes;
+    t->newest = step;
+    fprintf(stderr, "vkswarm: rl: shardcast: step %lld (version %llu): %llu bytes to %d of %d ranks through %d relay(s) "
+            "in %.3f s\n", (long long)step, (unsigned long long)rep.version, (unsigned long long)rep.wire_bytes,
+            rep.ranks_ok, t->cast.n_world - 1, t->c->n_relays, rep.seconds);
+    return VKS_OK;
 }
 
 /* With verifier ranks an inference rank only says DONE (its batch went to the verifier). */
@@ -365,7 +409,6 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
     if (!scratch) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     (void)step;
     while (!rc && t->queue.len < P) {
-        test_sends(t);
         /* every queued word first: silence is judged only after them */
         for (;;) {
             int flag = 0;
@@ -399,48 +442,38 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
 
 static void counters_mpi(void *ctx, vks_rl_counters *c) { *c = ((trainer_src *)ctx)->queue.counters; }
 static int64_t position_mpi(void *ctx) { return ((trainer_src *)ctx)->next_batch; }
+static double broadcast_bytes_mpi(void *ctx) { return (double)((trainer_src *)ctx)->cast_bytes; }
 static void resume_mpi(void *ctx, int64_t step, int64_t next_batch) {
     trainer_src *t = ctx;
     t->next_batch = next_batch;
     t->queue.pushed = step * t->c->prompts_per_step;
 }
 
-/* Waits (bounded) until the live ranks have every weight message, then says stop. */
+/* Says stop to every rank still there (every broadcast has ended by now). */
 static void stop_ranks(trainer_src *t) {
-    vks_mpi_clock clock = {0};
-    double start = vks_mpi_deadline_tick(&clock, t->mo->timeout_s);
-    for (;;) {
-        test_sends(t);
-        bool pending = false;
-        for (int s = 0; s < t->n_sends; s++)
-            for (int i = 0; i < t->n_ranks; i++)
-                if (t->ranks[i].state == RANK_LIVE && t->sends[s].reqs[i] != MPI_REQUEST_NULL) pending = true;
-        /* drain beats so that nobody's sends stall */
-        for (;;) {
-            int flag = 0;
-            MPI_Status st;
-            if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_UP, t->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
-            int count = 0;
-            MPI_Get_count(&st, MPI_BYTE, &count);
-            char *b = malloc(count > 0 ? (size_t)count : 1);
-            MPI_Recv(b, count, MPI_BYTE, st.MPI_SOURCE, TAG_UP, t->comm, MPI_STATUS_IGNORE);
-            free(b);
-        }
-        if (!pending) break;
-        if (vks_mpi_deadline_tick(&clock, t->mo->timeout_s) - start > t->mo->timeout_s) {
-            for (int i = 0; i < t->n_ranks; i++)
-                for (int s = 0; s < t->n_sends; s++)
-                    if (t->ranks[i].state == RANK_LIVE && t->sends[s].reqs[i] != MPI_REQUEST_NULL)
-                        drop_rank(t, &t->ranks[i], RANK_DROPPED, "it did not take the weights at the end");
-            break;
-        }
-        usleep(500);
-    }
     for (int i = 0; i < t->n_ranks; i++)
         if (t->ranks[i].state == RANK_LIVE) send_ctl(t, t->ranks[i].rank, MSG_STOP, 0, t->newest, t->lost);
     /* refused ranks are told too: they stop instead of waiting for the trainer */
     for (int i = 0; i < t->n_ranks; i++)
         if (t->ranks[i].state == RANK_REFUSED) send_ctl(t, t->ranks[i].rank, MSG_STOP, 0, t->newest, t->lost);
+    for (int i = 0; i < t->c->n_relays; i++)
+        if (!t->cast.gone || !t->cast.gone[t->cast.bc_of[t->c->relays[i]]])
+            send_ctl(t, t->c->relays[i], MSG_STOP, 0, t->newest, t->lost);
+}
+
+/* The STOPs of stop_now: those to live ranks went out long ago; one still
+ * pending goes to a dead rank and is left (with its buffer: MPI may still
+ * read it; the trainer leaves without MPI_Finalize, as ranks were lost). */
+static void free_stops(trainer_src *t) {
+    bool pending = false;
+    for (int r = 0; t->stop_req && r < t->n_world; r++) {
+        int flag = 1;
+        if (t->stop_req[r] != MPI_REQUEST_NULL) MPI_Test(&t->stop_req[r], &flag, MPI_STATUS_IGNORE);
+        pending = pending || !flag;
+    }
+    if (pending) return;
+    free(t->stop_req), free(t->stop_msg);
+    t->stop_req = NULL, t->stop_msg = NULL;
 }
 
 int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *res, bool *lost) {
@@ -465,23 +498,26 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     t.gen.o = o;
     t.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
     if (!rc) rc = vks_rl_gen_open_tasks(&t.gen);
-    if (!rc && sizeof(vks_rl_msg) + sizeof(float) * t.layout->n_values > INT_MAX)
-        rc = vks_set_error(VKS_ERR_ARG, "rl across ranks: the model's %zu weights do not fit one message", t.layout->n_values);
+    if (!rc) t.weights = malloc(sizeof(vks_rl_msg) + sizeof(float) * t.layout->n_values);
+    if (!rc && !t.weights) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the weights");
+    double start_s = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
+    if (!rc) rc = vks_rl_cast_open(&t.cast, o, mo, t.layout->n_values, start_s);
+    MPI_Comm_size(t.comm, &t.n_world);
+    t.stop_req = malloc(sizeof *t.stop_req * (size_t)t.n_world);
+    t.stop_msg = malloc(sizeof *t.stop_msg * (size_t)t.n_world);
+    if (!rc && (!t.stop_req || !t.stop_msg)) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    for (int r = 0; t.stop_req && r < t.n_world; r++) t.stop_req[r] = MPI_REQUEST_NULL;
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
-                         .position = position_mpi, .resume = resume_mpi};
+                         .position = position_mpi, .resume = resume_mpi, .broadcast_bytes = broadcast_bytes_mpi};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");
     stop_ranks(&t);
+    free_stops(&t);
     *lost = t.lost;
     vks_rl_queue_free(&t.queue);
-    /* the buffers of sends not known complete (dropped or refused ranks) stay: MPI may still hold them */
-    for (int s = 0; s < t.n_sends; s++) {
-        bool done = true;
-        for (int i = 0; i < t.n_ranks; i++) done = done && t.sends[s].reqs[i] == MPI_REQUEST_NULL;
-        if (done) free(t.sends[s].buf), free(t.sends[s].reqs);
-    }
-    free(t.sends), free(t.ranks), free(t.redo), free(t.pend);
+    vks_rl_cast_close(&t.cast);
+    free(t.weights), free(t.ranks), free(t.redo), free(t.pend);
     vks_param_layout_free(t.layout);
     t.gen.model = NULL;
     vks_rl_gen_close(&t.gen);
@@ -527,9 +563,34 @@ typedef struct {
     int verifier;          /* the verifier rank of the assigned batch, -1: none (verify here) */
     vks_rl_beat beat;
     vks_rl_pipe_group *group; /* the first rank of a pipeline group: its other stages, else NULL */
+    vks_rl_cast cast;      /* the weights arrive through Shardcast */
 } inf_state;
 
-/* Receives what the trainer sent (weights, a grant, stop). */
+/* Takes part in the weights broadcast that waits; what it delivered becomes
+ * the pending weights. A failed broadcast is logged, not fatal: the trainer
+ * drops this rank if it missed the weights, or is gone (then the idle bound
+ * ends this rank). */
+static void take_broadcast(inf_state *s) {
+    float *msg = NULL;
+    int64_t step = 0;
+    if (vks_rl_cast_receive(&s->cast, &msg, &step)) {
+        fprintf(stderr, "vkswarm: rl: inference rank %d: the weights broadcast failed: %s\n", s->cast.me, vks_last_error());
+        return;
+    }
+    free(s->pending);
+    s->pending = msg, s->pending_step = step;
+    s->last_heard = vks_seconds_now();
+}
+
+/* While a send waits on a peer: beat, and join a weights broadcast (the
+ * trainer or a verifier may be in one, waiting for this rank). */
+static void beat_and_cast(void *ctx) {
+    inf_state *s = ctx;
+    vks_rl_wire_beat(&s->beat);
+    if (vks_rl_cast_waiting(&s->cast)) take_broadcast(s);
+}
+
+/* Receives what the trainer sent (a grant, stop). */
 static int poll_trainer(inf_state *s) {
     for (;;) {
         int flag = 0;
@@ -537,14 +598,7 @@ static int poll_trainer(inf_state *s) {
         if (MPI_Iprobe(s->trainer, MPI_ANY_TAG, s->comm, &flag, &st) != MPI_SUCCESS || !flag) return VKS_OK;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
-        if (st.MPI_TAG == TAG_WEIGHTS) {
-            float *buf = NULL;
-            int64_t step = 0;
-            int rc = vks_rl_wire_recv_weights(s->comm, s->trainer, count, s->layout->n_values, s->pending_step, &buf, &step);
-            if (rc) return rc;
-            free(s->pending);
-            s->pending = buf, s->pending_step = step;
-        } else if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
+        if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
             vks_rl_msg h;
             MPI_Recv(&h, sizeof h, MPI_BYTE, s->trainer, TAG_CTL, s->comm, MPI_STATUS_IGNORE);
             if (h.magic != VKS_RL_MAGIC) return vks_set_error(VKS_ERR_FORMAT, "a malformed control message");
@@ -568,8 +622,7 @@ static int take_weights(inf_state *s, vks_rl_gen *g) {
     vks_model *m = NULL;
     int rc = vks_rl_wire_model_from_block(s->o->model, s->layout, s->pending, &m);
     if (!rc) rc = vks_rl_gen_set_policy(g, m, s->pending_step);
-    if (s->group) vks_rl_group_keep_weights(s->group, s->pending, s->pending_step); /* for its other stages */
-    else free(s->pending);
+    free(s->pending);
     s->pending = NULL;
     return rc;
 }
@@ -595,7 +648,7 @@ static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *gr
         MPI_Request req;
         MPI_Isend(msg, (int)total, MPI_BYTE, s->verifier, TAG_VERIFY, s->comm, &req);
         if (vks_mpi_wait_within_doing(s->comm, &req, &s->verifier, 1, s->mo->timeout_s, "the verifier taking a batch",
-                                      vks_rl_wire_beat_cb, &s->beat)) {
+                                      beat_and_cast, s)) {
             /* a dead verifier: the trainer drops it and grants the batch again; this rank goes on */
             fprintf(stderr, "vkswarm: rl: inference rank: batch %lld not sent to verifier rank %d: %s\n", (long long)batch,
                     s->verifier, vks_last_error());
@@ -628,7 +681,7 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
         bool done = j.done;
         pthread_mutex_unlock(&j.mu);
         if (done) break;
-        vks_rl_wire_beat(&s->beat);
+        beat_and_cast(s);
         if (!rc) rc = poll_trainer(s);
         usleep(1000);
     }
@@ -652,7 +705,8 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     else if (!rc) {
         MPI_Request req;
         MPI_Isend(buf, (int)bytes, MPI_BYTE, s->trainer, TAG_UP, s->comm, &req);
-        rc = vks_mpi_wait_within(s->comm, &req, &s->trainer, 1, s->mo->timeout_s, "the trainer taking a batch");
+        rc = vks_mpi_wait_within_doing(s->comm, &req, &s->trainer, 1, s->mo->timeout_s, "the trainer taking a batch",
+                                       beat_and_cast, s);
         if (rc) buf = NULL; /* MPI may still read it: left, the rank gives up */
     }
     free(buf);
@@ -730,12 +784,13 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     char sub[32];
     snprintf(sub, sizeof sub, "rollouts-rank%d", me);
     if (!rc) rc = vks_rl_gen_make_dirs(&g, sub);
+    double tb = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
+    if (!rc) rc = vks_rl_cast_open(&s.cast, o, mo, s.layout->n_values, tb);
     s.last_heard = vks_seconds_now();
     vks_mpi_clock clock = {0};
-    double tb = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
     double idle_from = vks_mpi_deadline_tick(&clock, tb);
     while (!rc && !s.stop) {
-        vks_rl_wire_beat(&s.beat);
+        beat_and_cast(&s);
         if ((rc = poll_trainer(&s)) || s.stop) break;
         if (s.pending && s.assigned < 0) rc = take_weights(&s, &g);
         if (!rc && s.assigned >= 0) {
@@ -756,6 +811,7 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
         usleep(1000);
     }
     *no_finalize = s.no_finalize;
+    vks_rl_cast_close(&s.cast);
     free(s.pending);
     vks_rl_gen_close(&g);
     vks_param_layout_free(s.layout);

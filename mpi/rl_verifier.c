@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "rl_cast.h"
 #include "rl_wire.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_tokenizer.h"
@@ -24,7 +25,7 @@
 
 typedef struct {
     int64_t step;        /* -1: empty */
-    float *msg;          /* the WEIGHTS message */
+    float *msg;          /* the weights file (the WEIGHTS message layout) */
 } kept_weights;
 
 typedef struct {
@@ -41,6 +42,7 @@ typedef struct {
     uint8_t model_hash[32];
     vks_rl_gen gen;      /* the tasks (gen.model: the start model, its shape; not owned) */
     vks_rl_beat beat;
+    vks_rl_cast cast;    /* the weights arrive through Shardcast */
     double last_heard;
     bool stop, no_finalize;
 } ver_state;
@@ -63,20 +65,34 @@ static void keep_weights(ver_state *v, float *msg, int64_t step) {
     v->newest = step;
 }
 
-/* Receives what the trainer sent (weights, stop). */
+/* Takes part in the weights broadcast that waits and keeps what it
+ * delivered. A failed broadcast is logged, not fatal (as on inference ranks). */
+static void take_broadcast(ver_state *v) {
+    float *msg = NULL;
+    int64_t step = 0;
+    if (vks_rl_cast_receive(&v->cast, &msg, &step)) {
+        fprintf(stderr, "vkswarm: rl: verifier rank %d: the weights broadcast failed: %s\n", v->me, vks_last_error());
+        return;
+    }
+    keep_weights(v, msg, step);
+    v->last_heard = vks_seconds_now();
+}
+
+/* While a send waits on a peer: beat, and join a weights broadcast. */
+static void beat_and_cast(void *ctx) {
+    ver_state *v = ctx;
+    vks_rl_wire_beat(&v->beat);
+    if (vks_rl_cast_waiting(&v->cast)) take_broadcast(v);
+}
+
+/* Receives what the trainer sent (stop). */
 static int poll_trainer(ver_state *v) {
     for (;;) {
         int flag = 0, count = 0;
         MPI_Status st;
         if (MPI_Iprobe(v->trainer, MPI_ANY_TAG, v->comm, &flag, &st) != MPI_SUCCESS || !flag) return VKS_OK;
         MPI_Get_count(&st, MPI_BYTE, &count);
-        if (st.MPI_TAG == TAG_WEIGHTS) {
-            float *msg = NULL;
-            int64_t step = 0;
-            int rc = vks_rl_wire_recv_weights(v->comm, v->trainer, count, v->layout->n_values, v->newest, &msg, &step);
-            if (rc) return rc;
-            keep_weights(v, msg, step);
-        } else if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
+        if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
             vks_rl_msg h;
             MPI_Recv(&h, sizeof h, MPI_BYTE, v->trainer, TAG_CTL, v->comm, MPI_STATUS_IGNORE);
             if (h.magic != VKS_RL_MAGIC || h.type != MSG_STOP)
@@ -97,7 +113,7 @@ static int use_policy(ver_state *v, int64_t step, char *why, size_t cap) {
     while (!find_kept(v, step) && step > v->newest && vks_seconds_now() - since < v->mo->timeout_s) {
         int rc = poll_trainer(v);
         if (rc) return rc;
-        vks_rl_wire_beat(&v->beat);
+        beat_and_cast(v);
         usleep(1000);
     }
     kept_weights *k = find_kept(v, step);
@@ -232,7 +248,7 @@ static int send_up(ver_state *v, const vks_rl_msg *h, void *body, size_t bytes, 
         if (bytes) memcpy(msg + sizeof *h, body, bytes);
         MPI_Request req;
         MPI_Isend(msg, (int)total, MPI_BYTE, v->trainer, TAG_UP, v->comm, &req);
-        rc = vks_mpi_wait_within(v->comm, &req, &v->trainer, 1, v->mo->timeout_s, what);
+        rc = vks_mpi_wait_within_doing(v->comm, &req, &v->trainer, 1, v->mo->timeout_s, what, beat_and_cast, v);
         if (rc) msg = NULL; /* MPI may still read it: left, the rank gives up */
     }
     free(msg), free(body);
@@ -345,10 +361,11 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     char sub[32];
     snprintf(sub, sizeof sub, "verifier-rank%d", v.me);
     if (!rc) rc = vks_rl_gen_make_dirs(&v.gen, sub);
-    v.last_heard = vks_seconds_now();
     double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
+    if (!rc) rc = vks_rl_cast_open(&v.cast, o, mo, v.layout->n_values, bound);
+    v.last_heard = vks_seconds_now();
     while (!rc && !v.stop) {
-        vks_rl_wire_beat(&v.beat);
+        beat_and_cast(&v);
         if ((rc = poll_trainer(&v)) || v.stop) break;
         int flag = 0;
         MPI_Status st;
@@ -363,6 +380,7 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
         usleep(1000);
     }
     *no_finalize = v.no_finalize;
+    vks_rl_cast_close(&v.cast);
     for (int i = 0; v.kept && i < v.n_keep; i++) free(v.kept[i].msg);
     free(v.kept);
     vks_model_free(v.model);

@@ -183,20 +183,18 @@ void vks_rl_wire_beat(vks_rl_beat *b) {
     b->last = now;
 }
 
-int vks_rl_wire_recv_weights(MPI_Comm comm, int trainer, int count, size_t n_values, int64_t min_step, float **out,
-                             int64_t *step) {
+int vks_rl_wire_check_weights(const void *file, size_t len, size_t n_values, int64_t newest, int64_t announced,
+                              int64_t *step) {
     size_t want = sizeof(vks_rl_msg) + sizeof(float) * n_values;
-    if (count < 0 || (size_t)count != want) return vks_set_error(VKS_ERR_FORMAT, "weights of %d bytes, %zu expected", count, want);
-    float *buf = malloc(want);
-    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "out of host memory for the weights");
-    MPI_Recv(buf, count, MPI_BYTE, trainer, TAG_WEIGHTS, comm, MPI_STATUS_IGNORE);
+    if (len != want) return vks_set_error(VKS_ERR_FORMAT, "weights of %zu bytes, %zu expected", len, want);
     vks_rl_msg h;
-    memcpy(&h, buf, sizeof h);
-    if (h.magic != VKS_RL_MAGIC || h.type != MSG_WEIGHTS || h.n != n_values || h.step < min_step) {
-        free(buf);
-        return vks_set_error(VKS_ERR_FORMAT, "a malformed weights message");
-    }
-    *out = buf, *step = h.step;
+    memcpy(&h, file, sizeof h);
+    if (h.magic != VKS_RL_MAGIC || h.type != MSG_WEIGHTS || h.n != n_values)
+        return vks_set_error(VKS_ERR_FORMAT, "a malformed weights file");
+    if (h.step != announced || h.step <= newest)
+        return vks_set_error(VKS_ERR_FORMAT, "weights of step %lld, the manifest announced step %lld (newest held %lld)",
+                             (long long)h.step, (long long)announced, (long long)newest);
+    *step = h.step;
     return VKS_OK;
 }
 

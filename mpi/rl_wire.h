@@ -11,8 +11,9 @@
 #include "vkswarm/vks_mpi.h"
 
 #define VKS_RL_MAGIC 0x4c52534bu /* "KSRL" */
-/* Tags: trainer -> others (weights, control), others -> trainer, inference -> verifier. */
-enum { TAG_WEIGHTS = 7101, TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104 };
+/* Tags: trainer -> others (control), others -> trainer, inference -> verifier, every rank at start-up
+ * (rl_cast.c: the trainer's public key). The weights go through Shardcast (rl_cast.h). */
+enum { TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104, TAG_CAST_HELLO = 7105 };
 /* Message types (rl_roles.c's header comment says who sends which). */
 enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS = 5, MSG_DONE = 6, MSG_TO_VERIFY = 7,
        MSG_VERIFIED = 8, MSG_REFUSE = 9 };
@@ -68,12 +69,11 @@ void vks_rl_wire_beat(vks_rl_beat *b);
  * that a send to a dead peer does not make the waiting rank look dead too. */
 void vks_rl_wire_beat_cb(void *beat);
 
-/* Receives a WEIGHTS message of `count` bytes (probed) from the trainer: the
- * header and n_values floats after it, a step at least min_step. *out (the
- * whole message; the block starts sizeof(vks_rl_msg) bytes in) is the
- * caller's to free. */
-int vks_rl_wire_recv_weights(MPI_Comm comm, int trainer, int count, size_t n_values, int64_t min_step, float **out,
-                             int64_t *step);
+/* Checks a weights file that Shardcast delivered (the WEIGHTS layout: the
+ * header, then n_values floats): its size, header, and a step equal to the
+ * one its signed manifest announced and newer than `newest`. */
+int vks_rl_wire_check_weights(const void *file, size_t len, size_t n_values, int64_t newest, int64_t announced,
+                              int64_t *step);
 /* The f32 model of a WEIGHTS message (its parameter block in layout order)
  * with the start model's shape, BOS/EOS and architecture. */
 int vks_rl_wire_model_from_block(const vks_model *start, const vks_param_layout *layout, const float *msg,

@@ -348,6 +348,27 @@ static void test_store_sweeps_stale_stages(void **state) {
     assert_int_equal(access(path, F_OK), 0);
 }
 
+/* A run's own key pair (the RL run's default): what it signs opens with its
+ * public key only, and two pairs differ. */
+static void test_keypair_in_memory(void **state) {
+    (void)state;
+    uint8_t rpk[32], rsk[64], opk[32], osk[64];
+    assert_int_equal(vks_keypair_new(rpk, rsk), VKS_OK);
+    assert_int_equal(vks_keypair_new(opk, osk), VKS_OK);
+    assert_memory_not_equal(rpk, opk, 32);
+    uint8_t *data = random_bytes(FILE_BYTES, 9), *wire, *blob;
+    vks_manifest_params p = {.version = 1, .step = 0, .shard_size = SHARD};
+    vks_manifest m, back;
+    size_t len;
+    assert_int_equal(vks_manifest_build(data, FILE_BYTES, NULL, 0, &p, &m, &wire), VKS_OK);
+    assert_int_equal(vks_manifest_sign(&m, rsk, &blob, &len), VKS_OK);
+    assert_int_equal(vks_manifest_open(blob, len, opk, "t", &back), VKS_ERR_FORMAT);
+    assert_int_equal(vks_manifest_open(blob, len, rpk, "t", &back), VKS_OK);
+    vks_manifest_free(&back);
+    vks_manifest_free(&m);
+    free(data), free(wire), free(blob);
+}
+
 int main(void) {
     if (sodium_init() < 0) return 1;
     crypto_sign_keypair(pk, sk);
@@ -358,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_delta),            cmocka_unit_test(test_keys),
         cmocka_unit_test(test_key_permissions_and_line_ends),
         cmocka_unit_test(test_store),            cmocka_unit_test(test_store_sweeps_stale_stages),
+        cmocka_unit_test(test_keypair_in_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,15 +37,16 @@ static const char rl_usage[] =
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
     "trainer rank (also the orchestrator) grants batches to inference groups (one rank, or a\n"
     "pipeline of several: the first takes the grants, the group generates across its stages)\n"
-    "within the async window, sends them the weights after each step and checks every group it\n"
+    "within the async window, broadcasts the weights after each step through Shardcast (signed,\n"
+    "hashed shards; the config's relays (roles.relays) relay them; inference and verifier ranks keep\n"
+    "them in DIR/weights-rankR/; a line per step on stderr: 'shardcast: step N ...') and checks every group it\n"
     "receives; a rank that sends garbage is refused, one silent for --timeout-s (default 120) is\n"
     "dropped and its batch granted again (under mpirun --enable-recovery the run goes on). Idle\n"
     "inference ranks give up after --trainer-timeout-s (default 600; more than a trainer step)\n"
     "without a word from the trainer. With verifier ranks (roles.verifiers) each grant names one:\n"
     "the inference rank sends it the batch and its rollout file, it checks them (TOPLOC, the\n"
     "sampling replay) and hands the trainer only the accepted completions; without them each\n"
-    "inference rank verifies its own batches. Relays are refused. Every rank must be started with\n"
-    "the same model.\n";
+    "inference rank verifies its own batches. Every rank must be started with the same model.\n";
 
 typedef struct {
     cli_model_args m;
@@ -158,7 +159,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     int roles = vks_rl_config_roles_of(&a->c, rank);
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
                                                                          : a->test_garbage_kind ? a->test_garbage_kind : 1};
-    vks_gpu *gpu = cli_open_gpu(&a->m);
+    vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY ? NULL : cli_open_gpu(&a->m); /* a relay only moves bytes */
     a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;
     int rc, status = 0;
     bool no_finalize = false;
@@ -177,12 +178,15 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     } else if (roles & VKS_RL_ROLE_VERIFIER) {
         rc = vks_rl_mpi_verifier(&a->o, &mo, &no_finalize);
         if (rc) fprintf(stderr, "vkswarm: rl: verifier rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
+    } else if (roles & VKS_RL_ROLE_RELAY) {
+        rc = vks_rl_mpi_relay(&a->o, &mo, &no_finalize);
+        if (rc) fprintf(stderr, "vkswarm: rl: relay rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
     } else {
         fprintf(stderr, "vkswarm: rl: rank %d has no role this cut runs\n", rank);
         status = EXIT_BAD_INPUT;
     }
     fflush(stdout);
-    int grc = cli_finish_gpu(gpu);
+    int grc = gpu ? cli_finish_gpu(gpu) : 0;
     if (!status && grc) status = grc;
     if (no_finalize || status) cli_exit_now(status); /* a lost rank would hold MPI_Finalize */
     vks_mpi_stop_within(a->timeout_s, cli_mpi_stuck);

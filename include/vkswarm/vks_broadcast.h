@@ -17,9 +17,11 @@
  * (the origin names it; the others give up when the origin is), so every
  * wait is bounded by timeout_s, start-up and the closing handshake included.
  *
- * The same calls serve the CLI (vkswarm broadcast) and in-process RL roles:
- * create a vks_bcast once per rank, then call vks_bcast_send (origin) or
- * vks_bcast_receive (others) once per new version. */
+ * The same calls serve the CLI (vkswarm broadcast) and the RL run across
+ * ranks (mpi/rl_cast.c): create a vks_bcast once per rank, then call
+ * vks_bcast_send (origin) or vks_bcast_receive (others) once per new version;
+ * a node with other work polls vks_bcast_waiting, and the origin drops ranks
+ * it knows are gone (vks_bcast_drop) so that later sends do not wait for them. */
 #ifndef VKS_BROADCAST_H
 #define VKS_BROADCAST_H
 #include <mpi.h>
@@ -42,6 +44,8 @@ typedef struct {
     bool shared_uplink;          /* emulation: one uplink per sender shared by its children (vks_link.h) */
     const char *store_dir;       /* receivers: version store (required for receivers) */
     int keep_versions;           /* versions kept by relays (memory) and receivers (disk); default 2 */
+    uint64_t max_file_bytes;     /* nodes refuse a manifest of a larger file, before anything is
+                                  * allocated for it (0: no bound but the format's) */
     uint8_t public_key[VKS_PUBLIC_KEY_BYTES]; /* the trainer's key: the only signer accepted */
     /* Test hook: "corrupt:RANK[:SHARD]" (RANK sends SHARD damaged to its children),
      * "short:RANK[:SHARD]" (sends its first chunk one byte short), "die:RANK"
@@ -72,13 +76,25 @@ vks_bcast_role vks_bcast_role_of(int rank, int relays);
 int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **out);
 void vks_bcast_destroy(vks_bcast *b);
 /* Origin: broadcasts the signed manifest and its wire stream (vks_manifest_build
- * + vks_manifest_sign). Fails if any rank refused or did not finish. */
+ * + vks_manifest_sign). Fails if any rank not dropped refused or did not finish
+ * (vks_bcast_rank_ok says which; the report is filled once the manifest went out). */
 int vks_bcast_send(vks_bcast *b, const uint8_t *manifest, size_t manifest_len, const uint8_t *wire, size_t wire_len,
                    vks_bcast_report *rep);
 /* Relays and receivers: take part in one broadcast. VKS_ERR_FORMAT when the
  * manifest was refused, VKS_ERR_IO when the transfer failed; nothing is
  * switched to in either case. */
 int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep);
+/* Nodes: true when a manifest (or the origin's cancel) waits, so that a rank
+ * with other work polls for it and calls vks_bcast_receive only then. Does
+ * not block. */
+bool vks_bcast_waiting(vks_bcast *b);
+/* Origin: whether `rank` finished the last vks_bcast_send (false for the
+ * origin, unknown ranks and ranks dropped). */
+bool vks_bcast_rank_ok(const vks_bcast *b, int rank);
+/* Origin: leaves `rank` (gone, or no longer trusted) out of every later
+ * send, beat and close: no manifest, nothing waited for; a dropped relay's
+ * place in the tree goes to the others. */
+void vks_bcast_drop(vks_bcast *b, int rank);
 /* Origin: tells every rank waiting for a manifest that none will come (it
  * failed to prepare one); they end their vks_bcast_receive with an error. */
 void vks_bcast_cancel(vks_bcast *b);

@@ -11,7 +11,9 @@
  * it (MULTIPLE: an RL pipeline group's leader runs the pipeline on its
  * generation thread while its main thread beats to the trainer). */
 enum { VKS_MPI_THREADS_SINGLE = 0, VKS_MPI_THREADS_FUNNELED = 1, VKS_MPI_THREADS_MULTIPLE = 2 };
-/* MPI_Init_thread at that level on the world. */
+/* MPI_Init_thread at that level on the world. SIGPIPE is ignored first
+ * (unless the program handles it): a write to a rank that died must fail, not
+ * end this process (mpi_util.c). */
 void vks_mpi_start(int threads, int *rank, int *size);
 /* Whether MPI granted MPI_THREAD_MULTIPLE. */
 bool vks_mpi_threads_multiple(void);

@@ -36,7 +36,9 @@ typedef struct {
     double accept_rate;       /* verifier: accepted / checked completions so far (1 without a verifier) */
     double rollouts_per_s;    /* completions generated per second so far */
     double trainer_idle;      /* fraction of this step's time the trainer waited for groups */
-    double broadcast_s;       /* handing the new weights to inference (export, hash, copy) */
+    double broadcast_s;       /* handing the new weights to inference (export, hash, copy; across ranks:
+                               * the whole Shardcast send, until every rank has them) */
+    double broadcast_bytes;   /* across ranks: bytes of the step's Shardcast send on the wire; 0 here */
     double loss, grad_norm, clip_fraction, logp_mismatch;
     double entropy;           /* mean entropy (nats, temperature 1, whole vocabulary) of the trained
                                * completion tokens' distributions under the trainer's weights before the step */

@@ -21,6 +21,9 @@
  *                                mean entropy is reported either way)
  *   "save_every": 10,            a checkpoint every N steps (0: only the final one), for --resume
  *   "keep": 3,                   keep the newest N checkpoints (0: all)
+ *   "shardcast_key": "",         across ranks: a directory made by `vkswarm keygen`: the trainer signs
+ *                                the weights with its shardcast.key, the others trust only its
+ *                                shardcast.pub ("": a key pair made for the run, announced at start-up)
  *   "roles": {
  *     "orchestrator": 0,         owns tasks, batching and metrics; may share a rank
  *     "trainer": 0,              exactly one
@@ -46,7 +49,7 @@ typedef struct {
 } vks_rl_group;
 
 typedef struct {
-    char task[512], init[16], model[1024], out[1024];
+    char task[512], init[16], model[1024], out[1024], shardcast_key[1024];
     int steps, prompts_per_step, group_size, async_level, max_new_tokens, save_every, keep, warmup;
     double temperature, lr, length_penalty, token_budget, entropy_coef;
     uint64_t seed;

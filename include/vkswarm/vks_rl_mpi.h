@@ -1,25 +1,32 @@
-/* vks_rl_mpi.h: the RL run across MPI ranks (mpi/rl_roles.c), first cut.
+/* vks_rl_mpi.h: the RL run across MPI ranks (mpi/rl_roles.c, rl_verifier.c,
+ * rl_cast.c).
  *
  * The trainer rank (also the orchestrator) trains as vks_rl_run does, but its
  * groups come from inference groups (one rank, or a pipeline of S ranks whose
  * first rank is the one the trainer sees: mpi/rl_group.h): it
  * grants each idle inference rank a batch (index b, the policy step it must
- * use at least) only while the async window has room, sends every rank the
- * f32 weights after each step (plain point-to-point, tagged with the step;
- * Shardcast can replace it later), and checks every group it receives
- * against the config (lengths, token ids, log-probabilities, batch, policy
- * step), the task (prompt tokens, rewards re-scored) and its own advantages
- * before it is queued. An inference rank that sends
- * something malformed is named and refused; one silent for timeout_s (it
- * beats every second, also while generating) is dropped and its batch goes to
- * another rank. The trainer dying ends the run: inference ranks give up after
- * trainer_timeout_s without a word from it while idle. */
+ * use at least) only while the async window has room, broadcasts the f32
+ * weights after each step through Shardcast (vks_broadcast.h: the trainer is
+ * the origin and signs each version with a key pair made for the run, whose
+ * public key every rank learns at start-up; the config's relays relay;
+ * inference and verifier ranks receive into OUT/weights-rankR/ and check that
+ * the file is the step the signed manifest announced), and checks every group
+ * it receives against the config (lengths, token ids, log-probabilities,
+ * batch, policy step), the task (prompt tokens, rewards re-scored) and its own
+ * advantages before it is queued. An inference rank that sends something
+ * malformed is named and refused; one silent for timeout_s (it beats every
+ * second, also while generating) or that does not finish a broadcast is
+ * dropped (later broadcasts leave it out) and its batch goes to another rank.
+ * The trainer dying ends the run: inference ranks give up after
+ * trainer_timeout_s without a word from it while idle (a broadcast it does
+ * not finish ends after timeout_s). */
 #ifndef VKS_RL_MPI_H
 #define VKS_RL_MPI_H
 #include "vks_rl.h"
 
 typedef struct {
-    double timeout_s;       /* an inference rank silent this long is gone; also bounds every send */
+    double timeout_s;       /* an inference rank silent this long is gone; also bounds every send and
+                             * every wait of a weights broadcast */
     double trainer_timeout_s; /* an idle inference rank gives up after this long without a word from the
                                * trainer, which says nothing while it trains a step: it must exceed a
                                * step's time (below timeout_s: timeout_s) */
@@ -28,7 +35,7 @@ typedef struct {
 } vks_rl_mpi_options;
 
 /* Refuses roles this cut does not run (orchestrator elsewhere than the
- * trainer, relays), naming them. */
+ * trainer), naming them. */
 int vks_rl_mpi_check_roles(const vks_rl_config *c);
 /* The trainer/orchestrator rank. *lost: inference ranks were dropped or
  * refused (under Open MPI 4.1 the survivors must then not call MPI_Finalize). */
@@ -44,4 +51,8 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
  * completions, or a refusal naming what was wrong, until the trainer says
  * stop. *no_finalize as for an inference rank. */
 int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
+/* A relay rank: relays every weights broadcast down the tree (keeping the
+ * last versions in memory, nothing on disk) until the trainer says stop.
+ * *no_finalize as for an inference rank. */
+int vks_rl_mpi_relay(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
 #endif

@@ -110,6 +110,8 @@ int vks_delta_decode(vks_delta_mode mode, const uint8_t *in, size_t in_len, cons
 /* Keys: DIR/shardcast.pub (64 hex digits) and DIR/shardcast.key (128 hex
  * digits, mode 0600). */
 int vks_keygen(const char *dir);
+/* A fresh key pair in memory (a run's own key; the caller wipes sk). */
+int vks_keypair_new(uint8_t pk[VKS_PUBLIC_KEY_BYTES], uint8_t sk[VKS_SECRET_KEY_BYTES]);
 int vks_key_load_public(const char *path, uint8_t pk[VKS_PUBLIC_KEY_BYTES]);
 int vks_key_load_secret(const char *path, uint8_t sk[VKS_SECRET_KEY_BYTES]);
 

@@ -24,7 +24,7 @@ typedef struct {
 #define STR_KEY(f) {#f, KEY_STRING, offsetof(vks_rl_config, f), sizeof(((vks_rl_config *)0)->f), 0, 0}
 
 static const key_info keys[] = {
-    STR_KEY(task), STR_KEY(init), STR_KEY(model), STR_KEY(out),
+    STR_KEY(task), STR_KEY(init), STR_KEY(model), STR_KEY(out), STR_KEY(shardcast_key),
     INT_KEY(steps, 1, 1e8), INT_KEY(prompts_per_step, 1, 65536), INT_KEY(group_size, 2, 1024),
     INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, 1 << 20), INT_KEY(save_every, 0, 1e8), INT_KEY(keep, 0, 1e6),
     INT_KEY(warmup, 0, 1e8),

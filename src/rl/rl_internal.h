@@ -231,6 +231,8 @@ typedef struct {
     int64_t (*position)(void *ctx);
     /* Before the first publish of a resumed run: trainer steps done, the next generation batch. */
     void (*resume)(void *ctx, int64_t step, int64_t next_batch);
+    /* Bytes the last publish put on the wire (NULL: not measured). */
+    double (*broadcast_bytes)(void *ctx);
 } vks_rl_source;
 /* vks_rl_run with the groups from src (NULL: the inference thread). */
 int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *r);

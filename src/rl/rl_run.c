@@ -375,7 +375,7 @@ static int evaluate(rl_run *r, double *accuracy) {
 }
 
 static int log_step(rl_run *r, const vks_rl_progress *p) {
-    vks_metric m[20];
+    vks_metric m[21];
     int n = 0;
     m[n++] = (vks_metric){"policy_lag", p->policy_lag};
     if (!isnan(p->reward)) m[n++] = (vks_metric){"reward", p->reward};
@@ -386,6 +386,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"rollouts_per_s", p->rollouts_per_s};
     m[n++] = (vks_metric){"trainer_idle", p->trainer_idle};
     m[n++] = (vks_metric){"broadcast_s", p->broadcast_s};
+    if (r->src && r->src->broadcast_bytes) m[n++] = (vks_metric){"broadcast_bytes", p->broadcast_bytes};
     m[n++] = (vks_metric){"loss", p->loss};
     m[n++] = (vks_metric){"grad_norm", p->grad_norm};
     m[n++] = (vks_metric){"clip_fraction", p->clip_fraction};
@@ -453,6 +454,7 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
                            .trained_reward = st.n ? st.reward / st.n : 0, .accuracy = NAN,
                            .length = st.n ? st.length / st.n : 0, .trainer_idle = spent > 0 ? waited / spent : 0,
                            .broadcast_s = broadcast_s, .loss = st.grpo.loss, .grad_norm = norm,
+                           .broadcast_bytes = r->src && r->src->broadcast_bytes ? r->src->broadcast_bytes(r->src->ctx) : 0,
                            .clip_fraction = st.grpo.tokens ? (double)st.grpo.clipped / st.grpo.tokens : 0,
                            .logp_mismatch = st.grpo.tokens ? st.mismatch_sum / st.grpo.tokens : 0,
                            .entropy = st.grpo.tokens ? st.entropy_sum / st.grpo.tokens : 0};

@@ -69,6 +69,12 @@ int vks_keygen(const char *dir) {
 }
 
 /* A secret key others can read is refused, as ssh does (checked on the open file). */
+int vks_keypair_new(uint8_t pk[VKS_PUBLIC_KEY_BYTES], uint8_t sk[VKS_SECRET_KEY_BYTES]) {
+    if (sodium_init() < 0) return vks_set_error(VKS_ERR_IO, "keygen: libsodium failed to initialize");
+    crypto_sign_keypair(pk, sk);
+    return VKS_OK;
+}
+
 static int check_private(FILE *f, const char *path) {
     struct stat st;
     if (fstat(fileno(f), &st) != 0) return vks_set_error(VKS_ERR_IO, "%s: cannot stat (%s)", path, strerror(errno));

@@ -4,7 +4,8 @@
 # tampered signature, a delta, a relay killed or stopped mid-transfer and the
 # origin stopped or killed mid-transfer (issue 9: each ends within
 # --timeout-s plus a few seconds, names the silent rank, and fails where
-# mpirun can say so, in the status file where it cannot). Each case is under
+# mpirun can say so, in the status file where it cannot), and a receiver
+# that died while the origin made no MPI call (tests/dead_receiver). Each case is under
 # `timeout`; a receiver's store must hold only verified versions, and what a
 # transfer cut short left in it is gone after the next broadcast.
 # Usage: tests/mpi/broadcast.sh path/to/vkswarm
@@ -199,6 +200,17 @@ run shared-uplink 0 "${M[@]}" -np 6 "$V" broadcast --file "$T/v2.bin" "${K[@]}" 
     --fanout 1 --link-mbps 400 --link-latency-ms 2 --shared-uplink
 [ "$(grep -c "version 9 $(hash "$T/v2.bin")" "$T/stdout")" = 3 ] || fail "shared-uplink: 3 receivers must print the hash"
 expect_store 9 "$T/v2.bin" # and the .v8.partial the origin faults left is gone
+
+# A receiver that died while the origin made no MPI call (the RL trainer trains between
+# broadcasts): the origin's next manifest and beat go to the closed connection, whose second
+# write raised SIGPIPE and ended the origin without a word before vks_mpi_start ignored it.
+# The origin must finish the broadcast with the live receiver within its bounds (timeout_s 2).
+case=dead-receiver
+rm -rf "$T/dead"
+mkdir -p "$T/dead"
+mpi_run 60 --enable-recovery -np 3 "$(dirname "$V")/tests/dead_receiver" "$T/dead" > "$T/stdout" 2> "$T/stderr"
+grep -q "^rank 0: version 2: rank 1 ok, rank 2 not in [0-9.]* s" "$T/stdout" && grep -q "^rank 1: version 2 ok" "$T/stdout" ||
+    { fail "$case: the origin did not outlive a dead receiver"; cat "$T/stdout"; }
 
 echo "broadcast.sh: $fails failures"
 [ $fails -eq 0 ]

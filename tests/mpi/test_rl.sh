@@ -3,7 +3,8 @@
 # inference ranks with the tiny model and short user tasks (length targets, so
 # that untrained groups have signal). The happy path ends 0 with finite losses
 # and a metrics line per step (k = 0: lag 0, and the sampler's log-probabilities
-# on the inference ranks equal the trainer's: the weights arrived intact); an
+# on the inference ranks equal the trainer's: the weights arrived intact, through
+# Shardcast and a relay rank); an
 # inference rank that sends a token outside the vocabulary is named, refused,
 # and the run finishes on the other; an inference rank killed (-9) mid-run is
 # dropped under --enable-recovery and the run finishes on the other.
@@ -16,11 +17,11 @@ trap 'release_stopped; rm -rf "$tmp"' EXIT
 
 for i in $(seq 0 7); do echo "{\"prompt\": \"$i+$((i + 1))=\", \"answer\": \"$((2 * i + 1))\", \"task_type\": \"numeric\"}"; done \
     > "$tmp/tasks.jsonl"
-config() { # OUT STEPS K [VERIFIER RANKS]
+config() { # OUT STEPS K [VERIFIER RANKS] [RELAY RANKS]
     cat > "$tmp/run.json" <<EOF
 {"task": "file:$tmp/tasks.jsonl", "init": "tiny", "out": "$1", "steps": $2, "prompts_per_step": 2, "group_size": 4,
  "async_level": $3, "max_new_tokens": 12, "length_targets": [4, 12], "lr": 1e-3,
- "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1], [2]], "verifiers": [${4:-}], "relays": []}}
+ "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1], [2]], "verifiers": [${4:-}], "relays": [${5:-}]}}
 EOF
 }
 # metrics_ok FILE STEPS MAX_LAG: one line per step 1..STEPS, finite losses, lag <= MAX_LAG
@@ -41,15 +42,31 @@ mismatch_ok() {
 # no group went stale (at k = 0 the trainer grants one batch at a time: a second rank's would)
 stale_none() { ! grep -q '"groups_stale":[1-9]' "$1"; }
 
-# happy path: trainer + 2 inference ranks, k = 0, 2 steps
-config "$tmp/k0" 2 0
-mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+# the weights went through Shardcast: a line per published step (0..STEPS) naming every receiver
+# and the relays, the wire bytes in every metrics line, and each receiver's version store holding
+# the last step's weights (its current version: the last one sent)
+# shardcast_ok ERR METRICS STEPS RECEIVERS RELAYS STORE...
+shardcast_ok() {
+    local err=$1 metrics=$2 steps=$3 receivers=$4 relays=$5 s
+    shift 5
+    for s in $(seq 0 "$steps"); do
+        grep -q "shardcast: step $s (version [0-9]*): [1-9][0-9]* bytes to $receivers of $receivers ranks through $relays relay" "$err" || return 1
+    done
+    [ "$(grep -c '"broadcast_bytes":[1-9]' "$metrics")" = "$steps" ] || return 1
+    for s in "$@"; do [ -f "$s/current/model.bin" ] || return 1; done
+}
+
+# happy path: trainer + 2 inference ranks + a Shardcast relay (rank 3: inference rank 2 gets the
+# weights through it), k = 0, 2 steps
+config "$tmp/k0" 2 0 "" 3
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/k0/step-000000002" "$tmp/out.txt" &&
    metrics_ok "$tmp/k0/metrics.jsonl" 2 0 && mismatch_ok "$tmp/k0/metrics.jsonl" && stale_none "$tmp/k0/metrics.jsonl" &&
-   ! grep -q "dropped\|refused" "$tmp/err.txt"; then
-    ok "3 ranks, k=0: 2 steps, finite losses, lag 0, logp mismatch < 1e-4, no stale group"
-else bad "3 ranks, k=0: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
+   shardcast_ok "$tmp/err.txt" "$tmp/k0/metrics.jsonl" 2 3 1 "$tmp/k0/weights-rank1" "$tmp/k0/weights-rank2" &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt"; then
+    ok "4 ranks (a relay), k=0: 2 steps, weights through Shardcast, finite losses, lag 0, logp mismatch < 1e-4, no stale group"
+else bad "4 ranks (a relay), k=0: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
 
 # a pipeline group: ranks 1 and 2 are the two stages of one inference group (layers split in two),
 # rank 3 verifies. The same config as the happy path otherwise, so the same rollouts: the verifier
@@ -68,21 +85,24 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/group/step-000000002" "$tmp
     ok "a pipeline group of 2 ranks + a verifier: nothing rejected, logp mismatch < 1e-4, the 2 single ranks' losses"
 else bad "pipeline group: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/group/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
 
-# VKSWARM_TEST_SHORT (tools/test's ASan run): the happy path and the verifier case (cheats
-# rejected, a rank's unearned reward refused by the same unpacking code that refuses the garbage
-# token) only; the faults' drop paths run in the normal build.
+# VKSWARM_TEST_SHORT (tools/test's ASan run): the happy path (Shardcast with a relay) and the
+# verifier case (cheats rejected, a rank's unearned reward refused by the same unpacking code
+# that refuses the garbage token) only; the faults' drop paths run in the normal build.
 short=${VKSWARM_TEST_SHORT:-}
 
 # the k = 0 run resumed from its final checkpoint (step 2) for one more step: the trainer rank
-# restores its state and the inference ranks continue from step 2's weights
+# restores its state and the inference ranks continue from step 2's weights (Shardcast versions
+# start above what the receivers' stores kept from the first run: versions 4 and 5)
 if [ -z "$short" ]; then
-config "$tmp/k0" 3 0
-mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --resume > "$tmp/out.txt" 2> "$tmp/err.txt"
+config "$tmp/k0" 3 0 "" 3
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --resume > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
 if [ $rc -eq 0 ] && grep -q "resumed from step 2" "$tmp/err.txt" && grep -q "^final checkpoint: $tmp/k0/step-000000003" "$tmp/out.txt" &&
-   metrics_ok "$tmp/k0/metrics.jsonl" 3 0 && mismatch_ok "$tmp/k0/metrics.jsonl"; then
-    ok "3 ranks, k=0: resumed from step 2, step 3 trained (lag 0, logp mismatch < 1e-4)"
-else bad "3 ranks, resume: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
+   metrics_ok "$tmp/k0/metrics.jsonl" 3 0 && mismatch_ok "$tmp/k0/metrics.jsonl" &&
+   grep -q "shardcast: step 2 (version 4): .* to 3 of 3 ranks" "$tmp/err.txt" &&
+   grep -q "shardcast: step 3 (version 5): .* to 3 of 3 ranks" "$tmp/err.txt"; then
+    ok "4 ranks (a relay), k=0: resumed from step 2, step 3 trained (lag 0, logp mismatch < 1e-4)"
+else bad "4 ranks, resume: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
 fi
 
 if [ -z "$short" ]; then
@@ -139,30 +159,35 @@ wait $job
 rc=$?
 if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/err.txt" &&
    grep -q "inference rank 2: .*inference group 1 (ranks 2 3; .*rank 1 \(stopped answering\|did not answer\)" "$tmp/err.txt" &&
-   grep -q "^final checkpoint: $tmp/kill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/kill/metrics.jsonl" 3 0; then
-    ok "a pipeline group's stage killed mid-run: the group is dropped, the run finishes on the other rank"
+   grep -q "^final checkpoint: $tmp/kill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/kill/metrics.jsonl" 3 0 &&
+   grep -q "shardcast: step 3 (version [0-9]*): [0-9]* bytes to 1 of 3 ranks" "$tmp/err.txt"; then
+    ok "a pipeline group's stage killed mid-run: the group is dropped (also from the weights broadcasts), the run finishes on the other rank"
 else bad "killed stage: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -20; fi
 fi
 
 # a verifier rank killed mid-run: dropped, its batches granted again (to the other verifier), and
 # the inference rank whose send to it times out goes on beating and generating: the run finishes.
-# The same run is the k = 1 case: lag at most 1.
+# The same run is the k = 1 case (lag at most 1) and signs the weights with a configured key
+# (vkswarm keygen): every step's weights reach the inference rank and the live verifier.
 if [ -z "$short" ]; then
 config "$tmp/vkill" 3 1 "2, 3"
 sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1]]/' "$tmp/run.json"
+$bin keygen --out "$tmp/keys" > /dev/null 2>&1
 rm -rf "$pids"
 mkdir -p "$pids"
 VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 \
-    --timeout-s 5 --trainer-timeout-s 120 > "$tmp/out.txt" 2> "$tmp/err.txt" &
+    --timeout-s 5 --trainer-timeout-s 120 --set "shardcast_key=$tmp/keys" > "$tmp/out.txt" 2> "$tmp/err.txt" &
 job=$!
 pid=$(pid_file_pid "$pids" 3) && sleep 8 && kill -9 "$pid"
 wait $job
 rc=$?
 if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "verifier rank 3 dropped" "$tmp/err.txt" &&
    ! grep -q "inference rank 1 \(refused\|dropped\)\|verifier rank 2 \(refused\|dropped\)" "$tmp/err.txt" &&
-   grep -q "^final checkpoint: $tmp/vkill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/vkill/metrics.jsonl" 3 1; then
-    ok "a verifier rank killed mid-run is dropped, the run finishes with the other (k=1: lag <= 1)"
-else bad "killed verifier: pid '$pid' status $rc"; tail -5 "$tmp/err.txt"; fi
+   grep -q "^final checkpoint: $tmp/vkill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/vkill/metrics.jsonl" 3 1 &&
+   grep -q "shardcast: step 3 (version [0-9]*): [1-9][0-9]* bytes to 2 of [23] ranks" "$tmp/err.txt" &&
+   [ -f "$tmp/vkill/weights-rank1/current/model.bin" ] && [ -f "$tmp/vkill/weights-rank2/current/model.bin" ]; then
+    ok "a verifier rank killed mid-run is dropped, the run finishes with the other (k=1: lag <= 1; a configured key)"
+else bad "killed verifier (k=1, configured key): pid '$pid' status $rc"; tail -5 "$tmp/err.txt"; fi
 fi
 
 # the trainer killed mid-run ends the run: idle inference ranks give up after --trainer-timeout-s
