@@ -185,7 +185,8 @@ static void drop_failed(trainer_src *t, int64_t step) {
             inf_rank *f = find_rank(t, first);
             if (f && f->state == RANK_LIVE) {
                 char stage_why[160];
-                snprintf(stage_why, sizeof stage_why, "its stage rank %d %s", rank, why);
+                snprintf(stage_why, sizeof stage_why, "its stage rank %d did not take the weights of step %lld (Shardcast)",
+                         rank, (long long)step);
                 drop_rank(t, f, RANK_DROPPED, stage_why); /* also drops its stages from the broadcasts */
                 stop_now(t, first); /* it passes the stop on to its stages */
             }
