@@ -75,12 +75,11 @@ static int hello(vks_rl_pipe_group *g, MPI_Comm world) {
     return rc;
 }
 
-int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, int index, int stage,
-                      size_t n_values) {
+int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, int index, int stage) {
     const vks_rl_config *c = o->config;
     *g = (vks_rl_pipe_group){.pipe = MPI_COMM_NULL, .ctl = MPI_COMM_NULL, .index = index, .n = c->groups[index].n,
                              .stage = stage, .ranks = c->inference_ranks + c->groups[index].first, .o = o, .mo = mo,
-                             .n_values = n_values, .engine_step = -1};
+                             .engine_step = -1};
     int L = o->model->cfg.n_layers;
     if (g->n > L)
         return vks_set_error(VKS_ERR_ARG, "inference group %d has %d ranks for the model's %d layers", index, g->n, L);
@@ -350,7 +349,7 @@ int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize) {
     s.layout = layout;
     const char *out = g->o->config->out; /* where the weight store goes (OUT/weights-rankR) */
     if (!rc && mkdir(out, 0777) && errno != EEXIST) rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", out);
-    if (!rc) rc = vks_rl_cast_open(&s.cast, g->o, g->mo, g->n_values, bound);
+    if (!rc) rc = vks_rl_cast_open(&s.cast, g->o, g->mo, layout->n_values, bound);
     vks_mpi_clock clock = {0};
     double heard = vks_mpi_deadline_tick(&clock, bound);
     while (!rc && !stop) {

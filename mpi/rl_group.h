@@ -31,7 +31,6 @@ typedef struct {
     int *first;             /* the layer partition: first[s], first[n] = n_layers */
     const vks_rl_run_options *o;
     const vks_rl_mpi_options *mo;
-    size_t n_values;        /* floats in a WEIGHTS message's block */
     vks_engine *engine;     /* this stage's, for the policy of engine_step (kept across its batches) */
     int64_t engine_step;
 } vks_rl_pipe_group;
@@ -40,8 +39,7 @@ typedef struct {
 void vks_rl_group_find(const vks_rl_config *c, int rank, int *index, int *stage);
 /* Forms group `index`'s communicators; every stage must answer within
  * timeout_s (MPI_Comm_create_group blocks: it only starts once all have). */
-int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, int index, int stage,
-                      size_t n_values);
+int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, int index, int stage);
 /* Frees what open made; the communicators only when finalize (after a
  * failure a peer may still use them). */
 void vks_rl_group_close(vks_rl_pipe_group *g, bool finalize);

@@ -743,11 +743,8 @@ static int pipeline_group_rank(inf_state *s, int group, int stage, bool *no_fina
     if (!vks_mpi_threads_multiple())
         return vks_set_error(VKS_ERR_ARG, "inference group %d: pipeline groups need MPI_THREAD_MULTIPLE, which this MPI "
                              "did not grant", group);
-    vks_param_layout *layout = NULL;
     vks_rl_pipe_group grp = {0};
-    int rc = vks_param_layout_create(&s->o->model->cfg, s->o->model->layers[0].bq.data != NULL, &layout);
-    if (!rc) rc = vks_rl_group_open(&grp, s->o, s->mo, group, stage, layout->n_values);
-    vks_param_layout_free(layout);
+    int rc = vks_rl_group_open(&grp, s->o, s->mo, group, stage);
     if (rc) {
         *no_finalize = true; /* the group's peers may be waiting on this rank */
         vks_rl_group_close(&grp, false);
