@@ -141,6 +141,12 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
      * of 256 mostly idle ones; rmsnorm_backward 4x faster on lavapipe). */
     o->wg_norm = o->info.type == VKS_DEVTYPE_CPU ? vks_ops_pick_wg(&o->info, 1) : o->wg_row;
     o->wg_attention = vks_ops_pick_wg(&o->info, 64);
+    /* The same on CPU drivers for attention over the KV cache: there a
+     * 64-lane workgroup is 8 SIMD chunks switched at each of its reductions'
+     * barriers, for a head of 8-128 values and (decoding) a few dozen keys.
+     * Measured on lavapipe, stories260K, 200 sequences x 40 positions: the
+     * kernel 1.5-2.5x faster, the whole generation ~12% less CPU time. */
+    o->wg_attention_kv = o->info.type == VKS_DEVTYPE_CPU ? vks_ops_pick_wg(&o->info, 1) : o->wg_attention;
     choose_matvec(o);
     choose_matmul_tiles(o);
     o->mm_f16_math = default_f16_math(&o->info);
@@ -388,7 +394,7 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
         float scale;
     } push = {R, n_heads, n_kv_heads, head_dim, seq_len, n_slots,
               (float)(1.0 / sqrt((double)head_dim))};
-    uint32_t spec[] = {o->wg_attention};
+    uint32_t spec[] = {o->wg_attention_kv};
     vks_binding b[] = {q, kcache, vcache, slot, pos, out};
     return vks_ops_dispatch(o, c, "attention", spec, 1, b, 6, &push, sizeof push,
                     (uint64_t)R * n_heads, op);
