@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "rl_cast.h"
+#include "rl_orch.h"
 #include "rl_wire.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_tokenizer.h"
@@ -346,7 +347,7 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
         return vks_set_error(VKS_ERR_ARG, "rl: bad options");
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
-    ver_state v = {.comm = vks_mpi_world(), .trainer = o->config->trainer, .o = o, .mo = mo, .newest = -1,
+    ver_state v = {.comm = vks_mpi_world(), .trainer = o->config->orchestrator, /* grants, STOP, verdicts: the orchestrator */ .o = o, .mo = mo, .newest = -1,
                    .model_step = -1, .n_keep = o->config->async_level + 3};
     MPI_Comm_set_errhandler(v.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(v.comm, &v.me);
@@ -374,7 +375,8 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
             continue;
         }
         if (vks_seconds_now() - v.last_heard > bound) {
-            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (the trainer)", v.trainer, bound);
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s)", v.trainer, bound,
+                               vks_rl_mpi_peer_name(o->config));
             v.no_finalize = true;
         }
         usleep(1000);

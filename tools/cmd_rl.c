@@ -159,7 +159,8 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     int roles = vks_rl_config_roles_of(&a->c, rank);
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
                                                                          : a->test_garbage_kind ? a->test_garbage_kind : 1};
-    vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY ? NULL : cli_open_gpu(&a->m); /* a relay only moves bytes */
+    /* a relay only moves bytes; an orchestrator of its own checks groups on the CPU */
+    vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY || roles == VKS_RL_ROLE_ORCHESTRATOR ? NULL : cli_open_gpu(&a->m);
     a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;
     int rc, status = 0;
     bool no_finalize = false;
@@ -172,6 +173,9 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
             cli_mpi_abort(cli_mpi_status(rc));
         }
         print_result(a, &r);
+    } else if (roles & VKS_RL_ROLE_ORCHESTRATOR) { /* on a rank of its own */
+        rc = vks_rl_mpi_orchestrator(&a->o, &mo, &no_finalize);
+        if (rc) fprintf(stderr, "vkswarm: rl: orchestrator rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
     } else if (roles & VKS_RL_ROLE_INFERENCE) {
         rc = vks_rl_mpi_inference(&a->o, &mo, &no_finalize);
         if (rc) fprintf(stderr, "vkswarm: rl: inference rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);

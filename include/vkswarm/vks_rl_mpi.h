@@ -51,6 +51,14 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
  * completions, or a refusal naming what was wrong, until the trainer says
  * stop. *no_finalize as for an inference rank. */
 int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
+/* The orchestrator on a rank of its own (roles.orchestrator != roles.trainer,
+ * mpi/rl_orchestrator.c): grants, checks and queues batches as a trainer that
+ * orchestrates does, hands the trainer the groups of each step when it asks
+ * (the trainer re-checks them) with the counters, and says STOP to every rank
+ * when the trainer says the run is over. *no_finalize: ranks were lost, or
+ * the trainer went silent for trainer_timeout_s (then it tells every rank to
+ * stop). */
+int vks_rl_mpi_orchestrator(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
 /* A relay rank: relays every weights broadcast down the tree (keeping the
  * last versions in memory, nothing on disk) until the trainer says stop.
  * *no_finalize as for an inference rank. */
