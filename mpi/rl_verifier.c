@@ -262,7 +262,8 @@ static int refuse(ver_state *v, int origin, int64_t batch, const char *why) {
     if (!text) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     snprintf(text, VKS_RL_REASON_MAX, "%s", why);
     vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_REFUSE, .batch = batch, .n = (uint64_t)origin};
-    return send_up(v, &h, text, strlen(text) + 1, "the trainer taking a refusal");
+    bool own = v->o->config->orchestrator != v->o->config->trainer; /* an orchestrator of its own */
+    return send_up(v, &h, text, strlen(text) + 1, own ? "the orchestrator taking a refusal" : "the trainer taking a refusal");
 }
 
 /* One TO_VERIFY message of `bytes` from inference rank `origin`. */
@@ -308,7 +309,8 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     if (rc) return rc;
     if (bad) return refuse(v, origin, h.batch, why);
     vks_rl_msg up = {.magic = VKS_RL_MAGIC, .type = MSG_VERIFIED, .batch = h.batch, .step = h.step, .n = (uint64_t)origin};
-    return send_up(v, &up, packed, n, "the trainer taking verdicts");
+    bool own = v->o->config->orchestrator != v->o->config->trainer; /* an orchestrator of its own */
+    return send_up(v, &up, packed, n, own ? "the orchestrator taking verdicts" : "the trainer taking verdicts");
 }
 
 /* Whether rank is the first of an inference group (the rank that sends a group's batches). */
