@@ -7,6 +7,10 @@
  * batch before the trainer sees it. An inference group of several ranks
  * (rl_group.c) is seen through its first rank: the others hear only from it.
  *
+ * The orchestration (trainer_src, rl_orch.h: grants, checks, queue, liveness)
+ * is shared with an orchestrator on a rank of its own (rl_orchestrator.c);
+ * then every "trainer" below on TAG_CTL / TAG_UP is roles.orchestrator.
+ *
  * The weights go through Shardcast (rl_cast.c): after each step the trainer
  * broadcasts the WEIGHTS file (vks_rl_msg with step, n = floats, then the f32
  * parameter block) to every inference and verifier rank, through the relays.
@@ -137,10 +141,8 @@ static void stop_now(trainer_src *t, int rank) {
 }
 
 void vks_rl_orch_cast_drop(trainer_src *t, int rank) {
-    if (!t->remote) {
-        vks_rl_cast_drop(&t->cast, rank);
-        return;
-    }
+    vks_rl_cast_drop(&t->cast, rank); /* on the orchestrator's own rank: only marks it gone (stop_ranks reads that) */
+    if (!t->remote) return;
     for (int i = 0; i < t->n_drops; i++)
         if (t->drops[i] == rank) return;
     if (t->n_drops == t->cap_drops) {
