@@ -60,8 +60,7 @@ int vks_rl_mpi_check_roles(const vks_rl_config *c) {
     return VKS_OK;
 }
 
-/* ---- the trainer's side ---- */
-
+/* ---- the trainer's side (also an orchestrator's on its own rank: rl_orch.h) ---- */
 
 static int send_ctl(trainer_src *t, int rank, uint32_t type, int64_t batch, int64_t step, uint64_t n) {
     vks_rl_msg m = {.magic = VKS_RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
