@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "rl_orch.h"
 #include "rl_wire.h"
 #include "vkswarm/vks_mpi.h"
 #include "vkswarm/vks_rl_config.h"
@@ -249,7 +250,7 @@ int vks_rl_mpi_relay(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, 
     if (!o || !o->config || !o->model || !mo || !(mo->timeout_s > 0)) return vks_set_error(VKS_ERR_ARG, "rl: bad options");
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
-    relay_state r = {.trainer = o->config->trainer};
+    relay_state r = {.trainer = o->config->orchestrator}; /* STOP comes from the orchestrator */
     vks_param_layout *layout = NULL;
     double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
     MPI_Comm_set_errhandler(vks_mpi_world(), MPI_ERRORS_RETURN);
@@ -267,7 +268,8 @@ int vks_rl_mpi_relay(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, 
             continue;
         }
         if (vks_seconds_now() - r.last_heard > bound) {
-            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (the trainer)", r.trainer, bound);
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s)", r.trainer, bound,
+                               vks_rl_mpi_peer_name(o->config));
             r.no_finalize = true;
         }
         usleep(1000);

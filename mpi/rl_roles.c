@@ -7,6 +7,10 @@
  * batch before the trainer sees it. An inference group of several ranks
  * (rl_group.c) is seen through its first rank: the others hear only from it.
  *
+ * The orchestration (trainer_src, rl_orch.h: grants, checks, queue, liveness)
+ * is shared with an orchestrator on a rank of its own (rl_orchestrator.c);
+ * then every "trainer" below on TAG_CTL / TAG_UP is roles.orchestrator.
+ *
  * The weights go through Shardcast (rl_cast.c): after each step the trainer
  * broadcasts the WEIGHTS file (vks_rl_msg with step, n = floats, then the f32
  * parameter block) to every inference and verifier rank, through the relays.
@@ -40,61 +44,23 @@
 
 #include "rl_cast.h"
 #include "rl_group.h"
+#include "rl_orch.h"
 #include "rl_wire.h"
+
+const char *vks_rl_mpi_peer_name(const vks_rl_config *c) {
+    return c->orchestrator == c->trainer ? "the trainer" : "the orchestrator";
+}
 
 int vks_rl_mpi_check_roles(const vks_rl_config *c) {
     if (!c->roles_given) return vks_set_error(VKS_ERR_ARG, "rl across ranks: the config gives no roles");
-    if (c->orchestrator != c->trainer)
-        return vks_set_error(VKS_ERR_ARG, "rl across ranks: the orchestrator (rank %d) must be the trainer's rank (%d) "
-                             "for now", c->orchestrator, c->trainer);
+    if (c->orchestrator != c->trainer && vks_rl_config_roles_of(c, c->orchestrator) != VKS_RL_ROLE_ORCHESTRATOR)
+        return vks_set_error(VKS_ERR_ARG, "rl across ranks: the orchestrator (rank %d) shares a rank only with the "
+                             "trainer (rank %d)", c->orchestrator, c->trainer);
     if (c->n_inference_ranks < 1) return vks_set_error(VKS_ERR_ARG, "rl across ranks: no inference ranks");
     return VKS_OK;
 }
 
-/* ---- the trainer's side ---- */
-
-enum { RANK_LIVE = 0, RANK_DROPPED = 1, RANK_REFUSED = 2 };
-
-/* An inference or verifier rank, as the trainer sees it. */
-typedef struct {
-    int rank, state;
-    bool verifier;
-    int64_t batch;        /* inference: the batch it generates, -1: idle */
-    int64_t min_step;     /* its policy step at least */
-    double last_seen;
-} inf_rank;
-
-/* With verifier ranks: a batch granted and not yet back from its verifier. */
-typedef struct {
-    int64_t batch, min_step;
-    int origin, verifier; /* ranks */
-} pending_batch;
-
-typedef struct {
-    MPI_Comm comm;
-    const vks_rl_run_options *o;
-    const vks_rl_mpi_options *mo;
-    const vks_rl_config *c;
-    vks_param_layout *layout;
-    inf_rank *ranks;      /* the inference ranks, then the verifier ranks */
-    int n_ranks;
-    int64_t next_batch, newest;
-    int grant_from;       /* the rank (index) the next grant looks at first: round robin */
-    int verifier_from;    /* the same for choosing a verifier */
-    int64_t *redo;        /* batches of dropped ranks, to grant again */
-    int n_redo, cap_redo;
-    pending_batch *pend;  /* with verifier ranks: batches out (generating or being verified) */
-    int n_pend, cap_pend;
-    vks_rl_queue queue;
-    vks_rl_cast cast;     /* the weights go out through Shardcast */
-    float *weights;       /* the WEIGHTS file of the step being published */
-    uint64_t cast_bytes;  /* wire bytes of the last publish */
-    MPI_Request *stop_req; /* per world rank: STOP to a rank dropped for a failed broadcast (stop_now) */
-    vks_rl_msg *stop_msg;  /* their buffers (MPI may read them until the send completes) */
-    int n_world;
-    bool lost;
-    vks_rl_gen gen;       /* the tasks, to check prompts and rewards (model: the start policy, not owned) */
-} trainer_src;
+/* ---- the trainer's side (also an orchestrator's on its own rank: rl_orch.h) ---- */
 
 static int send_ctl(trainer_src *t, int rank, uint32_t type, int64_t batch, int64_t step, uint64_t n) {
     vks_rl_msg m = {.magic = VKS_RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
@@ -140,10 +106,10 @@ static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
     r->state = state;
     t->lost = t->lost || state == RANK_DROPPED; /* a refused rank is alive: it can still finalize */
     if (state == RANK_DROPPED) { /* later broadcasts do not wait for it, nor for its group's other stages */
-        vks_rl_cast_drop(&t->cast, r->rank);
+        vks_rl_orch_cast_drop(t, r->rank);
         int g = r->verifier ? -1 : pipeline_group_of(t->c, r->rank);
         for (int k = 1; g >= 0 && k < t->c->groups[g].n; k++)
-            vks_rl_cast_drop(&t->cast, t->c->inference_ranks[t->c->groups[g].first + k]);
+            vks_rl_orch_cast_drop(t, t->c->inference_ranks[t->c->groups[g].first + k]);
     }
     if (t->c->n_verifiers) { /* its batches, generating or at a verifier, go out again */
         for (int i = t->n_pend - 1; i >= 0; i--)
@@ -173,47 +139,58 @@ static void stop_now(trainer_src *t, int rank) {
         t->stop_req[rank] = MPI_REQUEST_NULL;
 }
 
-/* After a broadcast: every rank that did not finish it is dropped from the
+void vks_rl_orch_cast_drop(trainer_src *t, int rank) {
+    vks_rl_cast_drop(&t->cast, rank); /* on the orchestrator's own rank: only marks it gone (stop_ranks reads that) */
+    if (!t->remote) return;
+    for (int i = 0; i < t->n_drops; i++)
+        if (t->drops[i] == rank) return;
+    if (t->n_drops == t->cap_drops) {
+        int cap = t->cap_drops ? 2 * t->cap_drops : 8;
+        int *d = realloc(t->drops, sizeof *d * (size_t)cap);
+        if (!d) return; /* out of memory: later broadcasts wait for it, fail, and report it again */
+        t->drops = d, t->cap_drops = cap;
+    }
+    t->drops[t->n_drops++] = rank;
+}
+
+/* After a broadcast, for every rank that did not finish it: dropped from the
  * run (inference and verifier ranks) or from later broadcasts (relays, and
  * ranks already refused); the dropped ones are told to stop. */
-static void drop_failed(trainer_src *t, int64_t step) {
+void vks_rl_orch_failed_rank(trainer_src *t, int rank, int64_t step) {
     char why[96];
     snprintf(why, sizeof why, "it did not take the weights of step %lld (Shardcast)", (long long)step);
-    for (int from = 1, rank; (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) {
-        int first = first_stage_of(t->c, rank);
-        if (first >= 0) { /* a later stage of a pipeline group: the group cannot generate without it */
-            inf_rank *f = find_rank(t, first);
-            if (f && f->state == RANK_LIVE) {
-                char stage_why[160];
-                snprintf(stage_why, sizeof stage_why, "its stage rank %d did not take the weights of step %lld (Shardcast)",
-                         rank, (long long)step);
-                drop_rank(t, f, RANK_DROPPED, stage_why); /* also drops its stages from the broadcasts */
-                stop_now(t, first); /* it passes the stop on to its stages */
-            }
-            t->lost = true;
-            vks_rl_cast_drop(&t->cast, rank);
-            continue;
+    int first = first_stage_of(t->c, rank);
+    if (first >= 0) { /* a later stage of a pipeline group: the group cannot generate without it */
+        inf_rank *f = find_rank(t, first);
+        if (f && f->state == RANK_LIVE) {
+            char stage_why[160];
+            snprintf(stage_why, sizeof stage_why, "its stage rank %d did not take the weights of step %lld (Shardcast)",
+                     rank, (long long)step);
+            drop_rank(t, f, RANK_DROPPED, stage_why); /* also drops its stages from the broadcasts */
+            stop_now(t, first); /* it passes the stop on to its stages */
         }
-        inf_rank *r = find_rank(t, rank);
-        if (r && r->state == RANK_LIVE) {
-            drop_rank(t, r, RANK_DROPPED, why);
-            stop_now(t, rank);
-            continue;
-        }
-        if (!r) {
-            fprintf(stderr, "vkswarm: rl: relay rank %d dropped: %s; its part of the tree goes to the others\n", rank, why);
-            stop_now(t, rank);
-        }
-        t->lost = true; /* a relay, or a refused rank: maybe dead, so nobody waits for it in MPI_Finalize */
-        vks_rl_cast_drop(&t->cast, rank);
+        t->lost = true;
+        vks_rl_orch_cast_drop(t, rank);
+        return;
     }
+    inf_rank *r = find_rank(t, rank);
+    if (r && r->state == RANK_LIVE) {
+        drop_rank(t, r, RANK_DROPPED, why);
+        stop_now(t, rank);
+        return;
+    }
+    if (!r) {
+        fprintf(stderr, "vkswarm: rl: relay rank %d dropped: %s; its part of the tree goes to the others\n", rank, why);
+        stop_now(t, rank);
+    }
+    t->lost = true; /* a relay, or a refused rank: maybe dead, so nobody waits for it in MPI_Finalize */
+    vks_rl_orch_cast_drop(t, rank);
 }
 
 /* The weights of `step` to every inference and verifier rank through
  * Shardcast (the trainer is the origin). A rank that does not take them is
  * dropped; the run fails only when nothing could be sent. */
-static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
-    trainer_src *t = ctx;
+int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step) {
     size_t n = t->layout->n_values, bytes = sizeof(vks_rl_msg) + sizeof(float) * n;
     int rc = vks_param_layout_gather(t->layout, m, t->weights + sizeof(vks_rl_msg) / sizeof(float));
     vks_model_free(m);
@@ -223,13 +200,20 @@ static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
     vks_bcast_report rep;
     rc = vks_rl_cast_send(&t->cast, t->weights, bytes, step, &rep);
     if (rc && rep.version == 0) return vks_error_prefix(rc, "trainer: broadcasting the weights of step %lld", (long long)step);
-    drop_failed(t, step);
     t->cast_bytes = rep.wire_bytes;
     t->newest = step;
+    /* an orchestrator on its own rank is no receiver */
     fprintf(stderr, "vkswarm: rl: shardcast: step %lld (version %llu): %llu bytes to %d of %d ranks through %d relay(s) "
             "in %.3f s\n", (long long)step, (unsigned long long)rep.version, (unsigned long long)rep.wire_bytes,
-            rep.ranks_ok, t->cast.n_world - 1, t->c->n_relays, rep.seconds);
+            rep.ranks_ok, t->cast.n_world - 1 - (t->orch >= 0), t->c->n_relays, rep.seconds);
     return VKS_OK;
+}
+
+static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
+    trainer_src *t = ctx;
+    int rc = vks_rl_orch_cast_weights(t, m, step);
+    for (int from = 1, rank; !rc && (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) vks_rl_orch_failed_rank(t, rank, step);
+    return rc;
 }
 
 /* With verifier ranks an inference rank only says DONE (its batch went to the verifier). */
@@ -402,39 +386,39 @@ static int grant(trainer_src *t) {
     return VKS_OK;
 }
 
+int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
+    const vks_model_config *mc = &t->o->model->cfg;
+    int rc = VKS_OK;
+    for (;;) { /* every queued word first: silence is judged only after them */
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_UP, t->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
+        if ((rc = receive_up(t, &st, scratch, mc->seq_len, mc))) return rc;
+    }
+    double wall = vks_seconds_now();
+    int live = 0;
+    for (int i = 0; i < t->n_ranks; i++) {
+        inf_rank *r = &t->ranks[i];
+        if (r->state != RANK_LIVE) continue;
+        if (wall - r->last_seen > t->mo->timeout_s) {
+            char why[96];
+            snprintf(why, sizeof why, "rank %d went silent (%.1f s)", r->rank, wall - r->last_seen);
+            drop_rank(t, r, RANK_DROPPED, why);
+        } else live += !r->verifier;
+    }
+    if (!live) return vks_set_error(VKS_ERR_TIMEOUT, "%s: no inference rank is left", t->remote ? "orchestrator" : "trainer");
+    return grant(t);
+}
+
 static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
     trainer_src *t = ctx;
     int P = t->c->prompts_per_step, rc = VKS_OK;
-    const vks_model_config *mc = &t->o->model->cfg;
     vks_rl_batch_group *scratch = calloc((size_t)P, sizeof *scratch);
     if (!scratch) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     (void)step;
     while (!rc && t->queue.len < P) {
-        /* every queued word first: silence is judged only after them */
-        for (;;) {
-            int flag = 0;
-            MPI_Status st;
-            if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_UP, t->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
-            if ((rc = receive_up(t, &st, scratch, mc->seq_len, mc))) break;
-        }
-        if (rc) break;
-        double wall = vks_seconds_now();
-        int live = 0;
-        for (int i = 0; i < t->n_ranks; i++) {
-            inf_rank *r = &t->ranks[i];
-            if (r->state != RANK_LIVE) continue;
-            if (wall - r->last_seen > t->mo->timeout_s) {
-                char why[96];
-                snprintf(why, sizeof why, "rank %d went silent (%.1f s)", r->rank, wall - r->last_seen);
-                drop_rank(t, r, RANK_DROPPED, why);
-            } else live += !r->verifier;
-        }
-        if (!live) {
-            rc = vks_set_error(VKS_ERR_TIMEOUT, "trainer: no inference rank is left");
-            break;
-        }
-        if ((rc = grant(t))) break;
-        if (t->queue.len < P) usleep(500);
+        rc = vks_rl_orch_round(t, scratch);
+        if (!rc && t->queue.len < P) usleep(500);
     }
     if (!rc) rc = vks_rl_queue_pop(&t->queue, P, groups);
     free(scratch);
@@ -477,51 +461,68 @@ static void free_stops(trainer_src *t) {
     t->stop_req = NULL, t->stop_msg = NULL;
 }
 
+void vks_rl_orch_stop_ranks(trainer_src *t) {
+    stop_ranks(t);
+    free_stops(t);
+}
+
+int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool origin) {
+    const vks_rl_config *c = o->config;
+    /* one rank per inference group: its first (a pipeline's other stages hear only from it) */
+    *t = (trainer_src){.comm = vks_mpi_world(), .o = o, .mo = mo, .c = c, .n_ranks = c->n_groups + c->n_verifiers,
+                       .orch = origin && c->orchestrator != c->trainer ? c->orchestrator : -1, .remote = !origin};
+    MPI_Comm_set_errhandler(t->comm, MPI_ERRORS_RETURN);
+    int rc = VKS_OK;
+    t->ranks = calloc((size_t)t->n_ranks, sizeof *t->ranks);
+    if (!t->ranks) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    if (!rc) rc = vks_rl_queue_init(&t->queue, c->prompts_per_step, c->async_level);
+    double now = vks_seconds_now();
+    for (int i = 0; !rc && i < t->n_ranks; i++) {
+        bool v = i >= c->n_groups;
+        t->ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_groups] : c->inference_ranks[c->groups[i].first],
+                                 .verifier = v, .batch = -1, .last_seen = now};
+    }
+    if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &t->layout);
+    t->gen.o = o;
+    t->gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
+    if (!rc) rc = vks_rl_gen_open_tasks(&t->gen);
+    if (!rc && origin) t->weights = malloc(sizeof(vks_rl_msg) + sizeof(float) * t->layout->n_values);
+    if (!rc && origin && !t->weights) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the weights");
+    double start_s = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
+    if (!rc) rc = vks_rl_cast_open(&t->cast, o, mo, t->layout->n_values, start_s);
+    MPI_Comm_size(t->comm, &t->n_world);
+    t->stop_req = malloc(sizeof *t->stop_req * (size_t)t->n_world);
+    t->stop_msg = malloc(sizeof *t->stop_msg * (size_t)t->n_world);
+    if (!rc && (!t->stop_req || !t->stop_msg)) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    for (int r = 0; t->stop_req && r < t->n_world; r++) t->stop_req[r] = MPI_REQUEST_NULL;
+    return rc;
+}
+
+void vks_rl_orch_close(trainer_src *t) {
+    vks_rl_queue_free(&t->queue);
+    vks_rl_cast_close(&t->cast);
+    free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops);
+    vks_param_layout_free(t->layout);
+    t->gen.model = NULL;
+    vks_rl_gen_close(&t->gen);
+}
+
 int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *res, bool *lost) {
     *lost = false;
     if (!o || !o->config || !o->model || !mo || !(mo->timeout_s > 0)) return vks_set_error(VKS_ERR_ARG, "rl: bad options");
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
-    const vks_rl_config *c = o->config;
-    /* the trainer sees one rank per inference group: its first (a pipeline's other stages hear only from it) */
-    trainer_src t = {.comm = vks_mpi_world(), .o = o, .mo = mo, .c = c, .n_ranks = c->n_groups + c->n_verifiers};
-    MPI_Comm_set_errhandler(t.comm, MPI_ERRORS_RETURN);
-    t.ranks = calloc((size_t)t.n_ranks, sizeof *t.ranks);
-    if (!t.ranks) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    if (!rc) rc = vks_rl_queue_init(&t.queue, c->prompts_per_step, c->async_level);
-    double now = vks_seconds_now();
-    for (int i = 0; !rc && i < t.n_ranks; i++) {
-        bool v = i >= c->n_groups;
-        t.ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_groups] : c->inference_ranks[c->groups[i].first],
-                                .verifier = v, .batch = -1, .last_seen = now};
-    }
-    if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &t.layout);
-    t.gen.o = o;
-    t.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
-    if (!rc) rc = vks_rl_gen_open_tasks(&t.gen);
-    if (!rc) t.weights = malloc(sizeof(vks_rl_msg) + sizeof(float) * t.layout->n_values);
-    if (!rc && !t.weights) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the weights");
-    double start_s = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
-    if (!rc) rc = vks_rl_cast_open(&t.cast, o, mo, t.layout->n_values, start_s);
-    MPI_Comm_size(t.comm, &t.n_world);
-    t.stop_req = malloc(sizeof *t.stop_req * (size_t)t.n_world);
-    t.stop_msg = malloc(sizeof *t.stop_msg * (size_t)t.n_world);
-    if (!rc && (!t.stop_req || !t.stop_msg)) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    for (int r = 0; t.stop_req && r < t.n_world; r++) t.stop_req[r] = MPI_REQUEST_NULL;
+    if (o->config->orchestrator != o->config->trainer) return vks_rl_orch_trainer(o, mo, res, lost);
+    trainer_src t;
+    rc = vks_rl_orch_open(&t, o, mo, true);
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
                          .position = position_mpi, .resume = resume_mpi, .broadcast_bytes = broadcast_bytes_mpi};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");
-    stop_ranks(&t);
-    free_stops(&t);
+    vks_rl_orch_stop_ranks(&t);
     *lost = t.lost;
-    vks_rl_queue_free(&t.queue);
-    vks_rl_cast_close(&t.cast);
-    free(t.weights), free(t.ranks), free(t.redo), free(t.pend);
-    vks_param_layout_free(t.layout);
-    t.gen.model = NULL;
-    vks_rl_gen_close(&t.gen);
+    vks_rl_orch_close(&t);
     if (rc) return vks_set_error(rc, "%s", err);
     return VKS_OK;
 }
@@ -660,7 +661,9 @@ static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *gr
     if (!rc) {
         vks_rl_msg done = {.magic = VKS_RL_MAGIC, .type = MSG_DONE, .batch = batch, .step = g->policy_step,
                            .n = (uint64_t)s->verifier};
-        rc = vks_rl_wire_send_small(s->comm, s->trainer, TAG_UP, &done, s->mo->timeout_s, "the trainer taking DONE");
+        bool own = s->o->config->orchestrator != s->o->config->trainer; /* an orchestrator of its own */
+        rc = vks_rl_wire_send_small(s->comm, s->trainer, TAG_UP, &done, s->mo->timeout_s,
+                                    own ? "the orchestrator taking DONE" : "the trainer taking DONE");
     }
     return rc;
 }
@@ -706,8 +709,9 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     else if (!rc) {
         MPI_Request req;
         MPI_Isend(buf, (int)bytes, MPI_BYTE, s->trainer, TAG_UP, s->comm, &req);
-        rc = vks_mpi_wait_within_doing(s->comm, &req, &s->trainer, 1, s->mo->timeout_s, "the trainer taking a batch",
-                                       beat_and_cast, s);
+        bool own = s->o->config->orchestrator != s->o->config->trainer; /* an orchestrator of its own */
+        rc = vks_mpi_wait_within_doing(s->comm, &req, &s->trainer, 1, s->mo->timeout_s,
+                                       own ? "the orchestrator taking a batch" : "the trainer taking a batch", beat_and_cast, s);
         if (rc) buf = NULL; /* MPI may still read it: left, the rank gives up */
     }
     free(buf);
@@ -726,7 +730,8 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
         return vks_set_error(VKS_ERR_ARG, "rl: bad options");
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
-    inf_state s = {.comm = vks_mpi_world(), .trainer = o->config->trainer, .o = o, .mo = mo, .assigned = -1,
+    /* grants and STOP come from the orchestrator (the trainer's rank, or one of its own); beats go there */
+    inf_state s = {.comm = vks_mpi_world(), .trainer = o->config->orchestrator, .o = o, .mo = mo, .assigned = -1,
                    .pending_step = -1, .verifier = -1};
     s.beat = (vks_rl_beat){.comm = s.comm, .trainer = s.trainer, .req = MPI_REQUEST_NULL};
     MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN);
@@ -803,7 +808,8 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
         double now = vks_mpi_deadline_tick(&clock, tb);
         double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
         if (now - idle_from > bound && vks_seconds_now() - s.last_heard > bound) {
-            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (the trainer)", s.trainer, bound);
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s)", s.trainer, bound,
+                               vks_rl_mpi_peer_name(o->config));
             s.no_finalize = true;
         }
         usleep(1000);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "rl_cast.h"
+#include "rl_orch.h"
 #include "rl_wire.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_tokenizer.h"
@@ -261,7 +262,8 @@ static int refuse(ver_state *v, int origin, int64_t batch, const char *why) {
     if (!text) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     snprintf(text, VKS_RL_REASON_MAX, "%s", why);
     vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_REFUSE, .batch = batch, .n = (uint64_t)origin};
-    return send_up(v, &h, text, strlen(text) + 1, "the trainer taking a refusal");
+    bool own = v->o->config->orchestrator != v->o->config->trainer; /* an orchestrator of its own */
+    return send_up(v, &h, text, strlen(text) + 1, own ? "the orchestrator taking a refusal" : "the trainer taking a refusal");
 }
 
 /* One TO_VERIFY message of `bytes` from inference rank `origin`. */
@@ -307,7 +309,8 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     if (rc) return rc;
     if (bad) return refuse(v, origin, h.batch, why);
     vks_rl_msg up = {.magic = VKS_RL_MAGIC, .type = MSG_VERIFIED, .batch = h.batch, .step = h.step, .n = (uint64_t)origin};
-    return send_up(v, &up, packed, n, "the trainer taking verdicts");
+    bool own = v->o->config->orchestrator != v->o->config->trainer; /* an orchestrator of its own */
+    return send_up(v, &up, packed, n, own ? "the orchestrator taking verdicts" : "the trainer taking verdicts");
 }
 
 /* Whether rank is the first of an inference group (the rank that sends a group's batches). */
@@ -346,7 +349,7 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
         return vks_set_error(VKS_ERR_ARG, "rl: bad options");
     int rc = vks_rl_mpi_check_roles(o->config);
     if (rc) return rc;
-    ver_state v = {.comm = vks_mpi_world(), .trainer = o->config->trainer, .o = o, .mo = mo, .newest = -1,
+    ver_state v = {.comm = vks_mpi_world(), .trainer = o->config->orchestrator, /* grants, STOP, verdicts: the orchestrator */ .o = o, .mo = mo, .newest = -1,
                    .model_step = -1, .n_keep = o->config->async_level + 3};
     MPI_Comm_set_errhandler(v.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(v.comm, &v.me);
@@ -374,7 +377,8 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
             continue;
         }
         if (vks_seconds_now() - v.last_heard > bound) {
-            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (the trainer)", v.trainer, bound);
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s)", v.trainer, bound,
+                               vks_rl_mpi_peer_name(o->config));
             v.no_finalize = true;
         }
         usleep(1000);

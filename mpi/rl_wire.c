@@ -179,7 +179,7 @@ void vks_rl_wire_beat(vks_rl_beat *b) {
         if (!flag) return;
     }
     b->msg = (vks_rl_msg){.magic = VKS_RL_MAGIC, .type = MSG_BEAT};
-    MPI_Isend(&b->msg, sizeof b->msg, MPI_BYTE, b->trainer, TAG_UP, b->comm, &b->req);
+    MPI_Isend(&b->msg, sizeof b->msg, MPI_BYTE, b->trainer, b->tag ? b->tag : TAG_UP, b->comm, &b->req);
     b->last = now;
 }
 

@@ -11,12 +11,16 @@
 #include "vkswarm/vks_mpi.h"
 
 #define VKS_RL_MAGIC 0x4c52534bu /* "KSRL" */
-/* Tags: trainer -> others (control), others -> trainer, inference -> verifier, every rank at start-up
- * (rl_cast.c: the trainer's public key). The weights go through Shardcast (rl_cast.h). */
-enum { TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104, TAG_CAST_HELLO = 7105 };
+/* Tags: orchestrator -> others (control), others -> orchestrator, inference -> verifier, every rank at
+ * start-up (rl_cast.c: the trainer's public key), trainer <-> an orchestrator on a rank of its own
+ * (rl_orchestrator.c). The weights go through Shardcast (rl_cast.h). */
+enum { TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104, TAG_CAST_HELLO = 7105, TAG_ORCH = 7106 };
 /* Message types (rl_roles.c's header comment says who sends which). */
 enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS = 5, MSG_DONE = 6, MSG_TO_VERIFY = 7,
-       MSG_VERIFIED = 8, MSG_REFUSE = 9 };
+       MSG_VERIFIED = 8, MSG_REFUSE = 9,
+       /* trainer <-> orchestrator (TAG_ORCH; rl_orchestrator.c says what each carries) */
+       MSG_RESUME = 20, MSG_PUBLISHED = 21, MSG_TAKE = 22, MSG_TAKEN = 23, MSG_FINISH = 24, MSG_FINISHED = 25,
+       MSG_FAILED = 26 };
 
 #define VKS_RL_REASON_MAX 512 /* bytes of a REFUSE message's reason */
 
@@ -55,11 +59,13 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
  * rank never returns); after a timeout MPI may still hold the buffer: left. */
 int vks_rl_wire_send_small(MPI_Comm comm, int rank, int tag, const vks_rl_msg *m, double timeout_s, const char *what);
 
-/* A rank's beat to the trainer: one every second, none while the last one is
- * still on its way (a dead trainer: the rank's own silence bound ends it). */
+/* A rank's beat to the orchestrator (the trainer's rank, or its own): one
+ * every second, none while the last one is still on its way (a dead peer: the
+ * rank's own silence bound ends it). */
 typedef struct {
     MPI_Comm comm;
-    int trainer;
+    int trainer;         /* the rank beaten to */
+    int tag;             /* 0: TAG_UP */
     double last;
     vks_rl_msg msg;
     MPI_Request req;     /* MPI_REQUEST_NULL at the start */

@@ -59,6 +59,12 @@ static void test_file_and_set(void **state) {
     assert_int_equal(vks_rl_config_roles_of(&c, 5), VKS_RL_ROLE_RELAY);
     assert_int_equal(vks_rl_config_set(&c, "roles.inference=1;2,3;"), VKS_OK);
     assert_int_equal(c.n_groups, 2);
+    /* the orchestrator on a rank of its own */
+    vks_rl_config_defaults(&c);
+    assert_int_equal(load_text(&c, "{\"roles\": {\"orchestrator\": 0, \"trainer\": 1, \"inference\": [[2], [3]]}}"), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 4), VKS_OK);
+    assert_int_equal(vks_rl_config_roles_of(&c, 0), VKS_RL_ROLE_ORCHESTRATOR);
+    assert_int_equal(vks_rl_config_roles_of(&c, 1), VKS_RL_ROLE_TRAINER);
 }
 
 static void expect_refused(const char *json, int n_ranks, const char *needle) {
@@ -79,6 +85,14 @@ static void test_refusals(void **state) {
     expect_refused("{\"roles\": {\"trainer\": 0, \"inference\": [[1, 5]]}}", 3, "rank 5 named but only 3 ranks");
     expect_refused("{\"roles\": {\"trainer\": 0, \"inference\": [[1]]}}", 3, "rank 2 has no role");
     expect_refused("{\"roles\": {\"trainer\": 0}}", 1, "no inference group");
+    /* the orchestrator: the trainer's rank or one of its own, nothing else */
+    expect_refused("{\"roles\": {\"orchestrator\": 1, \"trainer\": 0, \"inference\": [[1]]}}", 2,
+                   "rank 1 is both orchestrator and inference");
+    expect_refused("{\"roles\": {\"orchestrator\": 2, \"trainer\": 0, \"inference\": [[1]], \"verifiers\": [2]}}", 3,
+                   "rank 2 is both orchestrator and verifier");
+    expect_refused("{\"roles\": {\"orchestrator\": 2, \"trainer\": 0, \"inference\": [[1]], \"relays\": [2]}}", 3,
+                   "rank 2 is both orchestrator and relay");
+    expect_refused("{\"roles\": {\"trainer\": 1, \"inference\": [[0]]}}", 2, "rank 0 is both orchestrator and inference");
     expect_refused("{\"stepz\": 3}", 1, "unknown key 'stepz'");
     expect_refused("{\"roles\": {\"trainers\": 0}}", 1, "unknown key roles.trainers");
     expect_refused("{\"steps\": 0}", 1, "steps must be an integer in");

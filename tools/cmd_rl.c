@@ -35,7 +35,7 @@ static const char rl_usage[] =
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  final checkpoint: PATH\n"
     "  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
-    "trainer rank (also the orchestrator) grants batches to inference groups (one rank, or a\n"
+    "trainer rank (by default also the orchestrator) grants batches to inference groups (one rank, or a\n"
     "pipeline of several: the first takes the grants, the group generates across its stages)\n"
     "within the async window, broadcasts the weights after each step through Shardcast (signed,\n"
     "hashed shards; the config's relays (roles.relays) relay them; inference and verifier ranks keep\n"
@@ -46,7 +46,11 @@ static const char rl_usage[] =
     "without a word from the trainer. With verifier ranks (roles.verifiers) each grant names one:\n"
     "the inference rank sends it the batch and its rollout file, it checks them (TOPLOC, the\n"
     "sampling replay) and hands the trainer only the accepted completions; without them each\n"
-    "inference rank verifies its own batches. Every rank must be started with the same model.\n";
+    "inference rank verifies its own batches. roles.orchestrator may name a rank of its own (not\n"
+    "shared with inference, verifier or relay ranks): it then grants, checks and queues the batches,\n"
+    "the others talk to it, and the trainer asks it for each step's groups (and re-checks them) while\n"
+    "it still broadcasts the weights; a dead orchestrator ends the run after 2 x --timeout-s + 2 s of\n"
+    "silence. Every rank must be started with the same model.\n";
 
 typedef struct {
     cli_model_args m;
@@ -159,7 +163,8 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     int roles = vks_rl_config_roles_of(&a->c, rank);
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
                                                                          : a->test_garbage_kind ? a->test_garbage_kind : 1};
-    vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY ? NULL : cli_open_gpu(&a->m); /* a relay only moves bytes */
+    /* a relay only moves bytes; an orchestrator of its own checks groups on the CPU */
+    vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY || roles == VKS_RL_ROLE_ORCHESTRATOR ? NULL : cli_open_gpu(&a->m);
     a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;
     int rc, status = 0;
     bool no_finalize = false;
@@ -172,6 +177,9 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
             cli_mpi_abort(cli_mpi_status(rc));
         }
         print_result(a, &r);
+    } else if (roles & VKS_RL_ROLE_ORCHESTRATOR) { /* on a rank of its own */
+        rc = vks_rl_mpi_orchestrator(&a->o, &mo, &no_finalize);
+        if (rc) fprintf(stderr, "vkswarm: rl: orchestrator rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
     } else if (roles & VKS_RL_ROLE_INFERENCE) {
         rc = vks_rl_mpi_inference(&a->o, &mo, &no_finalize);
         if (rc) fprintf(stderr, "vkswarm: rl: inference rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);

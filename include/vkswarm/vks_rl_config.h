@@ -33,8 +33,8 @@
  *   }
  * }
  * Without "roles" every role runs on rank 0 (one machine). Trainer,
- * inference, verifier and relay ranks are disjoint; the orchestrator may be
- * any rank. Unknown keys, duplicate or out-of-range ranks, a rank without a
+ * inference, verifier and relay ranks are disjoint; the orchestrator is the
+ * trainer's rank or a rank of its own (default 0). Unknown keys, duplicate or out-of-range ranks, a rank without a
  * role, and values out of range are refused, naming the key. */
 #ifndef VKS_RL_CONFIG_H
 #define VKS_RL_CONFIG_H

@@ -1,7 +1,8 @@
 /* vks_rl_mpi.h: the RL run across MPI ranks (mpi/rl_roles.c, rl_verifier.c,
  * rl_cast.c).
  *
- * The trainer rank (also the orchestrator) trains as vks_rl_run does, but its
+ * The trainer rank (also the orchestrator, unless roles.orchestrator names a
+ * rank of its own: below) trains as vks_rl_run does, but its
  * groups come from inference groups (one rank, or a pipeline of S ranks whose
  * first rank is the one the trainer sees: mpi/rl_group.h): it
  * grants each idle inference rank a batch (index b, the policy step it must
@@ -34,11 +35,14 @@ typedef struct {
                              * or a reward of 1 its completion did not earn (2) */
 } vks_rl_mpi_options;
 
-/* Refuses roles this cut does not run (orchestrator elsewhere than the
- * trainer), naming them. */
+/* Refuses roles this cut does not run (no roles, no inference rank, an
+ * orchestrator sharing a rank with anything but the trainer), naming them. */
 int vks_rl_mpi_check_roles(const vks_rl_config *c);
-/* The trainer/orchestrator rank. *lost: inference ranks were dropped or
- * refused (under Open MPI 4.1 the survivors must then not call MPI_Finalize). */
+/* The trainer rank (and the orchestrator, when it shares the rank; else the
+ * trainer asks the orchestrator's rank for each step's groups and re-checks
+ * them, and a silent orchestrator ends the run naming it). *lost: inference
+ * ranks were dropped or refused (under Open MPI 4.1 the survivors must then
+ * not call MPI_Finalize). */
 int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *r, bool *lost);
 /* An inference rank: generates the batches the trainer grants until it says
  * stop; in a pipeline group the first stage does that across the group and
@@ -51,6 +55,14 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
  * completions, or a refusal naming what was wrong, until the trainer says
  * stop. *no_finalize as for an inference rank. */
 int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
+/* The orchestrator on a rank of its own (roles.orchestrator != roles.trainer,
+ * mpi/rl_orchestrator.c): grants, checks and queues batches as a trainer that
+ * orchestrates does, hands the trainer the groups of each step when it asks
+ * (the trainer re-checks them) with the counters, and says STOP to every rank
+ * when the trainer says the run is over. *no_finalize: ranks were lost, or
+ * the trainer went silent for trainer_timeout_s (then it tells every rank to
+ * stop). */
+int vks_rl_mpi_orchestrator(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
 /* A relay rank: relays every weights broadcast down the tree (keeping the
  * last versions in memory, nothing on disk) until the trainer says stop.
  * *no_finalize as for an inference rank. */

@@ -367,5 +367,10 @@ int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
                 return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d named but only %d ranks started", lists[l][i], n_ranks);
     for (int r = 0; r < n_ranks; r++)
         if ((rc = check_rank(c, r))) return rc;
+    /* the orchestrator runs on the trainer's rank or on one of its own */
+    int other = vks_rl_config_roles_of(c, c->orchestrator) & (VKS_RL_ROLE_INFERENCE | VKS_RL_ROLE_VERIFIER | VKS_RL_ROLE_RELAY);
+    if (other)
+        return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d is both orchestrator and %s (the orchestrator shares a rank "
+                             "only with the trainer)", c->orchestrator, role_name(other & -other));
     return VKS_OK;
 }

@@ -85,6 +85,22 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/group/step-000000002" "$tmp
     ok "a pipeline group of 2 ranks + a verifier: nothing rejected, logp mismatch < 1e-4, the 2 single ranks' losses"
 else bad "pipeline group: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/group/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
 
+# the orchestrator on a rank of its own (rank 0; rl_orchestrator.c): the trainer (rank 1) asks it for
+# each step's groups and re-checks them; the inference rank (2) takes grants from it and the
+# weights from the trainer. k = 0 with the same config otherwise: the losses of every step equal
+# the happy path's to the last digit (one inference rank or two: the same batches, in order).
+config "$tmp/orch" 2 0
+sed -i 's/"orchestrator": 0, "trainer": 0, "inference": \[\[1\], \[2\]\]/"orchestrator": 0, "trainer": 1, "inference": [[2]]/' "$tmp/run.json"
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/orch/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/orch/metrics.jsonl" 2 0 && mismatch_ok "$tmp/orch/metrics.jsonl" && stale_none "$tmp/orch/metrics.jsonl" &&
+   shardcast_ok "$tmp/err.txt" "$tmp/orch/metrics.jsonl" 2 1 0 "$tmp/orch/weights-rank2" && [ ! -d "$tmp/orch/weights-rank0" ] &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" &&
+   [ "$(losses "$tmp/orch/metrics.jsonl")" = "$(losses "$tmp/k0/metrics.jsonl")" ]; then
+    ok "the orchestrator on its own rank: the happy path's losses, lag 0, logp mismatch < 1e-4, weights from the trainer"
+else bad "own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/orch/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
+
 # VKSWARM_TEST_SHORT (tools/test's ASan run): the happy path (Shardcast with a relay) and the
 # verifier case (cheats rejected, a rank's unearned reward refused by the same unpacking code
 # that refuses the garbage token) only; the faults' drop paths run in the normal build.
@@ -209,6 +225,28 @@ if [ -n "$pid" ] && [ $rc -ne 124 ] && [ $took -le 60 ] && [ "$(grep -c "inferen
    ! grep -q "^final checkpoint" "$tmp/out.txt"; then
     ok "the trainer killed mid-run: both inference ranks give up after ${took}s (status $rc)"
 else bad "killed trainer: pid '$pid' status $rc after ${took}s"; tail -5 "$tmp/err.txt"; fi
+fi
+
+# the orchestrator on its own rank killed mid-run: the trainer's wait for its groups ends after
+# 2 x --timeout-s + 2 s of silence with a line naming it (MPI_Abort then ends every rank)
+if [ -z "$short" ]; then
+config "$tmp/okill" 3 0
+sed -i 's/"orchestrator": 0, "trainer": 0, "inference": \[\[1\], \[2\]\]/"orchestrator": 0, "trainer": 1, "inference": [[2]]/' "$tmp/run.json"
+rm -rf "$pids"
+mkdir -p "$pids"
+start=$(date +%s)
+VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
+    --timeout-s 5 --trainer-timeout-s 10 > "$tmp/out.txt" 2> "$tmp/err.txt" &
+job=$!
+pid=$(pid_file_pid "$pids" 0) && sleep 8 && kill -9 "$pid"
+wait $job
+rc=$?
+took=$(($(date +%s) - start))
+if [ -n "$pid" ] && [ $rc -ne 124 ] && [ $took -le 60 ] &&
+   grep -q "^vkswarm: rl: the orchestrator (rank 0): .*; the run ends (the last checkpoint stays)" "$tmp/err.txt" &&
+   ! grep -q "^final checkpoint" "$tmp/out.txt"; then
+    ok "the orchestrator (own rank) killed mid-run: the trainer names it, the run ends after ${took}s (status $rc)"
+else bad "killed orchestrator: pid '$pid' status $rc after ${took}s"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
 fi
 
 echo "rl across ranks: $passed passed, $failed failed"

@@ -1,0 +1,89 @@
+/* rl_orch.h: the orchestration state of the RL run across ranks (grants,
+ * the checks of what comes back, the queue and async window, liveness, the
+ * batches to grant again, the STOPs at the end), shared by the trainer rank
+ * when it orchestrates (rl_roles.c) and by an orchestrator on a rank of its
+ * own (rl_orchestrator.c). Internal to mpi/. */
+#ifndef VKS_RL_ORCH_H
+#define VKS_RL_ORCH_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "rl/rl_internal.h"
+#include "vkswarm/vks_rl_mpi.h"
+#include "rl_cast.h"
+#include "rl_wire.h"
+
+enum { RANK_LIVE = 0, RANK_DROPPED = 1, RANK_REFUSED = 2 };
+
+/* An inference or verifier rank, as the trainer sees it. */
+typedef struct {
+    int rank, state;
+    bool verifier;
+    int64_t batch;        /* inference: the batch it generates, -1: idle */
+    int64_t min_step;     /* its policy step at least */
+    double last_seen;
+} inf_rank;
+
+/* With verifier ranks: a batch granted and not yet back from its verifier. */
+typedef struct {
+    int64_t batch, min_step;
+    int origin, verifier; /* ranks */
+} pending_batch;
+
+typedef struct {
+    MPI_Comm comm;
+    const vks_rl_run_options *o;
+    const vks_rl_mpi_options *mo;
+    const vks_rl_config *c;
+    vks_param_layout *layout;
+    inf_rank *ranks;      /* the inference ranks, then the verifier ranks */
+    int n_ranks;
+    int64_t next_batch, newest;
+    int grant_from;       /* the rank (index) the next grant looks at first: round robin */
+    int verifier_from;    /* the same for choosing a verifier */
+    int64_t *redo;        /* batches of dropped ranks, to grant again */
+    int n_redo, cap_redo;
+    pending_batch *pend;  /* with verifier ranks: batches out (generating or being verified) */
+    int n_pend, cap_pend;
+    vks_rl_queue queue;
+    vks_rl_cast cast;     /* the weights go out through Shardcast */
+    float *weights;       /* the WEIGHTS file of the step being published */
+    uint64_t cast_bytes;  /* wire bytes of the last publish */
+    MPI_Request *stop_req; /* per world rank: STOP to a rank dropped for a failed broadcast (stop_now) */
+    vks_rl_msg *stop_msg;  /* their buffers (MPI may read them until the send completes) */
+    int n_world;
+    bool lost;
+    vks_rl_gen gen;       /* the tasks, to check prompts and rewards (model: the start policy, not owned) */
+    /* the orchestrator on a rank of its own (rl_orchestrator.c) */
+    int orch;             /* on the trainer: the orchestrator's rank; -1: the trainer orchestrates */
+    bool remote;          /* on the orchestrator: the trainer is elsewhere (it owns the broadcasts) */
+    int *drops;           /* remote: ranks to leave out of later broadcasts, for the trainer's next reply */
+    int n_drops, cap_drops;
+} trainer_src;
+
+/* Opens the orchestration state for this rank's role: the ranks, the queue,
+ * the parameter layout, the tasks, and the weights broadcast (collective over
+ * the world); `origin`: this rank is the trainer (it gets the buffer of the
+ * WEIGHTS file). On failure *t is still closable. */
+int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool origin);
+void vks_rl_orch_close(trainer_src *t);
+/* One round of orchestration: every queued TAG_UP message received and
+ * checked, silent ranks dropped, idle ranks granted (scratch: prompts_per_step
+ * groups). An error: no inference rank left, or the queue's own error. */
+int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch);
+/* World rank `rank` did not take the weights of `step`: dropped (with its
+ * pipeline group), told to stop when alive, left out of later broadcasts. */
+void vks_rl_orch_failed_rank(trainer_src *t, int rank, int64_t step);
+/* Leaves `rank` out of later broadcasts (remote: noted for the trainer). */
+void vks_rl_orch_cast_drop(trainer_src *t, int rank);
+/* Trainer: the weights of `step` through Shardcast (m is freed); failed ranks
+ * are left to the caller (vks_rl_cast_failed). */
+int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step);
+/* Says STOP to every rank still there (n = t->lost) and frees the STOPs sent early. */
+void vks_rl_orch_stop_ranks(trainer_src *t);
+
+/* "the trainer", or "the orchestrator" when it has a rank of its own: whom
+ * inference, verifier and relay ranks hear from (grants, STOP). */
+const char *vks_rl_mpi_peer_name(const vks_rl_config *c);
+/* The trainer when the orchestrator is on another rank (rl_orchestrator.c). */
+int vks_rl_orch_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *res, bool *lost);
+#endif
