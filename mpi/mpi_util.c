@@ -170,6 +170,53 @@ int vks_mpi_wait_within_doing(MPI_Comm comm, MPI_Request *reqs, const int *peer,
     }
 }
 
+/* ---- a job on a thread beside the MPI loop ---- */
+
+typedef struct {
+    int (*job)(void *);
+    void *arg;
+    int rc;
+    char err[1024];
+    pthread_mutex_t mu;
+    bool done;
+} beside_job;
+
+static void *beside_thread(void *p) {
+    beside_job *j = p;
+    int rc = j->job(j->arg);
+    if (rc) snprintf(j->err, sizeof j->err, "%s", vks_last_error()); /* the error text is per thread */
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc, j->done = true;
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+int vks_mpi_run_beside(int (*job)(void *), void *arg, int (*meanwhile)(void *), void *ctx, const char *what) {
+    beside_job j = {.job = job, .arg = arg};
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, beside_thread, &j)) {
+        pthread_mutex_destroy(&j.mu);
+        return vks_set_error(VKS_ERR_NOMEM, "cannot start a thread for %s", what);
+    }
+    int rc = VKS_OK;
+    char err[1024] = "";
+    for (;;) {
+        pthread_mutex_lock(&j.mu);
+        bool done = j.done;
+        pthread_mutex_unlock(&j.mu);
+        if (done) break;
+        int m = meanwhile ? meanwhile(ctx) : VKS_OK;
+        if (m && !rc) rc = m, snprintf(err, sizeof err, "%s", vks_last_error());
+        usleep(1000);
+    }
+    pthread_join(th, NULL);
+    pthread_mutex_destroy(&j.mu);
+    if (j.rc) return vks_set_error(j.rc, "%s", j.err);
+    if (rc) return vks_set_error(rc, "%s", err);
+    return VKS_OK;
+}
+
 /* ---- exchanges that name the rank everyone waits for ----
  * A rank can be silent in an exchange only because it waits on another: Open
  * MPI's TCP transport completes a small send locally before the connection is

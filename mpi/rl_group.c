@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,22 +219,15 @@ typedef struct {
     const vks_model *policy;
     int64_t step;
     vks_pipeline_options po;
-    int n, rc;
-    char err[1024];
-    pthread_mutex_t mu;
-    bool done;
+    int n;
 } stage_run;
 
-static void *stage_thread(void *arg) {
+static int stage_run_job(void *arg) {
     stage_run *r = arg;
     vks_pipeline_stats st;
     int rc = stage_engine(r->g, r->policy, r->step, &r->po);
     if (!rc) rc = vks_pipeline_run(r->g->pipe, r->g->o->infer_gpu, r->policy, &r->po, NULL, r->n, &st);
-    if (rc) snprintf(r->err, sizeof r->err, "%s", vks_last_error());
-    pthread_mutex_lock(&r->mu);
-    r->rc = rc, r->done = true;
-    pthread_mutex_unlock(&r->mu);
-    return NULL;
+    return rc;
 }
 
 typedef struct {
@@ -290,6 +282,13 @@ static int stage_wait_policy(stage_state *s, int64_t step) {
     }
 }
 
+/* While a batch runs: joins a waiting broadcast. */
+static int stage_meanwhile(void *ctx) {
+    stage_state *s = ctx;
+    if (vks_rl_cast_waiting(&s->cast)) stage_broadcast(s);
+    return VKS_OK;
+}
+
 /* Runs batch m on a thread while the main thread joins broadcasts. */
 static int stage_run_batch(stage_state *s, const group_msg *m, bool *no_finalize) {
     vks_sched_params sp;
@@ -298,25 +297,10 @@ static int stage_run_batch(stage_state *s, const group_msg *m, bool *no_finalize
     if (rc) return rc;
     stage_run r = {.g = s->g, .policy = s->policy, .step = s->held, .po = pipe_options(s->g, &sp, m->toploc != 0),
                    .n = m->n};
-    pthread_mutex_init(&r.mu, NULL);
-    pthread_t th;
-    if (pthread_create(&th, NULL, stage_thread, &r)) {
-        pthread_mutex_destroy(&r.mu);
-        return vks_set_error(VKS_ERR_NOMEM, "cannot start the pipeline thread");
-    }
-    for (bool done = false; !done;) {
-        pthread_mutex_lock(&r.mu);
-        done = r.done;
-        pthread_mutex_unlock(&r.mu);
-        if (!done && vks_rl_cast_waiting(&s->cast)) stage_broadcast(s);
-        else if (!done) usleep(1000);
-    }
-    pthread_join(th, NULL);
-    pthread_mutex_destroy(&r.mu);
-    if (!r.rc) return VKS_OK;
+    rc = vks_mpi_run_beside(stage_run_job, &r, stage_meanwhile, s, "the pipeline");
+    if (!rc) return VKS_OK;
     *no_finalize = true; /* the others may still wait on this stage */
-    vks_set_error(r.rc, "%s", r.err);
-    return group_error(s->g, r.rc, "the pipeline");
+    return group_error(s->g, rc, "the pipeline");
 }
 
 /* One control message from the first stage (probed: st): a run or stop. */

@@ -32,7 +32,6 @@
 #include <limits.h>
 #include <stdint.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -534,21 +533,11 @@ typedef struct {
     int64_t batch;
     vks_rl_batch_group *groups;
     vks_rl_gen_counts cnt;
-    int rc;
-    char err[1024];
-    pthread_mutex_t mu;
-    bool done;
 } gen_job;
 
-static void *gen_thread(void *arg) {
+static int gen_job_run(void *arg) {
     gen_job *j = arg;
-    int rc = vks_rl_gen_batch(j->g, j->batch, j->g->o->config->prompts_per_step, j->groups, &j->cnt);
-    if (rc) snprintf(j->err, sizeof j->err, "%s", vks_last_error());
-    pthread_mutex_lock(&j->mu);
-    j->rc = rc;
-    j->done = true;
-    pthread_mutex_unlock(&j->mu);
-    return NULL;
+    return vks_rl_gen_batch(j->g, j->batch, j->g->o->config->prompts_per_step, j->groups, &j->cnt);
 }
 
 typedef struct {
@@ -668,30 +657,19 @@ static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *gr
     return rc;
 }
 
+/* While a batch is generated: beat, join broadcasts, take control messages. */
+static int beat_and_poll(void *ctx) {
+    beat_and_cast(ctx);
+    return poll_trainer(ctx);
+}
+
 static int run_job(inf_state *s, vks_rl_gen *g) {
     int P = s->o->config->prompts_per_step, rc = VKS_OK;
     gen_job j = {.g = g, .batch = s->assigned};
     j.groups = calloc((size_t)P, sizeof *j.groups);
     if (!j.groups) return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    pthread_mutex_init(&j.mu, NULL);
-    pthread_t th;
-    if (pthread_create(&th, NULL, gen_thread, &j)) {
-        pthread_mutex_destroy(&j.mu);
-        free(j.groups);
-        return vks_set_error(VKS_ERR_NOMEM, "inference: cannot start the generation thread");
-    }
-    for (;;) { /* MPI keeps moving while the batch is generated */
-        pthread_mutex_lock(&j.mu);
-        bool done = j.done;
-        pthread_mutex_unlock(&j.mu);
-        if (done) break;
-        beat_and_cast(s);
-        if (!rc) rc = poll_trainer(s);
-        usleep(1000);
-    }
-    pthread_join(th, NULL);
-    pthread_mutex_destroy(&j.mu);
-    if (!rc && j.rc) rc = vks_set_error(j.rc, "batch %lld: %s", (long long)j.batch, j.err);
+    rc = vks_mpi_run_beside(gen_job_run, &j, beat_and_poll, s, "the generation");
+    if (rc) rc = vks_set_error(rc, "batch %lld: %s", (long long)j.batch, vks_last_error());
     for (int p = 0; !rc && s->mo->test_garbage && p < P; p++)
         if (j.groups[p].n) {
             vks_rl_sample *x = &j.groups[p].samples[0];

@@ -56,6 +56,14 @@ int vks_mpi_wait_within(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n
 int vks_mpi_wait_within_doing(MPI_Comm comm, MPI_Request *reqs, const int *peer, int n, double timeout_s,
                               const char *what, void (*meanwhile)(void *), void *ctx);
 
+/* Runs job(arg) on a thread of its own while this thread calls
+ * meanwhile(ctx) (when not NULL) about every millisecond until the job ends:
+ * it keeps MPI moving (beats, broadcasts, control messages; the job makes no
+ * MPI call). Returns the job's status, with its error text carried over to
+ * this thread, else meanwhile's first non-zero status (the job still runs to
+ * its end: a thread is never cancelled). */
+int vks_mpi_run_beside(int (*job)(void *), void *arg, int (*meanwhile)(void *), void *ctx, const char *what);
+
 /* All-gather of `bytes` per rank by point-to-point messages under tag, bounded
  * by timeout_s (a blocking collective cannot time out). all[] holds size *
  * bytes, rank r's part at r * bytes. On a timeout: VKS_ERR_TIMEOUT naming the lowest
