@@ -4,9 +4,26 @@
 // to keys 0..pos[r] of slot[r]. Keys are visited in tiles of local_size_x
 // (one key per invocation for the scores) with an online softmax, so any
 // seq_len fits in a few KiB of shared memory. head_dim <= MAX_HEAD_DIM.
+//
+// USE_SUBGROUP (CPU drivers): the same online softmax without a barrier. One
+// subgroup per (row, head) (a workgroup's other subgroups, on drivers that run
+// smaller subgroups than they report, do nothing); the tile is the subgroup's
+// lanes, counted; subgroupMax/subgroupAdd reduce, subgroupShuffle hands each
+// key's weight to the lanes that own the output dims (d = lane + i * lanes,
+// i < DIMS_PER_LANE, a specialization constant: ceil(head_dim / 4)). On
+// lavapipe a shader with barriers runs as coroutines: the shared-memory
+// reductions cost ~50 barriers per head while decoding.
+#ifdef USE_SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 #include "common.glsl"
+#ifndef USE_SUBGROUP
 #include "reduce.glsl"
+#endif
 layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint DIMS_PER_LANE = 1;  // USE_SUBGROUP only
 
 const uint MAX_HEAD_DIM = 256u;
 // Output elements owned per invocation (d = t, t + WG, ...).
@@ -23,6 +40,7 @@ layout(push_constant) uniform Push {
     float scale;
 } pc;
 
+#ifndef USE_SUBGROUP
 shared float q_s[MAX_HEAD_DIM];
 shared float p_s[WG_SIZE];
 
@@ -32,6 +50,58 @@ float score(uint kbase) {
     return s;
 }
 
+#endif
+
+#ifdef USE_SUBGROUP
+void main() {
+    uint id = linear_group_id();
+    if (id >= pc.R * pc.n_heads || gl_SubgroupID != 0u) return;
+    uint lanes = subgroupAdd(1u), lane = gl_SubgroupInvocationID;
+    uint r = id / pc.n_heads, h = id - r * pc.n_heads;
+    uint kv_dim = pc.n_kv_heads * pc.head_dim;
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    uint qbase = r * pc.n_heads * pc.head_dim + h * pc.head_dim;
+    // slot/pos are GPU data the ops layer cannot check: clamp so that a bad
+    // value never reads outside the cache.
+    uint s = min(slot[r], pc.n_slots - 1u);
+    uint n_keys = min(pos[r], pc.seq_len - 1u) + 1u;
+    uint cache0 = s * pc.seq_len * kv_dim + kvh * pc.head_dim;
+
+    if (lanes * DIMS_PER_LANE < pc.head_dim) {  // fewer lanes than the host planned for: loud, never partial
+        for (uint d = lane; d < pc.head_dim; d += lanes) outv[qbase + d] = uintBitsToFloat(0x7fc00000u);
+        return;
+    }
+    float o[DIMS_PER_LANE];
+    for (uint i = 0u; i < DIMS_PER_LANE; i++) o[i] = 0.0;
+    float m_run = -1.0 / 0.0, l_run = 0.0;
+    for (uint t0 = 0u; t0 < n_keys; t0 += lanes) {
+        uint j = t0 + lane, tile_len = min(lanes, n_keys - t0);
+        float sc = -1.0 / 0.0;
+        if (j < n_keys) {
+            sc = 0.0;
+            for (uint d = 0u; d < pc.head_dim; d++) sc += (q[qbase + d] * pc.scale) * kcache[cache0 + j * kv_dim + d];
+        }
+        float m_new = max(m_run, subgroupMax(sc));
+        float p = j < n_keys ? exp(sc - m_new) : 0.0;
+        float corr = exp(m_run - m_new);
+        l_run = l_run * corr + subgroupAdd(p);
+        for (uint i = 0u; i < DIMS_PER_LANE; i++) o[i] *= corr;
+        for (uint jj = 0u; jj < tile_len; jj++) {
+            float pj = subgroupShuffle(p, jj);
+            uint vbase = cache0 + (t0 + jj) * kv_dim;
+            for (uint i = 0u; i < DIMS_PER_LANE; i++) {
+                uint d = lane + i * lanes;
+                if (d < pc.head_dim) o[i] += pj * vcache[vbase + d];
+            }
+        }
+        m_run = m_new;
+    }
+    for (uint i = 0u; i < DIMS_PER_LANE; i++) {
+        uint d = lane + i * lanes;
+        if (d < pc.head_dim) outv[qbase + d] = o[i] / l_run;
+    }
+}
+#else
 void main() {
     uint id = linear_group_id();
     if (id >= pc.R * pc.n_heads) return;  // uniform over the workgroup
@@ -75,3 +145,4 @@ void main() {
         if (d < pc.head_dim) outv[qbase + d] = o[i] / l_run;
     }
 }
+#endif

@@ -19,6 +19,7 @@ typedef struct {
     bool int8_arith;      /* shaderInt8 */
     bool subgroup_arith;  /* subgroup arithmetic ops in compute */
     bool subgroup_ballot; /* subgroup ballot ops (subgroupBroadcast) in compute */
+    bool subgroup_shuffle; /* subgroupShuffle in compute */
     uint32_t subgroup_size;
     uint32_t max_shared_bytes;
     uint64_t max_storage_range;     /* maxStorageBufferRange */

@@ -88,6 +88,8 @@ static void describe_device(VkPhysicalDevice pd, int index, vks_device_info *inf
                            (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
     info->subgroup_ballot = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                             (sg.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
+    info->subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                             (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
     info->max_shared_bytes = p->limits.maxComputeSharedMemorySize;
     info->max_storage_range = p->limits.maxStorageBufferRange;
     info->max_workgroup_count_x = p->limits.maxComputeWorkGroupCount[0];

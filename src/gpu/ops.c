@@ -147,6 +147,8 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
      * Measured on lavapipe, stories260K, 200 sequences x 40 positions: the
      * kernel 1.5-2.5x faster, the whole generation ~12% less CPU time. */
     o->wg_attention_kv = o->info.type == VKS_DEVTYPE_CPU ? vks_ops_pick_wg(&o->info, 1) : o->wg_attention;
+    o->attention_kv_sg = o->info.type == VKS_DEVTYPE_CPU && o->info.subgroup_arith && o->info.subgroup_shuffle &&
+                         o->info.subgroup_size >= 4 && !getenv("VKSWARM_NO_SUBGROUP");
     choose_matvec(o);
     choose_matmul_tiles(o);
     o->mm_f16_math = default_f16_math(&o->info);
@@ -394,9 +396,12 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
         float scale;
     } push = {R, n_heads, n_kv_heads, head_dim, seq_len, n_slots,
               (float)(1.0 / sqrt((double)head_dim))};
-    uint32_t spec[] = {o->wg_attention_kv};
+    /* CPU drivers: the barrier-free subgroup variant (a lane owns at most
+     * ceil(head_dim / 4) output dims: subgroups have 4 lanes or more there) */
+    bool sg = o->attention_kv_sg;
+    uint32_t spec[] = {o->wg_attention_kv, sg ? (head_dim + 3) / 4 : 1};
     vks_binding b[] = {q, kcache, vcache, slot, pos, out};
-    return vks_ops_dispatch(o, c, "attention", spec, 1, b, 6, &push, sizeof push,
+    return vks_ops_dispatch(o, c, sg ? "attention_sg" : "attention", spec, 2, b, 6, &push, sizeof push,
                     (uint64_t)R * n_heads, op);
 }
 

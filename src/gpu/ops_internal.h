@@ -21,6 +21,7 @@ struct vks_ops {
     uint32_t wg_norm;         /* rmsnorm and its backward: one workgroup per row */
     uint32_t wg_attention;    /* attention_train kernels */
     uint32_t wg_attention_kv; /* attention over the KV cache (one workgroup per row and head); also the key tile */
+    bool attention_kv_sg;     /* its barrier-free subgroup variant (CPU drivers) */
     /* matvec: lane groups are subgroups (mv_subgroup) or the whole workgroup */
     bool mv_subgroup;
     uint32_t mv_wg, mv_rows, mv_rows_per_wg;
