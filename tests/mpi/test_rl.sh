@@ -24,6 +24,10 @@ config() { # OUT STEPS K [VERIFIER RANKS] [RELAY RANKS]
  "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1], [2]], "verifiers": [${4:-}], "relays": [${5:-}]}}
 EOF
 }
+# own_orchestrator: the config's rank 0 orchestrates alone, rank 1 trains, rank 2 generates
+own_orchestrator() {
+    sed -i 's/"orchestrator": 0, "trainer": 0, "inference": \[\[1\], \[2\]\]/"orchestrator": 0, "trainer": 1, "inference": [[2]]/' "$tmp/run.json"
+}
 # metrics_ok FILE STEPS MAX_LAG: one line per step 1..STEPS, finite losses, lag <= MAX_LAG
 metrics_ok() {
     awk -v steps="$2" -v lag="$3" '
@@ -90,7 +94,7 @@ else bad "pipeline group: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/grou
 # weights from the trainer. k = 0 with the same config otherwise: the losses of every step equal
 # the happy path's to the last digit (one inference rank or two: the same batches, in order).
 config "$tmp/orch" 2 0
-sed -i 's/"orchestrator": 0, "trainer": 0, "inference": \[\[1\], \[2\]\]/"orchestrator": 0, "trainer": 1, "inference": [[2]]/' "$tmp/run.json"
+own_orchestrator
 mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/orch/step-000000002" "$tmp/out.txt" &&
@@ -100,6 +104,25 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/orch/step-000000002" "$tmp/
    [ "$(losses "$tmp/orch/metrics.jsonl")" = "$(losses "$tmp/k0/metrics.jsonl")" ]; then
     ok "the orchestrator on its own rank: the happy path's losses, lag 0, logp mismatch < 1e-4, weights from the trainer"
 else bad "own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/orch/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
+
+# kill_run RANK NP ARGS...: `vkswarm rl` with the current config and ARGS on NP ranks under
+# --enable-recovery, rank RANK killed (-9) 8 s after it wrote its pid file; sets pid, rc and took
+# (seconds), output in $tmp/out.txt and $tmp/err.txt
+pids=$tmp/pids
+kill_run() {
+    local rank=$1 np=$2 job start
+    shift 2
+    rm -rf "$pids"
+    mkdir -p "$pids"
+    start=$(date +%s)
+    VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np "$np" $bin rl --config "$tmp/run.json" \
+        --eval-n 0 "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" &
+    job=$!
+    pid=$(pid_file_pid "$pids" "$rank") && sleep 8 && kill -9 "$pid"
+    wait $job
+    rc=$?
+    took=$(($(date +%s) - start))
+}
 
 # VKSWARM_TEST_SHORT (tools/test's ASan run): the happy path (Shardcast with a relay) and the
 # verifier case (cheats rejected, a rank's unearned reward refused by the same unpacking code
@@ -165,14 +188,7 @@ if [ -z "$short" ]; then
 # silence), grants its batch again, and the run finishes on rank 1 (--enable-recovery)
 config "$tmp/kill" 3 0
 sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1], [2, 3]]/' "$tmp/run.json"
-pids=$tmp/pids
-mkdir -p "$pids"
-VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 \
-    --timeout-s 5 --trainer-timeout-s 120 > "$tmp/out.txt" 2> "$tmp/err.txt" &
-job=$!
-pid=$(pid_file_pid "$pids" 3) && sleep 8 && kill -9 "$pid"
-wait $job
-rc=$?
+kill_run 3 4 --timeout-s 5 --trainer-timeout-s 120
 # who names the dead stage depends on when it dies: rank 2's pipeline (during a batch) or the
 # trainer (rank 3 missed a weights broadcast)
 if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/err.txt" &&
@@ -191,14 +207,7 @@ if [ -z "$short" ]; then
 config "$tmp/vkill" 3 1 "2, 3"
 sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1]]/' "$tmp/run.json"
 $bin keygen --out "$tmp/keys" > /dev/null 2>&1
-rm -rf "$pids"
-mkdir -p "$pids"
-VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 \
-    --timeout-s 5 --trainer-timeout-s 120 --set "shardcast_key=$tmp/keys" > "$tmp/out.txt" 2> "$tmp/err.txt" &
-job=$!
-pid=$(pid_file_pid "$pids" 3) && sleep 8 && kill -9 "$pid"
-wait $job
-rc=$?
+kill_run 3 4 --timeout-s 5 --trainer-timeout-s 120 --set "shardcast_key=$tmp/keys"
 if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "verifier rank 3 dropped" "$tmp/err.txt" &&
    ! grep -q "inference rank 1 \(refused\|dropped\)\|verifier rank 2 \(refused\|dropped\)" "$tmp/err.txt" &&
    grep -q "^final checkpoint: $tmp/vkill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/vkill/metrics.jsonl" 3 1 &&
@@ -211,16 +220,7 @@ fi
 # the trainer killed mid-run ends the run: idle inference ranks give up after --trainer-timeout-s
 if [ -z "$short" ]; then
 config "$tmp/trainer" 3 0
-rm -rf "$pids"
-mkdir -p "$pids"
-start=$(date +%s)
-VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
-    --timeout-s 5 --trainer-timeout-s 10 > "$tmp/out.txt" 2> "$tmp/err.txt" &
-job=$!
-pid=$(pid_file_pid "$pids" 0) && sleep 8 && kill -9 "$pid"
-wait $job
-rc=$?
-took=$(($(date +%s) - start))
+kill_run 0 3 --timeout-s 5 --trainer-timeout-s 10
 if [ -n "$pid" ] && [ $rc -ne 124 ] && [ $took -le 60 ] && [ "$(grep -c "inference rank [12]: rank 0 did not answer" "$tmp/err.txt")" = 2 ] &&
    ! grep -q "^final checkpoint" "$tmp/out.txt"; then
     ok "the trainer killed mid-run: both inference ranks give up after ${took}s (status $rc)"
@@ -231,17 +231,8 @@ fi
 # 2 x --timeout-s + 2 s of silence with a line naming it (MPI_Abort then ends every rank)
 if [ -z "$short" ]; then
 config "$tmp/okill" 3 0
-sed -i 's/"orchestrator": 0, "trainer": 0, "inference": \[\[1\], \[2\]\]/"orchestrator": 0, "trainer": 1, "inference": [[2]]/' "$tmp/run.json"
-rm -rf "$pids"
-mkdir -p "$pids"
-start=$(date +%s)
-VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
-    --timeout-s 5 --trainer-timeout-s 10 > "$tmp/out.txt" 2> "$tmp/err.txt" &
-job=$!
-pid=$(pid_file_pid "$pids" 0) && sleep 8 && kill -9 "$pid"
-wait $job
-rc=$?
-took=$(($(date +%s) - start))
+own_orchestrator
+kill_run 0 3 --timeout-s 5 --trainer-timeout-s 10
 if [ -n "$pid" ] && [ $rc -ne 124 ] && [ $took -le 60 ] &&
    grep -q "^vkswarm: rl: the orchestrator (rank 0): .*; the run ends (the last checkpoint stays)" "$tmp/err.txt" &&
    ! grep -q "^final checkpoint" "$tmp/out.txt"; then
