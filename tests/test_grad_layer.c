@@ -732,7 +732,7 @@ static const grad_case cases[] = {
     ATTN("attention T1 hd8", 2, 2, 8, 1, 0, 0, false, false, false),
     ATTN("attention T5 two seqs hd32 gqa2 sorted", 4, 2, 32, 2, 3, 0, false, true, true),
     ATTN("attention T67 three seqs hd64 gqa4 accumulate", 4, 1, 64, 30, 20, 17, true, false, false),
-    ATTN("attention T67 hd20 gqa1 sorted", 2, 2, 20, 67, 0, 0, false, false, true),
+    ATTN("attention T67 hd38 gqa1 sorted", 2, 2, 38, 67, 0, 0, false, false, true),
     ATTN_SLOW("attention T300 two seqs hd128 gqa2 sorted", 4, 2, 128, 173, 127, 0, false, false, true),
     ATTN("attention T300 three seqs hd8 gqa4 accumulate sorted", 4, 1, 8, 100, 150, 50, true, false, true),
     ATTN_SLOW("attention T1024 hd32 gqa2 sorted", 2, 1, 32, 1024, 0, 0, false, false, true),

@@ -149,6 +149,20 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
     o->wg_attention_kv = o->info.type == VKS_DEVTYPE_CPU ? vks_ops_pick_wg(&o->info, 1) : o->wg_attention;
     o->attention_kv_sg = o->info.type == VKS_DEVTYPE_CPU && o->info.subgroup_arith && o->info.subgroup_shuffle &&
                          o->info.subgroup_size >= 4 && !getenv("VKSWARM_NO_SUBGROUP");
+    /* The training attention likewise (attention_train_sg.comp): one subgroup
+     * of >= 8 lanes per workgroup, rows or keys in registers, the other side
+     * broadcast; the tile kernels keep 1-2 of 8 subgroups busy between 3-4
+     * barriers per tile there. VKSWARM_ATTN_PER=1..4 fixes its rows (keys)
+     * per lane, for benchmarks (attention_train_per in ops_grad_layer.c).
+     * Subgroups of 8 or 16 lanes only: lavapipe with LP_NATIVE_VECTOR_WIDTH
+     * =1024 reports 32 lanes but runs a 32-invocation workgroup as
+     * gl_NumSubgroups = 2, and its subgroupAdd(1) there counted only the
+     * lanes of valid rows (the kernel's lane check then gives NaN). */
+    o->attention_train_sg = o->info.type == VKS_DEVTYPE_CPU && o->info.subgroup_arith && o->info.subgroup_ballot &&
+                            (o->info.subgroup_size == 8 || o->info.subgroup_size == 16) &&
+                            !getenv("VKSWARM_NO_SUBGROUP");
+    const char *per = getenv("VKSWARM_ATTN_PER");
+    o->attention_train_per = per && per[0] >= '1' && per[0] <= '4' && !per[1] ? (uint32_t)(per[0] - '0') : 0;
     choose_matvec(o);
     choose_matmul_tiles(o);
     o->mm_f16_math = default_f16_math(&o->info);

@@ -154,17 +154,45 @@ static void attention_spec(const vks_ops *o, const vks_attention_train *a, vks_b
     spec[2] = a->head_dim % 4 == 0 && aligned16(a->q) && aligned16(a->k) && aligned16(a->v) && aligned16(dout);
 }
 
+/* Rows (forward, dq) or keys (dk/dv) per lane of the CPU drivers' kernels
+ * (attention_train_sg.comp): each walked row's broadcast feeds that many; the
+ * registers and LLVM's compile time grow with rows x head_dim. Measured on
+ * lavapipe (BENCHMARKS.md): head_dim 32: 1 -> 2 -> 3-4 per lane 0.67 -> 0.9 ->
+ * ~1.1x the forward matmul's rate (dk/dv); head_dim 64: 2 per lane 0.69x, 3
+ * per lane 0.79x but ~20 s to compile dk/dv. */
+static uint32_t attention_train_per(const vks_ops *o, uint32_t head_dim) {
+    if (o->attention_train_per) return o->attention_train_per;
+    uint32_t per = 32 / ((head_dim + 3) / 4);
+    return per < 1 ? 1 : per > 4 ? 4 : per;
+}
+
+/* The CPU drivers' kernels: workgroup = one subgroup. */
+static void attention_sg_spec(const vks_ops *o, const vks_attention_train *a, vks_binding dout, uint32_t spec[4]) {
+    attention_spec(o, a, dout, spec);
+    spec[0] = o->info.subgroup_size;
+    spec[1] = (a->head_dim + 3u) / 4u;
+    spec[3] = attention_train_per(o, a->head_dim);
+}
+
+/* Workgroups over T rows (or keys) in blocks of `block` (tile kernels), times `heads`. */
+static uint64_t attention_groups(const vks_ops *o, const vks_attention_train *a, uint32_t block, uint32_t heads) {
+    if (o->attention_train_sg) block = o->info.subgroup_size * attention_train_per(o, a->head_dim);
+    return ceil_div(a->T, block) * heads;
+}
+
 int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a) {
     const char *op = "attention_train";
     if (!o || !c || !a) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
     int rc = check_attention_train(o, op, a);
     if (rc) return rc;
     attn_push push = attention_push(a, false);
-    uint32_t spec[3];
-    attention_spec(o, a, a->q, spec);
+    uint32_t spec[4];
+    bool sg = o->attention_train_sg;
+    if (sg) attention_sg_spec(o, a, a->q, spec);
+    else attention_spec(o, a, a->q, spec);
     vks_binding b[] = {a->q, a->k, a->v, a->start, a->out, a->row_max, a->row_sum};
-    return vks_ops_dispatch(o, c, "attention_train", spec, 3, b, 7, &push, sizeof push,
-                            ceil_div(a->T, ATTN_TRAIN_QUERY_BLOCK) * a->n_heads, op);
+    return vks_ops_dispatch(o, c, sg ? "attention_train_sg" : "attention_train", spec, sg ? 4 : 3, b, 7, &push,
+                            sizeof push, attention_groups(o, a, ATTN_TRAIN_QUERY_BLOCK, a->n_heads), op);
 }
 
 /* Floats of the backward's scratch: (max, sum, delta) per (row, head). */
@@ -202,15 +230,19 @@ int vks_op_attention_train_backward(vks_ops *o, vks_cmd *c, const vks_attention_
     rc = vks_ops_dispatch(o, c, "attention_train_delta", spec_e, 1, b_delta, 5, &push, sizeof push,
                           ceil_div((uint64_t)a->T * a->n_heads, o->wg_elementwise), "attention_train_delta");
     if (rc) return rc;
-    uint32_t spec[3];
-    attention_spec(o, a, dout, spec);
+    uint32_t spec[4];
+    bool sg = o->attention_train_sg;
+    if (sg) attention_sg_spec(o, a, dout, spec);
+    else attention_spec(o, a, dout, spec);
     vks_binding b_dq[] = {a->q, a->k, a->v, a->start, dout, scratch, dq};
-    rc = vks_ops_dispatch(o, c, "attention_train_dq", spec, 3, b_dq, 7, &push, sizeof push,
-                          ceil_div(a->T, ATTN_TRAIN_QUERY_BLOCK) * a->n_heads, "attention_train_dq");
+    rc = vks_ops_dispatch(o, c, sg ? "attention_train_dq_sg" : "attention_train_dq", spec, sg ? 4 : 3, b_dq, 7,
+                          &push, sizeof push, attention_groups(o, a, ATTN_TRAIN_QUERY_BLOCK, a->n_heads),
+                          "attention_train_dq");
     if (rc) return rc;
     vks_binding b_dkdv[] = {a->q, a->k, a->v, a->start, dout, scratch, dk, dv};
-    return vks_ops_dispatch(o, c, "attention_train_dkdv", spec, 3, b_dkdv, 8, &push, sizeof push,
-                            ceil_div(a->T, ATTN_TRAIN_KEY_BLOCK) * a->n_kv_heads, "attention_train_dkdv");
+    return vks_ops_dispatch(o, c, sg ? "attention_train_dkdv_sg" : "attention_train_dkdv", spec, sg ? 4 : 3, b_dkdv,
+                            8, &push, sizeof push, attention_groups(o, a, ATTN_TRAIN_KEY_BLOCK, a->n_kv_heads),
+                            "attention_train_dkdv");
 }
 
 /* ---- SwiGLU ---- */
