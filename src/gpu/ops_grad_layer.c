@@ -157,27 +157,32 @@ static void attention_spec(const vks_ops *o, const vks_attention_train *a, vks_b
 /* Rows (forward, dq) or keys (dk/dv) per lane of the CPU drivers' kernels
  * (attention_train_sg.comp): each walked row's broadcast feeds that many; the
  * registers and LLVM's compile time grow with rows x head_dim. Measured on
- * lavapipe (BENCHMARKS.md): head_dim 32: 1 -> 2 -> 3-4 per lane 0.67 -> 0.9 ->
- * ~1.1x the forward matmul's rate (dk/dv); head_dim 64: 2 per lane 0.69x, 3
- * per lane 0.79x but ~20 s to compile dk/dv. */
-static uint32_t attention_train_per(const vks_ops *o, uint32_t head_dim) {
+ * lavapipe (BENCHMARKS.md), rates against the forward matmul's: head_dim 32,
+ * dk/dv at 1, 2, 3-4 per lane 0.67x, 0.9x, ~1.1x; head_dim 64, forward / dq /
+ * dk/dv at 2 per lane 0.44x / 0.65x / 0.68x, at 3 per lane 0.51x / 0.74x /
+ * 0.68x. Compile time, cold: dk/dv ~6 s at head_dim 64 x 2 per lane, ~21 s at
+ * 64 x 3; all three ~110 s at 128 x 3 (~12 s at 128 x 1). So at most 48 vec4s
+ * of head_dim x rows per lane for the forward and dq, 32 for dk/dv (twice
+ * their registers per key). */
+static uint32_t attention_train_per(const vks_ops *o, uint32_t head_dim, bool dkdv) {
     if (o->attention_train_per) return o->attention_train_per;
-    uint32_t per = 32 / ((head_dim + 3) / 4);
+    uint32_t per = (dkdv ? 32 : 48) / ((head_dim + 3) / 4);
     return per < 1 ? 1 : per > 4 ? 4 : per;
 }
 
 /* The CPU drivers' kernels: workgroup = one subgroup. */
-static void attention_sg_spec(const vks_ops *o, const vks_attention_train *a, vks_binding dout, uint32_t spec[4]) {
+static void attention_sg_spec(const vks_ops *o, const vks_attention_train *a, vks_binding dout, bool dkdv,
+                              uint32_t spec[4]) {
     attention_spec(o, a, dout, spec);
     spec[0] = o->info.subgroup_size;
     spec[1] = (a->head_dim + 3u) / 4u;
-    spec[3] = attention_train_per(o, a->head_dim);
+    spec[3] = attention_train_per(o, a->head_dim, dkdv);
 }
 
 /* Workgroups over T rows (or keys) in blocks of `block` (tile kernels), times `heads`. */
-static uint64_t attention_groups(const vks_ops *o, const vks_attention_train *a, uint32_t block, uint32_t heads) {
-    if (o->attention_train_sg) block = o->info.subgroup_size * attention_train_per(o, a->head_dim);
-    return ceil_div(a->T, block) * heads;
+static uint64_t attention_groups(const vks_ops *o, const vks_attention_train *a, uint32_t block, bool dkdv) {
+    if (o->attention_train_sg) block = o->info.subgroup_size * attention_train_per(o, a->head_dim, dkdv);
+    return ceil_div(a->T, block) * (dkdv ? a->n_kv_heads : a->n_heads);
 }
 
 int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a) {
@@ -188,11 +193,11 @@ int vks_op_attention_train(vks_ops *o, vks_cmd *c, const vks_attention_train *a)
     attn_push push = attention_push(a, false);
     uint32_t spec[4];
     bool sg = o->attention_train_sg;
-    if (sg) attention_sg_spec(o, a, a->q, spec);
+    if (sg) attention_sg_spec(o, a, a->q, false, spec);
     else attention_spec(o, a, a->q, spec);
     vks_binding b[] = {a->q, a->k, a->v, a->start, a->out, a->row_max, a->row_sum};
     return vks_ops_dispatch(o, c, sg ? "attention_train_sg" : "attention_train", spec, sg ? 4 : 3, b, 7, &push,
-                            sizeof push, attention_groups(o, a, ATTN_TRAIN_QUERY_BLOCK, a->n_heads), op);
+                            sizeof push, attention_groups(o, a, ATTN_TRAIN_QUERY_BLOCK, false), op);
 }
 
 /* Floats of the backward's scratch: (max, sum, delta) per (row, head). */
@@ -230,18 +235,23 @@ int vks_op_attention_train_backward(vks_ops *o, vks_cmd *c, const vks_attention_
     rc = vks_ops_dispatch(o, c, "attention_train_delta", spec_e, 1, b_delta, 5, &push, sizeof push,
                           ceil_div((uint64_t)a->T * a->n_heads, o->wg_elementwise), "attention_train_delta");
     if (rc) return rc;
-    uint32_t spec[4];
+    uint32_t spec[4], spec_kv[4];
     bool sg = o->attention_train_sg;
-    if (sg) attention_sg_spec(o, a, dout, spec);
-    else attention_spec(o, a, dout, spec);
+    if (sg) {
+        attention_sg_spec(o, a, dout, false, spec);
+        attention_sg_spec(o, a, dout, true, spec_kv);
+    } else {
+        attention_spec(o, a, dout, spec);
+        attention_spec(o, a, dout, spec_kv);
+    }
     vks_binding b_dq[] = {a->q, a->k, a->v, a->start, dout, scratch, dq};
     rc = vks_ops_dispatch(o, c, sg ? "attention_train_dq_sg" : "attention_train_dq", spec, sg ? 4 : 3, b_dq, 7,
-                          &push, sizeof push, attention_groups(o, a, ATTN_TRAIN_QUERY_BLOCK, a->n_heads),
+                          &push, sizeof push, attention_groups(o, a, ATTN_TRAIN_QUERY_BLOCK, false),
                           "attention_train_dq");
     if (rc) return rc;
     vks_binding b_dkdv[] = {a->q, a->k, a->v, a->start, dout, scratch, dk, dv};
-    return vks_ops_dispatch(o, c, sg ? "attention_train_dkdv_sg" : "attention_train_dkdv", spec, sg ? 4 : 3, b_dkdv,
-                            8, &push, sizeof push, attention_groups(o, a, ATTN_TRAIN_KEY_BLOCK, a->n_kv_heads),
+    return vks_ops_dispatch(o, c, sg ? "attention_train_dkdv_sg" : "attention_train_dkdv", spec_kv, sg ? 4 : 3, b_dkdv,
+                            8, &push, sizeof push, attention_groups(o, a, ATTN_TRAIN_KEY_BLOCK, true),
                             "attention_train_dkdv");
 }
 
