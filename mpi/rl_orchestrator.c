@@ -35,7 +35,6 @@
  *                    step in [step - async_level, newest])
  *                    FAILED: the orchestrator's error (text), after which it STOPs every rank
  * The combined case (orchestrator == trainer) never comes here: same code path as before. */
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,17 +52,6 @@ typedef struct {
 /* A bounded send of `bytes` (a vks_rl_msg header first) on TAG_ORCH; after a
  * timeout MPI may still hold the buffer: it is left, and the caller must not
  * free it (*kept false). */
-static int send_orch(MPI_Comm comm, int rank, void *buf, size_t bytes, double timeout_s, const char *what, bool *kept) {
-    MPI_Request req;
-    *kept = true;
-    if (bytes > INT_MAX) return vks_set_error(VKS_ERR_ARG, "%s: %zu bytes", what, bytes);
-    if (MPI_Isend(buf, (int)bytes, MPI_BYTE, rank, TAG_ORCH, comm, &req) != MPI_SUCCESS)
-        return vks_set_error(VKS_ERR_IO, "rank %d: %s could not be sent", rank, what);
-    int rc = vks_mpi_wait_within(comm, &req, &rank, 1, timeout_s, what);
-    *kept = rc == VKS_OK;
-    return rc;
-}
-
 static int send_orch_small(MPI_Comm comm, int rank, uint32_t type, int64_t batch, int64_t step, uint64_t n, double timeout_s,
                            const char *what) {
     vks_rl_msg m = {.magic = VKS_RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
@@ -187,7 +175,8 @@ static int answer_take(orch_rank *s) {
     void *buf = pack_taken(s, &bytes);
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "orchestrator: out of host memory");
     bool kept;
-    int rc = send_orch(s->t.comm, s->trainer, buf, bytes, s->t.mo->timeout_s, "the trainer taking its groups", &kept);
+    int rc = vks_rl_wire_send(s->t.comm, s->trainer, TAG_ORCH, buf, bytes, s->t.mo->timeout_s,
+                              "the trainer taking its groups", &kept);
     if (kept) free(buf);
     s->want = -1;
     return rc;
@@ -225,7 +214,8 @@ static void tell_failed(orch_rank *s, const char *err) {
     size_t n = sizeof m->h + strlen(m->text) + 1;
     m->h = (vks_rl_msg){.magic = VKS_RL_MAGIC, .type = MSG_FAILED, .n = n};
     bool kept;
-    send_orch(s->t.comm, s->trainer, m, n, s->t.mo->timeout_s, "the trainer taking the orchestrator's error", &kept);
+    vks_rl_wire_send(s->t.comm, s->trainer, TAG_ORCH, m, n, s->t.mo->timeout_s,
+                     "the trainer taking the orchestrator's error", &kept);
     if (kept) free(m);
 }
 
@@ -307,8 +297,8 @@ static int publish_remote(void *ctx, vks_model *m, int64_t step) {
     }
     *msg = (vks_rl_msg){.magic = VKS_RL_MAGIC, .type = MSG_PUBLISHED, .step = step, .n = (uint64_t)n};
     bool kept;
-    rc = send_orch(t->comm, r->orch, msg, sizeof *msg + sizeof n * (size_t)n, t->mo->timeout_s,
-                   "the orchestrator taking PUBLISHED", &kept);
+    rc = vks_rl_wire_send(t->comm, r->orch, TAG_ORCH, msg, sizeof *msg + sizeof n * (size_t)n, t->mo->timeout_s,
+                          "the orchestrator taking PUBLISHED", &kept);
     if (kept) free(msg);
     return rc ? orch_error(r, rc, vks_last_error()) : VKS_OK;
 }

@@ -650,9 +650,9 @@ static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *gr
     if (!rc) {
         vks_rl_msg done = {.magic = VKS_RL_MAGIC, .type = MSG_DONE, .batch = batch, .step = g->policy_step,
                            .n = (uint64_t)s->verifier};
-        bool own = s->o->config->orchestrator != s->o->config->trainer; /* an orchestrator of its own */
-        rc = vks_rl_wire_send_small(s->comm, s->trainer, TAG_UP, &done, s->mo->timeout_s,
-                                    own ? "the orchestrator taking DONE" : "the trainer taking DONE");
+        char what[64];
+        snprintf(what, sizeof what, "%s taking DONE", vks_rl_wire_granter(s->o->config));
+        rc = vks_rl_wire_send_small(s->comm, s->trainer, TAG_UP, &done, s->mo->timeout_s, what);
     }
     return rc;
 }
@@ -687,9 +687,9 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     else if (!rc) {
         MPI_Request req;
         MPI_Isend(buf, (int)bytes, MPI_BYTE, s->trainer, TAG_UP, s->comm, &req);
-        bool own = s->o->config->orchestrator != s->o->config->trainer; /* an orchestrator of its own */
-        rc = vks_mpi_wait_within_doing(s->comm, &req, &s->trainer, 1, s->mo->timeout_s,
-                                       own ? "the orchestrator taking a batch" : "the trainer taking a batch", beat_and_cast, s);
+        char what[64];
+        snprintf(what, sizeof what, "%s taking a batch", vks_rl_wire_granter(s->o->config));
+        rc = vks_mpi_wait_within_doing(s->comm, &req, &s->trainer, 1, s->mo->timeout_s, what, beat_and_cast, s);
         if (rc) buf = NULL; /* MPI may still read it: left, the rank gives up */
     }
     free(buf);

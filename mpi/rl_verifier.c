@@ -262,8 +262,9 @@ static int refuse(ver_state *v, int origin, int64_t batch, const char *why) {
     if (!text) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     snprintf(text, VKS_RL_REASON_MAX, "%s", why);
     vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_REFUSE, .batch = batch, .n = (uint64_t)origin};
-    bool own = v->o->config->orchestrator != v->o->config->trainer; /* an orchestrator of its own */
-    return send_up(v, &h, text, strlen(text) + 1, own ? "the orchestrator taking a refusal" : "the trainer taking a refusal");
+    char what[64];
+    snprintf(what, sizeof what, "%s taking a refusal", vks_rl_wire_granter(v->o->config));
+    return send_up(v, &h, text, strlen(text) + 1, what);
 }
 
 /* One TO_VERIFY message of `bytes` from inference rank `origin`. */
@@ -309,8 +310,9 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     if (rc) return rc;
     if (bad) return refuse(v, origin, h.batch, why);
     vks_rl_msg up = {.magic = VKS_RL_MAGIC, .type = MSG_VERIFIED, .batch = h.batch, .step = h.step, .n = (uint64_t)origin};
-    bool own = v->o->config->orchestrator != v->o->config->trainer; /* an orchestrator of its own */
-    return send_up(v, &up, packed, n, own ? "the orchestrator taking verdicts" : "the trainer taking verdicts");
+    char what[64];
+    snprintf(what, sizeof what, "%s taking verdicts", vks_rl_wire_granter(v->o->config));
+    return send_up(v, &up, packed, n, what);
 }
 
 /* Whether rank is the first of an inference group (the rank that sends a group's batches). */

@@ -1,5 +1,6 @@
 /* rl_wire.c: the RL run's messages between ranks (rl_wire.h). */
 #include "rl_wire.h"
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,20 +153,30 @@ fail:
     return VKS_ERR_FORMAT;
 }
 
-/* A small message under a bounded wait (a blocking send to a dead rank never
- * returns); after a timeout MPI may still hold the buffer, so it is left. */
+int vks_rl_wire_send(MPI_Comm comm, int rank, int tag, void *buf, size_t bytes, double timeout_s, const char *what,
+                     bool *freeable) {
+    *freeable = true;
+    if (bytes > INT_MAX) return vks_set_error(VKS_ERR_ARG, "%s: %zu bytes", what, bytes);
+    MPI_Request req;
+    if (MPI_Isend(buf, (int)bytes, MPI_BYTE, rank, tag, comm, &req) != MPI_SUCCESS)
+        return vks_set_error(VKS_ERR_IO, "rank %d: %s could not be sent", rank, what);
+    int rc = vks_mpi_wait_within(comm, &req, &rank, 1, timeout_s, what);
+    *freeable = rc == VKS_OK;
+    return rc;
+}
+
 int vks_rl_wire_send_small(MPI_Comm comm, int rank, int tag, const vks_rl_msg *m, double timeout_s, const char *what) {
     vks_rl_msg *buf = malloc(sizeof *buf);
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     *buf = *m;
-    MPI_Request req;
-    if (MPI_Isend(buf, sizeof *buf, MPI_BYTE, rank, tag, comm, &req) != MPI_SUCCESS) {
-        free(buf);
-        return vks_set_error(VKS_ERR_IO, "rank %d: %s could not be sent", rank, what);
-    }
-    int rc = vks_mpi_wait_within(comm, &req, &rank, 1, timeout_s, what);
-    if (!rc) free(buf);
+    bool freeable;
+    int rc = vks_rl_wire_send(comm, rank, tag, buf, sizeof *buf, timeout_s, what, &freeable);
+    if (freeable) free(buf);
     return rc;
+}
+
+const char *vks_rl_wire_granter(const vks_rl_config *c) {
+    return c->orchestrator != c->trainer ? "the orchestrator" : "the trainer";
 }
 
 void vks_rl_wire_beat_cb(void *beat) { vks_rl_wire_beat(beat); }

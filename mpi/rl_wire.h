@@ -55,9 +55,16 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
                               const vks_model_config *mc, int64_t batch, int64_t min_step, int64_t newest,
                               bool unverified, vks_rl_batch_group *groups, int64_t *policy, vks_rl_gen_counts *cnt,
                               char *err, size_t cap);
-/* Sends a header-only message under a bounded wait (a blocking send to a dead
- * rank never returns); after a timeout MPI may still hold the buffer: left. */
+/* Sends `bytes` of buf to rank under a bounded wait (a blocking send to a
+ * dead rank never returns). *freeable: whether the caller may free buf now
+ * (false after a timeout or a failed wait: MPI may still read it). */
+int vks_rl_wire_send(MPI_Comm comm, int rank, int tag, void *buf, size_t bytes, double timeout_s, const char *what,
+                     bool *freeable);
+/* A header-only message the same way, from a heap copy (left to MPI after a timeout). */
 int vks_rl_wire_send_small(MPI_Comm comm, int rank, int tag, const vks_rl_msg *m, double timeout_s, const char *what);
+/* The rank that grants batches, for messages: "the orchestrator" when it has
+ * a rank of its own, else "the trainer". */
+const char *vks_rl_wire_granter(const vks_rl_config *c);
 
 /* A rank's beat to the orchestrator (the trainer's rank, or its own): one
  * every second, none while the last one is still on its way (a dead peer: the

@@ -106,11 +106,12 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/orch/step-000000002" "$tmp/
 else bad "own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/orch/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
 
 # kill_run RANK NP ARGS...: `vkswarm rl` with the current config and ARGS on NP ranks under
-# --enable-recovery, rank RANK killed (-9) 8 s after it wrote its pid file; sets pid, rc and took
-# (seconds), output in $tmp/out.txt and $tmp/err.txt
+# --enable-recovery, rank RANK killed (-9) as soon as the trainer has logged step 1 (mid-run
+# whatever the machine's speed: a fixed delay once let a fast machine finish all 3 steps first);
+# sets pid, rc and took (seconds), output in $tmp/out.txt and $tmp/err.txt
 pids=$tmp/pids
 kill_run() {
-    local rank=$1 np=$2 job start
+    local rank=$1 np=$2 job start i
     shift 2
     rm -rf "$pids"
     mkdir -p "$pids"
@@ -118,7 +119,12 @@ kill_run() {
     VKSWARM_PID_DIR=$pids mpi_run 300 -x VKSWARM_PID_DIR --enable-recovery -np "$np" $bin rl --config "$tmp/run.json" \
         --eval-n 0 "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" &
     job=$!
-    pid=$(pid_file_pid "$pids" "$rank") && sleep 8 && kill -9 "$pid"
+    pid=$(pid_file_pid "$pids" "$rank")
+    for i in $(seq 1 2400); do # up to 120 s
+        grep -q "^rl: step 1/" "$tmp/err.txt" && break
+        sleep 0.05
+    done
+    [ -n "$pid" ] && kill -9 "$pid"
     wait $job
     rc=$?
     took=$(($(date +%s) - start))
