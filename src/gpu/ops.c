@@ -96,6 +96,14 @@ static void choose_matmul_tiles(vks_ops *o) {
     /* CPU drivers: operands read straight from the buffers (matmul.comp's DIRECT) */
     const char *env = getenv("VKSWARM_MATMUL_DIRECT");
     o->mm_direct = env && (!strcmp(env, "0") || !strcmp(env, "1")) ? env[0] == '1' : o->info.type == VKS_DEVTYPE_CPU;
+    /* Decode on CPU drivers with subgroup broadcasts: f32 rows through the
+     * same subgroup-broadcast matmul as prefill, in tiles of 8 rows (record_
+     * matmul_decode). lavapipe's matvec made ~3.5 multiply-adds per lane-by-
+     * lane load at 8 rows (each row's x re-read per weight row); the tile makes
+     * ~25. Each output still sums k in order whatever the rows around it:
+     * decode stays batch-invariant, and equals prefill bit for bit. */
+    o->mm_decode = o->mm_direct && o->info.type == VKS_DEVTYPE_CPU && o->info.subgroup_arith &&
+                   o->info.subgroup_ballot && !getenv("VKSWARM_NO_SUBGROUP");
 }
 
 static void choose_matvec(vks_ops *o) {
@@ -269,6 +277,28 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
     return vks_ops_dispatch(o, c, name, spec, 8, b, 3, push, 6 * sizeof(uint32_t), tiles, "matmul");
 }
 
+/* Decode rows on CPU drivers (o->mm_decode): matmul_f32_dsg with output tiles
+ * of 8 rows (TM = BM = 8: every invocation holds all 8, broadcast over its
+ * subgroup) x 4 columns per lane, one subgroup (at least 8 lanes) per
+ * workgroup, so that a call of a few rows still spreads over the cores. A
+ * single row takes tiles of one row (TM = 1: the plain DIRECT loop, 7 of 8
+ * rows' multiply-adds not wasted), with the same products in the same order.
+ * Measured on lavapipe (BENCHMARKS.md): 1.6-3x the matvec kernel's rate at 8
+ * rows; at one row faster for dim 288-768, ~10% slower for stories260K's 64. */
+static int record_matmul_decode(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_binding y,
+                                const uint32_t push[6]) {
+    uint32_t M = push[0], N = push[1];
+    uint32_t lanes = o->info.subgroup_size > 8 ? o->info.subgroup_size : 8;
+    /* 8 columns per lane (fewer x loads per weight load) where that still
+     * leaves 4 or more workgroups of columns to spread over the cores */
+    uint32_t tm = M == 1 ? 1 : 8, tn = N >= 32 * lanes ? 8 : 4, bn = tn * lanes;
+    uint32_t vec4 = push[2] % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
+    uint32_t spec[] = {lanes, tm, bn, o->mm_bk, tm, tn, vec4, 1};
+    vks_binding b[] = {x, W, y};
+    uint64_t tiles = ceil_div(M, tm) * ceil_div(N, bn);
+    return vks_ops_dispatch(o, c, "matmul_f32_dsg", spec, 8, b, 3, push, 6 * sizeof(uint32_t), tiles, "matvec");
+}
+
 /* Decode rows in groups of MATVEC_MAX_M through the matrix-vector kernel; the
  * groups are bound at row offsets, so those must meet the binding alignment
  * (false: the caller falls back to the tiled kernel). */
@@ -299,6 +329,8 @@ int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks
     if (rc) return rc;
     const uint32_t push[6] = {M, N, K, ldy, y_col0, accumulate ? 1u : 0u};
     if (kind == VKS_MATMUL_AUTO) kind = M <= MATVEC_MAX_M ? VKS_MATMUL_DECODE : VKS_MATMUL_PREFILL;
+    if (kind == VKS_MATMUL_DECODE && o->mm_decode && dtype == VKS_DTYPE_F32 && !o->mm_f16_math)
+        return record_matmul_decode(o, c, x, W, y, push);
     if (kind == VKS_MATMUL_DECODE && M <= MATVEC_MAX_M) return record_matvec(o, c, x, W, dtype, y, push);
     if (kind == VKS_MATMUL_DECODE && matvec_groups_aligned(o, x, y, K, ldy))
         return record_matvec_groups(o, c, x, W, dtype, y, push);

@@ -59,9 +59,9 @@ done
 # the job ends (status 3: MPI_Finalize would wait for the stopped rank) within
 # the timeout plus the remaining work. One that resumes has its late verdicts
 # discarded and the job ends normally. A stopped rank 0 is named by the verifiers.
-for i in $(seq 1 60); do echo "$((i + 3)) $((i * 7 % 290 + 3)) $((i * 13 % 290 + 3))"; done > "$tmp/prompts60.txt"
-$bin generate $model --prompts "$tmp/prompts60.txt" --temp 0.9 --seed 3 -n 120 --rollouts-out "$tmp/big.jsonl" \
-    > /dev/null 2>&1 || bad "generate 60 rollouts"
+for i in $(seq 1 180); do echo "$((i + 3)) $((i * 7 % 290 + 3)) $((i * 13 % 290 + 3))"; done > "$tmp/prompts180.txt"
+$bin generate $model --prompts "$tmp/prompts180.txt" --temp 0.9 --seed 3 -n 120 --rollouts-out "$tmp/big.jsonl" \
+    > /dev/null 2>&1 || bad "generate 180 rollouts"
 $bin verify $model --rollouts "$tmp/honest.jsonl" --cpu --batch 3 --jsonl > "$tmp/lone_honest.txt" 2>/dev/null
 $bin verify $model --rollouts "$tmp/big.jsonl" --cpu --batch 3 --jsonl > "$tmp/lone_big.txt" 2>/dev/null
 pids=$tmp/pids
@@ -93,8 +93,20 @@ verify_fault() { # np rank when(startup|SECONDS after MPI_Init) resume_after(-|S
         grep vkswarm "$tmp/fault.txt" | grep -v device | tail -3; fi
 }
 verify_fault 3 1 startup - honest --cpu 3 11
-[ -z "$short" ] && verify_fault 3 2 1.5 - big "" 3 20
-[ -z "$short" ] && verify_fault 2 1 1.5 4.5 big "" 0 40
+# Mid-run stops land at a third of the big file's unfaulted GPU job as it runs here (at most
+# 1.5 s): a fixed 1.5 s once came after a quiet, fast machine had finished the whole job.
+if [ -z "$short" ]; then
+    start=$(date +%s.%N)
+    mpi_run 90 -np 3 $bin verify $model --rollouts "$tmp/big.jsonl" --batch 3 --jsonl --mpi --timeout-s 3 \
+        > "$tmp/big_mpi.txt" 2> /dev/null
+    rc=$?
+    mid=$(echo "m = ($(date +%s.%N) - $start) / 3; if (m > 1.5) m = 1.5; m" | bc -l | cut -c1-4)
+    if [ $rc -eq 0 ] && cmp -s "$tmp/big_mpi.txt" "$tmp/lone_big.txt"; then
+        ok "np=3 on the GPU, 180 rollouts: the lone CPU verify's verdicts (mid-run stops below at ${mid}s)"
+    else bad "np=3 on the GPU, 180 rollouts: status $rc"; fi
+    verify_fault 3 2 "$mid" - big "" 3 20
+    verify_fault 2 1 "$mid" 4.5 big "" 0 40
+fi
 verify_fault 3 0 startup - big --cpu 3 11
 
 echo "verifier: $passed passed, $failed failed"
