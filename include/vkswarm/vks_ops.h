@@ -65,11 +65,11 @@ int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtyp
                   uint32_t y_col0, bool accumulate);
 /* Which kernel a matmul uses. AUTO picks by M (matvec for a few rows, tiled
  * above). DECODE always uses the matrix-vector kernel (in groups of rows; on
- * CPU drivers with subgroup broadcasts, f32 weights: the tiled kernel in tiles
- * of 8 rows or one, the same arithmetic as PREFILL) and PREFILL always the
- * tiled one: each kernel's result for a row does not depend on the other
- * rows, so fixing the kernel per kind of step makes a row's arithmetic
- * independent of the batch around it. */
+ * CPU drivers with subgroup broadcasts, f32, f16, bf16 and q8_0 weights: the
+ * tiled kernel in tiles of 8 rows or one, the same arithmetic as PREFILL) and
+ * PREFILL always the tiled one: each kernel's result for a row does not
+ * depend on the other rows, so fixing the kernel per kind of step makes a
+ * row's arithmetic independent of the batch around it. */
 typedef enum { VKS_MATMUL_AUTO, VKS_MATMUL_DECODE, VKS_MATMUL_PREFILL } vks_matmul_kind;
 int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype, vks_binding y,
                        uint32_t M, uint32_t N, uint32_t K, uint32_t ldy, uint32_t y_col0, bool accumulate,

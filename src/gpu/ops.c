@@ -96,12 +96,12 @@ static void choose_matmul_tiles(vks_ops *o) {
     /* CPU drivers: operands read straight from the buffers (matmul.comp's DIRECT) */
     const char *env = getenv("VKSWARM_MATMUL_DIRECT");
     o->mm_direct = env && (!strcmp(env, "0") || !strcmp(env, "1")) ? env[0] == '1' : o->info.type == VKS_DEVTYPE_CPU;
-    /* Decode on CPU drivers with subgroup broadcasts: f32 rows through the
-     * same subgroup-broadcast matmul as prefill, in tiles of 8 rows (record_
-     * matmul_decode). lavapipe's matvec made ~3.5 multiply-adds per lane-by-
-     * lane load at 8 rows (each row's x re-read per weight row); the tile makes
-     * ~25. Each output still sums k in order whatever the rows around it:
-     * decode stays batch-invariant, and equals prefill bit for bit. */
+    /* Decode on CPU drivers with subgroup broadcasts: f32, f16, bf16 and q8_0
+     * rows through the same subgroup-broadcast matmul as prefill, in tiles of
+     * 8 rows (record_matmul_decode). lavapipe's matvec made ~3.5 multiply-adds
+     * per lane-by-lane load at 8 rows (each row's x re-read per weight row);
+     * the tile makes ~25. Each output still sums k in order whatever the rows
+     * around it: decode stays batch-invariant, and equals prefill bit for bit. */
     o->mm_decode = o->mm_direct && o->info.type == VKS_DEVTYPE_CPU && o->info.subgroup_arith &&
                    o->info.subgroup_ballot && !getenv("VKSWARM_NO_SUBGROUP");
 }
@@ -265,7 +265,8 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
     uint32_t M = push[0], N = push[1];
     char name[32];
     /* DIRECT f32 with subgroup broadcasts of the x rows (matmul.comp DIRECT_SG) */
-    bool dsg = dtype == VKS_DTYPE_F32 && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
+    /* q4_k: its super-block decode per quad made the 8-row broadcast slower at 8 rows (lavapipe) */
+    bool dsg = dtype != VKS_DTYPE_Q4_K && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
                o->info.subgroup_ballot && o->mm_tm == 8;
     snprintf(name, sizeof name, "matmul_%s%s", dtype_suffix(dtype), dsg ? "_dsg" : o->mm_f16_math ? "_h" : "");
     uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
@@ -285,8 +286,15 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
  * rows' multiply-adds not wasted), with the same products in the same order.
  * Measured on lavapipe (BENCHMARKS.md): 1.6-3x the matvec kernel's rate at 8
  * rows; at one row faster for dim 288-768, ~10% slower for stories260K's 64. */
-static int record_matmul_decode(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_binding y,
-                                const uint32_t push[6]) {
+/* The weight types whose decode is faster through these tiles than through
+ * matvec / matvec_q on lavapipe at one row and at 8 (BENCHMARKS.md): q4_0 was
+ * 17% slower at one row, q4_k 2x slower. */
+static bool decode_by_matmul(vks_dtype dtype) {
+    return dtype == VKS_DTYPE_F32 || dtype == VKS_DTYPE_F16 || dtype == VKS_DTYPE_BF16 || dtype == VKS_DTYPE_Q8_0;
+}
+
+static int record_matmul_decode(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
+                                vks_binding y, const uint32_t push[6]) {
     uint32_t M = push[0], N = push[1];
     uint32_t lanes = o->info.subgroup_size > 8 ? o->info.subgroup_size : 8;
     /* 8 columns per lane (fewer x loads per weight load) where that still
@@ -296,7 +304,9 @@ static int record_matmul_decode(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindi
     uint32_t spec[] = {lanes, tm, bn, o->mm_bk, tm, tn, vec4, 1};
     vks_binding b[] = {x, W, y};
     uint64_t tiles = ceil_div(M, tm) * ceil_div(N, bn);
-    return vks_ops_dispatch(o, c, "matmul_f32_dsg", spec, 8, b, 3, push, 6 * sizeof(uint32_t), tiles, "matvec");
+    char name[32];
+    snprintf(name, sizeof name, "matmul_%s_dsg", dtype_suffix(dtype));
+    return vks_ops_dispatch(o, c, name, spec, 8, b, 3, push, 6 * sizeof(uint32_t), tiles, "matvec");
 }
 
 /* Decode rows in groups of MATVEC_MAX_M through the matrix-vector kernel; the
@@ -329,8 +339,8 @@ int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks
     if (rc) return rc;
     const uint32_t push[6] = {M, N, K, ldy, y_col0, accumulate ? 1u : 0u};
     if (kind == VKS_MATMUL_AUTO) kind = M <= MATVEC_MAX_M ? VKS_MATMUL_DECODE : VKS_MATMUL_PREFILL;
-    if (kind == VKS_MATMUL_DECODE && o->mm_decode && dtype == VKS_DTYPE_F32 && !o->mm_f16_math)
-        return record_matmul_decode(o, c, x, W, y, push);
+    if (kind == VKS_MATMUL_DECODE && o->mm_decode && !o->mm_f16_math && decode_by_matmul(dtype))
+        return record_matmul_decode(o, c, x, W, dtype, y, push);
     if (kind == VKS_MATMUL_DECODE && M <= MATVEC_MAX_M) return record_matvec(o, c, x, W, dtype, y, push);
     if (kind == VKS_MATMUL_DECODE && matvec_groups_aligned(o, x, y, K, ldy))
         return record_matvec_groups(o, c, x, W, dtype, y, push);
