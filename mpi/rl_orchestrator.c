@@ -49,9 +49,7 @@ typedef struct {
     int32_t n_drops, n_groups;
 } orch_info;
 
-/* A bounded send of `bytes` (a vks_rl_msg header first) on TAG_ORCH; after a
- * timeout MPI may still hold the buffer: it is left, and the caller must not
- * free it (*kept false). */
+/* A header-only message on TAG_ORCH under a bounded wait (vks_rl_wire_send_small). */
 static int send_orch_small(MPI_Comm comm, int rank, uint32_t type, int64_t batch, int64_t step, uint64_t n, double timeout_s,
                            const char *what) {
     vks_rl_msg m = {.magic = VKS_RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};

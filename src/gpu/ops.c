@@ -260,53 +260,57 @@ static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, v
                     ceil_div(N, o->mv_rows_per_wg), "matvec");
 }
 
+/* One matmul.comp dispatch: `variant` (e.g. "matmul_f32_dsg"), output tiles
+ * of bm x bn with tm x tn outputs per invocation, labelled `label` in the
+ * profile. */
+static int dispatch_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_binding y, const uint32_t push[6],
+                           const char *variant, uint32_t bm, uint32_t bn, uint32_t tm, uint32_t tn, uint32_t direct,
+                           const char *label) {
+    uint32_t M = push[0], N = push[1];
+    /* vector staging loads need whole 8-element groups per row and aligned bindings */
+    uint32_t vec4 = push[2] % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
+    uint32_t spec[] = {(bm / tm) * (bn / tn), bm, bn, o->mm_bk, tm, tn, vec4, direct};
+    vks_binding b[] = {x, W, y};
+    uint64_t tiles = ceil_div(M, bm) * ceil_div(N, bn);
+    return vks_ops_dispatch(o, c, variant, spec, 8, b, 3, push, 6 * sizeof(uint32_t), tiles, label);
+}
+
 static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W,
                                vks_dtype dtype, vks_binding y, const uint32_t push[6]) {
-    uint32_t M = push[0], N = push[1];
     char name[32];
-    /* DIRECT f32 with subgroup broadcasts of the x rows (matmul.comp DIRECT_SG) */
-    /* q4_k: its super-block decode per quad made the 8-row broadcast slower at 8 rows (lavapipe) */
+    /* DIRECT with subgroup broadcasts of the x rows (matmul.comp DIRECT_SG); not
+     * q4_k: its super-block decode per quad made it slower at 8 rows (lavapipe) */
     bool dsg = dtype != VKS_DTYPE_Q4_K && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
                o->info.subgroup_ballot && o->mm_tm == 8;
     snprintf(name, sizeof name, "matmul_%s%s", dtype_suffix(dtype), dsg ? "_dsg" : o->mm_f16_math ? "_h" : "");
-    uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
-    /* vector staging loads need whole 8-element groups per row and aligned bindings */
-    uint32_t vec4 = push[2] % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
-    uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn, vec4, o->mm_direct};
-    vks_binding b[] = {x, W, y};
-    uint64_t tiles = ceil_div(M, o->mm_bm) * ceil_div(N, o->mm_bn);
-    return vks_ops_dispatch(o, c, name, spec, 8, b, 3, push, 6 * sizeof(uint32_t), tiles, "matmul");
+    return dispatch_matmul(o, c, x, W, y, push, name, o->mm_bm, o->mm_bn, o->mm_tm, o->mm_tn, o->mm_direct, "matmul");
 }
 
-/* Decode rows on CPU drivers (o->mm_decode): matmul_f32_dsg with output tiles
- * of 8 rows (TM = BM = 8: every invocation holds all 8, broadcast over its
- * subgroup) x 4 columns per lane, one subgroup (at least 8 lanes) per
- * workgroup, so that a call of a few rows still spreads over the cores. A
- * single row takes tiles of one row (TM = 1: the plain DIRECT loop, 7 of 8
- * rows' multiply-adds not wasted), with the same products in the same order.
- * Measured on lavapipe (BENCHMARKS.md): 1.6-3x the matvec kernel's rate at 8
- * rows; at one row faster for dim 288-768, ~10% slower for stories260K's 64. */
-/* The weight types whose decode is faster through these tiles than through
- * matvec / matvec_q on lavapipe at one row and at 8 (BENCHMARKS.md): q4_0 was
- * 17% slower at one row, q4_k 2x slower. */
+/* The weight types whose decode is faster through record_matmul_decode's
+ * tiles than through matvec / matvec_q on lavapipe at one row and at 8
+ * (BENCHMARKS.md): q4_0 was 17% slower at one row, q4_k 2x slower. */
 static bool decode_by_matmul(vks_dtype dtype) {
     return dtype == VKS_DTYPE_F32 || dtype == VKS_DTYPE_F16 || dtype == VKS_DTYPE_BF16 || dtype == VKS_DTYPE_Q8_0;
 }
 
+/* Decode rows on CPU drivers (o->mm_decode): matmul_<type>_dsg with output
+ * tiles of 8 rows (TM = BM = 8: every invocation holds all 8, broadcast over
+ * its subgroup) x 4 or 8 columns per lane, one subgroup (at least 8 lanes)
+ * per workgroup, so that a call of a few rows still spreads over the cores. A
+ * single row takes tiles of one row (TM = 1: the plain DIRECT loop, 7 of 8
+ * rows' multiply-adds not wasted), with the same products in the same order.
+ * Measured on lavapipe (BENCHMARKS.md): 1.6-3x the matvec kernel's rate at 8
+ * rows; at one row faster for dim 288-768, the same for stories260K's 64. */
 static int record_matmul_decode(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
                                 vks_binding y, const uint32_t push[6]) {
     uint32_t M = push[0], N = push[1];
     uint32_t lanes = o->info.subgroup_size > 8 ? o->info.subgroup_size : 8;
     /* 8 columns per lane (fewer x loads per weight load) where that still
      * leaves 4 or more workgroups of columns to spread over the cores */
-    uint32_t tm = M == 1 ? 1 : 8, tn = N >= 32 * lanes ? 8 : 4, bn = tn * lanes;
-    uint32_t vec4 = push[2] % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
-    uint32_t spec[] = {lanes, tm, bn, o->mm_bk, tm, tn, vec4, 1};
-    vks_binding b[] = {x, W, y};
-    uint64_t tiles = ceil_div(M, tm) * ceil_div(N, bn);
+    uint32_t tm = M == 1 ? 1 : 8, tn = N >= 32 * lanes ? 8 : 4;
     char name[32];
     snprintf(name, sizeof name, "matmul_%s_dsg", dtype_suffix(dtype));
-    return vks_ops_dispatch(o, c, name, spec, 8, b, 3, push, 6 * sizeof(uint32_t), tiles, "matvec");
+    return dispatch_matmul(o, c, x, W, y, push, name, tm, tn * lanes, tm, tn, 1, "matvec");
 }
 
 /* Decode rows in groups of MATVEC_MAX_M through the matrix-vector kernel; the

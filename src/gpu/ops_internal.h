@@ -30,7 +30,7 @@ struct vks_ops {
     /* matmul tiles */
     uint32_t mm_bm, mm_bn, mm_bk, mm_tm, mm_tn;
     uint32_t mm_direct; /* no shared-memory staging (CPU drivers; VKSWARM_MATMUL_DIRECT=0|1) */
-    bool mm_decode;     /* f32 decode rows through matmul_f32_dsg in 8-row tiles (ops.c) */
+    bool mm_decode;     /* decode rows through matmul_<type>_dsg in 8-row tiles (ops.c) */
     bool mm_f16_math; /* matmul_*_h variants */
 };
 
