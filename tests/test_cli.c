@@ -878,6 +878,92 @@ static void test_train_sft_resume(void **state) {
     free(out);
 }
 
+/* The stdout of a command that must succeed. */
+static char *stdout_of(const char *cmd) {
+    char *out = NULL;
+    int rc = tu_run(cmd, &out);
+    if (rc != 0) fail_msg("exit %d: %s", rc, cmd);
+    return out;
+}
+
+/* tokenize's ids for TEXT (printf escapes) with the tokenizer options given. */
+static char *ids_of(const char *tok_args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time, Lily saw a caf\\303\\251 \\377 and 12 cats.' | %s tokenize %s "
+             "2>/dev/null", tu_bin(), tok_args);
+    return stdout_of(cmd);
+}
+
+/* Training a model whose tokenizer is not byte-level BPE: its checkpoint
+ * holds the tokenizer (stories260K's llama2.c tok512.bin byte for byte; a
+ * SentencePiece GGUF vocabulary as tokenizer.gguf), and generate and tokenize
+ * read it from the checkpoint with the same ids as from the original file.
+ * convert --tokenizer takes a GGUF vocabulary as well as a tokenizer.bin. */
+static void test_train_sft_sentencepiece(void **state) {
+    (void)state;
+    const char *shared = tu_shared_path("stories260K/stories260K.bin");
+    if (!shared) skip();
+    char model[1024], tok[1024], spm[1024], data[1024], cmd[8192], a[4096], b[4096];
+    snprintf(model, sizeof model, "%s", shared);
+    snprintf(tok, sizeof tok, "%s", tu_shared_path("stories260K/tok512.bin"));
+    snprintf(spm, sizeof spm, "%s", tu_shared_path("llamacpp-vocab/ggml-vocab-llama-spm.gguf"));
+    const char *dir = tu_tmpdir();
+    snprintf(data, sizeof data, "%s/d.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    fputs("{\"text\": \"Once upon a time there was a cat.\"}\n{\"prompt\": \"Lily went\", \"completion\": \" home.\"}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s train sft --model %s --tokenizer %s --data %s --steps 2 --batch 2 --out %s/l2c "
+             "2>/dev/null", tu_bin(), model, tok, data, dir);
+    free(stdout_of(cmd));
+    snprintf(cmd, sizeof cmd, "cmp %s %s/l2c/step-000000002/tokenizer.bin", tok, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(a, sizeof a, "--model %s --tokenizer %s", model, tok);
+    snprintf(b, sizeof b, "--model %s/l2c/step-000000002", dir);
+    char *want = ids_of(a), *got = ids_of(b);
+    assert_true(strlen(want) > 20);
+    assert_string_equal(got, want);
+    free(want);
+    free(got);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/l2c/step-000000002 --prompt 'Once upon a time' -n 24 --temp 0 "
+             "2>/dev/null", tu_bin(), dir);
+    got = stdout_of(cmd);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/l2c/step-000000002 --tokenizer %s --prompt 'Once upon a time' "
+             "-n 24 --temp 0 2>/dev/null", tu_bin(), dir, tok);
+    want = stdout_of(cmd);
+    assert_true(strncmp(got, "Once upon a time", 16) == 0);
+    assert_string_equal(got, want);
+    free(want);
+    free(got);
+    /* A SentencePiece GGUF vocabulary: convert --tokenizer puts it into a
+     * Hugging Face directory and into GGUF; training keeps it. */
+    snprintf(cmd, sizeof cmd, "%s convert --random-model 64,128,1,4,4,32000 --tokenizer %s --out %s/spm 2>/dev/null && "
+             "%s convert --random-model 64,128,1,4,4,32000 --tokenizer %s --out %s/spm.gguf 2>/dev/null",
+             tu_bin(), spm, dir, tu_bin(), spm, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s train sft --model %s/spm --data %s --steps 1 --batch 2 --out %s/spmrun 2>/dev/null",
+             tu_bin(), dir, data, dir);
+    free(stdout_of(cmd));
+    snprintf(a, sizeof a, "--tokenizer %s", spm);
+    want = ids_of(a);
+    const char *models[3] = {"spm", "spm.gguf", "spmrun/step-000000001"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(b, sizeof b, "--model %s/%s", dir, models[i]);
+        got = ids_of(b);
+        assert_string_equal(got, want);
+        free(got);
+    }
+    free(want);
+    snprintf(a, sizeof a, "%s/spmrun/step-000000001/tokenizer.gguf", dir);
+    assert_int_equal(access(a, F_OK), 0);
+    /* A llama2.c model file holds no tokenizer: refused before anything is written. */
+    snprintf(cmd, sizeof cmd, "%s convert --in %s --tokenizer %s --out %s/x.bin 2>&1", tu_bin(), model, tok, dir);
+    char *out = NULL;
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "holds no tokenizer"));
+    free(out);
+}
+
 static double json_number(const char *out, const char *key) {
     char k[64];
     snprintf(k, sizeof k, "\"%s\": ", key);
@@ -972,6 +1058,7 @@ int main(void) {
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
+        cmocka_unit_test(test_train_sft_sentencepiece),
         cmocka_unit_test(test_tasks_eval),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "vkswarm/vks_gguf.h"
 #include "vkswarm/vks_model.h"
@@ -811,6 +813,116 @@ static void test_tokenizer_writers_real_vocabularies(void **s) {
     vks_tokenizer_free(spm);
 }
 
+/* Writes t as a model directory holds it (vks_tokenizer_dir_files) and loads
+ * the directory back as a model's tokenizer of `vocab` tokens. */
+static vks_tokenizer *through_dir(const vks_tokenizer *t, int vocab, const char *dir) {
+    const char *names[2];
+    int n = vks_tokenizer_dir_files(t, names);
+    assert_true(n == 1 || n == 2);
+    char paths[2][4096];
+    FILE *f[2] = {NULL, NULL};
+    const char *p[2] = {NULL, NULL};
+    for (int i = 0; i < n; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/%s", dir, names[i]);
+        f[i] = fopen(paths[i], "wb");
+        assert_non_null(f[i]);
+        p[i] = paths[i];
+    }
+    int rc = vks_tokenizer_save_dir_files(t, f, p);
+    if (rc) fail_msg("save_dir_files: %s", vks_last_error());
+    for (int i = 0; i < n; i++) assert_int_equal(fclose(f[i]), 0);
+    vks_model fake = {0}; /* a model directory's tokenizer: only the vocab size is read */
+    fake.cfg.vocab_size = vocab;
+    snprintf(fake.dir, sizeof fake.dir, "%s", dir);
+    snprintf(fake.path, sizeof fake.path, "%s", dir);
+    vks_tokenizer *back = NULL;
+    rc = vks_tokenizer_load_auto(NULL, &fake, &back);
+    if (rc) fail_msg("reload: %s", vks_last_error());
+    return back;
+}
+
+/* Every kind of tokenizer the project reads goes into a model directory (a
+ * training checkpoint) and comes back the same: llama2.c's tokenizer.bin byte
+ * for byte, SentencePiece vocabularies as tokenizer.gguf, byte-level BPE as
+ * tokenizer.json; each still gives its reference ids. */
+static void test_tokenizer_dir_files_every_kind(void **s) {
+    (void)s;
+    const char *p = tu_shared_path("stories260K/tok512.bin");
+    if (!p) skip();
+    char tok512[2048], dir[2048], path[4096], inp[2048], out[2048];
+    snprintf(tok512, sizeof tok512, "%s", p);
+    vks_tokenizer *t = NULL;
+    assert_int_equal(vks_tokenizer_load_llama2c(tok512, 512, &t), VKS_OK);
+    snprintf(dir, sizeof dir, "%s/l2c", tu_tmpdir());
+    assert_int_equal(mkdir(dir, 0777), 0);
+    vks_tokenizer *back = through_dir(t, 512, dir);
+    assert_same_tokenizer(t, back);
+    snprintf(inp, sizeof inp, "%s", tu_shared_path("stories260K/ref/tok512.encode.inp"));
+    snprintf(out, sizeof out, "%s", tu_shared_path("stories260K/ref/tok512.encode.out"));
+    assert_int_equal(check_vectors(back, inp, out, true), 21);
+    size_t na, nb;
+    uint8_t *a = tu_read_file(tok512, &na);
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    uint8_t *b = tu_read_file(path, &nb);
+    assert_true(a && b && na == nb && !memcmp(a, b, na));
+    free(a);
+    free(b);
+    vks_tokenizer_free(back);
+    vks_tokenizer_free(t);
+    const char *vocabs[3] = {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-gpt-2.gguf"};
+    const char *files[3] = {"tokenizer.gguf", "tokenizer.gguf", "tokenizer.json"};
+    for (int v = 0; v < 3; v++) {
+        t = load_vocab(vocabs[v]);
+        snprintf(dir, sizeof dir, "%s/v%d", tu_tmpdir(), v);
+        assert_int_equal(mkdir(dir, 0777), 0);
+        back = through_dir(t, vks_tokenizer_vocab_size(t), dir);
+        snprintf(path, sizeof path, "%s/%s", dir, files[v]);
+        assert_int_equal(access(path, F_OK), 0);
+        assert_same_tokenizer(t, back);
+        vectors_of(back, vocabs[v]);
+        vks_tokenizer_free(back);
+        vks_tokenizer_free(t);
+    }
+}
+
+/* A model directory rewritten with a tokenizer of another kind keeps only the
+ * new one (a stale tokenizer.json would be read first). */
+static void test_model_dir_replaces_tokenizer(void **s) {
+    (void)s;
+    const char *p = tu_shared_path("stories260K/tok512.bin");
+    if (!p) skip();
+    vks_tokenizer *l2c = NULL, *bytes = NULL, *back = NULL;
+    assert_int_equal(vks_tokenizer_load_llama2c(p, 512, &l2c), VKS_OK);
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_init_tiny(0, &m, &bytes), VKS_OK);
+    char dir[2048], path[4096];
+    snprintf(dir, sizeof dir, "%s/hf", tu_tmpdir());
+    vks_model_save_options o = {.dtype = VKS_DTYPE_F32, .tokenizer = bytes};
+    assert_int_equal(vks_model_save_safetensors(m, dir, &o), VKS_OK);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    assert_int_equal(access(path, F_OK), 0);
+    o.tokenizer = l2c;
+    assert_int_equal(vks_model_save_safetensors(m, dir, &o), VKS_OK);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    vks_model fake = {0};
+    fake.cfg.vocab_size = 512;
+    assert_int_equal(vks_tokenizer_load_auto(dir, &fake, &back), VKS_OK);
+    assert_string_equal(vks_tokenizer_kind(back), "llama2c");
+    vks_tokenizer_free(back);
+    o.tokenizer = bytes; /* and back: tokenizer.bin goes */
+    assert_int_equal(vks_model_save_safetensors(m, dir, &o), VKS_OK);
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(vks_tokenizer_load_auto(dir, m, &back), VKS_OK);
+    assert_same_tokenizer(bytes, back);
+    vks_tokenizer_free(back);
+    vks_model_free(m);
+    vks_tokenizer_free(bytes);
+    vks_tokenizer_free(l2c);
+}
+
 /* TINY_JSON with a Split regex before a ByteLevel without its own regex. */
 static const char *tiny_json_with_split(const char *regex_json, bool ignore_merges) {
     static char buf[4096];
@@ -976,6 +1088,7 @@ int main(void) {
         cmocka_unit_test(test_tokenizer_writers_real_vocabularies),
         cmocka_unit_test(test_tokenizer_writers_merges_and_template),
         cmocka_unit_test(test_tokenizer_writers_split_rules),
+        cmocka_unit_test(test_tokenizer_dir_files_every_kind), cmocka_unit_test(test_model_dir_replaces_tokenizer),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,16 +12,18 @@
 static const char convert_usage[] =
     "usage: vkswarm convert (--in MODEL | --random-model dim,hidden,layers,heads,kv,vocab[,seq] |\n"
     "                        --init tiny [--seed S]) --out PATH\n"
-    "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer tokenizer.bin]\n"
+    "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer T]\n"
     "Converts a model. The input format is detected by content (GGUF, safetensors file or directory\n"
     "with config.json, llama2.c). The output format follows PATH: *.gguf is GGUF, *.bin is llama2.c\n"
     "(f32 only), anything else is a Hugging Face directory (config.json + model.safetensors; f32,\n"
     "f16 or bf16). q/k rows are permuted for each format's RoPE order, so logits do not change.\n"
     "--type sets the dtype of weight matrices (default f32; norms and biases stay f32); block types\n"
     "apply to matrices whose rows are whole blocks, others stay f32.\n"
-    "--tokenizer embeds a llama2.c tokenizer.bin as tokenizer.ggml.* metadata (GGUF only); without\n"
-    "it a GGUF source's tokenizer metadata is copied, a byte-level BPE tokenizer goes from GGUF to\n"
-    "a Hugging Face directory's tokenizer.json and back.\n"
+    "--tokenizer T (a llama2.c tokenizer.bin, a GGUF vocabulary or model, a tokenizer.json or a\n"
+    "directory holding one) is written with the model: as tokenizer.ggml.* metadata in GGUF, in a\n"
+    "Hugging Face directory as tokenizer.json (byte-level BPE), tokenizer.gguf (SentencePiece) or\n"
+    "tokenizer.bin (llama.c). Without it the source's own tokenizer goes along where the output\n"
+    "can hold it (a llama2.c file holds none).\n"
     "--init tiny writes the built-in tiny model (dim 128, 4 layers, byte-level vocabulary of 259\n"
     "tokens, 0.82M parameters) initialised from --seed (default 0), with its tokenizer, as GGUF or\n"
     "a Hugging Face directory; the same seed gives the same file.\n";
@@ -88,33 +90,55 @@ static int probe_gguf(const vks_tokenizer *t) {
 }
 
 static int probe_hf(const vks_tokenizer *t) {
-    FILE *a = fopen("/dev/null", "w"), *b = fopen("/dev/null", "w");
-    int rc = a && b ? vks_tokenizer_save_hf(t, a, "tokenizer.json", b, "tokenizer_config.json")
-                    : vks_set_error(VKS_ERR_IO, "/dev/null: cannot open");
-    if (a) fclose(a);
-    if (b) fclose(b);
+    const char *names[2];
+    int n = vks_tokenizer_dir_files(t, names);
+    FILE *f[2] = {fopen("/dev/null", "w"), n > 1 ? fopen("/dev/null", "w") : NULL};
+    int rc = f[0] && (n < 2 || f[1]) ? vks_tokenizer_save_dir_files(t, f, names)
+                                     : vks_set_error(VKS_ERR_IO, "/dev/null: cannot open");
+    for (int i = 0; i < 2; i++)
+        if (f[i]) fclose(f[i]);
     return rc;
 }
 
-/* A tokenizer the output format must be given (NULL: none, or the writer's
- * own handling): a GGUF source's byte-level BPE into a Hugging Face
- * directory, a directory's tokenizer.json into GGUF. A GGUF source into GGUF
- * copies its keys as they are. */
-static vks_tokenizer *crossing_tokenizer(const vks_model *m, out_format fmt) {
+/* The source directory's tokenizer file, or NULL when it has none. */
+static const char *dir_tokenizer_file(const vks_model *m, char *path, size_t cap) {
+    const char *names[3] = {VKS_TOKENIZER_JSON, VKS_TOKENIZER_GGUF, VKS_TOKENIZER_BIN};
+    for (int i = 0; i < 3; i++)
+        if ((size_t)snprintf(path, cap, "%s/%s", m->dir, names[i]) < cap && access(path, F_OK) == 0) return path;
+    return NULL;
+}
+
+/* Where the tokenizer of the output comes from: o->tokenizer (a loaded one,
+ * *owned to free) or o->tokenizer_path (a llama2.c tokenizer.bin into GGUF,
+ * embedded from its file), or neither. --tokenizer must load (exit 2); a
+ * source's own tokenizer that cannot be read or held is noted and left out.
+ * A GGUF source into GGUF copies its keys as they are (neither is set). */
+static void output_tokenizer(const char *tok_path, const vks_model *m, out_format fmt, vks_model_save_options *o,
+                             vks_tokenizer **owned, char *buf, size_t cap) {
+    *owned = NULL;
     bool from_gguf = m->gguf != NULL, from_hf = m->dir[0] != '\0';
-    if (!(fmt == OUT_HF && from_gguf) && !(fmt == OUT_GGUF && from_hf)) return NULL;
-    char path[1100];
-    snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
-    if (from_hf ? access(path, F_OK) != 0 : vks_gguf_find_key(m->gguf, "tokenizer.ggml.model") < 0)
-        return NULL; /* the source has none */
-    /* What cannot be read or held is noted and left out (convert wrote weights only before). */
+    if (!tok_path) {
+        if (fmt == OUT_LLAMA2C || (fmt == OUT_GGUF && from_gguf)) return;
+        if (from_gguf && vks_gguf_find_key(m->gguf, "tokenizer.ggml.model") < 0) return;
+        if (!from_gguf && !(from_hf && dir_tokenizer_file(m, buf, cap))) return;
+    }
     vks_tokenizer *t = NULL;
-    int rc = vks_tokenizer_load_auto(NULL, m, &t);
+    int rc = vks_tokenizer_load_auto(tok_path, m, &t);
+    if (rc != VKS_OK && tok_path) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    bool embed_file = rc == VKS_OK && fmt == OUT_GGUF && !strcmp(vks_tokenizer_kind(t), "llama2c");
+    if (embed_file) { /* the GGUF writer maps a tokenizer.bin to SentencePiece metadata */
+        o->tokenizer_path = tok_path ? tok_path : dir_tokenizer_file(m, buf, cap);
+        vks_tokenizer_free(t);
+        return;
+    }
     if (rc == VKS_OK) rc = fmt == OUT_HF ? probe_hf(t) : probe_gguf(t);
-    if (rc == VKS_OK) return t;
+    if (rc == VKS_OK) {
+        o->tokenizer = *owned = t;
+        return;
+    }
+    if (tok_path) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     cli_note("the tokenizer is not written: %s", vks_last_error());
     vks_tokenizer_free(t);
-    return NULL;
 }
 
 static vks_model *tiny_model(uint64_t seed, vks_tokenizer **tok) {
@@ -133,15 +157,16 @@ int cmd_convert(int argc, char **argv) {
                 "GGUF or a Hugging Face directory");
     if (fmt == OUT_HF && vks_dtype_size(a.type) == 0)
         cli_die(EXIT_BAD_INPUT, "convert: safetensors output holds f32, f16 or bf16, not %s", vks_dtype_name(a.type));
-    if (fmt != OUT_GGUF && a.m.tokenizer_path)
-        cli_die(EXIT_BAD_INPUT, "convert: --tokenizer is only embedded in GGUF output");
+    if (fmt == OUT_LLAMA2C && a.m.tokenizer_path)
+        cli_die(EXIT_BAD_INPUT, "convert: a llama2.c file holds no tokenizer; write GGUF or a Hugging Face directory");
     const char *tok_path = a.m.tokenizer_path;
     a.m.tokenizer_path = NULL; /* not for cli_load_model */
     vks_tokenizer *tok = NULL;
     vks_model *m = a.init ? tiny_model(a.seed, &tok) : cli_load_model(&a.m);
-    if (!a.init && !tok_path) tok = crossing_tokenizer(m, fmt);
+    vks_model_save_options o = {.dtype = a.type, .tokenizer = tok};
+    char buf[1100];
+    if (!a.init) output_tokenizer(tok_path, m, fmt, &o, &tok, buf, sizeof buf);
     cli_note("converting %s (%s, %lld parameters) to %s", m->path, m->arch, (long long)vks_model_param_count(m), a.out);
-    vks_model_save_options o = {.dtype = a.type, .tokenizer_path = tok_path, .tokenizer = tok};
     int rc = VKS_OK;
     if (fmt == OUT_GGUF) rc = vks_model_save_gguf(m, a.out, &o);
     else if (fmt == OUT_HF) rc = vks_model_save_safetensors(m, a.out, &o);

@@ -138,4 +138,7 @@ int vks_gguf_add_tensor_owned(vks_gguf_writer *w, const char *name, vks_dtype dt
                               const int64_t *ne, void *data);
 /* Writes the file (version 3). */
 int vks_gguf_writer_save(vks_gguf_writer *w, const char *path);
+/* Same, to an open stream (name is used in errors); a metadata-only file when
+ * no tensor was added. */
+int vks_gguf_writer_write_stream(vks_gguf_writer *w, FILE *f, const char *name);
 #endif

@@ -116,6 +116,24 @@ int vks_tokenizer_save_gguf(const vks_tokenizer *t, struct vks_gguf_writer *w);
  * vks_tokenizer_load_hf_json gives the same tokenizer back. */
 int vks_tokenizer_save_hf(const vks_tokenizer *t, FILE *tok, const char *tok_name, FILE *cfg, const char *cfg_name);
 
+/* A model directory (a Hugging Face directory, a training checkpoint) holds
+ * its tokenizer in the form of its kind: byte-level BPE as tokenizer.json +
+ * tokenizer_config.json; SentencePiece (GGUF "llama") as tokenizer.gguf, a
+ * GGUF file of tokenizer.ggml.* metadata and no tensors; llama2.c as its own
+ * tokenizer.bin, byte for byte. vks_tokenizer_load_auto reads a directory's
+ * tokenizer in this order, the first file present. */
+#define VKS_TOKENIZER_JSON "tokenizer.json"
+#define VKS_TOKENIZER_CONFIG_JSON "tokenizer_config.json"
+#define VKS_TOKENIZER_GGUF "tokenizer.gguf"
+#define VKS_TOKENIZER_BIN "tokenizer.bin"
+/* The file names t is written to in a directory (names[0], and names[1] for
+ * BPE's config); returns how many (1 or 2; 0 when t is NULL). */
+int vks_tokenizer_dir_files(const vks_tokenizer *t, const char *names[2]);
+/* Writes t to the open files f[i] named names[i] (as vks_tokenizer_dir_files
+ * gives them), so that vks_tokenizer_load_auto on the directory gives the same
+ * tokenizer back. */
+int vks_tokenizer_save_dir_files(const vks_tokenizer *t, FILE *const f[2], const char *const names[2]);
+
 /* ---- chat templates (chat.c) ---- */
 typedef struct {
     const char *role;    /* "system", "user", "assistant" */

@@ -9,6 +9,7 @@
 #include "model/model_internal.h"
 #include "vkswarm/vks_rollout.h"
 #include "vkswarm/vks_safetensors.h"
+#include "vkswarm/vks_tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -192,7 +193,8 @@ static int model_view(const vks_param_layout *l, const float *block, const char 
 
 /* ---- files: size and BLAKE2b-256 ---- */
 
-static const char *const ckpt_files[] = {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+static const char *const ckpt_files[] = {"model.safetensors", "config.json", VKS_TOKENIZER_JSON,
+                                         VKS_TOKENIZER_CONFIG_JSON, VKS_TOKENIZER_GGUF, VKS_TOKENIZER_BIN,
                                          "optimizer.safetensors"};
 #define N_CKPT_FILES (sizeof ckpt_files / sizeof ckpt_files[0])
 

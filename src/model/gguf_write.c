@@ -259,26 +259,27 @@ static bool write_padding(FILE *f, uint64_t pos, uint32_t alignment) {
     return true;
 }
 
-int vks_gguf_writer_save(vks_gguf_writer *w, const char *path) {
-    if (!w || !path) return vks_set_error(VKS_ERR_ARG, "vks_gguf_writer_save: NULL argument");
+int vks_gguf_writer_write_stream(vks_gguf_writer *w, FILE *f, const char *name) {
+    if (!w || !f || !name) return vks_set_error(VKS_ERR_ARG, "vks_gguf_writer_write_stream: NULL argument");
     bytes h = {0};
     int rc = serialize_header(w, &h);
-    if (rc != VKS_OK) {
-        free(h.p);
-        return rc;
-    }
-    vks_outfile o; /* a temporary renamed into place: `path` may be the mapped input */
-    rc = vks_outfile_open(&o, path, 0666);
-    if (rc != VKS_OK) {
-        free(h.p);
-        return rc;
-    }
-    bool ok = fwrite(h.p, 1, h.len, o.f) == h.len && write_padding(o.f, h.len, w->alignment);
+    bool ok = rc == VKS_OK && fwrite(h.p, 1, h.len, f) == h.len && write_padding(f, h.len, w->alignment);
     for (size_t i = 0; ok && i < w->n_tensors; i++) {
         const wtensor *t = &w->tensors[i];
-        ok = fwrite(t->data, 1, (size_t)t->size, o.f) == t->size && write_padding(o.f, t->size, w->alignment);
+        ok = fwrite(t->data, 1, (size_t)t->size, f) == t->size && write_padding(f, t->size, w->alignment);
     }
-    rc = vks_outfile_finish(&o, ok);
     free(h.p);
+    if (rc == VKS_OK && !ok) rc = vks_set_error(VKS_ERR_IO, "%s: write failed", name);
+    return rc;
+}
+
+int vks_gguf_writer_save(vks_gguf_writer *w, const char *path) {
+    if (!w || !path) return vks_set_error(VKS_ERR_ARG, "vks_gguf_writer_save: NULL argument");
+    vks_outfile o; /* a temporary renamed into place: `path` may be the mapped input */
+    int rc = vks_outfile_open(&o, path, 0666);
+    if (rc != VKS_OK) return rc;
+    rc = vks_gguf_writer_write_stream(w, o.f, path);
+    if (rc == VKS_OK) return vks_outfile_commit(&o);
+    vks_outfile_abort(&o);
     return rc;
 }

@@ -329,14 +329,31 @@ static int write_weights(const vks_model *m, FILE *f, const char *file, vks_dtyp
     return rc;
 }
 
-/* model.safetensors and config.json (and the tokenizer's tokenizer.json and
- * tokenizer_config.json when tok is given), committed as a set: on any
+/* Removes the tokenizer files of the other kinds (vks_tokenizer_dir_files),
+ * which a directory rewritten with a new tokenizer may still hold: the loader
+ * would read a stale tokenizer.json before a new tokenizer.gguf. */
+static int remove_other_tokenizers(const char *dir, const char *const written[2]) {
+    static const char *const all[] = {VKS_TOKENIZER_JSON, VKS_TOKENIZER_CONFIG_JSON, VKS_TOKENIZER_GGUF,
+                                      VKS_TOKENIZER_BIN};
+    char p[1100];
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if ((written[0] && !strcmp(all[i], written[0])) || (written[1] && !strcmp(all[i], written[1]))) continue;
+        int rc = join(p, sizeof p, dir, all[i]);
+        if (rc != VKS_OK) return rc;
+        if (unlink(p) != 0 && errno != ENOENT)
+            return vks_set_error(VKS_ERR_IO, "%s: cannot remove the old tokenizer: %s", p, strerror(errno));
+    }
+    return VKS_OK;
+}
+
+/* model.safetensors and config.json (and with tok its tokenizer files, in the
+ * form of its kind: vks_tokenizer_dir_files), committed as a set: on any
  * failure none is placed (and an existing set stays as it was). */
 static int write_hf_files(const vks_model *f32, const vks_hf_config *hc, const char *dir, vks_dtype dt,
                           const vks_tokenizer *tok) {
-    const char *names[4] = {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"};
+    const char *names[4] = {"model.safetensors", "config.json", NULL, NULL};
+    size_t n = 2 + (size_t)vks_tokenizer_dir_files(tok, &names[2]);
     char paths[4][1100];
-    size_t n = tok ? 4 : 2;
     int rc = VKS_OK;
     for (size_t i = 0; i < n && rc == VKS_OK; i++) rc = join(paths[i], sizeof paths[i], dir, names[i]);
     if (rc != VKS_OK) return rc;
@@ -344,9 +361,17 @@ static int write_hf_files(const vks_model *f32, const vks_hf_config *hc, const c
     for (size_t i = 0; i < n && rc == VKS_OK; i++) rc = vks_outfile_open(&o[i], paths[i], 0666);
     if (rc == VKS_OK) rc = write_weights(f32, o[0].f, paths[0], dt);
     if (rc == VKS_OK) rc = vks_hf_config_write_stream(o[1].f, paths[1], hc, dt);
-    if (rc == VKS_OK && tok) rc = vks_tokenizer_save_hf(tok, o[2].f, paths[2], o[3].f, paths[3]);
-    if (rc == VKS_OK) return vks_outfile_commit_all(o, n, false);
-    for (size_t i = 0; i < n; i++) vks_outfile_abort(&o[i]);
+    if (rc == VKS_OK && tok) {
+        FILE *const f[2] = {o[2].f, n > 3 ? o[3].f : NULL};
+        const char *const p[2] = {paths[2], n > 3 ? paths[3] : NULL};
+        rc = vks_tokenizer_save_dir_files(tok, f, p);
+    }
+    if (rc != VKS_OK) {
+        for (size_t i = 0; i < n; i++) vks_outfile_abort(&o[i]);
+        return rc;
+    }
+    rc = vks_outfile_commit_all(o, n, false);
+    if (rc == VKS_OK && tok) rc = remove_other_tokenizers(dir, &names[2]);
     return rc;
 }
 

@@ -504,12 +504,25 @@ static int sniff(const char *path, char *kind) {
     return VKS_OK;
 }
 
-static int load_path(const char *path, const vks_model *m, vks_tokenizer **out) {
+/* A model directory's tokenizer: the first of tokenizer.json, tokenizer.gguf
+ * and tokenizer.bin (vks_tokenizer.h) that is present. */
+static int load_dir(const char *dir, const vks_model *m, vks_tokenizer **out) {
     char buf[4096];
-    if (is_dir(path)) {
-        snprintf(buf, sizeof buf, "%s/tokenizer.json", path);
-        return vks_tokenizer_load_hf_json(buf, out);
+    snprintf(buf, sizeof buf, "%s/" VKS_TOKENIZER_JSON, dir);
+    if (is_file(buf)) return vks_tokenizer_load_hf_json(buf, out);
+    snprintf(buf, sizeof buf, "%s/" VKS_TOKENIZER_GGUF, dir);
+    if (is_file(buf)) return vks_tokenizer_load_gguf(buf, out);
+    snprintf(buf, sizeof buf, "%s/" VKS_TOKENIZER_BIN, dir);
+    if (is_file(buf)) {
+        if (!m) return vks_set_error(VKS_ERR_ARG, "%s: a llama2.c tokenizer.bin needs the model's vocab size", buf);
+        return vks_tokenizer_load_llama2c(buf, m->cfg.vocab_size, out);
     }
+    return vks_set_error(VKS_ERR_ARG, "%s: no " VKS_TOKENIZER_JSON ", " VKS_TOKENIZER_GGUF " or " VKS_TOKENIZER_BIN
+                         " in the directory; give --tokenizer", dir);
+}
+
+static int load_path(const char *path, const vks_model *m, vks_tokenizer **out) {
+    if (is_dir(path)) return load_dir(path, m, out);
     char kind = 'b';
     int rc = sniff(path, &kind);
     if (rc != VKS_OK) return rc;
@@ -523,12 +536,7 @@ static int load_path(const char *path, const vks_model *m, vks_tokenizer **out) 
 
 static int load_from_model(const vks_model *m, vks_tokenizer **out) {
     if (m->gguf) return vks_tokenizer_load_gguf_handle(m->gguf, m->path, out);
-    if (m->dir[0]) {
-        char buf[4096];
-        snprintf(buf, sizeof buf, "%s/tokenizer.json", m->dir);
-        if (is_file(buf)) return vks_tokenizer_load_hf_json(buf, out);
-        return vks_set_error(VKS_ERR_ARG, "%s: no tokenizer.json in the model directory; give --tokenizer", m->dir);
-    }
+    if (m->dir[0]) return load_dir(m->dir, m, out);
     return vks_set_error(VKS_ERR_ARG, "%s: the model carries no tokenizer; give --tokenizer", m->path);
 }
 

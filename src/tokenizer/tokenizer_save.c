@@ -274,3 +274,54 @@ int vks_tokenizer_save_hf(const vks_tokenizer *t, FILE *tok, const char *tok_nam
     json_decref(conf);
     return rc;
 }
+
+/* ---- tokenizer.gguf and tokenizer.bin: the files beside a model directory's weights ---- */
+
+/* The GGUF vocabulary alone (no tensors), as vks_tokenizer_load_gguf reads it. */
+static int save_gguf_vocab(const vks_tokenizer *t, FILE *f, const char *name) {
+    vks_gguf_writer *w = NULL;
+    int rc = vks_gguf_writer_create(&w);
+    if (rc == VKS_OK) rc = vks_tokenizer_save_gguf(t, w);
+    if (rc == VKS_OK) rc = vks_gguf_writer_write_stream(w, f, name);
+    vks_gguf_writer_free(w);
+    return rc;
+}
+
+static bool put_le32(FILE *f, uint32_t v) {
+    unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
+    return fwrite(b, 1, 4, f) == 4;
+}
+
+/* llama2.c's tokenizer.bin as the loader read it: the same bytes back. */
+static int save_llama2c(const vks_tokenizer *t, FILE *f, const char *name) {
+    bool ok = put_le32(f, (uint32_t)t->max_token_length);
+    for (int i = 0; ok && i < t->vocab_size; i++) {
+        uint32_t score;
+        memcpy(&score, &t->score[i], 4);
+        ok = put_le32(f, score) && put_le32(f, (uint32_t)t->len[i]) &&
+             fwrite(piece(t, i), 1, (size_t)t->len[i], f) == (size_t)t->len[i];
+    }
+    return ok ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: write failed", name);
+}
+
+int vks_tokenizer_dir_files(const vks_tokenizer *t, const char *names[2]) {
+    names[0] = names[1] = NULL;
+    if (!t) return 0;
+    if (t->kind == TOK_KIND_BPE) {
+        names[0] = VKS_TOKENIZER_JSON;
+        names[1] = VKS_TOKENIZER_CONFIG_JSON;
+        return 2;
+    }
+    names[0] = t->kind == TOK_KIND_SPM ? VKS_TOKENIZER_GGUF : VKS_TOKENIZER_BIN;
+    return 1;
+}
+
+int vks_tokenizer_save_dir_files(const vks_tokenizer *t, FILE *const f[2], const char *const names[2]) {
+    if (!t || !f || !names || !f[0] || !names[0])
+        return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_save_dir_files: NULL argument");
+    if (t->kind == TOK_KIND_BPE) {
+        if (!f[1] || !names[1]) return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_save_dir_files: no config file");
+        return vks_tokenizer_save_hf(t, f[0], names[0], f[1], names[1]);
+    }
+    return t->kind == TOK_KIND_SPM ? save_gguf_vocab(t, f[0], names[0]) : save_llama2c(t, f[0], names[0]);
+}
