@@ -316,6 +316,109 @@ static void test_chat_formats(void **s) {
     assert_int_equal(vks_chat_format("chatml", bad, 1, true, &out), VKS_ERR_ARG);
 }
 
+static char *chat_or_fail(const char *tmpl, const vks_chat_message *m, int n, bool prompt, bool no_think) {
+    vks_chat_options o = {.add_assistant_prompt = prompt, .disable_thinking = no_think};
+    char *out = NULL;
+    int rc = vks_chat_format_opts(tmpl, m, n, &o, &out);
+    if (rc) fail_msg("chat %s: %s", tmpl, vks_last_error());
+    return out;
+}
+
+static void assert_chat(const char *tmpl, const vks_chat_message *m, int n, bool prompt, bool no_think,
+                        const char *want) {
+    char *out = chat_or_fail(tmpl, m, n, prompt, no_think);
+    assert_string_equal(out, want);
+    free(out);
+}
+
+/* Qwen3's template (Qwen3-0.6B ... 235B tokenizer_config.json), the <think>
+ * convention of reasoning models, against renderings published from
+ * transformers' apply_chat_template: the model card's prompts with
+ * enable_thinking true and false, and a history turn without reasoning
+ * getting the empty think block of the last turn (SkyRL's templates README:
+ * [user "Hi", assistant "Hello"] without a generation prompt). The rest
+ * follows the template's rules: reasoning is kept only after the last user
+ * query, tool results (and user turns holding only one) do not count as
+ * queries. */
+static void test_chat_qwen3_thinking(void **s) {
+    (void)s;
+    vks_chat_message one[] = {{"user", "Give me a short introduction to large language model."}};
+    assert_chat("qwen3", one, 1, true, false,
+                "<|im_start|>user\nGive me a short introduction to large language model.<|im_end|>\n"
+                "<|im_start|>assistant\n");
+    assert_chat("qwen3", one, 1, true, true,
+                "<|im_start|>user\nGive me a short introduction to large language model.<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    vks_chat_message hi[] = {{"user", "Hi"}, {"assistant", "Hello"}};
+    assert_chat("qwen3", hi, 2, false, false,
+                "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHello<|im_end|>\n");
+    /* The reasoning of an answered turn is dropped; the last turn's kept, its newlines normalised. */
+    vks_chat_message multi[] = {{"system", "Be brief."},
+                                {"user", "1+1?"},
+                                {"assistant", "<think>\nOne and one.\n</think>\n\n2"},
+                                {"user", "Times 3?"},
+                                {"assistant", "<think>\n\n2 times 3\n\n</think>\n\n\n6"}};
+    assert_chat("qwen3", multi, 5, false, false,
+                "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1?<|im_end|>\n"
+                "<|im_start|>assistant\n2<|im_end|>\n<|im_start|>user\nTimes 3?<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\n2 times 3\n</think>\n\n6<|im_end|>\n");
+    assert_chat("qwen3", multi, 4, true, false,
+                "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1?<|im_end|>\n"
+                "<|im_start|>assistant\n2<|im_end|>\n<|im_start|>user\nTimes 3?<|im_end|>\n<|im_start|>assistant\n");
+    /* After the last query: a turn with reasoning keeps it, one without stays plain (not last);
+     * consecutive tool results share one user turn. */
+    vks_chat_message tools[] = {{"user", "Weather?"},
+                                {"assistant", "<think>look it up</think>calling"},
+                                {"tool", "sunny"},
+                                {"tool", "20C"},
+                                {"assistant", "no reasoning here"},
+                                {"user", "<tool_response>\nlate\n</tool_response>"},
+                                {"assistant", "Sunny, 20C."}};
+    assert_chat("qwen3", tools, 7, false, false,
+                "<|im_start|>user\nWeather?<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\nlook it up\n</think>\n\ncalling<|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n20C\n</tool_response>"
+                "<|im_end|>\n<|im_start|>assistant\nno reasoning here<|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\nlate\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n<think>\n\n</think>\n\nSunny, 20C.<|im_end|>\n");
+    /* Several think blocks: reasoning after the last <think> before the first </think>,
+     * the answer after the last </think>. */
+    vks_chat_message twice[] = {{"user", "q"}, {"assistant", "<think>a<think>b</think>mid</think>\nend"}};
+    assert_chat("qwen3", twice, 2, false, false,
+                "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nb\n</think>\n\nend<|im_end|>\n");
+    /* Recognized from the Jinja text by its enable_thinking switch; plain ChatML stays ChatML. */
+    assert_string_equal(vks_chat_template_family("{%- if enable_thinking is defined %}<|im_start|>"), "qwen3");
+    assert_string_equal(vks_chat_template_family("{{ '<|im_start|>' + m.role }}"), "chatml");
+    char *out = NULL;
+    vks_chat_message bad[] = {{"critic", "x"}};
+    assert_int_equal(vks_chat_format("qwen3", bad, 1, true, &out), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "critic"));
+}
+
+/* Llama 3.1-3.3's template (no tools, its default date) against the rendering
+ * published from apply_chat_template (BOS left to the tokenizer): the system
+ * turn always comes first, with the knowledge-cutoff lines. */
+static void test_chat_llama31(void **s) {
+    (void)s;
+    vks_chat_message user[] = {{"user", "What is 2+2?"}};
+    assert_chat("llama3.1", user, 1, true, false,
+                "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                "Today Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    vks_chat_message m[] = {{"system", "  You are a pirate. \n"}, {"user", " Hi! "}, {"assistant", "Arr.\n"}};
+    assert_chat("llama3.1", m, 3, false, false,
+                "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                "Today Date: 26 Jul 2024\n\nYou are a pirate.<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\nArr.<|eot_id|>");
+    assert_string_equal(vks_chat_template_family("{{- \"Cutting Knowledge Date: December 2023\\n\" }}"
+                                                 "{{ '<|start_header_id|>' }}"), "llama3.1");
+    assert_string_equal(vks_chat_template_family("{{ '<|start_header_id|>' + role }}"), "llama3");
+    char *out = NULL;
+    vks_chat_message tool[] = {{"user", "x"}, {"tool", "{}"}};
+    assert_int_equal(vks_chat_format("llama3.1", tool, 2, true, &out), VKS_ERR_ARG);
+}
+
 /* The pre-tokenizers named by tokenizer.ggml.pre, on a tiny GGUF BPE vocabulary
  * (llama-bpe and qwen2 have test vectors but no vocabulary in the shared folder). */
 static void test_pretokenizer_rules(void **s) {
@@ -1044,6 +1147,16 @@ static void test_cli(void **s) {
     assert_int_equal(tu_run(cmd, &out), 0);
     assert_string_equal(out, "[INST] Hi [/INST]");
     free(out);
+    /* Qwen3's prompt without thinking, through the tiny model's byte-level tokenizer (the
+     * markers are plain bytes there): detokenized, the exact text. */
+    snprintf(cmd, sizeof cmd, "cd %s && %s convert --init tiny --out tiny.gguf 2>/dev/null && printf 'Hi' | %s tokenize "
+             "--model tiny.gguf --no-bos --chat --chat-template qwen3 --no-think | %s detokenize --model tiny.gguf",
+             tu_tmpdir(), tu_bin(), tu_bin(), tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "printf x | %s tokenize --no-think --tokenizer %s 2>/dev/null", tu_bin(), gpt2);
+    assert_int_equal(tu_run(cmd, NULL), 2);
     /* llama2.c tokenizer.bin without a model needs --vocab-size. */
     snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s tokenize --no-bos --vocab-size 512 --tokenizer %s",
              tu_bin(), tok512);
@@ -1080,6 +1193,7 @@ int main(void) {
             cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_special_tokens),     cmocka_unit_test(test_phi3_metadata),
         cmocka_unit_test(test_chat_formats),       cmocka_unit_test(test_hf_json),
+        cmocka_unit_test(test_chat_qwen3_thinking), cmocka_unit_test(test_chat_llama31),
         cmocka_unit_test(test_hf_json_odd_files),
         cmocka_unit_test(test_gguf_mutations),     cmocka_unit_test(test_gguf_bad_fields),
         cmocka_unit_test(test_pretokenizer_rules), cmocka_unit_test(test_cli),

@@ -11,7 +11,7 @@
 
 static const char tokenize_usage[] =
     "usage: vkswarm tokenize (--model M | --tokenizer T [--vocab-size N]) [--no-bos] [--special]\n"
-    "                        [--chat [--chat-template chatml|llama2|llama3|phi3] [--system TEXT]] [--prompt TEXT]\n"
+    "                        [--chat [--chat-template NAME] [--system TEXT] [--no-think]] [--prompt TEXT]\n"
     "Reads UTF-8 text on stdin (every byte counts, a final newline too; or --prompt TEXT) and prints\n"
     "its token ids, space-separated, on one line. The tokenizer comes from --tokenizer (llama2.c\n"
     "tokenizer.bin, a .gguf, a Hugging Face tokenizer.json or its directory) or from the model (GGUF\n"
@@ -19,7 +19,9 @@ static const char tokenize_usage[] =
     "BOS is added when the vocabulary asks for it (--no-bos: never). --special: control tokens\n"
     "written in the text (<|endoftext|>, </s>...) become those tokens.\n"
     "--chat: stdin is one user message, formatted with the model's chat template (or the one named\n"
-    "by --chat-template) and an assistant prompt; special tokens are parsed.\n";
+    "by --chat-template: chatml, qwen3, llama2, llama3, llama3.1, phi3) and an assistant prompt;\n"
+    "special tokens are parsed. --no-think: Qwen3's enable_thinking=false (the prompt ends with an\n"
+    "empty <think></think> block).\n";
 
 static const char detokenize_usage[] =
     "usage: vkswarm detokenize (--model M | --tokenizer T [--vocab-size N]) [--special]\n"
@@ -29,7 +31,7 @@ static const char detokenize_usage[] =
 typedef struct {
     cli_model_args m;
     int vocab_size;
-    bool no_bos, special, chat;
+    bool no_bos, special, chat, no_think;
     const char *chat_template, *system, *prompt;
 } tok_args;
 
@@ -39,7 +41,8 @@ static void parse_args(int argc, char **argv, tok_args *a, bool tokenize) {
                                          {"special", no_argument, 0, 0},          {"chat", no_argument, 0, 0},
                                          {"chat-template", required_argument, 0, 0},
                                          {"system", required_argument, 0, 0},     {"prompt", required_argument, 0, 0},
-                                         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+                                         {"no-think", no_argument, 0, 0},         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     const char *usage = tokenize ? tokenize_usage : detokenize_usage;
     int c, idx;
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
@@ -49,13 +52,14 @@ static void parse_args(int argc, char **argv, tok_args *a, bool tokenize) {
         }
         const char *name = opts[idx].name;
         bool tok_only = !strcmp(name, "no-bos") || !strcmp(name, "chat") || !strcmp(name, "chat-template") ||
-                        !strcmp(name, "system") || !strcmp(name, "prompt");
+                        !strcmp(name, "system") || !strcmp(name, "prompt") || !strcmp(name, "no-think");
         if (tok_only && !tokenize) cli_usage_error("detokenize", "unknown option '--%s'", name);
         if (!strcmp(name, "model")) a->m.model_path = optarg;
         else if (!strcmp(name, "tokenizer")) a->m.tokenizer_path = optarg;
         else if (!strcmp(name, "vocab-size")) a->vocab_size = (int)cli_parse_long("--vocab-size", optarg, 1, 1 << 22);
         else if (!strcmp(name, "no-bos")) a->no_bos = true;
         else if (!strcmp(name, "special")) a->special = true;
+        else if (!strcmp(name, "no-think")) a->no_think = true;
         else if (!strcmp(name, "chat")) a->chat = true;
         else if (!strcmp(name, "chat-template")) a->chat_template = optarg;
         else if (!strcmp(name, "system")) a->system = optarg;
@@ -63,8 +67,8 @@ static void parse_args(int argc, char **argv, tok_args *a, bool tokenize) {
     }
     if (optind < argc) cli_usage_error(argv[0], "unexpected argument '%s'", argv[optind]);
     if (!a->m.model_path && !a->m.tokenizer_path) cli_die(EXIT_BAD_INPUT, "%s: give --model or --tokenizer", argv[0]);
-    if ((a->chat_template || a->system) && !a->chat)
-        cli_die(EXIT_BAD_INPUT, "tokenize: --chat-template and --system need --chat");
+    if ((a->chat_template || a->system || a->no_think) && !a->chat)
+        cli_die(EXIT_BAD_INPUT, "tokenize: --chat-template, --system and --no-think need --chat");
 }
 
 static bool is_gguf_file(const char *path) {
@@ -123,7 +127,8 @@ static char *chat_text(const tok_args *a, const vks_tokenizer *t, const char *us
     if (a->system) msgs[n++] = (vks_chat_message){"system", a->system};
     msgs[n++] = (vks_chat_message){"user", user};
     char *out = NULL;
-    if (vks_chat_format(tmpl, msgs, n, true, &out)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    vks_chat_options o = {.add_assistant_prompt = true, .disable_thinking = a->no_think};
+    if (vks_chat_format_opts(tmpl, msgs, n, &o, &out)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     return out;
 }
 

@@ -4,7 +4,7 @@
  *    fallback (llama.cpp llm_tokenizer_spm: U+2581 for spaces, dummy prefix).
  *  - GGUF "gpt2" and Hugging Face tokenizer.json BPE: byte-level BPE by merge
  *    rank after the GPT-2 / Llama 3 / Qwen2 regex pre-tokenizer (PCRE2).
- * Plus chat templates (ChatML, Llama 2, Llama 3, Phi-3). */
+ * Plus chat templates (ChatML, Qwen3, Llama 2, Llama 3, Llama 3.1, Phi-3). */
 #ifndef VKS_TOKENIZER_H
 #define VKS_TOKENIZER_H
 #include "vks_common.h"
@@ -140,12 +140,19 @@ typedef struct {
     const char *content;
 } vks_chat_message;
 
-/* Formats a conversation. template_name_or_jinja: "chatml", "llama2",
- * "llama3", "phi3", or a Jinja template (tokenizer.chat_template) whose family
- * is recognized from its markers. The text carries no BOS (the tokenizer adds
- * it); tokenize it with parse_special. *out is malloc'd. */
+/* Formats a conversation. template_name_or_jinja: "chatml", "qwen3",
+ * "llama2", "llama3", "llama3.1", "phi3", or a Jinja template
+ * (tokenizer.chat_template) whose family is recognized from its markers
+ * (chat.c lists each family's rules). The text carries no BOS (the tokenizer
+ * adds it); tokenize it with parse_special. *out is malloc'd. */
 int vks_chat_format(const char *template_name_or_jinja, const vks_chat_message *msgs, int n,
                     bool add_assistant_prompt, char **out);
+typedef struct {
+    bool add_assistant_prompt;
+    bool disable_thinking; /* qwen3: enable_thinking=false, the prompt ends with an empty <think> block */
+} vks_chat_options;
+int vks_chat_format_opts(const char *template_name_or_jinja, const vks_chat_message *msgs, int n,
+                         const vks_chat_options *o, char **out);
 /* Family name ("chatml", ...) of a name or Jinja text, or NULL. */
 const char *vks_chat_template_family(const char *template_name_or_jinja);
 #endif
