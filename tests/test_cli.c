@@ -962,6 +962,28 @@ static void test_train_sft_sentencepiece(void **state) {
     assert_int_equal(tu_run(cmd, &out), 2);
     assert_non_null(strstr(out, "holds no tokenizer"));
     free(out);
+    /* A tokenizer no checkpoint could hold (a GGUF vocabulary repeating a piece, which
+     * tokenizer.json cannot) is refused before training starts, not at the first save. */
+    vks_gguf_writer *w = NULL;
+    assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
+    const char *toks[] = {"a", "b", "ab", "a"}, *merges[] = {"a b"};
+    assert_int_equal(vks_gguf_add_str(w, "tokenizer.ggml.model", "gpt2"), VKS_OK);
+    assert_int_equal(vks_gguf_add_str(w, "tokenizer.ggml.pre", "gpt-2"), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr_str(w, "tokenizer.ggml.tokens", toks, 4), VKS_OK);
+    assert_int_equal(vks_gguf_add_arr_str(w, "tokenizer.ggml.merges", merges, 1), VKS_OK);
+    snprintf(a, sizeof a, "%s/dup.gguf", dir);
+    assert_int_equal(vks_gguf_writer_save(w, a), VKS_OK);
+    vks_gguf_writer_free(w);
+    snprintf(cmd, sizeof cmd, "%s convert --random-model 32,64,1,2,2,4 --tokenizer %s --out %s/dup-model.gguf "
+             "2>/dev/null", tu_bin(), a, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "%s train sft --model %s/dup-model.gguf --data %s --steps 1 --out %s/dup 2>&1", tu_bin(),
+             dir, data, dir);
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "repeats an earlier piece"));
+    free(out);
+    snprintf(a, sizeof a, "%s/dup", dir);
+    assert_int_not_equal(access(a, F_OK), 0);
 }
 
 static double json_number(const char *out, const char *key) {

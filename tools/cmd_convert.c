@@ -89,17 +89,6 @@ static int probe_gguf(const vks_tokenizer *t) {
     return rc;
 }
 
-static int probe_hf(const vks_tokenizer *t) {
-    const char *names[2];
-    int n = vks_tokenizer_dir_files(t, names);
-    FILE *f[2] = {fopen("/dev/null", "w"), n > 1 ? fopen("/dev/null", "w") : NULL};
-    int rc = f[0] && (n < 2 || f[1]) ? vks_tokenizer_save_dir_files(t, f, names)
-                                     : vks_set_error(VKS_ERR_IO, "/dev/null: cannot open");
-    for (int i = 0; i < 2; i++)
-        if (f[i]) fclose(f[i]);
-    return rc;
-}
-
 /* The source directory's tokenizer file, or NULL when it has none. */
 static const char *dir_tokenizer_file(const vks_model *m, char *path, size_t cap) {
     const char *names[3] = {VKS_TOKENIZER_JSON, VKS_TOKENIZER_GGUF, VKS_TOKENIZER_BIN};
@@ -131,7 +120,7 @@ static void output_tokenizer(const char *tok_path, const vks_model *m, out_forma
         vks_tokenizer_free(t);
         return;
     }
-    if (rc == VKS_OK) rc = fmt == OUT_HF ? probe_hf(t) : probe_gguf(t);
+    if (rc == VKS_OK) rc = fmt == OUT_HF ? vks_tokenizer_check_dir_files(t) : probe_gguf(t);
     if (rc == VKS_OK) {
         o->tokenizer = *owned = t;
         return;

@@ -127,6 +127,8 @@ int cmd_train(int argc, char **argv) {
     parse_train(argc, argv, &a);
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(&a.m, a.init, a.o.seed, &tok);
+    if (vks_tokenizer_check_dir_files(tok)) /* checkpoints hold it: refused now, not at the first save */
+        cli_die(EXIT_BAD_INPUT, "%s (checkpoints could not hold the tokenizer)", vks_last_error());
     vks_gpu *g = cli_open_gpu(&a.m);
     cli_progress bar;
     cli_progress_start(&bar, "train");

@@ -133,6 +133,9 @@ int vks_tokenizer_dir_files(const vks_tokenizer *t, const char *names[2]);
  * gives them), so that vks_tokenizer_load_auto on the directory gives the same
  * tokenizer back. */
 int vks_tokenizer_save_dir_files(const vks_tokenizer *t, FILE *const f[2], const char *const names[2]);
+/* A dry run of vks_tokenizer_save_dir_files (to /dev/null): what a job that
+ * writes checkpoints checks before it starts, rather than at its first save. */
+int vks_tokenizer_check_dir_files(const vks_tokenizer *t);
 
 /* ---- chat templates (chat.c) ---- */
 typedef struct {

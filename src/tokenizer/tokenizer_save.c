@@ -325,3 +325,15 @@ int vks_tokenizer_save_dir_files(const vks_tokenizer *t, FILE *const f[2], const
     }
     return t->kind == TOK_KIND_SPM ? save_gguf_vocab(t, f[0], names[0]) : save_llama2c(t, f[0], names[0]);
 }
+
+int vks_tokenizer_check_dir_files(const vks_tokenizer *t) {
+    if (!t) return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_check_dir_files: NULL argument");
+    const char *names[2];
+    int n = vks_tokenizer_dir_files(t, names);
+    FILE *f[2] = {fopen("/dev/null", "w"), n > 1 ? fopen("/dev/null", "w") : NULL};
+    int rc = f[0] && (n < 2 || f[1]) ? vks_tokenizer_save_dir_files(t, f, names)
+                                     : vks_set_error(VKS_ERR_IO, "/dev/null: cannot open");
+    for (int i = 0; i < 2; i++)
+        if (f[i]) fclose(f[i]);
+    return rc;
+}
