@@ -100,8 +100,8 @@ struct vks_tokenizer;
 typedef struct {
     vks_dtype dtype;            /* dtype of 2-D weight matrices; norms and biases stay f32 */
     const char *tokenizer_path; /* GGUF only: llama2.c tokenizer.bin to embed, or NULL */
-    /* A tokenizer to write with the model (SPM or BPE for GGUF, BPE for a HF
-     * directory), or NULL. Not together with tokenizer_path. */
+    /* A tokenizer to write with the model (SPM or BPE for GGUF, any kind for a
+     * HF directory), or NULL. Not together with tokenizer_path. */
     const struct vks_tokenizer *tokenizer;
 } vks_model_save_options;
 
@@ -111,9 +111,11 @@ typedef struct {
  * else is copied from m's own GGUF (else only m's bos/eos ids are written). */
 int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_save_options *opt);
 /* Writes a Hugging Face directory: config.json + model.safetensors (q/k rows in
- * half-split RoPE order), and with opt->tokenizer its tokenizer.json and
- * tokenizer_config.json, all four placed together. dtype f32, f16 or bf16
- * (opt may be NULL: f32). */
+ * half-split RoPE order), and with opt->tokenizer its tokenizer files in the
+ * form of its kind (vks_tokenizer_dir_files: tokenizer.json +
+ * tokenizer_config.json, tokenizer.gguf or tokenizer.bin), all placed
+ * together; tokenizer files of the other kinds left from an earlier model are
+ * removed. dtype f32, f16 or bf16 (opt may be NULL: f32). */
 int vks_model_save_safetensors(const vks_model *m, const char *dir, const vks_model_save_options *opt);
 
 /* ---- the built-in tiny model (src/model/model_tiny.c) ----
