@@ -22,7 +22,7 @@ static const char convert_usage[] =
     "--tokenizer T (a llama2.c tokenizer.bin, a GGUF vocabulary or model, a tokenizer.json or a\n"
     "directory holding one) is written with the model: as tokenizer.ggml.* metadata in GGUF, in a\n"
     "Hugging Face directory as tokenizer.json (byte-level BPE), tokenizer.gguf (SentencePiece) or\n"
-    "tokenizer.bin (llama.c). Without it the source's own tokenizer goes along where the output\n"
+    "tokenizer.bin (llama2.c). Without it the source's own tokenizer goes along where the output\n"
     "can hold it (a llama2.c file holds none).\n"
     "--init tiny writes the built-in tiny model (dim 128, 4 layers, byte-level vocabulary of 259\n"
     "tokens, 0.82M parameters) initialised from --seed (default 0), with its tokenizer, as GGUF or\n"
