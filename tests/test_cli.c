@@ -1000,6 +1000,32 @@ static void test_tasks_eval(void **state) {
     assert_int_not_equal(access(cmd, F_OK), 0);
 }
 
+/* Config values checked before anything runs, naming the key, exit 2 (a
+ * token_budget of 1e-300 failed at step 1 as "grpo_loss: bad arguments";
+ * "file:" with no name exited 1); lines without end fail at the limit
+ * (these ran forever), nothing written. */
+static void test_rl_and_data_inputs_exit_2(void **state) {
+    (void)state;
+    char dir[256], args[1024];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    const struct { const char *args, *msg; } cases[] = {
+        {"rl --set task=file: --out %s/o", "vkswarm: config: task: \"file:\" names no file"},
+        {"rl --set token_budget=1e-300 --out %s/o", "vkswarm rl: --set: token_budget must be 0 or a number in [1, 1e+12]"},
+        {"rl --set length_targets=64,0 --out %s/o", "length_targets: 0 is not a token count in [1, 1048576]"},
+        {"rl --set task=file:/dev/zero --steps 1 --out %s/o", "vkswarm: /dev/zero: line 1: longer than 65536 bytes"},
+        {"train sft --init tiny --data /dev/zero --steps 1 --out %s/o", "vkswarm: /dev/zero: line 1: longer than 1048576 bytes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out, *err;
+        snprintf(args, sizeof args, cases[i].args, dir);
+        int rc = run_capture(args, &out, &err);
+        if (rc != 2 || *out || !strstr(err, cases[i].msg)) fail_msg("'%s': status %d, stderr '%s'", args, rc, err);
+        free(out), free(err);
+    }
+    snprintf(args, sizeof args, "%s/o", dir);
+    assert_int_not_equal(access(args, F_OK), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -1013,7 +1039,7 @@ int main(void) {
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
-        cmocka_unit_test(test_tasks_eval),
+        cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
