@@ -295,6 +295,8 @@ static void test_task_file_limits(void **state) {
     if (vks_task_file_load(path, &tasks, &n)) fail_msg("a 4096-byte prompt: %s", vks_last_error());
     assert_int_equal(n, 1);
     assert_int_equal(strlen(tasks[0].prompt), VKS_TASK_MAX_PROMPT);
+    assert_int_equal(vks_task_add_length_target(&tasks[0], 1 << 20), VKS_OK); /* RL's sentence still fits */
+    assert_non_null(strstr(tasks[0].prompt, "ppThink for 1048576 tokens.\n"));
     free(tasks);
     memmove(text + at + 1, text + at, strlen(text + at) + 1);
     text[at] = 'p';

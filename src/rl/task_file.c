@@ -91,7 +91,7 @@ static int task_from_json(json_t *root, vks_task *t) {
         if (!strcmp(types[i].name, type)) k = i;
     if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown)", type);
     t->verify = types[k].kind;
-    if ((rc = string_field(root, "prompt", t->prompt, sizeof t->prompt, true))) return rc;
+    if ((rc = string_field(root, "prompt", t->prompt, VKS_TASK_MAX_PROMPT + 1, true))) return rc;
     bool countdown = t->verify == VKS_VERIFY_COUNTDOWN;
     if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, !countdown))) return rc;
     if (countdown) return countdown_fields(root, t);
