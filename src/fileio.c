@@ -207,3 +207,34 @@ int vks_file_read_all(const char *path, size_t most, char **out, size_t *len) {
     *out = buf, *len = n;
     return VKS_OK;
 }
+
+int vks_open_read(const char *path, int flags) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | flags);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl != -1) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    }
+    return fd;
+}
+
+int vks_fopen_regular(const char *path, FILE **out) {
+    if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_fopen_regular: NULL argument");
+    *out = NULL;
+    int fd = vks_open_read(path, 0);
+    if (fd < 0) {
+        int e = errno;
+        vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+        errno = e;
+        return VKS_ERR_IO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return vks_set_error(VKS_ERR_FORMAT, "%s: not a regular file", path);
+    }
+    *out = fdopen(fd, "rb");
+    if (*out) return VKS_OK;
+    close(fd);
+    return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
+}

@@ -818,9 +818,41 @@ static char *read_text(const char *path) {
     return s;
 }
 
+/* eval --data of a copy of the checkpoint with every weight times 1e10
+ * (finite, so loading takes it): the activations overflow. No "nan" reaches the
+ * JSON on stdout (it printed "mean_loss": nan, exit 0): a message, exit 2. */
+static void eval_of_overflowing_weights(const char *dir, const char *data) {
+    char cmd[4096], path[1024], *out, *err;
+    snprintf(cmd, sizeof cmd, "cp -r %s/a/step-000000004 %s/huge", dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(path, sizeof path, "%s/huge/model.safetensors", dir);
+    size_t len = 0;
+    unsigned char *st = tu_read_file(path, &len);
+    assert_non_null(st);
+    uint64_t header = 0;
+    for (int i = 7; i >= 0; i--) header = header << 8 | st[i];
+    assert_true(8 + header < len);
+    for (size_t i = 8 + (size_t)header; i + 4 <= len; i += 4) { /* F32 tensors */
+        float w;
+        memcpy(&w, st + i, 4);
+        w *= 1e10f;
+        memcpy(st + i, &w, 4);
+    }
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(st, 1, len, f), len);
+    fclose(f);
+    free(st);
+    snprintf(cmd, sizeof cmd, "eval --model %s/huge --data %s", dir, data);
+    assert_int_equal(run_capture(cmd, &out, &err), 2);
+    if (*out || !strstr(err, "add.jsonl is NaN, not a finite number") || strstr(err, "Sanitizer")) fail_msg("eval, huge weights: '%s' '%s'", out, err);
+    free(out), free(err);
+}
+
 static void test_train_sft_resume(void **state) {
     (void)state;
-    const char *dir = tu_tmpdir();
+    char dir[256]; /* a copy: run_capture's tu_tmpdir() reuses the buffer */
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     char data[512], cmd[4096], path[1024];
     snprintf(data, sizeof data, "%s/add.jsonl", dir);
     FILE *f = fopen(data, "w");
@@ -869,6 +901,7 @@ static void test_train_sft_resume(void **state) {
     acc = atof(t + 18);
     assert_true(loss > 0 && loss < 5.6 && acc >= 0 && acc <= 1); /* trained below the uniform 5.56 */
     free(out);
+    eval_of_overflowing_weights(dir, data);
     f = fopen(data, "a");
     fputs("{\"prompt\": 3}\n", f);
     fclose(f);
@@ -876,6 +909,14 @@ static void test_train_sft_resume(void **state) {
     assert_int_equal(tu_run(cmd, &out), 2);
     assert_non_null(strstr(out, "line 13"));
     free(out);
+    /* eval on it: one line, exit 2, and the device freed first (the ASan build's
+     * leak check failed this run: the GPU context was held at exit) */
+    char *err;
+    snprintf(cmd, sizeof cmd, "eval --model %s/a/step-000000004 --data %s", dir, data);
+    assert_int_equal(run_capture(cmd, &out, &err), 2);
+    if (*out || !strstr(err, "add.jsonl: line 13: ") || strstr(err, "Sanitizer"))
+        fail_msg("eval, bad line: '%s' '%s'", out, err);
+    free(out), free(err);
 }
 
 /* The stdout of a command that must succeed. */
@@ -1067,6 +1108,32 @@ static void test_tasks_eval(void **state) {
     assert_int_not_equal(access(cmd, F_OK), 0);
 }
 
+/* Config values checked before anything runs, naming the key, exit 2 (a
+ * token_budget of 1e-300 failed at step 1 as "grpo_loss: bad arguments";
+ * "file:" with no name exited 1); lines without end fail at the limit
+ * (these ran forever), nothing written. */
+static void test_rl_and_data_inputs_exit_2(void **state) {
+    (void)state;
+    char dir[256], args[1024];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    const struct { const char *args, *msg; } cases[] = {
+        {"rl --set task=file: --out %s/o", "vkswarm: config: task: \"file:\" names no file"},
+        {"rl --set token_budget=1e-300 --out %s/o", "vkswarm rl: --set: token_budget must be 0 or a number in [1, 1e+12]"},
+        {"rl --set length_targets=64,0 --out %s/o", "length_targets: 0 is not a token count in [1, 1048576]"},
+        {"rl --set task=file:/dev/zero --steps 1 --out %s/o", "vkswarm: /dev/zero: line 1: longer than 65536 bytes"},
+        {"train sft --init tiny --data /dev/zero --steps 1 --out %s/o", "vkswarm: /dev/zero: line 1: longer than 1048576 bytes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out, *err;
+        snprintf(args, sizeof args, cases[i].args, dir);
+        int rc = run_capture(args, &out, &err);
+        if (rc != 2 || *out || !strstr(err, cases[i].msg)) fail_msg("'%s': status %d, stderr '%s'", args, rc, err);
+        free(out), free(err);
+    }
+    snprintf(args, sizeof args, "%s/o", dir);
+    assert_int_not_equal(access(args, F_OK), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -1081,7 +1148,7 @@ int main(void) {
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
         cmocka_unit_test(test_train_sft_sentencepiece),
-        cmocka_unit_test(test_tasks_eval),
+        cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

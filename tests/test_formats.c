@@ -6,6 +6,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "test_util.h"
 
+#include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_gguf.h"
 #include "vkswarm/vks_model.h"
@@ -17,6 +18,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1474,6 +1476,67 @@ static void assert_file_text(const char *path, const char *want) {
     free(got);
 }
 
+/* A FIFO (or device) in place of a model's, tokenizer's or checkpoint's file
+ * is refused at once, naming it: opening one for reading used to block until
+ * a writer came (forever: generate, eval, train and rl hung). An alarm turns a
+ * hang into a failure. */
+static void expect_not_regular(int rc, const char *path, const char *what) {
+    if (rc == VKS_OK || !strstr(vks_last_error(), path) || !strstr(vks_last_error(), "regular file"))
+        fail_msg("%s on a FIFO: %d '%s'", what, rc, vks_last_error());
+}
+
+static void test_fifo_inputs_refused(void **state) {
+    (void)state;
+    alarm(120);
+    const char *dir = tu_tmpdir();
+    char *fifo = path_in(dir, "pipe.gguf"), *hf = path_in(dir, "fifo-hf"), *ck = path_in(dir, "fifo-ck");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    vks_model *m = NULL;
+    vks_tokenizer *tok = NULL;
+    vks_gguf *g = NULL;
+    vks_st_file *st = NULL;
+    vks_hf_config cfg;
+    expect_not_regular(vks_model_load(fifo, &m), fifo, "vks_model_load");
+    expect_not_regular(vks_model_load_gguf(fifo, &m), fifo, "vks_model_load_gguf");
+    expect_not_regular(vks_model_load_llama2c(fifo, &m), fifo, "vks_model_load_llama2c");
+    expect_not_regular(vks_gguf_open(fifo, &g), fifo, "vks_gguf_open");
+    expect_not_regular(vks_st_open(fifo, &st), fifo, "vks_st_open");
+    expect_not_regular(vks_hf_config_load(fifo, &cfg), fifo, "vks_hf_config_load");
+    expect_not_regular(vks_tokenizer_load_llama2c(fifo, 512, &tok), fifo, "vks_tokenizer_load_llama2c");
+    expect_not_regular(vks_tokenizer_load_gguf(fifo, &tok), fifo, "vks_tokenizer_load_gguf");
+    expect_not_regular(vks_tokenizer_load_hf_json(fifo, &tok), fifo, "vks_tokenizer_load_hf_json");
+    expect_not_regular(vks_tokenizer_load_auto(fifo, NULL, &tok), fifo, "vks_tokenizer_load_auto");
+    /* each file of a saved model directory in turn */
+    assert_int_equal(vks_model_init_tiny(5, &m, &tok), VKS_OK);
+    vks_model_save_options o = {.dtype = VKS_DTYPE_F32, .tokenizer = tok};
+    assert_int_equal(vks_model_save_safetensors(m, hf, &o), VKS_OK);
+    vks_model_free(m);
+    vks_tokenizer_free(tok);
+    m = NULL, tok = NULL;
+    const char *names[] = {"model.safetensors", "config.json", "tokenizer.json"};
+    for (int i = 0; i < 3; i++) {
+        char *p = path_in(hf, names[i]), saved[1024];
+        snprintf(saved, sizeof saved, "%s.saved", p);
+        assert_int_equal(rename(p, saved), 0);
+        assert_int_equal(mkfifo(p, 0600), 0);
+        int rc = i < 2 ? vks_model_load(hf, &m) : vks_tokenizer_load_hf_json(p, &tok);
+        expect_not_regular(rc, p, names[i]);
+        assert_int_equal(unlink(p), 0);
+        assert_int_equal(rename(saved, p), 0);
+        free(p);
+    }
+    assert_int_equal(vks_model_load(hf, &m), VKS_OK); /* whole again */
+    vks_model_free(m);
+    /* a checkpoint's state.json */
+    assert_int_equal(mkdir(ck, 0777), 0);
+    char *state_json = path_in(ck, "state.json");
+    assert_int_equal(mkfifo(state_json, 0600), 0);
+    vks_checkpoint *c = NULL;
+    expect_not_regular(vks_checkpoint_load(ck, &c), state_json, "vks_checkpoint_load");
+    alarm(0);
+    free(state_json), free(fifo), free(hf), free(ck);
+}
+
 static void test_outfile_rules(void **state) {
     (void)state;
     const char *dir = tu_tmpdir();
@@ -1549,6 +1612,7 @@ int main(void) {
         cmocka_unit_test(test_fuzz_regressions),
         cmocka_unit_test(test_convert_cli),
         cmocka_unit_test(test_outfile_rules),
+        cmocka_unit_test(test_fifo_inputs_refused),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

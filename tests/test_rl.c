@@ -193,7 +193,7 @@ static void test_resume(void **state) {
     (void)state;
     assert_false(isnan(k0_last_loss)); /* test_synchronous_run ran */
     vks_rl_config c;
-    char cmd[800];
+    char cmd[2000];
     const char *out = k0_out;
     small_config(&c, out, 2, 0);
     c.save_every = 1, c.keep = 0;
@@ -225,6 +225,16 @@ static void test_resume(void **state) {
     log.n = 0;
     assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
     assert_non_null(strstr(vks_last_error(), "another task"));
+    assert_int_equal(log.n, 0);
+    /* a bad rl_next_batch is named as such (it was "not an RL run's checkpoint") */
+    small_config(&c, out, 2, 0); /* the task again */
+    c.save_every = 1, c.keep = 0;
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"rl_next_batch\": *[0-9]*/\"rl_next_batch\": -5/' '%s/step-000000002/state.json' && "
+             "grep -q '\"rl_next_batch\": -5' '%s/step-000000002/state.json'", out, out);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_FORMAT);
+    if (!strstr(vks_last_error(), "step-000000002/state.json: rl_next_batch is not an integer in [0, 2^40]"))
+        fail_msg("bad rl_next_batch: '%s'", vks_last_error());
     assert_int_equal(log.n, 0);
 }
 

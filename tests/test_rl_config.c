@@ -7,15 +7,17 @@
 
 #include "vkswarm/vks_rl_config.h"
 
-static int load_text(vks_rl_config *c, const char *json) {
+static int load_bytes(vks_rl_config *c, const char *json, size_t len) {
     char path[1024];
     snprintf(path, sizeof path, "%s/run.json", tu_tmpdir());
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs(json, f);
+    assert_int_equal(fwrite(json, 1, len, f), len);
     fclose(f);
     return vks_rl_config_load(c, path);
 }
+
+static int load_text(vks_rl_config *c, const char *json) { return load_bytes(c, json, strlen(json)); }
 
 static void test_defaults_one_rank(void **state) {
     (void)state;
@@ -111,11 +113,59 @@ static void test_refusals(void **state) {
     assert_int_equal(vks_rl_config_set(&c, "seed=-3"), VKS_ERR_FORMAT);
 }
 
+/* The message names the key and the problem, and says nothing of ranks for
+ * values that are not ranks. */
+static void expect_message(int rc, const char *needle) {
+    assert_int_equal(rc, VKS_ERR_FORMAT);
+    if (!strstr(vks_last_error(), needle) || strstr(vks_last_error(), "rank"))
+        fail_msg("message: '%s' (wanted '%s', no 'rank')", vks_last_error(), needle);
+}
+
+static void test_values_named(void **state) {
+    (void)state;
+    vks_rl_config c;
+    vks_rl_config_defaults(&c);
+    /* token_budget: 0 (automatic) or a token count; 1e-300 is no divisor (it failed at step 1, naming no key) */
+    expect_message(vks_rl_config_set(&c, "token_budget=1e-300"), "--set: token_budget must be 0 or a number in [1, 1e+12]");
+    expect_message(vks_rl_config_set(&c, "token_budget=0.5"), "token_budget must be 0 or a number in [1,");
+    expect_message(vks_rl_config_set(&c, "token_budget=-0.0001"), "token_budget");
+    expect_message(load_text(&c, "{\"token_budget\": 1e-300}"), "run.json: token_budget must be 0 or");
+    assert_int_equal(vks_rl_config_set(&c, "token_budget=64"), VKS_OK);
+    assert_true(c.token_budget == 64);
+    assert_int_equal(vks_rl_config_set(&c, "token_budget=0"), VKS_OK);
+    assert_true(c.token_budget == 0);
+    /* task=file: with no name: refused by the check (exit 2), naming the key */
+    assert_int_equal(vks_rl_config_set(&c, "task=file:"), VKS_OK);
+    expect_message(vks_rl_config_check(&c, 1), "config: task: \"file:\" names no file");
+    vks_rl_config_defaults(&c);
+    /* length_targets are token counts, not ranks */
+    expect_message(vks_rl_config_set(&c, "length_targets=64,0"), "--set: length_targets: 0 is not a token count in [1, 1048576]");
+    expect_message(vks_rl_config_set(&c, "length_targets=64,x"), "--set: length_targets: 'x' is not a list of token counts");
+    expect_message(vks_rl_config_set(&c, "length_targets=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"),
+                   "length_targets: more than 16 values");
+    expect_message(load_text(&c, "{\"length_targets\": [64, -1]}"), "run.json: length_targets: -1 is not a token count");
+    expect_message(load_text(&c, "{\"length_targets\": [64, 1.5]}"), "run.json: length_targets[1] is not an integer");
+    expect_message(load_text(&c, "{\"length_targets\": 64}"), "run.json: length_targets must be an array of token counts");
+    assert_int_equal(vks_rl_config_set(&c, "length_targets=64,5000"), VKS_OK); /* 5000 was "rank out of range" */
+    assert_true(c.n_length_targets == 2 && c.length_targets[1] == 5000);
+    assert_int_equal(load_text(&c, "{\"length_targets\": [4096, 100000]}"), VKS_OK);
+    assert_true(c.n_length_targets == 2 && c.length_targets[1] == 100000);
+    assert_int_equal(vks_rl_config_set(&c, "length_targets="), VKS_OK); /* off */
+    assert_int_equal(c.n_length_targets, 0);
+    /* a NUL byte: named with its offset (jansson read '{"steps": 1\0}' as a whole object, others as "end of file") */
+    vks_rl_config_defaults(&c);
+    expect_message(load_bytes(&c, "{\"steps\": 7\0}", 13), "run.json: a NUL byte at offset 11");
+    assert_int_equal(c.steps, 50);
+    expect_message(load_bytes(&c, "{\"steps\": 7}\0", 13), "run.json: a NUL byte at offset 12");
+    expect_message(load_bytes(&c, "\0{}", 3), "a NUL byte at offset 0");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_one_rank),
         cmocka_unit_test(test_file_and_set),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_values_named),
     };
     return cmocka_run_group_tests_name("rl_config", tests, NULL, NULL);
 }

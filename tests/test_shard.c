@@ -298,6 +298,14 @@ static void test_store(void **state) {
     assert_int_not_equal(access(path, F_OK), 0); /* pruned: keep 2 */
     snprintf(path, sizeof path, "%s/v2/%s", dir, VKS_STORE_FILE);
     assert_int_equal(access(path, F_OK), 0);
+    /* a FIFO in place of the current weights: refused at once (reading it blocked for ever) */
+    snprintf(path, sizeof path, "%s/v3/%s", dir, VKS_STORE_FILE);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(60);
+    assert_int_equal(vks_store_read_current(dir, &v, &data, &len), VKS_ERR_FORMAT);
+    alarm(0);
+    assert_non_null(strstr(vks_last_error(), "not a regular file"));
     /* a hostile `current` link */
     snprintf(path, sizeof path, "%s/current", dir);
     unlink(path);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static vks_task make(const char *name, uint64_t seed, uint32_t index) {
     vks_task_spec s;
@@ -270,11 +271,72 @@ static void test_task_file(void **state) {
     memset(text + at, 'x', VKS_TASK_MAX_PROMPT + 10);
     at += VKS_TASK_MAX_PROMPT + 10;
     at += sprintf(text + at, "\", \"answer\": \"b\", \"task_type\": \"exact\"}\n");
-    expect_load_error(text, "line 2: \"prompt\" is longer than 4095 bytes");
+    expect_load_error(text, "line 2: \"prompt\" is longer than 4096 bytes");
     memset(text, ' ', big);
     text[big] = 0;
     expect_load_error(text, "line 1: longer than 65536 bytes");
     free(text);
+}
+
+/* A prompt of 4 KiB (README) loads; one byte more is named. Numeric and list
+ * answers nothing could match (nan, inf, 1e999) are refused naming file and
+ * line, as is a NUL byte (with its place), and a line without end (/dev/zero)
+ * fails at the limit instead of being read forever. */
+static void test_task_file_limits(void **state) {
+    (void)state;
+    char *text = malloc(VKS_TASK_MAX_PROMPT + 128);
+    int at = sprintf(text, "{\"prompt\": \"");
+    memset(text + at, 'p', VKS_TASK_MAX_PROMPT);
+    at += VKS_TASK_MAX_PROMPT;
+    sprintf(text + at, "\", \"answer\": \"b\", \"task_type\": \"exact\"}\n");
+    char *path = write_tmp("prompt4k.jsonl", text);
+    vks_task *tasks = NULL;
+    int64_t n = 0;
+    if (vks_task_file_load(path, &tasks, &n)) fail_msg("a 4096-byte prompt: %s", vks_last_error());
+    assert_int_equal(n, 1);
+    assert_int_equal(strlen(tasks[0].prompt), VKS_TASK_MAX_PROMPT);
+    assert_int_equal(vks_task_add_length_target(&tasks[0], 1 << 20), VKS_OK); /* RL's sentence still fits */
+    assert_non_null(strstr(tasks[0].prompt, "ppThink for 1048576 tokens.\n"));
+    free(tasks);
+    memmove(text + at + 1, text + at, strlen(text + at) + 1);
+    text[at] = 'p';
+    expect_load_error(text, "bad.jsonl: line 1: \"prompt\" is longer than 4096 bytes");
+    free(text);
+    const char *numeric[] = {"nan", "inf", "-inf", "1e999", "1e3", "0x10", "12 apples"};
+    char line[256], want[128];
+    for (int i = 0; i < 7; i++) {
+        snprintf(line, sizeof line, "{\"prompt\": \"a\", \"answer\": \"4\", \"task_type\": \"numeric\"}\n"
+                 "{\"prompt\": \"a\", \"answer\": \"%s\", \"task_type\": \"numeric\"}\n", numeric[i]);
+        snprintf(want, sizeof want, "bad.jsonl: line 2: \"answer\" '%s' is not a decimal number", numeric[i]);
+        expect_load_error(line, want);
+    }
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"1 2 nan\", \"task_type\": \"list\"}\n",
+                      "line 1: \"answer\" '1 2 nan' is not a list of decimal numbers");
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"4\", \"task_type\": \"mul\"}\n"
+                      "{\"prompt\": \"a\", \"answer\": \"[1, inf]\", \"task_type\": \"sort\"}\n",
+                      "line 2: \"answer\" '[1, inf]' is not a list");
+    /* the good forms stay good */
+    path = write_tmp("num.jsonl", "{\"prompt\": \"a\", \"answer\": \"-1,286.50\", \"task_type\": \"numeric\"}\n"
+                                  "{\"prompt\": \"a\", \"answer\": \"[1, 2, 3]\", \"task_type\": \"list\"}\n"
+                                  "{\"prompt\": \"a\", \"answer\": \"nan\", \"task_type\": \"exact\"}\n");
+    if (vks_task_file_load(path, &tasks, &n)) fail_msg("good answers: %s", vks_last_error());
+    assert_int_equal(n, 3);
+    free(tasks);
+    /* a raw NUL byte (jansson read it as the end of the text) */
+    static const char nul_line[] = "{\"prompt\": \"a\", \"answer\": \"4\", \"task_type\": \"exact\"}\n"
+                                   "{\"prompt\": \"a\", \"answer\": \"4\", \"task_type\": \"exact\"\0}\n";
+    path = write_tmp("bad.jsonl", "");
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite(nul_line, 1, sizeof nul_line - 1, f);
+    fclose(f);
+    assert_int_equal(vks_task_file_load(path, &tasks, &n), VKS_ERR_FORMAT);
+    if (!strstr(vks_last_error(), "bad.jsonl: line 2: a NUL byte at byte 52")) fail_msg("NUL: '%s'", vks_last_error());
+    /* no end of line: fails at the limit (an alarm turns reading forever into a failure) */
+    alarm(60);
+    assert_int_equal(vks_task_file_load("/dev/zero", &tasks, &n), VKS_ERR_FORMAT);
+    alarm(0);
+    if (!strstr(vks_last_error(), "/dev/zero: line 1: longer than 65536 bytes")) fail_msg("/dev/zero: '%s'", vks_last_error());
 }
 
 static void test_sft_file(void **state) {
@@ -344,6 +406,7 @@ int main(void) {
         cmocka_unit_test(test_extract_answer),    cmocka_unit_test(test_numeric_and_list),
         cmocka_unit_test(test_countdown_verifier), cmocka_unit_test(test_length_reward),
         cmocka_unit_test(test_task_file),         cmocka_unit_test(test_sft_file),
+        cmocka_unit_test(test_task_file_limits),
         cmocka_unit_test(test_run_tiny_model),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

@@ -137,8 +137,8 @@ static void parse_args(int argc, char **argv, bcast_args *a) {
 
 static int read_whole(const char *path, uint8_t **out, size_t *len) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_ARG, "%s: cannot open", path);
+    FILE *f = NULL;
+    if (vks_fopen_regular(path, &f)) return VKS_ERR_ARG; /* a FIFO must not block */
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || st.st_size <= 0) {
         fclose(f);

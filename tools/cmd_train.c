@@ -1,5 +1,6 @@
 /* `vkswarm train sft` and `vkswarm eval`: argument parsing around vks_sft_train and vks_sft_eval. */
 #include <getopt.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli_model.h"
@@ -122,6 +123,17 @@ static vks_model *load_start(cli_model_args *m, const char *init, uint64_t seed,
     return model;
 }
 
+/* A library call failed after the device was opened: its message, then the
+ * device, model and tokenizer freed (exiting with them held leaked the GPU
+ * context under LeakSanitizer), then the status to return. */
+static int fail_freeing(int rc, vks_gpu *g, vks_model *m, vks_tokenizer *tok) {
+    cli_note("%s", vks_last_error());
+    cli_finish_gpu(g);
+    vks_tokenizer_free(tok);
+    vks_model_free(m);
+    return rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1;
+}
+
 int cmd_train(int argc, char **argv) {
     train_args a = {0};
     parse_train(argc, argv, &a);
@@ -138,7 +150,7 @@ int cmd_train(int argc, char **argv) {
     a.o.progress_ctx = &bar;
     vks_sft_result r;
     int rc = vks_sft_train(g, &a.o, &r);
-    if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    if (rc) return fail_freeing(rc, g, m, tok);
     cli_progress_end(&bar, (long)a.o.steps, "steps");
     fprintf(stderr, "vkswarm: train: loss %.4f -> %.4f%s\n", r.first_loss, r.last_loss,
             r.resumed_from >= 0 ? " (resumed)" : "");
@@ -168,7 +180,7 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     o.engine = ma->engine;
     vks_task_eval_result r;
     int rc = vks_task_eval(g, m, tok, &spec, ta->seed, ta->n, &o, &r);
-    if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    if (rc) return fail_freeing(rc, g, m, tok);
     char name[32];
     vks_task_spec_name(&spec, name, sizeof name);
     printf("{\"task\": \"%s\", \"seed\": %llu, \"n\": %lld, \"solved\": %lld, \"accuracy\": %.6f, \"mean_length\": %.3f}\n",
@@ -218,7 +230,10 @@ int cmd_eval(int argc, char **argv) {
     vks_gpu *g = cli_open_gpu(&ma);
     vks_sft_eval_result r;
     int rc = vks_sft_eval(g, m, tok, data, &r);
-    if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
+    if (!rc && !(isfinite(r.mean_loss) && isfinite(r.token_accuracy))) /* JSON has no nan or inf */
+        rc = vks_set_error(VKS_ERR_FORMAT, "eval: the mean loss over %s is %s, not a finite number: the model's "
+                           "activations overflow (weights too large?)", data, isnan(r.mean_loss) ? "NaN" : "infinite");
+    if (rc) return fail_freeing(rc, g, m, tok);
     printf("{\"sequences\": %lld, \"loss_tokens\": %lld, \"mean_loss\": %.6f, \"token_accuracy\": %.6f}\n",
            (long long)r.sequences, (long long)r.loss_tokens, r.mean_loss, r.token_accuracy);
     if (ma.profile) cli_print_profile(g);

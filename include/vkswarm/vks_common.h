@@ -98,6 +98,17 @@ void vks_outfile_abort(vks_outfile *o);
  * holds more than `most` bytes or memory runs out ("too large to read"). */
 int vks_file_read_all(const char *path, size_t most, char **out, size_t *len);
 
+/* Opens path read-only (flags adds e.g. O_NOFOLLOW) without blocking on a
+ * FIFO or device: O_NONBLOCK, dropped again once fstat shows a regular file.
+ * Returns the descriptor (the caller still checks fstat: a FIFO or device
+ * comes back open, non-blocking) or -1 with errno set. */
+int vks_open_read(const char *path, int flags);
+/* fopen(path, "rb") of a file that must be regular (a model's, tokenizer's
+ * or checkpoint's file): a FIFO, device or directory is refused without
+ * blocking. Errors: VKS_ERR_IO "PATH: cannot open: <reason>" (errno kept),
+ * VKS_ERR_FORMAT "PATH: not a regular file". */
+int vks_fopen_regular(const char *path, FILE **out);
+
 /* Scalar conversions (round to nearest even; NaN stays NaN). */
 float vks_f16_to_f32(uint16_t h);
 uint16_t vks_f32_to_f16(float f);

@@ -16,7 +16,8 @@
  *                                steps, fresh moments, move every weight by about lr)
  *   "length_targets": [],        e.g. [64, 128, 256]: the thinking budget; [] off
  *   "length_penalty": 3e-4,      lambda of the thinking budget
- *   "token_budget": 0,           loss normaliser per step (0: prompts_per_step * group_size * max_new_tokens)
+ *   "token_budget": 0,           loss normaliser per step, 0 or 1 to 1e12 tokens (0: prompts_per_step *
+ *                                group_size * max_new_tokens)
  *   "entropy_coef": 0,           entropy bonus c: -c H / token_budget per completion token (0: off; the
  *                                mean entropy is reported either way)
  *   "save_every": 10,            a checkpoint every N steps (0: only the final one), for --resume
@@ -43,6 +44,7 @@
 #define VKS_RL_MAX_RANKS 4096
 #define VKS_RL_MAX_GROUPS 256
 #define VKS_RL_MAX_LENGTH_TARGETS 16
+#define VKS_RL_MAX_CONFIG_BYTES (1 << 20) /* a config file */
 
 typedef struct {
     int first, n;              /* ranks inference_ranks[first .. first + n) form one pipeline group */

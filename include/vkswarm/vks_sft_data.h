@@ -10,8 +10,9 @@
  * Prompt and completion are tokenized separately (add_bos/add_eos off, no
  * special tokens parsed), so their boundary is a token boundary and the mask
  * is exact. Other keys are ignored; a line with both forms, a missing or
- * non-string field, bad JSON (invalid UTF-8 included) or a line longer than
- * max_line_bytes is malformed. Blank lines (only spaces, tabs, CR) are
+ * non-string field or bad JSON (invalid UTF-8 included) is malformed. A line
+ * longer than max_line_bytes is an error in strict and lenient mode alike
+ * (reading stops at the limit: its end is never looked for). Blank lines (only spaces, tabs, CR) are
  * skipped and not counted; a UTF-8 byte order mark at the start is skipped;
  * a CR before the LF is dropped. Messages name "<file>: line <n>: ...".
  *

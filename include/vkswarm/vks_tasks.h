@@ -37,7 +37,7 @@ typedef struct {
 } vks_task_spec;
 
 typedef struct {
-    char prompt[VKS_TASK_MAX_PROMPT];
+    char prompt[VKS_TASK_MAX_PROMPT + 64]; /* room for vks_task_add_length_target's sentence */
     char answer[VKS_TASK_MAX_ANSWER]; /* the reference (countdown: one solution expression) */
     vks_verify_kind verify;
     int n_numbers;                          /* countdown only */

@@ -214,7 +214,7 @@ static int join(char *out, size_t cap, const char *dir, const char *name) {
  * false when there is no such file. */
 static int hash_file(const char *path, bool *exists, uint64_t *size, uint8_t hash[32]) {
     *exists = false;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = vks_open_read(path, O_NOFOLLOW); /* a FIFO must not block: refused below */
     if (fd < 0 && errno == ENOENT) return VKS_OK;
     if (fd < 0) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -341,10 +341,11 @@ static int save_optimizer(const char *dir, const vks_checkpoint_data *c) {
 }
 
 static int copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", src, strerror(errno));
+    FILE *in = NULL;
+    int rc = vks_fopen_regular(src, &in);
+    if (rc != VKS_OK) return rc;
     vks_outfile o;
-    int rc = vks_outfile_open(&o, dst, 0666);
+    rc = vks_outfile_open(&o, dst, 0666);
     if (rc != VKS_OK) {
         fclose(in);
         return rc;
@@ -666,7 +667,7 @@ static int verify_files(const state_reader *r, const char *dir, bool *has_optimi
 
 static int read_state_file(const char *path, json_t **root) {
     *root = NULL;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = vks_open_read(path, O_NOFOLLOW); /* a FIFO must not block: refused below */
     if (fd < 0 && errno == ENOENT)
         return vks_set_error(VKS_ERR_FORMAT, "%s: missing: not a complete checkpoint", path);
     if (fd < 0) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));

@@ -453,7 +453,7 @@ static vks_gguf *alloc_gguf(const char *name) {
 int vks_gguf_open(const char *path, vks_gguf **out) {
     if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_gguf_open: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = vks_open_read(path, 0); /* a FIFO must not block: refused below */
     if (fd < 0) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 || (uintmax_t)st.st_size > SIZE_MAX) {

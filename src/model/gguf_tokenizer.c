@@ -71,8 +71,9 @@ static int read_entry(const unsigned char *buf, size_t size, size_t *pos, const 
 }
 
 static int read_file(const char *path, unsigned char **buf, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
+    FILE *f = NULL;
+    int rc = vks_fopen_regular(path, &f);
+    if (rc) return rc;
     long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
     if (end < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);

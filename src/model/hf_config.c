@@ -148,13 +148,14 @@ int vks_hf_config_parse(const char *json, size_t len, const char *name, vks_hf_c
 
 int vks_hf_config_load(const char *path, vks_hf_config *out) {
     if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_load: NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
+    FILE *f = NULL;
+    int rc = vks_fopen_regular(path, &f);
+    if (rc) return rc;
     char *buf = malloc(MAX_CONFIG_BYTES + 1);
     size_t len = buf ? fread(buf, 1, MAX_CONFIG_BYTES + 1, f) : 0;
     fclose(f);
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
-    int rc = vks_hf_config_parse(buf, len, path, out);
+    rc = vks_hf_config_parse(buf, len, path, out);
     free(buf);
     return rc;
 }

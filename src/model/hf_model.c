@@ -68,10 +68,14 @@ static bool safe_shard_name(const char *n) {
 
 static int open_sharded(hf_state *s, const char *dir, const char *index_path) {
     json_error_t err;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &err);
+    FILE *f = NULL;
+    int rc = vks_fopen_regular(index_path, &f);
+    if (rc) return rc;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &err);
+    fclose(f);
     if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: bad JSON: %s", index_path, err.text);
     json_t *map = json_object_get(root, "weight_map");
-    int rc = json_is_object(map) ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "%s: no weight_map object", index_path);
+    rc = json_is_object(map) ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "%s: no weight_map object", index_path);
     /* Distinct shard names, in order of first appearance. */
     const char **names = NULL;
     int n_names = 0;

@@ -130,7 +130,7 @@ static int config_from_header(const unsigned char *hdr, const char *path, vks_mo
 
 /* Opens path and returns its descriptor and size (a regular file). */
 static int open_regular(const char *path, int *fd_out, size_t *size_out) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = vks_open_read(path, 0); /* a FIFO must not block: refused below */
     if (fd < 0) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||

@@ -26,7 +26,8 @@ static int detect(const char *path, model_format *fmt) {
         *fmt = FMT_SAFETENSORS;
         return VKS_OK;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (!S_ISREG(st.st_mode)) return vks_set_error(VKS_ERR_FORMAT, "%s: not a regular file or directory", path);
+    int fd = vks_open_read(path, 0);
     if (fd < 0) return vks_set_error(VKS_ERR_IO, "%s: cannot open", path);
     unsigned char b[9] = {0};
     ssize_t got = pread(fd, b, sizeof b, 0);

@@ -162,7 +162,7 @@ static int finish_open(vks_st_file *f, vks_st_file **out) {
 int vks_st_open(const char *path, vks_st_file **out) {
     if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_st_open: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = vks_open_read(path, 0); /* a FIFO must not block: refused below */
     if (fd < 0) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8 || (uintmax_t)st.st_size > SIZE_MAX) {

@@ -17,20 +17,24 @@ typedef struct {
     key_type type;
     size_t offset, size; /* size: strings' capacity */
     double lo, hi;       /* numbers: the allowed range */
+    bool zero_too;       /* numbers: 0 (automatic) allowed beside [lo, hi] */
 } key_info;
 
-#define INT_KEY(f, lo, hi) {#f, KEY_INT, offsetof(vks_rl_config, f), 0, lo, hi}
-#define DBL_KEY(f, lo, hi) {#f, KEY_DOUBLE, offsetof(vks_rl_config, f), 0, lo, hi}
-#define STR_KEY(f) {#f, KEY_STRING, offsetof(vks_rl_config, f), sizeof(((vks_rl_config *)0)->f), 0, 0}
+#define MAX_TOKENS (1 << 20) /* max_new_tokens and length_targets */
+
+#define INT_KEY(f, lo, hi) {#f, KEY_INT, offsetof(vks_rl_config, f), 0, lo, hi, false}
+#define DBL_KEY(f, lo, hi) {#f, KEY_DOUBLE, offsetof(vks_rl_config, f), 0, lo, hi, false}
+#define ZERO_OR_DBL_KEY(f, lo, hi) {#f, KEY_DOUBLE, offsetof(vks_rl_config, f), 0, lo, hi, true}
+#define STR_KEY(f) {#f, KEY_STRING, offsetof(vks_rl_config, f), sizeof(((vks_rl_config *)0)->f), 0, 0, false}
 
 static const key_info keys[] = {
     STR_KEY(task), STR_KEY(init), STR_KEY(model), STR_KEY(out), STR_KEY(shardcast_key),
     INT_KEY(steps, 1, 1e8), INT_KEY(prompts_per_step, 1, 65536), INT_KEY(group_size, 2, 1024),
-    INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, 1 << 20), INT_KEY(save_every, 0, 1e8), INT_KEY(keep, 0, 1e6),
+    INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, MAX_TOKENS), INT_KEY(save_every, 0, 1e8), INT_KEY(keep, 0, 1e6),
     INT_KEY(warmup, 0, 1e8),
-    DBL_KEY(temperature, 0, 100), DBL_KEY(lr, 0, 10), DBL_KEY(length_penalty, 0, 1e3), DBL_KEY(token_budget, 0, 1e12),
+    DBL_KEY(temperature, 0, 100), DBL_KEY(lr, 0, 10), DBL_KEY(length_penalty, 0, 1e3), ZERO_OR_DBL_KEY(token_budget, 1, 1e12), /* a token count: 1e-300 is no divisor */
     DBL_KEY(entropy_coef, 0, 10),
-    {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0},
+    {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0, false},
 };
 
 void vks_rl_config_defaults(vks_rl_config *c) {
@@ -59,8 +63,9 @@ static const key_info *find_key(const char *name) {
 }
 
 static int set_number(vks_rl_config *c, const key_info *k, double v, const char *where) {
-    if (!isfinite(v) || v < k->lo || v > k->hi || (k->type == KEY_INT && v != floor(v)))
-        return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be %s in [%g, %g]", where, k->name,
+    bool zero = k->zero_too && v == 0;
+    if (!zero && (!isfinite(v) || v < k->lo || v > k->hi || (k->type == KEY_INT && v != floor(v))))
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be %s%s in [%g, %g]", where, k->name, k->zero_too ? "0 or " : "",
                              k->type == KEY_INT ? "an integer" : "a number", k->lo, k->hi);
     char *p = (char *)c + k->offset;
     if (k->type == KEY_INT) *(int *)p = (int)v;
@@ -134,17 +139,44 @@ static int parse_one_rank(const char *s, int *out, const char *what, const char 
     return rc;
 }
 
+/* ---- length_targets: token counts (not ranks) ---- */
+
+static int add_target(vks_rl_config *c, long long v, const char *where) {
+    if (c->n_length_targets >= VKS_RL_MAX_LENGTH_TARGETS)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets: more than %d values", where, VKS_RL_MAX_LENGTH_TARGETS);
+    if (v < 1 || v > MAX_TOKENS)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets: %lld is not a token count in [1, %d]", where, v, MAX_TOKENS);
+    c->length_targets[c->n_length_targets++] = (int)v;
+    return VKS_OK;
+}
+
+/* "64,128" ("": off) */
 static int parse_targets(vks_rl_config *c, const char *s, const char *where) {
-    int list[VKS_RL_MAX_RANKS], n;
     c->n_length_targets = 0;
-    int rc = parse_rank_list(s, list, &n, "length_targets", where);
-    if (!rc && n > VKS_RL_MAX_LENGTH_TARGETS)
-        rc = vks_set_error(VKS_ERR_FORMAT, "%s: at most %d length_targets", where, VKS_RL_MAX_LENGTH_TARGETS);
-    for (int i = 0; !rc && i < n; i++) {
-        if (list[i] < 1) return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets must be >= 1", where);
-        c->length_targets[c->n_length_targets++] = list[i];
+    while (*s) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || errno || (*end && *end != ','))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets: '%s' is not a list of token counts (like 64,128)", where, s);
+        int rc = add_target(c, v, where);
+        if (rc) return rc;
+        s = *end ? end + 1 : end;
     }
-    return rc;
+    return VKS_OK;
+}
+
+static int json_targets(vks_rl_config *c, json_t *a, const char *path) {
+    if (!json_is_array(a)) return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets must be an array of token counts", path);
+    c->n_length_targets = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) {
+        if (!json_is_integer(v)) return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets[%zu] is not an integer", path, i);
+        int rc = add_target(c, (long long)json_integer_value(v), path);
+        if (rc) return rc;
+    }
+    return VKS_OK;
 }
 
 int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
@@ -248,17 +280,7 @@ static int json_roles(vks_rl_config *c, json_t *o, const char *path) {
 
 static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path) {
     if (!strcmp(k, "roles")) return json_roles(c, v, path);
-    if (!strcmp(k, "length_targets")) {
-        int list[VKS_RL_MAX_RANKS], n;
-        int rc = json_rank_array(v, list, &n, "length_targets", path);
-        if (!rc && n > VKS_RL_MAX_LENGTH_TARGETS) rc = vks_set_error(VKS_ERR_FORMAT, "%s: too many length_targets", path);
-        c->n_length_targets = 0;
-        for (int i = 0; !rc && i < n; i++) {
-            if (list[i] < 1) return vks_set_error(VKS_ERR_FORMAT, "%s: length_targets must be >= 1", path);
-            c->length_targets[c->n_length_targets++] = list[i];
-        }
-        return rc;
-    }
+    if (!strcmp(k, "length_targets")) return json_targets(c, v, path);
     const key_info *info = find_key(k);
     if (!info) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key '%s'", path, k);
     if (info->type == KEY_STRING) {
@@ -276,10 +298,22 @@ static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path
 
 int vks_rl_config_load(vks_rl_config *c, const char *path) {
     if (!c || !path) return vks_set_error(VKS_ERR_ARG, "vks_rl_config_load: NULL argument");
+    char *text = NULL;
+    size_t len = 0;
+    int rc = vks_file_read_all(path, VKS_RL_MAX_CONFIG_BYTES, &text, &len);
+    if (rc) return rc;
+    /* jansson stops at a NUL byte: '{"steps": 1\0}' would pass, others read "end of file" */
+    const char *nul = memchr(text, 0, len);
+    size_t at = nul ? (size_t)(nul - text) : 0;
+    if (nul) {
+        free(text);
+        return vks_set_error(VKS_ERR_FORMAT, "%s: a NUL byte at offset %zu", path, at);
+    }
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
     if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
-    int rc = json_is_object(root) ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
+    rc = json_is_object(root) ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
@@ -333,6 +367,8 @@ static int check_rank(const vks_rl_config *c, int r) {
 static int check_values(const vks_rl_config *c) {
     if (!c->task[0]) return vks_set_error(VKS_ERR_FORMAT, "config: task is empty");
     vks_task_spec spec;
+    if (!strcmp(c->task, "file:"))
+        return vks_set_error(VKS_ERR_FORMAT, "config: task: \"file:\" names no file (file:PATH for JSONL tasks)");
     if (strncmp(c->task, "file:", 5) && vks_task_parse(c->task, &spec))
         return vks_error_prefix(VKS_ERR_FORMAT, "config: task");
     if (!c->model[0] && strcmp(c->init, "tiny")) /* model, when given, is the start */

@@ -85,9 +85,12 @@ static int read_position(rl_run *r, const char *dir) {
     const char *task = json_string_value(json_object_get(o, "rl_task"));
     json_t *p = json_object_get(o, "rl_prompts_per_step"), *b = json_object_get(o, "rl_next_batch");
     int rc = VKS_OK;
-    if (!task || !json_is_integer(p) || !json_is_integer(b) || json_integer_value(b) < 0 ||
-        json_integer_value(b) > ((json_int_t)1 << 40))
+    if (!task || !p || !b)
         rc = vks_set_error(VKS_ERR_FORMAT, "rl: %s is not an RL run's checkpoint (no rollout position)", dir);
+    else if (!json_is_integer(p) || !json_is_integer(b) || json_integer_value(b) < 0 ||
+             json_integer_value(b) > ((json_int_t)1 << 40))
+        rc = vks_set_error(VKS_ERR_FORMAT, "rl: %s/state.json: %s is not an integer in [0, 2^40]", dir,
+                           json_is_integer(p) ? "rl_next_batch" : "rl_prompts_per_step");
     else if (strcmp(task, r->c->task) || json_integer_value(p) != r->c->prompts_per_step)
         rc = vks_set_error(VKS_ERR_ARG, "rl: %s was made with another task or prompts_per_step than this run's", dir);
     else r->next_batch = (int64_t)json_integer_value(b);

@@ -136,6 +136,11 @@ static int length_policy(vks_sft_data *d, const parse_ctx *c, int64_t len, int n
 }
 
 static line_result add_line(vks_sft_data *d, const parse_ctx *c, const char *line, size_t len, int64_t line_no) {
+    const char *nul = memchr(line, 0, len); /* jansson would stop there: "{...\0}" passes, others read "end of file" */
+    if (nul) {
+        vks_set_error(VKS_ERR_FORMAT, "a NUL byte at byte %zu", (size_t)(nul - line) + 1);
+        return LINE_MALFORMED;
+    }
     json_error_t err;
     json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!root) {
@@ -171,7 +176,8 @@ static bool blank(const char *s, size_t n) {
 }
 
 /* Reads one line (without its LF) into *buf, at most max bytes; a longer line
- * is consumed to its end and reported by *too_long. Returns false at EOF. */
+ * is reported by *too_long at its byte max + 1, where the read stops (a line
+ * without end, /dev/zero, is not read forever). Returns false at EOF. */
 static bool read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len, bool *too_long) {
     *len = 0;
     *too_long = false;
@@ -182,7 +188,7 @@ static bool read_line(FILE *f, char **buf, size_t *cap, size_t max, size_t *len,
         if (ch == '\n') break;
         if (*len >= max) {
             *too_long = true;
-            continue;
+            break;
         }
         if (*len + 1 >= *cap) {
             size_t n = *cap ? *cap * 2 : 4096;
@@ -215,10 +221,10 @@ static int read_lines(vks_sft_data *d, const parse_ctx *c, FILE *f) {
         char *s = buf;
         if (line_no == 1 && len >= 3 && !memcmp(s, "\xef\xbb\xbf", 3)) s += 3, len -= 3;
         if (len > 0 && s[len - 1] == '\r') len--;
-        if (too_long) {
-            vks_set_error(VKS_ERR_FORMAT, "longer than %zu bytes", c->o.max_line_bytes);
-            rc = malformed(d, c, line_no);
-            continue;
+        if (too_long) { /* its end is unknown (unread): an error even when lenient */
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: line %lld: longer than %zu bytes", c->name, (long long)line_no,
+                               c->o.max_line_bytes);
+            break;
         }
         if (blank(s, len)) continue;
         line_result r = add_line(d, c, s, len, line_no);

@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Reads one line (without LF, CR dropped) of at most max bytes into buf[max + 1];
- * a longer line is consumed and flagged. False at EOF. */
+/* Reads one line (without LF, CR dropped) of at most max bytes into buf[max + 1].
+ * A longer line is flagged at its byte max + 1 and the read stops there (the
+ * rest is left unread: a line without end, /dev/zero, is not read forever).
+ * False at EOF. */
 bool vks_task_read_line(FILE *f, char *buf, size_t max, size_t *len, bool *too_long) {
     int ch;
     bool any = false;
@@ -20,8 +22,11 @@ bool vks_task_read_line(FILE *f, char *buf, size_t max, size_t *len, bool *too_l
     while ((ch = getc(f)) != EOF) {
         any = true;
         if (ch == '\n') break;
-        if (*len >= max) *too_long = true;
-        else buf[(*len)++] = (char)ch;
+        if (*len >= max) {
+            *too_long = true;
+            break;
+        }
+        buf[(*len)++] = (char)ch;
     }
     if (*len && buf[*len - 1] == '\r') (*len)--;
     buf[*len] = 0;
@@ -86,11 +91,15 @@ static int task_from_json(json_t *root, vks_task *t) {
         if (!strcmp(types[i].name, type)) k = i;
     if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown)", type);
     t->verify = types[k].kind;
-    if ((rc = string_field(root, "prompt", t->prompt, sizeof t->prompt, true))) return rc;
+    if ((rc = string_field(root, "prompt", t->prompt, VKS_TASK_MAX_PROMPT + 1, true))) return rc;
     bool countdown = t->verify == VKS_VERIFY_COUNTDOWN;
     if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, !countdown))) return rc;
     if (countdown) return countdown_fields(root, t);
     if (!t->answer[0]) return vks_set_error(VKS_ERR_FORMAT, "\"answer\" is empty");
+    if (!vks_task_answer_matchable(t->verify, t->answer))
+        return vks_set_error(VKS_ERR_FORMAT, "\"answer\" '%s' is not %s, so no completion could match it", t->answer,
+                             t->verify == VKS_VERIFY_NUMERIC ? "a decimal number (like -12.5 or 1,000)"
+                                                             : "a list of decimal numbers (like 1 2 3)");
     return VKS_OK;
 }
 
@@ -116,7 +125,9 @@ static int load_lines(FILE *f, const char *path, char *line, vks_task **tasks, i
     int rc = VKS_OK;
     while (rc == VKS_OK && vks_task_read_line(f, line, VKS_TASK_MAX_LINE, &len, &too_long)) {
         line_no++;
+        const char *nul = memchr(line, 0, len);
         if (too_long) rc = vks_set_error(VKS_ERR_FORMAT, "longer than %d bytes", VKS_TASK_MAX_LINE);
+        else if (nul) rc = vks_set_error(VKS_ERR_FORMAT, "a NUL byte at byte %zu", (size_t)(nul - line) + 1);
         else if (vks_task_blank(line, len)) continue;
         json_error_t err;
         json_t *root = rc ? NULL : json_loadb(line, len, JSON_REJECT_DUPLICATES, &err);

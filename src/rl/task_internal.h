@@ -1,4 +1,5 @@
-/* task_internal.h: the bounded JSONL line reader shared by task_file.c and task_run.c. */
+/* task_internal.h: the bounded JSONL line reader shared by task_file.c and
+ * task_run.c, and the check of a user task's reference answer. */
 #ifndef VKS_TASK_INTERNAL_H
 #define VKS_TASK_INTERNAL_H
 #include <stdbool.h>
@@ -6,7 +7,12 @@
 #include <stdio.h>
 
 /* Reads one line (without LF; a final CR dropped) of at most max bytes into
- * buf[max + 1]; a longer line is consumed and flagged. False at EOF. */
+ * buf[max + 1]; a longer line is flagged at byte max + 1, where the read
+ * stops (the rest unread). False at EOF. */
 bool vks_task_read_line(FILE *f, char *buf, size_t max, size_t *len, bool *too_long);
 bool vks_task_blank(const char *s, size_t n);
+/* False when no completion could match the reference answer of t: a numeric
+ * answer that is no decimal number (nan, inf, 1e999), a list answer with an
+ * item that is none. */
+bool vks_task_answer_matchable(int verify, const char *answer);
 #endif

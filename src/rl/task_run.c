@@ -144,17 +144,21 @@ static int copy_kept_lines(const char *in_path, const char *out_path, const vks_
     int rc = line ? vks_outfile_open(&out, out_path, 0666) : vks_set_error(VKS_ERR_NOMEM, "out of memory");
     if (rc) { free(line); fclose(in); return rc; }
     size_t len;
-    bool too_long, ok = true;
+    bool too_long = false, ok = true;
     int64_t line_no = 0, t = 0;
-    while (ok && vks_task_read_line(in, line, VKS_TASK_MAX_LINE, &len, &too_long)) {
+    while (ok && !too_long && vks_task_read_line(in, line, VKS_TASK_MAX_LINE, &len, &too_long)) {
         line_no++;
         while (t < n && tasks[t].line < line_no) t++;
-        if (t < n && tasks[t].line == line_no && keep[t]) ok = fwrite(line, 1, len, out.f) == len && fputc('\n', out.f) != EOF;
+        if (!too_long && t < n && tasks[t].line == line_no && keep[t])
+            ok = fwrite(line, 1, len, out.f) == len && fputc('\n', out.f) != EOF;
     }
     if (ferror(in)) ok = false, errno = EIO;
     free(line);
     fclose(in);
-    return vks_outfile_finish(&out, ok);
+    if (!too_long) return vks_outfile_finish(&out, ok);
+    vks_outfile_abort(&out);
+    return vks_set_error(VKS_ERR_FORMAT, "%s: line %lld: longer than %d bytes (the file changed while it was read)", in_path,
+                         (long long)line_no, VKS_TASK_MAX_LINE);
 }
 
 int vks_task_filter(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const char *tasks_path,

@@ -3,6 +3,7 @@
  * matches, and the countdown expression check (a bounded recursive-descent
  * parser over exact rationals). Every input is treated as hostile. */
 #include "vkswarm/vks_tasks.h"
+#include "task_internal.h"
 
 #include <ctype.h>
 #include <string.h>
@@ -277,6 +278,14 @@ bool vks_task_countdown_ok(const char *expr, const int64_t *numbers, int n_numbe
     if (!parse_sum(&p, &r) || p.failed) return false;
     skip_spaces(&p);
     return !*p.s && r.den == 1 && r.num == target;
+}
+
+bool vks_task_answer_matchable(int verify, const char *answer) {
+    switch (verify) {
+    case VKS_VERIFY_NUMERIC: return same_number(answer, answer);
+    case VKS_VERIFY_LIST: return same_list(answer, answer);
+    default: return true;
+    }
 }
 
 double vks_task_score(const vks_task *t, const char *completion, size_t len) {

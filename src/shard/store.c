@@ -228,11 +228,15 @@ int vks_store_read_current(const char *dir, uint64_t *version, uint8_t **data, s
     char path[PATH_CAP];
     rc = vks_store_path(dir, *version, path, sizeof path);
     if (rc) return rc;
-    int fd = open(path, O_RDONLY);
+    int fd = vks_open_read(path, 0); /* a FIFO must not block: refused below */
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         if (fd >= 0) close(fd);
         return vks_set_error(VKS_ERR_IO, "%s: cannot open (%s)", path, strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return vks_set_error(VKS_ERR_FORMAT, "%s: not a regular file", path);
     }
     size_t n = (size_t)st.st_size;
     uint8_t *b = malloc(n ? n : 1);

@@ -51,11 +51,11 @@ static float le_f32(const unsigned char *b) {
 
 /* Reads the whole file into *out (malloc'd, *size bytes). */
 static int read_whole_file(const char *path, unsigned char **out, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f = NULL;
+    int rc = vks_fopen_regular(path, &f);
+    if (rc) return rc;
     unsigned char *buf = NULL;
     size_t used = 0, cap = 0;
-    int rc = VKS_OK;
     for (;;) {
         if (used == cap) {
             size_t ncap = cap ? cap * 2 : 65536;

@@ -373,7 +373,9 @@ static json_t *read_config(const char *path, tok_vocab_spec *s) {
     const char *slash = strrchr(path, '/');
     int dir_len = slash ? (int)(slash - path) : 1;
     snprintf(cfg_path, sizeof cfg_path, "%.*s/tokenizer_config.json", dir_len, slash ? path : ".");
-    json_t *cfg = json_load_file(cfg_path, JSON_DECODE_ANY, NULL);
+    FILE *f = NULL;
+    json_t *cfg = vks_fopen_regular(cfg_path, &f) ? NULL : json_loadf(f, JSON_DECODE_ANY, NULL); /* optional */
+    if (f) fclose(f);
     if (!json_is_object(cfg)) {
         json_decref(cfg);
         return NULL;
@@ -435,10 +437,12 @@ static int json_spec(const char *path, json_t *root, json_vocab *v, tok_vocab_sp
     return VKS_OK;
 }
 
-/* json_load_file, but a UTF-8 byte order mark (some editors write one) is skipped. */
-static json_t *load_json_skipping_bom(const char *path, json_error_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return json_load_file(path, 0, err); /* for jansson's message */
+/* json_load_file of a regular file (a FIFO does not block), but a UTF-8 byte
+ * order mark (some editors write one) is skipped. NULL: *rc says why (the
+ * message is set), or 0 and err holds jansson's. */
+static json_t *load_json_skipping_bom(const char *path, json_error_t *err, int *rc) {
+    FILE *f = NULL;
+    if ((*rc = vks_fopen_regular(path, &f))) return NULL;
     unsigned char bom[3];
     if (fread(bom, 1, 3, f) != 3 || memcmp(bom, "\xef\xbb\xbf", 3) != 0) rewind(f);
     json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, err);
@@ -450,13 +454,15 @@ int vks_tokenizer_load_hf_json(const char *path, vks_tokenizer **out) {
     if (!path || !out) return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_load_hf_json: NULL argument");
     *out = NULL;
     json_error_t err;
-    json_t *root = load_json_skipping_bom(path, &err);
+    int rc = VKS_OK;
+    json_t *root = load_json_skipping_bom(path, &err, &rc);
+    if (rc) return rc;
     if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: JSON error at line %d: %s", path, err.line, err.text);
     json_vocab v = {0};
     tok_vocab_spec s = {0};
     json_t *cfg = NULL;
-    int rc = json_is_object(root) ? json_spec(path, root, &v, &s)
-                                  : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
+    rc = json_is_object(root) ? json_spec(path, root, &v, &s)
+                              : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
     if (rc == VKS_OK) {
         cfg = read_config(path, &s);
         rc = vks_tok_build(&s, out);
@@ -488,8 +494,9 @@ static bool ends_with(const char *s, const char *suffix) {
  * JSON (a *.json name, or '{' or '[' after a byte order mark and whitespace),
  * 'b' anything else (a llama2.c tokenizer.bin). An empty file is an error. */
 static int sniff(const char *path, char *kind) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open the tokenizer", path);
+    FILE *f = NULL;
+    int rc = vks_fopen_regular(path, &f);
+    if (rc) return rc;
     unsigned char head[64];
     size_t n = fread(head, 1, sizeof head, f);
     fclose(f);
