@@ -26,13 +26,16 @@ int vks_rl_move_set(vks_trainer *t, const vks_param_layout *l, vks_param_kind se
 }
 
 /* A failed save leaves the checkpoints before it as they were: says which one a resume would take. */
-static int save_failed(int rc, const char *out_dir) {
+static int save_failed(int rc, const char *out_dir, const char *dir) {
     char why[1024], kept[4096];
     snprintf(why, sizeof why, "%s", vks_last_error());
     bool found = false;
     if (vks_checkpoint_latest(out_dir, kept, sizeof kept, &found) != VKS_OK) found = false;
-    if (found) return vks_set_error(rc, "%s (nothing of it was kept; %s is as it was, and --resume continues from it)", why, kept);
-    return vks_set_error(rc, "%s (nothing of it was kept; %s holds no earlier checkpoint)", why, out_dir);
+    if (found)
+        return vks_set_error(rc, "%s (checkpoint %s not saved, nothing of it left; %s is as it was, and --resume "
+                             "continues from it)", why, dir, kept);
+    return vks_set_error(rc, "%s (checkpoint %s not saved, nothing of it left; %s holds no earlier checkpoint)", why,
+                         dir, out_dir);
 }
 
 int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_model *m,
@@ -48,7 +51,7 @@ int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_mod
     vks_checkpoint_data c = {.layout = l, .weights = w, .adam_m = mo, .adam_v = v, .arch = m->arch,
                              .bos_id = m->bos_id, .eos_id = m->eos_id, .save = &save, .state = *state};
     if (!rc) rc = vks_checkpoint_step_dir(out_dir, state->step, dir, cap);
-    if (!rc && (rc = vks_checkpoint_save(dir, &c))) rc = save_failed(rc, out_dir);
+    if (!rc && (rc = vks_checkpoint_save(dir, &c))) rc = save_failed(rc, out_dir, dir);
     /* only what this run wrote: never a checkpoint newer than the one just saved */
     if (!rc && keep > 0) rc = vks_checkpoint_prune(out_dir, keep, state->step, NULL);
     free(w);
