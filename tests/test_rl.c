@@ -13,8 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl.h"
@@ -61,6 +63,17 @@ static double max_entropy(void) { return log((double)tiny->cfg.vocab_size) + 1e-
 static void on_progress(void *ctx, const vks_rl_progress *p) {
     progress_log *l = ctx;
     if (l->n < 16) l->p[l->n++] = *p;
+}
+
+static int resume_calls;
+static int64_t resume_step;
+static char resume_dir[4096];
+
+static void on_resume(void *ctx, const char *checkpoint, int64_t step) {
+    (void)ctx;
+    resume_calls++;
+    resume_step = step;
+    snprintf(resume_dir, sizeof resume_dir, "%s", checkpoint ? checkpoint : "(none)");
 }
 
 /* An untrained tiny model solves nothing; the thinking budget (targets 4
@@ -205,9 +218,16 @@ static void test_resume(void **state) {
     progress_log log = {0};
     vks_rl_run_options o = options(&c, &log);
     o.resume = true;
+    o.on_resume = on_resume; /* said before training (issue 23, point 17: --model was replaced without a word) */
+    resume_calls = 0;
     vks_rl_result r;
     int rc = vks_rl_run(&o, &r);
     if (rc) fail_msg("%s", vks_last_error());
+    assert_int_equal(resume_calls, 1);
+    assert_int_equal(resume_step, 1);
+    char want[700];
+    snprintf(want, sizeof want, "%s/step-000000001", out);
+    assert_string_equal(resume_dir, want);
     assert_int_equal(r.resumed_from, 1);
     assert_int_equal(log.n, 1);
     assert_int_equal(log.p[0].step, 2);
@@ -318,17 +338,6 @@ static void test_async_run_rejects_cheater(void **state) {
     assert_true(r.trained > 0 && r.trained <= r.accepted);
 }
 
-static int resume_calls;
-static int64_t resume_step;
-static char resume_dir[4096];
-
-static void on_resume(void *ctx, const char *checkpoint, int64_t step) {
-    (void)ctx;
-    resume_calls++;
-    resume_step = step;
-    snprintf(resume_dir, sizeof resume_dir, "%s", checkpoint ? checkpoint : "(none)");
-}
-
 /* Also --resume where OUT holds no checkpoint: a fresh run, said through
  * on_resume (issue 23, point 17: it was silent). */
 static void test_no_signal_fails(void **state) {
@@ -399,6 +408,55 @@ static void test_out_locked(void **state) {
     vks_rl_out_unlock(&again);
 }
 
+/* A checkpoint of step 1 in out: the tiny model's weights, zero moments,
+ * the given data hash ("" for none), extra and betas. */
+static void write_checkpoint(const char *out, const char *data_hash, const char *extra, double beta1) {
+    vks_param_layout *l = NULL;
+    assert_int_equal(vks_param_layout_create(&tiny->cfg, false, &l), VKS_OK);
+    float *w = malloc(sizeof *w * l->n_values), *zero = calloc(l->n_values, sizeof *zero);
+    assert_true(w && zero);
+    assert_int_equal(vks_param_layout_gather(l, tiny, w), VKS_OK);
+    vks_checkpoint_data d = {.layout = l, .weights = w, .adam_m = zero, .adam_v = zero, .arch = "llama", .bos_id = -1,
+                             .eos_id = -1};
+    d.state.step = 1;
+    d.state.adam = (vks_adamw_params){.lr = 1e-3, .beta1 = beta1, .beta2 = 0.95, .eps = 1e-8};
+    d.state.schedule.lr = 1e-3;
+    snprintf(d.state.data_hash, sizeof d.state.data_hash, "%s", data_hash);
+    d.state.extra_json = extra;
+    char dir[700];
+    assert_int_equal(vks_checkpoint_step_dir(out, 1, dir, sizeof dir), VKS_OK);
+    if (vks_checkpoint_save(dir, &d)) fail_msg("%s", vks_last_error());
+    free(w), free(zero);
+    vks_param_layout_free(l);
+}
+
+/* rl --resume refuses train sft's checkpoint naming the kind (issue 23,
+ * point 7, the other way round), and moments made with other betas. */
+static void test_resume_refuses_other_runs(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600];
+    snprintf(out, sizeof out, "%s/rl-sft", tu_tmpdir());
+    small_config(&c, out, 2, 0);
+    assert_int_equal(mkdir(out, 0777), 0);
+    write_checkpoint(out, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", NULL, 0.9);
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.resume = true;
+    vks_rl_result r;
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
+    if (!strstr(vks_last_error(), "step-000000001 is a train sft checkpoint, not an RL run's")) fail_msg("%s", vks_last_error());
+    snprintf(out, sizeof out, "%s/rl-betas", tu_tmpdir());
+    snprintf(c.out, sizeof c.out, "%s", out);
+    assert_int_equal(mkdir(out, 0777), 0);
+    char extra[800];
+    snprintf(extra, sizeof extra, "{\"rl_task\": \"%s\", \"rl_prompts_per_step\": 2, \"rl_next_batch\": 1}", c.task);
+    write_checkpoint(out, "", extra, 0.8);
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
+    if (!strstr(vks_last_error(), "was trained with Adam betas 0.8, 0.95, this run uses 0.9, 0.95")) fail_msg("%s", vks_last_error());
+    assert_int_equal(log.n, 0);
+}
+
 /* A group of n completions (n = 0: one without signal) of task `task`. */
 static vks_rl_batch_group fake_group(int n, int64_t task) {
     vks_rl_batch_group g = {.n = n, .task_index = task};
@@ -466,6 +524,7 @@ static void test_group_queue(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
+                                       cmocka_unit_test(test_resume_refuses_other_runs),
                                        cmocka_unit_test(test_group_queue)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }
