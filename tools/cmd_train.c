@@ -25,7 +25,9 @@ static const char train_usage[] =
     "object per step: loss, lr, grad_norm, tokens_per_s), loss.svg and checkpoints DIR/step-N\n"
     "(safetensors + config.json + tokenizer, optimizer.safetensors, state.json), the last --keep\n"
     "(default 3) of them, every --save-every steps (default: only the last). --resume continues\n"
-    "from the newest checkpoint in DIR, bit for bit. Progress goes to stderr; stdout gets the paths:\n"
+    "from the newest checkpoint in DIR, bit for bit (said on stderr, as is a DIR without one: a fresh\n"
+    "run). One run at a time writes DIR; a fresh run refuses a DIR holding an earlier run's files.\n"
+    "Progress goes to stderr; stdout gets the paths (escaped):\n"
     "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n";
 
 static const char eval_usage[] =
