@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "rl_internal.h"
+#include "vkswarm/vks_metrics.h"
 
 #define LOCK_NAME "vkswarm.lock"
 
@@ -58,6 +59,14 @@ int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_mod
     free(mo);
     free(v);
     return rc;
+}
+
+int vks_rl_close_metrics(vks_metrics *m, int rc) {
+    if (!rc) return vks_metrics_close(m);
+    char why[2048];
+    snprintf(why, sizeof why, "%s", vks_last_error());
+    vks_metrics_close(m);
+    return vks_set_error(rc, "%s", why);
 }
 
 /* ---- the output directory ---- */

@@ -21,6 +21,11 @@ int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_mod
                         const struct vks_tokenizer *tok, const vks_ckpt_state *state, const char *out_dir, int keep,
                         char *dir, size_t cap);
 
+/* Closes m (may be NULL); returns rc when it is an error already (its
+ * message kept), else vks_metrics_close's result. */
+struct vks_metrics;
+int vks_rl_close_metrics(struct vks_metrics *m, int rc);
+
 /* A training run's output directory (train sft's and rl's OUT). One run at a
  * time writes there: vks_rl_out_lock creates OUT when missing and takes
  * OUT/vkswarm.lock (flock; "pid N on host H" inside; the lock ends with the

@@ -482,7 +482,7 @@ static int finish(rl_run *r, vks_rl_result *res) {
     res->next_batch = position(r);
     int rc = save_checkpoint(r, res->final_checkpoint, sizeof res->final_checkpoint);
     snprintf(res->metrics_path, sizeof res->metrics_path, "%s", vks_metrics_path(r->metrics));
-    if (!rc) rc = vks_metrics_close(r->metrics);
+    rc = vks_rl_close_metrics(r->metrics, rc); /* also after a failed save: nothing leaks */
     r->metrics = NULL;
     snprintf(res->plot_path, sizeof res->plot_path, "%s/rl.svg", c->out);
     const char *keys[] = {"reward", "accuracy", "trainer_idle", "accept_rate"};

@@ -207,7 +207,7 @@ static int check_options(const vks_sft_run_options *o) {
 static int finish(sft_run *s, const vks_adamw_params *h, vks_sft_result *r) {
     int rc = save_checkpoint(s, vks_trainer_steps(s->trainer), h, r->final_checkpoint, sizeof r->final_checkpoint);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s", vks_metrics_path(s->metrics));
-    if (!rc) rc = vks_metrics_close(s->metrics);
+    rc = vks_rl_close_metrics(s->metrics, rc); /* also after a failed save: nothing leaks */
     s->metrics = NULL;
     snprintf(r->plot_path, sizeof r->plot_path, "%s/loss.svg", s->o->out_dir);
     const char *keys[] = {"loss"};
