@@ -936,6 +936,10 @@ static void test_train_out_dir(void **state) {
     assert_int_equal(run_capture(args, &out, &err), 2);
     expect_in(last_line(err), "u: holds step-000000001 from an earlier run");
     free(out), free(err);
+    snprintf(args, sizeof args, "%s %s --steps 1 --resume --out %s/u", base, data, dir);
+    assert_int_equal(run_capture(args, &out, &err), 2); /* no checkpoint to resume, and not the run's to replace */
+    expect_in(last_line(err), "u: holds step-000000001, which is not a complete checkpoint (no state.json): nothing to resume");
+    free(out), free(err);
     again = read_text(p);
     assert_string_equal(again, "mine");
     free(again);

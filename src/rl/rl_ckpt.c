@@ -148,12 +148,23 @@ static bool empty_dir(DIR *parent, const char *name) {
     return empty;
 }
 
-int vks_rl_out_check_fresh(const char *out, const char *const *outputs) {
+/* step-<digits>: a checkpoint's name (complete or not). */
+static bool step_name(const char *name) {
+    return !strncmp(name, "step-", 5) && name[5] && strspn(name + 5, "0123456789") == strlen(name + 5);
+}
+
+int vks_rl_out_check_fresh(const char *out, const char *const *outputs, bool resuming) {
     DIR *d = opendir(out);
     if (!d) return errno == ENOENT ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: cannot open directory: %s", out, strerror(errno));
     struct dirent *e;
     int rc = VKS_OK;
     while (!rc && (e = readdir(d)) != NULL) {
+        if (resuming) { /* the run's own files, but a step-N that is no checkpoint is not its */
+            if (step_name(e->d_name))
+                rc = vks_set_error(VKS_ERR_ARG, "%s: holds %s, which is not a complete checkpoint (no state.json): "
+                                   "nothing to resume; remove it or choose another --out", out, e->d_name);
+            continue;
+        }
         bool earlier = !strncmp(e->d_name, "step-", 5);
         for (int i = 0; outputs[i] && !earlier; i++) earlier = !strcmp(e->d_name, outputs[i]) && !empty_dir(d, e->d_name);
         if (earlier)
@@ -163,6 +174,13 @@ int vks_rl_out_check_fresh(const char *out, const char *const *outputs) {
     }
     closedir(d);
     return rc;
+}
+
+int vks_rl_ckpt_check_shape(const vks_model *had, const vks_model *want, const char *dir, const char *who) {
+    if (vks_param_config_same(&had->cfg, &want->cfg) && had->cfg.seq_len == want->cfg.seq_len) return VKS_OK;
+    return vks_set_error(VKS_ERR_ARG, "%s: %s is a checkpoint of another model (dim %d, %d layers, context %d; this "
+                         "run's: dim %d, %d layers, context %d)", who, dir, had->cfg.dim, had->cfg.n_layers,
+                         had->cfg.seq_len, want->cfg.dim, want->cfg.n_layers, want->cfg.seq_len);
 }
 
 /* ---- what kind of run made a checkpoint ---- */

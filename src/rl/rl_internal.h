@@ -32,14 +32,19 @@ int vks_rl_close_metrics(struct vks_metrics *m, int rc);
  * process), refusing a second run naming the first; vks_rl_out_unlock removes
  * it. A run that starts afresh first calls vks_rl_out_check_fresh: OUT must
  * hold nothing an earlier run left that it would overwrite or prune (step-*,
- * or one of the NULL-terminated output names, an empty directory excepted). */
+ * or one of the NULL-terminated output names, an empty directory excepted);
+ * resuming (--resume found no checkpoint), the files are the run's own
+ * (an attempt that ended before its first checkpoint) but a step-N, not a
+ * complete checkpoint, is refused. */
 typedef struct {
     int fd;
     char lock[4200];
 } vks_rl_out_dir;
 int vks_rl_out_lock(vks_rl_out_dir *d, const char *out);
 void vks_rl_out_unlock(vks_rl_out_dir *d);
-int vks_rl_out_check_fresh(const char *out, const char *const *outputs);
+int vks_rl_out_check_fresh(const char *out, const char *const *outputs, bool resuming);
+/* Refuses a checkpoint's model (had) of another shape or context than the run's start model (want). */
+int vks_rl_ckpt_check_shape(const vks_model *had, const vks_model *want, const char *dir, const char *who);
 /* Whether a checkpoint is an RL run's (its state records the RL task). */
 bool vks_rl_ckpt_is_rl(const vks_checkpoint *ck);
 /* Refuses to resume a checkpoint of the other kind of run (want_rl: rl, else

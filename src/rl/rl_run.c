@@ -109,19 +109,14 @@ static int open_start(rl_run *r, vks_rl_result *res) {
     bool found = false;
     if (r->o->resume && (rc = vks_checkpoint_latest(r->c->out, dir, sizeof dir, &found))) return rc;
     if (!found) { /* a fresh run */
-        if ((rc = vks_rl_out_check_fresh(r->c->out, outputs))) return vks_error_prefix(rc, "rl");
+        if ((rc = vks_rl_out_check_fresh(r->c->out, outputs, r->o->resume))) return vks_error_prefix(rc, "rl");
         if (r->o->resume && r->o->on_resume) r->o->on_resume(r->o->progress_ctx, NULL, -1);
         return VKS_OK;
     }
     if ((rc = vks_checkpoint_load(dir, &r->ck)) || (rc = vks_rl_ckpt_check_kind(r->ck, dir, true)) ||
         (rc = vks_rl_ckpt_check_betas(r->ck, dir, "rl", RL_BETA1, RL_BETA2)) ||
-        (rc = vks_model_load(dir, &r->own_model)))
+        (rc = vks_model_load(dir, &r->own_model)) || (rc = vks_rl_ckpt_check_shape(r->own_model, r->o->model, dir, "rl")))
         return rc;
-    const vks_model_config *had = &r->own_model->cfg, *want = &r->o->model->cfg;
-    if (!vks_param_config_same(had, want) || had->seq_len != want->seq_len)
-        return vks_set_error(VKS_ERR_ARG, "rl: %s is a checkpoint of another model (dim %d, %d layers; this run's: dim %d, "
-                             "%d layers)", dir, r->own_model->cfg.dim, r->own_model->cfg.n_layers, r->o->model->cfg.dim,
-                             r->o->model->cfg.n_layers);
     if (!r->ck->adam_m || !r->ck->adam_v) return vks_set_error(VKS_ERR_FORMAT, "rl: %s has no optimizer state", dir);
     if ((rc = read_position(r, dir))) return rc;
     r->own_model->bos_id = r->o->model->bos_id, r->own_model->eos_id = r->o->model->eos_id;

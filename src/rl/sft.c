@@ -102,13 +102,13 @@ static int open_start(sft_run *s, vks_checkpoint **ck, int64_t *resumed_from) {
     bool found = false;
     if (o->resume && (rc = vks_checkpoint_latest(o->out_dir, dir, sizeof dir, &found))) return rc;
     if (!found) { /* a fresh run */
-        if ((rc = vks_rl_out_check_fresh(o->out_dir, outputs))) return vks_error_prefix(rc, "sft");
+        if ((rc = vks_rl_out_check_fresh(o->out_dir, outputs, o->resume))) return vks_error_prefix(rc, "sft");
         if (o->resume && o->on_resume) o->on_resume(o->progress_ctx, NULL, -1);
         return VKS_OK;
     }
     if ((rc = vks_checkpoint_load(dir, ck)) || (rc = vks_rl_ckpt_check_kind(*ck, dir, false)) ||
         (rc = vks_rl_ckpt_check_betas(*ck, dir, "sft", o->adamw.beta1, o->adamw.beta2)) ||
-        (rc = vks_model_load(dir, &s->own_model)))
+        (rc = vks_model_load(dir, &s->own_model)) || (rc = vks_rl_ckpt_check_shape(s->own_model, o->model, dir, "sft")))
         return rc;
     s->model = s->own_model;
     *resumed_from = (*ck)->state.step;
