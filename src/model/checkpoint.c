@@ -713,8 +713,8 @@ static int load_moment(const vks_st_file *f, const char *path, const char *name,
  * updates (infinite when the betas allow no bound). */
 static double moment_bound(const vks_ckpt_state *s) {
     double b1 = s->adam.beta1, b2 = s->adam.beta2;
-    if (b2 >= 1) return INFINITY;
-    double r = b1 * b1 / b2, t = (double)s->step;
+    if (b2 >= 1 || (b2 == 0 && b1 > 0)) return INFINITY; /* (resuming runs refuse betas other than theirs) */
+    double r = b1 > 0 ? b1 * b1 / b2 : 0, t = (double)s->step;
     double sum = r == 1 ? t : (1 - pow(r, t)) / (1 - r); /* sum_{k<t} r^k */
     return (1 - b1) / sqrt(1 - b2) * sqrt(sum);
 }
