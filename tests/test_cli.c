@@ -1027,6 +1027,108 @@ static void test_train_sft_sentencepiece(void **state) {
     assert_int_not_equal(access(a, F_OK), 0);
 }
 
+/* The last line of a command's stderr (the device line comes first). */
+static const char *last_line(const char *err) {
+    size_t n = strlen(err);
+    const char *p = err + (n ? n - 1 : 0);
+    while (p > err && p[-1] != '\n') p--;
+    return p;
+}
+
+static void expect_in(const char *text, const char *want) {
+    if (!strstr(text, want)) fail_msg("'%s' lacks '%s'", text, want);
+}
+
+/* train sft's output directory (issue 23): --resume says what it does, found
+ * or not, the same rule as rl (point 17); a fresh run refuses an OUT holding
+ * an earlier run's files or a user's step-N before writing (point 10); an RL
+ * run's checkpoint is refused naming the kind (point 7); a failed save names
+ * the checkpoint that survives (point 20; a file size limit for a full
+ * disk); paths on stdout are escaped (point 20). */
+static void test_train_out_dir(void **state) {
+    (void)state;
+    char dir[256], data[512], args[4096], p[1024], want[1600], *out, *err;
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(data, sizeof data, "%s/d.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 6; i++) fprintf(f, "{\"prompt\": \"%d+%d=\", \"completion\": \"%d\"}\n", i, i, 2 * i);
+    fclose(f);
+    const char *base = "train sft --init tiny --batch 2 --data";
+    snprintf(args, sizeof args, "%s %s --steps 1 --resume --out %s/o", base, data, dir);
+    assert_int_equal(run_capture(args, &out, &err), 0); /* OUT missing: a fresh run, said */
+    expect_in(err, "vkswarm: train: --resume: the output directory holds no checkpoint: a fresh run from the start model\n");
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s %s --steps 2 --resume --out %s/o", base, data, dir);
+    assert_int_equal(run_capture(args, &out, &err), 0);
+    snprintf(want, sizeof want, "vkswarm: train: --resume: continuing from %s/o/step-000000001 (step 1): its weights and "
+             "optimizer state replace the start model's", dir);
+    expect_in(err, want);
+    free(out), free(err);
+    snprintf(p, sizeof p, "%s/o/metrics.jsonl", dir);
+    char *metrics = read_text(p);
+    /* a fresh run onto it: refused, nothing changed */
+    snprintf(args, sizeof args, "%s %s --steps 1 --out %s/o", base, data, dir);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    expect_in(last_line(err), "from an earlier run, which a fresh run would overwrite: --resume continues that run");
+    assert_true(one_clean_line(last_line(err)));
+    free(out), free(err);
+    char *again = read_text(p);
+    assert_string_equal(again, metrics);
+    free(again);
+    /* a user's step-000000001 holding a model only */
+    snprintf(p, sizeof p, "%s/u/step-000000001", dir);
+    assert_int_equal(tu_run(strcat(strcpy(args, "mkdir -p "), p), NULL), 0);
+    strcat(p, "/model.safetensors");
+    write_text_file(p, "mine");
+    snprintf(args, sizeof args, "%s %s --steps 1 --out %s/u", base, data, dir);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    expect_in(last_line(err), "u: holds step-000000001 from an earlier run");
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s %s --steps 1 --resume --out %s/u", base, data, dir);
+    assert_int_equal(run_capture(args, &out, &err), 2); /* no checkpoint to resume, and not the run's to replace */
+    expect_in(last_line(err), "u: holds step-000000001, which is not a complete checkpoint (no state.json): nothing to resume");
+    free(out), free(err);
+    again = read_text(p);
+    assert_string_equal(again, "mine");
+    free(again);
+    /* the RL run's kind of checkpoint (the task in "extra", no data hash) */
+    snprintf(args, sizeof args, "cp -r %s/o %s/r && sed -i -e 's/\"hash\": \"[0-9a-f]*\"/\"hash\": \"\"/' -e "
+             "'1s/^{/{\"extra\": {\"rl_task\": \"add:1\", \"rl_prompts_per_step\": 2, \"rl_next_batch\": 3},/' "
+             "%s/r/step-000000002/state.json", dir, dir, dir);
+    assert_int_equal(tu_run(args, NULL), 0);
+    snprintf(args, sizeof args, "%s %s --steps 3 --resume --out %s/r", base, data, dir);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    snprintf(want, sizeof want, "sft: %s/r/step-000000002 is an RL run's checkpoint (vkswarm rl), not train sft's", dir);
+    expect_in(last_line(err), want);
+    free(out), free(err);
+    snprintf(p, sizeof p, "%s/r/metrics.jsonl", dir);
+    again = read_text(p);
+    assert_string_equal(again, metrics);
+    free(again);
+    free(metrics);
+    /* the disk full at step 3's checkpoint: step 2 stays and the message says so */
+    snprintf(args, sizeof args, "sh -c \"trap '' XFSZ; ulimit -f 1000; exec %s %s %s --steps 3 --resume --out %s/o\" "
+             "2>%s/full.txt", tu_bin(), base, data, dir, dir);
+    assert_int_equal(tu_run(args, NULL), 1);
+    snprintf(p, sizeof p, "%s/full.txt", dir);
+    err = read_text(p);
+    snprintf(want, sizeof want, "(checkpoint %s/o/step-000000003 not saved, nothing of it left; %s/o/step-000000002 is "
+             "as it was, and --resume continues from it)\n", dir, dir);
+    expect_in(last_line(err), want);
+    free(err);
+    snprintf(p, sizeof p, "%s/o/step-000000003", dir);
+    assert_int_not_equal(access(p, F_OK), 0);
+    /* an OUT with a newline: one line per path on stdout */
+    snprintf(args, sizeof args, "o=\"$(printf '%s/n\\nl')\"; %s %s %s --steps 1 --out \"$o\" 2>/dev/null", dir, tu_bin(),
+             base, data);
+    assert_int_equal(tu_run(args, &out), 0);
+    snprintf(want, sizeof want, "metrics: %s/n\\x0al/metrics.jsonl\nplot: %s/n\\x0al/loss.svg\n"
+             "final checkpoint: %s/n\\x0al/step-000000001\n", dir, dir, dir);
+    assert_string_equal(out, want);
+    free(out);
+}
+
 static double json_number(const char *out, const char *key) {
     char k[64];
     snprintf(k, sizeof k, "\"%s\": ", key);
@@ -1147,7 +1249,7 @@ int main(void) {
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
-        cmocka_unit_test(test_train_sft_sentencepiece),
+        cmocka_unit_test(test_train_sft_sentencepiece), cmocka_unit_test(test_train_out_dir),
         cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

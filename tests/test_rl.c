@@ -12,6 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl.h"
@@ -58,6 +63,17 @@ static double max_entropy(void) { return log((double)tiny->cfg.vocab_size) + 1e-
 static void on_progress(void *ctx, const vks_rl_progress *p) {
     progress_log *l = ctx;
     if (l->n < 16) l->p[l->n++] = *p;
+}
+
+static int resume_calls;
+static int64_t resume_step;
+static char resume_dir[4096];
+
+static void on_resume(void *ctx, const char *checkpoint, int64_t step) {
+    (void)ctx;
+    resume_calls++;
+    resume_step = step;
+    snprintf(resume_dir, sizeof resume_dir, "%s", checkpoint ? checkpoint : "(none)");
 }
 
 /* An untrained tiny model solves nothing; the thinking budget (targets 4
@@ -202,9 +218,16 @@ static void test_resume(void **state) {
     progress_log log = {0};
     vks_rl_run_options o = options(&c, &log);
     o.resume = true;
+    o.on_resume = on_resume; /* said before training (issue 23, point 17: --model was replaced without a word) */
+    resume_calls = 0;
     vks_rl_result r;
     int rc = vks_rl_run(&o, &r);
     if (rc) fail_msg("%s", vks_last_error());
+    assert_int_equal(resume_calls, 1);
+    assert_int_equal(resume_step, 1);
+    char want[700];
+    snprintf(want, sizeof want, "%s/step-000000001", out);
+    assert_string_equal(resume_dir, want);
     assert_int_equal(r.resumed_from, 1);
     assert_int_equal(log.n, 1);
     assert_int_equal(log.p[0].step, 2);
@@ -283,12 +306,25 @@ static void test_async_run_rejects_cheater(void **state) {
     vks_rl_run_options o = options(&c, &log);
     o.cheat_every = 4; /* every fourth completion carries a token its sampler did not draw */
     c.entropy_coef = 0.05; /* the entropy bonus on, through the run's trainer */
-    /* an earlier run's rejections in the same place: a fresh run drops them */
-    char cmd[1600];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s/rollouts' && printf '%%s\\n' '{\"batch\":0,\"reason\":\"old\"}' "
-             "'{\"batch\":99,\"reason\":\"old\"}' 'not json' > '%s/rollouts/rejected.jsonl'", out, out);
+    /* an earlier run's rejections in the same place: a fresh run is refused before it writes anything
+     * (issue 23, point 10: it used to overwrite them), and runs once they are gone */
+    char cmd[1600], path[700];
+    const char *old = "{\"batch\":0,\"reason\":\"old\"}\n{\"batch\":99,\"reason\":\"old\"}\nnot json\n";
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s/rollouts' && printf '%%s' '%s' > '%s/rollouts/rejected.jsonl'", out, old, out);
     assert_int_equal(tu_run(cmd, NULL), 0);
     vks_rl_result r;
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "rl-k1: holds rollouts from an earlier run"));
+    assert_int_equal(log.n, 0);
+    snprintf(path, sizeof path, "%s/rollouts/rejected.jsonl", out);
+    char *text = (char *)tu_read_file(path, NULL);
+    assert_non_null(text);
+    assert_string_equal(text, old);
+    free(text);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(cmd, sizeof cmd, "rm -r '%s/rollouts'", out);
+    assert_int_equal(tu_run(cmd, NULL), 0);
     int rc = vks_rl_run(&o, &r);
     if (rc) fail_msg("%s", vks_last_error());
     assert_int_equal(log.n, steps);
@@ -312,6 +348,8 @@ static void test_async_run_rejects_cheater(void **state) {
     assert_true(r.trained > 0 && r.trained <= r.accepted);
 }
 
+/* Also --resume where OUT holds no checkpoint: a fresh run, said through
+ * on_resume (issue 23, point 17: it was silent). */
 static void test_no_signal_fails(void **state) {
     (void)state;
     vks_rl_config c;
@@ -323,9 +361,109 @@ static void test_no_signal_fails(void **state) {
     vks_rl_run_options o = options(&c, &log);
     o.max_empty_batches = 2;
     o.verify = false;
+    o.resume = true;
+    o.on_resume = on_resume;
+    resume_calls = 0;
     vks_rl_result r;
     assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
     assert_non_null(strstr(vks_last_error(), "warm it up"));
+    assert_int_equal(log.n, 0);
+    assert_int_equal(resume_calls, 1);
+    assert_int_equal(resume_step, -1);
+    assert_string_equal(resume_dir, "(none)");
+}
+
+/* One run at a time in an OUT: a second is refused naming the first's pid
+ * and host, before it writes anything (issue 23, point 9: both ran and the
+ * checkpoints held one run's weights, the metrics the other's). The lock
+ * ends with its holder. */
+static void test_out_locked(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600], path[700], want[400], host[256] = "";
+    snprintf(out, sizeof out, "%s/rl-locked", tu_tmpdir());
+    small_config(&c, out, 1, 0);
+    vks_rl_out_dir first = {.fd = -1};
+    assert_int_equal(vks_rl_out_lock(&first, out), VKS_OK); /* as another run holding it */
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    vks_rl_result r;
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
+    gethostname(host, sizeof host - 1);
+    snprintf(want, sizeof want, "rl-locked: another run is writing there (pid %ld on host %s)", (long)getpid(), host);
+    if (!strstr(vks_last_error(), want)) fail_msg("'%s' lacks '%s'", vks_last_error(), want);
+    assert_int_equal(log.n, 0);
+    DIR *d = opendir(out);
+    assert_non_null(d);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)) != NULL) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    assert_int_equal(n, 1); /* the lock alone */
+    vks_rl_out_unlock(&first);
+    snprintf(path, sizeof path, "%s/vkswarm.lock", out);
+    assert_int_not_equal(access(path, F_OK), 0);
+    /* a run killed while holding it leaves the file; its lock ended with it */
+    pid_t child = fork();
+    if (child == 0) {
+        vks_rl_out_dir held = {.fd = -1};
+        _exit(vks_rl_out_lock(&held, out) == VKS_OK ? 0 : 1);
+    }
+    int status = -1;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(access(path, F_OK), 0);
+    vks_rl_out_dir again = {.fd = -1};
+    if (vks_rl_out_lock(&again, out) != VKS_OK) fail_msg("%s", vks_last_error());
+    vks_rl_out_unlock(&again);
+}
+
+/* A checkpoint of step 1 in out: the tiny model's weights, zero moments,
+ * the given data hash ("" for none), extra and betas. */
+static void write_checkpoint(const char *out, const char *data_hash, const char *extra, double beta1) {
+    vks_param_layout *l = NULL;
+    assert_int_equal(vks_param_layout_create(&tiny->cfg, false, &l), VKS_OK);
+    float *w = malloc(sizeof *w * l->n_values), *zero = calloc(l->n_values, sizeof *zero);
+    assert_true(w && zero);
+    assert_int_equal(vks_param_layout_gather(l, tiny, w), VKS_OK);
+    vks_checkpoint_data d = {.layout = l, .weights = w, .adam_m = zero, .adam_v = zero, .arch = "llama", .bos_id = -1,
+                             .eos_id = -1};
+    d.state.step = 1;
+    d.state.adam = (vks_adamw_params){.lr = 1e-3, .beta1 = beta1, .beta2 = 0.95, .eps = 1e-8};
+    d.state.schedule.lr = 1e-3;
+    snprintf(d.state.data_hash, sizeof d.state.data_hash, "%s", data_hash);
+    d.state.extra_json = extra;
+    char dir[700];
+    assert_int_equal(vks_checkpoint_step_dir(out, 1, dir, sizeof dir), VKS_OK);
+    if (vks_checkpoint_save(dir, &d)) fail_msg("%s", vks_last_error());
+    free(w), free(zero);
+    vks_param_layout_free(l);
+}
+
+/* rl --resume refuses train sft's checkpoint naming the kind (issue 23,
+ * point 7, the other way round), and moments made with other betas. */
+static void test_resume_refuses_other_runs(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600];
+    snprintf(out, sizeof out, "%s/rl-sft", tu_tmpdir());
+    small_config(&c, out, 2, 0);
+    assert_int_equal(mkdir(out, 0777), 0);
+    write_checkpoint(out, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", NULL, 0.9);
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.resume = true;
+    vks_rl_result r;
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
+    if (!strstr(vks_last_error(), "step-000000001 is a train sft checkpoint, not an RL run's")) fail_msg("%s", vks_last_error());
+    snprintf(out, sizeof out, "%s/rl-betas", tu_tmpdir());
+    snprintf(c.out, sizeof c.out, "%s", out);
+    assert_int_equal(mkdir(out, 0777), 0);
+    char extra[800];
+    snprintf(extra, sizeof extra, "{\"rl_task\": \"%s\", \"rl_prompts_per_step\": 2, \"rl_next_batch\": 1}", c.task);
+    write_checkpoint(out, "", extra, 0.8);
+    assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
+    if (!strstr(vks_last_error(), "was trained with Adam betas 0.8, 0.95, this run uses 0.9, 0.95")) fail_msg("%s", vks_last_error());
     assert_int_equal(log.n, 0);
 }
 
@@ -395,6 +533,8 @@ static void test_group_queue(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
-                                       cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_group_queue)};
+                                       cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
+                                       cmocka_unit_test(test_resume_refuses_other_runs),
+                                       cmocka_unit_test(test_group_queue)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

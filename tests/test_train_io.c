@@ -567,6 +567,7 @@ static void fixture_make(ckpt_fixture *f, const vks_model_config *cfg, bool bias
     fill(f->w, n, seed, false);
     fill(f->m, n, seed + 1, false);
     fill(f->v, n, seed + 2, true);
+    for (size_t i = 0; i < n; i++) f->v[i] += f->m[i] * f->m[i]; /* |m| <= sqrt(v): moments Adam can make */
     f->c = (vks_checkpoint_data){.layout = f->l, .weights = f->w, .adam_m = f->m, .adam_v = f->v, .arch = "llama",
                                  .bos_id = BOS, .eos_id = EOS};
     vks_ckpt_state *s = &f->c.state;
@@ -935,17 +936,17 @@ static void test_checkpoint_replace(void **state) {
     fixture_make(&f, &cfg, false, 21);
     const char *root = tu_tmpdir();
     char dir[512];
-    assert_int_equal(vks_checkpoint_step_dir(root, 5, dir, sizeof dir), VKS_OK);
+    assert_int_equal(vks_checkpoint_step_dir(root, f.c.state.step, dir, sizeof dir), VKS_OK);
     assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_OK);
     f.w[0] = 12345.0f;
-    f.c.state.step = 6;
+    f.c.state.tokens_seen = 6;
     strcat(dir, "/");
     assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_OK); /* same directory again: replaced whole */
     dir[strlen(dir) - 1] = '\0';
     vks_checkpoint *c = NULL;
-    assert_int_equal(vks_checkpoint_load(dir, &c), VKS_OK);
+    if (vks_checkpoint_load(dir, &c) != VKS_OK) fail_msg("%s", vks_last_error());
     assert_true(c->weights[0] == 12345.0f);
-    assert_int_equal(c->state.step, 6);
+    assert_int_equal(c->state.tokens_seen, 6);
     vks_checkpoint_free(c);
     DIR *dd = opendir(root);
     struct dirent *e;
@@ -1016,8 +1017,8 @@ static void test_checkpoint_keep_latest(void **state) {
     assert_true(found);
     assert_true(strstr(dir, "/step-000000060") != NULL);
     int removed = -1;
-    assert_int_equal(vks_checkpoint_prune(root, 0, &removed), VKS_ERR_ARG);
-    assert_int_equal(vks_checkpoint_prune(root, 2, &removed), VKS_OK);
+    assert_int_equal(vks_checkpoint_prune(root, 0, INT64_MAX, &removed), VKS_ERR_ARG);
+    assert_int_equal(vks_checkpoint_prune(root, 2, INT64_MAX, &removed), VKS_OK);
     assert_int_equal(removed, 5); /* steps 10-40, and the dead writer's temporary */
     const char *stay[] = {"step-000000050", "step-000000060", "step-000000001", "step-0000000", "step-000000002-old",
                           "step-000000003", "runs", "step-000000004"};
@@ -1036,10 +1037,121 @@ static void test_checkpoint_keep_latest(void **state) {
         assert_false(exists(dir));
     }
     /* pruning again changes nothing */
-    assert_int_equal(vks_checkpoint_prune(root, 2, &removed), VKS_OK);
+    assert_int_equal(vks_checkpoint_prune(root, 2, INT64_MAX, &removed), VKS_OK);
     assert_int_equal(removed, 0);
     assert_int_equal(vks_checkpoint_latest(root, dir, sizeof dir, &found), VKS_OK);
     assert_true(strstr(dir, "/step-000000060") != NULL);
+    fixture_free(&f);
+}
+
+/* state.json's step: bounded (no int overflow downstream), and the step of
+ * the directory's name (issue 23, points 5 and 6). */
+static void test_checkpoint_step_checked(void **state) {
+    (void)state;
+    vks_model_config cfg = tiny_config(true, VKS_ROPE_HALF);
+    ckpt_fixture f;
+    fixture_make(&f, &cfg, false, 41);
+    const char *root = tu_tmpdir();
+    char good[512], bad[600];
+    assert_int_equal(vks_checkpoint_step_dir(root, 123, good, sizeof good), VKS_OK);
+    assert_int_equal(vks_checkpoint_save(good, &f.c), VKS_OK);
+    vks_checkpoint *c = NULL;
+    strcat(good, "/"); /* the name counts without the slash */
+    if (vks_checkpoint_load(good, &c) != VKS_OK) fail_msg("%s", vks_last_error());
+    vks_checkpoint_free(c);
+    good[strlen(good) - 1] = '\0';
+    snprintf(bad, sizeof bad, "%s/big", root);
+    copy_dir(good, bad);
+    set_state_key(bad, NULL, "step", "4611686018427387904");
+    assert_refused(bad, "\"step\" is out of range");
+    set_state_key(bad, NULL, "step", "1000000001");
+    assert_refused(bad, "\"step\" is out of range");
+    snprintf(bad, sizeof bad, "%s/step-000000004", root); /* step 123's files under step 4's name */
+    copy_dir(good, bad);
+    assert_refused(bad, "\"step\" is 123, the directory's name says 4");
+    bool found = false;
+    char dir[600];
+    assert_int_equal(vks_checkpoint_latest(root, dir, sizeof dir, &found), VKS_OK);
+    assert_true(found && strstr(dir, "/step-000000123"));
+    /* a missing output directory holds no checkpoint (not an error) */
+    snprintf(bad, sizeof bad, "%s/absent", root);
+    assert_int_equal(vks_checkpoint_latest(bad, dir, sizeof dir, &found), VKS_OK);
+    assert_false(found);
+    fixture_free(&f);
+}
+
+/* Finite moments no run could have made are refused: |m| <= K sqrt(v) with
+ * K from the step and betas (issue 23, point 8: exp_avg 1e30 was taken and
+ * the next update blew the norm weights up to 2.7e30). */
+static void test_checkpoint_moment_sizes(void **state) {
+    (void)state;
+    vks_model_config cfg = tiny_config(true, VKS_ROPE_HALF);
+    ckpt_fixture f;
+    fixture_make(&f, &cfg, false, 43);
+    const char *root = tu_tmpdir();
+    char dir[512];
+    const vks_param_info *norm = vks_param_layout_find(f.l, "final_norm");
+    assert_non_null(norm);
+    snprintf(dir, sizeof dir, "%s/huge", root);
+    f.m[norm->offset + 3] = 1e30f;
+    assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_OK); /* finite: the writer takes it */
+    assert_refused(dir, "the first moment of final_norm is 1e+30 where 123 Adam steps (betas 0.9, 0.95) allow at most");
+    /* one step: m = 0.1 g, v = 0.05 g^2, so |m| <= 0.4472 sqrt(v) exactly */
+    f.c.state.step = 1;
+    for (size_t i = 0; i < f.l->n_values; i++) f.m[i] = 0.447f * sqrtf(f.v[i]) * (i % 2 ? 1.0f : -1.0f);
+    snprintf(dir, sizeof dir, "%s/one-step", root);
+    assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_OK);
+    vks_checkpoint *c = NULL;
+    if (vks_checkpoint_load(dir, &c) != VKS_OK) fail_msg("%s", vks_last_error());
+    vks_checkpoint_free(c);
+    f.m[norm->offset] = 0.46f * sqrtf(f.v[norm->offset]);
+    snprintf(dir, sizeof dir, "%s/one-step-over", root);
+    assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_OK);
+    assert_refused(dir, "the first moment of final_norm is");
+    fixture_free(&f);
+}
+
+/* A run saves and prunes only its own: a step-N that is not a complete
+ * checkpoint (a user's model.safetensors alone) is not replaced, and a prune
+ * never touches checkpoints newer than the one just written (issue 23, points
+ * 10 and 19). */
+static void test_checkpoint_only_own_replaced(void **state) {
+    (void)state;
+    vks_model_config cfg = tiny_config(true, VKS_ROPE_HALF);
+    ckpt_fixture f;
+    fixture_make(&f, &cfg, false, 47);
+    f.c.adam_m = f.c.adam_v = NULL;
+    const char *root = tu_tmpdir();
+    char dir[512], p[700];
+    make_dir_with(root, "step-000000001", "model.safetensors");
+    assert_int_equal(vks_checkpoint_step_dir(root, 1, dir, sizeof dir), VKS_OK);
+    f.c.state.step = 1;
+    assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_ERR_IO);
+    assert_contains(vks_last_error(), "step-000000001: exists and is not a complete checkpoint (no state.json; not replaced)");
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    size_t n = 0;
+    unsigned char *kept = tu_read_file(p, &n);
+    assert_true(kept && n == 1 && kept[0] == 'x');
+    free(kept);
+    for (int step = 10; step <= 30; step += 10) {
+        f.c.state.step = step;
+        assert_int_equal(vks_checkpoint_step_dir(root, step, dir, sizeof dir), VKS_OK);
+        assert_int_equal(vks_checkpoint_save(dir, &f.c), VKS_OK);
+    }
+    int removed = -1;
+    assert_int_equal(vks_checkpoint_prune(root, 1, 10, &removed), VKS_OK); /* 10 is the newest of ours */
+    assert_int_equal(removed, 0);
+    assert_int_equal(vks_checkpoint_prune(root, 1, 20, &removed), VKS_OK);
+    assert_int_equal(removed, 1);
+    const int left[] = {20, 30};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(vks_checkpoint_step_dir(root, left[i], dir, sizeof dir), VKS_OK);
+        assert_true(exists(dir));
+    }
+    assert_int_equal(vks_checkpoint_step_dir(root, 10, dir, sizeof dir), VKS_OK);
+    assert_false(exists(dir));
+    snprintf(p, sizeof p, "%s/step-000000001/model.safetensors", root);
+    assert_true(exists(p));
     fixture_free(&f);
 }
 
@@ -1333,6 +1445,9 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_moments_checked),
         cmocka_unit_test(test_checkpoint_replace),
         cmocka_unit_test(test_checkpoint_keep_latest),
+        cmocka_unit_test(test_checkpoint_step_checked),
+        cmocka_unit_test(test_checkpoint_moment_sizes),
+        cmocka_unit_test(test_checkpoint_only_own_replaced),
         cmocka_unit_test(test_metrics_roundtrip),
         cmocka_unit_test(test_plot_svg),
         cmocka_unit_test(test_timeline_svg),

@@ -139,6 +139,29 @@ int cli_getopt(int argc, char **argv, const char *shortopts, const struct option
     cli_usage_error(cmd, "unknown option '%s'", arg);
 }
 
+void cli_put_path_line(const char *name, const char *path) {
+    printf("%s: ", name);
+    cli_put_escaped(stdout, path, strlen(path));
+    putchar('\n');
+}
+
+static void on_resume(const char *cmd, const char *checkpoint, int64_t step) {
+    if (checkpoint)
+        cli_note("%s: --resume: continuing from %s (step %lld): its weights and optimizer state replace the start "
+                 "model's (--model or --init gives only the shape)", cmd, checkpoint, (long long)step);
+    else cli_note("%s: --resume: the output directory holds no checkpoint: a fresh run from the start model", cmd);
+}
+
+void cli_on_resume_train(void *ctx, const char *checkpoint, int64_t step) {
+    (void)ctx;
+    on_resume("train", checkpoint, step);
+}
+
+void cli_on_resume_rl(void *ctx, const char *checkpoint, int64_t step) {
+    (void)ctx;
+    on_resume("rl", checkpoint, step);
+}
+
 void cli_put_escaped(FILE *f, const char *s, size_t len) {
     char buf[1024];
     while (len > 0) {

@@ -14,6 +14,12 @@ _Noreturn void cli_die(int status, const char *fmt, ...) __attribute__((format(p
 /* Prints "vkswarm: <msg>" on stderr, escaped like cli_die's: for notes that
  * carry names from files (architectures, paths). */
 void cli_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "NAME: PATH\n" on stdout, the path escaped as in messages (one line whatever it holds). */
+void cli_put_path_line(const char *name, const char *path);
+/* --resume's notice on stderr (train sft and rl: the same words): the
+ * checkpoint continued from, whose weights replace --model's, or none. */
+void cli_on_resume_train(void *ctx, const char *checkpoint, int64_t step);
+void cli_on_resume_rl(void *ctx, const char *checkpoint, int64_t step);
 /* Installed first thing in main: at exit, stdout is flushed and closed and
  * any failed write to it (full disk, closed pipe) turns the exit status into
  * 1 with a one-line message, so results are never lost silently. */

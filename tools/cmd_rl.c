@@ -31,7 +31,9 @@ static const char rl_usage[] =
     "last 4 steps: who waited for whom), rollouts/batch-N.jsonl and checkpoints DIR/step-N (weights,\n"
     "optimizer state, the rollout position) every --save-every steps (default 10) and at the end, the\n"
     "newest --keep (default 3). --resume continues from the newest one (same task and prompts per\n"
-    "step; the rollouts of batches started after it are not reused). stdout gets:\n"
+    "step; the rollouts of batches started after it are not reused; said on stderr, as is a DIR\n"
+    "without one: a fresh run). One run at a time writes DIR; a fresh run refuses a DIR holding an\n"
+    "earlier run's files. stdout gets (paths escaped):\n"
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  final checkpoint: PATH\n"
     "  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
@@ -145,8 +147,11 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
             (long long)r->groups_stale, r->elapsed_s);
     printf("task: ");
     cli_put_escaped(stdout, a->c.task, strlen(a->c.task));
-    printf("\nmetrics: %s\nplot: %s\ntimeline: %s\nfinal checkpoint: %s\n", r->metrics_path, r->plot_path,
-           r->timeline_path, r->final_checkpoint);
+    putchar('\n');
+    cli_put_path_line("metrics", r->metrics_path);
+    cli_put_path_line("plot", r->plot_path);
+    cli_put_path_line("timeline", r->timeline_path);
+    cli_put_path_line("final checkpoint", r->final_checkpoint);
     if (isnan(r->start_accuracy)) printf("accuracy: not measured (--eval-n 0 or a task file)\n");
     else printf("accuracy: %.3f -> %.3f\n", r->start_accuracy, r->final_accuracy);
     printf("trainer idle: %.3f\n", r->trainer_idle);
@@ -170,6 +175,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     bool no_finalize = false;
     if (roles & VKS_RL_ROLE_TRAINER) {
         a->o.progress = on_progress;
+        a->o.on_resume = cli_on_resume_rl;
         vks_rl_result r;
         rc = vks_rl_mpi_trainer(&a->o, &mo, &r, &no_finalize);
         if (rc) {
@@ -223,6 +229,7 @@ int cmd_rl(int argc, char **argv) {
     vks_gpu *train_gpu = cli_open_gpu(&a.m), *infer_gpu = cli_open_gpu(&a.m);
     a.o.model = m, a.o.tok = tok, a.o.train_gpu = train_gpu, a.o.infer_gpu = infer_gpu;
     a.o.progress = on_progress;
+    a.o.on_resume = cli_on_resume_rl;
     vks_rl_result r;
     int rc = vks_rl_run(&a.o, &r);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());

@@ -26,7 +26,9 @@ static const char train_usage[] =
     "object per step: loss, lr, grad_norm, tokens_per_s), loss.svg and checkpoints DIR/step-N\n"
     "(safetensors + config.json + tokenizer, optimizer.safetensors, state.json), the last --keep\n"
     "(default 3) of them, every --save-every steps (default: only the last). --resume continues\n"
-    "from the newest checkpoint in DIR, bit for bit. Progress goes to stderr; stdout gets the paths:\n"
+    "from the newest checkpoint in DIR, bit for bit (said on stderr, as is a DIR without one: a fresh\n"
+    "run). One run at a time writes DIR; a fresh run refuses a DIR holding an earlier run's files.\n"
+    "Progress goes to stderr; stdout gets the paths (escaped):\n"
     "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n";
 
 static const char eval_usage[] =
@@ -147,6 +149,7 @@ int cmd_train(int argc, char **argv) {
     a.o.model = m;
     a.o.tok = tok;
     a.o.progress = on_progress;
+    a.o.on_resume = cli_on_resume_train;
     a.o.progress_ctx = &bar;
     vks_sft_result r;
     int rc = vks_sft_train(g, &a.o, &r);
@@ -154,7 +157,9 @@ int cmd_train(int argc, char **argv) {
     cli_progress_end(&bar, (long)a.o.steps, "steps");
     fprintf(stderr, "vkswarm: train: loss %.4f -> %.4f%s\n", r.first_loss, r.last_loss,
             r.resumed_from >= 0 ? " (resumed)" : "");
-    printf("metrics: %s\nplot: %s\nfinal checkpoint: %s\n", r.metrics_path, r.plot_path, r.final_checkpoint);
+    cli_put_path_line("metrics", r.metrics_path);
+    cli_put_path_line("plot", r.plot_path);
+    cli_put_path_line("final checkpoint", r.final_checkpoint);
     if (a.m.profile) cli_print_profile(g);
     rc = cli_finish_gpu(g);
     vks_tokenizer_free(tok);

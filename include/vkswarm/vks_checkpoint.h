@@ -60,8 +60,11 @@ int vks_param_layout_gather(const vks_param_layout *l, const vks_model *m, float
 int vks_param_layout_scatter(const vks_param_layout *l, const float *block, vks_model *m);
 
 /* ---- what a resume needs besides the tensors ---- */
+/* The largest step a checkpoint may record (and a run may take). */
+#define VKS_CKPT_MAX_STEP 1000000000
+
 typedef struct {
-    int64_t step;              /* optimizer steps taken */
+    int64_t step;              /* optimizer steps taken, 0..VKS_CKPT_MAX_STEP; a directory named step-N holds step N */
     int64_t tokens_seen;       /* training tokens consumed */
     uint64_t seed;             /* the run's seed */
     vks_sft_position data;     /* where the next micro-batch starts */
@@ -88,7 +91,8 @@ typedef struct {
 /* OUT/step-<step, 9 digits or more> into buf. */
 int vks_checkpoint_step_dir(const char *out_dir, int64_t step, char *buf, size_t cap);
 /* Writes the checkpoint as directory `dir`, atomically (see above). An
- * existing `dir` is replaced only when it holds nothing but checkpoint files;
+ * existing `dir` is replaced only when it is a complete checkpoint (state.json)
+ * holding nothing but checkpoint files;
  * NaN or Inf in any block is refused (the loader would refuse it). */
 int vks_checkpoint_save(const char *dir, const vks_checkpoint_data *c);
 
@@ -102,19 +106,27 @@ typedef struct {
 } vks_checkpoint;
 
 /* Loads and checks everything: state.json (bounded, every field typed and in
- * range, "complete"), each listed file's size and hash, the model (as any
- * safetensors model: shapes against config.json, finite weights, no unused
- * tensor), the moments (exact names, f32, shapes, finite, v >= 0). */
+ * range, "complete"; a directory named step-N must record step N), each
+ * listed file's size and hash, the model (as any safetensors model: shapes
+ * against config.json, finite weights, no unused tensor), the moments (exact
+ * names, f32, shapes, finite, v >= 0, and |m| no larger than `step` Adam
+ * updates with the recorded betas can make it: |m| <= K sqrt(v), K =
+ * (1 - b1) / sqrt(1 - b2) * sqrt(sum_{k<step} (b1^2 / b2)^k), by
+ * Cauchy-Schwarz; so the next update, lr m_hat / (sqrt(v_hat) + eps), is
+ * bounded too). */
 int vks_checkpoint_load(const char *dir, vks_checkpoint **out);
 void vks_checkpoint_free(vks_checkpoint *c);
 
 /* The complete checkpoint (a step-N directory holding state.json) with the
- * highest step in out_dir: its path in buf and *found, or *found false. */
+ * highest step in out_dir: its path in buf and *found, or *found false (also
+ * when out_dir does not exist). */
 int vks_checkpoint_latest(const char *out_dir, char *buf, size_t cap, bool *found);
-/* Keeps the `keep` (>= 1) newest step-N directories of out_dir and removes
- * the older ones, and temporaries that writers which are no longer running
- * left behind. Only directories named as this code names them and holding
- * only the files it writes are removed; anything else is left alone.
- * *n_removed (may be NULL) counts the directories removed. */
-int vks_checkpoint_prune(const char *out_dir, int keep, int *n_removed);
+/* Keeps the `keep` (>= 1) newest step-N directories of out_dir with N <=
+ * through_step (the checkpoint just written: it is always kept, and newer
+ * ones are not the caller's) and removes the older ones, and temporaries that
+ * writers which are no longer running left behind. Only directories named as
+ * this code names them and holding only the files it writes are removed;
+ * anything else is left alone. *n_removed (may be NULL) counts the
+ * directories removed. */
+int vks_checkpoint_prune(const char *out_dir, int keep, int64_t through_step, int *n_removed);
 #endif

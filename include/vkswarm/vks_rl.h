@@ -62,9 +62,16 @@ typedef struct {
     int timeline_steps;              /* the last N trainer steps OUT/timeline.svg shows (0: VKS_RL_TIMELINE_STEPS) */
     int cheat_every;                 /* TEST ONLY: every Nth completion gets a token it did not sample (0: honest) */
     bool resume;                     /* continue from the newest checkpoint in config->out (weights, moments,
-                                      * step, rollout position), when there is one; model must be its shape */
+                                      * step, rollout position), when there is one; model must be its shape.
+                                      * One run at a time writes config->out (OUT/vkswarm.lock); a fresh run
+                                      * refuses an OUT holding an earlier run's step-N, metrics.jsonl, rl.svg,
+                                      * timeline.svg or rollouts/ */
     void (*progress)(void *ctx, const vks_rl_progress *p);
     void *progress_ctx;
+    /* with resume, before training (may be NULL): the checkpoint continued
+     * from (its weights replace model's) and its step, or NULL and -1 when
+     * config->out holds none (a fresh run) */
+    void (*on_resume)(void *ctx, const char *checkpoint, int64_t step);
 } vks_rl_run_options;
 
 /* What OUT/timeline.svg shows: trainer steps first_step..last_step (with the

@@ -21,7 +21,9 @@ typedef struct {
     const vks_model *model;            /* the start (ignored on resume: the checkpoint is the start) */
     const struct vks_tokenizer *tok;   /* the model's tokenizer */
     const char *data_path;             /* JSONL: {"prompt","completion"} or {"text"} lines */
-    const char *out_dir;               /* checkpoints OUT/step-N, metrics.jsonl, loss.svg */
+    const char *out_dir;               /* checkpoints OUT/step-N, metrics.jsonl, loss.svg; one run at a time
+                                        * (OUT/vkswarm.lock); a fresh run refuses an OUT holding an earlier
+                                        * run's step-N, metrics.jsonl or loss.svg */
     int steps;                         /* optimizer steps (total, a resume included) */
     int batch;                         /* sequences per step */
     int micro_batch;                   /* sequences per micro-batch (forward + backward); <= batch */
@@ -35,6 +37,10 @@ typedef struct {
     bool recompute;                    /* recompute activations in backward */
     void (*progress)(void *ctx, const vks_sft_progress *p);
     void *progress_ctx;
+    /* with resume, before training (may be NULL): the checkpoint continued
+     * from (its weights replace model's) and its step, or NULL and -1 when
+     * out_dir holds none (a fresh run) */
+    void (*on_resume)(void *ctx, const char *checkpoint, int64_t step);
 } vks_sft_run_options;
 
 typedef struct {

@@ -490,7 +490,12 @@ static int check_replaceable(const char *dir) {
     if (!S_ISDIR(st.st_mode)) return vks_set_error(VKS_ERR_IO, "%s: exists and is not a directory", dir);
     int r = vks_ckpt_only_our_files(dir);
     if (r < 0) return r;
-    return r ? VKS_OK : vks_set_error(VKS_ERR_IO, "%s: exists and holds files that are not a checkpoint's (not replaced)", dir);
+    if (!r) return vks_set_error(VKS_ERR_IO, "%s: exists and holds files that are not a checkpoint's (not replaced)", dir);
+    char state[4200];
+    snprintf(state, sizeof state, "%s/state.json", dir);
+    if (lstat(state, &st) != 0) /* only a writer's rename makes step-N: without state.json it is not ours */
+        return vks_set_error(VKS_ERR_IO, "%s: exists and is not a complete checkpoint (no state.json; not replaced)", dir);
+    return VKS_OK;
 }
 
 int vks_checkpoint_save(const char *dir_arg, const vks_checkpoint_data *c) {
@@ -615,7 +620,7 @@ static int read_header(const state_reader *r) {
 /* Every field of state.json but the file list; extra_json into *extra. */
 static int read_state(const state_reader *r, vks_ckpt_state *s, char **extra) {
     int rc = read_header(r);
-    if (rc == VKS_OK) rc = get_i64(r, r->root, "step", 0, INT64_MAX, &s->step);
+    if (rc == VKS_OK) rc = get_i64(r, r->root, "step", 0, VKS_CKPT_MAX_STEP, &s->step);
     if (rc == VKS_OK) rc = get_i64(r, r->root, "tokens_seen", 0, INT64_MAX, &s->tokens_seen);
     if (rc == VKS_OK) rc = get_u64(r, r->root, "seed", &s->seed);
     if (rc == VKS_OK) rc = read_data_position(r, s);
@@ -707,6 +712,37 @@ static int load_moment(const vks_st_file *f, const char *path, const char *name,
     return VKS_OK;
 }
 
+/* K of vks_checkpoint_load's bound |m| <= K sqrt(v) after `steps` Adam
+ * updates (infinite when the betas allow no bound). */
+static double moment_bound(const vks_ckpt_state *s) {
+    double b1 = s->adam.beta1, b2 = s->adam.beta2;
+    if (b2 >= 1 || (b2 == 0 && b1 > 0)) return INFINITY; /* (resuming runs refuse betas other than theirs) */
+    double r = b1 > 0 ? b1 * b1 / b2 : 0, t = (double)s->step;
+    double sum = r == 1 ? t : (1 - pow(r, t)) / (1 - r); /* sum_{k<t} r^k */
+    return (1 - b1) / sqrt(1 - b2) * sqrt(sum);
+}
+
+/* Moments a run of state.step steps could have made: 1e-3 relative for f32
+ * rounding, and MOMENT_FLOOR for squares of gradients below 1e-19 that
+ * flush to 0 in v (m then stays below ~1e-18; an update from m this small
+ * over eps is below 1e-7 lr). */
+#define MOMENT_FLOOR 1e-15
+static int check_moment_sizes(const vks_checkpoint *c, const char *path) {
+    double k = moment_bound(&c->state) * (1 + 1e-3);
+    if (!(k < INFINITY)) return VKS_OK;
+    for (int t = 0; t < c->layout->n_tensors; t++) {
+        const vks_param_info *p = &c->layout->tensors[t];
+        for (size_t i = p->offset; i < p->offset + (size_t)p->rows * (size_t)p->cols; i++)
+            if (fabs((double)c->adam_m[i]) > k * sqrt((double)c->adam_v[i]) + MOMENT_FLOOR)
+                return vks_set_error(VKS_ERR_FORMAT,
+                                     "%s: the first moment of %s is %.3g where %lld Adam steps (betas %g, %g) allow at "
+                                     "most %.3g (corrupt)",
+                                     path, p->name, (double)c->adam_m[i], (long long)c->state.step, c->state.adam.beta1,
+                                     c->state.adam.beta2, k * sqrt((double)c->adam_v[i]) + MOMENT_FLOOR);
+    }
+    return VKS_OK;
+}
+
 static int load_moments(vks_checkpoint *c, const vks_model *model, const char *dir) {
     char path[4096];
     int rc = join(path, sizeof path, dir, "optimizer.safetensors");
@@ -730,6 +766,7 @@ static int load_moments(vks_checkpoint *c, const vks_model *model, const char *d
         if (rc == VKS_OK) rc = load_moment(f, path, name, t, true, c->adam_v + t->offset);
     }
     vks_st_close(f);
+    if (rc == VKS_OK) rc = check_moment_sizes(c, path);
     return rc;
 }
 
@@ -754,6 +791,22 @@ static int load_model(vks_checkpoint *c, const char *dir, bool has_optimizer) {
     return rc;
 }
 
+/* A directory named step-N holds the state of step N. */
+static int check_step_name(const char *dir, const char *state_path, int64_t step) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    char name[256];
+    int64_t named = 0;
+    if (n - b >= sizeof name) return VKS_OK;
+    memcpy(name, dir + b, n - b);
+    name[n - b] = '\0';
+    if (!vks_ckpt_step_name(name, &named) || named == step) return VKS_OK;
+    return vks_set_error(VKS_ERR_FORMAT, "%s: \"step\" is %lld, the directory's name says %lld", state_path,
+                         (long long)step, (long long)named);
+}
+
 int vks_checkpoint_load(const char *dir, vks_checkpoint **out) {
     if (!dir || !out) return vks_set_error(VKS_ERR_ARG, "vks_checkpoint_load: NULL argument");
     *out = NULL;
@@ -766,6 +819,7 @@ int vks_checkpoint_load(const char *dir, vks_checkpoint **out) {
     int rc = join(path, sizeof path, dir, "state.json");
     if (rc == VKS_OK) rc = read_state_file(path, &r.root);
     if (rc == VKS_OK) rc = read_state(&r, &c->state, &extra);
+    if (rc == VKS_OK) rc = check_step_name(dir, path, c->state.step);
     if (rc == VKS_OK) rc = verify_files(&r, dir, &has_optimizer);
     json_decref(r.root);
     if (rc == VKS_OK) rc = load_model(c, dir, has_optimizer);

@@ -61,6 +61,11 @@ static bool our_file_name(const char *name) {
     return vks_ckpt_known_file(base);
 }
 
+bool vks_ckpt_step_name(const char *name, int64_t *step) {
+    long pid;
+    return parse_name(name, step, &pid) == NAME_FINAL;
+}
+
 int vks_checkpoint_step_dir(const char *out_dir, int64_t step, char *buf, size_t cap) {
     if (!out_dir || !buf || step < 0) return vks_set_error(VKS_ERR_ARG, "vks_checkpoint_step_dir: bad argument");
     if ((size_t)snprintf(buf, cap, "%s/step-%0*lld", out_dir, STEP_DIGITS, (long long)step) >= cap)
@@ -186,6 +191,8 @@ static bool has_state(const char *out_dir, const char *name) {
 int vks_checkpoint_latest(const char *out_dir, char *buf, size_t cap, bool *found) {
     if (!out_dir || !buf || !found) return vks_set_error(VKS_ERR_ARG, "vks_checkpoint_latest: NULL argument");
     *found = false;
+    struct stat st;
+    if (lstat(out_dir, &st) != 0 && errno == ENOENT) return VKS_OK; /* no directory: no checkpoint */
     entry_list l = {0};
     int rc = list_checkpoints(out_dir, &l);
     if (rc == VKS_OK && l.n > 1) qsort(l.e, l.n, sizeof *l.e, newest_first);
@@ -206,7 +213,7 @@ static bool abandoned(const entry *e) {
     return kill((pid_t)e->pid, 0) != 0 && errno == ESRCH;
 }
 
-int vks_checkpoint_prune(const char *out_dir, int keep, int *n_removed) {
+int vks_checkpoint_prune(const char *out_dir, int keep, int64_t through_step, int *n_removed) {
     if (n_removed) *n_removed = 0;
     if (!out_dir || keep < 1) return vks_set_error(VKS_ERR_ARG, "vks_checkpoint_prune: keep must be at least 1");
     entry_list l = {0};
@@ -217,6 +224,7 @@ int vks_checkpoint_prune(const char *out_dir, int keep, int *n_removed) {
     for (size_t i = 0; i < l.n && rc == VKS_OK; i++) {
         const entry *e = &l.e[i];
         if (e->kind == NAME_FINAL && !has_state(out_dir, e->name)) continue; /* not a complete checkpoint: not ours */
+        if (e->kind == NAME_FINAL && e->step > through_step) continue;      /* newer than the caller's: not its */
         bool drop = e->kind == NAME_FINAL ? kept++ >= keep : abandoned(e);
         if (!drop) continue;
         snprintf(path, sizeof path, "%s/%s", out_dir, e->name);

@@ -7,6 +7,8 @@
 /* A file name a checkpoint directory holds (model.safetensors, config.json,
  * tokenizer.json, tokenizer_config.json, optimizer.safetensors, state.json). */
 bool vks_ckpt_known_file(const char *name);
+/* Whether name is a checkpoint directory's (step-<9 or more digits>), and its step. */
+bool vks_ckpt_step_name(const char *name, int64_t *step);
 /* 1 when dir holds nothing but checkpoint files and vks_outfile temporaries
  * of them (regular files), 0 when it holds anything else, < 0 on error. */
 int vks_ckpt_only_our_files(const char *dir);

@@ -14,10 +14,45 @@
 /* Copies one parameter set between the trainer and a checkpoint block (by name). */
 int vks_rl_move_set(vks_trainer *t, const vks_param_layout *l, vks_param_kind set, float *block, bool to_block);
 /* Saves the trainer's weights and both moments as OUT/step-N (state->step),
- * then keeps the newest `keep` (0: all). dir gets the checkpoint's path. */
+ * then keeps the newest `keep` (0: all) up to step N (never one newer, never
+ * N). dir gets the checkpoint's path. A failed save says which earlier
+ * checkpoint is left as it was. */
 int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_model *m,
                         const struct vks_tokenizer *tok, const vks_ckpt_state *state, const char *out_dir, int keep,
                         char *dir, size_t cap);
+
+/* Closes m (may be NULL); returns rc when it is an error already (its
+ * message kept), else vks_metrics_close's result. */
+struct vks_metrics;
+int vks_rl_close_metrics(struct vks_metrics *m, int rc);
+
+/* A training run's output directory (train sft's and rl's OUT). One run at a
+ * time writes there: vks_rl_out_lock creates OUT when missing and takes
+ * OUT/vkswarm.lock (flock; "pid N on host H" inside; the lock ends with the
+ * process), refusing a second run naming the first; vks_rl_out_unlock removes
+ * it. A run that starts afresh first calls vks_rl_out_check_fresh: OUT must
+ * hold nothing an earlier run left that it would overwrite or prune (step-*,
+ * or one of the NULL-terminated output names, an empty directory excepted);
+ * resuming (--resume found no checkpoint), the files are the run's own
+ * (an attempt that ended before its first checkpoint) but a step-N, not a
+ * complete checkpoint, is refused. */
+typedef struct {
+    int fd;
+    char lock[4200];
+} vks_rl_out_dir;
+int vks_rl_out_lock(vks_rl_out_dir *d, const char *out);
+void vks_rl_out_unlock(vks_rl_out_dir *d);
+int vks_rl_out_check_fresh(const char *out, const char *const *outputs, bool resuming);
+/* Refuses a checkpoint's model (had) of another shape or context than the run's start model (want). */
+int vks_rl_ckpt_check_shape(const vks_model *had, const vks_model *want, const char *dir, const char *who);
+/* Whether a checkpoint is an RL run's (its state records the RL task). */
+bool vks_rl_ckpt_is_rl(const vks_checkpoint *ck);
+/* Refuses to resume a checkpoint of the other kind of run (want_rl: rl, else
+ * train sft, which records its data's hash), naming the kind. */
+int vks_rl_ckpt_check_kind(const vks_checkpoint *ck, const char *dir, bool want_rl);
+/* Refuses moments made with other Adam betas than the resuming run's (the
+ * loader bounds them with the betas recorded). */
+int vks_rl_ckpt_check_betas(const vks_checkpoint *ck, const char *dir, const char *who, double beta1, double beta2);
 
 #define VKS_RL_MAX_GROUP 1024          /* group_size's bound in the config */
 #define VKS_RL_MAX_BATCH 4096          /* prompts_per_step x group_size generated at once */

@@ -47,6 +47,7 @@ typedef struct {
     double t_start;              /* the run's start (vks_seconds_now()) */
     vks_rl_timeline timeline;    /* the trainer's intervals */
     vks_rl_timeline gen_timeline; /* the inference thread's (written by it; read after it is joined) */
+    vks_rl_out_dir out;          /* config->out, locked */
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
@@ -104,22 +105,27 @@ static int read_position(rl_run *r, const char *dir) {
 static int open_start(rl_run *r, vks_rl_result *res) {
     r->start = r->o->model;
     res->resumed_from = -1;
-    if (!r->o->resume) return VKS_OK;
+    static const char *const outputs[] = {"metrics.jsonl", "rl.svg", "timeline.svg", "rollouts", NULL};
+    int rc = vks_rl_out_lock(&r->out, r->c->out);
+    if (rc) return vks_error_prefix(rc, "rl");
     char dir[4096];
     bool found = false;
-    int rc = vks_checkpoint_latest(r->c->out, dir, sizeof dir, &found);
-    if (rc || !found) return rc;
-    if ((rc = vks_checkpoint_load(dir, &r->ck)) || (rc = vks_model_load(dir, &r->own_model))) return rc;
-    const vks_model_config *had = &r->own_model->cfg, *want = &r->o->model->cfg;
-    if (!vks_param_config_same(had, want) || had->seq_len != want->seq_len)
-        return vks_set_error(VKS_ERR_ARG, "rl: %s is a checkpoint of another model (dim %d, %d layers; this run's: dim %d, "
-                             "%d layers)", dir, r->own_model->cfg.dim, r->own_model->cfg.n_layers, r->o->model->cfg.dim,
-                             r->o->model->cfg.n_layers);
+    if (r->o->resume && (rc = vks_checkpoint_latest(r->c->out, dir, sizeof dir, &found))) return rc;
+    if (!found) { /* a fresh run */
+        if ((rc = vks_rl_out_check_fresh(r->c->out, outputs, r->o->resume))) return vks_error_prefix(rc, "rl");
+        if (r->o->resume && r->o->on_resume) r->o->on_resume(r->o->progress_ctx, NULL, -1);
+        return VKS_OK;
+    }
+    if ((rc = vks_checkpoint_load(dir, &r->ck)) || (rc = vks_rl_ckpt_check_kind(r->ck, dir, true)) ||
+        (rc = vks_rl_ckpt_check_betas(r->ck, dir, "rl", RL_BETA1, RL_BETA2)) ||
+        (rc = vks_model_load(dir, &r->own_model)) || (rc = vks_rl_ckpt_check_shape(r->own_model, r->o->model, dir, "rl")))
+        return rc;
     if (!r->ck->adam_m || !r->ck->adam_v) return vks_set_error(VKS_ERR_FORMAT, "rl: %s has no optimizer state", dir);
     if ((rc = read_position(r, dir))) return rc;
     r->own_model->bos_id = r->o->model->bos_id, r->own_model->eos_id = r->o->model->eos_id;
     r->start = r->own_model;
     res->resumed_from = r->ck->state.step;
+    if (r->o->on_resume) r->o->on_resume(r->o->progress_ctx, dir, res->resumed_from);
     return VKS_OK;
 }
 
@@ -236,6 +242,7 @@ static void run_free(rl_run *r) {
     vks_trainer_destroy(r->trainer);
     vks_checkpoint_free(r->ck);
     vks_model_free(r->own_model);
+    vks_rl_out_unlock(&r->out);
 }
 
 /* Blocks until P groups are queued (or inference failed); takes them. */
@@ -473,7 +480,7 @@ static int finish(rl_run *r, vks_rl_result *res) {
     res->next_batch = position(r);
     int rc = save_checkpoint(r, res->final_checkpoint, sizeof res->final_checkpoint);
     snprintf(res->metrics_path, sizeof res->metrics_path, "%s", vks_metrics_path(r->metrics));
-    if (!rc) rc = vks_metrics_close(r->metrics);
+    rc = vks_rl_close_metrics(r->metrics, rc); /* also after a failed save: nothing leaks */
     r->metrics = NULL;
     snprintf(res->plot_path, sizeof res->plot_path, "%s/rl.svg", c->out);
     const char *keys[] = {"reward", "accuracy", "trainer_idle", "accept_rate"};
@@ -499,7 +506,7 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     memset(res, 0, sizeof *res);
     res->start_accuracy = res->final_accuracy = NAN;
     double t_start = vks_seconds_now(), idle = 0, total = 0;
-    rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start};
+    rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}};
     rc = open_start(&r, res);
     if (!rc) rc = open_run(&r, res);
     if (!rc) rc = evaluate(&r, &res->start_accuracy);

@@ -65,6 +65,7 @@ typedef struct {
     int64_t tokens_seen;
     micro *micros;
     int n_micros, cap_micros;
+    vks_rl_out_dir out;       /* out_dir, locked */
 } sft_run;
 
 static void run_free(sft_run *s) {
@@ -76,6 +77,7 @@ static void run_free(sft_run *s) {
     vks_sft_batcher_free(s->batcher);
     vks_sft_data_free(s->data);
     vks_model_free(s->own_model);
+    vks_rl_out_unlock(&s->out);
 }
 
 static int save_checkpoint(sft_run *s, int64_t step, const vks_adamw_params *h, char *dir, size_t cap) {
@@ -93,14 +95,24 @@ static int open_start(sft_run *s, vks_checkpoint **ck, int64_t *resumed_from) {
     const vks_sft_run_options *o = s->o;
     s->model = o->model;
     *resumed_from = -1;
-    if (!o->resume) return VKS_OK;
+    static const char *const outputs[] = {"metrics.jsonl", "loss.svg", NULL};
+    int rc = vks_rl_out_lock(&s->out, o->out_dir);
+    if (rc) return vks_error_prefix(rc, "sft");
     char dir[4096];
     bool found = false;
-    int rc = vks_checkpoint_latest(o->out_dir, dir, sizeof dir, &found);
-    if (rc || !found) return rc; /* nothing to resume: a fresh run */
-    if ((rc = vks_checkpoint_load(dir, ck)) || (rc = vks_model_load(dir, &s->own_model))) return rc;
+    if (o->resume && (rc = vks_checkpoint_latest(o->out_dir, dir, sizeof dir, &found))) return rc;
+    if (!found) { /* a fresh run */
+        if ((rc = vks_rl_out_check_fresh(o->out_dir, outputs, o->resume))) return vks_error_prefix(rc, "sft");
+        if (o->resume && o->on_resume) o->on_resume(o->progress_ctx, NULL, -1);
+        return VKS_OK;
+    }
+    if ((rc = vks_checkpoint_load(dir, ck)) || (rc = vks_rl_ckpt_check_kind(*ck, dir, false)) ||
+        (rc = vks_rl_ckpt_check_betas(*ck, dir, "sft", o->adamw.beta1, o->adamw.beta2)) ||
+        (rc = vks_model_load(dir, &s->own_model)) || (rc = vks_rl_ckpt_check_shape(s->own_model, o->model, dir, "sft")))
+        return rc;
     s->model = s->own_model;
     *resumed_from = (*ck)->state.step;
+    if (o->on_resume) o->on_resume(o->progress_ctx, dir, *resumed_from);
     return VKS_OK;
 }
 
@@ -195,7 +207,7 @@ static int check_options(const vks_sft_run_options *o) {
 static int finish(sft_run *s, const vks_adamw_params *h, vks_sft_result *r) {
     int rc = save_checkpoint(s, vks_trainer_steps(s->trainer), h, r->final_checkpoint, sizeof r->final_checkpoint);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s", vks_metrics_path(s->metrics));
-    if (!rc) rc = vks_metrics_close(s->metrics);
+    rc = vks_rl_close_metrics(s->metrics, rc); /* also after a failed save: nothing leaks */
     s->metrics = NULL;
     snprintf(r->plot_path, sizeof r->plot_path, "%s/loss.svg", s->o->out_dir);
     const char *keys[] = {"loss"};
@@ -207,7 +219,7 @@ int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
     int rc = check_options(o);
     if (rc || !g || !r) return rc ? rc : vks_set_error(VKS_ERR_ARG, "sft: NULL argument");
     memset(r, 0, sizeof *r);
-    sft_run s = {.o = o};
+    sft_run s = {.o = o, .out = {.fd = -1}};
     vks_checkpoint *ck = NULL;
     rc = open_start(&s, &ck, &r->resumed_from);
     if (!rc) rc = open_run(&s, ck, g);

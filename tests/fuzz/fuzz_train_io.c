@@ -62,7 +62,7 @@ static void write_checkpoint(void) {
     if (!w) abort();
     for (size_t i = 0; i < l->n_values; i++) w[i] = (float)((i * 7) % 13) / 13.0f;
     vks_checkpoint_data d = {.layout = l, .weights = w, .adam_m = w, .adam_v = w, .bos_id = 256, .eos_id = 257,
-                             .tokenizer_dir = dir};
+                             .tokenizer_dir = dir, .state = {.step = 1}}; /* m = v < 1: moments one step can make */
     char path[128];
     snprintf(path, sizeof path, "%s/ck", dir);
     if (vks_checkpoint_save(path, &d)) abort();
