@@ -189,6 +189,7 @@ void vks_bc_beat(vks_bcast *b) {
     double t = vks_bc_now_s();
     if (t - b->last_beat >= BEAT_S) {
         b->last_beat = t;
+        if (b->opt.beat) b->opt.beat(b->opt.beat_ctx);
         if (b->rank != 0) send_beat(b, 0);
         else
             for (int r = 1; r < b->size; r++)

@@ -106,7 +106,7 @@ static int hello(vks_rl_cast *s, const char *key_dir, double start_s, uint8_t pk
 }
 
 int vks_rl_cast_open(vks_rl_cast *s, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, size_t n_values,
-                     double start_s) {
+                     double start_s, vks_rl_beat *beat) {
     const vks_rl_config *c = o->config;
     memset(s, 0, sizeof *s);
     s->newest = -1, s->n_values = n_values, s->trainer = c->trainer;
@@ -136,7 +136,8 @@ int vks_rl_cast_open(vks_rl_cast *s, const vks_rl_run_options *o, const vks_rl_m
     size_t file = sizeof(vks_rl_msg) + sizeof(float) * n_values;
     vks_bcast_options bo = {.relays = c->n_relays, .fanout = 2, .chunk_bytes = CHUNK_BYTES, .timeout_s = mo->timeout_s,
                             .manifest_timeout_s = mo->timeout_s, .store_dir = receiver ? s->store : NULL,
-                            .keep_versions = 2, .max_file_bytes = file};
+                            .keep_versions = 2, .max_file_bytes = file, .beat = beat ? vks_rl_wire_beat_cb : NULL,
+                            .beat_ctx = beat};
     memcpy(bo.public_key, pk, sizeof pk);
     rc = vks_bcast_create(sub, &bo, &s->b);
     if (!rc) MPI_Comm_free(&sub); /* else a pending dup may still use it */
@@ -255,7 +256,7 @@ int vks_rl_mpi_relay(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, 
     double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
     MPI_Comm_set_errhandler(vks_mpi_world(), MPI_ERRORS_RETURN);
     rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &layout);
-    if (!rc) rc = vks_rl_cast_open(&r.cast, o, mo, layout->n_values, bound);
+    if (!rc) rc = vks_rl_cast_open(&r.cast, o, mo, layout->n_values, bound, NULL);
     r.last_heard = vks_seconds_now();
     while (!rc && !r.stop) {
         if ((rc = relay_poll_trainer(&r)) || r.stop) break;

@@ -16,6 +16,7 @@
 #include "vkswarm/vks_broadcast.h"
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_rl_mpi.h"
+#include "rl_wire.h"
 
 typedef struct {
     vks_bcast *b;
@@ -32,9 +33,12 @@ typedef struct {
 } vks_rl_cast;
 
 /* Collective over the world (every rank of the run, in the same order as its
- * other start-up exchanges), bounded by start_s. */
+ * other start-up exchanges), bounded by start_s. beat (inference and verifier
+ * ranks; NULL elsewhere): the rank's beat to the orchestrator, kept going
+ * inside every broadcast, so that a broadcast held up by a dead rank does not
+ * make the live ones look silent to the orchestrator. */
 int vks_rl_cast_open(vks_rl_cast *s, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, size_t n_values,
-                     double start_s);
+                     double start_s, vks_rl_beat *beat);
 void vks_rl_cast_close(vks_rl_cast *s);
 
 /* Trainer: broadcasts `file` (bytes; the WEIGHTS message of `step`). An

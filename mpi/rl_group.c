@@ -333,7 +333,7 @@ int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize) {
     s.layout = layout;
     const char *out = g->o->config->out; /* where the weight store goes (OUT/weights-rankR) */
     if (!rc && mkdir(out, 0777) && errno != EEXIST) rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", out);
-    if (!rc) rc = vks_rl_cast_open(&s.cast, g->o, g->mo, layout->n_values, bound);
+    if (!rc) rc = vks_rl_cast_open(&s.cast, g->o, g->mo, layout->n_values, bound, NULL);
     vks_mpi_clock clock = {0};
     double heard = vks_mpi_deadline_tick(&clock, bound);
     while (!rc && !stop) {

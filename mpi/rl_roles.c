@@ -274,7 +274,9 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
     int64_t policy = 0;
     vks_rl_gen_counts cnt;
     if (vks_rl_wire_unpack_groups(buf + sizeof h, bytes - sizeof h, &t->gen, t->c, mc, e.batch, e.min_step, t->newest,
-                                  false, scratch, &policy, &cnt, err, sizeof err)) {
+                                  false, scratch, &policy, &cnt, err, sizeof err) ||
+        vks_rl_wire_check_counts(&cnt, scratch, t->c->prompts_per_step, true, err, sizeof err)) {
+        for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
         char why[320];
         snprintf(why, sizeof why, "batch %lld of rank %d: %s", (long long)e.batch, origin, err);
         push_redo(t, e.batch);
@@ -322,7 +324,9 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
             int64_t policy = 0;
             vks_rl_gen_counts cnt;
             if (vks_rl_wire_unpack_groups(buf, (size_t)count, &t->gen, t->c, mc, r->batch, r->min_step, t->newest, false, scratch, &policy, &cnt, err,
-                              sizeof err)) {
+                              sizeof err) ||
+                vks_rl_wire_check_counts(&cnt, scratch, t->c->prompts_per_step, t->o->verify, err, sizeof err)) {
+                for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
                 char why[320];
                 snprintf(why, sizeof why, "batch %lld: %s", (long long)r->batch, err);
                 drop_rank(t, r, RANK_REFUSED, why);
@@ -488,7 +492,7 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
     if (!rc && origin) t->weights = malloc(sizeof(vks_rl_msg) + sizeof(float) * t->layout->n_values);
     if (!rc && origin && !t->weights) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the weights");
     double start_s = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
-    if (!rc) rc = vks_rl_cast_open(&t->cast, o, mo, t->layout->n_values, start_s);
+    if (!rc) rc = vks_rl_cast_open(&t->cast, o, mo, t->layout->n_values, start_s, NULL);
     MPI_Comm_size(t->comm, &t->n_world);
     t->stop_req = malloc(sizeof *t->stop_req * (size_t)t->n_world);
     t->stop_msg = malloc(sizeof *t->stop_msg * (size_t)t->n_world);
@@ -677,6 +681,7 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
             else x->task_reward = 1, x->reward = 1; /* a reward the completion did not earn */
             break;
         }
+    if (!rc && s->mo->test_tamper) s->mo->test_tamper(s->mo->test_tamper_ctx, j.groups, &j.cnt); /* TEST ONLY */
     size_t bytes = 0;
     void *buf = rc ? NULL : vks_rl_wire_pack_groups(j.groups, P, j.batch, g->policy_step, &j.cnt, &bytes);
     if (!rc && !buf) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
@@ -766,7 +771,7 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     snprintf(sub, sizeof sub, "rollouts-rank%d", me);
     if (!rc) rc = vks_rl_gen_make_dirs(&g, sub);
     double tb = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
-    if (!rc) rc = vks_rl_cast_open(&s.cast, o, mo, s.layout->n_values, tb);
+    if (!rc) rc = vks_rl_cast_open(&s.cast, o, mo, s.layout->n_values, tb, &s.beat);
     s.last_heard = vks_seconds_now();
     vks_mpi_clock clock = {0};
     double idle_from = vks_mpi_deadline_tick(&clock, tb);

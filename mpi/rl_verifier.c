@@ -131,8 +131,9 @@ static int use_policy(ver_state *v, int64_t step, char *why, size_t cap) {
     return rc;
 }
 
-/* The groups must be the file's completions: every completion of a group
- * (all group_size, in order), drawn from the batch's sampler stream. */
+/* The file must be the batch's sampler streams (every record, also those of
+ * groups sent without completions), and the groups the file's completions
+ * (all group_size of a group, in order). */
 static bool matches_file(const ver_state *v, const vks_rollout_file *f, const vks_rl_batch_group *groups, int64_t batch,
                          char *why, size_t cap) {
     const vks_rl_config *c = v->o->config;
@@ -142,6 +143,14 @@ static bool matches_file(const ver_state *v, const vks_rollout_file *f, const vk
         return false;
     }
     uint64_t seed = vks_rl_batch_seed(c, batch);
+    for (int q = 0; q < P * G; q++) {
+        const vks_rollout_sample *r = &f->samples[q];
+        if (r->seq != (uint32_t)q || r->seed != seed || r->temperature != (float)c->temperature || r->top_p != 1.0f ||
+            r->top_k != 0) {
+            snprintf(why, cap, "completion %d: its record is not the batch's sampler stream %d", q, q);
+            return false;
+        }
+    }
     for (int p = 0; p < P; p++) {
         if (groups[p].n && groups[p].n != G) {
             snprintf(why, cap, "group %d has %d completions, not all %d", p, groups[p].n, G);
@@ -150,11 +159,6 @@ static bool matches_file(const ver_state *v, const vks_rollout_file *f, const vk
         for (int i = 0; i < groups[p].n; i++) {
             const vks_rl_sample *s = &groups[p].samples[i];
             const vks_rollout_sample *r = &f->samples[p * G + i];
-            if (r->seq != (uint32_t)(p * G + i) || r->seed != seed || r->temperature != (float)c->temperature ||
-                r->top_p != 1.0f || r->top_k != 0) {
-                snprintf(why, cap, "completion %d: its record is not the batch's sampler stream %d", p * G + i, p * G + i);
-                return false;
-            }
             if (r->n_prompt != s->prompt_len || memcmp(r->prompt_ids, s->tokens, sizeof(int32_t) * (size_t)s->prompt_len) ||
                 s->completion_len > r->n_output ||
                 memcmp(r->output_ids, s->tokens + s->prompt_len, sizeof(int32_t) * (size_t)s->completion_len)) {
@@ -166,42 +170,129 @@ static bool matches_file(const ver_state *v, const vks_rollout_file *f, const vk
     return true;
 }
 
-/* Replays the completions of the groups (the others are never trained on):
- * verdicts[q] for file completion q; *checked and *accepted counted. */
-static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_group *groups, vks_verdict *verdicts,
-                  int64_t *checked, int64_t *accepted) {
+/* The log-probabilities an inference rank sends must be its sampler's: the
+ * replay recomputes them from the verifier's logits (f32 on the CPU against
+ * the generator's f32, logits within ~4e-5 of each other, so an honest
+ * log-probability within ~1e-4), and this is 10 times that. */
+#define LOGP_TOLERANCE 1e-3
+
+/* The completions of every group sent without any (the inference rank found
+ * no signal in it), rebuilt from their rollout records as the inference side
+ * cuts them (at most max_new_tokens, a stop token kept) and re-scored:
+ * flat[q] for file completion q of such a group (its tokens owned). Their
+ * rewards must carry no signal, else the rank left out a group the policy
+ * would learn from. VKS_ERR_FORMAT: why says what is wrong. */
+static int rebuild_flat(const ver_state *v, const vks_rollout_file *f, const vks_rl_batch_group *groups, int64_t batch,
+                        vks_rl_sample *flat, char *why, size_t cap) {
     const vks_rl_config *c = v->o->config;
-    int P = c->prompts_per_step, G = c->group_size, n = 0;
-    vks_rollout_sample *sub = malloc(sizeof *sub * (size_t)(P * G));
-    vks_verdict *got = malloc(sizeof *got * (size_t)(P * G));
-    const int32_t **prompts = calloc((size_t)(P * G), sizeof *prompts);
-    int *lens = calloc((size_t)(P * G), sizeof *lens), *where = malloc(sizeof *where * (size_t)(P * G));
-    int rc = sub && got && prompts && lens && where ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
-    for (int p = 0; !rc && p < P; p++)
-        for (int i = 0; i < groups[p].n; i++) { /* the prompts were checked against the tasks (unpack) */
+    const vks_model_config *mc = &v->o->model->cfg;
+    int P = c->prompts_per_step, G = c->group_size;
+    for (int p = 0; p < P; p++) {
+        if (groups[p].n) continue;
+        double r[VKS_RL_MAX_GROUP];
+        for (int i = 0; i < G; i++) {
             int q = p * G + i;
-            prompts[q] = groups[p].samples[i].tokens, lens[q] = groups[p].samples[i].prompt_len;
-            sub[n] = f->samples[q], where[n++] = q;
+            const vks_rollout_sample *rec = &f->samples[q];
+            int n_out = rec->n_output < c->max_new_tokens ? rec->n_output : c->max_new_tokens;
+            if (rec->n_prompt < 1 || rec->n_prompt > mc->seq_len - c->max_new_tokens || n_out < 0)
+                return snprintf(why, cap, "completion %d: a record of %d + %d tokens", q, rec->n_prompt, rec->n_output),
+                       VKS_ERR_FORMAT;
+            for (int k = 0; k < rec->n_prompt + n_out; k++) {
+                int32_t id = k < rec->n_prompt ? rec->prompt_ids[k] : rec->output_ids[k - rec->n_prompt];
+                if (id < 0 || id >= mc->vocab_size)
+                    return snprintf(why, cap, "completion %d: token %d outside the vocabulary", q, id), VKS_ERR_FORMAT;
+            }
+            vks_rl_sample *s = &flat[q];
+            s->tokens = malloc(sizeof(int32_t) * (size_t)(rec->n_prompt + n_out));
+            if (!s->tokens) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+            memcpy(s->tokens, rec->prompt_ids, sizeof(int32_t) * (size_t)rec->n_prompt);
+            memcpy(s->tokens + rec->n_prompt, rec->output_ids, sizeof(int32_t) * (size_t)n_out);
+            s->prompt_len = rec->n_prompt, s->completion_len = n_out;
+            char err[200];
+            if (vks_rl_score_sample(&v->gen, batch * P + p, s, &s->task_reward, &s->reward, err, sizeof err))
+                return snprintf(why, cap, "completion %d: %s", q, err), VKS_ERR_FORMAT;
+            r[i] = s->reward;
         }
+        if (vks_grpo_group_has_signal(r, G)) {
+            double lo = r[0], hi = r[0];
+            for (int i = 1; i < G; i++) lo = r[i] < lo ? r[i] : lo, hi = r[i] > hi ? r[i] : hi;
+            return snprintf(why, cap, "group %d came without its completions, but its rollout records carry signal "
+                            "(rewards from %g to %g)", p, lo, hi), VKS_ERR_FORMAT;
+        }
+    }
+    return VKS_OK;
+}
+
+/* The sum of the task rewards of every completion of the batch: the groups'
+ * (re-scored when unpacked), the rebuilt ones' of the others. */
+static double task_reward_sum(const ver_state *v, const vks_rl_batch_group *groups, const vks_rl_sample *flat) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step, G = c->group_size;
+    double sum = 0;
+    for (int q = 0; q < P * G; q++)
+        sum += groups[q / G].n ? groups[q / G].samples[q % G].task_reward : flat[q].task_reward;
+    return sum;
+}
+
+/* Replays every completion of the file (those of groups sent without any
+ * too: they vouch for the rank's "no signal"): verdicts[q] for file
+ * completion q, logp[q] (n_output floats) the log-probabilities the replay
+ * gives its tokens; *checked and *accepted counted. */
+static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_group *groups, const vks_rl_sample *flat,
+                  vks_verdict *verdicts, float *const *logp, int64_t *checked, int64_t *accepted) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step, G = c->group_size, n = P * G;
+    const int32_t **prompts = calloc((size_t)n, sizeof *prompts);
+    int *lens = calloc((size_t)n, sizeof *lens);
+    int rc = prompts && lens ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int q = 0; !rc && q < n; q++) { /* the prompts were checked against the tasks (unpack, rebuild_flat) */
+        const vks_rl_sample *s = groups[q / G].n ? &groups[q / G].samples[q % G] : &flat[q];
+        prompts[q] = s->tokens, lens[q] = s->prompt_len;
+    }
     vks_verify_options vo;
     vks_verify_options_default(&vo);
     memcpy(vo.model_hash, v->model_hash, 32);
     vo.n_stop = 1, vo.stop_ids[0] = vks_tokenizer_eos(v->o->tok); /* trusted: the model's own, not the file's */
-    vo.task_prompts = prompts, vo.task_prompt_lens = lens, vo.n_task_prompts = P * G;
+    vo.task_prompts = prompts, vo.task_prompt_lens = lens, vo.n_task_prompts = n;
     vo.cpu_threads = 1;
+    vo.logp_out = logp;
     const char *header = rc ? NULL : vks_verify_header_problem(&f->header, v->model_hash, vo.stop_ids, vo.n_stop);
     if (!rc && header) /* another model or untrusted stops: every completion is rejected */
-        for (int k = 0; k < n; k++) got[k] = (vks_verdict){.accepted = false}, snprintf(got[k].reason, sizeof got[k].reason, "%s", header);
-    else if (!rc && n) rc = vks_verify_batch_cpu(v->model, &vo, sub, n, got);
-    /* completions of flat groups are never trained on: not judged, recorded as accepted */
-    for (int q = 0; !rc && q < P * G; q++) verdicts[q] = (vks_verdict){.accepted = true};
-    for (int k = 0; !rc && k < n; k++) {
-        verdicts[where[k]] = got[k];
-        ++*checked, *accepted += got[k].accepted;
-    }
-    if (!rc && *accepted < *checked) rc = vks_rl_record_rejections(&v->gen, f->samples, verdicts, P * G, &vo);
-    free(sub), free(got), free(prompts), free(lens), free(where);
+        for (int q = 0; q < n; q++)
+            verdicts[q] = (vks_verdict){.accepted = false}, snprintf(verdicts[q].reason, sizeof verdicts[q].reason, "%s", header);
+    else if (!rc) rc = vks_verify_batch_cpu(v->model, &vo, f->samples, n, verdicts);
+    for (int q = 0; !rc && q < n; q++) ++*checked, *accepted += verdicts[q].accepted;
+    if (!rc && *accepted < *checked) rc = vks_rl_record_rejections(&v->gen, f->samples, verdicts, n, &vo);
+    free(prompts), free(lens);
     return rc;
+}
+
+/* After the replay: every completion of a group sent without any must pass
+ * (else its "no signal" is not the sampler's), and every accepted completion
+ * of a group must carry the log-probabilities the replay gives. */
+static bool replay_agrees(const ver_state *v, const vks_rl_batch_group *groups, const vks_verdict *verdicts,
+                          float *const *logp, char *why, size_t cap) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step, G = c->group_size;
+    for (int q = 0; q < P * G; q++) {
+        const vks_rl_batch_group *g = &groups[q / G];
+        if (!g->n && !verdicts[q].accepted) {
+            char reason[4 * sizeof verdicts[q].reason];
+            vks_escape(verdicts[q].reason, strnlen(verdicts[q].reason, sizeof verdicts[q].reason), reason, sizeof reason);
+            snprintf(why, cap, "group %d came without its completions, but its completion %d is rejected: %.200s", q / G,
+                     q, reason);
+            return false;
+        }
+        if (!g->n || !verdicts[q].accepted) continue;
+        const vks_rl_sample *s = &g->samples[q % G];
+        for (int k = 0; k < s->completion_len; k++)
+            if (!(fabs((double)s->logp[k] - (double)logp[q][k]) <= LOGP_TOLERANCE)) {
+                snprintf(why, cap, "group %d, completion %d: log-probability %g of output %d, the replay gives %g", q / G,
+                         q % G, (double)s->logp[k], k, (double)logp[q][k]);
+                return false;
+            }
+    }
+    return true;
 }
 
 /* Keeps the accepted completions of each group, with the advantages of what
@@ -279,10 +370,13 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     int rc = use_policy(v, h.step, why, sizeof why);
     if (rc == VKS_ERR_ARG) return refuse(v, origin, h.batch, why);
     if (rc) return rc;
+    int n_all = P * c->group_size;
     vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
-    vks_verdict *verdicts = calloc((size_t)(P * c->group_size), sizeof *verdicts);
-    if (!groups || !verdicts) {
-        free(groups), free(verdicts);
+    vks_verdict *verdicts = calloc((size_t)n_all, sizeof *verdicts);
+    vks_rl_sample *flat = calloc((size_t)n_all, sizeof *flat);
+    float **logp = calloc((size_t)n_all, sizeof *logp);
+    if (!groups || !verdicts || !flat || !logp) {
+        free(groups), free(verdicts), free(flat), free(logp);
         return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     }
     int64_t policy = 0;
@@ -290,6 +384,7 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     vks_rollout_file f = {0};
     bool bad = vks_rl_wire_unpack_groups(buf + sizeof h, h.n, &v->gen, c, &v->o->model->cfg, h.batch, h.step, h.step,
                                          true, groups, &policy, &cnt, why, sizeof why) != VKS_OK;
+    if (!bad) bad = vks_rl_wire_check_counts(&cnt, groups, P, false, why, sizeof why) != VKS_OK;
     if (!bad) {
         char name[64];
         snprintf(name, sizeof name, "rank %d batch %lld", origin, (long long)h.batch);
@@ -297,15 +392,27 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
         if (bad) snprintf(why, sizeof why, "%s", vks_last_error());
     }
     if (!bad) bad = !matches_file(v, &f, groups, h.batch, why, sizeof why);
+    if (!bad && (rc = rebuild_flat(v, &f, groups, h.batch, flat, why, sizeof why)) == VKS_ERR_FORMAT) bad = true, rc = VKS_OK;
+    double sum = bad || rc ? 0 : task_reward_sum(v, groups, flat);
+    if (!bad && !rc && !(fabs(sum - cnt.task_reward_sum) <= 1e-9 * (1 + sum))) {
+        snprintf(why, sizeof why, "a task reward sum of %g, its completions give %g", cnt.task_reward_sum, sum);
+        bad = true;
+    }
+    for (int q = 0; !bad && !rc && q < n_all; q++)
+        if (groups[q / c->group_size].n && !(logp[q] = malloc(sizeof(float) * (size_t)(f.samples[q].n_output + 1))))
+            rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     cnt.checked = cnt.accepted = 0;
+    cnt.task_reward_sum = sum; /* the verifier's own */
     v->gen.batch = h.batch, v->gen.policy_step = h.step; /* for the record of rejections */
-    if (!bad) rc = replay(v, &f, groups, verdicts, &cnt.checked, &cnt.accepted);
+    if (!bad && !rc) rc = replay(v, &f, groups, flat, verdicts, logp, &cnt.checked, &cnt.accepted);
+    if (!bad && !rc) bad = !replay_agrees(v, groups, verdicts, logp, why, sizeof why);
     if (!bad && !rc) rc = regroup(v, origin, h.batch, groups, verdicts);
     size_t n = 0;
     void *packed = bad || rc ? NULL : vks_rl_wire_pack_groups(groups, P, h.batch, h.step, &cnt, &n);
     if (!bad && !rc && !packed) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
-    free(groups), free(verdicts);
+    for (int q = 0; q < n_all; q++) free(flat[q].tokens), free(logp[q]);
+    free(groups), free(verdicts), free(flat), free(logp);
     vks_rollout_file_free(&f);
     if (rc) return rc;
     if (bad) return refuse(v, origin, h.batch, why);
@@ -367,7 +474,7 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     snprintf(sub, sizeof sub, "verifier-rank%d", v.me);
     if (!rc) rc = vks_rl_gen_make_dirs(&v.gen, sub);
     double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
-    if (!rc) rc = vks_rl_cast_open(&v.cast, o, mo, v.layout->n_values, bound);
+    if (!rc) rc = vks_rl_cast_open(&v.cast, o, mo, v.layout->n_values, bound, &v.beat);
     v.last_heard = vks_seconds_now();
     while (!rc && !v.stop) {
         beat_and_cast(&v);

@@ -89,7 +89,7 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
     if (!take_bytes(&cu, c3, sizeof c3) || c3[0] != (int64_t)P * G || c3[1] < 0 || c3[1] > c3[0] || c3[2] < 0 ||
         c3[2] > c3[1])
         BAD("counts %lld/%lld/%lld for a batch of %d", (long long)c3[0], (long long)c3[1], (long long)c3[2], P * G);
-    double reward_sum = 0; /* only a metric: bounded, not checkable (filtered groups are not sent) */
+    double reward_sum = 0; /* bounded here; against the groups: vks_rl_wire_check_counts */
     if (!take_bytes(&cu, &reward_sum, sizeof reward_sum) || !(reward_sum >= 0 && reward_sum <= (double)c3[0]))
         BAD("a task reward sum of %g for %lld rollouts", reward_sum, (long long)c3[0]);
     *cnt = (vks_rl_gen_counts){c3[0], c3[1], c3[2], reward_sum};
@@ -151,6 +151,28 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
 fail:
     for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
     return VKS_ERR_FORMAT;
+}
+
+int vks_rl_wire_check_counts(const vks_rl_gen_counts *cnt, const vks_rl_batch_group *groups, int P, bool verified,
+                             char *err, size_t cap) {
+    int64_t sent = 0;
+    double sent_sum = 0;
+    for (int p = 0; p < P; p++)
+        for (int i = 0; i < groups[p].n; i++) sent++, sent_sum += groups[p].samples[i].task_reward;
+    bool checks = verified ? cnt->checked == cnt->rollouts && cnt->accepted >= sent : cnt->checked == 0 && cnt->accepted == 0;
+    if (!checks) {
+        snprintf(err, cap, "counts of %lld checked and %lld accepted for %lld rollouts, %lld completions sent (%s)",
+                 (long long)cnt->checked, (long long)cnt->accepted, (long long)cnt->rollouts, (long long)sent,
+                 verified ? "every rollout is checked" : "none is checked there");
+        return VKS_ERR_FORMAT;
+    }
+    double slack = 1e-9 * (1 + sent_sum), most = sent_sum + (double)(cnt->rollouts - sent);
+    if (!(cnt->task_reward_sum >= sent_sum - slack && cnt->task_reward_sum <= most + slack)) {
+        snprintf(err, cap, "a task reward sum of %g, the completions sent give %g (at most %g with those not sent)",
+                 cnt->task_reward_sum, sent_sum, most);
+        return VKS_ERR_FORMAT;
+    }
+    return VKS_OK;
 }
 
 int vks_rl_wire_send(MPI_Comm comm, int rank, int tag, void *buf, size_t bytes, double timeout_s, const char *what,

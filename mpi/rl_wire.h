@@ -55,6 +55,13 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
                               const vks_model_config *mc, int64_t batch, int64_t min_step, int64_t newest,
                               bool unverified, vks_rl_batch_group *groups, int64_t *policy, vks_rl_gen_counts *cnt,
                               char *err, size_t cap);
+/* A batch's counts against the groups it carries (as unpacked): with
+ * `verified` (the rank or a verifier rank replayed the batch) every rollout
+ * was checked and at least the completions sent were accepted, else nothing
+ * was checked; the task reward sum is at least the sent completions' and at
+ * most that plus one per completion not sent. VKS_ERR_FORMAT: err says why. */
+int vks_rl_wire_check_counts(const vks_rl_gen_counts *cnt, const vks_rl_batch_group *groups, int P, bool verified,
+                             char *err, size_t cap);
 /* Sends `bytes` of buf to rank under a bounded wait (a blocking send to a
  * dead rank never returns). *freeable: whether the caller may free buf now
  * (false after a timeout or a failed wait: MPI may still read it). */

@@ -71,6 +71,32 @@ static void test_sequence_rows(void **state) {
     assert_int_equal(vks_grpo_sequence_rows(3, -1, 1, adv, w), VKS_ERR_ARG);
 }
 
+/* The trainer's bound on a sampler's log-probabilities: a packed sequence
+ * is far when a live row (weight != 0) differs by more than the bound or is
+ * not finite; prompt rows (weight 0) never count. */
+static void test_far_sequences(void **state) {
+    (void)state;
+    /* three sequences of 4, 3 and 5 rows; live rows: 1-2, 5, 8-10 */
+    float w[] = {0, 1, 1, 0, 0, 1, 0, 0, 1, 1, 1, 0};
+    float old[] = {0, -1, -2, 0, 0, -3, 0, 0, -1, -1, -1, 0};
+    float lp[12];
+    memcpy(lp, old, sizeof lp);
+    int lens[] = {4, 3, 5};
+    bool far[3];
+    assert_int_equal(vks_grpo_far_sequences(lp, old, w, lens, 3, 5.0, far), 0);
+    lp[2] = -7.0f;          /* sequence 0: 5 nats off, not beyond */
+    lp[3] = -100.0f;        /* a row without weight: never counts */
+    old[9] = -3e38f;        /* sequence 2: the claim of a cheating rank */
+    assert_int_equal(vks_grpo_far_sequences(lp, old, w, lens, 3, 5.0, far), 1);
+    assert_false(far[0]), assert_false(far[1]), assert_true(far[2]);
+    lp[2] = -7.01f;         /* now beyond */
+    lp[5] = NAN;            /* not finite: far */
+    assert_int_equal(vks_grpo_far_sequences(lp, old, w, lens, 3, 5.0, far), 3);
+    int bad[] = {4, -1, 5};
+    assert_int_equal(vks_grpo_far_sequences(lp, old, w, bad, 3, 5.0, far), -1);
+    assert_int_equal(vks_grpo_far_sequences(NULL, old, w, lens, 3, 5.0, far), -1);
+}
+
 /* ---- the trainer ---- */
 
 static vks_model *small_model(bool tied, int rope_mode, uint64_t seed) {
@@ -416,6 +442,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_advantages),
         cmocka_unit_test(test_sequence_rows),
+        cmocka_unit_test(test_far_sequences),
         cmocka_unit_test(test_gradients_untied),
         cmocka_unit_test(test_gradients_tied_recompute),
         cmocka_unit_test(test_gradients_kl),

@@ -380,6 +380,8 @@ static void fill_sample(vks_rollout_sample *s, int i, const gen_params *gp, cons
     memcpy(s->model_hash, stories_hash, 32);
 }
 
+static float **gen_logp; /* when set: gen_gpu records each sample's log-probabilities there (malloc'd) */
+
 /* n honest samples from `m` on the GPU (one vks_generate over all of them). */
 static vks_rollout_sample *gen_gpu(const vks_model *m, vks_dtype dt, int n, const gen_params *gp, int max_rows) {
     vks_sequence *seqs = calloc((size_t)n, sizeof *seqs);
@@ -391,6 +393,7 @@ static vks_rollout_sample *gen_gpu(const vks_model *m, vks_dtype dt, int n, cons
     assert_int_equal(vks_toploc_builder_create(n, m->cfg.dim, &h.b), VKS_OK);
     vks_generate_options go = {.sched = {.steps = gp->steps, .temperature = gp->temperature, .top_p = gp->top_p, .top_k = gp->top_k, .seed = gp->seed, .stop_token_a = 1, .stop_token_b = 2}, .on_hidden = on_hidden, .user = &h};
     double t0 = now_s();
+    go.record_logp = gen_logp != NULL;
     assert_int_equal(vks_generate(e, &go, seqs, n, 0), VKS_OK);
     assert_int_equal(vks_toploc_builder_finish(h.b), VKS_OK);
     fprintf(stderr, "  generated %d samples (%s) on the GPU in %.2f s\n", n, vks_dtype_name(dt), now_s() - t0);
@@ -403,6 +406,7 @@ static vks_rollout_sample *gen_gpu(const vks_model *m, vks_dtype dt, int n, cons
         const uint8_t *p = vks_toploc_builder_proofs(h.b, i, &out[i].proof_bytes);
         out[i].proofs = malloc(out[i].proof_bytes);
         memcpy(out[i].proofs, p, out[i].proof_bytes);
+        if (gen_logp) gen_logp[i] = q->logp, q->logp = NULL;
         vks_sequence_free(q);
     }
     vks_toploc_builder_destroy(h.b);
@@ -590,6 +594,45 @@ static void test_honest_gpu_on_cpu_and_gpu(void **state) {
         assert_int_equal(verify_count(g, cfgs[c].n, c != 1, &so, true, NULL), cfgs[c].n);
         free_samples(g, cfgs[c].n);
     }
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+/* The replay's log-probabilities (vks_verify_options.logp_out: what an RL
+ * verifier rank compares with an inference rank's claims) equal those the
+ * generator recorded (GPU f32 vs the fast CPU forward: within 1e-4), on the
+ * CPU (batched and reference) and the GPU verifier; a sample without an
+ * array gets none. */
+static void test_replay_logp(void **state) {
+    (void)state;
+    if (!stories) skip();
+    enum { N = 6 };
+    float *recorded[N], *replayed[N];
+    gen_logp = recorded;
+    vks_rollout_sample *s = gen_gpu(stories, VKS_DTYPE_F32, N, &sampled_params, 256);
+    gen_logp = NULL;
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < N; i++) {
+            replayed[i] = i == 3 ? NULL : malloc(sizeof(float) * (size_t)s[i].n_output);
+            for (int k = 0; replayed[i] && k < s[i].n_output; k++) replayed[i][k] = 1.0f; /* not a log-probability */
+        }
+        vks_verify_options o = verify_opts();
+        o.logp_out = replayed;
+        o.cpu_reference = pass == 1;
+        assert_int_equal(verify_count(s, N, pass < 2, &o, true, NULL), N);
+        double worst = 0;
+        for (int i = 0; i < N; i++)
+            for (int k = 0; replayed[i] && k < s[i].n_output; k++) {
+                assert_true(replayed[i][k] <= 0);
+                double d = fabs((double)replayed[i][k] - (double)recorded[i][k]);
+                worst = d > worst ? d : worst;
+            }
+        fprintf(stderr, "  replayed log-probabilities (%s): largest difference %.3g\n",
+                pass == 0 ? "CPU" : pass == 1 ? "CPU reference" : "GPU", worst);
+        assert_true(worst < 1e-4);
+        for (int i = 0; i < N; i++) free(replayed[i]);
+    }
+    for (int i = 0; i < N; i++) free(recorded[i]);
+    free_samples(s, N);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
 
@@ -1088,6 +1131,7 @@ int main(void) {
         cmocka_unit_test(test_malformed_proofs_rejected),
         cmocka_unit_test(test_honest_gpu_on_cpu_and_gpu),
         cmocka_unit_test(test_honest_cpu_on_gpu),
+        cmocka_unit_test(test_replay_logp),
         cmocka_unit_test(test_honest_logit_differences),
         cmocka_unit_test(test_cheats_edited_samples),
         cmocka_unit_test(test_cheats_other_models),

@@ -168,6 +168,11 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     int roles = vks_rl_config_roles_of(&a->c, rank);
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
                                                                          : a->test_garbage_kind ? a->test_garbage_kind : 1};
+#ifdef VKS_TEST_CHEAT /* the test build's vkswarm_cheat only: dishonest inference ranks (tests/rl_cheat.c) */
+    int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo);
+    if (vks_test_cheat_setup(getenv("VKSWARM_TEST_CHEAT"), rank, a->c.prompts_per_step, &mo))
+        cli_die(EXIT_BAD_INPUT, "VKSWARM_TEST_CHEAT: RANK:KIND[,RANK:KIND]... (hide, logp, counts, sum)");
+#endif
     /* a relay only moves bytes; an orchestrator of its own checks groups on the CPU */
     vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY || roles == VKS_RL_ROLE_ORCHESTRATOR ? NULL : cli_open_gpu(&a->m);
     a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;

@@ -53,6 +53,11 @@ typedef struct {
     const char *fault;
     void (*progress)(void *ctx, uint64_t done, uint64_t total); /* bytes of wire received */
     void *progress_ctx;
+    /* Called with beat_ctx each time this rank beats (about once a second, in
+     * every wait of a send or receive): a caller whose peers watch its
+     * liveness on another channel beats there too (NULL: none). */
+    void (*beat)(void *ctx);
+    void *beat_ctx;
 } vks_bcast_options;
 
 typedef struct {

@@ -29,4 +29,12 @@ bool vks_grpo_group_has_signal(const double *rewards, int G);
  * weight = 0 and advantage = 0 elsewhere (the prompt rows and the last row,
  * which has no target). VKS_ERR_ARG on NULL or bad lengths. */
 int vks_grpo_sequence_rows(int prompt_len, int completion_len, double adv, float *advantage, float *weight);
+
+/* The trainer's bound on what a sampler's record may claim. A packed
+ * micro-batch of n_seqs sequences (seq_lens rows each): far[i] = true when a
+ * row of sequence i with weight != 0 has |logp - logp_old| > max_mismatch
+ * (or either is not finite), else false; returns how many are far (-1: NULL
+ * or a bad length). */
+int vks_grpo_far_sequences(const float *logp, const float *logp_old, const float *weight, const int *seq_lens, int n_seqs,
+                           double max_mismatch, bool *far);
 #endif

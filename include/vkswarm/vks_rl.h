@@ -40,6 +40,8 @@ typedef struct {
                                * the whole Shardcast send, until every rank has them) */
     double broadcast_bytes;   /* across ranks: bytes of the step's Shardcast send on the wire; 0 here */
     double loss, grad_norm, clip_fraction, logp_mismatch;
+    int64_t logp_excluded;    /* this step's completions not trained on: their sampler log-probabilities
+                               * far from the trainer's (VKS_RL_MAX_LOGP_MISMATCH) */
     double entropy;           /* mean entropy (nats, temperature 1, whole vocabulary) of the trained
                                * completion tokens' distributions under the trainer's weights before the step */
     int64_t groups_filtered;  /* groups dropped so far for equal rewards (no signal) */

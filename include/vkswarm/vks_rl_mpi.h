@@ -33,6 +33,11 @@ typedef struct {
                                * step's time (below timeout_s: timeout_s) */
     int test_garbage;       /* TEST ONLY: this inference rank sends a token id outside the vocabulary (1)
                              * or a reward of 1 its completion did not earn (2) */
+    /* TEST ONLY: NULL in vkswarm. The test build's vkswarm_cheat (tests/rl_cheat.c) sets it on
+     * an inference rank told to cheat: called with each batch's groups (prompts_per_step
+     * vks_rl_batch_group) and counts (vks_rl_gen_counts) before they are sent. */
+    void (*test_tamper)(void *ctx, void *groups, void *counts);
+    void *test_tamper_ctx;
 } vks_rl_mpi_options;
 
 /* Refuses roles this cut does not run (no roles, no inference rank, an

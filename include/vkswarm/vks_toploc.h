@@ -139,6 +139,11 @@ typedef struct {
      * every core), or the float64 reference forward when cpu_reference. */
     int cpu_threads;
     bool cpu_reference;
+    /* NULL, or per sample (NULL or n_output floats): the log-probability
+     * (temperature 1, whole vocabulary, as vks_generate's record_logp) the
+     * verifier's logits give each output token, written as the sampler is
+     * replayed (a sample rejected before its replay gets none). */
+    float *const *logp_out;
 } vks_verify_options;
 enum { VKS_VERIFY_MAX_TASK_PROMPTS = 1 << 24 };
 /* Default thresholds and margin; no stop tokens, no task, zero hash (the caller sets the hash and stops). */

@@ -53,3 +53,18 @@ int vks_grpo_sequence_rows(int prompt_len, int completion_len, double adv, float
     }
     return VKS_OK;
 }
+
+int vks_grpo_far_sequences(const float *logp, const float *logp_old, const float *weight, const int *seq_lens, int n_seqs,
+                           double max_mismatch, bool *far) {
+    if (!logp || !logp_old || !weight || !seq_lens || !far || n_seqs < 0) return -1;
+    int n_far = 0;
+    size_t row = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        if (seq_lens[i] < 0) return -1;
+        far[i] = false;
+        for (int k = 0; k < seq_lens[i]; k++, row++)
+            if (weight[row] != 0 && !(fabs((double)logp[row] - (double)logp_old[row]) <= max_mismatch)) far[i] = true;
+        n_far += far[i];
+    }
+    return n_far;
+}

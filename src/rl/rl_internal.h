@@ -66,7 +66,15 @@ typedef struct {
     double reward;        /* with the thinking-budget term */
     double advantage;
     bool accepted;        /* by the verifier (true without one) */
+    bool logp_far;        /* the trainer's log-probabilities are far from logp: not trained on */
 } vks_rl_sample;
+
+/* The trainer trains on no completion whose recorded log-probabilities differ
+ * from its own by more than this (nats) on any token: such a record is not the
+ * sampling policy's (honest: ~3e-7 at async level 0, and k steps of drift stay
+ * well below), and it would set the token's importance ratio at will. The
+ * step is redone without it; counted in the metrics (logp_excluded). */
+#define VKS_RL_MAX_LOGP_MISMATCH 5.0
 
 /* A group of accepted completions of one prompt, with signal. */
 typedef struct {
@@ -251,6 +259,11 @@ void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap
  * vocabulary and context) and its rewards are what the task (and the
  * thinking budget) give its completion. err says why not. */
 int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap);
+/* What vks_rl_check_sample compares: the prompt and stop checks, then the
+ * rewards the task (and the thinking budget) give s's completion (a verifier
+ * rank scores the rollout records of groups sent without completions). */
+int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, double *task_reward,
+                        double *reward, char *err, size_t cap);
 
 /* Where the trainer's groups come from and its weights go: the inference
  * thread (NULL source) or inference ranks (mpi/rl_roles.c). */

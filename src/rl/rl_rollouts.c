@@ -109,7 +109,8 @@ static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int n_prompts, int *
     return VKS_OK;
 }
 
-int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap) {
+int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, double *task_reward,
+                        double *reward, char *err, size_t cap) {
     const vks_rl_config *c = g->o->config;
     vks_task t;
     int target = 0, n = 0, rc = make_task(g, task_index, &t, &target);
@@ -140,9 +141,16 @@ int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sa
         snprintf(err, cap, "%s", vks_last_error());
         return rc;
     }
-    double task_reward = vks_task_score(&t, text, len);
+    *task_reward = vks_task_score(&t, text, len);
     free(text);
-    double reward = target ? vks_task_length_reward(task_reward, target, n_new, c->length_penalty) : task_reward;
+    *reward = target ? vks_task_length_reward(*task_reward, target, n_new, c->length_penalty) : *task_reward;
+    return VKS_OK;
+}
+
+int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap) {
+    double task_reward = 0, reward = 0;
+    int rc = vks_rl_score_sample(g, task_index, s, &task_reward, &reward, err, cap);
+    if (rc) return rc;
     if (task_reward != s->task_reward || fabs(reward - s->reward) > 1e-12 * (1 + fabs(reward))) {
         snprintf(err, cap, "rewards %g / %g, the task gives %g / %g", s->task_reward, s->reward, task_reward, reward);
         return VKS_ERR_FORMAT;

@@ -36,6 +36,9 @@ typedef struct {
     int32_t *tokens;
     int *seq_lens;
     float *weight, *advantage, *logp_old;
+    float *logp;                 /* the trainer's own of each row */
+    vks_rl_sample **seq_sample;  /* each packed sequence's sample */
+    bool *far;                   /* each packed sequence: logp far from its record */
     int max_tokens;
     int64_t trained, trained_rejected;
     vks_rl_counters reported;    /* the counters at the previous step's report */
@@ -172,7 +175,11 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     r->weight = malloc(sizeof *r->weight * (size_t)r->max_tokens);
     r->advantage = malloc(sizeof *r->advantage * (size_t)r->max_tokens);
     r->logp_old = malloc(sizeof *r->logp_old * (size_t)r->max_tokens);
-    if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old)
+    r->logp = malloc(sizeof *r->logp * (size_t)r->max_tokens);
+    r->seq_sample = malloc(sizeof *r->seq_sample * (size_t)r->max_tokens);
+    r->far = malloc(sizeof *r->far * (size_t)r->max_tokens);
+    if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old || !r->logp ||
+        !r->seq_sample || !r->far)
         return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     int rc = vks_rl_queue_init(&r->sh.queue, P, c->async_level);
     if (!rc) rc = vks_rl_timeline_init(&r->timeline, r->t_start);
@@ -237,6 +244,7 @@ static void run_free(rl_run *r) {
     vks_rl_timeline_free(&r->gen_timeline);
     for (int i = 0; r->groups && i < r->c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
     free(r->groups), free(r->tokens), free(r->seq_lens), free(r->weight), free(r->advantage), free(r->logp_old);
+    free(r->logp), free(r->seq_sample), free(r->far);
     vks_metrics_close(r->metrics);
     vks_param_layout_free(r->layout);
     vks_trainer_destroy(r->trainer);
@@ -270,6 +278,7 @@ typedef struct {
     int n;
     vks_grpo_stats grpo;  /* summed over micro-batches (fractions recomputed) */
     double mismatch_sum, entropy_sum;
+    int far;              /* completions left out: their logp far from the trainer's */
 } step_stats;
 
 static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_params *h, step_stats *st) {
@@ -278,8 +287,11 @@ static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_
                          .weight = r->weight};
     vks_grpo_rows rows = {.logp_old = r->logp_old, .advantage = r->advantage};
     vks_grpo_stats s;
-    int rc = vks_trainer_accumulate_grpo(r->trainer, &b, &rows, h, &s, NULL);
+    int rc = vks_trainer_accumulate_grpo(r->trainer, &b, &rows, h, &s, r->logp);
     if (rc) return rc;
+    int far = vks_grpo_far_sequences(r->logp, r->logp_old, r->weight, r->seq_lens, n_seqs, VKS_RL_MAX_LOGP_MISMATCH, r->far);
+    for (int i = 0; i < n_seqs; i++) r->seq_sample[i]->logp_far = r->far[i];
+    st->far += far > 0 ? far : 0;
     st->grpo.loss += s.loss;
     st->grpo.tokens += s.tokens;
     st->grpo.clipped += s.clipped;
@@ -303,6 +315,7 @@ static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats 
                 r->trained_rejected++;
                 continue;
             }
+            if (s->logp_far) continue; /* found in the step's first pass: not trained on */
             r->trained++;
             if (len > r->max_tokens) return vks_set_error(VKS_ERR_FORMAT, "rl: a completion of %d tokens", len);
             if (n_tokens + len > r->max_tokens) {
@@ -315,6 +328,7 @@ static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats 
                                         r->weight + n_tokens);
             for (int k = 0; k < len; k++) r->logp_old[n_tokens + k] = 0.0f;
             for (int k = 0; k < s->completion_len; k++) r->logp_old[n_tokens + s->prompt_len - 1 + k] = s->logp[k];
+            r->seq_sample[n_seqs] = (vks_rl_sample *)s;
             r->seq_lens[n_seqs++] = len;
             n_tokens += len;
             st->reward += s->task_reward, st->length += s->completion_len, st->n++;
@@ -334,7 +348,16 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
                                                                   : (double)c->prompts_per_step * c->group_size * c->max_new_tokens,
                               .entropy_coef = c->entropy_coef};
     memset(st, 0, sizeof *st);
+    int64_t trained = r->trained, rejected = r->trained_rejected;
     int rc = accumulate_step(r, &h, st);
+    if (!rc && st->far) { /* again without the completions whose log-probabilities are not the policy's */
+        int far = st->far;
+        memset(st, 0, sizeof *st);
+        r->trained = trained, r->trained_rejected = rejected;
+        rc = vks_trainer_zero_grads(r->trainer);
+        if (!rc) rc = accumulate_step(r, &h, st);
+        st->far = far;
+    }
     st->lag = lag / c->prompts_per_step;
     double lr = c->warmup && step + 1 < c->warmup ? c->lr * (double)(step + 1) / c->warmup : c->lr;
     vks_adamw_params a = {.lr = lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
@@ -401,6 +424,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"grad_norm", p->grad_norm};
     m[n++] = (vks_metric){"clip_fraction", p->clip_fraction};
     m[n++] = (vks_metric){"logp_mismatch", p->logp_mismatch};
+    m[n++] = (vks_metric){"logp_excluded", (double)p->logp_excluded};
     m[n++] = (vks_metric){"entropy", p->entropy};
     m[n++] = (vks_metric){"groups_filtered", (double)p->groups_filtered};
     m[n++] = (vks_metric){"rejected", (double)p->rejected};
@@ -467,6 +491,7 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
                            .broadcast_bytes = r->src && r->src->broadcast_bytes ? r->src->broadcast_bytes(r->src->ctx) : 0,
                            .clip_fraction = st.grpo.tokens ? (double)st.grpo.clipped / st.grpo.tokens : 0,
                            .logp_mismatch = st.grpo.tokens ? st.mismatch_sum / st.grpo.tokens : 0,
+                           .logp_excluded = st.far,
                            .entropy = st.grpo.tokens ? st.entropy_sum / st.grpo.tokens : 0};
     bool eval_now = step == r->c->steps || (r->o->eval_every && step % r->o->eval_every == 0);
     if (eval_now) rc = evaluate(r, &p->accuracy);

@@ -96,12 +96,13 @@ typedef struct {
 
 /* Checks output token t of sample s against the verifier's logits row. */
 static int check_token(const vks_rollout_sample *s, int t, const float *logits, int V, const vks_verify_options *o,
-                       sampler_scratch *scr, vks_verdict *v) {
+                       sampler_scratch *scr, vks_verdict *v, float *logp) {
     int pos = s->n_prompt - 1 + t;
     vks_sample_params p = {.temperature = s->temperature, .top_k = s->top_k, .top_p = s->top_p, .seed = s->seed,
                            .seq = s->seq, .pos = (uint32_t)pos};
     double gap, outside;
     int32_t token = s->output_ids[t];
+    if (logp) logp[t] = vks_token_logp(logits, V, token);
     vks_ref_sample_gap(logits, V, &p, token, scr->keep, scr->z, &gap, &outside);
     if (!(gap <= (double)o->logit_margin))
         reject(v, "position %d (output %d): token %d is not the seeded sampler's draw (gap %.4g > margin %.4g)", pos, t,
@@ -112,18 +113,23 @@ static int check_token(const vks_rollout_sample *s, int t, const float *logits, 
     return VKS_OK;
 }
 
+/* Where sample i's replayed log-probabilities go (NULL: nowhere). */
+static float *logp_of(const vks_verify_options *o, int i) { return o->logp_out ? o->logp_out[i] : NULL; }
+
 /* ---- per-sample state while its rows arrive ---- */
 
 typedef struct {
     const vks_rollout_sample *s;
     vks_verdict *v;
+    float *logp;     /* o->logp_out's array for this sample, or NULL */
     float *hidden;   /* [n_output, dim] */
     int rows_seen;
 } sample_job;
 
-static int job_start(sample_job *j, const vks_rollout_sample *s, vks_verdict *v, int dim) {
+static int job_start(sample_job *j, const vks_rollout_sample *s, vks_verdict *v, int dim, float *logp) {
     j->s = s;
     j->v = v;
+    j->logp = logp;
     j->rows_seen = 0;
     j->hidden = malloc(sizeof(float) * (size_t)s->n_output * (size_t)dim);
     return j->hidden ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
@@ -133,7 +139,7 @@ static int job_row(sample_job *j, int t, const float *logits, const float *hidde
                    const vks_verify_options *o, sampler_scratch *scr) {
     memcpy(j->hidden + (size_t)t * (size_t)c->dim, hidden, sizeof(float) * (size_t)c->dim);
     j->rows_seen++;
-    return check_token(j->s, t, logits, c->vocab_size, o, scr, j->v);
+    return check_token(j->s, t, logits, c->vocab_size, o, scr, j->v, j->logp);
 }
 
 /* Every row is in: check the TOPLOC chunks; the first failing one is the reason. */
@@ -207,14 +213,14 @@ static bool verify_args_ok(const vks_verify_options *o, const vks_rollout_sample
 /* ---- CPU ---- */
 
 static int verify_one_cpu(const vks_model *m, const vks_verify_options *o, const vks_rollout_sample *s,
-                          vks_verdict *v, sampler_scratch *scr) {
+                          vks_verdict *v, sampler_scratch *scr, float *logp) {
     const vks_model_config *c = &m->cfg;
     int L = s->n_prompt + s->n_output - 1;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)L);
     float *logits = malloc(sizeof(float) * (size_t)L * (size_t)c->vocab_size);
     float *hidden = malloc(sizeof(float) * (size_t)L * (size_t)c->dim);
     sample_job j = {0};
-    int rc = ids && logits && hidden ? job_start(&j, s, v, c->dim) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    int rc = ids && logits && hidden ? job_start(&j, s, v, c->dim, logp) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
     if (rc == VKS_OK) {
         memcpy(ids, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
         memcpy(ids + s->n_prompt, s->output_ids, sizeof(int32_t) * (size_t)(s->n_output - 1));
@@ -255,7 +261,7 @@ static int replay_sample(cpu_replay *r, int g) {
     sampler_scratch scr = {0};
     sample_job j = {0};
     int rc = scratch_alloc(&scr, c->vocab_size);
-    if (rc == VKS_OK) rc = job_start(&j, s, &r->out[r->which[g]], c->dim);
+    if (rc == VKS_OK) rc = job_start(&j, s, &r->out[r->which[g]], c->dim, logp_of(r->o, r->which[g]));
     for (int t = 0; rc == VKS_OK && t < s->n_output; t++) {
         size_t row = (size_t)(r->first_out[g] + t);
         rc = job_row(&j, t, r->logits + row * (size_t)c->vocab_size, r->hidden + row * (size_t)c->dim, c, r->o, &scr);
@@ -358,7 +364,7 @@ int vks_verify_batch_cpu(const vks_model *m, const vks_verify_options *o, const 
     if (rc == VKS_OK) rc = start_verdicts(&m->cfg, o, samples, n, out, live);
     if (rc == VKS_OK && !o->cpu_reference) rc = verify_batch_fast(m, o, samples, n, out, live);
     for (int i = 0; rc == VKS_OK && o->cpu_reference && i < n; i++)
-        if (live[i]) rc = verify_one_cpu(m, o, &samples[i], &out[i], &scr);
+        if (live[i]) rc = verify_one_cpu(m, o, &samples[i], &out[i], &scr, logp_of(o, i));
     scratch_free(&scr);
     free(live);
     return rc;
@@ -579,7 +585,7 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
             reject(&out[i], "%d positions do not fit the verifier's device: %s", len, vks_last_error());
             continue;
         }
-        rc = job_start(&jobs[n_jobs], &samples[i], &out[i], c->dim);
+        rc = job_start(&jobs[n_jobs], &samples[i], &out[i], c->dim, logp_of(o, i));
         if (rc == VKS_OK) {
             n_jobs++;
             if (len > longest) longest = len;

@@ -11,6 +11,7 @@
 # Usage: test_rl.sh BUILD_DIR
 set -uo pipefail
 bin=${1:?build dir}/vkswarm
+cheat_bin=$1/tests/vkswarm_cheat # TEST ONLY: inference ranks that cheat (tests/rl_cheat.c)
 . "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)
 trap 'release_stopped; rm -rf "$tmp"' EXIT
@@ -106,9 +107,10 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/orch/step-000000002" "$tmp/
 else bad "own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/orch/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
 
 # kill_run RANK NP ARGS...: `vkswarm rl` with the current config and ARGS on NP ranks under
-# --enable-recovery, rank RANK killed (-9) as soon as the trainer has logged step 1 (mid-run
-# whatever the machine's speed: a fixed delay once let a fast machine finish all 3 steps first);
-# sets pid, rc and took (seconds), output in $tmp/out.txt and $tmp/err.txt
+# --enable-recovery, rank RANK killed (-9; stopped, SIGSTOP, when $stop_rank is set) as soon as
+# the trainer has logged step 1 (mid-run whatever the machine's speed: a fixed delay once let a
+# fast machine finish all 3 steps first); sets pid, rc and took (seconds), output in $tmp/out.txt
+# and $tmp/err.txt
 pids=$tmp/pids
 kill_run() {
     local rank=$1 np=$2 job start i
@@ -124,7 +126,17 @@ kill_run() {
         grep -q "^rl: step 1/" "$tmp/err.txt" && break
         sleep 0.05
     done
-    [ -n "$pid" ] && kill -9 "$pid"
+    if [ -n "${stop_rank:-}" ]; then
+        stop_pid "$pid"
+        # mpirun waits for a stopped rank whatever the others did: once the trainer has printed
+        # its result or error (or after 120 s), the stopped rank is killed
+        for i in $(seq 1 2400); do
+            grep -q "^final checkpoint" "$tmp/out.txt" || grep -q "^vkswarm: rl: trainer: " "$tmp/err.txt" ||
+                ! kill -0 $job 2>/dev/null || { sleep 0.05; continue; }
+            break
+        done
+        release_stopped
+    elif [ -n "$pid" ]; then kill -9 "$pid"; fi
     wait $job
     rc=$?
     took=$(($(date +%s) - start))
@@ -188,6 +200,45 @@ if [ $rc -eq 0 ] && [ "$rejections" -ge 1 ] && [ "$false_rejections" = 0 ] && [ 
     ok "a verifier rank rejects exactly the cheated completions ($rejections), refuses a rank's unearned reward, the run finishes"
 else bad "verifier rank: status $rc, $rejections rejections, $false_rejections false, $recorded recorded"; tail -5 "$tmp/err.txt"; fi
 
+# dishonest inference ranks (the test build's vkswarm_cheat, VKSWARM_TEST_CHEAT) without a verifier
+# rank: rank 1 claims a log-probability of -3e38 for every token it sends (each passes the wire's
+# "finite and <= 0"): the trainer leaves out every completion whose log-probabilities are far from
+# its own (counted: logp_excluded), so the mismatch it reports stays that of honest ranks (< 1e-4
+# at k = 0; it was 1e36); rank 2 claims 0 completions checked and 0 accepted while it sends
+# accepted ones: refused by name. The run finishes on rank 1's groups.
+if [ -z "$short" ]; then
+config "$tmp/cheat" 3 0
+VKSWARM_TEST_CHEAT=1:logp,2:counts mpi_run 300 -x VKSWARM_TEST_CHEAT -np 3 $cheat_bin rl --config "$tmp/run.json" \
+    --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+excluded=$(grep -o '"logp_excluded":[0-9]*' "$tmp/cheat/metrics.jsonl" 2>/dev/null | awk -F: '{ n += $2 } END { print n + 0 }')
+if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: batch [0-9]*: counts of 0 checked and 0 accepted" "$tmp/err.txt" &&
+   ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt" && [ "$excluded" -ge 1 ] &&
+   metrics_ok "$tmp/cheat/metrics.jsonl" 3 0 && mismatch_ok "$tmp/cheat/metrics.jsonl"; then
+    ok "a rank's log-probabilities of -3e38 left out by the trainer ($excluded completions), a rank's false counts refused"
+else bad "cheating ranks without a verifier: status $rc, $excluded left out"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5
+     cat "$tmp/cheat/metrics.jsonl"; fi
+
+# the same with a verifier rank (5), each lie by its own rank: rank 1 sends the groups that carry
+# signal without their completions (the verifier scores every record of the batch's rollout file),
+# rank 2 log-probabilities of -3e38 (the replay recomputes them), rank 3 a task reward sum one
+# higher than its rollouts give (the verifier sums its own). Each is refused by name, rank 4 is not,
+# and the run finishes on rank 4.
+config "$tmp/vcheat" 3 1 5
+sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1], [2], [3], [4]]/' "$tmp/run.json"
+VKSWARM_TEST_CHEAT=1:hide,2:logp,3:sum mpi_run 300 -x VKSWARM_TEST_CHEAT -np 6 $cheat_bin rl --config "$tmp/run.json" \
+    --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+refused() { grep -q "inference rank $1 refused: verifier rank 5: batch [0-9]*: $2" "$tmp/err.txt"; }
+if [ $rc -eq 0 ] && refused 1 "group [0-9] came without its completions, but its rollout records carry signal" &&
+   refused 2 "group [0-9], completion [0-9]: log-probability -3e+38 of output 0, the replay gives" &&
+   refused 3 "a task reward sum of [0-9.]*, its completions give" &&
+   ! grep -q "inference rank 4 \(refused\|dropped\)\|verifier rank 5 \(refused\|dropped\)" "$tmp/err.txt" &&
+   metrics_ok "$tmp/vcheat/metrics.jsonl" 3 1; then
+    ok "a verifier rank refuses hidden groups with signal, false log-probabilities, a false reward sum"
+else bad "cheating ranks with a verifier: status $rc"; grep "refused\|dropped" "$tmp/err.txt"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; fi
+fi
+
 if [ -z "$short" ]; then
 # an inference rank killed mid-run: the second stage (rank 3) of the pipeline group [2, 3]. Its
 # first stage's pipeline names it and that rank ends; the trainer drops the group (rank 2, for its
@@ -203,6 +254,23 @@ if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/er
    grep -q "shardcast: step 3 (version [0-9]*): [0-9]* bytes to 1 of 3 ranks" "$tmp/err.txt"; then
     ok "a pipeline group's stage killed mid-run: the group is dropped (also from the weights broadcasts), the run finishes on the other rank"
 else bad "killed stage: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -20; fi
+fi
+
+# one inference rank of two killed (-9), then stopped (SIGSTOP), mid-run at k = 1: the trainer's
+# next weights broadcast waits --timeout-s for it, while the live rank 1 has taken the weights and
+# keeps beating from inside the broadcast (before, it was dropped for that wait's silence and the
+# run ended, "no inference rank is left"). Only rank 2 is dropped; the run finishes its 3 steps.
+if [ -z "$short" ]; then
+for how in killed stopped; do
+    config "$tmp/one-of-two" 3 1
+    stop_rank=$([ $how = stopped ] && echo 1) kill_run 2 3 --timeout-s 5 --trainer-timeout-s 60
+    if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/err.txt" &&
+       ! grep -q "inference rank 1 \(refused\|dropped\)\|no inference rank is left" "$tmp/err.txt" &&
+       grep -q "^final checkpoint: $tmp/one-of-two/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/one-of-two/metrics.jsonl" 3 1; then
+        ok "one inference rank of two $how mid-run (k=1): only it is dropped, the run finishes on the other (${took}s)"
+    else bad "one inference rank of two $how: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
+    rm -rf "$tmp/one-of-two"
+done
 fi
 
 # a verifier rank killed mid-run: dropped, its batches granted again (to the other verifier), and
