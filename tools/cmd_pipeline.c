@@ -27,7 +27,9 @@ static const char pipeline_usage[] =
     "3; it bounds every start-up step too, so each rank must load its model within it).\n"
     "--link-latency-ms / --link-mbps delay each message between stages by L plus its size over R.\n"
     "--rollouts-out FILE writes the rollout file of `generate --rollouts-out`; the last stage builds the\n"
-    "TOPLOC proofs while it samples and sends them to rank 0 at the end (--no-toploc: empty proofs).\n";
+    "TOPLOC proofs while it samples and sends them to rank 0 at the end (--no-toploc: empty proofs); every\n"
+    "other stage commits the activations it hands on at the sampling positions (\"stage_proofs\"), so that\n"
+    "verify names the first stage whose commitment fails.\n";
 
 typedef struct {
     cli_model_args m;
@@ -177,6 +179,7 @@ int cmd_pipeline(int argc, char **argv) {
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
                                .engine = a.m.engine, .toploc = a.rollouts_out && !a.no_toploc};
     po.engine.f32_math = a.rollouts_out != NULL;
+    po.stage_proofs = po.toploc; /* every stage but the last commits what it hands on */
     vks_rollout_writer *rollouts = NULL;
     if (rank == 0 && a.rollouts_out && /* no proofs made here: the last stage makes them */
         vks_rollout_writer_create(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false,
