@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <unistd.h>
 #include "pipeline_worker.h"
+#include "pipeline_fault.h"
 #include "protocol.h"
 #include "vkswarm/vks_mpi.h"
 #include "vkswarm/vks_pipeline.h"
@@ -621,6 +622,9 @@ vks_engine_options vks_pipeline_engine_options(const vks_pipeline_options *o, in
     eo.layer_begin = o->first[rank], eo.layer_end = o->first[rank + 1];
     eo.max_rows = o->chunk > o->batch ? o->chunk : o->batch, eo.max_out_rows = o->batch;
     eo.n_slots = o->micro_batches * o->batch, eo.kv_len = o->sched.steps;
+#ifdef VKS_TEST_FAULTS
+    vks_test_fault_engine(&eo, rank);
+#endif
     return eo;
 }
 
@@ -786,6 +790,9 @@ static int prepare(pipe_ctx *c, const vks_model *m, vks_sequence *prompts, int n
     if (vks_worker_start(&c->worker, c->engine, &o->sched, o->wire, c->rank == 0, c->rank == c->size - 1))
         return fail(c, VKS_ERR_NOMEM, vks_last_error());
     *worker_started = true;
+#ifdef VKS_TEST_FAULTS
+    c->worker.fault = vks_test_fault(c->rank), c->worker.fault_rng = 0x9E3779B97F4A7C15ull;
+#endif
     int rc = c->rank == 0 ? setup_rank0(c, prompts, n_prompts) : VKS_OK;
     if (!rc && o->toploc && c->rank == c->size - 1) {
         if (vks_toploc_builder_create(n_prompts, m->cfg.dim, &c->builder)) return fail(c, VKS_ERR_NOMEM, vks_last_error());

@@ -1,5 +1,6 @@
 /* GPU worker thread of a pipeline rank (see pipeline_worker.h). */
 #include "pipeline_worker.h"
+#include "pipeline_fault.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,9 @@ static int run_job(vks_worker *w, vks_job *j) {
         b.x_out = w->x_out;
     }
     int rc = vks_engine_forward(w->engine, &b);
+#ifdef VKS_TEST_FAULTS
+    if (rc == VKS_OK && !w->last_stage) vks_test_fault_output(w->fault, w->x_out, (size_t)b.n_rows * dim, &w->fault_rng);
+#endif
     for (uint32_t i = 0; rc == VKS_OK && b.hidden && i < n_out; i++)
         rc = vks_toploc_builder_push(w->builder, (int)row_meta[out_rows[i]].seq, w->hidden + (size_t)i * dim);
     if (rc == VKS_OK && b.logits) record_logp(w, &b, row_meta, out_rows, n_out);

@@ -30,6 +30,10 @@ typedef struct {
     vks_toploc_builder *builder; /* last stage with TOPLOC: committed rows go here */
     vks_toploc_builder *stage_builder; /* other stages with stage proofs: the sampling rows they send */
     double commit_s;             /* time spent handing rows to stage_builder (this thread) */
+#ifdef VKS_TEST_FAULTS
+    int fault;                   /* pipeline_fault.h: this stage cheats (test builds only) */
+    uint64_t fault_rng;
+#endif
     float *logp_by_pos;          /* last stage recording log-probabilities: [seqs, steps], else NULL */
     int logp_seqs, logp_steps;
     float *logits;               /* with logp_by_pos: the sampling rows' logits */
