@@ -69,8 +69,8 @@ static bool stage_proofs_fit(const vks_model_config *c, const vks_rollout_sample
     for (int k = 0, begin = 0; k < s->n_stage_proofs; k++) {
         const vks_stage_proof *p = &s->stage_proofs[k];
         if (p->layer_begin != begin || p->layer_end <= p->layer_begin || p->layer_end >= c->n_layers)
-            return reject(v, "stage %d (rank %d): layers [%d,%d) do not follow layer %d within the model's first %d "
-                          "layers", k, p->rank, p->layer_begin, p->layer_end, begin, c->n_layers - 1);
+            return reject(v, "stage %d (rank %d): layers [%d,%d) are not [%d, end) with end < %d (the last stage holds "
+                          "the last layer)", k, p->rank, p->layer_begin, p->layer_end, begin, c->n_layers);
         if (p->proof_bytes != want || (want && !p->proofs))
             return reject(v, "stage %d (rank %d, layers [%d,%d)): proofs are %zu bytes; %d committed rows need %zu", k,
                           p->rank, p->layer_begin, p->layer_end, p->proof_bytes, s->n_output, want);
