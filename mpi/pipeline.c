@@ -840,6 +840,8 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
     }
     if (worker_started) vks_worker_stop(&c.worker);
     stats->commit_s = c.worker.commit_s; /* the worker thread has been joined */
+    if (c.stage_builder && vks_toploc_builder_finish(c.stage_builder) == VKS_OK) /* already finished on success */
+        stats->commit_build_s = vks_toploc_builder_busy_s(c.stage_builder);
     worker_started = false;
     stats->wall_s = MPI_Wtime() - t0;
     if (!rc) rc = sync_ranks(&c, VKS_TAG_FINISH, "finishing the job");

@@ -191,6 +191,10 @@ int cmd_pipeline(int argc, char **argv) {
     fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, step %.2f ms, GPU busy %.0f%%, %.1f MB sent\n",
             rank, first[rank], first[rank + 1], st.steps, st.wall_s, 1e3 * st.gpu_busy_s / (st.steps ? st.steps : 1),
             100.0 * st.gpu_busy_s / (st.wall_s + 1e-9), st.bytes_sent / 1e6);
+    if (po.stage_proofs && rank < size - 1) /* what committing what this stage hands on cost it */
+        fprintf(stderr, "vkswarm: rank %d: stage commitments: %.3f ms/step on the GPU thread (%.2f%% of the step), "
+                "%.3f ms/step building proofs on their own thread\n", rank, 1e3 * st.commit_s / (st.steps ? st.steps : 1),
+                100.0 * st.commit_s / (st.gpu_busy_s + 1e-9), 1e3 * st.commit_build_s / (st.steps ? st.steps : 1));
     if (rank == 0) {
         long produced = cli_generated_tokens(seqs, n);
         fprintf(stderr, "vkswarm: %ld tokens in %.2fs (%.1f tokens/s)\n", produced, st.wall_s, produced / st.wall_s);

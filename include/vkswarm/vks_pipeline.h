@@ -48,6 +48,7 @@ typedef struct {
     long steps;              /* forward passes run by this rank */
     double wall_s, gpu_busy_s;
     double commit_s;         /* of gpu_busy_s: handing the sent rows to the stage-commitment builder */
+    double commit_build_s;   /* the stage-commitment builder thread's time making proofs */
     uint64_t bytes_sent;
     bool ended_together;     /* after an error: every rank failed at the same point (an engine could not be
                                 created), so the job can end with MPI_Finalize rather than MPI_Abort */

@@ -93,6 +93,8 @@ int vks_toploc_builder_finish(vks_toploc_builder *b);
 const uint8_t *vks_toploc_builder_proofs(const vks_toploc_builder *b, int seq, size_t *len);
 int vks_toploc_builder_rows(const vks_toploc_builder *b, int seq);
 int vks_toploc_builder_dim(const vks_toploc_builder *b);
+/* After finish: seconds the worker thread spent building proofs. */
+double vks_toploc_builder_busy_s(const vks_toploc_builder *b);
 void vks_toploc_builder_destroy(vks_toploc_builder *b);
 
 /* ---- verification of rollout samples (src/toploc/verify.c) ----
