@@ -93,9 +93,11 @@ awk -v n=$n_stage 'BEGIN { s = 5; for (i = 0; i < n; i++) { s = (s * 1103515245 
     line = ""; for (k = 0; k < len; k++) { s = (s * 1103515245 + 12345) % 2147483648; line = line (k ? " " : "") (3 + s % 290) }
     print line } }' > "$tmp/stage_prompts.txt"
 strict="--max-exp-mismatches 2 --max-mant-mean 0.25 --max-mant-median 0"
-stage_run() { # name fault(or "") output
-    VKSWARM_TEST_FAULT=$2 mpi -x VKSWARM_TEST_FAULT -np 3 $faulty pipeline $model --prompts "$tmp/stage_prompts.txt" $samp \
-        -n 48 --rollouts-out "$3" > /dev/null 2> "$tmp/stage_err.txt" || { bad "$1: pipeline failed"; tail -3 "$tmp/stage_err.txt"; return 1; }
+stage_run() { # name fault(or "") output [pipeline args]
+    local name=$1 fault=$2 out=$3
+    shift 3
+    VKSWARM_TEST_FAULT=$fault mpi -x VKSWARM_TEST_FAULT -np 3 $faulty pipeline $model --prompts "$tmp/stage_prompts.txt" \
+        $samp -n 48 --rollouts-out "$out" "$@" > /dev/null 2> "$tmp/stage_err.txt" || { bad "$name: pipeline failed"; tail -3 "$tmp/stage_err.txt"; return 1; }
 }
 verdicts() { # rollouts verify-args...: the verdict lines
     local r=$1
@@ -109,6 +111,13 @@ if stage_run "honest" "" "$tmp/s_honest.jsonl"; then
         if [ "$acc" = $n_stage ]; then ok "honest 3-stage rollouts: $acc of $n_stage accepted (strict, ${how:-GPU})"
         else bad "honest 3-stage rollouts: $acc of $n_stage accepted (strict, ${how:-GPU})"; fi
     done
+fi
+# f16 on the wire: each stage commits what it sent (f16); TOPLOC's thresholds accept all (the
+# strict profile assumes an f32 wire: measured 199 of 200 there, an exponent rounded the other way)
+if [ -z "$short" ] && stage_run "honest f16 wire" "" "$tmp/s_w16.jsonl" --wire f16; then
+    acc=$(verdicts "$tmp/s_w16.jsonl" --cpu | grep -c "	accepted$")
+    if [ "$acc" = $n_stage ]; then ok "honest 3-stage rollouts, f16 wire: $acc of $n_stage accepted"
+    else bad "honest 3-stage rollouts, f16 wire: $acc of $n_stage accepted"; fi
 fi
 # a layer skipped: caught at TOPLOC's own thresholds, every sample naming stage 1 (rank 1)
 if stage_run "skip-layer" 1:skip-layer "$tmp/s_skip.jsonl"; then
