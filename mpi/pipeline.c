@@ -280,15 +280,19 @@ static int receive_logp(pipe_ctx *c, const MPI_Status *st) {
 
 /* ---------------- TOPLOC proofs (last stage -> rank 0) ---------------- */
 
-static int set_proof(pipe_ctx *c, int i, const uint8_t *p, size_t len) {
-    vks_sequence *s = &c->prompts[i];
-    free(s->proofs);
-    s->proofs = len ? malloc(len) : NULL;
-    s->proof_bytes = 0;
-    if (len && !s->proofs) return out_of_memory(c);
-    if (len) memcpy(s->proofs, p, len);
-    s->proof_bytes = len;
+/* *dst (malloc'd, replacing what was there) becomes a copy of len bytes of p. */
+static int set_bytes(pipe_ctx *c, uint8_t **dst, size_t *dst_len, const uint8_t *p, size_t len) {
+    free(*dst);
+    *dst = len ? malloc(len) : NULL;
+    *dst_len = 0;
+    if (len && !*dst) return out_of_memory(c);
+    if (len) memcpy(*dst, p, len);
+    *dst_len = len;
     return VKS_OK;
+}
+
+static int set_proof(pipe_ctx *c, int i, const uint8_t *p, size_t len) {
+    return set_bytes(c, &c->prompts[i].proofs, &c->prompts[i].proof_bytes, p, len);
 }
 
 static int finish_builder(pipe_ctx *c) {
@@ -306,26 +310,30 @@ static int take_local_proofs(pipe_ctx *c) {
     return rc;
 }
 
-static int send_proofs(pipe_ctx *c) {
-    int rc = finish_builder(c);
-    if (rc) return rc;
+/* After DONE: a builder's proofs (finished here) to rank 0 as one PROOFS message with `tag`. */
+static int send_builder_proofs(pipe_ctx *c, vks_toploc_builder *b, int tag, const char *what) {
+    if (vks_toploc_builder_finish(b)) return fail(c, VKS_ERR_NOMEM, vks_last_error());
     const uint8_t **p = malloc(sizeof *p * (size_t)c->n_seqs);
     size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), bytes = 0;
     void *msg = NULL;
-    if (!p || !lens) rc = out_of_memory(c);
-    for (int i = 0; !rc && i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(c->builder, i, &lens[i]);
+    int rc = p && lens ? VKS_OK : out_of_memory(c);
+    for (int i = 0; !rc && i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(b, i, &lens[i]);
     if (!rc) msg = vks_msg_pack_proofs(p, lens, (uint32_t)c->n_seqs, &bytes);
     if (!rc && (!msg || bytes > INT_MAX)) rc = fail(c, VKS_ERR_NOMEM, "cannot pack the proofs");
     if (!rc) {
         MPI_Request req;
-        MPI_Isend(msg, (int)bytes, MPI_BYTE, 0, VKS_TAG_PROOFS, c->comm, &req);
-        rc = wait_for(c, &req, 0, "sending the TOPLOC proofs");
+        MPI_Isend(msg, (int)bytes, MPI_BYTE, 0, tag, c->comm, &req);
+        rc = wait_for(c, &req, 0, what);
         if (rc) msg = NULL; /* still MPI's: the caller ends the job */
     }
     free(msg);
     free(p);
     free(lens);
     return rc;
+}
+
+static int send_proofs(pipe_ctx *c) {
+    return send_builder_proofs(c, c->builder, VKS_TAG_PROOFS, "sending the TOPLOC proofs");
 }
 
 static int unpack_proofs(pipe_ctx *c, const uint8_t *msg, int bytes, size_t max_one, size_t *lens, size_t *offs) {
@@ -383,13 +391,7 @@ static int prepare_stage_entries(pipe_ctx *c) {
 
 static int set_stage_proof(pipe_ctx *c, int stage, int i, const uint8_t *p, size_t len) {
     vks_stage_proof *sp = &c->prompts[i].stage_proofs[stage];
-    free(sp->proofs);
-    sp->proofs = len ? malloc(len) : NULL;
-    sp->proof_bytes = 0;
-    if (len && !sp->proofs) return out_of_memory(c);
-    if (len) memcpy(sp->proofs, p, len);
-    sp->proof_bytes = len;
-    return VKS_OK;
+    return set_bytes(c, &sp->proofs, &sp->proof_bytes, p, len);
 }
 
 /* Rank 0: stage `stage`'s commitments, from its own builder (msg NULL) or a
@@ -418,24 +420,7 @@ static int take_stage_proofs(pipe_ctx *c, int stage, const uint8_t *msg, int byt
 
 /* A middle stage, after DONE: its commitments to rank 0. */
 static int send_stage_proofs(pipe_ctx *c) {
-    if (vks_toploc_builder_finish(c->stage_builder)) return fail(c, VKS_ERR_NOMEM, vks_last_error());
-    const uint8_t **p = malloc(sizeof *p * (size_t)c->n_seqs);
-    size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), bytes = 0;
-    void *msg = NULL;
-    int rc = p && lens ? VKS_OK : out_of_memory(c);
-    for (int i = 0; !rc && i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(c->stage_builder, i, &lens[i]);
-    if (!rc) msg = vks_msg_pack_proofs(p, lens, (uint32_t)c->n_seqs, &bytes);
-    if (!rc && (!msg || bytes > INT_MAX)) rc = fail(c, VKS_ERR_NOMEM, "cannot pack the stage commitments");
-    if (!rc) {
-        MPI_Request req;
-        MPI_Isend(msg, (int)bytes, MPI_BYTE, 0, VKS_TAG_STAGE_PROOFS, c->comm, &req);
-        rc = wait_for(c, &req, 0, "sending the stage commitments");
-        if (rc) msg = NULL; /* still MPI's: the caller ends the job */
-    }
-    free(msg);
-    free(p);
-    free(lens);
-    return rc;
+    return send_builder_proofs(c, c->stage_builder, VKS_TAG_STAGE_PROOFS, "sending the stage commitments");
 }
 
 static int receive_stage_proofs(pipe_ctx *c, const MPI_Status *st) {
