@@ -777,6 +777,7 @@ static int prepare(pipe_ctx *c, const vks_model *m, vks_sequence *prompts, int n
     *worker_started = true;
 #ifdef VKS_TEST_FAULTS
     c->worker.fault = vks_test_fault(c->rank), c->worker.fault_rng = 0x9E3779B97F4A7C15ull;
+    c->worker.fault_one_layer = o->first[c->rank + 1] - o->first[c->rank] == 1;
 #endif
     int rc = c->rank == 0 ? setup_rank0(c, prompts, n_prompts) : VKS_OK;
     if (!rc && o->toploc && c->rank == c->size - 1) {

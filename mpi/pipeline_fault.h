@@ -3,7 +3,8 @@
  * (tests/meson.build) defines; the shipped vkswarm has none of it.
  *
  * VKSWARM_TEST_FAULT=RANK:KIND makes stage RANK cheat:
- *   skip-layer  its engine runs its layers but the first ([begin+1, end))
+ *   skip-layer  its engine runs its layers but the first ([begin+1, end)); a middle stage of
+ *               one layer hands on the rows it received
  *   perturb     it multiplies every activation it hands on by 1 + 0.01 u, u uniform in [-1, 1]
  *   f16         its weights are f16 on the device, while the run claims f32 */
 #ifndef VKS_PIPELINE_FAULT_H
@@ -34,8 +35,11 @@ static inline void vks_test_fault_engine(vks_engine_options *eo, int rank) {
     if (f == VKS_FAULT_F16) eo->dtype = VKS_DTYPE_F16, eo->keep_file_dtype = false;
 }
 
-/* The cheating stage's activations before it sends them (xorshift noise). */
-static inline void vks_test_fault_output(int fault, float *x, size_t n, uint64_t *state) {
+/* The cheating stage's activations x (n floats) before it sends them: noise
+ * (xorshift), or the input rows handed on when it holds one layer. */
+static inline void vks_test_fault_output(int fault, float *x, const float *in, size_t n, bool one_layer,
+                                         uint64_t *state) {
+    if (fault == VKS_FAULT_SKIP_LAYER && one_layer && in) memcpy(x, in, n * sizeof *x);
     if (fault != VKS_FAULT_PERTURB) return;
     for (size_t i = 0; i < n; i++) {
         *state ^= *state << 13, *state ^= *state >> 7, *state ^= *state << 17;

@@ -138,7 +138,9 @@ static int run_job(vks_worker *w, vks_job *j) {
     }
     int rc = vks_engine_forward(w->engine, &b);
 #ifdef VKS_TEST_FAULTS
-    if (rc == VKS_OK && !w->last_stage) vks_test_fault_output(w->fault, w->x_out, (size_t)b.n_rows * dim, &w->fault_rng);
+    if (rc == VKS_OK && !w->last_stage)
+        vks_test_fault_output(w->fault, w->x_out, w->first_stage ? NULL : w->x_in, (size_t)b.n_rows * dim,
+                              w->fault_one_layer, &w->fault_rng);
 #endif
     for (uint32_t i = 0; rc == VKS_OK && b.hidden && i < n_out; i++)
         rc = vks_toploc_builder_push(w->builder, (int)row_meta[out_rows[i]].seq, w->hidden + (size_t)i * dim);

@@ -33,6 +33,7 @@ typedef struct {
 #ifdef VKS_TEST_FAULTS
     int fault;                   /* pipeline_fault.h: this stage cheats (test builds only) */
     uint64_t fault_rng;
+    bool fault_one_layer;        /* the stage holds one layer */
 #endif
     float *logp_by_pos;          /* last stage recording log-probabilities: [seqs, steps], else NULL */
     int logp_seqs, logp_steps;
