@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <unistd.h>
 #include "pipeline_worker.h"
+#include "pipeline_fault.h"
 #include "protocol.h"
 #include "vkswarm/vks_mpi.h"
 #include "vkswarm/vks_pipeline.h"
@@ -49,6 +50,9 @@ typedef struct {
     int n_seqs;                  /* prompts in the whole job (every rank) */
     vks_toploc_builder *builder; /* last stage with TOPLOC */
     bool awaiting_proofs;        /* rank 0: DONE sent, proofs not yet here */
+    vks_toploc_builder *stage_builder; /* other stages with stage proofs: what this stage hands on */
+    int awaiting_stage_proofs;   /* rank 0: middle stages whose commitments are not yet here */
+    bool *stage_got;             /* rank 0: [size] whose commitments are in */
     float *logp_by_pos;          /* last stage with record_logp: [n_seqs, steps] (the worker fills it) */
     float *logits;               /* the worker's scratch for it */
     bool awaiting_logp;          /* rank 0: DONE sent, log-probabilities not yet here */
@@ -202,6 +206,11 @@ static bool all_done(const pipe_ctx *c) {
     return true;
 }
 
+/* Rank 0, after DONE: finished once everything due from the other stages is in. */
+static void update_finished(pipe_ctx *c) {
+    c->finished = !c->awaiting_proofs && !c->awaiting_logp && c->awaiting_stage_proofs == 0;
+}
+
 /* ---------------- log-probabilities (last stage -> rank 0) ---------------- */
 
 /* Rank 0: each sequence's vks_sequence.logp from the last stage's [n_seqs,
@@ -265,21 +274,25 @@ static int receive_logp(pipe_ctx *c, const MPI_Status *st) {
     free(h);
     if (rc) return rc;
     c->awaiting_logp = false;
-    c->finished = !c->awaiting_proofs;
+    update_finished(c);
     return VKS_OK;
 }
 
 /* ---------------- TOPLOC proofs (last stage -> rank 0) ---------------- */
 
-static int set_proof(pipe_ctx *c, int i, const uint8_t *p, size_t len) {
-    vks_sequence *s = &c->prompts[i];
-    free(s->proofs);
-    s->proofs = len ? malloc(len) : NULL;
-    s->proof_bytes = 0;
-    if (len && !s->proofs) return out_of_memory(c);
-    if (len) memcpy(s->proofs, p, len);
-    s->proof_bytes = len;
+/* *dst (malloc'd, replacing what was there) becomes a copy of len bytes of p. */
+static int set_bytes(pipe_ctx *c, uint8_t **dst, size_t *dst_len, const uint8_t *p, size_t len) {
+    free(*dst);
+    *dst = len ? malloc(len) : NULL;
+    *dst_len = 0;
+    if (len && !*dst) return out_of_memory(c);
+    if (len) memcpy(*dst, p, len);
+    *dst_len = len;
     return VKS_OK;
+}
+
+static int set_proof(pipe_ctx *c, int i, const uint8_t *p, size_t len) {
+    return set_bytes(c, &c->prompts[i].proofs, &c->prompts[i].proof_bytes, p, len);
 }
 
 static int finish_builder(pipe_ctx *c) {
@@ -297,26 +310,30 @@ static int take_local_proofs(pipe_ctx *c) {
     return rc;
 }
 
-static int send_proofs(pipe_ctx *c) {
-    int rc = finish_builder(c);
-    if (rc) return rc;
+/* After DONE: a builder's proofs (finished here) to rank 0 as one PROOFS message with `tag`. */
+static int send_builder_proofs(pipe_ctx *c, vks_toploc_builder *b, int tag, const char *what) {
+    if (vks_toploc_builder_finish(b)) return fail(c, VKS_ERR_NOMEM, vks_last_error());
     const uint8_t **p = malloc(sizeof *p * (size_t)c->n_seqs);
     size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), bytes = 0;
     void *msg = NULL;
-    if (!p || !lens) rc = out_of_memory(c);
-    for (int i = 0; !rc && i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(c->builder, i, &lens[i]);
+    int rc = p && lens ? VKS_OK : out_of_memory(c);
+    for (int i = 0; !rc && i < c->n_seqs; i++) p[i] = vks_toploc_builder_proofs(b, i, &lens[i]);
     if (!rc) msg = vks_msg_pack_proofs(p, lens, (uint32_t)c->n_seqs, &bytes);
     if (!rc && (!msg || bytes > INT_MAX)) rc = fail(c, VKS_ERR_NOMEM, "cannot pack the proofs");
     if (!rc) {
         MPI_Request req;
-        MPI_Isend(msg, (int)bytes, MPI_BYTE, 0, VKS_TAG_PROOFS, c->comm, &req);
-        rc = wait_for(c, &req, 0, "sending the TOPLOC proofs");
+        MPI_Isend(msg, (int)bytes, MPI_BYTE, 0, tag, c->comm, &req);
+        rc = wait_for(c, &req, 0, what);
         if (rc) msg = NULL; /* still MPI's: the caller ends the job */
     }
     free(msg);
     free(p);
     free(lens);
     return rc;
+}
+
+static int send_proofs(pipe_ctx *c) {
+    return send_builder_proofs(c, c->builder, VKS_TAG_PROOFS, "sending the TOPLOC proofs");
 }
 
 static int unpack_proofs(pipe_ctx *c, const uint8_t *msg, int bytes, size_t max_one, size_t *lens, size_t *offs) {
@@ -348,7 +365,82 @@ static int receive_proofs(pipe_ctx *c, const MPI_Status *st) {
     free(msg); free(lens); free(offs);
     if (rc) return rc;
     c->awaiting_proofs = false;
-    c->finished = !c->awaiting_logp;
+    update_finished(c);
+    return VKS_OK;
+}
+
+/* ---------------- stage commitments (stages 0..S-2 -> rank 0) ---------------- */
+
+static bool stage_proofs_on(const vks_pipeline_options *o, int size) { return o->toploc && o->stage_proofs && size > 1; }
+
+/* Rank 0: every sequence gets one (empty) entry per stage that hands on. */
+static int prepare_stage_entries(pipe_ctx *c) {
+    if (!(c->stage_got = calloc((size_t)c->size, sizeof *c->stage_got))) return out_of_memory(c);
+    for (int i = 0; i < c->n_prompts; i++) {
+        vks_sequence *q = &c->prompts[i];
+        vks_stage_proofs_free(q->stage_proofs, q->n_stage_proofs);
+        q->n_stage_proofs = 0;
+        if (!(q->stage_proofs = calloc((size_t)c->size - 1, sizeof *q->stage_proofs))) return out_of_memory(c);
+        q->n_stage_proofs = c->size - 1;
+        for (int s = 0; s < c->size - 1; s++)
+            q->stage_proofs[s] = (vks_stage_proof){.rank = c->o->stage_ranks ? c->o->stage_ranks[s] : s,
+                                                   .layer_begin = c->o->first[s], .layer_end = c->o->first[s + 1]};
+    }
+    return VKS_OK;
+}
+
+static int set_stage_proof(pipe_ctx *c, int stage, int i, const uint8_t *p, size_t len) {
+    vks_stage_proof *sp = &c->prompts[i].stage_proofs[stage];
+    return set_bytes(c, &sp->proofs, &sp->proof_bytes, p, len);
+}
+
+/* Rank 0: stage `stage`'s commitments, from its own builder (msg NULL) or a
+ * checked message. */
+static int take_stage_proofs(pipe_ctx *c, int stage, const uint8_t *msg, int bytes) {
+    size_t max_one = vks_toploc_proof_size((size_t)c->o->sched.steps + 1);
+    size_t *lens = malloc(sizeof *lens * (size_t)c->n_seqs), *offs = malloc(sizeof *offs * (size_t)c->n_seqs);
+    int rc = lens && offs ? VKS_OK : out_of_memory(c);
+    if (!rc && !msg && vks_toploc_builder_finish(c->stage_builder)) rc = fail(c, VKS_ERR_NOMEM, vks_last_error());
+    char err[256], buf[320];
+    if (!rc && msg &&
+        vks_msg_check_proofs(msg, (size_t)bytes, (uint32_t)c->n_seqs, VKS_TOPLOC_PROOF_BYTES, max_one, lens, offs, err,
+                             sizeof err)) {
+        snprintf(buf, sizeof buf, "bad stage commitments from rank %d: %s", stage, err);
+        rc = fail(c, VKS_ERR_FORMAT, buf);
+    }
+    for (int i = 0; !rc && i < c->n_seqs; i++) {
+        size_t len = 0;
+        const uint8_t *p = msg ? msg + offs[i] : vks_toploc_builder_proofs(c->stage_builder, i, &len);
+        rc = set_stage_proof(c, stage, i, p, msg ? lens[i] : len);
+    }
+    free(lens);
+    free(offs);
+    return rc;
+}
+
+/* A middle stage, after DONE: its commitments to rank 0. */
+static int send_stage_proofs(pipe_ctx *c) {
+    return send_builder_proofs(c, c->stage_builder, VKS_TAG_STAGE_PROOFS, "sending the stage commitments");
+}
+
+static int receive_stage_proofs(pipe_ctx *c, const MPI_Status *st) {
+    int from = st->MPI_SOURCE;
+    if (from < 1 || from > c->size - 2 || !c->awaiting_stage_proofs || c->stage_got[from])
+        return fail_rank(c, VKS_ERR_FORMAT, "sent stage commitments but is not a middle stage, or none were due", from);
+    int bytes;
+    MPI_Get_count(st, MPI_BYTE, &bytes);
+    size_t max = sizeof(vks_msg_header) + (4 + vks_toploc_proof_size((size_t)c->o->sched.steps + 1)) * (size_t)c->n_seqs;
+    if (bytes < 0 || (size_t)bytes > max)
+        return fail_rank(c, VKS_ERR_FORMAT, "sent a stage commitment message larger than the job allows", from);
+    uint8_t *msg = malloc((size_t)bytes + 1);
+    int rc = !msg ? out_of_memory(c) : recv_probed(c, msg, bytes, st, "receiving the stage commitments");
+    if (rc == VKS_ERR_TIMEOUT) msg = NULL; /* still MPI's: the caller ends the job */
+    if (!rc) rc = take_stage_proofs(c, from, msg, bytes);
+    free(msg);
+    if (rc) return rc;
+    c->stage_got[from] = true;
+    c->awaiting_stage_proofs--;
+    update_finished(c);
     return VKS_OK;
 }
 
@@ -368,9 +460,14 @@ static int broadcast_done(pipe_ctx *c) {
         int rc = apply_logp(c, c->logp_by_pos);
         if (rc) return rc;
     }
+    if (c->stage_builder) { /* rank 0's own commitments */
+        int rc = take_stage_proofs(c, 0, NULL, 0);
+        if (rc) return rc;
+    }
     c->awaiting_proofs = c->o->toploc && c->size > 1;
     c->awaiting_logp = c->o->record_logp && c->size > 1;
-    c->finished = !c->awaiting_proofs && !c->awaiting_logp;
+    c->awaiting_stage_proofs = c->stage_builder ? c->size - 2 : 0;
+    update_finished(c);
     return VKS_OK;
 }
 
@@ -455,6 +552,7 @@ static int handle_control_message(pipe_ctx *c, const MPI_Status *st) {
         return fail_rank(c, VKS_ERR_FORMAT, "sent a stop message but is not rank 0", st->MPI_SOURCE);
     if (c->logp_by_pos && (rc = send_logp(c))) return rc; /* before the proofs: rank 0 takes both */
     if (c->builder && (rc = send_proofs(c))) return rc;
+    if (c->stage_builder && (rc = send_stage_proofs(c))) return rc;
     c->finished = true;
     return VKS_OK;
 }
@@ -468,6 +566,7 @@ static int poll_messages(pipe_ctx *c) {
     if (st.MPI_TAG == VKS_TAG_HEARTBEAT || st.MPI_TAG == VKS_TAG_DONE) rc = handle_control_message(c, &st);
     else if (st.MPI_TAG == VKS_TAG_PROOFS && c->rank == 0) rc = receive_proofs(c, &st);
     else if (st.MPI_TAG == VKS_TAG_LOGP && c->rank == 0) rc = receive_logp(c, &st);
+    else if (st.MPI_TAG == VKS_TAG_STAGE_PROOFS && c->rank == 0) rc = receive_stage_proofs(c, &st);
     else if (st.MPI_TAG < VKS_TAG_MB || st.MPI_TAG >= VKS_TAG_MB + c->o->micro_batches)
         rc = fail_rank(c, VKS_ERR_FORMAT, "sent a message with an unknown tag or micro-batch id", st.MPI_SOURCE);
     else rc = handle_stage_message(c, &st);
@@ -508,6 +607,9 @@ vks_engine_options vks_pipeline_engine_options(const vks_pipeline_options *o, in
     eo.layer_begin = o->first[rank], eo.layer_end = o->first[rank + 1];
     eo.max_rows = o->chunk > o->batch ? o->chunk : o->batch, eo.max_out_rows = o->batch;
     eo.n_slots = o->micro_batches * o->batch, eo.kv_len = o->sched.steps;
+#ifdef VKS_TEST_FAULTS
+    vks_test_fault_engine(&eo, rank);
+#endif
     return eo;
 }
 
@@ -605,7 +707,8 @@ static int run_once(pipe_ctx *c) {
     if (got < 0) return got;
     int done = poll_worker(c);
     if (done < 0) return done;
-    if (c->rank == 0 && !c->finished && !c->awaiting_proofs && !c->awaiting_logp && all_done(c)) {
+    if (c->rank == 0 && !c->finished && !c->awaiting_proofs && !c->awaiting_logp && !c->awaiting_stage_proofs &&
+        all_done(c)) {
         int rc = broadcast_done(c);
         if (rc) return rc;
     }
@@ -650,6 +753,8 @@ static void destroy(pipe_ctx *c, bool worker_started) {
         free(o);
     }
     vks_toploc_builder_destroy(c->builder);
+    vks_toploc_builder_destroy(c->stage_builder);
+    free(c->stage_got);
     free(c->logp_by_pos);
     free(c->logits);
     if (c->rank == 0) teardown_rank0(c);
@@ -670,10 +775,19 @@ static int prepare(pipe_ctx *c, const vks_model *m, vks_sequence *prompts, int n
     if (vks_worker_start(&c->worker, c->engine, &o->sched, o->wire, c->rank == 0, c->rank == c->size - 1))
         return fail(c, VKS_ERR_NOMEM, vks_last_error());
     *worker_started = true;
+#ifdef VKS_TEST_FAULTS
+    c->worker.fault = vks_test_fault(c->rank), c->worker.fault_rng = 0x9E3779B97F4A7C15ull;
+    c->worker.fault_one_layer = o->first[c->rank + 1] - o->first[c->rank] == 1;
+#endif
     int rc = c->rank == 0 ? setup_rank0(c, prompts, n_prompts) : VKS_OK;
     if (!rc && o->toploc && c->rank == c->size - 1) {
         if (vks_toploc_builder_create(n_prompts, m->cfg.dim, &c->builder)) return fail(c, VKS_ERR_NOMEM, vks_last_error());
         c->worker.builder = c->builder; /* the worker is idle until the first job */
+    }
+    if (!rc && stage_proofs_on(o, c->size) && c->rank < c->size - 1) {
+        if (vks_toploc_builder_create(n_prompts, m->cfg.dim, &c->stage_builder)) return fail(c, VKS_ERR_NOMEM, vks_last_error());
+        c->worker.stage_builder = c->stage_builder;
+        if (c->rank == 0) rc = prepare_stage_entries(c);
     }
     if (!rc && o->record_logp && c->rank == c->size - 1) {
         size_t n = (size_t)n_prompts * (size_t)o->sched.steps;
@@ -711,6 +825,9 @@ int vks_pipeline_run(MPI_Comm comm, vks_gpu *g, const vks_model *m, const vks_pi
         rc = run_loop(&c);
     }
     if (worker_started) vks_worker_stop(&c.worker);
+    stats->commit_s = c.worker.commit_s; /* the worker thread has been joined */
+    if (c.stage_builder && vks_toploc_builder_finish(c.stage_builder) == VKS_OK) /* already finished on success */
+        stats->commit_build_s = vks_toploc_builder_busy_s(c.stage_builder);
     worker_started = false;
     stats->wall_s = MPI_Wtime() - t0;
     if (!rc) rc = sync_ranks(&c, VKS_TAG_FINISH, "finishing the job");

@@ -1,5 +1,6 @@
 /* GPU worker thread of a pipeline rank (see pipeline_worker.h). */
 #include "pipeline_worker.h"
+#include "pipeline_fault.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,24 @@ static void record_logp(vks_worker *w, const vks_forward_batch *b, const vks_row
     }
 }
 
+/* Stage commitment: the output rows at the sampling positions, as the next
+ * stage receives them (f16 on an f16 wire). */
+static int commit_sent_rows(vks_worker *w, const vks_row_meta *meta, const uint32_t *out_rows, uint32_t n_out,
+                            uint32_t dim) {
+    double t0 = vks_seconds_now();
+    int rc = VKS_OK;
+    for (uint32_t i = 0; rc == VKS_OK && i < n_out; i++) {
+        const float *row = w->x_out + (size_t)out_rows[i] * dim;
+        if (w->wire == VKS_WIRE_F16) {
+            for (uint32_t k = 0; k < dim; k++) w->hidden[k] = vks_f16_to_f32(vks_f32_to_f16(row[k]));
+            row = w->hidden;
+        }
+        rc = vks_toploc_builder_push(w->stage_builder, (int)meta[out_rows[i]].seq, row);
+    }
+    w->commit_s += vks_seconds_now() - t0;
+    return rc;
+}
+
 static int run_job(vks_worker *w, vks_job *j) {
     uint32_t dim = (uint32_t)vks_engine_config(w->engine)->dim;
     vks_forward_batch b = {0};
@@ -118,9 +137,15 @@ static int run_job(vks_worker *w, vks_job *j) {
         b.x_out = w->x_out;
     }
     int rc = vks_engine_forward(w->engine, &b);
+#ifdef VKS_TEST_FAULTS
+    if (rc == VKS_OK && !w->last_stage)
+        vks_test_fault_output(w->fault, w->x_out, w->first_stage ? NULL : w->x_in, (size_t)b.n_rows * dim,
+                              w->fault_one_layer, &w->fault_rng);
+#endif
     for (uint32_t i = 0; rc == VKS_OK && b.hidden && i < n_out; i++)
         rc = vks_toploc_builder_push(w->builder, (int)row_meta[out_rows[i]].seq, w->hidden + (size_t)i * dim);
     if (rc == VKS_OK && b.logits) record_logp(w, &b, row_meta, out_rows, n_out);
+    if (rc == VKS_OK && w->stage_builder && !w->last_stage) rc = commit_sent_rows(w, row_meta, out_rows, n_out, dim);
     if (rc == VKS_OK)
         rc = w->last_stage ? pack_tokens(w, j, n_out) : pack_act(w, j, &b, n_out, row_meta, out_rows, dim);
     free(meta);

@@ -28,6 +28,13 @@ typedef struct {
     int wire;
     bool first_stage, last_stage;
     vks_toploc_builder *builder; /* last stage with TOPLOC: committed rows go here */
+    vks_toploc_builder *stage_builder; /* other stages with stage proofs: the sampling rows they send */
+    double commit_s;             /* time spent handing rows to stage_builder (this thread) */
+#ifdef VKS_TEST_FAULTS
+    int fault;                   /* pipeline_fault.h: this stage cheats (test builds only) */
+    uint64_t fault_rng;
+    bool fault_one_layer;        /* the stage holds one layer */
+#endif
     float *logp_by_pos;          /* last stage recording log-probabilities: [seqs, steps], else NULL */
     int logp_seqs, logp_steps;
     float *logits;               /* with logp_by_pos: the sampling rows' logits */

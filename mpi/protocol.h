@@ -10,6 +10,8 @@
  *   LOGP   stage S-1 -> 0   header (n_out = sequences, n_rows = steps), f32 [n_out, n_rows]: the
  *                           log-probability of the token sampled from each sequence's position
  *                           (NaN where none was), sent before PROOFS
+ *   PROOFS stage s -> 0      (0 < s < S-1, tag VKS_TAG_STAGE_PROOFS) the same layout: stage s's
+ *                           commitments of the activations it handed on (vks_pipeline_options.stage_proofs)
  *   HELLO  start-up check   header + vks_hello
  * MPI tags: VKS_TAG_MB + micro-batch id for ACT and TOKENS; fixed tags below. */
 #ifndef VKS_PROTOCOL_H
@@ -20,7 +22,7 @@
 
 #define VKS_MSG_MAGIC 0x504b5356u /* "VSKP" */
 enum { VKS_MSG_ACT = 1, VKS_MSG_TOKENS = 2, VKS_MSG_DONE = 3, VKS_MSG_HEARTBEAT = 4, VKS_MSG_PROOFS = 5, VKS_MSG_LOGP = 6 };
-enum { VKS_TAG_DONE = 1, VKS_TAG_HEARTBEAT = 2, VKS_TAG_PROOFS = 3, VKS_TAG_LOGP = 4, VKS_TAG_MB = 1000 };
+enum { VKS_TAG_DONE = 1, VKS_TAG_HEARTBEAT = 2, VKS_TAG_PROOFS = 3, VKS_TAG_LOGP = 4, VKS_TAG_STAGE_PROOFS = 5, VKS_TAG_MB = 1000 };
 /* the start-up and finish tags and the wire types are public: vkswarm/vks_pipeline.h */
 
 typedef struct {

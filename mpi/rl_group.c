@@ -117,11 +117,12 @@ static vks_pipeline_options pipe_options(const vks_rl_pipe_group *g, const vks_s
     int most = c->prompts_per_step * c->group_size;
     int K = most >= 2 ? 2 : 1; /* two micro-batches: one stage computes while the other's rows travel */
     /* f32 weights and math, f32 on the wire: the tokens, proofs and log-probabilities are one rank's
-     * (verifiers recompute in f32; the trainer compares the log-probabilities) */
+     * (verifiers recompute in f32; the trainer compares the log-probabilities). Every stage but the
+     * last commits what it hands on, named by its world rank, so that a verifier names a cheating stage. */
     return (vks_pipeline_options){.micro_batches = K, .batch = (most + K - 1) / K, .chunk = 256, .sched = *sp,
                                   .wire = VKS_WIRE_F32, .timeout_s = g->mo->timeout_s, .first = g->first,
                                   .engine = {.dtype = VKS_DTYPE_F32, .f32_math = true}, .toploc = toploc,
-                                  .record_logp = true};
+                                  .record_logp = true, .stage_proofs = toploc, .stage_ranks = g->ranks};
 }
 
 /* This stage's engine for the policy of step `step`, made once per policy

@@ -19,7 +19,10 @@ size_t vks_rl_wire_max_groups_bytes(const vks_rl_config *c, int seq_len) {
  * (a few hundred bytes per 32 positions, in hex) and the fields: far above
  * what a real file holds, far below a worrying allocation. */
 size_t vks_rl_wire_max_rollout_bytes(const vks_rl_config *c, int seq_len) {
-    return 65536 + (size_t)c->prompts_per_step * (size_t)c->group_size * (65536 + 64 * (size_t)seq_len);
+    size_t stages = 1; /* a pipeline group's stage commitments: base64 of 258 bytes per 32 positions each */
+    for (int i = 0; i < c->n_groups; i++) stages = (size_t)c->groups[i].n > stages ? (size_t)c->groups[i].n : stages;
+    return 65536 + (size_t)c->prompts_per_step * (size_t)c->group_size *
+                       (65536 + (64 + 16 * (stages - 1)) * (size_t)seq_len);
 }
 
 void *vks_rl_wire_pack_groups(const vks_rl_batch_group *groups, int P, int64_t batch, int64_t step,

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "vkswarm/vks_cpu.h"
 #include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_sched.h"
@@ -956,6 +957,228 @@ static void test_malformed_proofs_rejected(void **state) {
     free_samples(s, 5);
 }
 
+/* ---------------- stage commitments (issue 27) ---------------- */
+
+/* Round trip of "stage_proofs", and a sample without them is written exactly as before. */
+static void test_stage_proofs_roundtrip(void **state) {
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    int32_t prompt[] = {1, 7}, out[] = {5, 2};
+    uint8_t p0[VKS_TOPLOC_PROOF_BYTES], p1[VKS_TOPLOC_PROOF_BYTES];
+    for (int i = 0; i < VKS_TOPLOC_PROOF_BYTES; i++) p0[i] = (uint8_t)(i * 37), p1[i] = (uint8_t)(i * 11 + 3);
+    vks_stage_proof sp[2] = {{.rank = 0, .layer_begin = 0, .layer_end = 2, .proofs = p0, .proof_bytes = sizeof p0},
+                             {.rank = 7, .layer_begin = 2, .layer_end = 3, .proofs = p1, .proof_bytes = sizeof p1}};
+    vks_rollout_sample s = {.id = "x", .prompt_ids = prompt, .n_prompt = 2, .output_ids = out, .n_output = 2,
+                            .seed = 3, .max_steps = 8, .proofs = p0, .proof_bytes = sizeof p0};
+    vks_rollout_header h = make_header();
+    assert_int_equal(vks_rollout_write_header(f, &h), VKS_OK);
+    assert_int_equal(vks_rollout_write_sample(f, &s), VKS_OK);
+    fflush(f);
+    assert_null(strstr(buf, "stage_proofs")); /* files without them stay as they were */
+    s.stage_proofs = sp, s.n_stage_proofs = 2;
+    assert_int_equal(vks_rollout_write_sample(f, &s), VKS_OK);
+    fclose(f);
+    vks_rollout_file rf;
+    assert_int_equal(vks_rollout_read_mem(buf, len, "mem", &rf), VKS_OK);
+    assert_int_equal(rf.n_samples, 2);
+    assert_int_equal(rf.samples[0].n_stage_proofs, 0);
+    assert_null(rf.samples[0].stage_proofs);
+    const vks_rollout_sample *r = &rf.samples[1];
+    assert_int_equal(r->n_stage_proofs, 2);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(r->stage_proofs[k].rank, sp[k].rank);
+        assert_int_equal(r->stage_proofs[k].layer_begin, sp[k].layer_begin);
+        assert_int_equal(r->stage_proofs[k].layer_end, sp[k].layer_end);
+        assert_int_equal(r->stage_proofs[k].proof_bytes, VKS_TOPLOC_PROOF_BYTES);
+        assert_memory_equal(r->stage_proofs[k].proofs, sp[k].proofs, VKS_TOPLOC_PROOF_BYTES);
+    }
+    vks_stage_proof *copy;
+    assert_int_equal(vks_stage_proofs_copy(r->stage_proofs, 2, &copy), VKS_OK);
+    assert_memory_equal(copy[1].proofs, p1, sizeof p1);
+    vks_stage_proofs_free(copy, 2);
+    vks_rollout_file_free(&rf);
+    free(buf);
+}
+
+/* "stage_proofs" is hostile input: counts, ranks, layer ranges, types and base64 are bounded. */
+static void test_stage_proofs_malformed(void **state) {
+    (void)state;
+    char hex[65];
+    vks_hash_hex(stories_hash, hex);
+    char head[1024];
+    snprintf(head, sizeof head,
+             "{\"format\":\"vkswarm-rollouts\",\"version\":1,\"model\":\"m\",\"model_hash\":\"%s\",\"stop_ids\":[1,2]}\n"
+             "{\"id\":\"x\",\"prompt_ids\":[1],\"output_ids\":[2],\"seed\":1,\"seq\":0,\"temperature\":1,\"top_k\":0,"
+             "\"top_p\":0.9,\"max_steps\":8,\"model_hash\":\"%s\",\"proofs\":\"\",\"stage_proofs\":", hex, hex);
+    char many[8192] = "[";
+    for (int i = 0; i <= VKS_ROLLOUT_MAX_STAGES; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%s{\"rank\":0,\"layers\":[0,1],\"proofs\":\"\"}",
+                 i ? "," : "");
+    strcat(many, "]");
+    struct { const char *value, *want; } cases[] = {
+        {"{}", "not an array"},
+        {"[7]", "not an object"},
+        {many, "entries (at most 64)"},
+        {"[{\"rank\":-1,\"layers\":[0,1],\"proofs\":\"\"}]", "\"rank\" = -1 outside"},
+        {"[{\"rank\":16777217,\"layers\":[0,1],\"proofs\":\"\"}]", "outside"},
+        {"[{\"rank\":\"1\",\"layers\":[0,1],\"proofs\":\"\"}]", "not an integer"},
+        {"[{\"layers\":[0,1],\"proofs\":\"\"}]", "missing field \"rank\""},
+        {"[{\"rank\":1,\"proofs\":\"\"}]", "\"layers\" is not [first, end]"},
+        {"[{\"rank\":1,\"layers\":[0],\"proofs\":\"\"}]", "\"layers\" is not [first, end]"},
+        {"[{\"rank\":1,\"layers\":[0,1,2],\"proofs\":\"\"}]", "\"layers\" is not [first, end]"},
+        {"[{\"rank\":1,\"layers\":[\"0\",1],\"proofs\":\"\"}]", "\"layers\" is not [first, end]"},
+        {"[{\"rank\":1,\"layers\":[2,2],\"proofs\":\"\"}]", "is not a range"},
+        {"[{\"rank\":1,\"layers\":[-1,2],\"proofs\":\"\"}]", "is not a range"},
+        {"[{\"rank\":1,\"layers\":[0,65537],\"proofs\":\"\"}]", "is not a range"},
+        {"[{\"rank\":1,\"layers\":[0,1]}]", "missing field \"proofs\""},
+        {"[{\"rank\":1,\"layers\":[0,1],\"proofs\":\"AAA*\"}]", "base64"},
+        {"[{\"rank\":1,\"layers\":[0,1],\"proofs\":[]}]", "base64"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char file[16384];
+        snprintf(file, sizeof file, "%s%s}\n", head, cases[i].value);
+        vks_rollout_file rf;
+        int rc = vks_rollout_read_mem(file, strlen(file), "f.jsonl", &rf);
+        if (rc != VKS_ERR_FORMAT || !strstr(vks_last_error(), cases[i].want))
+            fprintf(stderr, "case %zu: rc %d, '%s' (want '%s')\n", i, rc, vks_last_error(), cases[i].want);
+        assert_int_equal(rc, VKS_ERR_FORMAT);
+        assert_non_null(strstr(vks_last_error(), cases[i].want));
+        assert_non_null(strstr(vks_last_error(), "f.jsonl:2:"));
+    }
+    char file[16384];
+    vks_rollout_file rf;
+    snprintf(file, sizeof file, "%s[]}\n", head); /* an empty list: none */
+    assert_int_equal(vks_rollout_read_mem(file, strlen(file), "f", &rf), VKS_OK);
+    assert_int_equal(rf.samples[0].n_stage_proofs, 0);
+    vks_rollout_file_free(&rf);
+}
+
+/* How a test stage commits: honestly, or cheating. */
+enum { COMMIT_HONEST, COMMIT_PERTURB, COMMIT_SKIP_LAYER };
+
+/* Three stages over stories260K's 5 layers: [0,2) rank 0, [2,3) rank 1, the last [3,5).
+ * Each sample gets the stage commitments of the residual stream the CPU forward computes
+ * (vks_cpu_prefill_taps); stage `cheat_stage` commits `how` instead. */
+static void add_stage_proofs(vks_rollout_sample *s, int n, int cheat_stage, int how) {
+    const vks_model_config *c = &stories->cfg;
+    vks_cpu *cpu;
+    assert_int_equal(vks_cpu_create(stories, NULL, &cpu), VKS_OK);
+    const int ends[2] = {2, 3}, ranks[2] = {0, 1};
+    const int layers[3] = {2, 3, 1}; /* the taps: both boundaries, and layer 1 for a stage 0 that skips layer 1 */
+    uint64_t rng = 99;
+    for (int i = 0; i < n; i++) {
+        int L = s[i].n_prompt + s[i].n_output - 1, n_out = s[i].n_output;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)L);
+        memcpy(ids, s[i].prompt_ids, sizeof(int32_t) * (size_t)s[i].n_prompt);
+        memcpy(ids + s[i].n_prompt, s[i].output_ids, sizeof(int32_t) * (size_t)(n_out - 1));
+        int *out_rows = malloc(sizeof(int) * (size_t)n_out);
+        for (int t = 0; t < n_out; t++) out_rows[t] = s[i].n_prompt - 1 + t;
+        float *logits = malloc(sizeof(float) * (size_t)n_out * (size_t)c->vocab_size);
+        float *taps = malloc(sizeof(float) * 3 * (size_t)n_out * (size_t)c->dim);
+        vks_layer_taps lt = {.n = 3, .layers = layers, .out = taps};
+        assert_int_equal(vks_cpu_prefill_taps(cpu, ids, &L, 1, out_rows, n_out, logits, NULL, &lt), VKS_OK);
+        s[i].stage_proofs = calloc(2, sizeof *s[i].stage_proofs);
+        s[i].n_stage_proofs = 2;
+        for (int k = 0; k < 2; k++) {
+            float *rows = taps + (size_t)k * (size_t)n_out * (size_t)c->dim;
+            if (k == cheat_stage && how == COMMIT_SKIP_LAYER) rows = taps + 2 * (size_t)n_out * (size_t)c->dim;
+            if (k == cheat_stage && how == COMMIT_PERTURB)
+                for (size_t e = 0; e < (size_t)n_out * (size_t)c->dim; e++)
+                    rows[e] *= 1.0f + 0.01f * ((float)(rng_next(&rng) % 2001) / 1000.0f - 1.0f);
+            vks_stage_proof *p = &s[i].stage_proofs[k];
+            *p = (vks_stage_proof){.rank = ranks[k], .layer_begin = k ? ends[k - 1] : 0, .layer_end = ends[k],
+                                   .proof_bytes = vks_toploc_proof_size((size_t)n_out)};
+            p->proofs = malloc(p->proof_bytes);
+            assert_int_equal(vks_toploc_build(rows, n_out, c->dim, p->proofs), VKS_OK);
+        }
+        free(ids), free(out_rows), free(logits), free(taps);
+    }
+    vks_cpu_destroy(cpu);
+}
+
+/* Verdicts of n samples on the fast CPU forward, the reference forward or the GPU. */
+static void verify_all(const vks_rollout_sample *s, int n, const vks_verify_options *o, int path, vks_verdict *v) {
+    if (path == 2) {
+        vks_engine_options eo = {.n_slots = 1, .kv_len = 1, .max_rows = 256, .max_out_rows = 256, .f32_math = true};
+        vks_engine *e;
+        assert_int_equal(vks_engine_create(gpu, stories, &eo, &e), VKS_OK);
+        assert_int_equal(vks_verify_batch(e, o, s, n, v), VKS_OK);
+        vks_engine_destroy(e);
+    } else {
+        vks_verify_options oc = *o;
+        oc.cpu_reference = path == 1;
+        assert_int_equal(vks_verify_batch_cpu(stories, &oc, s, n, v), VKS_OK);
+    }
+}
+
+/* Every sample's verdict contains want (NULL: every sample accepted). */
+static void expect_verdicts(const vks_rollout_sample *s, int n, const vks_verify_options *o, const char *want,
+                            const char *what) {
+    static const char *paths[] = {"CPU", "reference", "GPU"};
+    vks_verdict *v = calloc((size_t)n, sizeof *v);
+    for (int path = 0; path < 3; path++) {
+        int n_ref = path == 1 ? (n < 4 ? n : 4) : n; /* the float64 reference is slow */
+        verify_all(s, n_ref, o, path, v);
+        int hits = 0;
+        for (int i = 0; i < n_ref; i++) {
+            bool hit = want ? !v[i].accepted && strstr(v[i].reason, want) : v[i].accepted;
+            if (!hit) fprintf(stderr, "  %s, %s verifier: %s: %s\n", what, paths[path], s[i].id, v[i].reason);
+            hits += hit;
+        }
+        fprintf(stderr, "stage commitments: %-34s %3d of %d as expected (%s verifier)\n", what, hits, n_ref, paths[path]);
+        assert_int_equal(hits, n_ref);
+    }
+    free(v);
+}
+
+static void test_stage_proofs_verify(void **state) {
+    (void)state;
+    if (!stories) skip();
+    int n = n_samples < 48 ? n_samples : 48;
+    vks_verify_options o = verify_opts(), so = strict_opts();
+    vks_rollout_sample *s = copy_samples(honest_samples(), n);
+    add_stage_proofs(s, n, -1, COMMIT_HONEST);
+    expect_verdicts(s, n, &so, NULL, "honest (strict)");
+    free_samples(s, n);
+    /* stage 0 skipped layer 1 (it handed on layer 0's output) */
+    s = copy_samples(honest_samples(), n);
+    add_stage_proofs(s, n, 0, COMMIT_SKIP_LAYER);
+    expect_verdicts(s, n, &o, "stage 0 (rank 0, layers [0,2)): TOPLOC chunk", "stage 0 skipped layer 1");
+    free_samples(s, n);
+    s = copy_samples(honest_samples(), n);
+    add_stage_proofs(s, n, 1, COMMIT_PERTURB);
+    expect_verdicts(s, n, &so, "stage 1 (rank 1, layers [2,3)): TOPLOC chunk", "stage 1 perturbed 1% (strict)");
+    free_samples(s, n);
+    /* the stages pass and the final proofs fail: the last stage is named by its layers */
+    s = copy_samples(honest_samples(), n);
+    add_stage_proofs(s, n, -1, COMMIT_HONEST);
+    for (int k = 0; k < n; k++)
+        for (size_t i = 0; i < s[k].proof_bytes; i++) s[k].proofs[i] = (uint8_t)(i * 131 + 7);
+    expect_verdicts(s, n, &o, "last stage (layers [3,5)): TOPLOC chunk 0", "final proofs of random bytes");
+    free_samples(s, n);
+    /* structure: ranges that do not tile the model from layer 0, or end at its last layer; sizes */
+    s = copy_samples(honest_samples(), 4);
+    add_stage_proofs(s, 4, -1, COMMIT_HONEST);
+    s[0].stage_proofs[0].layer_begin = 1;
+    s[1].stage_proofs[1].layer_begin = 3;
+    s[2].stage_proofs[1].layer_end = stories->cfg.n_layers;
+    s[3].stage_proofs[1].proof_bytes -= VKS_TOPLOC_PROOF_BYTES / 2;
+    vks_verdict v[4];
+    assert_int_equal(vks_verify_batch_cpu(stories, &o, s, 4, v), VKS_OK);
+    const char *want[] = {"stage 0 (rank 0): layers [1,2) are not [0, end) with end < 5",
+                          "stage 1 (rank 1): layers [3,3) are not [2, end)", "stage 1 (rank 1): layers [2,5) are not [2, end)",
+                          "stage 1 (rank 1, layers [2,3)): proofs are"};
+    for (int i = 0; i < 4; i++) {
+        fprintf(stderr, "structure %d: %s\n", i, v[i].reason);
+        assert_false(v[i].accepted);
+        assert_non_null(strstr(v[i].reason, want[i]));
+    }
+    free_samples(s, 4);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
 /* A model whose header declares a context of 2^20 positions (valid: generate
  * runs it) with short samples: the verifier's KV cache is sized by the
  * batch's longest sample, not by batch x context (16 x 2^20 positions did
@@ -1128,6 +1351,9 @@ int main(void) {
         cmocka_unit_test(test_rollout_roundtrip),
         cmocka_unit_test(test_rollout_header_model_not_utf8),
         cmocka_unit_test(test_rollout_malformed),
+        cmocka_unit_test(test_stage_proofs_roundtrip),
+        cmocka_unit_test(test_stage_proofs_malformed),
+        cmocka_unit_test(test_stage_proofs_verify),
         cmocka_unit_test(test_malformed_proofs_rejected),
         cmocka_unit_test(test_honest_gpu_on_cpu_and_gpu),
         cmocka_unit_test(test_honest_cpu_on_gpu),

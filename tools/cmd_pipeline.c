@@ -27,7 +27,9 @@ static const char pipeline_usage[] =
     "3; it bounds every start-up step too, so each rank must load its model within it).\n"
     "--link-latency-ms / --link-mbps delay each message between stages by L plus its size over R.\n"
     "--rollouts-out FILE writes the rollout file of `generate --rollouts-out`; the last stage builds the\n"
-    "TOPLOC proofs while it samples and sends them to rank 0 at the end (--no-toploc: empty proofs).\n";
+    "TOPLOC proofs while it samples and sends them to rank 0 at the end (--no-toploc: empty proofs); every\n"
+    "other stage commits the activations it hands on at the sampling positions (\"stage_proofs\"), so that\n"
+    "verify names the first stage whose commitment fails.\n";
 
 typedef struct {
     cli_model_args m;
@@ -177,6 +179,7 @@ int cmd_pipeline(int argc, char **argv) {
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
                                .engine = a.m.engine, .toploc = a.rollouts_out && !a.no_toploc};
     po.engine.f32_math = a.rollouts_out != NULL;
+    po.stage_proofs = po.toploc; /* every stage but the last commits what it hands on */
     vks_rollout_writer *rollouts = NULL;
     if (rank == 0 && a.rollouts_out && /* no proofs made here: the last stage makes them */
         vks_rollout_writer_create(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false,
@@ -188,6 +191,10 @@ int cmd_pipeline(int argc, char **argv) {
     fprintf(stderr, "vkswarm: rank %d: layers [%d,%d), %ld steps in %.2fs, step %.2f ms, GPU busy %.0f%%, %.1f MB sent\n",
             rank, first[rank], first[rank + 1], st.steps, st.wall_s, 1e3 * st.gpu_busy_s / (st.steps ? st.steps : 1),
             100.0 * st.gpu_busy_s / (st.wall_s + 1e-9), st.bytes_sent / 1e6);
+    if (po.stage_proofs && rank < size - 1) /* what committing what this stage hands on cost it */
+        fprintf(stderr, "vkswarm: rank %d: stage commitments: %.3f ms/step on the GPU thread (%.2f%% of the step), "
+                "%.3f ms/step building proofs on their own thread\n", rank, 1e3 * st.commit_s / (st.steps ? st.steps : 1),
+                100.0 * st.commit_s / (st.gpu_busy_s + 1e-9), 1e3 * st.commit_build_s / (st.steps ? st.steps : 1));
     if (rank == 0) {
         long produced = cli_generated_tokens(seqs, n);
         fprintf(stderr, "vkswarm: %ld tokens in %.2fs (%.1f tokens/s)\n", produced, st.wall_s, produced / st.wall_s);

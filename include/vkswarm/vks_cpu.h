@@ -29,6 +29,10 @@ void vks_cpu_destroy(vks_cpu *c);
  * [n_out, vocab] and, when hidden != NULL, the final-norm rows [n_out, dim]. */
 int vks_cpu_prefill(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_seqs, const int *out_rows, int n_out,
                     float *logits, float *hidden);
+/* The same, also writing the residual-stream taps of the output rows (taps
+ * may be NULL or have n == 0: none). */
+int vks_cpu_prefill_taps(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_seqs, const int *out_rows,
+                         int n_out, float *logits, float *hidden, const vks_layer_taps *taps);
 /* Runs fn over items 0..n-1 on the context's threads (one item at a time). */
 void vks_cpu_parallel(const vks_cpu *c, int n, void (*fn)(void *ctx, int begin, int end), void *ctx);
 /* cblas_sgemm's rate in GFLOP/s on y[M,N] = x[M,K] W[N,K]^T (as the forward

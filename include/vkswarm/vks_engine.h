@@ -8,6 +8,7 @@
 #include "vks_model.h"
 #include "vks_ops.h"
 #include "vks_partition.h"
+#include "vks_rollout.h"
 #include "vks_sched.h"
 
 typedef struct {
@@ -81,6 +82,8 @@ typedef struct {
     const uint32_t *out_rows;    /* [n_out] row indices whose logits are wanted */
     float *logits;               /* [n_out, vocab] or NULL */
     float *hidden;               /* [n_out, dim] final-norm rows or NULL */
+    const vks_layer_taps *taps;  /* residual-stream taps of the output rows (vks_model.h) at boundaries
+                                    inside the engine's range, or NULL */
     const vks_gpu_sample_row *sample; /* [n_out] or NULL: sample on the GPU */
     int32_t *sampled;            /* [n_out] sampled tokens (when sample != NULL) */
     /* Stage output (engines without the head): */
@@ -118,6 +121,10 @@ typedef struct {
      * goes to all_logits[k * vocab] (all_hidden[k * dim]): the caller holds
      * every row. */
     float *all_logits, *all_hidden;
+    /* Residual-stream taps of the output rows at these layer boundaries
+     * (vks_model.h; n_taps 0: none), into the feed's own buffers. */
+    int n_taps;
+    const int *tap_layers;
 } vks_feed_options;
 
 /* The output rows of one forward, in feeding order. */
@@ -126,6 +133,7 @@ typedef struct {
     const int *seq, *pos; /* [n]: the row's sequence (index into the feed's) and position */
     const float *logits;  /* [n, vocab] */
     const float *hidden;  /* [n, dim] final-norm rows; NULL without want_hidden */
+    const float *taps;    /* [n_taps, n, dim] (vks_feed_options.n_taps); NULL without */
 } vks_feed_rows;
 
 typedef struct vks_feed vks_feed;
@@ -171,6 +179,9 @@ typedef struct {
     int32_t stop_token; /* the stop token that ended it (not in ids), or -1 */
     uint8_t *proofs;    /* TOPLOC chunk proofs when the producer made them (malloc'd), else NULL */
     size_t proof_bytes;
+    /* A pipeline's stage commitments (vks_rollout.h; malloc'd), else NULL */
+    vks_stage_proof *stage_proofs;
+    int n_stage_proofs;
     /* With record_logp (malloc'd, else NULL): logp[i] for generated id
      * n_prompt + i, then one more for the stop token when one ended it. */
     float *logp;

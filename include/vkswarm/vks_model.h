@@ -138,4 +138,14 @@ void vks_model_tiny_config(vks_model_config *c);
 /* Builds the tiny model from seed into *model and, when tok is not NULL, its
  * tokenizer into *tok (the model's bos_id/eos_id are the tokenizer's). */
 int vks_model_init_tiny(uint64_t seed, vks_model **model, struct vks_tokenizer **tok);
+/* Residual-stream taps (the stage commitments of vks_rollout.h): for t < n,
+ * the residual stream after layer layers[t] - 1, i.e. the input of layer
+ * layers[t] (1 <= layers[t] < n_layers), of output row i goes to
+ * out[(t * n_out + i) * dim], n_out being the call's output rows. */
+typedef struct {
+    int n;
+    const int *layers;
+    float *out;
+} vks_layer_taps;
+
 #endif

@@ -29,6 +29,12 @@ typedef struct {
     vks_engine_options engine; /* weight types and math: .dtype, .keep_file_dtype, .f32_math (rollouts:
                                 verifiers recompute in f32); the layer range and sizes are the pipeline's */
     bool toploc;             /* the last stage builds TOPLOC proofs and sends them to rank 0 */
+    /* With toploc: every other stage commits the activations it hands on (TOPLOC
+     * chunk proofs of its output rows at the sampling positions, as sent), and
+     * rank 0's sequences get them in vks_sequence.stage_proofs, one per stage
+     * 0..S-2, named stage_ranks[s] (NULL: the stage's rank in comm). */
+    bool stage_proofs;
+    const int *stage_ranks;
     /* This rank's engine, made by the caller with vks_pipeline_engine_options
      * (or larger sizes) and kept across runs (weights and pipelines are not
      * made again per run); NULL: the run makes its own and destroys it. */
@@ -41,6 +47,8 @@ typedef struct {
 typedef struct {
     long steps;              /* forward passes run by this rank */
     double wall_s, gpu_busy_s;
+    double commit_s;         /* of gpu_busy_s: handing the sent rows to the stage-commitment builder */
+    double commit_build_s;   /* the stage-commitment builder thread's time making proofs */
     uint64_t bytes_sent;
     bool ended_together;     /* after an error: every rank failed at the same point (an engine could not be
                                 created), so the job can end with MPI_Finalize rather than MPI_Abort */

@@ -7,4 +7,7 @@
 /* Feeds ids[0..n-1] at positions 0..n-1 of one sequence; writes logits
  * [n, vocab] (and, when hidden != NULL, the final-norm hidden rows [n, dim]). */
 int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden);
+/* The same with residual-stream taps of every position (n_out = n; taps may be NULL). */
+int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
+                         const vks_layer_taps *taps);
 #endif

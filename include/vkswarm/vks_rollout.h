@@ -6,6 +6,12 @@
  *   {"id":STR,"prompt_ids":[..],"output_ids":[..],"seed":U64,"seq":U32,
  *    "temperature":X,"top_k":K,"top_p":P,"max_steps":N,"model_hash":HEX64,
  *    "proofs":BASE64}
+ * and, from a pipeline whose stages commit what they hand on,
+ *    "stage_proofs":[{"rank":R,"layers":[first,end],"proofs":BASE64},..]
+ * one entry per stage that hands activations on, in stage order: TOPLOC
+ * chunk proofs (vks_toploc.h) of the residual stream after layer end-1, at
+ * the sampling positions (the rows the final proofs commit), rounded to bf16
+ * as the stage sent them. Files without the field are as before.
  * output_ids includes the stop token when generation stopped on one. seq is
  * the sampler's stream index (the prompt's index in its generation batch):
  * the sampler is keyed by (seed, seq, position). max_steps counts positions,
@@ -23,7 +29,19 @@ enum {
     VKS_ROLLOUT_MAX_IDS = 1 << 20,           /* per list */
     VKS_ROLLOUT_MAX_ID_LEN = 256,            /* bytes of "id" */
     VKS_ROLLOUT_MAX_LINE = 64 << 20,         /* bytes per line */
+    VKS_ROLLOUT_MAX_STAGES = 64,             /* stage_proofs entries */
+    VKS_ROLLOUT_MAX_RANK = 1 << 24,          /* a stage's rank */
+    VKS_ROLLOUT_MAX_LAYERS = 1 << 16,        /* layer numbers in stage_proofs */
 };
+
+/* One stage's commitment of the activations it handed on: layers
+ * [layer_begin, layer_end) ran on rank `rank`. */
+typedef struct {
+    int rank;
+    int layer_begin, layer_end;
+    uint8_t *proofs;
+    size_t proof_bytes;
+} vks_stage_proof;
 
 typedef struct {
     int version;
@@ -45,6 +63,8 @@ typedef struct {
     uint8_t model_hash[32];
     uint8_t *proofs;
     size_t proof_bytes;
+    vks_stage_proof *stage_proofs; /* NULL when the file has none */
+    int n_stage_proofs;
 } vks_rollout_sample;
 
 /* Writes one JSON line (with '\n'). */
@@ -56,6 +76,9 @@ int vks_rollout_write_sample(FILE *f, const vks_rollout_sample *s);
 int vks_rollout_parse_header(const char *line, size_t len, vks_rollout_header *out);
 int vks_rollout_parse_sample(const char *line, size_t len, vks_rollout_sample *out);
 void vks_rollout_sample_free(vks_rollout_sample *s);
+/* Deep copy of n stage proofs into *out (malloc'd; NULL when n == 0), and their release. */
+int vks_stage_proofs_copy(const vks_stage_proof *src, int n, vks_stage_proof **out);
+void vks_stage_proofs_free(vks_stage_proof *p, int n);
 
 typedef struct {
     vks_rollout_header header;

@@ -93,6 +93,8 @@ int vks_toploc_builder_finish(vks_toploc_builder *b);
 const uint8_t *vks_toploc_builder_proofs(const vks_toploc_builder *b, int seq, size_t *len);
 int vks_toploc_builder_rows(const vks_toploc_builder *b, int seq);
 int vks_toploc_builder_dim(const vks_toploc_builder *b);
+/* After finish: seconds the worker thread spent building proofs. */
+double vks_toploc_builder_busy_s(const vks_toploc_builder *b);
 void vks_toploc_builder_destroy(vks_toploc_builder *b);
 
 /* ---- verification of rollout samples (src/toploc/verify.c) ----
@@ -123,7 +125,16 @@ void vks_toploc_builder_destroy(vks_toploc_builder *b);
  * prompt token can leave every committed bf16 value and every draw unchanged
  * (the rows move by less than bf16 resolution). A verifier that knows the task
  * (which prompt each sample was given) sets task_prompts: the sample with
- * stream index seq must carry exactly task_prompts[seq]. */
+ * stream index seq must carry exactly task_prompts[seq].
+ *
+ * Stage commitments (vks_rollout_sample.stage_proofs, from a pipeline): the
+ * same prefill taps the residual stream at each stage's last layer for the N
+ * committed rows, and the commitments are checked in stage order with the
+ * same thresholds before the final proofs; the first that fails is the
+ * reason ("stage K (rank R, layers [a,b)): TOPLOC chunk ..."), a failed
+ * final proof then reads "last stage (layers [b,n)): ...". Their ranges must
+ * tile the layers from 0 and end before the last one, each proof of the N
+ * rows' size (else the sample is rejected naming the entry). */
 typedef struct {
     vks_toploc_thresholds toploc;
     float logit_margin;                      /* default 1e-3 (see above) */

@@ -273,10 +273,36 @@ static int check_prefill_args(const vks_cpu *c, const int32_t *ids, const int *s
     return VKS_OK;
 }
 
+/* Copies the output rows of the residual stream into every tap at boundary `layer`. */
+static void take_taps(const vks_cpu *c, const activations *a, const vks_layer_taps *taps, int layer,
+                      const int *out_rows, int n_out) {
+    size_t dim = (size_t)c->m->cfg.dim;
+    for (int t = 0; taps && t < taps->n; t++) {
+        if (taps->layers[t] != layer) continue;
+        float *dst = taps->out + (size_t)t * (size_t)n_out * dim;
+        for (int i = 0; i < n_out; i++)
+            memcpy(dst + (size_t)i * dim, a->x + (size_t)(out_rows ? out_rows[i] : i) * dim, dim * sizeof(float));
+    }
+}
+
+static bool taps_ok(const vks_model_config *cf, const vks_layer_taps *taps) {
+    if (!taps || taps->n == 0) return true;
+    if (taps->n < 0 || !taps->layers || !taps->out) return false;
+    for (int t = 0; t < taps->n; t++)
+        if (taps->layers[t] < 1 || taps->layers[t] >= cf->n_layers) return false;
+    return true;
+}
+
 int vks_cpu_prefill(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_seqs, const int *out_rows, int n_out,
                     float *logits, float *hidden) {
+    return vks_cpu_prefill_taps(c, ids, seq_lens, n_seqs, out_rows, n_out, logits, hidden, NULL);
+}
+
+int vks_cpu_prefill_taps(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_seqs, const int *out_rows,
+                         int n_out, float *logits, float *hidden, const vks_layer_taps *taps) {
     int rows = 0, rc = check_prefill_args(c, ids, seq_lens, n_seqs, out_rows, n_out, logits, &rows);
     if (rc != VKS_OK) return rc;
+    if (!taps_ok(&c->m->cfg, taps)) return vks_set_error(VKS_ERR_ARG, "vks_cpu_prefill: bad layer taps");
     const vks_model_config *cf = &c->m->cfg;
     activations a;
     if ((rc = alloc_activations(&a, cf, seq_lens, n_seqs, rows)) != VKS_OK) return rc;
@@ -285,6 +311,7 @@ int vks_cpu_prefill(vks_cpu *c, const int32_t *ids, const int *seq_lens, int n_s
     for (int l = 0; l < cf->n_layers; l++) {
         attention_block(c, &c->m->layers[l], &a);
         ffn_block(c, &c->m->layers[l], &a);
+        take_taps(c, &a, taps, l + 1, out_rows, n_out);
     }
     if (n_out > 0) output_rows(c, &a, out_rows, n_out, logits, hidden);
     rc = atomic_load(&a.failed) ? vks_set_error(VKS_ERR_NOMEM, "vks_cpu_prefill: out of memory for attention scores")

@@ -143,6 +143,8 @@ void vks_engine_destroy(vks_engine *e) {
     free(e->kv);
     vks_param_set_free(&e->w);
     free_activations(&e->act);
+    for (int i = 0; i < e->n_tap_bufs; i++) vks_buffer_destroy(e->tap_bufs[i]);
+    free(e->tap_bufs);
     vks_ops_destroy(e->ops);
     free(e);
 }

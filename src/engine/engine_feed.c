@@ -11,6 +11,7 @@ typedef struct {
     uint32_t *slot, *pos, *out_rows; /* [max_rows], out_rows [max_out] */
     int *out_seq, *out_pos;          /* [max_out] */
     float *logits, *hidden;          /* [max_out, vocab], [max_out, dim] or NULL */
+    float *taps;                     /* [n_taps, max_out, dim] or NULL */
     vks_feed_rows rows;
 } feed_buffer;
 
@@ -28,7 +29,7 @@ struct vks_feed {
 
 static void buffer_free(feed_buffer *b) {
     free(b->tokens); free(b->slot); free(b->pos); free(b->out_rows);
-    free(b->out_seq); free(b->out_pos); free(b->logits); free(b->hidden);
+    free(b->out_seq); free(b->out_pos); free(b->logits); free(b->hidden); free(b->taps);
 }
 
 static int buffer_alloc(feed_buffer *b, const vks_feed *f) {
@@ -43,6 +44,8 @@ static int buffer_alloc(feed_buffer *b, const vks_feed *f) {
     bool own_logits = !f->opt.all_logits, own_hidden = f->opt.want_hidden && !f->opt.all_hidden;
     if (own_logits) b->logits = malloc(O * (size_t)c->vocab_size * sizeof(float));
     if (own_hidden) b->hidden = malloc(O * (size_t)c->dim * sizeof(float));
+    if (f->opt.n_taps > 0 && !(b->taps = malloc((size_t)f->opt.n_taps * O * (size_t)c->dim * sizeof(float))))
+        return vks_set_error(VKS_ERR_NOMEM, "feed: out of host memory");
     if (!b->tokens || !b->slot || !b->pos || !b->out_rows || !b->out_seq || !b->out_pos ||
         (own_logits && !b->logits) || (own_hidden && !b->hidden))
         return vks_set_error(VKS_ERR_NOMEM, "feed: out of host memory");
@@ -60,7 +63,8 @@ static bool seqs_ok(const vks_feed_seq *seqs, int n) {
 int vks_feed_create(vks_engine *e, const vks_feed_seq *seqs, int n_seqs, const vks_feed_options *opt,
                     vks_feed **out) {
     if (out) *out = NULL;
-    if (!e || !opt || !out || !seqs_ok(seqs, n_seqs) || opt->max_rows < 0 || (opt->all_hidden && !opt->want_hidden))
+    if (!e || !opt || !out || !seqs_ok(seqs, n_seqs) || opt->max_rows < 0 || (opt->all_hidden && !opt->want_hidden) ||
+        opt->n_taps < 0 || (opt->n_taps > 0 && !opt->tap_layers))
         return vks_set_error(VKS_ERR_ARG, "vks_feed_create: bad argument");
     if (!vks_engine_has_embed(e) || !vks_engine_has_head(e))
         return vks_set_error(VKS_ERR_ARG, "feeding ids needs an engine holding every layer");
@@ -131,9 +135,12 @@ int vks_feed_next(vks_feed *f, const vks_feed_rows **rows) {
                                         : b->hidden;
     vks_forward_batch fb = {.n_rows = n_rows, .tokens = b->tokens, .slot = b->slot, .pos = b->pos,
                             .n_out = b->rows.n, .out_rows = b->out_rows, .logits = logits, .hidden = hidden};
+    vks_layer_taps taps = {.n = f->opt.n_taps, .layers = f->opt.tap_layers, .out = b->taps};
+    if (taps.n > 0) fb.taps = &taps;
     int rc = vks_engine_forward(f->e, &fb);
     if (rc) return rc;
-    b->rows = (vks_feed_rows){.n = fb.n_out, .seq = b->out_seq, .pos = b->out_pos, .logits = logits, .hidden = hidden};
+    b->rows = (vks_feed_rows){.n = fb.n_out, .seq = b->out_seq, .pos = b->out_pos, .logits = logits, .hidden = hidden,
+                              .taps = taps.n > 0 ? b->taps : NULL};
     f->out_done += (size_t)fb.n_out;
     f->cur ^= 1;
     *rows = &b->rows;

@@ -2,6 +2,7 @@
  * embedding, then per layer the attention block and the FFN block (residual
  * adds fused into the output matmuls), then the head (final norm, classifier,
  * optional sampling), all recorded into one command buffer. */
+#include <stdlib.h>
 #include "engine_internal.h"
 
 static vks_binding bind(vks_buffer *b) { return (vks_binding){.buf = b}; }
@@ -85,6 +86,43 @@ static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {
     return rc;
 }
 
+/* The output rows of the residual stream into each tap at boundary `layer`. */
+static int record_taps(vks_engine *e, vks_cmd *c, const vks_forward_batch *b, int layer) {
+    for (int t = 0; b->taps && t < b->taps->n; t++) {
+        if (b->taps->layers[t] != layer) continue;
+        int rc = vks_op_gather_rows(e->ops, c, bind(e->act.x), bind(e->act.out_rows), bind(e->tap_bufs[t]),
+                                    (uint32_t)b->n_out, (uint32_t)e->cfg.dim);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+/* One device buffer per tap, made on first use and kept. */
+static int ensure_tap_buffers(vks_engine *e, const vks_layer_taps *taps) {
+    if (!taps || taps->n <= e->n_tap_bufs) return VKS_OK;
+    vks_buffer **b = realloc(e->tap_bufs, sizeof *b * (size_t)taps->n);
+    if (!b) return vks_set_error(VKS_ERR_NOMEM, "forward: out of host memory");
+    e->tap_bufs = b;
+    for (; e->n_tap_bufs < taps->n; e->n_tap_bufs++) {
+        size_t bytes = (size_t)e->opt.max_out_rows * (size_t)e->cfg.dim * 4;
+        int rc = vks_buffer_create(e->gpu, bytes, &e->tap_bufs[e->n_tap_bufs]);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static int check_taps(const vks_engine *e, const vks_forward_batch *b) {
+    const vks_layer_taps *t = b->taps;
+    if (!t || t->n == 0) return VKS_OK;
+    if (t->n < 0 || t->n > e->cfg.n_layers || !t->layers || !t->out || !e->w.has_head)
+        return vks_set_error(VKS_ERR_ARG, "forward: bad layer taps");
+    for (int i = 0; i < t->n; i++)
+        if (t->layers[i] <= e->opt.layer_begin || t->layers[i] >= e->opt.layer_end)
+            return vks_set_error(VKS_ERR_ARG, "forward: tap at layer %d is not inside the range [%d, %d)", t->layers[i],
+                                 e->opt.layer_begin, e->opt.layer_end);
+    return ensure_tap_buffers((vks_engine *)e, t);
+}
+
 static int check_batch(const vks_engine *e, const vks_forward_batch *b) {
     const vks_model_config *cf = &e->cfg;
     if (b->n_rows <= 0 || b->n_rows > e->opt.max_rows || !b->slot || !b->pos)
@@ -132,13 +170,15 @@ static int download_outputs(vks_engine *e, const vks_forward_batch *b) {
     if (b->logits) rc = vks_buffer_download(a->logits, 0, b->logits, O * (size_t)e->cfg.vocab_size * 4);
     if (!rc && b->hidden) rc = vks_buffer_download(a->xo, 0, b->hidden, O * D * 4);
     if (!rc && b->sample) rc = vks_buffer_download(a->sampled, 0, b->sampled, O * 4);
+    for (int t = 0; !rc && b->taps && t < b->taps->n; t++)
+        rc = vks_buffer_download(e->tap_bufs[t], 0, b->taps->out + (size_t)t * O * D, O * D * 4);
     return rc;
 }
 
 int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
     if (!e || !b) return vks_set_error(VKS_ERR_ARG, "vks_engine_forward: NULL argument");
     int rc = check_batch(e, b);
-    if (rc || (rc = upload_inputs(e, b))) return rc;
+    if (rc || (rc = check_taps(e, b)) || (rc = upload_inputs(e, b))) return rc;
     vks_cmd *c;
     if ((rc = vks_cmd_begin(e->gpu, &c))) return rc;
     e->matmul_kind = b->matmul_kind;
@@ -147,6 +187,7 @@ int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
     for (int i = 0; i < e->w.n_layers && rc == VKS_OK; i++) {
         rc = record_attention_block(e, c, &e->w.layers[i], &e->kv[i], R);
         if (rc == VKS_OK) rc = record_ffn_block(e, c, &e->w.layers[i], R);
+        if (rc == VKS_OK && b->n_out > 0) rc = record_taps(e, c, b, e->opt.layer_begin + i + 1);
     }
     if (rc == VKS_OK && e->w.has_head && b->n_out > 0) rc = record_head(e, c, b);
     if (rc) {

@@ -57,6 +57,8 @@ struct vks_engine {
     vks_param_set w;   /* the weights */
     dev_layer_kv *kv;  /* w.n_layers entries */
     dev_activations act;
+    vks_buffer **tap_bufs; /* residual-stream taps [max_out_rows, dim] each, made on first use */
+    int n_tap_bufs;
     uint64_t weight_bytes, device_bytes;
 };
 

@@ -132,6 +132,10 @@ void vks_sequence_free(vks_sequence *s) {
     free(s->ids);
     free(s->proofs);
     free(s->logp);
+    for (int i = 0; s->stage_proofs && i < s->n_stage_proofs; i++) free(s->stage_proofs[i].proofs);
+    free(s->stage_proofs);
+    s->stage_proofs = NULL;
+    s->n_stage_proofs = 0;
     s->ids = NULL;
     s->proofs = NULL;
     s->logp = NULL;

@@ -140,8 +140,18 @@ static int check_args(const vks_model *m, const int32_t *ids, int n, const float
 }
 
 int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden) {
+    return vks_ref_forward_taps(m, ids, n, logits, hidden, NULL);
+}
+
+int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
+                         const vks_layer_taps *taps) {
     int rc = check_args(m, ids, n, logits);
     if (rc != VKS_OK) return rc;
+    if (taps && taps->n && (taps->n < 0 || !taps->layers || !taps->out))
+        return vks_set_error(VKS_ERR_ARG, "vks_ref_forward: bad layer taps");
+    for (int t = 0; taps && t < taps->n; t++)
+        if (taps->layers[t] < 1 || taps->layers[t] >= m->cfg.n_layers)
+            return vks_set_error(VKS_ERR_ARG, "vks_ref_forward: tap at layer %d", taps->layers[t]);
     const vks_model_config *c = &m->cfg;
     fwd_buffers b;
     if ((rc = alloc_buffers(&b, c, n)) != VKS_OK) return rc;
@@ -149,6 +159,9 @@ int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits
     for (int l = 0; l < c->n_layers; l++) {
         attention_block(m, &m->layers[l], n, &b);
         ffn_block(m, &m->layers[l], n, &b);
+        for (int t = 0; taps && t < taps->n; t++)
+            if (taps->layers[t] == l + 1)
+                memcpy(taps->out + (size_t)t * (size_t)n * (size_t)c->dim, b.x, (size_t)n * (size_t)c->dim * sizeof(float));
     }
     rmsnorm_tensor(m, &m->final_norm, b.x, n, b.xb, &b);
     if (hidden) memcpy(hidden, b.xb, (size_t)n * (size_t)c->dim * sizeof(float));

@@ -120,6 +120,47 @@ static int get_base64(json_t *o, const char *name, uint8_t **out, size_t *len) {
     return VKS_OK;
 }
 
+/* One "stage_proofs" entry: rank, layer range and base64 proofs, each bounded
+ * (the layers against the model and the proofs against the output are the
+ * verifier's checks). */
+static int stage_from_json(json_t *e, size_t i, vks_stage_proof *p) {
+    if (!json_is_object(e)) return vks_set_error(VKS_ERR_FORMAT, "\"stage_proofs\"[%zu] is not an object", i);
+    long long rank = 0;
+    int rc = get_int(e, "rank", 0, VKS_ROLLOUT_MAX_RANK, &rank);
+    if (rc) return vks_error_prefix(rc, "\"stage_proofs\"[%zu]", i);
+    p->rank = (int)rank;
+    json_t *l = json_object_get(e, "layers");
+    if (!l || !json_is_array(l) || json_array_size(l) != 2 || !json_is_integer(json_array_get(l, 0)) ||
+        !json_is_integer(json_array_get(l, 1)))
+        return vks_set_error(VKS_ERR_FORMAT, "\"stage_proofs\"[%zu]: \"layers\" is not [first, end]", i);
+    long long first = json_integer_value(json_array_get(l, 0)), end = json_integer_value(json_array_get(l, 1));
+    if (first < 0 || end <= first || end > VKS_ROLLOUT_MAX_LAYERS)
+        return vks_set_error(VKS_ERR_FORMAT, "\"stage_proofs\"[%zu]: layers [%lld, %lld) is not a range within [0, %d)", i,
+                             first, end, VKS_ROLLOUT_MAX_LAYERS);
+    p->layer_begin = (int)first, p->layer_end = (int)end;
+    if ((rc = get_base64(e, "proofs", &p->proofs, &p->proof_bytes))) return vks_error_prefix(rc, "\"stage_proofs\"[%zu]", i);
+    return VKS_OK;
+}
+
+/* The optional "stage_proofs" list (absent: none). */
+static int get_stage_proofs(json_t *o, vks_rollout_sample *s) {
+    json_t *v = json_object_get(o, "stage_proofs");
+    if (!v) return VKS_OK;
+    if (!json_is_array(v)) return vks_set_error(VKS_ERR_FORMAT, "\"stage_proofs\" is not an array");
+    size_t n = json_array_size(v);
+    if (n > VKS_ROLLOUT_MAX_STAGES)
+        return vks_set_error(VKS_ERR_FORMAT, "\"stage_proofs\" has %zu entries (at most %d)", n, VKS_ROLLOUT_MAX_STAGES);
+    if (n == 0) return VKS_OK;
+    if (!(s->stage_proofs = calloc(n, sizeof *s->stage_proofs)))
+        return vks_set_error(VKS_ERR_NOMEM, "out of host memory for \"stage_proofs\"");
+    for (size_t i = 0; i < n; i++) {
+        s->n_stage_proofs = (int)i + 1; /* freed with the sample from here on */
+        int rc = stage_from_json(json_array_get(v, i), i, &s->stage_proofs[i]);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
 static json_t *parse_object(const char *line, size_t len) {
     if (!line) {
         vks_set_error(VKS_ERR_ARG, "NULL line");
@@ -239,7 +280,7 @@ static int sample_from_json(json_t *o, vks_rollout_sample *s) {
         (rc = get_int(o, "top_k", 0, 1 << 24, &top_k)) || (rc = get_float(o, "top_p", 0.0, 1.0, &s->top_p)) ||
         (rc = get_int(o, "max_steps", 1, VKS_ROLLOUT_MAX_IDS, &max_steps)) ||
         (rc = get_hash(o, "model_hash", s->model_hash)) ||
-        (rc = get_base64(o, "proofs", &s->proofs, &s->proof_bytes)))
+        (rc = get_base64(o, "proofs", &s->proofs, &s->proof_bytes)) || (rc = get_stage_proofs(o, s)))
         return rc;
     s->seq = (uint32_t)seq;
     s->top_k = (uint32_t)top_k;
@@ -271,22 +312,58 @@ static json_t *seed_json(uint64_t seed) {
     return json_string(buf);
 }
 
+static char *base64_of(const uint8_t *bytes, size_t n) {
+    size_t b64_len = sodium_base64_ENCODED_LEN(n, sodium_base64_VARIANT_ORIGINAL);
+    char *b64 = malloc(b64_len);
+    if (b64) sodium_bin2base64(b64, b64_len, bytes ? bytes : (const uint8_t *)"", n, sodium_base64_VARIANT_ORIGINAL);
+    return b64;
+}
+
+static json_t *stage_proofs_json(const vks_stage_proof *p, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) {
+        char *b64 = base64_of(p[i].proofs, p[i].proof_bytes);
+        json_t *e = b64 ? json_pack("{s:i, s:[i,i], s:s}", "rank", p[i].rank, "layers", p[i].layer_begin,
+                                    p[i].layer_end, "proofs", b64)
+                        : NULL;
+        free(b64);
+        if (!e || json_array_append_new(a, e)) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static bool stage_proofs_ok(const vks_rollout_sample *s) {
+    if (s->n_stage_proofs < 0 || s->n_stage_proofs > VKS_ROLLOUT_MAX_STAGES || (s->n_stage_proofs && !s->stage_proofs))
+        return false;
+    for (int i = 0; i < s->n_stage_proofs; i++)
+        if (s->stage_proofs[i].proof_bytes && !s->stage_proofs[i].proofs) return false;
+    return true;
+}
+
 int vks_rollout_write_sample(FILE *f, const vks_rollout_sample *s) {
-    if (!f || !s || !s->id || s->n_prompt < 0 || s->n_output < 0 || (s->proof_bytes && !s->proofs))
+    if (!f || !s || !s->id || s->n_prompt < 0 || s->n_output < 0 || (s->proof_bytes && !s->proofs) ||
+        !stage_proofs_ok(s))
         return vks_set_error(VKS_ERR_ARG, "rollout sample: bad arguments");
     char hex[65];
     vks_hash_hex(s->model_hash, hex);
-    size_t b64_len = sodium_base64_ENCODED_LEN(s->proof_bytes, sodium_base64_VARIANT_ORIGINAL);
-    char *b64 = malloc(b64_len);
+    char *b64 = base64_of(s->proofs, s->proof_bytes);
     if (!b64) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    sodium_bin2base64(b64, b64_len, s->proofs ? s->proofs : (const uint8_t *)"", s->proof_bytes,
-                      sodium_base64_VARIANT_ORIGINAL);
     json_t *o = json_pack("{s:s, s:o, s:o, s:o, s:I, s:f, s:I, s:f, s:i, s:s, s:s}", "id", s->id, "prompt_ids",
                           ids_json(s->prompt_ids, s->n_prompt), "output_ids", ids_json(s->output_ids, s->n_output),
                           "seed", seed_json(s->seed), "seq", (json_int_t)s->seq, "temperature",
                           (double)s->temperature, "top_k", (json_int_t)s->top_k, "top_p", (double)s->top_p,
                           "max_steps", s->max_steps, "model_hash", hex, "proofs", b64);
     free(b64);
+    if (o && s->n_stage_proofs > 0) { /* only when there are some: files without stay as they were */
+        json_t *sp = stage_proofs_json(s->stage_proofs, s->n_stage_proofs);
+        if (!sp || json_object_set_new(o, "stage_proofs", sp)) {
+            json_decref(o);
+            o = NULL;
+        }
+    }
     int rc = o && json_dumpf(o, f, JSON_COMPACT | JSON_REAL_PRECISION(9)) == 0 && fputc('\n', f) != EOF
                  ? VKS_OK : vks_set_error(VKS_ERR_IO, "cannot write rollout sample \"%s\"", s->id);
     json_decref(o);
@@ -299,7 +376,32 @@ void vks_rollout_sample_free(vks_rollout_sample *s) {
     free(s->prompt_ids);
     free(s->output_ids);
     free(s->proofs);
+    vks_stage_proofs_free(s->stage_proofs, s->n_stage_proofs);
     memset(s, 0, sizeof *s);
+}
+
+void vks_stage_proofs_free(vks_stage_proof *p, int n) {
+    for (int i = 0; p && i < n; i++) free(p[i].proofs);
+    free(p);
+}
+
+int vks_stage_proofs_copy(const vks_stage_proof *src, int n, vks_stage_proof **out) {
+    if (!out || n < 0 || (n > 0 && !src)) return vks_set_error(VKS_ERR_ARG, "vks_stage_proofs_copy: bad arguments");
+    *out = NULL;
+    if (n == 0) return VKS_OK;
+    vks_stage_proof *p = calloc((size_t)n, sizeof *p);
+    if (!p) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    for (int i = 0; i < n; i++) {
+        p[i] = src[i];
+        p[i].proofs = src[i].proof_bytes ? malloc(src[i].proof_bytes) : NULL;
+        if (src[i].proof_bytes && !p[i].proofs) {
+            vks_stage_proofs_free(p, i);
+            return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+        }
+        if (src[i].proof_bytes) memcpy(p[i].proofs, src[i].proofs, src[i].proof_bytes);
+    }
+    *out = p;
+    return VKS_OK;
 }
 
 /* ---- whole files ---- */

@@ -93,6 +93,8 @@ static int write_sample(vks_rollout_writer *r, FILE *f, const vks_sequence *seq,
         s.proofs = seq->proofs;
         s.proof_bytes = seq->proof_bytes;
     }
+    s.stage_proofs = seq->stage_proofs; /* a pipeline's stage commitments, when it made them */
+    s.n_stage_proofs = seq->n_stage_proofs;
     if (rc == VKS_OK && (rc = vks_rollout_write_sample(f, &s))) vks_error_prefix(rc, "%s", r->path);
     free(s.output_ids);
     return rc;

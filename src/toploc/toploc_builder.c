@@ -30,6 +30,7 @@ struct vks_toploc_builder {
     job *head, *tail;
     bool closing, finished, thread_started;
     int error;           /* first worker error (vks code) */
+    double busy_s;       /* the worker's time building proofs (written by it until it is joined) */
     char error_msg[256];
 };
 
@@ -65,6 +66,7 @@ static job *next_job(vks_toploc_builder *b) {
 static void *worker_main(void *arg) {
     vks_toploc_builder *b = arg;
     for (job *j; (j = next_job(b));) {
+        double t0 = vks_seconds_now();
         uint8_t proof[VKS_TOPLOC_PROOF_BYTES];
         int rc = vks_toploc_chunk_proof_bf16(j->rows, j->n_rows, b->dim, proof);
         if (rc == VKS_OK) rc = store_proof(b, j, proof);
@@ -74,6 +76,7 @@ static void *worker_main(void *arg) {
         }
         free(j->rows);
         free(j);
+        b->busy_s += vks_seconds_now() - t0;
     }
     return NULL;
 }
@@ -163,6 +166,8 @@ int vks_toploc_builder_rows(const vks_toploc_builder *b, int seq) {
 }
 
 int vks_toploc_builder_dim(const vks_toploc_builder *b) { return b ? b->dim : 0; }
+
+double vks_toploc_builder_busy_s(const vks_toploc_builder *b) { return b && b->finished ? b->busy_s : 0; }
 
 void vks_toploc_builder_destroy(vks_toploc_builder *b) {
     if (!b) return;

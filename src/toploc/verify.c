@@ -61,6 +61,24 @@ static bool prompt_matches_task(const vks_verify_options *o, const vks_rollout_s
     return true;
 }
 
+/* The stage commitments: stages in order from layer 0, each handing on
+ * before the last layer, with the proof bytes of the committed rows. */
+static bool stage_proofs_fit(const vks_model_config *c, const vks_rollout_sample *s, size_t want, vks_verdict *v) {
+    if (s->n_stage_proofs < 0 || s->n_stage_proofs > VKS_ROLLOUT_MAX_STAGES || (s->n_stage_proofs && !s->stage_proofs))
+        return reject(v, "stage_proofs: %d entries", s->n_stage_proofs);
+    for (int k = 0, begin = 0; k < s->n_stage_proofs; k++) {
+        const vks_stage_proof *p = &s->stage_proofs[k];
+        if (p->layer_begin != begin || p->layer_end <= p->layer_begin || p->layer_end >= c->n_layers)
+            return reject(v, "stage %d (rank %d): layers [%d,%d) are not [%d, end) with end < %d (the last stage holds "
+                          "the last layer)", k, p->rank, p->layer_begin, p->layer_end, begin, c->n_layers);
+        if (p->proof_bytes != want || (want && !p->proofs))
+            return reject(v, "stage %d (rank %d, layers [%d,%d)): proofs are %zu bytes; %d committed rows need %zu", k,
+                          p->rank, p->layer_begin, p->layer_end, p->proof_bytes, s->n_output, want);
+        begin = p->layer_end;
+    }
+    return true;
+}
+
 /* Everything that can be checked without running the model. */
 static bool check_structure(const vks_model_config *c, const vks_verify_options *o, const vks_rollout_sample *s,
                             vks_verdict *v) {
@@ -84,6 +102,7 @@ static bool check_structure(const vks_model_config *c, const vks_verify_options 
     if (s->proof_bytes != want)
         return reject(v, "proofs are %zu bytes; %d committed rows need %zu (%zu chunks of %d)", s->proof_bytes,
                       s->n_output, want, want / VKS_TOPLOC_PROOF_BYTES, VKS_TOPLOC_PROOF_BYTES);
+    if (!stage_proofs_fit(c, s, want, v)) return false;
     return true;
 }
 
@@ -118,11 +137,41 @@ static float *logp_of(const vks_verify_options *o, int i) { return o->logp_out ?
 
 /* ---- per-sample state while its rows arrive ---- */
 
+/* Layer boundaries whose residual stream a group's stage commitments need:
+ * layers[0..n) for the forward's taps, of[L] the tap of boundary L (-1: none). */
+typedef struct {
+    int n;
+    int *layers, *of; /* [n_layers + 1] each */
+} tap_set;
+
+static int tap_set_init(tap_set *t, int n_layers) {
+    t->n = 0;
+    t->layers = malloc(sizeof(int) * ((size_t)n_layers + 1));
+    t->of = malloc(sizeof(int) * ((size_t)n_layers + 1));
+    if (!t->layers || !t->of) return vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    for (int l = 0; l <= n_layers; l++) t->of[l] = -1;
+    return VKS_OK;
+}
+
+/* After check_structure passed s: its boundaries lie in 1..n_layers-1. */
+static void tap_set_add(tap_set *t, const vks_rollout_sample *s) {
+    for (int k = 0; k < s->n_stage_proofs; k++) {
+        int l = s->stage_proofs[k].layer_end;
+        if (t->of[l] < 0) t->of[l] = t->n, t->layers[t->n++] = l;
+    }
+}
+
+static void tap_set_free(tap_set *t) {
+    free(t->layers);
+    free(t->of);
+}
+
 typedef struct {
     const vks_rollout_sample *s;
     vks_verdict *v;
     float *logp;     /* o->logp_out's array for this sample, or NULL */
     float *hidden;   /* [n_output, dim] */
+    float *stage_rows; /* [n_stage_proofs, n_output, dim]: the residual stream each stage handed on */
     int rows_seen;
 } sample_job;
 
@@ -132,7 +181,29 @@ static int job_start(sample_job *j, const vks_rollout_sample *s, vks_verdict *v,
     j->logp = logp;
     j->rows_seen = 0;
     j->hidden = malloc(sizeof(float) * (size_t)s->n_output * (size_t)dim);
-    return j->hidden ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    j->stage_rows = s->n_stage_proofs > 0
+                        ? malloc(sizeof(float) * (size_t)s->n_stage_proofs * (size_t)s->n_output * (size_t)dim)
+                        : NULL;
+    if (j->hidden && (j->stage_rows || s->n_stage_proofs == 0)) return VKS_OK;
+    free(j->hidden);
+    free(j->stage_rows);
+    j->hidden = j->stage_rows = NULL;
+    return vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+}
+
+static void job_free(sample_job *j) {
+    free(j->hidden);
+    free(j->stage_rows);
+    j->hidden = j->stage_rows = NULL;
+}
+
+/* Output row t's residual stream at each stage's boundary: tap k of the row
+ * is at taps + k * stride. */
+static void job_taps(sample_job *j, int t, const float *taps, size_t stride, const tap_set *ts, int dim) {
+    const vks_rollout_sample *s = j->s;
+    for (int k = 0; k < s->n_stage_proofs; k++)
+        memcpy(j->stage_rows + ((size_t)k * (size_t)s->n_output + (size_t)t) * (size_t)dim,
+               taps + (size_t)ts->of[s->stage_proofs[k].layer_end] * stride, sizeof(float) * (size_t)dim);
 }
 
 static int job_row(sample_job *j, int t, const float *logits, const float *hidden, const vks_model_config *c,
@@ -142,10 +213,56 @@ static int job_row(sample_job *j, int t, const float *logits, const float *hidde
     return check_token(j->s, t, logits, c->vocab_size, o, scr, j->v, j->logp);
 }
 
-/* Every row is in: check the TOPLOC chunks; the first failing one is the reason. */
+/* Checks the chunks of one commitment (proofs of n rows) against rows; the
+ * first failing chunk goes to reason (left alone when all pass). */
+static int check_commitment(const uint8_t *proofs, const float *rows, int n, const vks_model_config *c,
+                            const vks_verify_options *o, bool *ok_all, char *reason, size_t reason_len) {
+    *ok_all = true;
+    for (int r0 = 0, ch = 0; r0 < n; r0 += VKS_TOPLOC_CHUNK_ROWS, ch++) {
+        int nr = n - r0 < VKS_TOPLOC_CHUNK_ROWS ? n - r0 : VKS_TOPLOC_CHUNK_ROWS;
+        bool ok;
+        vks_toploc_stats st;
+        char why[160];
+        int rc = vks_toploc_check_chunk(proofs + (size_t)ch * VKS_TOPLOC_PROOF_BYTES, VKS_TOPLOC_PROOF_BYTES,
+                                        rows + (size_t)r0 * (size_t)c->dim, nr, c->dim, &o->toploc, &ok, &st, why,
+                                        sizeof why);
+        if (rc) return rc;
+        if (!ok && *ok_all) {
+            *ok_all = false;
+            snprintf(reason, reason_len, "TOPLOC chunk %d (rows %d..%d): %.120s", ch, r0, r0 + nr - 1, why);
+        }
+    }
+    return VKS_OK;
+}
+
+/* The stage commitments in stage order: the first that fails names its stage
+ * (the ones before it handed on what the model computes). */
+static int check_stages(sample_job *j, const vks_model_config *c, const vks_verify_options *o, bool *ok_all,
+                        char *reason, size_t reason_len) {
+    const vks_rollout_sample *s = j->s;
+    *ok_all = true;
+    for (int k = 0; k < s->n_stage_proofs && *ok_all; k++) {
+        const vks_stage_proof *p = &s->stage_proofs[k];
+        char why[200];
+        int rc = check_commitment(p->proofs, j->stage_rows + (size_t)k * (size_t)s->n_output * (size_t)c->dim,
+                                  s->n_output, c, o, ok_all, why, sizeof why);
+        if (rc) return rc;
+        if (!*ok_all)
+            snprintf(reason, reason_len, "stage %d (rank %d, layers [%d,%d)): %.180s", k, p->rank, p->layer_begin,
+                     p->layer_end, why);
+    }
+    return VKS_OK;
+}
+
+/* Every row is in: check the stage commitments, then the TOPLOC chunks; the
+ * first failing one is the reason. */
 static int job_finish(sample_job *j, const vks_model_config *c, const vks_verify_options *o) {
     const vks_rollout_sample *s = j->s;
     vks_verdict *v = j->v;
+    bool stages_ok = true;
+    char stage_reason[256] = "";
+    int rc = check_stages(j, c, o, &stages_ok, stage_reason, sizeof stage_reason);
+    if (rc) return rc;
     bool toploc_ok = true;
     char toploc_reason[256] = "";
     for (int r0 = 0, ch = 0; r0 < s->n_output; r0 += VKS_TOPLOC_CHUNK_ROWS, ch++) {
@@ -153,9 +270,9 @@ static int job_finish(sample_job *j, const vks_model_config *c, const vks_verify
         bool ok;
         vks_toploc_stats st;
         char why[160];
-        int rc = vks_toploc_check_chunk(s->proofs + (size_t)ch * VKS_TOPLOC_PROOF_BYTES, VKS_TOPLOC_PROOF_BYTES,
-                                        j->hidden + (size_t)r0 * (size_t)c->dim, nr, c->dim, &o->toploc, &ok, &st,
-                                        why, sizeof why);
+        rc = vks_toploc_check_chunk(s->proofs + (size_t)ch * VKS_TOPLOC_PROOF_BYTES, VKS_TOPLOC_PROOF_BYTES,
+                                    j->hidden + (size_t)r0 * (size_t)c->dim, nr, c->dim, &o->toploc, &ok, &st,
+                                    why, sizeof why);
         if (rc) return rc;
         v->n_chunks++;
         if (ch == 0) v->worst = st;
@@ -164,15 +281,19 @@ static int job_finish(sample_job *j, const vks_model_config *c, const vks_verify
         v->worst.mant_median = st.mant_median > v->worst.mant_median ? st.mant_median : v->worst.mant_median;
         if (!ok && toploc_ok) {
             toploc_ok = false;
-            snprintf(toploc_reason, sizeof toploc_reason, "TOPLOC chunk %d (rows %d..%d): %s", ch, r0, r0 + nr - 1, why);
+            int last = s->n_stage_proofs - 1; /* with stage commitments: the last stage's */
+            if (last >= 0)
+                snprintf(toploc_reason, sizeof toploc_reason, "last stage (layers [%d,%d)): TOPLOC chunk %d (rows %d..%d): %.150s",
+                         s->stage_proofs[last].layer_end, c->n_layers, ch, r0, r0 + nr - 1, why);
+            else
+                snprintf(toploc_reason, sizeof toploc_reason, "TOPLOC chunk %d (rows %d..%d): %s", ch, r0, r0 + nr - 1, why);
         }
     }
-    if (!toploc_ok) { /* a failed proof outranks a sampler finding */
+    if (!stages_ok || !toploc_ok) { /* a failed commitment outranks a sampler finding; the first stage's first */
         v->accepted = false;
-        snprintf(v->reason, sizeof v->reason, "%s", toploc_reason);
+        snprintf(v->reason, sizeof v->reason, "%s", stages_ok ? toploc_reason : stage_reason);
     }
-    free(j->hidden);
-    j->hidden = NULL;
+    job_free(j);
     return VKS_OK;
 }
 
@@ -220,18 +341,28 @@ static int verify_one_cpu(const vks_model *m, const vks_verify_options *o, const
     float *logits = malloc(sizeof(float) * (size_t)L * (size_t)c->vocab_size);
     float *hidden = malloc(sizeof(float) * (size_t)L * (size_t)c->dim);
     sample_job j = {0};
-    int rc = ids && logits && hidden ? job_start(&j, s, v, c->dim, logp) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    tap_set ts = {0};
+    float *taps = NULL;
+    int rc = ids && logits && hidden ? tap_set_init(&ts, c->n_layers) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    if (rc == VKS_OK) tap_set_add(&ts, s);
+    if (rc == VKS_OK && ts.n && !(taps = malloc(sizeof(float) * (size_t)ts.n * (size_t)L * (size_t)c->dim)))
+        rc = vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    if (rc == VKS_OK) rc = job_start(&j, s, v, c->dim, logp);
     if (rc == VKS_OK) {
         memcpy(ids, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
         memcpy(ids + s->n_prompt, s->output_ids, sizeof(int32_t) * (size_t)(s->n_output - 1));
-        rc = vks_ref_forward(m, ids, L, logits, hidden);
+        vks_layer_taps lt = {.n = ts.n, .layers = ts.layers, .out = taps};
+        rc = vks_ref_forward_taps(m, ids, L, logits, hidden, &lt);
     }
     for (int t = 0; rc == VKS_OK && t < s->n_output; t++) {
         size_t r = (size_t)(s->n_prompt - 1 + t);
+        if (ts.n) job_taps(&j, t, taps + r * (size_t)c->dim, (size_t)L * (size_t)c->dim, &ts, c->dim);
         rc = job_row(&j, t, logits + r * (size_t)c->vocab_size, hidden + r * (size_t)c->dim, c, o, scr);
     }
     if (rc == VKS_OK) rc = job_finish(&j, c, o);
-    free(j.hidden);
+    job_free(&j);
+    tap_set_free(&ts);
+    free(taps);
     free(ids);
     free(logits);
     free(hidden);
@@ -250,6 +381,9 @@ typedef struct {
     const int *which;     /* the group's samples */
     const int *first_out; /* each one's first row in logits/hidden */
     const float *logits, *hidden;
+    const tap_set *taps;  /* the group's stage boundaries */
+    const float *tap_rows; /* [taps->n, n_out, dim] */
+    size_t tap_stride;
     pthread_mutex_t lock;
     int rc;               /* first failure, under lock */
     char error[512];
@@ -264,10 +398,11 @@ static int replay_sample(cpu_replay *r, int g) {
     if (rc == VKS_OK) rc = job_start(&j, s, &r->out[r->which[g]], c->dim, logp_of(r->o, r->which[g]));
     for (int t = 0; rc == VKS_OK && t < s->n_output; t++) {
         size_t row = (size_t)(r->first_out[g] + t);
+        if (r->taps->n) job_taps(&j, t, r->tap_rows + row * (size_t)c->dim, r->tap_stride, r->taps, c->dim);
         rc = job_row(&j, t, r->logits + row * (size_t)c->vocab_size, r->hidden + row * (size_t)c->dim, c, r->o, &scr);
     }
     if (rc == VKS_OK) rc = job_finish(&j, c, r->o);
-    free(j.hidden);
+    job_free(&j);
     scratch_free(&scr);
     return rc;
 }
@@ -307,19 +442,26 @@ static int verify_group_fast(vks_cpu *cpu, cpu_replay *r, const int *which, int 
     int *lens = malloc(sizeof(int) * (size_t)n), *first = malloc(sizeof(int) * (size_t)n);
     int *out_rows = malloc(sizeof(int) * (size_t)n_out);
     float *logits = malloc(sizeof(float) * (size_t)n_out * (size_t)c->vocab_size);
-    float *hidden = malloc(sizeof(float) * (size_t)n_out * (size_t)c->dim);
-    int rc = ids && lens && first && out_rows && logits && hidden ? VKS_OK
+    float *hidden = malloc(sizeof(float) * (size_t)n_out * (size_t)c->dim), *taps = NULL;
+    tap_set ts = {0};
+    int rc = ids && lens && first && out_rows && logits && hidden ? tap_set_init(&ts, c->n_layers)
                                                                    : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
+    for (int g = 0; rc == VKS_OK && g < n; g++) tap_set_add(&ts, &r->samples[which[g]]);
+    if (rc == VKS_OK && ts.n && !(taps = malloc(sizeof(float) * (size_t)ts.n * (size_t)n_out * (size_t)c->dim)))
+        rc = vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
     if (rc == VKS_OK) {
         group_layout(r->samples, which, n, ids, lens, out_rows, first);
-        rc = vks_cpu_prefill(cpu, ids, lens, n, out_rows, n_out, logits, hidden);
+        vks_layer_taps lt = {.n = ts.n, .layers = ts.layers, .out = taps};
+        rc = vks_cpu_prefill_taps(cpu, ids, lens, n, out_rows, n_out, logits, hidden, &lt);
     }
     if (rc == VKS_OK) {
+        r->taps = &ts, r->tap_rows = taps, r->tap_stride = (size_t)n_out * (size_t)c->dim;
         r->which = which, r->first_out = first, r->logits = logits, r->hidden = hidden;
         vks_cpu_parallel(cpu, n, replay_samples, r); /* the sampler replay, one sample per item */
         if ((rc = r->rc) != VKS_OK) vks_set_error(rc, "%s", r->error);
     }
-    free(ids), free(lens), free(first), free(out_rows), free(logits), free(hidden);
+    free(ids), free(lens), free(first), free(out_rows), free(logits), free(hidden), free(taps);
+    tap_set_free(&ts);
     return rc;
 }
 
@@ -402,6 +544,7 @@ struct row_checker {
     sample_job *jobs;
     const vks_model_config *c;
     const vks_verify_options *o;
+    tap_set taps;                 /* the group's stage boundaries */
 };
 
 /* Checker threads: VKSWARM_VERIFY_THREADS, else one per core beyond the
@@ -419,6 +562,9 @@ static void check_rows(checker_worker *w, const vks_feed_rows *rows) {
         if (rows->seq[i] % k->n_workers != w->id) continue;
         sample_job *j = &k->jobs[rows->seq[i]];
         int t = rows->pos[i] - (j->s->n_prompt - 1);
+        if (k->taps.n)
+            job_taps(j, t, rows->taps + (size_t)i * (size_t)k->c->dim, (size_t)rows->n * (size_t)k->c->dim, &k->taps,
+                     k->c->dim);
         /* job_row cannot fail: its findings go to the verdict */
         job_row(j, t, rows->logits + (size_t)i * (size_t)k->c->vocab_size, rows->hidden + (size_t)i * (size_t)k->c->dim,
                 k->c, k->o, &w->scr);
@@ -523,7 +669,7 @@ static int feed_group(vks_engine *e, row_checker *k, const sample_job *jobs, int
     vks_feed_seq *seqs = malloc(sizeof *seqs * (size_t)(n_jobs + 1));
     int32_t *ids = seqs ? group_seqs(jobs, n_jobs, seqs) : NULL;
     vks_feed *f = NULL;
-    vks_feed_options fo = {.want_hidden = true};
+    vks_feed_options fo = {.want_hidden = true, .n_taps = k->taps.n, .tap_layers = k->taps.layers};
     int rc = ids ? vks_feed_create(e, seqs, n_jobs, &fo, &f) : vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
     const vks_feed_rows *rows = NULL;
     while (rc == VKS_OK && (rc = vks_feed_next(f, &rows)) == VKS_OK && rows) checker_submit(k, rows);
@@ -538,15 +684,15 @@ static int run_group(vks_engine *e, const vks_verify_options *o, sample_job *job
     const vks_model_config *c = vks_engine_config(e);
     row_checker k;
     int rc = checker_start(&k, jobs, c, o);
-    if (rc == VKS_OK) {
-        rc = feed_group(e, &k, jobs, n_jobs);
+    if (rc == VKS_OK) { /* the checkers read k.taps only for submitted rows (after the mutex) */
+        if ((rc = tap_set_init(&k.taps, c->n_layers)) == VKS_OK)
+            for (int j = 0; j < n_jobs; j++) tap_set_add(&k.taps, jobs[j].s);
+        if (rc == VKS_OK) rc = feed_group(e, &k, jobs, n_jobs);
         checker_stop(&k);
+        tap_set_free(&k.taps);
     }
     for (int j = 0; rc == VKS_OK && j < n_jobs; j++) rc = job_finish(&jobs[j], c, o);
-    for (int j = 0; j < n_jobs; j++) { /* after an error: the rows of unfinished jobs */
-        free(jobs[j].hidden);
-        jobs[j].hidden = NULL;
-    }
+    for (int j = 0; j < n_jobs; j++) job_free(&jobs[j]); /* after an error: the rows of unfinished jobs */
     return rc;
 }
 
@@ -556,7 +702,7 @@ static int run_sized_group(vks_engine *e, const vks_verify_options *o, sample_jo
     if (vks_engine_n_slots(e) < n_jobs || vks_engine_kv_len(e) < longest) {
         int rc = vks_engine_resize_kv(e, n_jobs, longest);
         if (rc) {
-            for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden);
+            for (int j = 0; j < n_jobs; j++) job_free(&jobs[j]);
             return rc;
         }
     }
@@ -593,7 +739,7 @@ static int verify_gpu_live(vks_engine *e, const vks_verify_options *o, const vks
     }
     if (rc == VKS_OK && n_jobs > 0) rc = run_sized_group(e, o, jobs, n_jobs, longest);
     else
-        for (int j = 0; j < n_jobs; j++) free(jobs[j].hidden); /* started but not run (an error) */
+        for (int j = 0; j < n_jobs; j++) job_free(&jobs[j]); /* started but not run (an error) */
     free(jobs);
     return rc;
 }

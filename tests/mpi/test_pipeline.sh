@@ -64,18 +64,85 @@ done
 [ -z "$short" ] && check_same "S=3 partition 1,2,3" "$tmp/ref_greedy.jsonl" -np 3 $bin pipeline $model \
     --prompts "$tmp/prompts.txt" --temp 0 -n 48 --partition 1,2,3
 
-# rollouts: the last stage's TOPLOC proofs make the same file as one rank's, and it verifies
+# rollouts: the last stage's TOPLOC proofs make the same file as one rank's (but for the
+# stage commitments, the last field of each record: one per stage that hands on), and it verifies
 samp="--temp 0.9 --top-p 0.9 --seed 11"
 $bin generate $model --prompts "$tmp/prompts.txt" $samp -n 48 --rollouts-out "$tmp/r_gen.jsonl" > /dev/null 2>&1 ||
     bad "generate --rollouts-out"
+without_stages() { sed 's/,"stage_proofs":\[.*\]}$/}/' "$1"; }
 rollout_ss="2 3"
 [ -n "$short" ] && rollout_ss=3
+n_prompts=$(wc -l < "$tmp/prompts.txt")
 for S in $rollout_ss; do
     if mpi -np $S $bin pipeline $model --prompts "$tmp/prompts.txt" $samp -n 48 --micro-batches 2 \
-           --rollouts-out "$tmp/r_$S.jsonl" > /dev/null 2>&1 && cmp -s "$tmp/r_$S.jsonl" "$tmp/r_gen.jsonl" &&
-       $bin verify $model --rollouts "$tmp/r_$S.jsonl" --cpu > /dev/null 2>&1; then ok "S=$S rollouts equal one rank's and verify"
+           --rollouts-out "$tmp/r_$S.jsonl" > /dev/null 2>&1 && without_stages "$tmp/r_$S.jsonl" | cmp -s - "$tmp/r_gen.jsonl" &&
+       [ "$(grep -o '{"rank":[0-9]*,"layers":\[[0-9]*,[0-9]*\],"proofs":"' "$tmp/r_$S.jsonl" | wc -l)" = $(((S - 1) * n_prompts)) ] &&
+       $bin verify $model --rollouts "$tmp/r_$S.jsonl" --cpu > /dev/null 2>&1; then
+        ok "S=$S rollouts equal one rank's, with $((S - 1)) stage commitment(s) each, and verify"
     else bad "S=$S rollouts"; fi
 done
+
+# Stage commitments (issue 27): a cheating middle stage is named. vkswarm-faulty is vkswarm with
+# the test-only fault switch (mpi/pipeline_fault.h); VKSWARM_TEST_FAULT=1:KIND makes rank 1 (layers
+# [2,4) of 6) skip a layer, perturb what it hands on by 1%, or hold f16 weights. Honest 3-stage
+# rollouts pass at the strict thresholds on the GPU path (lavapipe) and --cpu: N of N.
+faulty=${1:?build dir}/tests/vkswarm-faulty
+n_stage=200
+[ -n "$short" ] && n_stage=24
+awk -v n=$n_stage 'BEGIN { s = 5; for (i = 0; i < n; i++) { s = (s * 1103515245 + 12345) % 2147483648; len = 1 + s % 11;
+    line = ""; for (k = 0; k < len; k++) { s = (s * 1103515245 + 12345) % 2147483648; line = line (k ? " " : "") (3 + s % 290) }
+    print line } }' > "$tmp/stage_prompts.txt"
+strict="--max-exp-mismatches 2 --max-mant-mean 0.25 --max-mant-median 0"
+stage_run() { # name fault(or "") output [pipeline args]
+    local name=$1 fault=$2 out=$3
+    shift 3
+    VKSWARM_TEST_FAULT=$fault mpi -x VKSWARM_TEST_FAULT -np 3 $faulty pipeline $model --prompts "$tmp/stage_prompts.txt" \
+        $samp -n 48 --rollouts-out "$out" "$@" > /dev/null 2> "$tmp/stage_err.txt" || { bad "$name: pipeline failed"; tail -3 "$tmp/stage_err.txt"; return 1; }
+}
+verdicts() { # rollouts verify-args...: the verdict lines
+    local r=$1
+    shift
+    $bin verify $model --rollouts "$r" "$@" 2> /dev/null
+}
+named() { grep -c "	rejected: stage 1 (rank 1, layers \[2,4)): TOPLOC chunk" || true; }
+if stage_run "honest" "" "$tmp/s_honest.jsonl"; then
+    for how in --cpu ""; do
+        acc=$(verdicts "$tmp/s_honest.jsonl" $how $strict | grep -c "	accepted$")
+        if [ "$acc" = $n_stage ]; then ok "honest 3-stage rollouts: $acc of $n_stage accepted (strict, ${how:-GPU})"
+        else bad "honest 3-stage rollouts: $acc of $n_stage accepted (strict, ${how:-GPU})"; fi
+    done
+fi
+# f16 on the wire: each stage commits what it sent (f16); TOPLOC's thresholds accept all (the
+# strict profile assumes an f32 wire: measured 199 of 200 there, an exponent rounded the other way)
+if [ -z "$short" ] && stage_run "honest f16 wire" "" "$tmp/s_w16.jsonl" --wire f16; then
+    acc=$(verdicts "$tmp/s_w16.jsonl" --cpu | grep -c "	accepted$")
+    if [ "$acc" = $n_stage ]; then ok "honest 3-stage rollouts, f16 wire: $acc of $n_stage accepted"
+    else bad "honest 3-stage rollouts, f16 wire: $acc of $n_stage accepted"; fi
+fi
+# a layer skipped: caught at TOPLOC's own thresholds, every sample naming stage 1 (rank 1)
+if stage_run "skip-layer" 1:skip-layer "$tmp/s_skip.jsonl"; then
+    for how in --cpu ""; do
+        n=$(verdicts "$tmp/s_skip.jsonl" $how | named)
+        if [ "$n" = $n_stage ]; then ok "rank 1 skipping a layer: $n of $n_stage rejected naming stage 1 (rank 1) (${how:-GPU})"
+        else bad "rank 1 skipping a layer: $n of $n_stage named (${how:-GPU})"; verdicts "$tmp/s_skip.jsonl" $how | head -3; fi
+    done
+fi
+# 1% perturbation: caught at the strict thresholds (TOPLOC's let most through, as for the final proofs)
+if stage_run "perturb" 1:perturb "$tmp/s_pert.jsonl"; then
+    n=$(verdicts "$tmp/s_pert.jsonl" --cpu $strict | named)
+    d=$(verdicts "$tmp/s_pert.jsonl" --cpu | named)
+    if [ "$n" = $n_stage ]; then ok "rank 1 perturbing by 1%: $n of $n_stage named at the strict thresholds ($d at TOPLOC's)"
+    else bad "rank 1 perturbing by 1%: $n of $n_stage named (strict)"; verdicts "$tmp/s_pert.jsonl" --cpu $strict | head -3; fi
+fi
+# f16 weights claimed as f32: below bf16 resolution, as for the final proofs (README); reported,
+# and an honest stage is never named
+if [ -z "$short" ] && stage_run "f16" 1:f16 "$tmp/s_f16.jsonl"; then
+    verdicts "$tmp/s_f16.jsonl" --cpu $strict > "$tmp/f16_verdicts.txt"
+    n=$(named < "$tmp/f16_verdicts.txt")
+    if ! grep -q "rejected: stage 0" "$tmp/f16_verdicts.txt"; then
+        ok "rank 1 with f16 weights: $n of $n_stage named at the strict thresholds (not detectable; stage 0 never named)"
+    else bad "rank 1 with f16 weights: an honest stage named"; grep "rejected: stage 0" "$tmp/f16_verdicts.txt" | head -3; fi
+fi
 
 # f16 on the wire: runs; how many tokens differ from f32 is reported, not required to be 0
 if [ -n "$short" ]; then :

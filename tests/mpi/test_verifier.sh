@@ -24,8 +24,17 @@ $bin generate $model --prompts "$tmp/prompts.txt" --temp 0.9 --seed 3 -n 40 --ro
     > /dev/null 2>&1 || bad "generate rollouts"
 # tamper with one output token of the third sample
 awk 'NR==4 { sub(/"output_ids":\[[0-9]+/, "\"output_ids\":[7") } { print }' "$tmp/honest.jsonl" > "$tmp/tampered.jsonl"
+# stage commitments travel to verifier ranks: a 3-stage pipeline whose rank 1 (layers [1,3)) skips
+# a layer (tests/vkswarm-faulty, mpi/pipeline_fault.h)
+files="honest tampered"
+if [ -z "$short" ]; then
+    if VKSWARM_TEST_FAULT=1:skip-layer mpi -x VKSWARM_TEST_FAULT -np 3 ${1:?build dir}/tests/vkswarm-faulty pipeline $model \
+           --prompts "$tmp/prompts.txt" --temp 0.9 --seed 3 -n 40 --partition 1,2,1 --rollouts-out "$tmp/staged.jsonl" \
+           > /dev/null 2>&1; then files="$files staged"
+    else bad "pipeline rollouts with a cheating stage"; fi
+fi
 
-for file in honest tampered; do
+for file in $files; do
     for mode in --cpu ""; do
         if [ -n "$short" ]; then case "$file:$mode" in honest:--cpu | tampered:) ;; *) continue ;; esac; fi
         $bin verify $model --rollouts "$tmp/$file.jsonl" $mode --batch 3 --jsonl > "$tmp/lone.txt" 2>/dev/null
@@ -50,6 +59,11 @@ for file in honest tampered; do
         done
     done
 done
+if [ -z "$short" ]; then
+    [ "$(grep -c '"accepted":false,"reason":"stage 1 (rank 1, layers \[1,3)): TOPLOC chunk' "$tmp/lone.txt")" = 20 ] &&
+        ok "the cheating stage's samples name stage 1 (rank 1), through verifier ranks too" || bad "staged verdicts"
+    $bin verify $model --rollouts "$tmp/tampered.jsonl" --batch 3 --jsonl > "$tmp/lone.txt" 2>/dev/null
+fi
 [ "$(grep -c '"accepted":false' "$tmp/lone.txt")" = 1 ] && ok "the tampered sample, and only it, is rejected" ||
     bad "tampered verdicts"
 
