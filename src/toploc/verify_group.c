@@ -110,9 +110,10 @@ static void hash_sample(crypto_generichash_state *h, const vks_rollout_sample *s
     hash_bytes(h, s->id, strlen(s->id));
     hash_bytes(h, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
     hash_bytes(h, s->output_ids, sizeof(int32_t) * (size_t)s->n_output);
-    struct { uint64_t seed; uint32_t seq, top_k; float temperature, top_p; int32_t max_steps; } f = {
-        s->seed, s->seq, s->top_k, s->temperature, s->top_p, s->max_steps};
-    hash_bytes(h, &f, sizeof f);
+    uint32_t t, p;
+    memcpy(&t, &s->temperature, 4), memcpy(&p, &s->top_p, 4);
+    uint64_t f[6] = {s->seed, s->seq, s->top_k, t, p, (uint64_t)(int64_t)s->max_steps}; /* no padding bytes */
+    hash_bytes(h, f, sizeof f);
     hash_bytes(h, s->model_hash, 32);
     hash_bytes(h, s->proofs, s->proof_bytes);
 }
