@@ -50,7 +50,7 @@ static const char verify_usage[] =
     "a random one) and a hash of the group's samples. Bound: if k of a group's n samples are bad and m\n"
     "are checked, the group passes with probability C(n-k, m) / C(n, m) <= (1 - k/n)^m; a line per group\n"
     "gives it for k = ceil(P n), --bad-fraction P (default 0.1): \"group 1 (seed 10): accepted: 16 of 128\n"
-    "checked; a group with >= 10% bad rollouts passes with probability <= 0.1797\". --jsonl adds\n"
+    "checked; a group with >= 10% bad rollouts passes with probability <= 0.1605\". --jsonl adds\n"
     "\"checked\" to each sample and one {\"group\",...,\"pass_bound\"} object per group.\n";
 
 typedef struct {
