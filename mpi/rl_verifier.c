@@ -23,6 +23,7 @@
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "vkswarm/vks_toploc.h"
+#include "vkswarm/vks_verify_group.h"
 
 typedef struct {
     int64_t step;        /* -1: empty */
@@ -166,6 +167,36 @@ static bool matches_file(const ver_state *v, const vks_rollout_file *f, const vk
     return true;
 }
 
+/* verify_sample > 0: the batch is one group (one worker's), a fraction of it
+ * checked with a fresh secret per batch; accepted or rejected whole. */
+typedef struct {
+    const vks_model *m;
+    const vks_verify_options *vo;
+} cpu_verifier;
+
+static int verify_on_cpu(void *ctx, const vks_rollout_sample *s, int n, vks_verdict *out) {
+    const cpu_verifier *c = ctx;
+    return n ? vks_verify_batch_cpu(c->m, c->vo, s, n, out) : VKS_OK;
+}
+
+static int verify_sampled(ver_state *v, const vks_verify_options *vo, const vks_rollout_sample *s, int n, vks_verdict *out) {
+    vks_group_sampling gs;
+    vks_group_sampling_default(&gs);
+    gs.fraction = v->o->config->verify_sample, gs.whole_file = true;
+    int rc = vks_group_secret_random(&gs.secret);
+    cpu_verifier c = {.m = v->model, .vo = vo};
+    vks_group_plan plan = {0};
+    if (!rc) rc = vks_verify_groups(s, n, &gs, verify_on_cpu, &c, out, &plan);
+    if (!rc && plan.n_groups == 1) {
+        const vks_group_verdict *g = &plan.groups[0];
+        fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %s: %d of %d completions checked (%d failed); a batch with "
+                ">= 10%% bad completions passes with probability <= %.4g\n", v->me, g->accepted ? "accepted" : "rejected",
+                g->n_checked, g->n, g->n_failed, g->pass_bound);
+    }
+    vks_group_plan_free(&plan);
+    return rc;
+}
+
 /* Replays the completions of the groups (the others are never trained on):
  * verdicts[q] for file completion q; *checked and *accepted counted. */
 static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_group *groups, vks_verdict *verdicts,
@@ -192,7 +223,7 @@ static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_gr
     const char *header = rc ? NULL : vks_verify_header_problem(&f->header, v->model_hash, vo.stop_ids, vo.n_stop);
     if (!rc && header) /* another model or untrusted stops: every completion is rejected */
         for (int k = 0; k < n; k++) got[k] = (vks_verdict){.accepted = false}, snprintf(got[k].reason, sizeof got[k].reason, "%s", header);
-    else if (!rc && n) rc = vks_verify_batch_cpu(v->model, &vo, sub, n, got);
+    else if (!rc && n) rc = c->verify_sample > 0 ? verify_sampled(v, &vo, sub, n, got) : vks_verify_batch_cpu(v->model, &vo, sub, n, got);
     /* completions of flat groups are never trained on: not judged, recorded as accepted */
     for (int q = 0; !rc && q < P * G; q++) verdicts[q] = (vks_verdict){.accepted = true};
     for (int k = 0; !rc && k < n; k++) {

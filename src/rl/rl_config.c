@@ -29,7 +29,7 @@ static const key_info keys[] = {
     INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, 1 << 20), INT_KEY(save_every, 0, 1e8), INT_KEY(keep, 0, 1e6),
     INT_KEY(warmup, 0, 1e8),
     DBL_KEY(temperature, 0, 100), DBL_KEY(lr, 0, 10), DBL_KEY(length_penalty, 0, 1e3), DBL_KEY(token_budget, 0, 1e12),
-    DBL_KEY(entropy_coef, 0, 10),
+    DBL_KEY(entropy_coef, 0, 10), DBL_KEY(verify_sample, 0, 1),
     {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0},
 };
 
