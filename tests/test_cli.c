@@ -758,7 +758,8 @@ static void test_verify_group_sampling(void **state) {
     assert_true(seen_accepted);
     /* option mistakes */
     const char *bad[] = {"--sample 0", "--sample-fraction 0", "--sample-fraction 1.5", "--sample-seed 3",
-                         "--sample 2 --group-by batch", "--sample 2 --sample-fraction 0.5", "--sample 2 --bad-fraction 0"};
+                         "--sample 2 --group-by batch", "--sample 2 --sample-fraction 0.5", "--sample 2 --bad-fraction 0",
+                         "--sample 2 --sample-fraction 1", "--bad-fraction 0.1", "--group-by seed"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(args, sizeof args, "verify %s --cpu --rollouts %s %s", group_model, path, bad[i]);
         assert_int_equal(run_capture(args, &out, &err), 2);

@@ -64,6 +64,7 @@ typedef struct {
     int n_trusted;
     bool stop_ids_given;
     bool sampled, secret_given;   /* --sample-fraction / --sample; --sample-seed */
+    bool fraction_given, group_opts_given; /* --sample-fraction; --bad-fraction or --group-by */
     vks_group_sampling gs;
 } verify_args;
 
@@ -109,15 +110,18 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
         a->vo.toploc.max_mant_median = cli_parse_double("--max-mant-median", val, 0, 128);
     else if (!strcmp(name, "sample-fraction")) {
         a->gs.fraction = cli_parse_double("--sample-fraction", val, 1e-9, 1);
-        a->sampled = true;
+        a->sampled = a->fraction_given = true;
     } else if (!strcmp(name, "sample")) {
         a->gs.count = (int)cli_parse_long("--sample", val, 1, INT32_MAX);
         a->sampled = true;
     } else if (!strcmp(name, "sample-seed")) {
         a->gs.secret = cli_parse_u64("--sample-seed", val);
         a->secret_given = true;
-    } else if (!strcmp(name, "bad-fraction")) a->gs.bad_fraction = cli_parse_double("--bad-fraction", val, 1e-9, 1);
-    else if (!strcmp(name, "group-by")) {
+    } else if (!strcmp(name, "bad-fraction")) {
+        a->gs.bad_fraction = cli_parse_double("--bad-fraction", val, 1e-9, 1);
+        a->group_opts_given = true;
+    } else if (!strcmp(name, "group-by")) {
+        a->group_opts_given = true;
         if (strcmp(val, "seed") && strcmp(val, "file")) cli_usage_error("verify", "--group-by: seed or file, not '%s'", val);
         a->gs.whole_file = !strcmp(val, "file");
     } else if (!strcmp(name, "logit-margin")) a->vo.logit_margin = (float)cli_parse_double("--logit-margin", val, 0, 1e6);
@@ -153,8 +157,8 @@ static void parse_verify(int argc, char **argv, verify_args *a) {
     }
     if (optind < argc) cli_usage_error("verify", "unexpected argument '%s'", argv[optind]);
     if (!a->rollouts) cli_usage_error("verify", "--rollouts FILE is required");
-    if (a->gs.count > 0 && a->gs.fraction < 1) cli_usage_error("verify", "--sample and --sample-fraction: give one");
-    if (!a->sampled && (a->secret_given || a->gs.bad_fraction != 0.1 || a->gs.whole_file))
+    if (a->gs.count > 0 && a->fraction_given) cli_usage_error("verify", "--sample and --sample-fraction: give one");
+    if (!a->sampled && (a->secret_given || a->group_opts_given))
         cli_usage_error("verify", "--sample-seed, --bad-fraction and --group-by go with --sample-fraction or --sample");
     if (a->sampled && !a->secret_given && vks_group_secret_random(&a->gs.secret)) cli_die(1, "verify: %s", vks_last_error());
 }

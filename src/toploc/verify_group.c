@@ -107,7 +107,7 @@ static void hash_bytes(crypto_generichash_state *h, const void *data, size_t len
 
 /* Everything a sample says: a changed byte anywhere changes the draw. */
 static void hash_sample(crypto_generichash_state *h, const vks_rollout_sample *s) {
-    hash_bytes(h, s->id, strlen(s->id));
+    hash_bytes(h, s->id, s->id ? strlen(s->id) : 0);
     hash_bytes(h, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
     hash_bytes(h, s->output_ids, sizeof(int32_t) * (size_t)s->n_output);
     uint32_t t, p;
@@ -228,7 +228,7 @@ static void decide(const vks_rollout_sample *samples, int n, vks_group_plan *p, 
         out[i] = (vks_verdict){.accepted = false};
         snprintf(out[i].reason, sizeof out[i].reason, "%s; group rejected: %d of %d checked samples failed, the first %s",
                  p->checked[i] ? "checked and passed" : "not checked", g->n_failed, g->n_checked,
-                 samples[g->first_failed].id);
+                 samples[g->first_failed].id ? samples[g->first_failed].id : "");
     }
 }
 
