@@ -423,7 +423,8 @@ int cmd_verify(int argc, char **argv) {
     FILE *summary = a.jsonl ? stderr : stdout;
     fprintf(summary, "verified %d samples: %d accepted, %d rejected", total, accepted, total - accepted);
     if (plan.checked)
-        fprintf(summary, " (%d groups; %d samples checked, %d accepted unverified)", plan.n_groups, checked, unverified);
+        fprintf(summary, " (%d group%s; %d samples checked, %d accepted unverified)", plan.n_groups,
+                plan.n_groups == 1 ? "" : "s", checked, unverified);
     fputc('\n', summary);
     if (a.mpi && !report.all_stopped) { /* MPI_Finalize would wait for the silent rank */
         cli_stdout_ok(); /* says so when the verdicts did not reach stdout */
