@@ -23,6 +23,7 @@
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "vkswarm/vks_toploc.h"
+#include "vkswarm/vks_verify_group.h"
 
 typedef struct {
     int64_t step;        /* -1: empty */
@@ -170,6 +171,49 @@ static bool matches_file(const ver_state *v, const vks_rollout_file *f, const vk
     return true;
 }
 
+/* verify_sample > 0: the batch is one group (one worker's), a fraction of it
+ * checked with a fresh secret per batch; accepted or rejected whole. */
+typedef struct {
+    const vks_model *m;
+    const vks_verify_options *vo; /* its logp_out for the whole file */
+    const vks_group_plan *plan;   /* filled before verify_on_cpu is called */
+} cpu_verifier;
+
+/* The checked subset s[0..n): its log-probabilities go where the file's do. */
+static int verify_on_cpu(void *ctx, const vks_rollout_sample *s, int n, vks_verdict *out) {
+    const cpu_verifier *c = ctx;
+    if (!n) return VKS_OK;
+    float **logp = calloc((size_t)n, sizeof *logp);
+    if (!logp) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int i = 0, j = 0; i < c->plan->n_samples && j < n; i++)
+        if (c->plan->checked[i]) logp[j++] = c->vo->logp_out ? c->vo->logp_out[i] : NULL;
+    vks_verify_options vo = *c->vo;
+    vo.logp_out = logp;
+    int rc = vks_verify_batch_cpu(c->m, &vo, s, n, out);
+    free(logp);
+    return rc;
+}
+
+static int verify_sampled(ver_state *v, const vks_verify_options *vo, const vks_rollout_sample *s, int n, vks_verdict *out,
+                          bool *replayed) {
+    vks_group_sampling gs;
+    vks_group_sampling_default(&gs);
+    gs.fraction = v->o->config->verify_sample, gs.whole_file = true;
+    int rc = vks_group_secret_random(&gs.secret);
+    vks_group_plan plan = {0};
+    cpu_verifier c = {.m = v->model, .vo = vo, .plan = &plan};
+    if (!rc) rc = vks_verify_groups(s, n, &gs, verify_on_cpu, &c, out, &plan);
+    for (int i = 0; !rc && i < n; i++) replayed[i] = plan.checked[i];
+    if (!rc && plan.n_groups == 1) {
+        const vks_group_verdict *g = &plan.groups[0];
+        fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %s: %d of %d completions checked (%d failed); a batch with "
+                ">= 10%% bad completions passes with probability <= %.4g\n", v->me, g->accepted ? "accepted" : "rejected",
+                g->n_checked, g->n, g->n_failed, g->pass_bound);
+    }
+    vks_group_plan_free(&plan);
+    return rc;
+}
+
 /* The log-probabilities an inference rank sends must be its sampler's: the
  * replay recomputes them from the verifier's logits (f32 on the CPU against
  * the generator's f32, logits within ~4e-5 of each other, so an honest
@@ -237,14 +281,16 @@ static double task_reward_sum(const ver_state *v, const vks_rl_batch_group *grou
 /* Replays every completion of the file (those of groups sent without any
  * too: they vouch for the rank's "no signal"): verdicts[q] for file
  * completion q, logp[q] (n_output floats) the log-probabilities the replay
- * gives its tokens; *checked and *accepted counted. */
+ * gives its tokens; *checked and *accepted counted. With verify_sample
+ * only a drawn share is replayed (replayed[q]); the rest share its verdict. */
 static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_group *groups, const vks_rl_sample *flat,
-                  vks_verdict *verdicts, float *const *logp, int64_t *checked, int64_t *accepted) {
+                  vks_verdict *verdicts, float *const *logp, bool *replayed, int64_t *checked, int64_t *accepted) {
     const vks_rl_config *c = v->o->config;
     int P = c->prompts_per_step, G = c->group_size, n = P * G;
     const int32_t **prompts = calloc((size_t)n, sizeof *prompts);
     int *lens = calloc((size_t)n, sizeof *lens);
     int rc = prompts && lens ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int q = 0; q < n; q++) replayed[q] = true;
     for (int q = 0; !rc && q < n; q++) { /* the prompts were checked against the tasks (unpack, rebuild_flat) */
         const vks_rl_sample *s = groups[q / G].n ? &groups[q / G].samples[q % G] : &flat[q];
         prompts[q] = s->tokens, lens[q] = s->prompt_len;
@@ -260,6 +306,7 @@ static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_gr
     if (!rc && header) /* another model or untrusted stops: every completion is rejected */
         for (int q = 0; q < n; q++)
             verdicts[q] = (vks_verdict){.accepted = false}, snprintf(verdicts[q].reason, sizeof verdicts[q].reason, "%s", header);
+    else if (!rc && c->verify_sample > 0) rc = verify_sampled(v, &vo, f->samples, n, verdicts, replayed);
     else if (!rc) rc = vks_verify_batch_cpu(v->model, &vo, f->samples, n, verdicts);
     for (int q = 0; !rc && q < n; q++) ++*checked, *accepted += verdicts[q].accepted;
     if (!rc && *accepted < *checked) rc = vks_rl_record_rejections(&v->gen, f->samples, verdicts, n, &vo);
@@ -271,7 +318,7 @@ static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_gr
  * (else its "no signal" is not the sampler's), and every accepted completion
  * of a group must carry the log-probabilities the replay gives. */
 static bool replay_agrees(const ver_state *v, const vks_rl_batch_group *groups, const vks_verdict *verdicts,
-                          float *const *logp, char *why, size_t cap) {
+                          float *const *logp, const bool *replayed, char *why, size_t cap) {
     const vks_rl_config *c = v->o->config;
     int P = c->prompts_per_step, G = c->group_size;
     for (int q = 0; q < P * G; q++) {
@@ -283,7 +330,7 @@ static bool replay_agrees(const ver_state *v, const vks_rl_batch_group *groups, 
                      q, reason);
             return false;
         }
-        if (!g->n || !verdicts[q].accepted) continue;
+        if (!g->n || !verdicts[q].accepted || !replayed[q]) continue;
         const vks_rl_sample *s = &g->samples[q % G];
         for (int k = 0; k < s->completion_len; k++)
             if (!(fabs((double)s->logp[k] - (double)logp[q][k]) <= LOGP_TOLERANCE)) {
@@ -375,8 +422,9 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     vks_verdict *verdicts = calloc((size_t)n_all, sizeof *verdicts);
     vks_rl_sample *flat = calloc((size_t)n_all, sizeof *flat);
     float **logp = calloc((size_t)n_all, sizeof *logp);
-    if (!groups || !verdicts || !flat || !logp) {
-        free(groups), free(verdicts), free(flat), free(logp);
+    bool *replayed = calloc((size_t)n_all, sizeof *replayed);
+    if (!groups || !verdicts || !flat || !logp || !replayed) {
+        free(groups), free(verdicts), free(flat), free(logp), free(replayed);
         return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     }
     int64_t policy = 0;
@@ -404,15 +452,15 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     cnt.checked = cnt.accepted = 0;
     cnt.task_reward_sum = sum; /* the verifier's own */
     v->gen.batch = h.batch, v->gen.policy_step = h.step; /* for the record of rejections */
-    if (!bad && !rc) rc = replay(v, &f, groups, flat, verdicts, logp, &cnt.checked, &cnt.accepted);
-    if (!bad && !rc) bad = !replay_agrees(v, groups, verdicts, logp, why, sizeof why);
+    if (!bad && !rc) rc = replay(v, &f, groups, flat, verdicts, logp, replayed, &cnt.checked, &cnt.accepted);
+    if (!bad && !rc) bad = !replay_agrees(v, groups, verdicts, logp, replayed, why, sizeof why);
     if (!bad && !rc) rc = regroup(v, origin, h.batch, groups, verdicts);
     size_t n = 0;
     void *packed = bad || rc ? NULL : vks_rl_wire_pack_groups(groups, P, h.batch, h.step, &cnt, &n);
     if (!bad && !rc && !packed) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
     for (int q = 0; q < n_all; q++) free(flat[q].tokens), free(logp[q]);
-    free(groups), free(verdicts), free(flat), free(logp);
+    free(groups), free(verdicts), free(flat), free(logp), free(replayed);
     vks_rollout_file_free(&f);
     if (rc) return rc;
     if (bad) return refuse(v, origin, h.batch, why);

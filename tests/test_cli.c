@@ -4,6 +4,7 @@
 #include "test_util.h"
 #include "vkswarm/vks_common.h"
 #include "vkswarm/vks_gguf.h"
+#include "vkswarm/vks_rollout.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -603,6 +604,168 @@ static void test_verify_ids_escaped(void **state) {
     assert_non_null(second);
     assert_non_null(strstr(second + 1, "verified 1 samples: 0 accepted, 1 rejected\n"));
     free(out), free(err);
+}
+
+
+/* ---- verify --sample-fraction / --sample: group verdicts (issue 27) ---- */
+
+static const char group_model[] = "--random-model 64,128,1,4,4,32,32";
+static const bool group_cheat[16] = {[9] = true, [12] = true, [14] = true}; /* three of the seed-22 run */
+
+/* Two generate runs (seeds 21 and 22, 8 prompts each) in one file; samples
+ * 9, 12 and 14 (of the second run) carry a first output token their sampler
+ * did not draw. */
+static void write_group_file(const char *dir, char *path, size_t len) {
+    char cmd[4096], one[600];
+    snprintf(one, sizeof one, "%s/gp.txt", dir);
+    write_text(one, "3 4 5\n6 7\n8\n9 10 11 12\n13 14\n15\n16 17 18\n19\n");
+    vks_rollout_file rf[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(cmd, sizeof cmd, "%s generate %s --prompts %s -n 12 --seed %d --rollouts-out %s/g%d.jsonl >/dev/null 2>&1",
+                 tu_bin(), group_model, one, 21 + r, dir, r);
+        assert_int_equal(tu_run(cmd, NULL), 0);
+        snprintf(cmd, sizeof cmd, "%s/g%d.jsonl", dir, r);
+        assert_int_equal(vks_rollout_read(cmd, &rf[r]), VKS_OK);
+        assert_int_equal(rf[r].n_samples, 8);
+    }
+    snprintf(path, len, "%s/groups.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(vks_rollout_write_header(f, &rf[0].header), VKS_OK);
+    for (int i = 0; i < 16; i++) {
+        vks_rollout_sample *x = &rf[i / 8].samples[i % 8];
+        if (group_cheat[i]) x->output_ids[0] = 3 + (x->output_ids[0] + 7) % 29; /* another token (vocabulary 32), never a stop token */
+        assert_int_equal(vks_rollout_write_sample(f, x), VKS_OK);
+    }
+    assert_int_equal(fclose(f), 0);
+    vks_rollout_file_free(&rf[0]);
+    vks_rollout_file_free(&rf[1]);
+}
+
+/* The line of sample i (its id is "SEED-j") in jsonl output, or NULL. */
+static const char *sample_line(const char *out, int i) {
+    char key[64];
+    snprintf(key, sizeof key, "{\"id\":\"%d-%d\",", 21 + i / 8, i % 8);
+    return strstr(out, key);
+}
+
+static bool line_has(const char *line, const char *what) {
+    const char *end = line ? strchr(line, '\n') : NULL, *at = line ? strstr(line, what) : NULL;
+    return at && end && at < end;
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* C(n - k, m) / C(n, m), computed here on its own. */
+static double hypergeometric_none(int n, int k, int m) {
+    double p = 1;
+    for (int i = 0; i < m; i++) p *= n - k - i > 0 ? (double)(n - k - i) / (n - i) : 0;
+    return p;
+}
+
+static void test_verify_group_sampling(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char path[600], args[2048], *out, *err;
+    write_group_file(dir, path, sizeof path);
+    /* without the options: as always, every cheat named, nothing else on stdout */
+    snprintf(args, sizeof args, "verify %s --cpu --jsonl --rollouts %s", group_model, path);
+    assert_int_equal(run_capture(args, &out, &err), 1);
+    assert_int_equal(count_lines(out), 16);
+    for (int i = 0; i < 16; i++) {
+        const char *line = sample_line(out, i);
+        if (!line_has(line, group_cheat[i] ? "\"accepted\":false,\"reason\":\"TOPLOC chunk 0" : "\"accepted\":true,\"reason\":\"\"}"))
+            fail_msg("sample %d: %s", i, out);
+    }
+    assert_null(strstr(out, "checked"));
+    assert_non_null(strstr(err, "verified 16 samples: 13 accepted, 3 rejected\n"));
+    free(out), free(err);
+    /* every sample checked: the honest group passes, the other is rejected whole, each cheat with its reason */
+    snprintf(args, sizeof args, "verify %s --cpu --rollouts %s --sample-fraction 1 --sample-seed 5", group_model, path);
+    assert_int_equal(run_capture(args, &out, &err), 1);
+    if (!strstr(out, "21-0\taccepted\n") || !strstr(out, "22-1\trejected: TOPLOC chunk 0") ||
+        !strstr(out, "22-0\trejected: checked and passed; group rejected: 3 of 8 checked samples failed, the first 22-1\n") ||
+        !strstr(out, "group 1 (seed 21): accepted: 8 of 8 checked; a group with >= 10% bad rollouts passes with "
+                     "probability <= 0\n") ||
+        !strstr(out, "group 2 (seed 22): rejected: 3 of 8 checked failed, the first 22-1; its 8 samples rejected\n") ||
+        !strstr(out, "verified 16 samples: 8 accepted, 8 rejected (2 groups; 16 samples checked, 0 accepted unverified)\n"))
+        fail_msg("--sample-fraction 1: '%s'", out);
+    free(out), free(err);
+    /* 2 of 8 checked per group under many secrets */
+    bool first[16], differs = false;
+    int rejected = 0;
+    for (int secret = 1; secret <= 16; secret++) {
+        snprintf(args, sizeof args, "verify %s --cpu --jsonl --rollouts %s --sample 2 --sample-seed %d --bad-fraction 0.25",
+                 group_model, path, secret);
+        int rc = run_capture(args, &out, &err);
+        bool checked[16], bad_checked = false;
+        int n_checked = 0;
+        for (int i = 0; i < 16; i++) {
+            const char *line = sample_line(out, i);
+            checked[i] = line_has(line, "\"checked\":true}");
+            if (!checked[i] && !line_has(line, "\"checked\":false}")) fail_msg("sample %d: %s", i, out);
+            n_checked += checked[i];
+            bad_checked |= checked[i] && group_cheat[i];
+        }
+        assert_int_equal(n_checked, 4);
+        for (int i = 8; i < 16; i++) /* the group's verdict: rejected exactly when a checked sample is a cheat */
+            if (!line_has(sample_line(out, i), bad_checked ? "\"accepted\":false" : "\"accepted\":true"))
+                fail_msg("secret %d, sample %d (a cheat checked: %d): %s", secret, i, bad_checked, out);
+        for (int i = 0; i < 8; i++) assert_true(line_has(sample_line(out, i), "\"accepted\":true"));
+        assert_int_equal(rc, bad_checked ? 1 : 0);
+        rejected += bad_checked;
+        /* the stated bound, k = ceil(0.25 * 8) = 2 bad of 8, 2 checked: 15/28 */
+        char want[256];
+        snprintf(want, sizeof want, "{\"group\":2,\"seed\":22,\"samples\":8,\"checked\":2,\"failed\":%d,\"accepted\":%s,"
+                 "\"bad_fraction\":0.25,\"pass_bound\":%.17g}\n", bad_checked ? (checked[9] + checked[12] + checked[14]) : 0,
+                 bad_checked ? "false" : "true", hypergeometric_none(8, 2, 2));
+        if (!strstr(out, want)) fail_msg("want '%s' in '%s'", want, out);
+        assert_true(fabs(hypergeometric_none(8, 2, 2) - 15.0 / 28) < 1e-15);
+        if (secret == 1) memcpy(first, checked, sizeof first);
+        else differs |= memcmp(first, checked, sizeof first) != 0;
+        free(out), free(err);
+        if (secret == 1) { /* the same secret: the same subset */
+            char *again;
+            assert_int_equal(run_capture(args, &again, &err), rc);
+            for (int i = 0; i < 16; i++) assert_true(line_has(sample_line(again, i), checked[i] ? "\"checked\":true}" : "\"checked\":false}"));
+            free(again), free(err);
+        }
+    }
+    assert_true(differs);
+    fprintf(stderr, "group of 8 with 3 cheats, 2 checked: rejected under %d of 16 secrets (exact chance %.3f)\n", rejected,
+            1 - hypergeometric_none(8, 3, 2));
+    /* the plain line states the bound (the first secret whose draw misses the 3 cheats of 16: chance 0.65 each) */
+    bool seen_accepted = false;
+    for (int secret = 1; secret <= 20 && !seen_accepted; secret++) {
+        snprintf(args, sizeof args, "verify %s --cpu --rollouts %s --sample 2 --sample-seed %d --group-by file",
+                 group_model, path, secret);
+        int rc = run_capture(args, &out, &err);
+        assert_int_equal(count_lines(out), 16 + 1 + 1);
+        seen_accepted = rc == 0;
+        char want[256];
+        if (seen_accepted) snprintf(want, sizeof want, "group 1 (file): accepted: 2 of 16 checked; a group with >= 10%% bad "
+                                    "rollouts passes with probability <= %.4g\n", hypergeometric_none(16, 2, 2));
+        else snprintf(want, sizeof want, "group 1 (file): rejected: ");
+        if (!strstr(out, want)) fail_msg("want '%s' in '%s'", want, out);
+        if (seen_accepted && (!strstr(out, "22-1\taccepted unverified\n") || !strstr(out, "14 accepted unverified)")))
+            fail_msg("'%s'", out);
+        free(out), free(err);
+    }
+    assert_true(seen_accepted);
+    /* option mistakes */
+    const char *bad[] = {"--sample 0", "--sample-fraction 0", "--sample-fraction 1.5", "--sample-seed 3",
+                         "--sample 2 --group-by batch", "--sample 2 --sample-fraction 0.5", "--sample 2 --bad-fraction 0",
+                         "--sample 2 --sample-fraction 1", "--bad-fraction 0.1", "--group-by seed"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "verify %s --cpu --rollouts %s %s", group_model, path, bad[i]);
+        assert_int_equal(run_capture(args, &out, &err), 2);
+        if (*out || !one_clean_line(err)) fail_msg("%s: '%s' '%s'", bad[i], out, err);
+        free(out), free(err);
+    }
 }
 
 /* Whole output is valid UTF-8. */
@@ -1246,7 +1409,7 @@ int main(void) {
         cmocka_unit_test(test_stdout_full_exits_1),    cmocka_unit_test(test_convert_onto_input),
         cmocka_unit_test(test_write_failure_leaves_nothing),
         cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_messages_say_what_happened),
-        cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_prompts_json_invalid_utf8),
+        cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
         cmocka_unit_test(test_train_sft_sentencepiece), cmocka_unit_test(test_train_out_dir),

@@ -14,6 +14,7 @@
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_sched.h"
 #include "vkswarm/vks_toploc.h"
+#include "vkswarm/vks_verify_group.h"
 
 enum { N_SAMPLES = 200, STEPS = 40 };
 /* Samples per case: N_SAMPLES; 50 with VKSWARM_TEST_SHORT (tools/test's ASan
@@ -1340,6 +1341,231 @@ static void test_header_rules(void **state) {
     assert_non_null(strstr(vks_verify_header_problem(&h, mine, trusted, 2), "another model"));
 }
 
+
+/* ---------------- group verdicts on a sampled subset (issue 27) ---------------- */
+
+/* Fake rollouts: no model runs here; the verifier stand-in rejects the
+ * samples whose id starts with "bad" (what a real verifier does to a cheat is
+ * test_cli's test_verify_group_sampling). */
+typedef struct {
+    int calls, n_seen;
+    bool fail;
+} fake_verifier;
+
+static int fake_verify(void *ctx, const vks_rollout_sample *s, int n, vks_verdict *out) {
+    fake_verifier *f = ctx;
+    f->calls++;
+    f->n_seen += n;
+    if (f->fail) return vks_set_error(VKS_ERR_GPU, "fake failure");
+    for (int i = 0; i < n; i++) {
+        out[i] = (vks_verdict){.accepted = strncmp(s[i].id, "bad", 3) != 0};
+        if (!out[i].accepted) snprintf(out[i].reason, sizeof out[i].reason, "cheat %s", s[i].id);
+    }
+    return VKS_OK;
+}
+
+/* n samples of sampler seed `seed`; those with index in bad[] are cheats. */
+static void fake_group(vks_rollout_sample *s, int n, uint64_t seed, const bool *bad) {
+    for (int i = 0; i < n; i++) {
+        char id[64];
+        snprintf(id, sizeof id, "%s%llu-%d", bad && bad[i] ? "bad" : "ok", (unsigned long long)seed, i);
+        s[i] = (vks_rollout_sample){.id = strdup(id), .seed = seed, .seq = (uint32_t)i, .max_steps = 8};
+        assert_non_null(s[i].id);
+    }
+}
+
+static void free_fake(vks_rollout_sample *s, int n) {
+    for (int i = 0; i < n; i++) free(s[i].id);
+}
+
+/* The exact hypergeometric chance that none of k bad is among m of n, by log-gamma. */
+static double none_drawn(int n, int k, int m) {
+    if (n - k < m) return 0;
+    return exp(lgamma(n - k + 1.0) - lgamma(n - k - m + 1.0) - lgamma(n + 1.0) + lgamma(n - m + 1.0));
+}
+
+static void test_group_bound_formula(void **state) {
+    (void)state;
+    /* k = ceil(p n): 10% of 128 is 13; 10% of 30 is 3 (not 4: 0.1 * 30 rounds above 3 in double) */
+    assert_true(fabs(vks_group_pass_bound(128, 16, 0.1) - none_drawn(128, 13, 16)) < 1e-12);
+    assert_true(fabs(vks_group_pass_bound(30, 5, 0.1) - none_drawn(30, 3, 5)) < 1e-12);
+    assert_true(vks_group_pass_bound(128, 16, 0.1) <= pow(0.9, 16));
+    assert_true(fabs(vks_group_pass_bound(10, 3, 0.01) - 0.7) < 1e-12); /* at least one bad: 1 - m/n */
+    assert_true(vks_group_pass_bound(10, 10, 0.1) == 0);              /* all checked */
+    assert_true(vks_group_pass_bound(10, 2, 1.0) == 0);
+    for (int n = 1; n <= 200; n += 7)
+        for (int m = 1; m <= n; m += 5)
+            for (double p = 0.05; p <= 1; p += 0.15) {
+                int k = (int)ceil(p * n - 1e-9);
+                k = k < 1 ? 1 : k;
+                double want = none_drawn(n, k, m), got = vks_group_pass_bound(n, m, p);
+                if (fabs(got - want) > 1e-9 * (want > 1e-300 ? want : 1) + 1e-300)
+                    fail_msg("n %d m %d p %g: %.17g, want %.17g", n, m, p, got, want);
+                assert_true(got <= pow(1 - (double)k / n, m) + 1e-12);
+            }
+    vks_group_sampling gs;
+    vks_group_sampling_default(&gs);
+    gs.fraction = 0.125;
+    assert_int_equal(vks_group_checked_count(&gs, 128), 16);
+    assert_int_equal(vks_group_checked_count(&gs, 129), 17);
+    assert_int_equal(vks_group_checked_count(&gs, 3), 1);
+    gs.fraction = 0.1;
+    assert_int_equal(vks_group_checked_count(&gs, 30), 3);
+    gs.count = 40;
+    assert_int_equal(vks_group_checked_count(&gs, 30), 30);
+    assert_int_equal(vks_group_checked_count(&gs, 128), 40);
+    gs.count = -1;
+    assert_non_null(vks_group_sampling_problem(&gs));
+    gs.count = 0, gs.fraction = 0;
+    assert_non_null(vks_group_sampling_problem(&gs));
+    gs.fraction = 1.5;
+    assert_non_null(vks_group_sampling_problem(&gs));
+    gs.fraction = 0.5, gs.bad_fraction = 0;
+    assert_non_null(vks_group_sampling_problem(&gs));
+    gs.bad_fraction = 0.1;
+    assert_null(vks_group_sampling_problem(&gs));
+}
+
+enum { GN = 128, GM = 16, GBAD = 13 };
+
+/* Group 1 (seed 7): GN honest. Group 2 (seed 9): GN with GBAD cheats,
+ * interleaved with group 1 in the file. */
+static vks_rollout_sample *two_groups(void) {
+    vks_rollout_sample *s = calloc(2 * GN, sizeof *s), a[GN], b[GN];
+    assert_non_null(s);
+    bool bad[GN] = {0};
+    for (int i = 0; i < GBAD; i++) bad[(i * 37 + 5) % GN] = true;
+    fake_group(a, GN, 7, NULL);
+    fake_group(b, GN, 9, bad);
+    for (int i = 0; i < GN; i++) s[2 * i] = a[i], s[2 * i + 1] = b[i];
+    return s;
+}
+
+static void test_group_full_names_every_cheat(void **state) {
+    (void)state;
+    vks_rollout_sample *s = two_groups();
+    vks_group_sampling gs;
+    vks_group_sampling_default(&gs); /* fraction 1: every sample checked */
+    vks_verdict v[2 * GN];
+    vks_group_plan p;
+    fake_verifier f = {0};
+    assert_int_equal(vks_verify_groups(s, 2 * GN, &gs, fake_verify, &f, v, &p), VKS_OK);
+    assert_int_equal(f.calls, 1);
+    assert_int_equal(f.n_seen, 2 * GN);
+    assert_int_equal(p.n_groups, 2);
+    assert_true(p.groups[0].seed == 7 && p.groups[1].seed == 9); /* by first appearance */
+    assert_true(p.groups[0].accepted && !p.groups[1].accepted);
+    assert_int_equal(p.groups[1].n_failed, GBAD);
+    assert_int_equal(p.groups[0].n_checked, GN);
+    for (int i = 0; i < 2 * GN; i++) {
+        assert_true(p.checked[i]);
+        assert_int_equal(p.group_of[i], i % 2);
+        bool cheat = !strncmp(s[i].id, "bad", 3);
+        if (cheat) { /* named with the verifier's own reason */
+            char want[64];
+            snprintf(want, sizeof want, "cheat %s", s[i].id);
+            assert_string_equal(v[i].reason, want);
+        } else if (i % 2) {
+            assert_false(v[i].accepted); /* the whole group goes */
+            assert_non_null(strstr(v[i].reason, "checked and passed; group rejected: 13 of 128 checked samples failed"));
+        } else {
+            assert_true(v[i].accepted);
+        }
+    }
+    assert_int_equal(strncmp(s[p.groups[1].first_failed].id, "bad", 3), 0);
+    vks_group_plan_free(&p);
+    /* the verifier's failure is the caller's error */
+    f.fail = true;
+    assert_int_equal(vks_verify_groups(s, 2 * GN, &gs, fake_verify, &f, v, &p), VKS_ERR_GPU);
+    vks_group_plan_free(&p);
+    free_fake(s, 2 * GN);
+    free(s);
+}
+
+/* 16 of 128 checked per group: the subset follows the secret and the
+ * content, a group is rejected exactly when a checked sample is a cheat, and
+ * over 200 secrets the acceptance rate of the group with 13 cheats matches
+ * the stated bound C(115, 16) / C(128, 16). */
+static void test_group_sampling_statistics(void **state) {
+    (void)state;
+    vks_rollout_sample *s = two_groups();
+    vks_group_sampling gs;
+    vks_group_sampling_default(&gs);
+    gs.count = GM;
+    enum { SECRETS = 200 };
+    int accepted = 0, times_checked[2 * GN] = {0};
+    bool first[2 * GN];
+    for (int secret = 0; secret < SECRETS; secret++) {
+        gs.secret = 1000003u * (uint64_t)secret + 17;
+        vks_verdict v[2 * GN];
+        vks_group_plan p, again;
+        fake_verifier f = {0};
+        assert_int_equal(vks_verify_groups(s, 2 * GN, &gs, fake_verify, &f, v, &p), VKS_OK);
+        assert_int_equal(f.n_seen, 2 * GM);
+        assert_int_equal(vks_group_plan_make(s, 2 * GN, &gs, &again), VKS_OK); /* the same secret, the same subset */
+        assert_memory_equal(p.checked, again.checked, sizeof(bool) * 2 * GN);
+        vks_group_plan_free(&again);
+        if (secret == 0) memcpy(first, p.checked, sizeof first);
+        bool bad_checked = false;
+        int n_checked[2] = {0};
+        for (int i = 0; i < 2 * GN; i++) {
+            n_checked[i % 2] += p.checked[i];
+            times_checked[i] += p.checked[i];
+            bad_checked |= p.checked[i] && !strncmp(s[i].id, "bad", 3);
+        }
+        assert_int_equal(n_checked[0], GM);
+        assert_int_equal(n_checked[1], GM);
+        assert_true(p.groups[0].accepted);
+        assert_true(p.groups[1].accepted == !bad_checked); /* rejected exactly when a checked one is bad */
+        for (int i = 1; i < 2 * GN; i += 2) {
+            assert_true(v[i].accepted == !bad_checked);
+            if (!p.checked[i] && v[i].accepted) assert_string_equal(v[i].reason, ""); /* accepted unverified */
+        }
+        assert_true(fabs(p.groups[1].pass_bound - none_drawn(GN, GBAD, GM)) < 1e-12);
+        accepted += p.groups[1].accepted;
+        vks_group_plan_free(&p);
+    }
+    /* other secrets, other subsets; every sample is drawn sometimes (each
+     * misses 200 draws of 1/8 with chance 2.6e-12) */
+    vks_group_plan p;
+    gs.secret = 17 + 1000003u;
+    assert_int_equal(vks_group_plan_make(s, 2 * GN, &gs, &p), VKS_OK);
+    assert_memory_not_equal(p.checked, first, sizeof first);
+    vks_group_plan_free(&p);
+    for (int i = 0; i < 2 * GN; i++) assert_true(times_checked[i] > 0);
+    /* one changed byte of one sample redraws its group's subset, not the other's */
+    gs.secret = 17;
+    s[3].seq ^= 1;
+    assert_int_equal(vks_group_plan_make(s, 2 * GN, &gs, &p), VKS_OK);
+    bool same0 = true, same1 = true;
+    for (int i = 0; i < 2 * GN; i++) *(i % 2 ? &same1 : &same0) &= p.checked[i] == first[i];
+    assert_true(same0 && !same1);
+    vks_group_plan_free(&p);
+    s[3].seq ^= 1;
+    /* the empirical pass rate of the 13-of-128 group against the exact value (4 standard deviations) */
+    double want = none_drawn(GN, GBAD, GM), rate = (double)accepted / SECRETS;
+    double sd = sqrt(want * (1 - want) / SECRETS);
+    fprintf(stderr, "group of %d with %d bad, %d checked: passed %d of %d secrets (%.3f; exact %.4f, (1-p)^m %.4f)\n", GN,
+            GBAD, GM, accepted, SECRETS, rate, want, pow(1 - (double)GBAD / GN, GM));
+    assert_true(fabs(rate - want) <= 4 * sd);
+    /* one group for the whole file */
+    gs.whole_file = true;
+    assert_int_equal(vks_group_plan_make(s, 2 * GN, &gs, &p), VKS_OK);
+    assert_int_equal(p.n_groups, 1);
+    assert_int_equal(p.groups[0].n, 2 * GN);
+    assert_int_equal(p.groups[0].n_checked, GM);
+    vks_group_plan_free(&p);
+    /* no samples: no groups, the verifier still called once (verifier ranks wait for the end) */
+    vks_verdict none[1];
+    fake_verifier f = {0};
+    assert_int_equal(vks_verify_groups(s, 0, &gs, fake_verify, &f, none, &p), VKS_OK);
+    assert_int_equal(p.n_groups, 0);
+    assert_int_equal(f.calls, 1);
+    vks_group_plan_free(&p);
+    free_fake(s, 2 * GN);
+    free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_poly_known_values),
@@ -1366,6 +1592,9 @@ int main(void) {
         cmocka_unit_test(test_verify_huge_context),
         cmocka_unit_test(test_verify_sample_beyond_device),
         cmocka_unit_test(test_header_rules),
+        cmocka_unit_test(test_group_bound_formula),
+        cmocka_unit_test(test_group_full_names_every_cheat),
+        cmocka_unit_test(test_group_sampling_statistics),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     if (tu_test_short()) n_samples = 50;

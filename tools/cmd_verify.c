@@ -11,12 +11,14 @@
 #include "vkswarm/vks_verifier.h"
 #include "commands.h"
 #include "vkswarm/vks_toploc.h"
+#include "vkswarm/vks_verify_group.h"
 
 static const char verify_usage[] =
     "usage: vkswarm verify --model M --rollouts FILE [--prompts FILE [--tokenizer T]] [--device N]\n"
     "                      [--cpu] [--jsonl] [--batch N] [--stop-ids LIST] [--max-exp-mismatches N]\n"
     "                      [--max-mant-mean X] [--max-mant-median X] [--logit-margin X]\n"
     "                      [--dtype f32|f16|bf16] [--mpi [--timeout-s T]] [--threads N] [--cpu-reference]\n"
+    "                      [--sample-fraction F | --sample N] [--sample-seed S] [--bad-fraction P] [--group-by seed|file]\n"
     "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
     "recomputing it with one prefill over prompt + output: the TOPLOC proof of each chunk of 32\n"
     "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
@@ -42,7 +44,17 @@ static const char verify_usage[] =
     "--prompts FILE: the task, the prompts file given to generate/pipeline (one prompt per line,\n"
     "encoded with --tokenizer, or token ids after BOS without one): a sample with seq i must carry\n"
     "exactly prompt i, else it is rejected (\"prompt does not match the task\"). Without it a\n"
-    "changed prompt token can go unseen: TOPLOC commits only the rows that sample tokens.\n";
+    "changed prompt token can go unseen: TOPLOC commits only the rows that sample tokens.\n"
+    "Group verdicts (TOPLOC v2): --sample-fraction F (0 < F <= 1; ceil(F n), at least 1) or --sample N\n"
+    "verifies only that many samples of each group (--group-by seed, the default: the samples sharing a\n"
+    "sampler seed, one generation batch; file: the whole file) and accepts or rejects the group whole:\n"
+    "rejected when any checked sample fails, else its unchecked samples are \"accepted unverified\".\n"
+    "The subset is drawn from --sample-seed S (the verifier's secret: keep it from the workers; default:\n"
+    "a random one) and a hash of the group's samples. Bound: if k of a group's n samples are bad and m\n"
+    "are checked, the group passes with probability C(n-k, m) / C(n, m) <= (1 - k/n)^m; a line per group\n"
+    "gives it for k = ceil(P n), --bad-fraction P (default 0.1): \"group 1 (seed 10): accepted: 16 of 128\n"
+    "checked; a group with >= 10% bad rollouts passes with probability <= 0.1605\". --jsonl adds\n"
+    "\"checked\" to each sample and one {\"group\",...,\"pass_bound\"} object per group.\n";
 
 typedef struct {
     cli_model_args m;
@@ -54,6 +66,9 @@ typedef struct {
     int32_t trusted_stop[VKS_ROLLOUT_MAX_STOP];
     int n_trusted;
     bool stop_ids_given;
+    bool sampled, secret_given;   /* --sample-fraction / --sample; --sample-seed */
+    bool fraction_given, group_opts_given; /* --sample-fraction; --bad-fraction or --group-by */
+    vks_group_sampling gs;
 } verify_args;
 
 /* Without --stop-ids: 1 and 2 (llama2.c's BOS and EOS) and the model's own
@@ -96,7 +111,23 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
     else if (!strcmp(name, "max-mant-mean")) a->vo.toploc.max_mant_mean = cli_parse_double("--max-mant-mean", val, 0, 128);
     else if (!strcmp(name, "max-mant-median"))
         a->vo.toploc.max_mant_median = cli_parse_double("--max-mant-median", val, 0, 128);
-    else if (!strcmp(name, "logit-margin")) a->vo.logit_margin = (float)cli_parse_double("--logit-margin", val, 0, 1e6);
+    else if (!strcmp(name, "sample-fraction")) {
+        a->gs.fraction = cli_parse_double("--sample-fraction", val, 1e-9, 1);
+        a->sampled = a->fraction_given = true;
+    } else if (!strcmp(name, "sample")) {
+        a->gs.count = (int)cli_parse_long("--sample", val, 1, INT32_MAX);
+        a->sampled = true;
+    } else if (!strcmp(name, "sample-seed")) {
+        a->gs.secret = cli_parse_u64("--sample-seed", val);
+        a->secret_given = true;
+    } else if (!strcmp(name, "bad-fraction")) {
+        a->gs.bad_fraction = cli_parse_double("--bad-fraction", val, 1e-9, 1);
+        a->group_opts_given = true;
+    } else if (!strcmp(name, "group-by")) {
+        a->group_opts_given = true;
+        if (strcmp(val, "seed") && strcmp(val, "file")) cli_usage_error("verify", "--group-by: seed or file, not '%s'", val);
+        a->gs.whole_file = !strcmp(val, "file");
+    } else if (!strcmp(name, "logit-margin")) a->vo.logit_margin = (float)cli_parse_double("--logit-margin", val, 0, 1e6);
     else return false;
     return true;
 }
@@ -109,12 +140,15 @@ static void parse_verify(int argc, char **argv, verify_args *a) {
         {"jsonl", no_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"stop-ids", required_argument, 0, 0},
         {"max-exp-mismatches", required_argument, 0, 0}, {"max-mant-mean", required_argument, 0, 0},
         {"max-mant-median", required_argument, 0, 0}, {"logit-margin", required_argument, 0, 0},
-        {"timeout-s", required_argument, 0, 0},
+        {"timeout-s", required_argument, 0, 0}, {"sample-fraction", required_argument, 0, 0},
+        {"sample", required_argument, 0, 0}, {"sample-seed", required_argument, 0, 0},
+        {"bad-fraction", required_argument, 0, 0}, {"group-by", required_argument, 0, 0},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     a->m.device = -1;
     a->batch = 16;
     a->timeout_s = 20;
     vks_verify_options_default(&a->vo);
+    vks_group_sampling_default(&a->gs);
     a->trusted_stop[0] = 1;
     a->trusted_stop[1] = 2;
     a->n_trusted = 2;
@@ -126,18 +160,24 @@ static void parse_verify(int argc, char **argv, verify_args *a) {
     }
     if (optind < argc) cli_usage_error("verify", "unexpected argument '%s'", argv[optind]);
     if (!a->rollouts) cli_usage_error("verify", "--rollouts FILE is required");
+    if (a->gs.count > 0 && a->fraction_given) cli_usage_error("verify", "--sample and --sample-fraction: give one");
+    if (!a->sampled && (a->secret_given || a->group_opts_given))
+        cli_usage_error("verify", "--sample-seed, --bad-fraction and --group-by go with --sample-fraction or --sample");
+    if (a->sampled && !a->secret_given && vks_group_secret_random(&a->gs.secret)) cli_die(1, "verify: %s", vks_last_error());
 }
 
-static void print_verdict(const verify_args *a, const vks_rollout_sample *s, const vks_verdict *v) {
+/* checked: NULL without group sampling (the output is then as it always was). */
+static void print_verdict(const verify_args *a, const vks_rollout_sample *s, const vks_verdict *v, const bool *checked) {
     if (a->jsonl) {
         fputs("{\"id\":", stdout);
         cli_json_string(stdout, s->id, strlen(s->id));
         printf(",\"accepted\":%s,\"reason\":", v->accepted ? "true" : "false");
         cli_json_string(stdout, v->reason, strlen(v->reason));
+        if (checked) printf(",\"checked\":%s", *checked ? "true" : "false");
         fputs("}\n", stdout);
     } else { /* ids come from the file and reasons from verifier ranks: no raw tab or newline may forge a line */
         cli_put_escaped(stdout, s->id, strlen(s->id));
-        fputs(v->accepted ? "\taccepted" : "\trejected: ", stdout);
+        fputs(v->accepted ? (checked && !*checked ? "\taccepted unverified" : "\taccepted") : "\trejected: ", stdout);
         if (!v->accepted) cli_put_escaped(stdout, v->reason, strnlen(v->reason, sizeof v->reason));
         fputc('\n', stdout);
     }
@@ -247,6 +287,58 @@ static void share_stop_ids(verify_args *a, int rank) {
     a->vo.n_stop = settings.n;
 }
 
+/* Group sampling: the library hands over the samples it chose to check. */
+typedef struct {
+    const verify_args *a;
+    const vks_model *m;
+    const vks_rollout_header *header;
+    vks_dispatch_report *report;
+    int rc;
+} subset_job;
+
+static int verify_subset(void *ctx, const vks_rollout_sample *samples, int n, vks_verdict *out) {
+    subset_job *j = ctx;
+    vks_rollout_file sub = {.header = *j->header, .samples = (vks_rollout_sample *)samples, .n_samples = n};
+    j->rc = j->a->mpi ? verify_dispatch(j->a, j->m, &sub, out, j->report) : verify_all(j->a, j->m, &sub, out);
+    return VKS_OK;
+}
+
+static void print_group(const verify_args *a, int g, const vks_group_verdict *v, const vks_rollout_sample *samples) {
+    if (a->jsonl) {
+        printf("{\"group\":%d,\"seed\":", g + 1);
+        if (a->gs.whole_file) fputs("null", stdout);
+        else printf("%llu", (unsigned long long)v->seed);
+        printf(",\"samples\":%d,\"checked\":%d,\"failed\":%d,\"accepted\":%s,\"bad_fraction\":%.17g,"
+               "\"pass_bound\":%.17g}\n", v->n, v->n_checked, v->n_failed, v->accepted ? "true" : "false",
+               a->gs.bad_fraction, v->pass_bound);
+        return;
+    }
+    if (a->gs.whole_file) printf("group %d (file): ", g + 1);
+    else printf("group %d (seed %llu): ", g + 1, (unsigned long long)v->seed);
+    if (v->accepted) {
+        printf("accepted: %d of %d checked; a group with >= %g%% bad rollouts passes with probability <= %.4g\n",
+               v->n_checked, v->n, 100 * a->gs.bad_fraction, v->pass_bound);
+        return;
+    }
+    printf("rejected: %d of %d checked failed, the first ", v->n_failed, v->n_checked);
+    const char *id = samples[v->first_failed].id;
+    cli_put_escaped(stdout, id, strlen(id));
+    printf("; its %d samples rejected\n", v->n);
+}
+
+/* --sample-fraction / --sample: verdicts for groups from a checked subset of each. */
+static int verify_sampled(const verify_args *a, const vks_model *m, const vks_rollout_file *rf, vks_verdict *verdicts,
+                          vks_dispatch_report *report, vks_group_plan *plan) {
+    if (!a->secret_given) cli_note("verify: sampling with a random secret (--sample-seed S repeats a draw)");
+    subset_job j = {.a = a, .m = m, .header = &rf->header, .report = report};
+    if (vks_verify_groups(rf->samples, rf->n_samples, &a->gs, verify_subset, &j, verdicts, plan)) {
+        fprintf(stderr, "vkswarm: verify: %s\n", vks_last_error());
+        if (a->mpi) cli_mpi_abort(1);
+        exit(1);
+    }
+    return j.rc;
+}
+
 /* The task: every prompt of the prompts file, encoded as generate does. */
 typedef struct {
     vks_sequence *seqs;
@@ -311,28 +403,39 @@ int cmd_verify(int argc, char **argv) {
     const char *problem = vks_verify_header_problem(&rf.header, a.vo.model_hash, a.trusted_stop, a.n_trusted);
     int rc = 0;
     vks_dispatch_report report = {.first_lost = -1, .all_stopped = true};
+    vks_group_plan plan = {0};
     if (problem) {
         for (int i = 0; i < rf.n_samples; i++) snprintf(verdicts[i].reason, sizeof verdicts[i].reason, "%s", problem);
         verifier idle = {.a = &a, .m = m, .opened = true}; /* verifies nothing */
         if (a.mpi && size > 1 && vks_verifier_dispatch(vks_mpi_world(), 1, rf.samples, 0, a.batch, a.timeout_s,
                                                        verify_batch, &idle, verdicts, &report) == VKS_OK)
             report_lost(&report, a.timeout_s);
+    } else if (a.sampled) {
+        rc = verify_sampled(&a, m, &rf, verdicts, &report, &plan);
     } else {
         rc = a.mpi ? verify_dispatch(&a, m, &rf, verdicts, &report) : verify_all(&a, m, &rf, verdicts);
     }
-    int accepted = 0, total = rf.n_samples;
+    int accepted = 0, total = rf.n_samples, checked = 0, unverified = 0;
     for (int i = 0; i < total; i++) {
-        print_verdict(&a, &rf.samples[i], &verdicts[i]);
+        print_verdict(&a, &rf.samples[i], &verdicts[i], plan.checked ? &plan.checked[i] : NULL);
         accepted += verdicts[i].accepted;
+        checked += plan.checked && plan.checked[i];
+        unverified += plan.checked && !plan.checked[i] && verdicts[i].accepted;
     }
+    for (int g = 0; g < plan.n_groups; g++) print_group(&a, g, &plan.groups[g], rf.samples);
     FILE *summary = a.jsonl ? stderr : stdout;
-    fprintf(summary, "verified %d samples: %d accepted, %d rejected\n", total, accepted, total - accepted);
+    fprintf(summary, "verified %d samples: %d accepted, %d rejected", total, accepted, total - accepted);
+    if (plan.checked)
+        fprintf(summary, " (%d group%s; %d samples checked, %d accepted unverified)", plan.n_groups,
+                plan.n_groups == 1 ? "" : "s", checked, unverified);
+    fputc('\n', summary);
     if (a.mpi && !report.all_stopped) { /* MPI_Finalize would wait for the silent rank */
         cli_stdout_ok(); /* says so when the verdicts did not reach stdout */
         cli_mpi_abort(3);
     }
     fflush(stdout);
     free(verdicts);
+    vks_group_plan_free(&plan);
     free_task(&task);
     vks_rollout_file_free(&rf);
     vks_model_free(m);

@@ -22,6 +22,9 @@
  *                                mean entropy is reported either way)
  *   "save_every": 10,            a checkpoint every N steps (0: only the final one), for --resume
  *   "keep": 3,                   keep the newest N checkpoints (0: all)
+ *   "verify_sample": 0,          verifier ranks: 0 checks every completion; F in (0, 1] checks ceil(F n) of a
+ *                                batch's n judged completions, drawn with a fresh secret, and accepts or
+ *                                rejects the batch whole (group verdicts, vks_verify_group.h)
  *   "shardcast_key": "",         across ranks: a directory made by `vkswarm keygen`: the trainer signs
  *                                the weights with its shardcast.key, the others trust only its
  *                                shardcast.pub ("": a key pair made for the run, announced at start-up)
@@ -53,7 +56,7 @@ typedef struct {
 typedef struct {
     char task[512], init[16], model[1024], out[1024], shardcast_key[1024];
     int steps, prompts_per_step, group_size, async_level, max_new_tokens, save_every, keep, warmup;
-    double temperature, lr, length_penalty, token_budget, entropy_coef;
+    double temperature, lr, length_penalty, token_budget, entropy_coef, verify_sample;
     uint64_t seed;
     int length_targets[VKS_RL_MAX_LENGTH_TARGETS], n_length_targets;
     /* roles */

@@ -257,6 +257,29 @@ if [ $rc -eq 0 ] && refused 1 "group [0-9] came without its completions, but its
 else bad "cheating ranks with a verifier: status $rc"; grep "refused\|dropped" "$tmp/err.txt"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; fi
 fi
 
+# group verdicts (issue 27): the verifier rank checks ceil(0.25 n) of each batch's n judged
+# completions (verify_sample 0.25) and accepts or rejects the batch whole; both inference ranks
+# cheat as above. Each batch's line says how many were checked and failed; a batch is rejected
+# exactly when a checked completion failed, and then every one of its completions is rejected
+# (the rejection lines add up to the rejected batches' sizes); accepted batches reject none.
+config "$tmp/sampled" 2 0 3
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-cheat-every 5 --set verify_sample=0.25 \
+    > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+batches=$(grep -c "verifier rank 3: batch \(accepted\|rejected\): [0-9]* of [0-9]* completions checked" "$tmp/err.txt")
+wrong=$(grep -o "verifier rank 3: batch [a-z]*: [0-9]* of [0-9]* completions checked ([0-9]* failed); a batch with >= 10% bad completions passes with probability <= [0-9.e-]*" "$tmp/err.txt" |
+    awk '{ v = $5; m = $6; n = $8; f = substr($11, 2) + 0; k = int(n * 0.1); if (k < n * 0.1) k++; if (k < 1) k = 1
+           p = 1; for (i = 0; i < m; i++) p *= (n - k - i > 0) ? (n - k - i) / (n - i) : 0
+           want = sprintf("%.4g", p); got = $NF
+           if (m != int((n + 3) / 4) || (v == "rejected:") != (f > 0) || got != want) bad++ }
+         END { print bad + 0 }')
+in_rejected=$(grep -o "verifier rank 3: batch rejected: [0-9]* of [0-9]*" "$tmp/err.txt" | awk '{ s += $NF } END { print s + 0 }')
+rejected_lines=$(grep -c "verifier rank 3: batch [0-9]* of rank [12]: completion [0-9]* rejected" "$tmp/err.txt")
+if [ $rc -eq 0 ] && [ "$batches" -ge 2 ] && [ "$wrong" = 0 ] && [ "$rejected_lines" = "$in_rejected" ] &&
+   metrics_ok "$tmp/sampled/metrics.jsonl" 2 0; then
+    ok "verify_sample 0.25: $batches batches judged whole on a sampled quarter, $in_rejected completions in rejected batches, bounds as C(n-k,m)/C(n,m)"
+else bad "verify_sample: status $rc, $batches batches, $wrong wrong lines, $rejected_lines rejections vs $in_rejected"; tail -5 "$tmp/err.txt"; fi
+
 if [ -z "$short" ]; then
 # an inference rank killed mid-run: the second stage (rank 3) of the pipeline group [2, 3]. Its
 # first stage's pipeline names it and that rank ends; the trainer drops the group (rank 2, for its
