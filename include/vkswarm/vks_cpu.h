@@ -34,4 +34,8 @@ void vks_cpu_parallel(const vks_cpu *c, int n, void (*fn)(void *ctx, int begin, 
 /* cblas_sgemm's rate in GFLOP/s on y[M,N] = x[M,K] W[N,K]^T (as the forward
  * calls it) with `threads` BLAS threads, repeated for about `seconds`. */
 int vks_cpu_sgemm_rate(int M, int N, int K, int threads, double seconds, double *gflops);
+/* The BLAS build and the kernels it picked for this CPU (OpenBLAS's
+ * openblas_get_config and openblas_get_corename: "Haswell", "SkylakeX", "Zen", ...),
+ * as "CONFIG; kernels CORE" in buf. */
+void vks_cpu_blas_info(char *buf, size_t size);
 #endif

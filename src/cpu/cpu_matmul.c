@@ -12,10 +12,15 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 void vks_cpu_blas_threads(int threads) { openblas_set_num_threads(threads); }
+
+void vks_cpu_blas_info(char *buf, size_t size) {
+    if (buf && size) snprintf(buf, size, "%s; kernels %s", openblas_get_config(), openblas_get_corename());
+}
 
 #if defined(__x86_64__)
 #include <cpuid.h>
