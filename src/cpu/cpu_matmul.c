@@ -130,6 +130,7 @@ size_t vks_cpu_panel_floats(const vks_model *m, int item_rows) {
 }
 
 void vks_cpu_matmul(vks_cpu *c, const vks_tensor *W, const float *x, int M, float *y) {
+    if (M <= 0) return;
     matmul_job j = {.c = c, .W = W, .x = x, .M = M, .y = y, .items = split_items(c, W, M)};
     vks_cpu_parallel_for(c->threads, (int)j.items, 1, matmul_items, &j);
 }
