@@ -185,6 +185,47 @@ static void test_odd_shapes_and_panels(void **state) {
     free_allocs(&a);
 }
 
+/* Logits and hidden rows of one prefill (lens: n sequences) on `threads`. */
+static void prefill_on(const vks_model *m, int threads, const int32_t *ids, const int *lens, int n, int total,
+                       float *logits, float *hidden) {
+    vks_cpu_options o = {.threads = threads};
+    vks_cpu *c;
+    assert_int_equal(vks_cpu_create(m, &o, &c), VKS_OK);
+    assert_int_equal(vks_cpu_prefill(c, ids, lens, n, NULL, total, logits, hidden), VKS_OK);
+    vks_cpu_destroy(c);
+}
+
+/* Every thread count gives the same bits: weight rows are split among
+ * threads, never a dot product's K sum, and no split call is small enough
+ * for OpenBLAS's small-matrix kernel (10 rows: 1-row-of-work items did). */
+static void test_same_bits_on_any_thread_count(void **state) {
+    (void)state;
+    vks_dtype types[] = {VKS_DTYPE_F32, VKS_DTYPE_Q8_0};
+    int batches[][3] = {{48, 5, 17}, {7, 3, 0}};
+    size_t V = 300, D = 256;
+    int32_t *ids = make_ids(70, (int)V, 5);
+    float *first = malloc(sizeof(float) * V * 70), *logits = malloc(sizeof(float) * V * 70);
+    float *first_h = malloc(sizeof(float) * D * 70), *hidden = malloc(sizeof(float) * D * 70);
+    assert_true(ids && first && logits && first_h && hidden);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        allocs a = {0};
+        vks_model *m = block_model(1);
+        convert_model(m, types[i], &a);
+        for (int b = 0; b < 2; b++) {
+            int n = batches[b][2] ? 3 : 2, total = batches[b][0] + batches[b][1] + batches[b][2];
+            prefill_on(m, 1, ids, batches[b], n, total, first, first_h);
+            for (int threads = 2; threads <= 5; threads++) {
+                prefill_on(m, threads, ids, batches[b], n, total, logits, hidden);
+                assert_memory_equal(logits, first, sizeof(float) * V * (size_t)total);
+                assert_memory_equal(hidden, first_h, sizeof(float) * D * (size_t)total);
+            }
+        }
+        vks_model_free(m);
+        free_allocs(&a);
+    }
+    free(ids), free(first), free(logits), free(first_h), free(hidden);
+}
+
 static void test_output_rows_and_bad_arguments(void **state) {
     (void)state;
     vks_model *m = block_model(1);
@@ -408,6 +449,7 @@ int main(void) {
         cmocka_unit_test(test_stories_f32_within_1e4),
         cmocka_unit_test(test_every_weight_type_with_biases),
         cmocka_unit_test(test_odd_shapes_and_panels),
+        cmocka_unit_test(test_same_bits_on_any_thread_count),
         cmocka_unit_test(test_output_rows_and_bad_arguments),
         cmocka_unit_test(test_verdicts_same_on_1_and_n_threads),
         cmocka_unit_test(test_gpu_rollouts_accepted),

@@ -20,7 +20,7 @@ static const char bench_usage[] =
     "Defaults: --batch 1 --prompt-len 128 --gen 32 --dtype f32.\n"
     "       vkswarm bench --sgemm M,N,K [--threads N]\n"
     "prints OpenBLAS cblas_sgemm's GFLOP/s on y[M,N] = x[M,K] W[N,K]^T as the CPU forward calls it\n"
-    "(--threads: default every core), the ceiling for `verify --cpu`.\n";
+    "(--threads: default every core), the ceiling for `verify --cpu`, and the BLAS kernels in use.\n";
 
 /* --sgemm M,N,K: the CPU forward's matrix-product rate (no model, no GPU). */
 static int bench_sgemm(const char *spec, int threads) {
@@ -32,7 +32,10 @@ static int bench_sgemm(const char *spec, int threads) {
         if (v[i] < 1 || v[i] > 65536) cli_die(EXIT_BAD_INPUT, "--sgemm: %ld outside 1..65536", v[i]);
     double gflops;
     if (vks_cpu_sgemm_rate((int)v[0], (int)v[1], (int)v[2], threads, 2.0, &gflops)) cli_die(1, "bench: %s", vks_last_error());
-    printf("sgemm %ldx%ldx%ld, %d threads: %.1f GFLOP/s\n", v[0], v[1], v[2], vks_cpu_thread_count(threads), gflops);
+    char blas[256];
+    vks_cpu_blas_info(blas, sizeof blas);
+    printf("sgemm %ldx%ldx%ld, %d threads: %.1f GFLOP/s\nBLAS: %s\n", v[0], v[1], v[2], vks_cpu_thread_count(threads),
+           gflops, blas);
     return 0;
 }
 

@@ -2,9 +2,9 @@
  * as the engine over many sequences (rows) at once: grouped-query attention,
  * both RoPE pairings, Qwen2 q/k/v biases and every weight type the engine
  * reads. Matrix products go through OpenBLAS cblas_sgemm (one BLAS thread
- * per call): a weight's rows are split among the context's pthreads, and
- * f16, bf16, Q8_0, Q4_0, Q4_K and Q6_K rows are dequantized into each
- * thread's reused f32 panel (no f32 copy of the model). Norms, RoPE and
+ * per call): a weight's rows are split among the context's pthreads, a share
+ * each, and f16, bf16, Q8_0, Q4_0, Q4_K and Q6_K rows are dequantized into
+ * each thread's reused f32 panel (no f32 copy of the model). Norms, RoPE and
  * attention run on the same threads. The float64 reference
  * (vks_ref_forward.h) stays the oracle. */
 #ifndef VKS_CPU_H
@@ -15,7 +15,7 @@ typedef struct vks_cpu vks_cpu;
 
 typedef struct {
     int threads;    /* <= 0: every online core */
-    int panel_rows; /* weight rows converted per sgemm panel; <= 0: about 1 MiB of f32 */
+    int panel_rows; /* most weight rows per sgemm call; <= 0: one share per thread (converted: <= ~8 MiB) */
 } vks_cpu_options;
 
 /* Thread count a vks_cpu_options.threads value means (<= 0: online cores). */
@@ -38,4 +38,8 @@ void vks_cpu_parallel(const vks_cpu *c, int n, void (*fn)(void *ctx, int begin, 
 /* cblas_sgemm's rate in GFLOP/s on y[M,N] = x[M,K] W[N,K]^T (as the forward
  * calls it) with `threads` BLAS threads, repeated for about `seconds`. */
 int vks_cpu_sgemm_rate(int M, int N, int K, int threads, double seconds, double *gflops);
+/* The BLAS build and the kernels it picked for this CPU (OpenBLAS's
+ * openblas_get_config and openblas_get_corename: "Haswell", "SkylakeX", "Zen", ...),
+ * as "CONFIG; kernels CORE" in buf. */
+void vks_cpu_blas_info(char *buf, size_t size);
 #endif

@@ -1,19 +1,26 @@
 /* vks_cpu_matmul.c: weight products through OpenBLAS cblas_sgemm. The weight's
- * rows are split among the context's threads, panel_rows at a time; f32
- * weights are used in place, every other dtype is dequantized into the
- * worker's reused f32 panel; each panel's one-thread sgemm writes straight
- * into its columns of y (ldc = W->rows). OpenBLAS's own threads stay off:
- * its idle threads spin in sched_yield while conversion runs (measured: on 2
- * cores f16/q8_0 ran at half the f32 rate, mostly in the scheduler). */
+ * rows are split among the context's threads, one share each (see
+ * split_items); f32 weights are used in place, every other dtype is dequantized
+ * into the worker's reused f32 panel; each share's one-thread sgemm writes
+ * straight into its columns of y (ldc = W->rows). OpenBLAS's own threads stay
+ * off: its idle threads spin in sched_yield while conversion and the
+ * non-GEMM steps run (measured: on 2 cores f16/q8_0 ran at half the f32
+ * rate, mostly in the scheduler; a whole-matrix threaded sgemm per product
+ * measured below these one-thread shares, BENCHMARKS.md). */
 #include "cpu/cpu_internal.h"
 #include "vkswarm/vks_quant.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 void vks_cpu_blas_threads(int threads) { openblas_set_num_threads(threads); }
+
+void vks_cpu_blas_info(char *buf, size_t size) {
+    if (buf && size) snprintf(buf, size, "%s; kernels %s", openblas_get_config(), openblas_get_corename());
+}
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -55,32 +62,77 @@ static void sgemm_xwt(const float *x, const float *w, int M, int N, int K, float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, ldy);
 }
 
+enum {
+    PANEL_MAX_FLOATS = 1 << 21, /* 8 MiB of converted rows per thread */
+    MIN_CALL_MACS = 1 << 22,    /* multiply-adds of an sgemm call of a split product */
+};
+
 typedef struct {
     const vks_cpu *c;
     const vks_tensor *W;
     const float *x;
     int M;
+    int64_t items; /* item i: weight rows [i N / items, (i + 1) N / items) */
     float *y;
 } matmul_job;
 
-/* Weight rows [begin, end): converted into this worker's panel unless f32. */
-static void matmul_rows(void *ctx, int begin, int end, int worker) {
+static void matmul_items(void *ctx, int begin, int end, int worker) {
     matmul_job *j = ctx;
-    int N = (int)j->W->rows, K = (int)j->W->cols;
-    const float *w = (const float *)j->W->data + (size_t)begin * (size_t)K;
-    if (j->W->dtype != VKS_DTYPE_F32) {
-        float *panel = j->c->panel + (size_t)worker * j->c->panel_floats;
-        vks_cpu_convert_rows(j->W, begin, end - begin, panel);
-        w = panel;
+    int64_t N = j->W->rows, K = j->W->cols;
+    for (int i = begin; i < end; i++) {
+        int64_t r0 = i * N / j->items, r1 = (i + 1) * N / j->items;
+        const float *w = (const float *)j->W->data + (size_t)(r0 * K);
+        if (j->W->dtype != VKS_DTYPE_F32) {
+            float *panel = j->c->panel + (size_t)worker * j->c->panel_floats;
+            vks_cpu_convert_rows(j->W, r0, r1 - r0, panel);
+            w = panel;
+        }
+        sgemm_xwt(j->x, w, j->M, (int)(r1 - r0), (int)K, j->y + r0, (int)N);
     }
-    sgemm_xwt(j->x, w, j->M, end - begin, K, j->y + begin, N);
+}
+
+/* Items of nearly equal rows a product is split into. Each sgemm call packs
+ * all M activation rows again, so: one item per thread, or the next multiple
+ * of the threads when converted rows must fit the panel (or the items are
+ * limited, vks_cpu_options.panel_rows). None does fewer than MIN_CALL_MACS
+ * multiply-adds (smaller products run whole on one thread): OpenBLAS sends
+ * calls below about 10^6 to its small-matrix kernel, which sums K in another
+ * order, so results would change with the thread count. (Panel-limited items
+ * have at least PANEL_MAX_FLOATS / 2 rows' worth, 2^20 M multiply-adds.) */
+static int64_t split_items(const vks_cpu *c, const vks_tensor *W, int M) {
+    int64_t N = W->rows, K = W->cols, most = N;
+    if (c->item_rows > 0 && most > c->item_rows) most = c->item_rows;
+    if (W->dtype != VKS_DTYPE_F32 && most * K > (int64_t)c->panel_floats) most = (int64_t)c->panel_floats / K;
+    int64_t needed = (N + most - 1) / most;
+    int64_t items = (needed + c->threads - 1) / c->threads * c->threads;
+    int64_t least = (MIN_CALL_MACS + (int64_t)M * K - 1) / ((int64_t)M * K);
+    int64_t fit = N / least > 1 ? N / least : 1;
+    if (items > fit) items = fit > needed ? fit : needed;
+    return items;
+}
+
+size_t vks_cpu_panel_floats(const vks_model *m, int item_rows) {
+    size_t need = 0;
+    for (int l = 0; l <= m->cfg.n_layers; l++) {
+        const vks_layer_weights *w = l < m->cfg.n_layers ? &m->layers[l] : NULL;
+        const vks_tensor *all[] = {w ? &w->wq : &m->classifier, w ? &w->wk : NULL, w ? &w->wv : NULL, w ? &w->wo : NULL,
+                                   w ? &w->w1 : NULL, w ? &w->w2 : NULL, w ? &w->w3 : NULL};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+            const vks_tensor *t = all[i];
+            if (!t || t->dtype == VKS_DTYPE_F32) continue;
+            size_t rows = item_rows > 0 && item_rows < t->rows ? (size_t)item_rows : (size_t)t->rows;
+            size_t floats = rows * (size_t)t->cols, cap = PANEL_MAX_FLOATS > t->cols ? PANEL_MAX_FLOATS : (size_t)t->cols;
+            floats = floats < cap ? floats : cap;
+            need = floats > need ? floats : need;
+        }
+    }
+    return need;
 }
 
 void vks_cpu_matmul(vks_cpu *c, const vks_tensor *W, const float *x, int M, float *y) {
-    matmul_job j = {.c = c, .W = W, .x = x, .M = M, .y = y};
-    int N = (int)W->rows, share = (N + c->threads - 1) / c->threads; /* every thread gets work */
-    int rows = share < c->panel_rows ? (share < 16 && c->panel_rows > 16 ? 16 : share) : c->panel_rows;
-    vks_cpu_parallel_for(c->threads, N, rows, matmul_rows, &j);
+    if (M <= 0) return;
+    matmul_job j = {.c = c, .W = W, .x = x, .M = M, .y = y, .items = split_items(c, W, M)};
+    vks_cpu_parallel_for(c->threads, (int)j.items, 1, matmul_items, &j);
 }
 
 int vks_cpu_sgemm_rate(int M, int N, int K, int threads, double seconds, double *gflops) {

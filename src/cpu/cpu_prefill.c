@@ -14,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Default panel: 1 MiB of f32 per thread (at least 16 rows). */
-enum { PANEL_FLOATS = 1 << 18, MAX_PANEL_ROWS = 1 << 16 };
 
 typedef struct {
     int rows, n_seqs, max_len;
@@ -85,14 +83,8 @@ static void rmsnorm_rows(void *ctx, int begin, int end, int worker) {
     (void)worker;
     row_job *j = ctx;
     size_t D = (size_t)j->width;
-    for (int r = begin; r < end; r++) {
-        const float *x = j->in + (size_t)r * D;
-        float *y = j->out + (size_t)r * D;
-        double sum_sq = 0.0;
-        for (size_t d = 0; d < D; d++) sum_sq += (double)x[d] * (double)x[d];
-        double inv = 1.0 / sqrt(sum_sq / (double)D + (double)j->c->m->cfg.norm_eps);
-        for (size_t d = 0; d < D; d++) y[d] = (float)((double)x[d] * inv * (double)j->w[d]);
-    }
+    for (int r = begin; r < end; r++)
+        vks_cpu_rmsnorm_row(j->in + (size_t)r * D, j->w, j->width, j->c->m->cfg.norm_eps, j->out + (size_t)r * D);
 }
 
 static void rmsnorm(vks_cpu *c, activations *a, const vks_tensor *w, const float *in, int rows, float *out) {
@@ -128,11 +120,8 @@ static void rope(vks_cpu *c, activations *a, float *x, int width) {
 static void swiglu_rows(void *ctx, int begin, int end, int worker) {
     (void)worker;
     row_job *j = ctx;
-    size_t W = (size_t)j->width;
-    for (size_t i = (size_t)begin * W; i < (size_t)end * W; i++) {
-        float g = j->a->h1[i];
-        j->a->h1[i] = g / (1.0f + expf(-g)) * j->a->h3[i];
-    }
+    size_t W = (size_t)j->width, first = (size_t)begin * W;
+    vks_cpu_silu_mul(j->a->h1 + first, j->a->h3 + first, (size_t)(end - begin) * W);
 }
 
 static void add_rows(void *ctx, int begin, int end, int worker) {
@@ -165,13 +154,10 @@ enum { ATT_BLOCK = 64 };
 
 static void softmax_causal(float *s, int ld, int rows, int t0) {
     for (int i = 0; i < rows; i++) {
-        float *row = s + (size_t)i * ld, max_score = -INFINITY, total = 0.0f;
+        float *row = s + (size_t)i * ld;
         int last = t0 + i;
-        for (int u = 0; u <= last; u++) max_score = row[u] > max_score ? row[u] : max_score;
-        for (int u = 0; u <= last; u++) total += (row[u] = expf(row[u] - max_score));
-        float inv = 1.0f / total;
-        for (int u = 0; u <= last; u++) row[u] *= inv;
-        for (int u = last + 1; u < ld; u++) row[u] = 0.0f;
+        vks_cpu_softmax(row, last + 1);
+        memset(row + last + 1, 0, (size_t)(ld - last - 1) * sizeof *row);
     }
 }
 
@@ -336,14 +322,14 @@ int vks_cpu_create(const vks_model *m, const vks_cpu_options *opt, vks_cpu **out
     int64_t wide = widest_row(m);
     c->m = m;
     c->threads = vks_cpu_thread_count(opt ? opt->threads : 0);
-    c->panel_rows = opt && opt->panel_rows > 0 ? (opt->panel_rows < MAX_PANEL_ROWS ? opt->panel_rows : MAX_PANEL_ROWS)
-                                               : (int)(PANEL_FLOATS / wide > 16 ? PANEL_FLOATS / wide : 16);
-    c->panel_floats = (size_t)c->panel_rows * (size_t)wide;
-    c->panel = malloc(c->panel_floats * (size_t)c->threads * sizeof(float));
+    c->item_rows = opt && opt->panel_rows > 0 ? opt->panel_rows : 0;
+    c->panel_floats = vks_cpu_panel_floats(m, c->item_rows);
+    c->panel = c->panel_floats ? malloc(c->panel_floats * (size_t)c->threads * sizeof(float)) : NULL;
     c->vec = malloc((size_t)wide * sizeof(float));
-    if (!c->panel || !c->vec) {
+    if ((c->panel_floats && !c->panel) || !c->vec) {
         vks_cpu_destroy(c);
-        return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_create: out of memory for a %d-row panel", opt ? opt->panel_rows : 0);
+        return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_create: out of memory for %d panels of %zu floats", c->threads,
+                             c->panel_floats);
     }
     *out = c;
     return VKS_OK;
