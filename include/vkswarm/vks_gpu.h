@@ -97,6 +97,23 @@ int vks_cmd_submit(vks_cmd *c);
 /* Frees a command buffer without submitting (after a recording error). */
 void vks_cmd_discard(vks_cmd *c);
 
+/* What a recording holds so far (vks_cmd_counts). */
+typedef struct {
+    uint64_t dispatches, barriers, descriptor_writes;
+} vks_cmd_counts;
+void vks_cmd_counts_get(const vks_cmd *c, vks_cmd_counts *out);
+
+/* What the runtime did since the device was opened; counts are exact.
+ * dispatches/barriers: executed (a replayed recording counts again);
+ * descriptor_writes: descriptors written by the host; submits: queue
+ * submissions (each waited for); wait_s: host time blocked on the device;
+ * kernel_ms: timestamped kernel time (profiling only). */
+typedef struct {
+    uint64_t dispatches, barriers, descriptor_writes, submits;
+    double wait_s, kernel_ms;
+} vks_gpu_counters;
+void vks_gpu_counters_get(const vks_gpu *g, vks_gpu_counters *out);
+
 /* Profiling: per-label accumulated GPU time since the last reset. */
 typedef struct { char label[48]; double ms; uint64_t calls; } vks_profile_entry;
 int vks_gpu_profile(const vks_gpu *g, vks_profile_entry *out, int max);

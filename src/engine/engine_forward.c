@@ -135,24 +135,69 @@ static int download_outputs(vks_engine *e, const vks_forward_batch *b) {
     return rc;
 }
 
-int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
-    if (!e || !b) return vks_set_error(VKS_ERR_ARG, "vks_engine_forward: NULL argument");
-    int rc = check_batch(e, b);
-    if (rc || (rc = upload_inputs(e, b))) return rc;
-    vks_cmd *c;
-    if ((rc = vks_cmd_begin(e->gpu, &c))) return rc;
-    e->matmul_kind = b->matmul_kind;
+/* Records the forward of b (inputs uploaded) into c. *layers gets the
+ * transformer layers' share of the recording. */
+static int record_forward(vks_engine *e, vks_cmd *c, const vks_forward_batch *b, vks_cmd_counts *layers) {
     uint32_t R = (uint32_t)b->n_rows;
+    int rc = VKS_OK;
+    e->matmul_kind = b->matmul_kind;
     if (e->w.has_embed) rc = record_embedding(e, c, R);
+    vks_cmd_counts before, after;
+    vks_cmd_counts_get(c, &before);
     for (int i = 0; i < e->w.n_layers && rc == VKS_OK; i++) {
         rc = record_attention_block(e, c, &e->w.layers[i], &e->kv[i], R);
         if (rc == VKS_OK) rc = record_ffn_block(e, c, &e->w.layers[i], R);
     }
+    vks_cmd_counts_get(c, &after);
+    *layers = (vks_cmd_counts){after.dispatches - before.dispatches, after.barriers - before.barriers,
+                               after.descriptor_writes - before.descriptor_writes};
     if (rc == VKS_OK && e->w.has_head && b->n_out > 0) rc = record_head(e, c, b);
-    if (rc) {
+    return rc;
+}
+
+static int run_forward(vks_engine *e, const vks_forward_batch *b, vks_cmd_counts *layers) {
+    int rc = upload_inputs(e, b);
+    vks_cmd *c;
+    if (rc || (rc = vks_cmd_begin(e->gpu, &c))) return rc;
+    if ((rc = record_forward(e, c, b, layers))) {
         vks_cmd_discard(c);
         return rc;
     }
+    e->stats.recorded++;
     if ((rc = vks_cmd_submit(c))) return rc;
     return download_outputs(e, b);
+}
+
+static void count_forward(vks_engine *e, const vks_gpu_counters *before, double t0, const vks_cmd_counts *layers) {
+    vks_gpu_counters after;
+    vks_gpu_counters_get(e->gpu, &after);
+    vks_engine_stats *s = &e->stats;
+    s->forwards++;
+    s->dispatches += after.dispatches - before->dispatches;
+    s->barriers += after.barriers - before->barriers;
+    s->descriptor_writes += after.descriptor_writes - before->descriptor_writes;
+    s->submits += after.submits - before->submits;
+    s->wait_s += after.wait_s - before->wait_s;
+    s->layers += (uint64_t)e->w.n_layers;
+    s->layer_dispatches += layers->dispatches;
+    s->layer_barriers += layers->barriers;
+    s->layer_descriptor_writes += layers->descriptor_writes;
+    s->wall_s += vks_seconds_now() - t0;
+}
+
+int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
+    if (!e || !b) return vks_set_error(VKS_ERR_ARG, "vks_engine_forward: NULL argument");
+    int rc = check_batch(e, b);
+    if (rc) return rc;
+    double t0 = vks_seconds_now();
+    vks_gpu_counters before;
+    vks_gpu_counters_get(e->gpu, &before);
+    vks_cmd_counts layers = {0};
+    rc = run_forward(e, b, &layers);
+    if (rc == VKS_OK) count_forward(e, &before, t0, &layers);
+    return rc;
+}
+
+void vks_engine_stats_get(const vks_engine *e, vks_engine_stats *out) {
+    if (out) *out = e ? e->stats : (vks_engine_stats){0};
 }

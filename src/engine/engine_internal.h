@@ -58,6 +58,7 @@ struct vks_engine {
     dev_layer_kv *kv;  /* w.n_layers entries */
     dev_activations act;
     uint64_t weight_bytes, device_bytes;
+    vks_engine_stats stats;
 };
 
 /* engine_weights.c: device bytes the weights of opt's layer range need, and

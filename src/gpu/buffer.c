@@ -90,7 +90,10 @@ int vks_gpu_oneshot_end(vks_gpu *g, VkCommandBuffer cb) {
     vkEndCommandBuffer(cb);
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
     VkResult r = vkQueueSubmit(g->queue, 1, &si, g->fence);
+    g->counters.submits++;
+    double t0 = vks_seconds_now();
     if (r == VK_SUCCESS) r = vkWaitForFences(g->dev, 1, &g->fence, VK_TRUE, UINT64_MAX);
+    g->counters.wait_s += vks_seconds_now() - t0;
     vkResetFences(g->dev, 1, &g->fence);
     vkFreeCommandBuffers(g->dev, g->pool, 1, &cb);
     return r == VK_SUCCESS ? VKS_OK : vks_vk_error(r, "vkQueueSubmit/vkWaitForFences");

@@ -45,9 +45,17 @@ static void destroy_pools(vks_cmd *c) {
  * command buffer with empty pools. The barrier that precedes the next
  * dispatch (n_dispatches stays > 0) orders it after the submitted work. On
  * failure c->cb is VK_NULL_HANDLE and the recording can only be discarded. */
+/* The work of a submitted recording is counted as executed. */
+static void count_submitted(vks_cmd *c) {
+    c->gpu->counters.dispatches += c->unsubmitted.dispatches;
+    c->gpu->counters.barriers += c->unsubmitted.barriers;
+    c->unsubmitted = (vks_cmd_counts){0};
+}
+
 static int flush_and_continue(vks_cmd *c) {
     vks_gpu *g = c->gpu;
     int rc = vks_gpu_oneshot_end(g, c->cb);
+    count_submitted(c);
     c->cb = VK_NULL_HANDLE;
     if (rc == VKS_OK) collect_profile(c);
     destroy_pools(c);
@@ -98,6 +106,8 @@ void vks_cmd_barrier(vks_cmd *c) {
                                            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT};
     VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
     vkCmdPipelineBarrier(c->cb, stages, stages, 0, 1, &mb, 0, NULL, 0, NULL);
+    c->counts.barriers++;
+    c->unsubmitted.barriers++;
 }
 
 static void write_descriptors(vks_cmd *c, VkDescriptorSet set, const vks_binding *b, int n) {
@@ -112,6 +122,8 @@ static void write_descriptors(vks_cmd *c, VkDescriptorSet set, const vks_binding
                                            .pBufferInfo = &infos[i]};
     }
     vkUpdateDescriptorSets(c->gpu->dev, (uint32_t)n, writes, 0, NULL);
+    c->counts.descriptor_writes += (uint64_t)n;
+    c->gpu->counters.descriptor_writes += (uint64_t)n;
 }
 
 int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bindings, const void *push,
@@ -142,6 +154,8 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
         c->n_queries += 2;
     }
     c->n_dispatches++;
+    c->counts.dispatches++;
+    c->unsubmitted.dispatches++;
     return VKS_OK;
 }
 
@@ -180,8 +194,11 @@ static void collect_profile(vks_cmd *c) {
     VkResult r = vkGetQueryPoolResults(g->dev, g->query_pool, 0, c->n_queries, sizeof(uint64_t) * c->n_queries,
                                        ts, sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
     if (r == VK_SUCCESS)
-        for (uint32_t i = 0; i + 1 < c->n_queries; i += 2)
-            add_profile_sample(g, c->labels[i / 2], (double)(ts[i + 1] - ts[i]) * g->info.timestamp_period_ns * 1e-6);
+        for (uint32_t i = 0; i + 1 < c->n_queries; i += 2) {
+            double ms = (double)(ts[i + 1] - ts[i]) * g->info.timestamp_period_ns * 1e-6;
+            add_profile_sample(g, c->labels[i / 2], ms);
+            g->counters.kernel_ms += ms;
+        }
     free(ts);
 }
 
@@ -192,6 +209,7 @@ int vks_cmd_submit(vks_cmd *c) {
         return vks_set_error(VKS_ERR_ARG, "vks_cmd_submit: the recording failed earlier");
     }
     int rc = vks_gpu_oneshot_end(c->gpu, c->cb);
+    count_submitted(c);
     if (rc == VKS_OK) collect_profile(c);
     destroy_pools(c);
     free(c);
@@ -214,6 +232,14 @@ int vks_gpu_profile(const vks_gpu *g, vks_profile_entry *out, int max) {
     int n = g->n_profile_entries < max ? g->n_profile_entries : max;
     memcpy(out, g->profile_entries, sizeof(vks_profile_entry) * (size_t)n);
     return n;
+}
+
+void vks_cmd_counts_get(const vks_cmd *c, vks_cmd_counts *out) {
+    if (out) *out = c ? c->counts : (vks_cmd_counts){0};
+}
+
+void vks_gpu_counters_get(const vks_gpu *g, vks_gpu_counters *out) {
+    if (out) *out = g ? g->counters : (vks_gpu_counters){0};
 }
 
 void vks_gpu_profile_reset(vks_gpu *g) {

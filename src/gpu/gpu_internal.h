@@ -51,6 +51,7 @@ struct vks_gpu {
     VkQueryPool query_pool;
     vks_profile_entry profile_entries[VKS_MAX_PROFILE_LABELS];
     int n_profile_entries;
+    vks_gpu_counters counters;
 };
 
 struct vks_cmd {
@@ -59,6 +60,8 @@ struct vks_cmd {
     VkDescriptorPool pools[VKS_MAX_POOLS];
     int n_pools, sets_in_pool;
     int n_dispatches;
+    vks_cmd_counts counts;   /* recorded so far */
+    vks_cmd_counts unsubmitted; /* recorded since the last submit */
     uint32_t n_queries;
     const char *labels[VKS_MAX_TIMESTAMPS / 2];
 };
