@@ -2,6 +2,7 @@
  * embedding, then per layer the attention block and the FFN block (residual
  * adds fused into the output matmuls), then the head (final norm, classifier,
  * optional sampling), all recorded into one command buffer. */
+#include <string.h>
 #include "engine_internal.h"
 
 static vks_binding bind(vks_buffer *b) { return (vks_binding){.buf = b}; }
@@ -108,35 +109,116 @@ static int check_batch(const vks_engine *e, const vks_forward_batch *b) {
     return VKS_OK;
 }
 
-static int upload_inputs(vks_engine *e, const vks_forward_batch *b) {
-    dev_activations *a = &e->act;
+/* ---- host buffers: the step's inputs and outputs travel inside its recording ---- */
+
+enum { FWD_LOGITS = 1, FWD_HIDDEN = 2, FWD_SAMPLE = 4, FWD_X_OUT = 8 };
+
+static size_t place(size_t *at, size_t bytes) {
+    size_t here = *at;
+    *at += (bytes + 15) / 16 * 16;
+    return here;
+}
+
+int vks_engine_host_buffers_create(vks_engine *e) {
+    size_t R = (size_t)e->opt.max_rows, O = (size_t)e->opt.max_out_rows, D = (size_t)e->cfg.dim;
+    engine_host_layout *l = &e->io;
+    size_t in = 0, out = 0;
+    l->slot = place(&in, R * 4);
+    l->pos = place(&in, R * 4);
+    l->tokens = place(&in, R * 4);
+    l->out_rows = place(&in, O * 4);
+    l->sample = place(&in, O * sizeof(vks_gpu_sample_row));
+    l->x_in = place(&in, e->w.has_embed ? 0 : R * D * 4);
+    l->sampled = place(&out, O * 4);
+    l->hidden = place(&out, O * D * 4);
+    l->x_out = place(&out, e->w.has_head ? 0 : R * D * 4);
+    l->in_bytes = in;
+    l->out_bytes = out;
+    int rc = vks_host_buffer_create(e->gpu, in, &e->host_in);
+    return rc ? rc : vks_host_buffer_create(e->gpu, out, &e->host_out);
+}
+
+void vks_engine_drop_recordings(vks_engine *e) {
+    for (int i = 0; i < ENGINE_RECORDINGS; i++) {
+        vks_cmd_discard(e->rec[i].cmd);
+        e->rec[i] = (engine_recording){0};
+    }
+}
+
+void vks_engine_host_buffers_free(vks_engine *e) {
+    vks_engine_drop_recordings(e);
+    vks_host_buffer_destroy(e->host_in);
+    vks_host_buffer_destroy(e->host_out);
+    vks_host_buffer_destroy(e->host_logits);
+    e->host_in = e->host_out = e->host_logits = NULL;
+}
+
+static unsigned wanted_outputs(const vks_engine *e, const vks_forward_batch *b) {
+    if (!e->w.has_head) return b->x_out ? FWD_X_OUT : 0;
+    if (b->n_out == 0) return 0;
+    return (b->logits ? FWD_LOGITS : 0) | (b->hidden ? FWD_HIDDEN : 0) | (b->sample ? FWD_SAMPLE : 0);
+}
+
+static int ensure_host_logits(vks_engine *e) {
+    if (e->host_logits) return VKS_OK;
+    return vks_host_buffer_create(e->gpu, (size_t)e->opt.max_out_rows * (size_t)e->cfg.vocab_size * 4, &e->host_logits);
+}
+
+static void write_inputs(vks_engine *e, const vks_forward_batch *b) {
+    char *in = vks_host_buffer_map(e->host_in);
+    const engine_host_layout *l = &e->io;
     size_t R = (size_t)b->n_rows;
-    int rc;
-    if ((rc = vks_buffer_upload(a->slot, 0, b->slot, R * 4)) || (rc = vks_buffer_upload(a->pos, 0, b->pos, R * 4)))
-        return rc;
-    if (e->w.has_embed) rc = vks_buffer_upload(a->tokens, 0, b->tokens, R * 4);
-    else rc = vks_buffer_upload(a->x, 0, b->x_in, R * (size_t)e->cfg.dim * 4);
-    if (rc || !e->w.has_head || b->n_out == 0) return rc;
-    if ((rc = vks_buffer_upload(a->out_rows, 0, b->out_rows, (size_t)b->n_out * 4))) return rc;
-    if (b->sample) rc = vks_buffer_upload(a->sample, 0, b->sample, (size_t)b->n_out * sizeof(vks_gpu_sample_row));
-    return rc;
+    memcpy(in + l->slot, b->slot, R * 4);
+    memcpy(in + l->pos, b->pos, R * 4);
+    if (e->w.has_embed) memcpy(in + l->tokens, b->tokens, R * 4);
+    else memcpy(in + l->x_in, b->x_in, R * (size_t)e->cfg.dim * 4);
+    if (!e->w.has_head || b->n_out == 0) return;
+    memcpy(in + l->out_rows, b->out_rows, (size_t)b->n_out * 4);
+    if (b->sample) memcpy(in + l->sample, b->sample, (size_t)b->n_out * sizeof(vks_gpu_sample_row));
 }
 
-static int download_outputs(vks_engine *e, const vks_forward_batch *b) {
+static int record_uploads(vks_engine *e, vks_cmd *c, int n_rows, int n_out, unsigned what) {
     dev_activations *a = &e->act;
-    size_t O = (size_t)b->n_out, D = (size_t)e->cfg.dim;
-    int rc = VKS_OK;
-    if (!e->w.has_head)
-        return b->x_out ? vks_buffer_download(a->x, 0, b->x_out, (size_t)b->n_rows * D * 4) : VKS_OK;
-    if (O == 0) return VKS_OK;
-    if (b->logits) rc = vks_buffer_download(a->logits, 0, b->logits, O * (size_t)e->cfg.vocab_size * 4);
-    if (!rc && b->hidden) rc = vks_buffer_download(a->xo, 0, b->hidden, O * D * 4);
-    if (!rc && b->sample) rc = vks_buffer_download(a->sampled, 0, b->sampled, O * 4);
+    const engine_host_layout *l = &e->io;
+    vks_host_buffer *in = e->host_in;
+    size_t R = (size_t)n_rows;
+    int rc;
+    if ((rc = vks_cmd_upload(c, in, l->slot, a->slot, 0, R * 4)) || (rc = vks_cmd_upload(c, in, l->pos, a->pos, 0, R * 4)))
+        return rc;
+    if (e->w.has_embed) rc = vks_cmd_upload(c, in, l->tokens, a->tokens, 0, R * 4);
+    else rc = vks_cmd_upload(c, in, l->x_in, a->x, 0, R * (size_t)e->cfg.dim * 4);
+    if (rc || !e->w.has_head || n_out == 0) return rc;
+    if ((rc = vks_cmd_upload(c, in, l->out_rows, a->out_rows, 0, (size_t)n_out * 4))) return rc;
+    if (what & FWD_SAMPLE) rc = vks_cmd_upload(c, in, l->sample, a->sample, 0, (size_t)n_out * sizeof(vks_gpu_sample_row));
     return rc;
 }
 
-/* Records the forward of b (inputs uploaded) into c. *layers gets the
- * transformer layers' share of the recording. */
+static int record_downloads(vks_engine *e, vks_cmd *c, int n_rows, int n_out, unsigned what) {
+    dev_activations *a = &e->act;
+    const engine_host_layout *l = &e->io;
+    size_t O = (size_t)n_out, D = (size_t)e->cfg.dim;
+    int rc = VKS_OK;
+    if (what & FWD_X_OUT) rc = vks_cmd_download(c, a->x, 0, e->host_out, l->x_out, (size_t)n_rows * D * 4);
+    if (!rc && (what & FWD_LOGITS))
+        rc = vks_cmd_download(c, a->logits, 0, e->host_logits, 0, O * (size_t)e->cfg.vocab_size * 4);
+    if (!rc && (what & FWD_HIDDEN)) rc = vks_cmd_download(c, a->xo, 0, e->host_out, l->hidden, O * D * 4);
+    if (!rc && (what & FWD_SAMPLE)) rc = vks_cmd_download(c, a->sampled, 0, e->host_out, l->sampled, O * 4);
+    return rc;
+}
+
+static void read_outputs(vks_engine *e, const vks_forward_batch *b, unsigned what) {
+    const char *out = vks_host_buffer_map(e->host_out);
+    const engine_host_layout *l = &e->io;
+    size_t O = (size_t)b->n_out, D = (size_t)e->cfg.dim;
+    if (what & FWD_X_OUT) memcpy(b->x_out, out + l->x_out, (size_t)b->n_rows * D * 4);
+    if (what & FWD_LOGITS)
+        memcpy(b->logits, vks_host_buffer_map(e->host_logits), O * (size_t)e->cfg.vocab_size * 4);
+    if (what & FWD_HIDDEN) memcpy(b->hidden, out + l->hidden, O * D * 4);
+    if (what & FWD_SAMPLE) memcpy(b->sampled, out + l->sampled, O * 4);
+}
+
+/* Records the forward of b (its inputs on the device) into c. *layers gets
+ * the transformer layers' share of the recording. */
 static int record_forward(vks_engine *e, vks_cmd *c, const vks_forward_batch *b, vks_cmd_counts *layers) {
     uint32_t R = (uint32_t)b->n_rows;
     int rc = VKS_OK;
@@ -155,17 +237,54 @@ static int record_forward(vks_engine *e, vks_cmd *c, const vks_forward_batch *b,
     return rc;
 }
 
-static int run_forward(vks_engine *e, const vks_forward_batch *b, vks_cmd_counts *layers) {
-    int rc = upload_inputs(e, b);
+/* The recording of this shape and these outputs, or a new one in place of
+ * the least recently used: inputs copied in from host_in, the forward,
+ * outputs copied out to host_out / host_logits. */
+static int find_recording(vks_engine *e, const vks_forward_batch *b, unsigned what, engine_recording **out) {
+    engine_recording *lru = &e->rec[0];
+    for (int i = 0; i < ENGINE_RECORDINGS; i++) {
+        engine_recording *r = &e->rec[i];
+        if (r->cmd && r->n_rows == b->n_rows && r->n_out == b->n_out && r->kind == b->matmul_kind && r->what == what) {
+            r->used = ++e->rec_clock;
+            *out = r;
+            return VKS_OK;
+        }
+        if (!r->cmd || (lru->cmd && r->used < lru->used)) lru = r;
+    }
+    vks_cmd_discard(lru->cmd);
+    *lru = (engine_recording){0};
     vks_cmd *c;
-    if (rc || (rc = vks_cmd_begin(e->gpu, &c))) return rc;
-    if ((rc = record_forward(e, c, b, layers))) {
+    int rc = vks_cmd_begin_reusable(e->gpu, &c);
+    if (rc) return rc;
+    engine_recording r = {.cmd = c, .n_rows = b->n_rows, .n_out = b->n_out, .kind = b->matmul_kind, .what = what};
+    if ((rc = record_uploads(e, c, b->n_rows, b->n_out, what)) || (rc = record_forward(e, c, b, &r.layers)) ||
+        (rc = record_downloads(e, c, b->n_rows, b->n_out, what))) {
         vks_cmd_discard(c);
         return rc;
     }
+    r.used = ++e->rec_clock;
+    *lru = r;
     e->stats.recorded++;
-    if ((rc = vks_cmd_submit(c))) return rc;
-    return download_outputs(e, b);
+    *out = lru;
+    return VKS_OK;
+}
+
+static int run_forward(vks_engine *e, const vks_forward_batch *b, vks_cmd_counts *layers) {
+    unsigned what = wanted_outputs(e, b);
+    int rc = (what & FWD_LOGITS) ? ensure_host_logits(e) : VKS_OK;
+    engine_recording *r;
+    uint64_t recorded_before = e->stats.recorded;
+    if (rc || (rc = find_recording(e, b, what, &r))) return rc;
+    write_inputs(e, b);
+    *layers = r->layers;
+    if (e->stats.recorded == recorded_before) layers->descriptor_writes = 0; /* replayed: the host wrote none */
+    if ((rc = vks_cmd_run(r->cmd))) { /* not kept: the device may be lost */
+        vks_cmd_discard(r->cmd);
+        *r = (engine_recording){0};
+        return rc;
+    }
+    read_outputs(e, b, what);
+    return VKS_OK;
 }
 
 static void count_forward(vks_engine *e, const vks_gpu_counters *before, double t0, const vks_cmd_counts *layers) {

@@ -2,26 +2,49 @@
  * one submit. Descriptor sets come from per-command pools freed at submit.
  * A recording that fills its pools is submitted and continues in a fresh
  * command buffer (flush_and_continue), so the number of dispatches of one
- * vks_cmd has no limit. With profiling on, each dispatch is bracketed by
+ * vks_cmd has no limit; a reusable recording (kept for vks_cmd_run) grows
+ * its pool list instead. With profiling on, each dispatch is bracketed by
  * timestamp queries. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "gpu/gpu_internal.h"
 
-int vks_cmd_begin(vks_gpu *g, vks_cmd **out) {
+static int begin_reusable_cb(vks_gpu *g, VkCommandBuffer *out) {
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = g->pool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                      .commandBufferCount = 1};
+    VkResult r = vkAllocateCommandBuffers(g->dev, &ai, out);
+    if (r != VK_SUCCESS) return vks_vk_error(r, "vkAllocateCommandBuffers");
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    vkBeginCommandBuffer(*out, &bi);
+    return VKS_OK;
+}
+
+static int cmd_begin(vks_gpu *g, bool reusable, vks_cmd **out) {
     if (!g || !out) return vks_set_error(VKS_ERR_ARG, "vks_cmd_begin: NULL argument");
     vks_cmd *c = calloc(1, sizeof *c);
     if (!c) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     c->gpu = g;
-    int rc = vks_gpu_oneshot_begin(g, &c->cb);
+    c->reusable = reusable;
+    int rc = reusable ? begin_reusable_cb(g, &c->cb) : vks_gpu_oneshot_begin(g, &c->cb);
     if (rc) { free(c); return rc; }
     if (g->profile) vkCmdResetQueryPool(c->cb, g->query_pool, 0, VKS_MAX_TIMESTAMPS);
     *out = c;
     return VKS_OK;
 }
 
+int vks_cmd_begin(vks_gpu *g, vks_cmd **out) { return cmd_begin(g, false, out); }
+int vks_cmd_begin_reusable(vks_gpu *g, vks_cmd **out) { return cmd_begin(g, true, out); }
+
 static int new_descriptor_pool(vks_cmd *c) {
+    if (c->n_pools == c->cap_pools) {
+        int cap = c->cap_pools ? 2 * c->cap_pools : 4;
+        VkDescriptorPool *p = realloc(c->pools, sizeof *p * (size_t)cap);
+        if (!p) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+        c->pools = p;
+        c->cap_pools = cap;
+    }
     VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                  .descriptorCount = VKS_SETS_PER_POOL * VKS_MAX_BINDINGS};
     VkDescriptorPoolCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
@@ -39,6 +62,12 @@ static void destroy_pools(vks_cmd *c) {
     for (int i = 0; i < c->n_pools; i++) vkDestroyDescriptorPool(c->gpu->dev, c->pools[i], NULL);
     c->n_pools = 0;
     c->sets_in_pool = 0;
+}
+
+static void free_cmd(vks_cmd *c) {
+    destroy_pools(c);
+    free(c->pools);
+    free(c);
 }
 
 /* Submits what is recorded so far, waits for it and continues in a fresh
@@ -60,6 +89,7 @@ static int flush_and_continue(vks_cmd *c) {
     if (rc == VKS_OK) collect_profile(c);
     destroy_pools(c);
     c->n_queries = 0;
+    c->pending = PENDING_MIXED; /* the next command's barrier orders it after the submitted work */
     if (rc == VKS_OK) rc = vks_gpu_oneshot_begin(g, &c->cb);
     if (rc) {
         c->cb = VK_NULL_HANDLE;
@@ -70,7 +100,7 @@ static int flush_and_continue(vks_cmd *c) {
 }
 
 static int allocate_set(vks_cmd *c, vks_kernel *k, VkDescriptorSet *set) {
-    if (c->n_pools == VKS_MAX_POOLS && c->sets_in_pool == VKS_SETS_PER_POOL) {
+    if (!c->reusable && c->n_pools == VKS_MAX_POOLS && c->sets_in_pool == VKS_SETS_PER_POOL) {
         int rc = flush_and_continue(c);
         if (rc) return rc;
     }
@@ -108,6 +138,18 @@ void vks_cmd_barrier(vks_cmd *c) {
     vkCmdPipelineBarrier(c->cb, stages, stages, 0, 1, &mb, 0, NULL, 0, NULL);
     c->counts.barriers++;
     c->unsubmitted.barriers++;
+    c->pending = PENDING_NONE;
+}
+
+/* Makes the downloads recorded so far visible to the host after the wait. */
+static void host_barrier(vks_cmd *c) {
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    vkCmdPipelineBarrier(c->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0,
+                         NULL);
+    c->counts.barriers++;
+    c->unsubmitted.barriers++;
+    c->host_reads = false;
 }
 
 static void write_descriptors(vks_cmd *c, VkDescriptorSet set, const vks_binding *b, int n) {
@@ -141,7 +183,8 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
     int rc = allocate_set(c, k, &set);
     if (rc) return rc;
     write_descriptors(c, set, b, n_bindings);
-    if (c->n_dispatches > 0) vks_cmd_barrier(c);
+    if (c->ended) return vks_set_error(VKS_ERR_ARG, "vks_cmd_dispatch(%s): the recording is closed", k->name);
+    if (c->pending != PENDING_NONE) vks_cmd_barrier(c);
     vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipeline);
     vkCmdBindDescriptorSets(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->layout, 0, 1, &set, 0, NULL);
     if (push_bytes) vkCmdPushConstants(c->cb, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
@@ -154,6 +197,7 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
         c->n_queries += 2;
     }
     c->n_dispatches++;
+    c->pending = PENDING_MIXED;
     c->counts.dispatches++;
     c->unsubmitted.dispatches++;
     return VKS_OK;
@@ -168,6 +212,42 @@ int vks_cmd_copy(vks_cmd *c, vks_buffer *src, size_t src_off, vks_buffer *dst, s
     VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
     vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &region);
     vks_cmd_barrier(c);
+    return VKS_OK;
+}
+
+static int check_host_copy(const vks_cmd *c, const vks_host_buffer *h, size_t h_off, const vks_buffer *b,
+                           size_t b_off, size_t bytes) {
+    size_t he, be;
+    if (!c || !h || !b || bytes == 0 || c->ended || !vks_add_size(h_off, bytes, &he) || he > h->s.size ||
+        !vks_add_size(b_off, bytes, &be) || be > b->size)
+        return vks_set_error(VKS_ERR_ARG, "host copy out of range (%zu bytes at %zu / %zu)", bytes, h_off, b_off);
+    return VKS_OK;
+}
+
+/* The host's writes before the submit are visible to the copy (the submit
+ * orders them); a barrier orders it after earlier commands (uploads recorded
+ * together write distinct ranges: none between them), and the next
+ * dispatch's barrier orders that after the copy. */
+int vks_cmd_upload(vks_cmd *c, vks_host_buffer *src, size_t src_off, vks_buffer *dst, size_t dst_off, size_t bytes) {
+    int rc = check_host_copy(c, src, src_off, dst, dst_off, bytes);
+    if (rc) return rc;
+    if (c->pending != PENDING_NONE && c->pending != PENDING_UPLOADS) vks_cmd_barrier(c);
+    VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
+    vkCmdCopyBuffer(c->cb, src->s.buf, dst->buf, 1, &region);
+    c->pending = PENDING_UPLOADS;
+    return VKS_OK;
+}
+
+/* Ordered after everything recorded before it; the host barrier recorded
+ * at the end of the recording makes dst readable after the wait. */
+int vks_cmd_download(vks_cmd *c, vks_buffer *src, size_t src_off, vks_host_buffer *dst, size_t dst_off, size_t bytes) {
+    int rc = check_host_copy(c, dst, dst_off, src, src_off, bytes);
+    if (rc) return rc;
+    if (c->pending != PENDING_NONE && c->pending != PENDING_DOWNLOADS) vks_cmd_barrier(c);
+    VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
+    vkCmdCopyBuffer(c->cb, src->buf, dst->s.buf, 1, &region);
+    c->host_reads = true;
+    c->pending = PENDING_DOWNLOADS; /* a later write to src waits for the copy */
     return VKS_OK;
 }
 
@@ -204,15 +284,33 @@ static void collect_profile(vks_cmd *c) {
 
 int vks_cmd_submit(vks_cmd *c) {
     if (!c) return vks_set_error(VKS_ERR_ARG, "vks_cmd_submit: NULL");
-    if (!c->cb) { /* a failed flush_and_continue already reported why */
+    if (!c->cb || c->reusable) { /* a failed flush_and_continue already reported why */
+        bool reusable = c->reusable;
         vks_cmd_discard(c);
-        return vks_set_error(VKS_ERR_ARG, "vks_cmd_submit: the recording failed earlier");
+        return vks_set_error(VKS_ERR_ARG, reusable ? "vks_cmd_submit: a reusable recording runs with vks_cmd_run"
+                                                   : "vks_cmd_submit: the recording failed earlier");
     }
+    if (c->host_reads) host_barrier(c);
     int rc = vks_gpu_oneshot_end(c->gpu, c->cb);
     count_submitted(c);
     if (rc == VKS_OK) collect_profile(c);
-    destroy_pools(c);
-    free(c);
+    free_cmd(c);
+    return rc;
+}
+
+/* Closes a reusable recording at its first run; every run counts its work. */
+int vks_cmd_run(vks_cmd *c) {
+    if (!c || !c->reusable || !c->cb) return vks_set_error(VKS_ERR_ARG, "vks_cmd_run: not a reusable recording");
+    if (!c->ended) {
+        if (c->host_reads) host_barrier(c);
+        VkResult r = vkEndCommandBuffer(c->cb);
+        if (r != VK_SUCCESS) return vks_vk_error(r, "vkEndCommandBuffer");
+        c->ended = true;
+    }
+    int rc = vks_gpu_submit_wait(c->gpu, c->cb);
+    c->gpu->counters.dispatches += c->counts.dispatches;
+    c->gpu->counters.barriers += c->counts.barriers;
+    if (rc == VKS_OK) collect_profile(c);
     return rc;
 }
 
@@ -220,11 +318,10 @@ void vks_cmd_discard(vks_cmd *c) {
     if (!c) return;
     vks_gpu *g = c->gpu;
     if (c->cb) {
-        vkEndCommandBuffer(c->cb);
+        if (!c->ended) vkEndCommandBuffer(c->cb);
         vkFreeCommandBuffers(g->dev, g->pool, 1, &c->cb);
     }
-    destroy_pools(c);
-    free(c);
+    free_cmd(c);
 }
 
 int vks_gpu_profile(const vks_gpu *g, vks_profile_entry *out, int max) {

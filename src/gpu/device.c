@@ -242,8 +242,10 @@ static int choose_memory_types(vks_gpu *g) {
     int rc = vks_gpu_find_memory(g, ~0u, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, &g->device_mem_type);
     if (rc) rc = vks_gpu_find_memory(g, ~0u, 0, &g->device_mem_type);
     if (rc) return rc;
-    rc = vks_gpu_find_memory(g, ~0u, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
-                             &g->host_mem_type);
+    /* staging: cached where offered (the host reads results back from it) */
+    VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    rc = vks_gpu_find_memory(g, ~0u, host | VK_MEMORY_PROPERTY_HOST_CACHED_BIT, &g->host_mem_type);
+    if (rc) rc = vks_gpu_find_memory(g, ~0u, host, &g->host_mem_type);
     if (rc) return rc;
     g->heap_bytes = mp.memoryHeaps[mp.memoryTypes[g->device_mem_type].heapIndex].size;
     return VKS_OK;

@@ -9,7 +9,7 @@
 #define VKS_MAX_PROFILE_LABELS 64
 #define VKS_MAX_TIMESTAMPS 8192
 #define VKS_SETS_PER_POOL 256
-#define VKS_MAX_POOLS 64 /* per command buffer: a vks_cmd submits and goes on after 64 x 256 dispatches */
+#define VKS_MAX_POOLS 64 /* per command buffer: a one-shot vks_cmd submits and goes on after 64 x 256 dispatches */
 
 struct vks_kernel {
     struct vks_kernel *next;       /* cache list */
@@ -31,6 +31,11 @@ struct vks_buffer {
 };
 
 typedef struct { VkBuffer buf; VkDeviceMemory mem; void *map; size_t size; } vks_staging;
+
+struct vks_host_buffer {
+    vks_gpu *gpu;
+    vks_staging s;
+};
 
 struct vks_gpu {
     VkInstance instance;
@@ -57,8 +62,11 @@ struct vks_gpu {
 struct vks_cmd {
     vks_gpu *gpu;
     VkCommandBuffer cb;
-    VkDescriptorPool pools[VKS_MAX_POOLS];
-    int n_pools, sets_in_pool;
+    bool reusable, ended; /* reusable: kept for vks_cmd_run; ended: recording closed */
+    enum { PENDING_NONE, PENDING_UPLOADS, PENDING_DOWNLOADS, PENDING_MIXED } pending; /* since the last barrier */
+    bool host_reads;      /* a download since the last host barrier */
+    VkDescriptorPool *pools;
+    int n_pools, cap_pools, sets_in_pool;
     int n_dispatches;
     vks_cmd_counts counts;   /* recorded so far */
     vks_cmd_counts unsubmitted; /* recorded since the last submit */
@@ -72,5 +80,9 @@ int vks_gpu_find_memory(const vks_gpu *g, uint32_t type_bits, VkMemoryPropertyFl
 /* One-shot command buffer for transfers: begin/end+submit+wait. */
 int vks_gpu_oneshot_begin(vks_gpu *g, VkCommandBuffer *out);
 int vks_gpu_oneshot_end(vks_gpu *g, VkCommandBuffer cb);
+/* Submits a closed command buffer and waits for it (the buffer is kept). */
+int vks_gpu_submit_wait(vks_gpu *g, VkCommandBuffer cb);
+int vks_gpu_alloc_staging(vks_gpu *g, size_t bytes, VkBufferUsageFlags usage, vks_staging *out);
+void vks_gpu_free_staging(vks_gpu *g, vks_staging *s);
 void vks_kernel_cache_destroy(vks_gpu *g);
 #endif
