@@ -89,7 +89,8 @@ static int flush_and_continue(vks_cmd *c) {
     if (rc == VKS_OK) collect_profile(c);
     destroy_pools(c);
     c->n_queries = 0;
-    c->pending = PENDING_MIXED; /* the next command's barrier orders it after the submitted work */
+    c->n_pending = 0;
+    c->after_flush = true; /* the next command's barrier orders it after the submitted work */
     if (rc == VKS_OK) rc = vks_gpu_oneshot_begin(g, &c->cb);
     if (rc) {
         c->cb = VK_NULL_HANDLE;
@@ -138,7 +139,33 @@ void vks_cmd_barrier(vks_cmd *c) {
     vkCmdPipelineBarrier(c->cb, stages, stages, 0, 1, &mb, 0, NULL, 0, NULL);
     c->counts.barriers++;
     c->unsubmitted.barriers++;
-    c->pending = PENDING_NONE;
+    c->n_pending = 0;
+    c->after_flush = false;
+}
+
+typedef struct { VkBuffer buf; size_t lo, hi; bool written; } access;
+
+static access binding_access(const vks_binding *b, bool written) {
+    size_t range = b->range ? b->range : b->buf->size - b->offset;
+    return (access){b->buf->buf, b->offset, b->offset + range, written};
+}
+
+/* Records a barrier when one of the accesses depends on a pending one
+ * (read after write, write after read or write), then makes them pending. */
+static void order_accesses(vks_cmd *c, const access *a, int n) {
+    bool wait = c->after_flush || c->n_pending + n > VKS_MAX_PENDING;
+    for (int i = 0; i < n && !wait; i++)
+        for (int j = 0; j < c->n_pending && !wait; j++)
+            wait = c->pending[j].buf == a[i].buf && a[i].lo < c->pending[j].hi && c->pending[j].lo < a[i].hi &&
+                   (a[i].written || c->pending[j].written);
+    if (wait) vks_cmd_barrier(c);
+    for (int i = 0; i < n; i++) {
+        c->pending[c->n_pending].buf = a[i].buf;
+        c->pending[c->n_pending].lo = a[i].lo;
+        c->pending[c->n_pending].hi = a[i].hi;
+        c->pending[c->n_pending].written = a[i].written;
+        c->n_pending++;
+    }
 }
 
 /* Makes the downloads recorded so far visible to the host after the wait. */
@@ -184,7 +211,9 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
     if (rc) return rc;
     write_descriptors(c, set, b, n_bindings);
     if (c->ended) return vks_set_error(VKS_ERR_ARG, "vks_cmd_dispatch(%s): the recording is closed", k->name);
-    if (c->pending != PENDING_NONE) vks_cmd_barrier(c);
+    access acc[VKS_MAX_BINDINGS];
+    for (int i = 0; i < n_bindings; i++) acc[i] = binding_access(&b[i], (k->written >> i) & 1);
+    order_accesses(c, acc, n_bindings);
     vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipeline);
     vkCmdBindDescriptorSets(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->layout, 0, 1, &set, 0, NULL);
     if (push_bytes) vkCmdPushConstants(c->cb, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
@@ -197,7 +226,6 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
         c->n_queries += 2;
     }
     c->n_dispatches++;
-    c->pending = PENDING_MIXED;
     c->counts.dispatches++;
     c->unsubmitted.dispatches++;
     return VKS_OK;
@@ -225,29 +253,26 @@ static int check_host_copy(const vks_cmd *c, const vks_host_buffer *h, size_t h_
 }
 
 /* The host's writes before the submit are visible to the copy (the submit
- * orders them); a barrier orders it after earlier commands (uploads recorded
- * together write distinct ranges: none between them), and the next
- * dispatch's barrier orders that after the copy. */
+ * orders them); order_accesses puts a barrier between it and the commands
+ * it depends on or that depend on it. */
 int vks_cmd_upload(vks_cmd *c, vks_host_buffer *src, size_t src_off, vks_buffer *dst, size_t dst_off, size_t bytes) {
     int rc = check_host_copy(c, src, src_off, dst, dst_off, bytes);
     if (rc) return rc;
-    if (c->pending != PENDING_NONE && c->pending != PENDING_UPLOADS) vks_cmd_barrier(c);
+    order_accesses(c, &(access){dst->buf, dst_off, dst_off + bytes, true}, 1);
     VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
     vkCmdCopyBuffer(c->cb, src->s.buf, dst->buf, 1, &region);
-    c->pending = PENDING_UPLOADS;
     return VKS_OK;
 }
 
-/* Ordered after everything recorded before it; the host barrier recorded
- * at the end of the recording makes dst readable after the wait. */
+/* Ordered after the commands that write src; the host barrier recorded at
+ * the end of the recording makes dst readable after the wait. */
 int vks_cmd_download(vks_cmd *c, vks_buffer *src, size_t src_off, vks_host_buffer *dst, size_t dst_off, size_t bytes) {
     int rc = check_host_copy(c, dst, dst_off, src, src_off, bytes);
     if (rc) return rc;
-    if (c->pending != PENDING_NONE && c->pending != PENDING_DOWNLOADS) vks_cmd_barrier(c);
+    order_accesses(c, &(access){src->buf, src_off, src_off + bytes, false}, 1);
     VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
     vkCmdCopyBuffer(c->cb, src->buf, dst->s.buf, 1, &region);
     c->host_reads = true;
-    c->pending = PENDING_DOWNLOADS; /* a later write to src waits for the copy */
     return VKS_OK;
 }
 

@@ -106,12 +106,18 @@ static int create_instance(bool validation, VkInstance *out) {
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "vkswarm",
                              .apiVersion = VK_API_VERSION_1_2};
     const char *layers[] = {"VK_LAYER_KHRONOS_validation"};
-    const char *exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
+    const char *exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME, VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME};
+    /* synchronization validation too: the recorder puts barriers only
+     * between commands that depend on each other (cmd.c order_accesses) */
+    VkValidationFeatureEnableEXT enables[] = {VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+    VkValidationFeaturesEXT features = {.sType = VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT,
+                                        .enabledValidationFeatureCount = 1, .pEnabledValidationFeatures = enables};
     VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
     if (validation) {
+        ci.pNext = &features;
         ci.enabledLayerCount = 1;
         ci.ppEnabledLayerNames = layers;
-        ci.enabledExtensionCount = 1;
+        ci.enabledExtensionCount = 2;
         ci.ppEnabledExtensionNames = exts;
     }
     VkResult r = vkCreateInstance(&ci, NULL, out);

@@ -9,6 +9,7 @@
 #define VKS_MAX_PROFILE_LABELS 64
 #define VKS_MAX_TIMESTAMPS 8192
 #define VKS_SETS_PER_POOL 256
+#define VKS_MAX_PENDING 64 /* accesses tracked between barriers; more: a barrier */
 #define VKS_MAX_POOLS 64 /* per command buffer: a one-shot vks_cmd submits and goes on after 64 x 256 dispatches */
 
 struct vks_kernel {
@@ -17,6 +18,7 @@ struct vks_kernel {
     uint32_t spec[VKS_MAX_SPEC];
     int n_spec, n_bindings;
     uint32_t push_bytes;
+    uint32_t written; /* bit i: binding i may be written (not `readonly` in the shader) */
     VkShaderModule module;
     VkDescriptorSetLayout set_layout;
     VkPipelineLayout layout;
@@ -63,7 +65,11 @@ struct vks_cmd {
     vks_gpu *gpu;
     VkCommandBuffer cb;
     bool reusable, ended; /* reusable: kept for vks_cmd_run; ended: recording closed */
-    enum { PENDING_NONE, PENDING_UPLOADS, PENDING_DOWNLOADS, PENDING_MIXED } pending; /* since the last barrier */
+    /* buffer ranges accessed since the last barrier: a command that writes
+     * what they read, or touches what they write, waits behind a barrier */
+    struct { VkBuffer buf; size_t lo, hi; bool written; } pending[VKS_MAX_PENDING];
+    int n_pending;
+    bool after_flush; /* the next command waits for the submitted part (a barrier) */
     bool host_reads;      /* a download since the last host barrier */
     VkDescriptorPool *pools;
     int n_pools, cap_pools, sets_in_pool;
