@@ -88,6 +88,7 @@ static void test_reusable_recording(void **state) {
         assert_true(c1.dispatches == c0.dispatches);
         for (uint32_t i = 0; i < N; i++) assert_int_equal(b[i], i * 2654435761u + (uint32_t)run);
     }
+    assert_int_equal(vks_cmd_upload(c, in, 0, dev, 0, 4), VKS_ERR_ARG); /* closed by its first run */
     vks_cmd_discard(c);
     assert_int_equal(vks_cmd_begin_reusable(g, &c), VKS_OK);
     assert_int_equal(vks_cmd_submit(c), VKS_ERR_ARG); /* frees it */

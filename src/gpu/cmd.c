@@ -129,7 +129,7 @@ static int check_binding(const vks_gpu *g, const vks_binding *b, int i, const ch
 }
 
 void vks_cmd_barrier(vks_cmd *c) {
-    if (!c) return;
+    if (!c || !c->cb || c->ended) return;
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                           .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT |
                                            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT,
@@ -206,11 +206,11 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
         int rc = check_binding(c->gpu, &b[i], i, k->name);
         if (rc) return rc;
     }
+    if (c->ended || !c->cb) return vks_set_error(VKS_ERR_ARG, "vks_cmd_dispatch(%s): the recording is closed", k->name);
     VkDescriptorSet set;
     int rc = allocate_set(c, k, &set);
     if (rc) return rc;
     write_descriptors(c, set, b, n_bindings);
-    if (c->ended) return vks_set_error(VKS_ERR_ARG, "vks_cmd_dispatch(%s): the recording is closed", k->name);
     access acc[VKS_MAX_BINDINGS];
     for (int i = 0; i < n_bindings; i++) acc[i] = binding_access(&b[i], (k->written >> i) & 1);
     order_accesses(c, acc, n_bindings);
@@ -233,7 +233,7 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
 
 int vks_cmd_copy(vks_cmd *c, vks_buffer *src, size_t src_off, vks_buffer *dst, size_t dst_off, size_t bytes) {
     size_t se, de;
-    if (!c || !src || !dst || bytes == 0 || !vks_add_size(src_off, bytes, &se) || se > src->size ||
+    if (!c || !c->cb || c->ended || !src || !dst || bytes == 0 || !vks_add_size(src_off, bytes, &se) || se > src->size ||
         !vks_add_size(dst_off, bytes, &de) || de > dst->size)
         return vks_set_error(VKS_ERR_ARG, "vks_cmd_copy: out of range");
     vks_cmd_barrier(c);
@@ -246,7 +246,7 @@ int vks_cmd_copy(vks_cmd *c, vks_buffer *src, size_t src_off, vks_buffer *dst, s
 static int check_host_copy(const vks_cmd *c, const vks_host_buffer *h, size_t h_off, const vks_buffer *b,
                            size_t b_off, size_t bytes) {
     size_t he, be;
-    if (!c || !h || !b || bytes == 0 || c->ended || !vks_add_size(h_off, bytes, &he) || he > h->s.size ||
+    if (!c || !c->cb || !h || !b || bytes == 0 || c->ended || !vks_add_size(h_off, bytes, &he) || he > h->s.size ||
         !vks_add_size(b_off, bytes, &be) || be > b->size)
         return vks_set_error(VKS_ERR_ARG, "host copy out of range (%zu bytes at %zu / %zu)", bytes, h_off, b_off);
     return VKS_OK;
