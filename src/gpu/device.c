@@ -107,14 +107,16 @@ static int create_instance(bool validation, VkInstance *out) {
                              .apiVersion = VK_API_VERSION_1_2};
     const char *layers[] = {"VK_LAYER_KHRONOS_validation"};
     const char *exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME, VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME};
-    /* synchronization validation too: the recorder puts barriers only
-     * between commands that depend on each other (cmd.c order_accesses) */
+    /* synchronization validation too (VKSWARM_VALIDATION_SYNC=0: off): the
+     * recorder puts barriers only between commands that depend on each other
+     * (cmd.c order_accesses) */
     VkValidationFeatureEnableEXT enables[] = {VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
     VkValidationFeaturesEXT features = {.sType = VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT,
                                         .enabledValidationFeatureCount = 1, .pEnabledValidationFeatures = enables};
     VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
     if (validation) {
-        ci.pNext = &features;
+        const char *sync = getenv("VKSWARM_VALIDATION_SYNC"); /* "0": without synchronization validation */
+        if (!sync || strcmp(sync, "0")) ci.pNext = &features;
         ci.enabledLayerCount = 1;
         ci.ppEnabledLayerNames = layers;
         ci.enabledExtensionCount = 2;
