@@ -595,6 +595,11 @@ static void test_kv_resize(void **state) {
     assert_int_equal(vks_engine_n_slots(e), 1);
     assert_int_equal(vks_engine_kv_len(e), 2);
     enum { N = 40 };
+    /* a forward of the shape used below: its recording binds the old cache
+     * and must not be replayed after the resize */
+    int32_t two[2] = {3, 20};
+    float early[2 * 50];
+    engine_logits(e, two, 2, 2, early, c.vocab_size);
     assert_int_equal(vks_engine_resize_kv(e, 3, N), VKS_OK);
     assert_int_equal(vks_engine_n_slots(e), 3);
     assert_int_equal(vks_engine_kv_len(e), N);
@@ -603,10 +608,51 @@ static void test_kv_resize(void **state) {
     for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
     float *want = malloc(sizeof(float) * N * 50), *got = malloc(sizeof(float) * N * 50);
     assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
-    engine_logits(e, ids, N, 16, got, c.vocab_size);
+    engine_logits(e, ids, N, 2, got, c.vocab_size);
     assert_true(tu_nmse(got, want, (size_t)N * 50) < 1e-10);
     free(want);
     free(got);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+/* Forwards of 12 shapes, more than the engine keeps recordings of, twice:
+ * the second round (every shape recorded again, evicted in between) equals
+ * the first bit for bit. A shape run again at once replays its recording:
+ * one submit, no descriptor written by the host, the same dispatches. */
+static void test_recordings_replayed(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 32, .hidden_dim = 48, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                          .vocab_size = 50, .seq_len = 64, .head_dim = 8, .kv_dim = 16, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 29, &m), VKS_OK);
+    vks_engine_options o = {.n_slots = 1, .kv_len = 64, .max_rows = 16};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    enum { SHAPES = 12 };
+    int32_t ids[SHAPES];
+    for (int i = 0; i < SHAPES; i++) ids[i] = (i * 7 + 2) % c.vocab_size;
+    static float got[2][SHAPES][SHAPES * 50];
+    for (int round = 0; round < 2; round++)
+        for (int n = 1; n <= SHAPES; n++) engine_logits(e, ids, n, n, got[round][n - 1], c.vocab_size);
+    for (int n = 1; n <= SHAPES; n++) assert_memory_equal(got[0][n - 1], got[1][n - 1], sizeof(float) * 50 * (size_t)n);
+    vks_engine_stats s0, s1, s2;
+    vks_engine_stats_get(e, &s0);
+    assert_true(s0.forwards == 2 * SHAPES && s0.recorded == 2 * SHAPES); /* 12 shapes cycle through 8 kept */
+    float again[SHAPES * 50];
+    engine_logits(e, ids, SHAPES, SHAPES, again, c.vocab_size);
+    vks_engine_stats_get(e, &s1);
+    assert_memory_equal(again, got[0][SHAPES - 1], sizeof again);
+    assert_true(s1.forwards == s0.forwards + 1 && s1.recorded == s0.recorded);
+    assert_true(s1.submits == s0.submits + 1 && s1.descriptor_writes == s0.descriptor_writes);
+    assert_true(s1.layers == s0.layers + 2 && s1.layer_descriptor_writes == s0.layer_descriptor_writes);
+    engine_logits(e, ids, SHAPES, SHAPES, again, c.vocab_size);
+    vks_engine_stats_get(e, &s2);
+    assert_true(s2.dispatches - s1.dispatches == s1.dispatches - s0.dispatches && s2.dispatches > s1.dispatches);
+    assert_true(s2.barriers - s1.barriers == s1.barriers - s0.barriers);
+    assert_true(s2.layer_dispatches - s1.layer_dispatches == s1.layer_dispatches - s0.layer_dispatches);
     vks_engine_destroy(e);
     vks_model_free(m);
     assert_no_validation_messages();
@@ -659,7 +705,8 @@ int main(void) {
         cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_feed_several_sequences),
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
-        cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed),
+        cmocka_unit_test(test_refusals),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);

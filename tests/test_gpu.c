@@ -57,6 +57,48 @@ static void test_upload_download_fill(void **state) {
     vks_gpu_destroy(g);
 }
 
+/* A reusable recording runs again with what the host wrote since: host
+ * buffer -> device -> host buffer, two runs, one submit each; refused
+ * misuse (out of range copies, vks_cmd_submit of a reusable recording). */
+static void test_reusable_recording(void **state) {
+    (void)state;
+    vks_gpu *g = open_gpu();
+    enum { N = 1000 };
+    vks_host_buffer *in, *out;
+    vks_buffer *dev;
+    assert_int_equal(vks_host_buffer_create(g, N * 4, &in), VKS_OK);
+    assert_int_equal(vks_host_buffer_create(g, N * 4 + 64, &out), VKS_OK);
+    assert_int_equal(vks_buffer_create(g, N * 4, &dev), VKS_OK);
+    assert_true(vks_host_buffer_size(out) == N * 4 + 64);
+    vks_cmd *c;
+    assert_int_equal(vks_cmd_begin_reusable(g, &c), VKS_OK);
+    assert_int_equal(vks_cmd_upload(c, in, 0, dev, 0, N * 4 + 4), VKS_ERR_ARG);
+    assert_int_equal(vks_cmd_download(c, dev, 4, out, 0, N * 4), VKS_ERR_ARG);
+    assert_int_equal(vks_cmd_upload(c, in, 0, dev, 0, N * 4), VKS_OK);
+    assert_int_equal(vks_cmd_download(c, dev, 0, out, 64, N * 4), VKS_OK);
+    uint32_t *a = vks_host_buffer_map(in);
+    const uint32_t *b = (const uint32_t *)((const char *)vks_host_buffer_map(out) + 64);
+    vks_gpu_counters c0, c1;
+    for (int run = 0; run < 3; run++) {
+        for (uint32_t i = 0; i < N; i++) a[i] = i * 2654435761u + (uint32_t)run;
+        vks_gpu_counters_get(g, &c0);
+        assert_int_equal(vks_cmd_run(c), VKS_OK);
+        vks_gpu_counters_get(g, &c1);
+        assert_true(c1.submits == c0.submits + 1);
+        assert_true(c1.dispatches == c0.dispatches);
+        for (uint32_t i = 0; i < N; i++) assert_int_equal(b[i], i * 2654435761u + (uint32_t)run);
+    }
+    assert_int_equal(vks_cmd_upload(c, in, 0, dev, 0, 4), VKS_ERR_ARG); /* closed by its first run */
+    vks_cmd_discard(c);
+    assert_int_equal(vks_cmd_begin_reusable(g, &c), VKS_OK);
+    assert_int_equal(vks_cmd_submit(c), VKS_ERR_ARG); /* frees it */
+    vks_buffer_destroy(dev);
+    vks_host_buffer_destroy(in);
+    vks_host_buffer_destroy(out);
+    assert_int_equal(vks_gpu_validation_messages(g), 0);
+    vks_gpu_destroy(g);
+}
+
 static void test_limits_refused(void **state) {
     (void)state;
     vks_gpu *g = open_gpu();
@@ -84,6 +126,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_list_devices),
         cmocka_unit_test(test_upload_download_fill),
+        cmocka_unit_test(test_reusable_recording),
         cmocka_unit_test(test_limits_refused),
         cmocka_unit_test(test_bad_device_index),
     };

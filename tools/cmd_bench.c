@@ -213,6 +213,29 @@ static double run_decode(vks_engine *e, const bench_shape *s, int vocab) {
     return dt;
 }
 
+/* --profile: the decode steps' host time, GPU busy fraction (timestamped
+ * kernel time over wall time) and the counts per step and per layer, from
+ * the engine's and the device's counters taken around the decode loop. */
+static void print_decode_steps(const vks_engine_stats *a, const vks_engine_stats *b, const vks_gpu_counters *ga,
+                               const vks_gpu_counters *gb) {
+    double n = (double)(b->forwards - a->forwards), layers = (double)(b->layers - a->layers);
+    if (n <= 0) return;
+    double wall = (b->wall_s - a->wall_s) / n * 1e3, wait = (b->wait_s - a->wait_s) / n * 1e3;
+    double kernels = (gb->kernel_ms - ga->kernel_ms) / n;
+    printf("decode step:       %10.3f ms wall, %.3f ms host (not waiting), %.3f ms waiting, %.3f ms in kernels\n",
+           wall, wall - wait, wait, kernels);
+    printf("gpu busy: %.0f%%\n", wall > 0 ? 100.0 * kernels / wall : 0.0);
+    printf("decode step:       %10.1f dispatches, %.1f barriers, %.1f descriptor writes, %.1f submits, %.0f%% recorded\n",
+           (double)(b->dispatches - a->dispatches) / n, (double)(b->barriers - a->barriers) / n,
+           (double)(b->descriptor_writes - a->descriptor_writes) / n, (double)(b->submits - a->submits) / n,
+           100.0 * (double)(b->recorded - a->recorded) / n);
+    if (layers > 0)
+        printf("decode layer:      %10.1f dispatches, %.1f barriers, %.1f descriptor writes\n",
+               (double)(b->layer_dispatches - a->layer_dispatches) / layers,
+               (double)(b->layer_barriers - a->layer_barriers) / layers,
+               (double)(b->layer_descriptor_writes - a->layer_descriptor_writes) / layers);
+}
+
 int cmd_bench(int argc, char **argv) {
     static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"batch", required_argument, 0, 0},
                                          {"prompt-len", required_argument, 0, 0}, {"gen", required_argument, 0, 0},
@@ -254,7 +277,13 @@ int cmd_bench(int argc, char **argv) {
     run_decode(e, &(bench_shape){s.batch, 0, 1}, m->cfg.vocab_size); /* warm-up: pipelines, caches */
     vks_gpu_profile_reset(g);
     double t_pre = run_prefill(e, &s, m->cfg.vocab_size, chunk);
+    vks_engine_stats dec0, dec1;
+    vks_gpu_counters gpu0, gpu1;
+    vks_engine_stats_get(e, &dec0);
+    vks_gpu_counters_get(g, &gpu0);
     double t_dec = run_decode(e, &s, m->cfg.vocab_size);
+    vks_engine_stats_get(e, &dec1);
+    vks_gpu_counters_get(g, &gpu1);
     const vks_model_config *cf = &m->cfg;
     /* per token: every matrix except the embedding lookup is read (decode) / multiplied (prefill) */
     double matrix_params = (double)params - (cf->shared_classifier ? 0 : (double)cf->vocab_size * cf->dim);
@@ -277,7 +306,10 @@ int cmd_bench(int argc, char **argv) {
            100.0 * pre_flops / mm_rate);
     printf("decode:            %10.1f tokens/s  %8.2f GB/s     %5.1f%% of copy bandwidth\n", dec_tps, dec_bw / 1e9,
            100.0 * dec_bw / copy_bw);
-    if (ma.profile) cli_print_profile(g);
+    if (ma.profile) {
+        print_decode_steps(&dec0, &dec1, &gpu0, &gpu1);
+        cli_print_profile(g);
+    }
     vks_engine_destroy(e);
     int rc = cli_finish_gpu(g);
     vks_model_free(m);

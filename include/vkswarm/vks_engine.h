@@ -93,6 +93,19 @@ typedef struct {
 /* Records the whole forward into one command buffer and submits it once. */
 int vks_engine_forward(vks_engine *e, const vks_forward_batch *b);
 
+/* What the engine's forwards did since it was created; counts are exact.
+ * dispatches, barriers: executed; descriptor_writes: written by the host;
+ * submits: queue submissions, transfers included. layer_*: the share of the
+ * transformer layers (summed over layers; layers = layers run). wall_s: time
+ * in vks_engine_forward, wait_s: of it blocked waiting for the device. */
+typedef struct {
+    uint64_t forwards, recorded; /* forwards; of them recorded (the rest replayed a recording) */
+    uint64_t dispatches, barriers, descriptor_writes, submits;
+    uint64_t layers, layer_dispatches, layer_barriers, layer_descriptor_writes;
+    double wall_s, wait_s;
+} vks_engine_stats;
+void vks_engine_stats_get(const vks_engine *e, vks_engine_stats *out);
+
 /* ---- feed ids, collect logits (engine_feed.c) ---- */
 /* Feeds ids[first..end) at those positions of KV slot `slot` (positions
  * before `first` must be in the cache already), in forwards of at most

@@ -94,8 +94,48 @@ int vks_cmd_copy(vks_cmd *c, vks_buffer *src, size_t src_off, vks_buffer *dst, s
                  size_t bytes);
 /* Submits and waits; frees the command buffer. */
 int vks_cmd_submit(vks_cmd *c);
+
+/* Host-visible memory (cached where the device offers it, as the host reads
+ * results back from it), mapped for its whole life. A recording copies
+ * between it and device buffers; the host writes inputs before the submit
+ * and reads outputs after it. */
+typedef struct vks_host_buffer vks_host_buffer;
+int vks_host_buffer_create(vks_gpu *g, size_t bytes, vks_host_buffer **out);
+void vks_host_buffer_destroy(vks_host_buffer *h);
+void *vks_host_buffer_map(vks_host_buffer *h);
+size_t vks_host_buffer_size(const vks_host_buffer *h);
+/* Records host -> device and device -> host copies, with the barriers that
+ * order them against the recording's dispatches (and the host's read after
+ * the submit). */
+int vks_cmd_upload(vks_cmd *c, vks_host_buffer *src, size_t src_off, vks_buffer *dst, size_t dst_off, size_t bytes);
+int vks_cmd_download(vks_cmd *c, vks_buffer *src, size_t src_off, vks_host_buffer *dst, size_t dst_off, size_t bytes);
+
+/* A recording kept for replay: begun with vks_cmd_begin_reusable, recorded
+ * as any other (its descriptor sets stay with it: no limit on dispatches, no
+ * intermediate submit), then run any number of times with vks_cmd_run
+ * (submit and wait) and freed with vks_cmd_discard. The buffers it binds must
+ * live as long as it does. */
+int vks_cmd_begin_reusable(vks_gpu *g, vks_cmd **out);
+int vks_cmd_run(vks_cmd *c);
 /* Frees a command buffer without submitting (after a recording error). */
 void vks_cmd_discard(vks_cmd *c);
+
+/* What a recording holds so far (vks_cmd_counts). */
+typedef struct {
+    uint64_t dispatches, barriers, descriptor_writes;
+} vks_cmd_counts;
+void vks_cmd_counts_get(const vks_cmd *c, vks_cmd_counts *out);
+
+/* What the runtime did since the device was opened; counts are exact.
+ * dispatches/barriers: executed (a replayed recording counts again);
+ * descriptor_writes: descriptors written by the host; submits: queue
+ * submissions (each waited for); wait_s: host time blocked on the device;
+ * kernel_ms: timestamped kernel time (profiling only). */
+typedef struct {
+    uint64_t dispatches, barriers, descriptor_writes, submits;
+    double wait_s, kernel_ms;
+} vks_gpu_counters;
+void vks_gpu_counters_get(const vks_gpu *g, vks_gpu_counters *out);
 
 /* Profiling: per-label accumulated GPU time since the last reset. */
 typedef struct { char label[48]; double ms; uint64_t calls; } vks_profile_entry;

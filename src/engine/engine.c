@@ -128,7 +128,7 @@ int vks_engine_create(vks_gpu *g, const vks_model *m, const vks_engine_options *
     if (!e->kv) { rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory"); goto fail; }
     for (int i = 0; i < e->w.n_layers; i++)
         if ((rc = create_layer_kv(e, &e->kv[i]))) goto fail;
-    if ((rc = create_activations(e))) goto fail;
+    if ((rc = create_activations(e)) || (rc = vks_engine_host_buffers_create(e))) goto fail;
     e->device_bytes = before - vks_gpu_free_bytes(g);
     *out = e;
     return VKS_OK;
@@ -139,6 +139,7 @@ fail:
 
 void vks_engine_destroy(vks_engine *e) {
     if (!e) return;
+    vks_engine_host_buffers_free(e); /* the recordings first: they bind the buffers below */
     for (int i = 0; e->kv && i < e->w.n_layers; i++) free_layer_kv(&e->kv[i]);
     free(e->kv);
     vks_param_set_free(&e->w);
@@ -189,6 +190,7 @@ int vks_engine_resize_kv(vks_engine *e, int n_slots, int kv_len) {
     if (rc) return rc;
     int n = e->w.n_layers;
     uint64_t before = vks_gpu_free_bytes(e->gpu);
+    vks_engine_drop_recordings(e); /* they bind the old cache */
     for (int i = 0; i < n; i++) free_layer_kv(&e->kv[i]);
     e->opt.n_slots = n_slots;
     e->opt.kv_len = kv_len;

@@ -3,6 +3,7 @@
  * adds fused into the output matmuls), then the head (final norm, classifier,
  * optional sampling), all recorded into one command buffer. */
 #include <stdlib.h>
+#include <string.h>
 #include "engine_internal.h"
 
 static vks_binding bind(vks_buffer *b) { return (vks_binding){.buf = b}; }
@@ -146,54 +147,245 @@ static int check_batch(const vks_engine *e, const vks_forward_batch *b) {
     return VKS_OK;
 }
 
-static int upload_inputs(vks_engine *e, const vks_forward_batch *b) {
-    dev_activations *a = &e->act;
+/* ---- host buffers: the step's inputs and outputs travel inside its recording ---- */
+
+enum { FWD_LOGITS = 1, FWD_HIDDEN = 2, FWD_SAMPLE = 4, FWD_X_OUT = 8, FWD_TAPS = 16 };
+
+static size_t place(size_t *at, size_t bytes) {
+    size_t here = *at;
+    *at += (bytes + 15) / 16 * 16;
+    return here;
+}
+
+int vks_engine_host_buffers_create(vks_engine *e) {
+    size_t R = (size_t)e->opt.max_rows, O = (size_t)e->opt.max_out_rows, D = (size_t)e->cfg.dim;
+    engine_host_layout *l = &e->io;
+    size_t in = 0, out = 0;
+    l->slot = place(&in, R * 4);
+    l->pos = place(&in, R * 4);
+    l->tokens = place(&in, R * 4);
+    l->out_rows = place(&in, O * 4);
+    l->sample = place(&in, O * sizeof(vks_gpu_sample_row));
+    l->x_in = place(&in, e->w.has_embed ? 0 : R * D * 4);
+    l->sampled = place(&out, O * 4);
+    l->hidden = place(&out, O * D * 4);
+    l->x_out = place(&out, e->w.has_head ? 0 : R * D * 4);
+    l->in_bytes = in;
+    l->out_bytes = out;
+    int rc = vks_host_buffer_create(e->gpu, in, &e->host_in);
+    return rc ? rc : vks_host_buffer_create(e->gpu, out, &e->host_out);
+}
+
+static void recording_free(engine_recording *r) {
+    vks_cmd_discard(r->cmd);
+    free(r->tap_layers);
+    *r = (engine_recording){0};
+}
+
+void vks_engine_drop_recordings(vks_engine *e) {
+    for (int i = 0; i < ENGINE_RECORDINGS; i++) recording_free(&e->rec[i]);
+}
+
+void vks_engine_host_buffers_free(vks_engine *e) {
+    vks_engine_drop_recordings(e);
+    vks_host_buffer_destroy(e->host_in);
+    vks_host_buffer_destroy(e->host_out);
+    vks_host_buffer_destroy(e->host_logits);
+    vks_host_buffer_destroy(e->host_taps);
+    e->host_in = e->host_out = e->host_logits = e->host_taps = NULL;
+    e->n_host_taps = 0;
+}
+
+static unsigned wanted_outputs(const vks_engine *e, const vks_forward_batch *b) {
+    if (!e->w.has_head) return b->x_out ? FWD_X_OUT : 0;
+    if (b->n_out == 0) return 0;
+    return (b->logits ? FWD_LOGITS : 0) | (b->hidden ? FWD_HIDDEN : 0) | (b->sample ? FWD_SAMPLE : 0) |
+           (b->taps && b->taps->n > 0 ? FWD_TAPS : 0);
+}
+
+static int ensure_host_logits(vks_engine *e) {
+    if (e->host_logits) return VKS_OK;
+    return vks_host_buffer_create(e->gpu, (size_t)e->opt.max_out_rows * (size_t)e->cfg.vocab_size * 4, &e->host_logits);
+}
+
+/* Room for n taps; a larger buffer drops the recordings (they bind the old one). */
+static int ensure_host_taps(vks_engine *e, int n) {
+    if (n <= e->n_host_taps) return VKS_OK;
+    vks_engine_drop_recordings(e);
+    vks_host_buffer_destroy(e->host_taps);
+    e->host_taps = NULL, e->n_host_taps = 0;
+    int rc = vks_host_buffer_create(e->gpu, (size_t)n * (size_t)e->opt.max_out_rows * (size_t)e->cfg.dim * 4, &e->host_taps);
+    if (rc == VKS_OK) e->n_host_taps = n;
+    return rc;
+}
+
+static void write_inputs(vks_engine *e, const vks_forward_batch *b) {
+    char *in = vks_host_buffer_map(e->host_in);
+    const engine_host_layout *l = &e->io;
     size_t R = (size_t)b->n_rows;
-    int rc;
-    if ((rc = vks_buffer_upload(a->slot, 0, b->slot, R * 4)) || (rc = vks_buffer_upload(a->pos, 0, b->pos, R * 4)))
-        return rc;
-    if (e->w.has_embed) rc = vks_buffer_upload(a->tokens, 0, b->tokens, R * 4);
-    else rc = vks_buffer_upload(a->x, 0, b->x_in, R * (size_t)e->cfg.dim * 4);
-    if (rc || !e->w.has_head || b->n_out == 0) return rc;
-    if ((rc = vks_buffer_upload(a->out_rows, 0, b->out_rows, (size_t)b->n_out * 4))) return rc;
-    if (b->sample) rc = vks_buffer_upload(a->sample, 0, b->sample, (size_t)b->n_out * sizeof(vks_gpu_sample_row));
-    return rc;
+    memcpy(in + l->slot, b->slot, R * 4);
+    memcpy(in + l->pos, b->pos, R * 4);
+    if (e->w.has_embed) memcpy(in + l->tokens, b->tokens, R * 4);
+    else memcpy(in + l->x_in, b->x_in, R * (size_t)e->cfg.dim * 4);
+    if (!e->w.has_head || b->n_out == 0) return;
+    memcpy(in + l->out_rows, b->out_rows, (size_t)b->n_out * 4);
+    if (b->sample) memcpy(in + l->sample, b->sample, (size_t)b->n_out * sizeof(vks_gpu_sample_row));
 }
 
-static int download_outputs(vks_engine *e, const vks_forward_batch *b) {
+static int record_uploads(vks_engine *e, vks_cmd *c, int n_rows, int n_out, unsigned what) {
     dev_activations *a = &e->act;
-    size_t O = (size_t)b->n_out, D = (size_t)e->cfg.dim;
-    int rc = VKS_OK;
-    if (!e->w.has_head)
-        return b->x_out ? vks_buffer_download(a->x, 0, b->x_out, (size_t)b->n_rows * D * 4) : VKS_OK;
-    if (O == 0) return VKS_OK;
-    if (b->logits) rc = vks_buffer_download(a->logits, 0, b->logits, O * (size_t)e->cfg.vocab_size * 4);
-    if (!rc && b->hidden) rc = vks_buffer_download(a->xo, 0, b->hidden, O * D * 4);
-    if (!rc && b->sample) rc = vks_buffer_download(a->sampled, 0, b->sampled, O * 4);
-    for (int t = 0; !rc && b->taps && t < b->taps->n; t++)
-        rc = vks_buffer_download(e->tap_bufs[t], 0, b->taps->out + (size_t)t * O * D, O * D * 4);
+    const engine_host_layout *l = &e->io;
+    vks_host_buffer *in = e->host_in;
+    size_t R = (size_t)n_rows;
+    int rc;
+    if ((rc = vks_cmd_upload(c, in, l->slot, a->slot, 0, R * 4)) || (rc = vks_cmd_upload(c, in, l->pos, a->pos, 0, R * 4)))
+        return rc;
+    if (e->w.has_embed) rc = vks_cmd_upload(c, in, l->tokens, a->tokens, 0, R * 4);
+    else rc = vks_cmd_upload(c, in, l->x_in, a->x, 0, R * (size_t)e->cfg.dim * 4);
+    if (rc || !e->w.has_head || n_out == 0) return rc;
+    if ((rc = vks_cmd_upload(c, in, l->out_rows, a->out_rows, 0, (size_t)n_out * 4))) return rc;
+    if (what & FWD_SAMPLE) rc = vks_cmd_upload(c, in, l->sample, a->sample, 0, (size_t)n_out * sizeof(vks_gpu_sample_row));
     return rc;
 }
 
-int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
-    if (!e || !b) return vks_set_error(VKS_ERR_ARG, "vks_engine_forward: NULL argument");
-    int rc = check_batch(e, b);
-    if (rc || (rc = check_taps(e, b)) || (rc = upload_inputs(e, b))) return rc;
-    vks_cmd *c;
-    if ((rc = vks_cmd_begin(e->gpu, &c))) return rc;
-    e->matmul_kind = b->matmul_kind;
+static int record_downloads(vks_engine *e, vks_cmd *c, int n_rows, int n_out, int n_taps, unsigned what) {
+    dev_activations *a = &e->act;
+    const engine_host_layout *l = &e->io;
+    size_t O = (size_t)n_out, D = (size_t)e->cfg.dim;
+    int rc = VKS_OK;
+    if (what & FWD_X_OUT) rc = vks_cmd_download(c, a->x, 0, e->host_out, l->x_out, (size_t)n_rows * D * 4);
+    if (!rc && (what & FWD_LOGITS))
+        rc = vks_cmd_download(c, a->logits, 0, e->host_logits, 0, O * (size_t)e->cfg.vocab_size * 4);
+    if (!rc && (what & FWD_HIDDEN)) rc = vks_cmd_download(c, a->xo, 0, e->host_out, l->hidden, O * D * 4);
+    if (!rc && (what & FWD_SAMPLE)) rc = vks_cmd_download(c, a->sampled, 0, e->host_out, l->sampled, O * 4);
+    for (int t = 0; !rc && (what & FWD_TAPS) && t < n_taps; t++)
+        rc = vks_cmd_download(c, e->tap_bufs[t], 0, e->host_taps, (size_t)t * O * D * 4, O * D * 4);
+    return rc;
+}
+
+static void read_outputs(vks_engine *e, const vks_forward_batch *b, unsigned what) {
+    const char *out = vks_host_buffer_map(e->host_out);
+    const engine_host_layout *l = &e->io;
+    size_t O = (size_t)b->n_out, D = (size_t)e->cfg.dim;
+    if (what & FWD_X_OUT) memcpy(b->x_out, out + l->x_out, (size_t)b->n_rows * D * 4);
+    if (what & FWD_LOGITS)
+        memcpy(b->logits, vks_host_buffer_map(e->host_logits), O * (size_t)e->cfg.vocab_size * 4);
+    if (what & FWD_HIDDEN) memcpy(b->hidden, out + l->hidden, O * D * 4);
+    if (what & FWD_SAMPLE) memcpy(b->sampled, out + l->sampled, O * 4);
+    if (what & FWD_TAPS) memcpy(b->taps->out, vks_host_buffer_map(e->host_taps), (size_t)b->taps->n * O * D * 4);
+}
+
+/* Records the forward of b (its inputs on the device) into c. *layers gets
+ * the transformer layers' share of the recording. */
+static int record_forward(vks_engine *e, vks_cmd *c, const vks_forward_batch *b, vks_cmd_counts *layers) {
     uint32_t R = (uint32_t)b->n_rows;
+    int rc = VKS_OK;
+    e->matmul_kind = b->matmul_kind;
     if (e->w.has_embed) rc = record_embedding(e, c, R);
+    vks_cmd_counts before, after;
+    vks_cmd_counts_get(c, &before);
     for (int i = 0; i < e->w.n_layers && rc == VKS_OK; i++) {
         rc = record_attention_block(e, c, &e->w.layers[i], &e->kv[i], R);
         if (rc == VKS_OK) rc = record_ffn_block(e, c, &e->w.layers[i], R);
         if (rc == VKS_OK && b->n_out > 0) rc = record_taps(e, c, b, e->opt.layer_begin + i + 1);
     }
+    vks_cmd_counts_get(c, &after);
+    *layers = (vks_cmd_counts){after.dispatches - before.dispatches, after.barriers - before.barriers,
+                               after.descriptor_writes - before.descriptor_writes};
     if (rc == VKS_OK && e->w.has_head && b->n_out > 0) rc = record_head(e, c, b);
-    if (rc) {
-        vks_cmd_discard(c);
+    return rc;
+}
+
+static bool same_taps(const engine_recording *r, const vks_forward_batch *b) {
+    int n = b->taps ? b->taps->n : 0;
+    return r->n_taps == n && (n == 0 || !memcmp(r->tap_layers, b->taps->layers, sizeof(int) * (size_t)n));
+}
+
+/* The recording of this shape and these outputs, or a new one in place of
+ * the least recently used: inputs copied in from host_in, the forward,
+ * outputs copied out to host_out / host_logits. */
+static int find_recording(vks_engine *e, const vks_forward_batch *b, unsigned what, engine_recording **out) {
+    engine_recording *lru = &e->rec[0];
+    for (int i = 0; i < ENGINE_RECORDINGS; i++) {
+        engine_recording *r = &e->rec[i];
+        if (r->cmd && r->n_rows == b->n_rows && r->n_out == b->n_out && r->kind == b->matmul_kind && r->what == what &&
+            same_taps(r, b)) {
+            r->used = ++e->rec_clock;
+            *out = r;
+            return VKS_OK;
+        }
+        if (!r->cmd || (lru->cmd && r->used < lru->used)) lru = r;
+    }
+    recording_free(lru);
+    vks_cmd *c;
+    int rc = vks_cmd_begin_reusable(e->gpu, &c);
+    if (rc) return rc;
+    engine_recording r = {.cmd = c, .n_rows = b->n_rows, .n_out = b->n_out, .kind = b->matmul_kind, .what = what};
+    if (what & FWD_TAPS) {
+        r.n_taps = b->taps->n;
+        if (!(r.tap_layers = malloc(sizeof(int) * (size_t)r.n_taps))) rc = vks_set_error(VKS_ERR_NOMEM, "forward: out of host memory");
+        else memcpy(r.tap_layers, b->taps->layers, sizeof(int) * (size_t)r.n_taps);
+    }
+    if (rc || (rc = record_uploads(e, c, b->n_rows, b->n_out, what)) || (rc = record_forward(e, c, b, &r.layers)) ||
+        (rc = record_downloads(e, c, b->n_rows, b->n_out, r.n_taps, what))) {
+        recording_free(&r);
         return rc;
     }
-    if ((rc = vks_cmd_submit(c))) return rc;
-    return download_outputs(e, b);
+    r.used = ++e->rec_clock;
+    *lru = r;
+    e->stats.recorded++;
+    *out = lru;
+    return VKS_OK;
+}
+
+static int run_forward(vks_engine *e, const vks_forward_batch *b, vks_cmd_counts *layers) {
+    unsigned what = wanted_outputs(e, b);
+    int rc = (what & FWD_LOGITS) ? ensure_host_logits(e) : VKS_OK;
+    if (rc == VKS_OK && (what & FWD_TAPS)) rc = ensure_host_taps(e, b->taps->n);
+    engine_recording *r;
+    uint64_t recorded_before = e->stats.recorded;
+    if (rc || (rc = find_recording(e, b, what, &r))) return rc;
+    write_inputs(e, b);
+    *layers = r->layers;
+    if (e->stats.recorded == recorded_before) layers->descriptor_writes = 0; /* replayed: the host wrote none */
+    if ((rc = vks_cmd_run(r->cmd))) { /* not kept: the device may be lost */
+        recording_free(r);
+        return rc;
+    }
+    read_outputs(e, b, what);
+    return VKS_OK;
+}
+
+static void count_forward(vks_engine *e, const vks_gpu_counters *before, double t0, const vks_cmd_counts *layers) {
+    vks_gpu_counters after;
+    vks_gpu_counters_get(e->gpu, &after);
+    vks_engine_stats *s = &e->stats;
+    s->forwards++;
+    s->dispatches += after.dispatches - before->dispatches;
+    s->barriers += after.barriers - before->barriers;
+    s->descriptor_writes += after.descriptor_writes - before->descriptor_writes;
+    s->submits += after.submits - before->submits;
+    s->wait_s += after.wait_s - before->wait_s;
+    s->layers += (uint64_t)e->w.n_layers;
+    s->layer_dispatches += layers->dispatches;
+    s->layer_barriers += layers->barriers;
+    s->layer_descriptor_writes += layers->descriptor_writes;
+    s->wall_s += vks_seconds_now() - t0;
+}
+
+int vks_engine_forward(vks_engine *e, const vks_forward_batch *b) {
+    if (!e || !b) return vks_set_error(VKS_ERR_ARG, "vks_engine_forward: NULL argument");
+    int rc = check_batch(e, b);
+    if (rc || (rc = check_taps(e, b))) return rc;
+    double t0 = vks_seconds_now();
+    vks_gpu_counters before;
+    vks_gpu_counters_get(e->gpu, &before);
+    vks_cmd_counts layers = {0};
+    rc = run_forward(e, b, &layers);
+    if (rc == VKS_OK) count_forward(e, &before, t0, &layers);
+    return rc;
+}
+
+void vks_engine_stats_get(const vks_engine *e, vks_engine_stats *out) {
+    if (out) *out = e ? e->stats : (vks_engine_stats){0};
 }

@@ -48,6 +48,25 @@ typedef struct {
     vks_buffer *out_rows, *xo, *logits, *sample, *sampled; /* [max_out_rows, ...] */
 } dev_activations;
 
+/* A forward's recording kept for replay (engine_forward.c): the shape and
+ * outputs it was recorded for; the inputs come from the host buffer. */
+#define ENGINE_RECORDINGS 8
+typedef struct {
+    vks_cmd *cmd; /* NULL: free */
+    int n_rows, n_out;
+    vks_matmul_kind kind;
+    unsigned what; /* FWD_* bits */
+    int n_taps, *tap_layers; /* with FWD_TAPS: the boundaries tapped (malloc'd) */
+    vks_cmd_counts layers; /* the transformer layers' share */
+    uint64_t used;         /* LRU stamp */
+} engine_recording;
+
+/* Where a forward's inputs and outputs sit in the host buffers. */
+typedef struct {
+    size_t slot, pos, tokens, out_rows, sample, x_in, in_bytes;   /* host_in */
+    size_t sampled, hidden, x_out, out_bytes;                    /* host_out */
+} engine_host_layout;
+
 struct vks_engine {
     vks_matmul_kind matmul_kind; /* of the forward being recorded */
     vks_gpu *gpu;
@@ -60,7 +79,20 @@ struct vks_engine {
     vks_buffer **tap_bufs; /* residual-stream taps [max_out_rows, dim] each, made on first use */
     int n_tap_bufs;
     uint64_t weight_bytes, device_bytes;
+    vks_engine_stats stats;
+    vks_host_buffer *host_in, *host_out, *host_logits; /* host_logits: made at the first forward that wants logits */
+    vks_host_buffer *host_taps; /* [n_host_taps, max_out_rows, dim]: made at the first forward with taps */
+    int n_host_taps;
+    engine_host_layout io;
+    engine_recording rec[ENGINE_RECORDINGS];
+    uint64_t rec_clock;
 };
+
+/* engine_forward.c: the host buffers of the forward's inputs and outputs,
+ * and the recordings kept (dropped when the buffers they bind change). */
+int vks_engine_host_buffers_create(vks_engine *e);
+void vks_engine_drop_recordings(vks_engine *e);
+void vks_engine_host_buffers_free(vks_engine *e);
 
 /* engine_weights.c: device bytes the weights of opt's layer range need, and
  * their upload (errors name the layer and tensor) and release. */

@@ -63,16 +63,51 @@ void vks_buffer_destroy(vks_buffer *b) {
 
 size_t vks_buffer_size(const vks_buffer *b) { return b ? b->size : 0; }
 
-static int ensure_staging(vks_gpu *g) {
-    if (g->staging.buf) return VKS_OK;
-    int rc = alloc_bound_buffer(g, STAGING_BYTES, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-                                g->host_mem_type, &g->staging.buf, &g->staging.mem);
+int vks_gpu_alloc_staging(vks_gpu *g, size_t bytes, VkBufferUsageFlags usage, vks_staging *out) {
+    *out = (vks_staging){0};
+    int rc = alloc_bound_buffer(g, bytes, usage, g->host_mem_type, &out->buf, &out->mem);
     if (rc) return rc;
-    VkResult r = vkMapMemory(g->dev, g->staging.mem, 0, STAGING_BYTES, 0, &g->staging.map);
-    if (r != VK_SUCCESS) return vks_vk_error(r, "vkMapMemory");
-    g->staging.size = STAGING_BYTES;
+    VkResult r = vkMapMemory(g->dev, out->mem, 0, bytes, 0, &out->map);
+    if (r != VK_SUCCESS) {
+        vks_gpu_free_staging(g, out);
+        return vks_vk_error(r, "vkMapMemory");
+    }
+    out->size = bytes;
     return VKS_OK;
 }
+
+void vks_gpu_free_staging(vks_gpu *g, vks_staging *s) {
+    if (s->buf) vkDestroyBuffer(g->dev, s->buf, NULL);
+    if (s->mem) vkFreeMemory(g->dev, s->mem, NULL); /* unmaps */
+    *s = (vks_staging){0};
+}
+
+static int ensure_staging(vks_gpu *g) {
+    if (g->staging.buf) return VKS_OK;
+    return vks_gpu_alloc_staging(g, STAGING_BYTES, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                                 &g->staging);
+}
+
+int vks_host_buffer_create(vks_gpu *g, size_t bytes, vks_host_buffer **out) {
+    if (!g || !out || bytes == 0) return vks_set_error(VKS_ERR_ARG, "vks_host_buffer_create: bad arguments");
+    *out = NULL;
+    vks_host_buffer *h = calloc(1, sizeof *h);
+    if (!h) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    h->gpu = g;
+    int rc = vks_gpu_alloc_staging(g, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, &h->s);
+    if (rc) { free(h); return rc; }
+    *out = h;
+    return VKS_OK;
+}
+
+void vks_host_buffer_destroy(vks_host_buffer *h) {
+    if (!h) return;
+    vks_gpu_free_staging(h->gpu, &h->s);
+    free(h);
+}
+
+void *vks_host_buffer_map(vks_host_buffer *h) { return h ? h->s.map : NULL; }
+size_t vks_host_buffer_size(const vks_host_buffer *h) { return h ? h->s.size : 0; }
 
 int vks_gpu_oneshot_begin(vks_gpu *g, VkCommandBuffer *out) {
     VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
@@ -88,11 +123,19 @@ int vks_gpu_oneshot_begin(vks_gpu *g, VkCommandBuffer *out) {
 
 int vks_gpu_oneshot_end(vks_gpu *g, VkCommandBuffer cb) {
     vkEndCommandBuffer(cb);
+    int rc = vks_gpu_submit_wait(g, cb);
+    vkFreeCommandBuffers(g->dev, g->pool, 1, &cb);
+    return rc;
+}
+
+int vks_gpu_submit_wait(vks_gpu *g, VkCommandBuffer cb) {
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
     VkResult r = vkQueueSubmit(g->queue, 1, &si, g->fence);
+    g->counters.submits++;
+    double t0 = vks_seconds_now();
     if (r == VK_SUCCESS) r = vkWaitForFences(g->dev, 1, &g->fence, VK_TRUE, UINT64_MAX);
+    g->counters.wait_s += vks_seconds_now() - t0;
     vkResetFences(g->dev, 1, &g->fence);
-    vkFreeCommandBuffers(g->dev, g->pool, 1, &cb);
     return r == VK_SUCCESS ? VKS_OK : vks_vk_error(r, "vkQueueSubmit/vkWaitForFences");
 }
 

@@ -2,26 +2,49 @@
  * one submit. Descriptor sets come from per-command pools freed at submit.
  * A recording that fills its pools is submitted and continues in a fresh
  * command buffer (flush_and_continue), so the number of dispatches of one
- * vks_cmd has no limit. With profiling on, each dispatch is bracketed by
+ * vks_cmd has no limit; a reusable recording (kept for vks_cmd_run) grows
+ * its pool list instead. With profiling on, each dispatch is bracketed by
  * timestamp queries. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "gpu/gpu_internal.h"
 
-int vks_cmd_begin(vks_gpu *g, vks_cmd **out) {
+static int begin_reusable_cb(vks_gpu *g, VkCommandBuffer *out) {
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = g->pool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                      .commandBufferCount = 1};
+    VkResult r = vkAllocateCommandBuffers(g->dev, &ai, out);
+    if (r != VK_SUCCESS) return vks_vk_error(r, "vkAllocateCommandBuffers");
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    vkBeginCommandBuffer(*out, &bi);
+    return VKS_OK;
+}
+
+static int cmd_begin(vks_gpu *g, bool reusable, vks_cmd **out) {
     if (!g || !out) return vks_set_error(VKS_ERR_ARG, "vks_cmd_begin: NULL argument");
     vks_cmd *c = calloc(1, sizeof *c);
     if (!c) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     c->gpu = g;
-    int rc = vks_gpu_oneshot_begin(g, &c->cb);
+    c->reusable = reusable;
+    int rc = reusable ? begin_reusable_cb(g, &c->cb) : vks_gpu_oneshot_begin(g, &c->cb);
     if (rc) { free(c); return rc; }
     if (g->profile) vkCmdResetQueryPool(c->cb, g->query_pool, 0, VKS_MAX_TIMESTAMPS);
     *out = c;
     return VKS_OK;
 }
 
+int vks_cmd_begin(vks_gpu *g, vks_cmd **out) { return cmd_begin(g, false, out); }
+int vks_cmd_begin_reusable(vks_gpu *g, vks_cmd **out) { return cmd_begin(g, true, out); }
+
 static int new_descriptor_pool(vks_cmd *c) {
+    if (c->n_pools == c->cap_pools) {
+        int cap = c->cap_pools ? 2 * c->cap_pools : 4;
+        VkDescriptorPool *p = realloc(c->pools, sizeof *p * (size_t)cap);
+        if (!p) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+        c->pools = p;
+        c->cap_pools = cap;
+    }
     VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                  .descriptorCount = VKS_SETS_PER_POOL * VKS_MAX_BINDINGS};
     VkDescriptorPoolCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
@@ -41,17 +64,33 @@ static void destroy_pools(vks_cmd *c) {
     c->sets_in_pool = 0;
 }
 
+static void free_cmd(vks_cmd *c) {
+    destroy_pools(c);
+    free(c->pools);
+    free(c);
+}
+
 /* Submits what is recorded so far, waits for it and continues in a fresh
  * command buffer with empty pools. The barrier that precedes the next
  * dispatch (n_dispatches stays > 0) orders it after the submitted work. On
  * failure c->cb is VK_NULL_HANDLE and the recording can only be discarded. */
+/* The work of a submitted recording is counted as executed. */
+static void count_submitted(vks_cmd *c) {
+    c->gpu->counters.dispatches += c->unsubmitted.dispatches;
+    c->gpu->counters.barriers += c->unsubmitted.barriers;
+    c->unsubmitted = (vks_cmd_counts){0};
+}
+
 static int flush_and_continue(vks_cmd *c) {
     vks_gpu *g = c->gpu;
     int rc = vks_gpu_oneshot_end(g, c->cb);
+    count_submitted(c);
     c->cb = VK_NULL_HANDLE;
     if (rc == VKS_OK) collect_profile(c);
     destroy_pools(c);
     c->n_queries = 0;
+    c->n_pending = 0;
+    c->after_flush = true; /* the next command's barrier orders it after the submitted work */
     if (rc == VKS_OK) rc = vks_gpu_oneshot_begin(g, &c->cb);
     if (rc) {
         c->cb = VK_NULL_HANDLE;
@@ -62,7 +101,7 @@ static int flush_and_continue(vks_cmd *c) {
 }
 
 static int allocate_set(vks_cmd *c, vks_kernel *k, VkDescriptorSet *set) {
-    if (c->n_pools == VKS_MAX_POOLS && c->sets_in_pool == VKS_SETS_PER_POOL) {
+    if (!c->reusable && c->n_pools == VKS_MAX_POOLS && c->sets_in_pool == VKS_SETS_PER_POOL) {
         int rc = flush_and_continue(c);
         if (rc) return rc;
     }
@@ -90,7 +129,7 @@ static int check_binding(const vks_gpu *g, const vks_binding *b, int i, const ch
 }
 
 void vks_cmd_barrier(vks_cmd *c) {
-    if (!c) return;
+    if (!c || !c->cb || c->ended) return;
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                           .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT |
                                            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT,
@@ -98,6 +137,46 @@ void vks_cmd_barrier(vks_cmd *c) {
                                            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT};
     VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
     vkCmdPipelineBarrier(c->cb, stages, stages, 0, 1, &mb, 0, NULL, 0, NULL);
+    c->counts.barriers++;
+    c->unsubmitted.barriers++;
+    c->n_pending = 0;
+    c->after_flush = false;
+}
+
+typedef struct { VkBuffer buf; size_t lo, hi; bool written; } access;
+
+static access binding_access(const vks_binding *b, bool written) {
+    size_t range = b->range ? b->range : b->buf->size - b->offset;
+    return (access){b->buf->buf, b->offset, b->offset + range, written};
+}
+
+/* Records a barrier when one of the accesses depends on a pending one
+ * (read after write, write after read or write), then makes them pending. */
+static void order_accesses(vks_cmd *c, const access *a, int n) {
+    bool wait = c->after_flush || c->n_pending + n > VKS_MAX_PENDING;
+    for (int i = 0; i < n && !wait; i++)
+        for (int j = 0; j < c->n_pending && !wait; j++)
+            wait = c->pending[j].buf == a[i].buf && a[i].lo < c->pending[j].hi && c->pending[j].lo < a[i].hi &&
+                   (a[i].written || c->pending[j].written);
+    if (wait) vks_cmd_barrier(c);
+    for (int i = 0; i < n; i++) {
+        c->pending[c->n_pending].buf = a[i].buf;
+        c->pending[c->n_pending].lo = a[i].lo;
+        c->pending[c->n_pending].hi = a[i].hi;
+        c->pending[c->n_pending].written = a[i].written;
+        c->n_pending++;
+    }
+}
+
+/* Makes the downloads recorded so far visible to the host after the wait. */
+static void host_barrier(vks_cmd *c) {
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    vkCmdPipelineBarrier(c->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0,
+                         NULL);
+    c->counts.barriers++;
+    c->unsubmitted.barriers++;
+    c->host_reads = false;
 }
 
 static void write_descriptors(vks_cmd *c, VkDescriptorSet set, const vks_binding *b, int n) {
@@ -112,6 +191,8 @@ static void write_descriptors(vks_cmd *c, VkDescriptorSet set, const vks_binding
                                            .pBufferInfo = &infos[i]};
     }
     vkUpdateDescriptorSets(c->gpu->dev, (uint32_t)n, writes, 0, NULL);
+    c->counts.descriptor_writes += (uint64_t)n;
+    c->gpu->counters.descriptor_writes += (uint64_t)n;
 }
 
 int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bindings, const void *push,
@@ -125,11 +206,14 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
         int rc = check_binding(c->gpu, &b[i], i, k->name);
         if (rc) return rc;
     }
+    if (c->ended || !c->cb) return vks_set_error(VKS_ERR_ARG, "vks_cmd_dispatch(%s): the recording is closed", k->name);
     VkDescriptorSet set;
     int rc = allocate_set(c, k, &set);
     if (rc) return rc;
     write_descriptors(c, set, b, n_bindings);
-    if (c->n_dispatches > 0) vks_cmd_barrier(c);
+    access acc[VKS_MAX_BINDINGS];
+    for (int i = 0; i < n_bindings; i++) acc[i] = binding_access(&b[i], (k->written >> i) & 1);
+    order_accesses(c, acc, n_bindings);
     vkCmdBindPipeline(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->pipeline);
     vkCmdBindDescriptorSets(c->cb, VK_PIPELINE_BIND_POINT_COMPUTE, k->layout, 0, 1, &set, 0, NULL);
     if (push_bytes) vkCmdPushConstants(c->cb, k->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
@@ -142,18 +226,53 @@ int vks_cmd_dispatch(vks_cmd *c, vks_kernel *k, const vks_binding *b, int n_bind
         c->n_queries += 2;
     }
     c->n_dispatches++;
+    c->counts.dispatches++;
+    c->unsubmitted.dispatches++;
     return VKS_OK;
 }
 
 int vks_cmd_copy(vks_cmd *c, vks_buffer *src, size_t src_off, vks_buffer *dst, size_t dst_off, size_t bytes) {
     size_t se, de;
-    if (!c || !src || !dst || bytes == 0 || !vks_add_size(src_off, bytes, &se) || se > src->size ||
+    if (!c || !c->cb || c->ended || !src || !dst || bytes == 0 || !vks_add_size(src_off, bytes, &se) || se > src->size ||
         !vks_add_size(dst_off, bytes, &de) || de > dst->size)
         return vks_set_error(VKS_ERR_ARG, "vks_cmd_copy: out of range");
     vks_cmd_barrier(c);
     VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
     vkCmdCopyBuffer(c->cb, src->buf, dst->buf, 1, &region);
     vks_cmd_barrier(c);
+    return VKS_OK;
+}
+
+static int check_host_copy(const vks_cmd *c, const vks_host_buffer *h, size_t h_off, const vks_buffer *b,
+                           size_t b_off, size_t bytes) {
+    size_t he, be;
+    if (!c || !c->cb || !h || !b || bytes == 0 || c->ended || !vks_add_size(h_off, bytes, &he) || he > h->s.size ||
+        !vks_add_size(b_off, bytes, &be) || be > b->size)
+        return vks_set_error(VKS_ERR_ARG, "host copy out of range (%zu bytes at %zu / %zu)", bytes, h_off, b_off);
+    return VKS_OK;
+}
+
+/* The host's writes before the submit are visible to the copy (the submit
+ * orders them); order_accesses puts a barrier between it and the commands
+ * it depends on or that depend on it. */
+int vks_cmd_upload(vks_cmd *c, vks_host_buffer *src, size_t src_off, vks_buffer *dst, size_t dst_off, size_t bytes) {
+    int rc = check_host_copy(c, src, src_off, dst, dst_off, bytes);
+    if (rc) return rc;
+    order_accesses(c, &(access){dst->buf, dst_off, dst_off + bytes, true}, 1);
+    VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
+    vkCmdCopyBuffer(c->cb, src->s.buf, dst->buf, 1, &region);
+    return VKS_OK;
+}
+
+/* Ordered after the commands that write src; the host barrier recorded at
+ * the end of the recording makes dst readable after the wait. */
+int vks_cmd_download(vks_cmd *c, vks_buffer *src, size_t src_off, vks_host_buffer *dst, size_t dst_off, size_t bytes) {
+    int rc = check_host_copy(c, dst, dst_off, src, src_off, bytes);
+    if (rc) return rc;
+    order_accesses(c, &(access){src->buf, src_off, src_off + bytes, false}, 1);
+    VkBufferCopy region = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
+    vkCmdCopyBuffer(c->cb, src->buf, dst->s.buf, 1, &region);
+    c->host_reads = true;
     return VKS_OK;
 }
 
@@ -180,21 +299,43 @@ static void collect_profile(vks_cmd *c) {
     VkResult r = vkGetQueryPoolResults(g->dev, g->query_pool, 0, c->n_queries, sizeof(uint64_t) * c->n_queries,
                                        ts, sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
     if (r == VK_SUCCESS)
-        for (uint32_t i = 0; i + 1 < c->n_queries; i += 2)
-            add_profile_sample(g, c->labels[i / 2], (double)(ts[i + 1] - ts[i]) * g->info.timestamp_period_ns * 1e-6);
+        for (uint32_t i = 0; i + 1 < c->n_queries; i += 2) {
+            double ms = (double)(ts[i + 1] - ts[i]) * g->info.timestamp_period_ns * 1e-6;
+            add_profile_sample(g, c->labels[i / 2], ms);
+            g->counters.kernel_ms += ms;
+        }
     free(ts);
 }
 
 int vks_cmd_submit(vks_cmd *c) {
     if (!c) return vks_set_error(VKS_ERR_ARG, "vks_cmd_submit: NULL");
-    if (!c->cb) { /* a failed flush_and_continue already reported why */
+    if (!c->cb || c->reusable) { /* a failed flush_and_continue already reported why */
+        bool reusable = c->reusable;
         vks_cmd_discard(c);
-        return vks_set_error(VKS_ERR_ARG, "vks_cmd_submit: the recording failed earlier");
+        return vks_set_error(VKS_ERR_ARG, reusable ? "vks_cmd_submit: a reusable recording runs with vks_cmd_run"
+                                                   : "vks_cmd_submit: the recording failed earlier");
     }
+    if (c->host_reads) host_barrier(c);
     int rc = vks_gpu_oneshot_end(c->gpu, c->cb);
+    count_submitted(c);
     if (rc == VKS_OK) collect_profile(c);
-    destroy_pools(c);
-    free(c);
+    free_cmd(c);
+    return rc;
+}
+
+/* Closes a reusable recording at its first run; every run counts its work. */
+int vks_cmd_run(vks_cmd *c) {
+    if (!c || !c->reusable || !c->cb) return vks_set_error(VKS_ERR_ARG, "vks_cmd_run: not a reusable recording");
+    if (!c->ended) {
+        if (c->host_reads) host_barrier(c);
+        VkResult r = vkEndCommandBuffer(c->cb);
+        if (r != VK_SUCCESS) return vks_vk_error(r, "vkEndCommandBuffer");
+        c->ended = true;
+    }
+    int rc = vks_gpu_submit_wait(c->gpu, c->cb);
+    c->gpu->counters.dispatches += c->counts.dispatches;
+    c->gpu->counters.barriers += c->counts.barriers;
+    if (rc == VKS_OK) collect_profile(c);
     return rc;
 }
 
@@ -202,11 +343,10 @@ void vks_cmd_discard(vks_cmd *c) {
     if (!c) return;
     vks_gpu *g = c->gpu;
     if (c->cb) {
-        vkEndCommandBuffer(c->cb);
+        if (!c->ended) vkEndCommandBuffer(c->cb);
         vkFreeCommandBuffers(g->dev, g->pool, 1, &c->cb);
     }
-    destroy_pools(c);
-    free(c);
+    free_cmd(c);
 }
 
 int vks_gpu_profile(const vks_gpu *g, vks_profile_entry *out, int max) {
@@ -214,6 +354,14 @@ int vks_gpu_profile(const vks_gpu *g, vks_profile_entry *out, int max) {
     int n = g->n_profile_entries < max ? g->n_profile_entries : max;
     memcpy(out, g->profile_entries, sizeof(vks_profile_entry) * (size_t)n);
     return n;
+}
+
+void vks_cmd_counts_get(const vks_cmd *c, vks_cmd_counts *out) {
+    if (out) *out = c ? c->counts : (vks_cmd_counts){0};
+}
+
+void vks_gpu_counters_get(const vks_gpu *g, vks_gpu_counters *out) {
+    if (out) *out = g ? g->counters : (vks_gpu_counters){0};
 }
 
 void vks_gpu_profile_reset(vks_gpu *g) {

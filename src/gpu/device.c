@@ -106,12 +106,20 @@ static int create_instance(bool validation, VkInstance *out) {
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "vkswarm",
                              .apiVersion = VK_API_VERSION_1_2};
     const char *layers[] = {"VK_LAYER_KHRONOS_validation"};
-    const char *exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
+    const char *exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME, VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME};
+    /* synchronization validation too (VKSWARM_VALIDATION_SYNC=0: off): the
+     * recorder puts barriers only between commands that depend on each other
+     * (cmd.c order_accesses) */
+    VkValidationFeatureEnableEXT enables[] = {VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+    VkValidationFeaturesEXT features = {.sType = VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT,
+                                        .enabledValidationFeatureCount = 1, .pEnabledValidationFeatures = enables};
     VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
     if (validation) {
+        const char *sync = getenv("VKSWARM_VALIDATION_SYNC"); /* "0": without synchronization validation */
+        if (!sync || strcmp(sync, "0")) ci.pNext = &features;
         ci.enabledLayerCount = 1;
         ci.ppEnabledLayerNames = layers;
-        ci.enabledExtensionCount = 1;
+        ci.enabledExtensionCount = 2;
         ci.ppEnabledExtensionNames = exts;
     }
     VkResult r = vkCreateInstance(&ci, NULL, out);
@@ -242,8 +250,10 @@ static int choose_memory_types(vks_gpu *g) {
     int rc = vks_gpu_find_memory(g, ~0u, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, &g->device_mem_type);
     if (rc) rc = vks_gpu_find_memory(g, ~0u, 0, &g->device_mem_type);
     if (rc) return rc;
-    rc = vks_gpu_find_memory(g, ~0u, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
-                             &g->host_mem_type);
+    /* staging: cached where offered (the host reads results back from it) */
+    VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    rc = vks_gpu_find_memory(g, ~0u, host | VK_MEMORY_PROPERTY_HOST_CACHED_BIT, &g->host_mem_type);
+    if (rc) rc = vks_gpu_find_memory(g, ~0u, host, &g->host_mem_type);
     if (rc) return rc;
     g->heap_bytes = mp.memoryHeaps[mp.memoryTypes[g->device_mem_type].heapIndex].size;
     return VKS_OK;

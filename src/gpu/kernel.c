@@ -59,6 +59,54 @@ static int create_pipeline(vks_gpu *g, struct vks_kernel *k, const vks_spirv_blo
     return r == VK_SUCCESS ? VKS_OK : vks_vk_error(r, "vkCreateComputePipelines");
 }
 
+/* The bindings a module may write: every binding but those whose variables
+ * are all NonWritable (GLSL `readonly`), on the variable or on every member
+ * of its block. A binding with no variable is neither read nor written; it
+ * counts as read. Reads the decorations, variables and pointer/struct types. */
+enum { OP_TYPE_STRUCT = 30, OP_TYPE_POINTER = 32, OP_VARIABLE = 59, OP_DECORATE = 71, OP_MEMBER_DECORATE = 72,
+       DEC_NON_WRITABLE = 24, DEC_BINDING = 33 };
+
+typedef struct { int32_t binding; uint32_t pointee, type, members, nw_members; bool nw, is_var; } spirv_id;
+
+static uint32_t written_bindings(const uint32_t *code, size_t words) {
+    uint32_t all = (1u << VKS_MAX_BINDINGS) - 1;
+    if (words < 5 || code[3] == 0 || code[3] > (1u << 22)) return all;
+    uint32_t bound = code[3];
+    spirv_id *ids = calloc(bound, sizeof *ids);
+    if (!ids) return all;
+    for (uint32_t i = 0; i < bound; i++) ids[i].binding = -1;
+    for (size_t at = 5; at < words;) {
+        uint32_t n = code[at] >> 16, op = code[at] & 0xffff;
+        if (n == 0 || at + n > words) { free(ids); return all; }
+        const uint32_t *w = code + at + 1;
+        if (op == OP_DECORATE && n >= 3 && w[0] < bound) {
+            if (w[1] == DEC_NON_WRITABLE) ids[w[0]].nw = true;
+            if (w[1] == DEC_BINDING && n >= 4) ids[w[0]].binding = (int32_t)w[2];
+        } else if (op == OP_MEMBER_DECORATE && n >= 4 && w[0] < bound && w[2] == DEC_NON_WRITABLE) {
+            ids[w[0]].nw_members++;
+        } else if (op == OP_TYPE_STRUCT && n >= 2 && w[0] < bound) {
+            ids[w[0]].members = n - 2;
+        } else if (op == OP_TYPE_POINTER && n >= 4 && w[0] < bound) {
+            ids[w[0]].pointee = w[2];
+        } else if (op == OP_VARIABLE && n >= 4 && w[1] < bound) {
+            ids[w[1]].type = w[0];
+            ids[w[1]].is_var = true;
+        }
+        at += n;
+    }
+    uint32_t written = 0;
+    for (uint32_t i = 0; i < bound; i++) {
+        const spirv_id *v = &ids[i];
+        if (!v->is_var || v->binding < 0) continue;
+        if (v->binding >= VKS_MAX_BINDINGS) { written = all; break; }
+        uint32_t ptr = v->type < bound ? v->type : 0, block = ids[ptr].pointee < bound ? ids[ptr].pointee : 0;
+        bool readonly = v->nw || (block && ids[block].members > 0 && ids[block].nw_members >= ids[block].members);
+        if (!readonly) written |= 1u << v->binding;
+    }
+    free(ids);
+    return written;
+}
+
 static void destroy_kernel(vks_gpu *g, struct vks_kernel *k) {
     if (k->pipeline) vkDestroyPipeline(g->dev, k->pipeline, NULL);
     if (k->layout) vkDestroyPipelineLayout(g->dev, k->layout, NULL);
@@ -88,6 +136,7 @@ int vks_kernel_get(vks_gpu *g, const char *name, const uint32_t *spec, int n_spe
     k->n_spec = n_spec;
     k->n_bindings = n_bindings;
     k->push_bytes = push_bytes;
+    k->written = written_bindings(blob->code, blob->bytes / 4);
     int rc = create_layouts(g, k);
     if (!rc) rc = create_pipeline(g, k, blob);
     if (rc) { destroy_kernel(g, k); return rc; }
