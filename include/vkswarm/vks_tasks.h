@@ -146,6 +146,10 @@ typedef struct {
  * kinds are refused before anything is generated. */
 int vks_task_eval_tasks(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task *tasks,
                         int64_t n, const vks_task_run_options *o, vks_task_eval_result *r);
+/* The result from rewards[i * samples + j] and lengths of tasks[0..n) (what
+ * vks_task_eval_tasks reports once it has them). */
+int vks_task_eval_score(const vks_task *tasks, int64_t n, int samples, const double *rewards, const int *lengths,
+                        vks_task_eval_result *r);
 /* n fresh instances of spec from seed, o->samples completions each. */
 int vks_task_eval(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task_spec *spec,
                   uint64_t seed, int64_t n, const vks_task_run_options *o, vks_task_eval_result *r);

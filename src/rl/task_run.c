@@ -145,9 +145,8 @@ static void pass_ks(vks_task_eval_result *r, int samples) {
     r->pass_k[r->n_pass++] = samples;
 }
 
-static void summarise(const vks_task *tasks, int64_t n, int samples, const double *rewards, const int *lengths,
-                      const int *kind_of, vks_task_eval_result *r) {
-    (void)tasks;
+static void summarise(int64_t n, int samples, const double *rewards, const int *lengths, const int *kind_of,
+                      vks_task_eval_result *r) {
     double correct_sum = 0, sum_len = 0, kind_correct[VKS_TASK_MAX_KINDS] = {0};
     for (int64_t i = 0; i < n; i++) {
         int c = 0;
@@ -166,22 +165,32 @@ static void summarise(const vks_task *tasks, int64_t n, int samples, const doubl
     for (int k = 0; k < r->n_kinds; k++) r->kinds[k].accuracy = kind_correct[k] / ((double)r->kinds[k].n * samples);
 }
 
+int vks_task_eval_score(const vks_task *tasks, int64_t n, int samples, const double *rewards, const int *lengths,
+                        vks_task_eval_result *r) {
+    if (!tasks || !rewards || !lengths || !r || n < 1 || samples < 1 || samples > 1 << 20)
+        return vks_set_error(VKS_ERR_ARG, "task eval: bad arguments");
+    memset(r, 0, sizeof *r);
+    int *kind_of = malloc(sizeof *kind_of * (size_t)n);
+    int rc = kind_of ? collect_kinds(tasks, n, r, kind_of) : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
+    pass_ks(r, samples);
+    if (rc == VKS_OK) summarise(n, samples, rewards, lengths, kind_of, r);
+    free(kind_of);
+    return rc;
+}
+
 int vks_task_eval_tasks(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task *tasks,
                         int64_t n, const vks_task_run_options *o, vks_task_eval_result *r) {
     if (!tasks || !o || !r || n < 1 || o->samples < 1 || n > INT64_MAX / o->samples)
         return vks_set_error(VKS_ERR_ARG, "task eval: bad arguments");
-    memset(r, 0, sizeof *r);
     size_t runs = (size_t)n * (size_t)o->samples;
-    double *rewards = malloc(sizeof *rewards * runs);
-    int *lengths = malloc(sizeof *lengths * runs), *kind_of = malloc(sizeof *kind_of * (size_t)n);
-    int rc = rewards && lengths && kind_of ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
-    if (rc == VKS_OK) rc = collect_kinds(tasks, n, r, kind_of);
-    pass_ks(r, o->samples);
+    double *rewards = calloc(runs, sizeof *rewards);
+    int *lengths = calloc(runs, sizeof *lengths);
+    int rc = rewards && lengths ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
+    if (rc == VKS_OK) rc = vks_task_eval_score(tasks, n, o->samples, rewards, lengths, r); /* the kinds, checked first */
     if (rc == VKS_OK) rc = vks_task_run(g, m, tok, tasks, n, o, rewards, lengths);
-    if (rc == VKS_OK) summarise(tasks, n, o->samples, rewards, lengths, kind_of, r);
+    if (rc == VKS_OK) rc = vks_task_eval_score(tasks, n, o->samples, rewards, lengths, r);
     free(rewards);
     free(lengths);
-    free(kind_of);
     return rc;
 }
 
