@@ -164,28 +164,8 @@ typedef struct {
     vks_task_run_options o;
 } task_eval_args;
 
-/* The tasks of --task: a file's first n (all without --n), or n fresh instances. */
-static vks_task *eval_tasks_of(const task_eval_args *ta, const char **path, int64_t *n) {
-    vks_task_spec spec;
-    if (vks_task_resolve(ta->task, &spec, path)) cli_usage_error("eval", "%s", vks_last_error());
-    vks_task *tasks = NULL;
-    if (*path) {
-        if (vks_task_file_load(*path, &tasks, n)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-        if (ta->n_given && ta->n < *n) *n = ta->n;
-        return tasks;
-    }
-    *n = ta->n;
-    tasks = malloc(sizeof *tasks * (size_t)*n);
-    if (!tasks) cli_die(1, "out of memory for %lld tasks", (long long)*n);
-    for (int64_t i = 0; i < *n; i++)
-        if (vks_task_generate(&spec, ta->seed, (uint32_t)i, &tasks[i])) cli_die(1, "%s", vks_last_error());
-    return tasks;
-}
-
-static void print_task_eval(const task_eval_args *ta, const char *path, const vks_task *tasks,
-                            const vks_task_eval_result *r) {
+static void print_task_eval(const task_eval_args *ta, const char *name, const vks_task_eval_result *r) {
     printf("{\"task\": ");
-    const char *name = path ? path : tasks[0].kind;
     cli_json_string(stdout, name, strlen(name));
     printf(", \"seed\": %llu, \"n\": %lld, \"samples\": %d, \"solved\": %lld, \"accuracy\": %.6f",
            (unsigned long long)ta->seed, (long long)r->n, r->samples, (long long)r->solved, r->accuracy);
@@ -199,11 +179,16 @@ static void print_task_eval(const task_eval_args *ta, const char *path, const vk
     printf("}}\n");
 }
 
-/* eval --task: completions of built-in instances or a task file's tasks, verified answers. */
+/* eval --task: a task file's first n tasks (all without --n) or n fresh
+ * instances of a built-in task, completed and verified. */
 static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
+    vks_task_spec spec;
     const char *path = NULL;
+    if (vks_task_resolve(ta->task, &spec, &path)) cli_usage_error("eval", "%s", vks_last_error());
+    vks_task *tasks = NULL;
     int64_t n = 0;
-    vks_task *tasks = eval_tasks_of(ta, &path, &n);
+    if (path && vks_task_file_load(path, &tasks, &n)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (path && ta->n_given && ta->n < n) n = ta->n;
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(ma, NULL, 0, &tok);
     vks_gpu *g = cli_open_gpu(ma);
@@ -212,9 +197,11 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     if (!ta->temp_given && o.samples > 1) o.temperature = 1.0f; /* K greedy completions would all be the same */
     vks_task_eval_result *r = malloc(sizeof *r);
     if (!r) cli_die(1, "out of memory");
-    int rc = vks_task_eval_tasks(g, m, tok, tasks, n, &o, r);
+    int rc = path ? vks_task_eval_tasks(g, m, tok, tasks, n, &o, r) : vks_task_eval(g, m, tok, &spec, ta->seed, ta->n, &o, r);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
-    print_task_eval(ta, path, tasks, r);
+    char name[32];
+    vks_task_spec_name(&spec, name, sizeof name);
+    print_task_eval(ta, path ? path : name, r);
     free(r);
     free(tasks);
     rc = cli_finish_gpu(g);
