@@ -185,10 +185,8 @@ static int open_eval_tasks(rl_run *r, vks_rl_result *res) {
         r->eval_tasks = malloc(sizeof *r->eval_tasks * (size_t)r->n_eval_tasks);
         if (!r->eval_tasks) rc = vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     }
-    if (!rc && r->n_eval_tasks) {
-        memcpy(r->eval_tasks, r->gen.held, sizeof *r->eval_tasks * (size_t)r->gen.n_held);
-        memcpy(r->eval_tasks + r->gen.n_held, file, sizeof *file * (size_t)n_file);
-    }
+    if (!rc && r->gen.n_held) memcpy(r->eval_tasks, r->gen.held, sizeof *r->eval_tasks * (size_t)r->gen.n_held);
+    if (!rc && n_file) memcpy(r->eval_tasks + r->gen.n_held, file, sizeof *file * (size_t)n_file);
     free(file);
     res->eval_tasks = rc ? 0 : r->n_eval_tasks;
     return rc ? vks_error_prefix(rc, "held-out tasks") : VKS_OK;
