@@ -1354,7 +1354,10 @@ static void test_tasks_eval(void **state) {
     snprintf(cmd, sizeof cmd, "%s tasks filter --model %s/rt/step-000000001 --tasks %s --samples 2 --max-new 6 --min 0 "
              "--max 0 --out %s/kept.jsonl 2>/dev/null", tu_bin(), dir, path, dir);
     assert_int_equal(tu_run(cmd, &out), 0);
-    assert_string_equal(out, "{\"kept\": 2, \"total\": 2}\n"); /* an untrained model solves neither */
+    char want[4096]; /* an untrained model solves neither */
+    snprintf(want, sizeof want, "{\"total\": 2, \"hard\": 0, \"kept\": 2, \"easy\": 0, \"out\": \"%s/kept.jsonl\", "
+             "\"rates\": \"%s/kept.rates.jsonl\"}\n", dir, dir);
+    assert_string_equal(out, want);
     free(out);
     snprintf(cmd, sizeof cmd, "%s/kept.jsonl", dir);
     data = read_text(cmd);
@@ -1399,6 +1402,102 @@ static void test_rl_and_data_inputs_exit_2(void **state) {
     assert_int_not_equal(access(args, F_OK), 0);
 }
 
+/* README's own-task example, as a user types it: a task file (two kinds),
+ * tasks filter (solve rates, hard / kept / easy), rl --task PATH.jsonl with a
+ * held-out split measured in the run, eval --task PATH.jsonl with pass@k and
+ * per-kind accuracy. An untrained model solves nothing, so rates are 0, every
+ * task is hard at --min 0.1, and accuracies are 0 (measured, not missing). */
+static void test_own_tasks(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char cmd[8192], path[1024], want[4096], *out;
+    snprintf(cmd, sizeof cmd, "%s tasks sft --task add:1 --n 4 --out %s/own-sft.jsonl 2>/dev/null && "
+             "%s train sft --init tiny --batch 2 --data %s/own-sft.jsonl --steps 1 --out %s/own 2>/dev/null",
+             tu_bin(), dir, tu_bin(), dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(path, sizeof path, "%s/word.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++)
+        fprintf(f, "{\"prompt\": \"Tom has %d apples and buys %d more. How many? End with answer: N\\n\", \"answer\": %d, "
+                "\"task_type\": \"numeric\", \"kind\": \"%s\"}\n", i, i + 2, 2 * i + 2, i % 2 ? "apples" : "pears");
+    fclose(f);
+    /* tasks filter --task PATH: every task hard; the rates file says so per task */
+    snprintf(cmd, sizeof cmd, "cd %s && %s tasks filter --model own/step-000000001 --task word.jsonl --samples 2 "
+             "--max-new 4 --out kept.jsonl --rates-out rates.jsonl 2>&1 >stdout.txt", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_non_null(strstr(out, "8 tasks x 2 samples: 8 hard (solve rate below 0.1), 0 kept, 0 easy (above 0.8)"));
+    free(out);
+    snprintf(path, sizeof path, "%s/stdout.txt", dir);
+    out = read_text(path);
+    assert_string_equal(out, "{\"total\": 8, \"hard\": 8, \"kept\": 0, \"easy\": 0, \"out\": \"kept.jsonl\", "
+                             "\"rates\": \"rates.jsonl\"}\n");
+    free(out);
+    snprintf(path, sizeof path, "%s/rates.jsonl", dir);
+    out = read_text(path);
+    assert_int_equal(count_lines(out), 8);
+    assert_non_null(strstr(out, "{\"line\":1,\"kind\":\"pears\",\"solved\":0,\"samples\":2,\"solve_rate\":0.0,"
+                                "\"verdict\":\"hard\"}\n{\"line\":2,\"kind\":\"apples\","));
+    free(out);
+    snprintf(path, sizeof path, "%s/kept.jsonl", dir);
+    out = read_text(path);
+    assert_string_equal(out, "");
+    free(out);
+    /* rl --task PATH.jsonl --eval-split: held-out accuracy measured (0), the held-out file named */
+    snprintf(cmd, sizeof cmd, "cd %s && %s rl --init tiny --task word.jsonl --eval-split 0.25 --eval-n 8 --steps 1 "
+             "--out rl-own --set prompts_per_step=2 --set group_size=4 --set max_new_tokens=12 "
+             "--set length_targets=4,12 --set async_level=0 2>/dev/null", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_non_null(strstr(out, "task: word.jsonl\n"));
+    assert_non_null(strstr(out, "held-out: 2 of the 8 tasks of word.jsonl (eval_split 0.25; rl-own/heldout.jsonl)\n"));
+    assert_non_null(strstr(out, "accuracy: 0.000 -> 0.000\n"));
+    free(out);
+    snprintf(path, sizeof path, "%s/rl-own/heldout.jsonl", dir);
+    out = read_text(path);
+    assert_int_equal(count_lines(out), 2);
+    free(out);
+    /* a task file without a held-out set: --eval-n refused before the run, else said */
+    snprintf(cmd, sizeof cmd, "cd %s && %s rl --init tiny --task word.jsonl --eval-n 4 --steps 1 2>&1", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "a task file is evaluated on held-out tasks: give --eval-tasks FILE or --eval-split F"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "cd %s && %s rl --init tiny --task add:2 --eval-split 0.1 2>&1", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "eval_split holds out part of a task file"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "cd %s && %s rl --init tiny --task words 2>&1", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "unknown task 'words': neither a built-in task"));
+    free(out);
+    /* eval --task PATH.jsonl --samples 4: pass@1, 2, 4 and the two kinds */
+    snprintf(cmd, sizeof cmd, "cd %s && %s eval --model own/step-000000001 --task word.jsonl --samples 4 --max-new 4 "
+             "--seed 5 2>/dev/null", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    snprintf(want, sizeof want, "{\"task\": \"word.jsonl\", \"seed\": 5, \"n\": 8, \"samples\": 4, \"solved\": 0, "
+             "\"accuracy\": 0.000000, \"pass@1\": 0.000000, \"pass@2\": 0.000000, \"pass@4\": 0.000000, \"mean_length\": ");
+    assert_true(!strncmp(out, want, strlen(want)));
+    assert_non_null(strstr(out, "\"kinds\": {\"pears\": {\"n\": 4, \"accuracy\": 0.000000}, "
+                                "\"apples\": {\"n\": 4, \"accuracy\": 0.000000}}}\n"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "cd %s && %s eval --model own/step-000000001 --task file:word.jsonl --n 3 --max-new 2 "
+             "2>/dev/null", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_non_null(strstr(out, "{\"task\": \"word.jsonl\", \"seed\": 0, \"n\": 3, \"samples\": 1, "));
+    assert_non_null(strstr(out, "\"kinds\": {\"pears\": {\"n\": 2, \"accuracy\": 0.000000}, \"apples\": {\"n\": 1, "));
+    free(out);
+    /* a built-in task: its kind is its name */
+    snprintf(cmd, sizeof cmd, "cd %s && %s eval --model own/step-000000001 --task add:1 --n 2 --max-new 2 2>/dev/null",
+             dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_non_null(strstr(out, "\"kinds\": {\"add:1\": {\"n\": 2, "));
+    free(out);
+    snprintf(cmd, sizeof cmd, "cd %s && %s tasks filter --model own/step-000000001 --task add:2 --out k.jsonl 2>&1", dir,
+             tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "tasks filter keeps lines of a task file; 'add:2' is a built-in task"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -1414,6 +1513,7 @@ int main(void) {
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
         cmocka_unit_test(test_train_sft_sentencepiece), cmocka_unit_test(test_train_out_dir),
         cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
+        cmocka_unit_test(test_own_tasks),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

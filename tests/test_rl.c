@@ -174,6 +174,53 @@ static void test_synchronous_run(void **state) {
     assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
 }
 
+/* A task file with eval_split: the held-out tasks go to OUT/heldout.jsonl as
+ * they were, and held-out accuracy is measured on them (0 for the untrained
+ * model, not NaN); without a held-out set a task file is not evaluated. */
+static void test_heldout_accuracy(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600], path[700];
+    snprintf(out, sizeof out, "%s/rl-heldout", tu_tmpdir());
+    small_config(&c, out, 1, 0);
+    c.eval_split = 0.25; /* 2 of the 8 tasks */
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.eval_n = 5;
+    vks_rl_result *r = malloc(sizeof *r);
+    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    assert_true(r->start_accuracy == 0.0 && r->final_accuracy == 0.0);
+    assert_true(log.p[0].accuracy == 0.0);
+    assert_int_equal(r->eval_tasks, 2);
+    snprintf(path, sizeof path, "%s/heldout.jsonl", out);
+    assert_string_equal(r->heldout_path, path);
+    assert_non_null(strstr(r->eval_set, "2 of the 8 tasks of "));
+    char *held = (char *)tu_read_file(path, NULL), *all = (char *)tu_read_file(tasks_path, NULL);
+    assert_non_null(held);
+    int lines = 0;
+    for (char *line = strtok(held, "\n"); line; line = strtok(NULL, "\n"), lines++)
+        assert_non_null(strstr(all, line)); /* a line of the task file, as it was */
+    assert_int_equal(lines, 2);
+    free(held), free(all);
+    /* the same file as eval_tasks, no split: all 8 evaluated (eval_n 5 of them) */
+    snprintf(out, sizeof out, "%s/rl-evaltasks", tu_tmpdir());
+    small_config(&c, out, 1, 0);
+    snprintf(c.eval_tasks, sizeof c.eval_tasks, "%s", tasks_path);
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    assert_int_equal(r->eval_tasks, 8);
+    assert_true(r->start_accuracy == 0.0);
+    assert_string_equal(r->heldout_path, "");
+    /* neither: not evaluated */
+    snprintf(out, sizeof out, "%s/rl-noeval", tu_tmpdir());
+    small_config(&c, out, 1, 0);
+    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    assert_true(isnan(r->start_accuracy));
+    assert_int_equal(r->eval_tasks, 0);
+    free(r);
+}
+
 /* `vkswarm verify --cpu` (no --stop-ids) on the run's rollout files against
  * the step-1 checkpoint: the batches that policy made are accepted (the tiny
  * model's EOS, 257, is trusted as the checkpoint declares it); the others are
@@ -535,6 +582,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
                                        cmocka_unit_test(test_resume_refuses_other_runs),
-                                       cmocka_unit_test(test_group_queue)};
+                                       cmocka_unit_test(test_group_queue), cmocka_unit_test(test_heldout_accuracy)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

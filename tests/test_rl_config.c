@@ -104,7 +104,19 @@ static void test_refusals(void **state) {
     expect_refused("[1, 2]", 1, "not a JSON object");
     expect_refused("{\"init\": \"huge\"}", 1, "init must be");
     expect_refused("{\"entropy_coef\": 11}", 1, "entropy_coef must be a number in");
+    /* own tasks: a task file by its shape; a split of a built-in task, a held-out set that is no file */
+    expect_refused("{\"task\": \"words\"}", 1, "unknown task 'words': neither a built-in task");
+    expect_refused("{\"task\": \"add:2\", \"eval_split\": 0.1}", 1, "eval_split holds out part of a task file");
+    expect_refused("{\"task\": \"w.jsonl\", \"eval_split\": 1}", 1, "eval_split must be a number in");
+    expect_refused("{\"task\": \"w.jsonl\", \"eval_tasks\": \"add\"}", 1, "eval_tasks 'add' is not a task file");
     vks_rl_config c;
+    vks_rl_config_defaults(&c);
+    assert_int_equal(load_text(&c, "{\"task\": \"w.jsonl\", \"eval_split\": 0.1, \"eval_tasks\": \"dir/held\"}"), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    assert_true(c.eval_split == 0.1);
+    assert_string_equal(c.eval_tasks, "dir/held");
+    assert_int_equal(vks_rl_config_set(&c, "task=file:words"), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
     vks_rl_config_defaults(&c);
     assert_int_equal(vks_rl_config_set(&c, "nonsense=1"), VKS_ERR_FORMAT);
     assert_int_equal(vks_rl_config_set(&c, "steps"), VKS_ERR_FORMAT);

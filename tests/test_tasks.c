@@ -361,6 +361,218 @@ static void test_sft_file(void **state) {
     free(text);
 }
 
+/* --task names: built-in, a task file by its shape, an existing file, file:PATH. */
+static void test_resolve(void **state) {
+    (void)state;
+    vks_task_spec s;
+    const char *path = (const char *)1;
+    assert_int_equal(vks_task_resolve("mul:3", &s, &path), VKS_OK);
+    assert_null(path);
+    assert_int_equal(s.kind, VKS_TASK_MUL);
+    assert_int_equal(s.size, 3);
+    assert_int_equal(vks_task_resolve("word.jsonl", &s, &path), VKS_OK); /* need not exist yet: opened later */
+    assert_string_equal(path, "word.jsonl");
+    assert_int_equal(vks_task_resolve("data/word", &s, &path), VKS_OK);
+    assert_string_equal(path, "data/word");
+    assert_int_equal(vks_task_resolve("file:add", &s, &path), VKS_OK);
+    assert_string_equal(path, "add");
+    assert_int_equal(vks_task_resolve("file:", &s, &path), VKS_ERR_ARG);
+    assert_int_equal(vks_task_resolve("mul:12", &s, &path), VKS_ERR_ARG); /* a built-in's bad size, not a file */
+    assert_non_null(strstr(vks_last_error(), "must be 1 to 9"));
+    assert_int_equal(vks_task_resolve("words", &s, &path), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "unknown task 'words': neither a built-in task"));
+    assert_non_null(strstr(vks_last_error(), "PATH.jsonl"));
+    /* an existing file without '/' or .jsonl: a task file (the built-in names stay built-in) */
+    char name[64];
+    snprintf(name, sizeof name, "own-tasks-%d.txt", (int)getpid());
+    FILE *f = fopen(name, "w");
+    assert_non_null(f);
+    fclose(f);
+    int rc = vks_task_resolve(name, &s, &path);
+    remove(name);
+    assert_int_equal(rc, VKS_OK);
+    assert_string_equal(path, name);
+}
+
+static vks_task numbered(int64_t line) {
+    vks_task t = {.line = line, .verify = VKS_VERIFY_EXACT};
+    snprintf(t.prompt, sizeof t.prompt, "task %lld", (long long)line);
+    snprintf(t.answer, sizeof t.answer, "%lld", (long long)line);
+    return t;
+}
+
+/* The held-out split: the right count, disjoint, covering, in file order, a
+ * function of the line numbers only (golden, so a change shows), bounded. */
+static void test_split(void **state) {
+    (void)state;
+    vks_task tasks[20], held_first[20];
+    int64_t n = 20, n_held = 0;
+    for (int i = 0; i < 20; i++) tasks[i] = numbered(i + 1);
+    vks_task *held = NULL;
+    assert_int_equal(vks_task_split(tasks, &n, 0.25, &held, &n_held), VKS_OK);
+    assert_int_equal(n_held, 5);
+    assert_int_equal(n, 15);
+    bool seen[21] = {0};
+    for (int64_t i = 0; i < n_held; i++) seen[held[i].line] = true, held_first[i] = held[i];
+    for (int64_t i = 0; i < n; i++) assert_false(seen[tasks[i].line]), seen[tasks[i].line] = true;
+    for (int i = 1; i <= 20; i++) assert_true(seen[i]);
+    for (int64_t i = 1; i < n_held; i++) assert_true(held[i - 1].line < held[i].line);
+    for (int64_t i = 1; i < n; i++) assert_true(tasks[i - 1].line < tasks[i].line);
+    char want[32];
+    snprintf(want, sizeof want, "task %lld", (long long)held[0].line);
+    assert_string_equal(held[0].prompt, want); /* the task itself moved, not just its number */
+    static const int64_t golden[5] = {1, 4, 12, 17, 20};
+    for (int i = 0; i < 5; i++) assert_int_equal(held[i].line, golden[i]);
+    free(held);
+    /* the same lines in another order: the same tasks held out */
+    for (int i = 0; i < 20; i++) tasks[i] = numbered(20 - i);
+    n = 20;
+    assert_int_equal(vks_task_split(tasks, &n, 0.25, &held, &n_held), VKS_OK);
+    assert_int_equal(n_held, 5);
+    for (int64_t i = 0; i < n_held; i++) assert_int_equal(held[n_held - 1 - i].line, held_first[i].line);
+    free(held);
+    /* at least one held out, at least one kept */
+    n = 20;
+    assert_int_equal(vks_task_split(tasks, &n, 0.001, &held, &n_held), VKS_OK);
+    assert_int_equal(n_held, 1);
+    free(held);
+    n = 3;
+    assert_int_equal(vks_task_split(tasks, &n, 0.99, &held, &n_held), VKS_OK);
+    assert_int_equal(n_held, 2);
+    assert_int_equal(n, 1);
+    free(held);
+    n = 1;
+    assert_int_equal(vks_task_split(tasks, &n, 0.5, &held, &n_held), VKS_ERR_ARG);
+    assert_null(held);
+    n = 5;
+    assert_int_equal(vks_task_split(tasks, &n, 1.0, &held, &n_held), VKS_ERR_ARG);
+    assert_int_equal(vks_task_split(tasks, &n, 0.0, &held, &n_held), VKS_ERR_ARG);
+}
+
+static double choose(int n, int k) {
+    if (k < 0 || k > n) return 0;
+    double c = 1;
+    for (int i = 1; i <= k; i++) c = c * (n - k + i) / i;
+    return c;
+}
+
+/* pass@k against 1 - C(n-c, k) / C(n, k) computed from the binomials. */
+static void test_pass_at_k(void **state) {
+    (void)state;
+    assert_true(fabs(vks_task_pass_at_k(5, 2, 1) - 0.4) < 1e-12);
+    assert_true(fabs(vks_task_pass_at_k(5, 2, 2) - 0.7) < 1e-12); /* 1 - 3/10 */
+    assert_true(vks_task_pass_at_k(5, 2, 4) == 1.0);
+    assert_true(vks_task_pass_at_k(8, 0, 8) == 0.0);
+    assert_true(vks_task_pass_at_k(8, 8, 1) == 1.0);
+    for (int n = 1; n <= 24; n++)
+        for (int c = 0; c <= n; c++)
+            for (int k = 1; k <= n; k++) {
+                double want = 1.0 - choose(n - c, k) / choose(n, k);
+                if (fabs(vks_task_pass_at_k(n, c, k) - want) > 1e-9) fail_msg("pass@%d n %d c %d", k, n, c);
+            }
+    assert_true(isnan(vks_task_pass_at_k(4, 5, 1)));
+    assert_true(isnan(vks_task_pass_at_k(4, 1, 5)));
+    assert_true(isnan(vks_task_pass_at_k(4, 1, 0)));
+    assert_true(isnan(vks_task_pass_at_k(0, 0, 1)));
+}
+
+/* eval's arithmetic on known rewards: accuracy, solved, pass@k, per kind. */
+static void test_eval_score(void **state) {
+    (void)state;
+    vks_task tasks[3] = {numbered(1), numbered(2), numbered(3)};
+    snprintf(tasks[0].kind, sizeof tasks[0].kind, "word");
+    snprintf(tasks[1].kind, sizeof tasks[1].kind, "math");
+    snprintf(tasks[2].kind, sizeof tasks[2].kind, "word");
+    /* 4 samples: task 1 solved 1 of 4, task 2 none, task 3 all */
+    double rewards[12] = {0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1};
+    int lengths[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    vks_task_eval_result *r = malloc(sizeof *r);
+    assert_int_equal(vks_task_eval_score(tasks, 3, 4, rewards, lengths, r), VKS_OK);
+    assert_int_equal(r->n, 3);
+    assert_int_equal(r->samples, 4);
+    assert_int_equal(r->solved, 2);
+    assert_true(fabs(r->accuracy - 5.0 / 12) < 1e-12);
+    assert_true(fabs(r->mean_length - 6.5) < 1e-12);
+    assert_int_equal(r->n_pass, 3);
+    assert_int_equal(r->pass_k[0], 1), assert_int_equal(r->pass_k[1], 2), assert_int_equal(r->pass_k[2], 4);
+    assert_true(fabs(r->pass_at[0] - 5.0 / 12) < 1e-12);               /* pass@1 = accuracy */
+    assert_true(fabs(r->pass_at[1] - (0.5 + 0 + 1) / 3) < 1e-12);      /* task 1: 1 - C(3,2)/C(4,2) = 0.5 */
+    assert_true(fabs(r->pass_at[2] - 2.0 / 3) < 1e-12);
+    assert_int_equal(r->n_kinds, 2);
+    assert_string_equal(r->kinds[0].kind, "word");
+    assert_int_equal(r->kinds[0].n, 2);
+    assert_true(fabs(r->kinds[0].accuracy - 5.0 / 8) < 1e-12);
+    assert_string_equal(r->kinds[1].kind, "math");
+    assert_int_equal(r->kinds[1].n, 1);
+    assert_true(r->kinds[1].accuracy == 0.0);
+    /* 6 samples: k = 1, 2, 4, 6 */
+    double r6[6] = {1, 0, 0, 0, 0, 0};
+    assert_int_equal(vks_task_eval_score(tasks, 1, 6, r6, lengths, r), VKS_OK);
+    assert_int_equal(r->n_pass, 4);
+    assert_int_equal(r->pass_k[3], 6);
+    assert_true(fabs(r->pass_at[2] - 4.0 / 6) < 1e-12);
+    /* more kinds than reported: refused */
+    int64_t many = VKS_TASK_MAX_KINDS + 1;
+    vks_task *m = calloc((size_t)many, sizeof *m);
+    double *mr = calloc((size_t)many, sizeof *mr);
+    int *ml = calloc((size_t)many, sizeof *ml);
+    for (int64_t i = 0; i < many; i++) m[i] = numbered(i + 1), snprintf(m[i].kind, sizeof m[i].kind, "k%lld", (long long)i);
+    assert_int_equal(vks_task_eval_score(m, many, 1, mr, ml, r), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "task 257: more than 256 task kinds"));
+    free(m), free(mr), free(ml), free(r);
+}
+
+/* The filter's counts: hard below min, easy above max, the bounds kept. */
+static void test_filter_classify(void **state) {
+    (void)state;
+    double rewards[20] = {0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1};
+    double rates[5];
+    bool keep[5];
+    vks_task_filter_counts c;
+    vks_task_filter_classify(rewards, 5, 4, 0.25, 0.75, rates, keep, &c);
+    assert_true(rates[0] == 0 && rates[1] == 0.25 && rates[2] == 0.75 && rates[3] == 1 && rates[4] == 0.75);
+    assert_false(keep[0]), assert_true(keep[1]), assert_true(keep[2]), assert_false(keep[3]), assert_true(keep[4]);
+    assert_int_equal(c.total, 5);
+    assert_int_equal(c.hard, 1);
+    assert_int_equal(c.kept, 3);
+    assert_int_equal(c.easy, 1);
+}
+
+/* "kind" in a task file, and vks_task_file_copy: the chosen lines as they were. */
+static void test_task_file_kind_and_copy(void **state) {
+    (void)state;
+    const char *text = "{\"prompt\": \"a\", \"answer\": \"1\", \"task_type\": \"numeric\", \"kind\": \"word problems\"}\n"
+                       "\n"
+                       "{\"prompt\": \"b\",   \"answer\": \"2\", \"task_type\": \"exact\"}\r\n"
+                       "{\"prompt\": \"c\", \"answer\": \"3\", \"task_type\": \"add\"}\n";
+    char *path = write_tmp("kinds.jsonl", text);
+    char in[1024], out[1100];
+    snprintf(in, sizeof in, "%s", path);
+    vks_task *tasks = NULL;
+    int64_t n = 0;
+    if (vks_task_file_load(in, &tasks, &n)) fail_msg("%s", vks_last_error());
+    assert_int_equal(n, 3);
+    assert_string_equal(tasks[0].kind, "word problems");
+    assert_string_equal(tasks[1].kind, "exact");
+    assert_string_equal(tasks[2].kind, "add");
+    vks_task pick[2] = {tasks[1], tasks[2]};
+    snprintf(out, sizeof out, "%s.copy", in);
+    assert_int_equal(vks_task_file_copy(in, pick, 2, out), VKS_OK);
+    char *copied = (char *)tu_read_file(out, NULL);
+    assert_string_equal(copied, "{\"prompt\": \"b\",   \"answer\": \"2\", \"task_type\": \"exact\"}\n"
+                                "{\"prompt\": \"c\", \"answer\": \"3\", \"task_type\": \"add\"}\n");
+    free(copied);
+    free(tasks);
+    vks_task t = make("add:2", 1, 0);
+    assert_string_equal(t.kind, "add:2");
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"b\", \"task_type\": \"exact\", \"kind\": 3}\n",
+                      "line 1: \"kind\" is not a string");
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"b\", \"task_type\": \"exact\", \"kind\": \"\"}\n",
+                      "line 1: \"kind\" is empty");
+    expect_load_error("{\"prompt\": \"a\", \"answer\": \"b\", \"task_type\": \"exact\", "
+                      "\"kind\": \"0123456789012345678901234567890123\"}\n", "line 1: \"kind\" is longer than 31 bytes");
+}
+
 /* A tiny model scored by generation: accuracy is a fraction, lengths are
  * bounded, and greedy results do not depend on the batch size. */
 static void test_run_tiny_model(void **state) {
@@ -407,6 +619,9 @@ int main(void) {
         cmocka_unit_test(test_countdown_verifier), cmocka_unit_test(test_length_reward),
         cmocka_unit_test(test_task_file),         cmocka_unit_test(test_sft_file),
         cmocka_unit_test(test_task_file_limits),
+        cmocka_unit_test(test_resolve),           cmocka_unit_test(test_split),
+        cmocka_unit_test(test_pass_at_k),         cmocka_unit_test(test_eval_score),
+        cmocka_unit_test(test_filter_classify),   cmocka_unit_test(test_task_file_kind_and_copy),
         cmocka_unit_test(test_run_tiny_model),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

@@ -10,12 +10,13 @@
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_rl_config.h"
 #include "vkswarm/vks_rl_mpi.h"
+#include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_tokenizer.h"
 
 static const char rl_usage[] =
     "usage: vkswarm rl [--config FILE.json] [--set KEY=VALUE]... [--model M | --init tiny] [--task T]\n"
     "                  [--steps N] [--async-level K] [--out DIR] [--eval-every N] [--eval-n N]\n"
-    "                  [--eval-seed S] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
+    "                  [--eval-seed S] [--eval-tasks FILE.jsonl] [--eval-split F] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
     "                  [--save-every N] [--keep N] [--resume] [--device N] [--tokenizer T]\n"
     "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
@@ -23,8 +24,13 @@ static const char rl_usage[] =
     "online filter pick what the trainer trains on; the trainer hands each step's weights back.\n"
     "The config (README \"RL runs\") gives every key; --set KEY=VALUE and the named flags override it.\n"
     "--model starts from a checkpoint (train sft's), --init tiny from the built-in tiny model.\n"
-    "Held-out accuracy on --eval-n (default 64) fresh instances from --eval-seed (default 999983,\n"
-    "not the run's seed) is measured at the start, every --eval-every steps (default 5) and at the end.\n"
+    "--task T: a built-in task (add, mul, countdown, sort, reverse, optionally :SIZE and :short) or a\n"
+    "task file (PATH.jsonl, a path with '/', or file:PATH; README \"Your own tasks\"), its tasks in turn.\n"
+    "Held-out accuracy (greedy) is measured at the start, every --eval-every steps (default 5) and at\n"
+    "the end on --eval-n (default 64) tasks: fresh instances of a built-in task from --eval-seed\n"
+    "(default 999983, not the run's seed), or the first N of the held-out set: --eval-tasks FILE, and/or\n"
+    "--eval-split F, which holds out the fraction F of the task file (the same tasks for the same file,\n"
+    "never trained on, written to DIR/heldout.jsonl). A task file without either is not evaluated.\n"
     "One line per step on stderr (step, policy lag, reward, accuracy, length, verifier accept rate,\n"
     "rollouts/s, trainer idle, broadcast time); DIR (default from the config, rl-out) gets\n"
     "metrics.jsonl, rl.svg, timeline.svg (what the trainer and the inference thread did when over the\n"
@@ -35,7 +41,7 @@ static const char rl_usage[] =
     "without one: a fresh run). One run at a time writes DIR; a fresh run refuses a DIR holding an\n"
     "earlier run's files. stdout gets (paths escaped):\n"
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  final checkpoint: PATH\n"
-    "  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
+    "  held-out: WHAT (with a held-out set)\n  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
     "trainer rank (by default also the orchestrator) grants batches to inference groups (one rank, or a\n"
     "pipeline of several: the first takes the grants, the group generates across its stages)\n"
@@ -62,6 +68,7 @@ typedef struct {
     int n_set, n_ranks;
     double timeout_s, trainer_timeout_s;
     int test_garbage_rank, test_garbage_kind;
+    bool eval_n_given;
 } rl_args;
 
 static void set_key(vks_rl_config *c, const char *key, const char *val) {
@@ -70,13 +77,32 @@ static void set_key(vks_rl_config *c, const char *key, const char *val) {
     if (vks_rl_config_set(c, buf)) cli_usage_error("rl", "%s", vks_last_error());
 }
 
+/* Whether the run's task is a task file (the config is checked). */
+static bool task_is_file(const vks_rl_config *c) {
+    vks_task_spec spec;
+    const char *path = NULL;
+    return vks_task_resolve(c->task, &spec, &path) == VKS_OK && path;
+}
+
+/* A task file is evaluated only on a held-out set: said before the run, never silently. */
+static void check_eval(const rl_args *a) {
+    if (!task_is_file(&a->c) || a->c.eval_tasks[0] || a->c.eval_split > 0 || !a->o.eval_n) return;
+    if (a->eval_n_given)
+        cli_usage_error("rl", "--eval-n %d: a task file is evaluated on held-out tasks: give --eval-tasks FILE or "
+                        "--eval-split F (or --eval-n 0)", a->o.eval_n);
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK"); /* said once, by the trainer */
+    if (!rank || atoi(rank) == a->c.trainer)
+        fprintf(stderr, "vkswarm: rl: no held-out accuracy: task file without --eval-tasks or --eval-split\n");
+}
+
 static void parse_rl(int argc, char **argv, rl_args *a) {
     static const struct option opts[] = {
         CLI_MODEL_LONG_OPTIONS, {"config", required_argument, 0, 0}, {"set", required_argument, 0, 0},
         {"init", required_argument, 0, 0}, {"task", required_argument, 0, 0}, {"steps", required_argument, 0, 0},
         {"async-level", required_argument, 0, 0}, {"out", required_argument, 0, 0},
         {"eval-every", required_argument, 0, 0}, {"eval-n", required_argument, 0, 0},
-        {"eval-seed", required_argument, 0, 0}, {"no-verify", no_argument, 0, 0},
+        {"eval-seed", required_argument, 0, 0}, {"eval-tasks", required_argument, 0, 0},
+        {"eval-split", required_argument, 0, 0}, {"no-verify", no_argument, 0, 0},
         {"test-cheat-every", required_argument, 0, 0},
         {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
         {"test-garbage-reward", no_argument, 0, 0}, {"save-every", required_argument, 0, 0},
@@ -104,7 +130,9 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "async-level")) set_key(&a->c, "async_level", optarg);
         else if (!strcmp(name, "out")) set_key(&a->c, "out", optarg);
         else if (!strcmp(name, "eval-every")) a->o.eval_every = (int)cli_parse_long("--eval-every", optarg, 0, 1 << 30);
-        else if (!strcmp(name, "eval-n")) a->o.eval_n = (int)cli_parse_long("--eval-n", optarg, 0, 1 << 20);
+        else if (!strcmp(name, "eval-n")) a->o.eval_n = (int)cli_parse_long("--eval-n", optarg, 0, 1 << 20), a->eval_n_given = true;
+        else if (!strcmp(name, "eval-tasks")) set_key(&a->c, "eval_tasks", optarg);
+        else if (!strcmp(name, "eval-split")) set_key(&a->c, "eval_split", optarg);
         else if (!strcmp(name, "eval-seed")) a->o.eval_seed = cli_parse_u64("--eval-seed", optarg);
         else if (!strcmp(name, "no-verify")) a->o.verify = false;
         else if (!strcmp(name, "save-every")) set_key(&a->c, "save_every", optarg);
@@ -123,6 +151,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     const char *np = getenv("OMPI_COMM_WORLD_SIZE");
     a->n_ranks = np && atoi(np) > 1 ? atoi(np) : 1;
     if (vks_rl_config_check(&a->c, a->n_ranks)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    check_eval(a);
     if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
 }
 
@@ -152,7 +181,13 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
     cli_put_path_line("plot", r->plot_path);
     cli_put_path_line("timeline", r->timeline_path);
     cli_put_path_line("final checkpoint", r->final_checkpoint);
-    if (isnan(r->start_accuracy)) printf("accuracy: not measured (--eval-n 0 or a task file)\n");
+    if (r->eval_set[0]) {
+        printf("held-out: ");
+        cli_put_escaped(stdout, r->eval_set, strlen(r->eval_set));
+        printf("\n");
+    }
+    if (isnan(r->start_accuracy))
+        printf("accuracy: not measured (%s)\n", !a->o.eval_n ? "--eval-n 0" : "a task file without --eval-tasks or --eval-split");
     else printf("accuracy: %.3f -> %.3f\n", r->start_accuracy, r->final_accuracy);
     printf("trainer idle: %.3f\n", r->trainer_idle);
 }

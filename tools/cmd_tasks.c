@@ -10,20 +10,25 @@
 
 static const char tasks_usage[] =
     "usage: vkswarm tasks sft --task NAME --out FILE.jsonl [--n N] [--seed S]\n"
-    "       vkswarm tasks filter --model M --tasks FILE.jsonl --out FILE.jsonl [--samples K] [--min X]\n"
-    "                            [--max X] [--temp X] [--seed S] [--max-new N] [--batch B] [--tokenizer T]\n"
+    "       vkswarm tasks filter --model M --task FILE.jsonl --out KEPT.jsonl [--rates-out R.jsonl]\n"
+    "                            [--samples K] [--min X] [--max X] [--temp X] [--seed S] [--max-new N]\n"
+    "                            [--batch B] [--tokenizer T]\n"
     "tasks sft writes N (default 1000) instances of a built-in task (add, mul, countdown, sort, reverse,\n"
     "optionally :SIZE, e.g. mul:3) from seed S (default 0) as {\"prompt\", \"completion\"} lines with a\n"
     "short worked completion ending in the answer line, for `vkswarm train sft`.\n"
-    "tasks filter completes each task of FILE ({\"prompt\", \"answer\", \"task_type\", ...} lines; task_type\n"
-    "exact, numeric, list, boxed or countdown with \"numbers\" and \"target\") K times (default 8, at\n"
-    "--temp default 1.0, sampled from seed S) and keeps the lines whose solve rate lies in [--min, --max]\n"
-    "(default 0.1 and 0.8): the offline difficulty filter. Prints the kept and total counts.\n"
+    "tasks filter completes each task of the task file FILE (--tasks is the same option; README \"Your own\n"
+    "tasks\": {\"prompt\", \"answer\", \"task_type\", ...} lines; task_type exact, numeric, list, boxed or\n"
+    "countdown with \"numbers\" and \"target\"; optionally \"kind\") K times (default 8, at --temp default 1.0,\n"
+    "sampled from seed S) and copies the lines whose solve rate lies in [--min, --max] (default 0.1 and\n"
+    "0.8) to KEPT as they were: the offline difficulty filter. Each task's solve rate goes to R (default\n"
+    "KEPT with .rates.jsonl for .jsonl), one line per task: {\"line\", \"kind\", \"solved\", \"samples\",\n"
+    "\"solve_rate\", \"verdict\": \"hard\" (below --min), \"kept\" or \"easy\" (above --max)}. stdout gets one\n"
+    "JSON object: total, hard, kept and easy counts, and the two files.\n"
     "Answers are read from the completion's last `answer: ...` line or last \\boxed{...}.\n";
 
 typedef struct {
     cli_model_args m;
-    const char *task, *tasks_file, *out;
+    const char *task, *tasks_file, *out, *rates_out;
     int64_t n;
     uint64_t seed;
     double min_rate, max_rate;
@@ -36,7 +41,7 @@ static void parse_tasks(int argc, char **argv, tasks_args *a) {
         {"out", required_argument, 0, 0}, {"n", required_argument, 0, 0}, {"seed", required_argument, 0, 0},
         {"samples", required_argument, 0, 0}, {"min", required_argument, 0, 0}, {"max", required_argument, 0, 0},
         {"temp", required_argument, 0, 0}, {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"rates-out", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *a = (tasks_args){.m = {.device = -1}, .n = 1000, .min_rate = 0.1, .max_rate = 0.8,
                       .o = {.samples = 8, .temperature = 1.0f}};
     int c, idx;
@@ -47,6 +52,7 @@ static void parse_tasks(int argc, char **argv, tasks_args *a) {
         if (!strcmp(name, "task")) a->task = optarg;
         else if (!strcmp(name, "tasks")) a->tasks_file = optarg;
         else if (!strcmp(name, "out")) a->out = optarg;
+        else if (!strcmp(name, "rates-out")) a->rates_out = optarg;
         else if (!strcmp(name, "n")) a->n = cli_parse_long("--n", optarg, 1, 100000000);
         else if (!strcmp(name, "seed")) a->seed = a->o.seed = cli_parse_u64("--seed", optarg);
         else if (!strcmp(name, "samples")) a->o.samples = (int)cli_parse_long("--samples", optarg, 1, 1024);
@@ -72,19 +78,58 @@ static int tasks_sft(const tasks_args *a) {
     return 0;
 }
 
+/* R.jsonl beside KEPT.jsonl (KEPT.rates.jsonl; KEPT + ".rates.jsonl" without the suffix). */
+static char *default_rates_path(const char *out) {
+    size_t n = strlen(out);
+    if (n > 6 && !strcmp(out + n - 6, ".jsonl")) n -= 6;
+    char *p = malloc(n + sizeof ".rates.jsonl");
+    if (!p) cli_die(1, "out of memory");
+    memcpy(p, out, n);
+    memcpy(p + n, ".rates.jsonl", sizeof ".rates.jsonl");
+    return p;
+}
+
+/* The task file of --task / --tasks: a path, never a built-in task. */
+static const char *filter_path(const tasks_args *a) {
+    const char *name = a->task ? a->task : a->tasks_file;
+    if (a->task && a->tasks_file) cli_usage_error("tasks", "give the task file once (--task and --tasks are the same)");
+    if (!name) cli_usage_error("tasks", "tasks filter needs --task FILE.jsonl");
+    vks_task_spec spec;
+    const char *path = NULL;
+    if (vks_task_resolve(name, &spec, &path) == VKS_OK && !path)
+        cli_usage_error("tasks", "tasks filter keeps lines of a task file; '%s' is a built-in task", name);
+    if (!path) path = strncmp(name, "file:", 5) ? name : name + 5; /* a missing file: named when it is opened */
+    if (!*path) cli_usage_error("tasks", "--task 'file:' names no file");
+    return path;
+}
+
 static int tasks_filter(tasks_args *a) {
-    if (!a->m.model_path || !a->tasks_file) cli_usage_error("tasks", "tasks filter needs --model M and --tasks FILE");
+    const char *path = filter_path(a);
+    if (!a->m.model_path) cli_usage_error("tasks", "tasks filter needs --model M");
     if (a->min_rate > a->max_rate) cli_usage_error("tasks", "--min %g exceeds --max %g", a->min_rate, a->max_rate);
+    char *rates = a->rates_out ? strdup(a->rates_out) : default_rates_path(a->out);
+    if (!rates) cli_die(1, "out of memory");
+    if (!strcmp(rates, a->out) || !strcmp(rates, path) || !strcmp(a->out, path))
+        cli_usage_error("tasks", "the task file, --out and --rates-out must be three different files");
     vks_model *m = cli_load_model(&a->m);
     vks_tokenizer *tok = NULL;
     if (vks_tokenizer_load_auto(a->m.tokenizer_path, m, &tok))
         cli_die(EXIT_BAD_INPUT, "%s (tasks filter needs the model's tokenizer: --tokenizer)", vks_last_error());
     vks_gpu *g = cli_open_gpu(&a->m);
     a->o.engine = a->m.engine;
-    int64_t kept = 0, total = 0;
-    int rc = vks_task_filter(g, m, tok, a->tasks_file, a->out, a->min_rate, a->max_rate, &a->o, &kept, &total);
+    vks_task_filter_counts n;
+    int rc = vks_task_filter(g, m, tok, path, a->out, rates, a->min_rate, a->max_rate, &a->o, &n);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
-    printf("{\"kept\": %lld, \"total\": %lld}\n", (long long)kept, (long long)total);
+    fprintf(stderr, "vkswarm: tasks filter: %lld tasks x %d samples: %lld hard (solve rate below %g), %lld kept, "
+            "%lld easy (above %g)\n", (long long)n.total, a->o.samples, (long long)n.hard, a->min_rate,
+            (long long)n.kept, (long long)n.easy, a->max_rate);
+    printf("{\"total\": %lld, \"hard\": %lld, \"kept\": %lld, \"easy\": %lld, \"out\": ", (long long)n.total,
+           (long long)n.hard, (long long)n.kept, (long long)n.easy);
+    cli_json_string(stdout, a->out, strlen(a->out));
+    printf(", \"rates\": ");
+    cli_json_string(stdout, rates, strlen(rates));
+    printf("}\n");
+    free(rates);
     rc = cli_finish_gpu(g);
     vks_tokenizer_free(tok);
     vks_model_free(m);

@@ -33,15 +33,21 @@ static const char train_usage[] =
 
 static const char eval_usage[] =
     "usage: vkswarm eval --model M --data FILE.jsonl [--tokenizer T] [--device N]\n"
-    "       vkswarm eval --model M --task NAME [--n N] [--seed S] [--temp X] [--max-new N] [--batch B]\n"
+    "       vkswarm eval --model M --task T [--n N] [--samples K] [--seed S] [--temp X] [--max-new N]\n"
+    "                    [--batch B]\n"
     "Scores a model on a JSONL file like train sft's: prints one JSON object with the number of\n"
     "sequences and loss tokens, the mean loss (-log p per completion token) and the token accuracy\n"
     "(the fraction of completion tokens that are the model's most likely next token).\n"
-    "--task NAME (add, mul, countdown, sort, reverse, optionally :SIZE, e.g. mul:3) instead generates\n"
-    "N (default 100) fresh instances from seed S (default 0), completes each (BOS + prompt, up to EOS\n"
-    "or --max-new tokens, default 256; --temp default 0: greedy, sampled from seed S otherwise, in\n"
-    "batches of B, default 64) and scores the final answer: one JSON object with task, n, solved,\n"
-    "accuracy (solved / n) and mean_length (completion tokens).\n";
+    "--task T scores completions instead: T is a built-in task (add, mul, countdown, sort, reverse,\n"
+    "optionally :SIZE, e.g. mul:3: N fresh instances from seed S, default 100 and 0) or a task file\n"
+    "(PATH.jsonl, a path with '/', or file:PATH; README \"Your own tasks\": its first N tasks, default all).\n"
+    "Each task gets K completions (default 1; BOS + prompt, up to EOS or --max-new tokens, default 256;\n"
+    "--temp default 0: greedy with K = 1, 1.0 with K > 1; sampled from seed S; in batches of B, default\n"
+    "64), each scored by its final answer. One JSON object: task, seed, n, samples, solved (tasks with a\n"
+    "correct completion), accuracy (correct completions / completions), pass@k for k = 1, 2, 4, ... and K\n"
+    "(the unbiased estimator 1 - C(K-c, k) / C(K, k) per task, c correct of K, averaged), mean_length\n"
+    "(completion tokens) and kinds: accuracy per task kind (a file's \"kind\", else its task_type; a\n"
+    "built-in task's name).\n";
 
 typedef struct {
     cli_model_args m;
@@ -171,25 +177,50 @@ typedef struct {
     const char *task;
     int64_t n;
     uint64_t seed;
+    bool n_given, temp_given;
     vks_task_run_options o;
 } task_eval_args;
 
-/* eval --task: fresh instances, generated completions, verified answers. */
+static void print_task_eval(const task_eval_args *ta, const char *name, const vks_task_eval_result *r) {
+    printf("{\"task\": ");
+    cli_json_string(stdout, name, strlen(name));
+    printf(", \"seed\": %llu, \"n\": %lld, \"samples\": %d, \"solved\": %lld, \"accuracy\": %.6f",
+           (unsigned long long)ta->seed, (long long)r->n, r->samples, (long long)r->solved, r->accuracy);
+    for (int i = 0; i < r->n_pass; i++) printf(", \"pass@%d\": %.6f", r->pass_k[i], r->pass_at[i]);
+    printf(", \"mean_length\": %.3f, \"kinds\": {", r->mean_length);
+    for (int k = 0; k < r->n_kinds; k++) {
+        printf(k ? ", " : "");
+        cli_json_string(stdout, r->kinds[k].kind, strlen(r->kinds[k].kind));
+        printf(": {\"n\": %lld, \"accuracy\": %.6f}", (long long)r->kinds[k].n, r->kinds[k].accuracy);
+    }
+    printf("}}\n");
+}
+
+/* eval --task: a task file's first n tasks (all without --n) or n fresh
+ * instances of a built-in task, completed and verified. */
 static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     vks_task_spec spec;
-    if (vks_task_parse(ta->task, &spec)) cli_usage_error("eval", "%s", vks_last_error());
+    const char *path = NULL;
+    if (vks_task_resolve(ta->task, &spec, &path)) cli_usage_error("eval", "%s", vks_last_error());
+    vks_task *tasks = NULL;
+    int64_t n = 0;
+    if (path && vks_task_file_load(path, &tasks, &n)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (path && ta->n_given && ta->n < n) n = ta->n;
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(ma, NULL, 0, &tok);
     vks_gpu *g = cli_open_gpu(ma);
     vks_task_run_options o = ta->o;
     o.engine = ma->engine;
-    vks_task_eval_result r;
-    int rc = vks_task_eval(g, m, tok, &spec, ta->seed, ta->n, &o, &r);
-    if (rc) return fail_freeing(rc, g, m, tok);
+    if (!ta->temp_given && o.samples > 1) o.temperature = 1.0f; /* K greedy completions would all be the same */
+    vks_task_eval_result *r = malloc(sizeof *r);
+    if (!r) return free(tasks), fail_freeing(vks_set_error(VKS_ERR_NOMEM, "out of memory"), g, m, tok);
+    int rc = path ? vks_task_eval_tasks(g, m, tok, tasks, n, &o, r) : vks_task_eval(g, m, tok, &spec, ta->seed, ta->n, &o, r);
+    if (rc) return free(r), free(tasks), fail_freeing(rc, g, m, tok);
     char name[32];
     vks_task_spec_name(&spec, name, sizeof name);
-    printf("{\"task\": \"%s\", \"seed\": %llu, \"n\": %lld, \"solved\": %lld, \"accuracy\": %.6f, \"mean_length\": %.3f}\n",
-           name, (unsigned long long)ta->seed, (long long)r.n, (long long)r.solved, r.accuracy, r.mean_length);
+    print_task_eval(ta, path ? path : name, r);
+    free(r);
+    free(tasks);
     rc = cli_finish_gpu(g);
     vks_tokenizer_free(tok);
     vks_model_free(m);
@@ -199,9 +230,10 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
 /* The --task options; false when name is not one of them. */
 static bool task_option(task_eval_args *ta, const char *name, const char *val) {
     if (!strcmp(name, "task")) ta->task = val;
-    else if (!strcmp(name, "n")) ta->n = cli_parse_long("--n", val, 1, 10000000);
-    else if (!strcmp(name, "seed")) ta->seed = cli_parse_u64("--seed", val);
-    else if (!strcmp(name, "temp")) ta->o.temperature = (float)cli_parse_double("--temp", val, 0, 100);
+    else if (!strcmp(name, "n")) ta->n = cli_parse_long("--n", val, 1, 10000000), ta->n_given = true;
+    else if (!strcmp(name, "samples")) ta->o.samples = (int)cli_parse_long("--samples", val, 1, 1024);
+    else if (!strcmp(name, "seed")) ta->seed = ta->o.seed = cli_parse_u64("--seed", val);
+    else if (!strcmp(name, "temp")) ta->o.temperature = (float)cli_parse_double("--temp", val, 0, 100), ta->temp_given = true;
     else if (!strcmp(name, "max-new")) ta->o.max_new_tokens = (int)cli_parse_long("--max-new", val, 1, 1 << 20);
     else if (!strcmp(name, "batch")) ta->o.batch = (int)cli_parse_long("--batch", val, 1, 4096);
     else return false;
@@ -213,7 +245,8 @@ int cmd_eval(int argc, char **argv) {
                                          {"task", required_argument, 0, 0}, {"n", required_argument, 0, 0},
                                          {"seed", required_argument, 0, 0}, {"temp", required_argument, 0, 0},
                                          {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
-                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+                                         {"samples", required_argument, 0, 0}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     cli_model_args ma = {.device = -1};
     task_eval_args ta = {.n = 100, .o = {.samples = 1}};
     const char *data = NULL;
@@ -228,7 +261,7 @@ int cmd_eval(int argc, char **argv) {
     }
     if (optind < argc) cli_usage_error("eval", "unexpected argument '%s'", argv[optind]);
     if (!ma.model_path || !!data + !!ta.task != 1) cli_usage_error("eval", "--model M and one of --data FILE and --task NAME are required");
-    if (data && task_only) cli_usage_error("eval", "--n, --seed, --temp, --max-new and --batch go with --task");
+    if (data && task_only) cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new and --batch go with --task");
     if (ta.task) return eval_task(&ma, &ta);
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(&ma, NULL, 0, &tok);

@@ -31,7 +31,7 @@ typedef struct {
     double reward;            /* mean task reward (0..1, before the length term) of every completion generated
                                * since the previous step (filtered groups included); NaN when none was */
     double trained_reward;    /* the same over the completions trained this step (groups with signal only) */
-    double accuracy;          /* held-out accuracy on fresh instances; NaN when not measured this step */
+    double accuracy;          /* held-out accuracy (fresh instances or the held-out set); NaN when not measured this step */
     double length;            /* mean completion tokens */
     double accept_rate;       /* verifier: accepted / checked completions so far (1 without a verifier) */
     double rollouts_per_s;    /* completions generated per second so far */
@@ -56,7 +56,9 @@ typedef struct {
     const struct vks_tokenizer *tok;
     vks_gpu *train_gpu, *infer_gpu;  /* two handles (the inference thread records on its own) */
     int eval_every;                  /* held-out accuracy every N steps, and at the start and end (0: only those) */
-    int eval_n;                      /* fresh instances per evaluation (0: none) */
+    int eval_n;                      /* fresh instances per evaluation, or the first eval_n tasks of the
+                                      * held-out set (config eval_tasks / eval_split) when there is one (0: none);
+                                      * a task file without a held-out set is not evaluated */
     uint64_t eval_seed;              /* their seed (differ from config->seed) */
     bool verify;                     /* run the verifier role */
     int max_empty_batches;           /* generation batches in a row without a useful group before the run
@@ -94,6 +96,9 @@ typedef struct {
 
 typedef struct {
     char final_checkpoint[4096], metrics_path[4096], plot_path[4096], timeline_path[4096], rollouts_dir[4096];
+    char heldout_path[4096];  /* eval_split: OUT/heldout.jsonl, the held-out lines as they were ("": none) */
+    char eval_set[8192];      /* what held-out accuracy is measured on ("": fresh instances or nothing) */
+    int64_t eval_tasks;       /* tasks of the held-out set (0: none) */
     vks_rl_timeline_summary timeline;
     double start_accuracy, final_accuracy; /* NaN without evaluations */
     double trainer_idle;                   /* over the whole run */

@@ -4,7 +4,11 @@
  * ranks started.
  *
  * {
- *   "task": "add:2",             built-in task (vks_tasks.h: NAME[:SIZE]) or "file:PATH" for JSONL tasks
+ *   "task": "add:2",             built-in task (vks_tasks.h: NAME[:SIZE]) or a task file: PATH.jsonl,
+ *                                a path with '/', or "file:PATH" (vks_task_resolve)
+ *   "eval_tasks": "",            held-out accuracy on this task file instead of fresh instances
+ *   "eval_split": 0,             a task file only: hold out this fraction of it (0 < f < 1; vks_task_split:
+ *                                the same tasks for the same file) for held-out accuracy, never trained on
  *   "init": "tiny" | "model": P, the policy's start (a checkpoint from train sft, usually)
  *   "out": "rl-out",             metrics, plot, checkpoints
  *   "steps": 50,                 trainer steps
@@ -54,7 +58,8 @@ typedef struct {
 } vks_rl_group;
 
 typedef struct {
-    char task[512], init[16], model[1024], out[1024], shardcast_key[1024];
+    char task[512], init[16], model[1024], out[1024], shardcast_key[1024], eval_tasks[1024];
+    double eval_split;
     int steps, prompts_per_step, group_size, async_level, max_new_tokens, save_every, keep, warmup;
     double temperature, lr, length_penalty, token_budget, entropy_coef, verify_sample;
     uint64_t seed;

@@ -17,6 +17,9 @@ struct vks_tokenizer;
 #define VKS_TASK_MAX_LINE (64 * 1024)   /* a user task JSONL line */
 #define VKS_TASK_MAX_TASKS 1000000      /* user tasks in one file */
 #define VKS_TASK_LENGTH_LAMBDA 3e-4     /* thinking budget: reward per token off the target */
+#define VKS_TASK_MAX_KIND 32            /* bytes of a task's kind (per-kind accuracy) */
+#define VKS_TASK_MAX_KINDS 256          /* distinct kinds one evaluation reports */
+#define VKS_TASK_MAX_PASS 12            /* pass@k values one evaluation reports */
 
 /* How a completion is checked. */
 typedef enum {
@@ -44,6 +47,8 @@ typedef struct {
     int64_t numbers[VKS_TASK_MAX_NUMBERS];  /* countdown only */
     int64_t target;                         /* countdown only */
     int64_t line;                           /* user tasks: the JSONL line; generated: the index */
+    char kind[VKS_TASK_MAX_KIND];           /* what eval reports accuracy per: a file's "kind" (default its
+                                             * "task_type"); generated: the spec's name ("add:2") */
 } vks_task;
 
 /* "add", "mul", "countdown", "sort", "reverse", optionally ":N" for the size
@@ -52,6 +57,11 @@ typedef struct {
 int vks_task_parse(const char *name, vks_task_spec *out);
 /* The canonical "NAME:N[:short]" of a spec (at least 32 bytes). */
 void vks_task_spec_name(const vks_task_spec *s, char *buf, size_t cap);
+/* What a --task argument names: a task file when it is "file:PATH", holds a
+ * '/', ends in ".jsonl", or is an existing file that is not a built-in name
+ * (*path then points at the path inside name); otherwise a built-in task
+ * (*spec filled, *path NULL). Unknown names fail with one line listing both forms. */
+int vks_task_resolve(const char *name, vks_task_spec *spec, const char **path);
 /* Instance `index` of a task: a pure function of (spec, seed, index) on every machine. */
 int vks_task_generate(const vks_task_spec *s, uint64_t seed, uint32_t index, vks_task *out);
 /* A short worked completion ending in the answer line (SFT warm-up). */
@@ -78,9 +88,18 @@ int vks_task_add_length_target(vks_task *t, int target_tokens);
 /* User tasks: JSONL lines {"prompt": str, "answer": str|number, "task_type": T, ...}
  * with T one of exact, numeric, list, boxed (= exact), countdown (then
  * "numbers": [ints] and "target": int, "answer" optional), or a built-in name
- * (add/mul = numeric, sort/reverse = list). Other keys are ignored. The first
- * malformed line fails the load with "FILE: line N: ...". */
+ * (add/mul = numeric, sort/reverse = list); optionally "kind": str (at most 31
+ * bytes; eval's per-kind accuracy, default T). Other keys are ignored. The
+ * first malformed line fails the load with "FILE: line N: ...". */
 int vks_task_file_load(const char *path, vks_task **tasks, int64_t *n);
+/* Holds out round(fraction * n) tasks (at least 1, at most n - 1; fraction in
+ * (0, 1)): those whose line numbers hash (Philox, a fixed key) lowest, so the
+ * split depends only on the file. *held gets them (allocated, in file order);
+ * tasks[0 .. *n) keeps the rest, in order. */
+int vks_task_split(vks_task *tasks, int64_t *n, double fraction, vks_task **held, int64_t *n_held);
+/* Copies the lines of in_path that tasks[0..n) came from (in file order) to
+ * out_path as they were (atomically). */
+int vks_task_file_copy(const char *in_path, const vks_task *tasks, int64_t n, const char *out_path);
 /* Writes n instances (seed, indices 0..n-1) as {"prompt","completion"} JSONL (atomically). */
 int vks_task_write_sft(const vks_task_spec *s, uint64_t seed, int64_t n, const char *path);
 
@@ -101,17 +120,53 @@ typedef struct {
 int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task *tasks, int64_t n,
                  const vks_task_run_options *o, double *rewards, int *lengths);
 
+/* pass@k of one task from n completions of which c are correct: the unbiased
+ * estimator 1 - C(n-c, k) / C(n, k) (1 when n - c < k; NaN unless 0 <= c <= n, 1 <= k <= n). */
+double vks_task_pass_at_k(int n, int c, int k);
+
 typedef struct {
-    int64_t n, solved;
-    double accuracy;            /* solved / n */
+    char kind[VKS_TASK_MAX_KIND];
+    int64_t n;                  /* tasks of this kind */
+    double accuracy;            /* their correct completions / completions */
+} vks_task_kind_result;
+
+typedef struct {
+    int64_t n;                  /* tasks */
+    int samples;                /* completions per task */
+    int64_t solved;             /* tasks with at least one correct completion */
+    double accuracy;            /* correct completions / completions (= pass@1) */
     double mean_length;         /* completion tokens */
+    int n_pass;                 /* pass_at[i] is pass@pass_k[i], averaged over tasks: k = 1, 2, 4, ... below samples, and samples */
+    int pass_k[VKS_TASK_MAX_PASS];
+    double pass_at[VKS_TASK_MAX_PASS];
+    int n_kinds;                /* per kind (vks_task.kind), in order of first appearance */
+    vks_task_kind_result kinds[VKS_TASK_MAX_KINDS];
 } vks_task_eval_result;
-/* n fresh instances of spec from seed, one completion each. */
+/* tasks[0..n), o->samples completions each. More than VKS_TASK_MAX_KINDS
+ * kinds are refused before anything is generated. */
+int vks_task_eval_tasks(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task *tasks,
+                        int64_t n, const vks_task_run_options *o, vks_task_eval_result *r);
+/* The result from rewards[i * samples + j] and lengths of tasks[0..n) (what
+ * vks_task_eval_tasks reports once it has them). */
+int vks_task_eval_score(const vks_task *tasks, int64_t n, int samples, const double *rewards, const int *lengths,
+                        vks_task_eval_result *r);
+/* n fresh instances of spec from seed, o->samples completions each. */
 int vks_task_eval(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task_spec *spec,
                   uint64_t seed, int64_t n, const vks_task_run_options *o, vks_task_eval_result *r);
-/* Copies the lines of tasks_path whose solve rate (mean reward over
- * o->samples) lies in [min_rate, max_rate] to out_path (atomically). */
+
+/* The offline difficulty filter. A task whose solve rate (mean reward over
+ * its samples) lies below min_rate is hard, above max_rate easy, else kept. */
+typedef struct {
+    int64_t total, hard, kept, easy;
+} vks_task_filter_counts;
+/* rewards[i * samples + j] -> rates[i], keep[i] and the counts. */
+void vks_task_filter_classify(const double *rewards, int64_t n, int samples, double min_rate, double max_rate,
+                              double *rates, bool *keep, vks_task_filter_counts *counts);
+/* Copies the lines of tasks_path that are kept to out_path (as they were) and,
+ * when rates_path is not NULL, writes one JSON line per task to it:
+ * {"line": N, "kind": K, "solved": C, "samples": S, "solve_rate": R, "verdict": "hard"|"kept"|"easy"}
+ * (both atomically). */
 int vks_task_filter(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const char *tasks_path,
-                    const char *out_path, double min_rate, double max_rate, const vks_task_run_options *o,
-                    int64_t *kept, int64_t *total);
+                    const char *out_path, const char *rates_path, double min_rate, double max_rate,
+                    const vks_task_run_options *o, vks_task_filter_counts *counts);
 #endif

@@ -28,7 +28,8 @@ typedef struct {
 #define STR_KEY(f) {#f, KEY_STRING, offsetof(vks_rl_config, f), sizeof(((vks_rl_config *)0)->f), 0, 0, false}
 
 static const key_info keys[] = {
-    STR_KEY(task), STR_KEY(init), STR_KEY(model), STR_KEY(out), STR_KEY(shardcast_key),
+    STR_KEY(task), STR_KEY(init), STR_KEY(model), STR_KEY(out), STR_KEY(shardcast_key), STR_KEY(eval_tasks),
+    DBL_KEY(eval_split, 0, 0.99),
     INT_KEY(steps, 1, 1e8), INT_KEY(prompts_per_step, 1, 65536), INT_KEY(group_size, 2, 1024),
     INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, MAX_TOKENS), INT_KEY(save_every, 0, 1e8), INT_KEY(keep, 0, 1e6),
     INT_KEY(warmup, 0, 1e8),
@@ -367,10 +368,14 @@ static int check_rank(const vks_rl_config *c, int r) {
 static int check_values(const vks_rl_config *c) {
     if (!c->task[0]) return vks_set_error(VKS_ERR_FORMAT, "config: task is empty");
     vks_task_spec spec;
-    if (!strcmp(c->task, "file:"))
-        return vks_set_error(VKS_ERR_FORMAT, "config: task: \"file:\" names no file (file:PATH for JSONL tasks)");
-    if (strncmp(c->task, "file:", 5) && vks_task_parse(c->task, &spec))
-        return vks_error_prefix(VKS_ERR_FORMAT, "config: task");
+    const char *path = NULL;
+    if (vks_task_resolve(c->task, &spec, &path)) return vks_error_prefix(VKS_ERR_FORMAT, "config: task");
+    if (c->eval_split > 0 && !path)
+        return vks_set_error(VKS_ERR_FORMAT, "config: eval_split holds out part of a task file, but task '%s' is built in "
+                             "(its held-out accuracy is on fresh instances)", c->task);
+    if (c->eval_tasks[0] && (vks_task_resolve(c->eval_tasks, &spec, &path) || !path))
+        return vks_set_error(VKS_ERR_FORMAT, "config: eval_tasks '%s' is not a task file (PATH.jsonl, a path with '/', "
+                             "or file:PATH)", c->eval_tasks);
     if (!c->model[0] && strcmp(c->init, "tiny")) /* model, when given, is the start */
         return vks_set_error(VKS_ERR_FORMAT, "config: init must be \"tiny\" (or give model: a checkpoint)");
     return VKS_OK;

@@ -191,8 +191,11 @@ struct vks_rl_gen {
     const vks_rl_run_options *o;
     vks_rl_shared *sh;
     vks_task_spec spec;       /* built-in task, when tasks is NULL */
-    vks_task *tasks;          /* user tasks ("file:PATH") */
+    vks_task *tasks;          /* user tasks (a task file), the held-out ones taken out */
     int64_t n_tasks;
+    const char *tasks_path;   /* their file (inside config->task), NULL for a built-in task */
+    vks_task *held;           /* config->eval_split: the held-out tasks of the file (never trained on) */
+    int64_t n_held;
     vks_model *model;         /* the policy it generates with (owned) */
     int64_t policy_step;
     uint8_t model_hash[32];
@@ -215,7 +218,8 @@ struct vks_rl_gen {
     void *generate_ctx;
 };
 
-/* Opens the run's tasks (config->task) into g; vks_rl_gen_close frees them,
+/* Opens the run's tasks (config->task) into g, holding out config->eval_split
+ * of a task file (the same split on every rank); vks_rl_gen_close frees them,
  * the engine and the policy. */
 int vks_rl_gen_open_tasks(vks_rl_gen *g);
 void vks_rl_gen_close(vks_rl_gen *g);

@@ -446,13 +446,16 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
 }
 
 int vks_rl_gen_open_tasks(vks_rl_gen *g) {
-    const char *task = g->o->config->task;
-    if (!strncmp(task, "file:", 5)) {
-        int rc = vks_task_file_load(task + 5, &g->tasks, &g->n_tasks);
-        if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", task + 5);
-        return rc;
+    const vks_rl_config *c = g->o->config;
+    int rc = vks_task_resolve(c->task, &g->spec, &g->tasks_path);
+    if (rc || !g->tasks_path) return rc;
+    rc = vks_task_file_load(g->tasks_path, &g->tasks, &g->n_tasks);
+    if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", g->tasks_path);
+    if (!rc && c->eval_split > 0) {
+        rc = vks_task_split(g->tasks, &g->n_tasks, c->eval_split, &g->held, &g->n_held);
+        if (rc) rc = vks_error_prefix(rc, "%s: eval_split %g", g->tasks_path, c->eval_split);
     }
-    return vks_task_parse(task, &g->spec);
+    return rc;
 }
 
 void vks_rl_gen_close(vks_rl_gen *g) {
@@ -462,6 +465,8 @@ void vks_rl_gen_close(vks_rl_gen *g) {
     g->model = NULL;
     free(g->tasks);
     g->tasks = NULL;
+    free(g->held);
+    g->held = NULL;
 }
 
 int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {

@@ -51,6 +51,8 @@ typedef struct {
     vks_rl_timeline timeline;    /* the trainer's intervals */
     vks_rl_timeline gen_timeline; /* the inference thread's (written by it; read after it is joined) */
     vks_rl_out_dir out;          /* config->out, locked */
+    vks_task *eval_tasks;        /* the held-out set: gen.held, then config->eval_tasks; NULL: fresh instances */
+    int64_t n_eval_tasks;
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
@@ -164,6 +166,44 @@ static int save_checkpoint(rl_run *r, char *dir, size_t cap) {
     return rc ? vks_error_prefix(rc, "trainer, checkpoint at step %lld", (long long)st.step) : VKS_OK;
 }
 
+/* The held-out set, before anything is generated: the split's tasks (written
+ * to OUT/heldout.jsonl as they were) and the tasks of config->eval_tasks;
+ * res->eval_set says what it is. */
+static int open_eval_tasks(rl_run *r, vks_rl_result *res) {
+    const vks_rl_config *c = r->c;
+    vks_task *file = NULL;
+    int64_t n_file = 0;
+    int rc = VKS_OK;
+    size_t at = 0, cap = sizeof res->eval_set;
+    res->eval_set[0] = 0;
+    if (r->gen.n_held) {
+        snprintf(res->heldout_path, sizeof res->heldout_path, "%s/heldout.jsonl", c->out);
+        rc = vks_task_file_copy(r->gen.tasks_path, r->gen.held, r->gen.n_held, res->heldout_path);
+        at += (size_t)snprintf(res->eval_set, cap, "%lld of the %lld tasks of %s (eval_split %g; %s)",
+                               (long long)r->gen.n_held, (long long)(r->gen.n_held + r->gen.n_tasks),
+                               r->gen.tasks_path, c->eval_split, res->heldout_path);
+    }
+    if (!rc && c->eval_tasks[0]) {
+        vks_task_spec spec;
+        const char *path = NULL;
+        rc = vks_task_resolve(c->eval_tasks, &spec, &path);
+        if (!rc && !path) rc = vks_set_error(VKS_ERR_FORMAT, "eval_tasks '%s' is not a task file", c->eval_tasks);
+        if (!rc) rc = vks_task_file_load(path, &file, &n_file);
+        if (!rc && at < cap)
+            snprintf(res->eval_set + at, cap - at, "%s%lld tasks of %s", at ? " and " : "", (long long)n_file, path);
+    }
+    r->n_eval_tasks = r->gen.n_held + n_file;
+    if (!rc && r->n_eval_tasks) {
+        r->eval_tasks = malloc(sizeof *r->eval_tasks * (size_t)r->n_eval_tasks);
+        if (!r->eval_tasks) rc = vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    }
+    if (!rc && r->gen.n_held) memcpy(r->eval_tasks, r->gen.held, sizeof *r->eval_tasks * (size_t)r->gen.n_held);
+    if (!rc && n_file) memcpy(r->eval_tasks + r->gen.n_held, file, sizeof *file * (size_t)n_file);
+    free(file);
+    res->eval_tasks = rc ? 0 : r->n_eval_tasks;
+    return rc ? vks_error_prefix(rc, "held-out tasks") : VKS_OK;
+}
+
 static int open_run(rl_run *r, vks_rl_result *res) {
     const vks_rl_config *c = r->c;
     const vks_model *m = r->start;
@@ -187,6 +227,7 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     r->gen.o = r->o;
     rc = vks_rl_gen_open_tasks(&r->gen);
     if (!rc) rc = make_dirs(r, res);
+    if (!rc) rc = open_eval_tasks(r, res);
     vks_trainer_options to = {.max_tokens = r->max_tokens};
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
     if (!rc) rc = vks_param_layout_create(&m->cfg, m->layers[0].bq.data != NULL, &r->layout);
@@ -251,6 +292,7 @@ static void run_free(rl_run *r) {
     vks_checkpoint_free(r->ck);
     vks_model_free(r->own_model);
     vks_rl_out_unlock(&r->out);
+    free(r->eval_tasks);
 }
 
 /* Blocks until P groups are queued (or inference failed); takes them. */
@@ -389,18 +431,21 @@ static int publish(rl_run *r, double *seconds) {
     return VKS_OK;
 }
 
-/* Held-out accuracy of the trainer's current weights on fresh instances
- * (greedy); NaN for user tasks or without eval_n. */
+/* Held-out accuracy of the trainer's current weights (greedy): on the first
+ * eval_n tasks of the held-out set, or eval_n fresh instances of a built-in
+ * task; NaN without eval_n, or for a task file without a held-out set. */
 static int evaluate(rl_run *r, double *accuracy) {
     *accuracy = NAN;
-    if (!r->o->eval_n || r->gen.tasks) return VKS_OK;
+    if (!r->o->eval_n || (r->gen.tasks && !r->eval_tasks)) return VKS_OK;
     double since = vks_seconds_now();
     vks_model *m = NULL;
     int rc = vks_trainer_export_model(r->trainer, &m);
     vks_task_run_options to = {.samples = 1, .temperature = 0, .max_new_tokens = r->c->max_new_tokens,
                                .engine = {.dtype = VKS_DTYPE_F32}};
     vks_task_eval_result e;
-    if (!rc) rc = vks_task_eval(r->o->train_gpu, m, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
+    int64_t n = r->n_eval_tasks < r->o->eval_n ? r->n_eval_tasks : r->o->eval_n;
+    if (!rc && r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, m, r->o->tok, r->eval_tasks, n, &to, &e);
+    else if (!rc) rc = vks_task_eval(r->o->train_gpu, m, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
     if (!rc) *accuracy = e.accuracy;
     vks_model_free(m);
     vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_EVAL, vks_trainer_steps(r->trainer), &since);

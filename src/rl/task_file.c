@@ -2,6 +2,7 @@
  * counts; the first malformed line fails with "FILE: line N: ...") and the SFT
  * warm-up file of a built-in task (vks_tasks.h). */
 #include "vkswarm/vks_tasks.h"
+#include "vkswarm/vks_ref.h"
 #include "task_internal.h"
 
 #include <errno.h>
@@ -91,6 +92,9 @@ static int task_from_json(json_t *root, vks_task *t) {
         if (!strcmp(types[i].name, type)) k = i;
     if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown)", type);
     t->verify = types[k].kind;
+    snprintf(t->kind, sizeof t->kind, "%s", type);
+    if ((rc = string_field(root, "kind", t->kind, sizeof t->kind, false))) return rc;
+    if (!t->kind[0]) return vks_set_error(VKS_ERR_FORMAT, "\"kind\" is empty");
     if ((rc = string_field(root, "prompt", t->prompt, VKS_TASK_MAX_PROMPT + 1, true))) return rc;
     bool countdown = t->verify == VKS_VERIFY_COUNTDOWN;
     if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, !countdown))) return rc;
@@ -161,6 +165,86 @@ int vks_task_file_load(const char *path, vks_task **tasks, int64_t *n) {
         *n = 0;
     }
     return rc;
+}
+
+/* ---- held-out split ---- */
+
+#define SPLIT_KEY 0x5eedc0de5a11ull /* the split's Philox key: fixed, so it depends on the file only */
+
+typedef struct {
+    uint32_t hash;
+    int64_t index;
+} split_key;
+
+static int by_hash(const void *a, const void *b) {
+    const split_key *x = a, *y = b;
+    if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+int vks_task_split(vks_task *tasks, int64_t *n, double fraction, vks_task **held, int64_t *n_held) {
+    if (!tasks || !n || !held || !n_held || !(fraction > 0 && fraction < 1))
+        return vks_set_error(VKS_ERR_ARG, "task split: the fraction must lie between 0 and 1");
+    *held = NULL;
+    *n_held = 0;
+    if (*n < 2) return vks_set_error(VKS_ERR_ARG, "task split: %lld task(s): nothing to hold out", (long long)*n);
+    int64_t k = (int64_t)(fraction * (double)*n + 0.5);
+    if (k < 1) k = 1;
+    if (k > *n - 1) k = *n - 1;
+    split_key *keys = malloc(sizeof *keys * (size_t)*n);
+    bool *out = calloc((size_t)*n, sizeof *out);
+    vks_task *h = malloc(sizeof *h * (size_t)k);
+    if (!keys || !out || !h) {
+        free(keys), free(out), free(h);
+        return vks_set_error(VKS_ERR_NOMEM, "task split: out of memory");
+    }
+    for (int64_t i = 0; i < *n; i++) {
+        uint64_t line = (uint64_t)tasks[i].line;
+        keys[i] = (split_key){vks_philox_u32(SPLIT_KEY, (uint32_t)line, (uint32_t)(line >> 32), 0), i};
+    }
+    qsort(keys, (size_t)*n, sizeof *keys, by_hash);
+    for (int64_t i = 0; i < k; i++) out[keys[i].index] = true;
+    int64_t kept = 0, taken = 0;
+    for (int64_t i = 0; i < *n; i++) {
+        if (out[i]) h[taken++] = tasks[i];
+        else tasks[kept++] = tasks[i];
+    }
+    *n = kept;
+    *held = h;
+    *n_held = taken;
+    free(keys);
+    free(out);
+    return VKS_OK;
+}
+
+int vks_task_file_copy(const char *in_path, const vks_task *tasks, int64_t n, const char *out_path) {
+    if (!in_path || !out_path || (n && !tasks) || n < 0) return vks_set_error(VKS_ERR_ARG, "task copy: bad arguments");
+    FILE *in = fopen(in_path, "rb");
+    if (!in) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", in_path, strerror(errno));
+    vks_outfile out;
+    char *line = malloc(VKS_TASK_MAX_LINE + 1);
+    int rc = line ? vks_outfile_open(&out, out_path, 0666) : vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    if (rc) {
+        free(line);
+        fclose(in);
+        return rc;
+    }
+    size_t len;
+    bool too_long = false, ok = true;
+    int64_t line_no = 0, t = 0;
+    while (ok && !too_long && t < n && vks_task_read_line(in, line, VKS_TASK_MAX_LINE, &len, &too_long)) {
+        line_no++;
+        while (t < n && tasks[t].line < line_no) t++;
+        if (!too_long && t < n && tasks[t].line == line_no)
+            ok = fwrite(line, 1, len, out.f) == len && fputc('\n', out.f) != EOF;
+    }
+    if (ferror(in)) ok = false, errno = EIO;
+    free(line);
+    fclose(in);
+    if (!too_long) return vks_outfile_finish(&out, ok);
+    vks_outfile_abort(&out);
+    return vks_set_error(VKS_ERR_FORMAT, "%s: line %lld: longer than %d bytes (the file changed while it was read)", in_path,
+                         (long long)line_no, VKS_TASK_MAX_LINE);
 }
 
 /* One {"prompt","completion"} line. */

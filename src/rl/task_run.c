@@ -1,12 +1,15 @@
 /* task_run.c: scoring a model on tasks by generation (vks_tasks.h): batched
  * completions of BOS + prompt up to EOS on one engine, each keyed by its
  * global sample index (so results do not depend on the batch size), scored by
- * the task verifiers; eval on fresh instances and the offline difficulty filter. */
+ * the task verifiers; eval (accuracy, pass@k, per kind) and the offline
+ * difficulty filter (solve rates, hard / kept / easy). */
 #include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "task_internal.h"
 
 #include <errno.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,85 +112,172 @@ int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok
     return rc;
 }
 
-int vks_task_eval(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task_spec *spec,
-                  uint64_t seed, int64_t n, const vks_task_run_options *o, vks_task_eval_result *r) {
-    if (!spec || !o || !r || n < 1 || n > UINT32_MAX) return vks_set_error(VKS_ERR_ARG, "task eval: bad arguments");
-    memset(r, 0, sizeof *r);
-    vks_task *tasks = malloc(sizeof *tasks * (size_t)n);
-    double *rewards = malloc(sizeof *rewards * (size_t)n);
-    int *lengths = malloc(sizeof *lengths * (size_t)n);
-    int rc = tasks && rewards && lengths ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
-    for (int64_t i = 0; rc == VKS_OK && i < n; i++) rc = vks_task_generate(spec, seed, (uint32_t)i, &tasks[i]);
-    vks_task_run_options one = *o;
-    one.samples = 1;
-    if (rc == VKS_OK) rc = vks_task_run(g, m, tok, tasks, n, &one, rewards, lengths);
-    double sum_len = 0;
-    for (int64_t i = 0; rc == VKS_OK && i < n; i++) r->solved += rewards[i] >= 1.0, sum_len += lengths[i];
-    if (rc == VKS_OK) {
-        r->n = n;
-        r->accuracy = (double)r->solved / (double)n;
-        r->mean_length = sum_len / (double)n;
+double vks_task_pass_at_k(int n, int c, int k) {
+    if (n < 1 || c < 0 || c > n || k < 1 || k > n) return NAN;
+    if (n - c < k) return 1.0;
+    /* C(n-c, k) / C(n, k) = prod_{i = n-c+1}^{n} (1 - k / i): no large binomials */
+    double fail = 1.0;
+    for (int i = n - c + 1; i <= n; i++) fail *= 1.0 - (double)k / (double)i;
+    return 1.0 - fail;
+}
+
+/* The kinds of tasks[0..n) in order of first appearance; kind_of[i] indexes them. */
+static int collect_kinds(const vks_task *tasks, int64_t n, vks_task_eval_result *r, int *kind_of) {
+    for (int64_t i = 0; i < n; i++) {
+        int k = 0;
+        while (k < r->n_kinds && strcmp(r->kinds[k].kind, tasks[i].kind)) k++;
+        if (k == r->n_kinds) {
+            if (k == VKS_TASK_MAX_KINDS)
+                return vks_set_error(VKS_ERR_FORMAT, "task %lld: more than %d task kinds", (long long)tasks[i].line,
+                                     VKS_TASK_MAX_KINDS);
+            snprintf(r->kinds[k].kind, sizeof r->kinds[k].kind, "%s", tasks[i].kind);
+            r->n_kinds++;
+        }
+        kind_of[i] = k;
     }
-    free(tasks);
+    return VKS_OK;
+}
+
+/* k = 1, 2, 4, ... below samples, then samples. */
+static void pass_ks(vks_task_eval_result *r, int samples) {
+    r->n_pass = 0;
+    for (int k = 1; k < samples && r->n_pass < VKS_TASK_MAX_PASS - 1; k *= 2) r->pass_k[r->n_pass++] = k;
+    r->pass_k[r->n_pass++] = samples;
+}
+
+static void summarise(int64_t n, int samples, const double *rewards, const int *lengths, const int *kind_of,
+                      vks_task_eval_result *r) {
+    double correct_sum = 0, sum_len = 0, kind_correct[VKS_TASK_MAX_KINDS] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int c = 0;
+        for (int j = 0; j < samples; j++) c += rewards[i * samples + j] >= 1.0, sum_len += lengths[i * samples + j];
+        r->solved += c > 0;
+        correct_sum += c;
+        kind_correct[kind_of[i]] += c;
+        r->kinds[kind_of[i]].n++;
+        for (int p = 0; p < r->n_pass; p++) r->pass_at[p] += vks_task_pass_at_k(samples, c, r->pass_k[p]);
+    }
+    r->n = n;
+    r->samples = samples;
+    r->accuracy = correct_sum / ((double)n * samples);
+    r->mean_length = sum_len / ((double)n * samples);
+    for (int p = 0; p < r->n_pass; p++) r->pass_at[p] /= (double)n;
+    for (int k = 0; k < r->n_kinds; k++) r->kinds[k].accuracy = kind_correct[k] / ((double)r->kinds[k].n * samples);
+}
+
+int vks_task_eval_score(const vks_task *tasks, int64_t n, int samples, const double *rewards, const int *lengths,
+                        vks_task_eval_result *r) {
+    if (!tasks || !rewards || !lengths || !r || n < 1 || samples < 1 || samples > 1 << 20)
+        return vks_set_error(VKS_ERR_ARG, "task eval: bad arguments");
+    memset(r, 0, sizeof *r);
+    int *kind_of = malloc(sizeof *kind_of * (size_t)n);
+    int rc = kind_of ? collect_kinds(tasks, n, r, kind_of) : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
+    pass_ks(r, samples);
+    if (rc == VKS_OK) summarise(n, samples, rewards, lengths, kind_of, r);
+    free(kind_of);
+    return rc;
+}
+
+int vks_task_eval_tasks(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task *tasks,
+                        int64_t n, const vks_task_run_options *o, vks_task_eval_result *r) {
+    if (!tasks || !o || !r || n < 1 || o->samples < 1 || n > INT64_MAX / o->samples)
+        return vks_set_error(VKS_ERR_ARG, "task eval: bad arguments");
+    size_t runs = (size_t)n * (size_t)o->samples;
+    double *rewards = calloc(runs, sizeof *rewards);
+    int *lengths = calloc(runs, sizeof *lengths);
+    int rc = rewards && lengths ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
+    if (rc == VKS_OK) rc = vks_task_eval_score(tasks, n, o->samples, rewards, lengths, r); /* the kinds, checked first */
+    if (rc == VKS_OK) rc = vks_task_run(g, m, tok, tasks, n, o, rewards, lengths);
+    if (rc == VKS_OK) rc = vks_task_eval_score(tasks, n, o->samples, rewards, lengths, r);
     free(rewards);
     free(lengths);
     return rc;
 }
 
-/* Copies the lines of `in` whose flag is set (lines are numbered from 1, as tasks[].line). */
-static int copy_kept_lines(const char *in_path, const char *out_path, const vks_task *tasks, const bool *keep,
-                           int64_t n) {
-    FILE *in = fopen(in_path, "rb");
-    if (!in) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", in_path, strerror(errno));
-    vks_outfile out;
-    char *line = malloc(VKS_TASK_MAX_LINE + 1);
-    int rc = line ? vks_outfile_open(&out, out_path, 0666) : vks_set_error(VKS_ERR_NOMEM, "out of memory");
-    if (rc) { free(line); fclose(in); return rc; }
-    size_t len;
-    bool too_long = false, ok = true;
-    int64_t line_no = 0, t = 0;
-    while (ok && !too_long && vks_task_read_line(in, line, VKS_TASK_MAX_LINE, &len, &too_long)) {
-        line_no++;
-        while (t < n && tasks[t].line < line_no) t++;
-        if (!too_long && t < n && tasks[t].line == line_no && keep[t])
-            ok = fwrite(line, 1, len, out.f) == len && fputc('\n', out.f) != EOF;
+int vks_task_eval(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task_spec *spec,
+                  uint64_t seed, int64_t n, const vks_task_run_options *o, vks_task_eval_result *r) {
+    if (!spec || !o || !r || n < 1 || n > UINT32_MAX) return vks_set_error(VKS_ERR_ARG, "task eval: bad arguments");
+    memset(r, 0, sizeof *r);
+    vks_task *tasks = malloc(sizeof *tasks * (size_t)n);
+    int rc = tasks ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
+    for (int64_t i = 0; rc == VKS_OK && i < n; i++) rc = vks_task_generate(spec, seed, (uint32_t)i, &tasks[i]);
+    if (rc == VKS_OK) rc = vks_task_eval_tasks(g, m, tok, tasks, n, o, r);
+    free(tasks);
+    return rc;
+}
+
+void vks_task_filter_classify(const double *rewards, int64_t n, int samples, double min_rate, double max_rate,
+                              double *rates, bool *keep, vks_task_filter_counts *c) {
+    *c = (vks_task_filter_counts){.total = n};
+    for (int64_t i = 0; i < n; i++) {
+        double sum = 0;
+        for (int j = 0; j < samples; j++) sum += rewards[i * samples + j];
+        rates[i] = sum / samples;
+        keep[i] = rates[i] >= min_rate && rates[i] <= max_rate;
+        c->hard += rates[i] < min_rate;
+        c->easy += rates[i] > max_rate;
+        c->kept += keep[i];
     }
-    if (ferror(in)) ok = false, errno = EIO;
-    free(line);
-    fclose(in);
-    if (!too_long) return vks_outfile_finish(&out, ok);
-    vks_outfile_abort(&out);
-    return vks_set_error(VKS_ERR_FORMAT, "%s: line %lld: longer than %d bytes (the file changed while it was read)", in_path,
-                         (long long)line_no, VKS_TASK_MAX_LINE);
+}
+
+static const char *verdict(double rate, double min_rate, double max_rate) {
+    return rate < min_rate ? "hard" : rate > max_rate ? "easy" : "kept";
+}
+
+static int write_rates(const char *path, const vks_task *tasks, int64_t n, int samples, const double *rewards,
+                       const double *rates, double min_rate, double max_rate) {
+    vks_outfile out;
+    int rc = vks_outfile_open(&out, path, 0666);
+    if (rc) return rc;
+    bool ok = true;
+    for (int64_t i = 0; ok && i < n; i++) {
+        int solved = 0;
+        for (int j = 0; j < samples; j++) solved += rewards[i * samples + j] >= 1.0;
+        json_t *o = json_pack("{s:I, s:s, s:i, s:i, s:f, s:s}", "line", (json_int_t)tasks[i].line, "kind", tasks[i].kind,
+                              "solved", solved, "samples", samples, "solve_rate", rates[i], "verdict",
+                              verdict(rates[i], min_rate, max_rate));
+        char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER) : NULL;
+        ok = s && fprintf(out.f, "%s\n", s) > 0;
+        free(s);
+        json_decref(o);
+    }
+    return vks_outfile_finish(&out, ok);
+}
+
+/* The kept tasks, in file order. */
+static int write_kept(const char *in_path, const char *out_path, const vks_task *tasks, const bool *keep, int64_t n) {
+    vks_task *kept = malloc(sizeof *kept * (size_t)(n ? n : 1));
+    if (!kept) return vks_set_error(VKS_ERR_NOMEM, "tasks filter: out of memory");
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (keep[i]) kept[k++] = tasks[i];
+    int rc = vks_task_file_copy(in_path, kept, k, out_path);
+    free(kept);
+    return rc;
 }
 
 int vks_task_filter(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const char *tasks_path,
-                    const char *out_path, double min_rate, double max_rate, const vks_task_run_options *o,
-                    int64_t *kept, int64_t *total) {
-    if (!tasks_path || !out_path || !o || o->samples < 1 || !kept || !total || !(min_rate <= max_rate))
+                    const char *out_path, const char *rates_path, double min_rate, double max_rate,
+                    const vks_task_run_options *o, vks_task_filter_counts *counts) {
+    if (!tasks_path || !out_path || !o || o->samples < 1 || !counts || !(min_rate <= max_rate))
         return vks_set_error(VKS_ERR_ARG, "tasks filter: bad arguments");
+    memset(counts, 0, sizeof *counts);
     vks_task *tasks = NULL;
     int64_t n = 0;
     int rc = vks_task_file_load(tasks_path, &tasks, &n);
     if (rc) return rc;
     size_t runs = (size_t)n * (size_t)o->samples;
-    double *rewards = malloc(sizeof *rewards * runs);
+    double *rewards = malloc(sizeof *rewards * runs), *rates = malloc(sizeof *rates * (size_t)n);
     int *lengths = malloc(sizeof *lengths * runs);
     bool *keep = calloc((size_t)n, sizeof *keep);
-    rc = rewards && lengths && keep ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "tasks filter: out of memory");
+    rc = rewards && rates && lengths && keep ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "tasks filter: out of memory");
     if (rc == VKS_OK) rc = vks_task_run(g, m, tok, tasks, n, o, rewards, lengths);
-    *kept = 0;
-    *total = n;
-    for (int64_t i = 0; rc == VKS_OK && i < n; i++) {
-        double sum = 0;
-        for (int j = 0; j < o->samples; j++) sum += rewards[i * o->samples + j];
-        double rate = sum / o->samples;
-        keep[i] = rate >= min_rate && rate <= max_rate;
-        *kept += keep[i];
-    }
-    if (rc == VKS_OK) rc = copy_kept_lines(tasks_path, out_path, tasks, keep, n);
+    if (rc == VKS_OK) vks_task_filter_classify(rewards, n, o->samples, min_rate, max_rate, rates, keep, counts);
+    if (rc == VKS_OK) rc = write_kept(tasks_path, out_path, tasks, keep, n);
+    if (rc == VKS_OK && rates_path) rc = write_rates(rates_path, tasks, n, o->samples, rewards, rates, min_rate, max_rate);
     free(tasks);
     free(rewards);
+    free(rates);
     free(lengths);
     free(keep);
     return rc;

@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,35 @@ int vks_task_parse(const char *name, vks_task_spec *out) {
         return VKS_OK;
     }
     return vks_set_error(VKS_ERR_ARG, "unknown task '%s' (add, mul, countdown, sort, reverse, optionally :N and :short)", name);
+}
+
+/* Whether name starts with a built-in's name (then alone or followed by ':'). */
+static bool builtin_name(const char *name) {
+    for (int i = 0; i < N_KINDS; i++) {
+        size_t n = strlen(kinds[i].name);
+        if (!strncmp(name, kinds[i].name, n) && (!name[n] || name[n] == ':')) return true;
+    }
+    return false;
+}
+
+int vks_task_resolve(const char *name, vks_task_spec *spec, const char **path) {
+    if (!name || !spec || !path) return vks_set_error(VKS_ERR_ARG, "task: NULL argument");
+    *path = NULL;
+    size_t len = strlen(name);
+    if (!strncmp(name, "file:", 5)) {
+        if (!name[5]) return vks_set_error(VKS_ERR_ARG, "\"file:\" names no file (file:PATH for JSONL tasks)");
+        *path = name + 5;
+        return VKS_OK;
+    }
+    struct stat st;
+    bool looks_like_path = strchr(name, '/') || (len > 6 && !strcmp(name + len - 6, ".jsonl"));
+    if (looks_like_path || (!builtin_name(name) && !stat(name, &st) && S_ISREG(st.st_mode))) {
+        *path = name;
+        return VKS_OK;
+    }
+    if (builtin_name(name)) return vks_task_parse(name, spec);
+    return vks_set_error(VKS_ERR_ARG, "unknown task '%s': neither a built-in task (add, mul, countdown, sort, reverse, "
+                         "optionally :N and :short) nor a task file (PATH.jsonl, a path with '/', or file:PATH)", name);
 }
 
 void vks_task_spec_name(const vks_task_spec *s, char *buf, size_t cap) {
@@ -185,6 +215,7 @@ int vks_task_generate(const vks_task_spec *s, uint64_t seed, uint32_t index, vks
     if (vks_task_parse(name, &chk)) return VKS_ERR_ARG;
     memset(out, 0, sizeof *out);
     out->line = index;
+    snprintf(out->kind, sizeof out->kind, "%s", name);
     draws d = {.seed = seed, .stream = TASK_STREAM | (uint32_t)s->kind << 24 | (uint32_t)s->size << 16, .index = index};
     switch (s->kind) {
     case VKS_TASK_ADD:
