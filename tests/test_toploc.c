@@ -1542,6 +1542,19 @@ static void test_group_sampling_statistics(void **state) {
     assert_true(same0 && !same1);
     vks_group_plan_free(&p);
     s[3].seq ^= 1;
+    /* so does a changed byte of a stage commitment (a pipeline's sample) */
+    uint8_t stage_bytes[4] = {1, 2, 3, 4};
+    vks_stage_proof stage = {.rank = 2, .layer_begin = 0, .layer_end = 1, .proofs = stage_bytes, .proof_bytes = 4};
+    s[3].stage_proofs = &stage, s[3].n_stage_proofs = 1;
+    bool with_stage[2 * GN];
+    assert_int_equal(vks_group_plan_make(s, 2 * GN, &gs, &p), VKS_OK);
+    memcpy(with_stage, p.checked, sizeof with_stage);
+    vks_group_plan_free(&p);
+    stage_bytes[2] ^= 1;
+    assert_int_equal(vks_group_plan_make(s, 2 * GN, &gs, &p), VKS_OK);
+    assert_memory_not_equal(p.checked, with_stage, sizeof with_stage);
+    vks_group_plan_free(&p);
+    s[3].stage_proofs = NULL, s[3].n_stage_proofs = 0;
     /* the empirical pass rate of the 13-of-128 group against the exact value (4 standard deviations) */
     double want = none_drawn(GN, GBAD, GM), rate = (double)accepted / SECRETS;
     double sd = sqrt(want * (1 - want) / SECRETS);

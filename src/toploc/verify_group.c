@@ -116,6 +116,12 @@ static void hash_sample(crypto_generichash_state *h, const vks_rollout_sample *s
     hash_bytes(h, f, sizeof f);
     hash_bytes(h, s->model_hash, 32);
     hash_bytes(h, s->proofs, s->proof_bytes);
+    for (int k = 0; k < s->n_stage_proofs; k++) { /* a pipeline's commitments: the worker's output too */
+        const vks_stage_proof *p = &s->stage_proofs[k];
+        int64_t where[3] = {p->rank, p->layer_begin, p->layer_end};
+        hash_bytes(h, where, sizeof where);
+        hash_bytes(h, p->proofs, p->proof_bytes);
+    }
 }
 
 /* The group's Philox key: BLAKE2b(secret, its samples in file order). */
