@@ -1456,6 +1456,12 @@ static void test_own_tasks(void **state) {
     out = read_text(path);
     assert_int_equal(count_lines(out), 2);
     free(out);
+    /* an earlier run's held-out file alone: a fresh run would overwrite it, refused */
+    snprintf(cmd, sizeof cmd, "cd %s && mkdir rl-h && echo '{}' > rl-h/heldout.jsonl && %s rl --init tiny --task word.jsonl "
+             "--eval-split 0.25 --steps 1 --out rl-h 2>&1", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 2);
+    assert_non_null(strstr(out, "rl-h: holds heldout.jsonl from an earlier run"));
+    free(out);
     /* a task file without a held-out set: --eval-n refused before the run, else said */
     snprintf(cmd, sizeof cmd, "cd %s && %s rl --init tiny --task word.jsonl --eval-n 4 --steps 1 2>&1", dir, tu_bin());
     assert_int_equal(tu_run(cmd, &out), 2);

@@ -110,7 +110,7 @@ static int read_position(rl_run *r, const char *dir) {
 static int open_start(rl_run *r, vks_rl_result *res) {
     r->start = r->o->model;
     res->resumed_from = -1;
-    static const char *const outputs[] = {"metrics.jsonl", "rl.svg", "timeline.svg", "rollouts", NULL};
+    static const char *const outputs[] = {"metrics.jsonl", "rl.svg", "timeline.svg", "rollouts", "heldout.jsonl", NULL};
     int rc = vks_rl_out_lock(&r->out, r->c->out);
     if (rc) return vks_error_prefix(rc, "rl");
     char dir[4096];
