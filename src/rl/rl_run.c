@@ -224,9 +224,7 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     int rc = vks_rl_queue_init(&r->sh.queue, P, c->async_level);
     if (!rc) rc = vks_rl_timeline_init(&r->timeline, r->t_start);
     if (rc) return rc;
-    r->gen.o = r->o;
-    rc = vks_rl_gen_open_tasks(&r->gen);
-    if (!rc) rc = make_dirs(r, res);
+    rc = make_dirs(r, res); /* the tasks were read before OUT was made (vks_rl_run_source) */
     if (!rc) rc = open_eval_tasks(r, res);
     vks_trainer_options to = {.max_tokens = r->max_tokens};
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
@@ -577,7 +575,9 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     res->start_accuracy = res->final_accuracy = NAN;
     double t_start = vks_seconds_now(), idle = 0, total = 0;
     rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}};
-    rc = open_start(&r, res);
+    r.gen.o = o;
+    rc = vks_rl_gen_open_tasks(&r.gen); /* a bad task file is refused before OUT is made or locked */
+    if (!rc) rc = open_start(&r, res);
     if (!rc) rc = open_run(&r, res);
     if (!rc) rc = evaluate(&r, &res->start_accuracy);
     if (!rc) rc = start_inference(&r);

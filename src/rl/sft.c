@@ -131,12 +131,20 @@ static int apply_checkpoint(sft_run *s, const vks_checkpoint *ck) {
     return rc;
 }
 
+/* The data, read before OUT is made or locked: a bad file is refused first.
+ * A resumed model has the starting model's shape (open_start checks it). */
+static int open_data(sft_run *s) {
+    const vks_sft_run_options *o = s->o;
+    const vks_model_config *c = &o->model->cfg;
+    vks_sft_options data_opt = {.seq_len = c->seq_len, .vocab_size = c->vocab_size, .strict = true};
+    int rc = vks_sft_data_load(o->data_path, o->tok, &data_opt, &s->data);
+    return rc ? rc : vks_sft_data_hash(s->data, s->data_hash);
+}
+
 static int open_run(sft_run *s, const vks_checkpoint *ck, vks_gpu *g) {
     const vks_sft_run_options *o = s->o;
     const vks_model_config *c = &s->model->cfg;
-    vks_sft_options data_opt = {.seq_len = c->seq_len, .vocab_size = c->vocab_size, .strict = true};
-    int rc = vks_sft_data_load(o->data_path, o->tok, &data_opt, &s->data);
-    if (!rc) rc = vks_sft_data_hash(s->data, s->data_hash);
+    int rc = VKS_OK;
     vks_sft_stats st;
     if (!rc) vks_sft_data_stats(s->data, &st);
     int max_tokens = rc ? 0 : st.max_len * o->micro_batch;
@@ -221,7 +229,8 @@ int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
     memset(r, 0, sizeof *r);
     sft_run s = {.o = o, .out = {.fd = -1}};
     vks_checkpoint *ck = NULL;
-    rc = open_start(&s, &ck, &r->resumed_from);
+    rc = open_data(&s);
+    if (!rc) rc = open_start(&s, &ck, &r->resumed_from);
     if (!rc) rc = open_run(&s, ck, g);
     vks_adamw_params h = o->adamw;
     double t0 = vks_seconds_now();
