@@ -177,18 +177,20 @@ fi
 if [ -z "$short" ]; then
 # a pipeline group of three ranks [1, 2, 3] whose middle stage (rank 2, layer 1 of the tiny model's
 # 4) hands on what it received (tests/vkswarm-faulty, mpi/pipeline_fault.h): the verifier rank (4)
-# rejects the completions it judges naming stage 1 by its world rank 2, never the honest stages.
-# The orchestrator does not refuse ranks for rejected completions (issue 27 left that for later):
-# with every judged completion rejected no group keeps signal, and the run ends there (status 2).
+# rejects the completions naming stage 1 by its world rank 2, never the honest stages. Every
+# completion fails, so the groups sent without completions do too, and the verifier refuses the
+# batch (a group's "no signal" must hold); the orchestrator refuses the group by its first rank
+# (refusing the stage's own rank and re-forming the group is issue 27's open point), and with no
+# inference group left the run ends (status 3). Every rejection and refusal names stage 1 (rank 2).
 config "$tmp/stage" 2 0 4
 sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1, 2, 3]]/' "$tmp/run.json"
 VKSWARM_TEST_FAULT=1:skip-layer mpi_run 300 -x VKSWARM_TEST_FAULT -np 5 ${1:?build dir}/tests/vkswarm-faulty rl \
     --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
-named=$(grep -c "verifier rank 4: batch [0-9]* of rank 1: completion [0-9]* rejected: stage 1 (rank 2, layers \[1,2)): TOPLOC chunk" "$tmp/err.txt")
-others=$(grep "completion [0-9]* rejected" "$tmp/err.txt" | grep -vc "rejected: stage 1 (rank 2, layers \[1,2))")
-if [ "$named" -gt 0 ] && [ "$others" = 0 ]; then
-    ok "a pipeline group's cheating middle stage: $named rejections name stage 1 (rank 2), none another (status $rc)"
+named=$(grep -c "stage 1 (rank 2, layers \[1,2)): TOPLOC chunk" "$tmp/err.txt")
+others=$(grep "rejected\|refused" "$tmp/err.txt" | grep -vc "stage 1 (rank 2, layers \[1,2)): TOPLOC chunk")
+if [ "$named" -gt 0 ] && [ "$others" = 0 ] && grep -q "verifier rank 4: batch [0-9]* of rank 1 refused: .*stage 1 (rank 2" "$tmp/err.txt"; then
+    ok "a pipeline group's cheating middle stage: $named rejections and refusals name stage 1 (rank 2), none another (status $rc)"
 else bad "cheating stage in the RL run: $named named, $others others, status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; fi
 fi
 
