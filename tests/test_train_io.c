@@ -820,6 +820,21 @@ static void test_checkpoint_corrupt_refused(void **state) {
     assert_refused(bad, "state.json: missing: not a complete checkpoint");
     edit_file(FRESH(), "state.json", -1, 0, 200);
     assert_refused(bad, "state.json: bad JSON");
+    /* a NUL byte (in place of the closing brace) is named as one, with its offset */
+    FRESH();
+    snprintf(p, sizeof p, "%s/state.json", bad);
+    size_t n;
+    unsigned char *text = tu_read_file(p, &n);
+    assert_non_null(text);
+    unsigned char *brace = text + n;
+    while (brace > text && *--brace != '}') {}
+    assert_int_equal(*brace, '}');
+    *brace = 0;
+    write_file(p, text, n);
+    char want[64];
+    snprintf(want, sizeof want, "state.json: a NUL byte at offset %zu", (size_t)(brace - text));
+    free(text);
+    assert_refused(bad, want);
     set_state_key(FRESH(), NULL, "complete", "false");
     assert_refused(bad, "not complete");
     set_state_key(FRESH(), NULL, "version", "2");

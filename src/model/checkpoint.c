@@ -685,6 +685,8 @@ static int read_state_file(const char *path, json_t **root) {
     if (rc == VKS_OK && read(fd, buf, (size_t)st.st_size) != (ssize_t)st.st_size)
         rc = vks_set_error(VKS_ERR_IO, "%s: read failed", path);
     close(fd);
+    const char *nul = rc == VKS_OK ? memchr(buf, 0, (size_t)st.st_size) : NULL;
+    if (nul) rc = vks_set_error(VKS_ERR_FORMAT, "%s: a NUL byte at offset %zu", path, (size_t)(nul - buf));
     json_error_t err;
     if (rc == VKS_OK && !(*root = json_loadb(buf, (size_t)st.st_size, JSON_REJECT_DUPLICATES, &err)))
         rc = vks_set_error(VKS_ERR_FORMAT, "%s: bad JSON (incomplete?): %s", path, err.text);
