@@ -243,6 +243,9 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
 int vks_rl_record_rejections(vks_rl_gen *g, const vks_rollout_sample *samples, const vks_verdict *v, int n,
                              const vks_verify_options *vo);
 
+/* The text of task task_index's prompt as the run renders it (its think
+ * sentence included; no BOS): what the run shows at its start. */
+int vks_rl_gen_prompt_text(const vks_rl_gen *g, int64_t task_index, char **text, size_t *len);
 /* Generation batch `batch` with the current policy: the first n_prompts
  * (1..prompts_per_step) of its tasks (task batch * prompts_per_step + p) x
  * group_size completions, scored, verified (o->verify), as groups[0..n_prompts)
