@@ -106,7 +106,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"test-cheat-every", required_argument, 0, 0},
         {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
         {"test-garbage-reward", no_argument, 0, 0}, {"save-every", required_argument, 0, 0},
-        {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS,
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
     a->o = (vks_rl_run_options){.config = &a->c, .eval_every = 5, .eval_n = 64, .eval_seed = 999983, .verify = true};
     a->m.device = -1;
@@ -121,7 +122,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(rl_usage, stdout); exit(0); }
         const char *name = opts[idx].name;
-        if (cli_model_option(&a->m, name, optarg)) continue;
+        if (cli_model_option(&a->m, name, optarg) || cli_prompt_option(&a->c.prompt, "rl", name, optarg)) continue;
         if (!strcmp(name, "config")) continue;
         else if (!strcmp(name, "set")) { if (vks_rl_config_set(&a->c, optarg)) cli_usage_error("rl", "%s", vks_last_error()); }
         else if (!strcmp(name, "init")) a->init = optarg, set_key(&a->c, "init", optarg);
@@ -216,6 +217,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     if (roles & VKS_RL_ROLE_TRAINER) {
         a->o.progress = on_progress;
         a->o.on_resume = cli_on_resume_rl;
+        a->o.show_prompt = cli_show_prompt, a->o.progress_ctx = "rl";
         vks_rl_result r;
         rc = vks_rl_mpi_trainer(&a->o, &mo, &r, &no_finalize);
         if (rc) {
@@ -270,6 +272,7 @@ int cmd_rl(int argc, char **argv) {
     a.o.model = m, a.o.tok = tok, a.o.train_gpu = train_gpu, a.o.infer_gpu = infer_gpu;
     a.o.progress = on_progress;
     a.o.on_resume = cli_on_resume_rl;
+    a.o.show_prompt = cli_show_prompt, a.o.progress_ctx = "rl";
     vks_rl_result r;
     int rc = vks_rl_run(&a.o, &r);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());

@@ -179,6 +179,7 @@ typedef struct {
     uint64_t seed;
     bool n_given, temp_given;
     vks_task_run_options o;
+    vks_prompt_format prompt;
 } task_eval_args;
 
 static void print_task_eval(const task_eval_args *ta, const char *name, const vks_task_eval_result *r) {
@@ -211,6 +212,7 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     vks_gpu *g = cli_open_gpu(ma);
     vks_task_run_options o = ta->o;
     o.engine = ma->engine;
+    o.prompt = &ta->prompt, o.show_prompt = cli_show_prompt, o.progress_ctx = "eval";
     if (!ta->temp_given && o.samples > 1) o.temperature = 1.0f; /* K greedy completions would all be the same */
     vks_task_eval_result *r = malloc(sizeof *r);
     if (!r) return free(tasks), fail_freeing(vks_set_error(VKS_ERR_NOMEM, "out of memory"), g, m, tok);
@@ -236,7 +238,7 @@ static bool task_option(task_eval_args *ta, const char *name, const char *val) {
     else if (!strcmp(name, "temp")) ta->o.temperature = (float)cli_parse_double("--temp", val, 0, 100), ta->temp_given = true;
     else if (!strcmp(name, "max-new")) ta->o.max_new_tokens = (int)cli_parse_long("--max-new", val, 1, 1 << 20);
     else if (!strcmp(name, "batch")) ta->o.batch = (int)cli_parse_long("--batch", val, 1, 4096);
-    else return false;
+    else if (!cli_prompt_option(&ta->prompt, "eval", name, val)) return false;
     return true;
 }
 
@@ -245,10 +247,11 @@ int cmd_eval(int argc, char **argv) {
                                          {"task", required_argument, 0, 0}, {"n", required_argument, 0, 0},
                                          {"seed", required_argument, 0, 0}, {"temp", required_argument, 0, 0},
                                          {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
-                                         {"samples", required_argument, 0, 0}, {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+                                         {"samples", required_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS,
+                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     cli_model_args ma = {.device = -1};
     task_eval_args ta = {.n = 100, .o = {.samples = 1}};
+    vks_prompt_format_default(&ta.prompt);
     const char *data = NULL;
     bool task_only = false; /* a --task option was given */
     int c, idx;
@@ -261,7 +264,9 @@ int cmd_eval(int argc, char **argv) {
     }
     if (optind < argc) cli_usage_error("eval", "unexpected argument '%s'", argv[optind]);
     if (!ma.model_path || !!data + !!ta.task != 1) cli_usage_error("eval", "--model M and one of --data FILE and --task NAME are required");
-    if (data && task_only) cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new and --batch go with --task");
+    if (data && task_only)
+        cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new, --batch and the prompt flags go with --task");
+    if (vks_prompt_check(&ta.prompt)) cli_usage_error("eval", "%s", vks_last_error());
     if (ta.task) return eval_task(&ma, &ta);
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(&ma, NULL, 0, &tok);

@@ -90,10 +90,14 @@ static int tokenize_prompt(const vks_rl_gen *g, const vks_task *t, int target, i
     return VKS_OK;
 }
 
-int vks_rl_gen_prompt_text(const vks_rl_gen *g, int64_t task_index, char **text, size_t *len) {
+int vks_rl_gen_show_prompt(const vks_rl_gen *g) {
     vks_task t;
-    int target = 0, rc = make_task(g, task_index, &t, &target);
-    if (!rc) rc = vks_prompt_text(&g->o->config->prompt, vks_tokenizer_chat_template(g->o->tok), t.prompt, target, text, len);
+    char *text = NULL;
+    size_t len = 0;
+    int target = 0, rc = make_task(g, 0, &t, &target);
+    if (!rc) rc = vks_prompt_text(&g->o->config->prompt, vks_tokenizer_chat_template(g->o->tok), t.prompt, target, &text, &len);
+    if (!rc && g->o->show_prompt) g->o->show_prompt(g->o->progress_ctx, text, len);
+    free(text);
     return rc;
 }
 

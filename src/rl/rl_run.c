@@ -226,6 +226,7 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     if (rc) return rc;
     r->gen.o = r->o;
     rc = vks_rl_gen_open_tasks(&r->gen);
+    if (!rc) rc = vks_rl_gen_show_prompt(&r->gen);
     if (!rc) rc = make_dirs(r, res);
     if (!rc) rc = open_eval_tasks(r, res);
     vks_trainer_options to = {.max_tokens = r->max_tokens};
@@ -441,7 +442,7 @@ static int evaluate(rl_run *r, double *accuracy) {
     vks_model *m = NULL;
     int rc = vks_trainer_export_model(r->trainer, &m);
     vks_task_run_options to = {.samples = 1, .temperature = 0, .max_new_tokens = r->c->max_new_tokens,
-                               .engine = {.dtype = VKS_DTYPE_F32}};
+                               .engine = {.dtype = VKS_DTYPE_F32}, .prompt = &r->c->prompt};
     vks_task_eval_result e;
     int64_t n = r->n_eval_tasks < r->o->eval_n ? r->n_eval_tasks : r->o->eval_n;
     if (!rc && r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, m, r->o->tok, r->eval_tasks, n, &to, &e);
