@@ -209,6 +209,7 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     if (path && ta->n_given && ta->n < n) n = ta->n;
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(ma, NULL, 0, &tok);
+    if (vks_prompt_check_tokenizer(&ta->prompt, tok)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     vks_gpu *g = cli_open_gpu(ma);
     vks_task_run_options o = ta->o;
     o.engine = ma->engine;

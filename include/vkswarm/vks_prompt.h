@@ -44,6 +44,10 @@ int vks_prompt_set(vks_prompt_format *f, const char *key, const char *value, con
 /* The keys together: a system message or think = false need a chat template,
  * think = false one that has the switch (qwen3, or "model" if it is qwen3's). */
 int vks_prompt_check(const vks_prompt_format *f);
+/* vks_prompt_check, and that tok can render f ("model" needs its chat
+ * template, think = false a Qwen3 one): what a command checks before it
+ * opens devices. */
+int vks_prompt_check_tokenizer(const vks_prompt_format *f, const struct vks_tokenizer *tok);
 /* Whether f is the default (BOS + the raw text). */
 bool vks_prompt_is_raw(const vks_prompt_format *f);
 

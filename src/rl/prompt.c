@@ -183,3 +183,12 @@ int vks_prompt_tokenize(const vks_prompt_format *f, const struct vks_tokenizer *
     free(s);
     return rc;
 }
+
+int vks_prompt_check_tokenizer(const vks_prompt_format *f, const struct vks_tokenizer *tok) {
+    if (!f || !tok) return vks_set_error(VKS_ERR_ARG, "vks_prompt_check_tokenizer: NULL argument");
+    char *text = NULL;
+    size_t len = 0;
+    int rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), "", 0, &text, &len);
+    free(text);
+    return rc;
+}
