@@ -12,7 +12,8 @@ static const char tasks_usage[] =
     "usage: vkswarm tasks sft --task NAME --out FILE.jsonl [--n N] [--seed S]\n"
     "       vkswarm tasks filter --model M --task FILE.jsonl --out KEPT.jsonl [--rates-out R.jsonl]\n"
     "                            [--samples K] [--min X] [--max X] [--temp X] [--seed S] [--max-new N]\n"
-    "                            [--batch B] [--tokenizer T]\n"
+    "                            [--batch B] [--tokenizer T] [--chat-template NAME] [--system TEXT]\n"
+    "                            [--user-template TEXT] [--no-think]\n"
     "tasks sft writes N (default 1000) instances of a built-in task (add, mul, countdown, sort, reverse,\n"
     "optionally :SIZE, e.g. mul:3) from seed S (default 0) as {\"prompt\", \"completion\"} lines with a\n"
     "short worked completion ending in the answer line, for `vkswarm train sft`.\n"
@@ -23,7 +24,10 @@ static const char tasks_usage[] =
     "0.8) to KEPT as they were: the offline difficulty filter. Each task's solve rate goes to R (default\n"
     "KEPT with .rates.jsonl for .jsonl), one line per task: {\"line\", \"kind\", \"solved\", \"samples\",\n"
     "\"solve_rate\", \"verdict\": \"hard\" (below --min), \"kept\" or \"easy\" (above --max)}. stdout gets one\n"
-    "JSON object: total, hard, kept and easy counts, and the two files.\n"
+    "JSON object: total, hard, kept and easy counts, and the two files. Prompts are BOS + the task's\n"
+    "text, or in the prompt format of --chat-template, --system, --user-template and --no-think (as rl\n"
+    "and eval take them, README \"Prompts\"; the first one is shown on stderr): filter with the format\n"
+    "the run will train with.\n"
     "Answers are read from the completion's last `answer: ...` line or last \\boxed{...}.\n";
 
 typedef struct {
