@@ -1439,13 +1439,14 @@ static void test_prompts(void **state) {
     if (!at) fail_msg("prompt ids: %.300s", out);
     assert_null(strstr(out, "[256,256")); /* BOS not doubled */
     free(out);
-    /* eval with the same flags: the same rendering (no think sentence: eval has no budget) */
+    /* eval with the same flags (and the budget of a length target): the same rendering */
     snprintf(cmd, sizeof cmd, "cd %s && %s eval --model rl-p/step-000000001 --task add:1:short --n 2 --max-new 4 "
-             "--chat-template qwen3 --system 'Be brief.' --user-template 'Q: {prompt}' --no-think 2>&1", dir, tu_bin());
+             "--chat-template qwen3 --system 'Be brief.' --user-template 'Q: {prompt}' --no-think --think-tokens 8 2>&1",
+             dir, tu_bin());
     assert_int_equal(tu_run(cmd, &out), 0);
     at = strstr(out, "vkswarm: eval: prompt: <|im_start|>system\\x0aBe brief.<|im_end|>\\x0a<|im_start|>user\\x0aQ: ");
     if (!at) fail_msg("no prompt line in:\n%s", out);
-    assert_non_null(strstr(at, "=\\x0a<|im_end|>\\x0a<|im_start|>assistant\\x0a<think>\\x0a\\x0a</think>\\x0a\\x0a\n"));
+    assert_non_null(strstr(at, tail));
     assert_non_null(strstr(out, "{\"task\": \"add:1:short\", \"seed\": 0, \"n\": 2, "));
     assert_non_null(strstr(out, "\"mean_length\": 4.000")); /* --max-new 4 and nothing more (an EOS would be shorter) */
     free(out);
@@ -1460,6 +1461,9 @@ static void test_prompts(void **state) {
          "prompt.system needs a chat template"},
         {"rl --init tiny --chat-template model --steps 1 --out rl-q", "prompt.chat_template model: the tokenizer has no chat template"},
         {"rl --init tiny --set prompt.think=false", "config: prompt.think = false needs a chat template"},
+        {"rl --init tiny --think-tokens 8", "--think-tokens goes with eval and tasks filter"},
+        {"eval --model rl-p/step-000000001 --task add:1 --think-tokens 0", "--think-tokens"},
+        {"eval --model rl-p/step-000000001 --task add:1 --think-template 'Think.'", "--think-template must contain {n}"},
         {"rl --init tiny --set max_new_tokens=8 --set length_targets=4,16", "length_targets: 16 exceeds max_new_tokens 8"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -50,12 +50,14 @@ void cli_json_string(FILE *f, const char *s, size_t len);
 double cli_now(void);
 
 /* The prompt-format flags of rl, eval and tasks filter (vks_prompt.h; tokenize
- * has the first and the last): --chat-template NAME, --system TEXT,
- * --user-template TEXT, --think-template TEXT, --no-think. */
+ * has the first and --no-think): --chat-template NAME, --system TEXT,
+ * --user-template TEXT, --think-template TEXT, --no-think, and --think-tokens
+ * N (eval and tasks filter: the think sentence's budget; rl: length_targets),
+ * which cli_prompt_option leaves to the command. */
 #define CLI_PROMPT_LONG_OPTIONS                                                                                   \
     {"chat-template", required_argument, 0, 0}, {"system", required_argument, 0, 0},                              \
         {"user-template", required_argument, 0, 0}, {"think-template", required_argument, 0, 0},                  \
-        {"no-think", no_argument, 0, 0}
+        {"no-think", no_argument, 0, 0}, {"think-tokens", required_argument, 0, 0}
 /* Applies prompt flag `name` (value val) to f; false when name is not one.
  * A bad value is a usage error of cmd naming the flag. */
 bool cli_prompt_option(vks_prompt_format *f, const char *cmd, const char *name, const char *val);

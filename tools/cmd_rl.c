@@ -130,6 +130,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         if (c == 'h') { fputs(rl_usage, stdout); exit(0); }
         const char *name = opts[idx].name;
         if (cli_model_option(&a->m, name, optarg) || cli_prompt_option(&a->c.prompt, "rl", name, optarg)) continue;
+        if (!strcmp(name, "think-tokens")) cli_usage_error("rl", "--think-tokens goes with eval and tasks filter; an RL run's budgets are length_targets");
         if (!strcmp(name, "config")) continue;
         else if (!strcmp(name, "set")) { if (vks_rl_config_set(&a->c, optarg)) cli_usage_error("rl", "%s", vks_last_error()); }
         else if (!strcmp(name, "init")) a->init = optarg, set_key(&a->c, "init", optarg);

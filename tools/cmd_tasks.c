@@ -13,7 +13,7 @@ static const char tasks_usage[] =
     "       vkswarm tasks filter --model M --task FILE.jsonl --out KEPT.jsonl [--rates-out R.jsonl]\n"
     "                            [--samples K] [--min X] [--max X] [--temp X] [--seed S] [--max-new N]\n"
     "                            [--batch B] [--tokenizer T] [--chat-template NAME] [--system TEXT]\n"
-    "                            [--user-template TEXT] [--no-think]\n"
+    "                            [--user-template TEXT] [--no-think] [--think-tokens N [--think-template TEXT]]\n"
     "tasks sft writes N (default 1000) instances of a built-in task (add, mul, countdown, sort, reverse,\n"
     "optionally :SIZE, e.g. mul:3) from seed S (default 0) as {\"prompt\", \"completion\"} lines with a\n"
     "short worked completion ending in the answer line, for `vkswarm train sft`.\n"
@@ -25,9 +25,9 @@ static const char tasks_usage[] =
     "KEPT with .rates.jsonl for .jsonl), one line per task: {\"line\", \"kind\", \"solved\", \"samples\",\n"
     "\"solve_rate\", \"verdict\": \"hard\" (below --min), \"kept\" or \"easy\" (above --max)}. stdout gets one\n"
     "JSON object: total, hard, kept and easy counts, and the two files. Prompts are BOS + the task's\n"
-    "text, or in the prompt format of --chat-template, --system, --user-template and --no-think (as rl\n"
-    "and eval take them, README \"Prompts\"; the first one is shown on stderr): filter with the format\n"
-    "the run will train with.\n"
+    "text, or in the prompt format of --chat-template, --system, --user-template, --no-think and\n"
+    "--think-tokens (as eval takes them, README \"Prompts\"; the first one is shown on stderr): filter\n"
+    "with the format the run will train with.\n"
     "Answers are read from the completion's last `answer: ...` line or last \\boxed{...}.\n";
 
 typedef struct {
@@ -57,6 +57,8 @@ static void parse_tasks(int argc, char **argv, tasks_args *a) {
         const char *name = opts[idx].name;
         if (cli_model_option(&a->m, name, optarg)) continue;
         if (cli_prompt_option(&a->prompt, "tasks", name, optarg)) a->prompt_given = true;
+        else if (!strcmp(name, "think-tokens"))
+            a->o.think_tokens = (int)cli_parse_long("--think-tokens", optarg, 1, 1 << 20), a->prompt_given = true;
         else if (!strcmp(name, "task")) a->task = optarg;
         else if (!strcmp(name, "tasks")) a->tasks_file = optarg;
         else if (!strcmp(name, "out")) a->out = optarg;

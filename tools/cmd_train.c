@@ -35,6 +35,7 @@ static const char eval_usage[] =
     "usage: vkswarm eval --model M --data FILE.jsonl [--tokenizer T] [--device N]\n"
     "       vkswarm eval --model M --task T [--n N] [--samples K] [--seed S] [--temp X] [--max-new N]\n"
     "                    [--batch B] [--chat-template NAME] [--system TEXT] [--user-template TEXT] [--no-think]\n"
+    "                    [--think-tokens N [--think-template TEXT]]\n"
     "Scores a model on a JSONL file like train sft's: prints one JSON object with the number of\n"
     "sequences and loss tokens, the mean loss (-log p per completion token) and the token accuracy\n"
     "(the fraction of completion tokens that are the model's most likely next token).\n"
@@ -43,7 +44,8 @@ static const char eval_usage[] =
     "(PATH.jsonl, a path with '/', or file:PATH; README \"Your own tasks\": its first N tasks, default all).\n"
     "Each task gets K completions (default 1; BOS + prompt, or the prompt format of --chat-template\n"
     "none|model|chatml|qwen3|llama2|llama3|llama3.1|phi3, --system, --user-template (holds {prompt}) and\n"
-    "--no-think as rl takes them, README \"Prompts\"; the first prompt is shown on stderr; up to EOS or\n"
+    "--no-think as rl takes them, README \"Prompts\"; --think-tokens N adds the think sentence of a budget\n"
+    "of N, as an RL run with that length target; the first prompt is shown on stderr; up to EOS or\n"
     "--max-new tokens, default 256;\n"
     "--temp default 0: greedy with K = 1, 1.0 with K > 1; sampled from seed S; in batches of B, default\n"
     "64), each scored by its final answer. One JSON object: task, seed, n, samples, solved (tasks with a\n"
@@ -242,6 +244,7 @@ static bool task_option(task_eval_args *ta, const char *name, const char *val) {
     else if (!strcmp(name, "temp")) ta->o.temperature = (float)cli_parse_double("--temp", val, 0, 100), ta->temp_given = true;
     else if (!strcmp(name, "max-new")) ta->o.max_new_tokens = (int)cli_parse_long("--max-new", val, 1, 1 << 20);
     else if (!strcmp(name, "batch")) ta->o.batch = (int)cli_parse_long("--batch", val, 1, 4096);
+    else if (!strcmp(name, "think-tokens")) ta->o.think_tokens = (int)cli_parse_long("--think-tokens", val, 1, 1 << 20);
     else if (!cli_prompt_option(&ta->prompt, "eval", name, val)) return false;
     return true;
 }

@@ -112,6 +112,8 @@ typedef struct {
     int batch;             /* sequences per generation batch (0: 64) */
     vks_engine_options engine; /* weight types etc.; sizes and f32_math are set here */
     const vks_prompt_format *prompt; /* how prompts are given (NULL: the default, BOS + the text); checked */
+    int think_tokens;      /* > 0: every prompt carries the think sentence for this budget (as an RL run's with
+                            * that length target); 0: none */
     void (*progress)(void *ctx, int64_t done, int64_t total);
     void *progress_ctx;
     /* when set: called once (with progress_ctx) with the first task's prompt text as rendered, before generating */

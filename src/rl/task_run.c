@@ -25,13 +25,13 @@ static void free_prompts(prompt_set *p, int64_t n) {
     free(p->n_ids);
 }
 
-static int tokenize_prompts(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_model *m,
+static int tokenize_prompts(const vks_prompt_format *f, int think, const struct vks_tokenizer *tok, const vks_model *m,
                             const vks_task *tasks, int64_t n, prompt_set *p) {
     p->ids = calloc((size_t)n, sizeof *p->ids);
     p->n_ids = calloc((size_t)n, sizeof *p->n_ids);
     if (!p->ids || !p->n_ids) return vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
     for (int64_t i = 0; i < n; i++) {
-        int rc = vks_prompt_tokenize(f, tok, tasks[i].prompt, 0, &p->ids[i], &p->n_ids[i]);
+        int rc = vks_prompt_tokenize(f, tok, tasks[i].prompt, think, &p->ids[i], &p->n_ids[i]);
         if (rc) return vks_error_prefix(rc, "task %lld", (long long)tasks[i].line);
         for (int k = 0; k < p->n_ids[i]; k++)
             if (p->ids[i][k] < 0 || p->ids[i][k] >= m->cfg.vocab_size)
@@ -89,6 +89,7 @@ static int run_batches(vks_engine *e, const struct vks_tokenizer *tok, const vks
 int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task *tasks, int64_t n,
                  const vks_task_run_options *o, double *rewards, int *lengths) {
     if (!g || !m || !tok || !tasks || n < 1 || !o || o->samples < 1 || o->max_new_tokens < 0 || o->batch < 0 ||
+        o->think_tokens < 0 ||
         !rewards || !lengths || n > INT64_MAX / o->samples || n * o->samples > UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "tasks: bad arguments");
     int max_new = o->max_new_tokens ? o->max_new_tokens : 256, batch = o->batch ? o->batch : 64;
@@ -102,11 +103,11 @@ int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok
     if (o->show_prompt) { /* the first prompt as the model gets it */
         char *text = NULL;
         size_t len = 0;
-        rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), tasks[0].prompt, 0, &text, &len);
+        rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), tasks[0].prompt, o->think_tokens, &text, &len);
         if (rc == VKS_OK) o->show_prompt(o->progress_ctx, text, len);
         free(text);
     }
-    if (rc == VKS_OK) rc = tokenize_prompts(f, tok, m, tasks, n, &p);
+    if (rc == VKS_OK) rc = tokenize_prompts(f, o->think_tokens, tok, m, tasks, n, &p);
     /* steps count positions, prompt included, and the token sampled at the last one is kept: the longest
      * prompt gets max_new tokens (within the context); completions of shorter ones are cut at max_new */
     int steps = p.longest + max_new - 1 < m->cfg.seq_len ? p.longest + max_new - 1 : m->cfg.seq_len;
