@@ -291,6 +291,79 @@ static void test_prompt_chat_templates(void **state) {
     assert_null(out);
 }
 
+/* A Llama 3 style vocabulary (tokenizer.json + tokenizer_config.json): the
+ * printable ASCII bytes, space and newline (GPT-2's byte spelling, no
+ * merges), <|begin_of_text|> as BOS (add_bos_token) and the header / turn
+ * markers as special tokens; its chat template is Llama 3's by its markers. */
+static vks_tokenizer *llama3_like_tokenizer(void) {
+    const char *dir = tu_tmpdir();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"added_tokens\": [{\"id\": 200, \"content\": \"<|begin_of_text|>\", \"special\": true}, "
+               "{\"id\": 201, \"content\": \"<|start_header_id|>\", \"special\": true}, "
+               "{\"id\": 202, \"content\": \"<|end_header_id|>\", \"special\": true}, "
+               "{\"id\": 203, \"content\": \"<|eot_id|>\", \"special\": true}], "
+               "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}, "
+               "\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"\\u0120\": 0, \"\\u010a\": 1");
+    for (int c = 33; c < 127; c++) fprintf(f, ", \"%s%c\": %d", c == '"' || c == '\\' ? "\\" : "", c, c);
+    fprintf(f, ", \"<|begin_of_text|>\": 200, \"<|start_header_id|>\": 201, \"<|end_header_id|>\": 202, "
+               "\"<|eot_id|>\": 203}}}\n");
+    fclose(f);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\", \"add_bos_token\": true, "
+               "\"chat_template\": \"{{ bos_token }}{%% for m in messages %%}<|start_header_id|>{{ m.role }}"
+               "<|end_header_id|>\\n\\n{{ m.content | trim }}<|eot_id|>{%% endfor %%}\"}\n");
+    fclose(f);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    vks_tokenizer *t = NULL;
+    if (vks_tokenizer_load_hf_json(path, &t)) fail_msg("%s", vks_last_error());
+    return t;
+}
+
+/* Llama 3 as its template prints it: <|begin_of_text|> once (the
+ * tokenizer's BOS, the template text has none), the markers as single
+ * special tokens; the raw format parses none of them. */
+static void test_prompt_llama3_bos(void **state) {
+    (void)state;
+    vks_tokenizer *tok = llama3_like_tokenizer();
+    assert_int_equal(vks_tokenizer_bos(tok), 200);
+    vks_prompt_format f;
+    vks_prompt_format_default(&f);
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "model", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_set(&f, "system", "Be brief.", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_set(&f, "user_template", "Solve: {prompt}", NULL), VKS_OK);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (vks_prompt_tokenize(&f, tok, "2+3=", 0, &ids, &n)) fail_msg("%s", vks_last_error());
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(vks_tokenizer_detokenize(tok, ids, n, true, &text, &len), VKS_OK);
+    assert_string_equal(text, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                              "<|start_header_id|>user<|end_header_id|>\n\nSolve: 2+3=<|eot_id|>"
+                              "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    int counts[4] = {0};
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 200) counts[ids[i] - 200]++;
+    assert_int_equal(ids[0], 200);
+    assert_int_equal(counts[0], 1); /* BOS once */
+    assert_int_equal(counts[1], 3);
+    assert_int_equal(counts[2], 3);
+    assert_int_equal(counts[3], 2);
+    free(text);
+    free(ids);
+    /* raw: BOS + the text, markers in it stay bytes */
+    vks_prompt_format_default(&f);
+    assert_int_equal(vks_prompt_tokenize(&f, tok, "a<|eot_id|>", 0, &ids, &n), VKS_OK);
+    assert_int_equal(ids[0], 200);
+    for (int i = 1; i < n; i++) assert_true(ids[i] < 200);
+    free(ids);
+    vks_tokenizer_free(tok);
+}
+
 /* Values and keys refused with one line naming the key. */
 static void test_prompt_errors(void **state) {
     (void)state;
@@ -775,6 +848,7 @@ int main(void) {
         cmocka_unit_test(test_countdown_verifier), cmocka_unit_test(test_length_reward),
         cmocka_unit_test(test_prompt_think_sentence), cmocka_unit_test(test_prompt_chat_templates),
         cmocka_unit_test(test_prompt_errors),     cmocka_unit_test(test_prompt_tokenize),
+        cmocka_unit_test(test_prompt_llama3_bos),
         cmocka_unit_test(test_task_file),         cmocka_unit_test(test_sft_file),
         cmocka_unit_test(test_task_file_limits),
         cmocka_unit_test(test_resolve),           cmocka_unit_test(test_split),
