@@ -1402,6 +1402,79 @@ static void test_rl_and_data_inputs_exit_2(void **state) {
     assert_int_not_equal(access(args, F_OK), 0);
 }
 
+/* Issue 26, prompts: an RL run with a prompt block (Qwen3's template, a
+ * system prompt, a user template, thinking off) shows its first prompt once,
+ * generates from exactly that (the rollout file's prompt ids: BOS once, then
+ * the template's bytes: the tiny vocabulary is bytes), and eval takes the same
+ * flags; a template the tokenizer lacks and a user template without {prompt}
+ * are one-line refusals (exit 2). */
+static void test_prompts(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char cmd[8192], path[1024], *out;
+    snprintf(path, sizeof path, "%s/prompt.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"prompt\": {\"chat_template\": \"qwen3\", \"system\": \"Be brief.\", "
+               "\"user_template\": \"Q: {prompt}\", \"think\": false}}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "cd %s && %s rl --init tiny --config prompt.json --task add:1:short --steps 1 --out rl-p "
+             "--set prompts_per_step=2 --set group_size=2 --set max_new_tokens=8 --set length_targets=4,8 "
+             "--set async_level=0 --eval-n 2 2>&1", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    const char *line = "vkswarm: rl: prompt: <|im_start|>system\\x0aBe brief.<|im_end|>\\x0a<|im_start|>user\\x0aQ: ";
+    char *at = strstr(out, line);
+    if (!at) fail_msg("no prompt line in:\n%s", out);
+    assert_null(strstr(at + strlen(line), "rl: prompt: ")); /* once */
+    const char *tail = "=\\x0aThink for 8 tokens.\\x0a<|im_end|>\\x0a<|im_start|>assistant\\x0a<think>\\x0a\\x0a"
+                       "</think>\\x0a\\x0a\n"; /* the task's text ends in a newline: the sentence follows it */
+    if (!strstr(at, tail) || strchr(at, '\n') + 1 != strstr(at, tail) + strlen(tail))
+        fail_msg("the prompt line does not end in the think sentence and the assistant turn:\n%s", out);
+    free(out);
+    /* the rollouts carry that prompt: BOS (256) once, then the template's bytes, think sentence after a space or newline */
+    snprintf(path, sizeof path, "%s/rl-p/rollouts/batch-000000.jsonl", dir);
+    out = read_text(path);
+    /* "<|im_start|>sys" after one BOS */
+    at = strstr(out, "\"prompt_ids\":[256,60,124,105,109,95,115,116,97,114,116,124,62,115,121,115,");
+    if (!at) fail_msg("prompt ids: %.300s", out);
+    assert_null(strstr(out, "[256,256")); /* BOS not doubled */
+    free(out);
+    /* eval with the same flags (and the budget of a length target): the same rendering */
+    snprintf(cmd, sizeof cmd, "cd %s && %s eval --model rl-p/step-000000001 --task add:1:short --n 2 --max-new 4 "
+             "--chat-template qwen3 --system 'Be brief.' --user-template 'Q: {prompt}' --no-think --think-tokens 8 2>&1",
+             dir, tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    at = strstr(out, "vkswarm: eval: prompt: <|im_start|>system\\x0aBe brief.<|im_end|>\\x0a<|im_start|>user\\x0aQ: ");
+    if (!at) fail_msg("no prompt line in:\n%s", out);
+    assert_non_null(strstr(at, tail));
+    assert_non_null(strstr(out, "{\"task\": \"add:1:short\", \"seed\": 0, \"n\": 2, "));
+    assert_non_null(strstr(out, "\"mean_length\": 4.000")); /* --max-new 4 and nothing more (an EOS would be shorter) */
+    free(out);
+    /* refusals: one line, exit 2, naming the key or flag */
+    static const struct { const char *args, *want; } bad[] = {
+        {"eval --model rl-p/step-000000001 --task add:1 --user-template 'Q:'", "--user-template must contain {prompt}"},
+        {"eval --model rl-p/step-000000001 --task add:1 --chat-template mistral", "--chat-template: unknown chat template"},
+        {"eval --model rl-p/step-000000001 --task add:1 --chat-template model",
+         "prompt.chat_template model: the tokenizer has no chat template"},
+        {"eval --model rl-p/step-000000001 --data x.jsonl --system hi", "the prompt flags go with --task"},
+        {"tasks filter --model rl-p/step-000000001 --task t.jsonl --out k.jsonl --system hi",
+         "prompt.system needs a chat template"},
+        {"rl --init tiny --chat-template model --steps 1 --out rl-q", "prompt.chat_template model: the tokenizer has no chat template"},
+        {"rl --init tiny --set prompt.think=false", "config: prompt.think = false needs a chat template"},
+        {"rl --init tiny --think-tokens 8", "--think-tokens goes with eval and tasks filter"},
+        {"eval --model rl-p/step-000000001 --task add:1 --think-tokens 0", "--think-tokens"},
+        {"eval --model rl-p/step-000000001 --task add:1 --think-template 'Think.'", "--think-template must contain {n}"},
+        {"rl --init tiny --set max_new_tokens=8 --set length_targets=4,16", "length_targets: 16 exceeds max_new_tokens 8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "cd %s && %s %s 2>&1 >/dev/null", dir, tu_bin(), bad[i].args);
+        assert_int_equal(tu_run(cmd, &out), 2);
+        if (!strstr(out, bad[i].want) || count_lines(out) != 1)
+            fail_msg("%s: %s", bad[i].args, out);
+        free(out);
+    }
+}
+
 /* README's own-task example, as a user types it: a task file (two kinds),
  * tasks filter (solve rates, hard / kept / easy), rl --task PATH.jsonl with a
  * held-out split measured in the run, eval --task PATH.jsonl with pass@k and
@@ -1520,6 +1593,7 @@ int main(void) {
         cmocka_unit_test(test_train_sft_sentencepiece), cmocka_unit_test(test_train_out_dir),
         cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
         cmocka_unit_test(test_own_tasks),
+        cmocka_unit_test(test_prompts),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

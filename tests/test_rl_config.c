@@ -34,7 +34,7 @@ static void test_file_and_set(void **state) {
     vks_rl_config c;
     vks_rl_config_defaults(&c);
     assert_int_equal(load_text(&c, "{\"task\": \"countdown\", \"steps\": 7, \"lr\": 2e-4, \"seed\": 9,"
-                                   " \"length_targets\": [64, 128],"
+                                   " \"length_targets\": [64, 128], \"max_new_tokens\": 128,"
                                    " \"roles\": {\"trainer\": 0, \"orchestrator\": 0, \"inference\": [[1], [2, 3]],"
                                    " \"verifiers\": [4], \"relays\": [5]}}"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "group_size=4"), VKS_OK);
@@ -172,12 +172,69 @@ static void test_values_named(void **state) {
     expect_message(load_bytes(&c, "\0{}", 3), "a NUL byte at offset 0");
 }
 
+/* The prompt block: the JSON object, --set prompt.KEY=VALUE, and refusals
+ * naming the key (issue 26); length targets a completion cannot reach. */
+static void test_prompt_block(void **state) {
+    (void)state;
+    vks_rl_config c;
+    vks_rl_config_defaults(&c);
+    assert_true(vks_prompt_is_raw(&c.prompt));
+    assert_int_equal(load_text(&c, "{\"prompt\": {\"chat_template\": \"qwen3\", \"system\": \"Be brief.\", "
+                                   "\"user_template\": \"Q: {prompt}\", \"think_template\": \"({n} tokens)\", "
+                                   "\"think\": false}}"), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    assert_string_equal(c.prompt.chat_template, "qwen3");
+    assert_string_equal(c.prompt.system, "Be brief.");
+    assert_string_equal(c.prompt.user_template, "Q: {prompt}");
+    assert_string_equal(c.prompt.think_template, "({n} tokens)");
+    assert_true(c.prompt.no_think);
+    assert_int_equal(vks_rl_config_set(&c, "prompt.think=true"), VKS_OK);
+    assert_false(c.prompt.no_think);
+    assert_int_equal(vks_rl_config_set(&c, "prompt.chat_template=llama3"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "prompt.user_template={prompt} (answer: N)"), VKS_OK);
+    assert_string_equal(c.prompt.user_template, "{prompt} (answer: N)");
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    expect_message(vks_rl_config_set(&c, "prompt.chat_template=mistral"), "--set: prompt.chat_template: unknown chat template 'mistral'");
+    expect_message(vks_rl_config_set(&c, "prompt.user_template=Q:"), "--set: prompt.user_template must contain {prompt}");
+    expect_message(vks_rl_config_set(&c, "prompt.think_template=Think."), "--set: prompt.think_template must contain {n}");
+    expect_message(vks_rl_config_set(&c, "prompt.think=maybe"), "--set: prompt.think must be true or false");
+    expect_message(vks_rl_config_set(&c, "prompt.colour=red"), "--set: unknown key 'prompt.colour'");
+    expect_message(load_text(&c, "{\"prompt\": \"qwen3\"}"), "run.json: prompt must be an object");
+    expect_message(load_text(&c, "{\"prompt\": {\"think\": \"no\"}}"), "run.json: prompt.think must be true or false");
+    expect_message(load_text(&c, "{\"prompt\": {\"system\": 7}}"), "run.json: prompt.system must be a string");
+    expect_message(load_text(&c, "{\"prompt\": {\"colour\": \"red\"}}"), "run.json: unknown key 'prompt.colour'");
+    expect_message(load_text(&c, "{\"prompt\": {\"user_template\": \"{promt}\"}}"),
+                   "run.json: prompt.user_template must contain {prompt}");
+    char big[VKS_PROMPT_MAX_TEXT + 64];
+    snprintf(big, sizeof big, "prompt.system=");
+    memset(big + strlen(big), 's', VKS_PROMPT_MAX_TEXT);
+    big[strlen("prompt.system=") + VKS_PROMPT_MAX_TEXT] = 0;
+    expect_message(vks_rl_config_set(&c, big), "--set: prompt.system is longer than 2047 bytes");
+    assert_string_equal(c.prompt.chat_template, "llama3"); /* refused values change nothing */
+    /* keys together, at the check */
+    vks_rl_config_defaults(&c);
+    assert_int_equal(vks_rl_config_set(&c, "prompt.system=Be brief."), VKS_OK);
+    expect_message(vks_rl_config_check(&c, 1), "config: prompt.system needs a chat template");
+    vks_rl_config_defaults(&c);
+    assert_int_equal(vks_rl_config_set(&c, "prompt.chat_template=chatml"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "prompt.think=false"), VKS_OK);
+    expect_message(vks_rl_config_check(&c, 1), "config: prompt.think = false: chat template chatml has no thinking switch");
+    /* a length target beyond max_new_tokens: no completion can reach it */
+    vks_rl_config_defaults(&c);
+    assert_int_equal(vks_rl_config_set(&c, "max_new_tokens=24"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "length_targets=8,24"), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "length_targets=8,25"), VKS_OK);
+    expect_message(vks_rl_config_check(&c, 1), "config: length_targets: 25 exceeds max_new_tokens 24");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_one_rank),
         cmocka_unit_test(test_file_and_set),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_values_named),
+        cmocka_unit_test(test_prompt_block),
     };
     return cmocka_run_group_tests_name("rl_config", tests, NULL, NULL);
 }

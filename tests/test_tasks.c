@@ -199,10 +199,241 @@ static void test_length_reward(void **state) {
     assert_true(fabs(vks_task_length_reward(1.0, 128, 100, VKS_TASK_LENGTH_LAMBDA) - (1.0 - 28 * 3e-4)) < 1e-12);
     assert_true(fabs(vks_task_length_reward(0.0, 64, 100, VKS_TASK_LENGTH_LAMBDA) - (-36 * 3e-4)) < 1e-12);
     assert_true(vks_task_length_reward(1.0, 64, 64, 0.5) == 1.0);
+}
+
+/* The prompt text of f for `prompt` (think: the budget, 0 none); fails the test on an error. */
+static char *render(const vks_prompt_format *f, const char *prompt, int think) {
+    char *out = NULL;
+    size_t len = 0;
+    if (vks_prompt_text(f, NULL, prompt, think, &out, &len)) fail_msg("%s", vks_last_error());
+    assert_int_equal(strlen(out), len);
+    return out;
+}
+
+static void expect_render(const vks_prompt_format *f, const char *prompt, int think, const char *want) {
+    char *got = render(f, prompt, think);
+    assert_string_equal(got, want);
+    free(got);
+}
+
+/* The think sentence: after a space (issue 26: it was glued on, "\boxed{}.Think"), none after whitespace. */
+static void test_prompt_think_sentence(void **state) {
+    (void)state;
+    vks_prompt_format f;
+    vks_prompt_format_default(&f);
+    assert_true(vks_prompt_is_raw(&f));
     vks_task t = make("add", 42, 0);
-    assert_int_equal(vks_task_add_length_target(&t, 128), VKS_OK);
-    assert_string_equal(t.prompt, "What is 395 + 452? End with the line answer: N\nThink for 128 tokens.\n");
-    assert_int_equal(vks_task_add_length_target(&t, 0), VKS_ERR_ARG);
+    expect_render(&f, t.prompt, 128, "What is 395 + 452? End with the line answer: N\nThink for 128 tokens.\n");
+    expect_render(&f, "Capital of France? Put it in \\boxed{}.", 16,
+                  "Capital of France? Put it in \\boxed{}. Think for 16 tokens.\n");
+    expect_render(&f, "39+39=", 0, "39+39=");
+    expect_render(&f, "a\t", 5, "a\tThink for 5 tokens.\n");
+    assert_int_equal(vks_prompt_set(&f, "think_template", "(budget: {n} tokens, {n} at most)", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_set(&f, "user_template", "Q: {prompt}\nA: {prompt}", NULL), VKS_OK);
+    assert_false(vks_prompt_is_raw(&f));
+    expect_render(&f, "2+3=", 7, "Q: 2+3= (budget: 7 tokens, 7 at most)\nA: 2+3= (budget: 7 tokens, 7 at most)");
+    /* a 4 KiB task and a million-token budget still render */
+    vks_prompt_format_default(&f);
+    char big[VKS_TASK_MAX_PROMPT + 1];
+    memset(big, 'p', VKS_TASK_MAX_PROMPT);
+    big[VKS_TASK_MAX_PROMPT] = 0;
+    char *out = render(&f, big, 1 << 20);
+    assert_string_equal(out + VKS_TASK_MAX_PROMPT - 2, "pp Think for 1048576 tokens.\n");
+    free(out);
+    assert_int_equal(vks_prompt_text(&f, NULL, "x", -1, &out, &(size_t){0}), VKS_ERR_ARG);
+}
+
+/* Each named template, byte for byte, with a system prompt and a user
+ * template, as the models' own templates print them (without the BOS the
+ * tokenizer adds: Llama 3's <|begin_of_text|>, Llama 2's <s>). */
+static void test_prompt_chat_templates(void **state) {
+    (void)state;
+    static const struct { const char *name, *want; } cases[] = {
+        {"chatml", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSolve: 2+3=<|im_end|>\n"
+                   "<|im_start|>assistant\n"},
+        {"qwen3", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSolve: 2+3=<|im_end|>\n"
+                  "<|im_start|>assistant\n"},
+        {"llama3", "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+                   "<|end_header_id|>\n\nSolve: 2+3=<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {"llama3.1", "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                     "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                     "Solve: 2+3=<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+        {"llama2", "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nSolve: 2+3= [/INST]"},
+        {"phi3", "<|system|>\nBe brief.<|end|>\n<|user|>\nSolve: 2+3=<|end|>\n<|assistant|>\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        vks_prompt_format f;
+        vks_prompt_format_default(&f);
+        assert_int_equal(vks_prompt_set(&f, "chat_template", cases[i].name, NULL), VKS_OK);
+        assert_int_equal(vks_prompt_set(&f, "system", "Be brief.", NULL), VKS_OK);
+        assert_int_equal(vks_prompt_set(&f, "user_template", "Solve: {prompt}", NULL), VKS_OK);
+        expect_render(&f, "2+3=", 0, cases[i].want);
+    }
+    /* Qwen3 with thinking off: its empty think block; with a budget, the sentence inside the user turn */
+    vks_prompt_format f;
+    vks_prompt_format_default(&f);
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "qwen3", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_set(&f, "think", "false", NULL), VKS_OK);
+    expect_render(&f, "Put it in \\boxed{}.", 16,
+                  "<|im_start|>user\nPut it in \\boxed{}. Think for 16 tokens.\n<|im_end|>\n"
+                  "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    /* "model": the tokenizer's template, by its family */
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "model", NULL), VKS_OK);
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(vks_prompt_text(&f, "{%- if enable_thinking is defined %}<|im_start|>", "hi", 0, &out, &len), VKS_OK);
+    assert_string_equal(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    free(out);
+    assert_int_equal(vks_prompt_text(&f, "{{ '<|im_start|>' + m.role }}", "hi", 0, &out, &len), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "prompt.think = false: the model's chat template (chatml)"));
+    assert_int_equal(vks_prompt_text(&f, NULL, "hi", 0, &out, &len), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "the tokenizer has no chat template"));
+    assert_null(out);
+}
+
+/* A Llama 3 style vocabulary (tokenizer.json + tokenizer_config.json): the
+ * printable ASCII bytes, space and newline (GPT-2's byte spelling, no
+ * merges), <|begin_of_text|> as BOS (add_bos_token) and the header / turn
+ * markers as special tokens; its chat template is Llama 3's by its markers. */
+static vks_tokenizer *llama3_like_tokenizer(void) {
+    const char *dir = tu_tmpdir();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"added_tokens\": [{\"id\": 200, \"content\": \"<|begin_of_text|>\", \"special\": true}, "
+               "{\"id\": 201, \"content\": \"<|start_header_id|>\", \"special\": true}, "
+               "{\"id\": 202, \"content\": \"<|end_header_id|>\", \"special\": true}, "
+               "{\"id\": 203, \"content\": \"<|eot_id|>\", \"special\": true}], "
+               "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}, "
+               "\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {\"\\u0120\": 0, \"\\u010a\": 1");
+    for (int c = 33; c < 127; c++) fprintf(f, ", \"%s%c\": %d", c == '"' || c == '\\' ? "\\" : "", c, c);
+    fprintf(f, ", \"<|begin_of_text|>\": 200, \"<|start_header_id|>\": 201, \"<|end_header_id|>\": 202, "
+               "\"<|eot_id|>\": 203}}}\n");
+    fclose(f);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\", \"add_bos_token\": true, "
+               "\"chat_template\": \"{{ bos_token }}{%% for m in messages %%}<|start_header_id|>{{ m.role }}"
+               "<|end_header_id|>\\n\\n{{ m.content | trim }}<|eot_id|>{%% endfor %%}\"}\n");
+    fclose(f);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    vks_tokenizer *t = NULL;
+    if (vks_tokenizer_load_hf_json(path, &t)) fail_msg("%s", vks_last_error());
+    return t;
+}
+
+/* Llama 3 as its template prints it: <|begin_of_text|> once (the
+ * tokenizer's BOS, the template text has none), the markers as single
+ * special tokens; the raw format parses none of them. */
+static void test_prompt_llama3_bos(void **state) {
+    (void)state;
+    vks_tokenizer *tok = llama3_like_tokenizer();
+    assert_int_equal(vks_tokenizer_bos(tok), 200);
+    vks_prompt_format f;
+    vks_prompt_format_default(&f);
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "model", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_set(&f, "system", "Be brief.", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_set(&f, "user_template", "Solve: {prompt}", NULL), VKS_OK);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (vks_prompt_tokenize(&f, tok, "2+3=", 0, &ids, &n)) fail_msg("%s", vks_last_error());
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(vks_tokenizer_detokenize(tok, ids, n, true, &text, &len), VKS_OK);
+    assert_string_equal(text, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                              "<|start_header_id|>user<|end_header_id|>\n\nSolve: 2+3=<|eot_id|>"
+                              "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    int counts[4] = {0};
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 200) counts[ids[i] - 200]++;
+    assert_int_equal(ids[0], 200);
+    assert_int_equal(counts[0], 1); /* BOS once */
+    assert_int_equal(counts[1], 3);
+    assert_int_equal(counts[2], 3);
+    assert_int_equal(counts[3], 2);
+    free(text);
+    free(ids);
+    /* raw: BOS + the text, markers in it stay bytes */
+    vks_prompt_format_default(&f);
+    assert_int_equal(vks_prompt_tokenize(&f, tok, "a<|eot_id|>", 0, &ids, &n), VKS_OK);
+    assert_int_equal(ids[0], 200);
+    for (int i = 1; i < n; i++) assert_true(ids[i] < 200);
+    free(ids);
+    vks_tokenizer_free(tok);
+}
+
+/* Values and keys refused with one line naming the key. */
+static void test_prompt_errors(void **state) {
+    (void)state;
+    vks_prompt_format f;
+    vks_prompt_format_default(&f);
+    static const struct { const char *key, *value, *want; } bad[] = {
+        {"chat_template", "mistral", "prompt.chat_template: unknown chat template 'mistral'"},
+        {"chat_template", "<|im_start|>", "prompt.chat_template: unknown chat template"}, /* a name, not Jinja */
+        {"chat_template", "", "prompt.chat_template: unknown chat template ''"},
+        {"user_template", "Q: {promp}", "prompt.user_template must contain {prompt}"},
+        {"think_template", "Think hard.", "prompt.think_template must contain {n}"},
+        {"think", "no", "prompt.think must be true or false"},
+        {"colour", "red", "unknown key 'prompt.colour'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(vks_prompt_set(&f, bad[i].key, bad[i].value, NULL), VKS_ERR_FORMAT);
+        if (!strstr(vks_last_error(), bad[i].want)) fail_msg("%s: %s", bad[i].key, vks_last_error());
+    }
+    char big[VKS_PROMPT_MAX_TEXT + 1];
+    memset(big, 's', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    assert_int_equal(vks_prompt_set(&f, "system", big, NULL), VKS_ERR_FORMAT);
+    assert_string_equal(vks_last_error(), "prompt.system is longer than 2047 bytes");
+    assert_int_equal(vks_prompt_set(&f, "system", big + 1, "--system"), VKS_OK);
+    assert_int_equal(vks_prompt_set(&f, "user_template", "x", "--user-template"), VKS_ERR_FORMAT);
+    assert_string_equal(vks_last_error(), "--user-template must contain {prompt}");
+    vks_prompt_format_default(&f); /* nothing above changed it but the system prompt */
+    /* keys together */
+    assert_int_equal(vks_prompt_set(&f, "system", "Be brief.", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_check(&f), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "prompt.system needs a chat template"));
+    vks_prompt_format_default(&f);
+    assert_int_equal(vks_prompt_set(&f, "think", "false", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_check(&f), VKS_ERR_FORMAT);
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "llama3", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_check(&f), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "chat template llama3 has no thinking switch"));
+    char *out = NULL;
+    assert_int_equal(vks_prompt_text(&f, NULL, "x", 0, &out, &(size_t){0}), VKS_ERR_FORMAT); /* rendering checks too */
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "qwen3", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_check(&f), VKS_OK);
+}
+
+/* Token ids on the byte-level vocabulary (ids = bytes, BOS 256): the raw
+ * format is BOS + the text as before; a chat template's text gets BOS once
+ * (the vocabulary asks for it), its markers as bytes (they are not tokens there). */
+static void test_prompt_tokenize(void **state) {
+    (void)state;
+    vks_tokenizer *tok = NULL;
+    assert_int_equal(vks_tokenizer_byte_level(&tok), VKS_OK);
+    vks_prompt_format f;
+    vks_prompt_format_default(&f);
+    int32_t *ids = NULL;
+    int n = 0;
+    assert_int_equal(vks_prompt_tokenize(&f, tok, "2+3=", 0, &ids, &n), VKS_OK);
+    int32_t raw[] = {VKS_BYTE_VOCAB_BOS, '2', '+', '3', '='};
+    assert_int_equal(n, 5);
+    assert_memory_equal(ids, raw, sizeof raw);
+    free(ids);
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "chatml", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_tokenize(&f, tok, "2+3=", 4, &ids, &n), VKS_OK);
+    const char *want = "<|im_start|>user\n2+3= Think for 4 tokens.\n<|im_end|>\n<|im_start|>assistant\n";
+    assert_int_equal(n, 1 + (int)strlen(want));
+    assert_int_equal(ids[0], VKS_BYTE_VOCAB_BOS);
+    for (int i = 1; i < n; i++) assert_int_equal(ids[i], (unsigned char)want[i - 1]);
+    free(ids);
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "model", NULL), VKS_OK); /* the byte vocabulary has none */
+    assert_int_equal(vks_prompt_tokenize(&f, tok, "2+3=", 0, &ids, &n), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "prompt.chat_template model: the tokenizer has no chat template"));
+    vks_tokenizer_free(tok);
 }
 
 static char *write_tmp(const char *name, const char *text) {
@@ -295,8 +526,6 @@ static void test_task_file_limits(void **state) {
     if (vks_task_file_load(path, &tasks, &n)) fail_msg("a 4096-byte prompt: %s", vks_last_error());
     assert_int_equal(n, 1);
     assert_int_equal(strlen(tasks[0].prompt), VKS_TASK_MAX_PROMPT);
-    assert_int_equal(vks_task_add_length_target(&tasks[0], 1 << 20), VKS_OK); /* RL's sentence still fits */
-    assert_non_null(strstr(tasks[0].prompt, "ppThink for 1048576 tokens.\n"));
     free(tasks);
     memmove(text + at + 1, text + at, strlen(text + at) + 1);
     text[at] = 'p';
@@ -617,6 +846,9 @@ int main(void) {
         cmocka_unit_test(test_generators_golden), cmocka_unit_test(test_worked_completions_solve),
         cmocka_unit_test(test_extract_answer),    cmocka_unit_test(test_numeric_and_list),
         cmocka_unit_test(test_countdown_verifier), cmocka_unit_test(test_length_reward),
+        cmocka_unit_test(test_prompt_think_sentence), cmocka_unit_test(test_prompt_chat_templates),
+        cmocka_unit_test(test_prompt_errors),     cmocka_unit_test(test_prompt_tokenize),
+        cmocka_unit_test(test_prompt_llama3_bos),
         cmocka_unit_test(test_task_file),         cmocka_unit_test(test_sft_file),
         cmocka_unit_test(test_task_file_limits),
         cmocka_unit_test(test_resolve),           cmocka_unit_test(test_split),

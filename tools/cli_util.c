@@ -249,3 +249,24 @@ void cli_progress_end(cli_progress *p, long done, const char *unit) {
     fprintf(stderr, "%s%s: %ld %s in %.2fs (%.1f %s/s)          \n", p->tty ? "\r" : "", p->what, done, unit, dt,
             done / (dt + 1e-9), unit);
 }
+
+bool cli_prompt_option(vks_prompt_format *f, const char *cmd, const char *name, const char *val) {
+    static const char *const flags[][2] = {{"chat-template", "chat_template"}, {"system", "system"},
+                                           {"user-template", "user_template"}, {"think-template", "think_template"},
+                                           {"no-think", "think"}};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        if (strcmp(name, flags[i][0])) continue;
+        char flag[32];
+        snprintf(flag, sizeof flag, "--%s", name);
+        if (vks_prompt_set(f, flags[i][1], strcmp(name, "no-think") ? val : "false", flag))
+            cli_usage_error(cmd, "%s", vks_last_error());
+        return true;
+    }
+    return false;
+}
+
+void cli_show_prompt(void *ctx, const char *text, size_t len) {
+    fprintf(stderr, "vkswarm: %s: prompt: ", ctx ? (const char *)ctx : "?");
+    cli_put_escaped(stderr, text, len);
+    fputc('\n', stderr);
+}

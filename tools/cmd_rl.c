@@ -18,6 +18,8 @@ static const char rl_usage[] =
     "                  [--steps N] [--async-level K] [--out DIR] [--eval-every N] [--eval-n N]\n"
     "                  [--eval-seed S] [--eval-tasks FILE.jsonl] [--eval-split F] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
     "                  [--save-every N] [--keep N] [--resume] [--device N] [--tokenizer T]\n"
+    "                  [--chat-template NAME] [--system TEXT] [--user-template TEXT] [--think-template TEXT]\n"
+    "                  [--no-think]\n"
     "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
@@ -26,6 +28,11 @@ static const char rl_usage[] =
     "--model starts from a checkpoint (train sft's), --init tiny from the built-in tiny model.\n"
     "--task T: a built-in task (add, mul, countdown, sort, reverse, optionally :SIZE and :short) or a\n"
     "task file (PATH.jsonl, a path with '/', or file:PATH; README \"Your own tasks\"), its tasks in turn.\n"
+    "Prompts (README \"Prompts\"; config \"prompt\", --set prompt.KEY=V): BOS + the task's text by default;\n"
+    "--chat-template none|model|chatml|qwen3|llama2|llama3|llama3.1|phi3 with --system TEXT, --user-template\n"
+    "TEXT (holds {prompt}), --think-template TEXT (holds {n}: the length_targets sentence, default \"Think\n"
+    "for {n} tokens.\"), --no-think (qwen3: enable_thinking=false). The first prompt is shown on stderr.\n"
+    "Give eval --task the same flags.\n"
     "Held-out accuracy (greedy) is measured at the start, every --eval-every steps (default 5) and at\n"
     "the end on --eval-n (default 64) tasks: fresh instances of a built-in task from --eval-seed\n"
     "(default 999983, not the run's seed), or the first N of the held-out set: --eval-tasks FILE, and/or\n"
@@ -106,7 +113,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"test-cheat-every", required_argument, 0, 0},
         {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
         {"test-garbage-reward", no_argument, 0, 0}, {"save-every", required_argument, 0, 0},
-        {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS,
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
     a->o = (vks_rl_run_options){.config = &a->c, .eval_every = 5, .eval_n = 64, .eval_seed = 999983, .verify = true};
     a->m.device = -1;
@@ -121,7 +129,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(rl_usage, stdout); exit(0); }
         const char *name = opts[idx].name;
-        if (cli_model_option(&a->m, name, optarg)) continue;
+        if (cli_model_option(&a->m, name, optarg) || cli_prompt_option(&a->c.prompt, "rl", name, optarg)) continue;
+        if (!strcmp(name, "think-tokens")) cli_usage_error("rl", "--think-tokens goes with eval and tasks filter; an RL run's budgets are length_targets");
         if (!strcmp(name, "config")) continue;
         else if (!strcmp(name, "set")) { if (vks_rl_config_set(&a->c, optarg)) cli_usage_error("rl", "%s", vks_last_error()); }
         else if (!strcmp(name, "init")) a->init = optarg, set_key(&a->c, "init", optarg);
@@ -216,6 +225,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     if (roles & VKS_RL_ROLE_TRAINER) {
         a->o.progress = on_progress;
         a->o.on_resume = cli_on_resume_rl;
+        a->o.show_prompt = cli_show_prompt, a->o.progress_ctx = "rl";
         vks_rl_result r;
         rc = vks_rl_mpi_trainer(&a->o, &mo, &r, &no_finalize);
         if (rc) {
@@ -258,6 +268,7 @@ int cmd_rl(int argc, char **argv) {
         if (vks_tokenizer_load_auto(a.m.tokenizer_path, m, &tok))
             cli_die(EXIT_BAD_INPUT, "%s (RL needs the model's tokenizer: --tokenizer)", vks_last_error());
     } else if (vks_model_init_tiny(a.c.seed, &m, &tok)) cli_die(1, "%s", vks_last_error());
+    if (vks_prompt_check_tokenizer(&a.c.prompt, tok)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     if (vks_tokenizer_check_dir_files(tok)) /* checkpoints hold it: refused now, not at the first save */
         cli_die(EXIT_BAD_INPUT, "%s (checkpoints could not hold the tokenizer)", vks_last_error());
     if (a.n_ranks > 1) {
@@ -270,6 +281,7 @@ int cmd_rl(int argc, char **argv) {
     a.o.model = m, a.o.tok = tok, a.o.train_gpu = train_gpu, a.o.infer_gpu = infer_gpu;
     a.o.progress = on_progress;
     a.o.on_resume = cli_on_resume_rl;
+    a.o.show_prompt = cli_show_prompt, a.o.progress_ctx = "rl";
     vks_rl_result r;
     int rc = vks_rl_run(&a.o, &r);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());

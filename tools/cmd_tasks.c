@@ -12,7 +12,8 @@ static const char tasks_usage[] =
     "usage: vkswarm tasks sft --task NAME --out FILE.jsonl [--n N] [--seed S]\n"
     "       vkswarm tasks filter --model M --task FILE.jsonl --out KEPT.jsonl [--rates-out R.jsonl]\n"
     "                            [--samples K] [--min X] [--max X] [--temp X] [--seed S] [--max-new N]\n"
-    "                            [--batch B] [--tokenizer T]\n"
+    "                            [--batch B] [--tokenizer T] [--chat-template NAME] [--system TEXT]\n"
+    "                            [--user-template TEXT] [--no-think] [--think-tokens N [--think-template TEXT]]\n"
     "tasks sft writes N (default 1000) instances of a built-in task (add, mul, countdown, sort, reverse,\n"
     "optionally :SIZE, e.g. mul:3) from seed S (default 0) as {\"prompt\", \"completion\"} lines with a\n"
     "short worked completion ending in the answer line, for `vkswarm train sft`.\n"
@@ -23,7 +24,10 @@ static const char tasks_usage[] =
     "0.8) to KEPT as they were: the offline difficulty filter. Each task's solve rate goes to R (default\n"
     "KEPT with .rates.jsonl for .jsonl), one line per task: {\"line\", \"kind\", \"solved\", \"samples\",\n"
     "\"solve_rate\", \"verdict\": \"hard\" (below --min), \"kept\" or \"easy\" (above --max)}. stdout gets one\n"
-    "JSON object: total, hard, kept and easy counts, and the two files.\n"
+    "JSON object: total, hard, kept and easy counts, and the two files. Prompts are BOS + the task's\n"
+    "text, or in the prompt format of --chat-template, --system, --user-template, --no-think and\n"
+    "--think-tokens (as eval takes them, README \"Prompts\"; the first one is shown on stderr): filter\n"
+    "with the format the run will train with.\n"
     "Answers are read from the completion's last `answer: ...` line or last \\boxed{...}.\n";
 
 typedef struct {
@@ -33,6 +37,8 @@ typedef struct {
     uint64_t seed;
     double min_rate, max_rate;
     vks_task_run_options o;
+    vks_prompt_format prompt;
+    bool prompt_given;
 } tasks_args;
 
 static void parse_tasks(int argc, char **argv, tasks_args *a) {
@@ -41,15 +47,19 @@ static void parse_tasks(int argc, char **argv, tasks_args *a) {
         {"out", required_argument, 0, 0}, {"n", required_argument, 0, 0}, {"seed", required_argument, 0, 0},
         {"samples", required_argument, 0, 0}, {"min", required_argument, 0, 0}, {"max", required_argument, 0, 0},
         {"temp", required_argument, 0, 0}, {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
-        {"rates-out", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"rates-out", required_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *a = (tasks_args){.m = {.device = -1}, .n = 1000, .min_rate = 0.1, .max_rate = 0.8,
                       .o = {.samples = 8, .temperature = 1.0f}};
+    vks_prompt_format_default(&a->prompt);
     int c, idx;
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(tasks_usage, stdout); exit(0); }
         const char *name = opts[idx].name;
         if (cli_model_option(&a->m, name, optarg)) continue;
-        if (!strcmp(name, "task")) a->task = optarg;
+        if (cli_prompt_option(&a->prompt, "tasks", name, optarg)) a->prompt_given = true;
+        else if (!strcmp(name, "think-tokens"))
+            a->o.think_tokens = (int)cli_parse_long("--think-tokens", optarg, 1, 1 << 20), a->prompt_given = true;
+        else if (!strcmp(name, "task")) a->task = optarg;
         else if (!strcmp(name, "tasks")) a->tasks_file = optarg;
         else if (!strcmp(name, "out")) a->out = optarg;
         else if (!strcmp(name, "rates-out")) a->rates_out = optarg;
@@ -66,10 +76,12 @@ static void parse_tasks(int argc, char **argv, tasks_args *a) {
         cli_usage_error("tasks", "say 'sft' or 'filter'");
     if (optind + 1 < argc) cli_usage_error("tasks", "unexpected argument '%s'", argv[optind + 1]);
     if (!a->out) cli_usage_error("tasks", "--out FILE is required");
+    if (vks_prompt_check(&a->prompt)) cli_usage_error("tasks", "%s", vks_last_error());
 }
 
 static int tasks_sft(const tasks_args *a) {
     if (!a->task) cli_usage_error("tasks", "tasks sft needs --task NAME");
+    if (a->prompt_given) cli_usage_error("tasks", "the prompt flags go with tasks filter (tasks sft writes the raw prompts)");
     vks_task_spec spec;
     if (vks_task_parse(a->task, &spec)) cli_usage_error("tasks", "%s", vks_last_error());
     if (vks_task_write_sft(&spec, a->seed, a->n, a->out)) cli_die(1, "%s", vks_last_error());
@@ -115,8 +127,10 @@ static int tasks_filter(tasks_args *a) {
     vks_tokenizer *tok = NULL;
     if (vks_tokenizer_load_auto(a->m.tokenizer_path, m, &tok))
         cli_die(EXIT_BAD_INPUT, "%s (tasks filter needs the model's tokenizer: --tokenizer)", vks_last_error());
+    if (vks_prompt_check_tokenizer(&a->prompt, tok)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     vks_gpu *g = cli_open_gpu(&a->m);
     a->o.engine = a->m.engine;
+    a->o.prompt = &a->prompt, a->o.show_prompt = cli_show_prompt, a->o.progress_ctx = "tasks filter";
     vks_task_filter_counts n;
     int rc = vks_task_filter(g, m, tok, path, a->out, rates, a->min_rate, a->max_rate, &a->o, &n);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());

@@ -34,14 +34,19 @@ static const char train_usage[] =
 static const char eval_usage[] =
     "usage: vkswarm eval --model M --data FILE.jsonl [--tokenizer T] [--device N]\n"
     "       vkswarm eval --model M --task T [--n N] [--samples K] [--seed S] [--temp X] [--max-new N]\n"
-    "                    [--batch B]\n"
+    "                    [--batch B] [--chat-template NAME] [--system TEXT] [--user-template TEXT] [--no-think]\n"
+    "                    [--think-tokens N [--think-template TEXT]]\n"
     "Scores a model on a JSONL file like train sft's: prints one JSON object with the number of\n"
     "sequences and loss tokens, the mean loss (-log p per completion token) and the token accuracy\n"
     "(the fraction of completion tokens that are the model's most likely next token).\n"
     "--task T scores completions instead: T is a built-in task (add, mul, countdown, sort, reverse,\n"
     "optionally :SIZE, e.g. mul:3: N fresh instances from seed S, default 100 and 0) or a task file\n"
     "(PATH.jsonl, a path with '/', or file:PATH; README \"Your own tasks\": its first N tasks, default all).\n"
-    "Each task gets K completions (default 1; BOS + prompt, up to EOS or --max-new tokens, default 256;\n"
+    "Each task gets K completions (default 1; BOS + prompt, or the prompt format of --chat-template\n"
+    "none|model|chatml|qwen3|llama2|llama3|llama3.1|phi3, --system, --user-template (holds {prompt}) and\n"
+    "--no-think as rl takes them, README \"Prompts\"; --think-tokens N adds the think sentence of a budget\n"
+    "of N, as an RL run with that length target; the first prompt is shown on stderr; up to EOS or\n"
+    "--max-new tokens, default 256;\n"
     "--temp default 0: greedy with K = 1, 1.0 with K > 1; sampled from seed S; in batches of B, default\n"
     "64), each scored by its final answer. One JSON object: task, seed, n, samples, solved (tasks with a\n"
     "correct completion), accuracy (correct completions / completions), pass@k for k = 1, 2, 4, ... and K\n"
@@ -179,6 +184,7 @@ typedef struct {
     uint64_t seed;
     bool n_given, temp_given;
     vks_task_run_options o;
+    vks_prompt_format prompt;
 } task_eval_args;
 
 static void print_task_eval(const task_eval_args *ta, const char *name, const vks_task_eval_result *r) {
@@ -208,9 +214,11 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     if (path && ta->n_given && ta->n < n) n = ta->n;
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(ma, NULL, 0, &tok);
+    if (vks_prompt_check_tokenizer(&ta->prompt, tok)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     vks_gpu *g = cli_open_gpu(ma);
     vks_task_run_options o = ta->o;
     o.engine = ma->engine;
+    o.prompt = &ta->prompt, o.show_prompt = cli_show_prompt, o.progress_ctx = "eval";
     if (!ta->temp_given && o.samples > 1) o.temperature = 1.0f; /* K greedy completions would all be the same */
     vks_task_eval_result *r = malloc(sizeof *r);
     if (!r) return free(tasks), fail_freeing(vks_set_error(VKS_ERR_NOMEM, "out of memory"), g, m, tok);
@@ -236,7 +244,8 @@ static bool task_option(task_eval_args *ta, const char *name, const char *val) {
     else if (!strcmp(name, "temp")) ta->o.temperature = (float)cli_parse_double("--temp", val, 0, 100), ta->temp_given = true;
     else if (!strcmp(name, "max-new")) ta->o.max_new_tokens = (int)cli_parse_long("--max-new", val, 1, 1 << 20);
     else if (!strcmp(name, "batch")) ta->o.batch = (int)cli_parse_long("--batch", val, 1, 4096);
-    else return false;
+    else if (!strcmp(name, "think-tokens")) ta->o.think_tokens = (int)cli_parse_long("--think-tokens", val, 1, 1 << 20);
+    else if (!cli_prompt_option(&ta->prompt, "eval", name, val)) return false;
     return true;
 }
 
@@ -245,10 +254,11 @@ int cmd_eval(int argc, char **argv) {
                                          {"task", required_argument, 0, 0}, {"n", required_argument, 0, 0},
                                          {"seed", required_argument, 0, 0}, {"temp", required_argument, 0, 0},
                                          {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
-                                         {"samples", required_argument, 0, 0}, {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+                                         {"samples", required_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS,
+                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     cli_model_args ma = {.device = -1};
     task_eval_args ta = {.n = 100, .o = {.samples = 1}};
+    vks_prompt_format_default(&ta.prompt);
     const char *data = NULL;
     bool task_only = false; /* a --task option was given */
     int c, idx;
@@ -261,7 +271,9 @@ int cmd_eval(int argc, char **argv) {
     }
     if (optind < argc) cli_usage_error("eval", "unexpected argument '%s'", argv[optind]);
     if (!ma.model_path || !!data + !!ta.task != 1) cli_usage_error("eval", "--model M and one of --data FILE and --task NAME are required");
-    if (data && task_only) cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new and --batch go with --task");
+    if (data && task_only)
+        cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new, --batch and the prompt flags go with --task");
+    if (vks_prompt_check(&ta.prompt)) cli_usage_error("eval", "%s", vks_last_error());
     if (ta.task) return eval_task(&ma, &ta);
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(&ma, NULL, 0, &tok);

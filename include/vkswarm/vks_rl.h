@@ -76,6 +76,9 @@ typedef struct {
      * from (its weights replace model's) and its step, or NULL and -1 when
      * config->out holds none (a fresh run) */
     void (*on_resume)(void *ctx, const char *checkpoint, int64_t step);
+    /* at the start (may be NULL): the text of the run's first prompt as the
+     * model gets it (config->prompt, vks_prompt.h; no BOS), with progress_ctx */
+    void (*show_prompt)(void *ctx, const char *text, size_t len);
 } vks_rl_run_options;
 
 /* What OUT/timeline.svg shows: trainer steps first_step..last_step (with the

@@ -18,7 +18,8 @@
  *   "max_new_tokens": 48, "temperature": 1.0, "lr": 1e-4, "seed": 1,
  *   "warmup": 0,                 linear learning-rate warm-up over the first N steps (Adam's first
  *                                steps, fresh moments, move every weight by about lr)
- *   "length_targets": [],        e.g. [64, 128, 256]: the thinking budget; [] off
+ *   "length_targets": [],        e.g. [64, 128, 256]: the thinking budget; [] off (each at most
+ *                                max_new_tokens)
  *   "length_penalty": 3e-4,      lambda of the thinking budget
  *   "token_budget": 0,           loss normaliser per step, 0 or 1 to 1e12 tokens (0: prompts_per_step *
  *                                group_size * max_new_tokens)
@@ -32,6 +33,13 @@
  *   "shardcast_key": "",         across ranks: a directory made by `vkswarm keygen`: the trainer signs
  *                                the weights with its shardcast.key, the others trust only its
  *                                shardcast.pub ("": a key pair made for the run, announced at start-up)
+ *   "prompt": {                  how task prompts are given to the model (vks_prompt.h), the same for
+ *     "chat_template": "none",   generation, the verifiers' prompt checks and held-out accuracy:
+ *     "system": "",              "none" (BOS + the text), "model" (the tokenizer's) or chatml, qwen3,
+ *     "user_template": "{prompt}", llama2, llama3, llama3.1, phi3; a system message; the user message
+ *     "think_template": "Think for {n} tokens.\n", around the task text; the thinking-budget sentence;
+ *     "think": true              false: qwen3's enable_thinking=false
+ *   },
  *   "roles": {
  *     "orchestrator": 0,         owns tasks, batching and metrics; may share a rank
  *     "trainer": 0,              exactly one
@@ -47,6 +55,7 @@
 #ifndef VKS_RL_CONFIG_H
 #define VKS_RL_CONFIG_H
 #include "vks_common.h"
+#include "vks_prompt.h"
 
 #define VKS_RL_MAX_RANKS 4096
 #define VKS_RL_MAX_GROUPS 256
@@ -64,6 +73,7 @@ typedef struct {
     double temperature, lr, length_penalty, token_budget, entropy_coef, verify_sample;
     uint64_t seed;
     int length_targets[VKS_RL_MAX_LENGTH_TARGETS], n_length_targets;
+    vks_prompt_format prompt;
     /* roles */
     bool roles_given;
     int orchestrator, trainer;
@@ -80,7 +90,8 @@ void vks_rl_config_defaults(vks_rl_config *c);
  * name the file and the key. */
 int vks_rl_config_load(vks_rl_config *c, const char *path);
 /* Sets one key from text ("steps=10", "roles.trainer=1",
- * "length_targets=64,128", "roles.inference=1;2,3" for groups {1} and {2,3}). */
+ * "length_targets=64,128", "roles.inference=1;2,3" for groups {1} and {2,3},
+ * "prompt.chat_template=qwen3", "prompt.think=false"). */
 int vks_rl_config_set(vks_rl_config *c, const char *assignment);
 /* Checks values and roles against n_ranks started; without roles, assigns
  * every role to rank 0 (n_ranks must then be 1). */

@@ -8,6 +8,7 @@
 #include "vks_engine.h"
 #include "vks_gpu.h"
 #include "vks_model.h"
+#include "vks_prompt.h"
 
 struct vks_tokenizer;
 
@@ -40,7 +41,7 @@ typedef struct {
 } vks_task_spec;
 
 typedef struct {
-    char prompt[VKS_TASK_MAX_PROMPT + 64]; /* room for vks_task_add_length_target's sentence */
+    char prompt[VKS_TASK_MAX_PROMPT + 64]; /* the task's text (the prompt format adds the rest: vks_prompt.h) */
     char answer[VKS_TASK_MAX_ANSWER]; /* the reference (countdown: one solution expression) */
     vks_verify_kind verify;
     int n_numbers;                          /* countdown only */
@@ -80,10 +81,9 @@ double vks_task_score(const vks_task *t, const char *completion, size_t len);
  * each literal must be one of numbers[], each at most once. Optionally "EXPR = TARGET". */
 bool vks_task_countdown_ok(const char *expr, const int64_t *numbers, int n_numbers, int64_t target);
 
-/* Thinking budget: r_task - lambda * |target_tokens - completion_tokens|. */
+/* Thinking budget: r_task - lambda * |target_tokens - completion_tokens|. The
+ * prompt states the target in the think sentence (vks_prompt.h). */
 double vks_task_length_reward(double r_task, int target_tokens, int completion_tokens, double lambda);
-/* Appends the sentence stating the target length T to the task's prompt. */
-int vks_task_add_length_target(vks_task *t, int target_tokens);
 
 /* User tasks: JSONL lines {"prompt": str, "answer": str|number, "task_type": T, ...}
  * with T one of exact, numeric, list, boxed (= exact), countdown (then
@@ -111,11 +111,16 @@ typedef struct {
     int max_new_tokens;    /* per completion (0: 256); the context bounds it too */
     int batch;             /* sequences per generation batch (0: 64) */
     vks_engine_options engine; /* weight types etc.; sizes and f32_math are set here */
+    const vks_prompt_format *prompt; /* how prompts are given (NULL: the default, BOS + the text); checked */
+    int think_tokens;      /* > 0: every prompt carries the think sentence for this budget (as an RL run's with
+                            * that length target); 0: none */
     void (*progress)(void *ctx, int64_t done, int64_t total);
     void *progress_ctx;
+    /* when set: called once (with progress_ctx) with the first task's prompt text as rendered, before generating */
+    void (*show_prompt)(void *ctx, const char *text, size_t len);
 } vks_task_run_options;
 
-/* Generates samples completions (BOS + prompt, stop at EOS) for each task and
+/* Generates samples completions (the prompt in o->prompt's format, stop at EOS, at most max_new_tokens) for each task and
  * scores them: rewards[i * samples + j] and lengths (completion tokens). */
 int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task *tasks, int64_t n,
                  const vks_task_run_options *o, double *rewards, int *lengths);

@@ -55,6 +55,7 @@ void vks_rl_config_defaults(vks_rl_config *c) {
     c->seed = 1;
     c->length_penalty = 3e-4;
     c->trainer = -1; /* required once roles are given */
+    vks_prompt_format_default(&c->prompt);
 }
 
 static const key_info *find_key(const char *name) {
@@ -191,6 +192,10 @@ int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
     key[kn] = 0;
     const char *v = eq + 1;
     if (!strcmp(key, "length_targets")) return parse_targets(c, v, where);
+    if (!strncmp(key, "prompt.", 7)) {
+        int rc = vks_prompt_set(&c->prompt, key + 7, v, NULL);
+        return rc ? vks_error_prefix(rc, "%s", where) : VKS_OK;
+    }
     if (!strncmp(key, "roles.", 6)) {
         const char *r = key + 6;
         c->roles_given = true;
@@ -279,8 +284,31 @@ static int json_roles(vks_rl_config *c, json_t *o, const char *path) {
     return VKS_OK;
 }
 
+/* "prompt": {"chat_template": "qwen3", "system": "...", "think": false, ...} */
+static int json_prompt(vks_rl_config *c, json_t *o, const char *path) {
+    if (!json_is_object(o)) return vks_set_error(VKS_ERR_FORMAT, "%s: prompt must be an object", path);
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        int rc;
+        if (!strcmp(k, "think")) {
+            if (!json_is_boolean(v)) return vks_set_error(VKS_ERR_FORMAT, "%s: prompt.think must be true or false", path);
+            rc = vks_prompt_set(&c->prompt, k, json_is_true(v) ? "true" : "false", NULL);
+        } else if (!json_is_string(v)) {
+            return vks_set_error(VKS_ERR_FORMAT, "%s: prompt.%.50s must be a string", path, k);
+        } else if (strlen(json_string_value(v)) != json_string_length(v)) {
+            return vks_set_error(VKS_ERR_FORMAT, "%s: prompt.%.50s holds a NUL character", path, k);
+        } else {
+            rc = vks_prompt_set(&c->prompt, k, json_string_value(v), NULL);
+        }
+        if (rc) return vks_error_prefix(rc, "%s", path);
+    }
+    return VKS_OK;
+}
+
 static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path) {
     if (!strcmp(k, "roles")) return json_roles(c, v, path);
+    if (!strcmp(k, "prompt")) return json_prompt(c, v, path);
     if (!strcmp(k, "length_targets")) return json_targets(c, v, path);
     const key_info *info = find_key(k);
     if (!info) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key '%s'", path, k);
@@ -376,6 +404,11 @@ static int check_values(const vks_rl_config *c) {
     if (c->eval_tasks[0] && (vks_task_resolve(c->eval_tasks, &spec, &path) || !path))
         return vks_set_error(VKS_ERR_FORMAT, "config: eval_tasks '%s' is not a task file (PATH.jsonl, a path with '/', "
                              "or file:PATH)", c->eval_tasks);
+    for (int i = 0; i < c->n_length_targets; i++)
+        if (c->length_targets[i] > c->max_new_tokens)
+            return vks_set_error(VKS_ERR_FORMAT, "config: length_targets: %d exceeds max_new_tokens %d (a completion "
+                                 "cannot reach it)", c->length_targets[i], c->max_new_tokens);
+    if (vks_prompt_check(&c->prompt)) return vks_error_prefix(VKS_ERR_FORMAT, "config");
     if (!c->model[0] && strcmp(c->init, "tiny")) /* model, when given, is the start */
         return vks_set_error(VKS_ERR_FORMAT, "config: init must be \"tiny\" (or give model: a checkpoint)");
     return VKS_OK;

@@ -243,6 +243,11 @@ int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
 int vks_rl_record_rejections(vks_rl_gen *g, const vks_rollout_sample *samples, const vks_verdict *v, int n,
                              const vks_verify_options *vo);
 
+/* Renders the run's first prompt (task 0, its think sentence included; no
+ * BOS) and hands its text to o->show_prompt when set: an error here, at the
+ * start, when the prompt format cannot render it (e.g. "model" without a
+ * chat template), not at the first batch. */
+int vks_rl_gen_show_prompt(const vks_rl_gen *g);
 /* Generation batch `batch` with the current policy: the first n_prompts
  * (1..prompts_per_step) of its tasks (task batch * prompts_per_step + p) x
  * group_size completions, scored, verified (o->verify), as groups[0..n_prompts)

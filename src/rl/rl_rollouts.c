@@ -62,8 +62,8 @@ static int batch_alloc(gen_batch *b, int P, int n) {
     return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
 }
 
-/* Task `index` of the run: a built-in instance or a user task (cycled), with
- * its thinking-budget target appended when the run has length targets. */
+/* Task `index` of the run: a built-in instance or a user task (cycled), and
+ * its thinking-budget target when the run has length targets (0: none). */
 static int make_task(const vks_rl_gen *g, int64_t index, vks_task *t, int *target) {
     const vks_rl_config *c = g->o->config;
     int rc = g->tasks ? (*t = g->tasks[index % g->n_tasks], VKS_OK)
@@ -72,13 +72,14 @@ static int make_task(const vks_rl_gen *g, int64_t index, vks_task *t, int *targe
     if (rc || !c->n_length_targets) return rc;
     uint32_t draw = vks_philox_u32(c->seed, (uint32_t)index, 0x1e46u, 0);
     *target = c->length_targets[draw % (uint32_t)c->n_length_targets];
-    return vks_task_add_length_target(t, *target);
+    return VKS_OK;
 }
 
-static int tokenize_prompt(const vks_rl_gen *g, const vks_task *t, int32_t **ids, int *n) {
+/* The prompt of task t with its target, rendered in the run's prompt format
+ * (vks_prompt.h): what generation feeds and every check compares against. */
+static int tokenize_prompt(const vks_rl_gen *g, const vks_task *t, int target, int32_t **ids, int *n) {
     const vks_model_config *cf = &g->model->cfg;
-    vks_tokenize_options to = {.add_bos = true};
-    int rc = vks_tokenizer_tokenize(g->o->tok, t->prompt, strlen(t->prompt), &to, ids, n);
+    int rc = vks_prompt_tokenize(&g->o->config->prompt, g->o->tok, t->prompt, target, ids, n);
     if (rc) return vks_error_prefix(rc, "task %lld", (long long)t->line);
     for (int k = 0; k < *n; k++)
         if ((*ids)[k] < 0 || (*ids)[k] >= cf->vocab_size)
@@ -89,12 +90,23 @@ static int tokenize_prompt(const vks_rl_gen *g, const vks_task *t, int32_t **ids
     return VKS_OK;
 }
 
+int vks_rl_gen_show_prompt(const vks_rl_gen *g) {
+    vks_task t;
+    char *text = NULL;
+    size_t len = 0;
+    int target = 0, rc = make_task(g, 0, &t, &target);
+    if (!rc) rc = vks_prompt_text(&g->o->config->prompt, vks_tokenizer_chat_template(g->o->tok), t.prompt, target, &text, &len);
+    if (!rc && g->o->show_prompt) g->o->show_prompt(g->o->progress_ctx, text, len);
+    free(text);
+    return rc;
+}
+
 static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int n_prompts, int *targets) {
     const vks_rl_config *c = g->o->config;
     int P = c->prompts_per_step, G = c->group_size;
     for (int p = 0; p < n_prompts; p++) {
         int rc = make_task(g, g->batch * P + p, &b->tasks[p], &targets[p]);
-        if (!rc) rc = tokenize_prompt(g, &b->tasks[p], &b->prompt_ids[p], &b->prompt_lens[p]);
+        if (!rc) rc = tokenize_prompt(g, &b->tasks[p], targets[p], &b->prompt_ids[p], &b->prompt_lens[p]);
         if (rc) return rc;
         if (b->prompt_lens[p] > b->longest_prompt) b->longest_prompt = b->prompt_lens[p];
         for (int j = 0; j < G; j++) {
@@ -115,7 +127,7 @@ int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sa
     vks_task t;
     int target = 0, n = 0, rc = make_task(g, task_index, &t, &target);
     int32_t *ids = NULL;
-    if (!rc) rc = tokenize_prompt(g, &t, &ids, &n);
+    if (!rc) rc = tokenize_prompt(g, &t, target, &ids, &n);
     if (rc) {
         snprintf(err, cap, "task %lld: %s", (long long)task_index, vks_last_error());
         return rc;
@@ -184,9 +196,13 @@ void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap
     snprintf(out, cap, "%s/batch-%06lld.jsonl", g->rollouts_dir, (long long)batch);
 }
 
+/* steps count positions and the token sampled at the last one is kept
+ * (llama2.c): longest prompt + max_new_tokens - 1 gives the longest prompt
+ * max_new_tokens tokens, none more. Shorter prompts of the batch may run
+ * longer; score_batch cuts every completion at max_new_tokens. */
 static vks_sched_params batch_sched(const vks_rl_gen *g, const gen_batch *b) {
     const vks_rl_config *c = g->o->config;
-    return (vks_sched_params){.steps = b->longest_prompt + c->max_new_tokens, .temperature = (float)c->temperature,
+    return (vks_sched_params){.steps = b->longest_prompt + c->max_new_tokens - 1, .temperature = (float)c->temperature,
                               .top_p = 1.0f, .top_k = 0, .seed = vks_rl_batch_seed(c, g->batch),
                               .stop_token_a = vks_tokenizer_eos(g->o->tok), .stop_token_b = -1};
 }
@@ -387,7 +403,10 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
 }
 
 /* Task rewards of the completions (text up to the stop token, at most
- * max_new_tokens), the thinking-budget term, and the tokens kept for training. */
+ * max_new_tokens: a sequence with a shorter prompt than the batch's longest
+ * may have run past it, and the rest is dropped), the thinking-budget term,
+ * and the tokens kept for training (the stop token within max_new_tokens;
+ * mpi/rl_verifier.c rebuild_flat cuts rollout records the same way). */
 static int score_batch(const vks_rl_gen *g, gen_batch *b, const int *targets, int n) {
     const vks_rl_config *c = g->o->config;
     for (int i = 0; i < n; i++) {

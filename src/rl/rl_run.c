@@ -439,7 +439,7 @@ static int evaluate(rl_run *r, double *accuracy) {
     vks_model *m = NULL;
     int rc = vks_trainer_export_model(r->trainer, &m);
     vks_task_run_options to = {.samples = 1, .temperature = 0, .max_new_tokens = r->c->max_new_tokens,
-                               .engine = {.dtype = VKS_DTYPE_F32}};
+                               .engine = {.dtype = VKS_DTYPE_F32}, .prompt = &r->c->prompt};
     vks_task_eval_result e;
     int64_t n = r->n_eval_tasks < r->o->eval_n ? r->n_eval_tasks : r->o->eval_n;
     if (!rc && r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, m, r->o->tok, r->eval_tasks, n, &to, &e);
@@ -577,6 +577,7 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}};
     r.gen.o = o;
     rc = vks_rl_gen_open_tasks(&r.gen); /* a bad task file is refused before OUT is made or locked */
+    if (!rc) rc = vks_rl_gen_show_prompt(&r.gen);
     if (!rc) rc = open_start(&r, res);
     if (!rc) rc = open_run(&r, res);
     if (!rc) rc = evaluate(&r, &res->start_accuracy);

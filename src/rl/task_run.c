@@ -1,5 +1,5 @@
 /* task_run.c: scoring a model on tasks by generation (vks_tasks.h): batched
- * completions of BOS + prompt up to EOS on one engine, each keyed by its
+ * completions of the prompt (in the prompt format, vks_prompt.h) up to EOS on one engine, each keyed by its
  * global sample index (so results do not depend on the batch size), scored by
  * the task verifiers; eval (accuracy, pass@k, per kind) and the offline
  * difficulty filter (solve rates, hard / kept / easy). */
@@ -14,7 +14,7 @@
 #include <string.h>
 
 typedef struct {
-    int32_t **ids; /* BOS + prompt tokens per task */
+    int32_t **ids; /* prompt tokens per task (vks_prompt_tokenize) */
     int *n_ids;
     int longest;
 } prompt_set;
@@ -25,14 +25,13 @@ static void free_prompts(prompt_set *p, int64_t n) {
     free(p->n_ids);
 }
 
-static int tokenize_prompts(const struct vks_tokenizer *tok, const vks_model *m, const vks_task *tasks, int64_t n,
-                            prompt_set *p) {
+static int tokenize_prompts(const vks_prompt_format *f, int think, const struct vks_tokenizer *tok, const vks_model *m,
+                            const vks_task *tasks, int64_t n, prompt_set *p) {
     p->ids = calloc((size_t)n, sizeof *p->ids);
     p->n_ids = calloc((size_t)n, sizeof *p->n_ids);
     if (!p->ids || !p->n_ids) return vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
-    vks_tokenize_options to = {.add_bos = true, .add_eos = false, .parse_special = false};
     for (int64_t i = 0; i < n; i++) {
-        int rc = vks_tokenizer_tokenize(tok, tasks[i].prompt, strlen(tasks[i].prompt), &to, &p->ids[i], &p->n_ids[i]);
+        int rc = vks_prompt_tokenize(f, tok, tasks[i].prompt, think, &p->ids[i], &p->n_ids[i]);
         if (rc) return vks_error_prefix(rc, "task %lld", (long long)tasks[i].line);
         for (int k = 0; k < p->n_ids[i]; k++)
             if (p->ids[i][k] < 0 || p->ids[i][k] >= m->cfg.vocab_size)
@@ -90,15 +89,28 @@ static int run_batches(vks_engine *e, const struct vks_tokenizer *tok, const vks
 int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok, const vks_task *tasks, int64_t n,
                  const vks_task_run_options *o, double *rewards, int *lengths) {
     if (!g || !m || !tok || !tasks || n < 1 || !o || o->samples < 1 || o->max_new_tokens < 0 || o->batch < 0 ||
+        o->think_tokens < 0 ||
         !rewards || !lengths || n > INT64_MAX / o->samples || n * o->samples > UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "tasks: bad arguments");
     int max_new = o->max_new_tokens ? o->max_new_tokens : 256, batch = o->batch ? o->batch : 64;
     int64_t total = n * o->samples;
     if (total < batch) batch = (int)total;
+    vks_prompt_format raw;
+    vks_prompt_format_default(&raw);
+    const vks_prompt_format *f = o->prompt ? o->prompt : &raw;
     prompt_set p = {0};
-    int rc = tokenize_prompts(tok, m, tasks, n, &p);
-    /* steps count positions, prompt included: the longest prompt plus max_new, within the context */
-    int steps = p.longest + max_new < m->cfg.seq_len ? p.longest + max_new : m->cfg.seq_len;
+    int rc = VKS_OK;
+    if (o->show_prompt) { /* the first prompt as the model gets it */
+        char *text = NULL;
+        size_t len = 0;
+        rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), tasks[0].prompt, o->think_tokens, &text, &len);
+        if (rc == VKS_OK) o->show_prompt(o->progress_ctx, text, len);
+        free(text);
+    }
+    if (rc == VKS_OK) rc = tokenize_prompts(f, o->think_tokens, tok, m, tasks, n, &p);
+    /* steps count positions, prompt included, and the token sampled at the last one is kept: the longest
+     * prompt gets max_new tokens (within the context); completions of shorter ones are cut at max_new */
+    int steps = p.longest + max_new - 1 < m->cfg.seq_len ? p.longest + max_new - 1 : m->cfg.seq_len;
     vks_engine_options eo = o->engine;
     eo.layer_begin = eo.layer_end = 0;
     eo.n_slots = batch, eo.kv_len = steps, eo.max_rows = 256, eo.max_out_rows = batch, eo.f32_math = true;

@@ -257,9 +257,3 @@ double vks_task_length_reward(double r_task, int target_tokens, int completion_t
     double off = (double)target_tokens - (double)completion_tokens;
     return r_task - lambda * (off < 0 ? -off : off);
 }
-
-int vks_task_add_length_target(vks_task *t, int target_tokens) {
-    if (!t || target_tokens <= 0) return vks_set_error(VKS_ERR_ARG, "task: bad length target %d", target_tokens);
-    size_t len = strlen(t->prompt);
-    return fmt(t->prompt + len, sizeof t->prompt - len, "Think for %d tokens.\n", target_tokens);
-}

@@ -1,0 +1,194 @@
+/* prompt.c: a task's prompt as the model sees it (vks_prompt.h): the think
+ * sentence, the user template, the chat template, BOS and special tokens. */
+#include "vkswarm/vks_prompt.h"
+#include "vkswarm/vks_tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void vks_prompt_format_default(vks_prompt_format *f) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->chat_template, sizeof f->chat_template, "none");
+    snprintf(f->user_template, sizeof f->user_template, "{prompt}");
+    snprintf(f->think_template, sizeof f->think_template, "%s", VKS_PROMPT_DEFAULT_THINK);
+}
+
+/* A template name of vks_chat_format, exactly (not Jinja text). */
+static bool known_template(const char *name) {
+    const char *family = vks_chat_template_family(name);
+    return family && !strcmp(family, name);
+}
+
+static int copy_text(char *dst, size_t cap, const char *v, const char *name) {
+    size_t n = strlen(v);
+    if (n >= cap) return vks_set_error(VKS_ERR_FORMAT, "%s is longer than %zu bytes", name, cap - 1);
+    memcpy(dst, v, n + 1);
+    return VKS_OK;
+}
+
+int vks_prompt_set(vks_prompt_format *f, const char *key, const char *v, const char *name) {
+    if (!f || !key || !v) return vks_set_error(VKS_ERR_ARG, "vks_prompt_set: NULL argument");
+    char full[64];
+    snprintf(full, sizeof full, "prompt.%.50s", key);
+    if (!name) name = full;
+    if (!strcmp(key, "chat_template")) {
+        if (strcmp(v, "none") && strcmp(v, "model") && !known_template(v))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: unknown chat template '%.40s' (none, model, chatml, qwen3, "
+                                 "llama2, llama3, llama3.1, phi3)", name, v);
+        return copy_text(f->chat_template, sizeof f->chat_template, v, name);
+    }
+    if (!strcmp(key, "system")) return copy_text(f->system, sizeof f->system, v, name);
+    if (!strcmp(key, "user_template")) {
+        if (!strstr(v, "{prompt}")) return vks_set_error(VKS_ERR_FORMAT, "%s must contain {prompt}", name);
+        return copy_text(f->user_template, sizeof f->user_template, v, name);
+    }
+    if (!strcmp(key, "think_template")) {
+        if (!strstr(v, "{n}")) return vks_set_error(VKS_ERR_FORMAT, "%s must contain {n}", name);
+        return copy_text(f->think_template, sizeof f->think_template, v, name);
+    }
+    if (!strcmp(key, "think")) {
+        if (!strcmp(v, "true") || !strcmp(v, "1")) f->no_think = false;
+        else if (!strcmp(v, "false") || !strcmp(v, "0")) f->no_think = true;
+        else return vks_set_error(VKS_ERR_FORMAT, "%s must be true or false, not '%.40s'", name, v);
+        return VKS_OK;
+    }
+    return vks_set_error(VKS_ERR_FORMAT, "unknown key '%s' (prompt: chat_template, system, user_template, "
+                         "think_template, think)", full);
+}
+
+static bool is_raw_template(const vks_prompt_format *f) { return !strcmp(f->chat_template, "none"); }
+
+int vks_prompt_check(const vks_prompt_format *f) {
+    if (!f) return vks_set_error(VKS_ERR_ARG, "vks_prompt_check: NULL argument");
+    bool raw = is_raw_template(f);
+    if (strcmp(f->chat_template, "model") && !raw && !known_template(f->chat_template))
+        return vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template: unknown chat template '%s'", f->chat_template);
+    if (!strstr(f->user_template, "{prompt}")) return vks_set_error(VKS_ERR_FORMAT, "prompt.user_template must contain {prompt}");
+    if (!strstr(f->think_template, "{n}")) return vks_set_error(VKS_ERR_FORMAT, "prompt.think_template must contain {n}");
+    if (raw && f->system[0])
+        return vks_set_error(VKS_ERR_FORMAT, "prompt.system needs a chat template (prompt.chat_template: model or a name)");
+    if (f->no_think && raw)
+        return vks_set_error(VKS_ERR_FORMAT, "prompt.think = false needs a chat template with the switch (qwen3 or model)");
+    if (f->no_think && strcmp(f->chat_template, "model") && strcmp(f->chat_template, "qwen3"))
+        return vks_set_error(VKS_ERR_FORMAT, "prompt.think = false: chat template %s has no thinking switch (qwen3 has)",
+                             f->chat_template);
+    return VKS_OK;
+}
+
+bool vks_prompt_is_raw(const vks_prompt_format *f) {
+    vks_prompt_format d;
+    vks_prompt_format_default(&d);
+    return is_raw_template(f) && !f->system[0] && !strcmp(f->user_template, d.user_template) && !f->no_think;
+}
+
+/* Growing text. */
+typedef struct {
+    char *v;
+    size_t n, cap;
+} text;
+
+static int put(text *t, const char *s, size_t n) {
+    if (t->cap - t->n <= n) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (cap - t->n <= n) cap *= 2;
+        char *v = realloc(t->v, cap);
+        if (!v) return vks_set_error(VKS_ERR_NOMEM, "prompt: out of memory");
+        t->v = v, t->cap = cap;
+    }
+    memcpy(t->v + t->n, s, n);
+    t->n += n;
+    t->v[t->n] = 0;
+    return VKS_OK;
+}
+
+/* tmpl with every `key` replaced by value, appended to t. */
+static int put_replacing(text *t, const char *tmpl, const char *key, const char *value) {
+    size_t kn = strlen(key);
+    int rc = VKS_OK;
+    for (const char *at; !rc && (at = strstr(tmpl, key)); tmpl = at + kn) {
+        rc = put(t, tmpl, (size_t)(at - tmpl));
+        if (!rc) rc = put(t, value, strlen(value));
+    }
+    return rc ? rc : put(t, tmpl, strlen(tmpl));
+}
+
+/* The user message: the task text (and the think sentence) in the user template. */
+static int user_message(const vks_prompt_format *f, const char *task_prompt, int think_tokens, text *out) {
+    text body = {0};
+    int rc = put(&body, task_prompt, strlen(task_prompt));
+    if (!rc && think_tokens > 0) {
+        char n[16];
+        snprintf(n, sizeof n, "%d", think_tokens);
+        char last = body.n ? body.v[body.n - 1] : ' ';
+        if (!strchr(" \t\n\r\f\v", last)) rc = put(&body, " ", 1);
+        if (!rc) rc = put_replacing(&body, f->think_template, "{n}", n);
+    }
+    if (!rc) rc = put_replacing(out, f->user_template, "{prompt}", body.v);
+    free(body.v);
+    return rc;
+}
+
+int vks_prompt_text(const vks_prompt_format *f, const char *model_template, const char *task_prompt, int think_tokens,
+                    char **out, size_t *len) {
+    if (!f || !task_prompt || !out || !len || think_tokens < 0)
+        return vks_set_error(VKS_ERR_ARG, "vks_prompt_text: bad argument");
+    *out = NULL, *len = 0;
+    int rc = vks_prompt_check(f);
+    if (rc) return rc;
+    text user = {0};
+    rc = user_message(f, task_prompt, think_tokens, &user);
+    if (rc) return free(user.v), rc;
+    if (is_raw_template(f)) {
+        *out = user.v, *len = user.n;
+        return VKS_OK;
+    }
+    const char *tmpl = f->chat_template;
+    if (!strcmp(tmpl, "model")) {
+        const char *family = model_template ? vks_chat_template_family(model_template) : NULL;
+        if (!family)
+            rc = vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template model: the tokenizer has %s (give a name: chatml, "
+                               "qwen3, llama2, llama3, llama3.1, phi3)",
+                               model_template ? "a chat template of no known family" : "no chat template");
+        else if (f->no_think && strcmp(family, "qwen3"))
+            rc = vks_set_error(VKS_ERR_FORMAT, "prompt.think = false: the model's chat template (%s) has no thinking "
+                               "switch (qwen3 has)", family);
+        tmpl = model_template;
+    }
+    vks_chat_message msgs[2];
+    int n = 0;
+    if (f->system[0]) msgs[n++] = (vks_chat_message){"system", f->system};
+    msgs[n++] = (vks_chat_message){"user", user.v};
+    vks_chat_options o = {.add_assistant_prompt = true, .disable_thinking = f->no_think};
+    char *chat = NULL;
+    if (!rc) rc = vks_chat_format_opts(tmpl, msgs, n, &o, &chat);
+    free(user.v);
+    if (rc) return rc;
+    *out = chat, *len = strlen(chat);
+    return VKS_OK;
+}
+
+int vks_prompt_tokenize(const vks_prompt_format *f, const struct vks_tokenizer *tok, const char *task_prompt,
+                        int think_tokens, int32_t **ids, int *n) {
+    if (!f || !tok || !ids || !n) return vks_set_error(VKS_ERR_ARG, "vks_prompt_tokenize: bad argument");
+    *ids = NULL, *n = 0;
+    char *s = NULL;
+    size_t len = 0;
+    int rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), task_prompt, think_tokens, &s, &len);
+    if (rc) return rc;
+    bool raw = is_raw_template(f);
+    /* raw: BOS always (the old behaviour); a chat template: as the vocabulary says */
+    vks_tokenize_options to = {.add_bos = raw || vks_tokenizer_wants_bos(tok), .parse_special = !raw};
+    rc = vks_tokenizer_tokenize(tok, s, len, &to, ids, n);
+    free(s);
+    return rc;
+}
+
+int vks_prompt_check_tokenizer(const vks_prompt_format *f, const struct vks_tokenizer *tok) {
+    if (!f || !tok) return vks_set_error(VKS_ERR_ARG, "vks_prompt_check_tokenizer: NULL argument");
+    char *text = NULL;
+    size_t len = 0;
+    int rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), "", 0, &text, &len);
+    free(text);
+    return rc;
+}
