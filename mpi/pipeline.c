@@ -599,6 +599,17 @@ static int poll_worker(pipe_ctx *c) {
 
 /* ---------------- set-up ---------------- */
 
+#ifdef VKS_TEST_FAULTS
+/* The rank VKSWARM_TEST_FAULT names: this process's world rank (a pipeline
+ * may run on a communicator of some ranks, e.g. an RL group re-formed
+ * without a stage: the cheat stays with its process). */
+static int fault_rank(void) {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+#endif
+
 /* Every rank creates its engine, then all learn whether each one could: when
  * any could not, every rank returns an error at this same point, so the job
  * can still end cleanly (stats->ended_together; MPI_Finalize works). */
@@ -608,7 +619,7 @@ vks_engine_options vks_pipeline_engine_options(const vks_pipeline_options *o, in
     eo.max_rows = o->chunk > o->batch ? o->chunk : o->batch, eo.max_out_rows = o->batch;
     eo.n_slots = o->micro_batches * o->batch, eo.kv_len = o->sched.steps;
 #ifdef VKS_TEST_FAULTS
-    vks_test_fault_engine(&eo, rank);
+    vks_test_fault_engine(&eo, fault_rank());
 #endif
     return eo;
 }
@@ -776,7 +787,7 @@ static int prepare(pipe_ctx *c, const vks_model *m, vks_sequence *prompts, int n
         return fail(c, VKS_ERR_NOMEM, vks_last_error());
     *worker_started = true;
 #ifdef VKS_TEST_FAULTS
-    c->worker.fault = vks_test_fault(c->rank), c->worker.fault_rng = 0x9E3779B97F4A7C15ull;
+    c->worker.fault = vks_test_fault(fault_rank()), c->worker.fault_rng = 0x9E3779B97F4A7C15ull;
     c->worker.fault_one_layer = o->first[c->rank + 1] - o->first[c->rank] == 1;
 #endif
     int rc = c->rank == 0 ? setup_rank0(c, prompts, n_prompts) : VKS_OK;

@@ -2,7 +2,8 @@
  * only with VKS_TEST_FAULTS, which only the test binary vkswarm-faulty
  * (tests/meson.build) defines; the shipped vkswarm has none of it.
  *
- * VKSWARM_TEST_FAULT=RANK:KIND makes stage RANK cheat:
+ * VKSWARM_TEST_FAULT=RANK:KIND makes the stage on world rank RANK cheat (in
+ * the pipeline command stage s is rank s; in an RL group the stage's rank):
  *   skip-layer  its engine runs its layers but the first ([begin+1, end)); a middle stage of
  *               one layer hands on the rows it received
  *   perturb     it multiplies every activation it hands on by 1 + 0.01 u, u uniform in [-1, 1]

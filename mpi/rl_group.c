@@ -11,10 +11,10 @@
 #include "rl_cast.h"
 #include "vkswarm/vks_pipeline.h"
 
-enum { TAG_GROUP_HELLO = 7105 };
-enum { GROUP_RUN = 1, GROUP_STOP = 2 };
+enum { TAG_GROUP_HELLO = 7105, TAG_GROUP_REFORM = 7107 };
+enum { GROUP_RUN = 1, GROUP_STOP = 2, GROUP_REFORM = 3 };
 
-/* RUN or STOP, first stage -> the other stages. */
+/* RUN, STOP or REFORM, first stage -> the other stages. */
 typedef struct {
     uint32_t magic, type;
     int64_t batch, step;        /* RUN: the batch, the policy step to run with */
@@ -22,6 +22,7 @@ typedef struct {
     uint32_t top_k, pad;
     uint64_t seed;
     float temperature, top_p;
+    uint64_t out;               /* REFORM: the configured stages left out (bit s) */
 } group_msg;
 
 void vks_rl_group_find(const vks_rl_config *c, int rank, int *index, int *stage) {
@@ -37,6 +38,16 @@ static void rank_list(const vks_rl_pipe_group *g, char *out, size_t cap) {
     out[0] = 0;
     for (int s = 0; s < g->n && at < cap; s++)
         at += (size_t)snprintf(out + at, cap - at, "%s%d", s ? " " : "", g->ranks[s]);
+}
+
+/* Whether configured stage cs is in mask m (stages past the mask's bits never are). */
+static bool in_mask(uint64_t m, int cs) { return cs >= 0 && cs < VKS_RL_GROUP_MAX_REFORM && (m >> cs & 1); }
+
+/* The group's ranks now as "[1, 3]". */
+static void rank_brackets(const vks_rl_pipe_group *g, char *out, size_t cap) {
+    size_t at = (size_t)snprintf(out, cap, "[");
+    for (int s = 0; s < g->n && at < cap; s++) at += (size_t)snprintf(out + at, cap - at, "%s%d", s ? ", " : "", g->ranks[s]);
+    if (at < cap) snprintf(out + at, cap - at, "]");
 }
 
 /* An error of the group's pipeline, whose messages number the stages (0..S-1). */
@@ -77,13 +88,18 @@ static int hello(vks_rl_pipe_group *g, MPI_Comm world) {
 int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, int index, int stage) {
     const vks_rl_config *c = o->config;
     *g = (vks_rl_pipe_group){.pipe = MPI_COMM_NULL, .ctl = MPI_COMM_NULL, .index = index, .n = c->groups[index].n,
-                             .stage = stage, .ranks = c->inference_ranks + c->groups[index].first, .o = o, .mo = mo,
-                             .engine_step = -1};
+                             .stage = stage, .cfg_ranks = c->inference_ranks + c->groups[index].first,
+                             .cfg_n = c->groups[index].n, .cfg_stage = stage, .o = o, .mo = mo, .engine_step = -1};
+    atomic_init(&g->want_out, 0);
     int L = o->model->cfg.n_layers;
     if (g->n > L)
         return vks_set_error(VKS_ERR_ARG, "inference group %d has %d ranks for the model's %d layers", index, g->n, L);
     g->first = malloc(sizeof *g->first * (size_t)(g->n + 1));
-    if (!g->first) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    g->own_ranks = malloc(sizeof *g->own_ranks * (size_t)g->n);
+    g->retired = malloc(sizeof *g->retired * 2 * (size_t)g->n);
+    if (!g->first || !g->own_ranks || !g->retired) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    memcpy(g->own_ranks, g->cfg_ranks, sizeof *g->own_ranks * (size_t)g->n);
+    g->ranks = g->own_ranks;
     for (int s = 0; s <= g->n; s++) g->first[s] = (int)((int64_t)s * L / g->n); /* even: no stage without layers */
     MPI_Comm world = vks_mpi_world();
     int rc = hello(g, world);
@@ -103,8 +119,10 @@ int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const v
 void vks_rl_group_close(vks_rl_pipe_group *g, bool finalize) {
     if (finalize && g->ctl != MPI_COMM_NULL) MPI_Comm_free(&g->ctl);
     if (finalize && g->pipe != MPI_COMM_NULL) MPI_Comm_free(&g->pipe);
-    free(g->first);
-    g->first = NULL;
+    for (int i = 0; finalize && i < g->n_retired; i++) MPI_Comm_free(&g->retired[i]);
+    g->n_retired = 0;
+    free(g->first), free(g->own_ranks), free(g->retired);
+    g->first = g->own_ranks = NULL, g->ranks = NULL, g->retired = NULL;
     vks_engine_destroy(g->engine);
     g->engine = NULL;
 }
@@ -141,9 +159,11 @@ static int stage_engine(vks_rl_pipe_group *g, const vks_model *policy, int64_t s
     return VKS_OK;
 }
 
-/* Sends `bytes` of buf to every other stage under tag on ctl, bounded. On a
- * timeout the buffer stays MPI's: *leak is set and the caller must not free it. */
-static int send_stages(vks_rl_pipe_group *g, const void *buf, size_t bytes, int tag, const char *what, bool *leak) {
+/* Sends `bytes` of buf to every other stage under tag on ctl, bounded (each
+ * stage s its own part, buf + (s - 1) * step; step 0: the same). On a timeout the
+ * buffer stays MPI's: *leak is set and the caller must not free it. */
+static int send_each(vks_rl_pipe_group *g, const void *buf, size_t bytes, size_t step, int tag, const char *what,
+                     bool *leak) {
     *leak = false;
     if (bytes > INT_MAX) return vks_set_error(VKS_ERR_ARG, "a message of %zu bytes", bytes);
     MPI_Request *reqs = malloc(sizeof *reqs * (size_t)g->n);
@@ -154,7 +174,7 @@ static int send_stages(vks_rl_pipe_group *g, const void *buf, size_t bytes, int 
     }
     for (int s = 1; s < g->n; s++) {
         peer[s - 1] = s;
-        MPI_Isend(buf, (int)bytes, MPI_BYTE, s, tag, g->ctl, &reqs[s - 1]);
+        MPI_Isend((const char *)buf + (size_t)(s - 1) * step, (int)bytes, MPI_BYTE, s, tag, g->ctl, &reqs[s - 1]);
     }
     int rc = vks_mpi_wait_within(g->ctl, reqs, peer, g->n - 1, g->mo->timeout_s, what);
     *leak = rc != VKS_OK;
@@ -163,11 +183,98 @@ static int send_stages(vks_rl_pipe_group *g, const void *buf, size_t bytes, int 
     return rc;
 }
 
+static int send_stages(vks_rl_pipe_group *g, const void *buf, size_t bytes, int tag, const char *what, bool *leak) {
+    return send_each(g, buf, bytes, 0, tag, what, leak);
+}
+
+/* The group without the configured stages in `want` (a superset of g->out,
+ * never this rank's): new communicators of the stages left (collective over
+ * them only), their ranks, an even layer partition, no engine (the next
+ * batch makes one for this stage's new layers). */
+static int apply_reform(vks_rl_pipe_group *g, uint64_t want) {
+    int excl[VKS_RL_GROUP_MAX_REFORM], n_excl = 0, now = 0;
+    for (int cs = 0; cs < g->cfg_n; cs++) {
+        if (in_mask(g->out, cs)) continue;
+        if (in_mask(want, cs)) excl[n_excl++] = now;
+        now++;
+    }
+    MPI_Group old, left;
+    MPI_Comm pipe = MPI_COMM_NULL, ctl = MPI_COMM_NULL;
+    MPI_Comm_group(g->pipe, &old);
+    MPI_Group_excl(old, n_excl, excl, &left);
+    int rc = MPI_Comm_create_group(g->pipe, left, TAG_GROUP_REFORM, &pipe) != MPI_SUCCESS ||
+                     MPI_Comm_dup(pipe, &ctl) != MPI_SUCCESS
+                 ? vks_set_error(VKS_ERR_IO, "inference group %d: the communicators of its new form could not be made",
+                                 g->index)
+                 : VKS_OK;
+    MPI_Group_free(&left);
+    MPI_Group_free(&old);
+    if (rc) return rc;
+    MPI_Comm_set_errhandler(pipe, MPI_ERRORS_RETURN), MPI_Comm_set_errhandler(ctl, MPI_ERRORS_RETURN);
+    g->retired[g->n_retired++] = g->pipe, g->retired[g->n_retired++] = g->ctl; /* a peer may still hold them */
+    g->pipe = pipe, g->ctl = ctl;
+    int n = 0;
+    for (int cs = 0; cs < g->cfg_n; cs++) {
+        if (in_mask(want, cs)) continue;
+        if (cs == g->cfg_stage) g->stage = n;
+        g->own_ranks[n++] = g->cfg_ranks[cs];
+    }
+    g->n = n, g->out = want;
+    int L = g->o->model->cfg.n_layers;
+    for (int s = 0; s <= n; s++) g->first[s] = (int)((int64_t)s * L / n);
+    vks_engine_destroy(g->engine);
+    g->engine = NULL, g->engine_step = -1;
+    return VKS_OK;
+}
+
+int vks_rl_group_exclude(vks_rl_pipe_group *g, int rank) {
+    uint64_t want = atomic_load(&g->want_out);
+    int cs = 1, left = 0;
+    while (cs < g->cfg_n && g->cfg_ranks[cs] != rank) cs++;
+    for (int k = 0; k < g->cfg_n; k++) left += !in_mask(want, k);
+    if (cs >= g->cfg_n || cs >= VKS_RL_GROUP_MAX_REFORM || in_mask(want, cs) || left - 1 < 2)
+        return vks_set_error(VKS_ERR_FORMAT, "a REFORM leaving out rank %d, not a later stage still in group %d (or "
+                             "fewer than two stages would be left)", rank, g->index);
+    atomic_store(&g->want_out, want | (uint64_t)1 << cs);
+    return VKS_OK;
+}
+
+/* The first stage, before a batch: the stages left out are told STOP, the
+ * others REFORM, and the group re-forms without them. */
+static int reform_first(vks_rl_pipe_group *g, uint64_t want) {
+    group_msg *m = calloc((size_t)g->n, sizeof *m);
+    if (!m) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    char before[256], gone[128] = "";
+    rank_brackets(g, before, sizeof before);
+    for (int cs = 0, s = 0; cs < g->cfg_n; cs++) { /* configured stage cs is stage s now when not left out */
+        if (in_mask(g->out, cs)) continue;
+        if (s++ == 0) continue; /* the first stage: this one */
+        bool stop = in_mask(want, cs);
+        m[s - 2] = (group_msg){.magic = VKS_RL_MAGIC, .type = stop ? GROUP_STOP : GROUP_REFORM, .out = want};
+        if (stop) snprintf(gone + strlen(gone), sizeof gone - strlen(gone), "%s%d", gone[0] ? ", " : "", g->cfg_ranks[cs]);
+    }
+    bool leak = false;
+    int rc = send_each(g, m, sizeof *m, sizeof *m, TAG_CTL, "a stage taking the re-forming", &leak);
+    if (!leak) free(m);
+    if (!rc) rc = apply_reform(g, want);
+    if (rc) return group_error(g, rc, "re-forming without a refused stage");
+    char after[256], layers[256] = "";
+    rank_brackets(g, after, sizeof after);
+    for (int s = 0; s < g->n; s++)
+        snprintf(layers + strlen(layers), sizeof layers - strlen(layers), "%s[%d,%d)", s ? " " : "", g->first[s],
+                 g->first[s + 1]);
+    fprintf(stderr, "vkswarm: rl: inference group %s: re-formed without rank %s as %s (layers %s)\n", before, gone, after,
+            layers);
+    return VKS_OK;
+}
+
 int vks_rl_group_generate(void *ctx, const vks_rl_gen *gen, const vks_sched_params *sp, vks_sequence *seqs, int n,
                           bool toploc) {
     vks_rl_pipe_group *g = ctx;
     bool leak = false;
-    int rc = VKS_OK;
+    uint64_t want = atomic_load(&g->want_out);
+    int rc = want != g->out ? reform_first(g, want) : VKS_OK;
+    if (rc) return rc;
     group_msg *m = malloc(sizeof *m);
     if (!m) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     *m = (group_msg){.magic = VKS_RL_MAGIC, .type = GROUP_RUN, .batch = gen->batch, .step = gen->policy_step, .n = n,
@@ -290,6 +397,11 @@ static int stage_meanwhile(void *ctx) {
     return VKS_OK;
 }
 
+typedef struct {
+    vks_rl_pipe_group *g;
+    uint64_t want;
+} stage_reform_arg;
+
 /* Runs batch m on a thread while the main thread joins broadcasts. */
 static int stage_run_batch(stage_state *s, const group_msg *m, bool *no_finalize) {
     vks_sched_params sp;
@@ -304,7 +416,33 @@ static int stage_run_batch(stage_state *s, const group_msg *m, bool *no_finalize
     return group_error(s->g, rc, "the pipeline");
 }
 
-/* One control message from the first stage (probed: st): a run or stop. */
+static int reform_job(void *arg) {
+    stage_reform_arg *a = arg;
+    return apply_reform(a->g, a->want);
+}
+
+/* REFORM: the group goes on without the stages in m->out (checked: stages
+ * after the first, a superset of those left out before, not this one, at
+ * least two left), re-formed on a thread while broadcasts go on. */
+static int stage_reform(stage_state *s, const group_msg *m, bool *no_finalize) {
+    vks_rl_pipe_group *g = s->g;
+    uint64_t all = g->cfg_n >= VKS_RL_GROUP_MAX_REFORM ? ~(uint64_t)0 : ((uint64_t)1 << g->cfg_n) - 1;
+    int left = 0;
+    for (int cs = 0; cs < g->cfg_n; cs++) left += !in_mask(m->out, cs);
+    if ((m->out & 1) || (m->out & ~all) || (m->out & g->out) != g->out || m->out == g->out ||
+        in_mask(m->out, g->cfg_stage) || left < 2)
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent a malformed re-forming (%#llx)",
+                             g->ranks[0], (unsigned long long)m->out);
+    stage_reform_arg a = {.g = g, .want = m->out};
+    int rc = vks_mpi_run_beside(reform_job, &a, stage_meanwhile, s, "re-forming the group");
+    if (rc) {
+        *no_finalize = true;
+        return group_error(g, rc, "re-forming without a refused stage");
+    }
+    return VKS_OK;
+}
+
+/* One control message from the first stage (probed: st): a run, stop or re-forming. */
 static int stage_message(stage_state *s, const MPI_Status *st, bool *stop, bool *no_finalize) {
     vks_rl_pipe_group *g = s->g;
     int count = 0;
@@ -314,12 +452,13 @@ static int stage_message(stage_state *s, const MPI_Status *st, bool *stop, bool 
         return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent %d bytes under tag %d", g->ranks[0],
                              count, st->MPI_TAG);
     MPI_Recv(&m, sizeof m, MPI_BYTE, 0, TAG_CTL, g->ctl, MPI_STATUS_IGNORE);
-    if (m.magic != VKS_RL_MAGIC || (m.type != GROUP_RUN && m.type != GROUP_STOP))
+    if (m.magic != VKS_RL_MAGIC || (m.type != GROUP_RUN && m.type != GROUP_STOP && m.type != GROUP_REFORM))
         return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent a malformed message", g->ranks[0]);
     if (m.type == GROUP_STOP) {
         *stop = true, *no_finalize = m.lost != 0;
         return VKS_OK;
     }
+    if (m.type == GROUP_REFORM) return stage_reform(s, &m, no_finalize);
     return stage_run_batch(s, &m, no_finalize);
 }
 

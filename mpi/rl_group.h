@@ -16,19 +16,36 @@
  * broadcasts (a broadcast must not wait for a batch to end).
  * A stage that dies fails the first stage's pipeline run (bounded by
  * timeout_s), which ends that rank: the trainer drops the whole group for
- * its silence and grants its batch again. MPI must be MPI_THREAD_MULTIPLE
+ * its silence and grants its batch again. A stage a verifier names (its
+ * commitment failed) is refused by the trainer, which tells the first rank
+ * to leave it out (REFORM): before its next batch the first stage says STOP
+ * to that stage and REFORM to the others, and the rest make new
+ * communicators without it (MPI_Comm_create_group over the old pipeline
+ * communicator: collective over the remaining ranks only) and split the
+ * layers evenly again; every stage holds the whole model's weights, so no
+ * weights move. MPI must be MPI_THREAD_MULTIPLE
  * (the first stage's main thread beats while its generation thread runs the
  * pipeline). */
 #ifndef VKS_RL_GROUP_H
 #define VKS_RL_GROUP_H
+#include <stdatomic.h>
 #include "rl_wire.h"
 #include "vkswarm/vks_rl_mpi.h"
 
+enum { VKS_RL_GROUP_MAX_REFORM = 64 }; /* stages of a config group a re-forming can leave out (bits of a mask) */
+
 typedef struct {
     MPI_Comm pipe, ctl;     /* the pipeline's communicator (stage s = rank s) and the RUN/STOP one */
-    int index, n, stage;    /* the group in config->groups, its ranks S, this rank's stage */
-    const int *ranks;       /* the stages' world ranks, in order */
+    int index, n, stage;    /* the group in config->groups, its ranks S now, this rank's stage now */
+    const int *ranks;       /* the stages' world ranks now, in order (own_ranks) */
     int *first;             /* the layer partition: first[s], first[n] = n_layers */
+    const int *cfg_ranks;   /* the group as configured: cfg_n world ranks; this rank is cfg_stage */
+    int cfg_n, cfg_stage;
+    int *own_ranks;         /* ranks' storage */
+    uint64_t out;           /* configured stages left out (bit s), applied */
+    _Atomic uint64_t want_out; /* the first stage: what the trainer asked to leave out (set by its main thread) */
+    MPI_Comm *retired;      /* communicators of earlier forms (freed with the group) */
+    int n_retired;
     const vks_rl_run_options *o;
     const vks_rl_mpi_options *mo;
     vks_engine *engine;     /* this stage's, for the policy of engine_step (kept across its batches) */
@@ -43,7 +60,12 @@ int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const v
 /* Frees what open made; the communicators only when finalize (after a
  * failure a peer may still use them). */
 void vks_rl_group_close(vks_rl_pipe_group *g, bool finalize);
-/* vks_rl_gen.generate for the first stage (ctx: the vks_rl_pipe_group). */
+/* The first stage's main thread, on the trainer's REFORM: world rank `rank`
+ * (a later stage of the group, still in it) is to be left out from the next
+ * batch on. VKS_ERR_FORMAT: not such a rank, or fewer than two would be left. */
+int vks_rl_group_exclude(vks_rl_pipe_group *g, int rank);
+/* vks_rl_gen.generate for the first stage (ctx: the vks_rl_pipe_group); it
+ * re-forms the group first when stages were left out since the last batch. */
 int vks_rl_group_generate(void *ctx, const vks_rl_gen *gen, const vks_sched_params *sp, vks_sequence *seqs, int n,
                           bool toploc);
 /* The first stage: tells the other stages to stop (bounded; lost: no MPI_Finalize). */

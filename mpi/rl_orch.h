@@ -21,12 +21,15 @@ typedef struct {
     int64_t batch;        /* inference: the batch it generates, -1: idle */
     int64_t min_step;     /* its policy step at least */
     double last_seen;
+    uint64_t out;         /* a pipeline group's first rank: its configured stages refused (bit s) */
+    int64_t form;         /* how often that group was re-formed (grants made since carry it) */
 } inf_rank;
 
 /* With verifier ranks: a batch granted and not yet back from its verifier. */
 typedef struct {
     int64_t batch, min_step;
     int origin, verifier; /* ranks */
+    int64_t form;         /* the origin's form when granted */
 } pending_batch;
 
 typedef struct {

@@ -19,6 +19,8 @@
  *   TAG_CTL     trainer -> inference  ASSIGN: batch, step = the policy step to use at least,
  *                                     n = the verifier rank + 1 (0: verify it yourself)
  *               trainer -> all        STOP: n = 1 when ranks were lost (no MPI_Finalize)
+ *               trainer -> a group's  REFORM: n = the world rank of a later stage refused (a
+ *                          first rank    verifier named it): the group goes on without it
  *   TAG_UP      inference -> trainer  BEAT (every second); without verifier ranks GROUPS: batch,
  *                                     step = the policy step used, then the groups (accepted
  *                                     completions); with them DONE: batch, n = the verifier
@@ -27,7 +29,9 @@
  *                                     batch's rollout file
  *   TAG_UP      verifier -> trainer   BEAT; VERIFIED: batch, step, n = the inference rank, then
  *                                     the GROUPS message of the accepted completions; REFUSE:
- *                                     batch, n = the inference rank, then the reason (text) */
+ *                                     batch, n = the inference rank, step = the world rank of
+ *                                     the pipeline stage to blame (-1: the inference rank), then
+ *                                     the reason (text) */
 #include "vkswarm/vks_rl_mpi.h"
 #include <limits.h>
 #include <stdint.h>
@@ -225,17 +229,66 @@ static void from_inference_done(trainer_src *t, inf_rank *r, const vks_rl_msg *h
     if (h->batch == r->batch) r->batch = -1;
 }
 
-/* Refuses inference rank r on verifier v's REFUSE about batch `batch` (-1:
- * unreadable), giving its reason: the text after the header, escaped. */
-static void refuse_through(trainer_src *t, const inf_rank *v, inf_rank *r, int64_t batch, const char *buf, size_t bytes) {
+/* Verifier v's REFUSE about batch `batch` (-1: unreadable) as text: its
+ * reason (the text after the header), escaped. */
+static void refusal_text(const inf_rank *v, int64_t batch, const char *buf, size_t bytes, char *why, size_t cap) {
     size_t n = bytes - sizeof(vks_rl_msg);
     if (n > VKS_RL_REASON_MAX) n = VKS_RL_REASON_MAX;
     const char *text = buf + sizeof(vks_rl_msg);
-    char reason[4 * VKS_RL_REASON_MAX + 1], which[48] = "", why[4 * VKS_RL_REASON_MAX + 96];
+    char reason[4 * VKS_RL_REASON_MAX + 1], which[48] = "";
     vks_escape(text, strnlen(text, n), reason, sizeof reason);
     if (batch >= 0) snprintf(which, sizeof which, "batch %lld: ", (long long)batch);
-    snprintf(why, sizeof why, "verifier rank %d: %s%s", v->rank, which, reason);
+    snprintf(why, cap, "verifier rank %d: %s%s", v->rank, which, reason);
+}
+
+/* Refuses inference rank r on verifier v's REFUSE about batch `batch` (-1:
+ * unreadable), giving its reason. */
+static void refuse_through(trainer_src *t, const inf_rank *v, inf_rank *r, int64_t batch, const char *buf, size_t bytes) {
+    char why[4 * VKS_RL_REASON_MAX + 96];
+    refusal_text(v, batch, buf, bytes, why, sizeof why);
     drop_rank(t, r, RANK_REFUSED, why);
+}
+
+/* A REFUSE of batch e that blames world rank `blamed` (the message's step):
+ * when that is a later stage of r's pipeline group, the stage is refused and
+ * not r: r is told to re-form the group without it (REFORM), later
+ * broadcasts leave it out, and the batch goes out again. A batch made before
+ * the stage was left out is only granted again. False: the refusal is r's
+ * (no group, no stage named, r itself, a rank not in its group, a stage left
+ * out before the batch was granted, or fewer than two ranks would be left). */
+static bool refuse_stage(trainer_src *t, const inf_rank *v, inf_rank *r, const pending_batch *e, int64_t blamed,
+                         const char *buf, size_t bytes) {
+    int g = pipeline_group_of(t->c, r->rank);
+    if (g < 0 || blamed < 0 || blamed > INT_MAX) return false;
+    const int *ranks = t->c->inference_ranks + t->c->groups[g].first;
+    int n = t->c->groups[g].n, cs = 1;
+    while (cs < n && ranks[cs] != (int)blamed) cs++;
+    if (cs >= n || cs >= 64) return false; /* not a later stage: the group's first answers for what it sent */
+    char group[256];
+    size_t at = (size_t)snprintf(group, sizeof group, "[");
+    for (int k = 0; k < n && at < sizeof group; k++) at += (size_t)snprintf(group + at, sizeof group - at, "%s%d", k ? ", " : "", ranks[k]);
+    if (at < sizeof group) snprintf(group + at, sizeof group - at, "]");
+    if (r->out >> cs & 1) {
+        if (e->form == r->form) return false; /* granted after the stage was left out: r names a stage not in it */
+        fprintf(stderr, "vkswarm: rl: inference group %s: batch %lld, made before stage rank %d was refused, refused by "
+                "verifier rank %d: granted again\n", group, (long long)e->batch, (int)blamed, v->rank);
+        return true;
+    }
+    int left = 0;
+    for (int k = 0; k < n; k++) left += k >= 64 || !(r->out >> k & 1);
+    if (left - 1 < 2) return false; /* a pipeline of one rank is not formed: the group ends (named by its first) */
+    char why[4 * VKS_RL_REASON_MAX + 96], after[256];
+    refusal_text(v, e->batch, buf, bytes, why, sizeof why);
+    r->out |= (uint64_t)1 << cs, r->form++;
+    at = (size_t)snprintf(after, sizeof after, "[");
+    for (int k = 0, m = 0; k < n && at < sizeof after; k++)
+        if (k >= 64 || !(r->out >> k & 1)) at += (size_t)snprintf(after + at, sizeof after - at, "%s%d", m++ ? ", " : "", ranks[k]);
+    if (at < sizeof after) snprintf(after + at, sizeof after - at, "]");
+    fprintf(stderr, "vkswarm: rl: inference group %s: stage rank %d refused: %s; the group goes on as %s\n", group,
+            (int)blamed, why, after);
+    vks_rl_orch_cast_drop(t, (int)blamed); /* later broadcasts do not wait for it; its group's first stops it */
+    if (send_ctl(t, r->rank, MSG_REFORM, -1, t->newest, (uint64_t)blamed)) drop_rank(t, r, RANK_DROPPED, vks_last_error());
+    return true;
 }
 
 /* VERIFIED or REFUSE from verifier rank v about a batch of inference rank h.n. */
@@ -267,7 +320,7 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
     if (r->batch == e.batch) r->batch = -1;
     if (h.type == MSG_REFUSE) {
         push_redo(t, e.batch);
-        refuse_through(t, v, r, e.batch, buf, bytes);
+        if (!refuse_stage(t, v, r, &e, h.step, buf, bytes)) refuse_through(t, v, r, e.batch, buf, bytes);
         return VKS_OK;
     }
     char err[256];
@@ -382,7 +435,9 @@ static int grant(trainer_src *t) {
         int64_t b = t->n_redo ? t->redo[--t->n_redo] : t->next_batch++;
         r->batch = b, r->min_step = t->newest;
         t->grant_from = (i + 1) % t->n_ranks;
-        if (verifiers) t->pend[t->n_pend++] = (pending_batch){.batch = b, .min_step = t->newest, .origin = r->rank, .verifier = v};
+        if (verifiers)
+            t->pend[t->n_pend++] = (pending_batch){.batch = b, .min_step = t->newest, .origin = r->rank, .verifier = v,
+                                                   .form = r->form};
         if (send_ctl(t, r->rank, MSG_ASSIGN, b, t->newest, (uint64_t)(v + 1))) drop_rank(t, r, RANK_DROPPED, vks_last_error());
         else out++;
     }
@@ -605,6 +660,12 @@ static int poll_trainer(inf_state *s) {
                 if (h.batch < 0 || h.n > (uint64_t)ranks || (h.n == 0) != (s->o->config->n_verifiers == 0))
                     return vks_set_error(VKS_ERR_FORMAT, "a malformed grant");
                 s->assigned = h.batch, s->min_step = h.step, s->verifier = (int)h.n - 1;
+            } else if (h.type == MSG_REFORM) { /* a stage of this rank's group was refused: checked there */
+                if (!s->group || h.n > INT_MAX)
+                    return vks_set_error(VKS_ERR_FORMAT, "a REFORM leaving out rank %llu%s", (unsigned long long)h.n,
+                                         s->group ? "" : " (this rank has no pipeline group)");
+                int rc = vks_rl_group_exclude(s->group, (int)h.n);
+                if (rc) return rc;
             }
             else return vks_set_error(VKS_ERR_FORMAT, "control message of type %u", h.type);
         } else return vks_set_error(VKS_ERR_FORMAT, "a message of %d bytes under tag %d", count, st.MPI_TAG);

@@ -314,6 +314,27 @@ static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_gr
     return rc;
 }
 
+/* After the replay: no completion may fail a pipeline stage's commitment (the
+ * group handed on what the model does not compute there): the batch is
+ * refused naming that stage's world rank (*blamed), so that the trainer can
+ * refuse the stage and not the group's first rank. */
+static bool stages_hold(const ver_state *v, const vks_verdict *verdicts, char *why, size_t cap, int *blamed) {
+    const vks_rl_config *c = v->o->config;
+    int n = c->prompts_per_step * c->group_size, world = 0;
+    MPI_Comm_size(v->comm, &world);
+    for (int q = 0; q < n; q++) {
+        const vks_verdict *vd = &verdicts[q];
+        if (vd->accepted || vd->blamed_rank < 0) continue;
+        char reason[4 * sizeof vd->reason];
+        vks_escape(vd->reason, strnlen(vd->reason, sizeof vd->reason), reason, sizeof reason);
+        snprintf(why, cap, "completion %d is rejected: %.300s", q, reason);
+        /* the rank is the file's claim: only a world rank is passed on (the trainer checks it is a stage of the group) */
+        *blamed = vd->blamed_rank < world ? vd->blamed_rank : -1;
+        return false;
+    }
+    return true;
+}
+
 /* After the replay: every completion of a group sent without any must pass
  * (else its "no signal" is not the sampler's), and every accepted completion
  * of a group must carry the log-probabilities the replay gives. */
@@ -394,12 +415,19 @@ static int send_up(ver_state *v, const vks_rl_msg *h, void *body, size_t bytes, 
     return rc;
 }
 
-static int refuse(ver_state *v, int origin, int64_t batch, const char *why) {
-    fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %lld of rank %d refused: %s\n", v->me, (long long)batch, origin, why);
+/* A REFUSE of `origin`'s batch; blamed: the world rank of the pipeline stage
+ * whose commitment failed (in the message's step), -1: the sender. */
+static int refuse(ver_state *v, int origin, int64_t batch, const char *why, int blamed) {
+    if (blamed >= 0) /* the stage is to blame, not the rank that sent the batch */
+        fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %lld from rank %d: stage rank %d refused: %s\n", v->me,
+                (long long)batch, origin, blamed, why);
+    else
+        fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %lld of rank %d refused: %s\n", v->me, (long long)batch, origin,
+                why);
     char *text = calloc(1, VKS_RL_REASON_MAX);
     if (!text) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     snprintf(text, VKS_RL_REASON_MAX, "%s", why);
-    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_REFUSE, .batch = batch, .n = (uint64_t)origin};
+    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_REFUSE, .batch = batch, .step = blamed, .n = (uint64_t)origin};
     char what[64];
     snprintf(what, sizeof what, "%s taking a refusal", vks_rl_wire_granter(v->o->config));
     return send_up(v, &h, text, strlen(text) + 1, what);
@@ -412,10 +440,10 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     vks_rl_msg h;
     memcpy(&h, buf, sizeof h);
     if (h.magic != VKS_RL_MAGIC || h.type != MSG_TO_VERIFY || h.n > bytes - sizeof h)
-        return refuse(v, origin, h.batch, "a malformed batch for verification");
+        return refuse(v, origin, h.batch, "a malformed batch for verification", -1);
     char why[512] = "";
     int rc = use_policy(v, h.step, why, sizeof why);
-    if (rc == VKS_ERR_ARG) return refuse(v, origin, h.batch, why);
+    if (rc == VKS_ERR_ARG) return refuse(v, origin, h.batch, why, -1);
     if (rc) return rc;
     int n_all = P * c->group_size;
     vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
@@ -453,6 +481,8 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     cnt.task_reward_sum = sum; /* the verifier's own */
     v->gen.batch = h.batch, v->gen.policy_step = h.step; /* for the record of rejections */
     if (!bad && !rc) rc = replay(v, &f, groups, flat, verdicts, logp, replayed, &cnt.checked, &cnt.accepted);
+    int blamed = -1;
+    if (!bad && !rc) bad = !stages_hold(v, verdicts, why, sizeof why, &blamed);
     if (!bad && !rc) bad = !replay_agrees(v, groups, verdicts, logp, replayed, why, sizeof why);
     if (!bad && !rc) rc = regroup(v, origin, h.batch, groups, verdicts);
     size_t n = 0;
@@ -463,7 +493,7 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     free(groups), free(verdicts), free(flat), free(logp), free(replayed);
     vks_rollout_file_free(&f);
     if (rc) return rc;
-    if (bad) return refuse(v, origin, h.batch, why);
+    if (bad) return refuse(v, origin, h.batch, why, blamed);
     vks_rl_msg up = {.magic = VKS_RL_MAGIC, .type = MSG_VERIFIED, .batch = h.batch, .step = h.step, .n = (uint64_t)origin};
     char what[64];
     snprintf(what, sizeof what, "%s taking verdicts", vks_rl_wire_granter(v->o->config));
@@ -494,7 +524,7 @@ static int receive_batch(ver_state *v, const MPI_Status *st) {
     } else if (!fits || mrc != MPI_SUCCESS) {
         char why[96];
         snprintf(why, sizeof why, "a batch of %d bytes (at most %zu)", count, most);
-        rc = refuse(v, st->MPI_SOURCE, -1, why); /* which batch it is cannot be read */
+        rc = refuse(v, st->MPI_SOURCE, -1, why, -1); /* which batch it is cannot be read */
     } else rc = verify_message(v, st->MPI_SOURCE, buf, (size_t)count);
     if (fits) free(buf);
     return rc;

@@ -17,7 +17,7 @@
 enum { TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104, TAG_CAST_HELLO = 7105, TAG_ORCH = 7106 };
 /* Message types (rl_roles.c's header comment says who sends which). */
 enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS = 5, MSG_DONE = 6, MSG_TO_VERIFY = 7,
-       MSG_VERIFIED = 8, MSG_REFUSE = 9,
+       MSG_VERIFIED = 8, MSG_REFUSE = 9, MSG_REFORM = 10,
        /* trainer <-> orchestrator (TAG_ORCH; rl_orchestrator.c says what each carries) */
        MSG_RESUME = 20, MSG_PUBLISHED = 21, MSG_TAKE = 22, MSG_TAKEN = 23, MSG_FINISH = 24, MSG_FINISHED = 25,
        MSG_FAILED = 26 };

@@ -954,6 +954,7 @@ static void test_malformed_proofs_rejected(void **state) {
         fprintf(stderr, "malformed %d: %s\n", i, v[i].reason);
         assert_false(v[i].accepted);
         assert_non_null(strstr(v[i].reason, want[i]));
+        assert_int_equal(v[i].blamed_rank, -1); /* the file's structure is the sender's, not a stage's */
     }
     free_samples(s, 5);
 }
@@ -1114,9 +1115,10 @@ static void verify_all(const vks_rollout_sample *s, int n, const vks_verify_opti
     }
 }
 
-/* Every sample's verdict contains want (NULL: every sample accepted). */
-static void expect_verdicts(const vks_rollout_sample *s, int n, const vks_verify_options *o, const char *want,
-                            const char *what) {
+/* Every sample's verdict contains want (NULL: every sample accepted) and
+ * blames stage rank `blamed` (-1: none). */
+static void expect_verdicts_blaming(const vks_rollout_sample *s, int n, const vks_verify_options *o, const char *want,
+                                    int blamed, const char *what) {
     static const char *paths[] = {"CPU", "reference", "GPU"};
     vks_verdict *v = calloc((size_t)n, sizeof *v);
     for (int path = 0; path < 3; path++) {
@@ -1124,14 +1126,21 @@ static void expect_verdicts(const vks_rollout_sample *s, int n, const vks_verify
         verify_all(s, n_ref, o, path, v);
         int hits = 0;
         for (int i = 0; i < n_ref; i++) {
-            bool hit = want ? !v[i].accepted && strstr(v[i].reason, want) : v[i].accepted;
-            if (!hit) fprintf(stderr, "  %s, %s verifier: %s: %s\n", what, paths[path], s[i].id, v[i].reason);
+            bool hit = (want ? !v[i].accepted && strstr(v[i].reason, want) : v[i].accepted) && v[i].blamed_rank == blamed;
+            if (!hit)
+                fprintf(stderr, "  %s, %s verifier: %s: %s (blamed rank %d)\n", what, paths[path], s[i].id, v[i].reason,
+                        v[i].blamed_rank);
             hits += hit;
         }
         fprintf(stderr, "stage commitments: %-34s %3d of %d as expected (%s verifier)\n", what, hits, n_ref, paths[path]);
         assert_int_equal(hits, n_ref);
     }
     free(v);
+}
+
+static void expect_verdicts(const vks_rollout_sample *s, int n, const vks_verify_options *o, const char *want,
+                            const char *what) {
+    expect_verdicts_blaming(s, n, o, want, -1, what);
 }
 
 static void test_stage_proofs_verify(void **state) {
@@ -1146,11 +1155,11 @@ static void test_stage_proofs_verify(void **state) {
     /* stage 0 skipped layer 1 (it handed on layer 0's output) */
     s = copy_samples(honest_samples(), n);
     add_stage_proofs(s, n, 0, COMMIT_SKIP_LAYER);
-    expect_verdicts(s, n, &o, "stage 0 (rank 0, layers [0,2)): TOPLOC chunk", "stage 0 skipped layer 1");
+    expect_verdicts_blaming(s, n, &o, "stage 0 (rank 0, layers [0,2)): TOPLOC chunk", 0, "stage 0 skipped layer 1");
     free_samples(s, n);
     s = copy_samples(honest_samples(), n);
     add_stage_proofs(s, n, 1, COMMIT_PERTURB);
-    expect_verdicts(s, n, &so, "stage 1 (rank 1, layers [2,3)): TOPLOC chunk", "stage 1 perturbed 1% (strict)");
+    expect_verdicts_blaming(s, n, &so, "stage 1 (rank 1, layers [2,3)): TOPLOC chunk", 1, "stage 1 perturbed 1% (strict)");
     free_samples(s, n);
     /* the stages pass and the final proofs fail: the last stage is named by its layers */
     s = copy_samples(honest_samples(), n);
@@ -1175,6 +1184,7 @@ static void test_stage_proofs_verify(void **state) {
         fprintf(stderr, "structure %d: %s\n", i, v[i].reason);
         assert_false(v[i].accepted);
         assert_non_null(strstr(v[i].reason, want[i]));
+        assert_int_equal(v[i].blamed_rank, -1); /* the file's structure is the sender's, not a stage's */
     }
     free_samples(s, 4);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);

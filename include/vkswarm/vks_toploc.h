@@ -166,6 +166,8 @@ typedef struct {
     int n_chunks;
     vks_toploc_stats worst;   /* each statistic's largest value over the chunks */
     float max_gap;            /* largest sampler gap seen, in logits */
+    int blamed_rank;          /* rejected by a pipeline stage's commitment: that stage's rank (as its
+                               * stage_proofs entry names it); -1 otherwise */
 } vks_verdict;
 
 /* ---- rollout files from generation ----

@@ -238,7 +238,7 @@ static int check_commitment(const uint8_t *proofs, const float *rows, int n, con
 /* The stage commitments in stage order: the first that fails names its stage
  * (the ones before it handed on what the model computes). */
 static int check_stages(sample_job *j, const vks_model_config *c, const vks_verify_options *o, bool *ok_all,
-                        char *reason, size_t reason_len) {
+                        char *reason, size_t reason_len, int *blamed) {
     const vks_rollout_sample *s = j->s;
     *ok_all = true;
     for (int k = 0; k < s->n_stage_proofs && *ok_all; k++) {
@@ -247,9 +247,11 @@ static int check_stages(sample_job *j, const vks_model_config *c, const vks_veri
         int rc = check_commitment(p->proofs, j->stage_rows + (size_t)k * (size_t)s->n_output * (size_t)c->dim,
                                   s->n_output, c, o, ok_all, why, sizeof why);
         if (rc) return rc;
-        if (!*ok_all)
+        if (!*ok_all) {
             snprintf(reason, reason_len, "stage %d (rank %d, layers [%d,%d)): %.180s", k, p->rank, p->layer_begin,
                      p->layer_end, why);
+            *blamed = p->rank;
+        }
     }
     return VKS_OK;
 }
@@ -261,7 +263,8 @@ static int job_finish(sample_job *j, const vks_model_config *c, const vks_verify
     vks_verdict *v = j->v;
     bool stages_ok = true;
     char stage_reason[256] = "";
-    int rc = check_stages(j, c, o, &stages_ok, stage_reason, sizeof stage_reason);
+    int blamed = -1;
+    int rc = check_stages(j, c, o, &stages_ok, stage_reason, sizeof stage_reason, &blamed);
     if (rc) return rc;
     bool toploc_ok = true;
     char toploc_reason[256] = "";
@@ -292,6 +295,7 @@ static int job_finish(sample_job *j, const vks_model_config *c, const vks_verify
     if (!stages_ok || !toploc_ok) { /* a failed commitment outranks a sampler finding; the first stage's first */
         v->accepted = false;
         snprintf(v->reason, sizeof v->reason, "%s", stages_ok ? toploc_reason : stage_reason);
+        v->blamed_rank = stages_ok ? -1 : blamed;
     }
     job_free(j);
     return VKS_OK;
@@ -312,7 +316,7 @@ static int start_verdicts(const vks_model_config *c, const vks_verify_options *o
                           int n, vks_verdict *out, bool *live) {
     for (int i = 0; i < n; i++) {
         memset(&out[i], 0, sizeof out[i]);
-        out[i].accepted = true;
+        out[i].accepted = true, out[i].blamed_rank = -1;
         live[i] = check_structure(c, o, &samples[i], &out[i]);
     }
     return VKS_OK;

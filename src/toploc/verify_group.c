@@ -229,9 +229,9 @@ static void decide(const vks_rollout_sample *samples, int n, vks_group_plan *p, 
     }
     for (int i = 0; i < n; i++) {
         const vks_group_verdict *g = &p->groups[p->group_of[i]];
-        if (!p->checked[i]) out[i] = (vks_verdict){.accepted = true};
+        if (!p->checked[i]) out[i] = (vks_verdict){.accepted = true, .blamed_rank = -1};
         if (g->accepted || (p->checked[i] && !out[i].accepted)) continue;
-        out[i] = (vks_verdict){.accepted = false};
+        out[i] = (vks_verdict){.accepted = false, .blamed_rank = out[g->first_failed].blamed_rank};
         snprintf(out[i].reason, sizeof out[i].reason, "%s; group rejected: %d of %d checked samples failed, the first %s",
                  p->checked[i] ? "checked and passed" : "not checked", g->n_failed, g->n_checked,
                  samples[g->first_failed].id ? samples[g->first_failed].id : "");
