@@ -176,21 +176,26 @@ fi
 
 if [ -z "$short" ]; then
 # a pipeline group of three ranks [1, 2, 3] whose middle stage (rank 2, layer 1 of the tiny model's
-# 4) hands on what it received (tests/vkswarm-faulty, mpi/pipeline_fault.h): the verifier rank (4)
-# rejects the completions naming stage 1 by its world rank 2, never the honest stages. Every
-# completion fails, so the groups sent without completions do too, and the verifier refuses the
-# batch (a group's "no signal" must hold); the orchestrator refuses the group by its first rank
-# (refusing the stage's own rank and re-forming the group is issue 27's open point), and with no
-# inference group left the run ends (status 3). Every rejection and refusal names stage 1 (rank 2).
+# 4) hands on what it received (tests/vkswarm-faulty, mpi/pipeline_fault.h; the fault names the
+# world rank): the verifier rank (4) rejects the completions naming stage 1 by its world rank 2 and
+# refuses the batch blaming that stage; the orchestrator refuses rank 2 (not the group's first, rank
+# 1: issue 27), the group re-forms as [1, 3] (layers [0,2) and [2,4); the cheat stays with rank 2's
+# process) and the run finishes on it. Every rejection and refusal names rank 2; ranks 1 and 3 never
+# are refused (nor dropped).
 config "$tmp/stage" 2 0 4
 sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1, 2, 3]]/' "$tmp/run.json"
-VKSWARM_TEST_FAULT=1:skip-layer mpi_run 300 -x VKSWARM_TEST_FAULT -np 5 ${1:?build dir}/tests/vkswarm-faulty rl \
+VKSWARM_TEST_FAULT=2:skip-layer mpi_run 300 -x VKSWARM_TEST_FAULT -np 5 ${1:?build dir}/tests/vkswarm-faulty rl \
     --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
 named=$(grep -c "stage 1 (rank 2, layers \[1,2)): TOPLOC chunk" "$tmp/err.txt")
-others=$(grep "rejected\|refused" "$tmp/err.txt" | grep -vc "stage 1 (rank 2, layers \[1,2)): TOPLOC chunk")
-if [ "$named" -gt 0 ] && [ "$others" = 0 ] && grep -q "verifier rank 4: batch [0-9]* of rank 1 refused: .*stage 1 (rank 2" "$tmp/err.txt"; then
-    ok "a pipeline group's cheating middle stage: $named rejections and refusals name stage 1 (rank 2), none another (status $rc)"
+others=$(grep "rejected:\|refused" "$tmp/err.txt" | grep -vc "stage 1 (rank 2, layers \[1,2)): TOPLOC chunk")
+if [ $rc -eq 0 ] && [ "$named" -gt 0 ] && [ "$others" = 0 ] &&
+   grep -q "verifier rank 4: batch [0-9]* from rank 1: stage rank 2 refused: .*stage 1 (rank 2" "$tmp/err.txt" &&
+   grep -q "inference group \[1, 2, 3\]: stage rank 2 refused: verifier rank 4: batch [0-9]*: .*stage 1 (rank 2.*; the group goes on as \[1, 3\]" "$tmp/err.txt" &&
+   grep -q "inference group \[1, 2, 3\]: re-formed without rank 2 as \[1, 3\] (layers \[0,2) \[2,4))" "$tmp/err.txt" &&
+   ! grep -q "rank [13] \(refused\|dropped\)\|stage rank [13] refused\|no inference rank is left" "$tmp/err.txt" &&
+   metrics_ok "$tmp/stage/metrics.jsonl" 2 0; then
+    ok "a pipeline group's cheating middle stage: rank 2 refused ($named rejections name it), the group re-formed as [1, 3] finishes the run"
 else bad "cheating stage in the RL run: $named named, $others others, status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; fi
 fi
 
