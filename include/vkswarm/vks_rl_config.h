@@ -72,6 +72,7 @@ typedef struct {
     int n_groups;
     int verifiers[VKS_RL_MAX_RANKS], n_verifiers;
     int relays[VKS_RL_MAX_RANKS], n_relays;
+    uint32_t given;            /* keys a config file or KEY=VALUE set (vks_rl_config_given); not stored */
 } vks_rl_config;
 
 /* The defaults (above). */
@@ -82,6 +83,26 @@ int vks_rl_config_load(vks_rl_config *c, const char *path);
 /* Sets one key from text ("steps=10", "roles.trainer=1",
  * "length_targets=64,128", "roles.inference=1;2,3" for groups {1} and {2,3}). */
 int vks_rl_config_set(vks_rl_config *c, const char *assignment);
+/* Whether `key` (a key above, "length_targets" or "roles") was set by
+ * vks_rl_config_load or vks_rl_config_set since vks_rl_config_defaults. */
+bool vks_rl_config_given(const vks_rl_config *c, const char *key);
+/* The whole configuration as a JSON object (every key; "roles" only when
+ * given), reals exact: malloc'd text, NULL when out of memory. What an RL
+ * run stores in its checkpoints (vks_rl.h) and vks_rl_config_parse reads. */
+char *vks_rl_config_to_json(const vks_rl_config *c);
+/* Reads JSON text (an object, as in a config file) over c; errors name `where`. */
+int vks_rl_config_parse(vks_rl_config *c, const char *json, const char *where);
+/* Resuming: c (defaults, then a config file and KEY=VALUE) over what the
+ * checkpoint `where` stored (stored): keys c was not given take the stored
+ * values, given ones keep c's. A given key whose value differs from the stored
+ * one is refused (VKS_ERR_ARG: "resume: KEY was OLD in WHERE, now NEW
+ * (--override to allow)") unless it may change on resume (out, steps,
+ * save_every, keep: where and how long the run goes, not what it does) or
+ * `override`; task and prompts_per_step are refused even then (the rollout
+ * position is in their terms). With override, changed gets "KEY OLD -> NEW"
+ * for each such key, comma-separated ("" when none). */
+int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const char *where, bool override, char *changed,
+                         size_t cap);
 /* Checks values and roles against n_ranks started; without roles, assigns
  * every role to rank 0 (n_ranks must then be 1). */
 int vks_rl_config_check(vks_rl_config *c, int n_ranks);
