@@ -300,6 +300,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
 int cmd_rl(int argc, char **argv) {
     rl_args a = {0};
     parse_rl(argc, argv, &a);
+    if (a.n_ranks == 1) cli_stop_install(); /* across ranks, mpirun's signals end every rank as before */
     vks_tokenizer *tok = NULL;
     vks_model *m = NULL;
     if (a.c.model[0]) {
@@ -320,8 +321,7 @@ int cmd_rl(int argc, char **argv) {
     a.o.model = m, a.o.tok = tok, a.o.train_gpu = train_gpu, a.o.infer_gpu = infer_gpu;
     a.o.progress = on_progress;
     a.o.on_resume = cli_on_resume_rl;
-    a.o.stop_requested = cli_stop_requested;
-    cli_stop_install();
+    a.o.stop_requested = cli_stop_requested; /* handlers installed before the model loads */
     vks_rl_result r;
     int rc = vks_rl_run(&a.o, &r);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());

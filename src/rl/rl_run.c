@@ -59,6 +59,9 @@ typedef struct {
     bool stopped;
     int64_t stop_position;       /* the rollout position the final checkpoint records */
     int64_t published_position;  /* the rollout position when the last weights were handed over */
+    vks_rl_counters counted;     /* a resumed run: the counters its checkpoint recorded (the inference thread
+                                  * counts on from them); zero otherwise */
+    bool counted_stored;
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
@@ -81,6 +84,8 @@ static int make_dirs(rl_run *r, vks_rl_result *res) {
 
 /* ---- resume ---- */
 
+static void get_counters(rl_run *r, vks_rl_counters *c);
+
 /* What a checkpoint records beside the trainer's state (vks_rl_stored): the
  * task, the batch size (task i of batch b is b * P + i), the rollout
  * position, the whole config, the evaluation options and the start accuracy. */
@@ -89,11 +94,17 @@ static char *position_json(const rl_run *r, int64_t next_batch) {
     json_t *config = text ? json_loads(text, JSON_REJECT_DUPLICATES, NULL) : NULL;
     free(text);
     if (!config) return NULL;
-    json_t *o = json_pack("{s:s, s:i, s:I, s:o, s:{s:i, s:i, s:I, s:b}, s:o}", "rl_task", r->c->task,
+    vks_rl_counters n;
+    get_counters((rl_run *)r, &n);
+    json_t *o = json_pack("{s:s, s:i, s:I, s:o, s:{s:i, s:i, s:I, s:b}, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:f}}",
+                          "rl_task", r->c->task,
                           "rl_prompts_per_step", r->c->prompts_per_step, "rl_next_batch", (json_int_t)next_batch,
                           "rl_config", config, "rl_eval", "eval_every", r->o->eval_every, "eval_n", r->o->eval_n,
                           "eval_seed", (json_int_t)r->o->eval_seed, "verify", (int)r->o->verify, "rl_start_accuracy",
-                          isnan(r->start_accuracy) ? json_null() : json_real(r->start_accuracy));
+                          isnan(r->start_accuracy) ? json_null() : json_real(r->start_accuracy), "rl_counters",
+                          "rollouts", (json_int_t)n.rollouts, "checked", (json_int_t)n.checked, "accepted",
+                          (json_int_t)n.accepted, "rejected", (json_int_t)n.rejected, "filtered", (json_int_t)n.filtered,
+                          "stale", (json_int_t)n.stale, "task_reward_sum", n.task_reward_sum);
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(o);
     return s;
@@ -124,6 +135,19 @@ static int read_position(rl_run *r, const char *dir) {
         r->start_accuracy = json_is_null(a) ? NAN : json_number_value(a);
         r->start_accuracy_stored = true;
     }
+    json_t *n = json_object_get(o, "rl_counters");
+    int64_t *f[] = {&r->counted.rollouts, &r->counted.checked, &r->counted.accepted, &r->counted.rejected,
+                    &r->counted.filtered, &r->counted.stale};
+    const char *names[] = {"rollouts", "checked", "accepted", "rejected", "filtered", "stale"};
+    bool ok = !rc && !r->src && json_is_object(n) && json_is_number(json_object_get(n, "task_reward_sum"));
+    for (int i = 0; ok && i < 6; i++) {
+        json_t *v = json_object_get(n, names[i]);
+        ok = json_is_integer(v) && json_integer_value(v) >= 0;
+        if (ok) *f[i] = (int64_t)json_integer_value(v);
+    }
+    if (ok) r->counted.task_reward_sum = json_number_value(json_object_get(n, "task_reward_sum"));
+    else memset(&r->counted, 0, sizeof r->counted);
+    r->counted_stored = ok;
     json_decref(o);
     return rc;
 }
@@ -213,6 +237,8 @@ static int apply_checkpoint(rl_run *r) {
     /* the groups that trainer steps 1..step consumed count as queued (the async window) */
     r->sh.queue.pushed = r->ck->state.step * r->c->prompts_per_step;
     r->gen.batch = r->sh.batches = r->next_batch;
+    if (!r->src && r->counted_stored) /* the metrics' totals go on from the checkpoint's (across ranks: from 0) */
+        r->sh.queue.counters = r->reported = r->counted;
     return rc;
 }
 
@@ -567,7 +593,7 @@ static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
     get_counters(r, &c);
     p->accept_rate = c.checked ? (double)c.accepted / (double)c.checked : 1.0;
     double el = vks_seconds_now() - t_start;
-    p->rollouts_per_s = el > 0 ? (double)c.rollouts / el : 0;
+    p->rollouts_per_s = el > 0 ? (double)(c.rollouts - r->counted.rollouts) / el : 0; /* this process's */
     p->groups_filtered = c.filtered;
     p->rejected = c.rejected;
     p->groups_stale = c.stale;
