@@ -440,12 +440,12 @@ int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const ch
         if (!vks_rl_config_given(c, k)) continue;
         json_t *now = json_object_get(mine, k), *was = json_object_get(old, k);
         if (json_equal(now, was) || (!now && !was)) continue;
-        if (now) json_object_set(old, k, now);
-        else json_object_del(old, k);
-        if (listed(resume_free_keys, k)) continue;
         char a[300], b[300];
         value_text(was, a, sizeof a);
         value_text(now, b, sizeof b);
+        if (now) json_object_set(old, k, now); /* releases was */
+        else json_object_del(old, k);
+        if (listed(resume_free_keys, k)) continue;
         if (listed(resume_fixed_keys, k))
             rc = vks_set_error(VKS_ERR_ARG, "resume: %s was %s in %s, now %s (the rollout position is in the terms of its "
                                "task and prompts_per_step: start a new run from it with --model and another --out)",
