@@ -13,7 +13,7 @@
 static const char train_usage[] =
     "usage: vkswarm train sft (--model M | --init tiny) --data FILE.jsonl --steps N [--batch B]\n"
     "                         [--micro-batch b] [--lr X] [--warmup N] [--cosine] [--min-lr X]\n"
-    "                         [--weight-decay X] [--grad-clip X] [--out DIR] [--resume] [--seed S]\n"
+    "                         [--weight-decay X] [--grad-clip X] [--out DIR] [--resume [--override]] [--seed S]\n"
     "                         [--save-every N] [--keep N] [--recompute] [--device N] [--profile]\n"
     "Supervised fine-tuning on the GPU. FILE.jsonl holds {\"prompt\": ..., \"completion\": ...} lines (the\n"
     "loss is on the completion and EOS) or {\"text\": ...} lines (every token after BOS). Each step takes\n"
@@ -27,7 +27,14 @@ static const char train_usage[] =
     "(safetensors + config.json + tokenizer, optimizer.safetensors, state.json), the last --keep\n"
     "(default 3) of them, every --save-every steps (default: only the last). --resume continues\n"
     "from the newest checkpoint in DIR, bit for bit (said on stderr, as is a DIR without one: a fresh\n"
-    "run). One run at a time writes DIR; a fresh run refuses a DIR holding an earlier run's files.\n"
+    "run); give the same options (--steps may change): a --seed, --lr, --warmup, --cosine, --min-lr,\n"
+    "--weight-decay, --grad-clip, --batch or --micro-batch other than the checkpoint's is refused, exit\n"
+    "2, naming it with both values, unless --override (then said on stderr). One run at a time\n"
+    "writes DIR; a fresh run refuses a DIR holding an earlier run's files.\n"
+    "Ctrl-C (SIGINT) or SIGTERM stops cleanly: the current step finishes, its checkpoint, metrics and\n"
+    "plot are written, and the run exits 130 with one line: 'vkswarm: train: stopped at step N;\n"
+    "checkpoint DIR/step-N; continue with: vkswarm train sft ... --resume' (this command line). A\n"
+    "second signal stops at once.\n"
     "Progress goes to stderr; stdout gets the paths (escaped):\n"
     "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n";
 

@@ -43,7 +43,10 @@
  * Without "roles" every role runs on rank 0 (one machine). Trainer,
  * inference, verifier and relay ranks are disjoint; the orchestrator is the
  * trainer's rank or a rank of its own (default 0). Unknown keys, duplicate or out-of-range ranks, a rank without a
- * role, and values out of range are refused, naming the key. */
+ * role, and values out of range are refused, naming the key. An RL run stores
+ * the whole config in each checkpoint (vks_rl_config_to_json; vks_rl.h
+ * vks_rl_stored), and a resume merges what it is given over it
+ * (vks_rl_config_resume). */
 #ifndef VKS_RL_CONFIG_H
 #define VKS_RL_CONFIG_H
 #include "vks_common.h"
