@@ -133,7 +133,8 @@ typedef struct {
 typedef struct {
     char checkpoint[4096];
     int64_t step;
-    bool has_config;          /* false: written before runs stored these (rl_config and rl_eval) */
+    bool has_config;          /* false: written before runs stored these (rl_config and rl_eval), or not
+                               * an RL run's checkpoint (vks_rl_run refuses that one, naming its kind) */
     vks_rl_config config;
     int eval_every, eval_n;
     uint64_t eval_seed;

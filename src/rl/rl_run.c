@@ -174,10 +174,9 @@ int vks_rl_stored_read(const char *out_dir, vks_rl_stored *s, bool *found) {
     json_t *step = json_object_get(root, "step"), *extra = json_object_get(root, "extra");
     if (!json_is_integer(step)) return stored_fail(root, path, "step is not an integer");
     s->step = (int64_t)json_integer_value(step);
-    if (!json_object_get(extra, "rl_task"))
-        return stored_fail(root, path, "not an RL run's checkpoint (no rl_task): vkswarm rl --resume continues only those");
     json_t *config = json_object_get(extra, "rl_config"), *ev = json_object_get(extra, "rl_eval");
-    if (!config && !ev) { /* an older checkpoint: the command line gives the config */
+    if (!json_object_get(extra, "rl_task") || (!config && !ev)) {
+        /* another kind of checkpoint (vks_rl_run refuses it naming the kind), or an older RL one: no config */
         json_decref(root);
         return VKS_OK;
     }
