@@ -244,9 +244,10 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
     }
     if (isnan(r->start_accuracy))
         printf("accuracy: not measured (%s)\n", !a->o.eval_n ? "--eval-n 0" : "a task file without --eval-tasks or --eval-split");
-    else if (isnan(r->final_accuracy)) /* stopped before an evaluation */
-        printf("accuracy: %.3f -> not measured since the %s\n", r->start_accuracy,
-               r->start_accuracy_stored ? "run's start (step 0)" : "start");
+    else if (isnan(r->final_accuracy) && r->resumed_from >= 0) /* stopped before an evaluation */
+        printf("accuracy: %.3f -> not measured since the resume at step %lld\n", r->start_accuracy,
+               (long long)r->resumed_from);
+    else if (isnan(r->final_accuracy)) printf("accuracy: %.3f -> not measured since the start\n", r->start_accuracy);
     else printf("accuracy: %.3f -> %.3f%s\n", r->start_accuracy, r->final_accuracy,
                 r->start_accuracy_stored ? " (from the run's start, step 0)" : "");
     printf("trainer idle: %.3f\n", r->trainer_idle);
