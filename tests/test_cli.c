@@ -12,6 +12,10 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <jansson.h>
+#include <sys/wait.h>
+#include <signal.h>
+#include <errno.h>
 
 static void test_help_everywhere(void **state) {
     (void)state;
@@ -1224,7 +1228,7 @@ static void test_train_out_dir(void **state) {
     free(out), free(err);
     snprintf(args, sizeof args, "%s %s --steps 2 --resume --out %s/o", base, data, dir);
     assert_int_equal(run_capture(args, &out, &err), 0);
-    snprintf(want, sizeof want, "vkswarm: train: --resume: continuing from %s/o/step-000000001 (step 1): its weights and "
+    snprintf(want, sizeof want, "vkswarm: train: --resume: continuing from %s/o/step-000000001 (resumed from step 1): its weights and "
              "optimizer state replace the start model's", dir);
     expect_in(err, want);
     free(out), free(err);
@@ -1257,7 +1261,7 @@ static void test_train_out_dir(void **state) {
     free(again);
     /* the RL run's kind of checkpoint (the task in "extra", no data hash) */
     snprintf(args, sizeof args, "cp -r %s/o %s/r && sed -i -e 's/\"hash\": \"[0-9a-f]*\"/\"hash\": \"\"/' -e "
-             "'1s/^{/{\"extra\": {\"rl_task\": \"add:1\", \"rl_prompts_per_step\": 2, \"rl_next_batch\": 3},/' "
+             "'s/\"sft_batch\"/\"rl_task\": \"add:1\", \"rl_prompts_per_step\": 2, \"rl_next_batch\": 3, \"sft_batch\"/' "
              "%s/r/step-000000002/state.json", dir, dir, dir);
     assert_int_equal(tu_run(args, NULL), 0);
     snprintf(args, sizeof args, "%s %s --steps 3 --resume --out %s/r", base, data, dir);
@@ -1577,6 +1581,211 @@ static void test_own_tasks(void **state) {
     free(out);
 }
 
+/* Runs vkswarm with `args` (shell syntax), stdout to a file, stderr read as
+ * it comes; once stderr holds `trigger`, sends SIGINT (event-triggered, no
+ * sleep). Returns the exit status (128 + N for a signal N); *err gets all of
+ * stderr, *out stdout (malloc'd). */
+static int run_interrupted(const char *args, const char *trigger, char **out, char **err) {
+    char outp[600], cmd[16384];
+    snprintf(outp, sizeof outp, "%s/stdout.txt", tu_tmpdir());
+    snprintf(cmd, sizeof cmd, "exec %s %s >%s", tu_bin(), args, outp);
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]), close(fd[1]);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t len = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    bool sent = false;
+    for (;;) {
+        if (len + 4096 + 1 > cap) assert_non_null(buf = realloc(buf, cap *= 2));
+        ssize_t n = read(fd[0], buf + len, 4096);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        len += (size_t)n;
+        buf[len] = 0;
+        if (!sent && strstr(buf, trigger)) assert_int_equal(kill(pid, SIGINT), 0), sent = true;
+    }
+    buf[len] = 0;
+    close(fd[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!sent) fail_msg("'%s' never printed '%s': %s", args, trigger, buf);
+    *err = buf;
+    *out = (char *)tu_read_file(outp, NULL);
+    assert_non_null(*out);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* metrics.jsonl's lines without the keys that measure time. */
+static char *metrics_untimed(const char *path, int *lines) {
+    char *text = read_text(path), *res = calloc(1, strlen(text) + 1);
+    assert_non_null(res);
+    *lines = 0;
+    for (char *line = text, *end; *line; line = end + 1) {
+        end = strchr(line, '\n');
+        assert_non_null(end);
+        json_t *o = json_loadb(line, (size_t)(end - line), JSON_REJECT_DUPLICATES, NULL);
+        assert_true(json_is_object(o));
+        const char *timed[] = {"rollouts_per_s", "trainer_idle", "broadcast_s", "elapsed_s"};
+        for (int i = 0; i < 4; i++) json_object_del(o, timed[i]);
+        char *t = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        strcat(res, t), strcat(res, "\n");
+        free(t);
+        json_decref(o);
+        (*lines)++;
+    }
+    free(text);
+    return res;
+}
+
+/* A clean stop of rl (issue 26): SIGINT once step 1 is on stderr: that step
+ * or the next one ends the run with its checkpoint, metrics and plots, exit
+ * 130 and one line saying how to continue; `rl --out OUT --resume` alone
+ * takes the config from the checkpoint, says so before the step lines, and
+ * at k = 0 writes what the straight run wrote (each step once); a changed key
+ * is refused naming it and both values, --override allows it and says so. */
+static void test_rl_clean_stop(void **state) {
+    (void)state;
+    char dir[256], tasks[400], base[2048], args[4096], want[2048], p[1024];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(tasks, sizeof tasks, "%s/t.jsonl", dir);
+    FILE *f = fopen(tasks, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++) fprintf(f, "{\"prompt\": \"%d+%d=\", \"answer\": \"%d\", \"task_type\": \"numeric\"}\n", i, i + 1, 2 * i + 1);
+    fclose(f);
+    snprintf(base, sizeof base, "rl --init tiny --task %s --steps 3 --async-level 0 --set prompts_per_step=2 "
+             "--set group_size=4 --set max_new_tokens=12 --set length_targets=4,12 --set lr=1e-3 --eval-split 0.25 "
+             "--eval-n 2 --eval-every 2", tasks);
+    char *out, *err;
+    snprintf(args, sizeof args, "%s --out %s/a", base, dir);
+    int rc = run_capture(args, &out, &err);
+    if (rc) fail_msg("straight run: %d: %s", rc, err);
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s --out %s/b", base, dir);
+    rc = run_interrupted(args, "rl: step 1/3", &out, &err);
+    long long stop = -1;
+    const char *at = strstr(err, "vkswarm: rl: stopped at step ");
+    if (rc != 130 || !at || sscanf(at, "vkswarm: rl: stopped at step %lld", &stop) != 1) fail_msg("stopped: %d: %s", rc, err);
+    assert_true(stop == 1 || stop == 2);
+    snprintf(want, sizeof want, "vkswarm: rl: stopped at step %lld; checkpoint %s/b/step-%09lld; continue with: vkswarm rl "
+             "--out %s/b --resume\n", stop, dir, stop, dir);
+    expect_in(err, want);
+    assert_int_equal(lines_with(err, "continue with"), 1);
+    assert_int_equal(lines_with(err, "vkswarm: stopping after this step"), 1);
+    snprintf(want, sizeof want, "final checkpoint: %s/b/step-%09lld\n", dir, stop);
+    expect_in(out, want);
+    const char *files[] = {"rl.svg", "timeline.svg", "metrics.jsonl", "step-000000000/state.json"};
+    for (int i = 0; i < 4; i++) {
+        if (i == 3) snprintf(p, sizeof p, "%s/b/step-%09lld/state.json", dir, stop);
+        else snprintf(p, sizeof p, "%s/b/%s", dir, files[i]);
+        if (access(p, F_OK)) fail_msg("no %s", p);
+    }
+    int lines;
+    snprintf(p, sizeof p, "%s/b/metrics.jsonl", dir);
+    free(metrics_untimed(p, &lines));
+    assert_int_equal(lines, stop);
+    free(out), free(err);
+    /* a changed key, refused naming it: nothing runs */
+    snprintf(args, sizeof args, "rl --out %s/b --resume --set group_size=2", dir);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    snprintf(want, sizeof want, "vkswarm: rl: resume: group_size was 4 in %s/b/step-%09lld, now 2 (--override to allow)\n",
+             dir, stop);
+    assert_string_equal(err, want);
+    free(out), free(err);
+    snprintf(args, sizeof args, "rl --out %s/b --resume --eval-n 3", dir);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    expect_in(err, "rl: resume: eval_n was 2 in ");
+    free(out), free(err);
+    snprintf(args, sizeof args, "rl --out %s/b --resume --system Terse.", dir); /* a prompt flag is compared too */
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    expect_in(err, "rl: resume: prompt was {\"chat_template\":\"none\",\"system\":\"\",");
+    free(out), free(err);
+    /* --resume alone: the stored config, said before the steps; the straight run's lines */
+    snprintf(args, sizeof args, "rl --out %s/b --resume", dir);
+    rc = run_capture(args, &out, &err);
+    if (rc) fail_msg("resume: %d: %s", rc, err);
+    snprintf(want, sizeof want, "(resumed from step %lld)", stop);
+    const char *said = strstr(err, want), *step = strstr(err, "rl: step ");
+    if (!said || !step || said > step) fail_msg("resume said after the steps: %s", err);
+    expect_in(out, " (from the run's start, step 0)\n");
+    free(out), free(err);
+    snprintf(p, sizeof p, "%s/a/metrics.jsonl", dir);
+    char *straight = metrics_untimed(p, &lines);
+    assert_int_equal(lines, 3);
+    snprintf(p, sizeof p, "%s/b/metrics.jsonl", dir);
+    char *resumed = metrics_untimed(p, &lines);
+    assert_int_equal(lines, 3);
+    /* the last line's totals may count a batch made after the last hand-over: up to its "groups_filtered" */
+    const char *cut = strstr(strstr(straight, "{\"step\":3,"), "\"groups_filtered\"");
+    assert_non_null(cut);
+    size_t n = (size_t)(cut - straight);
+    if (strncmp(straight, resumed, n)) fail_msg("straight:\n%s\nresumed:\n%s", straight, resumed);
+    free(straight), free(resumed);
+    /* --override: allowed, and said */
+    snprintf(args, sizeof args, "rl --out %s/b --resume --steps 4 --set max_new_tokens=14 --override", dir);
+    rc = run_capture(args, &out, &err);
+    if (rc) fail_msg("override: %d: %s", rc, err);
+    snprintf(want, sizeof want, "vkswarm: rl: --override: resuming %s/b/step-000000003 with max_new_tokens 12 -> 14\n", dir);
+    expect_in(err, want);
+    expect_in(out, "final checkpoint: ");
+    free(out), free(err);
+}
+
+/* train sft stops the same way: SIGINT once the device is open (before the
+ * first step): step 1 ends the run, checkpointed, exit 130, the command to
+ * continue; that command finishes the run; a changed setting on resume is
+ * refused naming it, --override allows it and says so. */
+static void test_train_clean_stop(void **state) {
+    (void)state;
+    char dir[256], data[512], base[2048], args[4096], want[4096], p[1024];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(data, sizeof data, "%s/add.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 12; i++) fprintf(f, "{\"prompt\": \"%d+%d=\", \"completion\": \"%d\"}\n", i, 2 * i, 3 * i);
+    fclose(f);
+    snprintf(base, sizeof base, "train sft --init tiny --batch 4 --lr 3e-3 --data %s --steps 3 --out %s/o", data, dir);
+    char *out, *err;
+    int rc = run_interrupted(base, "vkswarm: device 0", &out, &err);
+    if (rc != 130) fail_msg("train stopped: %d: %s", rc, err);
+    snprintf(want, sizeof want, "vkswarm: train: stopped at step 1; checkpoint %s/o/step-000000001; continue with: vkswarm "
+             "train sft --init tiny --batch 4 --lr 3e-3 --data %s --steps 3 --out %s/o --resume\n", dir, data, dir);
+    expect_in(err, want);
+    assert_int_equal(lines_with(err, "continue with"), 1);
+    snprintf(want, sizeof want, "final checkpoint: %s/o/step-000000001\n", dir);
+    expect_in(out, want);
+    snprintf(p, sizeof p, "%s/o/loss.svg", dir);
+    assert_int_equal(access(p, F_OK), 0);
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s --resume --lr 1e-3", base);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    snprintf(want, sizeof want, "sft: resume: lr was 0.003 in %s/o/step-000000001, now 0.001 (--override to allow)\n", dir);
+    expect_in(err, want);
+    free(out), free(err);
+    snprintf(args, sizeof args, "%s --resume", base);
+    rc = run_capture(args, &out, &err);
+    if (rc) fail_msg("train resume: %d: %s", rc, err);
+    free(out), free(err);
+    snprintf(p, sizeof p, "%s/o/metrics.jsonl", dir);
+    char *m = read_text(p);
+    assert_int_equal(lines_with(m, "{\"step\":"), 3);
+    free(m);
+    snprintf(args, sizeof args, "%s --resume --steps 4 --grad-clip 2 --override", base);
+    rc = run_capture(args, &out, &err);
+    if (rc) fail_msg("train override: %d: %s", rc, err);
+    expect_in(err, "vkswarm: train: --override: resumed with grad_clip 1 -> 2\n");
+    free(out), free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -1590,6 +1799,7 @@ int main(void) {
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
+        cmocka_unit_test(test_rl_clean_stop), cmocka_unit_test(test_train_clean_stop),
         cmocka_unit_test(test_train_sft_sentencepiece), cmocka_unit_test(test_train_out_dir),
         cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
         cmocka_unit_test(test_own_tasks),

@@ -294,7 +294,8 @@ static void test_resume(void **state) {
     snprintf(c.task, sizeof c.task, "add:1");
     log.n = 0;
     assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
-    assert_non_null(strstr(vks_last_error(), "another task"));
+    if (!strstr(vks_last_error(), "resume: task was \"file:") || !strstr(vks_last_error(), "now \"add:1\""))
+        fail_msg("another task: '%s'", vks_last_error()); /* names the key and both values (issue 26) */
     assert_int_equal(log.n, 0);
     /* a bad rl_next_batch is named as such (it was "not an RL run's checkpoint") */
     small_config(&c, out, 2, 0); /* the task again */
@@ -578,10 +579,115 @@ static void test_group_queue(void **state) {
     assert_int_equal(vks_rl_queue_init(&q, 0, 1), VKS_ERR_ARG);
 }
 
+/* A clean stop (issue 26): stop_requested asked after a step's training
+ * (the third ask: step 2, before its weights go out) or after its progress
+ * (step 1, its weights out already: the rollout position is the one at the
+ * hand-over). Either way the run ends at that step with its checkpoint,
+ * metrics and plots, rc VKS_OK and stopped_at_step; the checkpoint holds the
+ * config; at k = 0 the resumed run trains exactly what the straight run did
+ * (the same losses bit for bit) and metrics.jsonl holds each step once. */
+typedef struct {
+    const progress_log *log;
+    int calls, stop_at_call, stop_after_steps;
+} stop_ctl;
+
+static bool stop_requested(void *ctx) {
+    stop_ctl *s = ctx;
+    s->calls++;
+    return (s->stop_at_call && s->calls >= s->stop_at_call) || (s->stop_after_steps && s->log->n >= s->stop_after_steps);
+}
+
+static void check_metrics_steps(const char *path, int steps) {
+    char *text = (char *)tu_read_file(path, NULL);
+    assert_non_null(text);
+    int n = 0;
+    for (char *line = text; *line; n++) {
+        char want[32];
+        snprintf(want, sizeof want, "{\"step\":%d,", n + 1);
+        if (strncmp(line, want, strlen(want))) fail_msg("%s: line %d is '%.40s'", path, n + 1, line);
+        char *end = strchr(line, '\n');
+        assert_non_null(end);
+        line = end + 1;
+    }
+    assert_int_equal(n, steps);
+    free(text);
+}
+
+static void stop_and_resume(const vks_rl_progress *straight, int steps, stop_ctl *ctl, int stop_at, const char *name) {
+    vks_rl_config c;
+    char out[600], path[700];
+    snprintf(out, sizeof out, "%s/%s", tu_tmpdir(), name);
+    small_config(&c, out, steps, 0);
+    progress_log log = {0};
+    ctl->log = &log;
+    vks_rl_run_options o = options(&c, &log);
+    o.stop_requested = stop_requested, o.stop_ctx = ctl;
+    vks_rl_result r;
+    if (vks_rl_run(&o, &r)) fail_msg("%s", vks_last_error());
+    assert_int_equal(r.stopped_at_step, stop_at);
+    assert_int_equal(log.n, stop_at);
+    snprintf(path, sizeof path, "%s/step-%09d", out, stop_at);
+    assert_string_equal(r.final_checkpoint, path);
+    for (int i = 0; i < stop_at; i++) assert_true(log.p[i].loss == straight[i].loss);
+    struct stat st;
+    assert_int_equal(stat(r.plot_path, &st), 0);
+    assert_int_equal(stat(r.timeline_path, &st), 0);
+    check_metrics_steps(r.metrics_path, stop_at);
+    /* the checkpoint holds the config and the evaluation options */
+    vks_rl_stored *stored = malloc(sizeof *stored);
+    assert_non_null(stored);
+    bool found = false;
+    assert_int_equal(vks_rl_stored_read(out, stored, &found), VKS_OK);
+    assert_true(found && stored->has_config);
+    assert_string_equal(stored->checkpoint, path);
+    assert_int_equal(stored->step, stop_at);
+    assert_string_equal(stored->config.task, c.task);
+    assert_int_equal(stored->config.group_size, 4);
+    assert_int_equal(stored->config.n_length_targets, 2);
+    assert_true(stored->config.lr == 1e-3 && stored->verify && stored->eval_n == 0);
+    free(stored);
+    /* resumed: the straight run's steps, each once in metrics.jsonl */
+    log.n = 0;
+    o.resume = true, o.stop_requested = NULL;
+    if (vks_rl_run(&o, &r)) fail_msg("%s", vks_last_error());
+    assert_int_equal(r.resumed_from, stop_at);
+    assert_int_equal(r.stopped_at_step, -1);
+    assert_true(r.start_accuracy_stored); /* NaN here (eval_n 0), as the run's start recorded it */
+    assert_int_equal(log.n, steps - stop_at);
+    for (int i = 0; i < log.n; i++) {
+        assert_int_equal(log.p[i].step, stop_at + 1 + i);
+        fprintf(stderr, "%s: resumed step %lld: loss %.9g, straight %.9g\n", name, (long long)log.p[i].step,
+                log.p[i].loss, straight[stop_at + i].loss);
+        assert_true(log.p[i].loss == straight[stop_at + i].loss);
+        assert_true(log.p[i].policy_lag == 0.0);
+    }
+    check_metrics_steps(r.metrics_path, steps);
+}
+
+static void test_clean_stop(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600];
+    const int steps = 3;
+    snprintf(out, sizeof out, "%s/stop-straight", tu_tmpdir());
+    small_config(&c, out, steps, 0);
+    progress_log straight = {0};
+    vks_rl_run_options o = options(&c, &straight);
+    vks_rl_result r;
+    if (vks_rl_run(&o, &r)) fail_msg("%s", vks_last_error());
+    assert_int_equal(straight.n, steps);
+    assert_int_equal(r.stopped_at_step, -1);
+    stop_ctl before_publish = {.stop_at_call = 3};
+    stop_and_resume(straight.p, steps, &before_publish, 2, "stop-2");
+    stop_ctl after_progress = {.stop_after_steps = 1};
+    stop_and_resume(straight.p, steps, &after_progress, 1, "stop-1");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
                                        cmocka_unit_test(test_resume_refuses_other_runs),
-                                       cmocka_unit_test(test_group_queue), cmocka_unit_test(test_heldout_accuracy)};
+                                       cmocka_unit_test(test_group_queue), cmocka_unit_test(test_heldout_accuracy),
+                                       cmocka_unit_test(test_clean_stop)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vkswarm/vks_rl_config.h"
@@ -228,6 +229,85 @@ static void test_prompt_block(void **state) {
     expect_message(vks_rl_config_check(&c, 1), "config: length_targets: 25 exceeds max_new_tokens 24");
 }
 
+/* Resuming (issue 26): the stored config round-trips through JSON exactly;
+ * keys not given take the stored values; a given key that differs is refused
+ * naming it, its old and new value, unless it may change (out, steps,
+ * save_every, keep) or override (then listed); task and prompts_per_step
+ * never. */
+static void test_resume_merge(void **state) {
+    (void)state;
+    vks_rl_config *stored = malloc(sizeof *stored), *c = malloc(sizeof *c), *back = malloc(sizeof *back);
+    assert_true(stored && c && back);
+    vks_rl_config_defaults(stored);
+    assert_int_equal(vks_rl_config_set(stored, "group_size=4"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(stored, "lr=3e-4"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(stored, "length_targets=4,12"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(stored, "task=mul:3"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(stored, "seed=18446744073709"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(stored, "prompt.chat_template=qwen3"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(stored, "prompt.think=false"), VKS_OK);
+    char *json = vks_rl_config_to_json(stored);
+    assert_non_null(json);
+    vks_rl_config_defaults(back);
+    assert_int_equal(vks_rl_config_parse(back, json, "stored"), VKS_OK);
+    back->given = stored->given; /* the only field the JSON leaves out */
+    assert_memory_equal(back, stored, sizeof *back);
+    free(json);
+    stored->given = 0;
+    char changed[512];
+    /* nothing given: the stored config whole */
+    vks_rl_config_defaults(c);
+    assert_int_equal(vks_rl_config_resume(c, stored, "OUT/step-000000003", false, changed, sizeof changed), VKS_OK);
+    assert_int_equal(c->group_size, 4);
+    assert_true(c->lr == 3e-4);
+    assert_int_equal(c->n_length_targets, 2);
+    assert_string_equal(c->task, "mul:3");
+    assert_string_equal(c->prompt.chat_template, "qwen3");
+    assert_true(c->prompt.no_think);
+    assert_string_equal(changed, "");
+    /* the same value given, and keys that may change */
+    vks_rl_config_defaults(c);
+    assert_int_equal(vks_rl_config_set(c, "group_size=4"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(c, "steps=80"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(c, "out=elsewhere"), VKS_OK);
+    assert_int_equal(vks_rl_config_resume(c, stored, "OUT/step-000000003", false, changed, sizeof changed), VKS_OK);
+    assert_int_equal(c->steps, 80);
+    assert_string_equal(c->out, "elsewhere");
+    assert_string_equal(c->task, "mul:3");
+    /* a changed key: refused naming it, then allowed with override */
+    vks_rl_config_defaults(c);
+    assert_int_equal(vks_rl_config_set(c, "group_size=8"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(c, "lr=1e-3"), VKS_OK);
+    assert_int_equal(vks_rl_config_resume(c, stored, "OUT/step-000000003", false, changed, sizeof changed), VKS_ERR_ARG);
+    assert_string_equal(vks_last_error(), "resume: group_size was 4 in OUT/step-000000003, now 8 (--override to allow)");
+    vks_rl_config_defaults(c);
+    assert_int_equal(vks_rl_config_set(c, "length_targets="), VKS_OK);
+    assert_int_equal(vks_rl_config_resume(c, stored, "D", false, changed, sizeof changed), VKS_ERR_ARG);
+    assert_string_equal(vks_last_error(), "resume: length_targets was [4,12] in D, now [] (--override to allow)");
+    vks_rl_config_defaults(c);
+    assert_int_equal(vks_rl_config_set(c, "group_size=8"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(c, "lr=1e-3"), VKS_OK);
+    assert_int_equal(vks_rl_config_resume(c, stored, "D", true, changed, sizeof changed), VKS_OK);
+    assert_string_equal(changed, "group_size 4 -> 8, lr 0.0003 -> 0.001");
+    assert_int_equal(c->group_size, 8);
+    assert_true(c->lr == 1e-3);
+    assert_int_equal(c->n_length_targets, 2); /* not given: stored */
+    /* the prompt format is one key: a changed part is refused naming it */
+    vks_rl_config_defaults(c);
+    assert_int_equal(vks_rl_config_set(c, "prompt.system=Be brief."), VKS_OK);
+    assert_int_equal(vks_rl_config_resume(c, stored, "D", false, changed, sizeof changed), VKS_ERR_ARG);
+    if (!strstr(vks_last_error(), "resume: prompt was {\"chat_template\":\"qwen3\",\"system\":\"\",") ||
+        !strstr(vks_last_error(), "now {\"chat_template\":\"none\",\"system\":\"Be brief.\","))
+        fail_msg("'%s'", vks_last_error());
+    /* task and prompts_per_step: never */
+    vks_rl_config_defaults(c);
+    assert_int_equal(vks_rl_config_set(c, "task=add:2"), VKS_OK);
+    assert_int_equal(vks_rl_config_resume(c, stored, "D", true, changed, sizeof changed), VKS_ERR_ARG);
+    if (!strstr(vks_last_error(), "resume: task was \"mul:3\" in D, now \"add:2\" (the rollout position"))
+        fail_msg("'%s'", vks_last_error());
+    free(stored), free(c), free(back);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_one_rank),
@@ -235,6 +315,7 @@ int main(void) {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_values_named),
         cmocka_unit_test(test_prompt_block),
+        cmocka_unit_test(test_resume_merge),
     };
     return cmocka_run_group_tests_name("rl_config", tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>
@@ -145,10 +146,69 @@ void cli_put_path_line(const char *name, const char *path) {
     putchar('\n');
 }
 
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+    stop_signal = sig;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGINT, &dfl, NULL);
+    sigaction(SIGTERM, &dfl, NULL);
+    static const char msg[] = "vkswarm: stopping after this step, with a checkpoint (a second signal stops at once)\n";
+    ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1); /* async-signal-safe */
+    (void)n;
+}
+
+void cli_stop_install(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+bool cli_stop_requested(void *ctx) {
+    (void)ctx;
+    return stop_signal != 0;
+}
+
+/* s as one POSIX shell word: as it is when it needs no quoting, else in single quotes. */
+static void put_shell_word(FILE *f, const char *s) {
+    size_t n = strlen(s);
+    if (n && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./:=,+@%") == n) {
+        cli_put_escaped(f, s, n);
+        return;
+    }
+    fputc('\'', f);
+    for (const char *p = s; *p;) {
+        size_t run = strcspn(p, "'");
+        cli_put_escaped(f, p, run);
+        p += run;
+        if (*p == '\'') fputs("'\\''", f), p++;
+    }
+    fputc('\'', f);
+}
+
+void cli_stop_line(const char *cmd, int64_t step, const char *checkpoint, int argc, const char *const *argv) {
+    fflush(stdout);
+    fprintf(stderr, "vkswarm: %s: stopped at step %lld; checkpoint ", cmd, (long long)step);
+    cli_put_escaped(stderr, checkpoint, strlen(checkpoint));
+    fputs("; continue with: vkswarm", stderr);
+    for (int i = 0; i < argc; i++) {
+        fputc(' ', stderr);
+        put_shell_word(stderr, argv[i]);
+    }
+    fputc('\n', stderr);
+}
+
 static void on_resume(const char *cmd, const char *checkpoint, int64_t step) {
     if (checkpoint)
-        cli_note("%s: --resume: continuing from %s (step %lld): its weights and optimizer state replace the start "
-                 "model's (--model or --init gives only the shape)", cmd, checkpoint, (long long)step);
+        cli_note("%s: --resume: continuing from %s (resumed from step %lld): its weights and optimizer state replace "
+                 "the start model's (--model or --init gives only the shape)", cmd, checkpoint, (long long)step);
     else cli_note("%s: --resume: the output directory holds no checkpoint: a fresh run from the start model", cmd);
 }
 

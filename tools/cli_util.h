@@ -21,6 +21,18 @@ void cli_put_path_line(const char *name, const char *path);
  * checkpoint continued from, whose weights replace --model's, or none. */
 void cli_on_resume_train(void *ctx, const char *checkpoint, int64_t step);
 void cli_on_resume_rl(void *ctx, const char *checkpoint, int64_t step);
+/* A clean stop (train sft and rl in one process): cli_stop_install sets
+ * handlers for SIGINT and SIGTERM (sigaction); the first signal sets a flag
+ * (volatile sig_atomic_t), says on stderr that the run stops after its step,
+ * and restores the default action, so that a second one stops at once.
+ * cli_stop_requested (the runs' stop_requested; ctx unused) reads the flag. */
+#define EXIT_STOPPED 130
+void cli_stop_install(void);
+bool cli_stop_requested(void *ctx);
+/* The line a cleanly stopped run ends with: "vkswarm: CMD: stopped at step N;
+ * checkpoint CKPT; continue with: vkswarm ARGS..." (each argument quoted for
+ * a POSIX shell where it needs it). */
+void cli_stop_line(const char *cmd, int64_t step, const char *checkpoint, int argc, const char *const *argv);
 /* Installed first thing in main: at exit, stdout is flushed and closed and
  * any failed write to it (full disk, closed pipe) turns the exit status into
  * 1 with a one-line message, so results are never lost silently. */

@@ -17,7 +17,7 @@ static const char rl_usage[] =
     "usage: vkswarm rl [--config FILE.json] [--set KEY=VALUE]... [--model M | --init tiny] [--task T]\n"
     "                  [--steps N] [--async-level K] [--out DIR] [--eval-every N] [--eval-n N]\n"
     "                  [--eval-seed S] [--eval-tasks FILE.jsonl] [--eval-split F] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
-    "                  [--save-every N] [--keep N] [--resume] [--device N] [--tokenizer T]\n"
+    "                  [--save-every N] [--keep N] [--resume [--override]] [--device N] [--tokenizer T]\n"
     "                  [--chat-template NAME] [--system TEXT] [--user-template TEXT] [--think-template TEXT]\n"
     "                  [--no-think]\n"
     "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
@@ -43,12 +43,22 @@ static const char rl_usage[] =
     "metrics.jsonl, rl.svg, timeline.svg (what the trainer and the inference thread did when over the\n"
     "last 4 steps: who waited for whom), rollouts/batch-N.jsonl and checkpoints DIR/step-N (weights,\n"
     "optimizer state, the rollout position) every --save-every steps (default 10) and at the end, the\n"
-    "newest --keep (default 3). --resume continues from the newest one (same task and prompts per\n"
-    "step; the rollouts of batches started after it are not reused; said on stderr, as is a DIR\n"
-    "without one: a fresh run). One run at a time writes DIR; a fresh run refuses a DIR holding an\n"
-    "earlier run's files. stdout gets (paths escaped):\n"
+    "newest --keep (default 3). Each checkpoint holds the run's whole config (and the --eval-* and\n"
+    "--no-verify choices): `vkswarm rl --out DIR --resume` alone continues from the newest one with\n"
+    "them (the rollouts of batches started after it are not reused; said on stderr before the first\n"
+    "step, as is a DIR without one: a fresh run). A key given with --resume (flag, --set, --config)\n"
+    "that differs from the stored one is refused, exit 2, naming the key, old and new value, unless\n"
+    "--override (then said on stderr); --out, --steps, --save-every and --keep may change; task and\n"
+    "prompts_per_step never. One run at a time writes DIR; a fresh run refuses a DIR holding an\n"
+    "earlier run's files.\n"
+    "Ctrl-C (SIGINT) or SIGTERM stops cleanly: the current step finishes, its checkpoint is saved\n"
+    "(whatever --save-every says), metrics and plots are written, stdout as below, and the run exits\n"
+    "130 with one line: 'vkswarm: rl: stopped at step N; checkpoint DIR/step-N; continue with:\n"
+    "vkswarm rl --out DIR --resume'. A second signal stops at once. (One process only: under mpirun\n"
+    "signals end the ranks as before.) stdout gets (paths escaped):\n"
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  final checkpoint: PATH\n"
-    "  held-out: WHAT (with a held-out set)\n  accuracy: START -> FINAL\n  trainer idle: FRACTION\n"
+    "  held-out: WHAT (with a held-out set)\n  accuracy: START -> FINAL (resumed: START is the run's, step 0)\n"
+    "  trainer idle: FRACTION\n"
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
     "trainer rank (by default also the orchestrator) grants batches to inference groups (one rank, or a\n"
     "pipeline of several: the first takes the grants, the group generates across its stages)\n"
@@ -75,7 +85,7 @@ typedef struct {
     int n_set, n_ranks;
     double timeout_s, trainer_timeout_s;
     int test_garbage_rank, test_garbage_kind;
-    bool eval_n_given;
+    bool eval_n_given, eval_every_given, eval_seed_given, verify_given, override;
 } rl_args;
 
 static void set_key(vks_rl_config *c, const char *key, const char *val) {
@@ -102,6 +112,49 @@ static void check_eval(const rl_args *a) {
         fprintf(stderr, "vkswarm: rl: no held-out accuracy: task file without --eval-tasks or --eval-split\n");
 }
 
+/* One run option against what the checkpoint stored: a given one that
+ * differs is refused without --override (then listed in changed); one not
+ * given takes the stored value. */
+static void resume_option(const rl_args *a, const char *ckpt, const char *key, bool given, uint64_t was, uint64_t *now,
+                          char *changed, size_t cap) {
+    if (!given || was == *now) {
+        *now = was;
+        return;
+    }
+    if (!a->override)
+        cli_die(EXIT_BAD_INPUT, "rl: resume: %s was %llu in %s, now %llu (--override to allow)", key,
+                (unsigned long long)was, ckpt, (unsigned long long)*now);
+    size_t at = strlen(changed);
+    if (at < cap)
+        snprintf(changed + at, cap - at, "%s%s %llu -> %llu", at ? ", " : "", key, (unsigned long long)was,
+                 (unsigned long long)*now);
+}
+
+/* rl --resume in one process: the newest checkpoint in OUT gives the run's
+ * config and evaluation options; what the command line gives must be the
+ * same (out, steps, save_every and keep may change), or --override. */
+static void resume_config(rl_args *a) {
+    vks_rl_stored *st = malloc(sizeof *st);
+    if (!st) cli_die(1, "out of memory");
+    bool found = false;
+    if (vks_rl_stored_read(a->c.out, st, &found)) cli_die(EXIT_BAD_INPUT, "rl: %s", vks_last_error());
+    if (!found || !st->has_config) { /* a fresh run, or a checkpoint that stored no config: the command line's */
+        free(st);
+        return;
+    }
+    char changed[4096];
+    if (vks_rl_config_resume(&a->c, &st->config, st->checkpoint, a->override, changed, sizeof changed))
+        cli_die(EXIT_BAD_INPUT, "rl: %s", vks_last_error());
+    uint64_t v[4] = {(uint64_t)a->o.eval_every, (uint64_t)a->o.eval_n, a->o.eval_seed, a->o.verify};
+    resume_option(a, st->checkpoint, "eval_every", a->eval_every_given, (uint64_t)st->eval_every, &v[0], changed, sizeof changed);
+    resume_option(a, st->checkpoint, "eval_n", a->eval_n_given, (uint64_t)st->eval_n, &v[1], changed, sizeof changed);
+    resume_option(a, st->checkpoint, "eval_seed", a->eval_seed_given, st->eval_seed, &v[2], changed, sizeof changed);
+    resume_option(a, st->checkpoint, "verify", a->verify_given, st->verify, &v[3], changed, sizeof changed);
+    a->o.eval_every = (int)v[0], a->o.eval_n = (int)v[1], a->o.eval_seed = v[2], a->o.verify = v[3] != 0;
+    if (changed[0]) cli_note("rl: --override: resuming %s with %s", st->checkpoint, changed);
+    free(st);
+}
+
 static void parse_rl(int argc, char **argv, rl_args *a) {
     static const struct option opts[] = {
         CLI_MODEL_LONG_OPTIONS, {"config", required_argument, 0, 0}, {"set", required_argument, 0, 0},
@@ -113,7 +166,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"test-cheat-every", required_argument, 0, 0},
         {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
         {"test-garbage-reward", no_argument, 0, 0}, {"save-every", required_argument, 0, 0},
-        {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS,
+        {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, {"override", no_argument, 0, 0},
+        CLI_PROMPT_LONG_OPTIONS,
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
     a->o = (vks_rl_run_options){.config = &a->c, .eval_every = 5, .eval_n = 64, .eval_seed = 999983, .verify = true};
@@ -129,7 +183,11 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(rl_usage, stdout); exit(0); }
         const char *name = opts[idx].name;
-        if (cli_model_option(&a->m, name, optarg) || cli_prompt_option(&a->c.prompt, "rl", name, optarg)) continue;
+        if (cli_model_option(&a->m, name, optarg)) continue;
+        if (cli_prompt_option(&a->c.prompt, "rl", name, optarg)) {
+            vks_rl_config_mark_given(&a->c, "prompt"); /* a resume compares the stored prompt format */
+            continue;
+        }
         if (!strcmp(name, "think-tokens")) cli_usage_error("rl", "--think-tokens goes with eval and tasks filter; an RL run's budgets are length_targets");
         if (!strcmp(name, "config")) continue;
         else if (!strcmp(name, "set")) { if (vks_rl_config_set(&a->c, optarg)) cli_usage_error("rl", "%s", vks_last_error()); }
@@ -138,15 +196,17 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "steps")) set_key(&a->c, "steps", optarg);
         else if (!strcmp(name, "async-level")) set_key(&a->c, "async_level", optarg);
         else if (!strcmp(name, "out")) set_key(&a->c, "out", optarg);
-        else if (!strcmp(name, "eval-every")) a->o.eval_every = (int)cli_parse_long("--eval-every", optarg, 0, 1 << 30);
+        else if (!strcmp(name, "eval-every"))
+            a->o.eval_every = (int)cli_parse_long("--eval-every", optarg, 0, 1 << 30), a->eval_every_given = true;
         else if (!strcmp(name, "eval-n")) a->o.eval_n = (int)cli_parse_long("--eval-n", optarg, 0, 1 << 20), a->eval_n_given = true;
         else if (!strcmp(name, "eval-tasks")) set_key(&a->c, "eval_tasks", optarg);
         else if (!strcmp(name, "eval-split")) set_key(&a->c, "eval_split", optarg);
-        else if (!strcmp(name, "eval-seed")) a->o.eval_seed = cli_parse_u64("--eval-seed", optarg);
-        else if (!strcmp(name, "no-verify")) a->o.verify = false;
+        else if (!strcmp(name, "eval-seed")) a->o.eval_seed = cli_parse_u64("--eval-seed", optarg), a->eval_seed_given = true;
+        else if (!strcmp(name, "no-verify")) a->o.verify = false, a->verify_given = true;
         else if (!strcmp(name, "save-every")) set_key(&a->c, "save_every", optarg);
         else if (!strcmp(name, "keep")) set_key(&a->c, "keep", optarg);
         else if (!strcmp(name, "resume")) a->o.resume = true;
+        else if (!strcmp(name, "override")) a->override = true;
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
         else if (!strcmp(name, "trainer-timeout-s"))
             a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
@@ -157,8 +217,10 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     if (optind < argc) cli_usage_error("rl", "unexpected argument '%s'", argv[optind]);
     if (a->m.model_path) set_key(&a->c, "model", a->m.model_path);
     if (a->m.random_spec) cli_usage_error("rl", "--random-model has no tokenizer: use --init tiny or --model");
+    if (a->override && !a->o.resume) cli_usage_error("rl", "--override applies to --resume only");
     const char *np = getenv("OMPI_COMM_WORLD_SIZE");
     a->n_ranks = np && atoi(np) > 1 ? atoi(np) : 1;
+    if (a->o.resume && a->n_ranks == 1) resume_config(a);
     if (vks_rl_config_check(&a->c, a->n_ranks)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     check_eval(a);
     if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
@@ -178,8 +240,6 @@ static void on_progress(void *ctx, const vks_rl_progress *p) {
 }
 
 static void print_result(const rl_args *a, const vks_rl_result *r) {
-    if (r->resumed_from >= 0)
-        fprintf(stderr, "vkswarm: rl: resumed from step %lld\n", (long long)r->resumed_from);
     fprintf(stderr, "vkswarm: rl: %lld rollouts, %lld accepted, %lld rejected, %lld groups without signal, %lld stale, %.0f s\n",
             (long long)r->rollouts, (long long)r->accepted, (long long)r->rejected, (long long)r->groups_filtered,
             (long long)r->groups_stale, r->elapsed_s);
@@ -197,7 +257,12 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
     }
     if (isnan(r->start_accuracy))
         printf("accuracy: not measured (%s)\n", !a->o.eval_n ? "--eval-n 0" : "a task file without --eval-tasks or --eval-split");
-    else printf("accuracy: %.3f -> %.3f\n", r->start_accuracy, r->final_accuracy);
+    else if (isnan(r->final_accuracy) && r->resumed_from >= 0) /* stopped before an evaluation */
+        printf("accuracy: %.3f -> not measured since the resume at step %lld\n", r->start_accuracy,
+               (long long)r->resumed_from);
+    else if (isnan(r->final_accuracy)) printf("accuracy: %.3f -> not measured since the start\n", r->start_accuracy);
+    else printf("accuracy: %.3f -> %.3f%s\n", r->start_accuracy, r->final_accuracy,
+                r->start_accuracy_stored ? " (from the run's start, step 0)" : "");
     printf("trainer idle: %.3f\n", r->trainer_idle);
 }
 
@@ -260,6 +325,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
 int cmd_rl(int argc, char **argv) {
     rl_args a = {0};
     parse_rl(argc, argv, &a);
+    if (a.n_ranks == 1) cli_stop_install(); /* across ranks, mpirun's signals end every rank as before */
     vks_tokenizer *tok = NULL;
     vks_model *m = NULL;
     if (a.c.model[0]) {
@@ -282,14 +348,23 @@ int cmd_rl(int argc, char **argv) {
     a.o.progress = on_progress;
     a.o.on_resume = cli_on_resume_rl;
     a.o.show_prompt = cli_show_prompt, a.o.progress_ctx = "rl";
+    a.o.stop_requested = cli_stop_requested; /* handlers installed before the model loads */
     vks_rl_result r;
     int rc = vks_rl_run(&a.o, &r);
     if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : 1, "%s", vks_last_error());
     print_result(&a, &r);
+    if (r.stopped_at_step >= 0) { /* the config is in the checkpoint: OUT and --resume continue it */
+        const char *args[8] = {"rl", "--out", a.c.out, "--resume"};
+        int n = 4;
+        if (a.m.tokenizer_path) args[n++] = "--tokenizer", args[n++] = a.m.tokenizer_path;
+        char dev[32];
+        if (a.m.device >= 0) snprintf(dev, sizeof dev, "%d", a.m.device), args[n++] = "--device", args[n++] = dev;
+        cli_stop_line("rl", r.stopped_at_step, r.final_checkpoint, n, args);
+    }
     if (a.m.profile) cli_print_profile(train_gpu);
     rc = cli_finish_gpu(infer_gpu);
     int rc2 = cli_finish_gpu(train_gpu);
     vks_tokenizer_free(tok);
     vks_model_free(m);
-    return rc ? rc : rc2;
+    return rc ? rc : rc2 ? rc2 : r.stopped_at_step >= 0 ? EXIT_STOPPED : 0;
 }

@@ -13,7 +13,7 @@
 static const char train_usage[] =
     "usage: vkswarm train sft (--model M | --init tiny) --data FILE.jsonl --steps N [--batch B]\n"
     "                         [--micro-batch b] [--lr X] [--warmup N] [--cosine] [--min-lr X]\n"
-    "                         [--weight-decay X] [--grad-clip X] [--out DIR] [--resume] [--seed S]\n"
+    "                         [--weight-decay X] [--grad-clip X] [--out DIR] [--resume [--override]] [--seed S]\n"
     "                         [--save-every N] [--keep N] [--recompute] [--device N] [--profile]\n"
     "Supervised fine-tuning on the GPU. FILE.jsonl holds {\"prompt\": ..., \"completion\": ...} lines (the\n"
     "loss is on the completion and EOS) or {\"text\": ...} lines (every token after BOS). Each step takes\n"
@@ -27,7 +27,14 @@ static const char train_usage[] =
     "(safetensors + config.json + tokenizer, optimizer.safetensors, state.json), the last --keep\n"
     "(default 3) of them, every --save-every steps (default: only the last). --resume continues\n"
     "from the newest checkpoint in DIR, bit for bit (said on stderr, as is a DIR without one: a fresh\n"
-    "run). One run at a time writes DIR; a fresh run refuses a DIR holding an earlier run's files.\n"
+    "run); give the same options (--steps may change): a --seed, --lr, --warmup, --cosine, --min-lr,\n"
+    "--weight-decay, --grad-clip, --batch or --micro-batch other than the checkpoint's is refused, exit\n"
+    "2, naming it with both values, unless --override (then said on stderr). One run at a time\n"
+    "writes DIR; a fresh run refuses a DIR holding an earlier run's files.\n"
+    "Ctrl-C (SIGINT) or SIGTERM stops cleanly: the current step finishes, its checkpoint, metrics and\n"
+    "plot are written, and the run exits 130 with one line: 'vkswarm: train: stopped at step N;\n"
+    "checkpoint DIR/step-N; continue with: vkswarm train sft ... --resume' (this command line). A\n"
+    "second signal stops at once.\n"
     "Progress goes to stderr; stdout gets the paths (escaped):\n"
     "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n";
 
@@ -69,7 +76,8 @@ static void parse_train(int argc, char **argv, train_args *a) {
         {"min-lr", required_argument, 0, 0}, {"weight-decay", required_argument, 0, 0},
         {"grad-clip", required_argument, 0, 0}, {"out", required_argument, 0, 0}, {"resume", no_argument, 0, 0},
         {"seed", required_argument, 0, 0}, {"save-every", required_argument, 0, 0}, {"keep", required_argument, 0, 0},
-        {"recompute", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"recompute", no_argument, 0, 0}, {"override", no_argument, 0, 0}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     vks_sft_run_options *o = &a->o;
     *o = (vks_sft_run_options){.batch = 8, .schedule = {.lr = 1e-3}, .grad_clip = 1.0, .keep = 3,
                                .adamw = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}};
@@ -97,7 +105,9 @@ static void parse_train(int argc, char **argv, train_args *a) {
         else if (!strcmp(name, "save-every")) o->save_every = (int)cli_parse_long("--save-every", optarg, 0, 100000000);
         else if (!strcmp(name, "keep")) o->keep = (int)cli_parse_long("--keep", optarg, 0, 1000000);
         else if (!strcmp(name, "recompute")) o->recompute = true;
+        else if (!strcmp(name, "override")) o->override = true;
     }
+    if (o->override && !o->resume) cli_usage_error("train", "--override applies to --resume only");
     if (optind >= argc || strcmp(argv[optind], "sft")) cli_usage_error("train", "the only kind of training is 'sft'");
     if (optind + 1 < argc) cli_usage_error("train", "unexpected argument '%s'", argv[optind + 1]);
     if (!a->data || !o->steps) cli_usage_error("train", "--data FILE and --steps N are required");
@@ -150,6 +160,7 @@ static int fail_freeing(int rc, vks_gpu *g, vks_model *m, vks_tokenizer *tok) {
 int cmd_train(int argc, char **argv) {
     train_args a = {0};
     parse_train(argc, argv, &a);
+    cli_stop_install(); /* before the model loads: a signal from here on stops after a step */
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(&a.m, a.init, a.o.seed, &tok);
     if (vks_tokenizer_check_dir_files(tok)) /* checkpoints hold it: refused now, not at the first save */
@@ -162,20 +173,33 @@ int cmd_train(int argc, char **argv) {
     a.o.progress = on_progress;
     a.o.on_resume = cli_on_resume_train;
     a.o.progress_ctx = &bar;
+    a.o.stop_requested = cli_stop_requested;
     vks_sft_result r;
     int rc = vks_sft_train(g, &a.o, &r);
     if (rc) return fail_freeing(rc, g, m, tok);
-    cli_progress_end(&bar, (long)a.o.steps, "steps");
+    if (r.overridden[0]) cli_note("train: --override: resumed with %s", r.overridden);
+    cli_progress_end(&bar, r.stopped_at_step >= 0 ? (long)r.stopped_at_step : (long)a.o.steps, "steps");
     fprintf(stderr, "vkswarm: train: loss %.4f -> %.4f%s\n", r.first_loss, r.last_loss,
             r.resumed_from >= 0 ? " (resumed)" : "");
     cli_put_path_line("metrics", r.metrics_path);
     cli_put_path_line("plot", r.plot_path);
     cli_put_path_line("final checkpoint", r.final_checkpoint);
+    if (r.stopped_at_step >= 0) { /* the same command line with --resume continues it */
+        bool has_resume = false;
+        const char **args = malloc(sizeof *args * (size_t)(argc + 2));
+        if (!args) return fail_freeing(vks_set_error(VKS_ERR_NOMEM, "out of memory"), g, m, tok);
+        args[0] = "train", args[1] = "sft"; /* getopt moved "sft" to the end of argv */
+        int n = 2;
+        for (int i = 1; i + 1 < argc; i++) args[n++] = argv[i], has_resume = has_resume || !strcmp(argv[i], "--resume");
+        if (!has_resume) args[n++] = "--resume";
+        cli_stop_line("train", r.stopped_at_step, r.final_checkpoint, n, args);
+        free(args);
+    }
     if (a.m.profile) cli_print_profile(g);
     rc = cli_finish_gpu(g);
     vks_tokenizer_free(tok);
     vks_model_free(m);
-    return rc;
+    return rc ? rc : r.stopped_at_step >= 0 ? EXIT_STOPPED : 0;
 }
 
 typedef struct {

@@ -79,6 +79,16 @@ typedef struct {
     /* at the start (may be NULL): the text of the run's first prompt as the
      * model gets it (config->prompt, vks_prompt.h; no BOS), with progress_ctx */
     void (*show_prompt)(void *ctx, const char *text, size_t len);
+    /* A clean stop (may be NULL; vks_rl_run only: the ranks of an MPI run
+     * ignore it): asked after each trainer step (once its groups are trained
+     * on, before its weights go to inference, and again after progress); when
+     * it returns true the run ends there as if that step were its last: the
+     * inference thread is stopped and joined, the checkpoint OUT/step-N is
+     * saved (whatever save_every says), the plots and metrics are written,
+     * and the result's stopped_at_step is N (rc VKS_OK). Never called from a
+     * signal handler: the caller's handler sets a flag that this reads. */
+    bool (*stop_requested)(void *ctx);
+    void *stop_ctx;
 } vks_rl_run_options;
 
 /* What OUT/timeline.svg shows: trainer steps first_step..last_step (with the
@@ -109,9 +119,31 @@ typedef struct {
     int64_t trained;          /* completions the trainer trained on */
     int64_t trained_rejected; /* rejected completions that reached the trainer (skipped there; 0 unless a bug) */
     int64_t resumed_from;     /* the step resumed from, -1: a fresh run */
+    int64_t stopped_at_step;  /* stop_requested ended the run after this step (its checkpoint is
+                               * final_checkpoint); -1: it ran config->steps steps */
+    bool start_accuracy_stored; /* resumed: start_accuracy is the run's start's (step 0), as its checkpoint recorded */
     int64_t next_batch;       /* the rollout position at the end: generation batches started */
     double elapsed_s;
 } vks_rl_result;
+
+/* What an RL run stores in each checkpoint beside the trainer's state (its
+ * state.json "extra"): the rollout position (rl_task, rl_prompts_per_step,
+ * rl_next_batch), the whole configuration (rl_config: vks_rl_config_to_json),
+ * the run's evaluation options (rl_eval: eval_every, eval_n, eval_seed,
+ * verify) and its held-out accuracy at the start (rl_start_accuracy; null:
+ * not measured). The newest checkpoint in out_dir, read without its tensors
+ * (vks_rl_run checks it whole): *found false when there is none. */
+typedef struct {
+    char checkpoint[4096];
+    int64_t step;
+    bool has_config;          /* false: written before runs stored these (rl_config and rl_eval), or not
+                               * an RL run's checkpoint (vks_rl_run refuses that one, naming its kind) */
+    vks_rl_config config;
+    int eval_every, eval_n;
+    uint64_t eval_seed;
+    bool verify;
+} vks_rl_stored;
+int vks_rl_stored_read(const char *out_dir, vks_rl_stored *s, bool *found);
 
 /* Runs config->steps trainer steps; every error names its role and step. */
 int vks_rl_run(const vks_rl_run_options *o, vks_rl_result *r);

@@ -51,7 +51,10 @@
  * Without "roles" every role runs on rank 0 (one machine). Trainer,
  * inference, verifier and relay ranks are disjoint; the orchestrator is the
  * trainer's rank or a rank of its own (default 0). Unknown keys, duplicate or out-of-range ranks, a rank without a
- * role, and values out of range are refused, naming the key. */
+ * role, and values out of range are refused, naming the key. An RL run stores
+ * the whole config in each checkpoint (vks_rl_config_to_json; vks_rl.h
+ * vks_rl_stored), and a resume merges what it is given over it
+ * (vks_rl_config_resume). */
 #ifndef VKS_RL_CONFIG_H
 #define VKS_RL_CONFIG_H
 #include "vks_common.h"
@@ -82,6 +85,7 @@ typedef struct {
     int n_groups;
     int verifiers[VKS_RL_MAX_RANKS], n_verifiers;
     int relays[VKS_RL_MAX_RANKS], n_relays;
+    uint32_t given;            /* keys a config file or KEY=VALUE set (vks_rl_config_given); not stored */
 } vks_rl_config;
 
 /* The defaults (above). */
@@ -93,6 +97,29 @@ int vks_rl_config_load(vks_rl_config *c, const char *path);
  * "length_targets=64,128", "roles.inference=1;2,3" for groups {1} and {2,3},
  * "prompt.chat_template=qwen3", "prompt.think=false"). */
 int vks_rl_config_set(vks_rl_config *c, const char *assignment);
+/* Whether `key` (a key above, "length_targets", "roles" or "prompt") was set
+ * by vks_rl_config_load or vks_rl_config_set since vks_rl_config_defaults. */
+bool vks_rl_config_given(const vks_rl_config *c, const char *key);
+/* Marks `key` given, for a value set another way (the CLI's prompt flags set
+ * c->prompt through vks_prompt_set and mark "prompt"). */
+void vks_rl_config_mark_given(vks_rl_config *c, const char *key);
+/* The whole configuration as a JSON object (every key, "prompt" whole; "roles" only when
+ * given), reals exact: malloc'd text, NULL when out of memory. What an RL
+ * run stores in its checkpoints (vks_rl.h) and vks_rl_config_parse reads. */
+char *vks_rl_config_to_json(const vks_rl_config *c);
+/* Reads JSON text (an object, as in a config file) over c; errors name `where`. */
+int vks_rl_config_parse(vks_rl_config *c, const char *json, const char *where);
+/* Resuming: c (defaults, then a config file and KEY=VALUE) over what the
+ * checkpoint `where` stored (stored): keys c was not given take the stored
+ * values, given ones keep c's. A given key whose value differs from the stored
+ * one is refused (VKS_ERR_ARG: "resume: KEY was OLD in WHERE, now NEW
+ * (--override to allow)") unless it may change on resume (out, steps,
+ * save_every, keep: where and how long the run goes, not what it does) or
+ * `override`; task and prompts_per_step are refused even then (the rollout
+ * position is in their terms). With override, changed gets "KEY OLD -> NEW"
+ * for each such key, comma-separated ("" when none). */
+int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const char *where, bool override, char *changed,
+                         size_t cap);
 /* Checks values and roles against n_ranks started; without roles, assigns
  * every role to rank 0 (n_ranks must then be 1). */
 int vks_rl_config_check(vks_rl_config *c, int n_ranks);

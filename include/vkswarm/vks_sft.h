@@ -41,6 +41,18 @@ typedef struct {
      * from (its weights replace model's) and its step, or NULL and -1 when
      * out_dir holds none (a fresh run) */
     void (*on_resume)(void *ctx, const char *checkpoint, int64_t step);
+    /* A clean stop (may be NULL): asked after each step; true ends the run
+     * there as if it were the last: checkpoint OUT/step-N (whatever
+     * save_every says), metrics and plot, result stopped_at_step N (rc
+     * VKS_OK). Never called from a signal handler: it reads a flag. */
+    bool (*stop_requested)(void *ctx);
+    void *stop_ctx;
+    /* Resuming, a setting that differs from what the checkpoint recorded (seed,
+     * lr, warmup, cosine, min_lr, weight_decay, grad_clip, batch, micro_batch)
+     * is refused naming it, old and new value, unless override (then listed in
+     * the result's overridden). steps may change (with cosine, the schedule
+     * then ends at the new last step). */
+    bool override;
 } vks_sft_run_options;
 
 typedef struct {
@@ -49,6 +61,8 @@ typedef struct {
     char plot_path[4096];
     double first_loss, last_loss;
     int64_t resumed_from;              /* the step resumed from, -1 for a fresh run */
+    int64_t stopped_at_step;           /* stop_requested ended the run after this step; -1: it ran all steps */
+    char overridden[1024];             /* resumed with override: "KEY OLD -> NEW, ..." ("": nothing changed) */
 } vks_sft_result;
 
 /* Runs the whole training; every error names the file or step. */

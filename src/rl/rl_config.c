@@ -58,10 +58,31 @@ void vks_rl_config_defaults(vks_rl_config *c) {
     vks_prompt_format_default(&c->prompt);
 }
 
+#define N_KEYS (sizeof keys / sizeof keys[0])
+/* bits of vks_rl_config.given: keys[i] is bit i, then these */
+#define GIVEN_PROMPT (1u << 28)
+#define GIVEN_TARGETS (1u << 29)
+#define GIVEN_ROLES (1u << 30)
+_Static_assert(N_KEYS < 28, "vks_rl_config.given has a bit per key");
+
 static const key_info *find_key(const char *name) {
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    for (size_t i = 0; i < N_KEYS; i++)
         if (!strcmp(keys[i].name, name)) return &keys[i];
     return NULL;
+}
+
+static uint32_t key_bit(const char *name) {
+    if (!strcmp(name, "length_targets")) return GIVEN_TARGETS;
+    if (!strcmp(name, "prompt") || !strncmp(name, "prompt.", 7)) return GIVEN_PROMPT;
+    if (!strcmp(name, "roles") || !strncmp(name, "roles.", 6)) return GIVEN_ROLES;
+    const key_info *k = find_key(name);
+    return k ? 1u << (k - keys) : 0;
+}
+
+bool vks_rl_config_given(const vks_rl_config *c, const char *key) { return c && key && (c->given & key_bit(key)); }
+
+void vks_rl_config_mark_given(vks_rl_config *c, const char *key) {
+    if (c && key) c->given |= key_bit(key);
 }
 
 static int set_number(vks_rl_config *c, const key_info *k, double v, const char *where) {
@@ -190,6 +211,7 @@ int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
     if (kn >= sizeof key) return vks_set_error(VKS_ERR_FORMAT, "--set: unknown key '%.*s'", (int)kn, assignment);
     memcpy(key, assignment, kn);
     key[kn] = 0;
+    c->given |= key_bit(key);
     const char *v = eq + 1;
     if (!strcmp(key, "length_targets")) return parse_targets(c, v, where);
     if (!strncmp(key, "prompt.", 7)) {
@@ -307,6 +329,7 @@ static int json_prompt(vks_rl_config *c, json_t *o, const char *path) {
 }
 
 static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path) {
+    c->given |= key_bit(k);
     if (!strcmp(k, "roles")) return json_roles(c, v, path);
     if (!strcmp(k, "prompt")) return json_prompt(c, v, path);
     if (!strcmp(k, "length_targets")) return json_targets(c, v, path);
@@ -323,6 +346,16 @@ static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path
     }
     if (!json_is_number(v)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be a number", path, k);
     return set_number(c, info, json_number_value(v), path);
+}
+
+static int parse_object(vks_rl_config *c, json_t *root, const char *path) {
+    int rc = json_is_object(root) ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (!rc) rc = json_key(c, k, v, path);
+    }
+    return rc;
 }
 
 int vks_rl_config_load(vks_rl_config *c, const char *path) {
@@ -342,13 +375,136 @@ int vks_rl_config_load(vks_rl_config *c, const char *path) {
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
     free(text);
     if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
-    rc = json_is_object(root) ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
-    const char *k;
-    json_t *v;
-    json_object_foreach(root, k, v) {
-        if (!rc) rc = json_key(c, k, v, path);
-    }
+    rc = parse_object(c, root, path);
     json_decref(root);
+    return rc;
+}
+
+int vks_rl_config_parse(vks_rl_config *c, const char *json, const char *where) {
+    if (!c || !json || !where) return vks_set_error(VKS_ERR_ARG, "vks_rl_config_parse: NULL argument");
+    json_error_t err;
+    json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &err);
+    if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: line %d: %s", where, err.line, err.text);
+    int rc = parse_object(c, root, where);
+    json_decref(root);
+    return rc;
+}
+
+/* ---- the configuration as JSON, and resuming ---- */
+
+static json_t *rank_array(const int *list, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer(list[i]));
+    return a;
+}
+
+static json_t *config_object(const vks_rl_config *c) {
+    json_t *o = json_object();
+    for (size_t i = 0; o && i < N_KEYS; i++) {
+        const key_info *k = &keys[i];
+        const char *p = (const char *)c + k->offset;
+        json_t *v = k->type == KEY_STRING ? json_string(p)
+                    : k->type == KEY_INT  ? json_integer(*(const int *)p)
+                    : k->type == KEY_U64  ? json_integer((json_int_t)c->seed)
+                                          : json_real(*(const double *)p);
+        json_object_set_new(o, k->name, v);
+    }
+    if (o) json_object_set_new(o, "length_targets", rank_array(c->length_targets, c->n_length_targets));
+    if (o)
+        json_object_set_new(o, "prompt",
+                            json_pack("{s:s, s:s, s:s, s:s, s:b}", "chat_template", c->prompt.chat_template, "system",
+                                      c->prompt.system, "user_template", c->prompt.user_template, "think_template",
+                                      c->prompt.think_template, "think", !c->prompt.no_think));
+    if (o && c->roles_given) {
+        json_t *inf = json_array();
+        for (int g = 0; inf && g < c->n_groups; g++)
+            json_array_append_new(inf, rank_array(c->inference_ranks + c->groups[g].first, c->groups[g].n));
+        json_object_set_new(o, "roles",
+                            json_pack("{s:i, s:i, s:o*, s:o*, s:o*}", "orchestrator", c->orchestrator, "trainer",
+                                      c->trainer, "inference", inf, "verifiers", rank_array(c->verifiers, c->n_verifiers),
+                                      "relays", rank_array(c->relays, c->n_relays)));
+    }
+    return o;
+}
+
+static char *dump(const json_t *o) {
+    return o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17)) : NULL;
+}
+
+char *vks_rl_config_to_json(const vks_rl_config *c) {
+    if (!c) return NULL;
+    json_t *o = config_object(c);
+    char *s = dump(o);
+    json_decref(o);
+    return s;
+}
+
+/* A value for a message: JSON, reals as %.15g (NULL: "none"). */
+static void value_text(const json_t *v, char *buf, size_t cap) {
+    if (!v) {
+        snprintf(buf, cap, "none");
+        return;
+    }
+    if (json_is_real(v)) {
+        snprintf(buf, cap, "%.15g", json_real_value(v));
+        return;
+    }
+    char *s = dump(v);
+    snprintf(buf, cap, "%s", s ? s : "?");
+    free(s);
+}
+
+static const char *const resume_free_keys[] = {"out", "steps", "save_every", "keep", NULL};
+static const char *const resume_fixed_keys[] = {"task", "prompts_per_step", NULL};
+
+static bool listed(const char *const *list, const char *k) {
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], k)) return true;
+    return false;
+}
+
+int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const char *where, bool override, char *changed,
+                         size_t cap) {
+    if (!c || !stored || !where || !changed || !cap) return vks_set_error(VKS_ERR_ARG, "vks_rl_config_resume: NULL argument");
+    changed[0] = 0;
+    json_t *mine = config_object(c), *old = config_object(stored);
+    vks_rl_config *merged = malloc(sizeof *merged);
+    int rc = mine && old && merged ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "resume: out of host memory");
+    size_t at = 0;
+    const char *names[N_KEYS + 3];
+    for (size_t i = 0; i < N_KEYS; i++) names[i] = keys[i].name;
+    names[N_KEYS] = "length_targets", names[N_KEYS + 1] = "roles", names[N_KEYS + 2] = "prompt";
+    for (size_t i = 0; !rc && i < N_KEYS + 3; i++) {
+        const char *k = names[i];
+        if (!vks_rl_config_given(c, k)) continue;
+        json_t *now = json_object_get(mine, k), *was = json_object_get(old, k);
+        if (json_equal(now, was) || (!now && !was)) continue;
+        char a[300], b[300];
+        value_text(was, a, sizeof a);
+        value_text(now, b, sizeof b);
+        if (now) json_object_set(old, k, now); /* releases was */
+        else json_object_del(old, k);
+        if (listed(resume_free_keys, k)) continue;
+        if (listed(resume_fixed_keys, k))
+            rc = vks_set_error(VKS_ERR_ARG, "resume: %s was %s in %s, now %s (the rollout position is in the terms of its "
+                               "task and prompts_per_step: start a new run from it with --model and another --out)",
+                               k, a, where, b);
+        else if (!override)
+            rc = vks_set_error(VKS_ERR_ARG, "resume: %s was %s in %s, now %s (--override to allow)", k, a, where, b);
+        else if (at < cap)
+            at += (size_t)snprintf(changed + at, cap - at, "%s%s %s -> %s", at ? ", " : "", k, a, b);
+    }
+    if (!rc) {
+        vks_rl_config_defaults(merged);
+        rc = parse_object(merged, old, where);
+    }
+    if (!rc) {
+        merged->given = c->given;
+        *c = *merged;
+    }
+    free(merged);
+    json_decref(mine);
+    json_decref(old);
     return rc;
 }
 

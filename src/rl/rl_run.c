@@ -53,6 +53,15 @@ typedef struct {
     vks_rl_out_dir out;          /* config->out, locked */
     vks_task *eval_tasks;        /* the held-out set: gen.held, then config->eval_tasks; NULL: fresh instances */
     int64_t n_eval_tasks;
+    double start_accuracy;       /* the run's, at step 0 (a resumed run: as its checkpoint recorded) */
+    bool start_accuracy_stored;  /* resumed from a checkpoint that recorded it */
+    /* a clean stop (o->stop_requested) */
+    bool stopped;
+    int64_t stop_position;       /* the rollout position the final checkpoint records */
+    int64_t published_position;  /* the rollout position when the last weights were handed over */
+    vks_rl_counters counted;     /* a resumed run: the counters its checkpoint recorded (the inference thread
+                                  * counts on from them); zero otherwise */
+    bool counted_stored;
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
@@ -75,12 +84,28 @@ static int make_dirs(rl_run *r, vks_rl_result *res) {
 
 /* ---- resume ---- */
 
-/* What a checkpoint records beside the trainer's state: the task, the batch
- * size (task i of batch b is b * P + i) and the rollout position. */
+static void get_counters(rl_run *r, vks_rl_counters *c);
+
+/* What a checkpoint records beside the trainer's state (vks_rl_stored): the
+ * task, the batch size (task i of batch b is b * P + i), the rollout
+ * position, the whole config, the evaluation options and the start accuracy. */
 static char *position_json(const rl_run *r, int64_t next_batch) {
-    json_t *o = json_pack("{s:s, s:i, s:I}", "rl_task", r->c->task, "rl_prompts_per_step", r->c->prompts_per_step,
-                          "rl_next_batch", (json_int_t)next_batch);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    char *text = vks_rl_config_to_json(r->c);
+    json_t *config = text ? json_loads(text, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    free(text);
+    if (!config) return NULL;
+    vks_rl_counters n;
+    get_counters((rl_run *)r, &n);
+    json_t *o = json_pack("{s:s, s:i, s:I, s:o, s:{s:i, s:i, s:I, s:b}, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:f}}",
+                          "rl_task", r->c->task,
+                          "rl_prompts_per_step", r->c->prompts_per_step, "rl_next_batch", (json_int_t)next_batch,
+                          "rl_config", config, "rl_eval", "eval_every", r->o->eval_every, "eval_n", r->o->eval_n,
+                          "eval_seed", (json_int_t)r->o->eval_seed, "verify", (int)r->o->verify, "rl_start_accuracy",
+                          isnan(r->start_accuracy) ? json_null() : json_real(r->start_accuracy), "rl_counters",
+                          "rollouts", (json_int_t)n.rollouts, "checked", (json_int_t)n.checked, "accepted",
+                          (json_int_t)n.accepted, "rejected", (json_int_t)n.rejected, "filtered", (json_int_t)n.filtered,
+                          "stale", (json_int_t)n.stale, "task_reward_sum", n.task_reward_sum);
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(o);
     return s;
 }
@@ -97,10 +122,80 @@ static int read_position(rl_run *r, const char *dir) {
              json_integer_value(b) > ((json_int_t)1 << 40))
         rc = vks_set_error(VKS_ERR_FORMAT, "rl: %s/state.json: %s is not an integer in [0, 2^40]", dir,
                            json_is_integer(p) ? "rl_next_batch" : "rl_prompts_per_step");
-    else if (strcmp(task, r->c->task) || json_integer_value(p) != r->c->prompts_per_step)
-        rc = vks_set_error(VKS_ERR_ARG, "rl: %s was made with another task or prompts_per_step than this run's", dir);
+    else if (strcmp(task, r->c->task))
+        rc = vks_set_error(VKS_ERR_ARG, "rl: resume: task was \"%s\" in %s, now \"%s\" (the rollout position is in the "
+                           "terms of its task and prompts_per_step)", task, dir, r->c->task);
+    else if (json_integer_value(p) != r->c->prompts_per_step)
+        rc = vks_set_error(VKS_ERR_ARG, "rl: resume: prompts_per_step was %lld in %s, now %d (the rollout position is in "
+                           "the terms of its task and prompts_per_step)", (long long)json_integer_value(p), dir,
+                           r->c->prompts_per_step);
     else r->next_batch = (int64_t)json_integer_value(b);
+    json_t *a = json_object_get(o, "rl_start_accuracy");
+    if (!rc && a && (json_is_number(a) || json_is_null(a))) {
+        r->start_accuracy = json_is_null(a) ? NAN : json_number_value(a);
+        r->start_accuracy_stored = true;
+    }
+    json_t *n = json_object_get(o, "rl_counters");
+    int64_t *f[] = {&r->counted.rollouts, &r->counted.checked, &r->counted.accepted, &r->counted.rejected,
+                    &r->counted.filtered, &r->counted.stale};
+    const char *names[] = {"rollouts", "checked", "accepted", "rejected", "filtered", "stale"};
+    bool ok = !rc && !r->src && json_is_object(n) && json_is_number(json_object_get(n, "task_reward_sum"));
+    for (int i = 0; ok && i < 6; i++) {
+        json_t *v = json_object_get(n, names[i]);
+        ok = json_is_integer(v) && json_integer_value(v) >= 0;
+        if (ok) *f[i] = (int64_t)json_integer_value(v);
+    }
+    if (ok) r->counted.task_reward_sum = json_number_value(json_object_get(n, "task_reward_sum"));
+    else memset(&r->counted, 0, sizeof r->counted);
+    r->counted_stored = ok;
     json_decref(o);
+    return rc;
+}
+
+static int stored_fail(json_t *root, const char *path, const char *what) {
+    json_decref(root);
+    return vks_set_error(VKS_ERR_FORMAT, "%s: %s", path, what);
+}
+
+int vks_rl_stored_read(const char *out_dir, vks_rl_stored *s, bool *found) {
+    if (!out_dir || !s || !found) return vks_set_error(VKS_ERR_ARG, "vks_rl_stored_read: NULL argument");
+    memset(s, 0, sizeof *s);
+    vks_rl_config_defaults(&s->config);
+    int rc = vks_checkpoint_latest(out_dir, s->checkpoint, sizeof s->checkpoint, found);
+    if (rc || !*found) return rc;
+    char path[4200], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/state.json", s->checkpoint);
+    if ((rc = vks_file_read_all(path, 4 << 20, &text, &len))) return rc;
+    json_error_t err;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
+    if (!root) return vks_set_error(VKS_ERR_FORMAT, "%s: line %d: %s", path, err.line, err.text);
+    json_t *step = json_object_get(root, "step"), *extra = json_object_get(root, "extra");
+    if (!json_is_integer(step)) return stored_fail(root, path, "step is not an integer");
+    s->step = (int64_t)json_integer_value(step);
+    json_t *config = json_object_get(extra, "rl_config"), *ev = json_object_get(extra, "rl_eval");
+    if (!json_object_get(extra, "rl_task") || (!config && !ev)) {
+        /* another kind of checkpoint (vks_rl_run refuses it naming the kind), or an older RL one: no config */
+        json_decref(root);
+        return VKS_OK;
+    }
+    json_t *every = json_object_get(ev, "eval_every"), *n = json_object_get(ev, "eval_n"),
+           *seed = json_object_get(ev, "eval_seed"), *verify = json_object_get(ev, "verify");
+    if (!json_is_object(config) || !json_is_integer(every) || !json_is_integer(n) || !json_is_integer(seed) ||
+        !json_is_boolean(verify) || json_integer_value(every) < 0 || json_integer_value(every) > (1 << 30) ||
+        json_integer_value(n) < 0 || json_integer_value(n) > (1 << 20))
+        return stored_fail(root, path, "extra.rl_config or extra.rl_eval is not what vkswarm rl writes");
+    s->eval_every = (int)json_integer_value(every), s->eval_n = (int)json_integer_value(n);
+    s->eval_seed = (uint64_t)json_integer_value(seed), s->verify = json_is_true(verify);
+    char *ctext = json_dumps(config, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    char where[4300];
+    snprintf(where, sizeof where, "%s: extra.rl_config", path);
+    rc = ctext ? vks_rl_config_parse(&s->config, ctext, where) : vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    free(ctext);
+    s->config.given = 0;
+    s->has_config = !rc;
+    json_decref(root);
     return rc;
 }
 
@@ -141,6 +236,8 @@ static int apply_checkpoint(rl_run *r) {
     /* the groups that trainer steps 1..step consumed count as queued (the async window) */
     r->sh.queue.pushed = r->ck->state.step * r->c->prompts_per_step;
     r->gen.batch = r->sh.batches = r->next_batch;
+    if (!r->src && r->counted_stored) /* the metrics' totals go on from the checkpoint's (across ranks: from 0) */
+        r->sh.queue.counters = r->reported = r->counted;
     return rc;
 }
 
@@ -153,10 +250,10 @@ static int64_t position(rl_run *r) {
     return b;
 }
 
-/* OUT/step-N with the trainer's state and the rollout position; keeps the newest c->keep. */
-static int save_checkpoint(rl_run *r, char *dir, size_t cap) {
+/* OUT/step-N with the trainer's state and the rollout position next_batch; keeps the newest c->keep. */
+static int save_checkpoint(rl_run *r, int64_t next_batch, char *dir, size_t cap) {
     const vks_rl_config *c = r->c;
-    char *extra = position_json(r, position(r));
+    char *extra = position_json(r, next_batch);
     if (!extra) return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     vks_ckpt_state st = {.step = vks_trainer_steps(r->trainer), .seed = c->seed,
                          .adam = {.lr = c->lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8},
@@ -420,6 +517,7 @@ static int publish(rl_run *r, double *seconds) {
         return rc;
     }
     pthread_mutex_lock(&r->sh.mu);
+    r->published_position = r->sh.batches; /* at k = 0 inference waits for these weights: where a resume continues */
     vks_model_free(r->sh.next_model);
     r->sh.next_model = m;
     r->sh.next_step = vks_trainer_steps(r->trainer);
@@ -492,7 +590,7 @@ static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
     get_counters(r, &c);
     p->accept_rate = c.checked ? (double)c.accepted / (double)c.checked : 1.0;
     double el = vks_seconds_now() - t_start;
-    p->rollouts_per_s = el > 0 ? (double)c.rollouts / el : 0;
+    p->rollouts_per_s = el > 0 ? (double)(c.rollouts - r->counted.rollouts) / el : 0; /* this process's */
     p->groups_filtered = c.filtered;
     p->rejected = c.rejected;
     p->groups_stale = c.stale;
@@ -509,7 +607,14 @@ static int save_periodic(rl_run *r) {
     int64_t step = vks_trainer_steps(r->trainer);
     if (!r->c->save_every || step % r->c->save_every || step >= r->c->steps) return VKS_OK;
     char dir[4096];
-    return save_checkpoint(r, dir, sizeof dir);
+    return save_checkpoint(r, position(r), dir, sizeof dir);
+}
+
+/* Whether the caller asks for a clean stop after this step (not after the
+ * last: that ends the run anyway; never across ranks). */
+static bool stop_asked(const rl_run *r) {
+    return !r->src && r->o->stop_requested && vks_trainer_steps(r->trainer) < r->c->steps &&
+           r->o->stop_requested(r->o->stop_ctx);
 }
 
 static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_sum, vks_rl_progress *p) {
@@ -520,8 +625,12 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
     vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_WAIT, this_step, &since);
     if (!rc) rc = train_step(r, &st, &norm);
     vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_TRAIN, this_step, &since);
-    if (!rc) rc = save_periodic(r);
-    if (!rc) rc = publish(r, &broadcast_s);
+    if (!rc && stop_asked(r)) { /* before the weights go out: at k = 0 inference is waiting for them */
+        r->stopped = true;
+        r->stop_position = position(r);
+    }
+    if (!rc && !r->stopped) rc = save_periodic(r); /* stopping: finish saves it */
+    if (!rc && !r->stopped) rc = publish(r, &broadcast_s);
     vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_PUBLISH, this_step, &since);
     if (rc) return rc;
     double spent = vks_seconds_now() - t0;
@@ -545,8 +654,8 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
 
 static int finish(rl_run *r, vks_rl_result *res) {
     const vks_rl_config *c = r->c;
-    res->next_batch = position(r);
-    int rc = save_checkpoint(r, res->final_checkpoint, sizeof res->final_checkpoint);
+    res->next_batch = r->stopped ? r->stop_position : position(r);
+    int rc = save_checkpoint(r, res->next_batch, res->final_checkpoint, sizeof res->final_checkpoint);
     snprintf(res->metrics_path, sizeof res->metrics_path, "%s", vks_metrics_path(r->metrics));
     rc = vks_rl_close_metrics(r->metrics, rc); /* also after a failed save: nothing leaks */
     r->metrics = NULL;
@@ -573,20 +682,31 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     if (rc || !res) return rc ? rc : vks_set_error(VKS_ERR_ARG, "rl: NULL result");
     memset(res, 0, sizeof *res);
     res->start_accuracy = res->final_accuracy = NAN;
+    res->stopped_at_step = -1;
     double t_start = vks_seconds_now(), idle = 0, total = 0;
-    rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}};
+    rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}, .start_accuracy = NAN};
     r.gen.o = o;
     rc = vks_rl_gen_open_tasks(&r.gen); /* a bad task file is refused before OUT is made or locked */
     if (!rc) rc = vks_rl_gen_show_prompt(&r.gen);
     if (!rc) rc = open_start(&r, res);
     if (!rc) rc = open_run(&r, res);
-    if (!rc) rc = evaluate(&r, &res->start_accuracy);
+    /* resumed: the run's start accuracy as its checkpoint recorded it (not the resume point's) */
+    if (!rc && !r.start_accuracy_stored) rc = evaluate(&r, &r.start_accuracy);
+    res->start_accuracy = r.start_accuracy, res->start_accuracy_stored = r.start_accuracy_stored;
     if (!rc) rc = start_inference(&r);
     vks_rl_progress p = {0};
     while (!rc && vks_trainer_steps(r.trainer) < r.c->steps) {
         if ((rc = one_step(&r, t_start, &idle, &total, &p))) break;
         if (!isnan(p.accuracy)) res->final_accuracy = p.accuracy;
         if (o->progress) o->progress(o->progress_ctx, &p);
+        if (!r.stopped && stop_asked(&r)) { /* asked while the step finished: its weights went out already */
+            r.stopped = true;
+            r.stop_position = r.published_position;
+        }
+        if (r.stopped) {
+            res->stopped_at_step = vks_trainer_steps(r.trainer);
+            break;
+        }
     }
     stop_inference(&r);
     if (!rc) rc = finish(&r, res);

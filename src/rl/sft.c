@@ -2,6 +2,7 @@
  * -> micro-batches -> the GPU trainer -> AdamW steps, with metrics, a loss
  * plot and atomic checkpoints that a resume continues bit for bit. */
 #include <math.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,17 +83,52 @@ static void run_free(sft_run *s) {
 
 static int save_checkpoint(sft_run *s, int64_t step, const vks_adamw_params *h, char *dir, size_t cap) {
     const vks_sft_run_options *o = s->o;
+    char extra[128];
+    snprintf(extra, sizeof extra, "{\"sft_batch\": %d, \"sft_micro_batch\": %d}", o->batch, o->micro_batch);
     vks_ckpt_state st = {.step = step, .tokens_seen = s->tokens_seen, .seed = o->seed, .adam = *h,
-                         .schedule = o->schedule, .grad_clip = o->grad_clip};
+                         .schedule = o->schedule, .grad_clip = o->grad_clip, .extra_json = extra};
     vks_sft_batcher_position(s->batcher, &st.data);
     vks_hash_hex(s->data_hash, st.data_hash);
     return vks_rl_save_trainer(s->trainer, s->layout, s->model, o->tok, &st, o->out_dir, o->keep, dir, cap);
 }
 
+/* Resuming: one setting against what the checkpoint recorded (see vks_sft_run_options.override). */
+static int same_setting(const vks_sft_run_options *o, const char *dir, const char *key, double was, double now,
+                        vks_sft_result *r) {
+    if (was == now) return VKS_OK;
+    if (!o->override)
+        return vks_set_error(VKS_ERR_ARG, "sft: resume: %s was %.15g in %s, now %.15g (--override to allow)", key, was,
+                             dir, now);
+    size_t at = strlen(r->overridden);
+    if (at < sizeof r->overridden)
+        snprintf(r->overridden + at, sizeof r->overridden - at, "%s%s %.15g -> %.15g", at ? ", " : "", key, was, now);
+    return VKS_OK;
+}
+
+static int check_settings(const vks_sft_run_options *o, const vks_checkpoint *ck, const char *dir, vks_sft_result *r) {
+    const vks_ckpt_state *st = &ck->state;
+    json_t *x = st->extra_json ? json_loads(st->extra_json, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    json_t *b = json_object_get(x, "sft_batch"), *mb = json_object_get(x, "sft_micro_batch");
+    r->overridden[0] = 0;
+    int rc = same_setting(o, dir, "seed", (double)st->seed, (double)o->seed, r);
+    if (!rc) rc = same_setting(o, dir, "lr", st->schedule.lr, o->schedule.lr, r);
+    if (!rc) rc = same_setting(o, dir, "warmup", st->schedule.warmup_steps, o->schedule.warmup_steps, r);
+    if (!rc) rc = same_setting(o, dir, "cosine", st->schedule.cosine, o->schedule.cosine, r);
+    if (!rc) rc = same_setting(o, dir, "min_lr", st->schedule.min_lr, o->schedule.min_lr, r);
+    if (!rc) rc = same_setting(o, dir, "weight_decay", st->adam.weight_decay, o->adamw.weight_decay, r);
+    if (!rc) rc = same_setting(o, dir, "grad_clip", st->grad_clip, o->grad_clip, r);
+    if (!rc && json_is_integer(b)) rc = same_setting(o, dir, "batch", (double)json_integer_value(b), o->batch, r);
+    if (!rc && json_is_integer(mb))
+        rc = same_setting(o, dir, "micro_batch", (double)json_integer_value(mb), o->micro_batch, r);
+    json_decref(x);
+    return rc;
+}
+
 /* On resume: the newest checkpoint's weights become the model; its moments,
  * step and data position are applied once the trainer exists. */
-static int open_start(sft_run *s, vks_checkpoint **ck, int64_t *resumed_from) {
+static int open_start(sft_run *s, vks_checkpoint **ck, vks_sft_result *r) {
     const vks_sft_run_options *o = s->o;
+    int64_t *resumed_from = &r->resumed_from;
     s->model = o->model;
     *resumed_from = -1;
     static const char *const outputs[] = {"metrics.jsonl", "loss.svg", NULL};
@@ -108,7 +144,8 @@ static int open_start(sft_run *s, vks_checkpoint **ck, int64_t *resumed_from) {
     }
     if ((rc = vks_checkpoint_load(dir, ck)) || (rc = vks_rl_ckpt_check_kind(*ck, dir, false)) ||
         (rc = vks_rl_ckpt_check_betas(*ck, dir, "sft", o->adamw.beta1, o->adamw.beta2)) ||
-        (rc = vks_model_load(dir, &s->own_model)) || (rc = vks_rl_ckpt_check_shape(s->own_model, o->model, dir, "sft")))
+        (rc = check_settings(o, *ck, dir, r)) || (rc = vks_model_load(dir, &s->own_model)) ||
+        (rc = vks_rl_ckpt_check_shape(s->own_model, o->model, dir, "sft")))
         return rc;
     s->model = s->own_model;
     *resumed_from = (*ck)->state.step;
@@ -229,8 +266,9 @@ int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
     memset(r, 0, sizeof *r);
     sft_run s = {.o = o, .out = {.fd = -1}};
     vks_checkpoint *ck = NULL;
+    r->stopped_at_step = -1;
     rc = open_data(&s);
-    if (!rc) rc = open_start(&s, &ck, &r->resumed_from);
+    if (!rc) rc = open_start(&s, &ck, r);
     if (!rc) rc = open_run(&s, ck, g);
     vks_adamw_params h = o->adamw;
     double t0 = vks_seconds_now();
@@ -245,6 +283,10 @@ int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
         vks_metric m[] = {{"loss", loss}, {"lr", h.lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
         rc = vks_metrics_log(s.metrics, step, m, 4);
         if (o->progress) o->progress(o->progress_ctx, &(vks_sft_progress){step, o->steps, loss, h.lr, norm, tps, el});
+        if (!rc && step < o->steps && o->stop_requested && o->stop_requested(o->stop_ctx)) {
+            r->stopped_at_step = step; /* finish saves its checkpoint */
+            break;
+        }
         char dir[4096];
         if (!rc && o->save_every && step % o->save_every == 0 && step < o->steps)
             rc = save_checkpoint(&s, step, &h, dir, sizeof dir);
