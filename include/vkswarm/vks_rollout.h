@@ -91,8 +91,4 @@ int vks_rollout_read(const char *path, vks_rollout_file *out);
 /* Same from memory (the fuzz target's entry); name is used in errors. */
 int vks_rollout_read_mem(const char *data, size_t len, const char *name, vks_rollout_file *out);
 void vks_rollout_file_free(vks_rollout_file *f);
-
-/* Hex of 32 bytes (65 bytes with NUL) and back (-1 on bad input). */
-/* vks_hash_hex() is in vks_common.h */
-int vks_hash_parse_hex(const char *s, uint8_t out[32]);
 #endif

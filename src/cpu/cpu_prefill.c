@@ -5,7 +5,6 @@
  * in f32. */
 #include "cpu/cpu_internal.h"
 #include "model/model_internal.h"
-#include "vkswarm/vks_ref.h"
 
 #include <cblas.h>
 #include <limits.h>
