@@ -21,6 +21,7 @@
 #ifndef VKS_ROLLOUT_H
 #define VKS_ROLLOUT_H
 #include "vks_common.h"
+#include "vks_engine.h"
 #include <stdio.h>
 
 enum {
@@ -34,14 +35,7 @@ enum {
     VKS_ROLLOUT_MAX_LAYERS = 1 << 16,        /* layer numbers in stage_proofs */
 };
 
-/* One stage's commitment of the activations it handed on: layers
- * [layer_begin, layer_end) ran on rank `rank`. */
-typedef struct {
-    int rank;
-    int layer_begin, layer_end;
-    uint8_t *proofs;
-    size_t proof_bytes;
-} vks_stage_proof;
+/* vks_stage_proof (one stage's commitment): vks_engine.h. */
 
 typedef struct {
     int version;
