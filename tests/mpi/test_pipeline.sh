@@ -93,10 +93,10 @@ awk -v n=$n_stage 'BEGIN { s = 5; for (i = 0; i < n; i++) { s = (s * 1103515245 
     line = ""; for (k = 0; k < len; k++) { s = (s * 1103515245 + 12345) % 2147483648; line = line (k ? " " : "") (3 + s % 290) }
     print line } }' > "$tmp/stage_prompts.txt"
 strict="--max-exp-mismatches 2 --max-mant-mean 0.25 --max-mant-median 0"
-stage_run() { # name fault(or "") output [pipeline args]
+stage_run() { # name fault(or "") output [pipeline args]; $stage_x: one more variable for the ranks
     local name=$1 fault=$2 out=$3
     shift 3
-    VKSWARM_TEST_FAULT=$fault mpi -x VKSWARM_TEST_FAULT -np 3 $faulty pipeline $model --prompts "$tmp/stage_prompts.txt" \
+    VKSWARM_TEST_FAULT=$fault mpi -x VKSWARM_TEST_FAULT ${stage_x:+-x $stage_x} -np 3 $faulty pipeline $model --prompts "$tmp/stage_prompts.txt" \
         $samp -n 48 --rollouts-out "$out" "$@" > /dev/null 2> "$tmp/stage_err.txt" || { bad "$name: pipeline failed"; tail -3 "$tmp/stage_err.txt"; return 1; }
 }
 verdicts() { # rollouts verify-args...: the verdict lines
@@ -112,6 +112,18 @@ if stage_run "honest" "" "$tmp/s_honest.jsonl"; then
         else bad "honest 3-stage rollouts: $acc of $n_stage accepted (strict, ${how:-GPU})"; fi
     done
 fi
+# other subgroup sizes on the generating ranks (4 and 32 lanes, as small and large GPUs have), the
+# verifier at lavapipe's default 8 and on --cpu: every stage's commitment still holds (strict)
+for width in 128 1024; do
+    [ -n "$short" ] && break
+    if LP_NATIVE_VECTOR_WIDTH=$width stage_x=LP_NATIVE_VECTOR_WIDTH stage_run "honest lp$width" "" "$tmp/s_lp$width.jsonl"; then
+        for how in --cpu ""; do
+            acc=$(verdicts "$tmp/s_lp$width.jsonl" $how $strict | grep -c "	accepted$")
+            if [ "$acc" = $n_stage ]; then ok "honest 3-stage rollouts at LP_NATIVE_VECTOR_WIDTH=$width: $acc of $n_stage accepted (strict, ${how:-GPU})"
+            else bad "honest 3-stage rollouts at LP_NATIVE_VECTOR_WIDTH=$width: $acc of $n_stage accepted (strict, ${how:-GPU})"; fi
+        done
+    fi
+done
 # f16 on the wire: each stage commits what it sent (f16); TOPLOC's thresholds accept all (the
 # strict profile assumes an f32 wire: measured 199 of 200 there, an exponent rounded the other way)
 if [ -z "$short" ] && stage_run "honest f16 wire" "" "$tmp/s_w16.jsonl" --wire f16; then
