@@ -41,7 +41,9 @@ static const char rl_usage[] =
     "One line per step on stderr (step, policy lag, reward, accuracy, length, verifier accept rate,\n"
     "rollouts/s, trainer idle, broadcast time); DIR (default from the config, rl-out) gets\n"
     "metrics.jsonl, rl.svg, timeline.svg (what the trainer and the inference thread did when over the\n"
-    "last 4 steps: who waited for whom), rollouts/batch-N.jsonl and checkpoints DIR/step-N (weights,\n"
+    "last 4 steps: who waited for whom), report.html (one self-contained page: curves, timeline, ranks,\n"
+    "sample completions, rejections; rebuilt at every checkpoint), rollouts/batch-N.jsonl and\n"
+    "checkpoints DIR/step-N (weights,\n"
     "optimizer state, the rollout position) every --save-every steps (default 10) and at the end, the\n"
     "newest --keep (default 3). Each checkpoint holds the run's whole config (and the --eval-* and\n"
     "--no-verify choices): `vkswarm rl --out DIR --resume` alone continues from the newest one with\n"
@@ -56,7 +58,7 @@ static const char rl_usage[] =
     "130 with one line: 'vkswarm: rl: stopped at step N; checkpoint DIR/step-N; continue with:\n"
     "vkswarm rl --out DIR --resume'. A second signal stops at once. (One process only: under mpirun\n"
     "signals end the ranks as before.) stdout gets (paths escaped):\n"
-    "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  final checkpoint: PATH\n"
+    "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  report: PATH\n  final checkpoint: PATH\n"
     "  held-out: WHAT (with a held-out set)\n  accuracy: START -> FINAL (resumed: START is the run's, step 0)\n"
     "  trainer idle: FRACTION\n"
     "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
@@ -240,15 +242,24 @@ static void on_progress(void *ctx, const vks_rl_progress *p) {
 }
 
 static void print_result(const rl_args *a, const vks_rl_result *r) {
-    fprintf(stderr, "vkswarm: rl: %lld rollouts, %lld accepted, %lld rejected, %lld groups without signal, %lld stale, %.0f s\n",
-            (long long)r->rollouts, (long long)r->accepted, (long long)r->rejected, (long long)r->groups_filtered,
-            (long long)r->groups_stale, r->elapsed_s);
+    fprintf(stderr, "vkswarm: rl: %lld rollouts; %lld checked by a verifier: %lld accepted, %lld rejected; %lld groups "
+            "without signal, %lld stale; %.0f s\n", (long long)r->rollouts, (long long)r->checked, (long long)r->accepted,
+            (long long)r->rejected, (long long)r->groups_filtered, (long long)r->groups_stale, r->elapsed_s);
+    for (int i = 0; i < r->n_ranks; i++) { /* the ranks the run lost, by their world rank */
+        const vks_rl_rank_status *k = &r->ranks[i];
+        if (k->state == VKS_RL_RANK_LIVE) continue;
+        fprintf(stderr, "vkswarm: rl: %s rank %d %s at step %lld: ", k->verifier ? "verifier" : "inference", k->rank,
+                k->state == VKS_RL_RANK_DROPPED ? "dropped" : "refused", (long long)k->at_step);
+        cli_put_escaped(stderr, k->why, strnlen(k->why, sizeof k->why));
+        fputc('\n', stderr);
+    }
     printf("task: ");
     cli_put_escaped(stdout, a->c.task, strlen(a->c.task));
     putchar('\n');
     cli_put_path_line("metrics", r->metrics_path);
     cli_put_path_line("plot", r->plot_path);
     cli_put_path_line("timeline", r->timeline_path);
+    cli_put_path_line("report", r->report_path);
     cli_put_path_line("final checkpoint", r->final_checkpoint);
     if (r->eval_set[0]) {
         printf("held-out: ");

@@ -85,7 +85,7 @@ rc=$?
 losses() { grep -o '"loss":[^,]*' "$1"; }
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/group/step-000000002" "$tmp/out.txt" &&
    metrics_ok "$tmp/group/metrics.jsonl" 2 0 && mismatch_ok "$tmp/group/metrics.jsonl" &&
-   grep -q "rollouts, [0-9]* accepted, 0 rejected" "$tmp/err.txt" && ! grep -q "dropped\|refused" "$tmp/err.txt" &&
+   grep -q "rollouts; [0-9]* checked by a verifier: [0-9]* accepted, 0 rejected" "$tmp/err.txt" && ! grep -q "dropped\|refused" "$tmp/err.txt" &&
    [ "$(losses "$tmp/group/metrics.jsonl")" = "$(losses "$tmp/k0/metrics.jsonl")" ]; then
     ok "a pipeline group of 2 ranks + a verifier: nothing rejected, logp mismatch < 1e-4, the 2 single ranks' losses"
 else bad "pipeline group: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/group/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
@@ -282,10 +282,16 @@ wrong=$(grep -o "verifier rank 3: batch [a-z]*: [0-9]* of [0-9]* completions che
          END { print bad + 0 }')
 in_rejected=$(grep -o "verifier rank 3: batch rejected: [0-9]* of [0-9]*" "$tmp/err.txt" | awk '{ s += $NF } END { print s + 0 }')
 rejected_lines=$(grep -c "verifier rank 3: batch [0-9]* of rank [12]: completion [0-9]* rejected" "$tmp/err.txt")
+# the summary's counts agree with the step lines: a quarter of the rollouts checked, the last step's
+# accept rate = accepted / checked (issue 26: it said "120 rollouts, 24 accepted, 0 rejected")
+counts_agree=$(grep -o "^vkswarm: rl: [0-9]* rollouts; [0-9]* checked by a verifier: [0-9]* accepted, [0-9]* rejected" "$tmp/err.txt" |
+    awk -v acc="$(grep -o '^rl: step 2/2: .*accepted [0-9.]*' "$tmp/err.txt" | awk '{ print $NF }')" \
+        '{ n = $3; c = $5; a = $10; r = $12
+           if (c < n && c == a + r && c > 0 && sprintf("%.3f", a / c) == acc) print "yes" }')
 if [ $rc -eq 0 ] && [ "$batches" -ge 2 ] && [ "$wrong" = 0 ] && [ "$rejected_lines" = "$in_rejected" ] &&
-   metrics_ok "$tmp/sampled/metrics.jsonl" 2 0; then
+   [ "$counts_agree" = yes ] && metrics_ok "$tmp/sampled/metrics.jsonl" 2 0; then
     ok "verify_sample 0.25: $batches batches judged whole on a sampled quarter, $in_rejected completions in rejected batches, bounds as C(n-k,m)/C(n,m)"
-else bad "verify_sample: status $rc, $batches batches, $wrong wrong lines, $rejected_lines rejections vs $in_rejected"; tail -5 "$tmp/err.txt"; fi
+else bad "verify_sample: status $rc, $batches batches, $wrong wrong lines, $rejected_lines rejections vs $in_rejected, counts agree '$counts_agree'"; grep "rollouts;\|^rl: step" "$tmp/err.txt"; tail -5 "$tmp/err.txt"; fi
 
 if [ -z "$short" ]; then
 # an inference rank killed mid-run: the second stage (rank 3) of the pipeline group [2, 3]. Its
@@ -312,10 +318,16 @@ if [ -z "$short" ]; then
 for how in killed stopped; do
     config "$tmp/one-of-two" 3 1
     stop_rank=$([ $how = stopped ] && echo 1) kill_run 2 3 --timeout-s 5 --trainer-timeout-s 60
+    # the summary names it by its world rank with the reason, and so do metrics.jsonl and the report
     if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/err.txt" &&
        ! grep -q "inference rank 1 \(refused\|dropped\)\|no inference rank is left" "$tmp/err.txt" &&
+       grep -q "^vkswarm: rl: inference rank 2 dropped at step [0-9]*: rank 2 went silent\|^vkswarm: rl: inference rank 2 dropped at step [0-9]*: it did not take the weights" "$tmp/err.txt" &&
+       [ "$(grep -c "^vkswarm: rl: [a-z]* rank [0-9]* \(dropped\|refused\) at step" "$tmp/err.txt")" = 1 ] &&
+       tail -1 "$tmp/one-of-two/metrics.jsonl" | grep -q '"rank2.dropped":1' &&
+       tail -1 "$tmp/one-of-two/metrics.jsonl" | grep -q '"rank1.dropped":0' &&
+       grep -q '<tr class="dropped"><td>2</td><td>inference</td><td>dropped</td>' "$tmp/one-of-two/report.html" &&
        grep -q "^final checkpoint: $tmp/one-of-two/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/one-of-two/metrics.jsonl" 3 1; then
-        ok "one inference rank of two $how mid-run (k=1): only it is dropped, the run finishes on the other (${took}s)"
+        ok "one inference rank of two $how mid-run (k=1): only it is dropped (named in the summary, metrics and report), the run finishes on the other (${took}s)"
     else bad "one inference rank of two $how: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
     rm -rf "$tmp/one-of-two"
 done
