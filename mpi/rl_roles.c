@@ -570,7 +570,7 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
     t->gen.o = o;
     t->gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
     if (!rc) rc = vks_rl_gen_open_tasks(&t->gen);
-    if (!rc) rc = vks_rl_gen_show_prompt(&t->gen);
+    if (!rc && !origin) rc = vks_rl_gen_show_prompt(&t->gen); /* the trainer shows it in vks_rl_run_source */
     if (!rc && origin) t->weights = malloc(sizeof(vks_rl_msg) + sizeof(float) * t->layout->n_values);
     if (!rc && origin && !t->weights) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the weights");
     double start_s = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;

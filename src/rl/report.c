@@ -186,6 +186,7 @@ static void put_ranks(FILE *f, const vks_rl_report *rep) {
     fputs("<section id=\"ranks\"><h2>Ranks</h2>\n<table><thead><tr><th>rank</th><th>role</th><th>state</th>"
           "<th>batches</th><th>rollouts</th><th>rollouts/s</th><th>rejected</th><th>why</th></tr></thead><tbody>\n",
           f);
+    if (!rep->n_ranks) fputs("<tr><td colspan=\"8\">not counted on this rank (the orchestrator's rank counts them)</td></tr>\n", f);
     for (int i = 0; i < rep->n_ranks; i++) {
         const vks_rl_rank_status *r = &rep->ranks[i];
         fputs("<tr class=\"", f);
@@ -355,7 +356,9 @@ static int write_page(FILE *f, const char *out_dir, const vks_rl_report *rep) {
     int rc = put_curves(f, rep->metrics_path);
     if (!rc && rep->trainer) {
         fputs("<section id=\"timeline\"><h2>Timeline</h2>\n", f);
-        if (!rep->inference) fputs("<p class=\"note\">The trainer's row (the inference thread's is added at the end of the run).</p>\n", f);
+        if (rep->across_ranks) fputs("<p class=\"note\">The trainer's row (inference runs on other ranks).</p>\n", f);
+        else if (!rep->inference)
+            fputs("<p class=\"note\">The trainer's row (the inference thread's is added at the end of the run).</p>\n", f);
         rc = vks_rl_timeline_write_to(f, rep->trainer, rep->inference, rep->last_n);
         fputs("</section>\n", f);
     }

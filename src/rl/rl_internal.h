@@ -323,6 +323,7 @@ typedef struct {
     const char *task;
     int64_t step, steps;
     bool final;               /* the run ended (else: a checkpoint's) */
+    bool across_ranks;        /* inference runs on other ranks */
     double elapsed_s;
     const char *metrics_path; /* the curves */
     const vks_rl_timeline *trainer, *inference; /* inference NULL: the trainer's row only */

@@ -656,6 +656,7 @@ static int write_report(rl_run *r, bool final, const char *metrics_path) {
     vks_rl_rank_status *ranks = malloc(sizeof *ranks * VKS_RL_MAX_RANK_STATUS);
     if (!ranks) return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     vks_rl_report rep = {.task = r->c->task, .step = vks_trainer_steps(r->trainer), .steps = r->c->steps, .final = final,
+                         .across_ranks = r->src != NULL,
                          .elapsed_s = vks_seconds_now() - r->t_start, .metrics_path = metrics_path,
                          .trainer = &r->timeline, .inference = final && !r->src ? &r->gen_timeline : NULL,
                          .last_n = r->o->timeline_steps ? r->o->timeline_steps : VKS_RL_TIMELINE_STEPS,
