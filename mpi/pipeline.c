@@ -67,19 +67,24 @@ typedef struct {
  * start with this rank's number; the codes say how the caller should end:
  * VKS_ERR_TIMEOUT a silent rank (status 3), VKS_ERR_FORMAT a bad message from
  * another rank or input (2), others a local failure (1). */
+/* Rank r of the pipeline's communicator as messages name it: its world rank
+ * when the caller gave them (stage_ranks: an RL group's stages), else r. */
+static int named(const pipe_ctx *c, int r) { return c->o->stage_ranks && r >= 0 && r < c->size ? c->o->stage_ranks[r] : r; }
+
 static int fail(pipe_ctx *c, int code, const char *msg) {
-    return vks_set_error(code, "rank %d: %s", c->rank, msg);
+    return vks_set_error(code, "rank %d: %s", named(c, c->rank), msg);
 }
 
 static int fail_rank(pipe_ctx *c, int code, const char *what, int other) {
-    return vks_set_error(code, "rank %d: rank %d %s", c->rank, other, what);
+    return vks_set_error(code, "rank %d: rank %d %s", named(c, c->rank), named(c, other), what);
 }
 
 static int out_of_memory(pipe_ctx *c) { return fail(c, VKS_ERR_NOMEM, "out of host memory"); }
 
 /* A bounded wait for one request to or from `peer`: a silent peer ends the job. */
 static int wait_for(pipe_ctx *c, MPI_Request *req, int peer, const char *what) {
-    if (vks_mpi_wait_within(c->comm, req, &peer, 1, c->o->timeout_s, what))
+    int shown = named(c, peer); /* only named in the message */
+    if (vks_mpi_wait_within(c->comm, req, &shown, 1, c->o->timeout_s, what))
         return fail(c, VKS_ERR_TIMEOUT, vks_last_error());
     return VKS_OK;
 }

@@ -1653,6 +1653,63 @@ static char *metrics_untimed(const char *path, int *lines) {
  * takes the config from the checkpoint, says so before the step lines, and
  * at k = 0 writes what the straight run wrote (each step once); a changed key
  * is refused naming it and both values, --override allows it and says so. */
+/* A config whose roles name 3 ranks, run without mpirun: exit 2 and one
+ * line giving the mpirun line that starts it on one machine (the command
+ * line as given, a word with a space quoted); nothing else runs. */
+static void test_rl_needs_mpirun(void **state) {
+    (void)state;
+    char dir[256], args[2048], want[2048];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char p[600];
+    snprintf(p, sizeof p, "%s/run.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"roles\": {\"orchestrator\": 0, \"trainer\": 0, \"inference\": [[1], [2]]}}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "rl --config %s --init tiny --out '%s/o x'", p, dir);
+    char *out, *err;
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    snprintf(want, sizeof want, "vkswarm: rl: the config's roles name 3 ranks but 1 was started; on one machine run: "
+             "mpirun --oversubscribe --mca btl tcp,self -np 3 vkswarm rl --config %s --init tiny --out '%s/o x'\n", p, dir);
+    assert_string_equal(err, want);
+    assert_string_equal(out, "");
+    free(out), free(err);
+    snprintf(p, sizeof p, "%s/o x", dir);
+    assert_int_not_equal(access(p, F_OK), 0); /* nothing made */
+}
+
+/* Every README section that rl --help names ("README \"NAME\"") is a
+ * heading of README.md (a `code` span in a heading is read without its
+ * backquotes). */
+static void test_rl_help_sections_exist(void **state) {
+    (void)state;
+    const char *src = getenv("VKSWARM_SOURCE");
+    if (!src) skip();
+    char p[1024], cmd[1024], *help = NULL;
+    snprintf(p, sizeof p, "%s/README.md", src);
+    char *readme = (char *)tu_read_file(p, NULL);
+    assert_non_null(readme);
+    for (char *q = readme, *w = readme; ; q++) { /* drop backquotes */
+        if (*q != '`') *w++ = *q;
+        if (!*q) break;
+    }
+    snprintf(cmd, sizeof cmd, "%s rl --help", tu_bin());
+    assert_int_equal(tu_run(cmd, &help), 0);
+    int named = 0;
+    for (const char *q = help; (q = strstr(q, "README \"")); ) {
+        q += 8;
+        const char *end = strchr(q, '"');
+        assert_non_null(end);
+        char want[256];
+        snprintf(want, sizeof want, "# %.*s\n", (int)(end - q), q);
+        if (!strstr(readme, want)) fail_msg("rl --help names README \"%.*s\": no such heading", (int)(end - q), q);
+        named++;
+        q = end;
+    }
+    assert_true(named >= 4);
+    free(help), free(readme);
+}
+
 /* Whether a program is on PATH. */
 static bool have_program(const char *name) {
     char cmd[256];
@@ -1895,7 +1952,7 @@ int main(void) {
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
-        cmocka_unit_test(test_rl_report), cmocka_unit_test(test_rl_clean_stop), cmocka_unit_test(test_train_clean_stop),
+        cmocka_unit_test(test_rl_needs_mpirun), cmocka_unit_test(test_rl_help_sections_exist), cmocka_unit_test(test_rl_report), cmocka_unit_test(test_rl_clean_stop), cmocka_unit_test(test_train_clean_stop),
         cmocka_unit_test(test_train_sft_sentencepiece), cmocka_unit_test(test_train_out_dir),
         cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
         cmocka_unit_test(test_own_tasks),

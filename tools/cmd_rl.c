@@ -24,7 +24,8 @@ static const char rl_usage[] =
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
     "online filter pick what the trainer trains on; the trainer hands each step's weights back.\n"
-    "The config (README \"RL runs\") gives every key; --set KEY=VALUE and the named flags override it.\n"
+    "The config (README \"The RL config\") gives every key; --set KEY=VALUE and the named flags override\n"
+    "it. README \"Asynchronous RL: vkswarm rl\" starts from a task file of your own.\n"
     "--model starts from a checkpoint (train sft's), --init tiny from the built-in tiny model.\n"
     "--task T: a built-in task (add, mul, countdown, sort, reverse, optionally :SIZE and :short) or a\n"
     "task file (PATH.jsonl, a path with '/', or file:PATH; README \"Your own tasks\"), its tasks in turn.\n"
@@ -57,11 +58,14 @@ static const char rl_usage[] =
     "(whatever --save-every says), metrics and plots are written, stdout as below, and the run exits\n"
     "130 with one line: 'vkswarm: rl: stopped at step N; checkpoint DIR/step-N; continue with:\n"
     "vkswarm rl --out DIR --resume'. A second signal stops at once. (One process only: under mpirun\n"
-    "signals end the ranks as before.) stdout gets (paths escaped):\n"
+    "signals end the ranks as before.) At the end stderr says 'N rollouts; C checked by a verifier: A\n"
+    "accepted, R rejected; ...' and, across ranks, one line per rank dropped or refused (world rank, step,\n"
+    "why). stdout gets (paths escaped):\n"
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  report: PATH\n  final checkpoint: PATH\n"
     "  held-out: WHAT (with a held-out set)\n  accuracy: START -> FINAL (resumed: START is the run's, step 0)\n"
     "  trainer idle: FRACTION\n"
-    "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
+    "Under mpirun with more than one rank the config's roles run across ranks (README \"RL across ranks\";\n"
+    "on one machine: mpirun --oversubscribe --mca btl tcp,self -np N vkswarm rl --config run.json): the\n"
     "trainer rank (by default also the orchestrator) grants batches to inference groups (one rank, or a\n"
     "pipeline of several: the first takes the grants, the group generates across its stages)\n"
     "within the async window, broadcasts the weights after each step through Shardcast (signed,\n"
@@ -157,6 +161,20 @@ static void resume_config(rl_args *a) {
     free(st);
 }
 
+/* The config's roles name more ranks than were started (typically: no
+ * mpirun): one line saying which mpirun line starts them on one machine. */
+_Noreturn static void need_ranks(int named, int started, int argc, char **argv) {
+    fflush(stdout);
+    fprintf(stderr, "vkswarm: rl: the config's roles name %d ranks but %d %s started; on one machine run: mpirun "
+            "--oversubscribe --mca btl tcp,self -np %d vkswarm", named, started, started == 1 ? "was" : "were", named);
+    for (int i = 0; i < argc; i++) {
+        fputc(' ', stderr);
+        cli_put_shell_word(stderr, argv[i]);
+    }
+    fputc('\n', stderr);
+    exit(EXIT_BAD_INPUT);
+}
+
 static void parse_rl(int argc, char **argv, rl_args *a) {
     static const struct option opts[] = {
         CLI_MODEL_LONG_OPTIONS, {"config", required_argument, 0, 0}, {"set", required_argument, 0, 0},
@@ -223,6 +241,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     const char *np = getenv("OMPI_COMM_WORLD_SIZE");
     a->n_ranks = np && atoi(np) > 1 ? atoi(np) : 1;
     if (a->o.resume && a->n_ranks == 1) resume_config(a);
+    int named = vks_rl_config_ranks_named(&a->c);
+    if (named > a->n_ranks) need_ranks(named, a->n_ranks, argc, argv);
     if (vks_rl_config_check(&a->c, a->n_ranks)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     check_eval(a);
     if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
