@@ -484,7 +484,7 @@ static int receive(pipe_ctx *c, const MPI_Status *st, void **msg, int *bytes) {
     size_t max = vks_msg_size(VKS_MSG_ACT, c->limits.max_rows, c->limits.max_out, c->limits.dim, VKS_WIRE_F32);
     if (*bytes < 0 || (size_t)*bytes > max) {
         char buf[128];
-        snprintf(buf, sizeof buf, "rank %d sent a message of %d bytes; at most %zu are expected", st->MPI_SOURCE,
+        snprintf(buf, sizeof buf, "rank %d sent a message of %d bytes; at most %zu are expected", named(c, st->MPI_SOURCE),
                  *bytes, max);
         return fail(c, VKS_ERR_FORMAT, buf);
     }
@@ -650,7 +650,8 @@ static int create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     snprintf(msg, sizeof msg, "%s", mine ? vks_last_error() : "");
     int failed = mine != 0, *all = malloc(sizeof(int) * (size_t)c->size);
     if (!all) return out_of_memory(c);
-    if (vks_mpi_exchange(c->comm, &failed, all, sizeof failed, VKS_TAG_ENGINE, o->timeout_s, "creating the engines"))
+    if (vks_mpi_exchange_named(c->comm, &failed, all, sizeof failed, VKS_TAG_ENGINE, o->timeout_s, "creating the engines",
+                               o->stage_ranks))
         return fail(c, VKS_ERR_TIMEOUT, vks_last_error());
     int first_failed = -1;
     for (int r = 0; r < c->size && first_failed < 0; r++)
@@ -701,7 +702,7 @@ static int check_options(const vks_pipeline_options *o, int size) {
 static int sync_ranks(pipe_ctx *c, int tag, const char *what) {
     char mine = 1, *all = malloc((size_t)c->size);
     if (!all) return out_of_memory(c);
-    if (vks_mpi_exchange(c->comm, &mine, all, 1, tag, c->o->timeout_s, what))
+    if (vks_mpi_exchange_named(c->comm, &mine, all, 1, tag, c->o->timeout_s, what, c->o->stage_ranks))
         return fail(c, VKS_ERR_TIMEOUT, vks_last_error()); /* all stays MPI's: the caller ends the job */
     free(all);
     return VKS_OK;

@@ -498,8 +498,7 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
 
 static void counters_mpi(void *ctx, vks_rl_counters *c) { *c = ((trainer_src *)ctx)->queue.counters; }
 
-static int ranks_mpi(void *ctx, vks_rl_rank_status *out, int cap) {
-    const trainer_src *t = ctx;
+int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap) {
     int n = t->n_ranks < cap ? t->n_ranks : cap;
     for (int i = 0; i < n; i++) {
         const inf_rank *r = &t->ranks[i];
@@ -510,6 +509,8 @@ static int ranks_mpi(void *ctx, vks_rl_rank_status *out, int cap) {
     }
     return n;
 }
+
+static int ranks_mpi(void *ctx, vks_rl_rank_status *out, int cap) { return vks_rl_orch_ranks(ctx, out, cap); }
 static int64_t position_mpi(void *ctx) { return ((trainer_src *)ctx)->next_batch; }
 static double broadcast_bytes_mpi(void *ctx) { return (double)((trainer_src *)ctx)->cast_bytes; }
 static void resume_mpi(void *ctx, int64_t step, int64_t next_batch) {

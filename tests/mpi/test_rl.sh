@@ -103,9 +103,11 @@ rc=$?
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/orch/step-000000002" "$tmp/out.txt" &&
    metrics_ok "$tmp/orch/metrics.jsonl" 2 0 && mismatch_ok "$tmp/orch/metrics.jsonl" && stale_none "$tmp/orch/metrics.jsonl" &&
    shardcast_ok "$tmp/err.txt" "$tmp/orch/metrics.jsonl" 2 1 0 "$tmp/orch/weights-rank2" && [ ! -d "$tmp/orch/weights-rank0" ] &&
+   tail -1 "$tmp/orch/metrics.jsonl" | grep -q '"rank2.batches":[1-9]' &&
+   grep -q '<tr class="live"><td>2</td><td>inference</td><td>live</td><td>[1-9]' "$tmp/orch/report.html" &&
    ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" &&
    [ "$(losses "$tmp/orch/metrics.jsonl")" = "$(losses "$tmp/k0/metrics.jsonl")" ]; then
-    ok "the orchestrator on its own rank: the happy path's losses, lag 0, logp mismatch < 1e-4, weights from the trainer"
+    ok "the orchestrator on its own rank: the happy path's losses, lag 0, logp mismatch < 1e-4, weights from the trainer, its per-rank counts in metrics and report"
 else bad "own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/orch/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
 
 # kill_run RANK NP ARGS...: `vkswarm rl` with the current config and ARGS on NP ranks under
