@@ -283,6 +283,11 @@ static int ask_who_waits(exchange_wait *w, int silent, double bound) {
 
 int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
                      const char *what) {
+    return vks_mpi_exchange_named(comm, mine, all, bytes, tag, timeout_s, what, NULL);
+}
+
+int vks_mpi_exchange_named(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
+                           const char *what, const int *names) {
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -312,9 +317,13 @@ int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, i
     if (rc == VKS_ERR_TIMEOUT) {
         int silent = waited_on(&w);
         int behind = silent >= 0 ? ask_who_waits(&w, silent, fmin(2.0, timeout_s / 2)) : -1;
+#define NAMED(r) (names && (r) >= 0 && (r) < size ? names[r] : (r))
         if (behind >= 0)
             rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s; rank %d waits on it too)",
-                               behind, timeout_s, what, silent);
+                               NAMED(behind), timeout_s, what, NAMED(silent));
+        else if (names && silent >= 0)
+            rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d did not answer within %.1f s (%s)", NAMED(silent), timeout_s, what);
+#undef NAMED
     }
     free(reqs);
     free(peer);

@@ -67,19 +67,24 @@ typedef struct {
  * start with this rank's number; the codes say how the caller should end:
  * VKS_ERR_TIMEOUT a silent rank (status 3), VKS_ERR_FORMAT a bad message from
  * another rank or input (2), others a local failure (1). */
+/* Rank r of the pipeline's communicator as messages name it: its world rank
+ * when the caller gave them (stage_ranks: an RL group's stages), else r. */
+static int named(const pipe_ctx *c, int r) { return c->o->stage_ranks && r >= 0 && r < c->size ? c->o->stage_ranks[r] : r; }
+
 static int fail(pipe_ctx *c, int code, const char *msg) {
-    return vks_set_error(code, "rank %d: %s", c->rank, msg);
+    return vks_set_error(code, "rank %d: %s", named(c, c->rank), msg);
 }
 
 static int fail_rank(pipe_ctx *c, int code, const char *what, int other) {
-    return vks_set_error(code, "rank %d: rank %d %s", c->rank, other, what);
+    return vks_set_error(code, "rank %d: rank %d %s", named(c, c->rank), named(c, other), what);
 }
 
 static int out_of_memory(pipe_ctx *c) { return fail(c, VKS_ERR_NOMEM, "out of host memory"); }
 
 /* A bounded wait for one request to or from `peer`: a silent peer ends the job. */
 static int wait_for(pipe_ctx *c, MPI_Request *req, int peer, const char *what) {
-    if (vks_mpi_wait_within(c->comm, req, &peer, 1, c->o->timeout_s, what))
+    int shown = named(c, peer); /* only named in the message */
+    if (vks_mpi_wait_within(c->comm, req, &shown, 1, c->o->timeout_s, what))
         return fail(c, VKS_ERR_TIMEOUT, vks_last_error());
     return VKS_OK;
 }
@@ -479,7 +484,7 @@ static int receive(pipe_ctx *c, const MPI_Status *st, void **msg, int *bytes) {
     size_t max = vks_msg_size(VKS_MSG_ACT, c->limits.max_rows, c->limits.max_out, c->limits.dim, VKS_WIRE_F32);
     if (*bytes < 0 || (size_t)*bytes > max) {
         char buf[128];
-        snprintf(buf, sizeof buf, "rank %d sent a message of %d bytes; at most %zu are expected", st->MPI_SOURCE,
+        snprintf(buf, sizeof buf, "rank %d sent a message of %d bytes; at most %zu are expected", named(c, st->MPI_SOURCE),
                  *bytes, max);
         return fail(c, VKS_ERR_FORMAT, buf);
     }
@@ -645,7 +650,8 @@ static int create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     snprintf(msg, sizeof msg, "%s", mine ? vks_last_error() : "");
     int failed = mine != 0, *all = malloc(sizeof(int) * (size_t)c->size);
     if (!all) return out_of_memory(c);
-    if (vks_mpi_exchange(c->comm, &failed, all, sizeof failed, VKS_TAG_ENGINE, o->timeout_s, "creating the engines"))
+    if (vks_mpi_exchange_named(c->comm, &failed, all, sizeof failed, VKS_TAG_ENGINE, o->timeout_s, "creating the engines",
+                               o->stage_ranks))
         return fail(c, VKS_ERR_TIMEOUT, vks_last_error());
     int first_failed = -1;
     for (int r = 0; r < c->size && first_failed < 0; r++)
@@ -696,7 +702,7 @@ static int check_options(const vks_pipeline_options *o, int size) {
 static int sync_ranks(pipe_ctx *c, int tag, const char *what) {
     char mine = 1, *all = malloc((size_t)c->size);
     if (!all) return out_of_memory(c);
-    if (vks_mpi_exchange(c->comm, &mine, all, 1, tag, c->o->timeout_s, what))
+    if (vks_mpi_exchange_named(c->comm, &mine, all, 1, tag, c->o->timeout_s, what, c->o->stage_ranks))
         return fail(c, VKS_ERR_TIMEOUT, vks_last_error()); /* all stays MPI's: the caller ends the job */
     free(all);
     return VKS_OK;

@@ -53,6 +53,19 @@ static int load_keys(vks_rl_cast *s, const char *dir, uint8_t pk[VKS_PUBLIC_KEY_
     return rc;
 }
 
+/* The trainer says on stderr which key signs the run's weights. */
+static void say_key(const char *key_dir) {
+    if (!key_dir[0]) {
+        fprintf(stderr, "vkswarm: rl: shardcast: the weights are signed with a key made for this run (its public key "
+                "goes to every rank over MPI at start-up; config shardcast_key DIR signs with yours)\n");
+        return;
+    }
+    char dir[4 * sizeof ((vks_rl_config *)0)->shardcast_key];
+    vks_escape(key_dir, strlen(key_dir), dir, sizeof dir);
+    fprintf(stderr, "vkswarm: rl: shardcast: the weights are signed with your key %s/shardcast.key (the other ranks "
+            "check them with %s/shardcast.pub)\n", dir, dir);
+}
+
 /* This rank's part of the start-up exchange (a failure: *mine stays zero). */
 static int hello_part(vks_rl_cast *s, const char *key_dir, uint8_t mine[HELLO_BYTES], uint8_t pk[VKS_PUBLIC_KEY_BYTES]) {
     int rc = key_dir[0] ? load_keys(s, key_dir, pk) : VKS_OK;
@@ -60,6 +73,7 @@ static int hello_part(vks_rl_cast *s, const char *key_dir, uint8_t mine[HELLO_BY
     if (s->me == s->trainer) {
         if (key_dir[0]) memcpy(mine + 8, pk, VKS_PUBLIC_KEY_BYTES);
         else rc = vks_keypair_new(mine + 8, s->sk);
+        say_key(key_dir);
     } else if (s->store[0]) {
         uint64_t have = 0;
         rc = vks_store_current(s->store, &have);

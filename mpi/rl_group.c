@@ -50,12 +50,11 @@ static void rank_brackets(const vks_rl_pipe_group *g, char *out, size_t cap) {
     if (at < cap) snprintf(out + at, cap - at, "]");
 }
 
-/* An error of the group's pipeline, whose messages number the stages (0..S-1). */
+/* An error of the group's pipeline (its messages name the stages by world rank: stage_ranks). */
 static int group_error(const vks_rl_pipe_group *g, int rc, const char *what) {
     char ranks[256];
     rank_list(g, ranks, sizeof ranks);
-    return vks_set_error(rc, "inference group %d (ranks %s; stage s is its rank s below): %s: %s", g->index, ranks, what,
-                         vks_last_error());
+    return vks_set_error(rc, "inference group %d (ranks %s): %s: %s", g->index, ranks, what, vks_last_error());
 }
 
 /* Every stage answers the first one (and it them) within timeout_s, so that
@@ -173,7 +172,7 @@ static int send_each(vks_rl_pipe_group *g, const void *buf, size_t bytes, size_t
         return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     }
     for (int s = 1; s < g->n; s++) {
-        peer[s - 1] = s;
+        peer[s - 1] = g->ranks[s]; /* named in a message only: its world rank */
         MPI_Isend((const char *)buf + (size_t)(s - 1) * step, (int)bytes, MPI_BYTE, s, tag, g->ctl, &reqs[s - 1]);
     }
     int rc = vks_mpi_wait_within(g->ctl, reqs, peer, g->n - 1, g->mo->timeout_s, what);

@@ -12,7 +12,7 @@
 #include "rl_cast.h"
 #include "rl_wire.h"
 
-enum { RANK_LIVE = 0, RANK_DROPPED = 1, RANK_REFUSED = 2 };
+enum { RANK_LIVE = VKS_RL_RANK_LIVE, RANK_DROPPED = VKS_RL_RANK_DROPPED, RANK_REFUSED = VKS_RL_RANK_REFUSED };
 
 /* An inference or verifier rank, as the trainer sees it. */
 typedef struct {
@@ -23,6 +23,10 @@ typedef struct {
     double last_seen;
     uint64_t out;         /* a pipeline group's first rank: its configured stages refused (bit s) */
     int64_t form;         /* how often that group was re-formed (grants made since carry it) */
+    /* what the report and the summary show (vks_rl_rank_status) */
+    int64_t batches, rollouts, rejected; /* inference: its batches queued; verifier: batches it verified */
+    int64_t at_step;      /* dropped or refused: the newest published step then */
+    char why[320];        /* dropped or refused: why */
 } inf_rank;
 
 /* With verifier ranks: a batch granted and not yet back from its verifier. */
@@ -81,6 +85,8 @@ void vks_rl_orch_cast_drop(trainer_src *t, int rank);
 /* Trainer: the weights of `step` through Shardcast (m is freed); failed ranks
  * are left to the caller (vks_rl_cast_failed). */
 int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step);
+/* The inference and verifier ranks as counted (at most cap into out); how many. */
+int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap);
 /* Says STOP to every rank still there (n = t->lost) and frees the STOPs sent early. */
 void vks_rl_orch_stop_ranks(trainer_src *t);
 

@@ -27,15 +27,18 @@
  *   orch -> trainer  BEAT every second (a dead orchestrator: the trainer's take ends after
  *                    2 x timeout_s + 2 s of silence with a line naming it)
  *                    TAKEN: step, batch = the next generation batch (the rollout position),
- *                    then orch_info (the counters, lost, drops, groups), the ranks the trainer
- *                    must leave out of later broadcasts (int32 each), then per group a u64 size
- *                    and a GROUPS message (rl_wire.c) of one batch slot holding the group: the
- *                    trainer unpacks each with the checks it gives an inference rank's batch
- *                    (sizes, counts, token ids, logp, rewards re-scored, advantages, policy
- *                    step in [step - async_level, newest])
+ *                    then orch_info (the counters, lost, drops, groups, ranks), the ranks the
+ *                    trainer must leave out of later broadcasts (int32 each), then per group a
+ *                    u64 size and a GROUPS message (rl_wire.c) of one batch slot holding the
+ *                    group: the trainer unpacks each with the checks it gives an inference
+ *                    rank's batch (sizes, counts, token ids, logp, rewards re-scored, advantages,
+ *                    policy step in [step - async_level, newest]); then n_ranks
+ *                    vks_rl_rank_status, what the orchestrator counted per rank (checked: world
+ *                    ranks, states, counts; the reason cut and escaped where shown)
  *                    FAILED: the orchestrator's error (text), after which it STOPs every rank
  * The combined case (orchestrator == trainer) never comes here: same code path as before. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +49,7 @@
 typedef struct {
     vks_rl_counters counters;
     int64_t lost;
-    int32_t n_drops, n_groups;
+    int32_t n_drops, n_groups, n_ranks, pad;
 } orch_info;
 
 /* A header-only message on TAG_ORCH under a bounded wait (vks_rl_wire_send_small). */
@@ -148,10 +151,13 @@ static void *pack_taken(orch_rank *s, size_t *bytes) {
         n += ok ? sizeof(uint64_t) + len[i] : 0;
         if (!ok) P = i; /* only those packed are freed below */
     }
+    int n_ranks = t->n_ranks < VKS_RL_MAX_RANK_STATUS ? t->n_ranks : VKS_RL_MAX_RANK_STATUS;
+    n += sizeof(vks_rl_rank_status) * (size_t)n_ranks;
     char *buf = ok ? malloc(n) : NULL, *q = buf;
     if (buf) {
         vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_TAKEN, .batch = t->next_batch, .step = s->want, .n = n};
-        orch_info info = {.counters = t->queue.counters, .lost = t->lost, .n_drops = t->n_drops, .n_groups = P};
+        orch_info info = {.counters = t->queue.counters, .lost = t->lost, .n_drops = t->n_drops, .n_groups = P,
+                          .n_ranks = n_ranks};
         memcpy(q, &h, sizeof h), q += sizeof h;
         memcpy(q, &info, sizeof info), q += sizeof info;
         for (int i = 0; i < t->n_drops; i++, q += sizeof(int32_t)) memcpy(q, &(int32_t){t->drops[i]}, sizeof(int32_t));
@@ -160,6 +166,11 @@ static void *pack_taken(orch_rank *s, size_t *bytes) {
             memcpy(q, &l, sizeof l), q += sizeof l;
             memcpy(q, part[i], len[i]), q += len[i];
         }
+        vks_rl_rank_status *st = calloc((size_t)n_ranks + 1, sizeof *st); /* zeroed: no stray bytes on the wire */
+        if (st) vks_rl_orch_ranks(t, st, n_ranks);
+        if (st) memcpy(q, st, sizeof *st * (size_t)n_ranks);
+        else memset(q, 0, sizeof *st * (size_t)n_ranks); /* out of memory: rank 0 counted nothing, the run goes on */
+        free(st);
         t->n_drops = 0;
         *bytes = n;
     }
@@ -256,6 +267,8 @@ typedef struct {
     vks_rl_counters counters; /* from its last TAKEN */
     int64_t next_batch;
     int resume_rc;            /* a RESUME that could not be sent: the first publish fails */
+    vks_rl_rank_status ranks[VKS_RL_MAX_RANK_STATUS]; /* from its last TAKEN */
+    int n_ranks;
     char resume_err[512];
 } remote_src;
 
@@ -335,7 +348,29 @@ static int unpack_one(remote_src *r, const char **at, size_t *left, int64_t step
     return VKS_OK;
 }
 
-/* A TAKEN message of `bytes` for `step`: the counters, drops, P groups. */
+/* The rank counts at the end of a TAKEN (n of them): world ranks, states and
+ * counts in range, the reason NUL-terminated; kept for the report. */
+static bool unpack_ranks(remote_src *r, const char *at, int n) {
+    vks_rl_rank_status st[VKS_RL_MAX_RANK_STATUS];
+    for (int i = 0; i < n; i++) {
+        memcpy(&st[i], at + sizeof st[i] * (size_t)i, sizeof st[i]);
+        st[i].verifier = false; /* set from its byte below */
+        const vks_rl_rank_status *k = &st[i];
+        if (k->rank < 0 || k->rank >= r->t.n_world || k->state < VKS_RL_RANK_LIVE || k->state > VKS_RL_RANK_REFUSED ||
+            k->batches < 0 || k->rollouts < 0 || k->rejected < 0 || k->at_step < -1)
+            return false;
+        unsigned char v; /* a bool on the wire: 0 or 1 (read as a byte: any other value is no bool) */
+        memcpy(&v, at + sizeof st[i] * (size_t)i + offsetof(vks_rl_rank_status, verifier), 1);
+        if (v > 1) return false;
+        st[i].verifier = v;
+        st[i].why[sizeof st[i].why - 1] = 0;
+    }
+    memcpy(r->ranks, st, sizeof st[0] * (size_t)n);
+    r->n_ranks = n;
+    return true;
+}
+
+/* A TAKEN message of `bytes` for `step`: the counters, drops, P groups, the rank counts. */
 static int unpack_taken(remote_src *r, const char *buf, size_t bytes, int64_t step, vks_rl_batch_group *groups) {
     trainer_src *t = &r->t;
     int P = t->c->prompts_per_step;
@@ -348,7 +383,8 @@ static int unpack_taken(remote_src *r, const char *buf, size_t bytes, int64_t st
     bool counts = k->rollouts >= 0 && k->checked >= 0 && k->accepted >= 0 && k->rejected >= 0 && k->filtered >= 0 &&
                   k->stale >= 0 && isfinite(k->task_reward_sum) && k->task_reward_sum >= 0;
     if (h.n != bytes || h.step != step || h.batch < r->next_batch || !counts || info.n_groups != P || info.n_drops < 0 ||
-        info.n_drops > t->n_world || (info.lost != 0 && info.lost != 1) ||
+        info.n_drops > t->n_world || (info.lost != 0 && info.lost != 1) || info.n_ranks < 0 ||
+        info.n_ranks > VKS_RL_MAX_RANK_STATUS || info.n_ranks > t->n_world ||
         bytes - sizeof h - sizeof info < sizeof(int32_t) * (size_t)info.n_drops)
         return orch_error(r, VKS_ERR_FORMAT, "a malformed TAKEN");
     const char *at = buf + sizeof h + sizeof info;
@@ -365,7 +401,11 @@ static int unpack_taken(remote_src *r, const char *buf, size_t bytes, int64_t st
     int rc = scratch ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     int i = 0;
     for (; !rc && i < P; i++) rc = unpack_one(r, &at, &left, step, scratch, &groups[i], err, sizeof err);
-    if (!rc && left) snprintf(err, sizeof err, "%zu bytes past the last group", left), rc = VKS_ERR_FORMAT;
+    size_t ranks_bytes = sizeof(vks_rl_rank_status) * (size_t)info.n_ranks;
+    if (!rc && left != ranks_bytes)
+        snprintf(err, sizeof err, "%zu bytes past the last group (%zu of rank counts)", left, ranks_bytes), rc = VKS_ERR_FORMAT;
+    if (!rc && !unpack_ranks(r, at, info.n_ranks))
+        snprintf(err, sizeof err, "bad rank counts"), rc = VKS_ERR_FORMAT;
     free(scratch);
     if (rc == VKS_ERR_FORMAT) {
         for (int j = 0; j < i; j++) vks_rl_group_free(&groups[j]);
@@ -432,7 +472,8 @@ static int take_remote(void *ctx, int64_t step, vks_rl_batch_group *groups) {
     int rc = send_orch_small(t->comm, r->orch, MSG_TAKE, 0, step, 0, t->mo->timeout_s, "the orchestrator taking TAKE");
     if (rc) return orch_error(r, rc, vks_last_error());
     size_t most = sizeof(vks_rl_msg) + sizeof(orch_info) + sizeof(int32_t) * (size_t)t->n_world +
-                  (size_t)c->prompts_per_step * (sizeof(uint64_t) + vks_rl_wire_max_groups_bytes(c, t->o->model->cfg.seq_len));
+                  (size_t)c->prompts_per_step * (sizeof(uint64_t) + vks_rl_wire_max_groups_bytes(c, t->o->model->cfg.seq_len)) +
+                  sizeof(vks_rl_rank_status) * VKS_RL_MAX_RANK_STATUS;
     char *buf = NULL;
     size_t bytes = 0;
     /* the orchestrator beats every second; a send of its to a dead rank may hold it up to timeout_s */
@@ -443,6 +484,12 @@ static int take_remote(void *ctx, int64_t step, vks_rl_batch_group *groups) {
 }
 
 static void counters_remote(void *ctx, vks_rl_counters *c) { *c = ((remote_src *)ctx)->counters; }
+static int ranks_remote(void *ctx, vks_rl_rank_status *out, int cap) {
+    const remote_src *r = ctx;
+    int n = r->n_ranks < cap ? r->n_ranks : cap;
+    memcpy(out, r->ranks, sizeof *out * (size_t)n);
+    return n;
+}
 static int64_t position_remote(void *ctx) { return ((remote_src *)ctx)->next_batch; }
 static double broadcast_bytes_remote(void *ctx) { return (double)((remote_src *)ctx)->t.cast_bytes; }
 
@@ -472,7 +519,8 @@ int vks_rl_orch_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     if (!rc) vks_rl_cast_drop(&r.t.cast, r.orch); /* it takes no weights */
     r.heard = vks_seconds_now();
     vks_rl_source src = {.ctx = &r, .publish = publish_remote, .take = take_remote, .counters = counters_remote,
-                         .position = position_remote, .resume = resume_remote, .broadcast_bytes = broadcast_bytes_remote};
+                         .position = position_remote, .resume = resume_remote, .broadcast_bytes = broadcast_bytes_remote,
+                         .ranks = ranks_remote};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");

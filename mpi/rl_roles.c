@@ -107,6 +107,8 @@ static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
     fprintf(stderr, "vkswarm: rl: %s rank %d %s: %s; the run goes on without it\n", r->verifier ? "verifier" : "inference",
             r->rank, state == RANK_REFUSED ? "refused" : "dropped", why);
     r->state = state;
+    r->at_step = t->newest;
+    snprintf(r->why, sizeof r->why, "%s", why);
     t->lost = t->lost || state == RANK_DROPPED; /* a refused rank is alive: it can still finalize */
     if (state == RANK_DROPPED) { /* later broadcasts do not wait for it, nor for its group's other stages */
         vks_rl_orch_cast_drop(t, r->rank);
@@ -291,6 +293,14 @@ static bool refuse_stage(trainer_src *t, const inf_rank *v, inf_rank *r, const p
     return true;
 }
 
+/* A batch taken in, for the report: rollouts of it on r's count (an inference
+ * rank: generated; a verifier: checked), and the verifier's rejections. */
+static void count_batch(inf_rank *r, const vks_rl_gen_counts *cnt, int64_t rollouts) {
+    r->batches++;
+    r->rollouts += rollouts;
+    r->rejected += cnt->checked - cnt->accepted;
+}
+
 /* VERIFIED or REFUSE from verifier rank v about a batch of inference rank h.n. */
 static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t bytes, vks_rl_batch_group *scratch,
                          const vks_model_config *mc) {
@@ -336,6 +346,8 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
         drop_rank(t, v, RANK_REFUSED, why);
         return VKS_OK;
     }
+    count_batch(r, &cnt, cnt.rollouts);
+    count_batch(v, &cnt, cnt.checked);
     int rc = vks_rl_queue_push(&t->queue, policy, scratch, t->c->prompts_per_step, &cnt, t->o->max_empty_batches);
     for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
     return rc;
@@ -385,6 +397,7 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
                 drop_rank(t, r, RANK_REFUSED, why);
             } else {
                 r->batch = -1;
+                count_batch(r, &cnt, cnt.rollouts);
                 rc = vks_rl_queue_push(&t->queue, policy, scratch, t->c->prompts_per_step, &cnt, t->o->max_empty_batches);
                 for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
             }
@@ -484,6 +497,20 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
 }
 
 static void counters_mpi(void *ctx, vks_rl_counters *c) { *c = ((trainer_src *)ctx)->queue.counters; }
+
+int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap) {
+    int n = t->n_ranks < cap ? t->n_ranks : cap;
+    for (int i = 0; i < n; i++) {
+        const inf_rank *r = &t->ranks[i];
+        out[i] = (vks_rl_rank_status){.rank = r->rank, .verifier = r->verifier, .state = r->state, .batches = r->batches,
+                                      .rollouts = r->rollouts, .rejected = r->rejected,
+                                      .at_step = r->state == RANK_LIVE ? -1 : r->at_step};
+        snprintf(out[i].why, sizeof out[i].why, "%s", r->state == RANK_LIVE ? "" : r->why);
+    }
+    return n;
+}
+
+static int ranks_mpi(void *ctx, vks_rl_rank_status *out, int cap) { return vks_rl_orch_ranks(ctx, out, cap); }
 static int64_t position_mpi(void *ctx) { return ((trainer_src *)ctx)->next_batch; }
 static double broadcast_bytes_mpi(void *ctx) { return (double)((trainer_src *)ctx)->cast_bytes; }
 static void resume_mpi(void *ctx, int64_t step, int64_t next_batch) {
@@ -538,13 +565,13 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
     for (int i = 0; !rc && i < t->n_ranks; i++) {
         bool v = i >= c->n_groups;
         t->ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_groups] : c->inference_ranks[c->groups[i].first],
-                                 .verifier = v, .batch = -1, .last_seen = now};
+                                 .verifier = v, .batch = -1, .last_seen = now, .at_step = -1};
     }
     if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &t->layout);
     t->gen.o = o;
     t->gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
     if (!rc) rc = vks_rl_gen_open_tasks(&t->gen);
-    if (!rc) rc = vks_rl_gen_show_prompt(&t->gen);
+    if (!rc && !origin) rc = vks_rl_gen_show_prompt(&t->gen); /* the trainer shows it in vks_rl_run_source */
     if (!rc && origin) t->weights = malloc(sizeof(vks_rl_msg) + sizeof(float) * t->layout->n_values);
     if (!rc && origin && !t->weights) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the weights");
     double start_s = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
@@ -575,7 +602,8 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     trainer_src t;
     rc = vks_rl_orch_open(&t, o, mo, true);
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
-                         .position = position_mpi, .resume = resume_mpi, .broadcast_bytes = broadcast_bytes_mpi};
+                         .position = position_mpi, .resume = resume_mpi, .broadcast_bytes = broadcast_bytes_mpi,
+                         .ranks = ranks_mpi};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");

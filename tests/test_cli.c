@@ -1653,6 +1653,165 @@ static char *metrics_untimed(const char *path, int *lines) {
  * takes the config from the checkpoint, says so before the step lines, and
  * at k = 0 writes what the straight run wrote (each step once); a changed key
  * is refused naming it and both values, --override allows it and says so. */
+/* A config whose roles name 3 ranks, run without mpirun: exit 2 and one
+ * line giving the mpirun line that starts it on one machine (the command
+ * line as given, a word with a space quoted); nothing else runs. */
+static void test_rl_needs_mpirun(void **state) {
+    (void)state;
+    char dir[256], args[2048], want[2048];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char p[600];
+    snprintf(p, sizeof p, "%s/run.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"roles\": {\"orchestrator\": 0, \"trainer\": 0, \"inference\": [[1], [2]]}}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "rl --config %s --init tiny --out '%s/o x'", p, dir);
+    char *out, *err;
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    snprintf(want, sizeof want, "vkswarm: rl: the config's roles name 3 ranks but 1 was started; on one machine run: "
+             "mpirun --oversubscribe --mca btl tcp,self -np 3 vkswarm rl --config %s --init tiny --out '%s/o x'\n", p, dir);
+    assert_string_equal(err, want);
+    assert_string_equal(out, "");
+    free(out), free(err);
+    snprintf(p, sizeof p, "%s/o x", dir);
+    assert_int_not_equal(access(p, F_OK), 0); /* nothing made */
+}
+
+/* Every README section that a command's --help names ("README \"NAME\"",
+ * maybe across a line break) is a heading of README.md (a `code` span in a
+ * heading is read without its backquotes). */
+static void test_rl_help_sections_exist(void **state) {
+    (void)state;
+    const char *src = getenv("VKSWARM_SOURCE");
+    if (!src) skip();
+    char p[1024], cmd[1024], *help = NULL;
+    snprintf(p, sizeof p, "%s/README.md", src);
+    char *readme = (char *)tu_read_file(p, NULL);
+    assert_non_null(readme);
+    for (char *q = readme, *w = readme; ; q++) { /* drop backquotes */
+        if (*q != '`') *w++ = *q;
+        if (!*q) break;
+    }
+    const char *cmds[] = {"rl", "generate", "tasks", "train", "eval", "verify", "broadcast", "pipeline"};
+    int named = 0;
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+        snprintf(cmd, sizeof cmd, "%s %s --help", tu_bin(), cmds[c]);
+        assert_int_equal(tu_run(cmd, &help), 0);
+        for (const char *q = help; (q = strstr(q, "README \"")); ) {
+            q += 8;
+            const char *end = strchr(q, '"');
+            assert_non_null(end);
+            char want[256];
+            int n = snprintf(want, sizeof want, "# %.*s\n", (int)(end - q), q);
+            for (int i = 2; i < n - 1; i++)
+                if (want[i] == '\n') want[i] = ' '; /* a name broken across lines */
+            if (!strstr(readme, want)) fail_msg("%s --help names README \"%.*s\": no such heading", cmds[c], (int)(end - q), q);
+            named += !strcmp(cmds[c], "rl");
+            q = end;
+        }
+        free(help);
+    }
+    assert_true(named >= 4);
+    free(readme);
+}
+
+/* Whether a program is on PATH. */
+static bool have_program(const char *name) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", name);
+    return tu_run(cmd, NULL) == 0;
+}
+
+/* The run report (issue 26): OUT/report.html, rebuilt at each checkpoint
+ * (the step-1 page, copied when the step's line comes, says "1 of 2 (in
+ * progress") and at the end; one page with nothing loaded from elsewhere; the
+ * task file's hostile text escaped. Then headless Chromium loads it: no
+ * console message, the page's script ran (data-ready, the counts it fills
+ * in), the curves (10 SVGs) and the sample table are in the DOM; a
+ * screenshot is taken (report.png, for a look). */
+static void test_rl_report(void **state) {
+    (void)state;
+    char dir[256], cmd[8192], p[1024];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(p, sizeof p, "%s/t.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++) /* a tag, a quote, an entity and a control byte in every prompt */
+        fprintf(f, "{\"prompt\": \"<b>%d</b>+%d='\\u0007&amp;\", \"answer\": \"%d\", \"task_type\": \"numeric\"}\n", i,
+                i + 1, 2 * i + 1);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "cd %s && (%s rl --init tiny --task t.jsonl --steps 2 --save-every 1 --async-level 0 "
+             "--set prompts_per_step=2 --set group_size=4 --set max_new_tokens=12 --set length_targets=4,12 "
+             "--eval-split 0.25 --eval-n 2 --out o 2>&1 >out.txt; echo \"status $?\") | while IFS= read -r l; do "
+             "case \"$l\" in 'rl: step 1/2'*) cp o/report.html step1.html;; 'status '*) echo \"$l\";; esac; done",
+             dir, tu_bin());
+    char *out = NULL;
+    assert_int_equal(tu_run(cmd, &out), 0);
+    if (strcmp(out, "status 0\n")) fail_msg("rl: %s", out);
+    free(out);
+    snprintf(p, sizeof p, "%s/out.txt", dir);
+    out = (char *)tu_read_file(p, NULL);
+    assert_non_null(strstr(out, "\nreport: o/report.html\n"));
+    free(out);
+    snprintf(p, sizeof p, "%s/step1.html", dir);
+    char *page = (char *)tu_read_file(p, NULL);
+    assert_non_null(page);
+    assert_non_null(strstr(page, "<dd id=\"step\">1 of 2 (in progress"));
+    free(page);
+    snprintf(p, sizeof p, "%s/o/report.html", dir);
+    page = (char *)tu_read_file(p, NULL);
+    assert_non_null(page);
+    assert_non_null(strstr(page, "<dd id=\"step\">2 of 2 (the run ended)</dd>"));
+    assert_null(strstr(page, "<b>")); /* the tasks' text is escaped */
+    assert_null(strstr(page, "\a"));
+    assert_null(strstr(page, "http")); /* nothing loaded from elsewhere (the SVG namespace aside) */
+    assert_non_null(strstr(page, "&lt;b&gt;"));
+    assert_non_null(strstr(page, "&#39;\\x07&amp;amp;"));
+    int figures = 0, rows = 0;
+    for (const char *q = page; (q = strstr(q, "<figure class=\"curve\"")); q++) figures++;
+    const char *table = strstr(page, "<table id=\"samples\">");
+    assert_non_null(table);
+    for (const char *q = table; (q = strstr(q, "<tr><td>")) && q < strstr(table, "</table>"); q++) rows++;
+    assert_int_equal(figures, 10);
+    assert_in_range(rows, 2, 8); /* 1 or 2 of the first two groups, each step */
+    assert_non_null(strstr(page, "<td>this process</td><td>inference thread</td><td>live</td>"));
+    assert_non_null(strstr(page, "<section id=\"timeline\">"));
+    free(page);
+    if (!have_program("chromium")) {
+        fprintf(stderr, "test_rl_report: SKIPPED the browser check: no chromium (tools/install-deps installs it)\n");
+        return;
+    }
+    /* a profile of its own in the test's directory; the DOM after the scripts ran; console lines on stderr */
+    snprintf(cmd, sizeof cmd, "cd %s && HOME=%s timeout 120 chromium --headless --no-sandbox --disable-gpu "
+             "--user-data-dir=%s/chromium --enable-logging=stderr --v=0 --dump-dom file://%s/o/report.html "
+             "> dom.html 2> chromium.txt && HOME=%s timeout 120 chromium --headless --no-sandbox --disable-gpu "
+             "--user-data-dir=%s/chromium --hide-scrollbars --window-size=1400,2400 --screenshot=%s/report.png "
+             "file://%s/o/report.html 2>/dev/null", dir, dir, dir, dir, dir, dir, dir, dir);
+    if (tu_run(cmd, NULL)) fail_msg("chromium failed: %s", cmd);
+    snprintf(p, sizeof p, "%s/chromium.txt", dir);
+    char *log = (char *)tu_read_file(p, NULL);
+    assert_non_null(log);
+    if (strstr(log, "CONSOLE") || strstr(log, "Uncaught")) fail_msg("the page logged on the console: %s", log);
+    free(log);
+    snprintf(p, sizeof p, "%s/dom.html", dir);
+    char *dom = (char *)tu_read_file(p, NULL);
+    assert_non_null(dom);
+    assert_non_null(strstr(dom, "data-ready=\"1\""));
+    assert_non_null(strstr(dom, "<pre id=\"js-errors\" hidden=\"\"></pre>"));
+    assert_non_null(strstr(dom, "<span id=\"curve-count\">10</span>"));
+    char want[64];
+    snprintf(want, sizeof want, "<span id=\"sample-count\">%d</span>", rows);
+    assert_non_null(strstr(dom, want));
+    assert_non_null(strstr(dom, "<table id=\"samples\">"));
+    assert_non_null(strstr(dom, "&lt;b&gt;"));
+    free(dom);
+    snprintf(p, sizeof p, "%s/report.png", dir);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    assert_true(st.st_size > 10000);
+}
+
 static void test_rl_clean_stop(void **state) {
     (void)state;
     char dir[256], tasks[400], base[2048], args[4096], want[2048], p[1024];
@@ -1683,9 +1842,9 @@ static void test_rl_clean_stop(void **state) {
     assert_int_equal(lines_with(err, "vkswarm: stopping after this step"), 1);
     snprintf(want, sizeof want, "final checkpoint: %s/b/step-%09lld\n", dir, stop);
     expect_in(out, want);
-    const char *files[] = {"rl.svg", "timeline.svg", "metrics.jsonl", "step-000000000/state.json"};
-    for (int i = 0; i < 4; i++) {
-        if (i == 3) snprintf(p, sizeof p, "%s/b/step-%09lld/state.json", dir, stop);
+    const char *files[] = {"rl.svg", "timeline.svg", "metrics.jsonl", "report.html", "step-000000000/state.json"};
+    for (int i = 0; i < 5; i++) {
+        if (i == 4) snprintf(p, sizeof p, "%s/b/step-%09lld/state.json", dir, stop);
         else snprintf(p, sizeof p, "%s/b/%s", dir, files[i]);
         if (access(p, F_OK)) fail_msg("no %s", p);
     }
@@ -1799,7 +1958,7 @@ int main(void) {
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
-        cmocka_unit_test(test_rl_clean_stop), cmocka_unit_test(test_train_clean_stop),
+        cmocka_unit_test(test_rl_needs_mpirun), cmocka_unit_test(test_rl_help_sections_exist), cmocka_unit_test(test_rl_report), cmocka_unit_test(test_rl_clean_stop), cmocka_unit_test(test_train_clean_stop),
         cmocka_unit_test(test_train_sft_sentencepiece), cmocka_unit_test(test_train_out_dir),
         cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
         cmocka_unit_test(test_own_tasks),

@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_gpu.h"
+#include "vkswarm/vks_metrics.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_tokenizer.h"
@@ -683,11 +684,94 @@ static void test_clean_stop(void **state) {
     stop_and_resume(straight.p, steps, &after_progress, 1, "stop-1");
 }
 
+/* The run report (report.c) treats every string as hostile: a completion's
+ * and a prompt's bytes (tags, a quote, an escape byte, invalid UTF-8), a
+ * rank's reason and a verifier's reason from rejected.jsonl come out as text
+ * (\xHH, entities): the page holds no tag but its own. The page names the
+ * dropped rank by its world rank, the samples newest first, and the curves. */
+static void test_report_escapes(void **state) {
+    (void)state;
+    char dir[512], p[700];
+    snprintf(dir, sizeof dir, "%s/report", tu_tmpdir());
+    assert_int_equal(mkdir(dir, 0777), 0);
+    vks_metrics *m = NULL;
+    assert_int_equal(vks_metrics_open(dir, -1, &m), VKS_OK);
+    for (int s = 1; s <= 3; s++) {
+        vks_metric v[] = {{"reward", 0.1 * s}, {"loss", 1.0 / s}, {"accuracy", 0.5}, {"accuracy_n", 8}};
+        assert_int_equal(vks_metrics_log(m, s, v, s == 2 ? 4 : 2), VKS_OK);
+    }
+    assert_int_equal(vks_metrics_close(m), VKS_OK);
+    snprintf(p, sizeof p, "%s/rollouts-rank3", dir);
+    assert_int_equal(mkdir(p, 0777), 0);
+    snprintf(p, sizeof p, "%s/rollouts-rank3/rejected.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"batch\":4,\"sample\":2,\"task_index\":9,\"policy_step\":1,\"reason\":\"<img src=x onerror=alert(1)>\\u001b\"}\n"
+          "not json <script>\n", f);
+    fclose(f);
+    /* one group of two completions: prompt and completions with hostile bytes (byte-level tokenizer: id = byte) */
+    const char *text[2] = {"<script>alert('x')</script>\x1b\xff", "plain"};
+    vks_rl_sample smp[2];
+    int32_t toks[2][64];
+    for (int k = 0; k < 2; k++) {
+        int n = 0;
+        toks[k][n++] = tiny->bos_id;
+        const char *prompt = "Q: <b>\"1\"</b>";
+        for (const char *q = prompt; *q; q++) toks[k][n++] = (unsigned char)*q;
+        int plen = n;
+        for (const char *q = text[k]; *q; q++) toks[k][n++] = (unsigned char)*q;
+        smp[k] = (vks_rl_sample){.tokens = toks[k], .prompt_len = plen, .completion_len = n - plen, .task_reward = k,
+                                 .reward = k, .advantage = k ? 1 : -1, .accepted = true};
+    }
+    vks_rl_batch_group g = {.samples = smp, .n = 2, .policy_step = 1, .task_index = 5};
+    vks_rl_report_samples samples = {0};
+    assert_int_equal(vks_rl_report_capture(&samples, tok, 3, &g, 1), VKS_OK);
+    assert_int_equal(samples.len, 2);
+    vks_rl_rank_status ranks[2] = {{.rank = 1, .batches = 3, .rollouts = 24, .at_step = -1},
+                                   {.rank = 4, .state = VKS_RL_RANK_DROPPED, .batches = 1, .rollouts = 8, .at_step = 2}};
+    snprintf(ranks[1].why, sizeof ranks[1].why, "rank 4 went silent </td><script>x</script>\x01");
+    char metrics[700];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
+    vks_rl_report rep = {.task = "t<&>.jsonl", .step = 3, .steps = 3, .final = true, .elapsed_s = 8, .metrics_path = metrics,
+                         .samples = &samples, .ranks = ranks, .n_ranks = 2, .across_ranks = true};
+    assert_int_equal(vks_rl_report_write(dir, &rep), VKS_OK);
+    vks_rl_report_samples_free(&samples);
+    snprintf(p, sizeof p, "%s/report.html", dir);
+    char *page = (char *)tu_read_file(p, NULL);
+    assert_non_null(page);
+    int scripts = 0;
+    for (const char *q = page; (q = strstr(q, "<script")); q++) scripts++;
+    assert_int_equal(scripts, 2); /* the page's own two */
+    assert_null(strstr(page, "<img"));
+    assert_null(strstr(page, "<b>"));
+    assert_null(strstr(page, "\x1b"));
+    assert_null(strstr(page, "\x01"));
+    assert_non_null(strstr(page, "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;\\x1b\\xff"));
+    assert_non_null(strstr(page, "Q: &lt;b&gt;&quot;1&quot;&lt;/b&gt;"));
+    assert_non_null(strstr(page, "<h1>vkswarm RL run: t&lt;&amp;&gt;.jsonl</h1>"));
+    assert_non_null(strstr(page, "<tr class=\"dropped\"><td>4</td><td>inference</td><td>dropped</td><td>1</td><td>8</td>"
+                                 "<td>1.00</td><td>0</td><td>rank 4 went silent &lt;/td&gt;&lt;script&gt;x&lt;/script&gt;\\x01</td>"));
+    assert_non_null(strstr(page, "<td>rollouts-rank3</td><td>4</td><td>2</td><td>9</td><td>1</td><td class=\"text\">"
+                                 "&lt;img src=x onerror=alert(1)&gt;\\x1b</td>"));
+    /* newest first: the higher-reward completion (plain) was kept first, so the hostile one comes first */
+    const char *plain = strstr(page, "\"text\">plain"), *hostile = strstr(page, "&lt;script&gt;alert");
+    assert_true(plain && hostile && hostile < plain);
+    int figures = 0;
+    for (const char *q = page; (q = strstr(q, "<figure class=\"curve\"")); q++) figures++;
+    assert_int_equal(figures, 10);
+    assert_null(strstr(page, "<section id=\"timeline\">"));
+    free(page);
+    /* a missing metrics file: an error naming it, and no page replaced */
+    rep.metrics_path = "/nonexistent/metrics.jsonl";
+    assert_int_equal(vks_rl_report_write(dir, &rep), VKS_ERR_IO);
+    assert_non_null(strstr(vks_last_error(), "/nonexistent/metrics.jsonl"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
                                        cmocka_unit_test(test_resume_refuses_other_runs),
                                        cmocka_unit_test(test_group_queue), cmocka_unit_test(test_heldout_accuracy),
-                                       cmocka_unit_test(test_clean_stop)};
+                                       cmocka_unit_test(test_clean_stop), cmocka_unit_test(test_report_escapes)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1352,7 +1352,7 @@ static void test_plot_svg(void **state) {
     y2[2] = INFINITY; /* gaps around one lone point (3) */
     y2[4] = NAN;
     x[8] = 1e308;     /* beyond the plotting range: a gap too */
-    vks_plot_series s[2] = {{"loss <train> & \"val\"", x, y1, 12}, {"lr\x01\xff", x, y2, 12}};
+    vks_plot_series s[2] = {{.name = "loss <train> & \"val\"", .x = x, .y = y1, .n = 12}, {.name = "lr\x01\xff", .x = x, .y = y2, .n = 12}};
     vks_plot p = {.title = "Loss", .x_label = "step", .y_label = "value", .series = s, .n_series = 2};
     assert_int_equal(vks_plot_svg(path, &p), VKS_OK);
     svg_summary sum;
@@ -1367,7 +1367,7 @@ static void test_plot_svg(void **state) {
     assert_true(has_text(&sum, "10"));
     /* degenerate data: nothing finite, one point, a constant */
     double nan1[1] = {NAN}, one_x[1] = {5}, one_y[1] = {2}, cx[3] = {1, 2, 3}, cy[3] = {7, 7, 7};
-    vks_plot_series cases[3][1] = {{{"none", nan1, nan1, 1}}, {{"one", one_x, one_y, 1}}, {{"flat", cx, cy, 3}}};
+    vks_plot_series cases[3][1] = {{{.name = "none", .x = nan1, .y = nan1, .n = 1}}, {{.name = "one", .x = one_x, .y = one_y, .n = 1}}, {{.name = "flat", .x = cx, .y = cy, .n = 3}}};
     for (int i = 0; i < 3; i++) {
         vks_plot q = {.series = cases[i], .n_series = 1, .width = 10, .height = 10};
         assert_int_equal(vks_plot_svg(path, &q), VKS_OK);
@@ -1377,7 +1377,7 @@ static void test_plot_svg(void **state) {
     vks_plot none = {0};
     assert_int_equal(vks_plot_svg(path, &none), VKS_OK);
     check_svg(path, &sum);
-    vks_plot_series broken = {"x", NULL, NULL, 3};
+    vks_plot_series broken = {.name = "x", .n = 3};
     vks_plot bad = {.series = &broken, .n_series = 1};
     assert_int_equal(vks_plot_svg(path, &bad), VKS_ERR_ARG);
     /* from a metrics file */

@@ -177,7 +177,7 @@ bool cli_stop_requested(void *ctx) {
 }
 
 /* s as one POSIX shell word: as it is when it needs no quoting, else in single quotes. */
-static void put_shell_word(FILE *f, const char *s) {
+void cli_put_shell_word(FILE *f, const char *s) {
     size_t n = strlen(s);
     if (n && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-./:=,+@%") == n) {
         cli_put_escaped(f, s, n);
@@ -200,7 +200,7 @@ void cli_stop_line(const char *cmd, int64_t step, const char *checkpoint, int ar
     fputs("; continue with: vkswarm", stderr);
     for (int i = 0; i < argc; i++) {
         fputc(' ', stderr);
-        put_shell_word(stderr, argv[i]);
+        cli_put_shell_word(stderr, argv[i]);
     }
     fputc('\n', stderr);
 }

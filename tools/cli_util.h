@@ -32,6 +32,8 @@ bool cli_stop_requested(void *ctx);
 /* The line a cleanly stopped run ends with: "vkswarm: CMD: stopped at step N;
  * checkpoint CKPT; continue with: vkswarm ARGS..." (each argument quoted for
  * a POSIX shell where it needs it). */
+/* s as one shell word (quoted when it needs it; control bytes escaped). */
+void cli_put_shell_word(FILE *f, const char *s);
 void cli_stop_line(const char *cmd, int64_t step, const char *checkpoint, int argc, const char *const *argv);
 /* Installed first thing in main: at exit, stdout is flushed and closed and
  * any failed write to it (full disk, closed pipe) turns the exit status into

@@ -24,7 +24,8 @@ static const char rl_usage[] =
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
     "online filter pick what the trainer trains on; the trainer hands each step's weights back.\n"
-    "The config (README \"RL runs\") gives every key; --set KEY=VALUE and the named flags override it.\n"
+    "The config (README \"The RL config\") gives every key; --set KEY=VALUE and the named flags override\n"
+    "it. README \"Asynchronous RL: vkswarm rl\" starts from a task file of your own.\n"
     "--model starts from a checkpoint (train sft's), --init tiny from the built-in tiny model.\n"
     "--task T: a built-in task (add, mul, countdown, sort, reverse, optionally :SIZE and :short) or a\n"
     "task file (PATH.jsonl, a path with '/', or file:PATH; README \"Your own tasks\"), its tasks in turn.\n"
@@ -41,7 +42,9 @@ static const char rl_usage[] =
     "One line per step on stderr (step, policy lag, reward, accuracy, length, verifier accept rate,\n"
     "rollouts/s, trainer idle, broadcast time); DIR (default from the config, rl-out) gets\n"
     "metrics.jsonl, rl.svg, timeline.svg (what the trainer and the inference thread did when over the\n"
-    "last 4 steps: who waited for whom), rollouts/batch-N.jsonl and checkpoints DIR/step-N (weights,\n"
+    "last 4 steps: who waited for whom), report.html (one self-contained page: curves, timeline, ranks,\n"
+    "sample completions, rejections; rebuilt at every checkpoint), rollouts/batch-N.jsonl and\n"
+    "checkpoints DIR/step-N (weights,\n"
     "optimizer state, the rollout position) every --save-every steps (default 10) and at the end, the\n"
     "newest --keep (default 3). Each checkpoint holds the run's whole config (and the --eval-* and\n"
     "--no-verify choices): `vkswarm rl --out DIR --resume` alone continues from the newest one with\n"
@@ -55,11 +58,14 @@ static const char rl_usage[] =
     "(whatever --save-every says), metrics and plots are written, stdout as below, and the run exits\n"
     "130 with one line: 'vkswarm: rl: stopped at step N; checkpoint DIR/step-N; continue with:\n"
     "vkswarm rl --out DIR --resume'. A second signal stops at once. (One process only: under mpirun\n"
-    "signals end the ranks as before.) stdout gets (paths escaped):\n"
-    "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  final checkpoint: PATH\n"
+    "signals end the ranks as before.) At the end stderr says 'N rollouts; C checked by a verifier: A\n"
+    "accepted, R rejected; ...' and, across ranks, one line per rank dropped or refused (world rank, step,\n"
+    "why). stdout gets (paths escaped):\n"
+    "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  report: PATH\n  final checkpoint: PATH\n"
     "  held-out: WHAT (with a held-out set)\n  accuracy: START -> FINAL (resumed: START is the run's, step 0)\n"
     "  trainer idle: FRACTION\n"
-    "Under mpirun with more than one rank the config's roles run across ranks (first cut): the\n"
+    "Under mpirun with more than one rank the config's roles run across ranks (README \"RL across ranks\";\n"
+    "on one machine: mpirun --oversubscribe --mca btl tcp,self -np N vkswarm rl --config run.json): the\n"
     "trainer rank (by default also the orchestrator) grants batches to inference groups (one rank, or a\n"
     "pipeline of several: the first takes the grants, the group generates across its stages)\n"
     "within the async window, broadcasts the weights after each step through Shardcast (signed,\n"
@@ -155,6 +161,20 @@ static void resume_config(rl_args *a) {
     free(st);
 }
 
+/* The config's roles name more ranks than were started (typically: no
+ * mpirun): one line saying which mpirun line starts them on one machine. */
+_Noreturn static void need_ranks(int named, int started, int argc, char **argv) {
+    fflush(stdout);
+    fprintf(stderr, "vkswarm: rl: the config's roles name %d ranks but %d %s started; on one machine run: mpirun "
+            "--oversubscribe --mca btl tcp,self -np %d vkswarm", named, started, started == 1 ? "was" : "were", named);
+    for (int i = 0; i < argc; i++) {
+        fputc(' ', stderr);
+        cli_put_shell_word(stderr, argv[i]);
+    }
+    fputc('\n', stderr);
+    exit(EXIT_BAD_INPUT);
+}
+
 static void parse_rl(int argc, char **argv, rl_args *a) {
     static const struct option opts[] = {
         CLI_MODEL_LONG_OPTIONS, {"config", required_argument, 0, 0}, {"set", required_argument, 0, 0},
@@ -221,6 +241,8 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     const char *np = getenv("OMPI_COMM_WORLD_SIZE");
     a->n_ranks = np && atoi(np) > 1 ? atoi(np) : 1;
     if (a->o.resume && a->n_ranks == 1) resume_config(a);
+    int named = vks_rl_config_ranks_named(&a->c);
+    if (named > a->n_ranks) need_ranks(named, a->n_ranks, argc, argv);
     if (vks_rl_config_check(&a->c, a->n_ranks)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     check_eval(a);
     if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
@@ -240,15 +262,24 @@ static void on_progress(void *ctx, const vks_rl_progress *p) {
 }
 
 static void print_result(const rl_args *a, const vks_rl_result *r) {
-    fprintf(stderr, "vkswarm: rl: %lld rollouts, %lld accepted, %lld rejected, %lld groups without signal, %lld stale, %.0f s\n",
-            (long long)r->rollouts, (long long)r->accepted, (long long)r->rejected, (long long)r->groups_filtered,
-            (long long)r->groups_stale, r->elapsed_s);
+    fprintf(stderr, "vkswarm: rl: %lld rollouts; %lld checked by a verifier: %lld accepted, %lld rejected; %lld groups "
+            "without signal, %lld stale; %.0f s\n", (long long)r->rollouts, (long long)r->checked, (long long)r->accepted,
+            (long long)r->rejected, (long long)r->groups_filtered, (long long)r->groups_stale, r->elapsed_s);
+    for (int i = 0; i < r->n_ranks; i++) { /* the ranks the run lost, by their world rank */
+        const vks_rl_rank_status *k = &r->ranks[i];
+        if (k->state == VKS_RL_RANK_LIVE) continue;
+        fprintf(stderr, "vkswarm: rl: %s rank %d %s at step %lld: ", k->verifier ? "verifier" : "inference", k->rank,
+                k->state == VKS_RL_RANK_DROPPED ? "dropped" : "refused", (long long)k->at_step);
+        cli_put_escaped(stderr, k->why, strnlen(k->why, sizeof k->why));
+        fputc('\n', stderr);
+    }
     printf("task: ");
     cli_put_escaped(stdout, a->c.task, strlen(a->c.task));
     putchar('\n');
     cli_put_path_line("metrics", r->metrics_path);
     cli_put_path_line("plot", r->plot_path);
     cli_put_path_line("timeline", r->timeline_path);
+    cli_put_path_line("report", r->report_path);
     cli_put_path_line("final checkpoint", r->final_checkpoint);
     if (r->eval_set[0]) {
         printf("held-out: ");

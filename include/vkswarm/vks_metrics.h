@@ -9,6 +9,7 @@
  * infinities, which JSON cannot hold, are written as null. */
 #ifndef VKS_METRICS_H
 #define VKS_METRICS_H
+#include <stdio.h>
 #include "vks_common.h"
 
 typedef struct {
@@ -50,6 +51,9 @@ typedef struct {
     const char *name;     /* legend entry (any bytes: escaped) */
     const double *x, *y;  /* n points; a point with x or y non-finite or beyond 1e300 in magnitude is a gap */
     int64_t n;
+    const double *err;    /* NULL, or n half-widths: a bar from y - err to y + err at each point (in the range) */
+    const char *color;    /* NULL: the palette's by position; else an SVG color (#rrggbb; not escaped: no input) */
+    double opacity;       /* 0: opaque; else in (0, 1]: raw points drawn faintly under a smoothed line */
 } vks_plot_series;
 
 typedef struct {
@@ -65,6 +69,9 @@ typedef struct {
  * (a stretch of one point is a dot), a legend. Without a finite point the
  * axes span [0, 1] and the plot says "no data". */
 int vks_plot_svg(const char *path, const vks_plot *p);
+/* The same plot as an <svg> element (no XML declaration) written to f, for
+ * embedding in an HTML page; the caller checks f's errors. */
+int vks_plot_svg_to(FILE *f, const vks_plot *p);
 /* Plots keys of DIR/metrics.jsonl against the step into svg_path. */
 int vks_metrics_plot(const char *metrics_path, const char *const *keys, int n_keys, const char *title,
                      const char *svg_path);
@@ -110,4 +117,6 @@ typedef struct {
  * legend of the kinds some bar uses. When t1 <= t0 (or either is not finite)
  * the axis spans [t0, t0 + 1]. */
 int vks_timeline_svg(const char *path, const vks_timeline *t);
+/* The same chart as an <svg> element written to f (as vks_plot_svg_to). */
+int vks_timeline_svg_to(FILE *f, const vks_timeline *t);
 #endif

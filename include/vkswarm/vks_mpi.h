@@ -71,4 +71,8 @@ int vks_mpi_run_beside(int (*job)(void *), void *arg, int (*meanwhile)(void *), 
  * bytes and tag, in the same order as its other exchanges. */
 int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
                      const char *what);
+/* The same; its message names comm rank r as names[r] (NULL: r), e.g. world
+ * ranks for a sub-communicator's ranks. */
+int vks_mpi_exchange_named(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
+                           const char *what, const int *names);
 #endif

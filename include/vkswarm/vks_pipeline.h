@@ -32,7 +32,8 @@ typedef struct {
     /* With toploc: every other stage commits the activations it hands on (TOPLOC
      * chunk proofs of its output rows at the sampling positions, as sent), and
      * rank 0's sequences get them in vks_sequence.stage_proofs, one per stage
-     * 0..S-2, named stage_ranks[s] (NULL: the stage's rank in comm). */
+     * 0..S-2, named stage_ranks[s] (NULL: the stage's rank in comm). Messages
+     * name stage s as rank stage_ranks[s] too (a world rank; S entries). */
     bool stage_proofs;
     const int *stage_ranks;
     /* This rank's engine, made by the caller with vks_pipeline_engine_options

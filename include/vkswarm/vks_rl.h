@@ -107,15 +107,36 @@ typedef struct {
     double trainer_wait_on_inference, inference_wait_on_trainer;
 } vks_rl_timeline_summary;
 
+/* An inference or verifier rank of a run across ranks as the trainer (or
+ * the orchestrator) counted it; in one process, the inference thread
+ * (rank -1). An inference group of several ranks is counted as its first. */
+enum { VKS_RL_RANK_LIVE = 0, VKS_RL_RANK_DROPPED = 1, VKS_RL_RANK_REFUSED = 2 };
+typedef struct {
+    int rank;                 /* world rank; -1: this process's inference thread */
+    bool verifier;
+    int state;                /* VKS_RL_RANK_*: refused (it sent something wrong) or dropped (silent, or it
+                               * missed the weights) ranks are left out for the rest of the run */
+    int64_t batches;          /* inference: its batches taken into the queue; verifier: batches it answered */
+    int64_t rollouts;         /* completions in them (inference: generated; verifier: checked) */
+    int64_t rejected;         /* completions the verifier rejected (inference: of its batches; verifier: by it) */
+    int64_t at_step;          /* dropped or refused: the trainer's steps done then; else -1 */
+    char why[320];            /* dropped or refused: why ("" while live) */
+} vks_rl_rank_status;
+#define VKS_RL_MAX_RANK_STATUS 64 /* ranks counted (more are left out of the report and the result) */
+
 typedef struct {
     char final_checkpoint[4096], metrics_path[4096], plot_path[4096], timeline_path[4096], rollouts_dir[4096];
+    char report_path[4096];   /* OUT/report.html */
     char heldout_path[4096];  /* eval_split: OUT/heldout.jsonl, the held-out lines as they were ("": none) */
     char eval_set[8192];      /* what held-out accuracy is measured on ("": fresh instances or nothing) */
     int64_t eval_tasks;       /* tasks of the held-out set (0: none) */
     vks_rl_timeline_summary timeline;
     double start_accuracy, final_accuracy; /* NaN without evaluations */
     double trainer_idle;                   /* over the whole run */
-    int64_t rollouts, accepted, rejected, groups_filtered, groups_stale;
+    int64_t rollouts, checked, accepted, rejected, groups_filtered, groups_stale; /* checked: by a verifier
+                               * (accepted + rejected; fewer than rollouts with verify_sample or without one) */
+    vks_rl_rank_status ranks[VKS_RL_MAX_RANK_STATUS]; /* the inference and verifier ranks at the end */
+    int n_ranks;
     int64_t trained;          /* completions the trainer trained on */
     int64_t trained_rejected; /* rejected completions that reached the trainer (skipped there; 0 unless a bug) */
     int64_t resumed_from;     /* the step resumed from, -1: a fresh run */

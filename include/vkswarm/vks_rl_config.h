@@ -123,6 +123,8 @@ int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const ch
 /* Checks values and roles against n_ranks started; without roles, assigns
  * every role to rank 0 (n_ranks must then be 1). */
 int vks_rl_config_check(vks_rl_config *c, int n_ranks);
+/* How many ranks the roles name: 1 + the highest rank named (1 without roles). */
+int vks_rl_config_ranks_named(const vks_rl_config *c);
 /* What rank r does: a bit set of VKS_RL_ROLE_*. */
 enum { VKS_RL_ROLE_ORCHESTRATOR = 1, VKS_RL_ROLE_TRAINER = 2, VKS_RL_ROLE_INFERENCE = 4, VKS_RL_ROLE_VERIFIER = 8,
        VKS_RL_ROLE_RELAY = 16 };

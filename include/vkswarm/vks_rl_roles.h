@@ -191,6 +191,9 @@ typedef struct {
     void (*resume)(void *ctx, int64_t step, int64_t next_batch);
     /* Bytes the last publish put on the wire (NULL: not measured). */
     double (*broadcast_bytes)(void *ctx);
+    /* The inference and verifier ranks as counted so far, at most cap of them
+     * into out; returns how many (NULL: not known on this rank). */
+    int (*ranks)(void *ctx, vks_rl_rank_status *out, int cap);
 } vks_rl_source;
 /* vks_rl_run with the groups from src (NULL: the inference thread). */
 int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *r);

@@ -294,7 +294,9 @@ static void find_ranges(const vks_plot *p, svg_ctx *c) {
         for (int64_t i = 0; i < p->series[s].n; i++) {
             double x = p->series[s].x[i], y = p->series[s].y[i];
             if (!plottable(x, y)) continue;
-            x0 = fmin(x0, x), x1 = fmax(x1, x), y0 = fmin(y0, y), y1 = fmax(y1, y);
+            double e = p->series[s].err && isfinite(p->series[s].err[i]) ? fabs(p->series[s].err[i]) : 0;
+            if (!(e <= PLOT_LIMIT)) e = 0;
+            x0 = fmin(x0, x), x1 = fmax(x1, x), y0 = fmin(y0, y - e), y1 = fmax(y1, y + e);
             c->any = true;
         }
     c->ax = make_axis(x0, x1, c->any);
@@ -377,10 +379,26 @@ static void draw_axes(const svg_ctx *c, const vks_plot *p) {
     if (!c->any) text_at(f, (c->left + c->right) / 2, (c->top + c->bottom) / 2, "middle", "", "no data");
 }
 
+static const char *series_color(const vks_plot *p, int s) {
+    return p->series[s].color ? p->series[s].color : palette[s % (int)(sizeof palette / sizeof palette[0])];
+}
+
+/* Error bars: a vertical line from y - err to y + err at each point. */
+static void draw_err(const svg_ctx *c, const vks_plot_series *s, const char *color) {
+    for (int64_t i = 0; s->err && i < s->n; i++) {
+        double e = fabs(s->err[i]);
+        if (!plottable(s->x[i], s->y[i]) || !(e <= PLOT_LIMIT)) continue;
+        fprintf(c->f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\"/>\n", px(c, s->x[i]),
+                py(c, s->y[i] - e), px(c, s->x[i]), py(c, s->y[i] + e), color);
+    }
+}
+
 /* One series: a path with a new subpath after every gap; lone points as dots. */
 static void draw_series(const svg_ctx *c, const vks_plot_series *s, const char *color) {
     FILE *f = c->f;
-    fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" d=\"", color);
+    char alpha[48] = "";
+    if (s->opacity > 0 && s->opacity < 1) snprintf(alpha, sizeof alpha, " opacity=\"%.3f\"", s->opacity);
+    fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"%s d=\"", color, alpha);
     bool open = false;
     for (int64_t i = 0; i < s->n; i++) {
         bool ok = plottable(s->x[i], s->y[i]);
@@ -393,35 +411,44 @@ static void draw_series(const svg_ctx *c, const vks_plot_series *s, const char *
         bool prev = i > 0 && plottable(s->x[i - 1], s->y[i - 1]);
         bool next = i + 1 < s->n && plottable(s->x[i + 1], s->y[i + 1]);
         if (ok && !prev && !next)
-            fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2\" fill=\"%s\"/>\n", px(c, s->x[i]), py(c, s->y[i]), color);
+            fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2\" fill=\"%s\"%s/>\n", px(c, s->x[i]), py(c, s->y[i]), color,
+                    alpha);
     }
+    draw_err(c, s, color);
 }
 
+/* The named series, one line each. */
 static void draw_legend(const svg_ctx *c, const vks_plot *p) {
-    if (p->n_series > 0) /* a backing so that lines under the legend do not cross its text */
+    int named = 0;
+    for (int s = 0; s < p->n_series; s++) named += p->series[s].name != NULL;
+    if (named > 0) /* a backing so that lines under the legend do not cross its text */
         fprintf(c->f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"146\" height=\"%d\" fill=\"#fff\" fill-opacity=\"0.85\"/>\n",
-                c->right - 154, c->top + 2, 16 * p->n_series + 4);
-    for (int s = 0; s < p->n_series; s++) {
+                c->right - 154, c->top + 2, 16 * named + 4);
+    for (int s = 0, k = 0; s < p->n_series; s++) {
         if (!p->series[s].name) continue;
-        double y = c->top + 14 + 16 * s, x = c->right - 150;
-        const char *color = palette[s % (int)(sizeof palette / sizeof palette[0])];
+        double y = c->top + 14 + 16 * k++, x = c->right - 150;
         fprintf(c->f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"2\"/>\n", x,
-                y - 4, x + 20, y - 4, color);
+                y - 4, x + 20, y - 4, series_color(p, s));
         text_at(c->f, x + 26, y, "start", "", p->series[s].name);
     }
 }
 
-/* Opens path's temporary file (vks_outfile) and writes an SVG document's
- * start: the XML declaration, the root of w x h pixels, a white background. */
+/* An SVG root of w x h pixels with a white background; standalone: after
+ * the XML declaration (a file), else an element inside an HTML page. */
+static void svg_open(FILE *f, int w, int h, bool standalone) {
+    /* HTML puts an <svg> element in the SVG namespace itself */
+    fputs(standalone ? "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\"" : "<svg", f);
+    fprintf(f, " width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+               "font-family=\"sans-serif\" font-size=\"12\">\n"
+               "<rect width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n",
+            w, h, w, h, w, h);
+}
+
+/* Opens path's temporary file (vks_outfile) and writes an SVG document's start. */
 static int svg_begin(vks_outfile *o, const char *path, int w, int h) {
     int rc = vks_outfile_open(o, path, 0666);
-    if (rc != VKS_OK) return rc;
-    fprintf(o->f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-                  "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-                  "font-family=\"sans-serif\" font-size=\"12\">\n"
-                  "<rect width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n",
-            w, h, w, h, w, h);
-    return VKS_OK;
+    if (rc == VKS_OK) svg_open(o->f, w, h, true);
+    return rc;
 }
 
 /* Closes the document and renames it into place when every write succeeded. */
@@ -430,8 +457,8 @@ static int svg_end(vks_outfile *o) {
     return vks_outfile_finish(o, !ferror(o->f));
 }
 
-static int check_plot(const char *path, const vks_plot *p) {
-    if (!path || !p || p->n_series < 0 || (p->n_series && !p->series) || p->width < 0 || p->height < 0)
+static int check_plot(const vks_plot *p) {
+    if (!p || p->n_series < 0 || (p->n_series && !p->series) || p->width < 0 || p->height < 0)
         return vks_set_error(VKS_ERR_ARG, "vks_plot_svg: bad argument");
     for (int s = 0; s < p->n_series; s++)
         if (p->series[s].n < 0 || (p->series[s].n && (!p->series[s].x || !p->series[s].y)))
@@ -439,21 +466,41 @@ static int check_plot(const char *path, const vks_plot *p) {
     return VKS_OK;
 }
 
-int vks_plot_svg(const char *path, const vks_plot *p) {
-    int rc = check_plot(path, p);
-    if (rc != VKS_OK) return rc;
+static svg_ctx plot_ctx(const vks_plot *p) {
     svg_ctx c = {.w = p->width ? p->width : 800, .h = p->height ? p->height : 480};
     if (c.w < 200) c.w = 200;
     if (c.h < 150) c.h = 150;
     c.left = 70, c.right = c.w - 20, c.top = 36, c.bottom = c.h - 44;
     find_ranges(p, &c);
+    return c;
+}
+
+static void plot_body(svg_ctx *c, const vks_plot *p) {
+    draw_axes(c, p);
+    for (int s = 0; s < p->n_series; s++) draw_series(c, &p->series[s], series_color(p, s));
+    draw_legend(c, p);
+}
+
+int vks_plot_svg(const char *path, const vks_plot *p) {
+    int rc = path ? check_plot(p) : vks_set_error(VKS_ERR_ARG, "vks_plot_svg: bad argument");
+    if (rc != VKS_OK) return rc;
+    svg_ctx c = plot_ctx(p);
     vks_outfile o;
     if ((rc = svg_begin(&o, path, c.w, c.h)) != VKS_OK) return rc;
     c.f = o.f;
-    draw_axes(&c, p);
-    for (int s = 0; s < p->n_series; s++) draw_series(&c, &p->series[s], palette[s % (int)(sizeof palette / sizeof palette[0])]);
-    draw_legend(&c, p);
+    plot_body(&c, p);
     return svg_end(&o);
+}
+
+int vks_plot_svg_to(FILE *f, const vks_plot *p) {
+    int rc = f ? check_plot(p) : vks_set_error(VKS_ERR_ARG, "vks_plot_svg: bad argument");
+    if (rc != VKS_OK) return rc;
+    svg_ctx c = plot_ctx(p);
+    c.f = f;
+    svg_open(f, c.w, c.h, false);
+    plot_body(&c, p);
+    fputs("</svg>\n", f);
+    return VKS_OK;
 }
 
 int vks_metrics_plot(const char *metrics_path, const char *const *keys, int n_keys, const char *title,
@@ -463,7 +510,7 @@ int vks_metrics_plot(const char *metrics_path, const char *const *keys, int n_ke
     if (rc != VKS_OK) return rc;
     vks_plot_series *ps = calloc((size_t)n_keys + 1, sizeof *ps);
     if (!ps) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory");
-    for (int k = 0; k < n_keys && ps; k++) ps[k] = (vks_plot_series){keys[k], s->x, s->y[k], s->n};
+    for (int k = 0; k < n_keys && ps; k++) ps[k] = (vks_plot_series){.name = keys[k], .x = s->x, .y = s->y[k], .n = s->n};
     vks_plot p = {.title = title, .x_label = "step", .y_label = n_keys == 1 ? keys[0] : NULL, .series = ps,
                   .n_series = n_keys};
     if (rc == VKS_OK) rc = vks_plot_svg(svg_path, &p);
@@ -486,8 +533,8 @@ typedef struct {
 
 static double tl_x(const tl_ctx *c, double t) { return c->left + (t - c->t0) / (c->t1 - c->t0) * (c->right - c->left); }
 
-static int check_timeline(const char *path, const vks_timeline *t) {
-    if (!path || !t || t->n_rows < 0 || (t->n_rows && !t->rows) || t->n_kinds < 0 || (t->n_kinds && !t->kinds) ||
+static int check_timeline(const vks_timeline *t) {
+    if (!t || t->n_rows < 0 || (t->n_rows && !t->rows) || t->n_kinds < 0 || (t->n_kinds && !t->kinds) ||
         t->n_marks < 0 || (t->n_marks && !t->marks) || t->width < 0)
         return vks_set_error(VKS_ERR_ARG, "vks_timeline_svg: bad argument");
     for (int k = 0; k < t->n_kinds; k++)
@@ -575,24 +622,46 @@ static void tl_legend(const tl_ctx *c, const vks_timeline *t, double y) {
     }
 }
 
-int vks_timeline_svg(const char *path, const vks_timeline *t) {
-    int rc = check_timeline(path, t);
-    if (rc != VKS_OK) return rc;
-    int w = t->width ? t->width : 900;
-    if (w < 300) w = 300;
-    tl_ctx c = {.left = 90, .right = w - 20, .top = TL_TOP, .t0 = t->t0, .t1 = t->t1};
+static tl_ctx timeline_ctx(const vks_timeline *t, int *w, int *h) {
+    *w = t->width ? t->width : 900;
+    if (*w < 300) *w = 300;
+    tl_ctx c = {.left = 90, .right = *w - 20, .top = TL_TOP, .t0 = t->t0, .t1 = t->t1};
     if (!isfinite(c.t0)) c.t0 = 0;
     if (!isfinite(c.t1) || !(c.t1 > c.t0) || !isfinite(c.t1 - c.t0)) c.t1 = c.t0 + 1;
     c.rows_bottom = c.top + t->n_rows * (TL_ROW_H + TL_ROW_GAP) - (t->n_rows ? TL_ROW_GAP : 0);
-    int h = (int)c.rows_bottom + 84;
+    *h = (int)c.rows_bottom + 84;
+    return c;
+}
+
+static void timeline_body(tl_ctx *c, const vks_timeline *t, int w) {
+    if (t->title) text_at(c->f, w / 2.0, 22, "middle", " font-size=\"16\"", t->title);
+    for (int r = 0; r < t->n_rows; r++) tl_band(c, &t->rows[r], c->top + r * (TL_ROW_H + TL_ROW_GAP));
+    tl_axis(c);
+    for (int r = 0; r < t->n_rows; r++) tl_bars(c, t, &t->rows[r], c->top + r * (TL_ROW_H + TL_ROW_GAP));
+    tl_marks(c, t);
+    tl_legend(c, t, c->rows_bottom + 72);
+}
+
+int vks_timeline_svg(const char *path, const vks_timeline *t) {
+    int rc = path ? check_timeline(t) : vks_set_error(VKS_ERR_ARG, "vks_timeline_svg: bad argument");
+    if (rc != VKS_OK) return rc;
+    int w, h;
+    tl_ctx c = timeline_ctx(t, &w, &h);
     vks_outfile o;
     if ((rc = svg_begin(&o, path, w, h)) != VKS_OK) return rc;
     c.f = o.f;
-    if (t->title) text_at(c.f, w / 2.0, 22, "middle", " font-size=\"16\"", t->title);
-    for (int r = 0; r < t->n_rows; r++) tl_band(&c, &t->rows[r], c.top + r * (TL_ROW_H + TL_ROW_GAP));
-    tl_axis(&c);
-    for (int r = 0; r < t->n_rows; r++) tl_bars(&c, t, &t->rows[r], c.top + r * (TL_ROW_H + TL_ROW_GAP));
-    tl_marks(&c, t);
-    tl_legend(&c, t, c.rows_bottom + 72);
+    timeline_body(&c, t, w);
     return svg_end(&o);
+}
+
+int vks_timeline_svg_to(FILE *f, const vks_timeline *t) {
+    int rc = f ? check_timeline(t) : vks_set_error(VKS_ERR_ARG, "vks_timeline_svg: bad argument");
+    if (rc != VKS_OK) return rc;
+    int w, h;
+    tl_ctx c = timeline_ctx(t, &w, &h);
+    c.f = f;
+    svg_open(f, w, h, false);
+    timeline_body(&c, t, w);
+    fputs("</svg>\n", f);
+    return VKS_OK;
 }

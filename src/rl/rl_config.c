@@ -570,6 +570,17 @@ static int check_values(const vks_rl_config *c) {
     return VKS_OK;
 }
 
+int vks_rl_config_ranks_named(const vks_rl_config *c) {
+    if (!c || !c->roles_given) return 1;
+    int most = c->trainer > c->orchestrator ? c->trainer : c->orchestrator;
+    const int *lists[3] = {c->inference_ranks, c->verifiers, c->relays};
+    int counts[3] = {c->n_inference_ranks, c->n_verifiers, c->n_relays};
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < counts[l]; i++)
+            if (lists[l][i] > most) most = lists[l][i];
+    return most + 1;
+}
+
 int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
     int rc = check_values(c);

@@ -4,6 +4,7 @@
 #ifndef VKS_RL_INTERNAL_H
 #define VKS_RL_INTERNAL_H
 #include <pthread.h>
+#include <stdio.h>
 #include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_rl_roles.h"
 #include "vkswarm/vks_train.h"
@@ -107,6 +108,46 @@ void vks_rl_timeline_note(vks_rl_timeline *t, vks_rl_work kind, int64_t step, do
  * Fills *sum with what it shows. */
 int vks_rl_timeline_write(const vks_rl_timeline *trainer, const vks_rl_timeline *inference, int last_n,
                           const char *path, vks_rl_timeline_summary *sum);
+/* The same chart as an <svg> element written to f (the run report). */
+int vks_rl_timeline_write_to(FILE *f, const vks_rl_timeline *trainer, const vks_rl_timeline *inference, int last_n);
+
+/* ---- the run report (report.c): OUT/report.html ---- */
+enum { VKS_RL_SAMPLE_TRAINED, VKS_RL_SAMPLE_LOGP_FAR, VKS_RL_SAMPLE_REJECTED };
+typedef struct {
+    int64_t step, task_index, policy_step;
+    double task_reward, reward, advantage;
+    int status;               /* VKS_RL_SAMPLE_* */
+    char *prompt, *completion; /* decoded (malloc'd; NULL: not decodable), cut to 2 KiB */
+} vks_rl_report_sample;
+#define VKS_RL_REPORT_SAMPLES 200 /* the newest kept (4 a step: the last 50 steps) */
+typedef struct {
+    vks_rl_report_sample *ring; /* VKS_RL_REPORT_SAMPLES entries once one is kept */
+    int next, len;
+} vks_rl_report_samples;
+/* Keeps step's samples for the report: of the first two groups with
+ * completions, the highest- and lowest-reward one each. */
+int vks_rl_report_capture(vks_rl_report_samples *s, const struct vks_tokenizer *tok, int64_t step,
+                          const vks_rl_batch_group *groups, int n_groups);
+void vks_rl_report_samples_free(vks_rl_report_samples *s);
+
+typedef struct {
+    const char *task;
+    int64_t step, steps;
+    bool final;               /* the run ended (else: a checkpoint's) */
+    bool across_ranks;        /* inference runs on other ranks */
+    double elapsed_s;
+    const char *metrics_path; /* the curves */
+    const vks_rl_timeline *trainer, *inference; /* inference NULL: the trainer's row only */
+    int last_n;               /* trainer steps the timeline shows */
+    const vks_rl_report_samples *samples;
+    const vks_rl_rank_status *ranks;
+    int n_ranks;
+    vks_rl_counters totals;
+} vks_rl_report;
+/* Writes out_dir/report.html (temporary name, renamed): the summary, the
+ * curves of metrics_path, the timeline, the ranks, the samples and the
+ * verifier's rejections (out_dir/rollouts*\/rejected.jsonl). */
+int vks_rl_report_write(const char *out_dir, const vks_rl_report *rep);
 
 /* The inference thread's body (pthread start routine; arg: vks_rl_gen *). */
 void *vks_rl_gen_main(void *arg);

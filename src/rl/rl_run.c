@@ -62,6 +62,8 @@ typedef struct {
     vks_rl_counters counted;     /* a resumed run: the counters its checkpoint recorded (the inference thread
                                   * counts on from them); zero otherwise */
     bool counted_stored;
+    vks_rl_report_samples samples; /* for OUT/report.html */
+    double eval_n_last;          /* tasks the last evaluation scored (the accuracy's standard error) */
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
@@ -205,7 +207,8 @@ int vks_rl_stored_read(const char *out_dir, vks_rl_stored *s, bool *found) {
 static int open_start(rl_run *r, vks_rl_result *res) {
     r->start = r->o->model;
     res->resumed_from = -1;
-    static const char *const outputs[] = {"metrics.jsonl", "rl.svg", "timeline.svg", "rollouts", "heldout.jsonl", NULL};
+    static const char *const outputs[] = {"metrics.jsonl", "rl.svg", "timeline.svg", "report.html", "rollouts", "heldout.jsonl",
+                                          NULL};
     int rc = vks_rl_out_lock(&r->out, r->c->out);
     if (rc) return vks_error_prefix(rc, "rl");
     char dir[4096];
@@ -388,6 +391,7 @@ static void run_free(rl_run *r) {
     vks_model_free(r->own_model);
     vks_rl_out_unlock(&r->out);
     free(r->eval_tasks);
+    vks_rl_report_samples_free(&r->samples);
 }
 
 /* Blocks until P groups are queued (or inference failed); takes them. */
@@ -499,6 +503,7 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     double lr = c->warmup && step + 1 < c->warmup ? c->lr * (double)(step + 1) / c->warmup : c->lr;
     vks_adamw_params a = {.lr = lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
     if (!rc) rc = vks_trainer_step(r->trainer, &a, RL_GRAD_CLIP, grad_norm);
+    if (!rc) rc = vks_rl_report_capture(&r->samples, r->o->tok, step + 1, r->groups, c->prompts_per_step);
     for (int i = 0; i < c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
     if (rc) return vks_error_prefix(rc, "trainer, step %lld", (long long)step + 1);
     return VKS_OK;
@@ -542,19 +547,61 @@ static int evaluate(rl_run *r, double *accuracy) {
     int64_t n = r->n_eval_tasks < r->o->eval_n ? r->n_eval_tasks : r->o->eval_n;
     if (!rc && r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, m, r->o->tok, r->eval_tasks, n, &to, &e);
     else if (!rc) rc = vks_task_eval(r->o->train_gpu, m, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
-    if (!rc) *accuracy = e.accuracy;
+    if (!rc) *accuracy = e.accuracy, r->eval_n_last = (double)e.n;
     vks_model_free(m);
     vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_EVAL, vks_trainer_steps(r->trainer), &since);
     return rc ? vks_error_prefix(rc, "held-out evaluation") : VKS_OK;
 }
 
+/* The inference ranks (or the inference thread) as counted so far; how many. */
+static int get_ranks(rl_run *r, vks_rl_rank_status *out, int cap) {
+    if (r->src) return r->src->ranks ? r->src->ranks(r->src->ctx, out, cap) : 0;
+    vks_rl_counters c;
+    pthread_mutex_lock(&r->sh.mu);
+    c = r->sh.queue.counters;
+    int64_t batches = r->sh.batches;
+    pthread_mutex_unlock(&r->sh.mu);
+    out[0] = (vks_rl_rank_status){.rank = -1, .batches = batches, .rollouts = c.rollouts, .rejected = c.rejected,
+                                  .at_step = -1};
+    return 1;
+}
+
+/* Per rank of a run across ranks: "rankR.batches", ".rollouts_per_s", ".rejected", ".dropped" (1: dropped or refused). */
+typedef struct {
+    char name[4][40];
+} rank_names;
+
+static int rank_metrics(rl_run *r, const vks_rl_progress *p, vks_metric *m, rank_names *names, int cap) {
+    if (!r->src) return 0;
+    vks_rl_rank_status *st = malloc(sizeof *st * VKS_RL_MAX_RANK_STATUS);
+    int n = st ? get_ranks(r, st, VKS_RL_MAX_RANK_STATUS) : 0, k = 0;
+    static const char *const what[4] = {"batches", "rollouts_per_s", "rejected", "dropped"};
+    for (int i = 0; i < n && k + 4 <= cap; i++) {
+        double v[4] = {(double)st[i].batches, p->elapsed_s > 0 ? (double)st[i].rollouts / p->elapsed_s : 0,
+                       (double)st[i].rejected, st[i].state != VKS_RL_RANK_LIVE};
+        for (int j = 0; j < 4; j++) {
+            snprintf(names[i].name[j], sizeof names[i].name[j], "rank%d.%s", st[i].rank, what[j]);
+            m[k++] = (vks_metric){names[i].name[j], v[j]};
+        }
+    }
+    free(st);
+    return k;
+}
+
 static int log_step(rl_run *r, const vks_rl_progress *p) {
-    vks_metric m[21];
+    enum { FIXED = 22 };
+    vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS));
+    rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
+    if (!m || !names) {
+        free(m), free(names);
+        return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    }
     int n = 0;
     m[n++] = (vks_metric){"policy_lag", p->policy_lag};
     if (!isnan(p->reward)) m[n++] = (vks_metric){"reward", p->reward};
     m[n++] = (vks_metric){"trained_reward", p->trained_reward};
     if (!isnan(p->accuracy)) m[n++] = (vks_metric){"accuracy", p->accuracy};
+    if (!isnan(p->accuracy)) m[n++] = (vks_metric){"accuracy_n", r->eval_n_last};
     m[n++] = (vks_metric){"length", p->length};
     m[n++] = (vks_metric){"accept_rate", p->accept_rate};
     m[n++] = (vks_metric){"rollouts_per_s", p->rollouts_per_s};
@@ -571,7 +618,10 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"rejected", (double)p->rejected};
     m[n++] = (vks_metric){"groups_stale", (double)p->groups_stale};
     m[n++] = (vks_metric){"elapsed_s", p->elapsed_s};
-    return vks_metrics_log(r->metrics, p->step, m, n);
+    n += rank_metrics(r, p, m + n, names, 4 * VKS_RL_MAX_RANK_STATUS);
+    int rc = vks_metrics_log(r->metrics, p->step, m, n);
+    free(m), free(names);
+    return rc;
 }
 
 /* Fills the counters the inference thread keeps. */
@@ -598,6 +648,24 @@ static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
     int64_t made = c.rollouts - r->reported.rollouts;
     p->reward = made > 0 ? (c.task_reward_sum - r->reported.task_reward_sum) / (double)made : NAN;
     r->reported = c;
+}
+
+/* OUT/report.html from what the run has now; final: at the end (the
+ * inference thread joined: its row of the timeline is complete). */
+static int write_report(rl_run *r, bool final, const char *metrics_path) {
+    vks_rl_rank_status *ranks = malloc(sizeof *ranks * VKS_RL_MAX_RANK_STATUS);
+    if (!ranks) return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    vks_rl_report rep = {.task = r->c->task, .step = vks_trainer_steps(r->trainer), .steps = r->c->steps, .final = final,
+                         .across_ranks = r->src != NULL,
+                         .elapsed_s = vks_seconds_now() - r->t_start, .metrics_path = metrics_path,
+                         .trainer = &r->timeline, .inference = final && !r->src ? &r->gen_timeline : NULL,
+                         .last_n = r->o->timeline_steps ? r->o->timeline_steps : VKS_RL_TIMELINE_STEPS,
+                         .samples = &r->samples, .ranks = ranks};
+    rep.n_ranks = get_ranks(r, ranks, VKS_RL_MAX_RANK_STATUS);
+    get_counters(r, &rep.totals);
+    int rc = vks_rl_report_write(r->c->out, &rep);
+    free(ranks);
+    return rc;
 }
 
 /* Every save_every steps (not the last: finish saves it), before the weights
@@ -649,6 +717,8 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
     if (eval_now) rc = evaluate(r, &p->accuracy);
     read_counters(r, p, t_start);
     if (!rc) rc = log_step(r, p);
+    bool saved = r->c->save_every && step % r->c->save_every == 0 && step < r->c->steps && !r->stopped;
+    if (!rc && saved) rc = write_report(r, false, vks_metrics_path(r->metrics)); /* with this step's metrics line */
     return rc;
 }
 
@@ -668,9 +738,12 @@ static int finish(rl_run *r, vks_rl_result *res) {
     int last_n = r->o->timeline_steps ? r->o->timeline_steps : VKS_RL_TIMELINE_STEPS;
     if (!rc) rc = vks_rl_timeline_write(&r->timeline, r->src ? NULL : &r->gen_timeline, last_n, res->timeline_path,
                                         &res->timeline);
+    snprintf(res->report_path, sizeof res->report_path, "%s/report.html", c->out);
+    if (!rc) rc = write_report(r, true, res->metrics_path);
+    res->n_ranks = get_ranks(r, res->ranks, VKS_RL_MAX_RANK_STATUS);
     vks_rl_counters cn;
     get_counters(r, &cn);
-    res->rollouts = cn.rollouts, res->accepted = cn.accepted, res->rejected = cn.rejected;
+    res->rollouts = cn.rollouts, res->checked = cn.checked, res->accepted = cn.accepted, res->rejected = cn.rejected;
     res->groups_filtered = cn.filtered, res->groups_stale = cn.stale;
     return rc;
 }

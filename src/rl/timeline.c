@@ -143,8 +143,9 @@ static int make_bars(role r, const window *w, vks_timeline_bar *bars, vks_timeli
     return n;
 }
 
-int vks_rl_timeline_write(const vks_rl_timeline *trainer, const vks_rl_timeline *inference, int last_n,
-                          const char *path, vks_rl_timeline_summary *sum) {
+/* The chart into path (a file of its own) or f (an element of the run report). */
+static int write_chart(const vks_rl_timeline *trainer, const vks_rl_timeline *inference, int last_n, const char *path,
+                       FILE *f, vks_rl_timeline_summary *sum) {
     *sum = (vks_rl_timeline_summary){0};
     if (!trainer->spans || last_n < 1) return vks_set_error(VKS_ERR_ARG, "rl: no timeline to write");
     if (inference && !inference->spans) inference = NULL;
@@ -170,7 +171,17 @@ int vks_rl_timeline_write(const vks_rl_timeline *trainer, const vks_rl_timeline 
     vks_timeline chart = {.title = title, .mark_label = "step", .t0 = sum->start, .t1 = sum->end, .rows = rows,
                           .n_rows = inference ? 2 : 1, .kinds = work_kinds, .n_kinds = VKS_RL_WORK_KINDS,
                           .marks = marks, .n_marks = n_marks};
-    int rc = vks_timeline_svg(path, &chart);
+    int rc = f ? vks_timeline_svg_to(f, &chart) : vks_timeline_svg(path, &chart);
     free(bars), free(marks);
     return rc;
+}
+
+int vks_rl_timeline_write(const vks_rl_timeline *trainer, const vks_rl_timeline *inference, int last_n,
+                          const char *path, vks_rl_timeline_summary *sum) {
+    return write_chart(trainer, inference, last_n, path, NULL, sum);
+}
+
+int vks_rl_timeline_write_to(FILE *f, const vks_rl_timeline *trainer, const vks_rl_timeline *inference, int last_n) {
+    vks_rl_timeline_summary sum;
+    return write_chart(trainer, inference, last_n, NULL, f, &sum);
 }

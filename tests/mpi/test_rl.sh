@@ -69,6 +69,8 @@ rc=$?
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/k0/step-000000002" "$tmp/out.txt" &&
    metrics_ok "$tmp/k0/metrics.jsonl" 2 0 && mismatch_ok "$tmp/k0/metrics.jsonl" && stale_none "$tmp/k0/metrics.jsonl" &&
    shardcast_ok "$tmp/err.txt" "$tmp/k0/metrics.jsonl" 2 3 1 "$tmp/k0/weights-rank1" "$tmp/k0/weights-rank2" &&
+   [ "$(grep -c "^vkswarm: rl: shardcast: the weights are signed with a key made for this run" "$tmp/err.txt")" = 1 ] &&
+   grep -q "^report: $tmp/k0/report.html" "$tmp/out.txt" && grep -q '<tr class="live"><td>2</td><td>inference</td>' "$tmp/k0/report.html" &&
    ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt"; then
     ok "4 ranks (a relay), k=0: 2 steps, weights through Shardcast, finite losses, lag 0, logp mismatch < 1e-4, no stale group"
 else bad "4 ranks (a relay), k=0: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/k0/metrics.jsonl" 2>/dev/null; fi
@@ -85,7 +87,7 @@ rc=$?
 losses() { grep -o '"loss":[^,]*' "$1"; }
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/group/step-000000002" "$tmp/out.txt" &&
    metrics_ok "$tmp/group/metrics.jsonl" 2 0 && mismatch_ok "$tmp/group/metrics.jsonl" &&
-   grep -q "rollouts, [0-9]* accepted, 0 rejected" "$tmp/err.txt" && ! grep -q "dropped\|refused" "$tmp/err.txt" &&
+   grep -q "rollouts; [0-9]* checked by a verifier: [0-9]* accepted, 0 rejected" "$tmp/err.txt" && ! grep -q "dropped\|refused" "$tmp/err.txt" &&
    [ "$(losses "$tmp/group/metrics.jsonl")" = "$(losses "$tmp/k0/metrics.jsonl")" ]; then
     ok "a pipeline group of 2 ranks + a verifier: nothing rejected, logp mismatch < 1e-4, the 2 single ranks' losses"
 else bad "pipeline group: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/group/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
@@ -101,9 +103,11 @@ rc=$?
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/orch/step-000000002" "$tmp/out.txt" &&
    metrics_ok "$tmp/orch/metrics.jsonl" 2 0 && mismatch_ok "$tmp/orch/metrics.jsonl" && stale_none "$tmp/orch/metrics.jsonl" &&
    shardcast_ok "$tmp/err.txt" "$tmp/orch/metrics.jsonl" 2 1 0 "$tmp/orch/weights-rank2" && [ ! -d "$tmp/orch/weights-rank0" ] &&
+   tail -1 "$tmp/orch/metrics.jsonl" | grep -q '"rank2.batches":[1-9]' &&
+   grep -q '<tr class="live"><td>2</td><td>inference</td><td>live</td><td>[1-9]' "$tmp/orch/report.html" &&
    ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" &&
    [ "$(losses "$tmp/orch/metrics.jsonl")" = "$(losses "$tmp/k0/metrics.jsonl")" ]; then
-    ok "the orchestrator on its own rank: the happy path's losses, lag 0, logp mismatch < 1e-4, weights from the trainer"
+    ok "the orchestrator on its own rank: the happy path's losses, lag 0, logp mismatch < 1e-4, weights from the trainer, its per-rank counts in metrics and report"
 else bad "own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/orch/metrics.jsonl"; losses "$tmp/k0/metrics.jsonl"; fi
 
 # kill_run RANK NP ARGS...: `vkswarm rl` with the current config and ARGS on NP ranks under
@@ -282,14 +286,21 @@ wrong=$(grep -o "verifier rank 3: batch [a-z]*: [0-9]* of [0-9]* completions che
          END { print bad + 0 }')
 in_rejected=$(grep -o "verifier rank 3: batch rejected: [0-9]* of [0-9]*" "$tmp/err.txt" | awk '{ s += $NF } END { print s + 0 }')
 rejected_lines=$(grep -c "verifier rank 3: batch [0-9]* of rank [12]: completion [0-9]* rejected" "$tmp/err.txt")
+# the summary's counts agree with the step lines: checked = accepted + rejected (every completion of
+# a batch judged whole counts as checked), the last step's accept rate = accepted / checked (issue
+# 26: the summary said "120 rollouts, 24 accepted, 0 rejected" beside "accepted 1.000")
+counts_agree=$(grep -o "^vkswarm: rl: [0-9]* rollouts; [0-9]* checked by a verifier: [0-9]* accepted, [0-9]* rejected" "$tmp/err.txt" |
+    awk -v acc="$(grep -o '^rl: step 2/2: .*accepted [0-9.]*' "$tmp/err.txt" | awk '{ print $NF }')" \
+        '{ n = $3; c = $5; a = $10; r = $12
+           if (c <= n && c == a + r && c > 0 && sprintf("%.3f", a / c) == acc) print "yes" }')
 if [ $rc -eq 0 ] && [ "$batches" -ge 2 ] && [ "$wrong" = 0 ] && [ "$rejected_lines" = "$in_rejected" ] &&
-   metrics_ok "$tmp/sampled/metrics.jsonl" 2 0; then
+   [ "$counts_agree" = yes ] && metrics_ok "$tmp/sampled/metrics.jsonl" 2 0; then
     ok "verify_sample 0.25: $batches batches judged whole on a sampled quarter, $in_rejected completions in rejected batches, bounds as C(n-k,m)/C(n,m)"
-else bad "verify_sample: status $rc, $batches batches, $wrong wrong lines, $rejected_lines rejections vs $in_rejected"; tail -5 "$tmp/err.txt"; fi
+else bad "verify_sample: status $rc, $batches batches, $wrong wrong lines, $rejected_lines rejections vs $in_rejected, counts agree '$counts_agree'"; grep "rollouts;\|^rl: step" "$tmp/err.txt"; tail -5 "$tmp/err.txt"; fi
 
 if [ -z "$short" ]; then
 # an inference rank killed mid-run: the second stage (rank 3) of the pipeline group [2, 3]. Its
-# first stage's pipeline names it and that rank ends; the trainer drops the group (rank 2, for its
+# first stage's pipeline names it (by its world rank, 3) and that rank ends; the trainer drops the group (rank 2, for its
 # silence), grants its batch again, and the run finishes on rank 1 (--enable-recovery)
 config "$tmp/kill" 3 0
 sed -i 's/"inference": \[\[1\], \[2\]\]/"inference": [[1], [2, 3]]/' "$tmp/run.json"
@@ -297,7 +308,7 @@ kill_run 3 4 --timeout-s 5 --trainer-timeout-s 120
 # who names the dead stage depends on when it dies: rank 2's pipeline (during a batch) or the
 # trainer (rank 3 missed a weights broadcast)
 if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/err.txt" &&
-   grep -q "inference rank 2: .*inference group 1 (ranks 2 3; .*rank 1 \(stopped answering\|did not answer\)\|inference rank 2 dropped: its stage rank 3 did not take the weights" "$tmp/err.txt" &&
+   grep -q "inference rank 2: .*inference group 1 (ranks 2 3): .*rank 3 \(stopped answering\|did not answer\)\|inference rank 2 dropped: its stage rank 3 did not take the weights" "$tmp/err.txt" &&
    grep -q "^final checkpoint: $tmp/kill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/kill/metrics.jsonl" 3 0 &&
    grep -q "shardcast: step 3 (version [0-9]*): [0-9]* bytes to 1 of 3 ranks" "$tmp/err.txt"; then
     ok "a pipeline group's stage killed mid-run: the group is dropped (also from the weights broadcasts), the run finishes on the other rank"
@@ -312,10 +323,16 @@ if [ -z "$short" ]; then
 for how in killed stopped; do
     config "$tmp/one-of-two" 3 1
     stop_rank=$([ $how = stopped ] && echo 1) kill_run 2 3 --timeout-s 5 --trainer-timeout-s 60
+    # the summary names it by its world rank with the reason, and so do metrics.jsonl and the report
     if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "inference rank 2 dropped" "$tmp/err.txt" &&
        ! grep -q "inference rank 1 \(refused\|dropped\)\|no inference rank is left" "$tmp/err.txt" &&
+       grep -q "^vkswarm: rl: inference rank 2 dropped at step [0-9]*: rank 2 went silent\|^vkswarm: rl: inference rank 2 dropped at step [0-9]*: it did not take the weights" "$tmp/err.txt" &&
+       [ "$(grep -c "^vkswarm: rl: [a-z]* rank [0-9]* \(dropped\|refused\) at step" "$tmp/err.txt")" = 1 ] &&
+       tail -1 "$tmp/one-of-two/metrics.jsonl" | grep -q '"rank2.dropped":1' &&
+       tail -1 "$tmp/one-of-two/metrics.jsonl" | grep -q '"rank1.dropped":0' &&
+       grep -q '<tr class="dropped"><td>2</td><td>inference</td><td>dropped</td>' "$tmp/one-of-two/report.html" &&
        grep -q "^final checkpoint: $tmp/one-of-two/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/one-of-two/metrics.jsonl" 3 1; then
-        ok "one inference rank of two $how mid-run (k=1): only it is dropped, the run finishes on the other (${took}s)"
+        ok "one inference rank of two $how mid-run (k=1): only it is dropped (named in the summary, metrics and report), the run finishes on the other (${took}s)"
     else bad "one inference rank of two $how: pid '$pid' status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
     rm -rf "$tmp/one-of-two"
 done
@@ -334,8 +351,10 @@ if [ -n "$pid" ] && [ $rc -eq 0 ] && grep -q "verifier rank 3 dropped" "$tmp/err
    ! grep -q "inference rank 1 \(refused\|dropped\)\|verifier rank 2 \(refused\|dropped\)" "$tmp/err.txt" &&
    grep -q "^final checkpoint: $tmp/vkill/step-000000003" "$tmp/out.txt" && metrics_ok "$tmp/vkill/metrics.jsonl" 3 1 &&
    grep -q "shardcast: step 3 (version [0-9]*): [1-9][0-9]* bytes to 2 of [23] ranks" "$tmp/err.txt" &&
+   grep -qF "vkswarm: rl: shardcast: the weights are signed with your key $tmp/keys/shardcast.key (the other ranks check them with $tmp/keys/shardcast.pub)" "$tmp/err.txt" &&
+   grep -q "^vkswarm: rl: verifier rank 3 dropped at step [0-9]*: " "$tmp/err.txt" &&
    [ -f "$tmp/vkill/weights-rank1/current/model.bin" ] && [ -f "$tmp/vkill/weights-rank2/current/model.bin" ]; then
-    ok "a verifier rank killed mid-run is dropped, the run finishes with the other (k=1: lag <= 1; a configured key)"
+    ok "a verifier rank killed mid-run is dropped (named in the summary), the run finishes with the other (k=1: lag <= 1; a configured key, said on stderr)"
 else bad "killed verifier (k=1, configured key): pid '$pid' status $rc"; tail -5 "$tmp/err.txt"; fi
 fi
 
