@@ -1,5 +1,5 @@
-/* test_grad_linear: the GPU backward of the linear ops (matmul with f32
- * weights, embedding, bias) and the optimizer (gradient norm, clip scale,
+/* test_grad_linear: the GPU backward of the linear ops (matmul: dX through
+ * weights of every type the engine holds, dW in f32; embedding, bias) and the optimizer (gradient norm, clip scale,
  * AdamW) against their float64 references (vks_ref_grad.h), table-driven:
  * one row per case, named fields per op family.
  * Every case runs its GPU op twice on the same inputs and requires
@@ -38,6 +38,7 @@ struct grad_case {
         uint32_t M, N, K;
         uint32_t col0, pad; /* dy is the window [col0, col0 + N) of rows of col0 + N + pad */
         bool accumulate;
+        vks_dtype dtype; /* W's type (dX only; 0 = f32) */
     } mm;
     struct {
         uint32_t R, D, V;
@@ -162,7 +163,10 @@ static void expect_nmse(const char *what, const float *got, const double *want, 
 
 typedef struct {
     uint32_t M, N, K, ldy, col0;
-    const float *x, *w, *dy, *old; /* old: NULL = overwrite */
+    const float *x, *w, *dy, *old; /* old: NULL = overwrite; w: the values W's type decodes to */
+    const void *w_packed;          /* W in its type's GPU layout (dX) */
+    size_t w_bytes;
+    vks_dtype dtype;
 } matmul_io;
 
 /* One GPU run: dx = dy . W (dw false) or dW = dy^T . x (dw true). */
@@ -170,7 +174,7 @@ static float *gpu_matmul_backward(const matmul_io *io, bool dw) {
     uint32_t M = io->M, N = io->N, K = io->K;
     size_t n_out = dw ? (size_t)N * K : (size_t)M * K;
     vks_buffer *bdy = gpu_buffer(io->dy, (size_t)M * io->ldy * 4);
-    vks_buffer *bin = dw ? gpu_buffer(io->x, (size_t)M * K * 4) : gpu_buffer(io->w, (size_t)N * K * 4);
+    vks_buffer *bin = dw ? gpu_buffer(io->x, (size_t)M * K * 4) : gpu_buffer(io->w_packed, io->w_bytes);
     vks_buffer *bout = gpu_buffer(io->old, n_out * 4);
     vks_cmd *c = begin();
     bool acc = io->old != NULL;
@@ -178,8 +182,8 @@ static float *gpu_matmul_backward(const matmul_io *io, bool dw) {
         assert_int_equal(vks_op_matmul_backward_w(ops, c, bind(bdy), io->ldy, io->col0, bind(bin), bind(bout), M, N,
                                                   K, acc), VKS_OK);
     else
-        assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(bdy), io->ldy, io->col0, bind(bin), bind(bout), M, N,
-                                                  K, acc), VKS_OK);
+        assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(bdy), io->ldy, io->col0, bind(bin), io->dtype,
+                                                  bind(bout), M, N, K, acc), VKS_OK);
     submit(c);
     float *out = download(bout, n_out);
     vks_buffer_destroy(bdy); vks_buffer_destroy(bin); vks_buffer_destroy(bout);
@@ -205,7 +209,11 @@ static void run_matmul_backward(const grad_case *tc, bool dw) {
     float *x = rand_floats((size_t)M * K, 1, -1, 1), *w = rand_floats((size_t)N * K, 2, -1, 1);
     float *dy = rand_floats((size_t)M * ldy, 3, -1, 1); /* columns outside the window must not count */
     float *old = tc->mm.accumulate ? rand_floats(n_out, 4, -2, 2) : NULL;
-    matmul_io io = {M, N, K, ldy, col0, x, w, dy, old};
+    /* dX through W of its type: the reference takes the values the GPU
+     * decodes (f16/bf16 rounded, block types vks_dequantize'd), exactly */
+    size_t w_bytes = 0;
+    void *w_packed = dw ? NULL : tu_pack_weights(w, N, K, tc->mm.dtype, &w_bytes);
+    matmul_io io = {M, N, K, ldy, col0, x, w, dy, old, w_packed, w_bytes, tc->mm.dtype};
 
     float *got = gpu_matmul_backward(&io, dw), *again = gpu_matmul_backward(&io, dw);
     expect_same_bits("rerun", got, again, n_out);
@@ -223,6 +231,7 @@ static void run_matmul_backward(const grad_case *tc, bool dw) {
     expect_within(tc->name, got, want, bound, n_out);
     expect_nmse(tc->name, got, want, n_out, MATMUL_NMSE);
     free(x); free(w); free(dy); free(old); free(got); free(again); free(dy_dense); free(want); free(bound);
+    free(w_packed);
 }
 
 static void run_matmul_dx(const grad_case *tc) { run_matmul_backward(tc, false); }
@@ -540,9 +549,27 @@ static void run_bad_args(const grad_case *tc) {
     vks_cmd *c = begin();
     vks_adamw_params h = {1e-3, 0.9, 0.95, 1e-8, 0.0};
     /* dy window past ldy; dx too small for M*K; dW too small; zero sizes */
-    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 1, bind(b), bind(b), 2, 4, 4, false), VKS_ERR_ARG);
-    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), bind(b), 100, 4, 4, false),
+    const vks_dtype f32 = VKS_DTYPE_F32;
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 1, bind(b), f32, bind(b), 2, 4, 4, false),
                      VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), f32, bind(b), 100, 4, 4, false),
+                     VKS_ERR_ARG);
+    /* dX through a typed W: K not whole blocks, a W past the binding (4 x 256
+     * q4_k = 576 bytes fits, 8 x 256 does not), a misaligned block-type W, q6_k
+     * (no kernel), a bad dtype */
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), VKS_DTYPE_Q4_0, bind(b), 1, 4, 48,
+                                              false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 8, 0, bind(b), VKS_DTYPE_Q4_K, bind(b), 1, 4, 256,
+                                              false), VKS_OK);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 8, 0, bind(b), VKS_DTYPE_Q4_K, bind(b), 1, 8, 256,
+                                              false), VKS_ERR_ARG);
+    vks_binding off4 = {b, 4, 0};
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, off4, VKS_DTYPE_Q8_0, bind(b), 1, 4, 32,
+                                              false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), VKS_DTYPE_Q6_K, bind(b), 1, 1, 256,
+                                              false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), (vks_dtype)99, bind(b), 1, 4, 4,
+                                              false), VKS_ERR_ARG);
     assert_int_equal(vks_op_matmul_backward_w(ops, c, bind(b), 200, 0, bind(b), bind(b), 1, 200, 2, true),
                      VKS_ERR_ARG);
     assert_int_equal(vks_op_matmul_backward_w(ops, c, bind(b), 4, 0, bind(b), bind(b), 0, 4, 4, true), VKS_ERR_ARG);
@@ -569,7 +596,8 @@ static void run_bad_args(const grad_case *tc) {
 
 /* ---- the table ---- */
 
-#define DX(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dx, .mm = {m, n, k, c0, pd, acc}}
+#define DX(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dx, .mm = {m, n, k, c0, pd, acc, VKS_DTYPE_F32}}
+#define DXT(nm, t, m, n, k, c0, pd, acc) {nm, run_matmul_dx, .mm = {m, n, k, c0, pd, acc, VKS_DTYPE_##t}}
 #define DW(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dw, .mm = {m, n, k, c0, pd, acc}}
 #define EMB(nm, r, d, v, r0, rows) {nm, run_embed_backward, .emb = {r, d, v, r0, rows}}
 #define BIAS(nm, r, d, acc) {nm, run_bias_backward, .bias = {r, d, acc}}
@@ -588,6 +616,23 @@ static const grad_case cases[] = {
     DX("dx vec4 M65 N64 K136", 65, 64, 136, 0, 0, false),
     DX("dx vec4 window col0 8 accumulate", 70, 36, 260, 8, 4, true),
     DX("dx big M300 N520 K384", 300, 520, 384, 0, 0, true),
+    /* dX through a frozen base of each other type (LoRA): odd shapes (scalar
+     * reads; block types need K whole blocks), vector reads, windows, more
+     * tiles than one, a long reduction */
+    DXT("dx f16 M7 N67 K173", F16, 7, 67, 173, 0, 0, false),
+    DXT("dx f16 vec4 window col0 8 accumulate", F16, 70, 36, 260, 8, 4, true),
+    DXT("dx f16 big M300 N520 K384", F16, 300, 520, 384, 0, 0, true),
+    DXT("dx bf16 M130 N67 K173 accumulate", BF16, 130, 67, 173, 0, 0, true),
+    DXT("dx bf16 vec4 M65 N64 K136", BF16, 65, 64, 136, 0, 0, false),
+    DXT("dx q8_0 M7 N67 K96", Q8_0, 7, 67, 96, 0, 0, false),
+    DXT("dx q8_0 window col0 5 pad 7 accumulate", Q8_0, 67, 41, 160, 5, 7, true),
+    DXT("dx q8_0 big M300 N520 K384", Q8_0, 300, 520, 384, 0, 0, true),
+    DXT("dx q4_0 M1 N1 K32", Q4_0, 1, 1, 32, 0, 0, false),
+    DXT("dx q4_0 M130 N67 K224 accumulate", Q4_0, 130, 67, 224, 0, 0, true),
+    DXT("dx q4_0 vec4 window col0 8", Q4_0, 70, 36, 256, 8, 4, false),
+    DXT("dx q4_k M7 N67 K256", Q4_K, 7, 67, 256, 0, 0, false),
+    DXT("dx q4_k window col0 5 pad 7 accumulate", Q4_K, 67, 41, 512, 5, 7, true),
+    DXT("dx q4_k big M300 N1031 K768", Q4_K, 300, 1031, 768, 0, 0, true),
     /* matmul dW = dY^T . X */
     DW("dw 1x1x1", 1, 1, 1, 0, 0, false),
     DW("dw M173 N7 K67", 173, 7, 67, 0, 0, false),

@@ -16,13 +16,18 @@
  * an accumulate flag (false overwrites), the embedding backward always adds.
  * Tiled, as the forward matmul: see shaders/matmul_grad.comp. */
 
-/* Forward y[m, y_col0 + n] = sum_k x[m, k] W[n, k] (vks_op_matmul), W f32
- * [N, K]. dy is the gradient of that output window: dy[m, dy_col0 + n], rows
- * of stride ldy (dy_col0 + N <= ldy).
+/* Forward y[m, y_col0 + n] = sum_k x[m, k] W[n, k] (vks_op_matmul), W [N, K]
+ * of dtype in vks_op_matmul's layout and limits (f32 master weights; f16,
+ * bf16, q8_0, q4_0, q4_k: a frozen base, decoded in registers, never
+ * expanded to f32 in memory; block types need K a whole number of blocks and
+ * a 16-byte aligned W). dy is the gradient of that output window:
+ * dy[m, dy_col0 + n], rows of stride ldy (dy_col0 + N <= ldy).
  * dx[M, K] = (accumulate ? dx : 0) + dy . W, each element summed over n in
- * order, the old value added once at the end. */
+ * order, the old value added once at the end; the weights enter with exactly
+ * the values of vks_dequantize. */
 int vks_op_matmul_backward_x(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ldy, uint32_t dy_col0,
-                             vks_binding W, vks_binding dx, uint32_t M, uint32_t N, uint32_t K, bool accumulate);
+                             vks_binding W, vks_dtype dtype, vks_binding dx, uint32_t M, uint32_t N, uint32_t K,
+                             bool accumulate);
 /* dW[N, K] = (accumulate ? dW : 0) + dy^T . x (x f32 [M, K]), each element
  * summed over m in order, the old value added once at the end. */
 int vks_op_matmul_backward_w(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ldy, uint32_t dy_col0,
