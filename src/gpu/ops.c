@@ -479,6 +479,16 @@ int vks_op_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding y, uint32_t n)
     return vks_ops_elementwise(o, c, "add", b, 2, n);
 }
 
+int vks_op_scale(vks_ops *o, vks_cmd *c, vks_binding x, float s, uint32_t n) {
+    const char *op = "scale";
+    if (!o || !c || !n || !isfinite(s)) return vks_set_error(VKS_ERR_ARG, "scale: bad arguments");
+    int rc = vks_ops_check_range(op, "x", x, n, 4);
+    if (rc) return rc;
+    struct { uint32_t n; float s; } push = {n, s};
+    uint32_t spec[] = {o->wg_elementwise};
+    return vks_ops_dispatch(o, c, "scale", spec, 1, &x, 1, &push, sizeof push, ceil_div(n, o->wg_elementwise), op);
+}
+
 int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
                        vks_binding dst, uint32_t n, uint32_t D) {
     const char *op = "gather_rows";

@@ -49,6 +49,8 @@ static inline bool vks_ops_is_block_type(vks_dtype t) {
 
 /* Bytes a binding exposes, or 0 when it is unusable. */
 size_t vks_ops_binding_bytes(vks_binding b);
+/* True when a and b expose overlapping bytes of the same buffer. */
+bool vks_ops_overlap(vks_binding a, vks_binding b);
 /* A workgroup size near `target`: a multiple of the subgroup size, within limits. */
 uint32_t vks_ops_pick_wg(const vks_device_info *info, uint32_t target);
 /* Checks that `b` holds at least count elements of elem_bytes (count may be
