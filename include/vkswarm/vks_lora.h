@@ -25,6 +25,9 @@ int vks_lora_target_shape(const vks_model_config *c, vks_lora_target t, int64_t 
  * (bit t = target t): sum over layers and targets of rank * (out + in);
  * -1 when rank < 1 or the mask is empty or holds unknown bits. */
 int64_t vks_lora_param_count(const vks_model_config *c, int rank, uint32_t targets);
+/* VKS_ERR_ARG naming `what` unless 1 <= rank <= the smaller side of every
+ * targeted matrix and targets is a non-empty set of known bits. */
+int vks_lora_check(const vks_model_config *c, int rank, uint32_t targets, const char *what);
 /* alpha / rank (PEFT's scaling without rsLoRA). */
 double vks_lora_scale(double alpha, int rank);
 

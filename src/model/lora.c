@@ -36,6 +36,21 @@ int64_t vks_lora_param_count(const vks_model_config *c, int rank, uint32_t targe
     return per_layer * c->n_layers;
 }
 
+int vks_lora_check(const vks_model_config *c, int rank, uint32_t targets, const char *what) {
+    if (!c || !targets || (targets & ~VKS_LORA_ALL_TARGETS))
+        return vks_set_error(VKS_ERR_ARG, "%s: LoRA targets 0x%x are not a set of q, k, v, o, gate, up, down", what,
+                             targets);
+    for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
+        int64_t out, in;
+        if (!(targets & (1u << t)) || vks_lora_target_shape(c, (vks_lora_target)t, &out, &in)) continue;
+        int64_t side = out < in ? out : in;
+        if (rank < 1 || rank > side)
+            return vks_set_error(VKS_ERR_ARG, "%s: LoRA rank %d is outside 1..%lld (%s is %lld x %lld)", what, rank,
+                                 (long long)side, target_names[t], (long long)out, (long long)in);
+    }
+    return VKS_OK;
+}
+
 double vks_lora_scale(double alpha, int rank) { return rank > 0 ? alpha / rank : 0.0; }
 
 uint32_t vks_lora_stream(int layer, vks_lora_target t) {
