@@ -854,7 +854,7 @@ static void run_lora_bad_args(const grad_case *tc) {
 
 #define DX(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dx, .mm = {m, n, k, c0, pd, acc, VKS_DTYPE_F32}}
 #define DXT(nm, t, m, n, k, c0, pd, acc) {nm, run_matmul_dx, .mm = {m, n, k, c0, pd, acc, VKS_DTYPE_##t}}
-#define DW(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dw, .mm = {m, n, k, c0, pd, acc}}
+#define DW(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dw, .mm = {m, n, k, c0, pd, acc, VKS_DTYPE_F32}}
 #define LORA(nm, t, m, i, o, r, a, c0, pd, acc, fd) \
     {nm, run_lora, .lora = {m, i, o, r, c0, pd, a, VKS_DTYPE_##t, acc, fd}}
 #define LORA_FRESH(nm, t, m, i, o, r) {nm, run_lora_fresh, .lora = {m, i, o, r, 0, 0, 16.0, VKS_DTYPE_##t, false, 1}}
