@@ -5,7 +5,7 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_ballot : require
 #endif
-// Matmul backward for f32 weights (training keeps f32 master weights):
+// Matmul backward:
 //   C[i, j] = (accumulate ? C[i, j] : 0) + sum_{r < R} A(i, r) B(j, r)
 // with C dense [I, J] and B(j, r) = b[r * ldb + j] (B read down its columns).
 //   GRAD_DX: A(i, r) = a[i * lda + a_col0 + r]   dX[M,K] = dY[M,N] . W[N,K]
@@ -14,6 +14,15 @@
 //            (I = N, J = K, R = M; a = dY, b = X)
 // dY may be a column window [a_col0, a_col0 + N) of rows of stride lda, as the
 // forward writes its output (weights split into row chunks).
+// GRAD_DX takes W in any weight type of weights.glsl (WTYPE: f32 masters for
+// full fine-tuning; a frozen f16/bf16/q8_0/q4_0/q4_k base for LoRA): every
+// read of b goes through b_along_j / b_col, which decode the elements in
+// registers with weights.glsl's decoders (W is never expanded to f32 in
+// memory). W is then the dense [N, K] matrix (ldb = K = J) of
+// vks_op_pack_weights's layout; block types have K a whole number of blocks,
+// so a quad of 4 consecutive k never leaves its block. Decoding is exact (the
+// values equal vks_dequantize's), so the sums are those of the dequantized
+// matrix, in the same order as for f32.
 // The structure is matmul.comp's: BI x BJ output tiles, the reduction walked
 // in BK slices staged in shared memory as vec4s of 4 consecutive r, TI x TJ
 // outputs per invocation. An operand read down its columns is staged in 4x4
@@ -22,6 +31,9 @@
 // Every output sums r = 0..R-1 in order, one product at a time, then adds the
 // old value once: deterministic, whatever the tile.
 // local_size_x must equal (BI/TI) * (BJ/TJ); BI, BJ and BK multiples of 4.
+#ifndef WTYPE
+#define WTYPE 0  // f32 (GRAD_DW's operands are always f32)
+#endif
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint BI = 64;
@@ -45,6 +57,14 @@ layout(std430, set = 0, binding = 0) readonly buffer A { float a[]; };
 layout(std430, set = 0, binding = 0) readonly buffer A4 { vec4 a4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer B { float b[]; };
 layout(std430, set = 0, binding = 1) readonly buffer B4 { vec4 b4[]; };
+#ifdef GRAD_DX
+#define WEIGHT_COUNT (pc.R * pc.J)  // elements of W [N, K] (block types, weights.glsl)
+#include "weights.glsl"
+// The weight words of b for the other types (views of the same binding).
+layout(std430, set = 0, binding = 1) readonly buffer BW { uint bw[]; };
+layout(std430, set = 0, binding = 1) readonly buffer BW2 { uvec2 bw2[]; };
+uint b_word(uint i) { return bw[i]; }
+#endif
 layout(std430, set = 0, binding = 2) buffer C { float c[]; };
 layout(push_constant) uniform Push { uint I, J, R, lda, a_col0, ldb, accumulate; } pc;
 
@@ -76,13 +96,29 @@ vec4 a_along_i(uint i0, uint r) {
 }
 #endif
 
-// B(j0 .. j0+3, r): along a row of b.
+// Element e of b: f32, or (GRAD_DX) a weight decoded in registers.
+#if defined(GRAD_DX) && WTYPE != 0
+float b_elem(uint e) { return DECODE_ELEMENT(b_word, e); }
+#else
+float b_elem(uint e) { return b[e]; }
+#endif
+
+// B(j0 .. j0+3, r): along a row of b (j0 a multiple of 4).
 vec4 b_along_j(uint j0, uint r) {
     if (j0 >= pc.J || r >= pc.R) return vec4(0.0);
     uint e = r * pc.ldb + j0;
+#if !defined(GRAD_DX) || WTYPE == 0
     if (VEC4) return b4[e >> 2];
+#elif WTYPE == 1 || WTYPE == 2
+    if (VEC4) {  // 4 halves = 2 words, 8-byte aligned (e % 4 == 0)
+        uvec2 q = bw2[e >> 2];
+        return vec4(decode_pair(q.x), decode_pair(q.y));
+    }
+#else
+    return DECODE_QUAD(b_word, e);  // e % 4 == 0 and j0 + 3 < J (whole blocks)
+#endif
     vec4 v = vec4(0.0);
-    for (uint q = 0u; q < 4u && j0 + q < pc.J; q++) v[q] = b[e + q];
+    for (uint q = 0u; q < 4u && j0 + q < pc.J; q++) v[q] = b_elem(e + q);
     return v;
 }
 
@@ -93,7 +129,7 @@ vec4 b_along_j(uint j0, uint r) {
 vec4 b_col(uint j, uint r) {
     vec4 v = vec4(0.0);
     if (j >= pc.J) return v;
-    for (uint q = 0u; q < 4u && r + q < pc.R; q++) v[q] = b[(r + q) * pc.ldb + j];
+    for (uint q = 0u; q < 4u && r + q < pc.R; q++) v[q] = b_elem((r + q) * pc.ldb + j);
     return v;
 }
 #endif

@@ -22,6 +22,7 @@ declare -A header_layer=(
   [vks_gguf]=gguf
   [vks_tokenizer]=tokenizer
   [vks_model]=model [vks_safetensors]=model [vks_checkpoint]=model
+  [vks_lora]=model
   [vks_ref]=ref [vks_ref_forward]=ref [vks_ref_grad]=ref [vks_ref_train]=ref
   [vks_cpu]=cpu
   [vks_gpu]=gpu [vks_ops]=gpu [vks_ops_grad]=gpu

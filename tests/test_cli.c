@@ -1206,6 +1206,66 @@ static void expect_in(const char *text, const char *want) {
     if (!strstr(text, want)) fail_msg("'%s' lacks '%s'", text, want);
 }
 
+/* train plan (issue 25): the Llama-3.1-8B shape in q4_k at rank 16, 2048
+ * tokens, recompute: the part lines and one JSON line whose parts add up to
+ * total_bytes, within the issue's 12 GiB; a real model file (stories260K);
+ * bad values exit 2 naming them. */
+static void test_train_plan(void **state) {
+    (void)state;
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "%s train plan --help", tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    expect_in(out, "usage: vkswarm train plan");
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s train plan --random-model 4096,14336,32,32,8,128256 --type q4_k --lora-rank 16 "
+             "--tokens 2048 --recompute", tu_bin());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    expect_in(out, "model: dim 4096, hidden 14336, 32 layers, 32/8 heads, vocab 128256: 8030261248 parameters\n");
+    expect_in(out, "LoRA rank 16 on q, k, v, o, gate, up, down of every layer: 41943040 trainable; frozen base q4_k\n");
+    expect_in(out, "  activations ");
+    size_t n = strlen(out);
+    assert_true(n > 2 && out[n - 1] == '\n');
+    out[n - 1] = 0;
+    json_t *o = json_loads(last_line(out), JSON_REJECT_DUPLICATES, NULL);
+    assert_non_null(o);
+    const char *parts[] = {"base_bytes", "adapter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
+                           "logit_bytes", "scratch_bytes"};
+    json_int_t sum = 0;
+    for (int i = 0; i < 7; i++) {
+        json_t *v = json_object_get(o, parts[i]);
+        assert_true(json_is_integer(v) && json_integer_value(v) > 0);
+        sum += json_integer_value(v);
+    }
+    json_int_t total = json_integer_value(json_object_get(o, "total_bytes"));
+    assert_true(total == sum && total <= 12ll << 30);
+    assert_int_equal(json_integer_value(json_object_get(o, "trainable")), 41943040);
+    json_decref(o);
+    free(out);
+    const char *model = tu_shared_path("stories260K/stories260K.bin");
+    if (model) {
+        snprintf(cmd, sizeof cmd, "%s train plan --model %s --lora-rank 4 --type q8_0 2>/dev/null", tu_bin(), model);
+        assert_int_equal(tu_run(cmd, &out), 0);
+        expect_in(out, "model: dim 64, hidden 172, 5 layers, 8/4 heads, vocab 512:");
+        expect_in(out, "512 tokens per micro-batch, recompute off\n"); /* the model's context */
+        free(out);
+    }
+    const struct { const char *args, *want; } bad[] = {
+        {"--random-model 64,128,2,4,1,100 --lora-rank 17", "LoRA rank 17 is outside 1..16 (k_proj is 16 x 64)"},
+        {"--random-model 64,128,2,4,4,100 --type q4_k", "--type is the frozen base of --lora-rank R > 0"},
+        {"--random-model 64,128,2,4,4,100 --lora-rank 4 --type q6_k", "--type 'q6_k' is not"},
+        {"--random-model 64,128,2,4,4,100 --tokens 0", "--tokens"},
+        {"--lora-rank 4", "give one of --model and --random-model"},
+        {"--random-model 64,128,2,4", "--random-model: '64,128,2,4' is not"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s train plan %s 2>&1 >/dev/null", tu_bin(), bad[i].args);
+        char *err;
+        assert_int_equal(tu_run(cmd, &err), 2);
+        expect_in(err, bad[i].want);
+        free(err);
+    }
+}
+
 /* train sft's output directory (issue 23): --resume says what it does, found
  * or not, the same rule as rl (point 17); a fresh run refuses an OUT holding
  * an earlier run's files or a user's step-N before writing (point 10); an RL
@@ -1948,6 +2008,7 @@ static void test_train_clean_stop(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
+        cmocka_unit_test(test_train_plan),
         cmocka_unit_test(test_bench_small),
         cmocka_unit_test(test_generate_reference_text), cmocka_unit_test(test_logits_file),
         cmocka_unit_test(test_prompts_jsonl),          cmocka_unit_test(test_bad_files_exit_2),

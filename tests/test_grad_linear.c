@@ -1,5 +1,6 @@
-/* test_grad_linear: the GPU backward of the linear ops (matmul with f32
- * weights, embedding, bias) and the optimizer (gradient norm, clip scale,
+/* test_grad_linear: the GPU backward of the linear ops (matmul: dX through
+ * weights of every type the engine holds, dW in f32; the LoRA linear on a
+ * frozen base; embedding, bias) and the optimizer (gradient norm, clip scale,
  * AdamW) against their float64 references (vks_ref_grad.h), table-driven:
  * one row per case, named fields per op family.
  * Every case runs its GPU op twice on the same inputs and requires
@@ -19,6 +20,7 @@
 
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_ops.h"
+#include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_ops_grad.h"
 #include "vkswarm/vks_ref_grad.h"
 
@@ -38,6 +40,7 @@ struct grad_case {
         uint32_t M, N, K;
         uint32_t col0, pad; /* dy is the window [col0, col0 + N) of rows of col0 + N + pad */
         bool accumulate;
+        vks_dtype dtype; /* W's type (dX only; 0 = f32) */
     } mm;
     struct {
         uint32_t R, D, V;
@@ -47,6 +50,14 @@ struct grad_case {
         uint32_t R, D;
         bool accumulate;
     } bias;
+    struct {
+        uint32_t M, in, out, rank;
+        uint32_t col0, pad; /* y and dy are the window [col0, col0 + out) of rows of col0 + out + pad */
+        double alpha;
+        vks_dtype dtype; /* the frozen base's type */
+        bool accumulate; /* y and dx start from random values */
+        uint32_t fd_stride; /* finite differences on every fd_stride-th element of A and B */
+    } lora;
     struct {
         uint32_t n;
         int first_step, steps; /* first_step > 1: start from random moments */
@@ -162,7 +173,10 @@ static void expect_nmse(const char *what, const float *got, const double *want, 
 
 typedef struct {
     uint32_t M, N, K, ldy, col0;
-    const float *x, *w, *dy, *old; /* old: NULL = overwrite */
+    const float *x, *w, *dy, *old; /* old: NULL = overwrite; w: the values W's type decodes to */
+    const void *w_packed;          /* W in its type's GPU layout (dX) */
+    size_t w_bytes;
+    vks_dtype dtype;
 } matmul_io;
 
 /* One GPU run: dx = dy . W (dw false) or dW = dy^T . x (dw true). */
@@ -170,7 +184,7 @@ static float *gpu_matmul_backward(const matmul_io *io, bool dw) {
     uint32_t M = io->M, N = io->N, K = io->K;
     size_t n_out = dw ? (size_t)N * K : (size_t)M * K;
     vks_buffer *bdy = gpu_buffer(io->dy, (size_t)M * io->ldy * 4);
-    vks_buffer *bin = dw ? gpu_buffer(io->x, (size_t)M * K * 4) : gpu_buffer(io->w, (size_t)N * K * 4);
+    vks_buffer *bin = dw ? gpu_buffer(io->x, (size_t)M * K * 4) : gpu_buffer(io->w_packed, io->w_bytes);
     vks_buffer *bout = gpu_buffer(io->old, n_out * 4);
     vks_cmd *c = begin();
     bool acc = io->old != NULL;
@@ -178,8 +192,8 @@ static float *gpu_matmul_backward(const matmul_io *io, bool dw) {
         assert_int_equal(vks_op_matmul_backward_w(ops, c, bind(bdy), io->ldy, io->col0, bind(bin), bind(bout), M, N,
                                                   K, acc), VKS_OK);
     else
-        assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(bdy), io->ldy, io->col0, bind(bin), bind(bout), M, N,
-                                                  K, acc), VKS_OK);
+        assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(bdy), io->ldy, io->col0, bind(bin), io->dtype,
+                                                  bind(bout), M, N, K, acc), VKS_OK);
     submit(c);
     float *out = download(bout, n_out);
     vks_buffer_destroy(bdy); vks_buffer_destroy(bin); vks_buffer_destroy(bout);
@@ -205,7 +219,11 @@ static void run_matmul_backward(const grad_case *tc, bool dw) {
     float *x = rand_floats((size_t)M * K, 1, -1, 1), *w = rand_floats((size_t)N * K, 2, -1, 1);
     float *dy = rand_floats((size_t)M * ldy, 3, -1, 1); /* columns outside the window must not count */
     float *old = tc->mm.accumulate ? rand_floats(n_out, 4, -2, 2) : NULL;
-    matmul_io io = {M, N, K, ldy, col0, x, w, dy, old};
+    /* dX through W of its type: the reference takes the values the GPU
+     * decodes (f16/bf16 rounded, block types vks_dequantize'd), exactly */
+    size_t w_bytes = 0;
+    void *w_packed = dw ? NULL : tu_pack_weights(w, N, K, tc->mm.dtype, &w_bytes);
+    matmul_io io = {M, N, K, ldy, col0, x, w, dy, old, w_packed, w_bytes, tc->mm.dtype};
 
     float *got = gpu_matmul_backward(&io, dw), *again = gpu_matmul_backward(&io, dw);
     expect_same_bits("rerun", got, again, n_out);
@@ -223,10 +241,219 @@ static void run_matmul_backward(const grad_case *tc, bool dw) {
     expect_within(tc->name, got, want, bound, n_out);
     expect_nmse(tc->name, got, want, n_out, MATMUL_NMSE);
     free(x); free(w); free(dy); free(old); free(got); free(again); free(dy_dense); free(want); free(bound);
+    free(w_packed);
 }
 
 static void run_matmul_dx(const grad_case *tc) { run_matmul_backward(tc, false); }
 static void run_matmul_dw(const grad_case *tc) { run_matmul_backward(tc, true); }
+
+/* ---- LoRA linear: y = W x + s B (A x), W frozen in any type ---- */
+
+typedef struct {
+    uint32_t M, in, out, rank, ldy, col0;
+    float scale;
+    vks_dtype dtype;
+    const void *w_packed;
+    size_t w_bytes;
+    const float *x, *A, *B, *dy, *y_old, *dx_old, *dA_old, *dB_old; /* *_old NULL: overwrite (y, dx) */
+} lora_io;
+
+typedef struct {
+    float *y, *z, *dx, *dA, *dB;
+} lora_out;
+
+static void lora_out_free(lora_out *r) { free(r->y); free(r->z); free(r->dx); free(r->dA); free(r->dB); }
+
+/* One GPU forward then backward (one command buffer). */
+static lora_out gpu_lora(const lora_io *io, vks_matmul_kind kind) {
+    uint32_t M = io->M, in = io->in, out = io->out, r = io->rank;
+    size_t ny = (size_t)M * io->ldy, nx = (size_t)M * in, nz = (size_t)M * r;
+    vks_buffer *bw = gpu_buffer(io->w_packed, io->w_bytes), *ba = gpu_buffer(io->A, (size_t)r * in * 4);
+    vks_buffer *bb = gpu_buffer(io->B, (size_t)out * r * 4), *bx = gpu_buffer(io->x, nx * 4);
+    vks_buffer *by = gpu_buffer(io->y_old, ny * 4), *bz = gpu_buffer(NULL, nz * 4);
+    vks_buffer *bdy = gpu_buffer(io->dy, ny * 4), *bdx = gpu_buffer(io->dx_old, nx * 4);
+    vks_buffer *bda = gpu_buffer(io->dA_old, (size_t)r * in * 4), *bdb = gpu_buffer(io->dB_old, (size_t)out * r * 4);
+    vks_buffer *bs = gpu_buffer(NULL, nz * 4);
+    vks_lora_linear l = {in, out, r, io->scale, bind(bw), io->dtype, bind(ba), bind(bb)};
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_lora_forward(ops, c, &l, bind(bx), bind(bz), bind(by), M, io->ldy, io->col0,
+                                         io->y_old != NULL, kind), VKS_OK);
+    assert_int_equal(vks_op_lora_backward(ops, c, &l, bind(bx), bind(bz), bind(bdy), io->ldy, io->col0, bind(bdx),
+                                          bind(bda), bind(bdb), bind(bs), M, io->dx_old != NULL), VKS_OK);
+    submit(c);
+    lora_out o = {download(by, ny), download(bz, nz), download(bdx, nx), download(bda, (size_t)r * in),
+                  download(bdb, (size_t)out * r)};
+    vks_buffer *all[] = {bw, ba, bb, bx, by, bz, bdy, bdx, bda, bdb, bs};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
+    return o;
+}
+
+/* The reference's loss L = sum dy . y (dy dense [M, out]) at (A, B). */
+static double ref_lora_loss(const double *x, const double *w, const double *A, const double *B, const lora_io *io,
+                            double s, const double *dy) {
+    size_t ny = (size_t)io->M * io->out;
+    double *y = xmalloc(ny * sizeof *y);
+    assert_int_equal(vks_ref_lora_forward(x, w, A, B, (int)io->M, (int)io->out, (int)io->in, (int)io->rank, s, y,
+                                          NULL), VKS_OK);
+    double l = 0.0;
+    for (size_t i = 0; i < ny; i++) l += dy[i] * y[i];
+    free(y);
+    return l;
+}
+
+/* Central differences of that loss in every stride-th element of p (A or B),
+ * checked against the reference backward's gradient g: L is linear in each
+ * element, so the difference is exact up to rounding (~1e-12 relative here). */
+static void check_fd(const char *what, double *p, const double *g, size_t n, uint32_t stride, const double *x,
+                     const double *w, double *A, double *B, const lora_io *io, double s, const double *dy) {
+    double gmax = 0.0;
+    for (size_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(g[i]));
+    for (size_t i = 0; i < n; i += stride) {
+        double keep = p[i], h = 1e-3;
+        p[i] = keep + h;
+        double lp = ref_lora_loss(x, w, A, B, io, s, dy);
+        p[i] = keep - h;
+        double lm = ref_lora_loss(x, w, A, B, io, s, dy);
+        p[i] = keep;
+        double fd = (lp - lm) / (2 * h);
+        if (fabs(fd - g[i]) > 1e-8 * gmax) {
+            fprintf(stderr, "%s[%zu]: finite difference %.12g, backward %.12g\n", what, i, fd, g[i]);
+            fail();
+        }
+    }
+}
+
+/* got (+ old) against want = old + ref within gamma_n times the magnitudes
+ * mag (the reference on absolute values, + |old|), and an NMSE. */
+static void expect_lora(const char *what, const float *got, const double *ref, const double *mag, const float *old,
+                        size_t n, double gamma) {
+    double *want = xmalloc(n * sizeof *want), *bound = xmalloc(n * sizeof *bound);
+    for (size_t i = 0; i < n; i++) {
+        want[i] = (old ? old[i] : 0.0) + ref[i];
+        bound[i] = gamma * (mag[i] + (old ? fabs(old[i]) : 0.0));
+    }
+    expect_within(what, got, want, bound, n);
+    expect_nmse(what, got, want, n, MATMUL_NMSE);
+    free(want); free(bound);
+}
+
+static void run_lora(const grad_case *tc) {
+    uint32_t M = tc->lora.M, in = tc->lora.in, out = tc->lora.out, r = tc->lora.rank, col0 = tc->lora.col0;
+    uint32_t ldy = col0 + out + tc->lora.pad;
+    size_t nx = (size_t)M * in, nw = (size_t)out * in, na = (size_t)r * in, nb = (size_t)out * r;
+    size_t ny = (size_t)M * ldy, nyd = (size_t)M * out;
+    float scale = (float)vks_lora_scale(tc->lora.alpha, (int)r);
+    double s = scale; /* the reference takes the f32 scale the GPU multiplies by */
+    float *x = rand_floats(nx, 11, -1, 1), *w = rand_floats(nw, 12, -1, 1), *A = rand_floats(na, 13, -0.5f, 0.5f);
+    float *B = rand_floats(nb, 14, -0.5f, 0.5f), *dy = rand_floats(ny, 15, -1, 1);
+    bool acc = tc->lora.accumulate;
+    float *y_old = acc ? rand_floats(ny, 16, -2, 2) : NULL, *dx_old = acc ? rand_floats(nx, 17, -2, 2) : NULL;
+    float *dA_old = rand_floats(na, 18, -1, 1), *dB_old = rand_floats(nb, 19, -1, 1);
+    size_t w_bytes;
+    void *w_packed = tu_pack_weights(w, out, in, tc->lora.dtype, &w_bytes); /* w: the decoded values */
+    lora_io io = {M, in, out, r, ldy, col0, scale, tc->lora.dtype, w_packed, w_bytes,
+                  x, A, B, dy, y_old, dx_old, dA_old, dB_old};
+    lora_out got = gpu_lora(&io, VKS_MATMUL_AUTO), again = gpu_lora(&io, VKS_MATMUL_AUTO);
+    expect_same_bits("rerun y", got.y, again.y, ny);
+    expect_same_bits("rerun dx", got.dx, again.dx, nx);
+    expect_same_bits("rerun dA", got.dA, again.dA, na);
+    expect_same_bits("rerun dB", got.dB, again.dB, nb);
+
+    /* the reference on the values and on their magnitudes (|s| for s) */
+    double *xd = to_double(x, nx), *wd = to_double(w, nw), *Ad = to_double(A, na), *Bd = to_double(B, nb);
+    double *xa = abs_double(x, nx), *wa = abs_double(w, nw), *Aa = abs_double(A, na), *Ba = abs_double(B, nb);
+    float *dy_dense = xmalloc(nyd * 4), *yo_dense = acc ? xmalloc(nyd * 4) : NULL, *y_dense = xmalloc(nyd * 4);
+    for (size_t m = 0; m < M; m++) {
+        memcpy(dy_dense + m * out, dy + m * ldy + col0, (size_t)out * 4);
+        memcpy(y_dense + m * out, got.y + m * ldy + col0, (size_t)out * 4);
+        if (acc) memcpy(yo_dense + m * out, y_old + m * ldy + col0, (size_t)out * 4);
+    }
+    /* the rest of each row of y is untouched (poison or the old values) */
+    for (size_t m = 0; m < M; m++)
+        for (size_t j = 0; j < ldy; j++)
+            if (j < col0 || j >= col0 + out) {
+                float want = acc ? y_old[m * ldy + j] : 0.0f, have = got.y[m * ldy + j];
+                if (acc) assert_memory_equal(&have, &want, 4);
+                else assert_true(isnan(have));
+            }
+    double *dyd = to_double(dy_dense, nyd), *dya = abs_double(dy_dense, nyd);
+    double *y = xmalloc(nyd * 8), *ya = xmalloc(nyd * 8), *h = xmalloc((size_t)M * r * 8);
+    double *dx = calloc(nx, 8), *dxa = calloc(nx, 8), *dA = calloc(na, 8), *dAa = calloc(na, 8);
+    double *dB = calloc(nb, 8), *dBa = calloc(nb, 8);
+    assert_true(dx && dxa && dA && dAa && dB && dBa);
+    int Mi = (int)M, N = (int)out, K = (int)in, R = (int)r;
+    assert_int_equal(vks_ref_lora_forward(xd, wd, Ad, Bd, Mi, N, K, R, s, y, h), VKS_OK);
+    assert_int_equal(vks_ref_lora_forward(xa, wa, Aa, Ba, Mi, N, K, R, fabs(s), ya, NULL), VKS_OK);
+    assert_int_equal(vks_ref_lora_backward(xd, wd, Ad, Bd, Mi, N, K, R, s, dyd, dx, dA, dB), VKS_OK);
+    assert_int_equal(vks_ref_lora_backward(xa, wa, Aa, Ba, Mi, N, K, R, fabs(s), dya, dxa, dAa, dBa), VKS_OK);
+
+    /* z = fl(s fl(A x)): K products then one rounding */
+    double *zs = xmalloc((size_t)M * r * 8), *za = xmalloc((size_t)M * r * 8);
+    assert_int_equal(vks_ref_matmul_forward(xa, Aa, Mi, R, K, za), VKS_OK);
+    for (size_t i = 0; i < (size_t)M * r; i++) { zs[i] = s * h[i]; za[i] *= fabs(s); }
+    expect_lora("z", got.z, zs, za, NULL, (size_t)M * r, gamma_n(K + 2.0));
+    /* Error bounds from the chain of roundings (gamma_n(sum of the chain's
+     * terms + the scale + the old value)), e.g. y: z carries K + 1, B z r + 1
+     * more, W x K + 1 with the old value: within K + r + K + 4; dA: g = s dy B
+     * (out + 1) then M products summed; dB: z then M; dx: dy W (out + 1),
+     * g A (r + 1) on top of g's own out + 1. */
+    expect_lora("y", y_dense, y, ya, yo_dense, nyd, gamma_n(2.0 * K + R + 4));
+    expect_lora("dA", got.dA, dA, dAa, dA_old, na, gamma_n(N + Mi + 3.0));
+    expect_lora("dB", got.dB, dB, dBa, dB_old, nb, gamma_n(K + Mi + 3.0));
+    expect_lora("dx", got.dx, dx, dxa, dx_old, nx, gamma_n(2.0 * N + R + 4));
+
+    /* the reference's gradients against finite differences of its own forward */
+    check_fd("dA", Ad, dA, na, tc->lora.fd_stride, xd, wd, Ad, Bd, &io, s, dyd);
+    check_fd("dB", Bd, dB, nb, tc->lora.fd_stride, xd, wd, Ad, Bd, &io, s, dyd);
+
+    lora_out_free(&got); lora_out_free(&again);
+    free(x); free(w); free(A); free(B); free(dy); free(y_old); free(dx_old); free(dA_old); free(dB_old);
+    free(w_packed); free(xd); free(wd); free(Ad); free(Bd); free(xa); free(wa); free(Aa); free(Ba);
+    free(dy_dense); free(yo_dense); free(y_dense); free(dyd); free(dya); free(y); free(ya); free(h);
+    free(dx); free(dxa); free(dA); free(dAa); free(dB); free(dBa); free(zs); free(za);
+}
+
+/* A fresh adapter (PEFT init: A Kaiming-uniform from Philox, B = 0) leaves
+ * the base's output bit for bit: the forward against vks_op_matmul_kind alone,
+ * for decode rows (M <= 8) and prefill rows alike. */
+static void run_lora_fresh(const grad_case *tc) {
+    uint32_t M = tc->lora.M, in = tc->lora.in, out = tc->lora.out, r = tc->lora.rank;
+    size_t nx = (size_t)M * in, ny = (size_t)M * out;
+    float *x = rand_floats(nx, 21, -1, 1), *w = rand_floats((size_t)out * in, 22, -1, 1);
+    float *A = xmalloc((size_t)r * in * 4), *B = rand_floats((size_t)out * r, 23, -1, 1); /* init zeroes it */
+    assert_int_equal(vks_lora_init(A, B, (int)r, in, out, 1234, vks_lora_stream(3, VKS_LORA_UP)), VKS_OK);
+    for (size_t i = 0; i < (size_t)out * r; i++) assert_true(B[i] == 0.0f);
+    size_t w_bytes;
+    void *w_packed = tu_pack_weights(w, out, in, tc->lora.dtype, &w_bytes);
+    vks_buffer *bw = gpu_buffer(w_packed, w_bytes), *ba = gpu_buffer(A, (size_t)r * in * 4);
+    vks_buffer *bb = gpu_buffer(B, (size_t)out * r * 4), *bx = gpu_buffer(x, nx * 4);
+    vks_buffer *by = gpu_buffer(NULL, ny * 4), *bbase = gpu_buffer(NULL, ny * 4), *bz = gpu_buffer(NULL, (size_t)M * r * 4);
+    vks_lora_linear l = {in, out, r, (float)vks_lora_scale(tc->lora.alpha, (int)r), bind(bw), tc->lora.dtype,
+                         bind(ba), bind(bb)};
+    vks_matmul_kind kinds[] = {VKS_MATMUL_DECODE, VKS_MATMUL_PREFILL};
+    for (int k = 0; k < 2; k++) {
+        vks_cmd *c = begin();
+        assert_int_equal(vks_op_lora_forward(ops, c, &l, bind(bx), bind(bz), bind(by), M, out, 0, false, kinds[k]),
+                         VKS_OK);
+        assert_int_equal(vks_op_matmul_kind(ops, c, bind(bx), bind(bw), tc->lora.dtype, bind(bbase), M, out, in, out,
+                                            0, false, kinds[k]), VKS_OK);
+        submit(c);
+        float *y = download(by, ny), *base = download(bbase, ny), *z = download(bz, (size_t)M * r);
+        assert_false(tu_has_nonfinite(base, ny));
+        expect_same_bits(kinds[k] == VKS_MATMUL_DECODE ? "decode: base" : "prefill: base", y, base, ny);
+        bool any = false; /* the adapter did run: A x is not all zero */
+        for (size_t i = 0; i < (size_t)M * r; i++) any |= z[i] != 0.0f;
+        assert_true(any);
+        free(y); free(base); free(z);
+    }
+    /* PEFT's bound: |A| < 1/sqrt(in), and A spans it */
+    double amax = 0.0, bound = 1.0 / sqrt((double)in);
+    for (size_t i = 0; i < (size_t)r * in; i++) amax = fmax(amax, fabs(A[i]));
+    assert_true(amax < bound && amax > 0.9 * bound);
+    vks_buffer *all[] = {bw, ba, bb, bx, by, bbase, bz};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
+    free(x); free(w); free(A); free(B); free(w_packed);
+}
 
 /* ---- embedding backward ---- */
 
@@ -540,9 +767,27 @@ static void run_bad_args(const grad_case *tc) {
     vks_cmd *c = begin();
     vks_adamw_params h = {1e-3, 0.9, 0.95, 1e-8, 0.0};
     /* dy window past ldy; dx too small for M*K; dW too small; zero sizes */
-    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 1, bind(b), bind(b), 2, 4, 4, false), VKS_ERR_ARG);
-    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), bind(b), 100, 4, 4, false),
+    const vks_dtype f32 = VKS_DTYPE_F32;
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 1, bind(b), f32, bind(b), 2, 4, 4, false),
                      VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), f32, bind(b), 100, 4, 4, false),
+                     VKS_ERR_ARG);
+    /* dX through a typed W: K not whole blocks, a W past the binding (4 x 256
+     * q4_k = 576 bytes fits, 8 x 256 does not), a misaligned block-type W, q6_k
+     * (no kernel), a bad dtype */
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), VKS_DTYPE_Q4_0, bind(b), 1, 4, 48,
+                                              false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 8, 0, bind(b), VKS_DTYPE_Q4_K, bind(b), 1, 4, 256,
+                                              false), VKS_OK);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 8, 0, bind(b), VKS_DTYPE_Q4_K, bind(b), 1, 8, 256,
+                                              false), VKS_ERR_ARG);
+    vks_binding off4 = {b, 4, 0};
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, off4, VKS_DTYPE_Q8_0, bind(b), 1, 4, 32,
+                                              false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), VKS_DTYPE_Q6_K, bind(b), 1, 1, 256,
+                                              false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_backward_x(ops, c, bind(b), 4, 0, bind(b), (vks_dtype)99, bind(b), 1, 4, 4,
+                                              false), VKS_ERR_ARG);
     assert_int_equal(vks_op_matmul_backward_w(ops, c, bind(b), 200, 0, bind(b), bind(b), 1, 200, 2, true),
                      VKS_ERR_ARG);
     assert_int_equal(vks_op_matmul_backward_w(ops, c, bind(b), 4, 0, bind(b), bind(b), 0, 4, 4, true), VKS_ERR_ARG);
@@ -567,10 +812,52 @@ static void run_bad_args(const grad_case *tc) {
     vks_buffer_destroy(b);
 }
 
+/* Sizes, scale, ranges and shared memory refused (VKS_ERR_ARG). */
+static void run_lora_bad_args(const grad_case *tc) {
+    (void)tc;
+    vks_buffer *b = gpu_buffer(NULL, 4096), *z = gpu_buffer(NULL, 256), *s = gpu_buffer(NULL, 256);
+    vks_buffer *g = gpu_buffer(NULL, 4096);
+    vks_lora_linear l = {8, 8, 2, 2.0f, bind(b), VKS_DTYPE_F32, bind(b), bind(b)};
+    vks_cmd *c = begin();
+    /* fine as it is: 4 rows */
+    assert_int_equal(vks_op_lora_forward(ops, c, &l, bind(b), bind(z), bind(b), 4, 8, 0, false, VKS_MATMUL_AUTO),
+                     VKS_OK);
+    vks_binding dA = {g, 0, 64}, dB = {g, 2048, 0};
+    assert_int_equal(vks_op_lora_backward(ops, c, &l, bind(b), bind(z), bind(b), 8, 0, (vks_binding){0}, dA, dB,
+                                          bind(s), 4, false), VKS_OK);
+    vks_lora_linear bad = l;
+    bad.rank = 0;
+    assert_int_equal(vks_op_lora_forward(ops, c, &bad, bind(b), bind(z), bind(b), 4, 8, 0, false, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG);
+    bad = l;
+    bad.scale = INFINITY;
+    assert_int_equal(vks_op_lora_forward(ops, c, &bad, bind(b), bind(z), bind(b), 4, 8, 0, false, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG);
+    bad = l;
+    bad.rank = 200; /* A [200, 8] is 6400 bytes: past b */
+    assert_int_equal(vks_op_lora_forward(ops, c, &bad, bind(b), bind(z), bind(b), 4, 8, 0, false, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG);
+    /* z too small for 100 rows; z inside y; scratch inside dA; dB overlapping dA */
+    assert_int_equal(vks_op_lora_forward(ops, c, &l, bind(b), bind(z), bind(b), 100, 8, 0, false, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG);
+    assert_int_equal(vks_op_lora_forward(ops, c, &l, bind(b), (vks_binding){b, 1024, 0}, bind(b), 4, 8, 0, false,
+                                         VKS_MATMUL_AUTO), VKS_ERR_ARG);
+    assert_int_equal(vks_op_lora_backward(ops, c, &l, bind(b), bind(z), bind(b), 8, 0, (vks_binding){0}, dA, dB,
+                                          bind(g), 4, false), VKS_ERR_ARG);
+    assert_int_equal(vks_op_lora_backward(ops, c, &l, bind(b), bind(z), bind(b), 8, 0, (vks_binding){0}, bind(g),
+                                          dB, bind(s), 4, false), VKS_ERR_ARG);
+    submit(c);
+    vks_buffer_destroy(b); vks_buffer_destroy(z); vks_buffer_destroy(s); vks_buffer_destroy(g);
+}
+
 /* ---- the table ---- */
 
-#define DX(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dx, .mm = {m, n, k, c0, pd, acc}}
-#define DW(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dw, .mm = {m, n, k, c0, pd, acc}}
+#define DX(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dx, .mm = {m, n, k, c0, pd, acc, VKS_DTYPE_F32}}
+#define DXT(nm, t, m, n, k, c0, pd, acc) {nm, run_matmul_dx, .mm = {m, n, k, c0, pd, acc, VKS_DTYPE_##t}}
+#define DW(nm, m, n, k, c0, pd, acc) {nm, run_matmul_dw, .mm = {m, n, k, c0, pd, acc, VKS_DTYPE_F32}}
+#define LORA(nm, t, m, i, o, r, a, c0, pd, acc, fd) \
+    {nm, run_lora, .lora = {m, i, o, r, c0, pd, a, VKS_DTYPE_##t, acc, fd}}
+#define LORA_FRESH(nm, t, m, i, o, r) {nm, run_lora_fresh, .lora = {m, i, o, r, 0, 0, 16.0, VKS_DTYPE_##t, false, 1}}
 #define EMB(nm, r, d, v, r0, rows) {nm, run_embed_backward, .emb = {r, d, v, r0, rows}}
 #define BIAS(nm, r, d, acc) {nm, run_bias_backward, .bias = {r, d, acc}}
 #define ADAMW(nm, n_, t0, steps_, lr_, b2, wd, s) \
@@ -588,6 +875,23 @@ static const grad_case cases[] = {
     DX("dx vec4 M65 N64 K136", 65, 64, 136, 0, 0, false),
     DX("dx vec4 window col0 8 accumulate", 70, 36, 260, 8, 4, true),
     DX("dx big M300 N520 K384", 300, 520, 384, 0, 0, true),
+    /* dX through a frozen base of each other type (LoRA): odd shapes (scalar
+     * reads; block types need K whole blocks), vector reads, windows, more
+     * tiles than one, a long reduction */
+    DXT("dx f16 M7 N67 K173", F16, 7, 67, 173, 0, 0, false),
+    DXT("dx f16 vec4 window col0 8 accumulate", F16, 70, 36, 260, 8, 4, true),
+    DXT("dx f16 big M300 N520 K384", F16, 300, 520, 384, 0, 0, true),
+    DXT("dx bf16 M130 N67 K173 accumulate", BF16, 130, 67, 173, 0, 0, true),
+    DXT("dx bf16 vec4 M65 N64 K136", BF16, 65, 64, 136, 0, 0, false),
+    DXT("dx q8_0 M7 N67 K96", Q8_0, 7, 67, 96, 0, 0, false),
+    DXT("dx q8_0 window col0 5 pad 7 accumulate", Q8_0, 67, 41, 160, 5, 7, true),
+    DXT("dx q8_0 big M300 N520 K384", Q8_0, 300, 520, 384, 0, 0, true),
+    DXT("dx q4_0 M1 N1 K32", Q4_0, 1, 1, 32, 0, 0, false),
+    DXT("dx q4_0 M130 N67 K224 accumulate", Q4_0, 130, 67, 224, 0, 0, true),
+    DXT("dx q4_0 vec4 window col0 8", Q4_0, 70, 36, 256, 8, 4, false),
+    DXT("dx q4_k M7 N67 K256", Q4_K, 7, 67, 256, 0, 0, false),
+    DXT("dx q4_k window col0 5 pad 7 accumulate", Q4_K, 67, 41, 512, 5, 7, true),
+    DXT("dx q4_k big M300 N1031 K768", Q4_K, 300, 1031, 768, 0, 0, true),
     /* matmul dW = dY^T . X */
     DW("dw 1x1x1", 1, 1, 1, 0, 0, false),
     DW("dw M173 N7 K67", 173, 7, 67, 0, 0, false),
@@ -596,6 +900,26 @@ static const grad_case cases[] = {
     DW("dw vec4 M17 N68 K132", 17, 68, 132, 0, 0, false),
     DW("dw vec4 window col0 4 accumulate", 45, 132, 200, 4, 8, true),
     DW("dw big M1031 N260 K200", 1031, 260, 200, 0, 0, true),
+    /* LoRA on a frozen base of each type: y, z, dx, dA, dB against the float64
+     * reference (and dA, dB of the reference against its finite
+     * differences); scales that round (alpha / rank = 5/3, 0.7), windows, old
+     * values, more tiles than one */
+    LORA("lora f32 M7 in67 out41 r3", F32, 7, 67, 41, 3, 5.0, 0, 0, false, 1),
+    LORA("lora f16 M13 in70 out33 r4 window accumulate", F16, 13, 70, 33, 4, 2.8, 3, 2, true, 1),
+    LORA("lora bf16 M9 in64 out48 r8", BF16, 9, 64, 48, 8, 16.0, 0, 0, false, 1),
+    LORA("lora q8_0 M11 in96 out37 r4 accumulate", Q8_0, 11, 96, 37, 4, 5.0, 0, 0, true, 1),
+    LORA("lora q4_0 M9 in128 out29 r2 window", Q4_0, 9, 128, 29, 2, 5.0, 8, 4, false, 1),
+    LORA("lora q4_k M5 in256 out33 r4 accumulate", Q4_K, 5, 256, 33, 4, 5.0, 0, 0, true, 1),
+    LORA("lora q4_k big M130 in512 out200 r16", Q4_K, 130, 512, 200, 16, 32.0, 0, 0, true, 97),
+    LORA("lora q8_0 big M300 in384 out520 r16 window", Q8_0, 300, 384, 520, 16, 5.0, 4, 4, true, 211),
+    /* a fresh adapter: the base's output bit for bit, decode and prefill */
+    LORA_FRESH("lora fresh f32", F32, 3, 67, 41, 4),
+    LORA_FRESH("lora fresh f16", F16, 70, 64, 33, 8),
+    LORA_FRESH("lora fresh bf16", BF16, 9, 70, 48, 16),
+    LORA_FRESH("lora fresh q8_0", Q8_0, 66, 96, 37, 4),
+    LORA_FRESH("lora fresh q4_0", Q4_0, 5, 128, 29, 2),
+    LORA_FRESH("lora fresh q4_k", Q4_K, 130, 256, 70, 16),
+    {"lora bad arguments", run_lora_bad_args, .mm = {0}},
     /* embedding: many repeats (V 7), few, one token, a table chunk */
     EMB("embed R173 D67 V7", 173, 67, 7, 0, 0),
     EMB("embed R67 D130 V1000", 67, 130, 1000, 0, 0),

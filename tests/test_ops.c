@@ -86,46 +86,9 @@ static void expect_close(const char *what, const float *got, const float *want, 
     assert_true(e <= tol);
 }
 
-/* Block types: quantizes the rows x cols weights w with vks_quantize, replaces
- * them by their dequantized values (the reference) and returns the GPU layout. */
-static void *pack_blocks(float *w, size_t rows, size_t cols, vks_dtype t, size_t *bytes) {
-    size_t n = rows * cols;
-    uint64_t row_bytes;
-    assert_true(vks_dtype_row_bytes(t, cols, &row_bytes));
-    void *blocks = xmalloc(rows * row_bytes);
-    assert_int_equal(vks_quantize(t, w, blocks, n), VKS_OK);
-    vks_dequantize(t, blocks, w, n);
-    *bytes = vks_op_weight_bytes(t, rows, cols);
-    assert_true(*bytes > 0);
-    void *gpu_layout = xmalloc(*bytes);
-    assert_int_equal(vks_op_pack_weights(t, blocks, rows, cols, gpu_layout), VKS_OK);
-    free(blocks);
-    return gpu_layout;
-}
-
-/* Rounds weights to dtype: `packed` receives the GPU bytes, `w` the rounded floats. */
-static void *pack_weights(float *w, size_t rows, size_t cols, vks_dtype t, size_t *bytes) {
-    size_t n = rows * cols;
-    if (vks_dtype_block_elems(t) > 1) return pack_blocks(w, rows, cols, t, bytes);
-    if (t == VKS_DTYPE_F32) {
-        *bytes = n * 4;
-        void *p = xmalloc(*bytes);
-        memcpy(p, w, *bytes);
-        return p;
-    }
-    *bytes = (n * 2 + 3) / 4 * 4;
-    uint16_t *h = calloc(*bytes / 2, 2);
-    assert_non_null(h);
-    for (size_t i = 0; i < n; i++) {
-        h[i] = t == VKS_DTYPE_F16 ? vks_f32_to_f16(w[i]) : vks_f32_to_bf16(w[i]);
-        w[i] = t == VKS_DTYPE_F16 ? vks_f16_to_f32(h[i]) : vks_bf16_to_f32(h[i]);
-    }
-    return h;
-}
-
 static vks_buffer *weight_buffer(float *w, size_t rows, size_t cols, vks_dtype t) {
     size_t bytes;
-    void *p = pack_weights(w, rows, cols, t, &bytes);
+    void *p = tu_pack_weights(w, rows, cols, t, &bytes);
     vks_buffer *b = gpu_buffer(p, bytes);
     free(p);
     return b;

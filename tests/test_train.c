@@ -287,8 +287,89 @@ static void test_bad_batches(void **state) {
     vks_model_free(m);
 }
 
+/* The memory plan (vks_train_plan_make) against what the trainer allocates
+ * (vks_gpu_free_bytes before and after vks_trainer_create): full fine-tuning,
+ * tied and not, with and without recompute, at 512 rows so that the smallest
+ * activation ([T, n_heads]: 8 KiB) outweighs the slack: 16 bytes of rounding
+ * per buffer and the gradient norm's partial sums, whose count depends on the
+ * device's workgroup size (at least 32 elements per partial). */
+static void test_plan_matches_trainer(void **state) {
+    (void)state;
+    for (int k = 0; k < 4; k++) {
+        bool tied = k & 1, recompute = k & 2;
+        vks_model *m = small_model(tied, VKS_ROPE_HALF, 5);
+        vks_train_plan_options o = {.tokens = 512, .recompute = recompute};
+        vks_train_plan p;
+        assert_int_equal(vks_train_plan_make(m, &o, &p), VKS_OK);
+        assert_int_equal(p.params, vks_model_param_count(m));
+        assert_int_equal(p.trainable, p.params);
+        assert_true(p.base == 4 * (uint64_t)p.params && p.gradients == p.base && p.optimizer == 2 * p.base);
+        assert_int_equal(p.adapter, 0);
+        assert_int_equal(p.logits, 512ull * 67 * 4 + 2 * 512 * 4);
+        uint64_t before = vks_gpu_free_bytes(gpu);
+        vks_trainer_options to = {.max_tokens = 512, .recompute = recompute};
+        vks_trainer *t = NULL;
+        assert_int_equal(vks_trainer_create(gpu, m, &to, &t), VKS_OK);
+        uint64_t used = before - vks_gpu_free_bytes(gpu);
+        int n_tensors = vks_trainer_n_tensors(t), layer_sets = recompute ? 1 : 2;
+        uint64_t buffers = 4 * (uint64_t)n_tensors + 3 + 12 * (uint64_t)layer_sets + 31;
+        uint64_t slack = 16 * buffers + 4 * ((uint64_t)p.trainable / 32 + (uint64_t)n_tensors);
+        if (getenv("VKSWARM_TEST_VERBOSE"))
+            fprintf(stderr, "plan %llu, trainer %llu, slack %llu\n", (unsigned long long)p.total,
+                    (unsigned long long)used, (unsigned long long)slack);
+        if (!(used <= p.total + slack && p.total <= used + slack))
+            fail_msg("plan %llu bytes, trainer %llu (slack %llu)", (unsigned long long)p.total,
+                     (unsigned long long)used, (unsigned long long)slack);
+        vks_trainer_destroy(t);
+        vks_model_free(m);
+    }
+}
+
+/* LoRA plans: Llama-3.1-8B's shape has its published 8,030,261,248
+ * parameters and, at rank 16 on all seven projections, PEFT's 41,943,040
+ * trainable; the adapter's z and backward scratch on top of the same store;
+ * bad ranks and token counts refused. */
+static void test_plan_lora(void **state) {
+    (void)state;
+    vks_model shape = {.cfg = {.dim = 4096, .hidden_dim = 14336, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8,
+                               .vocab_size = 128256, .seq_len = 131072, .head_dim = 128, .kv_dim = 1024,
+                               .norm_eps = 1e-5f, .rope_theta = 500000.0f}};
+    vks_train_plan_options o = {.lora_rank = 16, .base_dtype = VKS_DTYPE_Q4_K, .tokens = 2048, .recompute = true};
+    vks_train_plan lora, full;
+    assert_int_equal(vks_train_plan_make(&shape, &o, &lora), VKS_OK);
+    assert_int_equal(lora.params, 8030261248ll);
+    assert_int_equal(lora.trainable, 41943040ll);
+    assert_true(lora.adapter == 4 * 41943040ull && lora.gradients == lora.adapter && lora.optimizer == 2 * lora.adapter);
+    /* q4_k: 144 bytes per 256 weights of every matrix (embedding and classifier
+     * too), the 65 norms f32; then under 1 MiB the engine reserves (bias
+     * slots, 16-byte chunk padding) */
+    uint64_t norms = 65ull * 4096, matrices = (8030261248ull - norms) / 256 * 144;
+    assert_true(lora.base >= matrices + 4 * norms && lora.base < matrices + 4 * norms + (1u << 20));
+    vks_train_plan_options f = {.tokens = 2048, .recompute = true};
+    assert_int_equal(vks_train_plan_make(&shape, &f, &full), VKS_OK);
+    uint64_t z = 2048ull * 16 * 4;
+    assert_int_equal(lora.activations, full.activations + 7 * z); /* one layer's adapters under recompute */
+    assert_int_equal(lora.logits, full.logits);
+    assert_true(lora.scratch < full.scratch + z); /* fewer gradient-norm partials, one [T, rank] more */
+    o.recompute = false;
+    f.recompute = false;
+    assert_int_equal(vks_train_plan_make(&shape, &o, &lora), VKS_OK);
+    assert_int_equal(vks_train_plan_make(&shape, &f, &full), VKS_OK);
+    assert_int_equal(lora.activations, full.activations + 32 * 7 * z);
+    o.lora_rank = 1025; /* k/v are 1024 x 4096 */
+    assert_int_equal(vks_train_plan_make(&shape, &o, &lora), VKS_ERR_ARG);
+    o.lora_rank = 16;
+    o.tokens = 16385;
+    assert_int_equal(vks_train_plan_make(&shape, &o, &lora), VKS_ERR_ARG);
+    o.tokens = 2048;
+    o.lora_targets = 1u << 9;
+    assert_int_equal(vks_train_plan_make(&shape, &o, &lora), VKS_ERR_ARG);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_matches_trainer),
+        cmocka_unit_test(test_plan_lora),
         cmocka_unit_test(test_gradients_untied_adjacent),
         cmocka_unit_test(test_gradients_tied_half),
         cmocka_unit_test(test_gradients_recompute),

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "vkswarm/vks_gpu.h"
+#include "vkswarm/vks_ops.h"
+#include "vkswarm/vks_quant.h"
 
 const char *tu_shared_path(const char *rel) {
     static char buf[4096];
@@ -103,4 +105,42 @@ int tu_run(const char *cmd, char **out) {
     if (out) *out = buf;
     else free(buf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Block types: quantize with vks_quantize, replace w by the dequantized values
+ * (vks_dequantize: the reference) and repack for the GPU. */
+static void *pack_blocks(float *w, size_t rows, size_t cols, vks_dtype t, size_t *bytes) {
+    size_t n = rows * cols;
+    uint64_t row_bytes;
+    if (!vks_dtype_row_bytes(t, cols, &row_bytes)) return NULL;
+    void *blocks = malloc(rows * row_bytes);
+    *bytes = vks_op_weight_bytes(t, rows, cols);
+    void *gpu_layout = *bytes ? malloc(*bytes) : NULL;
+    bool ok = blocks && gpu_layout && vks_quantize(t, w, blocks, n) == VKS_OK;
+    if (ok) vks_dequantize(t, blocks, w, n);
+    ok = ok && vks_op_pack_weights(t, blocks, rows, cols, gpu_layout) == VKS_OK;
+    free(blocks);
+    if (!ok) { free(gpu_layout); return NULL; }
+    return gpu_layout;
+}
+
+void *tu_pack_weights(float *w, size_t rows, size_t cols, vks_dtype t, size_t *bytes) {
+    size_t n = rows * cols;
+    void *p;
+    if (vks_dtype_block_elems(t) > 1) p = pack_blocks(w, rows, cols, t, bytes);
+    else if (t == VKS_DTYPE_F32) {
+        *bytes = n * 4;
+        p = malloc(*bytes ? *bytes : 1);
+        if (p) memcpy(p, w, *bytes);
+    } else {
+        *bytes = (n * 2 + 3) / 4 * 4;
+        uint16_t *h = calloc(*bytes / 2 + 1, 2);
+        for (size_t i = 0; h && i < n; i++) {
+            h[i] = t == VKS_DTYPE_F16 ? vks_f32_to_f16(w[i]) : vks_f32_to_bf16(w[i]);
+            w[i] = t == VKS_DTYPE_F16 ? vks_f16_to_f32(h[i]) : vks_bf16_to_f32(h[i]);
+        }
+        p = h;
+    }
+    assert_non_null(p);
+    return p;
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 #include <cmocka.h>
+#include "vkswarm/vks_common.h"
 
 /* Path of ../shared/models/<rel> or NULL (and a printed skip reason) when absent.
  * Uses $VKSWARM_SHARED, else ../shared relative to the source tree. Static buffer. */
@@ -22,6 +23,12 @@ void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi);
 /* The default Vulkan device, with the validation layer when VKSWARM_VALIDATION
  * is set; NULL (and the reason on stderr) when it cannot be opened. */
 struct vks_gpu *tu_gpu_open(void);
+/* Weights [rows, cols] in dtype's GPU layout (vks_op_pack_weights; f16/bf16
+ * two per word): returns the malloc'd bytes and their count in *bytes, and
+ * rounds w in place to the values the GPU decodes (block types:
+ * quantize then vks_dequantize), so w is the reference. Fails the test on
+ * error. */
+void *tu_pack_weights(float *w, size_t rows, size_t cols, vks_dtype t, size_t *bytes);
 /* VKSWARM_TEST_SHORT set (and not "0"): the slowest cases take fewer steps.
  * tools/test sets it for the ASan run only, where the code paths matter and
  * the normal build has already run the full cases. */

@@ -23,7 +23,7 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
 }
 
 /* "dim,hidden,layers,heads,kv_heads,vocab[,seq_len]" */
-static vks_model *random_model(const char *spec) {
+void cli_parse_random_spec(const char *spec, vks_model_config *out) {
     long v[7] = {0, 0, 0, 0, 0, 0, 2048};
     int n = 0;
     const char *s = spec;
@@ -45,6 +45,12 @@ static vks_model *random_model(const char *spec) {
         c.head_dim = c.dim / c.n_heads;
         c.kv_dim = c.head_dim * c.n_kv_heads;
     }
+    *out = c;
+}
+
+static vks_model *random_model(const char *spec) {
+    vks_model_config c;
+    cli_parse_random_spec(spec, &c);
     vks_model *m = NULL;
     if (vks_model_random(&c, 1234, &m)) cli_die(EXIT_BAD_INPUT, "--random-model: %s", vks_last_error());
     return m;

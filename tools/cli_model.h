@@ -21,6 +21,9 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val);
         {"random-model", required_argument, 0, 0}, {"dtype", required_argument, 0, 0},     \
         {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}
 
+/* The config of --random-model's "dim,hidden,layers,heads,kv_heads,vocab[,seq_len]"
+ * (seq_len 2048 when left out; exit 2 on a malformed spec). */
+void cli_parse_random_spec(const char *spec, vks_model_config *out);
 /* Loads the model (exit 2 naming the file on bad input), or builds the random one. */
 /* Without --dtype, a model stored in block formats (a quantized GGUF) keeps
  * its file's types; anything else runs in f32. cli_load_model records that

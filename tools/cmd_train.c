@@ -36,7 +36,8 @@ static const char train_usage[] =
     "checkpoint DIR/step-N; continue with: vkswarm train sft ... --resume' (this command line). A\n"
     "second signal stops at once.\n"
     "Progress goes to stderr; stdout gets the paths (escaped):\n"
-    "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n";
+    "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n"
+    "vkswarm train plan --help: the device memory a run needs (full or LoRA), without a device.\n";
 
 static const char eval_usage[] =
     "usage: vkswarm eval --model M --data FILE.jsonl [--tokenizer T] [--device N]\n"
@@ -108,7 +109,7 @@ static void parse_train(int argc, char **argv, train_args *a) {
         else if (!strcmp(name, "override")) o->override = true;
     }
     if (o->override && !o->resume) cli_usage_error("train", "--override applies to --resume only");
-    if (optind >= argc || strcmp(argv[optind], "sft")) cli_usage_error("train", "the only kind of training is 'sft'");
+    if (optind >= argc || strcmp(argv[optind], "sft")) cli_usage_error("train", "the kinds of training are 'sft' and 'plan'");
     if (optind + 1 < argc) cli_usage_error("train", "unexpected argument '%s'", argv[optind + 1]);
     if (!a->data || !o->steps) cli_usage_error("train", "--data FILE and --steps N are required");
     if (!!a->init + !!a->m.model_path + !!a->m.random_spec != 1)
@@ -158,6 +159,7 @@ static int fail_freeing(int rc, vks_gpu *g, vks_model *m, vks_tokenizer *tok) {
 }
 
 int cmd_train(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "plan")) return cmd_train_plan(argc - 1, argv + 1);
     train_args a = {0};
     parse_train(argc, argv, &a);
     cli_stop_install(); /* before the model loads: a signal from here on stops after a step */

@@ -12,6 +12,7 @@ int cmd_verify(int argc, char **argv);     /* issue 5: tools/cmd_verify.c */
 int cmd_keygen(int argc, char **argv);     /* issue 6: tools/cmd_broadcast.c */
 int cmd_broadcast(int argc, char **argv);  /* issue 6 */
 int cmd_train(int argc, char **argv);     /* tools/cmd_train.c: train sft */
+int cmd_train_plan(int argc, char **argv); /* tools/cmd_train_plan.c: train plan (argv[0] = "plan") */
 int cmd_eval(int argc, char **argv);
 int cmd_tasks(int argc, char **argv);     /* tools/cmd_tasks.c: tasks sft, tasks filter */
 int cmd_rl(int argc, char **argv);        /* tools/cmd_rl.c: the asynchronous RL run */

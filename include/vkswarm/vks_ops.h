@@ -97,6 +97,8 @@ int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uin
                     uint32_t D);
 /* x[i] += y[i] */
 int vks_op_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding y, uint32_t n);
+/* x[i] *= s (one f32 product each), n elements */
+int vks_op_scale(vks_ops *o, vks_cmd *c, vks_binding x, float s, uint32_t n);
 /* dst[i, :] = src[idx[i], :], D floats per row. */
 int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
                        vks_binding dst, uint32_t n, uint32_t D);

@@ -16,13 +16,18 @@
  * an accumulate flag (false overwrites), the embedding backward always adds.
  * Tiled, as the forward matmul: see shaders/matmul_grad.comp. */
 
-/* Forward y[m, y_col0 + n] = sum_k x[m, k] W[n, k] (vks_op_matmul), W f32
- * [N, K]. dy is the gradient of that output window: dy[m, dy_col0 + n], rows
- * of stride ldy (dy_col0 + N <= ldy).
+/* Forward y[m, y_col0 + n] = sum_k x[m, k] W[n, k] (vks_op_matmul), W [N, K]
+ * of dtype in vks_op_matmul's layout and limits (f32 master weights; f16,
+ * bf16, q8_0, q4_0, q4_k: a frozen base, decoded in registers, never
+ * expanded to f32 in memory; block types need K a whole number of blocks and
+ * a 16-byte aligned W). dy is the gradient of that output window:
+ * dy[m, dy_col0 + n], rows of stride ldy (dy_col0 + N <= ldy).
  * dx[M, K] = (accumulate ? dx : 0) + dy . W, each element summed over n in
- * order, the old value added once at the end. */
+ * order, the old value added once at the end; the weights enter with exactly
+ * the values of vks_dequantize. */
 int vks_op_matmul_backward_x(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ldy, uint32_t dy_col0,
-                             vks_binding W, vks_binding dx, uint32_t M, uint32_t N, uint32_t K, bool accumulate);
+                             vks_binding W, vks_dtype dtype, vks_binding dx, uint32_t M, uint32_t N, uint32_t K,
+                             bool accumulate);
 /* dW[N, K] = (accumulate ? dW : 0) + dy^T . x (x f32 [M, K]), each element
  * summed over m in order, the old value added once at the end. */
 int vks_op_matmul_backward_w(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ldy, uint32_t dy_col0,
@@ -72,6 +77,45 @@ int vks_op_grad_clip(vks_ops *o, vks_cmd *c, const vks_binding *grads, const uin
  * device (the out of vks_op_clip_scale, or a buffer holding 1.0f). t >= 1. */
 int vks_op_adamw(vks_ops *o, vks_cmd *c, vks_binding params, vks_binding grads, vks_binding m, vks_binding v,
                  uint32_t n, const vks_adamw_params *h, int t, vks_binding scale);
+
+/* ==== LoRA linear: a frozen base W plus a low-rank adapter
+ * (src/gpu/ops_lora.c; shapes, scale and PEFT init in vks_lora.h, the
+ * float64 truth vks_ref_lora_forward/backward) ====
+ *   y = W x + scale B (A x),  W [out, in] of w_dtype (any vks_op_matmul type,
+ *   never expanded to f32), A f32 [rank, in], B f32 [out, rank].
+ * Composed of the matmul ops rather than fused: W x is the forward matmul
+ * (the same kernel and result as vks_op_matmul_kind of the same kind, so a
+ * fresh adapter, B = 0, leaves y bit for bit the base's); A x and B z are two
+ * f32 matmuls of rank rows/columns, 2 rank (in + out) / (in out) of the base's
+ * work (1% for rank 16 at dim 4096), for which the tuned kernels serve as
+ * they are; the scale is one elementwise product on [M, rank]. */
+typedef struct {
+    uint32_t in, out, rank;
+    float scale;      /* alpha / rank, finite */
+    vks_binding W;    /* the frozen base, vks_op_matmul's layout of w_dtype */
+    vks_dtype w_dtype;
+    vks_binding A, B; /* the adapter, f32 */
+} vks_lora_linear;
+/* y[m, y_col0 + n] = (accumulate ? y : 0) + (W x)[m, n] + (B z)[m, n] for x
+ * f32 [M, in], y rows of stride ldy (y_col0 + out <= ldy), where z = scale
+ * (A x), f32 [M, rank], is written to z (the backward reads it). The sums:
+ * W x first (plus the old y), then B z added (vks_op_matmul's accumulate).
+ * kind: as vks_op_matmul_kind, for all three products. z shares memory with
+ * no other binding (VKS_ERR_ARG). */
+int vks_op_lora_forward(vks_ops *o, vks_cmd *c, const vks_lora_linear *l, vks_binding x, vks_binding z,
+                        vks_binding y, uint32_t M, uint32_t ldy, uint32_t y_col0, bool accumulate,
+                        vks_matmul_kind kind);
+/* The backward of vks_op_lora_forward given x, its z and dy (the gradient of
+ * y's window: dy[m, dy_col0 + n], rows of stride ldy), with g = scale dy B
+ * (written to scratch, f32 [M, rank]):
+ *   dB += dy^T z          dA += g^T x         (always accumulate, as weight gradients)
+ *   dx (+)= dy W + g A    (dx.buf NULL: skipped; the base part first, through
+ *                          vks_op_matmul_backward_x in W's type)
+ * W gets no gradient (frozen). dA [rank, in], dB [out, rank], dx [M, in] f32;
+ * scratch, dA, dB and dx share memory with no other binding (VKS_ERR_ARG). */
+int vks_op_lora_backward(vks_ops *o, vks_cmd *c, const vks_lora_linear *l, vks_binding x, vks_binding z,
+                         vks_binding dy, uint32_t ldy, uint32_t dy_col0, vks_binding dx, vks_binding dA,
+                         vks_binding dB, vks_binding scratch, uint32_t M, bool accumulate_dx);
 
 /* ==== layer ops: RMSNorm, RoPE, attention, SwiGLU, token log-probability:
  * src/gpu/ops_grad_layer.c (shaders rmsnorm_backward.comp, rope.comp,

@@ -135,4 +135,15 @@ double vks_ref_clip_scale(double norm, double max_norm);
 /* Learning rate at 1-based step t of schedule s (vks_train_types.h). */
 double vks_ref_lr_at(const vks_lr_schedule *s, int t);
 
+/* ---- LoRA linear (src/ref/ref_lora.c): a frozen W [N, K] plus an adapter
+ * A [r, K], B [N, r] (vks_lora.h):
+ *   y[M, N] = x W^T + s (x A^T) B^T
+ * h (may be NULL) receives x A^T [M, r], unscaled. */
+int vks_ref_lora_forward(const double *x, const double *W, const double *A, const double *B, int M, int N, int K,
+                         int r, double s, double *y, double *h);
+/* With g = s dy B [M, r]:  dx += dy W + g A,  dA += g^T x,  dB += s dy^T (x A^T)
+ * (each may be NULL; W is frozen: no dW). */
+int vks_ref_lora_backward(const double *x, const double *W, const double *A, const double *B, int M, int N, int K,
+                          int r, double s, const double *dy, double *dx, double *dA, double *dB);
+
 #endif

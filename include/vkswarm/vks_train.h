@@ -117,4 +117,34 @@ int vks_trainer_write(vks_trainer *t, vks_param_kind set, int i, const float *sr
  * m's config, special tokens and architecture: for checkpoints, generation
  * and broadcasting. */
 int vks_trainer_export_model(vks_trainer *t, vks_model **out);
+
+/* ---- the memory plan (src/engine/train_plan.c): device bytes of a training
+ * run, computed without a device ---- */
+typedef struct {
+    int lora_rank;         /* 0: full fine-tuning (every weight trained, f32 masters) */
+    uint32_t lora_targets; /* vks_lora.h's VKS_LORA_* bits; 0: all seven */
+    vks_dtype base_dtype;  /* LoRA: the frozen base's type on the device (as vks_engine_options.dtype) */
+    bool keep_file_dtype;  /* LoRA: every matrix keeps m's file type instead (a quantized GGUF) */
+    int tokens;            /* rows of one micro-batch (packed sequences), 1..16384 */
+    bool recompute;        /* keep only each layer's input (vks_trainer_options.recompute) */
+} vks_train_plan_options;
+
+typedef struct {
+    int64_t params;            /* the model's parameters */
+    int64_t trainable;         /* the trained ones: all (rank 0) or the adapters' */
+    uint64_t base;             /* the model's weights: f32 masters (rank 0), the frozen base in its type (LoRA) */
+    uint64_t adapter;          /* the adapters' A and B, f32 (their masters); 0 at rank 0 */
+    uint64_t gradients;        /* f32 per trainable parameter */
+    uint64_t optimizer;        /* AdamW's two f32 moments per trainable parameter */
+    uint64_t activations;      /* what the forward keeps for the backward (train_plan.c lists it) */
+    uint64_t logits;           /* [tokens, vocab] logits (their gradient replaces them) and log-probabilities */
+    uint64_t scratch;          /* the backward's gradients of the activations, op scratch, batch rows, RL rows */
+    uint64_t total;            /* the sum */
+} vks_train_plan;
+
+/* The plan for model m and options o. m may hold only its config (layers
+ * NULL, as for a shape given on the command line): the base's size then
+ * follows from the shapes and o->base_dtype. VKS_ERR_ARG for a bad config,
+ * rank, target mask or token count. */
+int vks_train_plan_make(const vks_model *m, const vks_train_plan_options *o, vks_train_plan *out);
 #endif

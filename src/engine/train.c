@@ -20,50 +20,78 @@ static int make(vks_trainer *t, vks_buffer **b, uint64_t floats) {
     return vks_buffer_create(t->gpu, (size_t)bytes, b);
 }
 
-static int make_layer_acts(vks_trainer *t, train_layer_acts *a) {
-    const vks_model_config *c = &t->cfg;
-    uint64_t T = (uint64_t)t->acts.T, d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
+/* The buffers of one layer's activation set and their 4-byte elements for T
+ * rows: the one list make_layer_acts allocates, free_layer_acts frees and
+ * vks_train_plan counts. */
+int vks_train_layer_buffers(const vks_model_config *c, uint64_t T, train_layer_acts *a,
+                            train_buffer out[TRAIN_LAYER_BUFFERS]) {
+    uint64_t d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
     uint64_t kv = (uint64_t)c->kv_dim, h = (uint64_t)c->hidden_dim, heads = (uint64_t)c->n_heads;
-    struct { vks_buffer **b; uint64_t n; } all[] = {
-        {&a->xn1, T * d}, {&a->q, T * qd}, {&a->k, T * kv}, {&a->v, T * kv}, {&a->att, T * qd},
-        {&a->stat_max, T * heads}, {&a->stat_sum, T * heads}, {&a->x_mid, T * d}, {&a->xn2, T * d},
-        {&a->g, T * h}, {&a->u, T * h}, {&a->h, T * h},
+    const train_buffer all[TRAIN_LAYER_BUFFERS] = {
+        {&a->xn1, T * d, TRAIN_BUF_ACT}, {&a->q, T * qd, TRAIN_BUF_ACT}, {&a->k, T * kv, TRAIN_BUF_ACT},
+        {&a->v, T * kv, TRAIN_BUF_ACT}, {&a->att, T * qd, TRAIN_BUF_ACT}, {&a->stat_max, T * heads, TRAIN_BUF_ACT},
+        {&a->stat_sum, T * heads, TRAIN_BUF_ACT}, {&a->x_mid, T * d, TRAIN_BUF_ACT}, {&a->xn2, T * d, TRAIN_BUF_ACT},
+        {&a->g, T * h, TRAIN_BUF_ACT}, {&a->u, T * h, TRAIN_BUF_ACT}, {&a->h, T * h, TRAIN_BUF_ACT},
     };
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    memcpy(out, all, sizeof all);
+    return TRAIN_LAYER_BUFFERS;
+}
+
+/* The same for the rest of the store: the head (final norm, logits and
+ * log-probabilities) and the backward's scratch; n_partials: the gradient
+ * norm's partial sums. */
+int vks_train_other_buffers(const vks_model_config *c, uint64_t T, uint64_t n_partials, train_acts *a,
+                            train_buffer out[TRAIN_OTHER_BUFFERS]) {
+    uint64_t d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
+    uint64_t kv = (uint64_t)c->kv_dim, h = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
+    const train_buffer_kind A = TRAIN_BUF_ACT, L = TRAIN_BUF_LOGITS, S = TRAIN_BUF_SCRATCH;
+    const train_buffer all[TRAIN_OTHER_BUFFERS] = {
+        {&a->tokens, T, S}, {&a->pos, T, S}, {&a->start, T, S}, {&a->target, T, S}, {&a->xf, T * d, A},
+        {&a->logits, T * V, L}, {&a->logp, T, L}, {&a->dlogp, T, L}, {&a->dres, T * d, S}, {&a->dxn, T * d, S},
+        {&a->dq, T * qd, S}, {&a->dk, T * kv, S}, {&a->dv, T * kv, S}, {&a->datt, T * qd, S}, {&a->dh, T * h, S},
+        {&a->dg, T * h, S}, {&a->du, T * h, S},
+        {&a->norm_scratch, vks_op_rmsnorm_backward_scratch_bytes((uint32_t)T, (uint32_t)d) / 4 + 1, S},
+        {&a->attn_scratch, vks_op_attention_train_backward_scratch_bytes((uint32_t)T, (uint32_t)c->n_heads) / 4 + 1, S},
+        {&a->embed_index, VKS_EMBED_GRAD_INDEX_WORDS(T), S}, {&a->clip_partials, n_partials, S},
+        {&a->clip_out, 2, S}, {&a->one, 1, S}, {&a->grpo_old, T, S}, {&a->grpo_adv, T, S}, {&a->grpo_weight, T, S},
+        {&a->grpo_ref, T, S}, {&a->grpo_loss, T, S}, {&a->grpo_flags, T, S}, {&a->grpo_dent, T, S},
+        {&a->grpo_entropy, T, S},
+    };
+    memcpy(out, all, sizeof all);
+    return TRAIN_OTHER_BUFFERS;
+}
+
+static int make_all(vks_trainer *t, const train_buffer *all, int n) {
+    for (int i = 0; i < n; i++) {
         int rc = make(t, all[i].b, all[i].n);
         if (rc) return rc;
     }
     return VKS_OK;
 }
 
-static void free_layer_acts(train_layer_acts *a) {
-    vks_buffer *all[] = {a->xn1, a->q, a->k, a->v, a->att, a->stat_max, a->stat_sum, a->x_mid, a->xn2, a->g, a->u, a->h};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
+static void free_all(const train_buffer *all, int n) {
+    for (int i = 0; i < n; i++) vks_buffer_destroy(*all[i].b);
+}
+
+static int make_layer_acts(vks_trainer *t, train_layer_acts *a) {
+    train_buffer all[TRAIN_LAYER_BUFFERS];
+    return make_all(t, all, vks_train_layer_buffers(&t->cfg, (uint64_t)t->acts.T, a, all));
+}
+
+static void free_layer_acts(vks_trainer *t, train_layer_acts *a) {
+    train_buffer all[TRAIN_LAYER_BUFFERS];
+    free_all(all, vks_train_layer_buffers(&t->cfg, (uint64_t)t->acts.T, a, all));
 }
 
 static int make_scratch(vks_trainer *t) {
-    const vks_model_config *c = &t->cfg;
     train_acts *a = &t->acts;
-    uint64_t T = (uint64_t)a->T, d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
-    uint64_t kv = (uint64_t)c->kv_dim, h = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
     uint64_t grads = 0;
     for (int i = 0; i < t->n_tensors; i++) grads += vks_op_grad_squares_partials(t->ops,
                          (uint64_t)t->tensors[i].info.rows * (uint64_t)t->tensors[i].info.cols);
     a->n_partials = (uint32_t)grads;
-    struct { vks_buffer **b; uint64_t n; } all[] = {
-        {&a->tokens, T}, {&a->pos, T}, {&a->start, T}, {&a->target, T}, {&a->xf, T * d}, {&a->logits, T * V},
-        {&a->logp, T}, {&a->dlogp, T}, {&a->dres, T * d}, {&a->dxn, T * d}, {&a->dq, T * qd}, {&a->dk, T * kv},
-        {&a->dv, T * kv}, {&a->datt, T * qd}, {&a->dh, T * h}, {&a->dg, T * h}, {&a->du, T * h},
-        {&a->norm_scratch, vks_op_rmsnorm_backward_scratch_bytes((uint32_t)T, (uint32_t)d) / 4 + 1},
-        {&a->attn_scratch, vks_op_attention_train_backward_scratch_bytes((uint32_t)T, (uint32_t)c->n_heads) / 4 + 1},
-        {&a->embed_index, VKS_EMBED_GRAD_INDEX_WORDS(T)}, {&a->clip_partials, grads},
-        {&a->clip_out, 2}, {&a->one, 1}, {&a->grpo_old, T}, {&a->grpo_adv, T}, {&a->grpo_weight, T},
-        {&a->grpo_ref, T}, {&a->grpo_loss, T}, {&a->grpo_flags, T}, {&a->grpo_dent, T}, {&a->grpo_entropy, T},
-    };
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        int rc = make(t, all[i].b, all[i].n);
-        if (rc) return rc;
-    }
+    train_buffer all[TRAIN_OTHER_BUFFERS];
+    int rc = make_all(t, all, vks_train_other_buffers(&t->cfg, (uint64_t)a->T, grads, a, all));
+    if (rc) return rc;
     float one = 1.0f;
     return vks_buffer_upload(a->one, 0, &one, sizeof one);
 }
@@ -83,12 +111,9 @@ static int make_acts(vks_trainer *t) {
 static void free_acts(vks_trainer *t) {
     train_acts *a = &t->acts;
     for (int l = 0; a->x_in && l <= t->cfg.n_layers; l++) vks_buffer_destroy(a->x_in[l]);
-    for (int l = 0; a->layer && l < (t->opt.recompute ? 1 : t->cfg.n_layers); l++) free_layer_acts(&a->layer[l]);
-    vks_buffer *all[] = {a->tokens, a->pos, a->start, a->target, a->xf, a->logits, a->logp, a->dlogp, a->dres,
-                         a->dxn, a->dq, a->dk, a->dv, a->datt, a->dh, a->dg, a->du, a->norm_scratch, a->attn_scratch, a->embed_index,
-                         a->clip_partials, a->clip_out, a->one, a->grpo_old, a->grpo_adv, a->grpo_weight,
-                         a->grpo_ref, a->grpo_loss, a->grpo_flags, a->grpo_dent, a->grpo_entropy};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
+    for (int l = 0; a->layer && l < (t->opt.recompute ? 1 : t->cfg.n_layers); l++) free_layer_acts(t, &a->layer[l]);
+    train_buffer all[TRAIN_OTHER_BUFFERS];
+    free_all(all, vks_train_other_buffers(&t->cfg, (uint64_t)a->T, a->n_partials, a, all));
     free(a->x_in);
     free(a->layer);
 }

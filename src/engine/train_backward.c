@@ -13,8 +13,8 @@ static int matmul_backward(vks_trainer *t, vks_cmd *c, vks_buffer *x, int w, vks
                            bool accumulate_dx, uint32_t n) {
     const vks_train_tensor_info *i = &t->tensors[w].info;
     uint32_t N = (uint32_t)i->rows, K = (uint32_t)i->cols;
-    int rc = dx ? vks_op_matmul_backward_x(t->ops, c, bind(dy), N, 0, vks_train_binding(t, VKS_SET_PARAMS, w), bind(dx),
-                                           n, N, K, accumulate_dx)
+    int rc = dx ? vks_op_matmul_backward_x(t->ops, c, bind(dy), N, 0, vks_train_binding(t, VKS_SET_PARAMS, w),
+                                           VKS_DTYPE_F32, bind(dx), n, N, K, accumulate_dx)
                 : VKS_OK;
     return rc ? rc
               : vks_op_matmul_backward_w(t->ops, c, bind(dy), N, 0, bind(x), vks_train_binding(t, VKS_SET_GRADS, w), n,

@@ -45,6 +45,23 @@ typedef struct {
     uint32_t n_partials;
 } train_acts;
 
+/* One buffer of the activation store: where its handle goes, its 4-byte
+ * elements and what the memory plan calls it. */
+typedef enum { TRAIN_BUF_ACT, TRAIN_BUF_LOGITS, TRAIN_BUF_SCRATCH } train_buffer_kind;
+typedef struct {
+    vks_buffer **b;
+    uint64_t n;
+    train_buffer_kind kind;
+} train_buffer;
+enum { TRAIN_LAYER_BUFFERS = 12, TRAIN_OTHER_BUFFERS = 31 };
+/* train.c: the store's buffer lists for T rows (a layer's set; the head and
+ * the backward's scratch), written to out; returns the count. The trainer
+ * allocates and frees through them, vks_train_plan (train_plan.c) counts them. */
+int vks_train_layer_buffers(const vks_model_config *c, uint64_t T, train_layer_acts *a,
+                            train_buffer out[TRAIN_LAYER_BUFFERS]);
+int vks_train_other_buffers(const vks_model_config *c, uint64_t T, uint64_t n_partials, train_acts *a,
+                            train_buffer out[TRAIN_OTHER_BUFFERS]);
+
 /* A micro-batch's per-row facts, built on the host from vks_train_batch. */
 typedef struct {
     int n;

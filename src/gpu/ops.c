@@ -10,16 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Kernel name suffix of a weight dtype; NULL for Q6_K, which has no kernel
- * (the engine dequantizes it on upload). */
-static const char *dtype_suffix(vks_dtype t) {
-    return (unsigned)t < VKS_DTYPE_COUNT && t != VKS_DTYPE_Q6_K ? vks_dtype_name(t) : NULL;
-}
-
-static bool is_block_type(vks_dtype t) {
-    return t == VKS_DTYPE_Q8_0 || t == VKS_DTYPE_Q4_0 || t == VKS_DTYPE_Q4_K;
-}
-
 static bool offset_aligned(vks_binding b, size_t align) { return b.offset % align == 0; }
 
 /* ---- GPU weight layout ---- */
@@ -31,7 +21,7 @@ static bool offset_aligned(vks_binding b, size_t align) { return b.offset % alig
  * types: to whole words). */
 size_t vks_op_weight_bytes(vks_dtype t, uint64_t rows, uint64_t cols) {
     uint64_t n;
-    if (!dtype_suffix(t) || __builtin_mul_overflow(rows, cols, &n)) return 0;
+    if (!vks_ops_dtype_suffix(t) || __builtin_mul_overflow(rows, cols, &n)) return 0;
     uint64_t be = vks_dtype_block_elems(t), bytes, blocks = n / be;
     if (cols % be) return 0;
     switch (t) {
@@ -185,7 +175,7 @@ void vks_ops_destroy(vks_ops *o) { free(o); }
 int vks_op_embed(vks_ops *o, vks_cmd *c, vks_binding tokens, vks_binding table, vks_dtype dtype,
                  uint32_t row0, uint32_t table_rows, uint32_t D, vks_binding out, uint32_t R) {
     const char *op = "embed";
-    const char *sfx = dtype_suffix(dtype);
+    const char *sfx = vks_ops_dtype_suffix(dtype);
     if (!o || !c || !sfx || !table_rows || !D || !R || D % vks_dtype_block_elems(dtype) ||
         (uint64_t)table_rows * D > UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "embed: bad arguments");
@@ -221,11 +211,11 @@ static int check_matmul_args(vks_ops *o, vks_binding x, vks_binding W, vks_dtype
                              vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
                              uint32_t y_col0) {
     const char *op = "matmul";
-    if (!dtype_suffix(dtype) || !M || !N || !K || (uint64_t)y_col0 + N > ldy)
+    if (!vks_ops_dtype_suffix(dtype) || !M || !N || !K || (uint64_t)y_col0 + N > ldy)
         return vks_set_error(VKS_ERR_ARG, "matmul: bad sizes M=%u N=%u K=%u ldy=%u y_col0=%u",
                              M, N, K, ldy, y_col0);
     (void)o;
-    if (is_block_type(dtype)) {
+    if (vks_ops_is_block_type(dtype)) {
         /* kernels index elements with 32 bits and load whole aligned blocks */
         if (K % vks_dtype_block_elems(dtype) || (uint64_t)N * K > UINT32_MAX)
             return vks_set_error(VKS_ERR_ARG, "matmul: K=%u is not a whole number of %s blocks (or N*K "
@@ -245,8 +235,8 @@ static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, v
     uint32_t M = push[0], N = push[1], K = push[2];
     char name[32];
     vks_binding b[] = {x, W, y};
-    if (is_block_type(dtype)) {
-        snprintf(name, sizeof name, "matvec_%s%s", dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
+    if (vks_ops_is_block_type(dtype)) {
+        snprintf(name, sizeof name, "matvec_%s%s", vks_ops_dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
         uint32_t spec[] = {o->mv_wg, o->mv_rows, M, o->mv_rows_per_wg};
         return vks_ops_dispatch(o, c, name, spec, 4, b, 3, push, 6 * sizeof(uint32_t),
                         ceil_div(N, o->mv_rows_per_wg), "matvec");
@@ -254,7 +244,7 @@ static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, v
     /* 16-byte vector loads need whole vectors per row and aligned bindings. */
     uint32_t elems_per_vec4 = dtype == VKS_DTYPE_F32 ? 4 : 8;
     bool vec4 = K % elems_per_vec4 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
-    snprintf(name, sizeof name, "matvec_%s%s", dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
+    snprintf(name, sizeof name, "matvec_%s%s", vks_ops_dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
     uint32_t spec[] = {o->mv_wg, o->mv_rows, M, vec4, o->mv_rows_per_wg};
     return vks_ops_dispatch(o, c, name, spec, 5, b, 3, push, 6 * sizeof(uint32_t),
                     ceil_div(N, o->mv_rows_per_wg), "matvec");
@@ -282,7 +272,7 @@ static int record_matmul_tiled(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindin
      * q4_k: its super-block decode per quad made it slower at 8 rows (lavapipe) */
     bool dsg = dtype != VKS_DTYPE_Q4_K && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
                o->info.subgroup_ballot && o->mm_tm == 8;
-    snprintf(name, sizeof name, "matmul_%s%s", dtype_suffix(dtype), dsg ? "_dsg" : o->mm_f16_math ? "_h" : "");
+    snprintf(name, sizeof name, "matmul_%s%s", vks_ops_dtype_suffix(dtype), dsg ? "_dsg" : o->mm_f16_math ? "_h" : "");
     return dispatch_matmul(o, c, x, W, y, push, name, o->mm_bm, o->mm_bn, o->mm_tm, o->mm_tn, o->mm_direct, "matmul");
 }
 
@@ -309,7 +299,7 @@ static int record_matmul_decode(vks_ops *o, vks_cmd *c, vks_binding x, vks_bindi
      * leaves 4 or more workgroups of columns to spread over the cores */
     uint32_t tm = M == 1 ? 1 : 8, tn = N >= 32 * lanes ? 8 : 4;
     char name[32];
-    snprintf(name, sizeof name, "matmul_%s_dsg", dtype_suffix(dtype));
+    snprintf(name, sizeof name, "matmul_%s_dsg", vks_ops_dtype_suffix(dtype));
     return dispatch_matmul(o, c, x, W, y, push, name, tm, tn * lanes, tm, tn, 1, "matvec");
 }
 
@@ -487,6 +477,16 @@ int vks_op_swiglu(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_bind
 int vks_op_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding y, uint32_t n) {
     vks_binding b[] = {x, y};
     return vks_ops_elementwise(o, c, "add", b, 2, n);
+}
+
+int vks_op_scale(vks_ops *o, vks_cmd *c, vks_binding x, float s, uint32_t n) {
+    const char *op = "scale";
+    if (!o || !c || !n || !isfinite(s)) return vks_set_error(VKS_ERR_ARG, "scale: bad arguments");
+    int rc = vks_ops_check_range(op, "x", x, n, 4);
+    if (rc) return rc;
+    struct { uint32_t n; float s; } push = {n, s};
+    uint32_t spec[] = {o->wg_elementwise};
+    return vks_ops_dispatch(o, c, "scale", spec, 1, &x, 1, &push, sizeof push, ceil_div(n, o->wg_elementwise), op);
 }
 
 int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,

@@ -42,6 +42,12 @@ int vks_ops_check_range(const char *op, const char *what, vks_binding b, uint64_
 }
 
 /* Checks that `b` holds a [rows, cols] weight matrix of dtype in the GPU layout. */
+bool vks_ops_overlap(vks_binding a, vks_binding b) {
+    if (!a.buf || a.buf != b.buf) return false;
+    size_t a_end = a.offset + vks_ops_binding_bytes(a), b_end = b.offset + vks_ops_binding_bytes(b);
+    return a.offset < b_end && b.offset < a_end;
+}
+
 int vks_ops_check_weights(const char *op, const char *what, vks_binding b, vks_dtype t, uint64_t rows,
                          uint64_t cols) {
     size_t bytes = vks_op_weight_bytes(t, rows, cols);

@@ -20,18 +20,11 @@
 
 static bool wanted(vks_binding b) { return b.buf != NULL; }
 
-/* True when a and b expose overlapping bytes of the same buffer. */
-static bool overlap(vks_binding a, vks_binding b) {
-    if (!a.buf || a.buf != b.buf) return false;
-    size_t a_end = a.offset + vks_ops_binding_bytes(a), b_end = b.offset + vks_ops_binding_bytes(b);
-    return a.offset < b_end && b.offset < a_end;
-}
-
 /* VKS_ERR_ARG when output `out` overlaps any of the n bindings in `in` (bindings
  * that a later kernel of the same op still reads, or other outputs). */
 static int check_apart(const char *op, const char *what, vks_binding out, const vks_binding *in, int n) {
     for (int i = 0; i < n; i++)
-        if (overlap(out, in[i]))
+        if (vks_ops_overlap(out, in[i]))
             return vks_set_error(VKS_ERR_ARG, "%s: %s shares memory with an input or another output", op, what);
     return VKS_OK;
 }

@@ -1,11 +1,13 @@
-/* ops_grad_linear.c: records the backward of the linear ops (matmul for f32
- * weights, embedding, bias) as kernel dispatches (vks_ops_grad.h), and builds
- * the embedding backward's token index on the host. */
+/* ops_grad_linear.c: records the backward of the linear ops (matmul, dX
+ * through weights of any type, dW in f32; embedding, bias) as kernel
+ * dispatches (vks_ops_grad.h), and builds the embedding backward's token
+ * index on the host. */
 #include "ops_internal.h"
 
 #include <stdio.h>
 #include <string.h>
 #include "vkswarm/vks_ops_grad.h"
+#include "vkswarm/vks_quant.h"
 
 #include <stdlib.h>
 
@@ -31,31 +33,49 @@ static int check_dy(const char *op, vks_binding dy, uint32_t ldy, uint32_t dy_co
  * take the _dsg variant (A rows broadcast over a subgroup, as the forward's
  * matmul_f32_dsg); without them dX reads plainly and dW stays staged (the
  * shader says why). */
-static int record_matmul_grad(vks_ops *o, vks_cmd *c, const char *dir, vks_binding a, vks_binding b,
-                              vks_binding out, const matmul_grad_push *p, bool vec4, const char *label) {
+static int record_matmul_grad(vks_ops *o, vks_cmd *c, const char *dir, vks_dtype b_type, vks_binding a,
+                              vks_binding b, vks_binding out, const matmul_grad_push *p, bool vec4,
+                              const char *label) {
     uint32_t wg = (o->mm_bm / o->mm_tm) * (o->mm_bn / o->mm_tn);
     bool dsg = o->mm_direct && o->info.subgroup_arith && o->info.subgroup_ballot && o->mm_tm == 8;
     uint32_t direct = (dsg || strcmp(dir, "dx") == 0) ? o->mm_direct : 0;
-    char name[32];
-    snprintf(name, sizeof name, "matmul_grad_%s%s", dir, dsg ? "_dsg" : "");
+    char name[40], type[8] = "";
+    if (b_type != VKS_DTYPE_F32) snprintf(type, sizeof type, "_%s", vks_dtype_name(b_type)); /* checked: has a kernel */
+    snprintf(name, sizeof name, "matmul_grad_%s%s%s", dir, type, dsg ? "_dsg" : "");
     uint32_t spec[] = {wg, o->mm_bm, o->mm_bn, o->mm_bk, o->mm_tm, o->mm_tn, vec4, direct};
     vks_binding bind[] = {a, b, out};
     uint64_t tiles = ceil_div(p->I, o->mm_bm) * ceil_div(p->J, o->mm_bn);
     return vks_ops_dispatch(o, c, name, spec, 8, bind, 3, p, sizeof *p, tiles, label);
 }
 
+/* W's type: a kernel for it, block types K whole blocks, N * K indexable with
+ * 32 bits (as the forward, vks_op_matmul) and W 16-byte aligned (whole
+ * blocks are read with vector loads). */
+static int check_weight_type(const char *op, vks_binding W, vks_dtype dtype, uint32_t N, uint32_t K) {
+    if (!vks_ops_dtype_suffix(dtype))
+        return vks_set_error(VKS_ERR_ARG, "%s: no kernel for %s weights", op, vks_dtype_name(dtype));
+    if (vks_ops_is_block_type(dtype)) {
+        if (K % vks_dtype_block_elems(dtype) || (uint64_t)N * K > UINT32_MAX)
+            return vks_set_error(VKS_ERR_ARG, "%s: K=%u is not a whole number of %s blocks (or N*K exceeds 2^32)",
+                                 op, K, vks_dtype_name(dtype));
+        if (!aligned16(W)) return vks_set_error(VKS_ERR_ARG, "%s: %s needs a 16-byte aligned W", op, vks_dtype_name(dtype));
+    }
+    return vks_ops_check_weights(op, "W", W, dtype, N, K);
+}
+
 int vks_op_matmul_backward_x(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ldy, uint32_t dy_col0,
-                             vks_binding W, vks_binding dx, uint32_t M, uint32_t N, uint32_t K, bool accumulate) {
+                             vks_binding W, vks_dtype dtype, vks_binding dx, uint32_t M, uint32_t N, uint32_t K,
+                             bool accumulate) {
     const char *op = "matmul_backward_x";
     if (!o || !c) return vks_set_error(VKS_ERR_ARG, "%s: NULL argument", op);
     int rc = check_dy(op, dy, ldy, dy_col0, M, N, K);
-    if (!rc) rc = vks_ops_check_range(op, "W", W, (uint64_t)N * K, 4);
+    if (!rc) rc = check_weight_type(op, W, dtype, N, K);
     if (!rc) rc = vks_ops_check_range(op, "dx", dx, (uint64_t)M * K, 4);
     if (rc) return rc;
     /* A = dy read along its rows (r = n), B = W read down its columns (j = k) */
     matmul_grad_push p = {M, K, N, ldy, dy_col0, K, accumulate ? 1u : 0u};
     bool vec4 = N % 4 == 0 && ldy % 4 == 0 && dy_col0 % 4 == 0 && K % 4 == 0 && aligned16(dy) && aligned16(W);
-    return record_matmul_grad(o, c, "dx", dy, W, dx, &p, vec4, op);
+    return record_matmul_grad(o, c, "dx", dtype, dy, W, dx, &p, vec4, op);
 }
 
 int vks_op_matmul_backward_w(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ldy, uint32_t dy_col0,
@@ -69,7 +89,7 @@ int vks_op_matmul_backward_w(vks_ops *o, vks_cmd *c, vks_binding dy, uint32_t ld
     /* A = dy read down its columns (i = n, r = m), B = x down its columns (j = k) */
     matmul_grad_push p = {N, K, M, ldy, dy_col0, K, accumulate ? 1u : 0u};
     bool vec4 = N % 4 == 0 && ldy % 4 == 0 && dy_col0 % 4 == 0 && K % 4 == 0 && aligned16(dy) && aligned16(x);
-    return record_matmul_grad(o, c, "dw", dy, x, dW, &p, vec4, op);
+    return record_matmul_grad(o, c, "dw", VKS_DTYPE_F32, dy, x, dW, &p, vec4, op);
 }
 
 /* ---- embedding backward ---- */

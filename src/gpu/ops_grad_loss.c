@@ -6,13 +6,6 @@
 
 #include <math.h>
 
-/* True when a and b expose overlapping bytes of the same buffer. */
-static bool overlap(vks_binding a, vks_binding b) {
-    if (!a.buf || a.buf != b.buf) return false;
-    size_t a_end = a.offset + vks_ops_binding_bytes(a), b_end = b.offset + vks_ops_binding_bytes(b);
-    return a.offset < b_end && b.offset < a_end;
-}
-
 static bool grpo_params_ok(const vks_grpo_loss_params *h) {
     return h && h->eps >= 0.0 && h->eps < 1.0 && isfinite(h->delta) && h->delta >= 1.0 + h->eps &&
            isfinite(h->token_budget) && h->token_budget > 0.0 && (float)h->token_budget > 0.0f &&
@@ -34,7 +27,7 @@ static int check_grpo(const char *op, const vks_binding *b, uint32_t R, bool kl)
     }
     for (int out = GRPO_DLOGP; out < N_GRPO; out++)
         for (int i = 0; i < N_GRPO; i++)
-            if (i != out && !(out == GRPO_DLOGP && i == 0) && (kl || i != GRPO_REF) && overlap(b[out], b[i]))
+            if (i != out && !(out == GRPO_DLOGP && i == 0) && (kl || i != GRPO_REF) && vks_ops_overlap(b[out], b[i]))
                 return vks_set_error(VKS_ERR_ARG, "%s: %s shares memory with %s", op, what[out], what[i]);
     return VKS_OK;
 }

@@ -37,8 +37,20 @@ struct vks_ops {
 static inline uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }
 static inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+/* Kernel name suffix of a weight dtype; NULL for Q6_K, which has no kernel
+ * (the engine dequantizes it on upload). */
+static inline const char *vks_ops_dtype_suffix(vks_dtype t) {
+    return (unsigned)t < VKS_DTYPE_COUNT && t != VKS_DTYPE_Q6_K ? vks_dtype_name(t) : NULL;
+}
+
+static inline bool vks_ops_is_block_type(vks_dtype t) {
+    return t == VKS_DTYPE_Q8_0 || t == VKS_DTYPE_Q4_0 || t == VKS_DTYPE_Q4_K;
+}
+
 /* Bytes a binding exposes, or 0 when it is unusable. */
 size_t vks_ops_binding_bytes(vks_binding b);
+/* True when a and b expose overlapping bytes of the same buffer. */
+bool vks_ops_overlap(vks_binding a, vks_binding b);
 /* A workgroup size near `target`: a multiple of the subgroup size, within limits. */
 uint32_t vks_ops_pick_wg(const vks_device_info *info, uint32_t target);
 /* Checks that `b` holds at least count elements of elem_bytes (count may be

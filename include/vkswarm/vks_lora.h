@@ -1,0 +1,44 @@
+/* vks_lora.h: low-rank adapters (LoRA) on a frozen base (issue 25): which
+ * matrices of a layer carry one, their shapes, the scale and PEFT's
+ * initialisation (src/model/lora.c). An adapter of target matrix W [out, in]
+ * is A [rank, in] and B [out, rank], f32; the layer computes
+ *   y = W x + scale B (A x),  scale = alpha / rank
+ * (vks_op_lora_forward on the GPU, vks_ref_lora_forward in float64). */
+#ifndef VKS_LORA_H
+#define VKS_LORA_H
+#include "vks_model.h"
+
+/* The target matrices of a layer, in PEFT's module names' order. */
+typedef enum {
+    VKS_LORA_Q, VKS_LORA_K, VKS_LORA_V, VKS_LORA_O, VKS_LORA_GATE, VKS_LORA_UP, VKS_LORA_DOWN,
+    VKS_LORA_TARGET_COUNT
+} vks_lora_target;
+#define VKS_LORA_ALL_TARGETS ((1u << VKS_LORA_TARGET_COUNT) - 1u)
+
+/* PEFT's module name of a target ("q_proj", ..., "down_proj"); NULL when out of range. */
+const char *vks_lora_target_name(vks_lora_target t);
+/* The shape [out, in] of target t's base matrix in a model of config c
+ * (q: [n_heads*head_dim, dim], k/v: [kv_dim, dim], o: [dim, n_heads*head_dim],
+ * gate/up: [hidden, dim], down: [dim, hidden]); VKS_ERR_ARG for a bad t. */
+int vks_lora_target_shape(const vks_model_config *c, vks_lora_target t, int64_t *out, int64_t *in);
+/* Parameters of the adapters of every layer for the targets in the mask
+ * (bit t = target t): sum over layers and targets of rank * (out + in);
+ * -1 when rank < 1 or the mask is empty or holds unknown bits. */
+int64_t vks_lora_param_count(const vks_model_config *c, int rank, uint32_t targets);
+/* VKS_ERR_ARG naming `what` unless 1 <= rank <= the smaller side of every
+ * targeted matrix and targets is a non-empty set of known bits. */
+int vks_lora_check(const vks_model_config *c, int rank, uint32_t targets, const char *what);
+/* alpha / rank (PEFT's scaling without rsLoRA). */
+double vks_lora_scale(double alpha, int rank);
+
+/* PEFT's initialisation of one adapter (LoraLayer.reset_lora_parameters,
+ * init_lora_weights=True): A Kaiming-uniform with a = sqrt(5), i.e. uniform
+ * in [-1/sqrt(in), 1/sqrt(in)), B zero, so that a fresh adapter leaves the
+ * base's output unchanged. Element i of A is
+ *   (2 u - 1) / sqrt(in),  u = vks_rng_uniform(vks_philox_u32(seed, stream, 0, i))
+ * with `stream` naming the matrix (vks_lora_stream). A [rank, in], B [out, rank];
+ * VKS_ERR_ARG for NULL or sizes < 1 (or rank * in past 2^32). */
+int vks_lora_init(float *A, float *B, int rank, int64_t in, int64_t out, uint64_t seed, uint32_t stream);
+/* The Philox stream of layer l's target t: l * VKS_LORA_TARGET_COUNT + t. */
+uint32_t vks_lora_stream(int layer, vks_lora_target t);
+#endif
