@@ -1268,9 +1268,9 @@ static void test_non_finite_weights_refused(void **state) {
     expect_load_ok(l2c);
     uint32_t nan32 = 0x7fc00000u, inf32 = 0xff800000u;
     poke(l2c, 28 + 4 * 5, &nan32, 4);
-    expect_load_error(l2c, "tensor token embedding holds NaN or Inf (row 0, column 5)");
+    expect_load_error(l2c, "tensor tok_emb holds NaN or Inf (row 0, column 5)");
     poke(l2c, 28 + 4 * 5, &inf32, 4);
-    expect_load_error(l2c, "token embedding holds NaN or Inf");
+    expect_load_error(l2c, "tok_emb holds NaN or Inf");
     /* GGUF Q8_0: the f16 scale of layer 1's q block 1 is Inf. */
     char *q8 = path_in(dir, "inf.gguf");
     vks_model_save_options opt = {.dtype = VKS_DTYPE_Q8_0};

@@ -19,10 +19,11 @@ typedef struct {
 } dev_matrix;
 
 /* One layer's parameters. */
+/* One layer's parameters by schema index (vks_layer_schema): vectors (norms,
+ * biases; NULL when absent) as f32 buffers, matrices chunked. */
 typedef struct {
-    vks_buffer *attn_norm, *ffn_norm;
-    dev_matrix wq, wk, wv, wo, w1, w2, w3;
-    vks_buffer *bq, *bk, *bv; /* q/k/v biases (Qwen2); NULL when absent */
+    vks_buffer *vec[VKS_LAYER_N_TENSORS];
+    dev_matrix mat[VKS_LAYER_N_TENSORS];
 } dev_layer;
 
 /* One layer's KV cache [n_slots, kv_len, kv_dim] (K and V). */

@@ -177,41 +177,27 @@ static int upload_vector(vks_gpu *g, const vks_tensor *t, int64_t cols, const ch
     return rc;
 }
 
-/* Uploads a layer's norms, optional q/k/v biases (Qwen2; absent ones stay
- * NULL) and matrices; errors name the layer and tensor. */
+/* Uploads every tensor of a layer the model has (vks_layer_schema: vectors as
+ * f32, matrices chunked); errors name the layer and tensor. */
 static int upload_layer(vks_gpu *g, const vks_model_config *c, const vks_engine_options *opt,
                         const vks_layer_weights *w, int layer, dev_layer *l) {
-    int64_t d = c->dim, qd = (int64_t)c->n_heads * c->head_dim;
-    struct { const vks_tensor *t; int64_t len; vks_buffer **out; const char *name; } vecs[] = {
-        {&w->attn_norm, d, &l->attn_norm, "attention norm"}, {&w->ffn_norm, d, &l->ffn_norm, "FFN norm"},
-        {&w->bq, qd, &l->bq, "q bias"}, {&w->bk, c->kv_dim, &l->bk, "k bias"}, {&w->bv, c->kv_dim, &l->bv, "v bias"},
-    };
-    struct { const vks_tensor *t; dev_matrix *out; const char *name; } mats[] = {
-        {&w->wq, &l->wq, "wq"}, {&w->wk, &l->wk, "wk"}, {&w->wv, &l->wv, "wv"}, {&w->wo, &l->wo, "wo"},
-        {&w->w1, &l->w1, "w1"}, {&w->w2, &l->w2, "w2"}, {&w->w3, &l->w3, "w3"},
-    };
     char what[64];
-    int rc;
-    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) {
-        if (i >= 2 && !vecs[i].t->data) continue; /* no bias */
-        snprintf(what, sizeof what, "layer %d %s", layer, vecs[i].name);
-        if ((rc = upload_vector(g, vecs[i].t, vecs[i].len, what, vecs[i].out))) return rc;
+    int rc = VKS_OK;
+    for (int i = 0; i < VKS_LAYER_N_TENSORS && !rc; i++) {
+        const vks_tensor_schema *s = &vks_layer_schema[i];
+        if (!w->t[i].data) continue; /* optional and absent (vks_model_check_tensors checked the rest) */
+        snprintf(what, sizeof what, "layer %d %s", layer, s->name);
+        if (s->rows == VKS_EXT_ONE) rc = upload_vector(g, &w->t[i], vks_schema_extent(c, s->cols), what, &l->vec[i]);
+        else rc = upload_matrix(g, opt, &w->t[i], what, &l->mat[i]);
     }
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
-        snprintf(what, sizeof what, "layer %d %s", layer, mats[i].name);
-        if ((rc = upload_matrix(g, opt, mats[i].t, what, mats[i].out))) return rc;
-    }
-    return VKS_OK;
+    return rc;
 }
 
 static void free_layer(dev_layer *l) {
-    vks_buffer_destroy(l->attn_norm);
-    vks_buffer_destroy(l->ffn_norm);
-    vks_buffer_destroy(l->bq);
-    vks_buffer_destroy(l->bk);
-    vks_buffer_destroy(l->bv);
-    dev_matrix *ms[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w1, &l->w2, &l->w3};
-    for (int j = 0; j < 7; j++) free_matrix(ms[j]);
+    for (int i = 0; i < VKS_LAYER_N_TENSORS; i++) {
+        vks_buffer_destroy(l->vec[i]);
+        free_matrix(&l->mat[i]);
+    }
 }
 
 int vks_param_set_upload(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, vks_param_set *p) {

@@ -12,9 +12,12 @@ typedef struct {
     vks_buffer *buf[VKS_SET_COUNT];
 } train_tensor;
 
-/* A layer's tensors as indices into vks_trainer.tensors (bias: -1 when absent). */
-typedef struct {
-    int attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w1, w2, w3;
+/* A layer's tensors as indices into vks_trainer.tensors (by name or schema
+ * index; -1 when absent from the model). */
+#define TRAIN_FIELD_(field, ...) int field;
+typedef union {
+    struct { VKS_LAYER_TENSORS(TRAIN_FIELD_) };
+    int t[VKS_LAYER_N_TENSORS];
 } train_layer;
 
 /* What a layer's forward keeps for its backward, [T, ...] each (T = max_tokens). */
@@ -62,6 +65,7 @@ struct vks_trainer {
     char arch[32];
     bool has_bias;
     train_tensor *tensors;
+    vks_schema_item *items; /* what tensors[i] is in the model schema */
     int n_tensors;
     int tok_emb, final_norm, classifier; /* classifier == tok_emb when tied */
     train_layer *layers;

@@ -21,7 +21,10 @@
 
 const struct vks_gguf *vks_model_gguf(const vks_model *m) { return m ? m->gguf : NULL; }
 
-static int arch_rope_mode(const char *arch) { return strcmp(arch, "qwen2") == 0 ? VKS_ROPE_HALF : VKS_ROPE_ADJACENT; }
+static int arch_rope_mode(const char *arch) {
+    const vks_arch *a = vks_arch_find(arch);
+    return a ? a->gguf_rope_mode : VKS_ROPE_ADJACENT;
+}
 
 /* ---- reading ---- */
 
@@ -51,8 +54,11 @@ static int read_arch(const vks_gguf *g, const char *path, char *arch, size_t cap
     const char *a;
     if (vks_gguf_get_str(g, "general.architecture", &a, NULL) != VKS_OK)
         return vks_set_error(VKS_ERR_FORMAT, "%s: no general.architecture string", path);
-    if (strcmp(a, "llama") != 0 && strcmp(a, "qwen2") != 0)
-        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need llama or qwen2)", path, a);
+    if (!vks_arch_find(a)) {
+        char names[256];
+        vks_arch_list(names, sizeof names, false);
+        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need one of: %s)", path, a, names);
+    }
     snprintf(arch, cap, "%s", a);
     return VKS_OK;
 }
@@ -100,32 +106,6 @@ static int bind(const vks_gguf *g, const char *path, const char *name, int64_t r
     return vks_check_bound_tensor(path, name, t, allow_blocks);
 }
 
-static int bind_layer(const vks_gguf *g, const char *path, const vks_model_config *c, int l, vks_layer_weights *w) {
-    struct { const char *suffix; vks_tensor *t; int64_t rows, cols; bool matrix, required; } want[] = {
-        {"attn_norm.weight", &w->attn_norm, 1, c->dim, false, true},
-        {"attn_q.weight", &w->wq, c->dim, c->dim, true, true},
-        {"attn_k.weight", &w->wk, c->kv_dim, c->dim, true, true},
-        {"attn_v.weight", &w->wv, c->kv_dim, c->dim, true, true},
-        {"attn_output.weight", &w->wo, c->dim, c->dim, true, true},
-        {"ffn_norm.weight", &w->ffn_norm, 1, c->dim, false, true},
-        {"ffn_gate.weight", &w->w1, c->hidden_dim, c->dim, true, true},
-        {"ffn_down.weight", &w->w2, c->dim, c->hidden_dim, true, true},
-        {"ffn_up.weight", &w->w3, c->hidden_dim, c->dim, true, true},
-        {"attn_q.bias", &w->bq, 1, c->dim, false, false},
-        {"attn_k.bias", &w->bk, 1, c->kv_dim, false, false},
-        {"attn_v.bias", &w->bv, 1, c->kv_dim, false, false},
-    };
-    char name[MAX_NAME];
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        snprintf(name, sizeof name, "blk.%d.%s", l, want[i].suffix);
-        int rc = bind(g, path, name, want[i].rows, want[i].cols, want[i].required, want[i].matrix, want[i].t);
-        if (rc != VKS_OK) return rc;
-    }
-    bool any = w->bq.data || w->bk.data || w->bv.data, all = w->bq.data && w->bk.data && w->bv.data;
-    if (any && !all) return vks_set_error(VKS_ERR_FORMAT, "%s: layer %d has some but not all q/k/v biases", path, l);
-    return VKS_OK;
-}
-
 static int bind_model(vks_model *m, const char *path) {
     const vks_gguf *g = m->gguf;
     vks_model_config *c = &m->cfg;
@@ -142,18 +122,20 @@ static int bind_model(vks_model *m, const char *path) {
                              m->arch, declared, c->vocab_size);
     c->shared_classifier = vks_gguf_find_tensor(g, "output.weight") == NULL;
     if ((rc = vks_model_config_check(c, path)) != VKS_OK) return rc;
+    /* biases are in the file or not (layers that disagree fail below: a missing or an unused tensor) */
+    bool bias = vks_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
-    rc = bind(g, path, "token_embd.weight", c->vocab_size, c->dim, true, true, &m->tok_emb);
-    if (rc == VKS_OK) rc = bind(g, path, "output_norm.weight", 1, c->dim, true, false, &m->final_norm);
-    m->classifier = m->tok_emb;
-    if (rc == VKS_OK && !c->shared_classifier)
-        rc = bind(g, path, "output.weight", c->vocab_size, c->dim, true, true, &m->classifier);
-    for (int l = 0; l < c->n_layers && rc == VKS_OK; l++) rc = bind_layer(g, path, c, l, &m->layers[l]);
-    bool biased = c->n_layers > 0 && m->layers[0].bq.data;
-    for (int l = 1; l < c->n_layers && rc == VKS_OK; l++)
-        if ((m->layers[l].bq.data != NULL) != biased)
-            rc = vks_set_error(VKS_ERR_FORMAT, "%s: q/k/v biases present in some layers only", path);
+    vks_schema_item *items = NULL;
+    int n = 0;
+    rc = vks_schema_list_alloc(c, bias, &items, &n);
+    char name[MAX_NAME];
+    for (int i = 0; i < n && rc == VKS_OK; i++) {
+        vks_schema_name(&items[i], VKS_NAME_GGUF, name, sizeof name);
+        rc = bind(g, path, name, items[i].rows, items[i].cols, true, items[i].s->rows != VKS_EXT_ONE, vks_model_slot(m, &items[i]));
+    }
+    free(items);
+    if (c->shared_classifier) m->classifier = m->tok_emb;
     return rc == VKS_OK ? vks_model_check_tensors(m, path) : rc;
 }
 
@@ -230,25 +212,6 @@ static int add_tensor(vks_gguf_writer *w, const char *name, const vks_tensor *t,
     return vks_gguf_add_tensor_owned(w, name, dtype, n_dims, ne, buf);
 }
 
-static int add_layer_tensors(vks_gguf_writer *w, const vks_layer_weights *lw, int l, vks_dtype dt) {
-    struct { const char *suffix; const vks_tensor *t; bool matrix; } all[] = {
-        {"attn_norm.weight", &lw->attn_norm, false}, {"attn_q.weight", &lw->wq, true},
-        {"attn_k.weight", &lw->wk, true},            {"attn_v.weight", &lw->wv, true},
-        {"attn_output.weight", &lw->wo, true},       {"ffn_norm.weight", &lw->ffn_norm, false},
-        {"ffn_gate.weight", &lw->w1, true},          {"ffn_down.weight", &lw->w2, true},
-        {"ffn_up.weight", &lw->w3, true},            {"attn_q.bias", &lw->bq, false},
-        {"attn_k.bias", &lw->bk, false},             {"attn_v.bias", &lw->bv, false},
-    };
-    char name[MAX_NAME];
-    int rc = VKS_OK;
-    for (size_t i = 0; i < sizeof all / sizeof all[0] && rc == VKS_OK; i++) {
-        if (!all[i].t->data) continue;
-        snprintf(name, sizeof name, "blk.%d.%s", l, all[i].suffix);
-        rc = add_tensor(w, name, all[i].t, dt, all[i].matrix);
-    }
-    return rc;
-}
-
 static int add_hparams(vks_gguf_writer *w, const vks_model *m) {
     const vks_model_config *c = &m->cfg;
     const char *a = m->arch;
@@ -273,10 +236,14 @@ static int add_hparams(vks_gguf_writer *w, const vks_model *m) {
 }
 
 static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt) {
-    int rc = add_tensor(w, "token_embd.weight", &m->tok_emb, dt, true);
-    for (int l = 0; l < m->cfg.n_layers && rc == VKS_OK; l++) rc = add_layer_tensors(w, &m->layers[l], l, dt);
-    if (rc == VKS_OK) rc = add_tensor(w, "output_norm.weight", &m->final_norm, dt, false);
-    if (rc == VKS_OK && !m->cfg.shared_classifier) rc = add_tensor(w, "output.weight", &m->classifier, dt, true);
+    vks_schema_item *items = NULL;
+    int n = 0, rc = vks_schema_list_alloc(&m->cfg, vks_model_has_bias(m), &items, &n);
+    char name[MAX_NAME];
+    for (int i = 0; i < n && rc == VKS_OK; i++) {
+        vks_schema_name(&items[i], VKS_NAME_GGUF, name, sizeof name);
+        rc = add_tensor(w, name, vks_model_slot_const(m, &items[i]), dt, items[i].s->rows != VKS_EXT_ONE);
+    }
+    free(items);
     return rc;
 }
 
@@ -290,7 +257,7 @@ int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_sa
     vks_dtype dt = opt ? opt->dtype : VKS_DTYPE_F32;
     if (vks_gguf_ggml_from_dtype(dt) == UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "%s: dtype %s cannot be written to GGUF", path, vks_dtype_name(dt));
-    if (strcmp(m->arch, "llama") != 0 && strcmp(m->arch, "qwen2") != 0)
+    if (!vks_arch_find(m->arch))
         return vks_set_error(VKS_ERR_ARG, "%s: cannot write architecture '%s'", path, m->arch);
     if (opt && opt->tokenizer && opt->tokenizer_path)
         return vks_set_error(VKS_ERR_ARG, "%s: give a tokenizer file or a tokenizer, not both", path);

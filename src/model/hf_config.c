@@ -54,13 +54,14 @@ static int get_arch(json_t *root, const char *name, vks_hf_config *c) {
     json_t *archs = json_object_get(root, "architectures"), *mt = json_object_get(root, "model_type");
     const char *a = json_is_array(archs) ? json_string_value(json_array_get(archs, 0)) : NULL;
     const char *t = json_string_value(mt);
-    if ((a && strcmp(a, "LlamaForCausalLM") == 0) || (!a && t && strcmp(t, "llama") == 0))
-        snprintf(c->arch, sizeof c->arch, "llama");
-    else if ((a && strcmp(a, "Qwen2ForCausalLM") == 0) || (!a && t && strcmp(t, "qwen2") == 0))
-        snprintf(c->arch, sizeof c->arch, "qwen2");
-    else
-        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need LlamaForCausalLM or Qwen2ForCausalLM)",
-                             name, a ? a : t ? t : "(none)");
+    const vks_arch *arch = vks_arch_find_hf(a, t);
+    if (!arch) {
+        char names[512];
+        vks_arch_list(names, sizeof names, true);
+        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need one of: %s)", name,
+                             a ? a : t ? t : "(none)", names);
+    }
+    snprintf(c->arch, sizeof c->arch, "%s", arch->name);
     json_t *hd = json_object_get(root, "head_dim");
     if (hd && !json_is_null(hd)) {
         int head_dim = 0;
@@ -118,8 +119,8 @@ static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
     if (rc == VKS_OK) rc = get_float(root, name, "rms_norm_eps", 1e-6f, &m->norm_eps);
     if (rc == VKS_OK) rc = get_float(root, name, "rope_theta", 10000.0f, &m->rope_theta);
     if (rc == VKS_OK) rc = get_bool(root, name, "tie_word_embeddings", false, &m->shared_classifier);
-    bool qwen = strcmp(c->arch, "qwen2") == 0;
-    if (rc == VKS_OK) rc = get_bool(root, name, "attention_bias", qwen, &c->attention_bias);
+    bool bias = rc == VKS_OK && vks_arch_find(c->arch)->bias;
+    if (rc == VKS_OK) rc = get_bool(root, name, "attention_bias", bias, &c->attention_bias);
     if (rc == VKS_OK) rc = get_token_id(root, name, "bos_token_id", &c->bos_id);
     if (rc == VKS_OK) rc = get_token_id(root, name, "eos_token_id", &c->eos_id);
     if (rc != VKS_OK) return rc;
@@ -163,19 +164,20 @@ int vks_hf_config_load(const char *path, vks_hf_config *out) {
 int vks_hf_config_write_stream(FILE *f, const char *path, const vks_hf_config *c, vks_dtype torch_dtype) {
     if (!f || !path || !c) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_write_stream: NULL argument");
     const vks_model_config *m = &c->cfg;
-    bool qwen = strcmp(c->arch, "qwen2") == 0;
+    const vks_arch *arch = vks_arch_find(c->arch);
+    if (!arch) return vks_set_error(VKS_ERR_ARG, "%s: cannot write architecture '%s'", path, c->arch);
     json_t *root = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:b,s:s,s:s}", "architectures",
-                             qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", "model_type", qwen ? "qwen2" : "llama",
+                             arch->hf_class, "model_type", arch->name,
                              "hidden_size", m->dim, "intermediate_size", m->hidden_dim, "num_hidden_layers", m->n_layers,
                              "num_attention_heads", m->n_heads, "num_key_value_heads", m->n_kv_heads, "vocab_size",
                              m->vocab_size, "max_position_embeddings", m->seq_len, "rms_norm_eps", (double)m->norm_eps,
                              "rope_theta", (double)m->rope_theta, "tie_word_embeddings", m->shared_classifier,
-                             "hidden_act", "silu", "torch_dtype",
+                             "hidden_act", arch->activation, "torch_dtype",
                              torch_dtype == VKS_DTYPE_F16 ? "float16" : torch_dtype == VKS_DTYPE_BF16 ? "bfloat16" : "float32");
     if (!root) return vks_set_error(VKS_ERR_NOMEM, "%s: cannot build JSON", path);
     if (c->bos_id >= 0) json_object_set_new(root, "bos_token_id", json_integer(c->bos_id));
     if (c->eos_id >= 0) json_object_set_new(root, "eos_token_id", json_integer(c->eos_id));
-    if (c->attention_bias != qwen) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
+    if (c->attention_bias != arch->bias) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
     bool ok = json_dumpf(root, f, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) == 0;
     int e = errno;
     json_decref(root);

@@ -302,7 +302,7 @@ int vks_model_save_llama2c(const vks_model *m, const char *path) {
     if (!path) return vks_set_error(VKS_ERR_ARG, "vks_model_save_llama2c: NULL path");
     int rc = vks_model_check_tensors(m, path);
     if (rc != VKS_OK) return rc;
-    if (m->layers[0].bq.data)
+    if (vks_model_has_bias(m))
         return vks_set_error(VKS_ERR_ARG, "%s: llama2.c files cannot hold q/k/v biases", path);
     if (needs_f32_copy(m)) {
         vks_model *f32 = NULL;

@@ -12,45 +12,26 @@
 
 /* ---- parameter sets ---- */
 
-/* Lists one tensor (a view of the next rows*cols doubles of the block). */
-static double *add_tensor(vks_ref_params *p, size_t *used, const char *name, int layer, int64_t rows, int64_t cols) {
-    vks_ref_tensor *t = &p->tensors[p->n_tensors++];
-    if (layer >= 0)
-        snprintf(t->name, sizeof t->name, "layers.%d.%s", layer, name);
-    else
-        snprintf(t->name, sizeof t->name, "%s", name);
-    t->data = p->data ? p->data + *used : NULL;
-    t->rows = rows;
-    t->cols = cols;
-    *used += (size_t)rows * (size_t)cols;
-    return t->data;
+/* The view of a model-level tensor (tok_emb, final_norm, classifier). */
+static double **model_view(vks_ref_params *p, int index) {
+    return index == VKS_T_tok_emb ? &p->tok_emb : index == VKS_T_final_norm ? &p->final_norm : &p->classifier;
 }
 
-/* Lays the tensors out in the documented order; with p->data NULL (sizing
+/* Lays the tensors out in the schema's order; with p->data NULL (sizing
  * pass) only counts. */
-static size_t lay_out(vks_ref_params *p) {
-    const vks_model_config *c = &p->cfg;
-    int64_t dim = c->dim, qdim = (int64_t)c->n_heads * c->head_dim, kv = c->kv_dim, hid = c->hidden_dim;
+static size_t lay_out(vks_ref_params *p, const vks_schema_item *items, int n) {
     size_t used = 0;
-    p->n_tensors = 0;
-    p->tok_emb = add_tensor(p, &used, "tok_emb", -1, c->vocab_size, dim);
-    for (int l = 0; l < c->n_layers; l++) {
-        vks_ref_layer *w = &p->layers[l];
-        w->attn_norm = add_tensor(p, &used, "attn_norm", l, 1, dim);
-        w->wq = add_tensor(p, &used, "wq", l, qdim, dim);
-        w->wk = add_tensor(p, &used, "wk", l, kv, dim);
-        w->wv = add_tensor(p, &used, "wv", l, kv, dim);
-        w->bq = p->has_bias ? add_tensor(p, &used, "bq", l, 1, qdim) : NULL;
-        w->bk = p->has_bias ? add_tensor(p, &used, "bk", l, 1, kv) : NULL;
-        w->bv = p->has_bias ? add_tensor(p, &used, "bv", l, 1, kv) : NULL;
-        w->wo = add_tensor(p, &used, "wo", l, dim, qdim);
-        w->ffn_norm = add_tensor(p, &used, "ffn_norm", l, 1, dim);
-        w->w1 = add_tensor(p, &used, "w1", l, hid, dim);
-        w->w2 = add_tensor(p, &used, "w2", l, dim, hid);
-        w->w3 = add_tensor(p, &used, "w3", l, hid, dim);
+    p->n_tensors = n;
+    for (int i = 0; i < n; i++) {
+        vks_ref_tensor *t = &p->tensors[i];
+        vks_schema_name(&items[i], VKS_NAME_INTERNAL, t->name, sizeof t->name);
+        t->data = p->data ? p->data + used : NULL;
+        t->rows = items[i].rows;
+        t->cols = items[i].cols;
+        used += (size_t)t->rows * (size_t)t->cols;
+        *(items[i].layer >= 0 ? &p->layers[items[i].layer].t[items[i].index] : model_view(p, items[i].index)) = t->data;
     }
-    p->final_norm = add_tensor(p, &used, "final_norm", -1, 1, dim);
-    p->classifier = c->shared_classifier ? p->tok_emb : add_tensor(p, &used, "classifier", -1, c->vocab_size, dim);
+    if (p->cfg.shared_classifier) p->classifier = p->tok_emb;
     return used;
 }
 
@@ -59,23 +40,27 @@ int vks_ref_params_create(const vks_model_config *cfg, bool has_bias, vks_ref_pa
     *out = NULL;
     int rc = vks_model_config_check(cfg, "vks_ref_params_create");
     if (rc != VKS_OK) return rc;
+    vks_schema_item *items = NULL;
+    int n = 0;
+    if ((rc = vks_schema_list_alloc(cfg, has_bias, &items, &n)) != VKS_OK) return rc;
     vks_ref_params *p = calloc(1, sizeof *p);
-    int max_tensors = 3 + 12 * cfg->n_layers;
     if (p) {
         p->cfg = *cfg;
         p->has_bias = has_bias;
         p->layers = calloc((size_t)cfg->n_layers, sizeof *p->layers);
-        p->tensors = calloc((size_t)max_tensors, sizeof *p->tensors);
+        p->tensors = calloc((size_t)n, sizeof *p->tensors);
     }
     if (p && p->layers && p->tensors) {
-        p->n_values = lay_out(p); /* sizing pass: offsets from a NULL block */
+        p->n_values = lay_out(p, items, n); /* sizing pass: offsets from a NULL block */
         p->data = calloc(p->n_values, sizeof *p->data);
     }
     if (!p || !p->layers || !p->tensors || !p->data) {
+        free(items);
         vks_ref_params_free(p);
         return vks_set_error(VKS_ERR_NOMEM, "vks_ref_params_create: out of memory");
     }
-    lay_out(p);
+    lay_out(p, items, n);
+    free(items);
     *out = p;
     return VKS_OK;
 }
@@ -107,23 +92,13 @@ static void tensor_to_f64(const vks_tensor *t, float *row_buf, double *dst) {
     }
 }
 
-static void copy_model_weights(const vks_model *m, vks_ref_params *p, float *row_buf) {
-    tensor_to_f64(&m->tok_emb, row_buf, p->tok_emb);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const vks_layer_weights *s = &m->layers[l];
-        vks_ref_layer *d = &p->layers[l];
-        const vks_tensor *from[] = {&s->attn_norm, &s->wq, &s->wk, &s->wv, &s->wo,
-                                    &s->ffn_norm,  &s->w1, &s->w2, &s->w3};
-        double *to[] = {d->attn_norm, d->wq, d->wk, d->wv, d->wo, d->ffn_norm, d->w1, d->w2, d->w3};
-        for (size_t i = 0; i < sizeof to / sizeof to[0]; i++) tensor_to_f64(from[i], row_buf, to[i]);
-        if (p->has_bias) {
-            tensor_to_f64(&s->bq, row_buf, d->bq);
-            tensor_to_f64(&s->bk, row_buf, d->bk);
-            tensor_to_f64(&s->bv, row_buf, d->bv);
-        }
-    }
-    tensor_to_f64(&m->final_norm, row_buf, p->final_norm);
-    if (!m->cfg.shared_classifier) tensor_to_f64(&m->classifier, row_buf, p->classifier);
+/* Every tensor p lists, from the model tensor of the same schema entry. */
+static int copy_model_weights(const vks_model *m, vks_ref_params *p, float *row_buf) {
+    vks_schema_item *items = NULL;
+    int n = 0, rc = vks_schema_list_alloc(&m->cfg, p->has_bias, &items, &n);
+    for (int i = 0; i < n && rc == VKS_OK; i++) tensor_to_f64(vks_model_slot_const(m, &items[i]), row_buf, p->tensors[i].data);
+    free(items);
+    return rc;
 }
 
 int vks_ref_params_from_model(const vks_model *m, vks_ref_params **out) {
@@ -131,18 +106,20 @@ int vks_ref_params_from_model(const vks_model *m, vks_ref_params **out) {
     *out = NULL;
     int rc = vks_model_check_tensors(m, "vks_ref_params_from_model");
     if (rc != VKS_OK) return rc;
-    bool has_bias = m->cfg.n_layers > 0 && m->layers[0].bq.data;
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        if ((m->layers[l].bq.data != NULL) != has_bias)
-            return vks_set_error(VKS_ERR_ARG, "vks_ref_params_from_model: only some layers have q/k/v biases");
+    bool has_bias = vks_model_has_bias(m); /* the same in every layer: vks_model_check_tensors */
     const vks_model_config *c = &m->cfg;
-    int widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    int64_t widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    if (vks_schema_extent(c, VKS_EXT_Q) > widest) widest = vks_schema_extent(c, VKS_EXT_Q);
     float *row_buf = malloc((size_t)widest * sizeof *row_buf);
     if (!row_buf) return vks_set_error(VKS_ERR_NOMEM, "vks_ref_params_from_model: out of memory");
     vks_ref_params *p = NULL;
     rc = vks_ref_params_create(c, has_bias, &p);
-    if (rc == VKS_OK) copy_model_weights(m, p, row_buf);
+    if (rc == VKS_OK) rc = copy_model_weights(m, p, row_buf);
     free(row_buf);
+    if (rc != VKS_OK) {
+        vks_ref_params_free(p);
+        return rc;
+    }
     *out = p;
     return rc;
 }
