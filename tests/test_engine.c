@@ -239,10 +239,8 @@ static vks_model *odd_random_model(uint64_t seed) {
     return m;
 }
 
-/* The odd random model: GPU vs CPU forward. */
-static void test_random_model_vs_cpu(void **state) {
-    (void)state;
-    vks_model *m = odd_random_model(7);
+/* GPU logits of m against the float64 reference forward (frees m). */
+static void check_model_vs_ref(vks_model *m, const char *label) {
     const vks_model_config c = m->cfg;
     int N = 40;
     int32_t ids[40];
@@ -254,13 +252,43 @@ static void test_random_model_vs_cpu(void **state) {
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
     engine_logits(e, ids, N, 13, got, c.vocab_size);
     double nmse = tu_nmse(got, want, (size_t)N * c.vocab_size);
-    fprintf(stderr, "random model: nmse %.3g\n", nmse);
+    fprintf(stderr, "%s: nmse %.3g\n", label, nmse);
     assert_true(nmse < 1e-10);
     vks_engine_destroy(e);
     vks_model_free(m);
     free(want);
     free(got);
     assert_no_validation_messages();
+}
+
+/* The odd random model: GPU vs CPU forward. */
+static void test_random_model_vs_cpu(void **state) {
+    (void)state;
+    check_model_vs_ref(odd_random_model(7), "random model");
+}
+
+/* Qwen3: per-head q/k RMSNorm before RoPE, head_dim 24 with 6 heads on dim 96. */
+static void test_qwen3_vs_cpu(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 96, .hidden_dim = 200, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
+                          .vocab_size = 301, .seq_len = 64, .head_dim = 24, .kv_dim = 48, .norm_eps = 1e-6f,
+                          .rope_theta = 1000000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = true,
+                          .qk_norm = true};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 6, &m), VKS_OK);
+    assert_string_equal(m->arch, "qwen3");
+    check_model_vs_ref(m, "qwen3 (q/k norm, head_dim 24)");
+}
+
+/* head_dim 24 with 6 heads on dim 96 (q 144 wide), as Qwen3's 128 x 16 on 1024. */
+static void test_head_dim_vs_cpu(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 96, .hidden_dim = 200, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
+                          .vocab_size = 301, .seq_len = 64, .head_dim = 24, .kv_dim = 48, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 5, &m), VKS_OK);
+    check_model_vs_ref(m, "head_dim 24 of 96 / 6 heads");
 }
 
 /* A feed of three sequences (one starting mid-way, with its earlier positions
@@ -574,7 +602,7 @@ static void test_dispatches_beyond_one_command_buffer(void **state) {
     assert_no_validation_messages();
 }
 
-/* The KV cache can be resized after the weights are up: a cache too large
+/* The KV cache (and the RoPE table of its positions) can be resized after the weights are up: a cache too large
  * for one binding is refused with the bytes, before anything is freed; after
  * a resize the forward uses the new shape and still equals the CPU forward. */
 static void test_kv_resize(void **state) {
@@ -603,7 +631,8 @@ static void test_kv_resize(void **state) {
     assert_int_equal(vks_engine_resize_kv(e, 3, N), VKS_OK);
     assert_int_equal(vks_engine_n_slots(e), 3);
     assert_int_equal(vks_engine_kv_len(e), N);
-    assert_true(vks_engine_device_bytes(e) == bytes + 2ull * 2 * (3 * N - 2) * 16 * 4);
+    /* K and V of 2 layers, and the RoPE table's (cos, sin) of head_dim / 2 pairs per position */
+    assert_true(vks_engine_device_bytes(e) == bytes + 2ull * 2 * (3 * N - 2) * 16 * 4 + (N - 2) * 8ull * 4);
     int32_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
     float *want = malloc(sizeof(float) * N * 50), *got = malloc(sizeof(float) * N * 50);
@@ -703,6 +732,7 @@ int main(void) {
         cmocka_unit_test(test_stories_logits_f32),   cmocka_unit_test(test_stories_logits_half),
         cmocka_unit_test(test_split_weights),        cmocka_unit_test(test_greedy_text),
         cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_feed_several_sequences),
+        cmocka_unit_test(test_head_dim_vs_cpu),       cmocka_unit_test(test_qwen3_vs_cpu),
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
         cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed),

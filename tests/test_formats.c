@@ -669,6 +669,49 @@ static void test_qwen2_biases(void **state) {
     free(bias); free(gguf); free(hf); free(bin);
 }
 
+/* An explicit head_dim (32 with 4 heads on dim 64: q is 128 wide) goes
+ * through GGUF (attention.key_length/value_length) and config.json
+ * ("head_dim") for llama (q/k rows permuted), qwen2 and qwen3 (q_norm and
+ * k_norm as attn_q_norm/self_attn.q_norm); llama2.c refuses it. */
+static void test_head_dim_formats(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+                          .vocab_size = 512, .seq_len = 32};
+    const char *archs[] = {"llama", "qwen2", "qwen3"};
+    const char *dir = tu_tmpdir();
+    for (int a = 0; a < 3; a++) {
+        vks_model *m = NULL;
+        c.rope_mode = a ? VKS_ROPE_HALF : VKS_ROPE_ADJACENT;
+        c.qk_norm = a == 2;
+        assert_int_equal(vks_model_random(&c, 21, &m), VKS_OK);
+        snprintf(m->arch, sizeof m->arch, "%s", archs[a]);
+        char hf_name[32];
+        snprintf(hf_name, sizeof hf_name, "hd-%s", archs[a]);
+        char *gguf = path_in(dir, "hd.gguf"), *hf = path_in(dir, hf_name), *bin = path_in(dir, "hd.bin");
+        assert_int_equal(vks_model_save_gguf(m, gguf, NULL), VKS_OK);
+        assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
+        assert_int_equal(vks_model_save_llama2c(m, bin), VKS_ERR_ARG);
+        assert_non_null(strstr(vks_last_error(), "head_dim 32"));
+        vks_model *g, *h;
+        if (vks_model_load(gguf, &g) != VKS_OK) fail_msg("%s", vks_last_error());
+        if (vks_model_load(hf, &h) != VKS_OK) fail_msg("%s", vks_last_error());
+        float *lm = logits_of(m), *lg = logits_of(g), *lh = logits_of(h);
+        size_t nl = (size_t)N_IDS * 512;
+        assert_int_equal(g->cfg.head_dim, 32);
+        assert_int_equal(h->cfg.head_dim, 32);
+        assert_int_equal(g->layers[0].wq.rows, 128);
+        assert_string_equal(g->arch, archs[a]);
+        assert_string_equal(h->arch, archs[a]);
+        assert_true(g->cfg.qk_norm == (a == 2) && h->cfg.qk_norm == (a == 2));
+        if (a == 2) assert_memory_equal(g->layers[1].k_norm.data, m->layers[1].k_norm.data, 32 * 4);
+        assert_true(max_abs_diff(lg, lm, nl) < 1e-5);
+        assert_true(max_abs_diff(lh, lm, nl) < 1e-5);
+        free(lm); free(lg); free(lh);
+        vks_model_free(g); vks_model_free(h); vks_model_free(m);
+        free(gguf); free(hf); free(bin);
+    }
+}
+
 /* A llama2.c tokenizer embedded in GGUF equals llama.cpp's own vocab file. */
 static void test_embedded_tokenizer_matches_llama_cpp(void **state) {
     (void)state;
@@ -1127,7 +1170,7 @@ static void test_hf_config_hostile(void **state) {
         {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
          "\"num_attention_heads\":4,\"vocab_size\":10,\"rope_scaling\":{\"type\":\"linear\"}}", "rope_scaling"},
         {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
-         "\"num_attention_heads\":4,\"vocab_size\":10,\"head_dim\":32}", "head_dim"},
+         "\"num_attention_heads\":4,\"vocab_size\":10,\"head_dim\":33}", "head_dim"},
         {"{\"hidden_size\":1,\"hidden_size\":2}", "JSON"},
         {"not json", "JSON"},
     };
@@ -1597,6 +1640,7 @@ int main(void) {
         cmocka_unit_test(test_quantized_gguf_model),
         cmocka_unit_test(test_tiny_model_checkpoints),
         cmocka_unit_test(test_qwen2_biases),
+        cmocka_unit_test(test_head_dim_formats),
         cmocka_unit_test(test_embedded_tokenizer_matches_llama_cpp),
         cmocka_unit_test(test_sharded_safetensors_and_detection),
         cmocka_unit_test(test_gguf_hostile),

@@ -82,8 +82,9 @@ static double tensor_error(const float *a, const double *ref, size_t n) {
     return err / (scale + 1e-6);
 }
 
-static void check_gradients(bool tied, int rope_mode, bool recompute) {
-    vks_model *m = small_model(tied, rope_mode, 7);
+/* The trainer's log-probabilities, loss and every gradient of m against the
+ * float64 reference; frees m. */
+static void check_model_gradients(vks_model *m, bool recompute) {
     small_batch sb;
     make_batch(&sb, m->cfg.vocab_size, 3);
     vks_trainer *t = make_trainer(m, recompute);
@@ -94,7 +95,7 @@ static void check_gradients(bool tied, int rope_mode, bool recompute) {
 
     vks_ref_params *p, *g;
     assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
-    assert_int_equal(vks_ref_params_create(&m->cfg, false, &g), VKS_OK);
+    assert_int_equal(vks_ref_params_create(&m->cfg, vks_model_has_bias(m), &g), VKS_OK);
     vks_ref_batch rb = ref_batch(&sb);
     double ref_logp[23], w[23], ref_loss;
     for (int i = 0; i < 23; i++) w[i] = sb.weight[i];
@@ -122,6 +123,34 @@ static void check_gradients(bool tied, int rope_mode, bool recompute) {
     vks_trainer_destroy(t);
     vks_model_free(m);
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
+static void check_gradients(bool tied, int rope_mode, bool recompute) {
+    check_model_gradients(small_model(tied, rope_mode, 7), recompute);
+}
+
+/* head_dim 16 with 4 heads on dim 48: q and the attention output are 64 wide. */
+static void test_gradients_head_dim(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 48, .hidden_dim = 72, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
+                          .vocab_size = 67, .seq_len = 32, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+                          .rope_mode = VKS_ROPE_HALF};
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_random(&c, 7, &m), VKS_OK);
+    check_model_gradients(m, false);
+}
+
+/* Qwen3: the gradients of q_norm and k_norm (and through them) too. */
+static void test_gradients_qwen3(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 48, .hidden_dim = 72, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
+                          .vocab_size = 67, .seq_len = 32, .norm_eps = 1e-6f, .rope_theta = 1e6f,
+                          .rope_mode = VKS_ROPE_HALF, .qk_norm = true};
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_random(&c, 8, &m), VKS_OK);
+    check_model_gradients(m, false);
+    assert_int_equal(vks_model_random(&c, 9, &m), VKS_OK);
+    check_model_gradients(m, true); /* recomputed layers keep q/k before the norm too */
 }
 
 static void test_gradients_untied_adjacent(void **s) { (void)s; check_gradients(false, VKS_ROPE_ADJACENT, false); }
@@ -291,6 +320,8 @@ int main(void) {
         cmocka_unit_test(test_gradients_untied_adjacent),
         cmocka_unit_test(test_gradients_tied_half),
         cmocka_unit_test(test_gradients_recompute),
+        cmocka_unit_test(test_gradients_head_dim),
+        cmocka_unit_test(test_gradients_qwen3),
         cmocka_unit_test(test_loss_curve_matches_reference),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_resume),

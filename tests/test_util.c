@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "vkswarm/vks_gpu.h"
+#include "vkswarm/vks_model.h"
 
 const char *tu_shared_path(const char *rel) {
     static char buf[4096];
@@ -103,4 +104,19 @@ int tu_run(const char *cmd, char **out) {
     if (out) *out = buf;
     else free(buf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static double rope_freqs[256];
+
+const double *tu_rope_freqs(double theta, int head_dim) {
+    vks_model_config c = {.head_dim = head_dim > 512 ? 512 : head_dim, .rope_theta = (float)theta};
+    vks_rope_freqs(&c, rope_freqs);
+    return rope_freqs;
+}
+
+float *tu_rope_table(double theta, int head_dim, int n_pos) {
+    vks_model_config c = {.head_dim = head_dim, .rope_theta = (float)theta};
+    float *t = malloc((size_t)n_pos * (size_t)head_dim * sizeof *t);
+    if (!t || !vks_rope_table(&c, n_pos, t)) abort();
+    return t;
 }

@@ -13,7 +13,19 @@ typedef struct {
     float rope_theta;  /* 10000 for llama2.c */
     int rope_mode;     /* VKS_ROPE_ADJACENT or VKS_ROPE_HALF (vks_common.h) */
     bool shared_classifier;
+    bool qk_norm;      /* per-head RMSNorm of q and k before RoPE (Qwen3; weights q_norm, k_norm) */
 } vks_model_config;
+
+/* The rotation frequency (radians per position) of each RoPE pair
+ * i < head_dim/2 of a model: theta^(-2i/head_dim), then the config's scaling.
+ * The one place the formula is written: the reference, the CPU forward, the
+ * trainer and the GPU kernels (as a table in a buffer) take it from here. */
+void vks_rope_freqs(const vks_model_config *c, double *freqs);
+/* cos and sin of every (position p < n_pos, pair i) angle, computed in double
+ * from vks_rope_freqs, as f32 pairs at table[2 * (p * head_dim/2 + i)] (the
+ * GPU kernels' table). table holds n_pos * head_dim floats; false when out of
+ * memory for the frequencies. */
+bool vks_rope_table(const vks_model_config *c, int n_pos, float *table);
 
 /* A weight matrix or vector: rows x cols elements of dtype, row-major. Block
  * dtypes (Q8_0, Q4_0, Q4_K, Q6_K; vks_quant.h) keep their file bytes: each row
@@ -42,6 +54,8 @@ typedef struct {
     X(bq, "attn_q.bias", "self_attn.q_proj.bias", ONE, Q, BIAS, true, true)                            \
     X(bk, "attn_k.bias", "self_attn.k_proj.bias", ONE, KV, BIAS, true, true)                           \
     X(bv, "attn_v.bias", "self_attn.v_proj.bias", ONE, KV, BIAS, true, false)                          \
+    X(q_norm, "attn_q_norm.weight", "self_attn.q_norm.weight", ONE, HEAD, QK_NORM, true, true)         \
+    X(k_norm, "attn_k_norm.weight", "self_attn.k_norm.weight", ONE, HEAD, QK_NORM, true, true)         \
     X(wo, "attn_output.weight", "self_attn.o_proj.weight", DIM, Q, ALWAYS, true, false)                \
     X(ffn_norm, "ffn_norm.weight", "post_attention_layernorm.weight", ONE, DIM, ALWAYS, true, false)   \
     X(w1, "ffn_gate.weight", "mlp.gate_proj.weight", HIDDEN, DIM, ALWAYS, true, false)                 \
@@ -59,8 +73,8 @@ typedef enum {
     VKS_EXT_HIDDEN, VKS_EXT_HEAD /* head_dim */, VKS_EXT_VOCAB
 } vks_extent;
 /* When a tensor is present: always; when the model has q/k/v biases (all
- * three or none); when the classifier is not tied to tok_emb. */
-typedef enum { VKS_WHEN_ALWAYS, VKS_WHEN_BIAS, VKS_WHEN_UNTIED } vks_presence;
+ * three or none); when cfg.qk_norm; when the classifier is not tied to tok_emb. */
+typedef enum { VKS_WHEN_ALWAYS, VKS_WHEN_BIAS, VKS_WHEN_QK_NORM, VKS_WHEN_UNTIED } vks_presence;
 
 #define VKS_SCHEMA_ENUM_(field, ...) VKS_T_##field,
 enum { VKS_LAYER_TENSORS(VKS_SCHEMA_ENUM_) VKS_LAYER_N_TENSORS };
@@ -142,6 +156,7 @@ typedef struct {
     const char *hf_class;  /* config.json "architectures"[0] */
     int gguf_rope_mode;    /* q/k row order in GGUF: llama.cpp's converter permutes llama to adjacent pairs */
     bool bias;             /* q/k/v biases when config.json does not say (attention_bias) */
+    bool qk_norm;          /* per-head q/k RMSNorm (cfg.qk_norm) */
     const char *activation; /* of the FFN gate: SiLU for all */
 } vks_arch;
 /* By vks_model.arch / GGUF name, or by Hugging Face class or model_type; NULL if unknown. */

@@ -46,10 +46,15 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
         (l->vec[VKS_T_bq] && (rc = vks_op_bias_add(e->ops, c, bind(a->q), bind(l->vec[VKS_T_bq]), R, qd))) ||
         (l->vec[VKS_T_bk] && (rc = vks_op_bias_add(e->ops, c, bind(a->k), bind(l->vec[VKS_T_bk]), R, kvd))) ||
         (l->vec[VKS_T_bv] && (rc = vks_op_bias_add(e->ops, c, bind(a->v), bind(l->vec[VKS_T_bv]), R, kvd))) ||
-        (rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), R, qd, 0, (uint32_t)cf->n_heads,
-                          (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode)) ||
-        (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), R, kvd, 0, (uint32_t)cf->n_kv_heads,
-                          (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode)) ||
+        (cf->qk_norm && /* per-head RMSNorm before RoPE (Qwen3), in place */
+         ((rc = vks_op_rmsnorm(e->ops, c, bind(a->q), bind(l->vec[VKS_T_q_norm]), bind(a->q), R * (uint32_t)cf->n_heads,
+                               (uint32_t)cf->head_dim, cf->norm_eps)) ||
+          (rc = vks_op_rmsnorm(e->ops, c, bind(a->k), bind(l->vec[VKS_T_k_norm]), bind(a->k),
+                               R * (uint32_t)cf->n_kv_heads, (uint32_t)cf->head_dim, cf->norm_eps)))) ||
+        (rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R, qd, 0, (uint32_t)cf->n_heads,
+                          (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode)) ||
+        (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R, kvd, 0, (uint32_t)cf->n_kv_heads,
+                          (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode)) ||
         (rc = vks_op_kv_store(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
                               bind(a->pos), R, kvd, (uint32_t)e->opt.kv_len)) ||
         (rc = vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot), bind(a->pos),

@@ -233,3 +233,13 @@ void vks_param_set_free(vks_param_set *p) {
     vks_buffer_destroy(p->final_norm);
     p->final_norm = NULL;
 }
+
+int vks_rope_table_upload(vks_gpu *g, const vks_model_config *c, int n_pos, vks_buffer **out) {
+    size_t n = (size_t)n_pos * (size_t)c->head_dim;
+    float *f = malloc(n * sizeof *f);
+    int rc = f && vks_rope_table(c, n_pos, f) ? vks_buffer_create(g, n * sizeof *f, out)
+                                               : vks_set_error(VKS_ERR_NOMEM, "out of host memory for the RoPE table");
+    if (!rc) rc = vks_buffer_upload(*out, 0, f, n * sizeof *f);
+    free(f);
+    return rc;
+}

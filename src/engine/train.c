@@ -33,12 +33,24 @@ static int make_layer_acts(vks_trainer *t, train_layer_acts *a) {
         int rc = make(t, all[i].b, all[i].n);
         if (rc) return rc;
     }
-    return VKS_OK;
+    int rc = VKS_OK;
+    if (c->qk_norm && !(rc = make(t, &a->q_pre, T * qd))) rc = make(t, &a->k_pre, T * kv);
+    return rc;
 }
 
 static void free_layer_acts(train_layer_acts *a) {
-    vks_buffer *all[] = {a->xn1, a->q, a->k, a->v, a->att, a->stat_max, a->stat_sum, a->x_mid, a->xn2, a->g, a->u, a->h};
+    vks_buffer *all[] = {a->xn1, a->q, a->k, a->v, a->att, a->stat_max, a->stat_sum, a->x_mid, a->xn2, a->g, a->u, a->h,
+                         a->q_pre, a->k_pre};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
+}
+
+/* The RMSNorm backward's scratch: for the layer norms, and with q/k norm for
+ * T x n_heads rows of head_dim. */
+static uint64_t norm_scratch_floats(const vks_model_config *c, uint64_t T) {
+    uint64_t layer = vks_op_rmsnorm_backward_scratch_bytes((uint32_t)T, (uint32_t)c->dim) / 4 + 1;
+    uint64_t heads = c->qk_norm ? vks_op_rmsnorm_backward_scratch_bytes((uint32_t)(T * (uint64_t)c->n_heads),
+                                                                        (uint32_t)c->head_dim) / 4 + 1 : 0;
+    return layer > heads ? layer : heads;
 }
 
 static int make_scratch(vks_trainer *t) {
@@ -54,7 +66,7 @@ static int make_scratch(vks_trainer *t) {
         {&a->tokens, T}, {&a->pos, T}, {&a->start, T}, {&a->target, T}, {&a->xf, T * d}, {&a->logits, T * V},
         {&a->logp, T}, {&a->dlogp, T}, {&a->dres, T * d}, {&a->dxn, T * d}, {&a->dq, T * qd}, {&a->dk, T * kv},
         {&a->dv, T * kv}, {&a->datt, T * qd}, {&a->dh, T * h}, {&a->dg, T * h}, {&a->du, T * h},
-        {&a->norm_scratch, vks_op_rmsnorm_backward_scratch_bytes((uint32_t)T, (uint32_t)d) / 4 + 1},
+        {&a->norm_scratch, norm_scratch_floats(c, T)},
         {&a->attn_scratch, vks_op_attention_train_backward_scratch_bytes((uint32_t)T, (uint32_t)c->n_heads) / 4 + 1},
         {&a->embed_index, VKS_EMBED_GRAD_INDEX_WORDS(T)}, {&a->clip_partials, grads},
         {&a->clip_out, 2}, {&a->one, 1}, {&a->grpo_old, T}, {&a->grpo_adv, T}, {&a->grpo_weight, T},
@@ -65,7 +77,9 @@ static int make_scratch(vks_trainer *t) {
         if (rc) return rc;
     }
     float one = 1.0f;
-    return vks_buffer_upload(a->one, 0, &one, sizeof one);
+    int rc = vks_buffer_upload(a->one, 0, &one, sizeof one);
+    if (!rc && c->qk_norm && !(rc = make(t, &a->dq_pre, T * qd))) rc = make(t, &a->dk_pre, T * kv);
+    return rc ? rc : vks_rope_table_upload(t->gpu, c, a->T, &a->rope_table);
 }
 
 static int make_acts(vks_trainer *t) {
@@ -87,7 +101,8 @@ static void free_acts(vks_trainer *t) {
     vks_buffer *all[] = {a->tokens, a->pos, a->start, a->target, a->xf, a->logits, a->logp, a->dlogp, a->dres,
                          a->dxn, a->dq, a->dk, a->dv, a->datt, a->dh, a->dg, a->du, a->norm_scratch, a->attn_scratch, a->embed_index,
                          a->clip_partials, a->clip_out, a->one, a->grpo_old, a->grpo_adv, a->grpo_weight,
-                         a->grpo_ref, a->grpo_loss, a->grpo_flags, a->grpo_dent, a->grpo_entropy};
+                         a->grpo_ref, a->grpo_loss, a->grpo_flags, a->grpo_dent, a->grpo_entropy, a->rope_table,
+                         a->dq_pre, a->dk_pre};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
     free(a->x_in);
     free(a->layer);

@@ -3,6 +3,7 @@
  * optimizer files record into the same vks_trainer. */
 #ifndef VKS_TRAIN_INTERNAL_H
 #define VKS_TRAIN_INTERNAL_H
+#include "engine_internal.h"
 #include "vkswarm/vks_ops_grad.h"
 #include "vkswarm/vks_train.h"
 
@@ -26,6 +27,7 @@ typedef struct {
     vks_buffer *stat_max, *stat_sum;    /* [T, n_heads] softmax statistics */
     vks_buffer *x_mid, *xn2;            /* residual after attention, its norm */
     vks_buffer *g, *u, *h;              /* FFN gate, up, swiglu(g, u) */
+    vks_buffer *q_pre, *k_pre;          /* with cfg.qk_norm: q and k before their per-head norm, else NULL */
 } train_layer_acts;
 
 /* The activation store and the backward's scratch. With opt.recompute one
@@ -38,6 +40,7 @@ typedef struct {
     vks_buffer *xf, *logits, *logp, *dlogp; /* head: final norm [T, D], [T, V] (then their gradient), [T], [T] */
     /* backward scratch */
     vks_buffer *dres, *dxn, *dq, *dk, *dv, *datt, *dh, *dg, *du;
+    vks_buffer *dq_pre, *dk_pre;         /* with cfg.qk_norm: gradients through the q/k norm, else NULL */
     vks_buffer *norm_scratch, *attn_scratch; /* the RMSNorm and attention backward ops' scratch */
     vks_buffer *embed_index;             /* VKS_EMBED_GRAD_INDEX_WORDS(T) uint32 */
     vks_buffer *clip_partials, *clip_out, *one; /* gradient norm: partial sums, {scale, norm}, 1.0f */
@@ -45,6 +48,7 @@ typedef struct {
     vks_buffer *grpo_old, *grpo_adv, *grpo_weight, *grpo_ref, *grpo_loss, *grpo_flags;
     /* the entropy: d loss / d H per row (the bonus's input), each row's entropy (output), [T] each */
     vks_buffer *grpo_dent, *grpo_entropy;
+    vks_buffer *rope_table; /* [T, head_dim/2] (cos, sin): vks_rope_table */
     uint32_t n_partials;
 } train_acts;
 

@@ -81,7 +81,8 @@ bool vks_param_config_same(const vks_model_config *a, const vks_model_config *b)
     if (!a || !b) return false;
     return a->dim == b->dim && a->hidden_dim == b->hidden_dim && a->n_layers == b->n_layers &&
            a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads && a->vocab_size == b->vocab_size &&
-           a->head_dim == b->head_dim && a->kv_dim == b->kv_dim && a->shared_classifier == b->shared_classifier;
+           a->head_dim == b->head_dim && a->kv_dim == b->kv_dim && a->shared_classifier == b->shared_classifier &&
+           a->qk_norm == b->qk_norm;
 }
 
 int vks_param_layout_gather(const vks_param_layout *l, const vks_model *m, float *block) {

@@ -68,6 +68,7 @@ static int read_config(const vks_gguf *g, const char *path, const char *arch, vk
     c->norm_eps = 1e-5f;
     c->rope_theta = 10000.0f;
     c->rope_mode = arch_rope_mode(arch);
+    c->qk_norm = vks_arch_find(arch)->qk_norm;
     int rc = get_dim(g, path, arch, "embedding_length", true, &c->dim);
     if (rc == VKS_OK) rc = get_dim(g, path, arch, "feed_forward_length", true, &c->hidden_dim);
     if (rc == VKS_OK) rc = get_dim(g, path, arch, "block_count", true, &c->n_layers);
@@ -79,7 +80,19 @@ static int read_config(const vks_gguf *g, const char *path, const char *arch, vk
     if (rc == VKS_OK) rc = get_float(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps);
     if (rc == VKS_OK) rc = get_float(g, arch, "rope.freq_base", &c->rope_theta);
     if (rc != VKS_OK) return rc;
-    c->head_dim = c->dim / c->n_heads;
+    /* head_dim: attention.key_length (= value_length) when given (Qwen3), else dim / n_heads */
+    int key_len = 0, value_len = 0;
+    if ((rc = get_dim(g, path, arch, "attention.key_length", false, &key_len)) != VKS_OK) return rc;
+    if (key_len == 0 && c->dim % c->n_heads != 0)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: n_heads %d does not divide dim %d (and no %s.attention.key_length "
+                             "is given)", path, c->n_heads, c->dim, arch);
+    if (key_len == 0) key_len = c->dim / c->n_heads;
+    value_len = key_len;
+    if ((rc = get_dim(g, path, arch, "attention.value_length", false, &value_len)) != VKS_OK) return rc;
+    if (value_len != key_len)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %s.attention.value_length %d differs from key_length %d "
+                             "(not supported)", path, arch, value_len, key_len);
+    c->head_dim = key_len;
     c->kv_dim = c->n_kv_heads <= c->n_heads ? c->n_kv_heads * c->head_dim : 0;
     int rope_dims = c->head_dim;
     if ((rc = get_dim(g, path, arch, "rope.dimension_count", false, &rope_dims)) != VKS_OK) return rc;
@@ -228,6 +241,11 @@ static int add_hparams(vks_gguf_writer *w, const vks_model *m) {
         snprintf(key, sizeof key, "%s.%s", a, dims[i].suffix);
         rc = vks_gguf_add_u32(w, key, (uint32_t)dims[i].value);
     }
+    if (c->n_heads * c->head_dim != c->dim) /* llama.cpp's default is dim / n_heads */
+        for (int i = 0; i < 2 && rc == VKS_OK; i++) {
+            snprintf(key, sizeof key, "%s.attention.%s_length", a, i ? "value" : "key");
+            rc = vks_gguf_add_u32(w, key, (uint32_t)c->head_dim);
+        }
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     if (rc == VKS_OK) rc = vks_gguf_add_f32(w, key, c->norm_eps);
     snprintf(key, sizeof key, "%s.rope.freq_base", a);
@@ -257,7 +275,7 @@ int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_sa
     vks_dtype dt = opt ? opt->dtype : VKS_DTYPE_F32;
     if (vks_gguf_ggml_from_dtype(dt) == UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "%s: dtype %s cannot be written to GGUF", path, vks_dtype_name(dt));
-    if (!vks_arch_find(m->arch))
+    if (!vks_arch_find(m->arch) || vks_arch_find(m->arch)->qk_norm != m->cfg.qk_norm)
         return vks_set_error(VKS_ERR_ARG, "%s: cannot write architecture '%s'", path, m->arch);
     if (opt && opt->tokenizer && opt->tokenizer_path)
         return vks_set_error(VKS_ERR_ARG, "%s: give a tokenizer file or a tokenizer, not both", path);

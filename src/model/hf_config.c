@@ -62,12 +62,13 @@ static int get_arch(json_t *root, const char *name, vks_hf_config *c) {
                              a ? a : t ? t : "(none)", names);
     }
     snprintf(c->arch, sizeof c->arch, "%s", arch->name);
+    c->cfg.qk_norm = arch->qk_norm;
     json_t *hd = json_object_get(root, "head_dim");
     if (hd && !json_is_null(hd)) {
         int head_dim = 0;
         int rc = get_int(root, name, "head_dim", -1, &head_dim);
         if (rc != VKS_OK) return rc;
-        c->cfg.head_dim = head_dim; /* checked against hidden_size / heads by the config check */
+        c->cfg.head_dim = head_dim; /* the model's own (Qwen3), else hidden_size / heads below */
     }
     return VKS_OK;
 }
@@ -125,8 +126,10 @@ static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
     if (rc == VKS_OK) rc = get_token_id(root, name, "eos_token_id", &c->eos_id);
     if (rc != VKS_OK) return rc;
     if ((rc = check_activation(root, name)) != VKS_OK || (rc = check_rope_scaling(root, name)) != VKS_OK) return rc;
-    int head_dim = m->dim / m->n_heads;
-    if (m->head_dim == 0) m->head_dim = head_dim;
+    if (m->head_dim == 0 && m->dim % m->n_heads != 0)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: n_heads %d does not divide hidden_size %d (and no head_dim is given)",
+                             name, m->n_heads, m->dim);
+    if (m->head_dim == 0) m->head_dim = m->dim / m->n_heads;
     m->kv_dim = m->n_kv_heads <= m->n_heads ? m->n_kv_heads * m->head_dim : 0;
     m->rope_mode = VKS_ROPE_HALF;
     return vks_model_config_check(m, name);
@@ -177,6 +180,7 @@ int vks_hf_config_write_stream(FILE *f, const char *path, const vks_hf_config *c
     if (!root) return vks_set_error(VKS_ERR_NOMEM, "%s: cannot build JSON", path);
     if (c->bos_id >= 0) json_object_set_new(root, "bos_token_id", json_integer(c->bos_id));
     if (c->eos_id >= 0) json_object_set_new(root, "eos_token_id", json_integer(c->eos_id));
+    if (m->n_heads * m->head_dim != m->dim) json_object_set_new(root, "head_dim", json_integer(m->head_dim));
     if (c->attention_bias != arch->bias) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
     bool ok = json_dumpf(root, f, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) == 0;
     int e = errno;

@@ -51,7 +51,7 @@ static void free_state(void *p) { free(p); }
 /* Allocates one buffer for the optional layer tensors the model has (those
  * outside the llama2.c layout: vks_layer_schema entries not always present)
  * and binds them. */
-static int bind_optional(bool has_bias, vks_model *m) {
+int vks_model_bind_optional(bool has_bias, vks_model *m) {
     const vks_model_config *c = &m->cfg;
     size_t per = 0;
     for (int i = 0; i < VKS_LAYER_N_TENSORS; i++) {
@@ -60,6 +60,7 @@ static int bind_optional(bool has_bias, vks_model *m) {
             per += (size_t)(vks_schema_extent(c, s->rows) * vks_schema_extent(c, s->cols));
     }
     if (per == 0) return VKS_OK;
+    if (m->format_state) return vks_set_error(VKS_ERR_ARG, "%s: optional tensors bound twice", m->path);
     float *b = calloc(per * (size_t)c->n_layers, sizeof(float));
     if (!b) return vks_set_error(VKS_ERR_NOMEM, "out of memory for optional tensors");
     m->format_state = b;
@@ -94,7 +95,7 @@ int vks_model_create_f32(const vks_model_config *cfg, bool has_bias, vks_model *
     m->owned = calloc(s.total, sizeof(float));
     if (!m->owned) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory for an f32 model (%zu floats)", s.total);
     if (rc == VKS_OK) rc = vks_model_bind_llama2c(m, m->owned);
-    if (rc == VKS_OK) rc = bind_optional(has_bias, m);
+    if (rc == VKS_OK) rc = vks_model_bind_optional(has_bias, m);
     if (rc != VKS_OK) {
         vks_model_free(m);
         return rc;

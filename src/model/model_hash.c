@@ -26,6 +26,7 @@ static void put_config(crypto_generichash_state *st, const vks_model_config *c) 
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) put_i64(st, ints[i]);
     put_f32(st, c->norm_eps);
     put_f32(st, c->rope_theta);
+    if (c->qk_norm) put_i64(st, 0x716b6e6f726d); /* "qknorm": absent from v1, so older models keep their hash */
 }
 
 /* Tensor header (present, dtype, shape) then its bytes. Absent tensors
@@ -45,13 +46,15 @@ static int put_tensor(crypto_generichash_state *st, const vks_tensor *t, const c
 }
 
 /* A layer: the tensors always present in schema order, then the optional
- * ones (absent q/k/v biases as their marker). This is version 1's order, so
- * the hash of a model made before the schema is unchanged. */
+ * ones (absent q/k/v biases as their marker, as version 1 had them; other
+ * absent ones add nothing), so the hash of a model made before the schema is
+ * unchanged. */
 static int put_layer(crypto_generichash_state *st, const vks_layer_weights *w) {
     int rc = VKS_OK;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < VKS_LAYER_N_TENSORS && rc == VKS_OK; i++)
-            if ((vks_layer_schema[i].when == VKS_WHEN_ALWAYS) == (pass == 0))
+            if ((vks_layer_schema[i].when == VKS_WHEN_ALWAYS) == (pass == 0) &&
+                (w->t[i].data || vks_layer_schema[i].when == VKS_WHEN_BIAS))
                 rc = put_tensor(st, &w->t[i], vks_layer_schema[i].name);
     return rc;
 }

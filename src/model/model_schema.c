@@ -13,9 +13,10 @@ const vks_tensor_schema vks_layer_schema[VKS_LAYER_N_TENSORS] = {VKS_LAYER_TENSO
 const vks_tensor_schema vks_model_schema[VKS_MODEL_N_TENSORS] = {VKS_MODEL_TENSORS(VKS_SCHEMA_ROW_)};
 
 static const vks_arch archs[] = {
-    {"llama", "LlamaForCausalLM", VKS_ROPE_ADJACENT, false, "silu"},
-    /* llama.cpp runs qwen2 with NEOX RoPE (our HALF) and leaves its rows as HF has them */
-    {"qwen2", "Qwen2ForCausalLM", VKS_ROPE_HALF, true, "silu"},
+    {"llama", "LlamaForCausalLM", VKS_ROPE_ADJACENT, false, false, "silu"},
+    /* llama.cpp runs qwen2/qwen3 with NEOX RoPE (our HALF) and leaves their rows as HF has them */
+    {"qwen2", "Qwen2ForCausalLM", VKS_ROPE_HALF, true, false, "silu"},
+    {"qwen3", "Qwen3ForCausalLM", VKS_ROPE_HALF, false, true, "silu"},
 };
 #define N_ARCHS (sizeof archs / sizeof archs[0])
 
@@ -36,6 +37,7 @@ bool vks_schema_present(const vks_tensor_schema *s, const vks_model_config *c, b
     switch (s->when) {
     case VKS_WHEN_ALWAYS: return true;
     case VKS_WHEN_BIAS: return has_bias;
+    case VKS_WHEN_QK_NORM: return c->qk_norm;
     case VKS_WHEN_UNTIED: return !c->shared_classifier;
     }
     return false;

@@ -47,6 +47,10 @@ static void fill_weights(vks_model *m, uint64_t seed) {
     }
     fill_norm(&m->final_norm, &r);
     if (!m->cfg.shared_classifier) fill_matrix(&m->classifier, &r);
+    for (int l = 0; l < m->cfg.n_layers && m->cfg.qk_norm; l++) { /* after the rest: older models draw the same */
+        fill_norm(&m->layers[l].q_norm, &r);
+        fill_norm(&m->layers[l].k_norm, &r);
+    }
 }
 
 /* Derived fields and llama2.c defaults the caller may leave at 0. */
@@ -78,6 +82,7 @@ int vks_model_alloc_f32(const vks_model_config *c, const char *name, vks_model *
         return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for %zu bytes", name, bytes);
     }
     rc = vks_model_bind_llama2c(m, m->owned);
+    if (rc == VKS_OK) rc = vks_model_bind_optional(false, m);
     if (rc != VKS_OK) {
         vks_model_free(m);
         return rc;
@@ -95,5 +100,6 @@ int vks_model_random(const vks_model_config *cfg, uint64_t seed, vks_model **out
     snprintf(name, sizeof name, "random(seed=%llu)", (unsigned long long)seed);
     int rc = vks_model_alloc_f32(&c, name, out);
     if (rc == VKS_OK) fill_weights(*out, seed);
+    if (rc == VKS_OK && c.qk_norm) snprintf((*out)->arch, sizeof (*out)->arch, "qwen3");
     return rc;
 }

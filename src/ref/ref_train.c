@@ -134,6 +134,7 @@ typedef struct {
     uint32_t *start;   /* [n] first row of its sequence */
     uint32_t *target;  /* [n] next token, 0 where none */
     bool *has_target;  /* [n] */
+    double *freqs;     /* RoPE frequencies [head_dim/2] */
 } batch_rows;
 
 static void batch_rows_free(batch_rows *r) {
@@ -142,6 +143,7 @@ static void batch_rows_free(batch_rows *r) {
     free(r->start);
     free(r->target);
     free(r->has_target);
+    free(r->freqs);
 }
 
 static int check_batch(const vks_model_config *c, const vks_ref_batch *b) {
@@ -180,7 +182,8 @@ static int batch_rows_make(const vks_model_config *c, const vks_ref_batch *b, ba
     r->start = malloc(n * sizeof *r->start);
     r->target = malloc(n * sizeof *r->target);
     r->has_target = malloc(n * sizeof *r->has_target);
-    if (!r->tokens || !r->pos || !r->start || !r->target || !r->has_target) {
+    r->freqs = malloc((size_t)(c->head_dim / 2 + 1) * sizeof *r->freqs);
+    if (!r->freqs || !r->tokens || !r->pos || !r->start || !r->target || !r->has_target) {
         batch_rows_free(r);
         return vks_set_error(VKS_ERR_NOMEM, "vks_ref_train: out of memory for %d rows", b->n_tokens);
     }
@@ -197,6 +200,7 @@ static int batch_rows_make(const vks_model_config *c, const vks_ref_batch *b, ba
         }
         t0 += len;
     }
+    vks_rope_freqs(c, r->freqs);
     return VKS_OK;
 }
 
@@ -205,7 +209,8 @@ static int batch_rows_make(const vks_model_config *c, const vks_ref_batch *b, ba
 typedef struct {
     double *x_in;      /* [n, dim] residual stream entering the layer */
     double *xn1;       /* [n, dim] attention norm output */
-    double *q, *k, *v; /* [n, qdim], [n, kv] after bias and RoPE */
+    double *q, *k, *v; /* [n, qdim], [n, kv] after bias (q/k norm) and RoPE */
+    double *q_pre, *k_pre; /* with cfg.qk_norm: q and k before their per-head norm, else NULL */
     double *att_max, *att_sum; /* [n, n_heads] softmax statistics */
     double *att;       /* [n, qdim] attention output */
     double *x_mid;     /* [n, dim] stream after the attention residual */
@@ -241,6 +246,8 @@ static void lay_out_acts(vks_ref_acts *a, const vks_model_config *c, size_t n) {
         s->q = take(a, n * qdim);
         s->k = take(a, n * kv);
         s->v = take(a, n * kv);
+        s->q_pre = c->qk_norm ? take(a, n * qdim) : NULL;
+        s->k_pre = c->qk_norm ? take(a, n * kv) : NULL;
         s->att_max = take(a, n * heads);
         s->att_sum = take(a, n * heads);
         s->att = take(a, n * qdim);
@@ -299,16 +306,22 @@ static int attention_forward(const vks_ref_params *p, const vks_ref_layer *w, co
                              layer_acts *s, double *x) {
     const vks_model_config *c = &p->cfg;
     int n = rows->n, qdim = c->n_heads * c->head_dim;
-    double eps = c->norm_eps, theta = c->rope_theta;
+    double eps = c->norm_eps;
     memcpy(s->x_in, x, (size_t)n * c->dim * sizeof *x);
     int rc = vks_ref_rmsnorm_forward(x, w->attn_norm, n, c->dim, eps, s->xn1);
     if (rc == VKS_OK) rc = linear_forward(s->xn1, w->wq, w->bq, n, qdim, c->dim, s->q);
     if (rc == VKS_OK) rc = linear_forward(s->xn1, w->wk, w->bk, n, c->kv_dim, c->dim, s->k);
     if (rc == VKS_OK) rc = linear_forward(s->xn1, w->wv, w->bv, n, c->kv_dim, c->dim, s->v);
+    if (rc == VKS_OK && c->qk_norm) { /* per head, before RoPE (Qwen3) */
+        memcpy(s->q_pre, s->q, (size_t)n * qdim * sizeof *s->q);
+        memcpy(s->k_pre, s->k, (size_t)n * c->kv_dim * sizeof *s->k);
+        rc = vks_ref_rmsnorm_forward(s->q_pre, w->q_norm, n * c->n_heads, c->head_dim, eps, s->q);
+        if (rc == VKS_OK) rc = vks_ref_rmsnorm_forward(s->k_pre, w->k_norm, n * c->n_kv_heads, c->head_dim, eps, s->k);
+    }
     if (rc == VKS_OK)
-        rc = vks_ref_rope_forward(s->q, rows->pos, n, qdim, 0, c->n_heads, c->head_dim, theta, c->rope_mode);
+        rc = vks_ref_rope_forward(s->q, rows->pos, n, qdim, 0, c->n_heads, c->head_dim, rows->freqs, c->rope_mode);
     if (rc == VKS_OK)
-        rc = vks_ref_rope_forward(s->k, rows->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, theta,
+        rc = vks_ref_rope_forward(s->k, rows->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, rows->freqs,
                                   c->rope_mode);
     if (rc == VKS_OK)
         rc = vks_ref_attention_forward(s->q, s->k, s->v, rows->start, n, c->n_heads, c->n_kv_heads, c->head_dim,
@@ -380,6 +393,7 @@ typedef struct {
     double *dx;       /* [n, dim] gradient of the residual stream */
     double *dxn;      /* [n, dim] gradient of a norm's output */
     double *dq, *dk, *dv; /* [n, qdim], [n, kv] */
+    double *dq_pre, *dk_pre; /* [n, qdim], [n, kv]: through the q/k norm */
     double *datt;     /* [n, qdim] */
     double *dh1, *dh3, *dhs; /* [n, hidden] */
     double *dlogits;  /* [n, vocab] */
@@ -389,8 +403,10 @@ typedef struct {
 
 static int scratch_create(const vks_model_config *c, size_t n, grad_scratch *g) {
     size_t dim = (size_t)c->dim, qdim = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->kv_dim;
-    size_t hid = (size_t)c->hidden_dim, sizes[] = {dim, dim, qdim, kv, kv, qdim, hid, hid, hid, (size_t)c->vocab_size};
-    double **slots[] = {&g->dx, &g->dxn, &g->dq, &g->dk, &g->dv, &g->datt, &g->dh1, &g->dh3, &g->dhs, &g->dlogits};
+    size_t hid = (size_t)c->hidden_dim, sizes[] = {dim, dim, qdim, kv, kv, qdim, hid, hid, hid, (size_t)c->vocab_size,
+                                                   qdim, kv};
+    double **slots[] = {&g->dx, &g->dxn, &g->dq, &g->dk, &g->dv, &g->datt, &g->dh1, &g->dh3, &g->dhs, &g->dlogits,
+                        &g->dq_pre, &g->dk_pre};
     size_t per_row = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) per_row += sizes[i];
     g->total = per_row * n;
@@ -442,12 +458,28 @@ static int qkv_backward(const vks_ref_params *p, const vks_ref_layer *w, const l
     return rc;
 }
 
+/* dq, dk (gradients of the normed q, k) become those of q, k before the norm. */
+static int qk_norm_backward(const vks_ref_params *p, const vks_ref_layer *w, const layer_acts *s, int n,
+                            vks_ref_layer *gw, grad_scratch *g) {
+    const vks_model_config *c = &p->cfg;
+    size_t qn = (size_t)n * c->n_heads * c->head_dim, kn = (size_t)n * c->kv_dim;
+    zero(g->dq_pre, qn);
+    zero(g->dk_pre, kn);
+    int rc = vks_ref_rmsnorm_backward(s->q_pre, w->q_norm, n * c->n_heads, c->head_dim, c->norm_eps, g->dq, g->dq_pre,
+                                      gw->q_norm);
+    if (rc == VKS_OK)
+        rc = vks_ref_rmsnorm_backward(s->k_pre, w->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps, g->dk,
+                                      g->dk_pre, gw->k_norm);
+    memcpy(g->dq, g->dq_pre, qn * sizeof *g->dq);
+    memcpy(g->dk, g->dk_pre, kn * sizeof *g->dk);
+    return rc;
+}
+
 /* Turns dx (gradient of x_mid) into the gradient of the layer's input. */
 static int attention_backward(const vks_ref_params *p, const vks_ref_layer *w, const layer_acts *s,
                               const batch_rows *rows, vks_ref_layer *gw, grad_scratch *g) {
     const vks_model_config *c = &p->cfg;
     int n = rows->n, dim = c->dim, qdim = c->n_heads * c->head_dim, kv = c->kv_dim;
-    double theta = c->rope_theta;
     zero(g->datt, (size_t)n * qdim);
     zero(g->dq, (size_t)n * qdim);
     zero(g->dk, (size_t)n * kv);
@@ -458,9 +490,10 @@ static int attention_backward(const vks_ref_params *p, const vks_ref_layer *w, c
         rc = vks_ref_attention_backward(s->q, s->k, s->v, rows->start, n, c->n_heads, c->n_kv_heads, c->head_dim,
                                         s->att_max, s->att_sum, g->datt, g->dq, g->dk, g->dv);
     if (rc == VKS_OK)
-        rc = vks_ref_rope_backward(g->dq, rows->pos, n, qdim, 0, c->n_heads, c->head_dim, theta, c->rope_mode);
+        rc = vks_ref_rope_backward(g->dq, rows->pos, n, qdim, 0, c->n_heads, c->head_dim, rows->freqs, c->rope_mode);
     if (rc == VKS_OK)
-        rc = vks_ref_rope_backward(g->dk, rows->pos, n, kv, 0, c->n_kv_heads, c->head_dim, theta, c->rope_mode);
+        rc = vks_ref_rope_backward(g->dk, rows->pos, n, kv, 0, c->n_kv_heads, c->head_dim, rows->freqs, c->rope_mode);
+    if (rc == VKS_OK && c->qk_norm) rc = qk_norm_backward(p, w, s, n, gw, g);
     if (rc == VKS_OK) rc = qkv_backward(p, w, s, n, gw, g);
     if (rc == VKS_OK)
         rc = vks_ref_rmsnorm_backward(s->x_in, w->attn_norm, n, dim, c->norm_eps, g->dxn, g->dx, gw->attn_norm);
