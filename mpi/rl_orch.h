@@ -7,7 +7,7 @@
 #define VKS_RL_ORCH_H
 #include <stdbool.h>
 #include <stdint.h>
-#include "rl/rl_internal.h"
+#include "vkswarm/vks_rl_roles.h"
 #include "vkswarm/vks_rl_mpi.h"
 #include "rl_cast.h"
 #include "rl_wire.h"

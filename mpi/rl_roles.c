@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "rl/rl_internal.h"
+#include "vkswarm/vks_rl_roles.h"
 #include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_mpi.h"

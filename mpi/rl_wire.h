@@ -7,7 +7,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "rl/rl_internal.h"
+#include "vkswarm/vks_rl_roles.h"
+#include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_mpi.h"
 
 #define VKS_RL_MAGIC 0x4c52534bu /* "KSRL" */

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "rl/rl_internal.h"
+#include "vkswarm/vks_rl_roles.h"
 #include "vkswarm/vks_rl_mpi.h"
 
 enum { CHEAT_HIDE = 1, CHEAT_LOGP, CHEAT_COUNTS, CHEAT_SUM };

@@ -11,6 +11,7 @@
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_ops.h"
 #include "vkswarm/vks_quant.h"
+#include "vkswarm/vks_philox.h"
 #include "vkswarm/vks_ref.h"
 
 #define NAN_POISON 0x7fc00000u

@@ -3,7 +3,7 @@
 
 #include "vkswarm/vks_common.h"
 #include "vkswarm/vks_ref.h"
-#include "../src/ref/ref_internal.h"
+#include "vkswarm/vks_philox.h"
 
 #include <math.h>
 #include <stdio.h>

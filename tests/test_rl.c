@@ -21,7 +21,7 @@
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_tokenizer.h"
-#include "../src/rl/rl_internal.h" /* the group queue (internal to src/rl and mpi/) */
+#include "../src/rl/rl_internal.h" /* the run directory lock (internal to src/rl) */
 
 static vks_gpu *gpu_a, *gpu_b;
 static vks_model *tiny;

@@ -11,6 +11,7 @@
 #include <time.h>
 #include "vkswarm/vks_cpu.h"
 #include "vkswarm/vks_ref_forward.h"
+#include "vkswarm/vks_philox.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_sched.h"
 #include "vkswarm/vks_toploc.h"

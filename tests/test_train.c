@@ -11,6 +11,7 @@
 
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_model.h"
+#include "vkswarm/vks_ref_grad.h"
 #include "vkswarm/vks_ref_train.h"
 #include "vkswarm/vks_train.h"
 

@@ -26,8 +26,7 @@
 #ifndef VKS_CHECKPOINT_H
 #define VKS_CHECKPOINT_H
 #include "vks_model.h"
-#include "vks_ref_grad.h"
-#include "vks_sft_data.h"
+#include "vks_train_types.h"
 
 /* ---- parameter layout ---- */
 typedef struct {

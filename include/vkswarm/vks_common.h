@@ -120,6 +120,8 @@ double vks_seconds_now(void);
 
 /* Lower-case hex of a 32-byte hash (BLAKE2b-256) into out[65]. */
 void vks_hash_hex(const uint8_t hash[32], char out[65]);
+/* The 32 bytes of a 64-digit hex string (either case); -1 on anything else. */
+int vks_hash_parse_hex(const char *s, uint8_t out[32]);
 
 /* Overflow-checked size arithmetic: return false on overflow. */
 static inline bool vks_mul_size(size_t a, size_t b, size_t *out) {

@@ -7,8 +7,6 @@
 #include "vks_gpu.h"
 #include "vks_model.h"
 #include "vks_ops.h"
-#include "vks_partition.h"
-#include "vks_rollout.h"
 #include "vks_sched.h"
 
 typedef struct {
@@ -46,6 +44,11 @@ uint64_t vks_engine_weight_bytes(const vks_engine *e);
  * places them: the sizes pipeline placement plans with. 0 for a bad layer. */
 uint64_t vks_engine_layer_bytes(const vks_model *m, const vks_engine_options *opt, int layer);
 uint64_t vks_engine_embedding_bytes(const vks_model *m, const vks_engine_options *opt);
+/* A rank's measurements for pipeline placement (vks_partition_auto). */
+typedef struct {
+    double seconds_per_layer;  /* measured step time of one layer at the run's batch */
+    uint64_t free_bytes;       /* device memory available */
+} vks_stage_measure;
 /* This device's step time for layer 0 at `rows` rows (a warm-up, then the
  * mean of 3 forwards) and its free memory, for vks_partition_auto. opt gives
  * the weight types; the layer range and sizes are set here. */
@@ -185,6 +188,15 @@ typedef struct {
     bool record_logp;
 } vks_generate_options;
 
+/* One stage's commitment of the activations it handed on: layers
+ * [layer_begin, layer_end) ran on rank `rank`. */
+typedef struct {
+    int rank;
+    int layer_begin, layer_end;
+    uint8_t *proofs;
+    size_t proof_bytes;
+} vks_stage_proof;
+
 typedef struct {
     int32_t *ids;    /* prompt ids followed by generated ids (malloc'd) */
     int n_ids;
@@ -192,7 +204,7 @@ typedef struct {
     int32_t stop_token; /* the stop token that ended it (not in ids), or -1 */
     uint8_t *proofs;    /* TOPLOC chunk proofs when the producer made them (malloc'd), else NULL */
     size_t proof_bytes;
-    /* A pipeline's stage commitments (vks_rollout.h; malloc'd), else NULL */
+    /* A pipeline's stage commitments (malloc'd), else NULL */
     vks_stage_proof *stage_proofs;
     int n_stage_proofs;
     /* With record_logp (malloc'd, else NULL): logp[i] for generated id

@@ -184,6 +184,8 @@ int64_t vks_model_param_count(const vks_model *m);
 int vks_model_check_tensors(const vks_model *m, const char *what);
 /* Validates a config (dims > 0, heads divide, sizes do not overflow). */
 int vks_model_config_check(const vks_model_config *c, const char *what);
+/* Row `row` of t (any dtype) as floats in dst[t->cols] (src/model/model_convert.c). */
+void vks_tensor_row_f32(const vks_tensor *t, int64_t row, float *dst);
 /* Identity of a model (src/model/model_hash.c): BLAKE2b-256 over the config
  * and every weight tensor's bytes (dtype and shape included) in a fixed order. */
 int vks_model_hash(const vks_model *m, uint8_t out[32]);
@@ -245,6 +247,10 @@ void vks_model_tiny_config(vks_model_config *c);
 /* Builds the tiny model from seed into *model and, when tok is not NULL, its
  * tokenizer into *tok (the model's bos_id/eos_id are the tokenizer's). */
 int vks_model_init_tiny(uint64_t seed, vks_model **model, struct vks_tokenizer **tok);
+/* m's tokenizer (vks_tokenizer_load_for, vks_tokenizer.h): from the tokenizer
+ * file when given, else from m's own GGUF metadata or the tokenizer.json beside
+ * its safetensors. m may be NULL when a path is given. (src/model/model_load.c) */
+int vks_tokenizer_load_auto(const char *tokenizer_path_or_null, const vks_model *m, struct vks_tokenizer **out);
 /* Residual-stream taps (the stage commitments of vks_rollout.h): for t < n,
  * the residual stream after layer layers[t] - 1, i.e. the input of layer
  * layers[t] (1 <= layers[t] < n_layers), of output row i goes to

@@ -8,7 +8,7 @@
 #ifndef VKS_OPS_GRAD_H
 #define VKS_OPS_GRAD_H
 #include "vks_ops.h"
-#include "vks_ref_grad.h"
+#include "vks_train_types.h"
 
 /* ==== linear ops (matmul, embedding, bias) and the optimizer (gradient
  * norm, clipping, AdamW): src/gpu/ops_grad_linear.c, ops_grad_optim.c ====

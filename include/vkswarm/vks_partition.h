@@ -3,17 +3,14 @@
  * from each rank (vks_engine_measure_stage). */
 #ifndef VKS_PARTITION_H
 #define VKS_PARTITION_H
-#include "vks_common.h"
+#include "vks_engine.h"
 
 /* first[s] = first layer of stage s; first[n_stages] = n_layers. */
 int vks_partition_even(int n_layers, int n_stages, int *first);
 /* Parses "n1,n2,...": layer counts per stage, summing to n_layers. */
 int vks_partition_parse(const char *spec, int n_layers, int n_stages, int *first);
 
-typedef struct {
-    double seconds_per_layer;  /* measured step time of one layer at the run's batch */
-    uint64_t free_bytes;       /* device memory available */
-} vks_stage_measure;
+/* vks_stage_measure (a rank's speed and memory): vks_engine.h. */
 
 /* Gives each stage layers in proportion to its speed, within its memory:
  * layer_bytes per layer (weights + KV), embed_bytes on stage 0 and head_bytes

@@ -1,5 +1,5 @@
 /* vks_quant.h: llama.cpp block formats (Q8_0, Q4_0, Q4_K, Q6_K) with their
- * exact block layouts, quantization and dequantization (src/ref/ref_quant.c). */
+ * exact block layouts, quantization and dequantization (src/core/quant.c). */
 #ifndef VKS_QUANT_H
 #define VKS_QUANT_H
 #include "vks_common.h"

@@ -39,12 +39,7 @@ typedef struct {
     uint32_t pos;      /* position of the row whose logits are sampled */
 } vks_sample_params;
 
-/* Philox4x32-10: key = (seed lo, seed hi), counter = (idx, pos, seq, 0); returns word 0. */
-uint32_t vks_philox_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx);
-/* All four words of that block (vks_philox_u32 is out[0]). */
-void vks_philox4_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx, uint32_t out[4]);
-/* Uniform strictly in (0,1): ((u32 >> 9) + 0.5) / 2^23. Gumbel: -log(-log(u)). */
-float vks_rng_uniform(uint32_t u32);
+/* The RNG (vks_philox_u32, vks_rng_uniform) is in vks_philox.h. Gumbel: -log(-log(u)). */
 /* The sampler's Gumbel noise -log(-log(u)) in float, with -log(u) from a short
  * series when u is within 2^-6 of 1 (shaders/sample.comp computes the same). */
 float vks_gumbel_from_uniform(float u);

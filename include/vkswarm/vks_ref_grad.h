@@ -19,6 +19,7 @@
 #ifndef VKS_REF_GRAD_H
 #define VKS_REF_GRAD_H
 #include "vks_common.h"
+#include "vks_train_types.h"
 
 /* ---- embedding: out[r, :] = table[tokens[r], :]  (table [V, D]) ---- */
 int vks_ref_embed_forward(const double *table, int V, int D, const uint32_t *tokens, int R, double *out);
@@ -106,23 +107,7 @@ int vks_ref_token_entropy_backward(const double *logits, int R, int V, const dou
  * k3 estimator on the sampled token, x = ref_logp - logp:
  *   loss_r += w[r] kl_beta (exp(x) - x - 1) / token_budget   (>= 0, 0 at x = 0)
  *   d/dlogp += w[r] kl_beta (1 - exp(x)) / token_budget       (also on clipped rows) */
-typedef struct {
-    double delta;        /* ratio cap: 4 */
-    double eps;          /* clip range: 0.2 */
-    double token_budget; /* the step's fixed normaliser (> 0) */
-    double kl_beta;      /* KL penalty weight, >= 0; 0: off (ref_logp not read) */
-    /* Entropy bonus weight c, >= 0; 0: off. The term -c w[r] H_r / token_budget
-     * (H_r the entropy of row r's whole distribution: it lowers the loss when
-     * entropy is higher) needs the logits, not logp: vks_trainer_accumulate_grpo
-     * adds it in the token log-probability backward; vks_ref_grpo_loss and
-     * vks_op_grpo_loss ignore it (vks_ref_token_entropy_backward is its reference). */
-    double entropy_coef;
-} vks_grpo_loss_params;
-#define VKS_GRPO_DELTA 4.0
-#define VKS_GRPO_EPS 0.2
-/* Per-row flags of the loss (vks_ref_grpo_loss, vks_op_grpo_loss). */
-#define VKS_GRPO_CLIPPED 1u /* the clipped term is active: no gradient */
-#define VKS_GRPO_CAPPED 2u  /* rho >= delta: the ratio was capped */
+/* (its parameters and row flags: vks_grpo_loss_params, VKS_GRPO_*, vks_train_types.h) */
 /* ref_logp (the reference model's log-probability of each row's target) may
  * be NULL when kl_beta is 0. loss_rows[r] (may be NULL) gets loss_r (0 on masked rows), flags[r] (may be
  * NULL) the VKS_GRPO_* flags (0 on masked rows), *loss (may be NULL) the sum
@@ -132,14 +117,7 @@ int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *
                       const double *weight, int R, const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags, double *loss,
                       double *dlogp);
 
-/* ---- optimizer ---- */
-typedef struct {
-    double lr;           /* this step's learning rate (see vks_ref_lr_at) */
-    double beta1, beta2; /* e.g. 0.9, 0.95 */
-    double eps;          /* e.g. 1e-8 */
-    double weight_decay; /* decoupled: p -= lr * weight_decay * p */
-} vks_adamw_params;
-
+/* ---- optimizer (its parameters: vks_adamw_params, vks_train_types.h) ---- */
 /* One AdamW step (PyTorch's and llm.c's), element by element, t = 1-based step:
  *   g = grad_scale * grads[i]            (grad_scale: clipping, else 1)
  *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
@@ -154,15 +132,7 @@ double vks_ref_sum_squares(const double *g, size_t n);
  * torch.nn.utils.clip_grad_norm_; 1 when max_norm <= 0 (clipping off). */
 double vks_ref_clip_scale(double norm, double max_norm);
 
-/* Learning rate at 1-based step t: linear warm-up lr * t / warmup_steps for
- * t <= warmup_steps, then constant lr, or (cosine) a half cosine from lr down
- * to min_lr at total_steps, min_lr after. */
-typedef struct {
-    double lr, min_lr;
-    int warmup_steps; /* 0: no warm-up */
-    int total_steps;  /* cosine only: the step where min_lr is reached */
-    bool cosine;
-} vks_lr_schedule;
+/* Learning rate at 1-based step t of schedule s (vks_train_types.h). */
 double vks_ref_lr_at(const vks_lr_schedule *s, int t);
 
 #endif

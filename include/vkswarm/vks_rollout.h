@@ -21,6 +21,7 @@
 #ifndef VKS_ROLLOUT_H
 #define VKS_ROLLOUT_H
 #include "vks_common.h"
+#include "vks_engine.h"
 #include <stdio.h>
 
 enum {
@@ -34,14 +35,7 @@ enum {
     VKS_ROLLOUT_MAX_LAYERS = 1 << 16,        /* layer numbers in stage_proofs */
 };
 
-/* One stage's commitment of the activations it handed on: layers
- * [layer_begin, layer_end) ran on rank `rank`. */
-typedef struct {
-    int rank;
-    int layer_begin, layer_end;
-    uint8_t *proofs;
-    size_t proof_bytes;
-} vks_stage_proof;
+/* vks_stage_proof (one stage's commitment): vks_engine.h. */
 
 typedef struct {
     int version;
@@ -91,8 +85,4 @@ int vks_rollout_read(const char *path, vks_rollout_file *out);
 /* Same from memory (the fuzz target's entry); name is used in errors. */
 int vks_rollout_read_mem(const char *data, size_t len, const char *name, vks_rollout_file *out);
 void vks_rollout_file_free(vks_rollout_file *f);
-
-/* Hex of 32 bytes (65 bytes with NUL) and back (-1 on bad input). */
-/* vks_hash_hex() is in vks_common.h */
-int vks_hash_parse_hex(const char *s, uint8_t out[32]);
 #endif

@@ -28,6 +28,7 @@
 #ifndef VKS_SFT_DATA_H
 #define VKS_SFT_DATA_H
 #include "vks_common.h"
+#include "vks_train_types.h"
 
 struct vks_tokenizer;
 
@@ -82,13 +83,8 @@ int vks_sft_data_hash(const vks_sft_data *d, uint8_t out[32]);
  * micro-batch takes the next sequences while they fit in max_tokens rows
  * (and max_seqs); it never spans two epochs, and a sequence is never split.
  * The generator is counter-based, so its whole state is (seed, epoch): the
- * position below is everything a resume needs, and seeking to a saved
+ * position (vks_sft_position, vks_train_types.h) is everything a resume needs, and seeking to a saved
  * position yields exactly the micro-batches that followed it. */
-typedef struct {
-    uint64_t seed;  /* the shuffle's key */
-    int64_t epoch;  /* 0-based pass over the data; < 2^32 */
-    int64_t index;  /* next sequence of this epoch's order, 0 <= index < n_sequences */
-} vks_sft_position;
 
 typedef struct {
     int max_tokens; /* rows per micro-batch: at least the longest sequence */

@@ -32,7 +32,6 @@ const char *vks_tokenizer_decode(const vks_tokenizer *t, int prev, int next, cha
 bool vks_tokenizer_piece_printable(const char *piece, size_t len);
 
 /* ---- GGUF / tokenizer.json vocabularies ---- */
-struct vks_model;
 struct vks_gguf;
 
 /* Token types as GGUF stores them (tokenizer.ggml.token_type). */
@@ -54,11 +53,19 @@ int vks_tokenizer_load_gguf_handle(const struct vks_gguf *g, const char *name, v
  * pre-tokenizer, added tokens); reads tokenizer_config.json beside it when
  * present (bos/eos tokens, add_bos_token, chat_template). */
 int vks_tokenizer_load_hf_json(const char *path, vks_tokenizer **out);
+/* What a model offers its tokenizer loader (vks_tokenizer_load_auto in
+ * vks_model.h fills it from a model). */
+typedef struct {
+    const struct vks_gguf *gguf; /* its open GGUF, or NULL */
+    const char *dir;             /* its safetensors directory ("" or NULL: none) */
+    const char *name;            /* its path, in errors */
+    int vocab_size;
+} vks_tokenizer_source;
 /* From the tokenizer file when given (tokenizer.bin: needs m for the vocab
  * size; .gguf; tokenizer.json; or a directory holding tokenizer.json), else
  * from the model's own GGUF metadata or the tokenizer.json beside a
- * safetensors model. */
-int vks_tokenizer_load_auto(const char *tokenizer_path_or_null, const struct vks_model *m, vks_tokenizer **out);
+ * safetensors model. m may be NULL when a path is given. */
+int vks_tokenizer_load_for(const char *tokenizer_path_or_null, const vks_tokenizer_source *m, vks_tokenizer **out);
 
 typedef struct {
     bool add_bos, add_eos;

@@ -10,7 +10,7 @@
 #define VKS_TRAIN_H
 #include "vks_gpu.h"
 #include "vks_model.h"
-#include "vks_ref_grad.h" /* vks_adamw_params, vks_lr_schedule, vks_grpo_loss_params */
+#include "vks_train_types.h" /* vks_adamw_params, vks_lr_schedule, vks_grpo_loss_params */
 
 typedef enum { VKS_SET_PARAMS = 0, VKS_SET_GRADS = 1, VKS_SET_ADAM_M = 2, VKS_SET_ADAM_V = 3, VKS_SET_COUNT } vks_param_kind;
 

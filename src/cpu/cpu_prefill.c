@@ -4,8 +4,7 @@
  * and RoPE rotates in double as the reference does; attention and SwiGLU run
  * in f32. */
 #include "cpu/cpu_internal.h"
-#include "model/model_internal.h"
-#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_model.h"
 
 #include <cblas.h>
 #include <limits.h>

@@ -7,7 +7,6 @@
 #include "vkswarm/vks_checkpoint.h"
 #include "model/checkpoint_internal.h"
 #include "model/model_internal.h"
-#include "vkswarm/vks_rollout.h"
 #include "vkswarm/vks_safetensors.h"
 #include "vkswarm/vks_tokenizer.h"
 

@@ -9,7 +9,6 @@
 #include "model/model_internal.h"
 #include "vkswarm/vks_gguf.h"
 #include "vkswarm/vks_quant.h"
-#include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_tokenizer.h"
 
 #include <errno.h>

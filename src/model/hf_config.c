@@ -1,6 +1,5 @@
 /* hf_config.c: Hugging Face config.json for LlamaForCausalLM and
  * Qwen2ForCausalLM (read with jansson; every field type- and range-checked). */
-#include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_safetensors.h"
 #include "model/model_internal.h"
 

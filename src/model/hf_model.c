@@ -4,7 +4,6 @@
  * VKS_ROPE_HALF; the writer permutes rows into that order. */
 #include "model/model_internal.h"
 #include "vkswarm/vks_quant.h"
-#include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_safetensors.h"
 #include "vkswarm/vks_tokenizer.h"
 

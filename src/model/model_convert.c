@@ -3,7 +3,6 @@
  * tensors that readers bind out of files. */
 #include "model/model_internal.h"
 #include "vkswarm/vks_quant.h"
-#include "vkswarm/vks_ref.h"
 
 #include <stdint.h>
 #include <stdio.h>

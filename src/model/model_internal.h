@@ -33,8 +33,6 @@ int vks_model_alloc_f32(const vks_model_config *c, const char *name, vks_model *
 /* Source row of destination row r of a q/k matrix [n_heads*head_dim, dim]
  * when RoPE row order changes from from_mode to to_mode (VKS_ROPE_*). */
 int64_t vks_rope_src_row(int64_t r, int head_dim, int from_mode, int to_mode);
-/* Dequantizes row `row` of t into dst[t->cols]. */
-void vks_tensor_row_f32(const vks_tensor *t, int64_t row, float *dst);
 /* Owned f32 copy of src (biases included) with q/k rows (and biases) in
  * rope_mode order. */
 int vks_model_copy_f32(const vks_model *src, int rope_mode, vks_model **out);

@@ -2,6 +2,7 @@
  * name): "GGUF" magic, a safetensors file (u64 header length then '{') or a
  * directory holding config.json, else a llama2.c checkpoint. */
 #include "model/model_internal.h"
+#include "vkswarm/vks_tokenizer.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -50,4 +51,10 @@ int vks_model_load(const char *path, vks_model **out) {
     case FMT_SAFETENSORS: return vks_model_load_safetensors(path, out);
     default: return vks_model_load_llama2c(path, out);
     }
+}
+
+int vks_tokenizer_load_auto(const char *path, const vks_model *m, vks_tokenizer **out) {
+    if (!m) return vks_tokenizer_load_for(path, NULL, out);
+    const vks_tokenizer_source src = {m->gguf, m->dir, m->path, m->cfg.vocab_size};
+    return vks_tokenizer_load_for(path, &src, out);
 }

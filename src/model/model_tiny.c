@@ -3,7 +3,7 @@
  * so the demo and the tests need no downloaded model. The architecture and
  * the initialisation are documented in vks_model.h. */
 #include "model/model_internal.h"
-#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_philox.h"
 #include "vkswarm/vks_tokenizer.h"
 
 #include <math.h>

@@ -8,7 +8,7 @@
 #include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
-#include "model/model_internal.h"
+#include "vkswarm/vks_model.h"
 
 #include <stdlib.h>
 #include <string.h>

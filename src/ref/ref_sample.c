@@ -1,4 +1,4 @@
-/* ref_sample.c: counter-based RNG and the reference sampler.
+/* ref_sample.c: the reference sampler (its RNG: src/core/philox.c).
  *
  * Sampling semantics (the GLSL sampler mirrors this exactly):
  *   1. temperature <= 0: greedy. token = argmax(logits), lowest index on ties.
@@ -25,54 +25,11 @@
  * 2^24 and u = 1 gives a Gumbel of +inf.) The GLSL sampler does the same.
  */
 #include "vkswarm/vks_ref.h"
-#include "ref/ref_internal.h"
+#include "vkswarm/vks_philox.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- Philox4x32-10 (Random123) ---- */
-
-enum {
-    PHILOX_M0 = 0xD2511F53u,
-    PHILOX_M1 = 0xCD9E8D57u,
-    PHILOX_W0 = 0x9E3779B9u,
-    PHILOX_W1 = 0xBB67AE85u,
-};
-
-static void philox_round(uint32_t ctr[4], const uint32_t key[2]) {
-    uint64_t p0 = (uint64_t)PHILOX_M0 * ctr[0];
-    uint64_t p1 = (uint64_t)PHILOX_M1 * ctr[2];
-    uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-    uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-    uint32_t next[4] = {hi1 ^ ctr[1] ^ key[0], lo1, hi0 ^ ctr[3] ^ key[1], lo0};
-    memcpy(ctr, next, sizeof next);
-}
-
-void vks_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
-    uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
-    uint32_t k[2] = {key[0], key[1]};
-    for (int round = 0; round < 10; round++) {
-        philox_round(c, k);
-        k[0] += PHILOX_W0; /* the bump after the last round is unused */
-        k[1] += PHILOX_W1;
-    }
-    memcpy(out, c, sizeof c);
-}
-
-void vks_philox4_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx, uint32_t out[4]) {
-    const uint32_t ctr[4] = {idx, pos, seq, 0};
-    const uint32_t key[2] = {(uint32_t)(seed & 0xffffffffu), (uint32_t)(seed >> 32)};
-    vks_philox4x32_10(ctr, key, out);
-}
-
-uint32_t vks_philox_u32(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t idx) {
-    uint32_t out[4];
-    vks_philox4_u32(seed, seq, pos, idx, out);
-    return out[0];
-}
-
-float vks_rng_uniform(uint32_t u32) { return ((float)(u32 >> 9) + 0.5f) * (1.0f / 8388608.0f); }
 
 /* ---- sampler ---- */
 
@@ -196,34 +153,15 @@ static float gumbel(const vks_sample_params *p, uint32_t idx) {
     return vks_gumbel_from_uniform(vks_rng_uniform(vks_philox_u32(p->seed, p->seq, p->pos, idx)));
 }
 
-enum { LANES = 16 };
-
-/* vks_philox_u32(seed, seq, pos, first + l) for l < LANES: the same rounds
- * lane by lane, in loops compilers vectorize (10x the one-at-a-time rate). */
-static void philox_lanes(uint64_t seed, uint32_t seq, uint32_t pos, uint32_t first, uint32_t out[LANES]) {
-    uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
-    uint32_t k0 = (uint32_t)(seed & 0xffffffffu), k1 = (uint32_t)(seed >> 32);
-    for (int l = 0; l < LANES; l++) c0[l] = first + (uint32_t)l, c1[l] = pos, c2[l] = seq, c3[l] = 0;
-    for (int round = 0; round < 10; round++) {
-        for (int l = 0; l < LANES; l++) {
-            uint64_t p0 = (uint64_t)PHILOX_M0 * c0[l], p1 = (uint64_t)PHILOX_M1 * c2[l];
-            uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1[l] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3[l] ^ k1;
-            c1[l] = (uint32_t)p1, c3[l] = (uint32_t)p0, c0[l] = n0, c2[l] = n2;
-        }
-        k0 += PHILOX_W0, k1 += PHILOX_W1;
-    }
-    memcpy(out, c0, sizeof c0);
-}
-
 /* The kept i with the largest z_i + g_i (float add), lowest index on ties;
  * -1 when none is kept. Its score goes to *best. */
 static int gumbel_argmax(const float *z, const uint8_t *keep, int n, const vks_sample_params *p, float *best) {
     int arg = -1;
-    uint32_t u[LANES];
-    for (int i0 = 0; i0 < n; i0 += LANES) {
-        int m = n - i0 < LANES ? n - i0 : LANES;
+    uint32_t u[VKS_PHILOX_LANES];
+    for (int i0 = 0; i0 < n; i0 += VKS_PHILOX_LANES) {
+        int m = n - i0 < VKS_PHILOX_LANES ? n - i0 : VKS_PHILOX_LANES;
         if (!memchr(keep + i0, 1, (size_t)m)) continue;
-        philox_lanes(p->seed, p->seq, p->pos, (uint32_t)i0, u);
+        vks_philox_u32_lanes(p->seed, p->seq, p->pos, (uint32_t)i0, u);
         for (int l = 0; l < m; l++) {
             if (!keep[i0 + l]) continue;
             float score = z[i0 + l] + vks_gumbel_from_uniform(vks_rng_uniform(u[l]));

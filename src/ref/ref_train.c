@@ -4,7 +4,7 @@
  * order of llm.c's gpt2_backward. */
 #include "vkswarm/vks_ref_train.h"
 #include "vkswarm/vks_ref_grad.h"
-#include "model/model_internal.h"
+#include "vkswarm/vks_model.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_grpo.h"
-#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_philox.h"
 #include "vkswarm/vks_rollout.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "vkswarm/vks_toploc.h"

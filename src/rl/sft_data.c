@@ -2,7 +2,7 @@
  * as hostile input and tokenized into masked sequences, and the resumable
  * batcher that shuffles them per epoch and packs them into micro-batches. */
 #include "vkswarm/vks_sft_data.h"
-#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_philox.h"
 #include "vkswarm/vks_tokenizer.h"
 
 #include <errno.h>

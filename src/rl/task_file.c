@@ -2,7 +2,7 @@
  * counts; the first malformed line fails with "FILE: line N: ...") and the SFT
  * warm-up file of a built-in task (vks_tasks.h). */
 #include "vkswarm/vks_tasks.h"
-#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_philox.h"
 #include "task_internal.h"
 
 #include <errno.h>

@@ -2,7 +2,7 @@
  * through Philox so every machine makes the same instances, their worked
  * completions for SFT warm-up, and the thinking-budget reward. */
 #include "vkswarm/vks_tasks.h"
-#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_philox.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -8,7 +8,6 @@
 
 #include "tokenizer_internal.h"
 #include "vkswarm/vks_gguf.h"
-#include "vkswarm/vks_model.h"
 
 /* ---- GGUF ---- */
 
@@ -513,7 +512,7 @@ static int sniff(const char *path, char *kind) {
 
 /* A model directory's tokenizer: the first of tokenizer.json, tokenizer.gguf
  * and tokenizer.bin (vks_tokenizer.h) that is present. */
-static int load_dir(const char *dir, const vks_model *m, vks_tokenizer **out) {
+static int load_dir(const char *dir, const vks_tokenizer_source *m, vks_tokenizer **out) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s/" VKS_TOKENIZER_JSON, dir);
     if (is_file(buf)) return vks_tokenizer_load_hf_json(buf, out);
@@ -522,13 +521,13 @@ static int load_dir(const char *dir, const vks_model *m, vks_tokenizer **out) {
     snprintf(buf, sizeof buf, "%s/" VKS_TOKENIZER_BIN, dir);
     if (is_file(buf)) {
         if (!m) return vks_set_error(VKS_ERR_ARG, "%s: a llama2.c tokenizer.bin needs the model's vocab size", buf);
-        return vks_tokenizer_load_llama2c(buf, m->cfg.vocab_size, out);
+        return vks_tokenizer_load_llama2c(buf, m->vocab_size, out);
     }
     return vks_set_error(VKS_ERR_ARG, "%s: no " VKS_TOKENIZER_JSON ", " VKS_TOKENIZER_GGUF " or " VKS_TOKENIZER_BIN
                          " in the directory; give --tokenizer", dir);
 }
 
-static int load_path(const char *path, const vks_model *m, vks_tokenizer **out) {
+static int load_path(const char *path, const vks_tokenizer_source *m, vks_tokenizer **out) {
     if (is_dir(path)) return load_dir(path, m, out);
     char kind = 'b';
     int rc = sniff(path, &kind);
@@ -538,23 +537,23 @@ static int load_path(const char *path, const vks_model *m, vks_tokenizer **out) 
     if (!m)
         return vks_set_error(VKS_ERR_ARG, "%s: neither GGUF nor JSON; read as a llama2.c tokenizer.bin it needs the "
                              "model's vocab size", path);
-    return vks_tokenizer_load_llama2c(path, m->cfg.vocab_size, out);
+    return vks_tokenizer_load_llama2c(path, m->vocab_size, out);
 }
 
-static int load_from_model(const vks_model *m, vks_tokenizer **out) {
-    if (m->gguf) return vks_tokenizer_load_gguf_handle(m->gguf, m->path, out);
-    if (m->dir[0]) return load_dir(m->dir, m, out);
-    return vks_set_error(VKS_ERR_ARG, "%s: the model carries no tokenizer; give --tokenizer", m->path);
+static int load_from_model(const vks_tokenizer_source *m, vks_tokenizer **out) {
+    if (m->gguf) return vks_tokenizer_load_gguf_handle(m->gguf, m->name, out);
+    if (m->dir && m->dir[0]) return load_dir(m->dir, m, out);
+    return vks_set_error(VKS_ERR_ARG, "%s: the model carries no tokenizer; give --tokenizer", m->name);
 }
 
-int vks_tokenizer_load_auto(const char *path, const struct vks_model *m, vks_tokenizer **out) {
+int vks_tokenizer_load_for(const char *path, const vks_tokenizer_source *m, vks_tokenizer **out) {
     if (!out || (!path && !m)) return vks_set_error(VKS_ERR_ARG, "vks_tokenizer_load_auto: no tokenizer or model");
     *out = NULL;
     int rc = path ? load_path(path, m, out) : load_from_model(m, out);
     if (rc != VKS_OK || !m) return rc;
-    if (vks_tokenizer_vocab_size(*out) > m->cfg.vocab_size) {
-        rc = vks_set_error(VKS_ERR_FORMAT, "%s: tokenizer has %d tokens but the model only %d", path ? path : m->path,
-                           vks_tokenizer_vocab_size(*out), m->cfg.vocab_size);
+    if (vks_tokenizer_vocab_size(*out) > m->vocab_size) {
+        rc = vks_set_error(VKS_ERR_FORMAT, "%s: tokenizer has %d tokens but the model only %d", path ? path : m->name,
+                           vks_tokenizer_vocab_size(*out), m->vocab_size);
         vks_tokenizer_free(*out);
         *out = NULL;
     }

@@ -2,7 +2,7 @@
  * rollouts (see vks_verify_group.h). Per-sample verification is the caller's
  * function (vks_verify_batch, vks_verify_batch_cpu, verifier ranks). */
 #include "vkswarm/vks_verify_group.h"
-#include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_philox.h"
 
 #include <math.h>
 #include <sodium.h>

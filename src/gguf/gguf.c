@@ -28,7 +28,7 @@
 #define GGUF_MAGIC "GGUF"
 #define MAX_ALIGNMENT (1u << 20)
 
-#include "model/gguf_internal.h"
+#include "gguf/gguf_internal.h"
 
 /* ---- type tables ---- */
 

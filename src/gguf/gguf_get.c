@@ -1,6 +1,6 @@
 /* gguf_get.c: typed GGUF metadata getters. The file was validated at open,
  * so these only fail on a missing key, a type that does not fit, or a bad index. */
-#include "model/gguf_internal.h"
+#include "gguf/gguf_internal.h"
 
 #include <string.h>
 

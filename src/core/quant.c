@@ -1,4 +1,4 @@
-/* ref_quant.c: llama.cpp block formats on the CPU (the truth for the GPU
+/* quant.c: llama.cpp block formats on the CPU (the truth for the GPU
  * dequantizing kernels).
  *
  * Dequantizers compute exactly what llama.cpp's dequantize_row_q8_0 / q4_0 /

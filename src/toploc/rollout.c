@@ -12,26 +12,6 @@
 
 static const char format_name[] = "vkswarm-rollouts";
 
-/* ---- hashes ---- */
-
-
-static int hex_digit(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-int vks_hash_parse_hex(const char *s, uint8_t out[32]) {
-    if (!s || strlen(s) != 64) return -1;
-    for (int i = 0; i < 32; i++) {
-        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
-        if (hi < 0 || lo < 0) return -1;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return 0;
-}
-
 /* ---- field readers: each returns VKS_OK or sets a one-line error ---- */
 
 static json_t *field(json_t *o, const char *name) {

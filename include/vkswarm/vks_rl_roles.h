@@ -1,0 +1,198 @@
+/* vks_rl_roles.h: what the roles of an RL run share, for the run on one
+ * machine (src/rl) and the run across ranks (mpi/rl_*.c): completions and
+ * their groups, the queue of groups within the async window, the inference
+ * side's state (vks_rl_gen) and where the trainer's groups come from
+ * (vks_rl_source). The rest of the run's internals: src/rl/rl_internal.h. */
+#ifndef VKS_RL_ROLES_H
+#define VKS_RL_ROLES_H
+#include "vks_engine.h"
+#include "vks_rl.h"
+#include "vks_tasks.h"
+#include "vks_toploc.h"
+
+struct vks_rl_shared;   /* the single-process hand-over (src/rl) */
+struct vks_rl_timeline; /* a role's record of what it did when (src/rl) */
+#define VKS_RL_MAX_GROUP 1024          /* group_size's bound in the config */
+#define VKS_RL_MAX_BATCH 4096          /* prompts_per_step x group_size generated at once */
+
+/* One completion: BOS + prompt, then the completion (with the stop token when one ended it). */
+typedef struct {
+    int32_t *tokens;
+    int prompt_len, completion_len;
+    float *logp;          /* completion_len entries: the sampler's record (logp_old) */
+    double task_reward;   /* 0..1 */
+    double reward;        /* with the thinking-budget term */
+    double advantage;
+    bool accepted;        /* by the verifier (true without one) */
+    bool logp_far;        /* the trainer's log-probabilities are far from logp: not trained on */
+} vks_rl_sample;
+
+/* The trainer trains on no completion whose recorded log-probabilities differ
+ * from its own by more than this (nats) on any token: such a record is not the
+ * sampling policy's (honest: ~3e-7 at async level 0, and k steps of drift stay
+ * well below), and it would set the token's importance ratio at will. The
+ * step is redone without it; counted in the metrics (logp_excluded). */
+#define VKS_RL_MAX_LOGP_MISMATCH 5.0
+
+/* A group of accepted completions of one prompt, with signal. */
+typedef struct {
+    vks_rl_sample *samples;
+    int n;
+    int64_t policy_step;  /* the trainer step whose weights generated it (0: the start) */
+    int64_t task_index;
+} vks_rl_batch_group;
+
+void vks_rl_group_free(vks_rl_batch_group *g);
+
+/* What generation batches counted, for the metrics. */
+typedef struct {
+    int64_t rollouts, checked, accepted, rejected, filtered, stale;
+    double task_reward_sum;    /* over every rollout, 0..1 each */
+} vks_rl_counters;
+/* What one generation batch counted. */
+typedef struct {
+    int64_t rollouts, checked, accepted;
+    double task_reward_sum;    /* sum of the task rewards of all its rollouts (0..rollouts) */
+} vks_rl_gen_counts;
+
+/* The groups on their way to the trainer (rl_queue.c): a ring of
+ * prompts_per_step x (async_level + 2) groups, filled within the async window.
+ * Not locked: the single-process hand-over holds its mutex around it. */
+typedef struct {
+    vks_rl_batch_group *ring;
+    int head, len, cap;
+    int prompts_per_step, async_level;
+    int64_t pushed;            /* useful groups queued so far (consumed ones included) */
+    int64_t empty_prompts;     /* prompts in a row without a useful group */
+    vks_rl_counters counters;
+} vks_rl_queue;
+int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level);
+void vks_rl_queue_free(vks_rl_queue *q);
+/* How many more groups made with the weights of step `policy` may be queued; whether any. */
+int64_t vks_rl_queue_room(const vks_rl_queue *q, int64_t policy);
+bool vks_rl_queue_has_room(const vks_rl_queue *q, int64_t policy);
+/* How many more generation batches to hand out, with `out` batches already
+ * out: each may bring prompts_per_step useful groups, so no more are out than
+ * the window can take (at k = 0 one at a time: a second would go stale). */
+int64_t vks_rl_queue_batches_to_grant(const vks_rl_queue *q, int64_t policy, int64_t out);
+/* Queues a batch's n_groups (<= prompts_per_step) groups made with policy
+ * `policy`: a group without signal (n = 0) is counted as filtered, one past
+ * the window (or with the ring full) as stale and freed; the others move into
+ * the ring (groups[p] left empty). Counts cnt; an error after
+ * max_empty_batches x prompts_per_step prompts in a row (0:
+ * VKS_RL_MAX_EMPTY_BATCHES batches' worth) without a useful group. */
+int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, int n_groups,
+                      const vks_rl_gen_counts *cnt, int max_empty_batches);
+/* Moves the n oldest groups (n <= len) into out[]. */
+int vks_rl_queue_pop(vks_rl_queue *q, int n, vks_rl_batch_group *out);
+
+/* The inference thread's state. */
+typedef struct vks_rl_gen vks_rl_gen;
+struct vks_rl_gen {
+    const vks_rl_run_options *o;
+    struct vks_rl_shared *sh;
+    vks_task_spec spec;       /* built-in task, when tasks is NULL */
+    vks_task *tasks;          /* user tasks (a task file), the held-out ones taken out */
+    int64_t n_tasks;
+    const char *tasks_path;   /* their file (inside config->task), NULL for a built-in task */
+    vks_task *held;           /* config->eval_split: the held-out tasks of the file (never trained on) */
+    int64_t n_held;
+    vks_model *model;         /* the policy it generates with (owned) */
+    int64_t policy_step;
+    uint8_t model_hash[32];
+    vks_engine *engine;
+    int64_t batch;            /* generation batches done */
+    double verify_start, verify_end; /* the last batch's verification (vks_seconds_now(); both 0: none) */
+    struct vks_rl_timeline *timeline;       /* the inference thread's record (NULL: none, as on inference ranks) */
+    char rollouts_dir[4096];
+    bool defer_verify;        /* a verifier rank checks the batches: write the rollout file, verify
+                                 nothing here, every completion goes into its group unverified */
+    bool rejections_started;  /* rollouts_dir/rejected.jsonl has been trimmed for this process's batches */
+    bool keep_flat_groups;    /* TEST ONLY: keep groups without signal (advantages 0), so that a
+                                 rank told to send garbage always has a group to spoil */
+    /* Generation elsewhere (NULL: on this engine with vks_generate): an RL
+     * pipeline group's first rank (mpi/rl_group.c) runs it across its stages.
+     * It fills seqs[0..n) as vks_generate with record_logp does, and their
+     * TOPLOC proofs when toploc; the policy is g->model at g->policy_step, and
+     * vks_rl_gen_set_policy makes no engine. */
+    int (*generate)(void *ctx, const vks_rl_gen *g, const vks_sched_params *sp, vks_sequence *seqs, int n, bool toploc);
+    void *generate_ctx;
+};
+
+/* Opens the run's tasks (config->task) into g, holding out config->eval_split
+ * of a task file (the same split on every rank); vks_rl_gen_close frees them,
+ * the engine and the policy. */
+int vks_rl_gen_open_tasks(vks_rl_gen *g);
+void vks_rl_gen_close(vks_rl_gen *g);
+/* Makes m (owned from here) the policy of step `step`: a fresh engine. */
+int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
+/* The verifier's rejections, one JSON object per rejected completion,
+ * appended per batch (each line flushed and checked) to
+ * rollouts_dir/VKS_RL_REJECTED_FILE:
+ *   {"batch":B,"policy_step":S,"sample":I,"file":"batch-B.jsonl","id":ID,
+ *    "seq":Q,"task_index":T,"output_tokens":N,"reason":STR,"max_gap":X,
+ *    "logit_margin":M,"n_chunks":C,"toploc_exp_mismatches":E,
+ *    "toploc_mant_mean":A,"toploc_mant_median":D}
+ * (sample: the completion's index in the batch and in its rollout file; the
+ * gap, margin and TOPLOC statistics are the verdict's, null when not finite).
+ * Before a process's first batch the file keeps only lines of earlier batches
+ * (a fresh run starts it empty; a resumed one drops the batches it makes
+ * again). A batch with rejections also prints one line on stderr. */
+#define VKS_RL_REJECTED_FILE "rejected.jsonl"
+/* Records batch g->batch's rejected completions (samples: its rollout file,
+ * in order; v: their verdicts, made with vo) as above. */
+int vks_rl_record_rejections(vks_rl_gen *g, const vks_rollout_sample *samples, const vks_verdict *v, int n,
+                             const vks_verify_options *vo);
+
+/* Renders the run's first prompt (task 0, its think sentence included; no
+ * BOS) and hands its text to o->show_prompt when set: an error here, at the
+ * start, when the prompt format cannot render it (e.g. "model" without a
+ * chat template), not at the first batch. */
+int vks_rl_gen_show_prompt(const vks_rl_gen *g);
+/* Generation batch `batch` with the current policy: the first n_prompts
+ * (1..prompts_per_step) of its tasks (task batch * prompts_per_step + p) x
+ * group_size completions, scored, verified (o->verify), as groups[0..n_prompts)
+ * (groups[p].n = 0: no signal, dropped; groups has prompts_per_step entries,
+ * the rest left empty). The single-process inference thread (n_prompts: the
+ * window's room) and an inference rank (mpi/rl_roles.c: all) both call it. */
+int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt);
+/* The sampler seed of generation batch `batch` (every batch has its own). */
+uint64_t vks_rl_batch_seed(const vks_rl_config *c, int64_t batch);
+/* Creates the run's OUT directory (config->out) and OUT/sub (either may exist)
+ * and makes OUT/sub g's rollouts_dir: where its batches' rollout files and
+ * its record of rejections go. */
+int vks_rl_gen_make_dirs(vks_rl_gen *g, const char *sub);
+/* Where batch `batch`'s rollout file goes: g->rollouts_dir/batch-NNNNNN.jsonl. */
+void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap);
+/* The trainer's check of a sample from another rank: its prompt is task
+ * task_index's (built as the inference side builds it: g->model gives the
+ * vocabulary and context) and its rewards are what the task (and the
+ * thinking budget) give its completion. err says why not. */
+int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap);
+/* What vks_rl_check_sample compares: the prompt and stop checks, then the
+ * rewards the task (and the thinking budget) give s's completion (a verifier
+ * rank scores the rollout records of groups sent without completions). */
+int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, double *task_reward,
+                        double *reward, char *err, size_t cap);
+
+/* Where the trainer's groups come from and its weights go: the inference
+ * thread (NULL source) or inference ranks (mpi/rl_roles.c). */
+typedef struct {
+    void *ctx;
+    /* Hands the weights of trainer step `step` (0: the start) to inference; m is owned from here. */
+    int (*publish)(void *ctx, vks_model *m, int64_t step);
+    /* Blocks (bounded) until the prompts_per_step groups that trainer step
+     * step + 1 consumes are there; moves them into groups[]. */
+    int (*take)(void *ctx, int64_t step, vks_rl_batch_group *groups);
+    void (*counters)(void *ctx, vks_rl_counters *c);
+    /* The rollout position: generation batches started so far (a resumed run starts the next one). */
+    int64_t (*position)(void *ctx);
+    /* Before the first publish of a resumed run: trainer steps done, the next generation batch. */
+    void (*resume)(void *ctx, int64_t step, int64_t next_batch);
+    /* Bytes the last publish put on the wire (NULL: not measured). */
+    double (*broadcast_bytes)(void *ctx);
+} vks_rl_source;
+/* vks_rl_run with the groups from src (NULL: the inference thread). */
+int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *r);
+
+#endif
