@@ -691,7 +691,7 @@ static void test_head_dim_formats(void **state) {
         assert_int_equal(vks_model_save_gguf(m, gguf, NULL), VKS_OK);
         assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
         assert_int_equal(vks_model_save_llama2c(m, bin), VKS_ERR_ARG);
-        assert_non_null(strstr(vks_last_error(), "head_dim 32"));
+        assert_non_null(strstr(vks_last_error(), a == 2 ? "cannot hold q/k norms" : "head_dim 32"));
         vks_model *g, *h;
         if (vks_model_load(gguf, &g) != VKS_OK) fail_msg("%s", vks_last_error());
         if (vks_model_load(hf, &h) != VKS_OK) fail_msg("%s", vks_last_error());
@@ -710,6 +710,66 @@ static void test_head_dim_formats(void **state) {
         vks_model_free(g); vks_model_free(h); vks_model_free(m);
         free(gguf); free(hf); free(bin);
     }
+}
+
+/* Llama 3.1's RoPE scaling, transcribed from transformers'
+ * _compute_llama3_parameters (modeling_rope_utils.py) as published. */
+static double llama3_formula(double base, int dim, int i, double factor, double low, double high, double orig) {
+    double inv_freq = 1.0 / pow(base, (double)(2 * i) / dim);
+    double low_freq_wavelen = orig / low, high_freq_wavelen = orig / high;
+    double wavelen = 2 * M_PI / inv_freq;
+    double inv_freq_llama = wavelen > low_freq_wavelen ? inv_freq / factor : inv_freq;
+    double smooth_factor = (orig / wavelen - low) / (high - low);
+    double smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama;
+    bool is_medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    return is_medium ? smoothed : inv_freq_llama;
+}
+
+/* vks_rope_freqs with llama3 scaling equals the formula at every dimension
+ * (Llama 3.1 8B's numbers: all three bands occur), and a Llama 3 model goes
+ * through config.json (rope_scaling) and GGUF (rope_freqs) unchanged. */
+static void test_llama3_rope(void **state) {
+    (void)state;
+    vks_model_config c = {.head_dim = 128, .rope_theta = 500000.0f,
+                          .rope_scaling = {VKS_ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192}};
+    double f[64];
+    vks_rope_freqs(&c, f);
+    int scaled = 0, kept = 0;
+    for (int i = 0; i < 64; i++) {
+        double want = llama3_formula(500000.0, 128, i, 8, 1, 4, 8192), plain = 1.0 / pow(500000.0, (double)(2 * i) / 128);
+        if (fabs(f[i] - want) > 1e-14 * want) fail_msg("pair %d: %.17g, the formula gives %.17g", i, f[i], want);
+        scaled += fabs(want - plain / 8) <= 1e-14 * want;
+        kept += fabs(want - plain) <= 1e-14 * want;
+    }
+    assert_true(scaled > 0 && kept > 0 && scaled + kept < 64); /* low, high and the band between */
+    vks_model_config m_cfg = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                              .vocab_size = 512, .seq_len = 64, .rope_theta = 500000.0f,
+                              .rope_scaling = {VKS_ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 4.0f, 16}};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&m_cfg, 31, &m), VKS_OK);
+    const char *dir = tu_tmpdir();
+    char *gguf = path_in(dir, "l3.gguf"), *hf = path_in(dir, "l3");
+    assert_int_equal(vks_model_save_gguf(m, gguf, NULL), VKS_OK);
+    assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
+    vks_model *g, *h;
+    if (vks_model_load(gguf, &g) != VKS_OK) fail_msg("%s", vks_last_error());
+    if (vks_model_load(hf, &h) != VKS_OK) fail_msg("%s", vks_last_error());
+    assert_non_null(vks_gguf_find_tensor(vks_model_gguf(g), "rope_freqs.weight"));
+    const vks_model *all[] = {g, h};
+    for (int i = 0; i < 2; i++) {
+        const vks_rope_scaling *s = &all[i]->cfg.rope_scaling;
+        assert_true(s->type == VKS_ROPE_SCALING_LLAMA3 && s->factor == 32.0f && s->low_freq_factor == 1.0f &&
+                    s->high_freq_factor == 4.0f && s->original_context == 16);
+    }
+    float *lm = logits_of(m), *lg = logits_of(g), *lh = logits_of(h);
+    size_t nl = (size_t)N_IDS * 512;
+    assert_true(max_abs_diff(lg, lm, nl) < 1e-5 && max_abs_diff(lh, lm, nl) < 1e-5);
+    m->cfg.rope_scaling.type = VKS_ROPE_SCALING_NONE;
+    float *ln = logits_of(m); /* the scaling is applied: without it the logits differ */
+    assert_true(max_abs_diff(ln, lm, nl) > 1e-4);
+    free(lm); free(lg); free(lh); free(ln);
+    vks_model_free(g); vks_model_free(h); vks_model_free(m);
+    free(gguf); free(hf);
 }
 
 /* A llama2.c tokenizer embedded in GGUF equals llama.cpp's own vocab file. */
@@ -1234,6 +1294,12 @@ static void test_hf_unsupported_config_refused(void **state) {
     expect_load_error(hf, "rope_scaling type 'yarn'");
     edit_file(cfg, "\"yarn\"", "\"default\"");
     expect_load_ok(hf);
+    edit_file(cfg, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"silu\", \"sliding_window\": 16"); /* context 32 */
+    expect_load_error(hf, "sliding_window 16 is shorter than the context 32");
+    edit_file(cfg, "\"sliding_window\": 16", "\"sliding_window\": 16, \"use_sliding_window\": false"); /* as Qwen2/3 */
+    expect_load_ok(hf);
+    edit_file(cfg, "\"sliding_window\": 16, \"use_sliding_window\": false", "\"sliding_window\": 32");
+    expect_load_ok(hf);
     free(cfg);
     free(hf);
     vks_model_free(m);
@@ -1477,12 +1543,30 @@ static void test_convert_cli(void **state) {
         "convert --in %s --out %s/x.gguf --type q5_k",
         "convert --out x.gguf",
         "convert --in %s --out %s/x --tokenizer t.bin",
+        "convert --random-model 64,96,2,4,2,97 --arch mistral --out %s/x.gguf",
+        "convert --in %s --arch qwen3 --out %s/x.gguf",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char args[2048];
         snprintf(args, sizeof args, bad[i], model, dir);
         snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", tu_bin(), args);
         if (tu_run(cmd, NULL) != 2) fail_msg("'%s' did not exit 2", args);
+    }
+    char args_path[1200];
+    /* --random-model with --arch: a Qwen3 of head_dim 32 (4 heads on dim 64), a Llama 3.1, a Qwen2 */
+    const char *archs[][2] = {{"qwen3", "qwen3"}, {"llama3", "llama"}, {"qwen2", "qwen2"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s convert --random-model 64,96,2,4,2,97,64,32 --arch %s --out %s/ra.gguf 2>/dev/null",
+                 tu_bin(), archs[i][0], dir);
+        assert_int_equal(tu_run(cmd, NULL), 0);
+        snprintf(args_path, sizeof args_path, "%s/ra.gguf", dir);
+        vks_model *ra;
+        if (vks_model_load(args_path, &ra)) fail_msg("%s", vks_last_error());
+        assert_string_equal(ra->arch, archs[i][1]);
+        assert_int_equal(ra->cfg.head_dim, 32);
+        assert_true(ra->cfg.qk_norm == (i == 0) && (ra->cfg.rope_scaling.type != 0) == (i == 1));
+        assert_true(vks_model_has_bias(ra) == (i == 2));
+        vks_model_free(ra);
     }
     snprintf(cmd, sizeof cmd, "%s convert --help | grep -q 'usage: vkswarm convert'", tu_bin());
     assert_int_equal(tu_run(cmd, NULL), 0);
@@ -1641,6 +1725,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_model_checkpoints),
         cmocka_unit_test(test_qwen2_biases),
         cmocka_unit_test(test_head_dim_formats),
+        cmocka_unit_test(test_llama3_rope),
         cmocka_unit_test(test_embedded_tokenizer_matches_llama_cpp),
         cmocka_unit_test(test_sharded_safetensors_and_detection),
         cmocka_unit_test(test_gguf_hostile),

@@ -160,6 +160,50 @@ static void test_gradients_recompute(void **s) { (void)s; check_gradients(false,
 
 static const vks_adamw_params adamw = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
 
+/* One SFT step and one RL (GRPO) step for every architecture: finite losses,
+ * the weights move, the trainer's model exports with the architecture. */
+static void test_every_architecture_steps(void **state) {
+    (void)state;
+    const char *archs[] = {"llama", "llama3", "qwen2", "qwen3"};
+    for (int a = 0; a < 4; a++) {
+        vks_model_config c = {.dim = 48, .hidden_dim = 72, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                              .vocab_size = 67, .seq_len = 32, .head_dim = a == 3 ? 16 : 0, .norm_eps = 1e-6f};
+        vks_model *m = NULL;
+        if (vks_model_random_arch(&c, archs[a], 50 + (uint64_t)a, &m)) fail_msg("%s", vks_last_error());
+        small_batch sb;
+        make_batch(&sb, m->cfg.vocab_size, 5);
+        vks_train_batch b = train_batch(&sb);
+        vks_trainer *t = make_trainer(m, false);
+        double loss, norm;
+        assert_int_equal(vks_trainer_accumulate(t, &b, &loss, NULL), VKS_OK); /* SFT */
+        assert_int_equal(vks_trainer_step(t, &adamw, 1.0, &norm), VKS_OK);
+        assert_true(isfinite(loss) && isfinite(norm) && norm > 0);
+        float logp[23], old[23], adv[23];
+        assert_int_equal(vks_trainer_logprobs(t, &b, logp), VKS_OK);
+        for (int i = 0; i < 23; i++) {
+            old[i] = logp[i] - 0.01f;
+            adv[i] = i < 9 ? 1.0f : -1.0f;
+        }
+        vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 23};
+        vks_grpo_rows rows = {old, adv, NULL};
+        vks_grpo_stats st;
+        assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st, NULL), VKS_OK); /* RL */
+        assert_int_equal(vks_trainer_step(t, &adamw, 1.0, &norm), VKS_OK);
+        assert_true(isfinite(st.loss) && st.tokens > 0 && isfinite(norm) && norm > 0);
+        vks_model *out;
+        assert_int_equal(vks_trainer_export_model(t, &out), VKS_OK);
+        assert_string_equal(out->arch, m->arch);
+        assert_true(out->cfg.qk_norm == m->cfg.qk_norm && out->cfg.rope_scaling.type == m->cfg.rope_scaling.type);
+        assert_true(vks_model_has_bias(out) == vks_model_has_bias(m));
+        float w0 = ((const float *)m->layers[1].wq.data)[3], w1 = ((const float *)out->layers[1].wq.data)[3];
+        assert_true(w0 != w1); /* two steps moved the weights */
+        vks_model_free(out);
+        vks_trainer_destroy(t);
+        vks_model_free(m);
+    }
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
 /* steps of accumulate + step; losses[] gets each step's loss. */
 static void train_steps(vks_trainer *t, const small_batch *sb, int steps, double max_norm, double *losses) {
     vks_train_batch b = train_batch(sb);
@@ -323,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_gradients_recompute),
         cmocka_unit_test(test_gradients_head_dim),
         cmocka_unit_test(test_gradients_qwen3),
+        cmocka_unit_test(test_every_architecture_steps),
         cmocka_unit_test(test_loss_curve_matches_reference),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_resume),

@@ -5,6 +5,15 @@
 #define VKS_MODEL_H
 #include "vks_common.h"
 
+/* RoPE frequency scaling (config.json rope_scaling; GGUF rope_freqs). */
+enum { VKS_ROPE_SCALING_NONE = 0, VKS_ROPE_SCALING_LLAMA3 = 1 };
+typedef struct {
+    int type;               /* VKS_ROPE_SCALING_* */
+    float factor;           /* llama3: low frequencies are divided by it */
+    float low_freq_factor, high_freq_factor; /* llama3: the band between is interpolated */
+    int original_context;   /* llama3: original_max_position_embeddings */
+} vks_rope_scaling;
+
 typedef struct {
     int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
     int head_dim;      /* dim / n_heads */
@@ -14,6 +23,7 @@ typedef struct {
     int rope_mode;     /* VKS_ROPE_ADJACENT or VKS_ROPE_HALF (vks_common.h) */
     bool shared_classifier;
     bool qk_norm;      /* per-head RMSNorm of q and k before RoPE (Qwen3; weights q_norm, k_norm) */
+    vks_rope_scaling rope_scaling; /* zero: none (Llama 3.1/3.2: llama3) */
 } vks_model_config;
 
 /* The rotation frequency (radians per position) of each RoPE pair
@@ -171,6 +181,12 @@ int vks_model_load_llama2c(const char *path, vks_model **out);
 /* Builds a random model (weights ~ N(0, 0.02)-ish, norms = 1) for benchmarks
  * and tests. seed makes it reproducible. */
 int vks_model_random(const vks_model_config *cfg, uint64_t seed, vks_model **out);
+/* A random model of an architecture, for tests and benchmarks: "llama",
+ * "llama3" (Llama 3.1's RoPE scaling: factor 8, frequency factors 1 and 4,
+ * original context 8192, theta 500000), "qwen2" (q/k/v biases, theta 1e6),
+ * "qwen3" (per-head q/k norms, theta 1e6). cfg.head_dim 0 means dim /
+ * n_heads; kv_dim is derived. Unknown names: VKS_ERR_ARG naming them. */
+int vks_model_random_arch(const vks_model_config *cfg, const char *arch, uint64_t seed, vks_model **out);
 /* A model of cfg (checked) with zeroed f32 weights it owns and may write
  * (q/k/v biases when has_bias): what a trainer fills with its weights. */
 int vks_model_create_f32(const vks_model_config *cfg, bool has_bias, vks_model **out);

@@ -12,11 +12,13 @@
 #include "vkswarm/vks_tokenizer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_NAME 96
+#define ROPE_FREQS "rope_freqs.weight" /* llama.cpp: per-pair divisors of the frequencies (Llama 3.1) */
 
 const struct vks_gguf *vks_model_gguf(const vks_model *m) { return m ? m->gguf : NULL; }
 
@@ -151,6 +153,54 @@ static int bind_model(vks_model *m, const char *path) {
     return rc == VKS_OK ? vks_model_check_tensors(m, path) : rc;
 }
 
+/* Llama 3.1/3.2 in llama.cpp's form: a rope_freqs tensor of head_dim/2
+ * divisors. Its parameters come from <arch>.rope.scaling.factor (else the
+ * largest divisor), .original_context_length (else 8192), .low_freq_factor
+ * and .high_freq_factor (else 1 and 4: every Llama 3.1/3.2 release); the
+ * divisors must equal the llama3 formula's for them, else the file is refused. */
+static int read_rope_freqs(const vks_gguf *g, const char *path, const char *arch, vks_model_config *c) {
+    const vks_gguf_tensor *t = vks_gguf_find_tensor(g, ROPE_FREQS);
+    if (!t) return VKS_OK;
+    int half = c->head_dim / 2;
+    if (t->dtype != VKS_DTYPE_F32 || t->ne[0] != half || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be %d f32 values", path, ROPE_FREQS, half);
+    const float *ff = t->data;
+    vks_rope_scaling *s = &c->rope_scaling;
+    *s = (vks_rope_scaling){VKS_ROPE_SCALING_LLAMA3, 0.0f, 1.0f, 4.0f, 8192};
+    for (int i = 0; i < half; i++)
+        if (ff[i] > s->factor) s->factor = ff[i];
+    int rc = get_float(g, arch, "rope.scaling.factor", &s->factor);
+    if (rc == VKS_OK) rc = get_float(g, arch, "rope.scaling.low_freq_factor", &s->low_freq_factor);
+    if (rc == VKS_OK) rc = get_float(g, arch, "rope.scaling.high_freq_factor", &s->high_freq_factor);
+    if (rc == VKS_OK) rc = get_dim(g, path, arch, "rope.scaling.original_context_length", false, &s->original_context);
+    if (rc == VKS_OK) rc = vks_model_config_check(c, path);
+    if (rc != VKS_OK) return rc;
+    double *scaled = malloc((size_t)half * sizeof *scaled), *plain = malloc((size_t)half * sizeof *plain);
+    vks_model_config p = *c;
+    p.rope_scaling.type = VKS_ROPE_SCALING_NONE;
+    if (!scaled || !plain) rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
+    if (rc == VKS_OK) vks_rope_freqs(c, scaled), vks_rope_freqs(&p, plain);
+    for (int i = 0; i < half && rc == VKS_OK; i++)
+        if (!(fabs(plain[i] / scaled[i] - ff[i]) <= 1e-5 * ff[i]))
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: %s[%d] = %g is not the llama3 RoPE scaling's %g (factor %g, "
+                               "low/high frequency factors %g/%g, original context %d): not supported", path,
+                               ROPE_FREQS, i, (double)ff[i], plain[i] / scaled[i], (double)s->factor,
+                               (double)s->low_freq_factor, (double)s->high_freq_factor, s->original_context);
+    free(scaled);
+    free(plain);
+    return rc;
+}
+
+/* Sliding-window attention shorter than the context is refused by name. */
+static int check_sliding_window(const vks_gguf *g, const char *path, const char *arch, int context) {
+    int window = context;
+    int rc = get_dim(g, path, arch, "attention.sliding_window", false, &window);
+    if (rc == VKS_OK && window < context)
+        rc = vks_set_error(VKS_ERR_FORMAT, "%s: %s.attention.sliding_window %d is shorter than the context %d: "
+                           "sliding-window attention (Mistral) is not supported", path, arch, window, context);
+    return rc;
+}
+
 /* <arch>.rope.scaling.type: only "none" (or absent) is what the engine runs. */
 static int check_rope_scaling(const vks_gguf *g, const char *path, const char *arch) {
     char key[MAX_NAME];
@@ -163,15 +213,25 @@ static int check_rope_scaling(const vks_gguf *g, const char *path, const char *a
     return vks_set_error(VKS_ERR_FORMAT, "%s: RoPE scaling type '%.40s' (%s) is not supported", path, type, key);
 }
 
+/* The file's tensors but rope_freqs (read into the config, not a weight). */
+typedef struct {
+    const vks_gguf *g;
+    int64_t skip; /* index of rope_freqs.weight, or -1 */
+} file_tensors;
+
 static const void *gguf_tensor_data(const void *ctx, int64_t i, const char **name) {
-    const vks_gguf_tensor *t = vks_gguf_tensor_at(ctx, i);
+    const file_tensors *f = ctx;
+    const vks_gguf_tensor *t = vks_gguf_tensor_at(f->g, f->skip >= 0 && i >= f->skip ? i + 1 : i);
     *name = t ? t->name : NULL;
     return t ? t->data : NULL;
 }
 
 /* Every tensor of the file is used, and every weight is finite. */
 static int check_weights(const vks_model *m, const char *path) {
-    int rc = vks_model_check_unused(m, path, vks_gguf_n_tensors(m->gguf), gguf_tensor_data, m->gguf);
+    file_tensors f = {m->gguf, -1};
+    for (int64_t i = 0; i < vks_gguf_n_tensors(m->gguf); i++)
+        if (!strcmp(vks_gguf_tensor_at(m->gguf, i)->name, ROPE_FREQS)) f.skip = i;
+    int rc = vks_model_check_unused(m, path, vks_gguf_n_tensors(m->gguf) - (f.skip >= 0), gguf_tensor_data, &f);
     return rc == VKS_OK ? vks_model_check_finite(m, path) : rc;
 }
 
@@ -193,7 +253,9 @@ int vks_model_load_gguf(const char *path, vks_model **out) {
     if (rc == VKS_OK) rc = read_arch(m->gguf, path, m->arch, sizeof m->arch);
     if (rc == VKS_OK) rc = read_config(m->gguf, path, m->arch, &m->cfg);
     if (rc == VKS_OK) rc = check_rope_scaling(m->gguf, path, m->arch);
+    if (rc == VKS_OK) rc = check_sliding_window(m->gguf, path, m->arch, m->cfg.seq_len);
     if (rc == VKS_OK) rc = bind_model(m, path);
+    if (rc == VKS_OK) rc = read_rope_freqs(m->gguf, path, m->arch, &m->cfg); /* the config is complete by now */
     if (rc == VKS_OK) rc = check_weights(m, path);
     if (rc != VKS_OK) {
         vks_model_free(m);
@@ -252,6 +314,44 @@ static int add_hparams(vks_gguf_writer *w, const vks_model *m) {
     return rc;
 }
 
+/* Llama 3 scaling as llama.cpp writes it: rope_freqs (each pair's frequency
+ * divisor) and the scaling keys (factor and original context are llama.cpp's,
+ * the frequency factors are read back by vkswarm). */
+static int add_rope_scaling(vks_gguf_writer *w, const vks_model *m) {
+    const vks_model_config *c = &m->cfg;
+    const vks_rope_scaling *s = &c->rope_scaling;
+    if (s->type == VKS_ROPE_SCALING_NONE) return VKS_OK;
+    char key[MAX_NAME];
+    struct { const char *suffix; float v; } f[] = {{"rope.scaling.factor", s->factor},
+                                                   {"rope.scaling.low_freq_factor", s->low_freq_factor},
+                                                   {"rope.scaling.high_freq_factor", s->high_freq_factor}};
+    int rc = VKS_OK;
+    for (size_t i = 0; i < 3 && rc == VKS_OK; i++) {
+        snprintf(key, sizeof key, "%s.%s", m->arch, f[i].suffix);
+        rc = vks_gguf_add_f32(w, key, f[i].v);
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", m->arch);
+    if (rc == VKS_OK) rc = vks_gguf_add_u32(w, key, (uint32_t)s->original_context);
+    int half = c->head_dim / 2;
+    double *scaled = malloc((size_t)half * sizeof *scaled), *plain = malloc((size_t)half * sizeof *plain);
+    float *ff = malloc((size_t)half * sizeof *ff);
+    vks_model_config p = *c;
+    p.rope_scaling.type = VKS_ROPE_SCALING_NONE;
+    if (rc == VKS_OK && (!scaled || !plain || !ff)) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    if (rc == VKS_OK) {
+        vks_rope_freqs(c, scaled);
+        vks_rope_freqs(&p, plain);
+        for (int i = 0; i < half; i++) ff[i] = (float)(plain[i] / scaled[i]);
+        int64_t ne[1] = {half};
+        rc = vks_gguf_add_tensor_owned(w, ROPE_FREQS, VKS_DTYPE_F32, 1, ne, ff);
+        ff = NULL;
+    }
+    free(scaled);
+    free(plain);
+    free(ff);
+    return rc;
+}
+
 static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt) {
     vks_schema_item *items = NULL;
     int n = 0, rc = vks_schema_list_alloc(&m->cfg, vks_model_has_bias(m), &items, &n);
@@ -261,7 +361,7 @@ static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt)
         rc = add_tensor(w, name, vks_model_slot_const(m, &items[i]), dt, items[i].s->rows != VKS_EXT_ONE);
     }
     free(items);
-    return rc;
+    return rc == VKS_OK ? add_rope_scaling(w, m) : rc;
 }
 
 static int add_tokenizer(vks_gguf_writer *w, const vks_model *m, const vks_model_save_options *opt) {

@@ -93,8 +93,9 @@ static int check_activation(json_t *root, const char *name) {
     return vks_set_error(VKS_ERR_FORMAT, "%s: activation hidden_act '%.40s' is not supported (only silu)", name, act);
 }
 
-/* rope_scaling: null, absent or of type "default" (no scaling) is what the engine runs. */
-static int check_rope_scaling(json_t *root, const char *name) {
+/* rope_scaling: null, absent or of type "default" (no scaling), or "llama3"
+ * (Llama 3.1/3.2) with its four numbers; other types are refused by name. */
+static int read_rope_scaling(json_t *root, const char *name, vks_rope_scaling *s) {
     json_t *rs = json_object_get(root, "rope_scaling");
     if (!rs || json_is_null(rs)) return VKS_OK;
     if (!json_is_object(rs)) return vks_set_error(VKS_ERR_FORMAT, "%s: 'rope_scaling' must be an object or null", name);
@@ -102,8 +103,27 @@ static int check_rope_scaling(json_t *root, const char *name) {
     if (!ty) ty = json_object_get(rs, "type");
     const char *type = json_string_value(ty);
     if (type && strcmp(type, "default") == 0) return VKS_OK;
-    return vks_set_error(VKS_ERR_FORMAT, "%s: rope_scaling type '%.40s' is not supported", name,
-                         type ? type : "(none given)");
+    if (!type || strcmp(type, "llama3") != 0)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: rope_scaling type '%.40s' is not supported (default or llama3)", name,
+                             type ? type : "(none given)");
+    s->type = VKS_ROPE_SCALING_LLAMA3;
+    int rc = get_float(rs, name, "factor", -1.0f, &s->factor);
+    if (rc == VKS_OK) rc = get_float(rs, name, "low_freq_factor", -1.0f, &s->low_freq_factor);
+    if (rc == VKS_OK) rc = get_float(rs, name, "high_freq_factor", -1.0f, &s->high_freq_factor);
+    if (rc == VKS_OK) rc = get_int(rs, name, "original_max_position_embeddings", -1, &s->original_context);
+    return rc; /* ranges: vks_model_config_check */
+}
+
+/* Mistral-style sliding-window attention: a window shorter than the context
+ * is refused by name (attention here sees the whole context). Qwen2/Qwen3
+ * configs carry sliding_window with use_sliding_window false. */
+static int check_sliding_window(json_t *root, const char *name, int context) {
+    json_t *sw = json_object_get(root, "sliding_window"), *use = json_object_get(root, "use_sliding_window");
+    if (!sw || json_is_null(sw) || json_is_false(use)) return VKS_OK;
+    if (!json_is_integer(sw)) return vks_set_error(VKS_ERR_FORMAT, "%s: 'sliding_window' must be an integer or null", name);
+    if (json_integer_value(sw) >= context) return VKS_OK;
+    return vks_set_error(VKS_ERR_FORMAT, "%s: sliding_window %lld is shorter than the context %d: sliding-window "
+                         "attention (Mistral) is not supported", name, (long long)json_integer_value(sw), context);
 }
 
 static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
@@ -124,7 +144,9 @@ static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
     if (rc == VKS_OK) rc = get_token_id(root, name, "bos_token_id", &c->bos_id);
     if (rc == VKS_OK) rc = get_token_id(root, name, "eos_token_id", &c->eos_id);
     if (rc != VKS_OK) return rc;
-    if ((rc = check_activation(root, name)) != VKS_OK || (rc = check_rope_scaling(root, name)) != VKS_OK) return rc;
+    if ((rc = check_activation(root, name)) != VKS_OK || (rc = read_rope_scaling(root, name, &m->rope_scaling)) != VKS_OK ||
+        (rc = check_sliding_window(root, name, m->seq_len)) != VKS_OK)
+        return rc;
     if (m->head_dim == 0 && m->dim % m->n_heads != 0)
         return vks_set_error(VKS_ERR_FORMAT, "%s: n_heads %d does not divide hidden_size %d (and no head_dim is given)",
                              name, m->n_heads, m->dim);
@@ -180,6 +202,13 @@ int vks_hf_config_write_stream(FILE *f, const char *path, const vks_hf_config *c
     if (c->bos_id >= 0) json_object_set_new(root, "bos_token_id", json_integer(c->bos_id));
     if (c->eos_id >= 0) json_object_set_new(root, "eos_token_id", json_integer(c->eos_id));
     if (m->n_heads * m->head_dim != m->dim) json_object_set_new(root, "head_dim", json_integer(m->head_dim));
+    const vks_rope_scaling *rs = &m->rope_scaling;
+    if (rs->type == VKS_ROPE_SCALING_LLAMA3)
+        json_object_set_new(root, "rope_scaling",
+                            json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", (double)rs->factor,
+                                      "low_freq_factor", (double)rs->low_freq_factor, "high_freq_factor",
+                                      (double)rs->high_freq_factor, "original_max_position_embeddings",
+                                      rs->original_context));
     if (c->attention_bias != arch->bias) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
     bool ok = json_dumpf(root, f, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) == 0;
     int e = errno;

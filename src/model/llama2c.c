@@ -306,6 +306,8 @@ int vks_model_save_llama2c(const vks_model *m, const char *path) {
     if (rc != VKS_OK) return rc;
     if (vks_model_has_bias(m))
         return vks_set_error(VKS_ERR_ARG, "%s: llama2.c files cannot hold q/k/v biases", path);
+    if (m->cfg.qk_norm || m->cfg.rope_scaling.type != VKS_ROPE_SCALING_NONE)
+        return vks_set_error(VKS_ERR_ARG, "%s: llama2.c files cannot hold q/k norms or RoPE scaling (%s)", path, m->arch);
     if (m->cfg.n_heads * m->cfg.head_dim != m->cfg.dim)
         return vks_set_error(VKS_ERR_ARG, "%s: llama2.c files cannot hold head_dim %d (they imply dim / n_heads = %d)",
                              path, m->cfg.head_dim, m->cfg.dim / m->cfg.n_heads);

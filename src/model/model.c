@@ -69,6 +69,16 @@ static int check_scalars(const vks_model_config *c, const char *what) {
                              what, (double)c->rope_theta);
     if (c->rope_mode != 0 && c->rope_mode != 1)
         return config_error(what, "rope_mode must be 0 (adjacent) or 1 (half)", c->rope_mode);
+    const vks_rope_scaling *s = &c->rope_scaling;
+    if (s->type != VKS_ROPE_SCALING_NONE && s->type != VKS_ROPE_SCALING_LLAMA3)
+        return config_error(what, "unknown RoPE scaling type", s->type);
+    if (s->type == VKS_ROPE_SCALING_LLAMA3 &&
+        (!(s->factor >= 1.0f && s->factor <= 1e6f) || !(s->low_freq_factor > 0.0f && s->low_freq_factor < 1e6f) ||
+         !(s->high_freq_factor > s->low_freq_factor && s->high_freq_factor < 1e6f) || s->original_context <= 0))
+        return vks_set_error(VKS_ERR_FORMAT, "%s: llama3 RoPE scaling needs factor >= 1, 0 < low_freq_factor < "
+                             "high_freq_factor and original_max_position_embeddings > 0 (got %g, %g, %g, %d)", what,
+                             (double)s->factor, (double)s->low_freq_factor, (double)s->high_freq_factor,
+                             s->original_context);
     return VKS_OK;
 }
 

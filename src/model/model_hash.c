@@ -27,6 +27,13 @@ static void put_config(crypto_generichash_state *st, const vks_model_config *c) 
     put_f32(st, c->norm_eps);
     put_f32(st, c->rope_theta);
     if (c->qk_norm) put_i64(st, 0x716b6e6f726d); /* "qknorm": absent from v1, so older models keep their hash */
+    if (c->rope_scaling.type != VKS_ROPE_SCALING_NONE) { /* the same */
+        put_i64(st, c->rope_scaling.type);
+        put_f32(st, c->rope_scaling.factor);
+        put_f32(st, c->rope_scaling.low_freq_factor);
+        put_f32(st, c->rope_scaling.high_freq_factor);
+        put_i64(st, c->rope_scaling.original_context);
+    }
 }
 
 /* Tensor header (present, dtype, shape) then its bytes. Absent tensors
