@@ -34,25 +34,27 @@ static uint64_t matrix_bytes(const vks_engine_options *opt, const vks_tensor *t,
 
 bool vks_engine_keeps_file_types(const vks_model *m) {
     if (!m || !m->layers) return false;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const vks_layer_weights *w = &m->layers[l];
-        const vks_tensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
-        for (int i = 0; i < 7; i++)
-            if (vks_dtype_block_elems(t[i]->dtype) > 1) return true;
-    }
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int i = 0; i < VKS_LAYER_N_TENSORS; i++)
+            if (m->layers[l].t[i].data && vks_dtype_block_elems(m->layers[l].t[i].dtype) > 1) return true;
     return vks_dtype_block_elems(m->tok_emb.dtype) > 1;
 }
 
+/* Every matrix of the layer (vks_layer_schema) as the device holds it, and
+ * its vectors (norms, biases) as f32 buffers. */
 uint64_t vks_engine_layer_bytes(const vks_model *m, const vks_engine_options *opt, int layer) {
     if (!m || !opt || layer < 0 || layer >= m->cfg.n_layers) return 0;
     const vks_model_config *c = &m->cfg;
-    uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->kv_dim, d = (uint64_t)c->dim;
-    uint64_t h = (uint64_t)c->hidden_dim;
     const vks_layer_weights *w = m->layers ? &m->layers[layer] : NULL;
-    return matrix_bytes(opt, w ? &w->wq : NULL, qd, d) + matrix_bytes(opt, w ? &w->wk : NULL, kv, d) +
-           matrix_bytes(opt, w ? &w->wv : NULL, kv, d) + matrix_bytes(opt, w ? &w->wo : NULL, d, qd) +
-           matrix_bytes(opt, w ? &w->w1 : NULL, h, d) + matrix_bytes(opt, w ? &w->w3 : NULL, h, d) +
-           matrix_bytes(opt, w ? &w->w2 : NULL, d, h) + 2 * (d * 4 + 16) + (qd + 2 * kv) * 4 + 48; /* norms, biases */
+    bool bias = vks_model_has_bias(m);
+    uint64_t bytes = 0;
+    for (int i = 0; i < VKS_LAYER_N_TENSORS; i++) {
+        const vks_tensor_schema *s = &vks_layer_schema[i];
+        if (!vks_schema_present(s, c, bias)) continue;
+        uint64_t rows = (uint64_t)vks_schema_extent(c, s->rows), cols = (uint64_t)vks_schema_extent(c, s->cols);
+        bytes += s->rows == VKS_EXT_ONE ? cols * 4 + 16 : matrix_bytes(opt, w ? &w->t[i] : NULL, rows, cols);
+    }
+    return bytes;
 }
 
 uint64_t vks_engine_embedding_bytes(const vks_model *m, const vks_engine_options *opt) {
