@@ -16,7 +16,7 @@ typedef struct {
 
 typedef struct {
     int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
-    int head_dim;      /* dim / n_heads */
+    int head_dim;      /* per head: the model's own (config.json head_dim, GGUF key_length), else dim / n_heads */
     int kv_dim;        /* n_kv_heads * head_dim */
     float norm_eps;    /* 1e-5 for llama2.c */
     float rope_theta;  /* 10000 for llama2.c */
