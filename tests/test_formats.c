@@ -1231,6 +1231,13 @@ static void test_hf_config_hostile(void **state) {
          "\"num_attention_heads\":4,\"vocab_size\":10,\"rope_scaling\":{\"type\":\"linear\"}}", "rope_scaling"},
         {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
          "\"num_attention_heads\":4,\"vocab_size\":10,\"head_dim\":33}", "head_dim"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":4,\"vocab_size\":10,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+         "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0}}", "original_max_position_embeddings"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":4,\"vocab_size\":10,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+         "\"low_freq_factor\":4.0,\"high_freq_factor\":1.0,\"original_max_position_embeddings\":8192}}",
+         "high_freq_factor"},
         {"{\"hidden_size\":1,\"hidden_size\":2}", "JSON"},
         {"not json", "JSON"},
     };
@@ -1307,7 +1314,15 @@ static void test_hf_unsupported_config_refused(void **state) {
 
 /* Copies the u32/f32/string keys and every tensor of GGUF `g` into a new file,
  * plus one string key (NULL: none). */
-static void rewrite_gguf(const vks_gguf *g, const char *path, const char *key, const char *value) {
+/* What rewrite_gguf_with adds or replaces: one string key, one u32 key, one tensor's data (NULL: none). */
+typedef struct {
+    const char *str_key, *str_value, *u32_key;
+    uint32_t u32_value;
+    const char *tensor;
+    const void *tensor_data;
+} gguf_edit;
+
+static void rewrite_gguf_with(const vks_gguf *g, const char *path, const gguf_edit *e) {
     vks_gguf_writer *w;
     assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
     for (int64_t i = 0; i < vks_gguf_n_kv(g); i++) {
@@ -1321,13 +1336,52 @@ static void rewrite_gguf(const vks_gguf *g, const char *path, const char *key, c
         else if (vks_gguf_kv_type(g, i) == VKS_GGUF_STRING && vks_gguf_get_str(g, k, &str, NULL) == VKS_OK)
             assert_int_equal(vks_gguf_add_str(w, k, str), VKS_OK);
     }
-    if (key) assert_int_equal(vks_gguf_add_str(w, key, value), VKS_OK);
+    if (e->str_key) assert_int_equal(vks_gguf_add_str(w, e->str_key, e->str_value), VKS_OK);
+    if (e->u32_key) assert_int_equal(vks_gguf_add_u32(w, e->u32_key, e->u32_value), VKS_OK);
     for (int64_t i = 0; i < vks_gguf_n_tensors(g); i++) {
         const vks_gguf_tensor *t = vks_gguf_tensor_at(g, i);
-        assert_int_equal(vks_gguf_add_tensor(w, t->name, t->dtype, t->n_dims, t->ne, t->data), VKS_OK);
+        const void *data = e->tensor && !strcmp(t->name, e->tensor) ? e->tensor_data : t->data;
+        assert_int_equal(vks_gguf_add_tensor(w, t->name, t->dtype, t->n_dims, t->ne, data), VKS_OK);
     }
     if (vks_gguf_writer_save(w, path) != VKS_OK) fail_msg("%s", vks_last_error());
     vks_gguf_writer_free(w);
+}
+
+/* Copies the u32/f32/string keys and every tensor of GGUF `g` into a new file,
+ * plus one string key (NULL: none). */
+static void rewrite_gguf(const vks_gguf *g, const char *path, const char *key, const char *value) {
+    rewrite_gguf_with(g, path, &(gguf_edit){.str_key = key, .str_value = value});
+}
+
+/* A sliding window shorter than the context is refused by name; a Llama 3
+ * rope_freqs that is not the llama3 formula's is refused, naming the pair. */
+static void test_gguf_sliding_window_and_rope_freqs_refused(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 64,
+                          .seq_len = 32};
+    vks_model *m;
+    assert_int_equal(vks_model_random_arch(&c, "llama3", 3, &m), VKS_OK);
+    char *path = path_in(tu_tmpdir(), "l3w.gguf"), *edited = path_in(tu_tmpdir(), "l3w-edited.gguf");
+    assert_int_equal(vks_model_save_gguf(m, path, NULL), VKS_OK);
+    expect_load_ok(path);
+    vks_gguf *g;
+    assert_int_equal(vks_gguf_open(path, &g), VKS_OK);
+    rewrite_gguf_with(g, edited, &(gguf_edit){.u32_key = "llama.attention.sliding_window", .u32_value = 16});
+    expect_load_error(edited, "llama.attention.sliding_window 16 is shorter than the context 32");
+    rewrite_gguf_with(g, edited, &(gguf_edit){.u32_key = "llama.attention.sliding_window", .u32_value = 32});
+    expect_load_ok(edited);
+    const vks_gguf_tensor *rf = vks_gguf_find_tensor(g, "rope_freqs.weight");
+    assert_non_null(rf);
+    float ff[8];
+    assert_int_equal(rf->ne[0], 8);
+    memcpy(ff, rf->data, sizeof ff);
+    ff[5] *= 1.01f;
+    rewrite_gguf_with(g, edited, &(gguf_edit){.tensor = "rope_freqs.weight", .tensor_data = ff});
+    expect_load_error(edited, "rope_freqs.weight[5]");
+    vks_gguf_close(g);
+    free(path);
+    free(edited);
+    vks_model_free(m);
 }
 
 static void test_gguf_unsupported_config_refused(void **state) {
@@ -1726,6 +1780,7 @@ int main(void) {
         cmocka_unit_test(test_qwen2_biases),
         cmocka_unit_test(test_head_dim_formats),
         cmocka_unit_test(test_llama3_rope),
+        cmocka_unit_test(test_gguf_sliding_window_and_rope_freqs_refused),
         cmocka_unit_test(test_embedded_tokenizer_matches_llama_cpp),
         cmocka_unit_test(test_sharded_safetensors_and_detection),
         cmocka_unit_test(test_gguf_hostile),
