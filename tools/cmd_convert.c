@@ -10,7 +10,8 @@
 #include "vkswarm/vks_tokenizer.h"
 
 static const char convert_usage[] =
-    "usage: vkswarm convert (--in MODEL | --random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
+    "usage: vkswarm convert (--in MODEL |\n"
+    "                        --random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
     "                        [--arch llama|llama3|qwen2|qwen3] | --init tiny [--seed S]) --out PATH\n"
     "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer T]\n"
     "Converts a model. The input format is detected by content (GGUF, safetensors file or directory\n"
