@@ -269,7 +269,7 @@ int vks_rl_mpi_relay(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, 
     vks_param_layout *layout = NULL;
     double bound = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
     MPI_Comm_set_errhandler(vks_mpi_world(), MPI_ERRORS_RETURN);
-    rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &layout);
+    rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &layout);
     if (!rc) rc = vks_rl_cast_open(&r.cast, o, mo, layout->n_values, bound, NULL);
     r.last_heard = vks_seconds_now();
     while (!rc && !r.stop) {

@@ -468,7 +468,7 @@ int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize) {
     bool stop = false;
     /* the first stage says nothing while the trainer trains a step: the same bound as its own */
     double bound = g->mo->trainer_timeout_s > g->mo->timeout_s ? g->mo->trainer_timeout_s : g->mo->timeout_s;
-    int rc = vks_param_layout_create(&g->o->model->cfg, g->o->model->layers[0].bq.data != NULL, &layout);
+    int rc = vks_param_layout_create(&g->o->model->cfg, vks_model_has_bias(g->o->model), &layout);
     s.layout = layout;
     const char *out = g->o->config->out; /* where the weight store goes (OUT/weights-rankR) */
     if (!rc && mkdir(out, 0777) && errno != EEXIST) rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", out);

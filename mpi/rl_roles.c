@@ -567,7 +567,7 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
         t->ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_groups] : c->inference_ranks[c->groups[i].first],
                                  .verifier = v, .batch = -1, .last_seen = now, .at_step = -1};
     }
-    if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &t->layout);
+    if (!rc) rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &t->layout);
     t->gen.o = o;
     t->gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
     if (!rc) rc = vks_rl_gen_open_tasks(&t->gen);
@@ -853,7 +853,7 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     bool defer = o->config->n_verifiers > 0;
     vks_rl_gen g = {.o = o, .policy_step = -1, .keep_flat_groups = mo->test_garbage != 0 || (defer && o->cheat_every > 0),
                     .defer_verify = defer, .generate = s.group ? vks_rl_group_generate : NULL, .generate_ctx = s.group};
-    rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &s.layout);
+    rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &s.layout);
     if (!rc) rc = vks_rl_gen_open_tasks(&g);
     int me = 0;
     MPI_Comm_rank(s.comm, &me);

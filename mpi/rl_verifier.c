@@ -543,7 +543,7 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     v.beat = (vks_rl_beat){.comm = v.comm, .trainer = v.trainer, .req = MPI_REQUEST_NULL};
     v.kept = calloc((size_t)v.n_keep, sizeof *v.kept);
     if (!v.kept) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
-    if (!rc) rc = vks_param_layout_create(&o->model->cfg, o->model->layers[0].bq.data != NULL, &v.layout);
+    if (!rc) rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &v.layout);
     v.gen.o = o;
     v.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
     if (!rc) rc = vks_rl_gen_open_tasks(&v.gen);

@@ -237,7 +237,7 @@ int vks_rl_wire_check_weights(const void *file, size_t len, size_t n_values, int
 int vks_rl_wire_model_from_block(const vks_model *start, const vks_param_layout *layout, const float *msg,
                                  vks_model **out) {
     vks_model *m = NULL;
-    int rc = vks_model_create_f32(&start->cfg, start->layers[0].bq.data != NULL, &m);
+    int rc = vks_model_create_f32(&start->cfg, vks_model_has_bias(start), &m);
     if (!rc) rc = vks_param_layout_scatter(layout, msg + sizeof(vks_rl_msg) / sizeof(float), m);
     if (rc) {
         vks_model_free(m);

@@ -1,6 +1,8 @@
 #version 450
 // Rotary position embedding, in place. One invocation per (row, head, pair).
-// Pair i rotates by angle pos * theta^(-2i/head_dim):
+// Pair i rotates by angle pos * freq[i]; the host computes cos and sin of
+// every (position, pair) in double from vks_rope_freqs (the formula is written
+// once, and no f32 sin/cos of a large angle loses accuracy here):
 //   mode 0 (adjacent): elements (2i, 2i+1)   (llama2.c / GGUF)
 //   mode 1 (half):     elements (i, i + head_dim/2)   (Hugging Face)
 // ROPE_BACKWARD (kernel rope_backward): the inverse rotation (angle negated),
@@ -10,9 +12,9 @@ layout(local_size_x_id = 0) in;
 
 layout(std430, set = 0, binding = 0) buffer X { float x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Pos { uint pos[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Table { vec2 cos_sin[]; }; // [n_pos, head_dim/2]
 layout(push_constant) uniform Push {
-    uint R, stride, col0, n_heads, head_dim, mode;
-    float log2_theta;
+    uint R, stride, col0, n_heads, head_dim, mode, n_pos;
 } pc;
 
 void main() {
@@ -22,9 +24,8 @@ void main() {
     for (uint id = linear_invocation_id(); id < count; id += total_invocations()) {
         uint r = id / pairs_per_row, rem = id - r * pairs_per_row;
         uint h = rem / half_dim, i = rem - h * half_dim;
-        float freq = exp2(-float(2u * i) / float(pc.head_dim) * pc.log2_theta);
-        float angle = float(pos[r]) * freq;
-        float c = cos(angle), s = sin(angle);
+        vec2 cs = cos_sin[min(pos[r], pc.n_pos - 1u) * half_dim + i]; // positions past the table: the op's caller guarantees none
+        float c = cs.x, s = cs.y;
 #ifdef ROPE_BACKWARD
         s = -s;
 #endif

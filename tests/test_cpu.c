@@ -71,7 +71,7 @@ static void add_biases(vks_model *m, allocs *a) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         vks_layer_weights *w = &m->layers[l];
         vks_tensor *b[] = {&w->bq, &w->bk, &w->bv};
-        int64_t cols[] = {m->cfg.dim, m->cfg.kv_dim, m->cfg.kv_dim};
+        int64_t cols[] = {(int64_t)m->cfg.n_heads * m->cfg.head_dim, m->cfg.kv_dim, m->cfg.kv_dim};
         for (int i = 0; i < 3; i++) {
             float *v = keep(a, malloc(sizeof(float) * (size_t)cols[i]));
             tu_fill_uniform(v, (size_t)cols[i], 100 + (uint64_t)(l * 3 + i), -0.1f, 0.1f);
@@ -183,6 +183,37 @@ static void test_odd_shapes_and_panels(void **state) {
     compare_with_reference(m, &one, lens, 5, 1e-4);
     vks_model_free(m);
     free_allocs(&a);
+}
+
+/* head_dim 8 with 5 heads on dim 30: q and the attention output are 40 wide. */
+static void test_head_dim(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 30, .hidden_dim = 70, .n_layers = 2, .n_heads = 5, .n_kv_heads = 1,
+                          .vocab_size = 97, .seq_len = 37, .head_dim = 8, .kv_dim = 8, .norm_eps = 1e-5f,
+                          .rope_theta = 500.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = true};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 12, &m), VKS_OK);
+    allocs a = {0};
+    add_biases(m, &a);
+    int lens[] = {1, 13, 37};
+    vks_cpu_options o = {.threads = 2};
+    compare_with_reference(m, &o, lens, 3, 1e-4);
+    vks_model_free(m);
+    free_allocs(&a);
+}
+
+/* Qwen3: per-head q/k norm before RoPE, head_dim 8 with 5 heads on dim 30. */
+static void test_qwen3(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 30, .hidden_dim = 70, .n_layers = 2, .n_heads = 5, .n_kv_heads = 1,
+                          .vocab_size = 97, .seq_len = 37, .head_dim = 8, .kv_dim = 8, .norm_eps = 1e-6f,
+                          .rope_theta = 1e6f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = true, .qk_norm = true};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 13, &m), VKS_OK);
+    int lens[] = {1, 13, 37};
+    vks_cpu_options o = {.threads = 2};
+    compare_with_reference(m, &o, lens, 3, 1e-4);
+    vks_model_free(m);
 }
 
 /* Logits and hidden rows of one prefill (lens: n sequences) on `threads`. */
@@ -449,6 +480,8 @@ int main(void) {
         cmocka_unit_test(test_stories_f32_within_1e4),
         cmocka_unit_test(test_every_weight_type_with_biases),
         cmocka_unit_test(test_odd_shapes_and_panels),
+        cmocka_unit_test(test_head_dim),
+        cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_same_bits_on_any_thread_count),
         cmocka_unit_test(test_output_rows_and_bad_arguments),
         cmocka_unit_test(test_verdicts_same_on_1_and_n_threads),

@@ -9,6 +9,7 @@
 #include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_ref.h"
+#include "vkswarm/vks_cpu.h"
 #include "vkswarm/vks_tokenizer.h"
 
 static vks_gpu *gpu;
@@ -239,10 +240,8 @@ static vks_model *odd_random_model(uint64_t seed) {
     return m;
 }
 
-/* The odd random model: GPU vs CPU forward. */
-static void test_random_model_vs_cpu(void **state) {
-    (void)state;
-    vks_model *m = odd_random_model(7);
+/* GPU logits of m against the float64 reference forward (frees m). */
+static void check_model_vs_ref(vks_model *m, const char *label) {
     const vks_model_config c = m->cfg;
     int N = 40;
     int32_t ids[40];
@@ -254,13 +253,107 @@ static void test_random_model_vs_cpu(void **state) {
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
     engine_logits(e, ids, N, 13, got, c.vocab_size);
     double nmse = tu_nmse(got, want, (size_t)N * c.vocab_size);
-    fprintf(stderr, "random model: nmse %.3g\n", nmse);
+    fprintf(stderr, "%s: nmse %.3g\n", label, nmse);
     assert_true(nmse < 1e-10);
     vks_engine_destroy(e);
     vks_model_free(m);
     free(want);
     free(got);
     assert_no_validation_messages();
+}
+
+/* The odd random model: GPU vs CPU forward. */
+static void test_random_model_vs_cpu(void **state) {
+    (void)state;
+    check_model_vs_ref(odd_random_model(7), "random model");
+}
+
+/* Largest |a - ref| over the largest |ref|. */
+static double rel_diff(const float *a, const float *ref, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - ref[i]));
+        s = fmax(s, fabs((double)ref[i]));
+    }
+    return d / s;
+}
+
+/* Every architecture (convert --random-model --arch's models): written as a
+ * Hugging Face directory and as GGUF, each read back gives the in-memory
+ * model's reference logits on the GPU, on the CPU verifier and in the
+ * reference (1e-4 relative). */
+static void test_architectures_every_path(void **state) {
+    (void)state;
+    const char *archs[] = {"llama", "llama3", "qwen2", "qwen3"};
+    const char *dir = tu_tmpdir();
+    enum { N = 24 };
+    int32_t ids[N];
+    for (int a = 0; a < 4; a++) {
+        vks_model_config c = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                              .vocab_size = 97, .seq_len = 64, .head_dim = a == 3 ? 32 : 0, .norm_eps = 1e-6f};
+        vks_model *m;
+        if (vks_model_random_arch(&c, archs[a], 40 + (uint64_t)a, &m)) fail_msg("%s", vks_last_error());
+        size_t V = (size_t)c.vocab_size;
+        for (int i = 0; i < N; i++) ids[i] = (i * 31 + 7 * a) % c.vocab_size;
+        float *want = malloc(sizeof(float) * N * V), *got = malloc(sizeof(float) * N * V);
+        assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
+        char gguf[1100], hf[1100];
+        snprintf(gguf, sizeof gguf, "%s/%s.gguf", dir, archs[a]);
+        snprintf(hf, sizeof hf, "%s/%s-hf", dir, archs[a]);
+        assert_int_equal(vks_model_save_gguf(m, gguf, NULL), VKS_OK);
+        assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
+        const char *files[] = {gguf, hf};
+        for (int f = 0; f < 2; f++) {
+            vks_model *l;
+            if (vks_model_load(files[f], &l)) fail_msg("%s", vks_last_error());
+            assert_int_equal(vks_ref_forward(l, ids, N, got, NULL), VKS_OK);
+            double ref = rel_diff(got, want, N * V);
+            vks_cpu *cpu;
+            int lens[1] = {N};
+            assert_int_equal(vks_cpu_create(l, NULL, &cpu), VKS_OK);
+            assert_int_equal(vks_cpu_prefill(cpu, ids, lens, 1, NULL, N, got, NULL), VKS_OK);
+            vks_cpu_destroy(cpu);
+            double on_cpu = rel_diff(got, want, N * V);
+            vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = 16};
+            vks_engine *e;
+            assert_int_equal(vks_engine_create(gpu, l, &o, &e), VKS_OK);
+            engine_logits(e, ids, N, 16, got, c.vocab_size);
+            vks_engine_destroy(e);
+            double on_gpu = rel_diff(got, want, N * V);
+            fprintf(stderr, "%-6s from %-4s: relative logit difference reference %.2g, CPU %.2g, GPU %.2g\n", archs[a],
+                    f ? "HF" : "GGUF", ref, on_cpu, on_gpu);
+            assert_true(ref < 1e-4 && on_cpu < 1e-4 && on_gpu < 1e-4);
+            vks_model_free(l);
+        }
+        free(want);
+        free(got);
+        vks_model_free(m);
+    }
+    assert_no_validation_messages();
+}
+
+/* Qwen3: per-head q/k RMSNorm before RoPE, head_dim 24 with 6 heads on dim 96. */
+static void test_qwen3_vs_cpu(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 96, .hidden_dim = 200, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
+                          .vocab_size = 301, .seq_len = 64, .head_dim = 24, .kv_dim = 48, .norm_eps = 1e-6f,
+                          .rope_theta = 1000000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = true,
+                          .qk_norm = true};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 6, &m), VKS_OK);
+    assert_string_equal(m->arch, "qwen3");
+    check_model_vs_ref(m, "qwen3 (q/k norm, head_dim 24)");
+}
+
+/* head_dim 24 with 6 heads on dim 96 (q 144 wide), as Qwen3's 128 x 16 on 1024. */
+static void test_head_dim_vs_cpu(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 96, .hidden_dim = 200, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
+                          .vocab_size = 301, .seq_len = 64, .head_dim = 24, .kv_dim = 48, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 5, &m), VKS_OK);
+    check_model_vs_ref(m, "head_dim 24 of 96 / 6 heads");
 }
 
 /* A feed of three sequences (one starting mid-way, with its earlier positions
@@ -574,7 +667,7 @@ static void test_dispatches_beyond_one_command_buffer(void **state) {
     assert_no_validation_messages();
 }
 
-/* The KV cache can be resized after the weights are up: a cache too large
+/* The KV cache (and the RoPE table of its positions) can be resized after the weights are up: a cache too large
  * for one binding is refused with the bytes, before anything is freed; after
  * a resize the forward uses the new shape and still equals the CPU forward. */
 static void test_kv_resize(void **state) {
@@ -603,7 +696,8 @@ static void test_kv_resize(void **state) {
     assert_int_equal(vks_engine_resize_kv(e, 3, N), VKS_OK);
     assert_int_equal(vks_engine_n_slots(e), 3);
     assert_int_equal(vks_engine_kv_len(e), N);
-    assert_true(vks_engine_device_bytes(e) == bytes + 2ull * 2 * (3 * N - 2) * 16 * 4);
+    /* K and V of 2 layers, and the RoPE table's (cos, sin) of head_dim / 2 pairs per position */
+    assert_true(vks_engine_device_bytes(e) == bytes + 2ull * 2 * (3 * N - 2) * 16 * 4 + (N - 2) * 8ull * 4);
     int32_t ids[N];
     for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
     float *want = malloc(sizeof(float) * N * 50), *got = malloc(sizeof(float) * N * 50);
@@ -703,6 +797,8 @@ int main(void) {
         cmocka_unit_test(test_stories_logits_f32),   cmocka_unit_test(test_stories_logits_half),
         cmocka_unit_test(test_split_weights),        cmocka_unit_test(test_greedy_text),
         cmocka_unit_test(test_random_model_vs_cpu),  cmocka_unit_test(test_feed_several_sequences),
+        cmocka_unit_test(test_head_dim_vs_cpu),       cmocka_unit_test(test_qwen3_vs_cpu),
+        cmocka_unit_test(test_architectures_every_path),
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
         cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed),

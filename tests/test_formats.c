@@ -669,6 +669,109 @@ static void test_qwen2_biases(void **state) {
     free(bias); free(gguf); free(hf); free(bin);
 }
 
+/* An explicit head_dim (32 with 4 heads on dim 64: q is 128 wide) goes
+ * through GGUF (attention.key_length/value_length) and config.json
+ * ("head_dim") for llama (q/k rows permuted), qwen2 and qwen3 (q_norm and
+ * k_norm as attn_q_norm/self_attn.q_norm); llama2.c refuses it. */
+static void test_head_dim_formats(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+                          .vocab_size = 512, .seq_len = 32};
+    const char *archs[] = {"llama", "qwen2", "qwen3"};
+    const char *dir = tu_tmpdir();
+    for (int a = 0; a < 3; a++) {
+        vks_model *m = NULL;
+        c.rope_mode = a ? VKS_ROPE_HALF : VKS_ROPE_ADJACENT;
+        c.qk_norm = a == 2;
+        assert_int_equal(vks_model_random(&c, 21, &m), VKS_OK);
+        snprintf(m->arch, sizeof m->arch, "%s", archs[a]);
+        char hf_name[32];
+        snprintf(hf_name, sizeof hf_name, "hd-%s", archs[a]);
+        char *gguf = path_in(dir, "hd.gguf"), *hf = path_in(dir, hf_name), *bin = path_in(dir, "hd.bin");
+        assert_int_equal(vks_model_save_gguf(m, gguf, NULL), VKS_OK);
+        assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
+        assert_int_equal(vks_model_save_llama2c(m, bin), VKS_ERR_ARG);
+        assert_non_null(strstr(vks_last_error(), a == 2 ? "cannot hold q/k norms" : "head_dim 32"));
+        vks_model *g, *h;
+        if (vks_model_load(gguf, &g) != VKS_OK) fail_msg("%s", vks_last_error());
+        if (vks_model_load(hf, &h) != VKS_OK) fail_msg("%s", vks_last_error());
+        float *lm = logits_of(m), *lg = logits_of(g), *lh = logits_of(h);
+        size_t nl = (size_t)N_IDS * 512;
+        assert_int_equal(g->cfg.head_dim, 32);
+        assert_int_equal(h->cfg.head_dim, 32);
+        assert_int_equal(g->layers[0].wq.rows, 128);
+        assert_string_equal(g->arch, archs[a]);
+        assert_string_equal(h->arch, archs[a]);
+        assert_true(g->cfg.qk_norm == (a == 2) && h->cfg.qk_norm == (a == 2));
+        if (a == 2) assert_memory_equal(g->layers[1].k_norm.data, m->layers[1].k_norm.data, 32 * 4);
+        assert_true(max_abs_diff(lg, lm, nl) < 1e-5);
+        assert_true(max_abs_diff(lh, lm, nl) < 1e-5);
+        free(lm); free(lg); free(lh);
+        vks_model_free(g); vks_model_free(h); vks_model_free(m);
+        free(gguf); free(hf); free(bin);
+    }
+}
+
+/* Llama 3.1's RoPE scaling, transcribed from transformers'
+ * _compute_llama3_parameters (modeling_rope_utils.py) as published. */
+static double llama3_formula(double base, int dim, int i, double factor, double low, double high, double orig) {
+    double inv_freq = 1.0 / pow(base, (double)(2 * i) / dim);
+    double low_freq_wavelen = orig / low, high_freq_wavelen = orig / high;
+    double wavelen = 2 * M_PI / inv_freq;
+    double inv_freq_llama = wavelen > low_freq_wavelen ? inv_freq / factor : inv_freq;
+    double smooth_factor = (orig / wavelen - low) / (high - low);
+    double smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama;
+    bool is_medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    return is_medium ? smoothed : inv_freq_llama;
+}
+
+/* vks_rope_freqs with llama3 scaling equals the formula at every dimension
+ * (Llama 3.1 8B's numbers: all three bands occur), and a Llama 3 model goes
+ * through config.json (rope_scaling) and GGUF (rope_freqs) unchanged. */
+static void test_llama3_rope(void **state) {
+    (void)state;
+    vks_model_config c = {.head_dim = 128, .rope_theta = 500000.0f,
+                          .rope_scaling = {VKS_ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192}};
+    double f[64];
+    vks_rope_freqs(&c, f);
+    int scaled = 0, kept = 0;
+    for (int i = 0; i < 64; i++) {
+        double want = llama3_formula(500000.0, 128, i, 8, 1, 4, 8192), plain = 1.0 / pow(500000.0, (double)(2 * i) / 128);
+        if (fabs(f[i] - want) > 1e-14 * want) fail_msg("pair %d: %.17g, the formula gives %.17g", i, f[i], want);
+        scaled += fabs(want - plain / 8) <= 1e-14 * want;
+        kept += fabs(want - plain) <= 1e-14 * want;
+    }
+    assert_true(scaled > 0 && kept > 0 && scaled + kept < 64); /* low, high and the band between */
+    vks_model_config m_cfg = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                              .vocab_size = 512, .seq_len = 64, .rope_theta = 500000.0f,
+                              .rope_scaling = {VKS_ROPE_SCALING_LLAMA3, 32.0f, 1.0f, 4.0f, 16}};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&m_cfg, 31, &m), VKS_OK);
+    const char *dir = tu_tmpdir();
+    char *gguf = path_in(dir, "l3.gguf"), *hf = path_in(dir, "l3");
+    assert_int_equal(vks_model_save_gguf(m, gguf, NULL), VKS_OK);
+    assert_int_equal(vks_model_save_safetensors(m, hf, NULL), VKS_OK);
+    vks_model *g, *h;
+    if (vks_model_load(gguf, &g) != VKS_OK) fail_msg("%s", vks_last_error());
+    if (vks_model_load(hf, &h) != VKS_OK) fail_msg("%s", vks_last_error());
+    assert_non_null(vks_gguf_find_tensor(vks_model_gguf(g), "rope_freqs.weight"));
+    const vks_model *all[] = {g, h};
+    for (int i = 0; i < 2; i++) {
+        const vks_rope_scaling *s = &all[i]->cfg.rope_scaling;
+        assert_true(s->type == VKS_ROPE_SCALING_LLAMA3 && s->factor == 32.0f && s->low_freq_factor == 1.0f &&
+                    s->high_freq_factor == 4.0f && s->original_context == 16);
+    }
+    float *lm = logits_of(m), *lg = logits_of(g), *lh = logits_of(h);
+    size_t nl = (size_t)N_IDS * 512;
+    assert_true(max_abs_diff(lg, lm, nl) < 1e-5 && max_abs_diff(lh, lm, nl) < 1e-5);
+    m->cfg.rope_scaling.type = VKS_ROPE_SCALING_NONE;
+    float *ln = logits_of(m); /* the scaling is applied: without it the logits differ */
+    assert_true(max_abs_diff(ln, lm, nl) > 1e-4);
+    free(lm); free(lg); free(lh); free(ln);
+    vks_model_free(g); vks_model_free(h); vks_model_free(m);
+    free(gguf); free(hf);
+}
+
 /* A llama2.c tokenizer embedded in GGUF equals llama.cpp's own vocab file. */
 static void test_embedded_tokenizer_matches_llama_cpp(void **state) {
     (void)state;
@@ -1127,7 +1230,14 @@ static void test_hf_config_hostile(void **state) {
         {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
          "\"num_attention_heads\":4,\"vocab_size\":10,\"rope_scaling\":{\"type\":\"linear\"}}", "rope_scaling"},
         {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
-         "\"num_attention_heads\":4,\"vocab_size\":10,\"head_dim\":32}", "head_dim"},
+         "\"num_attention_heads\":4,\"vocab_size\":10,\"head_dim\":33}", "head_dim"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":4,\"vocab_size\":10,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+         "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0}}", "original_max_position_embeddings"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":2,"
+         "\"num_attention_heads\":4,\"vocab_size\":10,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+         "\"low_freq_factor\":4.0,\"high_freq_factor\":1.0,\"original_max_position_embeddings\":8192}}",
+         "high_freq_factor"},
         {"{\"hidden_size\":1,\"hidden_size\":2}", "JSON"},
         {"not json", "JSON"},
     };
@@ -1191,6 +1301,12 @@ static void test_hf_unsupported_config_refused(void **state) {
     expect_load_error(hf, "rope_scaling type 'yarn'");
     edit_file(cfg, "\"yarn\"", "\"default\"");
     expect_load_ok(hf);
+    edit_file(cfg, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"silu\", \"sliding_window\": 16"); /* context 32 */
+    expect_load_error(hf, "sliding_window 16 is shorter than the context 32");
+    edit_file(cfg, "\"sliding_window\": 16", "\"sliding_window\": 16, \"use_sliding_window\": false"); /* as Qwen2/3 */
+    expect_load_ok(hf);
+    edit_file(cfg, "\"sliding_window\": 16, \"use_sliding_window\": false", "\"sliding_window\": 32");
+    expect_load_ok(hf);
     free(cfg);
     free(hf);
     vks_model_free(m);
@@ -1198,7 +1314,15 @@ static void test_hf_unsupported_config_refused(void **state) {
 
 /* Copies the u32/f32/string keys and every tensor of GGUF `g` into a new file,
  * plus one string key (NULL: none). */
-static void rewrite_gguf(const vks_gguf *g, const char *path, const char *key, const char *value) {
+/* What rewrite_gguf_with adds or replaces: one string key, one u32 key, one tensor's data (NULL: none). */
+typedef struct {
+    const char *str_key, *str_value, *u32_key;
+    uint32_t u32_value;
+    const char *tensor;
+    const void *tensor_data;
+} gguf_edit;
+
+static void rewrite_gguf_with(const vks_gguf *g, const char *path, const gguf_edit *e) {
     vks_gguf_writer *w;
     assert_int_equal(vks_gguf_writer_create(&w), VKS_OK);
     for (int64_t i = 0; i < vks_gguf_n_kv(g); i++) {
@@ -1212,13 +1336,52 @@ static void rewrite_gguf(const vks_gguf *g, const char *path, const char *key, c
         else if (vks_gguf_kv_type(g, i) == VKS_GGUF_STRING && vks_gguf_get_str(g, k, &str, NULL) == VKS_OK)
             assert_int_equal(vks_gguf_add_str(w, k, str), VKS_OK);
     }
-    if (key) assert_int_equal(vks_gguf_add_str(w, key, value), VKS_OK);
+    if (e->str_key) assert_int_equal(vks_gguf_add_str(w, e->str_key, e->str_value), VKS_OK);
+    if (e->u32_key) assert_int_equal(vks_gguf_add_u32(w, e->u32_key, e->u32_value), VKS_OK);
     for (int64_t i = 0; i < vks_gguf_n_tensors(g); i++) {
         const vks_gguf_tensor *t = vks_gguf_tensor_at(g, i);
-        assert_int_equal(vks_gguf_add_tensor(w, t->name, t->dtype, t->n_dims, t->ne, t->data), VKS_OK);
+        const void *data = e->tensor && !strcmp(t->name, e->tensor) ? e->tensor_data : t->data;
+        assert_int_equal(vks_gguf_add_tensor(w, t->name, t->dtype, t->n_dims, t->ne, data), VKS_OK);
     }
     if (vks_gguf_writer_save(w, path) != VKS_OK) fail_msg("%s", vks_last_error());
     vks_gguf_writer_free(w);
+}
+
+/* Copies the u32/f32/string keys and every tensor of GGUF `g` into a new file,
+ * plus one string key (NULL: none). */
+static void rewrite_gguf(const vks_gguf *g, const char *path, const char *key, const char *value) {
+    rewrite_gguf_with(g, path, &(gguf_edit){.str_key = key, .str_value = value});
+}
+
+/* A sliding window shorter than the context is refused by name; a Llama 3
+ * rope_freqs that is not the llama3 formula's is refused, naming the pair. */
+static void test_gguf_sliding_window_and_rope_freqs_refused(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 64,
+                          .seq_len = 32};
+    vks_model *m;
+    assert_int_equal(vks_model_random_arch(&c, "llama3", 3, &m), VKS_OK);
+    char *path = path_in(tu_tmpdir(), "l3w.gguf"), *edited = path_in(tu_tmpdir(), "l3w-edited.gguf");
+    assert_int_equal(vks_model_save_gguf(m, path, NULL), VKS_OK);
+    expect_load_ok(path);
+    vks_gguf *g;
+    assert_int_equal(vks_gguf_open(path, &g), VKS_OK);
+    rewrite_gguf_with(g, edited, &(gguf_edit){.u32_key = "llama.attention.sliding_window", .u32_value = 16});
+    expect_load_error(edited, "llama.attention.sliding_window 16 is shorter than the context 32");
+    rewrite_gguf_with(g, edited, &(gguf_edit){.u32_key = "llama.attention.sliding_window", .u32_value = 32});
+    expect_load_ok(edited);
+    const vks_gguf_tensor *rf = vks_gguf_find_tensor(g, "rope_freqs.weight");
+    assert_non_null(rf);
+    float ff[8];
+    assert_int_equal(rf->ne[0], 8);
+    memcpy(ff, rf->data, sizeof ff);
+    ff[5] *= 1.01f;
+    rewrite_gguf_with(g, edited, &(gguf_edit){.tensor = "rope_freqs.weight", .tensor_data = ff});
+    expect_load_error(edited, "rope_freqs.weight[5]");
+    vks_gguf_close(g);
+    free(path);
+    free(edited);
+    vks_model_free(m);
 }
 
 static void test_gguf_unsupported_config_refused(void **state) {
@@ -1268,9 +1431,9 @@ static void test_non_finite_weights_refused(void **state) {
     expect_load_ok(l2c);
     uint32_t nan32 = 0x7fc00000u, inf32 = 0xff800000u;
     poke(l2c, 28 + 4 * 5, &nan32, 4);
-    expect_load_error(l2c, "tensor token embedding holds NaN or Inf (row 0, column 5)");
+    expect_load_error(l2c, "tensor tok_emb holds NaN or Inf (row 0, column 5)");
     poke(l2c, 28 + 4 * 5, &inf32, 4);
-    expect_load_error(l2c, "token embedding holds NaN or Inf");
+    expect_load_error(l2c, "tok_emb holds NaN or Inf");
     /* GGUF Q8_0: the f16 scale of layer 1's q block 1 is Inf. */
     char *q8 = path_in(dir, "inf.gguf");
     vks_model_save_options opt = {.dtype = VKS_DTYPE_Q8_0};
@@ -1434,12 +1597,30 @@ static void test_convert_cli(void **state) {
         "convert --in %s --out %s/x.gguf --type q5_k",
         "convert --out x.gguf",
         "convert --in %s --out %s/x --tokenizer t.bin",
+        "convert --random-model 64,96,2,4,2,97 --arch mistral --out %s/x.gguf",
+        "convert --in %s --arch qwen3 --out %s/x.gguf",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char args[2048];
         snprintf(args, sizeof args, bad[i], model, dir);
         snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", tu_bin(), args);
         if (tu_run(cmd, NULL) != 2) fail_msg("'%s' did not exit 2", args);
+    }
+    char args_path[1200];
+    /* --random-model with --arch: a Qwen3 of head_dim 32 (4 heads on dim 64), a Llama 3.1, a Qwen2 */
+    const char *archs[][2] = {{"qwen3", "qwen3"}, {"llama3", "llama"}, {"qwen2", "qwen2"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s convert --random-model 64,96,2,4,2,97,64,32 --arch %s --out %s/ra.gguf 2>/dev/null",
+                 tu_bin(), archs[i][0], dir);
+        assert_int_equal(tu_run(cmd, NULL), 0);
+        snprintf(args_path, sizeof args_path, "%s/ra.gguf", dir);
+        vks_model *ra;
+        if (vks_model_load(args_path, &ra)) fail_msg("%s", vks_last_error());
+        assert_string_equal(ra->arch, archs[i][1]);
+        assert_int_equal(ra->cfg.head_dim, 32);
+        assert_true(ra->cfg.qk_norm == (i == 0) && (ra->cfg.rope_scaling.type != 0) == (i == 1));
+        assert_true(vks_model_has_bias(ra) == (i == 2));
+        vks_model_free(ra);
     }
     snprintf(cmd, sizeof cmd, "%s convert --help | grep -q 'usage: vkswarm convert'", tu_bin());
     assert_int_equal(tu_run(cmd, NULL), 0);
@@ -1597,6 +1778,9 @@ int main(void) {
         cmocka_unit_test(test_quantized_gguf_model),
         cmocka_unit_test(test_tiny_model_checkpoints),
         cmocka_unit_test(test_qwen2_biases),
+        cmocka_unit_test(test_head_dim_formats),
+        cmocka_unit_test(test_llama3_rope),
+        cmocka_unit_test(test_gguf_sliding_window_and_rope_freqs_refused),
         cmocka_unit_test(test_embedded_tokenizer_matches_llama_cpp),
         cmocka_unit_test(test_sharded_safetensors_and_detection),
         cmocka_unit_test(test_gguf_hostile),

@@ -205,15 +205,19 @@ static float *gpu_rope_backward(const grad_case *tc, const float *x, const uint3
     uint32_t R = tc->rope.R;
     size_t n = (size_t)R * stride;
     vks_buffer *bx = gpu_buffer(x, n * 4), *bp = gpu_buffer(pos, R * 4);
+    uint32_t n_pos = tc->rope.max_pos + 1;
+    float *table = tu_rope_table(ROPE_THETA, (int)tc->rope.head_dim, (int)n_pos);
+    vks_buffer *bf = gpu_buffer(table, (size_t)n_pos * tc->rope.head_dim * 4);
+    free(table);
     vks_cmd *c = begin();
     if (roundtrip)
-        expect_ok(vks_op_rope(ops, c, bind(bx), bind(bp), R, stride, col0, tc->rope.heads, tc->rope.head_dim,
-                                     ROPE_THETA, tc->rope.mode));
-    expect_ok(vks_op_rope_backward(ops, c, bind(bx), bind(bp), R, stride, col0, tc->rope.heads,
-                                          tc->rope.head_dim, ROPE_THETA, tc->rope.mode));
+        expect_ok(vks_op_rope(ops, c, bind(bx), bind(bp), bind(bf), n_pos, R, stride, col0, tc->rope.heads,
+                              tc->rope.head_dim, tc->rope.mode));
+    expect_ok(vks_op_rope_backward(ops, c, bind(bx), bind(bp), bind(bf), n_pos, R, stride, col0, tc->rope.heads,
+                                   tc->rope.head_dim, tc->rope.mode));
     submit(c);
     float *got = download_new(bx, n);
-    vks_buffer_destroy(bx); vks_buffer_destroy(bp);
+    vks_buffer_destroy(bx); vks_buffer_destroy(bp); vks_buffer_destroy(bf);
     return got;
 }
 
@@ -226,7 +230,8 @@ static void run_rope(const grad_case *tc) {
     for (uint32_t r = 0; r < R; r++) pos[r] = r == R - 1 ? tc->rope.max_pos : (r * 37u) % (tc->rope.max_pos + 1);
     double *want = to_double(x, n), *orig = to_double(x, n);
     assert_int_equal(vks_ref_rope_backward(want, pos, (int)R, (int)stride, (int)col0, (int)tc->rope.heads,
-                                           (int)tc->rope.head_dim, (double)ROPE_THETA, (int)tc->rope.mode),
+                                           (int)tc->rope.head_dim, tu_rope_freqs(ROPE_THETA, (int)tc->rope.head_dim),
+                                           (int)tc->rope.mode),
                      VKS_OK);
     float *got[2];
     for (int run = 0; run < 2; run++) got[run] = gpu_rope_backward(tc, x, pos, stride, col0, false);
@@ -624,7 +629,7 @@ static void run_bad_args(const grad_case *tc) {
     expect_ok(vks_op_rmsnorm_backward(ops, c, b[0], b[1], b[2], b[3], b[4], b[5], 8, 8, 1e-5f, false));
     expect_arg_error(vks_op_rmsnorm_backward(ops, c, b[0], b[1], b[2], b[2], b[4], b[5], 8, 8, 1e-5f, false));
     /* rope_backward: odd head_dim */
-    expect_arg_error(vks_op_rope_backward(ops, c, b[0], b[1], 1, 8, 0, 1, 7, 1e4f, VKS_ROPE_ADJACENT));
+    expect_arg_error(vks_op_rope_backward(ops, c, b[0], b[1], b[2], 1, 1, 8, 0, 1, 7, VKS_ROPE_ADJACENT));
     /* attention: head_dim past 128, T past the limit, heads not a multiple of kv heads, short q */
     vks_attention_train a = {4, 2, 1, 129, b[0], b[1], b[2], b[3], b[4], b[5], b[6], false};
     expect_arg_error(vks_op_attention_train(ops, c, &a));

@@ -902,6 +902,45 @@ static void test_tiny_model_init(void **state) {
     vks_tokenizer_free(tok);
 }
 
+static void assert_hash_hex(const vks_model *m, const char *want) {
+    uint8_t h[32];
+    char hex[65];
+    assert_int_equal(vks_model_hash(m, h), VKS_OK);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    assert_string_equal(hex, want);
+}
+
+/* Model hashes (what rollouts and TOPLOC proofs name a model by) are those
+ * computed before the model schema walked the tensors: stories260K, a random
+ * Llama, and one with q/k/v biases (values from commit 61d917d). */
+static void test_model_hash_golden(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 50,
+                          .seq_len = 32};
+    vks_model *r, *b;
+    assert_int_equal(vks_model_random(&c, 7, &r), VKS_OK);
+    assert_hash_hex(r, "a4987855ccbc91c4eca113e981acbc2050c2a6edd7fbdcc3b0711b2cf09fea10");
+    assert_int_equal(vks_model_create_f32(&r->cfg, true, &b), VKS_OK);
+    for (int l = 0; l < 2; l++) {
+        float *q = (float *)b->layers[l].bq.data, *k = (float *)b->layers[l].bk.data, *v = (float *)b->layers[l].bv.data;
+        for (int i = 0; i < 64; i++) q[i] = 0.01f * (float)i - 0.3f;
+        for (int i = 0; i < 32; i++) {
+            k[i] = 0.02f * (float)i;
+            v[i] = -0.01f * (float)i;
+        }
+    }
+    assert_hash_hex(b, "a00b8d633e6a9bb501c1fca51da59caa2c32e20b8aef56f34d9914b185ea9ec3");
+    vks_model_free(b);
+    vks_model_free(r);
+    char *path = shared_file("stories260K/stories260K.bin");
+    if (!path) skip();
+    vks_model *m;
+    assert_int_equal(vks_model_load(path, &m), VKS_OK);
+    assert_hash_hex(m, "383f99ae47e450398d9a2274bfeefc6acc06b849aedb1036df86eabfbfa83462");
+    vks_model_free(m);
+    free(path);
+}
+
 static void test_config_errors(void **state) {
     (void)state;
     vks_model_config c = small_config(true);
@@ -945,6 +984,7 @@ int main(void) {
         cmocka_unit_test(test_random_roundtrip),
         cmocka_unit_test(test_f16_model_save_and_forward),
         cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_model_hash_golden),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

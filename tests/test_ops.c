@@ -197,17 +197,21 @@ static void run_rope(const op_case *tc) {
     uint32_t *pos = xmalloc(R * 4);
     for (uint32_t r = 0; r < R; r++) pos[r] = (r * 37u) % (tc->rope.max_pos + 1);
     vks_buffer *bx = gpu_buffer(x, n * 4), *bp = gpu_buffer(pos, R * 4);
+    uint32_t n_pos = tc->rope.max_pos + 1;
+    float *table = tu_rope_table(10000.0, (int)head_dim, (int)n_pos);
+    vks_buffer *bf = gpu_buffer(table, (size_t)n_pos * head_dim * 4);
+    free(table);
     vks_cmd *c = begin();
-    assert_int_equal(vks_op_rope(ops, c, bind(bx), bind(bp), R, stride, col0, heads, head_dim,
-                                 10000.0f, mode), VKS_OK);
+    assert_int_equal(vks_op_rope(ops, c, bind(bx), bind(bp), bind(bf), n_pos, R, stride, col0, heads, head_dim, mode),
+                     VKS_OK);
     submit(c);
     memcpy(want, x, n * 4);
     vks_ref_rope(want, pos, (int)R, (int)stride, (int)col0, (int)heads, (int)head_dim,
-                 10000.0f, (int)mode);
+                 tu_rope_freqs(10000.0, (int)head_dim), (int)mode);
     download(bx, got, n * 4);
     expect_close(tc->name, got, want, n, tc->tol);
     free(x); free(want); free(got); free(pos);
-    vks_buffer_destroy(bx); vks_buffer_destroy(bp);
+    vks_buffer_destroy(bx); vks_buffer_destroy(bp); vks_buffer_destroy(bf);
 }
 
 /* kv_store: R rows of kv_dim into 3 slots of seq_len; the rest of the caches untouched. */

@@ -372,7 +372,7 @@ static void test_refusals(void **state) {
     m->layers[1].bk = (vks_tensor){VKS_DTYPE_F32, 1, 3, bad_bias};
     o.dtype = VKS_DTYPE_Q4_0;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_ERR_FORMAT);
-    assert_non_null(strstr(vks_last_error(), "layer 1 k bias"));
+    assert_non_null(strstr(vks_last_error(), "layer 1 bk"));
     m->layers[1].bk = (vks_tensor){0};
     /* a kept block tensor whose rows are not whole blocks: an error, no crash */
     vks_model_config c = {.dim = 96, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 2,

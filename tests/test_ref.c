@@ -48,7 +48,7 @@ static void test_rope_adjacent_hand(void **state) {
     (void)state;
     float x[4] = {1, 2, 3, 4};
     const uint32_t pos[1] = {3};
-    vks_ref_rope(x, pos, 1, 4, 0, 1, 4, 10000.0f, VKS_ROPE_ADJACENT);
+    vks_ref_rope(x, pos, 1, 4, 0, 1, 4, tu_rope_freqs(10000.0, 4), VKS_ROPE_ADJACENT);
     double a0 = 3.0, a1 = 3.0 * 0.01; /* freq_i = 10000^(-2i/4) */
     ASSERT_NEAR(x[0], 1 * cos(a0) - 2 * sin(a0), 1e-6);
     ASSERT_NEAR(x[1], 1 * sin(a0) + 2 * cos(a0), 1e-6);
@@ -60,7 +60,7 @@ static void test_rope_half_hand(void **state) {
     (void)state;
     float x[4] = {1, 2, 3, 4};
     const uint32_t pos[1] = {3};
-    vks_ref_rope(x, pos, 1, 4, 0, 1, 4, 10000.0f, VKS_ROPE_HALF);
+    vks_ref_rope(x, pos, 1, 4, 0, 1, 4, tu_rope_freqs(10000.0, 4), VKS_ROPE_HALF);
     double a0 = 3.0, a1 = 0.03; /* pairs (0,2) and (1,3) */
     ASSERT_NEAR(x[0], 1 * cos(a0) - 3 * sin(a0), 1e-6);
     ASSERT_NEAR(x[2], 1 * sin(a0) + 3 * cos(a0), 1e-6);
@@ -72,7 +72,7 @@ static void test_rope_position_zero_identity_and_col0(void **state) {
     (void)state;
     float x[2 * 6] = {9, 1, 2, 3, 4, 9, 9, 5, 6, 7, 8, 9};
     const uint32_t pos[2] = {0, 1};
-    vks_ref_rope(x, pos, 2, 6, 1, 1, 4, 10000.0f, VKS_ROPE_ADJACENT);
+    vks_ref_rope(x, pos, 2, 6, 1, 1, 4, tu_rope_freqs(10000.0, 4), VKS_ROPE_ADJACENT);
     const float row0[6] = {9, 1, 2, 3, 4, 9};
     assert_memory_equal(x, row0, sizeof row0); /* pos 0 rotates by 0 */
     assert_true(x[6] == 9 && x[11] == 9);        /* outside the head: untouched */
@@ -92,8 +92,8 @@ static void test_rope_half_equals_permuted_adjacent(void **state) {
             half[h * HD + j] = adj[h * HD + src];
         }
     const uint32_t pos[1] = {37};
-    vks_ref_rope(adj, pos, 1, D, 0, NH, HD, 10000.0f, VKS_ROPE_ADJACENT);
-    vks_ref_rope(half, pos, 1, D, 0, NH, HD, 10000.0f, VKS_ROPE_HALF);
+    vks_ref_rope(adj, pos, 1, D, 0, NH, HD, tu_rope_freqs(10000.0, HD), VKS_ROPE_ADJACENT);
+    vks_ref_rope(half, pos, 1, D, 0, NH, HD, tu_rope_freqs(10000.0, HD), VKS_ROPE_HALF);
     for (int h = 0; h < NH; h++)
         for (int j = 0; j < HD; j++) {
             int src = j < HD / 2 ? 2 * j : 2 * (j - HD / 2) + 1;

@@ -359,7 +359,7 @@ static double rope_loss(void *p) {
     size_t n = (size_t)c->R * c->stride;
     memcpy(c->work, c->x, n * sizeof *c->x);
     assert_int_equal(vks_ref_rope_forward(c->work, c->pos, c->R, c->stride, c->col0, c->n_heads, c->head_dim,
-                                          10000.0, c->mode), VKS_OK);
+                                          tu_rope_freqs(10000.0, c->head_dim), c->mode), VKS_OK);
     return weighted_sum(c->c, c->work, n);
 }
 
@@ -376,7 +376,7 @@ static void test_rope_grad(void **state) {
                           pos, R, stride, col0, heads, hd, mode};
             double *dx = malloc(n * sizeof *dx);
             memcpy(dx, c.c, n * sizeof *dx); /* d(out), turned into d(in) in place */
-            assert_int_equal(vks_ref_rope_backward(dx, pos, R, stride, col0, heads, hd, 10000.0, mode), VKS_OK);
+            assert_int_equal(vks_ref_rope_backward(dx, pos, R, stride, col0, heads, hd, tu_rope_freqs(10000.0, hd), mode), VKS_OK);
             check_grad(mode == VKS_ROPE_HALF ? "rope half" : "rope adjacent", c.x, n, dx, rope_loss, &c);
             free(dx), free(c.x), free(c.work), free(c.c);
         }
@@ -391,15 +391,15 @@ static void test_rope_matches_ref_and_inverts(void **state) {
         double x[3 * 16], orig[3 * 16];
         tu_fill_uniform(xf, 48, 7 + mode, -1, 1);
         for (int i = 0; i < 48; i++) orig[i] = x[i] = xf[i];
-        vks_ref_rope(xf, pos, 3, 16, 0, 2, 8, 10000.0f, mode);
-        assert_int_equal(vks_ref_rope_forward(x, pos, 3, 16, 0, 2, 8, 10000.0f, mode), VKS_OK);
+        vks_ref_rope(xf, pos, 3, 16, 0, 2, 8, tu_rope_freqs(10000.0, 8), mode);
+        assert_int_equal(vks_ref_rope_forward(x, pos, 3, 16, 0, 2, 8, tu_rope_freqs(10000.0, 8), mode), VKS_OK);
         for (int i = 0; i < 48; i++) assert_true(fabs(x[i] - xf[i]) <= 1e-6);
-        assert_int_equal(vks_ref_rope_backward(x, pos, 3, 16, 0, 2, 8, 10000.0f, mode), VKS_OK);
+        assert_int_equal(vks_ref_rope_backward(x, pos, 3, 16, 0, 2, 8, tu_rope_freqs(10000.0, 8), mode), VKS_OK);
         for (int i = 0; i < 48; i++) assert_true(fabs(x[i] - orig[i]) <= 1e-14);
     }
     double x[4] = {0};
-    assert_int_equal(vks_ref_rope_forward(x, pos, 1, 4, 0, 1, 4, 10000.0, 2), VKS_ERR_ARG); /* bad mode */
-    assert_int_equal(vks_ref_rope_forward(x, pos, 1, 4, 1, 1, 4, 10000.0, 0), VKS_ERR_ARG); /* overruns row */
+    assert_int_equal(vks_ref_rope_forward(x, pos, 1, 4, 0, 1, 4, tu_rope_freqs(10000.0, 4), 2), VKS_ERR_ARG); /* bad mode */
+    assert_int_equal(vks_ref_rope_forward(x, pos, 1, 4, 1, 1, 4, tu_rope_freqs(10000.0, 4), 0), VKS_ERR_ARG); /* overruns row */
 }
 
 /* ---- attention ---- */
@@ -738,7 +738,7 @@ static vks_model *tiny_model(const vks_model_config *cfg, uint64_t seed, bool bi
     assert_int_equal(vks_model_random(cfg, seed, &m), VKS_OK);
     *bias_block = NULL;
     if (!biases) return m;
-    int dim = m->cfg.dim, kv = m->cfg.kv_dim, per_layer = dim + 2 * kv;
+    int dim = m->cfg.n_heads * m->cfg.head_dim, kv = m->cfg.kv_dim, per_layer = dim + 2 * kv; /* dim: q's width */
     float *b = malloc((size_t)per_layer * m->cfg.n_layers * sizeof *b);
     assert_non_null(b);
     tu_fill_uniform(b, (size_t)per_layer * m->cfg.n_layers, seed + 1, -0.5f, 0.5f);
@@ -768,6 +768,9 @@ static const model_case model_cases[] = {
     /* one layer, plain multi-head, two sequences */
     {{.dim = 6, .hidden_dim = 10, .n_layers = 1, .n_heads = 3, .n_kv_heads = 3, .vocab_size = 17, .seq_len = 5,
       .rope_mode = VKS_ROPE_HALF, .shared_classifier = true}, false, 2, {5, 2}},
+    /* Qwen3: per-head q/k norm, head_dim 6 with 2 heads on dim 8 (q 12 wide), GQA 2 */
+    {{.dim = 8, .hidden_dim = 9, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1, .head_dim = 6, .vocab_size = 11,
+      .seq_len = 6, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false, .qk_norm = true}, false, 2, {4, 3}},
 };
 
 static int case_tokens(const model_case *mc) {
@@ -869,7 +872,8 @@ static void test_train_grad_every_tensor(void **state) {
         assert_int_equal(vks_ref_train_loss(p, &b, weight, 3.7, &loss, g), VKS_OK);
         for (size_t j = 0; j < g->n_values; j++) g->data[j] -= prefill[j];
         assert_true(isfinite(loss) && loss > 0.0);
-        int expect = 3 + (mc->cfg.shared_classifier ? 0 : 1) + mc->cfg.n_layers * (mc->biases ? 12 : 9) - 1;
+        int expect = 3 + (mc->cfg.shared_classifier ? 0 : 1) +
+                     mc->cfg.n_layers * (9 + (mc->biases ? 3 : 0) + (mc->cfg.qk_norm ? 2 : 0)) - 1;
         assert_int_equal(g->n_tensors, expect);
         for (int t = 0; t < g->n_tensors; t++) {
             const vks_ref_tensor *gt = &g->tensors[t];

@@ -83,8 +83,9 @@ static double tensor_error(const float *a, const double *ref, size_t n) {
     return err / (scale + 1e-6);
 }
 
-static void check_gradients(bool tied, int rope_mode, bool recompute) {
-    vks_model *m = small_model(tied, rope_mode, 7);
+/* The trainer's log-probabilities, loss and every gradient of m against the
+ * float64 reference; frees m. */
+static void check_model_gradients(vks_model *m, bool recompute) {
     small_batch sb;
     make_batch(&sb, m->cfg.vocab_size, 3);
     vks_trainer *t = make_trainer(m, recompute);
@@ -95,7 +96,7 @@ static void check_gradients(bool tied, int rope_mode, bool recompute) {
 
     vks_ref_params *p, *g;
     assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
-    assert_int_equal(vks_ref_params_create(&m->cfg, false, &g), VKS_OK);
+    assert_int_equal(vks_ref_params_create(&m->cfg, vks_model_has_bias(m), &g), VKS_OK);
     vks_ref_batch rb = ref_batch(&sb);
     double ref_logp[23], w[23], ref_loss;
     for (int i = 0; i < 23; i++) w[i] = sb.weight[i];
@@ -125,11 +126,83 @@ static void check_gradients(bool tied, int rope_mode, bool recompute) {
     assert_int_equal(vks_gpu_validation_messages(gpu), 0);
 }
 
+static void check_gradients(bool tied, int rope_mode, bool recompute) {
+    check_model_gradients(small_model(tied, rope_mode, 7), recompute);
+}
+
+/* head_dim 16 with 4 heads on dim 48: q and the attention output are 64 wide. */
+static void test_gradients_head_dim(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 48, .hidden_dim = 72, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
+                          .vocab_size = 67, .seq_len = 32, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+                          .rope_mode = VKS_ROPE_HALF};
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_random(&c, 7, &m), VKS_OK);
+    check_model_gradients(m, false);
+}
+
+/* Qwen3: the gradients of q_norm and k_norm (and through them) too. */
+static void test_gradients_qwen3(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 48, .hidden_dim = 72, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16,
+                          .vocab_size = 67, .seq_len = 32, .norm_eps = 1e-6f, .rope_theta = 1e6f,
+                          .rope_mode = VKS_ROPE_HALF, .qk_norm = true};
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_random(&c, 8, &m), VKS_OK);
+    check_model_gradients(m, false);
+    assert_int_equal(vks_model_random(&c, 9, &m), VKS_OK);
+    check_model_gradients(m, true); /* recomputed layers keep q/k before the norm too */
+}
+
 static void test_gradients_untied_adjacent(void **s) { (void)s; check_gradients(false, VKS_ROPE_ADJACENT, false); }
 static void test_gradients_tied_half(void **s) { (void)s; check_gradients(true, VKS_ROPE_HALF, false); }
 static void test_gradients_recompute(void **s) { (void)s; check_gradients(false, VKS_ROPE_HALF, true); }
 
 static const vks_adamw_params adamw = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+
+/* One SFT step and one RL (GRPO) step for every architecture: finite losses,
+ * the weights move, the trainer's model exports with the architecture. */
+static void test_every_architecture_steps(void **state) {
+    (void)state;
+    const char *archs[] = {"llama", "llama3", "qwen2", "qwen3"};
+    for (int a = 0; a < 4; a++) {
+        vks_model_config c = {.dim = 48, .hidden_dim = 72, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                              .vocab_size = 67, .seq_len = 32, .head_dim = a == 3 ? 16 : 0, .norm_eps = 1e-6f};
+        vks_model *m = NULL;
+        if (vks_model_random_arch(&c, archs[a], 50 + (uint64_t)a, &m)) fail_msg("%s", vks_last_error());
+        small_batch sb;
+        make_batch(&sb, m->cfg.vocab_size, 5);
+        vks_train_batch b = train_batch(&sb);
+        vks_trainer *t = make_trainer(m, false);
+        double loss, norm;
+        assert_int_equal(vks_trainer_accumulate(t, &b, &loss, NULL), VKS_OK); /* SFT */
+        assert_int_equal(vks_trainer_step(t, &adamw, 1.0, &norm), VKS_OK);
+        assert_true(isfinite(loss) && isfinite(norm) && norm > 0);
+        float logp[23], old[23], adv[23];
+        assert_int_equal(vks_trainer_logprobs(t, &b, logp), VKS_OK);
+        for (int i = 0; i < 23; i++) {
+            old[i] = logp[i] - 0.01f;
+            adv[i] = i < 9 ? 1.0f : -1.0f;
+        }
+        vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 23};
+        vks_grpo_rows rows = {old, adv, NULL};
+        vks_grpo_stats st;
+        assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st, NULL), VKS_OK); /* RL */
+        assert_int_equal(vks_trainer_step(t, &adamw, 1.0, &norm), VKS_OK);
+        assert_true(isfinite(st.loss) && st.tokens > 0 && isfinite(norm) && norm > 0);
+        vks_model *out;
+        assert_int_equal(vks_trainer_export_model(t, &out), VKS_OK);
+        assert_string_equal(out->arch, m->arch);
+        assert_true(out->cfg.qk_norm == m->cfg.qk_norm && out->cfg.rope_scaling.type == m->cfg.rope_scaling.type);
+        assert_true(vks_model_has_bias(out) == vks_model_has_bias(m));
+        float w0 = ((const float *)m->layers[1].wq.data)[3], w1 = ((const float *)out->layers[1].wq.data)[3];
+        assert_true(w0 != w1); /* two steps moved the weights */
+        vks_model_free(out);
+        vks_trainer_destroy(t);
+        vks_model_free(m);
+    }
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
 
 /* steps of accumulate + step; losses[] gets each step's loss. */
 static void train_steps(vks_trainer *t, const small_batch *sb, int steps, double max_norm, double *losses) {
@@ -295,9 +368,18 @@ static void test_bad_batches(void **state) {
  * device's workgroup size (at least 32 elements per partial). */
 static void test_plan_matches_trainer(void **state) {
     (void)state;
-    for (int k = 0; k < 4; k++) {
-        bool tied = k & 1, recompute = k & 2;
-        vks_model *m = small_model(tied, VKS_ROPE_HALF, 5);
+    for (int k = 0; k < 6; k++) { /* 4, 5: Qwen3 (q/k norm buffers, head_dim 16 on dim 48 with 4 heads) */
+        bool tied = k & 1, recompute = k & 2, qwen3 = k >= 4;
+        vks_model *m = NULL;
+        if (qwen3) {
+            vks_model_config c = {.dim = 48, .hidden_dim = 72, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                                  .vocab_size = 67, .seq_len = 32, .head_dim = 16, .norm_eps = 1e-6f,
+                                  .shared_classifier = tied};
+            assert_int_equal(vks_model_random_arch(&c, "qwen3", 5, &m), VKS_OK);
+            recompute = k == 5;
+        } else {
+            m = small_model(tied, VKS_ROPE_HALF, 5);
+        }
         vks_train_plan_options o = {.tokens = 512, .recompute = recompute};
         vks_train_plan p;
         assert_int_equal(vks_train_plan_make(m, &o, &p), VKS_OK);
@@ -312,7 +394,7 @@ static void test_plan_matches_trainer(void **state) {
         assert_int_equal(vks_trainer_create(gpu, m, &to, &t), VKS_OK);
         uint64_t used = before - vks_gpu_free_bytes(gpu);
         int n_tensors = vks_trainer_n_tensors(t), layer_sets = recompute ? 1 : 2;
-        uint64_t buffers = 4 * (uint64_t)n_tensors + 3 + 12 * (uint64_t)layer_sets + 31;
+        uint64_t buffers = 4 * (uint64_t)n_tensors + 3 + 14 * (uint64_t)layer_sets + 34;
         uint64_t slack = 16 * buffers + 4 * ((uint64_t)p.trainable / 32 + (uint64_t)n_tensors);
         if (getenv("VKSWARM_TEST_VERBOSE"))
             fprintf(stderr, "plan %llu, trainer %llu, slack %llu\n", (unsigned long long)p.total,
@@ -373,6 +455,9 @@ int main(void) {
         cmocka_unit_test(test_gradients_untied_adjacent),
         cmocka_unit_test(test_gradients_tied_half),
         cmocka_unit_test(test_gradients_recompute),
+        cmocka_unit_test(test_gradients_head_dim),
+        cmocka_unit_test(test_gradients_qwen3),
+        cmocka_unit_test(test_every_architecture_steps),
         cmocka_unit_test(test_loss_curve_matches_reference),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_resume),

@@ -9,6 +9,7 @@
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_ops.h"
 #include "vkswarm/vks_quant.h"
+#include "vkswarm/vks_model.h"
 
 const char *tu_shared_path(const char *rel) {
     static char buf[4096];
@@ -143,4 +144,19 @@ void *tu_pack_weights(float *w, size_t rows, size_t cols, vks_dtype t, size_t *b
     }
     assert_non_null(p);
     return p;
+}
+
+static double rope_freqs[256];
+
+const double *tu_rope_freqs(double theta, int head_dim) {
+    vks_model_config c = {.head_dim = head_dim > 512 ? 512 : head_dim, .rope_theta = (float)theta};
+    vks_rope_freqs(&c, rope_freqs);
+    return rope_freqs;
+}
+
+float *tu_rope_table(double theta, int head_dim, int n_pos) {
+    vks_model_config c = {.head_dim = head_dim, .rope_theta = (float)theta};
+    float *t = malloc((size_t)n_pos * (size_t)head_dim * sizeof *t);
+    if (!t || !vks_rope_table(&c, n_pos, t)) abort();
+    return t;
 }

@@ -33,6 +33,12 @@ void *tu_pack_weights(float *w, size_t rows, size_t cols, vks_dtype t, size_t *b
  * tools/test sets it for the ASan run only, where the code paths matter and
  * the normal build has already run the full cases. */
 bool tu_test_short(void);
+/* RoPE frequencies of theta and head_dim <= 512 (vks_rope_freqs, no scaling);
+ * static buffers overwritten by the next call: doubles, and the same as f32. */
+const double *tu_rope_freqs(double theta, int head_dim);
+/* The GPU kernels' RoPE table (vks_rope_table) of theta, head_dim and n_pos
+ * positions: malloc'd n_pos * head_dim floats. */
+float *tu_rope_table(double theta, int head_dim, int n_pos);
 /* Makes a fresh temporary directory; returns static path. */
 const char *tu_tmpdir(void);
 /* The vkswarm binary under test: $VKSWARM_BIN, else ./vkswarm. */

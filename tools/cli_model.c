@@ -10,6 +10,7 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     if (!strcmp(opt, "model")) a->model_path = val;
     else if (!strcmp(opt, "tokenizer")) a->tokenizer_path = val;
     else if (!strcmp(opt, "random-model")) a->random_spec = val;
+    else if (!strcmp(opt, "arch")) a->random_arch = val;
     else if (!strcmp(opt, "device")) a->device = (int)cli_parse_long("--device", val, 0, 64);
     else if (!strcmp(opt, "profile")) a->profile = true;
     else if (!strcmp(opt, "dtype")) {
@@ -22,37 +23,41 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     return true;
 }
 
-/* "dim,hidden,layers,heads,kv_heads,vocab[,seq_len]" */
-void cli_parse_random_spec(const char *spec, vks_model_config *out) {
-    long v[7] = {0, 0, 0, 0, 0, 0, 2048};
+/* "dim,hidden,layers,heads,kv_heads,vocab[,seq_len[,head_dim]]" of architecture arch (NULL: llama) */
+void cli_parse_random_spec(const char *spec, const char *arch, vks_model_config *out) {
+    long v[8] = {0, 0, 0, 0, 0, 0, 2048, 0};
     int n = 0;
     const char *s = spec;
-    while (n < 7 && *s) {
+    while (n < 8 && *s) {
         char *end;
         v[n++] = strtol(s, &end, 10);
         if (end == s || (*end && *end != ',')) n = 99;
         if (n == 99) break;
         s = *end ? end + 1 : end;
     }
-    if (n < 6 || n > 7 || *s)
-        cli_die(EXIT_BAD_INPUT, "--random-model: '%s' is not dim,hidden,layers,heads,kv_heads,vocab[,seq_len]", spec);
-    for (int i = 0; i < 7; i++)
-        if (v[i] <= 0 || v[i] > (1 << 22)) cli_die(EXIT_BAD_INPUT, "--random-model: value %ld out of range", v[i]);
+    if (n < 6 || n > 8 || *s)
+        cli_die(EXIT_BAD_INPUT, "--random-model: '%s' is not dim,hidden,layers,heads,kv_heads,vocab[,seq_len[,head_dim]]",
+                spec);
+    for (int i = 0; i < 8; i++)
+        if ((v[i] <= 0 && i < n) || v[i] < 0 || v[i] > (1 << 22))
+            cli_die(EXIT_BAD_INPUT, "--random-model: value %ld out of range", v[i]);
     vks_model_config c = {.dim = (int)v[0], .hidden_dim = (int)v[1], .n_layers = (int)v[2], .n_heads = (int)v[3],
-                          .n_kv_heads = (int)v[4], .vocab_size = (int)v[5], .seq_len = (int)v[6],
-                          .norm_eps = 1e-5f, .rope_theta = 10000.0f, .shared_classifier = false};
-    if (c.n_heads > 0 && c.dim % c.n_heads == 0) {
+                          .n_kv_heads = (int)v[4], .vocab_size = (int)v[5], .seq_len = (int)v[6], .head_dim = (int)v[7],
+                          .norm_eps = 1e-5f, .shared_classifier = false};
+    if (!arch && c.head_dim == 0 && c.n_heads > 0 && c.dim % c.n_heads == 0) { /* the model of earlier versions */
         c.head_dim = c.dim / c.n_heads;
         c.kv_dim = c.head_dim * c.n_kv_heads;
+        c.rope_theta = 10000.0f;
     }
     *out = c;
 }
 
-static vks_model *random_model(const char *spec) {
+static vks_model *random_model(const char *spec, const char *arch) {
     vks_model_config c;
-    cli_parse_random_spec(spec, &c);
+    cli_parse_random_spec(spec, arch, &c);
     vks_model *m = NULL;
-    if (vks_model_random(&c, 1234, &m)) cli_die(EXIT_BAD_INPUT, "--random-model: %s", vks_last_error());
+    int rc = arch ? vks_model_random_arch(&c, arch, 1234, &m) : vks_model_random(&c, 1234, &m);
+    if (rc) cli_die(EXIT_BAD_INPUT, "--random-model: %s", vks_last_error());
     return m;
 }
 
@@ -71,7 +76,8 @@ vks_model *cli_load_model(cli_model_args *a) {
 }
 
 static vks_model *cli_load_model_file(const cli_model_args *a) {
-    if (a->random_spec) return random_model(a->random_spec);
+    if (a->random_arch && !a->random_spec) cli_die(EXIT_BAD_INPUT, "--arch goes with --random-model");
+    if (a->random_spec) return random_model(a->random_spec, a->random_arch);
     if (!a->model_path) cli_die(EXIT_BAD_INPUT, "--model is required (or --random-model)");
     vks_model *m = NULL;
     int rc = vks_model_load(a->model_path, &m);

@@ -6,6 +6,7 @@
 
 typedef struct {
     const char *model_path, *tokenizer_path, *random_spec;
+    const char *random_arch; /* --arch of --random-model: llama, llama3, qwen2, qwen3 (NULL: llama) */
     vks_engine_options engine; /* what the user chose: .dtype, .keep_file_dtype (--dtype);
                                   each command adds the sizes and the math it needs */
     bool dtype_given;     /* --dtype was on the command line */
@@ -13,17 +14,17 @@ typedef struct {
     bool profile;
 } cli_model_args;
 
-/* Handles --model, --tokenizer, --random-model, --dtype, --device, --profile.
+/* Handles --model, --tokenizer, --random-model, --arch, --dtype, --device, --profile.
  * Returns true if `opt` (a getopt_long name) was one of them. */
 bool cli_model_option(cli_model_args *a, const char *opt, const char *val);
 #define CLI_MODEL_LONG_OPTIONS                                                              \
     {"model", required_argument, 0, 0}, {"tokenizer", required_argument, 0, 0},            \
         {"random-model", required_argument, 0, 0}, {"dtype", required_argument, 0, 0},     \
-        {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}
+        {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}, {"arch", required_argument, 0, 0}
 
 /* The config of --random-model's "dim,hidden,layers,heads,kv_heads,vocab[,seq_len]"
  * (seq_len 2048 when left out; exit 2 on a malformed spec). */
-void cli_parse_random_spec(const char *spec, vks_model_config *out);
+void cli_parse_random_spec(const char *spec, const char *arch, vks_model_config *out);
 /* Loads the model (exit 2 naming the file on bad input), or builds the random one. */
 /* Without --dtype, a model stored in block formats (a quantized GGUF) keeps
  * its file's types; anything else runs in f32. cli_load_model records that

@@ -10,8 +10,9 @@
 #include "vkswarm/vks_tokenizer.h"
 
 static const char convert_usage[] =
-    "usage: vkswarm convert (--in MODEL | --random-model dim,hidden,layers,heads,kv,vocab[,seq] |\n"
-    "                        --init tiny [--seed S]) --out PATH\n"
+    "usage: vkswarm convert (--in MODEL |\n"
+    "                        --random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
+    "                        [--arch llama|llama3|qwen2|qwen3] | --init tiny [--seed S]) --out PATH\n"
     "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer T]\n"
     "Converts a model. The input format is detected by content (GGUF, safetensors file or directory\n"
     "with config.json, llama2.c). The output format follows PATH: *.gguf is GGUF, *.bin is llama2.c\n"
@@ -24,6 +25,9 @@ static const char convert_usage[] =
     "Hugging Face directory as tokenizer.json (byte-level BPE), tokenizer.gguf (SentencePiece) or\n"
     "tokenizer.bin (llama2.c). Without it the source's own tokenizer goes along where the output\n"
     "can hold it (a llama2.c file holds none).\n"
+    "--random-model writes a model of random weights; --arch makes it a Llama (the default), a Llama 3.1\n"
+    "(RoPE scaling), a Qwen2 (q/k/v biases) or a Qwen3 (per-head q/k norms; head_dim may differ from\n"
+    "dim / heads).\n"
     "--init tiny writes the built-in tiny model (dim 128, 4 layers, byte-level vocabulary of 259\n"
     "tokens, 0.82M parameters) initialised from --seed (default 0), with its tokenizer, as GGUF or\n"
     "a Hugging Face directory; the same seed gives the same file.\n";
@@ -47,6 +51,7 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
                                          {"type", required_argument, 0, 0},     {"tokenizer", required_argument, 0, 0},
                                          {"random-model", required_argument, 0, 0}, {"init", required_argument, 0, 0},
                                          {"seed", required_argument, 0, 0},         {"help", no_argument, 0, 'h'},
+                                         {"arch", required_argument, 0, 0},
                                          {0, 0, 0, 0}};
     int c, idx;
     a->type = VKS_DTYPE_F32;
@@ -60,6 +65,7 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
         else if (!strcmp(name, "out")) a->out = optarg;
         else if (!strcmp(name, "tokenizer")) a->m.tokenizer_path = optarg;
         else if (!strcmp(name, "random-model")) a->m.random_spec = optarg;
+        else if (!strcmp(name, "arch")) a->m.random_arch = optarg;
         else if (!strcmp(name, "type")) a->type_name = optarg;
         else if (!strcmp(name, "init")) a->init = optarg;
         else if (!strcmp(name, "seed")) a->seed = cli_parse_u64("--seed", optarg);

@@ -13,7 +13,9 @@
 static const char generate_usage[] =
     "usage: vkswarm generate --model M --tokenizer T [--prompt TEXT | --prompts FILE] [-n STEPS]\n"
     "                        [--temp X] [--top-p P] [--top-k K] [--seed S] [--dtype f32|f16|bf16]\n"
-    "                        [--device N] [--profile] [--random-model dim,hidden,layers,heads,kv,vocab]\n"
+    "                        [--device N] [--profile]\n"
+    "                        [--random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
+    "                         [--arch llama|llama3|qwen2|qwen3]]\n"
     "                        [--rollouts-out FILE [--toploc | --no-toploc]]\n"
     "Generates text. -n counts positions, prompt included (llama2.c); 0 means the model's context.\n"
     "Defaults: -n 256 --temp 1.0 --top-p 0.9 --top-k 0 (off), --seed from the clock (printed on stderr).\n"

@@ -88,7 +88,9 @@ int cmd_train_plan(int argc, char **argv) {
     plan_args a = {.m.device = -1};
     parse_plan(argc, argv, &a);
     vks_model shape = {0}, *m = &shape, *loaded = NULL;
-    if (a.m.random_spec) cli_parse_random_spec(a.m.random_spec, &shape.cfg); /* shapes only: no weights made */
+    if (a.m.random_arch) /* the architecture's extras are set where its weights are made (vks_model_random_arch) */
+        cli_die(EXIT_BAD_INPUT, "train plan: --arch is not taken yet (a --random-model shape is llama's)");
+    if (a.m.random_spec) cli_parse_random_spec(a.m.random_spec, NULL, &shape.cfg); /* shapes only: no weights made */
     else m = loaded = cli_load_model(&a.m);
     const char *base_type = a.type ? a.type : "f32";
     if (!a.type && a.o.lora_rank && loaded && vks_engine_keeps_file_types(loaded))

@@ -33,11 +33,11 @@ typedef struct {
     char name[32];   /* "tok_emb", "layers.<l>.<field>" (fields as vks_layer_weights), "final_norm", "classifier" */
     int64_t rows, cols;
     size_t offset;   /* first float of the tensor in a block */
+    vks_schema_item item; /* what it is in the model schema (names, presence) */
 } vks_param_info;
 
-/* Tensors in the order tok_emb, per layer attn_norm wq wk wv [bq bk bv] wo
- * ffn_norm w1 w2 w3, then final_norm and classifier (absent when
- * cfg.shared_classifier: tok_emb is the classifier), back to back. */
+/* The tensors vks_schema_list gives (tok_emb, each layer's in the schema's
+ * order, final_norm, classifier unless tied to tok_emb), back to back. */
 typedef struct {
     vks_model_config cfg;
     bool has_bias;

@@ -5,15 +5,37 @@
 #define VKS_MODEL_H
 #include "vks_common.h"
 
+/* RoPE frequency scaling (config.json rope_scaling; GGUF rope_freqs). */
+enum { VKS_ROPE_SCALING_NONE = 0, VKS_ROPE_SCALING_LLAMA3 = 1 };
+typedef struct {
+    int type;               /* VKS_ROPE_SCALING_* */
+    float factor;           /* llama3: low frequencies are divided by it */
+    float low_freq_factor, high_freq_factor; /* llama3: the band between is interpolated */
+    int original_context;   /* llama3: original_max_position_embeddings */
+} vks_rope_scaling;
+
 typedef struct {
     int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
-    int head_dim;      /* dim / n_heads */
+    int head_dim;      /* per head: the model's own (config.json head_dim, GGUF key_length), else dim / n_heads */
     int kv_dim;        /* n_kv_heads * head_dim */
     float norm_eps;    /* 1e-5 for llama2.c */
     float rope_theta;  /* 10000 for llama2.c */
     int rope_mode;     /* VKS_ROPE_ADJACENT or VKS_ROPE_HALF (vks_common.h) */
     bool shared_classifier;
+    bool qk_norm;      /* per-head RMSNorm of q and k before RoPE (Qwen3; weights q_norm, k_norm) */
+    vks_rope_scaling rope_scaling; /* zero: none (Llama 3.1/3.2: llama3) */
 } vks_model_config;
+
+/* The rotation frequency (radians per position) of each RoPE pair
+ * i < head_dim/2 of a model: theta^(-2i/head_dim), then the config's scaling.
+ * The one place the formula is written: the reference, the CPU forward, the
+ * trainer and the GPU kernels (as a table in a buffer) take it from here. */
+void vks_rope_freqs(const vks_model_config *c, double *freqs);
+/* cos and sin of every (position p < n_pos, pair i) angle, computed in double
+ * from vks_rope_freqs, as f32 pairs at table[2 * (p * head_dim/2 + i)] (the
+ * GPU kernels' table). table holds n_pos * head_dim floats; false when out of
+ * memory for the frequencies. */
+bool vks_rope_table(const vks_model_config *c, int n_pos, float *table);
 
 /* A weight matrix or vector: rows x cols elements of dtype, row-major. Block
  * dtypes (Q8_0, Q4_0, Q4_K, Q6_K; vks_quant.h) keep their file bytes: each row
@@ -24,20 +46,69 @@ typedef struct {
     const void *data;     /* host memory, not owned */
 } vks_tensor;
 
+/* ---- the model schema (src/model/model_schema.c) ----
+ * Every tensor of a layer, once: internal field, GGUF name (after "blk.N."),
+ * Hugging Face name (after "model.layers.N."), shape [rows, cols] in terms of
+ * the config (VKS_EXT_*), when it is present (VKS_WHEN_*) and whether a
+ * trainer updates it. The order is the trainer's (vks_ref_params, the
+ * checkpoint layout, the trainer's parameter sets); readers, writers, the
+ * hash and the weight checks all walk this list. q/k rows are in the model's
+ * RoPE order (cfg.rope_mode; "rope" marks the tensors a change of order
+ * permutes); biases and norms are vectors (rows = 1). */
+#define VKS_LAYER_TENSORS(X)                                                                            \
+    /* field     GGUF               Hugging Face                       rows    cols    when    train rope */ \
+    X(attn_norm, "attn_norm.weight", "input_layernorm.weight", ONE, DIM, ALWAYS, true, false)          \
+    X(wq, "attn_q.weight", "self_attn.q_proj.weight", Q, DIM, ALWAYS, true, true)                      \
+    X(wk, "attn_k.weight", "self_attn.k_proj.weight", KV, DIM, ALWAYS, true, true)                     \
+    X(wv, "attn_v.weight", "self_attn.v_proj.weight", KV, DIM, ALWAYS, true, false)                    \
+    X(bq, "attn_q.bias", "self_attn.q_proj.bias", ONE, Q, BIAS, true, true)                            \
+    X(bk, "attn_k.bias", "self_attn.k_proj.bias", ONE, KV, BIAS, true, true)                           \
+    X(bv, "attn_v.bias", "self_attn.v_proj.bias", ONE, KV, BIAS, true, false)                          \
+    X(q_norm, "attn_q_norm.weight", "self_attn.q_norm.weight", ONE, HEAD, QK_NORM, true, true)         \
+    X(k_norm, "attn_k_norm.weight", "self_attn.k_norm.weight", ONE, HEAD, QK_NORM, true, true)         \
+    X(wo, "attn_output.weight", "self_attn.o_proj.weight", DIM, Q, ALWAYS, true, false)                \
+    X(ffn_norm, "ffn_norm.weight", "post_attention_layernorm.weight", ONE, DIM, ALWAYS, true, false)   \
+    X(w1, "ffn_gate.weight", "mlp.gate_proj.weight", HIDDEN, DIM, ALWAYS, true, false)                 \
+    X(w2, "ffn_down.weight", "mlp.down_proj.weight", DIM, HIDDEN, ALWAYS, true, false)                 \
+    X(w3, "ffn_up.weight", "mlp.up_proj.weight", HIDDEN, DIM, ALWAYS, true, false)
+/* The tensors outside the layers: tok_emb comes before them, the rest after. */
+#define VKS_MODEL_TENSORS(X)                                                                      \
+    X(tok_emb, "token_embd.weight", "model.embed_tokens.weight", VOCAB, DIM, ALWAYS, true, false) \
+    X(final_norm, "output_norm.weight", "model.norm.weight", ONE, DIM, ALWAYS, true, false)       \
+    X(classifier, "output.weight", "lm_head.weight", VOCAB, DIM, UNTIED, true, false)
+
+/* Extents a shape is made of. */
+typedef enum {
+    VKS_EXT_ONE, VKS_EXT_DIM, VKS_EXT_Q /* n_heads x head_dim */, VKS_EXT_KV /* n_kv_heads x head_dim */,
+    VKS_EXT_HIDDEN, VKS_EXT_HEAD /* head_dim */, VKS_EXT_VOCAB
+} vks_extent;
+/* When a tensor is present: always; when the model has q/k/v biases (all
+ * three or none); when cfg.qk_norm; when the classifier is not tied to tok_emb. */
+typedef enum { VKS_WHEN_ALWAYS, VKS_WHEN_BIAS, VKS_WHEN_QK_NORM, VKS_WHEN_UNTIED } vks_presence;
+
+#define VKS_SCHEMA_ENUM_(field, ...) VKS_T_##field,
+enum { VKS_LAYER_TENSORS(VKS_SCHEMA_ENUM_) VKS_LAYER_N_TENSORS };
+enum { VKS_MODEL_TENSORS(VKS_SCHEMA_ENUM_) VKS_MODEL_N_TENSORS };
+
 typedef struct {
-    vks_tensor attn_norm; /* [1, dim] */
-    vks_tensor wq;        /* [n_heads*head_dim, dim] */
-    vks_tensor wk;        /* [kv_dim, dim] */
-    vks_tensor wv;        /* [kv_dim, dim] */
-    vks_tensor wo;        /* [dim, n_heads*head_dim] */
-    vks_tensor ffn_norm;  /* [1, dim] */
-    vks_tensor w1;        /* gate [hidden, dim] */
-    vks_tensor w2;        /* down [dim, hidden] */
-    vks_tensor w3;        /* up   [hidden, dim] */
-    /* Optional attention biases (Qwen2); data == NULL when absent. f32 [1, rows]. */
-    vks_tensor bq;        /* [1, n_heads*head_dim] */
-    vks_tensor bk;        /* [1, kv_dim] */
-    vks_tensor bv;        /* [1, kv_dim] */
+    const char *name;   /* internal: "wq" (the trainer's "layers.N.wq") */
+    const char *gguf;   /* "attn_q.weight" ("blk.N." before it in a layer) */
+    const char *hf;     /* "self_attn.q_proj.weight" ("model.layers.N." before it in a layer) */
+    vks_extent rows, cols;
+    vks_presence when;
+    bool trainable;
+    bool rope;          /* its rows (vectors: elements) follow the q/k RoPE order, permuted per head */
+} vks_tensor_schema;
+
+extern const vks_tensor_schema vks_layer_schema[VKS_LAYER_N_TENSORS];
+extern const vks_tensor_schema vks_model_schema[VKS_MODEL_N_TENSORS];
+
+/* A layer's weights: by name (w->wq) or by schema index (w->t[VKS_T_wq]).
+ * Optional tensors absent: data == NULL. */
+#define VKS_SCHEMA_FIELD_(field, ...) vks_tensor field;
+typedef union {
+    struct { VKS_LAYER_TENSORS(VKS_SCHEMA_FIELD_) };
+    vks_tensor t[VKS_LAYER_N_TENSORS];
 } vks_layer_weights;
 
 typedef struct vks_model {
@@ -58,12 +129,64 @@ typedef struct vks_model {
     void (*format_free)(void *state);
 } vks_model;
 
+/* ---- walking the schema ---- */
+/* Extent e of config c (VKS_EXT_Q is n_heads * head_dim, which may differ from dim). */
+int64_t vks_schema_extent(const vks_model_config *c, vks_extent e);
+/* Whether a tensor of s is present in a model of c; has_bias: the model has q/k/v biases. */
+bool vks_schema_present(const vks_tensor_schema *s, const vks_model_config *c, bool has_bias);
+/* One present tensor of a model. */
+typedef struct {
+    const vks_tensor_schema *s;
+    int layer;          /* -1: outside the layers (vks_model_schema) */
+    int index;          /* in vks_layer_schema or vks_model_schema */
+    int64_t rows, cols; /* from the config */
+} vks_schema_item;
+/* The present tensors of a model of c in the trainer's order: tok_emb, every
+ * layer's (vks_layer_schema order), final_norm, classifier when untied. Fills
+ * items[cap] (items may be NULL) and returns how many there are. */
+int vks_schema_list(const vks_model_config *c, bool has_bias, vks_schema_item *items, int cap);
+/* Item i of that list into *out (VKS_ERR_ARG past its end; no error message). */
+int vks_schema_list_nth(const vks_model_config *c, bool has_bias, int i, vks_schema_item *out);
+/* The same into a malloc'ed array (*n items); VKS_ERR_NOMEM on failure. */
+int vks_schema_list_alloc(const vks_model_config *c, bool has_bias, vks_schema_item **items, int *n);
+typedef enum { VKS_NAME_INTERNAL, VKS_NAME_GGUF, VKS_NAME_HF } vks_name_kind;
+/* The item's full name: "layers.3.wq", "blk.3.attn_q.weight" or
+ * "model.layers.3.self_attn.q_proj.weight". */
+void vks_schema_name(const vks_schema_item *it, vks_name_kind kind, char *buf, size_t cap);
+/* The tensor of m the item names (m->layers must hold it->layer). */
+vks_tensor *vks_model_slot(vks_model *m, const vks_schema_item *it);
+const vks_tensor *vks_model_slot_const(const vks_model *m, const vks_schema_item *it);
+/* Whether m has q/k/v biases (those of layer 0; readers check all layers agree). */
+bool vks_model_has_bias(const vks_model *m);
+
+/* An architecture: what a model's name in GGUF/config.json implies. RoPE
+ * scaling and head_dim are per model (vks_model_config). */
+typedef struct {
+    const char *name;      /* vks_model.arch and GGUF general.architecture */
+    const char *hf_class;  /* config.json "architectures"[0] */
+    int gguf_rope_mode;    /* q/k row order in GGUF: llama.cpp's converter permutes llama to adjacent pairs */
+    bool bias;             /* q/k/v biases when config.json does not say (attention_bias) */
+    bool qk_norm;          /* per-head q/k RMSNorm (cfg.qk_norm) */
+    const char *activation; /* of the FFN gate: SiLU for all */
+} vks_arch;
+/* By vks_model.arch / GGUF name, or by Hugging Face class or model_type; NULL if unknown. */
+const vks_arch *vks_arch_find(const char *name);
+const vks_arch *vks_arch_find_hf(const char *hf_class, const char *model_type);
+/* "llama, qwen2" (hf: "LlamaForCausalLM, Qwen2ForCausalLM") into buf, for messages. */
+void vks_arch_list(char *buf, size_t cap, bool hf);
+
 /* Loads a llama2.c checkpoint. Hostile-input safe: on failure returns a
  * negative code with a one-line vks_last_error() naming the file and problem. */
 int vks_model_load_llama2c(const char *path, vks_model **out);
 /* Builds a random model (weights ~ N(0, 0.02)-ish, norms = 1) for benchmarks
  * and tests. seed makes it reproducible. */
 int vks_model_random(const vks_model_config *cfg, uint64_t seed, vks_model **out);
+/* A random model of an architecture, for tests and benchmarks: "llama",
+ * "llama3" (Llama 3.1's RoPE scaling: factor 8, frequency factors 1 and 4,
+ * original context 8192, theta 500000), "qwen2" (q/k/v biases, theta 1e6),
+ * "qwen3" (per-head q/k norms, theta 1e6). cfg.head_dim 0 means dim /
+ * n_heads; kv_dim is derived. Unknown names: VKS_ERR_ARG naming them. */
+int vks_model_random_arch(const vks_model_config *cfg, const char *arch, uint64_t seed, vks_model **out);
 /* A model of cfg (checked) with zeroed f32 weights it owns and may write
  * (q/k/v biases when has_bias): what a trainer fills with its weights. */
 int vks_model_create_f32(const vks_model_config *cfg, bool has_bias, vks_model **out);

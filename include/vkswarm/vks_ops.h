@@ -75,10 +75,11 @@ int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks
                        uint32_t M, uint32_t N, uint32_t K, uint32_t ldy, uint32_t y_col0, bool accumulate,
                        vks_matmul_kind kind);
 /* In place: x[r, col0 + h*head_dim + ...] for h < n_heads, row stride `stride`;
- * pos uint32[R]; mode VKS_ROPE_ADJACENT or VKS_ROPE_HALF. */
-int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R,
-                uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta,
-                uint32_t mode);
+ * pos uint32[R], each < n_pos; pair i of position p rotates by the angle whose
+ * (cos, sin) is table[p * head_dim/2 + i] (f32 pairs, [n_pos, head_dim/2];
+ * vks_rope_table); mode VKS_ROPE_ADJACENT or VKS_ROPE_HALF. */
+int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, vks_binding table, uint32_t n_pos, uint32_t R,
+                uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, uint32_t mode);
 /* kcache[(slot[r]*seq_len + pos[r])*kv_dim + j] = k[r*kv_dim + j]; same for v. */
 int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
                     vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R,

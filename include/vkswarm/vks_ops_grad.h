@@ -141,8 +141,8 @@ int vks_op_rmsnorm_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w
 /* In place, the inverse of vks_op_rope (same arguments): the gradient of the
  * rotated output in x becomes the gradient of its input (rotation by the
  * negated angle), as vks_ref_rope_backward. */
-int vks_op_rope_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R, uint32_t stride,
-                         uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta, uint32_t mode);
+int vks_op_rope_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, vks_binding table, uint32_t n_pos,
+                         uint32_t R, uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, uint32_t mode);
 
 /* Causal grouped-query attention over T packed rows, for training: row t
  * attends keys start[t]..t (start[t] = first row of t's sequence; a value

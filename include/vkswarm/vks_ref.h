@@ -13,9 +13,9 @@ void vks_ref_rmsnorm(const float *x, const float *w, int R, int D, float eps, fl
 /* y[m, n] = sum_k x[m, k] * W[n, k]   (x [M,K], W [N,K], y [M,N]) */
 void vks_ref_matmul(const float *x, const float *W, int M, int N, int K, float *y);
 /* In place on x[r, col0 + h*head_dim + j] for h < n_heads, row stride `stride`.
- * Angle = pos[r] * theta^(-2i/head_dim) for pair i. */
+ * Angle = pos[r] * freqs[i] for pair i (freqs[head_dim/2]: vks_rope_freqs). */
 void vks_ref_rope(float *x, const uint32_t *pos, int R, int stride, int col0, int n_heads,
-                  int head_dim, float theta, int mode);
+                  int head_dim, const double *freqs, int mode);
 /* Causal GQA attention over a KV cache laid out [n_slots, seq_len, kv_dim]
  * (kv_dim = n_kv_heads*head_dim). Row r attends to keys 0..pos[r] of slot[r].
  * q [R, n_heads*head_dim], out [R, n_heads*head_dim]. scale = 1/sqrt(head_dim). */

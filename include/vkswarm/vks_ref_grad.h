@@ -47,14 +47,14 @@ int vks_ref_bias_backward(const double *dy, int R, int D, double *db);
 
 /* ---- RoPE, exactly vks_ref_rope's rotation (same modes, angles, arguments) ----
  * In place on x[r, col0 + h*head_dim + j], h < n_heads, row stride `stride`:
- * each pair rotates by angle pos[r] * theta^(-2i/head_dim). */
+ * pair i rotates by angle pos[r] * freqs[i] (freqs[head_dim/2]: vks_rope_freqs). */
 int vks_ref_rope_forward(double *x, const uint32_t *pos, int R, int stride, int col0, int n_heads, int head_dim,
-                         double theta, int mode);
+                         const double *freqs, int mode);
 /* In place too: the rotation is orthogonal, so the input gradient is the
  * output gradient rotated back (angle negated). Turns d(out) held in dx into
  * d(in); it does not accumulate. */
 int vks_ref_rope_backward(double *dx, const uint32_t *pos, int R, int stride, int col0, int n_heads, int head_dim,
-                          double theta, int mode);
+                          const double *freqs, int mode);
 
 /* ---- causal attention over packed sequences, grouped-query heads ----
  * q, out [T, n_heads*head_dim]; k, v [T, n_kv_heads*head_dim]. Query head h

@@ -13,16 +13,18 @@ typedef struct {
     int64_t rows, cols;
 } vks_ref_tensor;
 
-/* Per-layer views (shapes as vks_layer_weights); biases NULL unless has_bias. */
-typedef struct {
-    double *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *ffn_norm, *w1, *w2, *w3;
+/* Per-layer views (shapes as vks_layer_weights; by name or by schema index);
+ * tensors absent from the model (biases without has_bias) NULL. */
+#define VKS_REF_FIELD_(field, ...) double *field;
+typedef union {
+    struct { VKS_LAYER_TENSORS(VKS_REF_FIELD_) };
+    double *t[VKS_LAYER_N_TENSORS];
 } vks_ref_layer;
 
 /* Parameters of a model as doubles, or anything shaped like them (gradients,
  * Adam moments). One block `data` of n_values doubles, seen two ways: fields
- * for the forward, and tensors[] by name, in the order tok_emb, then per layer
- * attn_norm wq wk wv [bq bk bv] wo ffn_norm w1 w2 w3, then final_norm and
- * classifier. A tied classifier (cfg.shared_classifier) is tok_emb itself:
+ * for the forward, and tensors[] by name, in vks_schema_list's order (tok_emb,
+ * each layer's in the schema's order, final_norm, classifier). A tied classifier (cfg.shared_classifier) is tok_emb itself:
  * classifier == tok_emb and no "classifier" tensor is listed, so its gradient
  * is the sum of both uses. Elementwise updates (AdamW, norms) run on `data`. */
 typedef struct vks_ref_params {

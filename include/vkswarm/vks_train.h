@@ -1,9 +1,9 @@
 /* vks_train.h: training a whole model on the device (src/engine/train*.c).
  * Four parameter sets of the same shape live on the device: f32 master
  * weights, gradients and the two Adam moments, each a list of tensors named
- * and ordered as vks_ref_params (vks_ref_train.h): tok_emb, then per layer
- * attn_norm wq wk wv [bq bk bv] wo ffn_norm w1 w2 w3, then final_norm and,
- * when the classifier is not tied to tok_emb, classifier. A model in any
+ * and ordered as vks_ref_params (vks_ref_train.h), i.e. vks_schema_list:
+ * tok_emb, each layer's tensors in the schema's order, final_norm and, when
+ * the classifier is not tied to tok_emb, classifier. A model in any
  * file type is dequantized to the f32 masters on load (quantized blocks are
  * not trained in place; writing quantized weights back is convert's job). */
 #ifndef VKS_TRAIN_H

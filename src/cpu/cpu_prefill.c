@@ -30,15 +30,17 @@ static void free_activations(activations *a) {
     free(a->seq_base), free(a->pos), free(a->rope_cos), free(a->rope_sin);
 }
 
-static void fill_positions_and_rope(activations *a, const vks_model_config *c) {
+/* freqs: scratch of head_dim/2 doubles. */
+static void fill_positions_and_rope(activations *a, const vks_model_config *c, double *freqs) {
     for (int s = 0, row = 0; s < a->n_seqs; s++) {
         a->seq_base[s] = row;
         for (int t = 0; t < a->seq_lens[s]; t++) a->pos[row++] = (uint32_t)t;
     }
     int half = c->head_dim / 2;
+    vks_rope_freqs(c, freqs);
     for (int p = 0; p < a->max_len; p++)
         for (int i = 0; i < half; i++) {
-            double angle = (double)p * pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+            double angle = (double)p * freqs[i];
             a->rope_cos[(size_t)p * half + i] = cos(angle);
             a->rope_sin[(size_t)p * half + i] = sin(angle);
         }
@@ -50,12 +52,13 @@ static int alloc_activations(activations *a, const vks_model_config *c, const in
     for (int s = 0; s < n_seqs; s++)
         if (seq_lens[s] > a->max_len) a->max_len = seq_lens[s];
     size_t r = (size_t)rows, dim = (size_t)c->dim, kv = (size_t)c->kv_dim, hid = (size_t)c->hidden_dim;
+    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim;
     size_t rope = (size_t)a->max_len * (size_t)(c->head_dim / 2) + 1;
     a->seq_base = malloc((size_t)n_seqs * sizeof(int));
     a->pos = malloc(r * sizeof(uint32_t));
     a->rope_cos = malloc(rope * sizeof(double)), a->rope_sin = malloc(rope * sizeof(double));
-    a->x = malloc(r * dim * 4), a->xb = malloc(r * dim * 4), a->q = malloc(r * dim * 4);
-    a->att = malloc(r * dim * 4), a->tmp = malloc(r * dim * 4);
+    a->x = malloc(r * dim * 4), a->xb = malloc(r * dim * 4), a->q = malloc(r * qd * 4);
+    a->att = malloc(r * qd * 4), a->tmp = malloc(r * dim * 4);
     a->k = malloc(r * kv * 4), a->v = malloc(r * kv * 4);
     a->h1 = malloc(r * hid * 4), a->h3 = malloc(r * hid * 4);
     if (!a->seq_base || !a->pos || !a->rope_cos || !a->rope_sin || !a->x || !a->xb || !a->q || !a->att || !a->tmp ||
@@ -64,7 +67,13 @@ static int alloc_activations(activations *a, const vks_model_config *c, const in
         return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_prefill: out of memory for %d rows", rows);
     }
     atomic_init(&a->failed, 0);
-    fill_positions_and_rope(a, c);
+    double *freqs = malloc((size_t)(c->head_dim / 2 + 1) * sizeof *freqs);
+    if (!freqs) {
+        free_activations(a);
+        return vks_set_error(VKS_ERR_NOMEM, "vks_cpu_prefill: out of memory");
+    }
+    fill_positions_and_rope(a, c, freqs);
+    free(freqs);
     return VKS_OK;
 }
 
@@ -90,6 +99,21 @@ static void rmsnorm(vks_cpu *c, activations *a, const vks_tensor *w, const float
     vks_cpu_convert_rows(w, 0, 1, c->vec);
     row_job j = {.c = c, .a = a, .in = in, .w = c->vec, .out = out, .width = c->m->cfg.dim};
     vks_cpu_parallel_for(c->threads, rows, 16, rmsnorm_rows, &j);
+}
+
+static void head_norm_rows(void *ctx, int begin, int end, int worker) {
+    (void)worker;
+    row_job *j = ctx;
+    for (int r = begin; r < end; r++) /* rows of head_dim, in place */
+        vks_cpu_rmsnorm_row(j->out + (size_t)r * j->width, j->w, j->width, j->c->m->cfg.norm_eps,
+                            j->out + (size_t)r * j->width);
+}
+
+/* RMSNorm of every head of x [rows, heads * head_dim] with w [head_dim]. */
+static void head_norm(vks_cpu *c, activations *a, const vks_tensor *w, float *x, int heads) {
+    vks_cpu_convert_rows(w, 0, 1, c->vec);
+    row_job j = {.c = c, .a = a, .w = c->vec, .out = x, .width = c->m->cfg.head_dim};
+    vks_cpu_parallel_for(c->threads, a->rows * heads, 16, head_norm_rows, &j);
 }
 
 static void rope_rows(void *ctx, int begin, int end, int worker) {
@@ -162,15 +186,15 @@ static void softmax_causal(float *s, int ld, int rows, int t0) {
 
 static void attend_block(const vks_model_config *cf, const activations *a, int base, int t0, int rows, int h,
                          float *scores) {
-    int hd = cf->head_dim, kv_off = (h / (cf->n_heads / cf->n_kv_heads)) * hd, keys = t0 + rows;
-    const float *q = a->q + (size_t)(base + t0) * cf->dim + (size_t)h * hd;
+    int hd = cf->head_dim, qd = cf->n_heads * hd, kv_off = (h / (cf->n_heads / cf->n_kv_heads)) * hd, keys = t0 + rows;
+    const float *q = a->q + (size_t)(base + t0) * qd + (size_t)h * hd;
     const float *k = a->k + (size_t)base * cf->kv_dim + kv_off, *v = a->v + (size_t)base * cf->kv_dim + kv_off;
-    float *out = a->att + (size_t)(base + t0) * cf->dim + (size_t)h * hd;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f / sqrtf((float)hd), q, cf->dim, k,
+    float *out = a->att + (size_t)(base + t0) * qd + (size_t)h * hd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f / sqrtf((float)hd), q, qd, k,
                 cf->kv_dim, 0.0f, scores, keys);
     softmax_causal(scores, keys, rows, t0);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, scores, keys, v, cf->kv_dim, 0.0f, out,
-                cf->dim);
+                qd);
 }
 
 static void attention_items(void *ctx, int begin, int end, int worker) {
@@ -201,7 +225,11 @@ static void attention_block(vks_cpu *c, const vks_layer_weights *w, activations 
     add_bias(c, &w->bq, a->q, a->rows);
     add_bias(c, &w->bk, a->k, a->rows);
     add_bias(c, &w->bv, a->v, a->rows);
-    rope(c, a, a->q, cf->dim);
+    if (cf->qk_norm) { /* per head, before RoPE (Qwen3) */
+        head_norm(c, a, &w->q_norm, a->q, cf->n_heads);
+        head_norm(c, a, &w->k_norm, a->k, cf->n_kv_heads);
+    }
+    rope(c, a, a->q, cf->n_heads * cf->head_dim);
     rope(c, a, a->k, cf->kv_dim);
     row_job j = {.c = c, .a = a};
     vks_cpu_parallel_for(c->threads, a->n_seqs * cf->n_heads, 1, attention_items, &j);
@@ -307,7 +335,8 @@ int vks_cpu_prefill_taps(vks_cpu *c, const int32_t *ids, const int *seq_lens, in
 
 static int64_t widest_row(const vks_model *m) {
     const vks_model_config *c = &m->cfg;
-    int64_t w = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    int64_t w = c->dim > c->hidden_dim ? c->dim : c->hidden_dim, qd = (int64_t)c->n_heads * c->head_dim;
+    if (qd > w) w = qd;
     return w > c->kv_dim ? w : c->kv_dim;
 }
 

@@ -23,7 +23,8 @@ static uint64_t activation_bytes(const vks_engine *e) {
     const vks_model_config *c = &e->cfg;
     uint64_t R = (uint64_t)e->opt.max_rows, O = (uint64_t)e->opt.max_out_rows;
     uint64_t qd = (uint64_t)c->n_heads * c->head_dim;
-    return R * 4 * (2 * (uint64_t)c->dim + 2 * qd + 2 * (uint64_t)c->kv_dim + 2 * (uint64_t)c->hidden_dim + 3) +
+    uint64_t rope_table = (uint64_t)e->opt.kv_len * (uint64_t)c->head_dim * 4;
+    return rope_table + R * 4 * (2 * (uint64_t)c->dim + 2 * qd + 2 * (uint64_t)c->kv_dim + 2 * (uint64_t)c->hidden_dim + 3) +
            O * 4 * ((uint64_t)c->dim + (uint64_t)c->vocab_size + 2) + O * sizeof(vks_gpu_sample_row);
 }
 
@@ -67,7 +68,7 @@ static int create_activations(vks_engine *e) {
         int rc = new_buffer(e, list[i].bytes, list[i].what, list[i].b);
         if (rc) return rc;
     }
-    return VKS_OK;
+    return vks_rope_table_upload(e->gpu, c, e->opt.kv_len, &a->rope_table); /* positions < kv_len; resize remakes it */
 }
 
 static void free_activations(dev_activations *a) {
@@ -195,6 +196,9 @@ int vks_engine_resize_kv(vks_engine *e, int n_slots, int kv_len) {
     e->opt.n_slots = n_slots;
     e->opt.kv_len = kv_len;
     for (int i = 0; i < n && rc == VKS_OK; i++) rc = create_layer_kv(e, &e->kv[i]);
+    vks_buffer_destroy(e->act.rope_table); /* positions < kv_len */
+    e->act.rope_table = NULL;
+    if (rc == VKS_OK) rc = vks_rope_table_upload(e->gpu, &e->cfg, kv_len, &e->act.rope_table);
     if (rc) { /* no KV cache: every forward is refused until a resize succeeds */
         for (int i = 0; i < n; i++) free_layer_kv(&e->kv[i]);
         e->opt.n_slots = e->opt.kv_len = 0;

@@ -39,17 +39,22 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
     dev_activations *a = &e->act;
     uint32_t qd = (uint32_t)(cf->n_heads * cf->head_dim), kvd = (uint32_t)cf->kv_dim;
     int rc;
-    if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->attn_norm), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
-        (rc = matmul(e, c, a->xb, &l->wq, a->q, R, qd, false)) ||
-        (rc = matmul(e, c, a->xb, &l->wk, a->k, R, kvd, false)) ||
-        (rc = matmul(e, c, a->xb, &l->wv, a->v, R, kvd, false)) ||
-        (l->bq && (rc = vks_op_bias_add(e->ops, c, bind(a->q), bind(l->bq), R, qd))) ||
-        (l->bk && (rc = vks_op_bias_add(e->ops, c, bind(a->k), bind(l->bk), R, kvd))) ||
-        (l->bv && (rc = vks_op_bias_add(e->ops, c, bind(a->v), bind(l->bv), R, kvd))) ||
-        (rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), R, qd, 0, (uint32_t)cf->n_heads,
-                          (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode)) ||
-        (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), R, kvd, 0, (uint32_t)cf->n_kv_heads,
-                          (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode)) ||
+    if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_attn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
+        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wq], a->q, R, qd, false)) ||
+        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wk], a->k, R, kvd, false)) ||
+        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wv], a->v, R, kvd, false)) ||
+        (l->vec[VKS_T_bq] && (rc = vks_op_bias_add(e->ops, c, bind(a->q), bind(l->vec[VKS_T_bq]), R, qd))) ||
+        (l->vec[VKS_T_bk] && (rc = vks_op_bias_add(e->ops, c, bind(a->k), bind(l->vec[VKS_T_bk]), R, kvd))) ||
+        (l->vec[VKS_T_bv] && (rc = vks_op_bias_add(e->ops, c, bind(a->v), bind(l->vec[VKS_T_bv]), R, kvd))) ||
+        (cf->qk_norm && /* per-head RMSNorm before RoPE (Qwen3), in place */
+         ((rc = vks_op_rmsnorm(e->ops, c, bind(a->q), bind(l->vec[VKS_T_q_norm]), bind(a->q), R * (uint32_t)cf->n_heads,
+                               (uint32_t)cf->head_dim, cf->norm_eps)) ||
+          (rc = vks_op_rmsnorm(e->ops, c, bind(a->k), bind(l->vec[VKS_T_k_norm]), bind(a->k),
+                               R * (uint32_t)cf->n_kv_heads, (uint32_t)cf->head_dim, cf->norm_eps)))) ||
+        (rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R, qd, 0, (uint32_t)cf->n_heads,
+                          (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode)) ||
+        (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R, kvd, 0, (uint32_t)cf->n_kv_heads,
+                          (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode)) ||
         (rc = vks_op_kv_store(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
                               bind(a->pos), R, kvd, (uint32_t)e->opt.kv_len)) ||
         (rc = vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot), bind(a->pos),
@@ -57,7 +62,7 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
                                (uint32_t)cf->head_dim, (uint32_t)e->opt.kv_len)))
         return rc;
     /* residual: x += wo @ att (the matmul accumulates into x) */
-    return matmul(e, c, a->att, &l->wo, a->x, R, (uint32_t)cf->dim, true);
+    return matmul(e, c, a->att, &l->mat[VKS_T_wo], a->x, R, (uint32_t)cf->dim, true);
 }
 
 static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint32_t R) {
@@ -65,12 +70,12 @@ static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint3
     dev_activations *a = &e->act;
     uint32_t H = (uint32_t)cf->hidden_dim;
     int rc;
-    if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->ffn_norm), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
-        (rc = matmul(e, c, a->xb, &l->w1, a->hb, R, H, false)) ||
-        (rc = matmul(e, c, a->xb, &l->w3, a->hb2, R, H, false)) ||
+    if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_ffn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
+        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_w1], a->hb, R, H, false)) ||
+        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_w3], a->hb2, R, H, false)) ||
         (rc = vks_op_swiglu(e->ops, c, bind(a->hb), bind(a->hb2), bind(a->hb), R * H)))
         return rc;
-    return matmul(e, c, a->hb, &l->w2, a->x, R, (uint32_t)cf->dim, true);
+    return matmul(e, c, a->hb, &l->mat[VKS_T_w2], a->x, R, (uint32_t)cf->dim, true);
 }
 
 static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {

@@ -19,10 +19,11 @@ typedef struct {
 } dev_matrix;
 
 /* One layer's parameters. */
+/* One layer's parameters by schema index (vks_layer_schema): vectors (norms,
+ * biases; NULL when absent) as f32 buffers, matrices chunked. */
 typedef struct {
-    vks_buffer *attn_norm, *ffn_norm;
-    dev_matrix wq, wk, wv, wo, w1, w2, w3;
-    vks_buffer *bq, *bk, *bv; /* q/k/v biases (Qwen2); NULL when absent */
+    vks_buffer *vec[VKS_LAYER_N_TENSORS];
+    dev_matrix mat[VKS_LAYER_N_TENSORS];
 } dev_layer;
 
 /* One layer's KV cache [n_slots, kv_len, kv_dim] (K and V). */
@@ -46,6 +47,7 @@ typedef struct {
     vks_buffer *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [max_rows, ...] */
     vks_buffer *tokens, *slot, *pos;                  /* [max_rows] uint32 */
     vks_buffer *out_rows, *xo, *logits, *sample, *sampled; /* [max_out_rows, ...] */
+    vks_buffer *rope_table;                           /* [kv_len, head_dim/2] (cos, sin): vks_rope_table */
 } dev_activations;
 
 /* A forward's recording kept for replay (engine_forward.c): the shape and
@@ -100,4 +102,6 @@ uint64_t vks_param_set_bytes_needed(const vks_engine_options *opt, const vks_mod
 int vks_param_set_upload(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, vks_param_set *out);
 void vks_param_set_free(vks_param_set *p);
 
+/* The model's RoPE table for positions < n_pos (vks_rope_table) on the device. */
+int vks_rope_table_upload(vks_gpu *g, const vks_model_config *c, int n_pos, vks_buffer **out);
 #endif

@@ -34,25 +34,27 @@ static uint64_t matrix_bytes(const vks_engine_options *opt, const vks_tensor *t,
 
 bool vks_engine_keeps_file_types(const vks_model *m) {
     if (!m || !m->layers) return false;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const vks_layer_weights *w = &m->layers[l];
-        const vks_tensor *t[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
-        for (int i = 0; i < 7; i++)
-            if (vks_dtype_block_elems(t[i]->dtype) > 1) return true;
-    }
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int i = 0; i < VKS_LAYER_N_TENSORS; i++)
+            if (m->layers[l].t[i].data && vks_dtype_block_elems(m->layers[l].t[i].dtype) > 1) return true;
     return vks_dtype_block_elems(m->tok_emb.dtype) > 1;
 }
 
+/* Every matrix of the layer (vks_layer_schema) as the device holds it, and
+ * its vectors (norms, biases) as f32 buffers. */
 uint64_t vks_engine_layer_bytes(const vks_model *m, const vks_engine_options *opt, int layer) {
     if (!m || !opt || layer < 0 || layer >= m->cfg.n_layers) return 0;
     const vks_model_config *c = &m->cfg;
-    uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kv = (uint64_t)c->kv_dim, d = (uint64_t)c->dim;
-    uint64_t h = (uint64_t)c->hidden_dim;
     const vks_layer_weights *w = m->layers ? &m->layers[layer] : NULL;
-    return matrix_bytes(opt, w ? &w->wq : NULL, qd, d) + matrix_bytes(opt, w ? &w->wk : NULL, kv, d) +
-           matrix_bytes(opt, w ? &w->wv : NULL, kv, d) + matrix_bytes(opt, w ? &w->wo : NULL, d, qd) +
-           matrix_bytes(opt, w ? &w->w1 : NULL, h, d) + matrix_bytes(opt, w ? &w->w3 : NULL, h, d) +
-           matrix_bytes(opt, w ? &w->w2 : NULL, d, h) + 2 * (d * 4 + 16) + (qd + 2 * kv) * 4 + 48; /* norms, biases */
+    bool bias = vks_model_has_bias(m);
+    uint64_t bytes = 0;
+    for (int i = 0; i < VKS_LAYER_N_TENSORS; i++) {
+        const vks_tensor_schema *s = &vks_layer_schema[i];
+        if (!vks_schema_present(s, c, bias)) continue;
+        uint64_t rows = (uint64_t)vks_schema_extent(c, s->rows), cols = (uint64_t)vks_schema_extent(c, s->cols);
+        bytes += s->rows == VKS_EXT_ONE ? cols * 4 + 16 : matrix_bytes(opt, w ? &w->t[i] : NULL, rows, cols);
+    }
+    return bytes;
 }
 
 uint64_t vks_engine_embedding_bytes(const vks_model *m, const vks_engine_options *opt) {
@@ -177,41 +179,27 @@ static int upload_vector(vks_gpu *g, const vks_tensor *t, int64_t cols, const ch
     return rc;
 }
 
-/* Uploads a layer's norms, optional q/k/v biases (Qwen2; absent ones stay
- * NULL) and matrices; errors name the layer and tensor. */
+/* Uploads every tensor of a layer the model has (vks_layer_schema: vectors as
+ * f32, matrices chunked); errors name the layer and tensor. */
 static int upload_layer(vks_gpu *g, const vks_model_config *c, const vks_engine_options *opt,
                         const vks_layer_weights *w, int layer, dev_layer *l) {
-    int64_t d = c->dim, qd = (int64_t)c->n_heads * c->head_dim;
-    struct { const vks_tensor *t; int64_t len; vks_buffer **out; const char *name; } vecs[] = {
-        {&w->attn_norm, d, &l->attn_norm, "attention norm"}, {&w->ffn_norm, d, &l->ffn_norm, "FFN norm"},
-        {&w->bq, qd, &l->bq, "q bias"}, {&w->bk, c->kv_dim, &l->bk, "k bias"}, {&w->bv, c->kv_dim, &l->bv, "v bias"},
-    };
-    struct { const vks_tensor *t; dev_matrix *out; const char *name; } mats[] = {
-        {&w->wq, &l->wq, "wq"}, {&w->wk, &l->wk, "wk"}, {&w->wv, &l->wv, "wv"}, {&w->wo, &l->wo, "wo"},
-        {&w->w1, &l->w1, "w1"}, {&w->w2, &l->w2, "w2"}, {&w->w3, &l->w3, "w3"},
-    };
     char what[64];
-    int rc;
-    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) {
-        if (i >= 2 && !vecs[i].t->data) continue; /* no bias */
-        snprintf(what, sizeof what, "layer %d %s", layer, vecs[i].name);
-        if ((rc = upload_vector(g, vecs[i].t, vecs[i].len, what, vecs[i].out))) return rc;
+    int rc = VKS_OK;
+    for (int i = 0; i < VKS_LAYER_N_TENSORS && !rc; i++) {
+        const vks_tensor_schema *s = &vks_layer_schema[i];
+        if (!w->t[i].data) continue; /* optional and absent (vks_model_check_tensors checked the rest) */
+        snprintf(what, sizeof what, "layer %d %s", layer, s->name);
+        if (s->rows == VKS_EXT_ONE) rc = upload_vector(g, &w->t[i], vks_schema_extent(c, s->cols), what, &l->vec[i]);
+        else rc = upload_matrix(g, opt, &w->t[i], what, &l->mat[i]);
     }
-    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
-        snprintf(what, sizeof what, "layer %d %s", layer, mats[i].name);
-        if ((rc = upload_matrix(g, opt, mats[i].t, what, mats[i].out))) return rc;
-    }
-    return VKS_OK;
+    return rc;
 }
 
 static void free_layer(dev_layer *l) {
-    vks_buffer_destroy(l->attn_norm);
-    vks_buffer_destroy(l->ffn_norm);
-    vks_buffer_destroy(l->bq);
-    vks_buffer_destroy(l->bk);
-    vks_buffer_destroy(l->bv);
-    dev_matrix *ms[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w1, &l->w2, &l->w3};
-    for (int j = 0; j < 7; j++) free_matrix(ms[j]);
+    for (int i = 0; i < VKS_LAYER_N_TENSORS; i++) {
+        vks_buffer_destroy(l->vec[i]);
+        free_matrix(&l->mat[i]);
+    }
 }
 
 int vks_param_set_upload(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, vks_param_set *p) {
@@ -246,4 +234,14 @@ void vks_param_set_free(vks_param_set *p) {
     free_matrix(&p->tok_emb);
     vks_buffer_destroy(p->final_norm);
     p->final_norm = NULL;
+}
+
+int vks_rope_table_upload(vks_gpu *g, const vks_model_config *c, int n_pos, vks_buffer **out) {
+    size_t n = (size_t)n_pos * (size_t)c->head_dim;
+    float *f = malloc(n * sizeof *f);
+    int rc = f && vks_rope_table(c, n_pos, f) ? vks_buffer_create(g, n * sizeof *f, out)
+                                               : vks_set_error(VKS_ERR_NOMEM, "out of host memory for the RoPE table");
+    if (!rc) rc = vks_buffer_upload(*out, 0, f, n * sizeof *f);
+    free(f);
+    return rc;
 }

@@ -20,6 +20,15 @@ static int make(vks_trainer *t, vks_buffer **b, uint64_t floats) {
     return vks_buffer_create(t->gpu, (size_t)bytes, b);
 }
 
+/* The RMSNorm backward's scratch: for the layer norms, and with q/k norm for
+ * T x n_heads rows of head_dim. */
+static uint64_t norm_scratch_floats(const vks_model_config *c, uint64_t T) {
+    uint64_t layer = vks_op_rmsnorm_backward_scratch_bytes((uint32_t)T, (uint32_t)c->dim) / 4 + 1;
+    uint64_t heads = c->qk_norm ? vks_op_rmsnorm_backward_scratch_bytes((uint32_t)(T * (uint64_t)c->n_heads),
+                                                                        (uint32_t)c->head_dim) / 4 + 1 : 0;
+    return layer > heads ? layer : heads;
+}
+
 /* The buffers of one layer's activation set and their 4-byte elements for T
  * rows: the one list make_layer_acts allocates, free_layer_acts frees and
  * vks_train_plan counts. */
@@ -32,9 +41,12 @@ int vks_train_layer_buffers(const vks_model_config *c, uint64_t T, train_layer_a
         {&a->v, T * kv, TRAIN_BUF_ACT}, {&a->att, T * qd, TRAIN_BUF_ACT}, {&a->stat_max, T * heads, TRAIN_BUF_ACT},
         {&a->stat_sum, T * heads, TRAIN_BUF_ACT}, {&a->x_mid, T * d, TRAIN_BUF_ACT}, {&a->xn2, T * d, TRAIN_BUF_ACT},
         {&a->g, T * h, TRAIN_BUF_ACT}, {&a->u, T * h, TRAIN_BUF_ACT}, {&a->h, T * h, TRAIN_BUF_ACT},
+        /* q/k norm (Qwen3): q and k before the norm, for its backward */
+        {&a->q_pre, T * qd, TRAIN_BUF_ACT}, {&a->k_pre, T * kv, TRAIN_BUF_ACT},
     };
-    memcpy(out, all, sizeof all);
-    return TRAIN_LAYER_BUFFERS;
+    int n = c->qk_norm ? TRAIN_LAYER_BUFFERS : TRAIN_LAYER_BUFFERS - 2;
+    memcpy(out, all, sizeof *all * (size_t)n);
+    return n;
 }
 
 /* The same for the rest of the store: the head (final norm, logits and
@@ -44,21 +56,26 @@ int vks_train_other_buffers(const vks_model_config *c, uint64_t T, uint64_t n_pa
                             train_buffer out[TRAIN_OTHER_BUFFERS]) {
     uint64_t d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
     uint64_t kv = (uint64_t)c->kv_dim, h = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
+    uint64_t hd = (uint64_t)c->head_dim;
     const train_buffer_kind A = TRAIN_BUF_ACT, L = TRAIN_BUF_LOGITS, S = TRAIN_BUF_SCRATCH;
     const train_buffer all[TRAIN_OTHER_BUFFERS] = {
         {&a->tokens, T, S}, {&a->pos, T, S}, {&a->start, T, S}, {&a->target, T, S}, {&a->xf, T * d, A},
         {&a->logits, T * V, L}, {&a->logp, T, L}, {&a->dlogp, T, L}, {&a->dres, T * d, S}, {&a->dxn, T * d, S},
         {&a->dq, T * qd, S}, {&a->dk, T * kv, S}, {&a->dv, T * kv, S}, {&a->datt, T * qd, S}, {&a->dh, T * h, S},
         {&a->dg, T * h, S}, {&a->du, T * h, S},
-        {&a->norm_scratch, vks_op_rmsnorm_backward_scratch_bytes((uint32_t)T, (uint32_t)d) / 4 + 1, S},
+        {&a->norm_scratch, norm_scratch_floats(c, T), S},
         {&a->attn_scratch, vks_op_attention_train_backward_scratch_bytes((uint32_t)T, (uint32_t)c->n_heads) / 4 + 1, S},
         {&a->embed_index, VKS_EMBED_GRAD_INDEX_WORDS(T), S}, {&a->clip_partials, n_partials, S},
         {&a->clip_out, 2, S}, {&a->one, 1, S}, {&a->grpo_old, T, S}, {&a->grpo_adv, T, S}, {&a->grpo_weight, T, S},
         {&a->grpo_ref, T, S}, {&a->grpo_loss, T, S}, {&a->grpo_flags, T, S}, {&a->grpo_dent, T, S},
         {&a->grpo_entropy, T, S},
+        {&a->rope_table, T * hd, S}, /* (cos, sin) per position and pair: vks_rope_table */
+        /* q/k norm (Qwen3): their gradients before the norm */
+        {&a->dq_pre, T * qd, S}, {&a->dk_pre, T * kv, S},
     };
-    memcpy(out, all, sizeof all);
-    return TRAIN_OTHER_BUFFERS;
+    int n = c->qk_norm ? TRAIN_OTHER_BUFFERS : TRAIN_OTHER_BUFFERS - 2;
+    memcpy(out, all, sizeof *all * (size_t)n);
+    return n;
 }
 
 static int make_all(vks_trainer *t, const train_buffer *all, int n) {
@@ -83,6 +100,16 @@ static void free_layer_acts(vks_trainer *t, train_layer_acts *a) {
     free_all(all, vks_train_layer_buffers(&t->cfg, (uint64_t)t->acts.T, a, all));
 }
 
+/* The trainer's RoPE table (positions < T), made by the one function. */
+static int upload_rope_table(vks_trainer *t) {
+    size_t n = (size_t)t->acts.T * (size_t)t->cfg.head_dim;
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    int rc = f && vks_rope_table(&t->cfg, t->acts.T, f) ? vks_buffer_upload(t->acts.rope_table, 0, f, n * sizeof *f)
+                                                        : vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the RoPE table");
+    free(f);
+    return rc;
+}
+
 static int make_scratch(vks_trainer *t) {
     train_acts *a = &t->acts;
     uint64_t grads = 0;
@@ -93,7 +120,8 @@ static int make_scratch(vks_trainer *t) {
     int rc = make_all(t, all, vks_train_other_buffers(&t->cfg, (uint64_t)a->T, grads, a, all));
     if (rc) return rc;
     float one = 1.0f;
-    return vks_buffer_upload(a->one, 0, &one, sizeof one);
+    rc = vks_buffer_upload(a->one, 0, &one, sizeof one);
+    return rc ? rc : upload_rope_table(t);
 }
 
 static int make_acts(vks_trainer *t) {

@@ -36,8 +36,9 @@ static int bias_backward(vks_trainer *t, vks_cmd *c, vks_buffer *dy, int b, uint
 
 static int rope_backward(vks_trainer *t, vks_cmd *c, vks_buffer *dx, uint32_t n, uint32_t heads) {
     const vks_model_config *cf = &t->cfg;
-    return vks_op_rope_backward(t->ops, c, bind(dx), bind(t->acts.pos), n, heads * (uint32_t)cf->head_dim, 0, heads,
-                                (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode);
+    return vks_op_rope_backward(t->ops, c, bind(dx), bind(t->acts.pos), bind(t->acts.rope_table),
+                       (uint32_t)t->acts.T, n, heads * (uint32_t)cf->head_dim, 0, heads,
+                                (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode);
 }
 
 /* logp (and the entropy) -> logits -> final norm: leaves d(x_in[n_layers]) in dres. */
@@ -73,6 +74,14 @@ static int ffn_backward(vks_trainer *t, vks_cmd *c, int l, uint32_t n) {
     return rmsnorm_backward(t, c, x->x_mid, L->ffn_norm, a->dxn, n, true);
 }
 
+/* Through the per-head q/k norm: dout (of the normed rows) -> dx (of pre), dw accumulates. */
+static int head_norm_backward(vks_trainer *t, vks_cmd *c, vks_buffer *pre, int w, vks_buffer *dout, vks_buffer *dx,
+                              uint32_t rows) {
+    return vks_op_rmsnorm_backward(t->ops, c, bind(pre), vks_train_binding(t, VKS_SET_PARAMS, w), bind(dout), bind(dx),
+                                   vks_train_binding(t, VKS_SET_GRADS, w), bind(t->acts.norm_scratch), rows,
+                                   (uint32_t)t->cfg.head_dim, t->cfg.norm_eps, false);
+}
+
 /* x_mid = x_in + attention(norm(x_in)) Wo^T: dres holds d(x_mid) and leaves
  * with d(x_in[l]). */
 static int attention_backward(vks_trainer *t, vks_cmd *c, int l, uint32_t n) {
@@ -81,16 +90,21 @@ static int attention_backward(vks_trainer *t, vks_cmd *c, int l, uint32_t n) {
     train_layer_acts *x = vks_train_layer_acts(t, l);
     train_acts *a = &t->acts;
     uint32_t qd = (uint32_t)(cf->n_heads * cf->head_dim), kvd = (uint32_t)cf->kv_dim;
+    vks_buffer *dq = cf->qk_norm ? a->dq_pre : a->dq, *dk = cf->qk_norm ? a->dk_pre : a->dk; /* of the projections */
     int rc;
     if ((rc = matmul_backward(t, c, x->att, L->wo, a->dres, a->datt, false, n)) ||
         (rc = vks_op_attention_train_backward(t->ops, c, &(vks_attention_train){VKS_TRAIN_ATTENTION(t, x, n)},
                                               bind(a->datt), bind(a->dq), bind(a->dk), bind(a->dv),
                                               bind(a->attn_scratch), false)) ||
         (rc = rope_backward(t, c, a->dq, n, (uint32_t)cf->n_heads)) ||
-        (rc = rope_backward(t, c, a->dk, n, (uint32_t)cf->n_kv_heads)) || (rc = bias_backward(t, c, a->dq, L->bq, n, qd)) ||
-        (rc = bias_backward(t, c, a->dk, L->bk, n, kvd)) || (rc = bias_backward(t, c, a->dv, L->bv, n, kvd)) ||
-        (rc = matmul_backward(t, c, x->xn1, L->wq, a->dq, a->dxn, false, n)) ||
-        (rc = matmul_backward(t, c, x->xn1, L->wk, a->dk, a->dxn, true, n)) ||
+        (rc = rope_backward(t, c, a->dk, n, (uint32_t)cf->n_kv_heads)) ||
+        (cf->qk_norm && ((rc = head_norm_backward(t, c, x->q_pre, L->q_norm, a->dq, a->dq_pre, n * (uint32_t)cf->n_heads)) ||
+                         (rc = head_norm_backward(t, c, x->k_pre, L->k_norm, a->dk, a->dk_pre,
+                                                  n * (uint32_t)cf->n_kv_heads)))) ||
+        (rc = bias_backward(t, c, dq, L->bq, n, qd)) ||
+        (rc = bias_backward(t, c, dk, L->bk, n, kvd)) || (rc = bias_backward(t, c, a->dv, L->bv, n, kvd)) ||
+        (rc = matmul_backward(t, c, x->xn1, L->wq, dq, a->dxn, false, n)) ||
+        (rc = matmul_backward(t, c, x->xn1, L->wk, dk, a->dxn, true, n)) ||
         (rc = matmul_backward(t, c, x->xn1, L->wv, a->dv, a->dxn, true, n)))
         return rc;
     return rmsnorm_backward(t, c, a->x_in[l], L->attn_norm, a->dxn, n, true);

@@ -25,8 +25,18 @@ static int bias(vks_trainer *t, vks_cmd *c, vks_buffer *y, int b, uint32_t n, ui
 
 static int rope(vks_trainer *t, vks_cmd *c, vks_buffer *x, uint32_t n, uint32_t heads) {
     const vks_model_config *cf = &t->cfg;
-    return vks_op_rope(t->ops, c, bind(x), bind(t->acts.pos), n, heads * (uint32_t)cf->head_dim, 0, heads,
-                       (uint32_t)cf->head_dim, cf->rope_theta, (uint32_t)cf->rope_mode);
+    return vks_op_rope(t->ops, c, bind(x), bind(t->acts.pos), bind(t->acts.rope_table),
+                       (uint32_t)t->acts.T, n, heads * (uint32_t)cf->head_dim, 0, heads,
+                       (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode);
+}
+
+/* Per-head RMSNorm of x [rows, head_dim] (Qwen3's q/k norm), in place; x
+ * before it is kept in pre for the backward. */
+static int head_norm(vks_trainer *t, vks_cmd *c, vks_buffer *x, vks_buffer *pre, int w, uint32_t rows) {
+    uint32_t hd = (uint32_t)t->cfg.head_dim;
+    int rc = vks_cmd_copy(c, x, 0, pre, 0, (size_t)rows * hd * sizeof(float));
+    return rc ? rc : vks_op_rmsnorm(t->ops, c, bind(pre), vks_train_binding(t, VKS_SET_PARAMS, w), bind(x), rows, hd,
+                                    t->cfg.norm_eps);
 }
 
 /* x_mid = x_in + attention(norm(x_in)) Wo^T */
@@ -40,6 +50,8 @@ static int attention_block(vks_trainer *t, vks_cmd *c, int l, uint32_t n) {
         (rc = matmul(t, c, a->xn1, L->wq, a->q, n)) || (rc = matmul(t, c, a->xn1, L->wk, a->k, n)) ||
         (rc = matmul(t, c, a->xn1, L->wv, a->v, n)) || (rc = bias(t, c, a->q, L->bq, n, qd)) ||
         (rc = bias(t, c, a->k, L->bk, n, kvd)) || (rc = bias(t, c, a->v, L->bv, n, kvd)) ||
+        (cf->qk_norm && ((rc = head_norm(t, c, a->q, a->q_pre, L->q_norm, n * (uint32_t)cf->n_heads)) ||
+                         (rc = head_norm(t, c, a->k, a->k_pre, L->k_norm, n * (uint32_t)cf->n_kv_heads)))) ||
         (rc = rope(t, c, a->q, n, (uint32_t)cf->n_heads)) || (rc = rope(t, c, a->k, n, (uint32_t)cf->n_kv_heads)) ||
         (rc = vks_op_attention_train(t->ops, c, &(vks_attention_train){VKS_TRAIN_ATTENTION(t, a, n)})) ||
         (rc = matmul(t, c, a->att, L->wo, a->x_mid, n)))

@@ -3,6 +3,7 @@
  * optimizer files record into the same vks_trainer. */
 #ifndef VKS_TRAIN_INTERNAL_H
 #define VKS_TRAIN_INTERNAL_H
+#include "engine_internal.h"
 #include "vkswarm/vks_ops_grad.h"
 #include "vkswarm/vks_train.h"
 
@@ -12,9 +13,12 @@ typedef struct {
     vks_buffer *buf[VKS_SET_COUNT];
 } train_tensor;
 
-/* A layer's tensors as indices into vks_trainer.tensors (bias: -1 when absent). */
-typedef struct {
-    int attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w1, w2, w3;
+/* A layer's tensors as indices into vks_trainer.tensors (by name or schema
+ * index; -1 when absent from the model). */
+#define TRAIN_FIELD_(field, ...) int field;
+typedef union {
+    struct { VKS_LAYER_TENSORS(TRAIN_FIELD_) };
+    int t[VKS_LAYER_N_TENSORS];
 } train_layer;
 
 /* What a layer's forward keeps for its backward, [T, ...] each (T = max_tokens). */
@@ -23,6 +27,7 @@ typedef struct {
     vks_buffer *stat_max, *stat_sum;    /* [T, n_heads] softmax statistics */
     vks_buffer *x_mid, *xn2;            /* residual after attention, its norm */
     vks_buffer *g, *u, *h;              /* FFN gate, up, swiglu(g, u) */
+    vks_buffer *q_pre, *k_pre;          /* with cfg.qk_norm: q and k before their per-head norm, else NULL */
 } train_layer_acts;
 
 /* The activation store and the backward's scratch. With opt.recompute one
@@ -35,6 +40,7 @@ typedef struct {
     vks_buffer *xf, *logits, *logp, *dlogp; /* head: final norm [T, D], [T, V] (then their gradient), [T], [T] */
     /* backward scratch */
     vks_buffer *dres, *dxn, *dq, *dk, *dv, *datt, *dh, *dg, *du;
+    vks_buffer *dq_pre, *dk_pre;         /* with cfg.qk_norm: gradients through the q/k norm, else NULL */
     vks_buffer *norm_scratch, *attn_scratch; /* the RMSNorm and attention backward ops' scratch */
     vks_buffer *embed_index;             /* VKS_EMBED_GRAD_INDEX_WORDS(T) uint32 */
     vks_buffer *clip_partials, *clip_out, *one; /* gradient norm: partial sums, {scale, norm}, 1.0f */
@@ -42,6 +48,7 @@ typedef struct {
     vks_buffer *grpo_old, *grpo_adv, *grpo_weight, *grpo_ref, *grpo_loss, *grpo_flags;
     /* the entropy: d loss / d H per row (the bonus's input), each row's entropy (output), [T] each */
     vks_buffer *grpo_dent, *grpo_entropy;
+    vks_buffer *rope_table; /* [T, head_dim/2] (cos, sin): vks_rope_table */
     uint32_t n_partials;
 } train_acts;
 
@@ -53,7 +60,7 @@ typedef struct {
     uint64_t n;
     train_buffer_kind kind;
 } train_buffer;
-enum { TRAIN_LAYER_BUFFERS = 12, TRAIN_OTHER_BUFFERS = 31 };
+enum { TRAIN_LAYER_BUFFERS = 14, TRAIN_OTHER_BUFFERS = 34 }; /* at most: q/k norm's buffers only with qk_norm */
 /* train.c: the store's buffer lists for T rows (a layer's set; the head and
  * the backward's scratch), written to out; returns the count. The trainer
  * allocates and frees through them, vks_train_plan (train_plan.c) counts them. */
@@ -79,6 +86,7 @@ struct vks_trainer {
     char arch[32];
     bool has_bias;
     train_tensor *tensors;
+    vks_schema_item *items; /* what tensors[i] is in the model schema */
     int n_tensors;
     int tok_emb, final_norm, classifier; /* classifier == tok_emb when tied */
     train_layer *layers;

@@ -7,64 +7,34 @@
 #include "train_internal.h"
 #include "vkswarm/vks_quant.h"
 
-static int add_tensor(vks_trainer *t, const char *name, int64_t rows, int64_t cols) {
-    train_tensor *x = &t->tensors[t->n_tensors];
-    memset(x, 0, sizeof *x);
-    snprintf(x->info.name, sizeof x->info.name, "%s", name);
-    x->info.rows = rows;
-    x->info.cols = cols;
-    return t->n_tensors++;
-}
-
-static int add_layer_tensor(vks_trainer *t, int l, const char *field, int64_t rows, int64_t cols) {
-    char name[32];
-    snprintf(name, sizeof name, "layers.%d.%s", l, field);
-    return add_tensor(t, name, rows, cols);
-}
-
-/* The tensor list of cfg, as vks_ref_params lists it. */
+/* The tensor list of the model, as vks_ref_params lists it (vks_schema_list). */
 static int list_tensors(vks_trainer *t) {
     const vks_model_config *c = &t->cfg;
-    int64_t d = c->dim, qd = (int64_t)c->n_heads * c->head_dim, kv = c->kv_dim, h = c->hidden_dim;
-    t->tensors = calloc((size_t)c->n_layers * 12 + 3, sizeof *t->tensors);
+    int rc = vks_schema_list_alloc(c, t->has_bias, &t->items, &t->n_tensors);
+    if (rc) return rc;
+    t->tensors = calloc((size_t)t->n_tensors, sizeof *t->tensors);
     t->layers = calloc((size_t)c->n_layers, sizeof *t->layers);
     if (!t->tensors || !t->layers) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    t->tok_emb = add_tensor(t, "tok_emb", c->vocab_size, d);
-    for (int l = 0; l < c->n_layers; l++) {
-        train_layer *L = &t->layers[l];
-        L->attn_norm = add_layer_tensor(t, l, "attn_norm", 1, d);
-        L->wq = add_layer_tensor(t, l, "wq", qd, d);
-        L->wk = add_layer_tensor(t, l, "wk", kv, d);
-        L->wv = add_layer_tensor(t, l, "wv", kv, d);
-        L->bq = t->has_bias ? add_layer_tensor(t, l, "bq", 1, qd) : -1;
-        L->bk = t->has_bias ? add_layer_tensor(t, l, "bk", 1, kv) : -1;
-        L->bv = t->has_bias ? add_layer_tensor(t, l, "bv", 1, kv) : -1;
-        L->wo = add_layer_tensor(t, l, "wo", d, qd);
-        L->ffn_norm = add_layer_tensor(t, l, "ffn_norm", 1, d);
-        L->w1 = add_layer_tensor(t, l, "w1", h, d);
-        L->w2 = add_layer_tensor(t, l, "w2", d, h);
-        L->w3 = add_layer_tensor(t, l, "w3", h, d);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int k = 0; k < VKS_LAYER_N_TENSORS; k++) t->layers[l].t[k] = -1;
+    for (int i = 0; i < t->n_tensors; i++) {
+        const vks_schema_item *it = &t->items[i];
+        train_tensor *x = &t->tensors[i];
+        vks_schema_name(it, VKS_NAME_INTERNAL, x->info.name, sizeof x->info.name);
+        x->info.rows = it->rows;
+        x->info.cols = it->cols;
+        if (it->layer >= 0) t->layers[it->layer].t[it->index] = i;
+        else if (it->index == VKS_T_tok_emb) t->tok_emb = i;
+        else if (it->index == VKS_T_final_norm) t->final_norm = i;
+        else t->classifier = i;
     }
-    t->final_norm = add_tensor(t, "final_norm", 1, d);
-    t->classifier = c->shared_classifier ? t->tok_emb : add_tensor(t, "classifier", c->vocab_size, d);
+    if (c->shared_classifier) t->classifier = t->tok_emb;
     return VKS_OK;
 }
 
-/* The model's tensor behind trainer tensor i (same order as list_tensors). */
+/* The model's tensor behind trainer tensor i. */
 static const vks_tensor *model_tensor(const vks_trainer *t, const vks_model *m, int i) {
-    if (i == t->tok_emb) return &m->tok_emb;
-    if (i == t->final_norm) return &m->final_norm;
-    if (i == t->classifier) return &m->classifier;
-    for (int l = 0; l < t->cfg.n_layers; l++) {
-        const train_layer *L = &t->layers[l];
-        const vks_layer_weights *w = &m->layers[l];
-        const int idx[] = {L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->wo, L->ffn_norm, L->w1, L->w2, L->w3};
-        const vks_tensor *ts[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->bq, &w->bk, &w->bv, &w->wo,
-                                  &w->ffn_norm, &w->w1, &w->w2, &w->w3};
-        for (int k = 0; k < 12; k++)
-            if (idx[k] == i) return ts[k];
-    }
-    return NULL;
+    return vks_model_slot_const(m, &t->items[i]);
 }
 
 static size_t tensor_bytes(const train_tensor *x) { return (size_t)x->info.rows * (size_t)x->info.cols * sizeof(float); }
@@ -97,7 +67,7 @@ static int create_buffers(vks_trainer *t, train_tensor *x) {
 }
 
 int vks_train_params_create(vks_trainer *t, const vks_model *m) {
-    t->has_bias = m->cfg.n_layers > 0 && m->layers[0].bq.data != NULL;
+    t->has_bias = vks_model_has_bias(m);
     int rc = list_tensors(t);
     for (int i = 0; !rc && i < t->n_tensors; i++) {
         rc = create_buffers(t, &t->tensors[i]);
@@ -111,8 +81,10 @@ void vks_train_params_free(vks_trainer *t) {
         for (int s = 0; s < VKS_SET_COUNT; s++) vks_buffer_destroy(t->tensors[i].buf[s]);
     free(t->tensors);
     free(t->layers);
+    free(t->items);
     t->tensors = NULL;
     t->layers = NULL;
+    t->items = NULL;
 }
 
 vks_binding vks_train_binding(const vks_trainer *t, vks_param_kind set, int i) {

@@ -29,17 +29,13 @@
  * trainer asks vks_op_grad_squares_partials on its device). */
 #define PLAN_SQUARES_CHUNK (256u * 32u)
 
-/* The model's parameters (rank 0's trained set: vks_ref_params's list). */
+/* The model's parameters (rank 0's trained set): the schema's present
+ * tensors, in every layer, as vks_ref_params and the trainer list them. */
 static int64_t model_params(const vks_model_config *c, bool has_bias) {
-    int64_t d = c->dim, per_layer = 2 * d; /* the two norms */
-    for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
-        int64_t out, in;
-        vks_lora_target_shape(c, (vks_lora_target)t, &out, &in);
-        per_layer += out * in;
-    }
-    if (has_bias) per_layer += (int64_t)c->n_heads * c->head_dim + 2 * (int64_t)c->kv_dim;
-    int64_t emb = (int64_t)c->vocab_size * d;
-    return per_layer * c->n_layers + emb + d + (c->shared_classifier ? 0 : emb);
+    int64_t total = 0;
+    vks_schema_item it;
+    for (int i = 0; vks_schema_list_nth(c, has_bias, i, &it) == VKS_OK; i++) total += it.rows * it.cols;
+    return total;
 }
 
 /* The trainer's activation store for T rows, split by kind into bytes[]. */

@@ -362,29 +362,29 @@ int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uin
                     ceil_div((uint64_t)R * D, o->wg_elementwise), op);
 }
 
-int vks_ops_rope_kernel(vks_ops *o, vks_cmd *c, const char *kernel, vks_binding x, vks_binding pos, uint32_t R,
-                        uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta,
+int vks_ops_rope_kernel(vks_ops *o, vks_cmd *c, const char *kernel, vks_binding x, vks_binding pos, vks_binding table,
+                        uint32_t n_pos, uint32_t R, uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim,
                         uint32_t mode) {
-    if (!o || !c || !R || !n_heads || head_dim < 2 || head_dim % 2 || !(theta > 0.0f) ||
+    if (!o || !c || !R || !n_heads || head_dim < 2 || head_dim % 2 || !n_pos ||
         (mode != VKS_ROPE_ADJACENT && mode != VKS_ROPE_HALF) ||
         (uint64_t)col0 + (uint64_t)n_heads * head_dim > stride)
         return vks_set_error(VKS_ERR_ARG, "%s: bad arguments", kernel);
     int rc = vks_ops_check_range(kernel, "x", x, (uint64_t)(R - 1) * stride + col0 + (uint64_t)n_heads * head_dim, 4);
     if (!rc) rc = vks_ops_check_range(kernel, "pos", pos, R, 4);
+    if (!rc) rc = vks_ops_check_range(kernel, "table", table, (uint64_t)n_pos * head_dim, 4);
     if (rc) return rc;
-    struct { uint32_t R, stride, col0, n_heads, head_dim, mode; float log2_theta; } push = {
-        R, stride, col0, n_heads, head_dim, mode, log2f(theta)};
+    struct { uint32_t R, stride, col0, n_heads, head_dim, mode, n_pos; } push = {R, stride, col0, n_heads, head_dim,
+                                                                                mode, n_pos};
     uint32_t spec[] = {o->wg_elementwise};
-    vks_binding b[] = {x, pos};
+    vks_binding b[] = {x, pos, table};
     uint64_t pairs = (uint64_t)R * n_heads * (head_dim / 2);
-    return vks_ops_dispatch(o, c, kernel, spec, 1, b, 2, &push, sizeof push,
+    return vks_ops_dispatch(o, c, kernel, spec, 1, b, 3, &push, sizeof push,
                     ceil_div(pairs, o->wg_elementwise), kernel);
 }
 
-int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R,
-                uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta,
-                uint32_t mode) {
-    return vks_ops_rope_kernel(o, c, "rope", x, pos, R, stride, col0, n_heads, head_dim, theta, mode);
+int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, vks_binding table, uint32_t n_pos, uint32_t R,
+                uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, uint32_t mode) {
+    return vks_ops_rope_kernel(o, c, "rope", x, pos, table, n_pos, R, stride, col0, n_heads, head_dim, mode);
 }
 
 /* Slots whole caches of seq_len*kv_dim floats that the binding holds. */

@@ -92,9 +92,9 @@ int vks_op_rmsnorm_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding w
 
 /* ---- RoPE ---- */
 
-int vks_op_rope_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, uint32_t R, uint32_t stride,
-                         uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta, uint32_t mode) {
-    return vks_ops_rope_kernel(o, c, "rope_backward", x, pos, R, stride, col0, n_heads, head_dim, theta, mode);
+int vks_op_rope_backward(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, vks_binding table, uint32_t n_pos,
+                         uint32_t R, uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, uint32_t mode) {
+    return vks_ops_rope_kernel(o, c, "rope_backward", x, pos, table, n_pos, R, stride, col0, n_heads, head_dim, mode);
 }
 
 /* ---- attention ---- */

@@ -72,7 +72,7 @@ int vks_ops_dispatch(vks_ops *o, vks_cmd *c, const char *name, const uint32_t *s
 int vks_ops_elementwise(vks_ops *o, vks_cmd *c, const char *name, const vks_binding *b, int nb, uint32_t n);
 /* Records RoPE in place with kernel "rope" (the forward) or "rope_backward"
  * (the inverse rotation): the same arguments and checks (vks_op_rope). */
-int vks_ops_rope_kernel(vks_ops *o, vks_cmd *c, const char *kernel, vks_binding x, vks_binding pos, uint32_t R,
-                        uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim, float theta,
+int vks_ops_rope_kernel(vks_ops *o, vks_cmd *c, const char *kernel, vks_binding x, vks_binding pos, vks_binding table,
+                        uint32_t n_pos, uint32_t R, uint32_t stride, uint32_t col0, uint32_t n_heads, uint32_t head_dim,
                         uint32_t mode);
 #endif

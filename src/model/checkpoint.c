@@ -28,70 +28,32 @@
 #define FORMAT_NAME "vkswarm-checkpoint"
 #define FORMAT_VERSION 1
 
-/* ---- the layout: vks_ref_params' order, with the Hugging Face names ---- */
-
-enum { F_ATTN_NORM, F_WQ, F_WK, F_WV, F_BQ, F_BK, F_BV, F_WO, F_FFN_NORM, F_W1, F_W2, F_W3, N_FIELDS };
-
-static const struct {
-    const char *field, *hf;
-    size_t member;
-} layer_fields[N_FIELDS] = {
-    {"attn_norm", "input_layernorm.weight", offsetof(vks_layer_weights, attn_norm)},
-    {"wq", "self_attn.q_proj.weight", offsetof(vks_layer_weights, wq)},
-    {"wk", "self_attn.k_proj.weight", offsetof(vks_layer_weights, wk)},
-    {"wv", "self_attn.v_proj.weight", offsetof(vks_layer_weights, wv)},
-    {"bq", "self_attn.q_proj.bias", offsetof(vks_layer_weights, bq)},
-    {"bk", "self_attn.k_proj.bias", offsetof(vks_layer_weights, bk)},
-    {"bv", "self_attn.v_proj.bias", offsetof(vks_layer_weights, bv)},
-    {"wo", "self_attn.o_proj.weight", offsetof(vks_layer_weights, wo)},
-    {"ffn_norm", "post_attention_layernorm.weight", offsetof(vks_layer_weights, ffn_norm)},
-    {"w1", "mlp.gate_proj.weight", offsetof(vks_layer_weights, w1)},
-    {"w2", "mlp.down_proj.weight", offsetof(vks_layer_weights, w2)},
-    {"w3", "mlp.up_proj.weight", offsetof(vks_layer_weights, w3)},
-};
-
-static void field_shape(const vks_model_config *c, int f, int64_t *rows, int64_t *cols) {
-    int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim, kv = c->kv_dim, hid = c->hidden_dim;
-    static const int vec[N_FIELDS] = {[F_ATTN_NORM] = 1, [F_BQ] = 1, [F_BK] = 1, [F_BV] = 1, [F_FFN_NORM] = 1};
-    int64_t out[N_FIELDS] = {dim, q, kv, kv, q, kv, kv, dim, dim, hid, dim, hid};
-    int64_t in[N_FIELDS] = {dim, dim, dim, dim, 0, 0, 0, q, dim, dim, hid, dim};
-    *rows = vec[f] ? 1 : out[f];
-    *cols = vec[f] ? out[f] : in[f];
-}
-
-static void add_info(vks_param_layout *l, const char *name, int layer, int64_t rows, int64_t cols) {
-    vks_param_info *t = &l->tensors[l->n_tensors++];
-    if (layer >= 0) snprintf(t->name, sizeof t->name, "layers.%d.%s", layer, name);
-    else snprintf(t->name, sizeof t->name, "%s", name);
-    t->rows = rows;
-    t->cols = cols;
-    t->offset = l->n_values;
-    l->n_values += (size_t)rows * (size_t)cols;
-}
+/* ---- the layout: the schema's order (vks_ref_params'), with the Hugging Face names ---- */
 
 int vks_param_layout_create(const vks_model_config *cfg, bool has_bias, vks_param_layout **out) {
     if (!cfg || !out) return vks_set_error(VKS_ERR_ARG, "vks_param_layout_create: NULL argument");
     *out = NULL;
     int rc = vks_model_config_check(cfg, "parameter layout");
     if (rc != VKS_OK) return rc;
+    int n = vks_schema_list(cfg, has_bias, NULL, 0);
     vks_param_layout *l = calloc(1, sizeof *l);
-    if (l) l->tensors = calloc((size_t)cfg->n_layers * N_FIELDS + 3, sizeof *l->tensors);
+    if (l) l->tensors = calloc((size_t)n, sizeof *l->tensors);
     if (!l || !l->tensors) {
         vks_param_layout_free(l);
         return vks_set_error(VKS_ERR_NOMEM, "parameter layout: out of memory");
     }
     l->cfg = *cfg;
     l->has_bias = has_bias;
-    add_info(l, "tok_emb", -1, cfg->vocab_size, cfg->dim);
-    for (int i = 0; i < cfg->n_layers; i++)
-        for (int f = 0; f < N_FIELDS; f++) {
-            if (!has_bias && (f == F_BQ || f == F_BK || f == F_BV)) continue;
-            int64_t rows, cols;
-            field_shape(cfg, f, &rows, &cols);
-            add_info(l, layer_fields[f].field, i, rows, cols);
-        }
-    add_info(l, "final_norm", -1, 1, cfg->dim);
-    if (!cfg->shared_classifier) add_info(l, "classifier", -1, cfg->vocab_size, cfg->dim);
+    l->n_tensors = n;
+    for (int i = 0; i < n; i++) {
+        vks_param_info *t = &l->tensors[i];
+        vks_schema_list_nth(cfg, has_bias, i, &t->item);
+        vks_schema_name(&t->item, VKS_NAME_INTERNAL, t->name, sizeof t->name);
+        t->rows = t->item.rows;
+        t->cols = t->item.cols;
+        t->offset = l->n_values;
+        l->n_values += (size_t)t->rows * (size_t)t->cols;
+    }
     *out = l;
     return VKS_OK;
 }
@@ -108,38 +70,28 @@ const vks_param_info *vks_param_layout_find(const vks_param_layout *l, const cha
     return NULL;
 }
 
-/* The model tensor a layout entry names (and its Hugging Face name in hf). */
-static vks_tensor *model_slot(vks_model *m, const char *name, char *hf, size_t cap) {
-    if (!strcmp(name, "tok_emb")) return snprintf(hf, cap, "model.embed_tokens.weight"), &m->tok_emb;
-    if (!strcmp(name, "final_norm")) return snprintf(hf, cap, "model.norm.weight"), &m->final_norm;
-    if (!strcmp(name, "classifier")) return snprintf(hf, cap, "lm_head.weight"), &m->classifier;
-    char *end = NULL;
-    if (strncmp(name, "layers.", 7) != 0) return NULL;
-    long layer = strtol(name + 7, &end, 10);
-    if (end == name + 7 || *end != '.' || layer < 0 || layer >= m->cfg.n_layers) return NULL;
-    for (int f = 0; f < N_FIELDS; f++)
-        if (!strcmp(end + 1, layer_fields[f].field)) {
-            snprintf(hf, cap, "model.layers.%ld.%s", layer, layer_fields[f].hf);
-            return (vks_tensor *)((char *)&m->layers[layer] + layer_fields[f].member);
-        }
-    return NULL;
+/* The model tensor of layout entry t (and its Hugging Face name in hf). */
+static vks_tensor *model_slot(vks_model *m, const vks_param_info *t, char *hf, size_t cap) {
+    vks_schema_name(&t->item, VKS_NAME_HF, hf, cap);
+    return vks_model_slot(m, &t->item);
 }
 
 bool vks_param_config_same(const vks_model_config *a, const vks_model_config *b) {
     if (!a || !b) return false;
     return a->dim == b->dim && a->hidden_dim == b->hidden_dim && a->n_layers == b->n_layers &&
            a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads && a->vocab_size == b->vocab_size &&
-           a->head_dim == b->head_dim && a->kv_dim == b->kv_dim && a->shared_classifier == b->shared_classifier;
+           a->head_dim == b->head_dim && a->kv_dim == b->kv_dim && a->shared_classifier == b->shared_classifier &&
+           a->qk_norm == b->qk_norm;
 }
 
 int vks_param_layout_gather(const vks_param_layout *l, const vks_model *m, float *block) {
     if (!l || !m || !block || !m->layers) return vks_set_error(VKS_ERR_ARG, "vks_param_layout_gather: NULL argument");
-    if (!vks_param_config_same(&l->cfg, &m->cfg) || l->has_bias != (m->layers[0].bq.data != NULL))
+    if (!vks_param_config_same(&l->cfg, &m->cfg) || l->has_bias != vks_model_has_bias(m))
         return vks_set_error(VKS_ERR_ARG, "%s: the model's shape differs from the parameter layout's", m->path);
     char hf[128];
     for (int i = 0; i < l->n_tensors; i++) {
         const vks_param_info *t = &l->tensors[i];
-        const vks_tensor *src = model_slot((vks_model *)m, t->name, hf, sizeof hf);
+        const vks_tensor *src = model_slot((vks_model *)m, t, hf, sizeof hf);
         if (!src || !src->data || src->rows != t->rows || src->cols != t->cols)
             return vks_set_error(VKS_ERR_ARG, "%s: tensor %s is missing or shaped unlike the layout", m->path, t->name);
         for (int64_t r = 0; r < t->rows; r++)
@@ -150,12 +102,12 @@ int vks_param_layout_gather(const vks_param_layout *l, const vks_model *m, float
 
 int vks_param_layout_scatter(const vks_param_layout *l, const float *block, vks_model *m) {
     if (!l || !m || !block || !m->layers) return vks_set_error(VKS_ERR_ARG, "vks_param_layout_scatter: NULL argument");
-    if (!vks_param_config_same(&l->cfg, &m->cfg) || l->has_bias != (m->layers[0].bq.data != NULL))
+    if (!vks_param_config_same(&l->cfg, &m->cfg) || l->has_bias != vks_model_has_bias(m))
         return vks_set_error(VKS_ERR_ARG, "%s: the model's shape differs from the parameter layout's", m->path);
     char hf[128];
     for (int i = 0; i < l->n_tensors; i++) {
         const vks_param_info *t = &l->tensors[i];
-        vks_tensor *dst = model_slot(m, t->name, hf, sizeof hf);
+        vks_tensor *dst = model_slot(m, t, hf, sizeof hf);
         if (!dst || !dst->data || dst->dtype != VKS_DTYPE_F32 || dst->rows != t->rows || dst->cols != t->cols)
             return vks_set_error(VKS_ERR_ARG, "%s: tensor %s is not f32 or shaped unlike the layout", m->path, t->name);
         /* an f32 model made by vks_model_create_f32 owns its weights */
@@ -182,7 +134,7 @@ static int model_view(const vks_param_layout *l, const float *block, const char 
     char hf[128];
     for (int i = 0; i < l->n_tensors; i++) {
         const vks_param_info *t = &l->tensors[i];
-        vks_tensor *slot = model_slot(m, t->name, hf, sizeof hf);
+        vks_tensor *slot = model_slot(m, t, hf, sizeof hf);
         *slot = (vks_tensor){VKS_DTYPE_F32, t->rows, t->cols, block + t->offset};
     }
     if (l->cfg.shared_classifier) m->classifier = m->tok_emb;
@@ -299,12 +251,12 @@ static int write_optimizer(const char *path, const vks_checkpoint_data *c, const
     char hf[128];
     for (int i = 0; i < l->n_tensors && rc == VKS_OK; i++)
         for (int k = 0; k < 2; k++) {
-            const vks_tensor *src = model_slot((vks_model *)(k ? v_half : m_half), l->tensors[i].name, hf, sizeof hf);
+            const vks_tensor *src = model_slot((vks_model *)(k ? v_half : m_half), &l->tensors[i], hf, sizeof hf);
             vks_st_write_tensor *w = &t[2 * i + k];
             snprintf(names[2 * i + k], sizeof names[0], "%s.%s", k ? "exp_avg_sq" : "exp_avg", hf);
             w->name = names[2 * i + k];
             w->dtype = VKS_DTYPE_F32;
-            w->n_dims = src->rows == 1 && (strstr(hf, "norm") || strstr(hf, ".bias")) ? 1 : 2;
+            w->n_dims = l->tensors[i].item.s->rows == VKS_EXT_ONE ? 1 : 2;
             w->shape[0] = w->n_dims == 1 ? src->cols : src->rows;
             w->shape[1] = src->cols;
             w->data = src->data;
@@ -760,7 +712,7 @@ static int load_moments(vks_checkpoint *c, const vks_model *model, const char *d
     char hf[128], name[160];
     for (int i = 0; i < l->n_tensors && rc == VKS_OK; i++) {
         const vks_param_info *t = &l->tensors[i];
-        model_slot((vks_model *)model, t->name, hf, sizeof hf);
+        model_slot((vks_model *)model, t, hf, sizeof hf);
         snprintf(name, sizeof name, "exp_avg.%s", hf);
         rc = load_moment(f, path, name, t, false, c->adam_m + t->offset);
         snprintf(name, sizeof name, "exp_avg_sq.%s", hf);
@@ -778,7 +730,7 @@ static int load_model(vks_checkpoint *c, const char *dir, bool has_optimizer) {
      * it would send the reader to shards that state.json does not vouch for */
     int rc = join(path, sizeof path, dir, "model.safetensors");
     if (rc == VKS_OK) rc = vks_model_load_safetensors(path, &m);
-    if (rc == VKS_OK) rc = vks_param_layout_create(&m->cfg, m->layers[0].bq.data != NULL, &c->layout);
+    if (rc == VKS_OK) rc = vks_param_layout_create(&m->cfg, vks_model_has_bias(m), &c->layout);
     if (rc == VKS_OK && !(c->weights = malloc(c->layout->n_values * sizeof(float))))
         rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", dir);
     if (rc == VKS_OK) rc = vks_param_layout_gather(c->layout, m, c->weights);

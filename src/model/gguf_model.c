@@ -12,15 +12,20 @@
 #include "vkswarm/vks_tokenizer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_NAME 96
+#define ROPE_FREQS "rope_freqs.weight" /* llama.cpp: per-pair divisors of the frequencies (Llama 3.1) */
 
 const struct vks_gguf *vks_model_gguf(const vks_model *m) { return m ? m->gguf : NULL; }
 
-static int arch_rope_mode(const char *arch) { return strcmp(arch, "qwen2") == 0 ? VKS_ROPE_HALF : VKS_ROPE_ADJACENT; }
+static int arch_rope_mode(const char *arch) {
+    const vks_arch *a = vks_arch_find(arch);
+    return a ? a->gguf_rope_mode : VKS_ROPE_ADJACENT;
+}
 
 /* ---- reading ---- */
 
@@ -50,8 +55,11 @@ static int read_arch(const vks_gguf *g, const char *path, char *arch, size_t cap
     const char *a;
     if (vks_gguf_get_str(g, "general.architecture", &a, NULL) != VKS_OK)
         return vks_set_error(VKS_ERR_FORMAT, "%s: no general.architecture string", path);
-    if (strcmp(a, "llama") != 0 && strcmp(a, "qwen2") != 0)
-        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need llama or qwen2)", path, a);
+    if (!vks_arch_find(a)) {
+        char names[256];
+        vks_arch_list(names, sizeof names, false);
+        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need one of: %s)", path, a, names);
+    }
     snprintf(arch, cap, "%s", a);
     return VKS_OK;
 }
@@ -61,6 +69,7 @@ static int read_config(const vks_gguf *g, const char *path, const char *arch, vk
     c->norm_eps = 1e-5f;
     c->rope_theta = 10000.0f;
     c->rope_mode = arch_rope_mode(arch);
+    c->qk_norm = vks_arch_find(arch)->qk_norm;
     int rc = get_dim(g, path, arch, "embedding_length", true, &c->dim);
     if (rc == VKS_OK) rc = get_dim(g, path, arch, "feed_forward_length", true, &c->hidden_dim);
     if (rc == VKS_OK) rc = get_dim(g, path, arch, "block_count", true, &c->n_layers);
@@ -72,7 +81,19 @@ static int read_config(const vks_gguf *g, const char *path, const char *arch, vk
     if (rc == VKS_OK) rc = get_float(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps);
     if (rc == VKS_OK) rc = get_float(g, arch, "rope.freq_base", &c->rope_theta);
     if (rc != VKS_OK) return rc;
-    c->head_dim = c->dim / c->n_heads;
+    /* head_dim: attention.key_length (= value_length) when given (Qwen3), else dim / n_heads */
+    int key_len = 0, value_len = 0;
+    if ((rc = get_dim(g, path, arch, "attention.key_length", false, &key_len)) != VKS_OK) return rc;
+    if (key_len == 0 && c->dim % c->n_heads != 0)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: n_heads %d does not divide dim %d (and no %s.attention.key_length "
+                             "is given)", path, c->n_heads, c->dim, arch);
+    if (key_len == 0) key_len = c->dim / c->n_heads;
+    value_len = key_len;
+    if ((rc = get_dim(g, path, arch, "attention.value_length", false, &value_len)) != VKS_OK) return rc;
+    if (value_len != key_len)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %s.attention.value_length %d differs from key_length %d "
+                             "(not supported)", path, arch, value_len, key_len);
+    c->head_dim = key_len;
     c->kv_dim = c->n_kv_heads <= c->n_heads ? c->n_kv_heads * c->head_dim : 0;
     int rope_dims = c->head_dim;
     if ((rc = get_dim(g, path, arch, "rope.dimension_count", false, &rope_dims)) != VKS_OK) return rc;
@@ -99,32 +120,6 @@ static int bind(const vks_gguf *g, const char *path, const char *name, int64_t r
     return vks_check_bound_tensor(path, name, t, allow_blocks);
 }
 
-static int bind_layer(const vks_gguf *g, const char *path, const vks_model_config *c, int l, vks_layer_weights *w) {
-    struct { const char *suffix; vks_tensor *t; int64_t rows, cols; bool matrix, required; } want[] = {
-        {"attn_norm.weight", &w->attn_norm, 1, c->dim, false, true},
-        {"attn_q.weight", &w->wq, c->dim, c->dim, true, true},
-        {"attn_k.weight", &w->wk, c->kv_dim, c->dim, true, true},
-        {"attn_v.weight", &w->wv, c->kv_dim, c->dim, true, true},
-        {"attn_output.weight", &w->wo, c->dim, c->dim, true, true},
-        {"ffn_norm.weight", &w->ffn_norm, 1, c->dim, false, true},
-        {"ffn_gate.weight", &w->w1, c->hidden_dim, c->dim, true, true},
-        {"ffn_down.weight", &w->w2, c->dim, c->hidden_dim, true, true},
-        {"ffn_up.weight", &w->w3, c->hidden_dim, c->dim, true, true},
-        {"attn_q.bias", &w->bq, 1, c->dim, false, false},
-        {"attn_k.bias", &w->bk, 1, c->kv_dim, false, false},
-        {"attn_v.bias", &w->bv, 1, c->kv_dim, false, false},
-    };
-    char name[MAX_NAME];
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        snprintf(name, sizeof name, "blk.%d.%s", l, want[i].suffix);
-        int rc = bind(g, path, name, want[i].rows, want[i].cols, want[i].required, want[i].matrix, want[i].t);
-        if (rc != VKS_OK) return rc;
-    }
-    bool any = w->bq.data || w->bk.data || w->bv.data, all = w->bq.data && w->bk.data && w->bv.data;
-    if (any && !all) return vks_set_error(VKS_ERR_FORMAT, "%s: layer %d has some but not all q/k/v biases", path, l);
-    return VKS_OK;
-}
-
 static int bind_model(vks_model *m, const char *path) {
     const vks_gguf *g = m->gguf;
     vks_model_config *c = &m->cfg;
@@ -141,19 +136,69 @@ static int bind_model(vks_model *m, const char *path) {
                              m->arch, declared, c->vocab_size);
     c->shared_classifier = vks_gguf_find_tensor(g, "output.weight") == NULL;
     if ((rc = vks_model_config_check(c, path)) != VKS_OK) return rc;
+    /* biases are in the file or not (layers that disagree fail below: a missing or an unused tensor) */
+    bool bias = vks_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
-    rc = bind(g, path, "token_embd.weight", c->vocab_size, c->dim, true, true, &m->tok_emb);
-    if (rc == VKS_OK) rc = bind(g, path, "output_norm.weight", 1, c->dim, true, false, &m->final_norm);
-    m->classifier = m->tok_emb;
-    if (rc == VKS_OK && !c->shared_classifier)
-        rc = bind(g, path, "output.weight", c->vocab_size, c->dim, true, true, &m->classifier);
-    for (int l = 0; l < c->n_layers && rc == VKS_OK; l++) rc = bind_layer(g, path, c, l, &m->layers[l]);
-    bool biased = c->n_layers > 0 && m->layers[0].bq.data;
-    for (int l = 1; l < c->n_layers && rc == VKS_OK; l++)
-        if ((m->layers[l].bq.data != NULL) != biased)
-            rc = vks_set_error(VKS_ERR_FORMAT, "%s: q/k/v biases present in some layers only", path);
+    vks_schema_item *items = NULL;
+    int n = 0;
+    rc = vks_schema_list_alloc(c, bias, &items, &n);
+    char name[MAX_NAME];
+    for (int i = 0; i < n && rc == VKS_OK; i++) {
+        vks_schema_name(&items[i], VKS_NAME_GGUF, name, sizeof name);
+        rc = bind(g, path, name, items[i].rows, items[i].cols, true, items[i].s->rows != VKS_EXT_ONE, vks_model_slot(m, &items[i]));
+    }
+    free(items);
+    if (c->shared_classifier) m->classifier = m->tok_emb;
     return rc == VKS_OK ? vks_model_check_tensors(m, path) : rc;
+}
+
+/* Llama 3.1/3.2 in llama.cpp's form: a rope_freqs tensor of head_dim/2
+ * divisors. Its parameters come from <arch>.rope.scaling.factor (else the
+ * largest divisor), .original_context_length (else 8192), .low_freq_factor
+ * and .high_freq_factor (else 1 and 4: every Llama 3.1/3.2 release); the
+ * divisors must equal the llama3 formula's for them, else the file is refused. */
+static int read_rope_freqs(const vks_gguf *g, const char *path, const char *arch, vks_model_config *c) {
+    const vks_gguf_tensor *t = vks_gguf_find_tensor(g, ROPE_FREQS);
+    if (!t) return VKS_OK;
+    int half = c->head_dim / 2;
+    if (t->dtype != VKS_DTYPE_F32 || t->ne[0] != half || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be %d f32 values", path, ROPE_FREQS, half);
+    const float *ff = t->data;
+    vks_rope_scaling *s = &c->rope_scaling;
+    *s = (vks_rope_scaling){VKS_ROPE_SCALING_LLAMA3, 0.0f, 1.0f, 4.0f, 8192};
+    for (int i = 0; i < half; i++)
+        if (ff[i] > s->factor) s->factor = ff[i];
+    int rc = get_float(g, arch, "rope.scaling.factor", &s->factor);
+    if (rc == VKS_OK) rc = get_float(g, arch, "rope.scaling.low_freq_factor", &s->low_freq_factor);
+    if (rc == VKS_OK) rc = get_float(g, arch, "rope.scaling.high_freq_factor", &s->high_freq_factor);
+    if (rc == VKS_OK) rc = get_dim(g, path, arch, "rope.scaling.original_context_length", false, &s->original_context);
+    if (rc == VKS_OK) rc = vks_model_config_check(c, path);
+    if (rc != VKS_OK) return rc;
+    double *scaled = malloc((size_t)half * sizeof *scaled), *plain = malloc((size_t)half * sizeof *plain);
+    vks_model_config p = *c;
+    p.rope_scaling.type = VKS_ROPE_SCALING_NONE;
+    if (!scaled || !plain) rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", path);
+    if (rc == VKS_OK) vks_rope_freqs(c, scaled), vks_rope_freqs(&p, plain);
+    for (int i = 0; i < half && rc == VKS_OK; i++)
+        if (!(fabs(plain[i] / scaled[i] - ff[i]) <= 1e-5 * ff[i]))
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: %s[%d] = %g is not the llama3 RoPE scaling's %g (factor %g, "
+                               "low/high frequency factors %g/%g, original context %d): not supported", path,
+                               ROPE_FREQS, i, (double)ff[i], plain[i] / scaled[i], (double)s->factor,
+                               (double)s->low_freq_factor, (double)s->high_freq_factor, s->original_context);
+    free(scaled);
+    free(plain);
+    return rc;
+}
+
+/* Sliding-window attention shorter than the context is refused by name. */
+static int check_sliding_window(const vks_gguf *g, const char *path, const char *arch, int context) {
+    int window = context;
+    int rc = get_dim(g, path, arch, "attention.sliding_window", false, &window);
+    if (rc == VKS_OK && window < context)
+        rc = vks_set_error(VKS_ERR_FORMAT, "%s: %s.attention.sliding_window %d is shorter than the context %d: "
+                           "sliding-window attention (Mistral) is not supported", path, arch, window, context);
+    return rc;
 }
 
 /* <arch>.rope.scaling.type: only "none" (or absent) is what the engine runs. */
@@ -168,15 +213,25 @@ static int check_rope_scaling(const vks_gguf *g, const char *path, const char *a
     return vks_set_error(VKS_ERR_FORMAT, "%s: RoPE scaling type '%.40s' (%s) is not supported", path, type, key);
 }
 
+/* The file's tensors but rope_freqs (read into the config, not a weight). */
+typedef struct {
+    const vks_gguf *g;
+    int64_t skip; /* index of rope_freqs.weight, or -1 */
+} file_tensors;
+
 static const void *gguf_tensor_data(const void *ctx, int64_t i, const char **name) {
-    const vks_gguf_tensor *t = vks_gguf_tensor_at(ctx, i);
+    const file_tensors *f = ctx;
+    const vks_gguf_tensor *t = vks_gguf_tensor_at(f->g, f->skip >= 0 && i >= f->skip ? i + 1 : i);
     *name = t ? t->name : NULL;
     return t ? t->data : NULL;
 }
 
 /* Every tensor of the file is used, and every weight is finite. */
 static int check_weights(const vks_model *m, const char *path) {
-    int rc = vks_model_check_unused(m, path, vks_gguf_n_tensors(m->gguf), gguf_tensor_data, m->gguf);
+    file_tensors f = {m->gguf, -1};
+    for (int64_t i = 0; i < vks_gguf_n_tensors(m->gguf); i++)
+        if (!strcmp(vks_gguf_tensor_at(m->gguf, i)->name, ROPE_FREQS)) f.skip = i;
+    int rc = vks_model_check_unused(m, path, vks_gguf_n_tensors(m->gguf) - (f.skip >= 0), gguf_tensor_data, &f);
     return rc == VKS_OK ? vks_model_check_finite(m, path) : rc;
 }
 
@@ -198,7 +253,9 @@ int vks_model_load_gguf(const char *path, vks_model **out) {
     if (rc == VKS_OK) rc = read_arch(m->gguf, path, m->arch, sizeof m->arch);
     if (rc == VKS_OK) rc = read_config(m->gguf, path, m->arch, &m->cfg);
     if (rc == VKS_OK) rc = check_rope_scaling(m->gguf, path, m->arch);
+    if (rc == VKS_OK) rc = check_sliding_window(m->gguf, path, m->arch, m->cfg.seq_len);
     if (rc == VKS_OK) rc = bind_model(m, path);
+    if (rc == VKS_OK) rc = read_rope_freqs(m->gguf, path, m->arch, &m->cfg); /* the config is complete by now */
     if (rc == VKS_OK) rc = check_weights(m, path);
     if (rc != VKS_OK) {
         vks_model_free(m);
@@ -229,25 +286,6 @@ static int add_tensor(vks_gguf_writer *w, const char *name, const vks_tensor *t,
     return vks_gguf_add_tensor_owned(w, name, dtype, n_dims, ne, buf);
 }
 
-static int add_layer_tensors(vks_gguf_writer *w, const vks_layer_weights *lw, int l, vks_dtype dt) {
-    struct { const char *suffix; const vks_tensor *t; bool matrix; } all[] = {
-        {"attn_norm.weight", &lw->attn_norm, false}, {"attn_q.weight", &lw->wq, true},
-        {"attn_k.weight", &lw->wk, true},            {"attn_v.weight", &lw->wv, true},
-        {"attn_output.weight", &lw->wo, true},       {"ffn_norm.weight", &lw->ffn_norm, false},
-        {"ffn_gate.weight", &lw->w1, true},          {"ffn_down.weight", &lw->w2, true},
-        {"ffn_up.weight", &lw->w3, true},            {"attn_q.bias", &lw->bq, false},
-        {"attn_k.bias", &lw->bk, false},             {"attn_v.bias", &lw->bv, false},
-    };
-    char name[MAX_NAME];
-    int rc = VKS_OK;
-    for (size_t i = 0; i < sizeof all / sizeof all[0] && rc == VKS_OK; i++) {
-        if (!all[i].t->data) continue;
-        snprintf(name, sizeof name, "blk.%d.%s", l, all[i].suffix);
-        rc = add_tensor(w, name, all[i].t, dt, all[i].matrix);
-    }
-    return rc;
-}
-
 static int add_hparams(vks_gguf_writer *w, const vks_model *m) {
     const vks_model_config *c = &m->cfg;
     const char *a = m->arch;
@@ -264,6 +302,11 @@ static int add_hparams(vks_gguf_writer *w, const vks_model *m) {
         snprintf(key, sizeof key, "%s.%s", a, dims[i].suffix);
         rc = vks_gguf_add_u32(w, key, (uint32_t)dims[i].value);
     }
+    if (c->n_heads * c->head_dim != c->dim) /* llama.cpp's default is dim / n_heads */
+        for (int i = 0; i < 2 && rc == VKS_OK; i++) {
+            snprintf(key, sizeof key, "%s.attention.%s_length", a, i ? "value" : "key");
+            rc = vks_gguf_add_u32(w, key, (uint32_t)c->head_dim);
+        }
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     if (rc == VKS_OK) rc = vks_gguf_add_f32(w, key, c->norm_eps);
     snprintf(key, sizeof key, "%s.rope.freq_base", a);
@@ -271,12 +314,54 @@ static int add_hparams(vks_gguf_writer *w, const vks_model *m) {
     return rc;
 }
 
-static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt) {
-    int rc = add_tensor(w, "token_embd.weight", &m->tok_emb, dt, true);
-    for (int l = 0; l < m->cfg.n_layers && rc == VKS_OK; l++) rc = add_layer_tensors(w, &m->layers[l], l, dt);
-    if (rc == VKS_OK) rc = add_tensor(w, "output_norm.weight", &m->final_norm, dt, false);
-    if (rc == VKS_OK && !m->cfg.shared_classifier) rc = add_tensor(w, "output.weight", &m->classifier, dt, true);
+/* Llama 3 scaling as llama.cpp writes it: rope_freqs (each pair's frequency
+ * divisor) and the scaling keys (factor and original context are llama.cpp's,
+ * the frequency factors are read back by vkswarm). */
+static int add_rope_scaling(vks_gguf_writer *w, const vks_model *m) {
+    const vks_model_config *c = &m->cfg;
+    const vks_rope_scaling *s = &c->rope_scaling;
+    if (s->type == VKS_ROPE_SCALING_NONE) return VKS_OK;
+    char key[MAX_NAME];
+    struct { const char *suffix; float v; } f[] = {{"rope.scaling.factor", s->factor},
+                                                   {"rope.scaling.low_freq_factor", s->low_freq_factor},
+                                                   {"rope.scaling.high_freq_factor", s->high_freq_factor}};
+    int rc = VKS_OK;
+    for (size_t i = 0; i < 3 && rc == VKS_OK; i++) {
+        snprintf(key, sizeof key, "%s.%s", m->arch, f[i].suffix);
+        rc = vks_gguf_add_f32(w, key, f[i].v);
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", m->arch);
+    if (rc == VKS_OK) rc = vks_gguf_add_u32(w, key, (uint32_t)s->original_context);
+    int half = c->head_dim / 2;
+    double *scaled = malloc((size_t)half * sizeof *scaled), *plain = malloc((size_t)half * sizeof *plain);
+    float *ff = malloc((size_t)half * sizeof *ff);
+    vks_model_config p = *c;
+    p.rope_scaling.type = VKS_ROPE_SCALING_NONE;
+    if (rc == VKS_OK && (!scaled || !plain || !ff)) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    if (rc == VKS_OK) {
+        vks_rope_freqs(c, scaled);
+        vks_rope_freqs(&p, plain);
+        for (int i = 0; i < half; i++) ff[i] = (float)(plain[i] / scaled[i]);
+        int64_t ne[1] = {half};
+        rc = vks_gguf_add_tensor_owned(w, ROPE_FREQS, VKS_DTYPE_F32, 1, ne, ff);
+        ff = NULL;
+    }
+    free(scaled);
+    free(plain);
+    free(ff);
     return rc;
+}
+
+static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt) {
+    vks_schema_item *items = NULL;
+    int n = 0, rc = vks_schema_list_alloc(&m->cfg, vks_model_has_bias(m), &items, &n);
+    char name[MAX_NAME];
+    for (int i = 0; i < n && rc == VKS_OK; i++) {
+        vks_schema_name(&items[i], VKS_NAME_GGUF, name, sizeof name);
+        rc = add_tensor(w, name, vks_model_slot_const(m, &items[i]), dt, items[i].s->rows != VKS_EXT_ONE);
+    }
+    free(items);
+    return rc == VKS_OK ? add_rope_scaling(w, m) : rc;
 }
 
 static int add_tokenizer(vks_gguf_writer *w, const vks_model *m, const vks_model_save_options *opt) {
@@ -289,7 +374,7 @@ int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_sa
     vks_dtype dt = opt ? opt->dtype : VKS_DTYPE_F32;
     if (vks_gguf_ggml_from_dtype(dt) == UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "%s: dtype %s cannot be written to GGUF", path, vks_dtype_name(dt));
-    if (strcmp(m->arch, "llama") != 0 && strcmp(m->arch, "qwen2") != 0)
+    if (!vks_arch_find(m->arch) || vks_arch_find(m->arch)->qk_norm != m->cfg.qk_norm)
         return vks_set_error(VKS_ERR_ARG, "%s: cannot write architecture '%s'", path, m->arch);
     if (opt && opt->tokenizer && opt->tokenizer_path)
         return vks_set_error(VKS_ERR_ARG, "%s: give a tokenizer file or a tokenizer, not both", path);

@@ -53,19 +53,21 @@ static int get_arch(json_t *root, const char *name, vks_hf_config *c) {
     json_t *archs = json_object_get(root, "architectures"), *mt = json_object_get(root, "model_type");
     const char *a = json_is_array(archs) ? json_string_value(json_array_get(archs, 0)) : NULL;
     const char *t = json_string_value(mt);
-    if ((a && strcmp(a, "LlamaForCausalLM") == 0) || (!a && t && strcmp(t, "llama") == 0))
-        snprintf(c->arch, sizeof c->arch, "llama");
-    else if ((a && strcmp(a, "Qwen2ForCausalLM") == 0) || (!a && t && strcmp(t, "qwen2") == 0))
-        snprintf(c->arch, sizeof c->arch, "qwen2");
-    else
-        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need LlamaForCausalLM or Qwen2ForCausalLM)",
-                             name, a ? a : t ? t : "(none)");
+    const vks_arch *arch = vks_arch_find_hf(a, t);
+    if (!arch) {
+        char names[512];
+        vks_arch_list(names, sizeof names, true);
+        return vks_set_error(VKS_ERR_FORMAT, "%s: unsupported architecture '%.40s' (need one of: %s)", name,
+                             a ? a : t ? t : "(none)", names);
+    }
+    snprintf(c->arch, sizeof c->arch, "%s", arch->name);
+    c->cfg.qk_norm = arch->qk_norm;
     json_t *hd = json_object_get(root, "head_dim");
     if (hd && !json_is_null(hd)) {
         int head_dim = 0;
         int rc = get_int(root, name, "head_dim", -1, &head_dim);
         if (rc != VKS_OK) return rc;
-        c->cfg.head_dim = head_dim; /* checked against hidden_size / heads by the config check */
+        c->cfg.head_dim = head_dim; /* the model's own (Qwen3), else hidden_size / heads below */
     }
     return VKS_OK;
 }
@@ -91,8 +93,9 @@ static int check_activation(json_t *root, const char *name) {
     return vks_set_error(VKS_ERR_FORMAT, "%s: activation hidden_act '%.40s' is not supported (only silu)", name, act);
 }
 
-/* rope_scaling: null, absent or of type "default" (no scaling) is what the engine runs. */
-static int check_rope_scaling(json_t *root, const char *name) {
+/* rope_scaling: null, absent or of type "default" (no scaling), or "llama3"
+ * (Llama 3.1/3.2) with its four numbers; other types are refused by name. */
+static int read_rope_scaling(json_t *root, const char *name, vks_rope_scaling *s) {
     json_t *rs = json_object_get(root, "rope_scaling");
     if (!rs || json_is_null(rs)) return VKS_OK;
     if (!json_is_object(rs)) return vks_set_error(VKS_ERR_FORMAT, "%s: 'rope_scaling' must be an object or null", name);
@@ -100,8 +103,27 @@ static int check_rope_scaling(json_t *root, const char *name) {
     if (!ty) ty = json_object_get(rs, "type");
     const char *type = json_string_value(ty);
     if (type && strcmp(type, "default") == 0) return VKS_OK;
-    return vks_set_error(VKS_ERR_FORMAT, "%s: rope_scaling type '%.40s' is not supported", name,
-                         type ? type : "(none given)");
+    if (!type || strcmp(type, "llama3") != 0)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: rope_scaling type '%.40s' is not supported (default or llama3)", name,
+                             type ? type : "(none given)");
+    s->type = VKS_ROPE_SCALING_LLAMA3;
+    int rc = get_float(rs, name, "factor", -1.0f, &s->factor);
+    if (rc == VKS_OK) rc = get_float(rs, name, "low_freq_factor", -1.0f, &s->low_freq_factor);
+    if (rc == VKS_OK) rc = get_float(rs, name, "high_freq_factor", -1.0f, &s->high_freq_factor);
+    if (rc == VKS_OK) rc = get_int(rs, name, "original_max_position_embeddings", -1, &s->original_context);
+    return rc; /* ranges: vks_model_config_check */
+}
+
+/* Mistral-style sliding-window attention: a window shorter than the context
+ * is refused by name (attention here sees the whole context). Qwen2/Qwen3
+ * configs carry sliding_window with use_sliding_window false. */
+static int check_sliding_window(json_t *root, const char *name, int context) {
+    json_t *sw = json_object_get(root, "sliding_window"), *use = json_object_get(root, "use_sliding_window");
+    if (!sw || json_is_null(sw) || json_is_false(use)) return VKS_OK;
+    if (!json_is_integer(sw)) return vks_set_error(VKS_ERR_FORMAT, "%s: 'sliding_window' must be an integer or null", name);
+    if (json_integer_value(sw) >= context) return VKS_OK;
+    return vks_set_error(VKS_ERR_FORMAT, "%s: sliding_window %lld is shorter than the context %d: sliding-window "
+                         "attention (Mistral) is not supported", name, (long long)json_integer_value(sw), context);
 }
 
 static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
@@ -117,14 +139,18 @@ static int parse_fields(json_t *root, const char *name, vks_hf_config *c) {
     if (rc == VKS_OK) rc = get_float(root, name, "rms_norm_eps", 1e-6f, &m->norm_eps);
     if (rc == VKS_OK) rc = get_float(root, name, "rope_theta", 10000.0f, &m->rope_theta);
     if (rc == VKS_OK) rc = get_bool(root, name, "tie_word_embeddings", false, &m->shared_classifier);
-    bool qwen = strcmp(c->arch, "qwen2") == 0;
-    if (rc == VKS_OK) rc = get_bool(root, name, "attention_bias", qwen, &c->attention_bias);
+    bool bias = rc == VKS_OK && vks_arch_find(c->arch)->bias;
+    if (rc == VKS_OK) rc = get_bool(root, name, "attention_bias", bias, &c->attention_bias);
     if (rc == VKS_OK) rc = get_token_id(root, name, "bos_token_id", &c->bos_id);
     if (rc == VKS_OK) rc = get_token_id(root, name, "eos_token_id", &c->eos_id);
     if (rc != VKS_OK) return rc;
-    if ((rc = check_activation(root, name)) != VKS_OK || (rc = check_rope_scaling(root, name)) != VKS_OK) return rc;
-    int head_dim = m->dim / m->n_heads;
-    if (m->head_dim == 0) m->head_dim = head_dim;
+    if ((rc = check_activation(root, name)) != VKS_OK || (rc = read_rope_scaling(root, name, &m->rope_scaling)) != VKS_OK ||
+        (rc = check_sliding_window(root, name, m->seq_len)) != VKS_OK)
+        return rc;
+    if (m->head_dim == 0 && m->dim % m->n_heads != 0)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: n_heads %d does not divide hidden_size %d (and no head_dim is given)",
+                             name, m->n_heads, m->dim);
+    if (m->head_dim == 0) m->head_dim = m->dim / m->n_heads;
     m->kv_dim = m->n_kv_heads <= m->n_heads ? m->n_kv_heads * m->head_dim : 0;
     m->rope_mode = VKS_ROPE_HALF;
     return vks_model_config_check(m, name);
@@ -162,19 +188,28 @@ int vks_hf_config_load(const char *path, vks_hf_config *out) {
 int vks_hf_config_write_stream(FILE *f, const char *path, const vks_hf_config *c, vks_dtype torch_dtype) {
     if (!f || !path || !c) return vks_set_error(VKS_ERR_ARG, "vks_hf_config_write_stream: NULL argument");
     const vks_model_config *m = &c->cfg;
-    bool qwen = strcmp(c->arch, "qwen2") == 0;
+    const vks_arch *arch = vks_arch_find(c->arch);
+    if (!arch) return vks_set_error(VKS_ERR_ARG, "%s: cannot write architecture '%s'", path, c->arch);
     json_t *root = json_pack("{s:[s],s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f,s:b,s:s,s:s}", "architectures",
-                             qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", "model_type", qwen ? "qwen2" : "llama",
+                             arch->hf_class, "model_type", arch->name,
                              "hidden_size", m->dim, "intermediate_size", m->hidden_dim, "num_hidden_layers", m->n_layers,
                              "num_attention_heads", m->n_heads, "num_key_value_heads", m->n_kv_heads, "vocab_size",
                              m->vocab_size, "max_position_embeddings", m->seq_len, "rms_norm_eps", (double)m->norm_eps,
                              "rope_theta", (double)m->rope_theta, "tie_word_embeddings", m->shared_classifier,
-                             "hidden_act", "silu", "torch_dtype",
+                             "hidden_act", arch->activation, "torch_dtype",
                              torch_dtype == VKS_DTYPE_F16 ? "float16" : torch_dtype == VKS_DTYPE_BF16 ? "bfloat16" : "float32");
     if (!root) return vks_set_error(VKS_ERR_NOMEM, "%s: cannot build JSON", path);
     if (c->bos_id >= 0) json_object_set_new(root, "bos_token_id", json_integer(c->bos_id));
     if (c->eos_id >= 0) json_object_set_new(root, "eos_token_id", json_integer(c->eos_id));
-    if (c->attention_bias != qwen) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
+    if (m->n_heads * m->head_dim != m->dim) json_object_set_new(root, "head_dim", json_integer(m->head_dim));
+    const vks_rope_scaling *rs = &m->rope_scaling;
+    if (rs->type == VKS_ROPE_SCALING_LLAMA3)
+        json_object_set_new(root, "rope_scaling",
+                            json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", (double)rs->factor,
+                                      "low_freq_factor", (double)rs->low_freq_factor, "high_freq_factor",
+                                      (double)rs->high_freq_factor, "original_max_position_embeddings",
+                                      rs->original_context));
+    if (c->attention_bias != arch->bias) json_object_set_new(root, "attention_bias", json_boolean(c->attention_bias));
     bool ok = json_dumpf(root, f, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) == 0;
     int e = errno;
     json_decref(root);

@@ -135,32 +135,6 @@ static int bind(const hf_state *s, const char *what, const char *name, int64_t r
     return vks_check_bound_tensor(what, name, t, false);
 }
 
-static int bind_layer(const hf_state *s, const char *what, const vks_model_config *c, bool bias, int l,
-                      vks_layer_weights *w) {
-    struct { const char *suffix; vks_tensor *t; int64_t rows, cols; bool required; } want[] = {
-        {"input_layernorm.weight", &w->attn_norm, 1, c->dim, true},
-        {"self_attn.q_proj.weight", &w->wq, c->dim, c->dim, true},
-        {"self_attn.k_proj.weight", &w->wk, c->kv_dim, c->dim, true},
-        {"self_attn.v_proj.weight", &w->wv, c->kv_dim, c->dim, true},
-        {"self_attn.o_proj.weight", &w->wo, c->dim, c->dim, true},
-        {"post_attention_layernorm.weight", &w->ffn_norm, 1, c->dim, true},
-        {"mlp.gate_proj.weight", &w->w1, c->hidden_dim, c->dim, true},
-        {"mlp.down_proj.weight", &w->w2, c->dim, c->hidden_dim, true},
-        {"mlp.up_proj.weight", &w->w3, c->hidden_dim, c->dim, true},
-        {"self_attn.q_proj.bias", &w->bq, 1, c->dim, bias},
-        {"self_attn.k_proj.bias", &w->bk, 1, c->kv_dim, bias},
-        {"self_attn.v_proj.bias", &w->bv, 1, c->kv_dim, bias},
-    };
-    char name[MAX_NAME];
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        if (i >= 9 && !bias) break;
-        snprintf(name, sizeof name, "model.layers.%d.%s", l, want[i].suffix);
-        int rc = bind(s, what, name, want[i].rows, want[i].cols, want[i].required, want[i].t);
-        if (rc != VKS_OK) return rc;
-    }
-    return VKS_OK;
-}
-
 static int64_t hf_n_tensors(const hf_state *s) {
     int64_t n = 0;
     for (int i = 0; i < s->n; i++) n += vks_st_n_tensors(s->files[i]);
@@ -189,17 +163,22 @@ static int check_weights(const vks_model *m, const hf_state *s) {
     return rc == VKS_OK ? vks_model_check_finite(m, m->path) : rc;
 }
 
+/* Binds every tensor the schema lists for the config (biases when config.json
+ * says attention_bias). */
 static int bind_model(vks_model *m, const hf_state *s, bool bias) {
     const vks_model_config *c = &m->cfg;
     const char *what = m->path;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!m->layers) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", what);
-    int rc = bind(s, what, "model.embed_tokens.weight", c->vocab_size, c->dim, true, &m->tok_emb);
-    if (rc == VKS_OK) rc = bind(s, what, "model.norm.weight", 1, c->dim, true, &m->final_norm);
-    m->classifier = m->tok_emb;
-    if (rc == VKS_OK && !c->shared_classifier)
-        rc = bind(s, what, "lm_head.weight", c->vocab_size, c->dim, true, &m->classifier);
-    for (int l = 0; l < c->n_layers && rc == VKS_OK; l++) rc = bind_layer(s, what, c, bias, l, &m->layers[l]);
+    vks_schema_item *items = NULL;
+    int n = 0, rc = m->layers ? vks_schema_list_alloc(c, bias, &items, &n)
+                              : vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", what);
+    char name[MAX_NAME];
+    for (int i = 0; i < n && rc == VKS_OK; i++) {
+        vks_schema_name(&items[i], VKS_NAME_HF, name, sizeof name);
+        rc = bind(s, what, name, items[i].rows, items[i].cols, true, vks_model_slot(m, &items[i]));
+    }
+    free(items);
+    if (c->shared_classifier) m->classifier = m->tok_emb;
     if (rc == VKS_OK) rc = vks_model_check_tensors(m, what);
     return rc == VKS_OK ? check_weights(m, s) : rc;
 }
@@ -262,8 +241,7 @@ typedef struct {
     size_t n, cap;
 } st_list;
 
-static int list_add(st_list *l, const char *name, const vks_tensor *src, vks_dtype dt) {
-    if (!src->data) return VKS_OK;
+static int list_add(st_list *l, const char *name, const vks_tensor *src, bool vector, vks_dtype dt) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 64;
         vks_st_write_tensor *t = realloc(l->t, cap * sizeof *t);
@@ -286,7 +264,7 @@ static int list_add(st_list *l, const char *name, const vks_tensor *src, vks_dty
     memset(t, 0, sizeof *t);
     t->name = nm;
     t->dtype = dt;
-    t->n_dims = strstr(name, "norm") || strstr(name, ".bias") ? 1 : 2; /* vectors are 1-D in HF */
+    t->n_dims = vector ? 1 : 2; /* vectors are 1-D in HF */
     t->shape[0] = t->n_dims == 1 ? src->cols : src->rows;
     t->shape[1] = src->cols;
     t->data = buf;
@@ -303,30 +281,16 @@ static void list_free(st_list *l) {
     free(l->owned);
 }
 
-static int list_layer(st_list *l, const vks_layer_weights *w, int layer, vks_dtype dt) {
-    struct { const char *suffix; const vks_tensor *t; } all[] = {
-        {"input_layernorm.weight", &w->attn_norm},  {"self_attn.q_proj.weight", &w->wq},
-        {"self_attn.k_proj.weight", &w->wk},        {"self_attn.v_proj.weight", &w->wv},
-        {"self_attn.o_proj.weight", &w->wo},        {"post_attention_layernorm.weight", &w->ffn_norm},
-        {"mlp.gate_proj.weight", &w->w1},           {"mlp.down_proj.weight", &w->w2},
-        {"mlp.up_proj.weight", &w->w3},             {"self_attn.q_proj.bias", &w->bq},
-        {"self_attn.k_proj.bias", &w->bk},          {"self_attn.v_proj.bias", &w->bv},
-    };
-    char name[MAX_NAME];
-    int rc = VKS_OK;
-    for (size_t i = 0; i < sizeof all / sizeof all[0] && rc == VKS_OK; i++) {
-        snprintf(name, sizeof name, "model.layers.%d.%s", layer, all[i].suffix);
-        rc = list_add(l, name, all[i].t, dt);
-    }
-    return rc;
-}
-
 static int write_weights(const vks_model *m, FILE *f, const char *file, vks_dtype dt) {
     st_list l = {0};
-    int rc = list_add(&l, "model.embed_tokens.weight", &m->tok_emb, dt);
-    for (int i = 0; i < m->cfg.n_layers && rc == VKS_OK; i++) rc = list_layer(&l, &m->layers[i], i, dt);
-    if (rc == VKS_OK) rc = list_add(&l, "model.norm.weight", &m->final_norm, dt);
-    if (rc == VKS_OK && !m->cfg.shared_classifier) rc = list_add(&l, "lm_head.weight", &m->classifier, dt);
+    vks_schema_item *items = NULL;
+    int n = 0, rc = vks_schema_list_alloc(&m->cfg, vks_model_has_bias(m), &items, &n);
+    char name[MAX_NAME];
+    for (int i = 0; i < n && rc == VKS_OK; i++) {
+        vks_schema_name(&items[i], VKS_NAME_HF, name, sizeof name);
+        rc = list_add(&l, name, vks_model_slot_const(m, &items[i]), items[i].s->rows == VKS_EXT_ONE, dt);
+    }
+    free(items);
     if (rc == VKS_OK) rc = vks_st_write_stream(f, file, l.t, l.n);
     list_free(&l);
     return rc;
@@ -404,7 +368,7 @@ int vks_model_save_safetensors(const vks_model *m, const char *dir, const vks_mo
     rc = vks_model_copy_f32(m, VKS_ROPE_HALF, &f32);
     if (rc == VKS_OK) {
         vks_hf_config hc = {.cfg = f32->cfg, .bos_id = m->bos_id, .eos_id = m->eos_id,
-                            .attention_bias = m->layers[0].bq.data != NULL};
+                            .attention_bias = vks_model_has_bias(m)};
         snprintf(hc.arch, sizeof hc.arch, "%s", m->arch);
         rc = write_hf_files(f32, &hc, dir, dt, opt ? opt->tokenizer : NULL);
     }

@@ -32,7 +32,7 @@ bool vks_l2c_sizes_compute(const vks_model_config *c, vks_l2c_sizes *s) {
     size_t d = (size_t)c->dim, L = (size_t)c->n_layers, per_layer = 0, stacked = 0, t = 0;
     bool ok = vks_mul_size((size_t)c->vocab_size, d, &s->emb);
     s->norm = d;
-    ok = ok && vks_mul_size(d, d, &s->wq);
+    ok = ok && vks_mul_size((size_t)c->n_heads * (size_t)c->head_dim, d, &s->wq); /* dim x dim in llama2.c files */
     ok = ok && vks_mul_size((size_t)c->kv_dim, d, &s->wkv);
     s->wo = s->wq;
     ok = ok && vks_mul_size((size_t)c->hidden_dim, d, &s->ffn);
@@ -78,10 +78,10 @@ int vks_model_bind_llama2c(vks_model *m, const float *body) {
     for (int l = 0; l < c->n_layers; l++) {
         vks_layer_weights *lw = &m->layers[l];
         lw->attn_norm = stacked_view(att_norm, l, 1, c->dim);
-        lw->wq = stacked_view(wq, l, c->dim, c->dim);
+        lw->wq = stacked_view(wq, l, (int64_t)c->n_heads * c->head_dim, c->dim);
         lw->wk = stacked_view(wk, l, c->kv_dim, c->dim);
         lw->wv = stacked_view(wv, l, c->kv_dim, c->dim);
-        lw->wo = stacked_view(wo, l, c->dim, c->dim);
+        lw->wo = stacked_view(wo, l, c->dim, (int64_t)c->n_heads * c->head_dim);
         lw->ffn_norm = stacked_view(ffn_norm, l, 1, c->dim);
         lw->w1 = stacked_view(w1, l, c->hidden_dim, c->dim);
         lw->w2 = stacked_view(w2, l, c->dim, c->hidden_dim);
@@ -125,6 +125,8 @@ static int config_from_header(const unsigned char *hdr, const char *path, vks_mo
     c->rope_mode = 0; /* VKS_ROPE_ADJACENT */
     char what[600];
     snprintf(what, sizeof what, "%s: bad header", path);
+    if (c->n_heads > 0 && c->dim % c->n_heads != 0) /* the format's head_dim is dim / n_heads */
+        return vks_set_error(VKS_ERR_FORMAT, "%s: n_heads %d does not divide dim %d", what, c->n_heads, c->dim);
     return vks_model_config_check(c, what);
 }
 
@@ -302,8 +304,13 @@ int vks_model_save_llama2c(const vks_model *m, const char *path) {
     if (!path) return vks_set_error(VKS_ERR_ARG, "vks_model_save_llama2c: NULL path");
     int rc = vks_model_check_tensors(m, path);
     if (rc != VKS_OK) return rc;
-    if (m->layers[0].bq.data)
+    if (vks_model_has_bias(m))
         return vks_set_error(VKS_ERR_ARG, "%s: llama2.c files cannot hold q/k/v biases", path);
+    if (m->cfg.qk_norm || m->cfg.rope_scaling.type != VKS_ROPE_SCALING_NONE)
+        return vks_set_error(VKS_ERR_ARG, "%s: llama2.c files cannot hold q/k norms or RoPE scaling (%s)", path, m->arch);
+    if (m->cfg.n_heads * m->cfg.head_dim != m->cfg.dim)
+        return vks_set_error(VKS_ERR_ARG, "%s: llama2.c files cannot hold head_dim %d (they imply dim / n_heads = %d)",
+                             path, m->cfg.head_dim, m->cfg.dim / m->cfg.n_heads);
     if (needs_f32_copy(m)) {
         vks_model *f32 = NULL;
         rc = vks_model_copy_f32(m, 0, &f32);

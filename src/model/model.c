@@ -15,6 +15,7 @@
 #define LIMIT_LAYERS 1024
 #define LIMIT_VOCAB (1 << 22)
 #define LIMIT_SEQ (1 << 20)
+#define LIMIT_HEAD_DIM 1024
 
 /* ---- config ---- */
 
@@ -41,15 +42,17 @@ static int check_ranges(const vks_model_config *c, const char *what) {
     return VKS_OK;
 }
 
+/* head_dim is the model's own (Qwen3: 128 on a 1024 hidden size with 16
+ * heads); q and the attention output are n_heads x head_dim wide. */
 static int check_heads(const vks_model_config *c, const char *what) {
-    if (c->dim % c->n_heads != 0)
-        return vks_set_error(VKS_ERR_FORMAT, "%s: n_heads %d does not divide dim %d", what,
-                             c->n_heads, c->dim);
     if (c->n_heads % c->n_kv_heads != 0)
         return vks_set_error(VKS_ERR_FORMAT, "%s: n_kv_heads %d does not divide n_heads %d",
                              what, c->n_kv_heads, c->n_heads);
-    if (c->head_dim != c->dim / c->n_heads)
-        return config_error(what, "head_dim must equal dim / n_heads", c->head_dim);
+    if (c->head_dim <= 0 || c->head_dim > LIMIT_HEAD_DIM)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: head_dim must be in 1..%d (got %d)", what, LIMIT_HEAD_DIM, c->head_dim);
+    if ((int64_t)c->n_heads * c->head_dim > LIMIT_DIM)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: n_heads x head_dim (%d x %d) exceeds %d", what, c->n_heads,
+                             c->head_dim, LIMIT_DIM);
     if (c->head_dim % 2 != 0)
         return config_error(what, "head_dim must be even for RoPE", c->head_dim);
     if (c->kv_dim != c->n_kv_heads * c->head_dim)
@@ -66,6 +69,16 @@ static int check_scalars(const vks_model_config *c, const char *what) {
                              what, (double)c->rope_theta);
     if (c->rope_mode != 0 && c->rope_mode != 1)
         return config_error(what, "rope_mode must be 0 (adjacent) or 1 (half)", c->rope_mode);
+    const vks_rope_scaling *s = &c->rope_scaling;
+    if (s->type != VKS_ROPE_SCALING_NONE && s->type != VKS_ROPE_SCALING_LLAMA3)
+        return config_error(what, "unknown RoPE scaling type", s->type);
+    if (s->type == VKS_ROPE_SCALING_LLAMA3 &&
+        (!(s->factor >= 1.0f && s->factor <= 1e6f) || !(s->low_freq_factor > 0.0f && s->low_freq_factor < 1e6f) ||
+         !(s->high_freq_factor > s->low_freq_factor && s->high_freq_factor < 1e6f) || s->original_context <= 0))
+        return vks_set_error(VKS_ERR_FORMAT, "%s: llama3 RoPE scaling needs factor >= 1, 0 < low_freq_factor < "
+                             "high_freq_factor and original_max_position_embeddings > 0 (got %g, %g, %g, %d)", what,
+                             (double)s->factor, (double)s->low_freq_factor, (double)s->high_freq_factor,
+                             s->original_context);
     return VKS_OK;
 }
 
@@ -115,35 +128,18 @@ static bool tensor_ok(const vks_tensor *t, int64_t rows, int64_t cols) {
     return t->data && be != 0 && cols % (int64_t)be == 0 && t->rows == rows && t->cols == cols;
 }
 
-/* Optional biases: all three or none, f32/f16/bf16 vectors. */
-static bool bias_ok(const vks_tensor *t, int64_t cols) {
-    return vks_dtype_size(t->dtype) != 0 && tensor_ok(t, 1, cols);
-}
-
 static int tensor_error(const char *what, const char *name, int layer) {
     return vks_set_error(VKS_ERR_ARG, "%s: tensor %s (layer %d) has no data, a bad dtype or a wrong shape",
                          what, name, layer);
 }
 
-static int check_layer(const vks_model *m, int l, const char *what) {
-    const vks_model_config *c = &m->cfg;
-    const vks_layer_weights *w = &m->layers[l];
-    struct { const vks_tensor *t; const char *name; int64_t rows, cols; } want[] = {
-        {&w->attn_norm, "attn_norm", 1, c->dim},   {&w->wq, "wq", c->dim, c->dim},
-        {&w->wk, "wk", c->kv_dim, c->dim},         {&w->wv, "wv", c->kv_dim, c->dim},
-        {&w->wo, "wo", c->dim, c->dim},            {&w->ffn_norm, "ffn_norm", 1, c->dim},
-        {&w->w1, "w1", c->hidden_dim, c->dim},     {&w->w2, "w2", c->dim, c->hidden_dim},
-        {&w->w3, "w3", c->hidden_dim, c->dim},
-    };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        if (!tensor_ok(want[i].t, want[i].rows, want[i].cols))
-            return tensor_error(what, want[i].name, l);
-    if (w->bq.data || w->bk.data || w->bv.data) {
-        if (!bias_ok(&w->bq, c->dim)) return tensor_error(what, "bq", l);
-        if (!bias_ok(&w->bk, c->kv_dim)) return tensor_error(what, "bk", l);
-        if (!bias_ok(&w->bv, c->kv_dim)) return tensor_error(what, "bv", l);
-    }
-    return VKS_OK;
+/* Every tensor the schema lists for m is there with its shape (vectors in
+ * f32/f16/bf16); optional ones absent everywhere else. */
+static int check_slot(const vks_model *m, const vks_schema_item *it, bool present, const char *what) {
+    const vks_tensor *t = vks_model_slot_const(m, it);
+    bool ok = present ? tensor_ok(t, it->rows, it->cols) && (it->rows > 1 || vks_dtype_size(t->dtype) != 0)
+                      : t->data == NULL;
+    return ok ? VKS_OK : tensor_error(what, it->s->name, it->layer);
 }
 
 int vks_model_check_tensors(const vks_model *m, const char *what) {
@@ -153,26 +149,31 @@ int vks_model_check_tensors(const vks_model *m, const char *what) {
     if (rc != VKS_OK) return rc;
     const vks_model_config *c = &m->cfg;
     if (!m->layers) return vks_set_error(VKS_ERR_ARG, "%s: model has no layers", what);
-    if (!tensor_ok(&m->tok_emb, c->vocab_size, c->dim)) return tensor_error(what, "tok_emb", -1);
-    if (!tensor_ok(&m->final_norm, 1, c->dim)) return tensor_error(what, "final_norm", -1);
-    if (!tensor_ok(&m->classifier, c->vocab_size, c->dim))
-        return tensor_error(what, "classifier", -1);
-    for (int l = 0; l < c->n_layers; l++)
-        if ((rc = check_layer(m, l, what)) != VKS_OK) return rc;
-    return VKS_OK;
+    bool bias = vks_model_has_bias(m);
+    for (int l = -1; l < c->n_layers && rc == VKS_OK; l++) {
+        int n = l < 0 ? VKS_MODEL_N_TENSORS : VKS_LAYER_N_TENSORS;
+        for (int i = 0; i < n && rc == VKS_OK; i++) {
+            const vks_tensor_schema *s = l < 0 ? &vks_model_schema[i] : &vks_layer_schema[i];
+            vks_schema_item it = {s, l, i, vks_schema_extent(c, s->rows), vks_schema_extent(c, s->cols)};
+            bool present = vks_schema_present(s, c, bias) || (l < 0 && i == VKS_T_classifier);
+            rc = check_slot(m, &it, present, what);
+        }
+    }
+    return rc;
 }
 
 /* ---- counting ---- */
 
 int64_t vks_model_param_count(const vks_model *m) {
     if (!m || !m->layers) return 0;
-    int64_t n = m->tok_emb.rows * m->tok_emb.cols + m->final_norm.rows * m->final_norm.cols;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const vks_layer_weights *w = &m->layers[l];
-        const vks_tensor *all[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo,
-                                   &w->ffn_norm, &w->w1, &w->w2, &w->w3};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) n += all[i]->rows * all[i]->cols;
-    }
-    if (!m->cfg.shared_classifier) n += m->classifier.rows * m->classifier.cols;
-    return n;
+    const vks_model_config *c = &m->cfg;
+    bool bias = vks_model_has_bias(m);
+    int64_t per_layer = 0, n = 0;
+    for (int i = 0; i < VKS_LAYER_N_TENSORS; i++)
+        if (vks_schema_present(&vks_layer_schema[i], c, bias))
+            per_layer += vks_schema_extent(c, vks_layer_schema[i].rows) * vks_schema_extent(c, vks_layer_schema[i].cols);
+    for (int i = 0; i < VKS_MODEL_N_TENSORS; i++)
+        if (vks_schema_present(&vks_model_schema[i], c, bias))
+            n += vks_schema_extent(c, vks_model_schema[i].rows) * vks_schema_extent(c, vks_model_schema[i].cols);
+    return n + per_layer * c->n_layers;
 }

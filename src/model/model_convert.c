@@ -47,39 +47,37 @@ static void copy_tensor(const vks_tensor *src, const vks_tensor *dst, int head_d
 
 static void free_state(void *p) { free(p); }
 
-/* Allocates one buffer for the biases of every layer (or none) and binds them. */
-static int bind_biases(bool has_bias, vks_model *m) {
+/* Allocates one buffer for the optional layer tensors the model has (those
+ * outside the llama2.c layout: vks_layer_schema entries not always present)
+ * and binds them. */
+int vks_model_bind_optional(bool has_bias, vks_model *m) {
     const vks_model_config *c = &m->cfg;
-    if (!has_bias) return VKS_OK;
-    size_t per = (size_t)c->dim + 2 * (size_t)c->kv_dim;
+    size_t per = 0;
+    for (int i = 0; i < VKS_LAYER_N_TENSORS; i++) {
+        const vks_tensor_schema *s = &vks_layer_schema[i];
+        if (s->when != VKS_WHEN_ALWAYS && vks_schema_present(s, c, has_bias))
+            per += (size_t)(vks_schema_extent(c, s->rows) * vks_schema_extent(c, s->cols));
+    }
+    if (per == 0) return VKS_OK;
+    if (m->format_state) return vks_set_error(VKS_ERR_ARG, "%s: optional tensors bound twice", m->path);
     float *b = calloc(per * (size_t)c->n_layers, sizeof(float));
-    if (!b) return vks_set_error(VKS_ERR_NOMEM, "out of memory for biases");
+    if (!b) return vks_set_error(VKS_ERR_NOMEM, "out of memory for optional tensors");
     m->format_state = b;
     m->format_free = free_state;
-    for (int l = 0; l < c->n_layers; l++) {
-        float *p = b + per * (size_t)l;
-        m->layers[l].bq = (vks_tensor){VKS_DTYPE_F32, 1, c->dim, p};
-        m->layers[l].bk = (vks_tensor){VKS_DTYPE_F32, 1, c->kv_dim, p + c->dim};
-        m->layers[l].bv = (vks_tensor){VKS_DTYPE_F32, 1, c->kv_dim, p + c->dim + c->kv_dim};
-    }
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < VKS_LAYER_N_TENSORS; i++) {
+            const vks_tensor_schema *s = &vks_layer_schema[i];
+            if (s->when == VKS_WHEN_ALWAYS || !vks_schema_present(s, c, has_bias)) continue;
+            int64_t rows = vks_schema_extent(c, s->rows), cols = vks_schema_extent(c, s->cols);
+            m->layers[l].t[i] = (vks_tensor){VKS_DTYPE_F32, rows, cols, b};
+            b += rows * cols;
+        }
     return VKS_OK;
 }
 
 static void copy_layer(const vks_layer_weights *s, const vks_layer_weights *d, int hd, int from, int to) {
-    copy_tensor(&s->attn_norm, &d->attn_norm, 0, from, to);
-    copy_tensor(&s->wq, &d->wq, hd, from, to);
-    copy_tensor(&s->wk, &d->wk, hd, from, to);
-    copy_tensor(&s->wv, &d->wv, 0, from, to);
-    copy_tensor(&s->wo, &d->wo, 0, from, to);
-    copy_tensor(&s->ffn_norm, &d->ffn_norm, 0, from, to);
-    copy_tensor(&s->w1, &d->w1, 0, from, to);
-    copy_tensor(&s->w2, &d->w2, 0, from, to);
-    copy_tensor(&s->w3, &d->w3, 0, from, to);
-    if (s->bq.data) {
-        copy_tensor(&s->bq, &d->bq, hd, from, to);
-        copy_tensor(&s->bk, &d->bk, hd, from, to);
-        copy_tensor(&s->bv, &d->bv, 0, from, to);
-    }
+    for (int i = 0; i < VKS_LAYER_N_TENSORS; i++)
+        if (s->t[i].data) copy_tensor(&s->t[i], &d->t[i], vks_layer_schema[i].rope ? hd : 0, from, to);
 }
 
 int vks_model_create_f32(const vks_model_config *cfg, bool has_bias, vks_model **out) {
@@ -96,7 +94,7 @@ int vks_model_create_f32(const vks_model_config *cfg, bool has_bias, vks_model *
     m->owned = calloc(s.total, sizeof(float));
     if (!m->owned) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory for an f32 model (%zu floats)", s.total);
     if (rc == VKS_OK) rc = vks_model_bind_llama2c(m, m->owned);
-    if (rc == VKS_OK) rc = bind_biases(has_bias, m);
+    if (rc == VKS_OK) rc = vks_model_bind_optional(has_bias, m);
     if (rc != VKS_OK) {
         vks_model_free(m);
         return rc;
@@ -113,7 +111,7 @@ int vks_model_copy_f32(const vks_model *src, int rope_mode, vks_model **out) {
     vks_model_config cfg = src->cfg;
     cfg.rope_mode = rope_mode;
     vks_model *m;
-    rc = vks_model_create_f32(&cfg, src->cfg.n_layers > 0 && src->layers[0].bq.data, &m);
+    rc = vks_model_create_f32(&cfg, vks_model_has_bias(src), &m);
     if (rc != VKS_OK) return rc == VKS_ERR_NOMEM ? vks_set_error(rc, "%s: %s", src->path, vks_last_error()) : rc;
     m->bos_id = src->bos_id;
     m->eos_id = src->eos_id;

@@ -26,6 +26,14 @@ static void put_config(crypto_generichash_state *st, const vks_model_config *c) 
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) put_i64(st, ints[i]);
     put_f32(st, c->norm_eps);
     put_f32(st, c->rope_theta);
+    if (c->qk_norm) put_i64(st, 0x716b6e6f726d); /* "qknorm": absent from v1, so older models keep their hash */
+    if (c->rope_scaling.type != VKS_ROPE_SCALING_NONE) { /* the same */
+        put_i64(st, c->rope_scaling.type);
+        put_f32(st, c->rope_scaling.factor);
+        put_f32(st, c->rope_scaling.low_freq_factor);
+        put_f32(st, c->rope_scaling.high_freq_factor);
+        put_i64(st, c->rope_scaling.original_context);
+    }
 }
 
 /* Tensor header (present, dtype, shape) then its bytes. Absent tensors
@@ -44,6 +52,20 @@ static int put_tensor(crypto_generichash_state *st, const vks_tensor *t, const c
     return VKS_OK;
 }
 
+/* A layer: the tensors always present in schema order, then the optional
+ * ones (absent q/k/v biases as their marker, as version 1 had them; other
+ * absent ones add nothing), so the hash of a model made before the schema is
+ * unchanged. */
+static int put_layer(crypto_generichash_state *st, const vks_layer_weights *w) {
+    int rc = VKS_OK;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < VKS_LAYER_N_TENSORS && rc == VKS_OK; i++)
+            if ((vks_layer_schema[i].when == VKS_WHEN_ALWAYS) == (pass == 0) &&
+                (w->t[i].data || vks_layer_schema[i].when == VKS_WHEN_BIAS))
+                rc = put_tensor(st, &w->t[i], vks_layer_schema[i].name);
+    return rc;
+}
+
 int vks_model_hash(const vks_model *m, uint8_t out[32]) {
     if (!m || !out || !m->layers) return vks_set_error(VKS_ERR_ARG, "vks_model_hash: NULL argument");
     if (sodium_init() < 0) return vks_set_error(VKS_ERR_NOMEM, "vks_model_hash: libsodium failed to start");
@@ -51,12 +73,7 @@ int vks_model_hash(const vks_model *m, uint8_t out[32]) {
     crypto_generichash_init(&st, NULL, 0, 32);
     put_config(&st, &m->cfg);
     int rc = put_tensor(&st, &m->tok_emb, "tok_emb");
-    for (int l = 0; l < m->cfg.n_layers && rc == VKS_OK; l++) {
-        const vks_layer_weights *w = &m->layers[l];
-        const vks_tensor *all[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->ffn_norm,
-                                   &w->w1, &w->w2, &w->w3, &w->bq, &w->bk, &w->bv};
-        for (size_t i = 0; i < sizeof all / sizeof all[0] && rc == VKS_OK; i++) rc = put_tensor(&st, all[i], "layer");
-    }
+    for (int l = 0; l < m->cfg.n_layers && rc == VKS_OK; l++) rc = put_layer(&st, &m->layers[l]);
     if (rc == VKS_OK) rc = put_tensor(&st, &m->final_norm, "final_norm");
     if (rc == VKS_OK && !m->cfg.shared_classifier) rc = put_tensor(&st, &m->classifier, "classifier");
     if (rc == VKS_OK) crypto_generichash_final(&st, out, 32);

@@ -18,6 +18,10 @@ bool vks_l2c_sizes_compute(const vks_model_config *c, vks_l2c_sizes *s);
 /* Points every tensor of m (config already set and checked) into `body`, an f32
  * array in llama2.c layout. Allocates m->layers. Returns VKS_OK or VKS_ERR_NOMEM. */
 int vks_model_bind_llama2c(vks_model *m, const float *body);
+/* Binds zeroed f32 tensors (owned by m) for the optional layer tensors the
+ * config and has_bias imply (biases, q/k norms): those outside the llama2.c
+ * layout. */
+int vks_model_bind_optional(bool has_bias, vks_model *m);
 /* Allocates a zeroed model struct; NULL (with error set) on failure. */
 vks_model *vks_model_alloc(void);
 /* A model of config c (complete: head_dim, kv_dim set) whose tensors are

@@ -77,23 +77,12 @@ static int check_one(const char *what, const char *name, int layer, const vks_te
                          (long long)row, (long long)col);
 }
 
-static int check_layer(const char *what, const vks_layer_weights *w, int l) {
-    struct { const char *name; const vks_tensor *t; } all[] = {
-        {"attn_norm", &w->attn_norm}, {"wq", &w->wq}, {"wk", &w->wk}, {"wv", &w->wv},
-        {"wo", &w->wo}, {"ffn_norm", &w->ffn_norm}, {"w1 (gate)", &w->w1}, {"w2 (down)", &w->w2},
-        {"w3 (up)", &w->w3}, {"bq", &w->bq}, {"bk", &w->bk}, {"bv", &w->bv},
-    };
-    int rc = VKS_OK;
-    for (size_t i = 0; i < sizeof all / sizeof all[0] && rc == VKS_OK; i++)
-        rc = check_one(what, all[i].name, l, all[i].t);
-    return rc;
-}
-
 int vks_model_check_finite(const vks_model *m, const char *what) {
-    int rc = check_one(what, "token embedding", -1, &m->tok_emb);
-    for (int l = 0; l < m->cfg.n_layers && rc == VKS_OK; l++) rc = check_layer(what, &m->layers[l], l);
-    if (rc == VKS_OK) rc = check_one(what, "final norm", -1, &m->final_norm);
-    if (rc == VKS_OK && !m->cfg.shared_classifier) rc = check_one(what, "classifier", -1, &m->classifier);
+    vks_schema_item *items = NULL;
+    int n = 0, rc = vks_schema_list_alloc(&m->cfg, vks_model_has_bias(m), &items, &n);
+    for (int i = 0; i < n && rc == VKS_OK; i++)
+        rc = check_one(what, items[i].s->name, items[i].layer, vks_model_slot_const(m, &items[i]));
+    free(items);
     return rc;
 }
 
@@ -101,17 +90,16 @@ static void note_bound(const vks_tensor *t, const void **seen, int64_t *n) {
     if (t->data) seen[(*n)++] = t->data;
 }
 
-/* The data pointers of every tensor bound in m (at most 3 + 12 per layer). */
-static int64_t bound_data(const vks_model *m, const void **seen) {
+/* The data pointers of every tensor bound in m (at most cap). */
+static int64_t bound_data(const vks_model *m, const void **seen, size_t cap) {
     int64_t n = 0;
-    note_bound(&m->tok_emb, seen, &n);
-    note_bound(&m->final_norm, seen, &n);
-    if (!m->cfg.shared_classifier) note_bound(&m->classifier, seen, &n);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const vks_layer_weights *w = &m->layers[l];
-        const vks_tensor *all[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->ffn_norm,
-                                   &w->w1, &w->w2, &w->w3, &w->bq, &w->bk, &w->bv};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) note_bound(all[i], seen, &n);
+    for (int l = -1; l < m->cfg.n_layers; l++) {
+        int count = l < 0 ? VKS_MODEL_N_TENSORS : VKS_LAYER_N_TENSORS;
+        for (int i = 0; i < count && (size_t)n < cap; i++) {
+            if (l < 0 && i == VKS_T_classifier && m->cfg.shared_classifier) continue; /* tok_emb's data */
+            note_bound(l < 0 ? vks_model_slot_const(m, &(vks_schema_item){.layer = -1, .index = i}) : &m->layers[l].t[i],
+                       seen, &n);
+        }
     }
     return n;
 }
@@ -124,10 +112,10 @@ static bool pointer_in(const void *p, const void **set, int64_t n) {
 
 int vks_model_check_unused(const vks_model *m, const char *what, int64_t n_file, vks_file_tensor_fn tensor_at,
                            const void *ctx) {
-    size_t cap = 3 + 12 * (size_t)m->cfg.n_layers;
+    size_t cap = VKS_MODEL_N_TENSORS + VKS_LAYER_N_TENSORS * (size_t)m->cfg.n_layers;
     const void **seen = malloc(cap * sizeof *seen);
     if (!seen) return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", what);
-    int64_t n_bound = bound_data(m, seen);
+    int64_t n_bound = bound_data(m, seen, cap);
     int rc = VKS_OK;
     /* Names are unique in a file and every bound tensor is one of them, so
      * more file tensors than bound ones means at least one is unused. */

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define RANDOM_MODEL_MAX_BYTES ((size_t)16 << 30)
 
@@ -47,6 +48,10 @@ static void fill_weights(vks_model *m, uint64_t seed) {
     }
     fill_norm(&m->final_norm, &r);
     if (!m->cfg.shared_classifier) fill_matrix(&m->classifier, &r);
+    for (int l = 0; l < m->cfg.n_layers && m->cfg.qk_norm; l++) { /* after the rest: older models draw the same */
+        fill_norm(&m->layers[l].q_norm, &r);
+        fill_norm(&m->layers[l].k_norm, &r);
+    }
 }
 
 /* Derived fields and llama2.c defaults the caller may leave at 0. */
@@ -78,6 +83,7 @@ int vks_model_alloc_f32(const vks_model_config *c, const char *name, vks_model *
         return vks_set_error(VKS_ERR_NOMEM, "%s: out of memory for %zu bytes", name, bytes);
     }
     rc = vks_model_bind_llama2c(m, m->owned);
+    if (rc == VKS_OK) rc = vks_model_bind_optional(false, m);
     if (rc != VKS_OK) {
         vks_model_free(m);
         return rc;
@@ -95,5 +101,43 @@ int vks_model_random(const vks_model_config *cfg, uint64_t seed, vks_model **out
     snprintf(name, sizeof name, "random(seed=%llu)", (unsigned long long)seed);
     int rc = vks_model_alloc_f32(&c, name, out);
     if (rc == VKS_OK) fill_weights(*out, seed);
+    if (rc == VKS_OK && c.qk_norm) snprintf((*out)->arch, sizeof (*out)->arch, "qwen3");
+    return rc;
+}
+
+/* Biases of every layer, uniform in [-0.1, 0.1). */
+static int add_random_biases(vks_model *m, uint64_t seed) {
+    int rc = vks_model_bind_optional(true, m);
+    xorshift_rng r = {seed * 0x2545F4914F6CDD1Dull + 7};
+    for (int l = 0; l < m->cfg.n_layers && rc == VKS_OK; l++)
+        for (int i = 0; i < VKS_LAYER_N_TENSORS; i++) {
+            vks_tensor *t = &m->layers[l].t[i];
+            if (vks_layer_schema[i].when != VKS_WHEN_BIAS) continue;
+            float *w = (float *)(uintptr_t)t->data; /* owned by m */
+            for (int64_t k = 0; k < t->cols; k++) w[k] = 0.1f * rng_uniform_pm1(&r);
+        }
+    return rc;
+}
+
+int vks_model_random_arch(const vks_model_config *cfg, const char *arch, uint64_t seed, vks_model **out) {
+    if (!cfg || !arch || !out) return vks_set_error(VKS_ERR_ARG, "vks_model_random_arch: NULL argument");
+    *out = NULL;
+    vks_model_config c = *cfg;
+    bool llama3 = !strcmp(arch, "llama3"), qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3");
+    if (!llama3 && !qwen2 && !qwen3 && strcmp(arch, "llama"))
+        return vks_set_error(VKS_ERR_ARG, "random model: architecture '%.40s' is not llama, llama3, qwen2 or qwen3", arch);
+    if (c.head_dim == 0 && c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
+    c.kv_dim = 0;
+    c.rope_mode = qwen2 || qwen3 ? VKS_ROPE_HALF : VKS_ROPE_ADJACENT;
+    c.qk_norm = qwen3;
+    if (c.rope_theta == 0.0f) c.rope_theta = llama3 ? 500000.0f : qwen2 || qwen3 ? 1000000.0f : 10000.0f;
+    if (llama3) c.rope_scaling = (vks_rope_scaling){VKS_ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192};
+    int rc = vks_model_random(&c, seed, out);
+    if (rc == VKS_OK && qwen2) rc = add_random_biases(*out, seed);
+    if (rc == VKS_OK) snprintf((*out)->arch, sizeof (*out)->arch, "%s", llama3 ? "llama" : arch);
+    if (rc != VKS_OK) {
+        vks_model_free(*out);
+        *out = NULL;
+    }
     return rc;
 }

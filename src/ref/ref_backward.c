@@ -118,10 +118,10 @@ int vks_ref_bias_backward(const double *dy, int R, int D, double *db) {
 
 /* Rotates every pair of one head by +angle (direction 1) or -angle (-1); the
  * angle and pairing are vks_ref_rope's (ref_ops.c rope_head). */
-static void rotate_head(double *head, uint32_t pos, int head_dim, double theta, int mode, int direction) {
+static void rotate_head(double *head, uint32_t pos, int head_dim, const double *freqs, int mode, int direction) {
     int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
-        double angle = (double)pos * pow(theta, -2.0 * i / head_dim);
+        double angle = (double)pos * freqs[i];
         double c = cos(angle), s = direction * sin(angle);
         int i0 = mode == VKS_ROPE_HALF ? i : 2 * i;
         int i1 = mode == VKS_ROPE_HALF ? i + half : 2 * i + 1;
@@ -132,26 +132,26 @@ static void rotate_head(double *head, uint32_t pos, int head_dim, double theta, 
 }
 
 static int rope_apply(const char *fn, double *x, const uint32_t *pos, int R, int stride, int col0, int n_heads,
-                      int head_dim, double theta, int mode, int direction) {
-    if (!x || !pos || R <= 0 || n_heads <= 0 || head_dim <= 1 || head_dim % 2 != 0 || col0 < 0 ||
-        (int64_t)stride < (int64_t)col0 + (int64_t)n_heads * head_dim || !(theta > 0.0) ||
+                      int head_dim, const double *freqs, int mode, int direction) {
+    if (!x || !pos || !freqs || R <= 0 || n_heads <= 0 || head_dim <= 1 || head_dim % 2 != 0 || col0 < 0 ||
+        (int64_t)stride < (int64_t)col0 + (int64_t)n_heads * head_dim ||
         (mode != VKS_ROPE_ADJACENT && mode != VKS_ROPE_HALF))
         return bad_args(fn);
     for (int r = 0; r < R; r++)
         for (int h = 0; h < n_heads; h++)
-            rotate_head(x + (size_t)r * stride + col0 + (size_t)h * head_dim, pos[r], head_dim, theta, mode,
+            rotate_head(x + (size_t)r * stride + col0 + (size_t)h * head_dim, pos[r], head_dim, freqs, mode,
                         direction);
     return VKS_OK;
 }
 
 int vks_ref_rope_forward(double *x, const uint32_t *pos, int R, int stride, int col0, int n_heads, int head_dim,
-                         double theta, int mode) {
-    return rope_apply("vks_ref_rope_forward", x, pos, R, stride, col0, n_heads, head_dim, theta, mode, 1);
+                         const double *freqs, int mode) {
+    return rope_apply("vks_ref_rope_forward", x, pos, R, stride, col0, n_heads, head_dim, freqs, mode, 1);
 }
 
 int vks_ref_rope_backward(double *dx, const uint32_t *pos, int R, int stride, int col0, int n_heads, int head_dim,
-                          double theta, int mode) {
-    return rope_apply("vks_ref_rope_backward", dx, pos, R, stride, col0, n_heads, head_dim, theta, mode, -1);
+                          const double *freqs, int mode) {
+    return rope_apply("vks_ref_rope_backward", dx, pos, R, stride, col0, n_heads, head_dim, freqs, mode, -1);
 }
 
 /* ---- attention ---- */

@@ -21,6 +21,7 @@ typedef struct {
     float *w_chunk;   /* CONVERT_CHUNK_ROWS converted weight rows */
     float *y_chunk;   /* [n, CONVERT_CHUNK_ROWS] partial matmul output */
     uint32_t *pos, *slot;
+    double *freqs;    /* RoPE frequencies [head_dim/2] */
 } fwd_buffers;
 
 static void free_buffers(fwd_buffers *b) {
@@ -29,32 +30,36 @@ static void free_buffers(fwd_buffers *b) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
     free(b->pos);
     free(b->slot);
+    free(b->freqs);
 }
 
 static int alloc_buffers(fwd_buffers *b, const vks_model_config *c, int n) {
     size_t rows = (size_t)n, dim = (size_t)c->dim, kv = (size_t)c->kv_dim, hid = (size_t)c->hidden_dim;
-    size_t widest = dim > hid ? dim : hid;
+    size_t qd = (size_t)vks_schema_extent(c, VKS_EXT_Q), widest = dim > hid ? dim : hid;
+    if (qd > widest) widest = qd;
     memset(b, 0, sizeof *b);
     b->x = malloc(rows * dim * sizeof(float));
     b->xb = malloc(rows * dim * sizeof(float));
-    b->q = malloc(rows * dim * sizeof(float));
-    b->att = malloc(rows * dim * sizeof(float));
+    b->q = malloc(rows * qd * sizeof(float));
+    b->att = malloc(rows * qd * sizeof(float));
     b->tmp = malloc(rows * dim * sizeof(float));
     b->k = malloc(rows * kv * sizeof(float));
     b->v = malloc(rows * kv * sizeof(float));
     b->h1 = malloc(rows * hid * sizeof(float));
     b->h3 = malloc(rows * hid * sizeof(float));
-    b->norm_w = malloc(dim * sizeof(float));
+    b->norm_w = malloc((dim > (size_t)c->head_dim ? dim : (size_t)c->head_dim) * sizeof(float));
     b->w_chunk = malloc(CONVERT_CHUNK_ROWS * widest * sizeof(float));
     b->y_chunk = malloc(rows * CONVERT_CHUNK_ROWS * sizeof(float));
     b->pos = malloc(rows * sizeof(uint32_t));
     b->slot = calloc(rows, sizeof(uint32_t));
-    if (!b->x || !b->xb || !b->q || !b->att || !b->tmp || !b->k || !b->v || !b->h1 || !b->h3 ||
+    b->freqs = malloc((size_t)(c->head_dim / 2 + 1) * sizeof(double));
+    if (!b->freqs || !b->x || !b->xb || !b->q || !b->att || !b->tmp || !b->k || !b->v || !b->h1 || !b->h3 ||
         !b->norm_w || !b->w_chunk || !b->y_chunk || !b->pos || !b->slot) {
         free_buffers(b);
         return vks_set_error(VKS_ERR_NOMEM, "vks_ref_forward: out of memory for %d positions", n);
     }
     for (int i = 0; i < n; i++) b->pos[i] = (uint32_t)i;
+    vks_rope_freqs(c, b->freqs);
     return VKS_OK;
 }
 
@@ -107,8 +112,15 @@ static void attention_block(const vks_model *m, const vks_layer_weights *w, int 
     add_bias(&w->bq, b->q, n, b);
     add_bias(&w->bk, b->k, n, b);
     add_bias(&w->bv, b->v, n, b);
-    vks_ref_rope(b->q, b->pos, n, c->dim, 0, c->n_heads, c->head_dim, c->rope_theta, c->rope_mode);
-    vks_ref_rope(b->k, b->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, c->rope_theta, c->rope_mode);
+    int qd = c->n_heads * c->head_dim;
+    if (c->qk_norm) { /* per head, before RoPE (Qwen3) */
+        convert_rows(&w->q_norm, 0, 1, b->norm_w);
+        vks_ref_rmsnorm(b->q, b->norm_w, n * c->n_heads, c->head_dim, c->norm_eps, b->q);
+        convert_rows(&w->k_norm, 0, 1, b->norm_w);
+        vks_ref_rmsnorm(b->k, b->norm_w, n * c->n_kv_heads, c->head_dim, c->norm_eps, b->k);
+    }
+    vks_ref_rope(b->q, b->pos, n, qd, 0, c->n_heads, c->head_dim, b->freqs, c->rope_mode);
+    vks_ref_rope(b->k, b->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, b->freqs, c->rope_mode);
     /* One slot whose cache holds exactly these n positions. */
     vks_ref_attention(b->q, b->k, b->v, b->slot, b->pos, n, c->n_heads, c->n_kv_heads, c->head_dim, n,
                       b->att);

@@ -51,11 +51,10 @@ void vks_ref_matmul(const float *x, const float *W, int M, int N, int K, float *
 }
 
 /* Rotates one head in place; element pairs depend on the mode. */
-static void rope_head(float *head, uint32_t pos, int head_dim, float theta, int mode) {
+static void rope_head(float *head, uint32_t pos, int head_dim, const double *freqs, int mode) {
     int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
-        double freq = pow((double)theta, -2.0 * i / head_dim);
-        double angle = (double)pos * freq;
+        double angle = (double)pos * freqs[i];
         double c = cos(angle), s = sin(angle);
         int i0 = mode == VKS_ROPE_HALF ? i : 2 * i;
         int i1 = mode == VKS_ROPE_HALF ? i + half : 2 * i + 1;
@@ -66,14 +65,14 @@ static void rope_head(float *head, uint32_t pos, int head_dim, float theta, int 
 }
 
 void vks_ref_rope(float *x, const uint32_t *pos, int R, int stride, int col0, int n_heads,
-                  int head_dim, float theta, int mode) {
-    if (!x || !pos || R <= 0 || n_heads <= 0 || head_dim <= 1 || col0 < 0) return;
+                  int head_dim, const double *freqs, int mode) {
+    if (!x || !pos || !freqs || R <= 0 || n_heads <= 0 || head_dim <= 1 || col0 < 0) return;
     if ((int64_t)stride < (int64_t)col0 + (int64_t)n_heads * head_dim) return; /* heads overrun a row */
     if (mode != VKS_ROPE_ADJACENT && mode != VKS_ROPE_HALF) return;
     for (int r = 0; r < R; r++) {
         float *row = x + (size_t)r * (size_t)stride + (size_t)col0;
         for (int h = 0; h < n_heads; h++)
-            rope_head(row + (size_t)h * (size_t)head_dim, pos[r], head_dim, theta, mode);
+            rope_head(row + (size_t)h * (size_t)head_dim, pos[r], head_dim, freqs, mode);
     }
 }
 

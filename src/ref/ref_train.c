@@ -12,45 +12,26 @@
 
 /* ---- parameter sets ---- */
 
-/* Lists one tensor (a view of the next rows*cols doubles of the block). */
-static double *add_tensor(vks_ref_params *p, size_t *used, const char *name, int layer, int64_t rows, int64_t cols) {
-    vks_ref_tensor *t = &p->tensors[p->n_tensors++];
-    if (layer >= 0)
-        snprintf(t->name, sizeof t->name, "layers.%d.%s", layer, name);
-    else
-        snprintf(t->name, sizeof t->name, "%s", name);
-    t->data = p->data ? p->data + *used : NULL;
-    t->rows = rows;
-    t->cols = cols;
-    *used += (size_t)rows * (size_t)cols;
-    return t->data;
+/* The view of a model-level tensor (tok_emb, final_norm, classifier). */
+static double **model_view(vks_ref_params *p, int index) {
+    return index == VKS_T_tok_emb ? &p->tok_emb : index == VKS_T_final_norm ? &p->final_norm : &p->classifier;
 }
 
-/* Lays the tensors out in the documented order; with p->data NULL (sizing
+/* Lays the tensors out in the schema's order; with p->data NULL (sizing
  * pass) only counts. */
-static size_t lay_out(vks_ref_params *p) {
-    const vks_model_config *c = &p->cfg;
-    int64_t dim = c->dim, qdim = (int64_t)c->n_heads * c->head_dim, kv = c->kv_dim, hid = c->hidden_dim;
+static size_t lay_out(vks_ref_params *p, const vks_schema_item *items, int n) {
     size_t used = 0;
-    p->n_tensors = 0;
-    p->tok_emb = add_tensor(p, &used, "tok_emb", -1, c->vocab_size, dim);
-    for (int l = 0; l < c->n_layers; l++) {
-        vks_ref_layer *w = &p->layers[l];
-        w->attn_norm = add_tensor(p, &used, "attn_norm", l, 1, dim);
-        w->wq = add_tensor(p, &used, "wq", l, qdim, dim);
-        w->wk = add_tensor(p, &used, "wk", l, kv, dim);
-        w->wv = add_tensor(p, &used, "wv", l, kv, dim);
-        w->bq = p->has_bias ? add_tensor(p, &used, "bq", l, 1, qdim) : NULL;
-        w->bk = p->has_bias ? add_tensor(p, &used, "bk", l, 1, kv) : NULL;
-        w->bv = p->has_bias ? add_tensor(p, &used, "bv", l, 1, kv) : NULL;
-        w->wo = add_tensor(p, &used, "wo", l, dim, qdim);
-        w->ffn_norm = add_tensor(p, &used, "ffn_norm", l, 1, dim);
-        w->w1 = add_tensor(p, &used, "w1", l, hid, dim);
-        w->w2 = add_tensor(p, &used, "w2", l, dim, hid);
-        w->w3 = add_tensor(p, &used, "w3", l, hid, dim);
+    p->n_tensors = n;
+    for (int i = 0; i < n; i++) {
+        vks_ref_tensor *t = &p->tensors[i];
+        vks_schema_name(&items[i], VKS_NAME_INTERNAL, t->name, sizeof t->name);
+        t->data = p->data ? p->data + used : NULL;
+        t->rows = items[i].rows;
+        t->cols = items[i].cols;
+        used += (size_t)t->rows * (size_t)t->cols;
+        *(items[i].layer >= 0 ? &p->layers[items[i].layer].t[items[i].index] : model_view(p, items[i].index)) = t->data;
     }
-    p->final_norm = add_tensor(p, &used, "final_norm", -1, 1, dim);
-    p->classifier = c->shared_classifier ? p->tok_emb : add_tensor(p, &used, "classifier", -1, c->vocab_size, dim);
+    if (p->cfg.shared_classifier) p->classifier = p->tok_emb;
     return used;
 }
 
@@ -59,23 +40,27 @@ int vks_ref_params_create(const vks_model_config *cfg, bool has_bias, vks_ref_pa
     *out = NULL;
     int rc = vks_model_config_check(cfg, "vks_ref_params_create");
     if (rc != VKS_OK) return rc;
+    vks_schema_item *items = NULL;
+    int n = 0;
+    if ((rc = vks_schema_list_alloc(cfg, has_bias, &items, &n)) != VKS_OK) return rc;
     vks_ref_params *p = calloc(1, sizeof *p);
-    int max_tensors = 3 + 12 * cfg->n_layers;
     if (p) {
         p->cfg = *cfg;
         p->has_bias = has_bias;
         p->layers = calloc((size_t)cfg->n_layers, sizeof *p->layers);
-        p->tensors = calloc((size_t)max_tensors, sizeof *p->tensors);
+        p->tensors = calloc((size_t)n, sizeof *p->tensors);
     }
     if (p && p->layers && p->tensors) {
-        p->n_values = lay_out(p); /* sizing pass: offsets from a NULL block */
+        p->n_values = lay_out(p, items, n); /* sizing pass: offsets from a NULL block */
         p->data = calloc(p->n_values, sizeof *p->data);
     }
     if (!p || !p->layers || !p->tensors || !p->data) {
+        free(items);
         vks_ref_params_free(p);
         return vks_set_error(VKS_ERR_NOMEM, "vks_ref_params_create: out of memory");
     }
-    lay_out(p);
+    lay_out(p, items, n);
+    free(items);
     *out = p;
     return VKS_OK;
 }
@@ -107,23 +92,13 @@ static void tensor_to_f64(const vks_tensor *t, float *row_buf, double *dst) {
     }
 }
 
-static void copy_model_weights(const vks_model *m, vks_ref_params *p, float *row_buf) {
-    tensor_to_f64(&m->tok_emb, row_buf, p->tok_emb);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const vks_layer_weights *s = &m->layers[l];
-        vks_ref_layer *d = &p->layers[l];
-        const vks_tensor *from[] = {&s->attn_norm, &s->wq, &s->wk, &s->wv, &s->wo,
-                                    &s->ffn_norm,  &s->w1, &s->w2, &s->w3};
-        double *to[] = {d->attn_norm, d->wq, d->wk, d->wv, d->wo, d->ffn_norm, d->w1, d->w2, d->w3};
-        for (size_t i = 0; i < sizeof to / sizeof to[0]; i++) tensor_to_f64(from[i], row_buf, to[i]);
-        if (p->has_bias) {
-            tensor_to_f64(&s->bq, row_buf, d->bq);
-            tensor_to_f64(&s->bk, row_buf, d->bk);
-            tensor_to_f64(&s->bv, row_buf, d->bv);
-        }
-    }
-    tensor_to_f64(&m->final_norm, row_buf, p->final_norm);
-    if (!m->cfg.shared_classifier) tensor_to_f64(&m->classifier, row_buf, p->classifier);
+/* Every tensor p lists, from the model tensor of the same schema entry. */
+static int copy_model_weights(const vks_model *m, vks_ref_params *p, float *row_buf) {
+    vks_schema_item *items = NULL;
+    int n = 0, rc = vks_schema_list_alloc(&m->cfg, p->has_bias, &items, &n);
+    for (int i = 0; i < n && rc == VKS_OK; i++) tensor_to_f64(vks_model_slot_const(m, &items[i]), row_buf, p->tensors[i].data);
+    free(items);
+    return rc;
 }
 
 int vks_ref_params_from_model(const vks_model *m, vks_ref_params **out) {
@@ -131,18 +106,20 @@ int vks_ref_params_from_model(const vks_model *m, vks_ref_params **out) {
     *out = NULL;
     int rc = vks_model_check_tensors(m, "vks_ref_params_from_model");
     if (rc != VKS_OK) return rc;
-    bool has_bias = m->cfg.n_layers > 0 && m->layers[0].bq.data;
-    for (int l = 0; l < m->cfg.n_layers; l++)
-        if ((m->layers[l].bq.data != NULL) != has_bias)
-            return vks_set_error(VKS_ERR_ARG, "vks_ref_params_from_model: only some layers have q/k/v biases");
+    bool has_bias = vks_model_has_bias(m); /* the same in every layer: vks_model_check_tensors */
     const vks_model_config *c = &m->cfg;
-    int widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    int64_t widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    if (vks_schema_extent(c, VKS_EXT_Q) > widest) widest = vks_schema_extent(c, VKS_EXT_Q);
     float *row_buf = malloc((size_t)widest * sizeof *row_buf);
     if (!row_buf) return vks_set_error(VKS_ERR_NOMEM, "vks_ref_params_from_model: out of memory");
     vks_ref_params *p = NULL;
     rc = vks_ref_params_create(c, has_bias, &p);
-    if (rc == VKS_OK) copy_model_weights(m, p, row_buf);
+    if (rc == VKS_OK) rc = copy_model_weights(m, p, row_buf);
     free(row_buf);
+    if (rc != VKS_OK) {
+        vks_ref_params_free(p);
+        return rc;
+    }
     *out = p;
     return rc;
 }
@@ -157,6 +134,7 @@ typedef struct {
     uint32_t *start;   /* [n] first row of its sequence */
     uint32_t *target;  /* [n] next token, 0 where none */
     bool *has_target;  /* [n] */
+    double *freqs;     /* RoPE frequencies [head_dim/2] */
 } batch_rows;
 
 static void batch_rows_free(batch_rows *r) {
@@ -165,6 +143,7 @@ static void batch_rows_free(batch_rows *r) {
     free(r->start);
     free(r->target);
     free(r->has_target);
+    free(r->freqs);
 }
 
 static int check_batch(const vks_model_config *c, const vks_ref_batch *b) {
@@ -203,7 +182,8 @@ static int batch_rows_make(const vks_model_config *c, const vks_ref_batch *b, ba
     r->start = malloc(n * sizeof *r->start);
     r->target = malloc(n * sizeof *r->target);
     r->has_target = malloc(n * sizeof *r->has_target);
-    if (!r->tokens || !r->pos || !r->start || !r->target || !r->has_target) {
+    r->freqs = malloc((size_t)(c->head_dim / 2 + 1) * sizeof *r->freqs);
+    if (!r->freqs || !r->tokens || !r->pos || !r->start || !r->target || !r->has_target) {
         batch_rows_free(r);
         return vks_set_error(VKS_ERR_NOMEM, "vks_ref_train: out of memory for %d rows", b->n_tokens);
     }
@@ -220,6 +200,7 @@ static int batch_rows_make(const vks_model_config *c, const vks_ref_batch *b, ba
         }
         t0 += len;
     }
+    vks_rope_freqs(c, r->freqs);
     return VKS_OK;
 }
 
@@ -228,7 +209,8 @@ static int batch_rows_make(const vks_model_config *c, const vks_ref_batch *b, ba
 typedef struct {
     double *x_in;      /* [n, dim] residual stream entering the layer */
     double *xn1;       /* [n, dim] attention norm output */
-    double *q, *k, *v; /* [n, qdim], [n, kv] after bias and RoPE */
+    double *q, *k, *v; /* [n, qdim], [n, kv] after bias (q/k norm) and RoPE */
+    double *q_pre, *k_pre; /* with cfg.qk_norm: q and k before their per-head norm, else NULL */
     double *att_max, *att_sum; /* [n, n_heads] softmax statistics */
     double *att;       /* [n, qdim] attention output */
     double *x_mid;     /* [n, dim] stream after the attention residual */
@@ -264,6 +246,8 @@ static void lay_out_acts(vks_ref_acts *a, const vks_model_config *c, size_t n) {
         s->q = take(a, n * qdim);
         s->k = take(a, n * kv);
         s->v = take(a, n * kv);
+        s->q_pre = c->qk_norm ? take(a, n * qdim) : NULL;
+        s->k_pre = c->qk_norm ? take(a, n * kv) : NULL;
         s->att_max = take(a, n * heads);
         s->att_sum = take(a, n * heads);
         s->att = take(a, n * qdim);
@@ -322,16 +306,22 @@ static int attention_forward(const vks_ref_params *p, const vks_ref_layer *w, co
                              layer_acts *s, double *x) {
     const vks_model_config *c = &p->cfg;
     int n = rows->n, qdim = c->n_heads * c->head_dim;
-    double eps = c->norm_eps, theta = c->rope_theta;
+    double eps = c->norm_eps;
     memcpy(s->x_in, x, (size_t)n * c->dim * sizeof *x);
     int rc = vks_ref_rmsnorm_forward(x, w->attn_norm, n, c->dim, eps, s->xn1);
     if (rc == VKS_OK) rc = linear_forward(s->xn1, w->wq, w->bq, n, qdim, c->dim, s->q);
     if (rc == VKS_OK) rc = linear_forward(s->xn1, w->wk, w->bk, n, c->kv_dim, c->dim, s->k);
     if (rc == VKS_OK) rc = linear_forward(s->xn1, w->wv, w->bv, n, c->kv_dim, c->dim, s->v);
+    if (rc == VKS_OK && c->qk_norm) { /* per head, before RoPE (Qwen3) */
+        memcpy(s->q_pre, s->q, (size_t)n * qdim * sizeof *s->q);
+        memcpy(s->k_pre, s->k, (size_t)n * c->kv_dim * sizeof *s->k);
+        rc = vks_ref_rmsnorm_forward(s->q_pre, w->q_norm, n * c->n_heads, c->head_dim, eps, s->q);
+        if (rc == VKS_OK) rc = vks_ref_rmsnorm_forward(s->k_pre, w->k_norm, n * c->n_kv_heads, c->head_dim, eps, s->k);
+    }
     if (rc == VKS_OK)
-        rc = vks_ref_rope_forward(s->q, rows->pos, n, qdim, 0, c->n_heads, c->head_dim, theta, c->rope_mode);
+        rc = vks_ref_rope_forward(s->q, rows->pos, n, qdim, 0, c->n_heads, c->head_dim, rows->freqs, c->rope_mode);
     if (rc == VKS_OK)
-        rc = vks_ref_rope_forward(s->k, rows->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, theta,
+        rc = vks_ref_rope_forward(s->k, rows->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, rows->freqs,
                                   c->rope_mode);
     if (rc == VKS_OK)
         rc = vks_ref_attention_forward(s->q, s->k, s->v, rows->start, n, c->n_heads, c->n_kv_heads, c->head_dim,
@@ -403,6 +393,7 @@ typedef struct {
     double *dx;       /* [n, dim] gradient of the residual stream */
     double *dxn;      /* [n, dim] gradient of a norm's output */
     double *dq, *dk, *dv; /* [n, qdim], [n, kv] */
+    double *dq_pre, *dk_pre; /* [n, qdim], [n, kv]: through the q/k norm */
     double *datt;     /* [n, qdim] */
     double *dh1, *dh3, *dhs; /* [n, hidden] */
     double *dlogits;  /* [n, vocab] */
@@ -412,8 +403,10 @@ typedef struct {
 
 static int scratch_create(const vks_model_config *c, size_t n, grad_scratch *g) {
     size_t dim = (size_t)c->dim, qdim = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->kv_dim;
-    size_t hid = (size_t)c->hidden_dim, sizes[] = {dim, dim, qdim, kv, kv, qdim, hid, hid, hid, (size_t)c->vocab_size};
-    double **slots[] = {&g->dx, &g->dxn, &g->dq, &g->dk, &g->dv, &g->datt, &g->dh1, &g->dh3, &g->dhs, &g->dlogits};
+    size_t hid = (size_t)c->hidden_dim, sizes[] = {dim, dim, qdim, kv, kv, qdim, hid, hid, hid, (size_t)c->vocab_size,
+                                                   qdim, kv};
+    double **slots[] = {&g->dx, &g->dxn, &g->dq, &g->dk, &g->dv, &g->datt, &g->dh1, &g->dh3, &g->dhs, &g->dlogits,
+                        &g->dq_pre, &g->dk_pre};
     size_t per_row = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) per_row += sizes[i];
     g->total = per_row * n;
@@ -465,12 +458,28 @@ static int qkv_backward(const vks_ref_params *p, const vks_ref_layer *w, const l
     return rc;
 }
 
+/* dq, dk (gradients of the normed q, k) become those of q, k before the norm. */
+static int qk_norm_backward(const vks_ref_params *p, const vks_ref_layer *w, const layer_acts *s, int n,
+                            vks_ref_layer *gw, grad_scratch *g) {
+    const vks_model_config *c = &p->cfg;
+    size_t qn = (size_t)n * c->n_heads * c->head_dim, kn = (size_t)n * c->kv_dim;
+    zero(g->dq_pre, qn);
+    zero(g->dk_pre, kn);
+    int rc = vks_ref_rmsnorm_backward(s->q_pre, w->q_norm, n * c->n_heads, c->head_dim, c->norm_eps, g->dq, g->dq_pre,
+                                      gw->q_norm);
+    if (rc == VKS_OK)
+        rc = vks_ref_rmsnorm_backward(s->k_pre, w->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps, g->dk,
+                                      g->dk_pre, gw->k_norm);
+    memcpy(g->dq, g->dq_pre, qn * sizeof *g->dq);
+    memcpy(g->dk, g->dk_pre, kn * sizeof *g->dk);
+    return rc;
+}
+
 /* Turns dx (gradient of x_mid) into the gradient of the layer's input. */
 static int attention_backward(const vks_ref_params *p, const vks_ref_layer *w, const layer_acts *s,
                               const batch_rows *rows, vks_ref_layer *gw, grad_scratch *g) {
     const vks_model_config *c = &p->cfg;
     int n = rows->n, dim = c->dim, qdim = c->n_heads * c->head_dim, kv = c->kv_dim;
-    double theta = c->rope_theta;
     zero(g->datt, (size_t)n * qdim);
     zero(g->dq, (size_t)n * qdim);
     zero(g->dk, (size_t)n * kv);
@@ -481,9 +490,10 @@ static int attention_backward(const vks_ref_params *p, const vks_ref_layer *w, c
         rc = vks_ref_attention_backward(s->q, s->k, s->v, rows->start, n, c->n_heads, c->n_kv_heads, c->head_dim,
                                         s->att_max, s->att_sum, g->datt, g->dq, g->dk, g->dv);
     if (rc == VKS_OK)
-        rc = vks_ref_rope_backward(g->dq, rows->pos, n, qdim, 0, c->n_heads, c->head_dim, theta, c->rope_mode);
+        rc = vks_ref_rope_backward(g->dq, rows->pos, n, qdim, 0, c->n_heads, c->head_dim, rows->freqs, c->rope_mode);
     if (rc == VKS_OK)
-        rc = vks_ref_rope_backward(g->dk, rows->pos, n, kv, 0, c->n_kv_heads, c->head_dim, theta, c->rope_mode);
+        rc = vks_ref_rope_backward(g->dk, rows->pos, n, kv, 0, c->n_kv_heads, c->head_dim, rows->freqs, c->rope_mode);
+    if (rc == VKS_OK && c->qk_norm) rc = qk_norm_backward(p, w, s, n, gw, g);
     if (rc == VKS_OK) rc = qkv_backward(p, w, s, n, gw, g);
     if (rc == VKS_OK)
         rc = vks_ref_rmsnorm_backward(s->x_in, w->attn_norm, n, dim, c->norm_eps, g->dxn, g->dx, gw->attn_norm);

@@ -328,7 +328,7 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     if (!rc) rc = open_eval_tasks(r, res);
     vks_trainer_options to = {.max_tokens = r->max_tokens};
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
-    if (!rc) rc = vks_param_layout_create(&m->cfg, m->layers[0].bq.data != NULL, &r->layout);
+    if (!rc) rc = vks_param_layout_create(&m->cfg, vks_model_has_bias(m), &r->layout);
     if (!rc && r->ck) rc = apply_checkpoint(r);
     if (!rc) rc = vks_metrics_open(c->out, r->ck ? r->ck->state.step : -1, &r->metrics);
     return rc;

@@ -192,7 +192,7 @@ static int open_run(sft_run *s, const vks_checkpoint *ck, vks_gpu *g) {
     }
     vks_trainer_options to = {.max_tokens = max_tokens, .recompute = o->recompute};
     if (!rc) rc = vks_trainer_create(g, s->model, &to, &s->trainer);
-    if (!rc) rc = vks_param_layout_create(c, s->model->layers[0].bq.data != NULL, &s->layout);
+    if (!rc) rc = vks_param_layout_create(c, vks_model_has_bias(s->model), &s->layout);
     if (!rc && ck) rc = apply_checkpoint(s, ck);
     if (!rc) rc = vks_metrics_open(o->out_dir, ck ? ck->state.step : -1, &s->metrics);
     return rc;

@@ -64,6 +64,17 @@ done
 [ -z "$short" ] && check_same "S=3 partition 1,2,3" "$tmp/ref_greedy.jsonl" -np 3 $bin pipeline $model \
     --prompts "$tmp/prompts.txt" --temp 0 -n 48 --partition 1,2,3
 
+# every architecture (convert's --arch): Qwen3 (q/k norms, head_dim 32 on dim 64), Llama 3.1 (RoPE
+# scaling), Qwen2 (biases): two stages print what one rank prints
+for arch in qwen3:64,160,4,4,2,300,128,32 llama3:64,160,4,4,2,300,128 qwen2:64,160,4,4,2,300,128; do
+    [ -n "$short" ] && [ "${arch%%:*}" != qwen3 ] && continue
+    am="--random-model ${arch#*:} --arch ${arch%%:*}"
+    $bin generate $am --prompts "$tmp/prompts.txt" --temp 0 -n 24 > "$tmp/ref_arch.jsonl" 2>/dev/null ||
+        bad "generate ${arch%%:*}"
+    check_same "S=2 K=2 ${arch%%:*}" "$tmp/ref_arch.jsonl" -np 2 $bin pipeline $am --prompts "$tmp/prompts.txt" \
+        --temp 0 -n 24 --micro-batches 2 --chunk 16
+done
+
 # rollouts: the last stage's TOPLOC proofs make the same file as one rank's (but for the
 # stage commitments, the last field of each record: one per stage that hands on), and it verifies
 samp="--temp 0.9 --top-p 0.9 --seed 11"
