@@ -1241,6 +1241,22 @@ static void test_train_plan(void **state) {
     assert_int_equal(json_integer_value(json_object_get(o, "trainable")), 41943040);
     json_decref(o);
     free(out);
+    /* --arch: Qwen3-0.6B's shape (head_dim 128 on 16 heads of a 1024 hidden size; its tied
+     * classifier counted untied here) has its 596,049,920 parameters plus the second
+     * embedding; qwen2's q/k/v biases and llama's neither */
+    const struct { const char *arch; long long params; } arch[] = {
+        {"qwen3", 596049920ll + 155582464ll}, {"qwen2", 751625216ll + 114688}, {"llama3", 751625216ll}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s train plan --random-model 1024,3072,28,16,8,151936,4096,128 --arch %s", tu_bin(),
+                 arch[i].arch);
+        assert_int_equal(tu_run(cmd, &out), 0);
+        o = json_loads(last_line(out), JSON_REJECT_DUPLICATES, NULL);
+        assert_non_null(o);
+        if (json_integer_value(json_object_get(o, "params")) != arch[i].params)
+            fail_msg("%s: %s", arch[i].arch, last_line(out));
+        json_decref(o);
+        free(out);
+    }
     const char *model = tu_shared_path("stories260K/stories260K.bin");
     if (model) {
         snprintf(cmd, sizeof cmd, "%s train plan --model %s --lora-rank 4 --type q8_0 2>/dev/null", tu_bin(), model);
@@ -1256,6 +1272,8 @@ static void test_train_plan(void **state) {
         {"--random-model 64,128,2,4,4,100 --tokens 0", "--tokens"},
         {"--lora-rank 4", "give one of --model and --random-model"},
         {"--random-model 64,128,2,4", "--random-model: '64,128,2,4' is not"},
+        {"--random-model 64,128,2,4,4,100 --arch mistral", "architecture 'mistral' is not llama, llama3, qwen2 or qwen3"},
+        {"--arch qwen3 --lora-rank 4", "give one of --model and --random-model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "%s train plan %s 2>&1 >/dev/null", tu_bin(), bad[i].args);

@@ -9,8 +9,8 @@
 #include "vkswarm/vks_train.h"
 
 static const char plan_usage[] =
-    "usage: vkswarm train plan (--model M | --random-model dim,hidden,layers,heads,kv_heads,vocab[,seq] [--type T])\n"
-    "                          [--lora-rank R] [--tokens N] [--recompute]\n"
+    "usage: vkswarm train plan (--model M | --random-model dim,hidden,layers,heads,kv_heads,vocab[,seq[,head_dim]]\n"
+    "                          [--arch llama|llama3|qwen2|qwen3]) [--type T] [--lora-rank R] [--tokens N] [--recompute]\n"
     "The device memory a training run needs, computed without a device: base weights, adapter, gradients,\n"
     "optimizer (AdamW's two f32 moments), activations, logits and scratch, as the trainer allocates them\n"
     "for micro-batches of N tokens (default: the model's context, at most 16384). --lora-rank R > 0:\n"
@@ -30,7 +30,7 @@ typedef struct {
 static void parse_plan(int argc, char **argv, plan_args *a) {
     static const struct option opts[] = {
         {"model", required_argument, 0, 0}, {"random-model", required_argument, 0, 0},
-        {"type", required_argument, 0, 0}, {"lora-rank", required_argument, 0, 0},
+        {"arch", required_argument, 0, 0}, {"type", required_argument, 0, 0}, {"lora-rank", required_argument, 0, 0},
         {"tokens", required_argument, 0, 0}, {"recompute", no_argument, 0, 0}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c, idx;
@@ -39,6 +39,7 @@ static void parse_plan(int argc, char **argv, plan_args *a) {
         const char *name = opts[idx].name;
         if (!strcmp(name, "model")) a->m.model_path = optarg;
         else if (!strcmp(name, "random-model")) a->m.random_spec = optarg;
+        else if (!strcmp(name, "arch")) a->m.random_arch = optarg;
         else if (!strcmp(name, "type")) a->type = optarg;
         else if (!strcmp(name, "lora-rank")) a->o.lora_rank = (int)cli_parse_long("--lora-rank", optarg, 0, 1 << 20);
         else if (!strcmp(name, "tokens"))
@@ -88,9 +89,13 @@ int cmd_train_plan(int argc, char **argv) {
     plan_args a = {.m.device = -1};
     parse_plan(argc, argv, &a);
     vks_model shape = {0}, *m = &shape, *loaded = NULL;
-    if (a.m.random_arch) /* the architecture's extras are set where its weights are made (vks_model_random_arch) */
-        cli_die(EXIT_BAD_INPUT, "train plan: --arch is not taken yet (a --random-model shape is llama's)");
-    if (a.m.random_spec) cli_parse_random_spec(a.m.random_spec, NULL, &shape.cfg); /* shapes only: no weights made */
+    if (a.m.random_arch && !a.m.random_spec) cli_die(EXIT_BAD_INPUT, "--arch goes with --random-model");
+    if (a.m.random_spec) { /* shapes only: no weights made */
+        cli_parse_random_spec(a.m.random_spec, a.m.random_arch, &shape.cfg);
+        const char *arch = a.m.random_arch ? a.m.random_arch : "llama";
+        if (vks_model_arch_config(&shape.cfg, arch, NULL)) cli_die(EXIT_BAD_INPUT, "--arch: %s", vks_last_error());
+        snprintf(shape.arch, sizeof shape.arch, "%s", strcmp(arch, "llama3") ? arch : "llama");
+    }
     else m = loaded = cli_load_model(&a.m);
     const char *base_type = a.type ? a.type : "f32";
     if (!a.type && a.o.lora_rank && loaded && vks_engine_keeps_file_types(loaded))

@@ -187,6 +187,10 @@ int vks_model_random(const vks_model_config *cfg, uint64_t seed, vks_model **out
  * "qwen3" (per-head q/k norms, theta 1e6). cfg.head_dim 0 means dim /
  * n_heads; kv_dim is derived. Unknown names: VKS_ERR_ARG naming them. */
 int vks_model_random_arch(const vks_model_config *cfg, const char *arch, uint64_t seed, vks_model **out);
+/* The configuration fields an architecture of vks_model_random_arch sets
+ * (RoPE mode, theta when 0, scaling, q/k norm, head_dim when 0, kv_dim), for
+ * shapes without weights (train plan); *has_bias (may be NULL): q/k/v biases. */
+int vks_model_arch_config(vks_model_config *c, const char *arch, bool *has_bias);
 /* A model of cfg (checked) with zeroed f32 weights it owns and may write
  * (q/k/v biases when has_bias): what a trainer fills with its weights. */
 int vks_model_create_f32(const vks_model_config *cfg, bool has_bias, vks_model **out);

@@ -65,7 +65,9 @@ int vks_train_plan_make(const vks_model *m, const vks_train_plan_options *o, vks
     if (o->lora_rank > 0 && (rc = vks_lora_check(c, o->lora_rank, targets, "train plan"))) return rc;
     if (o->lora_rank > 0 && o->keep_file_dtype && !m->layers)
         return vks_set_error(VKS_ERR_ARG, "train plan: file types need a model's tensors");
-    bool lora = o->lora_rank > 0, has_bias = m->layers && m->layers[0].bq.data;
+    const vks_arch *arch = vks_arch_find(m->arch);
+    /* a shape without weights (train plan --random-model): its architecture says */
+    bool lora = o->lora_rank > 0, has_bias = m->layers ? m->layers[0].bq.data != NULL : arch && arch->bias;
     vks_train_plan p = {.params = model_params(c, has_bias)};
     p.trainable = lora ? vks_lora_param_count(c, o->lora_rank, targets) : p.params;
     uint64_t tr = (uint64_t)p.trainable;

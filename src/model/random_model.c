@@ -119,22 +119,32 @@ static int add_random_biases(vks_model *m, uint64_t seed) {
     return rc;
 }
 
+int vks_model_arch_config(vks_model_config *c, const char *arch, bool *has_bias) {
+    if (!c || !arch) return vks_set_error(VKS_ERR_ARG, "vks_model_arch_config: NULL argument");
+    bool llama3 = !strcmp(arch, "llama3"), qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3");
+    if (!llama3 && !qwen2 && !qwen3 && strcmp(arch, "llama"))
+        return vks_set_error(VKS_ERR_ARG, "random model: architecture '%.40s' is not llama, llama3, qwen2 or qwen3", arch);
+    if (c->head_dim == 0 && c->n_heads > 0) c->head_dim = c->dim / c->n_heads;
+    c->kv_dim = c->head_dim * c->n_kv_heads;
+    c->rope_mode = qwen2 || qwen3 ? VKS_ROPE_HALF : VKS_ROPE_ADJACENT;
+    c->qk_norm = qwen3;
+    if (c->rope_theta == 0.0f) c->rope_theta = llama3 ? 500000.0f : qwen2 || qwen3 ? 1000000.0f : 10000.0f;
+    if (llama3) c->rope_scaling = (vks_rope_scaling){VKS_ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192};
+    if (has_bias) *has_bias = qwen2;
+    return VKS_OK;
+}
+
 int vks_model_random_arch(const vks_model_config *cfg, const char *arch, uint64_t seed, vks_model **out) {
     if (!cfg || !arch || !out) return vks_set_error(VKS_ERR_ARG, "vks_model_random_arch: NULL argument");
     *out = NULL;
     vks_model_config c = *cfg;
-    bool llama3 = !strcmp(arch, "llama3"), qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3");
-    if (!llama3 && !qwen2 && !qwen3 && strcmp(arch, "llama"))
-        return vks_set_error(VKS_ERR_ARG, "random model: architecture '%.40s' is not llama, llama3, qwen2 or qwen3", arch);
-    if (c.head_dim == 0 && c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
-    c.kv_dim = 0;
-    c.rope_mode = qwen2 || qwen3 ? VKS_ROPE_HALF : VKS_ROPE_ADJACENT;
-    c.qk_norm = qwen3;
-    if (c.rope_theta == 0.0f) c.rope_theta = llama3 ? 500000.0f : qwen2 || qwen3 ? 1000000.0f : 10000.0f;
-    if (llama3) c.rope_scaling = (vks_rope_scaling){VKS_ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192};
-    int rc = vks_model_random(&c, seed, out);
-    if (rc == VKS_OK && qwen2) rc = add_random_biases(*out, seed);
-    if (rc == VKS_OK) snprintf((*out)->arch, sizeof (*out)->arch, "%s", llama3 ? "llama" : arch);
+    bool has_bias = false;
+    int rc = vks_model_arch_config(&c, arch, &has_bias);
+    if (rc) return rc;
+    c.kv_dim = 0; /* derived by vks_model_random */
+    rc = vks_model_random(&c, seed, out);
+    if (rc == VKS_OK && has_bias) rc = add_random_biases(*out, seed);
+    if (rc == VKS_OK) snprintf((*out)->arch, sizeof (*out)->arch, "%s", strcmp(arch, "llama3") ? arch : "llama");
     if (rc != VKS_OK) {
         vks_model_free(*out);
         *out = NULL;
