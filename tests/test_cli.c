@@ -531,13 +531,6 @@ static void test_option_errors_one_line(void **state) {
     }
 }
 
-static void write_text_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* Messages that used to mislead (issue 9, item 19). */
 static void test_messages_say_what_happened(void **state) {
     (void)state;
@@ -565,12 +558,12 @@ static void test_messages_say_what_happened(void **state) {
     char *line = malloc(mib + 3);
     memset(line, ' ', mib);
     strcpy(line + mib, "\n");
-    write_text_file(path, line);
+    write_text(path, line);
     snprintf(args, sizeof args, "generate %s --prompts %s -n 2 --seed 1", rnd, path);
     if (run_capture(args, &out, &err) != 0) fail_msg("1 MiB prompt line: '%s'", err);
     free(out), free(err);
     strcpy(line + mib, " \n");
-    write_text_file(path, line);
+    write_text(path, line);
     assert_int_equal(run_capture(args, &out, &err), 2);
     assert_non_null(strstr(err, "longer than 1048576 bytes"));
     free(out), free(err), free(line);
@@ -578,7 +571,7 @@ static void test_messages_say_what_happened(void **state) {
     const char *tok = tu_shared_path("stories260K/tok512.bin");
     if (!tok) return;
     snprintf(path, sizeof path, "%s/ids.txt", dir);
-    write_text_file(path, "1 2 x\n");
+    write_text(path, "1 2 x\n");
     snprintf(args, sizeof args, "detokenize --tokenizer %s --vocab-size 512 < %s", tok, path);
     assert_int_equal(run_capture(args, &out, &err), 2);
     if (*out || !strstr(err, "'x'") || !one_clean_line(err)) fail_msg("detokenize '1 2 x': '%s' '%s'", out, err);
@@ -792,7 +785,7 @@ static void test_prompts_json_invalid_utf8(void **state) {
     snprintf(model_s, sizeof model_s, "%s", model);
     snprintf(tok_s, sizeof tok_s, "%s", tu_shared_path("stories260K/tok512.bin"));
     snprintf(path, sizeof path, "%s/bad-utf8.txt", tu_tmpdir());
-    write_text_file(path, "Once \xff\xfe upon \xc3\x28 a \xe2\x80\xa8 time \x1b[2J\n");
+    write_text(path, "Once \xff\xfe upon \xc3\x28 a \xe2\x80\xa8 time \x1b[2J\n");
     snprintf(args, sizeof args, "generate --model %s --tokenizer %s --prompts %s --temp 0 -n 40", model_s, tok_s, path);
     assert_int_equal(run_capture(args, &out, &err), 0);
     if (!valid_utf8(out, strlen(out))) fail_msg("not UTF-8: '%s'", out);
@@ -886,7 +879,7 @@ static void check_tiny_generates(const char *dir, const char *model) {
     free(out), free(err);
     char prompts[1024];
     snprintf(prompts, sizeof prompts, "%s/tiny-prompts.txt", dir);
-    write_text_file(prompts, "ab\n\xc3\xa9\n");
+    write_text(prompts, "ab\n\xc3\xa9\n");
     snprintf(args, sizeof args, "generate --model %s --prompts %s -n 24 --temp 1 --seed 9", model, prompts);
     rc = run_capture(args, &out, &err);
     if (rc || !strstr(out, "\"ids\":[256,97,98,") || !strstr(out, "\"ids\":[256,195,169,"))
@@ -929,7 +922,7 @@ static void test_init_tiny(void **state) {
     }
     /* Both checkpoints carry the tokenizer, run, and give the same logits. */
     snprintf(p, sizeof p, "%s/tiny-ids.txt", dir);
-    write_text_file(p, "256 72 105 255 10\n");
+    write_text(p, "256 72 105 255 10\n");
     float *ref = NULL;
     const char *models[] = {"t.gguf", "hf"};
     for (int i = 0; i < 2; i++) {
@@ -1325,7 +1318,7 @@ static void test_train_out_dir(void **state) {
     snprintf(p, sizeof p, "%s/u/step-000000001", dir);
     assert_int_equal(tu_run(strcat(strcpy(args, "mkdir -p "), p), NULL), 0);
     strcat(p, "/model.safetensors");
-    write_text_file(p, "mine");
+    write_text(p, "mine");
     snprintf(args, sizeof args, "%s %s --steps 1 --out %s/u", base, data, dir);
     assert_int_equal(run_capture(args, &out, &err), 2);
     expect_in(last_line(err), "u: holds step-000000001 from an earlier run");
@@ -1428,11 +1421,8 @@ static void test_tasks_eval(void **state) {
         free(out);
     }
     snprintf(path, sizeof path, "%s/user.jsonl", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"prompt\": \"2+2?\", \"answer\": \"4\", \"task_type\": \"numeric\"}\n\n"
-          "{\"prompt\": \"Make 8\",  \"task_type\": \"countdown\", \"numbers\": [2, 10], \"target\": 8}\n", f);
-    fclose(f);
+    write_text(path, "{\"prompt\": \"2+2?\", \"answer\": \"4\", \"task_type\": \"numeric\"}\n\n"
+                     "{\"prompt\": \"Make 8\",  \"task_type\": \"countdown\", \"numbers\": [2, 10], \"target\": 8}\n");
     snprintf(cmd, sizeof cmd, "%s tasks filter --model %s/rt/step-000000001 --tasks %s --samples 2 --max-new 6 --min 0 "
              "--max 0 --out %s/kept.jsonl 2>/dev/null", tu_bin(), dir, path, dir);
     assert_int_equal(tu_run(cmd, &out), 0);
@@ -1446,7 +1436,7 @@ static void test_tasks_eval(void **state) {
     assert_string_equal(data, "{\"prompt\": \"2+2?\", \"answer\": \"4\", \"task_type\": \"numeric\"}\n"
                               "{\"prompt\": \"Make 8\",  \"task_type\": \"countdown\", \"numbers\": [2, 10], \"target\": 8}\n");
     free(data);
-    f = fopen(path, "a");
+    FILE *f = fopen(path, "a");
     fputs("{\"prompt\": \"x\", \"answer\": \"4\"}\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s tasks filter --model %s/rt/step-000000001 --tasks %s --out %s/kept2.jsonl 2>&1",
