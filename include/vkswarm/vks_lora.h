@@ -41,4 +41,56 @@ double vks_lora_scale(double alpha, int rank);
 int vks_lora_init(float *A, float *B, int rank, int64_t in, int64_t out, uint64_t seed, uint32_t stream);
 /* The Philox stream of layer l's target t: l * VKS_LORA_TARGET_COUNT + t. */
 uint32_t vks_lora_stream(int layer, vks_lora_target t);
+
+/* ---- Adapters as data (declared in session 14; implemented in src/model/lora*.c) ----
+ * One adapter for a whole model: its settings and, for every layer and every
+ * target in the mask, A [rank, in] and B [out, rank] as f32 on the host. */
+#define VKS_LORA_DEFAULT_ALPHA 32.0 /* "LoRA Without Regret": alpha 32 whatever the rank */
+
+typedef struct {
+    int rank;         /* 1 .. the smaller side of every targeted matrix */
+    double alpha;     /* scale = alpha / rank; finite, > 0 */
+    uint32_t targets; /* bit t = vks_lora_target t */
+} vks_lora_config;
+
+typedef struct vks_lora_adapter vks_lora_adapter;
+
+/* Parses a target list: comma-separated short names (q,k,v,o,gate,up,down),
+ * PEFT module names (q_proj, ..., down_proj) or "all"; VKS_ERR_ARG naming
+ * `what` and the unknown name otherwise. */
+int vks_lora_parse_targets(const char *s, uint32_t *targets, const char *what);
+
+/* A zeroed adapter for a model of config c (vks_lora_check first); the base
+ * hash is unset until vks_lora_adapter_set_base. */
+int vks_lora_adapter_create(const vks_model_config *c, const vks_lora_config *lc, vks_lora_adapter **out);
+void vks_lora_adapter_free(vks_lora_adapter *a);
+/* PEFT's initialisation of every matrix (vks_lora_init with vks_lora_stream). */
+int vks_lora_adapter_init(vks_lora_adapter *a, uint64_t seed);
+const vks_lora_config *vks_lora_adapter_config(const vks_lora_adapter *a);
+int vks_lora_adapter_n_layers(const vks_lora_adapter *a);
+/* Layer l's A [rank, in] / B [out, rank] of target t; NULL when t is not targeted or l is out of range. */
+float *vks_lora_adapter_A(const vks_lora_adapter *a, int layer, vks_lora_target t);
+float *vks_lora_adapter_B(const vks_lora_adapter *a, int layer, vks_lora_target t);
+/* Records the base model's identity (vks_model_hash) in the adapter. */
+int vks_lora_adapter_set_base(vks_lora_adapter *a, const vks_model *base);
+
+/* Identity of an adapter: BLAKE2b-256 over its config and every matrix. */
+int vks_lora_adapter_hash(const vks_lora_adapter *a, uint8_t out[32]);
+/* Identity of base + adapter, the model hash proofs and rollouts carry:
+ * the base's vks_model_hash when a is NULL, else BLAKE2b-256 over a domain
+ * tag, the base hash and the adapter hash. */
+int vks_lora_model_hash(const vks_model *base, const vks_lora_adapter *a, uint8_t out[32]);
+
+/* PEFT's layout in directory dir: adapter_model.safetensors (tensor names
+ * base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight, ...) and
+ * adapter_config.json (r, lora_alpha, target_modules, peft_type "LORA", and
+ * the base model's hash), written through vks_outfile. */
+int vks_lora_save_peft(const char *dir, const vks_lora_adapter *a);
+/* llama.cpp's GGUF LoRA adapter (general.type = adapter, adapter.type = lora,
+ * adapter.lora.alpha; tensors blk.N.attn_q.weight.lora_a/.lora_b). */
+int vks_lora_save_gguf(const char *path, const vks_lora_adapter *a);
+/* Loads a PEFT directory or a GGUF LoRA file for the base model `base`:
+ * every tensor's shape against the base, the base hash where the file names
+ * one, rank, targets, finite values; VKS_ERR_FORMAT naming file and tensor. */
+int vks_lora_load(const char *path, const vks_model *base, vks_lora_adapter **out);
 #endif
