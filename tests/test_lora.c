@@ -197,6 +197,13 @@ static void test_peft_round_trip(void **state) {
         }
         vks_st_close(f);
         vks_lora_adapter_free(b);
+        /* a caller's hash of the base stands for the base's */
+        uint8_t zero[32] = {0};
+        assert_int_equal(vks_lora_load_hashed(dir, bases[i], zero, &b), VKS_ERR_FORMAT);
+        assert_non_null(strstr(vks_last_error(), "the adapter was made for base model"));
+        assert_int_equal(vks_lora_load_hashed(dir, bases[i], vks_lora_adapter_base_hash(a), &b), VKS_OK);
+        vks_lora_adapter_free(b);
+        b = NULL;
         /* the file names its base's hash: the same weights in the other q/k order are another base */
         assert_int_equal(vks_lora_load(dir, bases[1 - i], &b), VKS_ERR_FORMAT);
         assert_null(b);
@@ -653,6 +660,34 @@ static void test_merge(void **state) {
                     assert_true(weight_at(m, l, idx, r, i) == (float)want);
                 }
         }
+    /* a quantized base (q8_0 GGUF, adjacent q/k rows): W is its decoded values */
+    char qpath[512];
+    tmp_path("base_q8.gguf", qpath, sizeof qpath);
+    vks_model_save_options qo = {.dtype = VKS_DTYPE_Q8_0};
+    assert_int_equal(vks_model_save_gguf(base, qpath, &qo), VKS_OK);
+    vks_model *q = NULL, *qm = NULL;
+    assert_int_equal(vks_model_load_gguf(qpath, &q), VKS_OK);
+    assert_int_equal(vks_model_load_gguf(qpath, &qm), VKS_OK);
+    assert_int_equal(q->layers[0].wq.dtype, VKS_DTYPE_Q8_0);
+    vks_lora_adapter *qa = random_adapter(q, 2, 4.0, (1u << VKS_LORA_Q) | (1u << VKS_LORA_DOWN), 12);
+    assert_int_equal(vks_lora_merge(qm, qa), VKS_OK);
+    for (int l = 0; l < 4; l++)
+        for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
+            int64_t out, in;
+            vks_lora_target_shape(&q->cfg, (vks_lora_target)t, &out, &in);
+            const float *A = vks_lora_adapter_A(qa, l, t), *B = vks_lora_adapter_B(qa, l, t);
+            int idx = vks_lora_target_tensor((vks_lora_target)t);
+            assert_int_equal(qm->layers[l].t[idx].dtype, VKS_DTYPE_F32);
+            for (int64_t r = 0; r < out; r += 11)
+                for (int64_t i = 0; i < in; i += 13) {
+                    double d = 0;
+                    for (int k = 0; A && k < 2; k++) d += (double)B[r * 2 + k] * A[k * in + i];
+                    assert_true(weight_at(qm, l, idx, r, i) == (float)((double)weight_at(q, l, idx, r, i) + 2.0 * d));
+                }
+        }
+    vks_lora_adapter_free(qa);
+    vks_model_free(qm);
+    vks_model_free(q);
     /* a fresh adapter (B = 0) leaves every weight as it was */
     vks_lora_adapter *fresh = NULL;
     vks_lora_config lc = {4, 8.0, VKS_LORA_ALL_TARGETS};

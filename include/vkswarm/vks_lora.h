@@ -110,6 +110,11 @@ int vks_lora_save_gguf(const char *path, const vks_lora_adapter *a);
  * without adapter.lora.alpha (or 0) has scale 1 (alpha = rank), as llama.cpp.
  * The adapter records base's identity. */
 int vks_lora_load(const char *path, const vks_model *base, vks_lora_adapter **out);
+/* The same with base's vks_model_hash given (NULL: computed), for callers
+ * that load adapter after adapter onto one base (hashing an 8B base reads
+ * all of its bytes). */
+int vks_lora_load_hashed(const char *path, const vks_model *base, const uint8_t base_hash[32],
+                         vks_lora_adapter **out);
 
 /* Merges a into m: every targeted W becomes W + (alpha / rank) B A computed
  * in double from W's decoded values and rounded once to f32; all of m's

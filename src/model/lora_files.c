@@ -81,13 +81,21 @@ static int peft_dir(const char *path, char *dir, size_t cap) {
     return VKS_OK;
 }
 
-int vks_lora_load(const char *path, const vks_model *base, vks_lora_adapter **out) {
+int vks_lora_load_hashed(const char *path, const vks_model *base, const uint8_t base_hash[32],
+                         vks_lora_adapter **out) {
     if (!path || !base || !out) return vks_set_error(VKS_ERR_ARG, "vks_lora_load: NULL argument");
     *out = NULL;
     int rc = vks_model_check_tensors(base, base->path);
+    uint8_t own[32];
+    if (rc == VKS_OK && !base_hash) rc = vks_model_hash(base, own);
     if (rc) return rc;
-    if (is_gguf(path)) return vks_lora_load_gguf(path, base, out);
+    const uint8_t *hash = base_hash ? base_hash : own;
+    if (is_gguf(path)) return vks_lora_load_gguf(path, base, hash, out);
     char dir[1024];
     rc = peft_dir(path, dir, sizeof dir);
-    return rc ? rc : vks_lora_load_peft(dir, base, out);
+    return rc ? rc : vks_lora_load_peft(dir, base, hash, out);
+}
+
+int vks_lora_load(const char *path, const vks_model *base, vks_lora_adapter **out) {
+    return vks_lora_load_hashed(path, base, NULL, out);
 }

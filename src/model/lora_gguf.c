@@ -202,13 +202,11 @@ static int read_tensors(const vks_gguf *g, const char *path, vks_lora_adapter *a
     return rc;
 }
 
-int vks_lora_load_gguf(const char *path, const vks_model *base, vks_lora_adapter **out) {
+int vks_lora_load_gguf(const char *path, const vks_model *base, const uint8_t hash[32], vks_lora_adapter **out) {
     vks_gguf *g = NULL;
     int rc = vks_gguf_open(path, &g);
-    uint8_t hash[32];
     vks_lora_config lc = {0};
     vks_lora_adapter *a = NULL;
-    if (rc == VKS_OK) rc = vks_model_hash(base, hash);
     if (rc == VKS_OK) rc = read_header(g, path, base, hash, &lc);
     if (rc == VKS_OK) rc = vks_lora_create_for(path, base, &lc, &a);
     if (rc == VKS_OK) rc = read_tensors(g, path, a, base->arch);

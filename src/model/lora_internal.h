@@ -25,7 +25,7 @@ void vks_lora_gguf_name(int layer, vks_lora_target t, char which, char *buf, siz
 /* A config and the adapter it makes for base: rank and targets checked
  * against the base's shapes; errors VKS_ERR_FORMAT naming file. */
 int vks_lora_create_for(const char *file, const vks_model *base, const vks_lora_config *lc, vks_lora_adapter **out);
-/* The readers behind vks_lora_load. */
-int vks_lora_load_peft(const char *dir, const vks_model *base, vks_lora_adapter **out);
-int vks_lora_load_gguf(const char *path, const vks_model *base, vks_lora_adapter **out);
+/* The readers behind vks_lora_load; hash is base's vks_model_hash. */
+int vks_lora_load_peft(const char *dir, const vks_model *base, const uint8_t hash[32], vks_lora_adapter **out);
+int vks_lora_load_gguf(const char *path, const vks_model *base, const uint8_t hash[32], vks_lora_adapter **out);
 #endif

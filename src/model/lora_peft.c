@@ -270,6 +270,9 @@ static int bind_matrix(const char *file, const vks_st_file *f, const char *name,
         return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s has shape [%lld, %lld]; r and the base need [%lld, %lld]",
                              file, name, (long long)t->shape[0], (long long)t->shape[1], (long long)rows,
                              (long long)cols);
+    if (t->dtype == VKS_DTYPE_COUNT)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s has dtype %s, not F32, F16 or BF16", file, name,
+                             t->dtype_name);
     *out = t;
     return VKS_OK;
 }
@@ -346,14 +349,12 @@ static int check_hash(const char *path, const peft_config *pc, const vks_model *
                          "not %s (%.16s...)", path, want, base->path, have);
 }
 
-int vks_lora_load_peft(const char *dir, const vks_model *base, vks_lora_adapter **out) {
+int vks_lora_load_peft(const char *dir, const vks_model *base, const uint8_t hash[32], vks_lora_adapter **out) {
     char cfg_path[1100], st_path[1100];
     int rc = join(cfg_path, sizeof cfg_path, dir, CONFIG_FILE);
     if (rc == VKS_OK) rc = join(st_path, sizeof st_path, dir, WEIGHTS_FILE);
     peft_config pc = {0};
-    uint8_t hash[32];
     if (rc == VKS_OK) rc = read_config(cfg_path, &pc);
-    if (rc == VKS_OK) rc = vks_model_hash(base, hash);
     if (rc == VKS_OK) rc = check_hash(cfg_path, &pc, base, hash);
     vks_lora_adapter *a = NULL;
     if (rc == VKS_OK) rc = vks_lora_create_for(cfg_path, base, &pc.lc, &a);
