@@ -495,6 +495,16 @@ static void test_peft_refused(void **state) {
 
 static void test_gguf_round_trip(void **state) {
     (void)state;
+    /* GGUF names the base's architecture: an adapter whose base is unset is refused */
+    vks_model *tiny = load_base(false);
+    vks_lora_config lc = {2, 4.0, 1u << VKS_LORA_V};
+    vks_lora_adapter *unset = NULL;
+    char upath[512];
+    assert_int_equal(vks_lora_adapter_create(&tiny->cfg, &lc, &unset), VKS_OK);
+    assert_int_equal(vks_lora_save_gguf(tmp_path("unset.gguf", upath, sizeof upath), unset), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "set the base first"));
+    vks_lora_adapter_free(unset);
+    vks_model_free(tiny);
     for (int adj = 0; adj < 2; adj++) {
         vks_model *base = load_base(adj);
         vks_lora_adapter *a = random_adapter(base, 4, 8.0, VKS_LORA_ALL_TARGETS, 9), *g = NULL, *p = NULL;
