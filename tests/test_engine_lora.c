@@ -13,6 +13,7 @@
 #include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref_forward.h"
+#include "vkswarm/vks_toploc.h"
 
 static vks_gpu *gpu;
 
@@ -330,11 +331,123 @@ static void test_batch_invariance_with_adapter(void **state) {
     assert_no_validation_messages();
 }
 
+static void to_writer(void *user, const vks_step *st, const vks_seq_state *seqs, const float *hidden,
+                      const int32_t *sampled) {
+    (void)sampled;
+    vks_rollout_writer_on_hidden(user, st, seqs, hidden);
+}
+
+/* Rollouts of N prompts generated with adapter `gen` on the engine, the file
+ * naming the model by base + `named` (an honest worker: named = gen). */
+static void make_rollouts(vks_model *m, const vks_lora_adapter *gen, const vks_lora_adapter *named, const char *path,
+                          vks_rollout_file *rf) {
+    enum { N = 4, STEPS = 20 };
+    vks_engine_options o = {.n_slots = N, .kv_len = STEPS, .max_rows = 64, .max_out_rows = N, .f32_math = true};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    assert_int_equal(vks_engine_set_lora(e, gen), VKS_OK);
+    vks_generate_options g = {.sched = {.steps = STEPS, .temperature = 1.0f, .top_p = 0.9f, .seed = 11,
+                                        .stop_token_a = -1, .stop_token_b = -1},
+                              .on_hidden = to_writer};
+    vks_rollout_writer *w;
+    if (vks_rollout_writer_create(path, m, named, "lora test", &g.sched, N, true, &w)) fail_msg("%s", vks_last_error());
+    g.user = w;
+    vks_sequence s[N] = {{0}};
+    for (int i = 0; i < N; i++) {
+        s[i].n_prompt = 3 + i;
+        s[i].ids = malloc(sizeof(int32_t) * 8);
+        for (int k = 0; k < s[i].n_prompt; k++) s[i].ids[k] = (i * 13 + k * 5 + 1) % 97;
+    }
+    assert_int_equal(vks_generate(e, &g, s, N, 0), VKS_OK);
+    if (vks_rollout_writer_finish(w, s, N, 0)) fail_msg("%s", vks_last_error());
+    vks_rollout_writer_destroy(w);
+    for (int i = 0; i < N; i++) vks_sequence_free(&s[i]);
+    vks_engine_destroy(e);
+    if (vks_rollout_read(path, rf)) fail_msg("%s", vks_last_error());
+}
+
+/* The verdicts of every sample of rf by a verifier holding base m with
+ * adapter `with` (GPU engine, fast CPU forward and float64 reference);
+ * returns how many each accepted, and the first rejection's reason. */
+static void verify_with(vks_model *m, const vks_lora_adapter *with, const vks_rollout_file *rf, int accepted[3],
+                        char reason[256]) {
+    vks_verify_options vo;
+    vks_verify_options_default(&vo);
+    assert_int_equal(vks_lora_model_hash(m, with, vo.model_hash), VKS_OK);
+    memcpy(vo.stop_ids, rf->header.stop_ids, sizeof vo.stop_ids);
+    vo.n_stop = rf->header.n_stop;
+    vo.lora = with;
+    vks_verdict v[8];
+    int n = rf->n_samples;
+    assert_true(n <= 8);
+    reason[0] = 0;
+    for (int path = 0; path < 3; path++) {
+        if (path == 0) {
+            vks_engine_options o = {.n_slots = n, .kv_len = 1, .max_rows = 128, .max_out_rows = 128, .f32_math = true};
+            vks_engine *e;
+            assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+            assert_int_equal(vks_engine_set_lora(e, with), VKS_OK);
+            assert_int_equal(vks_verify_batch(e, &vo, rf->samples, n, v), VKS_OK);
+            vks_engine_destroy(e);
+        } else {
+            vo.cpu_reference = path == 2;
+            assert_int_equal(vks_verify_batch_cpu(m, &vo, rf->samples, n, v), VKS_OK);
+        }
+        accepted[path] = 0;
+        for (int i = 0; i < n; i++) {
+            accepted[path] += v[i].accepted;
+            if (!v[i].accepted && !reason[0]) snprintf(reason, 256, "%s", v[i].reason);
+        }
+    }
+}
+
+/* Rollouts made with adapter X verify with X on every path; with adapter Y,
+ * with X at twice its alpha, or with no adapter, they are rejected as another
+ * model (the file names base + X). Rollouts made with Y that claim X are
+ * rejected by their proofs or draws. */
+static void test_rollouts_name_the_adapter(void **state) {
+    (void)state;
+    vks_model *m = random_model_of(VKS_DTYPE_Q8_0);
+    vks_lora_adapter *x = adapter_for(m, 4, 16, 12, 0.05f), *y = adapter_for(m, 4, 16, 13, 0.05f);
+    vks_lora_adapter *x2 = adapter_for(m, 4, 32, 12, 0.05f); /* X's matrices, alpha doubled */
+    char path[1100], reason[256];
+    snprintf(path, sizeof path, "%s/lora-rollouts.jsonl", tu_tmpdir());
+    vks_rollout_file rf = {0};
+    make_rollouts(m, x, x, path, &rf);
+    int acc[3];
+    verify_with(m, x, &rf, acc, reason);
+    fprintf(stderr, "verified with X: %d %d %d of %d accepted %s\n", acc[0], acc[1], acc[2], rf.n_samples, reason);
+    assert_true(acc[0] == rf.n_samples && acc[1] == rf.n_samples && acc[2] == rf.n_samples);
+    const vks_lora_adapter *others[] = {y, x2, NULL};
+    for (int k = 0; k < 3; k++) {
+        uint8_t h[32];
+        assert_int_equal(vks_lora_model_hash(m, others[k], h), VKS_OK);
+        const char *problem = vks_verify_header_problem(&rf.header, h, rf.header.stop_ids, rf.header.n_stop);
+        assert_non_null(problem);
+        assert_non_null(strstr(problem, "model_hash"));
+        verify_with(m, others[k], &rf, acc, reason);
+        assert_true(acc[0] == 0 && acc[1] == 0 && acc[2] == 0);
+        assert_non_null(strstr(reason, "model hash"));
+    }
+    vks_rollout_file_free(&rf);
+    make_rollouts(m, y, x, path, &rf); /* made with Y, claiming X */
+    verify_with(m, x, &rf, acc, reason);
+    fprintf(stderr, "made with Y, claiming X: %d %d %d of %d accepted (%s)\n", acc[0], acc[1], acc[2], rf.n_samples,
+            reason);
+    assert_true(acc[0] == 0 && acc[1] == 0 && acc[2] == 0);
+    vks_rollout_file_free(&rf);
+    vks_lora_adapter_free(x);
+    vks_lora_adapter_free(x2);
+    vks_lora_adapter_free(y);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fresh_adapter_is_the_base), cmocka_unit_test(test_adapter_vs_reference),
         cmocka_unit_test(test_merged_vs_unmerged),        cmocka_unit_test(test_adapter_swaps),
-        cmocka_unit_test(test_batch_invariance_with_adapter),
+        cmocka_unit_test(test_batch_invariance_with_adapter), cmocka_unit_test(test_rollouts_name_the_adapter),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
