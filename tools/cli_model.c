@@ -73,8 +73,7 @@ static void resolve_dtype(cli_model_args *a, const vks_model *m) {
 /* The adapter of --lora for m (exit 2 with the loader's one line on bad input). */
 static vks_lora_adapter *load_lora(const char *path, const vks_model *m) {
     vks_lora_adapter *l = NULL;
-    (void)m; /* TODO(leng): vks_lora_load once branch lio (the file loader) is merged */
-    if (!l) cli_die(EXIT_BAD_INPUT, "%s: reading LoRA adapter files is not built yet", path);
+    if (vks_lora_load(path, m, &l)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     fprintf(stderr, "vkswarm: LoRA adapter %s: rank %d, alpha %g\n", path, vks_lora_adapter_config(l)->rank,
             vks_lora_adapter_config(l)->alpha);
     return l;
