@@ -78,7 +78,7 @@ static void ids_of(int32_t *ids, int n, int vocab) {
 static float *engine_logits(vks_engine *e, const vks_lora_adapter *a, const int32_t *ids, int n) {
     int V = vks_engine_config(e)->vocab_size;
     float *got = malloc(sizeof(float) * (size_t)n * (size_t)V);
-    if (vks_engine_set_lora(e, a) || vks_engine_logits(e, 0, ids, 0, n, 13, got, NULL))
+    if (vks_engine_set_lora(e, a) || vks_engine_logits(e, 0, ids, 0, n, 0, got, NULL))
         fail_msg("%s", vks_last_error());
     return got;
 }
@@ -331,6 +331,49 @@ static void test_batch_invariance_with_adapter(void **state) {
     assert_no_validation_messages();
 }
 
+/* Two stages (layers [0,1) and [1,2), as a pipeline splits them) with the
+ * adapter each holds for its own layers give the whole engine's logits bit
+ * for bit. */
+static void test_stages_hold_their_layers(void **state) {
+    (void)state;
+    vks_model *m = random_model_of(VKS_DTYPE_Q4_0);
+    vks_lora_adapter *a = adapter_for(m, 8, 16, 14, 0.05f);
+    enum { R = 9 };
+    int32_t ids[R];
+    uint32_t slot[R] = {0}, pos[R], out_rows[R];
+    ids_of(ids, R, m->cfg.vocab_size);
+    for (int i = 0; i < R; i++) pos[i] = out_rows[i] = (uint32_t)i;
+    size_t V = (size_t)m->cfg.vocab_size, D = (size_t)m->cfg.dim;
+    float *want = malloc(sizeof(float) * R * V), *got = malloc(sizeof(float) * R * V), *x = malloc(sizeof(float) * R * D);
+    vks_engine *e[3];
+    const int ranges[3][2] = {{0, 2}, {0, 1}, {1, 2}};
+    for (int k = 0; k < 3; k++) {
+        vks_engine_options o = {.layer_begin = ranges[k][0], .layer_end = ranges[k][1], .n_slots = 1, .kv_len = R,
+                                .max_rows = R};
+        if (vks_engine_create(gpu, m, &o, &e[k]) || vks_engine_set_lora(e[k], a)) fail_msg("%s", vks_last_error());
+    }
+    vks_forward_batch whole = {.n_rows = R, .matmul_kind = VKS_MATMUL_PREFILL, .tokens = ids, .slot = slot, .pos = pos,
+                               .n_out = R, .out_rows = out_rows, .logits = want};
+    vks_forward_batch first = {.n_rows = R, .matmul_kind = VKS_MATMUL_PREFILL, .tokens = ids, .slot = slot, .pos = pos,
+                               .x_out = x};
+    vks_forward_batch second = {.n_rows = R, .matmul_kind = VKS_MATMUL_PREFILL, .x_in = x, .slot = slot, .pos = pos,
+                                .n_out = R, .out_rows = out_rows, .logits = got};
+    assert_int_equal(vks_engine_forward(e[0], &whole), VKS_OK);
+    assert_int_equal(vks_engine_forward(e[1], &first), VKS_OK);
+    assert_int_equal(vks_engine_forward(e[2], &second), VKS_OK);
+    assert_memory_equal(got, want, sizeof(float) * R * V);
+    float *base = engine_logits(e[0], NULL, ids, R);
+    assert_true(rel_diff(base, want, R * V) > 1e-3);
+    free(base);
+    for (int k = 0; k < 3; k++) vks_engine_destroy(e[k]);
+    free(want);
+    free(got);
+    free(x);
+    vks_lora_adapter_free(a);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 static void to_writer(void *user, const vks_step *st, const vks_seq_state *seqs, const float *hidden,
                       const int32_t *sampled) {
     (void)sampled;
@@ -448,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_fresh_adapter_is_the_base), cmocka_unit_test(test_adapter_vs_reference),
         cmocka_unit_test(test_merged_vs_unmerged),        cmocka_unit_test(test_adapter_swaps),
         cmocka_unit_test(test_batch_invariance_with_adapter), cmocka_unit_test(test_rollouts_name_the_adapter),
+        cmocka_unit_test(test_stages_hold_their_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
