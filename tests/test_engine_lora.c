@@ -43,7 +43,7 @@ static vks_model *random_model_of(vks_dtype t) {
     vks_model_config c = {.dim = 64, .hidden_dim = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
                           .vocab_size = 97, .seq_len = 64, .head_dim = 16, .kv_dim = 32, .norm_eps = 1e-5f,
                           .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false};
-    vks_model *m, *l;
+    vks_model *m, *l = NULL;
     assert_int_equal(vks_model_random(&c, 25, &m), VKS_OK);
     char path[1100];
     snprintf(path, sizeof path, "%s/lora-base-%s.gguf", tu_tmpdir(), vks_dtype_name(t));
