@@ -51,12 +51,11 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
                                (uint32_t)cf->head_dim, cf->norm_eps)) ||
           (rc = vks_op_rmsnorm(e->ops, c, bind(a->k), bind(l->vec[VKS_T_k_norm]), bind(a->k),
                                R * (uint32_t)cf->n_kv_heads, (uint32_t)cf->head_dim, cf->norm_eps)))) ||
-        (rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R, qd, 0, (uint32_t)cf->n_heads,
-                          (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode)) ||
-        (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R, kvd, 0, (uint32_t)cf->n_kv_heads,
-                          (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode)) ||
-        (rc = vks_op_kv_store(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
-                              bind(a->pos), R, kvd, (uint32_t)e->opt.kv_len)) ||
+        /* RoPE on q in place and on k into the cache, v into the cache: one dispatch */
+        (rc = vks_op_rope_kv_store(e->ops, c, bind(a->q), bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
+                                   bind(a->slot), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R,
+                                   (uint32_t)cf->n_heads, (uint32_t)cf->n_kv_heads, (uint32_t)cf->head_dim,
+                                   (uint32_t)cf->rope_mode, (uint32_t)e->opt.kv_len)) ||
         (rc = vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot), bind(a->pos),
                                bind(a->att), R, (uint32_t)cf->n_heads, (uint32_t)cf->n_kv_heads,
                                (uint32_t)cf->head_dim, (uint32_t)e->opt.kv_len)))
