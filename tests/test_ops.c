@@ -628,6 +628,11 @@ static const op_case cases[] = {
     SAMPLE("sample top-k 50 top-p 0.7 ties", .S = 200, .V = 1000, .temperature = 0.7f, .top_k = 50,
            .top_p = 0.7f, .ties = true),
     SAMPLE("sample V32000 top-k top-p", .S = 4, .V = 32000, .temperature = 0.9f, .top_k = 100, .top_p = 0.95f),
+    /* the radix select's edges: one key kept (with its ties), all but one, digits that tie in every pass */
+    SAMPLE("sample top-k 1 ties", .S = 200, .V = 1000, .temperature = 1.0f, .top_k = 1, .ties = true),
+    SAMPLE("sample top-k 999", .S = 200, .V = 1000, .temperature = 1.0f, .top_k = 999),
+    SAMPLE("sample top-k 3 top-p 0.5 V32000 ties", .S = 8, .V = 32000, .temperature = 1.3f, .top_k = 3, .top_p = 0.5f,
+           .ties = true),
     /* more workgroups than maxComputeWorkGroupCount[0] (65535 on lavapipe): folded into y */
     SAMPLE("sample u near 1", .S = 16, .V = 64, .temperature = 1.0f, .near_one = true),
     SAMPLE("sample greedy 70000 rows", .S = 70000, .V = 3, .temperature = 0.0f, .ties = true),
