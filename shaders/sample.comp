@@ -27,6 +27,7 @@ layout(push_constant) uniform Push { uint S, V; } pc;
 shared float red_v[WG_SIZE];
 shared uint red_i[WG_SIZE];
 shared uint hist[256];
+shared vec4 red_a[WG_SIZE], red_b[WG_SIZE];
 
 // ---- workgroup reductions (all invocations call them, all get the result)
 #define TREE_REDUCE(STEP)                                                          \
@@ -43,6 +44,18 @@ float sum_f(float v) {
     barrier();
     TREE_REDUCE(red_v[t] += red_v[t + half_n])
     return red_v[0];
+}
+
+// sum_f's tree on 8 values at once, component by component (the same bits as 8 sum_f).
+void sum_f8(inout vec4 a, inout vec4 b) {
+    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
+    barrier();
+    red_a[t] = a;
+    red_b[t] = b;
+    barrier();
+    TREE_REDUCE(red_a[t] += red_a[t + half_n]; red_b[t] += red_b[t + half_n])
+    a = red_a[0];
+    b = red_b[0];
 }
 
 float max_f(float v) {
@@ -152,12 +165,33 @@ uint top_p_threshold(uint lo, float top_p, float temperature) {
     // same order), 1 at lo and 0 above the largest key: the answer shares the
     // high bits where lo and that key agree, and bisection over the bits below
     // finds the same t as over all 32.
+    // Three bits a pass: the masses at the 7 candidates t | j << shift (j = 1..7) in
+    // one pass over the row, each summed in mass_at_least's order (adding +0 for
+    // a key below a candidate changes no bit), so the same t in a third of the passes.
     uint diff = lo ^ key_of(zmax);
     int top = diff == 0u ? -1 : findMSB(diff);
     uint t = top >= 31 ? 0u : lo & (0xffffffffu << uint(top + 1));
-    for (int bit = top; bit >= 0; bit--) {
-        uint cand = t | (1u << uint(bit));
-        if (mass_at_least(max(cand, lo), zmax, temperature) / total >= top_p) t = cand;
+    for (int bit = top; bit >= 0;) {
+        int nb = min(3, bit + 1), shift = bit + 1 - nb;
+        uvec4 ca = max(uvec4(t) | (uvec4(1u, 2u, 3u, 4u) << uint(shift)), uvec4(lo));
+        uvec4 cb = max(uvec4(t) | (uvec4(5u, 6u, 7u, 7u) << uint(shift)), uvec4(lo));
+        vec4 ma = vec4(0.0), mb = vec4(0.0);
+        for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
+            float z = z_at(i, temperature);
+            if (isnan(z)) continue;
+            uint key = key_of(z);
+            if (key < ca.x) continue;  // below every candidate
+            float e = exp(z - zmax);
+            ma += mix(vec4(0.0), vec4(e), greaterThanEqual(uvec4(key), ca));
+            mb += mix(vec4(0.0), vec4(e), greaterThanEqual(uvec4(key), cb));
+        }
+        sum_f8(ma, mb);
+        float f[7] = float[7](ma.x, ma.y, ma.z, ma.w, mb.x, mb.y, mb.z);
+        uint pick = 0u;
+        for (int j = 1; j < (1 << nb); j++)
+            if (f[j - 1] / total >= top_p) pick = uint(j);
+        t |= pick << uint(shift);
+        bit -= nb;
     }
     return max(t, lo);
 }
