@@ -831,6 +831,35 @@ static void test_recordings_replayed(void **state) {
     assert_no_validation_messages();
 }
 
+/* The decode forward's shape per layer (Llama, no biases): rmsnorm, q, k, v,
+ * rope_kv_store (RoPE fused with the KV write), attention, wo (+= x), rmsnorm,
+ * gate, up, swiglu, down (+= x): 12 dispatches and 9 barriers, the products
+ * of one input together (before the fusion: 14 and 10). */
+static void test_layer_counts(void **state) {
+    (void)state;
+    vks_model *m = odd_random_model(13);
+    vks_engine_options o = {.n_slots = 1, .kv_len = 8, .max_rows = 2};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    int32_t tok = 3;
+    uint32_t slot = 0, pos = 0, row = 0;
+    float *logits = malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
+    vks_forward_batch b = {.n_rows = 1, .matmul_kind = VKS_MATMUL_DECODE, .tokens = &tok, .slot = &slot, .pos = &pos,
+                           .n_out = 1, .out_rows = &row, .logits = logits};
+    vks_engine_stats s0, s1;
+    vks_engine_stats_get(e, &s0);
+    assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
+    vks_engine_stats_get(e, &s1);
+    uint64_t layers = s1.layers - s0.layers;
+    assert_int_equal(layers, (uint64_t)m->cfg.n_layers);
+    assert_int_equal(s1.layer_dispatches - s0.layer_dispatches, 12 * layers);
+    assert_int_equal(s1.layer_barriers - s0.layer_barriers, 9 * layers);
+    free(logits);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 static void test_refusals(void **state) {
     (void)state;
     /* a model far larger than the device: refused before reading any weight */
@@ -881,7 +910,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
         cmocka_unit_test(test_sampled_logp_on_gpu),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
-        cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed),
+        cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed), cmocka_unit_test(test_layer_counts),
         cmocka_unit_test(test_refusals),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
