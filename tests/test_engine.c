@@ -894,6 +894,11 @@ static void test_refusals(void **state) {
     b.n_rows = 5;
     assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
     b.n_rows = 2;
+    float logp[1];
+    b.sampled_logp = logp; /* log-probabilities of sampled tokens without sampling */
+    assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "sampled_logp"));
+    b.sampled_logp = NULL;
     assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
     vks_engine_destroy(e);
     vks_model_free(m);

@@ -147,6 +147,8 @@ static int check_batch(const vks_engine *e, const vks_forward_batch *b) {
     if (e->w.has_head) {
         if (b->n_out < 0 || b->n_out > e->opt.max_out_rows || (b->n_out && !b->out_rows) || (b->sample && !b->sampled))
             return vks_set_error(VKS_ERR_ARG, "forward: %d output rows (0..%d allowed)", b->n_out, e->opt.max_out_rows);
+        if (b->sampled_logp && !b->sample)
+            return vks_set_error(VKS_ERR_ARG, "forward: sampled_logp needs sample (the tokens it is of)");
         for (int i = 0; i < b->n_out; i++)
             if (b->out_rows[i] >= (uint32_t)b->n_rows)
                 return vks_set_error(VKS_ERR_ARG, "forward: output row %u is not a row of this batch", b->out_rows[i]);
