@@ -230,10 +230,11 @@ static void print_decode_steps(const vks_engine_stats *a, const vks_engine_stats
     printf("decode step:       %10.3f ms wall, %.3f ms host (not waiting), %.3f ms waiting, %.3f ms in kernels\n",
            wall, wall - wait, wait, kernels);
     printf("gpu busy: %.0f%%\n", wall > 0 ? 100.0 * kernels / wall : 0.0);
-    printf("decode step:       %10.1f dispatches, %.1f barriers, %.1f descriptor writes, %.1f submits, %.0f%% recorded\n",
+    printf("decode step:       %10.1f dispatches, %.1f barriers, %.1f descriptor writes, %.1f submits, %.0f%% recorded, "
+           "%.0f bytes to the host\n",
            (double)(b->dispatches - a->dispatches) / n, (double)(b->barriers - a->barriers) / n,
            (double)(b->descriptor_writes - a->descriptor_writes) / n, (double)(b->submits - a->submits) / n,
-           100.0 * (double)(b->recorded - a->recorded) / n);
+           100.0 * (double)(b->recorded - a->recorded) / n, (double)(b->download_bytes - a->download_bytes) / n);
     if (layers > 0)
         printf("decode layer:      %10.1f dispatches, %.1f barriers, %.1f descriptor writes\n",
                (double)(b->layer_dispatches - a->layer_dispatches) / layers,

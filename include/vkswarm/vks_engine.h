@@ -98,6 +98,8 @@ typedef struct {
                                     inside the engine's range, or NULL */
     const vks_gpu_sample_row *sample; /* [n_out] or NULL: sample on the GPU */
     int32_t *sampled;            /* [n_out] sampled tokens (when sample != NULL) */
+    float *sampled_logp;         /* [n_out] or NULL (needs sample): log-softmax(logits)[sampled] at
+                                    temperature 1, computed on the device (token_logprob.comp) */
     /* Stage output (engines without the head): */
     float *x_out;                /* [n_rows, dim] residual stream after the range */
 } vks_forward_batch;
@@ -114,6 +116,7 @@ typedef struct {
     uint64_t forwards, recorded; /* forwards; of them recorded (the rest replayed a recording) */
     uint64_t dispatches, barriers, descriptor_writes, submits;
     uint64_t layers, layer_dispatches, layer_barriers, layer_descriptor_writes;
+    uint64_t download_bytes; /* device-to-host bytes the forwards copied out */
     double wall_s, wait_s;
 } vks_engine_stats;
 void vks_engine_stats_get(const vks_engine *e, vks_engine_stats *out);
@@ -192,8 +195,9 @@ typedef struct {
     void *user;
     /* Record each sampled token's log-probability in vks_sequence.logp: the
      * model's log-softmax at temperature 1, before top-k/top-p (what a
-     * trainer recomputes), from the logits of the same forward (downloaded:
-     * vocab floats per sampling row). */
+     * trainer recomputes), from the logits of the same forward: computed on
+     * the device (vks_forward_batch.sampled_logp), one float per sampling
+     * row downloaded. */
     bool record_logp;
 } vks_generate_options;
 

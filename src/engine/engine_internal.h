@@ -6,6 +6,7 @@
 #define VKS_ENGINE_INTERNAL_H
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_lora.h"
+#include "vkswarm/vks_ops_grad.h" /* vks_op_token_logprob */
 
 #define MAX_CHUNKS 64
 
@@ -47,7 +48,7 @@ typedef struct {
 typedef struct {
     vks_buffer *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [max_rows, ...] */
     vks_buffer *tokens, *slot, *pos;                  /* [max_rows] uint32 */
-    vks_buffer *out_rows, *xo, *logits, *sample, *sampled; /* [max_out_rows, ...] */
+    vks_buffer *out_rows, *xo, *logits, *sample, *sampled, *logp; /* [max_out_rows, ...] */
     vks_buffer *rope_table;                           /* [kv_len, head_dim/2] (cos, sin): vks_rope_table */
 } dev_activations;
 
@@ -74,13 +75,14 @@ typedef struct {
     unsigned what; /* FWD_* bits */
     int n_taps, *tap_layers; /* with FWD_TAPS: the boundaries tapped (malloc'd) */
     vks_cmd_counts layers; /* the transformer layers' share */
+    uint64_t download_bytes; /* device-to-host bytes each run copies */
     uint64_t used;         /* LRU stamp */
 } engine_recording;
 
 /* Where a forward's inputs and outputs sit in the host buffers. */
 typedef struct {
     size_t slot, pos, tokens, out_rows, sample, x_in, in_bytes;   /* host_in */
-    size_t sampled, hidden, x_out, out_bytes;                    /* host_out */
+    size_t sampled, logp, hidden, x_out, out_bytes;              /* host_out */
 } engine_host_layout;
 
 struct vks_engine {
