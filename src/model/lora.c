@@ -167,6 +167,7 @@ void vks_lora_adapter_free(vks_lora_adapter *a) {
 
 const vks_lora_config *vks_lora_adapter_config(const vks_lora_adapter *a) { return a ? &a->cfg : NULL; }
 int vks_lora_adapter_n_layers(const vks_lora_adapter *a) { return a ? a->n_layers : 0; }
+const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a) { return a ? &a->base : NULL; }
 
 float *vks_lora_adapter_A(const vks_lora_adapter *a, int layer, vks_lora_target t) {
     if (!a || layer < 0 || layer >= a->n_layers || (unsigned)t >= VKS_LORA_TARGET_COUNT || a->off_a[layer][t] < 0)
