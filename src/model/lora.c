@@ -4,8 +4,11 @@
 #include <math.h>
 #include <sodium.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "model/lora_internal.h"
+#include "model/model_internal.h"
 #include "vkswarm/vks_philox.h"
 
 static const char *const target_names[VKS_LORA_TARGET_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -84,6 +87,8 @@ struct vks_lora_adapter {
     int n_layers;
     bool has_base_hash;
     uint8_t base_hash[32];
+    char base_arch[32];   /* vks_model.arch of the base ("" until set) */
+    char base_name[512];  /* the base's path, for PEFT's base_model_name_or_path ("" until set) */
     float *block;                                   /* every matrix, layer by layer, target by target, A then B */
     int64_t (*off_a)[VKS_LORA_TARGET_COUNT]; /* [n_layers]; -1: not targeted */
     int64_t (*off_b)[VKS_LORA_TARGET_COUNT];
@@ -197,10 +202,46 @@ int vks_lora_adapter_init(vks_lora_adapter *a, uint64_t seed) {
 
 int vks_lora_adapter_set_base(vks_lora_adapter *a, const vks_model *base) {
     if (!a || !base) return vks_set_error(VKS_ERR_ARG, "vks_lora_adapter_set_base: NULL argument");
-    int rc = vks_model_hash(base, a->base_hash);
+    uint8_t h[32];
+    int rc = vks_model_hash(base, h);
     if (rc) return rc;
-    a->has_base_hash = true;
+    vks_lora_adapter_set_base_id(a, h, base->arch, base->path);
     return VKS_OK;
+}
+
+void vks_lora_adapter_set_base_id(vks_lora_adapter *a, const uint8_t hash[32], const char *arch, const char *name) {
+    memcpy(a->base_hash, hash, 32);
+    a->has_base_hash = true;
+    snprintf(a->base_arch, sizeof a->base_arch, "%s", arch ? arch : "");
+    snprintf(a->base_name, sizeof a->base_name, "%s", name ? name : "");
+}
+
+const uint8_t *vks_lora_adapter_base_hash(const vks_lora_adapter *a) {
+    return a && a->has_base_hash ? a->base_hash : NULL;
+}
+
+const char *vks_lora_adapter_base_arch(const vks_lora_adapter *a) { return a ? a->base_arch : ""; }
+const char *vks_lora_adapter_base_name(const vks_lora_adapter *a) { return a ? a->base_name : ""; }
+const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a) { return a ? &a->base : NULL; }
+
+int vks_lora_target_tensor(vks_lora_target t) {
+    static const int index[VKS_LORA_TARGET_COUNT] = {VKS_T_wq, VKS_T_wk, VKS_T_wv, VKS_T_wo,
+                                                     VKS_T_w1, VKS_T_w3, VKS_T_w2};
+    return (unsigned)t < VKS_LORA_TARGET_COUNT ? index[t] : -1;
+}
+
+/* B's rows follow the base's q/k RoPE order when the target's base matrix does. */
+static bool target_rope(vks_lora_target t) { return vks_layer_schema[vks_lora_target_tensor(t)].rope; }
+
+void vks_lora_permute_b(const vks_lora_adapter *a, vks_lora_target t, const float *src, float *dst, int from, int to) {
+    int64_t out, in;
+    vks_lora_target_shape(&a->base, t, &out, &in);
+    size_t r = (size_t)a->cfg.rank;
+    bool rope = target_rope(t) && from != to;
+    for (int64_t row = 0; row < out; row++) {
+        int64_t s = rope ? vks_rope_src_row(row, a->base.head_dim, from, to) : row;
+        memcpy(dst + (size_t)row * r, src + (size_t)s * r, r * sizeof *dst);
+    }
 }
 
 static void hash_i64(crypto_generichash_state *st, int64_t v) {
