@@ -38,10 +38,8 @@ static int list_tensors(vks_trainer *t) {
 
 /* The LoRA target of schema matrix k, or -1. */
 int vks_train_lora_target(int k) {
-    static const int targets[VKS_LORA_TARGET_COUNT] = {VKS_T_wq, VKS_T_wk, VKS_T_wv, VKS_T_wo,
-                                                       VKS_T_w1, VKS_T_w3, VKS_T_w2};
     for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++)
-        if (targets[t] == k) return t;
+        if (vks_lora_target_tensor((vks_lora_target)t) == k) return t;
     return -1;
 }
 

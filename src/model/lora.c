@@ -222,7 +222,6 @@ const uint8_t *vks_lora_adapter_base_hash(const vks_lora_adapter *a) {
 
 const char *vks_lora_adapter_base_arch(const vks_lora_adapter *a) { return a ? a->base_arch : ""; }
 const char *vks_lora_adapter_base_name(const vks_lora_adapter *a) { return a ? a->base_name : ""; }
-const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a) { return a ? &a->base : NULL; }
 
 int vks_lora_target_tensor(vks_lora_target t) {
     static const int index[VKS_LORA_TARGET_COUNT] = {VKS_T_wq, VKS_T_wk, VKS_T_wv, VKS_T_wo,
