@@ -646,6 +646,7 @@ static int create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     vks_engine_options eo = vks_pipeline_engine_options(o, c->rank);
     int mine = o->keep_engine ? check_kept_engine(c) : vks_engine_create(g, m, &eo, &c->engine);
     if (o->keep_engine) c->engine = o->keep_engine;
+    else if (!mine && o->lora) mine = vks_engine_set_lora(c->engine, o->lora);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", mine ? vks_last_error() : "");
     int failed = mine != 0, *all = malloc(sizeof(int) * (size_t)c->size);

@@ -2231,6 +2231,79 @@ static void test_convert_lora(void **state) {
     vks_lora_adapter_free(a);
 }
 
+/* --lora (issue 25): a base written in llama2.c's format, adapters saved in PEFT's
+ * layout. A fresh adapter (B = 0) generates the base's text; rollouts made
+ * with a nonzero one verify with it (GPU and --cpu) and are rejected without
+ * it or with the fresh one, naming the model hash; a bad adapter is one line,
+ * exit 2. */
+static void save_adapter(const vks_model *m, const char *dir, uint64_t seed, bool nonzero) {
+    vks_lora_config lc = {.rank = 4, .alpha = 16, .targets = VKS_LORA_ALL_TARGETS};
+    vks_lora_adapter *a;
+    assert_int_equal(vks_lora_adapter_create(&m->cfg, &lc, &a), VKS_OK);
+    assert_int_equal(vks_lora_adapter_init(a, seed), VKS_OK);
+    assert_int_equal(vks_lora_adapter_set_base(a, m), VKS_OK);
+    for (int l = 0; nonzero && l < m->cfg.n_layers; l++)
+        for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
+            int64_t out, in;
+            vks_lora_target_shape(&m->cfg, (vks_lora_target)t, &out, &in);
+            tu_fill_uniform(vks_lora_adapter_B(a, l, (vks_lora_target)t), (size_t)(out * 4), seed + (uint64_t)t, -0.05f,
+                            0.05f);
+        }
+    if (vks_lora_save_peft(dir, a)) fail_msg("%s", vks_last_error());
+    vks_lora_adapter_free(a);
+}
+
+static void test_lora_cli(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char model[600], fresh[600], x[600], rollouts[600], args[4096], *out, *err, *base_out;
+    snprintf(model, sizeof model, "%s/lora-base.bin", dir);
+    snprintf(fresh, sizeof fresh, "%s/lora-fresh", dir);
+    snprintf(x, sizeof x, "%s/lora-x", dir);
+    snprintf(rollouts, sizeof rollouts, "%s/lora-r.jsonl", dir);
+    vks_model_config c = {.dim = 64, .hidden_dim = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 97,
+                          .seq_len = 64, .head_dim = 16, .kv_dim = 32, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+                          .rope_mode = VKS_ROPE_HALF};
+    vks_model *r, *m;
+    assert_int_equal(vks_model_random(&c, 31, &r), VKS_OK);
+    assert_int_equal(vks_model_save_llama2c(r, model), VKS_OK);
+    vks_model_free(r);
+    assert_int_equal(vks_model_load(model, &m), VKS_OK);
+    save_adapter(m, fresh, 1, false);
+    save_adapter(m, x, 2, true);
+    vks_model_free(m);
+    snprintf(args, sizeof args, "generate --model %s --prompt '' -n 24 --seed 3", model);
+    if (run_capture(args, &base_out, &err)) fail_msg("%s: %s", args, err);
+    free(err);
+    snprintf(args, sizeof args, "generate --model %s --prompt '' -n 24 --seed 3 --lora %s", model, fresh);
+    if (run_capture(args, &out, &err)) fail_msg("%s: %s", args, err);
+    assert_string_equal(out, base_out);
+    free(out), free(err);
+    snprintf(args, sizeof args, "generate --model %s --prompt '' -n 24 --seed 3 --lora %s --rollouts-out %s", model, x,
+             rollouts);
+    if (run_capture(args, &out, &err)) fail_msg("%s: %s", args, err);
+    if (!strcmp(out, base_out)) fail_msg("the adapter did not change the text: %s", out);
+    free(out), free(err), free(base_out);
+    const char *paths[] = {"", " --cpu"};
+    for (int p = 0; p < 2; p++) {
+        snprintf(args, sizeof args, "verify --model %s --rollouts %s --lora %s%s", model, rollouts, x, paths[p]);
+        if (run_capture(args, &out, &err)) fail_msg("%s: %s%s", args, out, err);
+        free(out), free(err);
+        const char *others[] = {"", fresh};
+        for (int k = 0; k < 2; k++) {
+            snprintf(args, sizeof args, "verify --model %s --rollouts %s%s%s%s", model, rollouts, k ? " --lora " : "",
+                     others[k], paths[p]);
+            assert_int_equal(run_capture(args, &out, &err), 1);
+            if (!strstr(out, "model_hash")) fail_msg("%s: %s", args, out);
+            free(out), free(err);
+        }
+    }
+    snprintf(args, sizeof args, "generate --model %s --prompt '' -n 4 --lora %s/no-such-adapter", model, dir);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    if (!one_clean_line(err) || !strstr(err, "no-such-adapter")) fail_msg("stderr: '%s'", err);
+    free(out), free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -2240,7 +2313,7 @@ int main(void) {
         cmocka_unit_test(test_prompts_jsonl),          cmocka_unit_test(test_bad_files_exit_2),
         cmocka_unit_test(test_input_lines_nul_and_crlf), cmocka_unit_test(test_tokenizer_of_another_model),
         cmocka_unit_test(test_stdout_full_exits_1),    cmocka_unit_test(test_convert_onto_input),
-        cmocka_unit_test(test_convert_lora),
+        cmocka_unit_test(test_convert_lora), cmocka_unit_test(test_lora_cli),
         cmocka_unit_test(test_write_failure_leaves_nothing),
         cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_messages_say_what_happened),
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),

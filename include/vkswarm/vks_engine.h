@@ -5,6 +5,7 @@
 #ifndef VKS_ENGINE_H
 #define VKS_ENGINE_H
 #include "vks_gpu.h"
+#include "vks_lora.h"
 #include "vks_model.h"
 #include "vks_ops.h"
 #include "vks_sched.h"
@@ -36,6 +37,14 @@ int vks_engine_create(vks_gpu *g, const vks_model *m, const vks_engine_options *
  * for a type; other models are converted to opt.dtype. */
 bool vks_engine_keeps_file_types(const vks_model *m);
 void vks_engine_destroy(vks_engine *e);
+/* A LoRA adapter (vks_lora.h) for the forwards that follow: its matrices of
+ * the engine's layer range go to the device beside the base, which stays as
+ * it is (the forward adds scale B (A x) after each targeted product). NULL
+ * removes it. An adapter of the same rank and targets replaces the previous
+ * one in place; VKS_ERR_FORMAT when it was made for another model's shape.
+ * On failure the engine has no adapter. */
+int vks_engine_set_lora(vks_engine *e, const vks_lora_adapter *a);
+bool vks_engine_has_lora(const vks_engine *e);
 /* Device bytes this engine allocated (weights, KV cache, activations). */
 uint64_t vks_engine_device_bytes(const vks_engine *e);
 uint64_t vks_engine_weight_bytes(const vks_engine *e);

@@ -70,6 +70,9 @@ const vks_lora_config *vks_lora_adapter_config(const vks_lora_adapter *a);
 int vks_lora_adapter_n_layers(const vks_lora_adapter *a);
 /* The config of the model the adapter was made for (its shapes); NULL for NULL. */
 const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a);
+/* VKS_OK when the adapter was made for a model of c's shape (layers and
+ * every targeted matrix's [out, in]); else VKS_ERR_FORMAT naming `what`. */
+int vks_lora_adapter_check_shape(const vks_lora_adapter *a, const vks_model_config *c, const char *what);
 /* Layer l's A [rank, in] / B [out, rank] of target t; NULL when t is not targeted or l is out of range. */
 float *vks_lora_adapter_A(const vks_lora_adapter *a, int layer, vks_lora_target t);
 float *vks_lora_adapter_B(const vks_lora_adapter *a, int layer, vks_lora_target t);

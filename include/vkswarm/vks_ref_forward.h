@@ -4,10 +4,15 @@
 #ifndef VKS_REF_FORWARD_H
 #define VKS_REF_FORWARD_H
 #include "vks_model.h"
+#include "vks_lora.h"
 /* Feeds ids[0..n-1] at positions 0..n-1 of one sequence; writes logits
  * [n, vocab] (and, when hidden != NULL, the final-norm hidden rows [n, dim]). */
 int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden);
 /* The same with residual-stream taps of every position (n_out = n; taps may be NULL). */
 int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
                          const vks_layer_taps *taps);
+/* The same with a LoRA adapter (NULL: none): each targeted product adds
+ * scale B (A x) in double (vks_lora.h). */
+int vks_ref_forward_lora(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                         float *hidden, const vks_layer_taps *taps);
 #endif

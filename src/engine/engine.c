@@ -141,6 +141,7 @@ fail:
 void vks_engine_destroy(vks_engine *e) {
     if (!e) return;
     vks_engine_host_buffers_free(e); /* the recordings first: they bind the buffers below */
+    vks_engine_lora_free(e);
     for (int i = 0; e->kv && i < e->w.n_layers; i++) free_layer_kv(&e->kv[i]);
     free(e->kv);
     vks_param_set_free(&e->w);

@@ -21,6 +21,12 @@ static int matmul(vks_engine *e, vks_cmd *c, vks_buffer *x, const dev_matrix *w,
     return VKS_OK;
 }
 
+/* The adapter's y += scale B (A x) after layer l's target-t product (none without one). */
+static int lora(vks_engine *e, vks_cmd *c, const dev_layer *l, vks_lora_target t, vks_buffer *x, vks_buffer *y,
+                uint32_t R, uint32_t ldy) {
+    return vks_engine_record_lora(e, c, (int)(l - e->w.layers), t, x, y, R, ldy);
+}
+
 static int record_embedding(vks_engine *e, vks_cmd *c, uint32_t R) {
     const dev_matrix *t = &e->w.tok_emb;
     for (int i = 0; i < t->n_chunks; i++) {
@@ -41,8 +47,11 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
     int rc;
     if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_attn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wq], a->q, R, qd, false)) ||
+        (rc = lora(e, c, l, VKS_LORA_Q, a->xb, a->q, R, qd)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wk], a->k, R, kvd, false)) ||
+        (rc = lora(e, c, l, VKS_LORA_K, a->xb, a->k, R, kvd)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wv], a->v, R, kvd, false)) ||
+        (rc = lora(e, c, l, VKS_LORA_V, a->xb, a->v, R, kvd)) ||
         (l->vec[VKS_T_bq] && (rc = vks_op_bias_add(e->ops, c, bind(a->q), bind(l->vec[VKS_T_bq]), R, qd))) ||
         (l->vec[VKS_T_bk] && (rc = vks_op_bias_add(e->ops, c, bind(a->k), bind(l->vec[VKS_T_bk]), R, kvd))) ||
         (l->vec[VKS_T_bv] && (rc = vks_op_bias_add(e->ops, c, bind(a->v), bind(l->vec[VKS_T_bv]), R, kvd))) ||
@@ -62,7 +71,8 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
                                (uint32_t)cf->head_dim, (uint32_t)e->opt.kv_len)))
         return rc;
     /* residual: x += wo @ att (the matmul accumulates into x) */
-    return matmul(e, c, a->att, &l->mat[VKS_T_wo], a->x, R, (uint32_t)cf->dim, true);
+    if ((rc = matmul(e, c, a->att, &l->mat[VKS_T_wo], a->x, R, (uint32_t)cf->dim, true))) return rc;
+    return lora(e, c, l, VKS_LORA_O, a->att, a->x, R, (uint32_t)cf->dim);
 }
 
 static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint32_t R) {
@@ -72,10 +82,13 @@ static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint3
     int rc;
     if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_ffn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_w1], a->hb, R, H, false)) ||
+        (rc = lora(e, c, l, VKS_LORA_GATE, a->xb, a->hb, R, H)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_w3], a->hb2, R, H, false)) ||
-        (rc = vks_op_swiglu(e->ops, c, bind(a->hb), bind(a->hb2), bind(a->hb), R * H)))
+        (rc = lora(e, c, l, VKS_LORA_UP, a->xb, a->hb2, R, H)) ||
+        (rc = vks_op_swiglu(e->ops, c, bind(a->hb), bind(a->hb2), bind(a->hb), R * H)) ||
+        (rc = matmul(e, c, a->hb, &l->mat[VKS_T_w2], a->x, R, (uint32_t)cf->dim, true)))
         return rc;
-    return matmul(e, c, a->hb, &l->mat[VKS_T_w2], a->x, R, (uint32_t)cf->dim, true);
+    return lora(e, c, l, VKS_LORA_DOWN, a->hb, a->x, R, (uint32_t)cf->dim);
 }
 
 static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {

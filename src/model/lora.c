@@ -174,6 +174,24 @@ const vks_lora_config *vks_lora_adapter_config(const vks_lora_adapter *a) { retu
 int vks_lora_adapter_n_layers(const vks_lora_adapter *a) { return a ? a->n_layers : 0; }
 const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a) { return a ? &a->base : NULL; }
 
+int vks_lora_adapter_check_shape(const vks_lora_adapter *a, const vks_model_config *c, const char *what) {
+    if (!a || !c) return vks_set_error(VKS_ERR_ARG, "vks_lora_adapter_check_shape: NULL argument");
+    if (a->n_layers != c->n_layers)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: the LoRA adapter has %d layers, the model %d", what, a->n_layers,
+                             c->n_layers);
+    for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
+        int64_t ao, ai, mo, mi;
+        if (!(a->cfg.targets & (1u << t))) continue;
+        vks_lora_target_shape(&a->base, (vks_lora_target)t, &ao, &ai);
+        vks_lora_target_shape(c, (vks_lora_target)t, &mo, &mi);
+        if (ao != mo || ai != mi)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: the LoRA adapter's %s is for a %lld x %lld matrix, the model's is "
+                                 "%lld x %lld", what, target_names[t], (long long)ao, (long long)ai, (long long)mo,
+                                 (long long)mi);
+    }
+    return VKS_OK;
+}
+
 float *vks_lora_adapter_A(const vks_lora_adapter *a, int layer, vks_lora_target t) {
     if (!a || layer < 0 || layer >= a->n_layers || (unsigned)t >= VKS_LORA_TARGET_COUNT || a->off_a[layer][t] < 0)
         return NULL;
