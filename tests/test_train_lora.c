@@ -532,14 +532,14 @@ static void test_bad_adapters(void **state) {
     vks_lora_adapter *a = make_adapter(&other, 2, 4.0, VKS_LORA_ALL_TARGETS, 1, 0);
     vks_trainer_options o = {.max_tokens = 32, .lora = a};
     vks_trainer *t = NULL;
-    assert_int_equal(vks_trainer_create(gpu, b.m, &o, &t), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_create(gpu, b.m, &o, &t), VKS_ERR_FORMAT);
     assert_non_null(strstr(vks_last_error(), "gate_proj"));
     vks_lora_adapter_free(a);
     other = b.m->cfg;
     other.n_layers = 3;
     a = make_adapter(&other, 2, 4.0, VKS_LORA_ALL_TARGETS, 1, 0);
     o.lora = a;
-    assert_int_equal(vks_trainer_create(gpu, b.m, &o, &t), VKS_ERR_ARG);
+    assert_int_equal(vks_trainer_create(gpu, b.m, &o, &t), VKS_ERR_FORMAT);
     vks_lora_adapter_free(a);
     a = make_adapter(&b.m->cfg, 2, 4.0, VKS_LORA_ALL_TARGETS, 1, 0);
     t = make_trainer(b.m, a, false);

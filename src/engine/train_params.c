@@ -130,24 +130,12 @@ static int create_full(vks_trainer *t, const vks_model *m) {
     return rc ? rc : view_masters(t);
 }
 
-/* An adapter that fits the model: the same layer count and the same shape
- * of every targeted matrix; vks_lora_check holds. */
+/* An adapter that fits the model (its layers and every targeted matrix's
+ * shape: vks_lora_adapter_check_shape), of a valid rank and alpha. */
 static int check_adapter(const vks_model_config *c, const vks_lora_adapter *a) {
     const vks_lora_config *lc = vks_lora_adapter_config(a);
-    const vks_model_config *ac = vks_lora_adapter_base_config(a);
-    if (vks_lora_adapter_n_layers(a) != c->n_layers)
-        return vks_set_error(VKS_ERR_ARG, "trainer: the adapter has %d layers, the model %d",
-                             vks_lora_adapter_n_layers(a), c->n_layers);
-    for (int k = 0; k < VKS_LORA_TARGET_COUNT; k++) {
-        int64_t out, in, a_out, a_in;
-        if (!(lc->targets & (1u << k))) continue;
-        vks_lora_target_shape(c, (vks_lora_target)k, &out, &in);
-        vks_lora_target_shape(ac, (vks_lora_target)k, &a_out, &a_in);
-        if (out != a_out || in != a_in)
-            return vks_set_error(VKS_ERR_ARG, "trainer: the adapter's %s is for %lld x %lld, the model's is %lld x %lld",
-                                 vks_lora_target_name((vks_lora_target)k), (long long)a_out, (long long)a_in,
-                                 (long long)out, (long long)in);
-    }
+    int rc = vks_lora_adapter_check_shape(a, c, "trainer");
+    if (rc) return rc;
     if (!(lc->alpha > 0) || !isfinite(lc->alpha))
         return vks_set_error(VKS_ERR_ARG, "trainer: LoRA alpha %g (finite, > 0)", lc->alpha);
     return vks_lora_check(c, lc->rank, lc->targets, "trainer");
