@@ -66,6 +66,7 @@ typedef struct vks_rl_shared {
     pthread_cond_t cv;
     vks_rl_queue queue;
     vks_model *next_model;   /* newest weights the inference thread has not taken; NULL: none */
+    vks_lora_adapter *next_adapter; /* LoRA: the newest adapter instead (the base stays); NULL: none */
     int64_t next_step;
     bool stop;               /* the trainer is done: inference returns */
     int gen_rc;              /* inference failed: the code, and gen_error the message */
