@@ -1081,6 +1081,128 @@ static void test_train_sft_resume(void **state) {
     free(out), free(err);
 }
 
+/* The last line of a command's stderr (the device line comes first). */
+static const char *last_line(const char *err) {
+    size_t n = strlen(err);
+    const char *p = err + (n ? n - 1 : 0);
+    while (p > err && p[-1] != '\n') p--;
+    return p;
+}
+
+/* Metrics files equal line for line up to each line's rate column. */
+static void same_metrics(const char *pa, const char *pb, int want_lines) {
+    char *a = read_text(pa), *b = read_text(pb);
+    int lines = 0;
+    for (char *p = a, *q = b; *p; lines++) {
+        char *pe = strstr(p, "\"tokens_per_s\""), *qe = strstr(q, "\"tokens_per_s\"");
+        assert_non_null(pe);
+        assert_non_null(qe);
+        assert_int_equal(pe - p, qe - q);
+        assert_memory_equal(p, q, (size_t)(pe - p));
+        p = strchr(pe, '\n') + 1;
+        q = strchr(qe, '\n') + 1;
+    }
+    assert_int_equal(lines, want_lines);
+    free(a);
+    free(b);
+}
+
+/* train sft --lora-rank: checkpoints hold the adapter in PEFT's layout
+ * (and the moments, state.json); 2 steps then --resume to 4 equal 4
+ * straight, bit for bit; another base, rank or a full run's resume are
+ * refused; bad ranks and targets exit 2 with one line and make no OUT; a
+ * run whose plan exceeds the device (VKSWARM_DEVICE_MEMORY) exits 2 with
+ * the plan in one line. */
+static void test_train_sft_lora(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char data[512], cmd[4096], path[1024], base1[600], base2[600];
+    snprintf(data, sizeof data, "%s/add.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 12; i++) fprintf(f, "{\"prompt\": \"%d+%d=\", \"completion\": \"%d\"}\n", i, 2 * i, 3 * i);
+    fclose(f);
+    /* two bases: the checkpoints of a short full run (models with their tokenizer) */
+    snprintf(cmd, sizeof cmd, "%s train sft --init tiny --batch 4 --lr 3e-3 --data %s --steps 2 --save-every 1 "
+             "--out %s/full >/dev/null 2>&1", tu_bin(), data, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(base1, sizeof base1, "%s/full/step-000000001", dir);
+    snprintf(base2, sizeof base2, "%s/full/step-000000002", dir);
+    const char *args = "train sft --batch 4 --micro-batch 2 --lr 3e-3 --keep 2 --lora-rank 4 --lora-alpha 8 "
+                       "--lora-targets q,v,down,up";
+    char *out, *err;
+    snprintf(cmd, sizeof cmd, "%s %s --model %s --data %s --steps 4 --out %s/a 2>/dev/null", tu_bin(), args, base1,
+             data, dir);
+    assert_int_equal(tu_run(cmd, &out), 0);
+    char expect[2048];
+    snprintf(expect, sizeof expect, "metrics: %s/a/metrics.jsonl\nplot: %s/a/loss.svg\nfinal checkpoint: "
+             "%s/a/step-000000004\nadapter: %s/a/step-000000004\n", dir, dir, dir, dir);
+    assert_string_equal(out, expect);
+    free(out);
+    snprintf(path, sizeof path, "%s/a/step-000000004/adapter_config.json", dir);
+    char *config = read_text(path);
+    assert_non_null(strstr(config, "\"r\": 4"));
+    assert_non_null(strstr(config, "\"peft_type\": \"LORA\""));
+    assert_non_null(strstr(config, "\"base_model_hash\""));
+    assert_non_null(strstr(config, "\"down_proj\""));
+    assert_null(strstr(config, "\"k_proj\""));
+    free(config);
+    snprintf(cmd, sizeof cmd, "%s %s --model %s --data %s --steps 2 --out %s/b 2>/dev/null >/dev/null && %s %s --model %s "
+             "--data %s --steps 4 --out %s/b --resume 2>/dev/null >/dev/null", tu_bin(), args, base1, data, dir, tu_bin(),
+             args, base1, data, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/a/metrics.jsonl", dir);
+    snprintf(pb, sizeof pb, "%s/b/metrics.jsonl", dir);
+    same_metrics(pa, pb, 4);
+    snprintf(cmd, sizeof cmd, "cd %s && for f in adapter_model.safetensors adapter_config.json optimizer.safetensors; do "
+             "cmp a/step-000000004/$f b/step-000000004/$f || exit 1; done && ! test -e a/step-000000004/model.safetensors",
+             dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+
+    /* resuming over another base, with another rank, or as full fine-tuning: refused, exit 2, one line */
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --steps 5 --out %s/a --resume", args, base2, data, dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 2);
+    if (!one_clean_line(last_line(err)) || !strstr(last_line(err), "base_model_hash") ||
+        !strstr(last_line(err), "full/step-000000002"))
+        fail_msg("another base: '%s'", err);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "%s --lora-rank 2 --model %s --data %s --steps 5 --out %s/a --resume", args, base1, data, dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 2);
+    if (!one_clean_line(last_line(err)) || !strstr(last_line(err), "rank 4")) fail_msg("another rank: '%s'", err);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "train sft --batch 4 --micro-batch 2 --lr 3e-3 --keep 2 --model %s --data %s --steps 5 "
+             "--out %s/a --resume", base1, data, dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 2);
+    if (!one_clean_line(last_line(err)) || !strstr(last_line(err), "LoRA"))
+        fail_msg("full resume of a LoRA run: '%s'", err);
+    free(out), free(err);
+
+    /* bad LoRA options: one line, exit 2, nothing made */
+    const char *bad[] = {"--lora-rank 0", "--lora-rank 129", "--lora-rank 4 --lora-targets q,lm_head",
+                         "--lora-alpha 8", "--lora-rank 4 --lora-alpha -1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "train sft --init tiny --data %s --steps 1 --out %s/bad %s", data, dir, bad[i]);
+        assert_int_equal(run_capture(cmd, &out, &err), 2);
+        if (*out || !one_clean_line(last_line(err))) fail_msg("%s: '%s' '%s'", bad[i], out, err);
+        free(out), free(err);
+        snprintf(path, sizeof path, "%s/bad", dir);
+        assert_int_equal(access(path, F_OK), -1);
+    }
+    /* a device too small for the plan: exit 2, the plan in one line (full fine-tuning and LoRA) */
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "VKSWARM_DEVICE_MEMORY=1M %s train sft --init tiny --data %s --steps 1 --out %s/small%d "
+                 "%s 2>&1 >/dev/null", tu_bin(), data, dir, k, k ? "--lora-rank 4" : "");
+        assert_int_equal(tu_run(cmd, &out), 2);
+        const char *line = strstr(out, "vkswarm: trainer: the run needs ");
+        if (!line || !strstr(line, "1.0 MiB are free") || !strstr(line, "optimizer") || !strstr(line, "total") ||
+            strchr(line, '\n') != line + strlen(line) - 1)
+            fail_msg("too small a device: '%s'", out);
+        free(out);
+    }
+}
+
 /* The stdout of a command that must succeed. */
 static char *stdout_of(const char *cmd) {
     char *out = NULL;
@@ -1187,14 +1309,6 @@ static void test_train_sft_sentencepiece(void **state) {
     free(out);
     snprintf(a, sizeof a, "%s/dup", dir);
     assert_int_not_equal(access(a, F_OK), 0);
-}
-
-/* The last line of a command's stderr (the device line comes first). */
-static const char *last_line(const char *err) {
-    size_t n = strlen(err);
-    const char *p = err + (n ? n - 1 : 0);
-    while (p > err && p[-1] != '\n') p--;
-    return p;
 }
 
 static void expect_in(const char *text, const char *want) {
@@ -2205,6 +2319,7 @@ int main(void) {
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),
+        cmocka_unit_test(test_train_sft_lora),
         cmocka_unit_test(test_rl_needs_mpirun), cmocka_unit_test(test_rl_help_sections_exist), cmocka_unit_test(test_rl_report), cmocka_unit_test(test_rl_clean_stop), cmocka_unit_test(test_train_clean_stop),
         cmocka_unit_test(test_train_sft_sentencepiece), cmocka_unit_test(test_train_out_dir),
         cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),

@@ -1098,6 +1098,81 @@ static void test_checkpoint_step_checked(void **state) {
 /* Finite moments no run could have made are refused: |m| <= K sqrt(v) with
  * K from the step and betas (issue 23, point 8: exp_avg 1e30 was taken and
  * the next update blew the norm weights up to 2.7e30). */
+/* A LoRA run's checkpoint: the adapter (PEFT's files, base hash recorded)
+ * and its moments round-trip bit for bit, adjacent-pair q/k rows included;
+ * loading it over another base, as a full model, or a full checkpoint as a
+ * LoRA one is refused naming the kind; a changed file is refused by hash. */
+static void test_checkpoint_lora(void **state) {
+    (void)state;
+    vks_model_config cfg = tiny_config(false, VKS_ROPE_ADJACENT);
+    vks_model *base = NULL, *other = NULL;
+    assert_int_equal(vks_model_random(&cfg, 5, &base), VKS_OK);
+    assert_int_equal(vks_model_random(&cfg, 6, &other), VKS_OK);
+    vks_lora_config lc = {.rank = 3, .alpha = 12.0, .targets = (1u << VKS_LORA_Q) | (1u << VKS_LORA_K) | (1u << VKS_LORA_DOWN)};
+    vks_lora_adapter *a = NULL;
+    assert_int_equal(vks_lora_adapter_create(&base->cfg, &lc, &a), VKS_OK);
+    assert_int_equal(vks_lora_adapter_init(a, 9), VKS_OK);
+    assert_int_equal(vks_lora_adapter_set_base(a, base), VKS_OK);
+    size_t n = (size_t)vks_lora_param_count(&base->cfg, lc.rank, lc.targets);
+    for (int l = 0; l < cfg.n_layers; l++)
+        for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
+            int64_t out, in;
+            if (!(lc.targets & (1u << t))) continue;
+            vks_lora_target_shape(&base->cfg, (vks_lora_target)t, &out, &in);
+            fill(vks_lora_adapter_B(a, l, (vks_lora_target)t), (size_t)(out * lc.rank), 30 + (uint64_t)(l * 7 + t), false);
+        }
+    float *m = malloc(n * sizeof *m), *v = malloc(n * sizeof *v);
+    fill(m, n, 7, false);
+    fill(v, n, 8, true);
+    for (size_t i = 0; i < n; i++) v[i] += m[i] * m[i];
+    ckpt_fixture f;
+    fixture_make(&f, &cfg, false, 3); /* for its state */
+    vks_checkpoint_data c = {.adam_m = m, .adam_v = v, .state = f.c.state, .lora = a};
+    char dir[512];
+    assert_int_equal(vks_checkpoint_step_dir(tu_tmpdir(), c.state.step, dir, sizeof dir), VKS_OK);
+    if (vks_checkpoint_save(dir, &c) != VKS_OK) fail_msg("%s", vks_last_error());
+    vks_checkpoint *ck = NULL;
+    if (vks_checkpoint_load_lora(dir, base, &ck) != VKS_OK) fail_msg("%s", vks_last_error());
+    check_state_equal(&ck->state, &c.state);
+    assert_null(ck->layout);
+    assert_memory_equal(ck->adam_m, m, n * sizeof *m);
+    assert_memory_equal(ck->adam_v, v, n * sizeof *v);
+    uint8_t h1[32], h2[32];
+    assert_int_equal(vks_lora_adapter_hash(a, h1), VKS_OK);
+    assert_int_equal(vks_lora_adapter_hash(ck->lora, h2), VKS_OK);
+    assert_memory_equal(h1, h2, 32); /* every A and B bit for bit, q/k rows back in the base's order */
+    vks_checkpoint_free(ck);
+    ck = NULL;
+    assert_int_equal(vks_checkpoint_load_lora(dir, other, &ck), VKS_ERR_FORMAT);
+    assert_contains(vks_last_error(), "base_model_hash");
+    assert_refused(dir, "a LoRA run's checkpoint (an adapter)");
+    char edited[600];
+    snprintf(edited, sizeof edited, "%s-edited", dir);
+    copy_dir(dir, edited);
+    edit_file(edited, "optimizer.safetensors", 4000, 1, -1);
+    assert_int_equal(vks_checkpoint_load_lora(edited, base, &ck), VKS_ERR_FORMAT);
+    assert_contains(vks_last_error(), "optimizer.safetensors: contents differ");
+    /* a full model's checkpoint is not a LoRA one */
+    char full[600];
+    snprintf(full, sizeof full, "%s/step-000000124", tu_tmpdir());
+    f.c.state.step = 124;
+    assert_int_equal(vks_checkpoint_save(full, &f.c), VKS_OK);
+    assert_int_equal(vks_checkpoint_load_lora(full, base, &ck), VKS_ERR_FORMAT);
+    assert_contains(vks_last_error(), "a full fine-tuning checkpoint, not a LoRA run's");
+    /* NaN in a moment is refused before anything is written */
+    m[5] = NAN;
+    snprintf(full, sizeof full, "%s/step-000000125", tu_tmpdir());
+    c.state.step = 125;
+    assert_int_equal(vks_checkpoint_save(full, &c), VKS_ERR_ARG);
+    assert_false(exists(full));
+    fixture_free(&f);
+    free(m);
+    free(v);
+    vks_lora_adapter_free(a);
+    vks_model_free(base);
+    vks_model_free(other);
+}
+
 static void test_checkpoint_moment_sizes(void **state) {
     (void)state;
     vks_model_config cfg = tiny_config(true, VKS_ROPE_HALF);
@@ -1462,6 +1537,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_keep_latest),
         cmocka_unit_test(test_checkpoint_step_checked),
         cmocka_unit_test(test_checkpoint_moment_sizes),
+        cmocka_unit_test(test_checkpoint_lora),
         cmocka_unit_test(test_checkpoint_only_own_replaced),
         cmocka_unit_test(test_metrics_roundtrip),
         cmocka_unit_test(test_plot_svg),

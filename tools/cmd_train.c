@@ -6,6 +6,7 @@
 #include "cli_model.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_sft.h"
 #include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_tokenizer.h"
@@ -15,6 +16,7 @@ static const char train_usage[] =
     "                         [--micro-batch b] [--lr X] [--warmup N] [--cosine] [--min-lr X]\n"
     "                         [--weight-decay X] [--grad-clip X] [--out DIR] [--resume [--override]] [--seed S]\n"
     "                         [--save-every N] [--keep N] [--recompute] [--device N] [--profile]\n"
+    "                         [--lora-rank R [--lora-alpha A] [--lora-targets LIST]]\n"
     "Supervised fine-tuning on the GPU. FILE.jsonl holds {\"prompt\": ..., \"completion\": ...} lines (the\n"
     "loss is on the completion and EOS) or {\"text\": ...} lines (every token after BOS). Each step takes\n"
     "B sequences (default 8) in micro-batches of b (default B) whose gradients add up, then one AdamW\n"
@@ -35,6 +37,15 @@ static const char train_usage[] =
     "plot are written, and the run exits 130 with one line: 'vkswarm: train: stopped at step N;\n"
     "checkpoint DIR/step-N; continue with: vkswarm train sft ... --resume' (this command line). A\n"
     "second signal stops at once.\n"
+    "--lora-rank R trains only LoRA adapters of rank R (PEFT's initialisation from --seed; scale A / R,\n"
+    "--lora-alpha A default 32) on LIST (comma-separated q, k, v, o, gate, up, down or PEFT's q_proj, ...;\n"
+    "default all) over the model frozen in its file's types (f32, f16, bf16, q8_0, q4_0, q4_k; q6_k as\n"
+    "f16). Checkpoints then hold the adapter in PEFT's layout (adapter_model.safetensors +\n"
+    "adapter_config.json, the base model's hash recorded) with optimizer.safetensors and state.json;\n"
+    "the final checkpoint is the adapter directory (--lora DIR, convert --lora, PEFT and vLLM read it).\n"
+    "--resume needs the same --model, rank, alpha and targets (another base is refused naming it).\n"
+    "Before training, a run whose memory plan (train plan) exceeds the device's free memory is refused,\n"
+    "exit 2, with the plan in the message.\n"
     "Progress goes to stderr; stdout gets the paths (escaped):\n"
     "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n"
     "vkswarm train plan --help: the device memory a run needs (full or LoRA), without a device.\n";
@@ -78,9 +89,11 @@ static void parse_train(int argc, char **argv, train_args *a) {
         {"min-lr", required_argument, 0, 0}, {"weight-decay", required_argument, 0, 0},
         {"grad-clip", required_argument, 0, 0}, {"out", required_argument, 0, 0}, {"resume", no_argument, 0, 0},
         {"seed", required_argument, 0, 0}, {"save-every", required_argument, 0, 0}, {"keep", required_argument, 0, 0},
-        {"recompute", no_argument, 0, 0}, {"override", no_argument, 0, 0}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"recompute", no_argument, 0, 0}, {"override", no_argument, 0, 0}, {"lora-rank", required_argument, 0, 0},
+        {"lora-alpha", required_argument, 0, 0}, {"lora-targets", required_argument, 0, 0},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_sft_run_options *o = &a->o;
+    bool lora_given = false;
     *o = (vks_sft_run_options){.batch = 8, .schedule = {.lr = 1e-3}, .grad_clip = 1.0, .keep = 3,
                                .adamw = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1}};
     a->out = "sft-out";
@@ -108,7 +121,16 @@ static void parse_train(int argc, char **argv, train_args *a) {
         else if (!strcmp(name, "keep")) o->keep = (int)cli_parse_long("--keep", optarg, 0, 1000000);
         else if (!strcmp(name, "recompute")) o->recompute = true;
         else if (!strcmp(name, "override")) o->override = true;
+        else if (!strcmp(name, "lora-rank")) o->lora_rank = (int)cli_parse_long("--lora-rank", optarg, 1, 1 << 20);
+        else if (!strcmp(name, "lora-alpha"))
+            o->lora_alpha = cli_parse_double("--lora-alpha", optarg, 1e-6, 1e6), lora_given = true;
+        else if (!strcmp(name, "lora-targets")) {
+            if (vks_lora_parse_targets(optarg, &o->lora_targets, "--lora-targets"))
+                cli_usage_error("train", "%s", vks_last_error());
+            lora_given = true;
+        }
     }
+    if (lora_given && !o->lora_rank) cli_usage_error("train", "--lora-alpha and --lora-targets go with --lora-rank R");
     if (o->override && !o->resume) cli_usage_error("train", "--override applies to --resume only");
     if (optind >= argc || strcmp(argv[optind], "sft")) cli_usage_error("train", "the kinds of training are 'sft' and 'plan'");
     if (optind + 1 < argc) cli_usage_error("train", "unexpected argument '%s'", argv[optind + 1]);
@@ -187,6 +209,7 @@ int cmd_train(int argc, char **argv) {
     cli_put_path_line("metrics", r.metrics_path);
     cli_put_path_line("plot", r.plot_path);
     cli_put_path_line("final checkpoint", r.final_checkpoint);
+    if (a.o.lora_rank) cli_put_path_line("adapter", r.final_checkpoint);
     if (r.stopped_at_step >= 0) { /* the same command line with --resume continues it */
         bool has_resume = false;
         const char **args = malloc(sizeof *args * (size_t)(argc + 2));

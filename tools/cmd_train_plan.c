@@ -15,8 +15,8 @@ static const char plan_usage[] =
     "optimizer (AdamW's two f32 moments), activations, logits and scratch, as the trainer allocates them\n"
     "for micro-batches of N tokens (default: the model's context, at most 16384). --lora-rank R > 0:\n"
     "LoRA adapters of rank R on every linear layer of every block (q, k, v, o, gate, up, down) over a\n"
-    "frozen base stored as T (f32, f16, bf16, q8_0, q4_0, q4_k; default: a quantized model's file types,\n"
-    "else f32); R = 0 (the default): full fine-tuning with f32 master weights. --recompute keeps only\n"
+    "frozen base stored as T (f32, f16, bf16, q8_0, q4_0, q4_k; default: the model's file types, as\n"
+    "train sft --lora-rank keeps them; --random-model: f32); R = 0 (the default): full fine-tuning with f32 master weights. --recompute keeps only\n"
     "each layer's input and recomputes the rest in the backward. Prints one line per part, then one\n"
     "JSON object with the same numbers in bytes (base_bytes ... total_bytes).\n";
 
@@ -98,7 +98,7 @@ int cmd_train_plan(int argc, char **argv) {
     }
     else m = loaded = cli_load_model(&a.m);
     const char *base_type = a.type ? a.type : "f32";
-    if (!a.type && a.o.lora_rank && loaded && vks_engine_keeps_file_types(loaded))
+    if (!a.type && a.o.lora_rank && loaded) /* the trainer keeps the file's types */
         a.o.keep_file_dtype = true, base_type = "file";
     if (!a.o.lora_rank) base_type = "f32";
     if (!a.tokens_given) a.o.tokens = m->cfg.seq_len < 16384 ? m->cfg.seq_len : 16384;

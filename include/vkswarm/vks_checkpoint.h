@@ -22,9 +22,24 @@
  *
  * Parameters travel as one f32 block per set (weights, Adam m, Adam v) in the
  * layout below: vks_ref_params' order and names, so the trainer's parameter
- * sets map onto it one to one. */
+ * sets map onto it one to one.
+ *
+ * A LoRA run's checkpoint holds the adapter instead of the model:
+ *   adapter_model.safetensors + adapter_config.json  PEFT's layout
+ *                                    (vks_lora_save_peft; the base model's
+ *                                    hash in adapter_config.json), so the
+ *                                    directory is the adapter: `--lora DIR`,
+ *                                    PEFT and vLLM read it;
+ *   optimizer.safetensors            "exp_avg.<name>", "exp_avg_sq.<name>"
+ *                                    with the trainer's names
+ *                                    (layers.N.q_proj.lora_A, ...) in the
+ *                                    adapter's order, rows in the base's own
+ *                                    order (as the trainer holds them);
+ *   state.json                       as above (sizes and hashes of the rest).
+ * No tokenizer: the base has it. */
 #ifndef VKS_CHECKPOINT_H
 #define VKS_CHECKPOINT_H
+#include "vks_lora.h"
 #include "vks_model.h"
 #include "vks_train_types.h"
 
@@ -85,6 +100,10 @@ typedef struct {
     const char *tokenizer_dir;   /* copies its tokenizer.json (and tokenizer_config.json) when not NULL */
     const vks_model_save_options *save; /* passed on to vks_model_save_safetensors (dtype forced to f32); may be NULL */
     vks_ckpt_state state;
+    /* LoRA: the adapter, saved instead of layout and weights (both NULL);
+     * adam_m and adam_v then hold vks_lora_param_count floats each, in the
+     * adapter's order (per layer and target, A then B). */
+    const vks_lora_adapter *lora;
 } vks_checkpoint_data;
 
 /* OUT/step-<step, 9 digits or more> into buf. */
@@ -102,6 +121,8 @@ typedef struct {
     char arch[32];
     int bos_id, eos_id;
     vks_ckpt_state state;
+    vks_lora_adapter *lora;        /* a LoRA checkpoint (vks_checkpoint_load_lora): the adapter; layout and
+                                    * weights NULL, the moments in the adapter's order */
 } vks_checkpoint;
 
 /* Loads and checks everything: state.json (bounded, every field typed and in
@@ -114,6 +135,11 @@ typedef struct {
  * Cauchy-Schwarz; so the next update, lr m_hat / (sqrt(v_hat) + eps), is
  * bounded too). */
 int vks_checkpoint_load(const char *dir, vks_checkpoint **out);
+/* The same for a LoRA run's checkpoint over base model `base`: the adapter
+ * through vks_lora_load (shapes and the recorded base hash against base,
+ * finite values), the moments as above. Each loader refuses the other kind,
+ * naming it. */
+int vks_checkpoint_load_lora(const char *dir, const vks_model *base, vks_checkpoint **out);
 void vks_checkpoint_free(vks_checkpoint *c);
 
 /* The complete checkpoint (a step-N directory holding state.json) with the

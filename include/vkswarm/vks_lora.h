@@ -68,6 +68,8 @@ void vks_lora_adapter_free(vks_lora_adapter *a);
 int vks_lora_adapter_init(vks_lora_adapter *a, uint64_t seed);
 const vks_lora_config *vks_lora_adapter_config(const vks_lora_adapter *a);
 int vks_lora_adapter_n_layers(const vks_lora_adapter *a);
+/* The config of the model the adapter was made for (its shapes); NULL for NULL. */
+const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a);
 /* VKS_OK when the adapter was made for a model of c's shape (layers and
  * every targeted matrix's [out, in]); else VKS_ERR_FORMAT naming `what`. */
 int vks_lora_adapter_check_shape(const vks_lora_adapter *a, const vks_model_config *c, const char *what);

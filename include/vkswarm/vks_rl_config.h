@@ -40,6 +40,11 @@
  *     "think_template": "Think for {n} tokens.\n", around the task text; the thinking-budget sentence;
  *     "think": true              false: qwen3's enable_thinking=false
  *   },
+ *   "lora": {                    LoRA (on one machine): train only adapters of this rank (0: full
+ *     "rank": 0,                 fine-tuning, the default), scale alpha / rank, on these targets (q, k,
+ *     "alpha": 32,               v, o, gate, up, down, PEFT's names or "all"); the inference thread
+ *     "targets": "all"           applies the newest adapter to the frozen base (vks_engine_set_lora)
+ *   },                           and proofs name base + adapter; written only when rank > 0
  *   "roles": {
  *     "orchestrator": 0,         owns tasks, batching and metrics; may share a rank
  *     "trainer": 0,              exactly one
@@ -77,6 +82,9 @@ typedef struct {
     uint64_t seed;
     int length_targets[VKS_RL_MAX_LENGTH_TARGETS], n_length_targets;
     vks_prompt_format prompt;
+    int lora_rank;             /* "lora": rank (0: full fine-tuning), alpha, targets (vks_lora.h bits) */
+    double lora_alpha;
+    uint32_t lora_targets;
     /* roles */
     bool roles_given;
     int orchestrator, trainer;

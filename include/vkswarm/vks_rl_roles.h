@@ -5,6 +5,7 @@
  * (vks_rl_source). The rest of the run's internals: src/rl/rl_internal.h. */
 #ifndef VKS_RL_ROLES_H
 #define VKS_RL_ROLES_H
+#include "vks_lora.h"
 #include "vks_engine.h"
 #include "vks_rl.h"
 #include "vks_tasks.h"
@@ -97,7 +98,9 @@ struct vks_rl_gen {
     const char *tasks_path;   /* their file (inside config->task), NULL for a built-in task */
     vks_task *held;           /* config->eval_split: the held-out tasks of the file (never trained on) */
     int64_t n_held;
-    vks_model *model;         /* the policy it generates with (owned) */
+    vks_model *model;         /* the policy it generates with (owned; LoRA: the frozen base, borrowed) */
+    vks_lora_adapter *adapter; /* LoRA: the policy's adapter on model (owned); NULL: full fine-tuning */
+    bool model_borrowed;      /* LoRA: model is the run's base, not freed here */
     int64_t policy_step;
     uint8_t model_hash[32];
     vks_engine *engine;
@@ -126,6 +129,10 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g);
 void vks_rl_gen_close(vks_rl_gen *g);
 /* Makes m (owned from here) the policy of step `step`: a fresh engine. */
 int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step);
+/* LoRA: makes adapter a (owned from here) the policy of step `step` on the
+ * base g->model (g->model_borrowed): the engine is made once, then only the
+ * adapter is swapped (vks_engine_set_lora); the model hash is base + adapter. */
+int vks_rl_gen_set_adapter(vks_rl_gen *g, vks_lora_adapter *a, int64_t step);
 /* The verifier's rejections, one JSON object per rejected completion,
  * appended per batch (each line flushed and checked) to
  * rollouts_dir/VKS_RL_REJECTED_FILE:

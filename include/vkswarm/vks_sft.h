@@ -53,10 +53,19 @@ typedef struct {
      * the result's overridden). steps may change (with cosine, the schedule
      * then ends at the new last step). */
     bool override;
+    /* LoRA (lora_rank > 0): only an adapter of this rank on lora_targets
+     * (0: all seven) with scale lora_alpha / rank (0: VKS_LORA_DEFAULT_ALPHA)
+     * is trained, PEFT-initialised from seed, on model frozen in its file's
+     * types. Checkpoints hold the adapter (vks_checkpoint.h), the base
+     * model's hash recorded: a resume over another base, or with another
+     * rank, alpha or targets, is refused. 0: full fine-tuning. */
+    int lora_rank;
+    double lora_alpha;
+    uint32_t lora_targets;
 } vks_sft_run_options;
 
 typedef struct {
-    char final_checkpoint[4096];
+    char final_checkpoint[4096];       /* LoRA: the adapter directory (PEFT's layout) */
     char metrics_path[4096];
     char plot_path[4096];
     double first_loss, last_loss;

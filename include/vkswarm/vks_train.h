@@ -1,14 +1,24 @@
-/* vks_train.h: training a whole model on the device (src/engine/train*.c).
+/* vks_train.h: training a whole model, or a LoRA adapter on a frozen base,
+ * on the device (src/engine/train*.c).
  * Four parameter sets of the same shape live on the device: f32 master
- * weights, gradients and the two Adam moments, each a list of tensors named
- * and ordered as vks_ref_params (vks_ref_train.h), i.e. vks_schema_list:
- * tok_emb, each layer's tensors in the schema's order, final_norm and, when
- * the classifier is not tied to tok_emb, classifier. A model in any
- * file type is dequantized to the f32 masters on load (quantized blocks are
- * not trained in place; writing quantized weights back is convert's job). */
+ * weights, gradients and the two Adam moments, each a list of tensors.
+ * Full fine-tuning: named and ordered as vks_ref_params (vks_ref_train.h),
+ * i.e. vks_schema_list: tok_emb, each layer's tensors in the schema's order,
+ * final_norm and, when the classifier is not tied to tok_emb, classifier. A
+ * model in any file type is dequantized to the f32 masters on load
+ * (quantized blocks are not trained in place; writing quantized weights back
+ * is convert's job).
+ * LoRA (vks_trainer_options.lora): the tensors are the adapter's alone, per
+ * layer and per target in vks_lora_target order, A then B:
+ * "layers.N.q_proj.lora_A" [rank, in], "layers.N.q_proj.lora_B" [out, rank]
+ * (PEFT's module names); the model's weights stay frozen on the device in
+ * their file's types (the inference engine's upload: f32, f16, bf16, q8_0,
+ * q4_0, q4_k; q6_k as f16), never expanded to f32; the targeted products are
+ * vks_op_lora_forward/_backward, the rest only pass dX = dY W back. */
 #ifndef VKS_TRAIN_H
 #define VKS_TRAIN_H
 #include "vks_gpu.h"
+#include "vks_lora.h"
 #include "vks_model.h"
 #include "vks_train_types.h" /* vks_adamw_params, vks_lr_schedule, vks_grpo_loss_params */
 
@@ -24,8 +34,17 @@ typedef struct vks_trainer vks_trainer;
 typedef struct {
     int max_tokens;  /* rows of one micro-batch (packed sequences); 0: the model's seq_len */
     bool recompute;  /* keep only each layer's input; recompute its activations in backward */
+    /* LoRA: train only this adapter (its config; its A and B are the starting
+     * values, copied) on the frozen model; it must fit the model's config.
+     * NULL: full fine-tuning. */
+    const vks_lora_adapter *lora;
 } vks_trainer_options;
 
+/* Before allocating anything, the run's memory plan (vks_train_plan_make
+ * with these options; LoRA: the base in its file's types) is compared with
+ * the device's free memory (vks_gpu_free_bytes; VKSWARM_DEVICE_MEMORY caps
+ * it): a run that would not fit is refused, VKS_ERR_ARG with the plan in
+ * the message. */
 int vks_trainer_create(vks_gpu *g, const vks_model *m, const vks_trainer_options *o, vks_trainer **out);
 void vks_trainer_destroy(vks_trainer *t);
 
@@ -115,8 +134,13 @@ int vks_trainer_read(vks_trainer *t, vks_param_kind set, int i, float *dst);
 int vks_trainer_write(vks_trainer *t, vks_param_kind set, int i, const float *src);
 /* A host model (f32, owning its weights) with the current master weights and
  * m's config, special tokens and architecture: for checkpoints, generation
- * and broadcasting. */
+ * and broadcasting. Full fine-tuning only (VKS_ERR_ARG for a LoRA trainer). */
 int vks_trainer_export_model(vks_trainer *t, vks_model **out);
+/* LoRA: the config the trainer trains (NULL for full fine-tuning). */
+const vks_lora_config *vks_trainer_lora_config(const vks_trainer *t);
+/* LoRA: copies the current A and B of every layer and target into a, an
+ * adapter of the same config and layer count (VKS_ERR_ARG otherwise). */
+int vks_trainer_export_lora(vks_trainer *t, vks_lora_adapter *a);
 
 /* ---- the memory plan (src/engine/train_plan.c): device bytes of a training
  * run, computed without a device ---- */
@@ -147,4 +171,6 @@ typedef struct {
  * follows from the shapes and o->base_dtype. VKS_ERR_ARG for a bad config,
  * rank, target mask or token count. */
 int vks_train_plan_make(const vks_model *m, const vks_train_plan_options *o, vks_train_plan *out);
+/* The plan in one line: "base 1.23 GiB, adapter 4.0 MiB, ..., scratch 2.0 MiB: total 3.45 GiB". */
+int vks_train_plan_describe(const vks_train_plan *p, char *buf, size_t cap);
 #endif

@@ -32,11 +32,13 @@ static uint64_t norm_scratch_floats(const vks_model_config *c, uint64_t T) {
 /* The buffers of one layer's activation set and their 4-byte elements for T
  * rows: the one list make_layer_acts allocates, free_layer_acts frees and
  * vks_train_plan counts. */
-int vks_train_layer_buffers(const vks_model_config *c, uint64_t T, train_layer_acts *a,
+static bool has_lora(const vks_lora_config *lora) { return lora && lora->rank > 0; }
+
+int vks_train_layer_buffers(const vks_model_config *c, const vks_lora_config *lora, uint64_t T, train_layer_acts *a,
                             train_buffer out[TRAIN_LAYER_BUFFERS]) {
     uint64_t d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
     uint64_t kv = (uint64_t)c->kv_dim, h = (uint64_t)c->hidden_dim, heads = (uint64_t)c->n_heads;
-    const train_buffer all[TRAIN_LAYER_BUFFERS] = {
+    const train_buffer all[] = {
         {&a->xn1, T * d, TRAIN_BUF_ACT}, {&a->q, T * qd, TRAIN_BUF_ACT}, {&a->k, T * kv, TRAIN_BUF_ACT},
         {&a->v, T * kv, TRAIN_BUF_ACT}, {&a->att, T * qd, TRAIN_BUF_ACT}, {&a->stat_max, T * heads, TRAIN_BUF_ACT},
         {&a->stat_sum, T * heads, TRAIN_BUF_ACT}, {&a->x_mid, T * d, TRAIN_BUF_ACT}, {&a->xn2, T * d, TRAIN_BUF_ACT},
@@ -44,21 +46,23 @@ int vks_train_layer_buffers(const vks_model_config *c, uint64_t T, train_layer_a
         /* q/k norm (Qwen3): q and k before the norm, for its backward */
         {&a->q_pre, T * qd, TRAIN_BUF_ACT}, {&a->k_pre, T * kv, TRAIN_BUF_ACT},
     };
-    int n = c->qk_norm ? TRAIN_LAYER_BUFFERS : TRAIN_LAYER_BUFFERS - 2;
+    int n = c->qk_norm ? 14 : 12;
     memcpy(out, all, sizeof *all * (size_t)n);
+    for (int t = 0; has_lora(lora) && t < VKS_LORA_TARGET_COUNT; t++) /* LoRA: each adapter's z = scale A x */
+        if (lora->targets & (1u << t)) out[n++] = (train_buffer){&a->z[t], T * (uint64_t)lora->rank, TRAIN_BUF_ACT};
     return n;
 }
 
 /* The same for the rest of the store: the head (final norm, logits and
  * log-probabilities) and the backward's scratch; n_partials: the gradient
  * norm's partial sums. */
-int vks_train_other_buffers(const vks_model_config *c, uint64_t T, uint64_t n_partials, train_acts *a,
-                            train_buffer out[TRAIN_OTHER_BUFFERS]) {
+int vks_train_other_buffers(const vks_model_config *c, const vks_lora_config *lora, uint64_t T, uint64_t n_partials,
+                            train_acts *a, train_buffer out[TRAIN_OTHER_BUFFERS]) {
     uint64_t d = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim;
     uint64_t kv = (uint64_t)c->kv_dim, h = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
     uint64_t hd = (uint64_t)c->head_dim;
     const train_buffer_kind A = TRAIN_BUF_ACT, L = TRAIN_BUF_LOGITS, S = TRAIN_BUF_SCRATCH;
-    const train_buffer all[TRAIN_OTHER_BUFFERS] = {
+    const train_buffer all[TRAIN_OTHER_BUFFERS - 1] = {
         {&a->tokens, T, S}, {&a->pos, T, S}, {&a->start, T, S}, {&a->target, T, S}, {&a->xf, T * d, A},
         {&a->logits, T * V, L}, {&a->logp, T, L}, {&a->dlogp, T, L}, {&a->dres, T * d, S}, {&a->dxn, T * d, S},
         {&a->dq, T * qd, S}, {&a->dk, T * kv, S}, {&a->dv, T * kv, S}, {&a->datt, T * qd, S}, {&a->dh, T * h, S},
@@ -73,8 +77,9 @@ int vks_train_other_buffers(const vks_model_config *c, uint64_t T, uint64_t n_pa
         /* q/k norm (Qwen3): their gradients before the norm */
         {&a->dq_pre, T * qd, S}, {&a->dk_pre, T * kv, S},
     };
-    int n = c->qk_norm ? TRAIN_OTHER_BUFFERS : TRAIN_OTHER_BUFFERS - 2;
+    int n = c->qk_norm ? TRAIN_OTHER_BUFFERS - 1 : TRAIN_OTHER_BUFFERS - 3;
     memcpy(out, all, sizeof *all * (size_t)n);
+    if (has_lora(lora)) out[n++] = (train_buffer){&a->lora_scratch, T * (uint64_t)lora->rank, S}; /* LoRA backward's g */
     return n;
 }
 
@@ -92,12 +97,12 @@ static void free_all(const train_buffer *all, int n) {
 
 static int make_layer_acts(vks_trainer *t, train_layer_acts *a) {
     train_buffer all[TRAIN_LAYER_BUFFERS];
-    return make_all(t, all, vks_train_layer_buffers(&t->cfg, (uint64_t)t->acts.T, a, all));
+    return make_all(t, all, vks_train_layer_buffers(&t->cfg, &t->lora, (uint64_t)t->acts.T, a, all));
 }
 
 static void free_layer_acts(vks_trainer *t, train_layer_acts *a) {
     train_buffer all[TRAIN_LAYER_BUFFERS];
-    free_all(all, vks_train_layer_buffers(&t->cfg, (uint64_t)t->acts.T, a, all));
+    free_all(all, vks_train_layer_buffers(&t->cfg, &t->lora, (uint64_t)t->acts.T, a, all));
 }
 
 /* The trainer's RoPE table (positions < T), made by the one function. */
@@ -117,7 +122,7 @@ static int make_scratch(vks_trainer *t) {
                          (uint64_t)t->tensors[i].info.rows * (uint64_t)t->tensors[i].info.cols);
     a->n_partials = (uint32_t)grads;
     train_buffer all[TRAIN_OTHER_BUFFERS];
-    int rc = make_all(t, all, vks_train_other_buffers(&t->cfg, (uint64_t)a->T, grads, a, all));
+    int rc = make_all(t, all, vks_train_other_buffers(&t->cfg, &t->lora, (uint64_t)a->T, grads, a, all));
     if (rc) return rc;
     float one = 1.0f;
     rc = vks_buffer_upload(a->one, 0, &one, sizeof one);
@@ -141,7 +146,7 @@ static void free_acts(vks_trainer *t) {
     for (int l = 0; a->x_in && l <= t->cfg.n_layers; l++) vks_buffer_destroy(a->x_in[l]);
     for (int l = 0; a->layer && l < (t->opt.recompute ? 1 : t->cfg.n_layers); l++) free_layer_acts(t, &a->layer[l]);
     train_buffer all[TRAIN_OTHER_BUFFERS];
-    free_all(all, vks_train_other_buffers(&t->cfg, (uint64_t)a->T, a->n_partials, a, all));
+    free_all(all, vks_train_other_buffers(&t->cfg, &t->lora, (uint64_t)a->T, a->n_partials, a, all));
     free(a->x_in);
     free(a->layer);
 }
@@ -149,6 +154,24 @@ static void free_acts(vks_trainer *t) {
 train_layer_acts *vks_train_layer_acts(vks_trainer *t, int l) { return &t->acts.layer[t->opt.recompute ? 0 : l]; }
 
 /* ---- creation ---- */
+
+/* The run's memory plan against the device's free memory. */
+static int check_fits(vks_gpu *g, const vks_model *m, const vks_trainer_options *o) {
+    vks_train_plan_options po = {.tokens = o->max_tokens, .recompute = o->recompute};
+    const vks_lora_config *lc = o->lora ? vks_lora_adapter_config(o->lora) : NULL;
+    if (lc) po.lora_rank = lc->rank, po.lora_targets = lc->targets, po.keep_file_dtype = true;
+    vks_train_plan p;
+    int rc = vks_train_plan_make(m, &po, &p);
+    if (rc) return rc;
+    uint64_t free_bytes = vks_gpu_free_bytes(g);
+    if (p.total <= free_bytes) return VKS_OK;
+    char plan[256];
+    vks_train_plan_describe(&p, plan, sizeof plan);
+    return vks_set_error(VKS_ERR_ARG, "trainer: the run needs %.1f MiB of device memory, %.1f MiB are free (%s, "
+                         "%d tokens per micro-batch%s); fewer tokens per micro-batch, recompute or LoRA need less",
+                         (double)p.total / (1 << 20), (double)free_bytes / (1 << 20), plan, o->max_tokens,
+                         lc ? ", LoRA" : "");
+}
 
 int vks_trainer_create(vks_gpu *g, const vks_model *m, const vks_trainer_options *o, vks_trainer **out) {
     if (!g || !m || !out) return vks_set_error(VKS_ERR_ARG, "vks_trainer_create: NULL argument");
@@ -168,9 +191,11 @@ int vks_trainer_create(vks_gpu *g, const vks_model *m, const vks_trainer_options
     if (t->opt.max_tokens > VKS_TRAIN_MAX_TOKENS)
         rc = vks_set_error(VKS_ERR_ARG, "trainer: %d tokens per micro-batch, at most %d", t->opt.max_tokens,
                            VKS_TRAIN_MAX_TOKENS);
+    if (!rc) rc = check_fits(g, m, &t->opt);
     if (!rc) rc = vks_ops_create(g, &t->ops);
     if (!rc) vks_ops_set_f16_math(t->ops, false); /* training matmuls stay f32 */
-    if (!rc) rc = vks_train_params_create(t, m);
+    if (!rc) rc = vks_train_params_create(t, m, t->opt.lora);
+    t->opt.lora = NULL; /* copied: the caller keeps its adapter */
     if (!rc) rc = make_acts(t);
     if (rc) {
         vks_trainer_destroy(t);
@@ -406,7 +431,7 @@ static int run(vks_trainer *t, const vks_train_batch *b, bool backward, const gr
     if (!rc) rc = upload_rows(t, &r);
     if (!rc && g) rc = upload_grpo(t, b, &r, g);
     if (!rc && backward && !g) rc = upload_dlogp(t, b, &r);
-    if (!rc && backward) rc = upload_embed_index(t, &r, &n_unique);
+    if (!rc && backward && !vks_train_is_lora(t)) rc = upload_embed_index(t, &r, &n_unique);
     vks_cmd *c = NULL;
     if (!rc) rc = vks_cmd_begin(t->gpu, &c);
     if (!rc) rc = vks_train_record_forward(t, c, (uint32_t)r.n);

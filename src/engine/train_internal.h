@@ -4,6 +4,7 @@
 #ifndef VKS_TRAIN_INTERNAL_H
 #define VKS_TRAIN_INTERNAL_H
 #include "engine_internal.h"
+#include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_ops_grad.h"
 #include "vkswarm/vks_train.h"
 
@@ -28,6 +29,7 @@ typedef struct {
     vks_buffer *x_mid, *xn2;            /* residual after attention, its norm */
     vks_buffer *g, *u, *h;              /* FFN gate, up, swiglu(g, u) */
     vks_buffer *q_pre, *k_pre;          /* with cfg.qk_norm: q and k before their per-head norm, else NULL */
+    vks_buffer *z[VKS_LORA_TARGET_COUNT]; /* LoRA: [T, rank] scale A x of each targeted matrix, else NULL */
 } train_layer_acts;
 
 /* The activation store and the backward's scratch. With opt.recompute one
@@ -49,6 +51,7 @@ typedef struct {
     /* the entropy: d loss / d H per row (the bonus's input), each row's entropy (output), [T] each */
     vks_buffer *grpo_dent, *grpo_entropy;
     vks_buffer *rope_table; /* [T, head_dim/2] (cos, sin): vks_rope_table */
+    vks_buffer *lora_scratch; /* LoRA: [T, rank], vks_op_lora_backward's g; NULL in full fine-tuning */
     uint32_t n_partials;
 } train_acts;
 
@@ -60,14 +63,16 @@ typedef struct {
     uint64_t n;
     train_buffer_kind kind;
 } train_buffer;
-enum { TRAIN_LAYER_BUFFERS = 14, TRAIN_OTHER_BUFFERS = 34 }; /* at most: q/k norm's buffers only with qk_norm */
+/* at most: q/k norm's buffers only with qk_norm, LoRA's only with an adapter */
+enum { TRAIN_LAYER_BUFFERS = 14 + VKS_LORA_TARGET_COUNT, TRAIN_OTHER_BUFFERS = 35 };
 /* train.c: the store's buffer lists for T rows (a layer's set; the head and
- * the backward's scratch), written to out; returns the count. The trainer
+ * the backward's scratch), written to out; returns the count. lora: the
+ * adapter's rank and targets (NULL or rank 0: full fine-tuning). The trainer
  * allocates and frees through them, vks_train_plan (train_plan.c) counts them. */
-int vks_train_layer_buffers(const vks_model_config *c, uint64_t T, train_layer_acts *a,
+int vks_train_layer_buffers(const vks_model_config *c, const vks_lora_config *lora, uint64_t T, train_layer_acts *a,
                             train_buffer out[TRAIN_LAYER_BUFFERS]);
-int vks_train_other_buffers(const vks_model_config *c, uint64_t T, uint64_t n_partials, train_acts *a,
-                            train_buffer out[TRAIN_OTHER_BUFFERS]);
+int vks_train_other_buffers(const vks_model_config *c, const vks_lora_config *lora, uint64_t T, uint64_t n_partials,
+                            train_acts *a, train_buffer out[TRAIN_OTHER_BUFFERS]);
 
 /* A micro-batch's per-row facts, built on the host from vks_train_batch. */
 typedef struct {
@@ -92,7 +97,19 @@ struct vks_trainer {
     train_layer *layers;
     train_acts acts;
     int steps; /* optimizer steps taken */
+    /* LoRA (opt.lora set): the tensors are each layer's A and B of every
+     * target; the model's weights are the frozen base on the device in their
+     * file's types (the engine's upload). Full fine-tuning: lora.rank 0 and
+     * every weight is a trainer tensor; `mats` views them as one-chunk f32
+     * matrices so that the forward reads both kinds the same way. */
+    vks_lora_config lora;
+    float lora_scale;
+    int (*adapter)[VKS_LORA_TARGET_COUNT]; /* [n_layers][target]: tensor of A (B follows), -1 when not targeted */
+    vks_param_set base;
+    dev_matrix *mats; /* full fine-tuning: n_tensors views of the masters */
 };
+
+static inline bool vks_train_is_lora(const vks_trainer *t) { return t->lora.rank > 0; }
 
 #define VKS_TRAIN_NO_TARGET (-1) /* what vks_op_token_logprob reads as "no target" */
 #define VKS_TRAIN_MAX_TOKENS ((int)VKS_ATTENTION_TRAIN_MAX_T)
@@ -107,15 +124,28 @@ struct vks_trainer {
     .row_sum = {(a)->stat_sum, 0, 0}, .starts_sorted = true
 
 /* train_params.c */
-int vks_train_params_create(vks_trainer *t, const vks_model *m);
+int vks_train_params_create(vks_trainer *t, const vks_model *m, const vks_lora_adapter *lora);
 void vks_train_params_free(vks_trainer *t);
 /* The binding of tensor i of a set. */
 vks_binding vks_train_binding(const vks_trainer *t, vks_param_kind set, int i);
+/* The model's weights as the forward reads them (the masters or the frozen
+ * base): matrix k (schema index) of layer l, the embedding, the classifier;
+ * vector k of layer l and the final norm; their gradients (NULL bindings
+ * when frozen). */
+const dev_matrix *vks_train_layer_matrix(const vks_trainer *t, int l, int k);
+const dev_matrix *vks_train_embedding(const vks_trainer *t);
+const dev_matrix *vks_train_classifier(const vks_trainer *t);
+vks_binding vks_train_layer_vector(const vks_trainer *t, vks_param_kind set, int l, int k);
+vks_binding vks_train_final_norm(const vks_trainer *t, vks_param_kind set);
+/* The LoRA target of schema matrix k (wq -> q, ..., w2 -> down), or -1. */
+int vks_train_lora_target(int k);
 
 /* train_forward.c: records the forward of n rows (rows already uploaded):
  * every layer, the head and the log-probabilities into acts.logp. */
 int vks_train_record_forward(vks_trainer *t, vks_cmd *c, uint32_t n);
 /* The forward of layer l alone (x_in[l] -> x_in[l + 1]); backward recomputes with it. */
+/* LoRA: layer l's targeted matrix k (schema index) with its adapter. */
+vks_lora_linear vks_train_lora_linear(const vks_trainer *t, int l, int k);
 int vks_train_record_layer_forward(vks_trainer *t, vks_cmd *c, int l, uint32_t n);
 /* train_backward.c: records the backward of loss = sum_r dlogp[r] * logp[r]
  * (acts.dlogp uploaded), accumulating into the gradient set. */

@@ -21,6 +21,7 @@
  *    vks_op_lora_forward keeps (activations), and one [T, rank] buffer for
  *    vks_op_lora_backward (scratch).
  * Not counted: pipelines, descriptor pools, the driver's own memory. */
+#include <stdio.h>
 #include "engine_internal.h"
 #include "train_internal.h"
 #include "vkswarm/vks_lora.h"
@@ -39,16 +40,16 @@ static int64_t model_params(const vks_model_config *c, bool has_bias) {
 }
 
 /* The trainer's activation store for T rows, split by kind into bytes[]. */
-static void store_bytes(const vks_model_config *c, uint64_t T, bool recompute, uint64_t n_partials,
-                        uint64_t bytes[3]) {
+static void store_bytes(const vks_model_config *c, const vks_lora_config *lora, uint64_t T, bool recompute,
+                        uint64_t n_partials, uint64_t bytes[3]) {
     train_layer_acts layer;
     train_acts acts;
     train_buffer list[TRAIN_OTHER_BUFFERS];
     uint64_t sets = recompute ? 1 : (uint64_t)c->n_layers;
-    int n = vks_train_layer_buffers(c, T, &layer, list);
+    int n = vks_train_layer_buffers(c, lora, T, &layer, list);
     for (int i = 0; i < n; i++) bytes[list[i].kind] += sets * list[i].n * 4;
     bytes[TRAIN_BUF_ACT] += ((uint64_t)c->n_layers + 1) * T * (uint64_t)c->dim * 4; /* x_in */
-    n = vks_train_other_buffers(c, T, n_partials, &acts, list);
+    n = vks_train_other_buffers(c, lora, T, n_partials, &acts, list);
     for (int i = 0; i < n; i++) bytes[list[i].kind] += list[i].n * 4;
 }
 
@@ -83,16 +84,30 @@ int vks_train_plan_make(const vks_model *m, const vks_train_plan_options *o, vks
     uint64_t T = (uint64_t)o->tokens, bytes[3] = {0, 0, 0};
     uint64_t n_targets = (uint64_t)__builtin_popcount(targets), layers = (uint64_t)c->n_layers;
     uint64_t tensors = lora ? 2 * n_targets * layers : layers * 12 + 3; /* each rounds its partials up */
-    store_bytes(c, T, o->recompute, tr / PLAN_SQUARES_CHUNK + tensors, bytes);
-    if (lora) {
-        uint64_t z = T * (uint64_t)o->lora_rank * 4;
-        bytes[TRAIN_BUF_ACT] += (o->recompute ? 1 : layers) * n_targets * z;
-        bytes[TRAIN_BUF_SCRATCH] += z;
-    }
+    vks_lora_config lc = {.rank = o->lora_rank, .targets = targets};
+    store_bytes(c, &lc, T, o->recompute, tr / PLAN_SQUARES_CHUNK + tensors, bytes);
     p.activations = bytes[TRAIN_BUF_ACT];
     p.logits = bytes[TRAIN_BUF_LOGITS];
     p.scratch = bytes[TRAIN_BUF_SCRATCH];
     p.total = p.base + p.adapter + p.gradients + p.optimizer + p.activations + p.logits + p.scratch;
     *out = p;
+    return VKS_OK;
+}
+
+/* bytes as "12.3 MiB" or "1.23 GiB" */
+static void put_size(char *buf, size_t cap, uint64_t bytes) {
+    if (bytes >= (1ull << 30)) snprintf(buf, cap, "%.2f GiB", (double)bytes / (1ull << 30));
+    else snprintf(buf, cap, "%.1f MiB", (double)bytes / (1ull << 20));
+}
+
+int vks_train_plan_describe(const vks_train_plan *p, char *buf, size_t cap) {
+    if (!p || !buf || !cap) return vks_set_error(VKS_ERR_ARG, "vks_train_plan_describe: NULL argument");
+    const uint64_t parts[8] = {p->base, p->adapter, p->gradients, p->optimizer, p->activations, p->logits,
+                               p->scratch, p->total};
+    const char *names[8] = {"base", "adapter", "gradients", "optimizer", "activations", "logits", "scratch", "total"};
+    char s[8][32];
+    for (int i = 0; i < 8; i++) put_size(s[i], sizeof s[i], parts[i]);
+    snprintf(buf, cap, "%s %s, %s %s, %s %s, %s %s, %s %s, %s %s, %s %s: %s %s", names[0], s[0], names[1], s[1],
+             names[2], s[2], names[3], s[3], names[4], s[4], names[5], s[5], names[6], s[6], names[7], s[7]);
     return VKS_OK;
 }

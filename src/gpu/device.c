@@ -1,4 +1,5 @@
 /* Vulkan instance, physical device enumeration/selection and logical device. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,6 +245,24 @@ static int create_logical_device(vks_gpu *g) {
     return VKS_OK;
 }
 
+/* VKSWARM_DEVICE_MEMORY=N[K|M|G] caps the device memory our accounting
+ * offers (vks_gpu_free_bytes): a smaller device for tests and plans, or a
+ * share of a GPU used by others. */
+static int cap_heap(vks_gpu *g) {
+    const char *env = getenv("VKSWARM_DEVICE_MEMORY");
+    if (!env || !*env) return VKS_OK;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = strtoull(env, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+    if (shift) end++;
+    if (errno || end == env || *end || env[0] == '-' || n > (UINT64_MAX >> shift))
+        return vks_set_error(VKS_ERR_ARG, "VKSWARM_DEVICE_MEMORY '%.40s' is not a byte count (N, NK, NM or NG)", env);
+    uint64_t cap = (uint64_t)n << shift;
+    if (cap < g->heap_bytes) g->heap_bytes = cap;
+    return VKS_OK;
+}
+
 static int choose_memory_types(vks_gpu *g) {
     VkPhysicalDeviceMemoryProperties mp;
     vkGetPhysicalDeviceMemoryProperties(g->phys, &mp);
@@ -256,7 +275,7 @@ static int choose_memory_types(vks_gpu *g) {
     if (rc) rc = vks_gpu_find_memory(g, ~0u, host, &g->host_mem_type);
     if (rc) return rc;
     g->heap_bytes = mp.memoryHeaps[mp.memoryTypes[g->device_mem_type].heapIndex].size;
-    return VKS_OK;
+    return cap_heap(g);
 }
 
 int vks_gpu_find_memory(const vks_gpu *g, uint32_t type_bits, VkMemoryPropertyFlags want, uint32_t *out) {

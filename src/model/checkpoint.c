@@ -146,7 +146,8 @@ static int model_view(const vks_param_layout *l, const float *block, const char 
 
 static const char *const ckpt_files[] = {"model.safetensors", "config.json", VKS_TOKENIZER_JSON,
                                          VKS_TOKENIZER_CONFIG_JSON, VKS_TOKENIZER_GGUF, VKS_TOKENIZER_BIN,
-                                         "optimizer.safetensors"};
+                                         "optimizer.safetensors", "adapter_model.safetensors",
+                                         "adapter_config.json"};
 #define N_CKPT_FILES (sizeof ckpt_files / sizeof ckpt_files[0])
 
 bool vks_ckpt_known_file(const char *name) {
@@ -227,6 +228,7 @@ static const char *nonfinite_tensor(const vks_param_layout *l, const float *bloc
 }
 
 static int check_data(const char *dir, const vks_checkpoint_data *c) {
+    if (dir && c && c->lora) return vks_ckpt_lora_check(dir, c);
     if (!dir || !c || !c->layout || !c->weights || (!c->adam_m != !c->adam_v))
         return vks_set_error(VKS_ERR_ARG, "vks_checkpoint_save: missing weights, or only one Adam moment");
     if (c->state.step < 0 || c->state.tokens_seen < 0 || c->state.data.epoch < 0 || c->state.data.index < 0)
@@ -380,6 +382,11 @@ static int save_state(const char *dir, const vks_ckpt_state *s) {
 }
 
 static int write_all(const char *tmp, const vks_checkpoint_data *c) {
+    if (c->lora) {
+        int rc = vks_ckpt_lora_write(tmp, c);
+        if (rc == VKS_OK) rc = save_state(tmp, &c->state);
+        return rc == VKS_OK ? vks_ckpt_sync_dir(tmp) : rc;
+    }
     vks_model *view = NULL;
     vks_model_save_options opt = c->save ? *c->save : (vks_model_save_options){0};
     opt.dtype = VKS_DTYPE_F32; /* the masters, exactly */
@@ -588,12 +595,19 @@ static int read_state(const state_reader *r, vks_ckpt_state *s, char **extra) {
 }
 
 /* Every file state.json lists has its size and hash; model.safetensors and
- * config.json must be listed. *has_optimizer: optimizer.safetensors is. */
-static int verify_files(const state_reader *r, const char *dir, bool *has_optimizer) {
+ * config.json must be listed (lora: adapter_model.safetensors and
+ * adapter_config.json). *has_optimizer: optimizer.safetensors is. */
+static int verify_files(const state_reader *r, const char *dir, bool lora, bool *has_optimizer) {
     json_t *files = get_object(r, r->root, "files");
     if (!files) return VKS_ERR_FORMAT;
-    if (!json_object_get(files, "model.safetensors") || !json_object_get(files, "config.json"))
-        return vks_set_error(VKS_ERR_FORMAT, "%s: lists no model.safetensors and config.json", r->path);
+    bool has_model = json_object_get(files, "model.safetensors") && json_object_get(files, "config.json");
+    bool has_adapter = json_object_get(files, "adapter_model.safetensors") && json_object_get(files, "adapter_config.json");
+    if (lora && !has_adapter)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: lists no adapter_model.safetensors and adapter_config.json: %s", r->path,
+                             has_model ? "a full fine-tuning checkpoint, not a LoRA run's" : "not a LoRA checkpoint");
+    if (!lora && !has_model)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: lists no model.safetensors and config.json%s", r->path,
+                             has_adapter ? ": a LoRA run's checkpoint (an adapter), not a full model's" : "");
     *has_optimizer = json_object_get(files, "optimizer.safetensors") != NULL;
     const char *name;
     json_t *v;
@@ -667,7 +681,7 @@ static int load_moment(const vks_st_file *f, const char *path, const char *name,
 
 /* K of vks_checkpoint_load's bound |m| <= K sqrt(v) after `steps` Adam
  * updates (infinite when the betas allow no bound). */
-static double moment_bound(const vks_ckpt_state *s) {
+double vks_ckpt_moment_bound(const vks_ckpt_state *s) {
     double b1 = s->adam.beta1, b2 = s->adam.beta2;
     if (b2 >= 1 || (b2 == 0 && b1 > 0)) return INFINITY; /* (resuming runs refuse betas other than theirs) */
     double r = b1 > 0 ? b1 * b1 / b2 : 0, t = (double)s->step;
@@ -679,9 +693,9 @@ static double moment_bound(const vks_ckpt_state *s) {
  * rounding, and MOMENT_FLOOR for squares of gradients below 1e-19 that
  * flush to 0 in v (m then stays below ~1e-18; an update from m this small
  * over eps is below 1e-7 lr). */
-#define MOMENT_FLOOR 1e-15
+#define MOMENT_FLOOR VKS_CKPT_MOMENT_FLOOR
 static int check_moment_sizes(const vks_checkpoint *c, const char *path) {
-    double k = moment_bound(&c->state) * (1 + 1e-3);
+    double k = vks_ckpt_moment_bound(&c->state) * (1 + 1e-3);
     if (!(k < INFINITY)) return VKS_OK;
     for (int t = 0; t < c->layout->n_tensors; t++) {
         const vks_param_info *p = &c->layout->tensors[t];
@@ -760,7 +774,8 @@ static int check_step_name(const char *dir, const char *state_path, int64_t step
                          (long long)step, (long long)named);
 }
 
-int vks_checkpoint_load(const char *dir, vks_checkpoint **out) {
+/* Either kind: base NULL for a full model's checkpoint. */
+static int load_any(const char *dir, const vks_model *base, vks_checkpoint **out) {
     if (!dir || !out) return vks_set_error(VKS_ERR_ARG, "vks_checkpoint_load: NULL argument");
     *out = NULL;
     vks_checkpoint *c = calloc(1, sizeof *c);
@@ -773,9 +788,9 @@ int vks_checkpoint_load(const char *dir, vks_checkpoint **out) {
     if (rc == VKS_OK) rc = read_state_file(path, &r.root);
     if (rc == VKS_OK) rc = read_state(&r, &c->state, &extra);
     if (rc == VKS_OK) rc = check_step_name(dir, path, c->state.step);
-    if (rc == VKS_OK) rc = verify_files(&r, dir, &has_optimizer);
+    if (rc == VKS_OK) rc = verify_files(&r, dir, base != NULL, &has_optimizer);
     json_decref(r.root);
-    if (rc == VKS_OK) rc = load_model(c, dir, has_optimizer);
+    if (rc == VKS_OK) rc = base ? vks_ckpt_lora_load(c, dir, base, has_optimizer) : load_model(c, dir, has_optimizer);
     if (rc != VKS_OK) {
         vks_checkpoint_free(c); /* extra, once read, is c->state.extra_json */
         return rc;
@@ -784,8 +799,16 @@ int vks_checkpoint_load(const char *dir, vks_checkpoint **out) {
     return VKS_OK;
 }
 
+int vks_checkpoint_load(const char *dir, vks_checkpoint **out) { return load_any(dir, NULL, out); }
+
+int vks_checkpoint_load_lora(const char *dir, const vks_model *base, vks_checkpoint **out) {
+    if (!base) return vks_set_error(VKS_ERR_ARG, "vks_checkpoint_load_lora: NULL base");
+    return load_any(dir, base, out);
+}
+
 void vks_checkpoint_free(vks_checkpoint *c) {
     if (!c) return;
+    vks_lora_adapter_free(c->lora);
     vks_param_layout_free(c->layout);
     free(c->weights);
     free(c->adam_m);

@@ -172,6 +172,7 @@ void vks_lora_adapter_free(vks_lora_adapter *a) {
 
 const vks_lora_config *vks_lora_adapter_config(const vks_lora_adapter *a) { return a ? &a->cfg : NULL; }
 int vks_lora_adapter_n_layers(const vks_lora_adapter *a) { return a ? a->n_layers : 0; }
+const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a) { return a ? &a->base : NULL; }
 
 int vks_lora_adapter_check_shape(const vks_lora_adapter *a, const vks_model_config *c, const char *what) {
     if (!a || !c) return vks_set_error(VKS_ERR_ARG, "vks_lora_adapter_check_shape: NULL argument");
@@ -239,7 +240,6 @@ const uint8_t *vks_lora_adapter_base_hash(const vks_lora_adapter *a) {
 
 const char *vks_lora_adapter_base_arch(const vks_lora_adapter *a) { return a ? a->base_arch : ""; }
 const char *vks_lora_adapter_base_name(const vks_lora_adapter *a) { return a ? a->base_name : ""; }
-const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a) { return a ? &a->base : NULL; }
 
 int vks_lora_target_tensor(vks_lora_target t) {
     static const int index[VKS_LORA_TARGET_COUNT] = {VKS_T_wq, VKS_T_wk, VKS_T_wv, VKS_T_wo,

@@ -61,6 +61,38 @@ int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_mod
     return rc;
 }
 
+int vks_rl_move_lora_set(vks_trainer *t, vks_param_kind set, float *block, size_t n, bool to_block) {
+    size_t at = 0;
+    for (int i = 0; i < vks_trainer_n_tensors(t); i++) {
+        vks_train_tensor_info info;
+        int rc = vks_trainer_tensor_info(t, i, &info);
+        size_t count = rc ? 0 : (size_t)(info.rows * info.cols);
+        if (!rc && count > n - at) rc = vks_set_error(VKS_ERR_FORMAT, "checkpoint: fewer values than the adapter's");
+        if (!rc) rc = to_block ? vks_trainer_read(t, set, i, block + at) : vks_trainer_write(t, set, i, block + at);
+        if (rc) return rc;
+        at += count;
+    }
+    return at == n ? VKS_OK : vks_set_error(VKS_ERR_FORMAT, "checkpoint: more values than the adapter's");
+}
+
+int vks_rl_save_lora(vks_trainer *t, vks_lora_adapter *a, const vks_ckpt_state *state, const char *out_dir, int keep,
+                     char *dir, size_t cap) {
+    const vks_lora_config *lc = vks_lora_adapter_config(a);
+    int64_t n = vks_lora_param_count(vks_lora_adapter_base_config(a), lc->rank, lc->targets);
+    float *mo = n > 0 ? malloc(sizeof *mo * (size_t)n) : NULL, *v = n > 0 ? malloc(sizeof *v * (size_t)n) : NULL;
+    int rc = mo && v ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "checkpoint: out of host memory");
+    if (!rc) rc = vks_trainer_export_lora(t, a);
+    if (!rc) rc = vks_rl_move_lora_set(t, VKS_SET_ADAM_M, mo, (size_t)n, true);
+    if (!rc) rc = vks_rl_move_lora_set(t, VKS_SET_ADAM_V, v, (size_t)n, true);
+    vks_checkpoint_data c = {.adam_m = mo, .adam_v = v, .state = *state, .lora = a};
+    if (!rc) rc = vks_checkpoint_step_dir(out_dir, state->step, dir, cap);
+    if (!rc && (rc = vks_checkpoint_save(dir, &c))) rc = save_failed(rc, out_dir, dir);
+    if (!rc && keep > 0) rc = vks_checkpoint_prune(out_dir, keep, state->step, NULL);
+    free(mo);
+    free(v);
+    return rc;
+}
+
 int vks_rl_close_metrics(vks_metrics *m, int rc) {
     if (!rc) return vks_metrics_close(m);
     char why[2048];

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_rl_config.h"
 #include "vkswarm/vks_tasks.h"
 
@@ -56,10 +57,13 @@ void vks_rl_config_defaults(vks_rl_config *c) {
     c->length_penalty = 3e-4;
     c->trainer = -1; /* required once roles are given */
     vks_prompt_format_default(&c->prompt);
+    c->lora_alpha = VKS_LORA_DEFAULT_ALPHA;
+    c->lora_targets = VKS_LORA_ALL_TARGETS;
 }
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
 /* bits of vks_rl_config.given: keys[i] is bit i, then these */
+#define GIVEN_LORA (1u << 31)
 #define GIVEN_PROMPT (1u << 28)
 #define GIVEN_TARGETS (1u << 29)
 #define GIVEN_ROLES (1u << 30)
@@ -74,6 +78,7 @@ static const key_info *find_key(const char *name) {
 static uint32_t key_bit(const char *name) {
     if (!strcmp(name, "length_targets")) return GIVEN_TARGETS;
     if (!strcmp(name, "prompt") || !strncmp(name, "prompt.", 7)) return GIVEN_PROMPT;
+    if (!strcmp(name, "lora") || !strncmp(name, "lora.", 5)) return GIVEN_LORA;
     if (!strcmp(name, "roles") || !strncmp(name, "roles.", 6)) return GIVEN_ROLES;
     const key_info *k = find_key(name);
     return k ? 1u << (k - keys) : 0;
@@ -202,6 +207,52 @@ static int json_targets(vks_rl_config *c, json_t *a, const char *path) {
     return VKS_OK;
 }
 
+/* lora.rank, lora.alpha, lora.targets from text. */
+static int set_lora(vks_rl_config *c, const char *k, const char *v, const char *where) {
+    char *end;
+    errno = 0;
+    if (!strcmp(k, "targets")) {
+        int rc = vks_lora_parse_targets(v, &c->lora_targets, "lora.targets");
+        return rc ? vks_error_prefix(VKS_ERR_FORMAT, "%s", where) : VKS_OK;
+    }
+    double x = strtod(v, &end);
+    bool ok = end != v && !*end && !errno && isfinite(x);
+    if (!strcmp(k, "rank")) {
+        if (!ok || x < 0 || x > (1 << 20) || x != floor(x))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: lora.rank must be an integer in [0, 1048576]", where);
+        c->lora_rank = (int)x;
+        return VKS_OK;
+    }
+    if (!strcmp(k, "alpha")) {
+        if (!ok || !(x > 0) || x > 1e6) return vks_set_error(VKS_ERR_FORMAT, "%s: lora.alpha must be in (0, 1e6]", where);
+        c->lora_alpha = x;
+        return VKS_OK;
+    }
+    return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'lora.%.40s'", where, k);
+}
+
+/* "lora": {"rank": 8, "alpha": 32, "targets": "q,v"} */
+static int json_lora(vks_rl_config *c, json_t *o, const char *path) {
+    if (!json_is_object(o)) return vks_set_error(VKS_ERR_FORMAT, "%s: lora must be an object", path);
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        char text[64];
+        if (json_is_string(v) && !strcmp(k, "targets")) {
+            int rc = set_lora(c, k, json_string_value(v), path);
+            if (rc) return rc;
+            continue;
+        }
+        if (!json_is_number(v) || strcmp(k, "targets") == 0)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: lora.%.40s must be %s", path, k,
+                                 strcmp(k, "targets") ? "a number" : "a string");
+        snprintf(text, sizeof text, "%.17g", json_number_value(v));
+        int rc = set_lora(c, k, text, path);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
 int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
     const char *where = "--set";
     const char *eq = assignment ? strchr(assignment, '=') : NULL;
@@ -218,6 +269,7 @@ int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
         int rc = vks_prompt_set(&c->prompt, key + 7, v, NULL);
         return rc ? vks_error_prefix(rc, "%s", where) : VKS_OK;
     }
+    if (!strncmp(key, "lora.", 5)) return set_lora(c, key + 5, v, where);
     if (!strncmp(key, "roles.", 6)) {
         const char *r = key + 6;
         c->roles_given = true;
@@ -332,6 +384,7 @@ static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path
     c->given |= key_bit(k);
     if (!strcmp(k, "roles")) return json_roles(c, v, path);
     if (!strcmp(k, "prompt")) return json_prompt(c, v, path);
+    if (!strcmp(k, "lora")) return json_lora(c, v, path);
     if (!strcmp(k, "length_targets")) return json_targets(c, v, path);
     const key_info *info = find_key(k);
     if (!info) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key '%s'", path, k);
@@ -415,6 +468,15 @@ static json_t *config_object(const vks_rl_config *c) {
                             json_pack("{s:s, s:s, s:s, s:s, s:b}", "chat_template", c->prompt.chat_template, "system",
                                       c->prompt.system, "user_template", c->prompt.user_template, "think_template",
                                       c->prompt.think_template, "think", !c->prompt.no_think));
+    if (o && c->lora_rank > 0) { /* only then: full fine-tuning's stored configs stay as they were */
+        char targets[96] = "";
+        for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++)
+            if (c->lora_targets & (1u << t))
+                snprintf(targets + strlen(targets), sizeof targets - strlen(targets), "%s%s", targets[0] ? "," : "",
+                         vks_lora_target_name((vks_lora_target)t));
+        json_object_set_new(o, "lora", json_pack("{s:i, s:f, s:s}", "rank", c->lora_rank, "alpha", c->lora_alpha,
+                                                 "targets", targets));
+    }
     if (o && c->roles_given) {
         json_t *inf = json_array();
         for (int g = 0; inf && g < c->n_groups; g++)
@@ -471,10 +533,11 @@ int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const ch
     vks_rl_config *merged = malloc(sizeof *merged);
     int rc = mine && old && merged ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "resume: out of host memory");
     size_t at = 0;
-    const char *names[N_KEYS + 3];
+    const char *names[N_KEYS + 4];
     for (size_t i = 0; i < N_KEYS; i++) names[i] = keys[i].name;
     names[N_KEYS] = "length_targets", names[N_KEYS + 1] = "roles", names[N_KEYS + 2] = "prompt";
-    for (size_t i = 0; !rc && i < N_KEYS + 3; i++) {
+    names[N_KEYS + 3] = "lora";
+    for (size_t i = 0; !rc && i < N_KEYS + 4; i++) {
         const char *k = names[i];
         if (!vks_rl_config_given(c, k)) continue;
         json_t *now = json_object_get(mine, k), *was = json_object_get(old, k);
@@ -485,7 +548,10 @@ int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const ch
         if (now) json_object_set(old, k, now); /* releases was */
         else json_object_del(old, k);
         if (listed(resume_free_keys, k)) continue;
-        if (listed(resume_fixed_keys, k))
+        if (!strcmp(k, "lora"))
+            rc = vks_set_error(VKS_ERR_ARG, "resume: lora was %s in %s, now %s (the adapter's shape and scale stay: "
+                               "start a new run from it with --model and another --out)", a, where, b);
+        else if (listed(resume_fixed_keys, k))
             rc = vks_set_error(VKS_ERR_ARG, "resume: %s was %s in %s, now %s (the rollout position is in the terms of its "
                                "task and prompts_per_step: start a new run from it with --model and another --out)",
                                k, a, where, b);
@@ -585,6 +651,9 @@ int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
     int rc = check_values(c);
     if (rc) return rc;
+    if (c->roles_given && c->lora_rank > 0)
+        return vks_set_error(VKS_ERR_FORMAT, "config: lora.rank %d with roles: LoRA RL runs on one machine only so far "
+                             "(Shardcast does not carry adapters yet)", c->lora_rank);
     if (!c->roles_given) {
         c->trainer = c->orchestrator = 0;
         if (n_ranks != 1)

@@ -18,6 +18,14 @@ int vks_rl_move_set(vks_trainer *t, const vks_param_layout *l, vks_param_kind se
 int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_model *m,
                         const struct vks_tokenizer *tok, const vks_ckpt_state *state, const char *out_dir, int keep,
                         char *dir, size_t cap);
+/* LoRA: one set of every trainer tensor in order (the adapter's order: per
+ * layer and target, A then B) to or from a block of n floats. */
+int vks_rl_move_lora_set(vks_trainer *t, vks_param_kind set, float *block, size_t n, bool to_block);
+/* LoRA: the trainer's adapter (copied into a, an adapter of the trainer's
+ * config with the base recorded) and both moments saved as OUT/step-N,
+ * then pruned as vks_rl_save_trainer does. */
+int vks_rl_save_lora(vks_trainer *t, vks_lora_adapter *a, const vks_ckpt_state *state, const char *out_dir, int keep,
+                     char *dir, size_t cap);
 
 /* Closes m (may be NULL); returns rc when it is an error already (its
  * message kept), else vks_metrics_close's result. */
@@ -58,6 +66,7 @@ typedef struct vks_rl_shared {
     pthread_cond_t cv;
     vks_rl_queue queue;
     vks_model *next_model;   /* newest weights the inference thread has not taken; NULL: none */
+    vks_lora_adapter *next_adapter; /* LoRA: the newest adapter instead (the base stays); NULL: none */
     int64_t next_step;
     bool stop;               /* the trainer is done: inference returns */
     int gen_rc;              /* inference failed: the code, and gen_error the message */

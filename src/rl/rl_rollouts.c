@@ -366,6 +366,7 @@ static int verify_batch(vks_rl_gen *g, const char *path, gen_batch *b, int n) {
     for (int i = 0; !rc && i < n; i++) prompts[i] = b->prompt_ids[i / G], lens[i] = b->prompt_lens[i / G];
     vo.task_prompts = prompts, vo.task_prompt_lens = lens, vo.n_task_prompts = n;
     vo.cpu_threads = 1;
+    vo.lora = g->adapter;
     if (!rc) rc = vks_verify_batch_cpu(g->model, &vo, f.samples, n, b->verdicts);
     if (!rc) rc = vks_rl_record_rejections(g, f.samples, b->verdicts, n, &vo);
     free(prompts);
@@ -386,7 +387,7 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     int rc = VKS_OK;
     bool toploc = g->o->verify || g->defer_verify;
     if (toploc) { /* the rollout file: for this verifier or a verifier rank (proofs made here unless elsewhere) */
-        rc = vks_rollout_writer_create(path, g->model, NULL, "policy", &sp, n, !g->generate, &w);
+        rc = vks_rollout_writer_create(path, g->model, g->adapter, "policy", &sp, n, !g->generate, &w);
         go.on_hidden = on_hidden, go.user = w;
     }
     if (!rc) rc = g->generate ? g->generate(g->generate_ctx, g, &sp, b->seqs, n, toploc)
@@ -480,8 +481,10 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g) {
 void vks_rl_gen_close(vks_rl_gen *g) {
     vks_engine_destroy(g->engine);
     g->engine = NULL;
-    vks_model_free(g->model);
+    if (!g->model_borrowed) vks_model_free(g->model);
     g->model = NULL;
+    vks_lora_adapter_free(g->adapter);
+    g->adapter = NULL;
     free(g->tasks);
     g->tasks = NULL;
     free(g->held);
@@ -558,6 +561,25 @@ static int run_batch(vks_rl_gen *g, int n_prompts) {
     return rc;
 }
 
+/* The inference engine of model m for a whole batch of the run. */
+static int make_engine(vks_rl_gen *g, const vks_model *m) {
+    const vks_rl_config *c = g->o->config;
+    int n = c->prompts_per_step * c->group_size;
+    /* verifiers recompute in f32 and compare within margins: no half arithmetic */
+    vks_engine_options eo = {.n_slots = n, .kv_len = m->cfg.seq_len, .max_rows = n > 256 ? n : 256, .max_out_rows = n,
+                             .f32_math = true, .dtype = VKS_DTYPE_F32};
+    return vks_engine_create(g->o->infer_gpu, m, &eo, &g->engine);
+}
+
+int vks_rl_gen_set_adapter(vks_rl_gen *g, vks_lora_adapter *a, int64_t step) {
+    vks_lora_adapter_free(g->adapter);
+    g->adapter = a;
+    g->policy_step = step;
+    int rc = g->engine || g->generate ? VKS_OK : make_engine(g, g->model);
+    if (!rc && g->engine) rc = vks_engine_set_lora(g->engine, a);
+    return rc ? rc : vks_lora_model_hash(g->model, a, g->model_hash);
+}
+
 /* Replaces the policy with the trainer's newest weights. */
 int vks_rl_gen_set_policy(vks_rl_gen *g, vks_model *m, int64_t step) {
     vks_engine_destroy(g->engine);
@@ -586,13 +608,15 @@ static bool wait_for_work(vks_rl_gen *g, int *rc, int *n_prompts) {
     pthread_mutex_lock(&sh->mu);
     for (;;) {
         if (sh->stop) break;
-        if (sh->next_model) {
+        if (sh->next_model || sh->next_adapter) {
             vks_model *m = sh->next_model;
+            vks_lora_adapter *a = sh->next_adapter;
             int64_t step = sh->next_step;
             sh->next_model = NULL;
+            sh->next_adapter = NULL;
             pthread_mutex_unlock(&sh->mu);
             vks_rl_timeline_note(g->timeline, VKS_RL_WORK_WAIT, g->policy_step, &since);
-            *rc = vks_rl_gen_set_policy(g, m, step);
+            *rc = a ? vks_rl_gen_set_adapter(g, a, step) : vks_rl_gen_set_policy(g, m, step);
             vks_rl_timeline_note(g->timeline, VKS_RL_WORK_LOAD, step, &since);
             if (*rc) return false;
             pthread_mutex_lock(&sh->mu);

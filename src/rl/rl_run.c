@@ -46,6 +46,7 @@ typedef struct {
     const vks_model *start;      /* the start policy: o->model, or the resumed checkpoint's weights */
     vks_model *own_model;        /* those weights, loaded */
     vks_checkpoint *ck;          /* the checkpoint resumed from */
+    vks_lora_adapter *adapter;   /* LoRA (config lora.rank > 0): the start, then what checkpoints save; else NULL */
     int64_t next_batch;          /* the rollout position it recorded */
     double t_start;              /* the run's start (vks_seconds_now()) */
     vks_rl_timeline timeline;    /* the trainer's intervals */
@@ -201,6 +202,31 @@ int vks_rl_stored_read(const char *out_dir, vks_rl_stored *s, bool *found) {
     return rc;
 }
 
+static bool lora(const rl_run *r) { return r->c->lora_rank > 0; }
+
+static vks_lora_config lora_config(const rl_run *r) {
+    return (vks_lora_config){.rank = r->c->lora_rank, .alpha = r->c->lora_alpha, .targets = r->c->lora_targets};
+}
+
+/* A fresh LoRA run's adapter: PEFT's initialisation from the run's seed, the base recorded. */
+static int fresh_adapter(rl_run *r) {
+    vks_lora_config lc = lora_config(r);
+    int rc = vks_lora_adapter_create(&r->o->model->cfg, &lc, &r->adapter);
+    if (!rc) rc = vks_lora_adapter_init(r->adapter, r->c->seed);
+    return rc ? rc : vks_lora_adapter_set_base(r->adapter, r->o->model);
+}
+
+/* LoRA: the trainer's current adapter as a new one (for inference or evaluation). */
+static int export_adapter(rl_run *r, vks_lora_adapter **out) {
+    int rc = vks_lora_adapter_create(&r->o->model->cfg, vks_lora_adapter_config(r->adapter), out);
+    if (!rc) rc = vks_trainer_export_lora(r->trainer, *out);
+    if (rc) {
+        vks_lora_adapter_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
 /* On resume: the newest checkpoint in OUT becomes the start policy; its
  * moments, step and rollout position are applied once the trainer exists.
  * Nothing there: a fresh run. */
@@ -217,24 +243,45 @@ static int open_start(rl_run *r, vks_rl_result *res) {
     if (!found) { /* a fresh run */
         if ((rc = vks_rl_out_check_fresh(r->c->out, outputs, r->o->resume))) return vks_error_prefix(rc, "rl");
         if (r->o->resume && r->o->on_resume) r->o->on_resume(r->o->progress_ctx, NULL, -1);
-        return VKS_OK;
+        return lora(r) ? fresh_adapter(r) : VKS_OK;
     }
-    if ((rc = vks_checkpoint_load(dir, &r->ck)) || (rc = vks_rl_ckpt_check_kind(r->ck, dir, true)) ||
-        (rc = vks_rl_ckpt_check_betas(r->ck, dir, "rl", RL_BETA1, RL_BETA2)) ||
-        (rc = vks_model_load(dir, &r->own_model)) || (rc = vks_rl_ckpt_check_shape(r->own_model, r->o->model, dir, "rl")))
+    if (lora(r)) { /* the adapter over the same base (its hash checked), the base as given */
+        if ((rc = vks_checkpoint_load_lora(dir, r->o->model, &r->ck)) || (rc = vks_rl_ckpt_check_kind(r->ck, dir, true)) ||
+            (rc = vks_rl_ckpt_check_betas(r->ck, dir, "rl", RL_BETA1, RL_BETA2)))
+            return rc;
+        r->adapter = r->ck->lora;
+        r->ck->lora = NULL;
+        const vks_lora_config *had = vks_lora_adapter_config(r->adapter);
+        if (had->rank != r->c->lora_rank || had->alpha != r->c->lora_alpha || had->targets != r->c->lora_targets)
+            return vks_set_error(VKS_ERR_ARG, "rl: resume: %s holds a LoRA adapter of rank %d, alpha %g, targets 0x%x; "
+                                 "the config asks rank %d, alpha %g, targets 0x%x", dir, had->rank, had->alpha,
+                                 had->targets, r->c->lora_rank, r->c->lora_alpha, r->c->lora_targets);
+    } else if ((rc = vks_checkpoint_load(dir, &r->ck)) || (rc = vks_rl_ckpt_check_kind(r->ck, dir, true)) ||
+               (rc = vks_rl_ckpt_check_betas(r->ck, dir, "rl", RL_BETA1, RL_BETA2)) ||
+               (rc = vks_model_load(dir, &r->own_model)) ||
+               (rc = vks_rl_ckpt_check_shape(r->own_model, r->o->model, dir, "rl")))
         return rc;
     if (!r->ck->adam_m || !r->ck->adam_v) return vks_set_error(VKS_ERR_FORMAT, "rl: %s has no optimizer state", dir);
     if ((rc = read_position(r, dir))) return rc;
-    r->own_model->bos_id = r->o->model->bos_id, r->own_model->eos_id = r->o->model->eos_id;
-    r->start = r->own_model;
+    if (r->own_model) {
+        r->own_model->bos_id = r->o->model->bos_id, r->own_model->eos_id = r->o->model->eos_id;
+        r->start = r->own_model;
+    }
     res->resumed_from = r->ck->state.step;
     if (r->o->on_resume) r->o->on_resume(r->o->progress_ctx, dir, res->resumed_from);
     return VKS_OK;
 }
 
 static int apply_checkpoint(rl_run *r) {
-    int rc = vks_rl_move_set(r->trainer, r->layout, VKS_SET_ADAM_M, r->ck->adam_m, false);
-    if (!rc) rc = vks_rl_move_set(r->trainer, r->layout, VKS_SET_ADAM_V, r->ck->adam_v, false);
+    int rc;
+    if (lora(r)) {
+        size_t n = (size_t)vks_lora_param_count(&r->o->model->cfg, r->c->lora_rank, r->c->lora_targets);
+        rc = vks_rl_move_lora_set(r->trainer, VKS_SET_ADAM_M, r->ck->adam_m, n, false);
+        if (!rc) rc = vks_rl_move_lora_set(r->trainer, VKS_SET_ADAM_V, r->ck->adam_v, n, false);
+    } else {
+        rc = vks_rl_move_set(r->trainer, r->layout, VKS_SET_ADAM_M, r->ck->adam_m, false);
+        if (!rc) rc = vks_rl_move_set(r->trainer, r->layout, VKS_SET_ADAM_V, r->ck->adam_v, false);
+    }
     vks_trainer_set_steps(r->trainer, (int)r->ck->state.step);
     /* the groups that trainer steps 1..step consumed count as queued (the async window) */
     r->sh.queue.pushed = r->ck->state.step * r->c->prompts_per_step;
@@ -261,7 +308,8 @@ static int save_checkpoint(rl_run *r, int64_t next_batch, char *dir, size_t cap)
     vks_ckpt_state st = {.step = vks_trainer_steps(r->trainer), .seed = c->seed,
                          .adam = {.lr = c->lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8},
                          .schedule = {.lr = c->lr}, .grad_clip = RL_GRAD_CLIP, .extra_json = extra};
-    int rc = vks_rl_save_trainer(r->trainer, r->layout, r->start, r->o->tok, &st, c->out, c->keep, dir, cap);
+    int rc = lora(r) ? vks_rl_save_lora(r->trainer, r->adapter, &st, c->out, c->keep, dir, cap)
+                     : vks_rl_save_trainer(r->trainer, r->layout, r->start, r->o->tok, &st, c->out, c->keep, dir, cap);
     free(extra);
     return rc ? vks_error_prefix(rc, "trainer, checkpoint at step %lld", (long long)st.step) : VKS_OK;
 }
@@ -326,9 +374,9 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     if (rc) return rc;
     rc = make_dirs(r, res); /* the tasks were read before OUT was made (vks_rl_run_source) */
     if (!rc) rc = open_eval_tasks(r, res);
-    vks_trainer_options to = {.max_tokens = r->max_tokens};
+    vks_trainer_options to = {.max_tokens = r->max_tokens, .lora = r->adapter};
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
-    if (!rc) rc = vks_param_layout_create(&m->cfg, vks_model_has_bias(m), &r->layout);
+    if (!rc && !lora(r)) rc = vks_param_layout_create(&m->cfg, vks_model_has_bias(m), &r->layout);
     if (!rc && r->ck) rc = apply_checkpoint(r);
     if (!rc) rc = vks_metrics_open(c->out, r->ck ? r->ck->state.step : -1, &r->metrics);
     return rc;
@@ -353,8 +401,15 @@ static int start_inference(rl_run *r) {
     int rc = vks_rl_timeline_init(&r->gen_timeline, r->t_start);
     if (rc) return rc;
     r->gen.timeline = &r->gen_timeline;
-    /* the inference thread starts from the trainer's f32 masters: policy step 0 (or the resumed step) */
-    rc = vks_trainer_export_model(r->trainer, &r->sh.next_model);
+    /* the inference thread starts from the trainer's f32 masters: policy step 0 (or the resumed step);
+     * LoRA: from the base and the trainer's adapter */
+    if (lora(r)) {
+        r->gen.model = (vks_model *)r->o->model; /* borrowed: never written nor freed by the thread */
+        r->gen.model_borrowed = true;
+        rc = export_adapter(r, &r->sh.next_adapter);
+    } else {
+        rc = vks_trainer_export_model(r->trainer, &r->sh.next_model);
+    }
     r->sh.next_step = step;
     if (!rc && pthread_create(&r->thread, NULL, vks_rl_gen_main, &r->gen))
         rc = vks_set_error(VKS_ERR_NOMEM, "rl: cannot start the inference thread");
@@ -377,6 +432,8 @@ static void run_free(rl_run *r) {
     stop_inference(r);
     vks_rl_queue_free(&r->sh.queue);
     vks_model_free(r->sh.next_model);
+    vks_lora_adapter_free(r->sh.next_adapter);
+    vks_lora_adapter_free(r->adapter);
     if (r->shared_ready) pthread_mutex_destroy(&r->sh.mu), pthread_cond_destroy(&r->sh.cv);
     vks_rl_gen_close(&r->gen);
     vks_rl_timeline_free(&r->timeline);
@@ -514,7 +571,8 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
 static int publish(rl_run *r, double *seconds) {
     double t0 = vks_seconds_now();
     vks_model *m = NULL;
-    int rc = vks_trainer_export_model(r->trainer, &m);
+    vks_lora_adapter *a = NULL;
+    int rc = lora(r) ? export_adapter(r, &a) : vks_trainer_export_model(r->trainer, &m);
     if (rc) return vks_error_prefix(rc, "trainer: exporting the weights");
     if (r->src) {
         rc = r->src->publish(r->src->ctx, m, vks_trainer_steps(r->trainer));
@@ -524,7 +582,9 @@ static int publish(rl_run *r, double *seconds) {
     pthread_mutex_lock(&r->sh.mu);
     r->published_position = r->sh.batches; /* at k = 0 inference waits for these weights: where a resume continues */
     vks_model_free(r->sh.next_model);
+    vks_lora_adapter_free(r->sh.next_adapter);
     r->sh.next_model = m;
+    r->sh.next_adapter = a;
     r->sh.next_step = vks_trainer_steps(r->trainer);
     pthread_cond_broadcast(&r->sh.cv);
     pthread_mutex_unlock(&r->sh.mu);
@@ -540,15 +600,19 @@ static int evaluate(rl_run *r, double *accuracy) {
     if (!r->o->eval_n || (r->gen.tasks && !r->eval_tasks)) return VKS_OK;
     double since = vks_seconds_now();
     vks_model *m = NULL;
-    int rc = vks_trainer_export_model(r->trainer, &m);
+    vks_lora_adapter *a = NULL;
+    int rc = lora(r) ? export_adapter(r, &a) : vks_trainer_export_model(r->trainer, &m);
     vks_task_run_options to = {.samples = 1, .temperature = 0, .max_new_tokens = r->c->max_new_tokens,
-                               .engine = {.dtype = VKS_DTYPE_F32}, .prompt = &r->c->prompt};
+                               .engine = {.dtype = VKS_DTYPE_F32}, .prompt = &r->c->prompt, .lora = a};
+    const vks_model *policy = a ? r->o->model : m;
     vks_task_eval_result e;
     int64_t n = r->n_eval_tasks < r->o->eval_n ? r->n_eval_tasks : r->o->eval_n;
-    if (!rc && r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, m, r->o->tok, r->eval_tasks, n, &to, &e);
-    else if (!rc) rc = vks_task_eval(r->o->train_gpu, m, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
+    if (!rc && r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, policy, r->o->tok, r->eval_tasks, n, &to, &e);
+    else if (!rc)
+        rc = vks_task_eval(r->o->train_gpu, policy, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
     if (!rc) *accuracy = e.accuracy, r->eval_n_last = (double)e.n;
     vks_model_free(m);
+    vks_lora_adapter_free(a);
     vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_EVAL, vks_trainer_steps(r->trainer), &since);
     return rc ? vks_error_prefix(rc, "held-out evaluation") : VKS_OK;
 }
@@ -752,6 +816,10 @@ int vks_rl_run(const vks_rl_run_options *o, vks_rl_result *res) { return vks_rl_
 
 int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *res) {
     int rc = check_options(o);
+    if (!rc && src && o->config->lora_rank > 0)
+        rc = vks_set_error(VKS_ERR_ARG, "rl: lora.rank > 0 runs on one machine only so far (no roles across ranks)");
+    if (!rc && o->config->lora_rank > 0)
+        rc = vks_lora_check(&o->model->cfg, o->config->lora_rank, o->config->lora_targets, "rl: lora");
     if (rc || !res) return rc ? rc : vks_set_error(VKS_ERR_ARG, "rl: NULL result");
     memset(res, 0, sizeof *res);
     res->start_accuracy = res->final_accuracy = NAN;

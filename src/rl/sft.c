@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "vkswarm/vks_checkpoint.h"
+#include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_metrics.h"
 #include "vkswarm/vks_sft.h"
 #include "vkswarm/vks_sft_data.h"
@@ -67,6 +68,8 @@ typedef struct {
     micro *micros;
     int n_micros, cap_micros;
     vks_rl_out_dir out;       /* out_dir, locked */
+    vks_lora_adapter *adapter; /* LoRA: the start, then what each checkpoint saves; NULL: full fine-tuning */
+    vks_lora_config lora;      /* LoRA: the options' config (rank 0: full fine-tuning) */
 } sft_run;
 
 static void run_free(sft_run *s) {
@@ -78,17 +81,33 @@ static void run_free(sft_run *s) {
     vks_sft_batcher_free(s->batcher);
     vks_sft_data_free(s->data);
     vks_model_free(s->own_model);
+    vks_lora_adapter_free(s->adapter);
     vks_rl_out_unlock(&s->out);
+}
+
+/* LoRA: what state.json's extra records of the adapter (resume compares it). */
+static void lora_extra(const sft_run *s, char *buf, size_t cap) {
+    if (!s->adapter) {
+        buf[0] = 0;
+        return;
+    }
+    char hash[65] = "";
+    const uint8_t *h = vks_lora_adapter_base_hash(s->adapter);
+    if (h) vks_hash_hex(h, hash);
+    snprintf(buf, cap, ", \"lora_rank\": %d, \"lora_alpha\": %.17g, \"lora_targets\": %u, \"base_model_hash\": \"%s\"",
+             s->lora.rank, s->lora.alpha, s->lora.targets, hash);
 }
 
 static int save_checkpoint(sft_run *s, int64_t step, const vks_adamw_params *h, char *dir, size_t cap) {
     const vks_sft_run_options *o = s->o;
-    char extra[128];
-    snprintf(extra, sizeof extra, "{\"sft_batch\": %d, \"sft_micro_batch\": %d}", o->batch, o->micro_batch);
+    char extra[512], lora[256];
+    lora_extra(s, lora, sizeof lora);
+    snprintf(extra, sizeof extra, "{\"sft_batch\": %d, \"sft_micro_batch\": %d%s}", o->batch, o->micro_batch, lora);
     vks_ckpt_state st = {.step = step, .tokens_seen = s->tokens_seen, .seed = o->seed, .adam = *h,
                          .schedule = o->schedule, .grad_clip = o->grad_clip, .extra_json = extra};
     vks_sft_batcher_position(s->batcher, &st.data);
     vks_hash_hex(s->data_hash, st.data_hash);
+    if (s->adapter) return vks_rl_save_lora(s->trainer, s->adapter, &st, o->out_dir, o->keep, dir, cap);
     return vks_rl_save_trainer(s->trainer, s->layout, s->model, o->tok, &st, o->out_dir, o->keep, dir, cap);
 }
 
@@ -124,8 +143,49 @@ static int check_settings(const vks_sft_run_options *o, const vks_checkpoint *ck
     return rc;
 }
 
-/* On resume: the newest checkpoint's weights become the model; its moments,
- * step and data position are applied once the trainer exists. */
+/* A LoRA resume continues the same adapter: rank, alpha and targets as
+ * recorded (the base was checked by vks_checkpoint_load_lora). */
+static int check_lora_settings(const sft_run *s, const vks_checkpoint *ck, const char *dir) {
+    const vks_lora_config *had = vks_lora_adapter_config(ck->lora), *now = &s->lora;
+    if (had->rank == now->rank && had->alpha == now->alpha && had->targets == now->targets) return VKS_OK;
+    return vks_set_error(VKS_ERR_ARG, "sft: resume: %s holds a LoRA adapter of rank %d, alpha %g, targets 0x%x; this run "
+                         "asks rank %d, alpha %g, targets 0x%x", dir, had->rank, had->alpha, had->targets, now->rank,
+                         now->alpha, now->targets);
+}
+
+/* A fresh LoRA run's adapter: PEFT's initialisation from the seed, the base recorded. */
+static int fresh_adapter(sft_run *s) {
+    int rc = vks_lora_adapter_create(&s->o->model->cfg, &s->lora, &s->adapter);
+    if (!rc) rc = vks_lora_adapter_init(s->adapter, s->o->seed);
+    if (!rc) rc = vks_lora_adapter_set_base(s->adapter, s->o->model);
+    return rc;
+}
+
+/* A checkpoint found on resume: the model's (its weights become the model)
+ * or, for LoRA, the adapter's over the same base. */
+static int open_checkpoint(sft_run *s, const char *dir, vks_checkpoint **ck, vks_sft_result *r) {
+    const vks_sft_run_options *o = s->o;
+    int rc = s->lora.rank ? vks_checkpoint_load_lora(dir, o->model, ck) : vks_checkpoint_load(dir, ck);
+    if (rc) return rc;
+    if ((rc = vks_rl_ckpt_check_kind(*ck, dir, false)) ||
+        (rc = vks_rl_ckpt_check_betas(*ck, dir, "sft", o->adamw.beta1, o->adamw.beta2)) ||
+        (rc = check_settings(o, *ck, dir, r)))
+        return rc;
+    if (s->lora.rank) {
+        if ((rc = check_lora_settings(s, *ck, dir))) return rc;
+        s->adapter = (*ck)->lora; /* the start: its values, its recorded base */
+        (*ck)->lora = NULL;
+        return VKS_OK;
+    }
+    if ((rc = vks_model_load(dir, &s->own_model)) || (rc = vks_rl_ckpt_check_shape(s->own_model, o->model, dir, "sft")))
+        return rc;
+    s->model = s->own_model;
+    return VKS_OK;
+}
+
+/* On resume: the newest checkpoint's weights become the model (LoRA: its
+ * adapter the start); its moments, step and data position are applied once
+ * the trainer exists. */
 static int open_start(sft_run *s, vks_checkpoint **ck, vks_sft_result *r) {
     const vks_sft_run_options *o = s->o;
     int64_t *resumed_from = &r->resumed_from;
@@ -140,14 +200,9 @@ static int open_start(sft_run *s, vks_checkpoint **ck, vks_sft_result *r) {
     if (!found) { /* a fresh run */
         if ((rc = vks_rl_out_check_fresh(o->out_dir, outputs, o->resume))) return vks_error_prefix(rc, "sft");
         if (o->resume && o->on_resume) o->on_resume(o->progress_ctx, NULL, -1);
-        return VKS_OK;
+        return s->lora.rank ? fresh_adapter(s) : VKS_OK;
     }
-    if ((rc = vks_checkpoint_load(dir, ck)) || (rc = vks_rl_ckpt_check_kind(*ck, dir, false)) ||
-        (rc = vks_rl_ckpt_check_betas(*ck, dir, "sft", o->adamw.beta1, o->adamw.beta2)) ||
-        (rc = check_settings(o, *ck, dir, r)) || (rc = vks_model_load(dir, &s->own_model)) ||
-        (rc = vks_rl_ckpt_check_shape(s->own_model, o->model, dir, "sft")))
-        return rc;
-    s->model = s->own_model;
+    if ((rc = open_checkpoint(s, dir, ck, r))) return rc;
     *resumed_from = (*ck)->state.step;
     if (o->on_resume) o->on_resume(o->progress_ctx, dir, *resumed_from);
     return VKS_OK;
@@ -160,8 +215,15 @@ static int apply_checkpoint(sft_run *s, const vks_checkpoint *ck) {
         return vks_set_error(VKS_ERR_ARG, "sft: %s is not the data the checkpoint was trained on (its hash differs)",
                              s->o->data_path);
     if (!ck->adam_m || !ck->adam_v) return vks_set_error(VKS_ERR_FORMAT, "sft: the checkpoint has no optimizer state");
-    int rc = vks_rl_move_set(s->trainer, s->layout, VKS_SET_ADAM_M, ck->adam_m, false);
-    if (!rc) rc = vks_rl_move_set(s->trainer, s->layout, VKS_SET_ADAM_V, ck->adam_v, false);
+    int rc;
+    if (s->adapter) {
+        size_t n = (size_t)vks_lora_param_count(&s->model->cfg, s->lora.rank, s->lora.targets);
+        rc = vks_rl_move_lora_set(s->trainer, VKS_SET_ADAM_M, ck->adam_m, n, false);
+        if (!rc) rc = vks_rl_move_lora_set(s->trainer, VKS_SET_ADAM_V, ck->adam_v, n, false);
+    } else {
+        rc = vks_rl_move_set(s->trainer, s->layout, VKS_SET_ADAM_M, ck->adam_m, false);
+        if (!rc) rc = vks_rl_move_set(s->trainer, s->layout, VKS_SET_ADAM_V, ck->adam_v, false);
+    }
     if (!rc) rc = vks_sft_batcher_seek(s->batcher, &ck->state.data);
     vks_trainer_set_steps(s->trainer, (int)ck->state.step);
     s->tokens_seen = ck->state.tokens_seen;
@@ -190,9 +252,9 @@ static int open_run(sft_run *s, const vks_checkpoint *ck, vks_gpu *g) {
                                       .shuffle = true};
         rc = vks_sft_batcher_create(s->data, &bo, &s->batcher);
     }
-    vks_trainer_options to = {.max_tokens = max_tokens, .recompute = o->recompute};
+    vks_trainer_options to = {.max_tokens = max_tokens, .recompute = o->recompute, .lora = s->adapter};
     if (!rc) rc = vks_trainer_create(g, s->model, &to, &s->trainer);
-    if (!rc) rc = vks_param_layout_create(c, vks_model_has_bias(s->model), &s->layout);
+    if (!rc && !s->adapter) rc = vks_param_layout_create(c, vks_model_has_bias(s->model), &s->layout);
     if (!rc && ck) rc = apply_checkpoint(s, ck);
     if (!rc) rc = vks_metrics_open(o->out_dir, ck ? ck->state.step : -1, &s->metrics);
     return rc;
@@ -244,9 +306,19 @@ static int train_step(sft_run *s, vks_adamw_params *h, double *loss, double *gra
 
 static int check_options(const vks_sft_run_options *o) {
     if (!o || !o->model || !o->tok || !o->data_path || !o->out_dir || o->steps < 1 || o->batch < 1 ||
-        o->micro_batch < 1 || o->micro_batch > o->batch || o->save_every < 0 || o->keep < 0)
+        o->micro_batch < 1 || o->micro_batch > o->batch || o->save_every < 0 || o->keep < 0 || o->lora_rank < 0)
         return vks_set_error(VKS_ERR_ARG, "sft: bad options (steps, batch and micro-batch >= 1, micro-batch <= batch)");
-    return VKS_OK;
+    if (!o->lora_rank) return VKS_OK;
+    double alpha = o->lora_alpha ? o->lora_alpha : VKS_LORA_DEFAULT_ALPHA;
+    if (!(alpha > 0) || !isfinite(alpha)) return vks_set_error(VKS_ERR_ARG, "sft: LoRA alpha %g (finite, > 0)", alpha);
+    return vks_lora_check(&o->model->cfg, o->lora_rank, o->lora_targets ? o->lora_targets : VKS_LORA_ALL_TARGETS,
+                          "sft");
+}
+
+static vks_lora_config lora_config(const vks_sft_run_options *o) {
+    if (!o->lora_rank) return (vks_lora_config){0};
+    return (vks_lora_config){.rank = o->lora_rank, .alpha = o->lora_alpha ? o->lora_alpha : VKS_LORA_DEFAULT_ALPHA,
+                             .targets = o->lora_targets ? o->lora_targets : VKS_LORA_ALL_TARGETS};
 }
 
 static int finish(sft_run *s, const vks_adamw_params *h, vks_sft_result *r) {
@@ -264,7 +336,7 @@ int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
     int rc = check_options(o);
     if (rc || !g || !r) return rc ? rc : vks_set_error(VKS_ERR_ARG, "sft: NULL argument");
     memset(r, 0, sizeof *r);
-    sft_run s = {.o = o, .out = {.fd = -1}};
+    sft_run s = {.o = o, .out = {.fd = -1}, .lora = lora_config(o)};
     vks_checkpoint *ck = NULL;
     r->stopped_at_step = -1;
     rc = open_data(&s);
