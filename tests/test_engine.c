@@ -539,7 +539,7 @@ static void test_record_logp(void **state) {
 
 /* Captures the committed hidden rows of every sampled position, by sequence
  * index and position, to compare batched and lone runs bit for bit. */
-enum { CAP_SEQS = 12, CAP_POS = 48, CAP_DIM = 64 };
+enum { CAP_SEQS = 12, CAP_POS = 300, CAP_DIM = 64 };
 static float captured[2][CAP_SEQS][CAP_POS][CAP_DIM];
 static int capture_run;
 
@@ -557,30 +557,31 @@ static void capture_hidden(void *user, const vks_step *st, const vks_seq_state *
 
 /* Twelve sequences decode as one batch (more rows than the matrix-vector
  * kernel takes at once, prompts longer than a tile): each one's tokens and
- * hidden rows equal, bit for bit, those of the sequence generated alone. */
-static void test_batch_invariance_large(void **state) {
-    (void)state;
+ * hidden rows equal, bit for bit, those of the sequence generated alone.
+ * prompt0: tokens every prompt has beyond 1..23; steps: the context. */
+static void batch_invariance_run(bool kv_f16, int prompt0, int steps) {
     vks_model *m = load_stories();
     if (!m) skip();
     enum { N = 12 };
-    vks_generate_options g = {.sched = {.steps = 48, .temperature = 0.8f, .top_p = 0.95f, .seed = 9, .stop_token_a = 1,
-                                        .stop_token_b = -1},
+    assert_true(steps <= CAP_POS);
+    vks_generate_options g = {.sched = {.steps = steps, .temperature = 0.8f, .top_p = 0.95f, .seed = 9,
+                                        .stop_token_a = 1, .stop_token_b = -1},
                               .on_hidden = capture_hidden};
     memset(captured, 0, sizeof captured);
     vks_sequence batch[N] = {{0}};
     for (int s = 0; s < N; s++) {
-        batch[s].n_prompt = 1 + (s * 5) % 23; /* 1..23 prompt tokens */
-        batch[s].ids = malloc(sizeof(int32_t) * 32);
+        batch[s].n_prompt = prompt0 + 1 + (s * 5) % 23; /* 1..23 prompt tokens beyond prompt0 */
+        batch[s].ids = malloc(sizeof(int32_t) * (size_t)steps);
         batch[s].ids[0] = 1;
         for (int i = 1; i < batch[s].n_prompt; i++) batch[s].ids[i] = 259 + (s * 31 + i * 7) % 250;
     }
-    vks_engine_options o = {.n_slots = N, .kv_len = 48, .max_rows = 40};
+    vks_engine_options o = {.n_slots = N, .kv_len = steps, .max_rows = 40, .kv_f16 = kv_f16};
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
     vks_sequence alone[N] = {{0}};
     for (int s = 0; s < N; s++) {
         alone[s].n_prompt = batch[s].n_prompt;
-        alone[s].ids = malloc(sizeof(int32_t) * 32);
+        alone[s].ids = malloc(sizeof(int32_t) * (size_t)steps);
         memcpy(alone[s].ids, batch[s].ids, sizeof(int32_t) * (size_t)batch[s].n_prompt);
     }
     capture_run = 0;
@@ -597,6 +598,20 @@ static void test_batch_invariance_large(void **state) {
     vks_engine_destroy(e);
     vks_model_free(m);
     assert_no_validation_messages();
+}
+
+static void test_batch_invariance_large(void **state) {
+    (void)state;
+    batch_invariance_run(false, 0, 48);
+}
+
+/* The same with the f16 KV cache, prompts of 241..263 tokens and 296
+ * positions: prefill and decode rows on both sides of the first split
+ * boundary (VKS_ATTN_SPLIT_KEYS keys) of the split attention. */
+static void test_batch_invariance_kv_f16(void **state) {
+    (void)state;
+    assert_true(VKS_ATTN_SPLIT_KEYS < 264);
+    batch_invariance_run(true, 240, 296);
 }
 
 /* Hidden rows of every sampled position of the big-batch test, by run, sequence and position. */
@@ -800,7 +815,8 @@ int main(void) {
         cmocka_unit_test(test_head_dim_vs_cpu),       cmocka_unit_test(test_qwen3_vs_cpu),
         cmocka_unit_test(test_architectures_every_path),
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
-        cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
+        cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_batch_invariance_kv_f16),
+        cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
         cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed),
         cmocka_unit_test(test_refusals),
     };

@@ -23,6 +23,9 @@ typedef struct {
     uint64_t max_chunk_bytes;   /* split weights above this (0: the device's binding limit) */
     bool f32_math;              /* no half-arithmetic kernels even where the device has them
                                    (verifiers: their logits are compared within a margin) */
+    bool kv_f16;                /* the KV cache in halves (rounded to nearest even), attention split
+                                   over keys (vks_op_attention_f16): half the cache memory and
+                                   traffic; a verifier replays with the same type (issue 28) */
 } vks_engine_options;
 
 typedef struct vks_engine vks_engine;
