@@ -13,6 +13,11 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     else if (!strcmp(opt, "arch")) a->random_arch = val;
     else if (!strcmp(opt, "device")) a->device = (int)cli_parse_long("--device", val, 0, 64);
     else if (!strcmp(opt, "profile")) a->profile = true;
+    else if (!strcmp(opt, "kv-type")) { /* llama.cpp's --cache-type-k/-v, one type for both */
+        if (strcmp(val, "f16") && strcmp(val, "f32")) cli_die(EXIT_BAD_INPUT, "--kv-type: '%s' is not f16 or f32", val);
+        a->engine.kv_f16 = !strcmp(val, "f16");
+        a->kv_type_given = true;
+    }
     else if (!strcmp(opt, "dtype")) {
         a->dtype_given = true;
         /* "file": every matrix keeps its file's type (quantized GGUF tensors stay quantized) */

@@ -10,6 +10,7 @@ typedef struct {
     vks_engine_options engine; /* what the user chose: .dtype, .keep_file_dtype (--dtype);
                                   each command adds the sizes and the math it needs */
     bool dtype_given;     /* --dtype was on the command line */
+    bool kv_type_given;   /* --kv-type was (engine.kv_f16 holds it) */
     int device;      /* -1: default */
     bool profile;
 } cli_model_args;
@@ -20,7 +21,8 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val);
 #define CLI_MODEL_LONG_OPTIONS                                                              \
     {"model", required_argument, 0, 0}, {"tokenizer", required_argument, 0, 0},            \
         {"random-model", required_argument, 0, 0}, {"dtype", required_argument, 0, 0},     \
-        {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}, {"arch", required_argument, 0, 0}
+        {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}, {"arch", required_argument, 0, 0}, \
+        {"kv-type", required_argument, 0, 0}
 
 /* The config of --random-model's "dim,hidden,layers,heads,kv_heads,vocab[,seq_len]"
  * (seq_len 2048 when left out; exit 2 on a malformed spec). */

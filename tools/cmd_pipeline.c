@@ -179,6 +179,8 @@ int cmd_pipeline(int argc, char **argv) {
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
                                .engine = a.m.engine, .toploc = a.rollouts_out && !a.no_toploc};
     po.engine.f32_math = a.rollouts_out != NULL;
+    if (a.rollouts_out && po.engine.kv_f16) /* its rollout file does not record the cache type yet */
+        cli_usage_error("pipeline", "--kv-type f16 with --rollouts-out is not supported (use the f32 cache)");
     po.stage_proofs = po.toploc; /* every stage but the last commits what it hands on */
     vks_rollout_writer *rollouts = NULL;
     if (rank == 0 && a.rollouts_out && /* no proofs made here: the last stage makes them */

@@ -181,6 +181,8 @@ typedef struct {
 typedef struct vks_rollout_writer vks_rollout_writer;
 int vks_rollout_writer_create(const char *path, const vks_model *m, const char *model_name,
                               const vks_sched_params *sp, int n_seqs, bool toploc, vks_rollout_writer **out);
+/* Records that the generator's engine keeps an f16 KV cache (header kv_type). */
+void vks_rollout_writer_set_kv_f16(vks_rollout_writer *r, bool on);
 /* A failure here is kept and returned by finish (the hook cannot return one). */
 void vks_rollout_writer_on_hidden(vks_rollout_writer *r, const vks_step *st, const vks_seq_state *states,
                                   const float *hidden);
