@@ -10,6 +10,9 @@
 // whatever the verifier's cache size. Splits past the row's keys exit. The
 // split writes its unnormalised output, running max and sum for each head to
 // `part`; REDUCE combines a row's splits in order 0, 1, ... (a fixed order).
+// A row of one split (at most SPLIT_KEYS keys) writes its output directly
+// and REDUCE skips it: again a choice by the row's own length only (the host
+// leaves REDUCE out when no row can have two splits).
 // One decoding sequence thus gives n_kv_heads x ceil(keys / SPLIT_KEYS)
 // workgroups where the f32 kernel gave n_heads.
 //
@@ -41,6 +44,7 @@ layout(std430, set = 0, binding = 2) readonly buffer VC { uvec2 vc[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Slot { uint slot[]; };
 layout(std430, set = 0, binding = 4) readonly buffer Pos { uint pos[]; };
 layout(std430, set = 0, binding = 5) writeonly buffer Part { vec4 part[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer Out { vec4 out4[]; };
 #endif
 layout(push_constant) uniform Push {
     uint R, n_heads, n_kv_heads, head_dim, seq_len, n_slots, n_splits;
@@ -55,13 +59,16 @@ uint record(uint r, uint h, uint sp) {
 
 uint keys_of(uint r) { return min(pos[r], pc.seq_len - 1u) + 1u; }
 
+uint splits_of(uint r) { return min((keys_of(r) + SPLIT_KEYS - 1u) / SPLIT_KEYS, pc.n_splits); }
+
 #ifdef REDUCE
 // One invocation per (row, head, 4 dims): the row's splits in order.
 void main() {
     uint hd4 = pc.head_dim / 4u, i = linear_invocation_id();
     if (i >= pc.R * pc.n_heads * hd4) return;
     uint d4 = i % hd4, rh = i / hd4, r = rh / pc.n_heads, h = rh - r * pc.n_heads;
-    uint used = min((keys_of(r) + SPLIT_KEYS - 1u) / SPLIT_KEYS, pc.n_splits);
+    uint used = splits_of(r);
+    if (used == 1u) return;  // written by the split itself
     float m = -1.0 / 0.0;
     for (uint sp = 0u; sp < used; sp++) m = max(m, part[record(r, h, sp) + hd4].x);
     float l = 0.0;
@@ -93,10 +100,15 @@ void main() {
     uint q0 = (r * pc.n_heads + h0) * hd4;
     uint lanes = subgroupAdd(1u), lane = gl_SubgroupInvocationID;
 
+    bool whole = splits_of(r) == 1u;  // the row's only split: write the output itself
     if (lanes * V4_PER_LANE < hd4) {  // fewer lanes than the host planned for: loud, never partial
+        vec4 nan4 = vec4(uintBitsToFloat(0x7fc00000u));
         for (uint g = 0u; g < GROUP; g++) {
             uint rec = record(r, h0 + g, sp);
-            for (uint d4 = lane; d4 <= hd4; d4 += lanes) part[rec + d4] = vec4(uintBitsToFloat(0x7fc00000u));
+            for (uint d4 = lane; d4 <= hd4; d4 += lanes) {
+                part[rec + d4] = nan4;
+                if (whole && d4 < hd4) out4[q0 + g * hd4 + d4] = nan4;
+            }
         }
         return;
     }
@@ -136,6 +148,14 @@ void main() {
                 }
             }
         }
+    }
+    if (whole) {
+        for (uint g = 0u; g < GROUP; g++)
+            for (uint i = 0u; i < V4_PER_LANE; i++) {
+                uint d4 = lane + i * lanes;
+                if (d4 < hd4) out4[q0 + g * hd4 + d4] = o[g * V4_PER_LANE + i] / l_run[g];
+            }
+        return;
     }
     for (uint g = 0u; g < GROUP; g++) {
         uint rec = record(r, h0 + g, sp);

@@ -525,10 +525,10 @@ int vks_op_attention_f16(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcac
     /* one subgroup per workgroup, of 4 lanes or more: a lane owns at most
      * ceil(head_dim / 16) groups of 4 output dims */
     uint32_t spec[] = {vks_ops_pick_wg(&o->info, 1), (head_dim / 4 + 3) / 4, group, VKS_ATTN_SPLIT_KEYS};
-    vks_binding b[] = {q, kcache, vcache, slot, pos, part};
-    rc = vks_ops_dispatch(o, c, "attention_split_f16", spec, 4, b, 6, &push, sizeof push,
+    vks_binding b[] = {q, kcache, vcache, slot, pos, part, out};
+    rc = vks_ops_dispatch(o, c, "attention_split_f16", spec, 4, b, 7, &push, sizeof push,
                           (uint64_t)R * (n_heads / group) * n_splits, op);
-    if (rc) return rc;
+    if (rc || n_splits == 1) return rc; /* every row one split: each wrote its output */
     uint32_t spec_r[] = {o->wg_elementwise, 1, 1, VKS_ATTN_SPLIT_KEYS};
     vks_binding br[] = {part, pos, out};
     return vks_ops_dispatch(o, c, "attention_split_reduce", spec_r, 4, br, 3, &push, sizeof push,
