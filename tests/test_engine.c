@@ -262,6 +262,41 @@ static void check_model_vs_ref(vks_model *m, const char *label) {
     assert_no_validation_messages();
 }
 
+/* The f16 KV cache (kv_f16) against the reference forward whose K and V are
+ * rounded to half as the cache stores them: the f32 cache's limit. The odd
+ * random model with a 300-position context, 3 query heads per KV head:
+ * rows on both sides of the split attention's first boundary (256 keys). */
+static void test_kv_f16_vs_ref(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 96, .hidden_dim = 200, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
+                          .vocab_size = 301, .seq_len = 300, .head_dim = 16, .kv_dim = 32, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 7, &m), VKS_OK);
+    enum { N = 300 };
+    static int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (i * 37 + 5) % c.vocab_size;
+    size_t nl = (size_t)N * c.vocab_size;
+    float *want = malloc(sizeof(float) * nl), *got = malloc(sizeof(float) * nl);
+    assert_int_equal(vks_ref_forward_kv_f16(m, ids, N, want), VKS_OK);
+    vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = 64, .kv_f16 = true};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    engine_logits(e, ids, N, 64, got, c.vocab_size);
+    double nmse = tu_nmse(got, want, nl);
+    fprintf(stderr, "kv f16 vs reference with f16 K/V: nmse %.3g\n", nmse);
+    assert_true(nmse < 1e-10);
+    assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK); /* the rounding shows: not the f32 answer */
+    double nmse32 = tu_nmse(got, want, nl);
+    fprintf(stderr, "kv f16 vs reference with f32 K/V: nmse %.3g\n", nmse32);
+    assert_true(nmse32 > 1e-10);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    free(want);
+    free(got);
+    assert_no_validation_messages();
+}
+
 /* The odd random model: GPU vs CPU forward. */
 static void test_random_model_vs_cpu(void **state) {
     (void)state;
@@ -816,6 +851,7 @@ int main(void) {
         cmocka_unit_test(test_architectures_every_path),
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_batch_invariance_kv_f16),
+        cmocka_unit_test(test_kv_f16_vs_ref),
         cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
         cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed),
         cmocka_unit_test(test_refusals),
