@@ -278,7 +278,7 @@ static void test_kv_f16_vs_ref(void **state) {
     for (int i = 0; i < N; i++) ids[i] = (i * 37 + 5) % c.vocab_size;
     size_t nl = (size_t)N * c.vocab_size;
     float *want = malloc(sizeof(float) * nl), *got = malloc(sizeof(float) * nl);
-    assert_int_equal(vks_ref_forward_kv_f16(m, ids, N, want), VKS_OK);
+    assert_int_equal(vks_ref_forward_kv_f16(m, ids, N, want, NULL, NULL), VKS_OK);
     vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = 64, .kv_f16 = true};
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);

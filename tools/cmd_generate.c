@@ -29,7 +29,7 @@ static const char generate_usage[] =
     "`vkswarm verify`: one sample per prompt with its TOPLOC proofs, built on a worker thread while\n"
     "the GPU runs (--toploc, the default; --no-toploc writes empty proofs, to measure their cost).\n"
     "--kv-type f16 keeps the KV cache in halves (default f32): half its memory; attention split over\n"
-    "keys. A rollout file records it and `vkswarm verify` replays with the same cache.\n";
+    "keys. A rollout file records it and `vkswarm verify` (GPU or --cpu) replays with the same cache.\n";
 
 typedef struct {
     cli_model_args m;

@@ -196,9 +196,6 @@ static void verifier_open(verifier *v, const verify_args *a, const vks_model *m)
     *v = (verifier){.a = a, .m = m, .opened = true};
     if (a->cpu) return;
     if (a->m.device < 0 && !(v->g = cli_try_open_gpu(&a->m))) { /* no Vulkan device here: verify on the CPU */
-        if (a->m.engine.kv_f16)
-            cli_die(EXIT_BAD_INPUT, "verify: no GPU (%s) and these rollouts were made with an f16 KV cache, which "
-                    "the CPU forward does not replay", vks_last_error());
         cli_note("verify: no GPU (%s); verifying with the CPU forward (--cpu)", vks_last_error());
         return;
     }
@@ -375,17 +372,18 @@ static void free_task(task_prompts *tp) {
 }
 
 /* The verifier's KV cache is the generator's (the header's kv_type): an f16
- * cache is replayed with the same rounding (kv_store_f16 = vks_f32_to_f16),
- * on a GPU, without --mpi (its ranks do not read the header). */
+ * cache is replayed with the same rounding (kv_store_f16 = vks_f32_to_f16) by
+ * the GPU engine or the CPU forwards; not with --mpi (its verifier ranks do
+ * not read the header). */
 static void check_kv_type(verify_args *a, const vks_rollout_header *h) {
     const char *file = h->kv_f16 ? "f16" : "f32";
     if (a->m.kv_type_given && a->m.engine.kv_f16 != h->kv_f16)
         cli_usage_error("verify", "--kv-type %s, but %s was made with an %s KV cache", a->m.engine.kv_f16 ? "f16" : "f32",
                         a->rollouts, file);
-    if (h->kv_f16 && (a->cpu || a->mpi))
-        cli_usage_error("verify", "%s was made with an f16 KV cache: it is replayed on a GPU without --cpu or --mpi",
+    if (h->kv_f16 && a->mpi)
+        cli_usage_error("verify", "%s was made with an f16 KV cache: --mpi verifies f32-cache rollouts only",
                         a->rollouts);
-    a->m.engine.kv_f16 = h->kv_f16;
+    a->m.engine.kv_f16 = a->vo.kv_f16 = h->kv_f16;
 }
 
 int cmd_verify(int argc, char **argv) {

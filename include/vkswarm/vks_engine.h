@@ -67,6 +67,7 @@ int vks_engine_max_rows(const vks_engine *e);
 int vks_engine_max_out_rows(const vks_engine *e);
 int vks_engine_n_slots(const vks_engine *e);  /* KV slots (sequences) */
 int vks_engine_kv_len(const vks_engine *e);   /* positions per slot */
+bool vks_engine_kv_f16(const vks_engine *e);  /* the KV cache holds halves (options.kv_f16) */
 /* VKS_OK when a KV cache of n_slots x kv_len positions (kv_len at most the
  * model's context) fits on the device in place of the engine's current one;
  * else an error with the bytes needed and available. */

@@ -10,7 +10,9 @@ int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits
 /* The same with residual-stream taps of every position (n_out = n; taps may be NULL). */
 int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
                          const vks_layer_taps *taps);
-/* vks_ref_forward with K and V rounded to half (nearest even, vks_f32_to_f16)
- * before attention: the reference of the engine's f16 KV cache (kv_f16). */
-int vks_ref_forward_kv_f16(const vks_model *m, const int32_t *ids, int n, float *logits);
+/* vks_ref_forward_taps with K and V rounded to half (nearest even,
+ * vks_f32_to_f16) before attention: the reference of the engine's f16 KV
+ * cache (vks_engine_options.kv_f16). */
+int vks_ref_forward_kv_f16(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
+                           const vks_layer_taps *taps);
 #endif

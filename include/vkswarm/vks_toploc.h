@@ -150,6 +150,9 @@ typedef struct {
      * every core), or the float64 reference forward when cpu_reference. */
     int cpu_threads;
     bool cpu_reference;
+    /* The samples were made with an f16 KV cache (rollout header kv_type):
+     * the CPU forwards replay one; vks_verify_batch's engine must hold one. */
+    bool kv_f16;
     /* NULL, or per sample (NULL or n_output floats): the log-probability
      * (temperature 1, whole vocabulary, as vks_generate's record_logp) the
      * verifier's logits give each output token, written as the sampler is

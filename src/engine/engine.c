@@ -185,6 +185,7 @@ int vks_engine_max_rows(const vks_engine *e) { return e ? e->opt.max_rows : 0; }
 int vks_engine_max_out_rows(const vks_engine *e) { return e ? e->opt.max_out_rows : 0; }
 int vks_engine_n_slots(const vks_engine *e) { return e ? e->opt.n_slots : 0; }
 int vks_engine_kv_len(const vks_engine *e) { return e ? e->opt.kv_len : 0; }
+bool vks_engine_kv_f16(const vks_engine *e) { return e && e->opt.kv_f16; }
 
 /* ---------- KV cache shape ---------- */
 

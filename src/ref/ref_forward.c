@@ -164,8 +164,9 @@ int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits
 static int forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
                    const vks_layer_taps *taps, bool kv_f16);
 
-int vks_ref_forward_kv_f16(const vks_model *m, const int32_t *ids, int n, float *logits) {
-    return forward(m, ids, n, logits, NULL, NULL, true);
+int vks_ref_forward_kv_f16(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
+                           const vks_layer_taps *taps) {
+    return forward(m, ids, n, logits, hidden, taps, true);
 }
 
 int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
