@@ -814,6 +814,19 @@ static void test_refusals(void **state) {
     assert_null(e);
     assert_non_null(strstr(vks_last_error(), "needs"));
     assert_non_null(strstr(vks_last_error(), "available"));
+    /* an f16 KV cache needs head_dim a multiple of 4 (its kernels read 4 halves at once) */
+    vks_model_config c6 = {.dim = 12, .hidden_dim = 16, .n_layers = 1, .n_heads = 2, .n_kv_heads = 2, .vocab_size = 11,
+                           .seq_len = 8, .head_dim = 6, .kv_dim = 12, .norm_eps = 1e-5f, .rope_theta = 10000.0f};
+    vks_model *m6;
+    assert_int_equal(vks_model_random(&c6, 3, &m6), VKS_OK);
+    vks_engine_options o6 = {.kv_f16 = true};
+    assert_int_equal(vks_engine_create(gpu, m6, &o6, &e), VKS_ERR_ARG);
+    assert_null(e);
+    assert_non_null(strstr(vks_last_error(), "head_dim a multiple of 4"));
+    o6.kv_f16 = false;
+    assert_int_equal(vks_engine_create(gpu, m6, &o6, &e), VKS_OK);
+    vks_engine_destroy(e);
+    vks_model_free(m6);
     /* bad rows are refused, not executed */
     vks_model *m = load_stories();
     if (!m) return;

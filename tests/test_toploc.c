@@ -315,6 +315,29 @@ static void test_rollout_header_kv_type(void **state) {
     free(buf);
 }
 
+/* vks_verify_batch refuses an engine whose KV cache type is not the samples'
+ * (kv_f16 both ways) before replaying anything. */
+static void test_verify_kv_type_mismatch(void **state) {
+    (void)state;
+    if (!stories) skip();
+    vks_verify_options o;
+    vks_verify_options_default(&o);
+    vks_verdict v;
+    for (int f16 = 0; f16 < 2; f16++) {
+        vks_engine_options eo = {.n_slots = 1, .kv_len = 1, .max_rows = 16, .max_out_rows = 16, .f32_math = true,
+                                 .kv_f16 = f16 == 1};
+        vks_engine *e;
+        assert_int_equal(vks_engine_create(gpu, stories, &eo, &e), VKS_OK);
+        o.kv_f16 = f16 == 0;
+        assert_int_equal(vks_verify_batch(e, &o, NULL, 0, &v), VKS_ERR_ARG);
+        assert_non_null(strstr(vks_last_error(), "KV cache"));
+        o.kv_f16 = f16 == 1;
+        assert_int_equal(vks_verify_batch(e, &o, NULL, 0, &v), VKS_OK);
+        vks_engine_destroy(e);
+    }
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
 static void test_rollout_malformed(void **state) {
     (void)state;
     char hex[65];
@@ -1636,6 +1659,7 @@ int main(void) {
         cmocka_unit_test(test_build_sizes_and_builder),
         cmocka_unit_test(test_rollout_roundtrip),
         cmocka_unit_test(test_rollout_header_model_not_utf8), cmocka_unit_test(test_rollout_header_kv_type),
+        cmocka_unit_test(test_verify_kv_type_mismatch),
         cmocka_unit_test(test_rollout_malformed),
         cmocka_unit_test(test_stage_proofs_roundtrip),
         cmocka_unit_test(test_stage_proofs_malformed),
