@@ -93,6 +93,17 @@ for S in $rollout_ss; do
     else bad "S=$S rollouts"; fi
 done
 
+# the f16 KV cache (issue 28): three stages make the rollout file one rank makes with it (stage
+# commitments aside; "kv_type":"f16" in the header) and it verifies (GPU and --cpu replay an f16 cache)
+$bin generate $model --prompts "$tmp/prompts.txt" $samp -n 48 --kv-type f16 --rollouts-out "$tmp/r_gen16.jsonl" \
+    > /dev/null 2>&1 || bad "generate --kv-type f16 --rollouts-out"
+if mpi -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" $samp -n 48 --micro-batches 2 --kv-type f16 \
+       --rollouts-out "$tmp/r_16.jsonl" > /dev/null 2>&1 && without_stages "$tmp/r_16.jsonl" | cmp -s - "$tmp/r_gen16.jsonl" &&
+   head -1 "$tmp/r_16.jsonl" | grep -q '"kv_type":"f16"' && $bin verify $model --rollouts "$tmp/r_16.jsonl" > /dev/null 2>&1 &&
+   $bin verify $model --rollouts "$tmp/r_16.jsonl" --cpu > /dev/null 2>&1; then
+    ok "S=3 f16 KV cache rollouts equal one rank's and verify"
+else bad "S=3 f16 KV cache rollouts"; fi
+
 # Stage commitments (issue 27): a cheating middle stage is named. vkswarm-faulty is vkswarm with
 # the test-only fault switch (mpi/pipeline_fault.h); VKSWARM_TEST_FAULT=1:KIND makes rank 1 (layers
 # [2,4) of 6) skip a layer, perturb what it hands on by 1%, or hold f16 weights. Honest 3-stage
