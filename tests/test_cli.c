@@ -555,6 +555,9 @@ static void test_option_errors_one_line(void **state) {
         {"detokenize --model m --chat", "vkswarm detokenize: unknown option '--chat'"},
         {"tokenize \"$(printf -- '--\\033]0;x\\007')\"", "vkswarm tokenize: unknown option '--\\x1b]0;x\\x07'"},
         {"nonsense", "vkswarm: unknown command 'nonsense' (see vkswarm --help)"},
+        {"generate --kv-type f8", "vkswarm: --kv-type: 'f8' is not f16 or f32"},
+        {"rl --kv-type f16", "vkswarm rl: --kv-type: this command keeps the f32 KV cache"},
+        {"train sft --kv-type f16", "vkswarm train: --kv-type: this command keeps the f32 KV cache"},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         char *out, *err;

@@ -28,6 +28,10 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     return true;
 }
 
+void cli_no_kv_type(const cli_model_args *a, const char *cmd) {
+    if (a->kv_type_given) cli_usage_error(cmd, "--kv-type: this command keeps the f32 KV cache");
+}
+
 /* "dim,hidden,layers,heads,kv_heads,vocab[,seq_len[,head_dim]]" of architecture arch (NULL: llama) */
 void cli_parse_random_spec(const char *spec, const char *arch, vks_model_config *out) {
     long v[8] = {0, 0, 0, 0, 0, 0, 2048, 0};

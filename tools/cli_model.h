@@ -18,6 +18,8 @@ typedef struct {
 /* Handles --model, --tokenizer, --random-model, --arch, --dtype, --device, --profile.
  * Returns true if `opt` (a getopt_long name) was one of them. */
 bool cli_model_option(cli_model_args *a, const char *opt, const char *val);
+/* Commands whose engines keep the f32 KV cache (rl, train, eval) refuse --kv-type. */
+void cli_no_kv_type(const cli_model_args *a, const char *cmd);
 #define CLI_MODEL_LONG_OPTIONS                                                              \
     {"model", required_argument, 0, 0}, {"tokenizer", required_argument, 0, 0},            \
         {"random-model", required_argument, 0, 0}, {"dtype", required_argument, 0, 0},     \
