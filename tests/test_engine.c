@@ -720,14 +720,15 @@ static void test_dispatches_beyond_one_command_buffer(void **state) {
 /* The KV cache (and the RoPE table of its positions) can be resized after the weights are up: a cache too large
  * for one binding is refused with the bytes, before anything is freed; after
  * a resize the forward uses the new shape and still equals the CPU forward. */
-static void test_kv_resize(void **state) {
-    (void)state;
+/* kv_f16: the f16 cache (halves) and its split attention's partials, which
+ * follow kv_len (300 positions: two parts of 256 keys). */
+static void kv_resize_run(bool kv_f16) {
     vks_model_config c = {.dim = 32, .hidden_dim = 48, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
                           .vocab_size = 50, .seq_len = 1 << 20, .head_dim = 8, .kv_dim = 16, .norm_eps = 1e-5f,
                           .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT};
     vks_model *m;
     assert_int_equal(vks_model_random(&c, 13, &m), VKS_OK);
-    vks_engine_options o = {.n_slots = 1, .kv_len = 2, .max_rows = 16};
+    vks_engine_options o = {.n_slots = 1, .kv_len = 2, .max_rows = 16, .kv_f16 = kv_f16};
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
     uint64_t bytes = vks_engine_device_bytes(e);
@@ -737,7 +738,7 @@ static void test_kv_resize(void **state) {
     assert_int_equal(vks_engine_kv_fits(e, 1, (1 << 20) + 1), VKS_ERR_ARG);
     assert_int_equal(vks_engine_n_slots(e), 1);
     assert_int_equal(vks_engine_kv_len(e), 2);
-    enum { N = 40 };
+    int N = kv_f16 ? 300 : 40;
     /* a forward of the shape used below: its recording binds the old cache
      * and must not be replayed after the resize */
     int32_t two[2] = {3, 20};
@@ -746,19 +747,34 @@ static void test_kv_resize(void **state) {
     assert_int_equal(vks_engine_resize_kv(e, 3, N), VKS_OK);
     assert_int_equal(vks_engine_n_slots(e), 3);
     assert_int_equal(vks_engine_kv_len(e), N);
-    /* K and V of 2 layers, and the RoPE table's (cos, sin) of head_dim / 2 pairs per position */
-    assert_true(vks_engine_device_bytes(e) == bytes + 2ull * 2 * (3 * N - 2) * 16 * 4 + (N - 2) * 8ull * 4);
-    int32_t ids[N];
+    /* K and V of 2 layers, and the RoPE table's (cos, sin) of head_dim / 2 pairs per position; f16: halves, and
+     * the partials of 16 rows x 4 heads x one more part of head_dim + 4 floats */
+    uint64_t kv = 2ull * 2 * (uint64_t)(3 * N - 2) * 16 * (kv_f16 ? 2 : 4), rope = (uint64_t)(N - 2) * 8 * 4;
+    uint64_t part = kv_f16 ? 16ull * 4 * 1 * (8 + 4) * 4 : 0;
+    assert_true(vks_engine_device_bytes(e) == bytes + kv + rope + part);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)N);
     for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
-    float *want = malloc(sizeof(float) * N * 50), *got = malloc(sizeof(float) * N * 50);
-    assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
-    engine_logits(e, ids, N, 2, got, c.vocab_size);
+    float *want = malloc(sizeof(float) * (size_t)N * 50), *got = malloc(sizeof(float) * (size_t)N * 50);
+    if (kv_f16) assert_int_equal(vks_ref_forward_kv_f16(m, ids, N, want, NULL, NULL), VKS_OK);
+    else assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
+    engine_logits(e, ids, N, kv_f16 ? 16 : 2, got, c.vocab_size);
     assert_true(tu_nmse(got, want, (size_t)N * 50) < 1e-10);
+    free(ids);
     free(want);
     free(got);
     vks_engine_destroy(e);
     vks_model_free(m);
     assert_no_validation_messages();
+}
+
+static void test_kv_resize(void **state) {
+    (void)state;
+    kv_resize_run(false);
+}
+
+static void test_kv_resize_kv_f16(void **state) {
+    (void)state;
+    kv_resize_run(true);
 }
 
 /* Forwards of 12 shapes, more than the engine keeps recordings of, twice:
@@ -866,7 +882,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_batch_invariance_kv_f16),
         cmocka_unit_test(test_kv_f16_vs_ref),
         cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
-        cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed),
+        cmocka_unit_test(test_kv_resize), cmocka_unit_test(test_kv_resize_kv_f16),            cmocka_unit_test(test_recordings_replayed),
         cmocka_unit_test(test_refusals),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

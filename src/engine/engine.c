@@ -195,14 +195,19 @@ int vks_engine_kv_fits(const vks_engine *e, int n_slots, int kv_len) {
                              kv_len, e ? e->cfg.seq_len : 0);
     uint64_t layers = (uint64_t)(e->opt.layer_end - e->opt.layer_begin);
     uint64_t per_layer = kv_bytes_of(e, n_slots, kv_len), range = vks_gpu_info(e->gpu)->max_storage_range;
-    uint64_t avail = vks_gpu_free_bytes(e->gpu) + 2 * layers * kv_bytes_per_layer(e);
+    uint64_t avail = vks_gpu_free_bytes(e->gpu) + 2 * layers * kv_bytes_per_layer(e) + att_part_bytes(e, e->opt.kv_len);
+    uint64_t part = att_part_bytes(e, kv_len); /* the split attention's partials follow kv_len */
+    if (part > range)
+        return vks_set_error(VKS_ERR_NOMEM, "the split attention of %d rows over %d positions needs %llu bytes in one "
+                             "binding; the device allows %llu", e->opt.max_rows, kv_len, (unsigned long long)part,
+                             (unsigned long long)range);
     if (per_layer > range)
         return vks_set_error(VKS_ERR_NOMEM, "a KV cache of %d x %d positions needs %llu bytes per layer in one "
                              "binding; the device allows %llu", n_slots, kv_len, (unsigned long long)per_layer,
                              (unsigned long long)range);
-    if (2 * layers * per_layer > avail)
+    if (2 * layers * per_layer + part > avail)
         return vks_set_error(VKS_ERR_NOMEM, "a KV cache of %d x %d positions needs %llu bytes of device memory, "
-                             "%llu available", n_slots, kv_len, (unsigned long long)(2 * layers * per_layer),
+                             "%llu available", n_slots, kv_len, (unsigned long long)(2 * layers * per_layer + part),
                              (unsigned long long)avail);
     return VKS_OK;
 }
