@@ -32,7 +32,8 @@ static uint64_t activation_bytes(const vks_engine *e) {
     uint64_t R = (uint64_t)e->opt.max_rows, O = (uint64_t)e->opt.max_out_rows;
     uint64_t qd = (uint64_t)c->n_heads * c->head_dim;
     uint64_t rope_table = (uint64_t)e->opt.kv_len * (uint64_t)c->head_dim * 4;
-    return rope_table + att_part_bytes(e, e->opt.kv_len) + R * 4 * (2 * (uint64_t)c->dim + 2 * qd + 2 * (uint64_t)c->kv_dim + 2 * (uint64_t)c->hidden_dim + 3) +
+    return rope_table + att_part_bytes(e, e->opt.kv_len) +
+           R * 4 * (2 * (uint64_t)c->dim + 2 * qd + 2 * (uint64_t)c->kv_dim + 2 * (uint64_t)c->hidden_dim + 3) +
            O * 4 * ((uint64_t)c->dim + (uint64_t)c->vocab_size + 2) + O * sizeof(vks_gpu_sample_row);
 }
 
