@@ -54,7 +54,7 @@ typedef struct {
     int awaiting_stage_proofs;   /* rank 0: middle stages whose commitments are not yet here */
     bool *stage_got;             /* rank 0: [size] whose commitments are in */
     float *logp_by_pos;          /* last stage with record_logp: [n_seqs, steps] (the worker fills it) */
-    float *logits;               /* the worker's scratch for it */
+    float *step_logp;            /* the worker's scratch for it: one step's sampled tokens' logp */
     bool awaiting_logp;          /* rank 0: DONE sent, log-probabilities not yet here */
     /* rank 0 only */
     microbatch *mbs;
@@ -646,6 +646,7 @@ static int create_engine(pipe_ctx *c, vks_gpu *g, const vks_model *m) {
     vks_engine_options eo = vks_pipeline_engine_options(o, c->rank);
     int mine = o->keep_engine ? check_kept_engine(c) : vks_engine_create(g, m, &eo, &c->engine);
     if (o->keep_engine) c->engine = o->keep_engine;
+    else if (!mine && o->lora) mine = vks_engine_set_lora(c->engine, o->lora);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", mine ? vks_last_error() : "");
     int failed = mine != 0, *all = malloc(sizeof(int) * (size_t)c->size);
@@ -773,7 +774,7 @@ static void destroy(pipe_ctx *c, bool worker_started) {
     vks_toploc_builder_destroy(c->stage_builder);
     free(c->stage_got);
     free(c->logp_by_pos);
-    free(c->logits);
+    free(c->step_logp);
     if (c->rank == 0) teardown_rank0(c);
     free(c->last_heard);
     free(c->left_loop);
@@ -809,10 +810,10 @@ static int prepare(pipe_ctx *c, const vks_model *m, vks_sequence *prompts, int n
     if (!rc && o->record_logp && c->rank == c->size - 1) {
         size_t n = (size_t)n_prompts * (size_t)o->sched.steps;
         c->logp_by_pos = malloc(sizeof(float) * n);
-        c->logits = malloc(sizeof(float) * (size_t)o->batch * (size_t)m->cfg.vocab_size);
-        if (!c->logp_by_pos || !c->logits) return out_of_memory(c);
+        c->step_logp = malloc(sizeof(float) * (size_t)o->batch);
+        if (!c->logp_by_pos || !c->step_logp) return out_of_memory(c);
         for (size_t i = 0; i < n; i++) c->logp_by_pos[i] = NAN;
-        c->worker.logp_by_pos = c->logp_by_pos, c->worker.logits = c->logits;
+        c->worker.logp_by_pos = c->logp_by_pos, c->worker.step_logp = c->step_logp;
         c->worker.logp_seqs = n_prompts, c->worker.logp_steps = o->sched.steps;
     }
     return rc;

@@ -73,8 +73,7 @@ static void record_logp(vks_worker *w, const vks_forward_batch *b, const vks_row
         const vks_row_meta *rm = &meta[out_rows[i]];
         int32_t tok = b->sampled[i];
         if (rm->seq >= (uint32_t)w->logp_seqs || rm->pos >= (uint32_t)w->logp_steps || tok < 0 || tok >= V) continue;
-        w->logp_by_pos[(size_t)rm->seq * (size_t)w->logp_steps + rm->pos] =
-            vks_token_logp(w->logits + (size_t)i * (size_t)V, V, tok);
+        w->logp_by_pos[(size_t)rm->seq * (size_t)w->logp_steps + rm->pos] = w->step_logp[i];
     }
 }
 
@@ -132,7 +131,7 @@ static int run_job(vks_worker *w, vks_job *j) {
         b.sample = w->sample;
         b.sampled = w->sampled;
         b.hidden = w->builder ? w->hidden : NULL;
-        b.logits = w->logp_by_pos ? w->logits : NULL;
+        b.sampled_logp = w->logp_by_pos ? w->step_logp : NULL;
     } else {
         b.x_out = w->x_out;
     }
@@ -144,7 +143,7 @@ static int run_job(vks_worker *w, vks_job *j) {
 #endif
     for (uint32_t i = 0; rc == VKS_OK && b.hidden && i < n_out; i++)
         rc = vks_toploc_builder_push(w->builder, (int)row_meta[out_rows[i]].seq, w->hidden + (size_t)i * dim);
-    if (rc == VKS_OK && b.logits) record_logp(w, &b, row_meta, out_rows, n_out);
+    if (rc == VKS_OK && b.sampled_logp) record_logp(w, &b, row_meta, out_rows, n_out);
     if (rc == VKS_OK && w->stage_builder && !w->last_stage) rc = commit_sent_rows(w, row_meta, out_rows, n_out, dim);
     if (rc == VKS_OK)
         rc = w->last_stage ? pack_tokens(w, j, n_out) : pack_act(w, j, &b, n_out, row_meta, out_rows, dim);

@@ -37,7 +37,7 @@ typedef struct {
 #endif
     float *logp_by_pos;          /* last stage recording log-probabilities: [seqs, steps], else NULL */
     int logp_seqs, logp_steps;
-    float *logits;               /* with logp_by_pos: the sampling rows' logits */
+    float *step_logp;            /* with logp_by_pos: the sampled tokens' logp (computed on the device) */
     /* scratch sized for the largest message */
     float *x_in, *x_out;
     uint32_t *slot, *pos, *out_rows;

@@ -3,10 +3,13 @@
 //   temperature <= 0: argmax of the logits (lowest index on ties);
 //   else z = logit / temperature, optional top-k then top-p filtering, and
 //   token = argmax over kept tokens of z_i + Gumbel(Philox(i, pos, seq; seed)).
-// Thresholds are found by bisection over the order-preserving uint key of z:
-// top-k keeps key >= the largest t with count(key >= t) >= k; top-p keeps
-// key >= the largest t whose kept softmax mass is >= top_p. NaN z is never
-// kept and never wins (all NaN: token 0).
+// Thresholds are over the order-preserving uint key of z: top-k keeps
+// key >= the largest t with count(key >= t) >= k (the k-th largest key, found
+// by a radix select: 4 passes of 256-bin histograms, exact integer counts);
+// top-p keeps key >= the largest t whose kept softmax mass is >= top_p (found
+// by bisection over the bits below the common prefix of the top-k threshold
+// and the largest key: the answer lies between them). NaN z is never kept and
+// never wins (all NaN: token 0).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 
@@ -23,6 +26,8 @@ layout(push_constant) uniform Push { uint S, V; } pc;
 
 shared float red_v[WG_SIZE];
 shared uint red_i[WG_SIZE];
+shared uint hist[256];
+shared vec4 red_a[WG_SIZE], red_b[WG_SIZE];
 
 // ---- workgroup reductions (all invocations call them, all get the result)
 #define TREE_REDUCE(STEP)                                                          \
@@ -32,15 +37,6 @@ shared uint red_i[WG_SIZE];
         barrier();                                                                 \
     }
 
-uint sum_u(uint v) {
-    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
-    barrier();
-    red_i[t] = v;
-    barrier();
-    TREE_REDUCE(red_i[t] += red_i[t + half_n])
-    return red_i[0];
-}
-
 float sum_f(float v) {
     uint t = gl_LocalInvocationID.x, n = WG_SIZE;
     barrier();
@@ -48,6 +44,18 @@ float sum_f(float v) {
     barrier();
     TREE_REDUCE(red_v[t] += red_v[t + half_n])
     return red_v[0];
+}
+
+// sum_f's tree on 8 values at once, component by component (the same bits as 8 sum_f).
+void sum_f8(inout vec4 a, inout vec4 b) {
+    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
+    barrier();
+    red_a[t] = a;
+    red_b[t] = b;
+    barrier();
+    TREE_REDUCE(red_a[t] += red_a[t + half_n]; red_b[t] += red_b[t + half_n])
+    a = red_a[0];
+    b = red_b[0];
 }
 
 float max_f(float v) {
@@ -110,23 +118,29 @@ uint row_base;
 
 float z_at(uint i, float temperature) { return logits[row_base + i] / temperature; }
 
-uint count_at_least(uint thr, float temperature) {
-    uint c = 0u;
-    for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
-        float z = z_at(i, temperature);
-        c += !isnan(z) && key_of(z) >= thr ? 1u : 0u;
-    }
-    return sum_u(c);
-}
-
-// Largest key t with count(key >= t) >= k: the k-th largest key.
+// Largest key t with count(key >= t) >= k: the k-th largest key (0 when
+// fewer than k keys are not NaN). Radix select, 8 bits a pass from the top:
+// with the high bits fixed to prefix and `above` keys known to lie above
+// it, the digit is the largest d with above + count(prefix, digit >= d) >= k.
 uint top_k_threshold(uint k, float temperature) {
-    uint t = 0u;
-    for (int bit = 31; bit >= 0; bit--) {
-        uint cand = t | (1u << uint(bit));
-        if (count_at_least(cand, temperature) >= k) t = cand;
+    uint t = gl_LocalInvocationID.x, prefix = 0u, above = 0u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        uint high = shift == 24 ? 0u : 0xffffffffu << uint(shift + 8);
+        barrier();  // every invocation is done reading the last pass's bins
+        for (uint b = t; b < 256u; b += WG_SIZE) hist[b] = 0u;
+        barrier();
+        for (uint i = t; i < pc.V; i += WG_SIZE) {
+            float z = z_at(i, temperature);
+            uint key = key_of(z);
+            if (!isnan(z) && (key & high) == prefix) atomicAdd(hist[(key >> uint(shift)) & 255u], 1u);
+        }
+        barrier();
+        uint d = 255u, c = above + hist[255];
+        while (c < k && d > 0u) c += hist[--d];
+        above = c - hist[d];
+        prefix |= d << uint(shift);
     }
-    return t;
+    return prefix;
 }
 
 float mass_at_least(uint thr, float zmax, float temperature) {
@@ -147,10 +161,37 @@ uint top_p_threshold(uint lo, float top_p, float temperature) {
     }
     zmax = max_f(zmax);
     float total = mass_at_least(lo, zmax, temperature);
-    uint t = 0u;
-    for (int bit = 31; bit >= 0; bit--) {
-        uint cand = t | (1u << uint(bit));
-        if (mass_at_least(max(cand, lo), zmax, temperature) / total >= top_p) t = cand;
+    // The mass is non-increasing in t (sums of fewer non-negative terms in the
+    // same order), 1 at lo and 0 above the largest key: the answer shares the
+    // high bits where lo and that key agree, and bisection over the bits below
+    // finds the same t as over all 32.
+    // Three bits a pass: the masses at the 7 candidates t | j << shift (j = 1..7) in
+    // one pass over the row, each summed in mass_at_least's order (adding +0 for
+    // a key below a candidate changes no bit), so the same t in a third of the passes.
+    uint diff = lo ^ key_of(zmax);
+    int top = diff == 0u ? -1 : findMSB(diff);
+    uint t = top >= 31 ? 0u : lo & (0xffffffffu << uint(top + 1));
+    for (int bit = top; bit >= 0;) {
+        int nb = min(3, bit + 1), shift = bit + 1 - nb;
+        uvec4 ca = max(uvec4(t) | (uvec4(1u, 2u, 3u, 4u) << uint(shift)), uvec4(lo));
+        uvec4 cb = max(uvec4(t) | (uvec4(5u, 6u, 7u, 7u) << uint(shift)), uvec4(lo));
+        vec4 ma = vec4(0.0), mb = vec4(0.0);
+        for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
+            float z = z_at(i, temperature);
+            if (isnan(z)) continue;
+            uint key = key_of(z);
+            if (key < ca.x) continue;  // below every candidate
+            float e = exp(z - zmax);
+            ma += mix(vec4(0.0), vec4(e), greaterThanEqual(uvec4(key), ca));
+            mb += mix(vec4(0.0), vec4(e), greaterThanEqual(uvec4(key), cb));
+        }
+        sum_f8(ma, mb);
+        float f[7] = float[7](ma.x, ma.y, ma.z, ma.w, mb.x, mb.y, mb.z);
+        uint pick = 0u;
+        for (int j = 1; j < (1 << nb); j++)
+            if (f[j - 1] / total >= top_p) pick = uint(j);
+        t |= pick << uint(shift);
+        bit -= nb;
     }
     return max(t, lo);
 }

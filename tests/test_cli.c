@@ -4,6 +4,8 @@
 #include "test_util.h"
 #include "vkswarm/vks_common.h"
 #include "vkswarm/vks_gguf.h"
+#include "vkswarm/vks_lora.h"
+#include "vkswarm/vks_ref_forward.h"
 #include "vkswarm/vks_rollout.h"
 #include <math.h>
 #include <stdio.h>
@@ -2050,6 +2052,182 @@ static void test_train_clean_stop(void **state) {
     free(out), free(err);
 }
 
+/* The base's adapter with PEFT's A and a random B, written as PEFT (dir) and GGUF (gguf). */
+static void write_tiny_adapter(const char *base, const char *dir, const char *gguf, vks_lora_adapter **out) {
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_load(base, &m), VKS_OK);
+    vks_lora_config lc = {4, 16.0, VKS_LORA_ALL_TARGETS};
+    vks_lora_adapter *a = NULL;
+    assert_int_equal(vks_lora_adapter_create(&m->cfg, &lc, &a), VKS_OK);
+    assert_int_equal(vks_lora_adapter_init(a, 2), VKS_OK);
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
+            int64_t o, i;
+            vks_lora_target_shape(&m->cfg, (vks_lora_target)t, &o, &i);
+            tu_fill_uniform(vks_lora_adapter_B(a, l, t), (size_t)(4 * o), (uint64_t)(l * 8 + t), -0.05f, 0.05f);
+        }
+    assert_int_equal(vks_lora_adapter_set_base(a, m), VKS_OK);
+    assert_int_equal(vks_lora_save_peft(dir, a), VKS_OK);
+    assert_int_equal(vks_lora_save_gguf(gguf, a), VKS_OK);
+    vks_model_free(m);
+    *out = a;
+}
+
+#define LORA_IDS 6
+
+/* The float64 reference's logits of the model at path (or of m when path is NULL). */
+static float *ref_logits(const char *path, const vks_model *m) {
+    static const int32_t ids[LORA_IDS] = {256, 72, 105, 33, 10, 200};
+    vks_model *own = NULL;
+    if (path) assert_int_equal(vks_model_load(path, &own), VKS_OK);
+    const vks_model *x = path ? own : m;
+    float *lg = malloc(sizeof(float) * LORA_IDS * (size_t)x->cfg.vocab_size);
+    assert_non_null(lg);
+    assert_int_equal(vks_ref_forward(x, ids, LORA_IDS, lg, NULL), VKS_OK);
+    vks_model_free(own);
+    return lg;
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]) / scale);
+    return worst;
+}
+
+/* convert --lora merges a PEFT or GGUF adapter: the merged files give the
+ * logits of the library's merge (W + alpha/r B A in double, checked against
+ * the weights in test_lora) within 1e-5 relative, and not the base's; --type
+ * quantizes the merge; an adapter that does not fit is one line, exit 2,
+ * nothing written. */
+static void test_convert_lora(void **state) {
+    (void)state;
+    char dir[256], base[300], other[300], ad[300], adg[300], out[300], args[2048];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(base, sizeof base, "%s/base", dir);
+    snprintf(other, sizeof other, "%s/other", dir);
+    snprintf(ad, sizeof ad, "%s/adapter", dir);
+    snprintf(adg, sizeof adg, "%s/adapter.gguf", dir);
+    snprintf(args, sizeof args, "convert --init tiny --seed 3 --out %s", base);
+    run_ok(args);
+    vks_lora_adapter *a = NULL;
+    write_tiny_adapter(base, ad, adg, &a);
+    vks_model *merged = NULL;
+    assert_int_equal(vks_model_load(base, &merged), VKS_OK);
+    assert_int_equal(vks_lora_merge(merged, a), VKS_OK);
+    float *want = ref_logits(NULL, merged), *plain = ref_logits(base, NULL);
+    size_t n = (size_t)LORA_IDS * (size_t)merged->cfg.vocab_size;
+    assert_true(max_rel_diff(plain, want, n) > 1e-3); /* the adapter changes the model */
+    const char *outs[3][2] = {{"merged.gguf", ad}, {"merged_hf", adg}, {"merged_q8.gguf", ad}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(out, sizeof out, "%s/%s", dir, outs[i][0]);
+        snprintf(args, sizeof args, "convert --in %s --lora %s --out %s%s", base, outs[i][1], out,
+                 i == 2 ? " --type q8_0" : "");
+        run_ok(args);
+        float *got = ref_logits(out, NULL);
+        double d = max_rel_diff(got, want, n);
+        if (i < 2 && d > 1e-5) fail_msg("%s: logits differ by %g relative", out, d);
+        if (i == 2 && (d > 2e-2 || d == 0)) fail_msg("%s: q8_0 logits differ by %g relative", out, d);
+        free(got);
+    }
+    /* another model's base: refused by its hash; a rank-0 config: refused; neither writes */
+    snprintf(args, sizeof args, "convert --init tiny --seed 4 --out %s", other);
+    run_ok(args);
+    char *o = NULL, *err = NULL;
+    snprintf(out, sizeof out, "%s/refused.gguf", dir);
+    snprintf(args, sizeof args, "convert --in %s --lora %s --out %s", other, ad, out);
+    assert_int_equal(run_capture(args, &o, &err), 2);
+    if (!one_clean_line(err) || !strstr(err, "adapter_config.json: vkswarm.base_model_hash: the adapter was made for"))
+        fail_msg("other base: '%s'", err);
+    free(o), free(err);
+    char cfg[400];
+    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", ad);
+    write_text(cfg, "{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}\n");
+    snprintf(args, sizeof args, "convert --in %s --lora %s --out %s", base, ad, out);
+    assert_int_equal(run_capture(args, &o, &err), 2);
+    if (!one_clean_line(err) || !strstr(err, "adapter_config.json: r: must be an integer >= 1"))
+        fail_msg("rank 0: '%s'", err);
+    free(o), free(err);
+    assert_int_not_equal(access(out, F_OK), 0);
+    free(want);
+    free(plain);
+    vks_model_free(merged);
+    vks_lora_adapter_free(a);
+}
+
+/* --lora (issue 25): a base written in llama2.c's format, adapters saved in PEFT's
+ * layout. A fresh adapter (B = 0) generates the base's text; rollouts made
+ * with a nonzero one verify with it (GPU and --cpu) and are rejected without
+ * it or with the fresh one, naming the model hash; a bad adapter is one line,
+ * exit 2. */
+static void save_adapter(const vks_model *m, const char *dir, uint64_t seed, bool nonzero) {
+    vks_lora_config lc = {.rank = 4, .alpha = 16, .targets = VKS_LORA_ALL_TARGETS};
+    vks_lora_adapter *a;
+    assert_int_equal(vks_lora_adapter_create(&m->cfg, &lc, &a), VKS_OK);
+    assert_int_equal(vks_lora_adapter_init(a, seed), VKS_OK);
+    assert_int_equal(vks_lora_adapter_set_base(a, m), VKS_OK);
+    for (int l = 0; nonzero && l < m->cfg.n_layers; l++)
+        for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
+            int64_t out, in;
+            vks_lora_target_shape(&m->cfg, (vks_lora_target)t, &out, &in);
+            tu_fill_uniform(vks_lora_adapter_B(a, l, (vks_lora_target)t), (size_t)(out * 4), seed + (uint64_t)t, -0.05f,
+                            0.05f);
+        }
+    if (vks_lora_save_peft(dir, a)) fail_msg("%s", vks_last_error());
+    vks_lora_adapter_free(a);
+}
+
+static void test_lora_cli(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char model[600], fresh[600], x[600], rollouts[600], args[4096], *out, *err, *base_out;
+    snprintf(model, sizeof model, "%s/lora-base.bin", dir);
+    snprintf(fresh, sizeof fresh, "%s/lora-fresh", dir);
+    snprintf(x, sizeof x, "%s/lora-x", dir);
+    snprintf(rollouts, sizeof rollouts, "%s/lora-r.jsonl", dir);
+    vks_model_config c = {.dim = 64, .hidden_dim = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 97,
+                          .seq_len = 64, .head_dim = 16, .kv_dim = 32, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
+                          .rope_mode = VKS_ROPE_HALF};
+    vks_model *r, *m;
+    assert_int_equal(vks_model_random(&c, 31, &r), VKS_OK);
+    assert_int_equal(vks_model_save_llama2c(r, model), VKS_OK);
+    vks_model_free(r);
+    assert_int_equal(vks_model_load(model, &m), VKS_OK);
+    save_adapter(m, fresh, 1, false);
+    save_adapter(m, x, 2, true);
+    vks_model_free(m);
+    snprintf(args, sizeof args, "generate --model %s --prompt '' -n 24 --seed 3", model);
+    if (run_capture(args, &base_out, &err)) fail_msg("%s: %s", args, err);
+    free(err);
+    snprintf(args, sizeof args, "generate --model %s --prompt '' -n 24 --seed 3 --lora %s", model, fresh);
+    if (run_capture(args, &out, &err)) fail_msg("%s: %s", args, err);
+    assert_string_equal(out, base_out);
+    free(out), free(err);
+    snprintf(args, sizeof args, "generate --model %s --prompt '' -n 24 --seed 3 --lora %s --rollouts-out %s", model, x,
+             rollouts);
+    if (run_capture(args, &out, &err)) fail_msg("%s: %s", args, err);
+    if (!strcmp(out, base_out)) fail_msg("the adapter did not change the text: %s", out);
+    free(out), free(err), free(base_out);
+    const char *paths[] = {"", " --cpu"};
+    for (int p = 0; p < 2; p++) {
+        snprintf(args, sizeof args, "verify --model %s --rollouts %s --lora %s%s", model, rollouts, x, paths[p]);
+        if (run_capture(args, &out, &err)) fail_msg("%s: %s%s", args, out, err);
+        free(out), free(err);
+        const char *others[] = {"", fresh};
+        for (int k = 0; k < 2; k++) {
+            snprintf(args, sizeof args, "verify --model %s --rollouts %s%s%s%s", model, rollouts, k ? " --lora " : "",
+                     others[k], paths[p]);
+            assert_int_equal(run_capture(args, &out, &err), 1);
+            if (!strstr(out, "model_hash")) fail_msg("%s: %s", args, out);
+            free(out), free(err);
+        }
+    }
+    snprintf(args, sizeof args, "generate --model %s --prompt '' -n 4 --lora %s/no-such-adapter", model, dir);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    if (!one_clean_line(err) || !strstr(err, "no-such-adapter")) fail_msg("stderr: '%s'", err);
+    free(out), free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -2059,6 +2237,7 @@ int main(void) {
         cmocka_unit_test(test_prompts_jsonl),          cmocka_unit_test(test_bad_files_exit_2),
         cmocka_unit_test(test_input_lines_nul_and_crlf), cmocka_unit_test(test_tokenizer_of_another_model),
         cmocka_unit_test(test_stdout_full_exits_1),    cmocka_unit_test(test_convert_onto_input),
+        cmocka_unit_test(test_convert_lora), cmocka_unit_test(test_lora_cli),
         cmocka_unit_test(test_write_failure_leaves_nothing),
         cmocka_unit_test(test_kv_f16_rollouts_verified),
         cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_messages_say_what_happened),

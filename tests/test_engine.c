@@ -278,7 +278,7 @@ static void test_kv_f16_vs_ref(void **state) {
     for (int i = 0; i < N; i++) ids[i] = (i * 37 + 5) % c.vocab_size;
     size_t nl = (size_t)N * c.vocab_size;
     float *want = malloc(sizeof(float) * nl), *got = malloc(sizeof(float) * nl);
-    assert_int_equal(vks_ref_forward_kv_f16(m, ids, N, want, NULL, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward_kv_f16(m, NULL, ids, N, want, NULL, NULL), VKS_OK);
     vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = 64, .kv_f16 = true};
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
@@ -572,6 +572,85 @@ static void test_record_logp(void **state) {
     assert_no_validation_messages();
 }
 
+/* A bound on |GPU f32 log-softmax - double log-softmax| for one row, from
+ * f32 rounding (u = 2^-24) and the Vulkan precision of exp (3 + 2|x| ulp)
+ * and log (3 ulp, or 2^-21 absolute inside [0.5, 2]). The shifted sum
+ * s = sum_j exp(x_j - m) (token_logprob.comp: running (max, sum) pairs per
+ * lane, then a tree): term j's exp is off by (3 + 2|x_j - m|) u; along its
+ * path to the root it passes at most V additions or products (u each) and
+ * rescales exp(m_old - m_new) whose arguments sum to at most the row's range
+ * (the running max only grows), (3 + 2 |arg|) u each. So s is off by at most
+ * u (sum_j (3 + 2|d_j|) e^d_j / s + 7 V + 2 range) relatively, that much
+ * absolutely in log(s); lse = m + log(s) and logp = x_t - lse round once
+ * each (u |lse|, u |logp|), and the double result rounds to f32 (u |logp|). */
+static double logp_f32_bound(const float *row, int V, double logp) {
+    const double u = 0x1p-24;
+    double mx = row[0], mn = row[0], s = 0, w = 0;
+    for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx, mn = row[v] < mn ? row[v] : mn;
+    for (int v = 0; v < V; v++) {
+        double d = (double)row[v] - mx;
+        s += exp(d), w += (3 - 2 * d) * exp(d);
+    }
+    double range = mx - mn, lse = mx + log(s);
+    return u * (w / s + 7.0 * V + 2 * range + 8 + 3 * log(s) + fabs(lse) + 2 * fabs(logp));
+}
+
+/* sampled_logp: the device's log-softmax of each sampled token against the
+ * host's double path (vks_token_logp over the same forward's logits) within
+ * the f32 bound above, the same values whether or not the logits are
+ * downloaded, and the step's download shrinking from O x (vocab + 1) floats
+ * to 2 O floats. */
+static void check_sampled_logp(vks_model *m, const char *label) {
+    const int V = m->cfg.vocab_size, N = 24;
+    vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = N};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    int32_t ids[24], sampled[24], sampled2[24];
+    uint32_t slot[24] = {0}, pos[24], rows[24];
+    vks_gpu_sample_row sample[24];
+    float logp[24], logp2[24], *logits = malloc(sizeof(float) * (size_t)N * (size_t)V);
+    for (int i = 0; i < N; i++) {
+        ids[i] = (i * 37 + 5) % V, pos[i] = rows[i] = (uint32_t)i;
+        sample[i] = (vks_gpu_sample_row){.temperature = i % 3 == 0 ? 0.0f : 0.4f * (float)(i % 5), .top_k = (uint32_t)(i % 4) * 7,
+                                         .top_p = i % 2 ? 0.9f : 1.0f, .seed_lo = 7, .seq = 0, .pos = (uint32_t)i};
+    }
+    vks_forward_batch b = {.n_rows = N, .tokens = ids, .slot = slot, .pos = pos, .n_out = N, .out_rows = rows,
+                           .logits = logits, .sample = sample, .sampled = sampled, .sampled_logp = logp};
+    vks_engine_stats s0, s1, s2;
+    vks_engine_stats_get(e, &s0);
+    assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
+    vks_engine_stats_get(e, &s1);
+    double worst = 0, worst_bound = 0;
+    for (int i = 0; i < N; i++) {
+        const float *row = logits + (size_t)i * (size_t)V;
+        double want = vks_token_logp(row, V, sampled[i]), bound = logp_f32_bound(row, V, want);
+        double d = fabs((double)logp[i] - want);
+        if (!(d <= bound)) fail_msg("%s row %d: GPU logp %.9g, host %.9g, bound %.3g", label, i, logp[i], want, bound);
+        if (d > worst) worst = d, worst_bound = bound;
+    }
+    b.logits = NULL, b.sampled = sampled2, b.sampled_logp = logp2;
+    assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
+    vks_engine_stats_get(e, &s2);
+    assert_memory_equal(sampled2, sampled, sizeof sampled);
+    assert_memory_equal(logp2, logp, sizeof logp);
+    uint64_t with_logits = s1.download_bytes - s0.download_bytes, without = s2.download_bytes - s1.download_bytes;
+    assert_int_equal(with_logits, (uint64_t)N * ((uint64_t)V + 2) * 4);
+    assert_int_equal(without, (uint64_t)N * 2 * 4);
+    fprintf(stderr, "%s: GPU logp within %.3g of the host's double (bound there %.3g); download per step %llu -> %llu bytes\n",
+            label, worst, worst_bound, (unsigned long long)(with_logits - (uint64_t)N * 4), (unsigned long long)without);
+    free(logits);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
+static void test_sampled_logp_on_gpu(void **state) {
+    (void)state;
+    check_sampled_logp(odd_random_model(12), "odd random model");
+    vks_model *m = load_stories();
+    if (m) check_sampled_logp(m, "stories260K");
+}
+
 /* Captures the committed hidden rows of every sampled position, by sequence
  * index and position, to compare batched and lone runs bit for bit. */
 enum { CAP_SEQS = 12, CAP_POS = 300, CAP_DIM = 64 };
@@ -755,7 +834,7 @@ static void kv_resize_run(bool kv_f16) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)N);
     for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
     float *want = malloc(sizeof(float) * (size_t)N * 50), *got = malloc(sizeof(float) * (size_t)N * 50);
-    if (kv_f16) assert_int_equal(vks_ref_forward_kv_f16(m, ids, N, want, NULL, NULL), VKS_OK);
+    if (kv_f16) assert_int_equal(vks_ref_forward_kv_f16(m, NULL, ids, N, want, NULL, NULL), VKS_OK);
     else assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
     engine_logits(e, ids, N, kv_f16 ? 16 : 2, got, c.vocab_size);
     assert_true(tu_nmse(got, want, (size_t)N * 50) < 1e-10);
@@ -818,6 +897,35 @@ static void test_recordings_replayed(void **state) {
     assert_no_validation_messages();
 }
 
+/* The decode forward's shape per layer (Llama, no biases): rmsnorm, q, k, v,
+ * rope_kv_store (RoPE fused with the KV write), attention, wo (+= x), rmsnorm,
+ * gate, up, swiglu, down (+= x): 12 dispatches and 9 barriers, the products
+ * of one input together (before the fusion: 14 and 10). */
+static void test_layer_counts(void **state) {
+    (void)state;
+    vks_model *m = odd_random_model(13);
+    vks_engine_options o = {.n_slots = 1, .kv_len = 8, .max_rows = 2};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    int32_t tok = 3;
+    uint32_t slot = 0, pos = 0, row = 0;
+    float *logits = malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
+    vks_forward_batch b = {.n_rows = 1, .matmul_kind = VKS_MATMUL_DECODE, .tokens = &tok, .slot = &slot, .pos = &pos,
+                           .n_out = 1, .out_rows = &row, .logits = logits};
+    vks_engine_stats s0, s1;
+    vks_engine_stats_get(e, &s0);
+    assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
+    vks_engine_stats_get(e, &s1);
+    uint64_t layers = s1.layers - s0.layers;
+    assert_int_equal(layers, (uint64_t)m->cfg.n_layers);
+    assert_int_equal(s1.layer_dispatches - s0.layer_dispatches, 12 * layers);
+    assert_int_equal(s1.layer_barriers - s0.layer_barriers, 9 * layers);
+    free(logits);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 static void test_refusals(void **state) {
     (void)state;
     /* a model far larger than the device: refused before reading any weight */
@@ -865,6 +973,11 @@ static void test_refusals(void **state) {
     b.n_rows = 5;
     assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
     b.n_rows = 2;
+    float logp[1];
+    b.sampled_logp = logp; /* log-probabilities of sampled tokens without sampling */
+    assert_int_equal(vks_engine_forward(e, &b), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "sampled_logp"));
+    b.sampled_logp = NULL;
     assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
     vks_engine_destroy(e);
     vks_model_free(m);
@@ -879,10 +992,11 @@ int main(void) {
         cmocka_unit_test(test_head_dim_vs_cpu),       cmocka_unit_test(test_qwen3_vs_cpu),
         cmocka_unit_test(test_architectures_every_path),
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
+        cmocka_unit_test(test_sampled_logp_on_gpu),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_batch_invariance_kv_f16),
-        cmocka_unit_test(test_kv_f16_vs_ref),
-        cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
-        cmocka_unit_test(test_kv_resize), cmocka_unit_test(test_kv_resize_kv_f16),            cmocka_unit_test(test_recordings_replayed),
+        cmocka_unit_test(test_kv_f16_vs_ref),          cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
+        cmocka_unit_test(test_kv_resize), cmocka_unit_test(test_kv_resize_kv_f16), cmocka_unit_test(test_recordings_replayed),
+        cmocka_unit_test(test_layer_counts),
         cmocka_unit_test(test_refusals),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

@@ -34,6 +34,7 @@ struct op_case {
         struct { uint32_t R, D; bool in_place; } rows;       /* rmsnorm, bias_add */
         struct { uint32_t R, heads, head_dim, max_pos, mode; } rope;
         struct { uint32_t R, kv_dim, seq_len; } kv_store;
+        struct { uint32_t R, heads, kv_heads, head_dim, seq_len, mode; } rope_kv;
         struct { uint32_t heads, kv_heads, head_dim, seq_len, decode_rows; } attention;
         struct { uint32_t n; bool in_place; } elementwise;   /* swiglu, add */
         struct { uint32_t R, D, src_rows; } gather;
@@ -242,6 +243,62 @@ static void run_kv_store(const op_case *tc) {
     free(k); free(v); free(kc); free(vc); free(slot); free(pos); free(got);
     vks_buffer_destroy(bk); vks_buffer_destroy(bv); vks_buffer_destroy(bkc);
     vks_buffer_destroy(bvc); vks_buffer_destroy(bs); vks_buffer_destroy(bp);
+}
+
+/* rope_kv_store: R rows (heads and kv_heads of head_dim) into 3 slots of
+ * seq_len at distinct (slot, pos): q rotated in place and k rotated into the
+ * cache against the float64 rope, v copied exactly, the rest of the caches
+ * and k untouched; and bit for bit what rope, rope, kv_store give. */
+static void run_rope_kv_store(const op_case *tc) {
+    uint32_t R = tc->rope_kv.R, hd = tc->rope_kv.head_dim, L = tc->rope_kv.seq_len, mode = tc->rope_kv.mode, slots = 3;
+    uint32_t qd = tc->rope_kv.heads * hd, kv = tc->rope_kv.kv_heads * hd;
+    size_t nq = (size_t)R * qd, nr = (size_t)R * kv, nc = (size_t)slots * L * kv;
+    float *q = rand_floats(nq, 13, -1, 1), *k = rand_floats(nr, 14, -1, 1), *v = rand_floats(nr, 15, -1, 1);
+    float *kc = rand_floats(nc, 16, -1, 1), *vc = rand_floats(nc, 17, -1, 1);
+    uint32_t *slot = xmalloc(R * 4), *pos = xmalloc(R * 4);
+    for (uint32_t r = 0; r < R; r++) slot[r] = r % slots, pos[r] = (r * 5u) % L;
+    float *table = tu_rope_table(10000.0, (int)hd, (int)L);
+    vks_buffer *bt = gpu_buffer(table, (size_t)L * hd * 4), *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
+    vks_buffer *bq = gpu_buffer(q, nq * 4), *bk = gpu_buffer(k, nr * 4), *bv = gpu_buffer(v, nr * 4);
+    vks_buffer *bkc = gpu_buffer(kc, nc * 4), *bvc = gpu_buffer(vc, nc * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_rope_kv_store(ops, c, bind(bq), bind(bk), bind(bv), bind(bkc), bind(bvc), bind(bs), bind(bp),
+                                          bind(bt), L, R, tc->rope_kv.heads, tc->rope_kv.kv_heads, hd, mode, L), VKS_OK);
+    submit(c);
+    float *got_q = xmalloc(nq * 4), *got_k = xmalloc(nr * 4), *got_kc = xmalloc(nc * 4), *got_vc = xmalloc(nc * 4);
+    download(bq, got_q, nq * 4), download(bk, got_k, nr * 4), download(bkc, got_kc, nc * 4), download(bvc, got_vc, nc * 4);
+    /* the float64 reference */
+    float *want_q = xmalloc(nq * 4), *want_k = xmalloc(nr * 4), *want_kc = xmalloc(nc * 4), *want_vc = xmalloc(nc * 4);
+    memcpy(want_q, q, nq * 4), memcpy(want_k, k, nr * 4), memcpy(want_kc, kc, nc * 4), memcpy(want_vc, vc, nc * 4);
+    const double *freqs = tu_rope_freqs(10000.0, (int)hd);
+    vks_ref_rope(want_q, pos, (int)R, (int)qd, 0, (int)tc->rope_kv.heads, (int)hd, freqs, (int)mode);
+    vks_ref_rope(want_k, pos, (int)R, (int)kv, 0, (int)tc->rope_kv.kv_heads, (int)hd, freqs, (int)mode);
+    for (uint32_t r = 0; r < R; r++) {
+        size_t dst = ((size_t)slot[r] * L + pos[r]) * kv;
+        memcpy(want_kc + dst, want_k + (size_t)r * kv, kv * 4);
+        memcpy(want_vc + dst, v + (size_t)r * kv, kv * 4);
+    }
+    expect_close("q", got_q, want_q, nq, tc->tol);
+    expect_close("kcache", got_kc, want_kc, nc, tc->tol);
+    assert_memory_equal(got_vc, want_vc, nc * 4);
+    assert_memory_equal(got_k, k, nr * 4);
+    /* the unfused kernels on the same inputs: the same bits */
+    vks_buffer *bq2 = gpu_buffer(q, nq * 4), *bk2 = gpu_buffer(k, nr * 4), *bkc2 = gpu_buffer(kc, nc * 4),
+               *bvc2 = gpu_buffer(vc, nc * 4);
+    c = begin();
+    assert_int_equal(vks_op_rope(ops, c, bind(bq2), bind(bp), bind(bt), L, R, qd, 0, tc->rope_kv.heads, hd, mode), VKS_OK);
+    assert_int_equal(vks_op_rope(ops, c, bind(bk2), bind(bp), bind(bt), L, R, kv, 0, tc->rope_kv.kv_heads, hd, mode), VKS_OK);
+    assert_int_equal(vks_op_kv_store(ops, c, bind(bk2), bind(bv), bind(bkc2), bind(bvc2), bind(bs), bind(bp), R, kv, L),
+                     VKS_OK);
+    submit(c);
+    download(bq2, want_q, nq * 4), download(bkc2, want_kc, nc * 4), download(bvc2, want_vc, nc * 4);
+    assert_memory_equal(got_q, want_q, nq * 4);
+    assert_memory_equal(got_kc, want_kc, nc * 4);
+    assert_memory_equal(got_vc, want_vc, nc * 4);
+    free(q), free(k), free(v), free(kc), free(vc), free(slot), free(pos), free(table);
+    free(got_q), free(got_k), free(got_kc), free(got_vc), free(want_q), free(want_k), free(want_kc), free(want_vc);
+    vks_buffer *all[] = {bt, bs, bp, bq, bk, bv, bkc, bvc, bq2, bk2, bkc2, bvc2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
 }
 
 /* attention: a prefill batch of every position of two sequences (lengths
@@ -690,6 +747,12 @@ static const op_case cases[] = {
     ROPE("rope adjacent hd128", .R = 5, .heads = 4, .head_dim = 128, .max_pos = 300, .mode = VKS_ROPE_ADJACENT),
     ROPE("rope half hd128", .R = 5, .heads = 4, .head_dim = 128, .max_pos = 300, .mode = VKS_ROPE_HALF),
     {"kv_store", run_kv_store, .tol = 0, .kv_store = {.R = 7, .kv_dim = 67, .seq_len = 20}},
+    {"rope_kv_store adjacent hd8 gqa3", run_rope_kv_store, .tol = 1e-10,
+     .rope_kv = {.R = 7, .heads = 6, .kv_heads = 2, .head_dim = 8, .seq_len = 20, .mode = VKS_ROPE_ADJACENT}},
+    {"rope_kv_store half hd64 gqa2", run_rope_kv_store, .tol = 1e-10,
+     .rope_kv = {.R = 9, .heads = 4, .kv_heads = 2, .head_dim = 64, .seq_len = 300, .mode = VKS_ROPE_HALF}},
+    {"rope_kv_store adjacent hd128 mha", run_rope_kv_store, .tol = 1e-10,
+     .rope_kv = {.R = 5, .heads = 3, .kv_heads = 3, .head_dim = 128, .seq_len = 40, .mode = VKS_ROPE_ADJACENT}},
     ATTN("attention hd8 gqa1", .heads = 2, .kv_heads = 2, .head_dim = 8, .seq_len = 40, .decode_rows = 5),
     ATTN("attention hd64 gqa2", .heads = 4, .kv_heads = 2, .head_dim = 64, .seq_len = 300, .decode_rows = 3),
     ATTN("attention hd128 gqa4", .heads = 8, .kv_heads = 2, .head_dim = 128, .seq_len = 150, .decode_rows = 4),
@@ -718,6 +781,11 @@ static const op_case cases[] = {
     SAMPLE("sample top-k 50 top-p 0.7 ties", .S = 200, .V = 1000, .temperature = 0.7f, .top_k = 50,
            .top_p = 0.7f, .ties = true),
     SAMPLE("sample V32000 top-k top-p", .S = 4, .V = 32000, .temperature = 0.9f, .top_k = 100, .top_p = 0.95f),
+    /* the radix select's edges: one key kept (with its ties), all but one, digits that tie in every pass */
+    SAMPLE("sample top-k 1 ties", .S = 200, .V = 1000, .temperature = 1.0f, .top_k = 1, .ties = true),
+    SAMPLE("sample top-k 999", .S = 200, .V = 1000, .temperature = 1.0f, .top_k = 999),
+    SAMPLE("sample top-k 3 top-p 0.5 V32000 ties", .S = 8, .V = 32000, .temperature = 1.3f, .top_k = 3, .top_p = 0.5f,
+           .ties = true),
     /* more workgroups than maxComputeWorkGroupCount[0] (65535 on lavapipe): folded into y */
     SAMPLE("sample u near 1", .S = 16, .V = 64, .temperature = 1.0f, .near_one = true),
     SAMPLE("sample greedy 70000 rows", .S = 70000, .V = 3, .temperature = 0.0f, .ties = true),

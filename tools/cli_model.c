@@ -18,6 +18,7 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
         a->engine.kv_f16 = !strcmp(val, "f16");
         a->kv_type_given = true;
     }
+    else if (!strcmp(opt, "lora")) a->lora_path = val;
     else if (!strcmp(opt, "dtype")) {
         a->dtype_given = true;
         /* "file": every matrix keeps its file's type (quantized GGUF tensors stay quantized) */
@@ -78,10 +79,34 @@ static void resolve_dtype(cli_model_args *a, const vks_model *m) {
     }
 }
 
+/* The adapter of --lora for m (exit 2 with the loader's one line on bad input). */
+static vks_lora_adapter *load_lora(const char *path, const vks_model *m) {
+    vks_lora_adapter *l = NULL;
+    if (vks_lora_load(path, m, &l)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    fprintf(stderr, "vkswarm: LoRA adapter %s: rank %d, alpha %g\n", path, vks_lora_adapter_config(l)->rank,
+            vks_lora_adapter_config(l)->alpha);
+    return l;
+}
+
 vks_model *cli_load_model(cli_model_args *a) {
     vks_model *m = cli_load_model_file(a);
     resolve_dtype(a, m);
+    if (a->lora_path) a->lora = load_lora(a->lora_path, m);
     return m;
+}
+
+void cli_model_hash(const cli_model_args *a, const vks_model *m, uint8_t out[32]) {
+    if (vks_lora_model_hash(m, a->lora, out)) cli_die(EXIT_BAD_INPUT, "model hash: %s", vks_last_error());
+}
+
+void cli_engine_lora(const cli_model_args *a, vks_engine *e) {
+    if (a->lora && vks_engine_set_lora(e, a->lora)) cli_die(1, "%s", vks_last_error());
+}
+
+void cli_free_model(cli_model_args *a, vks_model *m) {
+    vks_lora_adapter_free(a->lora);
+    a->lora = NULL;
+    vks_model_free(m);
 }
 
 static vks_model *cli_load_model_file(const cli_model_args *a) {

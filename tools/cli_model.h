@@ -13,6 +13,8 @@ typedef struct {
     bool kv_type_given;   /* --kv-type was (engine.kv_f16 holds it) */
     int device;      /* -1: default */
     bool profile;
+    const char *lora_path;   /* --lora (commands that list CLI_LORA_LONG_OPTION) */
+    vks_lora_adapter *lora;  /* loaded by cli_load_model from lora_path; NULL: none */
 } cli_model_args;
 
 /* Handles --model, --tokenizer, --random-model, --arch, --dtype, --device, --profile.
@@ -26,6 +28,11 @@ void cli_no_kv_type(const cli_model_args *a, const char *cmd);
         {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}, {"arch", required_argument, 0, 0}, \
         {"kv-type", required_argument, 0, 0}
 
+/* --lora PATH: a LoRA adapter (PEFT directory or GGUF LoRA file) for the model;
+ * generate, eval, verify, logits and pipeline take it. */
+#define CLI_LORA_LONG_OPTION {"lora", required_argument, 0, 0}
+#define CLI_LORA_HELP "--lora PATH: apply a LoRA adapter (PEFT directory or GGUF LoRA file) to the model\n"
+
 /* The config of --random-model's "dim,hidden,layers,heads,kv_heads,vocab[,seq_len]"
  * (seq_len 2048 when left out; exit 2 on a malformed spec). */
 void cli_parse_random_spec(const char *spec, const char *arch, vks_model_config *out);
@@ -34,6 +41,12 @@ void cli_parse_random_spec(const char *spec, const char *arch, vks_model_config 
  * its file's types; anything else runs in f32. cli_load_model records that
  * choice in a->engine.keep_file_dtype. */
 vks_model *cli_load_model(cli_model_args *a);
+/* The identity of the model with its adapter (vks_lora_model_hash); exit 2 on failure. */
+void cli_model_hash(const cli_model_args *a, const vks_model *m, uint8_t out[32]);
+/* The adapter (if any) onto the engine; exit 1 on failure. */
+void cli_engine_lora(const cli_model_args *a, vks_engine *e);
+/* Frees the adapter and the model. */
+void cli_free_model(cli_model_args *a, vks_model *m);
 /* Loads the tokenizer if a path was given (exit 2 on bad input); NULL otherwise. */
 vks_tokenizer *cli_load_tokenizer(const cli_model_args *a, const vks_model *m);
 /* Opens the GPU (VKSWARM_VALIDATION=1 turns the validation layer on). */

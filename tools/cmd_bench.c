@@ -16,10 +16,13 @@ static const char bench_usage[] =
     "                      --random-model dim,hidden,layers,heads,kv_heads,vocab[,seq[,head_dim]]\n"
     "                      [--arch llama|llama3|qwen2|qwen3])\n"
     "                     [--batch B] [--prompt-len P] [--gen N] [--dtype T] [--kv-type f32|f16] [--device N] [--profile]\n"
+    "                     [--lora PATH | --lora-rank R]\n"
     "Prints prefill and decode tokens/s and, measured in the same run, the device's copy bandwidth and\n"
     "large-matmul FLOP/s, with the fraction of each that prefill and decode reach.\n"
     "--dtype: f32, f16, bf16, q8_0, q4_0, q4_k (quantized on upload) or file (the file's types).\n"
     "Defaults: --batch 1 --prompt-len 128 --gen 32 --dtype f32.\n"
+    "--lora PATH runs with that adapter, unmerged; --lora-rank R with a random one of rank R on every\n"
+    "target (alpha 32; the merged model runs as fast as the base of the merged type).\n"
     "       vkswarm bench --sgemm M,N,K [--threads N]\n"
     "prints OpenBLAS cblas_sgemm's GFLOP/s on y[M,N] = x[M,K] W[N,K]^T as the CPU forward calls it\n"
     "(--threads: default every core), the ceiling for `verify --cpu`, and the BLAS kernels in use.\n";
@@ -227,10 +230,11 @@ static void print_decode_steps(const vks_engine_stats *a, const vks_engine_stats
     printf("decode step:       %10.3f ms wall, %.3f ms host (not waiting), %.3f ms waiting, %.3f ms in kernels\n",
            wall, wall - wait, wait, kernels);
     printf("gpu busy: %.0f%%\n", wall > 0 ? 100.0 * kernels / wall : 0.0);
-    printf("decode step:       %10.1f dispatches, %.1f barriers, %.1f descriptor writes, %.1f submits, %.0f%% recorded\n",
+    printf("decode step:       %10.1f dispatches, %.1f barriers, %.1f descriptor writes, %.1f submits, %.0f%% recorded, "
+           "%.0f bytes to the host\n",
            (double)(b->dispatches - a->dispatches) / n, (double)(b->barriers - a->barriers) / n,
            (double)(b->descriptor_writes - a->descriptor_writes) / n, (double)(b->submits - a->submits) / n,
-           100.0 * (double)(b->recorded - a->recorded) / n);
+           100.0 * (double)(b->recorded - a->recorded) / n, (double)(b->download_bytes - a->download_bytes) / n);
     if (layers > 0)
         printf("decode layer:      %10.1f dispatches, %.1f barriers, %.1f descriptor writes\n",
                (double)(b->layer_dispatches - a->layer_dispatches) / layers,
@@ -238,15 +242,32 @@ static void print_decode_steps(const vks_engine_stats *a, const vks_engine_stats
                (double)(b->layer_descriptor_writes - a->layer_descriptor_writes) / layers);
 }
 
+/* A random adapter of rank r on every target (PEFT's A, B drawn small and nonzero). */
+static vks_lora_adapter *random_adapter(const vks_model *m, int r) {
+    vks_lora_config lc = {.rank = r, .alpha = VKS_LORA_DEFAULT_ALPHA, .targets = VKS_LORA_ALL_TARGETS};
+    vks_lora_adapter *a = NULL;
+    if (vks_lora_adapter_create(&m->cfg, &lc, &a) || vks_lora_adapter_init(a, 1))
+        cli_die(EXIT_BAD_INPUT, "--lora-rank: %s", vks_last_error());
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
+            int64_t out, in;
+            vks_lora_target_shape(&m->cfg, (vks_lora_target)t, &out, &in);
+            float *B = vks_lora_adapter_B(a, l, (vks_lora_target)t);
+            for (int64_t i = 0; i < out * r; i++) B[i] = 1e-3f * (float)((i * 7919) % 201 - 100) / 100.0f;
+        }
+    return a;
+}
+
 int cmd_bench(int argc, char **argv) {
-    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"batch", required_argument, 0, 0},
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_LORA_LONG_OPTION, {"lora-rank", required_argument, 0, 0},
+                                         {"batch", required_argument, 0, 0},
                                          {"prompt-len", required_argument, 0, 0}, {"gen", required_argument, 0, 0},
                                          {"sgemm", required_argument, 0, 0}, {"threads", required_argument, 0, 0},
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     cli_model_args ma = {.device = -1};
     bench_shape s = {1, 128, 32};
     const char *sgemm = NULL;
-    int threads = 0;
+    int threads = 0, lora_rank = 0;
     int c, idx;
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(bench_usage, stdout); return 0; }
@@ -257,8 +278,10 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(name, "gen")) s.gen = (int)cli_parse_long("--gen", optarg, 1, 1 << 20);
         else if (!strcmp(name, "sgemm")) sgemm = optarg;
         else if (!strcmp(name, "threads")) threads = (int)cli_parse_long("--threads", optarg, 1, 256);
+        else if (!strcmp(name, "lora-rank")) lora_rank = (int)cli_parse_long("--lora-rank", optarg, 1, 65536);
     }
     if (optind < argc) cli_usage_error("bench", "unexpected argument '%s'", argv[optind]);
+    if (lora_rank && ma.lora_path) cli_usage_error("bench", "give --lora or --lora-rank, not both");
     if (sgemm) return bench_sgemm(sgemm, threads);
     vks_model *m = cli_load_model(&ma);
     if (s.prompt_len + s.gen > m->cfg.seq_len)
@@ -270,6 +293,11 @@ int cmd_bench(int argc, char **argv) {
     vks_engine_options eo = ma.engine;
     eo.n_slots = s.batch, eo.kv_len = s.prompt_len + s.gen, eo.max_rows = chunk, eo.max_out_rows = s.batch;
     vks_engine *e = cli_create_engine(g, m, &eo);
+    if (lora_rank) ma.lora = random_adapter(m, lora_rank);
+    cli_engine_lora(&ma, e);
+    if (ma.lora)
+        fprintf(stderr, "vkswarm: bench: LoRA adapter of rank %d on every target, unmerged\n",
+                vks_lora_adapter_config(ma.lora)->rank);
     int64_t params = vks_model_param_count(m);
     fprintf(stderr, "vkswarm: bench: %lld parameters, %s weights, %.1f MiB on the device\n", (long long)params,
             ma.engine.keep_file_dtype ? "file-typed" : vks_dtype_name(ma.engine.dtype), vks_engine_weight_bytes(e) / 1048576.0);
@@ -314,6 +342,6 @@ int cmd_bench(int argc, char **argv) {
     }
     vks_engine_destroy(e);
     int rc = cli_finish_gpu(g);
-    vks_model_free(m);
+    cli_free_model(&ma, m);
     return rc;
 }

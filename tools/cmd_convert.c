@@ -6,6 +6,7 @@
 #include "cli_model.h"
 #include "cli_util.h"
 #include "vkswarm/vks_gguf.h"
+#include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_tokenizer.h"
 
@@ -13,7 +14,7 @@ static const char convert_usage[] =
     "usage: vkswarm convert (--in MODEL |\n"
     "                        --random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
     "                        [--arch llama|llama3|qwen2|qwen3] | --init tiny [--seed S]) --out PATH\n"
-    "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer T]\n"
+    "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer T] [--lora ADAPTER]\n"
     "Converts a model. The input format is detected by content (GGUF, safetensors file or directory\n"
     "with config.json, llama2.c). The output format follows PATH: *.gguf is GGUF, *.bin is llama2.c\n"
     "(f32 only), anything else is a Hugging Face directory (config.json + model.safetensors; f32,\n"
@@ -30,13 +31,18 @@ static const char convert_usage[] =
     "dim / heads).\n"
     "--init tiny writes the built-in tiny model (dim 128, 4 layers, byte-level vocabulary of 259\n"
     "tokens, 0.82M parameters) initialised from --seed (default 0), with its tokenizer, as GGUF or\n"
-    "a Hugging Face directory; the same seed gives the same file.\n";
+    "a Hugging Face directory; the same seed gives the same file.\n"
+    "--lora ADAPTER merges a LoRA adapter made for the input model (a PEFT directory with\n"
+    "adapter_config.json and adapter_model.safetensors, or a llama.cpp GGUF adapter) into it:\n"
+    "W + (lora_alpha / r) B A for every targeted matrix, computed in double from the input's\n"
+    "decoded weights, then written with --type (default f32). An adapter for another model (shape\n"
+    "or base hash), of a bad rank or target, or holding NaN/Inf is refused (exit 2).\n";
 
 typedef enum { OUT_GGUF, OUT_LLAMA2C, OUT_HF } out_format;
 
 typedef struct {
     cli_model_args m;
-    const char *out, *type_name, *init;
+    const char *out, *type_name, *init, *lora;
     vks_dtype type;
     uint64_t seed;
 } convert_args;
@@ -51,7 +57,7 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
                                          {"type", required_argument, 0, 0},     {"tokenizer", required_argument, 0, 0},
                                          {"random-model", required_argument, 0, 0}, {"init", required_argument, 0, 0},
                                          {"seed", required_argument, 0, 0},         {"help", no_argument, 0, 'h'},
-                                         {"arch", required_argument, 0, 0},
+                                         {"arch", required_argument, 0, 0},         {"lora", required_argument, 0, 0},
                                          {0, 0, 0, 0}};
     int c, idx;
     a->type = VKS_DTYPE_F32;
@@ -68,6 +74,7 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
         else if (!strcmp(name, "arch")) a->m.random_arch = optarg;
         else if (!strcmp(name, "type")) a->type_name = optarg;
         else if (!strcmp(name, "init")) a->init = optarg;
+        else if (!strcmp(name, "lora")) a->lora = optarg;
         else if (!strcmp(name, "seed")) a->seed = cli_parse_u64("--seed", optarg);
     }
     if (optind < argc) cli_usage_error("convert", "unexpected argument '%s'", argv[optind]);
@@ -136,6 +143,18 @@ static void output_tokenizer(const char *tok_path, const vks_model *m, out_forma
     vks_tokenizer_free(t);
 }
 
+/* Merges the adapter at path into m (exit 2 for an adapter that does not fit m). */
+static void merge_lora(vks_model *m, const char *path) {
+    vks_lora_adapter *ad = NULL;
+    int rc = vks_lora_load(path, m, &ad);
+    if (rc != VKS_OK) cli_die(rc == VKS_ERR_NOMEM ? 1 : EXIT_BAD_INPUT, "%s", vks_last_error());
+    const vks_lora_config *lc = vks_lora_adapter_config(ad);
+    cli_note("merging LoRA adapter %s (rank %d, alpha %g) into %s", path, lc->rank, lc->alpha, m->path);
+    rc = vks_lora_merge(m, ad);
+    vks_lora_adapter_free(ad);
+    if (rc != VKS_OK) cli_die(rc == VKS_ERR_NOMEM ? 1 : EXIT_BAD_INPUT, "%s", vks_last_error());
+}
+
 static vks_model *tiny_model(uint64_t seed, vks_tokenizer **tok) {
     vks_model *m = NULL;
     if (vks_model_init_tiny(seed, &m, tok)) cli_die(1, "%s", vks_last_error());
@@ -161,6 +180,7 @@ int cmd_convert(int argc, char **argv) {
     vks_model_save_options o = {.dtype = a.type, .tokenizer = tok};
     char buf[1100];
     if (!a.init) output_tokenizer(tok_path, m, fmt, &o, &tok, buf, sizeof buf);
+    if (a.lora) merge_lora(m, a.lora);
     cli_note("converting %s (%s, %lld parameters) to %s", m->path, m->arch, (long long)vks_model_param_count(m), a.out);
     int rc = VKS_OK;
     if (fmt == OUT_GGUF) rc = vks_model_save_gguf(m, a.out, &o);

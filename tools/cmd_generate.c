@@ -16,7 +16,7 @@ static const char generate_usage[] =
     "                        [--kv-type f32|f16] [--device N] [--profile]\n"
     "                        [--random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
     "                         [--arch llama|llama3|qwen2|qwen3]]\n"
-    "                        [--rollouts-out FILE [--toploc | --no-toploc]]\n"
+    "                        [--rollouts-out FILE [--toploc | --no-toploc]] [--lora PATH]\n"
     "Generates text. -n counts positions, prompt included (llama2.c); 0 means the model's context.\n"
     "Defaults: -n 256 --temp 1.0 --top-p 0.9 --top-k 0 (off), --seed from the clock (printed on stderr).\n"
     "Sampling is Gumbel-max with a Philox RNG keyed by (seed, prompt index, position): results do\n"
@@ -27,9 +27,10 @@ static const char generate_usage[] =
     "--rollouts-out FILE also writes a rollout file (JSONL, see README \"Verifiable rollouts (TOPLOC) and\n"
     "vkswarm verify\") for\n"
     "`vkswarm verify`: one sample per prompt with its TOPLOC proofs, built on a worker thread while\n"
-    "the GPU runs (--toploc, the default; --no-toploc writes empty proofs, to measure their cost).\n"
+    "the GPU runs (--toploc, the default; --no-toploc writes empty proofs, to measure their cost);\n"
+    "the file names the model by the hash of base and adapter.\n"
     "--kv-type f16 keeps the KV cache in halves (default f32): half its memory; attention split over\n"
-    "keys. A rollout file records it and `vkswarm verify` (GPU or --cpu) replays with the same cache.\n";
+    "keys. A rollout file records it and `vkswarm verify` (GPU or --cpu) replays with the same cache.\n" CLI_LORA_HELP;
 
 typedef struct {
     cli_model_args m;
@@ -39,7 +40,7 @@ typedef struct {
 } generate_args;
 
 static void parse_generate(int argc, char **argv, generate_args *a) {
-    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_SAMPLING_LONG_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_SAMPLING_LONG_OPTIONS, CLI_LORA_LONG_OPTION,
                                          {"prompt", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
                                          {"rollouts-out", required_argument, 0, 0}, {"toploc", no_argument, 0, 0},
                                          {"no-toploc", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -105,10 +106,11 @@ int cmd_generate(int argc, char **argv) {
     eo.n_slots = n, eo.kv_len = steps, eo.max_rows = n > 256 ? n : 256, eo.max_out_rows = n;
     eo.f32_math = a.rollouts_out != NULL;
     vks_engine *e = cli_create_engine(g, m, &eo);
+    cli_engine_lora(&a.m, e);
     generate_hooks hooks = {0};
     if (a.rollouts_out) {
         check_rollout_prompts(seqs, n, steps);
-        if (vks_rollout_writer_create(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n,
+        if (vks_rollout_writer_create(a.rollouts_out, m, a.m.lora, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n,
                                       !a.no_toploc, &hooks.rollouts))
             cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
         vks_rollout_writer_set_kv_f16(hooks.rollouts, eo.kv_f16); /* the verifier replays with the same cache */
@@ -138,7 +140,7 @@ int cmd_generate(int argc, char **argv) {
     free(seqs);
     free(prompts);
     vks_tokenizer_free(t);
-    vks_model_free(m);
+    cli_free_model(&a.m, m);
     return rc;
 }
 
@@ -146,10 +148,11 @@ int cmd_generate(int argc, char **argv) {
 
 static const char logits_usage[] =
     "usage: vkswarm logits --model M --ids FILE --out FILE [--dtype f32|f16|bf16] [--device N] [--profile]\n"
-    "                      [--cpu [--threads N]]\n"
+    "                      [--cpu [--threads N]] [--lora PATH]\n"
     "Feeds the ids (whitespace-separated integers; lines starting with '#' are ignored) at positions\n"
     "0..N-1 of one sequence and writes float32 logits [N, vocab], little-endian, to --out.\n"
-    "--cpu: the fast f32 CPU forward (OpenBLAS) on N threads (default: every core) instead of the GPU.\n";
+    "--cpu: the fast f32 CPU forward (OpenBLAS) on N threads (default: every core) instead of the GPU.\n"
+    CLI_LORA_HELP;
 
 /* Parses the ids file strictly: integers in [0, vocab), at most max_n of them. */
 static int32_t *read_ids(const char *path, int vocab, int max_n, int *n_out) {
@@ -189,6 +192,7 @@ static void logits_gpu(const cli_model_args *ma, const vks_model *m, const int32
     vks_engine_options eo = ma->engine;
     eo.n_slots = 1, eo.kv_len = n, eo.max_rows = chunk, eo.max_out_rows = chunk;
     vks_engine *e = cli_create_engine(g, m, &eo);
+    cli_engine_lora(ma, e);
     if (vks_engine_logits(e, 0, ids, 0, n, chunk, logits, NULL)) cli_die(1, "logits: %s", vks_last_error());
     if (ma->profile) cli_print_profile(g);
     vks_engine_destroy(e);
@@ -196,16 +200,17 @@ static void logits_gpu(const cli_model_args *ma, const vks_model *m, const int32
 }
 
 /* The fast CPU forward's logits (vks_cpu.h). */
-static void logits_cpu(const vks_model *m, int threads, const int32_t *ids, int n, float *logits) {
+static void logits_cpu(const vks_model *m, const vks_lora_adapter *lora, int threads, const int32_t *ids, int n,
+                       float *logits) {
     vks_cpu_options co = {.threads = threads};
     vks_cpu *cpu = NULL;
-    if (vks_cpu_create(m, &co, &cpu) || vks_cpu_prefill(cpu, ids, &n, 1, NULL, n, logits, NULL))
+    if (vks_cpu_create(m, &co, &cpu) || vks_cpu_set_lora(cpu, lora) || vks_cpu_prefill(cpu, ids, &n, 1, NULL, n, logits, NULL))
         cli_die(1, "logits: %s", vks_last_error());
     vks_cpu_destroy(cpu);
 }
 
 int cmd_logits(int argc, char **argv) {
-    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"ids", required_argument, 0, 0},
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_LORA_LONG_OPTION, {"ids", required_argument, 0, 0},
                                          {"out", required_argument, 0, 0}, {"cpu", no_argument, 0, 0},
                                          {"threads", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     cli_model_args ma = {.device = -1};
@@ -230,13 +235,13 @@ int cmd_logits(int argc, char **argv) {
     size_t V = (size_t)m->cfg.vocab_size;
     float *logits = malloc(sizeof(float) * V * (size_t)n);
     if (!logits) cli_die(1, "out of host memory");
-    if (cpu) logits_cpu(m, threads, ids, n, logits);
+    if (cpu) logits_cpu(m, ma.lora, threads, ids, n, logits);
     else logits_gpu(&ma, m, ids, n, logits);
     vks_outfile out; /* a temporary renamed into place when complete */
     int rc = vks_outfile_open(&out, out_path, 0666);
     if (rc == VKS_OK) rc = vks_outfile_finish(&out, fwrite(logits, sizeof(float) * V, (size_t)n, out.f) == (size_t)n);
     free(logits); free(ids);
-    vks_model_free(m);
+    cli_free_model(&ma, m);
     if (rc) cli_die(1, "%s", vks_last_error());
     fprintf(stderr, "vkswarm: wrote %d x %zu logits to %s\n", n, V, out_path);
     return 0;

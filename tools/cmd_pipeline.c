@@ -18,7 +18,7 @@ static const char pipeline_usage[] =
     "           [--micro-batches K] [--chunk R] [-n STEPS] [--temp X] [--top-p P] [--top-k K] [--seed S]\n"
     "           [--partition even|auto|n1,n2,...] [--wire f32|f16] [--link-latency-ms L] [--link-mbps R]\n"
     "           [--timeout-s T] [--dtype f32|f16|bf16] [--kv-type f32|f16] [--device N]\n"
-    "           [--rollouts-out FILE [--toploc|--no-toploc]]\n"
+    "           [--rollouts-out FILE [--toploc|--no-toploc]] [--lora PATH]\n"
     "Rank s holds a contiguous range of layers; rank 0 also the embedding and the schedule, rank S-1 the\n"
     "final norm, the classifier and the sampler. K micro-batches of B sequences circulate in a ring; the\n"
     "MPI tag carries the micro-batch id. Output on rank 0's stdout: one JSON object per prompt, in prompt\n"
@@ -30,7 +30,9 @@ static const char pipeline_usage[] =
     "--rollouts-out FILE writes the rollout file of `generate --rollouts-out`; the last stage builds the\n"
     "TOPLOC proofs while it samples and sends them to rank 0 at the end (--no-toploc: empty proofs); every\n"
     "other stage commits the activations it hands on at the sampling positions (\"stage_proofs\"), so that\n"
-    "verify names the first stage whose commitment fails.\n";
+    "verify names the first stage whose commitment fails.\n"
+    CLI_LORA_HELP "(each rank puts on its device the adapter's matrices of its own layers; every rank must hold the same\n"
+    "base and adapter).\n";
 
 typedef struct {
     cli_model_args m;
@@ -42,7 +44,7 @@ typedef struct {
 } pipeline_args;
 
 static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
-    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_SAMPLING_LONG_OPTIONS,
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_SAMPLING_LONG_OPTIONS, CLI_LORA_LONG_OPTION,
                                          {"prompts", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
                                          {"micro-batches", required_argument, 0, 0}, {"chunk", required_argument, 0, 0},
                                          {"partition", required_argument, 0, 0}, {"wire", required_argument, 0, 0},
@@ -142,7 +144,7 @@ int cmd_pipeline(int argc, char **argv) {
     vks_mpi_start_within(VKS_MPI_THREADS_FUNNELED, a.timeout_s, cli_mpi_stuck, &rank, &size);
     vks_model *m = cli_load_model(&a.m);
     uint8_t hash[32];
-    if (vks_model_hash(m, hash)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    cli_model_hash(&a.m, m, hash);
     int rc = vks_pipeline_check_ranks(vks_mpi_world(), hash, a.timeout_s);
     if (rc == VKS_ERR_TIMEOUT) die_startup(rank);
     if (rc) {
@@ -178,12 +180,12 @@ int cmd_pipeline(int argc, char **argv) {
     vks_pipeline_options po = {.micro_batches = a.micro_batches, .batch = a.batch, .chunk = a.chunk, .sched = sp,
                                .wire = strcmp(a.wire, "f16") ? VKS_WIRE_F32 : VKS_WIRE_F16,
                                .link = {a.latency_ms, a.mbps}, .timeout_s = a.timeout_s, .first = first,
-                               .engine = a.m.engine, .toploc = a.rollouts_out && !a.no_toploc};
+                               .engine = a.m.engine, .toploc = a.rollouts_out && !a.no_toploc, .lora = a.m.lora};
     po.engine.f32_math = a.rollouts_out != NULL;
     po.stage_proofs = po.toploc; /* every stage but the last commits what it hands on */
     vks_rollout_writer *rollouts = NULL;
     if (rank == 0 && a.rollouts_out && /* no proofs made here: the last stage makes them */
-        vks_rollout_writer_create(a.rollouts_out, m, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false,
+        vks_rollout_writer_create(a.rollouts_out, m, a.m.lora, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false,
                                   &rollouts))
         cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     vks_rollout_writer_set_kv_f16(rollouts, po.engine.kv_f16); /* every stage's engine holds the same cache type */
@@ -208,7 +210,7 @@ int cmd_pipeline(int argc, char **argv) {
     rc = cli_finish_gpu(g);
     free(seqs); free(lines); free(first);
     vks_tokenizer_free(t);
-    vks_model_free(m);
+    cli_free_model(&a.m, m);
     vks_mpi_stop_within(a.timeout_s, cli_mpi_stuck);
     return rc;
 }

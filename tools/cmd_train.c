@@ -43,7 +43,7 @@ static const char eval_usage[] =
     "usage: vkswarm eval --model M --data FILE.jsonl [--tokenizer T] [--device N]\n"
     "       vkswarm eval --model M --task T [--n N] [--samples K] [--seed S] [--temp X] [--max-new N]\n"
     "                    [--batch B] [--chat-template NAME] [--system TEXT] [--user-template TEXT] [--no-think]\n"
-    "                    [--think-tokens N [--think-template TEXT]]\n"
+    "                    [--think-tokens N [--think-template TEXT]] [--lora PATH]\n"
     "Scores a model on a JSONL file like train sft's: prints one JSON object with the number of\n"
     "sequences and loss tokens, the mean loss (-log p per completion token) and the token accuracy\n"
     "(the fraction of completion tokens that are the model's most likely next token).\n"
@@ -60,7 +60,8 @@ static const char eval_usage[] =
     "correct completion), accuracy (correct completions / completions), pass@k for k = 1, 2, 4, ... and K\n"
     "(the unbiased estimator 1 - C(K-c, k) / C(K, k) per task, c correct of K, averaged), mean_length\n"
     "(completion tokens) and kinds: accuracy per task kind (a file's \"kind\", else its task_type; a\n"
-    "built-in task's name).\n";
+    "built-in task's name).\n"
+    CLI_LORA_HELP "(with --task only).\n";
 
 typedef struct {
     cli_model_args m;
@@ -245,12 +246,13 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     vks_gpu *g = cli_open_gpu(ma);
     vks_task_run_options o = ta->o;
     o.engine = ma->engine;
+    o.lora = ma->lora;
     o.prompt = &ta->prompt, o.show_prompt = cli_show_prompt, o.progress_ctx = "eval";
     if (!ta->temp_given && o.samples > 1) o.temperature = 1.0f; /* K greedy completions would all be the same */
     vks_task_eval_result *r = malloc(sizeof *r);
     if (!r) return free(tasks), fail_freeing(vks_set_error(VKS_ERR_NOMEM, "out of memory"), g, m, tok);
     int rc = path ? vks_task_eval_tasks(g, m, tok, tasks, n, &o, r) : vks_task_eval(g, m, tok, &spec, ta->seed, ta->n, &o, r);
-    if (rc) return free(r), free(tasks), fail_freeing(rc, g, m, tok);
+    if (rc) return free(r), free(tasks), vks_lora_adapter_free(ma->lora), ma->lora = NULL, fail_freeing(rc, g, m, tok);
     char name[32];
     vks_task_spec_name(&spec, name, sizeof name);
     print_task_eval(ta, path ? path : name, r);
@@ -258,7 +260,7 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     free(tasks);
     rc = cli_finish_gpu(g);
     vks_tokenizer_free(tok);
-    vks_model_free(m);
+    cli_free_model(ma, m);
     return rc;
 }
 
@@ -277,7 +279,7 @@ static bool task_option(task_eval_args *ta, const char *name, const char *val) {
 }
 
 int cmd_eval(int argc, char **argv) {
-    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"data", required_argument, 0, 0},
+    static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_LORA_LONG_OPTION, {"data", required_argument, 0, 0},
                                          {"task", required_argument, 0, 0}, {"n", required_argument, 0, 0},
                                          {"seed", required_argument, 0, 0}, {"temp", required_argument, 0, 0},
                                          {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
@@ -301,6 +303,7 @@ int cmd_eval(int argc, char **argv) {
     if (!ma.model_path || !!data + !!ta.task != 1) cli_usage_error("eval", "--model M and one of --data FILE and --task NAME are required");
     if (data && task_only)
         cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new, --batch and the prompt flags go with --task");
+    if (data && ma.lora_path) cli_usage_error("eval", "--lora goes with --task (the --data loss has no adapters yet)");
     if (vks_prompt_check(&ta.prompt)) cli_usage_error("eval", "%s", vks_last_error());
     if (ta.task) return eval_task(&ma, &ta);
     vks_tokenizer *tok = NULL;

@@ -19,6 +19,7 @@ static const char verify_usage[] =
     "                      [--max-mant-mean X] [--max-mant-median X] [--logit-margin X]\n"
     "                      [--dtype f32|f16|bf16] [--kv-type f32|f16] [--mpi [--timeout-s T]] [--threads N] [--cpu-reference]\n"
     "                      [--sample-fraction F | --sample N] [--sample-seed S] [--bad-fraction P] [--group-by seed|file]\n"
+    "                      [--lora PATH]\n"
     "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
     "recomputing it with one prefill over prompt + output: the TOPLOC proof of each chunk of 32\n"
     "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
@@ -54,7 +55,10 @@ static const char verify_usage[] =
     "are checked, the group passes with probability C(n-k, m) / C(n, m) <= (1 - k/n)^m; a line per group\n"
     "gives it for k = ceil(P n), --bad-fraction P (default 0.1): \"group 1 (seed 10): accepted: 16 of 128\n"
     "checked; a group with >= 10% bad rollouts passes with probability <= 0.1605\". --jsonl adds\n"
-    "\"checked\" to each sample and one {\"group\",...,\"pass_bound\"} object per group.\n";
+    "\"checked\" to each sample and one {\"group\",...,\"pass_bound\"} object per group.\n"
+    CLI_LORA_HELP
+    "(every path: GPU, --cpu, --cpu-reference, verifier ranks); the rollouts must name the hash of base and\n"
+    "adapter: those of another adapter, another alpha or none are rejected as another model.\n";
 
 typedef struct {
     cli_model_args m;
@@ -134,7 +138,7 @@ static bool verify_option(verify_args *a, const char *name, const char *val) {
 
 static void parse_verify(int argc, char **argv, verify_args *a) {
     static const struct option opts[] = {
-        CLI_MODEL_LONG_OPTIONS, {"rollouts", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
+        CLI_MODEL_LONG_OPTIONS, CLI_LORA_LONG_OPTION, {"rollouts", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
         {"cpu", no_argument, 0, 0}, {"mpi", no_argument, 0, 0}, {"threads", required_argument, 0, 0},
         {"cpu-reference", no_argument, 0, 0},
         {"jsonl", no_argument, 0, 0}, {"batch", required_argument, 0, 0}, {"stop-ids", required_argument, 0, 0},
@@ -204,6 +208,7 @@ static void verifier_open(verifier *v, const verify_args *a, const vks_model *m)
     vks_engine_options eo = a->m.engine;
     eo.f32_math = true, eo.n_slots = a->batch, eo.kv_len = 1, eo.max_rows = 512, eo.max_out_rows = 512;
     v->e = cli_create_engine(v->g, m, &eo);
+    cli_engine_lora(&a->m, v->e);
 }
 
 static int verifier_close(verifier *v) {
@@ -395,7 +400,8 @@ int cmd_verify(int argc, char **argv) {
     trust_model_tokens(&a, m);
     vks_rollout_file rf = {0};
     if (rank == 0 && vks_rollout_read(a.rollouts, &rf)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-    if (vks_model_hash(m, a.vo.model_hash)) cli_die(EXIT_BAD_INPUT, "model hash: %s", vks_last_error());
+    cli_model_hash(&a.m, m, a.vo.model_hash);
+    a.vo.lora = a.m.lora;
     check_kv_type(&a, &rf.header);
     memcpy(a.vo.stop_ids, rf.header.stop_ids, sizeof a.vo.stop_ids);
     a.vo.n_stop = rf.header.n_stop;
@@ -410,7 +416,7 @@ int cmd_verify(int argc, char **argv) {
     if (rank > 0) {
         int rc = serve_verifier(&a, m, rank);
         free_task(&task);
-        vks_model_free(m);
+        cli_free_model(&a.m, m);
         vks_mpi_stop_within(a.timeout_s, cli_mpi_stuck);
         return rc;
     }
@@ -454,7 +460,7 @@ int cmd_verify(int argc, char **argv) {
     vks_group_plan_free(&plan);
     free_task(&task);
     vks_rollout_file_free(&rf);
-    vks_model_free(m);
+    cli_free_model(&a.m, m);
     if (a.mpi) vks_mpi_stop_within(a.timeout_s, cli_mpi_stuck);
     if (rc) return rc;
     return accepted == total ? 0 : 1;

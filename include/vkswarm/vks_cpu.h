@@ -10,6 +10,7 @@
 #ifndef VKS_CPU_H
 #define VKS_CPU_H
 #include "vks_model.h"
+#include "vks_lora.h"
 
 typedef struct vks_cpu vks_cpu;
 
@@ -25,6 +26,10 @@ int vks_cpu_thread_count(int threads);
 /* opt may be NULL (defaults). The model must outlive the context. */
 int vks_cpu_create(const vks_model *m, const vks_cpu_options *opt, vks_cpu **out);
 void vks_cpu_destroy(vks_cpu *c);
+/* A LoRA adapter for the forwards that follow (NULL: none): each targeted
+ * product adds scale B (A x), unmerged (two sgemms). The adapter must
+ * outlive its use; VKS_ERR_FORMAT when made for another model's shape. */
+int vks_cpu_set_lora(vks_cpu *c, const vks_lora_adapter *a);
 /* Runs n_seqs sequences, each from position 0: ids holds seq_lens[0] ids of
  * the first, then the second's, ... For the rows out_rows[0..n_out) of that
  * concatenation (NULL: every row, n_out = the total) writes logits

@@ -5,6 +5,7 @@
 #ifndef VKS_ENGINE_H
 #define VKS_ENGINE_H
 #include "vks_gpu.h"
+#include "vks_lora.h"
 #include "vks_model.h"
 #include "vks_ops.h"
 #include "vks_sched.h"
@@ -39,6 +40,14 @@ int vks_engine_create(vks_gpu *g, const vks_model *m, const vks_engine_options *
  * for a type; other models are converted to opt.dtype. */
 bool vks_engine_keeps_file_types(const vks_model *m);
 void vks_engine_destroy(vks_engine *e);
+/* A LoRA adapter (vks_lora.h) for the forwards that follow: its matrices of
+ * the engine's layer range go to the device beside the base, which stays as
+ * it is (the forward adds scale B (A x) after each targeted product). NULL
+ * removes it. An adapter of the same rank and targets replaces the previous
+ * one in place; VKS_ERR_FORMAT when it was made for another model's shape.
+ * On failure the engine has no adapter. */
+int vks_engine_set_lora(vks_engine *e, const vks_lora_adapter *a);
+bool vks_engine_has_lora(const vks_engine *e);
 /* Device bytes this engine allocated (weights, KV cache, activations). */
 uint64_t vks_engine_device_bytes(const vks_engine *e);
 uint64_t vks_engine_weight_bytes(const vks_engine *e);
@@ -93,6 +102,8 @@ typedef struct {
                                     inside the engine's range, or NULL */
     const vks_gpu_sample_row *sample; /* [n_out] or NULL: sample on the GPU */
     int32_t *sampled;            /* [n_out] sampled tokens (when sample != NULL) */
+    float *sampled_logp;         /* [n_out] or NULL (needs sample): log-softmax(logits)[sampled] at
+                                    temperature 1, computed on the device (token_logprob.comp) */
     /* Stage output (engines without the head): */
     float *x_out;                /* [n_rows, dim] residual stream after the range */
 } vks_forward_batch;
@@ -109,6 +120,7 @@ typedef struct {
     uint64_t forwards, recorded; /* forwards; of them recorded (the rest replayed a recording) */
     uint64_t dispatches, barriers, descriptor_writes, submits;
     uint64_t layers, layer_dispatches, layer_barriers, layer_descriptor_writes;
+    uint64_t download_bytes; /* device-to-host bytes the forwards copied out */
     double wall_s, wait_s;
 } vks_engine_stats;
 void vks_engine_stats_get(const vks_engine *e, vks_engine_stats *out);
@@ -187,8 +199,9 @@ typedef struct {
     void *user;
     /* Record each sampled token's log-probability in vks_sequence.logp: the
      * model's log-softmax at temperature 1, before top-k/top-p (what a
-     * trainer recomputes), from the logits of the same forward (downloaded:
-     * vocab floats per sampling row). */
+     * trainer recomputes), from the logits of the same forward: computed on
+     * the device (vks_forward_batch.sampled_logp), one float per sampling
+     * row downloaded. */
     bool record_logp;
 } vks_generate_options;
 

@@ -68,11 +68,18 @@ void vks_lora_adapter_free(vks_lora_adapter *a);
 int vks_lora_adapter_init(vks_lora_adapter *a, uint64_t seed);
 const vks_lora_config *vks_lora_adapter_config(const vks_lora_adapter *a);
 int vks_lora_adapter_n_layers(const vks_lora_adapter *a);
+/* VKS_OK when the adapter was made for a model of c's shape (layers and
+ * every targeted matrix's [out, in]); else VKS_ERR_FORMAT naming `what`. */
+int vks_lora_adapter_check_shape(const vks_lora_adapter *a, const vks_model_config *c, const char *what);
 /* Layer l's A [rank, in] / B [out, rank] of target t; NULL when t is not targeted or l is out of range. */
 float *vks_lora_adapter_A(const vks_lora_adapter *a, int layer, vks_lora_target t);
 float *vks_lora_adapter_B(const vks_lora_adapter *a, int layer, vks_lora_target t);
-/* Records the base model's identity (vks_model_hash) in the adapter. */
+/* Records the base model's identity (vks_model_hash, its arch and path) in the adapter. */
 int vks_lora_adapter_set_base(vks_lora_adapter *a, const vks_model *base);
+/* The recorded base hash; NULL until vks_lora_adapter_set_base (or a load). */
+const uint8_t *vks_lora_adapter_base_hash(const vks_lora_adapter *a);
+/* The base matrix of target t: its index in vks_layer_schema (VKS_T_wq, ...); -1 for a bad t. */
+int vks_lora_target_tensor(vks_lora_target t);
 
 /* Identity of an adapter: BLAKE2b-256 over its config and every matrix. */
 int vks_lora_adapter_hash(const vks_lora_adapter *a, uint8_t out[32]);
@@ -81,16 +88,40 @@ int vks_lora_adapter_hash(const vks_lora_adapter *a, uint8_t out[32]);
  * tag, the base hash and the adapter hash. */
 int vks_lora_model_hash(const vks_model *base, const vks_lora_adapter *a, uint8_t out[32]);
 
-/* PEFT's layout in directory dir: adapter_model.safetensors (tensor names
- * base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight, ...) and
- * adapter_config.json (r, lora_alpha, target_modules, peft_type "LORA", and
- * the base model's hash), written through vks_outfile. */
+/* PEFT's layout in directory dir (created if missing): adapter_model.safetensors
+ * (F32; tensor names base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight
+ * [rank, in], ...lora_B.weight [out, rank], mlp.gate_proj/up_proj/down_proj
+ * under .mlp.) and adapter_config.json (peft_type "LORA", r, lora_alpha,
+ * target_modules, bias "none", task_type "CAUSAL_LM", base_model_name_or_path,
+ * and "vkswarm": {"base_model_hash": hex} once the base is set), committed
+ * together through vks_outfile. q/k rows of B are written in Hugging Face's
+ * half-split RoPE order, as the HF writer writes wq/wk. */
 int vks_lora_save_peft(const char *dir, const vks_lora_adapter *a);
 /* llama.cpp's GGUF LoRA adapter (general.type = adapter, adapter.type = lora,
- * adapter.lora.alpha; tensors blk.N.attn_q.weight.lora_a/.lora_b). */
+ * adapter.lora.alpha, general.architecture = the base's, vkswarm.base_model_hash;
+ * tensors blk.N.attn_q.weight.lora_a ne = [in, rank] and .lora_b ne = [rank, out],
+ * F32; q/k rows of B in the RoPE order of that architecture's GGUF models).
+ * The base must be set (vks_lora_adapter_set_base: the architecture). */
 int vks_lora_save_gguf(const char *path, const vks_lora_adapter *a);
-/* Loads a PEFT directory or a GGUF LoRA file for the base model `base`:
- * every tensor's shape against the base, the base hash where the file names
- * one, rank, targets, finite values; VKS_ERR_FORMAT naming file and tensor. */
+/* Loads a PEFT directory (or its adapter_config.json / adapter_model.safetensors)
+ * or a GGUF LoRA file (magic "GGUF") for the base model `base`: every tensor's
+ * shape against the base, the base hash where the file names one, rank,
+ * targets, finite values (F32, F16, BF16 read); missing and extra tensors,
+ * use_rslora, fan_in_fan_out, DoRA, layers_to_transform, rank_pattern and
+ * alpha_pattern refused; VKS_ERR_FORMAT naming file and tensor. q/k rows of B
+ * come in base's own RoPE order (cfg.rope_mode), like its wq/wk. A GGUF
+ * without adapter.lora.alpha (or 0) has scale 1 (alpha = rank), as llama.cpp.
+ * The adapter records base's identity. */
 int vks_lora_load(const char *path, const vks_model *base, vks_lora_adapter **out);
+/* The same with base's vks_model_hash given (NULL: computed), for callers
+ * that load adapter after adapter onto one base (hashing an 8B base reads
+ * all of its bytes). */
+int vks_lora_load_hashed(const char *path, const vks_model *base, const uint8_t base_hash[32],
+                         vks_lora_adapter **out);
+
+/* Merges a into m: every targeted W becomes W + (alpha / rank) B A computed
+ * in double from W's decoded values and rounded once to f32; all of m's
+ * tensors become f32 (owned by m; q/k rows in m's order). a must be for m's
+ * shape and RoPE order (VKS_ERR_ARG otherwise). */
+int vks_lora_merge(vks_model *m, const vks_lora_adapter *a);
 #endif

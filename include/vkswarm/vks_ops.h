@@ -84,6 +84,15 @@ int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, vks_bind
 int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
                     vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R,
                     uint32_t kv_dim, uint32_t seq_len);
+/* RoPE fused with the KV-cache write: q [R, n_heads*head_dim] rotated in
+ * place as vks_op_rope (stride n_heads*head_dim, col0 0), and k
+ * [R, n_kv_heads*head_dim] rotated the same way on its way into kcache
+ * (k itself unchanged), v stored as vks_op_kv_store; the same bits as
+ * vks_op_rope on q and k followed by vks_op_kv_store, in one dispatch. */
+int vks_op_rope_kv_store(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding k, vks_binding v, vks_binding kcache,
+                         vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding table, uint32_t n_pos,
+                         uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, uint32_t mode,
+                         uint32_t seq_len);
 /* Causal GQA attention, row r over keys 0..pos[r] of slot[r]; head h uses kv
  * head h / (n_heads/n_kv_heads). q, out: f32 [R, n_heads*head_dim]. */
 int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,

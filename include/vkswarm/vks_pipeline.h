@@ -40,6 +40,10 @@ typedef struct {
      * (or larger sizes) and kept across runs (weights and pipelines are not
      * made again per run); NULL: the run makes its own and destroys it. */
     vks_engine *keep_engine;
+    /* A LoRA adapter for the model (NULL: none): an engine the run makes gets
+     * the adapter's matrices of its own layers (vks_engine_set_lora); a kept
+     * engine holds whatever its caller set. */
+    const vks_lora_adapter *lora;
     bool record_logp;        /* the last stage records each sampled token's log-probability (as
                                 vks_generate_options.record_logp: temperature 1, before top-k/top-p);
                                 rank 0's sequences get them in vks_sequence.logp */

@@ -111,6 +111,7 @@ typedef struct {
     int max_new_tokens;    /* per completion (0: 256); the context bounds it too */
     int batch;             /* sequences per generation batch (0: 64) */
     vks_engine_options engine; /* weight types etc.; sizes and f32_math are set here */
+    const vks_lora_adapter *lora; /* a LoRA adapter on the model (vks_engine_set_lora), or NULL */
     const vks_prompt_format *prompt; /* how prompts are given (NULL: the default, BOS + the text); checked */
     int think_tokens;      /* > 0: every prompt carries the think sentence for this budget (as an RL run's with
                             * that length target); 0: none */

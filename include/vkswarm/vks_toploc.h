@@ -138,7 +138,7 @@ void vks_toploc_builder_destroy(vks_toploc_builder *b);
 typedef struct {
     vks_toploc_thresholds toploc;
     float logit_margin;                      /* default 1e-3 (see above) */
-    uint8_t model_hash[32];                  /* the verifier's model (vks_model_hash) */
+    uint8_t model_hash[32];                  /* the verifier's model: vks_lora_model_hash(base, lora) */
     int32_t stop_ids[VKS_ROLLOUT_MAX_STOP];  /* the stop tokens the samples were generated with */
     int n_stop;
     /* The task, when known (NULL: prompts are not checked): prompt q is
@@ -150,6 +150,9 @@ typedef struct {
      * every core), or the float64 reference forward when cpu_reference. */
     int cpu_threads;
     bool cpu_reference;
+    /* vks_verify_batch_cpu: the LoRA adapter the samples were made with
+     * (NULL: none); vks_verify_batch's engine holds its own (vks_engine_set_lora). */
+    const vks_lora_adapter *lora;
     /* The samples were made with an f16 KV cache (rollout header kv_type):
      * the CPU forwards replay one; vks_verify_batch's engine must hold one. */
     bool kv_f16;
@@ -182,8 +185,11 @@ typedef struct {
  * i + seq_base; proofs from this writer, else seqs[i].proofs) through a
  * temporary file: on failure nothing stays at `path`. */
 typedef struct vks_rollout_writer vks_rollout_writer;
-int vks_rollout_writer_create(const char *path, const vks_model *m, const char *model_name,
-                              const vks_sched_params *sp, int n_seqs, bool toploc, vks_rollout_writer **out);
+/* lora: the adapter generating with m (NULL: none); the file names the
+ * model by vks_lora_model_hash(m, lora). */
+int vks_rollout_writer_create(const char *path, const vks_model *m, const vks_lora_adapter *lora,
+                              const char *model_name, const vks_sched_params *sp, int n_seqs, bool toploc,
+                              vks_rollout_writer **out);
 /* Records that the generator's engine keeps an f16 KV cache (header kv_type). */
 void vks_rollout_writer_set_kv_f16(vks_rollout_writer *r, bool on);
 /* A failure here is kept and returned by finish (the hook cannot return one). */

@@ -11,6 +11,7 @@ struct vks_cpu {
     size_t panel_floats;
     float *vec;   /* one converted norm or bias vector (widest row) */
     bool kv_f16;  /* vks_cpu_options.kv_f16 */
+    const vks_lora_adapter *lora; /* or NULL (vks_cpu_set_lora) */
 };
 
 /* Work items [begin, end) of a parallel loop, run by worker 0..threads-1. */

@@ -216,12 +216,42 @@ static void attention_items(void *ctx, int begin, int end, int worker) {
 
 /* ---- layers ---- */
 
+/* y[rows, out] += scale B (A x) for layer w's target t when the adapter has
+ * it: z = x A^T, then y += scale z B^T (two one-thread sgemms; the adapter is
+ * a few percent of the product). */
+static void lora_add(vks_cpu *c, const vks_layer_weights *w, vks_lora_target t, const float *x, int rows, float *y,
+                     activations *a) {
+    int layer = (int)(w - c->m->layers);
+    const float *A = vks_lora_adapter_A(c->lora, layer, t), *B = vks_lora_adapter_B(c->lora, layer, t);
+    if (!A || !B) return;
+    int64_t out, in;
+    vks_lora_target_shape(&c->m->cfg, t, &out, &in);
+    const vks_lora_config *lc = vks_lora_adapter_config(c->lora);
+    int r = lc->rank;
+    float *z = malloc((size_t)rows * (size_t)r * sizeof *z);
+    if (!z) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r, (int)in, 1.0f, x, (int)in, A, (int)in, 0.0f, z, r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, (int)out, r, (float)vks_lora_scale(lc->alpha, r), z, r,
+                B, r, 1.0f, y, (int)out);
+    free(z);
+}
+
+/* vks_cpu_matmul plus the adapter's share of target t. */
+static void adapted_matmul(vks_cpu *c, const vks_layer_weights *w, vks_lora_target t, const vks_tensor *W,
+                           const float *x, activations *a, float *y) {
+    vks_cpu_matmul(c, W, x, a->rows, y);
+    if (c->lora) lora_add(c, w, t, x, a->rows, y, a);
+}
+
 static void attention_block(vks_cpu *c, const vks_layer_weights *w, activations *a) {
     const vks_model_config *cf = &c->m->cfg;
     rmsnorm(c, a, &w->attn_norm, a->x, a->rows, a->xb);
-    vks_cpu_matmul(c, &w->wq, a->xb, a->rows, a->q);
-    vks_cpu_matmul(c, &w->wk, a->xb, a->rows, a->k);
-    vks_cpu_matmul(c, &w->wv, a->xb, a->rows, a->v);
+    adapted_matmul(c, w, VKS_LORA_Q, &w->wq, a->xb, a, a->q);
+    adapted_matmul(c, w, VKS_LORA_K, &w->wk, a->xb, a, a->k);
+    adapted_matmul(c, w, VKS_LORA_V, &w->wv, a->xb, a, a->v);
     add_bias(c, &w->bq, a->q, a->rows);
     add_bias(c, &w->bk, a->k, a->rows);
     add_bias(c, &w->bv, a->v, a->rows);
@@ -238,17 +268,17 @@ static void attention_block(vks_cpu *c, const vks_layer_weights *w, activations 
         }
     row_job j = {.c = c, .a = a};
     vks_cpu_parallel_for(c->threads, a->n_seqs * cf->n_heads, 1, attention_items, &j);
-    vks_cpu_matmul(c, &w->wo, a->att, a->rows, a->tmp);
+    adapted_matmul(c, w, VKS_LORA_O, &w->wo, a->att, a, a->tmp);
     add_residual(c, a, a->tmp);
 }
 
 static void ffn_block(vks_cpu *c, const vks_layer_weights *w, activations *a) {
     rmsnorm(c, a, &w->ffn_norm, a->x, a->rows, a->xb);
-    vks_cpu_matmul(c, &w->w1, a->xb, a->rows, a->h1);
-    vks_cpu_matmul(c, &w->w3, a->xb, a->rows, a->h3);
+    adapted_matmul(c, w, VKS_LORA_GATE, &w->w1, a->xb, a, a->h1);
+    adapted_matmul(c, w, VKS_LORA_UP, &w->w3, a->xb, a, a->h3);
     row_job j = {.c = c, .a = a, .width = c->m->cfg.hidden_dim};
     vks_cpu_parallel_for(c->threads, a->rows, 16, swiglu_rows, &j);
-    vks_cpu_matmul(c, &w->w2, a->h1, a->rows, a->tmp);
+    adapted_matmul(c, w, VKS_LORA_DOWN, &w->w2, a->h1, a, a->tmp);
     add_residual(c, a, a->tmp);
 }
 
@@ -332,7 +362,7 @@ int vks_cpu_prefill_taps(vks_cpu *c, const int32_t *ids, const int *seq_lens, in
         take_taps(c, &a, taps, l + 1, out_rows, n_out);
     }
     if (n_out > 0) output_rows(c, &a, out_rows, n_out, logits, hidden);
-    rc = atomic_load(&a.failed) ? vks_set_error(VKS_ERR_NOMEM, "vks_cpu_prefill: out of memory for attention scores")
+    rc = atomic_load(&a.failed) ? vks_set_error(VKS_ERR_NOMEM, "vks_cpu_prefill: out of memory for attention scores or the adapter")
                                 : VKS_OK;
     free_activations(&a);
     return rc;
@@ -367,6 +397,13 @@ int vks_cpu_create(const vks_model *m, const vks_cpu_options *opt, vks_cpu **out
     }
     *out = c;
     return VKS_OK;
+}
+
+int vks_cpu_set_lora(vks_cpu *c, const vks_lora_adapter *a) {
+    if (!c) return vks_set_error(VKS_ERR_ARG, "vks_cpu_set_lora: NULL context");
+    int rc = a ? vks_lora_adapter_check_shape(a, &c->m->cfg, "CPU forward") : VKS_OK;
+    c->lora = rc ? NULL : a;
+    return rc;
 }
 
 void vks_cpu_destroy(vks_cpu *c) {

@@ -71,7 +71,7 @@ static int create_activations(vks_engine *e) {
         {&a->tokens, R * 4, "tokens"}, {&a->slot, R * 4, "slots"}, {&a->pos, R * 4, "positions"},
         {&a->out_rows, O * 4, "output rows"}, {&a->xo, O * c->dim * 4, "output hidden rows"},
         {&a->logits, O * c->vocab_size * 4, "logits"}, {&a->sample, O * sizeof(vks_gpu_sample_row), "sampler"},
-        {&a->sampled, O * 4, "sampled tokens"},
+        {&a->sampled, O * 4, "sampled tokens"}, {&a->logp, O * 4, "sampled tokens' log-probabilities"},
     };
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) {
         int rc = new_buffer(e, list[i].bytes, list[i].what, list[i].b);
@@ -162,6 +162,7 @@ fail:
 void vks_engine_destroy(vks_engine *e) {
     if (!e) return;
     vks_engine_host_buffers_free(e); /* the recordings first: they bind the buffers below */
+    vks_engine_lora_free(e);
     for (int i = 0; e->kv && i < e->w.n_layers; i++) free_layer_kv(&e->kv[i]);
     free(e->kv);
     vks_param_set_free(&e->w);

@@ -21,6 +21,12 @@ static int matmul(vks_engine *e, vks_cmd *c, vks_buffer *x, const dev_matrix *w,
     return VKS_OK;
 }
 
+/* The adapter's y += scale B (A x) after layer l's target-t product (none without one). */
+static int lora(vks_engine *e, vks_cmd *c, const dev_layer *l, vks_lora_target t, vks_buffer *x, vks_buffer *y,
+                uint32_t R, uint32_t ldy) {
+    return vks_engine_record_lora(e, c, (int)(l - e->w.layers), t, x, y, R, ldy);
+}
+
 static int record_embedding(vks_engine *e, vks_cmd *c, uint32_t R) {
     const dev_matrix *t = &e->w.tok_emb;
     for (int i = 0; i < t->n_chunks; i++) {
@@ -33,23 +39,30 @@ static int record_embedding(vks_engine *e, vks_cmd *c, uint32_t R) {
     return VKS_OK;
 }
 
-/* The KV store and attention over the cache, f32 or f16 (opt.kv_f16). */
+/* RoPE, the KV store and attention over the cache. f32 cache: RoPE fused
+ * with the store (rope_kv_store); f16 cache (opt.kv_f16): RoPE on q and k,
+ * kv_store_f16, the split attention. */
 static int record_kv_attention(vks_engine *e, vks_cmd *c, const dev_layer_kv *kv, uint32_t R) {
     const vks_model_config *cf = &e->cfg;
     dev_activations *a = &e->act;
-    uint32_t kvd = (uint32_t)cf->kv_dim, L = (uint32_t)e->opt.kv_len;
+    uint32_t kvd = (uint32_t)cf->kv_dim, L = (uint32_t)e->opt.kv_len, mode = (uint32_t)cf->rope_mode;
     uint32_t H = (uint32_t)cf->n_heads, KH = (uint32_t)cf->n_kv_heads, hd = (uint32_t)cf->head_dim;
+    int rc;
     if (e->opt.kv_f16) {
-        int rc = vks_op_kv_store_f16(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
-                                     bind(a->slot), bind(a->pos), R, kvd, L);
-        return rc ? rc : vks_op_attention_f16(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache),
-                                              bind(a->slot), bind(a->pos), bind(a->att_part), bind(a->att), R, H, KH,
-                                              hd, L);
+        if ((rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), bind(a->rope_table), L, R, H * hd, 0, H, hd, mode)) ||
+            (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), bind(a->rope_table), L, R, kvd, 0, KH, hd, mode)) ||
+            (rc = vks_op_kv_store_f16(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
+                                      bind(a->slot), bind(a->pos), R, kvd, L)))
+            return rc;
+        return vks_op_attention_f16(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
+                                    bind(a->pos), bind(a->att_part), bind(a->att), R, H, KH, hd, L);
     }
-    int rc = vks_op_kv_store(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
-                             bind(a->pos), R, kvd, L);
-    return rc ? rc : vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
-                                      bind(a->pos), bind(a->att), R, H, KH, hd, L);
+    /* RoPE on q in place and on k into the cache, v into the cache: one dispatch */
+    if ((rc = vks_op_rope_kv_store(e->ops, c, bind(a->q), bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
+                                   bind(a->slot), bind(a->pos), bind(a->rope_table), L, R, H, KH, hd, mode, L)))
+        return rc;
+    return vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot), bind(a->pos),
+                            bind(a->att), R, H, KH, hd, L);
 }
 
 static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l, const dev_layer_kv *kv,
@@ -60,8 +73,11 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
     int rc;
     if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_attn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wq], a->q, R, qd, false)) ||
+        (rc = lora(e, c, l, VKS_LORA_Q, a->xb, a->q, R, qd)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wk], a->k, R, kvd, false)) ||
+        (rc = lora(e, c, l, VKS_LORA_K, a->xb, a->k, R, kvd)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wv], a->v, R, kvd, false)) ||
+        (rc = lora(e, c, l, VKS_LORA_V, a->xb, a->v, R, kvd)) ||
         (l->vec[VKS_T_bq] && (rc = vks_op_bias_add(e->ops, c, bind(a->q), bind(l->vec[VKS_T_bq]), R, qd))) ||
         (l->vec[VKS_T_bk] && (rc = vks_op_bias_add(e->ops, c, bind(a->k), bind(l->vec[VKS_T_bk]), R, kvd))) ||
         (l->vec[VKS_T_bv] && (rc = vks_op_bias_add(e->ops, c, bind(a->v), bind(l->vec[VKS_T_bv]), R, kvd))) ||
@@ -70,14 +86,11 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
                                (uint32_t)cf->head_dim, cf->norm_eps)) ||
           (rc = vks_op_rmsnorm(e->ops, c, bind(a->k), bind(l->vec[VKS_T_k_norm]), bind(a->k),
                                R * (uint32_t)cf->n_kv_heads, (uint32_t)cf->head_dim, cf->norm_eps)))) ||
-        (rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R, qd, 0, (uint32_t)cf->n_heads,
-                          (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode)) ||
-        (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R, kvd, 0, (uint32_t)cf->n_kv_heads,
-                          (uint32_t)cf->head_dim, (uint32_t)cf->rope_mode)) ||
         (rc = record_kv_attention(e, c, kv, R)))
         return rc;
     /* residual: x += wo @ att (the matmul accumulates into x) */
-    return matmul(e, c, a->att, &l->mat[VKS_T_wo], a->x, R, (uint32_t)cf->dim, true);
+    if ((rc = matmul(e, c, a->att, &l->mat[VKS_T_wo], a->x, R, (uint32_t)cf->dim, true))) return rc;
+    return lora(e, c, l, VKS_LORA_O, a->att, a->x, R, (uint32_t)cf->dim);
 }
 
 static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint32_t R) {
@@ -87,10 +100,13 @@ static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint3
     int rc;
     if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_ffn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_w1], a->hb, R, H, false)) ||
+        (rc = lora(e, c, l, VKS_LORA_GATE, a->xb, a->hb, R, H)) ||
         (rc = matmul(e, c, a->xb, &l->mat[VKS_T_w3], a->hb2, R, H, false)) ||
-        (rc = vks_op_swiglu(e->ops, c, bind(a->hb), bind(a->hb2), bind(a->hb), R * H)))
+        (rc = lora(e, c, l, VKS_LORA_UP, a->xb, a->hb2, R, H)) ||
+        (rc = vks_op_swiglu(e->ops, c, bind(a->hb), bind(a->hb2), bind(a->hb), R * H)) ||
+        (rc = matmul(e, c, a->hb, &l->mat[VKS_T_w2], a->x, R, (uint32_t)cf->dim, true)))
         return rc;
-    return matmul(e, c, a->hb, &l->mat[VKS_T_w2], a->x, R, (uint32_t)cf->dim, true);
+    return lora(e, c, l, VKS_LORA_DOWN, a->hb, a->x, R, (uint32_t)cf->dim);
 }
 
 static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {
@@ -104,6 +120,9 @@ static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {
         return rc;
     if (b->sample)
         rc = vks_op_sample(e->ops, c, bind(a->logits), bind(a->sample), bind(a->sampled), O, (uint32_t)cf->vocab_size);
+    /* the sampled tokens' log-probabilities at temperature 1: O floats to download, not O x vocab */
+    if (rc == VKS_OK && b->sample && b->sampled_logp)
+        rc = vks_op_token_logprob(e->ops, c, bind(a->logits), bind(a->sampled), bind(a->logp), O, (uint32_t)cf->vocab_size);
     return rc;
 }
 
@@ -160,6 +179,8 @@ static int check_batch(const vks_engine *e, const vks_forward_batch *b) {
     if (e->w.has_head) {
         if (b->n_out < 0 || b->n_out > e->opt.max_out_rows || (b->n_out && !b->out_rows) || (b->sample && !b->sampled))
             return vks_set_error(VKS_ERR_ARG, "forward: %d output rows (0..%d allowed)", b->n_out, e->opt.max_out_rows);
+        if (b->sampled_logp && !b->sample)
+            return vks_set_error(VKS_ERR_ARG, "forward: sampled_logp needs sample (the tokens it is of)");
         for (int i = 0; i < b->n_out; i++)
             if (b->out_rows[i] >= (uint32_t)b->n_rows)
                 return vks_set_error(VKS_ERR_ARG, "forward: output row %u is not a row of this batch", b->out_rows[i]);
@@ -169,7 +190,7 @@ static int check_batch(const vks_engine *e, const vks_forward_batch *b) {
 
 /* ---- host buffers: the step's inputs and outputs travel inside its recording ---- */
 
-enum { FWD_LOGITS = 1, FWD_HIDDEN = 2, FWD_SAMPLE = 4, FWD_X_OUT = 8, FWD_TAPS = 16 };
+enum { FWD_LOGITS = 1, FWD_HIDDEN = 2, FWD_SAMPLE = 4, FWD_X_OUT = 8, FWD_TAPS = 16, FWD_LOGP = 32 };
 
 static size_t place(size_t *at, size_t bytes) {
     size_t here = *at;
@@ -188,6 +209,7 @@ int vks_engine_host_buffers_create(vks_engine *e) {
     l->sample = place(&in, O * sizeof(vks_gpu_sample_row));
     l->x_in = place(&in, e->w.has_embed ? 0 : R * D * 4);
     l->sampled = place(&out, O * 4);
+    l->logp = place(&out, O * 4);
     l->hidden = place(&out, O * D * 4);
     l->x_out = place(&out, e->w.has_head ? 0 : R * D * 4);
     l->in_bytes = in;
@@ -220,7 +242,7 @@ static unsigned wanted_outputs(const vks_engine *e, const vks_forward_batch *b) 
     if (!e->w.has_head) return b->x_out ? FWD_X_OUT : 0;
     if (b->n_out == 0) return 0;
     return (b->logits ? FWD_LOGITS : 0) | (b->hidden ? FWD_HIDDEN : 0) | (b->sample ? FWD_SAMPLE : 0) |
-           (b->taps && b->taps->n > 0 ? FWD_TAPS : 0);
+           (b->sample && b->sampled_logp ? FWD_LOGP : 0) | (b->taps && b->taps->n > 0 ? FWD_TAPS : 0);
 }
 
 static int ensure_host_logits(vks_engine *e) {
@@ -268,18 +290,25 @@ static int record_uploads(vks_engine *e, vks_cmd *c, int n_rows, int n_out, unsi
     return rc;
 }
 
-static int record_downloads(vks_engine *e, vks_cmd *c, int n_rows, int n_out, int n_taps, unsigned what) {
+/* A device-to-host copy, its bytes added to *bytes. */
+static int download(vks_cmd *c, vks_buffer *src, vks_host_buffer *dst, size_t dst_offset, size_t n, uint64_t *bytes) {
+    *bytes += n;
+    return vks_cmd_download(c, src, 0, dst, dst_offset, n);
+}
+
+static int record_downloads(vks_engine *e, vks_cmd *c, int n_rows, int n_out, int n_taps, unsigned what,
+                            uint64_t *bytes) {
     dev_activations *a = &e->act;
     const engine_host_layout *l = &e->io;
     size_t O = (size_t)n_out, D = (size_t)e->cfg.dim;
     int rc = VKS_OK;
-    if (what & FWD_X_OUT) rc = vks_cmd_download(c, a->x, 0, e->host_out, l->x_out, (size_t)n_rows * D * 4);
-    if (!rc && (what & FWD_LOGITS))
-        rc = vks_cmd_download(c, a->logits, 0, e->host_logits, 0, O * (size_t)e->cfg.vocab_size * 4);
-    if (!rc && (what & FWD_HIDDEN)) rc = vks_cmd_download(c, a->xo, 0, e->host_out, l->hidden, O * D * 4);
-    if (!rc && (what & FWD_SAMPLE)) rc = vks_cmd_download(c, a->sampled, 0, e->host_out, l->sampled, O * 4);
+    if (what & FWD_X_OUT) rc = download(c, a->x, e->host_out, l->x_out, (size_t)n_rows * D * 4, bytes);
+    if (!rc && (what & FWD_LOGITS)) rc = download(c, a->logits, e->host_logits, 0, O * (size_t)e->cfg.vocab_size * 4, bytes);
+    if (!rc && (what & FWD_HIDDEN)) rc = download(c, a->xo, e->host_out, l->hidden, O * D * 4, bytes);
+    if (!rc && (what & FWD_SAMPLE)) rc = download(c, a->sampled, e->host_out, l->sampled, O * 4, bytes);
+    if (!rc && (what & FWD_LOGP)) rc = download(c, a->logp, e->host_out, l->logp, O * 4, bytes);
     for (int t = 0; !rc && (what & FWD_TAPS) && t < n_taps; t++)
-        rc = vks_cmd_download(c, e->tap_bufs[t], 0, e->host_taps, (size_t)t * O * D * 4, O * D * 4);
+        rc = download(c, e->tap_bufs[t], e->host_taps, (size_t)t * O * D * 4, O * D * 4, bytes);
     return rc;
 }
 
@@ -292,6 +321,7 @@ static void read_outputs(vks_engine *e, const vks_forward_batch *b, unsigned wha
         memcpy(b->logits, vks_host_buffer_map(e->host_logits), O * (size_t)e->cfg.vocab_size * 4);
     if (what & FWD_HIDDEN) memcpy(b->hidden, out + l->hidden, O * D * 4);
     if (what & FWD_SAMPLE) memcpy(b->sampled, out + l->sampled, O * 4);
+    if (what & FWD_LOGP) memcpy(b->sampled_logp, out + l->logp, O * 4);
     if (what & FWD_TAPS) memcpy(b->taps->out, vks_host_buffer_map(e->host_taps), (size_t)b->taps->n * O * D * 4);
 }
 
@@ -347,7 +377,7 @@ static int find_recording(vks_engine *e, const vks_forward_batch *b, unsigned wh
         else memcpy(r.tap_layers, b->taps->layers, sizeof(int) * (size_t)r.n_taps);
     }
     if (rc || (rc = record_uploads(e, c, b->n_rows, b->n_out, what)) || (rc = record_forward(e, c, b, &r.layers)) ||
-        (rc = record_downloads(e, c, b->n_rows, b->n_out, r.n_taps, what))) {
+        (rc = record_downloads(e, c, b->n_rows, b->n_out, r.n_taps, what, &r.download_bytes))) {
         recording_free(&r);
         return rc;
     }
@@ -367,6 +397,7 @@ static int run_forward(vks_engine *e, const vks_forward_batch *b, vks_cmd_counts
     if (rc || (rc = find_recording(e, b, what, &r))) return rc;
     write_inputs(e, b);
     *layers = r->layers;
+    e->stats.download_bytes += r->download_bytes;
     if (e->stats.recorded == recorded_before) layers->descriptor_writes = 0; /* replayed: the host wrote none */
     if ((rc = vks_cmd_run(r->cmd))) { /* not kept: the device may be lost */
         recording_free(r);

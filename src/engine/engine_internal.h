@@ -5,6 +5,8 @@
 #ifndef VKS_ENGINE_INTERNAL_H
 #define VKS_ENGINE_INTERNAL_H
 #include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_lora.h"
+#include "vkswarm/vks_ops_grad.h" /* vks_op_token_logprob */
 
 #define MAX_CHUNKS 64
 
@@ -46,10 +48,23 @@ typedef struct {
 typedef struct {
     vks_buffer *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [max_rows, ...] */
     vks_buffer *tokens, *slot, *pos;                  /* [max_rows] uint32 */
-    vks_buffer *out_rows, *xo, *logits, *sample, *sampled; /* [max_out_rows, ...] */
+    vks_buffer *out_rows, *xo, *logits, *sample, *sampled, *logp; /* [max_out_rows, ...] */
     vks_buffer *rope_table;                           /* [kv_len, head_dim/2] (cos, sin): vks_rope_table */
     vks_buffer *att_part; /* kv_f16: the split attention's partials for max_rows rows over kv_len keys */
 } dev_activations;
+
+/* A LoRA adapter's matrices of the engine's layer range (engine_lora.c):
+ * per layer and target A [rank, in] and scale * B [out, rank] (NULL: not
+ * targeted); z [max_rows, rank] holds A x between the two products. */
+typedef struct {
+    vks_buffer *A[VKS_LORA_TARGET_COUNT], *B[VKS_LORA_TARGET_COUNT];
+} dev_lora_layer;
+typedef struct {
+    dev_lora_layer *layers; /* w.n_layers entries; NULL: no adapter */
+    int rank;
+    uint32_t targets;
+    vks_buffer *z;
+} dev_lora;
 
 /* A forward's recording kept for replay (engine_forward.c): the shape and
  * outputs it was recorded for; the inputs come from the host buffer. */
@@ -61,13 +76,14 @@ typedef struct {
     unsigned what; /* FWD_* bits */
     int n_taps, *tap_layers; /* with FWD_TAPS: the boundaries tapped (malloc'd) */
     vks_cmd_counts layers; /* the transformer layers' share */
+    uint64_t download_bytes; /* device-to-host bytes each run copies */
     uint64_t used;         /* LRU stamp */
 } engine_recording;
 
 /* Where a forward's inputs and outputs sit in the host buffers. */
 typedef struct {
     size_t slot, pos, tokens, out_rows, sample, x_in, in_bytes;   /* host_in */
-    size_t sampled, hidden, x_out, out_bytes;                    /* host_out */
+    size_t sampled, logp, hidden, x_out, out_bytes;              /* host_out */
 } engine_host_layout;
 
 struct vks_engine {
@@ -79,6 +95,7 @@ struct vks_engine {
     vks_param_set w;   /* the weights */
     dev_layer_kv *kv;  /* w.n_layers entries */
     dev_activations act;
+    dev_lora lora;
     vks_buffer **tap_bufs; /* residual-stream taps [max_out_rows, dim] each, made on first use */
     int n_tap_bufs;
     uint64_t weight_bytes, device_bytes;
@@ -102,6 +119,12 @@ void vks_engine_host_buffers_free(vks_engine *e);
 uint64_t vks_param_set_bytes_needed(const vks_engine_options *opt, const vks_model *m);
 int vks_param_set_upload(vks_gpu *g, const vks_model *m, const vks_engine_options *opt, vks_param_set *out);
 void vks_param_set_free(vks_param_set *p);
+
+/* engine_lora.c: y[:, 0:out] (row stride ldy) += scale B (A x) for layer l
+ * (index in the range) and target t when the adapter has it; nothing else. */
+int vks_engine_record_lora(vks_engine *e, vks_cmd *c, int l, vks_lora_target t, vks_buffer *x, vks_buffer *y,
+                           uint32_t M, uint32_t ldy);
+void vks_engine_lora_free(vks_engine *e);
 
 /* The model's RoPE table for positions < n_pos (vks_rope_table) on the device. */
 int vks_rope_table_upload(vks_gpu *g, const vks_model_config *c, int n_pos, vks_buffer **out);

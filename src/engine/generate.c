@@ -47,13 +47,13 @@ float vks_token_logp(const float *row, int vocab, int32_t token) {
 /* Per-sequence log-probabilities of the tokens sampled in this step, at the
  * index the token takes among the sequence's generated ids (read before
  * vks_sched_apply appends them). */
-static void record_logp(const vks_step *st, const vks_seq_state *states, const float *logits, int vocab,
+static void record_logp(const vks_step *st, const vks_seq_state *states, const float *step_logp, int vocab,
                         const int32_t *sampled, float **logp) {
     for (int i = 0; i < st->n_out; i++) {
         const vks_seq_state *q = &states[st->out_seq[i]];
         int k = q->n_ids - q->n_prompt;
         if (q->done || k < 0 || sampled[i] < 0 || sampled[i] >= vocab) continue;
-        logp[st->out_seq[i]][k] = vks_token_logp(logits + (size_t)i * (size_t)vocab, vocab, sampled[i]);
+        logp[st->out_seq[i]][k] = step_logp[i];
     }
 }
 
@@ -71,21 +71,21 @@ static int run_schedule(vks_engine *e, const vks_generate_options *o, const vks_
     int D = vks_engine_config(e)->dim, V = vks_engine_config(e)->vocab_size;
     int32_t *sampled = malloc(sizeof(int32_t) * (size_t)st->max_rows);
     float *hidden = o->on_hidden ? malloc(sizeof(float) * (size_t)st->max_rows * (size_t)D) : NULL;
-    float *logits = logp ? malloc(sizeof(float) * (size_t)vks_engine_max_out_rows(e) * (size_t)V) : NULL;
-    int rc = !sampled || (o->on_hidden && !hidden) || (logp && !logits) ? vks_set_error(VKS_ERR_NOMEM, "out of host memory")
-                                                                          : VKS_OK;
+    float *step_logp = logp ? malloc(sizeof(float) * (size_t)st->max_rows) : NULL;
+    int rc = !sampled || (o->on_hidden && !hidden) || (logp && !step_logp) ? vks_set_error(VKS_ERR_NOMEM, "out of host memory")
+                                                                             : VKS_OK;
     while (rc == VKS_OK && vks_sched_build(p, states, n, st)) {
         vks_forward_batch fb = vks_step_batch(st, sampled, hidden);
-        fb.logits = logits;
+        fb.sampled_logp = step_logp;
         if ((rc = vks_engine_forward(e, &fb))) break;
         if (o->on_hidden) o->on_hidden(o->user, st, states, hidden, sampled);
-        if (logp) record_logp(st, states, logits, V, sampled, logp);
+        if (logp) record_logp(st, states, step_logp, V, sampled, logp);
         vks_sched_apply(p, states, st, sampled);
         if (o->on_step && !st->prefill) o->on_step(o->user, furthest_position(states, n, p->steps), p->steps, st->n_rows);
     }
     free(sampled);
     free(hidden);
-    free(logits);
+    free(step_logp);
     return rc;
 }
 

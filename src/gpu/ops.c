@@ -428,6 +428,29 @@ int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_bi
                     ceil_div((uint64_t)R * kv_dim, o->wg_elementwise), op);
 }
 
+int vks_op_rope_kv_store(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding k, vks_binding v, vks_binding kcache,
+                         vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding table, uint32_t n_pos,
+                         uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, uint32_t mode,
+                         uint32_t seq_len) {
+    const char *op = "rope_kv_store";
+    if (!o || !c || !R || !n_heads || !n_kv_heads || head_dim < 2 || head_dim % 2 || !n_pos || !seq_len ||
+        (mode != VKS_ROPE_ADJACENT && mode != VKS_ROPE_HALF) || (uint64_t)n_heads * head_dim > UINT32_MAX / 2 ||
+        (uint64_t)R * ((uint64_t)n_heads + n_kv_heads) * (head_dim / 2) > UINT32_MAX)
+        return vks_set_error(VKS_ERR_ARG, "%s: bad arguments", op);
+    uint32_t q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim, n_slots = 0;
+    int rc = vks_ops_check_range(op, "q", q, (uint64_t)R * q_dim, 4);
+    if (!rc) rc = vks_ops_check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
+    if (!rc) rc = vks_ops_check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
+    if (!rc) rc = vks_ops_check_range(op, "table", table, (uint64_t)n_pos * head_dim, 4);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, 4, &n_slots);
+    if (rc) return rc;
+    uint32_t push[] = {R, kv_dim, seq_len, n_slots, q_dim, head_dim, mode, n_pos};
+    uint32_t spec[] = {o->wg_elementwise};
+    vks_binding b[] = {k, v, kcache, vcache, slot, pos, table, q};
+    uint64_t pairs = (uint64_t)R * (q_dim + kv_dim) / 2;
+    return vks_ops_dispatch(o, c, op, spec, 1, b, 8, push, sizeof push, ceil_div(pairs, o->wg_elementwise), op);
+}
+
 int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
                      vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
                      uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,

@@ -9,6 +9,7 @@
 #include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_ref.h"
 #include "vkswarm/vks_model.h"
+#include "vkswarm/vks_lora.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ typedef struct {
     float *y_chunk;   /* [n, CONVERT_CHUNK_ROWS] partial matmul output */
     uint32_t *pos, *slot;
     double *freqs;    /* RoPE frequencies [head_dim/2] */
+    const vks_lora_adapter *lora; /* or NULL */
+    int layer;        /* the layer being computed */
     bool kv_f16;      /* K and V rounded to half before attention (the engine's f16 cache) */
 } fwd_buffers;
 
@@ -98,18 +101,57 @@ static void matmul_tensor(const vks_tensor *W, const float *x, int M, float *y, 
     }
 }
 
+/* y[M, out] += scale B (A x) for the current layer's target t (in double,
+ * rounded once per element); nothing when the adapter lacks it. */
+static int lora_add(fwd_buffers *b, const vks_model_config *c, vks_lora_target t, const float *x, int M, float *y) {
+    const float *A = vks_lora_adapter_A(b->lora, b->layer, t), *B = vks_lora_adapter_B(b->lora, b->layer, t);
+    if (!A || !B) return VKS_OK;
+    int64_t out, in;
+    vks_lora_target_shape(c, t, &out, &in);
+    const vks_lora_config *lc = vks_lora_adapter_config(b->lora);
+    int r = lc->rank;
+    double s = vks_lora_scale(lc->alpha, r);
+    double *z = malloc((size_t)r * sizeof *z);
+    if (!z) return vks_set_error(VKS_ERR_NOMEM, "vks_ref_forward: out of memory");
+    for (int m = 0; m < M; m++) {
+        const float *xm = x + (size_t)m * (size_t)in;
+        float *ym = y + (size_t)m * (size_t)out;
+        for (int k = 0; k < r; k++) {
+            double acc = 0;
+            for (int64_t i = 0; i < in; i++) acc += (double)A[(size_t)k * (size_t)in + (size_t)i] * xm[i];
+            z[k] = acc;
+        }
+        for (int64_t o = 0; o < out; o++) {
+            double acc = 0;
+            for (int k = 0; k < r; k++) acc += (double)B[(size_t)o * (size_t)r + (size_t)k] * z[k];
+            ym[o] = (float)((double)ym[o] + s * acc);
+        }
+    }
+    free(z);
+    return VKS_OK;
+}
+
+/* matmul_tensor plus the adapter's share of target t. */
+static int adapted_matmul(const vks_model *m, const vks_tensor *W, vks_lora_target t, const float *x, int M, float *y,
+                          fwd_buffers *b) {
+    matmul_tensor(W, x, M, y, b);
+    return b->lora ? lora_add(b, &m->cfg, t, x, M, y) : VKS_OK;
+}
+
 static void rmsnorm_tensor(const vks_model *m, const vks_tensor *w, const float *x, int n, float *out,
                            fwd_buffers *b) {
     convert_rows(w, 0, 1, b->norm_w);
     vks_ref_rmsnorm(x, b->norm_w, n, m->cfg.dim, m->cfg.norm_eps, out);
 }
 
-static void attention_block(const vks_model *m, const vks_layer_weights *w, int n, fwd_buffers *b) {
+static int attention_block(const vks_model *m, const vks_layer_weights *w, int n, fwd_buffers *b) {
     const vks_model_config *c = &m->cfg;
     rmsnorm_tensor(m, &w->attn_norm, b->x, n, b->xb, b);
-    matmul_tensor(&w->wq, b->xb, n, b->q, b);
-    matmul_tensor(&w->wk, b->xb, n, b->k, b);
-    matmul_tensor(&w->wv, b->xb, n, b->v, b);
+    int rc;
+    if ((rc = adapted_matmul(m, &w->wq, VKS_LORA_Q, b->xb, n, b->q, b)) ||
+        (rc = adapted_matmul(m, &w->wk, VKS_LORA_K, b->xb, n, b->k, b)) ||
+        (rc = adapted_matmul(m, &w->wv, VKS_LORA_V, b->xb, n, b->v, b)))
+        return rc;
     add_bias(&w->bq, b->q, n, b);
     add_bias(&w->bk, b->k, n, b);
     add_bias(&w->bv, b->v, n, b);
@@ -130,18 +172,22 @@ static void attention_block(const vks_model *m, const vks_layer_weights *w, int 
     /* One slot whose cache holds exactly these n positions. */
     vks_ref_attention(b->q, b->k, b->v, b->slot, b->pos, n, c->n_heads, c->n_kv_heads, c->head_dim, n,
                       b->att);
-    matmul_tensor(&w->wo, b->att, n, b->tmp, b);
+    if ((rc = adapted_matmul(m, &w->wo, VKS_LORA_O, b->att, n, b->tmp, b))) return rc;
     vks_ref_add(b->x, b->tmp, (size_t)n * (size_t)c->dim);
+    return VKS_OK;
 }
 
-static void ffn_block(const vks_model *m, const vks_layer_weights *w, int n, fwd_buffers *b) {
+static int ffn_block(const vks_model *m, const vks_layer_weights *w, int n, fwd_buffers *b) {
     const vks_model_config *c = &m->cfg;
     rmsnorm_tensor(m, &w->ffn_norm, b->x, n, b->xb, b);
-    matmul_tensor(&w->w1, b->xb, n, b->h1, b);
-    matmul_tensor(&w->w3, b->xb, n, b->h3, b);
+    int rc;
+    if ((rc = adapted_matmul(m, &w->w1, VKS_LORA_GATE, b->xb, n, b->h1, b)) ||
+        (rc = adapted_matmul(m, &w->w3, VKS_LORA_UP, b->xb, n, b->h3, b)))
+        return rc;
     vks_ref_swiglu(b->h1, b->h3, (size_t)n * (size_t)c->hidden_dim, b->h1);
-    matmul_tensor(&w->w2, b->h1, n, b->tmp, b);
+    if ((rc = adapted_matmul(m, &w->w2, VKS_LORA_DOWN, b->h1, n, b->tmp, b))) return rc;
     vks_ref_add(b->x, b->tmp, (size_t)n * (size_t)c->dim);
+    return VKS_OK;
 }
 
 static int check_args(const vks_model *m, const int32_t *ids, int n, const float *logits) {
@@ -161,22 +207,28 @@ int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits
     return vks_ref_forward_taps(m, ids, n, logits, hidden, NULL);
 }
 
-static int forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
-                   const vks_layer_taps *taps, bool kv_f16);
+static int forward(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                   float *hidden, const vks_layer_taps *taps, bool kv_f16);
 
-int vks_ref_forward_kv_f16(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
-                           const vks_layer_taps *taps) {
-    return forward(m, ids, n, logits, hidden, taps, true);
+int vks_ref_forward_kv_f16(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                           float *hidden, const vks_layer_taps *taps) {
+    return forward(m, a, ids, n, logits, hidden, taps, true);
 }
 
 int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
                          const vks_layer_taps *taps) {
-    return forward(m, ids, n, logits, hidden, taps, false);
+    return vks_ref_forward_lora(m, NULL, ids, n, logits, hidden, taps);
 }
 
-static int forward(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
-                   const vks_layer_taps *taps, bool kv_f16) {
+int vks_ref_forward_lora(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                         float *hidden, const vks_layer_taps *taps) {
+    return forward(m, a, ids, n, logits, hidden, taps, false);
+}
+
+static int forward(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                   float *hidden, const vks_layer_taps *taps, bool kv_f16) {
     int rc = check_args(m, ids, n, logits);
+    if (rc == VKS_OK && a) rc = vks_lora_adapter_check_shape(a, &m->cfg, "vks_ref_forward");
     if (rc != VKS_OK) return rc;
     if (taps && taps->n && (taps->n < 0 || !taps->layers || !taps->out))
         return vks_set_error(VKS_ERR_ARG, "vks_ref_forward: bad layer taps");
@@ -188,12 +240,18 @@ static int forward(const vks_model *m, const int32_t *ids, int n, float *logits,
     if ((rc = alloc_buffers(&b, c, n)) != VKS_OK) return rc;
     b.kv_f16 = kv_f16;
     for (int r = 0; r < n; r++) convert_rows(&m->tok_emb, ids[r], 1, b.x + (size_t)r * (size_t)c->dim);
-    for (int l = 0; l < c->n_layers; l++) {
-        attention_block(m, &m->layers[l], n, &b);
-        ffn_block(m, &m->layers[l], n, &b);
+    b.lora = a;
+    for (int l = 0; l < c->n_layers && rc == VKS_OK; l++) {
+        b.layer = l;
+        rc = attention_block(m, &m->layers[l], n, &b);
+        if (rc == VKS_OK) rc = ffn_block(m, &m->layers[l], n, &b);
         for (int t = 0; taps && t < taps->n; t++)
             if (taps->layers[t] == l + 1)
                 memcpy(taps->out + (size_t)t * (size_t)n * (size_t)c->dim, b.x, (size_t)n * (size_t)c->dim * sizeof(float));
+    }
+    if (rc != VKS_OK) {
+        free_buffers(&b);
+        return rc;
     }
     rmsnorm_tensor(m, &m->final_norm, b.x, n, b.xb, &b);
     if (hidden) memcpy(hidden, b.xb, (size_t)n * (size_t)c->dim * sizeof(float));

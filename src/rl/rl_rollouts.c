@@ -386,7 +386,7 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     int rc = VKS_OK;
     bool toploc = g->o->verify || g->defer_verify;
     if (toploc) { /* the rollout file: for this verifier or a verifier rank (proofs made here unless elsewhere) */
-        rc = vks_rollout_writer_create(path, g->model, "policy", &sp, n, !g->generate, &w);
+        rc = vks_rollout_writer_create(path, g->model, NULL, "policy", &sp, n, !g->generate, &w);
         go.on_hidden = on_hidden, go.user = w;
     }
     if (!rc) rc = g->generate ? g->generate(g->generate_ctx, g, &sp, b->seqs, n, toploc)

@@ -116,6 +116,7 @@ int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok
     eo.n_slots = batch, eo.kv_len = steps, eo.max_rows = 256, eo.max_out_rows = batch, eo.f32_math = true;
     vks_engine *e = NULL;
     if (rc == VKS_OK) rc = vks_engine_create(g, m, &eo, &e);
+    if (rc == VKS_OK && o->lora) rc = vks_engine_set_lora(e, o->lora);
     vks_generate_options go = {.sched = {.steps = steps, .temperature = o->temperature, .top_p = 1.0f, .top_k = 0,
                                          .seed = o->seed, .stop_token_a = vks_tokenizer_eos(tok), .stop_token_b = -1}};
     if (rc == VKS_OK) rc = run_batches(e, tok, tasks, total, &p, o, &go, batch, max_new, rewards, lengths);

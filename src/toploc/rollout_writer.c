@@ -17,7 +17,7 @@ struct vks_rollout_writer {
     char hidden_error[256];
 };
 
-int vks_rollout_writer_create(const char *path, const vks_model *m, const char *model_name,
+int vks_rollout_writer_create(const char *path, const vks_model *m, const vks_lora_adapter *lora, const char *model_name,
                               const vks_sched_params *sp, int n_seqs, bool toploc, vks_rollout_writer **out) {
     if (!path || !m || !sp || !out || n_seqs < 1)
         return vks_set_error(VKS_ERR_ARG, "vks_rollout_writer_create: bad argument");
@@ -39,7 +39,7 @@ int vks_rollout_writer_create(const char *path, const vks_model *m, const char *
     if (sp->stop_token_a >= 0) r->header.stop_ids[r->header.n_stop++] = sp->stop_token_a;
     if (sp->stop_token_b >= 0 && sp->stop_token_b != sp->stop_token_a)
         r->header.stop_ids[r->header.n_stop++] = sp->stop_token_b;
-    if ((rc = vks_model_hash(m, r->header.model_hash)) ||
+    if ((rc = vks_lora_model_hash(m, lora, r->header.model_hash)) ||
         (toploc && (rc = vks_toploc_builder_create(n_seqs, m->cfg.dim, &r->builder)))) {
         vks_rollout_writer_destroy(r);
         return vks_error_prefix(rc, "rollouts");

@@ -356,8 +356,8 @@ static int verify_one_cpu(const vks_model *m, const vks_verify_options *o, const
         memcpy(ids, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
         memcpy(ids + s->n_prompt, s->output_ids, sizeof(int32_t) * (size_t)(s->n_output - 1));
         vks_layer_taps lt = {.n = ts.n, .layers = ts.layers, .out = taps};
-        rc = o->kv_f16 ? vks_ref_forward_kv_f16(m, ids, L, logits, hidden, &lt)
-                       : vks_ref_forward_taps(m, ids, L, logits, hidden, &lt);
+        rc = o->kv_f16 ? vks_ref_forward_kv_f16(m, o->lora, ids, L, logits, hidden, &lt)
+                       : vks_ref_forward_lora(m, o->lora, ids, L, logits, hidden, &lt);
     }
     for (int t = 0; rc == VKS_OK && t < s->n_output; t++) {
         size_t r = (size_t)(s->n_prompt - 1 + t);
@@ -493,7 +493,11 @@ static int verify_batch_fast(const vks_model *m, const vks_verify_options *o, co
     vks_cpu_options co = {.threads = o->cpu_threads, .kv_f16 = o->kv_f16};
     vks_cpu *cpu = NULL;
     int rc = vks_cpu_create(m, &co, &cpu);
-    if (rc != VKS_OK) return rc;
+    if (rc == VKS_OK) rc = vks_cpu_set_lora(cpu, o->lora);
+    if (rc != VKS_OK) {
+        vks_cpu_destroy(cpu);
+        return rc;
+    }
     cpu_replay r = {.m = m, .o = o, .samples = samples, .out = out};
     pthread_mutex_init(&r.lock, NULL);
     rc = verify_live_fast(cpu, &r, live, n);

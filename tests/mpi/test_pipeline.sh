@@ -104,6 +104,20 @@ if mpi -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" $samp -n 48 --mic
     ok "S=3 f16 KV cache rollouts equal one rank's and verify"
 else bad "S=3 f16 KV cache rollouts"; fi
 
+# LoRA (issue 25): two stages, each with the adapter's matrices of its layers, write the rollouts of
+# one rank's generate --lora; they verify with the adapter and are rejected without it
+"$bin" convert $model --out "$tmp/base.bin" > /dev/null 2>&1 && "${1}/tests/lora_adapter" "$tmp/base.bin" "$tmp/adapter" &&
+    $bin generate --model "$tmp/base.bin" --lora "$tmp/adapter" --prompts "$tmp/prompts.txt" $samp -n 48 \
+        --rollouts-out "$tmp/r_lora_gen.jsonl" > /dev/null 2>&1 || bad "generate --lora"
+if mpi -np 2 $bin pipeline --model "$tmp/base.bin" --lora "$tmp/adapter" --prompts "$tmp/prompts.txt" $samp -n 48 \
+       --micro-batches 2 --rollouts-out "$tmp/r_lora.jsonl" > /dev/null 2>&1 &&
+   without_stages "$tmp/r_lora.jsonl" | cmp -s - "$tmp/r_lora_gen.jsonl" &&
+   $bin verify --model "$tmp/base.bin" --lora "$tmp/adapter" --rollouts "$tmp/r_lora.jsonl" --cpu > /dev/null 2>&1 &&
+   { $bin verify --model "$tmp/base.bin" --rollouts "$tmp/r_lora.jsonl" --cpu > "$tmp/v_lora.txt" 2>&1; [ $? = 1 ]; } &&
+   grep -q "rejected: the rollout file names another model" "$tmp/v_lora.txt"; then
+    ok "S=2 --lora rollouts equal one rank's generate --lora, verify with the adapter, rejected without"
+else bad "S=2 --lora"; fi
+
 # Stage commitments (issue 27): a cheating middle stage is named. vkswarm-faulty is vkswarm with
 # the test-only fault switch (mpi/pipeline_fault.h); VKSWARM_TEST_FAULT=1:KIND makes rank 1 (layers
 # [2,4) of 6) skip a layer, perturb what it hands on by 1%, or hold f16 weights. Honest 3-stage
