@@ -350,6 +350,41 @@ static void run_ok(const char *args) {
     assert_int_equal(rc, 0);
 }
 
+/* Rollouts made with the f16 KV cache (--kv-type f16) record it in their
+ * header ("kv_type":"f16") and verify honest by the verifier's own f16-cache
+ * replay (the same rounding, vks_f32_to_f16) on the GPU and on the CPU (fast
+ * and reference forwards); 300 positions cross the split attention's first
+ * boundary. A verifier told another cache type refuses the file (exit 2);
+ * files of the f32 cache carry no kv_type. */
+static void test_kv_f16_rollouts_verified(void **state) {
+    (void)state;
+    char model[2048], dir[256], prompts[512], a[8192], cmd[16384];
+    if (!shared_copy("stories260K/stories260K.bin", model, sizeof model)) skip();
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(prompts, sizeof prompts, "%s/kv_prompts.txt", dir);
+    write_text(prompts, "1 403 407 100\n1 403\n1 500 300 200 10\n");
+    snprintf(a, sizeof a, "generate --random-model 64,128,2,8,4,512,512 --prompts %s -n 300 --temp 0.9 --seed 5 "
+             "--kv-type f16 --rollouts-out %s/kv16.jsonl", prompts, dir);
+    run_ok(a);
+    snprintf(cmd, sizeof cmd, "head -1 %s/kv16.jsonl | grep -q '\"kv_type\":\"f16\"'", dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(a, sizeof a, "verify --random-model 64,128,2,8,4,512,512 --rollouts %s/kv16.jsonl", dir);
+    run_ok(a);
+    snprintf(cmd, sizeof cmd, "%s verify --random-model 64,128,2,8,4,512,512 --rollouts %s/kv16.jsonl --kv-type f32 "
+             ">/dev/null 2>&1", tu_bin(), dir);
+    assert_int_equal(tu_run(cmd, NULL), 2);
+    snprintf(a, sizeof a, "verify --random-model 64,128,2,8,4,512,512 --rollouts %s/kv16.jsonl --cpu", dir);
+    run_ok(a);
+    snprintf(a, sizeof a, "verify --random-model 64,128,2,8,4,512,512 --rollouts %s/kv16.jsonl --cpu-reference", dir);
+    run_ok(a);
+    snprintf(a, sizeof a, "generate --random-model 64,128,2,8,4,512,512 --prompts %s -n 20 --seed 5 "
+             "--rollouts-out %s/kv32.jsonl", prompts, dir);
+    run_ok(a);
+    snprintf(cmd, sizeof cmd, "grep -q kv_type %s/kv32.jsonl", dir);
+    assert_int_equal(tu_run(cmd, NULL), 1);
+    (void)model;
+}
+
 /* convert onto its own input (each format) gives what a fresh conversion
  * gives, and the llama2.c model onto itself keeps its logits. */
 static void test_convert_onto_input(void **state) {
@@ -522,6 +557,9 @@ static void test_option_errors_one_line(void **state) {
         {"detokenize --model m --chat", "vkswarm detokenize: unknown option '--chat'"},
         {"tokenize \"$(printf -- '--\\033]0;x\\007')\"", "vkswarm tokenize: unknown option '--\\x1b]0;x\\x07'"},
         {"nonsense", "vkswarm: unknown command 'nonsense' (see vkswarm --help)"},
+        {"generate --kv-type f8", "vkswarm: --kv-type: 'f8' is not f16 or f32"},
+        {"rl --kv-type f16", "vkswarm rl: --kv-type: this command keeps the f32 KV cache"},
+        {"train sft --kv-type f16", "vkswarm train: --kv-type: this command keeps the f32 KV cache"},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         char *out, *err;
@@ -2315,6 +2353,7 @@ int main(void) {
         cmocka_unit_test(test_stdout_full_exits_1),    cmocka_unit_test(test_convert_onto_input),
         cmocka_unit_test(test_convert_lora), cmocka_unit_test(test_lora_cli),
         cmocka_unit_test(test_write_failure_leaves_nothing),
+        cmocka_unit_test(test_kv_f16_rollouts_verified),
         cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_messages_say_what_happened),
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),

@@ -262,6 +262,41 @@ static void check_model_vs_ref(vks_model *m, const char *label) {
     assert_no_validation_messages();
 }
 
+/* The f16 KV cache (kv_f16) against the reference forward whose K and V are
+ * rounded to half as the cache stores them: the f32 cache's limit. The odd
+ * random model with a 300-position context, 3 query heads per KV head:
+ * rows on both sides of the split attention's first boundary (256 keys). */
+static void test_kv_f16_vs_ref(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 96, .hidden_dim = 200, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
+                          .vocab_size = 301, .seq_len = 300, .head_dim = 16, .kv_dim = 32, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 7, &m), VKS_OK);
+    enum { N = 300 };
+    static int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (i * 37 + 5) % c.vocab_size;
+    size_t nl = (size_t)N * c.vocab_size;
+    float *want = malloc(sizeof(float) * nl), *got = malloc(sizeof(float) * nl);
+    assert_int_equal(vks_ref_forward_kv_f16(m, NULL, ids, N, want, NULL, NULL), VKS_OK);
+    vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = 64, .kv_f16 = true};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    engine_logits(e, ids, N, 64, got, c.vocab_size);
+    double nmse = tu_nmse(got, want, nl);
+    fprintf(stderr, "kv f16 vs reference with f16 K/V: nmse %.3g\n", nmse);
+    assert_true(nmse < 1e-10);
+    assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK); /* the rounding shows: not the f32 answer */
+    double nmse32 = tu_nmse(got, want, nl);
+    fprintf(stderr, "kv f16 vs reference with f32 K/V: nmse %.3g\n", nmse32);
+    assert_true(nmse32 > 1e-10);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    free(want);
+    free(got);
+    assert_no_validation_messages();
+}
+
 /* The odd random model: GPU vs CPU forward. */
 static void test_random_model_vs_cpu(void **state) {
     (void)state;
@@ -618,7 +653,7 @@ static void test_sampled_logp_on_gpu(void **state) {
 
 /* Captures the committed hidden rows of every sampled position, by sequence
  * index and position, to compare batched and lone runs bit for bit. */
-enum { CAP_SEQS = 12, CAP_POS = 48, CAP_DIM = 64 };
+enum { CAP_SEQS = 12, CAP_POS = 300, CAP_DIM = 64 };
 static float captured[2][CAP_SEQS][CAP_POS][CAP_DIM];
 static int capture_run;
 
@@ -636,30 +671,31 @@ static void capture_hidden(void *user, const vks_step *st, const vks_seq_state *
 
 /* Twelve sequences decode as one batch (more rows than the matrix-vector
  * kernel takes at once, prompts longer than a tile): each one's tokens and
- * hidden rows equal, bit for bit, those of the sequence generated alone. */
-static void test_batch_invariance_large(void **state) {
-    (void)state;
+ * hidden rows equal, bit for bit, those of the sequence generated alone.
+ * prompt0: tokens every prompt has beyond 1..23; steps: the context. */
+static void batch_invariance_run(bool kv_f16, int prompt0, int steps) {
     vks_model *m = load_stories();
     if (!m) skip();
     enum { N = 12 };
-    vks_generate_options g = {.sched = {.steps = 48, .temperature = 0.8f, .top_p = 0.95f, .seed = 9, .stop_token_a = 1,
-                                        .stop_token_b = -1},
+    assert_true(steps <= CAP_POS);
+    vks_generate_options g = {.sched = {.steps = steps, .temperature = 0.8f, .top_p = 0.95f, .seed = 9,
+                                        .stop_token_a = 1, .stop_token_b = -1},
                               .on_hidden = capture_hidden};
     memset(captured, 0, sizeof captured);
     vks_sequence batch[N] = {{0}};
     for (int s = 0; s < N; s++) {
-        batch[s].n_prompt = 1 + (s * 5) % 23; /* 1..23 prompt tokens */
-        batch[s].ids = malloc(sizeof(int32_t) * 32);
+        batch[s].n_prompt = prompt0 + 1 + (s * 5) % 23; /* 1..23 prompt tokens beyond prompt0 */
+        batch[s].ids = malloc(sizeof(int32_t) * (size_t)steps);
         batch[s].ids[0] = 1;
         for (int i = 1; i < batch[s].n_prompt; i++) batch[s].ids[i] = 259 + (s * 31 + i * 7) % 250;
     }
-    vks_engine_options o = {.n_slots = N, .kv_len = 48, .max_rows = 40};
+    vks_engine_options o = {.n_slots = N, .kv_len = steps, .max_rows = 40, .kv_f16 = kv_f16};
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
     vks_sequence alone[N] = {{0}};
     for (int s = 0; s < N; s++) {
         alone[s].n_prompt = batch[s].n_prompt;
-        alone[s].ids = malloc(sizeof(int32_t) * 32);
+        alone[s].ids = malloc(sizeof(int32_t) * (size_t)steps);
         memcpy(alone[s].ids, batch[s].ids, sizeof(int32_t) * (size_t)batch[s].n_prompt);
     }
     capture_run = 0;
@@ -676,6 +712,20 @@ static void test_batch_invariance_large(void **state) {
     vks_engine_destroy(e);
     vks_model_free(m);
     assert_no_validation_messages();
+}
+
+static void test_batch_invariance_large(void **state) {
+    (void)state;
+    batch_invariance_run(false, 0, 48);
+}
+
+/* The same with the f16 KV cache, prompts of 241..263 tokens and 296
+ * positions: prefill and decode rows on both sides of the first split
+ * boundary (VKS_ATTN_SPLIT_KEYS keys) of the split attention. */
+static void test_batch_invariance_kv_f16(void **state) {
+    (void)state;
+    assert_true(VKS_ATTN_SPLIT_KEYS < 264);
+    batch_invariance_run(true, 240, 296);
 }
 
 /* Hidden rows of every sampled position of the big-batch test, by run, sequence and position. */
@@ -749,14 +799,15 @@ static void test_dispatches_beyond_one_command_buffer(void **state) {
 /* The KV cache (and the RoPE table of its positions) can be resized after the weights are up: a cache too large
  * for one binding is refused with the bytes, before anything is freed; after
  * a resize the forward uses the new shape and still equals the CPU forward. */
-static void test_kv_resize(void **state) {
-    (void)state;
+/* kv_f16: the f16 cache (halves) and its split attention's partials, which
+ * follow kv_len (300 positions: two parts of 256 keys). */
+static void kv_resize_run(bool kv_f16) {
     vks_model_config c = {.dim = 32, .hidden_dim = 48, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
                           .vocab_size = 50, .seq_len = 1 << 20, .head_dim = 8, .kv_dim = 16, .norm_eps = 1e-5f,
                           .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_ADJACENT};
     vks_model *m;
     assert_int_equal(vks_model_random(&c, 13, &m), VKS_OK);
-    vks_engine_options o = {.n_slots = 1, .kv_len = 2, .max_rows = 16};
+    vks_engine_options o = {.n_slots = 1, .kv_len = 2, .max_rows = 16, .kv_f16 = kv_f16};
     vks_engine *e;
     assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
     uint64_t bytes = vks_engine_device_bytes(e);
@@ -766,7 +817,7 @@ static void test_kv_resize(void **state) {
     assert_int_equal(vks_engine_kv_fits(e, 1, (1 << 20) + 1), VKS_ERR_ARG);
     assert_int_equal(vks_engine_n_slots(e), 1);
     assert_int_equal(vks_engine_kv_len(e), 2);
-    enum { N = 40 };
+    int N = kv_f16 ? 300 : 40;
     /* a forward of the shape used below: its recording binds the old cache
      * and must not be replayed after the resize */
     int32_t two[2] = {3, 20};
@@ -775,19 +826,34 @@ static void test_kv_resize(void **state) {
     assert_int_equal(vks_engine_resize_kv(e, 3, N), VKS_OK);
     assert_int_equal(vks_engine_n_slots(e), 3);
     assert_int_equal(vks_engine_kv_len(e), N);
-    /* K and V of 2 layers, and the RoPE table's (cos, sin) of head_dim / 2 pairs per position */
-    assert_true(vks_engine_device_bytes(e) == bytes + 2ull * 2 * (3 * N - 2) * 16 * 4 + (N - 2) * 8ull * 4);
-    int32_t ids[N];
+    /* K and V of 2 layers, and the RoPE table's (cos, sin) of head_dim / 2 pairs per position; f16: halves, and
+     * the partials of 16 rows x 4 heads x one more part of head_dim + 4 floats */
+    uint64_t kv = 2ull * 2 * (uint64_t)(3 * N - 2) * 16 * (kv_f16 ? 2 : 4), rope = (uint64_t)(N - 2) * 8 * 4;
+    uint64_t part = kv_f16 ? 16ull * 4 * 1 * (8 + 4) * 4 : 0;
+    assert_true(vks_engine_device_bytes(e) == bytes + kv + rope + part);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)N);
     for (int i = 0; i < N; i++) ids[i] = (i * 17 + 3) % c.vocab_size;
-    float *want = malloc(sizeof(float) * N * 50), *got = malloc(sizeof(float) * N * 50);
-    assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
-    engine_logits(e, ids, N, 2, got, c.vocab_size);
+    float *want = malloc(sizeof(float) * (size_t)N * 50), *got = malloc(sizeof(float) * (size_t)N * 50);
+    if (kv_f16) assert_int_equal(vks_ref_forward_kv_f16(m, NULL, ids, N, want, NULL, NULL), VKS_OK);
+    else assert_int_equal(vks_ref_forward(m, ids, N, want, NULL), VKS_OK);
+    engine_logits(e, ids, N, kv_f16 ? 16 : 2, got, c.vocab_size);
     assert_true(tu_nmse(got, want, (size_t)N * 50) < 1e-10);
+    free(ids);
     free(want);
     free(got);
     vks_engine_destroy(e);
     vks_model_free(m);
     assert_no_validation_messages();
+}
+
+static void test_kv_resize(void **state) {
+    (void)state;
+    kv_resize_run(false);
+}
+
+static void test_kv_resize_kv_f16(void **state) {
+    (void)state;
+    kv_resize_run(true);
 }
 
 /* Forwards of 12 shapes, more than the engine keeps recordings of, twice:
@@ -872,6 +938,19 @@ static void test_refusals(void **state) {
     assert_null(e);
     assert_non_null(strstr(vks_last_error(), "needs"));
     assert_non_null(strstr(vks_last_error(), "available"));
+    /* an f16 KV cache needs head_dim a multiple of 4 (its kernels read 4 halves at once) */
+    vks_model_config c6 = {.dim = 12, .hidden_dim = 16, .n_layers = 1, .n_heads = 2, .n_kv_heads = 2, .vocab_size = 11,
+                           .seq_len = 8, .head_dim = 6, .kv_dim = 12, .norm_eps = 1e-5f, .rope_theta = 10000.0f};
+    vks_model *m6;
+    assert_int_equal(vks_model_random(&c6, 3, &m6), VKS_OK);
+    vks_engine_options o6 = {.kv_f16 = true};
+    assert_int_equal(vks_engine_create(gpu, m6, &o6, &e), VKS_ERR_ARG);
+    assert_null(e);
+    assert_non_null(strstr(vks_last_error(), "head_dim a multiple of 4"));
+    o6.kv_f16 = false;
+    assert_int_equal(vks_engine_create(gpu, m6, &o6, &e), VKS_OK);
+    vks_engine_destroy(e);
+    vks_model_free(m6);
     /* bad rows are refused, not executed */
     vks_model *m = load_stories();
     if (!m) return;
@@ -914,8 +993,10 @@ int main(void) {
         cmocka_unit_test(test_architectures_every_path),
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
         cmocka_unit_test(test_sampled_logp_on_gpu),
-        cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
-        cmocka_unit_test(test_kv_resize),            cmocka_unit_test(test_recordings_replayed), cmocka_unit_test(test_layer_counts),
+        cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_batch_invariance_kv_f16),
+        cmocka_unit_test(test_kv_f16_vs_ref),          cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
+        cmocka_unit_test(test_kv_resize), cmocka_unit_test(test_kv_resize_kv_f16), cmocka_unit_test(test_recordings_replayed),
+        cmocka_unit_test(test_layer_counts),
         cmocka_unit_test(test_refusals),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

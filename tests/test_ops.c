@@ -333,6 +333,142 @@ static void run_attention(const op_case *tc) {
     vks_buffer_destroy(bo); vks_buffer_destroy(bs); vks_buffer_destroy(bp);
 }
 
+/* kv_store_f16: every value of the caches as vks_f32_to_f16 rounds it, bit
+ * for bit (ties, subnormals, overflow to inf, NaN among the inputs); the
+ * rest of the caches untouched. */
+static void run_kv_store_f16(const op_case *tc) {
+    uint32_t R = tc->kv_store.R, kv = tc->kv_store.kv_dim, L = tc->kv_store.seq_len, slots = 3;
+    size_t nc = (size_t)slots * L * kv, nr = (size_t)R * kv;
+    float *k = rand_floats(nr, 9, -1, 1), *v = rand_floats(nr, 10, -70000, 70000);
+    static const float special[] = {0.5f + 1.0f / 4096.0f, 1.0f + 3.0f / 2048.0f /* ties */, 65519.0f, 65520.0f,
+                                    -3e-8f, 5.96e-8f, 2.98e-8f, 1e-5f, -0.0f, NAN, INFINITY, 6.1e-5f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0] && i < nr; i++) k[i * 3 % nr] = special[i];
+    uint16_t *kc = xmalloc(nc * 2), *vc = xmalloc(nc * 2), *got = xmalloc(nc * 2);
+    for (size_t i = 0; i < nc; i++) { kc[i] = (uint16_t)(i * 7919u); vc[i] = (uint16_t)(i * 104729u); }
+    uint32_t *slot = xmalloc(R * 4), *pos = xmalloc(R * 4);
+    for (uint32_t r = 0; r < R; r++) { slot[r] = r % slots; pos[r] = (r * 5u) % L; }
+    vks_buffer *bk = gpu_buffer(k, nr * 4), *bv = gpu_buffer(v, nr * 4);
+    vks_buffer *bkc = gpu_buffer(kc, nc * 2), *bvc = gpu_buffer(vc, nc * 2);
+    vks_buffer *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_kv_store_f16(ops, c, bind(bk), bind(bv), bind(bkc), bind(bvc), bind(bs), bind(bp), R, kv, L),
+                     VKS_OK);
+    submit(c);
+    for (uint32_t r = 0; r < R; r++)
+        for (uint32_t j = 0; j < kv; j++) {
+            size_t dst = ((size_t)slot[r] * L + pos[r]) * kv + j;
+            kc[dst] = vks_f32_to_f16(k[(size_t)r * kv + j]);
+            vc[dst] = vks_f32_to_f16(v[(size_t)r * kv + j]);
+        }
+    download(bkc, got, nc * 2);
+    assert_memory_equal(got, kc, nc * 2);
+    download(bvc, got, nc * 2);
+    assert_memory_equal(got, vc, nc * 2);
+    (void)tc->tol;
+    free(k); free(v); free(kc); free(vc); free(got); free(slot); free(pos);
+    vks_buffer_destroy(bk); vks_buffer_destroy(bv); vks_buffer_destroy(bkc);
+    vks_buffer_destroy(bvc); vks_buffer_destroy(bs); vks_buffer_destroy(bp);
+}
+
+/* The f16-cache attention's out[r, h, :] for R rows on the device (caches of halves). */
+static float *attention_f16_on_device(const float *q, const uint16_t *kc, const uint16_t *vc, size_t nc,
+                                      const uint32_t *slot, const uint32_t *pos, uint32_t R, uint32_t H, uint32_t KH,
+                                      uint32_t hd, uint32_t L) {
+    size_t nq = (size_t)R * H * hd;
+    vks_buffer *bq = gpu_buffer(q, nq * 4), *bkc = gpu_buffer(kc, nc * 2), *bvc = gpu_buffer(vc, nc * 2);
+    vks_buffer *bo = gpu_buffer(NULL, nq * 4), *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
+    vks_buffer *bpart = gpu_buffer(NULL, (size_t)vks_op_attention_f16_scratch_bytes(R, H, hd, L));
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_attention_f16(ops, c, bind(bq), bind(bkc), bind(bvc), bind(bs), bind(bp), bind(bpart),
+                                          bind(bo), R, H, KH, hd, L), VKS_OK);
+    submit(c);
+    float *got = xmalloc(nq * 4);
+    download(bo, got, nq * 4);
+    vks_buffer_destroy(bq); vks_buffer_destroy(bkc); vks_buffer_destroy(bvc);
+    vks_buffer_destroy(bo); vks_buffer_destroy(bs); vks_buffer_destroy(bp); vks_buffer_destroy(bpart);
+    return got;
+}
+
+/* f16 rounding (nearest even, half.glsl): |x16 - x| <= 2^-11 |x| + 2^-25
+ * (the second term for subnormal halves). */
+static double f16_err(double x) { return fabs(x) / 2048.0 + 0x1p-25; }
+
+/* The bound on |attention(f16 caches) - attention(f32 caches)| for (row r,
+ * head h, dim d), from the rounding alone: each score s_j moves by at most
+ * eps = scale sum_d |q_d| err(k_jd), so each weight p_j by a factor within
+ * e^(+-2 eps) and sum_j |p'_j - p_j| <= e^(2 eps) - 1; the values move by
+ * err(v). |out' - out| <= max_j err(v_jd) + (e^(2 eps) - 1) max_j |v_jd|. */
+static double f16_attention_bound(const float *q, const float *kc, const float *vc, uint32_t slot, uint32_t pos,
+                                  uint32_t kvh, uint32_t hd, uint32_t kvd, uint32_t L, uint32_t d) {
+    double eps = 0, vmax = 0, verr = 0;
+    for (uint32_t j = 0; j <= pos; j++) {
+        const float *k = kc + ((size_t)slot * L + j) * kvd + (size_t)kvh * hd;
+        double e = 0;
+        for (uint32_t i = 0; i < hd; i++) e += fabs(q[i]) * f16_err(k[i]);
+        eps = fmax(eps, e / sqrt((double)hd));
+        double v = vc[((size_t)slot * L + j) * kvd + (size_t)kvh * hd + d];
+        vmax = fmax(vmax, fabs(v));
+        verr = fmax(verr, f16_err(v));
+    }
+    return verr + expm1(2 * eps) * vmax;
+}
+
+/* attention_f16 (split over keys, query heads of a KV group together): the
+ * rows of run_attention over caches of halves. (1) Against the reference
+ * over the same halves (widened): the f32 limit of the f32 kernel. (2)
+ * Against the reference over the f32 values before rounding: each element
+ * within f16_attention_bound plus 2^-20 max|v| for the f32 arithmetic. (3)
+ * Batch invariance: each of the decode rows alone gives the same bits as
+ * in the batch. */
+static void run_attention_f16(const op_case *tc) {
+    uint32_t L = tc->attention.seq_len, hd = tc->attention.head_dim;
+    uint32_t H = tc->attention.heads, KH = tc->attention.kv_heads, kvd = KH * hd;
+    uint32_t len_a = L, len_b = L / 3 + 1, R = len_a + len_b + tc->attention.decode_rows, slots = 3;
+    uint32_t *slot = xmalloc(R * 4), *pos = xmalloc(R * 4);
+    for (uint32_t r = 0; r < R; r++) {
+        if (r < len_a) { slot[r] = 2; pos[r] = r; }
+        else if (r < len_a + len_b) { slot[r] = 0; pos[r] = r - len_a; }
+        else { slot[r] = r % slots; pos[r] = (r * 97u) % L; }
+    }
+    size_t nq = (size_t)R * H * hd, nc = (size_t)slots * L * kvd;
+    float *q = rand_floats(nq, 13, -2, 2), *kc = rand_floats(nc, 14, -2, 2), *vc = rand_floats(nc, 15, -1, 1);
+    uint16_t *kh = xmalloc(nc * 2), *vh = xmalloc(nc * 2);
+    float *k16 = xmalloc(nc * 4), *v16 = xmalloc(nc * 4);
+    for (size_t i = 0; i < nc; i++) {
+        kh[i] = vks_f32_to_f16(kc[i]), vh[i] = vks_f32_to_f16(vc[i]);
+        k16[i] = vks_f16_to_f32(kh[i]), v16[i] = vks_f16_to_f32(vh[i]);
+    }
+    float *got = attention_f16_on_device(q, kh, vh, nc, slot, pos, R, H, KH, hd, L);
+    float *want = xmalloc(nq * 4);
+    vks_ref_attention(q, k16, v16, slot, pos, (int)R, (int)H, (int)KH, (int)hd, (int)L, want);
+    expect_close(tc->name, got, want, nq, tc->tol);
+    vks_ref_attention(q, kc, vc, slot, pos, (int)R, (int)H, (int)KH, (int)hd, (int)L, want);
+    double worst = 0;
+    for (uint32_t r = 0; r < R; r++)
+        for (uint32_t h = 0; h < H; h++)
+            for (uint32_t d = 0; d < hd; d++) {
+                size_t i = ((size_t)r * H + h) * hd + d;
+                uint32_t kvh = h / (H / KH);
+                double vmax = 0;
+                for (uint32_t j = 0; j <= pos[r]; j++)
+                    vmax = fmax(vmax, fabs(vc[((size_t)slot[r] * L + j) * kvd + (size_t)kvh * hd + d]));
+                double bound = f16_attention_bound(q + ((size_t)r * H + h) * hd, kc, vc, slot[r], pos[r], kvh, hd, kvd,
+                                                   L, d) + 0x1p-20 * vmax;
+                double err = fabs((double)got[i] - want[i]);
+                worst = fmax(worst, err / bound);
+                if (err > bound) fprintf(stderr, "%s: row %u head %u dim %u: |%g - %g| > %g\n", tc->name, r, h, d,
+                                         got[i], want[i], bound);
+                assert_true(err <= bound);
+            }
+    if (getenv("VKSWARM_TEST_VERBOSE")) fprintf(stderr, "%s: worst error / f16 bound %.3g\n", tc->name, worst);
+    for (uint32_t r = len_a + len_b; r < R; r++) {
+        float *alone = attention_f16_on_device(q + (size_t)r * H * hd, kh, vh, nc, slot + r, pos + r, 1, H, KH, hd, L);
+        assert_memory_equal(alone, got + (size_t)r * H * hd, (size_t)H * hd * 4);
+        free(alone);
+    }
+    free(slot); free(pos); free(q); free(kc); free(vc); free(kh); free(vh); free(k16); free(v16); free(got); free(want);
+}
+
 /* swiglu / add over n elements; add is always in place, swiglu when in_place. */
 static void run_elementwise(const op_case *tc, bool swiglu) {
     size_t n = tc->elementwise.n;
@@ -513,6 +649,14 @@ static void run_bad_args(const op_case *tc) {
     assert_int_equal(vks_op_attention(ops, c, bind(b), bind(b), bind(b), bind(b), bind(b), bind(b),
                                       1, 1, 1, 512, 1), VKS_ERR_ARG);
     assert_int_equal(vks_op_add(ops, c, bind(b), bind(b), 257), VKS_ERR_ARG);
+    /* f16 cache: odd kv_dim, head_dim not a multiple of 4, a scratch too small */
+    assert_int_equal(vks_op_kv_store_f16(ops, c, bind(b), bind(b), bind(b), bind(b), bind(b), bind(b), 1, 3, 1),
+                     VKS_ERR_ARG);
+    assert_int_equal(vks_op_attention_f16(ops, c, bind(b), bind(b), bind(b), bind(b), bind(b), bind(b), bind(b), 1, 1,
+                                          1, 6, 1), VKS_ERR_ARG);
+    assert_int_equal(vks_op_attention_f16(ops, c, bind(b), bind(b), bind(b), bind(b), bind(b), bind(b), bind(b), 2, 16,
+                                          1, 8, 4), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "part"));
     /* block types: K not a whole number of blocks, an unaligned binding, q6_k (no kernel) */
     assert_int_equal(vks_op_matmul(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_0, bind(b), 1, 2, 48, 2,
                                    0, false), VKS_ERR_ARG);
@@ -544,6 +688,7 @@ static void run_bad_args(const op_case *tc) {
 #define EMBED(nm, ...) {nm, run_embed, .tol = 0, .embed = {__VA_ARGS__}}
 #define ROPE(nm, ...) {nm, run_rope, .tol = 1e-10, .rope = {__VA_ARGS__}}
 #define ATTN(nm, ...) {nm, run_attention, .tol = 1e-11, .attention = {__VA_ARGS__}}
+#define ATTN_F16(nm, ...) {nm, run_attention_f16, .tol = 1e-11, .attention = {__VA_ARGS__}}
 #define SAMPLE(nm, ...) {nm, run_sample, .sample = {__VA_ARGS__}}
 
 static const op_case cases[] = {
@@ -613,6 +758,14 @@ static const op_case cases[] = {
     ATTN("attention hd128 gqa4", .heads = 8, .kv_heads = 2, .head_dim = 128, .seq_len = 150, .decode_rows = 4),
     ATTN("attention hd256 gqa1", .heads = 2, .kv_heads = 2, .head_dim = 256, .seq_len = 70, .decode_rows = 2),
     ATTN("attention hd72 gqa4", .heads = 4, .kv_heads = 1, .head_dim = 72, .seq_len = 129, .decode_rows = 1),
+    {"kv_store f16", run_kv_store_f16, .tol = 0, .kv_store = {.R = 7, .kv_dim = 66, .seq_len = 20}},
+    ATTN_F16("attention f16 hd8 gqa1", .heads = 2, .kv_heads = 2, .head_dim = 8, .seq_len = 40, .decode_rows = 5),
+    ATTN_F16("attention f16 hd64 gqa2", .heads = 4, .kv_heads = 2, .head_dim = 64, .seq_len = 300, .decode_rows = 3),
+    ATTN_F16("attention f16 hd128 gqa4 splits", .heads = 8, .kv_heads = 2, .head_dim = 128, .seq_len = 600,
+             .decode_rows = 4),
+    ATTN_F16("attention f16 hd256 gqa1", .heads = 2, .kv_heads = 2, .head_dim = 256, .seq_len = 70, .decode_rows = 2),
+    ATTN_F16("attention f16 hd72 gqa6 splits", .heads = 6, .kv_heads = 1, .head_dim = 72, .seq_len = 520,
+             .decode_rows = 3),
     {"swiglu", run_swiglu, .tol = 1e-12, .elementwise = {.n = 100003}},
     {"swiglu in place", run_swiglu, .tol = 1e-12, .elementwise = {.n = 1, .in_place = true}},
     {"add", run_add, .tol = 1e-14, .elementwise = {.n = 1000}},

@@ -279,6 +279,65 @@ static void test_rollout_header_model_not_utf8(void **state) {
     free(buf);
 }
 
+/* The KV cache type (issue 28): an f16 header round-trips as "kv_type":"f16";
+ * an f32 header carries no kv_type (files as before); "kv_type":"f32" reads
+ * as f32 and any other value is refused. */
+static void test_rollout_header_kv_type(void **state) {
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    vks_rollout_header h = make_header();
+    h.kv_f16 = true;
+    assert_int_equal(vks_rollout_write_header(f, &h), VKS_OK);
+    fclose(f);
+    assert_non_null(strstr(buf, "\"kv_type\":\"f16\""));
+    vks_rollout_header got;
+    assert_int_equal(vks_rollout_parse_header(buf, len - 1, &got), VKS_OK);
+    assert_true(got.kv_f16);
+    free(buf);
+    f = open_memstream(&buf, &len);
+    h.kv_f16 = false;
+    assert_int_equal(vks_rollout_write_header(f, &h), VKS_OK);
+    fclose(f);
+    assert_null(strstr(buf, "kv_type"));
+    assert_int_equal(vks_rollout_parse_header(buf, len - 1, &got), VKS_OK);
+    assert_false(got.kv_f16);
+    char line[1024];
+    const char *values[] = {"\"f32\"", "\"f8\"", "16", "null"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(line, sizeof line, "%.*s,\"kv_type\":%s}", (int)(len - 2), buf, values[i]);
+        int rc = vks_rollout_parse_header(line, strlen(line), &got);
+        assert_int_equal(rc, i == 0 ? VKS_OK : VKS_ERR_FORMAT);
+        if (i == 0) assert_false(got.kv_f16);
+        else assert_non_null(strstr(vks_last_error(), "kv_type"));
+    }
+    free(buf);
+}
+
+/* vks_verify_batch refuses an engine whose KV cache type is not the samples'
+ * (kv_f16 both ways) before replaying anything. */
+static void test_verify_kv_type_mismatch(void **state) {
+    (void)state;
+    if (!stories) skip();
+    vks_verify_options o;
+    vks_verify_options_default(&o);
+    vks_verdict v;
+    for (int f16 = 0; f16 < 2; f16++) {
+        vks_engine_options eo = {.n_slots = 1, .kv_len = 1, .max_rows = 16, .max_out_rows = 16, .f32_math = true,
+                                 .kv_f16 = f16 == 1};
+        vks_engine *e;
+        assert_int_equal(vks_engine_create(gpu, stories, &eo, &e), VKS_OK);
+        o.kv_f16 = f16 == 0;
+        assert_int_equal(vks_verify_batch(e, &o, NULL, 0, &v), VKS_ERR_ARG);
+        assert_non_null(strstr(vks_last_error(), "KV cache"));
+        o.kv_f16 = f16 == 1;
+        assert_int_equal(vks_verify_batch(e, &o, NULL, 0, &v), VKS_OK);
+        vks_engine_destroy(e);
+    }
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
 static void test_rollout_malformed(void **state) {
     (void)state;
     char hex[65];
@@ -1599,7 +1658,8 @@ int main(void) {
         cmocka_unit_test(test_proof_self_and_perturbed),
         cmocka_unit_test(test_build_sizes_and_builder),
         cmocka_unit_test(test_rollout_roundtrip),
-        cmocka_unit_test(test_rollout_header_model_not_utf8),
+        cmocka_unit_test(test_rollout_header_model_not_utf8), cmocka_unit_test(test_rollout_header_kv_type),
+        cmocka_unit_test(test_verify_kv_type_mismatch),
         cmocka_unit_test(test_rollout_malformed),
         cmocka_unit_test(test_stage_proofs_roundtrip),
         cmocka_unit_test(test_stage_proofs_malformed),

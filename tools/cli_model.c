@@ -13,6 +13,11 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
     else if (!strcmp(opt, "arch")) a->random_arch = val;
     else if (!strcmp(opt, "device")) a->device = (int)cli_parse_long("--device", val, 0, 64);
     else if (!strcmp(opt, "profile")) a->profile = true;
+    else if (!strcmp(opt, "kv-type")) { /* llama.cpp's --cache-type-k/-v, one type for both */
+        if (strcmp(val, "f16") && strcmp(val, "f32")) cli_die(EXIT_BAD_INPUT, "--kv-type: '%s' is not f16 or f32", val);
+        a->engine.kv_f16 = !strcmp(val, "f16");
+        a->kv_type_given = true;
+    }
     else if (!strcmp(opt, "lora")) a->lora_path = val;
     else if (!strcmp(opt, "dtype")) {
         a->dtype_given = true;
@@ -22,6 +27,10 @@ bool cli_model_option(cli_model_args *a, const char *opt, const char *val) {
             cli_die(EXIT_BAD_INPUT, "--dtype: '%s' is not f32, f16, bf16, q8_0, q4_0, q4_k or file", val);
     } else return false;
     return true;
+}
+
+void cli_no_kv_type(const cli_model_args *a, const char *cmd) {
+    if (a->kv_type_given) cli_usage_error(cmd, "--kv-type: this command keeps the f32 KV cache");
 }
 
 /* "dim,hidden,layers,heads,kv_heads,vocab[,seq_len[,head_dim]]" of architecture arch (NULL: llama) */

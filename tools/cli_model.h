@@ -10,6 +10,7 @@ typedef struct {
     vks_engine_options engine; /* what the user chose: .dtype, .keep_file_dtype (--dtype);
                                   each command adds the sizes and the math it needs */
     bool dtype_given;     /* --dtype was on the command line */
+    bool kv_type_given;   /* --kv-type was (engine.kv_f16 holds it) */
     int device;      /* -1: default */
     bool profile;
     const char *lora_path;   /* --lora (commands that list CLI_LORA_LONG_OPTION) */
@@ -19,10 +20,13 @@ typedef struct {
 /* Handles --model, --tokenizer, --random-model, --arch, --dtype, --device, --profile.
  * Returns true if `opt` (a getopt_long name) was one of them. */
 bool cli_model_option(cli_model_args *a, const char *opt, const char *val);
+/* Commands whose engines keep the f32 KV cache (rl, train, eval) refuse --kv-type. */
+void cli_no_kv_type(const cli_model_args *a, const char *cmd);
 #define CLI_MODEL_LONG_OPTIONS                                                              \
     {"model", required_argument, 0, 0}, {"tokenizer", required_argument, 0, 0},            \
         {"random-model", required_argument, 0, 0}, {"dtype", required_argument, 0, 0},     \
-        {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}, {"arch", required_argument, 0, 0}
+        {"device", required_argument, 0, 0}, {"profile", no_argument, 0, 0}, {"arch", required_argument, 0, 0}, \
+        {"kv-type", required_argument, 0, 0}
 
 /* --lora PATH: a LoRA adapter (PEFT directory or GGUF LoRA file) for the model;
  * generate, eval, verify, logits and pipeline take it. */

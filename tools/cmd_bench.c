@@ -15,7 +15,7 @@ static const char bench_usage[] =
     "usage: vkswarm bench (--model M |\n"
     "                      --random-model dim,hidden,layers,heads,kv_heads,vocab[,seq[,head_dim]]\n"
     "                      [--arch llama|llama3|qwen2|qwen3])\n"
-    "                     [--batch B] [--prompt-len P] [--gen N] [--dtype T] [--device N] [--profile]\n"
+    "                     [--batch B] [--prompt-len P] [--gen N] [--dtype T] [--kv-type f32|f16] [--device N] [--profile]\n"
     "                     [--lora PATH | --lora-rank R]\n"
     "Prints prefill and decode tokens/s and, measured in the same run, the device's copy bandwidth and\n"
     "large-matmul FLOP/s, with the fraction of each that prefill and decode reach.\n"

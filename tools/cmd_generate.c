@@ -13,7 +13,7 @@
 static const char generate_usage[] =
     "usage: vkswarm generate --model M --tokenizer T [--prompt TEXT | --prompts FILE] [-n STEPS]\n"
     "                        [--temp X] [--top-p P] [--top-k K] [--seed S] [--dtype f32|f16|bf16]\n"
-    "                        [--device N] [--profile]\n"
+    "                        [--kv-type f32|f16] [--device N] [--profile]\n"
     "                        [--random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
     "                         [--arch llama|llama3|qwen2|qwen3]]\n"
     "                        [--rollouts-out FILE [--toploc | --no-toploc]] [--lora PATH]\n"
@@ -28,7 +28,9 @@ static const char generate_usage[] =
     "vkswarm verify\") for\n"
     "`vkswarm verify`: one sample per prompt with its TOPLOC proofs, built on a worker thread while\n"
     "the GPU runs (--toploc, the default; --no-toploc writes empty proofs, to measure their cost);\n"
-    "the file names the model by the hash of base and adapter.\n" CLI_LORA_HELP;
+    "the file names the model by the hash of base and adapter.\n"
+    "--kv-type f16 keeps the KV cache in halves (default f32): half its memory; attention split over\n"
+    "keys. A rollout file records it and `vkswarm verify` (GPU or --cpu) replays with the same cache.\n" CLI_LORA_HELP;
 
 typedef struct {
     cli_model_args m;
@@ -111,6 +113,7 @@ int cmd_generate(int argc, char **argv) {
         if (vks_rollout_writer_create(a.rollouts_out, m, a.m.lora, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n,
                                       !a.no_toploc, &hooks.rollouts))
             cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+        vks_rollout_writer_set_kv_f16(hooks.rollouts, eo.kv_f16); /* the verifier replays with the same cache */
         go.on_hidden = on_hidden;
     }
     cli_progress_start(&hooks.progress, "generate");

@@ -17,8 +17,8 @@ static const char pipeline_usage[] =
     "usage: mpirun -np S vkswarm pipeline --model M [--tokenizer T] --prompts FILE [--batch B]\n"
     "           [--micro-batches K] [--chunk R] [-n STEPS] [--temp X] [--top-p P] [--top-k K] [--seed S]\n"
     "           [--partition even|auto|n1,n2,...] [--wire f32|f16] [--link-latency-ms L] [--link-mbps R]\n"
-    "           [--timeout-s T] [--dtype f32|f16|bf16] [--device N] [--rollouts-out FILE [--toploc|--no-toploc]]\n"
-    "           [--lora PATH]\n"
+    "           [--timeout-s T] [--dtype f32|f16|bf16] [--kv-type f32|f16] [--device N]\n"
+    "           [--rollouts-out FILE [--toploc|--no-toploc]] [--lora PATH]\n"
     "Rank s holds a contiguous range of layers; rank 0 also the embedding and the schedule, rank S-1 the\n"
     "final norm, the classifier and the sampler. K micro-batches of B sequences circulate in a ring; the\n"
     "MPI tag carries the micro-batch id. Output on rank 0's stdout: one JSON object per prompt, in prompt\n"
@@ -188,6 +188,7 @@ int cmd_pipeline(int argc, char **argv) {
         vks_rollout_writer_create(a.rollouts_out, m, a.m.lora, a.m.model_path ? a.m.model_path : a.m.random_spec, &sp, n, false,
                                   &rollouts))
         cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    vks_rollout_writer_set_kv_f16(rollouts, po.engine.kv_f16); /* every stage's engine holds the same cache type */
     vks_pipeline_stats st;
     rc = vks_pipeline_run(vks_mpi_world(), g, m, &po, seqs, n, &st);
     if (rc) end_failed_run(rc, &st, a.timeout_s);

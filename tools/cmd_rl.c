@@ -235,6 +235,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "test-cheat-every")) a->o.cheat_every = (int)cli_parse_long("--test-cheat-every", optarg, 0, 1 << 30);
     }
     if (optind < argc) cli_usage_error("rl", "unexpected argument '%s'", argv[optind]);
+    cli_no_kv_type(&a->m, "rl"); /* its verifiers replay rollouts in f32 */
     if (a->m.model_path) set_key(&a->c, "model", a->m.model_path);
     if (a->m.random_spec) cli_usage_error("rl", "--random-model has no tokenizer: use --init tiny or --model");
     if (a->override && !a->o.resume) cli_usage_error("rl", "--override applies to --resume only");

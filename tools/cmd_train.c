@@ -134,6 +134,7 @@ static void parse_train(int argc, char **argv, train_args *a) {
     if (o->override && !o->resume) cli_usage_error("train", "--override applies to --resume only");
     if (optind >= argc || strcmp(argv[optind], "sft")) cli_usage_error("train", "the kinds of training are 'sft' and 'plan'");
     if (optind + 1 < argc) cli_usage_error("train", "unexpected argument '%s'", argv[optind + 1]);
+    cli_no_kv_type(&a->m, "train");
     if (!a->data || !o->steps) cli_usage_error("train", "--data FILE and --steps N are required");
     if (!!a->init + !!a->m.model_path + !!a->m.random_spec != 1)
         cli_usage_error("train", "give exactly one of --model, --random-model and --init tiny");
@@ -321,6 +322,7 @@ int cmd_eval(int argc, char **argv) {
         else if (task_option(&ta, name, optarg) && strcmp(name, "task")) task_only = true;
     }
     if (optind < argc) cli_usage_error("eval", "unexpected argument '%s'", argv[optind]);
+    cli_no_kv_type(&ma, "eval");
     if (!ma.model_path || !!data + !!ta.task != 1) cli_usage_error("eval", "--model M and one of --data FILE and --task NAME are required");
     if (data && task_only)
         cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new, --batch and the prompt flags go with --task");

@@ -17,7 +17,7 @@ static const char verify_usage[] =
     "usage: vkswarm verify --model M --rollouts FILE [--prompts FILE [--tokenizer T]] [--device N]\n"
     "                      [--cpu] [--jsonl] [--batch N] [--stop-ids LIST] [--max-exp-mismatches N]\n"
     "                      [--max-mant-mean X] [--max-mant-median X] [--logit-margin X]\n"
-    "                      [--dtype f32|f16|bf16] [--mpi [--timeout-s T]] [--threads N] [--cpu-reference]\n"
+    "                      [--dtype f32|f16|bf16] [--kv-type f32|f16] [--mpi [--timeout-s T]] [--threads N] [--cpu-reference]\n"
     "                      [--sample-fraction F | --sample N] [--sample-seed S] [--bad-fraction P] [--group-by seed|file]\n"
     "                      [--lora PATH]\n"
     "Verifies every sample of a rollout file (written by generate/pipeline --rollouts-out) by\n"
@@ -376,6 +376,21 @@ static void free_task(task_prompts *tp) {
     free(tp->lens);
 }
 
+/* The verifier's KV cache is the generator's (the header's kv_type): an f16
+ * cache is replayed with the same rounding (kv_store_f16 = vks_f32_to_f16) by
+ * the GPU engine or the CPU forwards; not with --mpi (its verifier ranks do
+ * not read the header). */
+static void check_kv_type(verify_args *a, const vks_rollout_header *h) {
+    const char *file = h->kv_f16 ? "f16" : "f32";
+    if (a->m.kv_type_given && a->m.engine.kv_f16 != h->kv_f16)
+        cli_usage_error("verify", "--kv-type %s, but %s was made with an %s KV cache", a->m.engine.kv_f16 ? "f16" : "f32",
+                        a->rollouts, file);
+    if (h->kv_f16 && a->mpi)
+        cli_usage_error("verify", "%s was made with an f16 KV cache: --mpi verifies f32-cache rollouts only",
+                        a->rollouts);
+    a->m.engine.kv_f16 = a->vo.kv_f16 = h->kv_f16;
+}
+
 int cmd_verify(int argc, char **argv) {
     verify_args a = {0};
     parse_verify(argc, argv, &a);
@@ -387,6 +402,7 @@ int cmd_verify(int argc, char **argv) {
     if (rank == 0 && vks_rollout_read(a.rollouts, &rf)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     cli_model_hash(&a.m, m, a.vo.model_hash);
     a.vo.lora = a.m.lora;
+    check_kv_type(&a, &rf.header);
     memcpy(a.vo.stop_ids, rf.header.stop_ids, sizeof a.vo.stop_ids);
     a.vo.n_stop = rf.header.n_stop;
     if (a.mpi) share_stop_ids(&a, rank);

@@ -17,6 +17,8 @@ typedef struct vks_cpu vks_cpu;
 typedef struct {
     int threads;    /* <= 0: every online core */
     int panel_rows; /* most weight rows per sgemm call; <= 0: one share per thread (converted: <= ~8 MiB) */
+    bool kv_f16;    /* K and V rounded to half (vks_f32_to_f16) before attention: the replay of an
+                       engine with the f16 KV cache (vks_engine_options.kv_f16) */
 } vks_cpu_options;
 
 /* Thread count a vks_cpu_options.threads value means (<= 0: online cores). */

@@ -24,6 +24,9 @@ typedef struct {
     uint64_t max_chunk_bytes;   /* split weights above this (0: the device's binding limit) */
     bool f32_math;              /* no half-arithmetic kernels even where the device has them
                                    (verifiers: their logits are compared within a margin) */
+    bool kv_f16;                /* the KV cache in halves (rounded to nearest even), attention split
+                                   over keys (vks_op_attention_f16): half the cache memory and
+                                   traffic; a verifier replays with the same type (issue 28) */
 } vks_engine_options;
 
 typedef struct vks_engine vks_engine;
@@ -73,6 +76,7 @@ int vks_engine_max_rows(const vks_engine *e);
 int vks_engine_max_out_rows(const vks_engine *e);
 int vks_engine_n_slots(const vks_engine *e);  /* KV slots (sequences) */
 int vks_engine_kv_len(const vks_engine *e);   /* positions per slot */
+bool vks_engine_kv_f16(const vks_engine *e);  /* the KV cache holds halves (options.kv_f16) */
 /* VKS_OK when a KV cache of n_slots x kv_len positions (kv_len at most the
  * model's context) fits on the device in place of the engine's current one;
  * else an error with the bytes needed and available. */

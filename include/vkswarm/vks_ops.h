@@ -99,6 +99,26 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
                      vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
                      uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                      uint32_t seq_len);
+/* The f16 KV cache (issue 28): caches of halves [n_slots, seq_len, kv_dim],
+ * two per 32-bit word, low half first, each rounded to nearest even exactly
+ * as vks_f32_to_f16 (no 16-bit storage feature needed). kv_dim even. */
+int vks_op_kv_store_f16(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
+                        vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R, uint32_t kv_dim,
+                        uint32_t seq_len);
+/* Keys per split of vks_op_attention_f16: a row with n keys is split into
+ * ceil(n / VKS_ATTN_SPLIT_KEYS) parts at fixed positions (never dependent on
+ * the batch or the cache length), combined in order. */
+#define VKS_ATTN_SPLIT_KEYS 256u
+/* Whether this device runs the f16-cache kernels (subgroup arithmetic and
+ * shuffle, subgroups of 4 lanes or more). */
+bool vks_ops_kv_f16_supported(const vks_ops *o);
+/* vks_op_attention over the f16 caches, f32 arithmetic; part: scratch of
+ * vks_op_attention_f16_scratch_bytes(R, n_heads, head_dim, seq_len) bytes.
+ * head_dim a multiple of 4. */
+int vks_op_attention_f16(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache, vks_binding vcache,
+                         vks_binding slot, vks_binding pos, vks_binding part, vks_binding out, uint32_t R,
+                         uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, uint32_t seq_len);
+uint64_t vks_op_attention_f16_scratch_bytes(uint32_t R, uint32_t n_heads, uint32_t head_dim, uint32_t seq_len);
 /* out[i] = silu(g[i]) * u[i]; out may equal g. */
 int vks_op_swiglu(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_binding out,
                   uint32_t n);

@@ -15,4 +15,9 @@ int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *l
  * scale B (A x) in double (vks_lora.h). */
 int vks_ref_forward_lora(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
                          float *hidden, const vks_layer_taps *taps);
+/* vks_ref_forward_lora with K and V rounded to half (nearest even,
+ * vks_f32_to_f16) before attention: the reference of the engine's f16 KV
+ * cache (vks_engine_options.kv_f16). */
+int vks_ref_forward_kv_f16(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                           float *hidden, const vks_layer_taps *taps);
 #endif

@@ -2,6 +2,9 @@
  * and the model:
  *   {"format":"vkswarm-rollouts","version":1,"model":NAME,"model_hash":HEX64,
  *    "stop_ids":[1,2],"toploc":{"chunk_rows":32,"k":128,"prime":65497}}
+ * plus "kv_type":"f16" when the generator's KV cache held halves (issue 28;
+ * the verifier's engine then uses one too; absent: f32, the files of f32
+ * runs are unchanged).
  * then one sample per line:
  *   {"id":STR,"prompt_ids":[..],"output_ids":[..],"seed":U64,"seq":U32,
  *    "temperature":X,"top_k":K,"top_p":P,"max_steps":N,"model_hash":HEX64,
@@ -43,6 +46,7 @@ typedef struct {
     uint8_t model_hash[32];
     int32_t stop_ids[VKS_ROLLOUT_MAX_STOP];
     int n_stop;
+    bool kv_f16; /* "kv_type":"f16": made with an f16 KV cache, replayed with one (absent: f32) */
 } vks_rollout_header;
 
 typedef struct {

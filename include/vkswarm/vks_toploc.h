@@ -153,6 +153,9 @@ typedef struct {
     /* vks_verify_batch_cpu: the LoRA adapter the samples were made with
      * (NULL: none); vks_verify_batch's engine holds its own (vks_engine_set_lora). */
     const vks_lora_adapter *lora;
+    /* The samples were made with an f16 KV cache (rollout header kv_type):
+     * the CPU forwards replay one; vks_verify_batch's engine must hold one. */
+    bool kv_f16;
     /* NULL, or per sample (NULL or n_output floats): the log-probability
      * (temperature 1, whole vocabulary, as vks_generate's record_logp) the
      * verifier's logits give each output token, written as the sampler is
@@ -187,6 +190,8 @@ typedef struct vks_rollout_writer vks_rollout_writer;
 int vks_rollout_writer_create(const char *path, const vks_model *m, const vks_lora_adapter *lora,
                               const char *model_name, const vks_sched_params *sp, int n_seqs, bool toploc,
                               vks_rollout_writer **out);
+/* Records that the generator's engine keeps an f16 KV cache (header kv_type). */
+void vks_rollout_writer_set_kv_f16(vks_rollout_writer *r, bool on);
 /* A failure here is kept and returned by finish (the hook cannot return one). */
 void vks_rollout_writer_on_hidden(vks_rollout_writer *r, const vks_step *st, const vks_seq_state *states,
                                   const float *hidden);

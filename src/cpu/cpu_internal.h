@@ -10,6 +10,7 @@ struct vks_cpu {
     float *panel;   /* per worker: panel_floats of converted weight rows (NULL: all f32) */
     size_t panel_floats;
     float *vec;   /* one converted norm or bias vector (widest row) */
+    bool kv_f16;  /* vks_cpu_options.kv_f16 */
     const vks_lora_adapter *lora; /* or NULL (vks_cpu_set_lora) */
 };
 

@@ -261,6 +261,11 @@ static void attention_block(vks_cpu *c, const vks_layer_weights *w, activations 
     }
     rope(c, a, a->q, cf->n_heads * cf->head_dim);
     rope(c, a, a->k, cf->kv_dim);
+    if (c->kv_f16) /* as the engine's f16 cache holds them (kv_store_f16: nearest even) */
+        for (size_t i = 0; i < (size_t)a->rows * (size_t)cf->kv_dim; i++) {
+            a->k[i] = vks_f16_to_f32(vks_f32_to_f16(a->k[i]));
+            a->v[i] = vks_f16_to_f32(vks_f32_to_f16(a->v[i]));
+        }
     row_job j = {.c = c, .a = a};
     vks_cpu_parallel_for(c->threads, a->n_seqs * cf->n_heads, 1, attention_items, &j);
     adapted_matmul(c, w, VKS_LORA_O, &w->wo, a->att, a, a->tmp);
@@ -381,6 +386,7 @@ int vks_cpu_create(const vks_model *m, const vks_cpu_options *opt, vks_cpu **out
     c->m = m;
     c->threads = vks_cpu_thread_count(opt ? opt->threads : 0);
     c->item_rows = opt && opt->panel_rows > 0 ? opt->panel_rows : 0;
+    c->kv_f16 = opt && opt->kv_f16;
     c->panel_floats = vks_cpu_panel_floats(m, c->item_rows);
     c->panel = c->panel_floats ? malloc(c->panel_floats * (size_t)c->threads * sizeof(float)) : NULL;
     c->vec = malloc((size_t)wide * sizeof(float));

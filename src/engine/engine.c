@@ -10,7 +10,7 @@
 
 /* Bytes of one layer's K (or V) cache; UINT64_MAX when that overflows. */
 static uint64_t kv_bytes_of(const vks_engine *e, int n_slots, int kv_len) {
-    size_t b = 4;
+    size_t b = e->opt.kv_f16 ? 2 : 4;
     if (!vks_mul_size(b, (size_t)n_slots, &b) || !vks_mul_size(b, (size_t)kv_len, &b) ||
         !vks_mul_size(b, (size_t)e->cfg.kv_dim, &b))
         return UINT64_MAX;
@@ -19,12 +19,21 @@ static uint64_t kv_bytes_of(const vks_engine *e, int n_slots, int kv_len) {
 
 static uint64_t kv_bytes_per_layer(const vks_engine *e) { return kv_bytes_of(e, e->opt.n_slots, e->opt.kv_len); }
 
+/* The f16 cache's split-attention scratch (0 with the f32 cache). */
+static uint64_t att_part_bytes(const vks_engine *e, int kv_len) {
+    const vks_model_config *c = &e->cfg;
+    return e->opt.kv_f16 ? vks_op_attention_f16_scratch_bytes((uint32_t)e->opt.max_rows, (uint32_t)c->n_heads,
+                                                              (uint32_t)c->head_dim, (uint32_t)kv_len)
+                         : 0;
+}
+
 static uint64_t activation_bytes(const vks_engine *e) {
     const vks_model_config *c = &e->cfg;
     uint64_t R = (uint64_t)e->opt.max_rows, O = (uint64_t)e->opt.max_out_rows;
     uint64_t qd = (uint64_t)c->n_heads * c->head_dim;
     uint64_t rope_table = (uint64_t)e->opt.kv_len * (uint64_t)c->head_dim * 4;
-    return rope_table + R * 4 * (2 * (uint64_t)c->dim + 2 * qd + 2 * (uint64_t)c->kv_dim + 2 * (uint64_t)c->hidden_dim + 3) +
+    return rope_table + att_part_bytes(e, e->opt.kv_len) +
+           R * 4 * (2 * (uint64_t)c->dim + 2 * qd + 2 * (uint64_t)c->kv_dim + 2 * (uint64_t)c->hidden_dim + 3) +
            O * 4 * ((uint64_t)c->dim + (uint64_t)c->vocab_size + 2) + O * sizeof(vks_gpu_sample_row);
 }
 
@@ -68,6 +77,10 @@ static int create_activations(vks_engine *e) {
         int rc = new_buffer(e, list[i].bytes, list[i].what, list[i].b);
         if (rc) return rc;
     }
+    if (e->opt.kv_f16) {
+        int rc = new_buffer(e, att_part_bytes(e, e->opt.kv_len), "the split attention's partials", &a->att_part);
+        if (rc) return rc;
+    }
     return vks_rope_table_upload(e->gpu, c, e->opt.kv_len, &a->rope_table); /* positions < kv_len; resize remakes it */
 }
 
@@ -94,6 +107,9 @@ static int check_options(vks_engine *e, const vks_model *m, const vks_engine_opt
     if (!o->keep_file_dtype && !vks_op_weight_bytes(o->dtype, 1, vks_dtype_block_elems(o->dtype)))
         return vks_set_error(VKS_ERR_ARG, "engine: weights cannot be stored as %s on the device (f32, f16, bf16, "
                              "q8_0, q4_0 or q4_k)", vks_dtype_name(o->dtype));
+    if (o->kv_f16 && m->cfg.head_dim % 4)
+        return vks_set_error(VKS_ERR_ARG, "engine: an f16 KV cache needs head_dim a multiple of 4 (the model has %d)",
+                             m->cfg.head_dim);
     return VKS_OK;
 }
 
@@ -123,6 +139,11 @@ int vks_engine_create(vks_gpu *g, const vks_model *m, const vks_engine_options *
     if (rc) goto fail;
     if ((rc = check_fits(e, m)) || (rc = vks_ops_create(g, &e->ops))) goto fail;
     if (e->opt.f32_math) vks_ops_set_f16_math(e->ops, false);
+    if (e->opt.kv_f16 && !vks_ops_kv_f16_supported(e->ops)) {
+        rc = vks_set_error(VKS_ERR_GPU, "%s cannot hold an f16 KV cache (its kernels need subgroup arithmetic and "
+                           "shuffle); use the f32 cache", vks_gpu_info(g)->name);
+        goto fail;
+    }
     if ((rc = vks_param_set_upload(g, m, &e->opt, &e->w))) goto fail;
     e->weight_bytes = before - vks_gpu_free_bytes(g);
     e->kv = calloc((size_t)e->w.n_layers, sizeof *e->kv);
@@ -166,6 +187,7 @@ int vks_engine_max_rows(const vks_engine *e) { return e ? e->opt.max_rows : 0; }
 int vks_engine_max_out_rows(const vks_engine *e) { return e ? e->opt.max_out_rows : 0; }
 int vks_engine_n_slots(const vks_engine *e) { return e ? e->opt.n_slots : 0; }
 int vks_engine_kv_len(const vks_engine *e) { return e ? e->opt.kv_len : 0; }
+bool vks_engine_kv_f16(const vks_engine *e) { return e && e->opt.kv_f16; }
 
 /* ---------- KV cache shape ---------- */
 
@@ -175,14 +197,19 @@ int vks_engine_kv_fits(const vks_engine *e, int n_slots, int kv_len) {
                              kv_len, e ? e->cfg.seq_len : 0);
     uint64_t layers = (uint64_t)(e->opt.layer_end - e->opt.layer_begin);
     uint64_t per_layer = kv_bytes_of(e, n_slots, kv_len), range = vks_gpu_info(e->gpu)->max_storage_range;
-    uint64_t avail = vks_gpu_free_bytes(e->gpu) + 2 * layers * kv_bytes_per_layer(e);
+    uint64_t avail = vks_gpu_free_bytes(e->gpu) + 2 * layers * kv_bytes_per_layer(e) + att_part_bytes(e, e->opt.kv_len);
+    uint64_t part = att_part_bytes(e, kv_len); /* the split attention's partials follow kv_len */
+    if (part > range)
+        return vks_set_error(VKS_ERR_NOMEM, "the split attention of %d rows over %d positions needs %llu bytes in one "
+                             "binding; the device allows %llu", e->opt.max_rows, kv_len, (unsigned long long)part,
+                             (unsigned long long)range);
     if (per_layer > range)
         return vks_set_error(VKS_ERR_NOMEM, "a KV cache of %d x %d positions needs %llu bytes per layer in one "
                              "binding; the device allows %llu", n_slots, kv_len, (unsigned long long)per_layer,
                              (unsigned long long)range);
-    if (2 * layers * per_layer > avail)
+    if (2 * layers * per_layer + part > avail)
         return vks_set_error(VKS_ERR_NOMEM, "a KV cache of %d x %d positions needs %llu bytes of device memory, "
-                             "%llu available", n_slots, kv_len, (unsigned long long)(2 * layers * per_layer),
+                             "%llu available", n_slots, kv_len, (unsigned long long)(2 * layers * per_layer + part),
                              (unsigned long long)avail);
     return VKS_OK;
 }
@@ -200,6 +227,10 @@ int vks_engine_resize_kv(vks_engine *e, int n_slots, int kv_len) {
     vks_buffer_destroy(e->act.rope_table); /* positions < kv_len */
     e->act.rope_table = NULL;
     if (rc == VKS_OK) rc = vks_rope_table_upload(e->gpu, &e->cfg, kv_len, &e->act.rope_table);
+    vks_buffer_destroy(e->act.att_part); /* sized by kv_len's splits */
+    e->act.att_part = NULL;
+    if (rc == VKS_OK && e->opt.kv_f16)
+        rc = new_buffer(e, att_part_bytes(e, kv_len), "the split attention's partials", &e->act.att_part);
     if (rc) { /* no KV cache: every forward is refused until a resize succeeds */
         for (int i = 0; i < n; i++) free_layer_kv(&e->kv[i]);
         e->opt.n_slots = e->opt.kv_len = 0;

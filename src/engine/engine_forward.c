@@ -39,6 +39,32 @@ static int record_embedding(vks_engine *e, vks_cmd *c, uint32_t R) {
     return VKS_OK;
 }
 
+/* RoPE, the KV store and attention over the cache. f32 cache: RoPE fused
+ * with the store (rope_kv_store); f16 cache (opt.kv_f16): RoPE on q and k,
+ * kv_store_f16, the split attention. */
+static int record_kv_attention(vks_engine *e, vks_cmd *c, const dev_layer_kv *kv, uint32_t R) {
+    const vks_model_config *cf = &e->cfg;
+    dev_activations *a = &e->act;
+    uint32_t kvd = (uint32_t)cf->kv_dim, L = (uint32_t)e->opt.kv_len, mode = (uint32_t)cf->rope_mode;
+    uint32_t H = (uint32_t)cf->n_heads, KH = (uint32_t)cf->n_kv_heads, hd = (uint32_t)cf->head_dim;
+    int rc;
+    if (e->opt.kv_f16) {
+        if ((rc = vks_op_rope(e->ops, c, bind(a->q), bind(a->pos), bind(a->rope_table), L, R, H * hd, 0, H, hd, mode)) ||
+            (rc = vks_op_rope(e->ops, c, bind(a->k), bind(a->pos), bind(a->rope_table), L, R, kvd, 0, KH, hd, mode)) ||
+            (rc = vks_op_kv_store_f16(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
+                                      bind(a->slot), bind(a->pos), R, kvd, L)))
+            return rc;
+        return vks_op_attention_f16(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
+                                    bind(a->pos), bind(a->att_part), bind(a->att), R, H, KH, hd, L);
+    }
+    /* RoPE on q in place and on k into the cache, v into the cache: one dispatch */
+    if ((rc = vks_op_rope_kv_store(e->ops, c, bind(a->q), bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
+                                   bind(a->slot), bind(a->pos), bind(a->rope_table), L, R, H, KH, hd, mode, L)))
+        return rc;
+    return vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot), bind(a->pos),
+                            bind(a->att), R, H, KH, hd, L);
+}
+
 static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l, const dev_layer_kv *kv,
                                   uint32_t R) {
     const vks_model_config *cf = &e->cfg;
@@ -60,14 +86,7 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
                                (uint32_t)cf->head_dim, cf->norm_eps)) ||
           (rc = vks_op_rmsnorm(e->ops, c, bind(a->k), bind(l->vec[VKS_T_k_norm]), bind(a->k),
                                R * (uint32_t)cf->n_kv_heads, (uint32_t)cf->head_dim, cf->norm_eps)))) ||
-        /* RoPE on q in place and on k into the cache, v into the cache: one dispatch */
-        (rc = vks_op_rope_kv_store(e->ops, c, bind(a->q), bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
-                                   bind(a->slot), bind(a->pos), bind(a->rope_table), (uint32_t)e->opt.kv_len, R,
-                                   (uint32_t)cf->n_heads, (uint32_t)cf->n_kv_heads, (uint32_t)cf->head_dim,
-                                   (uint32_t)cf->rope_mode, (uint32_t)e->opt.kv_len)) ||
-        (rc = vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot), bind(a->pos),
-                               bind(a->att), R, (uint32_t)cf->n_heads, (uint32_t)cf->n_kv_heads,
-                               (uint32_t)cf->head_dim, (uint32_t)e->opt.kv_len)))
+        (rc = record_kv_attention(e, c, kv, R)))
         return rc;
     /* residual: x += wo @ att (the matmul accumulates into x) */
     if ((rc = matmul(e, c, a->att, &l->mat[VKS_T_wo], a->x, R, (uint32_t)cf->dim, true))) return rc;

@@ -50,6 +50,7 @@ typedef struct {
     vks_buffer *tokens, *slot, *pos;                  /* [max_rows] uint32 */
     vks_buffer *out_rows, *xo, *logits, *sample, *sampled, *logp; /* [max_out_rows, ...] */
     vks_buffer *rope_table;                           /* [kv_len, head_dim/2] (cos, sin): vks_rope_table */
+    vks_buffer *att_part; /* kv_f16: the split attention's partials for max_rows rows over kv_len keys */
 } dev_activations;
 
 /* A LoRA adapter's matrices of the engine's layer range (engine_lora.c):

@@ -387,23 +387,25 @@ int vks_op_rope(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding pos, vks_bind
     return vks_ops_rope_kernel(o, c, "rope", x, pos, table, n_pos, R, stride, col0, n_heads, head_dim, mode);
 }
 
-/* Slots whole caches of seq_len*kv_dim floats that the binding holds. */
-static uint32_t cache_slots(vks_binding cache, uint32_t seq_len, uint32_t kv_dim) {
-    uint64_t per_slot = (uint64_t)seq_len * kv_dim * 4;
+/* Slots whole caches of seq_len*kv_dim elements of elem_bytes that the binding holds. */
+static uint32_t cache_slots(vks_binding cache, uint32_t seq_len, uint32_t kv_dim, uint32_t elem_bytes) {
+    uint64_t per_slot = (uint64_t)seq_len * kv_dim * elem_bytes;
     uint64_t n = vks_ops_binding_bytes(cache) / per_slot;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
 /* The KV-cache bindings kv_store and attention share: slot and pos per row,
- * both caches at least one slot long. *n_slots = slots both caches hold. */
+ * both caches (elements of elem_bytes: 4 for f32, 2 for f16) at least one
+ * slot long. *n_slots = slots both caches hold. */
 static int check_kv_bindings(const char *op, vks_binding kcache, vks_binding vcache, vks_binding slot,
-                             vks_binding pos, uint32_t R, uint32_t seq_len, uint32_t kv_dim, uint32_t *n_slots) {
+                             vks_binding pos, uint32_t R, uint32_t seq_len, uint32_t kv_dim, uint32_t elem_bytes,
+                             uint32_t *n_slots) {
     int rc = vks_ops_check_range(op, "slot", slot, R, 4);
     if (!rc) rc = vks_ops_check_range(op, "pos", pos, R, 4);
-    if (!rc) rc = vks_ops_check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, 4);
-    if (!rc) rc = vks_ops_check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, 4);
+    if (!rc) rc = vks_ops_check_range(op, "kcache", kcache, (uint64_t)seq_len * kv_dim, elem_bytes);
+    if (!rc) rc = vks_ops_check_range(op, "vcache", vcache, (uint64_t)seq_len * kv_dim, elem_bytes);
     if (rc) return rc;
-    uint32_t ks = cache_slots(kcache, seq_len, kv_dim), vs = cache_slots(vcache, seq_len, kv_dim);
+    uint32_t ks = cache_slots(kcache, seq_len, kv_dim, elem_bytes), vs = cache_slots(vcache, seq_len, kv_dim, elem_bytes);
     *n_slots = ks < vs ? ks : vs;
     return VKS_OK;
 }
@@ -417,7 +419,7 @@ int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_bi
     uint32_t n_slots = 0;
     int rc = vks_ops_check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
     if (!rc) rc = vks_ops_check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
-    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, &n_slots);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, 4, &n_slots);
     if (rc) return rc;
     uint32_t push[] = {R, kv_dim, seq_len, n_slots};
     uint32_t spec[] = {o->wg_elementwise};
@@ -440,7 +442,7 @@ int vks_op_rope_kv_store(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding k, v
     if (!rc) rc = vks_ops_check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
     if (!rc) rc = vks_ops_check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
     if (!rc) rc = vks_ops_check_range(op, "table", table, (uint64_t)n_pos * head_dim, 4);
-    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, &n_slots);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, 4, &n_slots);
     if (rc) return rc;
     uint32_t push[] = {R, kv_dim, seq_len, n_slots, q_dim, head_dim, mode, n_pos};
     uint32_t spec[] = {o->wg_elementwise};
@@ -462,7 +464,7 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
     uint32_t n_slots = 0;
     int rc = vks_ops_check_range(op, "q", q, q_elems, 4);
     if (!rc) rc = vks_ops_check_range(op, "out", out, q_elems, 4);
-    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, &n_slots);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, 4, &n_slots);
     if (rc) return rc;
     struct {
         uint32_t R, n_heads, n_kv_heads, head_dim, seq_len, n_slots;
@@ -476,6 +478,84 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
     vks_binding b[] = {q, kcache, vcache, slot, pos, out};
     return vks_ops_dispatch(o, c, sg ? "attention_sg" : "attention", spec, 2, b, 6, &push, sizeof push,
                     (uint64_t)R * n_heads, op);
+}
+
+/* ---- the f16 KV cache (issue 28) ---- */
+
+bool vks_ops_kv_f16_supported(const vks_ops *o) {
+    return o && o->info.subgroup_arith && o->info.subgroup_shuffle && o->info.subgroup_size >= 4;
+}
+
+int vks_op_kv_store_f16(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
+                        vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R, uint32_t kv_dim,
+                        uint32_t seq_len) {
+    const char *op = "kv_store_f16";
+    if (!o || !c || !R || !kv_dim || kv_dim % 2 || !seq_len)
+        return vks_set_error(VKS_ERR_ARG, "kv_store_f16: bad arguments");
+    uint32_t n_slots = 0;
+    int rc = vks_ops_check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
+    if (!rc) rc = vks_ops_check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, 2, &n_slots);
+    if (rc) return rc;
+    uint32_t push[] = {R, kv_dim, seq_len, n_slots};
+    uint32_t spec[] = {o->wg_elementwise};
+    vks_binding b[] = {k, v, kcache, vcache, slot, pos};
+    return vks_ops_dispatch(o, c, "kv_store_f16", spec, 1, b, 6, push, sizeof push,
+                            ceil_div((uint64_t)R * (kv_dim / 2), o->wg_elementwise), op);
+}
+
+static uint32_t attention_splits(uint32_t seq_len) { return (seq_len + VKS_ATTN_SPLIT_KEYS - 1) / VKS_ATTN_SPLIT_KEYS; }
+
+/* Floats of the split partials: per (row, head, split) head_dim + 4. */
+static uint64_t attention_part_floats(uint32_t R, uint32_t n_heads, uint32_t head_dim, uint32_t seq_len) {
+    return (uint64_t)R * n_heads * attention_splits(seq_len) * ((uint64_t)head_dim + 4);
+}
+
+uint64_t vks_op_attention_f16_scratch_bytes(uint32_t R, uint32_t n_heads, uint32_t head_dim, uint32_t seq_len) {
+    return 4 * attention_part_floats(R, n_heads, head_dim, seq_len);
+}
+
+/* Query heads per workgroup: the largest divisor of the KV group's heads up
+ * to 4 (each adds head_dim/4 vec4 accumulators per lane). */
+static uint32_t attention_group(uint32_t heads_per_kv) {
+    for (uint32_t g = 4; g > 1; g--)
+        if (heads_per_kv % g == 0) return g;
+    return 1;
+}
+
+int vks_op_attention_f16(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache, vks_binding vcache,
+                         vks_binding slot, vks_binding pos, vks_binding part, vks_binding out, uint32_t R,
+                         uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, uint32_t seq_len) {
+    const char *op = "attention_f16";
+    if (!o || !c || !R || !n_heads || !n_kv_heads || n_heads % n_kv_heads || !head_dim || head_dim % 4 ||
+        head_dim > ATTENTION_MAX_HEAD_DIM || !seq_len)
+        return vks_set_error(VKS_ERR_ARG, "attention_f16: bad arguments");
+    if (!vks_ops_kv_f16_supported(o))
+        return vks_set_error(VKS_ERR_GPU, "attention_f16: %s lacks subgroup arithmetic and shuffle", o->info.name);
+    uint32_t kv_dim = n_kv_heads * head_dim, n_splits = attention_splits(seq_len);
+    uint64_t q_elems = (uint64_t)R * n_heads * head_dim;
+    uint32_t n_slots = 0;
+    int rc = vks_ops_check_range(op, "q", q, q_elems, 4);
+    if (!rc) rc = vks_ops_check_range(op, "out", out, q_elems, 4);
+    if (!rc) rc = vks_ops_check_range(op, "part", part, attention_part_floats(R, n_heads, head_dim, seq_len), 4);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, 2, &n_slots);
+    if (rc) return rc;
+    struct {
+        uint32_t R, n_heads, n_kv_heads, head_dim, seq_len, n_slots, n_splits;
+        float scale;
+    } push = {R, n_heads, n_kv_heads, head_dim, seq_len, n_slots, n_splits, (float)(1.0 / sqrt((double)head_dim))};
+    uint32_t group = attention_group(n_heads / n_kv_heads);
+    /* one subgroup per workgroup, of 4 lanes or more: a lane owns at most
+     * ceil(head_dim / 16) groups of 4 output dims */
+    uint32_t spec[] = {vks_ops_pick_wg(&o->info, 1), (head_dim / 4 + 3) / 4, group, VKS_ATTN_SPLIT_KEYS};
+    vks_binding b[] = {q, kcache, vcache, slot, pos, part, out};
+    rc = vks_ops_dispatch(o, c, "attention_split_f16", spec, 4, b, 7, &push, sizeof push,
+                          (uint64_t)R * (n_heads / group) * n_splits, op);
+    if (rc || n_splits == 1) return rc; /* every row one split: each wrote its output */
+    uint32_t spec_r[] = {o->wg_elementwise, 1, 1, VKS_ATTN_SPLIT_KEYS};
+    vks_binding br[] = {part, pos, out};
+    return vks_ops_dispatch(o, c, "attention_split_reduce", spec_r, 4, br, 3, &push, sizeof push,
+                            ceil_div(q_elems / 4, o->wg_elementwise), "attention_split_reduce");
 }
 
 int vks_ops_elementwise(vks_ops *o, vks_cmd *c, const char *name, const vks_binding *b, int nb,

@@ -25,6 +25,7 @@ typedef struct {
     double *freqs;    /* RoPE frequencies [head_dim/2] */
     const vks_lora_adapter *lora; /* or NULL */
     int layer;        /* the layer being computed */
+    bool kv_f16;      /* K and V rounded to half before attention (the engine's f16 cache) */
 } fwd_buffers;
 
 static void free_buffers(fwd_buffers *b) {
@@ -163,6 +164,11 @@ static int attention_block(const vks_model *m, const vks_layer_weights *w, int n
     }
     vks_ref_rope(b->q, b->pos, n, qd, 0, c->n_heads, c->head_dim, b->freqs, c->rope_mode);
     vks_ref_rope(b->k, b->pos, n, c->kv_dim, 0, c->n_kv_heads, c->head_dim, b->freqs, c->rope_mode);
+    if (b->kv_f16) /* as the engine's kv_store_f16 stores them: nearest even */
+        for (size_t i = 0; i < (size_t)n * (size_t)c->kv_dim; i++) {
+            b->k[i] = vks_f16_to_f32(vks_f32_to_f16(b->k[i]));
+            b->v[i] = vks_f16_to_f32(vks_f32_to_f16(b->v[i]));
+        }
     /* One slot whose cache holds exactly these n positions. */
     vks_ref_attention(b->q, b->k, b->v, b->slot, b->pos, n, c->n_heads, c->n_kv_heads, c->head_dim, n,
                       b->att);
@@ -201,6 +207,14 @@ int vks_ref_forward(const vks_model *m, const int32_t *ids, int n, float *logits
     return vks_ref_forward_taps(m, ids, n, logits, hidden, NULL);
 }
 
+static int forward(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                   float *hidden, const vks_layer_taps *taps, bool kv_f16);
+
+int vks_ref_forward_kv_f16(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                           float *hidden, const vks_layer_taps *taps) {
+    return forward(m, a, ids, n, logits, hidden, taps, true);
+}
+
 int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *logits, float *hidden,
                          const vks_layer_taps *taps) {
     return vks_ref_forward_lora(m, NULL, ids, n, logits, hidden, taps);
@@ -208,6 +222,11 @@ int vks_ref_forward_taps(const vks_model *m, const int32_t *ids, int n, float *l
 
 int vks_ref_forward_lora(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
                          float *hidden, const vks_layer_taps *taps) {
+    return forward(m, a, ids, n, logits, hidden, taps, false);
+}
+
+static int forward(const vks_model *m, const vks_lora_adapter *a, const int32_t *ids, int n, float *logits,
+                   float *hidden, const vks_layer_taps *taps, bool kv_f16) {
     int rc = check_args(m, ids, n, logits);
     if (rc == VKS_OK && a) rc = vks_lora_adapter_check_shape(a, &m->cfg, "vks_ref_forward");
     if (rc != VKS_OK) return rc;
@@ -219,6 +238,7 @@ int vks_ref_forward_lora(const vks_model *m, const vks_lora_adapter *a, const in
     const vks_model_config *c = &m->cfg;
     fwd_buffers b;
     if ((rc = alloc_buffers(&b, c, n)) != VKS_OK) return rc;
+    b.kv_f16 = kv_f16;
     for (int r = 0; r < n; r++) convert_rows(&m->tok_emb, ids[r], 1, b.x + (size_t)r * (size_t)c->dim);
     b.lora = a;
     for (int l = 0; l < c->n_layers && rc == VKS_OK; l++) {

@@ -185,6 +185,10 @@ static int header_from_json(json_t *o, vks_rollout_header *h) {
     if (rc == VKS_OK) memcpy(h->stop_ids, stops, (size_t)h->n_stop * sizeof *stops);
     free(stops);
     if (rc) return rc;
+    json_t *kv = json_object_get(o, "kv_type");
+    if (kv && (!json_is_string(kv) || (strcmp(json_string_value(kv), "f16") && strcmp(json_string_value(kv), "f32"))))
+        return vks_set_error(VKS_ERR_FORMAT, "\"kv_type\" is not \"f16\" or \"f32\"");
+    h->kv_f16 = kv && !strcmp(json_string_value(kv), "f16");
     json_t *t = json_object_get(o, "toploc");
     if (t) {
         long long rows = 0, k = 0, prime = 0;
@@ -236,6 +240,7 @@ int vks_rollout_write_header(FILE *f, const vks_rollout_header *h) {
     json_t *o = json_pack("{s:s, s:i, s:s, s:s, s:o, s:{s:i, s:i, s:i}}", "format", format_name, "version",
                           VKS_ROLLOUT_VERSION, "model", model, "model_hash", hex, "stop_ids", stops, "toploc",
                           "chunk_rows", VKS_TOPLOC_CHUNK_ROWS, "k", VKS_TOPLOC_K, "prime", VKS_TOPLOC_PRIME);
+    if (o && h->kv_f16) json_object_set_new(o, "kv_type", json_string("f16"));
     int rc = o && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF
                  ? VKS_OK : vks_set_error(VKS_ERR_IO, "cannot write the rollout header");
     json_decref(o);

@@ -48,6 +48,10 @@ int vks_rollout_writer_create(const char *path, const vks_model *m, const vks_lo
     return VKS_OK;
 }
 
+void vks_rollout_writer_set_kv_f16(vks_rollout_writer *r, bool on) {
+    if (r) r->header.kv_f16 = on;
+}
+
 void vks_rollout_writer_on_hidden(vks_rollout_writer *r, const vks_step *st, const vks_seq_state *states,
                                   const float *hidden) {
     if (!r || !r->builder || r->hidden_rc) return;

@@ -356,7 +356,8 @@ static int verify_one_cpu(const vks_model *m, const vks_verify_options *o, const
         memcpy(ids, s->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
         memcpy(ids + s->n_prompt, s->output_ids, sizeof(int32_t) * (size_t)(s->n_output - 1));
         vks_layer_taps lt = {.n = ts.n, .layers = ts.layers, .out = taps};
-        rc = vks_ref_forward_lora(m, o->lora, ids, L, logits, hidden, &lt);
+        rc = o->kv_f16 ? vks_ref_forward_kv_f16(m, o->lora, ids, L, logits, hidden, &lt)
+                       : vks_ref_forward_lora(m, o->lora, ids, L, logits, hidden, &lt);
     }
     for (int t = 0; rc == VKS_OK && t < s->n_output; t++) {
         size_t r = (size_t)(s->n_prompt - 1 + t);
@@ -489,7 +490,7 @@ static int verify_live_fast(vks_cpu *cpu, cpu_replay *r, const bool *live, int n
 
 static int verify_batch_fast(const vks_model *m, const vks_verify_options *o, const vks_rollout_sample *samples, int n,
                              vks_verdict *out, const bool *live) {
-    vks_cpu_options co = {.threads = o->cpu_threads};
+    vks_cpu_options co = {.threads = o->cpu_threads, .kv_f16 = o->kv_f16};
     vks_cpu *cpu = NULL;
     int rc = vks_cpu_create(m, &co, &cpu);
     if (rc == VKS_OK) rc = vks_cpu_set_lora(cpu, o->lora);
@@ -757,6 +758,9 @@ int vks_verify_batch(vks_engine *e, const vks_verify_options *o, const vks_rollo
     if (!e || !verify_args_ok(o, samples, n, out)) return vks_set_error(VKS_ERR_ARG, "vks_verify_batch: bad arguments");
     if (!vks_engine_has_embed(e) || !vks_engine_has_head(e))
         return vks_set_error(VKS_ERR_ARG, "vks_verify_batch needs an engine holding every layer");
+    if (vks_engine_kv_f16(e) != o->kv_f16)
+        return vks_set_error(VKS_ERR_ARG, "verify: the samples were made with an %s KV cache, the engine holds %s",
+                             o->kv_f16 ? "f16" : "f32", o->kv_f16 ? "f32" : "f16");
     bool *live = calloc((size_t)n + 1, sizeof *live);
     if (!live) return vks_set_error(VKS_ERR_NOMEM, "verify: out of host memory");
     int rc = start_verdicts(vks_engine_config(e), o, samples, n, out, live);

@@ -93,6 +93,17 @@ for S in $rollout_ss; do
     else bad "S=$S rollouts"; fi
 done
 
+# the f16 KV cache (issue 28): three stages make the rollout file one rank makes with it (stage
+# commitments aside; "kv_type":"f16" in the header) and it verifies (GPU and --cpu replay an f16 cache)
+$bin generate $model --prompts "$tmp/prompts.txt" $samp -n 48 --kv-type f16 --rollouts-out "$tmp/r_gen16.jsonl" \
+    > /dev/null 2>&1 || bad "generate --kv-type f16 --rollouts-out"
+if mpi -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" $samp -n 48 --micro-batches 2 --kv-type f16 \
+       --rollouts-out "$tmp/r_16.jsonl" > /dev/null 2>&1 && without_stages "$tmp/r_16.jsonl" | cmp -s - "$tmp/r_gen16.jsonl" &&
+   head -1 "$tmp/r_16.jsonl" | grep -q '"kv_type":"f16"' && $bin verify $model --rollouts "$tmp/r_16.jsonl" > /dev/null 2>&1 &&
+   $bin verify $model --rollouts "$tmp/r_16.jsonl" --cpu > /dev/null 2>&1; then
+    ok "S=3 f16 KV cache rollouts equal one rank's and verify"
+else bad "S=3 f16 KV cache rollouts"; fi
+
 # LoRA (issue 25): two stages, each with the adapter's matrices of its layers, write the rollouts of
 # one rank's generate --lora; they verify with the adapter and are rejected without it
 "$bin" convert $model --out "$tmp/base.bin" > /dev/null 2>&1 && "${1}/tests/lora_adapter" "$tmp/base.bin" "$tmp/adapter" &&
