@@ -64,9 +64,10 @@ layout(push_constant) uniform Push { uint M, N, K, ldy, y_col0, accumulate; } pc
 const uint BK4 = BK / 4u;
 const uint BKP = BK4 + 1u;  // padded row stride of the tiles, in vec4s
 // Buffer b: xs[(b BM + mm) BKP + kq] = x[m0 + mm, k0 + 4kq .. +3]
-shared TILE_VEC xs[2u * BM * BKP];
+// (DIRECT never stages: one element, so that decode's wide tiles fit the limit)
+shared TILE_VEC xs[DIRECT ? 1u : 2u * BM * BKP];
 // Buffer b: ws[(b BN + nn) BKP + kq] = W[n0 + nn, k0 + 4kq .. +3]
-shared TILE_VEC ws[2u * BN * BKP];
+shared TILE_VEC ws[DIRECT ? 1u : 2u * BN * BKP];
 float acc[TM * TN];
 
 uint w_word(uint i) { return w[i]; }

@@ -260,7 +260,7 @@ static int create_logical_device(vks_gpu *g) {
     VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                    .queueFamilyIndex = g->queue_family, .queueCount = 1,
                                    .pQueuePriorities = &prio};
-    /* Half arithmetic in shaders (the *_h kernel variants) needs the feature
+    /* Half types in shaders (the *_h kernel variants' half tiles) need the feature
      * enabled, not just present. */
     /* Subgroup size control: the extension and its features, where pipelines
      * will require the size (describe_subgroup_control). */
