@@ -10,10 +10,19 @@
 // Every output is accumulated over k = 0..K-1 in order, one product at a time,
 // whatever M and the tile are (batch invariance).
 // local_size_x must equal (BM/TM) * (BN/TN); BK must be a multiple of 4.
-// F16_MATH (the *_h variants, for devices with shaderFloat16): tiles are
-// staged as half and each product is a half multiply; the sum over k stays in
-// f32. Half the shared memory and, on GPUs with packed half math, twice the
-// multiplies per instruction; each product carries two half roundings.
+// Staged path (GPUs): shared tiles padded to BK4 + 1 vec4s per row (no bank
+// conflicts on the vec4 reads of the inner loop: lanes reading consecutive
+// rows land 5 vec4s = 20 words apart, 8 distinct groups of 4 banks per
+// quarter-warp; unpadded 16 words apart, 4-way) and double-buffered: slice
+// k + 1 is staged into the other buffer while slice k is multiplied, one
+// barrier per slice. Shared memory: 2 (BM + BN)(BK/4 + 1) 16 bytes = 30 KiB
+// at 64x128x16 (f32), 15 KiB in F16_MATH (under lavapipe's 32 KiB).
+// F16_MATH (the *_h variants, for devices with shaderFloat16): f16 storage
+// with f32 arithmetic. x and the decoded weights are rounded to half once when
+// staged (half the shared memory and half the staging traffic), converted
+// back to f32 for each multiply-add; products and sums are f32 (one half
+// rounding per operand, none per product). DIRECT rounds the operands the
+// same way, so both give the same results.
 #ifdef F16_MATH
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #define TILE_VEC f16vec4
@@ -53,8 +62,12 @@ layout(std430, set = 0, binding = 2) buffer Y { float y[]; };
 layout(push_constant) uniform Push { uint M, N, K, ldy, y_col0, accumulate; } pc;
 
 const uint BK4 = BK / 4u;
-shared TILE_VEC xs[BM * BK4];  // xs[mm * BK4 + kq] = x[m0 + mm, k0 + 4kq .. +3]
-shared TILE_VEC ws[BN * BK4];  // ws[nn * BK4 + kq] = W[n0 + nn, k0 + 4kq .. +3]
+const uint BKP = BK4 + 1u;  // padded row stride of the tiles, in vec4s
+// Buffer b: xs[(b BM + mm) BKP + kq] = x[m0 + mm, k0 + 4kq .. +3]
+// (DIRECT never stages: one element, so that decode's wide tiles fit the limit)
+shared TILE_VEC xs[DIRECT ? 1u : 2u * BM * BKP];
+// Buffer b: ws[(b BN + nn) BKP + kq] = W[n0 + nn, k0 + 4kq .. +3]
+shared TILE_VEC ws[DIRECT ? 1u : 2u * BN * BKP];
 float acc[TM * TN];
 
 uint w_word(uint i) { return w[i]; }
@@ -90,14 +103,15 @@ vec4 w_quad(uint n, uint k) {
     return v;
 }
 
-void load_tiles(uint m0, uint n0, uint k0) {
+// Stages the K slice from k0 into buffer b.
+void load_tiles(uint m0, uint n0, uint k0, uint b) {
     for (uint i = gl_LocalInvocationID.x; i < BM * BK4; i += WG_SIZE) {
         uint mm = i / BK4, kq = i - mm * BK4;
-        xs[i] = TILE_VEC(x_quad(m0 + mm, k0 + 4u * kq));
+        xs[(b * BM + mm) * BKP + kq] = TILE_VEC(x_quad(m0 + mm, k0 + 4u * kq));
     }
     for (uint i = gl_LocalInvocationID.x; i < BN * BK4; i += WG_SIZE) {
         uint nn = i / BK4, kq = i - nn * BK4;
-        ws[i] = TILE_VEC(w_quad(n0 + nn, k0 + 4u * kq));
+        ws[(b * BN + nn) * BKP + kq] = TILE_VEC(w_quad(n0 + nn, k0 + 4u * kq));
     }
 }
 
@@ -145,55 +159,47 @@ void main() {
 #endif
     if (DIRECT && !sg_rows) {
         for (uint k = 0u; k < pc.K; k += 4u) {
-            TILE_VEC wv[TN];
-            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = TILE_VEC(w_quad(n0 + tx + j * THREADS_N, k));
+            vec4 wv[TN];  // (F16_MATH: rounded to half as when staged)
+            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = vec4(TILE_VEC(w_quad(n0 + tx + j * THREADS_N, k)));
             [[unroll]] for (uint i = 0u; i < TM; i++) {
-                TILE_VEC xv = TILE_VEC(x_quad(m0 + ty + i * THREADS_M, k));
+                vec4 xv = vec4(TILE_VEC(x_quad(m0 + ty + i * THREADS_M, k)));
                 [[unroll]] for (uint j = 0u; j < TN; j++) {
                     float a = acc[i * TN + j];  // k order: .x .y .z .w
-#ifdef F16_MATH
-                    f16vec4 p = xv * wv[j];
-                    a += float(p.x);
-                    a += float(p.y);
-                    a += float(p.z);
-                    a += float(p.w);
-#else
                     a += xv.x * wv[j].x;
                     a += xv.y * wv[j].y;
                     a += xv.z * wv[j].z;
                     a += xv.w * wv[j].w;
-#endif
                     acc[i * TN + j] = a;
                 }
             }
         }
     }
-    for (uint k0 = 0u; !DIRECT && k0 < pc.K; k0 += BK) {
-        barrier();  // previous slice fully consumed
-        load_tiles(m0, n0, k0);
+    if (!DIRECT) {
+        // Double buffering: slice t is read from buffer t % 2 while slice t + 1
+        // is staged into the other; the barrier after slice t both publishes
+        // slice t + 1 and frees buffer t % 2 for slice t + 2.
+        uint slices = (pc.K + BK - 1u) / BK;
+        load_tiles(m0, n0, 0u, 0u);
         barrier();
-        [[unroll]] for (uint kq = 0u; kq < BK4; kq++) {
-            TILE_VEC wv[TN];
-            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = ws[(tx + j * THREADS_N) * BK4 + kq];
-            [[unroll]] for (uint i = 0u; i < TM; i++) {
-                TILE_VEC xv = xs[(ty + i * THREADS_M) * BK4 + kq];
-                [[unroll]] for (uint j = 0u; j < TN; j++) {
-                    float a = acc[i * TN + j];  // k order: .x .y .z .w
-#ifdef F16_MATH
-                    f16vec4 p = xv * wv[j];  // half products, f32 sum
-                    a += float(p.x);
-                    a += float(p.y);
-                    a += float(p.z);
-                    a += float(p.w);
-#else
-                    a += xv.x * wv[j].x;
-                    a += xv.y * wv[j].y;
-                    a += xv.z * wv[j].z;
-                    a += xv.w * wv[j].w;
-#endif
-                    acc[i * TN + j] = a;
+        for (uint t = 0u; t < slices; t++) {
+            uint b = t & 1u;
+            if (t + 1u < slices) load_tiles(m0, n0, (t + 1u) * BK, b ^ 1u);
+            [[unroll]] for (uint kq = 0u; kq < BK4; kq++) {
+                vec4 wv[TN];
+                [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = vec4(ws[(b * BN + tx + j * THREADS_N) * BKP + kq]);
+                [[unroll]] for (uint i = 0u; i < TM; i++) {
+                    vec4 xv = vec4(xs[(b * BM + ty + i * THREADS_M) * BKP + kq]);
+                    [[unroll]] for (uint j = 0u; j < TN; j++) {
+                        float a = acc[i * TN + j];  // k order: .x .y .z .w
+                        a += xv.x * wv[j].x;
+                        a += xv.y * wv[j].y;
+                        a += xv.z * wv[j].z;
+                        a += xv.w * wv[j].w;
+                        acc[i * TN + j] = a;
+                    }
                 }
             }
+            barrier();
         }
     }
     [[unroll]] for (uint i = 0u; i < TM; i++) {

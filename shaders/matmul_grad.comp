@@ -30,6 +30,10 @@
 // registers, so it costs as many (vector) loads as one read along its rows.
 // Every output sums r = 0..R-1 in order, one product at a time, then adds the
 // old value once: deterministic, whatever the tile.
+// Staged path (GPUs), as matmul.comp's: tiles padded to BK4 + 1 vec4s per row
+// (the inner loop's vec4 reads free of bank conflicts; the transposed stores
+// 4-way instead of 8-way) and double-buffered, one barrier per slice. Shared
+// memory: 2 (BI + BJ)(BK/4 + 1) 16 bytes = 30 KiB at 64x128x16.
 // local_size_x must equal (BI/TI) * (BJ/TJ); BI, BJ and BK multiples of 4.
 #ifndef WTYPE
 #define WTYPE 0  // f32 (GRAD_DW's operands are always f32)
@@ -69,8 +73,9 @@ layout(std430, set = 0, binding = 2) buffer C { float c[]; };
 layout(push_constant) uniform Push { uint I, J, R, lda, a_col0, ldb, accumulate; } pc;
 
 const uint BK4 = BK / 4u;
-shared vec4 as_[BI * BK4];  // as_[ii * BK4 + kq] = A(i0 + ii, k0 + 4kq .. +3)
-shared vec4 bs_[BJ * BK4];  // bs_[jj * BK4 + kq] = B(j0 + jj, k0 + 4kq .. +3)
+const uint BKP = BK4 + 1u;  // padded row stride of the tiles, in vec4s
+shared vec4 as_[2u * BI * BKP];  // buffer b: as_[(b BI + ii) BKP + kq] = A(i0 + ii, k0 + 4kq .. +3)
+shared vec4 bs_[2u * BJ * BKP];  // buffer b: bs_[(b BJ + jj) BKP + kq] = B(j0 + jj, k0 + 4kq .. +3)
 float acc[TI * TJ];
 
 // ---- A: 4 consecutive values, zero outside [0, I) x [0, R) ----
@@ -135,7 +140,7 @@ vec4 b_col(uint j, uint r) {
 #endif
 
 
-#define STAGE_TRANSPOSED(tile, rows, first, k0, along)                                 \
+#define STAGE_TRANSPOSED(tile, rows, first, k0, along, b)                              \
     for (uint blk = gl_LocalInvocationID.x; blk < (rows / 4u) * BK4; blk += WG_SIZE) { \
         uint xb = blk % (rows / 4u), kq = blk / (rows / 4u);                            \
         vec4 q0 = along(first + 4u * xb, k0 + 4u * kq);                                 \
@@ -143,19 +148,20 @@ vec4 b_col(uint j, uint r) {
         vec4 q2 = along(first + 4u * xb, k0 + 4u * kq + 2u);                            \
         vec4 q3 = along(first + 4u * xb, k0 + 4u * kq + 3u);                            \
         [[unroll]] for (uint d = 0u; d < 4u; d++)                                       \
-            tile[(4u * xb + d) * BK4 + kq] = vec4(q0[d], q1[d], q2[d], q3[d]);          \
+            tile[(b * rows + 4u * xb + d) * BKP + kq] = vec4(q0[d], q1[d], q2[d], q3[d]); \
     }
 
-void load_tiles(uint i0, uint j0, uint k0) {
+// Stages the reduction slice from k0 into buffer b.
+void load_tiles(uint i0, uint j0, uint k0, uint b) {
 #ifdef GRAD_DX
     for (uint t = gl_LocalInvocationID.x; t < BI * BK4; t += WG_SIZE) {
         uint ii = t / BK4, kq = t - ii * BK4;
-        as_[t] = a_along_r(i0 + ii, k0 + 4u * kq);
+        as_[(b * BI + ii) * BKP + kq] = a_along_r(i0 + ii, k0 + 4u * kq);
     }
 #else
-    STAGE_TRANSPOSED(as_, BI, i0, k0, a_along_i)
+    STAGE_TRANSPOSED(as_, BI, i0, k0, a_along_i, b)
 #endif
-    STAGE_TRANSPOSED(bs_, BJ, j0, k0, b_along_j)
+    STAGE_TRANSPOSED(bs_, BJ, j0, k0, b_along_j, b)
 }
 
 void main() {
@@ -238,25 +244,32 @@ void main() {
         }
     }
 #endif
-    // staged is uniform over the workgroup (every subgroup has the same lanes)
-    for (uint k0 = 0u; staged && k0 < pc.R; k0 += BK) {
-        barrier();  // previous slice fully consumed
-        load_tiles(i0, j0, k0);
+    // staged is uniform over the workgroup (every subgroup has the same lanes).
+    // Double buffering as matmul.comp's: slice t read from buffer t % 2 while
+    // slice t + 1 is staged into the other; one barrier per slice.
+    if (staged) {
+        uint slices = (pc.R + BK - 1u) / BK;
+        load_tiles(i0, j0, 0u, 0u);
         barrier();
-        [[unroll]] for (uint kq = 0u; kq < BK4; kq++) {
-            vec4 bv[TJ];
-            [[unroll]] for (uint j = 0u; j < TJ; j++) bv[j] = bs_[(tx + j * THREADS_J) * BK4 + kq];
-            [[unroll]] for (uint i = 0u; i < TI; i++) {
-                vec4 av = as_[(ty + i * THREADS_I) * BK4 + kq];
-                [[unroll]] for (uint j = 0u; j < TJ; j++) {
-                    float s = acc[i * TJ + j];  // r order: .x .y .z .w
-                    s += av.x * bv[j].x;
-                    s += av.y * bv[j].y;
-                    s += av.z * bv[j].z;
-                    s += av.w * bv[j].w;
-                    acc[i * TJ + j] = s;
+        for (uint t = 0u; t < slices; t++) {
+            uint b = t & 1u;
+            if (t + 1u < slices) load_tiles(i0, j0, (t + 1u) * BK, b ^ 1u);
+            [[unroll]] for (uint kq = 0u; kq < BK4; kq++) {
+                vec4 bv[TJ];
+                [[unroll]] for (uint j = 0u; j < TJ; j++) bv[j] = bs_[(b * BJ + tx + j * THREADS_J) * BKP + kq];
+                [[unroll]] for (uint i = 0u; i < TI; i++) {
+                    vec4 av = as_[(b * BI + ty + i * THREADS_I) * BKP + kq];
+                    [[unroll]] for (uint j = 0u; j < TJ; j++) {
+                        float s = acc[i * TJ + j];  // r order: .x .y .z .w
+                        s += av.x * bv[j].x;
+                        s += av.y * bv[j].y;
+                        s += av.z * bv[j].z;
+                        s += av.w * bv[j].w;
+                        acc[i * TJ + j] = s;
+                    }
                 }
             }
+            barrier();
         }
     }
     [[unroll]] for (uint i = 0u; i < TI; i++) {

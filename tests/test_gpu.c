@@ -113,6 +113,79 @@ static void test_limits_refused(void **state) {
     vks_gpu_destroy(g);
 }
 
+/* Runs subgroup_probe with workgroups of wg invocations; out: 4 words per invocation. */
+static void run_probe(vks_gpu *g, uint32_t wg, uint32_t groups, uint32_t *out, vks_kernel **kout) {
+    vks_kernel *k;
+    assert_int_equal(vks_kernel_get(g, "subgroup_probe", &wg, 1, 1, 0, &k), VKS_OK);
+    size_t bytes = (size_t)wg * groups * 16;
+    vks_buffer *buf;
+    assert_int_equal(vks_buffer_create(g, bytes, &buf), VKS_OK);
+    vks_cmd *c;
+    assert_int_equal(vks_cmd_begin(g, &c), VKS_OK);
+    vks_binding b = {.buf = buf};
+    assert_int_equal(vks_cmd_dispatch(c, k, &b, 1, NULL, 0, groups, 1, 1, "probe"), VKS_OK);
+    assert_int_equal(vks_cmd_submit(c), VKS_OK);
+    assert_int_equal(vks_buffer_download(buf, 0, out, bytes), VKS_OK);
+    vks_buffer_destroy(buf);
+    *kout = k;
+}
+
+/* Subgroup size control: where the device offers it (lavapipe does: 4-64
+ * lanes with LP_NATIVE_VECTOR_WIDTH 128-2048), a kernel runs with the size it
+ * was sized for (subgroup_size), every subgroup full when the workgroup is a
+ * multiple of it; lanes counted by subgroupAdd(1u) add up to the workgroup. */
+static void test_subgroup_size_required(void **state) {
+    (void)state;
+    vks_gpu *g = open_gpu();
+    const vks_device_info *d = vks_gpu_info(g);
+    uint32_t s = d->subgroup_size;
+    if (d->vendor == VKS_VENDOR_MESA_CPU) {
+        assert_int_equal(d->subgroup_required, s);
+        assert_true(d->full_subgroups);
+    }
+    if (d->subgroup_required) assert_true(d->subgroup_min <= s && s <= d->subgroup_max);
+    enum { GROUPS = 3 };
+    uint32_t wgs[2] = {s >= 64 ? s : 64, s >= 4 ? s + s / 2 : 0};
+    for (int w = 0; w < 2; w++) {
+        uint32_t wg = wgs[w];
+        if (!wg || wg > d->max_workgroup_size_x) continue;
+        uint32_t *out = malloc((size_t)wg * GROUPS * 16);
+        assert_non_null(out);
+        vks_kernel *k;
+        run_probe(g, wg, GROUPS, out, &k);
+        bool full;
+        uint32_t req = vks_kernel_subgroup_required(k, &full);
+        assert_int_equal(req, d->subgroup_required);
+        assert_true(full == (req && d->full_subgroups && wg % req == 0));
+        /* lavapipe (Mesa 22.3) reports, and accepts as required, 32 and 64
+         * lanes but runs subgroups of at most 16 real lanes (subgroupAdd(1u)):
+         * why kernels count lanes and never trust the reported size */
+        uint32_t real = d->vendor == VKS_VENDOR_MESA_CPU && req > 16 ? 16 : req;
+        for (uint32_t grp = 0; grp < GROUPS; grp++) {
+            uint64_t lanes = 0; /* the real lanes of each distinct subgroup, summed */
+            uint32_t subgroups = 0, seen = 0;
+            for (uint32_t t = 0; t < wg; t++) {
+                const uint32_t *o = out + 4 * ((size_t)grp * wg + t);
+                assert_true(o[1] >= 1 && o[1] <= o[0]);
+                if (req) assert_int_equal(o[0], req);
+                if (full) {
+                    assert_int_equal(o[1], real);
+                    if (real == req) assert_int_equal(o[2], wg / req); /* lavapipe: wg / req over 16 */
+                }
+                /* (not gl_SubgroupID < gl_NumSubgroups: with a partial last
+                 * subgroup lavapipe reports wg / size, rounded down) */
+                assert_true(o[3] < 32);
+                if (!(seen & (1u << (o[3] & 31)))) { seen |= 1u << (o[3] & 31); subgroups++; lanes += o[1]; }
+            }
+            assert_int_equal(lanes, wg); /* the subgroups' real lanes cover the workgroup once */
+            if (full) assert_int_equal(subgroups, wg / real);
+        }
+        free(out);
+    }
+    assert_int_equal(vks_gpu_validation_messages(g), 0);
+    vks_gpu_destroy(g);
+}
+
 static void test_bad_device_index(void **state) {
     (void)state;
     vks_gpu_options opt = {.device_index = 99};
@@ -128,6 +201,7 @@ int main(void) {
         cmocka_unit_test(test_upload_download_fill),
         cmocka_unit_test(test_reusable_recording),
         cmocka_unit_test(test_limits_refused),
+        cmocka_unit_test(test_subgroup_size_required),
         cmocka_unit_test(test_bad_device_index),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

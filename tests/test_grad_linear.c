@@ -875,6 +875,11 @@ static const grad_case cases[] = {
     DX("dx vec4 M65 N64 K136", 65, 64, 136, 0, 0, false),
     DX("dx vec4 window col0 8 accumulate", 70, 36, 260, 8, 4, true),
     DX("dx big M300 N520 K384", 300, 520, 384, 0, 0, true),
+    /* around the staged tiles (64 x 128 outputs, reduction slices of 16, two
+     * buffers): a last slice of 1, odd and even slice counts */
+    DX("dx tile edges M63 N17 K129", 63, 17, 129, 0, 0, false),
+    DX("dx tile edges vec4 M65 N48 K128 accumulate", 65, 48, 128, 0, 0, true),
+    DXT("dx q4_0 tile edges M64 N33 K160", Q4_0, 64, 33, 160, 0, 0, false),
     /* dX through a frozen base of each other type (LoRA): odd shapes (scalar
      * reads; block types need K whole blocks), vector reads, windows, more
      * tiles than one, a long reduction */
@@ -900,6 +905,8 @@ static const grad_case cases[] = {
     DW("dw vec4 M17 N68 K132", 17, 68, 132, 0, 0, false),
     DW("dw vec4 window col0 4 accumulate", 45, 132, 200, 4, 8, true),
     DW("dw big M1031 N260 K200", 1031, 260, 200, 0, 0, true),
+    DW("dw tile edges M17 N65 K127", 17, 65, 127, 0, 0, false),
+    DW("dw tile edges vec4 M48 N64 K132 accumulate", 48, 64, 132, 0, 0, true),
     /* LoRA on a frozen base of each type: y, z, dx, dA, dB against the float64
      * reference (and dA, dB of the reference against its finite
      * differences); scales that round (alpha / rank = 5/3, 0.7), windows, old

@@ -29,7 +29,7 @@ struct op_case {
     op_runner run;
     double tol;                /* nmse threshold */
     union {
-        struct { uint32_t M, N, K; vks_dtype dtype; bool accumulate_window; } matmul;
+        struct { uint32_t M, N, K; vks_dtype dtype; bool accumulate_window, half_exact; } matmul;
         struct { uint32_t tokens, dim, vocab; vks_dtype dtype; bool chunk; } embed;
         struct { uint32_t R, D; bool in_place; } rows;       /* rmsnorm, bias_add */
         struct { uint32_t R, heads, head_dim, max_pos, mode; } rope;
@@ -97,10 +97,16 @@ static vks_buffer *weight_buffer(float *w, size_t rows, size_t cols, vks_dtype t
 
 /* ---- runners ---- */
 
-/* Half-arithmetic matmul (matmul_*_h): x and W rounded to half and each
- * product rounded to half, u = 2^-11 each, so every term is off by at most
- * about 3u relative and the NMSE of the sums by at most (3u)^2. */
+/* Half-storage matmul (matmul_*_h): x and W rounded to half (u = 2^-11 each),
+ * products and sums in f32, so every term is off by at most about 2u relative
+ * and the NMSE of the sums by at most (3u)^2 (the bound of the earlier
+ * variant, which also rounded each product to half). */
 #define F16_MATH_NMSE (9.0 / (2048.0 * 2048.0))
+
+/* Rounds to a multiple of 2^-10: exact in half for |v| <= 1 (11 bits). */
+static void round_to_half_grid(float *v, size_t n) {
+    for (size_t i = 0; i < n; i++) v[i] = nearbyintf(v[i] * 1024.0f) / 1024.0f;
+}
 
 /* matmul: x [M,K], W [N,K] of dtype. accumulate_window: accumulate into a y of
  * row stride ldy = N + 7 at column 5, whose other columns must stay untouched. */
@@ -111,6 +117,13 @@ static void run_matmul(const op_case *tc) {
     uint32_t ldy = window ? N + 7 : N, col0 = window ? 5 : 0;
     float *x = rand_floats((size_t)M * K, 1, -1, 1);
     float *w = rand_floats((size_t)N * K, 2, -1, 1);
+    /* half_exact: operands exact in half, so the half-storage kernel (f32
+     * products of exact operands) meets the f32 tolerance too; products
+     * rounded to half would not */
+    if (tc->matmul.half_exact) {
+        round_to_half_grid(x, (size_t)M * K);
+        round_to_half_grid(w, (size_t)N * K);
+    }
     vks_buffer *bx = gpu_buffer(x, (size_t)M * K * 4);
     vks_buffer *bw = weight_buffer(w, N, K, dtype);
     size_t ny = (size_t)M * ldy;
@@ -132,7 +145,7 @@ static void run_matmul(const op_case *tc) {
             want[m * ldy + j] = base + (in ? prod[m * N + j - col0] : 0.0f);
         }
     download(by, got, ny * 4);
-    expect_close(tc->name, got, want, ny, vks_ops_f16_math(ops) ? F16_MATH_NMSE : tc->tol);
+    expect_close(tc->name, got, want, ny, vks_ops_f16_math(ops) && !tc->matmul.half_exact ? F16_MATH_NMSE : tc->tol);
     free(x); free(w); free(y0); free(prod); free(want); free(got);
     vks_buffer_destroy(bx); vks_buffer_destroy(bw); vks_buffer_destroy(by);
 }
@@ -713,6 +726,16 @@ static const op_case cases[] = {
     MATMUL("matmul f32 M130 N200 K40", .M = 130, .N = 200, .K = 40, .dtype = F32),
     MATMUL("matmul f16 M65 N129 K520", .M = 65, .N = 129, .K = 520, .dtype = F16),
     MATMUL("matmul f16 accumulate window K24", .M = 66, .N = 131, .K = 24, .dtype = F16, .accumulate_window = true),
+    /* around the staged tiles (64 x 128 outputs, K slices of 16, two buffers):
+     * one row short or over, a last slice of 1 element, odd and even slice
+     * counts, whole tiles of one slice */
+    MATMUL("matmul f32 tile edges M63 N129 K17", .M = 63, .N = 129, .K = 17, .dtype = F32),
+    MATMUL("matmul f32 tile edges vec4 M65 N127 K48", .M = 65, .N = 127, .K = 48, .dtype = F32),
+    MATMUL("matmul f16 tile edges vec4 M64 N256 K16", .M = 64, .N = 256, .K = 16, .dtype = F16),
+    MATMUL("matmul bf16 tile edges M129 N128 K33", .M = 129, .N = 128, .K = 33, .dtype = BF16),
+    /* operands exact in half: f32 products in the half-storage kernel */
+    MATMUL("matmul f32 half-exact M67 N130 K72", .M = 67, .N = 130, .K = 72, .dtype = F32, .half_exact = true),
+    MATMUL("matmul f16 half-exact M65 N129 K49", .M = 65, .N = 129, .K = 49, .dtype = F16, .half_exact = true),
     /* block types: GPU vs the reference on the dequantized weights (K whole blocks) */
     MATMUL("matvec q8_0 M1", .M = 1, .N = 173, .K = 96, .dtype = Q8_0),
     MATMUL("matvec q8_0 M3 K1024", .M = 3, .N = 67, .K = 1024, .dtype = Q8_0),
@@ -731,6 +754,9 @@ static const op_case cases[] = {
     MATMUL("matmul q4_0 accumulate window", .M = 9, .N = 130, .K = 64, .dtype = Q4_0, .accumulate_window = true),
     MATMUL("matmul q4_k accumulate window", .M = 66, .N = 37, .K = 256, .dtype = Q4_K, .accumulate_window = true),
     MATMUL("matmul q8_0 M70 N130", .M = 70, .N = 130, .K = 64, .dtype = Q8_0),
+    MATMUL("matmul q8_0 tile edges M63 N129 K64", .M = 63, .N = 129, .K = 64, .dtype = Q8_0),
+    MATMUL("matmul q4_0 tile edges M65 N127 K96", .M = 65, .N = 127, .K = 96, .dtype = Q4_0),
+    MATMUL("matmul q4_k tile edges M63 N129 K256", .M = 63, .N = 129, .K = 256, .dtype = Q4_K),
     EMBED("embed q8_0", .tokens = 9, .dim = 96, .vocab = 100, .dtype = Q8_0),
     EMBED("embed q4_0 chunk", .tokens = 17, .dim = 64, .vocab = 90, .dtype = Q4_0, .chunk = true),
     EMBED("embed q4_k chunk", .tokens = 17, .dim = 512, .vocab = 30, .dtype = Q4_K, .chunk = true),

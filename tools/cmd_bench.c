@@ -331,7 +331,7 @@ int cmd_bench(int argc, char **argv) {
            s.batch, s.prompt_len, s.gen);
     printf("copy bandwidth:    %10.2f GB/s\n", copy_bw / 1e9);
     printf("matmul rate:       %10.2f GFLOP/s (512x1024x1024, %s weights, %s arithmetic)\n", mm_rate / 1e9,
-           vks_dtype_name(ma.engine.dtype), half ? "half" : "f32");
+           vks_dtype_name(ma.engine.dtype), half ? "half-storage" : "f32");
     printf("prefill:           %10.1f tokens/s  %8.2f GFLOP/s  %5.1f%% of matmul rate\n", pre_tps, pre_flops / 1e9,
            100.0 * pre_flops / mm_rate);
     printf("decode:            %10.1f tokens/s  %8.2f GB/s     %5.1f%% of copy bandwidth\n", dec_tps, dec_bw / 1e9,

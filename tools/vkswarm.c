@@ -29,7 +29,9 @@ static const char usage[] =
 static int cmd_devices(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         puts("usage: vkswarm devices\nLists every Vulkan device: index, name, vendor, type, device-local memory,\n"
-             "fp16 and int8 arithmetic, subgroup size, max shared memory, max storage-buffer range.\n"
+             "fp16 and int8 arithmetic, subgroup size, the subgroup size kernels require where the device\n"
+             "offers subgroup size control (with its min-max; \"no\": the driver chooses), max shared memory,\n"
+             "max storage-buffer range.\n"
              "The default device (*) is the discrete GPU with the most memory, else an integrated one, else the CPU driver.");
         return 0;
     }
@@ -38,13 +40,18 @@ static int cmd_devices(int argc, char **argv) {
     int n = 0;
     if (vks_gpu_list(d, 16, &n)) cli_die(1, "%s", vks_last_error());
     int def = vks_gpu_default_index(d, n < 16 ? n : 16);
-    printf("%-3s %-40s %-8s %-10s %10s %5s %5s %8s %10s %12s\n", "idx", "name", "vendor", "type", "memory", "fp16",
-           "int8", "subgroup", "shared", "max-binding");
-    for (int i = 0; i < n && i < 16; i++)
-        printf("%d%s  %-40.40s %-8s %-10s %7.1fGiB %5s %5s %8u %8uKiB %9lluMiB\n", i, i == def ? "*" : " ", d[i].name,
-               vks_vendor_name(d[i].vendor), vks_device_type_name(d[i].type), d[i].device_local_bytes / 1073741824.0,
-               d[i].fp16_arith ? "yes" : "no", d[i].int8_arith ? "yes" : "no", d[i].subgroup_size,
-               d[i].max_shared_bytes / 1024, (unsigned long long)(d[i].max_storage_range >> 20));
+    printf("%-3s %-40s %-8s %-10s %10s %5s %5s %8s %-12s %10s %12s\n", "idx", "name", "vendor", "type", "memory",
+           "fp16", "int8", "subgroup", "required", "shared", "max-binding");
+    for (int i = 0; i < n && i < 16; i++) {
+        /* the subgroup size pipelines require (and the device's range), or "no" */
+        char req[32] = "no";
+        if (d[i].subgroup_required)
+            snprintf(req, sizeof req, "%u (%u-%u)", d[i].subgroup_required, d[i].subgroup_min, d[i].subgroup_max);
+        printf("%d%s  %-40.40s %-8s %-10s %7.1fGiB %5s %5s %8u %-12s %8uKiB %9lluMiB\n", i, i == def ? "*" : " ",
+               d[i].name, vks_vendor_name(d[i].vendor), vks_device_type_name(d[i].type),
+               d[i].device_local_bytes / 1073741824.0, d[i].fp16_arith ? "yes" : "no", d[i].int8_arith ? "yes" : "no",
+               d[i].subgroup_size, req, d[i].max_shared_bytes / 1024, (unsigned long long)(d[i].max_storage_range >> 20));
+    }
     return 0;
 }
 

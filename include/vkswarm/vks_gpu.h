@@ -20,7 +20,15 @@ typedef struct {
     bool subgroup_arith;  /* subgroup arithmetic ops in compute */
     bool subgroup_ballot; /* subgroup ballot ops (subgroupBroadcast) in compute */
     bool subgroup_shuffle; /* subgroupShuffle in compute */
-    uint32_t subgroup_size;
+    uint32_t subgroup_size;         /* the size kernels are sized for (reported default) */
+    /* Subgroup size control (VK_EXT_subgroup_size_control, core in 1.3): when
+     * subgroup_required is nonzero every pipeline is created with it as the
+     * required subgroup size (= subgroup_size), so a kernel sized for N lanes
+     * runs N-wide; 0: not offered for compute, sizes as the driver picks. */
+    uint32_t subgroup_min, subgroup_max; /* 0 without the extension */
+    uint32_t subgroup_required;
+    bool full_subgroups;            /* computeFullSubgroups (used with subgroup_required) */
+    uint32_t max_workgroup_subgroups; /* maxComputeWorkgroupSubgroups (0: unknown) */
     uint32_t max_shared_bytes;
     uint64_t max_storage_range;     /* maxStorageBufferRange */
     uint32_t max_workgroup_count_x;
@@ -74,6 +82,9 @@ int vks_buffer_fill(vks_buffer *b, uint32_t pattern);
 typedef struct vks_kernel vks_kernel;
 int vks_kernel_get(vks_gpu *g, const char *name, const uint32_t *spec, int n_spec,
                    int n_bindings, uint32_t push_bytes, vks_kernel **out);
+/* The required subgroup size the kernel's pipeline was created with (0: none,
+ * the driver chooses); *full: also with full subgroups. */
+uint32_t vks_kernel_subgroup_required(const vks_kernel *k, bool *full);
 
 typedef struct {
     vks_buffer *buf;

@@ -10,8 +10,9 @@
 typedef struct vks_ops vks_ops;
 int vks_ops_create(vks_gpu *g, vks_ops **out);
 void vks_ops_destroy(vks_ops *o);
-/* Half arithmetic in the tiled (prefill) matmul, the *_h kernel variants:
- * half products, f32 sums. On by default on GPUs with shaderFloat16; never on
+/* Half storage in the tiled (prefill) matmul, the *_h kernel variants: x and
+ * the weights rounded to half when staged, f32 products and sums (the
+ * functions keep the "f16_math" name). On by default on GPUs with shaderFloat16; never on
  * CPU drivers, which compute half math in f32 and gain nothing. The
  * environment VKSWARM_FP16_MATH=0|1 overrides the default (1 only where the
  * device has shaderFloat16). Setting it on where the device lacks the

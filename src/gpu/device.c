@@ -67,10 +67,45 @@ static int compute_queue_family(VkPhysicalDevice pd, uint32_t *family, uint32_t 
     return -1;
 }
 
+static bool has_extension(VkPhysicalDevice pd, const char *name) {
+    uint32_t n = 0;
+    if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0 || n > 4096) return false;
+    VkExtensionProperties *e = malloc(n * sizeof *e);
+    bool found = false;
+    if (e && vkEnumerateDeviceExtensionProperties(pd, NULL, &n, e) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n && !found; i++) found = strcmp(e[i].extensionName, name) == 0;
+    free(e);
+    return found;
+}
+
+/* The required subgroup size: the reported default (what the kernels are sized
+ * for), where the device lets compute pipelines require it; else 0. */
+static void describe_subgroup_control(const VkPhysicalDeviceSubgroupSizeControlFeaturesEXT *f,
+                                      const VkPhysicalDeviceSubgroupSizeControlPropertiesEXT *p,
+                                      vks_device_info *info) {
+    info->subgroup_min = p->minSubgroupSize;
+    info->subgroup_max = p->maxSubgroupSize;
+    info->max_workgroup_subgroups = p->maxComputeWorkgroupSubgroups;
+    uint32_t s = info->subgroup_size;
+    bool pow2 = s && (s & (s - 1)) == 0;
+    if (f->subgroupSizeControl && (p->requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && pow2 &&
+        s >= p->minSubgroupSize && s <= p->maxSubgroupSize) {
+        info->subgroup_required = s;
+        info->full_subgroups = f->computeFullSubgroups;
+    }
+}
+
 static void describe_device(VkPhysicalDevice pd, int index, vks_device_info *info) {
-    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    bool sg_control = has_extension(pd, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+    VkPhysicalDeviceSubgroupSizeControlFeaturesEXT fsc = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+    VkPhysicalDeviceSubgroupSizeControlPropertiesEXT psc = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                            .pNext = sg_control ? &fsc : NULL};
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
-    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
+                                             .pNext = sg_control ? &psc : NULL};
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
     vkGetPhysicalDeviceProperties2(pd, &p2);
     const VkPhysicalDeviceProperties *p = &p2.properties;
@@ -91,6 +126,7 @@ static void describe_device(VkPhysicalDevice pd, int index, vks_device_info *inf
                             (sg.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
     info->subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                              (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
+    if (sg_control && v12) describe_subgroup_control(&fsc, &psc, info);
     info->max_shared_bytes = p->limits.maxComputeSharedMemorySize;
     info->max_storage_range = p->limits.maxStorageBufferRange;
     info->max_workgroup_count_x = p->limits.maxComputeWorkGroupCount[0];
@@ -225,12 +261,21 @@ static int create_logical_device(vks_gpu *g) {
     VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                    .queueFamilyIndex = g->queue_family, .queueCount = 1,
                                    .pQueuePriorities = &prio};
-    /* Half arithmetic in shaders (the *_h kernel variants) needs the feature
+    /* Half types in shaders (the *_h kernel variants' half tiles) need the feature
      * enabled, not just present. */
+    /* Subgroup size control: the extension and its features, where pipelines
+     * will require the size (describe_subgroup_control). */
+    VkPhysicalDeviceSubgroupSizeControlFeaturesEXT fsc = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT,
+        .subgroupSizeControl = VK_TRUE, .computeFullSubgroups = g->info.full_subgroups ? VK_TRUE : VK_FALSE};
+    bool sg_control = g->info.subgroup_required != 0;
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                            .pNext = sg_control ? &fsc : NULL,
                                             .shaderFloat16 = g->info.fp16_arith ? VK_TRUE : VK_FALSE};
+    const char *exts[] = {VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME};
     VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f12,
-                              .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci};
+                              .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci,
+                              .enabledExtensionCount = sg_control ? 1 : 0, .ppEnabledExtensionNames = exts};
     VkResult r = vkCreateDevice(g->phys, &dci, NULL, &g->dev);
     if (r != VK_SUCCESS) return vks_vk_error(r, "vkCreateDevice");
     vkGetDeviceQueue(g->dev, g->queue_family, 0, &g->queue);

@@ -19,6 +19,8 @@ struct vks_kernel {
     int n_spec, n_bindings;
     uint32_t push_bytes;
     uint32_t written; /* bit i: binding i may be written (not `readonly` in the shader) */
+    uint32_t subgroup_required; /* created with this required subgroup size (0: none) */
+    bool full_subgroups;        /* ... and VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT */
     VkShaderModule module;
     VkDescriptorSetLayout set_layout;
     VkPipelineLayout layout;

@@ -39,6 +39,21 @@ static int create_layouts(vks_gpu *g, struct vks_kernel *k) {
     return r == VK_SUCCESS ? VKS_OK : vks_vk_error(r, "vkCreatePipelineLayout");
 }
 
+/* Where the device allows it (subgroup_required), the kernel runs with the
+ * subgroup size it was sized for, and with full subgroups when its workgroup
+ * (specialization constant 0, WG_SIZE, default 64) is a whole number of
+ * them; a workgroup of more subgroups than the device allows keeps the
+ * driver's choice. Returns the stage flags; *required the size or 0. */
+static VkPipelineShaderStageCreateFlags subgroup_requirement(const vks_gpu *g, const struct vks_kernel *k,
+                                                             uint32_t *required) {
+    const vks_device_info *d = &g->info;
+    uint32_t s = d->subgroup_required, wg = k->n_spec ? k->spec[0] : 64;
+    *required = 0;
+    if (!s || (d->max_workgroup_subgroups && wg > s * d->max_workgroup_subgroups)) return 0;
+    *required = s;
+    return d->full_subgroups && wg % s == 0 ? VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT : 0;
+}
+
 static int create_pipeline(vks_gpu *g, struct vks_kernel *k, const vks_spirv_blob *blob) {
     VkShaderModuleCreateInfo mci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
                                     .codeSize = blob->bytes, .pCode = blob->code};
@@ -49,10 +64,17 @@ static int create_pipeline(vks_gpu *g, struct vks_kernel *k, const vks_spirv_blo
         entries[i] = (VkSpecializationMapEntry){.constantID = (uint32_t)i, .offset = (uint32_t)(4 * i), .size = 4};
     VkSpecializationInfo si = {.mapEntryCount = (uint32_t)k->n_spec, .pMapEntries = entries,
                                .dataSize = 4 * (size_t)k->n_spec, .pData = k->spec};
+    uint32_t required;
+    VkPipelineShaderStageCreateFlags flags = subgroup_requirement(g, k, &required);
+    VkPipelineShaderStageRequiredSubgroupSizeCreateInfoEXT rsi = {
+        .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT,
+        .requiredSubgroupSize = required};
+    k->subgroup_required = required;
+    k->full_subgroups = flags != 0;
     VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-                  .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = k->module, .pName = "main",
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .pNext = required ? &rsi : NULL,
+                  .flags = flags, .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = k->module, .pName = "main",
                   .pSpecializationInfo = k->n_spec ? &si : NULL},
         .layout = k->layout};
     r = vkCreateComputePipelines(g->dev, VK_NULL_HANDLE, 1, &ci, NULL, &k->pipeline);
@@ -144,6 +166,11 @@ int vks_kernel_get(vks_gpu *g, const char *name, const uint32_t *spec, int n_spe
     g->kernels = k;
     *out = k;
     return VKS_OK;
+}
+
+uint32_t vks_kernel_subgroup_required(const vks_kernel *k, bool *full) {
+    if (full) *full = k && k->full_subgroups;
+    return k ? k->subgroup_required : 0;
 }
 
 void vks_kernel_cache_destroy(vks_gpu *g) {

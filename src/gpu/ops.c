@@ -74,14 +74,15 @@ int vks_op_pack_weights(vks_dtype t, const void *blocks, uint64_t rows, uint64_t
 
 static void choose_matmul_tiles(vks_ops *o) {
     /* 64x128 output tiles, 16-deep K slices, 8x8 outputs per invocation:
-     * 128 invocations and 12 KiB of shared memory. The large register tile
+     * 128 invocations and, staged (GPUs), 30 KiB of shared memory (two
+     * buffers of padded tiles, matmul.comp; 15 KiB in half). The large register tile
      * makes each (vec4) shared-memory load feed 32 multiply-adds, which is
      * what counts on CPU implementations, where every load is gathered lane
      * by lane (lavapipe: 3-6x the rate of 4x4 outputs with scalar loads). */
     o->mm_bm = 64; o->mm_bn = 128; o->mm_bk = 16; o->mm_tm = 8; o->mm_tn = 8;
     uint32_t limit = o->info.max_workgroup_size_x ? o->info.max_workgroup_size_x : 128;
     if (limit < 128) o->mm_bn = 64; /* 64 invocations */
-    uint32_t shared = (o->mm_bm + o->mm_bn) * o->mm_bk * 4;
+    uint32_t shared = 2 * (o->mm_bm + o->mm_bn) * (o->mm_bk + 4) * 4; /* matmul.comp, matmul_grad.comp */
     if (o->info.max_shared_bytes && shared > o->info.max_shared_bytes) o->mm_bk = 4; /* stays a multiple of 4 */
     /* CPU drivers: operands read straight from the buffers (matmul.comp's DIRECT) */
     const char *env = getenv("VKSWARM_MATMUL_DIRECT");
