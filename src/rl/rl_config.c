@@ -647,13 +647,25 @@ int vks_rl_config_ranks_named(const vks_rl_config *c) {
     return most + 1;
 }
 
+/* LoRA across ranks: the trainer (also the orchestrator) and inference ranks of
+ * one rank each so far; verifier ranks, pipeline groups and an orchestrator on
+ * its own rank would need the adapter too. */
+static int check_lora_roles(const vks_rl_config *c) {
+    if (c->lora_rank <= 0) return VKS_OK;
+    bool pipeline = false;
+    for (int g = 0; g < c->n_groups; g++) pipeline = pipeline || c->groups[g].n > 1;
+    const char *which = c->n_verifiers ? "verifier ranks" : pipeline ? "a pipeline group"
+                        : c->orchestrator != c->trainer ? "an orchestrator on its own rank" : NULL;
+    if (which)
+        return vks_set_error(VKS_ERR_FORMAT, "config: lora.rank %d with %s: LoRA across ranks runs with a trainer and "
+                             "inference ranks of one rank each so far", c->lora_rank, which);
+    return VKS_OK;
+}
+
 int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
     int rc = check_values(c);
     if (rc) return rc;
-    if (c->roles_given && c->lora_rank > 0)
-        return vks_set_error(VKS_ERR_FORMAT, "config: lora.rank %d with roles: LoRA RL runs on one machine only so far "
-                             "(Shardcast does not carry adapters yet)", c->lora_rank);
     if (!c->roles_given) {
         c->trainer = c->orchestrator = 0;
         if (n_ranks != 1)
@@ -682,5 +694,5 @@ int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (other)
         return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d is both orchestrator and %s (the orchestrator shares a rank "
                              "only with the trainer)", c->orchestrator, role_name(other & -other));
-    return VKS_OK;
+    return check_lora_roles(c);
 }
