@@ -104,6 +104,19 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lora/step-000000002" "$tmp/
    ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" && lora_verify_ok; then
     ok "LoRA across 4 ranks (a relay): adapters through Shardcast (under a tenth of the weights), adapter checkpoints, rollouts verify with verify --lora"
 else bad "LoRA across ranks: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/lora/metrics.jsonl" 2>/dev/null; fi
+# LoRA with a verifier rank (3): it keeps the adapters it receives and replays every batch on the
+# base with the batch's adapter (the rollouts name base + adapter): nothing rejected
+config "$tmp/lorav" 2 0 3
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/' "$tmp/run.json"
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorav/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/lorav/metrics.jsonl" 2 0 && mismatch_ok "$tmp/lorav/metrics.jsonl" &&
+   grep -q "rollouts; [1-9][0-9]* checked by a verifier: [1-9][0-9]* accepted, 0 rejected" "$tmp/err.txt" &&
+   grep -q "shardcast: step 2 (version [0-9]*): adapter, [1-9][0-9]* bytes to 3 of 3 ranks" "$tmp/err.txt" &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt"; then
+    ok "LoRA with a verifier rank: it replays every batch with the batch's adapter, nothing rejected"
+else bad "LoRA with a verifier rank: status $rc"; tail -5 "$tmp/err.txt"; fi
 if [ "${VKSWARM_TEST_ONLY:-}" = lora ]; then
     echo "rl across ranks: $passed passed, $failed failed"
     [ $failed -eq 0 ]
