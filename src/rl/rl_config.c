@@ -647,18 +647,12 @@ int vks_rl_config_ranks_named(const vks_rl_config *c) {
     return most + 1;
 }
 
-/* LoRA across ranks: the trainer (also the orchestrator), inference ranks of
- * one rank each, verifier ranks and relays so far; pipeline groups and an
- * orchestrator on its own rank would need the adapter too. */
+/* LoRA across ranks: every role but an orchestrator on its own rank (its
+ * trainer would need to hand it adapters) so far. */
 static int check_lora_roles(const vks_rl_config *c) {
-    if (c->lora_rank <= 0) return VKS_OK;
-    bool pipeline = false;
-    for (int g = 0; g < c->n_groups; g++) pipeline = pipeline || c->groups[g].n > 1;
-    const char *which = pipeline ? "a pipeline group"
-                        : c->orchestrator != c->trainer ? "an orchestrator on its own rank" : NULL;
-    if (which)
-        return vks_set_error(VKS_ERR_FORMAT, "config: lora.rank %d with %s: LoRA across ranks runs with inference ranks "
-                             "of one rank each and the orchestrator on the trainer's rank so far", c->lora_rank, which);
+    if (c->lora_rank > 0 && c->orchestrator != c->trainer)
+        return vks_set_error(VKS_ERR_FORMAT, "config: lora.rank %d with an orchestrator on its own rank: LoRA across "
+                             "ranks runs with the orchestrator on the trainer's rank so far", c->lora_rank);
     return VKS_OK;
 }
 

@@ -117,6 +117,21 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorav/step-000000002" "$tmp
    ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt"; then
     ok "LoRA with a verifier rank: it replays every batch with the batch's adapter, nothing rejected"
 else bad "LoRA with a verifier rank: status $rc"; tail -5 "$tmp/err.txt"; fi
+# LoRA in a pipeline group ([[1, 2]]) with a verifier rank (3): both stages take each adapter through
+# Shardcast and swap their layers' part in; the verifier accepts everything and the losses of every
+# step equal the first LoRA case's (two single ranks) to the last digit
+config "$tmp/lorag" 2 0 3
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/; s/"inference": \[\[1\], \[2\]\]/"inference": [[1, 2]]/' "$tmp/run.json"
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+lora_losses() { grep -o '"loss":[^,]*' "$1"; }
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorag/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/lorag/metrics.jsonl" 2 0 && mismatch_ok "$tmp/lorag/metrics.jsonl" &&
+   grep -q "rollouts; [1-9][0-9]* checked by a verifier: [1-9][0-9]* accepted, 0 rejected" "$tmp/err.txt" &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" &&
+   [ "$(lora_losses "$tmp/lorag/metrics.jsonl")" = "$(lora_losses "$tmp/lora/metrics.jsonl")" ]; then
+    ok "LoRA in a pipeline group of 2 ranks + a verifier: nothing rejected, the 2 single ranks' losses"
+else bad "LoRA pipeline group: status $rc"; tail -5 "$tmp/err.txt"; lora_losses "$tmp/lorag/metrics.jsonl"; lora_losses "$tmp/lora/metrics.jsonl"; fi
 if [ "${VKSWARM_TEST_ONLY:-}" = lora ]; then
     echo "rl across ranks: $passed passed, $failed failed"
     [ $failed -eq 0 ]
