@@ -219,24 +219,11 @@ void vks_rl_cast_drop(vks_rl_cast *s, int rank) {
 
 bool vks_rl_cast_waiting(vks_rl_cast *s) { return s->b && vks_bcast_waiting(s->b); }
 
-/* Takes part in the waiting broadcast; receivers: the version it delivered
- * is the store's current one (rep filled). */
-static int receive_version(vks_rl_cast *s, vks_bcast_report *rep) {
-    int rc = vks_bcast_receive(s->b, rep);
-    if (rc || !s->store[0]) return rc;
-    uint64_t v = 0;
-    rc = vks_store_current(s->store, &v);
-    if (!rc && v != rep->version)
-        rc = vks_set_error(VKS_ERR_IO, "%s: holds version %llu after version %llu arrived", s->store,
-                           (unsigned long long)v, (unsigned long long)rep->version);
-    return rc;
-}
-
 int vks_rl_cast_receive(vks_rl_cast *s, float **msg, int64_t *step) {
     *msg = NULL;
     if (s->lora_base && s->store[0]) return vks_set_error(VKS_ERR_ARG, "rl: a LoRA run's broadcasts carry adapters");
     vks_bcast_report rep;
-    int rc = receive_version(s, &rep);
+    int rc = vks_bcast_receive(s->b, &rep);
     if (rc || !s->store[0]) return rc;
     uint8_t *data = NULL;
     size_t len = 0;
@@ -282,17 +269,18 @@ int vks_rl_cast_receive_adapter(vks_rl_cast *s, vks_lora_adapter **a, int64_t *s
     *a = NULL;
     if (!s->lora_base) return vks_set_error(VKS_ERR_ARG, "rl: a full fine-tuning run's broadcasts carry weights");
     vks_bcast_report rep;
-    int rc = receive_version(s, &rep);
+    int rc = vks_bcast_receive(s->b, &rep);
     if (rc || !s->store[0]) return rc;
     char path[4300];
     rc = vks_store_path(s->store, rep.version, path, sizeof path);
-    /* the GGUF reader checks every tensor against the base, the values and the base hash it names */
-    if (!rc) rc = vks_lora_load(path, s->lora_base, a);
+    /* the signed manifest names the base; the GGUF reader checks every tensor against it, the
+     * values, and the base hash the file names */
+    if (!rc && memcmp(rep.model_hash, s->base_hash, sizeof s->base_hash))
+        rc = vks_set_error(VKS_ERR_FORMAT, "the manifest names another base model than this rank's");
     if (!rc && (int64_t)rep.step <= s->newest)
         rc = vks_set_error(VKS_ERR_FORMAT, "adapter of step %llu after step %lld", (unsigned long long)rep.step,
                            (long long)s->newest);
-    if (!rc && memcmp(vks_lora_adapter_base_hash(*a), s->base_hash, 32))
-        rc = vks_set_error(VKS_ERR_FORMAT, "an adapter for another base");
+    if (!rc) rc = vks_lora_load(path, s->lora_base, a);
     if (rc) {
         vks_lora_adapter_free(*a);
         *a = NULL;
