@@ -221,9 +221,8 @@ static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
     return rc;
 }
 
-/* LoRA: the adapter of `step` (a GGUF LoRA file, rl_cast.h) to every inference rank. */
-static int publish_adapter_mpi(void *ctx, vks_lora_adapter *a, int64_t step) {
-    trainer_src *t = ctx;
+/* LoRA: the adapter of `step` (a GGUF LoRA file, rl_cast.h) to every inference and verifier rank. */
+int vks_rl_orch_cast_adapter(trainer_src *t, vks_lora_adapter *a, int64_t step) {
     uint8_t *file = NULL;
     size_t bytes = 0;
     int rc = vks_rl_cast_adapter_file(&t->cast, t->c->out, a, &file, &bytes);
@@ -233,13 +232,18 @@ static int publish_adapter_mpi(void *ctx, vks_lora_adapter *a, int64_t step) {
     free(file);
     if (rc && (bytes == 0 || rep.version == 0))
         return vks_error_prefix(rc, "trainer: broadcasting the adapter of step %lld", (long long)step);
-    rc = VKS_OK;
     t->cast_bytes = rep.wire_bytes;
     t->newest = step;
     fprintf(stderr, "vkswarm: rl: shardcast: step %lld (version %llu): adapter, %llu bytes to %d of %d ranks in %.3f s\n",
             (long long)step, (unsigned long long)rep.version, (unsigned long long)rep.wire_bytes, rep.ranks_ok,
-            t->cast.n_world - 1, rep.seconds);
-    for (int from = 1, rank; (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) vks_rl_orch_failed_rank(t, rank, step);
+            t->cast.n_world - 1 - (t->orch >= 0), rep.seconds);
+    return VKS_OK;
+}
+
+static int publish_adapter_mpi(void *ctx, vks_lora_adapter *a, int64_t step) {
+    trainer_src *t = ctx;
+    int rc = vks_rl_orch_cast_adapter(t, a, step);
+    for (int from = 1, rank; !rc && (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) vks_rl_orch_failed_rank(t, rank, step);
     return rc;
 }
 

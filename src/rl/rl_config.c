@@ -647,15 +647,6 @@ int vks_rl_config_ranks_named(const vks_rl_config *c) {
     return most + 1;
 }
 
-/* LoRA across ranks: every role but an orchestrator on its own rank (its
- * trainer would need to hand it adapters) so far. */
-static int check_lora_roles(const vks_rl_config *c) {
-    if (c->lora_rank > 0 && c->orchestrator != c->trainer)
-        return vks_set_error(VKS_ERR_FORMAT, "config: lora.rank %d with an orchestrator on its own rank: LoRA across "
-                             "ranks runs with the orchestrator on the trainer's rank so far", c->lora_rank);
-    return VKS_OK;
-}
-
 int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
     int rc = check_values(c);
@@ -688,5 +679,5 @@ int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (other)
         return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d is both orchestrator and %s (the orchestrator shares a rank "
                              "only with the trainer)", c->orchestrator, role_name(other & -other));
-    return check_lora_roles(c);
+    return VKS_OK;
 }

@@ -132,6 +132,20 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorag/step-000000002" "$tmp
    [ "$(lora_losses "$tmp/lorag/metrics.jsonl")" = "$(lora_losses "$tmp/lora/metrics.jsonl")" ]; then
     ok "LoRA in a pipeline group of 2 ranks + a verifier: nothing rejected, the 2 single ranks' losses"
 else bad "LoRA pipeline group: status $rc"; tail -5 "$tmp/err.txt"; lora_losses "$tmp/lorag/metrics.jsonl"; lora_losses "$tmp/lora/metrics.jsonl"; fi
+# LoRA with the orchestrator on its own rank (0; the trainer on 1, one inference rank 2): the
+# trainer sends the adapters, the orchestrator the grants; the first LoRA case's losses
+config "$tmp/lorao" 2 0
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/' "$tmp/run.json"
+own_orchestrator
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorao/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/lorao/metrics.jsonl" 2 0 && mismatch_ok "$tmp/lorao/metrics.jsonl" &&
+   grep -q "shardcast: step 2 (version [0-9]*): adapter, [1-9][0-9]* bytes to 1 of 1 ranks" "$tmp/err.txt" &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" &&
+   [ "$(lora_losses "$tmp/lorao/metrics.jsonl")" = "$(lora_losses "$tmp/lora/metrics.jsonl")" ]; then
+    ok "LoRA with the orchestrator on its own rank: adapters from the trainer, the first LoRA case's losses"
+else bad "LoRA, own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; lora_losses "$tmp/lorao/metrics.jsonl"; fi
 if [ "${VKSWARM_TEST_ONLY:-}" = lora ]; then
     echo "rl across ranks: $passed passed, $failed failed"
     [ $failed -eq 0 ]
