@@ -13,7 +13,8 @@
  *
  * The weights go through Shardcast (rl_cast.c): after each step the trainer
  * broadcasts the WEIGHTS file (vks_rl_msg with step, n = floats, then the f32
- * parameter block) to every inference and verifier rank, through the relays.
+ * parameter block) to every inference and verifier rank, through the relays
+ * (LoRA: the step's adapter instead; rl_cast.h).
  *
  * Messages (every one starts with vks_rl_msg; rl_wire.c packs the groups):
  *   TAG_CTL     trainer -> inference  ASSIGN: batch, step = the policy step to use at least,
