@@ -504,6 +504,7 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
                               .wire_bytes = m.wire_size, .seconds = seconds, .ranks_ok = ok,
                               .ranks_failed = b->size - 1 - ok, .ranks_lost = lost};
     memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
+    memcpy(rep->model_hash, m.model_hash, VKS_HASH_BYTES);
     b->status_seconds = seconds;
     int status_rc = vks_bc_write_status(b, true);
     if (!rc) rc = status_rc;

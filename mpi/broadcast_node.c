@@ -552,6 +552,7 @@ int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
                                   .repaired_shards = n.repaired, .failovers = n.parent_dead,
                                   .ranks_lost = lost};
         memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
+        memcpy(rep->model_hash, m.model_hash, VKS_HASH_BYTES);
         if (keep) cache_version(b, m.version, n.wire);
     }
     rep->ranks_lost = lost;

@@ -147,7 +147,14 @@ int vks_rl_cast_open(vks_rl_cast *s, const vks_rl_run_options *o, const vks_rl_m
         MPI_Comm_free(&sub);
         return local;
     }
-    size_t file = sizeof(vks_rl_msg) + sizeof(float) * n_values;
+    size_t file = s->max_file = vks_rl_cast_max_file(c, o->model, n_values);
+    if (c->lora_rank > 0) { /* every rank hashes the base once: the manifests name it */
+        s->lora_base = o->model;
+        if ((rc = vks_model_hash(o->model, s->base_hash))) {
+            MPI_Comm_free(&sub);
+            return rc;
+        }
+    }
     vks_bcast_options bo = {.relays = c->n_relays, .fanout = 2, .chunk_bytes = CHUNK_BYTES, .timeout_s = mo->timeout_s,
                             .manifest_timeout_s = mo->timeout_s, .store_dir = receiver ? s->store : NULL,
                             .keep_versions = 2, .max_file_bytes = file, .beat = beat ? vks_rl_wire_beat_cb : NULL,
@@ -178,7 +185,8 @@ int vks_rl_cast_send(vks_rl_cast *s, const void *file, size_t bytes, int64_t ste
     memset(rep, 0, sizeof *rep);
     vks_manifest_params p = {.version = s->version_base + 1 + s->sent, .step = (uint64_t)step,
                              .shard_size = shard_size_for(bytes)};
-    vks_model_id_hash("vkswarm-rl-weights", p.model_hash);
+    if (s->lora_base) memcpy(p.model_hash, s->base_hash, sizeof p.model_hash);
+    else vks_model_id_hash("vkswarm-rl-weights", p.model_hash);
     vks_manifest m = {0};
     uint8_t *wire = NULL, *blob = NULL;
     size_t blob_len = 0;
@@ -213,6 +221,7 @@ bool vks_rl_cast_waiting(vks_rl_cast *s) { return s->b && vks_bcast_waiting(s->b
 
 int vks_rl_cast_receive(vks_rl_cast *s, float **msg, int64_t *step) {
     *msg = NULL;
+    if (s->lora_base && s->store[0]) return vks_set_error(VKS_ERR_ARG, "rl: a LoRA run's broadcasts carry adapters");
     vks_bcast_report rep;
     int rc = vks_bcast_receive(s->b, &rep);
     if (rc || !s->store[0]) return rc;
@@ -230,6 +239,54 @@ int vks_rl_cast_receive(vks_rl_cast *s, float **msg, int64_t *step) {
     }
     s->newest = *step;
     *msg = (float *)(void *)data;
+    return VKS_OK;
+}
+
+size_t vks_rl_cast_max_file(const vks_rl_config *c, const vks_model *m, size_t n_values) {
+    if (c->lora_rank <= 0) return sizeof(vks_rl_msg) + sizeof(float) * n_values;
+    int64_t n = vks_lora_param_count(&m->cfg, c->lora_rank, c->lora_targets);
+    size_t tensors = 2 * (size_t)m->cfg.n_layers * VKS_LORA_TARGET_COUNT;
+    /* the F32 matrices, then per tensor its name, shape and alignment, and the metadata */
+    return (n > 0 ? sizeof(float) * (size_t)n : 0) + 256 * tensors + (64u << 10);
+}
+
+int vks_rl_cast_adapter_file(const vks_rl_cast *s, const char *out_dir, vks_lora_adapter *a, uint8_t **file,
+                             size_t *bytes) {
+    *file = NULL, *bytes = 0;
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/shardcast-adapter-rank%d.gguf", out_dir, s->me) >= (int)sizeof path)
+        return vks_set_error(VKS_ERR_ARG, "%s: path too long", out_dir);
+    int rc = vks_lora_adapter_set_base(a, s->lora_base);
+    if (!rc) rc = vks_lora_save_gguf(path, a);
+    char *buf = NULL;
+    if (!rc) rc = vks_file_read_all(path, s->max_file, &buf, bytes);
+    remove(path);
+    *file = (uint8_t *)buf;
+    return rc;
+}
+
+int vks_rl_cast_receive_adapter(vks_rl_cast *s, vks_lora_adapter **a, int64_t *step) {
+    *a = NULL;
+    if (!s->lora_base) return vks_set_error(VKS_ERR_ARG, "rl: a full fine-tuning run's broadcasts carry weights");
+    vks_bcast_report rep;
+    int rc = vks_bcast_receive(s->b, &rep);
+    if (rc || !s->store[0]) return rc;
+    char path[4300];
+    rc = vks_store_path(s->store, rep.version, path, sizeof path);
+    /* the signed manifest names the base; the GGUF reader checks every tensor against it, the
+     * values, and the base hash the file names */
+    if (!rc && memcmp(rep.model_hash, s->base_hash, sizeof s->base_hash))
+        rc = vks_set_error(VKS_ERR_FORMAT, "the manifest names another base model than this rank's");
+    if (!rc && (int64_t)rep.step <= s->newest)
+        rc = vks_set_error(VKS_ERR_FORMAT, "adapter of step %llu after step %lld", (unsigned long long)rep.step,
+                           (long long)s->newest);
+    if (!rc) rc = vks_lora_load(path, s->lora_base, a);
+    if (rc) {
+        vks_lora_adapter_free(*a);
+        *a = NULL;
+        return vks_error_prefix(rc, "%s: version %llu", s->store, (unsigned long long)rep.version);
+    }
+    *step = s->newest = (int64_t)rep.step;
     return VKS_OK;
 }
 

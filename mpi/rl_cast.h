@@ -10,10 +10,19 @@
  * also says which version its store holds, so that the run's versions start
  * above anything a former run (--resume) left there: version = base + 1 + the
  * number of versions sent before. The file is the WEIGHTS message (header +
- * f32 block) of the step, so a receiver checks it as it checked the message. */
+ * f32 block) of the step, so a receiver checks it as it checked the message.
+ *
+ * LoRA (config lora.rank > 0): the file is the step's adapter as a GGUF LoRA
+ * file (vks_lora_save_gguf: F32 A and B, alpha, the base's architecture and
+ * vkswarm.base_model_hash), and the signed manifest's model hash is the base's
+ * (vks_model_hash), its step the adapter's version (the policy step). Every
+ * stage loads the base once; a receiver checks the file fully as vks_lora_load
+ * does (every tensor's shape against the base, finite values, the base hash)
+ * and swaps it in with vks_engine_set_lora. */
 #ifndef VKS_RL_CAST_H
 #define VKS_RL_CAST_H
 #include "vkswarm/vks_broadcast.h"
+#include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_rl_mpi.h"
 #include "rl_wire.h"
@@ -30,6 +39,9 @@ typedef struct {
     char store[4200];         /* receivers: their version store ("" on the trainer and relays) */
     size_t n_values;          /* floats of the parameter block */
     int64_t newest;           /* receivers: newest step taken, -1: none */
+    const vks_model *lora_base; /* LoRA: the base the adapters are for; NULL: full weights */
+    uint8_t base_hash[32];    /* LoRA: its vks_model_hash (what the manifests name) */
+    size_t max_file;          /* the largest file a broadcast carries */
 } vks_rl_cast;
 
 /* Collective over the world (every rank of the run, in the same order as its
@@ -56,4 +68,11 @@ bool vks_rl_cast_waiting(vks_rl_cast *s);
 /* Nodes: takes part in the waiting broadcast. Receivers: *msg (malloc'd) is
  * the checked weights file, *step its step; relays: *msg = NULL. */
 int vks_rl_cast_receive(vks_rl_cast *s, float **msg, int64_t *step);
+/* LoRA: the trainer's adapter of `step` (owned from here; its base recorded) as a file to broadcast (malloc'd). */
+int vks_rl_cast_adapter_file(const vks_rl_cast *s, const char *out_dir, vks_lora_adapter *a, uint8_t **file, size_t *bytes);
+/* LoRA receivers: takes part in the waiting broadcast; *a (NULL on relays)
+ * is the checked adapter, *step its version. */
+int vks_rl_cast_receive_adapter(vks_rl_cast *s, vks_lora_adapter **a, int64_t *step);
+/* The largest file a broadcast of this run carries (full weights or an adapter). */
+size_t vks_rl_cast_max_file(const vks_rl_config *c, const vks_model *m, size_t n_values);
 #endif

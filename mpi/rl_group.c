@@ -143,14 +143,21 @@ static vks_pipeline_options pipe_options(const vks_rl_pipe_group *g, const vks_s
 }
 
 /* This stage's engine for the policy of step `step`, made once per policy
- * (room for any batch's positions: the model's context). */
-static int stage_engine(vks_rl_pipe_group *g, const vks_model *policy, int64_t step, vks_pipeline_options *po) {
+ * (room for any batch's positions: the model's context). LoRA (lora not
+ * NULL): made once for the base; a new step only swaps the adapter in (the
+ * engine takes the matrices of its own layers). */
+static int stage_engine(vks_rl_pipe_group *g, const vks_model *policy, const vks_lora_adapter *lora, int64_t step,
+                        vks_pipeline_options *po) {
     if (!g->engine || g->engine_step != step) {
-        vks_engine_destroy(g->engine);
-        g->engine = NULL;
-        vks_engine_options eo = vks_pipeline_engine_options(po, g->stage);
-        eo.kv_len = policy->cfg.seq_len;
-        int rc = vks_engine_create(g->o->infer_gpu, policy, &eo, &g->engine);
+        if (!lora || !g->engine) {
+            vks_engine_destroy(g->engine);
+            g->engine = NULL, g->engine_step = -1;
+            vks_engine_options eo = vks_pipeline_engine_options(po, g->stage);
+            eo.kv_len = policy->cfg.seq_len;
+            int rc = vks_engine_create(g->o->infer_gpu, policy, &eo, &g->engine);
+            if (rc) return rc;
+        }
+        int rc = lora ? vks_engine_set_lora(g->engine, lora) : VKS_OK;
         if (rc) return rc;
         g->engine_step = step;
     }
@@ -284,7 +291,7 @@ int vks_rl_group_generate(void *ctx, const vks_rl_gen *gen, const vks_sched_para
     if (rc) return group_error(g, rc, "handing out the batch");
     vks_pipeline_options po = pipe_options(g, sp, toploc);
     vks_pipeline_stats st;
-    rc = stage_engine(g, gen->model, gen->policy_step, &po);
+    rc = stage_engine(g, gen->model, gen->adapter, gen->policy_step, &po);
     if (!rc) rc = vks_pipeline_run(g->pipe, g->o->infer_gpu, gen->model, &po, seqs, n, &st);
     return rc ? group_error(g, rc, "the pipeline") : VKS_OK;
 }
@@ -324,6 +331,7 @@ static int check_run(const vks_rl_pipe_group *g, const group_msg *m, const vks_m
 typedef struct {
     vks_rl_pipe_group *g;
     const vks_model *policy;
+    const vks_lora_adapter *lora;
     int64_t step;
     vks_pipeline_options po;
     int n;
@@ -332,7 +340,7 @@ typedef struct {
 static int stage_run_job(void *arg) {
     stage_run *r = arg;
     vks_pipeline_stats st;
-    int rc = stage_engine(r->g, r->policy, r->step, &r->po);
+    int rc = stage_engine(r->g, r->policy, r->lora, r->step, &r->po);
     if (!rc) rc = vks_pipeline_run(r->g->pipe, r->g->o->infer_gpu, r->policy, &r->po, NULL, r->n, &st);
     return rc;
 }
@@ -341,27 +349,39 @@ typedef struct {
     vks_rl_pipe_group *g;
     vks_rl_cast cast;
     const vks_param_layout *layout;
-    vks_model *policy;       /* the newest weights (not replaced while a batch runs) */
+    vks_model *policy;       /* the newest weights (not replaced while a batch runs; LoRA: the base, borrowed) */
+    vks_lora_adapter *adapter; /* LoRA: the newest adapter (not replaced while a batch runs) */
     int64_t held;
     float *pending;          /* weights received while a batch ran */
+    vks_lora_adapter *pending_adapter; /* LoRA: the adapter instead */
     int64_t pending_step;
 } stage_state;
 
 /* Takes part in the waiting broadcast; the weights become pending. */
 static void stage_broadcast(stage_state *s) {
     float *msg = NULL;
+    vks_lora_adapter *a = NULL;
     int64_t step = 0;
-    if (vks_rl_cast_receive(&s->cast, &msg, &step)) {
+    int rc = s->cast.lora_base ? vks_rl_cast_receive_adapter(&s->cast, &a, &step) : vks_rl_cast_receive(&s->cast, &msg, &step);
+    if (rc) {
         fprintf(stderr, "vkswarm: rl: inference rank %d (a stage of group %d): the weights broadcast failed: %s\n",
                 s->cast.me, s->g->index, vks_last_error());
         return;
     }
     free(s->pending);
-    s->pending = msg, s->pending_step = step;
+    vks_lora_adapter_free(s->pending_adapter);
+    s->pending = msg, s->pending_adapter = a, s->pending_step = step;
 }
 
 /* The pending weights become the policy (never while a batch runs). */
 static int stage_take_weights(stage_state *s) {
+    if (s->pending_adapter) { /* LoRA: the base stays */
+        vks_lora_adapter_free(s->adapter);
+        s->adapter = s->pending_adapter, s->pending_adapter = NULL;
+        s->policy = (vks_model *)(uintptr_t)s->g->o->model;
+        s->held = s->pending_step;
+        return VKS_OK;
+    }
     if (!s->pending) return VKS_OK;
     vks_model *m = NULL;
     int rc = vks_rl_wire_model_from_block(s->g->o->model, s->layout, s->pending, &m);
@@ -407,7 +427,7 @@ static int stage_run_batch(stage_state *s, const group_msg *m, bool *no_finalize
     int rc = stage_wait_policy(s, m->step);
     if (!rc) rc = check_run(s->g, m, s->policy, s->held, &sp);
     if (rc) return rc;
-    stage_run r = {.g = s->g, .policy = s->policy, .step = s->held, .po = pipe_options(s->g, &sp, m->toploc != 0),
+    stage_run r = {.g = s->g, .policy = s->policy, .lora = s->adapter, .step = s->held, .po = pipe_options(s->g, &sp, m->toploc != 0),
                    .n = m->n};
     rc = vks_mpi_run_beside(stage_run_job, &r, stage_meanwhile, s, "the pipeline");
     if (!rc) return VKS_OK;
@@ -497,7 +517,9 @@ int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize) {
     }
     vks_rl_cast_close(&s.cast);
     free(s.pending);
-    vks_model_free(s.policy);
+    vks_lora_adapter_free(s.pending_adapter);
+    if (!s.adapter) vks_model_free(s.policy); /* LoRA: the base, borrowed */
+    vks_lora_adapter_free(s.adapter);
     vks_param_layout_free(layout);
     return rc;
 }

@@ -85,6 +85,8 @@ void vks_rl_orch_cast_drop(trainer_src *t, int rank);
 /* Trainer: the weights of `step` through Shardcast (m is freed); failed ranks
  * are left to the caller (vks_rl_cast_failed). */
 int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step);
+/* LoRA: the same with the adapter of `step` (a is freed). */
+int vks_rl_orch_cast_adapter(trainer_src *t, vks_lora_adapter *a, int64_t step);
 /* The inference and verifier ranks as counted (at most cap into out); how many. */
 int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap);
 /* Says STOP to every rank still there (n = t->lost) and frees the STOPs sent early. */

@@ -285,18 +285,11 @@ static void resume_remote(void *ctx, int64_t step, int64_t next_batch) {
     if (r->resume_rc) snprintf(r->resume_err, sizeof r->resume_err, "%s", vks_last_error());
 }
 
-/* The weights through Shardcast as when the trainer orchestrates; the ranks
- * that did not take them leave later broadcasts here and go to the
- * orchestrator in PUBLISHED (it drops them from the run). */
-static int publish_remote(void *ctx, vks_model *m, int64_t step) {
-    remote_src *r = ctx;
+/* After the weights (or adapter) of `step` went through Shardcast as when the
+ * trainer orchestrates: the ranks that did not take them leave later
+ * broadcasts here and go to the orchestrator in PUBLISHED (it drops them). */
+static int published(remote_src *r, int64_t step) {
     trainer_src *t = &r->t;
-    if (r->resume_rc) {
-        vks_model_free(m);
-        return orch_error(r, r->resume_rc, r->resume_err);
-    }
-    int rc = vks_rl_orch_cast_weights(t, m, step);
-    if (rc) return rc;
     vks_rl_msg *msg = malloc(sizeof *msg + sizeof(int32_t) * (size_t)t->n_world);
     if (!msg) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     int32_t n = 0;
@@ -308,10 +301,31 @@ static int publish_remote(void *ctx, vks_model *m, int64_t step) {
     }
     *msg = (vks_rl_msg){.magic = VKS_RL_MAGIC, .type = MSG_PUBLISHED, .step = step, .n = (uint64_t)n};
     bool kept;
-    rc = vks_rl_wire_send(t->comm, r->orch, TAG_ORCH, msg, sizeof *msg + sizeof n * (size_t)n, t->mo->timeout_s,
+    int rc = vks_rl_wire_send(t->comm, r->orch, TAG_ORCH, msg, sizeof *msg + sizeof n * (size_t)n, t->mo->timeout_s,
                           "the orchestrator taking PUBLISHED", &kept);
     if (kept) free(msg);
     return rc ? orch_error(r, rc, vks_last_error()) : VKS_OK;
+}
+
+static int publish_remote(void *ctx, vks_model *m, int64_t step) {
+    remote_src *r = ctx;
+    if (r->resume_rc) {
+        vks_model_free(m);
+        return orch_error(r, r->resume_rc, r->resume_err);
+    }
+    int rc = vks_rl_orch_cast_weights(&r->t, m, step);
+    return rc ? rc : published(r, step);
+}
+
+/* LoRA: the adapter instead of the weights. */
+static int publish_adapter_remote(void *ctx, vks_lora_adapter *a, int64_t step) {
+    remote_src *r = ctx;
+    if (r->resume_rc) {
+        vks_lora_adapter_free(a);
+        return orch_error(r, r->resume_rc, r->resume_err);
+    }
+    int rc = vks_rl_orch_cast_adapter(&r->t, a, step);
+    return rc ? rc : published(r, step);
 }
 
 /* One group of a TAKEN message (at *at, left bytes): unpacked with the checks
@@ -520,7 +534,7 @@ int vks_rl_orch_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     r.heard = vks_seconds_now();
     vks_rl_source src = {.ctx = &r, .publish = publish_remote, .take = take_remote, .counters = counters_remote,
                          .position = position_remote, .resume = resume_remote, .broadcast_bytes = broadcast_bytes_remote,
-                         .ranks = ranks_remote};
+                         .ranks = ranks_remote, .publish_adapter = publish_adapter_remote};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");

@@ -13,7 +13,8 @@
  *
  * The weights go through Shardcast (rl_cast.c): after each step the trainer
  * broadcasts the WEIGHTS file (vks_rl_msg with step, n = floats, then the f32
- * parameter block) to every inference and verifier rank, through the relays.
+ * parameter block) to every inference and verifier rank, through the relays
+ * (LoRA: the step's adapter instead; rl_cast.h).
  *
  * Messages (every one starts with vks_rl_msg; rl_wire.c packs the groups):
  *   TAG_CTL     trainer -> inference  ASSIGN: batch, step = the policy step to use at least,
@@ -217,6 +218,32 @@ int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step) {
 static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
     trainer_src *t = ctx;
     int rc = vks_rl_orch_cast_weights(t, m, step);
+    for (int from = 1, rank; !rc && (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) vks_rl_orch_failed_rank(t, rank, step);
+    return rc;
+}
+
+/* LoRA: the adapter of `step` (a GGUF LoRA file, rl_cast.h) to every inference and verifier rank. */
+int vks_rl_orch_cast_adapter(trainer_src *t, vks_lora_adapter *a, int64_t step) {
+    uint8_t *file = NULL;
+    size_t bytes = 0;
+    int rc = vks_rl_cast_adapter_file(&t->cast, t->c->out, a, &file, &bytes);
+    vks_lora_adapter_free(a);
+    vks_bcast_report rep;
+    if (!rc) rc = vks_rl_cast_send(&t->cast, file, bytes, step, &rep);
+    free(file);
+    if (rc && (bytes == 0 || rep.version == 0))
+        return vks_error_prefix(rc, "trainer: broadcasting the adapter of step %lld", (long long)step);
+    t->cast_bytes = rep.wire_bytes;
+    t->newest = step;
+    fprintf(stderr, "vkswarm: rl: shardcast: step %lld (version %llu): adapter, %llu bytes to %d of %d ranks in %.3f s\n",
+            (long long)step, (unsigned long long)rep.version, (unsigned long long)rep.wire_bytes, rep.ranks_ok,
+            t->cast.n_world - 1 - (t->orch >= 0), rep.seconds);
+    return VKS_OK;
+}
+
+static int publish_adapter_mpi(void *ctx, vks_lora_adapter *a, int64_t step) {
+    trainer_src *t = ctx;
+    int rc = vks_rl_orch_cast_adapter(t, a, step);
     for (int from = 1, rank; !rc && (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) vks_rl_orch_failed_rank(t, rank, step);
     return rc;
 }
@@ -603,7 +630,7 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     rc = vks_rl_orch_open(&t, o, mo, true);
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
                          .position = position_mpi, .resume = resume_mpi, .broadcast_bytes = broadcast_bytes_mpi,
-                         .ranks = ranks_mpi};
+                         .ranks = ranks_mpi, .publish_adapter = publish_adapter_mpi};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");
@@ -635,6 +662,7 @@ typedef struct {
     const vks_rl_mpi_options *mo;
     vks_param_layout *layout;
     float *pending;        /* newest weights received and not yet in use */
+    vks_lora_adapter *pending_adapter; /* LoRA: the newest adapter instead */
     int64_t pending_step;
     double last_heard;
     bool stop, no_finalize;
@@ -652,6 +680,18 @@ typedef struct {
 static void take_broadcast(inf_state *s) {
     float *msg = NULL;
     int64_t step = 0;
+    if (s->cast.lora_base) {
+        vks_lora_adapter *a = NULL;
+        if (vks_rl_cast_receive_adapter(&s->cast, &a, &step)) {
+            fprintf(stderr, "vkswarm: rl: inference rank %d: the adapter broadcast failed: %s\n", s->cast.me,
+                    vks_last_error());
+            return;
+        }
+        vks_lora_adapter_free(s->pending_adapter);
+        s->pending_adapter = a, s->pending_step = step;
+        s->last_heard = vks_seconds_now();
+        return;
+    }
     if (vks_rl_cast_receive(&s->cast, &msg, &step)) {
         fprintf(stderr, "vkswarm: rl: inference rank %d: the weights broadcast failed: %s\n", s->cast.me, vks_last_error());
         return;
@@ -703,6 +743,11 @@ static int poll_trainer(inf_state *s) {
 
 /* Makes the pending weights the policy. */
 static int take_weights(inf_state *s, vks_rl_gen *g) {
+    if (s->pending_adapter) { /* LoRA: the base stays, the adapter is swapped in */
+        vks_lora_adapter *a = s->pending_adapter;
+        s->pending_adapter = NULL;
+        return vks_rl_gen_set_adapter(g, a, s->pending_step);
+    }
     if (!s->pending) return VKS_OK;
     vks_model *m = NULL;
     int rc = vks_rl_wire_model_from_block(s->o->model, s->layout, s->pending, &m);
@@ -853,6 +898,10 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     bool defer = o->config->n_verifiers > 0;
     vks_rl_gen g = {.o = o, .policy_step = -1, .keep_flat_groups = mo->test_garbage != 0 || (defer && o->cheat_every > 0),
                     .defer_verify = defer, .generate = s.group ? vks_rl_group_generate : NULL, .generate_ctx = s.group};
+    if (o->config->lora_rank > 0) { /* LoRA: the base, loaded once, stays; adapters are swapped in */
+        g.model = (vks_model *)(uintptr_t)o->model; /* borrowed: never written nor freed */
+        g.model_borrowed = true;
+    }
     rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &s.layout);
     if (!rc) rc = vks_rl_gen_open_tasks(&g);
     int me = 0;
@@ -868,9 +917,10 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     while (!rc && !s.stop) {
         beat_and_cast(&s);
         if ((rc = poll_trainer(&s)) || s.stop) break;
-        if (s.pending && s.assigned < 0) rc = take_weights(&s, &g);
+        bool pending = s.pending || s.pending_adapter;
+        if (pending && s.assigned < 0) rc = take_weights(&s, &g);
         if (!rc && s.assigned >= 0) {
-            if (s.pending) rc = take_weights(&s, &g);
+            if (s.pending || s.pending_adapter) rc = take_weights(&s, &g);
             if (!rc && g.policy_step >= s.min_step) {
                 rc = run_job(&s, &g);
                 idle_from = vks_mpi_deadline_tick(&clock, tb);
@@ -890,6 +940,7 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     *no_finalize = s.no_finalize;
     vks_rl_cast_close(&s.cast);
     free(s.pending);
+    vks_lora_adapter_free(s.pending_adapter);
     vks_rl_gen_close(&g);
     vks_param_layout_free(s.layout);
     return rc;

@@ -28,6 +28,7 @@
 typedef struct {
     int64_t step;        /* -1: empty */
     float *msg;          /* the weights file (the WEIGHTS message layout) */
+    vks_lora_adapter *adapter; /* LoRA: the step's adapter instead */
 } kept_weights;
 
 typedef struct {
@@ -39,7 +40,8 @@ typedef struct {
     kept_weights *kept;
     int n_keep;
     int64_t newest;      /* newest step received, -1: none */
-    vks_model *model;    /* the policy of model_step, built when a batch needs it */
+    vks_model *model;    /* the policy of model_step, built when a batch needs it (LoRA: the base, borrowed) */
+    const vks_lora_adapter *lora; /* LoRA: model_step's adapter (its kept slot is never replaced while in use) */
     int64_t model_step;
     uint8_t model_hash[32];
     vks_rl_gen gen;      /* the tasks (gen.model: the start model, its shape; not owned) */
@@ -51,19 +53,23 @@ typedef struct {
 
 static kept_weights *find_kept(ver_state *v, int64_t step) {
     for (int i = 0; i < v->n_keep; i++)
-        if (v->kept[i].msg && v->kept[i].step == step) return &v->kept[i];
+        if ((v->kept[i].msg || v->kept[i].adapter) && v->kept[i].step == step) return &v->kept[i];
     return NULL;
 }
 
-/* Keeps a WEIGHTS message in place of the oldest one kept. */
-static void keep_weights(ver_state *v, float *msg, int64_t step) {
-    kept_weights *slot = &v->kept[0];
+/* Keeps a WEIGHTS message (or LoRA: an adapter) in place of the oldest one
+ * kept, never the adapter in use. */
+static void keep_weights(ver_state *v, float *msg, vks_lora_adapter *a, int64_t step) {
+    kept_weights *slot = NULL;
     for (int i = 0; i < v->n_keep; i++) {
-        if (!v->kept[i].msg) { slot = &v->kept[i]; break; }
-        if (v->kept[i].step < slot->step) slot = &v->kept[i];
+        kept_weights *k = &v->kept[i];
+        if (k->adapter && k->adapter == v->lora) continue;
+        if (!k->msg && !k->adapter) { slot = k; break; }
+        if (!slot || k->step < slot->step) slot = k;
     }
     free(slot->msg);
-    slot->msg = msg, slot->step = step;
+    vks_lora_adapter_free(slot->adapter);
+    slot->msg = msg, slot->adapter = a, slot->step = step;
     v->newest = step;
 }
 
@@ -71,12 +77,14 @@ static void keep_weights(ver_state *v, float *msg, int64_t step) {
  * delivered. A failed broadcast is logged, not fatal (as on inference ranks). */
 static void take_broadcast(ver_state *v) {
     float *msg = NULL;
+    vks_lora_adapter *a = NULL;
     int64_t step = 0;
-    if (vks_rl_cast_receive(&v->cast, &msg, &step)) {
+    int rc = v->cast.lora_base ? vks_rl_cast_receive_adapter(&v->cast, &a, &step) : vks_rl_cast_receive(&v->cast, &msg, &step);
+    if (rc) {
         fprintf(stderr, "vkswarm: rl: verifier rank %d: the weights broadcast failed: %s\n", v->me, vks_last_error());
         return;
     }
-    keep_weights(v, msg, step);
+    keep_weights(v, msg, a, step);
     v->last_heard = vks_seconds_now();
 }
 
@@ -123,6 +131,13 @@ static int use_policy(ver_state *v, int64_t step, char *why, size_t cap) {
         snprintf(why, cap, "policy step %lld is not among the %d the verifier keeps (newest %lld)", (long long)step,
                  v->n_keep, (long long)v->newest);
         return VKS_ERR_ARG;
+    }
+    if (k->adapter) { /* LoRA: the base stays; the proofs name base + adapter */
+        v->model = (vks_model *)(uintptr_t)v->o->model;
+        v->lora = k->adapter;
+        int rc = vks_lora_model_hash(v->model, v->lora, v->model_hash);
+        v->model_step = rc ? -1 : step;
+        return rc;
     }
     vks_model_free(v->model);
     v->model = NULL;
@@ -298,6 +313,7 @@ static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_gr
     vks_verify_options vo;
     vks_verify_options_default(&vo);
     memcpy(vo.model_hash, v->model_hash, 32);
+    vo.lora = v->lora; /* LoRA: the replay applies the adapter */
     vo.n_stop = 1, vo.stop_ids[0] = vks_tokenizer_eos(v->o->tok); /* trusted: the model's own, not the file's */
     vo.task_prompts = prompts, vo.task_prompt_lens = lens, vo.n_task_prompts = n;
     vo.cpu_threads = 1;
@@ -572,9 +588,9 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     }
     *no_finalize = v.no_finalize;
     vks_rl_cast_close(&v.cast);
-    for (int i = 0; v.kept && i < v.n_keep; i++) free(v.kept[i].msg);
+    for (int i = 0; v.kept && i < v.n_keep; i++) free(v.kept[i].msg), vks_lora_adapter_free(v.kept[i].adapter);
     free(v.kept);
-    vks_model_free(v.model);
+    if (!v.lora) vks_model_free(v.model); /* LoRA: the base, borrowed */
     v.gen.model = NULL;
     vks_rl_gen_close(&v.gen);
     vks_param_layout_free(v.layout);

@@ -71,6 +71,7 @@ typedef struct {
                                       * Processes that end after the broadcast learn it again,
                                       * final, from vks_bcast_close. */
     uint8_t file_hash[VKS_HASH_BYTES];
+    uint8_t model_hash[VKS_HASH_BYTES]; /* the signed manifest's model hash */
 } vks_bcast_report;
 
 typedef struct vks_bcast vks_bcast;

@@ -188,6 +188,9 @@ typedef struct {
     void *ctx;
     /* Hands the weights of trainer step `step` (0: the start) to inference; m is owned from here. */
     int (*publish)(void *ctx, vks_model *m, int64_t step);
+    /* LoRA (config lora.rank > 0): hands the adapter of trainer step `step`
+     * (owned from here; its base recorded) instead; NULL: LoRA is refused. */
+    int (*publish_adapter)(void *ctx, vks_lora_adapter *a, int64_t step);
     /* Blocks (bounded) until the prompts_per_step groups that trainer step
      * step + 1 consumes are there; moves them into groups[]. */
     int (*take)(void *ctx, int64_t step, vks_rl_batch_group *groups);

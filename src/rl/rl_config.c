@@ -651,9 +651,6 @@ int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
     int rc = check_values(c);
     if (rc) return rc;
-    if (c->roles_given && c->lora_rank > 0)
-        return vks_set_error(VKS_ERR_FORMAT, "config: lora.rank %d with roles: LoRA RL runs on one machine only so far "
-                             "(Shardcast does not carry adapters yet)", c->lora_rank);
     if (!c->roles_given) {
         c->trainer = c->orchestrator = 0;
         if (n_ranks != 1)

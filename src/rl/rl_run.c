@@ -387,6 +387,11 @@ static int start_inference(rl_run *r) {
     if (r->src) {
         vks_model *m = NULL;
         if (r->ck) r->src->resume(r->src->ctx, step, r->next_batch);
+        if (lora(r)) {
+            vks_lora_adapter *a = NULL;
+            int rc = export_adapter(r, &a);
+            return rc ? rc : r->src->publish_adapter(r->src->ctx, a, step);
+        }
         int rc = vks_trainer_export_model(r->trainer, &m);
         return rc ? rc : r->src->publish(r->src->ctx, m, step);
     }
@@ -575,7 +580,8 @@ static int publish(rl_run *r, double *seconds) {
     int rc = lora(r) ? export_adapter(r, &a) : vks_trainer_export_model(r->trainer, &m);
     if (rc) return vks_error_prefix(rc, "trainer: exporting the weights");
     if (r->src) {
-        rc = r->src->publish(r->src->ctx, m, vks_trainer_steps(r->trainer));
+        rc = a ? r->src->publish_adapter(r->src->ctx, a, vks_trainer_steps(r->trainer))
+               : r->src->publish(r->src->ctx, m, vks_trainer_steps(r->trainer));
         *seconds = vks_seconds_now() - t0;
         return rc;
     }
@@ -816,8 +822,8 @@ int vks_rl_run(const vks_rl_run_options *o, vks_rl_result *res) { return vks_rl_
 
 int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *res) {
     int rc = check_options(o);
-    if (!rc && src && o->config->lora_rank > 0)
-        rc = vks_set_error(VKS_ERR_ARG, "rl: lora.rank > 0 runs on one machine only so far (no roles across ranks)");
+    if (!rc && src && !src->publish_adapter && o->config->lora_rank > 0)
+        rc = vks_set_error(VKS_ERR_ARG, "rl: lora.rank > 0: this source of groups takes no adapters");
     if (!rc && o->config->lora_rank > 0)
         rc = vks_lora_check(&o->model->cfg, o->config->lora_rank, o->config->lora_targets, "rl: lora");
     if (rc || !res) return rc ? rc : vks_set_error(VKS_ERR_ARG, "rl: NULL result");

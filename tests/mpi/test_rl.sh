@@ -61,6 +61,97 @@ shardcast_ok() {
     for s in "$@"; do [ -f "$s/current/model.bin" ] || return 1; done
 }
 
+# LoRA across ranks (lora.rank 4): the same 4 ranks (a relay) as the happy path below; Shardcast
+# carries each step's adapter (a GGUF LoRA file in every receiver's store), not the weights: a
+# line per step names it, broadcast_bytes is under a tenth of the full weights' file (the tiny
+# model: 820736 f32 parameters); checkpoints are adapter directories; the inference ranks' rollouts
+# of policy step 1 verify with `vkswarm verify --lora` of step 1's adapter (base: the tiny model
+# written by convert with the run's seed), those of step 0 are rejected with it (another adapter).
+# VKSWARM_TEST_ONLY=lora runs only this case.
+config "$tmp/lora" 2 0 "" 3
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "save_every": 1, "lora": {"rank": 4},/' "$tmp/run.json"
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+lora_cast_ok() {
+    local s
+    for s in 0 1 2; do
+        grep -q "shardcast: step $s (version [0-9]*): adapter, [1-9][0-9]* bytes to 3 of 3 ranks" "$tmp/err.txt" || return 1
+    done
+    [ "$(grep -c '"broadcast_bytes":[1-9]' "$tmp/lora/metrics.jsonl")" = 2 ] || return 1
+    awk '{ if (!match($0, /"broadcast_bytes":[0-9]+/)) exit 1; b = substr($0, RSTART + 18, RLENGTH - 18) + 0
+           if (b * 10 >= 820736 * 4) exit 1 }' "$tmp/lora/metrics.jsonl" || return 1
+    for s in 1 2; do [ "$(head -c 4 "$tmp/lora/weights-rank$s/current/model.bin")" = GGUF ] || return 1; done
+}
+# lora_verify_ok: every rollout file verifies with step 1's adapter, or is policy step 0's (the
+# model hash of batch 0) and is rejected with it; at least one of each
+lora_verify_ok() {
+    $bin convert --init tiny --seed 1 --out "$tmp/tinyhf" 2> /dev/null || return 1
+    local f first n_ok=0 n_old=0 h
+    first=$(head -1 "$tmp/lora/rollouts-rank1/batch-000000.jsonl" | grep -o '"model_hash":"[0-9a-f]*"')
+    for f in "$tmp"/lora/rollouts-rank[12]/batch-*.jsonl; do
+        $bin verify --model "$tmp/tinyhf" --rollouts "$f" --lora "$tmp/lora/step-000000001" > /dev/null 2>&1
+        case $? in
+        0) n_ok=$((n_ok + 1)) ;;
+        1) h=$(head -1 "$f" | grep -o '"model_hash":"[0-9a-f]*"'); [ "$h" = "$first" ] || return 1; n_old=$((n_old + 1)) ;;
+        *) return 1 ;;
+        esac
+    done
+    [ $n_ok -ge 1 ] && [ $n_old -ge 1 ]
+}
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lora/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/lora/metrics.jsonl" 2 0 && mismatch_ok "$tmp/lora/metrics.jsonl" && lora_cast_ok &&
+   [ -f "$tmp/lora/step-000000002/adapter_config.json" ] && [ -f "$tmp/lora/step-000000002/adapter_model.safetensors" ] &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" && lora_verify_ok; then
+    ok "LoRA across 4 ranks (a relay): adapters through Shardcast (under a tenth of the weights), adapter checkpoints, rollouts verify with verify --lora"
+else bad "LoRA across ranks: status $rc"; tail -5 "$tmp/err.txt"; cat "$tmp/lora/metrics.jsonl" 2>/dev/null; fi
+# LoRA with a verifier rank (3): it keeps the adapters it receives and replays every batch on the
+# base with the batch's adapter (the rollouts name base + adapter): nothing rejected
+config "$tmp/lorav" 2 0 3
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/' "$tmp/run.json"
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorav/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/lorav/metrics.jsonl" 2 0 && mismatch_ok "$tmp/lorav/metrics.jsonl" &&
+   grep -q "rollouts; [1-9][0-9]* checked by a verifier: [1-9][0-9]* accepted, 0 rejected" "$tmp/err.txt" &&
+   grep -q "shardcast: step 2 (version [0-9]*): adapter, [1-9][0-9]* bytes to 3 of 3 ranks" "$tmp/err.txt" &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt"; then
+    ok "LoRA with a verifier rank: it replays every batch with the batch's adapter, nothing rejected"
+else bad "LoRA with a verifier rank: status $rc"; tail -5 "$tmp/err.txt"; fi
+# LoRA in a pipeline group ([[1, 2]]) with a verifier rank (3): both stages take each adapter through
+# Shardcast and swap their layers' part in; the verifier accepts everything and the losses of every
+# step equal the first LoRA case's (two single ranks) to the last digit
+config "$tmp/lorag" 2 0 3
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/; s/"inference": \[\[1\], \[2\]\]/"inference": [[1, 2]]/' "$tmp/run.json"
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+lora_losses() { grep -o '"loss":[^,]*' "$1"; }
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorag/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/lorag/metrics.jsonl" 2 0 && mismatch_ok "$tmp/lorag/metrics.jsonl" &&
+   grep -q "rollouts; [1-9][0-9]* checked by a verifier: [1-9][0-9]* accepted, 0 rejected" "$tmp/err.txt" &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" &&
+   [ "$(lora_losses "$tmp/lorag/metrics.jsonl")" = "$(lora_losses "$tmp/lora/metrics.jsonl")" ]; then
+    ok "LoRA in a pipeline group of 2 ranks + a verifier: nothing rejected, the 2 single ranks' losses"
+else bad "LoRA pipeline group: status $rc"; tail -5 "$tmp/err.txt"; lora_losses "$tmp/lorag/metrics.jsonl"; lora_losses "$tmp/lora/metrics.jsonl"; fi
+# LoRA with the orchestrator on its own rank (0; the trainer on 1, one inference rank 2): the
+# trainer sends the adapters, the orchestrator the grants; the first LoRA case's losses
+config "$tmp/lorao" 2 0
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/' "$tmp/run.json"
+own_orchestrator
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorao/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/lorao/metrics.jsonl" 2 0 && mismatch_ok "$tmp/lorao/metrics.jsonl" &&
+   grep -q "shardcast: step 2 (version [0-9]*): adapter, [1-9][0-9]* bytes to 1 of 1 ranks" "$tmp/err.txt" &&
+   ! grep -q "dropped\|refused\|broadcast failed" "$tmp/err.txt" &&
+   [ "$(lora_losses "$tmp/lorao/metrics.jsonl")" = "$(lora_losses "$tmp/lora/metrics.jsonl")" ]; then
+    ok "LoRA with the orchestrator on its own rank: adapters from the trainer, the first LoRA case's losses"
+else bad "LoRA, own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; lora_losses "$tmp/lorao/metrics.jsonl"; fi
+if [ "${VKSWARM_TEST_ONLY:-}" = lora ]; then
+    echo "rl across ranks: $passed passed, $failed failed"
+    [ $failed -eq 0 ]
+    exit
+fi
+
 # happy path: trainer + 2 inference ranks + a Shardcast relay (rank 3: inference rank 2 gets the
 # weights through it), k = 0, 2 steps
 config "$tmp/k0" 2 0 "" 3
