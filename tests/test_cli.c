@@ -1170,9 +1170,20 @@ static void test_train_sft_lora(void **state) {
     const char *args = "train sft --batch 4 --micro-batch 2 --lr 3e-3 --keep 2 --lora-rank 4 --lora-alpha 8 "
                        "--lora-targets q,v,down,up";
     char *out, *err;
-    snprintf(cmd, sizeof cmd, "%s %s --model %s --data %s --steps 4 --out %s/a 2>/dev/null", tu_bin(), args, base1,
-             data, dir);
+    snprintf(cmd, sizeof cmd, "%s %s --model %s --data %s --steps 4 --out %s/a 2>%s/a.err", tu_bin(), args, base1,
+             data, dir, dir);
     assert_int_equal(tu_run(cmd, &out), 0);
+    /* the peak of the device bytes held beside the plan: within 1% (test_train_lora test_peak_is_the_plan
+     * checks the bytes against the plan's own slack) */
+    snprintf(path, sizeof path, "%s/a.err", dir);
+    char *log = read_text(path);
+    const char *mem = strstr(log, "vkswarm: train: device memory: peak ");
+    double peak_mib, plan_mib, ratio, rss_mib;
+    assert_non_null(mem);
+    assert_int_equal(sscanf(mem, "vkswarm: train: device memory: peak %lf MiB, plan %lf MiB (peak/plan %lf); "
+                            "process peak RSS %lf MiB", &peak_mib, &plan_mib, &ratio, &rss_mib), 4);
+    if (!(peak_mib > 0 && ratio >= 0.99 && ratio <= 1.01 && rss_mib > 0)) fail_msg("%s", mem);
+    free(log);
     char expect[2048];
     snprintf(expect, sizeof expect, "metrics: %s/a/metrics.jsonl\nplot: %s/a/loss.svg\nfinal checkpoint: "
              "%s/a/step-000000004\nadapter: %s/a/step-000000004\n", dir, dir, dir, dir);

@@ -591,6 +591,51 @@ static void test_plan_matches_lora_trainer(void **state) {
     }
 }
 
+/* The peak of the device bytes held (vks_gpu_peak_bytes) over creation and
+ * two training steps of a LoRA trainer on a q4_0 base, with and without
+ * recompute: what it held after creation (the steps allocate nothing), and
+ * that within the slack of test_plan_matches_lora_trainer of its plan
+ * (vks_trainer_plan_bytes, the one `train sft` reports beside the peak). */
+static void test_peak_is_the_plan(void **state) {
+    (void)state;
+    for (int recompute = 0; recompute < 2; recompute++) {
+        base_model b = make_base(&q32_cfg, "llama", VKS_DTYPE_Q4_0, 6);
+        vks_lora_adapter *a = make_adapter(&b.m->cfg, 16, 32.0, VKS_LORA_ALL_TARGETS, 2, 0);
+        vks_gpu_reset_peak(gpu);
+        uint64_t peak0 = vks_gpu_peak_bytes(gpu), before = vks_gpu_free_bytes(gpu);
+        vks_trainer_options to = {.max_tokens = 512, .recompute = recompute, .lora = a};
+        vks_trainer *t = NULL;
+        assert_int_equal(vks_trainer_create(gpu, b.m, &to, &t), VKS_OK);
+        uint64_t used = before - vks_gpu_free_bytes(gpu);
+        assert_int_equal(vks_gpu_peak_bytes(gpu) - peak0, used);
+        small_batch sb;
+        make_batch(&sb, b.m->cfg.vocab_size, 4);
+        double losses[2];
+        train_steps(t, &sb, 2, 1.0, losses);
+        uint64_t peak = vks_gpu_peak_bytes(gpu) - peak0, plan = vks_trainer_plan_bytes(t);
+        assert_int_equal(peak, used);
+        vks_train_plan_options o = {.lora_rank = 16, .keep_file_dtype = true, .tokens = 512, .recompute = recompute};
+        vks_train_plan p;
+        assert_int_equal(vks_train_plan_make(b.m, &o, &p), VKS_OK);
+        assert_int_equal(plan, p.total);
+        int n_tensors = vks_trainer_n_tensors(t), layer_sets = recompute ? 1 : 2, L = b.m->cfg.n_layers;
+        uint64_t buffers = 4 * (uint64_t)n_tensors + 14 * (uint64_t)L + 3 + (12 + 7) * (uint64_t)layer_sets + 35;
+        uint64_t slack = 16 * buffers + 4 * ((uint64_t)p.trainable / 32 + (uint64_t)n_tensors);
+        if (getenv("VKSWARM_TEST_VERBOSE"))
+            fprintf(stderr, "peak %llu, plan %llu, slack %llu\n", (unsigned long long)peak, (unsigned long long)plan,
+                    (unsigned long long)slack);
+        if (!(peak <= plan + slack && plan <= peak + slack))
+            fail_msg("peak %llu bytes, plan %llu (slack %llu)", (unsigned long long)peak, (unsigned long long)plan,
+                     (unsigned long long)slack);
+        vks_trainer_destroy(t);
+        assert_int_equal(vks_gpu_peak_bytes(gpu) - peak0, peak); /* freeing leaves the peak */
+        vks_gpu_reset_peak(gpu);
+        assert_int_equal(vks_gpu_peak_bytes(gpu), peak0);
+        vks_lora_adapter_free(a);
+        free_base(&b);
+    }
+}
+
 /* A run whose plan exceeds the device's free memory is refused before
  * anything is allocated, full fine-tuning and LoRA alike, the plan in the
  * message; VKSWARM_DEVICE_MEMORY makes a small device, a bad value is refused. */
@@ -642,6 +687,7 @@ int main(void) {
         cmocka_unit_test(test_deterministic_and_resume),
         cmocka_unit_test(test_bad_adapters),
         cmocka_unit_test(test_refused_when_too_large),
+        cmocka_unit_test(test_peak_is_the_plan),
     };
     return cmocka_run_group_tests_name("train_lora", tests, setup, teardown);
 }

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include "cli_model.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -45,7 +46,8 @@ static const char train_usage[] =
     "the final checkpoint is the adapter directory (--lora DIR, convert --lora, PEFT and vLLM read it).\n"
     "--resume needs the same --model, rank, alpha and targets (another base is refused naming it).\n"
     "Before training, a run whose memory plan (train plan) exceeds the device's free memory is refused,\n"
-    "exit 2, with the plan in the message.\n"
+    "exit 2, with the plan in the message; at the end stderr gets the peak device memory held beside\n"
+    "the plan, and the process's peak RSS.\n"
     "Progress goes to stderr; stdout gets the paths (escaped):\n"
     "  metrics: PATH\n  plot: PATH\n  final checkpoint: PATH\n"
     "vkswarm train plan --help: the device memory a run needs (full or LoRA), without a device.\n";
@@ -158,6 +160,18 @@ static void on_progress(void *ctx, const vks_sft_progress *p) {
     bar->what = "train";
 }
 
+/* The device memory the run's buffers held at their peak beside the trainer's
+ * plan, and the process's peak resident memory (on a CPU driver such as
+ * lavapipe the "device" memory is host memory, counted there too). */
+static void print_memory(const vks_gpu *g, uint64_t plan_bytes) {
+    uint64_t peak = vks_gpu_peak_bytes(g);
+    struct rusage ru;
+    double rss_mib = getrusage(RUSAGE_SELF, &ru) ? -1 : (double)ru.ru_maxrss / 1024;
+    fprintf(stderr, "vkswarm: train: device memory: peak %.1f MiB, plan %.1f MiB (peak/plan %.4f); process peak RSS %.1f MiB\n",
+            (double)peak / (1 << 20), (double)plan_bytes / (1 << 20), plan_bytes ? (double)peak / (double)plan_bytes : 0,
+            rss_mib);
+}
+
 /* The model and tokenizer a command starts from: --init tiny, or --model with its tokenizer. */
 static vks_model *load_start(cli_model_args *m, const char *init, uint64_t seed, vks_tokenizer **tok) {
     vks_model *model = NULL;
@@ -207,6 +221,7 @@ int cmd_train(int argc, char **argv) {
     cli_progress_end(&bar, r.stopped_at_step >= 0 ? (long)r.stopped_at_step : (long)a.o.steps, "steps");
     fprintf(stderr, "vkswarm: train: loss %.4f -> %.4f%s\n", r.first_loss, r.last_loss,
             r.resumed_from >= 0 ? " (resumed)" : "");
+    print_memory(g, r.plan_bytes);
     cli_put_path_line("metrics", r.metrics_path);
     cli_put_path_line("plot", r.plot_path);
     cli_put_path_line("final checkpoint", r.final_checkpoint);

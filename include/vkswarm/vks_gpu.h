@@ -65,6 +65,11 @@ const vks_device_info *vks_gpu_info(const vks_gpu *g);
 int vks_gpu_validation_messages(const vks_gpu *g);
 /* Device-local bytes still free by our own accounting (heap size - allocated). */
 uint64_t vks_gpu_free_bytes(const vks_gpu *g);
+/* The most device-local bytes our buffers (vks_buffer_create, 16-byte rounded)
+ * held at once since the device was created or since vks_gpu_reset_peak, which
+ * sets the peak to what is held now. Staging memory is not counted. */
+uint64_t vks_gpu_peak_bytes(const vks_gpu *g);
+void vks_gpu_reset_peak(vks_gpu *g);
 
 /* Device-local storage buffer. bytes must be <= max_storage_range. */
 int vks_buffer_create(vks_gpu *g, size_t bytes, vks_buffer **out);

@@ -72,6 +72,7 @@ typedef struct {
     int64_t resumed_from;              /* the step resumed from, -1 for a fresh run */
     int64_t stopped_at_step;           /* stop_requested ended the run after this step; -1: it ran all steps */
     char overridden[1024];             /* resumed with override: "KEY OLD -> NEW, ..." ("": nothing changed) */
+    uint64_t plan_bytes;               /* the trainer's memory plan (vks_trainer_plan_bytes) */
 } vks_sft_result;
 
 /* Runs the whole training; every error names the file or step. */

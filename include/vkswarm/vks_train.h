@@ -120,6 +120,9 @@ int vks_trainer_score(vks_trainer *t, const vks_train_batch *b, float *logp, uin
 int vks_trainer_step(vks_trainer *t, const vks_adamw_params *h, double max_grad_norm, double *grad_norm);
 /* Optimizer steps taken (restored by vks_trainer_set_steps on resume). */
 int vks_trainer_steps(const vks_trainer *t);
+/* The device bytes its memory plan (vks_train_plan_make, below) gave when it
+ * was created: what its buffers should hold at their peak (vks_gpu_peak_bytes). */
+uint64_t vks_trainer_plan_bytes(const vks_trainer *t);
 void vks_trainer_set_steps(vks_trainer *t, int steps);
 /* Zeroes the gradient set (vks_trainer_step does it after each step). */
 int vks_trainer_zero_grads(vks_trainer *t);

@@ -155,14 +155,15 @@ train_layer_acts *vks_train_layer_acts(vks_trainer *t, int l) { return &t->acts.
 
 /* ---- creation ---- */
 
-/* The run's memory plan against the device's free memory. */
-static int check_fits(vks_gpu *g, const vks_model *m, const vks_trainer_options *o) {
+/* The run's memory plan against the device's free memory; its total in *total. */
+static int check_fits(vks_gpu *g, const vks_model *m, const vks_trainer_options *o, uint64_t *total) {
     vks_train_plan_options po = {.tokens = o->max_tokens, .recompute = o->recompute};
     const vks_lora_config *lc = o->lora ? vks_lora_adapter_config(o->lora) : NULL;
     if (lc) po.lora_rank = lc->rank, po.lora_targets = lc->targets, po.keep_file_dtype = true;
     vks_train_plan p;
     int rc = vks_train_plan_make(m, &po, &p);
     if (rc) return rc;
+    *total = p.total;
     uint64_t free_bytes = vks_gpu_free_bytes(g);
     if (p.total <= free_bytes) return VKS_OK;
     char plan[256];
@@ -191,7 +192,7 @@ int vks_trainer_create(vks_gpu *g, const vks_model *m, const vks_trainer_options
     if (t->opt.max_tokens > VKS_TRAIN_MAX_TOKENS)
         rc = vks_set_error(VKS_ERR_ARG, "trainer: %d tokens per micro-batch, at most %d", t->opt.max_tokens,
                            VKS_TRAIN_MAX_TOKENS);
-    if (!rc) rc = check_fits(g, m, &t->opt);
+    if (!rc) rc = check_fits(g, m, &t->opt, &t->plan_bytes);
     if (!rc) rc = vks_ops_create(g, &t->ops);
     if (!rc) vks_ops_set_f16_math(t->ops, false); /* training matmuls stay f32 */
     if (!rc) rc = vks_train_params_create(t, m, t->opt.lora);
@@ -515,6 +516,7 @@ int vks_trainer_step(vks_trainer *t, const vks_adamw_params *h, double max_grad_
 }
 
 int vks_trainer_steps(const vks_trainer *t) { return t ? t->steps : 0; }
+uint64_t vks_trainer_plan_bytes(const vks_trainer *t) { return t ? t->plan_bytes : 0; }
 void vks_trainer_set_steps(vks_trainer *t, int steps) {
     if (t && steps >= 0) t->steps = steps;
 }

@@ -97,6 +97,7 @@ struct vks_trainer {
     train_layer *layers;
     train_acts acts;
     int steps; /* optimizer steps taken */
+    uint64_t plan_bytes; /* the memory plan's total (check_fits) */
     /* LoRA (opt.lora set): the tensors are each layer's A and B of every
      * target; the model's weights are the frozen base on the device in their
      * file's types (the engine's upload). Full fine-tuning: lora.rank 0 and

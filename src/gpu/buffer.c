@@ -47,6 +47,7 @@ int vks_buffer_create(vks_gpu *g, size_t bytes, vks_buffer **out) {
     b->gpu = g;
     b->size = bytes;
     g->allocated_bytes += rounded;
+    if (g->allocated_bytes > g->peak_bytes) g->peak_bytes = g->allocated_bytes;
     *out = b;
     return VKS_OK;
 }

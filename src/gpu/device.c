@@ -403,3 +403,7 @@ int vks_gpu_validation_messages(const vks_gpu *g) { return g ? g->validation_mes
 uint64_t vks_gpu_free_bytes(const vks_gpu *g) {
     return g && g->heap_bytes > g->allocated_bytes ? g->heap_bytes - g->allocated_bytes : 0;
 }
+uint64_t vks_gpu_peak_bytes(const vks_gpu *g) { return g ? g->peak_bytes : 0; }
+void vks_gpu_reset_peak(vks_gpu *g) {
+    if (g) g->peak_bytes = g->allocated_bytes;
+}

@@ -53,6 +53,7 @@ struct vks_gpu {
     vks_device_info info;
     uint32_t device_mem_type, host_mem_type;
     uint64_t heap_bytes, allocated_bytes;
+    uint64_t peak_bytes; /* the most allocated_bytes has been since creation or vks_gpu_reset_peak */
     int validation_messages;
     struct vks_kernel *kernels;
     vks_staging staging;

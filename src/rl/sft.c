@@ -322,6 +322,7 @@ static vks_lora_config lora_config(const vks_sft_run_options *o) {
 }
 
 static int finish(sft_run *s, const vks_adamw_params *h, vks_sft_result *r) {
+    r->plan_bytes = vks_trainer_plan_bytes(s->trainer);
     int rc = save_checkpoint(s, vks_trainer_steps(s->trainer), h, r->final_checkpoint, sizeof r->final_checkpoint);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s", vks_metrics_path(s->metrics));
     rc = vks_rl_close_metrics(s->metrics, rc); /* also after a failed save: nothing leaks */
