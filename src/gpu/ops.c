@@ -411,22 +411,29 @@ static int check_kv_bindings(const char *op, vks_binding kcache, vks_binding vca
     return VKS_OK;
 }
 
-int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
-                    vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R,
-                    uint32_t kv_dim, uint32_t seq_len) {
-    const char *op = "kv_store";
-    if (!o || !c || !R || !kv_dim || !seq_len)
-        return vks_set_error(VKS_ERR_ARG, "kv_store: bad arguments");
+/* One KV-cache write: k, v [R, kv_dim] f32 into caches of elem_bytes per value
+ * (4: kv_store, 2: kv_store_f16, one thread per pair of halves). */
+static int kv_store_into(vks_ops *o, vks_cmd *c, const char *op, uint32_t elem_bytes, vks_binding k, vks_binding v,
+                         vks_binding kcache, vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R,
+                         uint32_t kv_dim, uint32_t seq_len) {
+    if (!o || !c || !R || !kv_dim || (elem_bytes == 2 && kv_dim % 2) || !seq_len)
+        return vks_set_error(VKS_ERR_ARG, "%s: bad arguments", op);
     uint32_t n_slots = 0;
     int rc = vks_ops_check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
     if (!rc) rc = vks_ops_check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
-    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, 4, &n_slots);
+    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, elem_bytes, &n_slots);
     if (rc) return rc;
     uint32_t push[] = {R, kv_dim, seq_len, n_slots};
     uint32_t spec[] = {o->wg_elementwise};
     vks_binding b[] = {k, v, kcache, vcache, slot, pos};
-    return vks_ops_dispatch(o, c, "kv_store", spec, 1, b, 6, push, sizeof push,
-                    ceil_div((uint64_t)R * kv_dim, o->wg_elementwise), op);
+    uint64_t threads = (uint64_t)R * (elem_bytes == 2 ? kv_dim / 2 : kv_dim);
+    return vks_ops_dispatch(o, c, op, spec, 1, b, 6, push, sizeof push, ceil_div(threads, o->wg_elementwise), op);
+}
+
+int vks_op_kv_store(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
+                    vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R,
+                    uint32_t kv_dim, uint32_t seq_len) {
+    return kv_store_into(o, c, "kv_store", 4, k, v, kcache, vcache, slot, pos, R, kv_dim, seq_len);
 }
 
 int vks_op_rope_kv_store(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding k, vks_binding v, vks_binding kcache,
@@ -490,19 +497,7 @@ bool vks_ops_kv_f16_supported(const vks_ops *o) {
 int vks_op_kv_store_f16(vks_ops *o, vks_cmd *c, vks_binding k, vks_binding v, vks_binding kcache,
                         vks_binding vcache, vks_binding slot, vks_binding pos, uint32_t R, uint32_t kv_dim,
                         uint32_t seq_len) {
-    const char *op = "kv_store_f16";
-    if (!o || !c || !R || !kv_dim || kv_dim % 2 || !seq_len)
-        return vks_set_error(VKS_ERR_ARG, "kv_store_f16: bad arguments");
-    uint32_t n_slots = 0;
-    int rc = vks_ops_check_range(op, "k", k, (uint64_t)R * kv_dim, 4);
-    if (!rc) rc = vks_ops_check_range(op, "v", v, (uint64_t)R * kv_dim, 4);
-    if (!rc) rc = check_kv_bindings(op, kcache, vcache, slot, pos, R, seq_len, kv_dim, 2, &n_slots);
-    if (rc) return rc;
-    uint32_t push[] = {R, kv_dim, seq_len, n_slots};
-    uint32_t spec[] = {o->wg_elementwise};
-    vks_binding b[] = {k, v, kcache, vcache, slot, pos};
-    return vks_ops_dispatch(o, c, "kv_store_f16", spec, 1, b, 6, push, sizeof push,
-                            ceil_div((uint64_t)R * (kv_dim / 2), o->wg_elementwise), op);
+    return kv_store_into(o, c, "kv_store_f16", 2, k, v, kcache, vcache, slot, pos, R, kv_dim, seq_len);
 }
 
 static uint32_t attention_splits(uint32_t seq_len) { return (seq_len + VKS_ATTN_SPLIT_KEYS - 1) / VKS_ATTN_SPLIT_KEYS; }
