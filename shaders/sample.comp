@@ -10,8 +10,26 @@
 // by bisection over the bits below the common prefix of the top-k threshold
 // and the largest key: the answer lies between them). NaN z is never kept and
 // never wins (all NaN: token 0).
+//
+// Top-k's histograms spread over W workgroups per row (issue 28; few rows, a
+// large vocabulary: vks_op_sample_split). Three more kernels from this file:
+//   SAMPLE_HIST   W workgroups per row, each histograms its slice of the row
+//                 (keys under the prefix of the earlier passes) into its own
+//                 partial histogram: scratch parts[row][w][256], no atomics
+//                 across workgroups;
+//   SAMPLE_PICK   one workgroup per row: the W partials summed bin by bin
+//                 (exact integer counts), the digit chosen as top_k_threshold
+//                 does, prefix and `above` stored in scratch state[row];
+//   SAMPLE_SPREAD this kernel with the last pick in place of top_k_threshold.
+// Counts are integers, so the threshold, and the token, are those of the
+// one-workgroup kernel bit for bit; top-p's float masses and the Gumbel argmax
+// stay in one workgroup per row, summed in the same order as before.
+// Scratch (uints): state[S][2] = {prefix, above}, then parts[S][W][256].
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
+#if defined(SAMPLE_HIST) || defined(SAMPLE_PICK) || defined(SAMPLE_SPREAD)
+#define SPREAD_ANY
+#endif
 
 struct SampleRow {
     float temperature;
@@ -21,8 +39,20 @@ struct SampleRow {
 };
 layout(std430, set = 0, binding = 0) readonly buffer Logits { float logits[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Params { SampleRow params[]; };
+#if defined(SAMPLE_HIST) || defined(SAMPLE_PICK)
+layout(std430, set = 0, binding = 2) buffer Scratch { uint scratch[]; };
+#else
 layout(std430, set = 0, binding = 2) writeonly buffer Tokens { uint tokens[]; };
+#endif
+#ifdef SAMPLE_SPREAD
+layout(std430, set = 0, binding = 3) readonly buffer Scratch { uint scratch[]; };
+#endif
+#ifdef SPREAD_ANY
+// W workgroups per row; shift: the radix pass (24, 16, 8, 0) of HIST and PICK
+layout(push_constant) uniform Push { uint S, V, W, shift; } pc;
+#else
 layout(push_constant) uniform Push { uint S, V; } pc;
+#endif
 
 shared float red_v[WG_SIZE];
 shared uint red_i[WG_SIZE];
@@ -143,6 +173,43 @@ uint top_k_threshold(uint k, float temperature) {
     return prefix;
 }
 
+#ifdef SPREAD_ANY
+// The rows whose top-k the spread kernels compute (the others take no radix select).
+bool spread_row(SampleRow p) { return p.temperature > 0.0 && p.top_k > 0u && p.top_k < pc.V; }
+
+uint part_base(uint row, uint w) { return 2u * pc.S + (row * pc.W + w) * 256u; }
+#endif
+
+#if defined(SAMPLE_PICK) || defined(SAMPLE_SPREAD)
+// One pass of top_k_threshold from the W partial histograms of `row`: the
+// counts summed in order w = 0..W-1, then the same digit choice.
+void pick_digit(uint row, uint k, uint shift, inout uint prefix, inout uint above) {
+    barrier();  // every invocation is done reading hist
+    for (uint b = gl_LocalInvocationID.x; b < 256u; b += WG_SIZE) {
+        uint c = 0u;
+        for (uint w = 0u; w < pc.W; w++) c += scratch[part_base(row, w) + b];
+        hist[b] = c;
+    }
+    barrier();
+    uint d = 255u, c = above + hist[255];
+    while (c < k && d > 0u) c += hist[--d];
+    above = c - hist[d];
+    prefix |= d << shift;
+}
+#endif
+
+#ifdef SAMPLE_SPREAD
+uint cur_row;
+
+// top_k_threshold's result from the spread passes: the state after the pass
+// at bits 8..15 and the last pass's partial histograms.
+uint spread_top_k_threshold(uint k) {
+    uint prefix = scratch[2u * cur_row], above = scratch[2u * cur_row + 1u];
+    pick_digit(cur_row, k, 0u, prefix, above);
+    return prefix;
+}
+#endif
+
 float mass_at_least(uint thr, float zmax, float temperature) {
     float m = 0.0;
     for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
@@ -207,7 +274,11 @@ uint sample_row(SampleRow p) {
         return argmax(best_v, best_i);
     }
     uint thr = 0u;
+#ifdef SAMPLE_SPREAD
+    if (p.top_k > 0u && p.top_k < pc.V) thr = spread_top_k_threshold(p.top_k);
+#else
     if (p.top_k > 0u && p.top_k < pc.V) thr = top_k_threshold(p.top_k, p.temperature);
+#endif
     if (p.top_p > 0.0 && p.top_p < 1.0) thr = top_p_threshold(thr, p.top_p, p.temperature);
     for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
         float z = z_at(i, p.temperature);
@@ -218,10 +289,59 @@ uint sample_row(SampleRow p) {
     return argmax(best_v, best_i);
 }
 
+#if defined(SAMPLE_HIST)
+// Workgroup w of row's W: the histogram of its slice [w * chunk, (w + 1) * chunk)
+// of the keys whose bits above pc.shift + 8 equal the prefix picked so far.
+void main() {
+    uint g = linear_group_id(), row = g / pc.W, w = g % pc.W, t = gl_LocalInvocationID.x;
+    if (row >= pc.S) return;  // uniform over the workgroup
+    SampleRow p = params[row];
+    if (!spread_row(p)) return;
+    row_base = row * pc.V;
+    uint prefix = 0u, high = 0u;
+    if (pc.shift != 24u) {
+        prefix = scratch[2u * row];
+        high = 0xffffffffu << (pc.shift + 8u);
+    }
+    for (uint b = t; b < 256u; b += WG_SIZE) hist[b] = 0u;
+    barrier();
+    uint chunk = pc.V / pc.W + (pc.V % pc.W != 0u ? 1u : 0u);
+    uint lo = w * chunk, hi = min(pc.V, lo + chunk);
+    for (uint i = lo + t; i < hi; i += WG_SIZE) {
+        float z = z_at(i, p.temperature);
+        uint key = key_of(z);
+        if (!isnan(z) && (key & high) == prefix) atomicAdd(hist[(key >> pc.shift) & 255u], 1u);
+    }
+    barrier();
+    uint base = part_base(row, w);
+    for (uint b = t; b < 256u; b += WG_SIZE) scratch[base + b] = hist[b];
+}
+#elif defined(SAMPLE_PICK)
+void main() {
+    uint row = linear_group_id();
+    if (row >= pc.S) return;  // uniform over the workgroup
+    SampleRow p = params[row];
+    if (!spread_row(p)) return;
+    uint prefix = 0u, above = 0u;
+    if (pc.shift != 24u) {
+        prefix = scratch[2u * row];
+        above = scratch[2u * row + 1u];
+    }
+    pick_digit(row, p.top_k, pc.shift, prefix, above);
+    if (gl_LocalInvocationID.x == 0u) {
+        scratch[2u * row] = prefix;
+        scratch[2u * row + 1u] = above;
+    }
+}
+#else
 void main() {
     uint row = linear_group_id();
     if (row >= pc.S) return;  // uniform over the workgroup
     row_base = row * pc.V;
+#ifdef SAMPLE_SPREAD
+    cur_row = row;
+#endif
     uint tok = sample_row(params[row]);
     if (gl_LocalInvocationID.x == 0u) tokens[row] = tok == 0xffffffffu ? 0u : tok;
 }
+#endif

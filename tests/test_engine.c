@@ -651,6 +651,52 @@ static void test_sampled_logp_on_gpu(void **state) {
     if (m) check_sampled_logp(m, "stories260K");
 }
 
+/* Few sampling rows of a large vocabulary: the engine spreads top-k's
+ * histograms over several workgroups per row (vks_op_sample_split: 7
+ * dispatches more than the one-workgroup sampler); the tokens are those of
+ * the one-workgroup sampler in a 12-row batch (> VKS_SAMPLE_SPREAD_MAX_ROWS),
+ * and a row's token depends on neither path nor batch. */
+static void test_sample_split_in_engine(void **state) {
+    (void)state;
+    vks_model_config c = {.dim = 32, .hidden_dim = 72, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+                          .vocab_size = 20011, .seq_len = 16, .head_dim = 16, .kv_dim = 16, .norm_eps = 1e-5f,
+                          .rope_theta = 10000.0f, .rope_mode = VKS_ROPE_HALF, .shared_classifier = false};
+    vks_model *m;
+    assert_int_equal(vks_model_random(&c, 31, &m), VKS_OK);
+    enum { N = 12 };
+    const uint32_t V = (uint32_t)c.vocab_size, top_k[4] = {40, 1, 0, 20010};
+    assert_true(vks_op_sample_groups(8, V) > 1 && vks_op_sample_groups(N, V) == 1);
+    vks_engine_options o = {.n_slots = 1, .kv_len = N, .max_rows = N};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    int32_t ids[N], all[N], part[N];
+    uint32_t slot[N] = {0}, pos[N], rows[N];
+    vks_gpu_sample_row sample[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = (i * 3779 + 5) % (int)V, pos[i] = rows[i] = (uint32_t)i;
+        sample[i] = (vks_gpu_sample_row){.temperature = i % 5 == 4 ? 0.0f : 0.5f + 0.25f * (float)(i % 3),
+                                         .top_k = top_k[i % 4], .top_p = i % 3 == 0 ? 0.8f : 1.0f,
+                                         .seed_lo = 11u + (uint32_t)i, .seed_hi = 3, .seq = (uint32_t)i, .pos = (uint32_t)i};
+    }
+    vks_forward_batch b = {.n_rows = N, .tokens = ids, .slot = slot, .pos = pos, .n_out = N, .out_rows = rows,
+                           .sample = sample, .sampled = all};
+    vks_engine_stats s0, s1, s2;
+    vks_engine_stats_get(e, &s0);
+    assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
+    vks_engine_stats_get(e, &s1);
+    /* the same prefill, the first 4 rows sampled, then the last 8 */
+    b.n_out = 4, b.sampled = part;
+    assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
+    vks_engine_stats_get(e, &s2);
+    assert_int_equal((s2.dispatches - s1.dispatches) - (s1.dispatches - s0.dispatches), 7);
+    b.n_out = 8, b.out_rows = rows + 4, b.sample = sample + 4, b.sampled = part + 4;
+    assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
+    assert_memory_equal(part, all, sizeof all);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 /* Captures the committed hidden rows of every sampled position, by sequence
  * index and position, to compare batched and lone runs bit for bit. */
 enum { CAP_SEQS = 12, CAP_POS = 300, CAP_DIM = 64 };
@@ -993,6 +1039,7 @@ int main(void) {
         cmocka_unit_test(test_architectures_every_path),
         cmocka_unit_test(test_batch_invariant_sampling), cmocka_unit_test(test_record_logp),
         cmocka_unit_test(test_sampled_logp_on_gpu),
+        cmocka_unit_test(test_sample_split_in_engine),
         cmocka_unit_test(test_batch_invariance_large), cmocka_unit_test(test_batch_invariance_kv_f16),
         cmocka_unit_test(test_kv_f16_vs_ref),          cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
         cmocka_unit_test(test_kv_resize), cmocka_unit_test(test_kv_resize_kv_f16), cmocka_unit_test(test_recordings_replayed),

@@ -38,7 +38,13 @@ struct op_case {
         struct { uint32_t heads, kv_heads, head_dim, seq_len, decode_rows; } attention;
         struct { uint32_t n; bool in_place; } elementwise;   /* swiglu, add */
         struct { uint32_t R, D, src_rows; } gather;
-        struct { uint32_t S, V; float temperature; uint32_t top_k; float top_p; bool ties, near_one; } sample;
+        struct {
+            uint32_t S, V; float temperature; uint32_t top_k; float top_p; bool ties, near_one;
+            /* split: also vks_op_sample_split at W workgroups per row (VKS_AUTO_W: vks_op_sample_groups),
+             * token for token against vks_op_sample; mixed: rows cycle greedy / the row's settings /
+             * no top-k / no top-p; nans: every 97th logit NaN, every 89th -inf; seed: of the logits */
+            uint32_t split; bool mixed, nans; uint64_t seed;
+        } sample;
     };
 };
 
@@ -596,17 +602,27 @@ static void set_near_one(float *row, uint32_t V, const vks_sample_params *p, uin
 }
 
 /* sample: S rows of V logits. ties: logits rounded to halves to create ties. */
+#define VKS_AUTO_W UINT32_MAX
+
 static void run_sample(const op_case *tc) {
-    uint32_t S = tc->sample.S, V = tc->sample.V, top_k = tc->sample.top_k;
-    float temperature = tc->sample.temperature, top_p = tc->sample.top_p;
-    float *logits = rand_floats((size_t)S * V, 19, -8, 8);
+    uint32_t S = tc->sample.S, V = tc->sample.V;
+    float *logits = rand_floats((size_t)S * V, tc->sample.seed ? tc->sample.seed : 19, -8, 8);
     if (tc->sample.ties)
         for (size_t i = 0; i < (size_t)S * V; i++) logits[i] = roundf(logits[i] * 2) / 2;
+    for (size_t i = 0; tc->sample.nans && i < (size_t)S * V; i++) {
+        if (i % 97 == 5) logits[i] = NAN;
+        else if (i % 89 == 7) logits[i] = -INFINITY;
+    }
     vks_gpu_sample_row *rows = xmalloc(S * sizeof *rows);
     vks_sample_params *ref = xmalloc(S * sizeof *ref);
     uint32_t *expect = xmalloc(S * 4);
     for (uint32_t s = 0; s < S; s++) {
-        uint64_t seed = 0x123456789abcull * (s + 1);
+        uint32_t top_k = tc->sample.top_k;
+        float temperature = tc->sample.temperature, top_p = tc->sample.top_p;
+        if (tc->sample.mixed && s % 4 == 1) temperature = 0.0f;
+        if (tc->sample.mixed && s % 4 == 2) top_k = 0;
+        if (tc->sample.mixed && s % 4 == 3) top_p = 1.0f;
+        uint64_t seed = 0x123456789abcull * (s + 1) + tc->sample.seed;
         ref[s] = (vks_sample_params){temperature, top_k, top_p, seed, s * 3u, 17u + s};
         uint32_t near = 0;
         if (tc->sample.near_one) {
@@ -624,6 +640,22 @@ static void run_sample(const op_case *tc) {
     submit(c);
     uint32_t *got = xmalloc(S * 4);
     download(bt, got, S * 4);
+    if (tc->sample.split) { /* the spread radix select: the one-workgroup kernel's tokens, every row */
+        uint32_t W = tc->sample.split == VKS_AUTO_W ? vks_op_sample_groups(S, V) : tc->sample.split;
+        assert_true(W > 1);
+        uint64_t scratch_bytes = vks_op_sample_scratch_bytes(S, W);
+        vks_buffer *bs = gpu_buffer(NULL, scratch_bytes), *bt2 = gpu_buffer(NULL, S * 4);
+        c = begin();
+        assert_int_equal(vks_op_sample_split(ops, c, bind(bl), bind(bp), bind(bt2), bind(bs), S, V, W), VKS_OK);
+        submit(c);
+        uint32_t *got2 = xmalloc(S * 4);
+        download(bt2, got2, S * 4);
+        for (uint32_t s = 0; s < S; s++)
+            if (got2[s] != got[s]) fprintf(stderr, "%s: row %u split (W %u) %u one workgroup %u\n", tc->name, s, W, got2[s], got[s]);
+        assert_memory_equal(got2, got, S * 4);
+        free(got2);
+        vks_buffer_destroy(bs); vks_buffer_destroy(bt2);
+    }
     uint32_t mismatches = 0;
     for (uint32_t s = 0; s < S; s++) {
         const float *row = logits + (size_t)s * V;
@@ -638,7 +670,7 @@ static void run_sample(const op_case *tc) {
         if (got[s] == want) continue;
         mismatches++;
         fprintf(stderr, "%s: row %u gpu %u ref %u\n", tc->name, s, got[s], want);
-        assert_true(temperature > 0.0f);  /* greedy must match exactly */
+        assert_true(ref[s].temperature > 0.0f);  /* greedy must match exactly */
         assert_true(near_tie(row, (int)V, &ref[s], got[s], want));
     }
     assert_true(mismatches * 200 <= S); /* at most 1 in 200 rows */
@@ -682,6 +714,16 @@ static void run_bad_args(const op_case *tc) {
                      VKS_ERR_ARG); /* D = 128 is half a block */
     assert_int_equal(vks_op_embed(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_K, 0, 8, 256, bind(b), 1),
                      VKS_ERR_ARG); /* 8 blocks of 144 bytes exceed the 1024-byte table */
+    /* the spread sampler: no workgroups per row, a scratch too small for 2 rows at W = 8 */
+    assert_int_equal(vks_op_sample_split(ops, c, bind(b), bind(b), bind(b), bind(b), 1, 8, 0), VKS_ERR_ARG);
+    assert_int_equal(vks_op_sample_split(ops, c, bind(b), bind(b), bind(b), bind(b), 2, 8, 8), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "scratch"));
+    /* W: 1 for many rows or a short row; one per 4096 logits, at most 64 */
+    assert_int_equal(vks_op_sample_groups(1, 151936), 38);
+    assert_int_equal(vks_op_sample_groups(8, 32000), 8);
+    assert_int_equal(vks_op_sample_groups(9, 151936), 1);
+    assert_int_equal(vks_op_sample_groups(1, 12288), 1);
+    assert_int_equal(vks_op_sample_groups(1, 1u << 20), 64);
     vks_binding past_end = {b, 2048, 0};
     assert_int_equal(vks_op_add(ops, c, past_end, bind(b), 1), VKS_ERR_ARG);
     submit(c);
@@ -815,6 +857,31 @@ static const op_case cases[] = {
     /* more workgroups than maxComputeWorkGroupCount[0] (65535 on lavapipe): folded into y */
     SAMPLE("sample u near 1", .S = 16, .V = 64, .temperature = 1.0f, .near_one = true),
     SAMPLE("sample greedy 70000 rows", .S = 70000, .V = 3, .temperature = 0.0f, .ties = true),
+    /* top-k's radix select over several workgroups per row (vks_op_sample_split) */
+    SAMPLE("sample split top-k 40 V151936", .S = 8, .V = 151936, .temperature = 1.0f, .top_k = 40, .split = VKS_AUTO_W),
+    SAMPLE("sample split top-k 1 ties V151936", .S = 4, .V = 151936, .temperature = 0.8f, .top_k = 1, .ties = true,
+           .split = VKS_AUTO_W, .seed = 3),
+    SAMPLE("sample split top-k 40 top-p 0.9 ties mixed V151936", .S = 8, .V = 151936, .temperature = 1.1f, .top_k = 40,
+           .top_p = 0.9f, .ties = true, .mixed = true, .split = VKS_AUTO_W, .seed = 5),
+    SAMPLE("sample split top-k V-1 V32000", .S = 6, .V = 32000, .temperature = 1.0f, .top_k = 31999, .split = VKS_AUTO_W),
+    SAMPLE("sample split top-k V V32000", .S = 6, .V = 32000, .temperature = 1.0f, .top_k = 32000, .split = VKS_AUTO_W),
+    SAMPLE("sample split top-k 40 top-p 0.95 V32000 nans", .S = 8, .V = 32000, .temperature = 0.7f, .top_k = 40,
+           .top_p = 0.95f, .nans = true, .split = VKS_AUTO_W, .seed = 7),
+    SAMPLE("sample split top-k 7 top-p 0.5 ties V50021", .S = 8, .V = 50021, .temperature = 1.3f, .top_k = 7,
+           .top_p = 0.5f, .ties = true, .split = VKS_AUTO_W, .seed = 11),
+    SAMPLE("sample split top-k 3000 ties mixed V50021 W64", .S = 8, .V = 50021, .temperature = 2.0f, .top_k = 3000,
+           .ties = true, .mixed = true, .split = 64, .seed = 13),
+    SAMPLE("sample split top-k 50 top-p 0.7 ties V1000 W3", .S = 200, .V = 1000, .temperature = 0.7f, .top_k = 50,
+           .top_p = 0.7f, .ties = true, .split = 3, .seed = 17),
+    SAMPLE("sample split top-k 40 mixed nans V1000 W7", .S = 200, .V = 1000, .temperature = 1.0f, .top_k = 40,
+           .top_p = 0.8f, .mixed = true, .nans = true, .split = 7, .seed = 19),
+    SAMPLE("sample split top-k 999 V1000 W2", .S = 200, .V = 1000, .temperature = 1.0f, .top_k = 999, .split = 2, .seed = 23),
+    /* nearly flat scores (T 20): a kept set one token off changes about half the tokens at k 1 or 2 */
+    SAMPLE("sample split top-k 2 T20 V151936 W38", .S = 32, .V = 151936, .temperature = 20.0f, .top_k = 2, .split = 38,
+           .seed = 31),
+    SAMPLE("sample split top-k 1 T20 V100003 W25", .S = 32, .V = 100003, .temperature = 20.0f, .top_k = 1, .split = 25,
+           .seed = 37),
+    SAMPLE("sample split top-k 1 V37 W37", .S = 64, .V = 37, .temperature = 1.0f, .top_k = 1, .ties = true, .split = 37, .seed = 29),
     {"add 2^24+3 elements", run_add, .tol = 0, .elementwise = {.n = (1u << 24) + 3}},
     {"bad arguments", run_bad_args, .tol = 0},
 };

@@ -136,4 +136,21 @@ int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
 /* tokens[s] = sample(logits[s, :], params[s]) as vks_ref_sample. */
 int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                   vks_binding tokens, uint32_t S, uint32_t V);
+/* Top-k's radix select spread over W workgroups per row (its 4 histogram
+ * passes; top-p and the Gumbel argmax stay one workgroup per row): used for
+ * at most VKS_SAMPLE_SPREAD_MAX_ROWS rows, one workgroup per
+ * VKS_SAMPLE_SPREAD_SLICE logits of a row, at most VKS_SAMPLE_SPREAD_MAX_W. */
+#define VKS_SAMPLE_SPREAD_MAX_ROWS 8u
+#define VKS_SAMPLE_SPREAD_SLICE 4096u
+#define VKS_SAMPLE_SPREAD_MAX_W 64u
+/* Workgroups per row for S rows of V logits: 1 (the one-workgroup kernel)
+ * when rows are many or the row is under 4 slices. */
+uint32_t vks_op_sample_groups(uint32_t S, uint32_t V);
+/* Scratch bytes vks_op_sample_split needs for S rows at W workgroups per row (0 for W = 1). */
+uint64_t vks_op_sample_scratch_bytes(uint32_t S, uint32_t W);
+/* vks_op_sample with top-k's histograms over W workgroups per row: the same
+ * tokens bit for bit (integer counts; float sums in vks_op_sample's order).
+ * W = 1 is vks_op_sample (scratch unused, may be empty). */
+int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
+                        vks_binding tokens, vks_binding scratch, uint32_t S, uint32_t V, uint32_t W);
 #endif

@@ -27,12 +27,20 @@ static uint64_t att_part_bytes(const vks_engine *e, int kv_len) {
                          : 0;
 }
 
+/* vks_op_sample_split's scratch for up to VKS_SAMPLE_SPREAD_MAX_ROWS output rows (0 when the one-workgroup
+ * sampler serves every batch: W depends only on the vocabulary for those rows). */
+static uint64_t sample_scratch_bytes(const vks_engine *e) {
+    uint32_t O = (uint32_t)e->opt.max_out_rows < VKS_SAMPLE_SPREAD_MAX_ROWS ? (uint32_t)e->opt.max_out_rows
+                                                                            : VKS_SAMPLE_SPREAD_MAX_ROWS;
+    return vks_op_sample_scratch_bytes(O, vks_op_sample_groups(O, (uint32_t)e->cfg.vocab_size));
+}
+
 static uint64_t activation_bytes(const vks_engine *e) {
     const vks_model_config *c = &e->cfg;
     uint64_t R = (uint64_t)e->opt.max_rows, O = (uint64_t)e->opt.max_out_rows;
     uint64_t qd = (uint64_t)c->n_heads * c->head_dim;
     uint64_t rope_table = (uint64_t)e->opt.kv_len * (uint64_t)c->head_dim * 4;
-    return rope_table + att_part_bytes(e, e->opt.kv_len) +
+    return rope_table + att_part_bytes(e, e->opt.kv_len) + sample_scratch_bytes(e) +
            R * 4 * (2 * (uint64_t)c->dim + 2 * qd + 2 * (uint64_t)c->kv_dim + 2 * (uint64_t)c->hidden_dim + 3) +
            O * 4 * ((uint64_t)c->dim + (uint64_t)c->vocab_size + 2) + O * sizeof(vks_gpu_sample_row);
 }
@@ -79,6 +87,10 @@ static int create_activations(vks_engine *e) {
     }
     if (e->opt.kv_f16) {
         int rc = new_buffer(e, att_part_bytes(e, e->opt.kv_len), "the split attention's partials", &a->att_part);
+        if (rc) return rc;
+    }
+    if (sample_scratch_bytes(e)) {
+        int rc = new_buffer(e, sample_scratch_bytes(e), "the sampler's partial histograms", &a->sample_scratch);
         if (rc) return rc;
     }
     return vks_rope_table_upload(e->gpu, c, e->opt.kv_len, &a->rope_table); /* positions < kv_len; resize remakes it */

@@ -118,8 +118,11 @@ static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {
         (rc = vks_op_rmsnorm(e->ops, c, bind(a->xo), bind(e->w.final_norm), bind(a->xo), O, D, cf->norm_eps)) ||
         (rc = matmul(e, c, a->xo, &e->w.classifier, a->logits, O, (uint32_t)cf->vocab_size, false)))
         return rc;
-    if (b->sample)
-        rc = vks_op_sample(e->ops, c, bind(a->logits), bind(a->sample), bind(a->sampled), O, (uint32_t)cf->vocab_size);
+    if (b->sample) { /* few rows of a large vocabulary: top-k's histograms over several workgroups, same tokens */
+        uint32_t W = a->sample_scratch ? vks_op_sample_groups(O, (uint32_t)cf->vocab_size) : 1;
+        rc = vks_op_sample_split(e->ops, c, bind(a->logits), bind(a->sample), bind(a->sampled), bind(a->sample_scratch),
+                                 O, (uint32_t)cf->vocab_size, W);
+    }
     /* the sampled tokens' log-probabilities at temperature 1: O floats to download, not O x vocab */
     if (rc == VKS_OK && b->sample && b->sampled_logp)
         rc = vks_op_token_logprob(e->ops, c, bind(a->logits), bind(a->sampled), bind(a->logp), O, (uint32_t)cf->vocab_size);

@@ -51,6 +51,7 @@ typedef struct {
     vks_buffer *out_rows, *xo, *logits, *sample, *sampled, *logp; /* [max_out_rows, ...] */
     vks_buffer *rope_table;                           /* [kv_len, head_dim/2] (cos, sin): vks_rope_table */
     vks_buffer *att_part; /* kv_f16: the split attention's partials for max_rows rows over kv_len keys */
+    vks_buffer *sample_scratch; /* top-k's partial histograms over several workgroups (few rows, large vocabulary) */
 } dev_activations;
 
 /* A LoRA adapter's matrices of the engine's layer range (engine_lora.c):

@@ -617,3 +617,40 @@ int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params
     vks_binding b[] = {logits, params, tokens};
     return vks_ops_dispatch(o, c, "sample", spec, 1, b, 3, push, sizeof push, S, op);
 }
+
+uint32_t vks_op_sample_groups(uint32_t S, uint32_t V) {
+    uint64_t w = ceil_div(V, VKS_SAMPLE_SPREAD_SLICE);
+    if (S == 0 || S > VKS_SAMPLE_SPREAD_MAX_ROWS || w < 4) return 1;
+    return w > VKS_SAMPLE_SPREAD_MAX_W ? VKS_SAMPLE_SPREAD_MAX_W : (uint32_t)w;
+}
+
+uint64_t vks_op_sample_scratch_bytes(uint32_t S, uint32_t W) {
+    return W <= 1 ? 0 : ((uint64_t)S * 2 + (uint64_t)S * W * 256) * 4;
+}
+
+/* hist (W per row), pick, hist, pick, hist, pick, hist, then the sampler with
+ * the last pick; the dispatches' barriers come from their scratch accesses. */
+int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
+                        vks_binding tokens, vks_binding scratch, uint32_t S, uint32_t V, uint32_t W) {
+    const char *op = "sample";
+    if (W == 1) return vks_op_sample(o, c, logits, params, tokens, S, V);
+    if (!o || !c || !S || !V || W == 0 || W > V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
+    int rc = vks_ops_check_range(op, "logits", logits, (uint64_t)S * V, 4);
+    if (!rc) rc = vks_ops_check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
+    if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
+    if (!rc) rc = vks_ops_check_range(op, "scratch", scratch, vks_op_sample_scratch_bytes(S, W) / 4, 4);
+    if (rc) return rc;
+    uint32_t spec[] = {o->wg_row};
+    vks_binding hb[] = {logits, params, scratch};
+    for (uint32_t shift = 24;; shift -= 8) {
+        uint32_t push[] = {S, V, W, shift};
+        rc = vks_ops_dispatch(o, c, "sample_hist", spec, 1, hb, 3, push, sizeof push, (uint64_t)S * W, "sample_hist");
+        if (rc || shift == 0) break;
+        rc = vks_ops_dispatch(o, c, "sample_pick", spec, 1, hb, 3, push, sizeof push, S, "sample_pick");
+        if (rc) return rc;
+    }
+    if (rc) return rc;
+    uint32_t push[] = {S, V, W, 0};
+    vks_binding b[] = {logits, params, tokens, scratch};
+    return vks_ops_dispatch(o, c, "sample_spread", spec, 1, b, 4, push, sizeof push, S, op);
+}
