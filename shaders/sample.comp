@@ -13,21 +13,21 @@
 //
 // Top-k's histograms spread over W workgroups per row (issue 28; few rows, a
 // large vocabulary: vks_op_sample_split). Three more kernels from this file:
+//   SAMPLE_ZERO   one workgroup per row: clears the row's 4 x 256 counts;
 //   SAMPLE_HIST   W workgroups per row, each histograms its slice of the row
-//                 (keys under the prefix of the earlier passes) into its own
-//                 partial histogram: scratch parts[row][w][256], no atomics
-//                 across workgroups;
-//   SAMPLE_PICK   one workgroup per row: the W partials summed bin by bin
-//                 (exact integer counts), the digit chosen as top_k_threshold
-//                 does, prefix and `above` stored in scratch state[row];
-//   SAMPLE_SPREAD this kernel with the last pick in place of top_k_threshold.
-// Counts are integers, so the threshold, and the token, are those of the
-// one-workgroup kernel bit for bit; top-p's float masses and the Gumbel argmax
-// stay in one workgroup per row, summed in the same order as before.
-// Scratch (uints): state[S][2] = {prefix, above}, then parts[S][W][256].
+//                 (keys under the prefix of the earlier passes, whose digits
+//                 each workgroup takes again from their counts) in shared
+//                 memory, then adds its bins to the row's counts of this pass
+//                 with integer atomics (exact, so in any order);
+//   SAMPLE_SPREAD this kernel with the 4 digits taken from the row's counts
+//                 in place of top_k_threshold.
+// The counts are those of top_k_threshold's passes, so the threshold, and the
+// token, are the one-workgroup kernel's bit for bit; top-p's float masses and
+// the Gumbel argmax stay in one workgroup per row, summed in the same order.
+// Scratch (uints): counts[S][4][256], pass 0 = bits 24..31.
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
-#if defined(SAMPLE_HIST) || defined(SAMPLE_PICK) || defined(SAMPLE_SPREAD)
+#if defined(SAMPLE_ZERO) || defined(SAMPLE_HIST) || defined(SAMPLE_SPREAD)
 #define SPREAD_ANY
 #endif
 
@@ -39,7 +39,7 @@ struct SampleRow {
 };
 layout(std430, set = 0, binding = 0) readonly buffer Logits { float logits[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Params { SampleRow params[]; };
-#if defined(SAMPLE_HIST) || defined(SAMPLE_PICK)
+#if defined(SAMPLE_ZERO) || defined(SAMPLE_HIST)
 layout(std430, set = 0, binding = 2) buffer Scratch { uint scratch[]; };
 #else
 layout(std430, set = 0, binding = 2) writeonly buffer Tokens { uint tokens[]; };
@@ -48,7 +48,7 @@ layout(std430, set = 0, binding = 2) writeonly buffer Tokens { uint tokens[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Scratch { uint scratch[]; };
 #endif
 #ifdef SPREAD_ANY
-// W workgroups per row; shift: the radix pass (24, 16, 8, 0) of HIST and PICK
+// W workgroups per row; shift: HIST's radix pass (24, 16, 8, 0)
 layout(push_constant) uniform Push { uint S, V, W, shift; } pc;
 #else
 layout(push_constant) uniform Push { uint S, V; } pc;
@@ -177,35 +177,34 @@ uint top_k_threshold(uint k, float temperature) {
 // The rows whose top-k the spread kernels compute (the others take no radix select).
 bool spread_row(SampleRow p) { return p.temperature > 0.0 && p.top_k > 0u && p.top_k < pc.V; }
 
-uint part_base(uint row, uint w) { return 2u * pc.S + (row * pc.W + w) * 256u; }
+uint counts_at(uint row, uint shift) { return (row * 4u + (24u - shift) / 8u) * 256u; }
 #endif
 
-#if defined(SAMPLE_PICK) || defined(SAMPLE_SPREAD)
-// One pass of top_k_threshold from the W partial histograms of `row`: the
-// counts summed in order w = 0..W-1, then the same digit choice.
-void pick_digit(uint row, uint k, uint shift, inout uint prefix, inout uint above) {
-    barrier();  // every invocation is done reading hist
-    for (uint b = gl_LocalInvocationID.x; b < 256u; b += WG_SIZE) {
-        uint c = 0u;
-        for (uint w = 0u; w < pc.W; w++) c += scratch[part_base(row, w) + b];
-        hist[b] = c;
+#if defined(SAMPLE_HIST) || defined(SAMPLE_SPREAD)
+// top_k_threshold's digits of the passes above bit `stop` from the row's
+// counts (the same digit choice, from the same counts).
+void take_digits(uint row, uint k, uint stop, out uint prefix, out uint above) {
+    prefix = 0u;
+    above = 0u;
+    for (uint shift = 24u; shift >= stop && shift <= 24u; shift -= 8u) {
+        barrier();  // every invocation is done reading hist
+        for (uint b = gl_LocalInvocationID.x; b < 256u; b += WG_SIZE) hist[b] = scratch[counts_at(row, shift) + b];
+        barrier();
+        uint d = 255u, c = above + hist[255];
+        while (c < k && d > 0u) c += hist[--d];
+        above = c - hist[d];
+        prefix |= d << shift;
     }
-    barrier();
-    uint d = 255u, c = above + hist[255];
-    while (c < k && d > 0u) c += hist[--d];
-    above = c - hist[d];
-    prefix |= d << shift;
 }
 #endif
 
 #ifdef SAMPLE_SPREAD
 uint cur_row;
 
-// top_k_threshold's result from the spread passes: the state after the pass
-// at bits 8..15 and the last pass's partial histograms.
+// top_k_threshold's result from the spread passes' counts.
 uint spread_top_k_threshold(uint k) {
-    uint prefix = scratch[2u * cur_row], above = scratch[2u * cur_row + 1u];
-    pick_digit(cur_row, k, 0u, prefix, above);
+    uint prefix, above;
+    take_digits(cur_row, k, 0u, prefix, above);
     return prefix;
 }
 #endif
@@ -289,20 +288,27 @@ uint sample_row(SampleRow p) {
     return argmax(best_v, best_i);
 }
 
-#if defined(SAMPLE_HIST)
+#if defined(SAMPLE_ZERO)
+void main() {
+    uint row = linear_group_id();
+    if (row >= pc.S) return;
+    for (uint b = gl_LocalInvocationID.x; b < 1024u; b += WG_SIZE) scratch[row * 1024u + b] = 0u;
+}
+#elif defined(SAMPLE_HIST)
 // Workgroup w of row's W: the histogram of its slice [w * chunk, (w + 1) * chunk)
-// of the keys whose bits above pc.shift + 8 equal the prefix picked so far.
+// of the keys whose bits above pc.shift + 8 equal the prefix of the earlier passes.
 void main() {
     uint g = linear_group_id(), row = g / pc.W, w = g % pc.W, t = gl_LocalInvocationID.x;
     if (row >= pc.S) return;  // uniform over the workgroup
     SampleRow p = params[row];
     if (!spread_row(p)) return;
     row_base = row * pc.V;
-    uint prefix = 0u, high = 0u;
+    uint prefix = 0u, above = 0u, high = 0u;
     if (pc.shift != 24u) {
-        prefix = scratch[2u * row];
+        take_digits(row, p.top_k, pc.shift + 8u, prefix, above);
         high = 0xffffffffu << (pc.shift + 8u);
     }
+    barrier();  // every invocation is done reading hist
     for (uint b = t; b < 256u; b += WG_SIZE) hist[b] = 0u;
     barrier();
     uint chunk = pc.V / pc.W + (pc.V % pc.W != 0u ? 1u : 0u);
@@ -313,25 +319,9 @@ void main() {
         if (!isnan(z) && (key & high) == prefix) atomicAdd(hist[(key >> pc.shift) & 255u], 1u);
     }
     barrier();
-    uint base = part_base(row, w);
-    for (uint b = t; b < 256u; b += WG_SIZE) scratch[base + b] = hist[b];
-}
-#elif defined(SAMPLE_PICK)
-void main() {
-    uint row = linear_group_id();
-    if (row >= pc.S) return;  // uniform over the workgroup
-    SampleRow p = params[row];
-    if (!spread_row(p)) return;
-    uint prefix = 0u, above = 0u;
-    if (pc.shift != 24u) {
-        prefix = scratch[2u * row];
-        above = scratch[2u * row + 1u];
-    }
-    pick_digit(row, p.top_k, pc.shift, prefix, above);
-    if (gl_LocalInvocationID.x == 0u) {
-        scratch[2u * row] = prefix;
-        scratch[2u * row + 1u] = above;
-    }
+    uint base = counts_at(row, pc.shift);
+    for (uint b = t; b < 256u; b += WG_SIZE)
+        if (hist[b] != 0u) atomicAdd(scratch[base + b], hist[b]);
 }
 #else
 void main() {

@@ -625,11 +625,12 @@ uint32_t vks_op_sample_groups(uint32_t S, uint32_t V) {
 }
 
 uint64_t vks_op_sample_scratch_bytes(uint32_t S, uint32_t W) {
-    return W <= 1 ? 0 : ((uint64_t)S * 2 + (uint64_t)S * W * 256) * 4;
+    return W <= 1 ? 0 : (uint64_t)S * 4 * 256 * 4;
 }
 
-/* hist (W per row), pick, hist, pick, hist, pick, hist, then the sampler with
- * the last pick; the dispatches' barriers come from their scratch accesses. */
+/* zero (one workgroup per row), hist x 4 (W per row, integer atomics into the
+ * row's counts), then the sampler with the digits from the counts; the
+ * dispatches' barriers come from their scratch accesses. */
 int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                         vks_binding tokens, vks_binding scratch, uint32_t S, uint32_t V, uint32_t W) {
     const char *op = "sample";
@@ -642,12 +643,11 @@ int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding 
     if (rc) return rc;
     uint32_t spec[] = {o->wg_row};
     vks_binding hb[] = {logits, params, scratch};
-    for (uint32_t shift = 24;; shift -= 8) {
-        uint32_t push[] = {S, V, W, shift};
+    uint32_t zpush[] = {S, V, W, 0};
+    rc = vks_ops_dispatch(o, c, "sample_zero", spec, 1, hb, 3, zpush, sizeof zpush, S, "sample_zero");
+    for (uint32_t pass = 0; pass < 4 && !rc; pass++) {
+        uint32_t push[] = {S, V, W, 24 - 8 * pass};
         rc = vks_ops_dispatch(o, c, "sample_hist", spec, 1, hb, 3, push, sizeof push, (uint64_t)S * W, "sample_hist");
-        if (rc || shift == 0) break;
-        rc = vks_ops_dispatch(o, c, "sample_pick", spec, 1, hb, 3, push, sizeof push, S, "sample_pick");
-        if (rc) return rc;
     }
     if (rc) return rc;
     uint32_t push[] = {S, V, W, 0};
