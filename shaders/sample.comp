@@ -183,6 +183,10 @@ uint counts_at(uint row, uint shift) { return (row * 4u + (24u - shift) / 8u) * 
 #if defined(SAMPLE_HIST) || defined(SAMPLE_SPREAD)
 // top_k_threshold's digits of the passes above bit `stop` from the row's
 // counts (the same digit choice, from the same counts).
+// Invocation 0 scans (every workgroup of every pass takes them again: on CPU
+// drivers a scan by all invocations costs WG_SIZE / lanes times as much).
+shared uint digits[2];
+
 void take_digits(uint row, uint k, uint stop, out uint prefix, out uint above) {
     prefix = 0u;
     above = 0u;
@@ -190,10 +194,15 @@ void take_digits(uint row, uint k, uint stop, out uint prefix, out uint above) {
         barrier();  // every invocation is done reading hist
         for (uint b = gl_LocalInvocationID.x; b < 256u; b += WG_SIZE) hist[b] = scratch[counts_at(row, shift) + b];
         barrier();
-        uint d = 255u, c = above + hist[255];
-        while (c < k && d > 0u) c += hist[--d];
-        above = c - hist[d];
-        prefix |= d << shift;
+        if (gl_LocalInvocationID.x == 0u) {
+            uint d = 255u, c = above + hist[255];
+            while (c < k && d > 0u) c += hist[--d];
+            digits[0] = d;
+            digits[1] = c - hist[d];
+        }
+        barrier();
+        above = digits[1];
+        prefix |= digits[0] << shift;
     }
 }
 #endif
