@@ -143,9 +143,11 @@ int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params
 #define VKS_SAMPLE_SPREAD_MAX_ROWS 8u
 #define VKS_SAMPLE_SPREAD_SLICE 4096u
 #define VKS_SAMPLE_SPREAD_MAX_W 64u
-/* Workgroups per row for S rows of V logits: 1 (the one-workgroup kernel)
- * when rows are many or the row is under 4 slices. */
-uint32_t vks_op_sample_groups(uint32_t S, uint32_t V);
+/* Workgroups per row for S rows of V logits on o's device: 1 (the
+ * one-workgroup kernel) when rows are many, the row is under 4 slices, or on
+ * CPU drivers (VKSWARM_SAMPLE_SPREAD=0|1 overrides); o = NULL: the choice of
+ * a device that spreads (for sizing scratch before the device is known). */
+uint32_t vks_op_sample_groups(const vks_ops *o, uint32_t S, uint32_t V);
 /* Scratch bytes vks_op_sample_split needs for S rows at W workgroups per row (0 for W = 1). */
 uint64_t vks_op_sample_scratch_bytes(uint32_t S, uint32_t W);
 /* vks_op_sample with top-k's histograms over W workgroups per row: the same

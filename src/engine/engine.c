@@ -28,11 +28,11 @@ static uint64_t att_part_bytes(const vks_engine *e, int kv_len) {
 }
 
 /* vks_op_sample_split's scratch for up to VKS_SAMPLE_SPREAD_MAX_ROWS output rows (0 when the one-workgroup
- * sampler serves every batch: W depends only on the vocabulary for those rows). */
+ * sampler serves every batch on any device; 4 KiB a row). */
 static uint64_t sample_scratch_bytes(const vks_engine *e) {
     uint32_t O = (uint32_t)e->opt.max_out_rows < VKS_SAMPLE_SPREAD_MAX_ROWS ? (uint32_t)e->opt.max_out_rows
                                                                             : VKS_SAMPLE_SPREAD_MAX_ROWS;
-    return vks_op_sample_scratch_bytes(O, vks_op_sample_groups(O, (uint32_t)e->cfg.vocab_size));
+    return vks_op_sample_scratch_bytes(O, vks_op_sample_groups(NULL, O, (uint32_t)e->cfg.vocab_size));
 }
 
 static uint64_t activation_bytes(const vks_engine *e) {

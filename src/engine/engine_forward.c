@@ -119,7 +119,7 @@ static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {
         (rc = matmul(e, c, a->xo, &e->w.classifier, a->logits, O, (uint32_t)cf->vocab_size, false)))
         return rc;
     if (b->sample) { /* few rows of a large vocabulary: top-k's histograms over several workgroups, same tokens */
-        uint32_t W = a->sample_scratch ? vks_op_sample_groups(O, (uint32_t)cf->vocab_size) : 1;
+        uint32_t W = a->sample_scratch ? vks_op_sample_groups(e->ops, O, (uint32_t)cf->vocab_size) : 1;
         rc = vks_op_sample_split(e->ops, c, bind(a->logits), bind(a->sample), bind(a->sampled), bind(a->sample_scratch),
                                  O, (uint32_t)cf->vocab_size, W);
     }

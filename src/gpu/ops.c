@@ -139,6 +139,12 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
      * (for D = 128: 3 reduction levels instead of 8, and 8 busy lanes instead
      * of 256 mostly idle ones; rmsnorm_backward 4x faster on lavapipe). */
     o->wg_norm = o->info.type == VKS_DEVTYPE_CPU ? vks_ops_pick_wg(&o->info, 1) : o->wg_row;
+    /* The sampler's top-k over several workgroups per row: for GPUs' idle
+     * cores; a CPU driver's few threads are as busy with one workgroup per row,
+     * and it pays for 5 more dispatches (BENCHMARKS). VKSWARM_SAMPLE_SPREAD=0|1. */
+    const char *spread = getenv("VKSWARM_SAMPLE_SPREAD");
+    o->sample_spread = spread && (!strcmp(spread, "0") || !strcmp(spread, "1")) ? spread[0] == '1'
+                                                                                  : o->info.type != VKS_DEVTYPE_CPU;
     o->wg_attention = vks_ops_pick_wg(&o->info, 64);
     /* The same on CPU drivers for attention over the KV cache: there a
      * 64-lane workgroup is 8 SIMD chunks switched at each of its reductions'
@@ -618,9 +624,9 @@ int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params
     return vks_ops_dispatch(o, c, "sample", spec, 1, b, 3, push, sizeof push, S, op);
 }
 
-uint32_t vks_op_sample_groups(uint32_t S, uint32_t V) {
+uint32_t vks_op_sample_groups(const vks_ops *o, uint32_t S, uint32_t V) {
     uint64_t w = ceil_div(V, VKS_SAMPLE_SPREAD_SLICE);
-    if (S == 0 || S > VKS_SAMPLE_SPREAD_MAX_ROWS || w < 4) return 1;
+    if ((o && !o->sample_spread) || S == 0 || S > VKS_SAMPLE_SPREAD_MAX_ROWS || w < 4) return 1;
     return w > VKS_SAMPLE_SPREAD_MAX_W ? VKS_SAMPLE_SPREAD_MAX_W : (uint32_t)w;
 }
 

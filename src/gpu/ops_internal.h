@@ -32,6 +32,7 @@ struct vks_ops {
     uint32_t mm_direct; /* no shared-memory staging (CPU drivers; VKSWARM_MATMUL_DIRECT=0|1) */
     bool mm_decode;     /* decode rows through matmul_<type>_dsg in 8-row tiles (ops.c) */
     bool mm_f16_math; /* matmul_*_h variants */
+    bool sample_spread; /* vks_op_sample_groups may spread top-k over workgroups (not on CPU drivers) */
 };
 
 static inline uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }
