@@ -22,6 +22,9 @@
 // in steps of the lane count, masked at the row's own key count), so a row's
 // bits do not depend on its group or the batch. A group whose rows span
 // slots runs its rows one after another.
+#ifdef ROWS_SG
+#extension GL_EXT_control_flow_attributes : require
+#endif
 #ifdef USE_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -74,56 +77,56 @@ void attend_rows(uint r0, uint nr, uint h, uint lanes, uint lane) {
     // value never reads outside the cache.
     uint s = min(slot[r0], pc.n_slots - 1u);
     uint cache0 = s * pc.seq_len * kv_dim + kvh * pc.head_dim;
-    uint qbase[ROWS], n_keys[ROWS];
+    // row g's q at qbase + min(g, nr - 1) * q_dim (surplus rows reread the last)
+    uint q_dim = pc.n_heads * pc.head_dim, qbase = r0 * q_dim + h * pc.head_dim;
+    uint n_keys[ROWS];
     uint max_keys = 0u;
-    for (uint g = 0u; g < ROWS; g++) {
-        uint r = r0 + min(g, nr - 1u);
-        qbase[g] = r * pc.n_heads * pc.head_dim + h * pc.head_dim;
-        n_keys[g] = g < nr ? min(pos[r], pc.seq_len - 1u) + 1u : 0u;
+    [[unroll]] for (uint g = 0u; g < ROWS; g++) {
+        n_keys[g] = g < nr ? min(pos[r0 + g], pc.seq_len - 1u) + 1u : 0u;
         max_keys = max(max_keys, n_keys[g]);
     }
     float o[ROWS * DIMS_PER_LANE];
-    for (uint i = 0u; i < ROWS * DIMS_PER_LANE; i++) o[i] = 0.0;
+    [[unroll]] for (uint i = 0u; i < ROWS * DIMS_PER_LANE; i++) o[i] = 0.0;
     float m_run[ROWS], l_run[ROWS], p[ROWS];
-    for (uint g = 0u; g < ROWS; g++) { m_run[g] = -1.0 / 0.0; l_run[g] = 0.0; }
+    [[unroll]] for (uint g = 0u; g < ROWS; g++) { m_run[g] = -1.0 / 0.0; l_run[g] = 0.0; }
     for (uint t0 = 0u; t0 < max_keys; t0 += lanes) {
         uint j = t0 + lane, tile_len = min(lanes, max_keys - t0);
         float sc[ROWS];
-        for (uint g = 0u; g < ROWS; g++) sc[g] = 0.0;
+        [[unroll]] for (uint g = 0u; g < ROWS; g++) sc[g] = 0.0;
         if (j < max_keys) {
             for (uint d = 0u; d < pc.head_dim; d++) {
                 float k = kcache[cache0 + j * kv_dim + d];
-                for (uint g = 0u; g < ROWS; g++) sc[g] += (q[qbase[g] + d] * pc.scale) * k;
+                [[unroll]] for (uint g = 0u; g < ROWS; g++) sc[g] += (q[qbase + min(g, nr - 1u) * q_dim + d] * pc.scale) * k;
             }
         }
-        for (uint g = 0u; g < ROWS; g++) {
+        [[unroll]] for (uint g = 0u; g < ROWS; g++) {
             if (t0 >= n_keys[g]) { p[g] = 0.0; continue; }  // the row's keys are done (uniform)
             float sg = j < n_keys[g] ? sc[g] : -1.0 / 0.0;
             float m_new = max(m_run[g], subgroupMax(sg));
             p[g] = j < n_keys[g] ? exp(sg - m_new) : 0.0;
             float corr = exp(m_run[g] - m_new);
             l_run[g] = l_run[g] * corr + subgroupAdd(p[g]);
-            for (uint i = 0u; i < DIMS_PER_LANE; i++) o[g * DIMS_PER_LANE + i] *= corr;
+            [[unroll]] for (uint i = 0u; i < DIMS_PER_LANE; i++) o[g * DIMS_PER_LANE + i] *= corr;
             m_run[g] = m_new;
         }
         for (uint jj = 0u; jj < tile_len; jj++) {
             float pj[ROWS];
-            for (uint g = 0u; g < ROWS; g++) pj[g] = subgroupShuffle(p[g], jj);
+            [[unroll]] for (uint g = 0u; g < ROWS; g++) pj[g] = subgroupShuffle(p[g], jj);
             uint vbase = cache0 + (t0 + jj) * kv_dim;
-            for (uint i = 0u; i < DIMS_PER_LANE; i++) {
+            [[unroll]] for (uint i = 0u; i < DIMS_PER_LANE; i++) {
                 uint d = lane + i * lanes;
                 if (d < pc.head_dim) {
                     float v = vcache[vbase + d];
-                    for (uint g = 0u; g < ROWS; g++)
+                    [[unroll]] for (uint g = 0u; g < ROWS; g++)
                         if (t0 + jj < n_keys[g]) o[g * DIMS_PER_LANE + i] += pj[g] * v;
                 }
             }
         }
     }
-    for (uint g = 0u; g < nr; g++)
-        for (uint i = 0u; i < DIMS_PER_LANE; i++) {
+    [[unroll]] for (uint g = 0u; g < ROWS; g++)
+        [[unroll]] for (uint i = 0u; i < DIMS_PER_LANE; i++) {
             uint d = lane + i * lanes;
-            if (d < pc.head_dim) outv[qbase[g] + d] = o[g * DIMS_PER_LANE + i] / l_run[g];
+            if (g < nr && d < pc.head_dim) outv[qbase + g * q_dim + d] = o[g * DIMS_PER_LANE + i] / l_run[g];
         }
 }
 

@@ -32,6 +32,9 @@
 // key in steps of the lane count, masked at the row's own key count), so its
 // bits do not depend on its group or the batch. A group whose rows span
 // slots runs its rows one after another.
+#ifdef ROWS_SPLIT
+#extension GL_EXT_control_flow_attributes : require
+#endif
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -100,11 +103,12 @@ void main() {
 void split_rows(uint r0, uint nr, uint h0, uint sp, uint lanes, uint lane) {
     uint kvh = h0 / (pc.n_heads / pc.n_kv_heads);
     uint hd4 = pc.head_dim / 4u, row4 = pc.n_kv_heads * hd4;
-    uint k_begin = sp * SPLIT_KEYS, k_end[ROWS], q0[ROWS], max_end = k_begin;
+    // row rr's q at q0 + min(rr, nr - 1) * q4_row (surplus rows reread the last)
+    uint q4_row = pc.n_heads * hd4, q0 = (r0 * pc.n_heads + h0) * hd4;
+    uint k_begin = sp * SPLIT_KEYS, k_end[ROWS], max_end = k_begin;
     bool whole[ROWS];
-    for (uint rr = 0u; rr < ROWS; rr++) {
+    [[unroll]] for (uint rr = 0u; rr < ROWS; rr++) {
         uint r = r0 + min(rr, nr - 1u);
-        q0[rr] = (r * pc.n_heads + h0) * hd4;
         k_end[rr] = rr < nr ? max(k_begin, min(keys_of(r), k_begin + SPLIT_KEYS)) : k_begin;
         whole[rr] = splits_of(r) == 1u;
         max_end = max(max_end, k_end[rr]);
@@ -116,22 +120,22 @@ void split_rows(uint r0, uint nr, uint h0, uint sp, uint lanes, uint lane) {
     uint cache0 = s * pc.seq_len * row4 + kvh * hd4;
     vec4 o[ROWS * GROUP * V4_PER_LANE];
     float m_run[ROWS * GROUP], l_run[ROWS * GROUP], p[ROWS * GROUP];
-    for (uint i = 0u; i < ROWS * GROUP * V4_PER_LANE; i++) o[i] = vec4(0.0);
-    for (uint g = 0u; g < ROWS * GROUP; g++) { m_run[g] = -1.0 / 0.0; l_run[g] = 0.0; }
+    [[unroll]] for (uint i = 0u; i < ROWS * GROUP * V4_PER_LANE; i++) o[i] = vec4(0.0);
+    [[unroll]] for (uint g = 0u; g < ROWS * GROUP; g++) { m_run[g] = -1.0 / 0.0; l_run[g] = 0.0; }
     for (uint t0 = k_begin; t0 < max_end; t0 += lanes) {
         uint j = t0 + lane, tile_len = min(lanes, max_end - t0);
         float sc[ROWS * GROUP];
-        for (uint g = 0u; g < ROWS * GROUP; g++) sc[g] = 0.0;
+        [[unroll]] for (uint g = 0u; g < ROWS * GROUP; g++) sc[g] = 0.0;
         if (j < max_end) {
             uint kb = cache0 + j * row4;
             for (uint d4 = 0u; d4 < hd4; d4++) {
                 vec4 kv = unpack_half4(kc[kb + d4]);
-                for (uint rr = 0u; rr < ROWS; rr++)
-                    for (uint g = 0u; g < GROUP; g++) sc[rr * GROUP + g] += dot(q4[q0[rr] + g * hd4 + d4], kv);
+                [[unroll]] for (uint rr = 0u; rr < ROWS; rr++)
+                    [[unroll]] for (uint g = 0u; g < GROUP; g++) sc[rr * GROUP + g] += dot(q4[q0 + min(rr, nr - 1u) * q4_row + g * hd4 + d4], kv);
             }
         }
-        for (uint rr = 0u; rr < ROWS; rr++)
-            for (uint g = 0u; g < GROUP; g++) {
+        [[unroll]] for (uint rr = 0u; rr < ROWS; rr++)
+            [[unroll]] for (uint g = 0u; g < GROUP; g++) {
                 uint x = rr * GROUP + g;
                 if (t0 >= k_end[rr]) { p[x] = 0.0; continue; }  // the row's keys are done (uniform)
                 float sg = j < k_end[rr] ? sc[x] * pc.scale : -1.0 / 0.0;
@@ -139,38 +143,38 @@ void split_rows(uint r0, uint nr, uint h0, uint sp, uint lanes, uint lane) {
                 p[x] = j < k_end[rr] ? exp(sg - m_new) : 0.0;
                 float corr = exp(m_run[x] - m_new);
                 l_run[x] = l_run[x] * corr + subgroupAdd(p[x]);
-                for (uint i = 0u; i < V4_PER_LANE; i++) o[x * V4_PER_LANE + i] *= corr;
+                [[unroll]] for (uint i = 0u; i < V4_PER_LANE; i++) o[x * V4_PER_LANE + i] *= corr;
                 m_run[x] = m_new;
             }
         for (uint jj = 0u; jj < tile_len; jj++) {
             uint vb = cache0 + (t0 + jj) * row4;
             float pj[ROWS * GROUP];
-            for (uint g = 0u; g < ROWS * GROUP; g++) pj[g] = subgroupShuffle(p[g], jj);
-            for (uint i = 0u; i < V4_PER_LANE; i++) {
+            [[unroll]] for (uint g = 0u; g < ROWS * GROUP; g++) pj[g] = subgroupShuffle(p[g], jj);
+            [[unroll]] for (uint i = 0u; i < V4_PER_LANE; i++) {
                 uint d4 = lane + i * lanes;
                 if (d4 < hd4) {
                     vec4 vv = unpack_half4(vc[vb + d4]);
-                    for (uint rr = 0u; rr < ROWS; rr++)
+                    [[unroll]] for (uint rr = 0u; rr < ROWS; rr++)
                         if (t0 + jj < k_end[rr])
-                            for (uint g = 0u; g < GROUP; g++)
+                            [[unroll]] for (uint g = 0u; g < GROUP; g++)
                                 o[(rr * GROUP + g) * V4_PER_LANE + i] += pj[rr * GROUP + g] * vv;
                 }
             }
         }
     }
-    for (uint rr = 0u; rr < nr; rr++) {
-        if (k_end[rr] == k_begin) continue;  // the row needs fewer splits
-        for (uint g = 0u; g < GROUP; g++) {
+    [[unroll]] for (uint rr = 0u; rr < ROWS; rr++) {
+        if (rr >= nr || k_end[rr] == k_begin) continue;  // a surplus row, or one that needs fewer splits
+        [[unroll]] for (uint g = 0u; g < GROUP; g++) {
             uint x = rr * GROUP + g;
             if (whole[rr]) {
-                for (uint i = 0u; i < V4_PER_LANE; i++) {
+                [[unroll]] for (uint i = 0u; i < V4_PER_LANE; i++) {
                     uint d4 = lane + i * lanes;
-                    if (d4 < hd4) out4[q0[rr] + g * hd4 + d4] = o[x * V4_PER_LANE + i] / l_run[x];
+                    if (d4 < hd4) out4[q0 + rr * q4_row + g * hd4 + d4] = o[x * V4_PER_LANE + i] / l_run[x];
                 }
                 continue;
             }
             uint rec = record(r0 + rr, h0 + g, sp);
-            for (uint i = 0u; i < V4_PER_LANE; i++) {
+            [[unroll]] for (uint i = 0u; i < V4_PER_LANE; i++) {
                 uint d4 = lane + i * lanes;
                 if (d4 < hd4) part[rec + d4] = o[x * V4_PER_LANE + i];
             }
@@ -192,7 +196,7 @@ void main() {
             uint r = r0 + rr;
             if (sp * SPLIT_KEYS >= keys_of(r)) continue;
             bool whole = splits_of(r) == 1u;
-            for (uint g = 0u; g < GROUP; g++) {
+            [[unroll]] for (uint g = 0u; g < GROUP; g++) {
                 uint rec = record(r, h0 + g, sp);
                 for (uint d4 = lane; d4 <= hd4; d4 += lanes) {
                     part[rec + d4] = nan4;
