@@ -13,6 +13,18 @@
 // i < DIMS_PER_LANE, a specialization constant: ceil(head_dim / 4)). On
 // lavapipe a shader with barriers runs as coroutines: the shared-memory
 // reductions cost ~50 barriers per head while decoding.
+//
+// ROWS_SG (prefill on CPU drivers, with USE_SUBGROUP): one subgroup per
+// (group of ROWS consecutive rows, head), ROWS a specialization constant.
+// When the group's rows share a slot, each K and V element is loaded once
+// for all of them; each row keeps its own online softmax and does exactly
+// the arithmetic of USE_SUBGROUP alone, in the same order (key tiles from 0
+// in steps of the lane count, masked at the row's own key count), so a row's
+// bits do not depend on its group or the batch. A group whose rows span
+// slots runs its rows one after another.
+#ifdef ROWS_SG
+#extension GL_EXT_control_flow_attributes : require
+#endif
 #ifdef USE_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -24,6 +36,9 @@
 #endif
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint DIMS_PER_LANE = 1;  // USE_SUBGROUP only
+#ifdef ROWS_SG
+layout(constant_id = 2) const uint ROWS = 2;  // rows per subgroup
+#endif
 
 const uint MAX_HEAD_DIM = 256u;
 // Output elements owned per invocation (d = t, t + WG, ...).
@@ -52,7 +67,90 @@ float score(uint kbase) {
 
 #endif
 
-#ifdef USE_SUBGROUP
+#if defined(USE_SUBGROUP) && defined(ROWS_SG)
+// Rows r0 .. r0 + nr - 1 (nr <= ROWS) of one slot, head h: USE_SUBGROUP's
+// arithmetic per row, each K/V load shared by the rows.
+void attend_rows(uint r0, uint nr, uint h, uint lanes, uint lane) {
+    uint kv_dim = pc.n_kv_heads * pc.head_dim;
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    // slot/pos are GPU data the ops layer cannot check: clamp so that a bad
+    // value never reads outside the cache.
+    uint s = min(slot[r0], pc.n_slots - 1u);
+    uint cache0 = s * pc.seq_len * kv_dim + kvh * pc.head_dim;
+    // row g's q at qbase + min(g, nr - 1) * q_dim (surplus rows reread the last)
+    uint q_dim = pc.n_heads * pc.head_dim, qbase = r0 * q_dim + h * pc.head_dim;
+    uint n_keys[ROWS];
+    uint max_keys = 0u;
+    [[unroll]] for (uint g = 0u; g < ROWS; g++) {
+        n_keys[g] = g < nr ? min(pos[r0 + g], pc.seq_len - 1u) + 1u : 0u;
+        max_keys = max(max_keys, n_keys[g]);
+    }
+    float o[ROWS * DIMS_PER_LANE];
+    [[unroll]] for (uint i = 0u; i < ROWS * DIMS_PER_LANE; i++) o[i] = 0.0;
+    float m_run[ROWS], l_run[ROWS], p[ROWS];
+    [[unroll]] for (uint g = 0u; g < ROWS; g++) { m_run[g] = -1.0 / 0.0; l_run[g] = 0.0; }
+    for (uint t0 = 0u; t0 < max_keys; t0 += lanes) {
+        uint j = t0 + lane, tile_len = min(lanes, max_keys - t0);
+        float sc[ROWS];
+        [[unroll]] for (uint g = 0u; g < ROWS; g++) sc[g] = 0.0;
+        if (j < max_keys) {
+            for (uint d = 0u; d < pc.head_dim; d++) {
+                float k = kcache[cache0 + j * kv_dim + d];
+                [[unroll]] for (uint g = 0u; g < ROWS; g++) sc[g] += (q[qbase + min(g, nr - 1u) * q_dim + d] * pc.scale) * k;
+            }
+        }
+        [[unroll]] for (uint g = 0u; g < ROWS; g++) {
+            if (t0 >= n_keys[g]) { p[g] = 0.0; continue; }  // the row's keys are done (uniform)
+            float sg = j < n_keys[g] ? sc[g] : -1.0 / 0.0;
+            float m_new = max(m_run[g], subgroupMax(sg));
+            p[g] = j < n_keys[g] ? exp(sg - m_new) : 0.0;
+            float corr = exp(m_run[g] - m_new);
+            l_run[g] = l_run[g] * corr + subgroupAdd(p[g]);
+            [[unroll]] for (uint i = 0u; i < DIMS_PER_LANE; i++) o[g * DIMS_PER_LANE + i] *= corr;
+            m_run[g] = m_new;
+        }
+        for (uint jj = 0u; jj < tile_len; jj++) {
+            float pj[ROWS];
+            [[unroll]] for (uint g = 0u; g < ROWS; g++) pj[g] = subgroupShuffle(p[g], jj);
+            uint vbase = cache0 + (t0 + jj) * kv_dim;
+            [[unroll]] for (uint i = 0u; i < DIMS_PER_LANE; i++) {
+                uint d = lane + i * lanes;
+                if (d < pc.head_dim) {
+                    float v = vcache[vbase + d];
+                    [[unroll]] for (uint g = 0u; g < ROWS; g++)
+                        if (t0 + jj < n_keys[g]) o[g * DIMS_PER_LANE + i] += pj[g] * v;
+                }
+            }
+        }
+    }
+    [[unroll]] for (uint g = 0u; g < ROWS; g++)
+        [[unroll]] for (uint i = 0u; i < DIMS_PER_LANE; i++) {
+            uint d = lane + i * lanes;
+            if (g < nr && d < pc.head_dim) outv[qbase + g * q_dim + d] = o[g * DIMS_PER_LANE + i] / l_run[g];
+        }
+}
+
+void main() {
+    uint n_groups = (pc.R + ROWS - 1u) / ROWS, id = linear_group_id();
+    if (id >= n_groups * pc.n_heads || gl_SubgroupID != 0u) return;
+    uint lanes = subgroupAdd(1u), lane = gl_SubgroupInvocationID;
+    uint rg = id / pc.n_heads, h = id - rg * pc.n_heads;
+    uint r0 = rg * ROWS, nr = min(ROWS, pc.R - r0);
+    if (lanes * DIMS_PER_LANE < pc.head_dim) {  // fewer lanes than the host planned for: loud, never partial
+        for (uint g = 0u; g < nr; g++) {
+            uint qbase = (r0 + g) * pc.n_heads * pc.head_dim + h * pc.head_dim;
+            for (uint d = lane; d < pc.head_dim; d += lanes) outv[qbase + d] = uintBitsToFloat(0x7fc00000u);
+        }
+        return;
+    }
+    bool same = true;  // one slot (as clamped) for the whole group: shared loads
+    uint s0 = min(slot[r0], pc.n_slots - 1u);
+    for (uint g = 1u; g < nr; g++) same = same && min(slot[r0 + g], pc.n_slots - 1u) == s0;
+    if (same) attend_rows(r0, nr, h, lanes, lane);
+    else
+        for (uint g = 0u; g < nr; g++) attend_rows(r0 + g, 1u, h, lanes, lane);
+}
+#elif defined(USE_SUBGROUP)
 void main() {
     uint id = linear_group_id();
     if (id >= pc.R * pc.n_heads || gl_SubgroupID != 0u) return;

@@ -23,6 +23,18 @@
 // output dims in fours (d4 = lane + i * lanes), so consecutive lanes read
 // consecutive 8-byte words of a V row, again once for the GROUP heads.
 // Accumulation is f32 (the halves widen exactly).
+//
+// ROWS_SPLIT (prefill): one subgroup per (group of ROWS consecutive rows,
+// block of GROUP heads, split sp), ROWS a specialization constant. When the
+// group's rows share a slot, each K/V word is loaded once for the ROWS x
+// GROUP (row, head) pairs; each row does exactly the arithmetic of SPLIT
+// alone, in the same order (the same splits, tiles from the split's first
+// key in steps of the lane count, masked at the row's own key count), so its
+// bits do not depend on its group or the batch. A group whose rows span
+// slots runs its rows one after another.
+#ifdef ROWS_SPLIT
+#extension GL_EXT_control_flow_attributes : require
+#endif
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -32,6 +44,9 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint V4_PER_LANE = 1;  // ceil(head_dim / 4 / 4): lanes >= 4
 layout(constant_id = 2) const uint GROUP = 1;        // query heads per workgroup, dividing heads per KV head
 layout(constant_id = 3) const uint SPLIT_KEYS = 256;
+#ifdef ROWS_SPLIT
+layout(constant_id = 4) const uint ROWS = 2;  // rows per subgroup
+#endif
 
 #ifdef REDUCE
 layout(std430, set = 0, binding = 0) readonly buffer Part { vec4 part[]; };
@@ -81,6 +96,122 @@ void main() {
         o += part[rec + d4] * w;
     }
     out4[i] = o / l;
+}
+#elif defined(ROWS_SPLIT)
+// Split sp of rows r0 .. r0 + nr - 1 (nr <= ROWS, one slot), heads h0 ..
+// h0 + GROUP - 1: SPLIT's arithmetic per (row, head), the K/V loads shared.
+void split_rows(uint r0, uint nr, uint h0, uint sp, uint lanes, uint lane) {
+    uint kvh = h0 / (pc.n_heads / pc.n_kv_heads);
+    uint hd4 = pc.head_dim / 4u, row4 = pc.n_kv_heads * hd4;
+    // row rr's q at q0 + min(rr, nr - 1) * q4_row (surplus rows reread the last)
+    uint q4_row = pc.n_heads * hd4, q0 = (r0 * pc.n_heads + h0) * hd4;
+    uint k_begin = sp * SPLIT_KEYS, k_end[ROWS], max_end = k_begin;
+    bool whole[ROWS];
+    [[unroll]] for (uint rr = 0u; rr < ROWS; rr++) {
+        uint r = r0 + min(rr, nr - 1u);
+        k_end[rr] = rr < nr ? max(k_begin, min(keys_of(r), k_begin + SPLIT_KEYS)) : k_begin;
+        whole[rr] = splits_of(r) == 1u;
+        max_end = max(max_end, k_end[rr]);
+    }
+    if (max_end == k_begin) return;  // no row of the group reaches this split (uniform)
+    // slot is GPU data the ops layer cannot check: clamp so that a bad value
+    // never reads outside the cache.
+    uint s = min(slot[r0], pc.n_slots - 1u);
+    uint cache0 = s * pc.seq_len * row4 + kvh * hd4;
+    vec4 o[ROWS * GROUP * V4_PER_LANE];
+    float m_run[ROWS * GROUP], l_run[ROWS * GROUP], p[ROWS * GROUP];
+    [[unroll]] for (uint i = 0u; i < ROWS * GROUP * V4_PER_LANE; i++) o[i] = vec4(0.0);
+    [[unroll]] for (uint g = 0u; g < ROWS * GROUP; g++) { m_run[g] = -1.0 / 0.0; l_run[g] = 0.0; }
+    for (uint t0 = k_begin; t0 < max_end; t0 += lanes) {
+        uint j = t0 + lane, tile_len = min(lanes, max_end - t0);
+        float sc[ROWS * GROUP];
+        [[unroll]] for (uint g = 0u; g < ROWS * GROUP; g++) sc[g] = 0.0;
+        if (j < max_end) {
+            uint kb = cache0 + j * row4;
+            for (uint d4 = 0u; d4 < hd4; d4++) {
+                vec4 kv = unpack_half4(kc[kb + d4]);
+                [[unroll]] for (uint rr = 0u; rr < ROWS; rr++)
+                    [[unroll]] for (uint g = 0u; g < GROUP; g++) sc[rr * GROUP + g] += dot(q4[q0 + min(rr, nr - 1u) * q4_row + g * hd4 + d4], kv);
+            }
+        }
+        [[unroll]] for (uint rr = 0u; rr < ROWS; rr++)
+            [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+                uint x = rr * GROUP + g;
+                if (t0 >= k_end[rr]) { p[x] = 0.0; continue; }  // the row's keys are done (uniform)
+                float sg = j < k_end[rr] ? sc[x] * pc.scale : -1.0 / 0.0;
+                float m_new = max(m_run[x], subgroupMax(sg));
+                p[x] = j < k_end[rr] ? exp(sg - m_new) : 0.0;
+                float corr = exp(m_run[x] - m_new);
+                l_run[x] = l_run[x] * corr + subgroupAdd(p[x]);
+                [[unroll]] for (uint i = 0u; i < V4_PER_LANE; i++) o[x * V4_PER_LANE + i] *= corr;
+                m_run[x] = m_new;
+            }
+        for (uint jj = 0u; jj < tile_len; jj++) {
+            uint vb = cache0 + (t0 + jj) * row4;
+            float pj[ROWS * GROUP];
+            [[unroll]] for (uint g = 0u; g < ROWS * GROUP; g++) pj[g] = subgroupShuffle(p[g], jj);
+            [[unroll]] for (uint i = 0u; i < V4_PER_LANE; i++) {
+                uint d4 = lane + i * lanes;
+                if (d4 < hd4) {
+                    vec4 vv = unpack_half4(vc[vb + d4]);
+                    [[unroll]] for (uint rr = 0u; rr < ROWS; rr++)
+                        if (t0 + jj < k_end[rr])
+                            [[unroll]] for (uint g = 0u; g < GROUP; g++)
+                                o[(rr * GROUP + g) * V4_PER_LANE + i] += pj[rr * GROUP + g] * vv;
+                }
+            }
+        }
+    }
+    [[unroll]] for (uint rr = 0u; rr < ROWS; rr++) {
+        if (rr >= nr || k_end[rr] == k_begin) continue;  // a surplus row, or one that needs fewer splits
+        [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+            uint x = rr * GROUP + g;
+            if (whole[rr]) {
+                [[unroll]] for (uint i = 0u; i < V4_PER_LANE; i++) {
+                    uint d4 = lane + i * lanes;
+                    if (d4 < hd4) out4[q0 + rr * q4_row + g * hd4 + d4] = o[x * V4_PER_LANE + i] / l_run[x];
+                }
+                continue;
+            }
+            uint rec = record(r0 + rr, h0 + g, sp);
+            [[unroll]] for (uint i = 0u; i < V4_PER_LANE; i++) {
+                uint d4 = lane + i * lanes;
+                if (d4 < hd4) part[rec + d4] = o[x * V4_PER_LANE + i];
+            }
+            if (lane == 0u) part[rec + hd4] = vec4(m_run[x], l_run[x], 0.0, 0.0);
+        }
+    }
+}
+
+void main() {
+    uint n_blocks = pc.n_heads / GROUP, n_groups = (pc.R + ROWS - 1u) / ROWS, id = linear_group_id();
+    if (id >= n_groups * n_blocks * pc.n_splits || gl_SubgroupID != 0u) return;
+    uint sp = id % pc.n_splits, gb = id / pc.n_splits;
+    uint rg = gb / n_blocks, h0 = (gb - rg * n_blocks) * GROUP;
+    uint r0 = rg * ROWS, nr = min(ROWS, pc.R - r0), hd4 = pc.head_dim / 4u;
+    uint lanes = subgroupAdd(1u), lane = gl_SubgroupInvocationID;
+    if (lanes * V4_PER_LANE < hd4) {  // fewer lanes than the host planned for: loud, never partial
+        vec4 nan4 = vec4(uintBitsToFloat(0x7fc00000u));
+        for (uint rr = 0u; rr < nr; rr++) {
+            uint r = r0 + rr;
+            if (sp * SPLIT_KEYS >= keys_of(r)) continue;
+            bool whole = splits_of(r) == 1u;
+            [[unroll]] for (uint g = 0u; g < GROUP; g++) {
+                uint rec = record(r, h0 + g, sp);
+                for (uint d4 = lane; d4 <= hd4; d4 += lanes) {
+                    part[rec + d4] = nan4;
+                    if (whole && d4 < hd4) out4[(r * pc.n_heads + h0 + g) * hd4 + d4] = nan4;
+                }
+            }
+        }
+        return;
+    }
+    bool same = true;  // one slot (as clamped) for the whole group: shared loads
+    uint s0 = min(slot[r0], pc.n_slots - 1u);
+    for (uint rr = 1u; rr < nr; rr++) same = same && min(slot[r0 + rr], pc.n_slots - 1u) == s0;
+    if (same) split_rows(r0, nr, h0, sp, lanes, lane);
+    else
+        for (uint rr = 0u; rr < nr; rr++) split_rows(r0 + rr, 1u, h0, sp, lanes, lane);
 }
 #else
 void main() {

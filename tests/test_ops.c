@@ -320,9 +320,41 @@ static void run_rope_kv_store(const op_case *tc) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
 }
 
+/* The f32-cache attention's out[r, h, :] for R rows on the device, the rows
+ * grouped as `kind` says; rows > 0: an ops of its own made with
+ * VKSWARM_ATTN_ROWS=rows (rows per subgroup in prefill). */
+static float *attention_on_device(const float *q, const float *kc, const float *vc, size_t nc, const uint32_t *slot,
+                                  const uint32_t *pos, uint32_t R, uint32_t H, uint32_t KH, uint32_t hd, uint32_t L,
+                                  vks_matmul_kind kind, unsigned rows) {
+    vks_ops *o = ops;
+    if (rows) {
+        char v[2] = {(char)('0' + rows), 0};
+        setenv("VKSWARM_ATTN_ROWS", v, 1);
+        assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
+        unsetenv("VKSWARM_ATTN_ROWS");
+    }
+    size_t nq = (size_t)R * H * hd;
+    vks_buffer *bq = gpu_buffer(q, nq * 4), *bkc = gpu_buffer(kc, nc * 4), *bvc = gpu_buffer(vc, nc * 4);
+    vks_buffer *bo = gpu_buffer(NULL, nq * 4), *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
+    vks_cmd *c = begin();
+    assert_int_equal(vks_op_attention_kind(o, c, bind(bq), bind(bkc), bind(bvc), bind(bs), bind(bp), bind(bo), R, H,
+                                           KH, hd, L, kind), VKS_OK);
+    submit(c);
+    float *got = xmalloc(nq * 4);
+    download(bo, got, nq * 4);
+    vks_buffer_destroy(bq); vks_buffer_destroy(bkc); vks_buffer_destroy(bvc);
+    vks_buffer_destroy(bo); vks_buffer_destroy(bs); vks_buffer_destroy(bp);
+    if (o != ops) vks_ops_destroy(o);
+    return got;
+}
+
 /* attention: a prefill batch of every position of two sequences (lengths
  * seq_len and seq_len/3+1, slots 2 and 0 of 3), plus decode_rows extra rows at
- * mixed slots/positions. */
+ * mixed slots/positions. (1) Against the reference. (2) Batch invariance:
+ * the batch as prefill (rows grouped per subgroup, the device's default and
+ * 2, 3, 4 rows: groups inside a sequence, across its ends and across slots)
+ * gives the same bits as one row per subgroup (decode), and each decode row
+ * alone the same bits as in the batch. */
 static void run_attention(const op_case *tc) {
     uint32_t L = tc->attention.seq_len, hd = tc->attention.head_dim;
     uint32_t H = tc->attention.heads, KH = tc->attention.kv_heads;
@@ -336,20 +368,25 @@ static void run_attention(const op_case *tc) {
     size_t nq = (size_t)R * H * hd, nc = (size_t)slots * L * KH * hd;
     float *q = rand_floats(nq, 13, -2, 2), *kc = rand_floats(nc, 14, -2, 2);
     float *vc = rand_floats(nc, 15, -1, 1);
-    vks_buffer *bq = gpu_buffer(q, nq * 4), *bkc = gpu_buffer(kc, nc * 4);
-    vks_buffer *bvc = gpu_buffer(vc, nc * 4), *bo = gpu_buffer(NULL, nq * 4);
-    vks_buffer *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
-    vks_cmd *c = begin();
-    assert_int_equal(vks_op_attention(ops, c, bind(bq), bind(bkc), bind(bvc), bind(bs), bind(bp),
-                                      bind(bo), R, H, KH, hd, L), VKS_OK);
-    submit(c);
-    float *want = xmalloc(nq * 4), *got = xmalloc(nq * 4);
+    float *got = attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_AUTO, 0);
+    float *want = xmalloc(nq * 4);
     vks_ref_attention(q, kc, vc, slot, pos, (int)R, (int)H, (int)KH, (int)hd, (int)L, want);
-    download(bo, got, nq * 4);
     expect_close(tc->name, got, want, nq, tc->tol);
-    free(slot); free(pos); free(q); free(kc); free(vc); free(want); free(got);
-    vks_buffer_destroy(bq); vks_buffer_destroy(bkc); vks_buffer_destroy(bvc);
-    vks_buffer_destroy(bo); vks_buffer_destroy(bs); vks_buffer_destroy(bp);
+    float *one = attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_DECODE, 0);
+    expect_close(tc->name, one, want, nq, tc->tol);
+    assert_memory_equal(got, one, nq * 4);
+    for (unsigned rows = 2; rows <= 4; rows++) {
+        float *grouped = attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_PREFILL, rows);
+        assert_memory_equal(grouped, one, nq * 4);
+        free(grouped);
+    }
+    for (uint32_t r = len_a + len_b; r < R; r++) {
+        float *alone = attention_on_device(q + (size_t)r * H * hd, kc, vc, nc, slot + r, pos + r, 1, H, KH, hd, L,
+                                           VKS_MATMUL_PREFILL, 0);
+        assert_memory_equal(alone, got + (size_t)r * H * hd, (size_t)H * hd * 4);
+        free(alone);
+    }
+    free(slot); free(pos); free(q); free(kc); free(vc); free(want); free(got); free(one);
 }
 
 /* kv_store_f16: every value of the caches as vks_f32_to_f16 rounds it, bit
@@ -392,19 +429,27 @@ static void run_kv_store_f16(const op_case *tc) {
 /* The f16-cache attention's out[r, h, :] for R rows on the device (caches of halves). */
 static float *attention_f16_on_device(const float *q, const uint16_t *kc, const uint16_t *vc, size_t nc,
                                       const uint32_t *slot, const uint32_t *pos, uint32_t R, uint32_t H, uint32_t KH,
-                                      uint32_t hd, uint32_t L) {
+                                      uint32_t hd, uint32_t L, vks_matmul_kind kind, unsigned rows) {
+    vks_ops *o = ops;
+    if (rows) { /* as attention_on_device */
+        char v[2] = {(char)('0' + rows), 0};
+        setenv("VKSWARM_ATTN_ROWS", v, 1);
+        assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
+        unsetenv("VKSWARM_ATTN_ROWS");
+    }
     size_t nq = (size_t)R * H * hd;
     vks_buffer *bq = gpu_buffer(q, nq * 4), *bkc = gpu_buffer(kc, nc * 2), *bvc = gpu_buffer(vc, nc * 2);
     vks_buffer *bo = gpu_buffer(NULL, nq * 4), *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
     vks_buffer *bpart = gpu_buffer(NULL, (size_t)vks_op_attention_f16_scratch_bytes(R, H, hd, L));
     vks_cmd *c = begin();
-    assert_int_equal(vks_op_attention_f16(ops, c, bind(bq), bind(bkc), bind(bvc), bind(bs), bind(bp), bind(bpart),
-                                          bind(bo), R, H, KH, hd, L), VKS_OK);
+    assert_int_equal(vks_op_attention_f16_kind(o, c, bind(bq), bind(bkc), bind(bvc), bind(bs), bind(bp),
+                                               bind(bpart), bind(bo), R, H, KH, hd, L, kind), VKS_OK);
     submit(c);
     float *got = xmalloc(nq * 4);
     download(bo, got, nq * 4);
     vks_buffer_destroy(bq); vks_buffer_destroy(bkc); vks_buffer_destroy(bvc);
     vks_buffer_destroy(bo); vks_buffer_destroy(bs); vks_buffer_destroy(bp); vks_buffer_destroy(bpart);
+    if (o != ops) vks_ops_destroy(o);
     return got;
 }
 
@@ -437,8 +482,10 @@ static double f16_attention_bound(const float *q, const float *kc, const float *
  * over the same halves (widened): the f32 limit of the f32 kernel. (2)
  * Against the reference over the f32 values before rounding: each element
  * within f16_attention_bound plus 2^-20 max|v| for the f32 arithmetic. (3)
- * Batch invariance: each of the decode rows alone gives the same bits as
- * in the batch. */
+ * Batch invariance: the batch as prefill (rows grouped per subgroup: the
+ * default and 2, 3, 4 rows) gives the same bits as one row per subgroup
+ * (decode), and each of the decode rows alone the same bits as in the
+ * batch. */
 static void run_attention_f16(const op_case *tc) {
     uint32_t L = tc->attention.seq_len, hd = tc->attention.head_dim;
     uint32_t H = tc->attention.heads, KH = tc->attention.kv_heads, kvd = KH * hd;
@@ -457,7 +504,7 @@ static void run_attention_f16(const op_case *tc) {
         kh[i] = vks_f32_to_f16(kc[i]), vh[i] = vks_f32_to_f16(vc[i]);
         k16[i] = vks_f16_to_f32(kh[i]), v16[i] = vks_f16_to_f32(vh[i]);
     }
-    float *got = attention_f16_on_device(q, kh, vh, nc, slot, pos, R, H, KH, hd, L);
+    float *got = attention_f16_on_device(q, kh, vh, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_AUTO, 0);
     float *want = xmalloc(nq * 4);
     vks_ref_attention(q, k16, v16, slot, pos, (int)R, (int)H, (int)KH, (int)hd, (int)L, want);
     expect_close(tc->name, got, want, nq, tc->tol);
@@ -480,8 +527,17 @@ static void run_attention_f16(const op_case *tc) {
                 assert_true(err <= bound);
             }
     if (getenv("VKSWARM_TEST_VERBOSE")) fprintf(stderr, "%s: worst error / f16 bound %.3g\n", tc->name, worst);
+    float *one = attention_f16_on_device(q, kh, vh, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_DECODE, 0);
+    assert_memory_equal(got, one, nq * 4);
+    for (unsigned rows = 2; rows <= 4; rows++) {
+        float *grouped = attention_f16_on_device(q, kh, vh, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_PREFILL, rows);
+        assert_memory_equal(grouped, one, nq * 4);
+        free(grouped);
+    }
+    free(one);
     for (uint32_t r = len_a + len_b; r < R; r++) {
-        float *alone = attention_f16_on_device(q + (size_t)r * H * hd, kh, vh, nc, slot + r, pos + r, 1, H, KH, hd, L);
+        float *alone = attention_f16_on_device(q + (size_t)r * H * hd, kh, vh, nc, slot + r, pos + r, 1, H, KH, hd, L,
+                                               VKS_MATMUL_PREFILL, 0);
         assert_memory_equal(alone, got + (size_t)r * H * hd, (size_t)H * hd * 4);
         free(alone);
     }
@@ -833,6 +889,8 @@ static const op_case cases[] = {
     ATTN_F16("attention f16 hd64 gqa2", .heads = 4, .kv_heads = 2, .head_dim = 64, .seq_len = 300, .decode_rows = 3),
     ATTN_F16("attention f16 hd128 gqa4 splits", .heads = 8, .kv_heads = 2, .head_dim = 128, .seq_len = 600,
              .decode_rows = 4),
+    ATTN_F16("attention f16 hd128 gqa2 splits", .heads = 4, .kv_heads = 2, .head_dim = 128, .seq_len = 280,
+             .decode_rows = 2),
     ATTN_F16("attention f16 hd256 gqa1", .heads = 2, .kv_heads = 2, .head_dim = 256, .seq_len = 70, .decode_rows = 2),
     ATTN_F16("attention f16 hd72 gqa6 splits", .heads = 6, .kv_heads = 1, .head_dim = 72, .seq_len = 520,
              .decode_rows = 3),

@@ -89,7 +89,8 @@ int vks_engine_resize_kv(vks_engine *e, int n_slots, int kv_len);
 
 typedef struct {
     int n_rows;
-    vks_matmul_kind matmul_kind; /* AUTO, or DECODE / PREFILL: see vks_ops.h (batch invariance) */
+    vks_matmul_kind matmul_kind; /* AUTO, or DECODE / PREFILL: see vks_ops.h (batch invariance); also
+                                    how attention groups rows (vks_op_attention_kind, same bits) */
     const int32_t *tokens;       /* [n_rows]; required when the engine has the embedding */
     const float *x_in;           /* [n_rows, dim]; required otherwise */
     const uint32_t *slot, *pos;  /* [n_rows] */

@@ -100,6 +100,14 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
                      vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
                      uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                      uint32_t seq_len);
+/* The same; kind DECODE runs one row per subgroup, PREFILL (and AUTO with
+ * R > 1) groups consecutive rows of one slot so that they share K/V loads
+ * (CPU drivers). Each row's bits are the same whatever the kind, grouping
+ * or batch. */
+int vks_op_attention_kind(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
+                          vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
+                          uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                          uint32_t seq_len, vks_matmul_kind kind);
 /* The f16 KV cache (issue 28): caches of halves [n_slots, seq_len, kv_dim],
  * two per 32-bit word, low half first, each rounded to nearest even exactly
  * as vks_f32_to_f16 (no 16-bit storage feature needed). kv_dim even. */
@@ -119,6 +127,11 @@ bool vks_ops_kv_f16_supported(const vks_ops *o);
 int vks_op_attention_f16(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache, vks_binding vcache,
                          vks_binding slot, vks_binding pos, vks_binding part, vks_binding out, uint32_t R,
                          uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, uint32_t seq_len);
+/* The same grouped by kind as vks_op_attention_kind (the same bits). */
+int vks_op_attention_f16_kind(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache, vks_binding vcache,
+                              vks_binding slot, vks_binding pos, vks_binding part, vks_binding out, uint32_t R,
+                              uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, uint32_t seq_len,
+                              vks_matmul_kind kind);
 uint64_t vks_op_attention_f16_scratch_bytes(uint32_t R, uint32_t n_heads, uint32_t head_dim, uint32_t seq_len);
 /* out[i] = silu(g[i]) * u[i]; out may equal g. */
 int vks_op_swiglu(vks_ops *o, vks_cmd *c, vks_binding g, vks_binding u, vks_binding out,

@@ -54,15 +54,16 @@ static int record_kv_attention(vks_engine *e, vks_cmd *c, const dev_layer_kv *kv
             (rc = vks_op_kv_store_f16(e->ops, c, bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
                                       bind(a->slot), bind(a->pos), R, kvd, L)))
             return rc;
-        return vks_op_attention_f16(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
-                                    bind(a->pos), bind(a->att_part), bind(a->att), R, H, KH, hd, L);
+        return vks_op_attention_f16_kind(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
+                                         bind(a->pos), bind(a->att_part), bind(a->att), R, H, KH, hd, L,
+                                         e->matmul_kind);
     }
     /* RoPE on q in place and on k into the cache, v into the cache: one dispatch */
     if ((rc = vks_op_rope_kv_store(e->ops, c, bind(a->q), bind(a->k), bind(a->v), bind(kv->kcache), bind(kv->vcache),
                                    bind(a->slot), bind(a->pos), bind(a->rope_table), L, R, H, KH, hd, mode, L)))
         return rc;
-    return vks_op_attention(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot), bind(a->pos),
-                            bind(a->att), R, H, KH, hd, L);
+    return vks_op_attention_kind(e->ops, c, bind(a->q), bind(kv->kcache), bind(kv->vcache), bind(a->slot),
+                                 bind(a->pos), bind(a->att), R, H, KH, hd, L, e->matmul_kind);
 }
 
 static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l, const dev_layer_kv *kv,

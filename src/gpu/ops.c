@@ -154,6 +154,11 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
     o->wg_attention_kv = o->info.type == VKS_DEVTYPE_CPU ? vks_ops_pick_wg(&o->info, 1) : o->wg_attention;
     o->attention_kv_sg = o->info.type == VKS_DEVTYPE_CPU && o->info.subgroup_arith && o->info.subgroup_shuffle &&
                          o->info.subgroup_size >= 4 && !getenv("VKSWARM_NO_SUBGROUP");
+    /* Prefill: several query rows of one sequence per subgroup
+     * (attention_rows_sg), each K/V element loaded once for all of them;
+     * VKSWARM_ATTN_ROWS=1..4 fixes the count (1: one row per subgroup). */
+    const char *rows = getenv("VKSWARM_ATTN_ROWS");
+    o->attention_rows = rows && rows[0] >= '1' && rows[0] <= '4' && !rows[1] ? (uint32_t)(rows[0] - '0') : 4;
     /* The training attention likewise (attention_train_sg.comp): one subgroup
      * of >= 8 lanes per workgroup, rows or keys in registers, the other side
      * broadcast; the tile kernels keep 1-2 of 8 subgroups busy between 3-4
@@ -465,10 +470,26 @@ int vks_op_rope_kv_store(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding k, v
     return vks_ops_dispatch(o, c, op, spec, 1, b, 8, push, sizeof push, ceil_div(pairs, o->wg_elementwise), op);
 }
 
+/* Query rows per subgroup of the attention kernels over the KV cache: one
+ * for decode steps (every row its own sequence), attention_rows for prefill
+ * (AUTO: prefill when R > 1). The choice changes no bits. */
+static uint32_t attention_rows(const vks_ops *o, vks_matmul_kind kind, uint32_t R) {
+    if (kind == VKS_MATMUL_DECODE || (kind == VKS_MATMUL_AUTO && R < 2)) return 1;
+    return o->attention_rows < R ? o->attention_rows : R;
+}
+
 int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
                      vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
                      uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                      uint32_t seq_len) {
+    return vks_op_attention_kind(o, c, q, kcache, vcache, slot, pos, out, R, n_heads, n_kv_heads, head_dim, seq_len,
+                                 VKS_MATMUL_AUTO);
+}
+
+int vks_op_attention_kind(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
+                          vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
+                          uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                          uint32_t seq_len, vks_matmul_kind kind) {
     const char *op = "attention";
     if (!o || !c || !R || !n_heads || !n_kv_heads || n_heads % n_kv_heads || !head_dim ||
         head_dim > ATTENTION_MAX_HEAD_DIM || !seq_len)
@@ -488,10 +509,11 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
     /* CPU drivers: the barrier-free subgroup variant (a lane owns at most
      * ceil(head_dim / 4) output dims: subgroups have 4 lanes or more there) */
     bool sg = o->attention_kv_sg;
-    uint32_t spec[] = {o->wg_attention_kv, sg ? (head_dim + 3) / 4 : 1};
+    uint32_t rows = sg ? attention_rows(o, kind, R) : 1;
+    uint32_t spec[] = {o->wg_attention_kv, sg ? (head_dim + 3) / 4 : 1, rows};
     vks_binding b[] = {q, kcache, vcache, slot, pos, out};
-    return vks_ops_dispatch(o, c, sg ? "attention_sg" : "attention", spec, 2, b, 6, &push, sizeof push,
-                    (uint64_t)R * n_heads, op);
+    return vks_ops_dispatch(o, c, rows > 1 ? "attention_rows_sg" : sg ? "attention_sg" : "attention", spec,
+                            rows > 1 ? 3 : 2, b, 6, &push, sizeof push, ceil_div(R, rows) * n_heads, op);
 }
 
 /* ---- the f16 KV cache (issue 28) ---- */
@@ -528,6 +550,14 @@ static uint32_t attention_group(uint32_t heads_per_kv) {
 int vks_op_attention_f16(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache, vks_binding vcache,
                          vks_binding slot, vks_binding pos, vks_binding part, vks_binding out, uint32_t R,
                          uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, uint32_t seq_len) {
+    return vks_op_attention_f16_kind(o, c, q, kcache, vcache, slot, pos, part, out, R, n_heads, n_kv_heads, head_dim,
+                                     seq_len, VKS_MATMUL_AUTO);
+}
+
+int vks_op_attention_f16_kind(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache, vks_binding vcache,
+                              vks_binding slot, vks_binding pos, vks_binding part, vks_binding out, uint32_t R,
+                              uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, uint32_t seq_len,
+                              vks_matmul_kind kind) {
     const char *op = "attention_f16";
     if (!o || !c || !R || !n_heads || !n_kv_heads || n_heads % n_kv_heads || !head_dim || head_dim % 4 ||
         head_dim > ATTENTION_MAX_HEAD_DIM || !seq_len)
@@ -549,10 +579,15 @@ int vks_op_attention_f16(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcac
     uint32_t group = attention_group(n_heads / n_kv_heads);
     /* one subgroup per workgroup, of 4 lanes or more: a lane owns at most
      * ceil(head_dim / 16) groups of 4 output dims */
-    uint32_t spec[] = {vks_ops_pick_wg(&o->info, 1), (head_dim / 4 + 3) / 4, group, VKS_ATTN_SPLIT_KEYS};
+    /* prefill: rows per subgroup, at most 4 (row, head) pairs: the heads of
+     * a KV group already share the loads (lavapipe, 8/2 heads hd 32, 1024-token
+     * prefill: 2 rows x 4 heads made the attention 1.37x slower) */
+    uint32_t rows = attention_rows(o, kind, R);
+    while (rows > 1 && rows * group > 4) rows--;
+    uint32_t spec[] = {vks_ops_pick_wg(&o->info, 1), (head_dim / 4 + 3) / 4, group, VKS_ATTN_SPLIT_KEYS, rows};
     vks_binding b[] = {q, kcache, vcache, slot, pos, part, out};
-    rc = vks_ops_dispatch(o, c, "attention_split_f16", spec, 4, b, 7, &push, sizeof push,
-                          (uint64_t)R * (n_heads / group) * n_splits, op);
+    rc = vks_ops_dispatch(o, c, rows > 1 ? "attention_split_rows_f16" : "attention_split_f16", spec, rows > 1 ? 5 : 4,
+                          b, 7, &push, sizeof push, ceil_div(R, rows) * (n_heads / group) * n_splits, op);
     if (rc || n_splits == 1) return rc; /* every row one split: each wrote its output */
     uint32_t spec_r[] = {o->wg_elementwise, 1, 1, VKS_ATTN_SPLIT_KEYS};
     vks_binding br[] = {part, pos, out};
