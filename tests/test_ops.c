@@ -154,10 +154,11 @@ static void run_matmul(const op_case *tc) {
 /* matmul_multi: parts (2-3) products of one x [M,K] with weights [N_i,K] of
  * dtype, each into its own y. Against the float64 reference, and bit for bit
  * against one vks_op_matmul_kind per product (the fused dispatch must not
- * change any output's bits). accumulate: into y of row stride N_i + 3 at
- * column 2, whose other columns must stay untouched. Prefill always fuses
- * into one dispatch; decode does where it takes the tiled kernel (CPU drivers,
- * f32/f16/bf16/q8_0), else one dispatch per product. */
+ * change any output's bits). main sets VKSWARM_MATMUL_FUSE=1 (fused wherever
+ * the kernel allows). accumulate: into y of row stride N_i + 3 at
+ * column 2, whose other columns must stay untouched. Prefill then always
+ * fuses into one dispatch; decode does where it takes the tiled kernel (CPU
+ * drivers, f32/f16/bf16/q8_0), else one dispatch per product. */
 static void run_matmul_multi(const op_case *tc) {
     uint32_t M = tc->multi.M, K = tc->multi.K;
     int n = tc->multi.parts;
@@ -1000,6 +1001,9 @@ static bool first_of_kind(size_t i) {
 
 int main(void) {
     enum { N_CASES = sizeof cases / sizeof cases[0] };
+    /* matmul_multi rows test the fused kernels on every path they exist for
+     * (CPU drivers otherwise keep the 8-row tiles as separate dispatches) */
+    setenv("VKSWARM_MATMUL_FUSE", "1", 0);
     struct CMUnitTest tests[N_CASES];
     size_t n = 0;
     for (size_t i = 0; i < N_CASES; i++)

@@ -81,7 +81,9 @@ int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks
  * kind) would write it, bit for bit. Recorded as one dispatch where every part
  * takes the same matmul.comp kernel alone (same dtype; prefill, or decode
  * through the tiled kernel on CPU drivers), else one dispatch per part
- * (matvec kernels, mixed dtypes). No y may overlap x, a W or another y (the
+ * (matvec kernels, mixed dtypes). CPU drivers fuse only one-row decode (the
+ * 8-row tiles were slower fused there); VKSWARM_MATMUL_FUSE=0 never fuses,
+ * =1 fuses wherever the kernel allows. No y may overlap x, a W or another y (the
  * whole bindings are compared). */
 #define VKS_MATMUL_MAX_PARTS 3
 typedef struct {

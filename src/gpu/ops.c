@@ -95,6 +95,13 @@ static void choose_matmul_tiles(vks_ops *o) {
      * around it: decode stays batch-invariant, and equals prefill bit for bit. */
     o->mm_decode = o->mm_direct && o->info.type == VKS_DEVTYPE_CPU && o->info.subgroup_arith &&
                    o->info.subgroup_ballot && !getenv("VKSWARM_NO_SUBGROUP");
+    /* vks_op_matmul_multi on CPU drivers (DIRECT): the fused dispatch of the
+     * 8-row tiles (decode of several rows, prefill) measured 1.06-2x the time of
+     * separate dispatches on lavapipe, the one-row tiles (decode of one row)
+     * 0.57-0.90x (BENCHMARKS.md): fused only there. VKSWARM_MATMUL_FUSE=0 never
+     * fuses, =1 fuses wherever the kernel allows (test_ops tests the kernels so). */
+    const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
+    o->mm_fuse = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? (fuse[0] == '1' ? 2 : 0) : 1;
 }
 
 static void choose_matvec(vks_ops *o) {
@@ -407,7 +414,9 @@ int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_
     if (kind == VKS_MATMUL_AUTO) kind = M <= MATVEC_MAX_M ? VKS_MATMUL_DECODE : VKS_MATMUL_PREFILL;
     bool decode_mm = kind == VKS_MATMUL_DECODE && o->mm_decode && !o->mm_f16_math && decode_by_matmul(dtype);
     bool tiled = kind == VKS_MATMUL_PREFILL; /* (DECODE's matvec groups stay separate dispatches) */
-    if (n_parts > 1 && same && decode_mm) {
+    /* where fused (o->mm_fuse): always at 2; at 1 not the 8-row tiles of CPU drivers */
+    bool fuse_rows = o->mm_fuse == 2 || (o->mm_fuse == 1 && !o->mm_direct);
+    if (n_parts > 1 && same && decode_mm && (o->mm_fuse == 2 || (o->mm_fuse == 1 && M == 1))) {
         /* record_matmul_decode's tiles; the columns per lane from all products' columns */
         uint32_t lanes = o->info.subgroup_size > 8 ? o->info.subgroup_size : 8, total = 0;
         for (int i = 0; i < n_parts; i++) total += parts[i].N;
@@ -417,7 +426,7 @@ int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_
         return dispatch_matmul_multi(o, c, x, parts, n_parts, M, K, accumulate, variant, tm, tn * lanes, tm, tn, 1,
                                      "matvec");
     }
-    if (n_parts > 1 && same && tiled) {
+    if (n_parts > 1 && same && tiled && fuse_rows) {
         bool dsg = dtype != VKS_DTYPE_Q4_K && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
                    o->info.subgroup_ballot && o->mm_tm == 8;
         char variant[32];

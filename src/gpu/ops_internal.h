@@ -32,6 +32,9 @@ struct vks_ops {
     uint32_t mm_direct; /* no shared-memory staging (CPU drivers; VKSWARM_MATMUL_DIRECT=0|1) */
     bool mm_decode;     /* decode rows through matmul_<type>_dsg in 8-row tiles (ops.c) */
     bool mm_f16_math; /* matmul_*_h variants */
+    /* vks_op_matmul_multi: 0 = one dispatch per product, 1 = fused where the
+     * kernel has one-row tiles or runs staged (GPUs), 2 = fused wherever it applies */
+    int mm_fuse;
 };
 
 static inline uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }
