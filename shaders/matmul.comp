@@ -34,7 +34,7 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_ballot : require
 #endif
-#define WEIGHT_COUNT (pc.N * pc.K)  // elements of W (block types, weights.glsl)
+#define WEIGHT_COUNT (P_N * pc.K)  // elements of the W being read (block types, weights.glsl)
 #include "common.glsl"
 #include "weights.glsl"
 layout(local_size_x_id = 0) in;
@@ -52,14 +52,22 @@ layout(constant_id = 6) const bool VEC4 = false;
 // products and their order are the same: results are bit-identical.
 layout(constant_id = 7) const bool DIRECT = false;
 
-// Scalar and vector views of the same bindings; the vector ones only when VEC4.
+// MULTI (the *_multi variants, vks_op_matmul_multi): up to 3 products of
+// the same x, y_i[m, col0_i + n] (+)= sum_k x[m,k] W_i[n,k], in one dispatch.
+// Its workgroups are matrix 0's tiles, then matrix 1's, then matrix 2's (each
+// numbered as in its own single dispatch), and each runs the single kernel's
+// code on its matrix (matmul_part.glsl, included once per matrix): every
+// output gets the same bits as from a dispatch of its own.
+// Bindings: x = 0; matrix i: W_i = 1 + 2i, y_i = 2 + 2i (7 in all).
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 0) readonly buffer X4 { vec4 x4[]; };
-layout(std430, set = 0, binding = 1) readonly buffer W { uint w[]; };
-layout(std430, set = 0, binding = 1) readonly buffer W2 { uvec2 w2[]; };
-layout(std430, set = 0, binding = 1) readonly buffer W4 { uvec4 w4[]; };
-layout(std430, set = 0, binding = 2) buffer Y { float y[]; };
+#ifdef MULTI
+layout(push_constant) uniform Push {
+    uint M, K, accumulate, parts, N0, N1, N2, ldy0, ldy1, ldy2, col0_0, col0_1, col0_2;
+} pc;
+#else
 layout(push_constant) uniform Push { uint M, N, K, ldy, y_col0, accumulate; } pc;
+#endif
 
 const uint BK4 = BK / 4u;
 const uint BKP = BK4 + 1u;  // padded row stride of the tiles, in vec4s
@@ -69,8 +77,6 @@ shared TILE_VEC xs[DIRECT ? 1u : 2u * BM * BKP];
 // Buffer b: ws[(b BN + nn) BKP + kq] = W[n0 + nn, k0 + 4kq .. +3]
 shared TILE_VEC ws[DIRECT ? 1u : 2u * BN * BKP];
 float acc[TM * TN];
-
-uint w_word(uint i) { return w[i]; }
 
 // 4 consecutive elements of row m of x from k (zero past M or K).
 vec4 x_quad(uint m, uint k) {
@@ -82,134 +88,63 @@ vec4 x_quad(uint m, uint k) {
     return v;
 }
 
-float w_element(uint e) { return DECODE_ELEMENT(w_word, e); }
-
-// 4 consecutive decoded elements of row n of W from k (zero past N or K).
-vec4 w_quad(uint n, uint k) {
-    if (n >= pc.N || k >= pc.K) return vec4(0.0);
-    uint e = n * pc.K + k;
-#if WTYPE == 0
-    if (VEC4) return uintBitsToFloat(w4[e >> 2]);
-#elif WTYPE == 1 || WTYPE == 2
-    if (VEC4) {
-        uvec2 q = w2[e >> 2];
-        return vec4(decode_pair(q.x), decode_pair(q.y));
-    }
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define PN(name) CAT(name, MAT)  // a name of matrix MAT's copy (matmul_part.glsl)
+#define MAT 0
+#define W_BINDING 1
+#define Y_BINDING 2
+#ifdef MULTI
+#define P_N pc.N0
+#define P_LDY pc.ldy0
+#define P_COL0 pc.col0_0
 #else
-    return DECODE_QUAD(w_word, e);  // K is a whole number of blocks: e % 4 == 0
+#define P_N pc.N
+#define P_LDY pc.ldy
+#define P_COL0 pc.y_col0
 #endif
-    vec4 v = vec4(0.0);
-    for (uint c = 0u; c < 4u && k + c < pc.K; c++) v[c] = w_element(e + c);
-    return v;
-}
-
-// Stages the K slice from k0 into buffer b.
-void load_tiles(uint m0, uint n0, uint k0, uint b) {
-    for (uint i = gl_LocalInvocationID.x; i < BM * BK4; i += WG_SIZE) {
-        uint mm = i / BK4, kq = i - mm * BK4;
-        xs[(b * BM + mm) * BKP + kq] = TILE_VEC(x_quad(m0 + mm, k0 + 4u * kq));
-    }
-    for (uint i = gl_LocalInvocationID.x; i < BN * BK4; i += WG_SIZE) {
-        uint nn = i / BK4, kq = i - nn * BK4;
-        ws[(b * BN + nn) * BKP + kq] = TILE_VEC(w_quad(n0 + nn, k0 + 4u * kq));
-    }
-}
+#include "matmul_part.glsl"
+#ifdef MULTI
+#undef MAT
+#undef W_BINDING
+#undef Y_BINDING
+#undef P_N
+#undef P_LDY
+#undef P_COL0
+#define MAT 1
+#define W_BINDING 3
+#define Y_BINDING 4
+#define P_N pc.N1
+#define P_LDY pc.ldy1
+#define P_COL0 pc.col0_1
+#include "matmul_part.glsl"
+#undef MAT
+#undef W_BINDING
+#undef Y_BINDING
+#undef P_N
+#undef P_LDY
+#undef P_COL0
+#define MAT 2
+#define W_BINDING 5
+#define Y_BINDING 6
+#define P_N pc.N2
+#define P_LDY pc.ldy2
+#define P_COL0 pc.col0_2
+#include "matmul_part.glsl"
+#endif
 
 void main() {
-    const uint THREADS_N = BN / TN, THREADS_M = BM / TM;
-    uint tiles_n = (pc.N + BN - 1u) / BN, tiles_m = (pc.M + BM - 1u) / BM;
-    uint tile = linear_group_id();
-    if (tile >= tiles_n * tiles_m) return;  // uniform over the workgroup
-    uint m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
-    uint tx = gl_LocalInvocationID.x % THREADS_N, ty = gl_LocalInvocationID.x / THREADS_N;
-
-    [[unroll]] for (uint i = 0u; i < TM * TN; i++) acc[i] = 0.0;
-#ifdef DIRECT_SG
-    // The TM rows of x an invocation reads are the same for the lanes of a
-    // subgroup (they share ty when lanes <= THREADS_N): lane l loads row
-    // l % TM once and the rows reach every lane by broadcast (8 loads -> 1).
-    uint lanes = subgroupAdd(1u);
-    bool sg_rows = DIRECT && TM == 8u && lanes >= 8u && lanes <= THREADS_N && THREADS_N % lanes == 0u;
-    if (sg_rows) {
-        uint lane = gl_SubgroupInvocationID;
-        for (uint k = 0u; k < pc.K; k += 4u) {
-            vec4 wv[TN];
-            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = w_quad(n0 + tx + j * THREADS_N, k);
-            vec4 mine = x_quad(m0 + ty + (lane % 8u) * THREADS_M, k);
-            vec4 xr[8];
-            xr[0] = subgroupBroadcast(mine, 0u); xr[1] = subgroupBroadcast(mine, 1u);
-            xr[2] = subgroupBroadcast(mine, 2u); xr[3] = subgroupBroadcast(mine, 3u);
-            xr[4] = subgroupBroadcast(mine, 4u); xr[5] = subgroupBroadcast(mine, 5u);
-            xr[6] = subgroupBroadcast(mine, 6u); xr[7] = subgroupBroadcast(mine, 7u);
-            [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                vec4 xv = xr[i];
-                [[unroll]] for (uint j = 0u; j < TN; j++) {
-                    float a = acc[i * TN + j];  // k order: .x .y .z .w
-                    a += xv.x * wv[j].x;
-                    a += xv.y * wv[j].y;
-                    a += xv.z * wv[j].z;
-                    a += xv.w * wv[j].w;
-                    acc[i * TN + j] = a;
-                }
-            }
-        }
-    }
+    uint tile = linear_group_id();  // uniform over the workgroup
+#ifdef MULTI
+    uint tiles_m = (pc.M + BM - 1u) / BM;
+    uint t0 = tiles_m * ((pc.N0 + BN - 1u) / BN);
+    if (tile < t0) { run_tile0(tile); return; }
+    tile -= t0;
+    uint t1 = pc.parts > 1u ? tiles_m * ((pc.N1 + BN - 1u) / BN) : 0u;
+    if (tile < t1) { run_tile1(tile); return; }
+    tile -= t1;
+    if (pc.parts > 2u) run_tile2(tile);  // bounds-checks its own tiles
 #else
-    const bool sg_rows = false;
+    run_tile0(tile);
 #endif
-    if (DIRECT && !sg_rows) {
-        for (uint k = 0u; k < pc.K; k += 4u) {
-            vec4 wv[TN];  // (F16_MATH: rounded to half as when staged)
-            [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = vec4(TILE_VEC(w_quad(n0 + tx + j * THREADS_N, k)));
-            [[unroll]] for (uint i = 0u; i < TM; i++) {
-                vec4 xv = vec4(TILE_VEC(x_quad(m0 + ty + i * THREADS_M, k)));
-                [[unroll]] for (uint j = 0u; j < TN; j++) {
-                    float a = acc[i * TN + j];  // k order: .x .y .z .w
-                    a += xv.x * wv[j].x;
-                    a += xv.y * wv[j].y;
-                    a += xv.z * wv[j].z;
-                    a += xv.w * wv[j].w;
-                    acc[i * TN + j] = a;
-                }
-            }
-        }
-    }
-    if (!DIRECT) {
-        // Double buffering: slice t is read from buffer t % 2 while slice t + 1
-        // is staged into the other; the barrier after slice t both publishes
-        // slice t + 1 and frees buffer t % 2 for slice t + 2.
-        uint slices = (pc.K + BK - 1u) / BK;
-        load_tiles(m0, n0, 0u, 0u);
-        barrier();
-        for (uint t = 0u; t < slices; t++) {
-            uint b = t & 1u;
-            if (t + 1u < slices) load_tiles(m0, n0, (t + 1u) * BK, b ^ 1u);
-            [[unroll]] for (uint kq = 0u; kq < BK4; kq++) {
-                vec4 wv[TN];
-                [[unroll]] for (uint j = 0u; j < TN; j++) wv[j] = vec4(ws[(b * BN + tx + j * THREADS_N) * BKP + kq]);
-                [[unroll]] for (uint i = 0u; i < TM; i++) {
-                    vec4 xv = vec4(xs[(b * BM + ty + i * THREADS_M) * BKP + kq]);
-                    [[unroll]] for (uint j = 0u; j < TN; j++) {
-                        float a = acc[i * TN + j];  // k order: .x .y .z .w
-                        a += xv.x * wv[j].x;
-                        a += xv.y * wv[j].y;
-                        a += xv.z * wv[j].z;
-                        a += xv.w * wv[j].w;
-                        acc[i * TN + j] = a;
-                    }
-                }
-            }
-            barrier();
-        }
-    }
-    [[unroll]] for (uint i = 0u; i < TM; i++) {
-        uint m = m0 + ty + i * THREADS_M;
-        if (m >= pc.M) continue;
-        [[unroll]] for (uint j = 0u; j < TN; j++) {
-            uint n = n0 + tx + j * THREADS_N;
-            if (n >= pc.N) continue;
-            uint o = m * pc.ldy + pc.y_col0 + n;
-            y[o] = (pc.accumulate != 0u ? y[o] : 0.0) + acc[i * TN + j];
-        }
-    }
 }

@@ -30,6 +30,7 @@ struct op_case {
     double tol;                /* nmse threshold */
     union {
         struct { uint32_t M, N, K; vks_dtype dtype; bool accumulate_window, half_exact; } matmul;
+        struct { uint32_t M, K, N[3]; int parts; vks_dtype dtype; vks_matmul_kind kind; bool accumulate; } multi;
         struct { uint32_t tokens, dim, vocab; vks_dtype dtype; bool chunk; } embed;
         struct { uint32_t R, D; bool in_place; } rows;       /* rmsnorm, bias_add */
         struct { uint32_t R, heads, head_dim, max_pos, mode; } rope;
@@ -154,6 +155,83 @@ static void run_matmul(const op_case *tc) {
     expect_close(tc->name, got, want, ny, vks_ops_f16_math(ops) && !tc->matmul.half_exact ? F16_MATH_NMSE : tc->tol);
     free(x); free(w); free(y0); free(prod); free(want); free(got);
     vks_buffer_destroy(bx); vks_buffer_destroy(bw); vks_buffer_destroy(by);
+}
+
+/* matmul_multi: parts (2-3) products of one x [M,K] with weights [N_i,K] of
+ * dtype, each into its own y. Against the float64 reference, and bit for bit
+ * against one vks_op_matmul_kind per product (the fused dispatch must not
+ * change any output's bits). main sets VKSWARM_MATMUL_FUSE=1 (fused wherever
+ * the kernel allows). accumulate: into y of row stride N_i + 3 at
+ * column 2, whose other columns must stay untouched. Prefill then always
+ * fuses into one dispatch; decode does where it takes the tiled kernel (CPU
+ * drivers, f32/f16/bf16/q8_0), else one dispatch per product. */
+static void run_matmul_multi(const op_case *tc) {
+    uint32_t M = tc->multi.M, K = tc->multi.K;
+    int n = tc->multi.parts;
+    vks_dtype dtype = tc->multi.dtype;
+    bool acc = tc->multi.accumulate;
+    float *x = rand_floats((size_t)M * K, 11, -1, 1);
+    vks_buffer *bx = gpu_buffer(x, (size_t)M * K * 4);
+    float *w[3], *y0[3];
+    vks_buffer *bw[3], *fused[3], *alone[3];
+    vks_matmul_part p[3];
+    for (int i = 0; i < n; i++) {
+        uint32_t N = tc->multi.N[i], ldy = acc ? N + 3 : N;
+        w[i] = rand_floats((size_t)N * K, 12 + (uint64_t)i, -1, 1);
+        bw[i] = weight_buffer(w[i], N, K, dtype);
+        y0[i] = acc ? rand_floats((size_t)M * ldy, 20 + (uint64_t)i, -1, 1) : NULL;
+        fused[i] = gpu_buffer(y0[i], (size_t)M * ldy * 4);
+        alone[i] = gpu_buffer(y0[i], (size_t)M * ldy * 4);
+        p[i] = (vks_matmul_part){.W = bind(bw[i]), .dtype = dtype, .y = bind(fused[i]), .N = N, .ldy = ldy,
+                                 .y_col0 = acc ? 2 : 0};
+    }
+    vks_cmd *c = begin();
+    vks_cmd_counts k0, k1, k2;
+    vks_cmd_counts_get(c, &k0);
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(bx), p, n, M, K, acc, tc->multi.kind), VKS_OK);
+    vks_cmd_counts_get(c, &k1);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(vks_op_matmul_kind(ops, c, bind(bx), bind(bw[i]), dtype, bind(alone[i]), M, p[i].N, K, p[i].ldy,
+                                            p[i].y_col0, acc, tc->multi.kind), VKS_OK);
+    vks_cmd_counts_get(c, &k2);
+    submit(c);
+    uint64_t n_fused = k1.dispatches - k0.dispatches, n_alone = k2.dispatches - k1.dispatches;
+    if (getenv("VKSWARM_TEST_VERBOSE")) fprintf(stderr, "%s: %llu dispatches (alone: %llu)\n", tc->name,
+                                                (unsigned long long)n_fused, (unsigned long long)n_alone);
+    assert_true(n_fused == 1 || n_fused == n_alone);
+    if (tc->multi.kind == VKS_MATMUL_PREFILL || (tc->multi.kind == VKS_MATMUL_AUTO && M > 8))
+        assert_int_equal(n_fused, 1);
+    for (int i = 0; i < n; i++) {
+        uint32_t N = p[i].N, ldy = p[i].ldy, col0 = p[i].y_col0;
+        size_t ny = (size_t)M * ldy;
+        float *prod = xmalloc((size_t)M * N * 4), *want = xmalloc(ny * 4), *got = xmalloc(ny * 4),
+              *ref = xmalloc(ny * 4);
+        vks_ref_matmul(x, w[i], (int)M, (int)N, (int)K, prod);
+        for (size_t m = 0; m < M; m++)
+            for (size_t j = 0; j < ldy; j++) {
+                bool in = j >= col0 && j < col0 + N;
+                want[m * ldy + j] = (acc ? y0[i][m * ldy + j] : 0.0f) + (in ? prod[m * N + j - col0] : 0.0f);
+            }
+        download(fused[i], got, ny * 4);
+        download(alone[i], ref, ny * 4);
+        expect_close(tc->name, got, want, ny, vks_ops_f16_math(ops) ? F16_MATH_NMSE : tc->tol);
+        if (memcmp(got, ref, ny * 4)) {
+            for (size_t e = 0; e < ny; e++)
+                if (memcmp(&got[e], &ref[e], 4)) {
+                    fprintf(stderr, "%s: product %d element %zu: fused %.9g, alone %.9g\n", tc->name, i, e,
+                            (double)got[e], (double)ref[e]);
+                    break;
+                }
+            fail();
+        }
+        free(prod); free(want); free(got); free(ref);
+    }
+    for (int i = 0; i < n; i++) {
+        free(w[i]); free(y0[i]);
+        vks_buffer_destroy(bw[i]); vks_buffer_destroy(fused[i]); vks_buffer_destroy(alone[i]);
+    }
+    free(x);
+    vks_buffer_destroy(bx);
 }
 
 /* embed: R tokens looked up in a table of V rows of D. chunk: the GPU table is
@@ -766,6 +844,27 @@ static void run_bad_args(const op_case *tc) {
                                    0, false), VKS_ERR_ARG);
     assert_int_equal(vks_op_matmul(ops, c, bind(b), bind(b), VKS_DTYPE_Q6_K, bind(b), 1, 1, 256, 1,
                                    0, false), VKS_ERR_ARG);
+    /* matmul_multi: 0 or 4 products, a product's own checks, outputs overlapping x, a W or each other */
+    vks_buffer *b2 = gpu_buffer(NULL, 1024), *b3 = gpu_buffer(NULL, 1024);
+    vks_binding lo = {b3, 0, 512}, hi = {b3, 512, 512};
+    vks_matmul_part mp[4] = {{bind(b), VKS_DTYPE_F32, lo, 4, 4, 0}, {bind(b), VKS_DTYPE_F32, hi, 4, 4, 0},
+                             {bind(b), VKS_DTYPE_F32, bind(b2), 4, 4, 0}, {bind(b), VKS_DTYPE_F32, hi, 4, 4, 0}};
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), mp, 3, 2, 4, false, VKS_MATMUL_AUTO), VKS_OK);
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), mp, 0, 2, 4, false, VKS_MATMUL_AUTO), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), mp, 4, 2, 4, false, VKS_MATMUL_AUTO), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), NULL, 2, 2, 4, false, VKS_MATMUL_AUTO), VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), mp + 1, 3, 2, 4, false, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG); /* the first and the last of these 3 both write hi */
+    assert_non_null(strstr(vks_last_error(), "overlaps"));
+    mp[1].N = 5; /* 5 columns past ldy 4 */
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), mp, 2, 2, 4, false, VKS_MATMUL_AUTO), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "product 1"));
+    mp[1].N = 4;
+    mp[1].y = bind(b); /* y = x = W */
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), mp, 2, 2, 4, false, VKS_MATMUL_AUTO), VKS_ERR_ARG);
+    mp[1].y = hi;
+    mp[1].W = bind(b2); /* part 2 writes W of part 1 */
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), mp, 3, 2, 4, false, VKS_MATMUL_AUTO), VKS_ERR_ARG);
     assert_int_equal(vks_op_embed(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_K, 0, 2, 128, bind(b), 1),
                      VKS_ERR_ARG); /* D = 128 is half a block */
     assert_int_equal(vks_op_embed(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_K, 0, 8, 256, bind(b), 1),
@@ -785,7 +884,7 @@ static void run_bad_args(const op_case *tc) {
     vks_binding past_end = {b, 2048, 0};
     assert_int_equal(vks_op_add(ops, c, past_end, bind(b), 1), VKS_ERR_ARG);
     submit(c);
-    vks_buffer_destroy(b);
+    vks_buffer_destroy(b); vks_buffer_destroy(b2); vks_buffer_destroy(b3);
 }
 
 /* ---- the table ---- */
@@ -798,6 +897,9 @@ static void run_bad_args(const op_case *tc) {
 #define Q4_K VKS_DTYPE_Q4_K
 /* Families whose limit is the same for every row; the shape is named in the row. */
 #define MATMUL(nm, ...) {nm, run_matmul, .tol = 1e-11, .matmul = {__VA_ARGS__}}
+#define MULTI(nm, ...) {nm, run_matmul_multi, .tol = 1e-11, .multi = {__VA_ARGS__}}
+#define QKV(a, b) .parts = 3, .N = {a, b, b}
+#define GATE_UP(a) .parts = 2, .N = {a, a}
 #define EMBED(nm, ...) {nm, run_embed, .tol = 0, .embed = {__VA_ARGS__}}
 #define ROPE(nm, ...) {nm, run_rope, .tol = 1e-10, .rope = {__VA_ARGS__}}
 #define ATTN(nm, ...) {nm, run_attention, .tol = 1e-11, .attention = {__VA_ARGS__}}
@@ -857,6 +959,33 @@ static const op_case cases[] = {
     MATMUL("matmul q8_0 tile edges M63 N129 K64", .M = 63, .N = 129, .K = 64, .dtype = Q8_0),
     MATMUL("matmul q4_0 tile edges M65 N127 K96", .M = 65, .N = 127, .K = 96, .dtype = Q4_0),
     MATMUL("matmul q4_k tile edges M63 N129 K256", .M = 63, .N = 129, .K = 256, .dtype = Q4_K),
+    /* Q/K/V and gate/up as one dispatch: decode (M 1, 8, more rows as DECODE) and prefill */
+    MULTI("matmul_multi f32 M1 qkv K67", .M = 1, .K = 67, QKV(67, 29), .dtype = F32),
+    MULTI("matmul_multi f32 M8 qkv wide K64", .M = 8, .K = 64, QKV(200, 40), .dtype = F32),
+    MULTI("matmul_multi f32 M1 qkv wide K64", .M = 1, .K = 64, QKV(300, 20), .dtype = F32),
+    MULTI("matmul_multi f32 M17 gate_up K67", .M = 17, .K = 67, GATE_UP(130), .dtype = F32),
+    MULTI("matmul_multi f32 M12 decode qkv accumulate", .M = 12, .K = 64, QKV(67, 29), .dtype = F32,
+          .kind = VKS_MATMUL_DECODE, .accumulate = true),
+    MULTI("matmul_multi f32 M70 prefill qkv accumulate", .M = 70, .K = 48, QKV(131, 33), .dtype = F32,
+          .accumulate = true),
+    MULTI("matmul_multi f16 M1 qkv K67", .M = 1, .K = 67, QKV(67, 29), .dtype = F16),
+    MULTI("matmul_multi f16 M8 gate_up K64", .M = 8, .K = 64, GATE_UP(130), .dtype = F16),
+    MULTI("matmul_multi f16 M20 qkv K64", .M = 20, .K = 64, QKV(67, 29), .dtype = F16),
+    MULTI("matmul_multi bf16 M1 gate_up K64", .M = 1, .K = 64, GATE_UP(130), .dtype = BF16),
+    MULTI("matmul_multi bf16 M8 qkv K67", .M = 8, .K = 67, QKV(67, 29), .dtype = BF16),
+    MULTI("matmul_multi bf16 M33 qkv K67", .M = 33, .K = 67, QKV(67, 29), .dtype = BF16),
+    MULTI("matmul_multi q8_0 M1 qkv wide K96", .M = 1, .K = 96, QKV(200, 40), .dtype = Q8_0),
+    MULTI("matmul_multi q8_0 M8 qkv K64", .M = 8, .K = 64, QKV(67, 29), .dtype = Q8_0),
+    MULTI("matmul_multi q8_0 M17 gate_up K96", .M = 17, .K = 96, GATE_UP(130), .dtype = Q8_0),
+    MULTI("matmul_multi q8_0 M12 decode gate_up", .M = 12, .K = 64, GATE_UP(67), .dtype = Q8_0,
+          .kind = VKS_MATMUL_DECODE),
+    MULTI("matmul_multi q4_0 M1 qkv K96", .M = 1, .K = 96, QKV(67, 29), .dtype = Q4_0),
+    MULTI("matmul_multi q4_0 M8 gate_up K64", .M = 8, .K = 64, GATE_UP(130), .dtype = Q4_0),
+    MULTI("matmul_multi q4_0 M17 qkv K96", .M = 17, .K = 96, QKV(67, 29), .dtype = Q4_0),
+    MULTI("matmul_multi q4_k M1 qkv K256", .M = 1, .K = 256, QKV(67, 29), .dtype = Q4_K),
+    MULTI("matmul_multi q4_k M8 gate_up K256", .M = 8, .K = 256, GATE_UP(130), .dtype = Q4_K),
+    MULTI("matmul_multi q4_k M65 qkv K256 accumulate", .M = 65, .K = 256, QKV(131, 33), .dtype = Q4_K,
+          .accumulate = true),
     EMBED("embed q8_0", .tokens = 9, .dim = 96, .vocab = 100, .dtype = Q8_0),
     EMBED("embed q4_0 chunk", .tokens = 17, .dim = 64, .vocab = 90, .dtype = Q4_0, .chunk = true),
     EMBED("embed q4_k chunk", .tokens = 17, .dim = 512, .vocab = 30, .dtype = Q4_K, .chunk = true),
@@ -999,6 +1128,9 @@ static bool first_of_kind(size_t i) {
 
 int main(void) {
     enum { N_CASES = sizeof cases / sizeof cases[0] };
+    /* matmul_multi rows test the fused kernels on every path they exist for
+     * (CPU drivers otherwise keep the 8-row tiles as separate dispatches) */
+    setenv("VKSWARM_MATMUL_FUSE", "1", 0);
     struct CMUnitTest tests[N_CASES];
     size_t n = 0;
     for (size_t i = 0; i < N_CASES; i++)

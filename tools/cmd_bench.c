@@ -305,6 +305,8 @@ int cmd_bench(int argc, char **argv) {
     bool half = false;
     double mm_rate = measure_matmul_rate(g, ma.engine.dtype, 512, 1024, 1024, &half);
     run_decode(e, &(bench_shape){s.batch, 0, 1}, m->cfg.vocab_size); /* warm-up: pipelines, caches */
+    /* and the prefill's pipelines (their first use compiles them: lavapipe, ~0.1-0.5 s each), one chunk */
+    run_prefill(e, &(bench_shape){1, s.prompt_len < chunk ? s.prompt_len : chunk, 0}, m->cfg.vocab_size, chunk);
     vks_gpu_profile_reset(g);
     double t_pre = run_prefill(e, &s, m->cfg.vocab_size, chunk);
     vks_engine_stats dec0, dec1;

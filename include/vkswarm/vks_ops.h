@@ -75,6 +75,25 @@ typedef enum { VKS_MATMUL_AUTO, VKS_MATMUL_DECODE, VKS_MATMUL_PREFILL } vks_matm
 int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype, vks_binding y,
                        uint32_t M, uint32_t N, uint32_t K, uint32_t ldy, uint32_t y_col0, bool accumulate,
                        vks_matmul_kind kind);
+/* Up to VKS_MATMUL_MAX_PARTS products of the same x, each with its own
+ * weights and output: for each part, y[m, y_col0 + n] (+)= sum_k x[m,k] W[n,k]
+ * as vks_op_matmul_kind(x, W, dtype, y, M, N, K, ldy, y_col0, accumulate,
+ * kind) would write it, bit for bit. Recorded as one dispatch where every part
+ * takes the same matmul.comp kernel alone (same dtype; prefill, or decode
+ * through the tiled kernel on CPU drivers), else one dispatch per part
+ * (matvec kernels, mixed dtypes). CPU drivers fuse only one-row decode (the
+ * 8-row tiles were slower fused there); VKSWARM_MATMUL_FUSE=0 never fuses,
+ * =1 fuses wherever the kernel allows. No y may overlap x, a W or another y (the
+ * whole bindings are compared). */
+#define VKS_MATMUL_MAX_PARTS 3
+typedef struct {
+    vks_binding W;
+    vks_dtype dtype;
+    vks_binding y;
+    uint32_t N, ldy, y_col0;
+} vks_matmul_part;
+int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_part *parts, int n_parts,
+                        uint32_t M, uint32_t K, bool accumulate, vks_matmul_kind kind);
 /* In place: x[r, col0 + h*head_dim + ...] for h < n_heads, row stride `stride`;
  * pos uint32[R], each < n_pos; pair i of position p rotates by the angle whose
  * (cos, sin) is table[p * head_dim/2 + i] (f32 pairs, [n_pos, head_dim/2];

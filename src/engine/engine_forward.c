@@ -21,6 +21,26 @@ static int matmul(vks_engine *e, vks_cmd *c, vks_buffer *x, const dev_matrix *w,
     return VKS_OK;
 }
 
+/* y_i[:, 0:N_i] = x @ W_i^T for n (<= 3) matrices of x's width: one dispatch
+ * (vks_op_matmul_multi, each output's bits as from its own product) where
+ * every matrix is one chunk, else matmul() per matrix. */
+static int matmul_multi(vks_engine *e, vks_cmd *c, vks_buffer *x, const dev_matrix *const *w, vks_buffer *const *y,
+                        const uint32_t *ldy, int n, uint32_t M) {
+    vks_matmul_part p[VKS_MATMUL_MAX_PARTS];
+    bool fused = n <= VKS_MATMUL_MAX_PARTS;
+    for (int i = 0; fused && i < n; i++) {
+        fused = w[i]->n_chunks == 1 && w[i]->cols == w[0]->cols;
+        p[i] = (vks_matmul_part){.W = bind(w[i]->chunk[0]), .dtype = w[i]->dtype, .y = bind(y[i]), .N = w[i]->rows,
+                                 .ldy = ldy[i]};
+    }
+    if (fused) return vks_op_matmul_multi(e->ops, c, bind(x), p, n, M, w[0]->cols, false, e->matmul_kind);
+    for (int i = 0; i < n; i++) {
+        int rc = matmul(e, c, x, w[i], y[i], M, ldy[i], false);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
 /* The adapter's y += scale B (A x) after layer l's target-t product (none without one). */
 static int lora(vks_engine *e, vks_cmd *c, const dev_layer *l, vks_lora_target t, vks_buffer *x, vks_buffer *y,
                 uint32_t R, uint32_t ldy) {
@@ -71,13 +91,15 @@ static int record_attention_block(vks_engine *e, vks_cmd *c, const dev_layer *l,
     const vks_model_config *cf = &e->cfg;
     dev_activations *a = &e->act;
     uint32_t qd = (uint32_t)(cf->n_heads * cf->head_dim), kvd = (uint32_t)cf->kv_dim;
+    /* q, k, v: one product (LoRA adds to each output after it) */
+    const dev_matrix *qkv_w[] = {&l->mat[VKS_T_wq], &l->mat[VKS_T_wk], &l->mat[VKS_T_wv]};
+    vks_buffer *qkv_y[] = {a->q, a->k, a->v};
+    const uint32_t qkv_ldy[] = {qd, kvd, kvd};
     int rc;
     if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_attn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
-        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wq], a->q, R, qd, false)) ||
+        (rc = matmul_multi(e, c, a->xb, qkv_w, qkv_y, qkv_ldy, 3, R)) ||
         (rc = lora(e, c, l, VKS_LORA_Q, a->xb, a->q, R, qd)) ||
-        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wk], a->k, R, kvd, false)) ||
         (rc = lora(e, c, l, VKS_LORA_K, a->xb, a->k, R, kvd)) ||
-        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_wv], a->v, R, kvd, false)) ||
         (rc = lora(e, c, l, VKS_LORA_V, a->xb, a->v, R, kvd)) ||
         (l->vec[VKS_T_bq] && (rc = vks_op_bias_add(e->ops, c, bind(a->q), bind(l->vec[VKS_T_bq]), R, qd))) ||
         (l->vec[VKS_T_bk] && (rc = vks_op_bias_add(e->ops, c, bind(a->k), bind(l->vec[VKS_T_bk]), R, kvd))) ||
@@ -98,11 +120,14 @@ static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint3
     const vks_model_config *cf = &e->cfg;
     dev_activations *a = &e->act;
     uint32_t H = (uint32_t)cf->hidden_dim;
+    /* gate and up: one product (LoRA adds to each output after it) */
+    const dev_matrix *gate_up_w[] = {&l->mat[VKS_T_w1], &l->mat[VKS_T_w3]};
+    vks_buffer *gate_up_y[] = {a->hb, a->hb2};
+    const uint32_t gate_up_ldy[] = {H, H};
     int rc;
     if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_ffn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
-        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_w1], a->hb, R, H, false)) ||
+        (rc = matmul_multi(e, c, a->xb, gate_up_w, gate_up_y, gate_up_ldy, 2, R)) ||
         (rc = lora(e, c, l, VKS_LORA_GATE, a->xb, a->hb, R, H)) ||
-        (rc = matmul(e, c, a->xb, &l->mat[VKS_T_w3], a->hb2, R, H, false)) ||
         (rc = lora(e, c, l, VKS_LORA_UP, a->xb, a->hb2, R, H)) ||
         (rc = vks_op_swiglu(e->ops, c, bind(a->hb), bind(a->hb2), bind(a->hb), R * H)) ||
         (rc = matmul(e, c, a->hb, &l->mat[VKS_T_w2], a->x, R, (uint32_t)cf->dim, true)))

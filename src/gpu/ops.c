@@ -95,6 +95,13 @@ static void choose_matmul_tiles(vks_ops *o) {
      * around it: decode stays batch-invariant, and equals prefill bit for bit. */
     o->mm_decode = o->mm_direct && o->info.type == VKS_DEVTYPE_CPU && o->info.subgroup_arith &&
                    o->info.subgroup_ballot && !getenv("VKSWARM_NO_SUBGROUP");
+    /* vks_op_matmul_multi on CPU drivers (DIRECT): the fused dispatch of the
+     * 8-row tiles (decode of several rows, prefill) measured 1.06-2x the time of
+     * separate dispatches on lavapipe, the one-row tiles (decode of one row)
+     * 0.57-0.90x (BENCHMARKS.md): fused only there. VKSWARM_MATMUL_FUSE=0 never
+     * fuses, =1 fuses wherever the kernel allows (test_ops tests the kernels so). */
+    const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
+    o->mm_fuse = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? (fuse[0] == '1' ? 2 : 0) : 1;
 }
 
 static void choose_matvec(vks_ops *o) {
@@ -357,6 +364,95 @@ int vks_op_matmul(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtyp
                   vks_binding y, uint32_t M, uint32_t N, uint32_t K, uint32_t ldy,
                   uint32_t y_col0, bool accumulate) {
     return vks_op_matmul_kind(o, c, x, W, dtype, y, M, N, K, ldy, y_col0, accumulate, VKS_MATMUL_AUTO);
+}
+
+/* ---- several products of one x in one dispatch (matmul.comp MULTI) ---- */
+
+/* Whether part i's single dispatch would stage with vector loads (dispatch_matmul). */
+static uint32_t matmul_vec4(vks_binding x, vks_binding W, uint32_t K) {
+    return K % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
+}
+
+/* One <variant>_multi dispatch: matrix i's tiles of bm x bn after those of
+ * matrices 0..i-1, each tile computed as in dispatch_matmul's single one.
+ * Unused matrix slots repeat matrix 0's bindings (the kernel never reads them). */
+static int dispatch_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_part *p, int n,
+                                 uint32_t M, uint32_t K, bool accumulate, const char *variant, uint32_t bm,
+                                 uint32_t bn, uint32_t tm, uint32_t tn, uint32_t direct, const char *label) {
+    char name[40];
+    snprintf(name, sizeof name, "%s_multi", variant);
+    uint32_t spec[] = {(bm / tm) * (bn / tn), bm, bn, o->mm_bk, tm, tn, matmul_vec4(x, p[0].W, K), direct};
+    uint32_t push[13] = {M, K, accumulate ? 1u : 0u, (uint32_t)n};
+    vks_binding b[7] = {x};
+    uint64_t tiles = 0;
+    for (int i = 0; i < 3; i++) {
+        const vks_matmul_part *q = &p[i < n ? i : 0];
+        push[4 + i] = q->N;
+        push[7 + i] = q->ldy;
+        push[10 + i] = q->y_col0;
+        b[1 + 2 * i] = q->W;
+        b[2 + 2 * i] = q->y;
+        if (i < n) tiles += ceil_div(M, bm) * ceil_div(q->N, bn);
+    }
+    return vks_ops_dispatch(o, c, name, spec, 8, b, 7, push, sizeof push, tiles, label);
+}
+
+int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_part *parts, int n_parts,
+                        uint32_t M, uint32_t K, bool accumulate, vks_matmul_kind kind) {
+    if (!o || !c || !parts) return vks_set_error(VKS_ERR_ARG, "matmul_multi: NULL argument");
+    if (n_parts < 1 || n_parts > VKS_MATMUL_MAX_PARTS)
+        return vks_set_error(VKS_ERR_ARG, "matmul_multi: %d products (1..%d allowed)", n_parts,
+                             VKS_MATMUL_MAX_PARTS);
+    if ((unsigned)kind > VKS_MATMUL_PREFILL) return vks_set_error(VKS_ERR_ARG, "matmul_multi: bad kind %d", (int)kind);
+    for (int i = 0; i < n_parts; i++) {
+        const vks_matmul_part *p = &parts[i];
+        int rc = check_matmul_args(o, x, p->W, p->dtype, p->y, M, p->N, K, p->ldy, p->y_col0);
+        if (rc) return vks_error_prefix(rc, "matmul_multi: product %d", i);
+        /* one dispatch reads x and every W while it writes every y */
+        if (vks_ops_overlap(p->y, x))
+            return vks_set_error(VKS_ERR_ARG, "matmul_multi: product %d's y overlaps x", i);
+        for (int j = 0; j < n_parts; j++)
+            if (vks_ops_overlap(p->y, parts[j].W) || (j != i && vks_ops_overlap(p->y, parts[j].y)))
+                return vks_set_error(VKS_ERR_ARG, "matmul_multi: product %d's y overlaps product %d's %s", i, j,
+                                     j != i && vks_ops_overlap(p->y, parts[j].y) ? "y" : "W");
+    }
+    /* the path each product would take alone (vks_op_matmul_kind); fused where
+     * all take the same matmul.comp variant with the same constants */
+    vks_dtype dtype = parts[0].dtype;
+    bool same = true;
+    for (int i = 1; i < n_parts; i++)
+        same = same && parts[i].dtype == dtype && matmul_vec4(x, parts[i].W, K) == matmul_vec4(x, parts[0].W, K);
+    if (kind == VKS_MATMUL_AUTO) kind = M <= MATVEC_MAX_M ? VKS_MATMUL_DECODE : VKS_MATMUL_PREFILL;
+    bool decode_mm = kind == VKS_MATMUL_DECODE && o->mm_decode && !o->mm_f16_math && decode_by_matmul(dtype);
+    bool tiled = kind == VKS_MATMUL_PREFILL; /* (DECODE's matvec groups stay separate dispatches) */
+    /* where fused (o->mm_fuse): always at 2; at 1 not the 8-row tiles of CPU drivers */
+    bool fuse_rows = o->mm_fuse == 2 || (o->mm_fuse == 1 && !o->mm_direct);
+    if (n_parts > 1 && same && decode_mm && (o->mm_fuse == 2 || (o->mm_fuse == 1 && M == 1))) {
+        /* record_matmul_decode's tiles; the columns per lane from all products' columns */
+        uint32_t lanes = o->info.subgroup_size > 8 ? o->info.subgroup_size : 8, total = 0;
+        for (int i = 0; i < n_parts; i++) total += parts[i].N;
+        uint32_t tm = M == 1 ? 1 : 8, tn = total >= 32 * lanes ? 8 : 4;
+        char variant[32];
+        snprintf(variant, sizeof variant, "matmul_%s_dsg", vks_ops_dtype_suffix(dtype));
+        return dispatch_matmul_multi(o, c, x, parts, n_parts, M, K, accumulate, variant, tm, tn * lanes, tm, tn, 1,
+                                     "matvec");
+    }
+    if (n_parts > 1 && same && tiled && fuse_rows) {
+        bool dsg = dtype != VKS_DTYPE_Q4_K && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
+                   o->info.subgroup_ballot && o->mm_tm == 8;
+        char variant[32];
+        snprintf(variant, sizeof variant, "matmul_%s%s", vks_ops_dtype_suffix(dtype),
+                 dsg ? "_dsg" : o->mm_f16_math ? "_h" : "");
+        return dispatch_matmul_multi(o, c, x, parts, n_parts, M, K, accumulate, variant, o->mm_bm, o->mm_bn,
+                                     o->mm_tm, o->mm_tn, o->mm_direct, "matmul");
+    }
+    /* matvec / matvec_q kernels, mixed weight types: one dispatch per product */
+    for (int i = 0; i < n_parts; i++) {
+        const vks_matmul_part *p = &parts[i];
+        int rc = vks_op_matmul_kind(o, c, x, p->W, p->dtype, p->y, M, p->N, K, p->ldy, p->y_col0, accumulate, kind);
+        if (rc) return rc;
+    }
+    return VKS_OK;
 }
 
 int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uint32_t R,
