@@ -10,7 +10,8 @@
 
 #define EXIT_BAD_INPUT 2
 
-/* Prints "vkswarm: <msg>" on stderr and exits with `status`. */
+/* Prints "vkswarm: <msg>" on stderr and exits with `status` (cli_exit_now: the
+ * stdout check, then _exit; no atexit handlers). */
 _Noreturn void cli_die(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "vkswarm: <msg>" on stderr, escaped like cli_die's: for notes that
  * carry names from files (architectures, paths). */
