@@ -979,8 +979,10 @@ static void run_case(void **state) {
 int main(void) {
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     struct CMUnitTest tests[N_CASES];
+    size_t n = 0;
     for (size_t i = 0; i < N_CASES; i++)
-        tests[i] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
+        if (!tu_case_skipped(cases[i].name))
+            tests[n++] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
-    return _cmocka_run_group_tests("grad_linear", tests, N_CASES, group_setup, group_teardown);
+    return _cmocka_run_group_tests("grad_linear", tests, n, group_setup, group_teardown);
 }

@@ -1,6 +1,7 @@
 /* test_util.c: helpers shared by the cmocka suites (see test_util.h). */
 #include "test_util.h"
 #include <math.h>
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,25 @@ void tu_fill_uniform(float *x, size_t n, uint64_t seed, float lo, float hi) {
 bool tu_test_short(void) {
     const char *s = getenv("VKSWARM_TEST_SHORT");
     return s && s[0] && strcmp(s, "0") != 0;
+}
+
+bool tu_case_skipped(const char *name) {
+    const char *list = getenv("VKSWARM_TEST_SKIP");
+    if (!list) return false;
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        char pattern[256];
+        if (n > 0 && n < sizeof pattern) {
+            memcpy(pattern, p, n);
+            pattern[n] = '\0';
+            if (fnmatch(pattern, name, 0) == 0) {
+                fprintf(stderr, "VKSWARM_TEST_SKIP: left out: %s\n", name);
+                return true;
+            }
+        }
+        p += n + (p[n] == ',');
+    }
+    return false;
 }
 
 const char *tu_tmpdir(void) {

@@ -33,6 +33,10 @@ void *tu_pack_weights(float *w, size_t rows, size_t cols, vks_dtype t, size_t *b
  * tools/test sets it for the ASan run only, where the code paths matter and
  * the normal build has already run the full cases. */
 bool tu_test_short(void);
+/* VKSWARM_TEST_SKIP: comma-separated shell patterns (fnmatch) of case names
+ * that a table-driven suite leaves out, saying so on stderr. The wide-lane
+ * copies of the kernel suites use it (tests/meson.build says which and why). */
+bool tu_case_skipped(const char *name);
 /* RoPE frequencies of theta and head_dim <= 512 (vks_rope_freqs, no scaling);
  * static buffers overwritten by the next call: doubles, and the same as f32. */
 const double *tu_rope_freqs(double theta, int head_dim);
