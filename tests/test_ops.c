@@ -398,19 +398,25 @@ static void run_rope_kv_store(const op_case *tc) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
 }
 
+/* The suite's ops (rows 0), or ops of their own made with VKSWARM_ATTN_ROWS =
+ * rows (rows per subgroup in prefill); the caller destroys those. */
+static vks_ops *ops_with_rows(unsigned rows) {
+    if (!rows) return ops;
+    vks_ops *o;
+    char v[2] = {(char)('0' + rows), 0};
+    setenv("VKSWARM_ATTN_ROWS", v, 1);
+    assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
+    unsetenv("VKSWARM_ATTN_ROWS");
+    return o;
+}
+
 /* The f32-cache attention's out[r, h, :] for R rows on the device, the rows
  * grouped as `kind` says; rows > 0: an ops of its own made with
  * VKSWARM_ATTN_ROWS=rows (rows per subgroup in prefill). */
 static float *attention_on_device(const float *q, const float *kc, const float *vc, size_t nc, const uint32_t *slot,
                                   const uint32_t *pos, uint32_t R, uint32_t H, uint32_t KH, uint32_t hd, uint32_t L,
                                   vks_matmul_kind kind, unsigned rows) {
-    vks_ops *o = ops;
-    if (rows) {
-        char v[2] = {(char)('0' + rows), 0};
-        setenv("VKSWARM_ATTN_ROWS", v, 1);
-        assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
-        unsetenv("VKSWARM_ATTN_ROWS");
-    }
+    vks_ops *o = ops_with_rows(rows);
     size_t nq = (size_t)R * H * hd;
     vks_buffer *bq = gpu_buffer(q, nq * 4), *bkc = gpu_buffer(kc, nc * 4), *bvc = gpu_buffer(vc, nc * 4);
     vks_buffer *bo = gpu_buffer(NULL, nq * 4), *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
@@ -508,13 +514,7 @@ static void run_kv_store_f16(const op_case *tc) {
 static float *attention_f16_on_device(const float *q, const uint16_t *kc, const uint16_t *vc, size_t nc,
                                       const uint32_t *slot, const uint32_t *pos, uint32_t R, uint32_t H, uint32_t KH,
                                       uint32_t hd, uint32_t L, vks_matmul_kind kind, unsigned rows) {
-    vks_ops *o = ops;
-    if (rows) { /* as attention_on_device */
-        char v[2] = {(char)('0' + rows), 0};
-        setenv("VKSWARM_ATTN_ROWS", v, 1);
-        assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
-        unsetenv("VKSWARM_ATTN_ROWS");
-    }
+    vks_ops *o = ops_with_rows(rows);
     size_t nq = (size_t)R * H * hd;
     vks_buffer *bq = gpu_buffer(q, nq * 4), *bkc = gpu_buffer(kc, nc * 2), *bvc = gpu_buffer(vc, nc * 2);
     vks_buffer *bo = gpu_buffer(NULL, nq * 4), *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
