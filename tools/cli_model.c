@@ -79,16 +79,10 @@ static void resolve_dtype(cli_model_args *a, const vks_model *m) {
     }
 }
 
-/* The adapter of --lora for m (exit 2 with the loader's one line on bad input;
- * m is freed first so that nothing is left unreachable at exit). */
-static vks_lora_adapter *load_lora(const char *path, vks_model *m) {
+/* The adapter of --lora for m (exit 2 with the loader's one line on bad input). */
+static vks_lora_adapter *load_lora(const char *path, const vks_model *m) {
     vks_lora_adapter *l = NULL;
-    if (vks_lora_load(path, m, &l)) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", vks_last_error());
-        vks_model_free(m);
-        cli_die(EXIT_BAD_INPUT, "%s", msg);
-    }
+    if (vks_lora_load(path, m, &l)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     fprintf(stderr, "vkswarm: LoRA adapter %s: rank %d, alpha %g\n", path, vks_lora_adapter_config(l)->rank,
             vks_lora_adapter_config(l)->alpha);
     return l;

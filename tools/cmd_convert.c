@@ -144,23 +144,15 @@ static void output_tokenizer(const char *tok_path, const vks_model *m, out_forma
 }
 
 /* Merges the adapter at path into m (exit 2 for an adapter that does not fit m). */
-/* Merges the adapter at path into m; on failure frees m and tok (nothing left
- * unreachable at exit) and exits with the loader's or the merge's one line. */
-static void merge_lora(vks_model *m, vks_tokenizer *tok, const char *path) {
+static void merge_lora(vks_model *m, const char *path) {
     vks_lora_adapter *ad = NULL;
     int rc = vks_lora_load(path, m, &ad);
-    if (rc == VKS_OK) {
-        const vks_lora_config *lc = vks_lora_adapter_config(ad);
-        cli_note("merging LoRA adapter %s (rank %d, alpha %g) into %s", path, lc->rank, lc->alpha, m->path);
-        rc = vks_lora_merge(m, ad);
-        vks_lora_adapter_free(ad);
-    }
-    if (rc == VKS_OK) return;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", vks_last_error());
-    vks_tokenizer_free(tok);
-    vks_model_free(m);
-    cli_die(rc == VKS_ERR_NOMEM ? 1 : EXIT_BAD_INPUT, "%s", msg);
+    if (rc != VKS_OK) cli_die(rc == VKS_ERR_NOMEM ? 1 : EXIT_BAD_INPUT, "%s", vks_last_error());
+    const vks_lora_config *lc = vks_lora_adapter_config(ad);
+    cli_note("merging LoRA adapter %s (rank %d, alpha %g) into %s", path, lc->rank, lc->alpha, m->path);
+    rc = vks_lora_merge(m, ad);
+    vks_lora_adapter_free(ad);
+    if (rc != VKS_OK) cli_die(rc == VKS_ERR_NOMEM ? 1 : EXIT_BAD_INPUT, "%s", vks_last_error());
 }
 
 static vks_model *tiny_model(uint64_t seed, vks_tokenizer **tok) {
@@ -188,7 +180,7 @@ int cmd_convert(int argc, char **argv) {
     vks_model_save_options o = {.dtype = a.type, .tokenizer = tok};
     char buf[1100];
     if (!a.init) output_tokenizer(tok_path, m, fmt, &o, &tok, buf, sizeof buf);
-    if (a.lora) merge_lora(m, tok, a.lora);
+    if (a.lora) merge_lora(m, a.lora);
     cli_note("converting %s (%s, %lld parameters) to %s", m->path, m->arch, (long long)vks_model_param_count(m), a.out);
     int rc = VKS_OK;
     if (fmt == OUT_GGUF) rc = vks_model_save_gguf(m, a.out, &o);
