@@ -28,10 +28,12 @@ mpi_run() {
     env -u MALLOC_PERTURB_ timeout -k 15 "$t" mpirun "${mpi_rank_env[@]}" --oversubscribe --mca btl tcp,self \
         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
 }
-# ok/bad WHAT: one check passed or failed (counted in passed, failed)
-passed=0 failed=0
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+# ok/bad WHAT: one check passed or failed (counted in passed, failed), with the
+# seconds since the previous verdict (where the suite's time goes)
+passed=0 failed=0 verdict_t=$SECONDS
+since_verdict() { since=$((SECONDS - verdict_t)); verdict_t=$SECONDS; }
+ok() { since_verdict; echo "ok: $* [${since} s]"; passed=$((passed + 1)); }
+bad() { since_verdict; echo "FAIL: $* [${since} s]"; failed=$((failed + 1)); }
 
 # ---- fault tests: find a rank's process, stop it, clean up ----
 # Ranks write DIR/rank-R.pid after MPI_Init when VKSWARM_PID_DIR=DIR is set
