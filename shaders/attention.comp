@@ -22,7 +22,19 @@
 // in steps of the lane count, masked at the row's own key count), so a row's
 // bits do not depend on its group or the batch. A group whose rows span
 // slots runs its rows one after another.
-#ifdef ROWS_SG
+//
+// ROWS_TILE (prefill on GPUs, without USE_SUBGROUP): the tile kernel with one
+// workgroup per (group of ROWS consecutive rows, head). Invocation t computes
+// key t0 + t's score for every row of the group from one read of the key, and
+// each V element it reads feeds every row's output dims: the group loads each
+// K/V tile once. Each row keeps its own online softmax with the one-row
+// kernel's arithmetic and order (tiles of WG_SIZE keys from key 0, its own
+// workgroup_max/workgroup_sum over the tile, V summed in key order, masked at
+// its own key count; a row whose keys are done skips the tile), so its bits
+// equal `attention`'s whatever the group or batch. A group whose rows span
+// slots runs each run of consecutive rows of one slot in turn. Shared memory:
+// ROWS * (MAX_HEAD_DIM + WG_SIZE) + WG_SIZE floats (ROWS 4, 64 lanes: 5 KiB).
+#if defined(ROWS_SG) || defined(ROWS_TILE)
 #extension GL_EXT_control_flow_attributes : require
 #endif
 #ifdef USE_SUBGROUP
@@ -36,8 +48,8 @@
 #endif
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint DIMS_PER_LANE = 1;  // USE_SUBGROUP only
-#ifdef ROWS_SG
-layout(constant_id = 2) const uint ROWS = 2;  // rows per subgroup
+#if defined(ROWS_SG) || defined(ROWS_TILE)
+layout(constant_id = 2) const uint ROWS = 2;  // rows per subgroup (ROWS_SG) / workgroup (ROWS_TILE)
 #endif
 
 const uint MAX_HEAD_DIM = 256u;
@@ -55,7 +67,10 @@ layout(push_constant) uniform Push {
     float scale;
 } pc;
 
-#ifndef USE_SUBGROUP
+#if defined(ROWS_TILE)
+shared float q_s[ROWS * MAX_HEAD_DIM];  // row g's q * scale at g * MAX_HEAD_DIM
+shared float p_s[ROWS * WG_SIZE];       // row g's tile weights at g * WG_SIZE
+#elif !defined(USE_SUBGROUP)
 shared float q_s[MAX_HEAD_DIM];
 shared float p_s[WG_SIZE];
 
@@ -149,6 +164,90 @@ void main() {
     if (same) attend_rows(r0, nr, h, lanes, lane);
     else
         for (uint g = 0u; g < nr; g++) attend_rows(r0 + g, 1u, h, lanes, lane);
+}
+#elif defined(ROWS_TILE)
+// Rows r0 .. r0 + nr - 1 (nr <= ROWS) of one slot, head h: the one-row tile
+// kernel's arithmetic per row, each K/V load shared by the rows.
+void attend_rows(uint r0, uint nr, uint h) {
+    uint t = gl_LocalInvocationID.x, wg = WG_SIZE;
+    uint kv_dim = pc.n_kv_heads * pc.head_dim;
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    uint q_dim = pc.n_heads * pc.head_dim, qbase = r0 * q_dim + h * pc.head_dim;
+    // slot/pos are GPU data the ops layer cannot check: clamp so that a bad
+    // value never reads outside the cache.
+    uint s = min(slot[r0], pc.n_slots - 1u);
+    uint cache0 = s * pc.seq_len * kv_dim + kvh * pc.head_dim;
+    uint n_keys[ROWS];
+    uint max_keys = 0u;
+    [[unroll]] for (uint g = 0u; g < ROWS; g++) {
+        n_keys[g] = g < nr ? min(pos[r0 + g], pc.seq_len - 1u) + 1u : 0u;
+        max_keys = max(max_keys, n_keys[g]);
+    }
+    barrier();  // q_s and p_s may still be read for the previous run of rows
+    // surplus rows (g >= nr) copy the last row's q: defined values, never used
+    [[unroll]] for (uint g = 0u; g < ROWS; g++)
+        for (uint d = t; d < pc.head_dim; d += wg)
+            q_s[g * MAX_HEAD_DIM + d] = q[qbase + min(g, nr - 1u) * q_dim + d] * pc.scale;
+    float o[ROWS * DIMS_PER_THREAD];
+    [[unroll]] for (uint i = 0u; i < ROWS * DIMS_PER_THREAD; i++) o[i] = 0.0;
+    float m_run[ROWS], l_run[ROWS], corr[ROWS];
+    [[unroll]] for (uint g = 0u; g < ROWS; g++) { m_run[g] = -1.0 / 0.0; l_run[g] = 0.0; corr[g] = 1.0; }
+    barrier();
+
+    for (uint t0 = 0u; t0 < max_keys; t0 += wg) {
+        uint j = t0 + t, tile_len = min(wg, max_keys - t0);
+        float sc[ROWS];
+        [[unroll]] for (uint g = 0u; g < ROWS; g++) sc[g] = 0.0;
+        if (j < max_keys) {
+            uint kbase = cache0 + j * kv_dim;
+            for (uint d = 0u; d < pc.head_dim; d++) {
+                float k = kcache[kbase + d];
+                [[unroll]] for (uint g = 0u; g < ROWS; g++) sc[g] += q_s[g * MAX_HEAD_DIM + d] * k;
+            }
+        }
+        [[unroll]] for (uint g = 0u; g < ROWS; g++) {
+            if (t0 >= n_keys[g]) continue;  // the row's keys are done (uniform: no barrier skipped by some)
+            float sg = j < n_keys[g] ? sc[g] : -1.0 / 0.0;
+            float m_new = max(m_run[g], workgroup_max(sg));
+            float p = j < n_keys[g] ? exp(sg - m_new) : 0.0;
+            p_s[g * WG_SIZE + t] = p;
+            corr[g] = exp(m_run[g] - m_new);
+            l_run[g] = l_run[g] * corr[g] + workgroup_sum(p);  // its barriers also publish p_s
+            m_run[g] = m_new;
+        }
+        for (uint i = 0u; i < DIMS_PER_THREAD; i++) {
+            uint d = t + i * wg;
+            if (d >= pc.head_dim) break;
+            float acc[ROWS];
+            [[unroll]] for (uint g = 0u; g < ROWS; g++) acc[g] = o[g * DIMS_PER_THREAD + i] * corr[g];
+            for (uint jj = 0u; jj < tile_len; jj++) {
+                float v = vcache[cache0 + (t0 + jj) * kv_dim + d];
+                [[unroll]] for (uint g = 0u; g < ROWS; g++)
+                    if (t0 + jj < n_keys[g]) acc[g] += p_s[g * WG_SIZE + jj] * v;
+            }
+            [[unroll]] for (uint g = 0u; g < ROWS; g++)
+                if (t0 < n_keys[g]) o[g * DIMS_PER_THREAD + i] = acc[g];
+        }
+    }
+    [[unroll]] for (uint g = 0u; g < ROWS; g++)
+        for (uint i = 0u; i < DIMS_PER_THREAD; i++) {
+            uint d = t + i * wg;
+            if (g < nr && d < pc.head_dim) outv[qbase + g * q_dim + d] = o[g * DIMS_PER_THREAD + i] / l_run[g];
+        }
+}
+
+void main() {
+    uint n_groups = (pc.R + ROWS - 1u) / ROWS, id = linear_group_id();
+    if (id >= n_groups * pc.n_heads) return;  // uniform over the workgroup
+    uint rg = id / pc.n_heads, h = id - rg * pc.n_heads;
+    uint r0 = rg * ROWS, nr = min(ROWS, pc.R - r0);
+    // runs of consecutive rows of one slot (as clamped), each with shared loads
+    for (uint a = 0u; a < nr;) {
+        uint s = min(slot[r0 + a], pc.n_slots - 1u), b = a + 1u;
+        while (b < nr && min(slot[r0 + b], pc.n_slots - 1u) == s) b++;
+        attend_rows(r0 + a, b - a, h);
+        a = b;
+    }
 }
 #elif defined(USE_SUBGROUP)
 void main() {

@@ -398,25 +398,31 @@ static void run_rope_kv_store(const op_case *tc) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
 }
 
-/* The suite's ops (rows 0), or ops of their own made with VKSWARM_ATTN_ROWS =
- * rows (rows per subgroup in prefill); the caller destroys those. */
-static vks_ops *ops_with_rows(unsigned rows) {
-    if (!rows) return ops;
+/* The suite's ops (rows 0, !tile), or ops of their own made with
+ * VKSWARM_ATTN_ROWS = rows (rows per subgroup, or per workgroup of the tile
+ * kernel, in prefill; 0: unset) and, for `tile`, VKSWARM_NO_SUBGROUP=1 (the
+ * tile kernel GPUs run); the caller destroys those. */
+static vks_ops *ops_with(unsigned rows, bool tile) {
+    if (!rows && !tile) return ops;
     vks_ops *o;
     char v[2] = {(char)('0' + rows), 0};
-    setenv("VKSWARM_ATTN_ROWS", v, 1);
+    bool had_no_sg = getenv("VKSWARM_NO_SUBGROUP") != NULL;
+    if (rows) setenv("VKSWARM_ATTN_ROWS", v, 1);
+    if (tile) setenv("VKSWARM_NO_SUBGROUP", "1", 1);
     assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
     unsetenv("VKSWARM_ATTN_ROWS");
+    if (tile && !had_no_sg) unsetenv("VKSWARM_NO_SUBGROUP");
     return o;
 }
 
+static vks_ops *ops_with_rows(unsigned rows) { return ops_with(rows, false); }
+
 /* The f32-cache attention's out[r, h, :] for R rows on the device, the rows
- * grouped as `kind` says; rows > 0: an ops of its own made with
- * VKSWARM_ATTN_ROWS=rows (rows per subgroup in prefill). */
+ * grouped as `kind` says, by ops_with(rows, tile). */
 static float *attention_on_device(const float *q, const float *kc, const float *vc, size_t nc, const uint32_t *slot,
                                   const uint32_t *pos, uint32_t R, uint32_t H, uint32_t KH, uint32_t hd, uint32_t L,
-                                  vks_matmul_kind kind, unsigned rows) {
-    vks_ops *o = ops_with_rows(rows);
+                                  vks_matmul_kind kind, unsigned rows, bool tile) {
+    vks_ops *o = ops_with(rows, tile);
     size_t nq = (size_t)R * H * hd;
     vks_buffer *bq = gpu_buffer(q, nq * 4), *bkc = gpu_buffer(kc, nc * 4), *bvc = gpu_buffer(vc, nc * 4);
     vks_buffer *bo = gpu_buffer(NULL, nq * 4), *bs = gpu_buffer(slot, R * 4), *bp = gpu_buffer(pos, R * 4);
@@ -434,11 +440,15 @@ static float *attention_on_device(const float *q, const float *kc, const float *
 
 /* attention: a prefill batch of every position of two sequences (lengths
  * seq_len and seq_len/3+1, slots 2 and 0 of 3), plus decode_rows extra rows at
- * mixed slots/positions. (1) Against the reference. (2) Batch invariance:
- * the batch as prefill (rows grouped per subgroup, the device's default and
- * 2, 3, 4 rows: groups inside a sequence, across its ends and across slots)
- * gives the same bits as one row per subgroup (decode), and each decode row
- * alone the same bits as in the batch. */
+ * mixed slots/positions (R odd in most rows of the table). (1) Against the
+ * reference. (2) Batch invariance: the batch as prefill (rows grouped per
+ * subgroup, the device's default and 2, 3, 4 rows: groups inside a sequence,
+ * across its ends and across slots) gives the same bits as one row per
+ * subgroup (decode), and each decode row alone the same bits as in the
+ * batch. (3) The same for the tile kernel GPUs run (VKSWARM_NO_SUBGROUP=1):
+ * one row per workgroup against the reference, grouped rows (its default
+ * and VKSWARM_ATTN_ROWS=2..4, prefill) and each decode row alone bit for bit
+ * equal to it. */
 static void run_attention(const op_case *tc) {
     uint32_t L = tc->attention.seq_len, hd = tc->attention.head_dim;
     uint32_t H = tc->attention.heads, KH = tc->attention.kv_heads;
@@ -452,25 +462,30 @@ static void run_attention(const op_case *tc) {
     size_t nq = (size_t)R * H * hd, nc = (size_t)slots * L * KH * hd;
     float *q = rand_floats(nq, 13, -2, 2), *kc = rand_floats(nc, 14, -2, 2);
     float *vc = rand_floats(nc, 15, -1, 1);
-    float *got = attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_AUTO, 0);
     float *want = xmalloc(nq * 4);
     vks_ref_attention(q, kc, vc, slot, pos, (int)R, (int)H, (int)KH, (int)hd, (int)L, want);
-    expect_close(tc->name, got, want, nq, tc->tol);
-    float *one = attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_DECODE, 0);
-    expect_close(tc->name, one, want, nq, tc->tol);
-    assert_memory_equal(got, one, nq * 4);
-    for (unsigned rows = 2; rows <= 4; rows++) {
-        float *grouped = attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_PREFILL, rows);
-        assert_memory_equal(grouped, one, nq * 4);
-        free(grouped);
+    for (int tile = 0; tile < 2; tile++) {
+        float *got = attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_AUTO, 0, tile);
+        expect_close(tc->name, got, want, nq, tc->tol);
+        float *one = attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_DECODE, 0, tile);
+        expect_close(tc->name, one, want, nq, tc->tol);
+        assert_memory_equal(got, one, nq * 4);
+        for (unsigned rows = 0; rows <= 4; rows += rows ? 1 : 2) { /* 0: the default */
+            if (!rows && !tile) continue; /* that is `got` */
+            float *grouped =
+                attention_on_device(q, kc, vc, nc, slot, pos, R, H, KH, hd, L, VKS_MATMUL_PREFILL, rows, tile);
+            assert_memory_equal(grouped, one, nq * 4);
+            free(grouped);
+        }
+        for (uint32_t r = len_a + len_b; r < R; r++) {
+            float *alone = attention_on_device(q + (size_t)r * H * hd, kc, vc, nc, slot + r, pos + r, 1, H, KH, hd,
+                                               L, VKS_MATMUL_PREFILL, 0, tile);
+            assert_memory_equal(alone, got + (size_t)r * H * hd, (size_t)H * hd * 4);
+            free(alone);
+        }
+        free(got); free(one);
     }
-    for (uint32_t r = len_a + len_b; r < R; r++) {
-        float *alone = attention_on_device(q + (size_t)r * H * hd, kc, vc, nc, slot + r, pos + r, 1, H, KH, hd, L,
-                                           VKS_MATMUL_PREFILL, 0);
-        assert_memory_equal(alone, got + (size_t)r * H * hd, (size_t)H * hd * 4);
-        free(alone);
-    }
-    free(slot); free(pos); free(q); free(kc); free(vc); free(want); free(got); free(one);
+    free(slot); free(pos); free(q); free(kc); free(vc); free(want);
 }
 
 /* kv_store_f16: every value of the caches as vks_f32_to_f16 rounds it, bit

@@ -119,10 +119,15 @@ int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
                      vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
                      uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                      uint32_t seq_len);
-/* The same; kind DECODE runs one row per subgroup, PREFILL (and AUTO with
- * R > 1) groups consecutive rows of one slot so that they share K/V loads
- * (CPU drivers). Each row's bits are the same whatever the kind, grouping
- * or batch. */
+/* The same; kind DECODE runs one row per subgroup (CPU drivers) or
+ * workgroup (the tile kernel, GPUs), PREFILL (and AUTO with R > 1) groups
+ * up to 4 consecutive rows so that rows of one slot share K/V loads (a group
+ * spanning slots runs its rows slot by slot): per subgroup on CPU drivers
+ * (attention_rows_sg), per workgroup of the tile kernel on other devices
+ * (attention_rows; within maxComputeSharedMemorySize). VKSWARM_ATTN_ROWS=1..4
+ * fixes the rows per group for both (1: one row); on CPU drivers the tile
+ * kernel (VKSWARM_NO_SUBGROUP=1) groups rows only when it is set. Each row's
+ * bits are the same whatever the kind, grouping or batch. */
 int vks_op_attention_kind(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
                           vks_binding vcache, vks_binding slot, vks_binding pos, vks_binding out,
                           uint32_t R, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,

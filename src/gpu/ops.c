@@ -163,9 +163,20 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
                          o->info.subgroup_size >= 4 && !getenv("VKSWARM_NO_SUBGROUP");
     /* Prefill: several query rows of one sequence per subgroup
      * (attention_rows_sg), each K/V element loaded once for all of them;
-     * VKSWARM_ATTN_ROWS=1..4 fixes the count (1: one row per subgroup). */
+     * VKSWARM_ATTN_ROWS=1..4 fixes the count (1: one row per subgroup).
+     * The tile kernel likewise (attention_rows: rows per workgroup, each K/V
+     * tile loaded once for them): 4 on GPUs; on CPU drivers (where it runs
+     * only without the subgroup variant) one row unless VKSWARM_ATTN_ROWS
+     * asks for more. Its shared memory, ROWS * (256 + wg) + wg floats, is
+     * kept within the device's limit (4 rows of 64 lanes: 5 KiB). */
     const char *rows = getenv("VKSWARM_ATTN_ROWS");
-    o->attention_rows = rows && rows[0] >= '1' && rows[0] <= '4' && !rows[1] ? (uint32_t)(rows[0] - '0') : 4;
+    bool rows_set = rows && rows[0] >= '1' && rows[0] <= '4' && !rows[1];
+    o->attention_rows = rows_set ? (uint32_t)(rows[0] - '0') : 4;
+    o->attention_tile_rows = rows_set || o->info.type != VKS_DEVTYPE_CPU ? o->attention_rows : 1;
+    while (o->attention_tile_rows > 1 && o->info.max_shared_bytes &&
+           4ull * (o->attention_tile_rows * (ATTENTION_MAX_HEAD_DIM + o->wg_attention_kv) + o->wg_attention_kv) >
+               o->info.max_shared_bytes)
+        o->attention_tile_rows--;
     /* The training attention likewise (attention_train_sg.comp): one subgroup
      * of >= 8 lanes per workgroup, rows or keys in registers, the other side
      * broadcast; the tile kernels keep 1-2 of 8 subgroups busy between 3-4
@@ -566,12 +577,18 @@ int vks_op_rope_kv_store(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding k, v
     return vks_ops_dispatch(o, c, op, spec, 1, b, 8, push, sizeof push, ceil_div(pairs, o->wg_elementwise), op);
 }
 
-/* Query rows per subgroup of the attention kernels over the KV cache: one
- * for decode steps (every row its own sequence), attention_rows for prefill
- * (AUTO: prefill when R > 1). The choice changes no bits. */
-static uint32_t attention_rows(const vks_ops *o, vks_matmul_kind kind, uint32_t R) {
+/* Query rows per subgroup (per workgroup: the tile kernel, `tile`) of the
+ * attention kernels over the KV cache: one for decode steps (every row its
+ * own sequence), attention_rows / attention_tile_rows for prefill (AUTO:
+ * prefill when R > 1). The choice changes no bits. */
+static uint32_t attention_rows_of(const vks_ops *o, vks_matmul_kind kind, uint32_t R, bool tile) {
+    uint32_t rows = tile ? o->attention_tile_rows : o->attention_rows;
     if (kind == VKS_MATMUL_DECODE || (kind == VKS_MATMUL_AUTO && R < 2)) return 1;
-    return o->attention_rows < R ? o->attention_rows : R;
+    return rows < R ? rows : R;
+}
+
+static uint32_t attention_rows(const vks_ops *o, vks_matmul_kind kind, uint32_t R) {
+    return attention_rows_of(o, kind, R, false);
 }
 
 int vks_op_attention(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kcache,
@@ -603,13 +620,15 @@ int vks_op_attention_kind(vks_ops *o, vks_cmd *c, vks_binding q, vks_binding kca
     } push = {R, n_heads, n_kv_heads, head_dim, seq_len, n_slots,
               (float)(1.0 / sqrt((double)head_dim))};
     /* CPU drivers: the barrier-free subgroup variant (a lane owns at most
-     * ceil(head_dim / 4) output dims: subgroups have 4 lanes or more there) */
+     * ceil(head_dim / 4) output dims: subgroups have 4 lanes or more there);
+     * elsewhere the tile kernel, prefill rows grouped per workgroup */
     bool sg = o->attention_kv_sg;
-    uint32_t rows = sg ? attention_rows(o, kind, R) : 1;
+    uint32_t rows = attention_rows_of(o, kind, R, !sg);
     uint32_t spec[] = {o->wg_attention_kv, sg ? (head_dim + 3) / 4 : 1, rows};
     vks_binding b[] = {q, kcache, vcache, slot, pos, out};
-    return vks_ops_dispatch(o, c, rows > 1 ? "attention_rows_sg" : sg ? "attention_sg" : "attention", spec,
-                            rows > 1 ? 3 : 2, b, 6, &push, sizeof push, ceil_div(R, rows) * n_heads, op);
+    const char *name = sg ? (rows > 1 ? "attention_rows_sg" : "attention_sg") : rows > 1 ? "attention_rows" : "attention";
+    return vks_ops_dispatch(o, c, name, spec, rows > 1 ? 3 : 2, b, 6, &push, sizeof push, ceil_div(R, rows) * n_heads,
+                            op);
 }
 
 /* ---- the f16 KV cache (issue 28) ---- */

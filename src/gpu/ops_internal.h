@@ -23,6 +23,7 @@ struct vks_ops {
     uint32_t wg_attention_kv; /* attention over the KV cache (one workgroup per row and head); also the key tile */
     bool attention_kv_sg;     /* its barrier-free subgroup variant (CPU drivers) */
     uint32_t attention_rows;  /* prefill rows per subgroup there (attention_rows_sg; 1 = attention_sg) */
+    uint32_t attention_tile_rows; /* prefill rows per workgroup of the tile kernel (attention_rows; 1 = attention) */
     bool attention_train_sg;  /* the training attention's subgroup variant (CPU drivers) */
     uint32_t attention_train_per; /* its rows (keys) per lane when fixed by VKSWARM_ATTN_PER, else 0 */
     /* matvec: lane groups are subgroups (mv_subgroup) or the whole workgroup */
