@@ -688,11 +688,13 @@ static void test_sample_split_in_engine(void **state) {
     vks_engine_stats_get(e, &s0);
     assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
     vks_engine_stats_get(e, &s1);
-    /* the same prefill, the first 4 rows sampled, then the last 8 */
+    /* the same prefill, the first 4 rows sampled, then the last 8: 5 more
+     * dispatches for the spread (12 rows take one workgroup each), and the
+     * gather of the output rows (every row in order needs none) */
     b.n_out = 4, b.sampled = part;
     assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
     vks_engine_stats_get(e, &s2);
-    assert_int_equal((s2.dispatches - s1.dispatches) - (s1.dispatches - s0.dispatches), 5);
+    assert_int_equal((s2.dispatches - s1.dispatches) - (s1.dispatches - s0.dispatches), 5 + 1);
     b.n_out = 8, b.out_rows = rows + 4, b.sample = sample + 4, b.sampled = part + 4;
     assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
     assert_memory_equal(part, all, sizeof all);
@@ -983,6 +985,45 @@ static void test_layer_counts(void **state) {
     assert_no_validation_messages();
 }
 
+/* The head norms the residual rows straight into the classifier's input when
+ * the output rows are every row in order (each decode step), and gathers them
+ * first otherwise: one dispatch fewer, the same logits bit for bit (a
+ * permutation of the rows gives the permuted logits; a recording of one kind
+ * is never replayed for the other). */
+static void test_head_gathers_only_when_needed(void **state) {
+    (void)state;
+    vks_model *m = odd_random_model(14);
+    vks_engine_options o = {.n_slots = 3, .kv_len = 8, .max_rows = 3};
+    vks_engine *e;
+    assert_int_equal(vks_engine_create(gpu, m, &o, &e), VKS_OK);
+    int32_t tok[3] = {3, 5, 7};
+    uint32_t slot[3] = {0, 1, 2}, pos[3] = {0, 0, 0}, in_order[3] = {0, 1, 2}, permuted[3] = {2, 0, 1};
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *a = malloc(sizeof(float) * 3 * V), *b = malloc(sizeof(float) * 3 * V);
+    vks_forward_batch fb = {.n_rows = 3, .matmul_kind = VKS_MATMUL_DECODE, .tokens = tok, .slot = slot, .pos = pos,
+                            .n_out = 3, .out_rows = in_order, .logits = a};
+    uint64_t step[2];
+    for (int run = 0; run < 2; run++) {
+        vks_engine_stats s0, s1;
+        fb.out_rows = run ? permuted : in_order;
+        fb.logits = run ? b : a;
+        vks_engine_stats_get(e, &s0);
+        assert_int_equal(vks_engine_forward(e, &fb), VKS_OK);
+        vks_engine_stats_get(e, &s1);
+        step[run] = s1.dispatches - s0.dispatches;
+    }
+    assert_int_equal(step[1], step[0] + 1); /* the gather */
+    for (int i = 0; i < 3; i++) assert_memory_equal(b + (size_t)i * V, a + (size_t)permuted[i] * V, V * sizeof(float));
+    fb.out_rows = in_order, fb.logits = b; /* the first recording again: replayed, the same logits */
+    assert_int_equal(vks_engine_forward(e, &fb), VKS_OK);
+    assert_memory_equal(b, a, 3 * V * sizeof(float));
+    free(a);
+    free(b);
+    vks_engine_destroy(e);
+    vks_model_free(m);
+    assert_no_validation_messages();
+}
+
 static void test_refusals(void **state) {
     (void)state;
     /* a model far larger than the device: refused before reading any weight */
@@ -1055,6 +1096,7 @@ int main(void) {
         cmocka_unit_test(test_kv_f16_vs_ref),          cmocka_unit_test(test_dispatches_beyond_one_command_buffer),
         cmocka_unit_test(test_kv_resize), cmocka_unit_test(test_kv_resize_kv_f16), cmocka_unit_test(test_recordings_replayed),
         cmocka_unit_test(test_layer_counts),
+        cmocka_unit_test(test_head_gathers_only_when_needed),
         cmocka_unit_test(test_refusals),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

@@ -135,15 +135,25 @@ static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint3
     return lora(e, c, l, VKS_LORA_DOWN, a->hb, a->x, R, (uint32_t)cf->dim);
 }
 
+/* Whether b's output rows are all its rows in order (every decode step): the
+ * head then norms x into xo directly, without gathering the rows first. */
+static bool outputs_every_row(const vks_forward_batch *b) {
+    if (b->n_out != b->n_rows) return false;
+    for (int i = 0; i < b->n_out; i++)
+        if (b->out_rows[i] != (uint32_t)i) return false;
+    return true;
+}
+
 static int record_head(vks_engine *e, vks_cmd *c, const vks_forward_batch *b) {
     const vks_model_config *cf = &e->cfg;
     dev_activations *a = &e->act;
     uint32_t O = (uint32_t)b->n_out, D = (uint32_t)cf->dim;
     int rc;
-    if ((rc = vks_op_gather_rows(e->ops, c, bind(a->x), bind(a->out_rows), bind(a->xo), O, D)) ||
-        (rc = vks_op_rmsnorm(e->ops, c, bind(a->xo), bind(e->w.final_norm), bind(a->xo), O, D, cf->norm_eps)) ||
-        (rc = matmul(e, c, a->xo, &e->w.classifier, a->logits, O, (uint32_t)cf->vocab_size, false)))
-        return rc;
+    if (outputs_every_row(b))
+        rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(e->w.final_norm), bind(a->xo), O, D, cf->norm_eps);
+    else if (!(rc = vks_op_gather_rows(e->ops, c, bind(a->x), bind(a->out_rows), bind(a->xo), O, D)))
+        rc = vks_op_rmsnorm(e->ops, c, bind(a->xo), bind(e->w.final_norm), bind(a->xo), O, D, cf->norm_eps);
+    if (rc || (rc = matmul(e, c, a->xo, &e->w.classifier, a->logits, O, (uint32_t)cf->vocab_size, false))) return rc;
     if (b->sample) { /* few rows of a large vocabulary: top-k's histograms over several workgroups, same tokens */
         uint32_t W = a->sample_scratch ? vks_op_sample_groups(e->ops, O, (uint32_t)cf->vocab_size) : 1;
         rc = vks_op_sample_split(e->ops, c, bind(a->logits), bind(a->sample), bind(a->sampled), bind(a->sample_scratch),
@@ -388,7 +398,7 @@ static int find_recording(vks_engine *e, const vks_forward_batch *b, unsigned wh
     for (int i = 0; i < ENGINE_RECORDINGS; i++) {
         engine_recording *r = &e->rec[i];
         if (r->cmd && r->n_rows == b->n_rows && r->n_out == b->n_out && r->kind == b->matmul_kind && r->what == what &&
-            same_taps(r, b)) {
+            same_taps(r, b) && r->every_row == outputs_every_row(b)) {
             r->used = ++e->rec_clock;
             *out = r;
             return VKS_OK;
@@ -399,7 +409,8 @@ static int find_recording(vks_engine *e, const vks_forward_batch *b, unsigned wh
     vks_cmd *c;
     int rc = vks_cmd_begin_reusable(e->gpu, &c);
     if (rc) return rc;
-    engine_recording r = {.cmd = c, .n_rows = b->n_rows, .n_out = b->n_out, .kind = b->matmul_kind, .what = what};
+    engine_recording r = {.cmd = c, .n_rows = b->n_rows, .n_out = b->n_out, .kind = b->matmul_kind, .what = what,
+                          .every_row = outputs_every_row(b)};
     if (what & FWD_TAPS) {
         r.n_taps = b->taps->n;
         if (!(r.tap_layers = malloc(sizeof(int) * (size_t)r.n_taps))) rc = vks_set_error(VKS_ERR_NOMEM, "forward: out of host memory");

@@ -75,6 +75,7 @@ typedef struct {
     int n_rows, n_out;
     vks_matmul_kind kind;
     unsigned what; /* FWD_* bits */
+    bool every_row; /* the output rows were all the rows in order (no gather in the head) */
     int n_taps, *tap_layers; /* with FWD_TAPS: the boundaries tapped (malloc'd) */
     vks_cmd_counts layers; /* the transformer layers' share */
     uint64_t download_bytes; /* device-to-host bytes each run copies */
