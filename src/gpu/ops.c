@@ -744,7 +744,7 @@ int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
 int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                   vks_binding tokens, uint32_t S, uint32_t V) {
     const char *op = "sample";
-    if (!o || !c || !S || !V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
+    if (!o || !c || !S || !V || V > VKS_SAMPLE_MAX_V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
     int rc = vks_ops_check_range(op, "logits", logits, (uint64_t)S * V, 4);
     if (!rc) rc = vks_ops_check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
     if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
@@ -762,17 +762,18 @@ uint32_t vks_op_sample_groups(const vks_ops *o, uint32_t S, uint32_t V) {
 }
 
 uint64_t vks_op_sample_scratch_bytes(uint32_t S, uint32_t W) {
-    return W <= 1 ? 0 : (uint64_t)S * 4 * 256 * 4;
+    return W <= 1 ? 0 : (uint64_t)S * VKS_SAMPLE_ROW_SCRATCH * 4;
 }
 
-/* zero (one workgroup per row), hist x 4 (W per row, integer atomics into the
- * row's counts), then the sampler with the digits from the counts; the
+/* zero (one workgroup per row), hist x 8 (W per row, integer atomics into the
+ * row's counts and masses: 4 top-k passes, the first also taking the largest
+ * key, then 4 top-p passes), then the sampler with the digits from them; the
  * dispatches' barriers come from their scratch accesses. */
 int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                         vks_binding tokens, vks_binding scratch, uint32_t S, uint32_t V, uint32_t W) {
     const char *op = "sample";
     if (W == 1) return vks_op_sample(o, c, logits, params, tokens, S, V);
-    if (!o || !c || !S || !V || W == 0 || W > V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
+    if (!o || !c || !S || !V || V > VKS_SAMPLE_MAX_V || W == 0 || W > V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
     int rc = vks_ops_check_range(op, "logits", logits, (uint64_t)S * V, 4);
     if (!rc) rc = vks_ops_check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
     if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
@@ -782,8 +783,8 @@ int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding 
     vks_binding hb[] = {logits, params, scratch};
     uint32_t zpush[] = {S, V, W, 0};
     rc = vks_ops_dispatch(o, c, "sample_zero", spec, 1, hb, 3, zpush, sizeof zpush, S, "sample_zero");
-    for (uint32_t pass = 0; pass < 4 && !rc; pass++) {
-        uint32_t push[] = {S, V, W, 24 - 8 * pass};
+    for (uint32_t pass = 0; pass < 8 && !rc; pass++) {
+        uint32_t push[] = {S, V, W, pass};
         rc = vks_ops_dispatch(o, c, "sample_hist", spec, 1, hb, 3, push, sizeof push, (uint64_t)S * W, "sample_hist");
     }
     if (rc) return rc;
