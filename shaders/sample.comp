@@ -276,35 +276,40 @@ void mass_bins(uint from, uint to, uint lo, uint prefix, uint shift, float zmax,
 }
 
 // Top-p's radix select, a pass at `shift` from its bins in mass_lo/hi: the
-// digit is the largest d with above + mass(prefix, digit >= d) >= need (the
-// first counted pass sets need from its bins' total: every kept key is in them).
-shared uint scan_out[5];
+// digit is the largest d with above + mass(prefix, digit >= d) >= need (0 if
+// none; the first counted pass sets need from its bins' total: every kept key
+// is in them). The bins' suffix sums by all invocations (8 steps between
+// mass_* and suf_*, ending in mass_*), then the largest d that reaches need.
+shared uint suf_lo[256], suf_hi[256], pick;
 
 void scan_masses(bool first, float top_p, uint shift, inout uint prefix, inout uvec2 above, inout uvec2 need) {
-    barrier();
-    if (gl_LocalInvocationID.x == 0u) {
-        if (first) {
-            uvec2 total = uvec2(0u);
-            for (uint b = 0u; b < 256u; b++) total = add64(total, uvec2(mass_lo[b], mass_hi[b]));
-            need = need_of(total, top_p);
+    uint t = gl_LocalInvocationID.x;
+    for (uint off = 1u; off < 256u; off <<= 1u) {
+        bool from_mass = (findLSB(off) & 1) == 0;
+        barrier();
+        for (uint b = t; b < 256u; b += WG_SIZE) {
+            uvec2 v = from_mass ? uvec2(mass_lo[b], mass_hi[b]) : uvec2(suf_lo[b], suf_hi[b]);
+            uint c = b + off;
+            if (c < 256u) v = add64(v, from_mass ? uvec2(mass_lo[c], mass_hi[c]) : uvec2(suf_lo[c], suf_hi[c]));
+            if (from_mass) {
+                suf_lo[b] = v.x;
+                suf_hi[b] = v.y;
+            } else {
+                mass_lo[b] = v.x;
+                mass_hi[b] = v.y;
+            }
         }
-        uint d = 255u;
-        uvec2 c = add64(above, uvec2(mass_lo[255], mass_hi[255]));
-        while (!ge64(c, need) && d > 0u) {
-            d--;
-            c = add64(c, uvec2(mass_lo[d], mass_hi[d]));
-        }
-        uvec2 a = sub64(c, uvec2(mass_lo[d], mass_hi[d]));
-        scan_out[0] = d;
-        scan_out[1] = a.x;
-        scan_out[2] = a.y;
-        scan_out[3] = need.x;
-        scan_out[4] = need.y;
     }
     barrier();
-    prefix |= scan_out[0] << shift;
-    above = uvec2(scan_out[1], scan_out[2]);
-    need = uvec2(scan_out[3], scan_out[4]);
+    if (first) need = need_of(uvec2(mass_lo[0], mass_hi[0]), top_p);
+    if (t == 0u) pick = 0u;
+    barrier();
+    for (uint d = t; d < 256u; d += WG_SIZE)
+        if (d > 0u && ge64(add64(above, uvec2(mass_lo[d], mass_hi[d])), need)) atomicMax(pick, d);
+    barrier();
+    uint d = pick;
+    if (d < 255u) above = add64(above, uvec2(mass_lo[d + 1u], mass_hi[d + 1u]));
+    prefix |= d << shift;
 }
 
 // A pass whose digit is lo's: lo and the largest key agree on the bits from
