@@ -278,12 +278,43 @@ void mass_bins(uint from, uint to, uint lo, uint prefix, uint shift, float zmax,
 // Top-p's radix select, a pass at `shift` from its bins in mass_lo/hi: the
 // digit is the largest d with above + mass(prefix, digit >= d) >= need (0 if
 // none; the first counted pass sets need from its bins' total: every kept key
-// is in them). The bins' suffix sums by all invocations (8 steps between
+// is in them). GPUs: the bins' suffix sums by all invocations (8 steps between
 // mass_* and suf_*, ending in mass_*), then the largest d that reaches need.
+// CPU drivers (SERIAL_SCAN): invocation 0 walks the bins down (a barrier costs
+// a switch per invocation there; the same digit).
+layout(constant_id = 1) const uint SERIAL_SCAN = 0u;
 shared uint suf_lo[256], suf_hi[256], pick;
+shared uint scan_out[5];
 
 void scan_masses(bool first, float top_p, uint shift, inout uint prefix, inout uvec2 above, inout uvec2 need) {
     uint t = gl_LocalInvocationID.x;
+    if (SERIAL_SCAN != 0u) {
+        barrier();
+        if (t == 0u) {
+            if (first) {
+                uvec2 total = uvec2(0u);
+                for (uint b = 0u; b < 256u; b++) total = add64(total, uvec2(mass_lo[b], mass_hi[b]));
+                need = need_of(total, top_p);
+            }
+            uint d = 255u;
+            uvec2 c = add64(above, uvec2(mass_lo[255], mass_hi[255]));
+            while (!ge64(c, need) && d > 0u) {
+                d--;
+                c = add64(c, uvec2(mass_lo[d], mass_hi[d]));
+            }
+            uvec2 a = sub64(c, uvec2(mass_lo[d], mass_hi[d]));
+            scan_out[0] = d;
+            scan_out[1] = a.x;
+            scan_out[2] = a.y;
+            scan_out[3] = need.x;
+            scan_out[4] = need.y;
+        }
+        barrier();
+        prefix |= scan_out[0] << shift;
+        above = uvec2(scan_out[1], scan_out[2]);
+        need = uvec2(scan_out[3], scan_out[4]);
+        return;
+    }
     for (uint off = 1u; off < 256u; off <<= 1u) {
         bool from_mass = (findLSB(off) & 1) == 0;
         barrier();

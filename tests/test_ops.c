@@ -46,6 +46,7 @@ struct op_case {
              * no top-k / no top-p; nans: every 97th logit NaN, every 89th -inf; infs: every 5th row
              * has +inf logits (every 1009th); seed: of the logits; VKS_SWEEP_W: split at W = 1 to 64 */
             uint32_t split; bool mixed, nans, infs; uint64_t seed;
+            int serial_scan; /* 1 / 2: an ops of its own with VKSWARM_SAMPLE_SERIAL_SCAN 0 / 1 (0: the device's) */
         } sample;
     };
 };
@@ -742,6 +743,12 @@ static void set_near_one(float *row, uint32_t V, const vks_sample_params *p, uin
 
 static void run_sample(const op_case *tc) {
     uint32_t S = tc->sample.S, V = tc->sample.V;
+    vks_ops *dev_ops = ops;
+    if (tc->sample.serial_scan) { /* both kernels with the other scan of top-p's bins (the same digits) */
+        setenv("VKSWARM_SAMPLE_SERIAL_SCAN", tc->sample.serial_scan == 2 ? "1" : "0", 1);
+        assert_int_equal(vks_ops_create(gpu, &ops), VKS_OK);
+        unsetenv("VKSWARM_SAMPLE_SERIAL_SCAN");
+    }
     float *logits = rand_floats((size_t)S * V, tc->sample.seed ? tc->sample.seed : 19, -8, 8);
     if (tc->sample.ties)
         for (size_t i = 0; i < (size_t)S * V; i++) logits[i] = roundf(logits[i] * 2) / 2;
@@ -818,6 +825,8 @@ static void run_sample(const op_case *tc) {
         assert_true(near_tie(row, (int)V, &ref[s], got[s], want));
     }
     assert_true(mismatches * 200 <= S); /* at most 1 in 200 rows */
+    if (ops != dev_ops) vks_ops_destroy(ops);
+    ops = dev_ops;
     free(logits); free(rows); free(ref); free(got); free(expect);
     vks_buffer_destroy(bl); vks_buffer_destroy(bp); vks_buffer_destroy(bt);
 }
@@ -1102,6 +1111,13 @@ static const op_case cases[] = {
            .split = 2, .seed = 71),
     SAMPLE("sample split top-p 0.8 ties V37 W37", .S = 64, .V = 37, .temperature = 1.0f, .top_p = 0.8f, .ties = true,
            .split = 37, .seed = 73),
+    /* top-p's digit scans: the workgroup's suffix sums (GPUs) and one invocation's walk (CPU drivers) */
+    SAMPLE("sample split top-k 40 top-p 0.9 T0.3 V100003 W1-64 parallel scan", .S = 6, .V = 100003, .temperature = 0.3f,
+           .top_k = 40, .top_p = 0.9f, .split = VKS_SWEEP_W, .seed = 53, .serial_scan = 1),
+    SAMPLE("sample split top-p 0.5 ties nans infs V50021 W1-64 serial scan", .S = 10, .V = 50021, .temperature = 0.7f,
+           .top_p = 0.5f, .ties = true, .nans = true, .infs = true, .split = VKS_SWEEP_W, .seed = 47, .serial_scan = 2),
+    SAMPLE("sample split top-p 0.95 T1.5 mixed nans infs V1000 W3 parallel scan", .S = 200, .V = 1000, .temperature = 1.5f,
+           .top_k = 100, .top_p = 0.95f, .mixed = true, .nans = true, .infs = true, .split = 3, .seed = 61, .serial_scan = 1),
     SAMPLE("sample top-p 0.95 T1.5 ties nans infs", .S = 200, .V = 1000, .temperature = 1.5f, .top_p = 0.95f, .ties = true,
            .nans = true, .infs = true, .seed = 79),
     {"add 2^24+3 elements", run_add, .tol = 0, .elementwise = {.n = (1u << 24) + 3}},

@@ -152,6 +152,12 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
     const char *spread = getenv("VKSWARM_SAMPLE_SPREAD");
     o->sample_spread = spread && (!strcmp(spread, "0") || !strcmp(spread, "1")) ? spread[0] == '1'
                                                                                   : o->info.type != VKS_DEVTYPE_CPU;
+    /* Top-p's per-pass digit: invocation 0 walks the 256 bins on CPU drivers (a
+     * parallel scan's 11 barriers cost 3-4x the spread sampler there), the
+     * workgroup's suffix sums on GPUs (the same digit). VKSWARM_SAMPLE_SERIAL_SCAN=0|1. */
+    const char *serial = getenv("VKSWARM_SAMPLE_SERIAL_SCAN");
+    o->sample_serial_scan = serial && (!strcmp(serial, "0") || !strcmp(serial, "1")) ? serial[0] == '1'
+                                                                                       : o->info.type == VKS_DEVTYPE_CPU;
     o->wg_attention = vks_ops_pick_wg(&o->info, 64);
     /* The same on CPU drivers for attention over the KV cache: there a
      * 64-lane workgroup is 8 SIMD chunks switched at each of its reductions'
@@ -750,9 +756,9 @@ int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params
     if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
     if (rc) return rc;
     uint32_t push[] = {S, V};
-    uint32_t spec[] = {o->wg_row};
+    uint32_t spec[] = {o->wg_row, o->sample_serial_scan}; /* SERIAL_SCAN */
     vks_binding b[] = {logits, params, tokens};
-    return vks_ops_dispatch(o, c, "sample", spec, 1, b, 3, push, sizeof push, S, op);
+    return vks_ops_dispatch(o, c, "sample", spec, 2, b, 3, push, sizeof push, S, op);
 }
 
 uint32_t vks_op_sample_groups(const vks_ops *o, uint32_t S, uint32_t V) {
@@ -779,16 +785,16 @@ int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding 
     if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
     if (!rc) rc = vks_ops_check_range(op, "scratch", scratch, vks_op_sample_scratch_bytes(S, W) / 4, 4);
     if (rc) return rc;
-    uint32_t spec[] = {o->wg_row};
+    uint32_t spec[] = {o->wg_row, o->sample_serial_scan}; /* SERIAL_SCAN */
     vks_binding hb[] = {logits, params, scratch};
     uint32_t zpush[] = {S, V, W, 0};
-    rc = vks_ops_dispatch(o, c, "sample_zero", spec, 1, hb, 3, zpush, sizeof zpush, S, "sample_zero");
+    rc = vks_ops_dispatch(o, c, "sample_zero", spec, 2, hb, 3, zpush, sizeof zpush, S, "sample_zero");
     for (uint32_t pass = 0; pass < 8 && !rc; pass++) {
         uint32_t push[] = {S, V, W, pass};
-        rc = vks_ops_dispatch(o, c, "sample_hist", spec, 1, hb, 3, push, sizeof push, (uint64_t)S * W, "sample_hist");
+        rc = vks_ops_dispatch(o, c, "sample_hist", spec, 2, hb, 3, push, sizeof push, (uint64_t)S * W, "sample_hist");
     }
     if (rc) return rc;
     uint32_t push[] = {S, V, W, 0};
     vks_binding b[] = {logits, params, tokens, scratch};
-    return vks_ops_dispatch(o, c, "sample_spread", spec, 1, b, 4, push, sizeof push, S, op);
+    return vks_ops_dispatch(o, c, "sample_spread", spec, 2, b, 4, push, sizeof push, S, op);
 }
