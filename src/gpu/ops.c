@@ -779,7 +779,8 @@ int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding 
                         vks_binding tokens, vks_binding scratch, uint32_t S, uint32_t V, uint32_t W) {
     const char *op = "sample";
     if (W == 1) return vks_op_sample(o, c, logits, params, tokens, S, V);
-    if (!o || !c || !S || !V || V > VKS_SAMPLE_MAX_V || W == 0 || W > V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
+    if (!o || !c || !S || !V || V > VKS_SAMPLE_MAX_V || W == 0 || W > V)
+        return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
     int rc = vks_ops_check_range(op, "logits", logits, (uint64_t)S * V, 4);
     if (!rc) rc = vks_ops_check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
     if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
