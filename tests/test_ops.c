@@ -890,7 +890,7 @@ static void run_bad_args(const op_case *tc) {
                      VKS_ERR_ARG); /* 8 blocks of 144 bytes exceed the 1024-byte table */
     /* the spread sampler: no workgroups per row, a scratch too small for 2 rows at W = 8 */
     assert_int_equal(vks_op_sample_split(ops, c, bind(b), bind(b), bind(b), bind(b), 1, 8, 0), VKS_ERR_ARG);
-    /* a vocabulary past 2^26 (top-p's 64-bit fixed-point sums) */
+    /* a vocabulary of 2^26 or more (top-p's 64-bit fixed-point sums) */
     assert_int_equal(vks_op_sample(ops, c, bind(b), bind(b), bind(b), 1, VKS_SAMPLE_MAX_V + 1), VKS_ERR_ARG);
     assert_int_equal(vks_op_sample_split(ops, c, bind(b), bind(b), bind(b), bind(b), 2, 8, 8), VKS_ERR_ARG);
     assert_non_null(strstr(vks_last_error(), "scratch"));

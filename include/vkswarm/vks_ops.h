@@ -168,8 +168,8 @@ int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
 /* tokens[s] = sample(logits[s, :], params[s]) as vks_ref_sample, one workgroup
  * per row. Top-p's masses are exp(z - zmax) in 64-bit fixed point (2^-38), so
  * their sums, the threshold and the token depend on no summation order (the
- * same at any workgroup size and in vks_op_sample_split); V <= VKS_SAMPLE_MAX_V. */
-#define VKS_SAMPLE_MAX_V (1u << 26)
+ * same at any workgroup size and in vks_op_sample_split); V <= VKS_SAMPLE_MAX_V (< 2^26). */
+#define VKS_SAMPLE_MAX_V ((1u << 26) - 1)
 int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                   vks_binding tokens, uint32_t S, uint32_t V);
 /* Top-k's and top-p's radix selects spread over W workgroups per row (their

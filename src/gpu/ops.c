@@ -146,9 +146,9 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
      * (for D = 128: 3 reduction levels instead of 8, and 8 busy lanes instead
      * of 256 mostly idle ones; rmsnorm_backward 4x faster on lavapipe). */
     o->wg_norm = o->info.type == VKS_DEVTYPE_CPU ? vks_ops_pick_wg(&o->info, 1) : o->wg_row;
-    /* The sampler's top-k over several workgroups per row: for GPUs' idle
+    /* The sampler's top-k and top-p over several workgroups per row: for GPUs' idle
      * cores; a CPU driver's few threads are as busy with one workgroup per row,
-     * and it pays for 5 more dispatches (BENCHMARKS). VKSWARM_SAMPLE_SPREAD=0|1. */
+     * and it pays for 9 more dispatches (BENCHMARKS). VKSWARM_SAMPLE_SPREAD=0|1. */
     const char *spread = getenv("VKSWARM_SAMPLE_SPREAD");
     o->sample_spread = spread && (!strcmp(spread, "0") || !strcmp(spread, "1")) ? spread[0] == '1'
                                                                                   : o->info.type != VKS_DEVTYPE_CPU;
