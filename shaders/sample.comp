@@ -1,30 +1,37 @@
 #version 450
-// Token sampling, one workgroup per row, mirroring vks_ref_sample exactly:
+// Token sampling, one workgroup per row, mirroring vks_ref_sample (top-p: below):
 //   temperature <= 0: argmax of the logits (lowest index on ties);
 //   else z = logit / temperature, optional top-k then top-p filtering, and
 //   token = argmax over kept tokens of z_i + Gumbel(Philox(i, pos, seq; seed)).
 // Thresholds are over the order-preserving uint key of z: top-k keeps
 // key >= the largest t with count(key >= t) >= k (the k-th largest key, found
 // by a radix select: 4 passes of 256-bin histograms, exact integer counts);
-// top-p keeps key >= the largest t whose kept softmax mass is >= top_p (found
-// by bisection over the bits below the common prefix of the top-k threshold
-// and the largest key: the answer lies between them). NaN z is never kept and
-// never wins (all NaN: token 0).
+// top-p keeps key >= the largest t >= that threshold whose kept mass M(t)
+// (the masses of the kept keys >= t) is >= top_p * M(threshold), exactly in
+// integers: a mass is exp(z - zmax) in 64-bit fixed point (round(e 2^38)), and
+// t is found by the same radix select with per-digit sums of masses for counts,
+// from the first byte where the top-k threshold and the largest key differ
+// (at most 4 passes). NaN z is never kept and never wins (all NaN: token 0).
+// Every sum is an integer, so the threshold depends on no summation order or
+// workgroup size; vks_ref_sample sums in double in its own order, so the two
+// can differ where a top-p boundary is within rounding (tests allow only that).
 //
-// Top-k's histograms spread over W workgroups per row (issue 28; few rows, a
+// Both selects spread over W workgroups per row (issue 28; few rows, a
 // large vocabulary: vks_op_sample_split). Three more kernels from this file:
-//   SAMPLE_ZERO   one workgroup per row: clears the row's 4 x 256 counts;
-//   SAMPLE_HIST   W workgroups per row, each histograms its slice of the row
-//                 (keys under the prefix of the earlier passes, whose digits
-//                 each workgroup takes again from their counts) in shared
-//                 memory, then adds its bins to the row's counts of this pass
-//                 with integer atomics (exact, so in any order);
-//   SAMPLE_SPREAD this kernel with the 4 digits taken from the row's counts
-//                 in place of top_k_threshold.
-// The counts are those of top_k_threshold's passes, so the threshold, and the
-// token, are the one-workgroup kernel's bit for bit; top-p's float masses and
-// the Gumbel argmax stay in one workgroup per row, summed in the same order.
-// Scratch (uints): counts[S][4][256], pass 0 = bits 24..31.
+//   SAMPLE_ZERO   one workgroup per row: clears the row's scratch;
+//   SAMPLE_HIST   W workgroups per row, each bins its slice of the row in
+//                 shared memory (pass 0-3: top-k's counts of the keys under
+//                 the prefix of the earlier passes, pass 0 also the largest
+//                 key; pass 4-7: top-p's masses likewise), the earlier
+//                 passes' digits taken again from the row's bins by each
+//                 workgroup, then adds its bins to the row's with integer
+//                 atomics (exact, so in any order; 64-bit masses as two words
+//                 with the low word's carry);
+//   SAMPLE_SPREAD this kernel with both thresholds' digits taken from the
+//                 row's bins in place of the passes over the row.
+// The bins are those of the one-workgroup kernel's passes, so the thresholds,
+// and the token, are its bit for bit; the Gumbel argmax stays in one
+// workgroup per row. Scratch: ROW_SCRATCH uints a row (below).
 #include "common.glsl"
 layout(local_size_x_id = 0) in;
 #if defined(SAMPLE_ZERO) || defined(SAMPLE_HIST) || defined(SAMPLE_SPREAD)
@@ -48,8 +55,8 @@ layout(std430, set = 0, binding = 2) writeonly buffer Tokens { uint tokens[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Scratch { uint scratch[]; };
 #endif
 #ifdef SPREAD_ANY
-// W workgroups per row; shift: HIST's radix pass (24, 16, 8, 0)
-layout(push_constant) uniform Push { uint S, V, W, shift; } pc;
+// W workgroups per row; pass: HIST's pass (0-3 top-k's bytes from the top, 4-7 top-p's)
+layout(push_constant) uniform Push { uint S, V, W, pass; } pc;
 #else
 layout(push_constant) uniform Push { uint S, V; } pc;
 #endif
@@ -57,7 +64,7 @@ layout(push_constant) uniform Push { uint S, V; } pc;
 shared float red_v[WG_SIZE];
 shared uint red_i[WG_SIZE];
 shared uint hist[256];
-shared vec4 red_a[WG_SIZE], red_b[WG_SIZE];
+shared uint mass_lo[256], mass_hi[256];  // a top-p pass's 256 bins of 64-bit masses
 
 // ---- workgroup reductions (all invocations call them, all get the result)
 #define TREE_REDUCE(STEP)                                                          \
@@ -67,34 +74,13 @@ shared vec4 red_a[WG_SIZE], red_b[WG_SIZE];
         barrier();                                                                 \
     }
 
-float sum_f(float v) {
+uint max_u(uint v) {
     uint t = gl_LocalInvocationID.x, n = WG_SIZE;
     barrier();
-    red_v[t] = v;
+    red_i[t] = v;
     barrier();
-    TREE_REDUCE(red_v[t] += red_v[t + half_n])
-    return red_v[0];
-}
-
-// sum_f's tree on 8 values at once, component by component (the same bits as 8 sum_f).
-void sum_f8(inout vec4 a, inout vec4 b) {
-    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
-    barrier();
-    red_a[t] = a;
-    red_b[t] = b;
-    barrier();
-    TREE_REDUCE(red_a[t] += red_a[t + half_n]; red_b[t] += red_b[t + half_n])
-    a = red_a[0];
-    b = red_b[0];
-}
-
-float max_f(float v) {
-    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
-    barrier();
-    red_v[t] = v;
-    barrier();
-    TREE_REDUCE(red_v[t] = max(red_v[t], red_v[t + half_n]))
-    return red_v[0];
+    TREE_REDUCE(red_i[t] = max(red_i[t], red_i[t + half_n]))
+    return red_i[0];
 }
 
 bool better(float v, uint i, float bv, uint bi) { return v > bv || (v == bv && i < bi); }
@@ -174,10 +160,16 @@ uint top_k_threshold(uint k, float temperature) {
 }
 
 #ifdef SPREAD_ANY
-// The rows whose top-k the spread kernels compute (the others take no radix select).
-bool spread_row(SampleRow p) { return p.temperature > 0.0 && p.top_k > 0u && p.top_k < pc.V; }
+// The rows whose top-k / top-p the spread kernels compute (the others take none).
+bool topk_row(SampleRow p) { return p.temperature > 0.0 && p.top_k > 0u && p.top_k < pc.V; }
+bool topp_row(SampleRow p) { return p.temperature > 0.0 && p.top_p > 0.0 && p.top_p < 1.0; }
 
-uint counts_at(uint row, uint shift) { return (row * 4u + (24u - shift) / 8u) * 256u; }
+// A row's scratch (uints): top-k counts [4][256] (pass 0 = bits 24..31), then
+// top-p masses [4][lo 256, hi 256], then the largest key.
+#define ROW_SCRATCH 3076u
+uint counts_at(uint row, uint shift) { return row * ROW_SCRATCH + (24u - shift) / 8u * 256u; }
+uint masses_at(uint row, uint shift) { return row * ROW_SCRATCH + 1024u + (24u - shift) / 8u * 512u; }
+uint kmax_at(uint row) { return row * ROW_SCRATCH + 3072u; }
 #endif
 
 #if defined(SAMPLE_HIST) || defined(SAMPLE_SPREAD)
@@ -207,6 +199,154 @@ void take_digits(uint row, uint k, uint stop, out uint prefix, out uint above) {
 }
 #endif
 
+// ---- top-p over exact masses
+// A kept token's mass is exp(z - zmax) in fixed point, round(e * 2^38), a
+// 64-bit integer (uvec2: low, high word; V < 2^26 keeps every sum below 2^64).
+// Integer sums do not depend on their order, so the spread passes (W
+// workgroups adding into the row's bins with atomics) and the one-workgroup
+// kernel get the same masses, and the same threshold, bit for bit, at any
+// workgroup size.
+uvec2 add64(uvec2 a, uvec2 b) {
+    uint c, lo = uaddCarry(a.x, b.x, c);
+    return uvec2(lo, a.y + b.y + c);
+}
+uvec2 sub64(uvec2 a, uvec2 b) {
+    uint br, lo = usubBorrow(a.x, b.x, br);
+    return uvec2(lo, a.y - b.y - br);
+}
+bool ge64(uvec2 a, uvec2 b) { return a.y > b.y || (a.y == b.y && a.x >= b.x); }
+
+// Inverse of key_of (key 0, a NaN's, is never asked for a kept token).
+float float_of(uint key) { return uintBitsToFloat((key & 0x80000000u) != 0u ? key & 0x7fffffffu : ~key); }
+
+uvec2 mass_q(float z, float zmax) {
+    precise float e = exp(z - zmax);
+    if (!(e >= 0.0)) e = 1.0;  // inf - inf (z = zmax = +-inf): the largest value's mass
+    precise float s = roundEven(min(e, 1.0) * 274877906944.0);  // 2^38: exact, an integer
+    precise float h = floor(s * (1.0 / 4294967296.0));
+    return uvec2(uint(s - h * 4294967296.0), uint(h));  // both exact
+}
+
+// The least 64-bit M with M / total >= top_p (exactly: M * 2^q >= P * total,
+// top_p = P / 2^q, P < 2^24): ceil(P * total / 2^q).
+uvec2 need_of(uvec2 total, float top_p) {
+    int e;
+    float m = frexp(top_p, e);  // top_p = m 2^e, 0.5 <= m < 1, e <= 0
+    uint P = uint(m * 16777216.0), q = uint(24 - e);
+    uint h0, l0, h1, l1, c;
+    umulExtended(P, total.x, h0, l0);
+    umulExtended(P, total.y, h1, l1);
+    uint r1 = uaddCarry(h0, l1, c);
+    uvec3 r = uvec3(l0, r1, h1 + c);  // P * total < 2^88
+    if (q >= 96u) return uvec2(r != uvec3(0u) ? 1u : 0u, 0u);
+    bool rem = false;
+    for (; q >= 32u; q -= 32u) {
+        rem = rem || r.x != 0u;
+        r = uvec3(r.y, r.z, 0u);
+    }
+    if (q > 0u) {
+        rem = rem || (r.x << (32u - q)) != 0u;
+        r = uvec3((r.x >> q) | (r.y << (32u - q)), (r.y >> q) | (r.z << (32u - q)), r.z >> q);
+    }
+    return add64(r.xy, uvec2(rem ? 1u : 0u, 0u));  // r.z = 0: q >= 24
+}
+
+// mass_lo/hi += the masses of the kept keys (not NaN, >= lo) in logits
+// [from, to) of this row whose bits above shift + 8 are prefix, binned by
+// their digit at shift (shared 64-bit adds: a carry out of the low word
+// goes to the high one).
+void mass_bins(uint from, uint to, uint lo, uint prefix, uint shift, float zmax, float temperature) {
+    uint t = gl_LocalInvocationID.x, high = shift == 24u ? 0u : 0xffffffffu << (shift + 8u);
+    barrier();  // every invocation is done reading the bins
+    for (uint b = t; b < 256u; b += WG_SIZE) {
+        mass_lo[b] = 0u;
+        mass_hi[b] = 0u;
+    }
+    barrier();
+    for (uint i = from + t; i < to; i += WG_SIZE) {
+        float z = z_at(i, temperature);
+        uint key = key_of(z);
+        if (isnan(z) || key < lo || (key & high) != prefix) continue;
+        uvec2 m = mass_q(z, zmax);
+        uint b = (key >> shift) & 255u, old = atomicAdd(mass_lo[b], m.x);
+        uint carry = old + m.x < old ? 1u : 0u;
+        if (m.y + carry != 0u) atomicAdd(mass_hi[b], m.y + carry);
+    }
+    barrier();
+}
+
+// Top-p's radix select, a pass at `shift` from its bins in mass_lo/hi: the
+// digit is the largest d with above + mass(prefix, digit >= d) >= need (0 if
+// none; the first counted pass sets need from its bins' total: every kept key
+// is in them). GPUs: the bins' suffix sums by all invocations (8 steps between
+// mass_* and suf_*, ending in mass_*), then the largest d that reaches need.
+// CPU drivers (SERIAL_SCAN): invocation 0 walks the bins down (a barrier costs
+// a switch per invocation there; the same digit).
+layout(constant_id = 1) const uint SERIAL_SCAN = 0u;
+shared uint suf_lo[256], suf_hi[256], pick;
+shared uint scan_out[5];
+
+void scan_masses(bool first, float top_p, uint shift, inout uint prefix, inout uvec2 above, inout uvec2 need) {
+    uint t = gl_LocalInvocationID.x;
+    if (SERIAL_SCAN != 0u) {
+        barrier();
+        if (t == 0u) {
+            if (first) {
+                uvec2 total = uvec2(0u);
+                for (uint b = 0u; b < 256u; b++) total = add64(total, uvec2(mass_lo[b], mass_hi[b]));
+                need = need_of(total, top_p);
+            }
+            uint d = 255u;
+            uvec2 c = add64(above, uvec2(mass_lo[255], mass_hi[255]));
+            while (!ge64(c, need) && d > 0u) {
+                d--;
+                c = add64(c, uvec2(mass_lo[d], mass_hi[d]));
+            }
+            uvec2 a = sub64(c, uvec2(mass_lo[d], mass_hi[d]));
+            scan_out[0] = d;
+            scan_out[1] = a.x;
+            scan_out[2] = a.y;
+            scan_out[3] = need.x;
+            scan_out[4] = need.y;
+        }
+        barrier();
+        prefix |= scan_out[0] << shift;
+        above = uvec2(scan_out[1], scan_out[2]);
+        need = uvec2(scan_out[3], scan_out[4]);
+        return;
+    }
+    for (uint off = 1u; off < 256u; off <<= 1u) {
+        bool from_mass = (findLSB(off) & 1) == 0;
+        barrier();
+        for (uint b = t; b < 256u; b += WG_SIZE) {
+            uvec2 v = from_mass ? uvec2(mass_lo[b], mass_hi[b]) : uvec2(suf_lo[b], suf_hi[b]);
+            uint c = b + off;
+            if (c < 256u) v = add64(v, from_mass ? uvec2(mass_lo[c], mass_hi[c]) : uvec2(suf_lo[c], suf_hi[c]));
+            if (from_mass) {
+                suf_lo[b] = v.x;
+                suf_hi[b] = v.y;
+            } else {
+                mass_lo[b] = v.x;
+                mass_hi[b] = v.y;
+            }
+        }
+    }
+    barrier();
+    if (first) need = need_of(uvec2(mass_lo[0], mass_hi[0]), top_p);
+    if (t == 0u) pick = 0u;
+    barrier();
+    for (uint d = t; d < 256u; d += WG_SIZE)
+        if (d > 0u && ge64(add64(above, uvec2(mass_lo[d], mass_hi[d])), need)) atomicMax(pick, d);
+    barrier();
+    uint d = pick;
+    if (d < 255u) above = add64(above, uvec2(mass_lo[d + 1u], mass_hi[d + 1u]));
+    prefix |= d << shift;
+}
+
+// A pass whose digit is lo's: lo and the largest key agree on the bits from
+// shift up, so every kept key has them (nothing to count).
+bool forced(uint lo, uint kmax, uint shift) { return ((lo ^ kmax) >> shift) == 0u; }
+
 #ifdef SAMPLE_SPREAD
 uint cur_row;
 
@@ -218,57 +358,59 @@ uint spread_top_k_threshold(uint k) {
 }
 #endif
 
-float mass_at_least(uint thr, float zmax, float temperature) {
-    float m = 0.0;
-    for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
-        float z = z_at(i, temperature);
-        if (!isnan(z) && key_of(z) >= thr) m += exp(z - zmax);
-    }
-    return sum_f(m);
-}
-
-// Largest key t >= lo whose mass (keys >= t, relative to keys >= lo) is >= top_p.
-uint top_p_threshold(uint lo, float top_p, float temperature) {
-    float zmax = -1.0 / 0.0;
-    for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
-        float z = z_at(i, temperature);
-        if (z > zmax) zmax = z;  // NaN never compares greater
-    }
-    zmax = max_f(zmax);
-    float total = mass_at_least(lo, zmax, temperature);
-    // The mass is non-increasing in t (sums of fewer non-negative terms in the
-    // same order), 1 at lo and 0 above the largest key: the answer shares the
-    // high bits where lo and that key agree, and bisection over the bits below
-    // finds the same t as over all 32.
-    // Three bits a pass: the masses at the 7 candidates t | j << shift (j = 1..7) in
-    // one pass over the row, each summed in mass_at_least's order (adding +0 for
-    // a key below a candidate changes no bit), so the same t in a third of the passes.
-    uint diff = lo ^ key_of(zmax);
-    int top = diff == 0u ? -1 : findMSB(diff);
-    uint t = top >= 31 ? 0u : lo & (0xffffffffu << uint(top + 1));
-    for (int bit = top; bit >= 0;) {
-        int nb = min(3, bit + 1), shift = bit + 1 - nb;
-        uvec4 ca = max(uvec4(t) | (uvec4(1u, 2u, 3u, 4u) << uint(shift)), uvec4(lo));
-        uvec4 cb = max(uvec4(t) | (uvec4(5u, 6u, 7u, 7u) << uint(shift)), uvec4(lo));
-        vec4 ma = vec4(0.0), mb = vec4(0.0);
-        for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
-            float z = z_at(i, temperature);
-            if (isnan(z)) continue;
-            uint key = key_of(z);
-            if (key < ca.x) continue;  // below every candidate
-            float e = exp(z - zmax);
-            ma += mix(vec4(0.0), vec4(e), greaterThanEqual(uvec4(key), ca));
-            mb += mix(vec4(0.0), vec4(e), greaterThanEqual(uvec4(key), cb));
+#if defined(SAMPLE_HIST) || defined(SAMPLE_SPREAD)
+// top_p_threshold's digits of the passes above bit `stop` from the row's bins.
+uint take_mass_digits(uint row, uint lo, uint kmax, float top_p, uint stop) {
+    uint prefix = 0u;
+    uvec2 above = uvec2(0u), need = uvec2(0u);
+    bool first = true;
+    for (uint shift = 24u; shift >= stop && shift <= 24u; shift -= 8u) {
+        if (forced(lo, kmax, shift)) {
+            prefix |= lo & (255u << shift);
+            continue;
         }
-        sum_f8(ma, mb);
-        float f[7] = float[7](ma.x, ma.y, ma.z, ma.w, mb.x, mb.y, mb.z);
-        uint pick = 0u;
-        for (int j = 1; j < (1 << nb); j++)
-            if (f[j - 1] / total >= top_p) pick = uint(j);
-        t |= pick << uint(shift);
-        bit -= nb;
+        barrier();  // every invocation is done reading the bins
+        for (uint b = gl_LocalInvocationID.x; b < 256u; b += WG_SIZE) {
+            mass_lo[b] = scratch[masses_at(row, shift) + b];
+            mass_hi[b] = scratch[masses_at(row, shift) + 256u + b];
+        }
+        scan_masses(first, top_p, shift, prefix, above, need);
+        first = false;
     }
-    return max(t, lo);
+    return prefix;
+}
+#endif
+
+// Largest key t >= lo whose mass (keys >= t, relative to keys >= lo) is >= top_p:
+// a radix select over the keys' bytes as top_k_threshold's, with masses for counts,
+// from the first byte where lo and the largest key differ (the answer lies between).
+uint top_p_threshold(uint lo, float top_p, float temperature) {
+#ifdef SAMPLE_SPREAD
+    uint kmax = scratch[kmax_at(cur_row)];
+    return max(take_mass_digits(cur_row, lo, kmax, top_p, 0u), lo);
+#else
+    uint kmax = 0u;
+    for (uint i = gl_LocalInvocationID.x; i < pc.V; i += WG_SIZE) {
+        float z = z_at(i, temperature);
+        if (!isnan(z)) kmax = max(kmax, key_of(z));
+    }
+    kmax = max_u(kmax);
+    float zmax = float_of(kmax);
+    uint prefix = 0u;
+    uvec2 above = uvec2(0u), need = uvec2(0u);
+    bool first = true;
+    for (int s = 24; s >= 0; s -= 8) {
+        uint shift = uint(s);
+        if (forced(lo, kmax, shift)) {
+            prefix |= lo & (255u << shift);
+            continue;
+        }
+        mass_bins(0u, pc.V, lo, prefix, shift, zmax, temperature);
+        scan_masses(first, top_p, shift, prefix, above, need);
+        first = false;
+    }
+    return max(prefix, lo);
+#endif
 }
 
 uint sample_row(SampleRow p) {
@@ -301,34 +443,63 @@ uint sample_row(SampleRow p) {
 void main() {
     uint row = linear_group_id();
     if (row >= pc.S) return;
-    for (uint b = gl_LocalInvocationID.x; b < 1024u; b += WG_SIZE) scratch[row * 1024u + b] = 0u;
+    for (uint b = gl_LocalInvocationID.x; b < ROW_SCRATCH; b += WG_SIZE) scratch[row * ROW_SCRATCH + b] = 0u;
 }
 #elif defined(SAMPLE_HIST)
-// Workgroup w of row's W: the histogram of its slice [w * chunk, (w + 1) * chunk)
-// of the keys whose bits above pc.shift + 8 equal the prefix of the earlier passes.
+// Workgroup w of row's W, over its slice [w * chunk, (w + 1) * chunk) of the row.
+// Passes 0-3 (top-k, bits 24-8 pass up): the histogram of the keys whose bits
+// above the pass's byte equal the prefix of the earlier passes (pass 0 also the
+// largest key, for top-p). Passes 4-7 (top-p, bits 24-8 (pass - 4) up): the
+// masses of the kept keys under the earlier passes' prefix, by digit. Each adds
+// into the row's scratch with integer atomics (exact, so in any order).
 void main() {
     uint g = linear_group_id(), row = g / pc.W, w = g % pc.W, t = gl_LocalInvocationID.x;
     if (row >= pc.S) return;  // uniform over the workgroup
     SampleRow p = params[row];
-    if (!spread_row(p)) return;
+    bool use_k = topk_row(p), use_p = topp_row(p);
+    uint chunk = pc.V / pc.W + (pc.V % pc.W != 0u ? 1u : 0u);
+    uint from = w * chunk, to = min(pc.V, from + chunk);
     row_base = row * pc.V;
-    uint prefix = 0u, above = 0u, high = 0u;
-    if (pc.shift != 24u) {
-        take_digits(row, p.top_k, pc.shift + 8u, prefix, above);
-        high = 0xffffffffu << (pc.shift + 8u);
+    if (pc.pass >= 4u) {  // top-p
+        if (!use_p) return;
+        uint shift = 24u - 8u * (pc.pass - 4u), lo = 0u, above;
+        if (use_k) take_digits(row, p.top_k, 0u, lo, above);
+        uint kmax = scratch[kmax_at(row)];
+        if (forced(lo, kmax, shift)) return;  // uniform
+        uint prefix = take_mass_digits(row, lo, kmax, p.top_p, shift + 8u);
+        mass_bins(from, to, lo, prefix, shift, float_of(kmax), p.temperature);
+        uint base = masses_at(row, shift);
+        for (uint b = t; b < 256u; b += WG_SIZE) {
+            uint m = mass_lo[b], old = m != 0u ? atomicAdd(scratch[base + b], m) : 0u;
+            uint hi = mass_hi[b] + (old + m < old ? 1u : 0u);
+            if (hi != 0u) atomicAdd(scratch[base + 256u + b], hi);
+        }
+        return;
+    }
+    if (!use_k && !(use_p && pc.pass == 0u)) return;
+    uint shift = 24u - 8u * pc.pass, prefix = 0u, above = 0u, high = 0u;
+    if (use_k && pc.pass != 0u) {
+        take_digits(row, p.top_k, shift + 8u, prefix, above);
+        high = 0xffffffffu << (shift + 8u);
     }
     barrier();  // every invocation is done reading hist
     for (uint b = t; b < 256u; b += WG_SIZE) hist[b] = 0u;
     barrier();
-    uint chunk = pc.V / pc.W + (pc.V % pc.W != 0u ? 1u : 0u);
-    uint lo = w * chunk, hi = min(pc.V, lo + chunk);
-    for (uint i = lo + t; i < hi; i += WG_SIZE) {
+    uint kmax = 0u;
+    for (uint i = from + t; i < to; i += WG_SIZE) {
         float z = z_at(i, p.temperature);
         uint key = key_of(z);
-        if (!isnan(z) && (key & high) == prefix) atomicAdd(hist[(key >> pc.shift) & 255u], 1u);
+        if (isnan(z)) continue;
+        kmax = max(kmax, key);
+        if (use_k && (key & high) == prefix) atomicAdd(hist[(key >> shift) & 255u], 1u);
+    }
+    if (use_p && pc.pass == 0u) {
+        kmax = max_u(kmax);
+        if (t == 0u && kmax != 0u) atomicMax(scratch[kmax_at(row)], kmax);
     }
     barrier();
-    uint base = counts_at(row, pc.shift);
+    if (!use_k) return;
+    uint base = counts_at(row, shift);
     for (uint b = t; b < 256u; b += WG_SIZE)
         if (hist[b] != 0u) atomicAdd(scratch[base + b], hist[b]);
 }

@@ -651,8 +651,8 @@ static void test_sampled_logp_on_gpu(void **state) {
     if (m) check_sampled_logp(m, "stories260K");
 }
 
-/* Few sampling rows of a large vocabulary: the engine spreads top-k's
- * histograms over several workgroups per row (vks_op_sample_split: 5
+/* Few sampling rows of a large vocabulary: the engine spreads top-k's and
+ * top-p's histograms over several workgroups per row (vks_op_sample_split: 9
  * dispatches more than the one-workgroup sampler); the tokens are those of
  * the one-workgroup sampler in a 12-row batch (> VKS_SAMPLE_SPREAD_MAX_ROWS),
  * and a row's token depends on neither path nor batch (VKSWARM_SAMPLE_SPREAD=1:
@@ -688,13 +688,13 @@ static void test_sample_split_in_engine(void **state) {
     vks_engine_stats_get(e, &s0);
     assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
     vks_engine_stats_get(e, &s1);
-    /* the same prefill, the first 4 rows sampled, then the last 8: 5 more
+    /* the same prefill, the first 4 rows sampled, then the last 8: 9 more
      * dispatches for the spread (12 rows take one workgroup each), and the
      * gather of the output rows (every row in order needs none) */
     b.n_out = 4, b.sampled = part;
     assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
     vks_engine_stats_get(e, &s2);
-    assert_int_equal((s2.dispatches - s1.dispatches) - (s1.dispatches - s0.dispatches), 5 + 1);
+    assert_int_equal((s2.dispatches - s1.dispatches) - (s1.dispatches - s0.dispatches), 9 + 1);
     b.n_out = 8, b.out_rows = rows + 4, b.sample = sample + 4, b.sampled = part + 4;
     assert_int_equal(vks_engine_forward(e, &b), VKS_OK);
     assert_memory_equal(part, all, sizeof all);

@@ -43,8 +43,10 @@ struct op_case {
             uint32_t S, V; float temperature; uint32_t top_k; float top_p; bool ties, near_one;
             /* split: also vks_op_sample_split at W workgroups per row (VKS_AUTO_W: vks_op_sample_groups),
              * token for token against vks_op_sample; mixed: rows cycle greedy / the row's settings /
-             * no top-k / no top-p; nans: every 97th logit NaN, every 89th -inf; seed: of the logits */
-            uint32_t split; bool mixed, nans; uint64_t seed;
+             * no top-k / no top-p; nans: every 97th logit NaN, every 89th -inf; infs: every 5th row
+             * has +inf logits (every 1009th); seed: of the logits; VKS_SWEEP_W: split at W = 1 to 64 */
+            uint32_t split; bool mixed, nans, infs; uint64_t seed;
+            int serial_scan; /* 1 / 2: an ops of its own with VKSWARM_SAMPLE_SERIAL_SCAN 0 / 1 (0: the device's) */
         } sample;
     };
 };
@@ -763,9 +765,16 @@ static void set_near_one(float *row, uint32_t V, const vks_sample_params *p, uin
 
 /* sample: S rows of V logits. ties: logits rounded to halves to create ties. */
 #define VKS_AUTO_W UINT32_MAX
+#define VKS_SWEEP_W (UINT32_MAX - 1)
 
 static void run_sample(const op_case *tc) {
     uint32_t S = tc->sample.S, V = tc->sample.V;
+    vks_ops *dev_ops = ops;
+    if (tc->sample.serial_scan) { /* both kernels with the other scan of top-p's bins (the same digits) */
+        setenv("VKSWARM_SAMPLE_SERIAL_SCAN", tc->sample.serial_scan == 2 ? "1" : "0", 1);
+        assert_int_equal(vks_ops_create(gpu, &ops), VKS_OK);
+        unsetenv("VKSWARM_SAMPLE_SERIAL_SCAN");
+    }
     float *logits = rand_floats((size_t)S * V, tc->sample.seed ? tc->sample.seed : 19, -8, 8);
     if (tc->sample.ties)
         for (size_t i = 0; i < (size_t)S * V; i++) logits[i] = roundf(logits[i] * 2) / 2;
@@ -773,6 +782,8 @@ static void run_sample(const op_case *tc) {
         if (i % 97 == 5) logits[i] = NAN;
         else if (i % 89 == 7) logits[i] = -INFINITY;
     }
+    for (size_t i = 0; tc->sample.infs && i < (size_t)S * V; i++)
+        if (i / V % 5 == 2 && i % 1009 == 11 + i / V % 3) logits[i] = INFINITY;
     vks_gpu_sample_row *rows = xmalloc(S * sizeof *rows);
     vks_sample_params *ref = xmalloc(S * sizeof *ref);
     uint32_t *expect = xmalloc(S * 4);
@@ -800,21 +811,27 @@ static void run_sample(const op_case *tc) {
     submit(c);
     uint32_t *got = xmalloc(S * 4);
     download(bt, got, S * 4);
-    if (tc->sample.split) { /* the spread radix select: the one-workgroup kernel's tokens, every row */
-        uint32_t W = tc->sample.split == VKS_AUTO_W ? vks_op_sample_groups(NULL, S, V) : tc->sample.split;
-        assert_true(W > 1);
-        uint64_t scratch_bytes = vks_op_sample_scratch_bytes(S, W);
-        vks_buffer *bs = gpu_buffer(NULL, scratch_bytes), *bt2 = gpu_buffer(NULL, S * 4);
-        c = begin();
-        assert_int_equal(vks_op_sample_split(ops, c, bind(bl), bind(bp), bind(bt2), bind(bs), S, V, W), VKS_OK);
-        submit(c);
-        uint32_t *got2 = xmalloc(S * 4);
-        download(bt2, got2, S * 4);
-        for (uint32_t s = 0; s < S; s++)
-            if (got2[s] != got[s]) fprintf(stderr, "%s: row %u split (W %u) %u one workgroup %u\n", tc->name, s, W, got2[s], got[s]);
-        assert_memory_equal(got2, got, S * 4);
-        free(got2);
-        vks_buffer_destroy(bs); vks_buffer_destroy(bt2);
+    if (tc->sample.split) { /* the spread radix selects: the one-workgroup kernel's tokens, every row */
+        static const uint32_t sweep[] = {1, 2, 3, 7, 16, 38, 64};
+        uint32_t auto_w = tc->sample.split == VKS_AUTO_W ? vks_op_sample_groups(NULL, S, V) : tc->sample.split;
+        bool sweeping = tc->sample.split == VKS_SWEEP_W;
+        for (size_t n = 0; n < (sweeping ? sizeof sweep / sizeof *sweep : 1); n++) {
+            uint32_t W = sweeping ? sweep[n] : auto_w;
+            if (W > V) continue;
+            assert_true(W > 1 || sweeping);
+            uint64_t scratch_bytes = vks_op_sample_scratch_bytes(S, W);
+            vks_buffer *bs = gpu_buffer(NULL, scratch_bytes ? scratch_bytes : 4), *bt2 = gpu_buffer(NULL, S * 4);
+            c = begin();
+            assert_int_equal(vks_op_sample_split(ops, c, bind(bl), bind(bp), bind(bt2), bind(bs), S, V, W), VKS_OK);
+            submit(c);
+            uint32_t *got2 = xmalloc(S * 4);
+            download(bt2, got2, S * 4);
+            for (uint32_t s = 0; s < S; s++)
+                if (got2[s] != got[s]) fprintf(stderr, "%s: row %u split (W %u) %u one workgroup %u\n", tc->name, s, W, got2[s], got[s]);
+            assert_memory_equal(got2, got, S * 4);
+            free(got2);
+            vks_buffer_destroy(bs); vks_buffer_destroy(bt2);
+        }
     }
     uint32_t mismatches = 0;
     for (uint32_t s = 0; s < S; s++) {
@@ -834,6 +851,8 @@ static void run_sample(const op_case *tc) {
         assert_true(near_tie(row, (int)V, &ref[s], got[s], want));
     }
     assert_true(mismatches * 200 <= S); /* at most 1 in 200 rows */
+    if (ops != dev_ops) vks_ops_destroy(ops);
+    ops = dev_ops;
     free(logits); free(rows); free(ref); free(got); free(expect);
     vks_buffer_destroy(bl); vks_buffer_destroy(bp); vks_buffer_destroy(bt);
 }
@@ -897,6 +916,8 @@ static void run_bad_args(const op_case *tc) {
                      VKS_ERR_ARG); /* 8 blocks of 144 bytes exceed the 1024-byte table */
     /* the spread sampler: no workgroups per row, a scratch too small for 2 rows at W = 8 */
     assert_int_equal(vks_op_sample_split(ops, c, bind(b), bind(b), bind(b), bind(b), 1, 8, 0), VKS_ERR_ARG);
+    /* a vocabulary of 2^26 or more (top-p's 64-bit fixed-point sums) */
+    assert_int_equal(vks_op_sample(ops, c, bind(b), bind(b), bind(b), 1, VKS_SAMPLE_MAX_V + 1), VKS_ERR_ARG);
     assert_int_equal(vks_op_sample_split(ops, c, bind(b), bind(b), bind(b), bind(b), 2, 8, 8), VKS_ERR_ARG);
     assert_non_null(strstr(vks_last_error(), "scratch"));
     /* W: 1 for many rows or a short row; one per 4096 logits, at most 64; 1 on CPU drivers by default */
@@ -1097,6 +1118,34 @@ static const op_case cases[] = {
     SAMPLE("sample split top-k 1 T20 V100003 W25", .S = 32, .V = 100003, .temperature = 20.0f, .top_k = 1, .split = 25,
            .seed = 37),
     SAMPLE("sample split top-k 1 V37 W37", .S = 64, .V = 37, .temperature = 1.0f, .top_k = 1, .ties = true, .split = 37, .seed = 29),
+    /* top-p's radix select over several workgroups per row: exact masses, so the one-workgroup kernel's tokens */
+    SAMPLE("sample split top-p 0.9 V151936", .S = 8, .V = 151936, .temperature = 1.0f, .top_p = 0.9f, .split = VKS_AUTO_W,
+           .seed = 41),
+    SAMPLE("sample split top-p 0.9 T20 V151936 W38", .S = 32, .V = 151936, .temperature = 20.0f, .top_p = 0.9f,
+           .split = 38, .seed = 43),
+    SAMPLE("sample split top-p 0.5 ties nans infs V50021 W1-64", .S = 10, .V = 50021, .temperature = 0.7f, .top_p = 0.5f,
+           .ties = true, .nans = true, .infs = true, .split = VKS_SWEEP_W, .seed = 47),
+    SAMPLE("sample split top-k 40 top-p 0.9 T0.3 V100003 W1-64", .S = 6, .V = 100003, .temperature = 0.3f, .top_k = 40,
+           .top_p = 0.9f, .split = VKS_SWEEP_W, .seed = 53),
+    SAMPLE("sample split top-k 3000 top-p 0.99 T2 ties mixed nans V4099 W1-64", .S = 8, .V = 4099, .temperature = 2.0f,
+           .top_k = 3000, .top_p = 0.99f, .ties = true, .mixed = true, .nans = true, .split = VKS_SWEEP_W, .seed = 59),
+    SAMPLE("sample split top-p 0.95 T1.5 mixed nans infs V1000 W3", .S = 200, .V = 1000, .temperature = 1.5f, .top_k = 100,
+           .top_p = 0.95f, .mixed = true, .nans = true, .infs = true, .split = 3, .seed = 61),
+    SAMPLE("sample split top-p 1e-30 ties V4099 W5", .S = 16, .V = 4099, .temperature = 1.0f, .top_p = 1e-30f, .ties = true,
+           .split = 5, .seed = 67),
+    SAMPLE("sample split top-p 0.999999 T4 V4099 W2", .S = 16, .V = 4099, .temperature = 4.0f, .top_p = 0.999999f,
+           .split = 2, .seed = 71),
+    SAMPLE("sample split top-p 0.8 ties V37 W37", .S = 64, .V = 37, .temperature = 1.0f, .top_p = 0.8f, .ties = true,
+           .split = 37, .seed = 73),
+    /* top-p's digit scans: the workgroup's suffix sums (GPUs) and one invocation's walk (CPU drivers) */
+    SAMPLE("sample split top-k 40 top-p 0.9 T0.3 V100003 W1-64 parallel scan", .S = 6, .V = 100003, .temperature = 0.3f,
+           .top_k = 40, .top_p = 0.9f, .split = VKS_SWEEP_W, .seed = 53, .serial_scan = 1),
+    SAMPLE("sample split top-p 0.5 ties nans infs V50021 W1-64 serial scan", .S = 10, .V = 50021, .temperature = 0.7f,
+           .top_p = 0.5f, .ties = true, .nans = true, .infs = true, .split = VKS_SWEEP_W, .seed = 47, .serial_scan = 2),
+    SAMPLE("sample split top-p 0.95 T1.5 mixed nans infs V1000 W3 parallel scan", .S = 200, .V = 1000, .temperature = 1.5f,
+           .top_k = 100, .top_p = 0.95f, .mixed = true, .nans = true, .infs = true, .split = 3, .seed = 61, .serial_scan = 1),
+    SAMPLE("sample top-p 0.95 T1.5 ties nans infs", .S = 200, .V = 1000, .temperature = 1.5f, .top_p = 0.95f, .ties = true,
+           .nans = true, .infs = true, .seed = 79),
     {"add 2^24+3 elements", run_add, .tol = 0, .elementwise = {.n = (1u << 24) + 3}},
     {"bad arguments", run_bad_args, .tol = 0},
 };

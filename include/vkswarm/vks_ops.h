@@ -170,11 +170,16 @@ int vks_op_scale(vks_ops *o, vks_cmd *c, vks_binding x, float s, uint32_t n);
 /* dst[i, :] = src[idx[i], :], D floats per row. */
 int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
                        vks_binding dst, uint32_t n, uint32_t D);
-/* tokens[s] = sample(logits[s, :], params[s]) as vks_ref_sample. */
+/* tokens[s] = sample(logits[s, :], params[s]) as vks_ref_sample, one workgroup
+ * per row. Top-p's masses are exp(z - zmax) in 64-bit fixed point (2^-38), so
+ * their sums, the threshold and the token depend on no summation order (the
+ * same at any workgroup size and in vks_op_sample_split); V <= VKS_SAMPLE_MAX_V (< 2^26). */
+#define VKS_SAMPLE_MAX_V ((1u << 26) - 1)
 int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                   vks_binding tokens, uint32_t S, uint32_t V);
-/* Top-k's radix select spread over W workgroups per row (its 4 histogram
- * passes; top-p and the Gumbel argmax stay one workgroup per row): used for
+/* Top-k's and top-p's radix selects spread over W workgroups per row (their
+ * 4 + 4 histogram passes, integer counts and fixed-point masses added with
+ * atomics; the Gumbel argmax stays one workgroup per row): used for
  * at most VKS_SAMPLE_SPREAD_MAX_ROWS rows, one workgroup per
  * VKS_SAMPLE_SPREAD_SLICE logits of a row, at most VKS_SAMPLE_SPREAD_MAX_W. */
 #define VKS_SAMPLE_SPREAD_MAX_ROWS 8u
@@ -185,10 +190,12 @@ int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params
  * CPU drivers (VKSWARM_SAMPLE_SPREAD=0|1 overrides); o = NULL: the choice of
  * a device that spreads (for sizing scratch before the device is known). */
 uint32_t vks_op_sample_groups(const vks_ops *o, uint32_t S, uint32_t V);
-/* Scratch bytes vks_op_sample_split needs for S rows at W workgroups per row (0 for W = 1). */
+/* Scratch bytes vks_op_sample_split needs for S rows at W workgroups per row (0 for W = 1):
+ * VKS_SAMPLE_ROW_SCRATCH uints a row (top-k counts, top-p masses, the largest key). */
+#define VKS_SAMPLE_ROW_SCRATCH 3076u
 uint64_t vks_op_sample_scratch_bytes(uint32_t S, uint32_t W);
-/* vks_op_sample with top-k's histograms over W workgroups per row: the same
- * tokens bit for bit (integer counts; float sums in vks_op_sample's order).
+/* vks_op_sample with top-k's and top-p's passes over W workgroups per row: the
+ * same tokens bit for bit (integer counts and masses, summed exactly).
  * W = 1 is vks_op_sample (scratch unused, may be empty). */
 int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                         vks_binding tokens, vks_binding scratch, uint32_t S, uint32_t V, uint32_t W);

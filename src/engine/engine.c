@@ -28,7 +28,7 @@ static uint64_t att_part_bytes(const vks_engine *e, int kv_len) {
 }
 
 /* vks_op_sample_split's scratch for up to VKS_SAMPLE_SPREAD_MAX_ROWS output rows (0 when the one-workgroup
- * sampler serves every batch on any device; 4 KiB a row). */
+ * sampler serves every batch on any device; VKS_SAMPLE_ROW_SCRATCH uints, 12 KiB, a row). */
 static uint64_t sample_scratch_bytes(const vks_engine *e) {
     uint32_t O = (uint32_t)e->opt.max_out_rows < VKS_SAMPLE_SPREAD_MAX_ROWS ? (uint32_t)e->opt.max_out_rows
                                                                             : VKS_SAMPLE_SPREAD_MAX_ROWS;

@@ -146,12 +146,18 @@ int vks_ops_create(vks_gpu *g, vks_ops **out) {
      * (for D = 128: 3 reduction levels instead of 8, and 8 busy lanes instead
      * of 256 mostly idle ones; rmsnorm_backward 4x faster on lavapipe). */
     o->wg_norm = o->info.type == VKS_DEVTYPE_CPU ? vks_ops_pick_wg(&o->info, 1) : o->wg_row;
-    /* The sampler's top-k over several workgroups per row: for GPUs' idle
+    /* The sampler's top-k and top-p over several workgroups per row: for GPUs' idle
      * cores; a CPU driver's few threads are as busy with one workgroup per row,
-     * and it pays for 5 more dispatches (BENCHMARKS). VKSWARM_SAMPLE_SPREAD=0|1. */
+     * and it pays for 9 more dispatches (BENCHMARKS). VKSWARM_SAMPLE_SPREAD=0|1. */
     const char *spread = getenv("VKSWARM_SAMPLE_SPREAD");
     o->sample_spread = spread && (!strcmp(spread, "0") || !strcmp(spread, "1")) ? spread[0] == '1'
                                                                                   : o->info.type != VKS_DEVTYPE_CPU;
+    /* Top-p's per-pass digit: invocation 0 walks the 256 bins on CPU drivers (a
+     * parallel scan's 11 barriers cost 3-4x the spread sampler there), the
+     * workgroup's suffix sums on GPUs (the same digit). VKSWARM_SAMPLE_SERIAL_SCAN=0|1. */
+    const char *serial = getenv("VKSWARM_SAMPLE_SERIAL_SCAN");
+    o->sample_serial_scan = serial && (!strcmp(serial, "0") || !strcmp(serial, "1")) ? serial[0] == '1'
+                                                                                       : o->info.type == VKS_DEVTYPE_CPU;
     o->wg_attention = vks_ops_pick_wg(&o->info, 64);
     /* The same on CPU drivers for attention over the KV cache: there a
      * 64-lane workgroup is 8 SIMD chunks switched at each of its reductions'
@@ -763,15 +769,15 @@ int vks_op_gather_rows(vks_ops *o, vks_cmd *c, vks_binding src, vks_binding idx,
 int vks_op_sample(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                   vks_binding tokens, uint32_t S, uint32_t V) {
     const char *op = "sample";
-    if (!o || !c || !S || !V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
+    if (!o || !c || !S || !V || V > VKS_SAMPLE_MAX_V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
     int rc = vks_ops_check_range(op, "logits", logits, (uint64_t)S * V, 4);
     if (!rc) rc = vks_ops_check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
     if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
     if (rc) return rc;
     uint32_t push[] = {S, V};
-    uint32_t spec[] = {o->wg_row};
+    uint32_t spec[] = {o->wg_row, o->sample_serial_scan}; /* SERIAL_SCAN */
     vks_binding b[] = {logits, params, tokens};
-    return vks_ops_dispatch(o, c, "sample", spec, 1, b, 3, push, sizeof push, S, op);
+    return vks_ops_dispatch(o, c, "sample", spec, 2, b, 3, push, sizeof push, S, op);
 }
 
 uint32_t vks_op_sample_groups(const vks_ops *o, uint32_t S, uint32_t V) {
@@ -781,32 +787,34 @@ uint32_t vks_op_sample_groups(const vks_ops *o, uint32_t S, uint32_t V) {
 }
 
 uint64_t vks_op_sample_scratch_bytes(uint32_t S, uint32_t W) {
-    return W <= 1 ? 0 : (uint64_t)S * 4 * 256 * 4;
+    return W <= 1 ? 0 : (uint64_t)S * VKS_SAMPLE_ROW_SCRATCH * 4;
 }
 
-/* zero (one workgroup per row), hist x 4 (W per row, integer atomics into the
- * row's counts), then the sampler with the digits from the counts; the
+/* zero (one workgroup per row), hist x 8 (W per row, integer atomics into the
+ * row's counts and masses: 4 top-k passes, the first also taking the largest
+ * key, then 4 top-p passes), then the sampler with the digits from them; the
  * dispatches' barriers come from their scratch accesses. */
 int vks_op_sample_split(vks_ops *o, vks_cmd *c, vks_binding logits, vks_binding params,
                         vks_binding tokens, vks_binding scratch, uint32_t S, uint32_t V, uint32_t W) {
     const char *op = "sample";
     if (W == 1) return vks_op_sample(o, c, logits, params, tokens, S, V);
-    if (!o || !c || !S || !V || W == 0 || W > V) return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
+    if (!o || !c || !S || !V || V > VKS_SAMPLE_MAX_V || W == 0 || W > V)
+        return vks_set_error(VKS_ERR_ARG, "sample: bad arguments");
     int rc = vks_ops_check_range(op, "logits", logits, (uint64_t)S * V, 4);
     if (!rc) rc = vks_ops_check_range(op, "params", params, S, sizeof(vks_gpu_sample_row));
     if (!rc) rc = vks_ops_check_range(op, "tokens", tokens, S, 4);
     if (!rc) rc = vks_ops_check_range(op, "scratch", scratch, vks_op_sample_scratch_bytes(S, W) / 4, 4);
     if (rc) return rc;
-    uint32_t spec[] = {o->wg_row};
+    uint32_t spec[] = {o->wg_row, o->sample_serial_scan}; /* SERIAL_SCAN */
     vks_binding hb[] = {logits, params, scratch};
     uint32_t zpush[] = {S, V, W, 0};
-    rc = vks_ops_dispatch(o, c, "sample_zero", spec, 1, hb, 3, zpush, sizeof zpush, S, "sample_zero");
-    for (uint32_t pass = 0; pass < 4 && !rc; pass++) {
-        uint32_t push[] = {S, V, W, 24 - 8 * pass};
-        rc = vks_ops_dispatch(o, c, "sample_hist", spec, 1, hb, 3, push, sizeof push, (uint64_t)S * W, "sample_hist");
+    rc = vks_ops_dispatch(o, c, "sample_zero", spec, 2, hb, 3, zpush, sizeof zpush, S, "sample_zero");
+    for (uint32_t pass = 0; pass < 8 && !rc; pass++) {
+        uint32_t push[] = {S, V, W, pass};
+        rc = vks_ops_dispatch(o, c, "sample_hist", spec, 2, hb, 3, push, sizeof push, (uint64_t)S * W, "sample_hist");
     }
     if (rc) return rc;
     uint32_t push[] = {S, V, W, 0};
     vks_binding b[] = {logits, params, tokens, scratch};
-    return vks_ops_dispatch(o, c, "sample_spread", spec, 1, b, 4, push, sizeof push, S, op);
+    return vks_ops_dispatch(o, c, "sample_spread", spec, 2, b, 4, push, sizeof push, S, op);
 }

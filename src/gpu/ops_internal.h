@@ -35,6 +35,7 @@ struct vks_ops {
     bool mm_decode;     /* decode rows through matmul_<type>_dsg in 8-row tiles (ops.c) */
     bool mm_f16_math; /* matmul_*_h variants */
     bool sample_spread; /* vks_op_sample_groups may spread top-k over workgroups (not on CPU drivers) */
+    bool sample_serial_scan; /* top-p's digit scan by one invocation (CPU drivers) */
     /* vks_op_matmul_multi: 0 = one dispatch per product, 1 = fused where the
      * kernel has one-row tiles or runs staged (GPUs), 2 = fused wherever it applies */
     int mm_fuse;
