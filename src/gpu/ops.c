@@ -103,7 +103,8 @@ static void choose_matmul_tiles(vks_ops *o) {
     const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
     o->mm_fuse = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? (fuse[0] == '1' ? 2 : 0) : 1;
     /* ... and the matvec / matvec_q kernels' MULTI variants (decode on GPUs, and
-     * q4_0 / q4_k decode on CPU drivers) */
+     * q4_0 / q4_k decode on CPU drivers): on GPUs only; on lavapipe the fused
+     * q4_0 / q4_k dispatch took 1.2-3.3x the time of separate ones (BENCHMARKS.md) */
     o->mv_fuse = o->mm_fuse == 2 || (o->mm_fuse == 1 && o->info.type != VKS_DEVTYPE_CPU);
 }
 
