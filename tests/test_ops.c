@@ -33,6 +33,7 @@ struct op_case {
         struct {
             uint32_t M, K, N[3]; int parts; vks_dtype dtype; vks_matmul_kind kind; bool accumulate;
             int path; /* MV_GPU, MV_SHARED: decode through the matvec kernels (run_matmul_multi) */
+            bool mixed; vks_dtype dtype_rest; /* mixed: products 1, 2 of dtype_rest */
         } multi;
         struct { uint32_t tokens, dim, vocab; vks_dtype dtype; bool chunk; } embed;
         struct { uint32_t R, D; bool in_place; } rows;       /* rmsnorm, bias_add */
@@ -199,7 +200,8 @@ static bool decode_by_tiles(int path, vks_dtype dtype) {
  * fuses into one dispatch; decode does where it takes the tiled kernel (CPU
  * drivers, f32/f16/bf16/q8_0) and through the matvec kernels (one dispatch
  * per 8 rows, where those rows' bindings are aligned), and path forces
- * those (MV_GPU, MV_SHARED). */
+ * those (MV_GPU, MV_SHARED). mixed: products 1 and 2 of dtype_rest, never
+ * fused (one dispatch per product). */
 static void run_matmul_multi(const op_case *tc) {
     uint32_t M = tc->multi.M, K = tc->multi.K;
     int n = tc->multi.parts;
@@ -214,11 +216,12 @@ static void run_matmul_multi(const op_case *tc) {
     for (int i = 0; i < n; i++) {
         uint32_t N = tc->multi.N[i], ldy = acc ? N + 3 : N;
         w[i] = rand_floats((size_t)N * K, 12 + (uint64_t)i, -1, 1);
-        bw[i] = weight_buffer(w[i], N, K, dtype);
+        vks_dtype t = i && tc->multi.mixed ? tc->multi.dtype_rest : dtype;
+        bw[i] = weight_buffer(w[i], N, K, t);
         y0[i] = acc ? rand_floats((size_t)M * ldy, 20 + (uint64_t)i, -1, 1) : NULL;
         fused[i] = gpu_buffer(y0[i], (size_t)M * ldy * 4);
         alone[i] = gpu_buffer(y0[i], (size_t)M * ldy * 4);
-        p[i] = (vks_matmul_part){.W = bind(bw[i]), .dtype = dtype, .y = bind(fused[i]), .N = N, .ldy = ldy,
+        p[i] = (vks_matmul_part){.W = bind(bw[i]), .dtype = t, .y = bind(fused[i]), .N = N, .ldy = ldy,
                                  .y_col0 = acc ? 2 : 0};
     }
     vks_cmd *c = begin();
@@ -227,7 +230,7 @@ static void run_matmul_multi(const op_case *tc) {
     assert_int_equal(vks_op_matmul_multi(o, c, bind(bx), p, n, M, K, acc, tc->multi.kind), VKS_OK);
     vks_cmd_counts_get(c, &k1);
     for (int i = 0; i < n; i++)
-        assert_int_equal(vks_op_matmul_kind(o, c, bind(bx), bind(bw[i]), dtype, bind(alone[i]), M, p[i].N, K, p[i].ldy,
+        assert_int_equal(vks_op_matmul_kind(o, c, bind(bx), bind(bw[i]), p[i].dtype, bind(alone[i]), M, p[i].N, K, p[i].ldy,
                                             p[i].y_col0, acc, tc->multi.kind), VKS_OK);
     vks_cmd_counts_get(c, &k2);
     submit(c);
@@ -235,11 +238,12 @@ static void run_matmul_multi(const op_case *tc) {
     if (getenv("VKSWARM_TEST_VERBOSE")) fprintf(stderr, "%s: %llu dispatches (alone: %llu)\n", tc->name,
                                                 (unsigned long long)n_fused, (unsigned long long)n_alone);
     assert_true(n_fused == 1 || n_fused == n_alone || n_fused == (M + 7) / 8); /* (matvec: per 8 rows) */
-    if (tc->multi.kind == VKS_MATMUL_PREFILL || (tc->multi.kind == VKS_MATMUL_AUTO && M > 8))
+    if (tc->multi.mixed) assert_int_equal(n_fused, n_alone);
+    else if (tc->multi.kind == VKS_MATMUL_PREFILL || (tc->multi.kind == VKS_MATMUL_AUTO && M > 8))
         assert_int_equal(n_fused, 1);
     const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
     bool decode = tc->multi.kind == VKS_MATMUL_DECODE || (tc->multi.kind == VKS_MATMUL_AUTO && M <= 8);
-    if (decode && fuse && !strcmp(fuse, "1") && !decode_by_tiles(tc->multi.path, dtype)) {
+    if (decode && fuse && !strcmp(fuse, "1") && !tc->multi.mixed && !decode_by_tiles(tc->multi.path, dtype)) {
         /* the matvec kernels: one dispatch per 8 rows (more rows: if every group's bindings are aligned) */
         size_t align = vks_gpu_info(gpu)->min_storage_align ? vks_gpu_info(gpu)->min_storage_align : 1;
         bool aligned = (8 * (size_t)K * 4) % align == 0;
@@ -1049,6 +1053,11 @@ static const op_case cases[] = {
           .kind = VKS_MATMUL_DECODE),
     MULTI("matmul_multi q4_k M3 qkv K512 accumulate", .M = 3, .K = 512, QKV(37, 13), .dtype = Q4_K,
           .accumulate = true),
+    /* mixed weight types: one dispatch per product */
+    MULTI("matmul_multi q4_0 M1 qkv mixed q8_0 matvec", .M = 1, .K = 64, QKV(67, 29), .dtype = Q4_0, .mixed = true,
+          .dtype_rest = Q8_0, .path = MV_GPU),
+    MULTI("matmul_multi f32 M17 gate_up mixed f16", .M = 17, .K = 64, GATE_UP(130), .dtype = F32, .mixed = true,
+          .dtype_rest = F16),
     MULTI("matmul_multi f32 M1 qkv K67 matvec shared", .M = 1, .K = 67, QKV(67, 29), .dtype = F32,
           .path = MV_SHARED),
     MULTI("matmul_multi f16 M8 qkv K64 matvec shared", .M = 8, .K = 64, QKV(67, 29), .dtype = F16,
