@@ -11,21 +11,20 @@
 #endif
 #include "common.glsl"
 #include "weights.glsl"
+#include "matvec_parts.glsl"
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 1;         // rows per lane group pass
 layout(constant_id = 2) const uint MCOLS = 1;        // == M
 layout(constant_id = 3) const bool VEC4 = false;     // 16-byte aligned fast path
 layout(constant_id = 4) const uint ROWS_PER_WG = 1;  // multiple of ROWS
 
-// x and W are each bound once and viewed both as scalars and as 16-byte
+// x and each W are bound once and viewed both as scalars and as 16-byte
 // vectors (aliased declarations of one binding); the vector views are used
-// only when VEC4 guarantees alignment and whole vectors.
+// only when VEC4 guarantees alignment and whole vectors. W and y: per matrix
+// (matvec_part.glsl; MULTI: up to 3 matrices, matvec_parts.glsl).
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 0) readonly buffer X4 { vec4 x4[]; };
-layout(std430, set = 0, binding = 1) readonly buffer W { uint w[]; };
-layout(std430, set = 0, binding = 1) readonly buffer W4 { uvec4 w4[]; };
-layout(std430, set = 0, binding = 2) buffer Y { float y[]; };
-layout(push_constant) uniform Push { uint M, N, K, ldy, y_col0, accumulate; } pc;
+layout(push_constant) uniform Push { PUSH_CONSTANTS } pc;
 
 #ifdef USE_SUBGROUP
 // Lanes actually executing together: counted, not gl_SubgroupSize, since
@@ -46,83 +45,14 @@ shared float red[WG_SIZE * ROWS * MCOLS];
 
 float acc[ROWS * MCOLS];
 
-uint w_word(uint i) { return w[i]; }
-
-vec4 w_vec4_f32(uint i) { return uintBitsToFloat(w4[i]); }
-
-void accumulate_vec4(uint row0) {
-#if WTYPE == 0
-    uint k4 = pc.K / 4u;
-    for (uint i = LANE; i < k4; i += LANES) {
-        for (uint r = 0u; r < ROWS; r++) {
-            if (row0 + r >= pc.N) break;
-            vec4 wv = w_vec4_f32((row0 + r) * k4 + i);
-            for (uint m = 0u; m < MCOLS; m++) acc[r * MCOLS + m] += dot(wv, x4[m * k4 + i]);
-        }
-    }
-#else
-    uint k8 = pc.K / 8u, k4 = pc.K / 4u;
-    for (uint i = LANE; i < k8; i += LANES) {
-        for (uint r = 0u; r < ROWS; r++) {
-            if (row0 + r >= pc.N) break;
-            uvec4 q = w4[(row0 + r) * k8 + i];
-            vec4 lo = vec4(decode_pair(q.x), decode_pair(q.y));
-            vec4 hi = vec4(decode_pair(q.z), decode_pair(q.w));
-            for (uint m = 0u; m < MCOLS; m++)
-                acc[r * MCOLS + m] += dot(lo, x4[m * k4 + 2u * i]) + dot(hi, x4[m * k4 + 2u * i + 1u]);
-        }
-    }
+#define MAT 0
+#include "matvec_part.glsl"
+#ifdef MULTI
+#undef MAT
+#define MAT 1
+#include "matvec_part.glsl"
+#undef MAT
+#define MAT 2
+#include "matvec_part.glsl"
 #endif
-}
-
-void accumulate_scalar(uint row0) {
-    for (uint k = LANE; k < pc.K; k += LANES) {
-        for (uint r = 0u; r < ROWS; r++) {
-            if (row0 + r >= pc.N) break;
-            float wv = DECODE_ELEMENT(w_word, (row0 + r) * pc.K + k);
-            for (uint m = 0u; m < MCOLS; m++) acc[r * MCOLS + m] += wv * x[m * pc.K + k];
-        }
-    }
-}
-
-void store(uint row0, uint v, float s) {
-    uint r = v / MCOLS, m = v - r * MCOLS;
-    if (row0 + r >= pc.N) return;
-    uint o = m * pc.ldy + pc.y_col0 + row0 + r;
-    y[o] = (pc.accumulate != 0u ? y[o] : 0.0) + s;
-}
-
-// Sums acc over the lane group; the sums are stored by one lane.
-void reduce_and_store(uint row0) {
-#ifdef USE_SUBGROUP
-    for (uint v = 0u; v < ROWS * MCOLS; v++) {
-        float s = subgroupAdd(acc[v]);
-        if (subgroupElect()) store(row0, v, s);
-    }
-#else
-    uint t = gl_LocalInvocationID.x, n = WG_SIZE;
-    barrier();
-    for (uint v = 0u; v < ROWS * MCOLS; v++) red[v * n + t] = acc[v];
-    barrier();
-    for (uint half_n = (n + 1u) / 2u, len = n; len > 1u; len = half_n, half_n = (half_n + 1u) / 2u) {
-        if (t < len - half_n)
-            for (uint v = 0u; v < ROWS * MCOLS; v++) red[v * n + t] += red[v * n + t + half_n];
-        barrier();
-    }
-    for (uint v = t; v < ROWS * MCOLS; v += n) store(row0, v, red[v * n]);
-#endif
-}
-
-void main() {
-#ifdef USE_SUBGROUP
-    lanes_in_subgroup = subgroupAdd(1u);
-#endif
-    uint wg_row0 = linear_group_id() * ROWS_PER_WG;
-    if (wg_row0 >= pc.N) return;  // uniform over the workgroup
-    for (uint rb = GROUP_ID * ROWS; rb < ROWS_PER_WG; rb += NUM_GROUPS * ROWS) {
-        for (uint v = 0u; v < ROWS * MCOLS; v++) acc[v] = 0.0;
-        if (VEC4) accumulate_vec4(wg_row0 + rb);
-        else accumulate_scalar(wg_row0 + rb);
-        reduce_and_store(wg_row0 + rb);
-    }
-}
+#include "matvec_main.glsl"

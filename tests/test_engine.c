@@ -972,11 +972,17 @@ static void test_layer_counts(void **state) {
     uint64_t layers = s1.layers - s0.layers;
     assert_int_equal(layers, (uint64_t)m->cfg.n_layers);
     /* rmsnorm, q/k/v (one), rope_kv_store, attention, wo, rmsnorm, gate/up (one), swiglu, w2 */
-    /* fused where decode takes the tiled kernel (CPU drivers with subgroup ops); GPUs decode
-     * through matvec, one dispatch per product (no matvec MULTI yet): 12 */
+    /* q/k/v and gate/up fused (9) where decode takes the one-row tiles (CPU drivers with
+     * subgroup ops) or the matvec kernels on a GPU (matvec MULTI); CPU drivers' matvec
+     * decode (without subgroups, VKSWARM_MATMUL_DIRECT=0) stays one dispatch per product (12);
+     * VKSWARM_MATMUL_FUSE=0|1 never / always fuses (ops.c) */
     const vks_device_info *info = vks_gpu_info(gpu);
-    bool fused = info->type == VKS_DEVTYPE_CPU && info->subgroup_arith && info->subgroup_ballot &&
-                 !getenv("VKSWARM_NO_SUBGROUP") && !getenv("VKSWARM_MATMUL_DIRECT") && !getenv("VKSWARM_MATMUL_FUSE");
+    const char *direct = getenv("VKSWARM_MATMUL_DIRECT"), *fuse = getenv("VKSWARM_MATMUL_FUSE"),
+               *f16 = getenv("VKSWARM_FP16_MATH");
+    bool cpu = info->type == VKS_DEVTYPE_CPU;
+    bool tiles = cpu && info->subgroup_arith && info->subgroup_ballot && !getenv("VKSWARM_NO_SUBGROUP") &&
+                 !(direct && !strcmp(direct, "0")) && !(f16 && !strcmp(f16, "1") && info->fp16_arith);
+    bool fused = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? fuse[0] == '1' : tiles || !cpu;
     assert_int_equal(s1.layer_dispatches - s0.layer_dispatches, (fused ? 9 : 12) * layers);
     assert_int_equal(s1.layer_barriers - s0.layer_barriers, 9 * layers);
     free(logits);

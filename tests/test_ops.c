@@ -30,7 +30,11 @@ struct op_case {
     double tol;                /* nmse threshold */
     union {
         struct { uint32_t M, N, K; vks_dtype dtype; bool accumulate_window, half_exact; } matmul;
-        struct { uint32_t M, K, N[3]; int parts; vks_dtype dtype; vks_matmul_kind kind; bool accumulate; } multi;
+        struct {
+            uint32_t M, K, N[3]; int parts; vks_dtype dtype; vks_matmul_kind kind; bool accumulate;
+            int path; /* MV_GPU, MV_SHARED: decode through the matvec kernels (run_matmul_multi) */
+            bool mixed; vks_dtype dtype_rest; /* mixed: products 1, 2 of dtype_rest */
+        } multi;
         struct { uint32_t tokens, dim, vocab; vks_dtype dtype; bool chunk; } embed;
         struct { uint32_t R, D; bool in_place; } rows;       /* rmsnorm, bias_add */
         struct { uint32_t R, heads, head_dim, max_pos, mode; } rope;
@@ -159,6 +163,36 @@ static void run_matmul(const op_case *tc) {
     vks_buffer_destroy(bx); vks_buffer_destroy(bw); vks_buffer_destroy(by);
 }
 
+/* The matvec paths a matmul_multi row can force: MV_GPU the subgroup matvec
+ * kernels that GPUs decode with (VKSWARM_MATMUL_DIRECT=0: CPU drivers then
+ * decode every type through them), MV_SHARED their shared-memory variant
+ * (VKSWARM_NO_SUBGROUP, as well). */
+enum { MV_DEFAULT, MV_GPU, MV_SHARED };
+
+/* The suite's ops, or (path) ops of their own made with the path's
+ * environment; the caller destroys those. */
+static vks_ops *ops_with_path(int path) {
+    if (path == MV_DEFAULT) return ops;
+    vks_ops *o;
+    setenv("VKSWARM_MATMUL_DIRECT", "0", 1);
+    if (path == MV_SHARED) setenv("VKSWARM_NO_SUBGROUP", "1", 1);
+    assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
+    unsetenv("VKSWARM_MATMUL_DIRECT");
+    if (path == MV_SHARED) unsetenv("VKSWARM_NO_SUBGROUP");
+    return o;
+}
+
+/* Whether decode of dtype takes the 8-row matmul tiles (ops.c: CPU drivers
+ * with subgroup broadcasts, DIRECT, f32 arithmetic, f32/f16/bf16/q8_0), not
+ * the matvec kernels. */
+static bool decode_by_tiles(int path, vks_dtype dtype) {
+    const vks_device_info *info = vks_gpu_info(gpu);
+    const char *direct = getenv("VKSWARM_MATMUL_DIRECT");
+    return path == MV_DEFAULT && info->type == VKS_DEVTYPE_CPU && info->subgroup_arith && info->subgroup_ballot &&
+           !getenv("VKSWARM_NO_SUBGROUP") && !(direct && !strcmp(direct, "0")) && !vks_ops_f16_math(ops) &&
+           dtype != VKS_DTYPE_Q4_0 && dtype != VKS_DTYPE_Q4_K;
+}
+
 /* matmul_multi: parts (2-3) products of one x [M,K] with weights [N_i,K] of
  * dtype, each into its own y. Against the float64 reference, and bit for bit
  * against one vks_op_matmul_kind per product (the fused dispatch must not
@@ -166,12 +200,16 @@ static void run_matmul(const op_case *tc) {
  * the kernel allows). accumulate: into y of row stride N_i + 3 at
  * column 2, whose other columns must stay untouched. Prefill then always
  * fuses into one dispatch; decode does where it takes the tiled kernel (CPU
- * drivers, f32/f16/bf16/q8_0), else one dispatch per product. */
+ * drivers, f32/f16/bf16/q8_0) and through the matvec kernels (one dispatch
+ * per 8 rows, where those rows' bindings are aligned), and path forces
+ * those (MV_GPU, MV_SHARED). mixed: products 1 and 2 of dtype_rest, never
+ * fused (one dispatch per product). */
 static void run_matmul_multi(const op_case *tc) {
     uint32_t M = tc->multi.M, K = tc->multi.K;
     int n = tc->multi.parts;
     vks_dtype dtype = tc->multi.dtype;
     bool acc = tc->multi.accumulate;
+    vks_ops *o = ops_with_path(tc->multi.path);
     float *x = rand_floats((size_t)M * K, 11, -1, 1);
     vks_buffer *bx = gpu_buffer(x, (size_t)M * K * 4);
     float *w[3], *y0[3];
@@ -180,29 +218,40 @@ static void run_matmul_multi(const op_case *tc) {
     for (int i = 0; i < n; i++) {
         uint32_t N = tc->multi.N[i], ldy = acc ? N + 3 : N;
         w[i] = rand_floats((size_t)N * K, 12 + (uint64_t)i, -1, 1);
-        bw[i] = weight_buffer(w[i], N, K, dtype);
+        vks_dtype t = i && tc->multi.mixed ? tc->multi.dtype_rest : dtype;
+        bw[i] = weight_buffer(w[i], N, K, t);
         y0[i] = acc ? rand_floats((size_t)M * ldy, 20 + (uint64_t)i, -1, 1) : NULL;
         fused[i] = gpu_buffer(y0[i], (size_t)M * ldy * 4);
         alone[i] = gpu_buffer(y0[i], (size_t)M * ldy * 4);
-        p[i] = (vks_matmul_part){.W = bind(bw[i]), .dtype = dtype, .y = bind(fused[i]), .N = N, .ldy = ldy,
+        p[i] = (vks_matmul_part){.W = bind(bw[i]), .dtype = t, .y = bind(fused[i]), .N = N, .ldy = ldy,
                                  .y_col0 = acc ? 2 : 0};
     }
     vks_cmd *c = begin();
     vks_cmd_counts k0, k1, k2;
     vks_cmd_counts_get(c, &k0);
-    assert_int_equal(vks_op_matmul_multi(ops, c, bind(bx), p, n, M, K, acc, tc->multi.kind), VKS_OK);
+    assert_int_equal(vks_op_matmul_multi(o, c, bind(bx), p, n, M, K, acc, tc->multi.kind), VKS_OK);
     vks_cmd_counts_get(c, &k1);
     for (int i = 0; i < n; i++)
-        assert_int_equal(vks_op_matmul_kind(ops, c, bind(bx), bind(bw[i]), dtype, bind(alone[i]), M, p[i].N, K, p[i].ldy,
+        assert_int_equal(vks_op_matmul_kind(o, c, bind(bx), bind(bw[i]), p[i].dtype, bind(alone[i]), M, p[i].N, K, p[i].ldy,
                                             p[i].y_col0, acc, tc->multi.kind), VKS_OK);
     vks_cmd_counts_get(c, &k2);
     submit(c);
     uint64_t n_fused = k1.dispatches - k0.dispatches, n_alone = k2.dispatches - k1.dispatches;
     if (getenv("VKSWARM_TEST_VERBOSE")) fprintf(stderr, "%s: %llu dispatches (alone: %llu)\n", tc->name,
                                                 (unsigned long long)n_fused, (unsigned long long)n_alone);
-    assert_true(n_fused == 1 || n_fused == n_alone);
-    if (tc->multi.kind == VKS_MATMUL_PREFILL || (tc->multi.kind == VKS_MATMUL_AUTO && M > 8))
+    assert_true(n_fused == 1 || n_fused == n_alone || n_fused == (M + 7) / 8); /* (matvec: per 8 rows) */
+    if (tc->multi.mixed) assert_int_equal(n_fused, n_alone);
+    else if (tc->multi.kind == VKS_MATMUL_PREFILL || (tc->multi.kind == VKS_MATMUL_AUTO && M > 8))
         assert_int_equal(n_fused, 1);
+    const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
+    bool decode = tc->multi.kind == VKS_MATMUL_DECODE || (tc->multi.kind == VKS_MATMUL_AUTO && M <= 8);
+    if (decode && fuse && !strcmp(fuse, "1") && !tc->multi.mixed && !decode_by_tiles(tc->multi.path, dtype)) {
+        /* the matvec kernels: one dispatch per 8 rows (more rows: if every group's bindings are aligned) */
+        size_t align = vks_gpu_info(gpu)->min_storage_align ? vks_gpu_info(gpu)->min_storage_align : 1;
+        bool aligned = (8 * (size_t)K * 4) % align == 0;
+        for (int i = 0; i < n; i++) aligned = aligned && (8 * (size_t)p[i].ldy * 4) % align == 0;
+        assert_int_equal(n_fused, M <= 8 || aligned ? (M + 7) / 8 : n_alone);
+    }
     for (int i = 0; i < n; i++) {
         uint32_t N = p[i].N, ldy = p[i].ldy, col0 = p[i].y_col0;
         size_t ny = (size_t)M * ldy;
@@ -216,7 +265,7 @@ static void run_matmul_multi(const op_case *tc) {
             }
         download(fused[i], got, ny * 4);
         download(alone[i], ref, ny * 4);
-        expect_close(tc->name, got, want, ny, vks_ops_f16_math(ops) ? F16_MATH_NMSE : tc->tol);
+        expect_close(tc->name, got, want, ny, vks_ops_f16_math(o) ? F16_MATH_NMSE : tc->tol);
         if (memcmp(got, ref, ny * 4)) {
             for (size_t e = 0; e < ny; e++)
                 if (memcmp(&got[e], &ref[e], 4)) {
@@ -234,6 +283,7 @@ static void run_matmul_multi(const op_case *tc) {
     }
     free(x);
     vks_buffer_destroy(bx);
+    if (o != ops) vks_ops_destroy(o);
 }
 
 /* embed: R tokens looked up in a table of V rows of D. chunk: the GPU table is
@@ -1033,6 +1083,40 @@ static const op_case cases[] = {
     MULTI("matmul_multi q4_k M8 gate_up K256", .M = 8, .K = 256, GATE_UP(130), .dtype = Q4_K),
     MULTI("matmul_multi q4_k M65 qkv K256 accumulate", .M = 65, .K = 256, QKV(131, 33), .dtype = Q4_K,
           .accumulate = true),
+    /* the matvec kernels' MULTI variants: GPUs' decode (forced here on CPU drivers: MV_GPU with
+     * subgroups, MV_SHARED without), q4_0 / q4_k decode everywhere; more than 8 rows in groups of 8 */
+    MULTI("matmul_multi f32 M1 qkv K67 matvec", .M = 1, .K = 67, QKV(67, 29), .dtype = F32, .path = MV_GPU),
+    MULTI("matmul_multi f32 M3 qkv wide K64 matvec", .M = 3, .K = 64, QKV(300, 20), .dtype = F32, .path = MV_GPU),
+    MULTI("matmul_multi f32 M12 decode qkv accumulate matvec", .M = 12, .K = 64, QKV(67, 29), .dtype = F32,
+          .kind = VKS_MATMUL_DECODE, .accumulate = true, .path = MV_GPU),
+    MULTI("matmul_multi f16 M1 gate_up K64 matvec", .M = 1, .K = 64, GATE_UP(130), .dtype = F16, .path = MV_GPU),
+    MULTI("matmul_multi bf16 M2 qkv K67 matvec", .M = 2, .K = 67, QKV(67, 29), .dtype = BF16, .path = MV_GPU),
+    MULTI("matmul_multi q8_0 M1 qkv K96 matvec", .M = 1, .K = 96, QKV(67, 29), .dtype = Q8_0, .path = MV_GPU),
+    MULTI("matmul_multi q8_0 M8 gate_up accumulate matvec", .M = 8, .K = 64, GATE_UP(67), .dtype = Q8_0,
+          .accumulate = true, .path = MV_GPU),
+    MULTI("matmul_multi q4_0 M5 gate_up K96 accumulate", .M = 5, .K = 96, GATE_UP(67), .dtype = Q4_0,
+          .accumulate = true),
+    MULTI("matmul_multi q4_0 M12 decode qkv", .M = 12, .K = 64, QKV(67, 29), .dtype = Q4_0,
+          .kind = VKS_MATMUL_DECODE),
+    MULTI("matmul_multi q4_k M3 qkv K512 accumulate", .M = 3, .K = 512, QKV(37, 13), .dtype = Q4_K,
+          .accumulate = true),
+    /* mixed weight types: one dispatch per product */
+    MULTI("matmul_multi q4_0 M1 qkv mixed q8_0 matvec", .M = 1, .K = 64, QKV(67, 29), .dtype = Q4_0, .mixed = true,
+          .dtype_rest = Q8_0, .path = MV_GPU),
+    MULTI("matmul_multi f32 M17 gate_up mixed f16", .M = 17, .K = 64, GATE_UP(130), .dtype = F32, .mixed = true,
+          .dtype_rest = F16),
+    MULTI("matmul_multi f32 M1 qkv K67 matvec shared", .M = 1, .K = 67, QKV(67, 29), .dtype = F32,
+          .path = MV_SHARED),
+    MULTI("matmul_multi f16 M8 qkv K64 matvec shared", .M = 8, .K = 64, QKV(67, 29), .dtype = F16,
+          .path = MV_SHARED),
+    MULTI("matmul_multi bf16 M1 gate_up K64 matvec shared", .M = 1, .K = 64, GATE_UP(130), .dtype = BF16,
+          .accumulate = true, .path = MV_SHARED),
+    MULTI("matmul_multi q8_0 M12 decode gate_up accumulate matvec shared", .M = 12, .K = 64, GATE_UP(67),
+          .dtype = Q8_0, .kind = VKS_MATMUL_DECODE, .accumulate = true, .path = MV_SHARED),
+    MULTI("matmul_multi q4_0 M2 qkv K96 matvec shared", .M = 2, .K = 96, QKV(67, 29), .dtype = Q4_0,
+          .path = MV_SHARED),
+    MULTI("matmul_multi q4_k M1 gate_up K256 matvec shared", .M = 1, .K = 256, GATE_UP(130), .dtype = Q4_K,
+          .path = MV_SHARED),
     EMBED("embed q8_0", .tokens = 9, .dim = 96, .vocab = 100, .dtype = Q8_0),
     EMBED("embed q4_0 chunk", .tokens = 17, .dim = 64, .vocab = 90, .dtype = Q4_0, .chunk = true),
     EMBED("embed q4_k chunk", .tokens = 17, .dim = 512, .vocab = 30, .dtype = Q4_K, .chunk = true),

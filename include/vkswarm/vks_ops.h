@@ -80,11 +80,14 @@ int vks_op_matmul_kind(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks
  * as vks_op_matmul_kind(x, W, dtype, y, M, N, K, ldy, y_col0, accumulate,
  * kind) would write it, bit for bit. Recorded as one dispatch where every part
  * takes the same matmul.comp kernel alone (same dtype; prefill, or decode
- * through the tiled kernel on CPU drivers), else one dispatch per part
- * (matvec kernels, mixed dtypes). CPU drivers fuse only one-row decode (the
- * 8-row tiles were slower fused there); VKSWARM_MATMUL_FUSE=0 never fuses,
- * =1 fuses wherever the kernel allows. No y may overlap x, a W or another y (the
- * whole bindings are compared). */
+ * through the tiled kernel on CPU drivers), as one dispatch per 8 rows where
+ * every part's decode takes the same matvec / matvec_q kernel (same dtype and
+ * alignment: decode on GPUs, q4_0 / q4_k decode on CPU drivers), else one
+ * dispatch per part (mixed dtypes or paths). CPU drivers fuse only one-row
+ * decode through the tiles (the 8-row tiles and the matvec kernels were slower
+ * fused on lavapipe); VKSWARM_MATMUL_FUSE=0 never fuses, =1 fuses wherever the
+ * kernel allows. No y may overlap x, a W or another y (the whole bindings are
+ * compared). */
 #define VKS_MATMUL_MAX_PARTS 3
 typedef struct {
     vks_binding W;

@@ -102,6 +102,10 @@ static void choose_matmul_tiles(vks_ops *o) {
      * fuses, =1 fuses wherever the kernel allows (test_ops tests the kernels so). */
     const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
     o->mm_fuse = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? (fuse[0] == '1' ? 2 : 0) : 1;
+    /* ... and the matvec / matvec_q kernels' MULTI variants (decode on GPUs, and
+     * q4_0 / q4_k decode on CPU drivers): on GPUs only; on lavapipe the fused
+     * q4_0 / q4_k dispatch took 1.2-3.3x the time of separate ones (BENCHMARKS.md) */
+    o->mv_fuse = o->mm_fuse == 2 || (o->mm_fuse == 1 && o->info.type != VKS_DEVTYPE_CPU);
 }
 
 static void choose_matvec(vks_ops *o) {
@@ -266,6 +270,13 @@ static int check_matmul_args(vks_ops *o, vks_binding x, vks_binding W, vks_dtype
     return rc;
 }
 
+/* Whether matvec.comp uses 16-byte vector loads: whole vectors per row and
+ * aligned bindings (plain types; matvec_q.comp always does). */
+static uint32_t matvec_vec4(vks_dtype dtype, vks_binding x, vks_binding W, uint32_t K) {
+    uint32_t elems_per_vec4 = dtype == VKS_DTYPE_F32 ? 4 : 8;
+    return K % elems_per_vec4 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
+}
+
 static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, vks_dtype dtype,
                          vks_binding y, const uint32_t push[6]) {
     uint32_t M = push[0], N = push[1], K = push[2];
@@ -277,9 +288,7 @@ static int record_matvec(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W, v
         return vks_ops_dispatch(o, c, name, spec, 4, b, 3, push, 6 * sizeof(uint32_t),
                         ceil_div(N, o->mv_rows_per_wg), "matvec");
     }
-    /* 16-byte vector loads need whole vectors per row and aligned bindings. */
-    uint32_t elems_per_vec4 = dtype == VKS_DTYPE_F32 ? 4 : 8;
-    bool vec4 = K % elems_per_vec4 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
+    uint32_t vec4 = matvec_vec4(dtype, x, W, K);
     snprintf(name, sizeof name, "matvec_%s%s", vks_ops_dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
     uint32_t spec[] = {o->mv_wg, o->mv_rows, M, vec4, o->mv_rows_per_wg};
     return vks_ops_dispatch(o, c, name, spec, 5, b, 3, push, 6 * sizeof(uint32_t),
@@ -414,6 +423,35 @@ static int dispatch_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vk
     return vks_ops_dispatch(o, c, name, spec, 8, b, 7, push, sizeof push, tiles, label);
 }
 
+/* One matvec_<type>[_sg]_multi dispatch for M <= MATVEC_MAX_M rows of x
+ * from row m0 (x and every y bound at that row): matrix i's workgroups of
+ * mv_rows_per_wg rows after those of matrices 0..i-1, each as in
+ * record_matvec's single dispatch. Unused slots repeat matrix 0's bindings. */
+static int dispatch_matvec_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_part *p, int n,
+                                 uint32_t m0, uint32_t M, uint32_t K, bool accumulate) {
+    vks_dtype dtype = p[0].dtype;
+    char name[40];
+    snprintf(name, sizeof name, "matvec_%s%s_multi", vks_ops_dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
+    uint32_t push[13] = {M, K, accumulate ? 1u : 0u, (uint32_t)n};
+    vks_binding b[7] = {{x.buf, x.offset + (size_t)m0 * K * 4, 0}};
+    uint64_t groups = 0;
+    for (int i = 0; i < 3; i++) {
+        const vks_matmul_part *q = &p[i < n ? i : 0];
+        push[4 + i] = q->N;
+        push[7 + i] = q->ldy;
+        push[10 + i] = q->y_col0;
+        b[1 + 2 * i] = q->W;
+        b[2 + 2 * i] = (vks_binding){q->y.buf, q->y.offset + (size_t)m0 * q->ldy * 4, 0};
+        if (i < n) groups += ceil_div(q->N, o->mv_rows_per_wg);
+    }
+    if (vks_ops_is_block_type(dtype)) {
+        uint32_t spec[] = {o->mv_wg, o->mv_rows, M, o->mv_rows_per_wg};
+        return vks_ops_dispatch(o, c, name, spec, 4, b, 7, push, sizeof push, groups, "matvec");
+    }
+    uint32_t spec[] = {o->mv_wg, o->mv_rows, M, matvec_vec4(dtype, b[0], p[0].W, K), o->mv_rows_per_wg};
+    return vks_ops_dispatch(o, c, name, spec, 5, b, 7, push, sizeof push, groups, "matvec");
+}
+
 int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_part *parts, int n_parts,
                         uint32_t M, uint32_t K, bool accumulate, vks_matmul_kind kind) {
     if (!o || !c || !parts) return vks_set_error(VKS_ERR_ARG, "matmul_multi: NULL argument");
@@ -463,7 +501,23 @@ int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_
         return dispatch_matmul_multi(o, c, x, parts, n_parts, M, K, accumulate, variant, o->mm_bm, o->mm_bn,
                                      o->mm_tm, o->mm_tn, o->mm_direct, "matmul");
     }
-    /* matvec / matvec_q kernels, mixed weight types: one dispatch per product */
+    /* decode through matvec / matvec_q (record_matvec, record_matvec_groups):
+     * fused in groups of MATVEC_MAX_M rows where every product takes that path
+     * with the same constants */
+    bool matvec = kind == VKS_MATMUL_DECODE && !decode_mm;
+    for (int i = 0; i < n_parts && matvec; i++)
+        matvec = parts[i].dtype == dtype &&
+                 (vks_ops_is_block_type(dtype) || matvec_vec4(dtype, x, parts[i].W, K) == matvec_vec4(dtype, x, parts[0].W, K)) &&
+                 (M <= MATVEC_MAX_M || matvec_groups_aligned(o, x, parts[i].y, K, parts[i].ldy));
+    if (n_parts > 1 && matvec && o->mv_fuse) {
+        for (uint32_t m0 = 0; m0 < M; m0 += MATVEC_MAX_M) {
+            int rc = dispatch_matvec_multi(o, c, x, parts, n_parts, m0, M - m0 < MATVEC_MAX_M ? M - m0 : MATVEC_MAX_M,
+                                           K, accumulate);
+            if (rc) return rc;
+        }
+        return VKS_OK;
+    }
+    /* mixed weight types or paths, unfused paths: one dispatch per product */
     for (int i = 0; i < n_parts; i++) {
         const vks_matmul_part *p = &parts[i];
         int rc = vks_op_matmul_kind(o, c, x, p->W, p->dtype, p->y, M, p->N, K, p->ldy, p->y_col0, accumulate, kind);

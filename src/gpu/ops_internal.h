@@ -39,6 +39,7 @@ struct vks_ops {
     /* vks_op_matmul_multi: 0 = one dispatch per product, 1 = fused where the
      * kernel has one-row tiles or runs staged (GPUs), 2 = fused wherever it applies */
     int mm_fuse;
+    bool mv_fuse; /* vks_op_matmul_multi fuses the matvec kernels (choose_matmul_tiles) */
 };
 
 static inline uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }
