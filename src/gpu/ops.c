@@ -102,6 +102,9 @@ static void choose_matmul_tiles(vks_ops *o) {
      * fuses, =1 fuses wherever the kernel allows (test_ops tests the kernels so). */
     const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
     o->mm_fuse = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? (fuse[0] == '1' ? 2 : 0) : 1;
+    /* vks_op_matmul_swiglu: where matmul_multi fuses gate and up (BENCHMARKS.md) */
+    const char *sw = getenv("VKSWARM_SWIGLU_FUSE");
+    o->swiglu_fuse = sw && (!strcmp(sw, "0") || !strcmp(sw, "1")) ? (sw[0] == '1' ? 2 : 0) : 1;
 }
 
 static void choose_matvec(vks_ops *o) {
@@ -397,6 +400,17 @@ static int dispatch_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vk
     return vks_ops_dispatch(o, c, name, spec, 8, b, 7, push, sizeof push, tiles, label);
 }
 
+/* One <variant> (a *_swiglu) dispatch: tiles as dispatch_matmul's, each of
+ * both products (bindings x, W_gate, y, W_up). */
+static int dispatch_matmul_swiglu(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding Wg, vks_binding Wu, vks_binding y,
+                                  const uint32_t push[6], const char *variant, uint32_t bm, uint32_t bn, uint32_t tm,
+                                  uint32_t tn, uint32_t direct, const char *label) {
+    uint32_t spec[] = {(bm / tm) * (bn / tn), bm, bn, o->mm_bk, tm, tn, matmul_vec4(x, Wg, push[2]), direct};
+    vks_binding b[] = {x, Wg, y, Wu};
+    uint64_t tiles = ceil_div(push[0], bm) * ceil_div(push[1], bn);
+    return vks_ops_dispatch(o, c, variant, spec, 8, b, 4, push, 6 * sizeof(uint32_t), tiles, label);
+}
+
 int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_part *parts, int n_parts,
                         uint32_t M, uint32_t K, bool accumulate, vks_matmul_kind kind) {
     if (!o || !c || !parts) return vks_set_error(VKS_ERR_ARG, "matmul_multi: NULL argument");
@@ -453,6 +467,57 @@ int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_
         if (rc) return rc;
     }
     return VKS_OK;
+}
+
+/* ---- gate and up products with SwiGLU in one dispatch (matmul.comp SWIGLU) ---- */
+
+int vks_op_matmul_swiglu(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W_gate, vks_binding W_up,
+                         vks_dtype dtype, vks_binding y, vks_binding u, uint32_t M, uint32_t N, uint32_t K,
+                         vks_matmul_kind kind) {
+    const char *op = "matmul_swiglu";
+    if (!o || !c) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: NULL argument");
+    if ((unsigned)kind > VKS_MATMUL_PREFILL) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: bad kind %d", (int)kind);
+    if ((uint64_t)M * N > UINT32_MAX) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: M*N exceeds 2^32");
+    int rc = check_matmul_args(o, x, W_gate, dtype, y, M, N, K, N, 0);
+    if (!rc) rc = check_matmul_args(o, x, W_up, dtype, y, M, N, K, N, 0);
+    if (!rc) rc = vks_ops_check_range(op, "u", u, (uint64_t)M * N, 4);
+    if (rc) return vks_error_prefix(rc, "matmul_swiglu");
+    const vks_binding outs[2] = {y, u}, ins[3] = {x, W_gate, W_up};
+    const char *out_names[2] = {"y", "u"}, *in_names[3] = {"x", "W_gate", "W_up"};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            if (vks_ops_overlap(outs[i], ins[j]))
+                return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: %s overlaps %s", out_names[i], in_names[j]);
+    if (vks_ops_overlap(y, u)) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: y overlaps u");
+    /* the paths of vks_op_matmul_multi; fused where it would fuse (swiglu_fuse 1)
+     * or wherever it could (2) */
+    vks_matmul_kind k = kind == VKS_MATMUL_AUTO ? (M <= MATVEC_MAX_M ? VKS_MATMUL_DECODE : VKS_MATMUL_PREFILL) : kind;
+    bool same = matmul_vec4(x, W_gate, K) == matmul_vec4(x, W_up, K);
+    bool decode_mm = k == VKS_MATMUL_DECODE && o->mm_decode && !o->mm_f16_math && decode_by_matmul(dtype);
+    bool multi_fuses = o->mm_fuse == 2 || (o->mm_fuse == 1 && (decode_mm ? M == 1 : !o->mm_direct));
+    bool fuse = same && (decode_mm || k == VKS_MATMUL_PREFILL) &&
+                (o->swiglu_fuse == 2 || (o->swiglu_fuse == 1 && multi_fuses));
+    if (fuse) {
+        uint32_t push[6] = {M, N, K, N, 0, 0};
+        char name[40];
+        if (decode_mm) { /* record_matmul_decode's tiles */
+            uint32_t lanes = o->info.subgroup_size > 8 ? o->info.subgroup_size : 8;
+            uint32_t tm = M == 1 ? 1 : 8, tn = N >= 32 * lanes ? 8 : 4;
+            snprintf(name, sizeof name, "matmul_%s_dsg_swiglu", vks_ops_dtype_suffix(dtype));
+            return dispatch_matmul_swiglu(o, c, x, W_gate, W_up, y, push, name, tm, tn * lanes, tm, tn, 1, "matvec");
+        }
+        /* record_matmul_tiled's variant */
+        bool dsg = dtype != VKS_DTYPE_Q4_K && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
+                   o->info.subgroup_ballot && o->mm_tm == 8;
+        snprintf(name, sizeof name, "matmul_%s%s_swiglu", vks_ops_dtype_suffix(dtype),
+                 dsg ? "_dsg" : o->mm_f16_math ? "_h" : "");
+        return dispatch_matmul_swiglu(o, c, x, W_gate, W_up, y, push, name, o->mm_bm, o->mm_bn, o->mm_tm, o->mm_tn,
+                                      o->mm_direct, "matmul");
+    }
+    vks_matmul_part parts[2] = {{.W = W_gate, .dtype = dtype, .y = y, .N = N, .ldy = N},
+                                {.W = W_up, .dtype = dtype, .y = u, .N = N, .ldy = N}};
+    rc = vks_op_matmul_multi(o, c, x, parts, 2, M, K, false, kind);
+    return rc ? rc : vks_op_swiglu(o, c, y, u, y, M * N);
 }
 
 int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uint32_t R,
