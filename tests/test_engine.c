@@ -974,10 +974,12 @@ static void test_layer_counts(void **state) {
     /* fused where decode takes the tiled kernel (CPU drivers with subgroup ops); GPUs decode
      * through matvec, one dispatch per product (no matvec MULTI yet), and swiglu: 12 */
     const vks_device_info *info = vks_gpu_info(gpu);
-    bool fused = info->type == VKS_DEVTYPE_CPU && info->subgroup_arith && info->subgroup_ballot &&
-                 !getenv("VKSWARM_NO_SUBGROUP") && !getenv("VKSWARM_MATMUL_DIRECT") && !getenv("VKSWARM_MATMUL_FUSE");
-    bool swiglu = fused && !getenv("VKSWARM_SWIGLU_FUSE");
-    assert_int_equal(s1.layer_dispatches - s0.layer_dispatches, (swiglu ? 8 : fused ? 9 : 12) * layers);
+    bool tiled = info->type == VKS_DEVTYPE_CPU && info->subgroup_arith && info->subgroup_ballot &&
+                 !getenv("VKSWARM_NO_SUBGROUP") && !getenv("VKSWARM_MATMUL_DIRECT");
+    bool fused = tiled && !getenv("VKSWARM_MATMUL_FUSE"), swiglu = tiled && !getenv("VKSWARM_SWIGLU_FUSE");
+    /* 6 single dispatches, q/k/v, gate/up(/swiglu) */
+    uint64_t per_layer = 6 + (fused ? 1 : 3) + (swiglu ? 1 : (fused ? 1 : 2) + 1);
+    assert_int_equal(s1.layer_dispatches - s0.layer_dispatches, per_layer * layers);
     assert_int_equal(s1.layer_barriers - s0.layer_barriers, (swiglu ? 8 : 9) * layers);
     free(logits);
     vks_engine_destroy(e);

@@ -238,8 +238,8 @@ static void run_matmul_multi(const op_case *tc) {
 /* matmul_swiglu: silu(x Wg^T) * (x Wu^T), x [M,K] in [-x_range, x_range]
  * (1 if 0; large ranges give |g| past exp's range), Wg, Wu [N,K] of dtype.
  * Against the float64 reference, and bit for bit against vks_op_matmul_multi
- * of the two followed by vks_op_swiglu (main sets VKSWARM_SWIGLU_FUSE=1:
- * fused wherever the kernel allows; prefill always is). */
+ * of the two followed by vks_op_swiglu (fused wherever the kernel allows;
+ * prefill always is). */
 static void run_matmul_swiglu(const op_case *tc) {
     uint32_t M = tc->swiglu_mm.M, N = tc->swiglu_mm.N, K = tc->swiglu_mm.K;
     vks_dtype dtype = tc->swiglu_mm.dtype;
@@ -1247,7 +1247,6 @@ int main(void) {
     /* matmul_multi rows test the fused kernels on every path they exist for
      * (CPU drivers otherwise keep the 8-row tiles as separate dispatches) */
     setenv("VKSWARM_MATMUL_FUSE", "1", 0);
-    setenv("VKSWARM_SWIGLU_FUSE", "1", 0); /* matmul_swiglu rows likewise */
     struct CMUnitTest tests[N_CASES];
     size_t n = 0;
     for (size_t i = 0; i < N_CASES; i++)

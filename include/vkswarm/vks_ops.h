@@ -99,9 +99,9 @@ int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_
  * W dtype [N, K], y f32 [M, N]), the bits of vks_op_matmul_multi of the two
  * (kind as there) into y and u followed by vks_op_swiglu(y, u, y, M * N).
  * One dispatch (matmul.comp SWIGLU: each workgroup computes the same tile of
- * both products) where vks_op_matmul_multi would fuse the two into one
- * matmul.comp dispatch (prefill; one-row decode on CPU drivers), else, or with
- * VKSWARM_SWIGLU_FUSE=0, those two ops: u is their scratch for the up
+ * both products) wherever the products alone take the tiled matmul.comp
+ * (prefill; decode of f32/f16/bf16/q8_0 on CPU drivers), else (the matvec
+ * kernels of decode), or with VKSWARM_SWIGLU_FUSE=0, those two ops: u is their scratch for the up
  * product, M * N floats (undefined afterwards). y and u may not overlap x, a
  * W or each other (the whole bindings are compared). */
 int vks_op_matmul_swiglu(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W_gate, vks_binding W_up,

@@ -102,9 +102,11 @@ static void choose_matmul_tiles(vks_ops *o) {
      * fuses, =1 fuses wherever the kernel allows (test_ops tests the kernels so). */
     const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
     o->mm_fuse = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? (fuse[0] == '1' ? 2 : 0) : 1;
-    /* vks_op_matmul_swiglu: where matmul_multi fuses gate and up (BENCHMARKS.md) */
+    /* vks_op_matmul_swiglu: fused wherever the kernel applies, on CPU drivers too
+     * (lavapipe: 0.5-0.95x the time of matmul_multi + swiglu at one and 8 rows,
+     * 0.74-1.06x in prefill tiles, BENCHMARKS.md); VKSWARM_SWIGLU_FUSE=0 never fuses */
     const char *sw = getenv("VKSWARM_SWIGLU_FUSE");
-    o->swiglu_fuse = sw && (!strcmp(sw, "0") || !strcmp(sw, "1")) ? (sw[0] == '1' ? 2 : 0) : 1;
+    o->swiglu_fuse = !(sw && !strcmp(sw, "0"));
 }
 
 static void choose_matvec(vks_ops *o) {
@@ -489,14 +491,11 @@ int vks_op_matmul_swiglu(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W_ga
             if (vks_ops_overlap(outs[i], ins[j]))
                 return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: %s overlaps %s", out_names[i], in_names[j]);
     if (vks_ops_overlap(y, u)) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: y overlaps u");
-    /* the paths of vks_op_matmul_multi; fused where it would fuse (swiglu_fuse 1)
-     * or wherever it could (2) */
+    /* fused wherever the products alone take matmul.comp (the paths of vks_op_matmul_kind) */
     vks_matmul_kind k = kind == VKS_MATMUL_AUTO ? (M <= MATVEC_MAX_M ? VKS_MATMUL_DECODE : VKS_MATMUL_PREFILL) : kind;
     bool same = matmul_vec4(x, W_gate, K) == matmul_vec4(x, W_up, K);
     bool decode_mm = k == VKS_MATMUL_DECODE && o->mm_decode && !o->mm_f16_math && decode_by_matmul(dtype);
-    bool multi_fuses = o->mm_fuse == 2 || (o->mm_fuse == 1 && (decode_mm ? M == 1 : !o->mm_direct));
-    bool fuse = same && (decode_mm || k == VKS_MATMUL_PREFILL) &&
-                (o->swiglu_fuse == 2 || (o->swiglu_fuse == 1 && multi_fuses));
+    bool fuse = o->swiglu_fuse && same && (decode_mm || k == VKS_MATMUL_PREFILL);
     if (fuse) {
         uint32_t push[6] = {M, N, K, N, 0, 0};
         char name[40];

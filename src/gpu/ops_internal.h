@@ -37,9 +37,8 @@ struct vks_ops {
     /* vks_op_matmul_multi: 0 = one dispatch per product, 1 = fused where the
      * kernel has one-row tiles or runs staged (GPUs), 2 = fused wherever it applies */
     int mm_fuse;
-    /* vks_op_matmul_swiglu: 0 = never fused, 1 = fused where vks_op_matmul_multi
-     * fuses, 2 = wherever the kernel applies (VKSWARM_SWIGLU_FUSE=0|1: 0 or 2) */
-    int swiglu_fuse;
+    /* vks_op_matmul_swiglu fuses wherever its kernel applies (VKSWARM_SWIGLU_FUSE=0: never) */
+    bool swiglu_fuse;
 };
 
 static inline uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }
