@@ -103,8 +103,8 @@ static void choose_matmul_tiles(vks_ops *o) {
     const char *fuse = getenv("VKSWARM_MATMUL_FUSE");
     o->mm_fuse = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? (fuse[0] == '1' ? 2 : 0) : 1;
     /* vks_op_matmul_swiglu: fused wherever the kernel applies, on CPU drivers too
-     * (lavapipe: 0.5-0.95x the time of matmul_multi + swiglu at one and 8 rows,
-     * 0.74-1.06x in prefill tiles, BENCHMARKS.md); VKSWARM_SWIGLU_FUSE=0 never fuses */
+     * (lavapipe, medians: 0.67-0.92x the time of matmul_multi + swiglu at one and
+     * 8 rows, 0.83-0.94x in prefill tiles, BENCHMARKS.md); VKSWARM_SWIGLU_FUSE=0 never fuses */
     const char *sw = getenv("VKSWARM_SWIGLU_FUSE");
     o->swiglu_fuse = !(sw && !strcmp(sw, "0"));
 }
