@@ -59,6 +59,13 @@ layout(constant_id = 7) const bool DIRECT = false;
 // code on its matrix (matmul_part.glsl, included once per matrix): every
 // output gets the same bits as from a dispatch of its own.
 // Bindings: x = 0; matrix i: W_i = 1 + 2i, y_i = 2 + 2i (7 in all).
+// SWIGLU (the *_swiglu variants, vks_op_matmul_swiglu): the gate product
+// (matrix 0, W = binding 1) and the up product (matrix 1, W = binding 3) of
+// the same x, each workgroup computing the same output tile of both, one after
+// the other, with the single kernel's code (each output's sum in the same
+// order), and writing y[m, y_col0 + n] = silu(g) * u (binding 2) with
+// elementwise.comp OP_SWIGLU's expression: the bits of the two products
+// followed by vks_op_swiglu. The single kernel's push constants (N: both).
 layout(std430, set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(std430, set = 0, binding = 0) readonly buffer X4 { vec4 x4[]; };
 #ifdef MULTI
@@ -77,6 +84,9 @@ shared TILE_VEC xs[DIRECT ? 1u : 2u * BM * BKP];
 // Buffer b: ws[(b BN + nn) BKP + kq] = W[n0 + nn, k0 + 4kq .. +3]
 shared TILE_VEC ws[DIRECT ? 1u : 2u * BN * BKP];
 float acc[TM * TN];
+#ifdef SWIGLU
+float acc_gate[TM * TN];  // matrix 0's finished sums, as its store would read them
+#endif
 
 // 4 consecutive elements of row m of x from k (zero past M or K).
 vec4 x_quad(uint m, uint k) {
@@ -104,6 +114,13 @@ vec4 x_quad(uint m, uint k) {
 #define P_COL0 pc.y_col0
 #endif
 #include "matmul_part.glsl"
+#ifdef SWIGLU
+#undef MAT
+#undef W_BINDING
+#define MAT 1
+#define W_BINDING 3
+#include "matmul_part.glsl"
+#endif
 #ifdef MULTI
 #undef MAT
 #undef W_BINDING
@@ -144,6 +161,9 @@ void main() {
     if (tile < t1) { run_tile1(tile); return; }
     tile -= t1;
     if (pc.parts > 2u) run_tile2(tile);  // bounds-checks its own tiles
+#elif defined(SWIGLU)
+    run_tile0(tile);  // gate sums into acc_gate
+    run_tile1(tile);  // up, then the SwiGLU store
 #else
     run_tile0(tile);
 #endif

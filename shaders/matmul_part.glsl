@@ -1,6 +1,6 @@
 // matmul_part.glsl: matmul.comp's code for one weight matrix MAT (0, 1, 2)
 // with its bindings W_BINDING / Y_BINDING and sizes P_N, P_LDY, P_COL0;
-// included once (single product) or once per matrix (MULTI). Names of this
+// included once (single product) or once per matrix (MULTI, SWIGLU). Names of this
 // copy end in MAT (PN). Element e of W, decoded, is PN(w_element)(e).
 layout(std430, set = 0, binding = W_BINDING) readonly buffer PN(Wb_) { uint PN(w_)[]; };
 layout(std430, set = 0, binding = W_BINDING) readonly buffer PN(W2b_) { uvec2 PN(w2_)[]; };
@@ -136,7 +136,16 @@ void PN(run_tile)(uint tile) {
             uint n = n0 + tx + j * THREADS_N;
             if (n >= P_N) continue;
             uint o = m * P_LDY + P_COL0 + n;
+#if defined(SWIGLU) && MAT == 0
+            // the value the single kernel would store (accumulate is 0)
+            acc_gate[i * TN + j] = (pc.accumulate != 0u ? PN(y_)[o] : 0.0) + acc[i * TN + j];
+#elif defined(SWIGLU)
+            float g = acc_gate[i * TN + j];
+            float u = (pc.accumulate != 0u ? PN(y_)[o] : 0.0) + acc[i * TN + j];
+            PN(y_)[o] = g / (1.0 + exp(-g)) * u;  // elementwise.comp OP_SWIGLU
+#else
             PN(y_)[o] = (pc.accumulate != 0u ? PN(y_)[o] : 0.0) + acc[i * TN + j];
+#endif
         }
     }
 }

@@ -951,9 +951,10 @@ static void test_recordings_replayed(void **state) {
 
 /* The decode forward's shape per layer (Llama, no biases): rmsnorm, q/k/v
  * (one dispatch, vks_op_matmul_multi), rope_kv_store (RoPE fused with the KV
- * write), attention, wo (+= x), rmsnorm, gate/up (one dispatch), swiglu, down
- * (+= x): 9 dispatches and 9 barriers (before the fusions: 14 and 10; with
- * rope_kv_store only: 12 and 9). */
+ * write), attention, wo (+= x), rmsnorm, gate/up with SwiGLU (one dispatch,
+ * vks_op_matmul_swiglu), down (+= x): 8 dispatches and 8 barriers (before the
+ * fusions: 14 and 10; with rope_kv_store only: 12 and 9; with gate/up as one
+ * and a swiglu dispatch: 9 and 9). */
 static void test_layer_counts(void **state) {
     (void)state;
     vks_model *m = odd_random_model(13);
@@ -971,20 +972,24 @@ static void test_layer_counts(void **state) {
     vks_engine_stats_get(e, &s1);
     uint64_t layers = s1.layers - s0.layers;
     assert_int_equal(layers, (uint64_t)m->cfg.n_layers);
-    /* rmsnorm, q/k/v (one), rope_kv_store, attention, wo, rmsnorm, gate/up (one), swiglu, w2 */
-    /* q/k/v and gate/up fused (9) where decode takes the one-row tiles (CPU drivers with
-     * subgroup ops) or the matvec kernels on a GPU (matvec MULTI); CPU drivers' matvec
-     * decode (without subgroups, VKSWARM_MATMUL_DIRECT=0) stays one dispatch per product (12);
-     * VKSWARM_MATMUL_FUSE=0|1 never / always fuses (ops.c) */
+    /* rmsnorm, q/k/v (one), rope_kv_store, attention, wo, rmsnorm, gate/up + swiglu (one), w2 */
+    /* q/k/v and gate/up fused where decode takes the one-row tiles (CPU drivers with subgroup
+     * ops) or the matvec kernels on a GPU (matvec MULTI); CPU drivers' matvec decode (without
+     * subgroups, VKSWARM_MATMUL_DIRECT=0) stays one dispatch per product; VKSWARM_MATMUL_FUSE=0|1
+     * never / always fuses (ops.c). SwiGLU joins gate/up where the tiled kernel runs them
+     * (VKSWARM_SWIGLU_FUSE=0: never), else it is one more dispatch. */
     const vks_device_info *info = vks_gpu_info(gpu);
     const char *direct = getenv("VKSWARM_MATMUL_DIRECT"), *fuse = getenv("VKSWARM_MATMUL_FUSE"),
-               *f16 = getenv("VKSWARM_FP16_MATH");
+               *f16 = getenv("VKSWARM_FP16_MATH"), *sw = getenv("VKSWARM_SWIGLU_FUSE");
     bool cpu = info->type == VKS_DEVTYPE_CPU;
     bool tiles = cpu && info->subgroup_arith && info->subgroup_ballot && !getenv("VKSWARM_NO_SUBGROUP") &&
                  !(direct && !strcmp(direct, "0")) && !(f16 && !strcmp(f16, "1") && info->fp16_arith);
     bool fused = fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "1")) ? fuse[0] == '1' : tiles || !cpu;
-    assert_int_equal(s1.layer_dispatches - s0.layer_dispatches, (fused ? 9 : 12) * layers);
-    assert_int_equal(s1.layer_barriers - s0.layer_barriers, 9 * layers);
+    bool swiglu = tiles && !(sw && !strcmp(sw, "0"));
+    /* 6 single dispatches, q/k/v, gate/up(/swiglu) */
+    uint64_t per_layer = 6 + (fused ? 1 : 3) + (swiglu ? 1 : (fused ? 1 : 2) + 1);
+    assert_int_equal(s1.layer_dispatches - s0.layer_dispatches, per_layer * layers);
+    assert_int_equal(s1.layer_barriers - s0.layer_barriers, (swiglu ? 8 : 9) * layers);
     free(logits);
     vks_engine_destroy(e);
     vks_model_free(m);

@@ -35,6 +35,7 @@ struct op_case {
             int path; /* MV_GPU, MV_SHARED: decode through the matvec kernels (run_matmul_multi) */
             bool mixed; vks_dtype dtype_rest; /* mixed: products 1, 2 of dtype_rest */
         } multi;
+        struct { uint32_t M, N, K; vks_dtype dtype; vks_matmul_kind kind; float x_range; } swiglu_mm;
         struct { uint32_t tokens, dim, vocab; vks_dtype dtype; bool chunk; } embed;
         struct { uint32_t R, D; bool in_place; } rows;       /* rmsnorm, bias_add */
         struct { uint32_t R, heads, head_dim, max_pos, mode; } rope;
@@ -284,6 +285,56 @@ static void run_matmul_multi(const op_case *tc) {
     free(x);
     vks_buffer_destroy(bx);
     if (o != ops) vks_ops_destroy(o);
+}
+
+/* matmul_swiglu: silu(x Wg^T) * (x Wu^T), x [M,K] in [-x_range, x_range]
+ * (1 if 0; large ranges give |g| past exp's range), Wg, Wu [N,K] of dtype.
+ * Against the float64 reference, and bit for bit against vks_op_matmul_multi
+ * of the two followed by vks_op_swiglu (fused wherever the kernel allows;
+ * prefill always is). */
+static void run_matmul_swiglu(const op_case *tc) {
+    uint32_t M = tc->swiglu_mm.M, N = tc->swiglu_mm.N, K = tc->swiglu_mm.K;
+    vks_dtype dtype = tc->swiglu_mm.dtype;
+    vks_matmul_kind kind = tc->swiglu_mm.kind;
+    float r = tc->swiglu_mm.x_range > 0 ? tc->swiglu_mm.x_range : 1.0f;
+    size_t ny = (size_t)M * N;
+    float *x = rand_floats((size_t)M * K, 31, -r, r), *wg = rand_floats((size_t)N * K, 32, -1, 1),
+          *wu = rand_floats((size_t)N * K, 33, -1, 1);
+    vks_buffer *bx = gpu_buffer(x, (size_t)M * K * 4), *bg = weight_buffer(wg, N, K, dtype),
+               *bu = weight_buffer(wu, N, K, dtype);
+    vks_buffer *y = gpu_buffer(NULL, ny * 4), *scratch = gpu_buffer(NULL, ny * 4), *g = gpu_buffer(NULL, ny * 4),
+               *u = gpu_buffer(NULL, ny * 4);
+    vks_matmul_part p[2] = {{.W = bind(bg), .dtype = dtype, .y = bind(g), .N = N, .ldy = N},
+                            {.W = bind(bu), .dtype = dtype, .y = bind(u), .N = N, .ldy = N}};
+    vks_cmd *c = begin();
+    vks_cmd_counts k0, k1;
+    vks_cmd_counts_get(c, &k0);
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(bx), bind(bg), bind(bu), dtype, bind(y), bind(scratch), M, N, K,
+                                          kind), VKS_OK);
+    vks_cmd_counts_get(c, &k1);
+    assert_int_equal(vks_op_matmul_multi(ops, c, bind(bx), p, 2, M, K, false, kind), VKS_OK);
+    assert_int_equal(vks_op_swiglu(ops, c, bind(g), bind(u), bind(g), (uint32_t)ny), VKS_OK);
+    submit(c);
+    uint64_t n_fused = k1.dispatches - k0.dispatches;
+    if (getenv("VKSWARM_TEST_VERBOSE")) fprintf(stderr, "%s: %llu dispatches\n", tc->name, (unsigned long long)n_fused);
+    if (kind == VKS_MATMUL_PREFILL || (kind == VKS_MATMUL_AUTO && M > 8)) assert_int_equal(n_fused, 1);
+    float *want = xmalloc(ny * 4), *got = xmalloc(ny * 4), *ref = xmalloc(ny * 4);
+    vks_ref_matmul_swiglu(x, wg, wu, (int)M, (int)N, (int)K, want);
+    download(y, got, ny * 4);
+    download(g, ref, ny * 4);
+    expect_close(tc->name, got, want, ny, vks_ops_f16_math(ops) ? F16_MATH_NMSE : tc->tol);
+    if (memcmp(got, ref, ny * 4)) {
+        for (size_t e = 0; e < ny; e++)
+            if (memcmp(&got[e], &ref[e], 4)) {
+                fprintf(stderr, "%s: element %zu: fused %.9g, matmul_multi + swiglu %.9g\n", tc->name, e,
+                        (double)got[e], (double)ref[e]);
+                break;
+            }
+        fail();
+    }
+    free(x); free(wg); free(wu); free(want); free(got); free(ref);
+    vks_buffer_destroy(bx); vks_buffer_destroy(bg); vks_buffer_destroy(bu); vks_buffer_destroy(y);
+    vks_buffer_destroy(scratch); vks_buffer_destroy(g); vks_buffer_destroy(u);
 }
 
 /* embed: R tokens looked up in a table of V rows of D. chunk: the GPU table is
@@ -960,6 +1011,31 @@ static void run_bad_args(const op_case *tc) {
     mp[1].y = hi;
     mp[1].W = bind(b2); /* part 2 writes W of part 1 */
     assert_int_equal(vks_op_matmul_multi(ops, c, bind(b), mp, 3, 2, 4, false, VKS_MATMUL_AUTO), VKS_ERR_ARG);
+    /* matmul_swiglu: y or u overlapping x, a W or each other; sizes; u too small; bad kind */
+    vks_binding W2 = {b, 0, 64}; /* 4 x 4 f32 */
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), W2, W2, VKS_DTYPE_F32, lo, hi, 2, 4, 4, VKS_MATMUL_AUTO),
+                     VKS_OK);
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), W2, W2, VKS_DTYPE_F32, lo, hi, 2, 4, 4, VKS_MATMUL_PREFILL),
+                     VKS_OK);
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), W2, W2, VKS_DTYPE_F32, lo, lo, 2, 4, 4, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG); /* y = u */
+    assert_non_null(strstr(vks_last_error(), "overlaps"));
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b2), W2, W2, VKS_DTYPE_F32, lo, bind(b), 2, 4, 4,
+                                          VKS_MATMUL_AUTO), VKS_ERR_ARG); /* u = W */
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), bind(b2), bind(b2), VKS_DTYPE_F32, lo, bind(b), 2, 4, 4,
+                                          VKS_MATMUL_AUTO), VKS_ERR_ARG); /* u = x */
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), W2, bind(b3), VKS_DTYPE_F32, lo, bind(b2), 2, 4, 4,
+                                          VKS_MATMUL_AUTO), VKS_ERR_ARG); /* y inside W_up */
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), W2, W2, VKS_DTYPE_F32, lo, hi, 0, 4, 4, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), W2, W2, VKS_DTYPE_F32, lo, (vks_binding){b3, 512, 16}, 2,
+                                          4, 4, VKS_MATMUL_AUTO), VKS_ERR_ARG); /* u: 4 of 8 floats */
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), W2, W2, VKS_DTYPE_F32, lo, hi, 2, 4, 4, (vks_matmul_kind)7),
+                     VKS_ERR_ARG);
+    assert_int_equal(vks_op_matmul_swiglu(ops, c, bind(b), W2, W2, VKS_DTYPE_Q4_0, lo, hi, 2, 4, 4, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG); /* K = 4: not whole blocks */
+    assert_int_equal(vks_op_matmul_swiglu(NULL, c, bind(b), W2, W2, VKS_DTYPE_F32, lo, hi, 2, 4, 4, VKS_MATMUL_AUTO),
+                     VKS_ERR_ARG);
     assert_int_equal(vks_op_embed(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_K, 0, 2, 128, bind(b), 1),
                      VKS_ERR_ARG); /* D = 128 is half a block */
     assert_int_equal(vks_op_embed(ops, c, bind(b), bind(b), VKS_DTYPE_Q4_K, 0, 8, 256, bind(b), 1),
@@ -995,6 +1071,7 @@ static void run_bad_args(const op_case *tc) {
 /* Families whose limit is the same for every row; the shape is named in the row. */
 #define MATMUL(nm, ...) {nm, run_matmul, .tol = 1e-11, .matmul = {__VA_ARGS__}}
 #define MULTI(nm, ...) {nm, run_matmul_multi, .tol = 1e-11, .multi = {__VA_ARGS__}}
+#define SWIGLU_MM(nm, ...) {nm, run_matmul_swiglu, .tol = 1e-11, .swiglu_mm = {__VA_ARGS__}}
 #define QKV(a, b) .parts = 3, .N = {a, b, b}
 #define GATE_UP(a) .parts = 2, .N = {a, a}
 #define EMBED(nm, ...) {nm, run_embed, .tol = 0, .embed = {__VA_ARGS__}}
@@ -1117,6 +1194,34 @@ static const op_case cases[] = {
           .path = MV_SHARED),
     MULTI("matmul_multi q4_k M1 gate_up K256 matvec shared", .M = 1, .K = 256, GATE_UP(130), .dtype = Q4_K,
           .path = MV_SHARED),
+    SWIGLU_MM("matmul_swiglu f32 M1 N131 K67", .M = 1, .N = 131, .K = 67, .dtype = F32),
+    SWIGLU_MM("matmul_swiglu f32 M8 N67 K67", .M = 8, .N = 67, .K = 67, .dtype = F32),
+    SWIGLU_MM("matmul_swiglu f32 M17 N131 K67", .M = 17, .N = 131, .K = 67, .dtype = F32),
+    SWIGLU_MM("matmul_swiglu f32 M70 N131 K67", .M = 70, .N = 131, .K = 67, .dtype = F32),
+    SWIGLU_MM("matmul_swiglu f16 M1 N131 K67", .M = 1, .N = 131, .K = 67, .dtype = F16),
+    SWIGLU_MM("matmul_swiglu f16 M8 N67 K67", .M = 8, .N = 67, .K = 67, .dtype = F16),
+    SWIGLU_MM("matmul_swiglu f16 M17 N131 K67", .M = 17, .N = 131, .K = 67, .dtype = F16),
+    SWIGLU_MM("matmul_swiglu f16 M70 N131 K67", .M = 70, .N = 131, .K = 67, .dtype = F16),
+    SWIGLU_MM("matmul_swiglu bf16 M1 N131 K67", .M = 1, .N = 131, .K = 67, .dtype = BF16),
+    SWIGLU_MM("matmul_swiglu bf16 M8 N67 K67", .M = 8, .N = 67, .K = 67, .dtype = BF16),
+    SWIGLU_MM("matmul_swiglu bf16 M17 N131 K67", .M = 17, .N = 131, .K = 67, .dtype = BF16),
+    SWIGLU_MM("matmul_swiglu bf16 M70 N131 K67", .M = 70, .N = 131, .K = 67, .dtype = BF16),
+    SWIGLU_MM("matmul_swiglu q8_0 M1 N131 K96", .M = 1, .N = 131, .K = 96, .dtype = Q8_0),
+    SWIGLU_MM("matmul_swiglu q8_0 M8 N67 K96", .M = 8, .N = 67, .K = 96, .dtype = Q8_0),
+    SWIGLU_MM("matmul_swiglu q8_0 M17 N131 K96", .M = 17, .N = 131, .K = 96, .dtype = Q8_0),
+    SWIGLU_MM("matmul_swiglu q8_0 M70 N131 K96", .M = 70, .N = 131, .K = 96, .dtype = Q8_0),
+    SWIGLU_MM("matmul_swiglu q4_0 M1 N131 K96", .M = 1, .N = 131, .K = 96, .dtype = Q4_0),
+    SWIGLU_MM("matmul_swiglu q4_0 M8 N67 K96", .M = 8, .N = 67, .K = 96, .dtype = Q4_0),
+    SWIGLU_MM("matmul_swiglu q4_0 M17 N131 K96", .M = 17, .N = 131, .K = 96, .dtype = Q4_0),
+    SWIGLU_MM("matmul_swiglu q4_0 M70 N131 K96", .M = 70, .N = 131, .K = 96, .dtype = Q4_0),
+    SWIGLU_MM("matmul_swiglu q4_k M1 N131 K256", .M = 1, .N = 131, .K = 256, .dtype = Q4_K),
+    SWIGLU_MM("matmul_swiglu q4_k M8 N67 K256", .M = 8, .N = 67, .K = 256, .dtype = Q4_K),
+    SWIGLU_MM("matmul_swiglu q4_k M17 N131 K256", .M = 17, .N = 131, .K = 256, .dtype = Q4_K),
+    SWIGLU_MM("matmul_swiglu q4_k M70 N131 K256", .M = 70, .N = 131, .K = 256, .dtype = Q4_K),
+    /* |g| up to ~100: exp(-g) overflowing and underflowing, on both paths */
+    SWIGLU_MM("matmul_swiglu f32 M70 N131 K64 large", .M = 70, .N = 131, .K = 64, .dtype = F32, .x_range = 24),
+    SWIGLU_MM("matmul_swiglu f32 M1 N300 K64 large", .M = 1, .N = 300, .K = 64, .dtype = F32, .x_range = 24),
+    SWIGLU_MM("matmul_swiglu q8_0 M12 decode N67 K64", .M = 12, .N = 67, .K = 64, .dtype = Q8_0, .kind = VKS_MATMUL_DECODE),
     EMBED("embed q8_0", .tokens = 9, .dim = 96, .vocab = 100, .dtype = Q8_0),
     EMBED("embed q4_0 chunk", .tokens = 17, .dim = 64, .vocab = 90, .dtype = Q4_0, .chunk = true),
     EMBED("embed q4_k chunk", .tokens = 17, .dim = 512, .vocab = 30, .dtype = Q4_K, .chunk = true),

@@ -97,6 +97,19 @@ typedef struct {
 } vks_matmul_part;
 int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_part *parts, int n_parts,
                         uint32_t M, uint32_t K, bool accumulate, vks_matmul_kind kind);
+/* The gate and up products of a SwiGLU FFN fused with the SwiGLU itself:
+ * y[m, n] = silu(g) * u with g = x W_gate^T, u = x W_up^T (x f32 [M, K], both
+ * W dtype [N, K], y f32 [M, N]), the bits of vks_op_matmul_multi of the two
+ * (kind as there) into y and u followed by vks_op_swiglu(y, u, y, M * N).
+ * One dispatch (matmul.comp SWIGLU: each workgroup computes the same tile of
+ * both products) wherever the products alone take the tiled matmul.comp
+ * (prefill; decode of f32/f16/bf16/q8_0 on CPU drivers), else (the matvec
+ * kernels of decode), or with VKSWARM_SWIGLU_FUSE=0, those two ops: u is their scratch for the up
+ * product, M * N floats (undefined afterwards). y and u may not overlap x, a
+ * W or each other (the whole bindings are compared). */
+int vks_op_matmul_swiglu(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W_gate, vks_binding W_up,
+                         vks_dtype dtype, vks_binding y, vks_binding u, uint32_t M, uint32_t N, uint32_t K,
+                         vks_matmul_kind kind);
 /* In place: x[r, col0 + h*head_dim + ...] for h < n_heads, row stride `stride`;
  * pos uint32[R], each < n_pos; pair i of position p rotates by the angle whose
  * (cos, sin) is table[p * head_dim/2 + i] (f32 pairs, [n_pos, head_dim/2];

@@ -24,6 +24,9 @@ void vks_ref_attention(const float *q, const float *kcache, const float *vcache,
                        int n_kv_heads, int head_dim, int seq_len, float *out);
 /* out[i] = silu(g[i]) * u[i], silu(a) = a / (1 + exp(-a)) */
 void vks_ref_swiglu(const float *g, const float *u, size_t n, float *out);
+/* y[m, n] = silu(g) * u with g = sum_k x[m, k] Wg[n, k], u = the same with Wu,
+ * all in float64 (x [M,K], Wg and Wu [N,K], y [M,N]): vks_op_matmul_swiglu */
+void vks_ref_matmul_swiglu(const float *x, const float *Wg, const float *Wu, int M, int N, int K, float *y);
 /* x[i] += y[i] */
 void vks_ref_add(float *x, const float *y, size_t n);
 /* x[r, j] += bias[j] for r < R, j < D (x [R, D], bias [D]). */

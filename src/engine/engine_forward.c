@@ -124,8 +124,20 @@ static int record_ffn_block(vks_engine *e, vks_cmd *c, const dev_layer *l, uint3
     const dev_matrix *gate_up_w[] = {&l->mat[VKS_T_w1], &l->mat[VKS_T_w3]};
     vks_buffer *gate_up_y[] = {a->hb, a->hb2};
     const uint32_t gate_up_ldy[] = {H, H};
-    int rc;
-    if ((rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_ffn_norm]), bind(a->xb), R, (uint32_t)cf->dim, cf->norm_eps)) ||
+    /* without LoRA on gate or up: the products and SwiGLU as one op (hb2 its scratch) */
+    const dev_matrix *wg = gate_up_w[0], *wu = gate_up_w[1];
+    bool gate_up_lora = e->lora.layers && (e->lora.targets & (1u << VKS_LORA_GATE | 1u << VKS_LORA_UP));
+    int rc = vks_op_rmsnorm(e->ops, c, bind(a->x), bind(l->vec[VKS_T_ffn_norm]), bind(a->xb), R, (uint32_t)cf->dim,
+                            cf->norm_eps);
+    if (rc == VKS_OK && !gate_up_lora && wg->n_chunks == 1 && wu->n_chunks == 1 && wg->dtype == wu->dtype &&
+        wg->cols == wu->cols && wg->rows == H && wu->rows == H) {
+        if ((rc = vks_op_matmul_swiglu(e->ops, c, bind(a->xb), bind(wg->chunk[0]), bind(wu->chunk[0]), wg->dtype,
+                                       bind(a->hb), bind(a->hb2), R, H, wg->cols, e->matmul_kind)) ||
+            (rc = matmul(e, c, a->hb, &l->mat[VKS_T_w2], a->x, R, (uint32_t)cf->dim, true)))
+            return rc;
+        return lora(e, c, l, VKS_LORA_DOWN, a->hb, a->x, R, (uint32_t)cf->dim);
+    }
+    if (rc ||
         (rc = matmul_multi(e, c, a->xb, gate_up_w, gate_up_y, gate_up_ldy, 2, R)) ||
         (rc = lora(e, c, l, VKS_LORA_GATE, a->xb, a->hb, R, H)) ||
         (rc = lora(e, c, l, VKS_LORA_UP, a->xb, a->hb2, R, H)) ||

@@ -106,6 +106,11 @@ static void choose_matmul_tiles(vks_ops *o) {
      * q4_0 / q4_k decode on CPU drivers): on GPUs only; on lavapipe the fused
      * q4_0 / q4_k dispatch took 1.2-3.3x the time of separate ones (BENCHMARKS.md) */
     o->mv_fuse = o->mm_fuse == 2 || (o->mm_fuse == 1 && o->info.type != VKS_DEVTYPE_CPU);
+    /* vks_op_matmul_swiglu: fused wherever the kernel applies, on CPU drivers too
+     * (lavapipe, medians: 0.67-0.92x the time of matmul_multi + swiglu at one and
+     * 8 rows, 0.83-0.94x in prefill tiles, BENCHMARKS.md); VKSWARM_SWIGLU_FUSE=0 never fuses */
+    const char *sw = getenv("VKSWARM_SWIGLU_FUSE");
+    o->swiglu_fuse = !(sw && !strcmp(sw, "0"));
 }
 
 static void choose_matvec(vks_ops *o) {
@@ -452,6 +457,17 @@ static int dispatch_matvec_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vk
     return vks_ops_dispatch(o, c, name, spec, 5, b, 7, push, sizeof push, groups, "matvec");
 }
 
+/* One <variant> (a *_swiglu) dispatch: tiles as dispatch_matmul's, each of
+ * both products (bindings x, W_gate, y, W_up). */
+static int dispatch_matmul_swiglu(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding Wg, vks_binding Wu, vks_binding y,
+                                  const uint32_t push[6], const char *variant, uint32_t bm, uint32_t bn, uint32_t tm,
+                                  uint32_t tn, uint32_t direct, const char *label) {
+    uint32_t spec[] = {(bm / tm) * (bn / tn), bm, bn, o->mm_bk, tm, tn, matmul_vec4(x, Wg, push[2]), direct};
+    vks_binding b[] = {x, Wg, y, Wu};
+    uint64_t tiles = ceil_div(push[0], bm) * ceil_div(push[1], bn);
+    return vks_ops_dispatch(o, c, variant, spec, 8, b, 4, push, 6 * sizeof(uint32_t), tiles, label);
+}
+
 int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_part *parts, int n_parts,
                         uint32_t M, uint32_t K, bool accumulate, vks_matmul_kind kind) {
     if (!o || !c || !parts) return vks_set_error(VKS_ERR_ARG, "matmul_multi: NULL argument");
@@ -524,6 +540,54 @@ int vks_op_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vks_matmul_
         if (rc) return rc;
     }
     return VKS_OK;
+}
+
+/* ---- gate and up products with SwiGLU in one dispatch (matmul.comp SWIGLU) ---- */
+
+int vks_op_matmul_swiglu(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding W_gate, vks_binding W_up,
+                         vks_dtype dtype, vks_binding y, vks_binding u, uint32_t M, uint32_t N, uint32_t K,
+                         vks_matmul_kind kind) {
+    const char *op = "matmul_swiglu";
+    if (!o || !c) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: NULL argument");
+    if ((unsigned)kind > VKS_MATMUL_PREFILL) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: bad kind %d", (int)kind);
+    if ((uint64_t)M * N > UINT32_MAX) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: M*N exceeds 2^32");
+    int rc = check_matmul_args(o, x, W_gate, dtype, y, M, N, K, N, 0);
+    if (!rc) rc = check_matmul_args(o, x, W_up, dtype, y, M, N, K, N, 0);
+    if (!rc) rc = vks_ops_check_range(op, "u", u, (uint64_t)M * N, 4);
+    if (rc) return vks_error_prefix(rc, "matmul_swiglu");
+    const vks_binding outs[2] = {y, u}, ins[3] = {x, W_gate, W_up};
+    const char *out_names[2] = {"y", "u"}, *in_names[3] = {"x", "W_gate", "W_up"};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            if (vks_ops_overlap(outs[i], ins[j]))
+                return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: %s overlaps %s", out_names[i], in_names[j]);
+    if (vks_ops_overlap(y, u)) return vks_set_error(VKS_ERR_ARG, "matmul_swiglu: y overlaps u");
+    /* fused wherever the products alone take matmul.comp (the paths of vks_op_matmul_kind) */
+    vks_matmul_kind k = kind == VKS_MATMUL_AUTO ? (M <= MATVEC_MAX_M ? VKS_MATMUL_DECODE : VKS_MATMUL_PREFILL) : kind;
+    bool same = matmul_vec4(x, W_gate, K) == matmul_vec4(x, W_up, K);
+    bool decode_mm = k == VKS_MATMUL_DECODE && o->mm_decode && !o->mm_f16_math && decode_by_matmul(dtype);
+    bool fuse = o->swiglu_fuse && same && (decode_mm || k == VKS_MATMUL_PREFILL);
+    if (fuse) {
+        uint32_t push[6] = {M, N, K, N, 0, 0};
+        char name[40];
+        if (decode_mm) { /* record_matmul_decode's tiles */
+            uint32_t lanes = o->info.subgroup_size > 8 ? o->info.subgroup_size : 8;
+            uint32_t tm = M == 1 ? 1 : 8, tn = N >= 32 * lanes ? 8 : 4;
+            snprintf(name, sizeof name, "matmul_%s_dsg_swiglu", vks_ops_dtype_suffix(dtype));
+            return dispatch_matmul_swiglu(o, c, x, W_gate, W_up, y, push, name, tm, tn * lanes, tm, tn, 1, "matvec");
+        }
+        /* record_matmul_tiled's variant */
+        bool dsg = dtype != VKS_DTYPE_Q4_K && !o->mm_f16_math && o->mm_direct && o->info.subgroup_arith &&
+                   o->info.subgroup_ballot && o->mm_tm == 8;
+        snprintf(name, sizeof name, "matmul_%s%s_swiglu", vks_ops_dtype_suffix(dtype),
+                 dsg ? "_dsg" : o->mm_f16_math ? "_h" : "");
+        return dispatch_matmul_swiglu(o, c, x, W_gate, W_up, y, push, name, o->mm_bm, o->mm_bn, o->mm_tm, o->mm_tn,
+                                      o->mm_direct, "matmul");
+    }
+    vks_matmul_part parts[2] = {{.W = W_gate, .dtype = dtype, .y = y, .N = N, .ldy = N},
+                                {.W = W_up, .dtype = dtype, .y = u, .N = N, .ldy = N}};
+    rc = vks_op_matmul_multi(o, c, x, parts, 2, M, K, false, kind);
+    return rc ? rc : vks_op_swiglu(o, c, y, u, y, M * N);
 }
 
 int vks_op_bias_add(vks_ops *o, vks_cmd *c, vks_binding x, vks_binding bias, uint32_t R,

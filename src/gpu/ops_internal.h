@@ -40,6 +40,8 @@ struct vks_ops {
      * kernel has one-row tiles or runs staged (GPUs), 2 = fused wherever it applies */
     int mm_fuse;
     bool mv_fuse; /* vks_op_matmul_multi fuses the matvec kernels (choose_matmul_tiles) */
+    /* vks_op_matmul_swiglu fuses wherever its kernel applies (VKSWARM_SWIGLU_FUSE=0: never) */
+    bool swiglu_fuse;
 };
 
 static inline uint32_t round_down(uint32_t x, uint32_t m) { return x / m * m; }

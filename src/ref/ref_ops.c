@@ -50,6 +50,17 @@ void vks_ref_matmul(const float *x, const float *W, int M, int N, int K, float *
     }
 }
 
+void vks_ref_matmul_swiglu(const float *x, const float *Wg, const float *Wu, int M, int N, int K, float *y) {
+    if (!x || !Wg || !Wu || !y || M <= 0 || N <= 0 || K <= 0) return;
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * (size_t)K;
+        for (int n = 0; n < N; n++) {
+            double g = dot_f64(xr, Wg + (size_t)n * (size_t)K, K), u = dot_f64(xr, Wu + (size_t)n * (size_t)K, K);
+            y[(size_t)m * (size_t)N + n] = (float)(g / (1.0 + exp(-g)) * u);
+        }
+    }
+}
+
 /* Rotates one head in place; element pairs depend on the mode. */
 static void rope_head(float *head, uint32_t pos, int head_dim, const double *freqs, int mode) {
     int half = head_dim / 2;
