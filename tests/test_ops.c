@@ -172,14 +172,23 @@ enum { MV_DEFAULT, MV_GPU, MV_SHARED };
 
 /* The suite's ops, or (path) ops of their own made with the path's
  * environment; the caller destroys those. */
+static void restore_env(const char *name, char *saved) { /* saved: strdup'ed old value or NULL */
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+}
+
 static vks_ops *ops_with_path(int path) {
     if (path == MV_DEFAULT) return ops;
     vks_ops *o;
+    char *direct = getenv("VKSWARM_MATMUL_DIRECT"), *nosg = getenv("VKSWARM_NO_SUBGROUP");
+    direct = direct ? strdup(direct) : NULL; /* the copies' own settings are put back after */
+    nosg = nosg ? strdup(nosg) : NULL;
     setenv("VKSWARM_MATMUL_DIRECT", "0", 1);
     if (path == MV_SHARED) setenv("VKSWARM_NO_SUBGROUP", "1", 1);
     assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
-    unsetenv("VKSWARM_MATMUL_DIRECT");
-    if (path == MV_SHARED) unsetenv("VKSWARM_NO_SUBGROUP");
+    restore_env("VKSWARM_MATMUL_DIRECT", direct);
+    restore_env("VKSWARM_NO_SUBGROUP", nosg);
     return o;
 }
 
