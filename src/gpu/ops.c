@@ -404,6 +404,21 @@ static uint32_t matmul_vec4(vks_binding x, vks_binding W, uint32_t K) {
     return K % 8 == 0 && offset_aligned(x, 16) && offset_aligned(W, 16);
 }
 
+/* The per-matrix part of a MULTI dispatch's push constants (N, ldy, y_col0
+ * of matrix i at push[4 + i], [7 + i], [10 + i]) and bindings (W, y at
+ * b[1 + 2i], b[2 + 2i]). Unused slots repeat matrix 0's (the kernels never
+ * read them). */
+static void bind_parts(const vks_matmul_part *p, int n, uint32_t push[13], vks_binding b[7]) {
+    for (int i = 0; i < VKS_MATMUL_MAX_PARTS; i++) {
+        const vks_matmul_part *q = &p[i < n ? i : 0];
+        push[4 + i] = q->N;
+        push[7 + i] = q->ldy;
+        push[10 + i] = q->y_col0;
+        b[1 + 2 * i] = q->W;
+        b[2 + 2 * i] = q->y;
+    }
+}
+
 /* One <variant>_multi dispatch: matrix i's tiles of bm x bn after those of
  * matrices 0..i-1, each tile computed as in dispatch_matmul's single one.
  * Unused matrix slots repeat matrix 0's bindings (the kernel never reads them). */
@@ -415,16 +430,9 @@ static int dispatch_matmul_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vk
     uint32_t spec[] = {(bm / tm) * (bn / tn), bm, bn, o->mm_bk, tm, tn, matmul_vec4(x, p[0].W, K), direct};
     uint32_t push[13] = {M, K, accumulate ? 1u : 0u, (uint32_t)n};
     vks_binding b[7] = {x};
+    bind_parts(p, n, push, b);
     uint64_t tiles = 0;
-    for (int i = 0; i < 3; i++) {
-        const vks_matmul_part *q = &p[i < n ? i : 0];
-        push[4 + i] = q->N;
-        push[7 + i] = q->ldy;
-        push[10 + i] = q->y_col0;
-        b[1 + 2 * i] = q->W;
-        b[2 + 2 * i] = q->y;
-        if (i < n) tiles += ceil_div(M, bm) * ceil_div(q->N, bn);
-    }
+    for (int i = 0; i < n; i++) tiles += ceil_div(M, bm) * ceil_div(p[i].N, bn);
     return vks_ops_dispatch(o, c, name, spec, 8, b, 7, push, sizeof push, tiles, label);
 }
 
@@ -439,16 +447,11 @@ static int dispatch_matvec_multi(vks_ops *o, vks_cmd *c, vks_binding x, const vk
     snprintf(name, sizeof name, "matvec_%s%s_multi", vks_ops_dtype_suffix(dtype), o->mv_subgroup ? "_sg" : "");
     uint32_t push[13] = {M, K, accumulate ? 1u : 0u, (uint32_t)n};
     vks_binding b[7] = {{x.buf, x.offset + (size_t)m0 * K * 4, 0}};
+    bind_parts(p, n, push, b);
+    for (int i = 0; i < VKS_MATMUL_MAX_PARTS; i++) /* each y from row m0 */
+        b[2 + 2 * i] = (vks_binding){b[2 + 2 * i].buf, b[2 + 2 * i].offset + (size_t)m0 * push[7 + i] * 4, 0};
     uint64_t groups = 0;
-    for (int i = 0; i < 3; i++) {
-        const vks_matmul_part *q = &p[i < n ? i : 0];
-        push[4 + i] = q->N;
-        push[7 + i] = q->ldy;
-        push[10 + i] = q->y_col0;
-        b[1 + 2 * i] = q->W;
-        b[2 + 2 * i] = (vks_binding){q->y.buf, q->y.offset + (size_t)m0 * q->ldy * 4, 0};
-        if (i < n) groups += ceil_div(q->N, o->mv_rows_per_wg);
-    }
+    for (int i = 0; i < n; i++) groups += ceil_div(p[i].N, o->mv_rows_per_wg);
     if (vks_ops_is_block_type(dtype)) {
         uint32_t spec[] = {o->mv_wg, o->mv_rows, M, o->mv_rows_per_wg};
         return vks_ops_dispatch(o, c, name, spec, 4, b, 7, push, sizeof push, groups, "matvec");
