@@ -407,10 +407,11 @@ static bool same_taps(const engine_recording *r, const vks_forward_batch *b) {
  * outputs copied out to host_out / host_logits. */
 static int find_recording(vks_engine *e, const vks_forward_batch *b, unsigned what, engine_recording **out) {
     engine_recording *lru = &e->rec[0];
+    bool every_row = outputs_every_row(b);
     for (int i = 0; i < ENGINE_RECORDINGS; i++) {
         engine_recording *r = &e->rec[i];
         if (r->cmd && r->n_rows == b->n_rows && r->n_out == b->n_out && r->kind == b->matmul_kind && r->what == what &&
-            same_taps(r, b) && r->every_row == outputs_every_row(b)) {
+            same_taps(r, b) && r->every_row == every_row) {
             r->used = ++e->rec_clock;
             *out = r;
             return VKS_OK;
@@ -422,7 +423,7 @@ static int find_recording(vks_engine *e, const vks_forward_batch *b, unsigned wh
     int rc = vks_cmd_begin_reusable(e->gpu, &c);
     if (rc) return rc;
     engine_recording r = {.cmd = c, .n_rows = b->n_rows, .n_out = b->n_out, .kind = b->matmul_kind, .what = what,
-                          .every_row = outputs_every_row(b)};
+                          .every_row = every_row};
     if (what & FWD_TAPS) {
         r.n_taps = b->taps->n;
         if (!(r.tap_layers = malloc(sizeof(int) * (size_t)r.n_taps))) rc = vks_set_error(VKS_ERR_NOMEM, "forward: out of host memory");
