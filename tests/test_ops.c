@@ -172,7 +172,14 @@ enum { MV_DEFAULT, MV_GPU, MV_SHARED };
 
 /* The suite's ops, or (path) ops of their own made with the path's
  * environment; the caller destroys those. */
-static void restore_env(const char *name, char *saved) { /* saved: strdup'ed old value or NULL */
+/* A variable's value to put back with restore_env after setting it for one
+ * vks_ops (a copy, or NULL when unset), so that a copy's own settings survive. */
+static char *saved_env(const char *name) {
+    const char *v = getenv(name);
+    return v ? strdup(v) : NULL;
+}
+
+static void restore_env(const char *name, char *saved) {
     if (saved) setenv(name, saved, 1);
     else unsetenv(name);
     free(saved);
@@ -181,9 +188,7 @@ static void restore_env(const char *name, char *saved) { /* saved: strdup'ed old
 static vks_ops *ops_with_path(int path) {
     if (path == MV_DEFAULT) return ops;
     vks_ops *o;
-    char *direct = getenv("VKSWARM_MATMUL_DIRECT"), *nosg = getenv("VKSWARM_NO_SUBGROUP");
-    direct = direct ? strdup(direct) : NULL; /* the copies' own settings are put back after */
-    nosg = nosg ? strdup(nosg) : NULL;
+    char *direct = saved_env("VKSWARM_MATMUL_DIRECT"), *nosg = saved_env("VKSWARM_NO_SUBGROUP");
     setenv("VKSWARM_MATMUL_DIRECT", "0", 1);
     if (path == MV_SHARED) setenv("VKSWARM_NO_SUBGROUP", "1", 1);
     assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
@@ -518,12 +523,12 @@ static vks_ops *ops_with(unsigned rows, bool tile) {
     if (!rows && !tile) return ops;
     vks_ops *o;
     char v[2] = {(char)('0' + rows), 0};
-    bool had_no_sg = getenv("VKSWARM_NO_SUBGROUP") != NULL;
+    char *saved_rows = saved_env("VKSWARM_ATTN_ROWS"), *saved_nosg = saved_env("VKSWARM_NO_SUBGROUP");
     if (rows) setenv("VKSWARM_ATTN_ROWS", v, 1);
     if (tile) setenv("VKSWARM_NO_SUBGROUP", "1", 1);
     assert_int_equal(vks_ops_create(gpu, &o), VKS_OK);
-    unsetenv("VKSWARM_ATTN_ROWS");
-    if (tile && !had_no_sg) unsetenv("VKSWARM_NO_SUBGROUP");
+    restore_env("VKSWARM_ATTN_ROWS", saved_rows);
+    restore_env("VKSWARM_NO_SUBGROUP", saved_nosg);
     return o;
 }
 
@@ -881,9 +886,10 @@ static void run_sample(const op_case *tc) {
     uint32_t S = tc->sample.S, V = tc->sample.V;
     vks_ops *dev_ops = ops;
     if (tc->sample.serial_scan) { /* both kernels with the other scan of top-p's bins (the same digits) */
+        char *saved = saved_env("VKSWARM_SAMPLE_SERIAL_SCAN");
         setenv("VKSWARM_SAMPLE_SERIAL_SCAN", tc->sample.serial_scan == 2 ? "1" : "0", 1);
         assert_int_equal(vks_ops_create(gpu, &ops), VKS_OK);
-        unsetenv("VKSWARM_SAMPLE_SERIAL_SCAN");
+        restore_env("VKSWARM_SAMPLE_SERIAL_SCAN", saved);
     }
     float *logits = rand_floats((size_t)S * V, tc->sample.seed ? tc->sample.seed : 19, -8, 8);
     if (tc->sample.ties)
