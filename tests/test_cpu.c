@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Host allocations hung on a model's tensors (freed after the model). */
 typedef struct {
@@ -231,6 +232,14 @@ static void prefill_on(const vks_model *m, int threads, const int32_t *ids, cons
  * for OpenBLAS's small-matrix kernel (10 rows: 1-row-of-work items did). */
 static void test_same_bits_on_any_thread_count(void **state) {
     (void)state;
+    const char *core = getenv("VKSWARM_TEST_EXPECT_CORE"); /* set by test_same_bits_on_every_core_type */
+    if (core) {
+        char info[256];
+        vks_cpu_blas_info(info, sizeof info);
+        char want[64];
+        snprintf(want, sizeof want, "kernels %s", core);
+        if (!strstr(info, want)) fail_msg("OPENBLAS_CORETYPE=%s was not taken: %s", core, info);
+    }
     vks_dtype types[] = {VKS_DTYPE_F32, VKS_DTYPE_Q8_0};
     int batches[][3] = {{48, 5, 17}, {7, 3, 0}};
     size_t V = 300, D = 256;
@@ -255,6 +264,39 @@ static void test_same_bits_on_any_thread_count(void **state) {
         free_allocs(&a);
     }
     free(ids), free(first), free(logits), free(first_h), free(hidden);
+}
+
+/* The same test under each OpenBLAS kernel family this CPU can run (each
+ * picks its own sgemm kernels, with their own edge handling: the row split by
+ * thread count once passed on SkylakeX and failed on Haswell and Zen, the
+ * kernels most home CPUs get). OpenBLAS reads OPENBLAS_CORETYPE when it is
+ * loaded, so each runs in a fresh copy of this program. */
+static void test_same_bits_on_every_core_type(void **state) {
+    (void)state;
+    static const char *const cores[] = {"Sandybridge", "Haswell", "Zen", "SkylakeX"};
+    bool avx = __builtin_cpu_supports("avx"), avx2 = avx && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    bool runs[] = {avx, avx2, avx2, avx512};
+    int ran = 0, failed = 0;
+    for (size_t i = 0; i < sizeof cores / sizeof cores[0]; i++) {
+        if (!runs[i]) {
+            fprintf(stderr, "core type %s: skipped (this CPU lacks its instructions)\n", cores[i]);
+            continue;
+        }
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "OPENBLAS_CORETYPE=%s VKSWARM_TEST_EXPECT_CORE=%s VKSWARM_TEST_FILTER=test_same_bits_on_any_thread_count "
+                 "/proc/%d/exe >/dev/null 2>&1",
+                 cores[i], cores[i], (int)getpid());
+        int rc = system(cmd);
+        fprintf(stderr, "core type %s: %s\n", cores[i], rc == 0 ? "same bits on 1-5 threads" : "FAILED");
+        if (rc != 0) fprintf(stderr, "  to see why: %s\n", cmd);
+        failed += rc != 0;
+        ran++;
+    }
+    assert_int_equal(failed, 0);
+    assert_true(ran > 0 || !avx);
 }
 
 static void test_output_rows_and_bad_arguments(void **state) {
@@ -483,6 +525,7 @@ int main(void) {
         cmocka_unit_test(test_head_dim),
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_same_bits_on_any_thread_count),
+        cmocka_unit_test(test_same_bits_on_every_core_type),
         cmocka_unit_test(test_output_rows_and_bad_arguments),
         cmocka_unit_test(test_verdicts_same_on_1_and_n_threads),
         cmocka_unit_test(test_gpu_rollouts_accepted),

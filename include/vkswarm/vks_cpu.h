@@ -16,7 +16,8 @@ typedef struct vks_cpu vks_cpu;
 
 typedef struct {
     int threads;    /* <= 0: every online core */
-    int panel_rows; /* most weight rows per sgemm call; <= 0: one share per thread (converted: <= ~8 MiB) */
+    int panel_rows; /* most weight rows per sgemm call; <= 0: items by the product's shape (converted: <= ~8 MiB);
+                       the bits depend on this and the shape, never on threads */
     bool kv_f16;    /* K and V rounded to half (vks_f32_to_f16) before attention: the replay of an
                        engine with the f16 KV cache (vks_engine_options.kv_f16) */
 } vks_cpu_options;

@@ -24,10 +24,10 @@ void vks_cpu_parallel_for(int threads, int n, int grain, cpu_task_fn fn, void *c
 /* Converts `count` rows from `row` of t into dst as f32. */
 void vks_cpu_convert_rows(const vks_tensor *t, int64_t row, int64_t count, float *dst);
 /* y[M, W->rows] = x[M, W->cols] W^T for a weight of any dtype (ldy = W->rows):
- * the weight's rows are split into one item per thread (more when converted
- * rows would not fit the panel; one when the product is small); each worker
- * converts its rows into its own panel unless f32 and runs one one-thread
- * sgemm on them, so the activations are packed once per item. */
+ * the weight's rows are split into items fixed by the product's shape, never
+ * by the thread count (so the bits are the same on any number of threads);
+ * each worker converts an item's rows into its own panel unless f32 and runs
+ * one one-thread sgemm on them (the activations are packed once per item). */
 void vks_cpu_matmul(vks_cpu *c, const vks_tensor *W, const float *x, int M, float *y);
 /* Floats of panel each worker needs for m's products: its largest non-f32
  * weight (at most item_rows rows when > 0), at most 8 MiB (0: all f32). */

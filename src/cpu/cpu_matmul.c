@@ -1,7 +1,8 @@
 /* vks_cpu_matmul.c: weight products through OpenBLAS cblas_sgemm. The weight's
- * rows are split among the context's threads, one share each (see
- * split_items); f32 weights are used in place, every other dtype is dequantized
- * into the worker's reused f32 panel; each share's one-thread sgemm writes
+ * rows are split into items fixed by the product's shape, which the context's
+ * threads take in turn (see split_items); f32 weights are used in place, every
+ * other dtype is dequantized into the worker's reused f32 panel; each item's
+ * one-thread sgemm writes
  * straight into its columns of y (ldc = W->rows). OpenBLAS's own threads stay
  * off: its idle threads spin in sched_yield while conversion and the
  * non-GEMM steps run (measured: on 2 cores f16/q8_0 ran at half the f32
@@ -65,6 +66,8 @@ static void sgemm_xwt(const float *x, const float *w, int M, int N, int K, float
 enum {
     PANEL_MAX_FLOATS = 1 << 21, /* 8 MiB of converted rows per thread */
     MIN_CALL_MACS = 1 << 22,    /* multiply-adds of an sgemm call of a split product */
+    ITEM_MIN_ROWS = 256,        /* weight rows of an sgemm call of a split product */
+    ITEMS_MOST = 64,            /* items of a product, unless the panel needs more */
 };
 
 typedef struct {
@@ -91,24 +94,28 @@ static void matmul_items(void *ctx, int begin, int end, int worker) {
     }
 }
 
-/* Items of nearly equal rows a product is split into. Each sgemm call packs
- * all M activation rows again, so: one item per thread, or the next multiple
- * of the threads when converted rows must fit the panel (or the items are
- * limited, vks_cpu_options.panel_rows). None does fewer than MIN_CALL_MACS
- * multiply-adds (smaller products run whole on one thread): OpenBLAS sends
- * calls below about 10^6 to its small-matrix kernel, which sums K in another
- * order, so results would change with the thread count. (Panel-limited items
- * have at least PANEL_MAX_FLOATS / 2 rows' worth, 2^20 M multiply-adds.) */
+/* Items of nearly equal rows a product is split into: a function of the
+ * product's shape (and vks_cpu_options.panel_rows), never of the thread
+ * count, so any number of threads makes the same sgemm calls and gets the
+ * same bits. OpenBLAS's kernels sum a row's K in an order that depends on
+ * where the row falls in the call and on the call's size (measured on its
+ * Haswell/Zen and SkylakeX kernels: no split point keeps every bit), so
+ * splitting the rows per thread made a verifier's result depend on its core
+ * count. Items have at least ITEM_MIN_ROWS rows and MIN_CALL_MACS
+ * multiply-adds (each call packs all M activation rows again; smaller
+ * products run whole); their count is a power of two up to ITEMS_MOST so 1,
+ * 2, 4, 8... threads share them evenly, or more where converted rows must fit
+ * the panel. */
 static int64_t split_items(const vks_cpu *c, const vks_tensor *W, int M) {
     int64_t N = W->rows, K = W->cols, most = N;
     if (c->item_rows > 0 && most > c->item_rows) most = c->item_rows;
     if (W->dtype != VKS_DTYPE_F32 && most * K > (int64_t)c->panel_floats) most = (int64_t)c->panel_floats / K;
     int64_t needed = (N + most - 1) / most;
-    int64_t items = (needed + c->threads - 1) / c->threads * c->threads;
     int64_t least = (MIN_CALL_MACS + (int64_t)M * K - 1) / ((int64_t)M * K);
-    int64_t fit = N / least > 1 ? N / least : 1;
-    if (items > fit) items = fit > needed ? fit : needed;
-    return items;
+    if (least < ITEM_MIN_ROWS) least = ITEM_MIN_ROWS;
+    int64_t items = 1;
+    while (items * 2 <= ITEMS_MOST && items * 2 * least <= N) items *= 2;
+    return items > needed ? items : needed;
 }
 
 size_t vks_cpu_panel_floats(const vks_model *m, int item_rows) {

@@ -388,7 +388,10 @@ int vks_cpu_create(const vks_model *m, const vks_cpu_options *opt, vks_cpu **out
     c->item_rows = opt && opt->panel_rows > 0 ? opt->panel_rows : 0;
     c->kv_f16 = opt && opt->kv_f16;
     c->panel_floats = vks_cpu_panel_floats(m, c->item_rows);
-    c->panel = c->panel_floats ? malloc(c->panel_floats * (size_t)c->threads * sizeof(float)) : NULL;
+    /* each worker's panel starts on a 64-byte boundary, so no worker's sgemm
+     * sees its converted rows at another alignment than another's */
+    c->panel_floats = (c->panel_floats + 15) / 16 * 16;
+    c->panel = c->panel_floats ? aligned_alloc(64, c->panel_floats * (size_t)c->threads * sizeof(float)) : NULL;
     c->vec = malloc((size_t)wide * sizeof(float));
     if ((c->panel_floats && !c->panel) || !c->vec) {
         vks_cpu_destroy(c);
