@@ -59,7 +59,7 @@ static const char rl_usage[] =
     "Ctrl-C (SIGINT) or SIGTERM stops cleanly: the current step finishes, its checkpoint is saved\n"
     "(whatever --save-every says), metrics and plots are written, stdout as below, and the run exits\n"
     "130 with one line: 'vkswarm: rl: stopped at step N; checkpoint DIR/step-N; continue with:\n"
-    "vkswarm rl --out DIR --resume'. A second signal stops at once. (One process only: under mpirun\n"
+    "PROGRAM rl --out DIR --resume' (PROGRAM: the path this command was run by). A second signal stops at once. (One process only: under mpirun\n"
     "signals end the ranks as before.) At the end stderr says 'N rollouts; C checked by a verifier: A\n"
     "accepted, R rejected; ...' and, across ranks, one line per rank dropped or refused (world rank, step,\n"
     "why). stdout gets (paths escaped):\n"

@@ -21,7 +21,7 @@ static const char tokenize_usage[] =
     "--chat: stdin is one user message, formatted with the model's chat template (or the one named\n"
     "by --chat-template: chatml, qwen3, llama2, llama3, llama3.1, phi3) and an assistant prompt;\n"
     "special tokens are parsed. --no-think: Qwen3's enable_thinking=false (the prompt ends with an\n"
-    "empty <think></think> block).\n";
+    "empty <think></think> block); refused (exit 2) with a template that has no thinking switch.\n";
 
 static const char detokenize_usage[] =
     "usage: vkswarm detokenize (--model M | --tokenizer T [--vocab-size N]) [--special]\n"
