@@ -1905,8 +1905,10 @@ static void test_rl_needs_mpirun(void **state) {
     snprintf(args, sizeof args, "rl --config %s --init tiny --out '%s/o x'", p, dir);
     char *out, *err;
     assert_int_equal(run_capture(args, &out, &err), 2);
+    /* the program as it was run; as root Open MPI needs --allow-run-as-root (issue 40 item 7f) */
     snprintf(want, sizeof want, "vkswarm: rl: the config's roles name 3 ranks but 1 was started; on one machine run: "
-             "mpirun --oversubscribe --mca btl tcp,self -np 3 vkswarm rl --config %s --init tiny --out '%s/o x'\n", p, dir);
+             "mpirun%s --oversubscribe --mca btl tcp,self -np 3 %s rl --config %s --init tiny --out '%s/o x'\n",
+             geteuid() == 0 ? " --allow-run-as-root" : "", tu_bin(), p, dir);
     assert_string_equal(err, want);
     assert_string_equal(out, "");
     free(out), free(err);
@@ -2071,8 +2073,8 @@ static void test_rl_clean_stop(void **state) {
     const char *at = strstr(err, "vkswarm: rl: stopped at step ");
     if (rc != 130 || !at || sscanf(at, "vkswarm: rl: stopped at step %lld", &stop) != 1) fail_msg("stopped: %d: %s", rc, err);
     assert_true(stop == 1 || stop == 2);
-    snprintf(want, sizeof want, "vkswarm: rl: stopped at step %lld; checkpoint %s/b/step-%09lld; continue with: vkswarm rl "
-             "--out %s/b --resume\n", stop, dir, stop, dir);
+    snprintf(want, sizeof want, "vkswarm: rl: stopped at step %lld; checkpoint %s/b/step-%09lld; continue with: %s rl "
+             "--out %s/b --resume\n", stop, dir, stop, tu_bin(), dir);
     expect_in(err, want);
     assert_int_equal(lines_with(err, "continue with"), 1);
     assert_int_equal(lines_with(err, "vkswarm: stopping after this step"), 1);
@@ -2148,8 +2150,8 @@ static void test_train_clean_stop(void **state) {
     char *out, *err;
     int rc = run_interrupted(base, "vkswarm: device 0", &out, &err);
     if (rc != 130) fail_msg("train stopped: %d: %s", rc, err);
-    snprintf(want, sizeof want, "vkswarm: train: stopped at step 1; checkpoint %s/o/step-000000001; continue with: vkswarm "
-             "train sft --init tiny --batch 4 --lr 3e-3 --data %s --steps 3 --out %s/o --resume\n", dir, data, dir);
+    snprintf(want, sizeof want, "vkswarm: train: stopped at step 1; checkpoint %s/o/step-000000001; continue with: %s "
+             "train sft --init tiny --batch 4 --lr 3e-3 --data %s --steps 3 --out %s/o --resume\n", dir, tu_bin(), data, dir);
     expect_in(err, want);
     assert_int_equal(lines_with(err, "continue with"), 1);
     snprintf(want, sizeof want, "final checkpoint: %s/o/step-000000001\n", dir);
@@ -2353,6 +2355,180 @@ static void test_lora_cli(void **state) {
     free(out), free(err);
 }
 
+/* Issue 40 item 4: --type q4_k on the tiny model (rows of 128 and 384
+ * columns, not whole 256-blocks) writes q4_0 (the nearest type whose blocks
+ * fit), says which matrices and why, and the size written; --strict refuses
+ * naming the first matrix and writes nothing. */
+static void test_convert_fallback_said(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* tu_tmpdir's buffer is reused by run_capture */
+    char args[2048], p[1024], *out, *err;
+    snprintf(args, sizeof args, "convert --init tiny --out %s/q4.gguf --type q4_k", dir);
+    int rc = run_capture(args, &out, &err);
+    if (rc) fail_msg("convert: %d: %s", rc, err);
+    expect_in(err, "vkswarm: convert: 25 matrices of 128 columns written as q4_0, not q4_k (rows are not whole "
+              "256-element q4_k blocks; --strict refuses): token_embd.weight, blk.0.attn_q.weight, ");
+    expect_in(err, "vkswarm: convert: 4 matrices of 384 columns written as q4_0, not q4_k");
+    snprintf(p, sizeof p, "%s/q4.gguf", dir);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    char want[1200];
+    snprintf(want, sizeof want, "vkswarm: convert: wrote %s: %lld bytes (", p, (long long)st.st_size);
+    expect_in(err, want);
+    if (st.st_size > 600000) fail_msg("q4_k of the tiny model: %lld bytes (f32 is 3.29 MB)", (long long)st.st_size);
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_load(p, &m), VKS_OK);
+    assert_int_equal(m->tok_emb.dtype, VKS_DTYPE_Q4_0);
+    assert_int_equal(m->layers[0].w2.dtype, VKS_DTYPE_Q4_0);
+    vks_model_free(m);
+    free(out), free(err);
+    snprintf(args, sizeof args, "convert --init tiny --out %s/strict.gguf --type q4_k --strict", dir);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    snprintf(want, sizeof want, "vkswarm: convert: --strict: %s/strict.gguf: tensor token_embd.weight has rows of 128 "
+             "columns, not whole 256-element q4_k blocks\n", dir);
+    expect_in(err, want);
+    assert_int_equal(lines_with(err, "written as"), 0);
+    snprintf(p, sizeof p, "%s/strict.gguf", dir);
+    assert_int_not_equal(access(p, F_OK), 0);
+    free(out), free(err);
+}
+
+/* Issue 40 item 7c/7f: a missing key file of config shardcast_key is a usage
+ * error on every rank (exit 2, one line naming the file; it was 1), found
+ * before MPI starts. */
+static void test_rl_missing_key_exit_2(void **state) {
+    (void)state;
+    if (!have_program("mpirun")) skip();
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* tu_tmpdir's buffer is reused by run_capture */
+    char p[600], cmd[8192], errp[700];
+    snprintf(p, sizeof p, "%s/roles.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"roles\": {\"trainer\": 0, \"inference\": [[1]]}}\n", f);
+    fclose(f);
+    snprintf(errp, sizeof errp, "%s/err.txt", dir);
+    snprintf(cmd, sizeof cmd, "timeout 120 mpirun%s --oversubscribe --mca btl tcp,self -np 2 %s rl --config %s --init tiny "
+             "--steps 1 --out %s/o --timeout-s 20 --set shardcast_key=%s/nokeys 2>%s >/dev/null",
+             geteuid() == 0 ? " --allow-run-as-root" : "", tu_bin(), p, dir, dir, errp);
+    int rc = tu_run(cmd, NULL);
+    char *err = (char *)tu_read_file(errp, NULL);
+    char want[1200];
+    snprintf(want, sizeof want, "vkswarm: rl: shardcast_key: %s/nokeys/shardcast.pub: cannot open Ed25519 public key "
+             "(No such file or directory)\n", dir);
+    if (rc != 2 || !strstr(err, want)) fail_msg("exit %d (want 2), stderr: %s", rc, err);
+    free(err);
+}
+
+/* Issue 40 items 7a/7b: under mpirun, a quantized model's note comes once (the
+ * trainer's), and the trainer's error carries "rl: " once (the library's
+ * message and the command both said it: "vkswarm: rl: rl: OUT: holds ..."). */
+static void test_rl_mpi_words_once(void **state) {
+    (void)state;
+    if (!have_program("mpirun")) skip();
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* tu_tmpdir's buffer is reused by run_capture */
+    char p[600], cmd[8192], errp[700];
+    snprintf(cmd, sizeof cmd, "%s convert --init tiny --out %s/q8.gguf --type q8_0 2>/dev/null && mkdir -p %s/used && "
+             "echo x > %s/used/metrics.jsonl", tu_bin(), dir, dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(p, sizeof p, "%s/roles.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"roles\": {\"trainer\": 0, \"inference\": [[1]]}}\n", f);
+    fclose(f);
+    snprintf(errp, sizeof errp, "%s/err.txt", dir);
+    snprintf(cmd, sizeof cmd, "timeout 120 mpirun%s --oversubscribe --mca btl tcp,self -np 2 %s rl --config %s --model "
+             "%s/q8.gguf --steps 1 --out %s/used --timeout-s 20 2>%s >/dev/null",
+             geteuid() == 0 ? " --allow-run-as-root" : "", tu_bin(), p, dir, dir, errp);
+    int rc = tu_run(cmd, NULL);
+    char *err = (char *)tu_read_file(errp, NULL);
+    char want[1200];
+    snprintf(want, sizeof want, "vkswarm: rl: %s/used: holds metrics.jsonl from an earlier run", dir);
+    if (rc != 2 || !strstr(err, want) || strstr(err, "rl: rl:"))
+        fail_msg("exit %d (want 2), stderr (want '%s', no 'rl: rl:'): %s", rc, want, err);
+    if (lines_with(err, "quantized model: weights keep their file types") != 1)
+        fail_msg("the quantized model's note %d times: %s", lines_with(err, "quantized model"), err);
+    free(err);
+}
+
+/* Issue 40 item 7d: a .jsonl prompts file holds {"prompt": "..."} per line,
+ * so a prompt may end in a line end; a bad line is exit 2 naming it. */
+static void test_prompts_json_lines(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* tu_tmpdir's buffer is reused by run_capture */
+    char cmd[8192], p[600], *out;
+    snprintf(cmd, sizeof cmd, "%s convert --init tiny --out %s/tiny.gguf 2>/dev/null", tu_bin(), dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(p, sizeof p, "%s/p.jsonl", dir);
+    const char *two = "{\"prompt\": \"ab\\n\"}\r\n\n  \n{\"prompt\": \"c\", \"note\": 1}";
+    write_bytes(p, two, strlen(two));
+    snprintf(cmd, sizeof cmd, "%s generate --model %s/tiny.gguf --prompts %s -n 6 --temp 0 --seed 1 2>/dev/null", tu_bin(),
+             dir, p);
+    assert_int_equal(tu_run(cmd, &out), 0);
+    char *second = strchr(out, '\n');
+    assert_non_null(second);
+    *second++ = 0;
+    expect_in(out, "{\"prompt\":\"ab\\n\",\"ids\":[256,97,98,10,");
+    expect_in(second, "{\"prompt\":\"c\",\"ids\":[256,99,");
+    assert_non_null(strchr(second, '\n'));
+    assert_string_equal(strchr(second, '\n'), "\n"); /* two prompts: blank lines are not prompts */
+    free(out);
+    char errp[700];
+    snprintf(errp, sizeof errp, "%s/err.txt", dir);
+    const char *bad[][2] = {{"{\"prompt\": \"a\"}\n{\"prompt\": 3}\n", "line 2: \"prompt\" is not a string"},
+                            {"{\"text\": \"a\"}\n", "line 1: missing \"prompt\""},
+                            {"[\"a\"]\n", "line 1: not a JSON object"},
+                            {"{\"prompt\": \"a\\u0000b\"}\n", "line 1: bad JSON: \\u0000 is not allowed"},
+                            {"{\"prompt\": \"a\"\n", "line 1: bad JSON"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_bytes(p, bad[i][0], strlen(bad[i][0]));
+        snprintf(cmd, sizeof cmd, "%s generate --model %s/tiny.gguf --prompts %s -n 4 2>%s", tu_bin(), dir, p, errp);
+        expect_bad_input(cmd, errp, "p.jsonl: ", bad[i][1]);
+    }
+}
+
+/* Issue 40 item 7e: --no-think with a template that has no thinking switch is
+ * refused (exit 2), as rl and eval refuse prompt.think = false. */
+static void test_tokenize_no_think_refused(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* tu_tmpdir's buffer is reused by run_capture */
+    char cmd[8192], errp[700];
+    snprintf(errp, sizeof errp, "%s/err.txt", dir);
+    snprintf(cmd, sizeof cmd, "%s convert --init tiny --out %s/tiny.gguf 2>/dev/null", tu_bin(), dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "printf Hi | %s tokenize --model %s/tiny.gguf --chat --chat-template chatml --no-think "
+             ">/dev/null 2>%s", tu_bin(), dir, errp);
+    expect_bad_input(cmd, errp, "vkswarm tokenize: --no-think: chat template chatml has no thinking switch (qwen3 has)",
+                     "see vkswarm tokenize --help");
+    snprintf(cmd, sizeof cmd, "printf Hi | %s tokenize --model %s/tiny.gguf --chat --chat-template qwen3 --no-think "
+             ">/dev/null 2>%s", tu_bin(), dir, errp);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+}
+
+/* Issue 40 item 7b: loading notes are said by one rank of an MPI job (the
+ * launcher's rank variable; before MPI_Init). */
+static void test_quantized_note_once(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* tu_tmpdir's buffer is reused by run_capture */
+    char cmd[8192], *out;
+    snprintf(cmd, sizeof cmd, "%s convert --init tiny --out %s/q8.gguf --type q8_0 2>/dev/null", tu_bin(), dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    const char *env[] = {"", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_RANK=1"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s train plan --model %s/q8.gguf --lora-rank 4 2>&1 >/dev/null", env[i], tu_bin(),
+                 dir);
+        assert_int_equal(tu_run(cmd, &out), 0);
+        if (lines_with(out, "quantized model: weights keep their file types") != (i < 2))
+            fail_msg("'%s': %s", env[i], out);
+        free(out);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_everywhere),        cmocka_unit_test(test_devices),
@@ -2375,6 +2551,9 @@ int main(void) {
         cmocka_unit_test(test_tasks_eval),            cmocka_unit_test(test_rl_and_data_inputs_exit_2),
         cmocka_unit_test(test_own_tasks),
         cmocka_unit_test(test_prompts),
+        cmocka_unit_test(test_convert_fallback_said), cmocka_unit_test(test_rl_missing_key_exit_2),
+        cmocka_unit_test(test_rl_mpi_words_once), cmocka_unit_test(test_prompts_json_lines),
+        cmocka_unit_test(test_tokenize_no_think_refused), cmocka_unit_test(test_quantized_note_once),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

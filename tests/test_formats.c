@@ -1577,7 +1577,7 @@ static void test_convert_cli(void **state) {
     snprintf(p, sizeof p, "%s/r.gguf", dir);
     assert_int_equal(vks_model_load(p, &r), VKS_OK);
     assert_int_equal(r->layers[0].wq.dtype, VKS_DTYPE_Q4_K);
-    assert_int_equal(r->layers[0].w2.dtype, VKS_DTYPE_F32); /* 320 columns: not whole q4_k blocks */
+    assert_int_equal(r->layers[0].w2.dtype, VKS_DTYPE_Q4_0); /* 320 columns: not whole q4_k blocks, whole q4_0 ones */
     assert_int_equal(r->tok_emb.dtype, VKS_DTYPE_Q4_K);
     assert_int_equal(r->cfg.seq_len, 64);
     float *lo = logits_of(o), *lh = logits_of(h), *lq = logits_of(q), *lb = logits_of(b);

@@ -75,15 +75,16 @@ static vks_model *cli_load_model_file(const cli_model_args *a);
 static void resolve_dtype(cli_model_args *a, const vks_model *m) {
     if (!a->dtype_given && vks_engine_keeps_file_types(m)) {
         a->engine.keep_file_dtype = true;
-        fprintf(stderr, "vkswarm: quantized model: weights keep their file types (--dtype to override)\n");
+        if (cli_rank_speaks(a->speaker)) /* the same on every rank: said once */
+            fprintf(stderr, "vkswarm: quantized model: weights keep their file types (--dtype to override)\n");
     }
 }
 
 /* The adapter of --lora for m (exit 2 with the loader's one line on bad input). */
-static vks_lora_adapter *load_lora(const char *path, const vks_model *m) {
+static vks_lora_adapter *load_lora(const char *path, const vks_model *m, int speaker) {
     vks_lora_adapter *l = NULL;
     if (vks_lora_load(path, m, &l)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-    fprintf(stderr, "vkswarm: LoRA adapter %s: rank %d, alpha %g\n", path, vks_lora_adapter_config(l)->rank,
+    if (cli_rank_speaks(speaker)) fprintf(stderr, "vkswarm: LoRA adapter %s: rank %d, alpha %g\n", path, vks_lora_adapter_config(l)->rank,
             vks_lora_adapter_config(l)->alpha);
     return l;
 }
@@ -91,7 +92,7 @@ static vks_lora_adapter *load_lora(const char *path, const vks_model *m) {
 vks_model *cli_load_model(cli_model_args *a) {
     vks_model *m = cli_load_model_file(a);
     resolve_dtype(a, m);
-    if (a->lora_path) a->lora = load_lora(a->lora_path, m);
+    if (a->lora_path) a->lora = load_lora(a->lora_path, m, a->speaker);
     return m;
 }
 

@@ -15,6 +15,7 @@ typedef struct {
     bool profile;
     const char *lora_path;   /* --lora (commands that list CLI_LORA_LONG_OPTION) */
     vks_lora_adapter *lora;  /* loaded by cli_load_model from lora_path; NULL: none */
+    int speaker;     /* under mpirun, the world rank that says the loading notes (default 0; rl: the trainer) */
 } cli_model_args;
 
 /* Handles --model, --tokenizer, --random-model, --arch, --dtype, --device, --profile.

@@ -1,6 +1,7 @@
 /* Prompts in, JSON lines out (see cli_prompts.h). */
 #include "cli_prompts.h"
 #include <errno.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -10,19 +11,48 @@
 #define MAX_PROMPTS 4096
 #define MAX_PROMPT_BYTES (1 << 20)
 
+static bool is_jsonl(const char *path) {
+    size_t n = strlen(path);
+    return n >= 6 && !strcmp(path + n - 6, ".jsonl");
+}
+
+/* A JSON-lines prompt: {"prompt": "..."} (other keys ignored, as task files'
+ * readers do); the line's text itself is not a prompt. Exit 2 naming the line. */
+static char *json_prompt(const char *path, int line_no, const char *text, size_t len) {
+    json_error_t err;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    if (!root) cli_die(EXIT_BAD_INPUT, "%s: line %d: bad JSON: %s (column %d)", path, line_no, err.text, err.column);
+    json_t *v = json_object_get(root, "prompt");
+    const char *why = !json_is_object(root) ? "not a JSON object" : !v ? "missing \"prompt\""
+                      : !json_is_string(v) ? "\"prompt\" is not a string" : NULL; /* \u0000: jansson refuses it */
+    if (why) cli_die(EXIT_BAD_INPUT, "%s: line %d: %s (a .jsonl prompts file holds {\"prompt\": \"...\"} per line)", path,
+                     line_no, why);
+    char *p = strdup(json_string_value(v));
+    json_decref(root);
+    if (!p) cli_die(1, "out of host memory");
+    return p;
+}
+
+static bool blank(const char *s) { return s[strspn(s, " \t")] == 0; }
+
 /* Reads one prompt per line (a final line without '\n' counts; "\r\n" ends a
- * line like "\n"; a NUL byte is an error naming the line). */
+ * line like "\n"; a NUL byte is an error naming the line). A .jsonl file
+ * holds one JSON object per line instead, {"prompt": "..."}, so that a prompt
+ * may hold any text (line ends too); blank lines are skipped there. */
 char **cli_read_prompts(const char *path, int *n_out) {
     FILE *f = fopen(path, "rb");
     if (!f) cli_die(EXIT_BAD_INPUT, "%s: cannot open", path);
     char **lines = calloc(MAX_PROMPTS, sizeof *lines);
     char *buf = malloc(MAX_PROMPT_BYTES + 2);
-    int n = 0;
+    int n = 0, line_no = 0;
     size_t len;
+    bool json = is_jsonl(path);
     if (!lines || !buf) cli_die(1, "out of host memory");
-    while (cli_read_line(f, path, n + 1, buf, MAX_PROMPT_BYTES, &len)) {
+    while (cli_read_line(f, path, ++line_no, buf, MAX_PROMPT_BYTES, &len)) {
+        if (json && blank(buf)) continue;
         if (n == MAX_PROMPTS) cli_die(EXIT_BAD_INPUT, "%s: more than %d prompts", path, MAX_PROMPTS);
-        lines[n++] = strdup(buf);
+        lines[n] = json ? json_prompt(path, line_no, buf, len) : strdup(buf);
+        if (!lines[n++]) cli_die(1, "out of host memory");
     }
     if (ferror(f)) cli_die(EXIT_BAD_INPUT, "%s: cannot read: %s", path, strerror(errno)); /* a directory, say */
     fclose(f);

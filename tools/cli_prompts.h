@@ -5,7 +5,9 @@
 #include "vkswarm/vks_engine.h"
 #include "vkswarm/vks_tokenizer.h"
 
-/* One prompt per line (a last line without '\n' counts); exits 2 on bad input. */
+/* One prompt per line (a last line without '\n' counts), or for a path ending
+ * in .jsonl one {"prompt": "..."} object per line (blank lines skipped);
+ * exits 2 on bad input. */
 char **cli_read_prompts(const char *path, int *n_out);
 /* encode(prompt, bos) into s->ids / s->n_prompt; without a tokenizer the
  * prompt is token ids (whitespace-separated, each in [0, vocab)) after BOS. */

@@ -58,6 +58,40 @@ _Noreturn void cli_exit_now(int status) {
     _exit(status);
 }
 
+/* Whether s[0, n) is a label of a message's prefix: a command or role name
+ * such as "rl", "train plan" or "verifier rank 3" (words of lower-case
+ * letters, digits and spaces), never a file name. */
+static bool is_label(const char *s, size_t n) {
+    return n > 0 && n <= 40 && strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789 ") >= n && s[0] != ' ';
+}
+
+/* Drops a label that the message already carries ("vkswarm: rl: rl: x",
+ * "vkswarm rl: rl: x", "vkswarm: rl: inference rank 2: rl: x" all lose the
+ * second "rl: "): the command adds its name, and so does the library's
+ * message it prints. Labels are the ": "-separated parts before the text;
+ * "vkswarm CMD" counts as "vkswarm" and "CMD". */
+static void drop_repeated_labels(char *msg) {
+    const char *seen[16];
+    size_t seen_n[16];
+    int n_seen = 0;
+    char *p = msg;
+    for (char *end; (end = strstr(p, ": ")) && n_seen < 16; ) {
+        size_t n = (size_t)(end - p);
+        bool repeat = false;
+        for (int i = 0; i < n_seen && !repeat; i++) repeat = seen_n[i] == n && !memcmp(seen[i], p, n);
+        if (repeat) { /* cut "LABEL: " out */
+            memmove(p, end + 2, strlen(end + 2) + 1);
+            continue;
+        }
+        if (p == msg && !strncmp(p, "vkswarm ", 8)) { /* "vkswarm CMD" */
+            seen[n_seen] = p, seen_n[n_seen++] = 7;
+            seen[n_seen] = p + 8, seen_n[n_seen++] = n - 8;
+        } else if (is_label(p, n)) seen[n_seen] = p, seen_n[n_seen++] = n;
+        else break; /* the text itself (a file name, a sentence): labels end here */
+        p = end + 2;
+    }
+}
+
 /* "vkswarm[ CMD]: <msg>" on stderr. Messages carry strings from files:
  * nothing reaches the terminal raw. */
 __attribute__((format(printf, 2, 0))) static void put_message(const char *cmd, const char *fmt, va_list ap) {
@@ -65,6 +99,7 @@ __attribute__((format(printf, 2, 0))) static void put_message(const char *cmd, c
     int n = snprintf(msg, sizeof msg, "vkswarm%s%s: ", cmd ? " " : "", cmd ? cmd : "");
     if (n < 0 || (size_t)n >= sizeof msg) n = 0;
     vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+    drop_repeated_labels(msg);
     vks_escape(msg, strlen(msg), esc, sizeof esc);
     fprintf(stderr, "%s\n", esc);
 }
@@ -193,11 +228,42 @@ void cli_put_shell_word(FILE *f, const char *s) {
     fputc('\'', f);
 }
 
+static const char *program = "vkswarm";
+
+void cli_set_program(const char *argv0) {
+    if (argv0 && *argv0) program = argv0;
+}
+
+void cli_put_program(FILE *f) { cli_put_shell_word(f, program); }
+
+void cli_put_mpirun(FILE *f, int np) {
+    /* Open MPI refuses to start as root without the flag */
+    fprintf(f, "mpirun%s --oversubscribe --mca btl tcp,self -np %d ", geteuid() == 0 ? " --allow-run-as-root" : "", np);
+    cli_put_program(f);
+}
+
+int cli_world_rank(void) {
+    const char *names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *v = getenv(names[i]);
+        char *end;
+        long r = v && *v ? strtol(v, &end, 10) : -1;
+        if (v && *v && !*end && r >= 0 && r < (1L << 30)) return (int)r;
+    }
+    return -1;
+}
+
+bool cli_rank_speaks(int speaker) {
+    int r = cli_world_rank();
+    return r < 0 || r == speaker;
+}
+
 void cli_stop_line(const char *cmd, int64_t step, const char *checkpoint, int argc, const char *const *argv) {
     fflush(stdout);
     fprintf(stderr, "vkswarm: %s: stopped at step %lld; checkpoint ", cmd, (long long)step);
     cli_put_escaped(stderr, checkpoint, strlen(checkpoint));
-    fputs("; continue with: vkswarm", stderr);
+    fputs("; continue with: ", stderr);
+    cli_put_program(stderr);
     for (int i = 0; i < argc; i++) {
         fputc(' ', stderr);
         cli_put_shell_word(stderr, argv[i]);

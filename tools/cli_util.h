@@ -30,11 +30,25 @@ void cli_on_resume_rl(void *ctx, const char *checkpoint, int64_t step);
 #define EXIT_STOPPED 130
 void cli_stop_install(void);
 bool cli_stop_requested(void *ctx);
-/* The line a cleanly stopped run ends with: "vkswarm: CMD: stopped at step N;
- * checkpoint CKPT; continue with: vkswarm ARGS..." (each argument quoted for
- * a POSIX shell where it needs it). */
 /* s as one shell word (quoted when it needs it; control bytes escaped). */
 void cli_put_shell_word(FILE *f, const char *s);
+/* Commands a message tells the user to run name the program as it was run
+ * (main's argv[0]: build/vkswarm, /usr/local/bin/vkswarm; "vkswarm" until set). */
+void cli_set_program(const char *argv0);
+/* The program as one shell word. */
+void cli_put_program(FILE *f);
+/* "mpirun [--allow-run-as-root] --oversubscribe --mca btl tcp,self -np N
+ * PROGRAM": a one-machine launch; the flag when running as root (euid 0),
+ * which Open MPI refuses without it. */
+void cli_put_mpirun(FILE *f, int np);
+/* This process's MPI world rank as the launcher's environment gives it
+ * (usable before MPI_Init), or -1 outside mpirun. */
+int cli_world_rank(void);
+/* Notes said once per job: true outside mpirun, else only on rank `speaker`. */
+bool cli_rank_speaks(int speaker);
+/* The line a cleanly stopped run ends with: "vkswarm: CMD: stopped at step N;
+ * checkpoint CKPT; continue with: PROGRAM ARGS..." (each argument quoted for
+ * a POSIX shell where it needs it). */
 void cli_stop_line(const char *cmd, int64_t step, const char *checkpoint, int argc, const char *const *argv);
 /* Installed first thing in main: at exit, stdout is flushed and closed and
  * any failed write to it (full disk, closed pipe) turns the exit status into

@@ -1,6 +1,8 @@
 /* `vkswarm convert`: between llama2.c .bin, GGUF and Hugging Face safetensors. */
+#include <dirent.h>
 #include <getopt.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 #include "cli_model.h"
@@ -8,19 +10,24 @@
 #include "vkswarm/vks_gguf.h"
 #include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_model.h"
+#include "vkswarm/vks_quant.h"
 #include "vkswarm/vks_tokenizer.h"
 
 static const char convert_usage[] =
     "usage: vkswarm convert (--in MODEL |\n"
     "                        --random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
     "                        [--arch llama|llama3|qwen2|qwen3] | --init tiny [--seed S]) --out PATH\n"
-    "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k] [--tokenizer T] [--lora ADAPTER]\n"
+    "                       [--type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k [--strict]] [--tokenizer T]\n"
+    "                       [--lora ADAPTER]\n"
     "Converts a model. The input format is detected by content (GGUF, safetensors file or directory\n"
     "with config.json, llama2.c). The output format follows PATH: *.gguf is GGUF, *.bin is llama2.c\n"
     "(f32 only), anything else is a Hugging Face directory (config.json + model.safetensors; f32,\n"
     "f16 or bf16). q/k rows are permuted for each format's RoPE order, so logits do not change.\n"
-    "--type sets the dtype of weight matrices (default f32; norms and biases stay f32); block types\n"
-    "apply to matrices whose rows are whole blocks, others stay f32.\n"
+    "--type sets the dtype of weight matrices (default f32; norms and biases stay f32). A matrix whose\n"
+    "rows are not whole blocks of the type (q4_k, q6_k: 256 elements; q8_0, q4_0: 32) is written in\n"
+    "the nearest type whose blocks fit, as llama.cpp's quantize does: q4_k -> q4_0, q6_k -> q8_0,\n"
+    "else f32; stderr names each such matrix and the type used, and every convert says the size it\n"
+    "wrote. --strict refuses such a matrix instead (exit 2, naming it).\n"
     "--tokenizer T (a llama2.c tokenizer.bin, a GGUF vocabulary or model, a tokenizer.json or a\n"
     "directory holding one) is written with the model: as tokenizer.ggml.* metadata in GGUF, in a\n"
     "Hugging Face directory as tokenizer.json (byte-level BPE), tokenizer.gguf (SentencePiece) or\n"
@@ -45,6 +52,7 @@ typedef struct {
     const char *out, *type_name, *init, *lora;
     vks_dtype type;
     uint64_t seed;
+    bool strict;
 } convert_args;
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -58,7 +66,7 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
                                          {"random-model", required_argument, 0, 0}, {"init", required_argument, 0, 0},
                                          {"seed", required_argument, 0, 0},         {"help", no_argument, 0, 'h'},
                                          {"arch", required_argument, 0, 0},         {"lora", required_argument, 0, 0},
-                                         {0, 0, 0, 0}};
+                                         {"strict", no_argument, 0, 0},             {0, 0, 0, 0}};
     int c, idx;
     a->type = VKS_DTYPE_F32;
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
@@ -76,6 +84,7 @@ static void parse_convert(int argc, char **argv, convert_args *a) {
         else if (!strcmp(name, "init")) a->init = optarg;
         else if (!strcmp(name, "lora")) a->lora = optarg;
         else if (!strcmp(name, "seed")) a->seed = cli_parse_u64("--seed", optarg);
+        else if (!strcmp(name, "strict")) a->strict = true;
     }
     if (optind < argc) cli_usage_error("convert", "unexpected argument '%s'", argv[optind]);
     if (!a->out) cli_usage_error("convert", "--out is required");
@@ -155,6 +164,58 @@ static void merge_lora(vks_model *m, const char *path) {
     if (rc != VKS_OK) cli_die(rc == VKS_ERR_NOMEM ? 1 : EXIT_BAD_INPUT, "%s", vks_last_error());
 }
 
+/* The matrices written in another type than --type, grouped by (columns,
+ * type used) in the order met: one line per group after the file is written. */
+#define MAX_FALLBACK_GROUPS 16
+#define NAMES_SHOWN 4
+typedef struct { int64_t cols; vks_dtype used; int n; char names[NAMES_SHOWN][64]; } fallback_group;
+typedef struct {
+    fallback_group g[MAX_FALLBACK_GROUPS];
+    int n_groups, n_other; /* n_other: matrices of groups past the last (not named) */
+} fallbacks;
+
+static void on_fallback(void *ctx, const char *tensor, int64_t cols, vks_dtype used) {
+    fallbacks *f = ctx;
+    int i = 0;
+    while (i < f->n_groups && (f->g[i].cols != cols || f->g[i].used != used)) i++;
+    if (i == MAX_FALLBACK_GROUPS) { f->n_other++; return; }
+    if (i == f->n_groups) f->g[f->n_groups++] = (fallback_group){.cols = cols, .used = used};
+    if (f->g[i].n < NAMES_SHOWN) snprintf(f->g[i].names[f->g[i].n], sizeof f->g[i].names[0], "%s", tensor);
+    f->g[i].n++;
+}
+
+/* "convert: N matrices of C columns written as USED, not TYPE (rows are not whole B-element TYPE blocks): names" */
+static void say_fallbacks(const fallbacks *f, vks_dtype want) {
+    for (int i = 0; i < f->n_groups; i++) {
+        char names[NAMES_SHOWN * 66 + 32] = "";
+        for (int k = 0; k < f->g[i].n && k < NAMES_SHOWN; k++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", f->g[i].names[k]);
+        if (f->g[i].n > NAMES_SHOWN)
+            snprintf(names + strlen(names), sizeof names - strlen(names), " and %d more", f->g[i].n - NAMES_SHOWN);
+        cli_note("convert: %d %s of %lld columns written as %s, not %s (rows are not whole %zu-element %s blocks; "
+                 "--strict refuses): %s", f->g[i].n, f->g[i].n == 1 ? "matrix" : "matrices", (long long)f->g[i].cols,
+                 vks_dtype_name(f->g[i].used), vks_dtype_name(want), vks_dtype_block_elems(want), vks_dtype_name(want),
+                 names);
+    }
+    if (f->n_other) cli_note("convert: %d more matrices written in another type than %s", f->n_other, vks_dtype_name(want));
+}
+
+/* The bytes written at path: a file's size, or a directory's files together. */
+static long long bytes_written(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) return (long long)st.st_size;
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    long long total = 0;
+    char p[4200];
+    for (struct dirent *e; (e = readdir(d));)
+        if ((size_t)snprintf(p, sizeof p, "%s/%s", path, e->d_name) < sizeof p && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            total += (long long)st.st_size;
+    closedir(d);
+    return total;
+}
+
 static vks_model *tiny_model(uint64_t seed, vks_tokenizer **tok) {
     vks_model *m = NULL;
     if (vks_model_init_tiny(seed, &m, tok)) cli_die(1, "%s", vks_last_error());
@@ -177,7 +238,9 @@ int cmd_convert(int argc, char **argv) {
     a.m.tokenizer_path = NULL; /* not for cli_load_model */
     vks_tokenizer *tok = NULL;
     vks_model *m = a.init ? tiny_model(a.seed, &tok) : cli_load_model(&a.m);
-    vks_model_save_options o = {.dtype = a.type, .tokenizer = tok};
+    fallbacks fb = {0};
+    vks_model_save_options o = {.dtype = a.type, .tokenizer = tok, .strict = a.strict, .on_fallback = on_fallback,
+                                .fallback_ctx = &fb};
     char buf[1100];
     if (!a.init) output_tokenizer(tok_path, m, fmt, &o, &tok, buf, sizeof buf);
     if (a.lora) merge_lora(m, a.lora);
@@ -188,6 +251,10 @@ int cmd_convert(int argc, char **argv) {
     else rc = vks_model_save_llama2c(m, a.out);
     vks_tokenizer_free(tok);
     vks_model_free(m);
+    if (rc != VKS_OK && a.strict && rc == VKS_ERR_ARG) cli_die(EXIT_BAD_INPUT, "convert: --strict: %s", vks_last_error());
     if (rc != VKS_OK) cli_die(rc == VKS_ERR_IO ? 1 : EXIT_BAD_INPUT, "%s", vks_last_error());
+    say_fallbacks(&fb, a.type);
+    long long bytes = bytes_written(a.out);
+    if (bytes >= 0) cli_note("convert: wrote %s: %lld bytes (%.2f MB)", a.out, bytes, bytes / 1e6);
     return 0;
 }

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include "cli_model.h"
 #include "cli_mpi.h"
 #include "cli_util.h"
@@ -10,6 +11,7 @@
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_rl_config.h"
 #include "vkswarm/vks_rl_mpi.h"
+#include "vkswarm/vks_shard.h"
 #include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_tokenizer.h"
 
@@ -57,7 +59,7 @@ static const char rl_usage[] =
     "Ctrl-C (SIGINT) or SIGTERM stops cleanly: the current step finishes, its checkpoint is saved\n"
     "(whatever --save-every says), metrics and plots are written, stdout as below, and the run exits\n"
     "130 with one line: 'vkswarm: rl: stopped at step N; checkpoint DIR/step-N; continue with:\n"
-    "vkswarm rl --out DIR --resume'. A second signal stops at once. (One process only: under mpirun\n"
+    "PROGRAM rl --out DIR --resume' (PROGRAM: the path this command was run by). A second signal stops at once. (One process only: under mpirun\n"
     "signals end the ranks as before.) At the end stderr says 'N rollouts; C checked by a verifier: A\n"
     "accepted, R rejected; ...' and, across ranks, one line per rank dropped or refused (world rank, step,\n"
     "why). stdout gets (paths escaped):\n"
@@ -113,9 +115,24 @@ static void check_eval(const rl_args *a) {
     if (a->eval_n_given)
         cli_usage_error("rl", "--eval-n %d: a task file is evaluated on held-out tasks: give --eval-tasks FILE or "
                         "--eval-split F (or --eval-n 0)", a->o.eval_n);
-    const char *rank = getenv("OMPI_COMM_WORLD_RANK"); /* said once, by the trainer */
-    if (!rank || atoi(rank) == a->c.trainer)
+    if (cli_rank_speaks(a->c.trainer)) /* said once, by the trainer */
         fprintf(stderr, "vkswarm: rl: no held-out accuracy: task file without --eval-tasks or --eval-split\n");
+}
+
+/* config shardcast_key DIR across ranks: every rank reads DIR/shardcast.pub,
+ * the trainer also DIR/shardcast.key. A missing or bad file is the user's
+ * mistake: one line naming it, exit 2, before any rank starts MPI. */
+static void check_keys(const rl_args *a) {
+    char path[sizeof a->c.shardcast_key + 32];
+    uint8_t pk[VKS_PUBLIC_KEY_BYTES], sk[VKS_SECRET_KEY_BYTES];
+    snprintf(path, sizeof path, "%s/shardcast.pub", a->c.shardcast_key);
+    if (vks_key_load_public(path, pk)) cli_die(EXIT_BAD_INPUT, "rl: shardcast_key: %s", vks_last_error());
+    if (cli_world_rank() != a->c.trainer) return;
+    snprintf(path, sizeof path, "%s/shardcast.key", a->c.shardcast_key);
+    if (sodium_init() < 0) cli_die(1, "libsodium failed to initialize");
+    int rc = vks_key_load_secret(path, sk);
+    sodium_memzero(sk, sizeof sk);
+    if (rc) cli_die(rc == VKS_ERR_NOMEM ? 1 : EXIT_BAD_INPUT, "rl: shardcast_key: %s", vks_last_error());
 }
 
 /* One run option against what the checkpoint stored: a given one that
@@ -165,8 +182,9 @@ static void resume_config(rl_args *a) {
  * mpirun): one line saying which mpirun line starts them on one machine. */
 _Noreturn static void need_ranks(int named, int started, int argc, char **argv) {
     fflush(stdout);
-    fprintf(stderr, "vkswarm: rl: the config's roles name %d ranks but %d %s started; on one machine run: mpirun "
-            "--oversubscribe --mca btl tcp,self -np %d vkswarm", named, started, started == 1 ? "was" : "were", named);
+    fprintf(stderr, "vkswarm: rl: the config's roles name %d ranks but %d %s started; on one machine run: ", named,
+            started, started == 1 ? "was" : "were");
+    cli_put_mpirun(stderr, named);
     for (int i = 0; i < argc; i++) {
         fputc(' ', stderr);
         cli_put_shell_word(stderr, argv[i]);
@@ -246,6 +264,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     if (named > a->n_ranks) need_ranks(named, a->n_ranks, argc, argv);
     if (vks_rl_config_check(&a->c, a->n_ranks)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     check_eval(a);
+    if (a->n_ranks > 1 && a->c.shardcast_key[0]) check_keys(a);
     if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
 }
 
@@ -326,24 +345,24 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
         vks_rl_result r;
         rc = vks_rl_mpi_trainer(&a->o, &mo, &r, &no_finalize);
         if (rc) {
-            fprintf(stderr, "vkswarm: rl: %s\n", vks_last_error());
+            cli_note("rl: %s", vks_last_error());
             cli_mpi_abort(cli_mpi_status(rc));
         }
         print_result(a, &r);
     } else if (roles & VKS_RL_ROLE_ORCHESTRATOR) { /* on a rank of its own */
         rc = vks_rl_mpi_orchestrator(&a->o, &mo, &no_finalize);
-        if (rc) fprintf(stderr, "vkswarm: rl: orchestrator rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
+        if (rc) cli_note("rl: orchestrator rank %d: %s", rank, vks_last_error()), status = cli_mpi_status(rc);
     } else if (roles & VKS_RL_ROLE_INFERENCE) {
         rc = vks_rl_mpi_inference(&a->o, &mo, &no_finalize);
-        if (rc) fprintf(stderr, "vkswarm: rl: inference rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
+        if (rc) cli_note("rl: inference rank %d: %s", rank, vks_last_error()), status = cli_mpi_status(rc);
     } else if (roles & VKS_RL_ROLE_VERIFIER) {
         rc = vks_rl_mpi_verifier(&a->o, &mo, &no_finalize);
-        if (rc) fprintf(stderr, "vkswarm: rl: verifier rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
+        if (rc) cli_note("rl: verifier rank %d: %s", rank, vks_last_error()), status = cli_mpi_status(rc);
     } else if (roles & VKS_RL_ROLE_RELAY) {
         rc = vks_rl_mpi_relay(&a->o, &mo, &no_finalize);
-        if (rc) fprintf(stderr, "vkswarm: rl: relay rank %d: %s\n", rank, vks_last_error()), status = cli_mpi_status(rc);
+        if (rc) cli_note("rl: relay rank %d: %s", rank, vks_last_error()), status = cli_mpi_status(rc);
     } else {
-        fprintf(stderr, "vkswarm: rl: rank %d has no role this cut runs\n", rank);
+        cli_note("rl: rank %d has no role this cut runs", rank);
         status = EXIT_BAD_INPUT;
     }
     fflush(stdout);
@@ -362,6 +381,7 @@ int cmd_rl(int argc, char **argv) {
     vks_model *m = NULL;
     if (a.c.model[0]) {
         a.m.model_path = a.c.model;
+        a.m.speaker = a.c.trainer;
         m = cli_load_model(&a.m);
         if (vks_tokenizer_load_auto(a.m.tokenizer_path, m, &tok))
             cli_die(EXIT_BAD_INPUT, "%s (RL needs the model's tokenizer: --tokenizer)", vks_last_error());

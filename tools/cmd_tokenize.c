@@ -21,7 +21,7 @@ static const char tokenize_usage[] =
     "--chat: stdin is one user message, formatted with the model's chat template (or the one named\n"
     "by --chat-template: chatml, qwen3, llama2, llama3, llama3.1, phi3) and an assistant prompt;\n"
     "special tokens are parsed. --no-think: Qwen3's enable_thinking=false (the prompt ends with an\n"
-    "empty <think></think> block).\n";
+    "empty <think></think> block); refused (exit 2) with a template that has no thinking switch.\n";
 
 static const char detokenize_usage[] =
     "usage: vkswarm detokenize (--model M | --tokenizer T [--vocab-size N]) [--special]\n"
@@ -122,6 +122,10 @@ static char *read_stdin(size_t *len) {
 static char *chat_text(const tok_args *a, const vks_tokenizer *t, const char *user) {
     const char *tmpl = a->chat_template ? a->chat_template : vks_tokenizer_chat_template(t);
     if (!tmpl) cli_die(EXIT_BAD_INPUT, "tokenize: the tokenizer has no chat template; give --chat-template");
+    const char *family = vks_chat_template_family(tmpl);
+    if (a->no_think && (!family || strcmp(family, "qwen3"))) /* refused as rl and eval refuse prompt.think = false */
+        cli_usage_error("tokenize", "--no-think: chat template %s has no thinking switch (qwen3 has)",
+                        family ? family : "(of no known family)");
     vks_chat_message msgs[2];
     int n = 0;
     if (a->system) msgs[n++] = (vks_chat_message){"system", a->system};

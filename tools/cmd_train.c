@@ -36,7 +36,7 @@ static const char train_usage[] =
     "writes DIR; a fresh run refuses a DIR holding an earlier run's files.\n"
     "Ctrl-C (SIGINT) or SIGTERM stops cleanly: the current step finishes, its checkpoint, metrics and\n"
     "plot are written, and the run exits 130 with one line: 'vkswarm: train: stopped at step N;\n"
-    "checkpoint DIR/step-N; continue with: vkswarm train sft ... --resume' (this command line). A\n"
+    "checkpoint DIR/step-N; continue with: PROGRAM train sft ... --resume' (this command line). A\n"
     "second signal stops at once.\n"
     "--lora-rank R trains only LoRA adapters of rank R (PEFT's initialisation from --seed; scale A / R,\n"
     "--lora-alpha A default 32) on LIST (comma-separated q, k, v, o, gate, up, down or PEFT's q_proj, ...;\n"

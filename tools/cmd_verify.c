@@ -42,7 +42,8 @@ static const char verify_usage[] =
     "BOS and EOS); the file's must be among them. Thresholds default to TOPLOC's:\n"
     "38 exponent mismatches, mantissa error mean 10 and median 8 (of 128 values per chunk), and a\n"
     "sampler margin of 0.001 logits for cross-device rounding.\n"
-    "--prompts FILE: the task, the prompts file given to generate/pipeline (one prompt per line,\n"
+    "--prompts FILE: the task, the prompts file given to generate/pipeline (one prompt per line or,\n"
+    "for *.jsonl, one {\"prompt\": \"...\"} object per line;\n"
     "encoded with --tokenizer, or token ids after BOS without one): a sample with seq i must carry\n"
     "exactly prompt i, else it is rejected (\"prompt does not match the task\"). Without it a\n"
     "changed prompt token can go unseen: TOPLOC commits only the rows that sample tokens.\n"
@@ -246,7 +247,7 @@ static void report_lost(const vks_dispatch_report *r, double timeout_s) {
         fprintf(stderr, "vkswarm: verify: verifier rank %d went silent for %.1f s (%d rank%s lost); its batches were "
                 "verified by the remaining ranks\n", r->first_lost, timeout_s, r->n_lost, r->n_lost > 1 ? "s" : "");
     else if (!r->all_stopped)
-        fprintf(stderr, "vkswarm: verify: a verifier rank did not answer the final stop within %.1f s\n", timeout_s);
+        cli_note("verify: a verifier rank did not answer the final stop within %.1f s", timeout_s);
 }
 
 /* --mpi, rank 0: batches go to the verifier ranks (or are verified here when alone or all are lost). */
@@ -255,7 +256,7 @@ static int verify_dispatch(const verify_args *a, const vks_model *m, const vks_r
     verifier v = {.a = a, .m = m};
     if (vks_verifier_dispatch(vks_mpi_world(), 1, rf->samples, rf->n_samples, a->batch, a->timeout_s, verify_batch, &v,
                               verdicts, report)) {
-        fprintf(stderr, "vkswarm: verify: %s\n", vks_last_error());
+        cli_note("verify: %s", vks_last_error());
         cli_mpi_abort(1);
     }
     report_lost(report, a->timeout_s);
@@ -268,7 +269,7 @@ static int serve_verifier(const verify_args *a, const vks_model *m, int rank) {
     verifier_open(&v, a, m);
     int rc = vks_verifier_serve(vks_mpi_world(), 0, a->batch, a->timeout_s, verify_batch, &v);
     if (rc) {
-        fprintf(stderr, "vkswarm: verifier rank %d: %s\n", rank, vks_last_error());
+        cli_note("verifier rank %d: %s", rank, vks_last_error());
         cli_mpi_abort(rc == VKS_ERR_TIMEOUT ? 3 : 2);
     }
     return verifier_close(&v);
@@ -284,7 +285,7 @@ static void share_stop_ids(verify_args *a, int rank) {
         return;
     }
     if (vks_verifier_recv_settings(vks_mpi_world(), 0, &settings, sizeof settings, a->timeout_s)) {
-        fprintf(stderr, "vkswarm: verifier rank %d: %s\n", rank, vks_last_error());
+        cli_note("verifier rank %d: %s", rank, vks_last_error());
         cli_mpi_abort(3);
     }
     if (settings.n < 0 || settings.n > VKS_ROLLOUT_MAX_STOP) cli_die(EXIT_BAD_INPUT, "bad stop ids from rank 0");
@@ -337,7 +338,7 @@ static int verify_sampled(const verify_args *a, const vks_model *m, const vks_ro
     if (!a->secret_given) cli_note("verify: sampling with a random secret (--sample-seed S repeats a draw)");
     subset_job j = {.a = a, .m = m, .header = &rf->header, .report = report};
     if (vks_verify_groups(rf->samples, rf->n_samples, &a->gs, verify_subset, &j, verdicts, plan)) {
-        fprintf(stderr, "vkswarm: verify: %s\n", vks_last_error());
+        cli_note("verify: %s", vks_last_error());
         if (a->mpi) cli_mpi_abort(1);
         exit(1);
     }

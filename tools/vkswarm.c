@@ -57,6 +57,7 @@ static int cmd_devices(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     cli_guard_stdout();
+    cli_set_program(argv[0]);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? EXIT_BAD_INPUT : 0;

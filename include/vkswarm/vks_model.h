@@ -232,6 +232,14 @@ typedef struct {
     /* A tokenizer to write with the model (SPM or BPE for GGUF, any kind for a
      * HF directory), or NULL. Not together with tokenizer_path. */
     const struct vks_tokenizer *tokenizer;
+    /* GGUF only: a matrix whose rows are not whole blocks of dtype (Q4_K/Q6_K:
+     * 256, Q8_0/Q4_0: 32) is written in the nearest type whose blocks fit,
+     * as llama.cpp's quantize does: Q4_K -> Q4_0, Q6_K -> Q8_0, else f32.
+     * on_fallback (may be NULL) is told each such matrix and the type used;
+     * strict refuses it instead (VKS_ERR_ARG naming the tensor). */
+    bool strict;
+    void (*on_fallback)(void *ctx, const char *tensor, int64_t cols, vks_dtype used);
+    void *fallback_ctx;
 } vks_model_save_options;
 
 /* Writes a GGUF file (arch llama or qwen2; q/k rows in adjacent-pair RoPE order

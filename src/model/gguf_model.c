@@ -268,13 +268,35 @@ int vks_model_load_gguf(const char *path, vks_model **out) {
 
 /* ---- writing ---- */
 
-/* Encodes an f32 tensor as dtype (matrices whose rows are not whole blocks stay f32). */
-static int add_tensor(vks_gguf_writer *w, const char *name, const vks_tensor *t, vks_dtype dtype, bool matrix) {
+/* The type a block type falls back to when a row is not whole blocks of it:
+ * llama.cpp's quantize takes Q5_0 for Q4_K and Q8_0 for Q6_K; vkswarm has no
+ * Q5_0, so Q4_K takes Q4_0 (the same 4.5 bits per weight). F32 ends the chain. */
+static vks_dtype fallback_of(vks_dtype t) {
+    return t == VKS_DTYPE_Q4_K ? VKS_DTYPE_Q4_0 : t == VKS_DTYPE_Q6_K ? VKS_DTYPE_Q8_0 : VKS_DTYPE_F32;
+}
+
+/* The type a matrix of `cols` columns is written in for --type `want`
+ * (o->strict: an error instead of a fallback; o->on_fallback told). */
+static int matrix_type(const char *name, int64_t cols, vks_dtype want, const vks_model_save_options *o, vks_dtype *out) {
+    uint64_t row_bytes;
+    vks_dtype t = want;
+    while (!vks_dtype_row_bytes(t, (uint64_t)cols, &row_bytes)) t = fallback_of(t);
+    if (t != want && o && o->strict)
+        return vks_set_error(VKS_ERR_ARG, "tensor %s has rows of %lld columns, not whole %zu-element %s blocks", name,
+                             (long long)cols, vks_dtype_block_elems(want), vks_dtype_name(want));
+    if (t != want && o && o->on_fallback) o->on_fallback(o->fallback_ctx, name, cols, t);
+    *out = t;
+    return VKS_OK;
+}
+
+/* Encodes an f32 tensor: a matrix as dtype (or its fallback), the rest f32. */
+static int add_tensor(vks_gguf_writer *w, const char *name, const vks_tensor *t, vks_dtype dtype, bool matrix,
+                      const vks_model_save_options *o) {
     uint64_t row_bytes, total;
-    if (!matrix || !vks_dtype_row_bytes(dtype, (uint64_t)t->cols, &row_bytes)) {
-        dtype = VKS_DTYPE_F32;
-        vks_dtype_row_bytes(dtype, (uint64_t)t->cols, &row_bytes);
-    }
+    if (!matrix) dtype = VKS_DTYPE_F32;
+    int rc = matrix ? matrix_type(name, t->cols, dtype, o, &dtype) : VKS_OK;
+    if (rc) return rc;
+    vks_dtype_row_bytes(dtype, (uint64_t)t->cols, &row_bytes);
     int64_t ne[2] = {t->cols, t->rows};
     int n_dims = matrix ? 2 : 1;
     if (dtype == VKS_DTYPE_F32) return vks_gguf_add_tensor(w, name, dtype, n_dims, ne, t->data);
@@ -352,13 +374,13 @@ static int add_rope_scaling(vks_gguf_writer *w, const vks_model *m) {
     return rc;
 }
 
-static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt) {
+static int add_all_tensors(vks_gguf_writer *w, const vks_model *m, vks_dtype dt, const vks_model_save_options *o) {
     vks_schema_item *items = NULL;
     int n = 0, rc = vks_schema_list_alloc(&m->cfg, vks_model_has_bias(m), &items, &n);
     char name[MAX_NAME];
     for (int i = 0; i < n && rc == VKS_OK; i++) {
         vks_schema_name(&items[i], VKS_NAME_GGUF, name, sizeof name);
-        rc = add_tensor(w, name, vks_model_slot_const(m, &items[i]), dt, items[i].s->rows != VKS_EXT_ONE);
+        rc = add_tensor(w, name, vks_model_slot_const(m, &items[i]), dt, items[i].s->rows != VKS_EXT_ONE, o);
     }
     free(items);
     return rc == VKS_OK ? add_rope_scaling(w, m) : rc;
@@ -385,7 +407,8 @@ int vks_model_save_gguf(const vks_model *m, const char *path, const vks_model_sa
     rc = vks_gguf_writer_create(&w);
     if (rc == VKS_OK) rc = add_hparams(w, f32);
     if (rc == VKS_OK) rc = add_tokenizer(w, m, opt);
-    if (rc == VKS_OK) rc = add_all_tensors(w, f32, dt);
+    if (rc == VKS_OK) rc = add_all_tensors(w, f32, dt, opt);
+    if (rc == VKS_ERR_ARG) rc = vks_error_prefix(rc, "%s", path);
     if (rc == VKS_OK) rc = vks_gguf_writer_save(w, path);
     vks_gguf_writer_free(w);
     vks_model_free(f32);
