@@ -98,12 +98,15 @@ static const vks_model_config q32_cfg = {.dim = 64, .hidden_dim = 96, .n_layers 
 /* ---- the batch (as test_train) ---- */
 
 typedef struct {
-    int32_t tokens[23];
-    int lens[2];
-    float weight[23];
+    int32_t tokens[64];
+    int lens[4];
+    float weight[64];
+    int n_tokens, n_seqs;
 } small_batch;
 
 static void make_batch(small_batch *b, int vocab, uint64_t seed) {
+    b->n_tokens = 23;
+    b->n_seqs = 2;
     b->lens[0] = 9;
     b->lens[1] = 14;
     uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -115,7 +118,8 @@ static void make_batch(small_batch *b, int vocab, uint64_t seed) {
 }
 
 static vks_train_batch train_batch(const small_batch *b) {
-    return (vks_train_batch){.tokens = b->tokens, .n_tokens = 23, .seq_lens = b->lens, .n_seqs = 2, .weight = b->weight};
+    return (vks_train_batch){.tokens = b->tokens, .n_tokens = b->n_tokens, .seq_lens = b->lens, .n_seqs = b->n_seqs,
+                             .weight = b->weight};
 }
 
 /* ---- adapters ---- */
@@ -139,12 +143,16 @@ static vks_lora_adapter *make_adapter(const vks_model_config *c, int rank, doubl
     return a;
 }
 
-static vks_trainer *make_trainer(const vks_model *m, const vks_lora_adapter *a, bool recompute) {
-    vks_trainer_options o = {.max_tokens = 32, .recompute = recompute, .lora = a};
+static vks_trainer *make_trainer_tokens(const vks_model *m, const vks_lora_adapter *a, bool recompute, int max_tokens) {
+    vks_trainer_options o = {.max_tokens = max_tokens, .recompute = recompute, .lora = a};
     vks_trainer *t = NULL;
     if (vks_trainer_create(gpu, m, &o, &t)) fprintf(stderr, "vks_trainer_create: %s\n", vks_last_error());
     assert_non_null(t);
     return t;
+}
+
+static vks_trainer *make_trainer(const vks_model *m, const vks_lora_adapter *a, bool recompute) {
+    return make_trainer_tokens(m, a, recompute, 32);
 }
 
 /* ---- the float64 truth ---- */
@@ -160,6 +168,8 @@ typedef struct {
     uint32_t targets;
     double scale;
     size_t off[8][VKS_LORA_TARGET_COUNT]; /* of A; B follows after rank * in */
+    bool has_norm;                        /* the final norm trained too (lora_save_norm), last */
+    size_t norm_off;
     size_t n;
     double *x;
 } ref_adapter;
@@ -182,9 +192,23 @@ static ref_adapter ref_adapter_of(const vks_model_config *c, const vks_lora_adap
                     r.x[r.n + na + i] = vks_lora_adapter_B(a, l, (vks_lora_target)t)[i];
                 r.n += na + nb;
             }
+        r.norm_off = r.n;
         if (!pass) assert_non_null(r.x = calloc(r.n, sizeof *r.x));
     }
     return r;
+}
+
+/* The final norm trained beside the adapter (lora_save_norm): m's, appended. */
+static void ref_adapter_add_norm(ref_adapter *r, const vks_model *m) {
+    float *g = malloc((size_t)m->cfg.dim * sizeof *g);
+    assert_non_null(g);
+    assert_non_null(r->x = realloc(r->x, (r->n + (size_t)m->cfg.dim) * sizeof *r->x));
+    vks_tensor_row_f32(&m->final_norm, 0, g);
+    for (int i = 0; i < m->cfg.dim; i++) r->x[r->n + i] = g[i];
+    r->has_norm = true;
+    r->norm_off = r->n;
+    r->n += (size_t)m->cfg.dim;
+    free(g);
 }
 
 /* The reference loss of base p with adapter r merged (W + s B A), and with
@@ -195,6 +219,7 @@ static double ref_loss(const vks_ref_params *p, const ref_adapter *r, const smal
     assert_int_equal(vks_ref_params_create(&p->cfg, p->has_bias, &g), VKS_OK);
     memcpy(q->data, p->data, p->n_values * sizeof *p->data);
     int R = r->rank;
+    for (int i = 0; r->has_norm && i < r->c.dim; i++) q->final_norm[i] = r->x[r->norm_off + i];
     for (int l = 0; l < r->c.n_layers; l++)
         for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
             int64_t out, in;
@@ -209,9 +234,9 @@ static double ref_loss(const vks_ref_params *p, const ref_adapter *r, const smal
                     W[o * in + i] += r->scale * s;
                 }
         }
-    vks_ref_batch rb = {.tokens = sb->tokens, .n_tokens = 23, .seq_lens = sb->lens, .n_seqs = 2};
-    double w[23], loss;
-    for (int i = 0; i < 23; i++) w[i] = sb->weight[i];
+    vks_ref_batch rb = {.tokens = sb->tokens, .n_tokens = sb->n_tokens, .seq_lens = sb->lens, .n_seqs = sb->n_seqs};
+    double w[64], loss;
+    for (int i = 0; i < sb->n_tokens; i++) w[i] = sb->weight[i];
     assert_int_equal(vks_ref_train_loss(q, &rb, w, 1.0, &loss, grad ? g : NULL), VKS_OK);
     for (int l = 0; grad && l < r->c.n_layers; l++)
         for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++) {
@@ -233,6 +258,7 @@ static double ref_loss(const vks_ref_params *p, const ref_adapter *r, const smal
                     dB[o * R + k] += r->scale * s;
                 }
         }
+    for (int i = 0; grad && r->has_norm && i < r->c.dim; i++) grad[r->norm_off + i] += g->final_norm[i];
     vks_ref_params_free(q);
     vks_ref_params_free(g);
     return loss;
@@ -252,7 +278,7 @@ static double tensor_error(const float *a, const double *ref, size_t n) {
 /* Every A and B gradient of trainer t (after one accumulate) against grad. */
 static void check_tensors(vks_trainer *t, const ref_adapter *r, const double *grad, const char *what) {
     size_t at = 0;
-    assert_int_equal(vks_trainer_n_tensors(t), 2 * __builtin_popcount(r->targets) * r->c.n_layers);
+    assert_int_equal(vks_trainer_n_tensors(t), 2 * __builtin_popcount(r->targets) * r->c.n_layers + r->has_norm);
     for (int i = 0; i < vks_trainer_n_tensors(t); i++) {
         vks_train_tensor_info info;
         assert_int_equal(vks_trainer_tensor_info(t, i, &info), VKS_OK);
@@ -464,6 +490,164 @@ static void test_loss_curve_matches_reference(void **state) {
         vks_lora_adapter_free(a);
         free_base(&b);
     }
+}
+
+/* Two `reverse w =` -> ` w reversed.` samples (w: 5 of the letters a-h) in the
+ * byte vocabulary of the tiny model as train sft packs them: BOS prompt
+ * completion EOS, each row weighted 1 / (completion tokens) when the token it
+ * predicts is the completion's. */
+static void make_reverse_batch(small_batch *b, uint64_t seed) {
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    b->n_tokens = b->n_seqs = 0;
+    int loss_rows = 0;
+    for (int q = 0; q < 2; q++) {
+        char w[6], text[32];
+        for (int i = 0; i < 5; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            w[i] = (char)('a' + (s >> 33) % 8);
+        }
+        w[5] = 0;
+        int start = b->n_tokens, n = snprintf(text, sizeof text, "reverse %s = %c%c%c%c%c.", w, w[4], w[3], w[2], w[1], w[0]);
+        b->tokens[b->n_tokens++] = 256; /* BOS */
+        for (int i = 0; i < n; i++) b->tokens[b->n_tokens++] = (unsigned char)text[i];
+        b->tokens[b->n_tokens++] = 257; /* EOS */
+        int first = start + 1 + n - 7; /* the completion " xxxxx." and EOS */
+        for (int r = start; r < b->n_tokens; r++) b->weight[r] = (r + 1 >= first && r + 1 < b->n_tokens) ? 1.0f : 0.0f;
+        b->lens[b->n_seqs++] = b->n_tokens - start;
+    }
+    for (int r = 0; r < b->n_tokens; r++) loss_rows += b->weight[r] != 0;
+    for (int r = 0; r < b->n_tokens; r++) b->weight[r] /= (float)loss_rows;
+}
+
+/* The setting of issue 40's LoRA stall: the built-in tiny model (classifier
+ * tied to the embedding), rank 8, alpha 16, every target, the reverse task,
+ * lr 1e-2, weight decay 0.1 on A and B, clip 1. Each step's loss and
+ * gradient norm, and every adapter gradient at the first step that has a
+ * non-zero dA (step 2) and at the last, against the reference doing the same
+ * steps in double (PEFT's init: A kaiming-uniform, B zero; scale alpha / r).
+ * With save_norm the final norm is trained beside the adapter. */
+static void tiny_reverse_vs_reference(bool save_norm) {
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_init_tiny(0, &m, NULL), VKS_OK);
+    vks_lora_adapter *a = make_adapter(&m->cfg, 8, 16.0, VKS_LORA_ALL_TARGETS, 1, 0);
+    small_batch sb;
+    make_reverse_batch(&sb, 40);
+    enum { MAX_STEPS = 6 };
+    const int steps = tu_test_short() ? 3 : MAX_STEPS;
+    vks_trainer_options o = {.max_tokens = 64, .lora = a, .lora_save_norm = save_norm};
+    vks_trainer *t = NULL;
+    assert_int_equal(vks_trainer_create(gpu, m, &o, &t), VKS_OK);
+    vks_ref_params *p;
+    assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+    ref_adapter r = ref_adapter_of(&m->cfg, a);
+    if (save_norm) ref_adapter_add_norm(&r, m);
+    assert_true(fabs(r.scale - 2.0) < 1e-15);
+    double *g = malloc(r.n * sizeof *g), *mo = calloc(r.n, sizeof *mo), *v = calloc(r.n, sizeof *v);
+    vks_train_batch tb = train_batch(&sb);
+    for (int s = 0; s < steps; s++) {
+        double loss, norm;
+        assert_int_equal(vks_trainer_accumulate(t, &tb, &loss, NULL), VKS_OK);
+        memset(g, 0, r.n * sizeof *g);
+        double ref = ref_loss(p, &r, &sb, g), ref_norm = sqrt(vks_ref_sum_squares(g, r.n));
+        char what[64];
+        snprintf(what, sizeof what, "tiny reverse%s step %d", save_norm ? " +norm" : "", s + 1);
+        if (s == 1 || s == steps - 1) check_tensors(t, &r, g, what);
+        assert_int_equal(vks_trainer_step(t, &adamw, 1.0, &norm), VKS_OK);
+        fprintf(stderr, "%s: loss gpu %.6f ref %.6f, grad norm gpu %.6f ref %.6f\n", what, loss, ref, norm, ref_norm);
+        assert_true(fabs(loss - ref) <= 1e-4 * fabs(ref));
+        assert_true(fabs(norm - ref_norm) <= 1e-3 * ref_norm);
+        double scale = vks_ref_clip_scale(ref_norm, 1.0);
+        assert_int_equal(vks_ref_adamw_step(r.x, g, mo, v, r.n, &adamw, s + 1, scale), VKS_OK);
+    }
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+    vks_trainer_destroy(t);
+    free(g);
+    free(mo);
+    free(v);
+    free(r.x);
+    vks_ref_params_free(p);
+    vks_lora_adapter_free(a);
+    vks_model_free(m);
+}
+
+static void test_tiny_reverse_matches_reference(void **state) {
+    (void)state;
+    tiny_reverse_vs_reference(false);
+}
+
+static void test_tiny_reverse_norm_matches_reference(void **state) {
+    (void)state;
+    tiny_reverse_vs_reference(true);
+}
+
+/* A lower bound of the loss of any model whose final norm weight g and tied
+ * classifier E stay m's: the normed x has |x^| = sqrt(dim), so the target's
+ * logit is at most |g e_t| sqrt(dim), and by Jensen the other V - 1 sum to at
+ * least (V - 1) exp(mean of their logits) >= (V - 1) exp(-|g e_mean| sqrt(dim));
+ * each row's loss is then >= log(1 + (V - 1) exp(-(|g e_t| + |g e_mean|) sqrt(dim))). */
+static double frozen_head_floor(const vks_model *m, const small_batch *sb) {
+    int V = m->cfg.vocab_size, D = m->cfg.dim;
+    float *g = malloc((size_t)D * sizeof *g), *row = malloc((size_t)D * sizeof *row);
+    double *sum = calloc((size_t)D, sizeof *sum), floor = 0;
+    vks_tensor_row_f32(&m->final_norm, 0, g);
+    for (int v = 0; v < V; v++) {
+        vks_tensor_row_f32(&m->classifier, v, row);
+        for (int d = 0; d < D; d++) sum[d] += row[d];
+    }
+    for (int r = 0, at = 0, q = 0; r < sb->n_tokens; r++) {
+        if (r + 1 == at + sb->lens[q]) at += sb->lens[q++]; /* the last row of a sequence has no target */
+        if (sb->weight[r] == 0) continue;
+        vks_tensor_row_f32(&m->classifier, sb->tokens[r + 1], row);
+        double et = 0, em = 0;
+        for (int d = 0; d < D; d++) {
+            double o = (sum[d] - row[d]) / (V - 1);
+            et += (double)g[d] * g[d] * row[d] * row[d], em += g[d] * g[d] * o * o;
+        }
+        floor += sb->weight[r] * log1p((V - 1) * exp(-(sqrt(et) + sqrt(em)) * sqrt((double)D)));
+    }
+    free(g), free(row), free(sum);
+    return floor;
+}
+
+/* Why LoRA alone stalls on the tiny model (issue 40): its classifier is the
+ * frozen embedding (std 0.02) and its final norm is frozen at 1, so no
+ * adapter can push the loss of the reverse batch below frozen_head_floor
+ * (~2.9 nats): 40 steps at lr 3e-2 stay above it. Trained beside the adapter
+ * (modules_to_save ["norm"]), the final norm scales the logits and the same
+ * run goes well below it. */
+static void test_tiny_reverse_floor_and_norm(void **state) {
+    (void)state;
+    vks_model *m = NULL;
+    assert_int_equal(vks_model_init_tiny(0, &m, NULL), VKS_OK);
+    small_batch sb;
+    make_reverse_batch(&sb, 40);
+    double floor = frozen_head_floor(m, &sb);
+    const vks_adamw_params h = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    enum { STEPS = 100 };
+    double last[2];
+    for (int save_norm = 0; save_norm < 2; save_norm++) {
+        vks_lora_adapter *a = make_adapter(&m->cfg, 8, 16.0, VKS_LORA_ALL_TARGETS, 1, 0);
+        vks_trainer_options o = {.max_tokens = 64, .lora = a, .lora_save_norm = save_norm};
+        vks_trainer *t = NULL;
+        assert_int_equal(vks_trainer_create(gpu, m, &o, &t), VKS_OK);
+        vks_train_batch tb = train_batch(&sb);
+        double loss = 0, norm, lowest = INFINITY;
+        for (int s = 0; s < STEPS; s++) {
+            assert_int_equal(vks_trainer_accumulate(t, &tb, &loss, NULL), VKS_OK);
+            assert_int_equal(vks_trainer_step(t, &h, 1.0, &norm), VKS_OK);
+            if (loss < lowest) lowest = loss;
+            if (s % 20 == 0 || s == STEPS - 1)
+                fprintf(stderr, "lora%s step %d: loss %.4f (frozen-head floor %.4f)\n", save_norm ? " + norm" : "",
+                        s + 1, loss, floor);
+        }
+        if (!save_norm) assert_true(lowest >= floor);
+        last[save_norm] = loss;
+        vks_trainer_destroy(t);
+        vks_lora_adapter_free(a);
+    }
+    assert_true(last[1] < floor - 1.0);
+    assert_true(last[1] < last[0] - 1.0);
+    vks_model_free(m);
 }
 
 /* Every set of one trainer into another (what a checkpoint carries). */
@@ -684,10 +868,14 @@ int main(void) {
         cmocka_unit_test(test_gradients_finite_differences),
         cmocka_unit_test(test_fresh_adapter_is_the_base),
         cmocka_unit_test(test_loss_curve_matches_reference),
+        cmocka_unit_test(test_tiny_reverse_matches_reference),
+        cmocka_unit_test(test_tiny_reverse_norm_matches_reference),
+        cmocka_unit_test(test_tiny_reverse_floor_and_norm),
         cmocka_unit_test(test_deterministic_and_resume),
         cmocka_unit_test(test_bad_adapters),
         cmocka_unit_test(test_refused_when_too_large),
         cmocka_unit_test(test_peak_is_the_plan),
     };
+    if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests_name("train_lora", tests, setup, teardown);
 }

@@ -38,6 +38,12 @@ typedef struct {
      * values, copied) on the frozen model; it must fit the model's config.
      * NULL: full fine-tuning. */
     const vks_lora_adapter *lora;
+    /* LoRA: also train the final norm's weight beside the adapter (PEFT's
+     * modules_to_save = ["norm"]): tensor "norm" [1, dim], last, starting
+     * from the model's; export it with vks_trainer_read. Without it the
+     * logits are bounded by the frozen norm and classifier (NOTES
+     * "Training"). Not in the memory plan, checkpoints or adapter files yet. */
+    bool lora_save_norm;
 } vks_trainer_options;
 
 /* Before allocating anything, the run's memory plan (vks_train_plan_make

@@ -47,7 +47,7 @@ int vks_train_lora_target(int k) {
 static int list_lora_tensors(vks_trainer *t) {
     const vks_model_config *c = &t->cfg;
     int per_layer = __builtin_popcount(t->lora.targets);
-    t->n_tensors = 2 * per_layer * c->n_layers;
+    t->n_tensors = 2 * per_layer * c->n_layers + (t->opt.lora_save_norm ? 1 : 0);
     t->tensors = calloc((size_t)t->n_tensors, sizeof *t->tensors);
     t->adapter = calloc((size_t)c->n_layers, sizeof *t->adapter);
     if (!t->tensors || !t->adapter) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
@@ -68,6 +68,12 @@ static int list_lora_tensors(vks_trainer *t) {
                 x->info.cols = ab ? t->lora.rank : in;
             }
         }
+    if (t->opt.lora_save_norm) { /* modules_to_save ["norm"]: PEFT's module name */
+        t->final_norm = i;
+        snprintf(t->tensors[i].info.name, sizeof t->tensors[i].info.name, "norm");
+        t->tensors[i].info.rows = 1;
+        t->tensors[i].info.cols = c->dim;
+    }
     return VKS_OK;
 }
 
@@ -167,6 +173,7 @@ static int create_lora(vks_trainer *t, const vks_model *m, const vks_lora_adapte
             rc = vks_trainer_write(t, VKS_SET_PARAMS, i, vks_lora_adapter_A(a, l, (vks_lora_target)k));
             if (!rc) rc = vks_trainer_write(t, VKS_SET_PARAMS, i + 1, vks_lora_adapter_B(a, l, (vks_lora_target)k));
         }
+    if (!rc && t->final_norm >= 0) rc = upload_master(&t->tensors[t->final_norm], &m->final_norm);
     /* the frozen base: the engine's parameter set of every layer, in the file's types */
     vks_engine_options e = {.layer_end = t->cfg.n_layers, .keep_file_dtype = true};
     if (!rc) rc = vks_param_set_upload(t->gpu, m, &e, &t->base);
@@ -292,6 +299,6 @@ vks_binding vks_train_layer_vector(const vks_trainer *t, vks_param_kind set, int
 }
 
 vks_binding vks_train_final_norm(const vks_trainer *t, vks_param_kind set) {
-    if (vks_train_is_lora(t)) return (vks_binding){set == VKS_SET_PARAMS ? t->base.final_norm : NULL, 0, 0};
+    if (vks_train_is_lora(t) && t->final_norm < 0) return (vks_binding){set == VKS_SET_PARAMS ? t->base.final_norm : NULL, 0, 0};
     return vks_train_binding(t, set, t->final_norm);
 }
