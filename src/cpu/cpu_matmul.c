@@ -66,7 +66,8 @@ static void sgemm_xwt(const float *x, const float *w, int M, int N, int K, float
 enum {
     PANEL_MAX_FLOATS = 1 << 21, /* 8 MiB of converted rows per thread */
     MIN_CALL_MACS = 1 << 22,    /* multiply-adds of an sgemm call of a split product */
-    ITEM_MIN_ROWS = 256,        /* weight rows of an sgemm call of a split product */
+    ITEM_ROWS = 512,            /* weight rows of an sgemm call of a split product... */
+    ITEM_ROWS_LEAST = 256,      /* ...or of each half of one split in two */
     ITEMS_MOST = 64,            /* items of a product, unless the panel needs more */
 };
 
@@ -101,20 +102,22 @@ static void matmul_items(void *ctx, int begin, int end, int worker) {
  * where the row falls in the call and on the call's size (measured on its
  * Haswell/Zen and SkylakeX kernels: no split point keeps every bit), so
  * splitting the rows per thread made a verifier's result depend on its core
- * count. Items have at least ITEM_MIN_ROWS rows and MIN_CALL_MACS
- * multiply-adds (each call packs all M activation rows again; smaller
- * products run whole); their count is a power of two up to ITEMS_MOST so 1,
- * 2, 4, 8... threads share them evenly, or more where converted rows must fit
- * the panel. */
+ * count. Each call packs all M activation rows again (256-row items took
+ * 0-10% more CPU time than one item per thread on 2 cores, BENCHMARKS), so
+ * items have ITEM_ROWS rows or more (a product of 512-1023 rows splits into
+ * two halves of at least ITEM_ROWS_LEAST) and MIN_CALL_MACS multiply-adds
+ * (smaller products run whole); their count is a power of two up to
+ * ITEMS_MOST, so 1, 2, 4, 8... threads share them evenly, or more where
+ * converted rows must fit the panel. */
 static int64_t split_items(const vks_cpu *c, const vks_tensor *W, int M) {
     int64_t N = W->rows, K = W->cols, most = N;
     if (c->item_rows > 0 && most > c->item_rows) most = c->item_rows;
     if (W->dtype != VKS_DTYPE_F32 && most * K > (int64_t)c->panel_floats) most = (int64_t)c->panel_floats / K;
     int64_t needed = (N + most - 1) / most;
     int64_t least = (MIN_CALL_MACS + (int64_t)M * K - 1) / ((int64_t)M * K);
-    if (least < ITEM_MIN_ROWS) least = ITEM_MIN_ROWS;
-    int64_t items = 1;
-    while (items * 2 <= ITEMS_MOST && items * 2 * least <= N) items *= 2;
+    int64_t target = least > ITEM_ROWS ? least : ITEM_ROWS, items = 1;
+    while (items * 2 <= ITEMS_MOST && items * 2 * target <= N) items *= 2;
+    if (items == 1 && N >= 2 * ITEM_ROWS_LEAST && N >= 2 * least) items = 2; /* two threads share it */
     return items > needed ? items : needed;
 }
 
