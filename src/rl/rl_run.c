@@ -501,8 +501,20 @@ typedef struct {
     int n;
     vks_grpo_stats grpo;  /* summed over micro-batches (fractions recomputed) */
     double mismatch_sum, entropy_sum;
-    int far;              /* completions left out: their logp far from the trainer's */
+    int far;              /* completions left out: their logp far from the sampling version's */
+    double sampler_max;   /* the largest |logp - logp_old| of a trained completion against its sampling version */
 } step_stats;
+
+/* The largest |logp - logp_old| over the live rows (weight != 0) of each
+ * packed sequence i with keep[i] (NULL: every one). */
+static double sequences_max(const rl_run *r, int n_seqs, const bool *keep) {
+    double most = 0;
+    for (int i = 0, at = 0; i < n_seqs; at += r->seq_lens[i++])
+        for (int k = at; (!keep || keep[i]) && k < at + r->seq_lens[i]; k++)
+            if (r->weight[k] != 0 && fabs((double)r->logp[k] - (double)r->logp_old[k]) > most)
+                most = fabs((double)r->logp[k] - (double)r->logp_old[k]);
+    return most;
+}
 
 static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_params *h, step_stats *st) {
     if (!n_tokens) return VKS_OK;
@@ -517,7 +529,10 @@ static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_
     for (int i = 0; i < n_seqs; i++) {
         r->seq_sample[i]->logp_far = r->far[i] && !r->seq_checked[i];
         st->far += r->seq_sample[i]->logp_far;
+        r->far[i] = !r->seq_checked[i]; /* the lag-0 sequences, for sampler_max */
     }
+    double most = sequences_max(r, n_seqs, r->far);
+    if (most > st->sampler_max) st->sampler_max = most;
     st->grpo.loss += s.loss;
     st->grpo.tokens += s.tokens;
     st->grpo.clipped += s.clipped;
@@ -545,20 +560,22 @@ static int pack(rl_run *r, const vks_rl_sample *s, int *n_tokens, int *n_seqs) {
 /* The check of a micro-batch of completions sampled by the version now
  * loaded: the trainer's log-probabilities (forward only) against their
  * records; a far one is marked and counted. */
-static int check_micro(rl_run *r, int n_tokens, int n_seqs, int *n_far) {
+static int check_micro(rl_run *r, int n_tokens, int n_seqs, step_stats *ck) {
     if (!n_tokens) return VKS_OK;
     vks_train_batch b = {.tokens = r->tokens, .n_tokens = n_tokens, .seq_lens = r->seq_lens, .n_seqs = n_seqs,
                          .weight = r->weight};
     int rc = vks_trainer_logprobs(r->trainer, &b, r->logp);
     if (rc) return rc;
     vks_grpo_far_sequences(r->logp, r->logp_old, r->weight, r->seq_lens, n_seqs, VKS_RL_MAX_LOGP_MISMATCH, r->far);
-    for (int i = 0; i < n_seqs; i++) r->seq_sample[i]->logp_far = r->far[i], *n_far += r->far[i];
+    for (int i = 0; i < n_seqs; i++) r->seq_sample[i]->logp_far = r->far[i], ck->far += r->far[i], r->far[i] = !r->far[i];
+    double most = sequences_max(r, n_seqs, r->far); /* of those kept */
+    if (most > ck->sampler_max) ck->sampler_max = most;
     return VKS_OK;
 }
 
 /* Checks the accepted completions of the step's groups made by version v
  * (loaded in the trainer) in micro-batches. */
-static int check_version(rl_run *r, int64_t v, int *n_far) {
+static int check_version(rl_run *r, int64_t v, step_stats *ck) {
     int n_tokens = 0, n_seqs = 0, rc = VKS_OK;
     for (int gi = 0; !rc && gi < r->c->prompts_per_step; gi++) {
         const vks_rl_batch_group *g = &r->groups[gi];
@@ -568,13 +585,13 @@ static int check_version(rl_run *r, int64_t v, int *n_far) {
             if (!s->accepted) continue;
             if (len > r->max_tokens) return vks_set_error(VKS_ERR_FORMAT, "rl: a completion of %d tokens", len);
             if (n_tokens + len > r->max_tokens) {
-                rc = check_micro(r, n_tokens, n_seqs, n_far);
+                rc = check_micro(r, n_tokens, n_seqs, ck);
                 n_tokens = n_seqs = 0;
             }
             if (!rc) rc = pack(r, s, &n_tokens, &n_seqs);
         }
     }
-    return rc ? rc : check_micro(r, n_tokens, n_seqs, n_far);
+    return rc ? rc : check_micro(r, n_tokens, n_seqs, ck);
 }
 
 /* Async level k > 0: the completions an older version sampled (lag 1..k) are
@@ -582,8 +599,9 @@ static int check_version(rl_run *r, int64_t v, int *n_far) {
  * forward pass, then the current weights are put back (bit for bit). A
  * version not held (none should be: the window keeps lags <= k) leaves its
  * completions out. The current version (lag 0) is checked by the GRPO pass
- * itself (flush_micro). *n_far counts those left out. */
-static int check_lagged(rl_run *r, int64_t step, int *n_far) {
+ * itself (flush_micro). ck counts those left out (far) and the largest
+ * difference of those kept (sampler_max). */
+static int check_lagged(rl_run *r, int64_t step, step_stats *ck) {
     float *now = vks_rl_versions_put(&r->versions, step); /* the current weights: the next steps' older version */
     int rc = !r->versions.cap ? VKS_OK : now ? vks_rl_move_lora_set(r->trainer, VKS_SET_PARAMS, now, r->n_values, true)
                                              : vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
@@ -598,14 +616,14 @@ static int check_lagged(rl_run *r, int64_t step, int *n_far) {
         if (w) {
             rc = vks_rl_move_lora_set(r->trainer, VKS_SET_PARAMS, (float *)w, r->n_values, false);
             loaded = true;
-            if (!rc) rc = check_version(r, v, n_far);
+            if (!rc) rc = check_version(r, v, ck);
             continue;
         }
         for (int gj = gi; gj < r->c->prompts_per_step; gj++)
             for (int i = 0; r->groups[gj].policy_step == v && i < r->groups[gj].n; i++) {
                 vks_rl_sample *s = &r->groups[gj].samples[i];
                 s->logp_far = s->accepted;
-                *n_far += s->accepted;
+                ck->far += s->accepted;
             }
     }
     if (loaded) { /* the current weights back, also after a failed check */
@@ -656,8 +674,8 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
                               .entropy_coef = c->entropy_coef};
     memset(st, 0, sizeof *st);
     int64_t trained = r->trained, rejected = r->trained_rejected;
-    int lagged_far = 0;
-    int rc = check_lagged(r, step, &lagged_far);
+    step_stats lagged = {0};
+    int rc = check_lagged(r, step, &lagged);
     if (!rc) rc = accumulate_step(r, &h, st);
     if (!rc && st->far) { /* again without the completions whose log-probabilities are not the policy's */
         int far = st->far;
@@ -667,7 +685,8 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
         if (!rc) rc = accumulate_step(r, &h, st);
         st->far = far;
     }
-    st->far += lagged_far;
+    st->far += lagged.far;
+    if (lagged.sampler_max > st->sampler_max) st->sampler_max = lagged.sampler_max;
     st->lag = lag / c->prompts_per_step;
     double lr = c->warmup && step + 1 < c->warmup ? c->lr * (double)(step + 1) / c->warmup : c->lr;
     vks_adamw_params a = {.lr = lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
@@ -766,7 +785,7 @@ static int rank_metrics(rl_run *r, const vks_rl_progress *p, vks_metric *m, rank
 }
 
 static int log_step(rl_run *r, const vks_rl_progress *p) {
-    enum { FIXED = 22 };
+    enum { FIXED = 23 };
     vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
     if (!m || !names) {
@@ -790,6 +809,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"clip_fraction", p->clip_fraction};
     m[n++] = (vks_metric){"logp_mismatch", p->logp_mismatch};
     m[n++] = (vks_metric){"logp_excluded", (double)p->logp_excluded};
+    m[n++] = (vks_metric){"logp_sampler_max", p->logp_sampler_max};
     m[n++] = (vks_metric){"entropy", p->entropy};
     m[n++] = (vks_metric){"groups_filtered", (double)p->groups_filtered};
     m[n++] = (vks_metric){"rejected", (double)p->rejected};
@@ -888,7 +908,7 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
                            .broadcast_bytes = r->src && r->src->broadcast_bytes ? r->src->broadcast_bytes(r->src->ctx) : 0,
                            .clip_fraction = st.grpo.tokens ? (double)st.grpo.clipped / st.grpo.tokens : 0,
                            .logp_mismatch = st.grpo.tokens ? st.mismatch_sum / st.grpo.tokens : 0,
-                           .logp_excluded = st.far,
+                           .logp_excluded = st.far, .logp_sampler_max = st.sampler_max,
                            .entropy = st.grpo.tokens ? st.entropy_sum / st.grpo.tokens : 0};
     bool eval_now = step == r->c->steps || (r->o->eval_every && step % r->o->eval_every == 0);
     if (eval_now) rc = evaluate(r, &p->accuracy);
