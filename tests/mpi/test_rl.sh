@@ -348,7 +348,6 @@ if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: batch [0-9]*: counts of 0
     ok "a rank's log-probabilities of -3e38 left out by the trainer ($excluded completions, $lagged steps of an older version's), a rank's false counts refused"
 else bad "cheating ranks without a verifier: status $rc, $excluded left out, $lagged lagged steps, $far_trained steps trained far"
      grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; cat "$tmp/cheat/metrics.jsonl"; fi
-fi
 
 # the same with a verifier rank (5), each lie by its own rank: rank 1 sends the groups that carry
 # signal without their completions (the verifier scores every record of the batch's rollout file),
