@@ -41,7 +41,9 @@ typedef struct {
     double broadcast_bytes;   /* across ranks: bytes of the step's Shardcast send on the wire; 0 here */
     double loss, grad_norm, clip_fraction, logp_mismatch;
     int64_t logp_excluded;    /* this step's completions not trained on: their sampler log-probabilities
-                               * far from the trainer's (VKS_RL_MAX_LOGP_MISMATCH) */
+                               * far from those of the weights that sampled them (VKS_RL_MAX_LOGP_MISMATCH) */
+    double logp_sampler_max;  /* the largest |sampler's - sampling weights'| log-probability of a trained
+                               * completion token (the check above; honest: ~1e-6 at any lag) */
     double entropy;           /* mean entropy (nats, temperature 1, whole vocabulary) of the trained
                                * completion tokens' distributions under the trainer's weights before the step */
     int64_t groups_filtered;  /* groups dropped so far for equal rewards (no signal) */

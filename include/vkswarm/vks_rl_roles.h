@@ -25,14 +25,17 @@ typedef struct {
     double reward;        /* with the thinking-budget term */
     double advantage;
     bool accepted;        /* by the verifier (true without one) */
-    bool logp_far;        /* the trainer's log-probabilities are far from logp: not trained on */
+    bool logp_far;        /* the sampling version's log-probabilities (the trainer's) are far from logp:
+                           * not trained on */
 } vks_rl_sample;
 
 /* The trainer trains on no completion whose recorded log-probabilities differ
- * from its own by more than this (nats) on any token: such a record is not the
- * sampling policy's (honest: ~3e-7 at async level 0, and k steps of drift stay
- * well below), and it would set the token's importance ratio at will. The
- * step is redone without it; counted in the metrics (logp_excluded). */
+ * by more than this (nats) on any token from what the weights that sampled it
+ * give (its group's policy_step: the trainer's current weights at lag 0, a
+ * version it kept at lag 1..k): such a record is not the sampling policy's
+ * (honest: ~3e-7), and it would set the token's importance ratio at will.
+ * Not against the current weights at lag > 0: a step at lr 1e-2 can move a
+ * token by more than this. Counted in the metrics (logp_excluded). */
 #define VKS_RL_MAX_LOGP_MISMATCH 5.0
 
 /* A group of accepted completions of one prompt, with signal. */

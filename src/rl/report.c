@@ -208,7 +208,7 @@ static void put_ranks(FILE *f, const vks_rl_report *rep) {
 
 static const char *sample_status(int status) {
     return status == VKS_RL_SAMPLE_REJECTED ? "rejected by the verifier"
-           : status == VKS_RL_SAMPLE_LOGP_FAR ? "accepted; not trained (its log-probabilities are far from the trainer's)"
+           : status == VKS_RL_SAMPLE_LOGP_FAR ? "accepted; not trained (its log-probabilities are far from its sampling weights')"
                                               : "accepted, trained";
 }
 

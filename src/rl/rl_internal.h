@@ -18,7 +18,7 @@ int vks_rl_move_set(vks_trainer *t, const vks_param_layout *l, vks_param_kind se
 int vks_rl_save_trainer(vks_trainer *t, const vks_param_layout *l, const vks_model *m,
                         const struct vks_tokenizer *tok, const vks_ckpt_state *state, const char *out_dir, int keep,
                         char *dir, size_t cap);
-/* LoRA: one set of every trainer tensor in order (the adapter's order: per
+/* One set of every trainer tensor in order (LoRA: the adapter's order, per
  * layer and target, A then B) to or from a block of n floats. */
 int vks_rl_move_lora_set(vks_trainer *t, vks_param_kind set, float *block, size_t n, bool to_block);
 /* LoRA: the trainer's adapter (copied into a, an adapter of the trainer's
@@ -26,6 +26,24 @@ int vks_rl_move_lora_set(vks_trainer *t, vks_param_kind set, float *block, size_
  * then pruned as vks_rl_save_trainer does. */
 int vks_rl_save_lora(vks_trainer *t, vks_lora_adapter *a, const vks_ckpt_state *state, const char *out_dir, int keep,
                      char *dir, size_t cap);
+
+/* The RL trainer's weights (its parameter set, n floats as
+ * vks_rl_move_lora_set moves them) of its last cap versions (trainer steps):
+ * async level k needs k + 1, the current one and the k a completion may lag
+ * behind. put: the block that is to hold version step (its own if held, else
+ * an empty slot's or the oldest version's; NULL: out of memory); get: NULL
+ * when not held; forget: a block that did not get its values. */
+typedef struct {
+    int cap;
+    size_t n;
+    int64_t *step;  /* each slot's version, -1: none */
+    float **values; /* each slot's n floats, made on first use */
+} vks_rl_versions;
+int vks_rl_versions_init(vks_rl_versions *v, int cap, size_t n);
+void vks_rl_versions_free(vks_rl_versions *v);
+float *vks_rl_versions_put(vks_rl_versions *v, int64_t step);
+const float *vks_rl_versions_get(const vks_rl_versions *v, int64_t step);
+void vks_rl_versions_forget(vks_rl_versions *v, int64_t step);
 
 /* Closes m (may be NULL); returns rc when it is an error already (its
  * message kept), else vks_metrics_close's result. */

@@ -39,6 +39,9 @@ typedef struct {
     float *logp;                 /* the trainer's own of each row */
     vks_rl_sample **seq_sample;  /* each packed sequence's sample */
     bool *far;                   /* each packed sequence: logp far from its record */
+    bool *seq_checked;           /* each packed sequence: its record checked already (an older version's) */
+    vks_rl_versions versions;    /* async level k > 0: the trainer's weights of its last k + 1 versions */
+    size_t n_values;             /* floats in the trainer's parameter set */
     int max_tokens;
     int64_t trained, trained_rejected;
     vks_rl_counters reported;    /* the counters at the previous step's report */
@@ -352,6 +355,20 @@ static int open_eval_tasks(rl_run *r, vks_rl_result *res) {
     return rc ? vks_error_prefix(rc, "held-out tasks") : VKS_OK;
 }
 
+/* At async level k > 0 the trainer keeps its last k + 1 versions' weights on
+ * the host (a completion is checked against the version that sampled it). */
+static int open_versions(rl_run *r) {
+    int k = r->c->async_level;
+    r->n_values = 0;
+    for (int i = 0; k > 0 && i < vks_trainer_n_tensors(r->trainer); i++) {
+        vks_train_tensor_info info;
+        int rc = vks_trainer_tensor_info(r->trainer, i, &info);
+        if (rc) return rc;
+        r->n_values += (size_t)(info.rows * info.cols);
+    }
+    return vks_rl_versions_init(&r->versions, k > 0 ? k + 1 : 0, r->n_values);
+}
+
 static int open_run(rl_run *r, vks_rl_result *res) {
     const vks_rl_config *c = r->c;
     const vks_model *m = r->start;
@@ -366,8 +383,9 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     r->logp = malloc(sizeof *r->logp * (size_t)r->max_tokens);
     r->seq_sample = malloc(sizeof *r->seq_sample * (size_t)r->max_tokens);
     r->far = malloc(sizeof *r->far * (size_t)r->max_tokens);
+    r->seq_checked = calloc((size_t)r->max_tokens, sizeof *r->seq_checked);
     if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old || !r->logp ||
-        !r->seq_sample || !r->far)
+        !r->seq_sample || !r->far || !r->seq_checked)
         return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     int rc = vks_rl_queue_init(&r->sh.queue, P, c->async_level);
     if (!rc) rc = vks_rl_timeline_init(&r->timeline, r->t_start);
@@ -378,6 +396,7 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
     if (!rc && !lora(r)) rc = vks_param_layout_create(&m->cfg, vks_model_has_bias(m), &r->layout);
     if (!rc && r->ck) rc = apply_checkpoint(r);
+    if (!rc) rc = open_versions(r);
     if (!rc) rc = vks_metrics_open(c->out, r->ck ? r->ck->state.step : -1, &r->metrics);
     return rc;
 }
@@ -445,7 +464,8 @@ static void run_free(rl_run *r) {
     vks_rl_timeline_free(&r->gen_timeline);
     for (int i = 0; r->groups && i < r->c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
     free(r->groups), free(r->tokens), free(r->seq_lens), free(r->weight), free(r->advantage), free(r->logp_old);
-    free(r->logp), free(r->seq_sample), free(r->far);
+    free(r->logp), free(r->seq_sample), free(r->far), free(r->seq_checked);
+    vks_rl_versions_free(&r->versions);
     vks_metrics_close(r->metrics);
     vks_param_layout_free(r->layout);
     vks_trainer_destroy(r->trainer);
@@ -481,8 +501,20 @@ typedef struct {
     int n;
     vks_grpo_stats grpo;  /* summed over micro-batches (fractions recomputed) */
     double mismatch_sum, entropy_sum;
-    int far;              /* completions left out: their logp far from the trainer's */
+    int far;              /* completions left out: their logp far from the sampling version's */
+    double sampler_max;   /* the largest |logp - logp_old| of a trained completion against its sampling version */
 } step_stats;
+
+/* The largest |logp - logp_old| over the live rows (weight != 0) of each
+ * packed sequence i with keep[i] (NULL: every one). */
+static double sequences_max(const rl_run *r, int n_seqs, const bool *keep) {
+    double most = 0;
+    for (int i = 0, at = 0; i < n_seqs; at += r->seq_lens[i++])
+        for (int k = at; (!keep || keep[i]) && k < at + r->seq_lens[i]; k++)
+            if (r->weight[k] != 0 && fabs((double)r->logp[k] - (double)r->logp_old[k]) > most)
+                most = fabs((double)r->logp[k] - (double)r->logp_old[k]);
+    return most;
+}
 
 static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_params *h, step_stats *st) {
     if (!n_tokens) return VKS_OK;
@@ -492,9 +524,15 @@ static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_
     vks_grpo_stats s;
     int rc = vks_trainer_accumulate_grpo(r->trainer, &b, &rows, h, &s, r->logp);
     if (rc) return rc;
-    int far = vks_grpo_far_sequences(r->logp, r->logp_old, r->weight, r->seq_lens, n_seqs, VKS_RL_MAX_LOGP_MISMATCH, r->far);
-    for (int i = 0; i < n_seqs; i++) r->seq_sample[i]->logp_far = r->far[i];
-    st->far += far > 0 ? far : 0;
+    /* this policy sampled them (lag 0): its logp is the check; older versions' were checked by check_lagged */
+    vks_grpo_far_sequences(r->logp, r->logp_old, r->weight, r->seq_lens, n_seqs, VKS_RL_MAX_LOGP_MISMATCH, r->far);
+    for (int i = 0; i < n_seqs; i++) {
+        r->seq_sample[i]->logp_far = r->far[i] && !r->seq_checked[i];
+        st->far += r->seq_sample[i]->logp_far;
+        r->far[i] = !r->seq_checked[i]; /* the lag-0 sequences, for sampler_max */
+    }
+    double most = sequences_max(r, n_seqs, r->far);
+    if (most > st->sampler_max) st->sampler_max = most;
     st->grpo.loss += s.loss;
     st->grpo.tokens += s.tokens;
     st->grpo.clipped += s.clipped;
@@ -503,6 +541,96 @@ static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_
     st->entropy_sum += s.entropy * s.tokens;
     if (s.max_mismatch > st->grpo.max_mismatch) st->grpo.max_mismatch = s.max_mismatch;
     return VKS_OK;
+}
+
+/* Appends s to the micro-batch being packed: its tokens, completion mask,
+ * advantage and sampler log-probabilities (rows [*n_tokens, + its length)). */
+static int pack(rl_run *r, const vks_rl_sample *s, int *n_tokens, int *n_seqs) {
+    int at = *n_tokens, len = s->prompt_len + s->completion_len;
+    memcpy(r->tokens + at, s->tokens, sizeof(int32_t) * (size_t)len);
+    int rc = vks_grpo_sequence_rows(s->prompt_len, s->completion_len, s->advantage, r->advantage + at, r->weight + at);
+    for (int k = 0; k < len; k++) r->logp_old[at + k] = 0.0f;
+    for (int k = 0; k < s->completion_len; k++) r->logp_old[at + s->prompt_len - 1 + k] = s->logp[k];
+    r->seq_sample[*n_seqs] = (vks_rl_sample *)s;
+    r->seq_lens[(*n_seqs)++] = len;
+    *n_tokens += len;
+    return rc;
+}
+
+/* The check of a micro-batch of completions sampled by the version now
+ * loaded: the trainer's log-probabilities (forward only) against their
+ * records; a far one is marked and counted. */
+static int check_micro(rl_run *r, int n_tokens, int n_seqs, step_stats *ck) {
+    if (!n_tokens) return VKS_OK;
+    vks_train_batch b = {.tokens = r->tokens, .n_tokens = n_tokens, .seq_lens = r->seq_lens, .n_seqs = n_seqs,
+                         .weight = r->weight};
+    int rc = vks_trainer_logprobs(r->trainer, &b, r->logp);
+    if (rc) return rc;
+    vks_grpo_far_sequences(r->logp, r->logp_old, r->weight, r->seq_lens, n_seqs, VKS_RL_MAX_LOGP_MISMATCH, r->far);
+    for (int i = 0; i < n_seqs; i++) r->seq_sample[i]->logp_far = r->far[i], ck->far += r->far[i], r->far[i] = !r->far[i];
+    double most = sequences_max(r, n_seqs, r->far); /* of those kept */
+    if (most > ck->sampler_max) ck->sampler_max = most;
+    return VKS_OK;
+}
+
+/* Checks the accepted completions of the step's groups made by version v
+ * (loaded in the trainer) in micro-batches. */
+static int check_version(rl_run *r, int64_t v, step_stats *ck) {
+    int n_tokens = 0, n_seqs = 0, rc = VKS_OK;
+    for (int gi = 0; !rc && gi < r->c->prompts_per_step; gi++) {
+        const vks_rl_batch_group *g = &r->groups[gi];
+        for (int i = 0; !rc && g->policy_step == v && i < g->n; i++) {
+            const vks_rl_sample *s = &g->samples[i];
+            int len = s->prompt_len + s->completion_len;
+            if (!s->accepted) continue;
+            if (len > r->max_tokens) return vks_set_error(VKS_ERR_FORMAT, "rl: a completion of %d tokens", len);
+            if (n_tokens + len > r->max_tokens) {
+                rc = check_micro(r, n_tokens, n_seqs, ck);
+                n_tokens = n_seqs = 0;
+            }
+            if (!rc) rc = pack(r, s, &n_tokens, &n_seqs);
+        }
+    }
+    return rc ? rc : check_micro(r, n_tokens, n_seqs, ck);
+}
+
+/* Async level k > 0: the completions an older version sampled (lag 1..k) are
+ * checked against that version's weights, loaded into the trainer for a
+ * forward pass, then the current weights are put back (bit for bit). A
+ * version not held (none should be: the window keeps lags <= k) leaves its
+ * completions out. The current version (lag 0) is checked by the GRPO pass
+ * itself (flush_micro). ck counts those left out (far) and the largest
+ * difference of those kept (sampler_max). */
+static int check_lagged(rl_run *r, int64_t step, step_stats *ck) {
+    float *now = vks_rl_versions_put(&r->versions, step); /* the current weights: the next steps' older version */
+    int rc = !r->versions.cap ? VKS_OK : now ? vks_rl_move_lora_set(r->trainer, VKS_SET_PARAMS, now, r->n_values, true)
+                                             : vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    if (rc) vks_rl_versions_forget(&r->versions, step);
+    bool loaded = false;
+    for (int gi = 0; !rc && gi < r->c->prompts_per_step; gi++) {
+        int64_t v = r->groups[gi].policy_step;
+        bool seen = v == step;
+        for (int gj = 0; gj < gi && !seen; gj++) seen = r->groups[gj].policy_step == v;
+        if (seen) continue; /* each version once */
+        const float *w = vks_rl_versions_get(&r->versions, v);
+        if (w) {
+            rc = vks_rl_move_lora_set(r->trainer, VKS_SET_PARAMS, (float *)w, r->n_values, false);
+            loaded = true;
+            if (!rc) rc = check_version(r, v, ck);
+            continue;
+        }
+        for (int gj = gi; gj < r->c->prompts_per_step; gj++)
+            for (int i = 0; r->groups[gj].policy_step == v && i < r->groups[gj].n; i++) {
+                vks_rl_sample *s = &r->groups[gj].samples[i];
+                s->logp_far = s->accepted;
+                ck->far += s->accepted;
+            }
+    }
+    if (loaded) { /* the current weights back, also after a failed check */
+        int put = vks_rl_move_lora_set(r->trainer, VKS_SET_PARAMS, now, r->n_values, false);
+        if (!rc) rc = put;
+    }
+    return rc;
 }
 
 /* Packs the step's completions into micro-batches of at most max_tokens rows
@@ -526,14 +654,8 @@ static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats 
                 n_tokens = n_seqs = 0;
             }
             if (rc) break;
-            memcpy(r->tokens + n_tokens, s->tokens, sizeof(int32_t) * (size_t)len);
-            rc = vks_grpo_sequence_rows(s->prompt_len, s->completion_len, s->advantage, r->advantage + n_tokens,
-                                        r->weight + n_tokens);
-            for (int k = 0; k < len; k++) r->logp_old[n_tokens + k] = 0.0f;
-            for (int k = 0; k < s->completion_len; k++) r->logp_old[n_tokens + s->prompt_len - 1 + k] = s->logp[k];
-            r->seq_sample[n_seqs] = (vks_rl_sample *)s;
-            r->seq_lens[n_seqs++] = len;
-            n_tokens += len;
+            r->seq_checked[n_seqs] = g->policy_step != vks_trainer_steps(r->trainer);
+            rc = pack(r, s, &n_tokens, &n_seqs);
             st->reward += s->task_reward, st->length += s->completion_len, st->n++;
         }
     }
@@ -552,7 +674,9 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
                               .entropy_coef = c->entropy_coef};
     memset(st, 0, sizeof *st);
     int64_t trained = r->trained, rejected = r->trained_rejected;
-    int rc = accumulate_step(r, &h, st);
+    step_stats lagged = {0};
+    int rc = check_lagged(r, step, &lagged);
+    if (!rc) rc = accumulate_step(r, &h, st);
     if (!rc && st->far) { /* again without the completions whose log-probabilities are not the policy's */
         int far = st->far;
         memset(st, 0, sizeof *st);
@@ -561,6 +685,8 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
         if (!rc) rc = accumulate_step(r, &h, st);
         st->far = far;
     }
+    st->far += lagged.far;
+    if (lagged.sampler_max > st->sampler_max) st->sampler_max = lagged.sampler_max;
     st->lag = lag / c->prompts_per_step;
     double lr = c->warmup && step + 1 < c->warmup ? c->lr * (double)(step + 1) / c->warmup : c->lr;
     vks_adamw_params a = {.lr = lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
@@ -659,7 +785,7 @@ static int rank_metrics(rl_run *r, const vks_rl_progress *p, vks_metric *m, rank
 }
 
 static int log_step(rl_run *r, const vks_rl_progress *p) {
-    enum { FIXED = 22 };
+    enum { FIXED = 23 };
     vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
     if (!m || !names) {
@@ -683,6 +809,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"clip_fraction", p->clip_fraction};
     m[n++] = (vks_metric){"logp_mismatch", p->logp_mismatch};
     m[n++] = (vks_metric){"logp_excluded", (double)p->logp_excluded};
+    m[n++] = (vks_metric){"logp_sampler_max", p->logp_sampler_max};
     m[n++] = (vks_metric){"entropy", p->entropy};
     m[n++] = (vks_metric){"groups_filtered", (double)p->groups_filtered};
     m[n++] = (vks_metric){"rejected", (double)p->rejected};
@@ -781,7 +908,7 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
                            .broadcast_bytes = r->src && r->src->broadcast_bytes ? r->src->broadcast_bytes(r->src->ctx) : 0,
                            .clip_fraction = st.grpo.tokens ? (double)st.grpo.clipped / st.grpo.tokens : 0,
                            .logp_mismatch = st.grpo.tokens ? st.mismatch_sum / st.grpo.tokens : 0,
-                           .logp_excluded = st.far,
+                           .logp_excluded = st.far, .logp_sampler_max = st.sampler_max,
                            .entropy = st.grpo.tokens ? st.entropy_sum / st.grpo.tokens : 0};
     bool eval_now = step == r->c->steps || (r->o->eval_every && step % r->o->eval_every == 0);
     if (eval_now) rc = evaluate(r, &p->accuracy);

@@ -323,23 +323,31 @@ if [ $rc -eq 0 ] && [ "$rejections" -ge 1 ] && [ "$false_rejections" = 0 ] && [ 
 else bad "verifier rank: status $rc, $rejections rejections, $false_rejections false, $recorded recorded"; tail -5 "$tmp/err.txt"; fi
 
 # dishonest inference ranks (the test build's vkswarm_cheat, VKSWARM_TEST_CHEAT) without a verifier
-# rank: rank 1 claims a log-probability of -3e38 for every token it sends (each passes the wire's
-# "finite and <= 0"): the trainer leaves out every completion whose log-probabilities are far from
-# its own (counted: logp_excluded), so the mismatch it reports stays that of honest ranks (< 1e-4
-# at k = 0; it was 1e36); rank 2 claims 0 completions checked and 0 accepted while it sends
-# accepted ones: refused by name. The run finishes on rank 1's groups.
+# rank, at async level 1: rank 1 claims a log-probability of -3e38 for every token it sends (each
+# passes the wire's "finite and <= 0"): the trainer checks every completion against the weights that
+# sampled it (lag 0: its own; lag 1: the version before, kept for the check) and leaves out every
+# one far from them (counted: logp_excluded), so none is trained on: one would put a mismatch of
+# ~1e37 in the metrics, while honest ones stay below VKS_RL_MAX_LOGP_MISMATCH (5); rank 2 claims 0
+# completions checked and 0 accepted while it sends accepted ones: refused by name. The run
+# finishes on rank 1's groups, each step's left out whole: its loss and its mismatch are 0.
+# (Issue 40, item 1: honest off-policy completions are kept; test_rl test_off_policy_kept.)
 if [ -z "$short" ]; then
-config "$tmp/cheat" 3 0
+config "$tmp/cheat" 4 1
 VKSWARM_TEST_CHEAT=1:logp,2:counts mpi_run 300 -x VKSWARM_TEST_CHEAT -np 3 $cheat_bin rl --config "$tmp/run.json" \
     --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
 excluded=$(grep -o '"logp_excluded":[0-9]*' "$tmp/cheat/metrics.jsonl" 2>/dev/null | awk -F: '{ n += $2 } END { print n + 0 }')
+# steps whose groups an older version made (policy_lag > 0) and that left completions out: the check
+# against a kept version caught them
+lagged=$(awk '/"policy_lag":(0\.[0-9]*[1-9]|[1-9])/ && /"logp_excluded":[1-9]/' "$tmp/cheat/metrics.jsonl" 2>/dev/null | wc -l)
+far_trained=$(awk '{ if (!match($0, /"logp_mismatch":[0-9.]+(e-?[0-9]+)?/)) { n++; next }
+                     if (substr($0, RSTART + 16, RLENGTH - 16) + 0 >= 5) n++ } END { print n + 0 }' "$tmp/cheat/metrics.jsonl")
 if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: batch [0-9]*: counts of 0 checked and 0 accepted" "$tmp/err.txt" &&
-   ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt" && [ "$excluded" -ge 1 ] &&
-   metrics_ok "$tmp/cheat/metrics.jsonl" 3 0 && mismatch_ok "$tmp/cheat/metrics.jsonl"; then
-    ok "a rank's log-probabilities of -3e38 left out by the trainer ($excluded completions), a rank's false counts refused"
-else bad "cheating ranks without a verifier: status $rc, $excluded left out"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5
-     cat "$tmp/cheat/metrics.jsonl"; fi
+   ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt" && [ "$excluded" -ge 1 ] && [ "$lagged" -ge 1 ] &&
+   [ "$far_trained" = 0 ] && metrics_ok "$tmp/cheat/metrics.jsonl" 4 1; then
+    ok "a rank's log-probabilities of -3e38 left out by the trainer ($excluded completions, $lagged steps of an older version's), a rank's false counts refused"
+else bad "cheating ranks without a verifier: status $rc, $excluded left out, $lagged lagged steps, $far_trained steps trained far"
+     grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; cat "$tmp/cheat/metrics.jsonl"; fi
 
 # the same with a verifier rank (5), each lie by its own rank: rank 1 sends the groups that carry
 # signal without their completions (the verifier scores every record of the batch's rollout file),
