@@ -343,9 +343,13 @@ lagged=$(awk '/"policy_lag":(0\.[0-9]*[1-9]|[1-9])/ && /"logp_excluded":[1-9]/' 
 far_trained=$(awk '{ if (!match($0, /"logp_mismatch":[0-9.]+(e-?[0-9]+)?/)) { n++; next }
                      if (substr($0, RSTART + 16, RLENGTH - 16) + 0 >= 5) n++ } END { print n + 0 }' "$tmp/cheat/metrics.jsonl")
 if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: batch [0-9]*: counts of 0 checked and 0 accepted" "$tmp/err.txt" &&
-   ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt" && [ "$excluded" -ge 1 ] && [ "$lagged" -ge 1 ] &&
+   ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt" && [ "$excluded" -ge 1 ] &&
    [ "$far_trained" = 0 ] && metrics_ok "$tmp/cheat/metrics.jsonl" 4 1; then
     ok "a rank's log-probabilities of -3e38 left out by the trainer ($excluded completions, $lagged steps of an older version's), a rank's false counts refused"
+    # the scheduler decides whether a step trains on an older version's groups: very likely at
+    # k = 1, not certain, so a run without one says so instead of failing (test_rl's
+    # test_off_policy_kept checks the kept versions deterministically)
+    [ "$lagged" -ge 1 ] || echo "note: no step trained on an older version's groups in this run: the kept-version check was not reached here" >&2
 else bad "cheating ranks without a verifier: status $rc, $excluded left out, $lagged lagged steps, $far_trained steps trained far"
      grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; cat "$tmp/cheat/metrics.jsonl"; fi
 
