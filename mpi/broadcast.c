@@ -331,9 +331,9 @@ static void take_lost_reports(vks_bcast *b, const uint8_t *plan, uint8_t *done, 
 }
 
 /* Receives the probed DONE *st: its status, and the reason that comes with a
- * failure into b->why (escaped: another rank's bytes). A malformed one reads
- * as a failure. */
-static int32_t recv_done(vks_bcast *b, const MPI_Status *st) {
+ * failure or refusal into why (escaped: another rank's bytes). A malformed
+ * one reads as a failure. */
+static int32_t recv_done(vks_bcast *b, const MPI_Status *st, char why[WHY_BYTES]) {
     char buf[sizeof(int32_t) + WHY_BYTES];
     int count = 0, r = st->MPI_SOURCE;
     MPI_Get_count(st, MPI_BYTE, &count);
@@ -341,10 +341,10 @@ static int32_t recv_done(vks_bcast *b, const MPI_Status *st) {
     bool fits = count >= (int)sizeof(int32_t) && count <= (int)sizeof buf - 1;
     MPI_Recv(fits ? buf : NULL, fits ? count : 0, MPI_BYTE, r, TAG_DONE, b->comm, MPI_STATUS_IGNORE);
     int32_t status = DONE_FAILED;
+    why[0] = 0;
     if (fits) memcpy(&status, buf, sizeof status);
-    if (!fits) snprintf(b->why[r], WHY_BYTES, "a malformed DONE (%d bytes)", count);
-    else if (status != DONE_OK)
-        vks_escape(buf + sizeof status, (size_t)count - sizeof status, b->why[r], WHY_BYTES);
+    if (!fits) snprintf(why, WHY_BYTES, "a malformed DONE (%d bytes)", count);
+    else if (status != DONE_OK) vks_escape(buf + sizeof status, (size_t)count - sizeof status, why, WHY_BYTES);
     return fits ? status : DONE_FAILED;
 }
 
@@ -498,16 +498,17 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
         if (flag) {
             int r = st.MPI_SOURCE;
             bool counts = plan[r] && !done[r];
-            int32_t status = recv_done(b, &st);
+            char why[WHY_BYTES];
+            int32_t status = recv_done(b, &st, why);
             if (counts) { /* delivered only when the receiver says it took the file */
                 done[r] = 1;
                 finished++;
                 ok += status == DONE_OK;
                 refused += status == DONE_REFUSED;
                 b->outcome[r] = status == DONE_OK ? OUTCOME_OK : status == DONE_REFUSED ? OUTCOME_REFUSED : OUTCOME_FAILED;
+                if (status == DONE_REFUSED) snprintf(b->why[r], WHY_BYTES, "%s", why); /* the caller names it */
                 if (status) fprintf(stderr, "broadcast: rank %d %s version %llu: %s\n", r,
-                                    status == DONE_REFUSED ? "refused" : "failed to take", (unsigned long long)m.version,
-                                    b->why[r]);
+                                    status == DONE_REFUSED ? "refused" : "failed to take", (unsigned long long)m.version, why);
             }
             event = true;
         }

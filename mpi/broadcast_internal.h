@@ -88,7 +88,7 @@ struct vks_bcast {
     vks_link_send *bye_send;
     /* Origin: each rank's outcome of the last send, for the status file. */
     uint8_t *outcome;
-    char (*why)[WHY_BYTES];                     /* origin: why each rank did not take the last send ("": unknown) */
+    char (*why)[WHY_BYTES];                     /* origin: why each rank refused the last send (DONE_REFUSED; "": it did not) */
     uint8_t *gone;                              /* origin: ranks left out of every later send (vks_bcast_drop) */
     uint64_t status_version;
     double status_seconds;

@@ -69,9 +69,9 @@ int vks_rl_cast_send(vks_rl_cast *s, const void *file, size_t bytes, int64_t ste
 /* Trainer: after a send, the next world rank (from *from on, a broadcast
  * rank) that did not finish it and is not dropped yet; -1: none. */
 int vks_rl_cast_failed(const vks_rl_cast *s, int *from);
-/* Trainer: why world rank `rank` did not take the last send, as it said
- * (its refusal: "the adapter is for base model ..."; escaped), "" when it
- * said nothing (silent, or dropped before). */
+/* Trainer: why world rank `rank` refused the last send, as it said ("...:
+ * the adapter is for base model ..."; escaped), "" when it did not refuse it
+ * (took it, failed to receive it, silent, dropped before). */
 const char *vks_rl_cast_why(const vks_rl_cast *s, int rank);
 /* Trainer: leaves world rank `rank` out of every later broadcast. */
 void vks_rl_cast_drop(vks_rl_cast *s, int rank);

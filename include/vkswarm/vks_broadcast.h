@@ -107,8 +107,9 @@ bool vks_bcast_waiting(vks_bcast *b);
 /* Origin: whether `rank` finished the last vks_bcast_send (false for the
  * origin, unknown ranks and ranks dropped). */
 bool vks_bcast_rank_ok(const vks_bcast *b, int rank);
-/* Origin: why `rank` did not take the last send, as it said in its DONE
- * (escaped; "" when it said nothing: silent, dropped, or it took the file). */
+/* Origin: why `rank` refused the last send (its accept check failed), as it
+ * said (escaped); "" when it did not refuse it (took it, failed otherwise,
+ * silent, dropped). */
 const char *vks_bcast_rank_why(const vks_bcast *b, int rank);
 /* Origin: leaves `rank` (gone, or no longer trusted) out of every later
  * send, beat and close: no manifest, nothing waited for; a dropped relay's
