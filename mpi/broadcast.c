@@ -6,7 +6,8 @@
  *   parent -> child   CHUNK (chunks of the wire stream, in order)
  *   node -> origin    REQ (shard to send again) / origin -> node REPAIR
  *   node -> origin    LOST (int32: my parent, silent; I turned to the origin)
- *   node -> origin    DONE (int32 status) / origin -> finished FINISH (int32:
+ *   node -> origin    DONE (int32 status, then why it failed or refused the file:
+ *                     broadcast_internal.h) / origin -> finished FINISH (int32:
  *                     ranks lost; > 0 tells survivors not to MPI_Finalize)
  *   origin <-> all    BEAT (1 byte, every second; not emulated traffic)
  *   node -> origin    BYE (int32 final status) / origin -> node GO (int32:
@@ -89,7 +90,8 @@ int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **ou
     b->last_heard = calloc((size_t)b->size, sizeof *b->last_heard);
     b->outcome = calloc((size_t)b->size, 1);
     b->gone = calloc((size_t)b->size, 1);
-    if (!b->last_heard || !b->outcome || !b->gone) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    b->why = calloc((size_t)b->size, sizeof *b->why);
+    if (!b->last_heard || !b->outcome || !b->gone || !b->why) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     for (int r = 0; !rc && r < b->size; r++) b->last_heard[r] = vks_bc_now_s();
     if (b->opt.relays < 0 || b->opt.relays >= b->size) b->opt.relays = b->size > 1 ? b->size - 1 : 0;
     if (!rc) rc = vks_link_create(b->comm, &b->opt.link, &b->link);
@@ -99,6 +101,7 @@ int vks_bcast_create(MPI_Comm comm, const vks_bcast_options *opt, vks_bcast **ou
         free(b->last_heard);
         free(b->outcome);
         free(b->gone);
+        free(b->why);
         free(b);
         return rc;
     }
@@ -114,6 +117,7 @@ void vks_bcast_destroy(vks_bcast *b) {
     free(b->last_heard);
     free(b->outcome);
     free(b->gone);
+    free(b->why);
     free(b);
 }
 
@@ -125,6 +129,10 @@ void vks_bcast_drop(vks_bcast *b, int rank) {
 
 bool vks_bcast_rank_ok(const vks_bcast *b, int rank) {
     return b && b->rank == 0 && rank > 0 && rank < b->size && b->outcome[rank] == OUTCOME_OK;
+}
+
+const char *vks_bcast_rank_why(const vks_bcast *b, int rank) {
+    return b && b->rank == 0 && rank > 0 && rank < b->size ? b->why[rank] : "";
 }
 
 bool vks_bcast_waiting(vks_bcast *b) {
@@ -322,6 +330,24 @@ static void take_lost_reports(vks_bcast *b, const uint8_t *plan, uint8_t *done, 
     }
 }
 
+/* Receives the probed DONE *st: its status, and the reason that comes with a
+ * failure or refusal into why (escaped: another rank's bytes). A malformed
+ * one reads as a failure. */
+static int32_t recv_done(vks_bcast *b, const MPI_Status *st, char why[WHY_BYTES]) {
+    char buf[sizeof(int32_t) + WHY_BYTES];
+    int count = 0, r = st->MPI_SOURCE;
+    MPI_Get_count(st, MPI_BYTE, &count);
+    vks_bc_heard(b, r);
+    bool fits = count >= (int)sizeof(int32_t) && count <= (int)sizeof buf - 1;
+    MPI_Recv(fits ? buf : NULL, fits ? count : 0, MPI_BYTE, r, TAG_DONE, b->comm, MPI_STATUS_IGNORE);
+    int32_t status = DONE_FAILED;
+    why[0] = 0;
+    if (fits) memcpy(&status, buf, sizeof status);
+    if (!fits) snprintf(why, WHY_BYTES, "a malformed DONE (%d bytes)", count);
+    else if (status != DONE_OK) vks_escape(buf + sizeof status, (size_t)count - sizeof status, why, WHY_BYTES);
+    return fits ? status : DONE_FAILED;
+}
+
 /* Collects ACKs for the manifest: plan[r] = 1 for ranks that accepted. */
 static void collect_acks(vks_bcast *b, uint8_t *plan, int *refused) {
     int got = 0, expected = 0;
@@ -420,6 +446,7 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
     }
     memset(have, 1, lay.n);
     memset(b->outcome, OUTCOME_PENDING, (size_t)b->size);
+    memset(b->why, 0, (size_t)b->size * sizeof *b->why);
     int n_gone = 0;
     for (int r = 1; r < b->size; r++)
         if (b->gone[r]) b->outcome[r] = OUTCOME_SILENT, n_gone++;
@@ -469,14 +496,19 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_DONE, b->comm, &flag, &st);
         if (flag) {
-            int32_t status = -1;
-            vks_bc_recv_i32(b, &st, TAG_DONE, &status);
-            if (plan[st.MPI_SOURCE] && !done[st.MPI_SOURCE]) {
-                done[st.MPI_SOURCE] = 1;
+            int r = st.MPI_SOURCE;
+            bool counts = plan[r] && !done[r];
+            char why[WHY_BYTES];
+            int32_t status = recv_done(b, &st, why);
+            if (counts) { /* delivered only when the receiver says it took the file */
+                done[r] = 1;
                 finished++;
-                ok += status == 0;
-                b->outcome[st.MPI_SOURCE] = status == 0 ? OUTCOME_OK : OUTCOME_FAILED;
-                if (status) fprintf(stderr, "broadcast: rank %d failed\n", st.MPI_SOURCE);
+                ok += status == DONE_OK;
+                refused += status == DONE_REFUSED;
+                b->outcome[r] = status == DONE_OK ? OUTCOME_OK : status == DONE_REFUSED ? OUTCOME_REFUSED : OUTCOME_FAILED;
+                if (status == DONE_REFUSED) snprintf(b->why[r], WHY_BYTES, "%s", why); /* the caller names it */
+                if (status) fprintf(stderr, "broadcast: rank %d %s version %llu: %s\n", r,
+                                    status == DONE_REFUSED ? "refused" : "failed to take", (unsigned long long)m.version, why);
             }
             event = true;
         }
@@ -510,7 +542,7 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
     if (!rc) rc = status_rc;
     int expected = b->size - 1 - n_gone; /* ranks dropped before this send are not waited for */
     if (!rc && ok != expected)
-        rc = vks_set_error(refused == expected - ok ? VKS_ERR_FORMAT : VKS_ERR_IO, "origin: %d of %d ranks did not receive version %llu (%d refused the manifest)",
+        rc = vks_set_error(refused == expected - ok ? VKS_ERR_FORMAT : VKS_ERR_IO, "origin: %d of %d ranks did not receive version %llu (%d refused it)",
                            expected - ok, expected, (unsigned long long)m.version, refused);
 out:
     free(plan);

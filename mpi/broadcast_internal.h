@@ -7,7 +7,12 @@
 enum { TAG_MANIFEST = 601, TAG_ACK, TAG_PLAN, TAG_CHUNK, TAG_REQ, TAG_REPAIR, TAG_DONE, TAG_FINISH, TAG_LOST,
        TAG_BEAT, TAG_BYE, TAG_GO };
 
-#define BEAT_S 1.0 /* heartbeat period: origin -> every rank, every rank -> origin */
+#define BEAT_S 1.0
+/* DONE (node -> origin): int32 status (0 delivered; 1 the transfer or the
+ * store failed; 2 the receiver's accept check refused the file), then, when
+ * not 0, the reason as text (at most WHY_BYTES - 1 bytes, no NUL). */
+#define WHY_BYTES 256
+enum { DONE_OK = 0, DONE_FAILED = 1, DONE_REFUSED = 2 }; /* heartbeat period: origin -> every rank, every rank -> origin */
 
 /* What the origin knows of each rank after a broadcast (the status file). */
 typedef enum { OUTCOME_PENDING, OUTCOME_OK, OUTCOME_FAILED, OUTCOME_REFUSED, OUTCOME_SILENT } rank_outcome;
@@ -83,6 +88,7 @@ struct vks_bcast {
     vks_link_send *bye_send;
     /* Origin: each rank's outcome of the last send, for the status file. */
     uint8_t *outcome;
+    char (*why)[WHY_BYTES];                     /* origin: why each rank refused the last send (DONE_REFUSED; "": it did not) */
     uint8_t *gone;                              /* origin: ranks left out of every later send (vks_bcast_drop) */
     uint64_t status_version;
     double status_seconds;

@@ -499,6 +499,22 @@ static int receive_plan(vks_bcast *b, uint8_t *plan) {
     return VKS_OK;
 }
 
+/* The caller's check of a version just switched to (vks_bcast_options.accept). */
+static int accept_file(vks_bcast *b, const vks_bcast_report *rep) {
+    char path[4300];
+    int rc = vks_store_path(b->opt.store_dir, rep->version, path, sizeof path);
+    return rc ? rc : b->opt.accept(b->opt.accept_ctx, path, rep);
+}
+
+/* DONE to the origin: the status, and the reason of a failure or refusal. */
+static void send_done(vks_bcast *b, int32_t status, const char *why) {
+    char buf[sizeof status + WHY_BYTES];
+    size_t len = status == DONE_OK ? 0 : strnlen(why, WHY_BYTES - 1);
+    memcpy(buf, &status, sizeof status);
+    memcpy(buf + sizeof status, why, len);
+    vks_bc_send_small(b, buf, sizeof status + len, 0, TAG_DONE);
+}
+
 int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
     if (!b || !rep || b->rank == 0) return vks_set_error(VKS_ERR_ARG, "broadcast: receive on ranks other than 0");
     memset(rep, 0, sizeof *rep);
@@ -537,24 +553,23 @@ int vks_bcast_receive(vks_bcast *b, vks_bcast_report *rep) {
         n.fd = -1;
         vks_store_abort(b->opt.store_dir, m.version);
     }
-    if (!rc) snprintf(err, sizeof err, "ok");
-    else snprintf(err, sizeof err, "%s", vks_last_error());
-    status = rc ? 1 : 0;
     double t_done = vks_bc_now_s(); /* verified, written, switched */
+    *rep = (vks_bcast_report){.version = m.version, .step = m.step, .file_bytes = m.file_size,
+                              .wire_bytes = m.wire_size, .seconds = t_done - t0,
+                              .repaired_shards = n.repaired, .failovers = n.parent_dead};
+    memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
+    memcpy(rep->model_hash, m.model_hash, VKS_HASH_BYTES);
+    status = rc ? DONE_FAILED : DONE_OK;
+    if (!rc && receiver && b->opt.accept && (rc = accept_file(b, rep))) status = DONE_REFUSED;
+    snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");
     bool origin_there = !b->origin_silent;
-    if (origin_there) vks_bc_send_small(b, &status, sizeof status, 0, TAG_DONE);
+    if (origin_there) send_done(b, status, err);
     int lost = have_node && origin_there ? wait_finish(&n, vks_bc_now_s() - t0) : 0;
     bool keep = !rc && !receiver;
     if (!rc) {
         b->latest = m.version;
-        *rep = (vks_bcast_report){.version = m.version, .step = m.step, .file_bytes = m.file_size,
-                                  .wire_bytes = m.wire_size, .seconds = t_done - t0,
-                                  .repaired_shards = n.repaired, .failovers = n.parent_dead,
-                                  .ranks_lost = lost};
-        memcpy(rep->file_hash, m.file_hash, VKS_HASH_BYTES);
-        memcpy(rep->model_hash, m.model_hash, VKS_HASH_BYTES);
         if (keep) cache_version(b, m.version, n.wire);
-    }
+    } else memset(rep, 0, sizeof *rep);
     rep->ranks_lost = lost;
     rep->failovers = n.parent_dead;
     if (have_node) node_free(&n, keep);

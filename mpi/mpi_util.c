@@ -329,3 +329,39 @@ int vks_mpi_exchange_named(MPI_Comm comm, const void *mine, void *all, size_t by
     free(peer);
     return rc;
 }
+
+bool vks_mpi_recovery_enabled(void) {
+    const char *v = getenv("OMPI_MCA_orte_enable_recovery");
+    return v && (!strcmp(v, "1") || !strcmp(v, "true"));
+}
+
+int vks_mpi_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    uint8_t mine[64] = {0};
+    snprintf((char *)mine, 32, "%s", VKS_VERSION);
+    memcpy(mine + 32, model_hash, 32);
+    uint8_t *all = malloc(64 * (size_t)size);
+    if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    int rc = vks_mpi_exchange(comm, mine, all, 64, VKS_MPI_TAG_CHECK_RANKS, timeout_s, "checking versions and models");
+    if (rc) return rc; /* all stays in MPI's hands: the caller ends the job */
+    int bad = -1, what = 0;
+    for (int r = 0; r < size && bad < 0; r++) {
+        if (memcmp(all + 64 * r, all, 32)) bad = r, what = 1;
+        else if (memcmp(all + 64 * r + 32, all + 32, 32)) bad = r, what = 2;
+    }
+    char theirs[4 * 31 + 8], first[4 * 31 + 8]; /* room for 31 escaped bytes; a hash takes 65 */
+    if (bad >= 0 && what == 1) { /* the version strings are another rank's bytes: escaped */
+        vks_escape((const char *)all + 64 * bad, strnlen((const char *)all + 64 * bad, 31), theirs, sizeof theirs);
+        vks_escape((const char *)all, strnlen((const char *)all, 31), first, sizeof first);
+        rc = vks_set_error(VKS_ERR_FORMAT, "rank %d runs vkswarm %s, rank 0 runs %s", bad, theirs, first);
+    } else if (bad >= 0) {
+        vks_hash_hex(all + 64 * bad + 32, theirs);
+        vks_hash_hex(all + 32, first);
+        rc = vks_set_error(VKS_ERR_FORMAT, "rank %d loaded a different model than rank 0: model hash %s on rank %d, %s "
+                           "on rank 0 (every rank must load the same model file)", bad, theirs, bad, first);
+    }
+    free(all);
+    return rc;
+}

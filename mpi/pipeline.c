@@ -871,27 +871,3 @@ int vks_pipeline_share_job(MPI_Comm comm, vks_pipeline_job *job, double timeout_
     *job = (vks_pipeline_job){(uint64_t)wire[0], (int)wire[1], (int)wire[2], (int)wire[3]};
     return VKS_OK;
 }
-
-int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s) {
-    int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    uint8_t mine[64] = {0};
-    snprintf((char *)mine, 32, "%s", VKS_VERSION);
-    memcpy(mine + 32, model_hash, 32);
-    uint8_t *all = malloc(64 * (size_t)size);
-    if (!all) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    int rc = vks_mpi_exchange(comm, mine, all, 64, VKS_TAG_CHECK_RANKS, timeout_s, "checking versions and models");
-    if (rc) return rc; /* all stays in MPI's hands: the caller ends the job */
-    int bad = -1, what = 0;
-    for (int r = 0; r < size && bad < 0; r++) {
-        if (memcmp(all + 64 * r, all, 32)) bad = r, what = 1;
-        else if (memcmp(all + 64 * r + 32, all + 32, 32)) bad = r, what = 2;
-    }
-    if (bad >= 0)
-        rc = what == 1 ? vks_set_error(VKS_ERR_FORMAT, "rank %d runs vkswarm %.31s, rank 0 runs %.31s", bad,
-                                       (const char *)all + 64 * bad, (const char *)all)
-                       : vks_set_error(VKS_ERR_FORMAT, "rank %d loaded a different model than rank 0 (model hashes differ)", bad);
-    free(all);
-    return rc;
-}

@@ -67,6 +67,8 @@ static void say_key(const char *key_dir) {
 }
 
 /* This rank's part of the start-up exchange (a failure: *mine stays zero). */
+static int accept_version(void *ctx, const char *path, const vks_bcast_report *rep);
+
 static int hello_part(vks_rl_cast *s, const char *key_dir, uint8_t mine[HELLO_BYTES], uint8_t pk[VKS_PUBLIC_KEY_BYTES]) {
     int rc = key_dir[0] ? load_keys(s, key_dir, pk) : VKS_OK;
     if (rc) return rc;
@@ -158,7 +160,7 @@ int vks_rl_cast_open(vks_rl_cast *s, const vks_rl_run_options *o, const vks_rl_m
     vks_bcast_options bo = {.relays = c->n_relays, .fanout = 2, .chunk_bytes = CHUNK_BYTES, .timeout_s = mo->timeout_s,
                             .manifest_timeout_s = mo->timeout_s, .store_dir = receiver ? s->store : NULL,
                             .keep_versions = 2, .max_file_bytes = file, .beat = beat ? vks_rl_wire_beat_cb : NULL,
-                            .beat_ctx = beat};
+                            .beat_ctx = beat, .accept = receiver ? accept_version : NULL, .accept_ctx = s};
     memcpy(bo.public_key, pk, sizeof pk);
     rc = vks_bcast_create(sub, &bo, &s->b);
     if (!rc) MPI_Comm_free(&sub); /* else a pending dup may still use it */
@@ -167,6 +169,9 @@ int vks_rl_cast_open(vks_rl_cast *s, const vks_rl_run_options *o, const vks_rl_m
 
 void vks_rl_cast_close(vks_rl_cast *s) {
     vks_bcast_destroy(s->b);
+    free(s->taken_weights);
+    vks_lora_adapter_free(s->taken_adapter);
+    s->taken_weights = NULL, s->taken_adapter = NULL;
     s->b = NULL;
     sodium_memzero(s->sk, sizeof s->sk);
     free(s->bc_of), free(s->world_of), free(s->gone);
@@ -219,27 +224,61 @@ void vks_rl_cast_drop(vks_rl_cast *s, int rank) {
 
 bool vks_rl_cast_waiting(vks_rl_cast *s) { return s->b && vks_bcast_waiting(s->b); }
 
+/* Receivers: the weights file of a version (rl_cast.h), checked before it
+ * counts as delivered; kept for vks_rl_cast_receive. */
+static int accept_weights(vks_rl_cast *s, const char *path, const vks_bcast_report *rep) {
+    char *data = NULL;
+    size_t len = 0;
+    int64_t step = 0;
+    int rc = vks_file_read_all(path, s->max_file, &data, &len);
+    if (!rc) rc = vks_rl_wire_check_weights(data, len, s->n_values, s->newest, (int64_t)rep->step, &step);
+    if (rc) {
+        free(data);
+        return rc;
+    }
+    s->newest = s->taken_step = step;
+    s->taken_weights = (float *)(void *)data;
+    return VKS_OK;
+}
+
+/* Receivers, LoRA: the adapter of a version. The signed manifest names the
+ * base; the GGUF reader checks every tensor against this rank's base, the
+ * values, and the base hash the file names. Kept for vks_rl_cast_receive_adapter. */
+static int accept_adapter(vks_rl_cast *s, const char *path, const vks_bcast_report *rep) {
+    if (memcmp(rep->model_hash, s->base_hash, sizeof s->base_hash)) {
+        char theirs[65], mine[65];
+        vks_hash_hex(rep->model_hash, theirs);
+        vks_hash_hex(s->base_hash, mine);
+        return vks_set_error(VKS_ERR_FORMAT, "the adapter is for base model %s, this rank loaded %s", theirs, mine);
+    }
+    if ((int64_t)rep->step <= s->newest)
+        return vks_set_error(VKS_ERR_FORMAT, "adapter of step %llu after step %lld", (unsigned long long)rep->step,
+                             (long long)s->newest);
+    vks_lora_adapter *a = NULL;
+    int rc = vks_lora_load(path, s->lora_base, &a);
+    if (rc) return rc;
+    s->newest = s->taken_step = (int64_t)rep->step;
+    s->taken_adapter = a;
+    return VKS_OK;
+}
+
+/* vks_bcast_options.accept (vks_rl_cast_open): what a receiver checks before it tells the
+ * trainer it took a version; a refusal goes to the trainer with its reason. */
+static int accept_version(void *ctx, const char *path, const vks_bcast_report *rep) {
+    vks_rl_cast *s = ctx;
+    int rc = s->lora_base ? accept_adapter(s, path, rep) : accept_weights(s, path, rep);
+    return rc ? vks_error_prefix(rc, "%s: version %llu", s->store, (unsigned long long)rep->version) : VKS_OK;
+}
+
 int vks_rl_cast_receive(vks_rl_cast *s, float **msg, int64_t *step) {
     *msg = NULL;
     if (s->lora_base && s->store[0]) return vks_set_error(VKS_ERR_ARG, "rl: a LoRA run's broadcasts carry adapters");
     vks_bcast_report rep;
     int rc = vks_bcast_receive(s->b, &rep);
     if (rc || !s->store[0]) return rc;
-    uint8_t *data = NULL;
-    size_t len = 0;
-    uint64_t v = 0;
-    rc = vks_store_read_current(s->store, &v, &data, &len);
-    if (!rc && v != rep.version)
-        rc = vks_set_error(VKS_ERR_IO, "%s: holds version %llu after version %llu arrived", s->store,
-                           (unsigned long long)v, (unsigned long long)rep.version);
-    if (!rc) rc = vks_rl_wire_check_weights(data, len, s->n_values, s->newest, (int64_t)rep.step, step);
-    if (rc) {
-        free(data);
-        return vks_error_prefix(rc, "%s: version %llu", s->store, (unsigned long long)rep.version);
-    }
-    s->newest = *step;
-    *msg = (float *)(void *)data;
-    return VKS_OK;
+    *msg = s->taken_weights, *step = s->taken_step;
+    s->taken_weights = NULL;
+    return *msg ? VKS_OK : vks_set_error(VKS_ERR_ARG, "%s: version %llu was not checked", s->store, (unsigned long long)rep.version);
 }
 
 size_t vks_rl_cast_max_file(const vks_rl_config *c, const vks_model *m, size_t n_values) {
@@ -271,23 +310,13 @@ int vks_rl_cast_receive_adapter(vks_rl_cast *s, vks_lora_adapter **a, int64_t *s
     vks_bcast_report rep;
     int rc = vks_bcast_receive(s->b, &rep);
     if (rc || !s->store[0]) return rc;
-    char path[4300];
-    rc = vks_store_path(s->store, rep.version, path, sizeof path);
-    /* the signed manifest names the base; the GGUF reader checks every tensor against it, the
-     * values, and the base hash the file names */
-    if (!rc && memcmp(rep.model_hash, s->base_hash, sizeof s->base_hash))
-        rc = vks_set_error(VKS_ERR_FORMAT, "the manifest names another base model than this rank's");
-    if (!rc && (int64_t)rep.step <= s->newest)
-        rc = vks_set_error(VKS_ERR_FORMAT, "adapter of step %llu after step %lld", (unsigned long long)rep.step,
-                           (long long)s->newest);
-    if (!rc) rc = vks_lora_load(path, s->lora_base, a);
-    if (rc) {
-        vks_lora_adapter_free(*a);
-        *a = NULL;
-        return vks_error_prefix(rc, "%s: version %llu", s->store, (unsigned long long)rep.version);
-    }
-    *step = s->newest = (int64_t)rep.step;
-    return VKS_OK;
+    *a = s->taken_adapter, *step = s->taken_step;
+    s->taken_adapter = NULL;
+    return *a ? VKS_OK : vks_set_error(VKS_ERR_ARG, "%s: version %llu was not checked", s->store, (unsigned long long)rep.version);
+}
+
+const char *vks_rl_cast_why(const vks_rl_cast *s, int rank) {
+    return rank >= 0 && rank < s->n_world ? vks_bcast_rank_why(s->b, s->bc_of[rank]) : "";
 }
 
 /* ---- a relay rank ---- */

@@ -18,7 +18,13 @@
  * (vks_model_hash), its step the adapter's version (the policy step). Every
  * stage loads the base once; a receiver checks the file fully as vks_lora_load
  * does (every tensor's shape against the base, finite values, the base hash)
- * and swaps it in with vks_engine_set_lora. */
+ * and swaps it in with vks_engine_set_lora.
+ *
+ * A receiver checks each file (the weights message, or the adapter against
+ * its own base) inside the broadcast, before it tells the trainer it is done
+ * (vks_bcast_options.accept): a version counts as delivered only when the
+ * receiver took it, and one it refuses reaches the trainer with the reason
+ * (vks_rl_cast_why). */
 #ifndef VKS_RL_CAST_H
 #define VKS_RL_CAST_H
 #include "vkswarm/vks_broadcast.h"
@@ -42,6 +48,9 @@ typedef struct {
     const vks_model *lora_base; /* LoRA: the base the adapters are for; NULL: full weights */
     uint8_t base_hash[32];    /* LoRA: its vks_model_hash (what the manifests name) */
     size_t max_file;          /* the largest file a broadcast carries */
+    float *taken_weights;     /* receivers: the checked file of the broadcast in progress */
+    vks_lora_adapter *taken_adapter; /* LoRA receivers: the checked adapter instead */
+    int64_t taken_step;
 } vks_rl_cast;
 
 /* Collective over the world (every rank of the run, in the same order as its
@@ -60,6 +69,10 @@ int vks_rl_cast_send(vks_rl_cast *s, const void *file, size_t bytes, int64_t ste
 /* Trainer: after a send, the next world rank (from *from on, a broadcast
  * rank) that did not finish it and is not dropped yet; -1: none. */
 int vks_rl_cast_failed(const vks_rl_cast *s, int *from);
+/* Trainer: why world rank `rank` refused the last send, as it said ("...:
+ * the adapter is for base model ..."; escaped), "" when it did not refuse it
+ * (took it, failed to receive it, silent, dropped before). */
+const char *vks_rl_cast_why(const vks_rl_cast *s, int rank);
 /* Trainer: leaves world rank `rank` out of every later broadcast. */
 void vks_rl_cast_drop(vks_rl_cast *s, int rank);
 

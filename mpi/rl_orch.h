@@ -78,8 +78,14 @@ void vks_rl_orch_close(trainer_src *t);
  * groups). An error: no inference rank left, or the queue's own error. */
 int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch);
 /* World rank `rank` did not take the weights of `step`: dropped (with its
- * pipeline group), told to stop when alive, left out of later broadcasts. */
+ * pipeline group; refused, with its reason, when it refused them), told to
+ * stop when alive, left out of later broadcasts. */
 void vks_rl_orch_failed_rank(trainer_src *t, int rank, int64_t step);
+/* Trainer, after a broadcast: VKS_ERR_PEER when world rank `rank` refused
+ * the weights (or adapter) of `step` and mpirun has no --enable-recovery
+ * (the rank would leave without MPI_Finalize, and mpirun end the job
+ * unasked): the run stops, naming the rank and its reason. */
+int vks_rl_orch_refused(const trainer_src *t, int rank, int64_t step);
 /* Leaves `rank` out of later broadcasts (remote: noted for the trainer). */
 void vks_rl_orch_cast_drop(trainer_src *t, int rank);
 /* Trainer: the weights of `step` through Shardcast (m is freed); failed ranks

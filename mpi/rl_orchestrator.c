@@ -294,6 +294,14 @@ static int published(remote_src *r, int64_t step) {
     if (!msg) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     int32_t n = 0;
     for (int from = 1, rank; (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) {
+        int rc = vks_rl_orch_refused(t, rank, step);
+        if (rc) {
+            free(msg);
+            return rc;
+        }
+        const char *said = vks_rl_cast_why(&t->cast, rank);
+        if (said[0]) fprintf(stderr, "vkswarm: rl: rank %d refused the %s of step %lld: %s; the run goes on without it\n",
+                             rank, t->c->lora_rank > 0 ? "adapter" : "weights", (long long)step, said);
         vks_rl_cast_drop(&t->cast, rank);
         memcpy((char *)(msg + 1) + sizeof n * (size_t)n, &(int32_t){rank}, sizeof n);
         n++;

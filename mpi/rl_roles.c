@@ -104,14 +104,17 @@ static int first_stage_of(const vks_rl_config *c, int rank) {
     return -1;
 }
 
-static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
+/* Leaves rank r out of the run (state: RANK_DROPPED or RANK_REFUSED, as the
+ * summary says); gone: it leaves without MPI_Finalize (dropped, or told to
+ * stop now), so later broadcasts do not wait for it and nobody finalizes. */
+static void leave_rank(trainer_src *t, inf_rank *r, int state, const char *why, bool gone) {
     fprintf(stderr, "vkswarm: rl: %s rank %d %s: %s; the run goes on without it\n", r->verifier ? "verifier" : "inference",
             r->rank, state == RANK_REFUSED ? "refused" : "dropped", why);
     r->state = state;
     r->at_step = t->newest;
     snprintf(r->why, sizeof r->why, "%s", why);
-    t->lost = t->lost || state == RANK_DROPPED; /* a refused rank is alive: it can still finalize */
-    if (state == RANK_DROPPED) { /* later broadcasts do not wait for it, nor for its group's other stages */
+    t->lost = t->lost || gone; /* a refused rank left running is alive: it can still finalize */
+    if (gone) { /* later broadcasts do not wait for it, nor for its group's other stages */
         vks_rl_orch_cast_drop(t, r->rank);
         int g = r->verifier ? -1 : pipeline_group_of(t->c, r->rank);
         for (int k = 1; g >= 0 && k < t->c->groups[g].n; k++)
@@ -125,6 +128,10 @@ static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
             }
     } else if (r->batch >= 0) push_redo(t, r->batch);
     r->batch = -1;
+}
+
+static void drop_rank(trainer_src *t, inf_rank *r, int state, const char *why) {
+    leave_rank(t, r, state, why, state == RANK_DROPPED);
 }
 
 static inf_rank *find_rank(trainer_src *t, int rank) {
@@ -161,18 +168,20 @@ void vks_rl_orch_cast_drop(trainer_src *t, int rank) {
 
 /* After a broadcast, for every rank that did not finish it: dropped from the
  * run (inference and verifier ranks) or from later broadcasts (relays, and
- * ranks already refused); the dropped ones are told to stop. */
+ * ranks already refused); the dropped ones are told to stop. A rank that
+ * refused the file is named with its reason (it said why: vks_rl_cast_why). */
 void vks_rl_orch_failed_rank(trainer_src *t, int rank, int64_t step) {
-    char why[96];
-    snprintf(why, sizeof why, "it did not take the weights of step %lld (Shardcast)", (long long)step);
+    char why[320];
+    const char *said = vks_rl_cast_why(&t->cast, rank), *what = t->c->lora_rank > 0 ? "adapter" : "weights";
+    if (said[0]) snprintf(why, sizeof why, "it refused the %s of step %lld: %s", what, (long long)step, said);
+    else snprintf(why, sizeof why, "it did not take the %s of step %lld (Shardcast)", what, (long long)step);
     int first = first_stage_of(t->c, rank);
     if (first >= 0) { /* a later stage of a pipeline group: the group cannot generate without it */
         inf_rank *f = find_rank(t, first);
         if (f && f->state == RANK_LIVE) {
-            char stage_why[160];
-            snprintf(stage_why, sizeof stage_why, "its stage rank %d did not take the weights of step %lld (Shardcast)",
-                     rank, (long long)step);
-            drop_rank(t, f, RANK_DROPPED, stage_why); /* also drops its stages from the broadcasts */
+            char stage_why[320 + 32];
+            snprintf(stage_why, sizeof stage_why, "its stage rank %d: %s", rank, why); /* r->why keeps 319 bytes */
+            leave_rank(t, f, said[0] ? RANK_REFUSED : RANK_DROPPED, stage_why, true); /* with its stages */
             stop_now(t, first); /* it passes the stop on to its stages */
         }
         t->lost = true;
@@ -181,7 +190,7 @@ void vks_rl_orch_failed_rank(trainer_src *t, int rank, int64_t step) {
     }
     inf_rank *r = find_rank(t, rank);
     if (r && r->state == RANK_LIVE) {
-        drop_rank(t, r, RANK_DROPPED, why);
+        leave_rank(t, r, said[0] ? RANK_REFUSED : RANK_DROPPED, why, true);
         stop_now(t, rank);
         return;
     }
@@ -191,6 +200,25 @@ void vks_rl_orch_failed_rank(trainer_src *t, int rank, int64_t step) {
     }
     t->lost = true; /* a relay, or a refused rank: maybe dead, so nobody waits for it in MPI_Finalize */
     vks_rl_orch_cast_drop(t, rank);
+}
+
+int vks_rl_orch_refused(const trainer_src *t, int rank, int64_t step) {
+    const char *said = vks_rl_cast_why(&t->cast, rank);
+    if (!said[0] || vks_mpi_recovery_enabled()) return VKS_OK;
+    return vks_set_error(VKS_ERR_PEER, "rank %d refused the %s of step %lld: %s; the run stops (under mpirun "
+                         "--enable-recovery it would go on without that rank)", rank,
+                         t->c->lora_rank > 0 ? "adapter" : "weights", (long long)step, said);
+}
+
+/* After a broadcast of `step`: every rank that did not take it (a refusal
+ * without --enable-recovery ends the run). */
+static int failed_ranks(trainer_src *t, int64_t step) {
+    for (int from = 1, rank; (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) {
+        int rc = vks_rl_orch_refused(t, rank, step);
+        if (rc) return rc;
+        vks_rl_orch_failed_rank(t, rank, step);
+    }
+    return VKS_OK;
 }
 
 /* The weights of `step` to every inference and verifier rank through
@@ -218,8 +246,7 @@ int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step) {
 static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
     trainer_src *t = ctx;
     int rc = vks_rl_orch_cast_weights(t, m, step);
-    for (int from = 1, rank; !rc && (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) vks_rl_orch_failed_rank(t, rank, step);
-    return rc;
+    return rc ? rc : failed_ranks(t, step);
 }
 
 /* LoRA: the adapter of `step` (a GGUF LoRA file, rl_cast.h) to every inference and verifier rank. */
@@ -244,8 +271,7 @@ int vks_rl_orch_cast_adapter(trainer_src *t, vks_lora_adapter *a, int64_t step) 
 static int publish_adapter_mpi(void *ctx, vks_lora_adapter *a, int64_t step) {
     trainer_src *t = ctx;
     int rc = vks_rl_orch_cast_adapter(t, a, step);
-    for (int from = 1, rank; !rc && (rank = vks_rl_cast_failed(&t->cast, &from)) >= 0;) vks_rl_orch_failed_rank(t, rank, step);
-    return rc;
+    return rc ? rc : failed_ranks(t, step);
 }
 
 /* With verifier ranks an inference rank only says DONE (its batch went to the verifier). */

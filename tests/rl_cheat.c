@@ -9,14 +9,19 @@
  *           would set the importance ratios)
  *   counts  claims 0 completions checked and 0 accepted
  *   sum     claims a task reward sum one higher than its rollouts give (at
- *           most one per rollout) */
+ *           most one per rollout)
+ *   base    loads another base model than the others once the start-up check
+ *           passed (its final norm's first weight + 1; --init tiny): it
+ *           refuses every adapter the trainer broadcasts, through the check
+ *           an honest rank with another model file would fail */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "vkswarm/vks_rl_roles.h"
+#include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl_mpi.h"
 
-enum { CHEAT_HIDE = 1, CHEAT_LOGP, CHEAT_COUNTS, CHEAT_SUM };
+enum { CHEAT_HIDE = 1, CHEAT_LOGP, CHEAT_COUNTS, CHEAT_SUM, CHEAT_BASE };
 static int cheat_kind;
 static int cheat_prompts; /* groups per batch */
 
@@ -36,19 +41,24 @@ static void tamper(void *ctx, void *groups_, void *counts_) {
                                                                                    : cnt->task_reward_sum - 1;
 }
 
-/* Sets mo's hook when `spec` names `rank`; -1 on a malformed spec. */
-int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo);
-int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo) {
-    static const char *const kinds[] = {"", "hide", "logp", "counts", "sum"};
+/* Sets mo's hook (base: changes m) when `spec` names `rank`; -1 on a
+ * malformed spec, or base on a model whose weights are not f32 in memory. */
+int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo, vks_model *m);
+int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo, vks_model *m) {
+    static const char *const kinds[] = {"", "hide", "logp", "counts", "sum", "base"};
     for (const char *at = spec; at && *at;) {
         char kind[16] = "";
         int r = -1, used = 0;
         if (sscanf(at, "%d:%15[a-z]%n", &r, kind, &used) != 2) return -1;
         int k = 0;
-        for (int i = 1; i < 5; i++)
+        for (int i = 1; i < 6; i++)
             if (!strcmp(kind, kinds[i])) k = i;
         if (!k) return -1;
-        if (r == rank) {
+        if (r == rank && k == CHEAT_BASE) {
+            if (m->map || m->final_norm.dtype != VKS_DTYPE_F32 || !m->final_norm.data) return -1; /* --init tiny's */
+            ((float *)m->final_norm.data)[0] += 1.0f;
+            fprintf(stderr, "vkswarm: rl: TEST: rank %d changes its base model after the start-up check\n", rank);
+        } else if (r == rank) {
             cheat_kind = k, cheat_prompts = prompts_per_step;
             mo->test_tamper = tamper;
             fprintf(stderr, "vkswarm: rl: TEST: inference rank %d cheats (%s)\n", rank, kind);

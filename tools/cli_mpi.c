@@ -15,7 +15,7 @@ _Noreturn void cli_mpi_abort(int status) {
 }
 
 int cli_mpi_status(int rc) {
-    if (rc == VKS_ERR_TIMEOUT) return 3;
+    if (rc == VKS_ERR_TIMEOUT || rc == VKS_ERR_PEER) return 3;
     if (rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG) return EXIT_BAD_INPUT;
     return 1;
 }

@@ -8,7 +8,7 @@
  * (MPI_Abort): for errors after which MPI_Finalize would wait forever. */
 _Noreturn void cli_mpi_abort(int status);
 /* The exit status of an MPI-side error code: 3 for a silent rank
- * (VKS_ERR_TIMEOUT), 2 for bad input from a rank or file, 1 otherwise. */
+ * (VKS_ERR_TIMEOUT) or one that refused its part (VKS_ERR_PEER), 2 for bad input from a rank or file, 1 otherwise. */
 int cli_mpi_status(int rc);
 /* vks_mpi_stuck_fn for the start-up and finalize watchdogs: prints
  * "vkswarm: <message>" and ends this process with status 3. */

@@ -145,7 +145,7 @@ int cmd_pipeline(int argc, char **argv) {
     vks_model *m = cli_load_model(&a.m);
     uint8_t hash[32];
     cli_model_hash(&a.m, m, hash);
-    int rc = vks_pipeline_check_ranks(vks_mpi_world(), hash, a.timeout_s);
+    int rc = vks_mpi_check_ranks(vks_mpi_world(), hash, a.timeout_s);
     if (rc == VKS_ERR_TIMEOUT) die_startup(rank);
     if (rc) {
         if (rank == 0) fprintf(stderr, "vkswarm: %s\n", vks_last_error());

@@ -83,7 +83,11 @@ static const char rl_usage[] =
     "shared with inference, verifier or relay ranks): it then grants, checks and queues the batches,\n"
     "the others talk to it, and the trainer asks it for each step's groups (and re-checks them) while\n"
     "it still broadcasts the weights; a dead orchestrator ends the run after 2 x --timeout-s + 2 s of\n"
-    "silence. Every rank must be started with the same model.\n";
+    "silence. Every rank must be started with the same model: compared at start (the model hash, as\n"
+    "pipeline does), a rank with another is refused naming it and both hashes (exit 2). A broadcast\n"
+    "counts only the ranks that acknowledge it after checking the file; a rank that refuses the\n"
+    "weights or an adapter is named with its reason, and the run goes on without it under\n"
+    "--enable-recovery or stops with exit status 3.\n";
 
 typedef struct {
     cli_model_args m;
@@ -317,6 +321,24 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
     printf("trainer idle: %.3f\n", r->trainer_idle);
 }
 
+/* Every rank must hold the same model (under LoRA the base every adapter is
+ * for): compared at start, as `vkswarm pipeline` does; a mismatch ends every
+ * rank with status 2 before any broadcast, the trainer naming the rank and
+ * both hashes. */
+static void check_ranks(const rl_args *a, const vks_model *m, int rank) {
+    uint8_t hash[32];
+    cli_model_hash(&a->m, m, hash);
+    int rc = vks_mpi_check_ranks(vks_mpi_world(), hash, a->timeout_s);
+    if (rc == VKS_ERR_TIMEOUT) {
+        fprintf(stderr, "vkswarm: rl: rank %d: %s\n", rank, vks_last_error());
+        cli_mpi_abort(3);
+    }
+    if (!rc) return;
+    if (rank == a->c.trainer) fprintf(stderr, "vkswarm: rl: %s\n", vks_last_error());
+    vks_mpi_stop_within(a->timeout_s, cli_mpi_stuck);
+    cli_exit_now(EXIT_BAD_INPUT);
+}
+
 /* One rank of an RL run across MPI ranks: the trainer or an inference rank. */
 static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     int rank = 0, size = 0;
@@ -325,13 +347,14 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     vks_mpi_start_within(pipelines ? VKS_MPI_THREADS_MULTIPLE : VKS_MPI_THREADS_FUNNELED, a->timeout_s, cli_mpi_stuck,
                          &rank, &size);
     if (size != a->n_ranks) cli_mpi_abort(EXIT_BAD_INPUT);
+    check_ranks(a, m, rank);
     int roles = vks_rl_config_roles_of(&a->c, rank);
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
                                                                          : a->test_garbage_kind ? a->test_garbage_kind : 1};
 #ifdef VKS_TEST_CHEAT /* the test build's vkswarm_cheat only: dishonest inference ranks (tests/rl_cheat.c) */
-    int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo);
-    if (vks_test_cheat_setup(getenv("VKSWARM_TEST_CHEAT"), rank, a->c.prompts_per_step, &mo))
-        cli_die(EXIT_BAD_INPUT, "VKSWARM_TEST_CHEAT: RANK:KIND[,RANK:KIND]... (hide, logp, counts, sum)");
+    int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo, vks_model *m);
+    if (vks_test_cheat_setup(getenv("VKSWARM_TEST_CHEAT"), rank, a->c.prompts_per_step, &mo, m))
+        cli_die(EXIT_BAD_INPUT, "VKSWARM_TEST_CHEAT: RANK:KIND[,RANK:KIND]... (hide, logp, counts, sum, base)");
 #endif
     /* a relay only moves bytes; an orchestrator of its own checks groups on the CPU */
     vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY || roles == VKS_RL_ROLE_ORCHESTRATOR ? NULL : cli_open_gpu(&a->m);

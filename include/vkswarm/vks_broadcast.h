@@ -29,6 +29,7 @@
 #include "vks_shard.h"
 
 typedef enum { VKS_BCAST_ORIGIN, VKS_BCAST_RELAY, VKS_BCAST_RECEIVER } vks_bcast_role;
+struct vks_bcast_report;
 
 typedef struct {
     int relays;                  /* ranks 1..relays are relays */
@@ -58,9 +59,18 @@ typedef struct {
      * liveness on another channel beats there too (NULL: none). */
     void (*beat)(void *ctx);
     void *beat_ctx;
+    /* Receivers: called once a version is verified and switched to, before
+     * this rank tells the origin it is done, with the store path of the file
+     * and the report: the caller's own check (its model, its format). The
+     * file counts as delivered only when it returns VKS_OK; else this rank
+     * refuses it: the origin counts it among the ranks that did not receive
+     * the version and learns the error text (vks_bcast_rank_why), and
+     * vks_bcast_receive returns that error. NULL: every verified file is taken. */
+    int (*accept)(void *ctx, const char *path, const struct vks_bcast_report *rep);
+    void *accept_ctx;
 } vks_bcast_options;
 
-typedef struct {
+typedef struct vks_bcast_report {
     uint64_t version, step;
     uint64_t file_bytes, wire_bytes; /* wire < file when deltas saved bytes */
     double seconds;
@@ -97,6 +107,10 @@ bool vks_bcast_waiting(vks_bcast *b);
 /* Origin: whether `rank` finished the last vks_bcast_send (false for the
  * origin, unknown ranks and ranks dropped). */
 bool vks_bcast_rank_ok(const vks_bcast *b, int rank);
+/* Origin: why `rank` refused the last send (its accept check failed), as it
+ * said (escaped); "" when it did not refuse it (took it, failed otherwise,
+ * silent, dropped). */
+const char *vks_bcast_rank_why(const vks_bcast *b, int rank);
 /* Origin: leaves `rank` (gone, or no longer trusted) out of every later
  * send, beat and close: no manifest, nothing waited for; a dropped relay's
  * place in the tree goes to the others. */

@@ -16,6 +16,7 @@ enum {
     VKS_ERR_GPU = -4,       /* Vulkan call failed */
     VKS_ERR_ARG = -5,       /* caller passed an invalid argument */
     VKS_ERR_TIMEOUT = -6,   /* a peer (MPI rank) stayed silent past the timeout */
+    VKS_ERR_PEER = -7,      /* a peer (MPI rank) the job needs refused its part (the CLI: status 3, as silence) */
 };
 
 /* Weight element types. Numbering is stable (stored in files later). */

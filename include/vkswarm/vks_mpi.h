@@ -4,6 +4,7 @@
 #define VKS_MPI_H
 #include <mpi.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stddef.h>
 
 /* How other threads use MPI: none exist (SINGLE); they exist but only the
@@ -75,4 +76,19 @@ int vks_mpi_exchange(MPI_Comm comm, const void *mine, void *all, size_t bytes, i
  * ranks for a sub-communicator's ranks. */
 int vks_mpi_exchange_named(MPI_Comm comm, const void *mine, void *all, size_t bytes, int tag, double timeout_s,
                            const char *what, const int *names);
+
+/* Whether mpirun was started with --enable-recovery (Open MPI puts
+ * OMPI_MCA_orte_enable_recovery=1 in every rank's environment): only then
+ * can the job go on after a rank leaves without MPI_Finalize. */
+bool vks_mpi_recovery_enabled(void);
+
+/* Start-up check of every rank of a job (`vkswarm pipeline`, `vkswarm rl`),
+ * collective over comm: the same vkswarm version and the same model hash
+ * (vks_model_hash; with an adapter vks_lora_model_hash) on every rank. On a
+ * mismatch VKS_ERR_FORMAT naming the lowest rank that differs and both
+ * versions or both hashes (every rank sees the same error). A rank silent for
+ * timeout_s: VKS_ERR_TIMEOUT naming it; the caller must end the job
+ * (MPI_Abort), since MPI_Finalize would wait for the silent rank. */
+enum { VKS_MPI_TAG_CHECK_RANKS = 100 };
+int vks_mpi_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s);
 #endif

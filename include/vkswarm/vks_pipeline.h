@@ -12,7 +12,8 @@
 
 /* Tags of the start-up and finish exchanges (vks_mpi_exchange, bounded by
  * --timeout-s); the command's own (seed and prompt count, measurements) too. */
-enum { VKS_TAG_CHECK_RANKS = 100, VKS_TAG_SHARED = 101, VKS_TAG_MEASURE = 102, VKS_TAG_ENGINE = 103,
+/* (100 is vks_mpi_check_ranks' tag, VKS_MPI_TAG_CHECK_RANKS.) */
+enum { VKS_TAG_SHARED = 101, VKS_TAG_MEASURE = 102, VKS_TAG_ENGINE = 103,
        VKS_TAG_READY = 104, VKS_TAG_FINISH = 105 };
 /* How activations cross a link. */
 enum { VKS_WIRE_F32 = 0, VKS_WIRE_F16 = 1 };
@@ -87,9 +88,4 @@ typedef struct {
  * A count or token outside int range from rank 0 is VKS_ERR_FORMAT. */
 int vks_pipeline_share_job(MPI_Comm comm, vks_pipeline_job *job, double timeout_s);
 
-/* Start-up checks, collective: same vkswarm version and model hash on every
- * rank; on a mismatch VKS_ERR_FORMAT naming the rank (every rank sees it).
- * A rank silent for timeout_s: VKS_ERR_TIMEOUT naming it; the caller must end the
- * job (MPI_Abort), since MPI_Finalize would wait for the silent rank. */
-int vks_pipeline_check_ranks(MPI_Comm comm, const uint8_t model_hash[32], double timeout_s);
 #endif

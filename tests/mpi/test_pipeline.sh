@@ -287,12 +287,15 @@ if [ -n "$pid" ] && [ $rc -eq 0 ] && cmp -s "$tmp/resumed.jsonl" "$tmp/ref_greed
 else bad "rank 1 stopped and resumed: pid '$pid' status $rc"; grep vkswarm "$tmp/resumed.txt" | tail -3; fi
 fi
 
-# different models on different ranks: refused, naming the rank
-if mpi -np 1 $bin pipeline $model --prompts "$tmp/prompts.txt" -n 8 : \
-       -np 1 $bin pipeline --random-model 64,160,6,4,2,301,128 --prompts "$tmp/prompts.txt" -n 8 \
-       > /dev/null 2> "$tmp/mm.txt"; then bad "model mismatch accepted"
-elif grep -q "rank 1 loaded a different model" "$tmp/mm.txt"; then ok "model mismatch refused, naming rank 1"
-else bad "model mismatch message"; cat "$tmp/mm.txt"; fi
+# different models on different ranks: refused (status 2), naming the rank and both model hashes
+# (the check vkswarm rl makes too: vks_mpi_check_ranks)
+mpi -np 1 $bin pipeline $model --prompts "$tmp/prompts.txt" -n 8 : \
+    -np 1 $bin pipeline --random-model 64,160,6,4,2,301,128 --prompts "$tmp/prompts.txt" -n 8 \
+    > /dev/null 2> "$tmp/mm.txt"
+rc=$?
+if [ $rc -eq 2 ] && grep -q "rank 1 loaded a different model than rank 0: model hash [0-9a-f]\{64\} on rank 1, [0-9a-f]\{64\} on rank 0" "$tmp/mm.txt"; then
+    ok "model mismatch refused (status 2), naming rank 1 and both hashes"
+else bad "model mismatch: status $rc"; cat "$tmp/mm.txt"; fi
 
 # KV cache too large: refused at start with the bytes needed and available
 if mpi -np 2 $bin pipeline --random-model 64,160,6,4,2,300,1000000 --prompts "$tmp/prompts.txt" -n 1000000 \

@@ -7,7 +7,9 @@
 # Shardcast and a relay rank); an
 # inference rank that sends a token outside the vocabulary is named, refused,
 # and the run finishes on the other; an inference rank killed (-9) mid-run is
-# dropped under --enable-recovery and the run finishes on the other.
+# dropped under --enable-recovery and the run finishes on the other; ranks
+# with different models are refused at start, and a rank refusing the weights
+# broadcast (an adapter) is named with its reason.
 # Usage: test_rl.sh BUILD_DIR
 set -uo pipefail
 bin=${1:?build dir}/vkswarm
@@ -60,6 +62,63 @@ shardcast_ok() {
     [ "$(grep -c '"broadcast_bytes":[1-9]' "$metrics")" = "$steps" ] || return 1
     for s in "$@"; do [ -f "$s/current/model.bin" ] || return 1; done
 }
+
+# Ranks with different models (issue 40). Two working directories each hold a model under the
+# same relative path "model" (convert --init tiny, seeds 1 and 2: the same tokenizer, other
+# weights); ranks 0 and 1 start in A, rank 2 in B (mpirun --wdir A ... : --wdir B ...). The
+# start-up check compares every rank's model hash, as `vkswarm pipeline` does: the run is refused
+# (status 2) before any broadcast, naming rank 2 and both hashes (it used to hang until
+# --trainer-timeout-s and blame the trainer). VKSWARM_TEST_ONLY=models runs only these cases.
+mkdir -p "$tmp/wdA" "$tmp/wdB"
+$bin convert --init tiny --seed 1 --out "$tmp/wdA/model" 2> /dev/null &&
+    $bin convert --init tiny --seed 2 --out "$tmp/wdB/model" 2> /dev/null || bad "models: convert failed"
+config "$tmp/models" 2 0
+sed -i 's/"init": "tiny",/"model": "model",/; s/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/' "$tmp/run.json"
+rl_args=(rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --trainer-timeout-s 30)
+mpi_run 300 --wdir "$tmp/wdA" -np 2 "$(realpath "$bin")" "${rl_args[@]}" : \
+    --wdir "$tmp/wdB" -np 1 "$(realpath "$bin")" "${rl_args[@]}" > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+hashes=$(grep -o "^vkswarm: rl: rank 2 loaded a different model than rank 0: model hash [0-9a-f]\{64\} on rank 2, [0-9a-f]\{64\} on rank 0" "$tmp/err.txt" |
+         grep -o "[0-9a-f]\{64\}" | sort -u | wc -l)
+if [ $rc -eq 2 ] && [ "$hashes" = 2 ] && ! grep -q "shardcast: step\|^rl: step" "$tmp/err.txt" && [ ! -e "$tmp/models" ]; then
+    ok "another model file on rank 2 (mpirun --wdir): refused at start (status 2) naming rank 2 and both hashes, nothing broadcast"
+else bad "ranks with different models: status $rc, $hashes hashes named"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; fi
+
+# A rank that refuses the adapter (the test build's vkswarm_cheat: VKSWARM_TEST_CHEAT=2:base changes
+# rank 2's base model after the start-up check, so it fails the check every receiver makes before
+# it acknowledges a broadcast: the manifest names another base). A delivery counts only when the
+# receiver acknowledges it: step 0's adapter reached 1 of 2 ranks, and the trainer names rank 2 with
+# its reason (both base hashes). Under --enable-recovery the run goes on without it and finishes on
+# rank 1; without, it stops at once with status 3 (it used to log "to 2 of 2 ranks" and hang until
+# --trainer-timeout-s, blaming the trainer).
+refusal_ok() { # the trainer's lines: 1 of 2 ranks, rank 2 named with both hashes
+    grep -q "shardcast: step 0 (version [0-9]*): adapter, [1-9][0-9]* bytes to 1 of 2 ranks" "$tmp/err.txt" &&
+        grep -q "rank 2 refused\(: it refused\)\? the adapter of step 0: .*weights-rank2: version [0-9]*: the adapter is for base model [0-9a-f]\{64\}, this rank loaded [0-9a-f]\{64\}" "$tmp/err.txt"
+}
+config "$tmp/refuse" 2 0
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/' "$tmp/run.json"
+VKSWARM_TEST_CHEAT=2:base mpi_run 300 -x VKSWARM_TEST_CHEAT --enable-recovery -np 3 $cheat_bin rl --config "$tmp/run.json" \
+    --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && refusal_ok && grep -q "^vkswarm: rl: inference rank 2 refused: it refused the adapter of step 0: .*; the run goes on without it" "$tmp/err.txt" &&
+   grep -q "^final checkpoint: $tmp/refuse/step-000000002" "$tmp/out.txt" && metrics_ok "$tmp/refuse/metrics.jsonl" 2 0 &&
+   ! grep -q "inference rank 1 \(refused\|dropped\)\|did not answer" "$tmp/err.txt"; then
+    ok "a rank refusing the adapter (another base): named with both hashes, delivered to 1 of 2, the run finishes on rank 1 (--enable-recovery)"
+else bad "a rank refusing the adapter, --enable-recovery: status $rc"; grep -v "^\[vm\|device 0\|^rl: step" "$tmp/err.txt" | tail -8; fi
+config "$tmp/refuse3" 2 0
+sed -i 's/"lr": 1e-3,/"lr": 1e-3, "lora": {"rank": 4},/' "$tmp/run.json"
+VKSWARM_TEST_CHEAT=2:base mpi_run 300 -x VKSWARM_TEST_CHEAT -np 3 $cheat_bin rl --config "$tmp/run.json" \
+    --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 3 ] && refusal_ok && grep -q "^vkswarm: rl: rank 2 refused the adapter of step 0: .*; the run stops" "$tmp/err.txt" &&
+   ! grep -q "^final checkpoint\|^rl: step" "$tmp/out.txt" "$tmp/err.txt" && ! grep -q "did not answer" "$tmp/err.txt"; then
+    ok "a rank refusing the adapter without --enable-recovery: named with its reason, the run stops at once with status 3"
+else bad "a rank refusing the adapter, no recovery: status $rc"; grep -v "^\[vm\|device 0\|^rl: step" "$tmp/err.txt" | tail -8; fi
+if [ "${VKSWARM_TEST_ONLY:-}" = models ]; then
+    echo "rl across ranks: $passed passed, $failed failed"
+    [ $failed -eq 0 ]
+    exit
+fi
 
 # LoRA across ranks (lora.rank 4): the same 4 ranks (a relay) as the happy path below; Shardcast
 # carries each step's adapter (a GGUF LoRA file in every receiver's store), not the weights: a
