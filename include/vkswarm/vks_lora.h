@@ -76,6 +76,12 @@ int vks_lora_adapter_check_shape(const vks_lora_adapter *a, const vks_model_conf
 /* Layer l's A [rank, in] / B [out, rank] of target t; NULL when t is not targeted or l is out of range. */
 float *vks_lora_adapter_A(const vks_lora_adapter *a, int layer, vks_lora_target t);
 float *vks_lora_adapter_B(const vks_lora_adapter *a, int layer, vks_lora_target t);
+/* PEFT's modules_to_save = ["norm"]: the final norm's weight [dim] trained
+ * beside the adapter, used in place of the base's (vks_lora_apply_norm,
+ * vks_lora_merge) and part of the adapter's hash. set_norm copies w (finite,
+ * base dim values; NULL removes it); vks_lora_adapter_norm is NULL without one. */
+int vks_lora_adapter_set_norm(vks_lora_adapter *a, const float *w);
+const float *vks_lora_adapter_norm(const vks_lora_adapter *a);
 /* Records the base model's identity (vks_model_hash, its arch and path) in the adapter. */
 int vks_lora_adapter_set_base(vks_lora_adapter *a, const vks_model *base);
 /* The recorded base hash; NULL until vks_lora_adapter_set_base (or a load). */
@@ -126,4 +132,10 @@ int vks_lora_load_hashed(const char *path, const vks_model *base, const uint8_t 
  * tensors become f32 (owned by m; q/k rows in m's order). a must be for m's
  * shape and RoPE order (VKS_ERR_ARG otherwise). */
 int vks_lora_merge(vks_model *m, const vks_lora_adapter *a);
+/* Where a carries a final norm (modules_to_save ["norm"]), m's final norm
+ * becomes an f32 copy of it, owned by m, so every forward of m (GPU engine,
+ * CPU, reference; with a applied unmerged) uses it; vks_model_hash(m) then
+ * covers it. VKS_OK and nothing changed when a has none; VKS_ERR_ARG when a
+ * is for another shape. vks_lora_merge does this itself. */
+int vks_lora_apply_norm(vks_model *m, const vks_lora_adapter *a);
 #endif
