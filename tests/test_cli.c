@@ -1252,6 +1252,141 @@ static void test_train_sft_lora(void **state) {
     }
 }
 
+/* The largest |x[i] - y[i]|. */
+static double max_diff(const float *x, const float *y, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i] - (double)y[i]));
+    return m;
+}
+
+/* train sft --lora-modules-to-save norm (issue 40 item 6): the adapter
+ * directory holds the trained final norm as PEFT names it
+ * (base_model.model.model.norm.weight, "modules_to_save": ["norm"]); logits
+ * --lora (GPU and --cpu) and convert --lora use it: they match the float64
+ * forward with it and differ from base + adapter without it; a GGUF adapter
+ * cannot hold it (refused); 2 steps then --resume equal 4 straight, bit for
+ * bit; a resume without the option, another module or no --lora-rank: exit 2,
+ * one line. */
+static void test_train_sft_lora_norm(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/lnorm", tu_tmpdir());
+    mkdir(dir, 0777);
+    char data[512], cmd[8192], path[1024], base[600], ad[600], ids[600], *out, *err;
+    snprintf(data, sizeof data, "%s/rev.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 16; i++) {
+        char w[6];
+        for (int k = 0; k < 5; k++) w[k] = (char)('a' + (i * 3 + k * 5) % 8);
+        w[5] = 0;
+        fprintf(f, "{\"prompt\": \"reverse %s =\", \"completion\": \" %c%c%c%c%c.\"}\n", w, w[4], w[3], w[2], w[1], w[0]);
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s train sft --init tiny --batch 4 --lr 3e-3 --data %s --steps 1 --out %s/full "
+             ">/dev/null 2>&1", tu_bin(), data, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(base, sizeof base, "%s/full/step-000000001", dir);
+    const char *args = "train sft --batch 4 --lr 1e-2 --lora-rank 4 --lora-alpha 8 --lora-modules-to-save norm";
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --steps 4 --out %s/a", args, base, data, dir);
+    if (run_capture(cmd, &out, &err)) fail_msg("%s: %s", cmd, err);
+    free(out), free(err);
+    snprintf(ad, sizeof ad, "%s/a/step-000000004", dir);
+    snprintf(path, sizeof path, "%s/adapter_config.json", ad);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    json_t *mts = json_object_get(cfg, "modules_to_save");
+    if (!json_is_array(mts) || json_array_size(mts) != 1 || strcmp(json_string_value(json_array_get(mts, 0)), "norm"))
+        fail_msg("%s: modules_to_save is not [\"norm\"]", path);
+    json_decref(cfg);
+
+    /* in process: the adapter with its trained norm, and the float64 forward with and without it */
+    vks_model *m = NULL, *with = NULL;
+    vks_lora_adapter *a = NULL;
+    assert_int_equal(vks_model_load(base, &m), VKS_OK);
+    assert_int_equal(vks_model_load(base, &with), VKS_OK);
+    if (vks_lora_load(ad, m, &a)) fail_msg("%s", vks_last_error());
+    const float *norm = vks_lora_adapter_norm(a);
+    assert_non_null(norm);
+    float *base_norm = malloc(sizeof(float) * (size_t)m->cfg.dim);
+    vks_tensor_row_f32(&m->final_norm, 0, base_norm);
+    double moved = max_diff(norm, base_norm, (size_t)m->cfg.dim);
+    if (!(moved > 1e-3)) fail_msg("the final norm did not train: %g", moved);
+    free(base_norm);
+    assert_int_equal(vks_lora_apply_norm(with, a), VKS_OK);
+    enum { N = 12 };
+    int32_t tokens[N];
+    for (int i = 0; i < N; i++) tokens[i] = (int32_t)(1 + (i * 37) % (m->cfg.vocab_size - 1));
+    snprintf(ids, sizeof ids, "%s/ids.txt", dir);
+    f = fopen(ids, "w");
+    for (int i = 0; i < N; i++) fprintf(f, "%d\n", tokens[i]);
+    fclose(f);
+    size_t n = (size_t)N * (size_t)m->cfg.vocab_size;
+    float *want = malloc(n * sizeof *want), *without = malloc(n * sizeof *without);
+    assert_int_equal(vks_ref_forward_lora(with, a, tokens, N, want, NULL, NULL), VKS_OK);
+    assert_int_equal(vks_ref_forward_lora(m, a, tokens, N, without, NULL, NULL), VKS_OK);
+    double apart = max_diff(want, without, n);
+    if (!(apart > 1e-2)) fail_msg("the norm hardly changes the logits (%g): no test", apart);
+
+    /* logits --lora on the GPU and --cpu, and the model convert --lora merged */
+    char merged[600];
+    snprintf(merged, sizeof merged, "%s/merged.gguf", dir);
+    snprintf(cmd, sizeof cmd, "convert --in %s --lora %s --out %s", base, ad, merged);
+    if (run_capture(cmd, &out, &err)) fail_msg("%s: %s", cmd, err);
+    free(out), free(err);
+    const char *runs[][2] = {{base, " --lora "}, {base, " --cpu --lora "}, {merged, ""}};
+    for (int r = 0; r < 3; r++) {
+        snprintf(path, sizeof path, "%s/logits%d.f32", dir, r);
+        snprintf(cmd, sizeof cmd, "logits --model %s --ids %s --out %s%s%s", runs[r][0], ids, path, runs[r][1],
+                 runs[r][1][0] ? ad : "");
+        if (run_capture(cmd, &out, &err)) fail_msg("%s: %s", cmd, err);
+        free(out), free(err);
+        size_t got_n;
+        float *got = (float *)tu_read_file(path, &got_n);
+        assert_int_equal(got_n, n * sizeof(float));
+        double d = max_diff(got, want, n);
+        if (!(d < 1e-4)) fail_msg("%s: %g from the forward with the norm (%g without)", cmd, d, apart);
+        free(got);
+    }
+    free(want), free(without);
+
+    /* llama.cpp's GGUF adapter has no place for the norm */
+    snprintf(path, sizeof path, "%s/adapter.gguf", dir);
+    assert_int_equal(vks_lora_save_gguf(path, a), VKS_ERR_ARG);
+    if (!strstr(vks_last_error(), "final norm")) fail_msg("%s", vks_last_error());
+    assert_int_equal(access(path, F_OK), -1);
+    vks_lora_adapter_free(a);
+    vks_model_free(m);
+    vks_model_free(with);
+
+    /* checkpoints carry the norm and its moments: 2 steps, then --resume to 4 */
+    snprintf(cmd, sizeof cmd, "%s %s --model %s --data %s --steps 2 --out %s/b >/dev/null 2>&1 && %s %s --model %s "
+             "--data %s --steps 4 --out %s/b --resume >/dev/null 2>&1", tu_bin(), args, base, data, dir, tu_bin(), args,
+             base, data, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "cd %s && for f in adapter_model.safetensors adapter_config.json optimizer.safetensors; do "
+             "cmp a/step-000000004/$f b/step-000000004/$f || exit 1; done", dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+
+    /* refused, exit 2, one line: a resume without the option, another module, the option without --lora-rank */
+    snprintf(cmd, sizeof cmd, "train sft --batch 4 --lr 1e-2 --lora-rank 4 --lora-alpha 8 --model %s --data %s "
+             "--steps 5 --out %s/a --resume", base, data, dir);
+    assert_int_equal(run_capture(cmd, &out, &err), 2);
+    if (!one_clean_line(last_line(err)) || !strstr(last_line(err), "final norm")) fail_msg("resume: '%s'", err);
+    free(out), free(err);
+    const char *bad[] = {"--lora-rank 4 --lora-modules-to-save lm_head", "--lora-modules-to-save norm"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "train sft --init tiny --data %s --steps 1 --out %s/bad %s", data, dir, bad[i]);
+        assert_int_equal(run_capture(cmd, &out, &err), 2);
+        if (*out || !one_clean_line(err) || !strstr(err, i ? "--lora-rank" : "supported: norm"))
+            fail_msg("%s: '%s'", bad[i], err);
+        free(out), free(err);
+    }
+    snprintf(cmd, sizeof cmd, "train sft --help");
+    assert_int_equal(run_capture(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "--lora-modules-to-save norm"));
+    free(out), free(err);
+}
+
 /* The stdout of a command that must succeed. */
 static char *stdout_of(const char *cmd) {
     char *out = NULL;
@@ -2539,6 +2674,7 @@ int main(void) {
         cmocka_unit_test(test_input_lines_nul_and_crlf), cmocka_unit_test(test_tokenizer_of_another_model),
         cmocka_unit_test(test_stdout_full_exits_1),    cmocka_unit_test(test_convert_onto_input),
         cmocka_unit_test(test_convert_lora), cmocka_unit_test(test_lora_cli),
+        cmocka_unit_test(test_train_sft_lora_norm),
         cmocka_unit_test(test_write_failure_leaves_nothing),
         cmocka_unit_test(test_kv_f16_rollouts_verified),
         cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_messages_say_what_happened),

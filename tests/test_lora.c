@@ -459,6 +459,8 @@ static void test_peft_refused(void **state) {
     const char *extras[][2] = {{", \"layers_to_transform\": [0, 1]", "layers_to_transform: is not supported"},
                                {", \"rank_pattern\": {\"q_proj\": 8}", "rank_pattern: is not supported"},
                                {", \"use_dora\": true", "use_dora: true is not supported"},
+                               /* modules_to_save: the final norm only */
+                               {", \"modules_to_save\": [\"lm_head\"]", "modules_to_save: only [\"norm\"]"},
                                {", \"vkswarm\": {\"base_model_hash\": "
                                 "\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}",
                                 "the adapter was made for base model 0011223344556677..."}};
@@ -469,6 +471,10 @@ static void test_peft_refused(void **state) {
         o.extra = extras[i][0];
         expect_refused(name, &o, CFG, extras[i][1]);
     }
+    /* modules_to_save ["norm"] without its tensor */
+    o = hand_default();
+    o.extra = ", \"modules_to_save\": [\"norm\"]";
+    expect_refused("norm_missing", &o, ST, "missing tensor base_model.model.model.norm.weight");
     /* alpha_pattern replaces the empty one of the template: a duplicate key is refused too */
     o = hand_default();
     o.extra = ", \"alpha_pattern\": {\"q_proj\": 8}";

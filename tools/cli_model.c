@@ -80,12 +80,16 @@ static void resolve_dtype(cli_model_args *a, const vks_model *m) {
     }
 }
 
-/* The adapter of --lora for m (exit 2 with the loader's one line on bad input). */
-static vks_lora_adapter *load_lora(const char *path, const vks_model *m, int speaker) {
+/* The adapter of --lora for m (exit 2 with the loader's one line on bad input).
+ * A final norm trained beside it (modules_to_save ["norm"]) replaces m's, so
+ * every path that runs m with the adapter (GPU, CPU, verifier) uses it. */
+static vks_lora_adapter *load_lora(const char *path, vks_model *m, int speaker) {
     vks_lora_adapter *l = NULL;
     if (vks_lora_load(path, m, &l)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-    if (cli_rank_speaks(speaker)) fprintf(stderr, "vkswarm: LoRA adapter %s: rank %d, alpha %g\n", path, vks_lora_adapter_config(l)->rank,
-            vks_lora_adapter_config(l)->alpha);
+    if (vks_lora_apply_norm(m, l)) cli_die(1, "%s", vks_last_error());
+    if (cli_rank_speaks(speaker)) /* the same on every rank: said once */
+        cli_note("LoRA adapter %s: rank %d, alpha %g%s", path, vks_lora_adapter_config(l)->rank,
+                 vks_lora_adapter_config(l)->alpha, vks_lora_adapter_norm(l) ? ", with its final norm (modules_to_save)" : "");
     return l;
 }
 

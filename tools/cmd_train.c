@@ -17,7 +17,7 @@ static const char train_usage[] =
     "                         [--micro-batch b] [--lr X] [--warmup N] [--cosine] [--min-lr X]\n"
     "                         [--weight-decay X] [--grad-clip X] [--out DIR] [--resume [--override]] [--seed S]\n"
     "                         [--save-every N] [--keep N] [--recompute] [--device N] [--profile]\n"
-    "                         [--lora-rank R [--lora-alpha A] [--lora-targets LIST]]\n"
+    "                         [--lora-rank R [--lora-alpha A] [--lora-targets LIST] [--lora-modules-to-save norm]]\n"
     "Supervised fine-tuning on the GPU. FILE.jsonl holds {\"prompt\": ..., \"completion\": ...} lines (the\n"
     "loss is on the completion and EOS) or {\"text\": ...} lines (every token after BOS). Each step takes\n"
     "B sequences (default 8) in micro-batches of b (default B) whose gradients add up, then one AdamW\n"
@@ -44,7 +44,12 @@ static const char train_usage[] =
     "f16). Checkpoints then hold the adapter in PEFT's layout (adapter_model.safetensors +\n"
     "adapter_config.json, the base model's hash recorded) with optimizer.safetensors and state.json;\n"
     "the final checkpoint is the adapter directory (--lora DIR, convert --lora, PEFT and vLLM read it).\n"
-    "--resume needs the same --model, rank, alpha and targets (another base is refused naming it).\n"
+    "--lora-modules-to-save norm also trains the final norm's weight beside the adapters (PEFT's\n"
+    "modules_to_save; norm is the only module supported): without it the frozen final norm and\n"
+    "classifier bound the logits, and LoRA can stall on a small model (NOTES \"Training\"). The adapter\n"
+    "directory then holds base_model.model.model.norm.weight and \"modules_to_save\": [\"norm\"]; --lora\n"
+    "and convert --lora use it in place of the base's final norm (a GGUF adapter cannot hold it).\n"
+    "--resume needs the same --model, rank, alpha, targets and modules (another base is refused naming it).\n"
     "Before training, a run whose memory plan (train plan) exceeds the device's free memory is refused,\n"
     "exit 2, with the plan in the message; at the end stderr gets the peak device memory held beside\n"
     "the plan, and the process's peak RSS.\n"
@@ -93,7 +98,7 @@ static void parse_train(int argc, char **argv, train_args *a) {
         {"seed", required_argument, 0, 0}, {"save-every", required_argument, 0, 0}, {"keep", required_argument, 0, 0},
         {"recompute", no_argument, 0, 0}, {"override", no_argument, 0, 0}, {"lora-rank", required_argument, 0, 0},
         {"lora-alpha", required_argument, 0, 0}, {"lora-targets", required_argument, 0, 0},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"lora-modules-to-save", required_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_sft_run_options *o = &a->o;
     bool lora_given = false;
     *o = (vks_sft_run_options){.batch = 8, .schedule = {.lr = 1e-3}, .grad_clip = 1.0, .keep = 3,
@@ -130,9 +135,14 @@ static void parse_train(int argc, char **argv, train_args *a) {
             if (vks_lora_parse_targets(optarg, &o->lora_targets, "--lora-targets"))
                 cli_usage_error("train", "%s", vks_last_error());
             lora_given = true;
+        } else if (!strcmp(name, "lora-modules-to-save")) {
+            if (strcmp(optarg, "norm"))
+                cli_usage_error("train", "--lora-modules-to-save: '%s' is not supported (supported: norm, the final "
+                                "norm)", optarg);
+            o->lora_save_norm = lora_given = true;
         }
     }
-    if (lora_given && !o->lora_rank) cli_usage_error("train", "--lora-alpha and --lora-targets go with --lora-rank R");
+    if (lora_given && !o->lora_rank) cli_usage_error("train", "--lora-alpha, --lora-targets and --lora-modules-to-save go with --lora-rank R");
     if (o->override && !o->resume) cli_usage_error("train", "--override applies to --resume only");
     if (optind >= argc || strcmp(argv[optind], "sft")) cli_usage_error("train", "the kinds of training are 'sft' and 'plan'");
     if (optind + 1 < argc) cli_usage_error("train", "unexpected argument '%s'", argv[optind + 1]);

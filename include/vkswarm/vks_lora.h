@@ -76,6 +76,12 @@ int vks_lora_adapter_check_shape(const vks_lora_adapter *a, const vks_model_conf
 /* Layer l's A [rank, in] / B [out, rank] of target t; NULL when t is not targeted or l is out of range. */
 float *vks_lora_adapter_A(const vks_lora_adapter *a, int layer, vks_lora_target t);
 float *vks_lora_adapter_B(const vks_lora_adapter *a, int layer, vks_lora_target t);
+/* PEFT's modules_to_save = ["norm"]: the final norm's weight [dim] trained
+ * beside the adapter, used in place of the base's (vks_lora_apply_norm,
+ * vks_lora_merge) and part of the adapter's hash. set_norm copies w (finite,
+ * base dim values; NULL removes it); vks_lora_adapter_norm is NULL without one. */
+int vks_lora_adapter_set_norm(vks_lora_adapter *a, const float *w);
+const float *vks_lora_adapter_norm(const vks_lora_adapter *a);
 /* Records the base model's identity (vks_model_hash, its arch and path) in the adapter. */
 int vks_lora_adapter_set_base(vks_lora_adapter *a, const vks_model *base);
 /* The recorded base hash; NULL until vks_lora_adapter_set_base (or a load). */
@@ -95,7 +101,8 @@ int vks_lora_model_hash(const vks_model *base, const vks_lora_adapter *a, uint8_
  * [rank, in], ...lora_B.weight [out, rank], mlp.gate_proj/up_proj/down_proj
  * under .mlp.) and adapter_config.json (peft_type "LORA", r, lora_alpha,
  * target_modules, bias "none", task_type "CAUSAL_LM", base_model_name_or_path,
- * and "vkswarm": {"base_model_hash": hex} once the base is set), committed
+ * and "vkswarm": {"base_model_hash": hex} once the base is set; with a final
+ * norm, base_model.model.model.norm.weight [dim] and modules_to_save ["norm"]), committed
  * together through vks_outfile. q/k rows of B are written in Hugging Face's
  * half-split RoPE order, as the HF writer writes wq/wk. */
 int vks_lora_save_peft(const char *dir, const vks_lora_adapter *a);
@@ -103,14 +110,16 @@ int vks_lora_save_peft(const char *dir, const vks_lora_adapter *a);
  * adapter.lora.alpha, general.architecture = the base's, vkswarm.base_model_hash;
  * tensors blk.N.attn_q.weight.lora_a ne = [in, rank] and .lora_b ne = [rank, out],
  * F32; q/k rows of B in the RoPE order of that architecture's GGUF models).
- * The base must be set (vks_lora_adapter_set_base: the architecture). */
+ * The base must be set (vks_lora_adapter_set_base: the architecture). An
+ * adapter with a final norm is refused (VKS_ERR_ARG): the format has no place for it. */
 int vks_lora_save_gguf(const char *path, const vks_lora_adapter *a);
 /* Loads a PEFT directory (or its adapter_config.json / adapter_model.safetensors)
  * or a GGUF LoRA file (magic "GGUF") for the base model `base`: every tensor's
  * shape against the base, the base hash where the file names one, rank,
  * targets, finite values (F32, F16, BF16 read); missing and extra tensors,
- * use_rslora, fan_in_fan_out, DoRA, layers_to_transform, rank_pattern and
- * alpha_pattern refused; VKS_ERR_FORMAT naming file and tensor. q/k rows of B
+ * use_rslora, fan_in_fan_out, DoRA, layers_to_transform, rank_pattern,
+ * alpha_pattern and modules_to_save other than ["norm"] (read into
+ * vks_lora_adapter_norm) refused; VKS_ERR_FORMAT naming file and tensor. q/k rows of B
  * come in base's own RoPE order (cfg.rope_mode), like its wq/wk. A GGUF
  * without adapter.lora.alpha (or 0) has scale 1 (alpha = rank), as llama.cpp.
  * The adapter records base's identity. */
@@ -126,4 +135,10 @@ int vks_lora_load_hashed(const char *path, const vks_model *base, const uint8_t 
  * tensors become f32 (owned by m; q/k rows in m's order). a must be for m's
  * shape and RoPE order (VKS_ERR_ARG otherwise). */
 int vks_lora_merge(vks_model *m, const vks_lora_adapter *a);
+/* Where a carries a final norm (modules_to_save ["norm"]), m's final norm
+ * becomes an f32 copy of it, owned by m, so every forward of m (GPU engine,
+ * CPU, reference; with a applied unmerged) uses it; vks_model_hash(m) then
+ * covers it. VKS_OK and nothing changed when a has none; VKS_ERR_ARG when a
+ * is for another shape. vks_lora_merge does this itself. */
+int vks_lora_apply_norm(vks_model *m, const vks_lora_adapter *a);
 #endif

@@ -62,6 +62,10 @@ typedef struct {
     int lora_rank;
     double lora_alpha;
     uint32_t lora_targets;
+    /* LoRA: also train the final norm (PEFT's modules_to_save ["norm"],
+     * vks_trainer_options.lora_save_norm); the adapter directories carry it
+     * and a resume must ask for it as the checkpoint holds it. */
+    bool lora_save_norm;
 } vks_sft_run_options;
 
 typedef struct {

@@ -40,9 +40,10 @@ typedef struct {
     const vks_lora_adapter *lora;
     /* LoRA: also train the final norm's weight beside the adapter (PEFT's
      * modules_to_save = ["norm"]): tensor "norm" [1, dim], last, starting
-     * from the model's; export it with vks_trainer_read. Without it the
-     * logits are bounded by the frozen norm and classifier (NOTES
-     * "Training"). Not in the memory plan, checkpoints or adapter files yet. */
+     * from the adapter's norm where it carries one (which sets this), else
+     * the model's; vks_trainer_export_lora puts it in the adapter. Without it
+     * the logits are bounded by the frozen norm and classifier (NOTES
+     * "Training"). Not in the memory plan. */
     bool lora_save_norm;
 } vks_trainer_options;
 
@@ -148,7 +149,8 @@ int vks_trainer_export_model(vks_trainer *t, vks_model **out);
 /* LoRA: the config the trainer trains (NULL for full fine-tuning). */
 const vks_lora_config *vks_trainer_lora_config(const vks_trainer *t);
 /* LoRA: copies the current A and B of every layer and target into a, an
- * adapter of the same config and layer count (VKS_ERR_ARG otherwise). */
+ * adapter of the same config and layer count (VKS_ERR_ARG otherwise), and
+ * the trained final norm where lora_save_norm (vks_lora_adapter_set_norm). */
 int vks_trainer_export_lora(vks_trainer *t, vks_lora_adapter *a);
 
 /* ---- the memory plan (src/engine/train_plan.c): device bytes of a training

@@ -185,6 +185,7 @@ int vks_trainer_create(vks_gpu *g, const vks_model *m, const vks_trainer_options
     t->cfg = m->cfg;
     if (o) t->opt = *o;
     if (t->opt.max_tokens <= 0) t->opt.max_tokens = m->cfg.seq_len;
+    if (vks_lora_adapter_norm(t->opt.lora)) t->opt.lora_save_norm = true; /* an adapter's trained norm trains on */
     t->acts.T = t->opt.max_tokens;
     t->bos_id = m->bos_id;
     t->eos_id = m->eos_id;

@@ -173,7 +173,10 @@ static int create_lora(vks_trainer *t, const vks_model *m, const vks_lora_adapte
             rc = vks_trainer_write(t, VKS_SET_PARAMS, i, vks_lora_adapter_A(a, l, (vks_lora_target)k));
             if (!rc) rc = vks_trainer_write(t, VKS_SET_PARAMS, i + 1, vks_lora_adapter_B(a, l, (vks_lora_target)k));
         }
-    if (!rc && t->final_norm >= 0) rc = upload_master(&t->tensors[t->final_norm], &m->final_norm);
+    /* modules_to_save ["norm"]: from the adapter where it carries one, else the base's */
+    if (!rc && t->final_norm >= 0 && vks_lora_adapter_norm(a))
+        rc = vks_trainer_write(t, VKS_SET_PARAMS, t->final_norm, vks_lora_adapter_norm(a));
+    else if (!rc && t->final_norm >= 0) rc = upload_master(&t->tensors[t->final_norm], &m->final_norm);
     /* the frozen base: the engine's parameter set of every layer, in the file's types */
     vks_engine_options e = {.layer_end = t->cfg.n_layers, .keep_file_dtype = true};
     if (!rc) rc = vks_param_set_upload(t->gpu, m, &e, &t->base);
@@ -274,6 +277,12 @@ int vks_trainer_export_lora(vks_trainer *t, vks_lora_adapter *a) {
             rc = vks_trainer_read(t, VKS_SET_PARAMS, i, vks_lora_adapter_A(a, l, (vks_lora_target)k));
             if (!rc) rc = vks_trainer_read(t, VKS_SET_PARAMS, i + 1, vks_lora_adapter_B(a, l, (vks_lora_target)k));
         }
+    if (rc || t->final_norm < 0) return rc;
+    float *w = malloc((size_t)t->cfg.dim * sizeof *w); /* modules_to_save ["norm"] */
+    if (!w) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    rc = vks_trainer_read(t, VKS_SET_PARAMS, t->final_norm, w);
+    if (!rc) rc = vks_lora_adapter_set_norm(a, w);
+    free(w);
     return rc;
 }
 

@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One matrix of the adapter in its order: layer l, target t, A or B. */
+/* One matrix of the adapter in its order: layer l, target t, A or B; last,
+ * the final norm where the adapter carries one (layer -1, which 'N'). */
 typedef struct {
     int layer;
     vks_lora_target target;
@@ -25,7 +26,7 @@ static int list_matrices(const vks_lora_adapter *a, lora_matrix **out, int *n, s
     const vks_lora_config *lc = vks_lora_adapter_config(a);
     const vks_model_config *c = vks_lora_adapter_base_config(a);
     int layers = vks_lora_adapter_n_layers(a), per = __builtin_popcount(lc->targets);
-    lora_matrix *m = calloc((size_t)(2 * per * layers), sizeof *m);
+    lora_matrix *m = calloc((size_t)(2 * per * layers + 1), sizeof *m);
     if (!m) return vks_set_error(VKS_ERR_NOMEM, "checkpoint: out of memory");
     int k = 0;
     size_t at = 0;
@@ -39,14 +40,22 @@ static int list_matrices(const vks_lora_adapter *a, lora_matrix **out, int *n, s
                 at += (size_t)(m[k].rows * m[k].cols);
             }
         }
+    if (vks_lora_adapter_norm(a)) {
+        m[k++] = (lora_matrix){-1, VKS_LORA_Q, 'N', 1, c->dim, at};
+        at += (size_t)c->dim;
+    }
     *out = m;
     *n = k;
     *n_values = at;
     return VKS_OK;
 }
 
-/* "exp_avg.layers.3.q_proj.lora_A" (second: "exp_avg_sq...") */
+/* "exp_avg.layers.3.q_proj.lora_A" (second: "exp_avg_sq..."); the norm's "exp_avg.norm" */
 static void moment_name(const lora_matrix *m, bool second, char *buf, size_t cap) {
+    if (m->which == 'N') {
+        snprintf(buf, cap, "%s.norm", second ? "exp_avg_sq" : "exp_avg");
+        return;
+    }
     snprintf(buf, cap, "%s.layers.%d.%s.lora_%c", second ? "exp_avg_sq" : "exp_avg", m->layer,
              vks_lora_target_name(m->target), m->which);
 }
@@ -61,8 +70,9 @@ int vks_ckpt_lora_check(const char *dir, const vks_checkpoint_data *c) {
     size_t n_values;
     int rc = list_matrices(c->lora, &m, &n, &n_values);
     for (int i = 0; rc == VKS_OK && i < n; i++) {
-        const float *x = m[i].which == 'A' ? vks_lora_adapter_A(c->lora, m[i].layer, m[i].target)
-                                           : vks_lora_adapter_B(c->lora, m[i].layer, m[i].target);
+        const float *x = m[i].which == 'N'   ? vks_lora_adapter_norm(c->lora)
+                         : m[i].which == 'A' ? vks_lora_adapter_A(c->lora, m[i].layer, m[i].target)
+                                             : vks_lora_adapter_B(c->lora, m[i].layer, m[i].target);
         const float *blocks[3] = {x, c->adam_m ? c->adam_m + m[i].offset : NULL,
                                   c->adam_v ? c->adam_v + m[i].offset : NULL};
         for (int b = 0; b < 3 && rc == VKS_OK; b++)

@@ -92,6 +92,7 @@ struct vks_lora_adapter {
     float *block;                                   /* every matrix, layer by layer, target by target, A then B */
     int64_t (*off_a)[VKS_LORA_TARGET_COUNT]; /* [n_layers]; -1: not targeted */
     int64_t (*off_b)[VKS_LORA_TARGET_COUNT];
+    float *norm; /* PEFT modules_to_save ["norm"]: the final norm's weight [dim]; NULL: the base's */
 };
 
 int vks_lora_parse_targets(const char *s, uint32_t *targets, const char *what) {
@@ -165,12 +166,30 @@ int vks_lora_adapter_create(const vks_model_config *c, const vks_lora_config *lc
 void vks_lora_adapter_free(vks_lora_adapter *a) {
     if (!a) return;
     free(a->block);
+    free(a->norm);
     free(a->off_a);
     free(a->off_b);
     free(a);
 }
 
 const vks_lora_config *vks_lora_adapter_config(const vks_lora_adapter *a) { return a ? &a->cfg : NULL; }
+
+int vks_lora_adapter_set_norm(vks_lora_adapter *a, const float *w) {
+    if (!a) return vks_set_error(VKS_ERR_ARG, "vks_lora_adapter_set_norm: NULL adapter");
+    if (!w) {
+        free(a->norm);
+        a->norm = NULL;
+        return VKS_OK;
+    }
+    for (int i = 0; i < a->base.dim; i++)
+        if (!isfinite(w[i])) return vks_set_error(VKS_ERR_ARG, "LoRA adapter: the final norm holds NaN or Inf");
+    if (!a->norm && !(a->norm = malloc((size_t)a->base.dim * sizeof *a->norm)))
+        return vks_set_error(VKS_ERR_NOMEM, "LoRA adapter: out of memory");
+    memcpy(a->norm, w, (size_t)a->base.dim * sizeof *a->norm);
+    return VKS_OK;
+}
+
+const float *vks_lora_adapter_norm(const vks_lora_adapter *a) { return a ? a->norm : NULL; }
 int vks_lora_adapter_n_layers(const vks_lora_adapter *a) { return a ? a->n_layers : 0; }
 const vks_model_config *vks_lora_adapter_base_config(const vks_lora_adapter *a) { return a ? &a->base : NULL; }
 
@@ -267,6 +286,15 @@ static void hash_i64(crypto_generichash_state *st, int64_t v) {
     crypto_generichash_update(st, b, sizeof b);
 }
 
+static void hash_f32s(crypto_generichash_state *st, const float *m, int64_t n) {
+    for (int64_t k = 0; k < n; k++) {
+        uint32_t u;
+        memcpy(&u, &m[k], sizeof u);
+        uint8_t b[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
+        crypto_generichash_update(st, b, 4);
+    }
+}
+
 int vks_lora_adapter_hash(const vks_lora_adapter *a, uint8_t out[32]) {
     if (!a || !out) return vks_set_error(VKS_ERR_ARG, "vks_lora_adapter_hash: NULL argument");
     crypto_generichash_state st;
@@ -286,14 +314,12 @@ int vks_lora_adapter_hash(const vks_lora_adapter *a, uint8_t out[32]) {
             if (a->off_a[l][t] < 0) continue;
             vks_lora_target_shape(&a->base, (vks_lora_target)t, &o, &i);
             const float *m = a->block + a->off_a[l][t];
-            int64_t n = (int64_t)a->cfg.rank * (i + o); /* A then B are adjacent */
-            for (int64_t k = 0; k < n; k++) {
-                uint32_t u;
-                memcpy(&u, &m[k], sizeof u);
-                uint8_t b[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
-                crypto_generichash_update(&st, b, 4);
-            }
+            hash_f32s(&st, m, (int64_t)a->cfg.rank * (i + o)); /* A then B are adjacent */
         }
+    if (a->norm) { /* absent before modules_to_save: adapters without it keep their hash */
+        crypto_generichash_update(&st, (const uint8_t *)"norm", 4);
+        hash_f32s(&st, a->norm, a->base.dim);
+    }
     crypto_generichash_final(&st, out, 32);
     return VKS_OK;
 }

@@ -54,6 +54,10 @@ int vks_lora_save_gguf(const char *path, const vks_lora_adapter *a) {
     if (!path || !a) return vks_set_error(VKS_ERR_ARG, "vks_lora_save_gguf: NULL argument");
     if (!vks_lora_adapter_base_hash(a) || !vks_arch_find(vks_lora_adapter_base_arch(a)))
         return vks_set_error(VKS_ERR_ARG, "%s: a GGUF adapter names its base's architecture: set the base first", path);
+    if (vks_lora_adapter_norm(a))
+        return vks_set_error(VKS_ERR_ARG, "%s: the adapter carries a trained final norm (modules_to_save [\"norm\"]), "
+                             "which llama.cpp's GGUF LoRA format has no place for: save it in PEFT's layout, or merge "
+                             "it (convert --lora)", path);
     vks_gguf_writer *w = NULL;
     int rc = vks_gguf_writer_create(&w);
     if (rc == VKS_OK) rc = add_metadata(w, a);

@@ -1,6 +1,7 @@
 /* lora_merge.c: an adapter merged into its base (vks_lora_merge): every
  * targeted W becomes W + (alpha / rank) B A, in double from W's decoded
- * values, rounded once to f32. The merged model is an owned f32 copy whose
+ * values, rounded once to f32; an adapter's final norm (modules_to_save)
+ * replaces the base's. The merged model is an owned f32 copy whose
  * tensors replace m's; m keeps its GGUF/directory (tokenizer metadata). */
 #include "model/lora_internal.h"
 #include "model/model_internal.h"
@@ -78,6 +79,43 @@ static int adopt(vks_model *m, vks_model *f) {
     return VKS_OK;
 }
 
+/* m's reader state and an adapter's final norm, freed together. */
+typedef struct {
+    void *state;
+    void (*state_free)(void *);
+    float *norm;
+} norm_state;
+
+static void norm_state_free(void *p) {
+    norm_state *s = p;
+    if (!s) return;
+    if (s->state_free) s->state_free(s->state);
+    free(s->norm);
+    free(s);
+}
+
+int vks_lora_apply_norm(vks_model *m, const vks_lora_adapter *a) {
+    if (!m || !a) return vks_set_error(VKS_ERR_ARG, "vks_lora_apply_norm: NULL argument");
+    const float *w = vks_lora_adapter_norm(a);
+    if (!w) return VKS_OK;
+    int64_t dim = m->cfg.dim;
+    if (vks_lora_adapter_base_config(a)->dim != dim)
+        return vks_set_error(VKS_ERR_ARG, "%s: the LoRA adapter's final norm is for another shape", m->path);
+    norm_state *s = calloc(1, sizeof *s);
+    float *copy = malloc((size_t)dim * sizeof *copy);
+    if (!s || !copy) {
+        free(s);
+        free(copy);
+        return vks_set_error(VKS_ERR_NOMEM, "LoRA final norm: out of memory");
+    }
+    memcpy(copy, w, (size_t)dim * sizeof *copy);
+    *s = (norm_state){m->format_state, m->format_free, copy};
+    m->format_state = s;
+    m->format_free = norm_state_free;
+    m->final_norm = (vks_tensor){.dtype = VKS_DTYPE_F32, .rows = 1, .cols = dim, .data = copy};
+    return VKS_OK;
+}
+
 int vks_lora_merge(vks_model *m, const vks_lora_adapter *a) {
     if (!m || !a) return vks_set_error(VKS_ERR_ARG, "vks_lora_merge: NULL argument");
     if (!same_shape(&m->cfg, vks_lora_adapter_base_config(a)))
@@ -86,6 +124,9 @@ int vks_lora_merge(vks_model *m, const vks_lora_adapter *a) {
     int rc = vks_model_copy_f32(m, m->cfg.rope_mode, &f);
     if (rc == VKS_OK) rc = merge_layers(f, a);
     if (rc == VKS_OK) rc = adopt(m, f);
-    if (rc != VKS_OK) vks_model_free(f);
-    return rc;
+    if (rc != VKS_OK) {
+        vks_model_free(f);
+        return rc;
+    }
+    return vks_lora_apply_norm(m, a);
 }

@@ -21,6 +21,9 @@
 #define WEIGHTS_FILE "adapter_model.safetensors"
 #define MAX_CONFIG_BYTES (1 << 20)
 #define MAX_NAME 160
+/* modules_to_save ["norm"]: PEFT saves the module's own weight under its full name */
+#define NORM_MODULE "norm"
+#define NORM_NAME "base_model.model.model.norm.weight"
 
 static int join(char *out, size_t cap, const char *dir, const char *name) {
     if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
@@ -43,15 +46,16 @@ static void peft_tensors_free(peft_tensors *p) {
     free(p->owned);
 }
 
+/* rows 0: a vector [cols] (the norm, as PEFT saves nn.Parameter [dim]) */
 static int add_tensor(peft_tensors *p, const char *name, const float *data, int64_t rows, int64_t cols) {
     vks_st_write_tensor *t = &p->t[p->n];
     memset(t, 0, sizeof *t);
     if (!(t->name = strdup(name))) return vks_set_error(VKS_ERR_NOMEM, "out of memory");
     p->n++;
     t->dtype = VKS_DTYPE_F32;
-    t->n_dims = 2;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
+    t->n_dims = rows ? 2 : 1;
+    t->shape[0] = rows ? rows : cols;
+    t->shape[1] = rows ? cols : 0;
     t->data = data;
     return VKS_OK;
 }
@@ -79,13 +83,15 @@ static int add_pair(peft_tensors *p, const vks_lora_adapter *a, int l, vks_lora_
 static int collect_tensors(const vks_lora_adapter *a, peft_tensors *p) {
     const vks_lora_config *lc = vks_lora_adapter_config(a);
     size_t pairs = (size_t)vks_lora_adapter_n_layers(a) * VKS_LORA_TARGET_COUNT;
-    p->t = calloc(2 * pairs, sizeof *p->t);
+    p->t = calloc(2 * pairs + 1, sizeof *p->t);
     p->owned = calloc(pairs, sizeof *p->owned);
     if (!p->t || !p->owned) return vks_set_error(VKS_ERR_NOMEM, "out of memory");
     int rc = VKS_OK;
     for (int l = 0; l < vks_lora_adapter_n_layers(a) && rc == VKS_OK; l++)
         for (int t = 0; t < VKS_LORA_TARGET_COUNT && rc == VKS_OK; t++)
             if (lc->targets & (1u << t)) rc = add_pair(p, a, l, (vks_lora_target)t);
+    if (rc == VKS_OK && vks_lora_adapter_norm(a))
+        rc = add_tensor(p, NORM_NAME, vks_lora_adapter_norm(a), 0, vks_lora_adapter_base_config(a)->dim);
     return rc;
 }
 
@@ -109,7 +115,8 @@ static json_t *config_json(const vks_lora_adapter *a) {
     json_object_set_new(root, "inference_mode", json_true());
     json_object_set_new(root, "init_lora_weights", json_true());
     json_object_set_new(root, "layers_to_transform", json_null());
-    json_object_set_new(root, "modules_to_save", json_null());
+    json_object_set_new(root, "modules_to_save",
+                        vks_lora_adapter_norm(a) ? json_pack("[s]", NORM_MODULE) : json_null());
     json_object_set_new(root, "rank_pattern", json_object());
     json_object_set_new(root, "alpha_pattern", json_object());
     const uint8_t *h = vks_lora_adapter_base_hash(a);
@@ -161,6 +168,7 @@ int vks_lora_save_peft(const char *dir, const vks_lora_adapter *a) {
 
 typedef struct {
     vks_lora_config lc;
+    bool norm; /* modules_to_save ["norm"] */
     bool has_hash;
     uint8_t hash[32];
 } peft_config;
@@ -175,8 +183,7 @@ static int refuse_unsupported(const char *path, json_t *root) {
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (json_is_true(json_object_get(root, flags[i])))
             return config_error(path, flags[i], "true is not supported (vkswarm's LoRA is plain: scale alpha / r, W [out, in])");
-    static const char *const patterns[] = {"rank_pattern", "alpha_pattern", "layers_to_transform", "modules_to_save",
-                                           "layers_pattern"};
+    static const char *const patterns[] = {"rank_pattern", "alpha_pattern", "layers_to_transform", "layers_pattern"};
     for (size_t i = 0; i < sizeof patterns / sizeof patterns[0]; i++) {
         json_t *v = json_object_get(root, patterns[i]);
         bool empty = !v || json_is_null(v) || (json_is_object(v) && json_object_size(v) == 0) ||
@@ -219,6 +226,16 @@ static int parse_targets(const char *path, json_t *v, uint32_t *mask) {
     return VKS_OK;
 }
 
+/* modules_to_save: absent, null, [] or ["norm"] (the final norm, trained beside the adapter). */
+static int parse_modules_to_save(const char *path, json_t *v, peft_config *pc) {
+    if (!v || json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)) return VKS_OK;
+    json_t *e = json_is_array(v) && json_array_size(v) == 1 ? json_array_get(v, 0) : NULL;
+    if (!json_is_string(e) || strcmp(json_string_value(e), NORM_MODULE))
+        return config_error(path, "modules_to_save", "only [\"norm\"] (the final norm) is supported");
+    pc->norm = true;
+    return VKS_OK;
+}
+
 static int parse_hash(const char *path, json_t *root, peft_config *pc) {
     json_t *v = json_object_get(root, "vkswarm");
     if (!v) return VKS_OK;
@@ -241,6 +258,7 @@ static int parse_config(const char *path, json_t *root, peft_config *pc) {
     pc->lc.rank = (int)json_integer_value(r);
     pc->lc.alpha = json_number_value(alpha);
     rc = parse_targets(path, json_object_get(root, "target_modules"), &pc->lc.targets);
+    if (!rc) rc = parse_modules_to_save(path, json_object_get(root, "modules_to_save"), pc);
     return rc ? rc : parse_hash(path, root, pc);
 }
 
@@ -295,8 +313,9 @@ static int read_pair(const char *file, const vks_st_file *f, vks_lora_adapter *a
 }
 
 /* Whether name is one the adapter reads. */
-static bool expected_name(const vks_lora_adapter *a, const char *name) {
+static bool expected_name(const vks_lora_adapter *a, const char *name, bool norm) {
     char n[MAX_NAME];
+    if (norm && !strcmp(name, NORM_NAME)) return true;
     for (int l = 0; l < vks_lora_adapter_n_layers(a); l++)
         for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++)
             for (int w = 0; w < 2 && vks_lora_adapter_A(a, l, (vks_lora_target)t); w++) {
@@ -307,18 +326,36 @@ static bool expected_name(const vks_lora_adapter *a, const char *name) {
 }
 
 /* Every expected tensor was read; a file holding more names the first extra one. */
-static int refuse_extra(const char *file, const vks_st_file *f, const vks_lora_adapter *a, int64_t n_read) {
+static int refuse_extra(const char *file, const vks_st_file *f, const vks_lora_adapter *a, int64_t n_read, bool norm) {
     if (vks_st_n_tensors(f) == n_read) return VKS_OK;
     for (int64_t i = 0; i < vks_st_n_tensors(f); i++) {
         const char *name = vks_st_tensor_at(f, i)->name;
-        if (!expected_name(a, name))
+        if (!expected_name(a, name, norm))
             return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s is not one of the adapter's (target_modules, layers of "
                                  "the base)", file, name);
     }
     return vks_set_error(VKS_ERR_FORMAT, "%s: holds tensors the adapter does not use", file);
 }
 
-static int read_weights(const char *file, vks_lora_adapter *a) {
+/* modules_to_save ["norm"]: the final norm's weight, [dim] (or [1, dim]). */
+static int read_norm(const char *file, const vks_st_file *f, vks_lora_adapter *a) {
+    int64_t dim = vks_lora_adapter_base_config(a)->dim;
+    const vks_st_tensor *t = vks_st_find(f, NORM_NAME);
+    if (!t) return vks_set_error(VKS_ERR_FORMAT, "%s: missing tensor %s (modules_to_save [\"norm\"])", file, NORM_NAME);
+    bool vector = (t->n_dims == 1 && t->shape[0] == dim) || (t->n_dims == 2 && t->shape[0] == 1 && t->shape[1] == dim);
+    if (!vector) return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s is not [%lld]", file, NORM_NAME, (long long)dim);
+    if (t->dtype == VKS_DTYPE_COUNT)
+        return vks_set_error(VKS_ERR_FORMAT, "%s: tensor %s has dtype %s, not F32, F16 or BF16", file, NORM_NAME,
+                             t->dtype_name);
+    float *w = malloc((size_t)dim * sizeof *w);
+    int rc = w ? vks_lora_decode(file, NORM_NAME, t->dtype, t->data, w, (size_t)dim)
+               : vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    if (rc == VKS_OK) rc = vks_lora_adapter_set_norm(a, w);
+    free(w);
+    return rc;
+}
+
+static int read_weights(const char *file, vks_lora_adapter *a, bool norm) {
     vks_st_file *f = NULL;
     int rc = vks_st_open(file, &f);
     if (rc) return rc;
@@ -334,7 +371,8 @@ static int read_weights(const char *file, vks_lora_adapter *a) {
                 rc = read_pair(file, f, a, l, (vks_lora_target)t, tmp);
                 n_read += 2;
             }
-    if (rc == VKS_OK) rc = refuse_extra(file, f, a, n_read);
+    if (rc == VKS_OK && norm) rc = read_norm(file, f, a), n_read++;
+    if (rc == VKS_OK) rc = refuse_extra(file, f, a, n_read, norm);
     free(tmp);
     vks_st_close(f);
     return rc;
@@ -358,7 +396,7 @@ int vks_lora_load_peft(const char *dir, const vks_model *base, const uint8_t has
     if (rc == VKS_OK) rc = check_hash(cfg_path, &pc, base, hash);
     vks_lora_adapter *a = NULL;
     if (rc == VKS_OK) rc = vks_lora_create_for(cfg_path, base, &pc.lc, &a);
-    if (rc == VKS_OK) rc = read_weights(st_path, a);
+    if (rc == VKS_OK) rc = read_weights(st_path, a, pc.norm);
     if (rc != VKS_OK) {
         vks_lora_adapter_free(a);
         return rc;

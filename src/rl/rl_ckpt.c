@@ -79,6 +79,8 @@ int vks_rl_save_lora(vks_trainer *t, vks_lora_adapter *a, const vks_ckpt_state *
                      char *dir, size_t cap) {
     const vks_lora_config *lc = vks_lora_adapter_config(a);
     int64_t n = vks_lora_param_count(vks_lora_adapter_base_config(a), lc->rank, lc->targets);
+    /* the trained final norm (modules_to_save): exported into a below, its moments here */
+    if (vks_trainer_find_tensor(t, "norm") >= 0) n += vks_lora_adapter_base_config(a)->dim;
     float *mo = n > 0 ? malloc(sizeof *mo * (size_t)n) : NULL, *v = n > 0 ? malloc(sizeof *v * (size_t)n) : NULL;
     int rc = mo && v ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "checkpoint: out of host memory");
     if (!rc) rc = vks_trainer_export_lora(t, a);

@@ -147,6 +147,10 @@ static int check_settings(const vks_sft_run_options *o, const vks_checkpoint *ck
  * recorded (the base was checked by vks_checkpoint_load_lora). */
 static int check_lora_settings(const sft_run *s, const vks_checkpoint *ck, const char *dir) {
     const vks_lora_config *had = vks_lora_adapter_config(ck->lora), *now = &s->lora;
+    bool had_norm = vks_lora_adapter_norm(ck->lora) != NULL;
+    if (had_norm != s->o->lora_save_norm)
+        return vks_set_error(VKS_ERR_ARG, "sft: resume: %s holds a LoRA adapter %s the final norm (modules_to_save); this "
+                             "run asks %s", dir, had_norm ? "with" : "without", had_norm ? "none" : "for it");
     if (had->rank == now->rank && had->alpha == now->alpha && had->targets == now->targets) return VKS_OK;
     return vks_set_error(VKS_ERR_ARG, "sft: resume: %s holds a LoRA adapter of rank %d, alpha %g, targets 0x%x; this run "
                          "asks rank %d, alpha %g, targets 0x%x", dir, had->rank, had->alpha, had->targets, now->rank,
@@ -218,6 +222,7 @@ static int apply_checkpoint(sft_run *s, const vks_checkpoint *ck) {
     int rc;
     if (s->adapter) {
         size_t n = (size_t)vks_lora_param_count(&s->model->cfg, s->lora.rank, s->lora.targets);
+        if (vks_lora_adapter_norm(s->adapter)) n += (size_t)s->model->cfg.dim; /* modules_to_save ["norm"] */
         rc = vks_rl_move_lora_set(s->trainer, VKS_SET_ADAM_M, ck->adam_m, n, false);
         if (!rc) rc = vks_rl_move_lora_set(s->trainer, VKS_SET_ADAM_V, ck->adam_v, n, false);
     } else {
@@ -252,7 +257,8 @@ static int open_run(sft_run *s, const vks_checkpoint *ck, vks_gpu *g) {
                                       .shuffle = true};
         rc = vks_sft_batcher_create(s->data, &bo, &s->batcher);
     }
-    vks_trainer_options to = {.max_tokens = max_tokens, .recompute = o->recompute, .lora = s->adapter};
+    vks_trainer_options to = {.max_tokens = max_tokens, .recompute = o->recompute, .lora = s->adapter,
+                              .lora_save_norm = s->adapter && o->lora_save_norm};
     if (!rc) rc = vks_trainer_create(g, s->model, &to, &s->trainer);
     if (!rc && !s->adapter) rc = vks_param_layout_create(c, vks_model_has_bias(s->model), &s->layout);
     if (!rc && ck) rc = apply_checkpoint(s, ck);
@@ -308,7 +314,8 @@ static int check_options(const vks_sft_run_options *o) {
     if (!o || !o->model || !o->tok || !o->data_path || !o->out_dir || o->steps < 1 || o->batch < 1 ||
         o->micro_batch < 1 || o->micro_batch > o->batch || o->save_every < 0 || o->keep < 0 || o->lora_rank < 0)
         return vks_set_error(VKS_ERR_ARG, "sft: bad options (steps, batch and micro-batch >= 1, micro-batch <= batch)");
-    if (!o->lora_rank) return VKS_OK;
+    if (!o->lora_rank)
+        return o->lora_save_norm ? vks_set_error(VKS_ERR_ARG, "sft: lora_save_norm goes with a LoRA rank") : VKS_OK;
     double alpha = o->lora_alpha ? o->lora_alpha : VKS_LORA_DEFAULT_ALPHA;
     if (!(alpha > 0) || !isfinite(alpha)) return vks_set_error(VKS_ERR_ARG, "sft: LoRA alpha %g (finite, > 0)", alpha);
     return vks_lora_check(&o->model->cfg, o->lora_rank, o->lora_targets ? o->lora_targets : VKS_LORA_ALL_TARGETS,
