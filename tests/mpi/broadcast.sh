@@ -51,7 +51,12 @@ import json, sys
 sys.exit(0 if json.load(open('$T/status.json'))['$1'] == $2 else 1)" || fail "$case: status file: $1 is not $2"
 }
 # fault_run NAME FAULT VERSION [mpirun options]: a broadcast of v1.bin as
-# VERSION, with --status-out, under the fault, timed. The rank the fault
+# VERSION, with --status-out, under the fault, timed. The fault (die: or
+# stop:RANK) fires at a chunk, not a time: the rank passes on the first half
+# of the chunks to each child (a leaf: receives them), never more, then dies or
+# stops (mpi/broadcast_internal.h), so no rank below it can complete from it
+# on any machine or load (it once fired only when the slower relay had half,
+# after the faster one had passed on the whole version). The rank the fault
 # stopped names its pid; it is killed afterwards whatever happened, so
 # nothing is left stopped. Every rank but a stopped one must be gone within
 # --timeout-s (3) plus a few seconds. mpirun then normally ends too: the
@@ -184,6 +189,23 @@ for kind in stop die; do
     grep -q "version 8" "$T/stdout" && fail "$case: a receiver claims version 8"
     for r in 3 4 5; do [ "$(readlink "$T/out/rank-$r/current")" = v7 ] || fail "$case: rank $r switched"; done
 done
+# The origin dies while relay 2 lags (it stops on taking the plan and resumes 2 s later, within
+# --timeout-s): relay 1 is never sent more than half either, so no receiver switches. (The fault
+# once fired only when the slower relay had half, after relay 1 had passed on the whole version:
+# ranks 3 and 4 switched, as on a loaded machine.)
+rm -f "$T/stderr"
+( for _ in $(seq 1 600); do
+      p=$(sed -n 's/.*test signal: stopping .* (pid \([0-9]*\)).*/\1/p' "$T/stderr" 2>/dev/null | head -1)
+      [ -n "$p" ] && { sleep 2; kill -CONT "$p"; break; }
+      sleep 0.05
+  done ) &
+lagging=$!
+fault_run origin-die-lagging-relay die:0 8 --enable-recovery -x VKSWARM_TEST_SIGNAL=2:stop:plan
+wait $lagging
+grep -q "rank 2: test signal: stopping at plan" "$T/stderr" || fail "$case: relay 2 did not lag (test premise)"
+grep -q "the origin (rank 0) silent" "$T/stderr" || fail "$case: the origin is not named"
+grep -q "version 8" "$T/stdout" && fail "$case: a receiver claims version 8"
+for r in 3 4 5; do [ "$(readlink "$T/out/rank-$r/current")" = v7 ] || fail "$case: rank $r switched"; done
 fault_run origin-stop-plain stop:0 8
 [ $rc -ne 0 ] || fail "origin-stop-plain: exit 0 for a failed broadcast"
 grep -q "the origin (rank 0) silent" "$T/stderr" || fail "origin-stop-plain: the origin is not named"
