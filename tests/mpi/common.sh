@@ -14,10 +14,7 @@
 # cmocka suites check the pure logic's. Memory errors and UB still abort.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-# Every rank of this script carries VKSWARM_TEST_RUN, so that env_rank_pid
-# never picks a rank of another MPI job running on the machine at the time.
-export VKSWARM_TEST_RUN="$$.$RANDOM"
-mpi_rank_env=(-x VKSWARM_TEST_RUN)
+mpi_rank_env=()
 [ -n "${MALLOC_PERTURB_:-}" ] && mpi_rank_env+=(-x "MALLOC_PERTURB_=$MALLOC_PERTURB_")
 # mpi_run SECONDS ARGS...: mpirun ARGS under `timeout SECONDS`, then SIGKILL 15 s later: seen
 # once on a loaded machine, mpirun with every rank gone (a start-up fault case) hung on and
@@ -25,7 +22,7 @@ mpi_rank_env=(-x VKSWARM_TEST_RUN)
 mpi_run() {
     local t=$1
     shift
-    env -u MALLOC_PERTURB_ timeout -k 15 "$t" mpirun "${mpi_rank_env[@]}" --oversubscribe --mca btl tcp,self \
+    env -u MALLOC_PERTURB_ timeout -k 15 "$t" mpirun ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe --mca btl tcp,self \
         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
 }
 # ok/bad WHAT: one check passed or failed (counted in passed, failed), with the
@@ -46,47 +43,6 @@ pid_file_pid() {
         sleep 0.05
     done
     return 1
-}
-# env_rank_pid RANK WORD: waits up to 60 s for a process of this script's jobs
-# (VKSWARM_TEST_RUN) with OMPI_COMM_WORLD_RANK=RANK whose command line has the
-# argument WORD (e.g. the subcommand); prints its pid.
-# Finds a rank before it reaches MPI_Init.
-env_rank_pid() {
-    local i p
-    for i in $(seq 1 1200); do
-        for p in $(grep -l "OMPI_COMM_WORLD_RANK=$1" /proc/[0-9]*/environ 2>/dev/null | grep -o '[0-9]*'); do
-            tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" &&
-                tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "VKSWARM_TEST_RUN=$VKSWARM_TEST_RUN" &&
-                tr '\0' '\n' < /proc/$p/cmdline 2>/dev/null | grep -qx -- "$2" && { echo "$p"; return 0; }
-        done
-        sleep 0.05
-    done
-    return 1
-}
-# Faults at points the test controls, not after a delay: VKSWARM_TEST_SIGNAL=RANK:kill|stop:POINT[:N]
-# (include/vkswarm/vks_mpi.h; pass it with `-x VKSWARM_TEST_SIGNAL`) makes the rank signal
-# itself there, after a line "rank R: test signal: ... (pid P)" on stderr.
-# wait_signalled FILE JOB: waits (up to 120 s, or until mpirun JOB has ended) for that line in
-# FILE and, for a stop, until the process is stopped; sets sig_pid to P ("" when no line came) and
-# notes a stopped P for release_stopped
-signalled_in() { sed -n 's/.*test signal: .* (pid \([0-9]*\)).*/\1/p' "$1" | head -1; }
-wait_signalled() {
-    local i
-    sig_pid=""
-    for i in $(seq 1 2400); do
-        sig_pid=$(signalled_in "$1")
-        [ -n "$sig_pid" ] && break
-        kill -0 "$2" 2>/dev/null || { sig_pid=$(signalled_in "$1"); break; }
-        sleep 0.05
-    done
-    [ -n "$sig_pid" ] || return 1
-    grep -q "test signal: stopping" "$1" || return 0
-    stopped_pids+=("$sig_pid")
-    for i in $(seq 1 1200); do
-        [ "$(awk '{ print $3 }' "/proc/$sig_pid/stat" 2>/dev/null)" = T ] || [ ! -e "/proc/$sig_pid" ] && break
-        sleep 0.05
-    done
-    return 0
 }
 # stopped_pids: every pid stopped by stop_pid; release_stopped kills them (-CONT, -9)
 stopped_pids=()
