@@ -220,9 +220,9 @@ void vks_bcast_keepalive(vks_bcast *b) {
     if (b) vks_bc_beat(b);
 }
 
-void vks_bc_fault_point(vks_bcast *b, size_t progress, size_t total) {
+void vks_bc_fault_point(vks_bcast *b, size_t progress, size_t hold_at) {
     const bcast_fault *f = &b->fault;
-    if ((f->kind != FAULT_DIE && f->kind != FAULT_STOP) || f->rank != b->rank || progress < total / 2) return;
+    if ((f->kind != FAULT_DIE && f->kind != FAULT_STOP) || f->rank != b->rank || progress < hold_at) return;
     bool stop = f->kind == FAULT_STOP;
     fprintf(stderr, "broadcast: rank %d: fault injection: %s now (pid %ld)\n", b->rank, stop ? "stopping" : "dying",
             (long)getpid());
@@ -487,7 +487,7 @@ static int send_version(vks_bcast *b, const uint8_t *blob, size_t blob_len, cons
         size_t before = vks_bc_forwarder_min_queued(&fw);
         bool event = false;
         rc = vks_bc_forwarder_pump(&fw, have);
-        vks_bc_fault_point(b, before, lay.n);
+        vks_bc_fault_point(b, vks_bc_forwarder_min_queued(&fw), fw.hold_at);
         vks_bc_beat(b);
         if (!rc) rc = serve_requests(b, &m, wire, reps, max_rep, &n_rep, &event);
         take_lost_reports(b, plan, done, &finished, &event);

@@ -58,6 +58,7 @@ typedef struct {
     uint8_t *damaged;                     /* fault: the damaged copy of one chunk */
     size_t damaged_chunk;
     bool short_first;                     /* fault: first chunk one byte short */
+    size_t hold_at;                       /* fault die/stop: chunks from here on are never queued */
 } forwarder;
 
 int vks_bc_forwarder_init(forwarder *f, vks_link *link, const int *children, int n, const chunk_layout *c, const uint8_t *wire,
@@ -113,8 +114,12 @@ void vks_bc_beat(vks_bcast *b);
 void vks_bc_heard(vks_bcast *b, int rank);
 /* Seconds since `rank` was last heard from. */
 double vks_bc_silent_for(const vks_bcast *b, int rank);
-/* Test hook: dies or stops (die:/stop:RANK) once progress reaches half of total. */
-void vks_bc_fault_point(vks_bcast *b, size_t progress, size_t total);
+/* Test hook (die:/stop:RANK): the faulty rank passes on (forwarders: queues to each
+ * child; leaves: receives) the first half of the chunks, never more, and then dies or
+ * stops: called with its progress (forwarders: vks_bc_forwarder_min_queued; leaves:
+ * chunks received) and f->hold_at, it fires once progress reaches hold_at. So the
+ * fault lands at the same chunk on a fast machine, a slow one and a loaded one. */
+void vks_bc_fault_point(vks_bcast *b, size_t progress, size_t hold_at);
 /* Origin: writes the status file (opt.status_out), if any. */
 int vks_bc_write_status(vks_bcast *b, bool complete);
 uint64_t vks_bc_get_u64(const uint8_t *p);

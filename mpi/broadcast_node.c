@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "broadcast_internal.h"
+#include "vkswarm/vks_mpi.h"
 
 enum { SHARD_INCOMPLETE, SHARD_REQUESTED, SHARD_VERIFIED };
 
@@ -180,7 +181,7 @@ static int chunk_arrived(node *n, size_t k, bool bad) {
 /* Keeps RECV_WINDOW receives posted from the parent and takes completed ones in order. */
 static int poll_parent(node *n) {
     if (n->parent_dead) return VKS_OK;
-    while (n->posted < n->lay.n && n->posted - n->received < RECV_WINDOW) {
+    while (n->posted < n->lay.n && n->posted < n->fw.hold_at && n->posted - n->received < RECV_WINDOW) {
         size_t k = n->posted++;
         MPI_Irecv(n->wire + n->lay.off[k], (int)n->lay.len[k], MPI_BYTE, n->parent, TAG_CHUNK, n->b->comm,
                   &n->rq[k % RECV_WINDOW]);
@@ -270,7 +271,7 @@ static int poll_repair(node *n) {
 }
 
 static void maybe_fault(node *n) {
-    vks_bc_fault_point(n->b, n->fw.n_children ? vks_bc_forwarder_min_queued(&n->fw) : n->received, n->lay.n);
+    vks_bc_fault_point(n->b, n->fw.n_children ? vks_bc_forwarder_min_queued(&n->fw) : n->received, n->fw.hold_at);
 }
 
 /* The origin sends a heartbeat every second: silence means it is gone. */
@@ -496,6 +497,7 @@ static int receive_plan(vks_bcast *b, uint8_t *plan) {
     }
     MPI_Recv(plan, count, MPI_BYTE, 0, TAG_PLAN, b->comm, MPI_STATUS_IGNORE);
     if (!plan[0] || !plan[b->rank]) return vks_set_error(VKS_ERR_IO, "rank %d: left out of the transfer", b->rank);
+    vks_test_point("plan"); /* tests: a rank that lags behind the others from here */
     return VKS_OK;
 }
 

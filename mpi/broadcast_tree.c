@@ -82,6 +82,8 @@ int vks_bc_forwarder_init(forwarder *f, vks_link *link, const int *children, int
     f->layout = c;
     f->wire = wire;
     f->damaged_chunk = SIZE_MAX;
+    f->hold_at = SIZE_MAX;
+    if (fault->rank == rank && (fault->kind == FAULT_DIE || fault->kind == FAULT_STOP)) f->hold_at = c->n / 2;
     if (fault->rank == rank && fault->kind == FAULT_SHORT && c->n && c->len[0] > 1) f->short_first = true;
     if (fault->rank == rank && fault->kind == FAULT_CORRUPT) {
         /* the fault shard is clamped to the last one so small files still see it */
@@ -115,7 +117,8 @@ int vks_bc_forwarder_pump(forwarder *f, const uint8_t *have) {
         while (f->done_upto[ch] < f->next[ch] &&
                vks_link_send_done(f->link, f->inflight[ch][f->done_upto[ch] % SEND_WINDOW]))
             f->done_upto[ch]++;
-        while (f->next[ch] < n && f->next[ch] - f->done_upto[ch] < SEND_WINDOW && have[f->next[ch]]) {
+        while (f->next[ch] < n && f->next[ch] < f->hold_at && f->next[ch] - f->done_upto[ch] < SEND_WINDOW &&
+               have[f->next[ch]]) {
             rc = queue_chunk(f, ch, f->next[ch]);
             if (rc) return rc;
             f->next[ch]++;

@@ -31,11 +31,48 @@ static void ignore_sigpipe(void) {
     }
 }
 
+static int rank_from_env(void);
+
+/* VKSWARM_TEST_SIGNAL, parsed once: *point is empty when it is unset, malformed or for another rank. */
+static void test_signal(char point[16], bool *stop, long *nth) {
+    static bool parsed;
+    static char p[16];
+    static bool s;
+    static long n;
+    if (!parsed) {
+        parsed = true;
+        const char *env = getenv("VKSWARM_TEST_SIGNAL");
+        int r = -1;
+        char sig[8] = "";
+        n = 1;
+        if (!env || sscanf(env, "%d:%7[a-z]:%15[a-z]:%ld", &r, sig, p, &n) < 3 || r != rank_from_env() || n < 1 ||
+            (strcmp(sig, "kill") && strcmp(sig, "stop")))
+            p[0] = 0;
+        s = !strcmp(sig, "stop");
+    }
+    memcpy(point, p, sizeof p);
+    *stop = s, *nth = n;
+}
+
+void vks_test_point(const char *point) {
+    static long passed;
+    char p[16];
+    bool stop;
+    long nth;
+    test_signal(p, &stop, &nth);
+    if (!p[0] || strcmp(p, point) || ++passed != nth) return;
+    fprintf(stderr, "rank %d: test signal: %s at %s %ld (pid %ld)\n", rank_from_env(), stop ? "stopping" : "dying", point,
+            nth, (long)getpid());
+    fflush(stderr);
+    raise(stop ? SIGSTOP : SIGKILL);
+}
+
 void vks_mpi_start(int threads, int *rank, int *size) {
     int provided, want = threads == VKS_MPI_THREADS_MULTIPLE   ? MPI_THREAD_MULTIPLE
                          : threads == VKS_MPI_THREADS_FUNNELED ? MPI_THREAD_FUNNELED
                                                                : MPI_THREAD_SINGLE;
     ignore_sigpipe();
+    vks_test_point("init");
     MPI_Init_thread(NULL, NULL, want, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);
@@ -129,6 +166,7 @@ void vks_mpi_start_within(int threads, double timeout_s, vks_mpi_stuck_fn on_stu
     vks_mpi_start(threads, rank, size);
     watchdog_stop(&w);
     write_pid_file(*rank);
+    vks_test_point("started");
 }
 
 void vks_mpi_stop_within(double timeout_s, vks_mpi_stuck_fn on_stuck) {

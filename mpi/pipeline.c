@@ -589,6 +589,7 @@ static int poll_worker(pipe_ctx *c) {
         rc = fail(c, VKS_ERR_GPU, j->err);
     } else {
         c->stats->steps++;
+        vks_test_point("step");
         c->stats->gpu_busy_s += j->gpu_s;
         if (c->size == 1) {
             const vks_msg_header *h = j->out;

@@ -231,6 +231,7 @@ static int start_batch(verifier_state *vs, const MPI_Status *st) {
     if (rc) return vks_set_error(rc, "bad batch from rank %d: %s", st->MPI_SOURCE, err);
     vs->v = calloc((size_t)vs->n, sizeof *vs->v);
     if (!vs->v) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    vks_test_point("batch"); /* holding the batch: it must go to another rank */
     return background_start(&vs->call, vs->fn, vs->ctx, vs->s, vs->n, vs->v);
 }
 

@@ -36,6 +36,13 @@ typedef void (*vks_mpi_stuck_fn)(const char *message);
  * VKSWARM_PID_DIR set, each rank writes DIR/rank-R.pid after MPI_Init (fault
  * tests find a rank's process there). */
 void vks_mpi_start_within(int threads, double timeout_s, vks_mpi_stuck_fn on_stuck, int *rank, int *size);
+/* Test hook: with VKSWARM_TEST_SIGNAL=RANK:kill|stop:POINT[:N] set, the process of world rank
+ * RANK raises SIGKILL or SIGSTOP the Nth time (default 1) it passes POINT, after a stderr line
+ * "rank R: test signal: stopping|dying at POINT N (pid P)". Points: "init" (before MPI_Init),
+ * "started" (after it, and after the pid file), "step" (a pipeline stage finished a step),
+ * "batch" (a verifier rank took a batch), "plan" (a Shardcast node took the transfer plan). Fault tests fire at such points, not after a delay,
+ * so that a test means the same on a fast machine, a slow one and a loaded one. */
+void vks_test_point(const char *point);
 /* vks_mpi_stop under the same watchdog: MPI_Finalize waits for every rank,
  * so a rank stopped at the end would hold the others forever. Rank 0 must
  * therefore write its output within timeout_s of the others' finalize. */

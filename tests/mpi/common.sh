@@ -14,10 +14,7 @@
 # cmocka suites check the pure logic's. Memory errors and UB still abort.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-# Every rank of this script carries VKSWARM_TEST_RUN, so that env_rank_pid
-# never picks a rank of another MPI job running on the machine at the time.
-export VKSWARM_TEST_RUN="$$.$RANDOM"
-mpi_rank_env=(-x VKSWARM_TEST_RUN)
+mpi_rank_env=()
 [ -n "${MALLOC_PERTURB_:-}" ] && mpi_rank_env+=(-x "MALLOC_PERTURB_=$MALLOC_PERTURB_")
 # mpi_run SECONDS ARGS...: mpirun ARGS under `timeout SECONDS`, then SIGKILL 15 s later: seen
 # once on a loaded machine, mpirun with every rank gone (a start-up fault case) hung on and
@@ -25,7 +22,7 @@ mpi_rank_env=(-x VKSWARM_TEST_RUN)
 mpi_run() {
     local t=$1
     shift
-    env -u MALLOC_PERTURB_ timeout -k 15 "$t" mpirun "${mpi_rank_env[@]}" --oversubscribe --mca btl tcp,self \
+    env -u MALLOC_PERTURB_ timeout -k 15 "$t" mpirun ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe --mca btl tcp,self \
         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
 }
 # ok/bad WHAT: one check passed or failed (counted in passed, failed), with the
@@ -43,22 +40,6 @@ pid_file_pid() {
     local i
     for i in $(seq 1 1200); do
         [ -s "$1/rank-$2.pid" ] && { cat "$1/rank-$2.pid"; return 0; }
-        sleep 0.05
-    done
-    return 1
-}
-# env_rank_pid RANK WORD: waits up to 60 s for a process of this script's jobs
-# (VKSWARM_TEST_RUN) with OMPI_COMM_WORLD_RANK=RANK whose command line has the
-# argument WORD (e.g. the subcommand); prints its pid.
-# Finds a rank before it reaches MPI_Init.
-env_rank_pid() {
-    local i p
-    for i in $(seq 1 1200); do
-        for p in $(grep -l "OMPI_COMM_WORLD_RANK=$1" /proc/[0-9]*/environ 2>/dev/null | grep -o '[0-9]*'); do
-            tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" &&
-                tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "VKSWARM_TEST_RUN=$VKSWARM_TEST_RUN" &&
-                tr '\0' '\n' < /proc/$p/cmdline 2>/dev/null | grep -qx -- "$2" && { echo "$p"; return 0; }
-        done
         sleep 0.05
     done
     return 1

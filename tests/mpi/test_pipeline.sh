@@ -215,46 +215,42 @@ if [ "$(echo "$t3 < 0.6 * $t1" | bc)" = 1 ]; then ok "overlap: K=3 ${t3}s vs K=1
 else bad "overlap: K=3 ${t3}s vs K=1 ${t1}s"; fi
 fi
 
-# Faults: a rank killed (-9) or stopped (SIGSTOP) mid-run, or stopped during
-# start-up (as soon as it exists, or just after MPI_Init): every rank exits
-# within --timeout-s plus a few seconds, non-zero, and the stopped rank is the
-# only one blamed (a rank stopped before MPI_Init cannot be named: the others
-# say that a rank did not join).
-pids=$tmp/pids
-fault_run() { # rank signal when(launch|startup|SECONDS after MPI_Init) timeout-s
+# Faults: a rank killed (-9) or stopped (SIGSTOP) mid-run (at its 10th step of 120 x 7 rows), or
+# stopped during start-up (before MPI_Init, or just after it): every rank exits within
+# --timeout-s plus a few seconds, non-zero, and the stopped rank is the only one blamed (a rank
+# stopped before MPI_Init cannot be named: the others say that a rank did not join). The rank
+# signals itself at that point (VKSWARM_TEST_SIGNAL, tests/mpi/common.sh), not after a delay.
+fault_run() { # rank KILL|STOP when(init|started|step:N) timeout-s
     local rank=$1 sig=$2 when=$3 t=$4 pid="" rc=0 name="rank $1 $2 at $3"
-    rm -rf "$pids"
-    mkdir -p "$pids"
-    VKSWARM_PID_DIR=$pids mpi -x VKSWARM_PID_DIR -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" --temp 0 \
-        -n 120 --link-latency-ms 300 --timeout-s "$t" > /dev/null 2> "$tmp/fault.txt" &
+    local how=$([ "$sig" = STOP ] && echo stop || echo kill)
+    VKSWARM_TEST_SIGNAL=$rank:$how:$when mpi -x VKSWARM_TEST_SIGNAL -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" \
+        --temp 0 -n 120 --link-latency-ms 300 --timeout-s "$t" > /dev/null 2> "$tmp/fault.txt" &
     local job=$!
-    case $when in
-    launch) pid=$(env_rank_pid "$rank" pipeline) ;;
-    startup) pid=$(pid_file_pid "$pids" "$rank") ;;
-    *) pid=$(pid_file_pid "$pids" "$rank") && sleep "$when" ;;
-    esac
+    wait_signalled "$tmp/fault.txt" $job && pid=$sig_pid
     local stopped_at=$(date +%s.%N)
-    if [ "$sig" = STOP ]; then stop_pid "$pid"; else kill -"$sig" "$pid"; fi
     wait $job
     rc=$?
     local took=$(echo "$(date +%s.%N) - $stopped_at" | bc)
     release_stopped
     local named=no
     if [ "$sig" = KILL ]; then grep -q "rank $rank" "$tmp/fault.txt" && named=yes
+    elif [ "$when" = init ]; then
+        grep -q "a rank did not join" "$tmp/fault.txt" && ! grep -q "rank [0-9]* \(did not answer\|stopped answering\)" "$tmp/fault.txt" &&
+            named="(before MPI_Init)"
     elif blames_only "$rank" "$tmp/fault.txt"; then named=yes
-    elif [ "$when" = launch ] && grep -q "a rank did not join" "$tmp/fault.txt" &&
-         ! grep -q "rank [0-9]* \(did not answer\|stopped answering\)" "$tmp/fault.txt"; then named="(before MPI_Init)"
     fi
     if [ -n "$pid" ] && [ $rc -ne 0 ] && [ "$(echo "$took <= $t + 8" | bc)" = 1 ] && [ "$named" != no ]; then
         ok "$name: the others exited ${took}s later with status $rc, rank named: $named"
     else bad "$name: pid '$pid' status $rc after ${took}s, rank named: $named"; grep vkswarm "$tmp/fault.txt" | tail -5; fi
 }
-fault_run 1 KILL 5 5
-fault_run 1 STOP 5 5
-fault_run 1 STOP launch 3
-[ -z "$short" ] && fault_run 2 STOP launch 3
-[ -z "$short" ] && fault_run 1 STOP startup 3
-fault_run 2 STOP startup 3
+# --timeout-s 10, which bounds MPI_Init too: with 3 (and 5) MPI_Init itself timed out now and
+# then on a loaded machine (other MPI jobs beside), before the fault
+fault_run 1 KILL step:10 10
+fault_run 1 STOP step:10 10
+fault_run 1 STOP init 10
+[ -z "$short" ] && fault_run 2 STOP init 10
+[ -z "$short" ] && fault_run 1 STOP started 10
+fault_run 2 STOP started 10
 
 # The blame cascade of start-up exchanges, made deterministic: rank 1's parts of two exchanges
 # reach rank 0 only, so rank 0 waits on rank 2 in the second while rank 2 waits on rank 1 in
@@ -268,22 +264,22 @@ elif mpi -np 3 "$blame" > "$tmp/blame.txt" 2>/dev/null; [ "$(grep -c "^rank 0: o
 else bad "blame cascade"; cat "$tmp/blame.txt"; fi
 
 if [ -z "$short" ]; then
-# A rank stopped for longer than its own --timeout-s (but not the others')
-# blames nobody when it resumes: that time is left out of its silence clocks,
-# and the job completes with the usual output.
-rm -rf "$pids"
-mkdir -p "$pids"
+# A rank stopped (at its 10th step) for 12 s, longer than its own --timeout-s 8 (but not the
+# others' 30), blames nobody when it resumes: that time is left out of its silence clocks, and the
+# job completes with the usual output. (Its --timeout-s, which bounds MPI_Init too, was 4 and the
+# stop 6.5 s: tight for a loaded machine's start-up.)
 args="$model --prompts $tmp/prompts.txt --temp 0 -n 48 --link-latency-ms 50"
-VKSWARM_PID_DIR=$pids mpi -x VKSWARM_PID_DIR -np 1 $bin pipeline $args --timeout-s 20 : \
-    -np 1 $bin pipeline $args --timeout-s 4 : -np 1 $bin pipeline $args --timeout-s 20 \
+VKSWARM_TEST_SIGNAL=1:stop:step:10 mpi -x VKSWARM_TEST_SIGNAL -np 1 $bin pipeline $args --timeout-s 30 : \
+    -np 1 $bin pipeline $args --timeout-s 8 : -np 1 $bin pipeline $args --timeout-s 30 \
     > "$tmp/resumed.jsonl" 2> "$tmp/resumed.txt" &
 job=$!
-pid=$(pid_file_pid "$pids" 1) && sleep 1.5 && stop_pid "$pid" && sleep 6.5 && kill -CONT "$pid"
+pid=""
+wait_signalled "$tmp/resumed.txt" $job && pid=$sig_pid && sleep 12 && kill -CONT "$pid"
 wait $job
 rc=$?
 release_stopped
 if [ -n "$pid" ] && [ $rc -eq 0 ] && cmp -s "$tmp/resumed.jsonl" "$tmp/ref_greedy.jsonl"; then
-    ok "rank 1 stopped 6.5 s, past its 4 s timeout, and resumed: nobody blamed, same output"
+    ok "rank 1 stopped 12 s, past its 8 s timeout, and resumed: nobody blamed, same output"
 else bad "rank 1 stopped and resumed: pid '$pid' status $rc"; grep vkswarm "$tmp/resumed.txt" | tail -3; fi
 fi
 

@@ -78,20 +78,19 @@ $bin generate $model --prompts "$tmp/prompts180.txt" --temp 0.9 --seed 3 -n 120 
     > /dev/null 2>&1 || bad "generate 180 rollouts"
 $bin verify $model --rollouts "$tmp/honest.jsonl" --cpu --batch 3 --jsonl > "$tmp/lone_honest.txt" 2>/dev/null
 $bin verify $model --rollouts "$tmp/big.jsonl" --cpu --batch 3 --jsonl > "$tmp/lone_big.txt" 2>/dev/null
-pids=$tmp/pids
-verify_fault() { # np rank when(startup|SECONDS after MPI_Init) resume_after(-|SECONDS) file mode expect_rc max_s
+# verify_fault NP RANK WHEN(started|batch:N) RESUME_AFTER(-|SECONDS) FILE MODE EXPECT_RC MAX_S: rank
+# RANK stops itself at WHEN (VKSWARM_TEST_SIGNAL, tests/mpi/common.sh: just after MPI_Init, or on
+# taking its Nth batch, which it then holds), not after a delay
+verify_fault() {
     local np=$1 rank=$2 when=$3 resume=$4 file=$5 mode=$6 want=$7 max_s=$8 pid="" rc=0
     local name="np=$np rank $rank stopped at $when ($file ${mode:-gpu})"
     [ "$resume" != - ] && name="$name, resumed after $resume s"
-    rm -rf "$pids"
-    mkdir -p "$pids"
-    VKSWARM_PID_DIR=$pids mpi_run 90 -x VKSWARM_PID_DIR -np "$np" $bin verify $model --rollouts "$tmp/$file.jsonl" $mode \
-        --batch 3 --jsonl --mpi --timeout-s 3 > "$tmp/fault.out" 2> "$tmp/fault.txt" &
+    VKSWARM_TEST_SIGNAL=$rank:stop:$when mpi_run 90 -x VKSWARM_TEST_SIGNAL -np "$np" $bin verify $model \
+        --rollouts "$tmp/$file.jsonl" $mode --batch 3 --jsonl --mpi --timeout-s 3 > "$tmp/fault.out" 2> "$tmp/fault.txt" &
     local job=$!
-    pid=$(pid_file_pid "$pids" "$rank") && [ "$when" != startup ] && sleep "$when"
+    wait_signalled "$tmp/fault.txt" $job && pid=$sig_pid
     local stopped_at=$(date +%s.%N)
-    stop_pid "$pid"
-    [ "$resume" != - ] && sleep "$resume" && kill -CONT "$pid"
+    [ -n "$pid" ] && [ "$resume" != - ] && sleep "$resume" && kill -CONT "$pid"
     wait $job
     rc=$?
     local took=$(echo "$(date +%s.%N) - $stopped_at" | bc)
@@ -106,22 +105,19 @@ verify_fault() { # np rank when(startup|SECONDS after MPI_Init) resume_after(-|S
     else bad "$name: pid '$pid' status $rc (want $want) after ${took}s (at most $max_s), same verdicts: $same"
         grep vkswarm "$tmp/fault.txt" | grep -v device | tail -3; fi
 }
-verify_fault 3 1 startup - honest --cpu 3 11
-# Mid-run stops land at a third of the big file's unfaulted GPU job as it runs here (at most
-# 1.5 s): a fixed 1.5 s once came after a quiet, fast machine had finished the whole job.
+verify_fault 3 1 started - honest --cpu 3 11
+# mid-run: the rank stops on taking its second batch of the big file's 60
 if [ -z "$short" ]; then
-    start=$(date +%s.%N)
     mpi_run 90 -np 3 $bin verify $model --rollouts "$tmp/big.jsonl" --batch 3 --jsonl --mpi --timeout-s 3 \
         > "$tmp/big_mpi.txt" 2> /dev/null
     rc=$?
-    mid=$(echo "m = ($(date +%s.%N) - $start) / 3; if (m > 1.5) m = 1.5; m" | bc -l | cut -c1-4)
     if [ $rc -eq 0 ] && cmp -s "$tmp/big_mpi.txt" "$tmp/lone_big.txt"; then
-        ok "np=3 on the GPU, 180 rollouts: the lone CPU verify's verdicts (mid-run stops below at ${mid}s)"
+        ok "np=3 on the GPU, 180 rollouts: the lone CPU verify's verdicts"
     else bad "np=3 on the GPU, 180 rollouts: status $rc"; fi
-    verify_fault 3 2 "$mid" - big "" 3 20
-    verify_fault 2 1 "$mid" 4.5 big "" 0 40
+    verify_fault 3 2 batch:2 - big "" 3 20
+    verify_fault 2 1 batch:2 4.5 big "" 0 40
 fi
-verify_fault 3 0 startup - big --cpu 3 11
+verify_fault 3 0 started - big --cpu 3 11
 
 echo "verifier: $passed passed, $failed failed"
 [ $failed -eq 0 ]
