@@ -44,6 +44,31 @@ pid_file_pid() {
     done
     return 1
 }
+# Faults at points the test controls, not after a delay: VKSWARM_TEST_SIGNAL=RANK:kill|stop:POINT[:N]
+# (include/vkswarm/vks_mpi.h; pass it with `-x VKSWARM_TEST_SIGNAL`) makes the rank signal
+# itself there, after a line "rank R: test signal: ... (pid P)" on stderr.
+# wait_signalled FILE JOB: waits (up to 120 s, or until mpirun JOB has ended) for that line in
+# FILE and, for a stop, until the process is stopped; sets sig_pid to P ("" when no line came) and
+# notes a stopped P for release_stopped
+signalled_in() { sed -n 's/.*test signal: .* (pid \([0-9]*\)).*/\1/p' "$1" | head -1; }
+wait_signalled() {
+    local i
+    sig_pid=""
+    for i in $(seq 1 2400); do
+        sig_pid=$(signalled_in "$1")
+        [ -n "$sig_pid" ] && break
+        kill -0 "$2" 2>/dev/null || { sig_pid=$(signalled_in "$1"); break; }
+        sleep 0.05
+    done
+    [ -n "$sig_pid" ] || return 1
+    grep -q "test signal: stopping" "$1" || return 0
+    stopped_pids+=("$sig_pid")
+    for i in $(seq 1 1200); do
+        [ "$(awk '{ print $3 }' "/proc/$sig_pid/stat" 2>/dev/null)" = T ] || [ ! -e "/proc/$sig_pid" ] && break
+        sleep 0.05
+    done
+    return 0
+}
 # stopped_pids: every pid stopped by stop_pid; release_stopped kills them (-CONT, -9)
 stopped_pids=()
 stop_pid() { [ -n "$1" ] && kill -STOP "$1" && stopped_pids+=("$1"); }
