@@ -6,7 +6,7 @@
 #  - mpi/ and tools/ include only public headers and their own;
 #  - no object of src/F in LIBVKS calls a function of a higher layer, and
 #    LIBVKS calls nothing of LIBVKS_MPI.
-# README.md ("Layout") shows the same order.
+# docs/tests.md ("Layout") shows the same order.
 set -euo pipefail
 root=$1
 libvks=$2

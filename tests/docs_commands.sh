@@ -85,7 +85,7 @@ def check_flags(page, line, cmd):
     for i, w in enumerate(words):
         if not w.endswith("vkswarm") or i + 1 >= len(words): continue
         sub = words[i + 1]
-        if sub.startswith("-"): continue
+        if not re.fullmatch(r"[a-z]+", sub): continue   # not a command (a path that ends in vkswarm)
         if sub in ("train", "tasks") and i + 2 < len(words) and not words[i + 2].startswith("-"):
             sub += " " + words[i + 2]
         h = help_of(sub)

@@ -2051,17 +2051,40 @@ static void test_rl_needs_mpirun(void **state) {
     assert_int_not_equal(access(p, F_OK), 0); /* nothing made */
 }
 
-/* Every README section that a command's --help names ("README \"NAME\"",
- * maybe across a line break) is a heading of README.md (a `code` span in a
- * heading is read without its backquotes). */
+/* README.md and every page of docs/ (not docs/pending/), one after another. */
+static char *read_docs(const char *src) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/README.md", src);
+    char *all = (char *)tu_read_file(p, NULL);
+    assert_non_null(all);
+    snprintf(p, sizeof p, "%s/docs", src);
+    DIR *d = opendir(p);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n < 4 || strcmp(e->d_name + n - 3, ".md")) continue;
+        snprintf(p, sizeof p, "%s/docs/%s", src, e->d_name);
+        char *page = (char *)tu_read_file(p, NULL);
+        assert_non_null(page);
+        size_t have = strlen(all);
+        all = realloc(all, have + strlen(page) + 2);
+        assert_non_null(all);
+        snprintf(all + have, strlen(page) + 2, "\n%s", page);
+        free(page);
+    }
+    closedir(d);
+    return all;
+}
+
+/* Every docs section that a command's --help names ("docs \"NAME\"", maybe
+ * across a line break) is a heading of README.md or a page of docs/ (a `code`
+ * span in a heading is read without its backquotes). */
 static void test_rl_help_sections_exist(void **state) {
     (void)state;
     const char *src = getenv("VKSWARM_SOURCE");
     if (!src) skip();
-    char p[1024], cmd[1024], *help = NULL;
-    snprintf(p, sizeof p, "%s/README.md", src);
-    char *readme = (char *)tu_read_file(p, NULL);
-    assert_non_null(readme);
+    char cmd[1024], *help = NULL;
+    char *readme = read_docs(src);
     for (char *q = readme, *w = readme; ; q++) { /* drop backquotes */
         if (*q != '`') *w++ = *q;
         if (!*q) break;
@@ -2071,15 +2094,15 @@ static void test_rl_help_sections_exist(void **state) {
     for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
         snprintf(cmd, sizeof cmd, "%s %s --help", tu_bin(), cmds[c]);
         assert_int_equal(tu_run(cmd, &help), 0);
-        for (const char *q = help; (q = strstr(q, "README \"")); ) {
-            q += 8;
+        for (const char *q = help; (q = strstr(q, "docs \"")); ) {
+            q += 6;
             const char *end = strchr(q, '"');
             assert_non_null(end);
             char want[256];
             int n = snprintf(want, sizeof want, "# %.*s\n", (int)(end - q), q);
             for (int i = 2; i < n - 1; i++)
                 if (want[i] == '\n') want[i] = ' '; /* a name broken across lines */
-            if (!strstr(readme, want)) fail_msg("%s --help names README \"%.*s\": no such heading", cmds[c], (int)(end - q), q);
+            if (!strstr(readme, want)) fail_msg("%s --help names docs \"%.*s\": no such heading", cmds[c], (int)(end - q), q);
             named += !strcmp(cmds[c], "rl");
             q = end;
         }

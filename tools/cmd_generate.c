@@ -25,7 +25,7 @@ static const char generate_usage[] =
     "one batch and stdout gets one JSON object per prompt, in order: {\"prompt\", \"ids\", \"text\"},\n"
     "where ids are the prompt ids followed by the generated ones and text is what a single run prints.\n"
     "Without --tokenizer (random models) output is token ids.\n"
-    "--rollouts-out FILE also writes a rollout file (JSONL, see README \"Verifiable rollouts (TOPLOC) and\n"
+    "--rollouts-out FILE also writes a rollout file (JSONL, see docs \"Verifiable rollouts (TOPLOC) and\n"
     "vkswarm verify\") for\n"
     "`vkswarm verify`: one sample per prompt with its TOPLOC proofs, built on a worker thread while\n"
     "the GPU runs (--toploc, the default; --no-toploc writes empty proofs, to measure their cost);\n"

@@ -17,7 +17,7 @@ static const char tasks_usage[] =
     "tasks sft writes N (default 1000) instances of a built-in task (add, mul, countdown, sort, reverse,\n"
     "optionally :SIZE, e.g. mul:3) from seed S (default 0) as {\"prompt\", \"completion\"} lines with a\n"
     "short worked completion ending in the answer line, for `vkswarm train sft`.\n"
-    "tasks filter completes each task of the task file FILE (--tasks is the same option; README \"Your own\n"
+    "tasks filter completes each task of the task file FILE (--tasks is the same option; docs \"Your own\n"
     "tasks\": {\"prompt\", \"answer\", \"task_type\", ...} lines; task_type exact, numeric, list, boxed or\n"
     "countdown with \"numbers\" and \"target\"; optionally \"kind\") K times (default 8, at --temp default 1.0,\n"
     "sampled from seed S) and copies the lines whose solve rate lies in [--min, --max] (default 0.1 and\n"
@@ -26,7 +26,7 @@ static const char tasks_usage[] =
     "\"solve_rate\", \"verdict\": \"hard\" (below --min), \"kept\" or \"easy\" (above --max)}. stdout gets one\n"
     "JSON object: total, hard, kept and easy counts, and the two files. Prompts are BOS + the task's\n"
     "text, or in the prompt format of --chat-template, --system, --user-template, --no-think and\n"
-    "--think-tokens (as eval takes them, README \"Prompts\"; the first one is shown on stderr): filter\n"
+    "--think-tokens (as eval takes them, docs \"Prompts\"; the first one is shown on stderr): filter\n"
     "with the format the run will train with.\n"
     "Answers are read from the completion's last `answer: ...` line or last \\boxed{...}.\n";
 
