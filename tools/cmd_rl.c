@@ -26,12 +26,12 @@ static const char rl_usage[] =
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
     "online filter pick what the trainer trains on; the trainer hands each step's weights back.\n"
-    "The config (README \"The RL config\") gives every key; --set KEY=VALUE and the named flags override\n"
-    "it. README \"Asynchronous RL: vkswarm rl\" starts from a task file of your own.\n"
+    "The config (docs \"The RL config\") gives every key; --set KEY=VALUE and the named flags override\n"
+    "it. docs \"Asynchronous RL: vkswarm rl\" starts from a task file of your own.\n"
     "--model starts from a checkpoint (train sft's), --init tiny from the built-in tiny model.\n"
     "--task T: a built-in task (add, mul, countdown, sort, reverse, optionally :SIZE and :short) or a\n"
-    "task file (PATH.jsonl, a path with '/', or file:PATH; README \"Your own tasks\"), its tasks in turn.\n"
-    "Prompts (README \"Prompts\"; config \"prompt\", --set prompt.KEY=V): BOS + the task's text by default;\n"
+    "task file (PATH.jsonl, a path with '/', or file:PATH; docs \"Your own tasks\"), its tasks in turn.\n"
+    "Prompts (docs \"Prompts\"; config \"prompt\", --set prompt.KEY=V): BOS + the task's text by default;\n"
     "--chat-template none|model|chatml|qwen3|llama2|llama3|llama3.1|phi3 with --system TEXT, --user-template\n"
     "TEXT (holds {prompt}), --think-template TEXT (holds {n}: the length_targets sentence, default \"Think\n"
     "for {n} tokens.\"), --no-think (qwen3: enable_thinking=false). The first prompt is shown on stderr.\n"
@@ -59,14 +59,16 @@ static const char rl_usage[] =
     "Ctrl-C (SIGINT) or SIGTERM stops cleanly: the current step finishes, its checkpoint is saved\n"
     "(whatever --save-every says), metrics and plots are written, stdout as below, and the run exits\n"
     "130 with one line: 'vkswarm: rl: stopped at step N; checkpoint DIR/step-N; continue with:\n"
-    "PROGRAM rl --out DIR --resume' (PROGRAM: the path this command was run by). A second signal stops at once. (One process only: under mpirun\n"
-    "signals end the ranks as before.) At the end stderr says 'N rollouts; C checked by a verifier: A\n"
+    "PROGRAM rl --out DIR --resume' (PROGRAM: the path this command was run by). A second signal stops at once.\n"
+    "Under mpirun, the same signal to the trainer's process stops it after the step, with a checkpoint,\n"
+    "and it tells every rank to stop ('continue with the same mpirun command and --resume'; Open MPI\n"
+    "4.1's mpirun does not pass its own Ctrl-C on to the ranks). At the end stderr says 'N rollouts; C checked by a verifier: A\n"
     "accepted, R rejected; ...' and, across ranks, one line per rank dropped or refused (world rank, step,\n"
     "why). stdout gets (paths escaped):\n"
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  report: PATH\n  final checkpoint: PATH\n"
     "  held-out: WHAT (with a held-out set)\n  accuracy: START -> FINAL (resumed: START is the run's, step 0)\n"
     "  trainer idle: FRACTION\n"
-    "Under mpirun with more than one rank the config's roles run across ranks (README \"RL across ranks\";\n"
+    "Under mpirun with more than one rank the config's roles run across ranks (docs \"RL across ranks\";\n"
     "on one machine: mpirun --oversubscribe --mca btl tcp,self -np N vkswarm rl --config run.json): the\n"
     "trainer rank (by default also the orchestrator) grants batches to inference groups (one rank, or a\n"
     "pipeline of several: the first takes the grants, the group generates across its stages)\n"
@@ -360,11 +362,12 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY || roles == VKS_RL_ROLE_ORCHESTRATOR ? NULL : cli_open_gpu(&a->m);
     a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;
     int rc, status = 0;
-    bool no_finalize = false;
+    bool no_finalize = false, stopped = false;
     if (roles & VKS_RL_ROLE_TRAINER) {
         a->o.progress = on_progress;
         a->o.on_resume = cli_on_resume_rl;
         a->o.show_prompt = cli_show_prompt, a->o.progress_ctx = "rl";
+        a->o.stop_requested = cli_stop_requested;
         vks_rl_result r;
         rc = vks_rl_mpi_trainer(&a->o, &mo, &r, &no_finalize);
         if (rc) {
@@ -372,6 +375,13 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
             cli_mpi_abort(cli_mpi_status(rc));
         }
         print_result(a, &r);
+        if (r.stopped_at_step >= 0) { /* every rank was told to stop: exit 130 after MPI_Finalize */
+            stopped = true;
+            fflush(stdout);
+            fprintf(stderr, "vkswarm: rl: stopped at step %lld; checkpoint ", (long long)r.stopped_at_step);
+            cli_put_escaped(stderr, r.final_checkpoint, strlen(r.final_checkpoint));
+            fputs("; continue with the same mpirun command and --resume\n", stderr);
+        }
     } else if (roles & VKS_RL_ROLE_ORCHESTRATOR) { /* on a rank of its own */
         rc = vks_rl_mpi_orchestrator(&a->o, &mo, &no_finalize);
         if (rc) cli_note("rl: orchestrator rank %d: %s", rank, vks_last_error()), status = cli_mpi_status(rc);
@@ -393,13 +403,15 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     if (!status && grc) status = grc;
     if (no_finalize || status) cli_exit_now(status); /* a lost rank would hold MPI_Finalize */
     vks_mpi_stop_within(a->timeout_s, cli_mpi_stuck);
-    return status;
+    return stopped ? EXIT_STOPPED : status;
 }
 
 int cmd_rl(int argc, char **argv) {
     rl_args a = {0};
     parse_rl(argc, argv, &a);
-    if (a.n_ranks == 1) cli_stop_install(); /* across ranks, mpirun's signals end every rank as before */
+    /* Across ranks too: a signal to the trainer's process stops it after the step with a checkpoint,
+     * and it tells the other ranks to stop (they ignore their own first signal and wait for that) */
+    cli_stop_install();
     vks_tokenizer *tok = NULL;
     vks_model *m = NULL;
     if (a.c.model[0]) {

@@ -876,9 +876,10 @@ static int save_periodic(rl_run *r) {
 }
 
 /* Whether the caller asks for a clean stop after this step (not after the
- * last: that ends the run anyway; never across ranks). */
+ * last: that ends the run anyway). Across ranks (r->src) the trainer stops
+ * before the step's weights go out, and the caller's STOP ends every rank. */
 static bool stop_asked(const rl_run *r) {
-    return !r->src && r->o->stop_requested && vks_trainer_steps(r->trainer) < r->c->steps &&
+    return r->o->stop_requested && vks_trainer_steps(r->trainer) < r->c->steps &&
            r->o->stop_requested(r->o->stop_ctx);
 }
 
@@ -973,7 +974,9 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
         if ((rc = one_step(&r, t_start, &idle, &total, &p))) break;
         if (!isnan(p.accuracy)) res->final_accuracy = p.accuracy;
         if (o->progress) o->progress(o->progress_ctx, &p);
-        if (!r.stopped && stop_asked(&r)) { /* asked while the step finished: its weights went out already */
+        /* asked while the step finished: its weights went out already (one process; across ranks the
+         * stop lands before the next step's weights go out, where the position is the source's) */
+        if (!r.stopped && !r.src && stop_asked(&r)) {
             r.stopped = true;
             r.stop_position = r.published_position;
         }
