@@ -88,7 +88,7 @@ if [ $rc -ne 124 ] && [ $rc -ne 137 ] && [ -n "$at" ] && [ "$at" -ge 1 ] && [ "$
     rc2=$?
     if [ $rc2 -eq 0 ] && grep -q "resumed from step $at" "$tmp/err2.txt" &&
        grep -q "^final checkpoint: $tmp/stop/step-000000004" "$tmp/out2.txt" && metrics_ok "$tmp/stop/metrics.jsonl" 4 0; then
-        ok "Ctrl-C to mpirun after step 1: every rank ended (status $rc), checkpoint of step $at, --resume went on to step 4"
+        ok "SIGINT to the trainer rank after step 1: every rank ended (status $rc), checkpoint of step $at, --resume went on to step 4"
     else bad "clean stop: the resume from step $at: status $rc2"; tail -5 "$tmp/err2.txt"; fi
 else bad "clean stop: status $rc, stopped at '$at'"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -15; fi
 if [ "${VKSWARM_TEST_ONLY:-}" = stop ]; then
