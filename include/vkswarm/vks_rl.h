@@ -31,7 +31,10 @@ typedef struct {
     double reward;            /* mean task reward (0..1, before the length term) of every completion generated
                                * since the previous step (filtered groups included); NaN when none was */
     double trained_reward;    /* the same over the completions trained this step (groups with signal only) */
-    double accuracy;          /* held-out accuracy (fresh instances or the held-out set); NaN when not measured this step */
+    double accuracy;          /* held-out accuracy, greedy (fresh instances or the held-out set); NaN when not
+                               * measured this step */
+    double accuracy_sampled;  /* the same sampled at the run's temperature (one completion a task); NaN alike */
+    double accuracy_n;        /* the instances both were measured on (their standard error: vks_binomial_se) */
     double length;            /* mean completion tokens */
     double accept_rate;       /* verifier: accepted / checked completions so far (1 without a verifier) */
     double rollouts_per_s;    /* completions generated per second so far */
