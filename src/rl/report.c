@@ -311,7 +311,7 @@ static void put_resumes(FILE *f, const vks_rl_report *rep) {
           f);
 }
 
-static int put_run(FILE *f, const vks_rl_report *rep) {
+static void put_run(FILE *f, const vks_rl_report *rep) {
     fputs("<section id=\"run\"><h2>The run</h2>\n<dl class=\"summary\"><dt>model</dt><dd id=\"model\">", f);
     put_str(f, rep->model && rep->model[0] ? rep->model : "--init tiny (made from the seed)");
     fputs("</dd><dt>model hash</dt><dd id=\"model-hash\">", f);
@@ -324,16 +324,18 @@ static int put_run(FILE *f, const vks_rl_report *rep) {
         put_roles(f, rep->config);
     }
     put_resumes(f, rep);
-    int rc = VKS_OK;
-    if (rep->config) {
-        fputs("<h3>Config</h3>\n<p class=\"note\">Every key; those at their default value are marked "
-              "<em>default</em> (greyed).</p>\n<table id=\"config\"><thead><tr><th>key</th><th>value</th><th></th></tr>"
-              "</thead><tbody>\n",
-              f);
-        rc = vks_rl_config_each(rep->config, put_config_key, f);
-        fputs("</tbody></table>\n", f);
-    }
+    if (rep->config) fputs("<p class=\"note\">Its config: <a href=\"#config-section\">at the end</a>.</p>\n", f);
     fputs("</section>\n", f);
+}
+
+static int put_config(FILE *f, const vks_rl_report *rep) {
+    if (!rep->config) return VKS_OK;
+    fputs("<section id=\"config-section\"><h2>Config</h2>\n<p class=\"note\">Every key; those at their default value "
+          "are marked <em>default</em> (greyed).</p>\n<table id=\"config\"><thead><tr><th>key</th><th>value</th><th></th>"
+          "</tr></thead><tbody>\n",
+          f);
+    int rc = vks_rl_config_each(rep->config, put_config_key, f);
+    fputs("</tbody></table></section>\n", f);
     return rc;
 }
 
@@ -535,8 +537,8 @@ static int write_page(FILE *f, const char *out_dir, const vks_rl_report *rep) {
     fputs("<p class=\"note\"><span id=\"curve-count\"></span> curves, <span id=\"sample-count\"></span> sample "
           "completions shown.</p>\n",
           f);
-    rc = put_run(f, rep);
-    if (!rc) rc = put_curves(f, s);
+    put_run(f, rep);
+    rc = put_curves(f, s);
     vks_metric_series_free(s);
     if (!rc && rep->trainer) {
         fputs("<section id=\"timeline\"><h2>Timeline</h2>\n", f);
@@ -550,8 +552,9 @@ static int write_page(FILE *f, const char *out_dir, const vks_rl_report *rep) {
     put_ranks(f, rep);
     put_samples(f, rep->samples);
     put_rejected(f, out_dir);
+    rc = put_config(f, rep);
     fputs(page_tail, f);
-    return VKS_OK;
+    return rc;
 }
 
 int vks_rl_report_write(const char *out_dir, const vks_rl_report *rep) {
