@@ -1061,15 +1061,24 @@ static void test_train_sft_resume(void **state) {
     fclose(f);
     const char *args = "train sft --init tiny --batch 4 --micro-batch 2 --lr 3e-3 --keep 2";
     char *out;
-    snprintf(cmd, sizeof cmd, "%s %s --data %s --steps 4 --out %s/a 2>/dev/null", tu_bin(), args, data, dir);
+    snprintf(cmd, sizeof cmd, "%s %s --data %s --steps 4 --out %s/a 2>%s/a.err", tu_bin(), args, data, dir, dir);
     assert_int_equal(tu_run(cmd, &out), 0);
     snprintf(path, sizeof path, "metrics: %s/a/metrics.jsonl\nplot: %s/a/loss.svg\nfinal checkpoint: %s/a/step-000000004\n",
              dir, dir, dir);
     assert_string_equal(out, path);
     free(out);
     snprintf(cmd, sizeof cmd, "%s %s --data %s --steps 2 --out %s/b 2>/dev/null && %s %s --data %s --steps 4 --out %s/b "
-             "--resume 2>/dev/null", tu_bin(), args, data, dir, tu_bin(), args, data, dir);
+             "--resume 2>%s/b.err", tu_bin(), args, data, dir, tu_bin(), args, data, dir, dir);
     assert_int_equal(tu_run(cmd, NULL), 0);
+    /* "loss A -> B" compares means over windows of the steps (here 1 of 4: 10%, at least 1) and says so */
+    snprintf(path, sizeof path, "%s/a.err", dir);
+    out = read_text(path);
+    if (!strstr(out, " (mean of the first and of the last 1 of 4 steps)\n")) fail_msg("train: %s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/b.err", dir);
+    out = read_text(path);
+    if (!strstr(out, " (mean of the first and of the last 1 of 2 steps since the resume)\n")) fail_msg("train: %s", out);
+    free(out);
     snprintf(path, sizeof path, "%s/a/metrics.jsonl", dir);
     char *a = read_text(path);
     snprintf(path, sizeof path, "%s/b/metrics.jsonl", dir);
@@ -2119,7 +2128,7 @@ static bool have_program(const char *name) {
     return tu_run(cmd, NULL) == 0;
 }
 
-/* The run report (issue 26): OUT/report.html, rebuilt at each checkpoint
+/* The run report (issues 26, 36): OUT/report.html, rebuilt after each step
  * (the step-1 page, copied when the step's line comes, says "1 of 2 (in
  * progress") and at the end; one page with nothing loaded from elsewhere; the
  * task file's hostile text escaped. Then headless Chromium loads it: no
@@ -2159,6 +2168,8 @@ static void test_rl_report(void **state) {
     page = (char *)tu_read_file(p, NULL);
     assert_non_null(page);
     assert_non_null(strstr(page, "<dd id=\"step\">2 of 2 (the run ended)</dd>"));
+    assert_non_null(strstr(page, "</h1>\n<section id=\"headline\">\n<p class=\"headline "));
+    assert_non_null(strstr(page, "id=\"accuracy-greedy\">Held-out accuracy (greedy): 0.000 &rarr; "));
     assert_null(strstr(page, "<b>")); /* the tasks' text is escaped */
     assert_null(strstr(page, "\a"));
     assert_null(strstr(page, "http")); /* nothing loaded from elsewhere (the SVG namespace aside) */
@@ -2247,7 +2258,7 @@ static void test_rl_clean_stop(void **state) {
     int lines;
     snprintf(p, sizeof p, "%s/b/metrics.jsonl", dir);
     free(metrics_untimed(p, &lines));
-    assert_int_equal(lines, stop);
+    assert_int_equal(lines, stop + 1); /* step 0: the start's held-out accuracy */
     free(out), free(err);
     /* a changed key, refused naming it: nothing runs */
     snprintf(args, sizeof args, "rl --out %s/b --resume --set group_size=2", dir);
@@ -2275,10 +2286,10 @@ static void test_rl_clean_stop(void **state) {
     free(out), free(err);
     snprintf(p, sizeof p, "%s/a/metrics.jsonl", dir);
     char *straight = metrics_untimed(p, &lines);
-    assert_int_equal(lines, 3);
+    assert_int_equal(lines, 4);
     snprintf(p, sizeof p, "%s/b/metrics.jsonl", dir);
     char *resumed = metrics_untimed(p, &lines);
-    assert_int_equal(lines, 3);
+    assert_int_equal(lines, 4);
     if (strcmp(straight, resumed)) fail_msg("straight:\n%s\nresumed:\n%s", straight, resumed);
     free(straight), free(resumed);
     /* --override: allowed, and said */

@@ -22,8 +22,11 @@
 #include "vkswarm/vks_metrics.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl.h"
+#include "vkswarm/vks_sft.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "../src/rl/rl_internal.h" /* the run directory lock (internal to src/rl) */
+
+#define assert_near(a, b, tol) assert_true(fabs((double)(a) - (double)(b)) <= (tol))
 
 static vks_gpu *gpu_a, *gpu_b;
 static vks_model *tiny;
@@ -176,6 +179,59 @@ static void test_synchronous_run(void **state) {
     assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
 }
 
+/* metrics.jsonl of a fresh run evaluated at the start and the end (1 step):
+ * a step-0 line with the start's held-out accuracy, greedy and sampled, each
+ * with its standard error (binomial) and the n instances, then step 1's with
+ * the same fields. */
+static void check_eval_lines(const char *path, int n) {
+    char *text = (char *)tu_read_file(path, NULL);
+    assert_non_null(text);
+    int lines = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        json_t *o = json_loads(line, 0, NULL);
+        assert_true(json_is_object(o));
+        assert_int_equal(json_integer_value(json_object_get(o, "step")), lines);
+        const char *acc[2][3] = {{"accuracy", "accuracy_se", "accuracy_n"},
+                                 {"accuracy_sampled", "accuracy_sampled_se", "accuracy_sampled_n"}};
+        for (int k = 0; k < 2; k++) {
+            json_t *a = json_object_get(o, acc[k][0]), *se = json_object_get(o, acc[k][1]), *m = json_object_get(o, acc[k][2]);
+            if (!json_is_number(a) || !json_is_number(se) || !json_is_number(m)) fail_msg("%s: line %d: %s", path, lines, line);
+            double p = json_number_value(a);
+            assert_true(p >= 0 && p <= 1);
+            assert_int_equal((int)json_number_value(m), n);
+            assert_near(json_number_value(se), sqrt(p * (1 - p) / n), 1e-12);
+        }
+        json_decref(o);
+    }
+    assert_int_equal(lines, 2);
+    free(text);
+}
+
+/* OUT/report.html's sample table: each completion's task by index and line of
+ * the task file, and its expected answer (tasks.jsonl: line L's is 2L - 1). */
+static void check_report_samples(const char *out) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/report.html", out);
+    char *page = (char *)tu_read_file(p, NULL);
+    assert_non_null(page);
+    const char *q = strstr(page, "<table id=\"samples\">");
+    assert_non_null(q);
+    int rows = 0;
+    long long index, line, policy, answer;
+    while ((q = strstr(q, "<tr><td>1</td><td>"))) {
+        q += strlen("<tr><td>1</td><td>");
+        if (sscanf(q, "%lld (line %lld)</td><td>%lld</td>", &index, &line, &policy) != 3) fail_msg("a sample row: %.200s", q);
+        const char *e = strstr(q, "<td class=\"text expected\">");
+        assert_non_null(e);
+        if (sscanf(e + strlen("<td class=\"text expected\">"), "%lld</td>", &answer) != 1) fail_msg("expected: %.80s", e);
+        assert_true(line >= 1 && line <= 8);
+        assert_int_equal(answer, 2 * line - 1);
+        rows++;
+    }
+    assert_in_range(rows, 1, 4);
+    free(page);
+}
+
 /* A task file with eval_split: the held-out tasks go to OUT/heldout.jsonl as
  * they were, and held-out accuracy is measured on them (0 for the untrained
  * model, not NaN); without a held-out set a task file is not evaluated. */
@@ -195,6 +251,8 @@ static void test_heldout_accuracy(void **state) {
     assert_true(r->start_accuracy == 0.0 && r->final_accuracy == 0.0);
     assert_true(log.p[0].accuracy == 0.0);
     assert_int_equal(r->eval_tasks, 2);
+    check_eval_lines(r->metrics_path, 2);
+    check_report_samples(out);
     snprintf(path, sizeof path, "%s/heldout.jsonl", out);
     assert_string_equal(r->heldout_path, path);
     assert_non_null(strstr(r->eval_set, "2 of the 8 tasks of "));
@@ -801,7 +859,20 @@ static void stop_and_resume(const vks_rl_progress *straight, int steps, stop_ctl
     /* resumed: the straight run's steps, each once in metrics.jsonl */
     log.n = 0;
     o.resume = true, o.stop_requested = NULL;
+    double called = vks_seconds_now();
     if (vks_rl_run(&o, &r)) fail_msg("%s", vks_last_error());
+    called = vks_seconds_now() - called;
+    /* the clock goes on from the checkpoint's: longer than this call alone */
+    fprintf(stderr, "%s: resumed run: elapsed %.3f s, its call %.3f s\n", name, r.elapsed_s, called);
+    assert_true(r.elapsed_s > called && log.p[0].elapsed_s > 0);
+    /* and the report marks the stop */
+    snprintf(path, sizeof path, "%s/report.html", out);
+    char *page = (char *)tu_read_file(path, NULL), want[160];
+    assert_non_null(page);
+    assert_non_null(strstr(page, "<dd id=\"resumed\">resumed run: stopped 1 time; last resumed from step "));
+    snprintf(want, sizeof want, "<tr class=\"resume\"><td>%d</td>", stop_at);
+    assert_non_null(strstr(page, want));
+    free(page);
     assert_int_equal(r.resumed_from, stop_at);
     assert_int_equal(r.stopped_at_step, -1);
     assert_true(r.start_accuracy_stored); /* NaN here (eval_n 0), as the run's start recorded it */
@@ -876,7 +947,7 @@ static void test_report_escapes(void **state) {
     }
     vks_rl_batch_group g = {.samples = smp, .n = 2, .policy_step = 1, .task_index = 5};
     vks_rl_report_samples samples = {0};
-    assert_int_equal(vks_rl_report_capture(&samples, tok, 3, &g, 1), VKS_OK);
+    assert_int_equal(vks_rl_report_capture(&samples, tok, NULL, 3, &g, 1), VKS_OK);
     assert_int_equal(samples.len, 2);
     vks_rl_rank_status ranks[2] = {{.rank = 1, .batches = 3, .rollouts = 24, .at_step = -1},
                                    {.rank = 4, .state = VKS_RL_RANK_DROPPED, .batches = 1, .rollouts = 8, .at_step = 2}};
@@ -918,6 +989,146 @@ static void test_report_escapes(void **state) {
     assert_non_null(strstr(vks_last_error(), "/nonexistent/metrics.jsonl"));
 }
 
+/* Headless Chromium's DOM of dir/report.html after its scripts ran (malloc'd);
+ * NULL, saying so, without chromium. The page must log nothing on the console. */
+static char *browser_dom(const char *dir) {
+    if (tu_run("command -v chromium >/dev/null 2>&1", NULL)) {
+        fprintf(stderr, "test_report_in_browser: SKIPPED the browser check: no chromium (tools/install-deps installs it)\n");
+        return NULL;
+    }
+    char cmd[4096], p[700];
+    snprintf(cmd, sizeof cmd, "cd '%s' && HOME='%s' timeout 120 chromium --headless --no-sandbox --disable-gpu "
+             "--user-data-dir='%s/chromium' --enable-logging=stderr --v=0 --dump-dom 'file://%s/report.html' > dom.html "
+             "2> chromium.txt", dir, dir, dir, dir);
+    if (tu_run(cmd, NULL)) fail_msg("chromium failed: %s", cmd);
+    snprintf(p, sizeof p, "%s/chromium.txt", dir);
+    char *log = (char *)tu_read_file(p, NULL);
+    assert_non_null(log);
+    if (strstr(log, "CONSOLE") || strstr(log, "Uncaught")) fail_msg("the page logged on the console: %s", log);
+    free(log);
+    snprintf(p, sizeof p, "%s/dom.html", dir);
+    char *dom = (char *)tu_read_file(p, NULL);
+    assert_non_null(dom);
+    assert_non_null(strstr(dom, "data-ready=\"1\""));
+    return dom;
+}
+
+/* A report from a crafted metrics.jsonl: evaluations at steps 0, 2 and 4 of
+ * greedy accuracy a0 -> a1 -> a2 and sampled s0 -> s2, n = 100 (greedy) and
+ * 12 (sampled), written as the run writes them. */
+static void crafted_report(const char *dir, double a0, double a2, double s0, double s2, const vks_rl_report *base) {
+    assert_int_equal(mkdir(dir, 0777), 0);
+    vks_metrics *m = NULL;
+    assert_int_equal(vks_metrics_open(dir, -1, &m), VKS_OK);
+    for (int step = 0; step <= 4; step++) {
+        double a = step == 0 ? a0 : step == 4 ? a2 : (a0 + a2) / 2, sm = step == 0 ? s0 : step == 4 ? s2 : (s0 + s2) / 2;
+        vks_metric v[] = {{"accuracy", a}, {"accuracy_se", vks_binomial_se(a, 100)}, {"accuracy_n", 100},
+                          {"accuracy_sampled", sm}, {"accuracy_sampled_se", vks_binomial_se(sm, 12)},
+                          {"accuracy_sampled_n", 12}, {"loss", 1.0 / (step + 1)}, {"reward", 0.1 * step}};
+        assert_int_equal(vks_metrics_log(m, step, step % 2 ? v + 6 : v, step % 2 ? 2 : 8), VKS_OK);
+    }
+    assert_int_equal(vks_metrics_close(m), VKS_OK);
+    char metrics[700];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
+    vks_rl_report_samples samples = {0};
+    vks_rl_report rep = *base;
+    rep.metrics_path = metrics, rep.samples = &samples;
+    assert_int_equal(vks_rl_report_write(dir, &rep), VKS_OK);
+}
+
+/* The report answers "did it help?" in a browser (issue 36): its first lines
+ * say held-out accuracy start -> final with the change and twice the standard
+ * error of the difference, and whether the change is beyond that noise; a
+ * falling accuracy is shown as falling (the word and the class that colours
+ * it), also within the noise (0.167 -> 0.083 on 12 tasks, the case the issue
+ * saw); the config table lists every key with the defaults marked; a resumed
+ * run is marked with its stop and resume. */
+static void test_report_in_browser(void **state) {
+    (void)state;
+    vks_rl_accuracy_change c = vks_rl_accuracy_compare(0.5, 0.05, 0.3, 0.05);
+    assert_near(c.change, -0.2, 1e-12);
+    assert_near(c.noise2, 2 * sqrt(0.005), 1e-12);
+    assert_int_equal(c.verdict, -1);
+    assert_int_equal(vks_rl_accuracy_compare(0.167, 0.108, 0.083, 0.080).verdict, 0);
+    assert_int_equal(vks_rl_accuracy_compare(0.2, 0.04, 0.6, 0.049).verdict, 1);
+    assert_true(isnan(vks_rl_accuracy_compare(NAN, 0, 0.5, 0.1).change));
+    vks_rl_config cfg;
+    vks_rl_config_defaults(&cfg);
+    cfg.steps = 4, cfg.lr = 3e-4;
+    assert_int_equal(vks_rl_config_check(&cfg, 1), VKS_OK);
+    vks_rl_resume stop = {.step = 2, .stopped_unix = 1.7e9, .resumed_unix = 1.7e9 + 3600, .elapsed_s = 40};
+    vks_rl_report base = {.task = "add:2", .step = 4, .steps = 4, .final = true, .elapsed_s = 75, .config = &cfg,
+                          .model = "", .model_hash = "ab12", .task_set = "built-in task add:2", .resumes = &stop,
+                          .n_resumes = 1};
+    char up[600], down[600];
+    snprintf(up, sizeof up, "%s/report-up", tu_tmpdir());
+    snprintf(down, sizeof down, "%s/report-down", tu_tmpdir());
+    crafted_report(up, 0.2, 0.6, 0.1, 0.3, &base);
+    base.n_resumes = 0;
+    crafted_report(down, 0.5, 0.3, 0.167, 0.083, &base);
+    char *dom = browser_dom(up);
+    if (!dom) return;
+    /* rising, beyond the noise: the first lines after the title */
+    const char *h1 = strstr(dom, "</h1>"), *line = strstr(dom, "<p class=\"headline rising beyond-noise\" id=\"accuracy-greedy\">");
+    assert_true(h1 && line && line > h1 && line - h1 < 64);
+    assert_non_null(strstr(line, "Held-out accuracy (greedy): 0.200 → 0.600 (change +0.400, ±0.126 = 2 SE of the "
+                                 "difference): <strong>rose</strong>, by more than the noise."));
+    assert_non_null(strstr(dom, "<p class=\"headline rising within-noise\" id=\"accuracy-sampled\">"));
+    assert_non_null(strstr(dom, "n = 100"));
+    /* the config: every key, the defaults marked */
+    assert_non_null(strstr(dom, "<tr class=\"set\"><td>steps</td><td class=\"text\">4</td><td>set</td></tr>"));
+    assert_non_null(strstr(dom, "<tr class=\"set\"><td>lr</td><td class=\"text\">0.0003</td><td>set</td></tr>"));
+    assert_non_null(strstr(dom, "<tr class=\"default\"><td>group_size</td><td class=\"text\">8</td><td>default</td></tr>"));
+    assert_non_null(strstr(dom, "<tr class=\"default\"><td>prompt.chat_template</td><td class=\"text\">\"none\"</td>"));
+    assert_non_null(strstr(dom, "<tr class=\"default\"><td>lora.rank</td><td class=\"text\">0</td>"));
+    assert_non_null(strstr(dom, "<tr class=\"default\"><td>roles.trainer</td><td class=\"text\">0</td>"));
+    assert_non_null(strstr(dom, "<tr><td>0</td><td>orchestrator, trainer, inference"));
+    /* resumed: marked, with its stop */
+    assert_non_null(strstr(dom, "<dd id=\"resumed\">resumed run: stopped 1 time; last resumed from step 2 at "
+                                "2023-11-14 23:13:20 UTC</dd>"));
+    assert_non_null(strstr(dom, "<tr class=\"resume\"><td>2</td><td>2023-11-14 22:13:20 UTC</td><td>40 s</td>"));
+    assert_non_null(strstr(dom, "<dd id=\"elapsed\">75 s (across its stops)</dd>"));
+    free(dom);
+    dom = browser_dom(down);
+    assert_non_null(dom);
+    line = strstr(dom, "<p class=\"headline falling beyond-noise\" id=\"accuracy-greedy\">");
+    assert_non_null(line);
+    assert_non_null(strstr(line, "0.500 → 0.300 (change -0.200, ±0.136 = 2 SE of the difference): "
+                                 "<strong>fell</strong>, by more than the noise."));
+    line = strstr(dom, "<p class=\"headline falling within-noise\" id=\"accuracy-sampled\">");
+    assert_non_null(line);
+    assert_non_null(strstr(line, "0.167 → 0.083 (change -0.084, ±0.268 = 2 SE of the difference): "
+                                 "<strong>fell</strong>, within the noise"));
+    assert_null(strstr(dom, "id=\"resumed\""));
+    free(dom);
+}
+
+/* train sft's "loss A -> B": means over the first and the last 10% of the
+ * steps (at least 1, at most 20), not one minibatch each. */
+static void test_sft_loss_window(void **state) {
+    (void)state;
+    vks_sft_loss_window w = {0};
+    int window;
+    double a, b;
+    vks_sft_loss_window_means(&w, &window, &a, &b);
+    assert_int_equal(window, 0);
+    assert_true(isnan(a) && isnan(b));
+    vks_sft_loss_window_add(&w, 5);
+    vks_sft_loss_window_means(&w, &window, &a, &b);
+    assert_true(window == 1 && a == 5 && b == 5);
+    for (int i = 1; i < 50; i++) vks_sft_loss_window_add(&w, 5 - 0.1 * i); /* 50 steps: 5.0 .. 0.1 */
+    vks_sft_loss_window_means(&w, &window, &a, &b);
+    assert_int_equal(window, 5);
+    assert_near(a, 5 - 0.1 * 2, 1e-12); /* 5.0 .. 4.6 */
+    assert_near(b, 0.1 + 0.1 * 2, 1e-12); /* 0.5 .. 0.1 */
+    memset(&w, 0, sizeof w);
+    for (int i = 0; i < 1000; i++) vks_sft_loss_window_add(&w, i % 2 ? 1.0 : 3.0 + (i < 500)); /* noisy */
+    vks_sft_loss_window_means(&w, &window, &a, &b);
+    assert_int_equal(window, 20);
+    assert_near(a, 2.5, 1e-12); /* (4 + 1 + 4 + 1 ...) / 20: the noise averaged out */
+    assert_near(b, 2.0, 1e-12);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
@@ -925,7 +1136,8 @@ int main(void) {
                                        cmocka_unit_test(test_group_queue), cmocka_unit_test(test_heldout_accuracy),
                                        cmocka_unit_test(test_clean_stop), cmocka_unit_test(test_report_escapes),
                                        cmocka_unit_test(test_lora_run), cmocka_unit_test(test_off_policy_kept),
-                                       cmocka_unit_test(test_versions_ring)};
+                                       cmocka_unit_test(test_versions_ring), cmocka_unit_test(test_report_in_browser),
+                                       cmocka_unit_test(test_sft_loss_window)};
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

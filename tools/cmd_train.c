@@ -229,8 +229,8 @@ int cmd_train(int argc, char **argv) {
     if (rc) return fail_freeing(rc, g, m, tok);
     if (r.overridden[0]) cli_note("train: --override: resumed with %s", r.overridden);
     cli_progress_end(&bar, r.stopped_at_step >= 0 ? (long)r.stopped_at_step : (long)a.o.steps, "steps");
-    fprintf(stderr, "vkswarm: train: loss %.4f -> %.4f%s\n", r.first_loss, r.last_loss,
-            r.resumed_from >= 0 ? " (resumed)" : "");
+    fprintf(stderr, "vkswarm: train: loss %.4f -> %.4f (mean of the first and of the last %d of %lld steps%s)\n",
+            r.first_loss, r.last_loss, r.loss_window, (long long)r.loss_steps, r.resumed_from >= 0 ? " since the resume" : "");
     print_memory(g, r.plan_bytes);
     cli_put_path_line("metrics", r.metrics_path);
     cli_put_path_line("plot", r.plot_path);

@@ -30,6 +30,9 @@ int vks_metrics_open(const char *dir, int64_t resume_step, vks_metrics **out);
 int vks_metrics_log(vks_metrics *m, int64_t step, const vks_metric *values, int n);
 /* Path of the metrics file. */
 const char *vks_metrics_path(const vks_metrics *m);
+/* The standard error of an accuracy p measured on n instances (binomial:
+ * sqrt(p (1 - p) / n)); NaN unless 0 <= p <= 1 and n >= 1. */
+double vks_binomial_se(double p, double n);
 /* Closes; an error when a buffered write failed. NULL is fine. */
 int vks_metrics_close(vks_metrics *m);
 

@@ -31,7 +31,10 @@ typedef struct {
     double reward;            /* mean task reward (0..1, before the length term) of every completion generated
                                * since the previous step (filtered groups included); NaN when none was */
     double trained_reward;    /* the same over the completions trained this step (groups with signal only) */
-    double accuracy;          /* held-out accuracy (fresh instances or the held-out set); NaN when not measured this step */
+    double accuracy;          /* held-out accuracy, greedy (fresh instances or the held-out set); NaN when not
+                               * measured this step */
+    double accuracy_sampled;  /* the same sampled at the run's temperature (one completion a task); NaN alike */
+    double accuracy_n;        /* the instances both were measured on (their standard error: vks_binomial_se) */
     double length;            /* mean completion tokens */
     double accept_rate;       /* verifier: accepted / checked completions so far (1 without a verifier) */
     double rollouts_per_s;    /* completions generated per second so far */
@@ -49,7 +52,7 @@ typedef struct {
     int64_t groups_filtered;  /* groups dropped so far for equal rewards (no signal) */
     int64_t rejected;         /* completions the verifier rejected so far */
     int64_t groups_stale;     /* useful groups beyond the async window, dropped so far */
-    double elapsed_s;
+    double elapsed_s;         /* since the run's start, across stops (metrics.jsonl's elapsed_s) */
 } vks_rl_progress;
 
 typedef struct {
@@ -146,7 +149,7 @@ typedef struct {
                                * final_checkpoint); -1: it ran config->steps steps */
     bool start_accuracy_stored; /* resumed: start_accuracy is the run's start's (step 0), as its checkpoint recorded */
     int64_t next_batch;       /* the rollout position at the end: generation batches started */
-    double elapsed_s;
+    double elapsed_s;         /* since the run's start; a resumed run's goes on from its checkpoint's */
 } vks_rl_result;
 
 /* What an RL run stores in each checkpoint beside the trainer's state (its

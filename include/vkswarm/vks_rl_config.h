@@ -115,6 +115,13 @@ void vks_rl_config_mark_given(vks_rl_config *c, const char *key);
  * given), reals exact: malloc'd text, NULL when out of memory. What an RL
  * run stores in its checkpoints (vks_rl.h) and vks_rl_config_parse reads. */
 char *vks_rl_config_to_json(const vks_rl_config *c);
+/* Every key of c for a listing (the run report): the keys of
+ * vks_rl_config_to_json in its order, objects flattened ("prompt.system",
+ * "lora.rank" also at rank 0, "roles.trainer" when roles were given, as
+ * vks_rl_config_check filled them otherwise), each value as JSON text and
+ * whether it is the default's (roles: not given). */
+typedef void (*vks_rl_config_visit)(void *ctx, const char *key, const char *value, bool is_default);
+int vks_rl_config_each(const vks_rl_config *c, vks_rl_config_visit fn, void *ctx);
 /* Reads JSON text (an object, as in a config file) over c; errors name `where`. */
 int vks_rl_config_parse(vks_rl_config *c, const char *json, const char *where);
 /* Resuming: c (defaults, then a config file and KEY=VALUE) over what the

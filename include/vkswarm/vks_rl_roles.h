@@ -166,6 +166,9 @@ int vks_rl_gen_show_prompt(const vks_rl_gen *g);
  * the rest left empty). The single-process inference thread (n_prompts: the
  * window's room) and an inference rank (mpi/rl_roles.c: all) both call it. */
 int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt);
+/* Task `index` of the run (task_index of a group): a built-in instance or a
+ * user task (its line in the task file in t->line). */
+int vks_rl_gen_task(const vks_rl_gen *g, int64_t index, vks_task *t);
 /* The sampler seed of generation batch `batch` (every batch has its own). */
 uint64_t vks_rl_batch_seed(const vks_rl_config *c, int64_t batch);
 /* Creates the run's OUT directory (config->out) and OUT/sub (either may exist)

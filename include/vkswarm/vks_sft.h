@@ -72,12 +72,27 @@ typedef struct {
     char final_checkpoint[4096];       /* LoRA: the adapter directory (PEFT's layout) */
     char metrics_path[4096];
     char plot_path[4096];
-    double first_loss, last_loss;
+    double first_loss, last_loss;      /* the mean loss of this run's first and last loss_window steps */
+    int loss_window;                   /* steps in each mean (vks_sft_loss_window_means) */
+    int64_t loss_steps;                /* this run's steps (a resumed run's since its resume) */
     int64_t resumed_from;              /* the step resumed from, -1 for a fresh run */
     int64_t stopped_at_step;           /* stop_requested ended the run after this step; -1: it ran all steps */
     char overridden[1024];             /* resumed with override: "KEY OLD -> NEW, ..." ("": nothing changed) */
     uint64_t plan_bytes;               /* the trainer's memory plan (vks_trainer_plan_bytes) */
 } vks_sft_result;
+
+/* The "loss A -> B" summary: the mean loss over the first and over the last
+ * window steps of a run, window = steps / 10 clamped to [1, 20] (one
+ * minibatch's loss is too noisy to compare). Add each step's loss in order. */
+#define VKS_SFT_LOSS_WINDOW_MAX 20
+typedef struct {
+    double first[VKS_SFT_LOSS_WINDOW_MAX]; /* the first losses */
+    double last[VKS_SFT_LOSS_WINDOW_MAX];  /* a ring of the newest */
+    int64_t n;
+} vks_sft_loss_window;
+void vks_sft_loss_window_add(vks_sft_loss_window *w, double loss);
+/* *window steps (0 and NaN means when none was added). */
+void vks_sft_loss_window_means(const vks_sft_loss_window *w, int *window, double *first, double *last);
 
 /* Runs the whole training; every error names the file or step. */
 int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r);

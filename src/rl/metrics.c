@@ -160,6 +160,11 @@ int vks_metrics_log(vks_metrics *m, int64_t step, const vks_metric *values, int 
 
 const char *vks_metrics_path(const vks_metrics *m) { return m ? m->path : NULL; }
 
+double vks_binomial_se(double p, double n) {
+    if (!(p >= 0 && p <= 1 && n >= 1 && isfinite(n))) return NAN;
+    return sqrt(p * (1 - p) / n);
+}
+
 int vks_metrics_close(vks_metrics *m) {
     if (!m) return VKS_OK;
     int rc = VKS_OK;

@@ -1,9 +1,13 @@
 /* report.c: the RL run's report, OUT/report.html (rl_internal.h): one
  * self-contained page (inline CSS, SVG and a few lines of script; nothing
- * loaded from anywhere) rebuilt at every checkpoint and at the end of a run.
- * It shows the curves of metrics.jsonl (raw points faint, an exponential
- * moving average over them; held-out accuracy with its standard error), the
- * timeline, every inference and verifier rank (throughput, state, why it was
+ * loaded from anywhere) rebuilt after every trainer step and at the end of a
+ * run. First whether the run helped: held-out accuracy (greedy and sampled)
+ * start -> final with the change against twice the standard error of the
+ * difference, a fall shown as one (word, class, colour). Then the run
+ * (model and hash, tasks, ranks and roles, stops and resumes, every config
+ * key with defaults marked), the curves of metrics.jsonl (raw points faint,
+ * an exponential moving average over them; held-out accuracy with its
+ * standard error), the timeline, every inference and verifier rank (throughput, state, why it was
  * dropped), sample completions per step and the verifier's rejections (the
  * rejected.jsonl files of OUT/rollouts*). Every string from a file, a task or
  * the model is escaped: control bytes and invalid UTF-8 as \xHH, then the
@@ -55,7 +59,8 @@ static void put_str(FILE *f, const char *s) { put_html(f, s ? s : "", s ? strlen
 /* ---- sample completions ---- */
 
 void vks_rl_report_samples_free(vks_rl_report_samples *s) {
-    for (int i = 0; s->ring && i < VKS_RL_REPORT_SAMPLES; i++) free(s->ring[i].prompt), free(s->ring[i].completion);
+    for (int i = 0; s->ring && i < VKS_RL_REPORT_SAMPLES; i++)
+        free(s->ring[i].prompt), free(s->ring[i].completion), free(s->ring[i].answer);
     free(s->ring);
     *s = (vks_rl_report_samples){0};
 }
@@ -69,36 +74,43 @@ static char *decode(const struct vks_tokenizer *tok, const int32_t *ids, int n) 
     return text;
 }
 
-static int keep_sample(vks_rl_report_samples *s, const struct vks_tokenizer *tok, int64_t step,
-                       const vks_rl_batch_group *g, const vks_rl_sample *x) {
+/* task: its expected answer and (user tasks, line > 0) its line; NULL: not known. */
+static int keep_sample(vks_rl_report_samples *s, const struct vks_tokenizer *tok, const char *answer, int64_t line,
+                       int64_t step, const vks_rl_batch_group *g, const vks_rl_sample *x) {
     if (!s->ring && !(s->ring = calloc(VKS_RL_REPORT_SAMPLES, sizeof *s->ring)))
         return vks_set_error(VKS_ERR_NOMEM, "rl: report: out of host memory");
     vks_rl_report_sample *e = &s->ring[s->next];
-    free(e->prompt), free(e->completion);
+    free(e->prompt), free(e->completion), free(e->answer);
     *e = (vks_rl_report_sample){.step = step, .task_index = g->task_index, .policy_step = g->policy_step,
+                                .line = line,
                                 .task_reward = x->task_reward, .reward = x->reward, .advantage = x->advantage,
                                 .status = !x->accepted ? VKS_RL_SAMPLE_REJECTED
                                           : x->logp_far ? VKS_RL_SAMPLE_LOGP_FAR : VKS_RL_SAMPLE_TRAINED};
     e->prompt = decode(tok, x->tokens, x->prompt_len);
     e->completion = decode(tok, x->tokens + x->prompt_len, x->completion_len);
+    e->answer = answer ? strdup(answer) : NULL;
     s->next = (s->next + 1) % VKS_RL_REPORT_SAMPLES;
     if (s->len < VKS_RL_REPORT_SAMPLES) s->len++;
     return VKS_OK;
 }
 
-int vks_rl_report_capture(vks_rl_report_samples *s, const struct vks_tokenizer *tok, int64_t step,
-                          const vks_rl_batch_group *groups, int n_groups) {
+int vks_rl_report_capture(vks_rl_report_samples *s, const struct vks_tokenizer *tok, const vks_rl_gen *gen,
+                          int64_t step, const vks_rl_batch_group *groups, int n_groups) {
     int rc = VKS_OK;
     for (int gi = 0, kept = 0; !rc && gi < n_groups && kept < 2; gi++) {
         const vks_rl_batch_group *g = &groups[gi];
         if (g->n < 1) continue;
+        vks_task t;
+        bool known = gen && vks_rl_gen_task(gen, g->task_index, &t) == VKS_OK;
+        const char *answer = known ? t.answer : NULL;
+        int64_t line = known && gen->tasks ? t.line : 0;
         int best = 0, worst = 0;
         for (int i = 1; i < g->n; i++) {
             if (g->samples[i].reward > g->samples[best].reward) best = i;
             if (g->samples[i].reward < g->samples[worst].reward) worst = i;
         }
-        rc = keep_sample(s, tok, step, g, &g->samples[best]);
-        if (!rc && worst != best) rc = keep_sample(s, tok, step, g, &g->samples[worst]);
+        rc = keep_sample(s, tok, answer, line, step, g, &g->samples[best]);
+        if (!rc && worst != best) rc = keep_sample(s, tok, answer, line, step, g, &g->samples[worst]);
         kept++;
     }
     return rc;
@@ -124,55 +136,206 @@ static const curve curves[] = {
 };
 #define N_CURVES ((int)(sizeof curves / sizeof curves[0]))
 
+/* metrics.jsonl's keys the report reads: the curves', then these. */
+enum { K_N = N_CURVES, K_SE, K_SAMPLED, K_SAMPLED_SE, K_SAMPLED_N, N_KEYS };
+static const char *const extra_keys[] = {"accuracy_n", "accuracy_se", "accuracy_sampled", "accuracy_sampled_se",
+                                         "accuracy_sampled_n"};
+
+/* An accuracy's standard error at row i: as logged, else from its n (older metrics files). */
+static double row_se(const vks_metric_series *s, int value, int se, int n, int64_t i) {
+    double e = s->y[se][i];
+    return isfinite(e) ? e : vks_binomial_se(s->y[value][i], s->y[n][i]);
+}
+
 /* One curve: the finite points faint, the bias-corrected EMA over them; the
- * accuracy as points with error bars sqrt(a (1 - a) / n) instead. */
-static int put_curve(FILE *f, const curve *cv, const double *steps, const double *y, const double *acc_n, int64_t n) {
-    double *x = malloc(sizeof *x * (size_t)(n + 1)), *raw = malloc(sizeof *raw * (size_t)(n + 1));
-    double *ema = malloc(sizeof *ema * (size_t)(n + 1)), *err = malloc(sizeof *err * (size_t)(n + 1));
-    if (!x || !raw || !ema || !err) {
-        free(x), free(raw), free(ema), free(err);
-        return vks_set_error(VKS_ERR_NOMEM, "rl: report: out of host memory");
-    }
-    int64_t m = 0;
-    double s = 0, w = 0;
-    bool accuracy = !strcmp(cv->key, "accuracy");
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(y[i]) || !isfinite(steps[i])) continue;
-        x[m] = steps[i], raw[m] = y[i];
-        s = REPORT_EMA * s + (1 - REPORT_EMA) * y[i], w = REPORT_EMA * w + (1 - REPORT_EMA);
-        ema[m] = s / w;
-        double k = acc_n ? acc_n[i] : NAN;
-        err[m] = accuracy && isfinite(k) && k >= 1 && y[i] >= 0 && y[i] <= 1 ? sqrt(y[i] * (1 - y[i]) / k) : 0;
+ * accuracy (greedy, and sampled when measured) as points with error bars of
+ * one standard error instead. */
+static int put_curve(FILE *f, const curve *cv, const vks_metric_series *s, int k) {
+    int64_t n = s->n;
+    size_t sz = sizeof(double) * (size_t)(n + 1);
+    double *x = malloc(sz), *raw = malloc(sz), *ema = malloc(sz), *err = malloc(sz);
+    double *xs = malloc(sz), *ys = malloc(sz), *es = malloc(sz);
+    int rc = VKS_OK;
+    if (!x || !raw || !ema || !err || !xs || !ys || !es) rc = vks_set_error(VKS_ERR_NOMEM, "rl: report: out of host memory");
+    int64_t m = 0, ms = 0;
+    double sm = 0, w = 0;
+    bool accuracy = k == 1;
+    for (int64_t i = 0; !rc && i < n; i++) {
+        double y = s->y[k][i], ysam = accuracy ? s->y[K_SAMPLED][i] : NAN;
+        if (isfinite(ysam) && isfinite(s->x[i])) {
+            xs[ms] = s->x[i], ys[ms] = ysam;
+            es[ms] = row_se(s, K_SAMPLED, K_SAMPLED_SE, K_SAMPLED_N, i);
+            if (!isfinite(es[ms])) es[ms] = vks_binomial_se(ysam, s->y[K_N][i]);
+            if (!isfinite(es[ms])) es[ms] = 0;
+            ms++;
+        }
+        if (!isfinite(y) || !isfinite(s->x[i])) continue;
+        x[m] = s->x[i], raw[m] = y;
+        sm = REPORT_EMA * sm + (1 - REPORT_EMA) * y, w = REPORT_EMA * w + (1 - REPORT_EMA);
+        ema[m] = sm / w;
+        err[m] = accuracy ? row_se(s, 1, K_SE, K_N, i) : 0;
+        if (!isfinite(err[m])) err[m] = 0;
         m++;
     }
     vks_plot_series ps[2];
     int n_ps = 0;
-    if (accuracy) ps[n_ps++] = (vks_plot_series){.name = "accuracy", .x = x, .y = raw, .n = m, .err = err, .color = "#9467bd"};
-    else {
+    if (accuracy) {
+        ps[n_ps++] = (vks_plot_series){.name = "greedy", .x = x, .y = raw, .n = m, .err = err, .color = "#9467bd"};
+        if (ms) ps[n_ps++] = (vks_plot_series){.name = "sampled", .x = xs, .y = ys, .n = ms, .err = es, .color = "#ff7f0e"};
+    } else {
         ps[n_ps++] = (vks_plot_series){.x = x, .y = raw, .n = m, .color = "#1f77b4", .opacity = 0.3};
         ps[n_ps++] = (vks_plot_series){.name = "EMA 0.8", .x = x, .y = ema, .n = m, .color = "#1f77b4"};
     }
     vks_plot p = {.title = cv->title, .x_label = "step", .series = ps, .n_series = n_ps, .width = 440, .height = 260};
-    fprintf(f, "<figure class=\"curve\" data-key=\"%s\">\n", cv->key);
-    int rc = vks_plot_svg_to(f, &p);
-    fputs("</figure>\n", f);
-    free(x), free(raw), free(ema), free(err);
+    if (!rc) {
+        fprintf(f, "<figure class=\"curve\" data-key=\"%s\">\n", cv->key);
+        rc = vks_plot_svg_to(f, &p);
+        fputs("</figure>\n", f);
+    }
+    free(x), free(raw), free(ema), free(err), free(xs), free(ys), free(es);
     return rc;
 }
 
-static int put_curves(FILE *f, const char *metrics_path) {
-    const char *keys[N_CURVES + 1];
-    for (int k = 0; k < N_CURVES; k++) keys[k] = curves[k].key;
-    keys[N_CURVES] = "accuracy_n";
-    vks_metric_series *s = NULL;
-    int rc = vks_metrics_read(metrics_path, keys, N_CURVES + 1, &s);
-    if (rc) return rc;
+static int put_curves(FILE *f, const vks_metric_series *s) {
     fputs("<section id=\"curves\"><h2>Curves</h2>\n<p class=\"note\">Faint: the value at each step; line: its "
           "exponential moving average (0.8). Source: metrics.jsonl.</p>\n",
           f);
-    for (int k = 0; !rc && k < N_CURVES; k++) rc = put_curve(f, &curves[k], s->x, s->y[k], s->y[N_CURVES], s->n);
+    int rc = VKS_OK;
+    for (int k = 0; !rc && k < N_CURVES; k++) rc = put_curve(f, &curves[k], s, k);
     fputs("</section>\n", f);
-    vks_metric_series_free(s);
+    return rc;
+}
+
+/* ---- did it help: held-out accuracy, start -> final ---- */
+
+vks_rl_accuracy_change vks_rl_accuracy_compare(double a0, double se0, double a1, double se1) {
+    vks_rl_accuracy_change c = {.change = a1 - a0, .noise2 = 2 * sqrt(se0 * se0 + se1 * se1)};
+    if (!isfinite(c.change) || !isfinite(c.noise2)) return (vks_rl_accuracy_change){NAN, NAN, 0};
+    c.verdict = c.change > c.noise2 ? 1 : c.change < -c.noise2 ? -1 : 0;
+    return c;
+}
+
+/* One line: the first and the last evaluation of `value` (with its standard
+ * error and n), the change, 2 SE of the difference, and the words. */
+static void put_accuracy_line(FILE *f, const vks_metric_series *s, const char *what, int value, int se, int nk, bool final) {
+    int64_t first = -1, last = -1;
+    for (int64_t i = 0; i < s->n; i++)
+        if (isfinite(s->y[value][i])) last = i, first = first < 0 ? i : first;
+    fprintf(f, "<p class=\"headline");
+    if (first < 0) {
+        fprintf(f, " unmeasured\" id=\"accuracy-%s\">Held-out accuracy (%s): not measured (eval_n 0, or a task file "
+                "without a held-out set: eval_split or eval_tasks).</p>\n", what, what);
+        return;
+    }
+    double a0 = s->y[value][first], a1 = s->y[value][last];
+    double e0 = row_se(s, value, se, nk, first), e1 = row_se(s, value, se, nk, last);
+    double n0 = isfinite(s->y[nk][first]) ? s->y[nk][first] : s->y[K_N][first];
+    double n1 = isfinite(s->y[nk][last]) ? s->y[nk][last] : s->y[K_N][last];
+    if (last == first) {
+        fprintf(f, " unmeasured\" id=\"accuracy-%s\">Held-out accuracy (%s): %.3f &plusmn; %.3f (SE, n = %.0f) at step "
+                "%.0f; not measured since.</p>\n", what, what, a0, e0, n0, s->x[first]);
+        return;
+    }
+    vks_rl_accuracy_change c = vks_rl_accuracy_compare(a0, e0, a1, e1);
+    const char *dir = c.change > 0 ? "rising" : c.change < 0 ? "falling" : "unchanged";
+    const char *word = c.change > 0 ? "rose" : c.change < 0 ? "fell" : "did not change";
+    bool beyond = c.verdict != 0;
+    fprintf(f, " %s %s\" id=\"accuracy-%s\">Held-out accuracy (%s): %.3f &rarr; %.3f (change %+.3f, &plusmn;%.3f = 2 SE "
+            "of the difference): <strong>%s</strong>, %s.<br><span class=\"note\">start: step %.0f, %.3f &plusmn; "
+            "%.3f (SE, n = %.0f); %s: step %.0f, %.3f &plusmn; %.3f (SE, n = %.0f).</span></p>\n",
+            dir, beyond ? "beyond-noise" : "within-noise", what, what, a0, a1, c.change, c.noise2, word,
+            beyond ? "by more than the noise" : "within the noise (not a measured change)", s->x[first], a0, e0, n0,
+            final ? "final" : "latest", s->x[last], a1, e1, n1);
+}
+
+static void put_headline(FILE *f, const vks_metric_series *s, bool final) {
+    fputs("<section id=\"headline\">\n", f);
+    put_accuracy_line(f, s, "greedy", 1, K_SE, K_N, final);
+    bool sampled = false;
+    for (int64_t i = 0; i < s->n && !sampled; i++) sampled = isfinite(s->y[K_SAMPLED][i]);
+    if (sampled) put_accuracy_line(f, s, "sampled", K_SAMPLED, K_SAMPLED_SE, K_SAMPLED_N, final);
+    fputs("</section>\n", f);
+}
+
+/* ---- the run: model, tasks, ranks and roles, stops, config ---- */
+
+static void put_config_key(void *ctx, const char *key, const char *value, bool is_default) {
+    FILE *f = ctx;
+    fprintf(f, "<tr class=\"%s\"><td>", is_default ? "default" : "set");
+    put_str(f, key);
+    fputs("</td><td class=\"text\">", f);
+    put_str(f, value);
+    fprintf(f, "</td><td>%s</td></tr>\n", is_default ? "default" : "set");
+}
+
+static void put_roles(FILE *f, const vks_rl_config *c) {
+    fputs("<table id=\"roles\"><thead><tr><th>rank</th><th>roles</th></tr></thead><tbody>\n", f);
+    static const struct {
+        int bit;
+        const char *name;
+    } names[] = {{VKS_RL_ROLE_ORCHESTRATOR, "orchestrator"}, {VKS_RL_ROLE_TRAINER, "trainer"},
+                 {VKS_RL_ROLE_INFERENCE, "inference"}, {VKS_RL_ROLE_VERIFIER, "verifier"}, {VKS_RL_ROLE_RELAY, "relay"}};
+    int n = vks_rl_config_ranks_named(c);
+    for (int r = 0; r < n && r < VKS_RL_MAX_RANK_STATUS; r++) {
+        int roles = vks_rl_config_roles_of(c, r);
+        fprintf(f, "<tr><td>%d</td><td>", r);
+        for (int i = 0, any = 0; i < 5; i++)
+            if (roles & names[i].bit) fprintf(f, "%s%s", any++ ? ", " : "", names[i].name);
+        fputs(c->roles_given ? "" : " (one process: inference on a thread of its own)", f);
+        fputs("</td></tr>\n", f);
+    }
+    fputs("</tbody></table>\n", f);
+}
+
+static void utc(double unix_s, char *out, size_t cap) {
+    time_t t = (time_t)unix_s;
+    struct tm tm;
+    out[0] = 0;
+    if (isfinite(unix_s) && gmtime_r(&t, &tm)) strftime(out, cap, "%Y-%m-%d %H:%M:%S UTC", &tm);
+}
+
+static void put_resumes(FILE *f, const vks_rl_report *rep) {
+    if (!rep->n_resumes) return;
+    fputs("<h3>Stops and resumes</h3>\n<table id=\"resumes\"><thead><tr><th>stopped after step</th><th>checkpoint saved"
+          "</th><th>elapsed then</th><th>resumed</th></tr></thead><tbody>\n",
+          f);
+    for (int i = 0; i < rep->n_resumes; i++) {
+        const vks_rl_resume *x = &rep->resumes[i];
+        char a[64], b[64];
+        utc(x->stopped_unix, a, sizeof a), utc(x->resumed_unix, b, sizeof b);
+        fprintf(f, "<tr class=\"resume\"><td>%lld</td><td>%s</td><td>%.0f s</td><td>%s</td></tr>\n", (long long)x->step, a,
+                x->elapsed_s, b);
+    }
+    fputs("</tbody></table>\n<p class=\"note\">Elapsed time goes on across a stop: the time between a stop and its "
+          "resume is not counted.</p>\n",
+          f);
+}
+
+static void put_run(FILE *f, const vks_rl_report *rep) {
+    fputs("<section id=\"run\"><h2>The run</h2>\n<dl class=\"summary\"><dt>model</dt><dd id=\"model\">", f);
+    put_str(f, rep->model && rep->model[0] ? rep->model : "--init tiny (made from the seed)");
+    fputs("</dd><dt>model hash</dt><dd id=\"model-hash\">", f);
+    put_str(f, rep->model_hash && rep->model_hash[0] ? rep->model_hash : "(not known)");
+    fputs("</dd><dt>tasks</dt><dd id=\"task-set\">", f);
+    put_str(f, rep->task_set ? rep->task_set : rep->task);
+    fputs("</dd></dl>\n", f);
+    if (rep->config) {
+        fputs("<h3>Ranks and roles</h3>\n", f);
+        put_roles(f, rep->config);
+    }
+    put_resumes(f, rep);
+    if (rep->config) fputs("<p class=\"note\">Its config: <a href=\"#config-section\">at the end</a>.</p>\n", f);
+    fputs("</section>\n", f);
+}
+
+static int put_config(FILE *f, const vks_rl_report *rep) {
+    if (!rep->config) return VKS_OK;
+    fputs("<section id=\"config-section\"><h2>Config</h2>\n<p class=\"note\">Every key; those at their default value "
+          "are marked <em>default</em> (greyed).</p>\n<table id=\"config\"><thead><tr><th>key</th><th>value</th><th></th>"
+          "</tr></thead><tbody>\n",
+          f);
+    int rc = vks_rl_config_each(rep->config, put_config_key, f);
+    fputs("</tbody></table></section>\n", f);
     return rc;
 }
 
@@ -217,15 +380,18 @@ static void put_samples(FILE *f, const vks_rl_report_samples *s) {
           "reward completion of its first two groups (the newest steps; text escaped, control bytes as \\xHH). "
           "<label>Filter: <input id=\"sample-filter\" type=\"search\"></label></p>\n"
           "<table id=\"samples\"><thead><tr><th>step</th><th>task</th><th>policy</th><th>prompt</th><th>completion</th>"
-          "<th>reward</th><th>advantage</th><th>status</th></tr></thead><tbody>\n",
+          "<th>expected</th><th>reward</th><th>advantage</th><th>status</th></tr></thead><tbody>\n",
           f);
     for (int k = 0; s->ring && k < s->len; k++) { /* newest first */
         const vks_rl_report_sample *e = &s->ring[(s->next - 1 - k + 2 * VKS_RL_REPORT_SAMPLES) % VKS_RL_REPORT_SAMPLES];
-        fprintf(f, "<tr><td>%lld</td><td>%lld</td><td>%lld</td><td class=\"text\">", (long long)e->step,
-                (long long)e->task_index, (long long)e->policy_step);
+        fprintf(f, "<tr><td>%lld</td><td>%lld", (long long)e->step, (long long)e->task_index);
+        if (e->line > 0) fprintf(f, " (line %lld)", (long long)e->line);
+        fprintf(f, "</td><td>%lld</td><td class=\"text\">", (long long)e->policy_step);
         put_str(f, e->prompt ? e->prompt : "(not decodable)");
         fputs("</td><td class=\"text\">", f);
         put_str(f, e->completion ? e->completion : "(not decodable)");
+        fputs("</td><td class=\"text expected\">", f);
+        put_str(f, e->answer ? e->answer : "(not known)");
         fprintf(f, "</td><td>%.3f (task %.3f)</td><td>%.3f</td><td>%s</td></tr>\n", e->reward, e->task_reward,
                 e->advantage, sample_status(e->status));
     }
@@ -313,20 +479,32 @@ static const char page_head[] =
     "max-height:12em;overflow:auto}\n"
     "tr.dropped td,tr.refused td{background:#fde8e8}\n#js-errors{color:#b00;white-space:pre-wrap}\n"
     "dl.summary{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dl.summary dd{margin:0}\n"
+    "p.headline{font-size:1.1em;padding:4px 8px;border-left:6px solid #999;margin:4px 0}\n"
+    "p.headline.rising.beyond-noise{border-color:#2ca02c;background:#eaf6ea}\n"
+    "p.headline.falling{border-color:#d62728;color:#8b0000}p.headline.falling.beyond-noise{background:#fde8e8}\n"
+    "tr.default td{color:#888}tr.resume td{background:#fff6df}\n"
     "</style></head>\n";
 
-static void put_summary(FILE *f, const vks_rl_report *rep) {
+static void put_summary(FILE *f, const vks_rl_report *rep, const vks_metric_series *s) {
     char when[64] = "";
-    time_t now = time(NULL);
-    struct tm tm;
-    if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    utc((double)time(NULL), when, sizeof when);
     fputs("<body>\n<pre id=\"js-errors\" hidden></pre>\n<h1>vkswarm RL run: ", f);
     put_str(f, rep->task);
-    fputs("</h1>\n<dl class=\"summary\"><dt>task</dt><dd>", f);
+    fputs("</h1>\n", f);
+    put_headline(f, s, rep->final);
+    fputs("<dl class=\"summary\"><dt>task</dt><dd>", f);
     put_str(f, rep->task);
-    fprintf(f, "</dd><dt>step</dt><dd id=\"step\">%lld of %lld%s</dd><dt>elapsed</dt><dd>%.0f s</dd>", (long long)rep->step,
-            (long long)rep->steps, rep->final ? " (the run ended)" : " (in progress: rebuilt at each checkpoint)",
-            rep->elapsed_s);
+    fprintf(f, "</dd><dt>step</dt><dd id=\"step\">%lld of %lld%s</dd><dt>elapsed</dt><dd id=\"elapsed\">%.0f s%s</dd>",
+            (long long)rep->step, (long long)rep->steps,
+            rep->final ? " (the run ended)" : " (in progress: rebuilt at each step)", rep->elapsed_s,
+            rep->n_resumes ? " (across its stops)" : "");
+    if (rep->n_resumes) {
+        const vks_rl_resume *x = &rep->resumes[rep->n_resumes - 1];
+        char b[64];
+        utc(x->resumed_unix, b, sizeof b);
+        fprintf(f, "<dt>resumed</dt><dd id=\"resumed\">resumed run: stopped %d time%s; last resumed from step %lld at %s"
+                "</dd>", rep->n_resumes, rep->n_resumes > 1 ? "s" : "", (long long)x->step, b);
+    }
     fprintf(f, "<dt>rollouts</dt><dd>%lld generated, %lld checked by a verifier: %lld accepted, %lld rejected</dd>",
             (long long)rep->totals.rollouts, (long long)rep->totals.checked, (long long)rep->totals.accepted,
             (long long)rep->totals.rejected);
@@ -348,12 +526,20 @@ static const char page_tail[] =
     "})();\n</script>\n</body></html>\n";
 
 static int write_page(FILE *f, const char *out_dir, const vks_rl_report *rep) {
+    const char *keys[N_KEYS];
+    for (int k = 0; k < N_CURVES; k++) keys[k] = curves[k].key;
+    for (int k = N_CURVES; k < N_KEYS; k++) keys[k] = extra_keys[k - N_CURVES];
+    vks_metric_series *s = NULL;
+    int rc = vks_metrics_read(rep->metrics_path, keys, N_KEYS, &s);
+    if (rc) return rc;
     fputs(page_head, f);
-    put_summary(f, rep);
+    put_summary(f, rep, s);
     fputs("<p class=\"note\"><span id=\"curve-count\"></span> curves, <span id=\"sample-count\"></span> sample "
           "completions shown.</p>\n",
           f);
-    int rc = put_curves(f, rep->metrics_path);
+    put_run(f, rep);
+    rc = put_curves(f, s);
+    vks_metric_series_free(s);
     if (!rc && rep->trainer) {
         fputs("<section id=\"timeline\"><h2>Timeline</h2>\n", f);
         if (rep->across_ranks) fputs("<p class=\"note\">The trainer's row (inference runs on other ranks).</p>\n", f);
@@ -366,8 +552,9 @@ static int write_page(FILE *f, const char *out_dir, const vks_rl_report *rep) {
     put_ranks(f, rep);
     put_samples(f, rep->samples);
     put_rejected(f, out_dir);
+    rc = put_config(f, rep);
     fputs(page_tail, f);
-    return VKS_OK;
+    return rc;
 }
 
 int vks_rl_report_write(const char *out_dir, const vks_rl_report *rep) {

@@ -468,7 +468,7 @@ static json_t *config_object(const vks_rl_config *c) {
                             json_pack("{s:s, s:s, s:s, s:s, s:b}", "chat_template", c->prompt.chat_template, "system",
                                       c->prompt.system, "user_template", c->prompt.user_template, "think_template",
                                       c->prompt.think_template, "think", !c->prompt.no_think));
-    if (o && c->lora_rank > 0) { /* only then: full fine-tuning's stored configs stay as they were */
+    if (o && c->lora_rank != 0) { /* only then: full fine-tuning's stored configs stay as they were (< 0: listed) */
         char targets[96] = "";
         for (int t = 0; t < VKS_LORA_TARGET_COUNT; t++)
             if (c->lora_targets & (1u << t))
@@ -491,6 +491,55 @@ static json_t *config_object(const vks_rl_config *c) {
 
 static char *dump(const json_t *o) {
     return o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17)) : NULL;
+}
+
+/* One key for vks_rl_config_each: its value's JSON text and whether the default's is the same. */
+static void value_text(const json_t *v, char *buf, size_t cap);
+
+static int visit_key(const char *key, const json_t *v, const json_t *d, vks_rl_config_visit fn, void *ctx) {
+    char text[4200];
+    value_text(v, text, sizeof text);
+    fn(ctx, key, text, d && json_equal(v, d));
+    return VKS_OK;
+}
+
+int vks_rl_config_each(const vks_rl_config *c, vks_rl_config_visit fn, void *ctx) {
+    if (!c || !fn) return vks_set_error(VKS_ERR_ARG, "vks_rl_config_each: NULL argument");
+    vks_rl_config *d = malloc(sizeof *d), *full = malloc(sizeof *full);
+    if (d) vks_rl_config_defaults(d);
+    if (full) { /* lora's and the roles' keys listed too */
+        *full = *c;
+        full->lora_rank = c->lora_rank ? c->lora_rank : -1;
+        full->roles_given = true;
+    }
+    json_t *mine = full ? config_object(full) : NULL, *def = NULL;
+    if (d) d->lora_rank = -1, def = config_object(d);
+    int rc = mine && def ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "config: out of host memory");
+    json_t *lora = json_object_get(mine, "lora");
+    if (lora && c->lora_rank == 0) json_object_set_new(lora, "rank", json_integer(0));
+    json_t *dl = json_object_get(def, "lora");
+    if (dl) json_object_set_new(dl, "rank", json_integer(0));
+    const char *k;
+    json_t *v;
+    json_object_foreach(mine, k, v) {
+        json_t *dv = json_object_get(def, k);
+        if (rc || !json_is_object(v)) {
+            if (!rc) rc = visit_key(k, v, dv, fn, ctx);
+            continue;
+        }
+        const char *k2;
+        json_t *v2;
+        json_object_foreach(v, k2, v2) {
+            char name[128];
+            snprintf(name, sizeof name, "%s.%s", k, k2);
+            /* roles: the default is every role on rank 0 (none given) */
+            const json_t *d2 = !strcmp(k, "roles") ? (c->roles_given ? NULL : v2) : json_object_get(dv, k2);
+            if (!rc) rc = visit_key(name, v2, d2, fn, ctx);
+        }
+    }
+    json_decref(mine), json_decref(def);
+    free(d), free(full);
+    return rc;
 }
 
 char *vks_rl_config_to_json(const vks_rl_config *c) {

@@ -142,9 +142,11 @@ int vks_rl_timeline_write_to(FILE *f, const vks_rl_timeline *trainer, const vks_
 enum { VKS_RL_SAMPLE_TRAINED, VKS_RL_SAMPLE_LOGP_FAR, VKS_RL_SAMPLE_REJECTED };
 typedef struct {
     int64_t step, task_index, policy_step;
+    int64_t line;             /* the task's line in its task file (0: a built-in task's instance) */
     double task_reward, reward, advantage;
     int status;               /* VKS_RL_SAMPLE_* */
     char *prompt, *completion; /* decoded (malloc'd; NULL: not decodable), cut to 2 KiB */
+    char *answer;             /* the task's expected answer (malloc'd; NULL: not known) */
 } vks_rl_report_sample;
 #define VKS_RL_REPORT_SAMPLES 200 /* the newest kept (4 a step: the last 50 steps) */
 typedef struct {
@@ -152,17 +154,42 @@ typedef struct {
     int next, len;
 } vks_rl_report_samples;
 /* Keeps step's samples for the report: of the first two groups with
- * completions, the highest- and lowest-reward one each. */
-int vks_rl_report_capture(vks_rl_report_samples *s, const struct vks_tokenizer *tok, int64_t step,
-                          const vks_rl_batch_group *groups, int n_groups);
+ * completions, the highest- and lowest-reward one each, with their task's
+ * expected answer and line (from gen's tasks; gen NULL: not known). */
+int vks_rl_report_capture(vks_rl_report_samples *s, const struct vks_tokenizer *tok, const vks_rl_gen *gen,
+                          int64_t step, const vks_rl_batch_group *groups, int n_groups);
 void vks_rl_report_samples_free(vks_rl_report_samples *s);
+
+/* A resumed run's stop: the checkpoint it went on from (its step, when it
+ * was saved, the run's elapsed seconds then) and when the run went on. */
+typedef struct {
+    int64_t step;
+    double stopped_unix, resumed_unix, elapsed_s;
+} vks_rl_resume;
+#define VKS_RL_MAX_RESUMES 32 /* the newest kept in checkpoints and shown */
+
+/* The held-out accuracy's comparison, start -> final: the change, twice the
+ * standard error of the difference (sqrt(se0^2 + se1^2), the two
+ * measurements taken as independent) and its verdict: +1 rose, -1 fell by
+ * more than that, 0 within it; NaN (verdict 0) when either is not known. */
+typedef struct {
+    double change, noise2;
+    int verdict;
+} vks_rl_accuracy_change;
+vks_rl_accuracy_change vks_rl_accuracy_compare(double a0, double se0, double a1, double se1);
 
 typedef struct {
     const char *task;
     int64_t step, steps;
-    bool final;               /* the run ended (else: a checkpoint's) */
+    bool final;               /* the run ended (else: after a step) */
     bool across_ranks;        /* inference runs on other ranks */
-    double elapsed_s;
+    double elapsed_s;         /* since the run's start, across stops */
+    const vks_rl_config *config; /* the table of keys (NULL: none) */
+    const char *model;        /* the start model's path ("": --init tiny) and hash (hex; "" not known) */
+    const char *model_hash;
+    const char *task_set;     /* what the run trains and evaluates on, in words */
+    const vks_rl_resume *resumes; /* a resumed run's stops, oldest first */
+    int n_resumes;
     const char *metrics_path; /* the curves */
     const vks_rl_timeline *trainer, *inference; /* inference NULL: the trainer's row only */
     int last_n;               /* trainer steps the timeline shows */
@@ -171,7 +198,9 @@ typedef struct {
     int n_ranks;
     vks_rl_counters totals;
 } vks_rl_report;
-/* Writes out_dir/report.html (temporary name, renamed): the summary, the
+/* Writes out_dir/report.html (temporary name, renamed): the held-out
+ * accuracy start -> final (metrics_path's first and last evaluation), the
+ * summary, the run (config, model, tasks, ranks and roles, stops), the
  * curves of metrics_path, the timeline, the ranks, the samples and the
  * verifier's rejections (out_dir/rollouts*\/rejected.jsonl). */
 int vks_rl_report_write(const char *out_dir, const vks_rl_report *rep);

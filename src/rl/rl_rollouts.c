@@ -75,6 +75,12 @@ static int make_task(const vks_rl_gen *g, int64_t index, vks_task *t, int *targe
     return VKS_OK;
 }
 
+int vks_rl_gen_task(const vks_rl_gen *g, int64_t index, vks_task *t) {
+    int target;
+    if (!g || !t || index < 0 || (g->tasks && g->n_tasks < 1)) return vks_set_error(VKS_ERR_ARG, "vks_rl_gen_task: bad argument");
+    return make_task(g, index, t, &target);
+}
+
 /* The prompt of task t with its target, rendered in the run's prompt format
  * (vks_prompt.h): what generation feeds and every check compares against. */
 static int tokenize_prompt(const vks_rl_gen *g, const vks_task *t, int target, int32_t **ids, int *n) {

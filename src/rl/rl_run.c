@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_metrics.h"
@@ -67,8 +68,16 @@ typedef struct {
                                   * counts on from them); zero otherwise */
     bool counted_stored;
     vks_rl_report_samples samples; /* for OUT/report.html */
-    double eval_n_last;          /* tasks the last evaluation scored (the accuracy's standard error) */
+    /* for OUT/report.html */
+    double elapsed_before;       /* a resumed run: the elapsed seconds its checkpoint recorded */
+    vks_rl_resume resumes[VKS_RL_MAX_RESUMES]; /* its stops, oldest first */
+    int n_resumes;
+    char model_hash[65];         /* o->model's (hex) */
+    char task_set[16384];        /* what it trains and evaluates on, in words */
 } rl_run;
+
+/* Seconds since the run's start, across stops (a resumed run goes on from its checkpoint's). */
+static double run_elapsed(const rl_run *r) { return r->elapsed_before + vks_seconds_now() - r->t_start; }
 
 static int check_options(const vks_rl_run_options *o) {
     if (!o || !o->config || !o->model || !o->tok || !o->train_gpu || !o->infer_gpu || o->eval_every < 0 ||
@@ -111,9 +120,42 @@ static char *position_json(const rl_run *r, int64_t next_batch) {
                           "rollouts", (json_int_t)n.rollouts, "checked", (json_int_t)n.checked, "accepted",
                           (json_int_t)n.accepted, "rejected", (json_int_t)n.rejected, "filtered", (json_int_t)n.filtered,
                           "stale", (json_int_t)n.stale, "task_reward_sum", n.task_reward_sum);
-    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+    json_t *stops = json_array();
+    for (int i = 0; stops && i < r->n_resumes; i++) {
+        const vks_rl_resume *x = &r->resumes[i];
+        json_array_append_new(stops, json_pack("{s:I, s:f, s:f, s:f}", "step", (json_int_t)x->step, "stopped_unix",
+                                               x->stopped_unix, "resumed_unix", x->resumed_unix, "elapsed_s", x->elapsed_s));
+    }
+    if (o && stops) {
+        json_object_set_new(o, "rl_elapsed_s", json_real(run_elapsed(r)));
+        json_object_set_new(o, "rl_saved_unix", json_real((double)time(NULL)));
+        json_object_set_new(o, "rl_resumes", stops);
+    } else json_decref(stops);
+    char *s = o && stops ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(o);
     return s;
+}
+
+/* A resumed run's clock and stops: the elapsed seconds and stops its
+ * checkpoint recorded, this resume added (older checkpoints: from 0, none). */
+static void read_resumes(rl_run *r, json_t *o) {
+    json_t *el = json_object_get(o, "rl_elapsed_s"), *saved = json_object_get(o, "rl_saved_unix");
+    json_t *stops = json_object_get(o, "rl_resumes"), *x;
+    size_t i;
+    r->elapsed_before = json_is_number(el) && json_number_value(el) >= 0 ? json_number_value(el) : 0;
+    json_array_foreach(stops, i, x) {
+        json_t *st = json_object_get(x, "step"), *a = json_object_get(x, "stopped_unix"), *b = json_object_get(x, "resumed_unix"),
+               *e = json_object_get(x, "elapsed_s");
+        if (!json_is_integer(st) || !json_is_number(a) || !json_is_number(b) || !json_is_number(e)) continue;
+        if (r->n_resumes == VKS_RL_MAX_RESUMES) /* the newest kept */
+            memmove(r->resumes, r->resumes + 1, sizeof *r->resumes * (VKS_RL_MAX_RESUMES - 1)), r->n_resumes--;
+        r->resumes[r->n_resumes++] = (vks_rl_resume){(int64_t)json_integer_value(st), json_number_value(a),
+                                                     json_number_value(b), json_number_value(e)};
+    }
+    if (r->n_resumes == VKS_RL_MAX_RESUMES)
+        memmove(r->resumes, r->resumes + 1, sizeof *r->resumes * (VKS_RL_MAX_RESUMES - 1)), r->n_resumes--;
+    r->resumes[r->n_resumes++] = (vks_rl_resume){r->ck->state.step, json_is_number(saved) ? json_number_value(saved) : NAN,
+                                                 (double)time(NULL), r->elapsed_before};
 }
 
 static int read_position(rl_run *r, const char *dir) {
@@ -154,6 +196,7 @@ static int read_position(rl_run *r, const char *dir) {
     if (ok) r->counted.task_reward_sum = json_number_value(json_object_get(n, "task_reward_sum"));
     else memset(&r->counted, 0, sizeof r->counted);
     r->counted_stored = ok;
+    if (!rc) read_resumes(r, o);
     json_decref(o);
     return rc;
 }
@@ -355,6 +398,30 @@ static int open_eval_tasks(rl_run *r, vks_rl_result *res) {
     return rc ? vks_error_prefix(rc, "held-out tasks") : VKS_OK;
 }
 
+/* The report's words for the tasks (after open_eval_tasks) and the start model's hash. */
+static int describe_run(rl_run *r, const vks_rl_result *res) {
+    char *t = r->task_set;
+    size_t cap = sizeof r->task_set, at;
+    if (r->gen.tasks_path)
+        at = (size_t)snprintf(t, cap, "task file %s: %lld tasks trained on", r->gen.tasks_path, (long long)r->gen.n_tasks);
+    else {
+        char name[64];
+        vks_task_spec_name(&r->gen.spec, name, sizeof name);
+        at = (size_t)snprintf(t, cap, "built-in task %s: fresh instances (seed %llu)", name,
+                              (unsigned long long)r->c->seed);
+    }
+    if (at < cap && !r->o->eval_n) snprintf(t + at, cap - at, "; held-out accuracy not measured (eval_n 0)");
+    else if (at < cap && res->eval_set[0]) snprintf(t + at, cap - at, "; held out: %s (eval_n %d)", res->eval_set, r->o->eval_n);
+    else if (at < cap && !r->gen.tasks_path)
+        snprintf(t + at, cap - at, "; held-out accuracy on %d fresh instances (seed %llu)", r->o->eval_n,
+                 (unsigned long long)r->o->eval_seed);
+    else if (at < cap) snprintf(t + at, cap - at, "; no held-out set (eval_split or eval_tasks): not evaluated");
+    uint8_t h[32];
+    int rc = vks_model_hash(r->o->model, h);
+    if (!rc) vks_hash_hex(h, r->model_hash);
+    return rc;
+}
+
 /* At async level k > 0 the trainer keeps its last k + 1 versions' weights on
  * the host (a completion is checked against the version that sampled it). */
 static int open_versions(rl_run *r) {
@@ -392,6 +459,7 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     if (rc) return rc;
     rc = make_dirs(r, res); /* the tasks were read before OUT was made (vks_rl_run_source) */
     if (!rc) rc = open_eval_tasks(r, res);
+    if (!rc) rc = describe_run(r, res);
     vks_trainer_options to = {.max_tokens = r->max_tokens, .lora = r->adapter};
     if (!rc) rc = vks_trainer_create(r->o->train_gpu, m, &to, &r->trainer);
     if (!rc && !lora(r)) rc = vks_param_layout_create(&m->cfg, vks_model_has_bias(m), &r->layout);
@@ -691,7 +759,7 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     double lr = c->warmup && step + 1 < c->warmup ? c->lr * (double)(step + 1) / c->warmup : c->lr;
     vks_adamw_params a = {.lr = lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
     if (!rc) rc = vks_trainer_step(r->trainer, &a, RL_GRAD_CLIP, grad_norm);
-    if (!rc) rc = vks_rl_report_capture(&r->samples, r->o->tok, step + 1, r->groups, c->prompts_per_step);
+    if (!rc) rc = vks_rl_report_capture(&r->samples, r->o->tok, &r->gen, step + 1, r->groups, c->prompts_per_step);
     for (int i = 0; i < c->prompts_per_step; i++) vks_rl_group_free(&r->groups[i]);
     if (rc) return vks_error_prefix(rc, "trainer, step %lld", (long long)step + 1);
     return VKS_OK;
@@ -724,11 +792,13 @@ static int publish(rl_run *r, double *seconds) {
     return VKS_OK;
 }
 
-/* Held-out accuracy of the trainer's current weights (greedy): on the first
- * eval_n tasks of the held-out set, or eval_n fresh instances of a built-in
- * task; NaN without eval_n, or for a task file without a held-out set. */
-static int evaluate(rl_run *r, double *accuracy) {
-    *accuracy = NAN;
+/* Held-out accuracy of the trainer's current weights, greedy and sampled at
+ * the run's temperature (one completion a task, the sampler seeded with
+ * eval_seed): on the first eval_n tasks of the held-out set, or eval_n fresh
+ * instances of a built-in task; NaN without eval_n, or for a task file
+ * without a held-out set. p gets accuracy, accuracy_sampled and accuracy_n. */
+static int evaluate(rl_run *r, vks_rl_progress *p) {
+    p->accuracy = p->accuracy_sampled = p->accuracy_n = NAN;
     if (!r->o->eval_n || (r->gen.tasks && !r->eval_tasks)) return VKS_OK;
     double since = vks_seconds_now();
     vks_model *m = NULL;
@@ -739,10 +809,15 @@ static int evaluate(rl_run *r, double *accuracy) {
     const vks_model *policy = a ? r->o->model : m;
     vks_task_eval_result e;
     int64_t n = r->n_eval_tasks < r->o->eval_n ? r->n_eval_tasks : r->o->eval_n;
-    if (!rc && r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, policy, r->o->tok, r->eval_tasks, n, &to, &e);
-    else if (!rc)
-        rc = vks_task_eval(r->o->train_gpu, policy, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
-    if (!rc) *accuracy = e.accuracy, r->eval_n_last = (double)e.n;
+    double acc[2] = {NAN, NAN};
+    for (int sampled = 0; !rc && sampled < 2; sampled++) {
+        to.temperature = sampled ? (float)r->c->temperature : 0.0f;
+        to.seed = r->o->eval_seed;
+        if (r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, policy, r->o->tok, r->eval_tasks, n, &to, &e);
+        else rc = vks_task_eval(r->o->train_gpu, policy, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
+        if (!rc) acc[sampled] = e.accuracy, p->accuracy_n = (double)e.n;
+    }
+    if (!rc) p->accuracy = acc[0], p->accuracy_sampled = acc[1];
     vks_model_free(m);
     vks_lora_adapter_free(a);
     vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_EVAL, vks_trainer_steps(r->trainer), &since);
@@ -784,8 +859,31 @@ static int rank_metrics(rl_run *r, const vks_rl_progress *p, vks_metric *m, rank
     return k;
 }
 
+/* An evaluation's metrics (none when not measured): accuracy, accuracy_se,
+ * accuracy_n and the same of accuracy_sampled; returns how many. */
+static int eval_metrics(const vks_rl_progress *p, vks_metric *m) {
+    int n = 0;
+    if (isnan(p->accuracy)) return 0;
+    m[n++] = (vks_metric){"accuracy", p->accuracy};
+    m[n++] = (vks_metric){"accuracy_se", vks_binomial_se(p->accuracy, p->accuracy_n)};
+    m[n++] = (vks_metric){"accuracy_n", p->accuracy_n};
+    m[n++] = (vks_metric){"accuracy_sampled", p->accuracy_sampled};
+    m[n++] = (vks_metric){"accuracy_sampled_se", vks_binomial_se(p->accuracy_sampled, p->accuracy_n)};
+    m[n++] = (vks_metric){"accuracy_sampled_n", p->accuracy_n};
+    return n;
+}
+
+/* A fresh run's step-0 line: the start's evaluation (when measured). */
+static int log_start(rl_run *r, const vks_rl_progress *p) {
+    vks_metric m[7];
+    int n = eval_metrics(p, m);
+    if (!n) return VKS_OK;
+    m[n++] = (vks_metric){"elapsed_s", run_elapsed(r)};
+    return vks_metrics_log(r->metrics, 0, m, n);
+}
+
 static int log_step(rl_run *r, const vks_rl_progress *p) {
-    enum { FIXED = 23 };
+    enum { FIXED = 28 };
     vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
     if (!m || !names) {
@@ -796,8 +894,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"policy_lag", p->policy_lag};
     if (!isnan(p->reward)) m[n++] = (vks_metric){"reward", p->reward};
     m[n++] = (vks_metric){"trained_reward", p->trained_reward};
-    if (!isnan(p->accuracy)) m[n++] = (vks_metric){"accuracy", p->accuracy};
-    if (!isnan(p->accuracy)) m[n++] = (vks_metric){"accuracy_n", r->eval_n_last};
+    n += eval_metrics(p, m + n);
     m[n++] = (vks_metric){"length", p->length};
     m[n++] = (vks_metric){"accept_rate", p->accept_rate};
     m[n++] = (vks_metric){"rollouts_per_s", p->rollouts_per_s};
@@ -841,7 +938,7 @@ static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
     p->groups_filtered = c.filtered;
     p->rejected = c.rejected;
     p->groups_stale = c.stale;
-    p->elapsed_s = el;
+    p->elapsed_s = run_elapsed(r);
     int64_t made = c.rollouts - r->reported.rollouts;
     p->reward = made > 0 ? (c.task_reward_sum - r->reported.task_reward_sum) / (double)made : NAN;
     r->reported = c;
@@ -853,8 +950,9 @@ static int write_report(rl_run *r, bool final, const char *metrics_path) {
     vks_rl_rank_status *ranks = malloc(sizeof *ranks * VKS_RL_MAX_RANK_STATUS);
     if (!ranks) return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     vks_rl_report rep = {.task = r->c->task, .step = vks_trainer_steps(r->trainer), .steps = r->c->steps, .final = final,
-                         .across_ranks = r->src != NULL,
-                         .elapsed_s = vks_seconds_now() - r->t_start, .metrics_path = metrics_path,
+                         .across_ranks = r->src != NULL, .config = r->c, .model = r->o->model->path,
+                         .model_hash = r->model_hash, .task_set = r->task_set, .resumes = r->resumes,
+                         .n_resumes = r->n_resumes, .elapsed_s = run_elapsed(r), .metrics_path = metrics_path,
                          .trainer = &r->timeline, .inference = final && !r->src ? &r->gen_timeline : NULL,
                          .last_n = r->o->timeline_steps ? r->o->timeline_steps : VKS_RL_TIMELINE_STEPS,
                          .samples = &r->samples, .ranks = ranks};
@@ -903,7 +1001,8 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
     *idle_sum += waited, *time_sum += spent;
     int64_t step = vks_trainer_steps(r->trainer);
     *p = (vks_rl_progress){.step = step, .steps = r->c->steps, .policy_lag = st.lag,
-                           .trained_reward = st.n ? st.reward / st.n : 0, .accuracy = NAN,
+                           .trained_reward = st.n ? st.reward / st.n : 0, .accuracy = NAN, .accuracy_sampled = NAN,
+                           .accuracy_n = NAN,
                            .length = st.n ? st.length / st.n : 0, .trainer_idle = spent > 0 ? waited / spent : 0,
                            .broadcast_s = broadcast_s, .loss = st.grpo.loss, .grad_norm = norm,
                            .broadcast_bytes = r->src && r->src->broadcast_bytes ? r->src->broadcast_bytes(r->src->ctx) : 0,
@@ -912,11 +1011,11 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
                            .logp_excluded = st.far, .logp_sampler_max = st.sampler_max,
                            .entropy = st.grpo.tokens ? st.entropy_sum / st.grpo.tokens : 0};
     bool eval_now = step == r->c->steps || (r->o->eval_every && step % r->o->eval_every == 0);
-    if (eval_now) rc = evaluate(r, &p->accuracy);
+    if (eval_now) rc = evaluate(r, p);
     read_counters(r, p, t_start);
     if (!rc) rc = log_step(r, p);
-    bool saved = r->c->save_every && step % r->c->save_every == 0 && step < r->c->steps && !r->stopped;
-    if (!rc && saved) rc = write_report(r, false, vks_metrics_path(r->metrics)); /* with this step's metrics line */
+    if (!rc && step < r->c->steps && !r->stopped) /* every step, with its metrics line; finish writes the last */
+        rc = write_report(r, false, vks_metrics_path(r->metrics));
     return rc;
 }
 
@@ -965,10 +1064,17 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     if (!rc) rc = vks_rl_gen_show_prompt(&r.gen);
     if (!rc) rc = open_start(&r, res);
     if (!rc) rc = open_run(&r, res);
-    /* resumed: the run's start accuracy as its checkpoint recorded it (not the resume point's) */
-    if (!rc && !r.start_accuracy_stored) rc = evaluate(&r, &r.start_accuracy);
+    /* resumed: the run's start accuracy as its checkpoint recorded it (not the resume point's); a fresh run
+     * logs its start's evaluation as metrics.jsonl's step 0 (a resumed one keeps that line) */
+    if (!rc && !r.start_accuracy_stored) {
+        vks_rl_progress p0;
+        rc = evaluate(&r, &p0);
+        r.start_accuracy = p0.accuracy;
+        if (!rc && !r.ck) rc = log_start(&r, &p0);
+    }
     res->start_accuracy = r.start_accuracy, res->start_accuracy_stored = r.start_accuracy_stored;
     if (!rc) rc = start_inference(&r);
+    if (!rc) rc = write_report(&r, false, vks_metrics_path(r.metrics)); /* the start's */
     vks_rl_progress p = {0};
     while (!rc && vks_trainer_steps(r.trainer) < r.c->steps) {
         if ((rc = one_step(&r, t_start, &idle, &total, &p))) break;
@@ -989,7 +1095,7 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     if (!rc) rc = finish(&r, res);
     res->trainer_idle = total > 0 ? idle / total : 0;
     res->trained = r.trained, res->trained_rejected = r.trained_rejected;
-    res->elapsed_s = vks_seconds_now() - t_start;
+    res->elapsed_s = run_elapsed(&r);
     run_free(&r);
     return rc;
 }

@@ -340,6 +340,21 @@ static int finish(sft_run *s, const vks_adamw_params *h, vks_sft_result *r) {
     return rc;
 }
 
+void vks_sft_loss_window_add(vks_sft_loss_window *w, double loss) {
+    if (w->n < VKS_SFT_LOSS_WINDOW_MAX) w->first[w->n] = loss;
+    w->last[w->n % VKS_SFT_LOSS_WINDOW_MAX] = loss;
+    w->n++;
+}
+
+void vks_sft_loss_window_means(const vks_sft_loss_window *w, int *window, double *first, double *last) {
+    int64_t k = w->n / 10;
+    *window = w->n < 1 ? 0 : k < 1 ? 1 : k > VKS_SFT_LOSS_WINDOW_MAX ? VKS_SFT_LOSS_WINDOW_MAX : (int)k;
+    double a = 0, b = 0;
+    for (int i = 0; i < *window; i++) a += w->first[i], b += w->last[(w->n - 1 - i) % VKS_SFT_LOSS_WINDOW_MAX];
+    *first = *window ? a / *window : NAN;
+    *last = *window ? b / *window : NAN;
+}
+
 int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
     int rc = check_options(o);
     if (rc || !g || !r) return rc ? rc : vks_set_error(VKS_ERR_ARG, "sft: NULL argument");
@@ -353,13 +368,13 @@ int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
     vks_adamw_params h = o->adamw;
     double t0 = vks_seconds_now();
     int64_t tokens0 = s.tokens_seen;
+    vks_sft_loss_window losses = {0};
     while (!rc && vks_trainer_steps(s.trainer) < o->steps) {
         double loss, norm;
         if ((rc = train_step(&s, &h, &loss, &norm))) break;
         int64_t step = vks_trainer_steps(s.trainer);
         double el = vks_seconds_now() - t0, tps = (double)(s.tokens_seen - tokens0) / (el > 0 ? el : 1e-9);
-        if (step == (r->resumed_from < 0 ? 0 : r->resumed_from) + 1) r->first_loss = loss; /* this run's first */
-        r->last_loss = loss;
+        vks_sft_loss_window_add(&losses, loss);
         vks_metric m[] = {{"loss", loss}, {"lr", h.lr}, {"grad_norm", norm}, {"tokens_per_s", tps}};
         rc = vks_metrics_log(s.metrics, step, m, 4);
         if (o->progress) o->progress(o->progress_ctx, &(vks_sft_progress){step, o->steps, loss, h.lr, norm, tps, el});
@@ -371,6 +386,8 @@ int vks_sft_train(vks_gpu *g, const vks_sft_run_options *o, vks_sft_result *r) {
         if (!rc && o->save_every && step % o->save_every == 0 && step < o->steps)
             rc = save_checkpoint(&s, step, &h, dir, sizeof dir);
     }
+    vks_sft_loss_window_means(&losses, &r->loss_window, &r->first_loss, &r->last_loss);
+    r->loss_steps = losses.n;
     if (!rc) rc = finish(&s, &h, r);
     vks_checkpoint_free(ck);
     run_free(&s);
