@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_metrics.h"
@@ -68,6 +69,7 @@ typedef struct {
     bool counted_stored;
     vks_rl_report_samples samples; /* for OUT/report.html */
     double eval_n_last;          /* tasks the last evaluation scored (the accuracy's standard error) */
+    vks_rl_status status;        /* the line after a silence (o->status) */
 } rl_run;
 
 static int check_options(const vks_rl_run_options *o) {
@@ -480,13 +482,24 @@ static void run_free(rl_run *r) {
 static int take_groups(rl_run *r, double *waited) {
     int P = r->c->prompts_per_step, rc = VKS_OK;
     double t0 = vks_seconds_now();
+    vks_rl_status_begin(&r->status, vks_trainer_steps(r->trainer) + 1, r->c->steps, t0);
     if (r->src) {
-        rc = r->src->take(r->src->ctx, vks_trainer_steps(r->trainer), r->groups);
+        rc = r->src->take(r->src->ctx, vks_trainer_steps(r->trainer), r->groups, &r->status);
         *waited = vks_seconds_now() - t0;
         return rc;
     }
     pthread_mutex_lock(&r->sh.mu);
-    while (r->sh.queue.len < P && !r->sh.gen_rc) pthread_cond_wait(&r->sh.cv, &r->sh.mu);
+    while (r->sh.queue.len < P && !r->sh.gen_rc) {
+        /* woken by each batch queued, or when a status line is due */
+        vks_rl_status_poll(&r->status, &r->sh.queue, "in flight: the inference thread's batch");
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double due = vks_rl_status_due_in(&r->status);
+        until.tv_sec += (time_t)due;
+        until.tv_nsec += (long)((due - (double)(time_t)due) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&r->sh.cv, &r->sh.mu, &until);
+    }
     if (r->sh.gen_rc) rc = vks_set_error(r->sh.gen_rc, "%s", r->sh.gen_error);
     if (!rc) rc = vks_rl_queue_pop(&r->sh.queue, P, r->groups);
     pthread_cond_broadcast(&r->sh.cv);
@@ -960,6 +973,8 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     double t_start = vks_seconds_now(), idle = 0, total = 0;
     rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}, .start_accuracy = NAN};
     r.gen.o = o;
+    r.status = (vks_rl_status){.say = o->status, .ctx = o->progress_ctx,
+                               .interval_s = o->status_interval_s > 0 ? o->status_interval_s : VKS_RL_STATUS_INTERVAL_S};
     rc = vks_rl_gen_open_tasks(&r.gen); /* a bad task file is refused before OUT is made or locked */
     if (!rc) rc = vks_rl_gen_show_prompt(&r.gen);
     if (!rc) rc = open_start(&r, res);
@@ -973,6 +988,7 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
         if ((rc = one_step(&r, t_start, &idle, &total, &p))) break;
         if (!isnan(p.accuracy)) res->final_accuracy = p.accuracy;
         if (o->progress) o->progress(o->progress_ctx, &p);
+        vks_rl_status_said(&r.status, vks_seconds_now());
         if (!r.stopped && stop_asked(&r)) { /* asked while the step finished: its weights went out already */
             r.stopped = true;
             r.stop_position = r.published_position;
