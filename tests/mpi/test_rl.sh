@@ -156,8 +156,8 @@ lora_verify_ok() {
            # wrong weights (issue 36): status 2 naming the step the file needs and where it came from
            head -1 "$f" | grep -q '"policy_step":0,"policy_weights":"shardcast step 0 ' || return 1
            [ "$(grep -c '"policy_step":0' "$f")" = "$(wc -l < "$f")" ] || return 1
-           $bin verify --model "$tmp/tinyhf" --rollouts "$f" --lora "$tmp/lora/step-000000001" 2>&1 >/dev/null |
-               grep -q "wrong weights: .* it needs the weights of policy step 0: shardcast step 0 " || return 1
+           $bin verify --model "$tmp/tinyhf" --rollouts "$f" --lora "$tmp/lora/step-000000001" 2> "$tmp/verify_err.txt" > /dev/null
+           grep -q "wrong weights: .* it needs the weights of policy step 0: shardcast step 0 " "$tmp/verify_err.txt" || return 1
            n_old=$((n_old + 1)) ;;
         *) return 1 ;;
         esac
