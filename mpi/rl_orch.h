@@ -95,6 +95,9 @@ int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step);
 int vks_rl_orch_cast_adapter(trainer_src *t, vks_lora_adapter *a, int64_t step);
 /* The inference and verifier ranks as counted (at most cap into out); how many. */
 int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap);
+/* For the status line (vks_rl_status_poll): "in flight: rank 1 1 batch, rank 2
+ * 0 batches; waiting for verifier rank 3 (1 batch)". */
+void vks_rl_orch_in_flight(const trainer_src *t, char *out, size_t cap);
 /* Says STOP to every rank still there (n = t->lost) and frees the STOPs sent early. */
 void vks_rl_orch_stop_ranks(trainer_src *t);
 

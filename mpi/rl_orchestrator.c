@@ -69,6 +69,7 @@ typedef struct {
     double heard;             /* the trainer's last word */
     vks_rl_beat beat;         /* to the trainer, on TAG_ORCH */
     vks_rl_batch_group *scratch, *out;
+    vks_rl_status status;     /* the line after a silence, while the trainer waits for a TAKE */
 } orch_rank;
 
 /* The ranks of a PUBLISHED message (n int32 after the header), each dropped. */
@@ -103,6 +104,9 @@ static int on_trainer(orch_rank *s, const char *buf, int count) {
         t->queue.pushed = h.step * t->c->prompts_per_step;
     } else if (h.type == MSG_TAKE && small && s->started && s->want < 0 && h.step == t->newest) {
         s->want = h.step;
+        vks_rl_status_begin(&s->status, h.step + 1, t->c->steps, vks_seconds_now());
+        vks_rl_status_said(&s->status, vks_seconds_now()); /* the trainer's step line: silence from here */
+        vks_rl_status_poll(&s->status, &t->queue, NULL);   /* the counts go from here */
     } else if (h.type == MSG_FINISH && small) {
         s->finish = true, s->trainer_failed = h.n != 0;
     } else return vks_set_error(VKS_ERR_FORMAT, "the trainer (rank %d): an unexpected message (type %u, %d bytes)",
@@ -201,6 +205,11 @@ static int orchestrate(orch_rank *s) {
         vks_rl_wire_beat(&s->beat);
         if ((rc = poll_trainer(s)) || s->finish) break;
         if (s->started) rc = vks_rl_orch_round(&s->t, s->scratch);
+        if (!rc && s->want >= 0 && s->t.queue.len < s->t.c->prompts_per_step && vks_rl_status_due_in(&s->status) <= 0) {
+            char flight[512];
+            vks_rl_orch_in_flight(&s->t, flight, sizeof flight);
+            vks_rl_status_poll(&s->status, &s->t.queue, flight);
+        }
         if (!rc && s->want >= 0 && s->t.queue.len >= s->t.c->prompts_per_step) rc = answer_take(s);
         if (!rc && vks_seconds_now() - s->heard > bound) {
             s->trainer_gone = true;
@@ -242,6 +251,8 @@ int vks_rl_mpi_orchestrator(const vks_rl_run_options *o, const vks_rl_mpi_option
     if (!rc && (!s.scratch || !s.out)) rc = vks_set_error(VKS_ERR_NOMEM, "orchestrator: out of host memory");
     s.beat = (vks_rl_beat){.comm = s.t.comm, .trainer = s.trainer, .tag = TAG_ORCH, .req = MPI_REQUEST_NULL};
     s.heard = vks_seconds_now(); /* the start-up may have waited for slow ranks */
+    s.status = (vks_rl_status){.say = o->status, .ctx = o->progress_ctx, .last = s.heard,
+                               .interval_s = o->status_interval_s > 0 ? o->status_interval_s : VKS_RL_STATUS_INTERVAL_S};
     if (!rc) rc = orchestrate(&s);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");
@@ -487,8 +498,10 @@ static int wait_orch(remote_src *r, uint32_t type, size_t most, double bound, ch
     }
 }
 
-static int take_remote(void *ctx, int64_t step, vks_rl_batch_group *groups) {
+/* The status lines come from the orchestrator's rank, which holds the queue. */
+static int take_remote(void *ctx, int64_t step, vks_rl_batch_group *groups, vks_rl_status *status) {
     remote_src *r = ctx;
+    (void)status;
     trainer_src *t = &r->t;
     const vks_rl_config *c = t->c;
     int rc = send_orch_small(t->comm, r->orch, MSG_TAKE, 0, step, 0, t->mo->timeout_s, "the orchestrator taking TAKE");

@@ -534,14 +534,44 @@ int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
     return grant(t);
 }
 
-static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups) {
+/* For the status line: the batches each live inference rank generates and
+ * those done there and waiting for their verifier rank. */
+void vks_rl_orch_in_flight(const trainer_src *t, char *out, size_t cap) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; i < t->n_ranks && at < cap; i++) {
+        const inf_rank *r = &t->ranks[i];
+        if (r->verifier || r->state != RANK_LIVE) continue;
+        int n = snprintf(out + at, cap - at, "%s rank %d %d batch%s", at ? "," : "in flight:", r->rank, r->batch >= 0,
+                         r->batch >= 0 ? "" : "es");
+        at += n > 0 ? (size_t)n : 0;
+    }
+    for (int i = 0; i < t->n_ranks && at < cap; i++) {
+        const inf_rank *v = &t->ranks[i];
+        int n = 0;
+        for (int k = 0; v->verifier && v->state == RANK_LIVE && k < t->n_pend; k++) {
+            const inf_rank *o = find_rank((trainer_src *)t, t->pend[k].origin);
+            n += t->pend[k].verifier == v->rank && (!o || o->batch != t->pend[k].batch); /* generated, not verified */
+        }
+        int w = n ? snprintf(out + at, cap - at, "; waiting for verifier rank %d (%d batch%s)", v->rank, n,
+                             n == 1 ? "" : "es")
+                  : 0;
+        at += w > 0 ? (size_t)w : 0;
+    }
+}
+
+static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups, vks_rl_status *status) {
     trainer_src *t = ctx;
     int P = t->c->prompts_per_step, rc = VKS_OK;
     vks_rl_batch_group *scratch = calloc((size_t)P, sizeof *scratch);
     if (!scratch) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     (void)step;
+    char flight[512];
     while (!rc && t->queue.len < P) {
         rc = vks_rl_orch_round(t, scratch);
+        bool due = status && vks_rl_status_due_in(status) <= 0;
+        if (!rc && due) vks_rl_orch_in_flight(t, flight, sizeof flight);
+        if (!rc) vks_rl_status_poll(status, &t->queue, due ? flight : NULL);
         if (!rc && t->queue.len < P) usleep(500);
     }
     if (!rc) rc = vks_rl_queue_pop(&t->queue, P, groups);
@@ -767,8 +797,11 @@ static int poll_trainer(inf_state *s) {
     }
 }
 
-/* Makes the pending weights the policy. */
+/* Makes the pending weights the policy (its rollout files name the Shardcast step). */
 static int take_weights(inf_state *s, vks_rl_gen *g) {
+    if (s->pending_adapter || s->pending)
+        snprintf(g->policy_weights, sizeof g->policy_weights, "shardcast step %lld (the trainer's checkpoint %.300s/step-N "
+                 "when it saved that step)", (long long)s->pending_step, s->o->config->out);
     if (s->pending_adapter) { /* LoRA: the base stays, the adapter is swapped in */
         vks_lora_adapter *a = s->pending_adapter;
         s->pending_adapter = NULL;

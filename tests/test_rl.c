@@ -22,6 +22,7 @@
 #include "vkswarm/vks_metrics.h"
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl.h"
+#include "vkswarm/vks_rollout.h"
 #include "vkswarm/vks_sft.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "../src/rl/rl_internal.h" /* the run directory lock (internal to src/rl) */
@@ -284,28 +285,53 @@ static void test_heldout_accuracy(void **state) {
 /* `vkswarm verify --cpu` (no --stop-ids) on the run's rollout files against
  * the step-1 checkpoint: the batches that policy made are accepted (the tiny
  * model's EOS, 257, is trusted as the checkpoint declares it); the others are
- * refused only for naming another model. */
+ * refused only for naming another model. Issue 36: each file and each of its
+ * records names the policy step that made it and where its weights are (the
+ * run saves every step: OUT/step-N; step 0: the start model), and verify with
+ * the wrong weights says both hashes and that step, status 2. */
 static void verify_with_cli(const char *out) {
-    int accepted = 0, other = 0;
+    int accepted = 0, other = 0, wrong = 0;
     for (int b = 0; b < 64; b++) {
-        char path[800], cmd[2400], *text = NULL;
+        char path[800], cmd[2400], *text = NULL, where[700], hex[65], want[1600];
         snprintf(path, sizeof path, "%s/rollouts/batch-%06d.jsonl", out, b);
-        FILE *f = fopen(path, "rb");
-        if (!f) continue;
-        fclose(f);
-        snprintf(cmd, sizeof cmd, "'%s' verify --model '%s/step-000000001' --rollouts '%s' --cpu --jsonl 2>/dev/null",
+        vks_rollout_file rf;
+        if (access(path, F_OK)) continue;
+        assert_int_equal(vks_rollout_read(path, &rf), VKS_OK);
+        assert_true(rf.header.has_policy);
+        int64_t step = rf.header.policy_step;
+        assert_true(step >= 0 && step <= 2);
+        if (step) snprintf(where, sizeof where, "%s/step-%09lld", out, (long long)step);
+        else snprintf(where, sizeof where, "the start model (vkswarm rl --model)");
+        assert_string_equal(rf.header.policy_weights, where);
+        for (int i = 0; i < rf.n_samples; i++) assert_true(rf.samples[i].has_policy && rf.samples[i].policy_step == step);
+        vks_hash_hex(rf.header.model_hash, hex);
+        vks_rollout_file_free(&rf);
+        snprintf(cmd, sizeof cmd, "'%s' verify --model '%s/step-000000001' --rollouts '%s' --cpu --jsonl 2>&1",
                  tu_bin(), out, path);
-        tu_run(cmd, &text);
+        int rc = tu_run(cmd, &text);
         assert_non_null(text);
+        snprintf(want, sizeof want, "vkswarm: verify: wrong weights: %s was made by model_hash %s, --model has "
+                 "model_hash ", path, hex);
+        bool said = false;
         for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
             if (strstr(line, "\"accepted\":true")) accepted++;
-            else if (!strstr(line, "another model")) other++, fprintf(stderr, "verify: %s\n", line);
+            else if (!strncmp(line, want, strlen(want))) {
+                char tail[800];
+                snprintf(tail, sizeof tail, "; it needs the weights of policy step %lld: %s", (long long)step, where);
+                if (!strstr(line, tail)) fail_msg("'%s' lacks '%s'", line, tail);
+                said = true;
+            } else if (!strstr(line, "another model") && strncmp(line, "verified ", 9) && strncmp(line, "verify: ", 8))
+                other++, fprintf(stderr, "verify: %s\n", line); /* (stderr's summary and progress lines skipped) */
         }
         free(text);
+        assert_int_equal(rc, step == 1 ? 0 : 2);
+        assert_true(said == (step != 1));
+        wrong += said;
     }
-    fprintf(stderr, "vkswarm verify of the rollouts against step 1: %d accepted, %d refused for another reason\n",
-            accepted, other);
+    fprintf(stderr, "vkswarm verify of the rollouts against step 1: %d accepted, %d files of other steps refused "
+            "naming their step, %d lines refused for another reason\n", accepted, wrong, other);
     assert_true(accepted >= 8); /* step 2's groups, at least one batch of 2 x 4 */
+    assert_true(wrong >= 1);
     assert_int_equal(other, 0);
 }
 
@@ -606,8 +632,45 @@ static void test_versions_ring(void **state) {
     assert_int_equal(vks_rl_versions_init(&v, -1, 4), VKS_ERR_ARG);
 }
 
+/* The status lines said while the trainer waits (vks_rl_run_options.status). */
+enum { STATUS_LINES = 256 };
+static char status_lines[STATUS_LINES][1024];
+static int n_status_lines;
+static void on_status(void *ctx, const char *line) {
+    (void)ctx;
+    if (n_status_lines < STATUS_LINES) snprintf(status_lines[n_status_lines++], sizeof status_lines[0], "%s", line);
+}
+
+/* Every status line of a run whose every group has no signal (P prompts a
+ * batch): step 1 of steps, generated = discarded, a multiple of P, at most
+ * batches x P, kept 0/P; returns how many lines said a whole batch or more. */
+static int check_status_lines(int steps, int P, int batches) {
+    int after_batch = 0;
+    for (int i = 0; i < n_status_lines; i++) {
+        long long made = -1, dropped = -2, s = 0, of = 0;
+        int kept = -1, want_p = -1;
+        double secs = -1;
+        if (sscanf(status_lines[i], "rl: step %lld/%lld, %lf s without a step: generated %lld groups, discarded %lld "
+                   "(no signal), kept %d/%d", &s, &of, &secs, &made, &dropped, &kept, &want_p) != 7)
+            fail_msg("status line %d: '%s'", i, status_lines[i]);
+        assert_int_equal(s, 1);
+        assert_int_equal(of, steps);
+        assert_true(secs >= 0);
+        assert_int_equal(made, dropped);
+        assert_int_equal(made % P, 0);
+        assert_true(made <= (long long)batches * P);
+        assert_int_equal(kept, 0);
+        assert_int_equal(want_p, P);
+        assert_non_null(strstr(status_lines[i], "; in flight: the inference thread's batch"));
+        after_batch += made >= P;
+    }
+    return after_batch;
+}
+
 /* Also --resume where OUT holds no checkpoint: a fresh run, said through
- * on_resume (issue 23, point 17: it was silent). */
+ * on_resume (issue 23, point 17: it was silent). And the status line (issue
+ * 36): with a short silence (10 ms; a batch takes far longer here) the trainer,
+ * waiting for groups none of which has signal, says what it counted. */
 static void test_no_signal_fails(void **state) {
     (void)state;
     vks_rl_config c;
@@ -621,10 +684,14 @@ static void test_no_signal_fails(void **state) {
     o.verify = false;
     o.resume = true;
     o.on_resume = on_resume;
+    o.status = on_status, o.status_interval_s = 0.01;
+    n_status_lines = 0;
     resume_calls = 0;
     vks_rl_result r;
     assert_int_equal(vks_rl_run(&o, &r), VKS_ERR_ARG);
     assert_non_null(strstr(vks_last_error(), "warm it up"));
+    assert_true(n_status_lines > 0);
+    assert_true(check_status_lines(2, c.prompts_per_step, 2) > 0); /* one said while the second batch was made */
     assert_int_equal(log.n, 0);
     assert_int_equal(resume_calls, 1);
     assert_int_equal(resume_step, -1);

@@ -315,6 +315,60 @@ static void test_rollout_header_kv_type(void **state) {
     free(buf);
 }
 
+/* Issue 36: the policy that made a rollout file (header policy_step and
+ * policy_weights, each record policy_step) round-trips; without them a file
+ * reads as before, the policy unknown; bad values are refused by name. */
+static void test_rollout_policy(void **state) {
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    vks_rollout_header h = make_header(), got;
+    assert_int_equal(vks_rollout_write_header(f, &h), VKS_OK);
+    fclose(f);
+    assert_null(strstr(buf, "policy"));
+    assert_int_equal(vks_rollout_parse_header(buf, len - 1, &got), VKS_OK);
+    assert_false(got.has_policy);
+    assert_string_equal(got.policy_weights, "");
+    free(buf);
+    f = open_memstream(&buf, &len);
+    h.has_policy = true, h.policy_step = 7;
+    snprintf(h.policy_weights, sizeof h.policy_weights, "out/step-000000007");
+    assert_int_equal(vks_rollout_write_header(f, &h), VKS_OK);
+    fclose(f);
+    assert_non_null(strstr(buf, "\"policy_step\":7,\"policy_weights\":\"out/step-000000007\""));
+    assert_int_equal(vks_rollout_parse_header(buf, len - 1, &got), VKS_OK);
+    assert_true(got.has_policy);
+    assert_int_equal(got.policy_step, 7);
+    assert_string_equal(got.policy_weights, "out/step-000000007");
+    char line[1024];
+    const char *bad[] = {"\"policy_step\":-1", "\"policy_step\":\"7\"", "\"policy_step\":1.5",
+                         "\"policy_step\":1,\"policy_weights\":3"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(line, sizeof line, "{\"format\":\"vkswarm-rollouts\",\"version\":1,\"model_hash\":\"%064d\","
+                 "\"stop_ids\":[],%s}", 0, bad[i]);
+        assert_int_equal(vks_rollout_parse_header(line, strlen(line), &got), VKS_ERR_FORMAT);
+        assert_non_null(strstr(vks_last_error(), i == 3 ? "policy_weights" : "policy_step"));
+    }
+    free(buf);
+    /* a record: policy_step written when known, read back; absent: unknown */
+    int32_t p[1] = {1}, o[1] = {2};
+    vks_rollout_sample s = {.id = "a", .prompt_ids = p, .n_prompt = 1, .output_ids = o, .n_output = 1, .max_steps = 2,
+                            .has_policy = true, .policy_step = 3}, r;
+    for (int k = 0; k < 2; k++) {
+        f = open_memstream(&buf, &len);
+        assert_int_equal(vks_rollout_write_sample(f, &s), VKS_OK);
+        fclose(f);
+        assert_int_equal(vks_rollout_parse_sample(buf, len - 1, &r), VKS_OK);
+        assert_true(r.has_policy == s.has_policy);
+        if (s.has_policy) assert_int_equal(r.policy_step, 3);
+        else assert_null(strstr(buf, "policy_step"));
+        vks_rollout_sample_free(&r);
+        free(buf);
+        s.has_policy = false;
+    }
+}
+
 /* vks_verify_batch refuses an engine whose KV cache type is not the samples'
  * (kv_f16 both ways) before replaying anything. */
 static void test_verify_kv_type_mismatch(void **state) {
@@ -1658,7 +1712,7 @@ int main(void) {
         cmocka_unit_test(test_proof_self_and_perturbed),
         cmocka_unit_test(test_build_sizes_and_builder),
         cmocka_unit_test(test_rollout_roundtrip),
-        cmocka_unit_test(test_rollout_header_model_not_utf8), cmocka_unit_test(test_rollout_header_kv_type),
+        cmocka_unit_test(test_rollout_header_model_not_utf8), cmocka_unit_test(test_rollout_header_kv_type), cmocka_unit_test(test_rollout_policy),
         cmocka_unit_test(test_verify_kv_type_mismatch),
         cmocka_unit_test(test_rollout_malformed),
         cmocka_unit_test(test_stage_proofs_roundtrip),

@@ -42,7 +42,8 @@ static const char rl_usage[] =
     "--eval-split F, which holds out the fraction F of the task file (the same tasks for the same file,\n"
     "never trained on, written to DIR/heldout.jsonl). A task file without either is not evaluated.\n"
     "One line per step on stderr (step, policy lag, reward, accuracy, length, verifier accept rate,\n"
-    "rollouts/s, trainer idle, broadcast time); DIR (default from the config, rl-out) gets\n"
+    "rollouts/s, trainer idle, broadcast time); after 30 s without one (VKSWARM_STATUS_INTERVAL_S), a\n"
+    "status line: the step waited for, groups generated / discarded / kept, batches in flight per rank; DIR (default from the config, rl-out) gets\n"
     "metrics.jsonl, rl.svg, timeline.svg (what the trainer and the inference thread did when over the\n"
     "last 4 steps: who waited for whom), report.html (one self-contained page: curves, timeline, ranks,\n"
     "sample completions, rejections; rebuilt at every checkpoint), rollouts/batch-N.jsonl and\n"
@@ -287,6 +288,24 @@ static void on_progress(void *ctx, const vks_rl_progress *p) {
             p->entropy, p->elapsed_s);
 }
 
+static void on_status(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
+
+/* The status line's silence: VKS_RL_STATUS_INTERVAL_S, or VKSWARM_STATUS_INTERVAL_S
+ * seconds (tests: a short one; > 0, at most a day). */
+static void set_status(vks_rl_run_options *o) {
+    o->status = on_status;
+    const char *v = getenv("VKSWARM_STATUS_INTERVAL_S");
+    if (!v || !v[0]) return;
+    char *end = NULL;
+    double s = strtod(v, &end);
+    if (*end || !(s > 0) || s > 86400)
+        cli_die(EXIT_BAD_INPUT, "VKSWARM_STATUS_INTERVAL_S: '%s' is not a number of seconds in (0, 86400]", v);
+    o->status_interval_s = s;
+}
+
 static void print_result(const rl_args *a, const vks_rl_result *r) {
     fprintf(stderr, "vkswarm: rl: %lld rollouts; %lld checked by a verifier: %lld accepted, %lld rejected; %lld groups "
             "without signal, %lld stale; %.0f s\n", (long long)r->rollouts, (long long)r->checked, (long long)r->accepted,
@@ -361,6 +380,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     /* a relay only moves bytes; an orchestrator of its own checks groups on the CPU */
     vks_gpu *gpu = roles & VKS_RL_ROLE_RELAY || roles == VKS_RL_ROLE_ORCHESTRATOR ? NULL : cli_open_gpu(&a->m);
     a->o.model = m, a->o.tok = tok, a->o.train_gpu = gpu, a->o.infer_gpu = gpu;
+    set_status(&a->o);
     int rc, status = 0;
     bool no_finalize = false, stopped = false;
     if (roles & VKS_RL_ROLE_TRAINER) {
@@ -433,6 +453,7 @@ int cmd_rl(int argc, char **argv) {
     vks_gpu *train_gpu = cli_open_gpu(&a.m), *infer_gpu = cli_open_gpu(&a.m);
     a.o.model = m, a.o.tok = tok, a.o.train_gpu = train_gpu, a.o.infer_gpu = infer_gpu;
     a.o.progress = on_progress;
+    set_status(&a.o);
     a.o.on_resume = cli_on_resume_rl;
     a.o.show_prompt = cli_show_prompt, a.o.progress_ctx = "rl";
     a.o.stop_requested = cli_stop_requested; /* handlers installed before the model loads */

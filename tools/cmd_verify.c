@@ -25,7 +25,9 @@ static const char verify_usage[] =
     "committed rows, the seeded sampler's choice at every position, and the stop rule (a sample that\n"
     "stops before max_steps ends with a stop token). Prints one line per sample (id, accepted or\n"
     "rejected: reason) and a summary; with --jsonl one {\"id\",\"accepted\",\"reason\"} per sample and\n"
-    "nothing else on stdout. Exit 0 when all pass, 1 when any is rejected, 2 on bad input.\n"
+    "nothing else on stdout. Exit 0 when all pass, 1 when any is rejected, 2 on bad input: also when the\n"
+    "rollouts name another model than --model (wrong weights: stderr says both hashes and, for vkswarm rl's\n"
+    "rollouts, the policy step whose weights they need and where those are).\n"
     "Samples from a pipeline carry stage_proofs, each stage's commitment of what it handed on: they\n"
     "are checked in stage order (the residual stream at each stage's last layer, same prefill), and\n"
     "the first that fails names its stage: \"rejected: stage 1 (rank 1, layers [2,4)): ...\".\n"
@@ -392,6 +394,28 @@ static void check_kv_type(verify_args *a, const vks_rollout_header *h) {
     a->m.engine.kv_f16 = a->vo.kv_f16 = h->kv_f16;
 }
 
+/* The rollouts name another model than --model: both hashes, and the policy
+ * step whose weights they need and where those are (rollout files of
+ * `vkswarm rl`; older ones and generate's do not say). */
+static void say_wrong_weights(const verify_args *a, const vks_rollout_header *h) {
+    char want[65], have[65];
+    vks_hash_hex(h->model_hash, want);
+    vks_hash_hex(a->vo.model_hash, have);
+    fputs("vkswarm: verify: wrong weights: ", stderr);
+    cli_put_escaped(stderr, a->rollouts, strlen(a->rollouts));
+    fprintf(stderr, " was made by model_hash %s, --model has model_hash %s; ", want, have);
+    if (!h->has_policy) {
+        fputs("the file does not say which policy step made it (written before issue 36, or by generate)\n", stderr);
+        return;
+    }
+    fprintf(stderr, "it needs the weights of policy step %lld", (long long)h->policy_step);
+    if (h->policy_weights[0]) {
+        fputs(": ", stderr);
+        cli_put_escaped(stderr, h->policy_weights, strlen(h->policy_weights));
+    }
+    fputc('\n', stderr);
+}
+
 int cmd_verify(int argc, char **argv) {
     verify_args a = {0};
     parse_verify(argc, argv, &a);
@@ -424,6 +448,8 @@ int cmd_verify(int argc, char **argv) {
     vks_verdict *verdicts = calloc((size_t)rf.n_samples + 1, sizeof *verdicts);
     if (!verdicts) cli_die(1, "out of host memory");
     const char *problem = vks_verify_header_problem(&rf.header, a.vo.model_hash, a.trusted_stop, a.n_trusted);
+    bool wrong_weights = memcmp(rf.header.model_hash, a.vo.model_hash, 32) != 0;
+    if (wrong_weights) say_wrong_weights(&a, &rf.header);
     int rc = 0;
     vks_dispatch_report report = {.first_lost = -1, .all_stopped = true};
     vks_group_plan plan = {0};
@@ -464,5 +490,6 @@ int cmd_verify(int argc, char **argv) {
     cli_free_model(&a.m, m);
     if (a.mpi) vks_mpi_stop_within(a.timeout_s, cli_mpi_stuck);
     if (rc) return rc;
+    if (wrong_weights) return EXIT_BAD_INPUT; /* every sample rejected for it, said above */
     return accepted == total ? 0 : 1;
 }

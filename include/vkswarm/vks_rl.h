@@ -94,6 +94,13 @@ typedef struct {
      * signal handler: the caller's handler sets a flag that this reads. */
     bool (*stop_requested)(void *ctx);
     void *stop_ctx;
+    /* A status line (may be NULL: none), with progress_ctx, when the trainer
+     * has waited status_interval_s (0: VKS_RL_STATUS_INTERVAL_S, 30 s) since
+     * its last step line or status line: the step it waits for, groups
+     * generated / discarded / kept since that step began, what is in flight
+     * on which rank (vks_rl_roles.h: vks_rl_status). */
+    void (*status)(void *ctx, const char *line);
+    double status_interval_s;
 } vks_rl_run_options;
 
 /* What OUT/timeline.svg shows: trainer steps first_step..last_step (with the

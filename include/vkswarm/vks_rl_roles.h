@@ -90,6 +90,37 @@ int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *group
 /* Moves the n oldest groups (n <= len) into out[]. */
 int vks_rl_queue_pop(vks_rl_queue *q, int n, vks_rl_batch_group *out);
 
+/* The trainer's status line (rl_status.c): when the run has said nothing for
+ * interval_s (a step line, or an earlier status line), one line saying which
+ * step it waits for, since when, and what the queue counted since that step
+ * began: "rl: step 3/20, 41 s without a step: generated 96 groups, discarded
+ * 90 (no signal), kept 6/8; in flight: rank 1 2 batches, rank 2 1; waiting
+ * for verifier rank 3". The source of groups that blocks (the single-process
+ * wait, take_mpi's rounds) calls vks_rl_status_poll from its loop: the queue
+ * it holds is the one place that knows these counts. */
+#define VKS_RL_STATUS_INTERVAL_S 30.0
+typedef struct {
+    double interval_s;          /* <= 0: no status lines */
+    double last;                /* when the run last said something */
+    double step_start;          /* when the step waited for began */
+    int64_t step, steps;        /* the step waited for (1-based), of */
+    bool have_base;             /* base: the queue's counts at the first poll of the step */
+    vks_rl_counters base;
+    int64_t base_pushed;
+    void (*say)(void *ctx, const char *line); /* NULL: no status lines */
+    void *ctx;
+} vks_rl_status;
+/* The step `step` of `steps` begins (at `now`, vks_seconds_now()). */
+void vks_rl_status_begin(vks_rl_status *s, int64_t step, int64_t steps, double now);
+/* The run said something (a step's line) at `now`: silence counts from here. */
+void vks_rl_status_said(vks_rl_status *s, double now);
+/* When interval_s passed since the run last said something: says the line,
+ * from the queue q (held: locked by the caller where it needs a lock) and
+ * in_flight (NULL or "": nothing more), e.g. "in flight: rank 1 2 batches". */
+void vks_rl_status_poll(vks_rl_status *s, const vks_rl_queue *q, const char *in_flight);
+/* Seconds until the next line is due (>= 0; interval_s when no lines are said). */
+double vks_rl_status_due_in(const vks_rl_status *s);
+
 /* The inference thread's state. */
 typedef struct vks_rl_gen vks_rl_gen;
 struct vks_rl_gen {
@@ -111,6 +142,8 @@ struct vks_rl_gen {
     double verify_start, verify_end; /* the last batch's verification (vks_seconds_now(); both 0: none) */
     struct vks_rl_timeline *timeline;       /* the inference thread's record (NULL: none, as on inference ranks) */
     char rollouts_dir[4096];
+    char policy_weights[512]; /* where the policy's weights are, for the rollout files ("": OUT/step-N
+                               * when the run saves that step); set with the policy */
     bool defer_verify;        /* a verifier rank checks the batches: write the rollout file, verify
                                  nothing here, every completion goes into its group unverified */
     bool rejections_started;  /* rollouts_dir/rejected.jsonl has been trimmed for this process's batches */
@@ -198,8 +231,9 @@ typedef struct {
      * (owned from here; its base recorded) instead; NULL: LoRA is refused. */
     int (*publish_adapter)(void *ctx, vks_lora_adapter *a, int64_t step);
     /* Blocks (bounded) until the prompts_per_step groups that trainer step
-     * step + 1 consumes are there; moves them into groups[]. */
-    int (*take)(void *ctx, int64_t step, vks_rl_batch_group *groups);
+     * step + 1 consumes are there; moves them into groups[]; polls status
+     * (vks_rl_status_poll) while it waits. */
+    int (*take)(void *ctx, int64_t step, vks_rl_batch_group *groups, vks_rl_status *status);
     void (*counters)(void *ctx, vks_rl_counters *c);
     /* The rollout position: generation batches started so far (a resumed run starts the next one). */
     int64_t (*position)(void *ctx);

@@ -15,6 +15,12 @@
  * chunk proofs (vks_toploc.h) of the residual stream after layer end-1, at
  * the sampling positions (the rows the final proofs commit), rounded to bf16
  * as the stage sent them. Files without the field are as before.
+ * The policy that made them (issue 36; `vkswarm rl`'s rollout files): the
+ * header holds "policy_step":N (the trainer step whose weights generated
+ * every sample; 0: the start) and "policy_weights":STR (where those weights
+ * are: a checkpoint directory, or the Shardcast step an inference rank took
+ * them from), each sample "policy_step":N. Optional: a file without them (an
+ * older one, or `vkswarm generate`'s) reads as before, the policy unknown.
  * output_ids includes the stop token when generation stopped on one. seq is
  * the sampler's stream index (the prompt's index in its generation batch):
  * the sampler is keyed by (seed, seq, position). max_steps counts positions,
@@ -36,6 +42,7 @@ enum {
     VKS_ROLLOUT_MAX_STAGES = 64,             /* stage_proofs entries */
     VKS_ROLLOUT_MAX_RANK = 1 << 24,          /* a stage's rank */
     VKS_ROLLOUT_MAX_LAYERS = 1 << 16,        /* layer numbers in stage_proofs */
+    VKS_ROLLOUT_MAX_POLICY_STEP = 1 << 30,   /* policy_step */
 };
 
 /* vks_stage_proof (one stage's commitment): vks_engine.h. */
@@ -47,6 +54,9 @@ typedef struct {
     int32_t stop_ids[VKS_ROLLOUT_MAX_STOP];
     int n_stop;
     bool kv_f16; /* "kv_type":"f16": made with an f16 KV cache, replayed with one (absent: f32) */
+    bool has_policy;          /* "policy_step" present (false: unknown) */
+    int64_t policy_step;
+    char policy_weights[512]; /* "" when absent */
 } vks_rollout_header;
 
 typedef struct {
@@ -63,6 +73,8 @@ typedef struct {
     size_t proof_bytes;
     vks_stage_proof *stage_proofs; /* NULL when the file has none */
     int n_stage_proofs;
+    bool has_policy;               /* "policy_step" present (false: unknown) */
+    int64_t policy_step;
 } vks_rollout_sample;
 
 /* Writes one JSON line (with '\n'). */

@@ -190,6 +190,10 @@ typedef struct vks_rollout_writer vks_rollout_writer;
 int vks_rollout_writer_create(const char *path, const vks_model *m, const vks_lora_adapter *lora,
                               const char *model_name, const vks_sched_params *sp, int n_seqs, bool toploc,
                               vks_rollout_writer **out);
+/* Names the policy that generates: trainer step `step` (>= 0), its weights
+ * at `weights` (a checkpoint directory, "shardcast step N"; NULL: not said);
+ * in the header and every sample (vks_rollout.h). */
+void vks_rollout_writer_set_policy(vks_rollout_writer *r, int64_t step, const char *weights);
 /* Records that the generator's engine keeps an f16 KV cache (header kv_type). */
 void vks_rollout_writer_set_kv_f16(vks_rollout_writer *r, bool on);
 /* A failure here is kept and returned by finish (the hook cannot return one). */

@@ -384,6 +384,21 @@ static int verify_batch(vks_rl_gen *g, const char *path, gen_batch *b, int n) {
 /* Whether this batch's verdicts are made here (else by a verifier rank, or none). */
 static bool verified_here(const vks_rl_gen *g) { return g->o->verify && !g->defer_verify; }
 
+/* Where the weights of the policy generating are, for its rollout files:
+ * what the caller set (an inference rank: the Shardcast step), else the
+ * checkpoint OUT/step-N when the run saves that step (every save_every and
+ * the last; step 0: the start model, as --model gave it). */
+static void policy_weights(const vks_rl_gen *g, char *out, size_t cap) {
+    const vks_rl_config *c = g->o->config;
+    int64_t step = g->policy_step;
+    if (g->policy_weights[0]) snprintf(out, cap, "%s", g->policy_weights);
+    else if (step == 0) snprintf(out, cap, "the start model (vkswarm rl --model)");
+    else if ((c->save_every && step % c->save_every == 0) || step == c->steps) {
+        if (vks_checkpoint_step_dir(c->out, step, out, cap)) snprintf(out, cap, "step %lld", (long long)step);
+    } else
+        snprintf(out, cap, "not saved (save_every %d; the trainer's weights of step %lld)", c->save_every, (long long)step);
+}
+
 static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     vks_sched_params sp = batch_sched(g, b);
     vks_generate_options go = {.sched = sp, .record_logp = true};
@@ -394,6 +409,9 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     bool toploc = g->o->verify || g->defer_verify;
     if (toploc) { /* the rollout file: for this verifier or a verifier rank (proofs made here unless elsewhere) */
         rc = vks_rollout_writer_create(path, g->model, g->adapter, "policy", &sp, n, !g->generate, &w);
+        char where[1024];
+        policy_weights(g, where, sizeof where);
+        vks_rollout_writer_set_policy(w, g->policy_step, where);
         go.on_hidden = on_hidden, go.user = w;
     }
     if (!rc) rc = g->generate ? g->generate(g->generate_ctx, g, &sp, b->seqs, n, toploc)

@@ -74,6 +74,7 @@ typedef struct {
     int n_resumes;
     char model_hash[65];         /* o->model's (hex) */
     char task_set[16384];        /* what it trains and evaluates on, in words */
+    vks_rl_status status;        /* the line after a silence (o->status) */
 } rl_run;
 
 /* Seconds since the run's start, across stops (a resumed run goes on from its checkpoint's). */
@@ -548,13 +549,24 @@ static void run_free(rl_run *r) {
 static int take_groups(rl_run *r, double *waited) {
     int P = r->c->prompts_per_step, rc = VKS_OK;
     double t0 = vks_seconds_now();
+    vks_rl_status_begin(&r->status, vks_trainer_steps(r->trainer) + 1, r->c->steps, t0);
     if (r->src) {
-        rc = r->src->take(r->src->ctx, vks_trainer_steps(r->trainer), r->groups);
+        rc = r->src->take(r->src->ctx, vks_trainer_steps(r->trainer), r->groups, &r->status);
         *waited = vks_seconds_now() - t0;
         return rc;
     }
     pthread_mutex_lock(&r->sh.mu);
-    while (r->sh.queue.len < P && !r->sh.gen_rc) pthread_cond_wait(&r->sh.cv, &r->sh.mu);
+    while (r->sh.queue.len < P && !r->sh.gen_rc) {
+        /* woken by each batch queued, or when a status line is due */
+        vks_rl_status_poll(&r->status, &r->sh.queue, "in flight: the inference thread's batch");
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double due = vks_rl_status_due_in(&r->status);
+        until.tv_sec += (time_t)due;
+        until.tv_nsec += (long)((due - (double)(time_t)due) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&r->sh.cv, &r->sh.mu, &until);
+    }
     if (r->sh.gen_rc) rc = vks_set_error(r->sh.gen_rc, "%s", r->sh.gen_error);
     if (!rc) rc = vks_rl_queue_pop(&r->sh.queue, P, r->groups);
     pthread_cond_broadcast(&r->sh.cv);
@@ -1060,6 +1072,8 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     double t_start = vks_seconds_now(), idle = 0, total = 0;
     rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}, .start_accuracy = NAN};
     r.gen.o = o;
+    r.status = (vks_rl_status){.say = o->status, .ctx = o->progress_ctx,
+                               .interval_s = o->status_interval_s > 0 ? o->status_interval_s : VKS_RL_STATUS_INTERVAL_S};
     rc = vks_rl_gen_open_tasks(&r.gen); /* a bad task file is refused before OUT is made or locked */
     if (!rc) rc = vks_rl_gen_show_prompt(&r.gen);
     if (!rc) rc = open_start(&r, res);
@@ -1080,6 +1094,7 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
         if ((rc = one_step(&r, t_start, &idle, &total, &p))) break;
         if (!isnan(p.accuracy)) res->final_accuracy = p.accuracy;
         if (o->progress) o->progress(o->progress_ctx, &p);
+        vks_rl_status_said(&r.status, vks_seconds_now());
         /* asked while the step finished: its weights went out already (one process; across ranks the
          * stop lands before the next step's weights go out, where the position is the source's) */
         if (!r.stopped && !r.src && stop_asked(&r)) {

@@ -166,6 +166,16 @@ static json_t *parse_object(const char *line, size_t len) {
 
 /* ---- header ---- */
 
+/* The optional "policy_step" (absent: *has false). */
+static int get_policy(json_t *o, bool *has, int64_t *step) {
+    *has = false, *step = -1;
+    if (!json_object_get(o, "policy_step")) return VKS_OK;
+    long long v = 0;
+    int rc = get_int(o, "policy_step", 0, VKS_ROLLOUT_MAX_POLICY_STEP, &v);
+    if (!rc) *has = true, *step = v;
+    return rc;
+}
+
 static int header_from_json(json_t *o, vks_rollout_header *h) {
     json_t *fmt = field(o, "format");
     if (!fmt) return VKS_ERR_FORMAT;
@@ -189,6 +199,13 @@ static int header_from_json(json_t *o, vks_rollout_header *h) {
     if (kv && (!json_is_string(kv) || (strcmp(json_string_value(kv), "f16") && strcmp(json_string_value(kv), "f32"))))
         return vks_set_error(VKS_ERR_FORMAT, "\"kv_type\" is not \"f16\" or \"f32\"");
     h->kv_f16 = kv && !strcmp(json_string_value(kv), "f16");
+    if ((rc = get_policy(o, &h->has_policy, &h->policy_step))) return rc;
+    json_t *w = json_object_get(o, "policy_weights");
+    if (w && (!json_is_string(w) || json_string_length(w) >= sizeof h->policy_weights ||
+              strlen(json_string_value(w)) != json_string_length(w)))
+        return vks_set_error(VKS_ERR_FORMAT, "\"policy_weights\" is not a string of at most %zu bytes",
+                             sizeof h->policy_weights - 1);
+    if (w) snprintf(h->policy_weights, sizeof h->policy_weights, "%s", json_string_value(w));
     json_t *t = json_object_get(o, "toploc");
     if (t) {
         long long rows = 0, k = 0, prime = 0;
@@ -241,6 +258,12 @@ int vks_rollout_write_header(FILE *f, const vks_rollout_header *h) {
                           VKS_ROLLOUT_VERSION, "model", model, "model_hash", hex, "stop_ids", stops, "toploc",
                           "chunk_rows", VKS_TOPLOC_CHUNK_ROWS, "k", VKS_TOPLOC_K, "prime", VKS_TOPLOC_PRIME);
     if (o && h->kv_f16) json_object_set_new(o, "kv_type", json_string("f16"));
+    if (o && h->has_policy) json_object_set_new(o, "policy_step", json_integer((json_int_t)h->policy_step));
+    if (o && h->has_policy && h->policy_weights[0]) {
+        char where[3 * sizeof h->policy_weights];
+        valid_utf8_copy(h->policy_weights, where, sizeof where);
+        json_object_set_new(o, "policy_weights", json_string(where));
+    }
     int rc = o && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF
                  ? VKS_OK : vks_set_error(VKS_ERR_IO, "cannot write the rollout header");
     json_decref(o);
@@ -265,7 +288,8 @@ static int sample_from_json(json_t *o, vks_rollout_sample *s) {
         (rc = get_int(o, "top_k", 0, 1 << 24, &top_k)) || (rc = get_float(o, "top_p", 0.0, 1.0, &s->top_p)) ||
         (rc = get_int(o, "max_steps", 1, VKS_ROLLOUT_MAX_IDS, &max_steps)) ||
         (rc = get_hash(o, "model_hash", s->model_hash)) ||
-        (rc = get_base64(o, "proofs", &s->proofs, &s->proof_bytes)) || (rc = get_stage_proofs(o, s)))
+        (rc = get_base64(o, "proofs", &s->proofs, &s->proof_bytes)) || (rc = get_stage_proofs(o, s)) ||
+        (rc = get_policy(o, &s->has_policy, &s->policy_step)))
         return rc;
     s->seq = (uint32_t)seq;
     s->top_k = (uint32_t)top_k;
@@ -342,6 +366,7 @@ int vks_rollout_write_sample(FILE *f, const vks_rollout_sample *s) {
                           (double)s->temperature, "top_k", (json_int_t)s->top_k, "top_p", (double)s->top_p,
                           "max_steps", s->max_steps, "model_hash", hex, "proofs", b64);
     free(b64);
+    if (o && s->has_policy) json_object_set_new(o, "policy_step", json_integer((json_int_t)s->policy_step));
     if (o && s->n_stage_proofs > 0) { /* only when there are some: files without stay as they were */
         json_t *sp = stage_proofs_json(s->stage_proofs, s->n_stage_proofs);
         if (!sp || json_object_set_new(o, "stage_proofs", sp)) {

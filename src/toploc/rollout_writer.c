@@ -48,6 +48,12 @@ int vks_rollout_writer_create(const char *path, const vks_model *m, const vks_lo
     return VKS_OK;
 }
 
+void vks_rollout_writer_set_policy(vks_rollout_writer *r, int64_t step, const char *weights) {
+    if (!r || step < 0) return;
+    r->header.has_policy = true, r->header.policy_step = step;
+    snprintf(r->header.policy_weights, sizeof r->header.policy_weights, "%s", weights ? weights : "");
+}
+
 void vks_rollout_writer_set_kv_f16(vks_rollout_writer *r, bool on) {
     if (r) r->header.kv_f16 = on;
 }
@@ -86,6 +92,7 @@ static int write_sample(vks_rollout_writer *r, FILE *f, const vks_sequence *seq,
                             .temperature = r->sp.temperature, .top_k = r->sp.top_k, .top_p = r->sp.top_p,
                             .max_steps = r->sp.steps, .prompt_ids = seq->ids, .n_prompt = seq->n_prompt};
     memcpy(s.model_hash, r->header.model_hash, 32);
+    s.has_policy = r->header.has_policy, s.policy_step = r->header.policy_step;
     if (!(s.output_ids = output_ids(seq, &s.n_output))) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     int rc = VKS_OK;
     if (r->builder) {

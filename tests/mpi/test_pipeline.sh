@@ -113,7 +113,7 @@ if mpi -np 2 $bin pipeline --model "$tmp/base.bin" --lora "$tmp/adapter" --promp
        --micro-batches 2 --rollouts-out "$tmp/r_lora.jsonl" > /dev/null 2>&1 &&
    without_stages "$tmp/r_lora.jsonl" | cmp -s - "$tmp/r_lora_gen.jsonl" &&
    $bin verify --model "$tmp/base.bin" --lora "$tmp/adapter" --rollouts "$tmp/r_lora.jsonl" --cpu > /dev/null 2>&1 &&
-   { $bin verify --model "$tmp/base.bin" --rollouts "$tmp/r_lora.jsonl" --cpu > "$tmp/v_lora.txt" 2>&1; [ $? = 1 ]; } &&
+   { $bin verify --model "$tmp/base.bin" --rollouts "$tmp/r_lora.jsonl" --cpu > "$tmp/v_lora.txt" 2>&1; [ $? = 2 ]; } &&
    grep -q "rejected: the rollout file names another model" "$tmp/v_lora.txt"; then
     ok "S=2 --lora rollouts equal one rank's generate --lora, verify with the adapter, rejected without"
 else bad "S=2 --lora"; fi

@@ -177,7 +177,8 @@ lora_cast_ok() {
     for s in 1 2; do [ "$(head -c 4 "$tmp/lora/weights-rank$s/current/model.bin")" = GGUF ] || return 1; done
 }
 # lora_verify_ok: every rollout file verifies with step 1's adapter, or is policy step 0's (the
-# model hash of batch 0) and is rejected with it; at least one of each
+# model hash of batch 0; its header and every record say policy_step 0, from Shardcast step 0) and
+# is refused with it (status 2, naming the step it needs); at least one of each
 lora_verify_ok() {
     $bin convert --init tiny --seed 1 --out "$tmp/tinyhf" 2> /dev/null || return 1
     local f first n_ok=0 n_old=0 h
@@ -186,7 +187,13 @@ lora_verify_ok() {
         $bin verify --model "$tmp/tinyhf" --rollouts "$f" --lora "$tmp/lora/step-000000001" > /dev/null 2>&1
         case $? in
         0) n_ok=$((n_ok + 1)) ;;
-        1) h=$(head -1 "$f" | grep -o '"model_hash":"[0-9a-f]*"'); [ "$h" = "$first" ] || return 1; n_old=$((n_old + 1)) ;;
+        2) h=$(head -1 "$f" | grep -o '"model_hash":"[0-9a-f]*"'); [ "$h" = "$first" ] || return 1
+           # wrong weights (issue 36): status 2 naming the step the file needs and where it came from
+           head -1 "$f" | grep -q '"policy_step":0,"policy_weights":"shardcast step 0 ' || return 1
+           [ "$(grep -c '"policy_step":0' "$f")" = "$(wc -l < "$f")" ] || return 1
+           $bin verify --model "$tmp/tinyhf" --rollouts "$f" --lora "$tmp/lora/step-000000001" 2> "$tmp/verify_err.txt" > /dev/null
+           grep -q "wrong weights: .* it needs the weights of policy step 0: shardcast step 0 " "$tmp/verify_err.txt" || return 1
+           n_old=$((n_old + 1)) ;;
         *) return 1 ;;
         esac
     done
@@ -248,9 +255,16 @@ fi
 
 # happy path: trainer + 2 inference ranks + a Shardcast relay (rank 3: inference rank 2 gets the
 # weights through it), k = 0, 2 steps
+# (issue 36) with a 0.1 s status interval the trainer says what it waits for: step, groups
+# generated / discarded / kept, the batches each inference rank has in flight
 config "$tmp/k0" 2 0 "" 3
-mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+VKSWARM_STATUS_INTERVAL_S=0.1 mpi_run 300 -x VKSWARM_STATUS_INTERVAL_S -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 \
+    --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
+status_re='^rl: step [12]/2, [0-9]+ s without a step: generated [0-9]+ groups, discarded [0-9]+ \(no signal\), kept [0-2]/2; in flight: '
+if grep -Eq "$status_re"'rank 1 [01] batch(es)?, rank 2 [01] batch' "$tmp/err.txt"; then
+    ok "4 ranks: a status line while the trainer waits (step, groups, batches in flight per rank)"
+else bad "4 ranks: no status line"; grep '^rl: step' "$tmp/err.txt" | head -3; fi
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/k0/step-000000002" "$tmp/out.txt" &&
    metrics_ok "$tmp/k0/metrics.jsonl" 2 0 && mismatch_ok "$tmp/k0/metrics.jsonl" && stale_none "$tmp/k0/metrics.jsonl" &&
    shardcast_ok "$tmp/err.txt" "$tmp/k0/metrics.jsonl" 2 3 1 "$tmp/k0/weights-rank1" "$tmp/k0/weights-rank2" &&
@@ -283,8 +297,13 @@ else bad "pipeline group: status $rc"; tail -5 "$tmp/err.txt"; losses "$tmp/grou
 # the happy path's to the last digit (one inference rank or two: the same batches, in order).
 config "$tmp/orch" 2 0
 own_orchestrator
-mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+VKSWARM_STATUS_INTERVAL_S=0.1 mpi_run 300 -x VKSWARM_STATUS_INTERVAL_S -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
+    --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
+# (issue 36) the status line comes from the orchestrator's rank, which holds the queue
+if grep -Eq "$status_re"'rank 2 [01] batch' "$tmp/err.txt"; then
+    ok "own orchestrator: a status line from the orchestrator's rank while the trainer waits"
+else bad "own orchestrator: no status line"; grep '^rl: step' "$tmp/err.txt" | head -3; fi
 if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/orch/step-000000002" "$tmp/out.txt" &&
    metrics_ok "$tmp/orch/metrics.jsonl" 2 0 && mismatch_ok "$tmp/orch/metrics.jsonl" && stale_none "$tmp/orch/metrics.jsonl" &&
    shardcast_ok "$tmp/err.txt" "$tmp/orch/metrics.jsonl" 2 1 0 "$tmp/orch/weights-rank2" && [ ! -d "$tmp/orch/weights-rank0" ] &&
