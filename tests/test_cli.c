@@ -2637,7 +2637,7 @@ static void test_tokenize_no_think_refused(void **state) {
     assert_int_equal(tu_run(cmd, NULL), 0);
     snprintf(cmd, sizeof cmd, "printf Hi | %s tokenize --model %s/tiny.gguf --chat --chat-template chatml --no-think "
              ">/dev/null 2>%s", tu_bin(), dir, errp);
-    expect_bad_input(cmd, errp, "vkswarm tokenize: --no-think: chat template chatml has no thinking switch (qwen3 has)",
+    expect_bad_input(cmd, errp, "vkswarm tokenize: prompt.think = false: chat template chatml has no thinking switch (qwen3 has)",
                      "see vkswarm tokenize --help");
     snprintf(cmd, sizeof cmd, "printf Hi | %s tokenize --model %s/tiny.gguf --chat --chat-template qwen3 --no-think "
              ">/dev/null 2>%s", tu_bin(), dir, errp);
