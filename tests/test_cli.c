@@ -1,6 +1,7 @@
 /* The vkswarm binary as a user runs it: exact reference text on stdout,
  * logits files, JSON output, --help everywhere, exit status 2 on bad input. */
 #define _GNU_SOURCE /* memmem */
+#include "chat_templates.h"
 #include "test_util.h"
 #include "vkswarm/vks_common.h"
 #include "vkswarm/vks_gguf.h"
@@ -2663,6 +2664,237 @@ static void test_prompts_json_lines(void **state) {
     }
 }
 
+/* Issue 36 item 3: generate takes --chat-template, --system and --no-think as
+ * tokenize --chat (and rl, eval) take them: the prompt ids it feeds (the
+ * "ids" of its JSON line, before the generated ones) are tokenize's for the
+ * same flags, and it shows that prompt once on stderr; the flags' bad
+ * combinations are refused as eval refuses them (exit 2, one line). */
+static void test_generate_chat_flags(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* tu_tmpdir's buffer is reused by run_capture */
+    char args[4096], path[600], *out, *err, *ids;
+    snprintf(args, sizeof args, "convert --init tiny --out %s/tiny.gguf", dir);
+    assert_int_equal(run_capture(args, &out, &err), 0);
+    free(out), free(err);
+    snprintf(path, sizeof path, "%s/p.jsonl", dir);
+    const char *prompts = "{\"prompt\": \"What is 2+2?\"}\n";
+    write_bytes(path, prompts, strlen(prompts));
+    static const char *const flags[] = {"--chat-template qwen3 --system 'Be brief.' --no-think",
+                                        "--chat-template chatml --system 'Be brief.'", "--chat-template llama3"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        snprintf(args, sizeof args, "tokenize --model %s/tiny.gguf --chat %s --prompt 'What is 2+2?'", dir, flags[i]);
+        assert_int_equal(run_capture(args, &ids, &err), 0);
+        free(err);
+        ids[strcspn(ids, "\n")] = 0;
+        for (char *c = ids; *c; c++) *c = *c == ' ' ? ',' : *c; /* "256 60 ..." -> "256,60,..." */
+        snprintf(args, sizeof args, "generate --model %s/tiny.gguf --prompts %s -n 200 --temp 0 --seed 1 %s", dir, path,
+                 flags[i]);
+        assert_int_equal(run_capture(args, &out, &err), 0);
+        char want[8192];
+        snprintf(want, sizeof want, "{\"prompt\":\"What is 2+2?\",\"ids\":[%s,", ids); /* then generated ids */
+        if (!strstr(out, want) || count_lines(out) != 1) fail_msg("%s:\nstdout %s\nwant %s", flags[i], out, want);
+        if (lines_with(err, "vkswarm: generate: prompt: ") != 1) fail_msg("%s: stderr %s", flags[i], err);
+        free(out), free(err), free(ids);
+    }
+    snprintf(args, sizeof args, "generate --model %s/tiny.gguf --prompt hi -n 40 --temp 0 --seed 1 "
+             "--chat-template qwen3 --system 'Be brief.' --no-think", dir);
+    assert_int_equal(run_capture(args, &out, &err), 0);
+    expect_in(err, "vkswarm: generate: prompt: <|im_start|>system\\x0aBe brief.<|im_end|>\\x0a<|im_start|>user\\x0ahi"
+                   "<|im_end|>\\x0a<|im_start|>assistant\\x0a<think>\\x0a\\x0a</think>\\x0a\\x0a\n");
+    free(out), free(err);
+    static const struct { const char *flags, *want; } bad[] = {
+        {"--system 'Be brief.'", "prompt.system needs a chat template"},
+        {"--no-think", "prompt.think = false needs a chat template"},
+        {"--chat-template chatml --no-think", "chat template chatml has no thinking switch"},
+        {"--chat-template mistral", "--chat-template: unknown chat template 'mistral'"},
+        {"--chat-template model", "prompt.chat_template model: the tokenizer has no chat template"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "generate --model %s/tiny.gguf --prompt hi -n 8 %s", dir, bad[i].flags);
+        int rc = run_capture(args, &out, &err);
+        if (rc != 2 || *out || !strstr(err, bad[i].want) || count_lines(err) != 1)
+            fail_msg("%s: exit %d, stderr %s", bad[i].flags, rc, err);
+        free(out), free(err);
+    }
+}
+
+/* Issue 36 item 3: eval --show N prints, before its summary, one JSON line
+ * per task for the first N tasks: the prompt as the model got it, the
+ * expected answer and each completion with its answer, reward and length;
+ * shown for every task, those rewards and lengths are the summary's; strings
+ * from the task file and the model are escaped (no raw control byte). */
+static void test_eval_show(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char args[4096], path[600], *out, *err;
+    snprintf(path, sizeof path, "%s/t.jsonl", dir);
+    const char *tasks = "{\"prompt\": \"\\u001b[31mred\\u001b[0m 20+22=\", \"answer\": 42, \"task_type\": \"numeric\"}\n"
+                        "{\"prompt\": \"sort 3 1 2\", \"answer\": \"1 2 3\", \"task_type\": \"list\", \"kind\": \"lists\"}\n"
+                        "{\"prompt\": \"say yes\", \"answer\": \"yes\", \"task_type\": \"exact\"}\n";
+    write_bytes(path, tasks, strlen(tasks));
+    snprintf(args, sizeof args, "convert --init tiny --out %s/tiny.gguf", dir);
+    assert_int_equal(run_capture(args, &out, &err), 0);
+    free(out), free(err);
+    snprintf(args, sizeof args, "eval --model %s/tiny.gguf --task %s --samples 2 --max-new 6 --show 5", dir, path);
+    assert_int_equal(run_capture(args, &out, &err), 0);
+    assert_int_equal(count_lines(out), 4); /* three tasks (fewer than 5), then the summary */
+    for (const char *c = out; *c; c++)
+        if ((unsigned char)*c < 0x20 && *c != '\n') fail_msg("raw control byte 0x%02x on stdout: %s", *c, out);
+    expect_in(out, "\"prompt\": \"\\u001b[31mred\\u001b[0m 20+22=\", \"expected\": \"42\"");
+    expect_in(out, "{\"show\": 2, \"line\": 2, \"kind\": \"lists\", \"prompt\": \"sort 3 1 2\", \"expected\": \"1 2 3\", ");
+    double reward_sum = 0, tokens_sum = 0;
+    char *line = out;
+    for (int i = 0; i < 3; i++) {
+        char *end = strchr(line, '\n');
+        json_error_t e;
+        json_t *o = json_loadb(line, (size_t)(end - line), 0, &e);
+        if (!o) fail_msg("line %d is not JSON (%s): %s", i + 1, e.text, line);
+        assert_int_equal(json_integer_value(json_object_get(o, "show")), i + 1);
+        assert_int_equal(json_integer_value(json_object_get(o, "line")), i + 1);
+        json_t *c = json_object_get(o, "completions");
+        assert_int_equal(json_array_size(c), 2);
+        for (size_t j = 0; j < 2; j++) {
+            json_t *one = json_array_get(c, j);
+            assert_true(json_is_string(json_object_get(one, "text")));
+            json_t *a = json_object_get(one, "answer");
+            assert_true(json_is_null(a) || json_is_string(a));
+            reward_sum += json_number_value(json_object_get(one, "reward"));
+            tokens_sum += (double)json_integer_value(json_object_get(one, "tokens"));
+        }
+        json_decref(o);
+        line = end + 1;
+    }
+    json_t *summary = json_loads(line, 0, NULL);
+    assert_non_null(summary);
+    assert_float_equal(json_number_value(json_object_get(summary, "accuracy")), reward_sum / 6, 1e-6);
+    assert_float_equal(json_number_value(json_object_get(summary, "mean_length")), tokens_sum / 6, 1e-3);
+    json_decref(summary);
+    free(out), free(err);
+    snprintf(args, sizeof args, "eval --model %s/tiny.gguf --task %s --max-new 4 --show 1", dir, path);
+    assert_int_equal(run_capture(args, &out, &err), 0);
+    assert_int_equal(count_lines(out), 2);
+    assert_int_equal(lines_with(out, "{\"show\": "), 1);
+    free(out), free(err);
+    snprintf(args, sizeof args, "eval --model %s/tiny.gguf --data %s --show 1", dir, path);
+    assert_int_equal(run_capture(args, &out, &err), 2);
+    expect_in(err, "--show and the prompt flags go with --task");
+    free(out), free(err);
+}
+
+/* A copy of the tiny model as a Hugging Face directory whose
+ * tokenizer_config.json holds chat template tmpl. */
+static void tiny_with_template(const char *tiny_dir, const char *dir, const char *tmpl) {
+    char cmd[2048], path[1024];
+    snprintf(cmd, sizeof cmd, "cp -r %s %s", tiny_dir, dir);
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    assert_non_null(cfg);
+    assert_int_equal(json_object_set_new(cfg, "chat_template", json_string(tmpl)), 0);
+    assert_int_equal(json_dump_file(cfg, path, JSON_INDENT(2)), 0);
+    json_decref(cfg);
+}
+
+/* Runs vkswarm args; expects exit 0 and stderr holding want_err. stdout returned. */
+static char *run_ok_saying(const char *args, const char *want_err) {
+    char *out, *err;
+    int rc = run_capture(args, &out, &err);
+    if (rc != 0 || !strstr(err, want_err)) fail_msg("'%s': exit %d, stderr '%s' (want '%s')", args, rc, err, want_err);
+    free(err);
+    return out;
+}
+
+/* The text of token ids (tokenize's output line) by `detokenize --model model`. */
+static char *detokenized(const char *ids, const char *model) {
+    char cmd[16384], *out;
+    snprintf(cmd, sizeof cmd, "printf '%%s' '%s' | %s detokenize --model %s", ids, tu_bin(), model);
+    assert_int_equal(tu_run(cmd, &out), 0);
+    return out;
+}
+
+/* Issue 36 item 3: --chat-template model on Qwen2.5-0.5B-Instruct's and
+ * Qwen3-0.6B's own Jinja templates (tests/chat_templates.h, in a
+ * tokenizer_config.json and carried into a GGUF): stderr names the file and
+ * the family; Qwen2.5's default system message is kept (the tokens are
+ * chatml's with that system message; --system replaces it), Qwen3 has none
+ * and takes --no-think; tokenize, generate and eval say and render the same.
+ * A template of no known family is refused naming the file (exit 2, one line). */
+static void test_chat_template_model(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char args[4096], want[1024], *out, *err;
+    snprintf(args, sizeof args, "convert --init tiny --out %s/tiny", dir);
+    assert_int_equal(run_capture(args, &out, &err), 0);
+    free(out), free(err);
+    char q25[300], q3[300], other[300], tiny[300];
+    snprintf(tiny, sizeof tiny, "%s/tiny", dir);
+    snprintf(q25, sizeof q25, "%s/qwen25", dir), snprintf(q3, sizeof q3, "%s/qwen3", dir);
+    snprintf(other, sizeof other, "%s/other", dir);
+    tiny_with_template(tiny, q25, QWEN25_TEMPLATE);
+    tiny_with_template(tiny, q3, QWEN3_TEMPLATE);
+    tiny_with_template(tiny, other, "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}");
+    const char *qwen_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    /* Qwen2.5: chatml with its default system message */
+    snprintf(want, sizeof want, "vkswarm: tokenize: chat template: %s/tokenizer_config.json: family chatml, default "
+             "system message kept: \"%s\"\n", q25, qwen_system);
+    snprintf(args, sizeof args, "tokenize --model %s --chat --prompt Hi", q25);
+    char *model_ids = run_ok_saying(args, want);
+    snprintf(args, sizeof args, "tokenize --model %s --chat --chat-template chatml --system '%s' --prompt Hi", q25,
+             qwen_system);
+    char *chatml_ids = run_ok_saying(args, "");
+    assert_string_equal(model_ids, chatml_ids);
+    free(model_ids), free(chatml_ids);
+    snprintf(args, sizeof args, "generate --model %s --chat-template model --prompt Hi -n 200 --temp 0 --seed 1", q25);
+    snprintf(want, sizeof want, "vkswarm: generate: prompt: <|im_start|>system\\x0a%s<|im_end|>\\x0a<|im_start|>user\\x0aHi"
+             "<|im_end|>\\x0a<|im_start|>assistant\\x0a\n", qwen_system);
+    free(run_ok_saying(args, want));
+    free(run_ok_saying(args, "vkswarm: generate: chat template: "));
+    snprintf(args, sizeof args, "eval --model %s --task add:1:short --n 1 --max-new 2 --chat-template model --show 1", q25);
+    snprintf(want, sizeof want, "vkswarm: eval: chat template: %s/tokenizer_config.json: family chatml, default system "
+             "message kept", q25);
+    out = run_ok_saying(args, want);
+    snprintf(want, sizeof want, "\"prompt\": \"<|im_start|>system\\n%s<|im_end|>\\n<|im_start|>user\\n", qwen_system);
+    expect_in(out, want);
+    free(out);
+    snprintf(args, sizeof args, "tokenize --model %s --chat --system 'Be brief.' --prompt Hi", q25);
+    char *ids = run_ok_saying(args, "its default system message replaced by the one given");
+    out = detokenized(ids, q25);
+    assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(out), free(ids);
+    /* the same template carried into a GGUF (tokenizer.chat_template) */
+    snprintf(args, sizeof args, "convert --in %s --out %s/qwen25.gguf", q25, dir);
+    free(run_ok_saying(args, ""));
+    snprintf(args, sizeof args, "tokenize --model %s/qwen25.gguf --chat --prompt Hi", dir);
+    snprintf(want, sizeof want, "vkswarm: tokenize: chat template: %s/qwen25.gguf: family chatml, default system message "
+             "kept: \"%s\"\n", dir, qwen_system);
+    free(run_ok_saying(args, want));
+    /* Qwen3: no default system message; --no-think */
+    snprintf(args, sizeof args, "tokenize --model %s --chat --no-think --prompt Hi", q3);
+    snprintf(want, sizeof want, "vkswarm: tokenize: chat template: %s/tokenizer_config.json: family qwen3, no default "
+             "system message\n", q3);
+    ids = run_ok_saying(args, want);
+    out = detokenized(ids, q3);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    free(out), free(ids);
+    snprintf(args, sizeof args, "eval --model %s --task add:1:short --n 1 --max-new 2 --chat-template model --no-think", q3);
+    free(run_ok_saying(args, "vkswarm: eval: prompt: <|im_start|>user\\x0a"));
+    /* a template of no known family: refused by name, never replaced */
+    static const char *const refused[] = {"tokenize --model %s --chat --prompt Hi",
+                                          "generate --model %s --chat-template model --prompt Hi -n 8",
+                                          "eval --model %s --task add:1 --n 1 --chat-template model"};
+    snprintf(want, sizeof want, "%s/tokenizer_config.json: the chat template is not recognised (known families: chatml, "
+             "qwen3, llama2, llama3, llama3.1, phi3)", other);
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(args, sizeof args, refused[i], other);
+        int rc = run_capture(args, &out, &err);
+        if (rc != 2 || *out || !strstr(err, want) || count_lines(err) != 1) fail_msg("'%s': exit %d, stderr %s", args, rc, err);
+        free(out), free(err);
+    }
+}
+
 /* Issue 40 item 7e: --no-think with a template that has no thinking switch is
  * refused (exit 2), as rl and eval refuse prompt.think = false. */
 static void test_tokenize_no_think_refused(void **state) {
@@ -2675,7 +2907,7 @@ static void test_tokenize_no_think_refused(void **state) {
     assert_int_equal(tu_run(cmd, NULL), 0);
     snprintf(cmd, sizeof cmd, "printf Hi | %s tokenize --model %s/tiny.gguf --chat --chat-template chatml --no-think "
              ">/dev/null 2>%s", tu_bin(), dir, errp);
-    expect_bad_input(cmd, errp, "vkswarm tokenize: --no-think: chat template chatml has no thinking switch (qwen3 has)",
+    expect_bad_input(cmd, errp, "vkswarm tokenize: prompt.think = false: chat template chatml has no thinking switch (qwen3 has)",
                      "see vkswarm tokenize --help");
     snprintf(cmd, sizeof cmd, "printf Hi | %s tokenize --model %s/tiny.gguf --chat --chat-template qwen3 --no-think "
              ">/dev/null 2>%s", tu_bin(), dir, errp);
@@ -2728,6 +2960,8 @@ int main(void) {
         cmocka_unit_test(test_convert_fallback_said), cmocka_unit_test(test_rl_missing_key_exit_2),
         cmocka_unit_test(test_rl_mpi_words_once), cmocka_unit_test(test_prompts_json_lines),
         cmocka_unit_test(test_tokenize_no_think_refused), cmocka_unit_test(test_quantized_note_once),
+        cmocka_unit_test(test_generate_chat_flags), cmocka_unit_test(test_eval_show),
+        cmocka_unit_test(test_chat_template_model),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

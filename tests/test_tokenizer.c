@@ -2,6 +2,7 @@
  * vocabularies (SentencePiece and GPT-2 byte-level BPE), llama2.c run.c
  * vectors, round trips, invalid UTF-8, special tokens, tokenizer.json,
  * chat templates, hostile files, and the tokenize/detokenize commands. */
+#include "chat_templates.h"
 #include "test_util.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -398,6 +399,48 @@ static void test_chat_qwen3_thinking(void **s) {
 /* Llama 3.1-3.3's template (no tools, its default date) against the rendering
  * published from apply_chat_template (BOS left to the tokenizer): the system
  * turn always comes first, with the knowledge-cutoff lines. */
+/* Issue 36 item 3: a Jinja template's default system message (Qwen2.5's,
+ * Qwen2's, written with escapes) is found and printed first when the
+ * conversation has none, as the template does; a given system message
+ * replaces it; Qwen3's template, a name, and a system turn built from the
+ * conversation's own message have none. */
+static void test_chat_default_system(void **s) {
+    (void)s;
+    char *sys = NULL, *out = NULL;
+    assert_int_equal(vks_chat_default_system(QWEN25_TEMPLATE, &sys), VKS_OK);
+    assert_string_equal(sys, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    free(sys);
+    const char *qwen2 = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                        "{{ '<|im_start|>system\\nYou are a \\'helpful\\' assistant.<|im_end|>\\n' }}{% endif %}"
+                        "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+    assert_int_equal(vks_chat_default_system(qwen2, &sys), VKS_OK);
+    assert_string_equal(sys, "You are a 'helpful' assistant.");
+    free(sys);
+    const char *none[] = {QWEN3_TEMPLATE, "chatml", "qwen3", "<|im_start|>system\n{{ messages[0].content }}<|im_end|>",
+                          "{{ '<|im_start|>system\\n' + m.content + '<|im_end|>' }}"};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        sys = (char *)1;
+        assert_int_equal(vks_chat_default_system(none[i], &sys), VKS_OK);
+        assert_null(sys);
+    }
+    vks_chat_message user[] = {{"user", "Hi"}}, both[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    assert_int_equal(vks_chat_format(QWEN25_TEMPLATE, user, 1, true, &out), VKS_OK);
+    assert_string_equal(out, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                             "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    assert_int_equal(vks_chat_format(QWEN25_TEMPLATE, both, 2, true, &out), VKS_OK);
+    assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                             "<|im_start|>assistant\n");
+    free(out);
+    assert_string_equal(vks_chat_template_family(QWEN3_TEMPLATE), "qwen3");
+    assert_int_equal(vks_chat_format(QWEN3_TEMPLATE, user, 1, true, &out), VKS_OK);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    assert_int_equal(vks_chat_format("chatml", user, 1, true, &out), VKS_OK); /* a name: no default */
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+}
+
 static void test_chat_llama31(void **s) {
     (void)s;
     vks_chat_message user[] = {{"user", "What is 2+2?"}};
@@ -1193,7 +1236,7 @@ int main(void) {
             cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_special_tokens),     cmocka_unit_test(test_phi3_metadata),
         cmocka_unit_test(test_chat_formats),       cmocka_unit_test(test_hf_json),
-        cmocka_unit_test(test_chat_qwen3_thinking), cmocka_unit_test(test_chat_llama31),
+        cmocka_unit_test(test_chat_qwen3_thinking), cmocka_unit_test(test_chat_llama31), cmocka_unit_test(test_chat_default_system),
         cmocka_unit_test(test_hf_json_odd_files),
         cmocka_unit_test(test_gguf_mutations),     cmocka_unit_test(test_gguf_bad_fields),
         cmocka_unit_test(test_pretokenizer_rules), cmocka_unit_test(test_cli),

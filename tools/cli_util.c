@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "vkswarm/vks_common.h"
+#include "vkswarm/vks_tokenizer.h"
 
 static bool stdout_reported; /* the one message about stdout was printed */
 
@@ -389,6 +390,21 @@ bool cli_prompt_option(vks_prompt_format *f, const char *cmd, const char *name, 
         return true;
     }
     return false;
+}
+
+void cli_check_prompt(const char *cmd, const vks_prompt_format *f, const vks_tokenizer *tok, int speaker) {
+    if (vks_prompt_check_tokenizer(f, tok)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (strcmp(f->chat_template, "model") || !cli_rank_speaks(speaker)) return;
+    const char *tmpl = vks_tokenizer_chat_template(tok); /* recognised: checked above */
+    char *system = NULL;
+    if (vks_chat_default_system(tmpl, &system)) cli_die(1, "%s", vks_last_error());
+    const char *family = vks_chat_template_family(tmpl), *file = vks_tokenizer_chat_template_file(tok);
+    if (!system) cli_note("%s: chat template: %s: family %s, no default system message", cmd, file, family);
+    else if (f->system[0])
+        cli_note("%s: chat template: %s: family %s, its default system message replaced by the one given", cmd, file,
+                 family);
+    else cli_note("%s: chat template: %s: family %s, default system message kept: \"%s\"", cmd, file, family, system);
+    free(system);
 }
 
 void cli_show_prompt(void *ctx, const char *text, size_t len) {

@@ -78,15 +78,18 @@ uint64_t cli_parse_u64(const char *opt, const char *s);
 void cli_json_string(FILE *f, const char *s, size_t len);
 double cli_now(void);
 
-/* The prompt-format flags of rl, eval and tasks filter (vks_prompt.h; tokenize
- * has the first and --no-think): --chat-template NAME, --system TEXT,
- * --user-template TEXT, --think-template TEXT, --no-think, and --think-tokens
- * N (eval and tasks filter: the think sentence's budget; rl: length_targets),
- * which cli_prompt_option leaves to the command. */
+/* The chat flags of every command that gives a model prompts (vks_prompt.h):
+ * --chat-template NAME, --system TEXT, --no-think (generate and tokenize take
+ * these alone). */
+#define CLI_CHAT_LONG_OPTIONS                                                                                     \
+    {"chat-template", required_argument, 0, 0}, {"system", required_argument, 0, 0}, {"no-think", no_argument, 0, 0}
+/* The prompt-format flags of rl, eval and tasks filter: the chat flags,
+ * --user-template TEXT, --think-template TEXT, and --think-tokens N (eval and
+ * tasks filter: the think sentence's budget; rl: length_targets), which
+ * cli_prompt_option leaves to the command. */
 #define CLI_PROMPT_LONG_OPTIONS                                                                                   \
-    {"chat-template", required_argument, 0, 0}, {"system", required_argument, 0, 0},                              \
-        {"user-template", required_argument, 0, 0}, {"think-template", required_argument, 0, 0},                  \
-        {"no-think", no_argument, 0, 0}, {"think-tokens", required_argument, 0, 0}
+    CLI_CHAT_LONG_OPTIONS, {"user-template", required_argument, 0, 0}, {"think-template", required_argument, 0, 0}, \
+        {"think-tokens", required_argument, 0, 0}
 /* Applies prompt flag `name` (value val) to f; false when name is not one.
  * A bad value is a usage error of cmd naming the flag. */
 bool cli_prompt_option(vks_prompt_format *f, const char *cmd, const char *name, const char *val);
@@ -94,6 +97,13 @@ bool cli_prompt_option(vks_prompt_format *f, const char *cmd, const char *name, 
  * on stderr, TEXT (the first prompt as rendered, no BOS) escaped on one
  * line. ctx is the command's name (a const char *). */
 void cli_show_prompt(void *ctx, const char *text, size_t len);
+struct vks_tokenizer;
+/* vks_prompt_check_tokenizer (exit 2 with its message), then, for
+ * --chat-template model (prompt.chat_template: model), one note on stderr
+ * (said by rank `speaker` under mpirun): the file the template came from, the
+ * family it was mapped to, and its default system message (kept, or replaced
+ * by the one given). */
+void cli_check_prompt(const char *cmd, const vks_prompt_format *f, const struct vks_tokenizer *tok, int speaker);
 
 /* A progress line on stderr (step, rate, ETA), redrawn at most 4 times a second. */
 typedef struct { const char *what; double start, last; bool tty; } cli_progress;

@@ -17,6 +17,7 @@ static const char generate_usage[] =
     "                        [--random-model dim,hidden,layers,heads,kv,vocab[,seq[,head_dim]]\n"
     "                         [--arch llama|llama3|qwen2|qwen3]]\n"
     "                        [--rollouts-out FILE [--toploc | --no-toploc]] [--lora PATH]\n"
+    "                        [--chat-template NAME [--system TEXT] [--no-think]]\n"
     "Generates text. -n counts positions, prompt included (llama2.c); 0 means the model's context.\n"
     "Defaults: -n 256 --temp 1.0 --top-p 0.9 --top-k 0 (off), --seed from the clock (printed on stderr).\n"
     "Sampling is Gumbel-max with a Philox RNG keyed by (seed, prompt index, position): results do\n"
@@ -25,6 +26,12 @@ static const char generate_usage[] =
     "one batch and stdout gets one JSON object per prompt, in order: {\"prompt\", \"ids\", \"text\"},\n"
     "where ids are the prompt ids followed by the generated ones and text is what a single run prints.\n"
     "Without --tokenizer (random models) output is token ids.\n"
+    "--chat-template model|chatml|qwen3|llama2|llama3|llama3.1|phi3 makes each prompt one user message in\n"
+    "that chat format with an assistant prompt (model: the tokenizer's own Jinja template, mapped to its\n"
+    "family and its default system message, both named on stderr; one of no known family is refused),\n"
+    "--system TEXT the system message, --no-think Qwen3's enable_thinking=false: the tokens that\n"
+    "`vkswarm tokenize --chat` prints for the same flags, and that rl and eval feed (default none: BOS\n"
+    "and the prompt as it is). The first prompt as rendered is shown on stderr.\n"
     "--rollouts-out FILE also writes a rollout file (JSONL, see docs \"Verifiable rollouts (TOPLOC) and\n"
     "vkswarm verify\") for\n"
     "`vkswarm verify`: one sample per prompt with its TOPLOC proofs, built on a worker thread while\n"
@@ -38,21 +45,26 @@ typedef struct {
     cli_sampling s;
     const char *prompt, *prompts_file, *rollouts_out;
     bool no_toploc;
+    vks_prompt_format format; /* the chat flags; default: BOS + the prompt */
 } generate_args;
 
 static void parse_generate(int argc, char **argv, generate_args *a) {
     static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, CLI_SAMPLING_LONG_OPTIONS, CLI_LORA_LONG_OPTION,
+                                         CLI_CHAT_LONG_OPTIONS,
                                          {"prompt", required_argument, 0, 0}, {"prompts", required_argument, 0, 0},
                                          {"rollouts-out", required_argument, 0, 0}, {"toploc", no_argument, 0, 0},
                                          {"no-toploc", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     a->m.device = -1;
     cli_sampling_defaults(&a->s);
+    vks_prompt_format_default(&a->format);
     int c, idx;
     while ((c = cli_getopt(argc, argv, "n:h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(generate_usage, stdout); exit(0); }
         if (c == 'n') { cli_sampling_option(&a->s, "n", optarg); continue; }
         const char *name = opts[idx].name;
-        if (cli_model_option(&a->m, name, optarg) || cli_sampling_option(&a->s, name, optarg)) continue;
+        if (cli_model_option(&a->m, name, optarg) || cli_sampling_option(&a->s, name, optarg) ||
+            cli_prompt_option(&a->format, "generate", name, optarg))
+            continue;
         if (!strcmp(name, "prompt")) a->prompt = optarg;
         else if (!strcmp(name, "prompts")) a->prompts_file = optarg;
         else if (!strcmp(name, "rollouts-out")) a->rollouts_out = optarg;
@@ -61,6 +73,32 @@ static void parse_generate(int argc, char **argv, generate_args *a) {
     }
     if (optind < argc) cli_usage_error("generate", "unexpected argument '%s'", argv[optind]);
     if (a->prompt && a->prompts_file) cli_die(EXIT_BAD_INPUT, "generate: give --prompt or --prompts, not both");
+    if (vks_prompt_check(&a->format)) cli_usage_error("generate", "%s", vks_last_error());
+}
+
+/* A prompt's ids: BOS + the text, or in the chat format (vks_prompt_tokenize,
+ * what rl and eval feed; the first prompt is shown on stderr). */
+static void encode_prompt(const generate_args *a, const vks_tokenizer *t, int vocab, const char *text, int index,
+                          vks_sequence *s) {
+    if (vks_prompt_is_raw(&a->format)) {
+        cli_encode_prompt(t, vocab, text, s, 1);
+        return;
+    }
+    if (index == 0) {
+        char *shown = NULL;
+        size_t len = 0;
+        if (vks_prompt_text(&a->format, vks_tokenizer_chat_template(t), text, 0, &shown, &len))
+            cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+        cli_show_prompt("generate", shown, len);
+        free(shown);
+    }
+    *s = (vks_sequence){.stop_token = -1};
+    if (vks_prompt_tokenize(&a->format, t, text, 0, &s->ids, &s->n_prompt))
+        cli_die(EXIT_BAD_INPUT, "generate: prompt %d: %s", index + 1, vks_last_error());
+    for (int k = 0; k < s->n_prompt; k++)
+        if (s->ids[k] >= vocab)
+            cli_die(EXIT_BAD_INPUT, "generate: prompt %d: token %d outside the model's vocabulary", index + 1, s->ids[k]);
+    s->n_ids = s->n_prompt;
 }
 
 typedef struct {
@@ -92,11 +130,17 @@ int cmd_generate(int argc, char **argv) {
     parse_generate(argc, argv, &a);
     vks_model *m = cli_load_model(&a.m);
     vks_tokenizer *t = cli_load_tokenizer(&a.m, m);
+    if (!vks_prompt_is_raw(&a.format)) {
+        if (!t) cli_usage_error("generate", "--chat-template needs the model's tokenizer (--tokenizer)");
+        cli_check_prompt("generate", &a.format, t, 0);
+    }
     cli_sampling_finish(&a.s);
     int n = 1;
     char **prompts = a.prompts_file ? cli_read_prompts(a.prompts_file, &n) : NULL;
     vks_sequence *seqs = calloc((size_t)n, sizeof *seqs);
-    for (int i = 0; i < n; i++) cli_encode_prompt(t, m->cfg.vocab_size, prompts ? prompts[i] : (a.prompt ? a.prompt : ""), &seqs[i], 1);
+    if (!seqs) cli_die(1, "out of host memory");
+    for (int i = 0; i < n; i++)
+        encode_prompt(&a, t, m->cfg.vocab_size, prompts ? prompts[i] : (a.prompt ? a.prompt : ""), i, &seqs[i]);
     vks_sched_params sp = cli_sched_params(&a.s, m, t);
     int steps = sp.steps;
     vks_generate_options go = {.sched = sp};

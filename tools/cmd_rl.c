@@ -441,7 +441,7 @@ int cmd_rl(int argc, char **argv) {
         if (vks_tokenizer_load_auto(a.m.tokenizer_path, m, &tok))
             cli_die(EXIT_BAD_INPUT, "%s (RL needs the model's tokenizer: --tokenizer)", vks_last_error());
     } else if (vks_model_init_tiny(a.c.seed, &m, &tok)) cli_die(1, "%s", vks_last_error());
-    if (vks_prompt_check_tokenizer(&a.c.prompt, tok)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    cli_check_prompt("rl", &a.c.prompt, tok, a.m.speaker);
     if (vks_tokenizer_check_dir_files(tok)) /* checkpoints hold it: refused now, not at the first save */
         cli_die(EXIT_BAD_INPUT, "%s (checkpoints could not hold the tokenizer)", vks_last_error());
     if (a.n_ranks > 1) {

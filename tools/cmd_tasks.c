@@ -127,7 +127,7 @@ static int tasks_filter(tasks_args *a) {
     vks_tokenizer *tok = NULL;
     if (vks_tokenizer_load_auto(a->m.tokenizer_path, m, &tok))
         cli_die(EXIT_BAD_INPUT, "%s (tasks filter needs the model's tokenizer: --tokenizer)", vks_last_error());
-    if (vks_prompt_check_tokenizer(&a->prompt, tok)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    cli_check_prompt("tasks filter", &a->prompt, tok, 0);
     vks_gpu *g = cli_open_gpu(&a->m);
     a->o.engine = a->m.engine;
     a->o.prompt = &a->prompt, a->o.show_prompt = cli_show_prompt, a->o.progress_ctx = "tasks filter";

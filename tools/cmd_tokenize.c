@@ -18,10 +18,13 @@ static const char tokenize_usage[] =
     "metadata, tokenizer.json beside safetensors). tokenizer.bin alone needs --vocab-size.\n"
     "BOS is added when the vocabulary asks for it (--no-bos: never). --special: control tokens\n"
     "written in the text (<|endoftext|>, </s>...) become those tokens.\n"
-    "--chat: stdin is one user message, formatted with the model's chat template (or the one named\n"
-    "by --chat-template: chatml, qwen3, llama2, llama3, llama3.1, phi3) and an assistant prompt;\n"
-    "special tokens are parsed. --no-think: Qwen3's enable_thinking=false (the prompt ends with an\n"
-    "empty <think></think> block); refused (exit 2) with a template that has no thinking switch.\n";
+    "--chat: stdin is one user message, formatted with the model's chat template (--chat-template\n"
+    "model, the default: stderr names its file, the family it maps to and its default system message,\n"
+    "kept unless --system; a template of no known family is refused) or the one named by\n"
+    "--chat-template: chatml, qwen3, llama2, llama3, llama3.1, phi3, and an assistant prompt; special\n"
+    "tokens are parsed. --no-think: Qwen3's enable_thinking=false (the prompt ends with an empty\n"
+    "<think></think> block); refused (exit 2) with a template that has no thinking switch. The same\n"
+    "flags give generate, eval and rl the same prompt.\n";
 
 static const char detokenize_usage[] =
     "usage: vkswarm detokenize (--model M | --tokenizer T [--vocab-size N]) [--special]\n"
@@ -31,18 +34,19 @@ static const char detokenize_usage[] =
 typedef struct {
     cli_model_args m;
     int vocab_size;
-    bool no_bos, special, chat, no_think;
-    const char *chat_template, *system, *prompt;
+    bool no_bos, special, chat, chat_flags; /* chat_flags: --chat-template, --system or --no-think given */
+    const char *prompt;
+    vks_prompt_format format; /* --chat: as rl's prompt block, chat template "model" by default */
 } tok_args;
 
 static void parse_args(int argc, char **argv, tok_args *a, bool tokenize) {
     static const struct option opts[] = {{"model", required_argument, 0, 0},     {"tokenizer", required_argument, 0, 0},
                                          {"vocab-size", required_argument, 0, 0}, {"no-bos", no_argument, 0, 0},
                                          {"special", no_argument, 0, 0},          {"chat", no_argument, 0, 0},
-                                         {"chat-template", required_argument, 0, 0},
-                                         {"system", required_argument, 0, 0},     {"prompt", required_argument, 0, 0},
-                                         {"no-think", no_argument, 0, 0},         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+                                         CLI_CHAT_LONG_OPTIONS,                   {"prompt", required_argument, 0, 0},
+                                         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    vks_prompt_format_default(&a->format);
+    if (vks_prompt_set(&a->format, "chat_template", "model", NULL)) cli_die(1, "%s", vks_last_error());
     const char *usage = tokenize ? tokenize_usage : detokenize_usage;
     int c, idx;
     while ((c = cli_getopt(argc, argv, "h", opts, &idx)) != -1) {
@@ -59,16 +63,15 @@ static void parse_args(int argc, char **argv, tok_args *a, bool tokenize) {
         else if (!strcmp(name, "vocab-size")) a->vocab_size = (int)cli_parse_long("--vocab-size", optarg, 1, 1 << 22);
         else if (!strcmp(name, "no-bos")) a->no_bos = true;
         else if (!strcmp(name, "special")) a->special = true;
-        else if (!strcmp(name, "no-think")) a->no_think = true;
         else if (!strcmp(name, "chat")) a->chat = true;
-        else if (!strcmp(name, "chat-template")) a->chat_template = optarg;
-        else if (!strcmp(name, "system")) a->system = optarg;
         else if (!strcmp(name, "prompt")) a->prompt = optarg;
+        else if (cli_prompt_option(&a->format, "tokenize", name, optarg)) a->chat_flags = true;
     }
     if (optind < argc) cli_usage_error(argv[0], "unexpected argument '%s'", argv[optind]);
     if (!a->m.model_path && !a->m.tokenizer_path) cli_die(EXIT_BAD_INPUT, "%s: give --model or --tokenizer", argv[0]);
-    if ((a->chat_template || a->system || a->no_think) && !a->chat)
+    if (a->chat_flags && !a->chat)
         cli_die(EXIT_BAD_INPUT, "tokenize: --chat-template, --system and --no-think need --chat");
+    if (a->chat && vks_prompt_check(&a->format)) cli_usage_error("tokenize", "%s", vks_last_error());
 }
 
 static bool is_gguf_file(const char *path) {
@@ -118,21 +121,13 @@ static char *read_stdin(size_t *len) {
     return buf;
 }
 
-/* The chat text for one user message (and an optional system message). */
+/* The chat text for one user message: rl's and eval's rendering (vks_prompt_text). */
 static char *chat_text(const tok_args *a, const vks_tokenizer *t, const char *user) {
-    const char *tmpl = a->chat_template ? a->chat_template : vks_tokenizer_chat_template(t);
-    if (!tmpl) cli_die(EXIT_BAD_INPUT, "tokenize: the tokenizer has no chat template; give --chat-template");
-    const char *family = vks_chat_template_family(tmpl);
-    if (a->no_think && (!family || strcmp(family, "qwen3"))) /* refused as rl and eval refuse prompt.think = false */
-        cli_usage_error("tokenize", "--no-think: chat template %s has no thinking switch (qwen3 has)",
-                        family ? family : "(of no known family)");
-    vks_chat_message msgs[2];
-    int n = 0;
-    if (a->system) msgs[n++] = (vks_chat_message){"system", a->system};
-    msgs[n++] = (vks_chat_message){"user", user};
+    cli_check_prompt("tokenize", &a->format, t, 0);
     char *out = NULL;
-    vks_chat_options o = {.add_assistant_prompt = true, .disable_thinking = a->no_think};
-    if (vks_chat_format_opts(tmpl, msgs, n, &o, &out)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    size_t len = 0;
+    if (vks_prompt_text(&a->format, vks_tokenizer_chat_template(t), user, 0, &out, &len))
+        cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     return out;
 }
 

@@ -61,7 +61,7 @@ static const char eval_usage[] =
     "usage: vkswarm eval --model M --data FILE.jsonl [--tokenizer T] [--device N]\n"
     "       vkswarm eval --model M --task T [--n N] [--samples K] [--seed S] [--temp X] [--max-new N]\n"
     "                    [--batch B] [--chat-template NAME] [--system TEXT] [--user-template TEXT] [--no-think]\n"
-    "                    [--think-tokens N [--think-template TEXT]] [--lora PATH]\n"
+    "                    [--think-tokens N [--think-template TEXT]] [--lora PATH] [--show N]\n"
     "Scores a model on a JSONL file like train sft's: prints one JSON object with the number of\n"
     "sequences and loss tokens, the mean loss (-log p per completion token) and the token accuracy\n"
     "(the fraction of completion tokens that are the model's most likely next token).\n"
@@ -79,6 +79,10 @@ static const char eval_usage[] =
     "(the unbiased estimator 1 - C(K-c, k) / C(K, k) per task, c correct of K, averaged), mean_length\n"
     "(completion tokens) and kinds: accuracy per task kind (a file's \"kind\", else its task_type; a\n"
     "built-in task's name).\n"
+    "--show N: before that object, one JSON line for each of the first N tasks: show (1..N), line (the\n"
+    "task file's line; a built-in task's index), kind, prompt (as the model got it, chat template and\n"
+    "all), expected (the reference answer) and completions: text, answer (the final answer read from\n"
+    "it, or null), reward and tokens for each of its K completions.\n"
     CLI_LORA_HELP "(with --task only).\n";
 
 typedef struct {
@@ -256,7 +260,7 @@ int cmd_train(int argc, char **argv) {
 
 typedef struct {
     const char *task;
-    int64_t n;
+    int64_t n, show;
     uint64_t seed;
     bool n_given, temp_given;
     vks_task_run_options o;
@@ -278,6 +282,77 @@ static void print_task_eval(const task_eval_args *ta, const char *name, const vk
     printf("}}\n");
 }
 
+/* eval --show N: the first N tasks and their completions, kept as they are scored. */
+typedef struct {
+    int64_t n; /* tasks shown */
+    int samples;
+    vks_task *tasks;
+    char **text; /* [n * samples], NUL-terminated */
+    size_t *len;
+    int *tokens;
+    double *reward;
+    bool failed; /* out of memory */
+} shown_set;
+
+static void keep_completion(void *ctx, const vks_task *task, int64_t c, const char *text, size_t len, int tokens,
+                            double reward) {
+    shown_set *s = ctx;
+    if (c / s->samples >= s->n || s->failed) return;
+    if (c % s->samples == 0) s->tasks[c / s->samples] = *task;
+    if (!(s->text[c] = malloc(len + 1))) {
+        s->failed = true;
+        return;
+    }
+    memcpy(s->text[c], text, len);
+    s->text[c][len] = 0;
+    s->len[c] = len, s->tokens[c] = tokens, s->reward[c] = reward;
+}
+
+static void shown_alloc(shown_set *s, int64_t n, int samples) {
+    *s = (shown_set){.n = n, .samples = samples};
+    size_t k = (size_t)n * (size_t)samples;
+    s->tasks = calloc((size_t)n, sizeof *s->tasks), s->text = calloc(k, sizeof *s->text);
+    s->len = calloc(k, sizeof *s->len), s->tokens = calloc(k, sizeof *s->tokens), s->reward = calloc(k, sizeof *s->reward);
+    if (!s->tasks || !s->text || !s->len || !s->tokens || !s->reward) cli_die(1, "out of host memory");
+}
+
+static void shown_free(shown_set *s) {
+    for (int64_t c = 0; s->text && c < s->n * s->samples; c++) free(s->text[c]);
+    free(s->tasks), free(s->text), free(s->len), free(s->tokens), free(s->reward);
+}
+
+static void put_json_text(const char *key, const char *s, size_t len) {
+    printf(", \"%s\": ", key);
+    cli_json_string(stdout, s, len);
+}
+
+/* One JSON line per shown task (stdout: results; every string JSON-escaped). */
+static void print_shown(const shown_set *s, const vks_task_run_options *o, const vks_tokenizer *tok) {
+    if (s->failed) cli_die(1, "eval --show: out of host memory");
+    for (int64_t i = 0; i < s->n; i++) {
+        const vks_task *t = &s->tasks[i];
+        char *prompt = NULL, answer[VKS_TASK_MAX_ANSWER];
+        size_t plen = 0;
+        if (vks_prompt_text(o->prompt, vks_tokenizer_chat_template(tok), t->prompt, o->think_tokens, &prompt, &plen))
+            cli_die(1, "%s", vks_last_error());
+        printf("{\"show\": %lld, \"line\": %lld", (long long)i + 1, (long long)t->line);
+        put_json_text("kind", t->kind, strlen(t->kind));
+        put_json_text("prompt", prompt, plen);
+        put_json_text("expected", t->answer, strlen(t->answer));
+        printf(", \"completions\": [");
+        for (int j = 0; j < s->samples; j++) {
+            int64_t c = i * s->samples + j;
+            printf("%s{\"text\": ", j ? ", " : "");
+            cli_json_string(stdout, s->text[c], s->len[c]);
+            if (vks_task_extract_answer(s->text[c], s->len[c], answer, sizeof answer)) put_json_text("answer", answer, strlen(answer));
+            else printf(", \"answer\": null");
+            printf(", \"reward\": %g, \"tokens\": %d}", s->reward[c], s->tokens[c]);
+        }
+        printf("]}\n");
+        free(prompt);
+    }
+}
+
 /* eval --task: a task file's first n tasks (all without --n) or n fresh
  * instances of a built-in task, completed and verified. */
 static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
@@ -290,17 +365,25 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     if (path && ta->n_given && ta->n < n) n = ta->n;
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(ma, NULL, 0, &tok);
-    if (vks_prompt_check_tokenizer(&ta->prompt, tok)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    cli_check_prompt("eval", &ta->prompt, tok, 0);
     vks_gpu *g = cli_open_gpu(ma);
     vks_task_run_options o = ta->o;
     o.engine = ma->engine;
     o.lora = ma->lora;
     o.prompt = &ta->prompt, o.show_prompt = cli_show_prompt, o.progress_ctx = "eval";
     if (!ta->temp_given && o.samples > 1) o.temperature = 1.0f; /* K greedy completions would all be the same */
+    shown_set shown = {0};
+    if (ta->show) {
+        shown_alloc(&shown, ta->show < (path ? n : ta->n) ? ta->show : (path ? n : ta->n), o.samples);
+        o.on_completion = keep_completion, o.completion_ctx = &shown;
+    }
     vks_task_eval_result *r = malloc(sizeof *r);
     if (!r) return free(tasks), fail_freeing(vks_set_error(VKS_ERR_NOMEM, "out of memory"), g, m, tok);
     int rc = path ? vks_task_eval_tasks(g, m, tok, tasks, n, &o, r) : vks_task_eval(g, m, tok, &spec, ta->seed, ta->n, &o, r);
-    if (rc) return free(r), free(tasks), vks_lora_adapter_free(ma->lora), ma->lora = NULL, fail_freeing(rc, g, m, tok);
+    if (rc) return free(r), free(tasks), shown_free(&shown), vks_lora_adapter_free(ma->lora), ma->lora = NULL,
+                   fail_freeing(rc, g, m, tok);
+    print_shown(&shown, &o, tok);
+    shown_free(&shown);
     char name[32];
     vks_task_spec_name(&spec, name, sizeof name);
     print_task_eval(ta, path ? path : name, r);
@@ -322,6 +405,7 @@ static bool task_option(task_eval_args *ta, const char *name, const char *val) {
     else if (!strcmp(name, "max-new")) ta->o.max_new_tokens = (int)cli_parse_long("--max-new", val, 1, 1 << 20);
     else if (!strcmp(name, "batch")) ta->o.batch = (int)cli_parse_long("--batch", val, 1, 4096);
     else if (!strcmp(name, "think-tokens")) ta->o.think_tokens = (int)cli_parse_long("--think-tokens", val, 1, 1 << 20);
+    else if (!strcmp(name, "show")) ta->show = cli_parse_long("--show", val, 1, 1 << 20);
     else if (!cli_prompt_option(&ta->prompt, "eval", name, val)) return false;
     return true;
 }
@@ -331,7 +415,8 @@ int cmd_eval(int argc, char **argv) {
                                          {"task", required_argument, 0, 0}, {"n", required_argument, 0, 0},
                                          {"seed", required_argument, 0, 0}, {"temp", required_argument, 0, 0},
                                          {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
-                                         {"samples", required_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS,
+                                         {"samples", required_argument, 0, 0}, {"show", required_argument, 0, 0},
+                                         CLI_PROMPT_LONG_OPTIONS,
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     cli_model_args ma = {.device = -1};
     task_eval_args ta = {.n = 100, .o = {.samples = 1}};
@@ -350,7 +435,8 @@ int cmd_eval(int argc, char **argv) {
     cli_no_kv_type(&ma, "eval");
     if (!ma.model_path || !!data + !!ta.task != 1) cli_usage_error("eval", "--model M and one of --data FILE and --task NAME are required");
     if (data && task_only)
-        cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new, --batch and the prompt flags go with --task");
+        cli_usage_error("eval", "--n, --samples, --seed, --temp, --max-new, --batch, --show and the prompt flags go with "
+                        "--task");
     if (data && ma.lora_path) cli_usage_error("eval", "--lora goes with --task (the --data loss has no adapters yet)");
     if (vks_prompt_check(&ta.prompt)) cli_usage_error("eval", "%s", vks_last_error());
     if (ta.task) return eval_task(&ma, &ta);

@@ -119,6 +119,11 @@ typedef struct {
     void *progress_ctx;
     /* when set: called once (with progress_ctx) with the first task's prompt text as rendered, before generating */
     void (*show_prompt)(void *ctx, const char *text, size_t len);
+    /* when set: called with completion_ctx for every completion once it is scored, in order (completion c is
+     * sample c % samples of task c / samples): its text as scored (special tokens left out), tokens and reward */
+    void (*on_completion)(void *ctx, const vks_task *task, int64_t completion, const char *text, size_t len,
+                          int tokens, double reward);
+    void *completion_ctx;
 } vks_task_run_options;
 
 /* Generates samples completions (the prompt in o->prompt's format, stop at EOS, at most max_new_tokens) for each task and

@@ -88,6 +88,9 @@ bool vks_tokenizer_wants_bos(const vks_tokenizer *t);
 bool vks_tokenizer_wants_eos(const vks_tokenizer *t);
 /* tokenizer.chat_template (Jinja text) or NULL. */
 const char *vks_tokenizer_chat_template(const vks_tokenizer *t);
+/* Where that template was read, for messages: the GGUF file (its
+ * tokenizer.chat_template) or the tokenizer_config.json; NULL without one. */
+const char *vks_tokenizer_chat_template_file(const vks_tokenizer *t);
 /* Id of the token whose piece is exactly text[0..len), or -1. */
 int vks_tokenizer_find(const vks_tokenizer *t, const char *text, size_t len);
 /* Token type (VKS_TOKEN_TYPE_*); NORMAL for llama2c vocabularies. -1 if out of range. */
@@ -153,8 +156,11 @@ typedef struct {
 /* Formats a conversation. template_name_or_jinja: "chatml", "qwen3",
  * "llama2", "llama3", "llama3.1", "phi3", or a Jinja template
  * (tokenizer.chat_template) whose family is recognized from its markers
- * (chat.c lists each family's rules). The text carries no BOS (the tokenizer
- * adds it); tokenize it with parse_special. *out is malloc'd. */
+ * (chat.c lists each family's rules). A Jinja template is followed in its
+ * default system message too (vks_chat_default_system): a conversation that
+ * does not start with a system message gets it, as the template would print
+ * it; a name alone has none. The text carries no BOS (the tokenizer adds it);
+ * tokenize it with parse_special. *out is malloc'd. */
 int vks_chat_format(const char *template_name_or_jinja, const vks_chat_message *msgs, int n,
                     bool add_assistant_prompt, char **out);
 typedef struct {
@@ -165,4 +171,13 @@ int vks_chat_format_opts(const char *template_name_or_jinja, const vks_chat_mess
                          const vks_chat_options *o, char **out);
 /* Family name ("chatml", ...) of a name or Jinja text, or NULL. */
 const char *vks_chat_template_family(const char *template_name_or_jinja);
+/* The family names, for messages: "chatml, qwen3, llama2, llama3, llama3.1, phi3". */
+const char *vks_chat_template_names(void);
+/* The system message a Jinja template prints when the conversation has none
+ * (Qwen2.5's "You are Qwen, created by Alibaba Cloud. You are a helpful
+ * assistant."): in the chatml and qwen3 families, a string literal holding
+ * "<|im_start|>system\n", text and "<|im_end|>" (the literal's escapes
+ * decoded). *out is malloc'd, or NULL when the template has none (a name, or
+ * a system turn only from the conversation's own message, as Qwen3's). */
+int vks_chat_default_system(const char *template_name_or_jinja, char **out);
 #endif

@@ -34,8 +34,8 @@ int vks_prompt_set(vks_prompt_format *f, const char *key, const char *v, const c
     if (!name) name = full;
     if (!strcmp(key, "chat_template")) {
         if (strcmp(v, "none") && strcmp(v, "model") && !known_template(v))
-            return vks_set_error(VKS_ERR_FORMAT, "%s: unknown chat template '%.40s' (none, model, chatml, qwen3, "
-                                 "llama2, llama3, llama3.1, phi3)", name, v);
+            return vks_set_error(VKS_ERR_FORMAT, "%s: unknown chat template '%.40s' (none, model, %s)", name, v,
+                                 vks_chat_template_names());
         return copy_text(f->chat_template, sizeof f->chat_template, v, name);
     }
     if (!strcmp(key, "system")) return copy_text(f->system, sizeof f->system, v, name);
@@ -147,9 +147,9 @@ int vks_prompt_text(const vks_prompt_format *f, const char *model_template, cons
     if (!strcmp(tmpl, "model")) {
         const char *family = model_template ? vks_chat_template_family(model_template) : NULL;
         if (!family)
-            rc = vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template model: the tokenizer has %s (give a name: chatml, "
-                               "qwen3, llama2, llama3, llama3.1, phi3)",
-                               model_template ? "a chat template of no known family" : "no chat template");
+            rc = vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template model: the tokenizer has %s (known families: %s)",
+                               model_template ? "a chat template that is not recognised" : "no chat template",
+                               vks_chat_template_names());
         else if (f->no_think && strcmp(family, "qwen3"))
             rc = vks_set_error(VKS_ERR_FORMAT, "prompt.think = false: the model's chat template (%s) has no thinking "
                                "switch (qwen3 has)", family);
@@ -186,6 +186,10 @@ int vks_prompt_tokenize(const vks_prompt_format *f, const struct vks_tokenizer *
 
 int vks_prompt_check_tokenizer(const vks_prompt_format *f, const struct vks_tokenizer *tok) {
     if (!f || !tok) return vks_set_error(VKS_ERR_ARG, "vks_prompt_check_tokenizer: NULL argument");
+    const char *model = vks_tokenizer_chat_template(tok);
+    if (!strcmp(f->chat_template, "model") && model && !vks_chat_template_family(model)) /* never replaced by a guess */
+        return vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template model: %s: the chat template is not recognised "
+                             "(known families: %s)", vks_tokenizer_chat_template_file(tok), vks_chat_template_names());
     char *text = NULL;
     size_t len = 0;
     int rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), "", 0, &text, &len);

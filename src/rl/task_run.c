@@ -46,8 +46,8 @@ static int tokenize_prompts(const vks_prompt_format *f, int think, const struct 
 }
 
 /* Scores the completions of one batch: sequences first .. first + count of the run. */
-static int score_batch(const struct vks_tokenizer *tok, const vks_task *tasks, int samples, int max_new,
-                       vks_sequence *seqs, int64_t first, int count, double *rewards, int *lengths) {
+static int score_batch(const struct vks_tokenizer *tok, const vks_task *tasks, const vks_task_run_options *o,
+                       int max_new, vks_sequence *seqs, int64_t first, int count, double *rewards, int *lengths) {
     for (int b = 0; b < count; b++) {
         const vks_sequence *s = &seqs[b];
         int n_new = s->n_ids - s->n_prompt;
@@ -56,8 +56,10 @@ static int score_batch(const struct vks_tokenizer *tok, const vks_task *tasks, i
         size_t len = 0;
         int rc = vks_tokenizer_detokenize(tok, s->ids + s->n_prompt, n_new, false, &text, &len);
         if (rc) return rc;
-        rewards[first + b] = vks_task_score(&tasks[(first + b) / samples], text, len);
+        const vks_task *task = &tasks[(first + b) / o->samples];
+        rewards[first + b] = vks_task_score(task, text, len);
         lengths[first + b] = n_new;
+        if (o->on_completion) o->on_completion(o->completion_ctx, task, first + b, text, len, n_new, rewards[first + b]);
         free(text);
     }
     return VKS_OK;
@@ -78,7 +80,7 @@ static int run_batches(vks_engine *e, const struct vks_tokenizer *tok, const vks
             else memcpy(seqs[b].ids, p->ids[task], sizeof(int32_t) * (size_t)p->n_ids[task]);
         }
         if (rc == VKS_OK) rc = vks_generate(e, go, seqs, count, (uint32_t)first);
-        if (rc == VKS_OK) rc = score_batch(tok, tasks, o->samples, max_new, seqs, first, count, rewards, lengths);
+        if (rc == VKS_OK) rc = score_batch(tok, tasks, o, max_new, seqs, first, count, rewards, lengths);
         for (int b = 0; b < count; b++) vks_sequence_free(&seqs[b]);
         if (rc == VKS_OK && o->progress) o->progress(o->progress_ctx, first + count, total);
     }

@@ -18,6 +18,8 @@
  *   llama2  [INST] {user, trimmed} [/INST] {assistant, trimmed} </s><s>[INST] ... [/INST]
  *           (a system message goes first into the first user turn as <<SYS>>\n{system}\n<</SYS>>\n\n)
  *   phi3    <|{role}|>\n{content}<|end|>\n                   prompt: <|assistant|>\n
+ * A Jinja template's default system message (chatml and qwen3 families: Qwen2.5's
+ * "You are Qwen, ...") goes first when the conversation has no system message.
  * The BOS token that the Jinja templates print first is left to the tokenizer.
  * "trimmed" strips ASCII whitespace (Jinja's trim strips Unicode spaces too). */
 #include <stdarg.h>
@@ -70,11 +72,21 @@ static void put_trimmed(text_buf *b, const char *s) {
 
 static bool has(const char *t, const char *marker) { return strstr(t, marker) != NULL; }
 
+static const char *const family_names[] = {"chatml", "qwen3", "llama2", "llama3", "llama3.1", "phi3"};
+#define N_FAMILIES (sizeof family_names / sizeof family_names[0])
+
+const char *vks_chat_template_names(void) { return "chatml, qwen3, llama2, llama3, llama3.1, phi3"; /* family_names */ }
+
+static bool is_name(const char *t) {
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (!strcmp(t, family_names[i])) return true;
+    return false;
+}
+
 const char *vks_chat_template_family(const char *t) {
     if (!t) return NULL;
-    static const char *names[] = {"chatml", "qwen3", "llama2", "llama3", "llama3.1", "phi3"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(t, names[i])) return names[i];
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (!strcmp(t, family_names[i])) return family_names[i];
     if (has(t, "<|im_start|>")) return has(t, "enable_thinking") ? "qwen3" : "chatml";
     if (has(t, "<|start_header_id|>")) return has(t, "Cutting Knowledge Date") ? "llama3.1" : "llama3";
     if (has(t, "[INST]")) return "llama2";
@@ -259,6 +271,56 @@ static int format_llama2(text_buf *b, const vks_chat_message *m, int n) {
     return VKS_OK;
 }
 
+/* The system turn's opening inside a Jinja string literal: the marker, then a
+ * newline written as the escape \n or as itself; the text after it. */
+static const char *after_system_opener(const char *at) {
+    at += strlen("<|im_start|>system");
+    if (at[0] == '\\' && at[1] == 'n') return at + 2;
+    return *at == '\n' ? at + 1 : NULL;
+}
+
+/* Jinja's string escapes of s[0..n) decoded into b (\n, \t, \r, \\, \', \"). */
+static void put_unescaped(text_buf *b, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '\\' && i + 1 < n) {
+            char e = s[++i];
+            c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
+        }
+        put(b, &c, 1);
+    }
+}
+
+/* Whether s[0..n) stays inside one string literal: no unescaped quote (the
+ * literal would end) and no Jinja tag (text outside a literal). */
+static bool one_literal(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\\') i++;
+        else if (s[i] == '\'' || s[i] == '"' || (s[i] == '{' && i + 1 < n && strchr("{%#", s[i + 1]))) return false;
+    }
+    return true;
+}
+
+int vks_chat_default_system(const char *t, char **out) {
+    if (!t || !out) return vks_set_error(VKS_ERR_ARG, "vks_chat_default_system: NULL argument");
+    *out = NULL;
+    const char *family = vks_chat_template_family(t);
+    if (!family || is_name(t) || (strcmp(family, "chatml") && strcmp(family, "qwen3"))) return VKS_OK;
+    for (const char *at = t; (at = strstr(at, "<|im_start|>system")); at++) {
+        const char *text = after_system_opener(at), *end = text ? strstr(text, "<|im_end|>") : NULL;
+        if (!end || end == text || !one_literal(text, (size_t)(end - text))) continue;
+        text_buf b = {0};
+        put_unescaped(&b, text, (size_t)(end - text));
+        if (b.failed) {
+            free(b.v);
+            return vks_set_error(VKS_ERR_NOMEM, "chat: out of memory");
+        }
+        *out = b.v;
+        return VKS_OK;
+    }
+    return VKS_OK;
+}
+
 int vks_chat_format_opts(const char *tmpl, const vks_chat_message *msgs, int n, const vks_chat_options *o,
                          char **out) {
     if (!tmpl || !out || !o || n < 0 || (!msgs && n > 0))
@@ -266,8 +328,8 @@ int vks_chat_format_opts(const char *tmpl, const vks_chat_message *msgs, int n, 
     *out = NULL;
     const char *family = vks_chat_template_family(tmpl);
     if (!family)
-        return vks_set_error(VKS_ERR_ARG, "chat: unsupported template (known: chatml, qwen3, llama2, llama3, llama3.1, "
-                             "phi3): %.60s", tmpl);
+        return vks_set_error(VKS_ERR_ARG, "chat: the template is not recognised (known families: %s)",
+                             vks_chat_template_names());
     for (int i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content || !msgs[i].role[0])
             return vks_set_error(VKS_ERR_ARG, "chat: message %d has no role or content", i);
@@ -275,9 +337,21 @@ int vks_chat_format_opts(const char *tmpl, const vks_chat_message *msgs, int n, 
             if (*r == '<' || *r == '>' || *r == '|' || is_space(*r))
                 return vks_set_error(VKS_ERR_ARG, "chat: message %d has a bad role '%s'", i, msgs[i].role);
     }
+    char *system = NULL; /* the template's own system message, when the conversation brings none */
+    int rc = n > 0 && !strcmp(msgs[0].role, "system") ? VKS_OK : vks_chat_default_system(tmpl, &system);
+    vks_chat_message *with_system = NULL;
+    if (rc == VKS_OK && system) {
+        with_system = malloc(sizeof *with_system * (size_t)(n + 1));
+        if (!with_system) rc = vks_set_error(VKS_ERR_NOMEM, "chat: out of memory");
+        else {
+            with_system[0] = (vks_chat_message){"system", system};
+            if (n > 0) memcpy(with_system + 1, msgs, sizeof *msgs * (size_t)n);
+            msgs = with_system, n++;
+        }
+    }
+    if (rc != VKS_OK) return free(system), rc;
     text_buf b = {0};
     puts_(&b, "");
-    int rc = VKS_OK;
     bool prompt = o->add_assistant_prompt;
     if (!strcmp(family, "chatml")) format_chatml(&b, msgs, n, prompt);
     else if (!strcmp(family, "qwen3")) rc = format_qwen3(&b, msgs, n, o);
@@ -286,6 +360,8 @@ int vks_chat_format_opts(const char *tmpl, const vks_chat_message *msgs, int n, 
     else if (!strcmp(family, "phi3")) format_phi3(&b, msgs, n, prompt);
     else rc = format_llama2(&b, msgs, n);
     if (rc == VKS_OK && b.failed) rc = vks_set_error(VKS_ERR_NOMEM, "chat: out of memory");
+    free(with_system);
+    free(system);
     if (rc != VKS_OK) {
         free(b.v);
         return rc;

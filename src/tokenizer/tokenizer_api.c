@@ -238,6 +238,7 @@ const char *vks_tokenizer_kind(const vks_tokenizer *t) {
 bool vks_tokenizer_wants_bos(const vks_tokenizer *t) { return t && t->add_bos && t->bos >= 0; }
 bool vks_tokenizer_wants_eos(const vks_tokenizer *t) { return t && t->add_eos && t->eos >= 0; }
 const char *vks_tokenizer_chat_template(const vks_tokenizer *t) { return t ? t->chat_template : NULL; }
+const char *vks_tokenizer_chat_template_file(const vks_tokenizer *t) { return t ? t->chat_template_file : NULL; }
 
 int vks_tokenizer_find(const vks_tokenizer *t, const char *text, size_t len) {
     if (!t || (!text && len > 0)) return -1;

@@ -54,6 +54,7 @@ void vks_tokenizer_free(vks_tokenizer *t) {
     free(t->pre_name);
     free(t->pre_pattern);
     free(t->chat_template);
+    free(t->chat_template_file);
     free(t);
 }
 

@@ -54,6 +54,7 @@ struct vks_tokenizer {
     char *pre_name;
     char *pre_pattern;       /* BPE: the regex the words are split with */
     char *chat_template;
+    char *chat_template_file; /* where it was read (a .gguf or tokenizer_config.json) */
 };
 
 /* Id of the piece equal to bytes[0..n), lowest id among duplicates, or -1. */
@@ -132,6 +133,7 @@ typedef struct {
     const char *pre_pattern;     /* BPE: explicit regex (tokenizer.json), or NULL */
     bool ignore_merges;          /* with pre_pattern (else from pre_name) */
     const char *chat_template;   /* or NULL */
+    const char *chat_template_file; /* where it was read (messages), or NULL */
 } tok_vocab_spec;
 int vks_tok_build(const tok_vocab_spec *s, vks_tokenizer **out);
 #endif

@@ -366,12 +366,12 @@ static int32_t config_token(json_t *cfg, const char *key, const tok_vocab_spec *
     return json_is_string(v) ? find_piece(s, json_string_value(v)) : -1;
 }
 
-/* tokenizer_config.json beside tokenizer.json: special tokens, flags, chat template. */
-static json_t *read_config(const char *path, tok_vocab_spec *s) {
-    char cfg_path[4096];
+/* tokenizer_config.json beside tokenizer.json: special tokens, flags, chat
+ * template (cfg_path gets the file's path: the template's, in messages). */
+static json_t *read_config(const char *path, tok_vocab_spec *s, char cfg_path[4096]) {
     const char *slash = strrchr(path, '/');
     int dir_len = slash ? (int)(slash - path) : 1;
-    snprintf(cfg_path, sizeof cfg_path, "%.*s/tokenizer_config.json", dir_len, slash ? path : ".");
+    snprintf(cfg_path, 4096, "%.*s/tokenizer_config.json", dir_len, slash ? path : ".");
     FILE *f = NULL;
     json_t *cfg = vks_fopen_regular(cfg_path, &f) ? NULL : json_loadf(f, JSON_DECODE_ANY, NULL); /* optional */
     if (f) fclose(f);
@@ -395,6 +395,7 @@ static json_t *read_config(const char *path, tok_vocab_spec *s) {
         const char *name = json_string_value(json_object_get(entry, "name"));
         if (name && !strcmp(name, "default")) s->chat_template = json_string_value(json_object_get(entry, "template"));
     }
+    s->chat_template_file = cfg_path;
     return cfg;
 }
 
@@ -460,10 +461,11 @@ int vks_tokenizer_load_hf_json(const char *path, vks_tokenizer **out) {
     json_vocab v = {0};
     tok_vocab_spec s = {0};
     json_t *cfg = NULL;
+    char cfg_path[4096];
     rc = json_is_object(root) ? json_spec(path, root, &v, &s)
                               : vks_set_error(VKS_ERR_FORMAT, "%s: not a JSON object", path);
     if (rc == VKS_OK) {
-        cfg = read_config(path, &s);
+        cfg = read_config(path, &s, cfg_path);
         rc = vks_tok_build(&s, out);
     }
     json_decref(cfg);

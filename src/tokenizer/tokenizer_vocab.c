@@ -294,7 +294,8 @@ int vks_tok_build(const tok_vocab_spec *s, vks_tokenizer **out) {
     if (rc == VKS_OK) {
         t->pre_name = dup_or_null(s->pre_name);
         t->chat_template = dup_or_null(s->chat_template);
-        if ((s->pre_name && !t->pre_name) || (s->chat_template && !t->chat_template))
+        t->chat_template_file = s->chat_template ? dup_or_null(s->chat_template_file ? s->chat_template_file : s->source) : NULL;
+        if ((s->pre_name && !t->pre_name) || (s->chat_template && (!t->chat_template || !t->chat_template_file)))
             rc = vks_set_error(VKS_ERR_NOMEM, "%s: out of memory", s->source);
     }
     if (rc != VKS_OK) {
