@@ -572,6 +572,38 @@ static void test_option_errors_one_line(void **state) {
     }
 }
 
+/* vkswarm mpirun (tools/cmd_mpirun.c), with sh standing in for mpirun: arguments passed on as
+ * they are, its exit status returned, the first SIGINT to the wrapper turned into SIGUSR1 to
+ * the child and a second into SIGINT; no arguments or a program that cannot run: named. */
+static void test_mpirun_wrapper(void **state) {
+    (void)state;
+    char *out, *err;
+    int rc = run_capture("mpirun", &out, &err);
+    if (rc != 2 || !strstr(err, "vkswarm mpirun: no mpirun arguments") || !one_clean_line(err) || *out)
+        fail_msg("no arguments: status %d, stderr '%s'", rc, err);
+    free(out), free(err);
+    assert_int_equal(setenv("VKSWARM_MPIRUN", "sh", 1), 0);
+    rc = run_capture("mpirun -c 'echo \"$0:$1\"; exit 7' a 'b c'", &out, &err);
+    if (rc != 7 || strcmp(out, "a:b c\n")) fail_msg("pass-through: status %d, stdout '%s'", rc, out);
+    free(out), free(err);
+    /* the child asks its parent (the wrapper) to be interrupted, as a terminal's Ctrl-C would */
+    rc = run_capture("mpirun -c 'trap \"echo usr1; exit 5\" USR1; kill -INT $PPID; sleep 20 & wait'", &out, &err);
+    if (rc != 5 || strcmp(out, "usr1\n") || !strstr(err, "vkswarm: mpirun: stopping cleanly: SIGUSR1 to every rank"))
+        fail_msg("first Ctrl-C: status %d, stdout '%s', stderr '%s'", rc, out, err);
+    free(out), free(err);
+    rc = run_capture("mpirun -c 'trap \"kill -INT $PPID\" USR1; trap \"echo int; exit 6\" INT; kill -INT $PPID; "
+                     "sleep 20 & wait; sleep 20 & wait'", &out, &err);
+    if (rc != 6 || strcmp(out, "int\n") || !strstr(err, "vkswarm: mpirun: SIGINT to mpirun"))
+        fail_msg("second Ctrl-C: status %d, stdout '%s', stderr '%s'", rc, out, err);
+    free(out), free(err);
+    assert_int_equal(setenv("VKSWARM_MPIRUN", "/nonexistent/mpirun", 1), 0);
+    rc = run_capture("mpirun -np 1 true", &out, &err);
+    if (rc != 127 || !strstr(err, "vkswarm: mpirun: cannot run /nonexistent/mpirun: No such file"))
+        fail_msg("no mpirun: status %d, stderr '%s'", rc, err);
+    free(out), free(err);
+    unsetenv("VKSWARM_MPIRUN");
+}
+
 /* Messages that used to mislead (issue 9, item 19). */
 static void test_messages_say_what_happened(void **state) {
     (void)state;
@@ -634,7 +666,7 @@ static void test_verify_ids_escaped(void **state) {
     assert_string_equal(out, "1\n");
     free(out), free(err);
     /* another model: the sample is rejected, status 2 (wrong weights, issue 36): both hashes; a file from
-     * generate (as one written before issue 36) does not say which policy step made it */
+     * generate (as one written by an older vkswarm rl) does not say which policy step made it */
     snprintf(args, sizeof args, "verify --random-model 64,128,2,4,4,32,32 --rollouts %s --cpu", path);
     assert_int_equal(run_capture(args, &out, &err), 2);
     if (!strstr(err, "vkswarm: verify: wrong weights: ") || !strstr(err, " was made by model_hash ") ||
@@ -2947,7 +2979,7 @@ int main(void) {
         cmocka_unit_test(test_train_sft_lora_norm),
         cmocka_unit_test(test_write_failure_leaves_nothing),
         cmocka_unit_test(test_kv_f16_rollouts_verified),
-        cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_messages_say_what_happened),
+        cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_mpirun_wrapper), cmocka_unit_test(test_messages_say_what_happened),
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),

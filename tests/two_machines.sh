@@ -32,12 +32,12 @@ exec ip netns exec ${netns_tag}n\$((\${host##*.} - 1)) /bin/sh -c "\$*"
 AGENT
 chmod +x "$work/netns-ssh"
 
-# the page's sh blocks of sections 4 (hostfile) and 6 (the run), and its mpirun lines
+# the page's sh blocks of sections 4 (hostfile) and 6 (the run), and its `vkswarm mpirun` lines
 block() { # the lines of the sh block that follows the line matching $1
     awk -v pat="$1" 'index($0, pat) {f = 1} f && /^```sh$/ {b = 1; next} b && /^```$/ {exit} b' "$page"
 }
 mpirun_line() { # the Nth mpirun command of the page's section 6-7, continuation lines joined
-    awk '/^mpirun --hostfile hosts -np 2/ {c = 1} c {printf "%s", $0; if ($0 !~ /\\$/) {print ""; c = 0}}' "$page" |
+    awk '/^build\/vkswarm mpirun --hostfile hosts -np 2/ {c = 1} c {printf "%s", $0; if ($0 !~ /\\$/) {print ""; c = 0}}' "$page" |
         sed 's/\\//g' | sed -n "$1p"
 }
 mkdir -p "$work/build" && ln -s "$build/vkswarm" "$work/build/vkswarm"

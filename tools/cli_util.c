@@ -182,7 +182,9 @@ void cli_put_path_line(const char *name, const char *path) {
     putchar('\n');
 }
 
-static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t stop_signal, stop_quiet;
+/* SIGUSR1 is the one mpirun passes on to every rank (`vkswarm mpirun` turns Ctrl-C into it) */
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGUSR1};
 
 static void on_stop_signal(int sig) {
     stop_signal = sig;
@@ -190,9 +192,9 @@ static void on_stop_signal(int sig) {
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
-    sigaction(SIGINT, &dfl, NULL);
-    sigaction(SIGTERM, &dfl, NULL);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++) sigaction(stop_signals[i], &dfl, NULL);
     static const char msg[] = "vkswarm: stopping after this step, with a checkpoint (a second signal stops at once)\n";
+    if (stop_quiet) return;
     ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1); /* async-signal-safe */
     (void)n;
 }
@@ -203,9 +205,10 @@ void cli_stop_install(void) {
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++) sigaction(stop_signals[i], &sa, NULL);
 }
+
+void cli_stop_quiet(void) { stop_quiet = 1; }
 
 bool cli_stop_requested(void *ctx) {
     (void)ctx;

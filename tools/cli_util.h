@@ -22,13 +22,16 @@ void cli_put_path_line(const char *name, const char *path);
  * checkpoint continued from, whose weights replace --model's, or none. */
 void cli_on_resume_train(void *ctx, const char *checkpoint, int64_t step);
 void cli_on_resume_rl(void *ctx, const char *checkpoint, int64_t step);
-/* A clean stop (train sft and rl in one process): cli_stop_install sets
- * handlers for SIGINT and SIGTERM (sigaction); the first signal sets a flag
+/* A clean stop (train sft and rl): cli_stop_install sets handlers for SIGINT,
+ * SIGTERM and SIGUSR1 (which mpirun passes on to every rank) with sigaction; the first signal sets a flag
  * (volatile sig_atomic_t), says on stderr that the run stops after its step,
  * and restores the default action, so that a second one stops at once.
  * cli_stop_requested (the runs' stop_requested; ctx unused) reads the flag. */
 #define EXIT_STOPPED 130
 void cli_stop_install(void);
+/* The rank is not the one that stops the run (rl across ranks: not the trainer): its first
+ * signal says nothing (the trainer says it and tells this rank to stop). */
+void cli_stop_quiet(void);
 bool cli_stop_requested(void *ctx);
 /* s as one shell word (quoted when it needs it; control bytes escaped). */
 void cli_put_shell_word(FILE *f, const char *s);

@@ -57,13 +57,14 @@ static const char rl_usage[] =
     "--override (then said on stderr); --out, --steps, --save-every and --keep may change; task and\n"
     "prompts_per_step never. One run at a time writes DIR; a fresh run refuses a DIR holding an\n"
     "earlier run's files.\n"
-    "Ctrl-C (SIGINT) or SIGTERM stops cleanly: the current step finishes, its checkpoint is saved\n"
+    "Ctrl-C (SIGINT), SIGTERM or SIGUSR1 stops cleanly: the current step finishes, its checkpoint is saved\n"
     "(whatever --save-every says), metrics and plots are written, stdout as below, and the run exits\n"
     "130 with one line: 'vkswarm: rl: stopped at step N; checkpoint DIR/step-N; continue with:\n"
     "PROGRAM rl --out DIR --resume' (PROGRAM: the path this command was run by). A second signal stops at once.\n"
     "Under mpirun, the same signal to the trainer's process stops it after the step, with a checkpoint,\n"
-    "and it tells every rank to stop ('continue with the same mpirun command and --resume'; Open MPI\n"
-    "4.1's mpirun does not pass its own Ctrl-C on to the ranks). At the end stderr says 'N rollouts; C checked by a verifier: A\n"
+    "and it tells every rank to stop ('continue with the same mpirun command and --resume'). Ctrl-C\n"
+    "to `vkswarm mpirun ARGS` (mpirun, with Ctrl-C made SIGUSR1 to every rank) is that stop; Open MPI\n"
+    "4.1's own mpirun takes Ctrl-C as an abort (every rank killed within 2 s). At the end stderr says 'N rollouts; C checked by a verifier: A\n"
     "accepted, R rejected; ...' and, across ranks, one line per rank dropped or refused (world rank, step,\n"
     "why). stdout gets (paths escaped):\n"
     "  task: NAME\n  metrics: PATH\n  plot: PATH\n  timeline: PATH\n  report: PATH\n  final checkpoint: PATH\n"
@@ -370,6 +371,7 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     if (size != a->n_ranks) cli_mpi_abort(EXIT_BAD_INPUT);
     check_ranks(a, m, rank);
     int roles = vks_rl_config_roles_of(&a->c, rank);
+    if (!(roles & VKS_RL_ROLE_TRAINER)) cli_stop_quiet();
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
                                                                          : a->test_garbage_kind ? a->test_garbage_kind : 1};
 #ifdef VKS_TEST_CHEAT /* the test build's vkswarm_cheat only: dishonest inference ranks (tests/rl_cheat.c) */

@@ -405,7 +405,7 @@ static void say_wrong_weights(const verify_args *a, const vks_rollout_header *h)
     cli_put_escaped(stderr, a->rollouts, strlen(a->rollouts));
     fprintf(stderr, " was made by model_hash %s, --model has model_hash %s; ", want, have);
     if (!h->has_policy) {
-        fputs("the file does not say which policy step made it (written before issue 36, or by generate)\n", stderr);
+        fputs("the file does not say which policy step made it (written by generate or pipeline, or by an older vkswarm rl)\n", stderr);
         return;
     }
     fprintf(stderr, "it needs the weights of policy step %lld", (long long)h->policy_step);

@@ -384,17 +384,26 @@ static int verify_batch(vks_rl_gen *g, const char *path, gen_batch *b, int n) {
 /* Whether this batch's verdicts are made here (else by a verifier rank, or none). */
 static bool verified_here(const vks_rl_gen *g) { return g->o->verify && !g->defer_verify; }
 
+static bool checkpoint_exists(const char *dir) {
+    char path[4200];
+    if ((size_t)snprintf(path, sizeof path, "%s/state.json", dir) >= sizeof path) return false;
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
 /* Where the weights of the policy generating are, for its rollout files:
  * what the caller set (an inference rank: the Shardcast step), else the
  * checkpoint OUT/step-N when the run saves that step (every save_every and
- * the last; step 0: the start model, as --model gave it). */
+ * the last, or already there, as the step a resumed run went on from;
+ * step 0: the start model, as --model gave it). */
 static void policy_weights(const vks_rl_gen *g, char *out, size_t cap) {
     const vks_rl_config *c = g->o->config;
     int64_t step = g->policy_step;
     if (g->policy_weights[0]) snprintf(out, cap, "%s", g->policy_weights);
     else if (step == 0) snprintf(out, cap, "the start model (vkswarm rl --model)");
-    else if ((c->save_every && step % c->save_every == 0) || step == c->steps) {
-        if (vks_checkpoint_step_dir(c->out, step, out, cap)) snprintf(out, cap, "step %lld", (long long)step);
+    else if (vks_checkpoint_step_dir(c->out, step, out, cap)) snprintf(out, cap, "step %lld", (long long)step);
+    else if ((c->save_every && step % c->save_every == 0) || step == c->steps || checkpoint_exists(out)) {
+        /* out holds OUT/step-N: saved by the run's rule, or there already (the step a run resumed from) */
     } else
         snprintf(out, cap, "not saved (save_every %d; the trainer's weights of step %lld)", c->save_every, (long long)step);
 }

@@ -264,22 +264,26 @@ elif mpi -np 3 "$blame" > "$tmp/blame.txt" 2>/dev/null; [ "$(grep -c "^rank 0: o
 else bad "blame cascade"; cat "$tmp/blame.txt"; fi
 
 if [ -z "$short" ]; then
-# A rank stopped (at its 10th step) for 12 s, longer than its own --timeout-s 8 (but not the
+# A rank stopped (at its 10th step) for 8 s, longer than its own --timeout-s 6 (but not the
 # others' 30), blames nobody when it resumes: that time is left out of its silence clocks, and the
-# job completes with the usual output. (Its --timeout-s, which bounds MPI_Init too, was 4 and the
-# stop 6.5 s: tight for a loaded machine's start-up.)
+# job completes with the usual output. The stop stays under 10 s: the validation layer gives up on
+# a fence it waits for after 10 s of steady_clock, which counts a stop too ("UNASSIGNED-VkFence-
+# state-timeout ... most likely a validation bug", then VUID-vkResetFences-pFences-01123): with a
+# 12 s stop that failed once in 5 stress runs of the MPI suites (two busy loops beside); at 8 s,
+# 12 of 12 runs of this case passed under the same load. (Its --timeout-s, which bounds MPI_Init too, was 4
+# once: tight for a loaded machine's start-up.)
 args="$model --prompts $tmp/prompts.txt --temp 0 -n 48 --link-latency-ms 50"
 VKSWARM_TEST_SIGNAL=1:stop:step:10 mpi -x VKSWARM_TEST_SIGNAL -np 1 $bin pipeline $args --timeout-s 30 : \
-    -np 1 $bin pipeline $args --timeout-s 8 : -np 1 $bin pipeline $args --timeout-s 30 \
+    -np 1 $bin pipeline $args --timeout-s 6 : -np 1 $bin pipeline $args --timeout-s 30 \
     > "$tmp/resumed.jsonl" 2> "$tmp/resumed.txt" &
 job=$!
 pid=""
-wait_signalled "$tmp/resumed.txt" $job && pid=$sig_pid && sleep 12 && kill -CONT "$pid"
+wait_signalled "$tmp/resumed.txt" $job && pid=$sig_pid && sleep 8 && kill -CONT "$pid"
 wait $job
 rc=$?
 release_stopped
 if [ -n "$pid" ] && [ $rc -eq 0 ] && cmp -s "$tmp/resumed.jsonl" "$tmp/ref_greedy.jsonl"; then
-    ok "rank 1 stopped 12 s, past its 8 s timeout, and resumed: nobody blamed, same output"
+    ok "rank 1 stopped 8 s, past its 6 s timeout, and resumed: nobody blamed, same output"
 else bad "rank 1 stopped and resumed: pid '$pid' status $rc"; grep vkswarm "$tmp/resumed.txt" | tail -3; fi
 fi
 

@@ -64,31 +64,38 @@ shardcast_ok() {
 }
 
 
-# a clean stop across ranks (docs/multi-machine.md "7."): SIGINT to the trainer's rank process
-# after its "step 1" line: the trainer finishes the step, saves it and tells every rank to stop;
-# every rank exits (mpirun returns, not killed by timeout), the trainer's line names the
-# checkpoint, and --resume continues from it to the last step. (SIGINT to mpirun is no clean stop
-# with Open MPI 4.1.4: mpirun does not pass it on and the run goes on; measured, NOTES.)
-# VKSWARM_TEST_ONLY=stop runs only this case.
+# a clean stop across ranks (docs/multi-machine.md "7."): Ctrl-C typed in the terminal of
+# `vkswarm mpirun` (a pty of script(1), whose line discipline turns the byte 0x03 into SIGINT to
+# the foreground process group, as a terminal does) after the trainer's "step 1" line: the
+# wrapper sends mpirun SIGUSR1, mpirun passes it on to every rank, the trainer finishes the step,
+# saves it and tells every rank to stop; every rank exits (status 130, not killed by timeout), the
+# trainer's line names the checkpoint, and --resume continues from it to the last step. (Plain
+# mpirun takes SIGINT as its abort: CONT, TERM a second later, KILL a second after; measured,
+# NOTES.) VKSWARM_TEST_ONLY=stop runs only this case.
 if [ -z "${VKSWARM_TEST_ONLY:-}" ] || [ "$VKSWARM_TEST_ONLY" = stop ]; then
 config "$tmp/stop" 4 0
-mkdir -p "$tmp/stop-pids"
-VKSWARM_PID_DIR=$tmp/stop-pids mpi_run 300 -x VKSWARM_PID_DIR -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 \
-    --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt" &
+rm -f "$tmp/keys.fifo" && mkfifo "$tmp/keys.fifo"
+cmd=$(printf '%q ' exec "$bin" mpirun ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe --mca btl tcp,self \
+      --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 3 "$bin" rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60)
+env -u MALLOC_PERTURB_ timeout -k 15 300 script -qefc "$cmd" /dev/null < "$tmp/keys.fifo" > "$tmp/tty.txt" 2>&1 &
 job=$!
-pid=$(pid_file_pid "$tmp/stop-pids" 0)
-for i in $(seq 1 2400); do grep -q "rl: step 1/4" "$tmp/err.txt" && break; kill -0 $job 2>/dev/null || break; sleep 0.1; done
-[ -n "$pid" ] && kill -INT "$pid"
+exec 7> "$tmp/keys.fifo" # the terminal's keyboard
+for i in $(seq 1 2400); do grep -q "rl: step 1/4" "$tmp/tty.txt" && break; kill -0 $job 2>/dev/null || break; sleep 0.1; done
+printf '\003' >&7
 wait $job
 rc=$?
+exec 7>&-
+tr -d '\r' < "$tmp/tty.txt" > "$tmp/err.txt"
 at=$(sed -n "s|^vkswarm: rl: stopped at step \([0-9]*\); checkpoint $tmp/stop/step-0*[0-9]*; continue with the same mpirun command and --resume$|\1|p" "$tmp/err.txt")
-if [ $rc -ne 124 ] && [ $rc -ne 137 ] && [ -n "$at" ] && [ "$at" -ge 1 ] && [ "$at" -lt 4 ] &&
+if [ $rc -eq 130 ] && [ -n "$at" ] && [ "$at" -ge 1 ] && [ "$at" -lt 4 ] &&
+   grep -q "vkswarm: mpirun: stopping cleanly: SIGUSR1 to every rank" "$tmp/err.txt" && # after the echoed ^C
+   [ "$(grep -c "^vkswarm: stopping after this step" "$tmp/err.txt")" = 1 ] &&
    [ -f "$tmp/stop/step-$(printf %09d "$at")/state.json" ]; then
     mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --resume > "$tmp/out2.txt" 2> "$tmp/err2.txt"
     rc2=$?
     if [ $rc2 -eq 0 ] && grep -q "resumed from step $at" "$tmp/err2.txt" &&
        grep -q "^final checkpoint: $tmp/stop/step-000000004" "$tmp/out2.txt" && metrics_ok "$tmp/stop/metrics.jsonl" 4 0; then
-        ok "SIGINT to the trainer rank after step 1: every rank ended (status $rc), checkpoint of step $at, --resume went on to step 4"
+        ok "Ctrl-C to vkswarm mpirun after step 1: every rank ended (status $rc), checkpoint of step $at, --resume went on to step 4"
     else bad "clean stop: the resume from step $at: status $rc2"; tail -5 "$tmp/err2.txt"; fi
 else bad "clean stop: status $rc, stopped at '$at'"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -15; fi
 if [ "${VKSWARM_TEST_ONLY:-}" = stop ]; then
