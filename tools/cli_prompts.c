@@ -92,6 +92,35 @@ void cli_encode_prompt(const vks_tokenizer *t, int vocab, const char *text, vks_
         cli_die(EXIT_BAD_INPUT, "cannot encode prompt: %s", vks_last_error());
 }
 
+void cli_check_chat_flags(const char *cmd, const vks_prompt_format *f, const vks_tokenizer *t) {
+    if (vks_prompt_is_raw(f)) return;
+    if (!t) cli_usage_error(cmd, "--chat-template needs the model's tokenizer (--tokenizer)");
+    cli_check_prompt(cmd, f, t, 0);
+}
+
+void cli_encode_formatted_prompt(const char *cmd, const vks_prompt_format *f, const vks_tokenizer *t, int vocab,
+                                 const char *text, int index, vks_sequence *s) {
+    if (vks_prompt_is_raw(f)) {
+        cli_encode_prompt(t, vocab, text, s, 1);
+        return;
+    }
+    if (index == 0) {
+        char *shown = NULL;
+        size_t len = 0;
+        if (vks_prompt_text(f, vks_tokenizer_chat_template(t), text, 0, &shown, &len))
+            cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+        cli_show_prompt((void *)cmd, shown, len);
+        free(shown);
+    }
+    *s = (vks_sequence){.stop_token = -1};
+    if (vks_prompt_tokenize(f, t, text, 0, &s->ids, &s->n_prompt))
+        cli_die(EXIT_BAD_INPUT, "%s: prompt %d: %s", cmd, index + 1, vks_last_error());
+    for (int k = 0; k < s->n_prompt; k++)
+        if (s->ids[k] >= vocab)
+            cli_die(EXIT_BAD_INPUT, "%s: prompt %d: token %d outside the model's vocabulary", cmd, index + 1, s->ids[k]);
+    s->n_ids = s->n_prompt;
+}
+
 /* What run.c prints for a sequence: decode(prev, next) for each pair. run.c's
  * safe_printf drops single-byte pieces that are not printable: that rule is
  * for llama2.c vocabularies; GGUF and tokenizer.json pieces print their bytes

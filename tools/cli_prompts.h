@@ -3,6 +3,7 @@
 #ifndef VKS_CLI_PROMPTS_H
 #define VKS_CLI_PROMPTS_H
 #include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_prompt.h"
 #include "vkswarm/vks_tokenizer.h"
 
 /* One prompt per line (a last line without '\n' counts), or for a path ending
@@ -12,6 +13,16 @@ char **cli_read_prompts(const char *path, int *n_out);
 /* encode(prompt, bos) into s->ids / s->n_prompt; without a tokenizer the
  * prompt is token ids (whitespace-separated, each in [0, vocab)) after BOS. */
 void cli_encode_prompt(const vks_tokenizer *t, int vocab, const char *text, vks_sequence *s, int bos);
+/* generate's and pipeline's chat flags (CLI_CHAT_LONG_OPTIONS): they need
+ * the model's tokenizer (a usage error of cmd otherwise), then
+ * cli_check_prompt. Nothing to check without them. */
+void cli_check_chat_flags(const char *cmd, const vks_prompt_format *f, const vks_tokenizer *t);
+/* Prompt `index` (0-based) of cmd as ids into s: BOS + the text without chat
+ * flags (cli_encode_prompt), else in the chat format (vks_prompt_tokenize:
+ * what rl and eval feed; the first prompt is shown on stderr). Exit 2 naming
+ * the prompt when it cannot be encoded or a token is outside the vocabulary. */
+void cli_encode_formatted_prompt(const char *cmd, const vks_prompt_format *f, const vks_tokenizer *t, int vocab,
+                                 const char *text, int index, vks_sequence *s);
 /* What llama2.c's run.c prints for a sequence: decode(prev, next) for each pair. */
 char *cli_sequence_text(const vks_tokenizer *t, const vks_sequence *s, size_t *len_out);
 /* {"prompt", "ids", "text"} on one line of stdout. */

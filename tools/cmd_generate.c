@@ -76,31 +76,6 @@ static void parse_generate(int argc, char **argv, generate_args *a) {
     if (vks_prompt_check(&a->format)) cli_usage_error("generate", "%s", vks_last_error());
 }
 
-/* A prompt's ids: BOS + the text, or in the chat format (vks_prompt_tokenize,
- * what rl and eval feed; the first prompt is shown on stderr). */
-static void encode_prompt(const generate_args *a, const vks_tokenizer *t, int vocab, const char *text, int index,
-                          vks_sequence *s) {
-    if (vks_prompt_is_raw(&a->format)) {
-        cli_encode_prompt(t, vocab, text, s, 1);
-        return;
-    }
-    if (index == 0) {
-        char *shown = NULL;
-        size_t len = 0;
-        if (vks_prompt_text(&a->format, vks_tokenizer_chat_template(t), text, 0, &shown, &len))
-            cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
-        cli_show_prompt("generate", shown, len);
-        free(shown);
-    }
-    *s = (vks_sequence){.stop_token = -1};
-    if (vks_prompt_tokenize(&a->format, t, text, 0, &s->ids, &s->n_prompt))
-        cli_die(EXIT_BAD_INPUT, "generate: prompt %d: %s", index + 1, vks_last_error());
-    for (int k = 0; k < s->n_prompt; k++)
-        if (s->ids[k] >= vocab)
-            cli_die(EXIT_BAD_INPUT, "generate: prompt %d: token %d outside the model's vocabulary", index + 1, s->ids[k]);
-    s->n_ids = s->n_prompt;
-}
-
 typedef struct {
     cli_progress progress;
     vks_rollout_writer *rollouts; /* NULL without --rollouts-out */
@@ -130,17 +105,15 @@ int cmd_generate(int argc, char **argv) {
     parse_generate(argc, argv, &a);
     vks_model *m = cli_load_model(&a.m);
     vks_tokenizer *t = cli_load_tokenizer(&a.m, m);
-    if (!vks_prompt_is_raw(&a.format)) {
-        if (!t) cli_usage_error("generate", "--chat-template needs the model's tokenizer (--tokenizer)");
-        cli_check_prompt("generate", &a.format, t, 0);
-    }
+    cli_check_chat_flags("generate", &a.format, t);
     cli_sampling_finish(&a.s);
     int n = 1;
     char **prompts = a.prompts_file ? cli_read_prompts(a.prompts_file, &n) : NULL;
     vks_sequence *seqs = calloc((size_t)n, sizeof *seqs);
     if (!seqs) cli_die(1, "out of host memory");
     for (int i = 0; i < n; i++)
-        encode_prompt(&a, t, m->cfg.vocab_size, prompts ? prompts[i] : (a.prompt ? a.prompt : ""), i, &seqs[i]);
+        cli_encode_formatted_prompt("generate", &a.format, t, m->cfg.vocab_size,
+                                    prompts ? prompts[i] : (a.prompt ? a.prompt : ""), i, &seqs[i]);
     vks_sched_params sp = cli_sched_params(&a.s, m, t);
     int steps = sp.steps;
     vks_generate_options go = {.sched = sp};

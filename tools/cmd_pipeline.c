@@ -19,6 +19,7 @@ static const char pipeline_usage[] =
     "           [--partition even|auto|n1,n2,...] [--wire f32|f16] [--link-latency-ms L] [--link-mbps R]\n"
     "           [--timeout-s T] [--dtype f32|f16|bf16] [--kv-type f32|f16] [--device N]\n"
     "           [--rollouts-out FILE [--toploc|--no-toploc]] [--lora PATH]\n"
+    "           [--chat-template NAME [--system TEXT] [--no-think]]\n"
     "Rank s holds a contiguous range of layers; rank 0 also the embedding and the schedule, rank S-1 the\n"
     "final norm, the classifier and the sampler. K micro-batches of B sequences circulate in a ring; the\n"
     "MPI tag carries the micro-batch id. Output on rank 0's stdout: one JSON object per prompt, in prompt\n"
@@ -31,6 +32,8 @@ static const char pipeline_usage[] =
     "TOPLOC proofs while it samples and sends them to rank 0 at the end (--no-toploc: empty proofs); every\n"
     "other stage commits the activations it hands on at the sampling positions (\"stage_proofs\"), so that\n"
     "verify names the first stage whose commitment fails.\n"
+    "--chat-template / --system / --no-think: each prompt as one user message in that chat format, exactly\n"
+    "as `vkswarm generate` feeds it (rank 0 renders and tokenizes; see `vkswarm generate --help`).\n"
     CLI_LORA_HELP "(each rank puts on its device the adapter's matrices of its own layers; every rank must hold the same\n"
     "base and adapter).\n";
 
@@ -41,6 +44,7 @@ typedef struct {
     bool no_toploc;
     int batch, micro_batches, chunk;
     double latency_ms, mbps, timeout_s;
+    vks_prompt_format format; /* the chat flags, as generate's; default: BOS + the prompt */
 } pipeline_args;
 
 static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
@@ -51,7 +55,7 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
                                          {"link-latency-ms", required_argument, 0, 0},
                                          {"link-mbps", required_argument, 0, 0}, {"timeout-s", required_argument, 0, 0},
                                          {"rollouts-out", required_argument, 0, 0}, {"toploc", no_argument, 0, 0},
-                                         {"no-toploc", no_argument, 0, 0},
+                                         {"no-toploc", no_argument, 0, 0}, CLI_CHAT_LONG_OPTIONS,
                                          {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     a->m.device = -1;
     cli_sampling_defaults(&a->s);
@@ -59,12 +63,15 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
     a->wire = "f32";
     a->chunk = 32;
     a->timeout_s = 20;
+    vks_prompt_format_default(&a->format);
     int c, idx;
     while ((c = cli_getopt(argc, argv, "n:h", opts, &idx)) != -1) {
         if (c == 'h') { fputs(pipeline_usage, stdout); exit(0); }
         if (c == 'n') { cli_sampling_option(&a->s, "n", optarg); continue; }
         const char *name = opts[idx].name;
-        if (cli_model_option(&a->m, name, optarg) || cli_sampling_option(&a->s, name, optarg)) continue;
+        if (cli_model_option(&a->m, name, optarg) || cli_sampling_option(&a->s, name, optarg) ||
+            cli_prompt_option(&a->format, "pipeline", name, optarg))
+            continue;
         if (!strcmp(name, "prompts")) a->prompts_file = optarg;
         else if (!strcmp(name, "batch")) a->batch = (int)cli_parse_long("--batch", optarg, 1, 4096);
         else if (!strcmp(name, "micro-batches")) a->micro_batches = (int)cli_parse_long("--micro-batches", optarg, 1, 256);
@@ -81,6 +88,7 @@ static void parse_pipeline(int argc, char **argv, pipeline_args *a) {
     if (optind < argc) cli_usage_error("pipeline", "unexpected argument '%s'", argv[optind]);
     if (!a->prompts_file) cli_usage_error("pipeline", "--prompts FILE is required");
     if (strcmp(a->wire, "f32") && strcmp(a->wire, "f16")) cli_die(EXIT_BAD_INPUT, "--wire: '%s' is not f32 or f16", a->wire);
+    if (vks_prompt_check(&a->format)) cli_usage_error("pipeline", "%s", vks_last_error());
 }
 
 /* A rank went silent during start-up: MPI_Finalize would wait for it, so the job ends here. */
@@ -157,10 +165,13 @@ int cmd_pipeline(int argc, char **argv) {
     int n = 0;
     vks_sequence *seqs = NULL;
     if (rank == 0) {
+        cli_check_chat_flags("pipeline", &a.format, t);
         cli_sampling_finish(&a.s);
         lines = cli_read_prompts(a.prompts_file, &n);
         seqs = calloc((size_t)n, sizeof *seqs);
-        for (int i = 0; i < n; i++) cli_encode_prompt(t, m->cfg.vocab_size, lines[i], &seqs[i], 1);
+        if (!seqs) cli_die(1, "out of host memory");
+        for (int i = 0; i < n; i++)
+            cli_encode_formatted_prompt("pipeline", &a.format, t, m->cfg.vocab_size, lines[i], i, &seqs[i]);
     }
     vks_pipeline_job job = {.seed = a.s.seed, .n_prompts = n, .stop_token_a = t ? vks_tokenizer_bos(t) : 1,
                             .stop_token_b = t ? vks_tokenizer_eos(t) : -1};

@@ -75,6 +75,24 @@ for arch in qwen3:64,160,4,4,2,300,128,32 llama3:64,160,4,4,2,300,128 qwen2:64,1
         --temp 0 -n 24 --micro-batches 2 --chunk 16
 done
 
+# the chat flags: pipeline feeds exactly the ids generate feeds for the same flags (tiny's own
+# byte-level tokenizer renders the chatml markers as text, which is all this needs); without a
+# tokenizer they are refused
+$bin convert --init tiny --out "$tmp/tiny.gguf" > /dev/null 2>&1 || bad "convert --init tiny"
+printf 'Once upon a time\nThe cat sat\n' > "$tmp/chat.txt"
+chat=(--model "$tmp/tiny.gguf" --prompts "$tmp/chat.txt" --chat-template chatml --system "Be brief." --temp 0 -n 110)
+$bin generate "${chat[@]}" > "$tmp/ref_chat.jsonl" 2>/dev/null || bad "generate --chat-template chatml"
+if grep -q '"text":"<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nOnce upon a time<|im_end|>' \
+    "$tmp/ref_chat.jsonl"; then
+    check_same "S=2 K=2 --chat-template chatml --system: generate's ids and text" "$tmp/ref_chat.jsonl" -np 2 \
+        $bin pipeline "${chat[@]}" --micro-batches 2
+else bad "generate --chat-template chatml --system: the rendered prompt"; head -c 300 "$tmp/ref_chat.jsonl"; fi
+mpi -np 1 $bin pipeline $model --prompts "$tmp/prompts.txt" --chat-template chatml > /dev/null 2> "$tmp/err.txt"
+st=$?
+if [ $st = 2 ] && grep -q -- "--chat-template needs the model's tokenizer" "$tmp/err.txt"; then
+    ok "--chat-template without a tokenizer refused (status 2)"
+else bad "--chat-template without a tokenizer: status $st"; tail -3 "$tmp/err.txt"; fi
+
 # rollouts: the last stage's TOPLOC proofs make the same file as one rank's (but for the
 # stage commitments, the last field of each record: one per stage that hands on), and it verifies
 samp="--temp 0.9 --top-p 0.9 --seed 11"
