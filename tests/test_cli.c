@@ -2127,8 +2127,7 @@ static char *read_docs(const char *src) {
  * span in a heading is read without its backquotes). */
 static void test_rl_help_sections_exist(void **state) {
     (void)state;
-    const char *src = getenv("VKSWARM_SOURCE");
-    if (!src) skip();
+    const char *src = tu_source();
     char cmd[1024], *help = NULL;
     char *readme = read_docs(src);
     for (char *q = readme, *w = readme; ; q++) { /* drop backquotes */

@@ -1399,7 +1399,7 @@ static void test_verify_sample_beyond_device(void **state) {
 
 static void test_cli_generate_verify(void **state) {
     (void)state;
-    const char *bin = getenv("VKSWARM_BIN"), *path = tu_shared_path("stories260K/stories260K.bin");
+    const char *bin = tu_bin(), *path = tu_shared_path("stories260K/stories260K.bin");
     char model_s[512], tok_s[512], dir[256], cmd[4096];
     if (!bin || !path) skip();
     snprintf(model_s, sizeof model_s, "%s", path);

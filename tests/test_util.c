@@ -15,10 +15,10 @@
 const char *tu_shared_path(const char *rel) {
     static char buf[4096];
     const char *root = getenv("VKSWARM_SHARED");
-    if (!root) root = "../shared";
+    if (!root) root = VKS_TEST_SHARED;
     snprintf(buf, sizeof buf, "%s/models/%s", root, rel);
     if (access(buf, R_OK) != 0) {
-        fprintf(stderr, "SKIP: %s not found (../shared is missing)\n", buf);
+        fprintf(stderr, "SKIP: %s not found (%s is missing)\n", buf, root);
         return NULL;
     }
     return buf;
@@ -105,7 +105,12 @@ struct vks_gpu *tu_gpu_open(void) {
 
 const char *tu_bin(void) {
     const char *b = getenv("VKSWARM_BIN");
-    return b ? b : "./vkswarm";
+    return b ? b : VKS_TEST_BIN;
+}
+
+const char *tu_source(void) {
+    const char *s = getenv("VKSWARM_SOURCE");
+    return s ? s : VKS_TEST_SOURCE;
 }
 
 int tu_run(const char *cmd, char **out) {

@@ -45,8 +45,11 @@ const double *tu_rope_freqs(double theta, int head_dim);
 float *tu_rope_table(double theta, int head_dim, int n_pos);
 /* Makes a fresh temporary directory; returns static path. */
 const char *tu_tmpdir(void);
-/* The vkswarm binary under test: $VKSWARM_BIN, else ./vkswarm. */
+/* The vkswarm binary under test: $VKSWARM_BIN, else the build's (its path is
+ * compiled in: tests/meson.build), so a suite runs from any directory. */
 const char *tu_bin(void);
+/* The source tree: $VKSWARM_SOURCE, else the one this build came from. */
+const char *tu_source(void);
 /* Runs a shell command and reads its stdout: into *out (malloc'd,
  * NUL-terminated) when out is not NULL, else discarded. Returns the exit
  * status, or 128 when the command did not exit normally. */
