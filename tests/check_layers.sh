@@ -14,10 +14,11 @@ libmpi=$3
 
 # The folders of src/, lowest first: each may use itself and those before it.
 # mpi/, then tools/, come above them all.
-layers=(core shard gguf tokenizer model ref cpu gpu engine toploc rl mpi tools)
+layers=(core sandbox shard gguf tokenizer model ref cpu gpu engine toploc rl mpi tools)
 # Each public header's layer.
 declare -A header_layer=(
   [vks_common]=core [vks_quant]=core [vks_philox]=core [vks_train_types]=core
+  [vks_sandbox]=sandbox
   [vks_shard]=shard
   [vks_gguf]=gguf
   [vks_tokenizer]=tokenizer

@@ -1991,7 +1991,7 @@ static void test_own_tasks(void **state) {
     snprintf(cmd, sizeof cmd, "cd %s && %s tasks filter --model own/step-000000001 --task add:2 --out k.jsonl 2>&1", dir,
              tu_bin());
     assert_int_equal(tu_run(cmd, &out), 2);
-    assert_non_null(strstr(out, "tasks filter keeps lines of a task file; 'add:2' is a built-in task"));
+    assert_non_null(strstr(out, "tasks filter and tasks score take a task file; 'add:2' is a built-in task"));
     free(out);
 }
 

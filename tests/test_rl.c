@@ -1198,6 +1198,38 @@ static void test_sft_loss_window(void **state) {
     assert_near(b, 2.0, 1e-12);
 }
 
+/* A code task file (issue 38) trains and is evaluated like any other: the
+ * tiny model writes no code block (task reward 0, the thinking budget gives
+ * the groups their signal) and its held-out set is scored through the
+ * sandbox's code path. */
+static void test_code_task_run(void **state) {
+    (void)state;
+    char path[400], out[600];
+    snprintf(path, sizeof path, "%s/code.jsonl", tu_tmpdir());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++)
+        fprintf(f, "{\"prompt\": \"print %d\", \"task_type\": \"code\", \"tests\": [{\"input\": \"\", \"output\": \"%d\"}]}\n",
+                i, i);
+    assert_int_equal(fclose(f), 0);
+    vks_rl_config c;
+    snprintf(out, sizeof out, "%s/rl-code", tu_tmpdir());
+    small_config(&c, out, 1, 0);
+    snprintf(c.task, sizeof c.task, "file:%s", path);
+    c.eval_split = 0.25;
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.eval_n = 2;
+    vks_rl_result *r = malloc(sizeof *r);
+    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    assert_int_equal(r->eval_tasks, 2);
+    assert_true(r->start_accuracy == 0.0 && r->final_accuracy == 0.0);
+    assert_int_equal(log.n, 1);
+    assert_true(isfinite(log.p[0].loss));
+    free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
@@ -1206,7 +1238,7 @@ int main(void) {
                                        cmocka_unit_test(test_clean_stop), cmocka_unit_test(test_report_escapes),
                                        cmocka_unit_test(test_lora_run), cmocka_unit_test(test_off_policy_kept),
                                        cmocka_unit_test(test_versions_ring), cmocka_unit_test(test_report_in_browser),
-                                       cmocka_unit_test(test_sft_loss_window)};
+                                       cmocka_unit_test(test_sft_loss_window), cmocka_unit_test(test_code_task_run)};
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

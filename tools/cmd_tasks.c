@@ -1,4 +1,5 @@
-/* `vkswarm tasks sft` and `vkswarm tasks filter`: argument parsing around vks_task_write_sft and vks_task_filter. */
+/* `vkswarm tasks sft`, `vkswarm tasks filter` and `vkswarm tasks score`: argument parsing around
+ * vks_task_write_sft, vks_task_filter and vks_task_score_file. */
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@ static const char tasks_usage[] =
     "                            [--samples K] [--min X] [--max X] [--temp X] [--seed S] [--max-new N]\n"
     "                            [--batch B] [--tokenizer T] [--chat-template NAME] [--system TEXT]\n"
     "                            [--user-template TEXT] [--no-think] [--think-tokens N [--think-template TEXT]]\n"
+    "       vkswarm tasks score --task FILE.jsonl --completions C.jsonl [--parallel N]\n"
     "tasks sft writes N (default 1000) instances of a built-in task (add, mul, countdown, sort, reverse,\n"
     "optionally :SIZE, e.g. mul:3) from seed S (default 0) as {\"prompt\", \"completion\"} lines with a\n"
     "short worked completion ending in the answer line, for `vkswarm train sft`.\n"
@@ -28,11 +30,18 @@ static const char tasks_usage[] =
     "text, or in the prompt format of --chat-template, --system, --user-template, --no-think and\n"
     "--think-tokens (as eval takes them, docs \"Prompts\"; the first one is shown on stderr): filter\n"
     "with the format the run will train with.\n"
+    "tasks score checks completions without a model: C holds lines {\"task\": LINE, \"completion\": TEXT,\n"
+    "\"id\": ANY (optional)}, LINE a line number of FILE. stdout gets one JSON line per completion, in order:\n"
+    "{\"id\", \"line\" (in C), \"task\", \"reward\", \"why\"} (why: the answer read and the one expected, or\n"
+    "for code tasks the first failing case, a timeout or a sandbox limit hit). C is checked whole first.\n"
+    "Code tasks (task_type \"code\": docs/tasks.md) run the completion's last ``` block with python3 in a\n"
+    "bubblewrap sandbox against every case, N runs at once (default: the cores).\n"
     "Answers are read from the completion's last `answer: ...` line or last \\boxed{...}.\n";
 
 typedef struct {
     cli_model_args m;
-    const char *task, *tasks_file, *out, *rates_out;
+    const char *task, *tasks_file, *out, *rates_out, *completions;
+    int parallel;
     int64_t n;
     uint64_t seed;
     double min_rate, max_rate;
@@ -47,7 +56,8 @@ static void parse_tasks(int argc, char **argv, tasks_args *a) {
         {"out", required_argument, 0, 0}, {"n", required_argument, 0, 0}, {"seed", required_argument, 0, 0},
         {"samples", required_argument, 0, 0}, {"min", required_argument, 0, 0}, {"max", required_argument, 0, 0},
         {"temp", required_argument, 0, 0}, {"max-new", required_argument, 0, 0}, {"batch", required_argument, 0, 0},
-        {"rates-out", required_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"rates-out", required_argument, 0, 0}, {"completions", required_argument, 0, 0},
+        {"parallel", required_argument, 0, 0}, CLI_PROMPT_LONG_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *a = (tasks_args){.m = {.device = -1}, .n = 1000, .min_rate = 0.1, .max_rate = 0.8,
                       .o = {.samples = 8, .temperature = 1.0f}};
     vks_prompt_format_default(&a->prompt);
@@ -63,6 +73,8 @@ static void parse_tasks(int argc, char **argv, tasks_args *a) {
         else if (!strcmp(name, "tasks")) a->tasks_file = optarg;
         else if (!strcmp(name, "out")) a->out = optarg;
         else if (!strcmp(name, "rates-out")) a->rates_out = optarg;
+        else if (!strcmp(name, "completions")) a->completions = optarg;
+        else if (!strcmp(name, "parallel")) a->parallel = (int)cli_parse_long("--parallel", optarg, 1, 256);
         else if (!strcmp(name, "n")) a->n = cli_parse_long("--n", optarg, 1, 100000000);
         else if (!strcmp(name, "seed")) a->seed = a->o.seed = cli_parse_u64("--seed", optarg);
         else if (!strcmp(name, "samples")) a->o.samples = (int)cli_parse_long("--samples", optarg, 1, 1024);
@@ -72,10 +84,12 @@ static void parse_tasks(int argc, char **argv, tasks_args *a) {
         else if (!strcmp(name, "max-new")) a->o.max_new_tokens = (int)cli_parse_long("--max-new", optarg, 1, 1 << 20);
         else if (!strcmp(name, "batch")) a->o.batch = (int)cli_parse_long("--batch", optarg, 1, 4096);
     }
-    if (optind >= argc || (strcmp(argv[optind], "sft") && strcmp(argv[optind], "filter")))
-        cli_usage_error("tasks", "say 'sft' or 'filter'");
+    if (optind >= argc || (strcmp(argv[optind], "sft") && strcmp(argv[optind], "filter") && strcmp(argv[optind], "score")))
+        cli_usage_error("tasks", "say 'sft', 'filter' or 'score'");
     if (optind + 1 < argc) cli_usage_error("tasks", "unexpected argument '%s'", argv[optind + 1]);
-    if (!a->out) cli_usage_error("tasks", "--out FILE is required");
+    bool score = !strcmp(argv[optind], "score");
+    if (!score && !a->out) cli_usage_error("tasks", "--out FILE is required");
+    if (!score && (a->completions || a->parallel)) cli_usage_error("tasks", "--completions and --parallel go with tasks score");
     if (vks_prompt_check(&a->prompt)) cli_usage_error("tasks", "%s", vks_last_error());
 }
 
@@ -109,7 +123,7 @@ static const char *filter_path(const tasks_args *a) {
     vks_task_spec spec;
     const char *path = NULL;
     if (vks_task_resolve(name, &spec, &path) == VKS_OK && !path)
-        cli_usage_error("tasks", "tasks filter keeps lines of a task file; '%s' is a built-in task", name);
+        cli_usage_error("tasks", "tasks filter and tasks score take a task file; '%s' is a built-in task", name);
     if (!path) path = strncmp(name, "file:", 5) ? name : name + 5; /* a missing file: named when it is opened */
     if (!*path) cli_usage_error("tasks", "--task 'file:' names no file");
     return path;
@@ -150,8 +164,32 @@ static int tasks_filter(tasks_args *a) {
     return rc;
 }
 
+static int print_scored(void *ctx, const vks_task_scored *s) {
+    (void)ctx;
+    printf("{");
+    if (s->id_json[0]) printf("\"id\": %s, ", s->id_json);
+    printf("\"line\": %lld, \"task\": %lld, \"reward\": %.17g, \"why\": ", (long long)s->line,
+           (long long)s->task_line, s->reward);
+    cli_json_string(stdout, s->why, strlen(s->why));
+    printf("}\n");
+    return cli_stdout_ok() ? VKS_OK : vks_set_error(VKS_ERR_IO, "writing to stdout failed");
+}
+
+static int tasks_score(const tasks_args *a) {
+    const char *name = a->task ? a->task : a->tasks_file;
+    if (!name || !a->completions) cli_usage_error("tasks", "tasks score needs --task FILE.jsonl and --completions C.jsonl");
+    if (a->m.model_path || a->out || a->prompt_given)
+        cli_usage_error("tasks", "tasks score takes no model, --out or prompt flags");
+    const char *path = filter_path(a);
+    int rc = vks_task_score_file(path, a->completions, a->parallel, print_scored, NULL);
+    if (rc) cli_die(rc == VKS_ERR_FORMAT || rc == VKS_ERR_ARG ? EXIT_BAD_INPUT : EXIT_FAILURE, "tasks score: %s",
+                    vks_last_error());
+    return 0;
+}
+
 int cmd_tasks(int argc, char **argv) {
     tasks_args a;
     parse_tasks(argc, argv, &a);
+    if (!strcmp(argv[optind], "score")) return tasks_score(&a);
     return !strcmp(argv[optind], "sft") ? tasks_sft(&a) : tasks_filter(&a);
 }

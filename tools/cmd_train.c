@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "vkswarm/vks_lora.h"
 #include "vkswarm/vks_sft.h"
+#include "vkswarm/vks_sandbox.h"
 #include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_tokenizer.h"
 
@@ -362,7 +363,9 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     vks_task *tasks = NULL;
     int64_t n = 0;
     if (path && vks_task_file_load(path, &tasks, &n)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    int64_t n_loaded = n; /* what vks_task_free frees */
     if (path && ta->n_given && ta->n < n) n = ta->n;
+    if (vks_task_first_code(tasks, n) && vks_sandbox_check()) cli_die(EXIT_FAILURE, "eval: %s", vks_last_error());
     vks_tokenizer *tok = NULL;
     vks_model *m = load_start(ma, NULL, 0, &tok);
     cli_check_prompt("eval", &ta->prompt, tok, 0);
@@ -378,9 +381,9 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
         o.on_completion = keep_completion, o.completion_ctx = &shown;
     }
     vks_task_eval_result *r = malloc(sizeof *r);
-    if (!r) return free(tasks), fail_freeing(vks_set_error(VKS_ERR_NOMEM, "out of memory"), g, m, tok);
+    if (!r) return vks_task_free(tasks, n_loaded), fail_freeing(vks_set_error(VKS_ERR_NOMEM, "out of memory"), g, m, tok);
     int rc = path ? vks_task_eval_tasks(g, m, tok, tasks, n, &o, r) : vks_task_eval(g, m, tok, &spec, ta->seed, ta->n, &o, r);
-    if (rc) return free(r), free(tasks), shown_free(&shown), vks_lora_adapter_free(ma->lora), ma->lora = NULL,
+    if (rc) return free(r), vks_task_free(tasks, n_loaded), shown_free(&shown), vks_lora_adapter_free(ma->lora), ma->lora = NULL,
                    fail_freeing(rc, g, m, tok);
     print_shown(&shown, &o, tok);
     shown_free(&shown);
@@ -388,7 +391,7 @@ static int eval_task(cli_model_args *ma, const task_eval_args *ta) {
     vks_task_spec_name(&spec, name, sizeof name);
     print_task_eval(ta, path ? path : name, r);
     free(r);
-    free(tasks);
+    vks_task_free(tasks, n_loaded);
     rc = cli_finish_gpu(g);
     vks_tokenizer_free(tok);
     cli_free_model(ma, m);

@@ -28,7 +28,25 @@ typedef enum {
     VKS_VERIFY_NUMERIC,   /* the same decimal number (sign, leading zeros, "1,000", "2.50" = "2.5") */
     VKS_VERIFY_LIST,      /* the same integers in the same order ("1 2 3", "1, 2, 3", "[1,2,3]") */
     VKS_VERIFY_COUNTDOWN, /* an expression of the given numbers (each at most once) equal to the target */
+    VKS_VERIFY_CODE,      /* the completion's last fenced code block passes the task's tests (vks_code_tests) */
 } vks_verify_kind;
+
+#define VKS_TASK_MAX_CASES 256      /* stdin/stdout cases of a code task */
+#define VKS_TASK_MAX_WHY 256        /* bytes of a score's reason (vks_task_score_many) */
+
+/* A code task's tests ("task_type": "code"): the program (the completion's
+ * last fenced code block) runs with python3 in a sandbox (vks_sandbox.h), once
+ * per case with its input on standard input, its output compared line by line
+ * (trailing spaces and blank lines at the end ignored); or once with
+ * test_code appended, passing when it exits with status 0. */
+typedef struct {
+    int n_cases;             /* 0 when test_code is set */
+    const char **input, **output;
+    const char *test_code;   /* Python assertions, or NULL */
+    double time_limit_s;     /* CPU seconds per run ("time_limit_s", default 4; wall clock: twice that, plus 1) */
+    int memory_mb;           /* address space per run ("memory_mb", default 512) */
+    bool fraction;           /* "reward": "fraction": the share of cases passed; default all or nothing */
+} vks_code_tests;
 
 /* The built-in generators. */
 typedef enum { VKS_TASK_ADD, VKS_TASK_MUL, VKS_TASK_COUNTDOWN, VKS_TASK_SORT, VKS_TASK_REVERSE } vks_task_kind;
@@ -50,6 +68,8 @@ typedef struct {
     int64_t line;                           /* user tasks: the JSONL line; generated: the index */
     char kind[VKS_TASK_MAX_KIND];           /* what eval reports accuracy per: a file's "kind" (default its
                                              * "task_type"); generated: the spec's name ("add:2") */
+    vks_code_tests *code;                   /* code tasks: their tests, owned by the array vks_task_file_load
+                                             * returned (free it with vks_task_free), else NULL */
 } vks_task;
 
 /* "add", "mul", "countdown", "sort", "reverse", optionally ":N" for the size
@@ -76,6 +96,35 @@ bool vks_task_extract_answer(const char *completion, size_t len, char *answer, s
 /* The task reward of a completion, 0 or 1 (no partial credit: a missing,
  * malformed or wrong answer scores 0). */
 double vks_task_score(const vks_task *t, const char *completion, size_t len);
+/* Scores n completions (texts[i], lens[i] bytes, of *tasks[i]) as
+ * vks_task_score does, and says why in why[i] when why is not NULL ("answer
+ * '12', expected '13'", "case 2 of 3: expected '4', got '5'", "timed out"...).
+ * Code tasks run their tests in sandboxes, `parallel` at once (0: the online
+ * cores); the sandbox is checked first (an error saying why it cannot be set
+ * up). Errors only for what stops scoring itself, never for a completion. */
+int vks_task_score_many(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
+                        int parallel, double *rewards, char (*why)[VKS_TASK_MAX_WHY]);
+/* Scoring a completions file without a model (`vkswarm tasks score`): lines
+ * {"task": LINE, "completion": str, "id": any JSON value (optional)}, LINE a
+ * line number of the task file. The whole file is checked before anything is
+ * scored (the first bad line fails with "FILE: line N: ..."); then each
+ * completion, in order, goes to on_scored (a non-zero return stops the run
+ * and is returned). */
+#define VKS_TASK_MAX_COMPLETION (1 << 20) /* bytes of a completions-file line */
+#define VKS_TASK_MAX_ID 256                /* bytes of an "id" written as JSON */
+typedef struct {
+    int64_t line;                /* its line in the completions file */
+    int64_t task_line;           /* the task's line in the task file */
+    char id_json[VKS_TASK_MAX_ID]; /* its "id" as compact JSON ("" when absent) */
+    double reward;
+    char why[VKS_TASK_MAX_WHY];
+} vks_task_scored;
+int vks_task_score_file(const char *tasks_path, const char *completions_path, int parallel,
+                        int (*on_scored)(void *ctx, const vks_task_scored *s), void *ctx);
+/* The last fenced code block of a completion (``` lines; a language tag after
+ * the opening fence is allowed): *start and *len into text. False when there
+ * is no complete one. */
+bool vks_task_code_block(const char *text, size_t len, size_t *start, size_t *block_len);
 /* Countdown check alone: expr uses integers, + - * /, parentheses (exact
  * rational arithmetic, at most 64 tokens, nesting 32, operands below 2^31);
  * each literal must be one of numbers[], each at most once. Optionally "EXPR = TARGET". */
@@ -87,11 +136,18 @@ double vks_task_length_reward(double r_task, int target_tokens, int completion_t
 
 /* User tasks: JSONL lines {"prompt": str, "answer": str|number, "task_type": T, ...}
  * with T one of exact, numeric, list, boxed (= exact), countdown (then
- * "numbers": [ints] and "target": int, "answer" optional), or a built-in name
- * (add/mul = numeric, sort/reverse = list); optionally "kind": str (at most 31
- * bytes; eval's per-kind accuracy, default T). Other keys are ignored. The
- * first malformed line fails the load with "FILE: line N: ...". */
+ * "numbers": [ints] and "target": int, "answer" optional), code (then "tests":
+ * [{"input": str, "output": str}, ...] or "test_code": str, optionally
+ * "time_limit_s", "memory_mb", "reward": "all"|"fraction"; no "answer"), or a
+ * built-in name (add/mul = numeric, sort/reverse = list); optionally "kind":
+ * str (at most 31 bytes; eval's per-kind accuracy, default T). Other keys are
+ * ignored. The first malformed line fails the load with "FILE: line N: ...".
+ * Free the array with vks_task_free. */
 int vks_task_file_load(const char *path, vks_task **tasks, int64_t *n);
+/* Frees an array of tasks and the code tests they own (NULL is fine). */
+void vks_task_free(vks_task *tasks, int64_t n);
+/* The first code task of tasks[0..n), or NULL. */
+const vks_task *vks_task_first_code(const vks_task *tasks, int64_t n);
 /* Holds out round(fraction * n) tasks (at least 1, at most n - 1; fraction in
  * (0, 1)): those whose line numbers hash (Philox, a fixed key) lowest, so the
  * split depends only on the file. *held gets them (allocated, in file order);

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_grpo.h"
+#include "vkswarm/vks_sandbox.h"
 #include "vkswarm/vks_philox.h"
 #include "vkswarm/vks_rollout.h"
 #include "vkswarm/vks_tokenizer.h"
@@ -159,8 +160,14 @@ int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sa
         snprintf(err, cap, "%s", vks_last_error());
         return rc;
     }
-    *task_reward = vks_task_score(&t, text, len);
+    const vks_task *tp = &t;
+    const char *ctext = text;
+    rc = vks_task_score_many(&tp, &ctext, &len, 1, 0, task_reward, NULL); /* code tasks: their tests, run here */
     free(text);
+    if (rc) {
+        snprintf(err, cap, "scoring here failed: %s", vks_last_error());
+        return rc;
+    }
     *reward = target ? vks_task_length_reward(*task_reward, target, n_new, c->length_penalty) : *task_reward;
     return VKS_OK;
 }
@@ -443,23 +450,31 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
  * mpi/rl_verifier.c rebuild_flat cuts rollout records the same way). */
 static int score_batch(const vks_rl_gen *g, gen_batch *b, const int *targets, int n) {
     const vks_rl_config *c = g->o->config;
-    for (int i = 0; i < n; i++) {
+    if (n < 1) return VKS_OK;
+    char **texts = calloc((size_t)n, sizeof *texts);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    const vks_task **which = calloc((size_t)n, sizeof *which);
+    int *own = calloc((size_t)n, sizeof *own); /* the completion's tokens, for the thinking budget */
+    int rc = texts && lens && which && own ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+    for (int i = 0; rc == VKS_OK && i < n; i++) {
         vks_sequence *s = &b->seqs[i];
         int n_new = s->n_ids - s->n_prompt, keep_stop = s->stop_token >= 0;
         if (n_new >= c->max_new_tokens) n_new = c->max_new_tokens, keep_stop = 0;
-        char *text = NULL;
-        size_t len = 0;
-        int rc = vks_tokenizer_detokenize(g->o->tok, s->ids + s->n_prompt, n_new, false, &text, &len);
-        if (rc) return rc;
-        const vks_task *t = &b->tasks[i / c->group_size];
-        b->task_reward[i] = vks_task_score(t, text, len);
-        free(text);
-        int target = targets[i / c->group_size];
-        b->reward[i] = target ? vks_task_length_reward(b->task_reward[i], target, n_new, c->length_penalty)
-                              : b->task_reward[i];
+        rc = vks_tokenizer_detokenize(g->o->tok, s->ids + s->n_prompt, n_new, false, &texts[i], &lens[i]);
+        which[i] = &b->tasks[i / c->group_size];
         b->lengths[i] = n_new + keep_stop;
+        own[i] = n_new;
     }
-    return VKS_OK;
+    /* code tasks: every completion's tests at once, in parallel sandboxes */
+    if (rc == VKS_OK) rc = vks_task_score_many(which, (const char *const *)texts, lens, n, 0, b->task_reward, NULL);
+    for (int i = 0; rc == VKS_OK && i < n; i++) {
+        int target = targets[i / c->group_size];
+        b->reward[i] = target ? vks_task_length_reward(b->task_reward[i], target, own[i], c->length_penalty)
+                              : b->task_reward[i];
+    }
+    for (int i = 0; texts && i < n; i++) free(texts[i]);
+    free(texts), free(lens), free(which), free(own);
+    return rc;
 }
 
 static int copy_sample(const gen_batch *b, int i, double adv, bool accepted, vks_rl_sample *out) {
@@ -504,6 +519,9 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g) {
     if (rc || !g->tasks_path) return rc;
     rc = vks_task_file_load(g->tasks_path, &g->tasks, &g->n_tasks);
     if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", g->tasks_path);
+    /* code tasks: the sandbox is checked before the run starts (every rank scores: vks_rl_score_sample) */
+    if (!rc && vks_task_first_code(g->tasks, g->n_tasks) && vks_sandbox_check())
+        rc = vks_error_prefix(VKS_ERR_IO, "%s: code tasks", g->tasks_path);
     if (!rc && c->eval_split > 0) {
         rc = vks_task_split(g->tasks, &g->n_tasks, c->eval_split, &g->held, &g->n_held);
         if (rc) rc = vks_error_prefix(rc, "%s: eval_split %g", g->tasks_path, c->eval_split);
@@ -518,9 +536,9 @@ void vks_rl_gen_close(vks_rl_gen *g) {
     g->model = NULL;
     vks_lora_adapter_free(g->adapter);
     g->adapter = NULL;
-    free(g->tasks);
+    vks_task_free(g->tasks, g->n_tasks);
     g->tasks = NULL;
-    free(g->held);
+    vks_task_free(g->held, g->n_held);
     g->held = NULL;
 }
 

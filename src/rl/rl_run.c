@@ -13,6 +13,7 @@
 #include <time.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_grpo.h"
+#include "vkswarm/vks_sandbox.h"
 #include "vkswarm/vks_metrics.h"
 #include "vkswarm/vks_tokenizer.h"
 
@@ -58,6 +59,7 @@ typedef struct {
     vks_rl_out_dir out;          /* config->out, locked */
     vks_task *eval_tasks;        /* the held-out set: gen.held, then config->eval_tasks; NULL: fresh instances */
     int64_t n_eval_tasks;
+    int64_t n_eval_own;          /* the last n_eval_own of them (config->eval_tasks') own their code tests */
     double start_accuracy;       /* the run's, at step 0 (a resumed run: as its checkpoint recorded) */
     bool start_accuracy_stored;  /* resumed from a checkpoint that recorded it */
     /* a clean stop (o->stop_requested) */
@@ -384,6 +386,8 @@ static int open_eval_tasks(rl_run *r, vks_rl_result *res) {
         rc = vks_task_resolve(c->eval_tasks, &spec, &path);
         if (!rc && !path) rc = vks_set_error(VKS_ERR_FORMAT, "eval_tasks '%s' is not a task file", c->eval_tasks);
         if (!rc) rc = vks_task_file_load(path, &file, &n_file);
+        if (!rc && vks_task_first_code(file, n_file) && vks_sandbox_check())
+            rc = vks_error_prefix(VKS_ERR_IO, "%s: code tasks", path);
         if (!rc && at < cap)
             snprintf(res->eval_set + at, cap - at, "%s%lld tasks of %s", at ? " and " : "", (long long)n_file, path);
     }
@@ -394,7 +398,9 @@ static int open_eval_tasks(rl_run *r, vks_rl_result *res) {
     }
     if (!rc && r->gen.n_held) memcpy(r->eval_tasks, r->gen.held, sizeof *r->eval_tasks * (size_t)r->gen.n_held);
     if (!rc && n_file) memcpy(r->eval_tasks + r->gen.n_held, file, sizeof *file * (size_t)n_file);
-    free(file);
+    if (rc) vks_task_free(file, n_file);
+    else free(file); /* its code tests now belong to r->eval_tasks (freed in run_free) */
+    r->n_eval_own = rc ? 0 : n_file;
     res->eval_tasks = rc ? 0 : r->n_eval_tasks;
     return rc ? vks_error_prefix(rc, "held-out tasks") : VKS_OK;
 }
@@ -541,6 +547,8 @@ static void run_free(rl_run *r) {
     vks_checkpoint_free(r->ck);
     vks_model_free(r->own_model);
     vks_rl_out_unlock(&r->out);
+    for (int64_t i = r->n_eval_tasks - r->n_eval_own; r->eval_tasks && i < r->n_eval_tasks; i++)
+        free(r->eval_tasks[i].code);
     free(r->eval_tasks);
     vks_rl_report_samples_free(&r->samples);
 }

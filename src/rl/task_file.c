@@ -44,6 +44,7 @@ static const struct { const char *name; vks_verify_kind kind; } types[] = {
     {"exact", VKS_VERIFY_EXACT},   {"boxed", VKS_VERIFY_EXACT},       {"numeric", VKS_VERIFY_NUMERIC},
     {"list", VKS_VERIFY_LIST},     {"countdown", VKS_VERIFY_COUNTDOWN}, {"add", VKS_VERIFY_NUMERIC},
     {"mul", VKS_VERIFY_NUMERIC},   {"sort", VKS_VERIFY_LIST},         {"reverse", VKS_VERIFY_LIST},
+    {"code", VKS_VERIFY_CODE},
 };
 
 /* A string field (or, for "answer", an integer written out). */
@@ -90,12 +91,13 @@ static int task_from_json(json_t *root, vks_task *t) {
     int k = -1;
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++)
         if (!strcmp(types[i].name, type)) k = i;
-    if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown)", type);
+    if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown, code)", type);
     t->verify = types[k].kind;
     snprintf(t->kind, sizeof t->kind, "%s", type);
     if ((rc = string_field(root, "kind", t->kind, sizeof t->kind, false))) return rc;
     if (!t->kind[0]) return vks_set_error(VKS_ERR_FORMAT, "\"kind\" is empty");
     if ((rc = string_field(root, "prompt", t->prompt, VKS_TASK_MAX_PROMPT + 1, true))) return rc;
+    if (t->verify == VKS_VERIFY_CODE) return vks_task_code_from_json(root, t);
     bool countdown = t->verify == VKS_VERIFY_COUNTDOWN;
     if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, !countdown))) return rc;
     if (countdown) return countdown_fields(root, t);
@@ -140,6 +142,7 @@ static int load_lines(FILE *f, const char *path, char *line, vks_task **tasks, i
         t->line = line_no;
         if (!rc) rc = task_from_json(root, t);
         if (!rc) rc = append_task(tasks, n, &cap, t);
+        if (rc) free(t->code), t->code = NULL; /* appended, the array owns it */
         json_decref(root);
         if (rc) rc = vks_error_prefix(rc, "%s: line %lld", path, (long long)line_no);
     }
@@ -160,7 +163,7 @@ int vks_task_file_load(const char *path, vks_task **tasks, int64_t *n) {
     free(line);
     fclose(f);
     if (rc) {
-        free(*tasks);
+        vks_task_free(*tasks, *n);
         *tasks = NULL;
         *n = 0;
     }

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "vkswarm/vks_tasks.h"
+
 /* Reads one line (without LF; a final CR dropped) of at most max bytes into
  * buf[max + 1]; a longer line is flagged at byte max + 1, where the read
  * stops (the rest unread). False at EOF. */
@@ -15,4 +17,10 @@ bool vks_task_blank(const char *s, size_t n);
  * answer that is no decimal number (nan, inf, 1e999), a list answer with an
  * item that is none. */
 bool vks_task_answer_matchable(int verify, const char *answer);
+
+struct json_t;
+/* A code task's tests from its JSON line (task_code.c): t->code allocated. */
+int vks_task_code_from_json(struct json_t *root, vks_task *t);
+/* vks_task_score with a reason (why: NULL, or cap bytes); code tasks score 0 here. */
+double vks_task_score_why(const vks_task *t, const char *completion, size_t len, char *why, size_t cap);
 #endif

@@ -3,6 +3,7 @@
  * global sample index (so results do not depend on the batch size), scored by
  * the task verifiers; eval (accuracy, pass@k, per kind) and the offline
  * difficulty filter (solve rates, hard / kept / easy). */
+#include "vkswarm/vks_sandbox.h"
 #include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "task_internal.h"
@@ -45,24 +46,31 @@ static int tokenize_prompts(const vks_prompt_format *f, int think, const struct 
     return VKS_OK;
 }
 
-/* Scores the completions of one batch: sequences first .. first + count of the run. */
+/* Scores the completions of one batch: sequences first .. first + count of the run (code tasks' tests run
+ * in parallel sandboxes: vks_task_score_many). */
 static int score_batch(const struct vks_tokenizer *tok, const vks_task *tasks, const vks_task_run_options *o,
                        int max_new, vks_sequence *seqs, int64_t first, int count, double *rewards, int *lengths) {
-    for (int b = 0; b < count; b++) {
+    if (count < 1) return VKS_OK;
+    char **texts = calloc((size_t)count, sizeof *texts);
+    size_t *lens = calloc((size_t)count, sizeof *lens);
+    const vks_task **which = calloc((size_t)count, sizeof *which);
+    int rc = texts && lens && which ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
+    for (int b = 0; rc == VKS_OK && b < count; b++) {
         const vks_sequence *s = &seqs[b];
         int n_new = s->n_ids - s->n_prompt;
         if (n_new > max_new) n_new = max_new;
-        char *text = NULL;
-        size_t len = 0;
-        int rc = vks_tokenizer_detokenize(tok, s->ids + s->n_prompt, n_new, false, &text, &len);
-        if (rc) return rc;
-        const vks_task *task = &tasks[(first + b) / o->samples];
-        rewards[first + b] = vks_task_score(task, text, len);
+        rc = vks_tokenizer_detokenize(tok, s->ids + s->n_prompt, n_new, false, &texts[b], &lens[b]);
+        which[b] = &tasks[(first + b) / o->samples];
         lengths[first + b] = n_new;
-        if (o->on_completion) o->on_completion(o->completion_ctx, task, first + b, text, len, n_new, rewards[first + b]);
-        free(text);
     }
-    return VKS_OK;
+    if (rc == VKS_OK)
+        rc = vks_task_score_many(which, (const char *const *)texts, lens, count, 0, rewards + first, NULL);
+    for (int b = 0; rc == VKS_OK && o->on_completion && b < count; b++)
+        o->on_completion(o->completion_ctx, which[b], first + b, texts[b], lens[b], lengths[first + b],
+                         rewards[first + b]);
+    for (int b = 0; texts && b < count; b++) free(texts[b]);
+    free(texts), free(lens), free(which);
+    return rc;
 }
 
 static int run_batches(vks_engine *e, const struct vks_tokenizer *tok, const vks_task *tasks, int64_t total,
@@ -94,6 +102,8 @@ int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok
         o->think_tokens < 0 ||
         !rewards || !lengths || n > INT64_MAX / o->samples || n * o->samples > UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "tasks: bad arguments");
+    if (vks_task_first_code(tasks, n) && vks_sandbox_check()) /* before anything is generated */
+        return vks_error_prefix(VKS_ERR_IO, "code tasks");
     int max_new = o->max_new_tokens ? o->max_new_tokens : 256, batch = o->batch ? o->batch : 64;
     int64_t total = n * o->samples;
     if (total < batch) batch = (int)total;
@@ -290,7 +300,7 @@ int vks_task_filter(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *
     if (rc == VKS_OK) vks_task_filter_classify(rewards, n, o->samples, min_rate, max_rate, rates, keep, counts);
     if (rc == VKS_OK) rc = write_kept(tasks_path, out_path, tasks, keep, n);
     if (rc == VKS_OK && rates_path) rc = write_rates(rates_path, tasks, n, o->samples, rewards, rates, min_rate, max_rate);
-    free(tasks);
+    vks_task_free(tasks, n);
     free(rewards);
     free(rates);
     free(lengths);

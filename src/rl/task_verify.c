@@ -288,14 +288,36 @@ bool vks_task_answer_matchable(int verify, const char *answer) {
     }
 }
 
-double vks_task_score(const vks_task *t, const char *completion, size_t len) {
-    char got[VKS_TASK_MAX_ANSWER];
-    if (!t || !completion || !vks_task_extract_answer(completion, len, got, sizeof got)) return 0;
-    switch (t->verify) {
-    case VKS_VERIFY_EXACT: return same_text(got, t->answer);
-    case VKS_VERIFY_NUMERIC: return same_number(got, t->answer);
-    case VKS_VERIFY_LIST: return same_list(got, t->answer);
-    case VKS_VERIFY_COUNTDOWN: return vks_task_countdown_ok(got, t->numbers, t->n_numbers, t->target);
+double vks_task_score_why(const vks_task *t, const char *completion, size_t len, char *why, size_t cap) {
+    char got[VKS_TASK_MAX_ANSWER], shown[4 * VKS_TASK_MAX_ANSWER], want[4 * VKS_TASK_MAX_ANSWER];
+    if (!t || !completion || !vks_task_extract_answer(completion, len, got, sizeof got)) {
+        if (why) snprintf(why, cap, "no answer (an 'answer:' line or \\boxed{...})");
+        return 0;
     }
-    return 0;
+    bool ok = false;
+    switch (t->verify) {
+    case VKS_VERIFY_EXACT: ok = same_text(got, t->answer); break;
+    case VKS_VERIFY_NUMERIC: ok = same_number(got, t->answer); break;
+    case VKS_VERIFY_LIST: ok = same_list(got, t->answer); break;
+    case VKS_VERIFY_COUNTDOWN: ok = vks_task_countdown_ok(got, t->numbers, t->n_numbers, t->target); break;
+    case VKS_VERIFY_CODE: ok = false; break; /* scored by vks_task_score_many */
+    }
+    if (why) {
+        vks_escape(got, strlen(got), shown, sizeof shown);
+        vks_escape(t->answer, strlen(t->answer), want, sizeof want);
+        if (t->verify == VKS_VERIFY_COUNTDOWN)
+            snprintf(why, cap, "answer '%.100s' %s %lld", shown, ok ? "makes" : "does not make", (long long)t->target);
+        else snprintf(why, cap, "answer '%.100s'%s, expected '%.100s'", shown, ok ? " matches" : "", want);
+    }
+    return ok ? 1 : 0;
+}
+
+double vks_task_score(const vks_task *t, const char *completion, size_t len) {
+    if (t && completion && t->code) {
+        double r = 0;
+        const vks_task *tp = t;
+        const char *text = completion;
+        return vks_task_score_many(&tp, &text, &len, 1, 0, &r, NULL) ? 0 : r;
+    }
+    return vks_task_score_why(t, completion, len, NULL, 0);
 }

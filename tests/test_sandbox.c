@@ -1,0 +1,319 @@
+/* The sandbox (vks_sandbox.h) and code tasks (vks_tasks.h): hostile programs
+ * (endless loops, fork bombs, an 8 GB allocation, a flood of output, a
+ * network client, writes outside) end with the right result and leave the
+ * machine as it was; code task lines, their rewards and reasons; `vkswarm
+ * tasks score` end to end. */
+#include "test_util.h"
+#include "vkswarm/vks_sandbox.h"
+#include "vkswarm/vks_tasks.h"
+
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static const char *const py[] = {"/usr/bin/python3", "-I", "main.py", NULL};
+
+static vks_sandbox_job program(const char *code, const char *input) {
+    return (vks_sandbox_job){.argv = py, .file_name = "main.py", .file_data = code, .file_len = strlen(code),
+                             .input = input, .input_len = input ? strlen(input) : 0};
+}
+
+static void run_one(const char *code, const char *input, const vks_sandbox_limits *l, vks_sandbox_result *r) {
+    vks_sandbox_job job = program(code, input);
+    assert_int_equal(vks_sandbox_run(&job, 1, l, 1, r), VKS_OK);
+}
+
+static void test_sandbox_available(void **state) {
+    (void)state;
+    /* tools/install-deps installs bubblewrap: a machine where it cannot run fails here, saying why */
+    if (vks_sandbox_check()) fail_msg("%s", vks_last_error());
+}
+
+/* Exit status, standard input and output, and the stderr kept for the reason. */
+static void test_sandbox_io(void **state) {
+    (void)state;
+    vks_sandbox_result r;
+    run_one("import sys\nprint(sys.stdin.read().upper(), end='')\nsys.exit(3)", "abc\ndef", NULL, &r);
+    assert_int_equal(r.end, VKS_SANDBOX_EXITED);
+    assert_int_equal(r.code, 3);
+    assert_string_equal(r.out, "ABC\nDEF");
+    vks_sandbox_results_free(&r, 1);
+    run_one("raise ValueError('bad thing')", NULL, NULL, &r);
+    char why[300];
+    vks_sandbox_describe(&r, NULL, why, sizeof why);
+    assert_string_equal(why, "exit status 1: ValueError: bad thing");
+    vks_sandbox_results_free(&r, 1);
+    /* the program sees its own namespaces: PID 2 (bwrap is PID 1), no host users, an empty environment */
+    run_one("import os\nprint(os.getpid(), sorted(os.environ))", NULL, NULL, &r);
+    assert_int_equal(r.end, VKS_SANDBOX_EXITED);
+    assert_string_equal(r.out, "2 ['HOME', 'LANG', 'PATH', 'PWD', 'PYTHONDONTWRITEBYTECODE']\n"); /* PWD: the shell's */
+    vks_sandbox_results_free(&r, 1);
+}
+
+/* Time: a busy loop hits the CPU limit (SIGXCPU), a sleeper the wall clock. */
+static void test_sandbox_time(void **state) {
+    (void)state;
+    vks_sandbox_limits l = {.cpu_s = 1, .wall_s = 3};
+    vks_sandbox_job jobs[2] = {program("while True: pass", NULL), program("import time\ntime.sleep(60)", NULL)};
+    vks_sandbox_result r[2];
+    assert_int_equal(vks_sandbox_run(jobs, 2, &l, 2, r), VKS_OK);
+    assert_int_equal(r[0].end, VKS_SANDBOX_SIGNALED);
+    assert_int_equal(r[0].code, 24 /* SIGXCPU */);
+    assert_true(r[0].wall_s < 2.9);
+    assert_int_equal(r[1].end, VKS_SANDBOX_TIMEOUT);
+    assert_true(r[1].wall_s >= 3 && r[1].wall_s < 10);
+    vks_sandbox_results_free(r, 2);
+}
+
+/* Memory, processes, output and file size. */
+static void test_sandbox_limits(void **state) {
+    (void)state;
+    vks_sandbox_limits l = {.wall_s = 10, .processes = 16, .output_bytes = 100000, .file_bytes = 1 << 20};
+    vks_sandbox_job jobs[4] = {
+        program("x = bytearray(8 << 30)\nprint('allocated')", NULL),
+        /* a fork bomb: counts what it got; the children wait, so every one is alive at once */
+        program("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
+                "            os._exit(0)\n        n += 1\nexcept OSError:\n    print(n)", NULL),
+        program("while True: print('x' * 1000)", NULL),
+        program("f = open('/tmp/big', 'wb')\ntry:\n    f.write(b'x' * (4 << 20)); f.flush()\nexcept OSError as e:\n"
+                "    print('refused', e.errno)", NULL)};
+    vks_sandbox_result r[4];
+    assert_int_equal(vks_sandbox_run(jobs, 4, &l, 4, r), VKS_OK);
+    assert_int_equal(r[0].end, VKS_SANDBOX_EXITED);
+    assert_int_equal(r[0].code, 1);
+    assert_non_null(strstr(r[0].err, "MemoryError"));
+    assert_int_equal(r[1].end, VKS_SANDBOX_EXITED);
+    int forks = atoi(r[1].out);
+    assert_true(forks >= 8 && forks < 16); /* 16 processes, the shell's and the program's included */
+    assert_int_equal(r[2].end, VKS_SANDBOX_OUTPUT);
+    assert_int_equal((int)r[2].out_len, 100000);
+    /* RLIMIT_FSIZE (SIGXFSZ is ignored by Python: EFBIG, 27) or the full /tmp (ENOSPC, 28), both 1 MiB */
+    assert_int_equal(r[3].end, VKS_SANDBOX_EXITED);
+    assert_true(!strcmp(r[3].out, "refused 27\n") || !strcmp(r[3].out, "refused 28\n"));
+    vks_sandbox_results_free(r, 4);
+}
+
+/* No network: a listener on the host's 127.0.0.1 cannot be reached. No writes outside. */
+static void test_sandbox_isolation(void **state) {
+    (void)state;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(s >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(s, 4), 0);
+    socklen_t al = sizeof a;
+    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &al), 0);
+    char code[1024], outside[600];
+    const char *dir = tu_tmpdir();
+    snprintf(outside, sizeof outside, "%s/escaped", dir);
+    snprintf(code, sizeof code,
+             "import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=2)\n    print('connected')\n"
+             "except OSError:\n    print('no network')\n"
+             "for p in ['%s', '/usr/escaped', '/escaped', '/tmp/inside']:\n"
+             "    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n    except OSError:\n"
+             "        print('refused', p)\n",
+             ntohs(a.sin_port), outside);
+    vks_sandbox_result r;
+    run_one(code, NULL, NULL, &r);
+    assert_int_equal(r.end, VKS_SANDBOX_EXITED);
+    char want[1200];
+    snprintf(want, sizeof want, "no network\nrefused %s\nrefused /usr/escaped\nrefused /escaped\nwrote /tmp/inside\n",
+             outside);
+    assert_string_equal(r.out, want);
+    vks_sandbox_results_free(&r, 1);
+    assert_int_not_equal(access(outside, F_OK), 0);
+    assert_int_not_equal(access("/usr/escaped", F_OK), 0);
+    assert_int_not_equal(access("/tmp/inside", F_OK), 0); /* /tmp inside was its own */
+    close(s);
+}
+
+/* Many jobs, fewer at once: every result in its place. */
+static void test_sandbox_parallel(void **state) {
+    (void)state;
+    enum { N = 12 };
+    vks_sandbox_job jobs[N];
+    char inputs[N][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(inputs[i], sizeof inputs[i], "%d", i);
+        jobs[i] = program("print(int(input()) * 7)", inputs[i]);
+    }
+    vks_sandbox_result r[N];
+    assert_int_equal(vks_sandbox_run(jobs, N, NULL, 3, r), VKS_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(r[i].end, VKS_SANDBOX_EXITED);
+        assert_int_equal(atoi(r[i].out), 7 * i);
+    }
+    vks_sandbox_results_free(r, N);
+}
+
+static void test_code_block(void **state) {
+    (void)state;
+    static const struct { const char *text, *block; } cases[] = {
+        {"```python\nprint(1)\n```", "print(1)\n"},
+        {"first\n```\na\n```\nthen\n```py\nb\nc\n```\nend", "b\nc\n"},
+        {"```\na\n```\n```\nunclosed", "a\n"},
+        {"  ```\nindented fence\n  ```", "indented fence\n"},
+        {"no fence at all", NULL},
+        {"```\nnever closed", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t start = 0, len = 0;
+        bool found = vks_task_code_block(cases[i].text, strlen(cases[i].text), &start, &len);
+        assert_int_equal(found, cases[i].block != NULL);
+        if (found) {
+            assert_int_equal(len, strlen(cases[i].block));
+            assert_memory_equal(cases[i].text + start, cases[i].block, len);
+        }
+    }
+}
+
+static const char *write_file(const char *name, const char *text) {
+    static char path[2][600];
+    static int k;
+    char *p = path[k++ % 2];
+    snprintf(p, 600, "%s/%s", tu_tmpdir(), name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return p;
+}
+
+static const char code_tasks[] =
+    "{\"prompt\": \"double n\", \"task_type\": \"code\", \"tests\": [{\"input\": \"3\\n\", \"output\": \"6\\n\"}, "
+    "{\"input\": \"10\", \"output\": \"20\"}, {\"input\": \"-1\", \"output\": \"-2\"}]}\n"
+    "{\"prompt\": \"double n, partly\", \"task_type\": \"code\", \"reward\": \"fraction\", \"tests\": [{\"input\": \"3\\n\", "
+    "\"output\": \"6\\n\"}, {\"input\": \"10\", \"output\": \"20\"}, {\"input\": \"-1\", \"output\": \"-2\"}]}\n"
+    "{\"prompt\": \"add\", \"task_type\": \"code\", \"test_code\": \"assert add(2, 3) == 5\", \"time_limit_s\": 1}\n"
+    "\n"
+    "{\"prompt\": \"2+2\", \"answer\": \"4\", \"task_type\": \"numeric\"}\n";
+
+/* Rewards and reasons of code tasks (all or nothing, fraction, test_code) beside an answer task. */
+static void test_code_task_rewards(void **state) {
+    (void)state;
+    vks_task *tasks = NULL;
+    int64_t n = 0;
+    assert_int_equal(vks_task_file_load(write_file("code.jsonl", code_tasks), &tasks, &n), VKS_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(tasks[0].verify, VKS_VERIFY_CODE);
+    assert_int_equal(tasks[0].code->n_cases, 3);
+    assert_string_equal(tasks[0].code->output[1], "20");
+    assert_true(tasks[1].code->fraction);
+    assert_string_equal(tasks[2].code->test_code, "assert add(2, 3) == 5");
+    assert_true(tasks[2].code->time_limit_s == 1);
+    assert_int_equal(tasks[3].line, 5);
+    assert_null(tasks[3].code);
+    assert_ptr_equal(vks_task_first_code(tasks + 3, 1), NULL);
+    static const struct { int task; const char *text; double reward; const char *why; } cases[] = {
+        {0, "```python\nprint(int(input()) * 2)   \n\n\n```", 1, "all 3 cases passed"},
+        {0, "```python\nprint(abs(int(input())) * 2)\n```", 0, "2 of 3 cases passed; case 3: expected '-2', got '2'"},
+        {1, "```python\nprint(abs(int(input())) * 2)\n```", 2.0 / 3, "2 of 3 cases passed; case 3: expected '-2', got '2'"},
+        {0, "```python\nprint(\n```", 0, "0 of 3 cases passed; case 1: exit status 1: SyntaxError: '(' was never closed"},
+        {0, "print(int(input()) * 2)", 0, "no complete ``` code block"},
+        {2, "```\ndef add(a, b):\n    return a + b\n```", 1, "passed"},
+        {2, "```\ndef add(a, b):\n    return a - b\n```", 0, "test_code failed: exit status 1: AssertionError"},
+        {2, "```\ndef add(a, b):\n    while True: pass\n```", 0, "test_code failed: killed by SIGXCPU (over the CPU time limit)"},
+        {3, "answer: 4", 1, "answer '4' matches, expected '4'"},
+        {3, "answer: 5", 0, "answer '5', expected '4'"},
+    };
+    enum { N = sizeof cases / sizeof cases[0] };
+    const vks_task *which[N];
+    const char *texts[N];
+    size_t lens[N];
+    double rewards[N];
+    char why[N][VKS_TASK_MAX_WHY];
+    for (int i = 0; i < N; i++) which[i] = &tasks[cases[i].task], texts[i] = cases[i].text, lens[i] = strlen(texts[i]);
+    for (int parallel = 1; parallel <= 4; parallel += 3) {
+        memset(rewards, 0xff, sizeof rewards); /* poisoned */
+        assert_int_equal(vks_task_score_many(which, texts, lens, N, parallel, rewards, why), VKS_OK);
+        for (int i = 0; i < N; i++) {
+            assert_true(fabs((rewards[i]) - (cases[i].reward)) <= 1e-15);
+            assert_string_equal(why[i], cases[i].why);
+        }
+    }
+    /* vks_task_score (one completion) agrees */
+    assert_true(fabs((vks_task_score(&tasks[0], texts[0], lens[0])) - (1)) <= 0);
+    assert_true(fabs((vks_task_score(&tasks[0], texts[1], lens[1])) - (0)) <= 0);
+    vks_task_free(tasks, n);
+}
+
+/* Malformed code task lines are refused with the file, the line and the problem. */
+static void test_code_task_errors(void **state) {
+    (void)state;
+    static const struct { const char *line, *error; } cases[] = {
+        {"{\"prompt\": \"p\", \"task_type\": \"code\"}", "a code task needs \"tests\" or \"test_code\" (one of them)"},
+        {"{\"prompt\": \"p\", \"task_type\": \"code\", \"tests\": [], \"test_code\": \"x\"}",
+         "a code task needs \"tests\" or \"test_code\" (one of them)"},
+        {"{\"prompt\": \"p\", \"task_type\": \"code\", \"tests\": []}",
+         "\"tests\" is not an array of 1 to 256 {\"input\", \"output\"} cases"},
+        {"{\"prompt\": \"p\", \"task_type\": \"code\", \"tests\": [{\"input\": \"1\"}]}",
+         "\"tests\"[0].output is not a string"},
+        {"{\"prompt\": \"p\", \"task_type\": \"code\", \"tests\": [3]}", "\"tests\"[0] is not an object"},
+        {"{\"prompt\": \"p\", \"task_type\": \"code\", \"test_code\": \"x\", \"time_limit_s\": 0}",
+         "\"time_limit_s\" is not a number above 0 and at most 60"},
+        {"{\"prompt\": \"p\", \"task_type\": \"code\", \"test_code\": \"x\", \"memory_mb\": 100000}",
+         "\"memory_mb\" is not an integer from 32 to 16384"},
+        {"{\"prompt\": \"p\", \"task_type\": \"code\", \"test_code\": \"x\", \"reward\": \"half\"}",
+         "\"reward\" is not \"all\" or \"fraction\""},
+        {"{\"prompt\": \"p\", \"task_type\": \"code\", \"test_code\": \"x\", \"answer\": \"1\"}",
+         "a code task has tests, not an \"answer\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[1024], want[1200];
+        snprintf(text, sizeof text, "{\"prompt\": \"ok\", \"task_type\": \"code\", \"test_code\": \"pass\"}\n%s\n",
+                 cases[i].line);
+        const char *path = write_file("bad.jsonl", text);
+        vks_task *tasks = (vks_task *)1;
+        int64_t n = 1;
+        assert_int_equal(vks_task_file_load(path, &tasks, &n), VKS_ERR_FORMAT);
+        assert_null(tasks);
+        snprintf(want, sizeof want, "%s: line 2: %s", path, cases[i].error);
+        assert_string_equal(vks_last_error(), want);
+    }
+}
+
+/* `vkswarm tasks score`: one JSON line per completion; a bad completions file refused whole (status 2). */
+static void test_cli_tasks_score(void **state) {
+    (void)state;
+    char tasks[600], comps[600], cmd[2000];
+    snprintf(tasks, sizeof tasks, "%s", write_file("t.jsonl", code_tasks));
+    snprintf(comps, sizeof comps, "%s",
+             write_file("c.jsonl", "{\"task\": 1, \"id\": \"a\", \"completion\": \"```\\nprint(int(input())*2)\\n```\"}\n"
+                                   "{\"task\": 5, \"id\": 7, \"completion\": \"answer: 3\"}\n"
+                                   "{\"task\": 3, \"completion\": \"```\\nimport os\\nos.system('echo hi')\\n```\"}\n"));
+    snprintf(cmd, sizeof cmd, "%s tasks score --task %s --completions %s --parallel 2", tu_bin(), tasks, comps);
+    char *out = NULL;
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_string_equal(out,
+                        "{\"id\": \"a\", \"line\": 1, \"task\": 1, \"reward\": 1, \"why\": \"all 3 cases passed\"}\n"
+                        "{\"id\": 7, \"line\": 2, \"task\": 5, \"reward\": 0, \"why\": \"answer '3', expected '4'\"}\n"
+                        "{\"line\": 3, \"task\": 3, \"reward\": 0, \"why\": \"test_code failed: exit status 1: "
+                        "NameError: name 'add' is not defined\"}\n");
+    free(out);
+    /* a line naming no task: nothing scored, nothing on stdout */
+    snprintf(comps, sizeof comps, "%s",
+             write_file("c2.jsonl", "{\"task\": 1, \"completion\": \"x\"}\n{\"task\": 4, \"completion\": \"x\"}\n"));
+    snprintf(cmd, sizeof cmd, "%s tasks score --task %s --completions %s 2>&1 >/dev/null", tu_bin(), tasks, comps);
+    assert_int_equal(tu_run(cmd, &out), 2);
+    char want[1400];
+    snprintf(want, sizeof want, "vkswarm: tasks score: %s: line 2: \"task\": line 4 of the task file holds no task\n",
+             comps);
+    assert_string_equal(out, want);
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sandbox_available), cmocka_unit_test(test_sandbox_io),
+        cmocka_unit_test(test_sandbox_time),      cmocka_unit_test(test_sandbox_limits),
+        cmocka_unit_test(test_sandbox_isolation), cmocka_unit_test(test_sandbox_parallel),
+        cmocka_unit_test(test_code_block),        cmocka_unit_test(test_code_task_rewards),
+        cmocka_unit_test(test_code_task_errors),  cmocka_unit_test(test_cli_tasks_score),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
