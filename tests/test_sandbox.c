@@ -307,6 +307,43 @@ static void test_cli_tasks_score(void **state) {
     free(out);
 }
 
+/* The built-in code task: golden instances (a change of the generator shows here), its worked
+ * completion passes its own tests, a wrong program is named with the first x it gets wrong. */
+static void test_builtin_code_task(void **state) {
+    (void)state;
+    vks_task_spec spec;
+    vks_task t;
+    assert_int_equal(vks_task_parse("code", &spec), VKS_OK);
+    assert_int_equal(vks_task_generate(&spec, 0, 0, &t), VKS_OK);
+    assert_string_equal(t.prompt, "Write a Python function f(x) that returns 7*x+6. Reply with the code in a ```python "
+                                  "block.\n");
+    assert_string_equal(t.answer, "def f(x): return 7*x+6");
+    assert_int_equal(t.verify, VKS_VERIFY_CODE);
+    assert_null(t.code);
+    assert_ptr_equal(vks_task_first_code(&t, 1), &t);
+    char worked[512];
+    assert_int_equal(vks_task_worked_completion(&t, worked, sizeof worked), VKS_OK);
+    assert_string_equal(worked, "```python\ndef f(x):\n    return 7*x+6\n```");
+    vks_task u;
+    assert_int_equal(vks_task_parse("code:2:short", &spec), VKS_OK);
+    assert_int_equal(vks_task_generate(&spec, 0, 0, &u), VKS_OK);
+    assert_string_equal(u.prompt, "python f(x)=4*x*x+3*x+9\n");
+    char worked_u[512];
+    assert_int_equal(vks_task_worked_completion(&u, worked_u, sizeof worked_u), VKS_OK);
+    const vks_task *which[4] = {&t, &t, &u, &u};
+    const char *texts[4] = {worked, "```python\ndef f(x): return 7*x+6 if x >= 0 else 0\n```", worked_u,
+                            "```\ndef f(x): return 4*x*x+3*x+9.5\n```"};
+    size_t lens[4];
+    for (int i = 0; i < 4; i++) lens[i] = strlen(texts[i]);
+    double rewards[4];
+    char why[4][VKS_TASK_MAX_WHY];
+    assert_int_equal(vks_task_score_many(which, texts, lens, 4, 0, rewards, why), VKS_OK);
+    assert_true(rewards[0] == 1 && rewards[1] == 0 && rewards[2] == 1 && rewards[3] == 0);
+    assert_string_equal(why[0], "passed");
+    assert_string_equal(why[1], "test_code failed: exit status 1: AssertionError: f(-3) = 0, expected -15");
+    assert_string_equal(why[3], "test_code failed: exit status 1: AssertionError: f(-3) = 36.5, expected 36");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sandbox_available), cmocka_unit_test(test_sandbox_io),
@@ -314,6 +351,7 @@ int main(void) {
         cmocka_unit_test(test_sandbox_isolation), cmocka_unit_test(test_sandbox_parallel),
         cmocka_unit_test(test_code_block),        cmocka_unit_test(test_code_task_rewards),
         cmocka_unit_test(test_code_task_errors),  cmocka_unit_test(test_cli_tasks_score),
+        cmocka_unit_test(test_builtin_code_task),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

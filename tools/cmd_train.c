@@ -66,7 +66,7 @@ static const char eval_usage[] =
     "Scores a model on a JSONL file like train sft's: prints one JSON object with the number of\n"
     "sequences and loss tokens, the mean loss (-log p per completion token) and the token accuracy\n"
     "(the fraction of completion tokens that are the model's most likely next token).\n"
-    "--task T scores completions instead: T is a built-in task (add, mul, countdown, sort, reverse,\n"
+    "--task T scores completions instead: T is a built-in task (add, mul, countdown, sort, reverse, code,\n"
     "optionally :SIZE, e.g. mul:3: N fresh instances from seed S, default 100 and 0) or a task file\n"
     "(PATH.jsonl, a path with '/', or file:PATH; docs \"Your own tasks\": its first N tasks, default all).\n"
     "Each task gets K completions (default 1; BOS + prompt, or the prompt format of --chat-template\n"

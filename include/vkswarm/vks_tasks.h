@@ -49,11 +49,12 @@ typedef struct {
 } vks_code_tests;
 
 /* The built-in generators. */
-typedef enum { VKS_TASK_ADD, VKS_TASK_MUL, VKS_TASK_COUNTDOWN, VKS_TASK_SORT, VKS_TASK_REVERSE } vks_task_kind;
+typedef enum { VKS_TASK_ADD, VKS_TASK_MUL, VKS_TASK_COUNTDOWN, VKS_TASK_SORT, VKS_TASK_REVERSE, VKS_TASK_CODE } vks_task_kind;
 
 typedef struct {
     vks_task_kind kind;
-    int size; /* add/mul: digits per operand (1-9); countdown: given numbers (2-6); sort/reverse: list length (2-16) */
+    int size; /* add/mul: digits per operand (1-9); countdown: given numbers (2-6); sort/reverse: list length (2-16);
+               * code: the degree of the polynomial f(x) to write in Python (1-3) */
     bool short_prompt; /* ":short": a terse prompt ("39+39=", "sort 5 2 9", "make 24 from 3 8 1") for small
                         * models (fewer tokens per sample); same instances, same answers */
 } vks_task_spec;
@@ -68,12 +69,13 @@ typedef struct {
     int64_t line;                           /* user tasks: the JSONL line; generated: the index */
     char kind[VKS_TASK_MAX_KIND];           /* what eval reports accuracy per: a file's "kind" (default its
                                              * "task_type"); generated: the spec's name ("add:2") */
-    vks_code_tests *code;                   /* code tasks: their tests, owned by the array vks_task_file_load
-                                             * returned (free it with vks_task_free), else NULL */
+    vks_code_tests *code;                   /* code tasks of a file: their tests, owned by the array
+                                             * vks_task_file_load returned (free it with vks_task_free); NULL
+                                             * otherwise (the built-in code task's tests come from numbers[]) */
 } vks_task;
 
-/* "add", "mul", "countdown", "sort", "reverse", optionally ":N" for the size
- * (defaults: add 3, mul 2, countdown 4, sort 5, reverse 5), then optionally
+/* "add", "mul", "countdown", "sort", "reverse", "code", optionally ":N" for the size
+ * (defaults: add 3, mul 2, countdown 4, sort 5, reverse 5, code 1), then optionally
  * ":short" for the terse prompt style ("add:2:short", "sort:short"). */
 int vks_task_parse(const char *name, vks_task_spec *out);
 /* The canonical "NAME:N[:short]" of a spec (at least 32 bytes). */
@@ -146,7 +148,7 @@ double vks_task_length_reward(double r_task, int target_tokens, int completion_t
 int vks_task_file_load(const char *path, vks_task **tasks, int64_t *n);
 /* Frees an array of tasks and the code tests they own (NULL is fine). */
 void vks_task_free(vks_task *tasks, int64_t n);
-/* The first code task of tasks[0..n), or NULL. */
+/* The first code task (file or built-in) of tasks[0..n), or NULL. */
 const vks_task *vks_task_first_code(const vks_task *tasks, int64_t n);
 /* Holds out round(fraction * n) tasks (at least 1, at most n - 1; fraction in
  * (0, 1)): those whose line numbers hash (Philox, a fixed key) lowest, so the

@@ -516,6 +516,8 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
 int vks_rl_gen_open_tasks(vks_rl_gen *g) {
     const vks_rl_config *c = g->o->config;
     int rc = vks_task_resolve(c->task, &g->spec, &g->tasks_path);
+    if (!rc && !g->tasks_path && g->spec.kind == VKS_TASK_CODE && vks_sandbox_check()) /* before the run starts */
+        rc = vks_error_prefix(VKS_ERR_IO, "task %s", c->task);
     if (rc || !g->tasks_path) return rc;
     rc = vks_task_file_load(g->tasks_path, &g->tasks, &g->n_tasks);
     if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", g->tasks_path);

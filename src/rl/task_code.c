@@ -122,8 +122,38 @@ void vks_task_free(vks_task *tasks, int64_t n) {
 
 const vks_task *vks_task_first_code(const vks_task *tasks, int64_t n) {
     for (int64_t i = 0; tasks && i < n; i++)
-        if (tasks[i].code) return &tasks[i];
+        if (tasks[i].verify == VKS_VERIFY_CODE) return &tasks[i];
     return NULL;
+}
+
+/* ---- the built-in code task (tasks.c gen_code) ---- */
+
+#define BUILTIN_XS 7
+static const int64_t builtin_xs[BUILTIN_XS] = {-3, -1, 0, 1, 2, 5, 10};
+
+void vks_task_code_expr(const vks_task *t, char *buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < t->n_numbers && at < cap; i++) {
+        int power = t->n_numbers - 1 - i;
+        int w = snprintf(buf + at, cap - at, "%s%lld", i ? "+" : "", (long long)t->numbers[i]);
+        for (int k = 0; k < power && w >= 0 && at + (size_t)w < cap; k++) w += snprintf(buf + at + w, cap - at - w, "*x");
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+}
+
+/* Its tests: f at BUILTIN_XS against the polynomial's values, as test_code naming the first wrong x. */
+static void builtin_tests(const vks_task *t, vks_code_tests *ct, char *code, size_t cap) {
+    size_t at = (size_t)snprintf(code, cap, "for x, want in (");
+    for (int k = 0; k < BUILTIN_XS && at < cap; k++) {
+        int64_t v = 0;
+        for (int i = 0; i < t->n_numbers; i++) v = v * builtin_xs[k] + t->numbers[i]; /* Horner */
+        at += (size_t)snprintf(code + at, cap - at, "(%lld, %lld), ", (long long)builtin_xs[k], (long long)v);
+    }
+    if (at < cap)
+        snprintf(code + at, cap - at, "):\n    got = f(x)\n    assert got == want, f'f({x}) = {got!r}, expected {want}'\n");
+    *ct = (vks_code_tests){.test_code = code, .time_limit_s = CODE_DEFAULT_TIME_S, .memory_mb = CODE_DEFAULT_MEMORY_MB};
 }
 
 /* ---- the program of a completion ---- */
@@ -196,8 +226,11 @@ static void snippet(const char *s, size_t len, char *out, size_t cap) {
 }
 
 typedef struct {
-    int first_job, n_jobs; /* its jobs in the batch; n_jobs 0: no program */
-    char *program;         /* the file run (code + test_code) */
+    const vks_code_tests *ct; /* the task's tests (NULL: not a code task) */
+    vks_code_tests own;       /* the built-in's, made from its numbers (ct points here) */
+    char own_code[512];
+    int first_job, n_jobs;    /* its jobs in the batch; n_jobs 0: no program */
+    char *program;            /* the file run (code + test_code) */
 } code_item;
 
 static const char *const python_argv[] = {CODE_PYTHON, "-I", CODE_FILE, NULL};
@@ -208,8 +241,8 @@ static vks_sandbox_limits code_sandbox_limits(const vks_code_tests *ct) {
 }
 
 /* The reward and reason of one code completion from its jobs' results. */
-static double judge(const vks_task *t, const vks_sandbox_result *res, const code_item *it, char *why, size_t cap) {
-    const vks_code_tests *ct = t->code;
+static double judge(const vks_sandbox_result *res, const code_item *it, char *why, size_t cap) {
+    const vks_code_tests *ct = it->ct;
     vks_sandbox_limits l = code_sandbox_limits(ct);
     int passed = 0, first_bad = -1;
     char bad[VKS_TASK_MAX_WHY] = "";
@@ -241,13 +274,12 @@ static double judge(const vks_task *t, const vks_sandbox_result *res, const code
 }
 
 /* The jobs of one code completion appended to jobs (n_jobs counts them). */
-static int add_jobs(const vks_task *t, const char *text, size_t len, code_item *it, vks_sandbox_job *jobs,
-                    int *n_jobs) {
+static int add_jobs(const char *text, size_t len, code_item *it, vks_sandbox_job *jobs, int *n_jobs) {
     size_t start, blen;
     it->first_job = *n_jobs;
     it->n_jobs = 0;
     if (!vks_task_code_block(text, len, &start, &blen)) return VKS_OK;
-    const vks_code_tests *ct = t->code;
+    const vks_code_tests *ct = it->ct;
     size_t tl = ct->test_code ? strlen(ct->test_code) : 0;
     it->program = malloc(blen + tl + 3);
     if (!it->program) return vks_set_error(VKS_ERR_NOMEM, "out of memory for a program");
@@ -270,49 +302,54 @@ static int add_jobs(const vks_task *t, const char *text, size_t len, code_item *
 }
 
 /* Jobs with the same limits run in one vks_sandbox_run: the code tasks of a batch grouped by their limits. */
+static bool same_limits(const vks_code_tests *a, const vks_code_tests *b) {
+    return a->time_limit_s == b->time_limit_s && a->memory_mb == b->memory_mb;
+}
+
 static int run_code(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
                     int parallel, double *rewards, char (*why)[VKS_TASK_MAX_WHY]) {
-    int64_t total = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (tasks[i]->code) total += tasks[i]->code->test_code ? 1 : tasks[i]->code->n_cases;
-    if (total == 0) return VKS_OK;
-    if (total > VKS_SANDBOX_MAX_JOBS) return vks_set_error(VKS_ERR_ARG, "tasks: more than %d test runs in one batch",
-                                                           VKS_SANDBOX_MAX_JOBS);
-    int rc = vks_sandbox_check();
-    if (rc) return vks_error_prefix(rc, "code tasks");
     code_item *items = calloc((size_t)n, sizeof *items);
-    vks_sandbox_job *jobs = calloc((size_t)total, sizeof *jobs);
-    vks_sandbox_result *res = calloc((size_t)total, sizeof *res);
-    bool *done = calloc((size_t)n, sizeof *done);
-    if (!items || !jobs || !res || !done) rc = vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
-    /* one group per distinct (time, memory) limits, in order of first appearance */
-    for (int64_t g = 0; !rc && g < n; g++) {
-        if (!tasks[g]->code || done[g]) continue;
-        const vks_code_tests *cg = tasks[g]->code;
+    if (!items) return vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (tasks[i]->verify != VKS_VERIFY_CODE) continue;
+        if (tasks[i]->code) items[i].ct = tasks[i]->code;
+        else builtin_tests(tasks[i], &items[i].own, items[i].own_code, sizeof items[i].own_code),
+             items[i].ct = &items[i].own;
+        total += items[i].ct->test_code ? 1 : items[i].ct->n_cases;
+    }
+    int rc = total > VKS_SANDBOX_MAX_JOBS ? vks_set_error(VKS_ERR_ARG, "tasks: more than %d test runs in one batch",
+                                                          VKS_SANDBOX_MAX_JOBS) : VKS_OK;
+    if (!rc && total && vks_sandbox_check()) rc = vks_error_prefix(VKS_ERR_IO, "code tasks");
+    vks_sandbox_job *jobs = rc || !total ? NULL : calloc((size_t)total, sizeof *jobs);
+    vks_sandbox_result *res = rc || !total ? NULL : calloc((size_t)total, sizeof *res);
+    bool *done = rc || !total ? NULL : calloc((size_t)n, sizeof *done);
+    if (!rc && total && (!jobs || !res || !done)) rc = vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
+    /* one vks_sandbox_run per distinct (time, memory) limits, in order of first appearance */
+    for (int64_t g = 0; !rc && total && g < n; g++) {
+        if (!items[g].ct || done[g]) continue;
+        const vks_code_tests *cg = items[g].ct;
         int n_jobs = 0;
-        for (int64_t i = g; !rc && i < n; i++) {
-            const vks_code_tests *ci = tasks[i]->code;
-            if (!ci || done[i] || ci->time_limit_s != cg->time_limit_s || ci->memory_mb != cg->memory_mb) continue;
-            rc = add_jobs(tasks[i], texts[i], lens[i], &items[i], jobs, &n_jobs);
-        }
+        for (int64_t i = g; !rc && i < n; i++)
+            if (items[i].ct && !done[i] && same_limits(items[i].ct, cg))
+                rc = add_jobs(texts[i], lens[i], &items[i], jobs, &n_jobs);
         vks_sandbox_limits l = code_sandbox_limits(cg);
         if (!rc && n_jobs) rc = vks_sandbox_run(jobs, n_jobs, &l, parallel, res);
         for (int64_t i = g; !rc && i < n; i++) {
-            const vks_code_tests *ci = tasks[i]->code;
-            if (!ci || done[i] || ci->time_limit_s != cg->time_limit_s || ci->memory_mb != cg->memory_mb) continue;
+            if (!items[i].ct || done[i] || !same_limits(items[i].ct, cg)) continue;
             char buf[VKS_TASK_MAX_WHY];
             if (items[i].n_jobs == 0) {
                 rewards[i] = 0;
                 snprintf(buf, sizeof buf, "no complete ``` code block");
             } else {
-                rewards[i] = judge(tasks[i], res, &items[i], buf, sizeof buf);
+                rewards[i] = judge(res, &items[i], buf, sizeof buf);
             }
             if (why) snprintf(why[i], VKS_TASK_MAX_WHY, "%s", buf);
             done[i] = true;
         }
         if (!rc && n_jobs) vks_sandbox_results_free(res, n_jobs);
     }
-    for (int64_t i = 0; items && i < n; i++) free(items[i].program);
+    for (int64_t i = 0; i < n; i++) free(items[i].program);
     free(items), free(jobs), free(res), free(done);
     return rc;
 }
@@ -323,7 +360,7 @@ int vks_task_score_many(const vks_task *const *tasks, const char *const *texts, 
         return vks_set_error(VKS_ERR_ARG, "tasks: score: NULL argument");
     for (int64_t i = 0; i < n; i++) {
         if (!tasks[i] || !texts[i]) return vks_set_error(VKS_ERR_ARG, "tasks: score: NULL task or text");
-        if (tasks[i]->code) continue;
+        if (tasks[i]->verify == VKS_VERIFY_CODE) continue;
         rewards[i] = vks_task_score_why(tasks[i], texts[i], lens[i], why ? why[i] : NULL, VKS_TASK_MAX_WHY);
     }
     return run_code(tasks, texts, lens, n, parallel, rewards, why);

@@ -21,6 +21,8 @@ bool vks_task_answer_matchable(int verify, const char *answer);
 struct json_t;
 /* A code task's tests from its JSON line (task_code.c): t->code allocated. */
 int vks_task_code_from_json(struct json_t *root, vks_task *t);
+/* The built-in code task's polynomial in x from numbers[] (highest power first: "2*x*x+5*x+7"). */
+void vks_task_code_expr(const vks_task *t, char *buf, size_t cap);
 /* vks_task_score with a reason (why: NULL, or cap bytes); code tasks score 0 here. */
 double vks_task_score_why(const vks_task *t, const char *completion, size_t len, char *why, size_t cap);
 #endif

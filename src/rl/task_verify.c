@@ -313,7 +313,7 @@ double vks_task_score_why(const vks_task *t, const char *completion, size_t len,
 }
 
 double vks_task_score(const vks_task *t, const char *completion, size_t len) {
-    if (t && completion && t->code) {
+    if (t && completion && t->verify == VKS_VERIFY_CODE) {
         double r = 0;
         const vks_task *tp = t;
         const char *text = completion;

@@ -3,6 +3,7 @@
  * completions for SFT warm-up, and the thinking-budget reward. */
 #include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_philox.h"
+#include "task_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,7 +16,7 @@
 static const struct { const char *name; vks_task_kind kind; int def, min, max; } kinds[] = {
     {"add", VKS_TASK_ADD, 3, 1, 9},         {"mul", VKS_TASK_MUL, 2, 1, 9},
     {"countdown", VKS_TASK_COUNTDOWN, 4, 2, 6}, {"sort", VKS_TASK_SORT, 5, 2, 16},
-    {"reverse", VKS_TASK_REVERSE, 5, 2, 16},
+    {"reverse", VKS_TASK_REVERSE, 5, 2, 16},     {"code", VKS_TASK_CODE, 1, 1, 3},
 };
 #define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
 
@@ -41,7 +42,7 @@ int vks_task_parse(const char *name, vks_task_spec *out) {
         out->size = (int)v;
         return VKS_OK;
     }
-    return vks_set_error(VKS_ERR_ARG, "unknown task '%s' (add, mul, countdown, sort, reverse, optionally :N and :short)", name);
+    return vks_set_error(VKS_ERR_ARG, "unknown task '%s' (add, mul, countdown, sort, reverse, code, optionally :N and :short)", name);
 }
 
 /* Whether name starts with a built-in's name (then alone or followed by ':'). */
@@ -70,7 +71,7 @@ int vks_task_resolve(const char *name, vks_task_spec *spec, const char **path) {
     }
     if (builtin_name(name)) return vks_task_parse(name, spec);
     return vks_set_error(VKS_ERR_ARG, "unknown task '%s': neither a built-in task (add, mul, countdown, sort, reverse, "
-                         "optionally :N and :short) nor a task file (PATH.jsonl, a path with '/', or file:PATH)", name);
+                         "code, optionally :N and :short) nor a task file (PATH.jsonl, a path with '/', or file:PATH)", name);
 }
 
 void vks_task_spec_name(const vks_task_spec *s, char *buf, size_t cap) {
@@ -207,6 +208,20 @@ static int gen_countdown(const vks_task_spec *s, draws *d, vks_task *t) {
                (long long)t->target, list, answer_hint);
 }
 
+/* code: a polynomial of degree `size` with coefficients 1-9, as a Python expression in x ("3*x+1",
+ * "2*x*x+5*x+7"); its tests are made from the coefficients when scored (vks_task_code_tests_of). */
+static int gen_code(const vks_task_spec *s, draws *d, vks_task *t) {
+    t->n_numbers = s->size + 1;
+    for (int i = 0; i <= s->size; i++) t->numbers[i] = draw(d, 1, 9);
+    char expr[128];
+    vks_task_code_expr(t, expr, sizeof expr);
+    t->verify = VKS_VERIFY_CODE;
+    int rc = s->short_prompt ? fmt(t->prompt, sizeof t->prompt, "python f(x)=%s\n", expr)
+                             : fmt(t->prompt, sizeof t->prompt, "Write a Python function f(x) that returns %s. Reply "
+                                   "with the code in a ```python block.\n", expr);
+    return rc ? rc : fmt(t->answer, sizeof t->answer, "def f(x): return %s", expr);
+}
+
 int vks_task_generate(const vks_task_spec *s, uint64_t seed, uint32_t index, vks_task *out) {
     if (!s || !out) return vks_set_error(VKS_ERR_ARG, "task: NULL argument");
     vks_task_spec chk;
@@ -221,6 +236,7 @@ int vks_task_generate(const vks_task_spec *s, uint64_t seed, uint32_t index, vks
     case VKS_TASK_ADD:
     case VKS_TASK_MUL: return gen_arith(s, &d, out);
     case VKS_TASK_COUNTDOWN: return gen_countdown(s, &d, out);
+    case VKS_TASK_CODE: return gen_code(s, &d, out);
     default: return gen_list(s, &d, out);
     }
 }
@@ -250,6 +266,12 @@ int vks_task_worked_completion(const vks_task *t, char *buf, size_t cap) {
     }
     if (t->verify == VKS_VERIFY_COUNTDOWN)
         return fmt(buf, cap, "%s = %lld\nanswer: %s", t->answer, (long long)t->target, t->answer);
+    if (t->verify == VKS_VERIFY_CODE && !t->code) { /* the built-in: its reference in a block (:short: a lambda) */
+        char expr[128];
+        vks_task_code_expr(t, expr, sizeof expr);
+        if (strstr(t->kind, ":short")) return fmt(buf, cap, "```\nf=lambda x:%s\n```", expr);
+        return fmt(buf, cap, "```python\ndef f(x):\n    return %s\n```", expr);
+    }
     return fmt(buf, cap, "answer: %s", t->answer);
 }
 
