@@ -339,6 +339,8 @@ static int step(slot *slots, int n_slots, vks_sandbox_result *results, const vks
         if (!s->reaped) {
             double left = s->start + l->wall_s - t;
             if (left < wait_s) wait_s = left > 0 ? left : 0;
+            /* its pipes are closed: it is most likely exiting, and nothing will wake poll when it has */
+            if (s->out_fd < 0 && s->err_fd < 0 && wait_s > 0.001) wait_s = 0.001;
         }
     }
     int pr = poll(pfd, (nfds_t)np, (int)(wait_s * 1000) + 1);
