@@ -24,6 +24,7 @@
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_rollout.h"
 #include "vkswarm/vks_sft.h"
+#include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_tokenizer.h"
 #include "../src/rl/rl_internal.h" /* the run directory lock (internal to src/rl) */
 
@@ -1230,6 +1231,46 @@ static void test_code_task_run(void **state) {
     free(r);
 }
 
+/* Reward program tasks (issue 38) in a run: the program's rewards (a fraction of the completion's
+ * length here) give the groups their signal; held-out accuracy counts completions of reward 1. */
+static void test_program_task_run(void **state) {
+    (void)state;
+    char dir[300], path[400], out[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    assert_int_equal(chmod(dir, 0755), 0); /* run as root, the sandbox is the user nobody */
+    snprintf(path, sizeof path, "%s/len.py", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("import json, sys\nfor line in sys.stdin:\n    c = json.loads(line)['completion']\n"
+          "    print(json.dumps({'reward': min(len(c), 40) / 40}), flush=True)\n", f);
+    assert_int_equal(fclose(f), 0);
+    snprintf(path, sizeof path, "%s/prog.jsonl", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++)
+        fprintf(f, "{\"prompt\": \"say %d\", \"task_type\": \"program\", \"program\": \"python3 len.py\"}\n", i);
+    assert_int_equal(fclose(f), 0);
+    vks_rl_config c;
+    snprintf(out, sizeof out, "%s/rl-program", tu_tmpdir());
+    small_config(&c, out, 1, 0);
+    snprintf(c.task, sizeof c.task, "file:%s", path);
+    c.eval_split = 0.25;
+    c.n_length_targets = 0; /* the program's reward alone */
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.eval_n = 2;
+    vks_rl_result *r = malloc(sizeof *r);
+    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    assert_int_equal(r->eval_tasks, 2);
+    /* accuracy counts completions of reward 1: at most 12 tokens of text earn at most 12 / 40 here */
+    assert_true(r->start_accuracy == 0.0 && r->final_accuracy == 0.0);
+    assert_int_equal(log.n, 1);
+    assert_true(log.p[0].reward > 0 && isfinite(log.p[0].loss));
+    free(r);
+    vks_task_programs_stop();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
@@ -1238,7 +1279,8 @@ int main(void) {
                                        cmocka_unit_test(test_clean_stop), cmocka_unit_test(test_report_escapes),
                                        cmocka_unit_test(test_lora_run), cmocka_unit_test(test_off_policy_kept),
                                        cmocka_unit_test(test_versions_ring), cmocka_unit_test(test_report_in_browser),
-                                       cmocka_unit_test(test_sft_loss_window), cmocka_unit_test(test_code_task_run)};
+                                       cmocka_unit_test(test_sft_loss_window), cmocka_unit_test(test_code_task_run),
+                                       cmocka_unit_test(test_program_task_run)};
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *const py[] = {"/usr/bin/python3", "-I", "main.py", NULL};
@@ -55,19 +57,21 @@ static void test_sandbox_io(void **state) {
     vks_sandbox_results_free(&r, 1);
 }
 
-/* Time: a busy loop hits the CPU limit (SIGXCPU), a sleeper the wall clock. */
+/* Time: a busy loop hits the CPU limit (SIGXCPU) long before its wall clock (generous: a loaded
+ * machine gives it a share of a core), a sleeper the wall clock. */
 static void test_sandbox_time(void **state) {
     (void)state;
-    vks_sandbox_limits l = {.cpu_s = 1, .wall_s = 3};
-    vks_sandbox_job jobs[2] = {program("while True: pass", NULL), program("import time\ntime.sleep(60)", NULL)};
-    vks_sandbox_result r[2];
-    assert_int_equal(vks_sandbox_run(jobs, 2, &l, 2, r), VKS_OK);
-    assert_int_equal(r[0].end, VKS_SANDBOX_SIGNALED);
-    assert_int_equal(r[0].code, 24 /* SIGXCPU */);
-    assert_true(r[0].wall_s < 2.9);
-    assert_int_equal(r[1].end, VKS_SANDBOX_TIMEOUT);
-    assert_true(r[1].wall_s >= 3 && r[1].wall_s < 10);
-    vks_sandbox_results_free(r, 2);
+    vks_sandbox_limits busy = {.cpu_s = 1, .wall_s = 60}, idle = {.cpu_s = 1, .wall_s = 2};
+    vks_sandbox_result r;
+    run_one("while True: pass", NULL, &busy, &r);
+    assert_int_equal(r.end, VKS_SANDBOX_SIGNALED);
+    assert_int_equal(r.code, 24 /* SIGXCPU */);
+    assert_true(r.wall_s < 60);
+    vks_sandbox_results_free(&r, 1);
+    run_one("import time\ntime.sleep(60)", NULL, &idle, &r);
+    assert_int_equal(r.end, VKS_SANDBOX_TIMEOUT);
+    assert_true(r.wall_s >= 2 && r.wall_s < 10);
+    vks_sandbox_results_free(&r, 1);
 }
 
 /* Memory, processes, output and file size. */
@@ -344,6 +348,172 @@ static void test_builtin_code_task(void **state) {
     assert_string_equal(why[3], "test_code failed: exit status 1: AssertionError: f(-3) = 36.5, expected 36");
 }
 
+/* A long-lived program: asked a line at a time; one that crashes, hangs, answers twice or writes
+ * unasked is named with what it did, and stopped. Sandboxed it runs in its directory (read-only);
+ * unsandboxed it may write there. */
+static const char rubric_py[] =
+    "import json, sys, time\n"
+    "print('started', file=sys.stderr, flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    q = json.loads(line)\n"
+    "    c = q['completion']\n"
+    "    if c == 'crash': raise RuntimeError('asked to crash')\n"
+    "    if c == 'hang': time.sleep(60)\n"
+    "    if c == 'twice': print('{}'); print('{}')\n"
+    "    if c == 'write':\n"
+    "        try:\n"
+    "            open('written', 'w').write('x'); print(json.dumps({'reward': 1}), flush=True)\n"
+    "        except OSError:\n"
+    "            print(json.dumps({'reward': 0}), flush=True)\n"
+    "        continue\n"
+    "    print(json.dumps({'reward': len(c), 'helper': open('helper.txt').read()}), flush=True)\n";
+
+static void test_sandbox_proc(void **state) {
+    (void)state;
+    char dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    assert_int_equal(chmod(dir, 0755), 0); /* run as root, the sandbox is the user nobody */
+    snprintf(path, sizeof path, "%s/rubric.py", dir);
+    FILE *f = fopen(path, "w");
+    fputs(rubric_py, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/helper.txt", dir);
+    f = fopen(path, "w");
+    fputs("hi", f);
+    fclose(f);
+    for (int sandboxed = 1; sandboxed >= 0; sandboxed--) {
+        vks_sandbox_proc_spec spec = {.command = "python3 rubric.py", .dir = dir, .sandboxed = sandboxed};
+        vks_sandbox_proc *p = NULL;
+        assert_int_equal(vks_sandbox_proc_start(&spec, NULL, &p), VKS_OK);
+        char *reply = NULL;
+        for (int i = 0; i < 3; i++) {
+            char q[64], want[64];
+            snprintf(q, sizeof q, "{\"completion\": \"%.*s\"}", i + 1, "abc");
+            assert_int_equal(vks_sandbox_proc_request(p, q, strlen(q), 10, &reply), VKS_OK);
+            snprintf(want, sizeof want, "{\"reward\": %d, \"helper\": \"hi\"}", i + 1);
+            assert_string_equal(reply, want);
+            free(reply);
+        }
+        const char *w = "{\"completion\": \"write\"}";
+        assert_int_equal(vks_sandbox_proc_request(p, w, strlen(w), 10, &reply), VKS_OK);
+        assert_string_equal(reply, sandboxed ? "{\"reward\": 0}" : "{\"reward\": 1}");
+        free(reply);
+        const char *crash = "{\"completion\": \"crash\"}";
+        assert_int_equal(vks_sandbox_proc_request(p, crash, strlen(crash), 10, &reply), VKS_ERR_IO);
+        assert_null(reply);
+        assert_string_equal(vks_last_error(), "'python3 rubric.py' ended: exit status 1; its last words: "
+                                              "RuntimeError: asked to crash");
+        assert_int_equal(vks_sandbox_proc_request(p, w, strlen(w), 10, &reply), VKS_ERR_IO); /* stopped */
+        vks_sandbox_proc_stop(p);
+    }
+    snprintf(path, sizeof path, "%s/written", dir);
+    assert_int_equal(access(path, F_OK), 0); /* the unsandboxed run wrote it */
+    static const struct { const char *completion; int rc; const char *error; } bad[] = {
+        {"hang", VKS_ERR_TIMEOUT, "'python3 rubric.py' gave no answer in time; its last words: started"},
+        {"twice", VKS_ERR_FORMAT, "'python3 rubric.py' answered more than one line; its last words: started"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        vks_sandbox_proc_spec spec = {.command = "python3 rubric.py", .dir = dir, .sandboxed = true};
+        vks_sandbox_proc *p = NULL;
+        assert_int_equal(vks_sandbox_proc_start(&spec, NULL, &p), VKS_OK);
+        char q[64], *reply = NULL;
+        snprintf(q, sizeof q, "{\"completion\": \"%s\"}", bad[i].completion);
+        double t0 = (double)time(NULL);
+        int rc = vks_sandbox_proc_request(p, q, strlen(q), 1.5, &reply);
+        if (bad[i].rc == VKS_ERR_FORMAT && rc == VKS_OK) { /* the second line came after the first was read */
+            free(reply);
+            rc = vks_sandbox_proc_request(p, q, strlen(q), 1.5, &reply);
+        }
+        assert_int_equal(rc, bad[i].rc);
+        if (rc == VKS_ERR_FORMAT && strstr(vks_last_error(), "outside a request")) /* the lines came apart */
+            assert_string_equal(vks_last_error(), "'python3 rubric.py' wrote to standard output outside a request; "
+                                                  "its last words: started");
+        else assert_string_equal(vks_last_error(), bad[i].error);
+        assert_true((double)time(NULL) - t0 < 5);
+        vks_sandbox_proc_stop(p);
+    }
+}
+
+/* Reward programs ("task_type": "program"): a Python rubric scores as written, with the line's
+ * answer and info passed on; one that crashes, hangs or lies (NaN, text, a reward above 1) is
+ * named with the task line after it was started VKS_TASK_PROGRAM_RESTARTS + 1 times; one that
+ * fails once is started again and goes on. */
+static void test_reward_programs(void **state) {
+    (void)state;
+    char dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    assert_int_equal(chmod(dir, 0755), 0);
+    static const struct { const char *name, *code; } programs[] = {
+        {"rubric.py", "import json, sys\n"
+                      "for line in sys.stdin:\n"
+                      "    q = json.loads(line)\n"
+                      "    r = 0.25 * len(q['completion'].split()) + (0.5 if q['answer'] in q['completion'] else 0)\n"
+                      "    print(json.dumps({'reward': min(r, 1), 'metrics': {'k': q['info']['k'], 'p': q['prompt']}}),"
+                      " flush=True)\n"},
+        {"crash.py", "import sys\nsys.stdin.readline()\nraise SystemExit('no way')\n"},
+        {"hang.py", "import sys, time\nsys.stdin.readline()\ntime.sleep(60)\n"},
+        {"nan.py", "import sys\nfor line in sys.stdin: print('NaN', flush=True)\n"},
+        {"text.py", "import sys\nfor line in sys.stdin: print('{\"reward\": \"high\"}', flush=True)\n"},
+        {"big.py", "import sys\nfor line in sys.stdin: print('{\"reward\": 1.5}', flush=True)\n"},
+        /* unsandboxed, it leaves a mark in its directory: the first start fails, the second answers */
+        {"once.py", "import os, sys\n"
+                    "if not os.path.exists('mark'):\n    open('mark', 'w').close(); raise SystemExit(3)\n"
+                    "for line in sys.stdin: print('{\"reward\": 1}', flush=True)\n"},
+    };
+    for (size_t i = 0; i < sizeof programs / sizeof programs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, programs[i].name);
+        FILE *f = fopen(path, "w");
+        fputs(programs[i].code, f);
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/tasks.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"prompt\": \"say 42\", \"task_type\": \"program\", \"program\": \"python3 rubric.py\", \"answer\": 42, "
+          "\"info\": {\"k\": 7}}\n"
+          "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 crash.py\"}\n"
+          "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 hang.py\", \"timeout_s\": 1}\n"
+          "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 nan.py\"}\n"
+          "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 text.py\"}\n"
+          "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 big.py\"}\n"
+          "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 once.py\", \"sandbox\": false}\n", f);
+    fclose(f);
+    vks_task *tasks = NULL;
+    int64_t n = 0;
+    assert_int_equal(vks_task_file_load(path, &tasks, &n), VKS_OK);
+    assert_int_equal(n, 7);
+    assert_string_equal(tasks[0].program->dir, dir);
+    assert_string_equal(tasks[0].program->info_json, "{\"k\":7}");
+    assert_string_equal(tasks[0].answer, "42");
+    assert_true(tasks[0].program->sandboxed && !tasks[6].program->sandboxed);
+    const vks_task *which[3] = {&tasks[0], &tasks[0], &tasks[6]};
+    const char *texts[3] = {"it is 42", "no", "x"};
+    size_t lens[3] = {8, 2, 1};
+    double rewards[3];
+    char why[3][VKS_TASK_MAX_WHY];
+    assert_int_equal(vks_task_score_many(which, texts, lens, 3, 0, rewards, why), VKS_OK);
+    assert_true(rewards[0] == 1.0 && rewards[1] == 0.25 && rewards[2] == 1.0);
+    assert_string_equal(why[0], "reward program: 1; metrics {\"k\":7,\"p\":\"say 42\"}");
+    static const char *const errors[] = {
+        "'python3 crash.py' ended: exit status 1; its last words: no way",
+        "'python3 hang.py' gave no answer in time",
+        "'python3 nan.py' answered 'NaN', not a JSON object",
+        "'python3 text.py' answered '{\"reward\": \"high\"}' without a number \"reward\"",
+        "'python3 big.py' answered reward 1.5, not a number from 0 to 1",
+    };
+    for (int k = 0; k < 5; k++) {
+        const vks_task *t = &tasks[1 + k];
+        const char *text = "x";
+        size_t len = 1;
+        double r = -1;
+        assert_int_not_equal(vks_task_score_many(&t, &text, &len, 1, 0, &r, NULL), VKS_OK);
+        char want[400];
+        snprintf(want, sizeof want, "reward program (task line %d; started 3 times): %s", 2 + k, errors[k]);
+        assert_string_equal(vks_last_error(), want);
+    }
+    vks_task_programs_stop();
+    vks_task_free(tasks, n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sandbox_available), cmocka_unit_test(test_sandbox_io),
@@ -351,7 +521,8 @@ int main(void) {
         cmocka_unit_test(test_sandbox_isolation), cmocka_unit_test(test_sandbox_parallel),
         cmocka_unit_test(test_code_block),        cmocka_unit_test(test_code_task_rewards),
         cmocka_unit_test(test_code_task_errors),  cmocka_unit_test(test_cli_tasks_score),
-        cmocka_unit_test(test_builtin_code_task),
+        cmocka_unit_test(test_builtin_code_task), cmocka_unit_test(test_sandbox_proc),
+        cmocka_unit_test(test_reward_programs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,7 +37,8 @@ static const char tasks_usage[] =
     "{\"id\", \"line\" (in C), \"task\", \"reward\", \"why\"} (why: the answer read and the one expected, or\n"
     "for code tasks the first failing case, a timeout or a sandbox limit hit). C is checked whole first.\n"
     "Code tasks (task_type \"code\": docs/tasks.md) run the completion's last ``` block with python3 in a\n"
-    "bubblewrap sandbox against every case, N runs at once (default: the cores).\n"
+    "bubblewrap sandbox against every case, N runs at once (default: the cores). Reward program tasks\n"
+    "(task_type \"program\": docs/rl.md \"Reward programs\") ask the line's program, kept running.\n"
     "Answers are read from the completion's last `answer: ...` line or last \\boxed{...}.\n";
 
 typedef struct {

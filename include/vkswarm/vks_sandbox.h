@@ -9,6 +9,8 @@
 #define VKS_SANDBOX_H
 #include "vks_common.h"
 
+#include <stdbool.h>
+
 #define VKS_SANDBOX_MAX_JOBS 1000000           /* jobs in one vks_sandbox_run */
 #define VKS_SANDBOX_MAX_FILE (16u << 20)       /* bytes of the program file written into the sandbox */
 #define VKS_SANDBOX_MAX_INPUT (64u << 20)      /* bytes of a job's standard input */
@@ -61,6 +63,28 @@ int vks_sandbox_check(void);
 int vks_sandbox_run(const vks_sandbox_job *jobs, int n, const vks_sandbox_limits *l, int parallel,
                     vks_sandbox_result *results);
 void vks_sandbox_results_free(vks_sandbox_result *results, int n);
+/* A long-lived program (a reward program): started once, then asked one
+ * line at a time, each answer one line within a timeout. In a sandbox as
+ * above (its wall_s and cpu_s unused: each request has its own timeout),
+ * or, with sandboxed false, run as it is (the memory and file limits only). */
+typedef struct vks_sandbox_proc vks_sandbox_proc;
+typedef struct {
+    const char *command;   /* run by /usr/bin/sh -c */
+    const char *dir;       /* the working directory; sandboxed, bound read-only at its own path (NULL: /tmp) */
+    bool sandboxed;
+} vks_sandbox_proc_spec;
+#define VKS_SANDBOX_MAX_REPLY (1 << 20) /* bytes of one answer line */
+int vks_sandbox_proc_start(const vks_sandbox_proc_spec *spec, const vks_sandbox_limits *l, vks_sandbox_proc **out);
+/* Sends line (len bytes, no newline in it; one is added) and reads one line
+ * back within timeout_s: *reply (malloc'd, NUL-terminated, without the
+ * newline). Errors, each saying what the program did: VKS_ERR_TIMEOUT (no
+ * answer in time), VKS_ERR_IO (it ended: how, and its standard error's last
+ * line), VKS_ERR_FORMAT (an answer longer than VKS_SANDBOX_MAX_REPLY, or
+ * output written outside a request). After an error the program is stopped:
+ * start it again. */
+int vks_sandbox_proc_request(vks_sandbox_proc *p, const char *line, size_t len, double timeout_s, char **reply);
+/* Kills it (and everything it started) and waits for it. NULL is fine. */
+void vks_sandbox_proc_stop(vks_sandbox_proc *p);
 /* One line for a result that did not exit with status 0, e.g. "timed out after
  * 2 s", "killed by SIGXCPU (the CPU limit)", "exit status 1: <stderr's last line>". */
 void vks_sandbox_describe(const vks_sandbox_result *r, const vks_sandbox_limits *l, char *buf, size_t cap);

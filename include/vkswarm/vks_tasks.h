@@ -29,6 +29,7 @@ typedef enum {
     VKS_VERIFY_LIST,      /* the same integers in the same order ("1 2 3", "1, 2, 3", "[1,2,3]") */
     VKS_VERIFY_COUNTDOWN, /* an expression of the given numbers (each at most once) equal to the target */
     VKS_VERIFY_CODE,      /* the completion's last fenced code block passes the task's tests (vks_code_tests) */
+    VKS_VERIFY_PROGRAM,   /* a reward program of the user's says (vks_task_program) */
 } vks_verify_kind;
 
 #define VKS_TASK_MAX_CASES 256      /* stdin/stdout cases of a code task */
@@ -43,10 +44,25 @@ typedef struct {
     int n_cases;             /* 0 when test_code is set */
     const char **input, **output;
     const char *test_code;   /* Python assertions, or NULL */
-    double time_limit_s;     /* CPU seconds per run ("time_limit_s", default 4; wall clock: twice that, plus 1) */
+    double time_limit_s;     /* CPU seconds per run ("time_limit_s", default 4; wall clock: 3 times that, plus 5) */
     int memory_mb;           /* address space per run ("memory_mb", default 512) */
     bool fraction;           /* "reward": "fraction": the share of cases passed; default all or nothing */
 } vks_code_tests;
+
+/* A reward program's task ("task_type": "program"): the command (run by
+ * /usr/bin/sh -c in the task file's directory, sandboxed unless "sandbox":
+ * false) is started once per process and kept running; for each completion
+ * it reads one line {"prompt", "completion", "answer", "info"} and answers
+ * one line {"reward": R in [0, 1], "metrics": {...}}. */
+#define VKS_TASK_MAX_COMMAND 1024   /* bytes of a reward program's command */
+#define VKS_TASK_PROGRAM_RESTARTS 2 /* a failing program is started again this many times, then scoring fails */
+typedef struct {
+    const char *command;
+    const char *dir;         /* the task file's directory (absolute) */
+    const char *info_json;   /* the line's "info" as compact JSON ("null" when absent) */
+    bool sandboxed;          /* "sandbox" (default true) */
+    double timeout_s;        /* per answer ("timeout_s", default 10, at most 600) */
+} vks_task_program;
 
 /* The built-in generators. */
 typedef enum { VKS_TASK_ADD, VKS_TASK_MUL, VKS_TASK_COUNTDOWN, VKS_TASK_SORT, VKS_TASK_REVERSE, VKS_TASK_CODE } vks_task_kind;
@@ -69,6 +85,7 @@ typedef struct {
     int64_t line;                           /* user tasks: the JSONL line; generated: the index */
     char kind[VKS_TASK_MAX_KIND];           /* what eval reports accuracy per: a file's "kind" (default its
                                              * "task_type"); generated: the spec's name ("add:2") */
+    vks_task_program *program;              /* reward program tasks: owned as code is */
     vks_code_tests *code;                   /* code tasks of a file: their tests, owned by the array
                                              * vks_task_file_load returned (free it with vks_task_free); NULL
                                              * otherwise (the built-in code task's tests come from numbers[]) */
@@ -140,14 +157,18 @@ double vks_task_length_reward(double r_task, int target_tokens, int completion_t
  * with T one of exact, numeric, list, boxed (= exact), countdown (then
  * "numbers": [ints] and "target": int, "answer" optional), code (then "tests":
  * [{"input": str, "output": str}, ...] or "test_code": str, optionally
- * "time_limit_s", "memory_mb", "reward": "all"|"fraction"; no "answer"), or a
+ * "time_limit_s", "memory_mb", "reward": "all"|"fraction"; no "answer"),
+ * program (then "program": str; "answer" and "info" optional, passed on;
+ * optionally "sandbox": bool, "timeout_s"), or a
  * built-in name (add/mul = numeric, sort/reverse = list); optionally "kind":
  * str (at most 31 bytes; eval's per-kind accuracy, default T). Other keys are
  * ignored. The first malformed line fails the load with "FILE: line N: ...".
  * Free the array with vks_task_free. */
 int vks_task_file_load(const char *path, vks_task **tasks, int64_t *n);
-/* Frees an array of tasks and the code tests they own (NULL is fine). */
+/* Frees an array of tasks and the code tests and programs they own (NULL is fine). */
 void vks_task_free(vks_task *tasks, int64_t n);
+/* Stops every reward program this process started (they are started on first use and kept). */
+void vks_task_programs_stop(void);
 /* The first code task (file or built-in) of tasks[0..n), or NULL. */
 const vks_task *vks_task_first_code(const vks_task *tasks, int64_t n);
 /* Holds out round(fraction * n) tasks (at least 1, at most n - 1; fraction in

@@ -116,7 +116,7 @@ int vks_task_code_from_json(struct json_t *root, vks_task *t) {
 }
 
 void vks_task_free(vks_task *tasks, int64_t n) {
-    for (int64_t i = 0; tasks && i < n; i++) free(tasks[i].code);
+    for (int64_t i = 0; tasks && i < n; i++) free(tasks[i].code), free(tasks[i].program);
     free(tasks);
 }
 
@@ -236,7 +236,9 @@ typedef struct {
 static const char *const python_argv[] = {CODE_PYTHON, "-I", CODE_FILE, NULL};
 
 static vks_sandbox_limits code_sandbox_limits(const vks_code_tests *ct) {
-    return (vks_sandbox_limits){.cpu_s = ct->time_limit_s, .wall_s = 2 * ct->time_limit_s + 1,
+    /* the CPU time is the limit; the wall clock only catches a program that waits (sleeps, blocks), so it is
+     * generous: a busy program on a loaded machine must meet its CPU limit first */
+    return (vks_sandbox_limits){.cpu_s = ct->time_limit_s, .wall_s = 3 * ct->time_limit_s + 5,
                                 .memory_bytes = (int64_t)ct->memory_mb << 20};
 }
 
@@ -360,8 +362,9 @@ int vks_task_score_many(const vks_task *const *tasks, const char *const *texts, 
         return vks_set_error(VKS_ERR_ARG, "tasks: score: NULL argument");
     for (int64_t i = 0; i < n; i++) {
         if (!tasks[i] || !texts[i]) return vks_set_error(VKS_ERR_ARG, "tasks: score: NULL task or text");
-        if (tasks[i]->verify == VKS_VERIFY_CODE) continue;
+        if (tasks[i]->verify == VKS_VERIFY_CODE || tasks[i]->verify == VKS_VERIFY_PROGRAM) continue;
         rewards[i] = vks_task_score_why(tasks[i], texts[i], lens[i], why ? why[i] : NULL, VKS_TASK_MAX_WHY);
     }
-    return run_code(tasks, texts, lens, n, parallel, rewards, why);
+    int rc = vks_task_score_programs(tasks, texts, lens, n, rewards, why);
+    return rc ? rc : run_code(tasks, texts, lens, n, parallel, rewards, why);
 }

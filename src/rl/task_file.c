@@ -44,7 +44,7 @@ static const struct { const char *name; vks_verify_kind kind; } types[] = {
     {"exact", VKS_VERIFY_EXACT},   {"boxed", VKS_VERIFY_EXACT},       {"numeric", VKS_VERIFY_NUMERIC},
     {"list", VKS_VERIFY_LIST},     {"countdown", VKS_VERIFY_COUNTDOWN}, {"add", VKS_VERIFY_NUMERIC},
     {"mul", VKS_VERIFY_NUMERIC},   {"sort", VKS_VERIFY_LIST},         {"reverse", VKS_VERIFY_LIST},
-    {"code", VKS_VERIFY_CODE},
+    {"code", VKS_VERIFY_CODE},     {"program", VKS_VERIFY_PROGRAM},
 };
 
 /* A string field (or, for "answer", an integer written out). */
@@ -83,7 +83,7 @@ static int countdown_fields(json_t *root, vks_task *t) {
     return VKS_OK;
 }
 
-static int task_from_json(json_t *root, vks_task *t) {
+static int task_from_json(json_t *root, vks_task *t, const char *dir) {
     if (!json_is_object(root)) return vks_set_error(VKS_ERR_FORMAT, "not a JSON object");
     char type[32];
     int rc = string_field(root, "task_type", type, sizeof type, true);
@@ -91,13 +91,17 @@ static int task_from_json(json_t *root, vks_task *t) {
     int k = -1;
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++)
         if (!strcmp(types[i].name, type)) k = i;
-    if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown, code)", type);
+    if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown, code, program)", type);
     t->verify = types[k].kind;
     snprintf(t->kind, sizeof t->kind, "%s", type);
     if ((rc = string_field(root, "kind", t->kind, sizeof t->kind, false))) return rc;
     if (!t->kind[0]) return vks_set_error(VKS_ERR_FORMAT, "\"kind\" is empty");
     if ((rc = string_field(root, "prompt", t->prompt, VKS_TASK_MAX_PROMPT + 1, true))) return rc;
     if (t->verify == VKS_VERIFY_CODE) return vks_task_code_from_json(root, t);
+    if (t->verify == VKS_VERIFY_PROGRAM) { /* "answer" optional, passed on to the program as it is */
+        if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, false))) return rc;
+        return vks_task_program_from_json(root, t, dir);
+    }
     bool countdown = t->verify == VKS_VERIFY_COUNTDOWN;
     if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, !countdown))) return rc;
     if (countdown) return countdown_fields(root, t);
@@ -122,7 +126,7 @@ static int append_task(vks_task **tasks, int64_t *n, int64_t *cap, const vks_tas
     return VKS_OK;
 }
 
-static int load_lines(FILE *f, const char *path, char *line, vks_task **tasks, int64_t *n) {
+static int load_lines(FILE *f, const char *path, const char *dir, char *line, vks_task **tasks, int64_t *n) {
     int64_t cap = 0, line_no = 0;
     size_t len;
     bool too_long;
@@ -140,9 +144,9 @@ static int load_lines(FILE *f, const char *path, char *line, vks_task **tasks, i
         if (!rc && !root) rc = vks_set_error(VKS_ERR_FORMAT, "bad JSON: %s (column %d)", err.text, err.column);
         memset(t, 0, sizeof *t);
         t->line = line_no;
-        if (!rc) rc = task_from_json(root, t);
+        if (!rc) rc = task_from_json(root, t, dir);
         if (!rc) rc = append_task(tasks, n, &cap, t);
-        if (rc) free(t->code), t->code = NULL; /* appended, the array owns it */
+        if (rc) free(t->code), free(t->program), t->code = NULL, t->program = NULL; /* appended: the array's */
         json_decref(root);
         if (rc) rc = vks_error_prefix(rc, "%s: line %lld", path, (long long)line_no);
     }
@@ -159,7 +163,11 @@ int vks_task_file_load(const char *path, vks_task **tasks, int64_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *line = malloc(VKS_TASK_MAX_LINE + 1);
-    int rc = line ? load_lines(f, path, line, tasks, n) : vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    /* the file's directory: a reward program's working directory */
+    char *abs = realpath(path, NULL), *slash = abs ? strrchr(abs, '/') : NULL;
+    if (slash) *(slash == abs ? slash + 1 : slash) = 0;
+    int rc = line ? load_lines(f, path, abs ? abs : "/", line, tasks, n) : vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    free(abs);
     free(line);
     fclose(f);
     if (rc) {

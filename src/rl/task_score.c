@@ -146,6 +146,7 @@ int vks_task_score_file(const char *tasks_path, const char *completions_path, in
     if (!sandbox_ok) rc = vks_error_prefix(VKS_ERR_IO, "code tasks");
     if (f) fclose(f);
     free(buf);
+    vks_task_programs_stop();
     vks_task_free(tasks, n);
     return rc;
 }

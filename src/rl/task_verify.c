@@ -300,7 +300,8 @@ double vks_task_score_why(const vks_task *t, const char *completion, size_t len,
     case VKS_VERIFY_NUMERIC: ok = same_number(got, t->answer); break;
     case VKS_VERIFY_LIST: ok = same_list(got, t->answer); break;
     case VKS_VERIFY_COUNTDOWN: ok = vks_task_countdown_ok(got, t->numbers, t->n_numbers, t->target); break;
-    case VKS_VERIFY_CODE: ok = false; break; /* scored by vks_task_score_many */
+    case VKS_VERIFY_CODE:
+    case VKS_VERIFY_PROGRAM: ok = false; break; /* scored by vks_task_score_many */
     }
     if (why) {
         vks_escape(got, strlen(got), shown, sizeof shown);
@@ -313,7 +314,7 @@ double vks_task_score_why(const vks_task *t, const char *completion, size_t len,
 }
 
 double vks_task_score(const vks_task *t, const char *completion, size_t len) {
-    if (t && completion && t->verify == VKS_VERIFY_CODE) {
+    if (t && completion && (t->verify == VKS_VERIFY_CODE || t->verify == VKS_VERIFY_PROGRAM)) {
         double r = 0;
         const vks_task *tp = t;
         const char *text = completion;

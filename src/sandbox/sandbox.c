@@ -17,7 +17,7 @@
  * process may run other threads: OpenBLAS, the Vulkan driver): everything it
  * needs is prepared before fork. */
 #define _GNU_SOURCE
-#include "vkswarm/vks_sandbox.h"
+#include "sandbox_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,61 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SANDBOX_MAX_ARGS 64          /* arguments of a job's command */
-#define SANDBOX_NOFILE 256           /* open files inside */
-#define SANDBOX_EXEC_FAILED 127      /* the child's status when bwrap could not be started */
 #define SANDBOX_DRAIN_S 1.0          /* after the job ended: how long its pipes may stay open */
-
-static const char exec_failed_msg[] = "vkswarm sandbox: cannot start bwrap\n";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void limits_fill(const vks_sandbox_limits *in, vks_sandbox_limits *l) {
-    *l = in ? *in : (vks_sandbox_limits){0};
-    if (!(l->wall_s > 0)) l->wall_s = 10;
-    if (!(l->cpu_s > 0)) l->cpu_s = l->wall_s;
-    if (l->memory_bytes <= 0) l->memory_bytes = 512ll << 20;
-    if (l->file_bytes <= 0) l->file_bytes = 16ll << 20;
-    if (l->output_bytes <= 0) l->output_bytes = 1ll << 20;
-    if (l->processes <= 0) l->processes = 32;
-}
-
-static int limits_check(const vks_sandbox_limits *l) {
-    if (!(l->wall_s <= 86400) || !(l->cpu_s <= 86400))
-        return vks_set_error(VKS_ERR_ARG, "sandbox: a time limit above one day");
-    if (l->memory_bytes < (16ll << 20) || l->memory_bytes > (1ll << 40))
-        return vks_set_error(VKS_ERR_ARG, "sandbox: memory limit %lld bytes is not 16 MiB to 1 TiB",
-                             (long long)l->memory_bytes);
-    if (l->file_bytes > (1ll << 34) || l->output_bytes > (1ll << 30) || l->processes > 4096)
-        return vks_set_error(VKS_ERR_ARG, "sandbox: a file, output or process limit too large");
-    return VKS_OK;
-}
-
-/* bwrap's path, looked up once on PATH (the child may not search: not async-signal-safe). */
-static void find_bwrap(char *out, size_t cap) {
-    const char *path = getenv("PATH");
-    snprintf(out, cap, "/usr/bin/bwrap");
-    if (!path) return;
-    char dir[4096];
-    while (*path) {
-        size_t n = strcspn(path, ":");
-        if (n && n < sizeof dir) {
-            memcpy(dir, path, n);
-            dir[n] = 0;
-            char cand[4200];
-            snprintf(cand, sizeof cand, "%s/bwrap", dir);
-            if (strlen(cand) < cap && access(cand, X_OK) == 0) {
-                memcpy(out, cand, strlen(cand) + 1);
-                return;
-            }
-        }
-        path += n + (path[n] == ':');
-    }
-}
 
 /* What one running job holds. */
 typedef struct {
@@ -103,108 +49,7 @@ typedef struct {
     size_t out_cap;
 } slot;
 
-/* A memfd holding data (for bwrap's --file, or standard input), at offset 0. */
-static int memfd_with(const char *name, const void *data, size_t len) {
-    int fd = memfd_create(name, MFD_CLOEXEC);
-    if (fd < 0) return -1;
-    const char *p = data;
-    while (len) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            close(fd);
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    if (lseek(fd, 0, SEEK_SET) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-typedef struct {
-    char bwrap[4096];
-    char tmp_size[32], nproc_cmd[128];
-    uid_t uid;           /* nobody's, when run as root */
-    gid_t gid;
-    bool drop;           /* run as root: become nobody */
-    struct rlimit as, cpu, fsize, nofile, core;
-} launch_ctx;
-
-static void launch_init(launch_ctx *c, const vks_sandbox_limits *l) {
-    memset(c, 0, sizeof *c);
-    find_bwrap(c->bwrap, sizeof c->bwrap);
-    snprintf(c->tmp_size, sizeof c->tmp_size, "%lld", (long long)l->file_bytes);
-    /* dash's ulimit names the process limit -p, bash's -u (-p is bash's pipe size) */
-    snprintf(c->nproc_cmd, sizeof c->nproc_cmd, "{ ulimit -u %d || ulimit -p %d; } 2>/dev/null || exit 125; exec \"$@\"",
-             l->processes, l->processes);
-    c->drop = geteuid() == 0;
-    c->uid = 65534;
-    c->gid = 65534;
-    if (c->drop) {
-        struct passwd pw, *res = NULL;
-        char buf[1024];
-        if (getpwnam_r("nobody", &pw, buf, sizeof buf, &res) == 0 && res) {
-            c->uid = pw.pw_uid;
-            c->gid = pw.pw_gid;
-        }
-    }
-    rlim_t cpu = (rlim_t)ceil(l->cpu_s);
-    c->as = (struct rlimit){(rlim_t)l->memory_bytes, (rlim_t)l->memory_bytes};
-    c->cpu = (struct rlimit){cpu, cpu + 1};
-    c->fsize = (struct rlimit){(rlim_t)l->file_bytes, (rlim_t)l->file_bytes};
-    c->nofile = (struct rlimit){SANDBOX_NOFILE, SANDBOX_NOFILE};
-    c->core = (struct rlimit){0, 0};
-}
-
-/* bwrap's argument list for a job (pointers into c and job; argv needs SANDBOX_MAX_ARGS + 64 entries). */
-static int build_argv(const launch_ctx *c, const vks_sandbox_job *job, const char *file_dest, const char **argv) {
-    int n = 0;
-    const char *fixed[] = {c->bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-                           "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-                           "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--ro-bind", "/usr", "/usr",
-                           "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                           "--symlink", "usr/sbin", "/sbin", "--proc", "/proc", "--dev", "/dev",
-                           "--size", c->tmp_size, "--tmpfs", "/tmp"};
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) argv[n++] = fixed[i];
-    if (job->file_name) {
-        argv[n++] = "--file";
-        argv[n++] = "3";
-        argv[n++] = file_dest;
-    }
-    const char *tail[] = {"--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "/usr/bin/sh", "-c",
-                          c->nproc_cmd, "sh"};
-    for (size_t i = 0; i < sizeof tail / sizeof tail[0]; i++) argv[n++] = tail[i];
-    for (int i = 0; job->argv[i]; i++) argv[n++] = job->argv[i];
-    argv[n] = NULL;
-    return n;
-}
-
-/* The child: async-signal-safe calls only. */
-static void child_exec(const launch_ctx *c, const char **argv, int in_fd, int file_fd, int out_w, int err_w) {
-    setpgid(0, 0);
-    if (dup2(in_fd, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(SANDBOX_EXEC_FAILED);
-    if (file_fd >= 0) {
-        if (file_fd == 3) fcntl(3, F_SETFD, 0);
-        else if (dup2(file_fd, 3) < 0) _exit(SANDBOX_EXEC_FAILED);
-    }
-    close_range(file_fd >= 0 ? 4 : 3, ~0u, 0);
-    signal(SIGPIPE, SIG_DFL);
-    if (chdir("/") != 0) _exit(SANDBOX_EXEC_FAILED);
-    if (setrlimit(RLIMIT_AS, &c->as) || setrlimit(RLIMIT_CPU, &c->cpu) || setrlimit(RLIMIT_FSIZE, &c->fsize) ||
-        setrlimit(RLIMIT_NOFILE, &c->nofile) || setrlimit(RLIMIT_CORE, &c->core))
-        _exit(SANDBOX_EXEC_FAILED);
-    if (c->drop && (setgroups(0, NULL) || setgid(c->gid) || setuid(c->uid))) _exit(SANDBOX_EXEC_FAILED);
-    execv(argv[0], (char *const *)argv);
-    ssize_t w = write(2, exec_failed_msg, sizeof exec_failed_msg - 1);
-    (void)w;
-    _exit(SANDBOX_EXEC_FAILED);
-}
-
-static int start_job(const launch_ctx *c, const vks_sandbox_job *job, slot *s) {
+static int start_job(const vks_sandbox_launch *c, const vks_sandbox_job *job, slot *s) {
     char file_dest[300];
     const char *argv[SANDBOX_MAX_ARGS + 64];
     int n_args = 0;
@@ -219,17 +64,17 @@ static int start_job(const launch_ctx *c, const vks_sandbox_job *job, slot *s) {
         snprintf(file_dest, sizeof file_dest, "/tmp/%s", f);
     }
     if (job->input_len > VKS_SANDBOX_MAX_INPUT) return vks_set_error(VKS_ERR_ARG, "sandbox: standard input too large");
-    build_argv(c, job, file_dest, argv);
+    vks_sandbox_build_argv(c, job->argv, job->file_name ? file_dest : NULL, NULL, argv);
 
-    int in_fd = memfd_with("vks-stdin", job->input ? job->input : "", job->input ? job->input_len : 0);
-    int file_fd = job->file_name ? memfd_with("vks-file", job->file_data ? job->file_data : "", job->file_len) : -1;
+    int in_fd = vks_sandbox_memfd("vks-stdin", job->input ? job->input : "", job->input ? job->input_len : 0);
+    int file_fd = job->file_name ? vks_sandbox_memfd("vks-file", job->file_data ? job->file_data : "", job->file_len) : -1;
     int out_p[2] = {-1, -1}, err_p[2] = {-1, -1};
     int rc = VKS_OK;
     if (in_fd < 0 || (job->file_name && file_fd < 0) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC))
         rc = vks_set_error(VKS_ERR_IO, "sandbox: cannot set up a job's files: %s", strerror(errno));
     pid_t pid = rc ? -1 : fork();
     if (!rc && pid < 0) rc = vks_set_error(VKS_ERR_IO, "sandbox: fork failed: %s", strerror(errno));
-    if (pid == 0) child_exec(c, argv, in_fd, file_fd, out_p[1], err_p[1]);
+    if (pid == 0) vks_sandbox_child_exec(c, argv, NULL, in_fd, file_fd, out_p[1], err_p[1]);
     if (in_fd >= 0) close(in_fd);
     if (file_fd >= 0) close(file_fd);
     if (out_p[1] >= 0) close(out_p[1]);
@@ -244,7 +89,7 @@ static int start_job(const launch_ctx *c, const vks_sandbox_job *job, slot *s) {
     s->pid = pid;
     s->out_fd = out_p[0];
     s->err_fd = err_p[0];
-    s->start = now_s();
+    s->start = vks_sandbox_now();
     s->ended = 0;
     s->reaped = s->killed = false;
     s->out_cap = 0;
@@ -311,7 +156,7 @@ static bool read_err(slot *s, vks_sandbox_result *r) {
 }
 
 static void finish(slot *s, vks_sandbox_result *r, int status) {
-    r->wall_s = now_s() - s->start;
+    r->wall_s = vks_sandbox_now() - s->start;
     if (s->killed) {
         r->end = s->kill_end;
         r->code = SIGKILL;
@@ -330,7 +175,7 @@ static void finish(slot *s, vks_sandbox_result *r, int status) {
 static int step(slot *slots, int n_slots, vks_sandbox_result *results, const vks_sandbox_limits *l) {
     struct pollfd pfd[2 * 256];
     int map[2 * 256], np = 0;
-    double t = now_s(), wait_s = 0.1;
+    double t = vks_sandbox_now(), wait_s = 0.1;
     for (int i = 0; i < n_slots; i++) {
         slot *s = &slots[i];
         if (s->job < 0) continue;
@@ -352,7 +197,7 @@ static int step(slot *slots, int n_slots, vks_sandbox_result *results, const vks
         else if (pfd[k].fd == s->err_fd && !read_err(s, r)) close_fd(&s->err_fd);
     }
     int done = 0;
-    t = now_s();
+    t = vks_sandbox_now();
     for (int i = 0; i < n_slots; i++) {
         slot *s = &slots[i];
         if (s->job < 0) continue;
@@ -384,8 +229,8 @@ int vks_sandbox_run(const vks_sandbox_job *jobs, int n, const vks_sandbox_limits
     if ((!jobs && n) || (!results && n) || n < 0 || n > VKS_SANDBOX_MAX_JOBS || parallel < 0)
         return vks_set_error(VKS_ERR_ARG, "sandbox: bad arguments");
     vks_sandbox_limits l;
-    limits_fill(limits, &l);
-    int rc = limits_check(&l);
+    vks_sandbox_limits_fill(limits, &l);
+    int rc = vks_sandbox_limits_check(&l);
     if (rc) return rc;
     if (parallel == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -401,8 +246,8 @@ int vks_sandbox_run(const vks_sandbox_job *jobs, int n, const vks_sandbox_limits
             return vks_set_error(VKS_ERR_NOMEM, "sandbox: out of memory");
         }
     }
-    launch_ctx c;
-    launch_init(&c, &l);
+    vks_sandbox_launch c;
+    vks_sandbox_launch_init(&c, &l, true, true);
     slot slots[256];
     for (int i = 0; i < parallel; i++) slots[i] = (slot){.job = -1, .out_fd = -1, .err_fd = -1};
     int next = 0, done = 0, running = 0;
@@ -452,7 +297,7 @@ int vks_sandbox_check(void) {
             char why[300];
             vks_sandbox_describe(&r, &l, why, sizeof why);
             char bwrap[4096];
-            find_bwrap(bwrap, sizeof bwrap);
+            vks_sandbox_find_bwrap(bwrap, sizeof bwrap);
             bool missing = access(bwrap, X_OK) != 0;
             snprintf(check_msg, sizeof check_msg, "the sandbox cannot be set up here: %s%s", why,
                      missing ? " (bubblewrap is not installed: apt install bubblewrap)"
@@ -467,7 +312,7 @@ int vks_sandbox_check(void) {
 }
 
 /* The last non-blank line of text, escaped for a terminal. */
-static void last_line(const char *text, size_t len, char *out, size_t cap) {
+void vks_sandbox_last_line(const char *text, size_t len, char *out, size_t cap) {
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r' || text[len - 1] == ' ')) len--;
     size_t start = len;
     while (start && text[start - 1] != '\n') start--;
@@ -477,9 +322,9 @@ static void last_line(const char *text, size_t len, char *out, size_t cap) {
 
 void vks_sandbox_describe(const vks_sandbox_result *r, const vks_sandbox_limits *limits, char *buf, size_t cap) {
     vks_sandbox_limits l;
-    limits_fill(limits, &l);
+    vks_sandbox_limits_fill(limits, &l);
     char err[600];
-    last_line(r->err ? r->err : "", r->err ? r->err_len : 0, err, sizeof err);
+    vks_sandbox_last_line(r->err ? r->err : "", r->err ? r->err_len : 0, err, sizeof err);
     switch (r->end) {
     case VKS_SANDBOX_TIMEOUT: snprintf(buf, cap, "timed out (wall clock, %.3g s)", l.wall_s); break;
     case VKS_SANDBOX_OUTPUT:

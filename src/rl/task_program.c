@@ -1,0 +1,218 @@
+/* task_program.c: reward programs (vks_tasks.h "task_type": "program"): the
+ * task line read, each distinct program started once per process (sandboxed
+ * unless the line says otherwise) and kept, asked one JSON line per completion,
+ * its answer checked; a program that fails is started again at most
+ * VKS_TASK_PROGRAM_RESTARTS times, then scoring fails naming it and the task. */
+#include "vkswarm/vks_sandbox.h"
+#include "vkswarm/vks_tasks.h"
+#include "task_internal.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROGRAM_DEFAULT_TIMEOUT_S 10.0
+#define PROGRAM_MAX_TIMEOUT_S 600.0
+#define PROGRAM_MAX_INFO (64 * 1024)
+
+/* ---- reading a task line ---- */
+
+int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir) {
+    json_t *cmd = json_object_get(root, "program"), *info = json_object_get(root, "info"),
+           *sb = json_object_get(root, "sandbox"), *to = json_object_get(root, "timeout_s");
+    if (!json_is_string(cmd) || !json_string_length(cmd) || json_string_length(cmd) >= VKS_TASK_MAX_COMMAND ||
+        memchr(json_string_value(cmd), 0, json_string_length(cmd)))
+        return vks_set_error(VKS_ERR_FORMAT, "a program task needs \"program\": a command of 1 to %d bytes",
+                             VKS_TASK_MAX_COMMAND - 1);
+    if (sb && !json_is_boolean(sb)) return vks_set_error(VKS_ERR_FORMAT, "\"sandbox\" is not true or false");
+    double timeout = PROGRAM_DEFAULT_TIMEOUT_S;
+    if (to) {
+        if (!json_is_number(to) || !(json_number_value(to) > 0 && json_number_value(to) <= PROGRAM_MAX_TIMEOUT_S))
+            return vks_set_error(VKS_ERR_FORMAT, "\"timeout_s\" is not a number above 0 and at most %g",
+                                 PROGRAM_MAX_TIMEOUT_S);
+        timeout = json_number_value(to);
+    }
+    char *info_json = info ? json_dumps(info, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    if (info && (!info_json || strlen(info_json) > PROGRAM_MAX_INFO)) {
+        free(info_json);
+        return vks_set_error(VKS_ERR_FORMAT, "\"info\" is longer than %d bytes as JSON", PROGRAM_MAX_INFO);
+    }
+    const char *info_text = info_json ? info_json : "null";
+    size_t lc = json_string_length(cmd), ld = strlen(dir), li = strlen(info_text);
+    vks_task_program *p = calloc(1, sizeof *p + lc + ld + li + 3);
+    if (!p) {
+        free(info_json);
+        return vks_set_error(VKS_ERR_NOMEM, "out of memory for a program task");
+    }
+    char *at = (char *)(p + 1);
+    p->command = memcpy(at, json_string_value(cmd), lc + 1), at += lc + 1;
+    p->dir = memcpy(at, dir, ld + 1), at += ld + 1;
+    p->info_json = memcpy(at, info_text, li + 1);
+    p->sandboxed = sb ? json_is_true(sb) : true;
+    p->timeout_s = timeout;
+    free(info_json);
+    t->program = p;
+    return VKS_OK;
+}
+
+/* ---- the running programs ---- */
+
+typedef struct entry {
+    char *command, *dir;
+    bool sandboxed;
+    vks_sandbox_proc *proc;
+    int restarts;
+    pthread_mutex_t lock; /* one request at a time */
+    struct entry *next;
+} entry;
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static entry *registry;
+
+static entry *entry_for(const vks_task_program *p) {
+    pthread_mutex_lock(&registry_lock);
+    entry *e = registry;
+    while (e && (strcmp(e->command, p->command) || strcmp(e->dir, p->dir) || e->sandboxed != p->sandboxed)) e = e->next;
+    if (!e && (e = calloc(1, sizeof *e))) {
+        e->command = strdup(p->command);
+        e->dir = strdup(p->dir);
+        e->sandboxed = p->sandboxed;
+        pthread_mutex_init(&e->lock, NULL);
+        if (!e->command || !e->dir) {
+            free(e->command), free(e->dir), free(e);
+            e = NULL;
+        } else {
+            e->next = registry;
+            registry = e;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return e;
+}
+
+void vks_task_programs_stop(void) {
+    pthread_mutex_lock(&registry_lock);
+    for (entry *e = registry, *next; e; e = next) {
+        next = e->next;
+        vks_sandbox_proc_stop(e->proc);
+        pthread_mutex_destroy(&e->lock);
+        free(e->command), free(e->dir), free(e);
+    }
+    registry = NULL;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* Text as valid UTF-8 (a completion may end inside a character): invalid bytes become U+FFFD. */
+static char *valid_utf8(const char *s, size_t len) {
+    char *out = malloc(3 * len + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = n > 0 && i + n <= len && (n != 2 || c >= 0xc2);
+        for (size_t k = 1; ok && k < n; k++) ok = ((unsigned char)s[i + k] >> 6) == 2;
+        if (ok && n == 3) { /* no overlong forms, no surrogates */
+            unsigned char d = (unsigned char)s[i + 1];
+            ok = !(c == 0xe0 && d < 0xa0) && !(c == 0xed && d >= 0xa0);
+        }
+        if (ok && n == 4) {
+            unsigned char d = (unsigned char)s[i + 1];
+            ok = c <= 0xf4 && !(c == 0xf0 && d < 0x90) && !(c == 0xf4 && d >= 0x90);
+        }
+        if (ok && c) memcpy(out + o, s + i, n), o += n, i += n;
+        else memcpy(out + o, "\xef\xbf\xbd", 3), o += 3, i += ok ? n : 1;
+    }
+    out[o] = 0;
+    return out;
+}
+
+/* The request line for one completion (malloc'd, compact JSON). */
+static char *request_line(const vks_task *t, const char *text, size_t len) {
+    char *clean = valid_utf8(text, len), *prompt = valid_utf8(t->prompt, strlen(t->prompt)),
+         *answer = valid_utf8(t->answer, strlen(t->answer));
+    json_error_t err;
+    json_t *info = json_loads(t->program->info_json, JSON_DECODE_ANY, &err);
+    json_t *q = clean && prompt && answer && info
+                    ? json_pack("{s:s, s:s, s:o, s:o}", "prompt", prompt, "completion", clean, "answer",
+                                t->answer[0] ? json_string(answer) : json_null(), "info", info)
+                    : NULL;
+    if (!q) json_decref(info);
+    char *line = q ? json_dumps(q, JSON_COMPACT) : NULL;
+    json_decref(q);
+    free(clean), free(prompt), free(answer);
+    return line;
+}
+
+/* The reward in an answer line; an error saying what is wrong with it. */
+static int parse_answer(const char *command, const char *reply, double *reward, char *metrics, size_t cap) {
+    json_error_t err;
+    json_t *a = json_loads(reply, JSON_REJECT_DUPLICATES, &err);
+    int rc = VKS_OK;
+    json_t *r = a ? json_object_get(a, "reward") : NULL, *m = a ? json_object_get(a, "metrics") : NULL;
+    char shown[120];
+    vks_escape(reply, strlen(reply) < 60 ? strlen(reply) : 60, shown, sizeof shown);
+    char cmd[300];
+    vks_escape(command, strlen(command), cmd, sizeof cmd);
+    if (!json_is_object(a)) rc = vks_set_error(VKS_ERR_FORMAT, "'%s' answered '%s', not a JSON object", cmd, shown);
+    else if (!json_is_number(r))
+        rc = vks_set_error(VKS_ERR_FORMAT, "'%s' answered '%s' without a number \"reward\"", cmd, shown);
+    else if (!(json_number_value(r) >= 0 && json_number_value(r) <= 1))
+        rc = vks_set_error(VKS_ERR_FORMAT, "'%s' answered reward %g, not a number from 0 to 1", cmd, json_number_value(r));
+    else if (m && !json_is_object(m))
+        rc = vks_set_error(VKS_ERR_FORMAT, "'%s' answered \"metrics\" that is not an object", cmd);
+    if (!rc) {
+        *reward = json_number_value(r);
+        metrics[0] = 0;
+        char *ms = m ? json_dumps(m, JSON_COMPACT) : NULL;
+        if (ms) snprintf(metrics, cap, "%s", ms);
+        free(ms);
+    }
+    json_decref(a);
+    return rc;
+}
+
+static int ask(entry *e, const vks_task *t, const char *line, double *reward, char *metrics, size_t cap) {
+    for (;;) {
+        int rc = VKS_OK;
+        if (!e->proc) {
+            vks_sandbox_proc_spec spec = {.command = e->command, .dir = e->dir, .sandboxed = e->sandboxed};
+            vks_sandbox_limits l = {.memory_bytes = 4ll << 30, .processes = 64, .file_bytes = 64ll << 20};
+            rc = vks_sandbox_proc_start(&spec, &l, &e->proc);
+        }
+        char *reply = NULL;
+        if (!rc) rc = vks_sandbox_proc_request(e->proc, line, strlen(line), t->program->timeout_s, &reply);
+        if (!rc) rc = parse_answer(e->command, reply, reward, metrics, cap);
+        free(reply);
+        if (!rc) return VKS_OK;
+        vks_sandbox_proc_stop(e->proc); /* after any failure: a fresh start */
+        e->proc = NULL;
+        if (e->restarts >= VKS_TASK_PROGRAM_RESTARTS)
+            return vks_error_prefix(rc, "reward program (task line %lld; started %d times)", (long long)t->line,
+                                    e->restarts + 1);
+        e->restarts++;
+    }
+}
+
+int vks_task_score_programs(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
+                            double *rewards, char (*why)[VKS_TASK_MAX_WHY]) {
+    for (int64_t i = 0; i < n; i++) {
+        if (tasks[i]->verify != VKS_VERIFY_PROGRAM) continue;
+        entry *e = tasks[i]->program ? entry_for(tasks[i]->program) : NULL;
+        if (!e) return vks_set_error(VKS_ERR_NOMEM, "out of memory for a reward program");
+        char *line = request_line(tasks[i], texts[i], lens[i]);
+        if (!line) return vks_set_error(VKS_ERR_NOMEM, "out of memory for a reward program's request");
+        char metrics[VKS_TASK_MAX_WHY] = "";
+        pthread_mutex_lock(&e->lock);
+        int rc = ask(e, tasks[i], line, &rewards[i], metrics, sizeof metrics);
+        pthread_mutex_unlock(&e->lock);
+        free(line);
+        if (rc) return rc;
+        if (why) snprintf(why[i], VKS_TASK_MAX_WHY, "reward program: %g%s%.200s", rewards[i],
+                          metrics[0] ? "; metrics " : "", metrics);
+    }
+    return VKS_OK;
+}
