@@ -65,8 +65,10 @@ int vks_sandbox_run(const vks_sandbox_job *jobs, int n, const vks_sandbox_limits
 void vks_sandbox_results_free(vks_sandbox_result *results, int n);
 /* A long-lived program (a reward program): started once, then asked one
  * line at a time, each answer one line within a timeout. In a sandbox as
- * above (its wall_s and cpu_s unused: each request has its own timeout),
- * or, with sandboxed false, run as it is (the memory and file limits only). */
+ * above (its wall_s and cpu_s unused: each request has its own timeout; run
+ * as root it stays root, without capabilities, so that its directory can be
+ * bound wherever it is: its process limit then does not apply), or, with
+ * sandboxed false, run as it is (the memory and file limits only). */
 typedef struct vks_sandbox_proc vks_sandbox_proc;
 typedef struct {
     const char *command;   /* run by /usr/bin/sh -c */

@@ -247,7 +247,7 @@ int vks_sandbox_run(const vks_sandbox_job *jobs, int n, const vks_sandbox_limits
         }
     }
     vks_sandbox_launch c;
-    vks_sandbox_launch_init(&c, &l, true, true);
+    vks_sandbox_launch_init(&c, &l, true, false);
     slot slots[256];
     for (int i = 0; i < parallel; i++) slots[i] = (slot){.job = -1, .out_fd = -1, .err_fd = -1};
     int next = 0, done = 0, running = 0;

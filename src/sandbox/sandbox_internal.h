@@ -20,6 +20,7 @@ typedef struct {
     gid_t gid;
     bool drop;           /* run as root: become nobody */
     bool cpu_limit;      /* false (long-lived programs): no RLIMIT_CPU, each request has a timeout instead */
+    /* drop: true for jobs run as root; long-lived programs stay root (see vks_sandbox_launch_init) */
     struct rlimit as, cpu, fsize, nofile, core;
 } vks_sandbox_launch;
 
@@ -30,7 +31,10 @@ int vks_sandbox_limits_check(const vks_sandbox_limits *l);
 void vks_sandbox_find_bwrap(char *out, size_t cap);
 /* A memfd (close-on-exec) holding data at offset 0; -1 on failure (errno set). */
 int vks_sandbox_memfd(const char *name, const void *data, size_t len);
-void vks_sandbox_launch_init(vks_sandbox_launch *c, const vks_sandbox_limits *l, bool sandboxed, bool cpu_limit);
+/* long_lived: a reward program (no RLIMIT_CPU; as root it is not made nobody: it runs in its task
+ * file's directory, which bubblewrap, run as nobody, could not reach under a directory closed to
+ * others such as /root, so its process limit does not apply there) */
+void vks_sandbox_launch_init(vks_sandbox_launch *c, const vks_sandbox_limits *l, bool sandboxed, bool long_lived);
 /* The child's argv (pointers into c and the arguments; argv needs SANDBOX_MAX_ARGS + 64 entries):
  * bwrap's options, the file from fd 3 to file_dest when not NULL, dir bound read-only at its own
  * path and made the working directory when not NULL (else /tmp), then command. Unsandboxed:

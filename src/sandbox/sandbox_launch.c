@@ -92,16 +92,16 @@ int vks_sandbox_memfd(const char *name, const void *data, size_t len) {
     return fd;
 }
 
-void vks_sandbox_launch_init(vks_sandbox_launch *c, const vks_sandbox_limits *l, bool sandboxed, bool cpu_limit) {
+void vks_sandbox_launch_init(vks_sandbox_launch *c, const vks_sandbox_limits *l, bool sandboxed, bool long_lived) {
     memset(c, 0, sizeof *c);
     c->sandboxed = sandboxed;
-    c->cpu_limit = cpu_limit;
+    c->cpu_limit = !long_lived;
     vks_sandbox_find_bwrap(c->bwrap, sizeof c->bwrap);
     snprintf(c->tmp_size, sizeof c->tmp_size, "%lld", (long long)l->file_bytes);
     /* dash's ulimit names the process limit -p, bash's -u (-p is bash's pipe size) */
     snprintf(c->nproc_cmd, sizeof c->nproc_cmd, "{ ulimit -u %d || ulimit -p %d; } 2>/dev/null || exit 125; exec \"$@\"",
              l->processes, l->processes);
-    c->drop = sandboxed && geteuid() == 0;
+    c->drop = sandboxed && !long_lived && geteuid() == 0;
     c->uid = 65534;
     c->gid = 65534;
     if (c->drop) {

@@ -47,7 +47,7 @@ int vks_sandbox_proc_start(const vks_sandbox_proc_spec *spec, const vks_sandbox_
     p->in_fd = p->out_fd = p->err_fd = -1;
     vks_escape(spec->command, strlen(spec->command), p->command, sizeof p->command);
     vks_sandbox_launch c;
-    vks_sandbox_launch_init(&c, &l, spec->sandboxed, false);
+    vks_sandbox_launch_init(&c, &l, spec->sandboxed, true);
     const char *command[] = {"/usr/bin/sh", "-c", spec->command, NULL};
     const char *argv[SANDBOX_MAX_ARGS + 64];
     vks_sandbox_build_argv(&c, command, NULL, spec->dir, argv);
