@@ -110,8 +110,9 @@ static int ended(vks_sandbox_proc *p, int code, const char *what) {
     bool was_running = !p->dead;
     if (was_running) {
         /* it may be exiting right now: a moment to report its own status rather than our SIGKILL */
-        for (int i = 0; i < 20 && waitpid(p->pid, &p->status, WNOHANG) == 0; i++) usleep(5000);
-        if (waitpid(p->pid, &p->status, WNOHANG) == p->pid || errno == ECHILD) p->dead = true;
+        pid_t w = 0;
+        for (int i = 0; i < 20 && (w = waitpid(p->pid, &p->status, WNOHANG)) == 0; i++) usleep(5000);
+        if (w == p->pid || (w < 0 && errno == ECHILD)) p->dead = true;
     }
     bool killed_here = !p->dead;
     kill_proc(p);
