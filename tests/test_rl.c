@@ -1253,7 +1253,7 @@ static void test_program_task_run(void **state) {
     snprintf(out, sizeof out, "%s/rl-program", tu_tmpdir());
     small_config(&c, out, 1, 0);
     snprintf(c.task, sizeof c.task, "file:%s", path);
-    c.eval_split = 0.25;
+    snprintf(c.eval_tasks, sizeof c.eval_tasks, "%s", path); /* the run's own copy of the file's tasks */
     c.n_length_targets = 0; /* the program's reward alone */
     assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
     progress_log log = {0};
@@ -1261,7 +1261,7 @@ static void test_program_task_run(void **state) {
     o.eval_n = 2;
     vks_rl_result *r = malloc(sizeof *r);
     if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
-    assert_int_equal(r->eval_tasks, 2);
+    assert_int_equal(r->eval_tasks, 8);
     /* accuracy counts completions of reward 1: at most 12 tokens of text earn at most 12 / 40 here */
     assert_true(r->start_accuracy == 0.0 && r->final_accuracy == 0.0);
     assert_int_equal(log.n, 1);

@@ -59,7 +59,7 @@ typedef struct {
     vks_rl_out_dir out;          /* config->out, locked */
     vks_task *eval_tasks;        /* the held-out set: gen.held, then config->eval_tasks; NULL: fresh instances */
     int64_t n_eval_tasks;
-    int64_t n_eval_own;          /* the last n_eval_own of them (config->eval_tasks') own their code tests */
+    int64_t n_eval_own;          /* the last n_eval_own of them (config->eval_tasks') own their tests/programs */
     double start_accuracy;       /* the run's, at step 0 (a resumed run: as its checkpoint recorded) */
     bool start_accuracy_stored;  /* resumed from a checkpoint that recorded it */
     /* a clean stop (o->stop_requested) */
@@ -548,7 +548,7 @@ static void run_free(rl_run *r) {
     vks_model_free(r->own_model);
     vks_rl_out_unlock(&r->out);
     for (int64_t i = r->n_eval_tasks - r->n_eval_own; r->eval_tasks && i < r->n_eval_tasks; i++)
-        free(r->eval_tasks[i].code);
+        free(r->eval_tasks[i].code), free(r->eval_tasks[i].program);
     free(r->eval_tasks);
     vks_rl_report_samples_free(&r->samples);
 }
