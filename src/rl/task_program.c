@@ -105,26 +105,15 @@ void vks_task_programs_stop(void) {
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* Text as valid UTF-8 (a completion may end inside a character): invalid bytes become U+FFFD. */
+/* Text as valid UTF-8 (a completion may end inside a character): invalid bytes and NUL become U+FFFD. */
 static char *valid_utf8(const char *s, size_t len) {
     char *out = malloc(3 * len + 1);
     if (!out) return NULL;
     size_t o = 0;
     for (size_t i = 0; i < len;) {
-        unsigned char c = (unsigned char)s[i];
-        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = n > 0 && i + n <= len && (n != 2 || c >= 0xc2);
-        for (size_t k = 1; ok && k < n; k++) ok = ((unsigned char)s[i + k] >> 6) == 2;
-        if (ok && n == 3) { /* no overlong forms, no surrogates */
-            unsigned char d = (unsigned char)s[i + 1];
-            ok = !(c == 0xe0 && d < 0xa0) && !(c == 0xed && d >= 0xa0);
-        }
-        if (ok && n == 4) {
-            unsigned char d = (unsigned char)s[i + 1];
-            ok = c <= 0xf4 && !(c == 0xf0 && d < 0x90) && !(c == 0xf4 && d >= 0x90);
-        }
-        if (ok && c) memcpy(out + o, s + i, n), o += n, i += n;
-        else memcpy(out + o, "\xef\xbf\xbd", 3), o += 3, i += ok ? n : 1;
+        size_t n = vks_utf8_decode(s + i, len - i, NULL);
+        if (n && s[i]) memcpy(out + o, s + i, n), o += n, i += n;
+        else memcpy(out + o, "\xef\xbf\xbd", 3), o += 3, i += n ? n : 1;
     }
     out[o] = 0;
     return out;
