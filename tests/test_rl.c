@@ -1199,6 +1199,17 @@ static void test_sft_loss_window(void **state) {
     assert_near(b, 2.0, 1e-12);
 }
 
+/* A run of config c (checked first) evaluating eval_n held-out tasks; fails the test on an error. */
+static vks_rl_result *run_checked(vks_rl_config *c, progress_log *log, int eval_n) {
+    assert_int_equal(vks_rl_config_check(c, 1), VKS_OK);
+    vks_rl_run_options o = options(c, log);
+    o.eval_n = eval_n;
+    vks_rl_result *r = malloc(sizeof *r);
+    assert_non_null(r);
+    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    return r;
+}
+
 /* A code task file (issue 38) trains and is evaluated like any other: the
  * tiny model writes no code block (task reward 0, the thinking budget gives
  * the groups their signal) and its held-out set is scored through the
@@ -1218,12 +1229,8 @@ static void test_code_task_run(void **state) {
     small_config(&c, out, 1, 0);
     snprintf(c.task, sizeof c.task, "file:%s", path);
     c.eval_split = 0.25;
-    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
     progress_log log = {0};
-    vks_rl_run_options o = options(&c, &log);
-    o.eval_n = 2;
-    vks_rl_result *r = malloc(sizeof *r);
-    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    vks_rl_result *r = run_checked(&c, &log, 2);
     assert_int_equal(r->eval_tasks, 2);
     assert_true(r->start_accuracy == 0.0 && r->final_accuracy == 0.0);
     assert_int_equal(log.n, 1);
@@ -1255,12 +1262,8 @@ static void test_program_task_run(void **state) {
     snprintf(c.task, sizeof c.task, "file:%s", path);
     snprintf(c.eval_tasks, sizeof c.eval_tasks, "%s", path); /* the run's own copy of the file's tasks */
     c.n_length_targets = 0; /* the program's reward alone */
-    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
     progress_log log = {0};
-    vks_rl_run_options o = options(&c, &log);
-    o.eval_n = 2;
-    vks_rl_result *r = malloc(sizeof *r);
-    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    vks_rl_result *r = run_checked(&c, &log, 2);
     assert_int_equal(r->eval_tasks, 8);
     /* accuracy counts completions of reward 1: at most 12 tokens of text earn at most 12 / 40 here */
     assert_true(r->start_accuracy == 0.0 && r->final_accuracy == 0.0);
