@@ -1,6 +1,6 @@
-/* test_grad_loss: the GPU loss ops (vks_ops_grad.h, "loss ops": the GRPO loss)
- * against their float64 reference (vks_ref_grpo_loss), table-driven: one row
- * per case, named fields per op. Inputs cover every branch on every case:
+/* test_grad_loss: the GPU loss ops (vks_ops_grad.h, "loss ops": the RL loss of
+ * each type) against their float64 reference (vks_ref_grpo_loss), table-driven:
+ * one row per case, named fields per op. Inputs cover every branch on every case:
  * ratios below 1 - eps, inside the clip range, above 1 + eps and above delta
  * (capped), advantages positive, negative and zero, masked rows (weight 0,
  * with NaN in their other inputs: never read); rows with the KL penalty on
@@ -37,7 +37,7 @@ struct loss_case {
     /* grpo: R rows, in_place = dlogp over logp, unit_weights = a 0/1 mask
      * (else weights in [0.5, 1.5) with zeros), eps, the token budget and
      * kl_beta (0: the ref_logp binding is left unset) */
-    struct { uint32_t R; bool in_place, unit_weights; double eps, token_budget, kl_beta; } grpo;
+    struct { uint32_t R; bool in_place, unit_weights; double eps, token_budget, kl_beta; vks_loss_type type; } grpo;
     double tol;
 };
 
@@ -119,6 +119,14 @@ typedef struct {
  * log 4) stays >= 0.05 away, also for eps = 0.1 (-0.105, 0.095). */
 static const double log_ratios[] = {-1.2, -0.4, -0.03, 0.03, 0.3, 0.9, 1.7, 3.0};
 
+static bool near_mask_edge(float logp, float logp_old) {
+    double dp = exp((double)logp) - exp((double)logp_old);
+    static const double edges[] = {VKS_DPPO_MASK, -VKS_DPPO_MASK, VKS_IPO_THRESHOLD, -VKS_IPO_THRESHOLD};
+    for (int i = 0; i < 4; i++)
+        if (fabs(dp - edges[i]) < 1e-3) return true;
+    return false;
+}
+
 static grpo_inputs grpo_make(const loss_case *tc, uint64_t seed) {
     uint32_t R = tc->grpo.R;
     grpo_inputs in = {R, xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4)};
@@ -126,8 +134,10 @@ static grpo_inputs grpo_make(const loss_case *tc, uint64_t seed) {
     for (uint32_t r = 0; r < R; r++) {
         uint64_t kind = next_u64(&s);
         double lr = log_ratios[kind % 8] + uniform(&s, -0.02, 0.02);
-        in.logp[r] = (float)uniform(&s, -8.0, -0.01);
-        in.logp_old[r] = (float)(in.logp[r] - lr);
+        do { /* dppo_kl, ipo: p - p_old at least 1e-3 away from the masks' edges (+-0.2, +-0.1) */
+            in.logp[r] = (float)uniform(&s, -8.0, -0.01);
+            in.logp_old[r] = (float)(in.logp[r] - lr);
+        } while (near_mask_edge(in.logp[r], in.logp_old[r]));
         in.ref[r] = (float)(in.logp[r] + uniform(&s, -1.0, 1.0));
         int sign = (int)((kind >> 8) % 5); /* 0, 1: positive; 2, 3: negative; 4: zero */
         in.adv[r] = sign == 4 ? 0.0f : (float)(uniform(&s, 0.05, 2.5) * (sign < 2 ? 1 : -1));
@@ -179,7 +189,7 @@ static grpo_outputs gpu_grpo(const loss_case *tc, const grpo_inputs *in, const v
 static void grpo_outputs_free(grpo_outputs *o) { free(o->dlogp); free(o->loss); free(o->flags); }
 
 /* Counts of each flag and sign among the active rows: every branch must occur. */
-static void expect_branches_covered(const grpo_inputs *in, const uint32_t *flags) {
+static void expect_branches_covered(const grpo_inputs *in, const uint32_t *flags, vks_loss_type type) {
     uint32_t clipped = 0, capped = 0, plain = 0, masked = 0, pos = 0, neg = 0;
     for (uint32_t r = 0; r < in->R; r++) {
         if (in->weight[r] == 0.0f) { masked++; continue; }
@@ -192,13 +202,16 @@ static void expect_branches_covered(const grpo_inputs *in, const uint32_t *flags
     if (getenv("VKSWARM_TEST_VERBOSE"))
         fprintf(stderr, "  rows: %u clipped, %u capped, %u plain, %u masked, A>0 %u, A<0 %u\n", clipped, capped,
                 plain, masked, pos, neg);
-    if (in->R >= 67) assert_true(clipped && capped && plain && masked && pos && neg);
+    if (in->R >= 67) assert_true(clipped && (capped || type != VKS_LOSS_INTELLECT2) && plain && masked && pos && neg);
 }
 
 static void run_grpo(const loss_case *tc) {
     uint32_t R = tc->grpo.R;
     vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = tc->grpo.eps, .token_budget = tc->grpo.token_budget,
-                              .kl_beta = tc->grpo.kl_beta};
+                              .kl_beta = tc->grpo.kl_beta, .type = tc->grpo.type, .eps_low = VKS_DAPO_EPS_LOW,
+                              .eps_high = VKS_DAPO_EPS_HIGH, .mask_low = VKS_DPPO_MASK, .mask_high = VKS_DPPO_MASK,
+                              .adv_tau = 0.7, .kl_tau = 0.05};
+    if (h.type == VKS_LOSS_IPO) h.mask_low = h.mask_high = VKS_IPO_THRESHOLD;
     grpo_inputs in = grpo_make(tc, 0x5eed0000u + R);
     double *lp = to_double(in.logp, R), *old = to_double(in.logp_old, R), *adv = to_double(in.adv, R);
     double *w = to_double(in.weight, R), *ref = to_double(in.ref, R), *want_loss = xmalloc(R * sizeof *want_loss);
@@ -217,7 +230,7 @@ static void run_grpo(const loss_case *tc) {
                     want_flags[r], in.logp[r], in.logp_old[r], in.adv[r], in.weight[r]);
         assert_int_equal(out[0].flags[r], want_flags[r]);
     }
-    expect_branches_covered(&in, out[0].flags);
+    expect_branches_covered(&in, out[0].flags, h.type);
     expect_same_bits("dlogp", out[0].dlogp, out[1].dlogp, R * 4);
     expect_same_bits("loss rows", out[0].loss, out[1].loss, R * 4);
     expect_same_bits("flags", out[0].flags, out[1].flags, R * 4);
@@ -241,11 +254,22 @@ static void run_grpo_refusals(const loss_case *tc) {
     expect_arg_error(vks_op_grpo_loss(ops, c, &ok, 0, &h));
     expect_arg_error(vks_op_grpo_loss(ops, c, &ok, R, NULL));
     expect_arg_error(vks_op_grpo_loss(ops, c, NULL, R, &h));
-    vks_grpo_loss_params bad[] = {{4, 0.2, 0, 0, 0}, {4, 0.2, -1, 0, 0}, {4, 0.2, NAN, 0, 0}, {4, -0.1, 100, 0, 0},
-                                  {4, 1.0, 100, 0, 0}, {1.1, 0.2, 100, 0, 0}, {INFINITY, 0.2, 100, 0, 0}, {NAN, 0.2, 100, 0, 0},
-                                  {4, 0.2, 100, -0.1, 0},
-                                  {4, 0.2, 100, NAN, 0}, {4, 0.2, 100, INFINITY, 0},
-                                  {4, 0.2, 100, 0.1, 0}}; /* KL on without a ref_logp binding */
+    vks_grpo_loss_params bad[] = {
+        {.delta = 4, .eps = 0.2, .token_budget = 0}, {.delta = 4, .eps = 0.2, .token_budget = -1},
+        {.delta = 4, .eps = 0.2, .token_budget = NAN}, {.delta = 4, .eps = -0.1, .token_budget = 100},
+        {.delta = 4, .eps = 1.0, .token_budget = 100}, {.delta = 1.1, .eps = 0.2, .token_budget = 100},
+        {.delta = INFINITY, .eps = 0.2, .token_budget = 100}, {.delta = NAN, .eps = 0.2, .token_budget = 100},
+        {.delta = 4, .eps = 0.2, .token_budget = 100, .kl_beta = -0.1},
+        {.delta = 4, .eps = 0.2, .token_budget = 100, .kl_beta = NAN},
+        {.delta = 4, .eps = 0.2, .token_budget = 100, .kl_beta = INFINITY},
+        {.delta = 4, .eps = 0.2, .token_budget = 100, .kl_beta = 0.1}, /* KL on without a ref_logp binding */
+        {.token_budget = 100, .type = VKS_LOSS_DAPO, .eps_low = -0.1, .eps_high = 0.28},
+        {.token_budget = 100, .type = VKS_LOSS_CISPO, .eps_low = 1.5, .eps_high = 0.28},
+        {.token_budget = 100, .type = VKS_LOSS_CISPO, .eps_low = 0.2, .eps_high = NAN},
+        {.token_budget = 100, .type = VKS_LOSS_DPPO_KL, .mask_low = 0.2, .mask_high = 1.5},
+        {.token_budget = 100, .type = VKS_LOSS_IPO, .mask_low = -0.1, .mask_high = 0.1},
+        {.token_budget = 100, .type = VKS_LOSS_DPPO_KL, .mask_low = 0.2, .mask_high = 0.2, .kl_tau = -1},
+        {.token_budget = 100, .type = (vks_loss_type)VKS_LOSS_TYPE_COUNT}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_arg_error(vks_op_grpo_loss(ops, c, &ok, R, &bad[i]));
     vks_grpo_loss_rows r = ok;
     r.flags = bind(small); /* one value short */
@@ -282,7 +306,10 @@ static void run_grpo_refusals(const loss_case *tc) {
 /* ---- the table ---- */
 
 #define GRPO(n, R_, inplace, unit, eps_, budget, kl) \
-    {n, run_grpo, .grpo = {R_, inplace, unit, eps_, budget, kl}, .tol = 1e-5}
+    {n, run_grpo, .grpo = {R_, inplace, unit, eps_, budget, kl, VKS_LOSS_INTELLECT2}, .tol = 1e-5}
+/* the other loss types (their knobs: run_grpo; kl_tau 0.05 and adv_tau 0.7 so both count) */
+#define LOSS(n, type_, R_, inplace, unit, budget, kl) \
+    {n, run_grpo, .grpo = {R_, inplace, unit, 0.2, budget, kl, type_}, .tol = 1e-5}
 
 static const loss_case cases[] = {
     GRPO("grpo R=1", 1, false, true, 0.2, 1.0, 0),
@@ -295,6 +322,16 @@ static const loss_case cases[] = {
     GRPO("grpo R=7 kl", 7, false, true, 0.2, 8.0, 0.5),
     GRPO("grpo R=173 kl in place", 173, true, false, 0.2, 173.0, 0.04),
     GRPO("grpo R=4099 kl", 4099, false, false, 0.2, 1024.0, 0.1),
+    LOSS("dppo_kl R=1", VKS_LOSS_DPPO_KL, 1, false, true, 1.0, 0),
+    LOSS("dppo_kl R=173 weights", VKS_LOSS_DPPO_KL, 173, false, false, 173.0, 0),
+    LOSS("dppo_kl R=4099 kl in place", VKS_LOSS_DPPO_KL, 4099, true, false, 1024.0, 0.1),
+    LOSS("ipo R=173", VKS_LOSS_IPO, 173, false, true, 173.0, 0),
+    LOSS("ipo R=4099 weights", VKS_LOSS_IPO, 4099, false, false, 4096.0, 0),
+    LOSS("cispo R=7", VKS_LOSS_CISPO, 7, false, true, 8.0, 0),
+    LOSS("cispo R=4099 in place", VKS_LOSS_CISPO, 4099, true, false, 4096.0, 0),
+    LOSS("cispo R=173 kl", VKS_LOSS_CISPO, 173, false, false, 173.0, 0.04),
+    LOSS("dapo R=173", VKS_LOSS_DAPO, 173, false, true, 173.0, 0),
+    LOSS("dapo R=4099 weights kl", VKS_LOSS_DAPO, 4099, false, false, 1024.0, 0.1),
     {"grpo refusals", run_grpo_refusals, .tol = 0},
 };
 

@@ -1,6 +1,7 @@
 /* test_ref_grad.c: the float64 training reference (vks_ref_grad.h) against
  * central finite differences of its own forward, against the inference
- * reference ops (vks_ref.h), and AdamW/schedule against hand-computed values.
+ * reference ops (vks_ref.h), and AdamW/schedule and the RL loss of each type
+ * against hand-computed values.
  *
  * The whole-model reference (vks_ref_train.h) is checked the same way, every
  * entry of every named tensor against differences of the loss, on tiny random
@@ -711,6 +712,133 @@ static void test_clip_and_norm(void **state) {
     assert_true(vks_ref_clip_scale(50.0, 0.0) == 1.0); /* off */
 }
 
+/* ---- the RL loss of each type (vks_ref_grpo_loss) ---- */
+
+static vks_grpo_loss_params loss_of(vks_loss_type type, double kl_beta) {
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 37.0, .kl_beta = kl_beta,
+                              .type = type, .eps_low = VKS_DAPO_EPS_LOW, .eps_high = VKS_DAPO_EPS_HIGH,
+                              .mask_low = VKS_DPPO_MASK, .mask_high = VKS_DPPO_MASK, .adv_tau = 0.7, .kl_tau = 0.05};
+    if (type == VKS_LOSS_IPO) h.mask_low = h.mask_high = VKS_IPO_THRESHOLD;
+    return h;
+}
+
+typedef struct {
+    int R;
+    double *logp, *old, *adv, *w, *ref;
+    const vks_grpo_loss_params *h;
+} rl_loss_ctx;
+
+static double rl_loss_total(void *p) {
+    rl_loss_ctx *c = p;
+    double total = NAN;
+    assert_int_equal(vks_ref_grpo_loss(c->logp, c->old, c->adv, c->ref, c->w, c->R, c->h, NULL, NULL, &total, NULL), VKS_OK);
+    return total;
+}
+
+/* Every edge of a mask or clip at least 1e-3 away (the steps are 1e-5). */
+static bool near_an_edge(double logp, double old) {
+    double rho = exp(logp - old), dp = exp(logp) - exp(old);
+    const double ratio_edges[] = {1 - VKS_GRPO_EPS, 1 + VKS_GRPO_EPS, VKS_GRPO_DELTA, 1 - VKS_DAPO_EPS_LOW, 1 + VKS_DAPO_EPS_HIGH};
+    const double prob_edges[] = {VKS_DPPO_MASK, VKS_IPO_THRESHOLD};
+    for (int i = 0; i < 5; i++)
+        if (fabs(rho - ratio_edges[i]) < 1e-3) return true;
+    for (int i = 0; i < 2; i++)
+        if (fabs(fabs(dp) - prob_edges[i]) < 1e-3) return true;
+    return false;
+}
+
+/* d loss / d logp of every type, with and without the KL term, against
+ * central differences of the loss; cispo's coefficient is a constant of its
+ * gradient (stop-gradient), so its difference moves logp and logp_old
+ * together (the ratio, and so the coefficient, stays). Rows cover both sides
+ * of each type's clip or mask, advantages of both signs and zero, and masked
+ * rows (weight 0). */
+static void test_rl_loss_grad(void **state) {
+    (void)state;
+    enum { R = 64 };
+    static const double log_ratios[] = {-1.2, -0.4, -0.03, 0.03, 0.3, 0.9, 1.7};
+    for (int type = 0; type < VKS_LOSS_TYPE_COUNT; type++)
+        for (int k = 0; k < 2; k++) {
+            rng64 rng = {0xc0ffee00u + (uint64_t)type * 2 + (uint64_t)k};
+            double logp[R], old[R], adv[R], w[R], ref[R], grad[R] = {0};
+            for (int r = 0; r < R; r++) {
+                do {
+                    logp[r] = rng_uniform(&rng, -3.0, -0.05);
+                    old[r] = logp[r] - log_ratios[r % 7] - rng_uniform(&rng, -0.02, 0.02);
+                } while (near_an_edge(logp[r], old[r]));
+                adv[r] = r % 5 == 4 ? 0.0 : rng_uniform(&rng, 0.1, 2.0) * ((r / 7) % 2 ? -1 : 1);
+                w[r] = r % 11 == 10 ? 0.0 : rng_uniform(&rng, 0.5, 1.5);
+                ref[r] = logp[r] + rng_uniform(&rng, -1.0, 1.0);
+            }
+            vks_grpo_loss_params h = loss_of((vks_loss_type)type, k ? 0.3 : 0.0);
+            uint32_t flags[R];
+            assert_int_equal(vks_ref_grpo_loss(logp, old, adv, ref, w, R, &h, NULL, flags, NULL, grad), VKS_OK);
+            int in = 0, out = 0;
+            for (int r = 0; r < R; r++)
+                if (w[r] != 0 && adv[r] != 0) *(flags[r] & VKS_GRPO_CLIPPED ? &out : &in) += 1;
+            assert_true(in > 4 && out > 4); /* both sides of the clip or mask are tested */
+            rl_loss_ctx c = {R, logp, old, adv, w, ref, &h};
+            double err = 0;
+            for (int r = 0; r < R; r++) {
+                double saved = logp[r], saved_old = old[r], lp, lm;
+                bool joint = type == VKS_LOSS_CISPO;
+                logp[r] = saved + FD_STEP, old[r] = joint ? saved_old + FD_STEP : saved_old;
+                lp = rl_loss_total(&c);
+                logp[r] = saved - FD_STEP, old[r] = joint ? saved_old - FD_STEP : saved_old;
+                lm = rl_loss_total(&c);
+                logp[r] = saved, old[r] = saved_old;
+                err = fmax(err, fabs((lp - lm) / (2 * FD_STEP) - grad[r]));
+            }
+            double gmax = 0;
+            for (int r = 0; r < R; r++) gmax = fmax(gmax, fabs(grad[r]));
+            fprintf(stderr, "%s%s: %d rows in the trust region, %d out; gradient error %.3g of %.3g\n",
+                    vks_loss_type_name(h.type), k ? " + kl" : "", in, out, err, gmax);
+            assert_true(gmax > 1e-3);
+            if (!(err <= GRAD_RTOL * gmax + GRAD_ATOL))
+                fail_msg("%s: gradient vs finite differences: error %.3g", vks_loss_type_name(h.type), err);
+        }
+}
+
+/* One row of each type by hand (w 1, budget 1, adv_tau 1, kl_tau 1e-3):
+ * logp = log 0.5 against logp_old = log 0.1 (ratio 5, p - p_old = 0.4) or
+ * log 0.25 (ratio 2, 0.25). */
+static void test_rl_loss_known(void **state) {
+    (void)state;
+    const double l5 = log(5.0);
+    struct { vks_loss_type type; double old, adv, term, grad; uint32_t flags; } rows[] = {
+        /* intellect2: capped at 4, the plain term -4 A is larger for A < 0: no gradient through the cap */
+        {VKS_LOSS_INTELLECT2, 0.1, -1.0, 4.0, 0.0, VKS_GRPO_CAPPED},
+        /* intellect2, A > 0: the clipped term -1.2 wins */
+        {VKS_LOSS_INTELLECT2, 0.1, 1.0, -1.2, 0.0, VKS_GRPO_CLIPPED | VKS_GRPO_CAPPED},
+        /* dppo_kl: p rose by 0.4 > 0.2 with A > 0: masked, only the KL term */
+        {VKS_LOSS_DPPO_KL, 0.1, 1.0, 1e-3 * l5 * l5, 2e-3 * l5, VKS_GRPO_CLIPPED},
+        /* dppo_kl, A < 0: a rise is not the advantage's direction: kept, -A rho = 5 */
+        {VKS_LOSS_DPPO_KL, 0.1, -1.0, 5.0 + 1e-3 * l5 * l5, 5.0 + 2e-3 * l5, 0},
+        /* ipo: |0.4| > 0.1 masks either way */
+        {VKS_LOSS_IPO, 0.1, -1.0, 1e-3 * l5 * l5, 2e-3 * l5, VKS_GRPO_CLIPPED},
+        /* cispo: ratio 2 clipped to 1.28: -1.28 A log 0.5, gradient -1.28 A */
+        {VKS_LOSS_CISPO, 0.25, 1.0, -1.28 * log(0.5), -1.28, VKS_GRPO_CLIPPED},
+        /* dapo, A > 0: clipped at 1.28 (no gradient); A < 0: the plain 2 (gradient 2) */
+        {VKS_LOSS_DAPO, 0.25, 1.0, -1.28, 0.0, VKS_GRPO_CLIPPED},
+        {VKS_LOSS_DAPO, 0.25, -1.0, 2.0, 2.0, 0},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        vks_grpo_loss_params h = loss_of(rows[i].type, 0.0);
+        h.token_budget = 1.0, h.adv_tau = 1.0, h.kl_tau = 1e-3;
+        if (h.type == VKS_LOSS_IPO) h.mask_low = h.mask_high = VKS_IPO_THRESHOLD;
+        double logp = log(0.5), old = log(rows[i].old), term = NAN, grad = 0;
+        uint32_t flags = 99;
+        assert_int_equal(vks_ref_grpo_loss(&logp, &old, &rows[i].adv, NULL, NULL, 1, &h, &term, &flags, NULL, &grad), VKS_OK);
+        if (fabs(term - rows[i].term) > 1e-12 || fabs(grad - rows[i].grad) > 1e-12 || flags != rows[i].flags)
+            fail_msg("row %zu (%s): loss %.15g grad %.15g flags %u, want %.15g %.15g %u", i, vks_loss_type_name(h.type),
+                     term, grad, flags, rows[i].term, rows[i].grad, rows[i].flags);
+    }
+    vks_grpo_loss_params bad = loss_of(VKS_LOSS_DPPO_KL, 0.0);
+    bad.mask_high = 2.0;
+    double x = -1, y = -1, a = 1;
+    assert_int_equal(vks_ref_grpo_loss(&x, &y, &a, NULL, NULL, 1, &bad, NULL, NULL, NULL, NULL), VKS_ERR_ARG);
+}
+
 static void test_lr_schedule(void **state) {
     (void)state;
     const vks_lr_schedule constant = {.lr = 1e-3, .warmup_steps = 10};
@@ -1068,6 +1196,8 @@ int main(void) {
         cmocka_unit_test(test_adamw_multi_step),
         cmocka_unit_test(test_clip_and_norm),
         cmocka_unit_test(test_lr_schedule),
+        cmocka_unit_test(test_rl_loss_grad),
+        cmocka_unit_test(test_rl_loss_known),
         cmocka_unit_test(test_train_logits_match_ref_forward),
         cmocka_unit_test(test_train_grad_every_tensor),
         cmocka_unit_test(test_train_grad_entropy),

@@ -222,9 +222,10 @@ int vks_op_token_logprob_entropy_backward(vks_ops *o, vks_cmd *c, vks_binding lo
                                           vks_binding dlogp, vks_binding dentropy, vks_binding dlogits,
                                           vks_binding entropy, uint32_t R, uint32_t V, bool accumulate);
 
-/* ==== loss ops: the GRPO loss (src/gpu/ops_grad_loss.c, shaders/grpo_loss.comp) ====
- * INTELLECT-2's GRPO loss per row, vks_ref_grpo_loss in f32 (the definition,
- * the flags and the parameters are there), one invocation per row: every
+/* ==== loss ops: the RL loss (src/gpu/ops_grad_loss.c, shaders/grpo_loss.comp) ====
+ * The RL loss of h->type per row (intellect2, dppo_kl, ipo, cispo, dapo),
+ * vks_ref_grpo_loss in f32 (the definitions, the flags and the parameters are
+ * there; h must pass vks_grpo_loss_params_ok), one invocation per row: every
  * output is OVERWRITTEN (dlogp is the gradient the trainer's backward starts
  * from, not a sum). Rows with weight 0 get dlogp 0, loss 0 and flags 0 and
  * their other inputs are not read. Bindings of R 4-byte values each; dlogp

@@ -94,25 +94,36 @@ int vks_ref_token_entropy_forward(const double *logits, int R, int V, double *en
  * has dentropy[r] = -c w_r / budget: dlogits += c w_r p_j (log p_j + H_r) / budget. */
 int vks_ref_token_entropy_backward(const double *logits, int R, int V, const double *dentropy, double *dlogits);
 
-/* ---- GRPO loss (INTELLECT-2's variant) on the log-probabilities ----
- * Per row r with weight w[r] != 0 (a completion token; 0 masks the row):
- *   rho = exp(logp - logp_old), c = min(rho, delta)            (ratio capped at delta)
- *   loss_r = w[r] * max(-c A, -clip(c, 1 - eps, 1 + eps) A) / token_budget
- * summed over rows: divided by a fixed token budget per step, not averaged
- * per sequence. The row is "clipped" when the clipped term is strictly the
- * larger one: its gradient is then 0 (the clipped value is a constant). Else
- * d loss_r / d logp = -w[r] A dc/dlogp / token_budget, with dc/dlogp = rho
- * where rho < delta and 0 where the cap holds (rho >= delta).
+/* ---- the RL loss on the log-probabilities (h->type picks the policy term) ----
+ * Per row r with weight w[r] != 0 (a completion token; 0 masks the row),
+ * x = logp - logp_old, rho = exp(x), A the row's advantage:
+ *   loss_r = w[r] * P(row) / token_budget
+ * summed over rows (the normaliser is the caller's: a fixed token budget per
+ * step by default). The policy term P and its d/dlogp, by type:
+ * - intellect2 (INTELLECT-2): c = min(rho, delta) (ratio capped at delta),
+ *     P = max(-c A, -clip(c, 1 - eps, 1 + eps) A). The row is "clipped" when
+ *     the clipped term is strictly the larger one: its gradient is then 0 (the
+ *     clipped value is a constant); else dP = -A dc, with dc = rho where
+ *     rho < delta and 0 where the cap holds (flag CAPPED).
+ * - dapo (DAPO's clip-higher): the same without a cap, clip(rho, 1 - eps_low,
+ *     1 + eps_high).
+ * - cispo (MiniMax-M1): c = clip(rho, 1 - eps_low, 1 + eps_high) held constant,
+ *     P = -c A logp, dP = -c A; "clipped" when c != rho (the gradient flows).
+ * - dppo_kl (prime-rl's default): dp = exp(logp) - exp(logp_old); masked
+ *     when A > 0 and dp > mask_high, or A <= 0 and dp < -mask_low;
+ *     P = -[not masked] adv_tau A rho + kl_tau x^2, dP = -[not masked] adv_tau A rho + 2 kl_tau x.
+ * - ipo (prime-rl's): the same, masked when dp > mask_high or dp < -mask_low
+ *     whatever A's sign.
  * Optional KL penalty to a reference model (kl_beta > 0; off by default), the
- * k3 estimator on the sampled token, x = ref_logp - logp:
- *   loss_r += w[r] kl_beta (exp(x) - x - 1) / token_budget   (>= 0, 0 at x = 0)
- *   d/dlogp += w[r] kl_beta (1 - exp(x)) / token_budget       (also on clipped rows) */
+ * k3 estimator on the sampled token, y = ref_logp - logp:
+ *   loss_r += w[r] kl_beta (exp(y) - y - 1) / token_budget   (>= 0, 0 at y = 0)
+ *   d/dlogp += w[r] kl_beta (1 - exp(y)) / token_budget       (also on clipped rows) */
 /* (its parameters and row flags: vks_grpo_loss_params, VKS_GRPO_*, vks_train_types.h) */
 /* ref_logp (the reference model's log-probability of each row's target) may
  * be NULL when kl_beta is 0. loss_rows[r] (may be NULL) gets loss_r (0 on masked rows), flags[r] (may be
  * NULL) the VKS_GRPO_* flags (0 on masked rows), *loss (may be NULL) the sum
  * in row order; dlogp (may be NULL) ACCUMULATES d loss / d logp. weight NULL:
- * 1 for every row. delta >= 1 + eps, 0 <= eps < 1, token_budget > 0. */
+ * 1 for every row. h must pass vks_grpo_loss_params_ok. */
 int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
                       const double *weight, int R, const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags, double *loss,
                       double *dlogp);

@@ -1,19 +1,33 @@
-/* vks_train_types.h: plain types of training, without functions: the GRPO
- * loss's and AdamW's parameters, the learning-rate schedule and a position in
- * the SFT data. Here, at the bottom (src/core), so that the GPU ops, the
- * checkpoints (src/model), the reference (src/ref) and the runs (src/engine,
- * src/rl) share them without depending on each other. What they mean:
- * vks_ref_grad.h (vks_ref_grpo_loss, vks_ref_adamw_step, vks_ref_lr_at) and
- * vks_sft_data.h (the batcher). */
+/* vks_train_types.h: plain types of training: the RL loss's and AdamW's
+ * parameters, the learning-rate schedule and a position in the SFT data, and
+ * the one check of the loss's parameters (src/core/loss_params.c). Here, at
+ * the bottom (src/core), so that the GPU ops, the checkpoints (src/model), the
+ * reference (src/ref) and the runs (src/engine, src/rl) share them without
+ * depending on each other. What they mean: vks_ref_grad.h (vks_ref_grpo_loss,
+ * vks_ref_adamw_step, vks_ref_lr_at) and vks_sft_data.h (the batcher). */
 #ifndef VKS_TRAIN_TYPES_H
 #define VKS_TRAIN_TYPES_H
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-/* The GRPO loss (vks_ref_grpo_loss, vks_op_grpo_loss). */
+/* The policy loss's kinds (vks_ref_grpo_loss defines each; docs/rl.md "RL losses"). */
+typedef enum {
+    VKS_LOSS_INTELLECT2 = 0, /* INTELLECT-2's GRPO: ratio capped at delta, clipped to [1 - eps, 1 + eps] (the default) */
+    VKS_LOSS_DPPO_KL,        /* prime-rl's default: A rho unclipped, masked where the probability moved too far in
+                              * the advantage's direction, plus kl_tau (logp - logp_old)^2 */
+    VKS_LOSS_IPO,            /* prime-rl's ipo: the same, masked where |p - p_old| > the threshold either way */
+    VKS_LOSS_CISPO,          /* MiniMax-M1's CISPO: the clipped ratio as a detached coefficient of A logp */
+    VKS_LOSS_DAPO,           /* DAPO: PPO's clip with clip-higher, [1 - eps_low, 1 + eps_high], no cap */
+    VKS_LOSS_TYPE_COUNT
+} vks_loss_type;
+
+/* The RL loss (vks_ref_grpo_loss, vks_op_grpo_loss). Fields after entropy_coef
+ * are read by the loss types that name them; zero-initialised, they give
+ * INTELLECT-2's loss (type 0). */
 typedef struct {
-    double delta;        /* ratio cap: 4 */
-    double eps;          /* clip range: 0.2 */
+    double delta;        /* intellect2: ratio cap: 4 */
+    double eps;          /* intellect2: clip range: 0.2 */
     double token_budget; /* the step's fixed normaliser (> 0) */
     double kl_beta;      /* KL penalty weight, >= 0; 0: off (ref_logp not read) */
     /* Entropy bonus weight c, >= 0; 0: off. The term -c w[r] H_r / token_budget
@@ -22,12 +36,33 @@ typedef struct {
      * adds it in the token log-probability backward; vks_ref_grpo_loss and
      * vks_op_grpo_loss ignore it (vks_ref_token_entropy_backward is its reference). */
     double entropy_coef;
+    vks_loss_type type;
+    double eps_low, eps_high;   /* dapo, cispo: the ratio (cispo: its coefficient) is clipped to [1 - eps_low, 1 + eps_high] */
+    double mask_low, mask_high; /* dppo_kl: masked where p - p_old < -mask_low (A <= 0) or > mask_high (A > 0);
+                                 * ipo: where it is < -mask_low or > mask_high (both set to the threshold) */
+    double adv_tau, kl_tau;     /* dppo_kl, ipo: the advantage's scale and the squared log-ratio's weight */
 } vks_grpo_loss_params;
+/* prime-rl's and the papers' defaults */
+#define VKS_DAPO_EPS_LOW 0.2
+#define VKS_DAPO_EPS_HIGH 0.28
+#define VKS_DPPO_MASK 0.2
+#define VKS_IPO_THRESHOLD 0.1
+#define VKS_DPPO_KL_TAU 1e-3
+
+/* Whether h is a valid loss: the type's own parameters in range, token_budget
+ * > 0 (also as a float), kl_beta >= 0. When not, why (may be NULL) gets a
+ * sentence naming the parameter. */
+bool vks_grpo_loss_params_ok(const vks_grpo_loss_params *h, char *why, size_t cap);
+/* "intellect2", "dppo_kl", "ipo", "cispo", "dapo"; NULL for another value. */
+const char *vks_loss_type_name(vks_loss_type t);
+/* The type named s; false when s names none. */
+bool vks_loss_type_parse(const char *s, vks_loss_type *t);
 #define VKS_GRPO_DELTA 4.0
 #define VKS_GRPO_EPS 0.2
 /* Per-row flags of the loss (vks_ref_grpo_loss, vks_op_grpo_loss). */
-#define VKS_GRPO_CLIPPED 1u /* the clipped term is active: no gradient */
-#define VKS_GRPO_CAPPED 2u  /* rho >= delta: the ratio was capped */
+#define VKS_GRPO_CLIPPED 1u /* the row left its trust region: intellect2, dapo: the clipped term is active (no
+                             * gradient); dppo_kl, ipo: masked (no policy gradient); cispo: the coefficient clipped */
+#define VKS_GRPO_CAPPED 2u  /* intellect2: rho >= delta: the ratio was capped */
 
 typedef struct {
     double lr;           /* this step's learning rate (see vks_ref_lr_at) */

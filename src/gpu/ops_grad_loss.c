@@ -1,16 +1,10 @@
 /* ops_grad_loss.c: records the RL losses on the device (vks_ops_grad.h,
- * "loss ops"): the GRPO loss and its gradient with respect to each row's
+ * "loss ops"): the RL loss of each type and its gradient with respect to each row's
  * log-probability, written where the trainer's backward reads it. */
 #include "ops_internal.h"
 #include "vkswarm/vks_ops_grad.h"
 
 #include <math.h>
-
-static bool grpo_params_ok(const vks_grpo_loss_params *h) {
-    return h && h->eps >= 0.0 && h->eps < 1.0 && isfinite(h->delta) && h->delta >= 1.0 + h->eps &&
-           isfinite(h->token_budget) && h->token_budget > 0.0 && (float)h->token_budget > 0.0f &&
-           isfinite(h->kl_beta) && h->kl_beta >= 0.0;
-}
 
 enum { N_GRPO = 8, GRPO_REF = 4, GRPO_DLOGP = 5 }; /* bindings; ref_logp; the first output */
 
@@ -32,20 +26,32 @@ static int check_grpo(const char *op, const vks_binding *b, uint32_t R, bool kl)
     return VKS_OK;
 }
 
+/* The kernel's lo, hi: the ratio's bounds, or the probability masks. */
+static void bounds(const vks_grpo_loss_params *h, float *lo, float *hi) {
+    switch (h->type) {
+    case VKS_LOSS_INTELLECT2: *lo = (float)(1.0 - h->eps), *hi = (float)(1.0 + h->eps); break;
+    case VKS_LOSS_DAPO:
+    case VKS_LOSS_CISPO: *lo = (float)(1.0 - h->eps_low), *hi = (float)(1.0 + h->eps_high); break;
+    default: *lo = (float)h->mask_low, *hi = (float)h->mask_high; break;
+    }
+}
+
 int vks_op_grpo_loss(vks_ops *o, vks_cmd *c, const vks_grpo_loss_rows *rows, uint32_t R,
                      const vks_grpo_loss_params *h) {
     const char *op = "grpo_loss";
-    if (!o || !c || !rows || !R || !grpo_params_ok(h))
-        return vks_set_error(VKS_ERR_ARG, "%s: bad arguments (R=%u; needs 0 <= eps < 1, delta >= 1 + eps, "
-                             "token_budget > 0, kl_beta >= 0)", op, R);
+    char why[128] = "";
+    if (!o || !c || !rows || !R || !vks_grpo_loss_params_ok(h, why, sizeof why))
+        return vks_set_error(VKS_ERR_ARG, "%s: bad arguments (R=%u%s%s)", op, R, why[0] ? "; " : "", why);
     bool kl = h->kl_beta != 0.0;
     vks_binding b[N_GRPO] = {rows->logp, rows->logp_old, rows->advantage, rows->weight, rows->ref_logp,
                              rows->dlogp, rows->loss_rows, rows->flags};
     int rc = check_grpo(op, b, R, kl);
     if (rc) return rc;
     if (!kl) b[GRPO_REF] = rows->logp; /* not read: logp stands in for a binding that may be unset */
-    struct { uint32_t R; float delta, lo, hi, token_budget, kl_beta; } push = {
-        R, (float)h->delta, (float)(1.0 - h->eps), (float)(1.0 + h->eps), (float)h->token_budget, (float)h->kl_beta};
+    struct { uint32_t R, type; float delta, lo, hi, token_budget, kl_beta, adv_tau, kl_tau; } push = {
+        R, (uint32_t)h->type, (float)h->delta, 0, 0, (float)h->token_budget, (float)h->kl_beta, (float)h->adv_tau,
+        (float)h->kl_tau};
+    bounds(h, &push.lo, &push.hi);
     uint32_t spec[] = {o->wg_elementwise};
     return vks_ops_dispatch(o, c, "grpo_loss", spec, 1, b, N_GRPO, &push, sizeof push,
                             ceil_div(R, o->wg_elementwise), op);

@@ -353,32 +353,60 @@ int vks_ref_token_entropy_backward(const double *logits, int R, int V, const dou
     return VKS_OK;
 }
 
-/* ---- GRPO loss ---- */
-
-static bool grpo_params_ok(const vks_grpo_loss_params *h) {
-    return h && h->eps >= 0.0 && h->eps < 1.0 && h->delta >= 1.0 + h->eps && isfinite(h->delta) &&
-           h->token_budget > 0.0 && isfinite(h->token_budget) && h->kl_beta >= 0.0 && isfinite(h->kl_beta);
-}
+/* ---- the RL loss ---- */
 
 static double clamp(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+/* One live row's policy term w P and its d/dlogp w dP, before the budget:
+ * x = logp - logp_old, a the advantage, w the weight (vks_ref_grad.h defines
+ * P for each type). */
+typedef struct { double term, grad; uint32_t flags; } policy_row;
+
+static policy_row clipped_ratio(double rho, double a, double w, double cap, double lo, double hi) {
+    policy_row p = {0};
+    double c = fmin(rho, cap), dc = rho < cap ? rho : 0.0;
+    double plain = -c * a, clipped = -clamp(c, lo, hi) * a;
+    if (rho >= cap) p.flags |= VKS_GRPO_CAPPED;
+    if (clipped > plain) p.flags |= VKS_GRPO_CLIPPED;
+    p.term = w * fmax(plain, clipped);
+    p.grad = (p.flags & VKS_GRPO_CLIPPED) ? 0.0 : -w * a * dc;
+    return p;
+}
+
+static policy_row policy_term(const vks_grpo_loss_params *h, double logp, double logp_old, double a, double w) {
+    double x = logp - logp_old, rho = exp(x);
+    switch (h->type) {
+    case VKS_LOSS_INTELLECT2: return clipped_ratio(rho, a, w, h->delta, 1.0 - h->eps, 1.0 + h->eps);
+    case VKS_LOSS_DAPO: return clipped_ratio(rho, a, w, INFINITY, 1.0 - h->eps_low, 1.0 + h->eps_high);
+    case VKS_LOSS_CISPO: { /* c is a constant of the gradient (stop-gradient) */
+        double c = clamp(rho, 1.0 - h->eps_low, 1.0 + h->eps_high);
+        return (policy_row){w * (-c * a * logp), w * (-c * a), c != rho ? VKS_GRPO_CLIPPED : 0u};
+    }
+    default: { /* dppo_kl, ipo: the mask is a constant of the gradient */
+        double dp = exp(logp) - exp(logp_old);
+        bool high = dp > h->mask_high, low = dp < -h->mask_low;
+        bool masked = h->type == VKS_LOSS_IPO ? high || low : a > 0.0 ? high : low;
+        double pg = masked ? 0.0 : -h->adv_tau * a * rho;
+        return (policy_row){w * (pg + h->kl_tau * x * x), w * (pg + 2.0 * h->kl_tau * x), masked ? VKS_GRPO_CLIPPED : 0u};
+    }
+    }
+}
 
 int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
                       const double *weight, int R, const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags,
                       double *loss, double *dlogp) {
-    if (!logp || !logp_old || !advantage || R <= 0 || !grpo_params_ok(h) || (h->kl_beta != 0.0 && !ref_logp))
+    if (!logp || !logp_old || !advantage || R <= 0 || !vks_grpo_loss_params_ok(h, NULL, 0) ||
+        (h->kl_beta != 0.0 && !ref_logp))
         return bad_args("vks_ref_grpo_loss");
     double total = 0.0;
     for (int r = 0; r < R; r++) {
         double w = weight ? weight[r] : 1.0, term = 0.0, grad = 0.0;
         uint32_t f = 0;
         if (w != 0.0) {
-            double a = advantage[r], rho = exp(logp[r] - logp_old[r]);
-            double c = fmin(rho, h->delta), dc = rho < h->delta ? rho : 0.0;
-            double plain = -c * a, clipped = -clamp(c, 1.0 - h->eps, 1.0 + h->eps) * a;
-            if (rho >= h->delta) f |= VKS_GRPO_CAPPED;
-            if (clipped > plain) f |= VKS_GRPO_CLIPPED;
-            term = w * fmax(plain, clipped) / h->token_budget;
-            grad = (f & VKS_GRPO_CLIPPED) ? 0.0 : -w * a * dc / h->token_budget;
+            policy_row p = policy_term(h, logp[r], logp_old[r], advantage[r], w);
+            f = p.flags;
+            term = p.term / h->token_budget;
+            grad = p.grad / h->token_budget;
             if (h->kl_beta != 0.0) {
                 double x = ref_logp[r] - logp[r], e = exp(x);
                 term += w * h->kl_beta * (e - x - 1.0) / h->token_budget;
