@@ -407,7 +407,7 @@ static int regroup(ver_state *v, int origin, int64_t batch, vks_rl_batch_group *
             vks_rl_group_free(g);
             continue;
         }
-        int rc = vks_grpo_advantages(r, 1, kept, adv);
+        int rc = vks_grpo_advantages(r, 1, kept, v->o->config->advantage, adv);
         if (rc) return rc;
         for (int i = 0; i < kept; i++) g->samples[i].advantage = adv[i];
     }

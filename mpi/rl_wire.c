@@ -143,7 +143,7 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
         /* the advantages must be the group's own (a rank cannot inflate them) */
         /* (a verifier rank filters what is left after its verdicts) */
         if (!unverified && !vks_grpo_group_has_signal(rewards, wg.n)) BAD("group %d has no signal", p);
-        if (vks_grpo_advantages(rewards, 1, wg.n, adv)) BAD("group %d: %s", p, vks_last_error());
+        if (vks_grpo_advantages(rewards, 1, wg.n, c->advantage, adv)) BAD("group %d: %s", p, vks_last_error());
         for (int i = 0; i < wg.n; i++)
             if (fabs(adv[i] - g->samples[i].advantage) > 1e-9 * (1 + fabs(adv[i])))
                 BAD("group %d, completion %d: advantage %g, its rewards give %g", p, i, g->samples[i].advantage, adv[i]);

@@ -42,7 +42,7 @@ static void test_advantages(void **state) {
      * group 1: all equal; group 2: {0, 1}: population std 0.5 (sample: 0.707) */
     double r[] = {1, 0, 0, 1, 0.3, 0.3, 0.3, 0.3, 0, 1, 0, 1};
     double a[12];
-    assert_int_equal(vks_grpo_advantages(r, 3, 4, a), VKS_OK);
+    assert_int_equal(vks_grpo_advantages(r, 3, 4, VKS_ADVANTAGE_GROUP_STD, a), VKS_OK);
     double unit = 0.5 / (0.5 + 1e-6);
     double want[] = {unit, -unit, -unit, unit, 0, 0, 0, 0, -unit, unit, -unit, unit};
     for (int i = 0; i < 12; i++) assert_true(fabs(a[i] - want[i]) < 1e-12);
@@ -51,12 +51,19 @@ static void test_advantages(void **state) {
     assert_true(vks_grpo_group_has_signal(r + 8, 4));
     assert_false(vks_grpo_group_has_signal(r, 1)); /* one completion: nothing to compare */
     double r3[] = {2.0, -1.0, 0.5};              /* mean 0.5, std sqrt(1.5) */
-    assert_int_equal(vks_grpo_advantages(r3, 1, 3, a), VKS_OK);
+    assert_int_equal(vks_grpo_advantages(r3, 1, 3, VKS_ADVANTAGE_GROUP_STD, a), VKS_OK);
     assert_true(fabs(a[0] - 1.5 / (sqrt(1.5) + 1e-6)) < 1e-12 && fabs(a[2]) < 1e-12);
     double bad[] = {0, NAN};
-    assert_int_equal(vks_grpo_advantages(bad, 1, 2, a), VKS_ERR_ARG);
-    assert_int_equal(vks_grpo_advantages(r, 0, 4, a), VKS_ERR_ARG);
-    assert_int_equal(vks_grpo_advantages(r, 1, 0, a), VKS_ERR_ARG);
+    assert_int_equal(vks_grpo_advantages(bad, 1, 2, VKS_ADVANTAGE_GROUP_STD, a), VKS_ERR_ARG);
+    assert_int_equal(vks_grpo_advantages(r, 0, 4, VKS_ADVANTAGE_GROUP_STD, a), VKS_ERR_ARG);
+    assert_int_equal(vks_grpo_advantages(r, 1, 0, VKS_ADVANTAGE_GROUP_STD, a), VKS_ERR_ARG);
+    /* group_mean (Dr. GRPO): r - mean, no division; a flat group still 0 */
+    assert_int_equal(vks_grpo_advantages(r, 3, 4, VKS_ADVANTAGE_GROUP_MEAN, a), VKS_OK);
+    double centred[] = {0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, -0.5, 0.5, -0.5, 0.5};
+    for (int i = 0; i < 12; i++) assert_true(fabs(a[i] - centred[i]) < 1e-15);
+    assert_int_equal(vks_grpo_advantages(r3, 1, 3, VKS_ADVANTAGE_GROUP_MEAN, a), VKS_OK);
+    assert_true(fabs(a[0] - 1.5) < 1e-15 && fabs(a[1] + 1.5) < 1e-15 && fabs(a[2]) < 1e-15);
+    assert_int_equal(vks_grpo_advantages(r3, 1, 3, (vks_advantage_type)2, a), VKS_ERR_ARG);
 }
 
 static void test_sequence_rows(void **state) {
@@ -130,7 +137,7 @@ static void make_group(group_batch *g, const int *completion_lens, const double 
                        uint64_t seed) {
     memset(g, 0, sizeof *g);
     double adv[8];
-    assert_int_equal(vks_grpo_advantages(rewards, 1, G, adv), VKS_OK);
+    assert_int_equal(vks_grpo_advantages(rewards, 1, G, VKS_ADVANTAGE_GROUP_STD, adv), VKS_OK);
     int32_t prompt[PROMPT];
     uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
     for (int i = 0; i < PROMPT; i++) {

@@ -601,6 +601,42 @@ static void test_off_policy_kept(void **state) {
     vks_tokenizer_free(sharp_tok);
 }
 
+/* The configured loss and advantage reach the trainer: one synchronous step
+ * over the same rollouts (same seed; k = 0, so logp_old is the trainer's own
+ * up to f32 rounding and every ratio is 1). There dppo_kl and dapo give
+ * intellect2's loss, -sum w A / budget (dppo_kl's kl_tau x^2 is ~1e-12);
+ * cispo's is -sum w A logp / budget, another value; group_mean's advantages
+ * are not divided by the group's std, so its loss is another too. */
+static void test_loss_types_run(void **state) {
+    (void)state;
+    static const char *const sets[][2] = {{"loss.type=intellect2", NULL}, {"loss.type=dppo_kl", NULL},
+                                          {"loss.type=dapo", NULL},       {"loss.type=cispo", NULL},
+                                          {"loss.type=intellect2", "advantage.type=group_mean"}};
+    double loss[5];
+    for (int i = 0; i < 5; i++) {
+        vks_rl_config c;
+        char out[600];
+        snprintf(out, sizeof out, "%s/rl-loss-%d", tu_tmpdir(), i);
+        small_config(&c, out, 1, 0);
+        assert_int_equal(vks_rl_config_set(&c, sets[i][0]), VKS_OK);
+        if (sets[i][1]) assert_int_equal(vks_rl_config_set(&c, sets[i][1]), VKS_OK);
+        assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+        progress_log log = {0};
+        vks_rl_run_options o = options(&c, &log);
+        vks_rl_result r;
+        if (vks_rl_run(&o, &r)) fail_msg("%s", vks_last_error());
+        assert_int_equal(log.n, 1);
+        loss[i] = log.p[0].loss;
+        fprintf(stderr, "%s%s%s: step 1 loss %.9g, clipped or masked %.3f\n", sets[i][0], sets[i][1] ? " " : "",
+                sets[i][1] ? sets[i][1] : "", loss[i], log.p[0].clip_fraction);
+        assert_true(isfinite(loss[i]) && log.p[0].clip_fraction == 0.0); /* ratio 1: inside every trust region */
+    }
+    double scale = fabs(loss[0]) + 1e-9;
+    assert_true(scale > 1e-6); /* the premise: a loss to compare */
+    assert_true(fabs(loss[1] - loss[0]) <= 1e-5 * scale && fabs(loss[2] - loss[0]) <= 1e-5 * scale);
+    assert_true(fabs(loss[3] - loss[0]) > 0.1 * scale && fabs(loss[4] - loss[0]) > 0.01 * scale);
+}
+
 /* The trainer's last versions (src/rl/rl_versions.c): the newest cap are
  * held, a new one takes an empty slot or the oldest version's, a version
  * put again keeps its block, a forgotten one is not held; cap 0 holds none. */
@@ -1280,6 +1316,7 @@ int main(void) {
                                        cmocka_unit_test(test_group_queue), cmocka_unit_test(test_heldout_accuracy),
                                        cmocka_unit_test(test_clean_stop), cmocka_unit_test(test_report_escapes),
                                        cmocka_unit_test(test_lora_run), cmocka_unit_test(test_off_policy_kept),
+                                       cmocka_unit_test(test_loss_types_run),
                                        cmocka_unit_test(test_versions_ring), cmocka_unit_test(test_report_in_browser),
                                        cmocka_unit_test(test_sft_loss_window), cmocka_unit_test(test_code_task_run),
                                        cmocka_unit_test(test_program_task_run)};

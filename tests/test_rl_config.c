@@ -278,6 +278,81 @@ static void test_lora_block(void **state) {
     assert_int_equal(vks_rl_config_check(&c, 4), VKS_OK);
 }
 
+/* "loss" and "advantage": the type and knobs from a file or --set; bad values
+ * named; stored only when not the default (intellect2 runs' stored configs are
+ * as before) and round-tripped exactly; the loss's own checks at
+ * vks_rl_config_check; the trainer's parameters (ipo's threshold is both masks);
+ * a resume with another loss needs --override. */
+static void test_loss_block(void **state) {
+    (void)state;
+    vks_rl_config c, back;
+    vks_rl_config_defaults(&c);
+    char *text = vks_rl_config_to_json(&c);
+    assert_null(strstr(text, "loss"));
+    assert_null(strstr(text, "advantage"));
+    free(text);
+    vks_grpo_loss_params h;
+    vks_rl_loss_params(&c, 100, &h);
+    assert_true(h.type == VKS_LOSS_INTELLECT2 && h.delta == 4 && h.eps == 0.2 && h.token_budget == 100);
+    assert_int_equal(load_text(&c, "{\"loss\": {\"type\": \"dppo_kl\", \"kl_tau\": 0.002}, "
+                                   "\"advantage\": {\"type\": \"group_mean\"}}"), VKS_OK);
+    assert_true(c.loss.type == VKS_LOSS_DPPO_KL && c.loss.kl_tau == 0.002 && c.advantage == VKS_ADVANTAGE_GROUP_MEAN);
+    assert_true(vks_rl_config_given(&c, "loss") && vks_rl_config_given(&c, "advantage"));
+    assert_int_equal(vks_rl_config_set(&c, "loss.dppo_mask_high=0.28"), VKS_OK);
+    vks_rl_loss_params(&c, 10, &h);
+    assert_true(h.type == VKS_LOSS_DPPO_KL && h.mask_low == 0.2 && h.mask_high == 0.28 && h.kl_tau == 0.002 &&
+                h.adv_tau == 1.0);
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    text = vks_rl_config_to_json(&c);
+    assert_non_null(strstr(text, "\"loss\":{\"type\":\"dppo_kl\""));
+    assert_non_null(strstr(text, "\"advantage\":{\"type\":\"group_mean\"}"));
+    vks_rl_config_defaults(&back);
+    assert_int_equal(vks_rl_config_parse(&back, text, "stored"), VKS_OK);
+    free(text);
+    assert_memory_equal(&back.loss, &c.loss, sizeof c.loss);
+    assert_int_equal(back.advantage, VKS_ADVANTAGE_GROUP_MEAN);
+    assert_int_equal(vks_rl_config_set(&c, "loss.type=ipo"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "loss.ipo_threshold=0.05"), VKS_OK);
+    vks_rl_loss_params(&c, 10, &h);
+    assert_true(h.type == VKS_LOSS_IPO && h.mask_low == 0.05 && h.mask_high == 0.05);
+    for (int t = 0; t < VKS_LOSS_TYPE_COUNT; t++) { /* every type's defaults pass the loss's own check */
+        char set[64];
+        vks_rl_config d;
+        vks_rl_config_defaults(&d);
+        snprintf(set, sizeof set, "loss.type=%s", vks_loss_type_name((vks_loss_type)t));
+        assert_int_equal(vks_rl_config_set(&d, set), VKS_OK);
+        assert_int_equal(vks_rl_config_check(&d, 1), VKS_OK);
+    }
+    expect_message(vks_rl_config_set(&c, "loss.type=ppo"), "--set: loss.type 'ppo' is not one of intellect2, dppo_kl");
+    expect_message(vks_rl_config_set(&c, "loss.kl_tau=-1"), "--set: loss.kl_tau must be a number in [0, 1e+06]");
+    expect_message(vks_rl_config_set(&c, "loss.dppo_mask_low=x"), "--set: loss.dppo_mask_low must be a number");
+    expect_message(vks_rl_config_set(&c, "loss.clip=0.2"), "--set: unknown key 'loss.clip'");
+    expect_message(vks_rl_config_set(&c, "advantage.type=rloo"), "--set: advantage.type 'rloo' is not group_std or group_mean");
+    expect_message(vks_rl_config_set(&c, "advantage.norm=1"), "--set: unknown key 'advantage.norm'");
+    expect_message(load_text(&c, "{\"loss\": \"dppo_kl\"}"), "run.json: loss must be an object");
+    expect_message(load_text(&c, "{\"loss\": {\"type\": 1}}"), "run.json: loss.type must be a string");
+    expect_message(load_text(&c, "{\"loss\": {\"kl_tau\": \"1\"}}"), "run.json: loss.kl_tau must be a number");
+    expect_message(load_text(&c, "{\"advantage\": {\"type\": \"x\"}}"), "run.json: advantage.type 'x' is not");
+    assert_true(c.loss.type == VKS_LOSS_IPO && c.loss.ipo_threshold == 0.05); /* refused values change nothing */
+    vks_rl_config_defaults(&c); /* intellect2's own rule: delta >= 1 + eps */
+    assert_int_equal(vks_rl_config_set(&c, "loss.delta=1.1"), VKS_OK);
+    expect_message(vks_rl_config_check(&c, 1), "config: loss: intellect2: delta must be >= 1 + eps");
+    /* a resume with another loss: refused, unless --override */
+    vks_rl_config *stored = malloc(sizeof *stored), *now = malloc(sizeof *now);
+    assert_true(stored && now);
+    vks_rl_config_defaults(stored);
+    vks_rl_config_defaults(now);
+    assert_int_equal(vks_rl_config_set(now, "loss.type=cispo"), VKS_OK);
+    char changed[512];
+    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", false, changed, sizeof changed), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "resume: loss was {\"type\":\"intellect2\""));
+    assert_non_null(strstr(vks_last_error(), "(--override to allow)"));
+    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", true, changed, sizeof changed), VKS_OK);
+    assert_int_equal(now->loss.type, VKS_LOSS_CISPO);
+    assert_non_null(strstr(changed, "loss {\"type\":\"intellect2\""));
+    free(stored), free(now);
+}
+
 /* Resuming (issue 26): the stored config round-trips through JSON exactly;
  * keys not given take the stored values; a given key that differs is refused
  * naming it, its old and new value, unless it may change (out, steps,
@@ -365,6 +440,7 @@ int main(void) {
         cmocka_unit_test(test_values_named),
         cmocka_unit_test(test_prompt_block),
         cmocka_unit_test(test_lora_block),
+        cmocka_unit_test(test_loss_block),
         cmocka_unit_test(test_resume_merge),
     };
     return cmocka_run_group_tests_name("rl_config", tests, NULL, NULL);

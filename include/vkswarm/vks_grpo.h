@@ -10,12 +10,19 @@
 /* Added to the group's standard deviation (INTELLECT-2's value). */
 #define VKS_GRPO_STD_EPS 1e-6
 
+/* The advantage of a completion in its group (config "advantage.type"). */
+typedef enum {
+    VKS_ADVANTAGE_GROUP_STD = 0, /* (r - mean) / (std + VKS_GRPO_STD_EPS): INTELLECT-2's GRPO */
+    VKS_ADVANTAGE_GROUP_MEAN     /* r - mean: Dr. GRPO, prime-rl's default (no difficulty bias from the std) */
+} vks_advantage_type;
+
 /* n_groups groups of G completions of one prompt each, rewards[g * G + i]:
  * advantage[g * G + i] = (r - mean) / (std + VKS_GRPO_STD_EPS), mean and the
  * POPULATION standard deviation (divided by G, not G - 1) of its own group,
- * computed in double. A group whose rewards are all equal gets 0 everywhere.
- * VKS_ERR_ARG on NULL, n_groups < 1, G < 1 or a reward that is not finite. */
-int vks_grpo_advantages(const double *rewards, int n_groups, int G, double *advantage);
+ * computed in double; r - mean with VKS_ADVANTAGE_GROUP_MEAN. A group whose
+ * rewards are all equal gets 0 everywhere. VKS_ERR_ARG on NULL, n_groups < 1,
+ * G < 1, an unknown type or a reward that is not finite. */
+int vks_grpo_advantages(const double *rewards, int n_groups, int G, vks_advantage_type type, double *advantage);
 
 /* The online filter: false when the G rewards are all equal (every advantage
  * 0: the group carries no signal and must not reach the trainer), true

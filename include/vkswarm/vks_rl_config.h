@@ -45,6 +45,19 @@
  *     "alpha": 32,               v, o, gate, up, down, PEFT's names or "all"); the inference thread
  *     "targets": "all"           applies the newest adapter to the frozen base (vks_engine_set_lora)
  *   },                           and proofs name base + adapter; written only when rank > 0
+ *   "loss": {                    the policy loss (docs/rl.md "RL losses"; vks_ref_grad.h defines each):
+ *     "type": "intellect2",      intellect2 | dppo_kl | ipo | cispo | dapo; each reads its own knobs:
+ *     "delta": 4, "eps": 0.2,    intellect2: ratio cap, clip range
+ *     "eps_low": 0.2,            dapo, cispo: the ratio (cispo: its detached coefficient) is clipped
+ *     "eps_high": 0.28,          to [1 - eps_low, 1 + eps_high]
+ *     "dppo_mask_low": 0.2,      dppo_kl: masks a token whose probability fell by more (A <= 0)
+ *     "dppo_mask_high": 0.2,     or rose by more (A > 0) than this since it was sampled
+ *     "ipo_threshold": 0.1,      ipo: masks a token whose probability moved by more, either way
+ *     "adv_tau": 1,              dppo_kl, ipo: the advantage's scale
+ *     "kl_tau": 0.001            dppo_kl, ipo: weight of (logp - logp_old)^2
+ *   },                           written only when not the default (stored configs stay as they were)
+ *   "advantage": {"type": "group_std"}, group_std: (r - mean) / (std + eps) over the group (INTELLECT-2);
+ *                                group_mean: r - mean (Dr. GRPO, prime-rl's default); written when not group_std
  *   "roles": {
  *     "orchestrator": 0,         owns tasks, batching and metrics; may share a rank
  *     "trainer": 0,              exactly one
@@ -64,6 +77,8 @@
 #define VKS_RL_CONFIG_H
 #include "vks_common.h"
 #include "vks_prompt.h"
+#include "vks_grpo.h"
+#include "vks_train_types.h"
 
 #define VKS_RL_MAX_RANKS 4096
 #define VKS_RL_MAX_GROUPS 256
@@ -73,6 +88,12 @@
 typedef struct {
     int first, n;              /* ranks inference_ranks[first .. first + n) form one pipeline group */
 } vks_rl_group;
+
+/* "loss": the type and every type's knobs (vks_rl_loss_params maps them). */
+typedef struct {
+    vks_loss_type type;
+    double delta, eps, eps_low, eps_high, dppo_mask_low, dppo_mask_high, ipo_threshold, adv_tau, kl_tau;
+} vks_rl_loss;
 
 typedef struct {
     char task[512], init[16], model[1024], out[1024], shardcast_key[1024], eval_tasks[1024];
@@ -85,6 +106,8 @@ typedef struct {
     int lora_rank;             /* "lora": rank (0: full fine-tuning), alpha, targets (vks_lora.h bits) */
     double lora_alpha;
     uint32_t lora_targets;
+    vks_rl_loss loss;
+    vks_advantage_type advantage;
     /* roles */
     bool roles_given;
     int orchestrator, trainer;
@@ -96,6 +119,11 @@ typedef struct {
     uint32_t given;            /* keys a config file or KEY=VALUE set (vks_rl_config_given); not stored */
 } vks_rl_config;
 
+/* The loss's parameters for the trainer: c's loss type and knobs, the step's
+ * token budget and entropy bonus (kl_beta 0). */
+void vks_rl_loss_params(const vks_rl_config *c, double token_budget, vks_grpo_loss_params *h);
+/* "group_std", "group_mean". */
+const char *vks_advantage_type_name(vks_advantage_type t);
 /* The defaults (above). */
 void vks_rl_config_defaults(vks_rl_config *c);
 /* Reads a JSON file over c (keys not in the file keep their values). Errors

@@ -19,9 +19,10 @@ static void mean_std(const double *x, int n, double *mean, double *std) {
     *std = sqrt(sq / n);
 }
 
-int vks_grpo_advantages(const double *rewards, int n_groups, int G, double *advantage) {
-    if (!rewards || !advantage || n_groups < 1 || G < 1)
-        return vks_set_error(VKS_ERR_ARG, "GRPO advantages: %d groups of %d (both >= 1), or a NULL array", n_groups, G);
+int vks_grpo_advantages(const double *rewards, int n_groups, int G, vks_advantage_type type, double *advantage) {
+    if (!rewards || !advantage || n_groups < 1 || G < 1 || (type != VKS_ADVANTAGE_GROUP_STD && type != VKS_ADVANTAGE_GROUP_MEAN))
+        return vks_set_error(VKS_ERR_ARG, "GRPO advantages: %d groups of %d (both >= 1), type %d, or a NULL array",
+                             n_groups, G, (int)type);
     int rc = check_rewards(rewards, n_groups * G);
     if (rc) return rc;
     for (int g = 0; g < n_groups; g++) {
@@ -29,7 +30,8 @@ int vks_grpo_advantages(const double *rewards, int n_groups, int G, double *adva
         double *a = advantage + (size_t)g * G, mean, std;
         mean_std(r, G, &mean, &std);
         bool signal = vks_grpo_group_has_signal(r, G);
-        for (int i = 0; i < G; i++) a[i] = signal ? (r[i] - mean) / (std + VKS_GRPO_STD_EPS) : 0.0;
+        double scale = type == VKS_ADVANTAGE_GROUP_STD ? std + VKS_GRPO_STD_EPS : 1.0;
+        for (int i = 0; i < G; i++) a[i] = signal ? (r[i] - mean) / scale : 0.0;
     }
     return VKS_OK;
 }

@@ -39,6 +39,10 @@ static const key_info keys[] = {
     {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0, false},
 };
 
+static const vks_rl_loss default_loss = {VKS_LOSS_INTELLECT2, VKS_GRPO_DELTA, VKS_GRPO_EPS, VKS_DAPO_EPS_LOW,
+                                         VKS_DAPO_EPS_HIGH, VKS_DPPO_MASK, VKS_DPPO_MASK, VKS_IPO_THRESHOLD, 1.0,
+                                         VKS_DPPO_KL_TAU};
+
 void vks_rl_config_defaults(vks_rl_config *c) {
     memset(c, 0, sizeof *c);
     snprintf(c->task, sizeof c->task, "add:2");
@@ -59,15 +63,112 @@ void vks_rl_config_defaults(vks_rl_config *c) {
     vks_prompt_format_default(&c->prompt);
     c->lora_alpha = VKS_LORA_DEFAULT_ALPHA;
     c->lora_targets = VKS_LORA_ALL_TARGETS;
+    c->loss = default_loss;
+    c->advantage = VKS_ADVANTAGE_GROUP_STD;
+}
+
+/* ---- "loss" and "advantage" ---- */
+
+typedef struct { const char *name; size_t offset; double lo, hi; } loss_key;
+#define LOSS_KEY(f, lo, hi) {#f, offsetof(vks_rl_loss, f), lo, hi}
+static const loss_key loss_keys[] = {
+    LOSS_KEY(delta, 1, 1e6),        LOSS_KEY(eps, 0, 0.999),          LOSS_KEY(eps_low, 0, 1),
+    LOSS_KEY(eps_high, 0, 1e6),     LOSS_KEY(dppo_mask_low, 0, 1),    LOSS_KEY(dppo_mask_high, 0, 1),
+    LOSS_KEY(ipo_threshold, 0, 1),  LOSS_KEY(adv_tau, 0, 1e6),        LOSS_KEY(kl_tau, 0, 1e6),
+};
+#define N_LOSS_KEYS (sizeof loss_keys / sizeof loss_keys[0])
+
+static const char *const advantage_names[] = {"group_std", "group_mean"};
+
+const char *vks_advantage_type_name(vks_advantage_type t) {
+    return (unsigned)t < 2 ? advantage_names[t] : NULL;
+}
+
+void vks_rl_loss_params(const vks_rl_config *c, double token_budget, vks_grpo_loss_params *h) {
+    const vks_rl_loss *l = &c->loss;
+    bool ipo = l->type == VKS_LOSS_IPO;
+    *h = (vks_grpo_loss_params){.delta = l->delta, .eps = l->eps, .token_budget = token_budget,
+                                .entropy_coef = c->entropy_coef, .type = l->type, .eps_low = l->eps_low,
+                                .eps_high = l->eps_high, .mask_low = ipo ? l->ipo_threshold : l->dppo_mask_low,
+                                .mask_high = ipo ? l->ipo_threshold : l->dppo_mask_high, .adv_tau = l->adv_tau,
+                                .kl_tau = l->kl_tau};
+}
+
+/* loss.KEY = text (--set, and the JSON reader's numbers as text). */
+static int set_loss(vks_rl_config *c, const char *k, const char *v, const char *where) {
+    if (!strcmp(k, "type")) {
+        if (!vks_loss_type_parse(v, &c->loss.type))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: loss.type '%.40s' is not one of intellect2, dppo_kl, ipo, "
+                                 "cispo, dapo", where, v);
+        return VKS_OK;
+    }
+    for (size_t i = 0; i < N_LOSS_KEYS; i++) {
+        if (strcmp(k, loss_keys[i].name)) continue;
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (end == v || *end || errno || !isfinite(x) || x < loss_keys[i].lo || x > loss_keys[i].hi)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: loss.%s must be a number in [%g, %g]", where, k,
+                                 loss_keys[i].lo, loss_keys[i].hi);
+        *(double *)((char *)&c->loss + loss_keys[i].offset) = x;
+        return VKS_OK;
+    }
+    return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'loss.%.40s'", where, k);
+}
+
+static int set_advantage(vks_rl_config *c, const char *k, const char *v, const char *where) {
+    if (strcmp(k, "type")) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'advantage.%.40s'", where, k);
+    for (int i = 0; i < 2; i++)
+        if (!strcmp(v, advantage_names[i])) {
+            c->advantage = (vks_advantage_type)i;
+            return VKS_OK;
+        }
+    return vks_set_error(VKS_ERR_FORMAT, "%s: advantage.type '%.40s' is not group_std or group_mean", where, v);
+}
+
+/* "loss": {...} or "advantage": {...}: strings and numbers, each through its setter. */
+static int json_block(vks_rl_config *c, const char *name, json_t *o, const char *path,
+                      int (*set)(vks_rl_config *, const char *, const char *, const char *)) {
+    if (!json_is_object(o)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be an object", path, name);
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        char text[64];
+        bool type = !strcmp(k, "type");
+        if (type ? !json_is_string(v) : !json_is_number(v))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: %s.%.40s must be %s", path, name, k, type ? "a string" : "a number");
+        if (type && strlen(json_string_value(v)) != json_string_length(v))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: %s.type holds a NUL character", path, name);
+        if (!type) snprintf(text, sizeof text, "%.17g", json_number_value(v));
+        int rc = set(c, k, type ? json_string_value(v) : text, path);
+        if (rc) return rc;
+    }
+    return VKS_OK;
+}
+
+static bool loss_is_default(const vks_rl_config *c) {
+    const vks_rl_loss *l = &c->loss, *d = &default_loss;
+    return l->type == d->type && l->delta == d->delta && l->eps == d->eps && l->eps_low == d->eps_low &&
+           l->eps_high == d->eps_high && l->dppo_mask_low == d->dppo_mask_low && l->dppo_mask_high == d->dppo_mask_high &&
+           l->ipo_threshold == d->ipo_threshold && l->adv_tau == d->adv_tau && l->kl_tau == d->kl_tau;
+}
+
+static json_t *loss_object(const vks_rl_config *c) {
+    json_t *o = json_pack("{s:s}", "type", vks_loss_type_name(c->loss.type));
+    for (size_t i = 0; o && i < N_LOSS_KEYS; i++)
+        json_object_set_new(o, loss_keys[i].name, json_real(*(const double *)((const char *)&c->loss + loss_keys[i].offset)));
+    return o;
 }
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
 /* bits of vks_rl_config.given: keys[i] is bit i, then these */
 #define GIVEN_LORA (1u << 31)
+#define GIVEN_LOSS (1u << 27)
+#define GIVEN_ADVANTAGE (1u << 26)
 #define GIVEN_PROMPT (1u << 28)
 #define GIVEN_TARGETS (1u << 29)
 #define GIVEN_ROLES (1u << 30)
-_Static_assert(N_KEYS < 28, "vks_rl_config.given has a bit per key");
+_Static_assert(N_KEYS < 26, "vks_rl_config.given has a bit per key");
 
 static const key_info *find_key(const char *name) {
     for (size_t i = 0; i < N_KEYS; i++)
@@ -80,6 +181,8 @@ static uint32_t key_bit(const char *name) {
     if (!strcmp(name, "prompt") || !strncmp(name, "prompt.", 7)) return GIVEN_PROMPT;
     if (!strcmp(name, "lora") || !strncmp(name, "lora.", 5)) return GIVEN_LORA;
     if (!strcmp(name, "roles") || !strncmp(name, "roles.", 6)) return GIVEN_ROLES;
+    if (!strcmp(name, "loss") || !strncmp(name, "loss.", 5)) return GIVEN_LOSS;
+    if (!strcmp(name, "advantage") || !strncmp(name, "advantage.", 10)) return GIVEN_ADVANTAGE;
     const key_info *k = find_key(name);
     return k ? 1u << (k - keys) : 0;
 }
@@ -270,6 +373,8 @@ int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
         return rc ? vks_error_prefix(rc, "%s", where) : VKS_OK;
     }
     if (!strncmp(key, "lora.", 5)) return set_lora(c, key + 5, v, where);
+    if (!strncmp(key, "loss.", 5)) return set_loss(c, key + 5, v, where);
+    if (!strncmp(key, "advantage.", 10)) return set_advantage(c, key + 10, v, where);
     if (!strncmp(key, "roles.", 6)) {
         const char *r = key + 6;
         c->roles_given = true;
@@ -385,6 +490,8 @@ static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path
     if (!strcmp(k, "roles")) return json_roles(c, v, path);
     if (!strcmp(k, "prompt")) return json_prompt(c, v, path);
     if (!strcmp(k, "lora")) return json_lora(c, v, path);
+    if (!strcmp(k, "loss")) return json_block(c, "loss", v, path, set_loss);
+    if (!strcmp(k, "advantage")) return json_block(c, "advantage", v, path, set_advantage);
     if (!strcmp(k, "length_targets")) return json_targets(c, v, path);
     const key_info *info = find_key(k);
     if (!info) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key '%s'", path, k);
@@ -451,7 +558,8 @@ static json_t *rank_array(const int *list, int n) {
     return a;
 }
 
-static json_t *config_object(const vks_rl_config *c) {
+/* all: "loss" and "advantage" also at their defaults (listings, resume checks). */
+static json_t *config_object(const vks_rl_config *c, bool all) {
     json_t *o = json_object();
     for (size_t i = 0; o && i < N_KEYS; i++) {
         const key_info *k = &keys[i];
@@ -477,6 +585,9 @@ static json_t *config_object(const vks_rl_config *c) {
         json_object_set_new(o, "lora", json_pack("{s:i, s:f, s:s}", "rank", c->lora_rank, "alpha", c->lora_alpha,
                                                  "targets", targets));
     }
+    if (o && (all || !loss_is_default(c))) json_object_set_new(o, "loss", loss_object(c));
+    if (o && (all || c->advantage != VKS_ADVANTAGE_GROUP_STD))
+        json_object_set_new(o, "advantage", json_pack("{s:s}", "type", vks_advantage_type_name(c->advantage)));
     if (o && c->roles_given) {
         json_t *inf = json_array();
         for (int g = 0; inf && g < c->n_groups; g++)
@@ -512,8 +623,8 @@ int vks_rl_config_each(const vks_rl_config *c, vks_rl_config_visit fn, void *ctx
         full->lora_rank = c->lora_rank ? c->lora_rank : -1;
         full->roles_given = true;
     }
-    json_t *mine = full ? config_object(full) : NULL, *def = NULL;
-    if (d) d->lora_rank = -1, def = config_object(d);
+    json_t *mine = full ? config_object(full, true) : NULL, *def = NULL;
+    if (d) d->lora_rank = -1, def = config_object(d, true);
     int rc = mine && def ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "config: out of host memory");
     json_t *lora = json_object_get(mine, "lora");
     if (lora && c->lora_rank == 0) json_object_set_new(lora, "rank", json_integer(0));
@@ -544,7 +655,7 @@ int vks_rl_config_each(const vks_rl_config *c, vks_rl_config_visit fn, void *ctx
 
 char *vks_rl_config_to_json(const vks_rl_config *c) {
     if (!c) return NULL;
-    json_t *o = config_object(c);
+    json_t *o = config_object(c, false);
     char *s = dump(o);
     json_decref(o);
     return s;
@@ -578,15 +689,15 @@ int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const ch
                          size_t cap) {
     if (!c || !stored || !where || !changed || !cap) return vks_set_error(VKS_ERR_ARG, "vks_rl_config_resume: NULL argument");
     changed[0] = 0;
-    json_t *mine = config_object(c), *old = config_object(stored);
+    json_t *mine = config_object(c, true), *old = config_object(stored, true);
     vks_rl_config *merged = malloc(sizeof *merged);
     int rc = mine && old && merged ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "resume: out of host memory");
     size_t at = 0;
-    const char *names[N_KEYS + 4];
+    const char *names[N_KEYS + 6];
     for (size_t i = 0; i < N_KEYS; i++) names[i] = keys[i].name;
     names[N_KEYS] = "length_targets", names[N_KEYS + 1] = "roles", names[N_KEYS + 2] = "prompt";
-    names[N_KEYS + 3] = "lora";
-    for (size_t i = 0; !rc && i < N_KEYS + 4; i++) {
+    names[N_KEYS + 3] = "lora", names[N_KEYS + 4] = "loss", names[N_KEYS + 5] = "advantage";
+    for (size_t i = 0; !rc && i < N_KEYS + 6; i++) {
         const char *k = names[i];
         if (!vks_rl_config_given(c, k)) continue;
         json_t *now = json_object_get(mine, k), *was = json_object_get(old, k);
@@ -680,6 +791,10 @@ static int check_values(const vks_rl_config *c) {
             return vks_set_error(VKS_ERR_FORMAT, "config: length_targets: %d exceeds max_new_tokens %d (a completion "
                                  "cannot reach it)", c->length_targets[i], c->max_new_tokens);
     if (vks_prompt_check(&c->prompt)) return vks_error_prefix(VKS_ERR_FORMAT, "config");
+    vks_grpo_loss_params h;
+    char why[128];
+    vks_rl_loss_params(c, 1.0, &h);
+    if (!vks_grpo_loss_params_ok(&h, why, sizeof why)) return vks_set_error(VKS_ERR_FORMAT, "config: loss: %s", why);
     if (!c->model[0] && strcmp(c->init, "tiny")) /* model, when given, is the start */
         return vks_set_error(VKS_ERR_FORMAT, "config: init must be \"tiny\" (or give model: a checkpoint)");
     return VKS_OK;

@@ -503,7 +503,7 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     for (int j = 0; j < G; j++)
         if (!verified_here(g) || b->verdicts[p * G + j].accepted) idx[n] = p * G + j, r[n] = b->reward[p * G + j], n++;
     if (n < 2 || (!g->keep_flat_groups && !vks_grpo_group_has_signal(r, n))) return VKS_OK;
-    int rc = vks_grpo_advantages(r, 1, n, adv);
+    int rc = vks_grpo_advantages(r, 1, n, g->o->config->advantage, adv);
     out->samples = rc ? NULL : calloc((size_t)n, sizeof *out->samples);
     if (!rc && !out->samples) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     for (int k = 0; !rc && k < n; k++)

@@ -756,10 +756,9 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     int64_t step = vks_trainer_steps(r->trainer); /* this step consumes groups of step `step` */
     double lag = 0;
     for (int i = 0; i < c->prompts_per_step; i++) lag += (double)(step - r->groups[i].policy_step);
-    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS,
-                              .token_budget = c->token_budget > 0 ? c->token_budget
-                                                                  : (double)c->prompts_per_step * c->group_size * c->max_new_tokens,
-                              .entropy_coef = c->entropy_coef};
+    vks_grpo_loss_params h;
+    vks_rl_loss_params(c, c->token_budget > 0 ? c->token_budget
+                                              : (double)c->prompts_per_step * c->group_size * c->max_new_tokens, &h);
     memset(st, 0, sizeof *st);
     int64_t trained = r->trained, rejected = r->trained_rejected;
     step_stats lagged = {0};
