@@ -2216,7 +2216,7 @@ static void test_rl_report(void **state) {
     const char *table = strstr(page, "<table id=\"samples\">");
     assert_non_null(table);
     for (const char *q = table; (q = strstr(q, "<tr><td>")) && q < strstr(table, "</table>"); q++) rows++;
-    assert_int_equal(figures, 10);
+    assert_int_equal(figures, 11); /* report.c curves[] */
     assert_in_range(rows, 2, 8); /* 1 or 2 of the first two groups, each step */
     assert_non_null(strstr(page, "<td>this process</td><td>inference thread</td><td>live</td>"));
     assert_non_null(strstr(page, "<section id=\"timeline\">"));

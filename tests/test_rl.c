@@ -158,6 +158,7 @@ static void test_synchronous_run(void **state) {
         assert_true(isfinite(p->loss) && isfinite(p->grad_norm) && p->grad_norm > 0);
         /* same weights: the sampler's log-probabilities are the trainer's (f32 rounding only) */
         assert_true(p->logp_mismatch < 1e-4);
+        assert_true(p->mismatch_kl >= 0 && p->mismatch_kl < 1e-8); /* ~x^2 / 2 */
         assert_true(p->length > 0 && p->length <= 13);
         assert_true(p->accept_rate == 1.0); /* honest work passes the verifier */
         /* the untrained model solves none of the tasks: the task reward of every completion is 0 */
@@ -176,6 +177,7 @@ static void test_synchronous_run(void **state) {
     assert_non_null(metrics);
     assert_non_null(strstr(metrics, "\"policy_lag\""));
     assert_non_null(strstr(metrics, "\"entropy\":"));
+    assert_non_null(strstr(metrics, "\"mismatch_kl\":"));
     free(metrics);
     check_timeline(&r, steps);
     assert_int_equal(vks_gpu_validation_messages(gpu_a) + vks_gpu_validation_messages(gpu_b), 0);
@@ -593,6 +595,8 @@ static void test_off_policy_kept(void **state) {
             assert_true(isfinite(p->loss) && p->policy_lag <= levels[li]);
             assert_int_equal(p->logp_excluded, 0);
             assert_true(p->logp_sampler_max < 1e-3); /* the verifier's tolerance (rl_verifier.c) */
+            /* exp(x) - x - 1 >= 0; at lag > 0 the policy has moved since sampling */
+            assert_true(p->mismatch_kl >= 0 && (p->policy_lag == 0 || p->mismatch_kl > 1e-9));
             if (p->policy_lag > most_lag) most_lag = p->policy_lag;
         }
     }
@@ -606,14 +610,19 @@ static void test_off_policy_kept(void **state) {
  * up to f32 rounding and every ratio is 1). There dppo_kl and dapo give
  * intellect2's loss, -sum w A / budget (dppo_kl's kl_tau x^2 is ~1e-12);
  * cispo's is -sum w A logp / budget, another value; group_mean's advantages
- * are not divided by the group's std, so its loss is another too. */
+ * are not divided by the group's std, so its loss is another too. The
+ * normalisers: "tokens" divides by the step's completion tokens (8
+ * completions, all trained at k = 0, of the reported mean length) instead of
+ * the budget 2 x 4 x 12; "sequence" averages each completion's tokens first,
+ * so at ratio 1 the loss is -sum A / 8, and a group's advantages sum to 0. */
 static void test_loss_types_run(void **state) {
     (void)state;
     static const char *const sets[][2] = {{"loss.type=intellect2", NULL}, {"loss.type=dppo_kl", NULL},
                                           {"loss.type=dapo", NULL},       {"loss.type=cispo", NULL},
-                                          {"loss.type=intellect2", "advantage.type=group_mean"}};
-    double loss[5];
-    for (int i = 0; i < 5; i++) {
+                                          {"loss.type=intellect2", "advantage.type=group_mean"},
+                                          {"loss.normalize=tokens", NULL},  {"loss.normalize=sequence", NULL}};
+    double loss[7], length[7];
+    for (int i = 0; i < 7; i++) {
         vks_rl_config c;
         char out[600];
         snprintf(out, sizeof out, "%s/rl-loss-%d", tu_tmpdir(), i);
@@ -626,7 +635,7 @@ static void test_loss_types_run(void **state) {
         vks_rl_result r;
         if (vks_rl_run(&o, &r)) fail_msg("%s", vks_last_error());
         assert_int_equal(log.n, 1);
-        loss[i] = log.p[0].loss;
+        loss[i] = log.p[0].loss, length[i] = log.p[0].length;
         fprintf(stderr, "%s%s%s: step 1 loss %.9g, clipped or masked %.3f\n", sets[i][0], sets[i][1] ? " " : "",
                 sets[i][1] ? sets[i][1] : "", loss[i], log.p[0].clip_fraction);
         assert_true(isfinite(loss[i]) && log.p[0].clip_fraction == 0.0); /* ratio 1: inside every trust region */
@@ -635,6 +644,9 @@ static void test_loss_types_run(void **state) {
     assert_true(scale > 1e-6); /* the premise: a loss to compare */
     assert_true(fabs(loss[1] - loss[0]) <= 1e-5 * scale && fabs(loss[2] - loss[0]) <= 1e-5 * scale);
     assert_true(fabs(loss[3] - loss[0]) > 0.1 * scale && fabs(loss[4] - loss[0]) > 0.01 * scale);
+    assert_true(length[5] == length[0] && length[0] > 0); /* the same rollouts */
+    assert_near(loss[5], loss[0] * (2 * 4 * 12) / (8 * length[0]), 1e-5 * scale);
+    assert_true(fabs(loss[6]) < 1e-6 * scale);
 }
 
 /* The trainer's last versions (src/rl/rl_versions.c): the newest cap are
@@ -1086,7 +1098,7 @@ static void test_report_escapes(void **state) {
     assert_true(plain && hostile && hostile < plain);
     int figures = 0;
     for (const char *q = page; (q = strstr(q, "<figure class=\"curve\"")); q++) figures++;
-    assert_int_equal(figures, 10);
+    assert_int_equal(figures, 11); /* report.c curves[] */
     assert_null(strstr(page, "<section id=\"timeline\">"));
     free(page);
     /* a missing metrics file: an error naming it, and no page replaced */

@@ -311,6 +311,19 @@ static void test_loss_block(void **state) {
     free(text);
     assert_memory_equal(&back.loss, &c.loss, sizeof c.loss);
     assert_int_equal(back.advantage, VKS_ADVANTAGE_GROUP_MEAN);
+    assert_int_equal(vks_rl_config_set(&c, "loss.normalize=sequence"), VKS_OK);
+    assert_int_equal(c.loss.normalize, VKS_NORMALIZE_SEQUENCE);
+    text = vks_rl_config_to_json(&c);
+    assert_non_null(strstr(text, "\"normalize\":\"sequence\""));
+    vks_rl_config_defaults(&back);
+    assert_int_equal(vks_rl_config_parse(&back, text, "stored"), VKS_OK);
+    free(text);
+    assert_int_equal(back.loss.normalize, VKS_NORMALIZE_SEQUENCE);
+    assert_int_equal(vks_rl_config_set(&c, "token_budget=4096"), VKS_OK); /* a budget is not this normaliser's */
+    expect_message(vks_rl_config_check(&c, 1), "config: token_budget is the divisor of loss.normalize \"budget\"");
+    assert_int_equal(vks_rl_config_set(&c, "token_budget=0"), VKS_OK);
+    expect_message(vks_rl_config_set(&c, "loss.normalize=batch"), "--set: loss.normalize 'batch' is not budget, tokens or sequence");
+    expect_message(load_text(&c, "{\"loss\": {\"normalize\": 1}}"), "run.json: loss.normalize must be a string");
     assert_int_equal(vks_rl_config_set(&c, "loss.type=ipo"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "loss.ipo_threshold=0.05"), VKS_OK);
     vks_rl_loss_params(&c, 10, &h);

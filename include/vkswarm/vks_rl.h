@@ -43,6 +43,7 @@ typedef struct {
                                * the whole Shardcast send, until every rank has them) */
     double broadcast_bytes;   /* across ranks: bytes of the step's Shardcast send on the wire; 0 here */
     double loss, grad_norm, clip_fraction, logp_mismatch;
+    double mismatch_kl;       /* mean exp(x) - x - 1 over the trained tokens, x = trainer's - sampler's logp */
     int64_t logp_excluded;    /* this step's completions not trained on: their sampler log-probabilities
                                * far from those of the weights that sampled them (VKS_RL_MAX_LOGP_MISMATCH) */
     double logp_sampler_max;  /* the largest |sampler's - sampling weights'| log-probability of a trained

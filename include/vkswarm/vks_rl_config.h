@@ -54,8 +54,9 @@
  *     "dppo_mask_high": 0.2,     or rose by more (A > 0) than this since it was sampled
  *     "ipo_threshold": 0.1,      ipo: masks a token whose probability moved by more, either way
  *     "adv_tau": 1,              dppo_kl, ipo: the advantage's scale
- *     "kl_tau": 0.001            dppo_kl, ipo: weight of (logp - logp_old)^2
- *   },                           written only when not the default (stored configs stay as they were)
+ *     "kl_tau": 0.001,           dppo_kl, ipo: weight of (logp - logp_old)^2
+ *     "normalize": "budget"      the step's sum over: "budget" (token_budget, below), "tokens" (the completion
+ *   },                           tokens trained in the step), "sequence" (each completion's mean, averaged)                           written only when not the default (stored configs stay as they were)
  *   "advantage": {"type": "group_std"}, group_std: (r - mean) / (std + eps) over the group (INTELLECT-2);
  *                                group_mean: r - mean (Dr. GRPO, prime-rl's default); written when not group_std
  *   "roles": {
@@ -90,8 +91,17 @@ typedef struct {
 } vks_rl_group;
 
 /* "loss": the type and every type's knobs (vks_rl_loss_params maps them). */
+/* "loss.normalize": what the step's summed loss is divided by. */
+typedef enum {
+    VKS_NORMALIZE_BUDGET = 0, /* token_budget, or prompts_per_step x group_size x max_new_tokens (INTELLECT-2) */
+    VKS_NORMALIZE_TOKENS,     /* the completion tokens trained in the step (DAPO's and prime-rl's token mean) */
+    VKS_NORMALIZE_SEQUENCE    /* each completion's mean over its tokens, averaged over the step's completions
+                               * (GRPO's original sample mean) */
+} vks_loss_normalize;
+
 typedef struct {
     vks_loss_type type;
+    vks_loss_normalize normalize;
     double delta, eps, eps_low, eps_high, dppo_mask_low, dppo_mask_high, ipo_threshold, adv_tau, kl_tau;
 } vks_rl_loss;
 
@@ -120,8 +130,11 @@ typedef struct {
 } vks_rl_config;
 
 /* The loss's parameters for the trainer: c's loss type and knobs, the step's
- * token budget and entropy bonus (kl_beta 0). */
+ * normaliser (token_budget: the one loss.normalize gives) and entropy bonus
+ * (kl_beta 0). */
 void vks_rl_loss_params(const vks_rl_config *c, double token_budget, vks_grpo_loss_params *h);
+/* "budget", "tokens", "sequence". */
+const char *vks_loss_normalize_name(vks_loss_normalize n);
 /* "group_std", "group_mean". */
 const char *vks_advantage_type_name(vks_advantage_type t);
 /* The defaults (above). */

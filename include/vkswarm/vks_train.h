@@ -82,6 +82,7 @@ typedef struct {
     int clipped, capped;  /* rows with VKS_GRPO_CLIPPED (no gradient), VKS_GRPO_CAPPED (rho >= delta) */
     double clip_fraction; /* clipped / tokens (0 without live rows) */
     double logp_mismatch; /* mean |logp - logp_old|: the trainer's recomputation vs the sampler's record */
+    double mismatch_kl;   /* mean exp(x) - x - 1, x = logp - logp_old: prime-rl's sampler-trainer mismatch KL */
     double max_mismatch;  /* the largest of them */
     double kl;            /* mean k3 KL estimate exp(x) - x - 1, x = ref_logp - logp (0 without the KL term) */
     double entropy;       /* mean entropy (nats) of the live rows' distributions (temperature 1, whole

@@ -372,7 +372,7 @@ static int read_grpo(vks_trainer *t, const vks_train_batch *b, const train_rows 
     if (!rc) rc = vks_buffer_download(t->acts.grpo_flags, 0, flags, bytes);
     if (!rc) rc = vks_buffer_download(t->acts.grpo_entropy, 0, ent, bytes);
     vks_grpo_stats st = {0};
-    double mismatch = 0.0, kl = 0.0, entropy = 0.0;
+    double mismatch = 0.0, mismatch_kl = 0.0, kl = 0.0, entropy = 0.0;
     for (int i = 0; !rc && i < r->n; i++) {
         if (!r->has_target[i]) lp[i] = 0.0f;
         float w = row_weight(b, r, i);
@@ -383,8 +383,9 @@ static int read_grpo(vks_trainer *t, const vks_train_batch *b, const train_rows 
         if (has_bonus(g)) st.loss -= g->h->entropy_coef * w * ent[i] / g->h->token_budget;
         st.clipped += (flags[i] & VKS_GRPO_CLIPPED) != 0;
         st.capped += (flags[i] & VKS_GRPO_CAPPED) != 0;
-        double d = fabs((double)lp[i] - g->rows->logp_old[i]);
+        double x = (double)lp[i] - g->rows->logp_old[i], d = fabs(x);
         mismatch += d;
+        mismatch_kl += expm1(x) - x; /* exp(x) - 1 - x without cancelling at small x */
         st.max_mismatch = fmax(st.max_mismatch, d);
         if (has_kl(g)) {
             double x = (double)g->rows->ref_logp[i] - lp[i];
@@ -395,6 +396,7 @@ static int read_grpo(vks_trainer *t, const vks_train_batch *b, const train_rows 
     st.entropy = st.tokens ? entropy / st.tokens : 0.0;
     st.clip_fraction = st.tokens ? (double)st.clipped / st.tokens : 0.0;
     st.logp_mismatch = st.tokens ? mismatch / st.tokens : 0.0;
+    st.mismatch_kl = st.tokens ? mismatch_kl / st.tokens : 0.0;
     if (!rc && g->stats) *g->stats = st;
     if (lp != logp) free(lp);
     free(loss);

@@ -130,6 +130,7 @@ static const curve curves[] = {
     {"entropy", "entropy (nats)"},
     {"clip_fraction", "clip fraction"},
     {"logp_mismatch", "logp mismatch (sampler vs trainer)"},
+    {"mismatch_kl", "mismatch KL (sampler vs trainer, exp(x) - x - 1)"},
     {"trainer_idle", "trainer idle (fraction of the step)"},
     {"rollouts_per_s", "rollouts/s"},
     {"accept_rate", "verifier accept rate"},

@@ -39,7 +39,7 @@ static const key_info keys[] = {
     {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0, false},
 };
 
-static const vks_rl_loss default_loss = {VKS_LOSS_INTELLECT2, VKS_GRPO_DELTA, VKS_GRPO_EPS, VKS_DAPO_EPS_LOW,
+static const vks_rl_loss default_loss = {VKS_LOSS_INTELLECT2, VKS_NORMALIZE_BUDGET, VKS_GRPO_DELTA, VKS_GRPO_EPS, VKS_DAPO_EPS_LOW,
                                          VKS_DAPO_EPS_HIGH, VKS_DPPO_MASK, VKS_DPPO_MASK, VKS_IPO_THRESHOLD, 1.0,
                                          VKS_DPPO_KL_TAU};
 
@@ -79,6 +79,11 @@ static const loss_key loss_keys[] = {
 #define N_LOSS_KEYS (sizeof loss_keys / sizeof loss_keys[0])
 
 static const char *const advantage_names[] = {"group_std", "group_mean"};
+static const char *const normalize_names[] = {"budget", "tokens", "sequence"};
+
+const char *vks_loss_normalize_name(vks_loss_normalize n) {
+    return (unsigned)n < 3 ? normalize_names[n] : NULL;
+}
 
 const char *vks_advantage_type_name(vks_advantage_type t) {
     return (unsigned)t < 2 ? advantage_names[t] : NULL;
@@ -101,6 +106,14 @@ static int set_loss(vks_rl_config *c, const char *k, const char *v, const char *
             return vks_set_error(VKS_ERR_FORMAT, "%s: loss.type '%.40s' is not one of intellect2, dppo_kl, ipo, "
                                  "cispo, dapo", where, v);
         return VKS_OK;
+    }
+    if (!strcmp(k, "normalize")) {
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(v, normalize_names[i])) {
+                c->loss.normalize = (vks_loss_normalize)i;
+                return VKS_OK;
+            }
+        return vks_set_error(VKS_ERR_FORMAT, "%s: loss.normalize '%.40s' is not budget, tokens or sequence", where, v);
     }
     for (size_t i = 0; i < N_LOSS_KEYS; i++) {
         if (strcmp(k, loss_keys[i].name)) continue;
@@ -134,11 +147,11 @@ static int json_block(vks_rl_config *c, const char *name, json_t *o, const char 
     json_t *v;
     json_object_foreach(o, k, v) {
         char text[64];
-        bool type = !strcmp(k, "type");
+        bool type = !strcmp(k, "type") || !strcmp(k, "normalize"); /* the strings */
         if (type ? !json_is_string(v) : !json_is_number(v))
             return vks_set_error(VKS_ERR_FORMAT, "%s: %s.%.40s must be %s", path, name, k, type ? "a string" : "a number");
         if (type && strlen(json_string_value(v)) != json_string_length(v))
-            return vks_set_error(VKS_ERR_FORMAT, "%s: %s.type holds a NUL character", path, name);
+            return vks_set_error(VKS_ERR_FORMAT, "%s: %s.%s holds a NUL character", path, name, k);
         if (!type) snprintf(text, sizeof text, "%.17g", json_number_value(v));
         int rc = set(c, k, type ? json_string_value(v) : text, path);
         if (rc) return rc;
@@ -148,13 +161,14 @@ static int json_block(vks_rl_config *c, const char *name, json_t *o, const char 
 
 static bool loss_is_default(const vks_rl_config *c) {
     const vks_rl_loss *l = &c->loss, *d = &default_loss;
-    return l->type == d->type && l->delta == d->delta && l->eps == d->eps && l->eps_low == d->eps_low &&
+    return l->type == d->type && l->normalize == d->normalize && l->delta == d->delta && l->eps == d->eps && l->eps_low == d->eps_low &&
            l->eps_high == d->eps_high && l->dppo_mask_low == d->dppo_mask_low && l->dppo_mask_high == d->dppo_mask_high &&
            l->ipo_threshold == d->ipo_threshold && l->adv_tau == d->adv_tau && l->kl_tau == d->kl_tau;
 }
 
 static json_t *loss_object(const vks_rl_config *c) {
-    json_t *o = json_pack("{s:s}", "type", vks_loss_type_name(c->loss.type));
+    json_t *o = json_pack("{s:s, s:s}", "type", vks_loss_type_name(c->loss.type), "normalize",
+                          vks_loss_normalize_name(c->loss.normalize));
     for (size_t i = 0; o && i < N_LOSS_KEYS; i++)
         json_object_set_new(o, loss_keys[i].name, json_real(*(const double *)((const char *)&c->loss + loss_keys[i].offset)));
     return o;
@@ -795,6 +809,9 @@ static int check_values(const vks_rl_config *c) {
     char why[128];
     vks_rl_loss_params(c, 1.0, &h);
     if (!vks_grpo_loss_params_ok(&h, why, sizeof why)) return vks_set_error(VKS_ERR_FORMAT, "config: loss: %s", why);
+    if (c->token_budget > 0 && c->loss.normalize != VKS_NORMALIZE_BUDGET)
+        return vks_set_error(VKS_ERR_FORMAT, "config: token_budget is the divisor of loss.normalize \"budget\", not of "
+                             "\"%s\"", vks_loss_normalize_name(c->loss.normalize));
     if (!c->model[0] && strcmp(c->init, "tiny")) /* model, when given, is the start */
         return vks_set_error(VKS_ERR_FORMAT, "config: init must be \"tiny\" (or give model: a checkpoint)");
     return VKS_OK;

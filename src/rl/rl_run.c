@@ -588,7 +588,7 @@ typedef struct {
     double reward, length, lag;
     int n;
     vks_grpo_stats grpo;  /* summed over micro-batches (fractions recomputed) */
-    double mismatch_sum, entropy_sum;
+    double mismatch_sum, mismatch_kl_sum, entropy_sum;
     int far;              /* completions left out: their logp far from the sampling version's */
     double sampler_max;   /* the largest |logp - logp_old| of a trained completion against its sampling version */
 } step_stats;
@@ -626,6 +626,7 @@ static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_
     st->grpo.clipped += s.clipped;
     st->grpo.capped += s.capped;
     st->mismatch_sum += s.logp_mismatch * s.tokens;
+    st->mismatch_kl_sum += s.mismatch_kl * s.tokens;
     st->entropy_sum += s.entropy * s.tokens;
     if (s.max_mismatch > st->grpo.max_mismatch) st->grpo.max_mismatch = s.max_mismatch;
     return VKS_OK;
@@ -637,6 +638,8 @@ static int pack(rl_run *r, const vks_rl_sample *s, int *n_tokens, int *n_seqs) {
     int at = *n_tokens, len = s->prompt_len + s->completion_len;
     memcpy(r->tokens + at, s->tokens, sizeof(int32_t) * (size_t)len);
     int rc = vks_grpo_sequence_rows(s->prompt_len, s->completion_len, s->advantage, r->advantage + at, r->weight + at);
+    if (r->c->loss.normalize == VKS_NORMALIZE_SEQUENCE && s->completion_len > 0) /* the completion's mean */
+        for (int k = 0; k < len; k++) r->weight[at + k] /= (float)s->completion_len;
     for (int k = 0; k < len; k++) r->logp_old[at + k] = 0.0f;
     for (int k = 0; k < s->completion_len; k++) r->logp_old[at + s->prompt_len - 1 + k] = s->logp[k];
     r->seq_sample[*n_seqs] = (vks_rl_sample *)s;
@@ -751,24 +754,41 @@ static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats 
     return rc;
 }
 
+/* What the step's summed loss is divided by (loss.normalize), over the
+ * completions accumulate_step trains: accepted and not found far. */
+static double step_divisor(const rl_run *r) {
+    const vks_rl_config *c = r->c;
+    if (c->loss.normalize == VKS_NORMALIZE_BUDGET)
+        return c->token_budget > 0 ? c->token_budget : (double)c->prompts_per_step * c->group_size * c->max_new_tokens;
+    double tokens = 0, completions = 0;
+    for (int gi = 0; gi < c->prompts_per_step; gi++)
+        for (int i = 0; i < r->groups[gi].n; i++) {
+            const vks_rl_sample *s = &r->groups[gi].samples[i];
+            if (!s->accepted || s->logp_far || s->completion_len <= 0) continue;
+            tokens += s->completion_len, completions++;
+        }
+    double n = c->loss.normalize == VKS_NORMALIZE_TOKENS ? tokens : completions;
+    return n > 0 ? n : 1;
+}
+
 static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     const vks_rl_config *c = r->c;
     int64_t step = vks_trainer_steps(r->trainer); /* this step consumes groups of step `step` */
     double lag = 0;
     for (int i = 0; i < c->prompts_per_step; i++) lag += (double)(step - r->groups[i].policy_step);
     vks_grpo_loss_params h;
-    vks_rl_loss_params(c, c->token_budget > 0 ? c->token_budget
-                                              : (double)c->prompts_per_step * c->group_size * c->max_new_tokens, &h);
     memset(st, 0, sizeof *st);
     int64_t trained = r->trained, rejected = r->trained_rejected;
     step_stats lagged = {0};
     int rc = check_lagged(r, step, &lagged);
+    vks_rl_loss_params(c, step_divisor(r), &h); /* after the check: far completions are not counted */
     if (!rc) rc = accumulate_step(r, &h, st);
     if (!rc && st->far) { /* again without the completions whose log-probabilities are not the policy's */
         int far = st->far;
         memset(st, 0, sizeof *st);
         r->trained = trained, r->trained_rejected = rejected;
         rc = vks_trainer_zero_grads(r->trainer);
+        vks_rl_loss_params(c, step_divisor(r), &h);
         if (!rc) rc = accumulate_step(r, &h, st);
         st->far = far;
     }
@@ -924,6 +944,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"grad_norm", p->grad_norm};
     m[n++] = (vks_metric){"clip_fraction", p->clip_fraction};
     m[n++] = (vks_metric){"logp_mismatch", p->logp_mismatch};
+    m[n++] = (vks_metric){"mismatch_kl", p->mismatch_kl};
     m[n++] = (vks_metric){"logp_excluded", (double)p->logp_excluded};
     m[n++] = (vks_metric){"logp_sampler_max", p->logp_sampler_max};
     m[n++] = (vks_metric){"entropy", p->entropy};
@@ -1027,6 +1048,7 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
                            .broadcast_bytes = r->src && r->src->broadcast_bytes ? r->src->broadcast_bytes(r->src->ctx) : 0,
                            .clip_fraction = st.grpo.tokens ? (double)st.grpo.clipped / st.grpo.tokens : 0,
                            .logp_mismatch = st.grpo.tokens ? st.mismatch_sum / st.grpo.tokens : 0,
+                           .mismatch_kl = st.grpo.tokens ? st.mismatch_kl_sum / st.grpo.tokens : 0,
                            .logp_excluded = st.far, .logp_sampler_max = st.sampler_max,
                            .entropy = st.grpo.tokens ? st.entropy_sum / st.grpo.tokens : 0};
     bool eval_now = step == r->c->steps || (r->o->eval_every && step % r->o->eval_every == 0);
