@@ -303,6 +303,58 @@ static void run_grpo_refusals(const loss_case *tc) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
 }
 
+/* ---- intellect2, bit for bit ---- */
+
+/* FNV-1a over the bytes of the outputs. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The intellect2 loss's outputs on fixed inputs (every branch, KL on and
+ * off), hashed: on lavapipe they must be the bits the kernel gave before the
+ * other loss types were added (measured with the kernel of commit e0bf9a4).
+ * Other devices' exp() may round otherwise: there the hash is printed only. */
+#define INTELLECT2_GOLDEN 0x781acb70000b3275ull /* also at LP_NATIVE_VECTOR_WIDTH 128 and 512 */
+static void run_intellect2_golden(const loss_case *tc) {
+    (void)tc;
+    enum { R = 997 };
+    static float logp[R], old[R], adv[R], w[R], ref[R];
+    uint64_t s = 0x601de11;
+    for (uint32_t r = 0; r < R; r++) {
+        static const double lr[] = {-1.2, -0.4, -0.03, 0.03, 0.3, 0.9, 1.7, 3.0};
+        logp[r] = (float)uniform(&s, -8.0, -0.01);
+        old[r] = (float)(logp[r] - lr[r % 8] - uniform(&s, -0.02, 0.02));
+        adv[r] = r % 5 == 4 ? 0.0f : (float)(uniform(&s, 0.05, 2.5) * (r % 3 ? 1 : -1));
+        w[r] = r % 7 == 6 ? 0.0f : (float)uniform(&s, 0.5, 1.5);
+        ref[r] = (float)(logp[r] + uniform(&s, -1.0, 1.0));
+    }
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int kl = 0; kl < 2; kl++) {
+        size_t bytes = R * 4;
+        vks_buffer *lp = gpu_buffer(logp, bytes), *ol = gpu_buffer(old, bytes), *ad = gpu_buffer(adv, bytes);
+        vks_buffer *wt = gpu_buffer(w, bytes), *rf = gpu_buffer(ref, bytes), *dl = gpu_buffer(NULL, bytes);
+        vks_buffer *loss = gpu_buffer(NULL, bytes), *flags = gpu_buffer(NULL, bytes);
+        vks_grpo_loss_rows rows = {bind(lp), bind(ol), bind(ad), bind(wt), bind(rf), bind(dl), bind(loss), bind(flags)};
+        vks_grpo_loss_params p = {.delta = 4.0, .eps = 0.2, .token_budget = 1000.0, .kl_beta = kl ? 0.1 : 0.0};
+        vks_cmd *c;
+        assert_int_equal(vks_cmd_begin(gpu, &c), VKS_OK);
+        expect_ok(vks_op_grpo_loss(ops, c, &rows, R, &p));
+        assert_int_equal(vks_cmd_submit(c), VKS_OK);
+        vks_buffer *outs[] = {dl, loss, flags};
+        for (int o = 0; o < 3; o++) {
+            void *x = download_new(outs[o], bytes);
+            h = fnv1a(h, x, bytes);
+            free(x);
+        }
+        vks_buffer *all[] = {lp, ol, ad, wt, rf, dl, loss, flags};
+        for (int i = 0; i < 8; i++) vks_buffer_destroy(all[i]);
+    }
+    const char *name = vks_gpu_info(gpu)->name;
+    fprintf(stderr, "  intellect2 outputs: hash 0x%016llx on %s\n", (unsigned long long)h, name);
+    if (strstr(name, "llvmpipe")) assert_true(h == INTELLECT2_GOLDEN);
+}
+
 /* ---- the table ---- */
 
 #define GRPO(n, R_, inplace, unit, eps_, budget, kl) \
@@ -333,6 +385,7 @@ static const loss_case cases[] = {
     LOSS("dapo R=173", VKS_LOSS_DAPO, 173, false, true, 173.0, 0),
     LOSS("dapo R=4099 weights kl", VKS_LOSS_DAPO, 4099, false, false, 1024.0, 0.1),
     {"grpo refusals", run_grpo_refusals, .tol = 0},
+    {"intellect2 golden", run_intellect2_golden, .tol = 0},
 };
 
 static int group_setup(void **state) {
