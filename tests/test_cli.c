@@ -2242,7 +2242,7 @@ static void test_rl_report(void **state) {
     assert_non_null(dom);
     assert_non_null(strstr(dom, "data-ready=\"1\""));
     assert_non_null(strstr(dom, "<pre id=\"js-errors\" hidden=\"\"></pre>"));
-    assert_non_null(strstr(dom, "<span id=\"curve-count\">10</span>"));
+    assert_non_null(strstr(dom, "<span id=\"curve-count\">11</span>"));
     char want[64];
     snprintf(want, sizeof want, "<span id=\"sample-count\">%d</span>", rows);
     assert_non_null(strstr(dom, want));
