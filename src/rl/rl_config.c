@@ -147,13 +147,13 @@ static int json_block(vks_rl_config *c, const char *name, json_t *o, const char 
     json_t *v;
     json_object_foreach(o, k, v) {
         char text[64];
-        bool type = !strcmp(k, "type") || !strcmp(k, "normalize"); /* the strings */
-        if (type ? !json_is_string(v) : !json_is_number(v))
-            return vks_set_error(VKS_ERR_FORMAT, "%s: %s.%.40s must be %s", path, name, k, type ? "a string" : "a number");
-        if (type && strlen(json_string_value(v)) != json_string_length(v))
+        bool is_text = !strcmp(k, "type") || !strcmp(k, "normalize"); /* the keys whose values are names */
+        if (is_text ? !json_is_string(v) : !json_is_number(v))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: %s.%.40s must be %s", path, name, k, is_text ? "a string" : "a number");
+        if (is_text && strlen(json_string_value(v)) != json_string_length(v))
             return vks_set_error(VKS_ERR_FORMAT, "%s: %s.%s holds a NUL character", path, name, k);
-        if (!type) snprintf(text, sizeof text, "%.17g", json_number_value(v));
-        int rc = set(c, k, type ? json_string_value(v) : text, path);
+        if (!is_text) snprintf(text, sizeof text, "%.17g", json_number_value(v));
+        int rc = set(c, k, is_text ? json_string_value(v) : text, path);
         if (rc) return rc;
     }
     return VKS_OK;
