@@ -6,6 +6,8 @@
 //                      dP = 0 where the clipped term is strictly larger (flag 1),
 //                      else -A (rho < delta ? rho : 0); flag 2: rho >= delta
 //   type 4 dapo:       the same without the cap
+//   type 5 gspo:       dapo's with rho = exp(seq_x[r]), the row's sequence's mean log-ratio
+//                      (the host's: vks_ref_sequence_log_ratio), dP = -A rho where not clipped
 //   type 3 cispo:      c = clamp(rho, lo, hi); P = -c A logp, dP = -c A; flag 1: c != rho
 //   type 1 dppo_kl, 2 ipo: dp = exp(logp) - exp(logp_old), masked (flag 1) when
 //                      dp > hi or dp < -lo (dppo_kl: the first for A > 0, the second
@@ -31,20 +33,21 @@ layout(std430, set = 0, binding = 4) readonly buffer RefLogP { float ref_logp[];
 layout(std430, set = 0, binding = 5) buffer DLogP { float dlogp[]; };
 layout(std430, set = 0, binding = 6) writeonly buffer LossRows { float loss_rows[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer Flags { uint flags[]; };
+layout(std430, set = 0, binding = 8) readonly buffer SeqX { float seq_x[]; };
 layout(push_constant) uniform Push {
     uint R, type;
     float delta, lo, hi, token_budget, kl_beta, adv_tau, kl_tau;
 } pc;
 
-const uint INTELLECT2 = 0u, DPPO_KL = 1u, IPO = 2u, CISPO = 3u, DAPO = 4u;
+const uint INTELLECT2 = 0u, DPPO_KL = 1u, IPO = 2u, CISPO = 3u, DAPO = 4u, GSPO = 5u;
 
 void main() {
     for (uint r = linear_invocation_id(); r < pc.R; r += total_invocations()) {
         float w = weight[r], term = 0.0, grad = 0.0;
         uint f = 0u;
         if (w != 0.0) {
-            float a = adv[r], x = logp[r] - logp_old[r], rho = exp(x);
-            if (pc.type == INTELLECT2 || pc.type == DAPO) {
+            float a = adv[r], x = logp[r] - logp_old[r], rho = exp(pc.type == GSPO ? seq_x[r] : x);
+            if (pc.type == INTELLECT2 || pc.type == DAPO || pc.type == GSPO) {
                 bool capped = pc.type == INTELLECT2 && rho >= pc.delta;
                 float c = capped ? pc.delta : rho, dc = capped ? 0.0 : rho;
                 float plain = -c * a, clipped = -clamp(c, pc.lo, pc.hi) * a;

@@ -111,7 +111,11 @@ static double uniform(uint64_t *s, double lo, double hi) {
 typedef struct {
     uint32_t R;
     float *logp, *logp_old, *adv, *weight, *ref;
+    float *seq_x;  /* gspo: each row's sequence's mean log-ratio (else NULL) */
+    int *seq_lens; /* gspo: sequences of GSPO_SEQ rows, the last one shorter */
+    int n_seqs;
 } grpo_inputs;
+#define GSPO_SEQ 7
 
 /* Log-ratios logp - logp_old, one per branch: below 1 - eps, inside the
  * range on both sides of 1, above 1 + eps, above delta (4 = e^1.386). Each
@@ -129,7 +133,7 @@ static bool near_mask_edge(float logp, float logp_old) {
 
 static grpo_inputs grpo_make(const loss_case *tc, uint64_t seed) {
     uint32_t R = tc->grpo.R;
-    grpo_inputs in = {R, xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4)};
+    grpo_inputs in = {R, xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), xmalloc(R * 4), NULL, NULL, 0};
     uint64_t s = seed;
     for (uint32_t r = 0; r < R; r++) {
         uint64_t kind = next_u64(&s);
@@ -155,7 +159,34 @@ static grpo_inputs grpo_make(const loss_case *tc, uint64_t seed) {
 }
 
 static void grpo_free(grpo_inputs *in) {
-    free(in->logp); free(in->logp_old); free(in->adv); free(in->weight); free(in->ref);
+    free(in->logp); free(in->logp_old); free(in->adv); free(in->weight); free(in->ref); free(in->seq_x);
+    free(in->seq_lens);
+}
+
+/* gspo: sequences of GSPO_SEQ rows, one weight and one advantage per
+ * sequence (a completion's: its first live row's), and seq_x from the
+ * reference's vks_ref_sequence_log_ratio. */
+static void make_sequences(grpo_inputs *in) {
+    uint32_t R = in->R;
+    in->n_seqs = (int)((R + GSPO_SEQ - 1) / GSPO_SEQ);
+    in->seq_lens = xmalloc(sizeof *in->seq_lens * (size_t)in->n_seqs);
+    for (int s = 0; s < in->n_seqs; s++) {
+        uint32_t row = (uint32_t)s * GSPO_SEQ, len = R - row < GSPO_SEQ ? R - row : GSPO_SEQ;
+        in->seq_lens[s] = (int)len;
+        int first = -1;
+        for (uint32_t k = row; k < row + len; k++) {
+            if (in->weight[k] == 0.0f) continue;
+            if (first < 0) first = (int)k;
+            in->weight[k] = in->weight[first], in->adv[k] = in->adv[first];
+        }
+    }
+    double *lp = xmalloc(R * sizeof *lp), *old = xmalloc(R * sizeof *old), *w = xmalloc(R * sizeof *w);
+    double *x = xmalloc(R * sizeof *x);
+    for (uint32_t r = 0; r < R; r++) lp[r] = in->logp[r], old[r] = in->logp_old[r], w[r] = in->weight[r];
+    assert_int_equal(vks_ref_sequence_log_ratio(lp, old, w, in->seq_lens, in->n_seqs, (int)R, x), VKS_OK);
+    in->seq_x = xmalloc(R * 4);
+    for (uint32_t r = 0; r < R; r++) in->seq_x[r] = (float)x[r];
+    free(lp), free(old), free(w), free(x);
 }
 
 static double *to_double(const float *x, size_t n) {
@@ -173,7 +204,9 @@ static grpo_outputs gpu_grpo(const loss_case *tc, const grpo_inputs *in, const v
     vks_buffer *dl = tc->grpo.in_place ? lp : gpu_buffer(NULL, bytes);
     vks_buffer *loss = gpu_buffer(NULL, bytes), *flags = gpu_buffer(NULL, bytes);
     vks_buffer *ref = h->kl_beta != 0.0 ? gpu_buffer(in->ref, bytes) : NULL;
-    vks_grpo_loss_rows rows = {bind(lp), bind(old), bind(adv), bind(w), bind(ref), bind(dl), bind(loss), bind(flags)};
+    vks_buffer *seq = in->seq_x ? gpu_buffer(in->seq_x, bytes) : NULL;
+    vks_grpo_loss_rows rows = {bind(lp), bind(old), bind(adv), bind(w), bind(ref), bind(dl), bind(loss), bind(flags),
+                               bind(seq)};
     vks_cmd *c;
     assert_int_equal(vks_cmd_begin(gpu, &c), VKS_OK);
     expect_ok(vks_op_grpo_loss(ops, c, &rows, in->R, h));
@@ -183,6 +216,7 @@ static grpo_outputs gpu_grpo(const loss_case *tc, const grpo_inputs *in, const v
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
     if (dl != lp) vks_buffer_destroy(dl);
     if (ref) vks_buffer_destroy(ref);
+    if (seq) vks_buffer_destroy(seq);
     return out;
 }
 
@@ -212,13 +246,20 @@ static void run_grpo(const loss_case *tc) {
                               .eps_high = VKS_DAPO_EPS_HIGH, .mask_low = VKS_DPPO_MASK, .mask_high = VKS_DPPO_MASK,
                               .adv_tau = 0.7, .kl_tau = 0.05};
     if (h.type == VKS_LOSS_IPO) h.mask_low = h.mask_high = VKS_IPO_THRESHOLD;
+    if (h.type == VKS_LOSS_GSPO) h.eps_low = VKS_GSPO_EPS_LOW, h.eps_high = VKS_GSPO_EPS_HIGH;
     grpo_inputs in = grpo_make(tc, 0x5eed0000u + R);
+    if (h.type == VKS_LOSS_GSPO) make_sequences(&in);
     double *lp = to_double(in.logp, R), *old = to_double(in.logp_old, R), *adv = to_double(in.adv, R);
     double *w = to_double(in.weight, R), *ref = to_double(in.ref, R), *want_loss = xmalloc(R * sizeof *want_loss);
     double *want_d = calloc(R, sizeof *want_d);
     uint32_t *want_flags = xmalloc(R * 4);
     double total;
-    assert_int_equal(vks_ref_grpo_loss(lp, old, adv, h.kl_beta != 0.0 ? ref : NULL, w, (int)R, &h, want_loss, want_flags, &total, want_d), VKS_OK);
+    if (h.type == VKS_LOSS_GSPO)
+        assert_int_equal(vks_ref_gspo_loss(lp, old, adv, h.kl_beta != 0.0 ? ref : NULL, w, in.seq_lens, in.n_seqs, (int)R,
+                                           &h, want_loss, want_flags, &total, want_d), VKS_OK);
+    else
+        assert_int_equal(vks_ref_grpo_loss(lp, old, adv, h.kl_beta != 0.0 ? ref : NULL, w, (int)R, &h, want_loss,
+                                           want_flags, &total, want_d), VKS_OK);
     assert_true(isfinite(total));
     grpo_outputs out[2];
     for (int run = 0; run < 2; run++) out[run] = gpu_grpo(tc, &in, &h);
@@ -247,7 +288,7 @@ static void run_grpo_refusals(const loss_case *tc) {
     vks_buffer *a = gpu_buffer(NULL, R * 4), *b = gpu_buffer(NULL, R * 4), *c4 = gpu_buffer(NULL, R * 4);
     vks_buffer *d = gpu_buffer(NULL, R * 4), *e = gpu_buffer(NULL, R * 4), *f = gpu_buffer(NULL, R * 4);
     vks_buffer *g = gpu_buffer(NULL, R * 4), *small = gpu_buffer(NULL, (R - 1) * 4);
-    vks_grpo_loss_rows ok = {bind(a), bind(b), bind(c4), bind(d), {NULL, 0, 0}, bind(e), bind(f), bind(g)};
+    vks_grpo_loss_rows ok = {bind(a), bind(b), bind(c4), bind(d), {NULL, 0, 0}, bind(e), bind(f), bind(g), {NULL, 0, 0}};
     vks_grpo_loss_params h = {.delta = 4, .eps = 0.2, .token_budget = 100};
     vks_cmd *c;
     assert_int_equal(vks_cmd_begin(gpu, &c), VKS_OK);
@@ -269,7 +310,9 @@ static void run_grpo_refusals(const loss_case *tc) {
         {.token_budget = 100, .type = VKS_LOSS_DPPO_KL, .mask_low = 0.2, .mask_high = 1.5},
         {.token_budget = 100, .type = VKS_LOSS_IPO, .mask_low = -0.1, .mask_high = 0.1},
         {.token_budget = 100, .type = VKS_LOSS_DPPO_KL, .mask_low = 0.2, .mask_high = 0.2, .kl_tau = -1},
-        {.token_budget = 100, .type = (vks_loss_type)VKS_LOSS_TYPE_COUNT}};
+        {.token_budget = 100, .type = (vks_loss_type)VKS_LOSS_TYPE_COUNT},
+        {.token_budget = 100, .type = VKS_LOSS_GSPO, .eps_low = 2, .eps_high = 4e-4},
+        {.token_budget = 100, .type = VKS_LOSS_GSPO, .eps_low = 3e-4, .eps_high = 4e-4}}; /* no seq_log_ratio binding */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_arg_error(vks_op_grpo_loss(ops, c, &ok, R, &bad[i]));
     vks_grpo_loss_rows r = ok;
     r.flags = bind(small); /* one value short */
@@ -298,6 +341,14 @@ static void run_grpo_refusals(const loss_case *tc) {
     r = ok;
     r.dlogp = r.logp; /* in place: allowed */
     expect_ok(vks_op_grpo_loss(ops, c, &r, R, &h));
+    vks_grpo_loss_params gs = {.token_budget = 100, .type = VKS_LOSS_GSPO, .eps_low = 3e-4, .eps_high = 4e-4};
+    r = ok;
+    r.seq_log_ratio = bind(small); /* gspo: its sequence ratios, one value short */
+    expect_arg_error(vks_op_grpo_loss(ops, c, &r, R, &gs));
+    r.seq_log_ratio = r.loss_rows; /* an output over them */
+    expect_arg_error(vks_op_grpo_loss(ops, c, &r, R, &gs));
+    r.seq_log_ratio = r.logp_old; /* inputs may share memory */
+    expect_ok(vks_op_grpo_loss(ops, c, &r, R, &gs));
     vks_cmd_discard(c);
     vks_buffer *all[] = {a, b, c4, d, e, f, g, small};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) vks_buffer_destroy(all[i]);
@@ -335,7 +386,8 @@ static void run_intellect2_golden(const loss_case *tc) {
         vks_buffer *lp = gpu_buffer(logp, bytes), *ol = gpu_buffer(old, bytes), *ad = gpu_buffer(adv, bytes);
         vks_buffer *wt = gpu_buffer(w, bytes), *rf = gpu_buffer(ref, bytes), *dl = gpu_buffer(NULL, bytes);
         vks_buffer *loss = gpu_buffer(NULL, bytes), *flags = gpu_buffer(NULL, bytes);
-        vks_grpo_loss_rows rows = {bind(lp), bind(ol), bind(ad), bind(wt), bind(rf), bind(dl), bind(loss), bind(flags)};
+        vks_grpo_loss_rows rows = {bind(lp), bind(ol), bind(ad), bind(wt), bind(rf), bind(dl), bind(loss), bind(flags),
+                                   {NULL, 0, 0}};
         vks_grpo_loss_params p = {.delta = 4.0, .eps = 0.2, .token_budget = 1000.0, .kl_beta = kl ? 0.1 : 0.0};
         vks_cmd *c;
         assert_int_equal(vks_cmd_begin(gpu, &c), VKS_OK);
@@ -384,6 +436,9 @@ static const loss_case cases[] = {
     LOSS("cispo R=173 kl", VKS_LOSS_CISPO, 173, false, false, 173.0, 0.04),
     LOSS("dapo R=173", VKS_LOSS_DAPO, 173, false, true, 173.0, 0),
     LOSS("dapo R=4099 weights kl", VKS_LOSS_DAPO, 4099, false, false, 1024.0, 0.1),
+    LOSS("gspo R=7", VKS_LOSS_GSPO, 7, false, true, 7.0, 0),
+    LOSS("gspo R=173 weights", VKS_LOSS_GSPO, 173, false, false, 173.0, 0),
+    LOSS("gspo R=4099 kl in place", VKS_LOSS_GSPO, 4099, true, false, 1024.0, 0.1),
     {"grpo refusals", run_grpo_refusals, .tol = 0},
     {"intellect2 golden", run_intellect2_golden, .tol = 0},
 };

@@ -758,7 +758,7 @@ static void test_rl_loss_grad(void **state) {
     enum { R = 64 };
     static const double log_ratios[] = {-1.2, -0.4, -0.03, 0.03, 0.3, 0.9, 1.7};
     for (int type = 0; type < VKS_LOSS_TYPE_COUNT; type++)
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 2 && type != VKS_LOSS_GSPO; k++) { /* gspo's sequences: test_gspo_grad */
             rng64 rng = {0xc0ffee00u + (uint64_t)type * 2 + (uint64_t)k};
             double logp[R], old[R], adv[R], w[R], ref[R], grad[R] = {0};
             for (int r = 0; r < R; r++) {
@@ -797,6 +797,65 @@ static void test_rl_loss_grad(void **state) {
             if (!(err <= GRAD_RTOL * gmax + GRAD_ATOL))
                 fail_msg("%s: gradient vs finite differences: error %.3g", vks_loss_type_name(h.type), err);
         }
+}
+
+/* gspo: 12 sequences of 8 rows (one weight and one advantage each, a masked
+ * prompt row first), d loss / d logp against central differences: moving one
+ * row's logp moves its sequence's ratio s, so the difference sees the whole
+ * sequence's dP/ds s / n, which the reference gives as w (-A s) on each row.
+ * Half the sequences keep s within [1 - 3e-4, 1 + 4e-4] (their rows' log-ratios
+ * within +-1e-4: the differences move s by ~1e-6), half far outside (clipped
+ * or not by A's sign); with and without the KL term. */
+static void test_gspo_grad(void **state) {
+    (void)state;
+    enum { S = 12, L = 8, R = S * L };
+    int lens[S];
+    for (int k = 0; k < 2; k++) {
+        rng64 rng = {0x65b0u + (uint64_t)k};
+        double logp[R], old[R], adv[R], w[R], ref[R], grad[R] = {0};
+        for (int s = 0; s < S; s++) {
+            lens[s] = L;
+            double a = s % 4 == 3 ? 0.0 : rng_uniform(&rng, 0.2, 2.0) * (s % 2 ? -1 : 1);
+            double weight = rng_uniform(&rng, 0.5, 1.5), far = s % 3 == 0 ? 0.0 : s % 3 == 1 ? 0.6 : -0.5;
+            for (int i = 0; i < L; i++) {
+                int r = s * L + i;
+                logp[r] = rng_uniform(&rng, -3.0, -0.05);
+                old[r] = logp[r] - far - rng_uniform(&rng, -1e-4, 1e-4);
+                adv[r] = a, w[r] = i == 0 ? 0.0 : weight; /* the prompt row */
+                ref[r] = logp[r] + rng_uniform(&rng, -1.0, 1.0);
+            }
+        }
+        vks_grpo_loss_params h = {.token_budget = 37.0, .kl_beta = k ? 0.3 : 0.0, .type = VKS_LOSS_GSPO,
+                                  .eps_low = VKS_GSPO_EPS_LOW, .eps_high = VKS_GSPO_EPS_HIGH};
+        uint32_t flags[R];
+        assert_int_equal(vks_ref_gspo_loss(logp, old, adv, ref, w, lens, S, R, &h, NULL, flags, NULL, grad), VKS_OK);
+        int in = 0, out = 0;
+        for (int r = 0; r < R; r++)
+            if (w[r] != 0 && adv[r] != 0) *(flags[r] & VKS_GRPO_CLIPPED ? &out : &in) += 1;
+        assert_true(in > 8 && out > 8);
+        double err = 0, gmax = 0;
+        for (int r = 0; r < R; r++) {
+            double saved = logp[r], lp, lm;
+            logp[r] = saved + FD_STEP;
+            assert_int_equal(vks_ref_gspo_loss(logp, old, adv, ref, w, lens, S, R, &h, NULL, NULL, &lp, NULL), VKS_OK);
+            logp[r] = saved - FD_STEP;
+            assert_int_equal(vks_ref_gspo_loss(logp, old, adv, ref, w, lens, S, R, &h, NULL, NULL, &lm, NULL), VKS_OK);
+            logp[r] = saved;
+            err = fmax(err, fabs((lp - lm) / (2 * FD_STEP) - grad[r]));
+            gmax = fmax(gmax, fabs(grad[r]));
+        }
+        fprintf(stderr, "gspo%s: %d rows in the trust region, %d out; gradient error %.3g of %.3g\n", k ? " + kl" : "",
+                in, out, err, gmax);
+        assert_true(gmax > 1e-3);
+        if (!(err <= GRAD_RTOL * gmax + GRAD_ATOL)) fail_msg("gspo: gradient vs finite differences: error %.3g", err);
+        /* two advantages in one sequence, or a sequence past the rows: refused */
+        adv[L + 3] += 1.0;
+        assert_int_equal(vks_ref_gspo_loss(logp, old, adv, ref, w, lens, S, R, &h, NULL, NULL, NULL, NULL), VKS_ERR_ARG);
+        adv[L + 3] -= 1.0;
+        lens[S - 1] = L + 1;
+        assert_int_equal(vks_ref_gspo_loss(logp, old, adv, ref, w, lens, S, R, &h, NULL, NULL, NULL, NULL), VKS_ERR_ARG);
+        assert_int_equal(vks_ref_grpo_loss(logp, old, adv, ref, w, R, &h, NULL, NULL, NULL, NULL), VKS_ERR_ARG);
+    }
 }
 
 /* One row of each type by hand (w 1, budget 1, adv_tau 1, kl_tau 1e-3):
@@ -1198,6 +1257,7 @@ int main(void) {
         cmocka_unit_test(test_lr_schedule),
         cmocka_unit_test(test_rl_loss_grad),
         cmocka_unit_test(test_rl_loss_known),
+        cmocka_unit_test(test_gspo_grad),
         cmocka_unit_test(test_train_logits_match_ref_forward),
         cmocka_unit_test(test_train_grad_every_tensor),
         cmocka_unit_test(test_train_grad_entropy),

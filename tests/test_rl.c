@@ -614,15 +614,18 @@ static void test_off_policy_kept(void **state) {
  * normalisers: "tokens" divides by the step's completion tokens (8
  * completions, all trained at k = 0, of the reported mean length) instead of
  * the budget 2 x 4 x 12; "sequence" averages each completion's tokens first,
- * so at ratio 1 the loss is -sum A / 8, and a group's advantages sum to 0. */
+ * so at ratio 1 the loss is -sum A / 8, and a group's advantages sum to 0.
+ * gspo (its sequence ratios from a forward pass of their own) is intellect2's
+ * too at ratio 1. */
 static void test_loss_types_run(void **state) {
     (void)state;
     static const char *const sets[][2] = {{"loss.type=intellect2", NULL}, {"loss.type=dppo_kl", NULL},
                                           {"loss.type=dapo", NULL},       {"loss.type=cispo", NULL},
                                           {"loss.type=intellect2", "advantage.type=group_mean"},
-                                          {"loss.normalize=tokens", NULL},  {"loss.normalize=sequence", NULL}};
-    double loss[7], length[7];
-    for (int i = 0; i < 7; i++) {
+                                          {"loss.normalize=tokens", NULL},  {"loss.normalize=sequence", NULL},
+                                          {"loss.type=gspo", NULL}};
+    double loss[8], length[8];
+    for (int i = 0; i < 8; i++) {
         vks_rl_config c;
         char out[600];
         snprintf(out, sizeof out, "%s/rl-loss-%d", tu_tmpdir(), i);
@@ -647,6 +650,7 @@ static void test_loss_types_run(void **state) {
     assert_true(length[5] == length[0] && length[0] > 0); /* the same rollouts */
     assert_near(loss[5], loss[0] * (2 * 4 * 12) / (8 * length[0]), 1e-5 * scale);
     assert_true(fabs(loss[6]) < 1e-6 * scale);
+    assert_true(fabs(loss[7] - loss[0]) <= 1e-5 * scale); /* gspo: every sequence's ratio 1, its extra forward */
 }
 
 /* The trainer's last versions (src/rl/rl_versions.c): the newest cap are

@@ -328,6 +328,10 @@ static void test_loss_block(void **state) {
     assert_int_equal(vks_rl_config_set(&c, "loss.ipo_threshold=0.05"), VKS_OK);
     vks_rl_loss_params(&c, 10, &h);
     assert_true(h.type == VKS_LOSS_IPO && h.mask_low == 0.05 && h.mask_high == 0.05);
+    assert_int_equal(vks_rl_config_set(&c, "loss.type=gspo"), VKS_OK); /* its own clip range */
+    vks_rl_loss_params(&c, 10, &h);
+    assert_true(h.type == VKS_LOSS_GSPO && h.eps_low == 3e-4 && h.eps_high == 4e-4);
+    assert_int_equal(vks_rl_config_set(&c, "loss.type=ipo"), VKS_OK);
     for (int t = 0; t < VKS_LOSS_TYPE_COUNT; t++) { /* every type's defaults pass the loss's own check */
         char set[64];
         vks_rl_config d;

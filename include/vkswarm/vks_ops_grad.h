@@ -223,7 +223,7 @@ int vks_op_token_logprob_entropy_backward(vks_ops *o, vks_cmd *c, vks_binding lo
                                           vks_binding entropy, uint32_t R, uint32_t V, bool accumulate);
 
 /* ==== loss ops: the RL loss (src/gpu/ops_grad_loss.c, shaders/grpo_loss.comp) ====
- * The RL loss of h->type per row (intellect2, dppo_kl, ipo, cispo, dapo),
+ * The RL loss of h->type per row (intellect2, dppo_kl, ipo, cispo, dapo, gspo),
  * vks_ref_grpo_loss in f32 (the definitions, the flags and the parameters are
  * there; h must pass vks_grpo_loss_params_ok), one invocation per row: every
  * output is OVERWRITTEN (dlogp is the gradient the trainer's backward starts
@@ -241,6 +241,8 @@ typedef struct {
     vks_binding dlogp;     /* f32 out: d loss / d logp */
     vks_binding loss_rows; /* f32 out: each row's loss term (already divided by the token budget) */
     vks_binding flags;     /* uint32 out: VKS_GRPO_CLIPPED | VKS_GRPO_CAPPED */
+    vks_binding seq_log_ratio; /* f32: gspo only (may be unset otherwise): the row's sequence's mean
+                                * logp - logp_old over its live rows (vks_ref_sequence_log_ratio) */
 } vks_grpo_loss_rows;
 int vks_op_grpo_loss(vks_ops *o, vks_cmd *c, const vks_grpo_loss_rows *rows, uint32_t R,
                      const vks_grpo_loss_params *h);

@@ -114,6 +114,12 @@ int vks_ref_token_entropy_backward(const double *logits, int R, int V, const dou
  *     P = -[not masked] adv_tau A rho + kl_tau x^2, dP = -[not masked] adv_tau A rho + 2 kl_tau x.
  * - ipo (prime-rl's): the same, masked when dp > mask_high or dp < -mask_low
  *     whatever A's sign.
+ * - gspo (GSPO): dapo's P with rho replaced by the row's sequence's ratio
+ *     s = exp(mean x over the sequence's live rows), the same for all its rows
+ *     (vks_ref_gspo_loss). With one weight and one advantage per sequence (a
+ *     completion's), the sequence's sum of w P has d/dlogp = w dP/ds ds/dlogp
+ *     summed over its n rows = w (-A s) per row (ds/dlogp = s / n), 0 where
+ *     the clipped term wins.
  * Optional KL penalty to a reference model (kl_beta > 0; off by default), the
  * k3 estimator on the sampled token, y = ref_logp - logp:
  *   loss_r += w[r] kl_beta (exp(y) - y - 1) / token_budget   (>= 0, 0 at y = 0)
@@ -127,6 +133,16 @@ int vks_ref_token_entropy_backward(const double *logits, int R, int V, const dou
 int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
                       const double *weight, int R, const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags, double *loss,
                       double *dlogp);
+/* gspo's: the rows form n_seqs sequences of seq_lens[s] consecutive rows (summing
+ * to R), each one's live rows (weight != 0) with one weight and one advantage
+ * (VKS_ERR_ARG otherwise); the rest as vks_ref_grpo_loss, which refuses gspo. */
+int vks_ref_gspo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
+                      const double *weight, const int *seq_lens, int n_seqs, int R, const vks_grpo_loss_params *h,
+                      double *loss_rows, uint32_t *flags, double *loss, double *dlogp);
+/* seq_x[r] = the mean of logp - logp_old over the live rows (weight != 0; NULL:
+ * all) of row r's sequence, 0 in a sequence without one. */
+int vks_ref_sequence_log_ratio(const double *logp, const double *logp_old, const double *weight, const int *seq_lens,
+                               int n_seqs, int R, double *seq_x);
 
 /* ---- optimizer (its parameters: vks_adamw_params, vks_train_types.h) ---- */
 /* One AdamW step (PyTorch's and llm.c's), element by element, t = 1-based step:

@@ -19,6 +19,8 @@ typedef enum {
     VKS_LOSS_IPO,            /* prime-rl's ipo: the same, masked where |p - p_old| > the threshold either way */
     VKS_LOSS_CISPO,          /* MiniMax-M1's CISPO: the clipped ratio as a detached coefficient of A logp */
     VKS_LOSS_DAPO,           /* DAPO: PPO's clip with clip-higher, [1 - eps_low, 1 + eps_high], no cap */
+    VKS_LOSS_GSPO,           /* GSPO (Qwen): dapo's clip on the sequence's ratio, the geometric mean of its
+                              * tokens' ratios, for every token of the sequence */
     VKS_LOSS_TYPE_COUNT
 } vks_loss_type;
 
@@ -37,7 +39,8 @@ typedef struct {
      * vks_op_grpo_loss ignore it (vks_ref_token_entropy_backward is its reference). */
     double entropy_coef;
     vks_loss_type type;
-    double eps_low, eps_high;   /* dapo, cispo: the ratio (cispo: its coefficient) is clipped to [1 - eps_low, 1 + eps_high] */
+    double eps_low, eps_high;   /* dapo, cispo, gspo: the ratio (cispo: its coefficient; gspo: the sequence's) is
+                                 * clipped to [1 - eps_low, 1 + eps_high] */
     double mask_low, mask_high; /* dppo_kl: masked where p - p_old < -mask_low (A <= 0) or > mask_high (A > 0);
                                  * ipo: where it is < -mask_low or > mask_high (both set to the threshold) */
     double adv_tau, kl_tau;     /* dppo_kl, ipo: the advantage's scale and the squared log-ratio's weight */
@@ -48,12 +51,14 @@ typedef struct {
 #define VKS_DPPO_MASK 0.2
 #define VKS_IPO_THRESHOLD 0.1
 #define VKS_DPPO_KL_TAU 1e-3
+#define VKS_GSPO_EPS_LOW 3e-4 /* the GSPO paper's: a sequence's ratio moves far less than a token's */
+#define VKS_GSPO_EPS_HIGH 4e-4
 
 /* Whether h is a valid loss: the type's own parameters in range, token_budget
  * > 0 (also as a float), kl_beta >= 0. When not, why (may be NULL) gets a
  * sentence naming the parameter. */
 bool vks_grpo_loss_params_ok(const vks_grpo_loss_params *h, char *why, size_t cap);
-/* "intellect2", "dppo_kl", "ipo", "cispo", "dapo"; NULL for another value. */
+/* "intellect2", "dppo_kl", "ipo", "cispo", "dapo", "gspo"; NULL for another value. */
 const char *vks_loss_type_name(vks_loss_type t);
 /* The type named s; false when s names none. */
 bool vks_loss_type_parse(const char *s, vks_loss_type *t);

@@ -6,7 +6,7 @@
 
 #include "vkswarm/vks_train_types.h"
 
-static const char *const type_names[VKS_LOSS_TYPE_COUNT] = {"intellect2", "dppo_kl", "ipo", "cispo", "dapo"};
+static const char *const type_names[VKS_LOSS_TYPE_COUNT] = {"intellect2", "dppo_kl", "ipo", "cispo", "dapo", "gspo"};
 
 const char *vks_loss_type_name(vks_loss_type t) {
     return (unsigned)t < VKS_LOSS_TYPE_COUNT ? type_names[t] : NULL;
@@ -40,6 +40,7 @@ bool vks_grpo_loss_params_ok(const vks_grpo_loss_params *h, char *why, size_t ca
         return true;
     case VKS_LOSS_CISPO:
     case VKS_LOSS_DAPO:
+    case VKS_LOSS_GSPO:
         if (!in(h->eps_low, 0.0, 1.0)) return fail(why, cap, "eps_low must be in [0, 1]");
         if (!in(h->eps_high, 0.0, 1e6)) return fail(why, cap, "eps_high must be in [0, 1e6]");
         return true;

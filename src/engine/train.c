@@ -72,7 +72,7 @@ int vks_train_other_buffers(const vks_model_config *c, const vks_lora_config *lo
         {&a->embed_index, VKS_EMBED_GRAD_INDEX_WORDS(T), S}, {&a->clip_partials, n_partials, S},
         {&a->clip_out, 2, S}, {&a->one, 1, S}, {&a->grpo_old, T, S}, {&a->grpo_adv, T, S}, {&a->grpo_weight, T, S},
         {&a->grpo_ref, T, S}, {&a->grpo_loss, T, S}, {&a->grpo_flags, T, S}, {&a->grpo_dent, T, S},
-        {&a->grpo_entropy, T, S},
+        {&a->grpo_entropy, T, S}, {&a->grpo_seq, T, S},
         {&a->rope_table, T * hd, S}, /* (cos, sin) per position and pair: vks_rope_table */
         /* q/k norm (Qwen3): their gradients before the norm */
         {&a->dq_pre, T * qd, S}, {&a->dk_pre, T * kv, S},
@@ -309,6 +309,7 @@ typedef struct {
     const vks_grpo_rows *rows;
     const vks_grpo_loss_params *h;
     vks_grpo_stats *stats;
+    const float *seq_x; /* gspo: each row's sequence's mean log-ratio (sequence_log_ratio); else NULL */
 } grpo_job;
 
 static bool has_kl(const grpo_job *g) { return g->h->kl_beta != 0.0; }
@@ -341,6 +342,7 @@ static int upload_grpo(vks_trainer *t, const vks_train_batch *b, const train_row
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_old, 0, old, bytes);
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_adv, 0, adv, bytes);
     if (!rc) rc = vks_buffer_upload(t->acts.grpo_ref, 0, ref, bytes);
+    if (!rc && g->seq_x) rc = vks_buffer_upload(t->acts.grpo_seq, 0, g->seq_x, bytes);
     if (!rc) { /* d loss / d H_r of the bonus term -c w_r H_r / token_budget (reuses old[]); +0 when off */
         for (int i = 0; i < r->n; i++)
             old[i] = has_bonus(g) ? (float)(-g->h->entropy_coef * w[i] / g->h->token_budget) : 0.0f;
@@ -357,7 +359,8 @@ static int upload_grpo(vks_trainer *t, const vks_train_batch *b, const train_row
 static int record_grpo(vks_trainer *t, vks_cmd *c, uint32_t n, const grpo_job *g) {
     train_acts *a = &t->acts;
     vks_grpo_loss_rows rows = {bind(a->logp),     bind(a->grpo_old),  bind(a->grpo_adv),  bind(a->grpo_weight),
-                               bind(a->grpo_ref), bind(a->dlogp),     bind(a->grpo_loss), bind(a->grpo_flags)};
+                               bind(a->grpo_ref), bind(a->dlogp),     bind(a->grpo_loss), bind(a->grpo_flags),
+                               bind(a->grpo_seq)};
     return vks_op_grpo_loss(t->ops, c, &rows, n, g->h);
 }
 
@@ -452,14 +455,50 @@ int vks_trainer_accumulate(vks_trainer *t, const vks_train_batch *b, double *los
     return run(t, b, true, NULL, loss, logp, NULL);
 }
 
+/* gspo: seq_x[r] = the mean of logp - logp_old over the live rows (a target
+ * and weight != 0) of row r's sequence, from the current weights' logp (a
+ * forward pass of its own: the loss kernel needs the whole sequence's ratio
+ * before any of its rows' gradients). vks_ref_sequence_log_ratio is the
+ * reference. */
+static int sequence_log_ratio(vks_trainer *t, const vks_train_batch *b, const float *logp_old, float *seq_x) {
+    float *lp = malloc(sizeof *lp * (size_t)b->n_tokens);
+    int rc = lp ? run(t, b, false, NULL, NULL, lp, NULL) : vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    int one_len = b->n_tokens, n_seqs = b->n_seqs ? b->n_seqs : 1;
+    const int *lens = b->n_seqs ? b->seq_lens : &one_len;
+    for (int s = 0, row = 0; !rc && s < n_seqs; row += lens[s++]) {
+        double sum = 0.0;
+        int live = 0;
+        for (int i = 0; i < lens[s]; i++) {
+            int k = row + i;
+            if (i + 1 < lens[s] && (!b->weight || b->weight[k] != 0.0f)) sum += (double)lp[k] - logp_old[k], live++;
+        }
+        for (int i = 0; i < lens[s]; i++) seq_x[row + i] = live ? (float)(sum / live) : 0.0f;
+    }
+    free(lp);
+    return rc;
+}
+
 int vks_trainer_accumulate_grpo(vks_trainer *t, const vks_train_batch *b, const vks_grpo_rows *rows,
                                 const vks_grpo_loss_params *h, vks_grpo_stats *stats, float *logp) {
-    if (!rows || !rows->logp_old || !rows->advantage || !h || (h->kl_beta != 0.0 && !rows->ref_logp))
+    if (!t || !b || !rows || !rows->logp_old || !rows->advantage || !h || (h->kl_beta != 0.0 && !rows->ref_logp))
         return vks_set_error(VKS_ERR_ARG, "vks_trainer_accumulate_grpo: NULL argument (ref_logp is needed with kl_beta)");
     if (!(h->entropy_coef >= 0.0) || !isfinite(h->entropy_coef))
         return vks_set_error(VKS_ERR_ARG, "vks_trainer_accumulate_grpo: entropy_coef %g (finite, >= 0)", h->entropy_coef);
-    grpo_job g = {rows, h, stats};
-    return run(t, b, true, &g, NULL, logp, NULL);
+    grpo_job g = {rows, h, stats, NULL};
+    float *seq_x = NULL;
+    if (h->type == VKS_LOSS_GSPO) { /* the micro-batch's shape is checked by the forward (rows_build) */
+        seq_x = b->n_tokens > 0 ? malloc(sizeof *seq_x * (size_t)b->n_tokens) : NULL;
+        int rc = seq_x ? sequence_log_ratio(t, b, rows->logp_old, seq_x)
+                       : b->n_tokens > 0 ? vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory") : VKS_OK;
+        if (rc) {
+            free(seq_x);
+            return rc;
+        }
+        g.seq_x = seq_x;
+    }
+    int rc = run(t, b, true, &g, NULL, logp, NULL);
+    free(seq_x);
+    return rc;
 }
 
 int vks_trainer_logprobs(vks_trainer *t, const vks_train_batch *b, float *logp) {

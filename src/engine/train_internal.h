@@ -50,6 +50,7 @@ typedef struct {
     vks_buffer *grpo_old, *grpo_adv, *grpo_weight, *grpo_ref, *grpo_loss, *grpo_flags;
     /* the entropy: d loss / d H per row (the bonus's input), each row's entropy (output), [T] each */
     vks_buffer *grpo_dent, *grpo_entropy;
+    vks_buffer *grpo_seq; /* gspo: each row's sequence's mean log-ratio (input), [T] */
     vks_buffer *rope_table; /* [T, head_dim/2] (cos, sin): vks_rope_table */
     vks_buffer *lora_scratch; /* LoRA: [T, rank], vks_op_lora_backward's g; NULL in full fine-tuning */
     uint32_t n_partials;
@@ -64,7 +65,7 @@ typedef struct {
     train_buffer_kind kind;
 } train_buffer;
 /* at most: q/k norm's buffers only with qk_norm, LoRA's only with an adapter */
-enum { TRAIN_LAYER_BUFFERS = 14 + VKS_LORA_TARGET_COUNT, TRAIN_OTHER_BUFFERS = 35 };
+enum { TRAIN_LAYER_BUFFERS = 14 + VKS_LORA_TARGET_COUNT, TRAIN_OTHER_BUFFERS = 36 };
 /* train.c: the store's buffer lists for T rows (a layer's set; the head and
  * the backward's scratch), written to out; returns the count. lora: the
  * adapter's rank and targets (NULL or rank 0: full fine-tuning). The trainer

@@ -4,7 +4,7 @@
 #include <vulkan/vulkan.h>
 #include "vkswarm/vks_gpu.h"
 
-#define VKS_MAX_BINDINGS 8
+#define VKS_MAX_BINDINGS 9 /* grpo_loss (gspo); every desktop driver allows >= 200 storage buffers per stage (lavapipe, Intel, AMD, NVIDIA) */
 #define VKS_MAX_SPEC 8
 #define VKS_MAX_PROFILE_LABELS 64
 #define VKS_MAX_TIMESTAMPS 8192

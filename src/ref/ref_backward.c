@@ -373,9 +373,12 @@ static policy_row clipped_ratio(double rho, double a, double w, double cap, doub
     return p;
 }
 
-static policy_row policy_term(const vks_grpo_loss_params *h, double logp, double logp_old, double a, double w) {
+/* seq_x: gspo's sequence log-ratio for this row (unused by the others). */
+static policy_row policy_term(const vks_grpo_loss_params *h, double logp, double logp_old, double seq_x, double a,
+                              double w) {
     double x = logp - logp_old, rho = exp(x);
     switch (h->type) {
+    case VKS_LOSS_GSPO: return clipped_ratio(exp(seq_x), a, w, INFINITY, 1.0 - h->eps_low, 1.0 + h->eps_high);
     case VKS_LOSS_INTELLECT2: return clipped_ratio(rho, a, w, h->delta, 1.0 - h->eps, 1.0 + h->eps);
     case VKS_LOSS_DAPO: return clipped_ratio(rho, a, w, INFINITY, 1.0 - h->eps_low, 1.0 + h->eps_high);
     case VKS_LOSS_CISPO: { /* c is a constant of the gradient (stop-gradient) */
@@ -392,18 +395,16 @@ static policy_row policy_term(const vks_grpo_loss_params *h, double logp, double
     }
 }
 
-int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
-                      const double *weight, int R, const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags,
-                      double *loss, double *dlogp) {
-    if (!logp || !logp_old || !advantage || R <= 0 || !vks_grpo_loss_params_ok(h, NULL, 0) ||
-        (h->kl_beta != 0.0 && !ref_logp))
-        return bad_args("vks_ref_grpo_loss");
+/* The loss over R rows; seq_x (gspo only) each row's sequence log-ratio. */
+static void loss_rows_of(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
+                         const double *weight, const double *seq_x, int R, const vks_grpo_loss_params *h,
+                         double *loss_rows, uint32_t *flags, double *loss, double *dlogp) {
     double total = 0.0;
     for (int r = 0; r < R; r++) {
         double w = weight ? weight[r] : 1.0, term = 0.0, grad = 0.0;
         uint32_t f = 0;
         if (w != 0.0) {
-            policy_row p = policy_term(h, logp[r], logp_old[r], advantage[r], w);
+            policy_row p = policy_term(h, logp[r], logp_old[r], seq_x ? seq_x[r] : 0.0, advantage[r], w);
             f = p.flags;
             term = p.term / h->token_budget;
             grad = p.grad / h->token_budget;
@@ -419,7 +420,62 @@ int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *
         total += term;
     }
     if (loss) *loss = total;
+}
+
+int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
+                      const double *weight, int R, const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags,
+                      double *loss, double *dlogp) {
+    if (!logp || !logp_old || !advantage || R <= 0 || !vks_grpo_loss_params_ok(h, NULL, 0) ||
+        h->type == VKS_LOSS_GSPO || (h->kl_beta != 0.0 && !ref_logp))
+        return bad_args("vks_ref_grpo_loss");
+    loss_rows_of(logp, logp_old, advantage, ref_logp, weight, NULL, R, h, loss_rows, flags, loss, dlogp);
     return VKS_OK;
+}
+
+/* Checks the sequences tile [0, R) and, given advantages, that each one's
+ * live rows (weight != 0) share one weight and one advantage. */
+static bool sequences_ok(const double *weight, const double *advantage, const int *seq_lens, int n_seqs, int R) {
+    if (!seq_lens || n_seqs < 1) return false;
+    int row = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seq_lens[s] < 1 || seq_lens[s] > R - row) return false;
+        int first = -1;
+        for (int k = row; advantage && k < row + seq_lens[s]; k++) {
+            if (weight && weight[k] == 0.0) continue;
+            if (first < 0) first = k;
+            else if ((weight && weight[k] != weight[first]) || advantage[k] != advantage[first]) return false;
+        }
+        row += seq_lens[s];
+    }
+    return row == R;
+}
+
+int vks_ref_sequence_log_ratio(const double *logp, const double *logp_old, const double *weight, const int *seq_lens,
+                               int n_seqs, int R, double *seq_x) {
+    if (!logp || !logp_old || !seq_x || R <= 0 || !sequences_ok(weight, NULL, seq_lens, n_seqs, R))
+        return bad_args("vks_ref_sequence_log_ratio");
+    for (int s = 0, row = 0; s < n_seqs; row += seq_lens[s++]) {
+        double sum = 0.0;
+        int live = 0;
+        for (int k = row; k < row + seq_lens[s]; k++)
+            if (!weight || weight[k] != 0.0) sum += logp[k] - logp_old[k], live++;
+        for (int k = row; k < row + seq_lens[s]; k++) seq_x[k] = live ? sum / live : 0.0;
+    }
+    return VKS_OK;
+}
+
+int vks_ref_gspo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
+                      const double *weight, const int *seq_lens, int n_seqs, int R, const vks_grpo_loss_params *h,
+                      double *loss_rows, uint32_t *flags, double *loss, double *dlogp) {
+    if (!logp || !logp_old || !advantage || R <= 0 || !vks_grpo_loss_params_ok(h, NULL, 0) ||
+        h->type != VKS_LOSS_GSPO || (h->kl_beta != 0.0 && !ref_logp) || !sequences_ok(weight, advantage, seq_lens, n_seqs, R))
+        return bad_args("vks_ref_gspo_loss");
+    double *seq_x = malloc(sizeof *seq_x * (size_t)R);
+    if (!seq_x) return vks_set_error(VKS_ERR_NOMEM, "vks_ref_gspo_loss: out of memory");
+    int rc = vks_ref_sequence_log_ratio(logp, logp_old, weight, seq_lens, n_seqs, R, seq_x);
+    if (!rc) loss_rows_of(logp, logp_old, advantage, ref_logp, weight, seq_x, R, h, loss_rows, flags, loss, dlogp);
+    free(seq_x);
+    return rc;
 }
 
 /* ---- optimizer ---- */

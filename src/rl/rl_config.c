@@ -41,7 +41,7 @@ static const key_info keys[] = {
 
 static const vks_rl_loss default_loss = {VKS_LOSS_INTELLECT2, VKS_NORMALIZE_BUDGET, VKS_GRPO_DELTA, VKS_GRPO_EPS, VKS_DAPO_EPS_LOW,
                                          VKS_DAPO_EPS_HIGH, VKS_DPPO_MASK, VKS_DPPO_MASK, VKS_IPO_THRESHOLD, 1.0,
-                                         VKS_DPPO_KL_TAU};
+                                         VKS_DPPO_KL_TAU, VKS_GSPO_EPS_LOW, VKS_GSPO_EPS_HIGH};
 
 void vks_rl_config_defaults(vks_rl_config *c) {
     memset(c, 0, sizeof *c);
@@ -75,6 +75,7 @@ static const loss_key loss_keys[] = {
     LOSS_KEY(delta, 1, 1e6),        LOSS_KEY(eps, 0, 0.999),          LOSS_KEY(eps_low, 0, 1),
     LOSS_KEY(eps_high, 0, 1e6),     LOSS_KEY(dppo_mask_low, 0, 1),    LOSS_KEY(dppo_mask_high, 0, 1),
     LOSS_KEY(ipo_threshold, 0, 1),  LOSS_KEY(adv_tau, 0, 1e6),        LOSS_KEY(kl_tau, 0, 1e6),
+    LOSS_KEY(gspo_eps_low, 0, 1),   LOSS_KEY(gspo_eps_high, 0, 1e6),
 };
 #define N_LOSS_KEYS (sizeof loss_keys / sizeof loss_keys[0])
 
@@ -91,10 +92,11 @@ const char *vks_advantage_type_name(vks_advantage_type t) {
 
 void vks_rl_loss_params(const vks_rl_config *c, double token_budget, vks_grpo_loss_params *h) {
     const vks_rl_loss *l = &c->loss;
-    bool ipo = l->type == VKS_LOSS_IPO;
+    bool ipo = l->type == VKS_LOSS_IPO, gspo = l->type == VKS_LOSS_GSPO;
     *h = (vks_grpo_loss_params){.delta = l->delta, .eps = l->eps, .token_budget = token_budget,
-                                .entropy_coef = c->entropy_coef, .type = l->type, .eps_low = l->eps_low,
-                                .eps_high = l->eps_high, .mask_low = ipo ? l->ipo_threshold : l->dppo_mask_low,
+                                .entropy_coef = c->entropy_coef, .type = l->type,
+                                .eps_low = gspo ? l->gspo_eps_low : l->eps_low,
+                                .eps_high = gspo ? l->gspo_eps_high : l->eps_high, .mask_low = ipo ? l->ipo_threshold : l->dppo_mask_low,
                                 .mask_high = ipo ? l->ipo_threshold : l->dppo_mask_high, .adv_tau = l->adv_tau,
                                 .kl_tau = l->kl_tau};
 }
@@ -104,7 +106,7 @@ static int set_loss(vks_rl_config *c, const char *k, const char *v, const char *
     if (!strcmp(k, "type")) {
         if (!vks_loss_type_parse(v, &c->loss.type))
             return vks_set_error(VKS_ERR_FORMAT, "%s: loss.type '%.40s' is not one of intellect2, dppo_kl, ipo, "
-                                 "cispo, dapo", where, v);
+                                 "cispo, dapo, gspo", where, v);
         return VKS_OK;
     }
     if (!strcmp(k, "normalize")) {
@@ -163,7 +165,8 @@ static bool loss_is_default(const vks_rl_config *c) {
     const vks_rl_loss *l = &c->loss, *d = &default_loss;
     return l->type == d->type && l->normalize == d->normalize && l->delta == d->delta && l->eps == d->eps && l->eps_low == d->eps_low &&
            l->eps_high == d->eps_high && l->dppo_mask_low == d->dppo_mask_low && l->dppo_mask_high == d->dppo_mask_high &&
-           l->ipo_threshold == d->ipo_threshold && l->adv_tau == d->adv_tau && l->kl_tau == d->kl_tau;
+           l->ipo_threshold == d->ipo_threshold && l->adv_tau == d->adv_tau && l->kl_tau == d->kl_tau &&
+           l->gspo_eps_low == d->gspo_eps_low && l->gspo_eps_high == d->gspo_eps_high;
 }
 
 static json_t *loss_object(const vks_rl_config *c) {
