@@ -28,7 +28,7 @@ static const char rl_usage[] =
     "online filter pick what the trainer trains on; the trainer hands each step's weights back.\n"
     "The config (docs \"The RL config\") gives every key; --set KEY=VALUE and the named flags override\n"
     "it. docs \"Asynchronous RL: vkswarm rl\" starts from a task file of your own.\n"
-    "The loss (docs \"RL losses\"): INTELLECT-2's GRPO unless --set loss.type=dppo_kl|ipo|cispo|dapo\n"
+    "The loss (docs \"RL losses\"): INTELLECT-2's GRPO unless --set loss.type=dppo_kl|ipo|cispo|dapo|gspo\n"
     "(each with its knobs under loss.); --set advantage.type=group_mean for r - mean advantages,\n"
     "--set loss.normalize=tokens|sequence for the step's divisor.\n"
     "--model starts from a checkpoint (train sft's), --init tiny from the built-in tiny model.\n"
