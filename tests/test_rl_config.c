@@ -340,7 +340,7 @@ static void test_loss_block(void **state) {
         assert_int_equal(vks_rl_config_set(&d, set), VKS_OK);
         assert_int_equal(vks_rl_config_check(&d, 1), VKS_OK);
     }
-    expect_message(vks_rl_config_set(&c, "loss.type=ppo"), "--set: loss.type 'ppo' is not one of intellect2, dppo_kl");
+    expect_message(vks_rl_config_set(&c, "loss.type=ppo"), "--set: loss.type 'ppo' is not intellect2, dppo_kl, ipo, cispo, dapo or gspo");
     expect_message(vks_rl_config_set(&c, "loss.kl_tau=-1"), "--set: loss.kl_tau must be a number in [0, 1e+06]");
     expect_message(vks_rl_config_set(&c, "loss.dppo_mask_low=x"), "--set: loss.dppo_mask_low must be a number");
     expect_message(vks_rl_config_set(&c, "loss.clip=0.2"), "--set: unknown key 'loss.clip'");

@@ -79,8 +79,8 @@ static const loss_key loss_keys[] = {
 };
 #define N_LOSS_KEYS (sizeof loss_keys / sizeof loss_keys[0])
 
-static const char *const advantage_names[] = {"group_std", "group_mean"};
-static const char *const normalize_names[] = {"budget", "tokens", "sequence"};
+static const char *const advantage_names[] = {"group_std", "group_mean", NULL};
+static const char *const normalize_names[] = {"budget", "tokens", "sequence", NULL};
 
 const char *vks_loss_normalize_name(vks_loss_normalize n) {
     return (unsigned)n < 3 ? normalize_names[n] : NULL;
@@ -88,6 +88,21 @@ const char *vks_loss_normalize_name(vks_loss_normalize n) {
 
 const char *vks_advantage_type_name(vks_advantage_type t) {
     return (unsigned)t < 2 ? advantage_names[t] : NULL;
+}
+
+/* The index of v among names (NULL-terminated); else an error naming the key and
+ * listing them ("loss.normalize 'x' is not budget, tokens or sequence"). */
+static int name_index(const char *const *names, const char *key, const char *v, const char *where, int *index) {
+    char list[256] = "";
+    for (int i = 0; names[i]; i++) {
+        if (!strcmp(v, names[i])) {
+            *index = i;
+            return VKS_OK;
+        }
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", !i ? "" : names[i + 1] ? ", " : " or ",
+                 names[i]);
+    }
+    return vks_set_error(VKS_ERR_FORMAT, "%s: %s '%.40s' is not %s", where, key, v, list);
 }
 
 void vks_rl_loss_params(const vks_rl_config *c, double token_budget, vks_grpo_loss_params *h) {
@@ -103,21 +118,18 @@ void vks_rl_loss_params(const vks_rl_config *c, double token_budget, vks_grpo_lo
 
 /* loss.KEY = text (--set, and the JSON reader's numbers as text). */
 static int set_loss(vks_rl_config *c, const char *k, const char *v, const char *where) {
+    int i = 0, rc = VKS_OK;
     if (!strcmp(k, "type")) {
-        if (!vks_loss_type_parse(v, &c->loss.type))
-            return vks_set_error(VKS_ERR_FORMAT, "%s: loss.type '%.40s' is not one of intellect2, dppo_kl, ipo, "
-                                 "cispo, dapo, gspo", where, v);
-        return VKS_OK;
+        const char *types[VKS_LOSS_TYPE_COUNT + 1] = {NULL};
+        for (int t = 0; t < VKS_LOSS_TYPE_COUNT; t++) types[t] = vks_loss_type_name((vks_loss_type)t);
+        if (!(rc = name_index(types, "loss.type", v, where, &i))) c->loss.type = (vks_loss_type)i;
+        return rc;
     }
     if (!strcmp(k, "normalize")) {
-        for (int i = 0; i < 3; i++)
-            if (!strcmp(v, normalize_names[i])) {
-                c->loss.normalize = (vks_loss_normalize)i;
-                return VKS_OK;
-            }
-        return vks_set_error(VKS_ERR_FORMAT, "%s: loss.normalize '%.40s' is not budget, tokens or sequence", where, v);
+        if (!(rc = name_index(normalize_names, "loss.normalize", v, where, &i))) c->loss.normalize = (vks_loss_normalize)i;
+        return rc;
     }
-    for (size_t i = 0; i < N_LOSS_KEYS; i++) {
+    for (i = 0; i < (int)N_LOSS_KEYS; i++) {
         if (strcmp(k, loss_keys[i].name)) continue;
         char *end;
         errno = 0;
@@ -133,12 +145,9 @@ static int set_loss(vks_rl_config *c, const char *k, const char *v, const char *
 
 static int set_advantage(vks_rl_config *c, const char *k, const char *v, const char *where) {
     if (strcmp(k, "type")) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'advantage.%.40s'", where, k);
-    for (int i = 0; i < 2; i++)
-        if (!strcmp(v, advantage_names[i])) {
-            c->advantage = (vks_advantage_type)i;
-            return VKS_OK;
-        }
-    return vks_set_error(VKS_ERR_FORMAT, "%s: advantage.type '%.40s' is not group_std or group_mean", where, v);
+    int i = 0, rc = name_index(advantage_names, "advantage.type", v, where, &i);
+    if (!rc) c->advantage = (vks_advantage_type)i;
+    return rc;
 }
 
 /* "loss": {...} or "advantage": {...}: strings and numbers, each through its setter. */
@@ -161,19 +170,19 @@ static int json_block(vks_rl_config *c, const char *name, json_t *o, const char 
     return VKS_OK;
 }
 
+static double loss_knob(const vks_rl_loss *l, size_t i) { return *(const double *)((const char *)l + loss_keys[i].offset); }
+
 static bool loss_is_default(const vks_rl_config *c) {
-    const vks_rl_loss *l = &c->loss, *d = &default_loss;
-    return l->type == d->type && l->normalize == d->normalize && l->delta == d->delta && l->eps == d->eps && l->eps_low == d->eps_low &&
-           l->eps_high == d->eps_high && l->dppo_mask_low == d->dppo_mask_low && l->dppo_mask_high == d->dppo_mask_high &&
-           l->ipo_threshold == d->ipo_threshold && l->adv_tau == d->adv_tau && l->kl_tau == d->kl_tau &&
-           l->gspo_eps_low == d->gspo_eps_low && l->gspo_eps_high == d->gspo_eps_high;
+    bool same = c->loss.type == default_loss.type && c->loss.normalize == default_loss.normalize;
+    for (size_t i = 0; same && i < N_LOSS_KEYS; i++) same = loss_knob(&c->loss, i) == loss_knob(&default_loss, i);
+    return same;
 }
 
 static json_t *loss_object(const vks_rl_config *c) {
     json_t *o = json_pack("{s:s, s:s}", "type", vks_loss_type_name(c->loss.type), "normalize",
                           vks_loss_normalize_name(c->loss.normalize));
     for (size_t i = 0; o && i < N_LOSS_KEYS; i++)
-        json_object_set_new(o, loss_keys[i].name, json_real(*(const double *)((const char *)&c->loss + loss_keys[i].offset)));
+        json_object_set_new(o, loss_keys[i].name, json_real(loss_knob(&c->loss, i)));
     return o;
 }
 
