@@ -632,6 +632,10 @@ static int flush_micro(rl_run *r, int n_tokens, int n_seqs, const vks_grpo_loss_
     return VKS_OK;
 }
 
+/* A step trains a completion a verifier did not reject and whose
+ * log-probabilities the step's check did not find far (logp_far). */
+static bool trained_on(const vks_rl_sample *s) { return s->accepted && !s->logp_far; }
+
 /* Appends s to the micro-batch being packed: its tokens, completion mask,
  * advantage and sampler log-probabilities (rows [*n_tokens, + its length)). */
 static int pack(rl_run *r, const vks_rl_sample *s, int *n_tokens, int *n_seqs) {
@@ -733,11 +737,8 @@ static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats 
         for (int i = 0; !rc && i < g->n; i++) {
             const vks_rl_sample *s = &g->samples[i];
             int len = s->prompt_len + s->completion_len;
-            if (!s->accepted) { /* never trained on; counted, so that a leak shows */
-                r->trained_rejected++;
-                continue;
-            }
-            if (s->logp_far) continue; /* found in the step's first pass: not trained on */
+            r->trained_rejected += !s->accepted; /* never trained on; counted, so that a leak shows */
+            if (!trained_on(s)) continue;
             r->trained++;
             if (len > r->max_tokens) return vks_set_error(VKS_ERR_FORMAT, "rl: a completion of %d tokens", len);
             if (n_tokens + len > r->max_tokens) {
@@ -755,7 +756,7 @@ static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats 
 }
 
 /* What the step's summed loss is divided by (loss.normalize), over the
- * completions accumulate_step trains: accepted and not found far. */
+ * completions accumulate_step trains (trained_on). */
 static double step_divisor(const rl_run *r) {
     const vks_rl_config *c = r->c;
     if (c->loss.normalize == VKS_NORMALIZE_BUDGET)
@@ -764,7 +765,7 @@ static double step_divisor(const rl_run *r) {
     for (int gi = 0; gi < c->prompts_per_step; gi++)
         for (int i = 0; i < r->groups[gi].n; i++) {
             const vks_rl_sample *s = &r->groups[gi].samples[i];
-            if (!s->accepted || s->logp_far || s->completion_len <= 0) continue;
+            if (!trained_on(s) || s->completion_len <= 0) continue;
             tokens += s->completion_len, completions++;
         }
     double n = c->loss.normalize == VKS_NORMALIZE_TOKENS ? tokens : completions;
