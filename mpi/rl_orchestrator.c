@@ -414,7 +414,7 @@ static int unpack_taken(remote_src *r, const char *buf, size_t bytes, int64_t st
     memcpy(&h, buf, sizeof h), memcpy(&info, buf + sizeof h, sizeof info);
     const vks_rl_counters *k = &info.counters;
     bool counts = k->rollouts >= 0 && k->checked >= 0 && k->accepted >= 0 && k->rejected >= 0 && k->filtered >= 0 &&
-                  k->stale >= 0 && isfinite(k->task_reward_sum) && k->task_reward_sum >= 0;
+                  k->stale >= 0 && k->off_policy >= 0 && isfinite(k->task_reward_sum) && k->task_reward_sum >= 0;
     if (h.n != bytes || h.step != step || h.batch < r->next_batch || !counts || info.n_groups != P || info.n_drops < 0 ||
         info.n_drops > t->n_world || (info.lost != 0 && info.lost != 1) || info.n_ranks < 0 ||
         info.n_ranks > VKS_RL_MAX_RANK_STATUS || info.n_ranks > t->n_world ||

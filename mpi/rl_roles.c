@@ -643,7 +643,7 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
     int rc = VKS_OK;
     t->ranks = calloc((size_t)t->n_ranks, sizeof *t->ranks);
     if (!t->ranks) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    if (!rc) rc = vks_rl_queue_init(&t->queue, c->prompts_per_step, c->async_level);
+    if (!rc) rc = vks_rl_queue_init(&t->queue, c->prompts_per_step, c->async_level, c->max_off_policy_steps);
     double now = vks_seconds_now();
     for (int i = 0; !rc && i < t->n_ranks; i++) {
         bool v = i >= c->n_groups;

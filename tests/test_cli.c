@@ -2052,8 +2052,8 @@ static char *metrics_untimed(const char *path, int *lines) {
         /* times, and what the inference thread has made by the time the line is written (it pushes
          * the next step's groups while the trainer writes this step's line: a race, not a result) */
         const char *timed[] = {"rollouts_per_s", "trainer_idle", "broadcast_s", "elapsed_s",
-                               "reward", "groups_filtered", "rejected", "groups_stale"};
-        for (int i = 0; i < 8; i++) json_object_del(o, timed[i]);
+                               "reward", "groups_filtered", "rejected", "groups_stale", "off_policy_dropped"};
+        for (int i = 0; i < 9; i++) json_object_del(o, timed[i]);
         char *t = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
         strcat(res, t), strcat(res, "\n");
         free(t);

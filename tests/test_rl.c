@@ -864,7 +864,7 @@ static vks_rl_batch_group fake_group(int n, int64_t task) {
 static void test_group_queue(void **state) {
     (void)state;
     vks_rl_queue q;
-    assert_int_equal(vks_rl_queue_init(&q, 2, 1), VKS_OK); /* P = 2, k = 1: groups 0..3 from policy 0 */
+    assert_int_equal(vks_rl_queue_init(&q, 2, 1, 8), VKS_OK); /* P = 2, k = 1: groups 0..3 from policy 0 */
     assert_true(vks_rl_queue_has_room(&q, 0));
     /* batches to hand out (MPI trainer): the window takes 4 groups = 2 batches of policy 0 */
     assert_int_equal(vks_rl_queue_batches_to_grant(&q, 0, 0), 2);
@@ -908,7 +908,118 @@ static void test_group_queue(void **state) {
     assert_true(q.counters.filtered == filtered + 1);
     assert_int_equal(vks_rl_queue_push(&q, 2, b, 3, &cnt, 9), VKS_ERR_ARG); /* more groups than a batch holds */
     vks_rl_queue_free(&q); /* frees the groups still queued (ASan: no leak) */
-    assert_int_equal(vks_rl_queue_init(&q, 0, 1), VKS_ERR_ARG);
+    assert_int_equal(vks_rl_queue_init(&q, 0, 1, 8), VKS_ERR_ARG);
+    assert_int_equal(vks_rl_queue_init(&q, 2, 1, -1), VKS_ERR_ARG);
+}
+
+/* max_off_policy_steps m below the async level k: the window is m steps (room
+ * and grants), and a group that arrives later than its window (a slow rank's
+ * batch) is dropped as off_policy, not stale; with m >= k the window is k's. */
+static void test_group_queue_off_policy(void **state) {
+    (void)state;
+    vks_rl_queue q;
+    assert_int_equal(vks_rl_queue_init(&q, 2, 4, 2), VKS_OK); /* P = 2, k = 4, m = 2: groups 0..5 from policy 0 */
+    assert_int_equal(vks_rl_queue_room(&q, 0), 6);
+    assert_int_equal(vks_rl_queue_batches_to_grant(&q, 0, 0), 3);
+    vks_rl_gen_counts cnt = {.rollouts = 8, .checked = 8, .accepted = 8, .task_reward_sum = 1};
+    vks_rl_batch_group b[2];
+    for (int i = 0; i < 3; i++) { /* consumed by steps 1, 2, 3: weights 0, 1, 2 */
+        b[0] = fake_group(2, 2 * i), b[1] = fake_group(2, 2 * i + 1);
+        assert_int_equal(vks_rl_queue_push(&q, 0, b, 2, &cnt, 3), VKS_OK);
+    }
+    assert_int_equal(q.pushed, 6);
+    assert_false(vks_rl_queue_has_room(&q, 0));
+    /* a late batch of policy 0 would be trained by step 4 (weights 3): 3 steps old */
+    b[0] = fake_group(2, 6), b[1] = fake_group(2, 7);
+    assert_int_equal(vks_rl_queue_push(&q, 0, b, 2, &cnt, 3), VKS_OK);
+    assert_true(q.counters.off_policy == 2 && q.counters.stale == 0 && q.pushed == 6);
+    assert_true(!b[0].samples && !b[1].samples); /* freed */
+    /* policy 1's groups are 2 steps old there: queued */
+    assert_int_equal(vks_rl_queue_room(&q, 1), 2);
+    b[0] = fake_group(2, 8), b[1] = fake_group(2, 9);
+    assert_int_equal(vks_rl_queue_push(&q, 1, b, 2, &cnt, 3), VKS_OK);
+    assert_true(q.counters.off_policy == 2 && q.pushed == 8 && q.len == 8);
+    vks_rl_queue_free(&q);
+    /* m >= k: the async window rules, and what is past it is stale */
+    assert_int_equal(vks_rl_queue_init(&q, 2, 1, 8), VKS_OK);
+    assert_int_equal(vks_rl_queue_room(&q, 0), 4);
+    for (int i = 0; i < 3; i++) {
+        b[0] = fake_group(2, 2 * i), b[1] = fake_group(2, 2 * i + 1);
+        assert_int_equal(vks_rl_queue_push(&q, 0, b, 2, &cnt, 3), VKS_OK);
+    }
+    assert_true(q.counters.stale == 2 && q.counters.off_policy == 0 && q.pushed == 4);
+    vks_rl_queue_free(&q);
+}
+
+/* The stop hook of test_max_off_policy_run: at the first ask (step 1 trained,
+ * its weights not yet out) it holds the trainer until the inference thread,
+ * still on the start's weights, has filled the window and stopped (its count
+ * of rollout files unchanged for 1.5 s), so that the next steps train groups
+ * of the start's policy; it never asks to stop. */
+typedef struct {
+    const char *rollouts_dir;
+    int calls, files;
+} fill_ctl;
+
+static int count_batch_files(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) n += !strncmp(e->d_name, "batch-", 6);
+    if (d) closedir(d);
+    return n;
+}
+
+static bool hold_until_window_full(void *ctx) {
+    fill_ctl *f = ctx;
+    if (f->calls++) return false;
+    int last = -1;
+    double since = vks_seconds_now(), t0 = since;
+    while (vks_seconds_now() - t0 < 120) {
+        int n = count_batch_files(f->rollouts_dir);
+        if (n != last) last = n, since = vks_seconds_now();
+        else if (n >= 3 && vks_seconds_now() - since > 1.5) break;
+        usleep(50 * 1000);
+    }
+    f->files = last;
+    return false;
+}
+
+/* Issue 39: at k = 4 with max_off_policy_steps = 2 nothing older than 2
+ * steps is trained. The trainer is held after step 1 until inference has
+ * filled its window with the start's policy; steps 2 and 3 train those
+ * groups (lags 1 and 2), and no step trains an older one (at m = 8 the window
+ * is k's: step 4 would train a group 3 steps old, step 5 one 4 steps old). */
+static void test_max_off_policy_run(void **state) {
+    (void)state;
+    vks_rl_config c;
+    char out[600], dir[700];
+    snprintf(out, sizeof out, "%s/rl-max-off-policy", tu_tmpdir());
+    small_config(&c, out, 5, 4);
+    assert_int_equal(vks_rl_config_set(&c, "max_off_policy_steps=2"), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    snprintf(dir, sizeof dir, "%s/rollouts", out);
+    fill_ctl f = {.rollouts_dir = dir};
+    progress_log log = {0};
+    vks_rl_run_options o = options(&c, &log);
+    o.stop_requested = hold_until_window_full, o.stop_ctx = &f;
+    vks_rl_result r;
+    if (vks_rl_run(&o, &r)) fail_msg("%s", vks_last_error());
+    assert_int_equal(log.n, 5);
+    int64_t most = 0;
+    for (int i = 0; i < log.n; i++) {
+        fprintf(stderr, "k=4 m=2 step %lld: lag %.2f, oldest %lld (%d batch files at the hold)\n",
+                (long long)log.p[i].step, log.p[i].policy_lag, (long long)log.p[i].policy_lag_max, f.files);
+        assert_true(log.p[i].policy_lag_max <= 2 && log.p[i].policy_lag <= log.p[i].policy_lag_max);
+        if (log.p[i].policy_lag_max > most) most = log.p[i].policy_lag_max;
+    }
+    assert_int_equal(most, 2); /* the premise: the window was used to its end */
+    assert_int_equal(r.off_policy_dropped, 0); /* one process makes no group its window cannot take */
+    size_t len;
+    char *metrics = (char *)tu_read_file(r.metrics_path, &len);
+    assert_non_null(metrics);
+    assert_non_null(strstr(metrics, "\"policy_lag_max\":2"));
+    assert_non_null(strstr(metrics, "\"off_policy_dropped\":0"));
+    free(metrics);
 }
 
 /* A clean stop (issue 26): stop_requested asked after a step's training
@@ -1329,7 +1440,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_synchronous_run), cmocka_unit_test(test_resume), cmocka_unit_test(test_async_run_rejects_cheater),
                                        cmocka_unit_test(test_no_signal_fails), cmocka_unit_test(test_out_locked),
                                        cmocka_unit_test(test_resume_refuses_other_runs),
-                                       cmocka_unit_test(test_group_queue), cmocka_unit_test(test_heldout_accuracy),
+                                       cmocka_unit_test(test_group_queue), cmocka_unit_test(test_group_queue_off_policy),
+                                       cmocka_unit_test(test_max_off_policy_run), cmocka_unit_test(test_heldout_accuracy),
                                        cmocka_unit_test(test_clean_stop), cmocka_unit_test(test_report_escapes),
                                        cmocka_unit_test(test_lora_run), cmocka_unit_test(test_off_policy_kept),
                                        cmocka_unit_test(test_loss_types_run),

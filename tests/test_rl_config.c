@@ -28,6 +28,7 @@ static void test_defaults_one_rank(void **state) {
     assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
     assert_int_equal(vks_rl_config_roles_of(&c, 0), VKS_RL_ROLE_ORCHESTRATOR | VKS_RL_ROLE_TRAINER | VKS_RL_ROLE_INFERENCE);
     assert_int_equal(c.async_level, 2);
+    assert_int_equal(c.max_off_policy_steps, 8); /* prime-rl's */
     assert_int_equal(vks_rl_config_check(&c, 2), VKS_ERR_FORMAT); /* two ranks need roles */
 }
 
@@ -51,6 +52,11 @@ static void test_file_and_set(void **state) {
     assert_int_equal(vks_rl_config_set(&c, "warmup=4"), VKS_OK);
     assert_int_equal(vks_rl_config_set(&c, "keep=-1"), VKS_ERR_FORMAT);
     assert_true(c.save_every == 5 && c.warmup == 4 && c.keep == 3);
+    assert_int_equal(vks_rl_config_set(&c, "max_off_policy_steps=0"), VKS_OK); /* on-policy only */
+    assert_int_equal(c.max_off_policy_steps, 0);
+    assert_int_equal(vks_rl_config_set(&c, "max_off_policy_steps=-1"), VKS_ERR_FORMAT);
+    assert_int_equal(vks_rl_config_set(&c, "max_off_policy_steps=2.5"), VKS_ERR_FORMAT);
+    assert_int_equal(c.max_off_policy_steps, 0);
     assert_int_equal(vks_rl_config_check(&c, 7), VKS_OK);
     assert_string_equal(c.task, "countdown");
     assert_int_equal(c.steps, 7);

@@ -30,7 +30,8 @@ static const char rl_usage[] =
     "it. docs \"Asynchronous RL: vkswarm rl\" starts from a task file of your own.\n"
     "The loss (docs \"RL losses\"): INTELLECT-2's GRPO unless --set loss.type=dppo_kl|ipo|cispo|dapo|gspo\n"
     "(each with its knobs under loss.); --set advantage.type=group_mean for r - mean advantages,\n"
-    "--set loss.normalize=tokens|sequence for the step's divisor.\n"
+    "--set loss.normalize=tokens|sequence for the step's divisor; --set max_off_policy_steps=M (default 8)\n"
+    "never trains a group more than M steps older than the weights it trains (below K: the window).\n"
     "--model starts from a checkpoint (train sft's), --init tiny from the built-in tiny model.\n"
     "--task T: a built-in task (add, mul, countdown, sort, reverse, code, optionally :SIZE and :short)\n"
     "or a task file (PATH.jsonl, a path with '/', or file:PATH; docs \"Your own tasks\"), its tasks in turn.\n"
@@ -312,8 +313,9 @@ static void set_status(vks_rl_run_options *o) {
 
 static void print_result(const rl_args *a, const vks_rl_result *r) {
     fprintf(stderr, "vkswarm: rl: %lld rollouts; %lld checked by a verifier: %lld accepted, %lld rejected; %lld groups "
-            "without signal, %lld stale; %.0f s\n", (long long)r->rollouts, (long long)r->checked, (long long)r->accepted,
-            (long long)r->rejected, (long long)r->groups_filtered, (long long)r->groups_stale, r->elapsed_s);
+            "without signal, %lld stale, %lld off-policy; %.0f s\n", (long long)r->rollouts, (long long)r->checked,
+            (long long)r->accepted, (long long)r->rejected, (long long)r->groups_filtered, (long long)r->groups_stale,
+            (long long)r->off_policy_dropped, r->elapsed_s);
     for (int i = 0; i < r->n_ranks; i++) { /* the ranks the run lost, by their world rank */
         const vks_rl_rank_status *k = &r->ranks[i];
         if (k->state == VKS_RL_RANK_LIVE) continue;

@@ -28,6 +28,7 @@ struct vks_tokenizer;
 typedef struct {
     int64_t step, steps;      /* steps done, of steps */
     double policy_lag;        /* mean (step - 1 - policy step) over the step's groups */
+    int64_t policy_lag_max;   /* the largest, at most min(async_level, max_off_policy_steps) */
     double reward;            /* mean task reward (0..1, before the length term) of every completion generated
                                * since the previous step (filtered groups included); NaN when none was */
     double trained_reward;    /* the same over the completions trained this step (groups with signal only) */
@@ -53,6 +54,7 @@ typedef struct {
     int64_t groups_filtered;  /* groups dropped so far for equal rewards (no signal) */
     int64_t rejected;         /* completions the verifier rejected so far */
     int64_t groups_stale;     /* useful groups beyond the async window, dropped so far */
+    int64_t off_policy_dropped; /* useful groups dropped so far for max_off_policy_steps */
     double elapsed_s;         /* since the run's start, across stops (metrics.jsonl's elapsed_s) */
 } vks_rl_progress;
 
@@ -146,7 +148,7 @@ typedef struct {
     vks_rl_timeline_summary timeline;
     double start_accuracy, final_accuracy; /* NaN without evaluations */
     double trainer_idle;                   /* over the whole run */
-    int64_t rollouts, checked, accepted, rejected, groups_filtered, groups_stale; /* checked: by a verifier
+    int64_t rollouts, checked, accepted, rejected, groups_filtered, groups_stale, off_policy_dropped; /* checked: by a verifier
                                * (accepted + rejected; fewer than rollouts with verify_sample or without one) */
     vks_rl_rank_status ranks[VKS_RL_MAX_RANK_STATUS]; /* the inference and verifier ranks at the end */
     int n_ranks;

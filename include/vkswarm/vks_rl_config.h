@@ -15,6 +15,9 @@
  *   "prompts_per_step": 8,       prompts per step; each gets group_size completions
  *   "group_size": 8,
  *   "async_level": 2,            k: inference uses weights at most k steps old
+ *   "max_off_policy_steps": 8,   m (prime-rl's name and default): a group whose policy is more than m
+ *                                steps older than the weights of the step that would train it is
+ *                                dropped (off_policy_dropped); the window is min(k, m) steps
  *   "max_new_tokens": 48, "temperature": 1.0, "lr": 1e-4, "seed": 1,
  *   "warmup": 0,                 linear learning-rate warm-up over the first N steps (Adam's first
  *                                steps, fresh moments, move every weight by about lr)
@@ -86,6 +89,7 @@
 #define VKS_RL_MAX_RANKS 4096
 #define VKS_RL_MAX_GROUPS 256
 #define VKS_RL_MAX_LENGTH_TARGETS 16
+#define VKS_RL_MAX_OFF_POLICY_STEPS 8     /* max_off_policy_steps' default (prime-rl's) */
 #define VKS_RL_MAX_CONFIG_BYTES (1 << 20) /* a config file */
 
 typedef struct {
@@ -112,6 +116,7 @@ typedef struct {
     char task[512], init[16], model[1024], out[1024], shardcast_key[1024], eval_tasks[1024];
     double eval_split;
     int steps, prompts_per_step, group_size, async_level, max_new_tokens, save_every, keep, warmup;
+    int max_off_policy_steps;  /* prime-rl's: a group more steps older than the weights it trains is dropped */
     double temperature, lr, length_penalty, token_budget, entropy_coef, verify_sample;
     uint64_t seed;
     int length_targets[VKS_RL_MAX_LENGTH_TARGETS], n_length_targets;

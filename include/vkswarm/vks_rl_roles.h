@@ -51,6 +51,7 @@ void vks_rl_group_free(vks_rl_batch_group *g);
 /* What generation batches counted, for the metrics. */
 typedef struct {
     int64_t rollouts, checked, accepted, rejected, filtered, stale;
+    int64_t off_policy;        /* groups dropped for max_off_policy_steps (off_policy_dropped) */
     double task_reward_sum;    /* over every rollout, 0..1 each */
 } vks_rl_counters;
 /* What one generation batch counted. */
@@ -60,17 +61,19 @@ typedef struct {
 } vks_rl_gen_counts;
 
 /* The groups on their way to the trainer (rl_queue.c): a ring of
- * prompts_per_step x (async_level + 2) groups, filled within the async window.
+ * prompts_per_step x (async_level + 2) groups, filled within the window:
+ * min(async_level, max_off_policy) steps.
  * Not locked: the single-process hand-over holds its mutex around it. */
 typedef struct {
     vks_rl_batch_group *ring;
     int head, len, cap;
-    int prompts_per_step, async_level;
+    int prompts_per_step, async_level, max_off_policy;
     int64_t pushed;            /* useful groups queued so far (consumed ones included) */
     int64_t empty_prompts;     /* prompts in a row without a useful group */
     vks_rl_counters counters;
 } vks_rl_queue;
-int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level);
+/* max_off_policy: the config's max_off_policy_steps (>= 0). */
+int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level, int max_off_policy);
 void vks_rl_queue_free(vks_rl_queue *q);
 /* How many more groups made with the weights of step `policy` may be queued; whether any. */
 int64_t vks_rl_queue_room(const vks_rl_queue *q, int64_t policy);
@@ -80,11 +83,12 @@ bool vks_rl_queue_has_room(const vks_rl_queue *q, int64_t policy);
  * the window can take (at k = 0 one at a time: a second would go stale). */
 int64_t vks_rl_queue_batches_to_grant(const vks_rl_queue *q, int64_t policy, int64_t out);
 /* Queues a batch's n_groups (<= prompts_per_step) groups made with policy
- * `policy`: a group without signal (n = 0) is counted as filtered, one past
- * the window (or with the ring full) as stale and freed; the others move into
- * the ring (groups[p] left empty). Counts cnt; an error after
- * max_empty_batches x prompts_per_step prompts in a row (0:
- * VKS_RL_MAX_EMPTY_BATCHES batches' worth) without a useful group. */
+ * `policy`: a group without signal (n = 0) is counted as filtered; one that
+ * the step consuming it would find more than max_off_policy steps old as
+ * off_policy, one past the async window (or with the ring full) as stale,
+ * and either is freed; the others move into the ring (groups[p] left empty).
+ * Counts cnt; an error after max_empty_batches x prompts_per_step prompts in
+ * a row (0: VKS_RL_MAX_EMPTY_BATCHES batches' worth) without a useful group. */
 int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *groups, int n_groups,
                       const vks_rl_gen_counts *cnt, int max_empty_batches);
 /* Moves the n oldest groups (n <= len) into out[]. */

@@ -509,8 +509,9 @@ static void put_summary(FILE *f, const vks_rl_report *rep, const vks_metric_seri
     fprintf(f, "<dt>rollouts</dt><dd>%lld generated, %lld checked by a verifier: %lld accepted, %lld rejected</dd>",
             (long long)rep->totals.rollouts, (long long)rep->totals.checked, (long long)rep->totals.accepted,
             (long long)rep->totals.rejected);
-    fprintf(f, "<dt>groups left out</dt><dd>%lld without signal, %lld stale</dd><dt>written</dt><dd>%s</dd></dl>\n",
-            (long long)rep->totals.filtered, (long long)rep->totals.stale, when);
+    fprintf(f, "<dt>groups left out</dt><dd>%lld without signal, %lld stale, %lld off-policy (max_off_policy_steps)</dd>"
+            "<dt>written</dt><dd>%s</dd></dl>\n", (long long)rep->totals.filtered, (long long)rep->totals.stale,
+            (long long)rep->totals.off_policy, when);
 }
 
 static const char page_tail[] =

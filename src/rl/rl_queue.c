@@ -2,18 +2,23 @@
  * hand-overs (the inference thread's, src/rl/rl_rollouts.c, and the MPI
  * trainer's, mpi/rl_roles.c). The async window lives here: the group queued
  * as number `pushed` is consumed by trainer step pushed / P + 1, whose weights
- * are step pushed / P; a group made with policy s may be at most k steps older
- * than that, so it is queued only while pushed < (s + k + 1) * P. */
+ * are step pushed / P; a group made with policy s may be at most w steps older
+ * than that (w = min(k, max_off_policy)), so it is queued only while
+ * pushed < (s + w + 1) * P. The consuming step is fixed at push (first in,
+ * first out), so the age a group is trained at is known there: the check at
+ * push covers the groups in flight and those in the queue alike. Without
+ * in-flight weight updates a group's oldest policy is its only one. */
 #include <stdlib.h>
 #include <string.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_common.h"
 
-int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level) {
+int vks_rl_queue_init(vks_rl_queue *q, int prompts_per_step, int async_level, int max_off_policy) {
     memset(q, 0, sizeof *q);
-    if (prompts_per_step < 1 || async_level < 0 || async_level > 1000)
-        return vks_set_error(VKS_ERR_ARG, "rl queue: %d prompts per step, async level %d", prompts_per_step, async_level);
-    q->prompts_per_step = prompts_per_step, q->async_level = async_level;
+    if (prompts_per_step < 1 || async_level < 0 || async_level > 1000 || max_off_policy < 0)
+        return vks_set_error(VKS_ERR_ARG, "rl queue: %d prompts per step, async level %d, max_off_policy_steps %d",
+                             prompts_per_step, async_level, max_off_policy);
+    q->prompts_per_step = prompts_per_step, q->async_level = async_level, q->max_off_policy = max_off_policy;
     q->cap = prompts_per_step * (async_level + 2);
     q->ring = calloc((size_t)q->cap, sizeof *q->ring);
     if (!q->ring) return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
@@ -27,8 +32,18 @@ void vks_rl_queue_free(vks_rl_queue *q) {
     q->len = 0;
 }
 
+/* The window: the most steps a queued group's policy may be behind the weights
+ * of the step that consumes it. */
+static int window(const vks_rl_queue *q) { return q->async_level < q->max_off_policy ? q->async_level : q->max_off_policy; }
+
+/* How many steps older than the weights of the step that would consume it a
+ * group made with policy `policy` is, queued now. */
+static int64_t age_at_consumption(const vks_rl_queue *q, int64_t policy) {
+    return q->pushed / q->prompts_per_step - policy;
+}
+
 int64_t vks_rl_queue_room(const vks_rl_queue *q, int64_t policy) {
-    int64_t room = (policy + q->async_level + 1) * q->prompts_per_step - q->pushed;
+    int64_t room = (policy + window(q) + 1) * q->prompts_per_step - q->pushed;
     return room > 0 ? room : 0;
 }
 
@@ -48,6 +63,7 @@ int vks_rl_queue_push(vks_rl_queue *q, int64_t policy, vks_rl_batch_group *group
         vks_rl_batch_group *g = &groups[p];
         useful += g->n > 0;
         if (!g->n) q->counters.filtered++;
+        else if (age_at_consumption(q, policy) > q->max_off_policy) q->counters.off_policy++, vks_rl_group_free(g);
         else if (!vks_rl_queue_has_room(q, policy) || q->len == q->cap) q->counters.stale++, vks_rl_group_free(g);
         else {
             q->ring[(q->head + q->len) % q->cap] = *g;

@@ -114,7 +114,7 @@ static char *position_json(const rl_run *r, int64_t next_batch) {
     if (!config) return NULL;
     vks_rl_counters n;
     get_counters((rl_run *)r, &n);
-    json_t *o = json_pack("{s:s, s:i, s:I, s:o, s:{s:i, s:i, s:I, s:b}, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:f}}",
+    json_t *o = json_pack("{s:s, s:i, s:I, s:o, s:{s:i, s:i, s:I, s:b}, s:o, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}}",
                           "rl_task", r->c->task,
                           "rl_prompts_per_step", r->c->prompts_per_step, "rl_next_batch", (json_int_t)next_batch,
                           "rl_config", config, "rl_eval", "eval_every", r->o->eval_every, "eval_n", r->o->eval_n,
@@ -122,7 +122,8 @@ static char *position_json(const rl_run *r, int64_t next_batch) {
                           isnan(r->start_accuracy) ? json_null() : json_real(r->start_accuracy), "rl_counters",
                           "rollouts", (json_int_t)n.rollouts, "checked", (json_int_t)n.checked, "accepted",
                           (json_int_t)n.accepted, "rejected", (json_int_t)n.rejected, "filtered", (json_int_t)n.filtered,
-                          "stale", (json_int_t)n.stale, "task_reward_sum", n.task_reward_sum);
+                          "stale", (json_int_t)n.stale, "off_policy", (json_int_t)n.off_policy, "task_reward_sum",
+                          n.task_reward_sum);
     json_t *stops = json_array();
     for (int i = 0; stops && i < r->n_resumes; i++) {
         const vks_rl_resume *x = &r->resumes[i];
@@ -188,11 +189,12 @@ static int read_position(rl_run *r, const char *dir) {
     }
     json_t *n = json_object_get(o, "rl_counters");
     int64_t *f[] = {&r->counted.rollouts, &r->counted.checked, &r->counted.accepted, &r->counted.rejected,
-                    &r->counted.filtered, &r->counted.stale};
-    const char *names[] = {"rollouts", "checked", "accepted", "rejected", "filtered", "stale"};
+                    &r->counted.filtered, &r->counted.stale, &r->counted.off_policy};
+    const char *names[] = {"rollouts", "checked", "accepted", "rejected", "filtered", "stale", "off_policy"};
     bool ok = !rc && !r->src && json_is_object(n) && json_is_number(json_object_get(n, "task_reward_sum"));
-    for (int i = 0; ok && i < 6; i++) {
+    for (int i = 0; ok && i < 7; i++) {
         json_t *v = json_object_get(n, names[i]);
+        if (!v && i == 6) continue; /* a checkpoint from before max_off_policy_steps */
         ok = json_is_integer(v) && json_integer_value(v) >= 0;
         if (ok) *f[i] = (int64_t)json_integer_value(v);
     }
@@ -461,7 +463,7 @@ static int open_run(rl_run *r, vks_rl_result *res) {
     if (!r->groups || !r->tokens || !r->seq_lens || !r->weight || !r->advantage || !r->logp_old || !r->logp ||
         !r->seq_sample || !r->far || !r->seq_checked)
         return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
-    int rc = vks_rl_queue_init(&r->sh.queue, P, c->async_level);
+    int rc = vks_rl_queue_init(&r->sh.queue, P, c->async_level, c->max_off_policy_steps);
     if (!rc) rc = vks_rl_timeline_init(&r->timeline, r->t_start);
     if (rc) return rc;
     rc = make_dirs(r, res); /* the tasks were read before OUT was made (vks_rl_run_source) */
@@ -586,6 +588,7 @@ static int take_groups(rl_run *r, double *waited) {
 /* What the step's samples say, for the metrics. */
 typedef struct {
     double reward, length, lag;
+    int64_t lag_max;      /* the oldest group's lag */
     int n;
     vks_grpo_stats grpo;  /* summed over micro-batches (fractions recomputed) */
     double mismatch_sum, mismatch_kl_sum, entropy_sum;
@@ -776,7 +779,11 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     const vks_rl_config *c = r->c;
     int64_t step = vks_trainer_steps(r->trainer); /* this step consumes groups of step `step` */
     double lag = 0;
-    for (int i = 0; i < c->prompts_per_step; i++) lag += (double)(step - r->groups[i].policy_step);
+    int64_t lag_max = 0;
+    for (int i = 0; i < c->prompts_per_step; i++) {
+        lag += (double)(step - r->groups[i].policy_step);
+        if (step - r->groups[i].policy_step > lag_max) lag_max = step - r->groups[i].policy_step;
+    }
     vks_grpo_loss_params h;
     memset(st, 0, sizeof *st);
     int64_t trained = r->trained, rejected = r->trained_rejected;
@@ -795,7 +802,7 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     }
     st->far += lagged.far;
     if (lagged.sampler_max > st->sampler_max) st->sampler_max = lagged.sampler_max;
-    st->lag = lag / c->prompts_per_step;
+    st->lag = lag / c->prompts_per_step, st->lag_max = lag_max;
     double lr = c->warmup && step + 1 < c->warmup ? c->lr * (double)(step + 1) / c->warmup : c->lr;
     vks_adamw_params a = {.lr = lr, .beta1 = RL_BETA1, .beta2 = RL_BETA2, .eps = 1e-8, .weight_decay = 0};
     if (!rc) rc = vks_trainer_step(r->trainer, &a, RL_GRAD_CLIP, grad_norm);
@@ -923,7 +930,7 @@ static int log_start(rl_run *r, const vks_rl_progress *p) {
 }
 
 static int log_step(rl_run *r, const vks_rl_progress *p) {
-    enum { FIXED = 28 };
+    enum { FIXED = 30 };
     vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
     if (!m || !names) {
@@ -932,6 +939,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     }
     int n = 0;
     m[n++] = (vks_metric){"policy_lag", p->policy_lag};
+    m[n++] = (vks_metric){"policy_lag_max", (double)p->policy_lag_max};
     if (!isnan(p->reward)) m[n++] = (vks_metric){"reward", p->reward};
     m[n++] = (vks_metric){"trained_reward", p->trained_reward};
     n += eval_metrics(p, m + n);
@@ -952,6 +960,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"groups_filtered", (double)p->groups_filtered};
     m[n++] = (vks_metric){"rejected", (double)p->rejected};
     m[n++] = (vks_metric){"groups_stale", (double)p->groups_stale};
+    m[n++] = (vks_metric){"off_policy_dropped", (double)p->off_policy_dropped};
     m[n++] = (vks_metric){"elapsed_s", p->elapsed_s};
     n += rank_metrics(r, p, m + n, names, 4 * VKS_RL_MAX_RANK_STATUS);
     int rc = vks_metrics_log(r->metrics, p->step, m, n);
@@ -979,6 +988,7 @@ static void read_counters(rl_run *r, vks_rl_progress *p, double t_start) {
     p->groups_filtered = c.filtered;
     p->rejected = c.rejected;
     p->groups_stale = c.stale;
+    p->off_policy_dropped = c.off_policy;
     p->elapsed_s = run_elapsed(r);
     int64_t made = c.rollouts - r->reported.rollouts;
     p->reward = made > 0 ? (c.task_reward_sum - r->reported.task_reward_sum) / (double)made : NAN;
@@ -1041,7 +1051,7 @@ static int one_step(rl_run *r, double t_start, double *idle_sum, double *time_su
     double spent = vks_seconds_now() - t0;
     *idle_sum += waited, *time_sum += spent;
     int64_t step = vks_trainer_steps(r->trainer);
-    *p = (vks_rl_progress){.step = step, .steps = r->c->steps, .policy_lag = st.lag,
+    *p = (vks_rl_progress){.step = step, .steps = r->c->steps, .policy_lag = st.lag, .policy_lag_max = st.lag_max,
                            .trained_reward = st.n ? st.reward / st.n : 0, .accuracy = NAN, .accuracy_sampled = NAN,
                            .accuracy_n = NAN,
                            .length = st.n ? st.length / st.n : 0, .trainer_idle = spent > 0 ? waited / spent : 0,
@@ -1083,7 +1093,7 @@ static int finish(rl_run *r, vks_rl_result *res) {
     vks_rl_counters cn;
     get_counters(r, &cn);
     res->rollouts = cn.rollouts, res->checked = cn.checked, res->accepted = cn.accepted, res->rejected = cn.rejected;
-    res->groups_filtered = cn.filtered, res->groups_stale = cn.stale;
+    res->groups_filtered = cn.filtered, res->groups_stale = cn.stale, res->off_policy_dropped = cn.off_policy;
     return rc;
 }
 

@@ -29,9 +29,11 @@ void vks_rl_status_poll(vks_rl_status *s, const vks_rl_queue *q, const char *in_
     double now = vks_seconds_now();
     if (now - s->last < s->interval_s) return;
     int64_t filtered = q->counters.filtered - s->base.filtered, stale = q->counters.stale - s->base.stale;
-    int64_t made = filtered + stale + (q->pushed - s->base_pushed);
-    char line[1024], more[64] = "";
+    int64_t off = q->counters.off_policy - s->base.off_policy;
+    int64_t made = filtered + stale + off + (q->pushed - s->base_pushed);
+    char line[1024], more[96] = "";
     if (stale) snprintf(more, sizeof more, ", %lld stale", (long long)stale);
+    if (off) snprintf(more + strlen(more), sizeof more - strlen(more), ", %lld off-policy", (long long)off);
     int n = snprintf(line, sizeof line, "rl: step %lld/%lld, %.0f s without a step: generated %lld groups, discarded %lld "
                      "(no signal)%s, kept %d/%d", (long long)s->step, (long long)s->steps, now - s->step_start,
                      (long long)made, (long long)filtered, more, q->len < q->prompts_per_step ? q->len : q->prompts_per_step,

@@ -46,8 +46,8 @@ mismatch_ok() {
     awk '{ if (!match($0, /"logp_mismatch":[0-9.]+(e-?[0-9]+)?/)) exit 1
            v = substr($0, RSTART + 16, RLENGTH - 16) + 0; if (v >= 1e-4) exit 1 }' "$1"
 }
-# no group went stale (at k = 0 the trainer grants one batch at a time: a second rank's would)
-stale_none() { ! grep -q '"groups_stale":[1-9]' "$1"; }
+# no group went stale or off-policy (at k = 0 the trainer grants one batch at a time: a second rank's would)
+stale_none() { grep -q '"off_policy_dropped":0' "$1" && ! grep -q '"groups_stale":[1-9]' "$1" && ! grep -q '"off_policy_dropped":[1-9]' "$1"; }
 
 # the weights went through Shardcast: a line per published step (0..STEPS) naming every receiver
 # and the relays, the wire bytes in every metrics line, and each receiver's version store holding
