@@ -9,13 +9,17 @@
 //   type 5 gspo:       dapo's with rho = exp(seq_x[r]), the row's sequence's mean log-ratio
 //                      (the host's: vks_ref_sequence_log_ratio), dP = -A rho where not clipped
 //   type 3 cispo:      c = clamp(rho, lo, hi); P = -c A logp, dP = -c A; flag 1: c != rho
+//   type 6 decoupled_ppo: b = rho (logp_old the behaviour policy's; the proximal
+//                      policy is logp itself, so pi / pi_prox = 1, inside PPO's clip);
+//                      c = b where b <= hi (behav_cap), else lo (0: masked, or the cap:
+//                      truncated), flag 1; P = -c A, dP = -c A
 //   type 1 dppo_kl, 2 ipo: dp = exp(logp) - exp(logp_old), masked (flag 1) when
 //                      dp > hi or dp < -lo (dppo_kl: the first for A > 0, the second
 //                      else); P = -[!masked] adv_tau A rho + kl_tau x^2,
 //                      dP = -[!masked] adv_tau A rho + 2 kl_tau x
 //   loss_r = w P / token_budget, dlogp[r] = w dP / token_budget
-// lo, hi: the ratio's bounds (intellect2, dapo, cispo) or the probability
-// masks (dppo_kl, ipo), set by the op. With kl_beta != 0, the k3 KL penalty to
+// lo, hi: the ratio's bounds (intellect2, dapo, cispo), the probability
+// masks (dppo_kl, ipo) or decoupled_ppo's over-cap coefficient and cap, set by the op. With kl_beta != 0, the k3 KL penalty to
 // a reference model, y = ref_logp - logp:
 //   loss_r += w kl_beta (exp(y) - y - 1) / token_budget, dlogp += w kl_beta (1 - exp(y)) / token_budget
 // Rows with weight 0 (prompt tokens, rows without a target) write zeros and
@@ -39,7 +43,7 @@ layout(push_constant) uniform Push {
     float delta, lo, hi, token_budget, kl_beta, adv_tau, kl_tau;
 } pc;
 
-const uint INTELLECT2 = 0u, DPPO_KL = 1u, IPO = 2u, CISPO = 3u, DAPO = 4u, GSPO = 5u;
+const uint INTELLECT2 = 0u, DPPO_KL = 1u, IPO = 2u, CISPO = 3u, DAPO = 4u, GSPO = 5u, DECOUPLED_PPO = 6u;
 
 void main() {
     for (uint r = linear_invocation_id(); r < pc.R; r += total_invocations()) {
@@ -55,6 +59,12 @@ void main() {
                 if (clipped > plain) f |= 1u;
                 term = w * max(plain, clipped) / pc.token_budget;
                 grad = (f & 1u) != 0u ? 0.0 : -w * a * dc / pc.token_budget;
+            } else if (pc.type == DECOUPLED_PPO) {
+                bool over = rho > pc.hi;
+                float c = over ? pc.lo : rho;
+                if (over) f |= 1u;
+                term = w * (-c * a) / pc.token_budget;
+                grad = term;
             } else if (pc.type == CISPO) {
                 float c = clamp(rho, pc.lo, pc.hi);
                 if (c != rho) f |= 1u;

@@ -37,7 +37,13 @@ struct loss_case {
     /* grpo: R rows, in_place = dlogp over logp, unit_weights = a 0/1 mask
      * (else weights in [0.5, 1.5) with zeros), eps, the token budget and
      * kl_beta (0: the ref_logp binding is left unset) */
-    struct { uint32_t R; bool in_place, unit_weights; double eps, token_budget, kl_beta; vks_loss_type type; } grpo;
+    struct {
+        uint32_t R;
+        bool in_place, unit_weights;
+        double eps, token_budget, kl_beta;
+        vks_loss_type type;
+        bool behav_truncate; /* decoupled_ppo: over the cap truncated (else masked) */
+    } grpo;
     double tol;
 };
 
@@ -244,7 +250,8 @@ static void run_grpo(const loss_case *tc) {
     vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = tc->grpo.eps, .token_budget = tc->grpo.token_budget,
                               .kl_beta = tc->grpo.kl_beta, .type = tc->grpo.type, .eps_low = VKS_DAPO_EPS_LOW,
                               .eps_high = VKS_DAPO_EPS_HIGH, .mask_low = VKS_DPPO_MASK, .mask_high = VKS_DPPO_MASK,
-                              .adv_tau = 0.7, .kl_tau = 0.05};
+                              .adv_tau = 0.7, .kl_tau = 0.05, .behav_cap = VKS_BEHAV_CAP,
+                              .behav_truncate = tc->grpo.behav_truncate};
     if (h.type == VKS_LOSS_IPO) h.mask_low = h.mask_high = VKS_IPO_THRESHOLD;
     if (h.type == VKS_LOSS_GSPO) h.eps_low = VKS_GSPO_EPS_LOW, h.eps_high = VKS_GSPO_EPS_HIGH;
     grpo_inputs in = grpo_make(tc, 0x5eed0000u + R);
@@ -312,6 +319,9 @@ static void run_grpo_refusals(const loss_case *tc) {
         {.token_budget = 100, .type = VKS_LOSS_DPPO_KL, .mask_low = 0.2, .mask_high = 0.2, .kl_tau = -1},
         {.token_budget = 100, .type = (vks_loss_type)VKS_LOSS_TYPE_COUNT},
         {.token_budget = 100, .type = VKS_LOSS_GSPO, .eps_low = 2, .eps_high = 4e-4},
+        {.token_budget = 100, .type = VKS_LOSS_DECOUPLED_PPO, .eps = 0.2, .behav_cap = 0.5},
+        {.token_budget = 100, .type = VKS_LOSS_DECOUPLED_PPO, .eps = 0.2, .behav_cap = NAN},
+        {.token_budget = 100, .type = VKS_LOSS_DECOUPLED_PPO, .eps = 1.0, .behav_cap = 5},
         {.token_budget = 100, .type = VKS_LOSS_GSPO, .eps_low = 3e-4, .eps_high = 4e-4}}; /* no seq_log_ratio binding */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_arg_error(vks_op_grpo_loss(ops, c, &ok, R, &bad[i]));
     vks_grpo_loss_rows r = ok;
@@ -439,6 +449,13 @@ static const loss_case cases[] = {
     LOSS("gspo R=7", VKS_LOSS_GSPO, 7, false, true, 7.0, 0),
     LOSS("gspo R=173 weights", VKS_LOSS_GSPO, 173, false, false, 173.0, 0),
     LOSS("gspo R=4099 kl in place", VKS_LOSS_GSPO, 4099, true, false, 1024.0, 0.1),
+    LOSS("decoupled_ppo R=7", VKS_LOSS_DECOUPLED_PPO, 7, false, true, 7.0, 0),
+    LOSS("decoupled_ppo R=173 weights", VKS_LOSS_DECOUPLED_PPO, 173, false, false, 173.0, 0),
+    LOSS("decoupled_ppo R=4099 kl in place", VKS_LOSS_DECOUPLED_PPO, 4099, true, false, 1024.0, 0.1),
+    {"decoupled_ppo truncate R=173", run_grpo, .grpo = {173, false, false, 0.2, 173.0, 0, VKS_LOSS_DECOUPLED_PPO, true},
+     .tol = 1e-5},
+    {"decoupled_ppo truncate R=4099 kl", run_grpo,
+     .grpo = {4099, false, true, 0.2, 1024.0, 0.1, VKS_LOSS_DECOUPLED_PPO, true}, .tol = 1e-5},
     {"grpo refusals", run_grpo_refusals, .tol = 0},
     {"intellect2 golden", run_intellect2_golden, .tol = 0},
 };

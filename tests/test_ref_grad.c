@@ -717,7 +717,8 @@ static void test_clip_and_norm(void **state) {
 static vks_grpo_loss_params loss_of(vks_loss_type type, double kl_beta) {
     vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 37.0, .kl_beta = kl_beta,
                               .type = type, .eps_low = VKS_DAPO_EPS_LOW, .eps_high = VKS_DAPO_EPS_HIGH,
-                              .mask_low = VKS_DPPO_MASK, .mask_high = VKS_DPPO_MASK, .adv_tau = 0.7, .kl_tau = 0.05};
+                              .mask_low = VKS_DPPO_MASK, .mask_high = VKS_DPPO_MASK, .adv_tau = 0.7, .kl_tau = 0.05,
+                              .behav_cap = VKS_BEHAV_CAP};
     if (type == VKS_LOSS_IPO) h.mask_low = h.mask_high = VKS_IPO_THRESHOLD;
     return h;
 }
@@ -738,9 +739,10 @@ static double rl_loss_total(void *p) {
 /* Every edge of a mask or clip at least 1e-3 away (the steps are 1e-5). */
 static bool near_an_edge(double logp, double old) {
     double rho = exp(logp - old), dp = exp(logp) - exp(old);
-    const double ratio_edges[] = {1 - VKS_GRPO_EPS, 1 + VKS_GRPO_EPS, VKS_GRPO_DELTA, 1 - VKS_DAPO_EPS_LOW, 1 + VKS_DAPO_EPS_HIGH};
+    const double ratio_edges[] = {1 - VKS_GRPO_EPS, 1 + VKS_GRPO_EPS, VKS_GRPO_DELTA, 1 - VKS_DAPO_EPS_LOW, 1 + VKS_DAPO_EPS_HIGH,
+                                  VKS_BEHAV_CAP};
     const double prob_edges[] = {VKS_DPPO_MASK, VKS_IPO_THRESHOLD};
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         if (fabs(rho - ratio_edges[i]) < 1e-3) return true;
     for (int i = 0; i < 2; i++)
         if (fabs(fabs(dp) - prob_edges[i]) < 1e-3) return true;
@@ -797,6 +799,75 @@ static void test_rl_loss_grad(void **state) {
             if (!(err <= GRAD_RTOL * gmax + GRAD_ATOL))
                 fail_msg("%s: gradient vs finite differences: error %.3g", vks_loss_type_name(h.type), err);
         }
+}
+
+/* decoupled_ppo with the proximal policy held (vks_ref_decoupled_ppo_loss):
+ * d loss / d logp against central differences, with rows on both sides of
+ * PPO's clip on pi / pi_prox and behaviour weights pi_prox / pi_behav on both
+ * sides of the cap, masked (AReaL's) and truncated (TIS), with and without
+ * the KL term; then vks_ref_grpo_loss (pi_prox = pi: ratio 1) gives the same
+ * as the held form at logp_prox = logp. */
+static void test_decoupled_ppo_grad(void **state) {
+    (void)state;
+    enum { R = 70 };
+    static const double prox_ratios[] = {-0.6, -0.05, 0.04, 0.5};     /* log pi / pi_prox: clipped or not */
+    static const double behav_ratios[] = {-0.8, 0.1, 0.9, 1.4, 2.3}; /* log pi_prox / pi_behav; log 5 = 1.61 */
+    for (int k = 0; k < 4; k++) {
+        bool truncate = k & 1, kl = k & 2;
+        rng64 rng = {0xdec0u + (uint64_t)k};
+        double logp[R], prox[R], behav[R], adv[R], w[R], ref[R], grad[R] = {0};
+        for (int r = 0; r < R; r++) {
+            logp[r] = rng_uniform(&rng, -3.0, -0.05);
+            prox[r] = logp[r] - prox_ratios[r % 4] - rng_uniform(&rng, -0.02, 0.02);
+            behav[r] = prox[r] - behav_ratios[r % 5] - rng_uniform(&rng, -0.02, 0.02);
+            adv[r] = r % 9 == 8 ? 0.0 : rng_uniform(&rng, 0.1, 2.0) * ((r / 3) % 2 ? -1 : 1);
+            w[r] = r % 11 == 10 ? 0.0 : rng_uniform(&rng, 0.5, 1.5);
+            ref[r] = logp[r] + rng_uniform(&rng, -1.0, 1.0);
+        }
+        vks_grpo_loss_params h = loss_of(VKS_LOSS_DECOUPLED_PPO, kl ? 0.3 : 0.0);
+        h.behav_truncate = truncate;
+        uint32_t flags[R];
+        assert_int_equal(vks_ref_decoupled_ppo_loss(logp, prox, behav, adv, ref, w, R, &h, NULL, flags, NULL, grad), VKS_OK);
+        int over = 0, clipped = 0, plain = 0;
+        for (int r = 0; r < R; r++) {
+            if (w[r] == 0 || adv[r] == 0) continue;
+            bool o = exp(prox[r] - behav[r]) > h.behav_cap;
+            over += o;
+            clipped += !o && (flags[r] & VKS_GRPO_CLIPPED);
+            plain += !flags[r];
+        }
+        assert_true(over > 4 && clipped > 4 && plain > 4); /* every region is tested */
+        double err = 0, gmax = 0;
+        for (int r = 0; r < R; r++) {
+            double saved = logp[r], lp, lm;
+            logp[r] = saved + FD_STEP;
+            assert_int_equal(vks_ref_decoupled_ppo_loss(logp, prox, behav, adv, ref, w, R, &h, NULL, NULL, &lp, NULL), VKS_OK);
+            logp[r] = saved - FD_STEP;
+            assert_int_equal(vks_ref_decoupled_ppo_loss(logp, prox, behav, adv, ref, w, R, &h, NULL, NULL, &lm, NULL), VKS_OK);
+            logp[r] = saved;
+            err = fmax(err, fabs((lp - lm) / (2 * FD_STEP) - grad[r]));
+            gmax = fmax(gmax, fabs(grad[r]));
+        }
+        fprintf(stderr, "decoupled_ppo (%s%s): %d over the cap, %d clipped, %d plain; gradient error %.3g of %.3g\n",
+                truncate ? "truncate" : "mask", kl ? ", kl" : "", over, clipped, plain, err, gmax);
+        assert_true(gmax > 1e-3);
+        if (!(err <= GRAD_RTOL * gmax + GRAD_ATOL)) fail_msg("decoupled_ppo: gradient vs finite differences: error %.3g", err);
+        /* pi_prox = pi: vks_ref_grpo_loss's form, the same rows and gradient */
+        double rows_a[R], rows_b[R], ga[R] = {0}, gb[R] = {0};
+        uint32_t fa[R], fb[R];
+        assert_int_equal(vks_ref_decoupled_ppo_loss(logp, logp, behav, adv, ref, w, R, &h, rows_a, fa, NULL, ga), VKS_OK);
+        assert_int_equal(vks_ref_grpo_loss(logp, behav, adv, ref, w, R, &h, rows_b, fb, NULL, gb), VKS_OK);
+        for (int r = 0; r < R; r++) {
+            assert_true(rows_a[r] == rows_b[r] && ga[r] == gb[r] && fa[r] == fb[r]);
+            assert_true(!(fa[r] & VKS_GRPO_CLIPPED) || exp(logp[r] - behav[r]) > h.behav_cap); /* only the cap acts */
+        }
+    }
+    vks_grpo_loss_params bad = loss_of(VKS_LOSS_DECOUPLED_PPO, 0.0);
+    bad.behav_cap = 0.5;
+    double x = -1, y = -1, a = 1;
+    assert_int_equal(vks_ref_grpo_loss(&x, &y, &a, NULL, NULL, 1, &bad, NULL, NULL, NULL, NULL), VKS_ERR_ARG);
+    bad = loss_of(VKS_LOSS_GSPO, 0.0);
+    assert_int_equal(vks_ref_decoupled_ppo_loss(&x, &x, &y, &a, NULL, NULL, 1, &bad, NULL, NULL, NULL, NULL), VKS_ERR_ARG);
 }
 
 /* gspo: 12 sequences of 8 rows (one weight and one advantage each, a masked
@@ -880,6 +951,11 @@ static void test_rl_loss_known(void **state) {
         /* dapo, A > 0: clipped at 1.28 (no gradient); A < 0: the plain 2 (gradient 2) */
         {VKS_LOSS_DAPO, 0.25, 1.0, -1.28, 0.0, VKS_GRPO_CLIPPED},
         {VKS_LOSS_DAPO, 0.25, -1.0, 2.0, 2.0, 0},
+        /* decoupled_ppo (pi_prox = pi): behaviour weight 2 (or 4) <= 5: -2 A, gradient -2 A; 0.5 / 0.09 = 5.6
+         * is over the cap: masked */
+        {VKS_LOSS_DECOUPLED_PPO, 0.25, -1.0, 2.0, 2.0, 0},
+        {VKS_LOSS_DECOUPLED_PPO, 0.125, 1.0, -4.0, -4.0, 0},
+        {VKS_LOSS_DECOUPLED_PPO, 0.09, 1.0, 0.0, 0.0, VKS_GRPO_CLIPPED},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         vks_grpo_loss_params h = loss_of(rows[i].type, 0.0);
@@ -1258,6 +1334,7 @@ int main(void) {
         cmocka_unit_test(test_rl_loss_grad),
         cmocka_unit_test(test_rl_loss_known),
         cmocka_unit_test(test_gspo_grad),
+        cmocka_unit_test(test_decoupled_ppo_grad),
         cmocka_unit_test(test_train_logits_match_ref_forward),
         cmocka_unit_test(test_train_grad_every_tensor),
         cmocka_unit_test(test_train_grad_entropy),

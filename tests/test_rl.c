@@ -616,16 +616,22 @@ static void test_off_policy_kept(void **state) {
  * the budget 2 x 4 x 12; "sequence" averages each completion's tokens first,
  * so at ratio 1 the loss is -sum A / 8, and a group's advantages sum to 0.
  * gspo (its sequence ratios from a forward pass of their own) is intellect2's
- * too at ratio 1. */
+ * too at ratio 1, and decoupled_ppo (behaviour weights 1, under the cap) with its
+ * mask or truncation. metrics.jsonl names clip_fraction masked_fraction or
+ * truncated_fraction too where the loss masks or truncates. */
 static void test_loss_types_run(void **state) {
     (void)state;
     static const char *const sets[][2] = {{"loss.type=intellect2", NULL}, {"loss.type=dppo_kl", NULL},
                                           {"loss.type=dapo", NULL},       {"loss.type=cispo", NULL},
                                           {"loss.type=intellect2", "advantage.type=group_mean"},
                                           {"loss.normalize=tokens", NULL},  {"loss.normalize=sequence", NULL},
-                                          {"loss.type=gspo", NULL}};
-    double loss[8], length[8];
-    for (int i = 0; i < 8; i++) {
+                                          {"loss.type=gspo", NULL},         {"loss.type=decoupled_ppo", NULL},
+                                          {"loss.type=decoupled_ppo", "loss.behav_weight=truncate"}};
+    /* the name clip_fraction also goes by in metrics.jsonl (NULL: none) */
+    static const char *const trust_names[] = {NULL, "masked_fraction", NULL, NULL, NULL, NULL, NULL, NULL,
+                                              "masked_fraction", "truncated_fraction"};
+    double loss[10], length[10];
+    for (int i = 0; i < 10; i++) {
         vks_rl_config c;
         char out[600];
         snprintf(out, sizeof out, "%s/rl-loss-%d", tu_tmpdir(), i);
@@ -642,6 +648,15 @@ static void test_loss_types_run(void **state) {
         fprintf(stderr, "%s%s%s: step 1 loss %.9g, clipped or masked %.3f\n", sets[i][0], sets[i][1] ? " " : "",
                 sets[i][1] ? sets[i][1] : "", loss[i], log.p[0].clip_fraction);
         assert_true(isfinite(loss[i]) && log.p[0].clip_fraction == 0.0); /* ratio 1: inside every trust region */
+        size_t len;
+        char *metrics = (char *)tu_read_file(r.metrics_path, &len);
+        assert_non_null(metrics);
+        static const char *const all_names[] = {"\"masked_fraction\"", "\"truncated_fraction\""};
+        for (int k = 0; k < 2; k++) {
+            bool want = trust_names[i] && !strncmp(all_names[k] + 1, trust_names[i], strlen(trust_names[i]));
+            assert_true(!strstr(metrics, all_names[k]) == !want);
+        }
+        free(metrics);
     }
     double scale = fabs(loss[0]) + 1e-9;
     assert_true(scale > 1e-6); /* the premise: a loss to compare */
@@ -651,6 +666,8 @@ static void test_loss_types_run(void **state) {
     assert_near(loss[5], loss[0] * (2 * 4 * 12) / (8 * length[0]), 1e-5 * scale);
     assert_true(fabs(loss[6]) < 1e-6 * scale);
     assert_true(fabs(loss[7] - loss[0]) <= 1e-5 * scale); /* gspo: every sequence's ratio 1, its extra forward */
+    /* decoupled_ppo: behaviour weights 1 (k = 0), under the cap: -sum w A, intellect2's */
+    assert_true(fabs(loss[8] - loss[0]) <= 1e-5 * scale && fabs(loss[9] - loss[0]) <= 1e-5 * scale);
 }
 
 /* The trainer's last versions (src/rl/rl_versions.c): the newest cap are

@@ -337,6 +337,30 @@ static void test_loss_block(void **state) {
     assert_int_equal(vks_rl_config_set(&c, "loss.type=gspo"), VKS_OK); /* its own clip range */
     vks_rl_loss_params(&c, 10, &h);
     assert_true(h.type == VKS_LOSS_GSPO && h.eps_low == 3e-4 && h.eps_high == 4e-4);
+    /* decoupled_ppo: PPO's eps, the behaviour weight's cap and what happens above it */
+    assert_int_equal(vks_rl_config_set(&c, "loss.type=decoupled_ppo"), VKS_OK);
+    vks_rl_loss_params(&c, 10, &h);
+    assert_true(h.type == VKS_LOSS_DECOUPLED_PPO && h.behav_cap == 5.0 && !h.behav_truncate && h.eps == 0.2);
+    assert_int_equal(vks_rl_config_set(&c, "loss.behav_cap=3"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "loss.behav_weight=truncate"), VKS_OK);
+    vks_rl_loss_params(&c, 10, &h);
+    assert_true(h.behav_cap == 3.0 && h.behav_truncate);
+    {
+        char *text = vks_rl_config_to_json(&c);
+        assert_non_null(text);
+        assert_non_null(strstr(text, "\"type\":\"decoupled_ppo\""));
+        assert_non_null(strstr(text, "\"behav_weight\":\"truncate\""));
+        vks_rl_config back;
+        vks_rl_config_defaults(&back);
+        assert_int_equal(vks_rl_config_parse(&back, text, "stored"), VKS_OK);
+        assert_true(back.loss.behav_truncate && back.loss.behav_cap == 3.0 && back.loss.type == VKS_LOSS_DECOUPLED_PPO);
+        free(text);
+    }
+    expect_message(vks_rl_config_set(&c, "loss.behav_weight=clip"), "--set: loss.behav_weight 'clip' is not mask or truncate");
+    expect_message(vks_rl_config_set(&c, "loss.behav_cap=0.5"), "--set: loss.behav_cap must be a number in [1, 1e+06]");
+    expect_message(load_text(&c, "{\"loss\": {\"behav_weight\": true}}"), "run.json: loss.behav_weight must be a string");
+    assert_int_equal(vks_rl_config_set(&c, "loss.behav_weight=mask"), VKS_OK);
+    assert_false(c.loss.behav_truncate);
     assert_int_equal(vks_rl_config_set(&c, "loss.type=ipo"), VKS_OK);
     for (int t = 0; t < VKS_LOSS_TYPE_COUNT; t++) { /* every type's defaults pass the loss's own check */
         char set[64];
@@ -346,7 +370,8 @@ static void test_loss_block(void **state) {
         assert_int_equal(vks_rl_config_set(&d, set), VKS_OK);
         assert_int_equal(vks_rl_config_check(&d, 1), VKS_OK);
     }
-    expect_message(vks_rl_config_set(&c, "loss.type=ppo"), "--set: loss.type 'ppo' is not intellect2, dppo_kl, ipo, cispo, dapo or gspo");
+    expect_message(vks_rl_config_set(&c, "loss.type=ppo"), "--set: loss.type 'ppo' is not intellect2, dppo_kl, ipo, cispo, dapo, gspo or "
+                   "decoupled_ppo");
     expect_message(vks_rl_config_set(&c, "loss.kl_tau=-1"), "--set: loss.kl_tau must be a number in [0, 1e+06]");
     expect_message(vks_rl_config_set(&c, "loss.dppo_mask_low=x"), "--set: loss.dppo_mask_low must be a number");
     expect_message(vks_rl_config_set(&c, "loss.clip=0.2"), "--set: unknown key 'loss.clip'");

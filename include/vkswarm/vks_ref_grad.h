@@ -120,6 +120,15 @@ int vks_ref_token_entropy_backward(const double *logits, int R, int V, const dou
  *     completion's), the sequence's sum of w P has d/dlogp = w dP/ds ds/dlogp
  *     summed over its n rows = w (-A s) per row (ds/dlogp = s / n), 0 where
  *     the clipped term wins.
+ * - decoupled_ppo (AReaL's decoupled PPO): logp_old is the behaviour policy's
+ *     (the sampler's); with pi_prox the proximal policy, rho = pi / pi_prox
+ *     and b = pi_prox / pi_behav, a constant of the gradient, c = b where
+ *     b <= behav_cap, else 0 (AReaL's mask: MIS) or behav_cap (behav_truncate:
+ *     TIS), flag CLIPPED; P = c max(-rho A, -clip(rho, 1 - eps, 1 + eps) A)
+ *     (CLIPPED also where the clipped term wins; dP = 0 there, else -c A rho).
+ *     pi_prox is the weights the step starts from (vks_ref_grpo_loss: logp
+ *     itself, so rho = 1, P = -c A, dP = -c A: one optimizer step per trainer
+ *     step never leaves the clip range), or given (vks_ref_decoupled_ppo_loss).
  * Optional KL penalty to a reference model (kl_beta > 0; off by default), the
  * k3 estimator on the sampled token, y = ref_logp - logp:
  *   loss_r += w[r] kl_beta (exp(y) - y - 1) / token_budget   (>= 0, 0 at y = 0)
@@ -139,6 +148,13 @@ int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *
 int vks_ref_gspo_loss(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
                       const double *weight, const int *seq_lens, int n_seqs, int R, const vks_grpo_loss_params *h,
                       double *loss_rows, uint32_t *flags, double *loss, double *dlogp);
+/* decoupled_ppo's with the proximal policy's log-probabilities given (the
+ * rest as vks_ref_grpo_loss, logp_behav its logp_old): the loss as a function
+ * of logp with pi_prox held, for finite differences across the clip. */
+int vks_ref_decoupled_ppo_loss(const double *logp, const double *logp_prox, const double *logp_behav,
+                               const double *advantage, const double *ref_logp, const double *weight, int R,
+                               const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags, double *loss,
+                               double *dlogp);
 /* seq_x[r] = the mean of logp - logp_old over the live rows (weight != 0; NULL:
  * all) of row r's sequence, 0 in a sequence without one. */
 int vks_ref_sequence_log_ratio(const double *logp, const double *logp_old, const double *weight, const int *seq_lens,

@@ -49,8 +49,9 @@
  *     "targets": "all"           applies the newest adapter to the frozen base (vks_engine_set_lora)
  *   },                           and proofs name base + adapter; written only when rank > 0
  *   "loss": {                    the policy loss (docs/rl.md "RL losses"; vks_ref_grad.h defines each):
- *     "type": "intellect2",      intellect2 | dppo_kl | ipo | cispo | dapo | gspo; each reads its own knobs:
- *     "delta": 4, "eps": 0.2,    intellect2: ratio cap, clip range
+ *     "type": "intellect2",      intellect2 | dppo_kl | ipo | cispo | dapo | gspo | decoupled_ppo; each reads
+ *                                its own knobs:
+ *     "delta": 4, "eps": 0.2,    intellect2: ratio cap, clip range (eps: decoupled_ppo's clip range too)
  *     "eps_low": 0.2,            dapo, cispo: the ratio (cispo: its detached coefficient) is clipped
  *     "eps_high": 0.28,          to [1 - eps_low, 1 + eps_high]
  *     "dppo_mask_low": 0.2,      dppo_kl: masks a token whose probability fell by more (A <= 0)
@@ -60,6 +61,8 @@
  *     "kl_tau": 0.001,           dppo_kl, ipo: weight of (logp - logp_old)^2
  *     "gspo_eps_low": 3e-4,      gspo: the sequence's ratio is clipped to [1 - gspo_eps_low, 1 + gspo_eps_high]
  *     "gspo_eps_high": 4e-4,     (the GSPO paper's; its loss is per sequence: "normalize": "sequence")
+ *     "behav_cap": 5,            decoupled_ppo: the behaviour weight pi_prox / pi_behav above this is
+ *     "behav_weight": "mask",    0 ("mask", AReaL's) or the cap ("truncate", TIS)
  *     "normalize": "budget"      the step's sum over: "budget" (token_budget, below), "tokens" (the completion
  *   },                           tokens trained in the step), "sequence" (each completion's mean, averaged)                           written only when not the default (stored configs stay as they were)
  *   "advantage": {"type": "group_std"}, group_std: (r - mean) / (std + eps) over the group (INTELLECT-2);
@@ -110,6 +113,8 @@ typedef struct {
     vks_loss_normalize normalize;
     double delta, eps, eps_low, eps_high, dppo_mask_low, dppo_mask_high, ipo_threshold, adv_tau, kl_tau;
     double gspo_eps_low, gspo_eps_high;
+    double behav_cap;          /* decoupled_ppo */
+    bool behav_truncate;       /* "behav_weight": "truncate" (else "mask") */
 } vks_rl_loss;
 
 typedef struct {

@@ -21,6 +21,8 @@ typedef enum {
     VKS_LOSS_DAPO,           /* DAPO: PPO's clip with clip-higher, [1 - eps_low, 1 + eps_high], no cap */
     VKS_LOSS_GSPO,           /* GSPO (Qwen): dapo's clip on the sequence's ratio, the geometric mean of its
                               * tokens' ratios, for every token of the sequence */
+    VKS_LOSS_DECOUPLED_PPO,  /* AReaL's decoupled PPO: PPO's clip on pi / pi_prox times the behaviour weight
+                              * pi_prox / pi_behav (detached), masked (or truncated) above behav_cap */
     VKS_LOSS_TYPE_COUNT
 } vks_loss_type;
 
@@ -44,6 +46,8 @@ typedef struct {
     double mask_low, mask_high; /* dppo_kl: masked where p - p_old < -mask_low (A <= 0) or > mask_high (A > 0);
                                  * ipo: where it is < -mask_low or > mask_high (both set to the threshold) */
     double adv_tau, kl_tau;     /* dppo_kl, ipo: the advantage's scale and the squared log-ratio's weight */
+    double behav_cap;           /* decoupled_ppo: the behaviour weight's cap (>= 1; AReaL's behav_imp_weight_cap) */
+    bool behav_truncate;        /* decoupled_ppo: a weight above the cap becomes the cap (TIS), not 0 (MIS, AReaL's) */
 } vks_grpo_loss_params;
 /* prime-rl's and the papers' defaults */
 #define VKS_DAPO_EPS_LOW 0.2
@@ -53,12 +57,13 @@ typedef struct {
 #define VKS_DPPO_KL_TAU 1e-3
 #define VKS_GSPO_EPS_LOW 3e-4 /* the GSPO paper's: a sequence's ratio moves far less than a token's */
 #define VKS_GSPO_EPS_HIGH 4e-4
+#define VKS_BEHAV_CAP 5.0 /* AReaL's example configs' behav_imp_weight_cap */
 
 /* Whether h is a valid loss: the type's own parameters in range, token_budget
  * > 0 (also as a float), kl_beta >= 0. When not, why (may be NULL) gets a
  * sentence naming the parameter. */
 bool vks_grpo_loss_params_ok(const vks_grpo_loss_params *h, char *why, size_t cap);
-/* "intellect2", "dppo_kl", "ipo", "cispo", "dapo", "gspo"; NULL for another value. */
+/* "intellect2", "dppo_kl", "ipo", "cispo", "dapo", "gspo", "decoupled_ppo"; NULL for another value. */
 const char *vks_loss_type_name(vks_loss_type t);
 /* The type named s; false when s names none. */
 bool vks_loss_type_parse(const char *s, vks_loss_type *t);
@@ -66,7 +71,8 @@ bool vks_loss_type_parse(const char *s, vks_loss_type *t);
 #define VKS_GRPO_EPS 0.2
 /* Per-row flags of the loss (vks_ref_grpo_loss, vks_op_grpo_loss). */
 #define VKS_GRPO_CLIPPED 1u /* the row left its trust region: intellect2, dapo: the clipped term is active (no
-                             * gradient); dppo_kl, ipo: masked (no policy gradient); cispo: the coefficient clipped */
+                             * gradient); dppo_kl, ipo: masked (no policy gradient); cispo: the coefficient clipped;
+                             * decoupled_ppo: the behaviour weight over its cap (or the clipped term active) */
 #define VKS_GRPO_CAPPED 2u  /* intellect2: rho >= delta: the ratio was capped */
 
 typedef struct {

@@ -6,7 +6,8 @@
 
 #include "vkswarm/vks_train_types.h"
 
-static const char *const type_names[VKS_LOSS_TYPE_COUNT] = {"intellect2", "dppo_kl", "ipo", "cispo", "dapo", "gspo"};
+static const char *const type_names[VKS_LOSS_TYPE_COUNT] = {"intellect2", "dppo_kl", "ipo", "cispo", "dapo", "gspo",
+                                                                 "decoupled_ppo"};
 
 const char *vks_loss_type_name(vks_loss_type t) {
     return (unsigned)t < VKS_LOSS_TYPE_COUNT ? type_names[t] : NULL;
@@ -43,6 +44,10 @@ bool vks_grpo_loss_params_ok(const vks_grpo_loss_params *h, char *why, size_t ca
     case VKS_LOSS_GSPO:
         if (!in(h->eps_low, 0.0, 1.0)) return fail(why, cap, "eps_low must be in [0, 1]");
         if (!in(h->eps_high, 0.0, 1e6)) return fail(why, cap, "eps_high must be in [0, 1e6]");
+        return true;
+    case VKS_LOSS_DECOUPLED_PPO:
+        if (!(h->eps >= 0.0 && h->eps < 1.0)) return fail(why, cap, "decoupled_ppo: eps must be in [0, 1)");
+        if (!in(h->behav_cap, 1.0, 1e6)) return fail(why, cap, "decoupled_ppo: behav_cap must be in [1, 1e6]");
         return true;
     case VKS_LOSS_DPPO_KL:
     case VKS_LOSS_IPO: /* probabilities differ by at most 1 */

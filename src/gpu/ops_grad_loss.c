@@ -35,6 +35,7 @@ static void bounds(const vks_grpo_loss_params *h, float *lo, float *hi) {
     case VKS_LOSS_DAPO:
     case VKS_LOSS_GSPO:
     case VKS_LOSS_CISPO: *lo = (float)(1.0 - h->eps_low), *hi = (float)(1.0 + h->eps_high); break;
+    case VKS_LOSS_DECOUPLED_PPO: *lo = h->behav_truncate ? (float)h->behav_cap : 0.0f, *hi = (float)h->behav_cap; break;
     default: *lo = (float)h->mask_low, *hi = (float)h->mask_high; break;
     }
 }

@@ -373,12 +373,27 @@ static policy_row clipped_ratio(double rho, double a, double w, double cap, doub
     return p;
 }
 
-/* seq_x: gspo's sequence log-ratio for this row (unused by the others). */
-static policy_row policy_term(const vks_grpo_loss_params *h, double logp, double logp_old, double seq_x, double a,
+/* decoupled_ppo: rho = pi / pi_prox under PPO's clip, times the behaviour
+ * weight pi_prox / pi_behav (logp_old is the behaviour's), a constant of the
+ * gradient, set to 0 (or the cap) above behav_cap. */
+static policy_row decoupled(const vks_grpo_loss_params *h, double logp, double logp_behav, double logp_prox, double a,
+                            double w) {
+    double b = exp(logp_prox - logp_behav);
+    bool over = b > h->behav_cap;
+    double c = over ? (h->behav_truncate ? h->behav_cap : 0.0) : b;
+    policy_row p = clipped_ratio(exp(logp - logp_prox), a, w * c, INFINITY, 1.0 - h->eps, 1.0 + h->eps);
+    if (over) p.flags |= VKS_GRPO_CLIPPED;
+    return p;
+}
+
+/* aux: gspo's sequence log-ratio for this row, decoupled_ppo's proximal
+ * log-probability (unused by the others). */
+static policy_row policy_term(const vks_grpo_loss_params *h, double logp, double logp_old, double aux, double a,
                               double w) {
     double x = logp - logp_old, rho = exp(x);
     switch (h->type) {
-    case VKS_LOSS_GSPO: return clipped_ratio(exp(seq_x), a, w, INFINITY, 1.0 - h->eps_low, 1.0 + h->eps_high);
+    case VKS_LOSS_DECOUPLED_PPO: return decoupled(h, logp, logp_old, aux, a, w);
+    case VKS_LOSS_GSPO: return clipped_ratio(exp(aux), a, w, INFINITY, 1.0 - h->eps_low, 1.0 + h->eps_high);
     case VKS_LOSS_INTELLECT2: return clipped_ratio(rho, a, w, h->delta, 1.0 - h->eps, 1.0 + h->eps);
     case VKS_LOSS_DAPO: return clipped_ratio(rho, a, w, INFINITY, 1.0 - h->eps_low, 1.0 + h->eps_high);
     case VKS_LOSS_CISPO: { /* c is a constant of the gradient (stop-gradient) */
@@ -395,16 +410,19 @@ static policy_row policy_term(const vks_grpo_loss_params *h, double logp, double
     }
 }
 
-/* The loss over R rows; seq_x (gspo only) each row's sequence log-ratio. */
+/* The loss over R rows; aux: gspo's sequence log-ratio of each row, or
+ * decoupled_ppo's proximal log-probability (NULL: the row's own logp, the
+ * weights the step starts from). */
 static void loss_rows_of(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
-                         const double *weight, const double *seq_x, int R, const vks_grpo_loss_params *h,
+                         const double *weight, const double *aux, int R, const vks_grpo_loss_params *h,
                          double *loss_rows, uint32_t *flags, double *loss, double *dlogp) {
     double total = 0.0;
     for (int r = 0; r < R; r++) {
         double w = weight ? weight[r] : 1.0, term = 0.0, grad = 0.0;
         uint32_t f = 0;
         if (w != 0.0) {
-            policy_row p = policy_term(h, logp[r], logp_old[r], seq_x ? seq_x[r] : 0.0, advantage[r], w);
+            double a = aux ? aux[r] : h->type == VKS_LOSS_DECOUPLED_PPO ? logp[r] : 0.0;
+            policy_row p = policy_term(h, logp[r], logp_old[r], a, advantage[r], w);
             f = p.flags;
             term = p.term / h->token_budget;
             grad = p.grad / h->token_budget;
@@ -476,6 +494,17 @@ int vks_ref_gspo_loss(const double *logp, const double *logp_old, const double *
     if (!rc) loss_rows_of(logp, logp_old, advantage, ref_logp, weight, seq_x, R, h, loss_rows, flags, loss, dlogp);
     free(seq_x);
     return rc;
+}
+
+int vks_ref_decoupled_ppo_loss(const double *logp, const double *logp_prox, const double *logp_behav,
+                               const double *advantage, const double *ref_logp, const double *weight, int R,
+                               const vks_grpo_loss_params *h, double *loss_rows, uint32_t *flags, double *loss,
+                               double *dlogp) {
+    if (!logp || !logp_prox || !logp_behav || !advantage || R <= 0 || !vks_grpo_loss_params_ok(h, NULL, 0) ||
+        h->type != VKS_LOSS_DECOUPLED_PPO || (h->kl_beta != 0.0 && !ref_logp))
+        return bad_args("vks_ref_decoupled_ppo_loss");
+    loss_rows_of(logp, logp_behav, advantage, ref_logp, weight, logp_prox, R, h, loss_rows, flags, loss, dlogp);
+    return VKS_OK;
 }
 
 /* ---- optimizer ---- */

@@ -128,7 +128,7 @@ static const curve curves[] = {
     {"loss", "loss"},
     {"length", "completion length (tokens)"},
     {"entropy", "entropy (nats)"},
-    {"clip_fraction", "clip fraction"},
+    {"clip_fraction", "clip fraction (tokens clipped, masked or truncated by the loss)"},
     {"logp_mismatch", "logp mismatch (sampler vs trainer)"},
     {"mismatch_kl", "mismatch KL (sampler vs trainer, exp(x) - x - 1)"},
     {"trainer_idle", "trainer idle (fraction of the step)"},

@@ -41,7 +41,7 @@ static const key_info keys[] = {
 
 static const vks_rl_loss default_loss = {VKS_LOSS_INTELLECT2, VKS_NORMALIZE_BUDGET, VKS_GRPO_DELTA, VKS_GRPO_EPS, VKS_DAPO_EPS_LOW,
                                          VKS_DAPO_EPS_HIGH, VKS_DPPO_MASK, VKS_DPPO_MASK, VKS_IPO_THRESHOLD, 1.0,
-                                         VKS_DPPO_KL_TAU, VKS_GSPO_EPS_LOW, VKS_GSPO_EPS_HIGH};
+                                         VKS_DPPO_KL_TAU, VKS_GSPO_EPS_LOW, VKS_GSPO_EPS_HIGH, VKS_BEHAV_CAP, false};
 
 void vks_rl_config_defaults(vks_rl_config *c) {
     memset(c, 0, sizeof *c);
@@ -76,12 +76,13 @@ static const loss_key loss_keys[] = {
     LOSS_KEY(delta, 1, 1e6),        LOSS_KEY(eps, 0, 0.999),          LOSS_KEY(eps_low, 0, 1),
     LOSS_KEY(eps_high, 0, 1e6),     LOSS_KEY(dppo_mask_low, 0, 1),    LOSS_KEY(dppo_mask_high, 0, 1),
     LOSS_KEY(ipo_threshold, 0, 1),  LOSS_KEY(adv_tau, 0, 1e6),        LOSS_KEY(kl_tau, 0, 1e6),
-    LOSS_KEY(gspo_eps_low, 0, 1),   LOSS_KEY(gspo_eps_high, 0, 1e6),
+    LOSS_KEY(gspo_eps_low, 0, 1),   LOSS_KEY(gspo_eps_high, 0, 1e6),  LOSS_KEY(behav_cap, 1, 1e6),
 };
 #define N_LOSS_KEYS (sizeof loss_keys / sizeof loss_keys[0])
 
 static const char *const advantage_names[] = {"group_std", "group_mean", NULL};
 static const char *const normalize_names[] = {"budget", "tokens", "sequence", NULL};
+static const char *const behav_weight_names[] = {"mask", "truncate", NULL};
 
 const char *vks_loss_normalize_name(vks_loss_normalize n) {
     return (unsigned)n < 3 ? normalize_names[n] : NULL;
@@ -114,7 +115,7 @@ void vks_rl_loss_params(const vks_rl_config *c, double token_budget, vks_grpo_lo
                                 .eps_low = gspo ? l->gspo_eps_low : l->eps_low,
                                 .eps_high = gspo ? l->gspo_eps_high : l->eps_high, .mask_low = ipo ? l->ipo_threshold : l->dppo_mask_low,
                                 .mask_high = ipo ? l->ipo_threshold : l->dppo_mask_high, .adv_tau = l->adv_tau,
-                                .kl_tau = l->kl_tau};
+                                .kl_tau = l->kl_tau, .behav_cap = l->behav_cap, .behav_truncate = l->behav_truncate};
 }
 
 /* loss.KEY = text (--set, and the JSON reader's numbers as text). */
@@ -128,6 +129,10 @@ static int set_loss(vks_rl_config *c, const char *k, const char *v, const char *
     }
     if (!strcmp(k, "normalize")) {
         if (!(rc = name_index(normalize_names, "loss.normalize", v, where, &i))) c->loss.normalize = (vks_loss_normalize)i;
+        return rc;
+    }
+    if (!strcmp(k, "behav_weight")) {
+        if (!(rc = name_index(behav_weight_names, "loss.behav_weight", v, where, &i))) c->loss.behav_truncate = i == 1;
         return rc;
     }
     for (i = 0; i < (int)N_LOSS_KEYS; i++) {
@@ -159,7 +164,7 @@ static int json_block(vks_rl_config *c, const char *name, json_t *o, const char 
     json_t *v;
     json_object_foreach(o, k, v) {
         char text[64];
-        bool is_text = !strcmp(k, "type") || !strcmp(k, "normalize"); /* the keys whose values are names */
+        bool is_text = !strcmp(k, "type") || !strcmp(k, "normalize") || !strcmp(k, "behav_weight"); /* names */
         if (is_text ? !json_is_string(v) : !json_is_number(v))
             return vks_set_error(VKS_ERR_FORMAT, "%s: %s.%.40s must be %s", path, name, k, is_text ? "a string" : "a number");
         if (is_text && strlen(json_string_value(v)) != json_string_length(v))
@@ -174,14 +179,16 @@ static int json_block(vks_rl_config *c, const char *name, json_t *o, const char 
 static double loss_knob(const vks_rl_loss *l, size_t i) { return *(const double *)((const char *)l + loss_keys[i].offset); }
 
 static bool loss_is_default(const vks_rl_config *c) {
-    bool same = c->loss.type == default_loss.type && c->loss.normalize == default_loss.normalize;
+    bool same = c->loss.type == default_loss.type && c->loss.normalize == default_loss.normalize &&
+                c->loss.behav_truncate == default_loss.behav_truncate;
     for (size_t i = 0; same && i < N_LOSS_KEYS; i++) same = loss_knob(&c->loss, i) == loss_knob(&default_loss, i);
     return same;
 }
 
 static json_t *loss_object(const vks_rl_config *c) {
-    json_t *o = json_pack("{s:s, s:s}", "type", vks_loss_type_name(c->loss.type), "normalize",
-                          vks_loss_normalize_name(c->loss.normalize));
+    json_t *o = json_pack("{s:s, s:s, s:s}", "type", vks_loss_type_name(c->loss.type), "normalize",
+                          vks_loss_normalize_name(c->loss.normalize), "behav_weight",
+                          behav_weight_names[c->loss.behav_truncate]);
     for (size_t i = 0; o && i < N_LOSS_KEYS; i++)
         json_object_set_new(o, loss_keys[i].name, json_real(loss_knob(&c->loss, i)));
     return o;

@@ -929,8 +929,17 @@ static int log_start(rl_run *r, const vks_rl_progress *p) {
     return vks_metrics_log(r->metrics, 0, m, n);
 }
 
+/* clip_fraction's other name where the loss masks tokens (prime-rl's dppo_kl
+ * and ipo; decoupled_ppo's MIS) or truncates their importance weight
+ * (decoupled_ppo's TIS); NULL where it clips a ratio. */
+static const char *trust_region_metric(const vks_rl_loss *l) {
+    if (l->type == VKS_LOSS_DPPO_KL || l->type == VKS_LOSS_IPO) return "masked_fraction";
+    if (l->type == VKS_LOSS_DECOUPLED_PPO) return l->behav_truncate ? "truncated_fraction" : "masked_fraction";
+    return NULL;
+}
+
 static int log_step(rl_run *r, const vks_rl_progress *p) {
-    enum { FIXED = 30 };
+    enum { FIXED = 31 };
     vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
     if (!m || !names) {
@@ -952,6 +961,8 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"loss", p->loss};
     m[n++] = (vks_metric){"grad_norm", p->grad_norm};
     m[n++] = (vks_metric){"clip_fraction", p->clip_fraction};
+    const char *also = trust_region_metric(&r->c->loss);
+    if (also) m[n++] = (vks_metric){also, p->clip_fraction};
     m[n++] = (vks_metric){"logp_mismatch", p->logp_mismatch};
     m[n++] = (vks_metric){"mismatch_kl", p->mismatch_kl};
     m[n++] = (vks_metric){"logp_excluded", (double)p->logp_excluded};
