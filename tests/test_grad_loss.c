@@ -420,10 +420,10 @@ static void run_intellect2_golden(const loss_case *tc) {
 /* ---- the table ---- */
 
 #define GRPO(n, R_, inplace, unit, eps_, budget, kl) \
-    {n, run_grpo, .grpo = {R_, inplace, unit, eps_, budget, kl, VKS_LOSS_INTELLECT2}, .tol = 1e-5}
+    {n, run_grpo, .grpo = {R_, inplace, unit, eps_, budget, kl, VKS_LOSS_INTELLECT2, false}, .tol = 1e-5}
 /* the other loss types (their knobs: run_grpo; kl_tau 0.05 and adv_tau 0.7 so both count) */
 #define LOSS(n, type_, R_, inplace, unit, budget, kl) \
-    {n, run_grpo, .grpo = {R_, inplace, unit, 0.2, budget, kl, type_}, .tol = 1e-5}
+    {n, run_grpo, .grpo = {R_, inplace, unit, 0.2, budget, kl, type_, false}, .tol = 1e-5}
 
 static const loss_case cases[] = {
     GRPO("grpo R=1", 1, false, true, 0.2, 1.0, 0),
