@@ -411,8 +411,7 @@ static policy_row policy_term(const vks_grpo_loss_params *h, double logp, double
 }
 
 /* The loss over R rows; aux: gspo's sequence log-ratio of each row, or
- * decoupled_ppo's proximal log-probability (NULL: the row's own logp, the
- * weights the step starts from). */
+ * decoupled_ppo's proximal log-probability (NULL for the other types). */
 static void loss_rows_of(const double *logp, const double *logp_old, const double *advantage, const double *ref_logp,
                          const double *weight, const double *aux, int R, const vks_grpo_loss_params *h,
                          double *loss_rows, uint32_t *flags, double *loss, double *dlogp) {
@@ -421,8 +420,7 @@ static void loss_rows_of(const double *logp, const double *logp_old, const doubl
         double w = weight ? weight[r] : 1.0, term = 0.0, grad = 0.0;
         uint32_t f = 0;
         if (w != 0.0) {
-            double a = aux ? aux[r] : h->type == VKS_LOSS_DECOUPLED_PPO ? logp[r] : 0.0;
-            policy_row p = policy_term(h, logp[r], logp_old[r], a, advantage[r], w);
+            policy_row p = policy_term(h, logp[r], logp_old[r], aux ? aux[r] : 0.0, advantage[r], w);
             f = p.flags;
             term = p.term / h->token_budget;
             grad = p.grad / h->token_budget;
@@ -446,7 +444,9 @@ int vks_ref_grpo_loss(const double *logp, const double *logp_old, const double *
     if (!logp || !logp_old || !advantage || R <= 0 || !vks_grpo_loss_params_ok(h, NULL, 0) ||
         h->type == VKS_LOSS_GSPO || (h->kl_beta != 0.0 && !ref_logp))
         return bad_args("vks_ref_grpo_loss");
-    loss_rows_of(logp, logp_old, advantage, ref_logp, weight, NULL, R, h, loss_rows, flags, loss, dlogp);
+    /* decoupled_ppo: pi_prox is the weights the step starts from, logp itself */
+    const double *prox = h->type == VKS_LOSS_DECOUPLED_PPO ? logp : NULL;
+    loss_rows_of(logp, logp_old, advantage, ref_logp, weight, prox, R, h, loss_rows, flags, loss, dlogp);
     return VKS_OK;
 }
 

@@ -781,8 +781,9 @@ static int train_step(rl_run *r, step_stats *st, double *grad_norm) {
     double lag = 0;
     int64_t lag_max = 0;
     for (int i = 0; i < c->prompts_per_step; i++) {
-        lag += (double)(step - r->groups[i].policy_step);
-        if (step - r->groups[i].policy_step > lag_max) lag_max = step - r->groups[i].policy_step;
+        int64_t age = step - r->groups[i].policy_step;
+        lag += (double)age;
+        if (age > lag_max) lag_max = age;
     }
     vks_grpo_loss_params h;
     memset(st, 0, sizeof *st);
