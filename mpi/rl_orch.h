@@ -12,12 +12,21 @@
 #include "rl_cast.h"
 #include "rl_wire.h"
 
-enum { RANK_LIVE = VKS_RL_RANK_LIVE, RANK_DROPPED = VKS_RL_RANK_DROPPED, RANK_REFUSED = VKS_RL_RANK_REFUSED };
+enum { RANK_LIVE = VKS_RL_RANK_LIVE, RANK_DROPPED = VKS_RL_RANK_DROPPED, RANK_REFUSED = VKS_RL_RANK_REFUSED,
+       RANK_JOINING = 3 /* connected through the join point, its HELLO not yet checked */ };
 
 /* An inference or verifier rank, as the trainer sees it. */
 typedef struct {
-    int rank, state;
+    int rank, state;      /* rank: its world rank; a joined rank: numbered after the world's */
     bool verifier;
+    bool joined;          /* it came through the join point (rl_join.h): reached over its own connection */
+    MPI_Comm comm;        /* where it is reached: the world, or its connection (there it is rank 0) */
+    int peer;             /* its rank in comm */
+    MPI_Request welcome;  /* joined: the WELCOME on its way */
+    struct joined_weights *sending; /* joined: the weights on their way to it (wreq), since wsince */
+    MPI_Request wreq;
+    double wsince;
+    int64_t wstep;        /* joined: the newest step it was sent (or is being sent); -1: none */
     int64_t batch;        /* inference: the batch it generates, -1: idle */
     int64_t min_step;     /* its policy step at least */
     double last_seen;
@@ -65,6 +74,12 @@ typedef struct {
     bool remote;          /* on the orchestrator: the trainer is elsewhere (it owns the broadcasts) */
     int *drops;           /* remote: ranks to leave out of later broadcasts, for the trainer's next reply */
     int n_drops, cap_drops;
+    /* joins (rl_join.h): the join point, what every joiner is sent first, ranks joined so far */
+    struct vks_rl_join_point *join;
+    struct joined_weights *jw; /* the newest weights for joined ranks (refcounted: sends share it) */
+    char *welcome;
+    size_t welcome_bytes;
+    int n_joined, cap_ranks;
 } trainer_src;
 
 /* Opens the orchestration state for this rank's role: the ranks, the queue,

@@ -48,6 +48,7 @@
 
 #include "rl_cast.h"
 #include "rl_group.h"
+#include "rl_join.h"
 #include "rl_orch.h"
 #include "rl_wire.h"
 
@@ -69,6 +70,12 @@ int vks_rl_mpi_check_roles(const vks_rl_config *c) {
 static int send_ctl(trainer_src *t, int rank, uint32_t type, int64_t batch, int64_t step, uint64_t n) {
     vks_rl_msg m = {.magic = VKS_RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
     return vks_rl_wire_send_small(t->comm, rank, TAG_CTL, &m, t->mo->timeout_s, type == MSG_STOP ? "the stop" : "a grant");
+}
+
+/* The same to an inference or verifier rank, wherever it is reached (a joined one over its connection). */
+static int send_ctl_to(trainer_src *t, const inf_rank *r, uint32_t type, int64_t batch, int64_t step, uint64_t n) {
+    vks_rl_msg m = {.magic = VKS_RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
+    return vks_rl_wire_send_small(r->comm, r->peer, TAG_CTL, &m, t->mo->timeout_s, type == MSG_STOP ? "the stop" : "a grant");
 }
 
 static void push_redo(trainer_src *t, int64_t batch) {
@@ -113,8 +120,8 @@ static void leave_rank(trainer_src *t, inf_rank *r, int state, const char *why, 
     r->state = state;
     r->at_step = t->newest;
     snprintf(r->why, sizeof r->why, "%s", why);
-    t->lost = t->lost || gone; /* a refused rank left running is alive: it can still finalize */
-    if (gone) { /* later broadcasts do not wait for it, nor for its group's other stages */
+    t->lost = t->lost || (gone && !r->joined); /* a refused rank left running is alive: it can still finalize */
+    if (gone && !r->joined) { /* later broadcasts do not wait for it, nor for its group's other stages */
         vks_rl_orch_cast_drop(t, r->rank);
         int g = r->verifier ? -1 : pipeline_group_of(t->c, r->rank);
         for (int k = 1; g >= 0 && k < t->c->groups[g].n; k++)
@@ -243,10 +250,13 @@ int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step) {
     return VKS_OK;
 }
 
+static int joined_weights_progress(trainer_src *t);
+
 static int publish_mpi(void *ctx, vks_model *m, int64_t step) {
     trainer_src *t = ctx;
     int rc = vks_rl_orch_cast_weights(t, m, step);
-    return rc ? rc : failed_ranks(t, step);
+    if (!rc) rc = failed_ranks(t, step);
+    return rc ? rc : joined_weights_progress(t); /* the new weights start out to joined ranks */
 }
 
 /* LoRA: the adapter of `step` (a GGUF LoRA file, rl_cast.h) to every inference and verifier rank. */
@@ -406,12 +416,14 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
     return rc;
 }
 
-/* Receives one message from an inference or verifier rank (probed: st). */
-static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *scratch, int seq_len,
-                      const vks_model_config *mc) {
+static void admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes);
+
+/* Receives one message from an inference or verifier rank (probed: st, on
+ * comm; r: the rank it is from, NULL: none the run knows). */
+static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Status *st, vks_rl_batch_group *scratch,
+                      int seq_len, const vks_model_config *mc) {
     int count = 0;
     MPI_Get_count(st, MPI_BYTE, &count);
-    inf_rank *r = find_rank(t, st->MPI_SOURCE);
     /* a verifier's VERIFIED wraps a GROUPS message; REFUSE carries a reason of at most VKS_RL_REASON_MAX */
     size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len);
     char small[sizeof(vks_rl_msg)];
@@ -419,9 +431,11 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
     char *buf = big ? malloc((size_t)count) : small;
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     /* a message too big to be honest is received into nothing (truncation error) and refused */
-    int mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, t->comm, MPI_STATUS_IGNORE);
+    int mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, comm, MPI_STATUS_IGNORE);
     int rc = VKS_OK;
-    if (!r || r->state != RANK_LIVE) { /* late words of a dropped rank: ignored */
+    if (r && r->state == RANK_JOINING && mrc == MPI_SUCCESS) {
+        admit(t, r, buf, (size_t)count);
+    } else if (!r || r->state != RANK_LIVE) { /* late words of a dropped rank: ignored */
     } else if (mrc != MPI_SUCCESS || (!big && count != (int)sizeof(vks_rl_msg))) {
         char why[96];
         snprintf(why, sizeof why, "a message of %d bytes (at most %zu)", count, most);
@@ -458,6 +472,160 @@ static int receive_up(trainer_src *t, const MPI_Status *st, vks_rl_batch_group *
     }
     if (big) free(buf);
     return rc;
+}
+
+/* ---- joins (rl_join.h) ---- */
+
+/* Room for one more rank in t->ranks. */
+static int grow_ranks(trainer_src *t) {
+    if (t->n_ranks < t->cap_ranks) return VKS_OK;
+    int cap = 2 * t->cap_ranks + 4;
+    inf_rank *r = realloc(t->ranks, sizeof *r * (size_t)cap);
+    if (!r) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    t->ranks = r, t->cap_ranks = cap;
+    return VKS_OK;
+}
+
+/* Every connection the join point accepted becomes a rank that is joining:
+ * it is sent the WELCOME (not waited for) and has timeout_s to say hello. */
+static int take_joins(trainer_src *t) {
+    MPI_Comm ic;
+    while (vks_rl_join_take(t->join, &ic)) {
+        int rc = grow_ranks(t);
+        if (rc) return rc;
+        MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
+        inf_rank *r = &t->ranks[t->n_ranks++];
+        *r = (inf_rank){.rank = t->n_world + t->n_joined++, .state = RANK_JOINING, .joined = true, .comm = ic, .peer = 0,
+                        .welcome = MPI_REQUEST_NULL, .batch = -1, .last_seen = vks_seconds_now(), .at_step = -1};
+        if (MPI_Isend(t->welcome, (int)t->welcome_bytes, MPI_BYTE, 0, TAG_JOIN, ic, &r->welcome) != MPI_SUCCESS)
+            r->welcome = MPI_REQUEST_NULL; /* it hears nothing and gives up; its hello never comes */
+        fprintf(stderr, "vkswarm: rl: rank %d connected through the join point\n", r->rank);
+    }
+    return VKS_OK;
+}
+
+static void hex32(const uint8_t *h, char out[65]) {
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", h[i]);
+}
+
+/* Joined rank r is not admitted: it is told why (a bounded send) and refused. */
+static void not_admitted(trainer_src *t, inf_rank *r, const char *why) {
+    size_t n = strnlen(why, VKS_RL_REASON_MAX - 1) + 1;
+    char *msg = calloc(1, sizeof(vks_rl_msg) + n);
+    if (msg) {
+        vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_NOT_ADMITTED, .step = t->newest, .n = n};
+        memcpy(msg, &h, sizeof h);
+        memcpy(msg + sizeof h, why, n - 1);
+        bool freeable = true;
+        vks_rl_wire_send(r->comm, 0, TAG_JOIN, msg, sizeof h + n, t->mo->timeout_s, "the joiner taking its refusal",
+                         &freeable);
+        if (freeable) free(msg); /* else MPI may still read it: left */
+    }
+    leave_rank(t, r, RANK_REFUSED, why, true);
+}
+
+/* The weights joined ranks are sent: a copy of a step's WEIGHTS file,
+ * shared by the sends in flight (t->weights is rewritten at the next step
+ * while a slow joiner may still be reading this one). */
+struct joined_weights {
+    int refs;
+    int64_t step;
+    size_t bytes;
+    float data[];
+};
+
+static void release_weights(struct joined_weights *w) {
+    if (w && --w->refs == 0) free(w);
+}
+
+/* The newest weights as t->jw (made from t->weights when a newer step was published). */
+static int newest_joined_weights(trainer_src *t) {
+    if (t->newest <= 0 || (t->jw && t->jw->step == t->newest)) return VKS_OK;
+    size_t bytes = sizeof(vks_rl_msg) + sizeof(float) * t->layout->n_values;
+    struct joined_weights *w = malloc(sizeof *w + bytes);
+    if (!w) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the joiners' weights");
+    *w = (struct joined_weights){.refs = 1, .step = t->newest, .bytes = bytes};
+    memcpy(w->data, t->weights, bytes);
+    release_weights(t->jw);
+    t->jw = w;
+    return VKS_OK;
+}
+
+/* Moves the weights to joined ranks along without waiting for them (the
+ * trainer never waits for a joiner): a finished send frees its share; a live
+ * rank behind the newest step is sent it (one send at a time: a joiner on a
+ * slow link skips the steps published meanwhile); a send pending longer than
+ * timeout_s drops the rank (its buffer is left to MPI). */
+static int joined_weights_progress(trainer_src *t) {
+    double now = vks_seconds_now();
+    for (int i = 0; i < t->n_ranks; i++) {
+        inf_rank *r = &t->ranks[i];
+        if (!r->joined || !r->sending) continue;
+        int done = 0;
+        if (MPI_Test(&r->wreq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 0;
+        if (done) {
+            release_weights(r->sending);
+            r->sending = NULL;
+        } else if (r->state != RANK_LIVE) {
+        } else if (now - r->wsince > t->mo->timeout_s) {
+            char why[320];
+            snprintf(why, sizeof why, "it did not take the weights of step %lld within %.1f s", (long long)r->wstep,
+                     t->mo->timeout_s);
+            leave_rank(t, r, RANK_DROPPED, why, true);
+        }
+    }
+    bool behind = false;
+    for (int i = 0; i < t->n_ranks; i++)
+        behind = behind || (t->ranks[i].joined && t->ranks[i].state == RANK_LIVE && !t->ranks[i].sending &&
+                            t->ranks[i].wstep < t->newest && t->newest > 0);
+    if (!behind) return VKS_OK;
+    int rc = newest_joined_weights(t);
+    if (rc) return rc;
+    for (int i = 0; i < t->n_ranks; i++) {
+        inf_rank *r = &t->ranks[i];
+        if (!r->joined || r->state != RANK_LIVE || r->sending || r->wstep >= t->jw->step) continue;
+        if (MPI_Isend(t->jw->data, (int)t->jw->bytes, MPI_BYTE, 0, TAG_JOIN, r->comm, &r->wreq) != MPI_SUCCESS) {
+            leave_rank(t, r, RANK_DROPPED, "the weights could not be sent to it", true);
+            continue;
+        }
+        r->sending = t->jw, r->sending->refs++;
+        r->wstep = t->jw->step, r->wsince = now;
+    }
+    return VKS_OK;
+}
+
+/* A joining rank's HELLO: admitted (ADMIT, then the newest weights past step
+ * 0) when it holds the run's model and the run can take it; else refused. */
+static void admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes) {
+    vks_rl_msg h;
+    memcpy(&h, buf, sizeof h < bytes ? sizeof h : bytes);
+    if (bytes != sizeof h + 32 || h.magic != VKS_RL_MAGIC || h.type != MSG_HELLO || h.n != 32) {
+        not_admitted(t, r, "a malformed hello");
+        return;
+    }
+    char why[320], mine[65], theirs[65];
+    hex32(t->mo->model_hash, mine);
+    hex32((const uint8_t *)buf + sizeof h, theirs);
+    if (strcmp(mine, theirs)) {
+        snprintf(why, sizeof why, "another model: its hash %.64s, the run's %.64s", theirs, mine);
+        not_admitted(t, r, why);
+        return;
+    }
+    if (t->c->n_verifiers || t->c->lora_rank > 0) {
+        snprintf(why, sizeof why, "joins into a run with %s are not built yet",
+                 t->c->n_verifiers ? "verifier ranks" : "LoRA");
+        not_admitted(t, r, why);
+        return;
+    }
+    vks_rl_msg a = {.magic = VKS_RL_MAGIC, .type = MSG_ADMIT, .step = t->newest, .n = (uint64_t)r->rank};
+    if (vks_rl_wire_send_small(r->comm, 0, TAG_JOIN, &a, t->mo->timeout_s, "the joiner taking its admission")) {
+        leave_rank(t, r, RANK_DROPPED, vks_last_error(), true);
+        return;
+    }
+    r->state = RANK_LIVE;
+    r->last_seen = vks_seconds_now();
+    fprintf(stderr, "vkswarm: rl: inference rank %d joined (policy step %lld)\n", r->rank, (long long)t->newest);
+    r->wstep = -1; /* the newest weights follow (joined_weights_progress) */
 }
 
 /* The next live verifier rank, round robin (-1: none). */
@@ -504,7 +672,7 @@ static int grant(trainer_src *t) {
         if (verifiers)
             t->pend[t->n_pend++] = (pending_batch){.batch = b, .min_step = t->newest, .origin = r->rank, .verifier = v,
                                                    .form = r->form};
-        if (send_ctl(t, r->rank, MSG_ASSIGN, b, t->newest, (uint64_t)(v + 1))) drop_rank(t, r, RANK_DROPPED, vks_last_error());
+        if (send_ctl_to(t, r, MSG_ASSIGN, b, t->newest, (uint64_t)(v + 1))) drop_rank(t, r, RANK_DROPPED, vks_last_error());
         else out++;
     }
     return VKS_OK;
@@ -512,17 +680,31 @@ static int grant(trainer_src *t) {
 
 int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
     const vks_model_config *mc = &t->o->model->cfg;
-    int rc = VKS_OK;
+    int rc = take_joins(t);
+    if (!rc) rc = joined_weights_progress(t);
+    if (rc) return rc;
     for (;;) { /* every queued word first: silence is judged only after them */
         int flag = 0;
         MPI_Status st;
         if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_UP, t->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
-        if ((rc = receive_up(t, &st, scratch, mc->seq_len, mc))) return rc;
+        if ((rc = receive_up(t, find_rank(t, st.MPI_SOURCE), t->comm, &st, scratch, mc->seq_len, mc))) return rc;
+    }
+    for (int i = 0; i < t->n_ranks; i++) { /* joined ranks, each over its own connection */
+        inf_rank *r = &t->ranks[i];
+        for (int flag = 1; flag && r->joined && (r->state == RANK_LIVE || r->state == RANK_JOINING);) {
+            MPI_Status st;
+            if (MPI_Iprobe(0, TAG_UP, r->comm, &flag, &st) != MPI_SUCCESS) flag = 0;
+            if (flag && (rc = receive_up(t, r, r->comm, &st, scratch, mc->seq_len, mc))) return rc;
+        }
     }
     double wall = vks_seconds_now();
     int live = 0;
     for (int i = 0; i < t->n_ranks; i++) {
         inf_rank *r = &t->ranks[i];
+        if (r->state == RANK_JOINING && wall - r->last_seen > t->mo->timeout_s) {
+            leave_rank(t, r, RANK_DROPPED, "it did not say hello after it connected", true);
+            continue;
+        }
         if (r->state != RANK_LIVE) continue;
         if (wall - r->last_seen > t->mo->timeout_s) {
             char why[96];
@@ -582,13 +764,15 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups, vks_rl_
 static void counters_mpi(void *ctx, vks_rl_counters *c) { *c = ((trainer_src *)ctx)->queue.counters; }
 
 int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap) {
-    int n = t->n_ranks < cap ? t->n_ranks : cap;
-    for (int i = 0; i < n; i++) {
+    int n = 0;
+    for (int i = 0; i < t->n_ranks && n < cap; i++) {
         const inf_rank *r = &t->ranks[i];
-        out[i] = (vks_rl_rank_status){.rank = r->rank, .verifier = r->verifier, .state = r->state, .batches = r->batches,
-                                      .rollouts = r->rollouts, .rejected = r->rejected,
+        if (r->state == RANK_JOINING) continue; /* not yet part of the run */
+        out[n] = (vks_rl_rank_status){.rank = r->rank, .verifier = r->verifier, .joined = r->joined, .state = r->state,
+                                      .batches = r->batches, .rollouts = r->rollouts, .rejected = r->rejected,
                                       .at_step = r->state == RANK_LIVE ? -1 : r->at_step};
-        snprintf(out[i].why, sizeof out[i].why, "%s", r->state == RANK_LIVE ? "" : r->why);
+        snprintf(out[n].why, sizeof out[n].why, "%s", r->state == RANK_LIVE ? "" : r->why);
+        n++;
     }
     return n;
 }
@@ -604,11 +788,13 @@ static void resume_mpi(void *ctx, int64_t step, int64_t next_batch) {
 
 /* Says stop to every rank still there (every broadcast has ended by now). */
 static void stop_ranks(trainer_src *t) {
+    vks_rl_join_close(t->join); /* no more joiners */
     for (int i = 0; i < t->n_ranks; i++)
-        if (t->ranks[i].state == RANK_LIVE) send_ctl(t, t->ranks[i].rank, MSG_STOP, 0, t->newest, t->lost);
-    /* refused ranks are told too: they stop instead of waiting for the trainer */
+        if (t->ranks[i].state == RANK_LIVE) send_ctl_to(t, &t->ranks[i], MSG_STOP, 0, t->newest, t->lost);
+    /* refused ranks are told too: they stop instead of waiting for the trainer (a joined one was told) */
     for (int i = 0; i < t->n_ranks; i++)
-        if (t->ranks[i].state == RANK_REFUSED) send_ctl(t, t->ranks[i].rank, MSG_STOP, 0, t->newest, t->lost);
+        if (t->ranks[i].state == RANK_REFUSED && !t->ranks[i].joined)
+            send_ctl(t, t->ranks[i].rank, MSG_STOP, 0, t->newest, t->lost);
     for (int i = 0; i < t->c->n_relays; i++)
         if (!t->cast.gone || !t->cast.gone[t->cast.bc_of[t->c->relays[i]]])
             send_ctl(t, t->c->relays[i], MSG_STOP, 0, t->newest, t->lost);
@@ -634,6 +820,31 @@ void vks_rl_orch_stop_ranks(trainer_src *t) {
     free_stops(t);
 }
 
+/* The join point, and the WELCOME every joiner gets: the config, then the task file's bytes. */
+static int open_joins(trainer_src *t) {
+    char *json = vks_rl_config_to_json(t->c), *tasks = NULL;
+    if (!json) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    size_t json_bytes = strlen(json), task_bytes = 0;
+    vks_task_spec spec;
+    const char *path = NULL;
+    int rc = vks_task_resolve(t->c->task, &spec, &path);
+    if (!rc && path) rc = vks_file_read_all(path, VKS_RL_JOIN_MAX_TASKS, &tasks, &task_bytes);
+    if (!rc && json_bytes > VKS_RL_JOIN_MAX_CONFIG) rc = vks_set_error(VKS_ERR_ARG, "joins: a config of %zu bytes", json_bytes);
+    t->welcome_bytes = sizeof(vks_rl_msg) + json_bytes + task_bytes;
+    if (!rc && t->welcome_bytes > INT_MAX) rc = vks_set_error(VKS_ERR_ARG, "joins: a task file of %zu bytes", task_bytes);
+    if (!rc && !(t->welcome = malloc(t->welcome_bytes))) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    if (!rc) {
+        vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_WELCOME, .step = t->o->verify, .batch = (int64_t)task_bytes,
+                        .n = json_bytes};
+        memcpy(t->welcome, &h, sizeof h);
+        memcpy(t->welcome + sizeof h, json, json_bytes);
+        if (task_bytes) memcpy(t->welcome + sizeof h + json_bytes, tasks, task_bytes);
+    }
+    free(json), free(tasks);
+    if (!rc) rc = vks_rl_join_open(&t->join, t->mo->join_server, t->c->out);
+    return rc;
+}
+
 int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool origin) {
     const vks_rl_config *c = o->config;
     /* one rank per inference group: its first (a pipeline's other stages hear only from it) */
@@ -648,8 +859,11 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
     for (int i = 0; !rc && i < t->n_ranks; i++) {
         bool v = i >= c->n_groups;
         t->ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_groups] : c->inference_ranks[c->groups[i].first],
-                                 .verifier = v, .batch = -1, .last_seen = now, .at_step = -1};
+                                 .verifier = v, .batch = -1, .last_seen = now, .at_step = -1, .comm = t->comm,
+                                 .welcome = MPI_REQUEST_NULL};
+        t->ranks[i].peer = t->ranks[i].rank;
     }
+    t->cap_ranks = t->n_ranks;
     if (!rc) rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &t->layout);
     t->gen.o = o;
     t->gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
@@ -664,12 +878,26 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
     t->stop_msg = malloc(sizeof *t->stop_msg * (size_t)t->n_world);
     if (!rc && (!t->stop_req || !t->stop_msg)) rc = vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     for (int r = 0; t->stop_req && r < t->n_world; r++) t->stop_req[r] = MPI_REQUEST_NULL;
+    if (!rc && mo->join_server && origin && t->orch < 0) rc = open_joins(t);
     return rc;
 }
 
 void vks_rl_orch_close(trainer_src *t) {
     vks_rl_queue_free(&t->queue);
     vks_rl_cast_close(&t->cast);
+    bool welcomes_out = false; /* a WELCOME MPI still reads: its buffer is left */
+    for (int i = 0; i < t->n_ranks; i++) {
+        int flag = 1;
+        if (t->ranks[i].joined && t->ranks[i].welcome != MPI_REQUEST_NULL) MPI_Test(&t->ranks[i].welcome, &flag, MPI_STATUS_IGNORE);
+        welcomes_out = welcomes_out || !flag;
+    }
+    if (!welcomes_out) free(t->welcome);
+    for (int i = 0; i < t->n_ranks; i++) { /* a send still pending: its buffer is left to MPI */
+        int flag = 0;
+        if (t->ranks[i].sending && MPI_Test(&t->ranks[i].wreq, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
+            release_weights(t->ranks[i].sending);
+    }
+    release_weights(t->jw);
     free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops);
     vks_param_layout_free(t->layout);
     t->gen.model = NULL;
@@ -727,7 +955,33 @@ typedef struct {
     vks_rl_beat beat;
     vks_rl_pipe_group *group; /* the first rank of a pipeline group: its other stages, else NULL */
     vks_rl_cast cast;      /* the weights arrive through Shardcast */
+    int joined;            /* > 0: this rank joined the run (rl_join.h) as this rank number; comm is its
+                            * connection, where the weights come too (TAG_JOIN) */
 } inf_state;
+
+/* A joined rank: the trainer's WEIGHTS message (TAG_JOIN, probed: st), checked, becomes the pending weights. */
+static int take_joined_weights(inf_state *s, const MPI_Status *st) {
+    int count = 0;
+    MPI_Get_count(st, MPI_BYTE, &count);
+    size_t want = sizeof(vks_rl_msg) + sizeof(float) * s->layout->n_values;
+    char dummy[sizeof(vks_rl_msg)];
+    float *msg = (size_t)count == want ? malloc(want) : NULL;
+    int mrc = MPI_Recv(msg ? (void *)msg : dummy, msg ? count : (int)sizeof dummy, MPI_BYTE, s->trainer, TAG_JOIN, s->comm,
+                       MPI_STATUS_IGNORE);
+    if (!msg && (size_t)count == want) return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory for the weights");
+    if (!msg || mrc != MPI_SUCCESS) return vks_set_error(VKS_ERR_FORMAT, "weights of %d bytes, %zu expected", count, want);
+    vks_rl_msg h;
+    memcpy(&h, msg, sizeof h);
+    int64_t step = 0;
+    int rc = vks_rl_wire_check_weights(msg, want, s->layout->n_values, s->pending_step, h.step, &step);
+    if (rc) {
+        free(msg);
+        return rc;
+    }
+    free(s->pending);
+    s->pending = msg, s->pending_step = step;
+    return VKS_OK;
+}
 
 /* Takes part in the weights broadcast that waits; what it delivered becomes
  * the pending weights. A failed broadcast is logged, not fatal: the trainer
@@ -773,7 +1027,10 @@ static int poll_trainer(inf_state *s) {
         if (MPI_Iprobe(s->trainer, MPI_ANY_TAG, s->comm, &flag, &st) != MPI_SUCCESS || !flag) return VKS_OK;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
-        if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
+        if (s->joined && st.MPI_TAG == TAG_JOIN) {
+            int rc = take_joined_weights(s, &st);
+            if (rc) return rc;
+        } else if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
             vks_rl_msg h;
             MPI_Recv(&h, sizeof h, MPI_BYTE, s->trainer, TAG_CTL, s->comm, MPI_STATUS_IGNORE);
             if (h.magic != VKS_RL_MAGIC) return vks_set_error(VKS_ERR_FORMAT, "a malformed control message");
@@ -919,6 +1176,17 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
     return inference_rank(&s, no_finalize);
 }
 
+int vks_rl_inference_joined(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, MPI_Comm ic, int number,
+                            bool *no_finalize) {
+    *no_finalize = false;
+    if (!o || !o->config || !o->model || !o->tok || !o->infer_gpu || !mo || !(mo->timeout_s > 0) || number < 1)
+        return vks_set_error(VKS_ERR_ARG, "rl: bad options");
+    inf_state s = {.comm = ic, .trainer = 0, .o = o, .mo = mo, .assigned = -1, .pending_step = -1, .verifier = -1,
+                   .joined = number};
+    s.beat = (vks_rl_beat){.comm = ic, .trainer = 0, .req = MPI_REQUEST_NULL};
+    return inference_rank(&s, no_finalize);
+}
+
 /* A rank of a pipeline group: the first stage runs as an inference rank whose
  * batches the group generates; the others serve it (rl_group.h). */
 static int pipeline_group_rank(inf_state *s, int group, int stage, bool *no_finalize) {
@@ -963,13 +1231,13 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     }
     rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &s.layout);
     if (!rc) rc = vks_rl_gen_open_tasks(&g);
-    int me = 0;
-    MPI_Comm_rank(s.comm, &me);
+    int me = s.joined;
+    if (!s.joined) MPI_Comm_rank(s.comm, &me);
     char sub[32];
     snprintf(sub, sizeof sub, "rollouts-rank%d", me);
     if (!rc) rc = vks_rl_gen_make_dirs(&g, sub);
     double tb = mo->trainer_timeout_s > mo->timeout_s ? mo->trainer_timeout_s : mo->timeout_s;
-    if (!rc) rc = vks_rl_cast_open(&s.cast, o, mo, s.layout->n_values, tb, &s.beat);
+    if (!rc && !s.joined) rc = vks_rl_cast_open(&s.cast, o, mo, s.layout->n_values, tb, &s.beat);
     s.last_heard = vks_seconds_now();
     vks_mpi_clock clock = {0};
     double idle_from = vks_mpi_deadline_tick(&clock, tb);

@@ -604,6 +604,49 @@ static void test_mpirun_wrapper(void **state) {
     unsetenv("VKSWARM_MPIRUN");
 }
 
+/* vkswarm mpirun --join: ompi-server started first (a script standing in: it writes its URI
+ * where --report-uri says), mpirun given --ompi-server file:FILE holding that URI ahead of the
+ * other arguments, the server ended and its file removed afterwards; a server that cannot run
+ * is named. vkswarm join's own mistakes: one line, exit 2. */
+static void test_mpirun_join(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char server[1024], mpirun[1024], file_arg[1100], *out, *err;
+    snprintf(server, sizeof server, "%s/fake-ompi-server", dir);
+    snprintf(mpirun, sizeof mpirun, "%s/fake-mpirun", dir);
+    write_text(server, "#!/bin/sh\n[ \"$1 $2\" = '--no-daemonize --report-uri' ] || exit 9\n"
+                          "echo '123.0;tcp://127.0.0.1:1' > \"$3\"\nexec sleep 60\n");
+    write_text(mpirun, "#!/bin/sh\necho \"$1 $3 $4\"; cat \"${2#file:}\"; echo \"$2\" >&2\n");
+    assert_int_equal(chmod(server, 0755) | chmod(mpirun, 0755), 0);
+    assert_int_equal(setenv("VKSWARM_OMPI_SERVER", server, 1) | setenv("VKSWARM_MPIRUN", mpirun, 1), 0);
+    int rc = run_capture("mpirun --join -np 2", &out, &err);
+    if (rc != 0 || strcmp(out, "--ompi-server -np 2\n123.0;tcp://127.0.0.1:1\n"))
+        fail_msg("--join: status %d, stdout '%s', stderr '%s'", rc, out, err);
+    snprintf(file_arg, sizeof file_arg, "%s", err);
+    file_arg[strcspn(file_arg, "\n")] = 0;
+    struct stat st;
+    if (strncmp(file_arg, "file:", 5) || stat(file_arg + 5, &st) == 0) fail_msg("the URI file '%s' was left", file_arg);
+    free(out), free(err);
+    assert_int_equal(setenv("VKSWARM_OMPI_SERVER", "/nonexistent/ompi-server", 1), 0);
+    rc = run_capture("mpirun --join -np 2 true", &out, &err);
+    if (rc != 1 || !strstr(err, "cannot run /nonexistent/ompi-server") || !strstr(err, "exited before it was ready") || *out)
+        fail_msg("no ompi-server: status %d, stderr '%s'", rc, err);
+    free(out), free(err);
+    unsetenv("VKSWARM_OMPI_SERVER"), unsetenv("VKSWARM_MPIRUN");
+    static const struct { const char *args, *msg; } bad[] = {
+        {"join", "vkswarm join: --run URI|FILE is required"},
+        {"join --run x@y --model", "vkswarm join: option '--model' needs a value"},
+        {"join --run /nonexistent/join.uri", "vkswarm: join: --run /nonexistent/join.uri: no such file, nor a join line"},
+        {"join --run x@y --random-model 64,128,1,4,4,32,32", "vkswarm join: the model is the run's base: --model only"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = run_capture(bad[i].args, &out, &err);
+        if (rc != 2 || strncmp(err, bad[i].msg, strlen(bad[i].msg)) || !one_clean_line(err))
+            fail_msg("'%s': status %d, stderr '%s'", bad[i].args, rc, err);
+        free(out), free(err);
+    }
+}
+
 /* Messages that used to mislead (issue 9, item 19). */
 static void test_messages_say_what_happened(void **state) {
     (void)state;
@@ -2978,7 +3021,7 @@ int main(void) {
         cmocka_unit_test(test_train_sft_lora_norm),
         cmocka_unit_test(test_write_failure_leaves_nothing),
         cmocka_unit_test(test_kv_f16_rollouts_verified),
-        cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_mpirun_wrapper), cmocka_unit_test(test_messages_say_what_happened),
+        cmocka_unit_test(test_option_errors_one_line), cmocka_unit_test(test_mpirun_wrapper), cmocka_unit_test(test_mpirun_join), cmocka_unit_test(test_messages_say_what_happened),
         cmocka_unit_test(test_verify_ids_escaped),     cmocka_unit_test(test_verify_group_sampling),     cmocka_unit_test(test_prompts_json_invalid_utf8),
         cmocka_unit_test(test_file_strings_escaped_in_messages),
         cmocka_unit_test(test_init_tiny), cmocka_unit_test(test_train_sft_resume),

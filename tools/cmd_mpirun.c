@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,14 +20,19 @@
 #include "commands.h"
 
 static const char mpirun_usage[] =
-    "usage: vkswarm mpirun [MPIRUN OPTIONS] PROGRAM [ARGS] [: ...]\n"
+    "usage: vkswarm mpirun [--join] [MPIRUN OPTIONS] PROGRAM [ARGS] [: ...]\n"
     "Runs Open MPI's mpirun with these arguments, unchanged, and makes Ctrl-C a clean stop: the first\n"
     "Ctrl-C (or SIGTERM, SIGHUP) sends mpirun SIGUSR1, which it passes on to every rank; a vkswarm rl\n"
     "trainer then finishes its step, saves a checkpoint, tells every rank to stop and exits 130\n"
     "(continue with the same command and --resume). A second Ctrl-C sends mpirun SIGINT: Open MPI's\n"
     "abort, every rank killed within about 2 s. Plain mpirun takes the first Ctrl-C as that abort.\n"
     "Exit status: mpirun's (128 + N when a signal N ended it). mpirun is looked up in PATH\n"
-    "(VKSWARM_MPIRUN=PATH names another). See docs/multi-machine.md \"7. Stopping cleanly\".\n";
+    "(VKSWARM_MPIRUN=PATH names another). See docs/multi-machine.md \"7. Stopping cleanly\".\n"
+    "--join first starts Open MPI's ompi-server (the rendezvous that lets other machines connect to a\n"
+    "running job; its URI in a temporary file) and gives mpirun --ompi-server file:FILE, so that\n"
+    "`vkswarm rl --join` can open the run to joiners (docs \"Joining a run\"); ompi-server ends with\n"
+    "mpirun, and if it dies first this says so (running ranks go on; later joins fail). ompi-server is\n"
+    "looked up in PATH (VKSWARM_OMPI_SERVER=PATH names another).\n";
 
 static volatile sig_atomic_t child_pid, signals_seen;
 
@@ -43,6 +49,35 @@ static void forward(int sig) {
     kill((pid_t)child_pid, n == 1 ? SIGUSR1 : SIGINT);
 }
 
+/* --join: ompi-server in a process group of its own (Ctrl-C is ours to pass on), its URI in
+ * dir/uri; waits until the URI is written. Returns its pid. */
+static pid_t start_ompi_server(char *dir, char *uri_path, size_t cap) {
+    const char *server = getenv("VKSWARM_OMPI_SERVER");
+    if (!server || !*server) server = "ompi-server";
+    if (!mkdtemp(dir)) cli_die(1, "mpirun: --join: mkdtemp: %s", strerror(errno));
+    snprintf(uri_path, cap, "%s/uri", dir);
+    pid_t pid = fork();
+    if (pid < 0) cli_die(1, "mpirun: --join: fork: %s", strerror(errno));
+    if (pid == 0) {
+        setpgid(0, 0);
+        execlp(server, server, "--no-daemonize", "--report-uri", uri_path, (char *)NULL);
+        fprintf(stderr, "vkswarm: mpirun: --join: cannot run %s: %s\n", server, strerror(errno));
+        _exit(127);
+    }
+    for (int i = 0; i < 200; i++) { /* 10 s */
+        struct stat st;
+        if (stat(uri_path, &st) == 0 && st.st_size > 0) {
+            usleep(20000); /* the line is written at once; let it finish */
+            return pid;
+        }
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) cli_die(1, "mpirun: --join: ompi-server exited before it was ready");
+        usleep(50000);
+    }
+    kill(pid, SIGKILL);
+    cli_die(1, "mpirun: --join: ompi-server wrote no URI within 10 s");
+}
+
 static void run_child(const char *mpirun, char **args, const sigset_t *mask) {
     setpgid(0, 0); /* the terminal's signals reach the parent only */
     signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
@@ -57,13 +92,21 @@ int cmd_mpirun(int argc, char **argv) {
         fputs(mpirun_usage, stdout);
         return 0;
     }
-    if (argc < 2) cli_usage_error("mpirun", "no mpirun arguments (see vkswarm mpirun --help)");
+    bool join = argc > 1 && !strcmp(argv[1], "--join");
+    if (argc < 2 + join) cli_usage_error("mpirun", "no mpirun arguments (see vkswarm mpirun --help)");
     const char *mpirun = getenv("VKSWARM_MPIRUN");
     if (!mpirun || !*mpirun) mpirun = "mpirun";
-    char **args = calloc((size_t)argc + 1, sizeof *args);
+    char **args = calloc((size_t)argc + 3, sizeof *args);
     if (!args) cli_die(1, "mpirun: out of memory");
-    args[0] = (char *)mpirun;
-    for (int i = 1; i < argc; i++) args[i] = argv[i];
+    char dir[] = "/tmp/vkswarm-ompi-server-XXXXXX", uri[64], server_arg[80];
+    pid_t server = join ? start_ompi_server(dir, uri, sizeof uri) : 0;
+    int n = 0;
+    args[n++] = (char *)mpirun;
+    if (join) {
+        snprintf(server_arg, sizeof server_arg, "file:%s", uri);
+        args[n++] = "--ompi-server", args[n++] = server_arg;
+    }
+    for (int i = 1 + join; i < argc; i++) args[n++] = argv[i];
     fflush(NULL);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -82,8 +125,25 @@ int cmd_mpirun(int argc, char **argv) {
     child_pid = pid;
     sigprocmask(SIG_SETMASK, &old, NULL);
     int status;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR) cli_die(1, "mpirun: waitpid: %s", strerror(errno));
+    for (;;) { /* mpirun, and ompi-server should it die first */
+        pid_t w = waitpid(-1, &status, 0);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) cli_die(1, "mpirun: waitpid: %s", strerror(errno));
+        if (w == pid) break;
+        if (w == server) {
+            fprintf(stderr, "vkswarm: mpirun: ompi-server ended (%s %d): the running ranks go on; joins will fail\n",
+                    WIFSIGNALED(status) ? "signal" : "status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+            server = 0;
+        }
+    }
+    if (server > 0) {
+        kill(server, SIGTERM);
+        int s2;
+        for (int i = 0; i < 100 && waitpid(server, &s2, WNOHANG) == 0; i++) usleep(20000);
+        kill(server, SIGKILL);
+        waitpid(server, &s2, WNOHANG);
+    }
+    if (join) unlink(uri), rmdir(dir);
     free(args);
     if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     return WEXITSTATUS(status);

@@ -21,7 +21,7 @@ static const char rl_usage[] =
     "                  [--eval-seed S] [--eval-tasks FILE.jsonl] [--eval-split F] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
     "                  [--save-every N] [--keep N] [--resume [--override]] [--device N] [--tokenizer T]\n"
     "                  [--chat-template NAME] [--system TEXT] [--user-template TEXT] [--think-template TEXT]\n"
-    "                  [--no-think]\n"
+    "                  [--no-think] [--join]\n"
     "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
@@ -96,7 +96,11 @@ static const char rl_usage[] =
     "pipeline does), a rank with another is refused naming it and both hashes (exit 2). A broadcast\n"
     "counts only the ranks that acknowledge it after checking the file; a rank that refuses the\n"
     "weights or an adapter is named with its reason, and the run goes on without it under\n"
-    "--enable-recovery or stops with exit status 3.\n";
+    "--enable-recovery or stops with exit status 3.\n"
+    "--join (under mpirun --ompi-server, or `vkswarm mpirun --join`) opens the run to machines that join it\n"
+    "while it runs: the trainer writes DIR/join.uri, and `vkswarm join --run DIR/join.uri` on another\n"
+    "machine connects, is sent the config and the task file, checks that it holds the run's model and\n"
+    "generates batches as one more inference rank (docs \"Joining a run\").\n";
 
 typedef struct {
     cli_model_args m;
@@ -106,7 +110,8 @@ typedef struct {
     int n_set, n_ranks;
     double timeout_s, trainer_timeout_s;
     int test_garbage_rank, test_garbage_kind;
-    bool eval_n_given, eval_every_given, eval_seed_given, verify_given, override;
+    bool eval_n_given, eval_every_given, eval_seed_given, verify_given, override, join;
+    char join_server[1024]; /* --join: the ompi-server's URI */
 } rl_args;
 
 static void set_key(vks_rl_config *c, const char *key, const char *val) {
@@ -206,6 +211,29 @@ _Noreturn static void need_ranks(int named, int started, int argc, char **argv) 
     exit(EXIT_BAD_INPUT);
 }
 
+/* --join: a run across ranks whose trainer orchestrates, under an mpirun that was given an
+ * ompi-server (its URI, for DIR/join.uri, is in the environment mpirun gives every rank). */
+static void check_join(rl_args *a) {
+    if (a->n_ranks < 2)
+        cli_usage_error("rl", "--join opens a run across ranks to more of them: start it under mpirun (vkswarm mpirun --join)");
+    if (a->c.orchestrator != a->c.trainer)
+        cli_usage_error("rl", "--join: joins go to the trainer's rank; roles.orchestrator names another (not built yet)");
+    const char *uri = getenv("OMPI_MCA_pmix_server_uri");
+    if (!uri || !uri[0])
+        cli_usage_error("rl", "--join: mpirun was given no ompi-server (start the run with `vkswarm mpirun --join ...`, or "
+                        "start ompi-server --report-uri FILE and give mpirun --ompi-server file:FILE)");
+    if (!strncmp(uri, "file:", 5)) {
+        char *text = NULL;
+        size_t len = 0;
+        if (vks_file_read_all(uri + 5, 4096, &text, &len)) cli_die(EXIT_BAD_INPUT, "rl --join: %s", vks_last_error());
+        len = strcspn(text, "\r\n");
+        snprintf(a->join_server, sizeof a->join_server, "%.*s", (int)len, text);
+        free(text);
+    } else snprintf(a->join_server, sizeof a->join_server, "%s", uri);
+    if (!a->join_server[0] || strchr(a->join_server, '@'))
+        cli_die(EXIT_BAD_INPUT, "rl --join: the ompi-server URI '%s' is not one", a->join_server);
+}
+
 static void parse_rl(int argc, char **argv, rl_args *a) {
     static const struct option opts[] = {
         CLI_MODEL_LONG_OPTIONS, {"config", required_argument, 0, 0}, {"set", required_argument, 0, 0},
@@ -218,6 +246,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
         {"test-garbage-reward", no_argument, 0, 0}, {"save-every", required_argument, 0, 0},
         {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, {"override", no_argument, 0, 0},
+        {"join", no_argument, 0, 0},
         CLI_PROMPT_LONG_OPTIONS,
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
@@ -258,6 +287,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "keep")) set_key(&a->c, "keep", optarg);
         else if (!strcmp(name, "resume")) a->o.resume = true;
         else if (!strcmp(name, "override")) a->override = true;
+        else if (!strcmp(name, "join")) a->join = true;
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
         else if (!strcmp(name, "trainer-timeout-s"))
             a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
@@ -279,6 +309,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     check_eval(a);
     if (a->n_ranks > 1 && a->c.shardcast_key[0]) check_keys(a);
     if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (a->join) check_join(a);
 }
 
 static void on_progress(void *ctx, const vks_rl_progress *p) {
@@ -317,8 +348,12 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
             "without signal, %lld stale, %lld off-policy; %.0f s\n", (long long)r->rollouts, (long long)r->checked,
             (long long)r->accepted, (long long)r->rejected, (long long)r->groups_filtered, (long long)r->groups_stale,
             (long long)r->off_policy_dropped, r->elapsed_s);
-    for (int i = 0; i < r->n_ranks; i++) { /* the ranks the run lost, by their world rank */
+    for (int i = 0; i < r->n_ranks; i++) { /* the ranks the run lost, by their world rank; the ranks that joined */
         const vks_rl_rank_status *k = &r->ranks[i];
+        if (k->joined)
+            fprintf(stderr, "vkswarm: rl: joined rank %d: %lld batches, %lld rollouts, %lld rejected%s", k->rank,
+                    (long long)k->batches, (long long)k->rollouts, (long long)k->rejected,
+                    k->state == VKS_RL_RANK_LIVE ? "\n" : "; ");
         if (k->state == VKS_RL_RANK_LIVE) continue;
         fprintf(stderr, "vkswarm: rl: %s rank %d %s at step %lld: ", k->verifier ? "verifier" : "inference", k->rank,
                 k->state == VKS_RL_RANK_DROPPED ? "dropped" : "refused", (long long)k->at_step);
@@ -372,14 +407,17 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     int rank = 0, size = 0;
     bool pipelines = false; /* a group's first stage runs its pipeline on its generation thread */
     for (int i = 0; i < a->c.n_groups; i++) pipelines = pipelines || a->c.groups[i].n > 1;
-    vks_mpi_start_within(pipelines ? VKS_MPI_THREADS_MULTIPLE : VKS_MPI_THREADS_FUNNELED, a->timeout_s, cli_mpi_stuck,
-                         &rank, &size);
+    /* the join point's thread accepts while the main thread works */
+    vks_mpi_start_within(pipelines || a->join ? VKS_MPI_THREADS_MULTIPLE : VKS_MPI_THREADS_FUNNELED, a->timeout_s,
+                         cli_mpi_stuck, &rank, &size);
     if (size != a->n_ranks) cli_mpi_abort(EXIT_BAD_INPUT);
     check_ranks(a, m, rank);
     int roles = vks_rl_config_roles_of(&a->c, rank);
     if (!(roles & VKS_RL_ROLE_TRAINER)) cli_stop_quiet();
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
-                                                                         : a->test_garbage_kind ? a->test_garbage_kind : 1};
+                                                                         : a->test_garbage_kind ? a->test_garbage_kind : 1,
+                           .join_server = a->join ? a->join_server : NULL};
+    cli_model_hash(&a->m, m, mo.model_hash);
 #ifdef VKS_TEST_CHEAT /* the test build's vkswarm_cheat only: dishonest inference ranks (tests/rl_cheat.c) */
     int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo, vks_model *m);
     if (vks_test_cheat_setup(getenv("VKSWARM_TEST_CHEAT"), rank, a->c.prompts_per_step, &mo, m))

@@ -16,5 +16,6 @@ int cmd_train_plan(int argc, char **argv); /* tools/cmd_train_plan.c: train plan
 int cmd_eval(int argc, char **argv);
 int cmd_tasks(int argc, char **argv);     /* tools/cmd_tasks.c: tasks sft, tasks filter */
 int cmd_mpirun(int argc, char **argv);    /* tools/cmd_mpirun.c: mpirun with Ctrl-C as a clean stop */
+int cmd_join(int argc, char **argv);      /* tools/cmd_join.c: join a running RL run */
 int cmd_rl(int argc, char **argv);        /* tools/cmd_rl.c: the asynchronous RL run */
 #endif

@@ -22,6 +22,7 @@ static const char usage[] =
     "  train sft  supervised fine-tuning on the GPU      eval   a model's loss and accuracy on JSONL data or a task\n"
     "  tasks      built-in task data for SFT (tasks sft), difficulty filter of task files (tasks filter)\n"
     "  rl         the asynchronous RL run (GRPO): inference, verifier and trainer on this machine\n"
+    "  join       join a running rl run (rl --join) from this machine as one more inference rank\n"
     "  mpirun     run mpirun with Ctrl-C as a clean stop (every rank told; the trainer saves its step)\n"
     "  keygen     write an Ed25519 key pair         broadcast   signed sharded weight broadcast (mpirun)\n"
     "  version    print the version\n"
@@ -70,7 +71,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     static const struct { const char *name; int (*fn)(int, char **); } more[] = {
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"convert", cmd_convert},
-        {"pipeline", cmd_pipeline}, {"train", cmd_train}, {"eval", cmd_eval}, {"tasks", cmd_tasks}, {"rl", cmd_rl}, {"mpirun", cmd_mpirun}, {"verify", cmd_verify}, {"keygen", cmd_keygen}, {"broadcast", cmd_broadcast},
+        {"pipeline", cmd_pipeline}, {"train", cmd_train}, {"eval", cmd_eval}, {"tasks", cmd_tasks}, {"rl", cmd_rl}, {"join", cmd_join}, {"mpirun", cmd_mpirun}, {"verify", cmd_verify}, {"keygen", cmd_keygen}, {"broadcast", cmd_broadcast},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
         if (!strcmp(cmd, more[i].name)) return more[i].fn(argc - 1, argv + 1);

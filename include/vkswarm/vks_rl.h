@@ -127,8 +127,10 @@ typedef struct {
  * (rank -1). An inference group of several ranks is counted as its first. */
 enum { VKS_RL_RANK_LIVE = 0, VKS_RL_RANK_DROPPED = 1, VKS_RL_RANK_REFUSED = 2 };
 typedef struct {
-    int rank;                 /* world rank; -1: this process's inference thread */
+    int rank;                 /* world rank (a joined rank: numbered after the world's); -1: this process's
+                               * inference thread */
     bool verifier;
+    bool joined;              /* it joined the running run (vkswarm join) */
     int state;                /* VKS_RL_RANK_*: refused (it sent something wrong) or dropped (silent, or it
                                * missed the weights) ranks are left out for the rest of the run */
     int64_t batches;          /* inference: its batches taken into the queue; verifier: batches it answered */

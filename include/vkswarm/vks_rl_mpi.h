@@ -38,6 +38,11 @@ typedef struct {
      * vks_rl_batch_group) and counts (vks_rl_gen_counts) before they are sent. */
     void (*test_tamper)(void *ctx, void *groups, void *counts);
     void *test_tamper_ctx;
+    /* The trainer: open a join point (docs "Joining a run") reachable through the ompi-server
+     * of this URI (mpirun --ompi-server), written with the port to OUT/join.uri; NULL: none.
+     * A joiner must hold the model of model_hash (the hash vks_mpi_check_ranks compares). */
+    const char *join_server;
+    uint8_t model_hash[32];
 } vks_rl_mpi_options;
 
 /* Refuses roles this cut does not run (no roles, no inference rank, an
@@ -72,4 +77,24 @@ int vks_rl_mpi_orchestrator(const vks_rl_run_options *o, const vks_rl_mpi_option
  * last versions in memory, nothing on disk) until the trainer says stop.
  * *no_finalize as for an inference rank. */
 int vks_rl_mpi_relay(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize);
+
+/* ---- joining a running run (mpi/rl_join.c) ---- */
+typedef struct vks_rl_joiner vks_rl_joiner;
+/* Connects to a run's join point (the PORT of its OUT/join.uri "PORT@SERVER";
+ * MPI must have been started with that ompi-server: OMPI_MCA_pmix_server_uri)
+ * and receives its config and task file, within timeout_s. */
+int vks_rl_join_connect(const char *port, double timeout_s, vks_rl_joiner **out);
+/* The run's config (JSON, as a checkpoint holds it); its task file's bytes
+ * (*bytes = 0: a built-in task); whether its inference ranks verify their
+ * own batches (vks_rl_run_options.verify). */
+const char *vks_rl_joiner_config(const vks_rl_joiner *j);
+const void *vks_rl_joiner_tasks(const vks_rl_joiner *j, size_t *bytes);
+bool vks_rl_joiner_verify(const vks_rl_joiner *j);
+/* Says which model this process loaded (hash); admitted, runs as an
+ * inference rank of the run until it says stop (o: the run's config with
+ * this machine's out directory, model, tokenizer and GPU). Not admitted:
+ * VKS_ERR_ARG with the run's reason. */
+int vks_rl_join_run(vks_rl_joiner *j, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, const uint8_t hash[32],
+                    bool *no_finalize);
+void vks_rl_joiner_free(vks_rl_joiner *j);
 #endif

@@ -5,14 +5,14 @@
 # mostly wait (measured: ~40% of the cores idle over the four), so meson runs
 # this test first and the cmocka suites on the other core meanwhile.
 # Usage: run_all.sh BUILD_DIR [SUITE...]
-#   SUITE: broadcast pipeline verifier rl (default: all, in that order);
+#   SUITE: broadcast pipeline verifier rl join (default: all, in that order);
 #   one suite: meson test -C build mpi --test-args rl
 set -uo pipefail
 build=${1:?build dir}
 shift
 here=$(cd "$(dirname "$0")" && pwd)
 suites=("$@")
-[ ${#suites[@]} -gt 0 ] || suites=(broadcast pipeline verifier rl)
+[ ${#suites[@]} -gt 0 ] || suites=(broadcast pipeline verifier rl join)
 failed=()
 for s in "${suites[@]}"; do
     case $s in
@@ -20,7 +20,8 @@ for s in "${suites[@]}"; do
         pipeline) cmd=("$here/test_pipeline.sh" "$build") ;;
         verifier) cmd=("$here/test_verifier.sh" "$build") ;;
         rl) cmd=("$here/test_rl.sh" "$build") ;;
-        *) echo "run_all.sh: unknown suite '$s' (broadcast pipeline verifier rl)" >&2; exit 2 ;;
+        join) cmd=("$here/test_join.sh" "$build") ;;
+        *) echo "run_all.sh: unknown suite '$s' (broadcast pipeline verifier rl join)" >&2; exit 2 ;;
     esac
     echo "== mpi_$s =="
     t0=$(date +%s)

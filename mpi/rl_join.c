@@ -1,0 +1,291 @@
+/* rl_join.c: the join point of a running RL run and the joiner's side of
+ * the handshake (rl_join.h says what travels). */
+#define _POSIX_C_SOURCE 200809L
+#include "rl_join.h"
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "vkswarm/vks_common.h"
+#include "rl_wire.h"
+
+/* ---- the run's side: the port and the thread that accepts ---- */
+
+struct vks_rl_join_point {
+    char port[MPI_MAX_PORT_NAME];
+    MPI_Comm self;          /* MPI_COMM_SELF's duplicate: the accepting thread's own communicator */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    MPI_Comm *taken;        /* accepted, not yet taken (under lock) */
+    int n_taken, cap_taken;
+    bool closing;           /* under lock */
+    char path[4200];        /* OUT/join.uri, removed at the close */
+};
+
+static void *accept_loop(void *arg) {
+    vks_rl_join_point *p = arg;
+    for (;;) {
+        MPI_Comm ic = MPI_COMM_NULL;
+        if (MPI_Comm_accept(p->port, MPI_INFO_NULL, 0, p->self, &ic) != MPI_SUCCESS) {
+            usleep(100000); /* a failed handshake (the joiner died in it): the next one */
+            continue;
+        }
+        pthread_mutex_lock(&p->lock);
+        bool keep = !p->closing;
+        if (keep && p->n_taken == p->cap_taken) {
+            int cap = p->cap_taken ? 2 * p->cap_taken : 4;
+            MPI_Comm *t = realloc(p->taken, sizeof *t * (size_t)cap);
+            if (t) p->taken = t, p->cap_taken = cap;
+            else keep = false; /* out of memory: this joiner times out and may try again */
+        }
+        if (keep) p->taken[p->n_taken++] = ic;
+        pthread_mutex_unlock(&p->lock);
+        if (!keep) MPI_Comm_free(&ic);
+    }
+    return NULL;
+}
+
+int vks_rl_join_open(vks_rl_join_point **out, const char *server_uri, const char *out_dir) {
+    *out = NULL;
+    if (!server_uri || !server_uri[0] || strchr(server_uri, '\n'))
+        return vks_set_error(VKS_ERR_ARG, "join point: no ompi-server URI");
+    if (!vks_mpi_threads_multiple())
+        return vks_set_error(VKS_ERR_ARG, "join point: MPI did not grant MPI_THREAD_MULTIPLE (the port is served by a thread)");
+    vks_rl_join_point *p = calloc(1, sizeof *p);
+    if (!p) return vks_set_error(VKS_ERR_NOMEM, "join point: out of host memory");
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    if (MPI_Open_port(MPI_INFO_NULL, p->port) != MPI_SUCCESS || MPI_Comm_dup(MPI_COMM_SELF, &p->self) != MPI_SUCCESS) {
+        free(p);
+        return vks_set_error(VKS_ERR_IO, "join point: MPI_Open_port failed");
+    }
+    MPI_Comm_set_errhandler(p->self, MPI_ERRORS_RETURN);
+    char *path = p->path;
+    snprintf(p->path, sizeof p->path, "%s/join.uri", out_dir);
+    vks_outfile f;
+    int rc = vks_outfile_open(&f, path, 0644);
+    if (!rc) {
+        bool ok = fprintf(f.f, "%s@%s\n", p->port, server_uri) > 0;
+        rc = vks_outfile_finish(&f, ok);
+    }
+    if (rc) {
+        MPI_Close_port(p->port);
+        free(p);
+        return rc;
+    }
+    pthread_mutex_init(&p->lock, NULL);
+    if (pthread_create(&p->thread, NULL, accept_loop, p)) {
+        MPI_Close_port(p->port);
+        free(p);
+        return vks_set_error(VKS_ERR_IO, "join point: cannot start its thread");
+    }
+    fprintf(stderr, "vkswarm: rl: joins: open at %s (vkswarm join --run %s)\n", path, path);
+    *out = p;
+    return VKS_OK;
+}
+
+bool vks_rl_join_take(vks_rl_join_point *p, MPI_Comm *ic) {
+    if (!p) return false;
+    pthread_mutex_lock(&p->lock);
+    bool got = p->n_taken > 0;
+    if (got) {
+        *ic = p->taken[0];
+        memmove(p->taken, p->taken + 1, sizeof *p->taken * (size_t)--p->n_taken);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return got;
+}
+
+/* The thread stays in MPI_Comm_accept (nothing cancels it; it ends with the
+ * process, and does not hold MPI_Finalize), so p stays allocated: it reads it. */
+void vks_rl_join_close(vks_rl_join_point *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->lock);
+    p->closing = true;
+    for (int i = 0; i < p->n_taken; i++) MPI_Comm_free(&p->taken[i]);
+    p->n_taken = 0;
+    pthread_mutex_unlock(&p->lock);
+    unlink(p->path); /* the run takes no more joiners: nobody should try */
+}
+
+/* ---- the joiner's side ---- */
+
+struct vks_rl_joiner {
+    MPI_Comm ic;
+    char *config;     /* NUL-terminated JSON */
+    char *tasks;      /* the task file's bytes (NULL: a built-in task) */
+    size_t task_bytes;
+    bool verify;
+};
+
+typedef struct {
+    const char *port;
+    MPI_Comm ic;
+    int rc;
+    bool done, abandoned;
+    pthread_mutex_t lock;
+} connect_job;
+
+/* MPI_Comm_connect on a thread: it may hang (a dead run, a dead ompi-server). */
+static void *connect_main(void *arg) {
+    connect_job *j = arg;
+    MPI_Comm ic = MPI_COMM_NULL;
+    int rc = MPI_Comm_connect((char *)j->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &ic);
+    pthread_mutex_lock(&j->lock);
+    bool abandoned = j->abandoned;
+    j->ic = ic, j->rc = rc, j->done = true;
+    pthread_mutex_unlock(&j->lock);
+    if (abandoned) free(j); /* the caller gave up: nobody else frees it */
+    return NULL;
+}
+
+static int connect_within(const char *port, double timeout_s, MPI_Comm *ic) {
+    connect_job *j = calloc(1, sizeof *j);
+    if (!j) return vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+    j->port = port;
+    pthread_mutex_init(&j->lock, NULL);
+    pthread_t th;
+    if (pthread_create(&th, NULL, connect_main, j)) {
+        free(j);
+        return vks_set_error(VKS_ERR_IO, "join: cannot start a thread");
+    }
+    pthread_detach(th);
+    double until = vks_seconds_now() + timeout_s;
+    for (;;) {
+        pthread_mutex_lock(&j->lock);
+        bool done = j->done;
+        if (!done && vks_seconds_now() > until) j->abandoned = true;
+        bool gave_up = j->abandoned;
+        pthread_mutex_unlock(&j->lock);
+        if (gave_up) /* the port string is the caller's: copied below before returning would race; it lives on */
+            return vks_set_error(VKS_ERR_TIMEOUT, "join: no connection to the run within %.0f s (is it running, and "
+                                 "its ompi-server?)", timeout_s);
+        if (done) break;
+        usleep(2000);
+    }
+    int rc = j->rc;
+    *ic = j->ic;
+    free(j);
+    if (rc != MPI_SUCCESS) return vks_set_error(VKS_ERR_IO, "join: MPI_Comm_connect failed (is the run still open to joins?)");
+    MPI_Comm_set_errhandler(*ic, MPI_ERRORS_RETURN);
+    return VKS_OK;
+}
+
+/* Receives the next message under tag from the trainer (rank 0 of ic) within
+ * timeout_s, of at most `most` bytes (malloc'd into *buf). */
+static int receive_within(MPI_Comm ic, int tag, size_t most, double timeout_s, char **buf, size_t *bytes) {
+    double until = vks_seconds_now() + timeout_s;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(0, tag, ic, &flag, &st) != MPI_SUCCESS) return vks_set_error(VKS_ERR_IO, "join: the connection failed");
+        if (flag) {
+            int count = 0;
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            if (count < (int)sizeof(vks_rl_msg) || (size_t)count > most) {
+                char dummy[sizeof(vks_rl_msg)];
+                MPI_Recv(dummy, sizeof dummy, MPI_BYTE, 0, tag, ic, MPI_STATUS_IGNORE); /* truncated: refused */
+                return vks_set_error(VKS_ERR_FORMAT, "join: the run sent a message of %d bytes (at most %zu)", count, most);
+            }
+            *buf = malloc((size_t)count + 1);
+            if (!*buf) return vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+            if (MPI_Recv(*buf, count, MPI_BYTE, 0, tag, ic, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+                free(*buf);
+                return vks_set_error(VKS_ERR_IO, "join: the connection failed");
+            }
+            (*buf)[count] = 0;
+            *bytes = (size_t)count;
+            return VKS_OK;
+        }
+        if (vks_seconds_now() > until) return vks_set_error(VKS_ERR_TIMEOUT, "join: the run said nothing for %.0f s", timeout_s);
+        usleep(1000);
+    }
+}
+
+int vks_rl_join_connect(const char *port, double timeout_s, vks_rl_joiner **out) {
+    *out = NULL;
+    if (!port || !port[0] || strlen(port) >= MPI_MAX_PORT_NAME || !(timeout_s > 0))
+        return vks_set_error(VKS_ERR_ARG, "join: bad port or timeout");
+    vks_rl_joiner *j = calloc(1, sizeof *j);
+    if (!j) return vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+    j->ic = MPI_COMM_NULL;
+    int rc = connect_within(port, timeout_s, &j->ic);
+    char *buf = NULL;
+    size_t bytes = 0;
+    if (!rc) rc = receive_within(j->ic, TAG_JOIN, sizeof(vks_rl_msg) + VKS_RL_JOIN_MAX_CONFIG + VKS_RL_JOIN_MAX_TASKS,
+                                 timeout_s, &buf, &bytes);
+    vks_rl_msg h;
+    if (!rc) {
+        memcpy(&h, buf, sizeof h);
+        size_t body = bytes - sizeof h;
+        if (h.magic != VKS_RL_MAGIC || h.type != MSG_WELCOME || h.n == 0 || h.n > VKS_RL_JOIN_MAX_CONFIG ||
+            h.batch < 0 || (uint64_t)h.batch > VKS_RL_JOIN_MAX_TASKS || h.n + (uint64_t)h.batch != body || h.step < 0 || h.step > 1)
+            rc = vks_set_error(VKS_ERR_FORMAT, "join: the run's welcome is malformed");
+    }
+    if (!rc) {
+        j->config = malloc(h.n + 1);
+        j->task_bytes = (size_t)h.batch;
+        j->tasks = j->task_bytes ? malloc(j->task_bytes) : NULL;
+        if (!j->config || (j->task_bytes && !j->tasks)) rc = vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+    }
+    if (!rc) {
+        memcpy(j->config, buf + sizeof h, h.n);
+        j->config[h.n] = 0;
+        if (strlen(j->config) != h.n) rc = vks_set_error(VKS_ERR_FORMAT, "join: the run's config holds a NUL byte");
+        if (j->task_bytes) memcpy(j->tasks, buf + sizeof h + h.n, j->task_bytes);
+        j->verify = h.step & 1;
+    }
+    free(buf);
+    if (rc) {
+        vks_rl_joiner_free(j);
+        return rc;
+    }
+    *out = j;
+    return VKS_OK;
+}
+
+const char *vks_rl_joiner_config(const vks_rl_joiner *j) { return j->config; }
+const void *vks_rl_joiner_tasks(const vks_rl_joiner *j, size_t *bytes) {
+    *bytes = j->task_bytes;
+    return j->tasks;
+}
+bool vks_rl_joiner_verify(const vks_rl_joiner *j) { return j->verify; }
+
+int vks_rl_join_run(vks_rl_joiner *j, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, const uint8_t hash[32],
+                    bool *no_finalize) {
+    *no_finalize = true; /* until the trainer says otherwise */
+    if (!j || !o || !mo || !hash || !(mo->timeout_s > 0)) return vks_set_error(VKS_ERR_ARG, "join: bad options");
+    char hello[sizeof(vks_rl_msg) + 32];
+    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_HELLO, .n = 32};
+    memcpy(hello, &h, sizeof h);
+    memcpy(hello + sizeof h, hash, 32);
+    bool freeable = true;
+    int rc = vks_rl_wire_send(j->ic, 0, TAG_UP, hello, sizeof hello, mo->timeout_s, "the trainer taking the hello",
+                              &freeable);
+    if (rc) return rc; /* hello is on this stack: the process ends now (the CLI exits) */
+    char *buf = NULL;
+    size_t bytes = 0;
+    rc = receive_within(j->ic, TAG_JOIN, sizeof(vks_rl_msg) + VKS_RL_REASON_MAX, mo->timeout_s, &buf, &bytes);
+    if (rc) return rc;
+    memcpy(&h, buf, sizeof h);
+    if (h.magic == VKS_RL_MAGIC && h.type == MSG_NOT_ADMITTED) {
+        char reason[4 * VKS_RL_REASON_MAX + 1];
+        vks_escape(buf + sizeof h, strnlen(buf + sizeof h, bytes - sizeof h), reason, sizeof reason);
+        free(buf);
+        return vks_set_error(VKS_ERR_ARG, "the run did not admit this machine: %s", reason);
+    }
+    free(buf);
+    if (h.magic != VKS_RL_MAGIC || h.type != MSG_ADMIT || bytes != sizeof h || h.n > INT_MAX)
+        return vks_set_error(VKS_ERR_FORMAT, "join: the run's answer is malformed");
+    fprintf(stderr, "vkswarm: join: admitted as rank %d of the run (policy step %lld)\n", (int)h.n, (long long)h.step);
+    rc = vks_rl_inference_joined(o, mo, j->ic, (int)h.n, no_finalize);
+    if (!*no_finalize && MPI_Comm_disconnect(&j->ic) == MPI_SUCCESS) j->ic = MPI_COMM_NULL;
+    return rc;
+}
+
+void vks_rl_joiner_free(vks_rl_joiner *j) {
+    if (!j) return;
+    free(j->config), free(j->tasks);
+    free(j);
+}

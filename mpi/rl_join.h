@@ -1,0 +1,42 @@
+/* rl_join.h: machines that join a running RL run (issue 37), over MPI's
+ * dynamic processes: the trainer opens a port (MPI_Open_port) that Open
+ * MPI's ompi-server makes reachable from other mpirun invocations and
+ * singletons, writes "PORT@SERVER-URI" to OUT/join.uri, and accepts
+ * connections on a thread of its own (MPI_Comm_accept blocks and cannot be
+ * cancelled; a thread blocked there does not hold MPI_Finalize: measured).
+ * Each connection is an intercommunicator with the joiner as its rank 0; the
+ * trainer sees the joiner as one more inference rank (inf_rank.comm).
+ *
+ * The handshake (every message starts with vks_rl_msg):
+ *   TAG_JOIN  trainer -> joiner  WELCOME: step = 1 when inference ranks verify their own
+ *                                batches (vks_rl_run_options.verify), batch = bytes of the task
+ *                                file that follow the config (0: a built-in task), n = bytes
+ *                                of the config (JSON, the checkpoint's form)
+ *   TAG_UP    joiner -> trainer  HELLO: n = 32, then the hash of the model it loaded
+ *   TAG_JOIN  trainer -> joiner  ADMIT: n = its rank number in the run (after the world's),
+ *                                step = the newest policy step;
+ *                                then WEIGHTS (as Shardcast's file) when the policy is past
+ *                                step 0, and after every later step; or NOT_ADMITTED: the
+ *                                reason (text)
+ * After ADMIT the joiner is an inference rank (rl_roles.c's messages). */
+#ifndef VKS_RL_JOIN_H
+#define VKS_RL_JOIN_H
+#include <stdbool.h>
+#include "vkswarm/vks_mpi.h"
+#include "vkswarm/vks_rl_mpi.h"
+
+#define VKS_RL_JOIN_MAX_CONFIG (1u << 20) /* bytes of a WELCOME's config */
+#define VKS_RL_JOIN_MAX_TASKS (256u << 20) /* bytes of a WELCOME's task file */
+
+typedef struct vks_rl_join_point vks_rl_join_point;
+/* Opens the port, writes OUT/join.uri (out_dir/join.uri) and starts accepting. */
+int vks_rl_join_open(vks_rl_join_point **out, const char *server_uri, const char *out_dir);
+/* A connection accepted since the last call: true, *ic set. */
+bool vks_rl_join_take(vks_rl_join_point *p, MPI_Comm *ic);
+/* Stops taking connections (the accepting thread ends with the process). */
+void vks_rl_join_close(vks_rl_join_point *p);
+
+/* rl_roles.c: the inference rank over a joined connection (ic: the trainer is its rank 0). */
+int vks_rl_inference_joined(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, MPI_Comm ic, int number,
+                            bool *no_finalize);
+#endif

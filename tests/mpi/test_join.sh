@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Machines joining a running RL run (issue 37; mpi/rl_join.h), started the
+# way users start them: the run under `vkswarm mpirun --join` (which starts
+# Open MPI's ompi-server) with `rl --join` and one inference rank; joiners
+# are `vkswarm join --run OUT/join.uri` processes of their own (singletons).
+# One run: a joiner comes in mid-run (past step 1, so the weights reach it
+# over its connection) and produces batches; it is killed (SIGKILL), dropped
+# within --timeout-s, and the same command joins again as a new rank that
+# produces batches too; a joiner holding another model (a checkpoint of this
+# run) is refused naming both hashes. At async level 0 every step's sampler
+# log-probabilities equal the trainer's (below 1e-4): the joined ranks
+# generated with the weights the trainer trained. After the run, join.uri is
+# gone, and a join line of the dead run fails within its timeout.
+# Usage: test_join.sh BUILD_DIR
+set -uo pipefail
+bin=${1:?build dir}/vkswarm
+. "$(dirname "$0")/common.sh"
+tmp=$(mktemp -d)
+joiners=()
+trap 'for p in "${joiners[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+# the joiners talk TCP over loopback only, as the run's ranks do (mpi_run's options)
+export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+
+for i in $(seq 0 7); do echo "{\"prompt\": \"$i+$((i + 1))=\", \"answer\": \"$((2 * i + 1))\", \"task_type\": \"numeric\"}"; done \
+    > "$tmp/tasks.jsonl"
+# lr 1e-6: the policy stays near the start, so its groups keep the length targets' signal for the whole run
+cat > "$tmp/run.json" <<EOF
+{"task": "file:$tmp/tasks.jsonl", "init": "tiny", "out": "$tmp/out", "steps": 40, "prompts_per_step": 2, "group_size": 4,
+ "async_level": 0, "max_new_tokens": 12, "length_targets": [4, 12], "lr": 1e-6, "save_every": 4,
+ "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1]]}}
+EOF
+
+# ---- refusals before any work ----
+"$bin" rl --config "$tmp/run.json" --join > /dev/null 2> "$tmp/e0"
+rc=$?
+[ $rc -eq 2 ] && grep -q "mpirun" "$tmp/e0" && ok "rl --join without mpirun: exit 2" ||
+    { bad "rl --join without mpirun: rc $rc"; cat "$tmp/e0"; }
+mpi_run 60 -np 2 "$bin" rl --config "$tmp/run.json" --join > /dev/null 2> "$tmp/e1"
+rc=$?
+[ $rc -eq 2 ] && grep -q "no ompi-server" "$tmp/e1" && ok "rl --join under mpirun without an ompi-server: exit 2" ||
+    { bad "rl --join without an ompi-server: rc $rc"; cat "$tmp/e1"; }
+
+# ---- the run ----
+run_err=$tmp/run.err
+env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe \
+    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
+    "$bin" rl --config "$tmp/run.json" --join --eval-n 0 --timeout-s 5 > "$tmp/run.out" 2> "$run_err" &
+run=$!
+# wait_for SECONDS CONDITION...: polls the condition every 0.1 s while the run lives
+wait_for() {
+    local t=$1 i
+    shift
+    for i in $(seq 1 $((t * 10))); do
+        "$@" && return 0
+        kill -0 $run 2>/dev/null || { "$@"; return; }
+        sleep 0.1
+    done
+    return 1
+}
+steps_at_least() { [ -s "$tmp/out/metrics.jsonl" ] && [ "$(wc -l < "$tmp/out/metrics.jsonl")" -ge "$1" ]; }
+batches_of() { find "$tmp/j/rollouts-rank$1" -name 'batch-*.jsonl' 2>/dev/null | wc -l; }
+has_batches() { [ "$(batches_of "$1")" -ge "$2" ]; }
+
+wait_for 120 steps_at_least 2 || bad "the run did not reach step 2"
+cp "$tmp/out/join.uri" "$tmp/join.line" 2>/dev/null
+"$bin" join --run "$tmp/out/join.uri" --out "$tmp/j" --timeout-s 5 > /dev/null 2> "$tmp/j1.err" &
+j1=$!
+joiners+=("$j1")
+wait_for 60 has_batches 2 1
+kill -9 "$j1" 2>/dev/null
+wait "$j1" 2>/dev/null
+grep -q "admitted as rank 2 of the run (policy step [1-9]" "$tmp/j1.err" && has_batches 2 1 &&
+    ok "a joiner came in past step 1 and generated" || { bad "the first joiner"; cat "$tmp/j1.err"; }
+wait_for 30 grep -q "inference rank 2 dropped" "$run_err" && ok "the killed joiner was dropped" ||
+    bad "the killed joiner was not dropped"
+"$bin" join --run "$tmp/out/join.uri" --out "$tmp/j" --timeout-s 5 > /dev/null 2> "$tmp/j2.err" &
+j2=$!
+joiners+=("$j2")
+# a checkpoint of this run is another model
+wait_for 60 test -s "$tmp/out/step-000000004/model.safetensors" || bad "no checkpoint at step 4"
+"$bin" join --run "$tmp/out/join.uri" --out "$tmp/j3" --model "$tmp/out/step-000000004" --timeout-s 5 > /dev/null \
+    2> "$tmp/j3.err"
+rc=$?
+[ $rc -eq 2 ] && grep -Eq "another model: its hash [0-9a-f]{64}, the run's [0-9a-f]{64}" "$tmp/j3.err" &&
+    ok "a joiner with another model was refused naming both hashes" || { bad "another model: rc $rc"; cat "$tmp/j3.err"; }
+wait $run
+rc=$?
+wait "$j2"
+rc2=$?
+[ $rc -eq 0 ] && ok "the run finished" || { bad "the run: rc $rc"; tail -20 "$run_err"; }
+[ $rc2 -eq 0 ] && grep -q "the run said stop" "$tmp/j2.err" && ok "the rejoined machine left when the run ended" ||
+    { bad "the rejoined machine: rc $rc2"; cat "$tmp/j2.err"; }
+joined3=$(sed -n 's/.*joined rank 3: \([0-9]*\) batches.*/\1/p' "$run_err")
+[ "${joined3:-0}" -ge 1 ] && [ "$(batches_of 3)" -ge 1 ] && ok "the rejoined machine's batches were accepted ($joined3)" ||
+    { bad "the rejoined machine made no accepted batch"; grep "joined" "$run_err"; }
+grep -q "inference rank 4 refused: another model" "$run_err" && ok "the run named the refused joiner" ||
+    bad "the run did not name the refused joiner"
+mismatch_ok() {
+    awk '{ if (!match($0, /"logp_mismatch":[0-9.]+(e-?[0-9]+)?/)) exit 1
+           v = substr($0, RSTART + 16, RLENGTH - 16) + 0; if (v >= 1e-4) exit 1 }' "$1"
+}
+[ "$(wc -l < "$tmp/out/metrics.jsonl")" -eq 40 ] && mismatch_ok "$tmp/out/metrics.jsonl" &&
+    ok "40 steps, the sampler's logp equal to the trainer's on each (k = 0)" ||
+    { bad "metrics"; cat "$tmp/out/metrics.jsonl" | head -5; }
+
+# ---- after the run ----
+[ ! -e "$tmp/out/join.uri" ] && ok "join.uri removed at the end" || bad "join.uri left behind"
+"$bin" join --run "$tmp/out/join.uri" --out "$tmp/j4" > /dev/null 2> "$tmp/j4.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "no such file" "$tmp/j4.err" && ok "join of an ended run (no join.uri): exit 2" ||
+    { bad "join without join.uri: rc $rc"; cat "$tmp/j4.err"; }
+t0=$SECONDS
+timeout -k 5 60 "$bin" join --run "$tmp/join.line" --out "$tmp/j5" --timeout-s 3 > /dev/null 2> "$tmp/j5.err"
+rc=$?
+[ $rc -eq 3 ] && [ $((SECONDS - t0)) -le 20 ] && grep -q "vkswarm: join: " "$tmp/j5.err" &&
+    ok "join of a dead run's line: exit 3 in $((SECONDS - t0)) s" || { bad "join of a dead run: rc $rc"; cat "$tmp/j5.err"; }
+
+echo "test_join: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
