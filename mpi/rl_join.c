@@ -4,11 +4,13 @@
 #include "rl_join.h"
 #include <limits.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "vkswarm/vks_common.h"
+#include "vkswarm/vks_shard.h"
 #include "rl_wire.h"
 
 /* ---- the run's side: the port and the thread that accepts ---- */
@@ -109,6 +111,14 @@ void vks_rl_join_close(vks_rl_join_point *p) {
     unlink(p->path); /* the run takes no more joiners: nobody should try */
 }
 
+void vks_rl_join_hello_text(const uint8_t nonce[16], const uint8_t hash[32], uint8_t *out, size_t *len) {
+    size_t d = strlen(VKS_RL_JOIN_DOMAIN);
+    memcpy(out, VKS_RL_JOIN_DOMAIN, d);
+    memcpy(out + d, nonce, 16);
+    memcpy(out + d + 16, hash, 32);
+    *len = d + 48;
+}
+
 /* ---- the joiner's side ---- */
 
 struct vks_rl_joiner {
@@ -117,6 +127,8 @@ struct vks_rl_joiner {
     char *tasks;      /* the task file's bytes (NULL: a built-in task) */
     size_t task_bytes;
     bool verify;
+    uint8_t nonce[16];
+    int number;       /* the rank number the run gave this connection */
 };
 
 typedef struct {
@@ -237,6 +249,16 @@ int vks_rl_join_connect(const char *port, double timeout_s, vks_rl_joiner **out)
         j->verify = h.step & 1;
     }
     free(buf);
+    buf = NULL;
+    if (!rc) rc = receive_within(j->ic, TAG_JOIN, sizeof(vks_rl_msg), timeout_s, &buf, &bytes);
+    if (!rc) {
+        memcpy(&h, buf, sizeof h);
+        if (h.magic != VKS_RL_MAGIC || h.type != MSG_NONCE || h.n < 1 || h.n > INT_MAX)
+            rc = vks_set_error(VKS_ERR_FORMAT, "join: the run's nonce is malformed");
+        memcpy(j->nonce, &h.batch, 8), memcpy(j->nonce + 8, &h.step, 8);
+        j->number = (int)h.n;
+    }
+    free(buf);
     if (rc) {
         vks_rl_joiner_free(j);
         return rc;
@@ -255,11 +277,17 @@ bool vks_rl_joiner_verify(const vks_rl_joiner *j) { return j->verify; }
 int vks_rl_join_run(vks_rl_joiner *j, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, const uint8_t hash[32],
                     bool *no_finalize) {
     *no_finalize = true; /* until the trainer says otherwise */
-    if (!j || !o || !mo || !hash || !(mo->timeout_s > 0)) return vks_set_error(VKS_ERR_ARG, "join: bad options");
-    char hello[sizeof(vks_rl_msg) + 32];
-    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_HELLO, .n = 32};
+    if (!j || !o || !mo || !hash || !(mo->timeout_s > 0) || !mo->join_secret_key)
+        return vks_set_error(VKS_ERR_ARG, "join: bad options");
+    char hello[sizeof(vks_rl_msg) + VKS_RL_JOIN_HELLO_BYTES];
+    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_HELLO, .n = VKS_RL_JOIN_HELLO_BYTES};
     memcpy(hello, &h, sizeof h);
     memcpy(hello + sizeof h, hash, 32);
+    memcpy(hello + sizeof h + 32, mo->join_secret_key + 32, 32); /* libsodium's secret key ends with the public key */
+    uint8_t text[64 + 48];
+    size_t len = 0;
+    vks_rl_join_hello_text(j->nonce, hash, text, &len);
+    crypto_sign_detached((uint8_t *)hello + sizeof h + 64, NULL, text, len, mo->join_secret_key);
     bool freeable = true;
     int rc = vks_rl_wire_send(j->ic, 0, TAG_UP, hello, sizeof hello, mo->timeout_s, "the trainer taking the hello",
                               &freeable);

@@ -12,13 +12,19 @@
  *                                batches (vks_rl_run_options.verify), batch = bytes of the task
  *                                file that follow the config (0: a built-in task), n = bytes
  *                                of the config (JSON, the checkpoint's form)
- *   TAG_UP    joiner -> trainer  HELLO: n = 32, then the hash of the model it loaded
+ *   TAG_JOIN  trainer -> joiner  NONCE: n = its rank number in the run (after the world's),
+ *                                batch and step: 16 random bytes
+ *   TAG_UP    joiner -> trainer  HELLO: n = 128, then the hash of the model it loaded, its
+ *                                identity's Ed25519 public key and its signature of
+ *                                VKS_RL_JOIN_DOMAIN || nonce || model hash
  *   TAG_JOIN  trainer -> joiner  ADMIT: n = its rank number in the run (after the world's),
  *                                step = the newest policy step;
  *                                then WEIGHTS (as Shardcast's file) when the policy is past
  *                                step 0, and after every later step; or NOT_ADMITTED: the
  *                                reason (text)
- * After ADMIT the joiner is an inference rank (rl_roles.c's messages). */
+ * After ADMIT the joiner is an inference rank (rl_roles.c's messages); each
+ * GROUPS message it sends carries its identity's signature of the message
+ * (VKS_SIGNATURE_BYTES) after it. */
 #ifndef VKS_RL_JOIN_H
 #define VKS_RL_JOIN_H
 #include <stdbool.h>
@@ -26,6 +32,11 @@
 #include "vkswarm/vks_rl_mpi.h"
 
 #define VKS_RL_JOIN_MAX_CONFIG (1u << 20) /* bytes of a WELCOME's config */
+#define VKS_RL_JOIN_DOMAIN "vkswarm join hello v1" /* what a HELLO's signature is of, first */
+#define VKS_RL_JOIN_HELLO_BYTES (32 + 32 + 64) /* model hash, public key, signature */
+
+/* The bytes a HELLO signs: the domain, the nonce (16 bytes), the model hash. */
+void vks_rl_join_hello_text(const uint8_t nonce[16], const uint8_t hash[32], uint8_t *out, size_t *len);
 #define VKS_RL_JOIN_MAX_TASKS (256u << 20) /* bytes of a WELCOME's task file */
 
 typedef struct vks_rl_join_point vks_rl_join_point;

@@ -27,6 +27,10 @@ typedef struct {
     MPI_Request wreq;
     double wsince;
     int64_t wstep;        /* joined: the newest step it was sent (or is being sent); -1: none */
+    uint8_t nonce[16];    /* joined: what its hello must sign */
+    uint8_t key[32];      /* joined: its identity (Ed25519 public key), from its hello */
+    bool banned;          /* joined: refused for what it sent: its key may not join again */
+    bool admitted;        /* joined: its hello was accepted */
     int64_t batch;        /* inference: the batch it generates, -1: idle */
     int64_t min_step;     /* its policy step at least */
     double last_seen;
@@ -80,6 +84,8 @@ typedef struct {
     char *welcome;
     size_t welcome_bytes;
     int n_joined, cap_ranks;
+    struct joined_ban *bans; /* keys refused for what they sent, with why */
+    int n_bans;
 } trainer_src;
 
 /* Opens the orchestration state for this rank's role: the ranks, the queue,

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sodium.h>
 #include "vkswarm/vks_rl_roles.h"
 #include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_grpo.h"
@@ -114,7 +115,29 @@ static int first_stage_of(const vks_rl_config *c, int rank) {
 /* Leaves rank r out of the run (state: RANK_DROPPED or RANK_REFUSED, as the
  * summary says); gone: it leaves without MPI_Finalize (dropped, or told to
  * stop now), so later broadcasts do not wait for it and nobody finalizes. */
+static void ban_key(trainer_src *t, inf_rank *r, const char *why);
+
+/* A joined rank leaving the run is told why (NOT_ADMITTED on its
+ * connection, batch = 1: refused, 0: dropped), so that a live one ends now
+ * instead of waiting out its trainer timeout. Not waited for beyond a small
+ * message's eager send (it may be dead). */
+static void tell_joined(trainer_src *t, inf_rank *r, int state, const char *why) {
+    size_t n = strnlen(why, VKS_RL_REASON_MAX - 1) + 1;
+    char *msg = calloc(1, sizeof(vks_rl_msg) + n);
+    if (!msg) return;
+    vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_NOT_ADMITTED, .batch = state == RANK_REFUSED, .step = t->newest,
+                    .n = n};
+    memcpy(msg, &h, sizeof h);
+    memcpy(msg + sizeof h, why, n - 1);
+    bool freeable = true;
+    vks_rl_wire_send(r->comm, 0, TAG_JOIN, msg, sizeof h + n, r->state == RANK_LIVE ? 1.0 : t->mo->timeout_s,
+                     "the joiner taking why it left", &freeable);
+    if (freeable) free(msg); /* else MPI may still read it: left */
+}
+
 static void leave_rank(trainer_src *t, inf_rank *r, int state, const char *why, bool gone) {
+    if (r->joined && r->state == RANK_LIVE && state == RANK_REFUSED) ban_key(t, r, why); /* it sent something wrong */
+    if (r->joined && (r->state == RANK_LIVE || r->state == RANK_JOINING)) tell_joined(t, r, state, why);
     fprintf(stderr, "vkswarm: rl: %s rank %d %s: %s; the run goes on without it\n", r->verifier ? "verifier" : "inference",
             r->rank, state == RANK_REFUSED ? "refused" : "dropped", why);
     r->state = state;
@@ -425,14 +448,25 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
     int count = 0;
     MPI_Get_count(st, MPI_BYTE, &count);
     /* a verifier's VERIFIED wraps a GROUPS message; REFUSE carries a reason of at most VKS_RL_REASON_MAX */
-    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len);
+    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len) + (r && r->joined ? 64 : 0);
     char small[sizeof(vks_rl_msg)];
     bool big = count > (int)sizeof small && (size_t)count <= most;
     char *buf = big ? malloc((size_t)count) : small;
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    bool owned = big;
     /* a message too big to be honest is received into nothing (truncation error) and refused */
     int mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, comm, MPI_STATUS_IGNORE);
     int rc = VKS_OK;
+    if (r && r->joined && r->state == RANK_LIVE && big && mrc == MPI_SUCCESS) { /* signed by its key: checked, cut off */
+        count -= crypto_sign_BYTES;
+        if (count < (int)sizeof(vks_rl_msg) ||
+            crypto_sign_verify_detached((const uint8_t *)buf + count, (const uint8_t *)buf, (size_t)count, r->key)) {
+            drop_rank(t, r, RANK_REFUSED, "a batch its key did not sign");
+            free(buf);
+            return VKS_OK;
+        }
+        big = count > (int)sizeof small;
+    }
     if (r && r->state == RANK_JOINING && mrc == MPI_SUCCESS) {
         admit(t, r, buf, (size_t)count);
     } else if (!r || r->state != RANK_LIVE) { /* late words of a dropped rank: ignored */
@@ -470,7 +504,7 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
             }
         }
     }
-    if (big) free(buf);
+    if (owned) free(buf);
     return rc;
 }
 
@@ -499,6 +533,12 @@ static int take_joins(trainer_src *t) {
                         .welcome = MPI_REQUEST_NULL, .batch = -1, .last_seen = vks_seconds_now(), .at_step = -1};
         if (MPI_Isend(t->welcome, (int)t->welcome_bytes, MPI_BYTE, 0, TAG_JOIN, ic, &r->welcome) != MPI_SUCCESS)
             r->welcome = MPI_REQUEST_NULL; /* it hears nothing and gives up; its hello never comes */
+        randombytes_buf(r->nonce, sizeof r->nonce);
+        vks_rl_msg nonce = {.magic = VKS_RL_MAGIC, .type = MSG_NONCE, .n = (uint64_t)r->rank};
+        memcpy(&nonce.batch, r->nonce, 8), memcpy(&nonce.step, r->nonce + 8, 8);
+        /* a small message: sent at once (eagerly), whoever reads it */
+        if (vks_rl_wire_send_small(ic, 0, TAG_JOIN, &nonce, t->mo->timeout_s, "the joiner taking its nonce"))
+            r->last_seen = 0; /* dropped in this round: it never says hello */
         fprintf(stderr, "vkswarm: rl: rank %d connected through the join point\n", r->rank);
     }
     return VKS_OK;
@@ -508,20 +548,37 @@ static void hex32(const uint8_t *h, char out[65]) {
     for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", h[i]);
 }
 
+/* A key refused for what its rank sent: it may not join again this run. */
+struct joined_ban {
+    uint8_t key[32];
+    int64_t at_step;
+    char why[320];
+};
+
+static const struct joined_ban *find_ban(const trainer_src *t, const uint8_t key[32]) {
+    for (int i = 0; i < t->n_bans; i++)
+        if (!memcmp(t->bans[i].key, key, 32)) return &t->bans[i];
+    return NULL;
+}
+
+static void ban_key(trainer_src *t, inf_rank *r, const char *why) {
+    r->banned = true;
+    if (find_ban(t, r->key)) return;
+    struct joined_ban *b = realloc(t->bans, sizeof *b * (size_t)(t->n_bans + 1));
+    if (!b) return; /* out of memory: the rank is refused all the same, its key not remembered */
+    t->bans = b;
+    b[t->n_bans].at_step = t->newest;
+    memcpy(b[t->n_bans].key, r->key, 32);
+    snprintf(b[t->n_bans].why, sizeof b[t->n_bans].why, "%s", why);
+    t->n_bans++;
+    char who[65];
+    hex32(r->key, who);
+    fprintf(stderr, "vkswarm: rl: key %.16s (rank %d) banned for the rest of the run\n", who, r->rank);
+}
+
 /* Joined rank r is not admitted: it is told why (a bounded send) and refused. */
 static void not_admitted(trainer_src *t, inf_rank *r, const char *why) {
-    size_t n = strnlen(why, VKS_RL_REASON_MAX - 1) + 1;
-    char *msg = calloc(1, sizeof(vks_rl_msg) + n);
-    if (msg) {
-        vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_NOT_ADMITTED, .step = t->newest, .n = n};
-        memcpy(msg, &h, sizeof h);
-        memcpy(msg + sizeof h, why, n - 1);
-        bool freeable = true;
-        vks_rl_wire_send(r->comm, 0, TAG_JOIN, msg, sizeof h + n, t->mo->timeout_s, "the joiner taking its refusal",
-                         &freeable);
-        if (freeable) free(msg); /* else MPI may still read it: left */
-    }
-    leave_rank(t, r, RANK_REFUSED, why, true);
+    leave_rank(t, r, RANK_REFUSED, why, true); /* tells it (leave_rank: tell_joined) */
 }
 
 /* The weights joined ranks are sent: a copy of a step's WEIGHTS file,
@@ -599,11 +656,35 @@ static int joined_weights_progress(trainer_src *t) {
 static void admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes) {
     vks_rl_msg h;
     memcpy(&h, buf, sizeof h < bytes ? sizeof h : bytes);
-    if (bytes != sizeof h + 32 || h.magic != VKS_RL_MAGIC || h.type != MSG_HELLO || h.n != 32) {
+    if (bytes != sizeof h + VKS_RL_JOIN_HELLO_BYTES || h.magic != VKS_RL_MAGIC || h.type != MSG_HELLO ||
+        h.n != VKS_RL_JOIN_HELLO_BYTES) {
         not_admitted(t, r, "a malformed hello");
         return;
     }
-    char why[320], mine[65], theirs[65];
+    const uint8_t *hash = (const uint8_t *)buf + sizeof h, *key = hash + 32, *sig = key + 32;
+    uint8_t text[64 + 48];
+    size_t len = 0;
+    vks_rl_join_hello_text(r->nonce, hash, text, &len);
+    if (crypto_sign_verify_detached(sig, text, len, key)) {
+        not_admitted(t, r, "its hello is not signed by the key it names");
+        return;
+    }
+    memcpy(r->key, key, 32);
+    char why[320], mine[65], theirs[65], who[65];
+    hex32(key, who);
+    const struct joined_ban *ban = find_ban(t, key);
+    if (ban) {
+        snprintf(why, sizeof why, "key %.16s was banned at step %lld: %.200s", who, (long long)ban->at_step, ban->why);
+        not_admitted(t, r, why);
+        return;
+    }
+    bool allowed = t->mo->n_join_allow == 0;
+    for (int i = 0; !allowed && i < t->mo->n_join_allow; i++) allowed = !memcmp(t->mo->join_allow[i], key, 32);
+    if (!allowed) {
+        snprintf(why, sizeof why, "key %.64s is not in the run's join.allow", who);
+        not_admitted(t, r, why);
+        return;
+    }
     hex32(t->mo->model_hash, mine);
     hex32((const uint8_t *)buf + sizeof h, theirs);
     if (strcmp(mine, theirs)) {
@@ -622,9 +703,10 @@ static void admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes) {
         leave_rank(t, r, RANK_DROPPED, vks_last_error(), true);
         return;
     }
-    r->state = RANK_LIVE;
+    r->state = RANK_LIVE, r->admitted = true;
     r->last_seen = vks_seconds_now();
-    fprintf(stderr, "vkswarm: rl: inference rank %d joined (policy step %lld)\n", r->rank, (long long)t->newest);
+    fprintf(stderr, "vkswarm: rl: inference rank %d joined (key %.16s, policy step %lld)\n", r->rank, who,
+            (long long)t->newest);
     r->wstep = -1; /* the newest weights follow (joined_weights_progress) */
 }
 
@@ -772,6 +854,8 @@ int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap) {
                                       .batches = r->batches, .rollouts = r->rollouts, .rejected = r->rejected,
                                       .at_step = r->state == RANK_LIVE ? -1 : r->at_step};
         snprintf(out[n].why, sizeof out[n].why, "%s", r->state == RANK_LIVE ? "" : r->why);
+        out[n].banned = r->banned, out[n].admitted = r->admitted;
+        for (int b = 0; r->joined && b < 8; b++) snprintf(out[n].identity + 2 * b, 3, "%02x", r->key[b]);
         n++;
     }
     return n;
@@ -898,7 +982,7 @@ void vks_rl_orch_close(trainer_src *t) {
             release_weights(t->ranks[i].sending);
     }
     release_weights(t->jw);
-    free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops);
+    free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops), free(t->bans);
     vks_param_layout_free(t->layout);
     t->gen.model = NULL;
     vks_rl_gen_close(&t->gen);
@@ -1027,7 +1111,18 @@ static int poll_trainer(inf_state *s) {
         if (MPI_Iprobe(s->trainer, MPI_ANY_TAG, s->comm, &flag, &st) != MPI_SUCCESS || !flag) return VKS_OK;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
-        if (s->joined && st.MPI_TAG == TAG_JOIN) {
+        if (s->joined && st.MPI_TAG == TAG_JOIN && (size_t)count <= sizeof(vks_rl_msg) + VKS_RL_REASON_MAX) {
+            char why[sizeof(vks_rl_msg) + VKS_RL_REASON_MAX + 1] = {0}, shown[4 * VKS_RL_REASON_MAX + 1];
+            MPI_Recv(why, count, MPI_BYTE, s->trainer, TAG_JOIN, s->comm, MPI_STATUS_IGNORE);
+            vks_rl_msg h;
+            memcpy(&h, why, sizeof h);
+            if (count < (int)sizeof h || h.magic != VKS_RL_MAGIC || h.type != MSG_NOT_ADMITTED)
+                return vks_set_error(VKS_ERR_FORMAT, "a malformed message of %d bytes from the run", count);
+            vks_escape(why + sizeof h, strnlen(why + sizeof h, (size_t)count - sizeof h), shown, sizeof shown);
+            s->stop = true;
+            return vks_set_error(h.batch ? VKS_ERR_ARG : VKS_ERR_TIMEOUT, "the run %s this machine: %s",
+                                 h.batch ? "refused" : "dropped", shown);
+        } else if (s->joined && st.MPI_TAG == TAG_JOIN) {
             int rc = take_joined_weights(s, &st);
             if (rc) return rc;
         } else if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
@@ -1136,6 +1231,12 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     size_t bytes = 0;
     void *buf = rc ? NULL : vks_rl_wire_pack_groups(j.groups, P, j.batch, g->policy_step, &j.cnt, &bytes);
     if (!rc && !buf) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    if (!rc && s->joined) { /* its identity signs what it sends (rl_join.h) */
+        void *signed_buf = realloc(buf, bytes + crypto_sign_BYTES);
+        if (!signed_buf) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+        else buf = signed_buf, crypto_sign_detached((uint8_t *)buf + bytes, NULL, buf, bytes, s->mo->join_secret_key);
+        bytes += rc ? 0 : crypto_sign_BYTES;
+    }
     if (!rc && s->verifier >= 0) {
         rc = send_to_verifier(s, g, j.batch, buf, bytes);
         buf = NULL; /* owned by send_to_verifier */

@@ -20,7 +20,7 @@ enum { TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104, TAG_CAST_HELLO = 7105, 
 enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS = 5, MSG_DONE = 6, MSG_TO_VERIFY = 7,
        MSG_VERIFIED = 8, MSG_REFUSE = 9, MSG_REFORM = 10,
        /* a joined rank <-> the trainer, over the connection's intercommunicator (rl_join.h) */
-       MSG_WELCOME = 11, MSG_HELLO = 12, MSG_ADMIT = 13, MSG_NOT_ADMITTED = 14,
+       MSG_WELCOME = 11, MSG_HELLO = 12, MSG_ADMIT = 13, MSG_NOT_ADMITTED = 14, MSG_NONCE = 15,
        /* trainer <-> orchestrator (TAG_ORCH; rl_orchestrator.c says what each carries) */
        MSG_RESUME = 20, MSG_PUBLISHED = 21, MSG_TAKE = 22, MSG_TAKEN = 23, MSG_FINISH = 24, MSG_FINISHED = 25,
        MSG_FAILED = 26 };

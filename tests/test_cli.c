@@ -638,6 +638,8 @@ static void test_mpirun_join(void **state) {
         {"join --run x@y --model", "vkswarm join: option '--model' needs a value"},
         {"join --run /nonexistent/join.uri", "vkswarm: join: --run /nonexistent/join.uri: no such file, nor a join line"},
         {"join --run x@y --random-model 64,128,1,4,4,32,32", "vkswarm join: the model is the run's base: --model only"},
+        {"rl --init tiny --join-allow /nonexistent", "vkswarm rl: --join-allow goes with --join"},
+        {"join --run x@y --key /nonexistent", "vkswarm: join: --key: /nonexistent/shardcast.key"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = run_capture(bad[i].args, &out, &err);

@@ -20,7 +20,9 @@
 static const char keygen_usage[] =
     "usage: vkswarm keygen --out DIR\n"
     "Writes an Ed25519 key pair for signed weight broadcast: DIR/shardcast.key (secret, mode 0600,\n"
-    "for the trainer) and DIR/shardcast.pub (for every receiver). Existing files are not overwritten.\n";
+    "for the trainer) and DIR/shardcast.pub (for every receiver). Existing files are not overwritten.\n"
+    "The same pair is a machine's identity when it joins a run (vkswarm join --key DIR; the run's\n"
+    "rl --join-allow FILE lists the DIR/shardcast.pub lines it admits).\n";
 
 int cmd_keygen(int argc, char **argv) {
     const char *out = NULL;

@@ -14,11 +14,12 @@
 #include "vkswarm/vks_rl.h"
 #include "vkswarm/vks_rl_config.h"
 #include "vkswarm/vks_rl_mpi.h"
+#include "vkswarm/vks_shard.h"
 #include "vkswarm/vks_tokenizer.h"
 
 static const char join_usage[] =
-    "usage: vkswarm join --run URI|FILE [--model M] [--tokenizer T] [--out DIR] [--device N] [--timeout-s S]\n"
-    "                    [--trainer-timeout-s S]\n"
+    "usage: vkswarm join --run URI|FILE [--key DIR] [--model M] [--tokenizer T] [--out DIR] [--device N]\n"
+    "                    [--timeout-s S] [--trainer-timeout-s S]\n"
     "Joins a running `vkswarm rl --join` as one more inference rank. --run takes the run's DIR/join.uri\n"
     "(copied to this machine) or the line in it (PORT@SERVER: the run's port and its ompi-server). This\n"
     "machine connects (run it alone: it starts MPI as a singleton pointed at that ompi-server), is sent\n"
@@ -28,21 +29,27 @@ static const char join_usage[] =
     "takes the run's newest weights and generates the batches the trainer grants, verifying its own, until\n"
     "the run ends; its rollout files go to DIR/rollouts-rankN (default DIR: join-out; N: the rank number\n"
     "the run gave it, after the world's). A machine that was dropped (killed, rebooted, cut off) runs the\n"
-    "same command again and is a new rank. Not yet: pipeline groups (mpirun -np S), identities and\n"
-    "join.allow, runs with verifier ranks or LoRA (refused, saying so). Exit status: 0 when the run ended\n"
+    "same command again and is a new rank. --key DIR: this machine's identity, an Ed25519 key pair from\n"
+    "`vkswarm keygen --out DIR` (DIR/shardcast.key); it signs the hello and every batch, a run started\n"
+    "with --join-allow admits only the keys listed, and a key whose rank sent something wrong is banned\n"
+    "for the run (its rejoin refused, naming why). Without --key a key is made for this process (said on\n"
+    "stderr). Not yet: pipeline groups (mpirun -np S), runs with verifier ranks or LoRA (refused, saying\n"
+    "so). Exit status: 0 when the run ended\n"
     "normally, 2 not admitted or bad input, 3 the run went silent (--trainer-timeout-s while idle,\n"
     "default 600; --timeout-s for sends and the handshake, default 120). See docs \"Joining a run\".\n";
 
 typedef struct {
     cli_model_args m;
-    const char *run, *out;
+    const char *run, *out, *key;
     double timeout_s, trainer_timeout_s;
+    bool test_garbage;
 } join_args;
 
 static void parse_join(int argc, char **argv, join_args *a) {
     static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"run", required_argument, 0, 0},
                                          {"out", required_argument, 0, 0}, {"timeout-s", required_argument, 0, 0},
-                                         {"trainer-timeout-s", required_argument, 0, 0}, {"help", no_argument, 0, 'h'},
+                                         {"trainer-timeout-s", required_argument, 0, 0}, {"key", required_argument, 0, 0},
+                                         {"test-garbage", no_argument, 0, 0}, {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     a->m.device = -1;
     a->out = "join-out";
@@ -54,6 +61,8 @@ static void parse_join(int argc, char **argv, join_args *a) {
         if (cli_model_option(&a->m, name, optarg)) continue;
         if (!strcmp(name, "run")) a->run = optarg;
         else if (!strcmp(name, "out")) a->out = optarg;
+        else if (!strcmp(name, "key")) a->key = optarg;
+        else if (!strcmp(name, "test-garbage")) a->test_garbage = true; /* TEST ONLY: a token outside the vocabulary */
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
         else if (!strcmp(name, "trainer-timeout-s"))
             a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
@@ -115,6 +124,16 @@ int cmd_join(int argc, char **argv) {
     read_join_line(a.run, port, sizeof port, server, sizeof server);
     if (!getenv("OMPI_COMM_WORLD_SIZE")) setenv("OMPI_MCA_pmix_server_uri", server, 1); /* a singleton finds the run there */
     if (mkdir(a.out, 0755) && errno != EEXIST) cli_die(EXIT_BAD_INPUT, "join: --out %s: %s", a.out, strerror(errno));
+    static uint8_t sk[VKS_SECRET_KEY_BYTES]; /* read before MPI starts: a bad --key costs nothing */
+    char key_path[1100];
+    if (a.key) {
+        snprintf(key_path, sizeof key_path, "%s/shardcast.key", a.key);
+        if (vks_key_load_secret(key_path, sk)) cli_die(EXIT_BAD_INPUT, "join: --key: %s", vks_last_error());
+    } else {
+        uint8_t pk[VKS_PUBLIC_KEY_BYTES];
+        if (vks_keypair_new(pk, sk)) cli_die(1, "join: %s", vks_last_error());
+        fprintf(stderr, "vkswarm: join: a key made for this process is its identity (--key DIR keeps one across joins)\n");
+    }
     cli_stop_install();
     int rank = 0, size = 0;
     vks_mpi_start_within(VKS_MPI_THREADS_MULTIPLE, a.timeout_s, cli_mpi_stuck, &rank, &size);
@@ -139,7 +158,8 @@ int cmd_join(int argc, char **argv) {
         if (vks_tokenizer_load_auto(a.m.tokenizer_path, m, &tok))
             cli_die(EXIT_BAD_INPUT, "join: %s (RL needs the model's tokenizer: --tokenizer)", vks_last_error());
     } else if (vks_model_init_tiny(c.seed, &m, &tok)) cli_die(1, "join: %s", vks_last_error());
-    vks_rl_mpi_options mo = {.timeout_s = a.timeout_s, .trainer_timeout_s = a.trainer_timeout_s};
+    vks_rl_mpi_options mo = {.timeout_s = a.timeout_s, .trainer_timeout_s = a.trainer_timeout_s, .join_secret_key = sk,
+                             .test_garbage = a.test_garbage};
     uint8_t hash[32];
     cli_model_hash(&a.m, m, hash);
     vks_gpu *gpu = cli_open_gpu(&a.m);

@@ -1,4 +1,5 @@
 /* `vkswarm rl`: argument parsing around vks_rl_run (the asynchronous RL run). */
+#include <ctype.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
@@ -21,7 +22,7 @@ static const char rl_usage[] =
     "                  [--eval-seed S] [--eval-tasks FILE.jsonl] [--eval-split F] [--no-verify] [--timeout-s S] [--trainer-timeout-s S]\n"
     "                  [--save-every N] [--keep N] [--resume [--override]] [--device N] [--tokenizer T]\n"
     "                  [--chat-template NAME] [--system TEXT] [--user-template TEXT] [--think-template TEXT]\n"
-    "                  [--no-think] [--join]\n"
+    "                  [--no-think] [--join [--join-allow FILE]]\n"
     "Asynchronous RL (INTELLECT-2's GRPO) on this machine: an inference thread generates groups of\n"
     "completions of the task with the newest policy the async level allows (weights at most K steps\n"
     "old), the verifier checks them (TOPLOC proofs and the sampling replay), group advantages and the\n"
@@ -100,7 +101,10 @@ static const char rl_usage[] =
     "--join (under mpirun --ompi-server, or `vkswarm mpirun --join`) opens the run to machines that join it\n"
     "while it runs: the trainer writes DIR/join.uri, and `vkswarm join --run DIR/join.uri` on another\n"
     "machine connects, is sent the config and the task file, checks that it holds the run's model and\n"
-    "generates batches as one more inference rank (docs \"Joining a run\").\n";
+    "generates batches as one more inference rank (docs \"Joining a run\"). --join-allow FILE admits only\n"
+    "the identities listed (one public key per line, 64 hex digits as DIR/shardcast.pub holds; text after\n"
+    "it and lines starting with # are ignored); without it any machine with the run's join line may join.\n"
+    "A joined rank refused for what it sent has its key banned for the run.\n";
 
 typedef struct {
     cli_model_args m;
@@ -112,6 +116,9 @@ typedef struct {
     int test_garbage_rank, test_garbage_kind;
     bool eval_n_given, eval_every_given, eval_seed_given, verify_given, override, join;
     char join_server[1024]; /* --join: the ompi-server's URI */
+    const char *join_allow_path;
+    uint8_t (*join_allow)[32];
+    int n_join_allow;
 } rl_args;
 
 static void set_key(vks_rl_config *c, const char *key, const char *val) {
@@ -211,6 +218,34 @@ _Noreturn static void need_ranks(int named, int started, int argc, char **argv) 
     exit(EXIT_BAD_INPUT);
 }
 
+/* --join-allow FILE: one public key per line (64 hex digits, then anything); blank lines and
+ * lines starting with # left out. Any other line: exit 2 naming it. */
+static void read_join_allow(rl_args *a) {
+    char *text = NULL;
+    size_t len = 0;
+    if (vks_file_read_all(a->join_allow_path, 16u << 20, &text, &len)) cli_die(EXIT_BAD_INPUT, "rl: --join-allow: %s", vks_last_error());
+    int lines = 1;
+    for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
+    a->join_allow = calloc((size_t)lines, sizeof *a->join_allow);
+    if (!a->join_allow) cli_die(1, "rl: out of memory");
+    int line = 0;
+    for (char *p = text, *end = text + len; p < end; line++) {
+        char *nl = memchr(p, '\n', (size_t)(end - p)), *stop = nl ? nl : end;
+        size_t n = (size_t)(stop - p), hex = 0;
+        while (n && (p[0] == ' ' || p[0] == '\t')) p++, n--;
+        while (hex < n && isxdigit((unsigned char)p[hex])) hex++;
+        bool blank = n == 0 || p[0] == '#' || p[0] == '\r';
+        bool end_ok = hex == n || p[hex] == ' ' || p[hex] == '\t' || p[hex] == '\r';
+        if (!blank && (hex != 64 || !end_ok || sodium_hex2bin(a->join_allow[a->n_join_allow], 32, p, 64, NULL, NULL, NULL)))
+            cli_die(EXIT_BAD_INPUT, "rl: --join-allow %s:%d: not a public key (64 hex digits, as DIR/shardcast.pub "
+                    "holds)", a->join_allow_path, line + 1);
+        a->n_join_allow += !blank;
+        p = stop + 1;
+    }
+    free(text);
+    if (!a->n_join_allow) cli_die(EXIT_BAD_INPUT, "rl: --join-allow %s: no key in it", a->join_allow_path);
+}
+
 /* --join: a run across ranks whose trainer orchestrates, under an mpirun that was given an
  * ompi-server (its URI, for DIR/join.uri, is in the environment mpirun gives every rank). */
 static void check_join(rl_args *a) {
@@ -232,6 +267,7 @@ static void check_join(rl_args *a) {
     } else snprintf(a->join_server, sizeof a->join_server, "%s", uri);
     if (!a->join_server[0] || strchr(a->join_server, '@'))
         cli_die(EXIT_BAD_INPUT, "rl --join: the ompi-server URI '%s' is not one", a->join_server);
+    if (a->join_allow_path) read_join_allow(a);
 }
 
 static void parse_rl(int argc, char **argv, rl_args *a) {
@@ -246,7 +282,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         {"timeout-s", required_argument, 0, 0}, {"trainer-timeout-s", required_argument, 0, 0}, {"test-garbage-rank", required_argument, 0, 0},
         {"test-garbage-reward", no_argument, 0, 0}, {"save-every", required_argument, 0, 0},
         {"keep", required_argument, 0, 0}, {"resume", no_argument, 0, 0}, {"override", no_argument, 0, 0},
-        {"join", no_argument, 0, 0},
+        {"join", no_argument, 0, 0}, {"join-allow", required_argument, 0, 0},
         CLI_PROMPT_LONG_OPTIONS,
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     vks_rl_config_defaults(&a->c);
@@ -288,6 +324,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
         else if (!strcmp(name, "resume")) a->o.resume = true;
         else if (!strcmp(name, "override")) a->override = true;
         else if (!strcmp(name, "join")) a->join = true;
+        else if (!strcmp(name, "join-allow")) a->join_allow_path = optarg;
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
         else if (!strcmp(name, "trainer-timeout-s"))
             a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
@@ -309,6 +346,7 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     check_eval(a);
     if (a->n_ranks > 1 && a->c.shardcast_key[0]) check_keys(a);
     if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (a->join_allow_path && !a->join) cli_usage_error("rl", "--join-allow goes with --join");
     if (a->join) check_join(a);
 }
 
@@ -351,9 +389,9 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
     for (int i = 0; i < r->n_ranks; i++) { /* the ranks the run lost, by their world rank; the ranks that joined */
         const vks_rl_rank_status *k = &r->ranks[i];
         if (k->joined)
-            fprintf(stderr, "vkswarm: rl: joined rank %d: %lld batches, %lld rollouts, %lld rejected%s", k->rank,
-                    (long long)k->batches, (long long)k->rollouts, (long long)k->rejected,
-                    k->state == VKS_RL_RANK_LIVE ? "\n" : "; ");
+            fprintf(stderr, "vkswarm: rl: joined rank %d (key %s): %lld batches, %lld rollouts, %lld rejected%s%s", k->rank,
+                    k->identity, (long long)k->batches, (long long)k->rollouts, (long long)k->rejected,
+                    k->banned ? ", banned" : "", k->state == VKS_RL_RANK_LIVE ? "\n" : "; ");
         if (k->state == VKS_RL_RANK_LIVE) continue;
         fprintf(stderr, "vkswarm: rl: %s rank %d %s at step %lld: ", k->verifier ? "verifier" : "inference", k->rank,
                 k->state == VKS_RL_RANK_DROPPED ? "dropped" : "refused", (long long)k->at_step);
@@ -416,7 +454,8 @@ static int rl_mpi(rl_args *a, vks_model *m, vks_tokenizer *tok) {
     if (!(roles & VKS_RL_ROLE_TRAINER)) cli_stop_quiet();
     vks_rl_mpi_options mo = {.timeout_s = a->timeout_s, .trainer_timeout_s = a->trainer_timeout_s, .test_garbage = rank != a->test_garbage_rank ? 0
                                                                          : a->test_garbage_kind ? a->test_garbage_kind : 1,
-                           .join_server = a->join ? a->join_server : NULL};
+                           .join_server = a->join ? a->join_server : NULL,
+                           .join_allow = (const uint8_t(*)[32])a->join_allow, .n_join_allow = a->n_join_allow};
     cli_model_hash(&a->m, m, mo.model_hash);
 #ifdef VKS_TEST_CHEAT /* the test build's vkswarm_cheat only: dishonest inference ranks (tests/rl_cheat.c) */
     int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo, vks_model *m);

@@ -131,6 +131,9 @@ typedef struct {
                                * inference thread */
     bool verifier;
     bool joined;              /* it joined the running run (vkswarm join) */
+    bool admitted;            /* joined and admitted (else refused at its hello: another model, a key not allowed) */
+    bool banned;              /* joined and refused for what it sent: its key may not join again */
+    char identity[17];        /* joined: its key's first 16 hex digits */
     int state;                /* VKS_RL_RANK_*: refused (it sent something wrong) or dropped (silent, or it
                                * missed the weights) ranks are left out for the rest of the run */
     int64_t batches;          /* inference: its batches taken into the queue; verifier: batches it answered */

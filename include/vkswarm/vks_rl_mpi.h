@@ -43,6 +43,12 @@ typedef struct {
      * A joiner must hold the model of model_hash (the hash vks_mpi_check_ranks compares). */
     const char *join_server;
     uint8_t model_hash[32];
+    /* The trainer: the public keys that may join (n_join_allow; 0: anyone). */
+    const uint8_t (*join_allow)[32];
+    int n_join_allow;
+    /* A joiner: its identity's Ed25519 secret key (libsodium's 64 bytes: it signs its hello and
+     * every batch it sends). */
+    const uint8_t *join_secret_key;
 } vks_rl_mpi_options;
 
 /* Refuses roles this cut does not run (no roles, no inference rank, an

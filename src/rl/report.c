@@ -358,8 +358,10 @@ static void put_ranks(FILE *f, const vks_rl_report *rep) {
         fputs("\"><td>", f);
         if (r->rank >= 0) fprintf(f, "%d", r->rank);
         else fputs("this process", f);
-        fprintf(f, "</td><td>%s</td><td>%s</td><td>%lld</td><td>%lld</td><td>%.2f</td><td>%lld</td><td>",
-                r->verifier ? "verifier" : r->rank >= 0 ? "inference" : "inference thread", state_name(r->state),
+        fprintf(f, "</td><td>%s%s%s</td><td>%s%s</td><td>%lld</td><td>%lld</td><td>%.2f</td><td>%lld</td><td>",
+                r->verifier ? "verifier" : r->rank >= 0 ? "inference" : "inference thread",
+                r->joined ? ", joined, key " : "", r->joined ? r->identity : "", state_name(r->state),
+                r->banned ? ", banned" : "",
                 (long long)r->batches, (long long)r->rollouts,
                 rep->elapsed_s > 0 ? (double)r->rollouts / rep->elapsed_s : 0.0, (long long)r->rejected);
         put_html(f, r->why, strnlen(r->why, sizeof r->why));

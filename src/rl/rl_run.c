@@ -895,6 +895,7 @@ static int rank_metrics(rl_run *r, const vks_rl_progress *p, vks_metric *m, rank
     vks_rl_rank_status *st = malloc(sizeof *st * VKS_RL_MAX_RANK_STATUS);
     int n = st ? get_ranks(r, st, VKS_RL_MAX_RANK_STATUS) : 0, k = 0;
     static const char *const what[4] = {"batches", "rollouts_per_s", "rejected", "dropped"};
+    int64_t joins = 0, leaves = 0, bans = 0;
     for (int i = 0; i < n && k + 4 <= cap; i++) {
         double v[4] = {(double)st[i].batches, p->elapsed_s > 0 ? (double)st[i].rollouts / p->elapsed_s : 0,
                        (double)st[i].rejected, st[i].state != VKS_RL_RANK_LIVE};
@@ -902,8 +903,14 @@ static int rank_metrics(rl_run *r, const vks_rl_progress *p, vks_metric *m, rank
             snprintf(names[i].name[j], sizeof names[i].name[j], "rank%d.%s", st[i].rank, what[j]);
             m[k++] = (vks_metric){names[i].name[j], v[j]};
         }
+        joins += st[i].admitted, leaves += st[i].admitted && st[i].state != VKS_RL_RANK_LIVE, bans += st[i].banned;
     }
     free(st);
+    if (joins && k + 3 <= cap) { /* machines that joined the running run: so far, left (or dropped), banned */
+        m[k++] = (vks_metric){"joins", (double)joins};
+        m[k++] = (vks_metric){"leaves", (double)leaves};
+        m[k++] = (vks_metric){"bans", (double)bans};
+    }
     return k;
 }
 
@@ -941,7 +948,7 @@ static const char *trust_region_metric(const vks_rl_loss *l) {
 
 static int log_step(rl_run *r, const vks_rl_progress *p) {
     enum { FIXED = 31 };
-    vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS));
+    vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS + 3));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
     if (!m || !names) {
         free(m), free(names);
@@ -974,7 +981,7 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"groups_stale", (double)p->groups_stale};
     m[n++] = (vks_metric){"off_policy_dropped", (double)p->off_policy_dropped};
     m[n++] = (vks_metric){"elapsed_s", p->elapsed_s};
-    n += rank_metrics(r, p, m + n, names, 4 * VKS_RL_MAX_RANK_STATUS);
+    n += rank_metrics(r, p, m + n, names, 4 * VKS_RL_MAX_RANK_STATUS + 3);
     int rc = vks_metrics_log(r->metrics, p->step, m, n);
     free(m), free(names);
     return rc;

@@ -6,8 +6,12 @@
 # One run: a joiner comes in mid-run (past step 1, so the weights reach it
 # over its connection) and produces batches; it is killed (SIGKILL), dropped
 # within --timeout-s, and the same command joins again as a new rank that
-# produces batches too; a joiner holding another model (a checkpoint of this
-# run) is refused naming both hashes. At async level 0 every step's sampler
+# produces batches too (the same key: a kill is no ban); a joiner holding
+# another model (a checkpoint of this run) is refused naming both hashes; the
+# run admits only the keys of --join-allow: another key is refused; a joiner
+# that cheats (the test-only --test-garbage: a token outside the vocabulary)
+# is refused, its key banned, and its rejoin refused naming why; metrics count
+# joins, leaves and bans. At async level 0 every step's sampler
 # log-probabilities equal the trainer's (below 1e-4): the joined ranks
 # generated with the weights the trainer trained. After the run, join.uri is
 # gone, and a join line of the dead run fails within its timeout.
@@ -23,6 +27,8 @@ export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_
 
 for i in $(seq 0 7); do echo "{\"prompt\": \"$i+$((i + 1))=\", \"answer\": \"$((2 * i + 1))\", \"task_type\": \"numeric\"}"; done \
     > "$tmp/tasks.jsonl"
+for k in k1 k2 k3; do "$bin" keygen --out "$tmp/$k" > /dev/null 2>&1 || bad "keygen $k"; done
+{ echo "# contributors"; echo "$(cat "$tmp/k1/shardcast.pub") alice"; echo; cat "$tmp/k2/shardcast.pub"; } > "$tmp/allow"
 # lr 1e-6: the policy stays near the start, so its groups keep the length targets' signal for the whole run
 cat > "$tmp/run.json" <<EOF
 {"task": "file:$tmp/tasks.jsonl", "init": "tiny", "out": "$tmp/out", "steps": 40, "prompts_per_step": 2, "group_size": 4,
@@ -44,7 +50,8 @@ rc=$?
 run_err=$tmp/run.err
 env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe \
     --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
-    "$bin" rl --config "$tmp/run.json" --join --eval-n 0 --timeout-s 5 > "$tmp/run.out" 2> "$run_err" &
+    "$bin" rl --config "$tmp/run.json" --join --join-allow "$tmp/allow" --eval-n 0 --timeout-s 5 > "$tmp/run.out" \
+    2> "$run_err" &
 run=$!
 # wait_for SECONDS CONDITION...: polls the condition every 0.1 s while the run lives
 wait_for() {
@@ -63,7 +70,7 @@ has_batches() { [ "$(batches_of "$1")" -ge "$2" ]; }
 
 wait_for 120 steps_at_least 2 || bad "the run did not reach step 2"
 cp "$tmp/out/join.uri" "$tmp/join.line" 2>/dev/null
-"$bin" join --run "$tmp/out/join.uri" --out "$tmp/j" --timeout-s 5 > /dev/null 2> "$tmp/j1.err" &
+"$bin" join --run "$tmp/out/join.uri" --key "$tmp/k1" --out "$tmp/j" --timeout-s 5 > /dev/null 2> "$tmp/j1.err" &
 j1=$!
 joiners+=("$j1")
 wait_for 60 has_batches 2 1
@@ -73,16 +80,30 @@ grep -q "admitted as rank 2 of the run (policy step [1-9]" "$tmp/j1.err" && has_
     ok "a joiner came in past step 1 and generated" || { bad "the first joiner"; cat "$tmp/j1.err"; }
 wait_for 30 grep -q "inference rank 2 dropped" "$run_err" && ok "the killed joiner was dropped" ||
     bad "the killed joiner was not dropped"
-"$bin" join --run "$tmp/out/join.uri" --out "$tmp/j" --timeout-s 5 > /dev/null 2> "$tmp/j2.err" &
+"$bin" join --run "$tmp/out/join.uri" --key "$tmp/k1" --out "$tmp/j" --timeout-s 5 > /dev/null 2> "$tmp/j2.err" &
 j2=$!
 joiners+=("$j2")
 # a checkpoint of this run is another model
 wait_for 60 test -s "$tmp/out/step-000000004/model.safetensors" || bad "no checkpoint at step 4"
-"$bin" join --run "$tmp/out/join.uri" --out "$tmp/j3" --model "$tmp/out/step-000000004" --timeout-s 5 > /dev/null \
+"$bin" join --run "$tmp/out/join.uri" --key "$tmp/k1" --out "$tmp/j3" --model "$tmp/out/step-000000004" --timeout-s 5 > /dev/null \
     2> "$tmp/j3.err"
 rc=$?
 [ $rc -eq 2 ] && grep -Eq "another model: its hash [0-9a-f]{64}, the run's [0-9a-f]{64}" "$tmp/j3.err" &&
     ok "a joiner with another model was refused naming both hashes" || { bad "another model: rc $rc"; cat "$tmp/j3.err"; }
+"$bin" join --run "$tmp/out/join.uri" --key "$tmp/k3" --out "$tmp/j5" --timeout-s 5 > /dev/null 2> "$tmp/j5.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "key $(cat "$tmp/k3/shardcast.pub") is not in the run's join.allow" "$tmp/j5.err" &&
+    ok "a key not in join.allow was refused" || { bad "join.allow: rc $rc"; cat "$tmp/j5.err"; }
+"$bin" join --run "$tmp/out/join.uri" --key "$tmp/k2" --out "$tmp/j6" --timeout-s 5 --test-garbage > /dev/null \
+    2> "$tmp/j6.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "the run refused this machine: batch [0-9]*: .*outside the vocabulary" "$tmp/j6.err" &&
+    ok "a cheating joiner was refused" || { bad "the cheater: rc $rc"; cat "$tmp/j6.err"; }
+k2=$(cut -c1-16 "$tmp/k2/shardcast.pub")
+"$bin" join --run "$tmp/out/join.uri" --key "$tmp/k2" --out "$tmp/j7" --timeout-s 5 > /dev/null 2> "$tmp/j7.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "key $k2 was banned at step [0-9]*: batch [0-9]*: " "$tmp/j7.err" &&
+    ok "the banned key's rejoin was refused naming why" || { bad "the banned rejoin: rc $rc"; cat "$tmp/j7.err"; }
 wait $run
 rc=$?
 wait "$j2"
@@ -90,7 +111,7 @@ rc2=$?
 [ $rc -eq 0 ] && ok "the run finished" || { bad "the run: rc $rc"; tail -20 "$run_err"; }
 [ $rc2 -eq 0 ] && grep -q "the run said stop" "$tmp/j2.err" && ok "the rejoined machine left when the run ended" ||
     { bad "the rejoined machine: rc $rc2"; cat "$tmp/j2.err"; }
-joined3=$(sed -n 's/.*joined rank 3: \([0-9]*\) batches.*/\1/p' "$run_err")
+joined3=$(sed -n 's/.*joined rank 3 (key [0-9a-f]*): \([0-9]*\) batches.*/\1/p' "$run_err")
 [ "${joined3:-0}" -ge 1 ] && [ "$(batches_of 3)" -ge 1 ] && ok "the rejoined machine's batches were accepted ($joined3)" ||
     { bad "the rejoined machine made no accepted batch"; grep "joined" "$run_err"; }
 grep -q "inference rank 4 refused: another model" "$run_err" && ok "the run named the refused joiner" ||
@@ -102,6 +123,11 @@ mismatch_ok() {
 [ "$(wc -l < "$tmp/out/metrics.jsonl")" -eq 40 ] && mismatch_ok "$tmp/out/metrics.jsonl" &&
     ok "40 steps, the sampler's logp equal to the trainer's on each (k = 0)" ||
     { bad "metrics"; cat "$tmp/out/metrics.jsonl" | head -5; }
+# three joins admitted (rank 2, killed; rank 3; the cheater, rank 6), two left, one banned
+tail -1 "$tmp/out/metrics.jsonl" | grep -q '"joins":3,"leaves":2,"bans":1' && ok "metrics: joins 3, leaves 2, bans 1" ||
+    { bad "metrics: joins"; tail -1 "$tmp/out/metrics.jsonl"; }
+grep -q "joined rank 6 (key $k2): .*, banned; " "$run_err" && ok "the summary names the banned key" ||
+    { bad "the summary"; grep "joined rank" "$run_err"; }
 
 # ---- after the run ----
 [ ! -e "$tmp/out/join.uri" ] && ok "join.uri removed at the end" || bad "join.uri left behind"
