@@ -22,6 +22,8 @@
  *                                then WEIGHTS (as Shardcast's file) when the policy is past
  *                                step 0, and after every later step; or NOT_ADMITTED: the
  *                                reason (text)
+ *   TAG_UP    joiner -> trainer  BYE: it leaves (a clean stop), batch = the batch it had been
+ *                                granted and did not send (-1: none), to be granted again
  * After ADMIT the joiner is an inference rank (rl_roles.c's messages); each
  * GROUPS message it sends carries its identity's signature of the message
  * (VKS_SIGNATURE_BYTES) after it. */

@@ -441,6 +441,7 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
 
 static void admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes);
 
+
 /* Receives one message from an inference or verifier rank (probed: st, on
  * comm; r: the rank it is from, NULL: none the run knows). */
 static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Status *st, vks_rl_batch_group *scratch,
@@ -479,6 +480,8 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
         memcpy(&h, buf, sizeof h);
         r->last_seen = vks_seconds_now();
         if (h.magic == VKS_RL_MAGIC && h.type == MSG_BEAT && !big) {
+        } else if (h.magic == VKS_RL_MAGIC && h.type == MSG_BYE && !big && r->joined) { /* its batch goes out again */
+            leave_rank(t, r, RANK_DROPPED, "it left (a clean stop)", true); /* tells it: its last word */
         } else if (r->verifier) {
             rc = from_verifier(t, r, buf, (size_t)count, scratch, mc);
         } else if (t->c->n_verifiers) {
@@ -1041,6 +1044,7 @@ typedef struct {
     vks_rl_cast cast;      /* the weights arrive through Shardcast */
     int joined;            /* > 0: this rank joined the run (rl_join.h) as this rank number; comm is its
                             * connection, where the weights come too (TAG_JOIN) */
+    bool left;             /* joined: it stopped (stop_requested) and said goodbye */
 } inf_state;
 
 /* A joined rank: the trainer's WEIGHTS message (TAG_JOIN, probed: st), checked, becomes the pending weights. */
@@ -1146,6 +1150,18 @@ static int poll_trainer(inf_state *s) {
             else return vks_set_error(VKS_ERR_FORMAT, "control message of type %u", h.type);
         } else return vks_set_error(VKS_ERR_FORMAT, "a message of %d bytes under tag %d", count, st.MPI_TAG);
         s->last_heard = vks_seconds_now();
+    }
+}
+
+/* After its goodbye a joined rank takes what is still on its way to it
+ * (weights: the trainer's send must complete, or its buffer stays) until
+ * the trainer's answer, the last word (bounded by timeout_s). */
+static void drain_joined(inf_state *s) {
+    double until = vks_seconds_now() + s->mo->timeout_s;
+    while (vks_seconds_now() < until) {
+        int rc = poll_trainer(s);
+        if (rc || s->stop) return; /* the answer (an error by design), the end of the run, a broken connection */
+        usleep(1000);
     }
 }
 
@@ -1345,6 +1361,13 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     while (!rc && !s.stop) {
         beat_and_cast(&s);
         if ((rc = poll_trainer(&s)) || s.stop) break;
+        if (s.joined && o->stop_requested && o->stop_requested(o->stop_ctx)) { /* a clean stop: say goodbye */
+            vks_rl_msg bye = {.magic = VKS_RL_MAGIC, .type = MSG_BYE, .batch = s.assigned};
+            rc = vks_rl_wire_send_small(s.comm, s.trainer, TAG_UP, &bye, mo->timeout_s, "the trainer taking the goodbye");
+            s.left = rc == VKS_OK;
+            if (s.left) drain_joined(&s);
+            break;
+        }
         bool pending = s.pending || s.pending_adapter;
         if (pending && s.assigned < 0) rc = take_weights(&s, &g);
         if (!rc && s.assigned >= 0) {
@@ -1365,7 +1388,7 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
         }
         usleep(1000);
     }
-    *no_finalize = s.no_finalize;
+    *no_finalize = s.no_finalize || s.left; /* gone from the run: nobody to finalize with */
     vks_rl_cast_close(&s.cast);
     free(s.pending);
     vks_lora_adapter_free(s.pending_adapter);

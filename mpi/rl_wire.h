@@ -21,6 +21,7 @@ enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS =
        MSG_VERIFIED = 8, MSG_REFUSE = 9, MSG_REFORM = 10,
        /* a joined rank <-> the trainer, over the connection's intercommunicator (rl_join.h) */
        MSG_WELCOME = 11, MSG_HELLO = 12, MSG_ADMIT = 13, MSG_NOT_ADMITTED = 14, MSG_NONCE = 15,
+       MSG_BYE = 16,
        /* trainer <-> orchestrator (TAG_ORCH; rl_orchestrator.c says what each carries) */
        MSG_RESUME = 20, MSG_PUBLISHED = 21, MSG_TAKE = 22, MSG_TAKEN = 23, MSG_FINISH = 24, MSG_FINISHED = 25,
        MSG_FAILED = 26 };

@@ -29,7 +29,8 @@ static const char join_usage[] =
     "takes the run's newest weights and generates the batches the trainer grants, verifying its own, until\n"
     "the run ends; its rollout files go to DIR/rollouts-rankN (default DIR: join-out; N: the rank number\n"
     "the run gave it, after the world's). A machine that was dropped (killed, rebooted, cut off) runs the\n"
-    "same command again and is a new rank. --key DIR: this machine's identity, an Ed25519 key pair from\n"
+    "same command again and is a new rank. Ctrl-C (SIGINT, SIGTERM) leaves cleanly after the batch in hand:\n"
+    "the run is told goodbye and grants a batch not begun to another rank; exit 130. --key DIR: this machine's identity, an Ed25519 key pair from\n"
     "`vkswarm keygen --out DIR` (DIR/shardcast.key); it signs the hello and every batch, a run started\n"
     "with --join-allow admits only the keys listed, and a key whose rank sent something wrong is banned\n"
     "for the run (its rejoin refused, naming why). Without --key a key is made for this process (said on\n"
@@ -164,12 +165,16 @@ int cmd_join(int argc, char **argv) {
     cli_model_hash(&a.m, m, hash);
     vks_gpu *gpu = cli_open_gpu(&a.m);
     vks_rl_run_options o = {.config = &c, .model = m, .tok = tok, .infer_gpu = gpu, .train_gpu = gpu,
-                            .verify = vks_rl_joiner_verify(j)};
+                            .verify = vks_rl_joiner_verify(j), .stop_requested = cli_stop_requested};
     bool no_finalize = false;
     int rc = vks_rl_join_run(j, &o, &mo, hash, &no_finalize);
     int status = rc ? cli_mpi_status(rc) : 0;
     if (rc) cli_note("join: %s", vks_last_error());
-    else fprintf(stderr, "vkswarm: join: the run said stop; leaving\n");
+    else if (cli_stop_requested(NULL)) {
+        fprintf(stderr, "vkswarm: join: stopped: this machine said goodbye (its unsent batch goes to another rank); "
+                "join again with the same command\n");
+        status = EXIT_STOPPED;
+    } else fprintf(stderr, "vkswarm: join: the run said stop; leaving\n");
     int grc = cli_finish_gpu(gpu);
     if (!status && grc) status = grc;
     vks_rl_joiner_free(j);

@@ -141,5 +141,42 @@ rc=$?
 [ $rc -eq 3 ] && [ $((SECONDS - t0)) -le 20 ] && grep -q "vkswarm: join: " "$tmp/j5.err" &&
     ok "join of a dead run's line: exit 3 in $((SECONDS - t0)) s" || { bad "join of a dead run: rc $rc"; cat "$tmp/j5.err"; }
 
+# ---- churn: 30 joins and clean leaves (SIGINT) in one run; the trainer's memory ----
+sed -e 's/"steps": 40/"steps": 100000/' -e 's/"save_every": 4/"save_every": 100000/' -e "s|$tmp/out|$tmp/out2|" \
+    "$tmp/run.json" > "$tmp/run2.json"
+mkdir -p "$tmp/pids"
+run_err=$tmp/run2.err
+env -u MALLOC_PERTURB_ timeout -k 15 300 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe \
+    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -x VKSWARM_PID_DIR="$tmp/pids" -np 2 \
+    "$bin" rl --config "$tmp/run2.json" --join --eval-n 0 --timeout-s 5 > "$tmp/run2.out" 2> "$run_err" &
+run=$!
+steps_at_least() { [ -s "$tmp/out2/metrics.jsonl" ] && [ "$(wc -l < "$tmp/out2/metrics.jsonl")" -ge "$1" ]; }
+wait_for 120 steps_at_least 1 || bad "the churn run did not start"
+trainer=$(pid_file_pid "$tmp/pids" 0)
+rss() { awk '/^VmRSS/ { print $2 }' "/proc/$trainer/status"; }
+left=0
+for i in $(seq 1 30); do
+    "$bin" join --run "$tmp/out2/join.uri" --key "$tmp/k1" --out "$tmp/jc" --timeout-s 5 > /dev/null 2> "$tmp/jc.err" &
+    jc=$!
+    joiners+=("$jc")
+    for w in $(seq 1 300); do grep -q "admitted as rank" "$tmp/jc.err" && break; sleep 0.1; done
+    kill -INT "$jc"
+    wait "$jc"
+    rc=$?
+    [ $rc -eq 130 ] && grep -q "said goodbye" "$tmp/jc.err" && left=$((left + 1)) || { echo "join $i: rc $rc"; cat "$tmp/jc.err"; }
+    [ "$i" -eq 5 ] && rss5=$(rss)
+done
+rss30=$(rss)
+[ "$left" -eq 30 ] && ok "30 joins, each left cleanly (exit 130, goodbye)" || bad "churn: $left of 30 left cleanly"
+kill -INT $run # vkswarm mpirun: the clean stop
+wait $run
+rc=$?
+[ $rc -eq 130 ] && ok "the churned run stopped cleanly" || { bad "the churned run: rc $rc"; tail -5 "$run_err"; }
+tail -1 "$tmp/out2/metrics.jsonl" | grep -q '"joins":30,"leaves":30,"bans":0' && ok "metrics: joins 30, leaves 30" ||
+    { bad "churn metrics"; tail -1 "$tmp/out2/metrics.jsonl"; }
+grow=$((rss30 - rss5))
+[ "$grow" -lt 10240 ] && ok "the trainer's memory grew by $grow kB from the 5th to the 30th join" ||
+    bad "the trainer's memory grew by $grow kB from the 5th to the 30th join"
+
 echo "test_join: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
