@@ -18,10 +18,12 @@
  *                                identity's Ed25519 public key and its signature of
  *                                VKS_RL_JOIN_DOMAIN || nonce || model hash
  *   TAG_JOIN  trainer -> joiner  ADMIT: n = its rank number in the run (after the world's),
- *                                step = the newest policy step;
- *                                then WEIGHTS (as Shardcast's file) when the policy is past
- *                                step 0, and after every later step; or NOT_ADMITTED: the
- *                                reason (text)
+ *                                step = the newest policy step; or NOT_ADMITTED: the reason
+ *                                (text; batch = 1: refused, 0: dropped; also when an admitted
+ *                                rank leaves the run)
+ *   TAG_JOIN_WEIGHTS  trainer -> joiner  the WEIGHTS file (the header, then the floats, as
+ *                                Shardcast's) of the newest step past 0, then of later steps,
+ *                                as a stream of chunks of at most VKS_RL_JOIN_CHUNK bytes
  *   TAG_UP    joiner -> trainer  BYE: it leaves (a clean stop), batch = the batch it had been
  *                                granted and did not send (-1: none), to be granted again
  * After ADMIT the joiner is an inference rank (rl_roles.c's messages); each
@@ -40,6 +42,7 @@
 /* The bytes a HELLO signs: the domain, the nonce (16 bytes), the model hash. */
 void vks_rl_join_hello_text(const uint8_t nonce[16], const uint8_t hash[32], uint8_t *out, size_t *len);
 #define VKS_RL_JOIN_MAX_TASKS (256u << 20) /* bytes of a WELCOME's task file */
+#define VKS_RL_JOIN_CHUNK ((size_t)8 << 20) /* bytes of a weights chunk to a joiner */
 
 typedef struct vks_rl_join_point vks_rl_join_point;
 /* Opens the port, writes OUT/join.uri (out_dir/join.uri) and starts accepting. */

@@ -23,7 +23,10 @@ typedef struct {
     MPI_Comm comm;        /* where it is reached: the world, or its connection (there it is rank 0) */
     int peer;             /* its rank in comm */
     MPI_Request welcome;  /* joined: the WELCOME on its way */
-    struct joined_weights *sending; /* joined: the weights on their way to it (wreq), since wsince */
+    struct joined_weights *sending; /* joined: the weights on their way to it, wat bytes of them sent; the
+                          * chunk in stage (wreq) since wsince */
+    size_t wat;
+    char *stage;
     MPI_Request wreq;
     double wsince;
     int64_t wstep;        /* joined: the newest step it was sent (or is being sent); -1: none */
@@ -84,6 +87,7 @@ typedef struct {
     char *welcome;
     size_t welcome_bytes;
     int n_joined, cap_ranks;
+    bool stopping;           /* the run ends: no more weights to joined ranks */
     struct joined_ban *bans; /* keys refused for what they sent, with why */
     int n_bans;
 } trainer_src;

@@ -42,6 +42,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sodium.h>
+#include <sys/mman.h>
 #include "vkswarm/vks_rl_roles.h"
 #include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_grpo.h"
@@ -135,7 +136,9 @@ static void tell_joined(trainer_src *t, inf_rank *r, int state, const char *why)
     if (freeable) free(msg); /* else MPI may still read it: left */
 }
 
-static void leave_rank(trainer_src *t, inf_rank *r, int state, const char *why, bool gone) {
+static void leave_rank(trainer_src *t, inf_rank *r, int state, const char *why_given, bool gone) {
+    char why[sizeof r->why]; /* why_given may be vks_last_error()'s text, which telling the joiner rewrites */
+    snprintf(why, sizeof why, "%s", why_given);
     if (r->joined && r->state == RANK_LIVE && state == RANK_REFUSED) ban_key(t, r, why); /* it sent something wrong */
     if (r->joined && (r->state == RANK_LIVE || r->state == RANK_JOINING)) tell_joined(t, r, state, why);
     fprintf(stderr, "vkswarm: rl: %s rank %d %s: %s; the run goes on without it\n", r->verifier ? "verifier" : "inference",
@@ -452,11 +455,22 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
     size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len) + (r && r->joined ? 64 : 0);
     char small[sizeof(vks_rl_msg)];
     bool big = count > (int)sizeof small && (size_t)count <= most;
-    char *buf = big ? malloc((size_t)count) : small;
+    bool owned = big || (r && r->joined); /* a joined rank's: on the heap, as a timed-out receive leaves it to MPI */
+    char *buf = owned ? malloc(big ? (size_t)count : sizeof small) : small;
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    bool owned = big;
     /* a message too big to be honest is received into nothing (truncation error) and refused */
-    int mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, comm, MPI_STATUS_IGNORE);
+    int mrc;
+    if (r && r->joined) { /* bounded: a joiner that dies within a message leaves a blocking receive waiting forever */
+        MPI_Request req;
+        int peer = st->MPI_SOURCE;
+        mrc = MPI_Irecv(buf, big ? count : (int)sizeof small, MPI_BYTE, peer, TAG_UP, comm, &req);
+        if (mrc == MPI_SUCCESS && vks_mpi_wait_within(comm, &req, &peer, 1, t->mo->timeout_s, "a message")) {
+            char why[96];
+            snprintf(why, sizeof why, "it stopped within a message of %d bytes", count);
+            leave_rank(t, r, RANK_DROPPED, why, true);
+            return VKS_OK; /* buf is left to MPI */
+        }
+    } else mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, comm, MPI_STATUS_IGNORE);
     int rc = VKS_OK;
     if (r && r->joined && r->state == RANK_LIVE && big && mrc == MPI_SUCCESS) { /* signed by its key: checked, cut off */
         count -= crypto_sign_BYTES;
@@ -533,7 +547,8 @@ static int take_joins(trainer_src *t) {
         MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
         inf_rank *r = &t->ranks[t->n_ranks++];
         *r = (inf_rank){.rank = t->n_world + t->n_joined++, .state = RANK_JOINING, .joined = true, .comm = ic, .peer = 0,
-                        .welcome = MPI_REQUEST_NULL, .batch = -1, .last_seen = vks_seconds_now(), .at_step = -1};
+                        .welcome = MPI_REQUEST_NULL, .wreq = MPI_REQUEST_NULL, .batch = -1,
+                        .last_seen = vks_seconds_now(), .at_step = -1};
         if (MPI_Isend(t->welcome, (int)t->welcome_bytes, MPI_BYTE, 0, TAG_JOIN, ic, &r->welcome) != MPI_SUCCESS)
             r->welcome = MPI_REQUEST_NULL; /* it hears nothing and gives up; its hello never comes */
         randombytes_buf(r->nonce, sizeof r->nonce);
@@ -611,47 +626,90 @@ static int newest_joined_weights(trainer_src *t) {
     return VKS_OK;
 }
 
+/* A joined rank's staging buffer is mapped and unmapped, not malloc'd: 8 MiB
+ * blocks freed as joiners come and go fragmented the heap (10.6 MB of RSS
+ * over 25 joins, measured; 1.6 MB mapped). */
+static void free_stage(inf_rank *r) {
+    if (r->stage) munmap(r->stage, VKS_RL_JOIN_CHUNK);
+    r->stage = NULL;
+}
+
+/* The next chunk of r's weights (from r->wat) into its staging buffer, sent. */
+static int send_chunk(trainer_src *t, inf_rank *r, double now) {
+    size_t n = r->sending->bytes - r->wat < VKS_RL_JOIN_CHUNK ? r->sending->bytes - r->wat : VKS_RL_JOIN_CHUNK;
+    if (!r->stage) {
+        void *m = mmap(NULL, VKS_RL_JOIN_CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the joiners' weights");
+        r->stage = m;
+    }
+    memcpy(r->stage, (const char *)r->sending->data + r->wat, n);
+    if (MPI_Isend(r->stage, (int)n, MPI_BYTE, 0, TAG_JOIN_WEIGHTS, r->comm, &r->wreq) != MPI_SUCCESS) {
+        release_weights(r->sending);
+        r->sending = NULL;
+        leave_rank(t, r, RANK_DROPPED, "the weights could not be sent to it", true);
+        return VKS_OK;
+    }
+    r->wat += n, r->wsince = now;
+    return VKS_OK;
+}
+
 /* Moves the weights to joined ranks along without waiting for them (the
- * trainer never waits for a joiner): a finished send frees its share; a live
- * rank behind the newest step is sent it (one send at a time: a joiner on a
- * slow link skips the steps published meanwhile); a send pending longer than
- * timeout_s drops the rank (its buffer is left to MPI). */
+ * trainer never waits for a joiner): in chunks of VKS_RL_JOIN_CHUNK bytes,
+ * each copied to the rank's staging buffer (the shared copy is released as
+ * soon as the rank leaves: a send to a dead rank never completes and keeps
+ * only its chunk); a live rank behind the newest step is sent it (one stream
+ * at a time: a joiner on a slow link skips the steps published meanwhile); a
+ * chunk pending longer than timeout_s drops the rank. */
 static int joined_weights_progress(trainer_src *t) {
     double now = vks_seconds_now();
     for (int i = 0; i < t->n_ranks; i++) {
         inf_rank *r = &t->ranks[i];
-        if (!r->joined || !r->sending) continue;
+        if (!r->joined) continue;
+        if (r->wreq == MPI_REQUEST_NULL) { /* nothing on its way: a rank gone frees what it held */
+            if (r->state != RANK_LIVE && (r->sending || r->stage)) {
+                release_weights(r->sending);
+                free_stage(r);
+                r->sending = NULL;
+            }
+            continue;
+        }
         int done = 0;
         if (MPI_Test(&r->wreq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 0;
-        if (done) {
-            release_weights(r->sending);
-            r->sending = NULL;
-        } else if (r->state != RANK_LIVE) {
-        } else if (now - r->wsince > t->mo->timeout_s) {
+        if (!done && r->state == RANK_LIVE && now - r->wsince > t->mo->timeout_s) {
             char why[320];
-            snprintf(why, sizeof why, "it did not take the weights of step %lld within %.1f s", (long long)r->wstep,
-                     t->mo->timeout_s);
+            snprintf(why, sizeof why, "it did not take the weights of step %lld within %.1f s (%zu of %zu bytes)",
+                     (long long)r->wstep, t->mo->timeout_s, r->wat, r->sending ? r->sending->bytes : 0);
             leave_rank(t, r, RANK_DROPPED, why, true);
         }
+        if (!done && r->state != RANK_LIVE && r->sending) { /* gone: its chunk stays with MPI, the weights go */
+            release_weights(r->sending);
+            r->sending = NULL;
+        }
+        if (!done) continue;
+        if (r->sending && r->wat < r->sending->bytes && r->state == RANK_LIVE && !t->stopping) {
+            int rc = send_chunk(t, r, now);
+            if (rc) return rc;
+            continue;
+        }
+        release_weights(r->sending);
+        r->sending = NULL;
+        if (r->state != RANK_LIVE) free_stage(r);
     }
     bool behind = false;
-    for (int i = 0; i < t->n_ranks; i++)
+    for (int i = 0; !t->stopping && i < t->n_ranks; i++)
         behind = behind || (t->ranks[i].joined && t->ranks[i].state == RANK_LIVE && !t->ranks[i].sending &&
                             t->ranks[i].wstep < t->newest && t->newest > 0);
     if (!behind) return VKS_OK;
     int rc = newest_joined_weights(t);
     if (rc) return rc;
-    for (int i = 0; i < t->n_ranks; i++) {
+    for (int i = 0; !rc && i < t->n_ranks; i++) {
         inf_rank *r = &t->ranks[i];
         if (!r->joined || r->state != RANK_LIVE || r->sending || r->wstep >= t->jw->step) continue;
-        if (MPI_Isend(t->jw->data, (int)t->jw->bytes, MPI_BYTE, 0, TAG_JOIN, r->comm, &r->wreq) != MPI_SUCCESS) {
-            leave_rank(t, r, RANK_DROPPED, "the weights could not be sent to it", true);
-            continue;
-        }
         r->sending = t->jw, r->sending->refs++;
-        r->wstep = t->jw->step, r->wsince = now;
+        r->wstep = t->jw->step, r->wat = 0;
+        rc = send_chunk(t, r, now);
     }
-    return VKS_OK;
+    return rc;
 }
 
 /* A joining rank's HELLO: admitted (ADMIT, then the newest weights past step
@@ -873,9 +931,30 @@ static void resume_mpi(void *ctx, int64_t step, int64_t next_batch) {
     t->queue.pushed = step * t->c->prompts_per_step;
 }
 
+/* Before the STOPs: the chunks on their way to joined ranks arrive (no new
+ * ones go out), bounded by timeout_s; a send left pending at the end would
+ * fail the joiner's receive instead of letting it read its STOP. */
+static void finish_joined_sends(trainer_src *t) {
+    t->stopping = true;
+    double until = vks_seconds_now() + t->mo->timeout_s;
+    for (bool pending = true; pending && vks_seconds_now() < until;) {
+        pending = false;
+        for (int i = 0; i < t->n_ranks; i++) {
+            inf_rank *r = &t->ranks[i];
+            int done = 1;
+            if (r->joined && r->state == RANK_LIVE && r->wreq != MPI_REQUEST_NULL &&
+                MPI_Test(&r->wreq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                done = 1;
+            pending = pending || !done;
+        }
+        if (pending) usleep(1000);
+    }
+}
+
 /* Says stop to every rank still there (every broadcast has ended by now). */
 static void stop_ranks(trainer_src *t) {
     vks_rl_join_close(t->join); /* no more joiners */
+    finish_joined_sends(t);
     for (int i = 0; i < t->n_ranks; i++)
         if (t->ranks[i].state == RANK_LIVE) send_ctl_to(t, &t->ranks[i], MSG_STOP, 0, t->newest, t->lost);
     /* refused ranks are told too: they stop instead of waiting for the trainer (a joined one was told) */
@@ -947,7 +1026,7 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
         bool v = i >= c->n_groups;
         t->ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_groups] : c->inference_ranks[c->groups[i].first],
                                  .verifier = v, .batch = -1, .last_seen = now, .at_step = -1, .comm = t->comm,
-                                 .welcome = MPI_REQUEST_NULL};
+                                 .welcome = MPI_REQUEST_NULL, .wreq = MPI_REQUEST_NULL};
         t->ranks[i].peer = t->ranks[i].rank;
     }
     t->cap_ranks = t->n_ranks;
@@ -979,10 +1058,13 @@ void vks_rl_orch_close(trainer_src *t) {
         welcomes_out = welcomes_out || !flag;
     }
     if (!welcomes_out) free(t->welcome);
-    for (int i = 0; i < t->n_ranks; i++) { /* a send still pending: its buffer is left to MPI */
-        int flag = 0;
-        if (t->ranks[i].sending && MPI_Test(&t->ranks[i].wreq, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
-            release_weights(t->ranks[i].sending);
+    for (int i = 0; i < t->n_ranks; i++) { /* a chunk still on its way: its staging buffer is left to MPI */
+        inf_rank *r = &t->ranks[i];
+        if (!r->joined) continue;
+        int flag = 1;
+        if (r->wreq != MPI_REQUEST_NULL && MPI_Test(&r->wreq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
+        release_weights(r->sending);
+        if (flag) free_stage(r);
     }
     release_weights(t->jw);
     free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops), free(t->bans);
@@ -1045,29 +1127,55 @@ typedef struct {
     int joined;            /* > 0: this rank joined the run (rl_join.h) as this rank number; comm is its
                             * connection, where the weights come too (TAG_JOIN) */
     bool left;             /* joined: it stopped (stop_requested) and said goodbye */
+    float *stream;         /* joined: the weights being received in chunks, stream_at bytes so far */
+    size_t stream_at;
 } inf_state;
 
-/* A joined rank: the trainer's WEIGHTS message (TAG_JOIN, probed: st), checked, becomes the pending weights. */
-static int take_joined_weights(inf_state *s, const MPI_Status *st) {
+/* A joined rank: the next chunk of the trainer's WEIGHTS stream
+ * (TAG_JOIN_WEIGHTS, probed: st). The first starts with the WEIGHTS header
+ * (the stream's length follows from it); each is bounded by what is left;
+ * the whole, checked, becomes the pending weights. */
+static int take_joined_chunk(inf_state *s, const MPI_Status *st) {
     int count = 0;
     MPI_Get_count(st, MPI_BYTE, &count);
     size_t want = sizeof(vks_rl_msg) + sizeof(float) * s->layout->n_values;
-    char dummy[sizeof(vks_rl_msg)];
-    float *msg = (size_t)count == want ? malloc(want) : NULL;
-    int mrc = MPI_Recv(msg ? (void *)msg : dummy, msg ? count : (int)sizeof dummy, MPI_BYTE, s->trainer, TAG_JOIN, s->comm,
-                       MPI_STATUS_IGNORE);
-    if (!msg && (size_t)count == want) return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory for the weights");
-    if (!msg || mrc != MPI_SUCCESS) return vks_set_error(VKS_ERR_FORMAT, "weights of %d bytes, %zu expected", count, want);
-    vks_rl_msg h;
-    memcpy(&h, msg, sizeof h);
-    int64_t step = 0;
-    int rc = vks_rl_wire_check_weights(msg, want, s->layout->n_values, s->pending_step, h.step, &step);
-    if (rc) {
-        free(msg);
-        return rc;
+    if (!s->stream && !(s->stream = malloc(want)))
+        return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory for the weights");
+    size_t left = want - s->stream_at;
+    bool fits = count > 0 && (size_t)count <= left && count <= (int)VKS_RL_JOIN_CHUNK &&
+                (s->stream_at > 0 || count >= (int)sizeof(vks_rl_msg));
+    static char dummy[1]; /* a truncated receive: refused (static: left to MPI should the wait fail) */
+    MPI_Request req;
+    int mrc = MPI_Irecv(fits ? (char *)s->stream + s->stream_at : dummy, fits ? count : 0, MPI_BYTE, s->trainer,
+                        TAG_JOIN_WEIGHTS, s->comm, &req);
+    /* bounded: a trainer that dies within a chunk leaves a blocking receive waiting forever */
+    /* the trainer moves a chunk only inside MPI calls, and makes none while it trains a step: its bound */
+    double bound = s->mo->trainer_timeout_s > s->mo->timeout_s ? s->mo->trainer_timeout_s : s->mo->timeout_s;
+    if (mrc == MPI_SUCCESS && vks_mpi_wait_within(s->comm, &req, &s->trainer, 1, bound, "the weights")) {
+        s->stream = NULL, s->stream_at = 0; /* left to MPI */
+        s->no_finalize = true;
+        return vks_set_error(VKS_ERR_TIMEOUT, "the run stopped within a weights chunk (%d bytes, %.1f s)", count, bound);
     }
+    if (!fits || mrc != MPI_SUCCESS)
+        return vks_set_error(VKS_ERR_FORMAT, "a weights chunk of %d bytes at byte %zu of %zu", count, s->stream_at, want);
+    if (s->stream_at == 0) { /* the header: the stream is the WEIGHTS of this model, or nothing */
+        vks_rl_msg h;
+        memcpy(&h, s->stream, sizeof h);
+        if (h.magic != VKS_RL_MAGIC || h.type != MSG_WEIGHTS || h.n != s->layout->n_values)
+            return vks_set_error(VKS_ERR_FORMAT, "a malformed weights header");
+    }
+    s->stream_at += (size_t)count;
+    vks_test_point("weights"); /* tests kill a joiner at a chunk of its choosing */
+    if (s->stream_at < want) return VKS_OK;
+    s->stream_at = 0;
+    vks_rl_msg h;
+    memcpy(&h, s->stream, sizeof h);
+    int64_t step = 0;
+    int rc = vks_rl_wire_check_weights(s->stream, want, s->layout->n_values, s->pending_step, h.step, &step);
+    if (rc) return rc;
     free(s->pending);
-    s->pending = msg, s->pending_step = step;
+    s->pending = s->stream, s->pending_step = step;
+    s->stream = NULL;
     return VKS_OK;
 }
 
@@ -1126,8 +1234,8 @@ static int poll_trainer(inf_state *s) {
             s->stop = true;
             return vks_set_error(h.batch ? VKS_ERR_ARG : VKS_ERR_TIMEOUT, "the run %s this machine: %s",
                                  h.batch ? "refused" : "dropped", shown);
-        } else if (s->joined && st.MPI_TAG == TAG_JOIN) {
-            int rc = take_joined_weights(s, &st);
+        } else if (s->joined && st.MPI_TAG == TAG_JOIN_WEIGHTS) {
+            int rc = take_joined_chunk(s, &st);
             if (rc) return rc;
         } else if (st.MPI_TAG == TAG_CTL && count == (int)sizeof(vks_rl_msg)) {
             vks_rl_msg h;
@@ -1390,7 +1498,7 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
     }
     *no_finalize = s.no_finalize || s.left; /* gone from the run: nobody to finalize with */
     vks_rl_cast_close(&s.cast);
-    free(s.pending);
+    free(s.pending), free(s.stream);
     vks_lora_adapter_free(s.pending_adapter);
     vks_rl_gen_close(&g);
     vks_param_layout_free(s.layout);

@@ -15,7 +15,8 @@
 /* Tags: orchestrator -> others (control), others -> orchestrator, inference -> verifier, every rank at
  * start-up (rl_cast.c: the trainer's public key), trainer <-> an orchestrator on a rank of its own
  * (rl_orchestrator.c). The weights go through Shardcast (rl_cast.h). */
-enum { TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104, TAG_CAST_HELLO = 7105, TAG_ORCH = 7106, TAG_JOIN = 7107 };
+enum { TAG_CTL = 7102, TAG_UP = 7103, TAG_VERIFY = 7104, TAG_CAST_HELLO = 7105, TAG_ORCH = 7106, TAG_JOIN = 7107,
+       TAG_JOIN_WEIGHTS = 7108 };
 /* Message types (rl_roles.c's header comment says who sends which). */
 enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS = 5, MSG_DONE = 6, MSG_TO_VERIFY = 7,
        MSG_VERIFIED = 8, MSG_REFUSE = 9, MSG_REFORM = 10,
