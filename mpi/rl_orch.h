@@ -29,6 +29,7 @@ typedef struct {
     char *stage;
     MPI_Request wreq;
     double wsince;
+    double connected_at;  /* joined: when its connection was taken */
     int64_t wstep;        /* joined: the newest step it was sent (or is being sent); -1: none */
     uint8_t nonce[16];    /* joined: what its hello must sign */
     uint8_t key[32];      /* joined: its identity (Ed25519 public key), from its hello */

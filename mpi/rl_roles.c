@@ -77,7 +77,10 @@ static int send_ctl(trainer_src *t, int rank, uint32_t type, int64_t batch, int6
 /* The same to an inference or verifier rank, wherever it is reached (a joined one over its connection). */
 static int send_ctl_to(trainer_src *t, const inf_rank *r, uint32_t type, int64_t batch, int64_t step, uint64_t n) {
     vks_rl_msg m = {.magic = VKS_RL_MAGIC, .type = type, .batch = batch, .step = step, .n = n};
-    return vks_rl_wire_send_small(r->comm, r->peer, TAG_CTL, &m, t->mo->timeout_s, type == MSG_STOP ? "the stop" : "a grant");
+    /* a joined rank's: 1 s (a small message leaves at once unless the peer is gone; the trainer never waits
+     * on a joiner for long); a dead one is dropped for it, and its silence would drop it anyway */
+    return vks_rl_wire_send_small(r->comm, r->peer, TAG_CTL, &m, r->joined ? 1.0 : t->mo->timeout_s,
+                                  type == MSG_STOP ? "the stop" : "a grant");
 }
 
 static void push_redo(trainer_src *t, int64_t batch) {
@@ -516,6 +519,9 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
             } else {
                 r->batch = -1;
                 count_batch(r, &cnt, cnt.rollouts);
+                if (r->joined && r->batches == 1)
+                    fprintf(stderr, "vkswarm: rl: joined rank %d: its first batch accepted, %.1f s after it connected\n",
+                            r->rank, vks_seconds_now() - r->connected_at);
                 rc = vks_rl_queue_push(&t->queue, policy, scratch, t->c->prompts_per_step, &cnt, t->o->max_empty_batches);
                 for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
             }
@@ -548,7 +554,7 @@ static int take_joins(trainer_src *t) {
         inf_rank *r = &t->ranks[t->n_ranks++];
         *r = (inf_rank){.rank = t->n_world + t->n_joined++, .state = RANK_JOINING, .joined = true, .comm = ic, .peer = 0,
                         .welcome = MPI_REQUEST_NULL, .wreq = MPI_REQUEST_NULL, .batch = -1,
-                        .last_seen = vks_seconds_now(), .at_step = -1};
+                        .last_seen = vks_seconds_now(), .connected_at = vks_seconds_now(), .at_step = -1};
         if (MPI_Isend(t->welcome, (int)t->welcome_bytes, MPI_BYTE, 0, TAG_JOIN, ic, &r->welcome) != MPI_SUCCESS)
             r->welcome = MPI_REQUEST_NULL; /* it hears nothing and gives up; its hello never comes */
         randombytes_buf(r->nonce, sizeof r->nonce);
