@@ -568,9 +568,7 @@ static int take_joins(trainer_src *t) {
     return VKS_OK;
 }
 
-static void hex32(const uint8_t *h, char out[65]) {
-    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", h[i]);
-}
+static void hex32(const uint8_t *h, char out[65]) { sodium_bin2hex(out, 65, h, 32); }
 
 /* A key refused for what its rank sent: it may not join again this run. */
 struct joined_ban {
@@ -924,7 +922,7 @@ int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap) {
                                       .at_step = r->state == RANK_LIVE ? -1 : r->at_step};
         snprintf(out[n].why, sizeof out[n].why, "%s", r->state == RANK_LIVE ? "" : r->why);
         out[n].banned = r->banned, out[n].admitted = r->admitted;
-        for (int b = 0; r->joined && b < 8; b++) snprintf(out[n].identity + 2 * b, 3, "%02x", r->key[b]);
+        if (r->joined) sodium_bin2hex(out[n].identity, sizeof out[n].identity, r->key, 8);
         n++;
     }
     return n;
