@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "vkswarm/vks_rl_roles.h"
+#include "vkswarm/vks_rl_bans.h"
 #include "vkswarm/vks_rl_mpi.h"
 #include "rl_cast.h"
 #include "rl_wire.h"
@@ -89,7 +90,7 @@ typedef struct {
     size_t welcome_bytes;
     int n_joined, cap_ranks;
     bool stopping;           /* the run ends: no more weights to joined ranks */
-    struct joined_ban *bans; /* keys refused for what they sent, with why */
+    vks_rl_ban *bans; /* keys refused for what they sent, with why */
     int n_bans;
 } trainer_src;
 

@@ -44,6 +44,7 @@
 #include <sodium.h>
 #include <sys/mman.h>
 #include "vkswarm/vks_rl_roles.h"
+#include "vkswarm/vks_rl_bans.h"
 #include "vkswarm/vks_checkpoint.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_mpi.h"
@@ -570,32 +571,34 @@ static int take_joins(trainer_src *t) {
 
 static void hex32(const uint8_t *h, char out[65]) { sodium_bin2hex(out, 65, h, 32); }
 
-/* A key refused for what its rank sent: it may not join again this run. */
-struct joined_ban {
-    uint8_t key[32];
-    int64_t at_step;
-    char why[320];
-};
-
-static const struct joined_ban *find_ban(const trainer_src *t, const uint8_t key[32]) {
+/* A key refused for what its rank sent: it may not join again this run,
+ * resumed or not (OUT/bans.jsonl, vks_rl_bans.h). */
+static const vks_rl_ban *find_ban(const trainer_src *t, const uint8_t key[32]) {
     for (int i = 0; i < t->n_bans; i++)
         if (!memcmp(t->bans[i].key, key, 32)) return &t->bans[i];
     return NULL;
 }
 
+static void bans_path(const trainer_src *t, char *path, size_t cap) {
+    snprintf(path, cap, "%s/%s", t->c->out, VKS_RL_BANS_FILE);
+}
+
 static void ban_key(trainer_src *t, inf_rank *r, const char *why) {
     r->banned = true;
     if (find_ban(t, r->key)) return;
-    struct joined_ban *b = realloc(t->bans, sizeof *b * (size_t)(t->n_bans + 1));
+    vks_rl_ban *b = realloc(t->bans, sizeof *b * (size_t)(t->n_bans + 1));
     if (!b) return; /* out of memory: the rank is refused all the same, its key not remembered */
     t->bans = b;
-    b[t->n_bans].at_step = t->newest;
+    b[t->n_bans].step = t->newest;
     memcpy(b[t->n_bans].key, r->key, 32);
-    snprintf(b[t->n_bans].why, sizeof b[t->n_bans].why, "%s", why);
+    vks_escape(why, strlen(why), b[t->n_bans].reason, sizeof b[t->n_bans].reason);
     t->n_bans++;
-    char who[65];
+    char who[65], path[4200];
     hex32(r->key, who);
     fprintf(stderr, "vkswarm: rl: key %.16s (rank %d) banned for the rest of the run\n", who, r->rank);
+    bans_path(t, path, sizeof path);
+    if (vks_rl_bans_save(path, t->bans, t->n_bans))
+        fprintf(stderr, "vkswarm: rl: %s; the ban holds until this process ends, not after a resume\n", vks_last_error());
 }
 
 /* Joined rank r is not admitted: it is told why (a bounded send) and refused. */
@@ -739,9 +742,9 @@ static void admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes) {
     memcpy(r->key, key, 32);
     char why[320], mine[65], theirs[65], who[65];
     hex32(key, who);
-    const struct joined_ban *ban = find_ban(t, key);
+    const vks_rl_ban *ban = find_ban(t, key);
     if (ban) {
-        snprintf(why, sizeof why, "key %.16s was banned at step %lld: %.200s", who, (long long)ban->at_step, ban->why);
+        snprintf(why, sizeof why, "key %.16s was banned at step %lld: %.200s", who, (long long)ban->step, ban->reason);
         not_admitted(t, r, why);
         return;
     }
@@ -1013,6 +1016,14 @@ static int open_joins(trainer_src *t) {
         if (task_bytes) memcpy(t->welcome + sizeof h + json_bytes, tasks, task_bytes);
     }
     free(json), free(tasks);
+    if (!rc && t->o->resume) { /* the keys this run banned before it stopped */
+        char path[4200];
+        bans_path(t, path, sizeof path);
+        rc = vks_rl_bans_load(path, &t->bans, &t->n_bans);
+        if (!rc && t->n_bans)
+            fprintf(stderr, "vkswarm: rl: joins: %d key%s banned earlier in this run (%s)\n", t->n_bans,
+                    t->n_bans == 1 ? "" : "s", path);
+    }
     if (!rc) rc = vks_rl_join_open(&t->join, t->mo->join_server, t->c->out);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "vkswarm/vks_rl_config.h"
+#include "vkswarm/vks_rl_bans.h"
 
 static int load_bytes(vks_rl_config *c, const char *json, size_t len) {
     char path[1024];
@@ -480,6 +481,81 @@ static void test_resume_merge(void **state) {
     free(stored), free(c), free(back);
 }
 
+/* OUT/bans.jsonl (issue 37: a banned key stays banned across --resume): a
+ * round trip, a missing file, and each malformed line refused by number. */
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    fclose(f);
+}
+
+static void test_bans_file(void **state) {
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bans.jsonl", tu_tmpdir());
+    remove(path);
+    vks_rl_ban *b = (vks_rl_ban *)1;
+    int n = -1;
+    assert_int_equal(vks_rl_bans_load(path, &b, &n), VKS_OK); /* missing: none */
+    assert_null(b);
+    assert_int_equal(n, 0);
+    vks_rl_ban in[2] = {{.step = 7}, {.step = 0}};
+    for (int i = 0; i < 32; i++) in[0].key[i] = (uint8_t)i, in[1].key[i] = (uint8_t)(255 - i);
+    snprintf(in[0].reason, sizeof in[0].reason, "batch 3: token 999 outside the vocabulary");
+    snprintf(in[1].reason, sizeof in[1].reason, "a \"quoted\" reason \\ with a backslash");
+    assert_int_equal(vks_rl_bans_save(path, in, 2), VKS_OK);
+    assert_int_equal(vks_rl_bans_load(path, &b, &n), VKS_OK);
+    assert_int_equal(n, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_memory_equal(b[i].key, in[i].key, 32);
+        assert_int_equal(b[i].step, in[i].step);
+        assert_string_equal(b[i].reason, in[i].reason);
+    }
+    free(b);
+    /* a control character in a reason is escaped on reading */
+    const char *key = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+    char text[1024];
+    snprintf(text, sizeof text, "\n{\"key\": \"%s\", \"step\": 2, \"reason\": \"bad\\u001b[2Jtext\"}\n", key);
+    write_text(path, text);
+    assert_int_equal(vks_rl_bans_load(path, &b, &n), VKS_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(b[0].reason, "bad\\x1b[2Jtext");
+    free(b);
+    struct { const char *line, *says; } bad[] = {
+        {"[1, 2]", "line 2: not a JSON object"},
+        {"{\"key\": \"00\", \"step\": 1, \"reason\": \"x\"}", "line 2: \"key\" is not 64 hex digits"},
+        {"{\"key\": \"KEY\", \"step\": -1, \"reason\": \"x\"}", "line 2: \"step\" is negative"},
+        {"{\"key\": \"KEY\", \"step\": 1}", "line 2: want exactly"},
+        {"{\"key\": \"KEY\", \"step\": 1, \"reason\": \"x\", \"more\": 1}", "line 2: want exactly"},
+        {"{\"key\": \"KEY\", \"step\": \"1\", \"reason\": \"x\"}", "line 2: want exactly"},
+        {"{\"key\": \"zz0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\", \"step\": 1, \"reason\": \"x\"}",
+         "line 2: \"key\" is not 64 hex digits"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[512], *at = strstr(bad[i].line, "KEY");
+        if (at) snprintf(line, sizeof line, "%.*s%s%s", (int)(at - bad[i].line), bad[i].line, key, at + 3);
+        else snprintf(line, sizeof line, "%s", bad[i].line);
+        snprintf(text, sizeof text, "{\"key\": \"%s\", \"step\": 1, \"reason\": \"ok\"}\n%s\n", key, line);
+        write_text(path, text);
+        b = (vks_rl_ban *)1;
+        assert_int_equal(vks_rl_bans_load(path, &b, &n), VKS_ERR_FORMAT);
+        assert_null(b);
+        assert_non_null(strstr(vks_last_error(), path));
+        if (!strstr(vks_last_error(), bad[i].says)) fail_msg("%zu: %s", i, vks_last_error());
+    }
+    /* a line longer than any ban is refused, not read in pieces */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"key\": \"%s\", \"step\": 1, \"reason\": \"", key);
+    for (int i = 0; i < 4000; i++) fputc('x', f);
+    fprintf(f, "\"}\n");
+    fclose(f);
+    assert_int_equal(vks_rl_bans_load(path, &b, &n), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "line 1: longer than"));
+    remove(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_one_rank),
@@ -490,6 +566,7 @@ int main(void) {
         cmocka_unit_test(test_lora_block),
         cmocka_unit_test(test_loss_block),
         cmocka_unit_test(test_resume_merge),
+        cmocka_unit_test(test_bans_file),
     };
     return cmocka_run_group_tests_name("rl_config", tests, NULL, NULL);
 }

@@ -393,8 +393,8 @@ static void print_result(const rl_args *a, const vks_rl_result *r) {
                     k->identity, (long long)k->batches, (long long)k->rollouts, (long long)k->rejected,
                     k->banned ? ", banned" : "", k->state == VKS_RL_RANK_LIVE ? "\n" : "; ");
         if (k->state == VKS_RL_RANK_LIVE) continue;
-        fprintf(stderr, "vkswarm: rl: %s rank %d %s at step %lld: ", k->verifier ? "verifier" : "inference", k->rank,
-                k->state == VKS_RL_RANK_DROPPED ? "dropped" : "refused", (long long)k->at_step);
+        if (!k->joined) fprintf(stderr, "vkswarm: rl: %s rank %d ", k->verifier ? "verifier" : "inference", k->rank);
+        fprintf(stderr, "%s at step %lld: ", k->state == VKS_RL_RANK_DROPPED ? "dropped" : "refused", (long long)k->at_step);
         cli_put_escaped(stderr, k->why, strnlen(k->why, sizeof k->why));
         fputc('\n', stderr);
     }

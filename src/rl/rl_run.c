@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 #include "rl_internal.h"
+#include "vkswarm/vks_rl_bans.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_sandbox.h"
 #include "vkswarm/vks_metrics.h"
@@ -285,7 +286,7 @@ static int open_start(rl_run *r, vks_rl_result *res) {
     r->start = r->o->model;
     res->resumed_from = -1;
     static const char *const outputs[] = {"metrics.jsonl", "rl.svg", "timeline.svg", "report.html", "rollouts", "heldout.jsonl",
-                                          NULL};
+                                          VKS_RL_BANS_FILE, NULL};
     int rc = vks_rl_out_lock(&r->out, r->c->out);
     if (rc) return vks_error_prefix(rc, "rl");
     char dir[4096];

@@ -21,7 +21,7 @@ bin=${1:?build dir}/vkswarm
 . "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)
 joiners=()
-trap 'for p in "${joiners[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+trap 'for p in "${joiners[@]}"; do kill -9 "$p" 2>/dev/null; done; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
 # the joiners talk TCP over loopback only, as the run's ranks do (mpi_run's options)
 export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 
@@ -140,6 +140,32 @@ timeout -k 5 60 "$bin" join --run "$tmp/join.line" --out "$tmp/j5" --timeout-s 3
 rc=$?
 [ $rc -eq 3 ] && [ $((SECONDS - t0)) -le 20 ] && grep -q "vkswarm: join: " "$tmp/j5.err" &&
     ok "join of a dead run's line: exit 3 in $((SECONDS - t0)) s" || { bad "join of a dead run: rc $rc"; cat "$tmp/j5.err"; }
+
+# ---- the run resumed (rl --resume): open to joins again, and the key banned before is still banned ----
+[ -s "$tmp/out/bans.jsonl" ] && grep -q "\"key\": *\"$(cat "$tmp/k2/shardcast.pub")\"" "$tmp/out/bans.jsonl" &&
+    ok "the ban is in OUT/bans.jsonl" || { bad "no bans.jsonl"; ls "$tmp/out"; }
+run_err=$tmp/run3.err
+env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe \
+    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
+    "$bin" rl --config "$tmp/run.json" --resume --steps 52 --join --eval-n 0 --timeout-s 5 > /dev/null 2> "$run_err" &
+run=$!
+wait_for 120 test -s "$tmp/out/join.uri" || bad "the resumed run opened no join point"
+"$bin" join --run "$tmp/out/join.uri" --key "$tmp/k2" --out "$tmp/j8" --timeout-s 5 > /dev/null 2> "$tmp/j8.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "key $k2 was banned at step [0-9]*: batch [0-9]*: " "$tmp/j8.err" &&
+    ok "the resumed run refused the key banned before the resume" || { bad "the banned key, resumed: rc $rc"; cat "$tmp/j8.err"; }
+"$bin" join --run "$tmp/out/join.uri" --key "$tmp/k1" --out "$tmp/j9" --timeout-s 5 > /dev/null 2> "$tmp/j9.err" &
+j9=$!
+joiners+=("$j9")
+wait $run
+rc=$?
+wait "$j9"
+rc9=$?
+joined=$(sed -n 's/.*joined rank [0-9]* (key [0-9a-f]*): \([0-9]*\) batches.*/\1/p' "$run_err" | tail -1)
+[ $rc -eq 0 ] && [ $rc9 -eq 0 ] && [ "${joined:-0}" -ge 1 ] && grep -q "resum" "$run_err" &&
+    [ "$(wc -l < "$tmp/out/metrics.jsonl")" -eq 52 ] &&
+    ok "the resumed run took a join ($joined accepted batches) and finished" ||
+    { bad "the resumed run: rc $rc, the joiner's $rc9, ${joined:-no} batches"; tail -5 "$run_err"; cat "$tmp/j9.err"; }
 
 # ---- churn: 30 joins and clean leaves (SIGINT) in one run; the trainer's memory ----
 # (VKSWARM_TEST_SHORT, the ASan build: 8, and no memory bound: ASan's quarantine keeps freed memory).
