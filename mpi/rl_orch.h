@@ -36,6 +36,7 @@ typedef struct {
     uint8_t key[32];      /* joined: its identity (Ed25519 public key), from its hello */
     bool banned;          /* joined: refused for what it sent: its key may not join again */
     bool admitted;        /* joined: its hello was accepted */
+    int ident;            /* joined and admitted: its key's entry in trainer_src.idents */
     int64_t batch;        /* inference: the batch it generates, -1: idle */
     int64_t min_step;     /* its policy step at least */
     double last_seen;
@@ -46,6 +47,12 @@ typedef struct {
     int64_t at_step;      /* dropped or refused: the newest published step then */
     char why[320];        /* dropped or refused: why */
 } inf_rank;
+
+/* A key admitted to the run (vkswarm join), over all its joins: its batches taken and refused. */
+struct joined_identity {
+    uint8_t key[32];
+    int64_t accepted, rejected;
+};
 
 /* With verifier ranks: a batch granted and not yet back from its verifier. */
 typedef struct {
@@ -92,6 +99,9 @@ typedef struct {
     bool stopping;           /* the run ends: no more weights to joined ranks */
     vks_rl_ban *bans; /* keys refused for what they sent, with why */
     int n_bans;
+    struct joined_identity *idents; /* every key admitted so far: its batches (vks_rl_pool) */
+    int n_idents, cap_idents;
+    int64_t joins, leaves, banned; /* since this process started */
 } trainer_src;
 
 /* Opens the orchestration state for this rank's role: the ranks, the queue,

@@ -144,6 +144,10 @@ static void leave_rank(trainer_src *t, inf_rank *r, int state, const char *why_g
     char why[sizeof r->why]; /* why_given may be vks_last_error()'s text, which telling the joiner rewrites */
     snprintf(why, sizeof why, "%s", why_given);
     if (r->joined && r->state == RANK_LIVE && state == RANK_REFUSED) ban_key(t, r, why); /* it sent something wrong */
+    if (r->admitted && r->state == RANK_LIVE) {
+        t->leaves++;
+        if (state == RANK_REFUSED && r->ident >= 0) t->idents[r->ident].rejected++;
+    }
     if (r->joined && (r->state == RANK_LIVE || r->state == RANK_JOINING)) tell_joined(t, r, state, why);
     fprintf(stderr, "vkswarm: rl: %s rank %d %s: %s; the run goes on without it\n", r->verifier ? "verifier" : "inference",
             r->rank, state == RANK_REFUSED ? "refused" : "dropped", why);
@@ -387,11 +391,13 @@ static bool refuse_stage(trainer_src *t, const inf_rank *v, inf_rank *r, const p
 }
 
 /* A batch taken in, for the report: rollouts of it on r's count (an inference
- * rank: generated; a verifier: checked), and the verifier's rejections. */
-static void count_batch(inf_rank *r, const vks_rl_gen_counts *cnt, int64_t rollouts) {
+ * rank: generated; a verifier: checked), and the verifier's rejections; a
+ * joined rank's on its identity's too. */
+static void count_batch(trainer_src *t, inf_rank *r, const vks_rl_gen_counts *cnt, int64_t rollouts) {
     r->batches++;
     r->rollouts += rollouts;
     r->rejected += cnt->checked - cnt->accepted;
+    if (r->joined && r->admitted && r->ident >= 0) t->idents[r->ident].accepted++;
 }
 
 /* VERIFIED or REFUSE from verifier rank v about a batch of inference rank h.n. */
@@ -439,8 +445,8 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
         drop_rank(t, v, RANK_REFUSED, why);
         return VKS_OK;
     }
-    count_batch(r, &cnt, cnt.rollouts);
-    count_batch(v, &cnt, cnt.checked);
+    count_batch(t, r, &cnt, cnt.rollouts);
+    count_batch(t, v, &cnt, cnt.checked);
     int rc = vks_rl_queue_push(&t->queue, policy, scratch, t->c->prompts_per_step, &cnt, t->o->max_empty_batches);
     for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
     return rc;
@@ -519,7 +525,7 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
                 drop_rank(t, r, RANK_REFUSED, why);
             } else {
                 r->batch = -1;
-                count_batch(r, &cnt, cnt.rollouts);
+                count_batch(t, r, &cnt, cnt.rollouts);
                 if (r->joined && r->batches == 1)
                     fprintf(stderr, "vkswarm: rl: joined rank %d: its first batch accepted, %.1f s after it connected\n",
                             r->rank, vks_seconds_now() - r->connected_at);
@@ -553,7 +559,7 @@ static int take_joins(trainer_src *t) {
         if (rc) return rc;
         MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
         inf_rank *r = &t->ranks[t->n_ranks++];
-        *r = (inf_rank){.rank = t->n_world + t->n_joined++, .state = RANK_JOINING, .joined = true, .comm = ic, .peer = 0,
+        *r = (inf_rank){.rank = t->n_world + t->n_joined++, .state = RANK_JOINING, .joined = true, .ident = -1, .comm = ic, .peer = 0,
                         .welcome = MPI_REQUEST_NULL, .wreq = MPI_REQUEST_NULL, .batch = -1,
                         .last_seen = vks_seconds_now(), .connected_at = vks_seconds_now(), .at_step = -1};
         if (MPI_Isend(t->welcome, (int)t->welcome_bytes, MPI_BYTE, 0, TAG_JOIN, ic, &r->welcome) != MPI_SUCCESS)
@@ -584,6 +590,7 @@ static void bans_path(const trainer_src *t, char *path, size_t cap) {
 }
 
 static void ban_key(trainer_src *t, inf_rank *r, const char *why) {
+    t->banned += !r->banned;
     r->banned = true;
     if (find_ban(t, r->key)) return;
     vks_rl_ban *b = realloc(t->bans, sizeof *b * (size_t)(t->n_bans + 1));
@@ -599,6 +606,21 @@ static void ban_key(trainer_src *t, inf_rank *r, const char *why) {
     bans_path(t, path, sizeof path);
     if (vks_rl_bans_save(path, t->bans, t->n_bans))
         fprintf(stderr, "vkswarm: rl: %s; the ban holds until this process ends, not after a resume\n", vks_last_error());
+}
+
+/* The entry of key in t->idents, added when new (-1: out of memory; the rank is not counted per identity). */
+static int identity_of(trainer_src *t, const uint8_t key[32]) {
+    for (int i = 0; i < t->n_idents; i++)
+        if (!memcmp(t->idents[i].key, key, 32)) return i;
+    if (t->n_idents == t->cap_idents) {
+        int cap = t->cap_idents ? 2 * t->cap_idents : 8;
+        struct joined_identity *more = realloc(t->idents, sizeof *more * (size_t)cap);
+        if (!more) return -1;
+        t->idents = more, t->cap_idents = cap;
+    }
+    t->idents[t->n_idents] = (struct joined_identity){0};
+    memcpy(t->idents[t->n_idents].key, key, 32);
+    return t->n_idents++;
 }
 
 /* Joined rank r is not admitted: it is told why (a bounded send) and refused. */
@@ -774,6 +796,8 @@ static void admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes) {
         return;
     }
     r->state = RANK_LIVE, r->admitted = true;
+    r->ident = identity_of(t, key);
+    t->joins++;
     r->last_seen = vks_seconds_now();
     fprintf(stderr, "vkswarm: rl: inference rank %d joined (key %.16s, policy step %lld)\n", r->rank, who,
             (long long)t->newest);
@@ -915,20 +939,67 @@ static int take_mpi(void *ctx, int64_t step, vks_rl_batch_group *groups, vks_rl_
 
 static void counters_mpi(void *ctx, vks_rl_counters *c) { *c = ((trainer_src *)ctx)->queue.counters; }
 
+static void rank_status(const inf_rank *r, vks_rl_rank_status *out) {
+    *out = (vks_rl_rank_status){.rank = r->rank, .verifier = r->verifier, .joined = r->joined, .state = r->state,
+                                .batches = r->batches, .rollouts = r->rollouts, .rejected = r->rejected,
+                                .at_step = r->state == RANK_LIVE ? -1 : r->at_step};
+    snprintf(out->why, sizeof out->why, "%s", r->state == RANK_LIVE ? "" : r->why);
+    out->banned = r->banned, out->admitted = r->admitted;
+    if (r->joined) sodium_bin2hex(out->identity, sizeof out->identity, r->key, 8);
+}
+
+static int by_rank(const void *a, const void *b) {
+    int x = ((const vks_rl_rank_status *)a)->rank, y = ((const vks_rl_rank_status *)b)->rank;
+    return (x > y) - (x < y);
+}
+
+/* Where more ranks than cap have been part of the run (joiners come and go),
+ * the world's own and the live ones come first, then the newest of the
+ * joined ranks that left; the list is ordered by rank. */
 int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap) {
     int n = 0;
     for (int i = 0; i < t->n_ranks && n < cap; i++) {
         const inf_rank *r = &t->ranks[i];
-        if (r->state == RANK_JOINING) continue; /* not yet part of the run */
-        out[n] = (vks_rl_rank_status){.rank = r->rank, .verifier = r->verifier, .joined = r->joined, .state = r->state,
-                                      .batches = r->batches, .rollouts = r->rollouts, .rejected = r->rejected,
-                                      .at_step = r->state == RANK_LIVE ? -1 : r->at_step};
-        snprintf(out[n].why, sizeof out[n].why, "%s", r->state == RANK_LIVE ? "" : r->why);
-        out[n].banned = r->banned, out[n].admitted = r->admitted;
-        if (r->joined) sodium_bin2hex(out[n].identity, sizeof out[n].identity, r->key, 8);
-        n++;
+        if (r->state == RANK_JOINING || (r->joined && r->state != RANK_LIVE)) continue;
+        rank_status(r, &out[n++]);
     }
+    for (int i = t->n_ranks - 1; i >= 0 && n < cap; i--) {
+        const inf_rank *r = &t->ranks[i];
+        if (r->joined && r->state != RANK_LIVE && r->state != RANK_JOINING) rank_status(r, &out[n++]);
+    }
+    qsort(out, (size_t)n, sizeof *out, by_rank);
     return n;
+}
+
+static int by_batches(const void *a, const void *b) {
+    const vks_rl_identity *x = a, *y = b;
+    int64_t u = x->batches_accepted + x->batches_rejected, v = y->batches_accepted + y->batches_rejected;
+    return (u < v) - (u > v);
+}
+
+static bool pool_mpi(void *ctx, vks_rl_pool *out) {
+    const trainer_src *t = ctx;
+    *out = (vks_rl_pool){.joins = t->joins, .leaves = t->leaves, .bans = t->banned};
+    if (!t->join) return false;
+    /* the busiest VKS_RL_MAX_IDENTITIES: keep a running top list (the table may be long) */
+    for (int i = 0; i < t->n_idents; i++) {
+        vks_rl_identity id = {.batches_accepted = t->idents[i].accepted, .batches_rejected = t->idents[i].rejected};
+        sodium_bin2hex(id.identity, sizeof id.identity, t->idents[i].key, 8);
+        if (out->n_identities < VKS_RL_MAX_IDENTITIES) {
+            out->identities[out->n_identities++] = id;
+            if (out->n_identities == VKS_RL_MAX_IDENTITIES)
+                qsort(out->identities, VKS_RL_MAX_IDENTITIES, sizeof id, by_batches);
+            continue;
+        }
+        out->identities_left_out++;
+        vks_rl_identity *last = &out->identities[VKS_RL_MAX_IDENTITIES - 1];
+        if (by_batches(&id, last) < 0) {
+            *last = id;
+            qsort(out->identities, VKS_RL_MAX_IDENTITIES, sizeof id, by_batches);
+        }
+    }
+    if (out->n_identities < VKS_RL_MAX_IDENTITIES) qsort(out->identities, (size_t)out->n_identities, sizeof *out->identities, by_batches);
+    return true;
 }
 
 static int ranks_mpi(void *ctx, vks_rl_rank_status *out, int cap) { return vks_rl_orch_ranks(ctx, out, cap); }
@@ -1084,7 +1155,7 @@ void vks_rl_orch_close(trainer_src *t) {
         if (flag) free_stage(r);
     }
     release_weights(t->jw);
-    free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops), free(t->bans);
+    free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops), free(t->bans), free(t->idents);
     vks_param_layout_free(t->layout);
     t->gen.model = NULL;
     vks_rl_gen_close(&t->gen);
@@ -1100,7 +1171,7 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     rc = vks_rl_orch_open(&t, o, mo, true);
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
                          .position = position_mpi, .resume = resume_mpi, .broadcast_bytes = broadcast_bytes_mpi,
-                         .ranks = ranks_mpi, .publish_adapter = publish_adapter_mpi};
+                         .ranks = ranks_mpi, .pool = pool_mpi, .publish_adapter = publish_adapter_mpi};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");

@@ -144,6 +144,22 @@ typedef struct {
 } vks_rl_rank_status;
 #define VKS_RL_MAX_RANK_STATUS 64 /* ranks counted (more are left out of the report and the result) */
 
+/* The machines that joined a running run (vkswarm join), as the trainer
+ * counted them since this process started: admitted joins, joined ranks that
+ * left (clean goodbye, dropped or refused), keys banned; per identity (a key,
+ * over all its joins): batches taken into the queue and batches refused. */
+typedef struct {
+    char identity[17]; /* its key's first 16 hex digits */
+    int64_t batches_accepted, batches_rejected;
+} vks_rl_identity;
+#define VKS_RL_MAX_IDENTITIES 256 /* identities shown (the busiest; the others counted in identities_left_out) */
+typedef struct {
+    int64_t joins, leaves, bans;
+    int n_identities;
+    int64_t identities_left_out;
+    vks_rl_identity identities[VKS_RL_MAX_IDENTITIES];
+} vks_rl_pool;
+
 typedef struct {
     char final_checkpoint[4096], metrics_path[4096], plot_path[4096], timeline_path[4096], rollouts_dir[4096];
     char report_path[4096];   /* OUT/report.html */

@@ -248,6 +248,8 @@ typedef struct {
     /* The inference and verifier ranks as counted so far, at most cap of them
      * into out; returns how many (NULL: not known on this rank). */
     int (*ranks)(void *ctx, vks_rl_rank_status *out, int cap);
+    /* The joins so far (NULL, or false returned: the run takes no joins). */
+    bool (*pool)(void *ctx, vks_rl_pool *out);
 } vks_rl_source;
 /* vks_rl_run with the groups from src (NULL: the inference thread). */
 int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *r);

@@ -896,7 +896,6 @@ static int rank_metrics(rl_run *r, const vks_rl_progress *p, vks_metric *m, rank
     vks_rl_rank_status *st = malloc(sizeof *st * VKS_RL_MAX_RANK_STATUS);
     int n = st ? get_ranks(r, st, VKS_RL_MAX_RANK_STATUS) : 0, k = 0;
     static const char *const what[4] = {"batches", "rollouts_per_s", "rejected", "dropped"};
-    int64_t joins = 0, leaves = 0, bans = 0;
     for (int i = 0; i < n && k + 4 <= cap; i++) {
         double v[4] = {(double)st[i].batches, p->elapsed_s > 0 ? (double)st[i].rollouts / p->elapsed_s : 0,
                        (double)st[i].rejected, st[i].state != VKS_RL_RANK_LIVE};
@@ -904,14 +903,33 @@ static int rank_metrics(rl_run *r, const vks_rl_progress *p, vks_metric *m, rank
             snprintf(names[i].name[j], sizeof names[i].name[j], "rank%d.%s", st[i].rank, what[j]);
             m[k++] = (vks_metric){names[i].name[j], v[j]};
         }
-        joins += st[i].admitted, leaves += st[i].admitted && st[i].state != VKS_RL_RANK_LIVE, bans += st[i].banned;
     }
     free(st);
-    if (joins && k + 3 <= cap) { /* machines that joined the running run: so far, left (or dropped), banned */
-        m[k++] = (vks_metric){"joins", (double)joins};
-        m[k++] = (vks_metric){"leaves", (double)leaves};
-        m[k++] = (vks_metric){"bans", (double)bans};
+    return k;
+}
+
+/* A run that takes joins: "joins", "leaves", "bans" and per identity
+ * "key.K.batches_accepted" / ".batches_rejected" (K: the key's first 16 hex
+ * digits), once anyone joined. */
+typedef struct {
+    char name[2][48];
+} identity_names;
+enum { POOL_METRICS = 4 + 2 * VKS_RL_MAX_IDENTITIES };
+
+static int pool_metrics(rl_run *r, vks_rl_pool *pool, vks_metric *m, identity_names *names) {
+    if (!r->src || !r->src->pool || !r->src->pool(r->src->ctx, pool) || !(pool->joins || pool->bans)) return 0;
+    int k = 0;
+    m[k++] = (vks_metric){"joins", (double)pool->joins};
+    m[k++] = (vks_metric){"leaves", (double)pool->leaves};
+    m[k++] = (vks_metric){"bans", (double)pool->bans};
+    for (int i = 0; i < pool->n_identities; i++) {
+        const vks_rl_identity *id = &pool->identities[i];
+        snprintf(names[i].name[0], sizeof names[i].name[0], "key.%s.batches_accepted", id->identity);
+        snprintf(names[i].name[1], sizeof names[i].name[1], "key.%s.batches_rejected", id->identity);
+        m[k++] = (vks_metric){names[i].name[0], (double)id->batches_accepted};
+        m[k++] = (vks_metric){names[i].name[1], (double)id->batches_rejected};
     }
+    if (pool->identities_left_out) m[k++] = (vks_metric){"keys_left_out", (double)pool->identities_left_out};
     return k;
 }
 
@@ -949,10 +967,12 @@ static const char *trust_region_metric(const vks_rl_loss *l) {
 
 static int log_step(rl_run *r, const vks_rl_progress *p) {
     enum { FIXED = 31 };
-    vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS + 3));
+    vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS + POOL_METRICS));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
-    if (!m || !names) {
-        free(m), free(names);
+    identity_names *id_names = malloc(sizeof *id_names * VKS_RL_MAX_IDENTITIES);
+    vks_rl_pool *pool = malloc(sizeof *pool);
+    if (!m || !names || !id_names || !pool) {
+        free(m), free(names), free(id_names), free(pool);
         return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     }
     int n = 0;
@@ -982,9 +1002,10 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"groups_stale", (double)p->groups_stale};
     m[n++] = (vks_metric){"off_policy_dropped", (double)p->off_policy_dropped};
     m[n++] = (vks_metric){"elapsed_s", p->elapsed_s};
-    n += rank_metrics(r, p, m + n, names, 4 * VKS_RL_MAX_RANK_STATUS + 3);
+    n += rank_metrics(r, p, m + n, names, 4 * VKS_RL_MAX_RANK_STATUS);
+    n += pool_metrics(r, pool, m + n, id_names);
     int rc = vks_metrics_log(r->metrics, p->step, m, n);
-    free(m), free(names);
+    free(m), free(names), free(id_names), free(pool);
     return rc;
 }
 

@@ -126,6 +126,14 @@ mismatch_ok() {
 # three joins admitted (rank 2, killed; rank 3; the cheater, rank 6), two left, one banned
 tail -1 "$tmp/out/metrics.jsonl" | grep -q '"joins":3,"leaves":2,"bans":1' && ok "metrics: joins 3, leaves 2, bans 1" ||
     { bad "metrics: joins"; tail -1 "$tmp/out/metrics.jsonl"; }
+# per identity: k1's two joins (ranks 2 and 3) on one line; k2's batch refused
+metric() { tail -1 "$tmp/out/metrics.jsonl" | sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
+k1=$(cut -c1-16 "$tmp/k1/shardcast.pub")
+[ -n "$(metric "key.$k1.batches_accepted")" ] &&
+    [ "$(metric "key.$k1.batches_accepted")" -eq $(($(metric rank2.batches) + $(metric rank3.batches))) ] &&
+    [ "$(metric "key.$k1.batches_rejected")" = 0 ] && [ "$(metric "key.$k2.batches_rejected")" = 1 ] &&
+    ok "metrics per key: $(metric "key.$k1.batches_accepted") batches of $k1 over its two joins, one refused of $k2" ||
+    { bad "metrics per key"; tail -1 "$tmp/out/metrics.jsonl"; }
 grep -q "joined rank 6 (key $k2): .*, banned; " "$run_err" && ok "the summary names the banned key" ||
     { bad "the summary"; grep "joined rank" "$run_err"; }
 
