@@ -70,6 +70,7 @@ typedef struct {
     inf_rank *ranks;      /* the inference ranks, then the verifier ranks */
     int n_ranks;
     int64_t next_batch, newest;
+    bool published;            /* the trainer: weights of step `newest` are in t->weights (step 0 included) */
     int grant_from;       /* the rank (index) the next grant looks at first: round robin */
     int verifier_from;    /* the same for choosing a verifier */
     int64_t *redo;        /* batches of dropped ranks, to grant again */

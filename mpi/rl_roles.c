@@ -276,7 +276,7 @@ int vks_rl_orch_cast_weights(trainer_src *t, vks_model *m, int64_t step) {
     rc = vks_rl_cast_send(&t->cast, t->weights, bytes, step, &rep);
     if (rc && rep.version == 0) return vks_error_prefix(rc, "trainer: broadcasting the weights of step %lld", (long long)step);
     t->cast_bytes = rep.wire_bytes;
-    t->newest = step;
+    t->newest = step, t->published = true;
     /* an orchestrator on its own rank is no receiver */
     fprintf(stderr, "vkswarm: rl: shardcast: step %lld (version %llu): %llu bytes to %d of %d ranks through %d relay(s) "
             "in %.3f s\n", (long long)step, (unsigned long long)rep.version, (unsigned long long)rep.wire_bytes,
@@ -644,7 +644,7 @@ static void release_weights(struct joined_weights *w) {
 
 /* The newest weights as t->jw (made from t->weights when a newer step was published). */
 static int newest_joined_weights(trainer_src *t) {
-    if (t->newest <= 0 || (t->jw && t->jw->step == t->newest)) return VKS_OK;
+    if (!t->published || (t->jw && t->jw->step == t->newest)) return VKS_OK;
     size_t bytes = sizeof(vks_rl_msg) + sizeof(float) * t->layout->n_values;
     /* mapped, as the staging buffers are: one copy per step while joiners come and go, freed back whole
      * (malloc'd, they fragmented the heap under MALLOC_PERTURB_: 12 MB of RSS over 25 joins in tools/test) */
@@ -729,7 +729,7 @@ static int joined_weights_progress(trainer_src *t) {
     bool behind = false;
     for (int i = 0; !t->stopping && i < t->n_ranks; i++)
         behind = behind || (t->ranks[i].joined && t->ranks[i].state == RANK_LIVE && !t->ranks[i].sending &&
-                            t->ranks[i].wstep < t->newest && t->newest > 0);
+                            t->ranks[i].wstep < t->newest && t->published);
     if (!behind) return VKS_OK;
     int rc = newest_joined_weights(t);
     if (rc) return rc;
@@ -743,8 +743,9 @@ static int joined_weights_progress(trainer_src *t) {
     return rc;
 }
 
-/* A joining rank's HELLO: admitted (ADMIT, then the newest weights past step
- * 0) when it holds the run's model and the run can take it; else refused. */
+/* A joining rank's HELLO: admitted (ADMIT, then the newest weights, step 0's
+ * too: a joiner has only a model, no policy, until it takes some) when it
+ * holds the run's model and the run can take it; else refused. */
 static void admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes) {
     vks_rl_msg h;
     memcpy(&h, buf, sizeof h < bytes ? sizeof h : bytes);

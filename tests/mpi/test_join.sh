@@ -192,6 +192,21 @@ env -u MALLOC_PERTURB_ VKSWARM_VALIDATION_SYNC=0 timeout -k 15 300 "$bin" mpirun
     "$bin" rl --config "$tmp/run2.json" --join --eval-n 0 --timeout-s 5 > "$tmp/run2.out" 2> "$run_err" &
 run=$!
 steps_at_least() { [ -s "$tmp/out2/metrics.jsonl" ] && [ "$(wc -l < "$tmp/out2/metrics.jsonl")" -ge "$1" ]; }
+# a join as soon as the join point opens, mostly before the first step: admitted at policy step 0,
+# it has only its model and no policy until the trainer sends it step 0's weights (it used to wait
+# for a step past 0, while the run, at async level 0, waited for its batch: 120 s, then a drop)
+wait_for 120 test -s "$tmp/out2/join.uri" || bad "the churn run opened no join point"
+"$bin" join --run "$tmp/out2/join.uri" --key "$tmp/k1" --out "$tmp/jc" --timeout-s 5 > /dev/null 2> "$tmp/jc.err" &
+jc=$!
+joiners+=("$jc")
+wait_for 60 grep -q "joined rank 2: its first batch accepted" "$run_err"
+kill -INT "$jc"
+wait "$jc"
+rc=$?
+at=$(sed -n 's/.*admitted as rank 2 of the run (policy step \([0-9]*\)).*/\1/p' "$tmp/jc.err")
+[ $rc -eq 130 ] && grep -q "joined rank 2: its first batch accepted" "$run_err" &&
+    ok "a join when the join point opened (policy step ${at:-?}) had a batch accepted" ||
+    { bad "the early join: rc $rc, policy step ${at:-?}"; cat "$tmp/jc.err"; grep "rank 2" "$run_err"; }
 wait_for 120 steps_at_least 1 || bad "the churn run did not start"
 trainer=$(pid_file_pid "$tmp/pids" 0)
 rss() { awk '/^VmRSS/ { print $2 }' "/proc/$trainer/status"; }
@@ -226,12 +241,51 @@ kill -INT "$(pgrep -P $run | head -1)"
 wait $run
 rc=$?
 [ $rc -eq 130 ] && ok "the churned run stopped cleanly" || { bad "the churned run: rc $rc"; tail -5 "$run_err"; }
-tail -1 "$tmp/out2/metrics.jsonl" | grep -q "\"joins\":$churn,\"leaves\":$churn,\"bans\":0" &&
-    ok "metrics: joins $churn, leaves $churn" || { bad "churn metrics"; tail -1 "$tmp/out2/metrics.jsonl"; }
+tail -1 "$tmp/out2/metrics.jsonl" | grep -q "\"joins\":$((churn + 1)),\"leaves\":$((churn + 1)),\"bans\":0" &&
+    ok "metrics: joins $((churn + 1)), leaves $((churn + 1))" || { bad "churn metrics"; tail -1 "$tmp/out2/metrics.jsonl"; }
 grow=$((rss30 - rss5))
 if [ "$churn" -lt 30 ]; then echo "skipped: the trainer's memory over 30 joins (VKSWARM_TEST_SHORT)"
 elif [ "$grow" -lt 10240 ]; then ok "the trainer's memory grew by $grow kB from the 5th to the 30th join"
 else bad "the trainer's memory grew by $grow kB from the 5th to the 30th join"; fi
+
+# ---- across network namespaces (tools/lib-netns.sh): the run's two ranks and the joiner each in
+# a namespace of its own, over real TCP links through a bridge (ompi-server and mpirun in the
+# root namespace), 100 ms one-way delay on every link where the kernel has netem; the join as the
+# join point opens ----
+. "$(dirname "$0")/../../tools/lib-netns.sh"
+if ! netns_permitted; then
+    echo "skipped: a join across network namespaces ('ip netns' is not permitted here: needs root and CAP_NET_ADMIN)"
+else
+    trap 'for p in "${joiners[@]}"; do kill -9 "$p" 2>/dev/null; done; netns_cleanup; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+    netns_setup 3
+    delay="100 ms one-way delay on each link"
+    for i in 0 1 2; do netns_qdisc $i netem delay 100ms 2>/dev/null || delay="no added delay: this kernel has no netem"; done
+    sed -e 's/"steps": 40/"steps": 12/' -e "s|$tmp/out\"|$tmp/out4\"|" "$tmp/run.json" > "$tmp/run4.json"
+    run_err=$tmp/run4.err
+    links=(--mca btl tcp,self --mca btl_tcp_if_include vkslink --mca oob_tcp_if_include 10.211.0.0/24)
+    rank() { echo -np 1 ip netns exec "${netns_tag}n$1" "$bin" rl --config "$tmp/run4.json" --join --eval-n 0 --timeout-s 20; }
+    env -u MALLOC_PERTURB_ -u OMPI_MCA_btl_tcp_if_include -u OMPI_MCA_oob_tcp_if_include PMIX_MCA_ptl_tcp_remote_connections=1 \
+        PMIX_MCA_ptl_tcp_if_include=10.211.0.0/24 timeout -k 15 240 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} \
+        --oversubscribe "${links[@]}" $(rank 0) : $(rank 1) > /dev/null 2> "$run_err" &
+    run=$!
+    wait_for 120 test -s "$tmp/out4/join.uri" || bad "the run across namespaces opened no join point"
+    ip netns exec "${netns_tag}n2" env OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=vkslink \
+        OMPI_MCA_oob_tcp_if_include=10.211.0.0/24 "$bin" join --run "$tmp/out4/join.uri" --key "$tmp/k1" --out "$tmp/jn" \
+        --timeout-s 20 > /dev/null 2> "$tmp/jn.err" &
+    jn=$!
+    joiners+=("$jn")
+    wait $run
+    rc=$?
+    wait "$jn"
+    rcn=$?
+    joined=$(sed -n 's/.*joined rank 2 (key [0-9a-f]*): \([0-9]*\) batches.*/\1/p' "$run_err")
+    first=$(sed -n 's/.*joined rank 2: its first batch accepted, \([0-9.]*\) s after.*/\1/p' "$run_err")
+    at=$(sed -n 's/.*admitted as rank 2 of the run (policy step \([0-9]*\)).*/\1/p' "$tmp/jn.err")
+    [ $rc -eq 0 ] && [ $rcn -eq 0 ] && [ "${joined:-0}" -ge 1 ] &&
+        ok "a join across network namespaces ($delay; admitted at policy step ${at:-?}, first batch accepted ${first:-?} s after it connected, $joined in all)" ||
+        { bad "the join across namespaces: run rc $rc, joiner rc $rcn"; tail -5 "$run_err"; tail -5 "$tmp/jn.err"; }
+    netns_cleanup
+fi
 
 echo "test_join: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
