@@ -3,7 +3,7 @@
  *
  * The group's first rank (stage 0) is the one the trainer sees: it takes
  * grants, beats, scores and sends the groups, exactly as an inference rank of
- * its own (rl_roles.c). Only its generation differs: its generation thread
+ * its own (rl_inference.c). Only its generation differs: its generation thread
  * asks the other stages to run the batch and runs vks_pipeline_run with them
  * (layers split evenly, TOPLOC proofs and the sampled tokens'
  * log-probabilities made on the last stage). Every stage receives the

@@ -52,7 +52,7 @@ bool vks_rl_join_take(vks_rl_join_point *p, MPI_Comm *ic);
 /* Stops taking connections (the accepting thread ends with the process). */
 void vks_rl_join_close(vks_rl_join_point *p);
 
-/* rl_roles.c: the inference rank over a joined connection (ic: the trainer is its rank 0). */
+/* rl_inference.c: the inference rank over a joined connection (ic: the trainer is its rank 0). */
 int vks_rl_inference_joined(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, MPI_Comm ic, int number,
                             bool *no_finalize);
 #endif

@@ -138,6 +138,31 @@ int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap);
 void vks_rl_orch_in_flight(const trainer_src *t, char *out, size_t cap);
 /* Says STOP to every rank still there (n = t->lost) and frees the STOPs sent early. */
 void vks_rl_orch_stop_ranks(trainer_src *t);
+/* Leaves rank r out of the run (state: RANK_DROPPED or RANK_REFUSED, with
+ * why); a joined one is told why, and one refused for what it sent is
+ * banned; gone: it leaves without MPI_Finalize. */
+void vks_rl_orch_leave(trainer_src *t, inf_rank *r, int state, const char *why, bool gone);
+
+/* ---- joins, the trainer's side (rl_trainer_join.c) ---- */
+/* The join point and the WELCOME (the config, the task file; a resumed run's bans loaded). */
+int vks_rl_orch_open_joins(trainer_src *t);
+/* Connections taken at the join point become joining ranks (sent WELCOME and NONCE). */
+int vks_rl_orch_take_joins(trainer_src *t);
+/* A joining rank's HELLO: admitted (ADMIT, then the newest weights) or refused, told why. */
+void vks_rl_orch_admit(trainer_src *t, inf_rank *r, const char *buf, size_t bytes);
+/* Moves the weights on their way to joined ranks along (a chunk at a time;
+ * one not taken within timeout_s drops its rank) and starts the newest. */
+int vks_rl_orch_joined_weights(trainer_src *t);
+/* Before the STOPs: the chunks in flight arrive (bounded by timeout_s); no new ones go out. */
+void vks_rl_orch_finish_joined_sends(trainer_src *t);
+/* Tells joined rank r why it leaves (NOT_ADMITTED; a bounded send). */
+void vks_rl_orch_tell_joined(trainer_src *t, inf_rank *r, int state, const char *why);
+/* Bans r's key for the run (kept in OUT/bans.jsonl). */
+void vks_rl_orch_ban(trainer_src *t, inf_rank *r, const char *why);
+/* vks_rl_source.pool: the joins so far, per identity. */
+bool vks_rl_orch_pool(void *ctx, vks_rl_pool *out);
+/* Frees what the joins hold (but buffers MPI may still read). */
+void vks_rl_orch_close_joins(trainer_src *t);
 
 /* "the trainer", or "the orchestrator" when it has a rank of its own: whom
  * inference, verifier and relay ranks hear from (grants, STOP). */

@@ -1,6 +1,6 @@
 /* rl_wire.h: the RL run's messages between ranks (mpi/rl_wire.c): their
  * header, the wire format of a batch's groups, and a bounded small send.
- * Shared by the trainer and inference ranks (rl_roles.c) and verifier ranks
+ * Shared by the trainer and inference ranks (rl_roles.c, rl_inference.c) and verifier ranks
  * (rl_verifier.c). Internal to mpi/. */
 #ifndef VKS_RL_WIRE_H
 #define VKS_RL_WIRE_H
