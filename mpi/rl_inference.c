@@ -172,8 +172,8 @@ static int poll_trainer(inf_state *s) {
             if (h.magic != VKS_RL_MAGIC) return vks_set_error(VKS_ERR_FORMAT, "a malformed control message");
             if (h.type == MSG_STOP) s->stop = true, s->no_finalize = h.n != 0;
             else if (h.type == MSG_ASSIGN) {
-                int ranks = 0;
-                MPI_Comm_size(s->comm, &ranks);
+                int ranks = INT_MAX; /* joined: the verifier is the run's rank, reached through the trainer */
+                if (!s->joined) MPI_Comm_size(s->comm, &ranks);
                 if (h.batch < 0 || h.n > (uint64_t)ranks || (h.n == 0) != (s->o->config->n_verifiers == 0))
                     return vks_set_error(VKS_ERR_FORMAT, "a malformed grant");
                 s->assigned = h.batch, s->min_step = h.step, s->verifier = (int)h.n - 1;
@@ -230,7 +230,10 @@ static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *gr
     size_t file_bytes = 0;
     vks_rl_batch_path(g, batch, path, sizeof path);
     int rc = vks_file_read_all(path, vks_rl_wire_max_rollout_bytes(c, s->o->model->cfg.seq_len), &file, &file_bytes);
-    size_t total = sizeof(vks_rl_msg) + groups_bytes + file_bytes;
+    /* a joined rank reaches the verifier through the trainer, which checks its signature and says
+     * whose batch it is (rl_trainer_join.c) */
+    size_t total = sizeof(vks_rl_msg) + groups_bytes + file_bytes + (s->joined ? crypto_sign_BYTES : 0);
+    int to = s->joined ? s->trainer : s->verifier;
     char *msg = rc ? NULL : malloc(total);
     if (!rc && !msg) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     if (!rc && total > INT_MAX) rc = vks_set_error(VKS_ERR_ARG, "a batch of %zu bytes", total);
@@ -239,9 +242,12 @@ static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *gr
         memcpy(msg, &h, sizeof h);
         memcpy(msg + sizeof h, groups, groups_bytes);
         memcpy(msg + sizeof h + groups_bytes, file, file_bytes);
+        if (s->joined)
+            crypto_sign_detached((uint8_t *)msg + total - crypto_sign_BYTES, NULL, (const uint8_t *)msg,
+                                 total - crypto_sign_BYTES, s->mo->join_secret_key);
         MPI_Request req;
-        MPI_Isend(msg, (int)total, MPI_BYTE, s->verifier, TAG_VERIFY, s->comm, &req);
-        if (vks_mpi_wait_within_doing(s->comm, &req, &s->verifier, 1, s->mo->timeout_s, "the verifier taking a batch",
+        MPI_Isend(msg, (int)total, MPI_BYTE, to, TAG_VERIFY, s->comm, &req);
+        if (vks_mpi_wait_within_doing(s->comm, &req, &to, 1, s->mo->timeout_s, "the verifier taking a batch",
                                       beat_and_cast, s)) {
             /* a dead verifier: the trainer drops it and grants the batch again; this rank goes on */
             fprintf(stderr, "vkswarm: rl: inference rank: batch %lld not sent to verifier rank %d: %s\n", (long long)batch,
@@ -284,7 +290,7 @@ static int run_job(inf_state *s, vks_rl_gen *g) {
     size_t bytes = 0;
     void *buf = rc ? NULL : vks_rl_wire_pack_groups(j.groups, P, j.batch, g->policy_step, &j.cnt, &bytes);
     if (!rc && !buf) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    if (!rc && s->joined) { /* its identity signs what it sends (rl_join.h) */
+    if (!rc && s->joined && s->verifier < 0) { /* its identity signs what it sends (rl_join.h; to a verifier: below) */
         void *signed_buf = realloc(buf, bytes + crypto_sign_BYTES);
         if (!signed_buf) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
         else buf = signed_buf, crypto_sign_detached((uint8_t *)buf + bytes, NULL, buf, bytes, s->mo->join_secret_key);

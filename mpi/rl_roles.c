@@ -375,7 +375,14 @@ static void count_batch(trainer_src *t, inf_rank *r, const vks_rl_gen_counts *cn
     r->batches++;
     r->rollouts += rollouts;
     r->rejected += cnt->checked - cnt->accepted;
-    if (r->joined && r->admitted && r->ident >= 0) t->idents[r->ident].accepted++;
+    if (!r->joined || !r->admitted || r->ident < 0) return;
+    int64_t n = ++t->idents[r->ident].accepted;
+    if (t->c->n_verifiers && n == t->c->probation_batches) {
+        char who[17];
+        sodium_bin2hex(who, sizeof who, r->key, 8);
+        fprintf(stderr, "vkswarm: rl: key %s (rank %d): probation over, %lld batches accepted with every group "
+                "replayed; its batches are checked as the run's are now\n", who, r->rank, (long long)n);
+    }
 }
 
 /* VERIFIED or REFUSE from verifier rank v about a batch of inference rank h.n. */
@@ -421,6 +428,19 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
         snprintf(why, sizeof why, "batch %lld of rank %d: %s", (long long)e.batch, origin, err);
         push_redo(t, e.batch);
         drop_rank(t, v, RANK_REFUSED, why);
+        return VKS_OK;
+    }
+    if (r->joined && cnt.accepted < cnt.checked) {
+        /* a machine that joined is trusted with nothing a verifier rejected (the run's own ranks may
+         * differ from the replay now and then: their rejected completions are only left out) */
+        for (int p = 0; p < t->c->prompts_per_step; p++) vks_rl_group_free(&scratch[p]);
+        char why[320];
+        snprintf(why, sizeof why, "batch %lld: verifier rank %d rejected %lld of its %lld completions checked%s "
+                 "(rejected.jsonl in the verifier's OUT says why)", (long long)e.batch, v->rank,
+                 (long long)(cnt.checked - cnt.accepted), (long long)cnt.checked,
+                 r->ident >= 0 && t->idents[r->ident].accepted < t->c->probation_batches ? ", on probation" : "");
+        push_redo(t, e.batch);
+        drop_rank(t, r, RANK_REFUSED, why);
         return VKS_OK;
     }
     count_batch(t, r, &cnt, cnt.rollouts);
@@ -513,6 +533,58 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
     return rc;
 }
 
+/* A joined rank's batch for its verifier (TAG_VERIFY over its connection;
+ * it cannot reach the verifier ranks itself): received (bounded), its
+ * signature checked, and passed on to the verifier rank its grant named in a
+ * FORWARD (batch, n = its rank number, step = 1: replay every group, its key
+ * being on probation) in front of the TO_VERIFY message. */
+static int forward_to_verifier(trainer_src *t, inf_rank *r, const MPI_Status *st) {
+    int count = 0, seq_len = t->o->model->cfg.seq_len;
+    MPI_Get_count(st, MPI_BYTE, &count);
+    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len) +
+                  vks_rl_wire_max_rollout_bytes(t->c, seq_len) + crypto_sign_BYTES;
+    bool fits = count >= (int)(sizeof(vks_rl_msg) + crypto_sign_BYTES) && (size_t)count <= most;
+    size_t front = sizeof(vks_rl_msg); /* room for the FORWARD */
+    char *buf = malloc(front + (fits ? (size_t)count : sizeof(vks_rl_msg)));
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    MPI_Request req;
+    int peer = 0, mrc = MPI_Irecv(buf + front, fits ? count : (int)sizeof(vks_rl_msg), MPI_BYTE, 0, TAG_VERIFY, r->comm, &req);
+    if (mrc == MPI_SUCCESS && vks_mpi_wait_within(r->comm, &req, &peer, 1, t->mo->timeout_s, "a batch for its verifier")) {
+        vks_rl_orch_leave(t, r, RANK_DROPPED, "it stopped within a batch for its verifier", true);
+        return VKS_OK; /* buf is left to MPI */
+    }
+    char why[160] = "";
+    size_t bytes = fits ? (size_t)count - crypto_sign_BYTES : 0;
+    vks_rl_msg h = {0};
+    if (mrc != MPI_SUCCESS || !fits)
+        snprintf(why, sizeof why, "a batch for its verifier of %d bytes (at most %zu)", count, most);
+    else if (crypto_sign_verify_detached((const uint8_t *)buf + front + bytes, (const uint8_t *)buf + front, bytes, r->key))
+        snprintf(why, sizeof why, "a batch its key did not sign");
+    else memcpy(&h, buf + front, sizeof h);
+    int at = why[0] ? -1 : find_pending(t, h.batch, r->rank);
+    if (!why[0] && (h.magic != VKS_RL_MAGIC || h.type != MSG_TO_VERIFY || at < 0))
+        snprintf(why, sizeof why, "a batch for verification it was not granted (batch %lld)", (long long)h.batch);
+    if (why[0]) {
+        free(buf);
+        drop_rank(t, r, RANK_REFUSED, why);
+        return VKS_OK;
+    }
+    r->last_seen = vks_seconds_now();
+    bool every = r->ident >= 0 && t->idents[r->ident].accepted < t->c->probation_batches;
+    vks_rl_msg fw = {.magic = VKS_RL_MAGIC, .type = MSG_FORWARD, .batch = h.batch, .step = every, .n = (uint64_t)r->rank};
+    memcpy(buf, &fw, sizeof fw);
+    int v = t->pend[at].verifier;
+    MPI_Isend(buf, (int)(front + bytes), MPI_BYTE, v, TAG_VERIFY, t->comm, &req);
+    if (vks_mpi_wait_within(t->comm, &req, &v, 1, t->mo->timeout_s, "a verifier rank taking a joined rank's batch")) {
+        /* a dead verifier: dropped by its silence, its batches granted again */
+        fprintf(stderr, "vkswarm: rl: batch %lld of joined rank %d not passed on to verifier rank %d: %s\n",
+                (long long)h.batch, r->rank, v, vks_last_error());
+        return VKS_OK; /* buf is left to MPI */
+    }
+    free(buf);
+    return VKS_OK;
+}
+
 /* The next live verifier rank, round robin (-1: none). */
 static int pick_verifier(trainer_src *t) {
     for (int k = 0; k < t->n_ranks; k++) {
@@ -580,6 +652,11 @@ int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
             MPI_Status st;
             if (MPI_Iprobe(0, TAG_UP, r->comm, &flag, &st) != MPI_SUCCESS) flag = 0;
             if (flag && (rc = receive_up(t, r, r->comm, &st, scratch, mc->seq_len, mc))) return rc;
+        }
+        for (int flag = 1; flag && r->joined && r->state == RANK_LIVE && t->c->n_verifiers;) {
+            MPI_Status st;
+            if (MPI_Iprobe(0, TAG_VERIFY, r->comm, &flag, &st) != MPI_SUCCESS) flag = 0;
+            if (flag && (rc = forward_to_verifier(t, r, &st))) return rc;
         }
     }
     double wall = vks_seconds_now();

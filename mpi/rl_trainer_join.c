@@ -285,9 +285,8 @@ void vks_rl_orch_admit(trainer_src *t, inf_rank *r, const char *buf, size_t byte
         not_admitted(t, r, why);
         return;
     }
-    if (t->c->n_verifiers || t->c->lora_rank > 0) {
-        snprintf(why, sizeof why, "joins into a run with %s are not built yet",
-                 t->c->n_verifiers ? "verifier ranks" : "LoRA");
+    if (t->c->lora_rank > 0) {
+        snprintf(why, sizeof why, "joins into a run with LoRA are not built yet");
         not_admitted(t, r, why);
         return;
     }

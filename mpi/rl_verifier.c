@@ -49,6 +49,8 @@ typedef struct {
     vks_rl_cast cast;    /* the weights arrive through Shardcast */
     double last_heard;
     bool stop, no_finalize;
+    bool every_group;    /* the batch in hand: replay every group whatever verify_sample says (a joined
+                          * key on probation: the trainer's FORWARD says so) */
 } ver_state;
 
 static kept_weights *find_kept(ver_state *v, int64_t step) {
@@ -322,7 +324,7 @@ static int replay(ver_state *v, const vks_rollout_file *f, const vks_rl_batch_gr
     if (!rc && header) /* another model or untrusted stops: every completion is rejected */
         for (int q = 0; q < n; q++)
             verdicts[q] = (vks_verdict){.accepted = false}, snprintf(verdicts[q].reason, sizeof verdicts[q].reason, "%s", header);
-    else if (!rc && c->verify_sample > 0) rc = verify_sampled(v, &vo, f->samples, n, verdicts, replayed);
+    else if (!rc && c->verify_sample > 0 && !v->every_group) rc = verify_sampled(v, &vo, f->samples, n, verdicts, replayed);
     else if (!rc) rc = vks_verify_batch_cpu(v->model, &vo, f->samples, n, verdicts);
     for (int q = 0; !rc && q < n; q++) ++*checked, *accepted += verdicts[q].accepted;
     if (!rc && *accepted < *checked) rc = vks_rl_record_rejections(&v->gen, f->samples, verdicts, n, &vo);
@@ -523,20 +525,46 @@ static bool is_inference_rank(const vks_rl_config *c, int rank) {
     return false;
 }
 
+/* A joined rank's batch, passed on by the trainer (the only rank that reaches
+ * it): FORWARD (n: its rank number, step: 1 to replay every group) in front
+ * of its TO_VERIFY message. */
+static int verify_forwarded(ver_state *v, const char *buf, size_t bytes) {
+    vks_rl_msg fw;
+    memcpy(&fw, buf, sizeof fw);
+    int world = 0;
+    MPI_Comm_size(v->comm, &world);
+    if (bytes < 2 * sizeof fw || fw.magic != VKS_RL_MAGIC || fw.type != MSG_FORWARD || fw.n < (uint64_t)world ||
+        fw.n > INT_MAX || (fw.step != 0 && fw.step != 1))
+        return vks_set_error(VKS_ERR_FORMAT, "verifier rank %d: a malformed batch from the trainer", v->me);
+    v->every_group = fw.step == 1;
+    if (v->every_group && v->o->config->verify_sample > 0)
+        fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %lld of joined rank %d: its key is on probation, every "
+                "completion replayed\n", v->me, (long long)fw.batch, (int)fw.n);
+    int rc = verify_message(v, (int)fw.n, buf + sizeof fw, bytes - sizeof fw);
+    v->every_group = false;
+    return rc;
+}
+
 /* Receives a probed TAG_VERIFY message; one too big to be honest is received
  * into nothing (a truncation error) and refused. */
 static int receive_batch(ver_state *v, const MPI_Status *st) {
     const vks_rl_config *c = v->o->config;
     int count = 0, seq_len = v->o->model->cfg.seq_len;
     MPI_Get_count(st, MPI_BYTE, &count);
-    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(c, seq_len) + vks_rl_wire_max_rollout_bytes(c, seq_len);
+    bool forwarded = st->MPI_SOURCE == v->trainer; /* a joined rank's (verify_forwarded) */
+    size_t most = sizeof(vks_rl_msg) * (forwarded ? 2 : 1) + vks_rl_wire_max_groups_bytes(c, seq_len) +
+                  vks_rl_wire_max_rollout_bytes(c, seq_len);
     bool fits = count >= (int)sizeof(vks_rl_msg) && (size_t)count <= most;
     char small[sizeof(vks_rl_msg)];
     char *buf = fits ? malloc((size_t)count) : small;
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     int mrc = MPI_Recv(buf, fits ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_VERIFY, v->comm, MPI_STATUS_IGNORE);
     int rc = VKS_OK;
-    if (!is_inference_rank(c, st->MPI_SOURCE)) { /* only inference ranks send batches: ignored */
+    if (forwarded && fits && mrc == MPI_SUCCESS) {
+        rc = verify_forwarded(v, buf, (size_t)count);
+    } else if (forwarded) {
+        rc = vks_set_error(VKS_ERR_FORMAT, "verifier rank %d: a batch of %d bytes from the trainer", v->me, count);
+    } else if (!is_inference_rank(c, st->MPI_SOURCE)) { /* only inference ranks send batches: ignored */
     } else if (!fits || mrc != MPI_SUCCESS) {
         char why[96];
         snprintf(why, sizeof why, "a batch of %d bytes (at most %zu)", count, most);

@@ -23,6 +23,8 @@ enum { MSG_WEIGHTS = 1, MSG_ASSIGN = 2, MSG_STOP = 3, MSG_BEAT = 4, MSG_GROUPS =
        /* a joined rank <-> the trainer, over the connection's intercommunicator (rl_join.h) */
        MSG_WELCOME = 11, MSG_HELLO = 12, MSG_ADMIT = 13, MSG_NOT_ADMITTED = 14, MSG_NONCE = 15,
        MSG_BYE = 16,
+       /* trainer -> verifier: a joined rank's TO_VERIFY, passed on (rl_roles.c, forward_to_verifier) */
+       MSG_FORWARD = 17,
        /* trainer <-> orchestrator (TAG_ORCH; rl_orchestrator.c says what each carries) */
        MSG_RESUME = 20, MSG_PUBLISHED = 21, MSG_TAKE = 22, MSG_TAKEN = 23, MSG_FINISH = 24, MSG_FINISHED = 25,
        MSG_FAILED = 26 };

@@ -34,8 +34,9 @@ static const char join_usage[] =
     "`vkswarm keygen --out DIR` (DIR/shardcast.key); it signs the hello and every batch, a run started\n"
     "with --join-allow admits only the keys listed, and a key whose rank sent something wrong is banned\n"
     "for the run (its rejoin refused, naming why). Without --key a key is made for this process (said on\n"
-    "stderr). Not yet: pipeline groups (mpirun -np S), runs with verifier ranks or LoRA (refused, saying\n"
-    "so). Exit status: 0 when the run ended\n"
+    "stderr). In a run with verifier ranks this machine's batches reach them through the trainer, and\n"
+    "every group of its key's first probation_batches (the run's config, default 8) accepted batches is\n"
+    "replayed. Not yet: pipeline groups (mpirun -np S), LoRA runs (refused, saying so). Exit status: 0 when the run ended\n"
     "normally, 2 not admitted or bad input, 3 the run went silent (--trainer-timeout-s while idle,\n"
     "default 600; --timeout-s for sends and the handshake, default 120). See docs \"Joining a run\".\n";
 
@@ -44,13 +45,15 @@ typedef struct {
     const char *run, *out, *key;
     double timeout_s, trainer_timeout_s;
     bool test_garbage;
+    int test_cheat_every;
 } join_args;
 
 static void parse_join(int argc, char **argv, join_args *a) {
     static const struct option opts[] = {CLI_MODEL_LONG_OPTIONS, {"run", required_argument, 0, 0},
                                          {"out", required_argument, 0, 0}, {"timeout-s", required_argument, 0, 0},
                                          {"trainer-timeout-s", required_argument, 0, 0}, {"key", required_argument, 0, 0},
-                                         {"test-garbage", no_argument, 0, 0}, {"help", no_argument, 0, 'h'},
+                                         {"test-garbage", no_argument, 0, 0}, {"test-cheat-every", required_argument, 0, 0},
+                                         {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     a->m.device = -1;
     a->out = "join-out";
@@ -64,6 +67,8 @@ static void parse_join(int argc, char **argv, join_args *a) {
         else if (!strcmp(name, "out")) a->out = optarg;
         else if (!strcmp(name, "key")) a->key = optarg;
         else if (!strcmp(name, "test-garbage")) a->test_garbage = true; /* TEST ONLY: a token outside the vocabulary */
+        else if (!strcmp(name, "test-cheat-every")) /* TEST ONLY: as rl's: a token the sampler did not draw */
+            a->test_cheat_every = (int)cli_parse_long("--test-cheat-every", optarg, 0, 1 << 30);
         else if (!strcmp(name, "timeout-s")) a->timeout_s = cli_parse_double("--timeout-s", optarg, 0.5, 1e6);
         else if (!strcmp(name, "trainer-timeout-s"))
             a->trainer_timeout_s = cli_parse_double("--trainer-timeout-s", optarg, 0.5, 1e6);
@@ -165,7 +170,8 @@ int cmd_join(int argc, char **argv) {
     cli_model_hash(&a.m, m, hash);
     vks_gpu *gpu = cli_open_gpu(&a.m);
     vks_rl_run_options o = {.config = &c, .model = m, .tok = tok, .infer_gpu = gpu, .train_gpu = gpu,
-                            .verify = vks_rl_joiner_verify(j), .stop_requested = cli_stop_requested};
+                            .verify = vks_rl_joiner_verify(j), .stop_requested = cli_stop_requested,
+                            .cheat_every = a.test_cheat_every};
     bool no_finalize = false;
     int rc = vks_rl_join_run(j, &o, &mo, hash, &no_finalize);
     int status = rc ? cli_mpi_status(rc) : 0;

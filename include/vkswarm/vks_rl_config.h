@@ -33,6 +33,8 @@
  *   "verify_sample": 0,          verifier ranks: 0 checks every completion; F in (0, 1] checks ceil(F n) of a
  *                                batch's n judged completions, drawn with a fresh secret, and accepts or
  *                                rejects the batch whole (group verdicts, vks_verify_group.h)
+ *   "probation_batches": 8,      verifier ranks: a machine that joined the run (its key) has every group of its
+ *                                first N accepted batches replayed, whatever verify_sample says (0: none)
  *   "shardcast_key": "",         across ranks: a directory made by `vkswarm keygen`: the trainer signs
  *                                the weights with its shardcast.key, the others trust only its
  *                                shardcast.pub ("": a key pair made for the run, announced at start-up)
@@ -93,6 +95,7 @@
 #define VKS_RL_MAX_GROUPS 256
 #define VKS_RL_MAX_LENGTH_TARGETS 16
 #define VKS_RL_MAX_OFF_POLICY_STEPS 8     /* max_off_policy_steps' default (prime-rl's) */
+#define VKS_RL_PROBATION_BATCHES 8        /* probation_batches' default */
 #define VKS_RL_MAX_CONFIG_BYTES (1 << 20) /* a config file */
 
 typedef struct {
@@ -122,6 +125,7 @@ typedef struct {
     double eval_split;
     int steps, prompts_per_step, group_size, async_level, max_new_tokens, save_every, keep, warmup;
     int max_off_policy_steps;  /* prime-rl's: a group more steps older than the weights it trains is dropped */
+    int probation_batches;     /* a joined key's first batches: every group replayed by a verifier rank */
     double temperature, lr, length_penalty, token_budget, entropy_coef, verify_sample;
     uint64_t seed;
     int length_targets[VKS_RL_MAX_LENGTH_TARGETS], n_length_targets;

@@ -33,7 +33,7 @@ static const key_info keys[] = {
     DBL_KEY(eval_split, 0, 0.99),
     INT_KEY(steps, 1, 1e8), INT_KEY(prompts_per_step, 1, 65536), INT_KEY(group_size, 2, 1024),
     INT_KEY(async_level, 0, 64), INT_KEY(max_new_tokens, 1, MAX_TOKENS), INT_KEY(save_every, 0, 1e8), INT_KEY(keep, 0, 1e6),
-    INT_KEY(warmup, 0, 1e8), INT_KEY(max_off_policy_steps, 0, 1e6),
+    INT_KEY(warmup, 0, 1e8), INT_KEY(max_off_policy_steps, 0, 1e6), INT_KEY(probation_batches, 0, 1e8),
     DBL_KEY(temperature, 0, 100), DBL_KEY(lr, 0, 10), DBL_KEY(length_penalty, 0, 1e3), ZERO_OR_DBL_KEY(token_budget, 1, 1e12), /* a token count: 1e-300 is no divisor */
     DBL_KEY(entropy_coef, 0, 10), DBL_KEY(verify_sample, 0, 1),
     {"seed", KEY_U64, offsetof(vks_rl_config, seed), 0, 0, 0, false},
@@ -53,6 +53,7 @@ void vks_rl_config_defaults(vks_rl_config *c) {
     c->group_size = 8;
     c->async_level = 2;
     c->max_off_policy_steps = VKS_RL_MAX_OFF_POLICY_STEPS;
+    c->probation_batches = VKS_RL_PROBATION_BATCHES;
     c->save_every = 10;
     c->keep = 3;
     c->max_new_tokens = 48;
