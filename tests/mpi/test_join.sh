@@ -175,6 +175,44 @@ joined=$(sed -n 's/.*joined rank [0-9]* (key [0-9a-f]*): \([0-9]*\) batches.*/\1
     ok "the resumed run took a join ($joined accepted batches) and finished" ||
     { bad "the resumed run: rc $rc, the joiner's $rc9, ${joined:-no} batches"; tail -5 "$run_err"; cat "$tmp/j9.err"; }
 
+# ---- a run with a verifier rank: joined ranks' batches reach it through the trainer; probation ----
+# verify_sample 0.25 checks 2 of a batch's 8 completions; a key's first probation_batches = 3 accepted
+# batches have all 8 replayed. An honest joiner ends its probation; a cheater (--test-cheat-every 8,
+# test only: one completion a batch carries a token the sampler did not draw, which only the replay
+# sees, and a 2-of-8 sample misses 54% of the time) is caught in its first batch and banned.
+sed -e 's/"steps": 40/"steps": 100000/' -e "s|$tmp/out\"|$tmp/out5\"|" \
+    -e 's/"roles": {"orchestrator": 0, "trainer": 0, "inference": \[\[1\]\]}/"verify_sample": 0.25, "probation_batches": 3, "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1]], "verifiers": [2]}/' \
+    "$tmp/run.json" > "$tmp/run5.json"
+grep -q '"verifiers": \[2\]' "$tmp/run5.json" || bad "run5.json: no verifier rank"
+run_err=$tmp/run5.err
+env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe \
+    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 3 \
+    "$bin" rl --config "$tmp/run5.json" --join --eval-n 0 --timeout-s 10 > /dev/null 2> "$run_err" &
+run=$!
+wait_for 120 test -s "$tmp/out5/join.uri" || bad "the run with a verifier rank opened no join point"
+"$bin" join --run "$tmp/out5/join.uri" --key "$tmp/k1" --out "$tmp/jv" --timeout-s 10 > /dev/null 2> "$tmp/jv.err" &
+jv=$!
+joiners+=("$jv")
+wait_for 120 grep -q "key $k1 (rank 3): probation over, 3 batches accepted with every group replayed" "$run_err"
+probation=$(grep -c "verifier rank 2: batch [0-9]* of joined rank 3: its key is on probation, every completion replayed" "$run_err")
+[ "$probation" -ge 3 ] && grep -q "key $k1 (rank 3): probation over" "$run_err" &&
+    ok "an honest joiner's first batches were replayed whole ($probation), then its probation ended" ||
+    { bad "probation of an honest joiner ($probation batches replayed whole)"; grep "rank 3" "$run_err" | tail -5; }
+"$bin" join --run "$tmp/out5/join.uri" --key "$tmp/k2" --out "$tmp/jw" --timeout-s 10 --test-cheat-every 8 > /dev/null \
+    2> "$tmp/jw.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "the run refused this machine: batch [0-9]*: verifier rank 2 rejected 1 of its 8 completions checked, on probation" "$tmp/jw.err" &&
+    grep -q "key $k2 (rank 4) banned" "$run_err" && ok "a cheating joiner was caught in its first batch, on probation, and banned" ||
+    { bad "the cheater on probation: rc $rc"; cat "$tmp/jw.err"; grep "rank 4" "$run_err" | tail -5; }
+kill -INT "$(pgrep -P $run | head -1)"
+wait $run
+rc=$?
+kill -INT "$jv" 2>/dev/null
+wait "$jv"
+[ $rc -eq 130 ] && tail -1 "$tmp/out5/metrics.jsonl" | grep -q "\"key.$k2.batches_accepted\":0,\"key.$k2.batches_rejected\":1" &&
+    ok "the run with a verifier rank stopped cleanly; the cheater's key: 0 batches accepted, 1 rejected" ||
+    { bad "the run with a verifier rank: rc $rc"; tail -3 "$run_err"; tail -1 "$tmp/out5/metrics.jsonl"; }
+
 # ---- churn: 30 joins and clean leaves (SIGINT) in one run; the trainer's memory ----
 # (VKSWARM_TEST_SHORT, the ASan build: 8, and no memory bound: ASan's quarantine keeps freed memory).
 # This run has the validation layer without its synchronization validation, whose own bookkeeping
