@@ -58,6 +58,11 @@ static void test_file_and_set(void **state) {
     assert_int_equal(vks_rl_config_set(&c, "max_off_policy_steps=-1"), VKS_ERR_FORMAT);
     assert_int_equal(vks_rl_config_set(&c, "max_off_policy_steps=2.5"), VKS_ERR_FORMAT);
     assert_int_equal(c.max_off_policy_steps, 0);
+    assert_int_equal(c.probation_batches, 8); /* a joined key's first batches replayed whole */
+    assert_int_equal(vks_rl_config_set(&c, "probation_batches=0"), VKS_OK);
+    assert_int_equal(c.probation_batches, 0);
+    assert_int_equal(vks_rl_config_set(&c, "probation_batches=-1"), VKS_ERR_FORMAT);
+    assert_int_equal(vks_rl_config_set(&c, "probation_batches=1.5"), VKS_ERR_FORMAT);
     assert_int_equal(vks_rl_config_check(&c, 7), VKS_OK);
     assert_string_equal(c.task, "countdown");
     assert_int_equal(c.steps, 7);
