@@ -77,6 +77,8 @@ typedef struct {
     int n_redo, cap_redo;
     pending_batch *pend;  /* with verifier ranks: batches out (generating or being verified) */
     int n_pend, cap_pend;
+    struct forwarded { MPI_Request req; char *buf; } *fwd; /* joined ranks' batches on their way to a verifier */
+    int n_fwd, cap_fwd;
     vks_rl_queue queue;
     vks_rl_cast cast;     /* the weights go out through Shardcast */
     float *weights;       /* the WEIGHTS file of the step being published */

@@ -573,16 +573,38 @@ static int forward_to_verifier(trainer_src *t, inf_rank *r, const MPI_Status *st
     bool every = r->ident >= 0 && t->idents[r->ident].accepted < t->c->probation_batches;
     vks_rl_msg fw = {.magic = VKS_RL_MAGIC, .type = MSG_FORWARD, .batch = h.batch, .step = every, .n = (uint64_t)r->rank};
     memcpy(buf, &fw, sizeof fw);
-    int v = t->pend[at].verifier;
-    MPI_Isend(buf, (int)(front + bytes), MPI_BYTE, v, TAG_VERIFY, t->comm, &req);
-    if (vks_mpi_wait_within(t->comm, &req, &v, 1, t->mo->timeout_s, "a verifier rank taking a joined rank's batch")) {
-        /* a dead verifier: dropped by its silence, its batches granted again */
-        fprintf(stderr, "vkswarm: rl: batch %lld of joined rank %d not passed on to verifier rank %d: %s\n",
-                (long long)h.batch, r->rank, v, vks_last_error());
-        return VKS_OK; /* buf is left to MPI */
+    /* not waited for: the verifier takes it when it is done with the batch in hand (a wait here
+     * held the whole run for the replays of probation, measured); forwards_progress frees it */
+    if (t->n_fwd == t->cap_fwd) {
+        int cap = t->cap_fwd ? 2 * t->cap_fwd : 8;
+        struct forwarded *more = realloc(t->fwd, sizeof *more * (size_t)cap);
+        if (!more) {
+            free(buf);
+            return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+        }
+        t->fwd = more, t->cap_fwd = cap;
     }
-    free(buf);
+    if (MPI_Isend(buf, (int)(front + bytes), MPI_BYTE, t->pend[at].verifier, TAG_VERIFY, t->comm, &req) != MPI_SUCCESS) {
+        free(buf); /* the verifier is gone: its silence drops it and its batches go out again */
+        return VKS_OK;
+    }
+    t->fwd[t->n_fwd++] = (struct forwarded){.req = req, .buf = buf};
     return VKS_OK;
+}
+
+/* Frees the forwarded batches a verifier has taken. One a dead verifier never
+ * takes stays with MPI (a started send cannot be cancelled). */
+static void forwards_progress(trainer_src *t) {
+    for (int i = 0; i < t->n_fwd;) {
+        int done = 0;
+        if (MPI_Test(&t->fwd[i].req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) done = 0;
+        if (!done) {
+            i++;
+            continue;
+        }
+        free(t->fwd[i].buf);
+        t->fwd[i] = t->fwd[--t->n_fwd];
+    }
 }
 
 /* The next live verifier rank, round robin (-1: none). */
@@ -639,6 +661,7 @@ int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
     const vks_model_config *mc = &t->o->model->cfg;
     int rc = vks_rl_orch_take_joins(t);
     if (!rc) rc = vks_rl_orch_joined_weights(t);
+    forwards_progress(t);
     if (rc) return rc;
     for (;;) { /* every queued word first: silence is judged only after them */
         int flag = 0;
@@ -842,6 +865,8 @@ void vks_rl_orch_close(trainer_src *t) {
     vks_rl_queue_free(&t->queue);
     vks_rl_cast_close(&t->cast);
     vks_rl_orch_close_joins(t);
+    forwards_progress(t); /* those still on their way are MPI's */
+    free(t->fwd);
     free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops);
     vks_param_layout_free(t->layout);
     t->gen.model = NULL;
