@@ -21,7 +21,10 @@ bin=${1:?build dir}/vkswarm
 . "$(dirname "$0")/common.sh"
 tmp=$(mktemp -d)
 joiners=()
-trap 'for p in "${joiners[@]}"; do kill -9 "$p" 2>/dev/null; done; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+# the main shell only ($BASHPID): once, in a fresh clone, this directory vanished mid-run after bash
+# said "line 1: wait_for: No record of process" (NOTES.md, Next 0a): a subshell that ran this trap
+# (a stray signal between fork and exec) would explain both
+trap '[ "$BASHPID" = $$ ] || exit; for p in "${joiners[@]}"; do kill -9 "$p" 2>/dev/null; done; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
 # the joiners talk TCP over loopback only, as the run's ranks do (mpi_run's options)
 export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 
@@ -207,7 +210,9 @@ rc=$?
 kill -INT "$(pgrep -P $run | head -1)"
 wait $run
 rc=$?
-kill -INT "$jv" 2>/dev/null
+# it ends at the run's STOP; a signal only if it has not (to a pid that ended, it could reach another process)
+for i in $(seq 1 300); do kill -0 "$jv" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$jv" 2>/dev/null && kill -INT "$jv"
 wait "$jv"
 [ $rc -eq 130 ] && tail -1 "$tmp/out5/metrics.jsonl" | grep -q "\"key.$k2.batches_accepted\":0,\"key.$k2.batches_rejected\":1" &&
     ok "the run with a verifier rank stopped cleanly; the cheater's key: 0 batches accepted, 1 rejected" ||
@@ -296,7 +301,8 @@ if [ "${VKSWARM_TEST_SHORT:-0}" = 1 ]; then
 elif ! netns_permitted; then
     echo "skipped: a join across network namespaces ('ip netns' is not permitted here: needs root and CAP_NET_ADMIN)"
 else
-    trap 'for p in "${joiners[@]}"; do kill -9 "$p" 2>/dev/null; done; netns_cleanup; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
+    trap '[ "$BASHPID" = $$ ] || exit; for p in "${joiners[@]}"; do kill -9 "$p" 2>/dev/null; done; netns_cleanup
+          [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
     netns_setup 3
     delay="100 ms one-way delay on each link"
     for i in 0 1 2; do netns_qdisc $i netem delay 100ms 2>/dev/null || delay="no added delay: this kernel has no netem"; done
