@@ -314,24 +314,21 @@ bool vks_rl_orch_pool(void *ctx, vks_rl_pool *out) {
     const trainer_src *t = ctx;
     *out = (vks_rl_pool){.joins = t->joins, .leaves = t->leaves, .bans = t->banned};
     if (!t->join) return false;
-    /* the busiest VKS_RL_MAX_IDENTITIES: keep a running top list (the table may be long) */
-    for (int i = 0; i < t->n_idents; i++) {
-        vks_rl_identity id = {.batches_accepted = t->idents[i].accepted, .batches_rejected = t->idents[i].rejected};
-        sodium_bin2hex(id.identity, sizeof id.identity, t->idents[i].key, 8);
-        if (out->n_identities < VKS_RL_MAX_IDENTITIES) {
-            out->identities[out->n_identities++] = id;
-            if (out->n_identities == VKS_RL_MAX_IDENTITIES)
-                qsort(out->identities, VKS_RL_MAX_IDENTITIES, sizeof id, by_batches);
-            continue;
-        }
-        out->identities_left_out++;
-        vks_rl_identity *last = &out->identities[VKS_RL_MAX_IDENTITIES - 1];
-        if (by_batches(&id, last) < 0) {
-            *last = id;
-            qsort(out->identities, VKS_RL_MAX_IDENTITIES, sizeof id, by_batches);
-        }
+    /* the busiest VKS_RL_MAX_IDENTITIES: all sorted, in a copy (ranks hold indices into t->idents) */
+    int n = t->n_idents, shown = n < VKS_RL_MAX_IDENTITIES ? n : VKS_RL_MAX_IDENTITIES;
+    vks_rl_identity *all = malloc(sizeof *all * (size_t)(n > 0 ? n : 1));
+    vks_rl_identity *to = all ? all : out->identities; /* out of memory: the first ones, unsorted */
+    for (int i = 0; i < (all ? n : shown); i++) {
+        to[i] = (vks_rl_identity){.batches_accepted = t->idents[i].accepted, .batches_rejected = t->idents[i].rejected};
+        sodium_bin2hex(to[i].identity, sizeof to[i].identity, t->idents[i].key, 8);
     }
-    if (out->n_identities < VKS_RL_MAX_IDENTITIES) qsort(out->identities, (size_t)out->n_identities, sizeof *out->identities, by_batches);
+    if (all) {
+        qsort(all, (size_t)n, sizeof *all, by_batches);
+        memcpy(out->identities, all, sizeof *all * (size_t)shown);
+        free(all);
+    }
+    out->n_identities = shown;
+    out->identities_left_out = n - shown;
     return true;
 }
 
