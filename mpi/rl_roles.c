@@ -450,6 +450,29 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
     return rc;
 }
 
+/* A joined rank's probed message (count bytes of tag) into buf, with a
+ * bounded wait: a joiner that dies within a message would leave a blocking
+ * receive waiting forever. Returns false when it stopped within it: r is
+ * dropped (saying `what`) and buf is left to MPI. */
+static bool receive_joined(trainer_src *t, inf_rank *r, void *buf, int count, int tag, const char *what, int *mrc) {
+    MPI_Request req;
+    int peer = 0;
+    *mrc = MPI_Irecv(buf, count, MPI_BYTE, peer, tag, r->comm, &req);
+    if (*mrc != MPI_SUCCESS || !vks_mpi_wait_within(r->comm, &req, &peer, 1, t->mo->timeout_s, what)) return true;
+    char why[128];
+    snprintf(why, sizeof why, "it stopped within %s", what);
+    vks_rl_orch_leave(t, r, RANK_DROPPED, why, true);
+    return false;
+}
+
+/* Whether buf (*bytes, its signature last) is signed by joined rank r's key;
+ * *bytes then leaves the signature out. */
+static bool signed_by(const inf_rank *r, const char *buf, size_t *bytes) {
+    if (*bytes < crypto_sign_BYTES) return false;
+    *bytes -= crypto_sign_BYTES;
+    return !crypto_sign_verify_detached((const uint8_t *)buf + *bytes, (const uint8_t *)buf, *bytes, r->key);
+}
+
 /* Receives one message from an inference or verifier rank (probed: st, on
  * comm; r: the rank it is from, NULL: none the run knows). */
 static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Status *st, vks_rl_batch_group *scratch,
@@ -465,26 +488,20 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
     /* a message too big to be honest is received into nothing (truncation error) and refused */
     int mrc;
-    if (r && r->joined) { /* bounded: a joiner that dies within a message leaves a blocking receive waiting forever */
-        MPI_Request req;
-        int peer = st->MPI_SOURCE;
-        mrc = MPI_Irecv(buf, big ? count : (int)sizeof small, MPI_BYTE, peer, TAG_UP, comm, &req);
-        if (mrc == MPI_SUCCESS && vks_mpi_wait_within(comm, &req, &peer, 1, t->mo->timeout_s, "a message")) {
-            char why[96];
-            snprintf(why, sizeof why, "it stopped within a message of %d bytes", count);
-            vks_rl_orch_leave(t, r, RANK_DROPPED, why, true);
-            return VKS_OK; /* buf is left to MPI */
-        }
+    if (r && r->joined) {
+        char what[64];
+        snprintf(what, sizeof what, "a message of %d bytes", count);
+        if (!receive_joined(t, r, buf, big ? count : (int)sizeof small, TAG_UP, what, &mrc)) return VKS_OK;
     } else mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, comm, MPI_STATUS_IGNORE);
     int rc = VKS_OK;
     if (r && r->joined && r->state == RANK_LIVE && big && mrc == MPI_SUCCESS) { /* signed by its key: checked, cut off */
-        count -= crypto_sign_BYTES;
-        if (count < (int)sizeof(vks_rl_msg) ||
-            crypto_sign_verify_detached((const uint8_t *)buf + count, (const uint8_t *)buf, (size_t)count, r->key)) {
+        size_t bytes = (size_t)count;
+        if (!signed_by(r, buf, &bytes) || bytes < sizeof(vks_rl_msg)) {
             drop_rank(t, r, RANK_REFUSED, "a batch its key did not sign");
             free(buf);
             return VKS_OK;
         }
+        count = (int)bytes;
         big = count > (int)sizeof small;
     }
     if (r && r->state == RANK_JOINING && mrc == MPI_SUCCESS) {
@@ -547,18 +564,16 @@ static int forward_to_verifier(trainer_src *t, inf_rank *r, const MPI_Status *st
     size_t front = sizeof(vks_rl_msg); /* room for the FORWARD */
     char *buf = malloc(front + (fits ? (size_t)count : sizeof(vks_rl_msg)));
     if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    MPI_Request req;
-    int peer = 0, mrc = MPI_Irecv(buf + front, fits ? count : (int)sizeof(vks_rl_msg), MPI_BYTE, 0, TAG_VERIFY, r->comm, &req);
-    if (mrc == MPI_SUCCESS && vks_mpi_wait_within(r->comm, &req, &peer, 1, t->mo->timeout_s, "a batch for its verifier")) {
-        vks_rl_orch_leave(t, r, RANK_DROPPED, "it stopped within a batch for its verifier", true);
-        return VKS_OK; /* buf is left to MPI */
-    }
+    int mrc;
+    if (!receive_joined(t, r, buf + front, fits ? count : (int)sizeof(vks_rl_msg), TAG_VERIFY, "a batch for its verifier",
+                        &mrc))
+        return VKS_OK;
     char why[160] = "";
-    size_t bytes = fits ? (size_t)count - crypto_sign_BYTES : 0;
+    size_t bytes = fits ? (size_t)count : 0;
     vks_rl_msg h = {0};
     if (mrc != MPI_SUCCESS || !fits)
         snprintf(why, sizeof why, "a batch for its verifier of %d bytes (at most %zu)", count, most);
-    else if (crypto_sign_verify_detached((const uint8_t *)buf + front + bytes, (const uint8_t *)buf + front, bytes, r->key))
+    else if (!signed_by(r, buf + front, &bytes))
         snprintf(why, sizeof why, "a batch its key did not sign");
     else memcpy(&h, buf + front, sizeof h);
     int at = why[0] ? -1 : find_pending(t, h.batch, r->rank);
@@ -584,6 +599,7 @@ static int forward_to_verifier(trainer_src *t, inf_rank *r, const MPI_Status *st
         }
         t->fwd = more, t->cap_fwd = cap;
     }
+    MPI_Request req;
     if (MPI_Isend(buf, (int)(front + bytes), MPI_BYTE, t->pend[at].verifier, TAG_VERIFY, t->comm, &req) != MPI_SUCCESS) {
         free(buf); /* the verifier is gone: its silence drops it and its batches go out again */
         return VKS_OK;
