@@ -9,9 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "rl_cast.h"
+#include "rl_join.h"
 #include "vkswarm/vks_pipeline.h"
 
-enum { TAG_GROUP_HELLO = 7105, TAG_GROUP_REFORM = 7107 };
+enum { TAG_GROUP_HELLO = 7105, TAG_GROUP_REFORM = 7107, TAG_GROUP_WEIGHTS = 7109 };
 enum { GROUP_RUN = 1, GROUP_STOP = 2, GROUP_REFORM = 3 };
 
 /* RUN, STOP or REFORM, first stage -> the other stages. */
@@ -32,10 +33,17 @@ void vks_rl_group_find(const vks_rl_config *c, int rank, int *index, int *stage)
             if (c->inference_ranks[c->groups[i].first + s] == rank) *index = i, *stage = s;
 }
 
+/* How messages name stage s: its world rank, or a joined group's number. */
+static int stage_name(const vks_rl_pipe_group *g, int s) { return g->names ? g->names[s] : g->ranks[s]; }
+
 /* The group's ranks in one line ("1 2 3"), for messages. */
 static void rank_list(const vks_rl_pipe_group *g, char *out, size_t cap) {
     size_t at = 0;
     out[0] = 0;
+    if (g->joined) {
+        snprintf(out, cap, "%d, joined, %d stages", g->joined, g->n);
+        return;
+    }
     for (int s = 0; s < g->n && at < cap; s++)
         at += (size_t)snprintf(out + at, cap - at, "%s%d", s ? " " : "", g->ranks[s]);
 }
@@ -61,6 +69,7 @@ static int group_error(const vks_rl_pipe_group *g, int rc, const char *what) {
  * the blocking MPI_Comm_create_group only starts once all are there. */
 static int hello(vks_rl_pipe_group *g, MPI_Comm world) {
     int mine[2] = {g->index, g->n}, peers = g->stage ? 1 : g->n - 1;
+    if (peers < 1) return vks_set_error(VKS_ERR_ARG, "a group of %d ranks", g->n);
     int(*theirs)[2] = calloc((size_t)peers, sizeof *theirs);
     MPI_Request *reqs = malloc(sizeof *reqs * 2 * (size_t)peers);
     int *peer = malloc(sizeof *peer * 2 * (size_t)peers);
@@ -70,7 +79,7 @@ static int hello(vks_rl_pipe_group *g, MPI_Comm world) {
     }
     for (int k = 0; k < peers; k++) {
         int r = g->stage ? g->ranks[0] : g->ranks[k + 1];
-        peer[2 * k] = peer[2 * k + 1] = r;
+        peer[2 * k] = peer[2 * k + 1] = stage_name(g, g->stage ? 0 : k + 1); /* in messages */
         MPI_Irecv(theirs[k], 2, MPI_INT, r, TAG_GROUP_HELLO, world, &reqs[2 * k]);
         MPI_Isend(mine, 2, MPI_INT, r, TAG_GROUP_HELLO, world, &reqs[2 * k + 1]);
     }
@@ -84,34 +93,59 @@ static int hello(vks_rl_pipe_group *g, MPI_Comm world) {
     return rc;
 }
 
+/* Forms the group of n ranks `ranks` of `world`: the hello, then its communicators. */
+static int open_over(vks_rl_pipe_group *g, MPI_Comm world, const int *ranks, int n) {
+    int L = g->o->model->cfg.n_layers;
+    if (n > L) return vks_set_error(VKS_ERR_ARG, "inference group %d has %d ranks for the model's %d layers", g->index, n, L);
+    g->first = malloc(sizeof *g->first * (size_t)(n + 1));
+    g->own_ranks = malloc(sizeof *g->own_ranks * (size_t)n);
+    g->retired = malloc(sizeof *g->retired * 2 * (size_t)n);
+    if (!g->first || !g->own_ranks || !g->retired) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    memcpy(g->own_ranks, ranks, sizeof *g->own_ranks * (size_t)n);
+    g->ranks = g->own_ranks;
+    for (int s = 0; s <= n; s++) g->first[s] = (int)((int64_t)s * L / n); /* even: no stage without layers */
+    int rc = hello(g, world);
+    if (rc) return rc;
+    MPI_Group all, mine;
+    MPI_Comm_group(world, &all);
+    MPI_Group_incl(all, n, g->ranks, &mine);
+    if (MPI_Comm_create_group(world, mine, TAG_GROUP_HELLO, &g->pipe) != MPI_SUCCESS ||
+        MPI_Comm_dup(g->pipe, &g->ctl) != MPI_SUCCESS)
+        rc = vks_set_error(VKS_ERR_IO, "inference group %d: its communicators could not be made", g->index);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
+    if (!rc) MPI_Comm_set_errhandler(g->pipe, MPI_ERRORS_RETURN), MPI_Comm_set_errhandler(g->ctl, MPI_ERRORS_RETURN);
+    return rc;
+}
+
 int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, int index, int stage) {
     const vks_rl_config *c = o->config;
     *g = (vks_rl_pipe_group){.pipe = MPI_COMM_NULL, .ctl = MPI_COMM_NULL, .index = index, .n = c->groups[index].n,
                              .stage = stage, .cfg_ranks = c->inference_ranks + c->groups[index].first,
                              .cfg_n = c->groups[index].n, .cfg_stage = stage, .o = o, .mo = mo, .engine_step = -1};
     atomic_init(&g->want_out, 0);
-    int L = o->model->cfg.n_layers;
-    if (g->n > L)
-        return vks_set_error(VKS_ERR_ARG, "inference group %d has %d ranks for the model's %d layers", index, g->n, L);
-    g->first = malloc(sizeof *g->first * (size_t)(g->n + 1));
-    g->own_ranks = malloc(sizeof *g->own_ranks * (size_t)g->n);
-    g->retired = malloc(sizeof *g->retired * 2 * (size_t)g->n);
-    if (!g->first || !g->own_ranks || !g->retired) return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    memcpy(g->own_ranks, g->cfg_ranks, sizeof *g->own_ranks * (size_t)g->n);
-    g->ranks = g->own_ranks;
-    for (int s = 0; s <= g->n; s++) g->first[s] = (int)((int64_t)s * L / g->n); /* even: no stage without layers */
+    return open_over(g, vks_mpi_world(), g->cfg_ranks, g->n);
+}
+
+int vks_rl_group_open_joined(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo,
+                             int number) {
     MPI_Comm world = vks_mpi_world();
-    int rc = hello(g, world);
-    if (rc) return rc;
-    MPI_Group all, mine;
-    MPI_Comm_group(world, &all);
-    MPI_Group_incl(all, g->n, g->ranks, &mine);
-    if (MPI_Comm_create_group(world, mine, TAG_GROUP_HELLO, &g->pipe) != MPI_SUCCESS ||
-        MPI_Comm_dup(g->pipe, &g->ctl) != MPI_SUCCESS)
-        rc = vks_set_error(VKS_ERR_IO, "inference group %d: its communicators could not be made", index);
-    MPI_Group_free(&mine);
-    MPI_Group_free(&all);
-    if (!rc) MPI_Comm_set_errhandler(g->pipe, MPI_ERRORS_RETURN), MPI_Comm_set_errhandler(g->ctl, MPI_ERRORS_RETURN);
+    int n = 0, stage = 0;
+    MPI_Comm_size(world, &n), MPI_Comm_rank(world, &stage);
+    *g = (vks_rl_pipe_group){.pipe = MPI_COMM_NULL, .ctl = MPI_COMM_NULL, .index = -1, .n = n, .stage = stage,
+                             .cfg_n = n, .cfg_stage = stage, .o = o, .mo = mo, .engine_step = -1, .joined = number};
+    atomic_init(&g->want_out, 0);
+    if (n < 2 || number < 1) return vks_set_error(VKS_ERR_ARG, "a joined group of %d ranks (number %d)", n, number);
+    int *ranks = malloc(sizeof *ranks * (size_t)n);
+    g->names = malloc(sizeof *g->names * (size_t)n);
+    if (!ranks || !g->names) {
+        free(ranks);
+        return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    }
+    for (int s = 0; s < n; s++) ranks[s] = s, g->names[s] = number; /* the stage number tells them apart */
+    int rc = open_over(g, world, ranks, n);
+    g->cfg_ranks = g->own_ranks; /* a joined group is not re-formed (a refusal is the whole group's) */
+    free(ranks);
     return rc;
 }
 
@@ -120,8 +154,8 @@ void vks_rl_group_close(vks_rl_pipe_group *g, bool finalize) {
     if (finalize && g->pipe != MPI_COMM_NULL) MPI_Comm_free(&g->pipe);
     for (int i = 0; finalize && i < g->n_retired; i++) MPI_Comm_free(&g->retired[i]);
     g->n_retired = 0;
-    free(g->first), free(g->own_ranks), free(g->retired);
-    g->first = g->own_ranks = NULL, g->ranks = NULL, g->retired = NULL;
+    free(g->first), free(g->own_ranks), free(g->retired), free(g->names);
+    g->first = g->own_ranks = g->names = NULL, g->ranks = NULL, g->retired = NULL;
     vks_engine_destroy(g->engine);
     g->engine = NULL;
 }
@@ -139,7 +173,7 @@ static vks_pipeline_options pipe_options(const vks_rl_pipe_group *g, const vks_s
     return (vks_pipeline_options){.micro_batches = K, .batch = (most + K - 1) / K, .chunk = 256, .sched = *sp,
                                   .wire = VKS_WIRE_F32, .timeout_s = g->mo->timeout_s, .first = g->first,
                                   .engine = {.dtype = VKS_DTYPE_F32, .f32_math = true}, .toploc = toploc,
-                                  .record_logp = true, .stage_proofs = toploc, .stage_ranks = g->ranks};
+                                  .record_logp = true, .stage_proofs = toploc, .stage_ranks = g->names ? g->names : g->ranks};
 }
 
 /* This stage's engine for the policy of step `step`, made once per policy
@@ -179,7 +213,7 @@ static int send_each(vks_rl_pipe_group *g, const void *buf, size_t bytes, size_t
         return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
     }
     for (int s = 1; s < g->n; s++) {
-        peer[s - 1] = g->ranks[s]; /* named in a message only: its world rank */
+        peer[s - 1] = stage_name(g, s); /* named in a message only */
         MPI_Isend((const char *)buf + (size_t)(s - 1) * step, (int)bytes, MPI_BYTE, s, tag, g->ctl, &reqs[s - 1]);
     }
     int rc = vks_mpi_wait_within(g->ctl, reqs, peer, g->n - 1, g->mo->timeout_s, what);
@@ -191,6 +225,18 @@ static int send_each(vks_rl_pipe_group *g, const void *buf, size_t bytes, size_t
 
 static int send_stages(vks_rl_pipe_group *g, const void *buf, size_t bytes, int tag, const char *what, bool *leak) {
     return send_each(g, buf, bytes, 0, tag, what, leak);
+}
+
+int vks_rl_group_relay_weights(vks_rl_pipe_group *g, const void *stream, size_t bytes, bool *leak) {
+    *leak = false;
+    if (!g->joined) return vks_set_error(VKS_ERR_ARG, "weights relayed in a group that did not join");
+    /* every chunk to every stage at once: MPI moves them while this waits (bounded per chunk) */
+    for (size_t at = 0; at < bytes; at += VKS_RL_JOIN_CHUNK) {
+        size_t n = bytes - at < VKS_RL_JOIN_CHUNK ? bytes - at : VKS_RL_JOIN_CHUNK;
+        int rc = send_stages(g, (const char *)stream + at, n, TAG_GROUP_WEIGHTS, "a stage taking the weights", leak);
+        if (rc) return group_error(g, rc, "passing the weights on");
+    }
+    return VKS_OK;
 }
 
 /* The group without the configured stages in `want` (a superset of g->out,
@@ -317,10 +363,10 @@ static int check_run(const vks_rl_pipe_group *g, const group_msg *m, const vks_m
         m->stop_a >= cf->vocab_size || m->stop_b < -1 || m->stop_b >= cf->vocab_size || m->top_k > (uint32_t)cf->vocab_size ||
         !(m->temperature >= 0 && m->temperature <= 100) || !(m->top_p > 0 && m->top_p <= 1) || (uint32_t)m->toploc > 1)
         return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent a malformed run (batch %lld)",
-                             g->ranks[0], (long long)m->batch);
+                             stage_name(g, 0), (long long)m->batch);
     if (!policy || m->step != held)
         return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) asked for policy step %lld; this stage "
-                             "holds %lld", g->ranks[0], (long long)m->step, (long long)held);
+                             "holds %lld", stage_name(g, 0), (long long)m->step, (long long)held);
     *sp = (vks_sched_params){.steps = m->steps, .temperature = m->temperature, .top_p = m->top_p, .top_k = m->top_k,
                              .seed = m->seed, .stop_token_a = m->stop_a, .stop_token_b = m->stop_b};
     return VKS_OK;
@@ -355,10 +401,85 @@ typedef struct {
     float *pending;          /* weights received while a batch ran */
     vks_lora_adapter *pending_adapter; /* LoRA: the adapter instead */
     int64_t pending_step;
+    bool lost;               /* a joined group's relay failed within a message: no MPI_Finalize */
 } stage_state;
 
-/* Takes part in the waiting broadcast; the weights become pending. */
-static void stage_broadcast(stage_state *s) {
+/* A joined group's stage: the next chunk of the first stage's relay, of at
+ * most `most` bytes, into buf (bounded: a first stage that dies within it
+ * leaves a receive waiting; then the buffer stays MPI's: *leak). */
+static int relay_chunk(stage_state *s, char *buf, size_t most, size_t *got, bool *leak) {
+    vks_rl_pipe_group *g = s->g;
+    vks_mpi_clock clock = {0};
+    double t0 = vks_mpi_deadline_tick(&clock, g->mo->timeout_s);
+    int flag = 0, count = 0, from = stage_name(g, 0);
+    MPI_Status st;
+    while (!flag) {
+        if (MPI_Iprobe(0, TAG_GROUP_WEIGHTS, g->ctl, &flag, &st) != MPI_SUCCESS)
+            return vks_set_error(VKS_ERR_IO, "the connection to the group's first stage failed");
+        if (!flag && vks_mpi_deadline_tick(&clock, g->mo->timeout_s) - t0 > g->mo->timeout_s)
+            return vks_set_error(VKS_ERR_TIMEOUT, "the group's first stage stopped within the weights (%.1f s)",
+                                 g->mo->timeout_s);
+        if (!flag) usleep(500);
+    }
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    if (count <= 0 || (size_t)count > most || (size_t)count > VKS_RL_JOIN_CHUNK)
+        return vks_set_error(VKS_ERR_FORMAT, "the group's first stage sent a weights chunk of %d bytes (at most %zu)", count,
+                             most);
+    MPI_Request req;
+    if (MPI_Irecv(buf, count, MPI_BYTE, 0, TAG_GROUP_WEIGHTS, g->ctl, &req) != MPI_SUCCESS)
+        return vks_set_error(VKS_ERR_IO, "the connection to the group's first stage failed");
+    if (vks_mpi_wait_within(g->ctl, &req, &from, 1, g->mo->timeout_s, "the weights")) {
+        *leak = true;
+        return VKS_ERR_TIMEOUT;
+    }
+    *got = (size_t)count;
+    return VKS_OK;
+}
+
+/* A joined group's stage: the WEIGHTS stream the first stage passes on,
+ * whole and checked, becomes the pending weights. Any failure ends the
+ * stage (the first stage sent it something wrong, or is gone). */
+static int relay_receive(stage_state *s) {
+    size_t want = sizeof(vks_rl_msg) + sizeof(float) * s->layout->n_values, at = 0;
+    char *buf = malloc(want);
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "out of host memory for the weights");
+    bool leak = false;
+    int rc = VKS_OK;
+    while (!rc && at < want) {
+        size_t got = 0;
+        rc = relay_chunk(s, buf + at, want - at, &got, &leak);
+        at += got;
+    }
+    int64_t step = 0;
+    if (!rc) {
+        vks_rl_msg h;
+        memcpy(&h, buf, sizeof h);
+        if (h.magic != VKS_RL_MAGIC || h.type != MSG_WEIGHTS || h.n != s->layout->n_values)
+            rc = vks_set_error(VKS_ERR_FORMAT, "the group's first stage passed on a malformed weights header");
+        else rc = vks_rl_wire_check_weights(buf, want, s->layout->n_values, s->pending_step, h.step, &step);
+    }
+    if (rc) {
+        s->lost = true;
+        if (!leak) free(buf); /* else MPI may still write it: left (the stage ends) */
+        return group_error(s->g, rc, "the weights from the first stage");
+    }
+    free(s->pending);
+    s->pending = (float *)(void *)buf, s->pending_step = step;
+    return VKS_OK;
+}
+
+/* Weights on their way to this stage: a broadcast waiting, or a joined group's relay. */
+static bool weights_waiting(stage_state *s) {
+    if (!s->g->joined) return vks_rl_cast_waiting(&s->cast);
+    int flag = 0;
+    return MPI_Iprobe(0, TAG_GROUP_WEIGHTS, s->g->ctl, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag;
+}
+
+/* Takes part in the waiting broadcast (or takes the relay); the weights
+ * become pending. A failed broadcast is logged, not fatal (the trainer drops
+ * a rank that missed weights); a failed relay ends the stage. */
+static int stage_broadcast(stage_state *s) {
+    if (s->g->joined) return relay_receive(s);
     float *msg = NULL;
     vks_lora_adapter *a = NULL;
     int64_t step = 0;
@@ -366,11 +487,12 @@ static void stage_broadcast(stage_state *s) {
     if (rc) {
         fprintf(stderr, "vkswarm: rl: inference rank %d (a stage of group %d): the weights broadcast failed: %s\n",
                 s->cast.me, s->g->index, vks_last_error());
-        return;
+        return VKS_OK;
     }
     free(s->pending);
     vks_lora_adapter_free(s->pending_adapter);
     s->pending = msg, s->pending_adapter = a, s->pending_step = step;
+    return VKS_OK;
 }
 
 /* The pending weights become the policy (never while a batch runs). */
@@ -404,16 +526,16 @@ static int stage_wait_policy(stage_state *s, int64_t step) {
         if (vks_mpi_deadline_tick(&clock, s->g->mo->timeout_s) - t0 > s->g->mo->timeout_s)
             return vks_set_error(VKS_ERR_TIMEOUT, "the weights of policy step %lld did not arrive within %.1f s (this "
                                  "stage holds %lld)", (long long)step, s->g->mo->timeout_s, (long long)s->held);
-        if (vks_rl_cast_waiting(&s->cast)) stage_broadcast(s);
-        else usleep(1000);
+        if (weights_waiting(s)) {
+            if ((rc = stage_broadcast(s))) return rc;
+        } else usleep(1000);
     }
 }
 
 /* While a batch runs: joins a waiting broadcast. */
 static int stage_meanwhile(void *ctx) {
     stage_state *s = ctx;
-    if (vks_rl_cast_waiting(&s->cast)) stage_broadcast(s);
-    return VKS_OK;
+    return weights_waiting(s) ? stage_broadcast(s) : VKS_OK;
 }
 
 typedef struct {
@@ -451,7 +573,7 @@ static int stage_reform(stage_state *s, const group_msg *m, bool *no_finalize) {
     if ((m->out & 1) || (m->out & ~all) || (m->out & g->out) != g->out || m->out == g->out ||
         in_mask(m->out, g->cfg_stage) || left < 2)
         return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent a malformed re-forming (%#llx)",
-                             g->ranks[0], (unsigned long long)m->out);
+                             stage_name(g, 0), (unsigned long long)m->out);
     stage_reform_arg a = {.g = g, .want = m->out};
     int rc = vks_mpi_run_beside(reform_job, &a, stage_meanwhile, s, "re-forming the group");
     if (rc) {
@@ -468,11 +590,11 @@ static int stage_message(stage_state *s, const MPI_Status *st, bool *stop, bool 
     MPI_Get_count(st, MPI_BYTE, &count);
     group_msg m;
     if (st->MPI_TAG != TAG_CTL || count != (int)sizeof m)
-        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent %d bytes under tag %d", g->ranks[0],
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent %d bytes under tag %d", stage_name(g, 0),
                              count, st->MPI_TAG);
     MPI_Recv(&m, sizeof m, MPI_BYTE, 0, TAG_CTL, g->ctl, MPI_STATUS_IGNORE);
     if (m.magic != VKS_RL_MAGIC || (m.type != GROUP_RUN && m.type != GROUP_STOP && m.type != GROUP_REFORM))
-        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent a malformed message", g->ranks[0]);
+        return vks_set_error(VKS_ERR_FORMAT, "rank %d (the group's first stage) sent a malformed message", stage_name(g, 0));
     if (m.type == GROUP_STOP) {
         *stop = true, *no_finalize = m.lost != 0;
         return VKS_OK;
@@ -492,29 +614,31 @@ int vks_rl_group_stage(vks_rl_pipe_group *g, bool *no_finalize) {
     s.layout = layout;
     const char *out = g->o->config->out; /* where the weight store goes (OUT/weights-rankR) */
     if (!rc && mkdir(out, 0777) && errno != EEXIST) rc = vks_set_error(VKS_ERR_IO, "%s: cannot create the directory", out);
-    if (!rc) rc = vks_rl_cast_open(&s.cast, g->o, g->mo, layout->n_values, bound, NULL);
+    if (!rc && !g->joined) rc = vks_rl_cast_open(&s.cast, g->o, g->mo, layout->n_values, bound, NULL);
     vks_mpi_clock clock = {0};
     double heard = vks_mpi_deadline_tick(&clock, bound);
     while (!rc && !stop) {
-        if (vks_rl_cast_waiting(&s.cast)) {
-            stage_broadcast(&s);
+        if (weights_waiting(&s)) {
+            rc = stage_broadcast(&s);
+            heard = vks_mpi_deadline_tick(&clock, bound);
             continue;
         }
         int flag = 0;
         MPI_Status st;
-        if (MPI_Iprobe(0, MPI_ANY_TAG, g->ctl, &flag, &st) != MPI_SUCCESS) flag = 0;
+        if (MPI_Iprobe(0, TAG_CTL, g->ctl, &flag, &st) != MPI_SUCCESS) flag = 0;
         double now = vks_mpi_deadline_tick(&clock, bound);
         if (flag) {
             rc = stage_message(&s, &st, &stop, no_finalize);
             heard = vks_mpi_deadline_tick(&clock, bound);
         } else if (now - heard > bound) {
             rc = vks_set_error(VKS_ERR_TIMEOUT, "rank %d (the group's first stage) did not answer within %.1f s",
-                               g->ranks[0], bound);
+                               stage_name(g, 0), bound);
             *no_finalize = true;
         } else {
             usleep(1000);
         }
     }
+    if (s.lost) *no_finalize = true;
     vks_rl_cast_close(&s.cast);
     free(s.pending);
     vks_lora_adapter_free(s.pending_adapter);

@@ -12,6 +12,10 @@
  * communicator:
  *   TAG_CTL      RUN (batch, policy step, sampler parameters, sequences) or
  *                STOP (lost = 1: the run lost ranks, no MPI_Finalize)
+ *   TAG_GROUP_WEIGHTS  a group that joined the run (mpirun -np S vkswarm join):
+ *                the trainer streams the weights to its first stage only,
+ *                which passes each whole WEIGHTS stream on (header and
+ *                floats, in chunks of at most VKS_RL_JOIN_CHUNK bytes)
  * A stage runs each batch on a thread while its main thread takes part in
  * broadcasts (a broadcast must not wait for a batch to end).
  * A stage that dies fails the first stage's pipeline run (bounded by
@@ -50,6 +54,10 @@ typedef struct {
     const vks_rl_mpi_options *mo;
     vks_engine *engine;     /* this stage's, for the policy of engine_step (kept across its batches) */
     int64_t engine_step;
+    int joined;             /* > 0: a group that joined the run (rl_join.h) as this rank number: its comms are
+                             * over its own mpirun's world, every stage is named by that number, and the
+                             * other stages take the weights from the first (relay) instead of Shardcast */
+    int *names;             /* joined: each stage's name in proofs and messages (the rank number) */
 } vks_rl_pipe_group;
 
 /* This rank's group of more than one rank: *index and *stage, or *index = -1. */
@@ -57,6 +65,14 @@ void vks_rl_group_find(const vks_rl_config *c, int rank, int *index, int *stage)
 /* Forms group `index`'s communicators; every stage must answer within
  * timeout_s (MPI_Comm_create_group blocks: it only starts once all have). */
 int vks_rl_group_open(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, int index, int stage);
+/* A group that joined the run as rank number `number`: the S ranks of this
+ * process's own MPI world (its mpirun -np S), stage = its world rank. */
+int vks_rl_group_open_joined(vks_rl_pipe_group *g, const vks_rl_run_options *o, const vks_rl_mpi_options *mo,
+                             int number);
+/* A joined group's first stage: the WEIGHTS stream it received whole from the
+ * trainer (header and floats, `bytes`) goes on to the other stages, in
+ * chunks, bounded. On a timeout *leak is set: the buffer stays MPI's. */
+int vks_rl_group_relay_weights(vks_rl_pipe_group *g, const void *stream, size_t bytes, bool *leak);
 /* Frees what open made; the communicators only when finalize (after a
  * failure a peer may still use them). */
 void vks_rl_group_close(vks_rl_pipe_group *g, bool finalize);

@@ -102,6 +102,11 @@ static int take_joined_chunk(inf_state *s, const MPI_Status *st) {
     int64_t step = 0;
     int rc = vks_rl_wire_check_weights(s->stream, want, s->layout->n_values, s->pending_step, h.step, &step);
     if (rc) return rc;
+    bool leak = false; /* a joined group: its other stages take the weights from this one */
+    if (s->group && (rc = vks_rl_group_relay_weights(s->group, s->stream, want, &leak))) {
+        if (leak) s->stream = NULL, s->no_finalize = true; /* MPI's */
+        return rc;
+    }
     free(s->pending);
     s->pending = s->stream, s->pending_step = step;
     s->stream = NULL;
@@ -339,22 +344,29 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
 int vks_rl_inference_joined(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, MPI_Comm ic, int number,
                             bool *no_finalize) {
     *no_finalize = false;
-    if (!o || !o->config || !o->model || !o->tok || !o->infer_gpu || !mo || !(mo->timeout_s > 0) || number < 1)
+    int size = 1, me = 0;
+    MPI_Comm_size(vks_mpi_world(), &size), MPI_Comm_rank(vks_mpi_world(), &me);
+    if (!o || !o->config || !o->model || !o->tok || !o->infer_gpu || !mo || !(mo->timeout_s > 0) || number < 1 ||
+        (me == 0) != (ic != MPI_COMM_NULL))
         return vks_set_error(VKS_ERR_ARG, "rl: bad options");
     inf_state s = {.comm = ic, .trainer = 0, .o = o, .mo = mo, .assigned = -1, .pending_step = -1, .verifier = -1,
                    .joined = number};
     s.beat = (vks_rl_beat){.comm = ic, .trainer = 0, .req = MPI_REQUEST_NULL};
-    return inference_rank(&s, no_finalize);
+    /* a group (mpirun -np S vkswarm join): its world's rank 0 is the first stage, the trainer's peer */
+    return size > 1 ? pipeline_group_rank(&s, -1, me, no_finalize) : inference_rank(&s, no_finalize);
 }
 
-/* A rank of a pipeline group: the first stage runs as an inference rank whose
- * batches the group generates; the others serve it (rl_group.h). */
+/* A rank of a pipeline group (group: its index in the config, -1: a group
+ * that joined the run as rank number s->joined): the first stage runs as an
+ * inference rank whose batches the group generates; the others serve it
+ * (rl_group.h). */
 static int pipeline_group_rank(inf_state *s, int group, int stage, bool *no_finalize) {
     if (!vks_mpi_threads_multiple())
         return vks_set_error(VKS_ERR_ARG, "inference group %d: pipeline groups need MPI_THREAD_MULTIPLE, which this MPI "
                              "did not grant", group);
     vks_rl_pipe_group grp = {0};
-    int rc = vks_rl_group_open(&grp, s->o, s->mo, group, stage);
+    int rc = group >= 0 ? vks_rl_group_open(&grp, s->o, s->mo, group, stage)
+                        : vks_rl_group_open_joined(&grp, s->o, s->mo, s->joined);
     if (rc) {
         *no_finalize = true; /* the group's peers may be waiting on this rank */
         vks_rl_group_close(&grp, false);

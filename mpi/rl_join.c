@@ -215,13 +215,101 @@ static int receive_within(MPI_Comm ic, int tag, size_t most, double timeout_s, c
     }
 }
 
-int vks_rl_join_connect(const char *port, double timeout_s, vks_rl_joiner **out) {
-    *out = NULL;
-    if (!port || !port[0] || strlen(port) >= MPI_MAX_PORT_NAME || !(timeout_s > 0))
-        return vks_set_error(VKS_ERR_ARG, "join: bad port or timeout");
-    vks_rl_joiner *j = calloc(1, sizeof *j);
-    if (!j) return vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
-    j->ic = MPI_COMM_NULL;
+/* ---- a joining pipeline group (mpirun -np S vkswarm join): its first rank
+ * talks to the run and passes on what the others need, over its own world ---- */
+
+enum { TAG_GROUP_SHARE = 7110, TAG_GROUP_HASH = 7111 };
+
+/* What the first rank passes on: status 0 and the body (a: config bytes, b:
+ * task bytes; or a: 0 and number, step: the admission), or status 1 and the
+ * body a: why it failed (text). */
+typedef struct {
+    int32_t status, number;
+    int64_t step;
+    uint64_t a, b;
+} share_head;
+
+static int world_size(void) {
+    int n = 1;
+    MPI_Comm_size(vks_mpi_world(), &n);
+    return n;
+}
+
+static int world_rank(void) {
+    int r = 0;
+    MPI_Comm_rank(vks_mpi_world(), &r);
+    return r;
+}
+
+/* The first rank: head and body to every other rank of the world, bounded. */
+static int share_send(const share_head *head, const char *body, double timeout_s) {
+    MPI_Comm w = vks_mpi_world();
+    int n = world_size(), k = 0;
+    uint64_t bytes = head->a + head->b;
+    if (bytes > INT_MAX) return vks_set_error(VKS_ERR_ARG, "join: %llu bytes to pass on", (unsigned long long)bytes);
+    MPI_Request *reqs = malloc(sizeof *reqs * 2 * (size_t)n);
+    int *peer = malloc(sizeof *peer * 2 * (size_t)n);
+    if (!reqs || !peer) {
+        free(reqs), free(peer);
+        return vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+    }
+    for (int r = 1; r < n; r++) {
+        peer[k] = r;
+        MPI_Isend(head, sizeof *head, MPI_BYTE, r, TAG_GROUP_SHARE, w, &reqs[k++]);
+        if (bytes) peer[k] = r, MPI_Isend(body, (int)bytes, MPI_BYTE, r, TAG_GROUP_SHARE, w, &reqs[k++]);
+    }
+    int rc = vks_mpi_wait_within(w, reqs, peer, k, timeout_s, "a stage of this group taking what the run sent");
+    if (!rc) free(reqs); /* else MPI still holds them: the process ends */
+    free(peer);
+    return rc;
+}
+
+/* Any other rank: the first rank's head and body (at most `most` bytes,
+ * malloc'd, NUL-terminated), within timeout_s. status 1: VKS_ERR_ARG with its text. */
+static int share_receive(share_head *head, char **body, size_t most, double timeout_s) {
+    MPI_Comm w = vks_mpi_world();
+    int first = 0;
+    MPI_Request req;
+    *body = NULL;
+    MPI_Irecv(head, sizeof *head, MPI_BYTE, 0, TAG_GROUP_SHARE, w, &req);
+    int rc = vks_mpi_wait_within(w, &req, &first, 1, timeout_s, "the group's first stage joining the run");
+    if (rc) return rc;
+    uint64_t bytes = head->a + head->b;
+    if (head->a > most || head->b > most || bytes > most || (uint32_t)head->status > 1)
+        return vks_set_error(VKS_ERR_FORMAT, "join: the group's first stage passed on a malformed message");
+    if (!(*body = malloc(bytes + 1))) return vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+    (*body)[bytes] = 0;
+    if (bytes) {
+        MPI_Irecv(*body, (int)bytes, MPI_BYTE, 0, TAG_GROUP_SHARE, w, &req);
+        if ((rc = vks_mpi_wait_within(w, &req, &first, 1, timeout_s, "the group's first stage joining the run"))) {
+            *body = NULL; /* MPI's */
+            return rc;
+        }
+    }
+    if (head->status) {
+        char shown[4 * VKS_RL_REASON_MAX + 1];
+        vks_escape(*body, strnlen(*body, bytes), shown, sizeof shown);
+        free(*body);
+        *body = NULL;
+        return vks_set_error(VKS_ERR_ARG, "the group's first stage: %s", shown);
+    }
+    return VKS_OK;
+}
+
+/* The first rank: its failure to the others (best effort: they end anyway). */
+static void share_failure(double timeout_s) {
+    if (world_size() < 2) return;
+    char why[VKS_RL_REASON_MAX];
+    snprintf(why, sizeof why, "%s", vks_last_error());
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", vks_last_error());
+    share_head h = {.status = 1, .a = strlen(why)};
+    share_send(&h, why, timeout_s);
+    vks_set_error(VKS_ERR_ARG, "%s", saved);
+}
+
+/* The first (or only) rank: the connection, the WELCOME and the NONCE. */
+static int connect_first(const char *port, double timeout_s, vks_rl_joiner *j) {
     int rc = connect_within(port, timeout_s, &j->ic);
     char *buf = NULL;
     size_t bytes = 0;
@@ -259,6 +347,53 @@ int vks_rl_join_connect(const char *port, double timeout_s, vks_rl_joiner **out)
         j->number = (int)h.n;
     }
     free(buf);
+    return rc;
+}
+
+/* Another rank of a joining group: the config and task file from the first. */
+static int follow_first(double timeout_s, vks_rl_joiner *j) {
+    share_head h;
+    char *body = NULL;
+    /* the first rank may take timeout_s to connect, then as long for the welcome */
+    int rc = share_receive(&h, &body, VKS_RL_JOIN_MAX_CONFIG + VKS_RL_JOIN_MAX_TASKS, 2 * timeout_s + 5);
+    if (!rc && (h.a == 0 || h.a > VKS_RL_JOIN_MAX_CONFIG || h.b > VKS_RL_JOIN_MAX_TASKS || (uint32_t)h.step > 1 ||
+                strnlen(body, h.a) != h.a))
+        rc = vks_set_error(VKS_ERR_FORMAT, "join: the group's first stage passed on a malformed config");
+    if (!rc && h.b && !(j->tasks = malloc(h.b))) rc = vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+    if (!rc) {
+        if (h.b) memcpy(j->tasks, body + h.a, h.b);
+        j->task_bytes = h.b, j->verify = h.step & 1;
+        body[h.a] = 0;
+        j->config = body, body = NULL;
+    }
+    free(body);
+    return rc;
+}
+
+int vks_rl_join_connect(const char *port, double timeout_s, vks_rl_joiner **out) {
+    *out = NULL;
+    bool first = world_rank() == 0;
+    if ((first && (!port || !port[0] || strlen(port) >= MPI_MAX_PORT_NAME)) || !(timeout_s > 0))
+        return vks_set_error(VKS_ERR_ARG, "join: bad port or timeout");
+    vks_rl_joiner *j = calloc(1, sizeof *j);
+    if (!j) return vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+    j->ic = MPI_COMM_NULL;
+    int rc = first ? connect_first(port, timeout_s, j) : follow_first(timeout_s, j);
+    if (first && world_size() > 1) { /* the others wait for the config, or why there is none */
+        if (rc) share_failure(timeout_s);
+        else {
+            size_t c = strlen(j->config);
+            char *body = malloc(c + j->task_bytes + 1);
+            share_head h = {.step = j->verify, .a = c, .b = j->task_bytes};
+            if (!body) rc = vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+            else {
+                memcpy(body, j->config, c);
+                if (j->task_bytes) memcpy(body + c, j->tasks, j->task_bytes);
+                rc = share_send(&h, body, timeout_s);
+                if (!rc) free(body); /* else MPI's: the process ends */
+            }
+        }
+    }
     if (rc) {
         vks_rl_joiner_free(j);
         return rc;
@@ -274,11 +409,9 @@ const void *vks_rl_joiner_tasks(const vks_rl_joiner *j, size_t *bytes) {
 }
 bool vks_rl_joiner_verify(const vks_rl_joiner *j) { return j->verify; }
 
-int vks_rl_join_run(vks_rl_joiner *j, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, const uint8_t hash[32],
-                    bool *no_finalize) {
-    *no_finalize = true; /* until the trainer says otherwise */
-    if (!j || !o || !mo || !hash || !(mo->timeout_s > 0) || !mo->join_secret_key)
-        return vks_set_error(VKS_ERR_ARG, "join: bad options");
+/* The first (or only) rank: the signed HELLO, and the run's answer (*number, *step). */
+static int hello_and_answer(vks_rl_joiner *j, const vks_rl_mpi_options *mo, const uint8_t hash[32], int *number,
+                            int64_t *step) {
     char hello[sizeof(vks_rl_msg) + VKS_RL_JOIN_HELLO_BYTES];
     vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_HELLO, .n = VKS_RL_JOIN_HELLO_BYTES};
     memcpy(hello, &h, sizeof h);
@@ -304,11 +437,60 @@ int vks_rl_join_run(vks_rl_joiner *j, const vks_rl_run_options *o, const vks_rl_
         return vks_set_error(VKS_ERR_ARG, "the run did not admit this machine: %s", reason);
     }
     free(buf);
-    if (h.magic != VKS_RL_MAGIC || h.type != MSG_ADMIT || bytes != sizeof h || h.n > INT_MAX)
+    if (h.magic != VKS_RL_MAGIC || h.type != MSG_ADMIT || bytes != sizeof h || h.n < 1 || h.n > INT_MAX)
         return vks_set_error(VKS_ERR_FORMAT, "join: the run's answer is malformed");
-    fprintf(stderr, "vkswarm: join: admitted as rank %d of the run (policy step %lld)\n", (int)h.n, (long long)h.step);
-    rc = vks_rl_inference_joined(o, mo, j->ic, (int)h.n, no_finalize);
-    if (!*no_finalize && MPI_Comm_disconnect(&j->ic) == MPI_SUCCESS) j->ic = MPI_COMM_NULL;
+    *number = (int)h.n, *step = h.step;
+    return VKS_OK;
+}
+
+/* A group: every stage loaded the same model (each from its own disk). */
+static int same_models(const uint8_t hash[32], double timeout_s) {
+    int n = world_size();
+    uint8_t *all = malloc((size_t)32 * (size_t)n);
+    if (!all) return vks_set_error(VKS_ERR_NOMEM, "join: out of host memory");
+    int rc = vks_mpi_exchange(vks_mpi_world(), hash, all, 32, TAG_GROUP_HASH, timeout_s, "the group's stages naming their models");
+    for (int s = 1; !rc && s < n; s++)
+        if (memcmp(all + 32 * (size_t)s, all, 32)) {
+            char mine[65], first[65];
+            vks_hash_hex(all + 32 * (size_t)s, mine), vks_hash_hex(all, first);
+            rc = vks_set_error(VKS_ERR_ARG, "join: stage %d of this group loaded model %s, stage 0 model %s: every stage "
+                               "loads the same base model", s, mine, first);
+        }
+    free(all);
+    return rc;
+}
+
+int vks_rl_join_run(vks_rl_joiner *j, const vks_rl_run_options *o, const vks_rl_mpi_options *mo, const uint8_t hash[32],
+                    bool *no_finalize) {
+    *no_finalize = true; /* until the trainer says otherwise */
+    if (!j || !o || !mo || !hash || !(mo->timeout_s > 0) || !mo->join_secret_key)
+        return vks_set_error(VKS_ERR_ARG, "join: bad options");
+    int n = world_size(), me = world_rank(), number = 0;
+    int64_t step = 0;
+    int rc = n > 1 ? same_models(hash, mo->timeout_s) : VKS_OK;
+    if (rc) return rc;
+    if (me == 0) {
+        rc = hello_and_answer(j, mo, hash, &number, &step);
+        if (n > 1) {
+            share_head h = {.number = number, .step = step};
+            if (rc) share_failure(mo->timeout_s);
+            else rc = share_send(&h, "", mo->timeout_s);
+        }
+    } else {
+        share_head h = {0};
+        char *body = NULL;
+        rc = share_receive(&h, &body, VKS_RL_REASON_MAX, 2 * mo->timeout_s + 5);
+        if (!rc && (h.a || h.b || h.number < 1)) rc = vks_set_error(VKS_ERR_FORMAT, "join: a malformed admission from the group's first stage");
+        free(body);
+        number = h.number, step = h.step;
+    }
+    if (rc) return rc;
+    if (n > 1)
+        fprintf(stderr, "vkswarm: join: admitted as rank %d of the run, stage %d of its %d (policy step %lld)\n", number, me,
+                n, (long long)step);
+    else fprintf(stderr, "vkswarm: join: admitted as rank %d of the run (policy step %lld)\n", number, (long long)step);
+    rc = vks_rl_inference_joined(o, mo, me == 0 ? j->ic : MPI_COMM_NULL, number, no_finalize);
+    if (me == 0 && !*no_finalize && MPI_Comm_disconnect(&j->ic) == MPI_SUCCESS) j->ic = MPI_COMM_NULL;
     return rc;
 }
 

@@ -632,8 +632,29 @@ static void test_mpirun_join(void **state) {
     if (rc != 1 || !strstr(err, "cannot run /nonexistent/ompi-server") || !strstr(err, "exited before it was ready") || *out)
         fail_msg("no ompi-server: status %d, stderr '%s'", rc, err);
     free(out), free(err);
-    unsetenv("VKSWARM_OMPI_SERVER"), unsetenv("VKSWARM_MPIRUN");
+    unsetenv("VKSWARM_OMPI_SERVER");
+    /* --join-run: mpirun given the server of a run's join line (from its file), the rest unchanged */
+    char line[1100], args[2300];
+    snprintf(line, sizeof line, "%s/join.uri", dir);
+    write_text(line, "9.0:77@123.0;tcp://127.0.0.1:1\n");
+    write_text(mpirun, "#!/bin/sh\necho \"$*\"\n");
+    snprintf(args, sizeof args, "mpirun --join-run %s -np 2 vkswarm join --run %s", line, line);
+    rc = run_capture(args, &out, &err);
+    char want[2400];
+    snprintf(want, sizeof want, "--ompi-server 123.0;tcp://127.0.0.1:1 -np 2 vkswarm join --run %s\n", line);
+    if (rc != 0 || strcmp(out, want)) fail_msg("--join-run: status %d, stdout '%s', stderr '%s'", rc, out, err);
+    free(out), free(err);
+    unsetenv("VKSWARM_MPIRUN");
+    assert_int_equal(setenv("OMPI_COMM_WORLD_SIZE", "2", 1), 0); /* as under mpirun without --ompi-server */
+    rc = run_capture("join --run x@y", &out, &err);
+    if (rc != 2 || !strstr(err, "vkswarm join: under mpirun, mpirun must know the run's ompi-server: vkswarm mpirun "
+                            "--join-run x@y -np 2") || !one_clean_line(err))
+        fail_msg("join under a plain mpirun: status %d, stderr '%s'", rc, err);
+    free(out), free(err);
+    unsetenv("OMPI_COMM_WORLD_SIZE");
     static const struct { const char *args, *msg; } bad[] = {
+        {"mpirun --join-run", "vkswarm mpirun: --join-run needs the run's DIR/join.uri"},
+        {"mpirun --join-run /nonexistent/join.uri -np 2 true", "vkswarm: mpirun: --join-run /nonexistent/join.uri: no such file, nor a join line"},
         {"join", "vkswarm join: --run URI|FILE is required"},
         {"join --run x@y --model", "vkswarm join: option '--model' needs a value"},
         {"join --run /nonexistent/join.uri", "vkswarm: join: --run /nonexistent/join.uri: no such file, nor a join line"},

@@ -36,7 +36,10 @@ static const char join_usage[] =
     "for the run (its rejoin refused, naming why). Without --key a key is made for this process (said on\n"
     "stderr). In a run with verifier ranks this machine's batches reach them through the trainer, and\n"
     "every group of its key's first probation_batches (the run's config, default 8) accepted batches is\n"
-    "replayed. Not yet: pipeline groups (mpirun -np S), LoRA runs (refused, saying so). Exit status: 0 when the run ended\n"
+    "replayed. A pipeline group of S machines (or GPUs) joins as one rank: `vkswarm mpirun --join-run FILE\n"
+    "-np S vkswarm join --run FILE` (each stage loads the model from its own disk; the first stage talks\n"
+    "to the run and passes the weights on; the layers are split evenly). Not yet: LoRA runs (refused,\n"
+    "saying so). Exit status: 0 when the run ended\n"
     "normally, 2 not admitted or bad input, 3 the run went silent (--trainer-timeout-s while idle,\n"
     "default 600; --timeout-s for sends and the handshake, default 120). See docs \"Joining a run\".\n";
 
@@ -78,37 +81,9 @@ static void parse_join(int argc, char **argv, join_args *a) {
     if (a->m.random_spec || a->m.lora_path) cli_usage_error("join", "the model is the run's base: --model only");
     cli_no_kv_type(&a->m, "join");
     const char *np = getenv("OMPI_COMM_WORLD_SIZE");
-    if (np && atoi(np) > 1) cli_usage_error("join", "a pipeline group joining (mpirun -np %s) is not built yet: run it alone", np);
-}
-
-/* The join line "PORT@SERVER" from --run: a file holding it, or the line itself. */
-static void read_join_line(const char *run, char *port, size_t port_cap, char *server, size_t server_cap) {
-    char *text = NULL;
-    size_t len = 0;
-    struct stat st;
-    if (stat(run, &st) == 0) {
-        if (vks_file_read_all(run, 8192, &text, &len)) cli_die(EXIT_BAD_INPUT, "join: %s", vks_last_error());
-    } else {
-        text = strdup(run);
-        if (!text) cli_die(1, "join: out of memory");
-        len = strlen(text);
-    }
-    len = strnlen(text, len);
-    text[strcspn(text, "\r\n")] = 0;
-    char *at = strchr(text, '@');
-    if (!at || at == text || !at[1] || (size_t)(at - text) >= port_cap || strlen(at + 1) >= server_cap) {
-        char shown[600];
-        vks_escape(run, strlen(run), shown, sizeof shown);
-        cli_note("join: --run %s: %s", shown, stat(run, &st) == 0
-                 ? "not a join line (PORT@SERVER, as the run's DIR/join.uri holds)"
-                 : "no such file, nor a join line (PORT@SERVER): the run removes DIR/join.uri when it ends");
-        free(text);
-        cli_exit_now(EXIT_BAD_INPUT);
-    }
-    *at = 0;
-    snprintf(port, port_cap, "%s", text);
-    snprintf(server, server_cap, "%s", at + 1);
-    free(text);
+    if (np && !getenv("OMPI_MCA_pmix_server_uri"))
+        cli_usage_error("join", "under mpirun, mpirun must know the run's ompi-server: vkswarm mpirun --join-run %s -np "
+                        "%s vkswarm join --run %s", a->run, np, a->run);
 }
 
 /* The run's task file, written where this machine keeps the run's files; c->task then names it. */
@@ -127,8 +102,9 @@ int cmd_join(int argc, char **argv) {
     join_args a = {0};
     parse_join(argc, argv, &a);
     char port[1024], server[1024];
-    read_join_line(a.run, port, sizeof port, server, sizeof server);
-    if (!getenv("OMPI_COMM_WORLD_SIZE")) setenv("OMPI_MCA_pmix_server_uri", server, 1); /* a singleton finds the run there */
+    cli_read_join_line("join", "--run", a.run, port, sizeof port, server, sizeof server);
+    /* a singleton finds the run there; under mpirun (a group), mpirun was given it (--join-run) */
+    if (!getenv("OMPI_COMM_WORLD_SIZE")) setenv("OMPI_MCA_pmix_server_uri", server, 1);
     if (mkdir(a.out, 0755) && errno != EEXIST) cli_die(EXIT_BAD_INPUT, "join: --out %s: %s", a.out, strerror(errno));
     static uint8_t sk[VKS_SECRET_KEY_BYTES]; /* read before MPI starts: a bad --key costs nothing */
     char key_path[1100];

@@ -16,11 +16,12 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "cli_mpi.h"
 #include "cli_util.h"
 #include "commands.h"
 
 static const char mpirun_usage[] =
-    "usage: vkswarm mpirun [--join] [MPIRUN OPTIONS] PROGRAM [ARGS] [: ...]\n"
+    "usage: vkswarm mpirun [--join | --join-run FILE] [MPIRUN OPTIONS] PROGRAM [ARGS] [: ...]\n"
     "Runs Open MPI's mpirun with these arguments, unchanged, and makes Ctrl-C a clean stop: the first\n"
     "Ctrl-C (or SIGTERM, SIGHUP) sends mpirun SIGUSR1, which it passes on to every rank; a vkswarm rl\n"
     "trainer then finishes its step, saves a checkpoint, tells every rank to stop and exits 130\n"
@@ -32,7 +33,10 @@ static const char mpirun_usage[] =
     "running job; its URI in a temporary file) and gives mpirun --ompi-server file:FILE, so that\n"
     "`vkswarm rl --join` can open the run to joiners (docs \"Joining a run\"); ompi-server ends with\n"
     "mpirun, and if it dies first this says so (running ranks go on; later joins fail). ompi-server is\n"
-    "looked up in PATH (VKSWARM_OMPI_SERVER=PATH names another).\n";
+    "looked up in PATH (VKSWARM_OMPI_SERVER=PATH names another).\n"
+    "--join-run FILE gives mpirun --ompi-server with the ompi-server of the run whose DIR/join.uri (or\n"
+    "the line in it) FILE is, so that a pipeline group joins it: vkswarm mpirun --join-run FILE -np S\n"
+    "vkswarm join --run FILE.\n";
 
 static volatile sig_atomic_t child_pid, signals_seen;
 
@@ -93,7 +97,11 @@ int cmd_mpirun(int argc, char **argv) {
         return 0;
     }
     bool join = argc > 1 && !strcmp(argv[1], "--join");
-    if (argc < 2 + join) cli_usage_error("mpirun", "no mpirun arguments (see vkswarm mpirun --help)");
+    int join_run = argc > 1 && !strcmp(argv[1], "--join-run") ? 2 : 0; /* the option and its file */
+    if (join_run && argc < 3) cli_usage_error("mpirun", "--join-run needs the run's DIR/join.uri");
+    if (argc < 2 + join + join_run) cli_usage_error("mpirun", "no mpirun arguments (see vkswarm mpirun --help)");
+    char port[1024], run_server[1024];
+    if (join_run) cli_read_join_line("mpirun", "--join-run", argv[2], port, sizeof port, run_server, sizeof run_server);
     const char *mpirun = getenv("VKSWARM_MPIRUN");
     if (!mpirun || !*mpirun) mpirun = "mpirun";
     char **args = calloc((size_t)argc + 3, sizeof *args);
@@ -106,7 +114,8 @@ int cmd_mpirun(int argc, char **argv) {
         snprintf(server_arg, sizeof server_arg, "file:%s", uri);
         args[n++] = "--ompi-server", args[n++] = server_arg;
     }
-    for (int i = 1 + join; i < argc; i++) args[n++] = argv[i];
+    if (join_run) args[n++] = "--ompi-server", args[n++] = run_server;
+    for (int i = 1 + join + join_run; i < argc; i++) args[n++] = argv[i];
     fflush(NULL);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
