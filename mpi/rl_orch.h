@@ -30,6 +30,14 @@ typedef struct {
     char *stage;
     MPI_Request wreq;
     double wsince;
+    MPI_Request rreq;     /* joined: a message on its way in (TAG_UP or TAG_VERIFY: rtag) since rsince, into
+                          * rbuf (after rfront bytes of room), rcount bytes. Taken in the round it completes:
+                          * a slow uplink never holds the trainer */
+    char *rbuf;
+    int rcount, rtag;
+    size_t rfront;
+    double rsince;
+    int64_t rnewest;      /* the newest published step when it started */
     double connected_at;  /* joined: when its connection was taken */
     int64_t wstep;        /* joined: the newest step it was sent (or is being sent); -1: none */
     uint8_t nonce[16];    /* joined: what its hello must sign */

@@ -450,19 +450,14 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
     return rc;
 }
 
-/* A joined rank's probed message (count bytes of tag) into buf, with a
- * bounded wait: a joiner that dies within a message would leave a blocking
- * receive waiting forever. Returns false when it stopped within it: r is
- * dropped (saying `what`) and buf is left to MPI. */
-static bool receive_joined(trainer_src *t, inf_rank *r, void *buf, int count, int tag, const char *what, int *mrc) {
-    MPI_Request req;
-    int peer = 0;
-    *mrc = MPI_Irecv(buf, count, MPI_BYTE, peer, tag, r->comm, &req);
-    if (*mrc != MPI_SUCCESS || !vks_mpi_wait_within(r->comm, &req, &peer, 1, t->mo->timeout_s, what)) return true;
-    char why[128];
-    snprintf(why, sizeof why, "it stopped within %s", what);
-    vks_rl_orch_leave(t, r, RANK_DROPPED, why, true);
-    return false;
+/* The most bytes an honest message from r under tag can have: a GROUPS
+ * message (a verifier's VERIFIED wraps one; REFUSE carries a reason of at
+ * most VKS_RL_REASON_MAX), signed by a joined rank; a joined rank's batch for
+ * its verifier adds its rollout file. */
+static size_t most_bytes(const trainer_src *t, const inf_rank *r, int tag) {
+    int seq_len = t->o->model->cfg.seq_len;
+    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len) + (r && r->joined ? crypto_sign_BYTES : 0);
+    return tag == TAG_VERIFY ? most + vks_rl_wire_max_rollout_bytes(t->c, seq_len) : most;
 }
 
 /* Whether buf (*bytes, its signature last) is signed by joined rank r's key;
@@ -473,36 +468,21 @@ static bool signed_by(const inf_rank *r, const char *buf, size_t *bytes) {
     return !crypto_sign_verify_detached((const uint8_t *)buf + *bytes, (const uint8_t *)buf, *bytes, r->key);
 }
 
-/* Receives one message from an inference or verifier rank (probed: st, on
- * comm; r: the rank it is from, NULL: none the run knows). */
-static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Status *st, vks_rl_batch_group *scratch,
-                      int seq_len, const vks_model_config *mc) {
-    int count = 0;
-    MPI_Get_count(st, MPI_BYTE, &count);
-    /* a verifier's VERIFIED wraps a GROUPS message; REFUSE carries a reason of at most VKS_RL_REASON_MAX */
-    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len) + (r && r->joined ? 64 : 0);
-    char small[sizeof(vks_rl_msg)];
-    bool big = count > (int)sizeof small && (size_t)count <= most;
-    bool owned = big || (r && r->joined); /* a joined rank's: on the heap, as a timed-out receive leaves it to MPI */
-    char *buf = owned ? malloc(big ? (size_t)count : sizeof small) : small;
-    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    /* a message too big to be honest is received into nothing (truncation error) and refused */
-    int mrc;
-    if (r && r->joined) {
-        char what[64];
-        snprintf(what, sizeof what, "a message of %d bytes", count);
-        if (!receive_joined(t, r, buf, big ? count : (int)sizeof small, TAG_UP, what, &mrc)) return VKS_OK;
-    } else mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, comm, MPI_STATUS_IGNORE);
+/* What an inference or verifier rank sent under TAG_UP (count bytes in buf;
+ * mrc: how its receive ended; r: the rank it is from, NULL: none the run knows). */
+static int up_message(trainer_src *t, inf_rank *r, char *buf, int count, int mrc, vks_rl_batch_group *scratch,
+                      const vks_model_config *mc) {
+    size_t most = most_bytes(t, r, TAG_UP);
+    bool big = count > (int)sizeof(vks_rl_msg) && (size_t)count <= most;
     int rc = VKS_OK;
     if (r && r->joined && r->state == RANK_LIVE && big && mrc == MPI_SUCCESS) { /* signed by its key: checked, cut off */
         size_t bytes = (size_t)count;
         if (!signed_by(r, buf, &bytes) || bytes < sizeof(vks_rl_msg)) {
             drop_rank(t, r, RANK_REFUSED, "a batch its key did not sign");
-            free(buf);
             return VKS_OK;
         }
         count = (int)bytes;
-        big = count > (int)sizeof small;
+        big = count > (int)sizeof(vks_rl_msg);
     }
     if (r && r->state == RANK_JOINING && mrc == MPI_SUCCESS) {
         vks_rl_orch_admit(t, r, buf, (size_t)count);
@@ -546,35 +526,36 @@ static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Stat
             }
         }
     }
-    if (owned) free(buf);
     return rc;
 }
 
-/* A joined rank's batch for its verifier (TAG_VERIFY over its connection;
- * it cannot reach the verifier ranks itself): received (bounded), its
+/* Receives one message from a rank of the world (probed: st, on comm; r: the
+ * rank it is from, NULL: none the run knows). */
+static int receive_up(trainer_src *t, inf_rank *r, MPI_Comm comm, const MPI_Status *st, vks_rl_batch_group *scratch,
+                      const vks_model_config *mc) {
+    int count = 0;
+    MPI_Get_count(st, MPI_BYTE, &count);
+    char small[sizeof(vks_rl_msg)];
+    bool big = count > (int)sizeof small && (size_t)count <= most_bytes(t, r, TAG_UP);
+    char *buf = big ? malloc((size_t)count) : small;
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    /* a message too big to be honest is received into nothing (truncation error) and refused */
+    int mrc = MPI_Recv(buf, big ? count : (int)sizeof small, MPI_BYTE, st->MPI_SOURCE, TAG_UP, comm, MPI_STATUS_IGNORE);
+    int rc = up_message(t, r, buf, count, mrc, scratch, mc); /* count: what was sent (refused when not taken whole) */
+    if (big) free(buf);
+    return rc;
+}
+
+/* A joined rank's batch for its verifier (buf + front: count bytes, received
+ * over its connection: it cannot reach the verifier ranks itself): its
  * signature checked, and passed on to the verifier rank its grant named in a
  * FORWARD (batch, n = its rank number, step = 1: replay every group, its key
- * being on probation) in front of the TO_VERIFY message. */
-static int forward_to_verifier(trainer_src *t, inf_rank *r, const MPI_Status *st) {
-    int count = 0, seq_len = t->o->model->cfg.seq_len;
-    MPI_Get_count(st, MPI_BYTE, &count);
-    size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len) +
-                  vks_rl_wire_max_rollout_bytes(t->c, seq_len) + crypto_sign_BYTES;
-    bool fits = count >= (int)(sizeof(vks_rl_msg) + crypto_sign_BYTES) && (size_t)count <= most;
-    size_t front = sizeof(vks_rl_msg); /* room for the FORWARD */
-    char *buf = malloc(front + (fits ? (size_t)count : sizeof(vks_rl_msg)));
-    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
-    int mrc;
-    if (!receive_joined(t, r, buf + front, fits ? count : (int)sizeof(vks_rl_msg), TAG_VERIFY, "a batch for its verifier",
-                        &mrc))
-        return VKS_OK;
+ * being on probation) written in front of it. buf is owned from here. */
+static int forward_to_verifier(trainer_src *t, inf_rank *r, char *buf, size_t front, int count) {
     char why[160] = "";
-    size_t bytes = fits ? (size_t)count : 0;
+    size_t bytes = (size_t)count;
     vks_rl_msg h = {0};
-    if (mrc != MPI_SUCCESS || !fits)
-        snprintf(why, sizeof why, "a batch for its verifier of %d bytes (at most %zu)", count, most);
-    else if (!signed_by(r, buf + front, &bytes))
-        snprintf(why, sizeof why, "a batch its key did not sign");
+    if (!signed_by(r, buf + front, &bytes) || bytes < sizeof h) snprintf(why, sizeof why, "a batch its key did not sign");
     else memcpy(&h, buf + front, sizeof h);
     int at = why[0] ? -1 : find_pending(t, h.batch, r->rank);
     if (!why[0] && (h.magic != VKS_RL_MAGIC || h.type != MSG_TO_VERIFY || at < 0))
@@ -606,6 +587,87 @@ static int forward_to_verifier(trainer_src *t, inf_rank *r, const MPI_Status *st
     }
     t->fwd[t->n_fwd++] = (struct forwarded){.req = req, .buf = buf};
     return VKS_OK;
+}
+
+/* A joined rank: starts receiving the message probed (st) under tag into a
+ * buffer of its own (for TAG_VERIFY with room for a FORWARD in front); one
+ * too big (or too small) to be honest is refused at once, unread. */
+static int joined_receive_start(trainer_src *t, inf_rank *r, const MPI_Status *st, int tag) {
+    int count = 0;
+    MPI_Get_count(st, MPI_BYTE, &count);
+    size_t most = most_bytes(t, r, tag), front = tag == TAG_VERIFY ? sizeof(vks_rl_msg) : 0;
+    size_t least = sizeof(vks_rl_msg) + (tag == TAG_VERIFY ? crypto_sign_BYTES : 0);
+    if (count < (int)least || (size_t)count > most) {
+        char why[160];
+        snprintf(why, sizeof why, "a %s of %d bytes (at most %zu)", tag == TAG_VERIFY ? "batch for its verifier" : "message",
+                 count, most);
+        drop_rank(t, r, RANK_REFUSED, why);
+        return VKS_OK;
+    }
+    char *buf = malloc(front + (size_t)count);
+    if (!buf) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory");
+    if (MPI_Irecv(buf + front, count, MPI_BYTE, 0, tag, r->comm, &r->rreq) != MPI_SUCCESS) {
+        free(buf);
+        drop_rank(t, r, RANK_DROPPED, "its connection failed");
+        return VKS_OK;
+    }
+    r->rbuf = buf, r->rcount = count, r->rtag = tag, r->rfront = front, r->rsince = vks_seconds_now(), r->rnewest = t->newest;
+    return VKS_OK;
+}
+
+/* A joined rank's message on its way in: taken when complete (*done). One not
+ * complete within timeout_s drops the rank (it died within it, or its link is
+ * too slow): the buffer is left to MPI. */
+static int joined_receive_progress(trainer_src *t, inf_rank *r, vks_rl_batch_group *scratch, const vks_model_config *mc,
+                                   bool *done) {
+    int flag = 0;
+    *done = false;
+    if (MPI_Test(&r->rreq, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
+    if (!flag) {
+        if (vks_seconds_now() - r->rsince <= t->mo->timeout_s) return VKS_OK;
+        char why[128];
+        snprintf(why, sizeof why, "it stopped within a message of %d bytes (%.0f s)", r->rcount, t->mo->timeout_s);
+        r->rbuf = NULL, r->rreq = MPI_REQUEST_NULL; /* MPI's */
+        if (r->state == RANK_LIVE || r->state == RANK_JOINING) vks_rl_orch_leave(t, r, RANK_DROPPED, why, true);
+        return VKS_OK;
+    }
+    *done = true;
+    char *buf = r->rbuf;
+    r->rbuf = NULL;
+    double took = vks_seconds_now() - r->rsince;
+    if (took > 1.0) /* a contributor on a slow link: the run did not wait for it */
+        fprintf(stderr, "vkswarm: rl: joined rank %d: a message of %d bytes took %.1f s to arrive; the run published %lld "
+                "steps meanwhile\n", r->rank, r->rcount, took, (long long)(t->newest - r->rnewest));
+    if (r->rtag == TAG_VERIFY)
+        return r->state == RANK_LIVE ? forward_to_verifier(t, r, buf, r->rfront, r->rcount) : (free(buf), VKS_OK);
+    int rc = up_message(t, r, buf, r->rcount, MPI_SUCCESS, scratch, mc);
+    free(buf);
+    return rc;
+}
+
+/* A joined rank's messages, over its own connection: the one on its way
+ * first; then each new one is started and taken when it is complete (a
+ * small one at once; a large one over a slow link in a later round). */
+static int joined_messages(trainer_src *t, inf_rank *r, vks_rl_batch_group *scratch, const vks_model_config *mc) {
+    for (;;) {
+        if (r->rbuf) {
+            bool done = false;
+            int rc = joined_receive_progress(t, r, scratch, mc, &done);
+            if (rc || !done) return rc;
+        }
+        bool live = r->state == RANK_LIVE;
+        if (!live && r->state != RANK_JOINING) return VKS_OK;
+        int flag = 0, tag = TAG_UP;
+        MPI_Status st;
+        if (MPI_Iprobe(0, TAG_UP, r->comm, &flag, &st) != MPI_SUCCESS) flag = 0;
+        if (!flag && live && t->c->n_verifiers) {
+            tag = TAG_VERIFY;
+            if (MPI_Iprobe(0, TAG_VERIFY, r->comm, &flag, &st) != MPI_SUCCESS) flag = 0;
+        }
+        if (!flag) return VKS_OK;
+        int rc = joined_receive_start(t, r, &st, tag);
+        if (rc || !r->rbuf) return rc;
+    }
 }
 
 /* Frees the forwarded batches a verifier has taken. One a dead verifier never
@@ -683,21 +745,10 @@ int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
         int flag = 0;
         MPI_Status st;
         if (MPI_Iprobe(MPI_ANY_SOURCE, TAG_UP, t->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
-        if ((rc = receive_up(t, find_rank(t, st.MPI_SOURCE), t->comm, &st, scratch, mc->seq_len, mc))) return rc;
+        if ((rc = receive_up(t, find_rank(t, st.MPI_SOURCE), t->comm, &st, scratch, mc))) return rc;
     }
-    for (int i = 0; i < t->n_ranks; i++) { /* joined ranks, each over its own connection */
-        inf_rank *r = &t->ranks[i];
-        for (int flag = 1; flag && r->joined && (r->state == RANK_LIVE || r->state == RANK_JOINING);) {
-            MPI_Status st;
-            if (MPI_Iprobe(0, TAG_UP, r->comm, &flag, &st) != MPI_SUCCESS) flag = 0;
-            if (flag && (rc = receive_up(t, r, r->comm, &st, scratch, mc->seq_len, mc))) return rc;
-        }
-        for (int flag = 1; flag && r->joined && r->state == RANK_LIVE && t->c->n_verifiers;) {
-            MPI_Status st;
-            if (MPI_Iprobe(0, TAG_VERIFY, r->comm, &flag, &st) != MPI_SUCCESS) flag = 0;
-            if (flag && (rc = forward_to_verifier(t, r, &st))) return rc;
-        }
-    }
+    for (int i = 0; i < t->n_ranks; i++) /* joined ranks, each over its own connection */
+        if (t->ranks[i].joined && (rc = joined_messages(t, &t->ranks[i], scratch, mc))) return rc;
     double wall = vks_seconds_now();
     int live = 0;
     for (int i = 0; i < t->n_ranks; i++) {
@@ -707,7 +758,7 @@ int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
             continue;
         }
         if (r->state != RANK_LIVE) continue;
-        if (wall - r->last_seen > t->mo->timeout_s) {
+        if (wall - r->last_seen > t->mo->timeout_s && !r->rbuf) { /* a message on its way has a bound of its own */
             char why[96];
             snprintf(why, sizeof why, "rank %d went silent (%.1f s)", r->rank, wall - r->last_seen);
             drop_rank(t, r, RANK_DROPPED, why);
@@ -855,7 +906,7 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
         bool v = i >= c->n_groups;
         t->ranks[i] = (inf_rank){.rank = v ? c->verifiers[i - c->n_groups] : c->inference_ranks[c->groups[i].first],
                                  .verifier = v, .batch = -1, .last_seen = now, .at_step = -1, .comm = t->comm,
-                                 .welcome = MPI_REQUEST_NULL, .wreq = MPI_REQUEST_NULL};
+                                 .welcome = MPI_REQUEST_NULL, .wreq = MPI_REQUEST_NULL, .rreq = MPI_REQUEST_NULL};
         t->ranks[i].peer = t->ranks[i].rank;
     }
     t->cap_ranks = t->n_ranks;
@@ -883,6 +934,11 @@ void vks_rl_orch_close(trainer_src *t) {
     vks_rl_orch_close_joins(t);
     forwards_progress(t); /* those still on their way are MPI's */
     free(t->fwd);
+    for (int i = 0; t->ranks && i < t->n_ranks; i++) { /* a joined rank's message taken whole and not yet read */
+        int done = 0;
+        inf_rank *r = &t->ranks[i];
+        if (r->rbuf && MPI_Test(&r->rreq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) free(r->rbuf);
+    }
     free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops);
     vks_param_layout_free(t->layout);
     t->gen.model = NULL;

@@ -60,7 +60,7 @@ int vks_rl_orch_take_joins(trainer_src *t) {
         MPI_Comm_set_errhandler(ic, MPI_ERRORS_RETURN);
         inf_rank *r = &t->ranks[t->n_ranks++];
         *r = (inf_rank){.rank = t->n_world + t->n_joined++, .state = RANK_JOINING, .joined = true, .ident = -1, .comm = ic, .peer = 0,
-                        .welcome = MPI_REQUEST_NULL, .wreq = MPI_REQUEST_NULL, .batch = -1,
+                        .welcome = MPI_REQUEST_NULL, .wreq = MPI_REQUEST_NULL, .rreq = MPI_REQUEST_NULL, .batch = -1,
                         .last_seen = vks_seconds_now(), .connected_at = vks_seconds_now(), .at_step = -1};
         if (MPI_Isend(t->welcome, (int)t->welcome_bytes, MPI_BYTE, 0, TAG_JOIN, ic, &r->welcome) != MPI_SUCCESS)
             r->welcome = MPI_REQUEST_NULL; /* it hears nothing and gives up; its hello never comes */
