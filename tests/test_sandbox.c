@@ -453,6 +453,7 @@ static void test_reward_programs(void **state) {
         {"nan.py", "import sys\nfor line in sys.stdin: print('NaN', flush=True)\n"},
         {"text.py", "import sys\nfor line in sys.stdin: print('{\"reward\": \"high\"}', flush=True)\n"},
         {"big.py", "import sys\nfor line in sys.stdin: print('{\"reward\": 1.5}', flush=True)\n"},
+        {"half.py", "import sys\nfor line in sys.stdin: print('{\"reward\": 0.5, \"metrics\": {\"h\": 1}}', flush=True)\n"},
         /* unsandboxed, it leaves a mark in its directory: the first start fails, the second answers */
         {"once.py", "import os, sys\n"
                     "if not os.path.exists('mark'):\n    open('mark', 'w').close(); raise SystemExit(3)\n"
@@ -473,12 +474,14 @@ static void test_reward_programs(void **state) {
           "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 nan.py\"}\n"
           "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 text.py\"}\n"
           "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 big.py\"}\n"
-          "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 once.py\", \"sandbox\": false}\n", f);
+          "{\"prompt\": \"p\", \"task_type\": \"program\", \"program\": \"python3 once.py\", \"sandbox\": false}\n"
+          "{\"prompt\": \"say 42\", \"task_type\": \"program\", \"answer\": 42, \"info\": {\"k\": 7}, \"rubric\": "
+          "[{\"program\": \"python3 rubric.py\", \"weight\": 3}, {\"program\": \"python3 half.py\", \"weight\": 1}]}\n", f);
     fclose(f);
     vks_task *tasks = NULL;
     int64_t n = 0;
     assert_int_equal(vks_task_file_load(path, &tasks, &n), VKS_OK);
-    assert_int_equal(n, 7);
+    assert_int_equal(n, 8);
     assert_string_equal(tasks[0].program->dir, dir);
     assert_string_equal(tasks[0].program->info_json, "{\"k\":7}");
     assert_string_equal(tasks[0].answer, "42");
@@ -491,6 +494,30 @@ static void test_reward_programs(void **state) {
     assert_int_equal(vks_task_score_many(which, texts, lens, 3, 0, rewards, why), VKS_OK);
     assert_true(rewards[0] == 1.0 && rewards[1] == 0.25 && rewards[2] == 1.0);
     assert_string_equal(why[0], "reward program: 1; metrics {\"k\":7,\"p\":\"say 42\"}");
+    /* a rubric: the weights 3 and 1 become 0.75 and 0.25; rubric.py gives 1 and 0.25, half.py 0.5 */
+    const vks_task *rub[2] = {&tasks[7], &tasks[7]};
+    assert_int_equal(vks_task_score_many(rub, texts, lens, 2, 0, rewards, why), VKS_OK);
+    assert_true(rewards[0] == 0.875 && rewards[1] == 0.3125);
+    assert_string_equal(why[0], "rubric: 0.75*1 + 0.25*0.5 = 0.875; metrics {\"k\":7,\"p\":\"say 42\"} {\"h\":1}");
+    static const struct { const char *line, *msg; } bad[] = {
+        {"\"program\": \"a\", \"rubric\": [{\"program\": \"b\"}]", "a program task has \"program\" or \"rubric\", not both"},
+        {"\"rubric\": []", "\"rubric\" is not a list of 1 to 8"},
+        {"\"rubric\": [{\"program\": \"b\", \"weight\": -1}]", "rubric entry 1: \"weight\" is not a number above 0"},
+        {"\"rubric\": [{\"program\": \"b\"}, {\"program\": \"c\", \"weight\": \"x\"}]", "rubric entry 2: \"weight\" is not"},
+        {"\"rubric\": [{\"program\": \"b\", \"weight\": 1, \"w\": 2}]", "rubric entry 1 is not {\"program\": ..., \"weight\": ...}"},
+        {"\"rubric\": [{\"weight\": 1, \"x\": 2}]", "rubric entry 1 needs \"program\""},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char bad_path[420];
+        snprintf(bad_path, sizeof bad_path, "%s/bad.jsonl", dir);
+        FILE *b = fopen(bad_path, "w");
+        fprintf(b, "{\"prompt\": \"p\", \"task_type\": \"program\", %s}\n", bad[k].line);
+        fclose(b);
+        vks_task *bt = NULL;
+        int64_t bn = 0;
+        assert_int_not_equal(vks_task_file_load(bad_path, &bt, &bn), VKS_OK);
+        if (!strstr(vks_last_error(), bad[k].msg)) fail_msg("'%s': '%s'", bad[k].line, vks_last_error());
+    }
     static const char *const errors[] = {
         "'python3 crash.py' ended: exit status 1; its last words: no way",
         "'python3 hang.py' gave no answer in time",

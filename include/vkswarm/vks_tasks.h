@@ -53,11 +53,17 @@ typedef struct {
  * /usr/bin/sh -c in the task file's directory, sandboxed unless "sandbox":
  * false) is started once per process and kept running; for each completion
  * it reads one line {"prompt", "completion", "answer", "info"} and answers
- * one line {"reward": R in [0, 1], "metrics": {...}}. */
+ * one line {"reward": R in [0, 1], "metrics": {...}}. A rubric ("rubric":
+ * [{"program": C, "weight": W}, ...] instead of "program") asks each of its
+ * programs; the reward is sum_i w_i r_i with the weights divided by their
+ * sum (so it stays in [0, 1], and is 1 only when every program says 1). */
 #define VKS_TASK_MAX_COMMAND 1024   /* bytes of a reward program's command */
 #define VKS_TASK_PROGRAM_RESTARTS 2 /* a failing program is started again this many times, then scoring fails */
+#define VKS_TASK_MAX_RUBRIC 8       /* programs of a rubric */
 typedef struct {
-    const char *command;
+    int n;                   /* programs: 1 ("program"), or the rubric's */
+    const char *commands[VKS_TASK_MAX_RUBRIC];
+    double weights[VKS_TASK_MAX_RUBRIC]; /* each > 0, summing to 1 (as given, divided by their sum) */
     const char *dir;         /* the task file's directory (absolute) */
     const char *info_json;   /* the line's "info" as compact JSON ("null" when absent) */
     bool sandboxed;          /* "sandbox" (default true) */

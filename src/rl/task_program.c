@@ -20,13 +20,54 @@
 
 /* ---- reading a task line ---- */
 
-int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir) {
-    json_t *cmd = json_object_get(root, "program"), *info = json_object_get(root, "info"),
-           *sb = json_object_get(root, "sandbox"), *to = json_object_get(root, "timeout_s");
+/* A command from a task line (where: what it is, for errors): a string of 1 to VKS_TASK_MAX_COMMAND - 1 bytes. */
+static int command_of(json_t *cmd, const char *where) {
     if (!json_is_string(cmd) || !json_string_length(cmd) || json_string_length(cmd) >= VKS_TASK_MAX_COMMAND ||
         memchr(json_string_value(cmd), 0, json_string_length(cmd)))
-        return vks_set_error(VKS_ERR_FORMAT, "a program task needs \"program\": a command of 1 to %d bytes",
+        return vks_set_error(VKS_ERR_FORMAT, "%s needs \"program\": a command of 1 to %d bytes", where,
                              VKS_TASK_MAX_COMMAND - 1);
+    return VKS_OK;
+}
+
+/* "program": C, or "rubric": [{"program": C, "weight": W}, ...]: the commands and weights (normalized). */
+static int programs_of(json_t *root, json_t *cmds[VKS_TASK_MAX_RUBRIC], double weights[VKS_TASK_MAX_RUBRIC], int *n) {
+    json_t *cmd = json_object_get(root, "program"), *rubric = json_object_get(root, "rubric");
+    if (cmd && rubric) return vks_set_error(VKS_ERR_FORMAT, "a program task has \"program\" or \"rubric\", not both");
+    if (!rubric) {
+        cmds[0] = cmd, weights[0] = 1, *n = 1;
+        return command_of(cmd, "a program task");
+    }
+    size_t k = json_is_array(rubric) ? json_array_size(rubric) : 0;
+    if (k < 1 || k > VKS_TASK_MAX_RUBRIC)
+        return vks_set_error(VKS_ERR_FORMAT, "\"rubric\" is not a list of 1 to %d {\"program\", \"weight\"} objects",
+                             VKS_TASK_MAX_RUBRIC);
+    double sum = 0;
+    for (size_t i = 0; i < k; i++) {
+        json_t *e = json_array_get(rubric, i), *w = json_object_get(e, "weight");
+        char where[48];
+        snprintf(where, sizeof where, "rubric entry %zu", i + 1);
+        if (!json_is_object(e) || json_object_size(e) != 2u - !w)
+            return vks_set_error(VKS_ERR_FORMAT, "%s is not {\"program\": ..., \"weight\": ...}", where);
+        int rc = command_of(json_object_get(e, "program"), where);
+        if (rc) return rc;
+        double wv = w ? (json_is_number(w) ? json_number_value(w) : -1) : 1;
+        if (!(wv > 0 && wv <= 1e6))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: \"weight\" is not a number above 0 (at most 1e6; a penalty, a "
+                                 "weight below 0, would take the reward out of [0, 1])", where);
+        cmds[i] = json_object_get(e, "program"), weights[i] = wv, sum += wv;
+    }
+    for (size_t i = 0; i < k; i++) weights[i] /= sum;
+    *n = (int)k;
+    return VKS_OK;
+}
+
+int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir) {
+    json_t *info = json_object_get(root, "info"), *sb = json_object_get(root, "sandbox"),
+           *to = json_object_get(root, "timeout_s"), *cmds[VKS_TASK_MAX_RUBRIC];
+    double weights[VKS_TASK_MAX_RUBRIC];
+    int n = 0;
+    int rc = programs_of(root, cmds, weights, &n);
+    if (rc) return rc;
     if (sb && !json_is_boolean(sb)) return vks_set_error(VKS_ERR_FORMAT, "\"sandbox\" is not true or false");
     double timeout = PROGRAM_DEFAULT_TIMEOUT_S;
     if (to) {
@@ -41,14 +82,20 @@ int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir
         return vks_set_error(VKS_ERR_FORMAT, "\"info\" is longer than %d bytes as JSON", PROGRAM_MAX_INFO);
     }
     const char *info_text = info_json ? info_json : "null";
-    size_t lc = json_string_length(cmd), ld = strlen(dir), li = strlen(info_text);
-    vks_task_program *p = calloc(1, sizeof *p + lc + ld + li + 3);
+    size_t lc = 0, ld = strlen(dir), li = strlen(info_text);
+    for (int i = 0; i < n; i++) lc += json_string_length(cmds[i]) + 1;
+    vks_task_program *p = calloc(1, sizeof *p + lc + ld + li + 2);
     if (!p) {
         free(info_json);
         return vks_set_error(VKS_ERR_NOMEM, "out of memory for a program task");
     }
     char *at = (char *)(p + 1);
-    p->command = memcpy(at, json_string_value(cmd), lc + 1), at += lc + 1;
+    p->n = n;
+    for (int i = 0; i < n; i++) {
+        p->commands[i] = memcpy(at, json_string_value(cmds[i]), json_string_length(cmds[i]) + 1);
+        at += json_string_length(cmds[i]) + 1;
+        p->weights[i] = weights[i];
+    }
     p->dir = memcpy(at, dir, ld + 1), at += ld + 1;
     p->info_json = memcpy(at, info_text, li + 1);
     p->sandboxed = sb ? json_is_true(sb) : true;
@@ -72,12 +119,13 @@ typedef struct entry {
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *registry;
 
-static entry *entry_for(const vks_task_program *p) {
+/* The running program of command `command` of p (started when first asked). */
+static entry *entry_for(const vks_task_program *p, const char *command) {
     pthread_mutex_lock(&registry_lock);
     entry *e = registry;
-    while (e && (strcmp(e->command, p->command) || strcmp(e->dir, p->dir) || e->sandboxed != p->sandboxed)) e = e->next;
+    while (e && (strcmp(e->command, command) || strcmp(e->dir, p->dir) || e->sandboxed != p->sandboxed)) e = e->next;
     if (!e && (e = calloc(1, sizeof *e))) {
-        e->command = strdup(p->command);
+        e->command = strdup(command);
         e->dir = strdup(p->dir);
         e->sandboxed = p->sandboxed;
         pthread_mutex_init(&e->lock, NULL);
@@ -189,19 +237,40 @@ static int ask(entry *e, const vks_task *t, const char *line, double *reward, ch
 int vks_task_score_programs(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
                             double *rewards, char (*why)[VKS_TASK_MAX_WHY]) {
     for (int64_t i = 0; i < n; i++) {
+        const vks_task_program *p = tasks[i]->program;
         if (tasks[i]->verify != VKS_VERIFY_PROGRAM) continue;
-        entry *e = tasks[i]->program ? entry_for(tasks[i]->program) : NULL;
-        if (!e) return vks_set_error(VKS_ERR_NOMEM, "out of memory for a reward program");
+        if (!p || p->n < 1 || p->n > VKS_TASK_MAX_RUBRIC) return vks_set_error(VKS_ERR_ARG, "a program task without a program");
         char *line = request_line(tasks[i], texts[i], lens[i]);
         if (!line) return vks_set_error(VKS_ERR_NOMEM, "out of memory for a reward program's request");
-        char metrics[VKS_TASK_MAX_WHY] = "";
-        pthread_mutex_lock(&e->lock);
-        int rc = ask(e, tasks[i], line, &rewards[i], metrics, sizeof metrics);
-        pthread_mutex_unlock(&e->lock);
+        char parts[VKS_TASK_MAX_WHY] = "", metrics[VKS_TASK_MAX_WHY] = "", all_metrics[VKS_TASK_MAX_WHY] = "";
+        double sum = 0;
+        for (int k = 0; k < p->n; k++) {
+            entry *e = entry_for(p, p->commands[k]);
+            if (!e) {
+                free(line);
+                return vks_set_error(VKS_ERR_NOMEM, "out of memory for a reward program");
+            }
+            double r = 0;
+            pthread_mutex_lock(&e->lock);
+            int rc = ask(e, tasks[i], line, &r, metrics, sizeof metrics);
+            pthread_mutex_unlock(&e->lock);
+            if (rc) {
+                free(line);
+                return rc;
+            }
+            sum += p->weights[k] * r;
+            size_t at = strlen(parts), am = strlen(all_metrics);
+            snprintf(parts + at, sizeof parts - at, "%s%.4g*%g", k ? " + " : "", p->weights[k], r);
+            if (metrics[0]) snprintf(all_metrics + am, sizeof all_metrics - am, "%s%s", am ? " " : "", metrics);
+        }
         free(line);
-        if (rc) return rc;
-        if (why) snprintf(why[i], VKS_TASK_MAX_WHY, "reward program: %g%s%.200s", rewards[i],
-                          metrics[0] ? "; metrics " : "", metrics);
+        rewards[i] = p->n == 1 ? sum : fmin(1.0, fmax(0.0, sum)); /* the rounding of the weights' sum */
+        if (why && p->n == 1)
+            snprintf(why[i], VKS_TASK_MAX_WHY, "reward program: %g%s%.200s", rewards[i], all_metrics[0] ? "; metrics " : "",
+                     all_metrics);
+        else if (why)
+            snprintf(why[i], VKS_TASK_MAX_WHY, "rubric: %.100s = %g%s%.120s", parts, rewards[i],
+                     all_metrics[0] ? "; metrics " : "", all_metrics);
     }
     return VKS_OK;
 }
