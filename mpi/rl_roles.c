@@ -848,6 +848,8 @@ int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap) {
 }
 
 static int ranks_mpi(void *ctx, vks_rl_rank_status *out, int cap) { return vks_rl_orch_ranks(ctx, out, cap); }
+/* The trainer checks every completion it takes (vks_rl_check_sample scores it again): its programs' metrics. */
+static vks_task_metrics *program_metrics_mpi(void *ctx) { return ((trainer_src *)ctx)->gen.program_metrics; }
 static int64_t position_mpi(void *ctx) { return ((trainer_src *)ctx)->next_batch; }
 static double broadcast_bytes_mpi(void *ctx) { return (double)((trainer_src *)ctx)->cast_bytes; }
 static void resume_mpi(void *ctx, int64_t step, int64_t next_batch) {
@@ -955,7 +957,8 @@ int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo
     rc = vks_rl_orch_open(&t, o, mo, true);
     vks_rl_source src = {.ctx = &t, .publish = publish_mpi, .take = take_mpi, .counters = counters_mpi,
                          .position = position_mpi, .resume = resume_mpi, .broadcast_bytes = broadcast_bytes_mpi,
-                         .ranks = ranks_mpi, .pool = vks_rl_orch_pool, .publish_adapter = publish_adapter_mpi};
+                         .ranks = ranks_mpi, .pool = vks_rl_orch_pool, .publish_adapter = publish_adapter_mpi,
+                         .program_metrics = program_metrics_mpi};
     if (!rc) rc = vks_rl_run_source(o, &src, res);
     char err[1024];
     snprintf(err, sizeof err, "%s", rc ? vks_last_error() : "");

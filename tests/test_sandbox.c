@@ -539,6 +539,52 @@ static void test_reward_programs(void **state) {
     vks_task_free(tasks, n);
 }
 
+/* A run's metrics.jsonl carries what reward programs answer: "program.NAME", the mean over the
+ * step's completions of each number (true as 1); text values and names metrics.jsonl cannot
+ * carry left out. Two programs of a rubric naming one metric share its mean. */
+static void test_reward_program_metrics(void **state) {
+    (void)state;
+    const char *dir = tu_tmpdir();
+    char path[700], cmd[2400];
+    static const char *const progs[][2] = {
+        {"m1.py", "import json, sys\nfor line in sys.stdin:\n    c = json.loads(line)['completion']\n"
+                  "    print(json.dumps({'reward': min(len(c), 20) / 20, 'metrics': {'chars': len(c), 'const': 3, "
+                  "'flag': True, 'bad name!': 1, 's': 'text'}}), flush=True)\n"},
+        {"m2.py", "import sys\nfor line in sys.stdin: print('{\"reward\": 0.5, \"metrics\": {\"const\": 3}}', flush=True)\n"},
+    };
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, progs[i][0]);
+        FILE *f = fopen(path, "w");
+        fputs(progs[i][1], f);
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/t.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "{\"prompt\": \"%d+%d=\", \"task_type\": \"program\", \"rubric\": [{\"program\": \"python3 m1.py\"}, "
+                   "{\"program\": \"python3 m2.py\"}]}\n", i, i);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "cd %s && %s rl --init tiny --task t.jsonl --steps 2 --async-level 0 --out o "
+             "--set prompts_per_step=2 --set group_size=4 --set max_new_tokens=8 > /dev/null 2> rl.err", dir, tu_bin());
+    assert_int_equal(tu_run(cmd, NULL), 0);
+    snprintf(path, sizeof path, "%s/o/metrics.jsonl", dir);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(vks_file_read_all(path, 1 << 20, &text, &len), VKS_OK);
+    int lines = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        double chars = -1;
+        const char *at = strstr(line, "\"program.chars\":");
+        if (at) chars = strtod(at + strlen("\"program.chars\":"), NULL);
+        if (!strstr(line, "\"program.const\":3") || !strstr(line, "\"program.flag\":1") || !(chars >= 0 && chars <= 200) ||
+            strstr(line, "bad name") || strstr(line, "program.s\""))
+            fail_msg("metrics line %d: %s", lines + 1, line);
+    }
+    assert_int_equal(lines, 2);
+    free(text);
+    vks_task_programs_stop();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sandbox_available), cmocka_unit_test(test_sandbox_io),
@@ -547,7 +593,7 @@ int main(void) {
         cmocka_unit_test(test_code_block),        cmocka_unit_test(test_code_task_rewards),
         cmocka_unit_test(test_code_task_errors),  cmocka_unit_test(test_cli_tasks_score),
         cmocka_unit_test(test_builtin_code_task), cmocka_unit_test(test_sandbox_proc),
-        cmocka_unit_test(test_reward_programs),
+        cmocka_unit_test(test_reward_programs),   cmocka_unit_test(test_reward_program_metrics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

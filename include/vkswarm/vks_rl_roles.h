@@ -160,6 +160,7 @@ struct vks_rl_gen {
      * vks_rl_gen_set_policy makes no engine. */
     int (*generate)(void *ctx, const vks_rl_gen *g, const vks_sched_params *sp, vks_sequence *seqs, int n, bool toploc);
     void *generate_ctx;
+    vks_task_metrics *program_metrics; /* what reward programs answered in this process's scoring (made by open_tasks) */
 };
 
 /* Opens the run's tasks (config->task) into g, holding out config->eval_split
@@ -250,6 +251,8 @@ typedef struct {
     int (*ranks)(void *ctx, vks_rl_rank_status *out, int cap);
     /* The joins so far (NULL, or false returned: the run takes no joins). */
     bool (*pool)(void *ctx, vks_rl_pool *out);
+    /* Where the completions are scored for the metrics: reward programs' metrics (NULL: none known here). */
+    vks_task_metrics *(*program_metrics)(void *ctx);
 } vks_rl_source;
 /* vks_rl_run with the groups from src (NULL: the inference thread). */
 int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks_rl_result *r);

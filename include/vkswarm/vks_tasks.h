@@ -129,6 +129,25 @@ double vks_task_score(const vks_task *t, const char *completion, size_t len);
  * up). Errors only for what stops scoring itself, never for a completion. */
 int vks_task_score_many(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
                         int parallel, double *rewards, char (*why)[VKS_TASK_MAX_WHY]);
+
+/* The metrics reward programs answer ({"reward": R, "metrics": {NAME: V}}),
+ * summed per NAME for the run's metrics.jsonl: numbers, and true/false as 1/0
+ * (other values, and names outside [A-Za-z0-9_.-] or longer than
+ * VKS_TASK_METRIC_NAME - 1 bytes, are left out); the first
+ * VKS_TASK_MAX_METRICS names only. Thread-safe. */
+#define VKS_TASK_MAX_METRICS 32
+#define VKS_TASK_METRIC_NAME 48
+typedef struct vks_task_metrics vks_task_metrics;
+int vks_task_metrics_create(vks_task_metrics **out);
+void vks_task_metrics_free(vks_task_metrics *m);
+/* Adds one answer's metrics object (compact JSON text). */
+void vks_task_metrics_add(vks_task_metrics *m, const char *json);
+/* The mean of each name over the answers that gave it since the last take
+ * (at most cap; names[i] NUL-terminated), and starts over. Returns how many. */
+int vks_task_metrics_take(vks_task_metrics *m, char (*names)[VKS_TASK_METRIC_NAME], double *means, int cap);
+/* vks_task_score_many that also adds reward programs' metrics to `sink` (NULL: none). */
+int vks_task_score_many_into(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
+                             int parallel, double *rewards, char (*why)[VKS_TASK_MAX_WHY], vks_task_metrics *sink);
 /* Scoring a completions file without a model (`vkswarm tasks score`): lines
  * {"task": LINE, "completion": str, "id": any JSON value (optional)}, LINE a
  * line number of the task file. The whole file is checked before anything is

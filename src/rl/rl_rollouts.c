@@ -162,7 +162,7 @@ int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sa
     }
     const vks_task *tp = &t;
     const char *ctext = text;
-    rc = vks_task_score_many(&tp, &ctext, &len, 1, 0, task_reward, NULL); /* code tasks: their tests, run here */
+    rc = vks_task_score_many_into(&tp, &ctext, &len, 1, 0, task_reward, NULL, g->program_metrics); /* code tasks: their tests, run here */
     free(text);
     if (rc) {
         snprintf(err, cap, "scoring here failed: %s", vks_last_error());
@@ -466,7 +466,8 @@ static int score_batch(const vks_rl_gen *g, gen_batch *b, const int *targets, in
         own[i] = n_new;
     }
     /* code tasks: every completion's tests at once, in parallel sandboxes */
-    if (rc == VKS_OK) rc = vks_task_score_many(which, (const char *const *)texts, lens, n, 0, b->task_reward, NULL);
+    if (rc == VKS_OK)
+        rc = vks_task_score_many_into(which, (const char *const *)texts, lens, n, 0, b->task_reward, NULL, g->program_metrics);
     for (int i = 0; rc == VKS_OK && i < n; i++) {
         int target = targets[i / c->group_size];
         b->reward[i] = target ? vks_task_length_reward(b->task_reward[i], target, own[i], c->length_penalty)
@@ -521,6 +522,7 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g) {
     if (rc || !g->tasks_path) return rc;
     rc = vks_task_file_load(g->tasks_path, &g->tasks, &g->n_tasks);
     if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", g->tasks_path);
+    if (!rc && !g->program_metrics) rc = vks_task_metrics_create(&g->program_metrics); /* reward programs' metrics */
     /* code tasks: the sandbox is checked before the run starts (every rank scores: vks_rl_score_sample) */
     if (!rc && vks_task_first_code(g->tasks, g->n_tasks) && vks_sandbox_check())
         rc = vks_error_prefix(VKS_ERR_IO, "%s: code tasks", g->tasks_path);
@@ -542,6 +544,8 @@ void vks_rl_gen_close(vks_rl_gen *g) {
     g->tasks = NULL;
     vks_task_free(g->held, g->n_held);
     g->held = NULL;
+    vks_task_metrics_free(g->program_metrics);
+    g->program_metrics = NULL;
 }
 
 int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {

@@ -916,6 +916,22 @@ typedef struct {
 } identity_names;
 enum { POOL_METRICS = 4 + 2 * VKS_RL_MAX_IDENTITIES };
 
+/* "program.NAME": the mean of each metric the reward programs answered for
+ * the completions scored since the last step (where they are scored: the
+ * inference thread here, the trainer's checks across ranks). */
+typedef char program_names[VKS_TASK_METRIC_NAME + 8];
+static int program_metrics(rl_run *r, vks_metric *m, program_names *names) {
+    vks_task_metrics *sink = !r->src ? r->gen.program_metrics : r->src->program_metrics ? r->src->program_metrics(r->src->ctx) : NULL;
+    char raw[VKS_TASK_MAX_METRICS][VKS_TASK_METRIC_NAME];
+    double means[VKS_TASK_MAX_METRICS];
+    int k = vks_task_metrics_take(sink, raw, means, VKS_TASK_MAX_METRICS);
+    for (int i = 0; i < k; i++) {
+        snprintf(names[i], sizeof names[i], "program.%.47s", raw[i]);
+        m[i] = (vks_metric){names[i], means[i]};
+    }
+    return k;
+}
+
 static int pool_metrics(rl_run *r, vks_rl_pool *pool, vks_metric *m, identity_names *names) {
     if (!r->src || !r->src->pool || !r->src->pool(r->src->ctx, pool) || !(pool->joins || pool->bans)) return 0;
     int k = 0;
@@ -967,12 +983,13 @@ static const char *trust_region_metric(const vks_rl_loss *l) {
 
 static int log_step(rl_run *r, const vks_rl_progress *p) {
     enum { FIXED = 31 };
-    vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS + POOL_METRICS));
+    vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS + POOL_METRICS + VKS_TASK_MAX_METRICS));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
     identity_names *id_names = malloc(sizeof *id_names * VKS_RL_MAX_IDENTITIES);
     vks_rl_pool *pool = malloc(sizeof *pool);
-    if (!m || !names || !id_names || !pool) {
-        free(m), free(names), free(id_names), free(pool);
+    program_names *prog_names = malloc(sizeof *prog_names * VKS_TASK_MAX_METRICS);
+    if (!m || !names || !id_names || !pool || !prog_names) {
+        free(m), free(names), free(id_names), free(pool), free(prog_names);
         return vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
     }
     int n = 0;
@@ -1004,8 +1021,9 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"elapsed_s", p->elapsed_s};
     n += rank_metrics(r, p, m + n, names, 4 * VKS_RL_MAX_RANK_STATUS);
     n += pool_metrics(r, pool, m + n, id_names);
+    n += program_metrics(r, m + n, prog_names);
     int rc = vks_metrics_log(r->metrics, p->step, m, n);
-    free(m), free(names), free(id_names), free(pool);
+    free(m), free(names), free(id_names), free(pool), free(prog_names);
     return rc;
 }
 

@@ -358,6 +358,11 @@ static int run_code(const vks_task *const *tasks, const char *const *texts, cons
 
 int vks_task_score_many(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
                         int parallel, double *rewards, char (*why)[VKS_TASK_MAX_WHY]) {
+    return vks_task_score_many_into(tasks, texts, lens, n, parallel, rewards, why, NULL);
+}
+
+int vks_task_score_many_into(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
+                             int parallel, double *rewards, char (*why)[VKS_TASK_MAX_WHY], vks_task_metrics *sink) {
     if (n < 0 || (n && (!tasks || !texts || !lens || !rewards)))
         return vks_set_error(VKS_ERR_ARG, "tasks: score: NULL argument");
     for (int64_t i = 0; i < n; i++) {
@@ -365,6 +370,6 @@ int vks_task_score_many(const vks_task *const *tasks, const char *const *texts, 
         if (tasks[i]->verify == VKS_VERIFY_CODE || tasks[i]->verify == VKS_VERIFY_PROGRAM) continue;
         rewards[i] = vks_task_score_why(tasks[i], texts[i], lens[i], why ? why[i] : NULL, VKS_TASK_MAX_WHY);
     }
-    int rc = vks_task_score_programs(tasks, texts, lens, n, rewards, why);
+    int rc = vks_task_score_programs(tasks, texts, lens, n, rewards, why, sink);
     return rc ? rc : run_code(tasks, texts, lens, n, parallel, rewards, why);
 }

@@ -26,7 +26,7 @@ int vks_task_code_from_json(struct json_t *root, vks_task *t);
 int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir);
 /* The reward program tasks of tasks[0..n) scored, one request at a time per program. */
 int vks_task_score_programs(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
-                            double *rewards, char (*why)[VKS_TASK_MAX_WHY]);
+                            double *rewards, char (*why)[VKS_TASK_MAX_WHY], vks_task_metrics *sink);
 /* The built-in code task's polynomial in x from numbers[] (highest power first: "2*x*x+5*x+7"). */
 void vks_task_code_expr(const vks_task *t, char *buf, size_t cap);
 /* vks_task_score with a reason (why: NULL, or cap bytes); code tasks score 0 here. */

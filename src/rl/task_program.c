@@ -235,14 +235,14 @@ static int ask(entry *e, const vks_task *t, const char *line, double *reward, ch
 }
 
 int vks_task_score_programs(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
-                            double *rewards, char (*why)[VKS_TASK_MAX_WHY]) {
+                            double *rewards, char (*why)[VKS_TASK_MAX_WHY], vks_task_metrics *sink) {
     for (int64_t i = 0; i < n; i++) {
         const vks_task_program *p = tasks[i]->program;
         if (tasks[i]->verify != VKS_VERIFY_PROGRAM) continue;
         if (!p || p->n < 1 || p->n > VKS_TASK_MAX_RUBRIC) return vks_set_error(VKS_ERR_ARG, "a program task without a program");
         char *line = request_line(tasks[i], texts[i], lens[i]);
         if (!line) return vks_set_error(VKS_ERR_NOMEM, "out of memory for a reward program's request");
-        char parts[VKS_TASK_MAX_WHY] = "", metrics[VKS_TASK_MAX_WHY] = "", all_metrics[VKS_TASK_MAX_WHY] = "";
+        char parts[VKS_TASK_MAX_WHY] = "", metrics[4096] = "", all_metrics[VKS_TASK_MAX_WHY] = "";
         double sum = 0;
         for (int k = 0; k < p->n; k++) {
             entry *e = entry_for(p, p->commands[k]);
@@ -259,6 +259,7 @@ int vks_task_score_programs(const vks_task *const *tasks, const char *const *tex
                 return rc;
             }
             sum += p->weights[k] * r;
+            if (sink && metrics[0]) vks_task_metrics_add(sink, metrics);
             size_t at = strlen(parts), am = strlen(all_metrics);
             snprintf(parts + at, sizeof parts - at, "%s%.4g*%g", k ? " + " : "", p->weights[k], r);
             if (metrics[0]) snprintf(all_metrics + am, sizeof all_metrics - am, "%s%s", am ? " " : "", metrics);
@@ -273,4 +274,77 @@ int vks_task_score_programs(const vks_task *const *tasks, const char *const *tex
                      all_metrics[0] ? "; metrics " : "", all_metrics);
     }
     return VKS_OK;
+}
+
+/* ---- the programs' metrics, summed for the run ---- */
+
+struct vks_task_metrics {
+    pthread_mutex_t lock;
+    int n;
+    char names[VKS_TASK_MAX_METRICS][VKS_TASK_METRIC_NAME];
+    double sum[VKS_TASK_MAX_METRICS];
+    int64_t count[VKS_TASK_MAX_METRICS];
+};
+
+int vks_task_metrics_create(vks_task_metrics **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return vks_set_error(VKS_ERR_NOMEM, "out of memory for the programs' metrics");
+    pthread_mutex_init(&(*out)->lock, NULL);
+    return VKS_OK;
+}
+
+void vks_task_metrics_free(vks_task_metrics *m) {
+    if (!m) return;
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+/* A name metrics.jsonl can carry as it is. */
+static bool metric_name_ok(const char *k) {
+    size_t n = strlen(k);
+    if (!n || n >= VKS_TASK_METRIC_NAME) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((k[i] >= 'a' && k[i] <= 'z') || (k[i] >= 'A' && k[i] <= 'Z') || (k[i] >= '0' && k[i] <= '9') ||
+              k[i] == '_' || k[i] == '.' || k[i] == '-'))
+            return false;
+    return true;
+}
+
+void vks_task_metrics_add(vks_task_metrics *m, const char *json) {
+    json_error_t err;
+    json_t *o = m && json ? json_loads(json, 0, &err) : NULL;
+    const char *k;
+    json_t *v;
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return;
+    }
+    pthread_mutex_lock(&m->lock);
+    json_object_foreach(o, k, v) {
+        double x = json_is_number(v) ? json_number_value(v) : json_is_boolean(v) ? (double)json_is_true(v) : NAN;
+        if (!isfinite(x) || !metric_name_ok(k)) continue;
+        int i = 0;
+        while (i < m->n && strcmp(m->names[i], k)) i++;
+        if (i == m->n) {
+            if (m->n == VKS_TASK_MAX_METRICS) continue;
+            snprintf(m->names[m->n++], VKS_TASK_METRIC_NAME, "%s", k);
+        }
+        m->sum[i] += x, m->count[i]++;
+    }
+    pthread_mutex_unlock(&m->lock);
+    json_decref(o);
+}
+
+int vks_task_metrics_take(vks_task_metrics *m, char (*names)[VKS_TASK_METRIC_NAME], double *means, int cap) {
+    if (!m) return 0;
+    int k = 0;
+    pthread_mutex_lock(&m->lock);
+    for (int i = 0; i < m->n && k < cap; i++) {
+        if (!m->count[i]) continue;
+        memcpy(names[k], m->names[i], VKS_TASK_METRIC_NAME);
+        means[k++] = m->sum[i] / (double)m->count[i];
+        m->sum[i] = 0, m->count[i] = 0;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return k;
 }
