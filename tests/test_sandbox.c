@@ -582,6 +582,13 @@ static void test_reward_program_metrics(void **state) {
     }
     assert_int_equal(lines, 2);
     free(text);
+    /* the report draws one curve per metric */
+    snprintf(path, sizeof path, "%s/o/report.html", dir);
+    assert_int_equal(vks_file_read_all(path, 16 << 20, &text, &len), VKS_OK);
+    if (!strstr(text, "data-key=\"program.chars\"") || !strstr(text, "data-key=\"program.const\"") ||
+        !strstr(text, "data-key=\"program.flag\"") || strstr(text, "bad name"))
+        fail_msg("report.html: the reward programs' curves");
+    free(text);
     vks_task_programs_stop();
 }
 

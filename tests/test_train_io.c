@@ -1308,6 +1308,19 @@ static void test_metrics_roundtrip(void **state) {
     assert_int_equal(s->n, 0);
     vks_metric_series_free(s);
     assert_int_equal(vks_metrics_read("/nonexistent/metrics.jsonl", keys, 1, &s), VKS_ERR_IO);
+    /* the keys with a prefix, in the order first seen, each once; lines without a step and keys too long left out */
+    f = fopen(path, "wb");
+    fprintf(f, "{\"step\":1,\"p.a\":1,\"q\":2}\n{\"p.b\":3}\nnot json\n{\"step\":2,\"p.c\":1,\"p.a\":2,\"p.%0100d\":1}\n", 0);
+    fclose(f);
+    char names[4][VKS_METRIC_KEY];
+    int n = -1;
+    assert_int_equal(vks_metrics_keys(path, "p.", names, 4, &n), VKS_OK);
+    assert_int_equal(n, 2);
+    assert_string_equal(names[0], "p.a");
+    assert_string_equal(names[1], "p.c");
+    assert_int_equal(vks_metrics_keys(path, "p.", names, 1, &n), VKS_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(vks_metrics_keys("/nonexistent/metrics.jsonl", "p.", names, 4, &n), VKS_ERR_IO);
 }
 
 /* ---- a small SVG checker: balanced tags, finite numbers ---- */

@@ -48,6 +48,11 @@ typedef struct {
 } vks_metric_series;
 int vks_metrics_read(const char *path, const char *const *keys, int n_keys, vks_metric_series **out);
 void vks_metric_series_free(vks_metric_series *s);
+/* The distinct keys of the file's step lines that start with `prefix`, in
+ * the order first seen, at most cap of them (*n), each shorter than
+ * VKS_METRIC_KEY (longer ones are left out). */
+#define VKS_METRIC_KEY 64
+int vks_metrics_keys(const char *path, const char *prefix, char (*names)[VKS_METRIC_KEY], int cap, int *n);
 
 /* ---- SVG line plots ---- */
 typedef struct {

@@ -243,6 +243,38 @@ int vks_metrics_read(const char *path, const char *const *keys, int n_keys, vks_
     return VKS_OK;
 }
 
+int vks_metrics_keys(const char *path, const char *prefix, char (*names)[VKS_METRIC_KEY], int cap, int *n) {
+    *n = 0;
+    if (!path || !prefix || cap < 0 || (cap && !names)) return vks_set_error(VKS_ERR_ARG, "vks_metrics_keys: bad argument");
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t bcap = 0, len = 0, pl = strlen(prefix);
+    bool too_long;
+    int rc = VKS_OK;
+    while (rc == VKS_OK && read_line(f, &buf, &bcap, &len, &too_long)) {
+        if (too_long) {
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: a line longer than 1 MiB", path);
+            break;
+        }
+        int64_t step = 0;
+        json_t *o = step_object(buf, len, &step);
+        const char *k;
+        json_t *v;
+        json_object_foreach(o, k, v) {
+            if (strncmp(k, prefix, pl) || strlen(k) >= VKS_METRIC_KEY) continue;
+            int i = 0;
+            while (i < *n && strcmp(names[i], k)) i++;
+            if (i == *n && *n < cap) snprintf(names[(*n)++], VKS_METRIC_KEY, "%s", k);
+        }
+        json_decref(o);
+    }
+    if (rc == VKS_OK && (ferror(f) || !feof(f))) rc = vks_set_error(VKS_ERR_IO, "%s: read failed", path);
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
 void vks_metric_series_free(vks_metric_series *s) {
     if (!s) return;
     for (int k = 0; s->y && k < s->n_keys; k++) free(s->y[k]);

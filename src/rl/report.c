@@ -160,7 +160,7 @@ static int put_curve(FILE *f, const curve *cv, const vks_metric_series *s, int k
     if (!x || !raw || !ema || !err || !xs || !ys || !es) rc = vks_set_error(VKS_ERR_NOMEM, "rl: report: out of host memory");
     int64_t m = 0, ms = 0;
     double sm = 0, w = 0;
-    bool accuracy = k == 1;
+    bool accuracy = !strcmp(cv->key, "accuracy"); /* with the sampled accuracy's keys in s */
     for (int64_t i = 0; !rc && i < n; i++) {
         double y = s->y[k][i], ysam = accuracy ? s->y[K_SAMPLED][i] : NAN;
         if (isfinite(ysam) && isfinite(s->x[i])) {
@@ -197,12 +197,37 @@ static int put_curve(FILE *f, const curve *cv, const vks_metric_series *s, int k
     return rc;
 }
 
-static int put_curves(FILE *f, const vks_metric_series *s) {
+/* The reward programs' metrics (program.NAME, vks_task_metrics), one curve each. */
+static int put_program_curves(FILE *f, const char *metrics_path) {
+    char names[VKS_TASK_MAX_METRICS][VKS_METRIC_KEY];
+    int n = 0;
+    int rc = vks_metrics_keys(metrics_path, "program.", names, VKS_TASK_MAX_METRICS, &n);
+    if (rc || !n) return rc;
+    const char *keys[VKS_TASK_MAX_METRICS];
+    int kept = 0;
+    for (int k = 0; k < n; k++) /* the file may be anyone's: only names the runs write go into the page */
+        if (strspn(names[k], "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == strlen(names[k]))
+            keys[kept++] = names[k];
+    if (!(n = kept)) return VKS_OK;
+    vks_metric_series *s = NULL;
+    if ((rc = vks_metrics_read(metrics_path, keys, n, &s))) return rc;
+    for (int k = 0; !rc && k < n; k++) {
+        char title[160];
+        snprintf(title, sizeof title, "%s (reward programs' metric, step mean)", keys[k] + strlen("program."));
+        curve cv = {.key = keys[k], .title = title};
+        rc = put_curve(f, &cv, s, k);
+    }
+    vks_metric_series_free(s);
+    return rc;
+}
+
+static int put_curves(FILE *f, const vks_metric_series *s, const char *metrics_path) {
     fputs("<section id=\"curves\"><h2>Curves</h2>\n<p class=\"note\">Faint: the value at each step; line: its "
           "exponential moving average (0.8). Source: metrics.jsonl.</p>\n",
           f);
     int rc = VKS_OK;
     for (int k = 0; !rc && k < N_CURVES; k++) rc = put_curve(f, &curves[k], s, k);
+    if (!rc) rc = put_program_curves(f, metrics_path);
     fputs("</section>\n", f);
     return rc;
 }
@@ -542,7 +567,7 @@ static int write_page(FILE *f, const char *out_dir, const vks_rl_report *rep) {
           "completions shown.</p>\n",
           f);
     put_run(f, rep);
-    rc = put_curves(f, s);
+    rc = put_curves(f, s, rep->metrics_path);
     vks_metric_series_free(s);
     if (!rc && rep->trainer) {
         fputs("<section id=\"timeline\"><h2>Timeline</h2>\n", f);
