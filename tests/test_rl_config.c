@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "vkswarm/vks_rl_config.h"
+#include "vkswarm/vks_tasks.h"
 #include "vkswarm/vks_rl_bans.h"
 
 static int load_bytes(vks_rl_config *c, const char *json, size_t len) {
@@ -407,6 +408,60 @@ static void test_loss_block(void **state) {
     free(stored), free(now);
 }
 
+/* "reward": reward programs for every task, from a file (program or rubric)
+ * or --set (program, sandbox, timeout_s); checked as a task line's, refused
+ * naming the key; stored only when given, round-tripped; a resume that
+ * changes it needs --override. */
+static void test_reward_block(void **state) {
+    (void)state;
+    vks_rl_config c, back;
+    vks_rl_config_defaults(&c);
+    char *text = vks_rl_config_to_json(&c);
+    assert_null(strstr(text, "reward\""));
+    free(text);
+    assert_int_equal(load_text(&c, "{\"reward\": {\"rubric\": [{\"program\": \"python3 a.py\", \"weight\": 3}, "
+                                   "{\"program\": \"python3 b.py\"}], \"timeout_s\": 5}}"), VKS_OK);
+    assert_true(vks_rl_config_given(&c, "reward"));
+    text = vks_rl_config_to_json(&c);
+    assert_non_null(strstr(text, "\"reward\":{\"rubric\":[{\"program\":\"python3 a.py\",\"weight\":3},"
+                                 "{\"program\":\"python3 b.py\"}],\"timeout_s\":5}"));
+    vks_rl_config_defaults(&back);
+    assert_int_equal(vks_rl_config_parse(&back, text, "stored"), VKS_OK);
+    free(text);
+    assert_string_equal(back.reward, c.reward);
+    vks_task_program *p = NULL;
+    assert_int_equal(vks_task_program_parse(c.reward, "/d", &p), VKS_OK);
+    assert_true(p->n == 2 && p->weights[0] == 0.75 && p->weights[1] == 0.25 && p->timeout_s == 5 && p->sandboxed);
+    assert_string_equal(p->commands[1], "python3 b.py");
+    assert_string_equal(p->dir, "/d");
+    free(p);
+    /* --set: a program replaces the rubric; the options stay */
+    assert_int_equal(vks_rl_config_set(&c, "reward.program=python3 r.py"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "reward.sandbox=false"), VKS_OK);
+    assert_string_equal(c.reward, "{\"timeout_s\":5,\"program\":\"python3 r.py\",\"sandbox\":false}");
+    expect_message(vks_rl_config_set(&c, "reward.rubric=x"), "--set: unknown key 'reward.rubric' (--set takes program");
+    expect_message(vks_rl_config_set(&c, "reward.sandbox=no"), "--set: reward.sandbox must be true or false");
+    expect_message(vks_rl_config_set(&c, "reward.timeout_s=0"), "--set: reward: \"timeout_s\" is not a number above 0");
+    expect_message(load_text(&c, "{\"reward\": \"python3 r.py\"}"), "run.json: reward must be an object");
+    expect_message(load_text(&c, "{\"reward\": {\"program\": \"a\", \"weights\": 1}}"), "run.json: unknown key 'reward.weights'");
+    expect_message(load_text(&c, "{\"reward\": {\"rubric\": [{\"program\": \"a\", \"weight\": -1}]}}"),
+                   "run.json: reward: rubric entry 1: \"weight\" is not a number above 0");
+    expect_message(load_text(&c, "{\"reward\": {}}"), "run.json: reward: a program task needs \"program\"");
+    assert_string_equal(c.reward, "{\"timeout_s\":5,\"program\":\"python3 r.py\",\"sandbox\":false}"); /* unchanged */
+    /* a resume with another reward: refused, unless --override */
+    vks_rl_config *stored = malloc(sizeof *stored), *now = malloc(sizeof *now);
+    assert_true(stored && now);
+    vks_rl_config_defaults(stored);
+    vks_rl_config_defaults(now);
+    assert_int_equal(vks_rl_config_set(now, "reward.program=python3 r.py"), VKS_OK);
+    char changed[512];
+    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", false, changed, sizeof changed), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), "resume: reward was none"));
+    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", true, changed, sizeof changed), VKS_OK);
+    assert_string_equal(now->reward, "{\"program\":\"python3 r.py\"}");
+    free(stored), free(now);
+}
+
 /* Resuming (issue 26): the stored config round-trips through JSON exactly;
  * keys not given take the stored values; a given key that differs is refused
  * naming it, its old and new value, unless it may change (out, steps,
@@ -570,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_block),
         cmocka_unit_test(test_lora_block),
         cmocka_unit_test(test_loss_block),
+        cmocka_unit_test(test_reward_block),
         cmocka_unit_test(test_resume_merge),
         cmocka_unit_test(test_bans_file),
     };

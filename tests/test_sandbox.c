@@ -539,9 +539,11 @@ static void test_reward_programs(void **state) {
     vks_task_free(tasks, n);
 }
 
-/* A run's metrics.jsonl carries what reward programs answer: "program.NAME", the mean over the
- * step's completions of each number (true as 1); text values and names metrics.jsonl cannot
- * carry left out. Two programs of a rubric naming one metric share its mean. */
+/* The RL config's "reward" scores plain task lines (their own check, exact, gives no metrics) with
+ * a rubric; the run's metrics.jsonl carries what its programs answer: "program.NAME", the mean
+ * over the step's completions of each number (true as 1); text values and names metrics.jsonl
+ * cannot carry left out. Two programs of the rubric naming one metric share its mean. The report
+ * draws a curve of each. */
 static void test_reward_program_metrics(void **state) {
     (void)state;
     const char *dir = tu_tmpdir();
@@ -560,11 +562,13 @@ static void test_reward_program_metrics(void **state) {
     }
     snprintf(path, sizeof path, "%s/t.jsonl", dir);
     FILE *f = fopen(path, "w");
-    for (int i = 0; i < 4; i++)
-        fprintf(f, "{\"prompt\": \"%d+%d=\", \"task_type\": \"program\", \"rubric\": [{\"program\": \"python3 m1.py\"}, "
-                   "{\"program\": \"python3 m2.py\"}]}\n", i, i);
+    for (int i = 0; i < 4; i++) fprintf(f, "{\"prompt\": \"%d+%d=\", \"answer\": \"%d\", \"task_type\": \"exact\"}\n", i, i, 2 * i);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "cd %s && %s rl --init tiny --task t.jsonl --steps 2 --async-level 0 --out o "
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    f = fopen(path, "w");
+    fputs("{\"reward\": {\"rubric\": [{\"program\": \"python3 m1.py\"}, {\"program\": \"python3 m2.py\"}]}}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "cd %s && %s rl --config run.json --init tiny --task t.jsonl --steps 2 --async-level 0 --out o "
              "--set prompts_per_step=2 --set group_size=4 --set max_new_tokens=8 > /dev/null 2> rl.err", dir, tu_bin());
     assert_int_equal(tu_run(cmd, NULL), 0);
     snprintf(path, sizeof path, "%s/o/metrics.jsonl", dir);

@@ -69,6 +69,9 @@
  *   },                           tokens trained in the step), "sequence" (each completion's mean, averaged)                           written only when not the default (stored configs stay as they were)
  *   "advantage": {"type": "group_std"}, group_std: (r - mean) / (std + eps) over the group (INTELLECT-2);
  *                                group_mean: r - mean (Dr. GRPO, prime-rl's default); written when not group_std
+ *   "reward": {"program": "python3 rubric.py"}  every task scored by reward programs instead of its own check
+ *                                (vks_tasks.h), run in the directory the run started in; or "rubric": [{"program",
+ *                                "weight"}, ...]; "sandbox": false, "timeout_s": as a task line's; written when given
  *   "roles": {
  *     "orchestrator": 0,         owns tasks, batching and metrics; may share a rank
  *     "trainer": 0,              exactly one
@@ -94,6 +97,7 @@
 #define VKS_RL_MAX_RANKS 4096
 #define VKS_RL_MAX_GROUPS 256
 #define VKS_RL_MAX_LENGTH_TARGETS 16
+#define VKS_RL_MAX_REWARD 16384 /* bytes of the "reward" block as compact JSON */
 #define VKS_RL_MAX_OFF_POLICY_STEPS 8     /* max_off_policy_steps' default (prime-rl's) */
 #define VKS_RL_PROBATION_BATCHES 8        /* probation_batches' default */
 #define VKS_RL_MAX_CONFIG_BYTES (1 << 20) /* a config file */
@@ -135,6 +139,8 @@ typedef struct {
     uint32_t lora_targets;
     vks_rl_loss loss;
     vks_advantage_type advantage;
+    char reward[VKS_RL_MAX_REWARD]; /* "reward": every task scored by reward programs instead of its own check
+                                     * ({"program" | "rubric", "sandbox", "timeout_s"} as compact JSON; "": none) */
     /* roles */
     bool roles_given;
     int orchestrator, trainer;
@@ -143,7 +149,7 @@ typedef struct {
     int n_groups;
     int verifiers[VKS_RL_MAX_RANKS], n_verifiers;
     int relays[VKS_RL_MAX_RANKS], n_relays;
-    uint32_t given;            /* keys a config file or KEY=VALUE set (vks_rl_config_given); not stored */
+    uint64_t given;            /* keys a config file or KEY=VALUE set (vks_rl_config_given); not stored */
 } vks_rl_config;
 
 /* The loss's parameters for the trainer: c's loss type and knobs, the step's

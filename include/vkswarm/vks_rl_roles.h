@@ -161,6 +161,7 @@ struct vks_rl_gen {
     int (*generate)(void *ctx, const vks_rl_gen *g, const vks_sched_params *sp, vks_sequence *seqs, int n, bool toploc);
     void *generate_ctx;
     vks_task_metrics *program_metrics; /* what reward programs answered in this process's scoring (made by open_tasks) */
+    vks_task_program *reward_program;  /* config "reward": scores every task instead of its own check (NULL: none) */
 };
 
 /* Opens the run's tasks (config->task) into g, holding out config->eval_split

@@ -145,6 +145,10 @@ void vks_task_metrics_add(vks_task_metrics *m, const char *json);
 /* The mean of each name over the answers that gave it since the last take
  * (at most cap; names[i] NUL-terminated), and starts over. Returns how many. */
 int vks_task_metrics_take(vks_task_metrics *m, char (*names)[VKS_TASK_METRIC_NAME], double *means, int cap);
+/* A program task's programs and options ("program" or "rubric", "sandbox",
+ * "timeout_s") from a JSON object's text, as a task line has them, run in
+ * directory dir: one allocation (free()). The RL config's "reward". */
+int vks_task_program_parse(const char *json, const char *dir, vks_task_program **out);
 /* vks_task_score_many that also adds reward programs' metrics to `sink` (NULL: none). */
 int vks_task_score_many_into(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
                              int parallel, double *rewards, char (*why)[VKS_TASK_MAX_WHY], vks_task_metrics *sink);

@@ -196,6 +196,61 @@ static json_t *loss_object(const vks_rl_config *c) {
 }
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
+/* ---- "reward": reward programs for every task ---- */
+
+/* Stores the "reward" object o (checked as a program task line's program, rubric and options). */
+static int put_reward(vks_rl_config *c, json_t *o, const char *where) {
+    const char *k;
+    json_t *v;
+    if (!json_is_object(o)) return vks_set_error(VKS_ERR_FORMAT, "%s: reward must be an object", where);
+    json_object_foreach(o, k, v)
+        if (strcmp(k, "program") && strcmp(k, "rubric") && strcmp(k, "sandbox") && strcmp(k, "timeout_s"))
+            return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'reward.%.40s' (program, rubric, sandbox, timeout_s)",
+                                 where, k);
+    char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text) return vks_set_error(VKS_ERR_NOMEM, "config: out of host memory");
+    vks_task_program *p = NULL;
+    int rc = vks_task_program_parse(text, "/", &p); /* checked as a task line's */
+    free(p);
+    if (rc) {
+        free(text);
+        return vks_error_prefix(rc, "%s: reward", where);
+    }
+    rc = strlen(text) < sizeof c->reward ? VKS_OK
+                                         : vks_set_error(VKS_ERR_FORMAT, "%s: reward is longer than %d bytes as JSON",
+                                                         where, VKS_RL_MAX_REWARD - 1);
+    if (!rc) memcpy(c->reward, text, strlen(text) + 1);
+    free(text);
+    return rc;
+}
+
+/* reward.KEY = text (--set): program (replacing a rubric), sandbox (true or false), timeout_s. */
+static int set_reward(vks_rl_config *c, const char *k, const char *v, const char *where) {
+    json_error_t err;
+    json_t *o = c->reward[0] ? json_loads(c->reward, 0, &err) : json_object();
+    if (!o) return vks_set_error(VKS_ERR_NOMEM, "config: out of host memory");
+    int rc = VKS_OK;
+    if (!strcmp(k, "program")) {
+        json_object_del(o, "rubric");
+        json_object_set_new(o, "program", json_string(v));
+    } else if (!strcmp(k, "sandbox")) {
+        if (strcmp(v, "true") && strcmp(v, "false"))
+            rc = vks_set_error(VKS_ERR_FORMAT, "%s: reward.sandbox must be true or false", where);
+        else json_object_set_new(o, "sandbox", json_boolean(!strcmp(v, "true")));
+    } else if (!strcmp(k, "timeout_s")) {
+        char *end;
+        double x = strtod(v, &end);
+        if (end == v || *end) rc = vks_set_error(VKS_ERR_FORMAT, "%s: reward.timeout_s must be a number", where);
+        else json_object_set_new(o, "timeout_s", json_real(x));
+    } else {
+        rc = vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'reward.%.40s' (--set takes program, sandbox, timeout_s; a "
+                           "rubric goes in the config file)", where, k);
+    }
+    if (!rc) rc = put_reward(c, o, where);
+    json_decref(o);
+    return rc;
+}
+
 /* bits of vks_rl_config.given: keys[i] is bit i, then these */
 #define GIVEN_LORA (1u << 31)
 #define GIVEN_LOSS (1u << 27)
@@ -203,6 +258,7 @@ static json_t *loss_object(const vks_rl_config *c) {
 #define GIVEN_PROMPT (1u << 28)
 #define GIVEN_TARGETS (1u << 29)
 #define GIVEN_ROLES (1u << 30)
+#define GIVEN_REWARD (1ull << 32)
 _Static_assert(N_KEYS < 26, "vks_rl_config.given has a bit per key");
 
 static const key_info *find_key(const char *name) {
@@ -211,15 +267,16 @@ static const key_info *find_key(const char *name) {
     return NULL;
 }
 
-static uint32_t key_bit(const char *name) {
+static uint64_t key_bit(const char *name) {
     if (!strcmp(name, "length_targets")) return GIVEN_TARGETS;
     if (!strcmp(name, "prompt") || !strncmp(name, "prompt.", 7)) return GIVEN_PROMPT;
     if (!strcmp(name, "lora") || !strncmp(name, "lora.", 5)) return GIVEN_LORA;
     if (!strcmp(name, "roles") || !strncmp(name, "roles.", 6)) return GIVEN_ROLES;
     if (!strcmp(name, "loss") || !strncmp(name, "loss.", 5)) return GIVEN_LOSS;
     if (!strcmp(name, "advantage") || !strncmp(name, "advantage.", 10)) return GIVEN_ADVANTAGE;
+    if (!strcmp(name, "reward") || !strncmp(name, "reward.", 7)) return GIVEN_REWARD;
     const key_info *k = find_key(name);
-    return k ? 1u << (k - keys) : 0;
+    return k ? 1ull << (k - keys) : 0;
 }
 
 bool vks_rl_config_given(const vks_rl_config *c, const char *key) { return c && key && (c->given & key_bit(key)); }
@@ -410,6 +467,7 @@ int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
     if (!strncmp(key, "lora.", 5)) return set_lora(c, key + 5, v, where);
     if (!strncmp(key, "loss.", 5)) return set_loss(c, key + 5, v, where);
     if (!strncmp(key, "advantage.", 10)) return set_advantage(c, key + 10, v, where);
+    if (!strncmp(key, "reward.", 7)) return set_reward(c, key + 7, v, where);
     if (!strncmp(key, "roles.", 6)) {
         const char *r = key + 6;
         c->roles_given = true;
@@ -527,6 +585,7 @@ static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path
     if (!strcmp(k, "lora")) return json_lora(c, v, path);
     if (!strcmp(k, "loss")) return json_block(c, "loss", v, path, set_loss);
     if (!strcmp(k, "advantage")) return json_block(c, "advantage", v, path, set_advantage);
+    if (!strcmp(k, "reward")) return put_reward(c, v, path);
     if (!strcmp(k, "length_targets")) return json_targets(c, v, path);
     const key_info *info = find_key(k);
     if (!info) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key '%s'", path, k);
@@ -623,6 +682,11 @@ static json_t *config_object(const vks_rl_config *c, bool all) {
     if (o && (all || !loss_is_default(c))) json_object_set_new(o, "loss", loss_object(c));
     if (o && (all || c->advantage != VKS_ADVANTAGE_GROUP_STD))
         json_object_set_new(o, "advantage", json_pack("{s:s}", "type", vks_advantage_type_name(c->advantage)));
+    if (o && c->reward[0]) { /* only then: stored configs stay as they were */
+        json_error_t err;
+        json_t *r = json_loads(c->reward, JSON_DECODE_ANY, &err);
+        if (r) json_object_set_new(o, "reward", r);
+    }
     if (o && c->roles_given) {
         json_t *inf = json_array();
         for (int g = 0; inf && g < c->n_groups; g++)
@@ -728,11 +792,11 @@ int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const ch
     vks_rl_config *merged = malloc(sizeof *merged);
     int rc = mine && old && merged ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "resume: out of host memory");
     size_t at = 0;
-    const char *names[N_KEYS + 6];
+    const char *names[N_KEYS + 7];
     for (size_t i = 0; i < N_KEYS; i++) names[i] = keys[i].name;
     names[N_KEYS] = "length_targets", names[N_KEYS + 1] = "roles", names[N_KEYS + 2] = "prompt";
-    names[N_KEYS + 3] = "lora", names[N_KEYS + 4] = "loss", names[N_KEYS + 5] = "advantage";
-    for (size_t i = 0; !rc && i < N_KEYS + 6; i++) {
+    names[N_KEYS + 3] = "lora", names[N_KEYS + 4] = "loss", names[N_KEYS + 5] = "advantage", names[N_KEYS + 6] = "reward";
+    for (size_t i = 0; !rc && i < N_KEYS + 7; i++) {
         const char *k = names[i];
         if (!vks_rl_config_given(c, k)) continue;
         json_t *now = json_object_get(mine, k), *was = json_object_get(old, k);

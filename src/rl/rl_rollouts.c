@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "rl_internal.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_sandbox.h"
@@ -69,6 +70,7 @@ static int make_task(const vks_rl_gen *g, int64_t index, vks_task *t, int *targe
     const vks_rl_config *c = g->o->config;
     int rc = g->tasks ? (*t = g->tasks[index % g->n_tasks], VKS_OK)
                       : vks_task_generate(&g->spec, c->seed, (uint32_t)index, t);
+    if (!rc && g->reward_program) t->verify = VKS_VERIFY_PROGRAM, t->program = g->reward_program; /* config "reward" */
     *target = 0;
     if (rc || !c->n_length_targets) return rc;
     uint32_t draw = vks_philox_u32(c->seed, (uint32_t)index, 0x1e46u, 0);
@@ -517,12 +519,19 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
 int vks_rl_gen_open_tasks(vks_rl_gen *g) {
     const vks_rl_config *c = g->o->config;
     int rc = vks_task_resolve(c->task, &g->spec, &g->tasks_path);
-    if (!rc && !g->tasks_path && g->spec.kind == VKS_TASK_CODE && vks_sandbox_check()) /* before the run starts */
+    if (!rc && !g->tasks_path && g->spec.kind == VKS_TASK_CODE && !c->reward[0] && vks_sandbox_check()) /* before the run starts */
         rc = vks_error_prefix(VKS_ERR_IO, "task %s", c->task);
+    if (!rc && !g->program_metrics) rc = vks_task_metrics_create(&g->program_metrics); /* reward programs' metrics */
+    if (!rc && c->reward[0] && !g->reward_program) { /* the config's: run where the run started */
+        char dir[4096];
+        if (!getcwd(dir, sizeof dir)) rc = vks_set_error(VKS_ERR_IO, "reward: the current directory: %s", strerror(errno));
+        if (!rc) rc = vks_task_program_parse(c->reward, dir, &g->reward_program);
+        if (!rc && g->reward_program->sandboxed && vks_sandbox_check()) rc = VKS_ERR_IO; /* before the run starts */
+        if (rc) rc = vks_error_prefix(rc, "config reward");
+    }
     if (rc || !g->tasks_path) return rc;
     rc = vks_task_file_load(g->tasks_path, &g->tasks, &g->n_tasks);
     if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", g->tasks_path);
-    if (!rc && !g->program_metrics) rc = vks_task_metrics_create(&g->program_metrics); /* reward programs' metrics */
     /* code tasks: the sandbox is checked before the run starts (every rank scores: vks_rl_score_sample) */
     if (!rc && vks_task_first_code(g->tasks, g->n_tasks) && vks_sandbox_check())
         rc = vks_error_prefix(VKS_ERR_IO, "%s: code tasks", g->tasks_path);
@@ -546,6 +555,8 @@ void vks_rl_gen_close(vks_rl_gen *g) {
     g->held = NULL;
     vks_task_metrics_free(g->program_metrics);
     g->program_metrics = NULL;
+    free(g->reward_program);
+    g->reward_program = NULL;
 }
 
 int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {

@@ -859,14 +859,23 @@ static int evaluate(rl_run *r, vks_rl_progress *p) {
     vks_task_eval_result e;
     int64_t n = r->n_eval_tasks < r->o->eval_n ? r->n_eval_tasks : r->o->eval_n;
     double acc[2] = {NAN, NAN};
+    vks_task *scored = r->eval_tasks; /* the config's reward, when given, scores the held-out set too */
+    if (!rc && r->eval_tasks && r->gen.reward_program && n > 0) {
+        if (!(scored = malloc(sizeof *scored * (size_t)n))) rc = vks_set_error(VKS_ERR_NOMEM, "rl: out of host memory");
+        for (int64_t i = 0; !rc && i < n; i++) {
+            scored[i] = r->eval_tasks[i];
+            scored[i].verify = VKS_VERIFY_PROGRAM, scored[i].program = r->gen.reward_program;
+        }
+    }
     for (int sampled = 0; !rc && sampled < 2; sampled++) {
         to.temperature = sampled ? (float)r->c->temperature : 0.0f;
         to.seed = r->o->eval_seed;
-        if (r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, policy, r->o->tok, r->eval_tasks, n, &to, &e);
+        if (r->eval_tasks) rc = vks_task_eval_tasks(r->o->train_gpu, policy, r->o->tok, scored, n, &to, &e);
         else rc = vks_task_eval(r->o->train_gpu, policy, r->o->tok, &r->gen.spec, r->o->eval_seed, r->o->eval_n, &to, &e);
         if (!rc) acc[sampled] = e.accuracy, p->accuracy_n = (double)e.n;
     }
     if (!rc) p->accuracy = acc[0], p->accuracy_sampled = acc[1];
+    if (scored != r->eval_tasks) free(scored); /* the tasks' own programs stay r->eval_tasks' */
     vks_model_free(m);
     vks_lora_adapter_free(a);
     vks_rl_timeline_note(&r->timeline, VKS_RL_WORK_EVAL, vks_trainer_steps(r->trainer), &since);

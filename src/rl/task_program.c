@@ -105,6 +105,21 @@ int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir
     return VKS_OK;
 }
 
+int vks_task_program_parse(const char *json, const char *dir, vks_task_program **out) {
+    *out = NULL;
+    json_error_t err;
+    json_t *o = json && dir ? json_loads(json, JSON_REJECT_DUPLICATES, &err) : NULL;
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return vks_set_error(VKS_ERR_FORMAT, "not a JSON object");
+    }
+    vks_task t = {0};
+    int rc = vks_task_program_from_json(o, &t, dir);
+    json_decref(o);
+    if (!rc) *out = t.program;
+    return rc;
+}
+
 /* ---- the running programs ---- */
 
 typedef struct entry {
