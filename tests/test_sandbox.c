@@ -575,6 +575,9 @@ static void test_reward_program_metrics(void **state) {
     char *text = NULL;
     size_t len = 0;
     assert_int_equal(vks_file_read_all(path, 1 << 20, &text, &len), VKS_OK);
+    char *grown = realloc(text, len + 1); /* NUL-terminated, for strtok */
+    assert_non_null(grown);
+    text = grown, text[len] = 0;
     int lines = 0;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), lines++) {
         double chars = -1;
@@ -589,6 +592,9 @@ static void test_reward_program_metrics(void **state) {
     /* the report draws one curve per metric */
     snprintf(path, sizeof path, "%s/o/report.html", dir);
     assert_int_equal(vks_file_read_all(path, 16 << 20, &text, &len), VKS_OK);
+    grown = realloc(text, len + 1);
+    assert_non_null(grown);
+    text = grown, text[len] = 0;
     if (!strstr(text, "data-key=\"program.chars\"") || !strstr(text, "data-key=\"program.const\"") ||
         !strstr(text, "data-key=\"program.flag\"") || strstr(text, "bad name"))
         fail_msg("report.html: the reward programs' curves");
