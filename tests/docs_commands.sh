@@ -10,7 +10,8 @@
 # Every block, marked or not, has each `--option` given to a vkswarm command
 # checked against that command's --help (a misspelled flag fails). The unmarked
 # blocks of one page run in order as one bash script (set -euo pipefail) in a
-# fresh directory, where `vkswarm` and `build/vkswarm` are the build's binary:
+# fresh directory, where `vkswarm` and `build/vkswarm` are the build's binary
+# and examples/ the source tree's:
 # a command that fails fails the test, naming the page and the block's line.
 # Usage: tests/docs_commands.sh [BUILD_DIR] [PAGE.md ...]
 set -euo pipefail
@@ -25,6 +26,7 @@ work=$(mktemp -d /tmp/vkswarm-docs.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
 ln -s "$bin" "$work/bin/vkswarm"
+ln -s "$src/examples" "$work/examples" # as from the source tree's root
 # The pages' MPI runs follow the MPI tests' ASan policy (tests/mpi/common.sh):
 # Open MPI's dlclose'd plugins leak what LSan cannot attribute, so mpirun (and
 # `vkswarm mpirun`, which runs PATH's mpirun) runs its ranks without leak checks;
@@ -122,6 +124,7 @@ for page in pages:
     d = os.path.join(work, os.path.basename(page) + ".d")
     os.makedirs(d)
     os.symlink(os.path.dirname(bin_), os.path.join(d, "build"))
+    os.symlink(os.path.join(work, "examples"), os.path.join(d, "examples"))
     env = dict(os.environ, PATH=os.path.join(work, "bin") + ":" + os.environ["PATH"])
     p = subprocess.run(["timeout", "600", "bash", "-c", "\n".join(script)], cwd=d, env=env,
                        capture_output=True, text=True)

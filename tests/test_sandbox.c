@@ -602,6 +602,24 @@ static void test_reward_program_metrics(void **state) {
     vks_task_programs_stop();
 }
 
+/* examples/rubric (docs/rl.md "Reward programs"): its rubric of two programs scores its three
+ * completions as the page says. */
+static void test_example_rubric(void **state) {
+    (void)state;
+    char cmd[3000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s tasks score --task %s/examples/rubric/tasks.jsonl --completions "
+             "%s/examples/rubric/completions.jsonl", tu_bin(), tu_source(), tu_source());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    assert_string_equal(out,
+        "{\"id\": \"right\", \"line\": 1, \"task\": 1, \"reward\": 1, \"why\": \"rubric: 0.25*1 + 0.75*1 = 1; metrics "
+        "{\\\"formatted\\\":true} {\\\"answered\\\":true,\\\"difference\\\":0}\"}\n"
+        "{\"id\": \"close\", \"line\": 2, \"task\": 1, \"reward\": 0.625, \"why\": \"rubric: 0.25*1 + 0.75*0.5 = 0.625; "
+        "metrics {\\\"formatted\\\":true} {\\\"answered\\\":true,\\\"difference\\\":1}\"}\n"
+        "{\"id\": \"unformatted\", \"line\": 3, \"task\": 2, \"reward\": 0.75, \"why\": \"rubric: 0.25*0 + 0.75*1 = 0.75; "
+        "metrics {\\\"formatted\\\":false} {\\\"answered\\\":true,\\\"difference\\\":0}\"}\n");
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sandbox_available), cmocka_unit_test(test_sandbox_io),
@@ -611,6 +629,7 @@ int main(void) {
         cmocka_unit_test(test_code_task_errors),  cmocka_unit_test(test_cli_tasks_score),
         cmocka_unit_test(test_builtin_code_task), cmocka_unit_test(test_sandbox_proc),
         cmocka_unit_test(test_reward_programs),   cmocka_unit_test(test_reward_program_metrics),
+        cmocka_unit_test(test_example_rubric),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
