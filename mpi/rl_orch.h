@@ -113,6 +113,7 @@ typedef struct {
     struct joined_identity *idents; /* every key admitted so far: its batches (vks_rl_pool) */
     int n_idents, cap_idents;
     int64_t joins, leaves, banned; /* since this process started */
+    double alone_since;      /* joins open and no inference rank left: since when (0: there is one) */
 } trainer_src;
 
 /* Opens the orchestration state for this rank's role: the ranks, the queue,

@@ -764,7 +764,18 @@ int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
             drop_rank(t, r, RANK_DROPPED, why);
         } else live += !r->verifier;
     }
+    if (!live && t->join) { /* open to joins: the pool may grow again (a machine rebooting joins back) */
+        double bound = t->mo->trainer_timeout_s > t->mo->timeout_s ? t->mo->trainer_timeout_s : t->mo->timeout_s;
+        if (!t->alone_since) {
+            t->alone_since = wall;
+            fprintf(stderr, "vkswarm: rl: no inference rank is left: waiting up to %.0f s for one to join\n", bound);
+        }
+        if (wall - t->alone_since <= bound) return VKS_OK;
+        return vks_set_error(VKS_ERR_TIMEOUT, "trainer: no inference rank is left, and none joined within %.0f s", bound);
+    }
     if (!live) return vks_set_error(VKS_ERR_TIMEOUT, "%s: no inference rank is left", t->remote ? "orchestrator" : "trainer");
+    if (t->alone_since) fprintf(stderr, "vkswarm: rl: an inference rank again after %.0f s without one\n", wall - t->alone_since);
+    t->alone_since = 0;
     return grant(t);
 }
 

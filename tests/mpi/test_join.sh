@@ -311,6 +311,38 @@ if [ "$churn" -lt 30 ]; then echo "skipped: the trainer's memory over 30 joins (
 elif [ "$grow" -lt 10240 ]; then ok "the trainer's memory grew by $grow kB from the 5th to the 30th join"
 else bad "the trainer's memory grew by $grow kB from the 5th to the 30th join"; fi
 
+# ---- the pool from nothing again: the run's only inference rank dies (SIGKILL, under
+# --enable-recovery); the trainer waits for a joiner instead of ending, and goes on with it ----
+if [ "${VKSWARM_TEST_SHORT:-0}" = 1 ]; then
+    echo "skipped: a run left without inference ranks, joined again (VKSWARM_TEST_SHORT)"
+else
+    sed -e 's/"steps": 40/"steps": 16/' -e "s|$tmp/out\"|$tmp/out6\"|" "$tmp/run.json" > "$tmp/run6.json"
+    run_err=$tmp/run6.err
+    env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join --enable-recovery ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} \
+        --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
+        "$bin" rl --config "$tmp/run6.json" --join --eval-n 0 --timeout-s 15 --trainer-timeout-s 120 > /dev/null \
+        2> "$run_err" &
+    run=$!
+    steps_at_least() { [ -s "$tmp/out6/metrics.jsonl" ] && [ "$(wc -l < "$tmp/out6/metrics.jsonl")" -ge "$1" ]; }
+    wait_for 120 steps_at_least 2 || bad "the run to be left alone did not reach step 2"
+    for p in $(pgrep -f "rl --config $tmp/run6.json"); do
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && kill -9 "$p"
+    done
+    wait_for 60 grep -q "no inference rank is left: waiting up to 120 s for one to join" "$run_err"
+    "$bin" join --run "$tmp/out6/join.uri" --key "$tmp/k1" --out "$tmp/ja" --timeout-s 30 > /dev/null 2> "$tmp/ja.err" &
+    ja=$!
+    joiners+=("$ja")
+    wait $run
+    rc=$?
+    wait "$ja"
+    rca=$?
+    joined=$(sed -n 's/.*joined rank 2 (key [0-9a-f]*): \([0-9]*\) batches.*/\1/p' "$run_err")
+    [ $rc -eq 0 ] && [ $rca -eq 0 ] && grep -q "an inference rank again after [0-9]* s without one" "$run_err" &&
+        [ "${joined:-0}" -ge 1 ] && [ "$(wc -l < "$tmp/out6/metrics.jsonl")" -eq 16 ] &&
+        ok "the run's only inference rank died; the run waited, a machine joined ($joined batches) and it finished" ||
+        { bad "the run left alone: rc $rc, the joiner's $rca"; grep "inference rank\|joined" "$run_err" | tail -5; tail -3 "$tmp/ja.err"; }
+fi
+
 # ---- across network namespaces (tools/lib-netns.sh): the run's two ranks and the joiner each in
 # a namespace of its own, over real TCP links through a bridge (ompi-server and mpirun in the
 # root namespace), 100 ms one-way delay on every link where the kernel has netem; the join as the
