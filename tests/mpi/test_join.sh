@@ -288,7 +288,8 @@ done
 rss30=$(rss)
 [ "$left" -eq $churn ] && ok "$churn joins, each left cleanly (exit 130, goodbye)" || bad "churn: $left of $churn left cleanly"
 # ompi-server dies: the run goes on, a join fails within its timeout
-server=$(pgrep -n -f "^ompi-server --no-daemonize --report-uri /tmp/vkswarm-ompi-server-")
+# this run's: the child of its `vkswarm mpirun` (a child of timeout, $run); not another suite's on the machine
+server=$(pgrep -P "$(pgrep -P $run | head -1)" -f "^ompi-server --no-daemonize --report-uri /tmp/vkswarm-ompi-server-")
 [ -n "$server" ] && kill -9 "$server"
 now=$(wc -l < "$tmp/out2/metrics.jsonl")
 wait_for 60 steps_at_least $((now + 3)) && grep -q "vkswarm: mpirun: ompi-server ended" "$run_err" &&
