@@ -197,10 +197,14 @@ static int series_grow(vks_metric_series *s, int64_t *cap) {
 
 static double read_value(json_t *v) { return json_is_number(v) ? json_number_value(v) : NAN; }
 
-static int read_series(FILE *f, const char *path, const char *const *keys, vks_metric_series *s) {
+/* Calls fn(ctx, o, step) for each step line of the metrics file at path
+ * (lines that are not objects with an integer "step" skipped); a line longer
+ * than 1 MiB, a failed read or fn's error stops it. */
+static int each_step_line(const char *path, int (*fn)(void *ctx, json_t *o, int64_t step), void *ctx) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
     size_t cap = 0, len = 0;
-    int64_t n_cap = 0;
     bool too_long;
     int rc = VKS_OK;
     while (rc == VKS_OK && read_line(f, &buf, &cap, &len, &too_long)) {
@@ -210,31 +214,44 @@ static int read_series(FILE *f, const char *path, const char *const *keys, vks_m
         }
         int64_t step = 0;
         json_t *o = step_object(buf, len, &step);
-        if (o && (rc = series_grow(s, &n_cap)) == VKS_OK) {
-            s->x[s->n] = (double)step;
-            for (int k = 0; k < s->n_keys; k++) s->y[k][s->n] = read_value(json_object_get(o, keys[k]));
-            s->n++;
-        }
+        if (o) rc = fn(ctx, o, step);
         json_decref(o);
     }
     if (rc == VKS_OK && (ferror(f) || !feof(f))) rc = vks_set_error(VKS_ERR_IO, "%s: read failed", path);
     free(buf);
+    fclose(f);
     return rc;
+}
+
+typedef struct {
+    const char *const *keys;
+    vks_metric_series *s;
+    int64_t n_cap;
+} series_reader;
+
+/* One step line into the series: its step, and each key's value. */
+static int series_line(void *ctx, json_t *o, int64_t step) {
+    series_reader *r = ctx;
+    vks_metric_series *s = r->s;
+    int rc = series_grow(s, &r->n_cap);
+    if (rc) return rc;
+    s->x[s->n] = (double)step;
+    for (int k = 0; k < s->n_keys; k++) s->y[k][s->n] = read_value(json_object_get(o, r->keys[k]));
+    s->n++;
+    return VKS_OK;
 }
 
 int vks_metrics_read(const char *path, const char *const *keys, int n_keys, vks_metric_series **out) {
     if (!path || !out || n_keys < 0 || (n_keys && !keys)) return vks_set_error(VKS_ERR_ARG, "vks_metrics_read: bad argument");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     vks_metric_series *s = calloc(1, sizeof *s);
     if (s) s->y = calloc((size_t)n_keys + 1, sizeof *s->y);
     int rc = s && s->y ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    series_reader r = {.keys = keys, .s = s};
     if (rc == VKS_OK) {
         s->n_keys = n_keys;
-        rc = read_series(f, path, keys, s);
+        rc = each_step_line(path, series_line, &r);
     }
-    fclose(f);
     if (rc != VKS_OK) {
         vks_metric_series_free(s);
         return rc;
@@ -243,36 +260,33 @@ int vks_metrics_read(const char *path, const char *const *keys, int n_keys, vks_
     return VKS_OK;
 }
 
+typedef struct {
+    const char *prefix;
+    char (*names)[VKS_METRIC_KEY];
+    int cap, *n;
+} key_lister;
+
+/* One step line's keys with the prefix, each new one listed (while there is room). */
+static int keys_line(void *ctx, json_t *o, int64_t step) {
+    (void)step;
+    key_lister *l = ctx;
+    size_t pl = strlen(l->prefix);
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        if (strncmp(k, l->prefix, pl) || strlen(k) >= VKS_METRIC_KEY) continue;
+        int i = 0;
+        while (i < *l->n && strcmp(l->names[i], k)) i++;
+        if (i == *l->n && *l->n < l->cap) snprintf(l->names[(*l->n)++], VKS_METRIC_KEY, "%s", k);
+    }
+    return VKS_OK;
+}
+
 int vks_metrics_keys(const char *path, const char *prefix, char (*names)[VKS_METRIC_KEY], int cap, int *n) {
     *n = 0;
     if (!path || !prefix || cap < 0 || (cap && !names)) return vks_set_error(VKS_ERR_ARG, "vks_metrics_keys: bad argument");
-    FILE *f = fopen(path, "rb");
-    if (!f) return vks_set_error(VKS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t bcap = 0, len = 0, pl = strlen(prefix);
-    bool too_long;
-    int rc = VKS_OK;
-    while (rc == VKS_OK && read_line(f, &buf, &bcap, &len, &too_long)) {
-        if (too_long) {
-            rc = vks_set_error(VKS_ERR_FORMAT, "%s: a line longer than 1 MiB", path);
-            break;
-        }
-        int64_t step = 0;
-        json_t *o = step_object(buf, len, &step);
-        const char *k;
-        json_t *v;
-        json_object_foreach(o, k, v) {
-            if (strncmp(k, prefix, pl) || strlen(k) >= VKS_METRIC_KEY) continue;
-            int i = 0;
-            while (i < *n && strcmp(names[i], k)) i++;
-            if (i == *n && *n < cap) snprintf(names[(*n)++], VKS_METRIC_KEY, "%s", k);
-        }
-        json_decref(o);
-    }
-    if (rc == VKS_OK && (ferror(f) || !feof(f))) rc = vks_set_error(VKS_ERR_IO, "%s: read failed", path);
-    free(buf);
-    fclose(f);
-    return rc;
+    key_lister l = {.prefix = prefix, .names = names, .cap = cap, .n = n};
+    return each_step_line(path, keys_line, &l);
 }
 
 void vks_metric_series_free(vks_metric_series *s) {
