@@ -291,6 +291,25 @@ static void test_lora_block(void **state) {
     assert_int_equal(vks_rl_config_check(&c, 4), VKS_OK);
 }
 
+/* A resume of a default config with `set` given: refused, its message holding
+ * `refused` and the way out; allowed with --override, the change listed as
+ * `listed`. Returns the merged config (the caller checks it and frees it). */
+static vks_rl_config *resume_with(const char *set, const char *refused, const char *listed) {
+    vks_rl_config *stored = malloc(sizeof *stored), *now = malloc(sizeof *now);
+    assert_true(stored && now);
+    vks_rl_config_defaults(stored);
+    vks_rl_config_defaults(now);
+    assert_int_equal(vks_rl_config_set(now, set), VKS_OK);
+    char changed[512];
+    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", false, changed, sizeof changed), VKS_ERR_ARG);
+    assert_non_null(strstr(vks_last_error(), refused));
+    assert_non_null(strstr(vks_last_error(), "(--override to allow)"));
+    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", true, changed, sizeof changed), VKS_OK);
+    if (!strstr(changed, listed)) fail_msg("changed: '%s' (wanted '%s')", changed, listed);
+    free(stored);
+    return now;
+}
+
 /* "loss" and "advantage": the type and knobs from a file or --set; bad values
  * named; stored only when not the default (intellect2 runs' stored configs are
  * as before) and round-tripped exactly; the loss's own checks at
@@ -393,19 +412,10 @@ static void test_loss_block(void **state) {
     assert_int_equal(vks_rl_config_set(&c, "loss.delta=1.1"), VKS_OK);
     expect_message(vks_rl_config_check(&c, 1), "config: loss: intellect2: delta must be >= 1 + eps");
     /* a resume with another loss: refused, unless --override */
-    vks_rl_config *stored = malloc(sizeof *stored), *now = malloc(sizeof *now);
-    assert_true(stored && now);
-    vks_rl_config_defaults(stored);
-    vks_rl_config_defaults(now);
-    assert_int_equal(vks_rl_config_set(now, "loss.type=cispo"), VKS_OK);
-    char changed[512];
-    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", false, changed, sizeof changed), VKS_ERR_ARG);
-    assert_non_null(strstr(vks_last_error(), "resume: loss was {\"type\":\"intellect2\""));
-    assert_non_null(strstr(vks_last_error(), "(--override to allow)"));
-    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", true, changed, sizeof changed), VKS_OK);
+    vks_rl_config *now = resume_with("loss.type=cispo", "resume: loss was {\"type\":\"intellect2\"",
+                                     "loss {\"type\":\"intellect2\"");
     assert_int_equal(now->loss.type, VKS_LOSS_CISPO);
-    assert_non_null(strstr(changed, "loss {\"type\":\"intellect2\""));
-    free(stored), free(now);
+    free(now);
 }
 
 /* "reward": reward programs for every task, from a file (program or rubric)
@@ -449,17 +459,9 @@ static void test_reward_block(void **state) {
     expect_message(load_text(&c, "{\"reward\": {}}"), "run.json: reward: a program task needs \"program\"");
     assert_string_equal(c.reward, "{\"timeout_s\":5,\"program\":\"python3 r.py\",\"sandbox\":false}"); /* unchanged */
     /* a resume with another reward: refused, unless --override */
-    vks_rl_config *stored = malloc(sizeof *stored), *now = malloc(sizeof *now);
-    assert_true(stored && now);
-    vks_rl_config_defaults(stored);
-    vks_rl_config_defaults(now);
-    assert_int_equal(vks_rl_config_set(now, "reward.program=python3 r.py"), VKS_OK);
-    char changed[512];
-    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", false, changed, sizeof changed), VKS_ERR_ARG);
-    assert_non_null(strstr(vks_last_error(), "resume: reward was none"));
-    assert_int_equal(vks_rl_config_resume(now, stored, "OUT/step-000000002", true, changed, sizeof changed), VKS_OK);
+    vks_rl_config *now = resume_with("reward.program=python3 r.py", "resume: reward was none", "reward none");
     assert_string_equal(now->reward, "{\"program\":\"python3 r.py\"}");
-    free(stored), free(now);
+    free(now);
 }
 
 /* Resuming (issue 26): the stored config round-trips through JSON exactly;
