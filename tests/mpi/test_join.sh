@@ -39,6 +39,15 @@ cat > "$tmp/run.json" <<EOF
  "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1]]}}
 EOF
 
+# join_mpirun SECONDS ARGS...: `vkswarm mpirun --join` (it starts the run's ompi-server) over loopback
+# under timeout, as mpi_run; exec: started with &, $! is timeout's pid (its child: vkswarm mpirun)
+join_mpirun() {
+    local t=$1
+    shift
+    exec env -u MALLOC_PERTURB_ timeout -k 15 "$t" "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} \
+        --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
+}
+
 # ---- refusals before any work ----
 "$bin" rl --config "$tmp/run.json" --join > /dev/null 2> "$tmp/e0"
 rc=$?
@@ -51,10 +60,8 @@ rc=$?
 
 # ---- the run ----
 run_err=$tmp/run.err
-env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe \
-    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
-    "$bin" rl --config "$tmp/run.json" --join --join-allow "$tmp/allow" --eval-n 0 --timeout-s 5 > "$tmp/run.out" \
-    2> "$run_err" &
+join_mpirun 240 -np 2 "$bin" rl --config "$tmp/run.json" --join --join-allow "$tmp/allow" --eval-n 0 --timeout-s 5 \
+    > "$tmp/run.out" 2> "$run_err" &
 run=$!
 # wait_for SECONDS CONDITION...: polls the condition every 0.1 s while the run lives
 wait_for() {
@@ -156,9 +163,8 @@ rc=$?
 [ -s "$tmp/out/bans.jsonl" ] && grep -q "\"key\": *\"$(cat "$tmp/k2/shardcast.pub")\"" "$tmp/out/bans.jsonl" &&
     ok "the ban is in OUT/bans.jsonl" || { bad "no bans.jsonl"; ls "$tmp/out"; }
 run_err=$tmp/run3.err
-env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe \
-    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
-    "$bin" rl --config "$tmp/run.json" --resume --steps 52 --join --eval-n 0 --timeout-s 5 > /dev/null 2> "$run_err" &
+join_mpirun 240 -np 2 "$bin" rl --config "$tmp/run.json" --resume --steps 52 --join --eval-n 0 --timeout-s 5 \
+    > /dev/null 2> "$run_err" &
 run=$!
 wait_for 120 test -s "$tmp/out/join.uri" || bad "the resumed run opened no join point"
 "$bin" join --run "$tmp/out/join.uri" --key "$tmp/k2" --out "$tmp/j8" --timeout-s 5 > /dev/null 2> "$tmp/j8.err"
@@ -188,9 +194,7 @@ sed -e 's/"steps": 40/"steps": 100000/' -e "s|$tmp/out\"|$tmp/out5\"|" \
     "$tmp/run.json" > "$tmp/run5.json"
 grep -q '"verifiers": \[2\]' "$tmp/run5.json" || bad "run5.json: no verifier rank"
 run_err=$tmp/run5.err
-env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe \
-    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 3 \
-    "$bin" rl --config "$tmp/run5.json" --join --eval-n 0 --timeout-s 10 > /dev/null 2> "$run_err" &
+join_mpirun 240 -np 3 "$bin" rl --config "$tmp/run5.json" --join --eval-n 0 --timeout-s 10 > /dev/null 2> "$run_err" &
 run=$!
 wait_for 120 test -s "$tmp/out5/join.uri" || bad "the run with a verifier rank opened no join point"
 "$bin" join --run "$tmp/out5/join.uri" --key "$tmp/k1" --out "$tmp/jv" --timeout-s 10 > /dev/null 2> "$tmp/jv.err" &
@@ -249,9 +253,7 @@ sed -e 's/"steps": 40/"steps": 100000/' -e 's/"save_every": 4/"save_every": 1000
     "$tmp/run.json" > "$tmp/run2.json"
 mkdir -p "$tmp/pids"
 run_err=$tmp/run2.err
-env -u MALLOC_PERTURB_ VKSWARM_VALIDATION_SYNC=0 timeout -k 15 300 "$bin" mpirun --join ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} \
-    --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-    -x VKSWARM_PID_DIR="$tmp/pids" -x VKSWARM_VALIDATION_SYNC -np 2 \
+VKSWARM_VALIDATION_SYNC=0 join_mpirun 300 -x VKSWARM_PID_DIR="$tmp/pids" -x VKSWARM_VALIDATION_SYNC -np 2 \
     "$bin" rl --config "$tmp/run2.json" --join --eval-n 0 --timeout-s 5 > "$tmp/run2.out" 2> "$run_err" &
 run=$!
 steps_at_least() { [ -s "$tmp/out2/metrics.jsonl" ] && [ "$(wc -l < "$tmp/out2/metrics.jsonl")" -ge "$1" ]; }
@@ -319,10 +321,8 @@ if [ "${VKSWARM_TEST_SHORT:-0}" = 1 ]; then
 else
     sed -e 's/"steps": 40/"steps": 16/' -e "s|$tmp/out\"|$tmp/out6\"|" "$tmp/run.json" > "$tmp/run6.json"
     run_err=$tmp/run6.err
-    env -u MALLOC_PERTURB_ timeout -k 15 240 "$bin" mpirun --join --enable-recovery ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} \
-        --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
-        "$bin" rl --config "$tmp/run6.json" --join --eval-n 0 --timeout-s 15 --trainer-timeout-s 120 > /dev/null \
-        2> "$run_err" &
+    join_mpirun 240 --enable-recovery -np 2 "$bin" rl --config "$tmp/run6.json" --join --eval-n 0 --timeout-s 15 \
+        --trainer-timeout-s 120 > /dev/null 2> "$run_err" &
     run=$!
     steps_at_least() { [ -s "$tmp/out6/metrics.jsonl" ] && [ "$(wc -l < "$tmp/out6/metrics.jsonl")" -ge "$1" ]; }
     wait_for 120 steps_at_least 2 || bad "the run to be left alone did not reach step 2"
