@@ -620,6 +620,185 @@ static void test_example_rubric(void **state) {
     free(out);
 }
 
+/* Environment programs (vks_tasks.h "Multi-turn environments"): an episode replayed through a
+ * program of the user's, one process serving interleaved episodes by name; every way of breaking
+ * the protocol named with the program and the task line; bad task lines and completions lines. */
+static void test_environment_programs(void **state) {
+    (void)state;
+    char dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    static const struct { const char *name, *code; } programs[] = {
+        /* guess the number info.secret; "higher" / "lower" after a wrong guess */
+        {"guess.py", "import json, sys\n"
+                     "secret = {}\n"
+                     "for line in sys.stdin:\n"
+                     "    q = json.loads(line)\n"
+                     "    if q['type'] == 'reset':\n"
+                     "        secret[q['episode']] = q['task']['info']['secret'] + q['seed']\n"
+                     "        a = {'messages': [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', "
+                     "'content': q['task']['prompt']}]}\n"
+                     "    else:\n"
+                     "        s, g = secret[q['episode']], int(q['completion'])\n"
+                     "        a = {'messages': [] if g == s else [{'role': 'user', 'content': 'higher' if g < s else "
+                     "'lower'}], 'done': g == s, 'reward': 1.0 if g == s else None}\n"
+                     "    print(json.dumps(a), flush=True)\n"},
+        {"empty.py", "import sys\nfor line in sys.stdin: print('{\"messages\": []}', flush=True)\n"},
+        {"role.py", "import sys\nfor line in sys.stdin: print('{\"messages\": [{\"role\": \"assistant\", "
+                    "\"content\": \"x\"}]}', flush=True)\n"},
+        {"noreward.py", "import json, sys\nfor line in sys.stdin:\n"
+                        "    q = json.loads(line)\n"
+                        "    print(json.dumps({'messages': [{'role': 'user', 'content': 'go'}]} if q['type'] == "
+                        "'reset' else {'messages': [], 'done': True}), flush=True)\n"},
+        {"nodone.py", "import json, sys\nfor line in sys.stdin:\n"
+                      "    q = json.loads(line)\n"
+                      "    print(json.dumps({'messages': [{'role': 'user', 'content': 'go'}]}), flush=True)\n"},
+        {"dies.py", "import json, sys\nfor line in sys.stdin:\n"
+                    "    if json.loads(line)['type'] == 'step': raise SystemExit('no more')\n"
+                    "    print('{\"messages\": [{\"role\": \"user\", \"content\": \"go\"}]}', flush=True)\n"},
+        {"slow.py", "import json, sys, time\nfor line in sys.stdin:\n"
+                    "    if json.loads(line)['type'] == 'step': time.sleep(60)\n"
+                    "    print('{\"messages\": [{\"role\": \"user\", \"content\": \"go\"}]}', flush=True)\n"},
+    };
+    for (size_t i = 0; i < sizeof programs / sizeof programs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, programs[i].name);
+        FILE *f = fopen(path, "w");
+        fputs(programs[i].code, f);
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/env.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"task_type\": \"environment\", \"environment\": \"python3 guess.py\", \"prompt\": \"Guess.\", \"info\": "
+          "{\"secret\": 5}, \"max_turns\": 3}\n"
+          "{\"task_type\": \"environment\", \"environment\": \"python3 empty.py\"}\n"
+          "{\"task_type\": \"environment\", \"environment\": \"python3 role.py\"}\n"
+          "{\"task_type\": \"environment\", \"environment\": \"python3 noreward.py\"}\n"
+          "{\"task_type\": \"environment\", \"environment\": \"python3 nodone.py\"}\n"
+          "{\"task_type\": \"environment\", \"environment\": \"python3 dies.py\", \"sandbox\": false}\n"
+          "{\"task_type\": \"environment\", \"environment\": \"python3 slow.py\", \"timeout_s\": 1}\n", f);
+    fclose(f);
+    vks_task *tasks = NULL;
+    int64_t n = 0;
+    assert_int_equal(vks_task_file_load(path, &tasks, &n), VKS_OK);
+    assert_int_equal(n, 7);
+    assert_int_equal(tasks[0].verify, VKS_VERIFY_ENVIRONMENT);
+    assert_int_equal(tasks[0].program->max_turns, 3);
+    assert_int_equal(tasks[1].program->max_turns, VKS_ENV_DEFAULT_TURNS);
+    assert_ptr_equal(vks_task_first_environment(tasks, n), &tasks[0]);
+    /* two episodes of one process, interleaved: seed 2 moves the secret to 7 */
+    vks_env_episode a, b;
+    assert_int_equal(vks_env_reset(&tasks[0], 0, &a), VKS_OK);
+    assert_int_equal(vks_env_reset(&tasks[0], 2, &b), VKS_OK);
+    assert_string_not_equal(a.id, b.id);
+    assert_int_equal(a.n, 2);
+    assert_string_equal(a.m[0].role, "system");
+    assert_string_equal(a.m[1].content, "Guess.");
+    assert_int_equal(vks_env_step(&tasks[0], &a, "6", 1), VKS_OK);
+    assert_int_equal(vks_env_step(&tasks[0], &b, "6", 1), VKS_OK);
+    assert_string_equal(a.m[a.n - 1].content, "lower");
+    assert_string_equal(b.m[b.n - 1].content, "higher");
+    assert_int_equal(vks_env_step(&tasks[0], &a, "5", 1), VKS_OK);
+    assert_true(a.done && a.reward == 1.0 && a.n == 5);
+    assert_int_equal(vks_env_step(&tasks[0], &b, "7", 1), VKS_OK);
+    assert_true(b.done && b.reward == 1.0);
+    vks_env_episode_free(&a), vks_env_episode_free(&b);
+    const char *turns[3] = {"1", "9", "5"};
+    size_t lens[3] = {1, 1, 1};
+    double r = -1;
+    char why[VKS_TASK_MAX_WHY];
+    assert_int_equal(vks_env_replay(&tasks[0], 0, turns, lens, 3, &r, why, sizeof why, NULL), VKS_OK);
+    assert_true(r == 1.0);
+    assert_string_equal(why, "environment: done after 3 turns, reward 1");
+    assert_int_equal(vks_env_replay(&tasks[0], 4, turns, lens, 3, &r, why, sizeof why, NULL), VKS_OK); /* 9 */
+    assert_true(r == 0.0);
+    assert_string_equal(why, "the environment ended after turn 2 of 3");
+    static const char *const errors[] = {
+        "environment (task line 2; started 3 times): environment 'python3 empty.py' answered a reset: \"messages\" is "
+        "not a list of 1 to 16 messages",
+        "environment (task line 3; started 3 times): environment 'python3 role.py' answered a reset: message 1: "
+        "\"role\" is not system, user or tool",
+        "environment (task line 4; started once): environment 'python3 noreward.py' answered a step: done without a "
+        "\"reward\" from 0 to 1",
+        "environment (task line 5; started once): environment 'python3 nodone.py' answered a step: no \"done\": true "
+        "or false",
+        "environment (task line 6; started once): 'python3 dies.py' ended: exit status 1; its last words: no more",
+        "environment (task line 7; started once): 'python3 slow.py' gave no answer in time",
+    };
+    for (int k = 0; k < 6; k++) {
+        const char *turn = "1";
+        size_t len = 1;
+        assert_int_not_equal(vks_env_replay(&tasks[1 + k], 0, &turn, &len, 1, &r, why, sizeof why, NULL), VKS_OK);
+        assert_string_equal(vks_last_error(), errors[k]);
+    }
+    vks_task_programs_stop();
+    vks_task_free(tasks, n);
+    static const struct { const char *line, *msg; } bad[] = {
+        {"\"environment\": \"a\", \"program\": \"b\"", "has \"environment\", not \"program\" or \"rubric\""},
+        {"\"prompt\": \"p\"", "an environment task needs \"environment\": a command of 1 to 1023 bytes"},
+        {"\"environment\": \"a\", \"max_turns\": 0", "\"max_turns\" is not an integer from 1 to 32"},
+        {"\"environment\": \"a\", \"max_turns\": 33", "\"max_turns\" is not an integer from 1 to 32"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        FILE *b = fopen(path, "w");
+        fprintf(b, "{\"task_type\": \"environment\", %s}\n", bad[k].line);
+        fclose(b);
+        assert_int_not_equal(vks_task_file_load(path, &tasks, &n), VKS_OK);
+        if (!strstr(vks_last_error(), bad[k].msg)) fail_msg("'%s': '%s'", bad[k].line, vks_last_error());
+    }
+    /* completions lines: turns and seed go with environment tasks only, and not beside "completion" */
+    char tasks_path[600], comps[600], cmd[2000], *out = NULL;
+    snprintf(tasks_path, sizeof tasks_path, "%s",
+             write_file("te.jsonl", "{\"task_type\": \"calc\", \"prompt\": \"2*3?\", \"answer\": 6}\n"
+                                    "{\"prompt\": \"2+2\", \"answer\": \"4\", \"task_type\": \"numeric\"}\n"));
+    static const struct { const char *line, *msg; } bad_lines[] = {
+        {"{\"task\": 2, \"turns\": [\"answer: 4\"]}", "\"turns\" and \"seed\" go with environment tasks; task line 2 "
+                                                     "is none"},
+        {"{\"task\": 1, \"turns\": [\"answer: 6\"], \"completion\": \"x\"}", "\"completion\" and \"turns\": give one"},
+        {"{\"task\": 1, \"turns\": []}", "\"turns\" is not a list of 1 to 32 strings"},
+        {"{\"task\": 1, \"turns\": [\"a\", 3]}", "\"turns\"[1] is not a string"},
+        {"{\"task\": 1, \"turns\": [\"a\"], \"seed\": -1}", "\"seed\" is not an integer of at least 0"},
+        {"{\"task\": 1}", "no \"completion\" string or \"turns\" list"},
+    };
+    for (size_t k = 0; k < sizeof bad_lines / sizeof bad_lines[0]; k++) {
+        char text[300];
+        snprintf(text, sizeof text, "{\"task\": 1, \"completion\": \"answer: 6\"}\n%s\n", bad_lines[k].line);
+        snprintf(comps, sizeof comps, "%s", write_file("ce.jsonl", text));
+        snprintf(cmd, sizeof cmd, "%s tasks score --task %s --completions %s 2>&1 >/dev/null", tu_bin(), tasks_path,
+                 comps);
+        assert_int_equal(tu_run(cmd, &out), 2);
+        char want[1400];
+        snprintf(want, sizeof want, "vkswarm: tasks score: %s: line 2: %s", comps, bad_lines[k].msg);
+        if (strncmp(out, want, strlen(want))) fail_msg("got '%s', want '%s'", out, want);
+        free(out);
+    }
+}
+
+/* examples/environment (docs/rl.md "Environments"): calc.py, a user's environment in Python, and
+ * the built-in calculator (task_type "calc") give the same conversation and reward for each of the
+ * same recorded turns: two implementations of one protocol checked against each other. */
+static void test_example_environment(void **state) {
+    (void)state;
+    char cmd[3000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s tasks score --task %s/examples/environment/tasks.jsonl --completions "
+             "%s/examples/environment/completions.jsonl", tu_bin(), tu_source(), tu_source());
+    assert_int_equal(tu_run(cmd, &out), 0);
+    char *lines[8], *save = NULL;
+    int n = 0;
+    for (char *l = strtok_r(out, "\n", &save); l && n < 8; l = strtok_r(NULL, "\n", &save)) lines[n++] = l;
+    assert_int_equal(n, 8);
+    static const char *const rewards[4] = {"\"reward\": 1,", "\"reward\": 0,", "\"reward\": 1,", "\"reward\": 0,"};
+    for (int i = 0; i < 4; i++) {
+        assert_non_null(strstr(lines[i], rewards[i]));
+        assert_non_null(strstr(lines[i + 4], rewards[i]));
+        const char *py = strstr(lines[i], "\"turns\":"), *builtin = strstr(lines[i + 4], "\"turns\":");
+        assert_true(py && builtin);
+        assert_string_equal(py, builtin); /* the turn count and every message */
+    }
+    assert_non_null(strstr(lines[0], "\"why\": \"environment: done after 3 turns, reward 1; metrics {\\\"calls\\\":2}\""));
+    assert_non_null(strstr(lines[2], "{\"role\": \"tool\", \"content\": \"= 7/2\"}"));
+    assert_non_null(strstr(lines[7], "\"why\": \"not done after 4 turns (max_turns)\""));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sandbox_available), cmocka_unit_test(test_sandbox_io),
@@ -629,7 +808,8 @@ int main(void) {
         cmocka_unit_test(test_code_task_errors),  cmocka_unit_test(test_cli_tasks_score),
         cmocka_unit_test(test_builtin_code_task), cmocka_unit_test(test_sandbox_proc),
         cmocka_unit_test(test_reward_programs),   cmocka_unit_test(test_reward_program_metrics),
-        cmocka_unit_test(test_example_rubric),
+        cmocka_unit_test(test_example_rubric),    cmocka_unit_test(test_environment_programs),
+        cmocka_unit_test(test_example_environment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

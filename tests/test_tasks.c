@@ -84,6 +84,96 @@ static void test_worked_completions_solve(void **state) {
     assert_string_equal(name, "add:3:short");
 }
 
+/* The built-in calculator environment: golden instances (their answers checked by hand), then
+ * episodes stepped turn by turn: a calc: line answered exactly (fractions, errors), an answer line
+ * ending it, a turn with neither ending it with 0, nothing after the end or past max_turns; replays
+ * of recorded turns with their reasons; eval and rl refuse it (no multi-turn generation yet). */
+static void test_calc_environment(void **state) {
+    (void)state;
+    static const struct { const char *name; uint32_t index; const char *prompt, *answer; } golden[] = {
+        {"calc", 0, "What is 50*75+21? You may use the calculator: a line calc: EXPR gets its value back. End with "
+                    "the line answer: N\n", "3771"},
+        {"calc:2:short", 1, "calc 13*64\n", "832"},
+        {"calc:4", 0, "What is 89*94*81*84? You may use the calculator: a line calc: EXPR gets its value back. End "
+                      "with the line answer: N\n", "56922264"},
+        {"calc:4", 1, "What is 10*24+47*76? You may use the calculator: a line calc: EXPR gets its value back. End "
+                      "with the line answer: N\n", "3812"},
+    };
+    for (size_t i = 0; i < sizeof golden / sizeof golden[0]; i++) {
+        vks_task t = make(golden[i].name, 42, golden[i].index);
+        assert_string_equal(t.prompt, golden[i].prompt);
+        assert_string_equal(t.answer, golden[i].answer);
+        assert_int_equal(t.verify, VKS_VERIFY_ENVIRONMENT);
+        assert_null(t.program);
+    }
+    vks_task t = make("calc", 42, 0);
+    vks_env_episode ep;
+    assert_int_equal(vks_env_reset(&t, 0, &ep), VKS_OK);
+    assert_int_equal(ep.n, 1);
+    assert_string_equal(ep.m[0].role, "user");
+    assert_string_equal(ep.m[0].content, t.prompt);
+    static const struct { const char *turn, *tool; } calls[] = {
+        {"First the product.\nCALC: 50 * 75\n", "= 3750"},
+        {"calc: 1\ncalc: (7 - 10) / 6", "= -1/2"},
+        {"calc: 1/0", "error: not an expression of integers, + - * / and parentheses"},
+    };
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(vks_env_step(&t, &ep, calls[i].turn, strlen(calls[i].turn)), VKS_OK);
+        assert_false(ep.done);
+        assert_int_equal(ep.turns, i + 1);
+        assert_int_equal(ep.n, 3 + 2 * i);
+        assert_string_equal(ep.m[ep.n - 2].role, "assistant");
+        assert_string_equal(ep.m[ep.n - 2].content, calls[i].turn);
+        assert_string_equal(ep.m[ep.n - 1].role, "tool");
+        assert_string_equal(ep.m[ep.n - 1].content, calls[i].tool);
+    }
+    assert_int_equal(vks_env_step(&t, &ep, "calc: 3750+21\nanswer: 3,771", 27), VKS_OK); /* the answer wins */
+    assert_true(ep.done && ep.reward == 1.0 && ep.n == 8);
+    assert_int_equal(vks_env_step(&t, &ep, "more", 4), VKS_ERR_ARG); /* over */
+    vks_env_episode_free(&ep);
+    /* max_turns (4 for the calculator): a fifth turn is refused */
+    assert_int_equal(vks_env_reset(&t, 0, &ep), VKS_OK);
+    for (int i = 0; i < VKS_ENV_DEFAULT_TURNS; i++) assert_int_equal(vks_env_step(&t, &ep, "calc: 2", 7), VKS_OK);
+    assert_false(ep.done);
+    assert_int_equal(vks_env_step(&t, &ep, "answer: 3771", 12), VKS_ERR_ARG);
+    vks_env_episode_free(&ep);
+    static const struct { int n; const char *turns[5]; double reward; const char *why; } replays[] = {
+        {2, {"calc: 50*75+21", "answer: 3771"}, 1, "environment: done after 2 turns, reward 1; answer '3771' matches, "
+                                                   "expected '3771'"},
+        {1, {"answer: 3770"}, 0, "environment: done after 1 turn, reward 0; answer '3770', expected '3771'"},
+        {1, {"I think it is large."}, 0, "environment: done after 1 turn, reward 0; a turn with neither an answer line "
+                                         "nor a calc: line"},
+        {2, {"answer: 3771", "answer: 3771"}, 0, "the environment ended after turn 1 of 2"},
+        {2, {"calc: 1", "calc: 2"}, 0, "not done after 2 turns"},
+        {4, {"calc: 1", "calc: 2", "calc: 3", "calc: 4"}, 0, "not done after 4 turns (max_turns)"},
+        {5, {"calc: 1", "calc: 2", "calc: 3", "calc: 4", "answer: 3771"}, 0, "5 turns, more than max_turns 4"},
+    };
+    for (size_t i = 0; i < sizeof replays / sizeof replays[0]; i++) {
+        size_t lens[5];
+        for (int k = 0; k < replays[i].n; k++) lens[k] = strlen(replays[i].turns[k]);
+        double r = -1;
+        char why[VKS_TASK_MAX_WHY];
+        assert_int_equal(vks_env_replay(&t, 0, replays[i].turns, lens, replays[i].n, &r, why, sizeof why, NULL), VKS_OK);
+        assert_true(r == replays[i].reward);
+        assert_string_equal(why, replays[i].why);
+    }
+    /* a completion of an environment task scores as its first turn */
+    assert_true(score(&t, "answer: 3771") == 1.0 && score(&t, "calc: 1") == 0.0);
+    /* no one-completion worked answer; eval and rl refuse it, naming it */
+    char c[256];
+    assert_int_equal(vks_task_worked_completion(&t, c, sizeof c), VKS_ERR_ARG);
+    vks_task_spec spec;
+    assert_int_equal(vks_task_parse("calc:2", &spec), VKS_OK);
+    assert_int_equal(vks_task_refuse_environments(&spec, NULL, 0), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "task calc: a multi-turn environment"));
+    vks_task both[2] = {make("add", 1, 0), t};
+    both[1].line = 7;
+    assert_int_equal(vks_task_refuse_environments(NULL, both, 1), VKS_OK);
+    assert_int_equal(vks_task_refuse_environments(NULL, both, 2), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "task line 7: a multi-turn environment"));
+    assert_int_equal(vks_task_parse("calc:5", &spec), VKS_ERR_ARG);
+}
+
 static void test_extract_answer(void **state) {
     (void)state;
     char a[VKS_TASK_MAX_ANSWER];
@@ -854,7 +944,7 @@ int main(void) {
         cmocka_unit_test(test_resolve),           cmocka_unit_test(test_split),
         cmocka_unit_test(test_pass_at_k),         cmocka_unit_test(test_eval_score),
         cmocka_unit_test(test_filter_classify),   cmocka_unit_test(test_task_file_kind_and_copy),
-        cmocka_unit_test(test_run_tiny_model),
+        cmocka_unit_test(test_run_tiny_model),    cmocka_unit_test(test_calc_environment),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,7 +17,8 @@ static const char tasks_usage[] =
     "                            [--user-template TEXT] [--no-think] [--think-tokens N [--think-template TEXT]]\n"
     "       vkswarm tasks score --task FILE.jsonl --completions C.jsonl [--parallel N]\n"
     "tasks sft writes N (default 1000) instances of a built-in task (add, mul, countdown, sort, reverse,\n"
-    "code, optionally :SIZE, e.g. mul:3) from seed S (default 0) as {\"prompt\", \"completion\"} lines with\n"
+    "code, optionally :SIZE, e.g. mul:3; not calc, whose episodes have several turns) from seed S\n"
+    "(default 0) as {\"prompt\", \"completion\"} lines with\n"
     "a short worked completion ending in the answer line (code: the reference in a ``` block), for\n"
     "`vkswarm train sft`.\n"
     "tasks filter completes each task of the task file FILE (--tasks is the same option; docs \"Your own\n"
@@ -39,6 +40,9 @@ static const char tasks_usage[] =
     "Code tasks (task_type \"code\": docs/tasks.md) run the completion's last ``` block with python3 in a\n"
     "bubblewrap sandbox against every case, N runs at once (default: the cores). Reward program tasks\n"
     "(task_type \"program\": docs/rl.md \"Reward programs\") ask the line's program, kept running.\n"
+    "Environment tasks (task_type \"environment\" or \"calc\": docs/rl.md \"Environments\") replay an\n"
+    "episode: the line gives the assistant's \"turns\": [TEXT, ...] (or one \"completion\") and\n"
+    "optionally \"seed\" (default 0); the output adds \"turns\" and the conversation's \"messages\".\n"
     "Answers are read from the completion's last `answer: ...` line or last \\boxed{...}.\n";
 
 typedef struct {
@@ -174,6 +178,15 @@ static int print_scored(void *ctx, const vks_task_scored *s) {
     printf("\"line\": %lld, \"task\": %lld, \"reward\": %.17g, \"why\": ", (long long)s->line,
            (long long)s->task_line, s->reward);
     cli_json_string(stdout, s->why, strlen(s->why));
+    if (s->episode) { /* the conversation as replayed: what the environment said, turn by turn */
+        printf(", \"turns\": %d, \"messages\": [", s->episode->turns);
+        for (int i = 0; i < s->episode->n; i++) {
+            printf("%s{\"role\": \"%s\", \"content\": ", i ? ", " : "", s->episode->m[i].role);
+            cli_json_string(stdout, s->episode->m[i].content, s->episode->m[i].len);
+            printf("}");
+        }
+        printf("]");
+    }
     printf("}\n");
     return cli_stdout_ok() ? VKS_OK : vks_set_error(VKS_ERR_IO, "writing to stdout failed");
 }

@@ -30,6 +30,8 @@ typedef enum {
     VKS_VERIFY_COUNTDOWN, /* an expression of the given numbers (each at most once) equal to the target */
     VKS_VERIFY_CODE,      /* the completion's last fenced code block passes the task's tests (vks_code_tests) */
     VKS_VERIFY_PROGRAM,   /* a reward program of the user's says (vks_task_program) */
+    VKS_VERIFY_ENVIRONMENT, /* a multi-turn environment says at the episode's end (vks_env_episode): a program of
+                             * the user's (program set), or the built-in calculator (program NULL) */
 } vks_verify_kind;
 
 #define VKS_TASK_MAX_CASES 256      /* stdin/stdout cases of a code task */
@@ -68,15 +70,19 @@ typedef struct {
     const char *info_json;   /* the line's "info" as compact JSON ("null" when absent) */
     bool sandboxed;          /* "sandbox" (default true) */
     double timeout_s;        /* per answer ("timeout_s", default 10, at most 600) */
+    int max_turns;           /* environments: assistant turns at most ("max_turns", default 4, at most
+                              * VKS_ENV_MAX_TURNS); 0 for reward programs */
 } vks_task_program;
 
 /* The built-in generators. */
-typedef enum { VKS_TASK_ADD, VKS_TASK_MUL, VKS_TASK_COUNTDOWN, VKS_TASK_SORT, VKS_TASK_REVERSE, VKS_TASK_CODE } vks_task_kind;
+typedef enum {
+    VKS_TASK_ADD, VKS_TASK_MUL, VKS_TASK_COUNTDOWN, VKS_TASK_SORT, VKS_TASK_REVERSE, VKS_TASK_CODE, VKS_TASK_CALC
+} vks_task_kind;
 
 typedef struct {
     vks_task_kind kind;
     int size; /* add/mul: digits per operand (1-9); countdown: given numbers (2-6); sort/reverse: list length (2-16);
-               * code: the degree of the polynomial f(x) to write in Python (1-3) */
+               * code: the degree of the polynomial f(x) to write in Python (1-3); calc: the operands (2-4) */
     bool short_prompt; /* ":short": a terse prompt ("39+39=", "sort 5 2 9", "make 24 from 3 8 1") for small
                         * models (fewer tokens per sample); same instances, same answers */
 } vks_task_spec;
@@ -152,9 +158,73 @@ int vks_task_program_parse(const char *json, const char *dir, vks_task_program *
 /* vks_task_score_many that also adds reward programs' metrics to `sink` (NULL: none). */
 int vks_task_score_many_into(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
                              int parallel, double *rewards, char (*why)[VKS_TASK_MAX_WHY], vks_task_metrics *sink);
+/* Multi-turn environments ("task_type": "environment", and the built-in
+ * calculator: "task_type": "calc" lines, the `calc` task). An environment
+ * program runs as a reward program does (/usr/bin/sh -c in the task file's
+ * directory, sandboxed unless "sandbox": false, started once per process and
+ * kept) and speaks JSON lines; every request names its episode (a string:
+ * several may be open at once) and gets one answer line:
+ *   {"type": "reset", "episode": E, "seed": S, "task": {"prompt", "answer", "info"}}
+ *     -> {"messages": [{"role": R, "content": str}, ...]}      the conversation's start (1 or more)
+ *   {"type": "step", "episode": E, "completion": str}           one assistant turn
+ *     -> {"messages": [...], "done": bool, "reward": R, "metrics": {...}}
+ * R (roles) is system, user or tool; a step's messages are appended after the
+ * turn (none is fine); "reward" (0 to 1) is required when done, "metrics"
+ * optional. An episode ends when the environment says done; one still going
+ * after max_turns turns (or cut by the caller's token budget) scores 0 and
+ * nothing more is sent for it. Environments must be deterministic for a
+ * (task, seed): a verifier replays an episode with its recorded assistant
+ * turns and compares every message and the reward. The built-in calculator
+ * answers a turn with an "answer:" line (done: the numeric check), or else
+ * with its last "calc: EXPR" line (integers, + - * / and parentheses: a tool
+ * message "= VALUE", or "error: ..."), or else ends it (reward 0). */
+#define VKS_ENV_MAX_TURNS 32           /* assistant turns of an episode */
+#define VKS_ENV_MAX_MESSAGES 16        /* messages in one answer */
+#define VKS_ENV_MAX_CONTENT (64 * 1024) /* bytes of one message */
+#define VKS_ENV_MAX_ROLE 16            /* bytes of a role, NUL included */
+#define VKS_ENV_DEFAULT_TURNS 4        /* max_turns when a line does not say (the calculator's too) */
+typedef struct {
+    char role[VKS_ENV_MAX_ROLE]; /* system, user, tool; assistant: a turn of the model's */
+    char *content;               /* malloc'd, NUL-terminated (valid UTF-8 from a program) */
+    size_t len;
+} vks_env_message;
+typedef struct {
+    char id[32];            /* the episode's name in requests (unique in this process) */
+    int n;                  /* messages: the start, then each turn followed by what the environment answered */
+    vks_env_message *m;
+    int capacity;           /* of m */
+    int turns;              /* assistant turns so far */
+    bool done;              /* the environment said so (reward is its); false: still going, or cut */
+    double reward;
+    char metrics[1024];     /* the last answer's "metrics" as compact JSON, or "" */
+    char note[160];         /* the built-in calculator's reason for its reward ("answer '12', expected '13'"), or "" */
+} vks_env_episode;
+/* Starts an episode of t (an environment task) with seed: ep (zeroed here) holds the start messages. */
+int vks_env_reset(const vks_task *t, uint64_t seed, vks_env_episode *ep);
+/* Appends one assistant turn (completion, len bytes) and the environment's answer; refused after done
+ * or at max_turns. An error for what the environment did wrong (named with the task line). */
+int vks_env_step(const vks_task *t, vks_env_episode *ep, const char *completion, size_t len);
+void vks_env_episode_free(vks_env_episode *ep);
+/* The episode again from its seed and recorded turns (what `tasks score` and a verifier do): reset, then
+ * each turn stepped. *reward 0 with a reason in why unless the environment said done after exactly the
+ * last turn ("ended after turn 1 of 3", "not done after 2 turns"). A program that fails (crashes, hangs,
+ * answers out of protocol) fails the replay naming it and the task line; it is started again for the next
+ * episode, at most VKS_TASK_PROGRAM_RESTARTS times per process (a reset is retried as a reward program's
+ * request is; a step is not: the episode died with it). ep may be NULL. */
+int vks_env_replay(const vks_task *t, uint64_t seed, const char *const *turns, const size_t *lens, int n_turns,
+                   double *reward, char *why, size_t cap, vks_env_episode *ep);
+/* The first environment task of tasks[0..n), or NULL. */
+const vks_task *vks_task_first_environment(const vks_task *tasks, int64_t n);
+/* VKS_OK, or (where tasks[0..n) hold an environment task, or spec is the built-in calc) an error naming it:
+ * episodes are scored (`tasks score`, vks_env_replay) but not yet generated by eval, tasks filter or rl
+ * (multi-turn rollouts: next). Either argument may be NULL. */
+int vks_task_refuse_environments(const vks_task_spec *spec, const vks_task *tasks, int64_t n);
+
 /* Scoring a completions file without a model (`vkswarm tasks score`): lines
  * {"task": LINE, "completion": str, "id": any JSON value (optional)}, LINE a
- * line number of the task file. The whole file is checked before anything is
+ * line number of the task file; for an environment task "turns": [str, ...]
+ * (the assistant's turns; "completion" is one turn) and "seed" (default 0),
+ * the episode replayed (vks_env_replay). The whole file is checked before anything is
  * scored (the first bad line fails with "FILE: line N: ..."); then each
  * completion, in order, goes to on_scored (a non-zero return stops the run
  * and is returned). */
@@ -166,6 +236,7 @@ typedef struct {
     char id_json[VKS_TASK_MAX_ID]; /* its "id" as compact JSON ("" when absent) */
     double reward;
     char why[VKS_TASK_MAX_WHY];
+    const vks_env_episode *episode; /* environment tasks: the replayed episode (valid during the call); else NULL */
 } vks_task_scored;
 int vks_task_score_file(const char *tasks_path, const char *completions_path, int parallel,
                         int (*on_scored)(void *ctx, const vks_task_scored *s), void *ctx);

@@ -879,6 +879,7 @@ static int check_values(const vks_rl_config *c) {
     vks_task_spec spec;
     const char *path = NULL;
     if (vks_task_resolve(c->task, &spec, &path)) return vks_error_prefix(VKS_ERR_FORMAT, "config: task");
+    if (!path && vks_task_refuse_environments(&spec, NULL, 0)) return vks_error_prefix(VKS_ERR_FORMAT, "config");
     if (c->eval_split > 0 && !path)
         return vks_set_error(VKS_ERR_FORMAT, "config: eval_split holds out part of a task file, but task '%s' is built in "
                              "(its held-out accuracy is on fresh instances)", c->task);

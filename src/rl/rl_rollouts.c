@@ -532,6 +532,8 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g) {
     if (rc || !g->tasks_path) return rc;
     rc = vks_task_file_load(g->tasks_path, &g->tasks, &g->n_tasks);
     if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", g->tasks_path);
+    if (!rc && vks_task_refuse_environments(NULL, g->tasks, g->n_tasks))
+        rc = vks_error_prefix(VKS_ERR_FORMAT, "%s", g->tasks_path);
     /* code tasks: the sandbox is checked before the run starts (every rank scores: vks_rl_score_sample) */
     if (!rc && vks_task_first_code(g->tasks, g->n_tasks) && vks_sandbox_check())
         rc = vks_error_prefix(VKS_ERR_IO, "%s: code tasks", g->tasks_path);

@@ -389,6 +389,7 @@ static int open_eval_tasks(rl_run *r, vks_rl_result *res) {
         rc = vks_task_resolve(c->eval_tasks, &spec, &path);
         if (!rc && !path) rc = vks_set_error(VKS_ERR_FORMAT, "eval_tasks '%s' is not a task file", c->eval_tasks);
         if (!rc) rc = vks_task_file_load(path, &file, &n_file);
+        if (!rc && vks_task_refuse_environments(NULL, file, n_file)) rc = vks_error_prefix(VKS_ERR_FORMAT, "%s", path);
         if (!rc && vks_task_first_code(file, n_file) && vks_sandbox_check())
             rc = vks_error_prefix(VKS_ERR_IO, "%s: code tasks", path);
         if (!rc && at < cap)

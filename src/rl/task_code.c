@@ -368,6 +368,13 @@ int vks_task_score_many_into(const vks_task *const *tasks, const char *const *te
     for (int64_t i = 0; i < n; i++) {
         if (!tasks[i] || !texts[i]) return vks_set_error(VKS_ERR_ARG, "tasks: score: NULL task or text");
         if (tasks[i]->verify == VKS_VERIFY_CODE || tasks[i]->verify == VKS_VERIFY_PROGRAM) continue;
+        if (tasks[i]->verify == VKS_VERIFY_ENVIRONMENT) { /* a completion is one turn of an episode of seed 0 */
+            char reason[VKS_TASK_MAX_WHY];
+            int rc = vks_env_replay(tasks[i], 0, &texts[i], &lens[i], 1, &rewards[i], reason, sizeof reason, NULL);
+            if (rc) return rc;
+            if (why) memcpy(why[i], reason, sizeof reason);
+            continue;
+        }
         rewards[i] = vks_task_score_why(tasks[i], texts[i], lens[i], why ? why[i] : NULL, VKS_TASK_MAX_WHY);
     }
     int rc = vks_task_score_programs(tasks, texts, lens, n, rewards, why, sink);

@@ -44,7 +44,8 @@ static const struct { const char *name; vks_verify_kind kind; } types[] = {
     {"exact", VKS_VERIFY_EXACT},   {"boxed", VKS_VERIFY_EXACT},       {"numeric", VKS_VERIFY_NUMERIC},
     {"list", VKS_VERIFY_LIST},     {"countdown", VKS_VERIFY_COUNTDOWN}, {"add", VKS_VERIFY_NUMERIC},
     {"mul", VKS_VERIFY_NUMERIC},   {"sort", VKS_VERIFY_LIST},         {"reverse", VKS_VERIFY_LIST},
-    {"code", VKS_VERIFY_CODE},     {"program", VKS_VERIFY_PROGRAM},
+    {"code", VKS_VERIFY_CODE},     {"program", VKS_VERIFY_PROGRAM},   {"environment", VKS_VERIFY_ENVIRONMENT},
+    {"calc", VKS_VERIFY_ENVIRONMENT}, /* the built-in calculator environment: "answer" a number */
 };
 
 /* A string field (or, for "answer", an integer written out). */
@@ -91,14 +92,15 @@ static int task_from_json(json_t *root, vks_task *t, const char *dir) {
     int k = -1;
     for (int i = 0; i < (int)(sizeof types / sizeof types[0]); i++)
         if (!strcmp(types[i].name, type)) k = i;
-    if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown, code, program)", type);
+    if (k < 0) return vks_set_error(VKS_ERR_FORMAT, "unknown \"task_type\" '%s' (exact, numeric, list, boxed, countdown, code, program, environment, calc)", type);
     t->verify = types[k].kind;
     snprintf(t->kind, sizeof t->kind, "%s", type);
     if ((rc = string_field(root, "kind", t->kind, sizeof t->kind, false))) return rc;
     if (!t->kind[0]) return vks_set_error(VKS_ERR_FORMAT, "\"kind\" is empty");
-    if ((rc = string_field(root, "prompt", t->prompt, VKS_TASK_MAX_PROMPT + 1, true))) return rc;
+    bool environment = t->verify == VKS_VERIFY_ENVIRONMENT && strcmp(type, "calc"); /* its reset gives the prompt */
+    if ((rc = string_field(root, "prompt", t->prompt, VKS_TASK_MAX_PROMPT + 1, !environment))) return rc;
     if (t->verify == VKS_VERIFY_CODE) return vks_task_code_from_json(root, t);
-    if (t->verify == VKS_VERIFY_PROGRAM) { /* "answer" optional, passed on to the program as it is */
+    if (t->verify == VKS_VERIFY_PROGRAM || environment) { /* "answer" optional, passed on to the program as it is */
         if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, false))) return rc;
         return vks_task_program_from_json(root, t, dir);
     }
@@ -106,9 +108,9 @@ static int task_from_json(json_t *root, vks_task *t, const char *dir) {
     if ((rc = string_field(root, "answer", t->answer, sizeof t->answer, !countdown))) return rc;
     if (countdown) return countdown_fields(root, t);
     if (!t->answer[0]) return vks_set_error(VKS_ERR_FORMAT, "\"answer\" is empty");
-    if (!vks_task_answer_matchable(t->verify, t->answer))
+    if (!vks_task_answer_matchable(t->verify == VKS_VERIFY_ENVIRONMENT ? VKS_VERIFY_NUMERIC : t->verify, t->answer))
         return vks_set_error(VKS_ERR_FORMAT, "\"answer\" '%s' is not %s, so no completion could match it", t->answer,
-                             t->verify == VKS_VERIFY_NUMERIC ? "a decimal number (like -12.5 or 1,000)"
+                             t->verify != VKS_VERIFY_LIST ? "a decimal number (like -12.5 or 1,000)"
                                                              : "a list of decimal numbers (like 1 2 3)");
     return VKS_OK;
 }

@@ -27,6 +27,17 @@ int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir
 /* The reward program tasks of tasks[0..n) scored, one request at a time per program. */
 int vks_task_score_programs(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
                             double *rewards, char (*why)[VKS_TASK_MAX_WHY], vks_task_metrics *sink);
+/* Text as valid UTF-8 (a completion may end inside a character): invalid bytes and NUL become U+FFFD (malloc'd). */
+char *vks_task_valid_utf8(const char *s, size_t len);
+/* {"prompt", "answer" (null when empty), "info"}: what a program is told of task t (a new reference). */
+struct json_t *vks_task_request_json(const vks_task *t);
+/* Asks t's program (t->program->commands[0], started on first use and kept; what: "environment" etc. for
+ * errors) one request line and has check() read its answer line; see task_program.c's ask for restarts. */
+int vks_task_program_ask(const vks_task *t, const char *what, const char *line, bool retry,
+                         int (*check)(const char *command, const char *reply, void *ctx), void *ctx);
+/* Evaluates an arithmetic expression (integers below 2^31, + - * /, parentheses; at most 64 tokens, nesting 32)
+ * exactly: false when it is none, divides by zero or overflows. */
+bool vks_task_eval_expr(const char *expr, int64_t *num, int64_t *den);
 /* The built-in code task's polynomial in x from numbers[] (highest power first: "2*x*x+5*x+7"). */
 void vks_task_code_expr(const vks_task *t, char *buf, size_t cap);
 /* vks_task_score with a reason (why: NULL, or cap bytes); code tasks score 0 here. */

@@ -20,11 +20,12 @@
 
 /* ---- reading a task line ---- */
 
-/* A command from a task line (where: what it is, for errors): a string of 1 to VKS_TASK_MAX_COMMAND - 1 bytes. */
-static int command_of(json_t *cmd, const char *where) {
+/* A command from a task line (where: what it is, for errors; key: its name): a string of 1 to
+ * VKS_TASK_MAX_COMMAND - 1 bytes. */
+static int command_of(json_t *cmd, const char *where, const char *key) {
     if (!json_is_string(cmd) || !json_string_length(cmd) || json_string_length(cmd) >= VKS_TASK_MAX_COMMAND ||
         memchr(json_string_value(cmd), 0, json_string_length(cmd)))
-        return vks_set_error(VKS_ERR_FORMAT, "%s needs \"program\": a command of 1 to %d bytes", where,
+        return vks_set_error(VKS_ERR_FORMAT, "%s needs \"%s\": a command of 1 to %d bytes", where, key,
                              VKS_TASK_MAX_COMMAND - 1);
     return VKS_OK;
 }
@@ -35,7 +36,7 @@ static int programs_of(json_t *root, json_t *cmds[VKS_TASK_MAX_RUBRIC], double w
     if (cmd && rubric) return vks_set_error(VKS_ERR_FORMAT, "a program task has \"program\" or \"rubric\", not both");
     if (!rubric) {
         cmds[0] = cmd, weights[0] = 1, *n = 1;
-        return command_of(cmd, "a program task");
+        return command_of(cmd, "a program task", "program");
     }
     size_t k = json_is_array(rubric) ? json_array_size(rubric) : 0;
     if (k < 1 || k > VKS_TASK_MAX_RUBRIC)
@@ -48,7 +49,7 @@ static int programs_of(json_t *root, json_t *cmds[VKS_TASK_MAX_RUBRIC], double w
         snprintf(where, sizeof where, "rubric entry %zu", i + 1);
         if (!json_is_object(e) || json_object_size(e) != 2u - !w)
             return vks_set_error(VKS_ERR_FORMAT, "%s is not {\"program\": ..., \"weight\": ...}", where);
-        int rc = command_of(json_object_get(e, "program"), where);
+        int rc = command_of(json_object_get(e, "program"), where, "program");
         if (rc) return rc;
         double wv = w ? (json_is_number(w) ? json_number_value(w) : -1) : 1;
         if (!(wv > 0 && wv <= 1e6))
@@ -61,12 +62,25 @@ static int programs_of(json_t *root, json_t *cmds[VKS_TASK_MAX_RUBRIC], double w
     return VKS_OK;
 }
 
+/* An environment's command and "max_turns" (environment tasks: one command, no rubric). */
+static int environment_of(json_t *root, json_t **cmd, int *max_turns) {
+    json_t *mt = json_object_get(root, "max_turns");
+    *cmd = json_object_get(root, "environment");
+    if (json_object_get(root, "program") || json_object_get(root, "rubric"))
+        return vks_set_error(VKS_ERR_FORMAT, "an environment task has \"environment\", not \"program\" or \"rubric\"");
+    if (mt && (!json_is_integer(mt) || json_integer_value(mt) < 1 || json_integer_value(mt) > VKS_ENV_MAX_TURNS))
+        return vks_set_error(VKS_ERR_FORMAT, "\"max_turns\" is not an integer from 1 to %d", VKS_ENV_MAX_TURNS);
+    *max_turns = mt ? (int)json_integer_value(mt) : VKS_ENV_DEFAULT_TURNS;
+    return command_of(*cmd, "an environment task", "environment");
+}
+
 int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir) {
     json_t *info = json_object_get(root, "info"), *sb = json_object_get(root, "sandbox"),
            *to = json_object_get(root, "timeout_s"), *cmds[VKS_TASK_MAX_RUBRIC];
-    double weights[VKS_TASK_MAX_RUBRIC];
-    int n = 0;
-    int rc = programs_of(root, cmds, weights, &n);
+    double weights[VKS_TASK_MAX_RUBRIC] = {1};
+    int n = 1, max_turns = 0;
+    int rc = t->verify == VKS_VERIFY_ENVIRONMENT ? environment_of(root, &cmds[0], &max_turns)
+                                                  : programs_of(root, cmds, weights, &n);
     if (rc) return rc;
     if (sb && !json_is_boolean(sb)) return vks_set_error(VKS_ERR_FORMAT, "\"sandbox\" is not true or false");
     double timeout = PROGRAM_DEFAULT_TIMEOUT_S;
@@ -100,6 +114,7 @@ int vks_task_program_from_json(struct json_t *root, vks_task *t, const char *dir
     p->info_json = memcpy(at, info_text, li + 1);
     p->sandboxed = sb ? json_is_true(sb) : true;
     p->timeout_s = timeout;
+    p->max_turns = max_turns;
     free(info_json);
     t->program = p;
     return VKS_OK;
@@ -124,9 +139,9 @@ int vks_task_program_parse(const char *json, const char *dir, vks_task_program *
 
 typedef struct entry {
     char *command, *dir;
-    bool sandboxed;
+    bool sandboxed, environment; /* one process per (command, dir, sandboxed, protocol) */
     vks_sandbox_proc *proc;
-    int restarts;
+    int starts;
     pthread_mutex_t lock; /* one request at a time */
     struct entry *next;
 } entry;
@@ -138,11 +153,15 @@ static entry *registry;
 static entry *entry_for(const vks_task_program *p, const char *command) {
     pthread_mutex_lock(&registry_lock);
     entry *e = registry;
-    while (e && (strcmp(e->command, command) || strcmp(e->dir, p->dir) || e->sandboxed != p->sandboxed)) e = e->next;
+    bool environment = p->max_turns > 0;
+    while (e && (strcmp(e->command, command) || strcmp(e->dir, p->dir) || e->sandboxed != p->sandboxed ||
+                 e->environment != environment))
+        e = e->next;
     if (!e && (e = calloc(1, sizeof *e))) {
         e->command = strdup(command);
         e->dir = strdup(p->dir);
         e->sandboxed = p->sandboxed;
+        e->environment = environment;
         pthread_mutex_init(&e->lock, NULL);
         if (!e->command || !e->dir) {
             free(e->command), free(e->dir), free(e);
@@ -168,8 +187,7 @@ void vks_task_programs_stop(void) {
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* Text as valid UTF-8 (a completion may end inside a character): invalid bytes and NUL become U+FFFD. */
-static char *valid_utf8(const char *s, size_t len) {
+char *vks_task_valid_utf8(const char *s, size_t len) {
     char *out = malloc(3 * len + 1);
     if (!out) return NULL;
     size_t o = 0;
@@ -182,20 +200,27 @@ static char *valid_utf8(const char *s, size_t len) {
     return out;
 }
 
-/* The request line for one completion (malloc'd, compact JSON). */
-static char *request_line(const vks_task *t, const char *text, size_t len) {
-    char *clean = valid_utf8(text, len), *prompt = valid_utf8(t->prompt, strlen(t->prompt)),
-         *answer = valid_utf8(t->answer, strlen(t->answer));
+json_t *vks_task_request_json(const vks_task *t) {
+    char *prompt = vks_task_valid_utf8(t->prompt, strlen(t->prompt)), *answer = vks_task_valid_utf8(t->answer, strlen(t->answer));
     json_error_t err;
-    json_t *info = json_loads(t->program->info_json, JSON_DECODE_ANY, &err);
-    json_t *q = clean && prompt && answer && info
-                    ? json_pack("{s:s, s:s, s:o, s:o}", "prompt", prompt, "completion", clean, "answer",
+    json_t *info = t->program ? json_loads(t->program->info_json, JSON_DECODE_ANY, &err) : json_null();
+    json_t *q = prompt && answer && info
+                    ? json_pack("{s:s, s:o, s:o}", "prompt", prompt, "answer",
                                 t->answer[0] ? json_string(answer) : json_null(), "info", info)
                     : NULL;
     if (!q) json_decref(info);
-    char *line = q ? json_dumps(q, JSON_COMPACT) : NULL;
+    free(prompt), free(answer);
+    return q;
+}
+
+/* The request line for one completion (malloc'd, compact JSON). */
+static char *request_line(const vks_task *t, const char *text, size_t len) {
+    char *clean = vks_task_valid_utf8(text, len);
+    json_t *q = vks_task_request_json(t);
+    if (q && clean && json_object_set_new(q, "completion", json_string(clean))) json_decref(q), q = NULL;
+    char *line = q && clean ? json_dumps(q, JSON_COMPACT) : NULL;
     json_decref(q);
-    free(clean), free(prompt), free(answer);
+    free(clean);
     return line;
 }
 
@@ -227,26 +252,55 @@ static int parse_answer(const char *command, const char *reply, double *reward, 
     return rc;
 }
 
-static int ask(entry *e, const vks_task *t, const char *line, double *reward, char *metrics, size_t cap) {
+/* Asks e's program one line (for task t; what: "reward program", "environment") and has check() read the
+ * answer. After a failure the program is stopped; it is started again (for this request when retry, else for
+ * the next one) while it has been started at most VKS_TASK_PROGRAM_RESTARTS times before. */
+static int ask(entry *e, const vks_task *t, const char *what, const char *line, bool retry,
+               int (*check)(const char *command, const char *reply, void *ctx), void *ctx) {
     for (;;) {
         int rc = VKS_OK;
+        if (!e->proc && e->starts > VKS_TASK_PROGRAM_RESTARTS)
+            return vks_set_error(VKS_ERR_IO, "%s (task line %lld): failed %d times, not started again", what,
+                                 (long long)t->line, e->starts);
         if (!e->proc) {
             vks_sandbox_proc_spec spec = {.command = e->command, .dir = e->dir, .sandboxed = e->sandboxed};
             vks_sandbox_limits l = {.memory_bytes = 4ll << 30, .processes = 64, .file_bytes = 64ll << 20};
+            e->starts++;
             rc = vks_sandbox_proc_start(&spec, &l, &e->proc);
         }
         char *reply = NULL;
         if (!rc) rc = vks_sandbox_proc_request(e->proc, line, strlen(line), t->program->timeout_s, &reply);
-        if (!rc) rc = parse_answer(e->command, reply, reward, metrics, cap);
+        if (!rc) rc = check(e->command, reply, ctx);
         free(reply);
         if (!rc) return VKS_OK;
         vks_sandbox_proc_stop(e->proc); /* after any failure: a fresh start */
         e->proc = NULL;
-        if (e->restarts >= VKS_TASK_PROGRAM_RESTARTS)
-            return vks_error_prefix(rc, "reward program (task line %lld; started %d times)", (long long)t->line,
-                                    e->restarts + 1);
-        e->restarts++;
+        if (!retry || e->starts > VKS_TASK_PROGRAM_RESTARTS)
+            return e->starts == 1 ? vks_error_prefix(rc, "%s (task line %lld; started once)", what, (long long)t->line)
+                                  : vks_error_prefix(rc, "%s (task line %lld; started %d times)", what,
+                                                     (long long)t->line, e->starts);
     }
+}
+
+int vks_task_program_ask(const vks_task *t, const char *what, const char *line, bool retry,
+                         int (*check)(const char *command, const char *reply, void *ctx), void *ctx) {
+    entry *e = entry_for(t->program, t->program->commands[0]);
+    if (!e) return vks_set_error(VKS_ERR_NOMEM, "out of memory for a %s", what);
+    pthread_mutex_lock(&e->lock);
+    int rc = ask(e, t, what, line, retry, check, ctx);
+    pthread_mutex_unlock(&e->lock);
+    return rc;
+}
+
+typedef struct {
+    double *reward;
+    char *metrics;
+    size_t cap;
+} answer_ctx;
+
+static int check_answer(const char *command, const char *reply, void *ctx) {
+    answer_ctx *a = ctx;
+    return parse_answer(command, reply, a->reward, a->metrics, a->cap);
 }
 
 int vks_task_score_programs(const vks_task *const *tasks, const char *const *texts, const size_t *lens, int64_t n,
@@ -266,8 +320,9 @@ int vks_task_score_programs(const vks_task *const *tasks, const char *const *tex
                 return vks_set_error(VKS_ERR_NOMEM, "out of memory for a reward program");
             }
             double r = 0;
+            answer_ctx a = {&r, metrics, sizeof metrics};
             pthread_mutex_lock(&e->lock);
-            int rc = ask(e, tasks[i], line, &r, metrics, sizeof metrics);
+            int rc = ask(e, tasks[i], "reward program", line, true, check_answer, &a);
             pthread_mutex_unlock(&e->lock);
             if (rc) {
                 free(line);

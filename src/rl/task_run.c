@@ -102,6 +102,8 @@ int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok
         o->think_tokens < 0 ||
         !rewards || !lengths || n > INT64_MAX / o->samples || n * o->samples > UINT32_MAX)
         return vks_set_error(VKS_ERR_ARG, "tasks: bad arguments");
+    int refused = vks_task_refuse_environments(NULL, tasks, n);
+    if (refused) return refused;
     if (vks_task_first_code(tasks, n) && vks_sandbox_check()) /* before anything is generated */
         return vks_error_prefix(VKS_ERR_IO, "code tasks");
     int max_new = o->max_new_tokens ? o->max_new_tokens : 256, batch = o->batch ? o->batch : 64;

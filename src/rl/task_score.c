@@ -15,10 +15,52 @@
 
 typedef struct {
     int64_t line, task;  /* completions-file line; index into the tasks */
-    char *text;
+    char *text;          /* "completion" (environments: its one turn) */
     size_t len;
+    int n_turns;         /* "turns" (environment tasks): turns[0..n_turns), 0 without */
+    char **turns;
+    size_t *turn_lens;
+    uint64_t seed;       /* "seed" (environment tasks; default 0) */
     char id[VKS_TASK_MAX_ID];
 } completion;
+
+static void free_completion(completion *c) {
+    free(c->text);
+    for (int i = 0; i < c->n_turns; i++) free(c->turns[i]);
+    free(c->turns), free(c->turn_lens);
+    c->text = NULL, c->turns = NULL, c->turn_lens = NULL, c->n_turns = 0;
+}
+
+static char *copy_string(json_t *s, size_t *len) {
+    char *out = malloc(json_string_length(s) + 1);
+    if (out) memcpy(out, json_string_value(s), json_string_length(s) + 1), *len = json_string_length(s);
+    return out;
+}
+
+/* An environment task's "turns" (a list of 1 to VKS_ENV_MAX_TURNS strings) and "seed"; copied when keep. */
+static int environment_fields(json_t *root, bool keep, completion *c) {
+    json_t *turns = json_object_get(root, "turns"), *seed = json_object_get(root, "seed");
+    size_t n = json_array_size(turns);
+    if (seed && (!json_is_integer(seed) || json_integer_value(seed) < 0))
+        return vks_set_error(VKS_ERR_FORMAT, "\"seed\" is not an integer of at least 0");
+    c->seed = seed ? (uint64_t)json_integer_value(seed) : 0;
+    if (!turns) return VKS_OK;
+    if (json_object_get(root, "completion"))
+        return vks_set_error(VKS_ERR_FORMAT, "\"completion\" and \"turns\": give one of them");
+    if (!json_is_array(turns) || n < 1 || n > VKS_ENV_MAX_TURNS)
+        return vks_set_error(VKS_ERR_FORMAT, "\"turns\" is not a list of 1 to %d strings", VKS_ENV_MAX_TURNS);
+    for (size_t i = 0; i < n; i++)
+        if (!json_is_string(json_array_get(turns, i)))
+            return vks_set_error(VKS_ERR_FORMAT, "\"turns\"[%zu] is not a string", i);
+    if (!keep) return VKS_OK;
+    c->turns = calloc(n, sizeof *c->turns);
+    c->turn_lens = calloc(n, sizeof *c->turn_lens);
+    if (!c->turns || !c->turn_lens) return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++, c->n_turns++)
+        if (!(c->turns[i] = copy_string(json_array_get(turns, i), &c->turn_lens[i])))
+            return vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    return VKS_OK;
+}
 
 /* The task whose file line is `line` (tasks are in file order), or -1. */
 static int64_t task_at_line(const vks_task *tasks, int64_t n, int64_t line) {
@@ -40,12 +82,19 @@ static int parse_line(const char *buf, size_t len, const vks_task *tasks, int64_
     int rc = VKS_OK;
     json_t *task = json_object_get(root, "task"), *text = json_object_get(root, "completion"),
            *id = json_object_get(root, "id");
+    bool env = false;
     if (!json_is_object(root)) rc = vks_set_error(VKS_ERR_FORMAT, "not a JSON object");
     else if (!json_is_integer(task)) rc = vks_set_error(VKS_ERR_FORMAT, "\"task\" is not an integer (a task file line)");
     else if ((c->task = task_at_line(tasks, n, json_integer_value(task))) < 0)
         rc = vks_set_error(VKS_ERR_FORMAT, "\"task\": line %lld of the task file holds no task",
                            (long long)json_integer_value(task));
-    else if (!json_is_string(text)) rc = vks_set_error(VKS_ERR_FORMAT, "\"completion\" is not a string");
+    else if (!(env = tasks[c->task].verify == VKS_VERIFY_ENVIRONMENT) &&
+             (json_object_get(root, "turns") || json_object_get(root, "seed")))
+        rc = vks_set_error(VKS_ERR_FORMAT, "\"turns\" and \"seed\" go with environment tasks; task line %lld is none",
+                           (long long)json_integer_value(task));
+    else if (env) rc = environment_fields(root, keep, c);
+    if (!rc && !json_is_string(text) && !(env && json_object_get(root, "turns")))
+        rc = vks_set_error(VKS_ERR_FORMAT, env ? "no \"completion\" string or \"turns\" list" : "\"completion\" is not a string");
     c->id[0] = 0;
     if (!rc && id) {
         char *s = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
@@ -54,12 +103,7 @@ static int parse_line(const char *buf, size_t len, const vks_task *tasks, int64_
         else memcpy(c->id, s, strlen(s) + 1);
         free(s);
     }
-    if (!rc && keep) {
-        c->len = json_string_length(text);
-        c->text = malloc(c->len + 1);
-        if (!c->text) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory");
-        else memcpy(c->text, json_string_value(text), c->len + 1);
-    }
+    if (!rc && keep && text && !(c->text = copy_string(text, &c->len))) rc = vks_set_error(VKS_ERR_NOMEM, "out of memory");
     json_decref(root);
     return rc;
 }
@@ -76,24 +120,46 @@ static int next_line(FILE *f, char *buf, size_t *len, int64_t *line_no) {
     return ferror(f) ? vks_set_error(VKS_ERR_IO, "read failed: %s", strerror(errno)) : 0;
 }
 
+/* Environment tasks: each episode replayed from its seed and turns ("completion": one turn). */
+static int score_episode(const vks_task *t, const completion *c, vks_task_scored *s, vks_env_episode *ep) {
+    const char *one = c->text;
+    return vks_env_replay(t, c->seed, c->n_turns ? (const char *const *)c->turns : &one,
+                          c->n_turns ? c->turn_lens : &c->len, c->n_turns ? c->n_turns : 1, &s->reward, s->why,
+                          sizeof s->why, ep);
+}
+
 static int score_chunk(const vks_task *tasks, completion *cs, int n, int parallel,
                        int (*on_scored)(void *, const vks_task_scored *), void *ctx) {
     const vks_task **which = calloc((size_t)n, sizeof *which);
     const char **texts = calloc((size_t)n, sizeof *texts);
     size_t *lens = calloc((size_t)n, sizeof *lens);
+    int *at = calloc((size_t)n, sizeof *at); /* the others' index into which[] */
     double *rewards = malloc(sizeof *rewards * (size_t)n);
     char(*why)[VKS_TASK_MAX_WHY] = malloc(sizeof *why * (size_t)n);
     vks_task_scored *s = malloc(sizeof *s);
-    int rc = which && texts && lens && rewards && why && s ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "out of memory");
-    for (int i = 0; !rc && i < n; i++) which[i] = &tasks[cs[i].task], texts[i] = cs[i].text, lens[i] = cs[i].len;
-    if (!rc) rc = vks_task_score_many(which, texts, lens, n, parallel, rewards, why);
+    int rc = which && texts && lens && at && rewards && why && s ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; !rc && i < n; i++)
+        if (tasks[cs[i].task].verify != VKS_VERIFY_ENVIRONMENT)
+            at[i] = k, which[k] = &tasks[cs[i].task], texts[k] = cs[i].text, lens[k++] = cs[i].len;
+    if (!rc && k) rc = vks_task_score_many(which, texts, lens, k, parallel, rewards, why);
     for (int i = 0; !rc && i < n; i++) {
-        *s = (vks_task_scored){.line = cs[i].line, .task_line = tasks[cs[i].task].line, .reward = rewards[i]};
+        const vks_task *t = &tasks[cs[i].task];
+        *s = (vks_task_scored){.line = cs[i].line, .task_line = t->line};
         memcpy(s->id_json, cs[i].id, sizeof s->id_json);
-        memcpy(s->why, why[i], sizeof s->why);
-        rc = on_scored(ctx, s);
+        vks_env_episode ep = {0};
+        if (t->verify == VKS_VERIFY_ENVIRONMENT) {
+            rc = score_episode(t, &cs[i], s, &ep);
+            s->episode = &ep;
+        } else {
+            s->reward = rewards[at[i]];
+            memcpy(s->why, why[at[i]], sizeof s->why);
+        }
+        if (!rc) rc = on_scored(ctx, s);
+        else rc = vks_error_prefix(rc, "line %lld", (long long)cs[i].line);
+        vks_env_episode_free(&ep);
     }
-    free(which), free(texts), free(lens), free(rewards), free(why), free(s);
+    free(which), free(texts), free(lens), free(at), free(rewards), free(why), free(s);
     return rc;
 }
 
@@ -108,19 +174,22 @@ static int pass(FILE *f, char *buf, const vks_task *tasks, int64_t n, bool score
     while ((got = next_line(f, buf, &cs[k].len, &line_no)) == 1) {
         cs[k].line = line_no;
         rc = parse_line(buf, cs[k].len, tasks, n, score, &cs[k]);
-        if (rc) break;
+        if (rc) {
+            free_completion(&cs[k]);
+            rc = vks_error_prefix(rc, "line %lld", (long long)line_no);
+            break;
+        }
         ++*count;
         if (score && ++k == SCORE_CHUNK) {
             rc = score_chunk(tasks, cs, k, parallel, on_scored, ctx);
-            for (int i = 0; i < k; i++) free(cs[i].text), cs[i].text = NULL;
+            for (int i = 0; i < k; i++) free_completion(&cs[i]);
             k = 0;
             if (rc) break;
         }
     }
-    if (got < 0) rc = got;
-    if (rc) rc = vks_error_prefix(rc, "line %lld", (long long)line_no);
+    if (got < 0) rc = vks_error_prefix(got, "line %lld", (long long)line_no);
     if (!rc && score && k) rc = score_chunk(tasks, cs, k, parallel, on_scored, ctx);
-    for (int i = 0; i < k; i++) free(cs[i].text);
+    for (int i = 0; i < k; i++) free_completion(&cs[i]);
     free(cs);
     return rc;
 }

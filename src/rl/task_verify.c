@@ -157,6 +157,7 @@ typedef struct {
     int64_t numbers[VKS_TASK_MAX_NUMBERS];
     bool used[VKS_TASK_MAX_NUMBERS];
     int n_numbers;
+    bool any_literal; /* vks_task_eval_expr: every literal allowed */
 } cd_parser;
 
 static int64_t gcd64(int64_t a, int64_t b) {
@@ -207,6 +208,10 @@ static bool parse_literal(cd_parser *p, rational *out) {
     while (isdigit((unsigned char)*p->s)) {
         v = v * 10 + (*p->s++ - '0');
         if (v > CD_MAX_OPERAND) return fail(p);
+    }
+    if (p->any_literal) {
+        *out = (rational){v, 1};
+        return true;
     }
     for (int i = 0; i < p->n_numbers; i++)
         if (!p->used[i] && p->numbers[i] == v) {
@@ -280,6 +285,16 @@ bool vks_task_countdown_ok(const char *expr, const int64_t *numbers, int n_numbe
     return !*p.s && r.den == 1 && r.num == target;
 }
 
+bool vks_task_eval_expr(const char *expr, int64_t *num, int64_t *den) {
+    cd_parser p = {.s = expr, .any_literal = true};
+    rational r;
+    if (!expr || !parse_sum(&p, &r) || p.failed) return false;
+    skip_spaces(&p);
+    if (*p.s) return false;
+    *num = r.num, *den = r.den;
+    return true;
+}
+
 bool vks_task_answer_matchable(int verify, const char *answer) {
     switch (verify) {
     case VKS_VERIFY_NUMERIC: return same_number(answer, answer);
@@ -301,7 +316,8 @@ double vks_task_score_why(const vks_task *t, const char *completion, size_t len,
     case VKS_VERIFY_LIST: ok = same_list(got, t->answer); break;
     case VKS_VERIFY_COUNTDOWN: ok = vks_task_countdown_ok(got, t->numbers, t->n_numbers, t->target); break;
     case VKS_VERIFY_CODE:
-    case VKS_VERIFY_PROGRAM: ok = false; break; /* scored by vks_task_score_many */
+    case VKS_VERIFY_PROGRAM:
+    case VKS_VERIFY_ENVIRONMENT: ok = false; break; /* scored by vks_task_score_many, vks_env_replay */
     }
     if (why) {
         vks_escape(got, strlen(got), shown, sizeof shown);
@@ -314,7 +330,8 @@ double vks_task_score_why(const vks_task *t, const char *completion, size_t len,
 }
 
 double vks_task_score(const vks_task *t, const char *completion, size_t len) {
-    if (t && completion && (t->verify == VKS_VERIFY_CODE || t->verify == VKS_VERIFY_PROGRAM)) {
+    if (t && completion && (t->verify == VKS_VERIFY_CODE || t->verify == VKS_VERIFY_PROGRAM ||
+                              t->verify == VKS_VERIFY_ENVIRONMENT)) {
         double r = 0;
         const vks_task *tp = t;
         const char *text = completion;

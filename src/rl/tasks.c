@@ -17,6 +17,7 @@ static const struct { const char *name; vks_task_kind kind; int def, min, max; }
     {"add", VKS_TASK_ADD, 3, 1, 9},         {"mul", VKS_TASK_MUL, 2, 1, 9},
     {"countdown", VKS_TASK_COUNTDOWN, 4, 2, 6}, {"sort", VKS_TASK_SORT, 5, 2, 16},
     {"reverse", VKS_TASK_REVERSE, 5, 2, 16},     {"code", VKS_TASK_CODE, 1, 1, 3},
+    {"calc", VKS_TASK_CALC, 3, 2, 4},
 };
 #define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
 
@@ -42,7 +43,7 @@ int vks_task_parse(const char *name, vks_task_spec *out) {
         out->size = (int)v;
         return VKS_OK;
     }
-    return vks_set_error(VKS_ERR_ARG, "unknown task '%s' (add, mul, countdown, sort, reverse, code, optionally :N and :short)", name);
+    return vks_set_error(VKS_ERR_ARG, "unknown task '%s' (add, mul, countdown, sort, reverse, code, calc, optionally :N and :short)", name);
 }
 
 /* Whether name starts with a built-in's name (then alone or followed by ':'). */
@@ -222,6 +223,23 @@ static int gen_code(const vks_task_spec *s, draws *d, vks_task *t) {
     return rc ? rc : fmt(t->answer, sizeof t->answer, "def f(x): return %s", expr);
 }
 
+/* calc: `size` two-digit operands joined by + - * (the first operator *, so that the product is worth a
+ * calculator call), e.g. "37*12+85": a multi-turn task on the built-in calculator environment. */
+static int gen_calc(const vks_task_spec *s, draws *d, vks_task *t) {
+    char expr[64];
+    int at = snprintf(expr, sizeof expr, "%lld", (long long)draw(d, 10, 99));
+    for (int i = 1; i < s->size; i++)
+        at += snprintf(expr + at, sizeof expr - (size_t)at, "%c%lld", i == 1 ? '*' : "+-*"[draw(d, 0, 2)],
+                       (long long)draw(d, 10, 99));
+    int64_t num, den;
+    if (!vks_task_eval_expr(expr, &num, &den) || den != 1) return vks_set_error(VKS_ERR_ARG, "calc: '%s'", expr);
+    t->verify = VKS_VERIFY_ENVIRONMENT;
+    int rc = s->short_prompt ? fmt(t->prompt, sizeof t->prompt, "calc %s\n", expr)
+                             : fmt(t->prompt, sizeof t->prompt, "What is %s? You may use the calculator: a line "
+                                   "calc: EXPR gets its value back. %sN\n", expr, answer_hint);
+    return rc ? rc : fmt(t->answer, sizeof t->answer, "%lld", (long long)num);
+}
+
 int vks_task_generate(const vks_task_spec *s, uint64_t seed, uint32_t index, vks_task *out) {
     if (!s || !out) return vks_set_error(VKS_ERR_ARG, "task: NULL argument");
     vks_task_spec chk;
@@ -237,6 +255,7 @@ int vks_task_generate(const vks_task_spec *s, uint64_t seed, uint32_t index, vks
     case VKS_TASK_MUL: return gen_arith(s, &d, out);
     case VKS_TASK_COUNTDOWN: return gen_countdown(s, &d, out);
     case VKS_TASK_CODE: return gen_code(s, &d, out);
+    case VKS_TASK_CALC: return gen_calc(s, &d, out);
     default: return gen_list(s, &d, out);
     }
 }
@@ -258,6 +277,9 @@ static int worked_mul(int64_t a, int64_t b, const char *answer, char *buf, size_
 
 int vks_task_worked_completion(const vks_task *t, char *buf, size_t cap) {
     if (!t || !buf || !cap) return vks_set_error(VKS_ERR_ARG, "task: NULL argument");
+    if (t->verify == VKS_VERIFY_ENVIRONMENT) /* a transcript of several turns, not one completion */
+        return vks_set_error(VKS_ERR_ARG, "task %s: a multi-turn environment has no one-completion worked answer",
+                             t->kind);
     long long a, b;
     char op;
     if (sscanf(t->prompt, "What is %lld %c %lld?", &a, &op, &b) == 3) {
