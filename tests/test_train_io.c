@@ -152,6 +152,52 @@ static void check_sequence(const vks_sft_data *d, int64_t i, const char *prompt,
     assert_int_equal(mask[len - 1], 1);
 }
 
+/* Multi-turn transcripts ({"prompt", "turns"}): BOS prompt, each assistant turn and EOS in the loss, the
+ * environment's messages between them (each content and "\n", one run as one text) out of it, token by token
+ * against the byte tokenizer; malformed transcripts named. */
+static void test_sft_turns(void **state) {
+    (void)state;
+    vks_sft_options o = sft_opts(64);
+    vks_sft_data *d = parse_ok("{\"prompt\": \"q\", \"turns\": [{\"role\": \"assistant\", \"content\": \"c:1\"}, "
+                               "{\"role\": \"tool\", \"content\": \"=1\"}, {\"role\": \"user\", \"content\": \"go\"}, "
+                               "{\"role\": \"assistant\", \"content\": \"a\"}]}\n", &o);
+    const int32_t *tok;
+    const uint8_t *mask;
+    int len;
+    int64_t line;
+    assert_int_equal(vks_sft_data_sequence(d, 0, &tok, &mask, &len, &line), VKS_OK);
+    /* BOS q | c : 1 EOS | = 1 \n g o \n | a EOS */
+    const int want[] = {BOS, 'q', 'c', ':', '1', EOS, '=', '1', '\n', 'g', 'o', '\n', 'a', EOS};
+    const uint8_t loss[] = {0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1};
+    assert_int_equal(len, (int)(sizeof want / sizeof want[0]));
+    for (int k = 0; k < len; k++) {
+        assert_int_equal(tok[k], want[k]);
+        assert_int_equal(mask[k], loss[k]);
+    }
+    vks_sft_stats st;
+    vks_sft_data_stats(d, &st);
+    assert_int_equal(st.n_loss_tokens, 6);
+    vks_sft_data_free(d);
+    static const struct { const char *line, *msg; } bad[] = {
+        {"{\"prompt\": \"q\", \"turns\": []}", "\"turns\" is not a list of 1 to"},
+        {"{\"prompt\": \"q\", \"turns\": [{\"role\": \"assistant\", \"content\": \"a\"}, {\"role\": \"tool\", "
+         "\"content\": \"x\"}]}", "ends with a message that is not the assistant's"},
+        {"{\"prompt\": \"q\", \"turns\": [{\"role\": \"robot\", \"content\": \"a\"}]}",
+         "\"turns\"[0]: \"role\" is not assistant, system, user or tool"},
+        {"{\"prompt\": \"q\", \"turns\": [{\"role\": \"assistant\", \"content\": 3}]}",
+         "\"turns\"[0]: \"content\" is not a string"},
+        {"{\"prompt\": \"q\", \"completion\": \"a\", \"turns\": [{\"role\": \"assistant\", \"content\": \"a\"}]}",
+         "\"turns\" beside \"completion\" or \"text\""},
+        {"{\"turns\": [{\"role\": \"assistant\", \"content\": \"a\"}]}", "\"prompt\" is not a string"},
+    };
+    o.strict = true;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *msg = parse_error(bad[i].line, strlen(bad[i].line), &o);
+        assert_contains(msg, "d.jsonl: line 1: ");
+        assert_contains(msg, bad[i].msg);
+    }
+}
+
 static void test_sft_masks(void **state) {
     (void)state;
     vks_sft_options o = sft_opts(64);
@@ -1533,6 +1579,7 @@ static void test_timeline_svg(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sft_masks),
+        cmocka_unit_test(test_sft_turns),
         cmocka_unit_test(test_sft_bom_crlf_blank),
         cmocka_unit_test(test_sft_malformed_named),
         cmocka_unit_test(test_sft_line_limit),

@@ -204,6 +204,9 @@ typedef struct {
      * the device (vks_forward_batch.sampled_logp), one float per sampling
      * row downloaded. */
     bool record_logp;
+    /* NULL: sequence s samples with seq index seq_base + s; else with seq_index[s] (a multi-turn episode's
+     * later turns keep their sequence's index when the others have ended) */
+    const uint32_t *seq_index;
 } vks_generate_options;
 
 /* One stage's commitment of the activations it handed on: layers
@@ -237,7 +240,8 @@ typedef struct {
 vks_forward_batch vks_step_batch(const vks_step *st, int32_t *sampled, float *hidden);
 
 /* Runs every prompt as one batch (one KV slot each; the engine needs at
- * least n_seqs slots). Sequence s samples with seq index seq_base + s. */
+ * least n_seqs slots). Sequence s samples with seq index seq_base + s (or
+ * opt->seq_index[s]). */
 int vks_generate(vks_engine *e, const vks_generate_options *opt, vks_sequence *seqs, int n_seqs,
                  uint32_t seq_base);
 void vks_sequence_free(vks_sequence *s);

@@ -6,7 +6,13 @@
  *   {"prompt": "...", "completion": "..."}  ->  BOS prompt completion EOS,
  *        loss on the completion's tokens and EOS;
  *   {"text": "..."}                         ->  BOS text EOS, loss on every
- *        token after BOS.
+ *        token after BOS;
+ *   {"prompt": "...", "turns": [{"role": R, "content": "..."}, ...]}  (a
+ *        multi-turn episode, vks_tasks.h)  ->  BOS prompt, then each
+ *        assistant turn and EOS (in the loss), the other messages (system,
+ *        user, tool) between them each as its content and "\n", one run of
+ *        them tokenized as one text (never in the loss); the last message
+ *        is the assistant's.
  * Prompt and completion are tokenized separately (add_bos/add_eos off, no
  * special tokens parsed), so their boundary is a token boundary and the mask
  * is exact. Other keys are ignored; a line with both forms, a missing or

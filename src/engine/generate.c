@@ -15,9 +15,10 @@ vks_forward_batch vks_step_batch(const vks_step *st, int32_t *sampled, float *hi
 }
 
 static int init_states(const vks_sched_params *p, const vks_sequence *seqs, int n, uint32_t seq_base,
-                       vks_seq_state *states) {
+                       const uint32_t *seq_index, vks_seq_state *states) {
     for (int s = 0; s < n; s++) {
-        int rc = vks_seq_init(&states[s], p, seqs[s].ids, seqs[s].n_prompt, seq_base + (uint32_t)s, (uint32_t)s);
+        uint32_t index = seq_index ? seq_index[s] : seq_base + (uint32_t)s;
+        int rc = vks_seq_init(&states[s], p, seqs[s].ids, seqs[s].n_prompt, index, (uint32_t)s);
         if (rc) return rc;
     }
     return VKS_OK;
@@ -116,7 +117,7 @@ int vks_generate(vks_engine *e, const vks_generate_options *o, vks_sequence *seq
     if (rc) { free(states); return rc; }
     float **logp = o->record_logp ? alloc_logp(&p, n) : NULL;
     if (o->record_logp && !logp) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-    if (rc == VKS_OK) rc = init_states(&p, seqs, n, seq_base, states);
+    if (rc == VKS_OK) rc = init_states(&p, seqs, n, seq_base, o->seq_index, states);
     if (rc == VKS_OK) rc = run_schedule(e, o, &p, states, n, &st, logp);
     if (rc == VKS_OK) export_states(states, seqs, n, logp);
     for (int s = 0; s < n; s++) vks_seq_free(&states[s]);

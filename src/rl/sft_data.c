@@ -72,6 +72,22 @@ static int append_sequence(vks_sft_data *d, int bos, const int32_t *a, int na, c
     return VKS_OK;
 }
 
+/* Appends tokens[0..len) with their mask as one sequence, cut to keep tokens. */
+static int append_masked(vks_sft_data *d, const int32_t *tokens, const uint8_t *mask, int len, int keep, int64_t line) {
+    if (len > keep) len = keep;
+    int rc = reserve_sequence(d, len);
+    if (rc != VKS_OK) return rc;
+    int64_t at = d->offsets[d->n_seqs];
+    memcpy(d->tokens + at, tokens, sizeof *tokens * (size_t)len);
+    memcpy(d->mask + at, mask, (size_t)len);
+    for (int i = 0; i < len; i++) d->stats.n_loss_tokens += mask[i];
+    d->lines[d->n_seqs] = line;
+    d->offsets[++d->n_seqs] = at + len;
+    d->stats.n_tokens += len;
+    if (len > d->stats.max_len) d->stats.max_len = len;
+    return VKS_OK;
+}
+
 /* ---- one line ---- */
 
 typedef struct {
@@ -135,6 +151,98 @@ static int length_policy(vks_sft_data *d, const parse_ctx *c, int64_t len, int n
     return VKS_OK;
 }
 
+/* Growing tokens and mask of a multi-turn transcript. */
+typedef struct {
+    int32_t *t;
+    uint8_t *m;
+    int n, cap;
+} transcript;
+
+static int put_tokens(transcript *x, const int32_t *ids, int n, uint8_t loss) {
+    if (n > INT32_MAX / 2 - x->n) return vks_set_error(VKS_ERR_FORMAT, "too many tokens");
+    if (x->n + n > x->cap) {
+        int cap = (x->n + n) * 2;
+        int32_t *t = realloc(x->t, sizeof *t * (size_t)cap);
+        uint8_t *m = t ? realloc(x->m, (size_t)cap) : NULL;
+        if (t) x->t = t;
+        if (!t || !m) return vks_set_error(VKS_ERR_NOMEM, "SFT data: out of memory");
+        x->m = m, x->cap = cap;
+    }
+    memcpy(x->t + x->n, ids, sizeof *ids * (size_t)n);
+    memset(x->m + x->n, loss, (size_t)n);
+    x->n += n;
+    return VKS_OK;
+}
+
+/* Tokenizes text (len bytes) into x with the given loss flag. */
+static int put_text(transcript *x, const parse_ctx *c, const char *text, size_t len, const char *field, uint8_t loss) {
+    json_t *s = json_stringn_nocheck(text, len);
+    int32_t *ids = NULL;
+    int n = 0;
+    int rc = s ? tokenize_field(c, s, field, &ids, &n) : vks_set_error(VKS_ERR_NOMEM, "SFT data: out of memory");
+    if (!rc) rc = put_tokens(x, ids, n, loss);
+    json_decref(s);
+    free(ids);
+    return rc;
+}
+
+/* {"prompt", "turns": [{"role", "content"}, ...]}: a multi-turn episode (vks_tasks.h "how an episode reaches the
+ * model"): BOS prompt, then each assistant turn and EOS (in the loss), the other messages between them (system,
+ * user, tool: each content and "\n", one text per run of them, never in the loss). The last turn is the assistant's. */
+static int turns_line(const parse_ctx *c, json_t *root, transcript *x, int *n_prompt) {
+    json_t *prompt = json_object_get(root, "prompt"), *turns = json_object_get(root, "turns");
+    size_t n = json_array_size(turns);
+    if (json_object_get(root, "completion") || json_object_get(root, "text"))
+        return vks_set_error(VKS_ERR_FORMAT, "\"turns\" beside \"completion\" or \"text\"");
+    if (!json_is_string(prompt)) return vks_set_error(VKS_ERR_FORMAT, "\"prompt\" is not a string");
+    if (!json_is_array(turns) || n < 1 || n > 2 * 32 * 17) /* VKS_ENV_MAX_TURNS turns, their replies */
+        return vks_set_error(VKS_ERR_FORMAT, "\"turns\" is not a list of 1 to 1088 messages");
+    int rc = put_tokens(x, &c->bos, 1, 0);
+    if (!rc) rc = put_text(x, c, json_string_value(prompt), json_string_length(prompt), "prompt", 0);
+    *n_prompt = x->n - 1;
+    char *run = NULL; /* the environment's messages since the last assistant turn */
+    size_t run_len = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        json_t *m = json_array_get(turns, i), *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        const char *r = json_string_value(role);
+        bool assistant = r && !strcmp(r, "assistant");
+        if (!json_is_object(m) || !r || (!assistant && strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "tool")))
+            rc = vks_set_error(VKS_ERR_FORMAT, "\"turns\"[%zu]: \"role\" is not assistant, system, user or tool", i);
+        else if (!json_is_string(content))
+            rc = vks_set_error(VKS_ERR_FORMAT, "\"turns\"[%zu]: \"content\" is not a string", i);
+        else if (assistant && run) {
+            rc = put_text(x, c, run, run_len, "turns", 0);
+            free(run), run = NULL, run_len = 0;
+        }
+        if (!rc && assistant) {
+            rc = put_text(x, c, json_string_value(content), json_string_length(content), "turns", 1);
+            if (!rc) rc = put_tokens(x, &c->eos, 1, 1);
+        } else if (!rc) {
+            size_t k = json_string_length(content);
+            char *grown = realloc(run, run_len + k + 2);
+            if (!grown) rc = vks_set_error(VKS_ERR_NOMEM, "SFT data: out of memory");
+            else run = grown, memcpy(run + run_len, json_string_value(content), k), run_len += k, run[run_len++] = '\n';
+        }
+    }
+    if (!rc && run) rc = vks_set_error(VKS_ERR_FORMAT, "\"turns\" ends with a message that is not the assistant's");
+    free(run);
+    return rc;
+}
+
+static line_result add_turns_line(vks_sft_data *d, const parse_ctx *c, json_t *root, int64_t line_no) {
+    transcript x = {0};
+    int n_prompt = 0, keep = 0, rc = turns_line(c, root, &x, &n_prompt);
+    line_result r = rc == VKS_OK ? LINE_OK : rc == VKS_ERR_NOMEM ? LINE_FATAL : LINE_MALFORMED;
+    if (r == LINE_OK && length_policy(d, c, x.n, n_prompt, false, &keep) != VKS_OK) r = LINE_FATAL;
+    if (r == LINE_OK && keep > 0 && d->n_seqs >= c->o.max_sequences) {
+        vks_set_error(VKS_ERR_FORMAT, "more than %lld sequences", (long long)c->o.max_sequences);
+        r = LINE_FATAL;
+    }
+    if (r == LINE_OK && keep > 0 && append_masked(d, x.t, x.m, x.n, keep, line_no) != VKS_OK) r = LINE_FATAL;
+    free(x.t), free(x.m);
+    return r;
+}
+
 static line_result add_line(vks_sft_data *d, const parse_ctx *c, const char *line, size_t len, int64_t line_no) {
     const char *nul = memchr(line, 0, len); /* jansson would stop there: "{...\0}" passes, others read "end of file" */
     if (nul) {
@@ -146,6 +254,11 @@ static line_result add_line(vks_sft_data *d, const parse_ctx *c, const char *lin
     if (!root) {
         vks_set_error(VKS_ERR_FORMAT, "bad JSON: %s (column %d)", err.text, err.column);
         return LINE_MALFORMED;
+    }
+    if (json_is_object(root) && json_object_get(root, "turns")) {
+        line_result r = add_turns_line(d, c, root, line_no);
+        json_decref(root);
+        return r;
     }
     json_t *a = NULL, *b = NULL;
     int32_t *ia = NULL, *ib = NULL;

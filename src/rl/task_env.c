@@ -56,11 +56,43 @@ int vks_task_refuse_environments(const vks_task_spec *spec, const vks_task *task
     char name[48];
     if (t) snprintf(name, sizeof name, "task line %lld", (long long)t->line);
     else snprintf(name, sizeof name, "task calc");
-    return vks_set_error(VKS_ERR_FORMAT, "%s: a multi-turn environment; `vkswarm tasks score` replays its episodes, "
-                         "but eval, tasks filter and rl do not generate multi-turn episodes yet", name);
+    return vks_set_error(VKS_ERR_FORMAT, "%s: a multi-turn environment; `vkswarm tasks score`, eval and tasks filter "
+                         "run its episodes, but rl does not train on multi-turn episodes yet", name);
 }
 
 static int max_turns(const vks_task *t) { return t->program ? t->program->max_turns : VKS_ENV_DEFAULT_TURNS; }
+
+/* Messages [from, to) of ep (none the assistant's) as text: contents joined by sep, then tail after each. */
+static int join_text(const vks_env_episode *ep, int from, int to, const char *sep, const char *tail, char **out,
+                     size_t *len) {
+    *out = NULL, *len = 0;
+    if (!ep || from < 0 || to > ep->n || from > to) return vks_set_error(VKS_ERR_ARG, "env text: bad range");
+    size_t n = 0, ls = strlen(sep), lt = strlen(tail);
+    for (int i = from; i < to; i++) {
+        if (!strcmp(ep->m[i].role, "assistant")) return vks_set_error(VKS_ERR_ARG, "env text: an assistant message");
+        n += ep->m[i].len + ls + lt;
+    }
+    char *t = malloc(n + 1), *at = t;
+    if (!t) return vks_set_error(VKS_ERR_NOMEM, "out of memory for an episode's text");
+    for (int i = from; i < to; i++) {
+        if (i > from) memcpy(at, sep, ls), at += ls;
+        memcpy(at, ep->m[i].content, ep->m[i].len), at += ep->m[i].len;
+        memcpy(at, tail, lt), at += lt;
+    }
+    *at = 0;
+    *out = t, *len = (size_t)(at - t);
+    return VKS_OK;
+}
+
+int vks_env_start_text(const vks_env_episode *ep, char **out, size_t *len) {
+    int end = 0;
+    while (ep && end < ep->n && strcmp(ep->m[end].role, "assistant")) end++;
+    return join_text(ep, 0, end, "\n", "", out, len);
+}
+
+int vks_env_reply_text(const vks_env_episode *ep, int from, int to, char **out, size_t *len) {
+    return join_text(ep, from, to, "", "\n", out, len);
+}
 
 /* ---- the built-in calculator ---- */
 
@@ -107,6 +139,24 @@ static int calc_step(const vks_task *t, vks_env_episode *ep, const char *text, s
     else if (den == 1) snprintf(reply, sizeof reply, "= %lld", (long long)num);
     else snprintf(reply, sizeof reply, "= %lld/%lld", (long long)num, (long long)den);
     return append_message(ep, "tool", reply, strlen(reply));
+}
+
+int vks_env_worked_episode(const vks_task *t, vks_env_episode *ep) {
+    if (!t || !ep || t->verify != VKS_VERIFY_ENVIRONMENT || t->program)
+        return vks_set_error(VKS_ERR_ARG, "env: a worked episode is the built-in calculator's only");
+    char expr[VKS_TASK_MAX_PROMPT], turn[VKS_TASK_MAX_PROMPT + 16];
+    if (sscanf(t->prompt, "What is %4000[^?]?", expr) != 1 && sscanf(t->prompt, "calc %4000s", expr) != 1)
+        return vks_set_error(VKS_ERR_ARG, "env: task %s has no expression in its prompt", t->kind);
+    int rc = vks_env_reset(t, 0, ep);
+    snprintf(turn, sizeof turn, "calc: %s", expr);
+    if (!rc) rc = vks_env_step(t, ep, turn, strlen(turn));
+    const char *value = !rc && ep->n > 0 && !strncmp(ep->m[ep->n - 1].content, "= ", 2) ? ep->m[ep->n - 1].content + 2 : NULL;
+    if (!rc && !value) rc = vks_set_error(VKS_ERR_ARG, "env: '%s' gave no value", expr);
+    if (!rc) snprintf(turn, sizeof turn, "answer: %s", value);
+    if (!rc) rc = vks_env_step(t, ep, turn, strlen(turn));
+    if (!rc && !(ep->done && ep->reward == 1.0)) rc = vks_set_error(VKS_ERR_ARG, "env: the worked episode of %s fails", t->kind);
+    if (rc) vks_env_episode_free(ep);
+    return rc;
 }
 
 /* ---- environment programs ---- */

@@ -270,6 +270,25 @@ static bool write_sft_line(FILE *f, const vks_task *t, const char *completion) {
     return ok;
 }
 
+/* An environment task's worked episode as {"prompt", "turns": [...]} (vks_sft_data.h's multi-turn form). */
+static int write_sft_episode(FILE *f, const vks_task *t, bool *ok) {
+    vks_env_episode ep;
+    int rc = vks_env_worked_episode(t, &ep);
+    json_t *turns = rc ? NULL : json_array();
+    int from = 0;
+    while (!rc && from < ep.n && strcmp(ep.m[from].role, "assistant")) from++;
+    for (int i = from; turns && i < ep.n; i++)
+        json_array_append_new(turns, json_pack("{s:s, s:s%}", "role", ep.m[i].role, "content", ep.m[i].content,
+                                               ep.m[i].len));
+    json_t *o = turns ? json_pack("{s:s, s:o}", "prompt", t->prompt, "turns", turns) : NULL;
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    *ok = s && fprintf(f, "%s\n", s) > 0;
+    free(s);
+    json_decref(o);
+    vks_env_episode_free(&ep);
+    return rc;
+}
+
 int vks_task_write_sft(const vks_task_spec *s, uint64_t seed, int64_t n, const char *path) {
     if (!s || !path || n < 1 || n > UINT32_MAX) return vks_set_error(VKS_ERR_ARG, "tasks sft: bad arguments");
     vks_outfile out;
@@ -280,8 +299,9 @@ int vks_task_write_sft(const vks_task_spec *s, uint64_t seed, int64_t n, const c
     bool ok = t != NULL;
     for (int64_t i = 0; ok && i < n; i++) {
         rc = vks_task_generate(s, seed, (uint32_t)i, t);
-        if (!rc) rc = vks_task_worked_completion(t, completion, sizeof completion);
-        ok = !rc && write_sft_line(out.f, t, completion);
+        if (!rc && t->verify == VKS_VERIFY_ENVIRONMENT) rc = write_sft_episode(out.f, t, &ok);
+        else if (!rc) rc = vks_task_worked_completion(t, completion, sizeof completion);
+        if (t->verify != VKS_VERIFY_ENVIRONMENT) ok = !rc && write_sft_line(out.f, t, completion);
     }
     free(t);
     if (rc) {
