@@ -414,6 +414,59 @@ static vks_tokenizer *llama3_like_tokenizer(void) {
     return t;
 }
 
+/* Episodes in a chat template: the start's tokens, a turn as sampled (its text's tokens and the stop token),
+ * then the reply's tokens are, together, the template's rendering of the whole conversation up to the next
+ * assistant prompt, token for token (llama3's markers as special tokens; a system message of the format's
+ * own first); a template whose turns do not end with the tokenizer's stop token is refused by name. */
+static void test_prompt_episodes(void **state) {
+    (void)state;
+    vks_tokenizer *tok = llama3_like_tokenizer();
+    vks_prompt_format f;
+    vks_prompt_format_default(&f);
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "llama3", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_set(&f, "system", "Be brief.", NULL), VKS_OK);
+    const char *roles[] = {"user", "assistant", "tool", "user", "assistant", "tool"};
+    const char *contents[] = {"What is 2*3?", "calc: 2*3", "= 6", "go on", "calc: 6+1", "= 7"};
+    int32_t *start = NULL, *reply = NULL, *reply2 = NULL, *turn = NULL, *turn2 = NULL, *whole = NULL;
+    int n_start = 0, n_reply = 0, n_reply2 = 0, n_turn = 0, n_turn2 = 0, n_whole = 0;
+    assert_int_equal(vks_prompt_episode_start(&f, tok, roles, contents, 1, &start, &n_start), VKS_OK);
+    vks_tokenize_options plain = {.add_bos = false, .parse_special = false};
+    assert_int_equal(vks_tokenizer_tokenize(tok, contents[1], strlen(contents[1]), &plain, &turn, &n_turn), VKS_OK);
+    assert_int_equal(vks_tokenizer_tokenize(tok, contents[4], strlen(contents[4]), &plain, &turn2, &n_turn2), VKS_OK);
+    int32_t stop = vks_tokenizer_eos(tok);
+    assert_int_equal(stop, 203);
+    assert_int_equal(vks_prompt_episode_reply(&f, tok, roles, contents, 4, stop, &reply, &n_reply), VKS_OK);
+    assert_int_equal(vks_prompt_episode_reply(&f, tok, roles, contents, 6, stop, &reply2, &n_reply2), VKS_OK);
+    vks_chat_message msgs[7] = {{"system", "Be brief."}};
+    for (int i = 0; i < 6; i++) msgs[1 + i] = (vks_chat_message){roles[i], contents[i]};
+    char *text = NULL;
+    assert_int_equal(vks_chat_format("llama3", msgs, 7, true, &text), VKS_OK);
+    vks_tokenize_options special = {.add_bos = true, .parse_special = true};
+    assert_int_equal(vks_tokenizer_tokenize(tok, text, strlen(text), &special, &whole, &n_whole), VKS_OK);
+    int32_t joined[1024];
+    int k = 0;
+    for (int i = 0; i < n_start; i++) joined[k++] = start[i];
+    for (int i = 0; i < n_turn; i++) joined[k++] = turn[i];
+    joined[k++] = stop;
+    for (int i = 0; i < n_reply; i++) joined[k++] = reply[i];
+    for (int i = 0; i < n_turn2; i++) joined[k++] = turn2[i];
+    joined[k++] = stop;
+    for (int i = 0; i < n_reply2; i++) joined[k++] = reply2[i];
+    assert_int_equal(k, n_whole);
+    for (int i = 0; i < k; i++) assert_int_equal(joined[i], whole[i]);
+    assert_int_equal(whole[0], 200); /* BOS once */
+    free(start), free(reply), free(reply2), free(turn), free(turn2), free(whole), free(text);
+    /* chatml's turns end with <|im_end|>: not this tokenizer's stop token */
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "chatml", NULL), VKS_OK);
+    assert_int_equal(vks_prompt_episode_reply(&f, tok, roles, contents, 3, stop, &reply, &n_reply), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "chat template chatml: an assistant turn is not followed by its stop token"));
+    /* llama3.1 has no tool turns: named */
+    assert_int_equal(vks_prompt_set(&f, "chat_template", "llama3.1", NULL), VKS_OK);
+    assert_int_not_equal(vks_prompt_episode_reply(&f, tok, roles, contents, 3, stop, &reply, &n_reply), VKS_OK);
+    assert_non_null(strstr(vks_last_error(), "llama3.1's 'tool' turns are not supported"));
+    vks_tokenizer_free(tok);
+}
+
 /* Llama 3 as its template prints it: <|begin_of_text|> once (the
  * tokenizer's BOS, the template text has none), the markers as single
  * special tokens; the raw format parses none of them. */
@@ -1011,12 +1064,16 @@ static void test_run_episodes(void **state) {
     vks_task mixed[2] = {tasks[0], make("add:1", 1, 0)};
     assert_int_equal(vks_task_run(g, m, tok, mixed, 2, &o, r1, l1), VKS_ERR_FORMAT);
     assert_non_null(strstr(vks_last_error(), "a set of tasks with episodes runs environment tasks only"));
+    /* chatml's turns end with <|im_end|>, the tiny tokenizer's with its EOS: no turn could be continued */
     vks_prompt_format chat;
     vks_prompt_format_default(&chat);
     assert_int_equal(vks_prompt_set(&chat, "chat_template", "chatml", NULL), VKS_OK);
-    o.prompt = &chat;
+    o.prompt = &chat, o.max_new_tokens = 160;
     assert_int_equal(vks_task_run(g, m, tok, tasks, 2, &o, r1, l1), VKS_ERR_FORMAT);
-    assert_non_null(strstr(vks_last_error(), "multi-turn episodes run in the raw prompt format only"));
+    assert_non_null(strstr(vks_last_error(), "chat template chatml: an assistant turn is not followed by its stop token"));
+    assert_int_equal(vks_prompt_set(&chat, "user_template", "Q: {prompt}", NULL), VKS_OK);
+    assert_int_equal(vks_task_run(g, m, tok, tasks, 2, &o, r1, l1), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "a user template and a think sentence do not apply"));
     vks_task_programs_stop();
     vks_task_free(tasks, n);
     vks_model_free(m);
@@ -1038,7 +1095,7 @@ int main(void) {
         cmocka_unit_test(test_pass_at_k),         cmocka_unit_test(test_eval_score),
         cmocka_unit_test(test_filter_classify),   cmocka_unit_test(test_task_file_kind_and_copy),
         cmocka_unit_test(test_run_tiny_model),    cmocka_unit_test(test_calc_environment),
-        cmocka_unit_test(test_run_episodes),
+        cmocka_unit_test(test_run_episodes),      cmocka_unit_test(test_prompt_episodes),
     };
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -44,6 +44,20 @@ int vks_prompt_set(vks_prompt_format *f, const char *key, const char *value, con
 /* The keys together: a system message or think = false need a chat template,
  * think = false one that has the switch (qwen3, or "model" if it is qwen3's). */
 int vks_prompt_check(const vks_prompt_format *f);
+/* Multi-turn episodes (vks_tasks.h environments) in a chat template (not
+ * "none": its rendering lives with the episodes, vks_env_start_text). The
+ * start: its messages (role, content; f's system message first when the
+ * start has none) and the assistant prompt, tokenized as a prompt is. A
+ * reply: conv[0..n) is the conversation so far, the turn just sampled the
+ * last assistant message, the environment's messages after it; the reply's
+ * tokens are what the template prints after that turn's text, less the stop
+ * token that ended the turn (its tokens are the sampler's), up to and with
+ * the next assistant prompt. A template that prints something else after an
+ * assistant turn than its stop token (whitespace aside) is refused by name. */
+int vks_prompt_episode_start(const vks_prompt_format *f, const struct vks_tokenizer *tok, const char *const *roles,
+                             const char *const *contents, int n, int32_t **ids, int *n_ids);
+int vks_prompt_episode_reply(const vks_prompt_format *f, const struct vks_tokenizer *tok, const char *const *roles,
+                             const char *const *contents, int n, int32_t stop_token, int32_t **ids, int *n_ids);
 /* vks_prompt_check, and that tok can render f ("model" needs its chat
  * template, think = false a Qwen3 one): what a command checks before it
  * opens devices. */

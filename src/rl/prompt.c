@@ -184,6 +184,78 @@ int vks_prompt_tokenize(const vks_prompt_format *f, const struct vks_tokenizer *
     return rc;
 }
 
+/* The template text of f for tok ("model": the tokenizer's; checked like vks_prompt_text). */
+static int template_of(const vks_prompt_format *f, const struct vks_tokenizer *tok, const char **tmpl) {
+    int rc = vks_prompt_check(f);
+    if (rc) return rc;
+    if (is_raw_template(f)) return vks_set_error(VKS_ERR_ARG, "episodes: the raw format has no chat template");
+    *tmpl = f->chat_template;
+    if (strcmp(*tmpl, "model")) return VKS_OK;
+    *tmpl = vks_tokenizer_chat_template(tok);
+    if (!*tmpl || !vks_chat_template_family(*tmpl))
+        return vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template model: the tokenizer has %s (known families: %s)",
+                             *tmpl ? "a chat template that is not recognised" : "no chat template",
+                             vks_chat_template_names());
+    return VKS_OK;
+}
+
+/* conv[0..n) rendered (f's system message first when conv has none), with the assistant prompt. */
+static int render_conversation(const vks_prompt_format *f, const char *tmpl, const char *const *roles,
+                               const char *const *contents, int n, char **out) {
+    vks_chat_message *msgs = calloc((size_t)n + 1, sizeof *msgs);
+    if (!msgs) return vks_set_error(VKS_ERR_NOMEM, "prompt: out of memory");
+    int k = 0;
+    if (f->system[0] && !(n > 0 && !strcmp(roles[0], "system"))) msgs[k++] = (vks_chat_message){"system", f->system};
+    for (int i = 0; i < n; i++) msgs[k++] = (vks_chat_message){roles[i], contents[i]};
+    vks_chat_options o = {.add_assistant_prompt = true, .disable_thinking = f->no_think};
+    int rc = vks_chat_format_opts(tmpl, msgs, k, &o, out);
+    free(msgs);
+    return rc;
+}
+
+int vks_prompt_episode_start(const vks_prompt_format *f, const struct vks_tokenizer *tok, const char *const *roles,
+                             const char *const *contents, int n, int32_t **ids, int *n_ids) {
+    if (!f || !tok || !roles || !contents || n < 1 || !ids || !n_ids)
+        return vks_set_error(VKS_ERR_ARG, "vks_prompt_episode_start: bad argument");
+    const char *tmpl = NULL;
+    char *text = NULL;
+    int rc = template_of(f, tok, &tmpl);
+    if (!rc) rc = render_conversation(f, tmpl, roles, contents, n, &text);
+    vks_tokenize_options to = {.add_bos = vks_tokenizer_wants_bos(tok), .parse_special = true};
+    if (!rc) rc = vks_tokenizer_tokenize(tok, text, strlen(text), &to, ids, n_ids);
+    free(text);
+    return rc;
+}
+
+/* Stands for the sampled turn while the template renders the conversation: a text no turn holds. */
+static const char turn_marker[] = "\x01vkswarm-turn\x01";
+
+int vks_prompt_episode_reply(const vks_prompt_format *f, const struct vks_tokenizer *tok, const char *const *roles,
+                             const char *const *contents, int n, int32_t stop_token, int32_t **ids, int *n_ids) {
+    if (!f || !tok || !roles || !contents || n < 1 || !ids || !n_ids)
+        return vks_set_error(VKS_ERR_ARG, "vks_prompt_episode_reply: bad argument");
+    int turn = n - 1;
+    while (turn >= 0 && strcmp(roles[turn], "assistant")) turn--;
+    const char **marked = malloc(sizeof *marked * (size_t)n);
+    if (!marked) return vks_set_error(VKS_ERR_NOMEM, "prompt: out of memory");
+    for (int i = 0; i < n; i++) marked[i] = i == turn ? turn_marker : contents[i];
+    const char *tmpl = NULL;
+    char *text = NULL, *stop = NULL;
+    size_t stop_len = 0;
+    int rc = turn < 0 ? vks_set_error(VKS_ERR_ARG, "vks_prompt_episode_reply: no assistant turn") : template_of(f, tok, &tmpl);
+    if (!rc) rc = render_conversation(f, tmpl, roles, marked, n, &text);
+    if (!rc) rc = vks_tokenizer_detokenize(tok, &stop_token, 1, true, &stop, &stop_len);
+    const char *at = text ? strstr(text, turn_marker) : NULL, *after = at ? at + strlen(turn_marker) : NULL;
+    while (after && (*after == ' ' || *after == '\n')) after++; /* llama2 prints " </s>" */
+    if (!rc && (!at || strstr(after, turn_marker) || !stop_len || strncmp(after, stop, stop_len)))
+        rc = vks_set_error(VKS_ERR_FORMAT, "chat template %s: an assistant turn is not followed by its stop token "
+                           "in the template's text, so a turn as sampled cannot be continued", f->chat_template);
+    vks_tokenize_options to = {.add_bos = false, .parse_special = true};
+    if (!rc) rc = vks_tokenizer_tokenize(tok, after + stop_len, strlen(after + stop_len), &to, ids, n_ids);
+    free(marked), free(text), free(stop);
+    return rc;
+}
+
 int vks_prompt_check_tokenizer(const vks_prompt_format *f, const struct vks_tokenizer *tok) {
     if (!f || !tok) return vks_set_error(VKS_ERR_ARG, "vks_prompt_check_tokenizer: NULL argument");
     const char *model = vks_tokenizer_chat_template(tok);

@@ -122,15 +122,62 @@ static int append_ids(episode *x, const int32_t *ids, int n) {
     return VKS_OK;
 }
 
+/* Messages [0, n) of ep as the roles and contents vks_prompt_episode_* take (malloc'd arrays). */
+static int episode_messages(const vks_env_episode *ep, int n, const char ***roles, const char ***contents) {
+    *roles = malloc(sizeof **roles * (size_t)(n ? n : 1));
+    *contents = malloc(sizeof **contents * (size_t)(n ? n : 1));
+    if (!*roles || !*contents) return vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
+    for (int i = 0; i < n; i++) (*roles)[i] = ep->m[i].role, (*contents)[i] = ep->m[i].content;
+    return VKS_OK;
+}
+
+/* The start's tokens: raw, the start text as a task's prompt; in a chat template, its messages. */
+static int start_tokens(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_env_episode *ep,
+                        int think, int32_t **ids, int *n) {
+    char *text = NULL;
+    size_t len = 0;
+    const char **roles = NULL, **contents = NULL;
+    int rc;
+    if (!strcmp(f->chat_template, "none")) {
+        rc = vks_env_start_text(ep, &text, &len);
+        if (!rc) rc = vks_prompt_tokenize(f, tok, text, think, ids, n);
+    } else if (think > 0 || strcmp(f->user_template, "{prompt}")) {
+        rc = vks_set_error(VKS_ERR_FORMAT, "episodes in a chat template take the environment's messages as they are: "
+                           "a user template and a think sentence do not apply");
+    } else {
+        int start = 0;
+        while (start < ep->n && strcmp(ep->m[start].role, "assistant")) start++;
+        rc = episode_messages(ep, start, &roles, &contents);
+        if (!rc) rc = vks_prompt_episode_start(f, tok, roles, contents, start, ids, n);
+    }
+    free(text), free(roles), free(contents);
+    return rc;
+}
+
+/* The tokens of the environment's reply: messages [from, ep->n) after the turn at from - 1 (ended by stop). */
+static int reply_tokens(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_env_episode *ep,
+                        int from, int32_t stop, int32_t **ids, int *n) {
+    char *text = NULL;
+    size_t len = 0;
+    const char **roles = NULL, **contents = NULL;
+    int rc;
+    if (!strcmp(f->chat_template, "none")) {
+        vks_tokenize_options to = {.add_bos = false, .parse_special = false};
+        rc = vks_env_reply_text(ep, from, ep->n, &text, &len);
+        if (!rc) rc = vks_tokenizer_tokenize(tok, text, len, &to, ids, n);
+    } else {
+        rc = episode_messages(ep, ep->n, &roles, &contents);
+        if (!rc) rc = vks_prompt_episode_reply(f, tok, roles, contents, ep->n, stop, ids, n);
+    }
+    free(text), free(roles), free(contents);
+    return rc;
+}
+
 /* Episode of sample `sample` (its global index, also its environment seed): reset, its start as a prompt. */
 static int start_episode(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_model *m,
                          const vks_task *t, int64_t sample, int think, episode *x) {
-    char *text = NULL;
-    size_t len = 0;
     int rc = vks_env_reset(t, (uint64_t)sample, &x->ep);
-    if (!rc) rc = vks_env_start_text(&x->ep, &text, &len);
-    if (!rc) rc = vks_prompt_tokenize(f, tok, text, think, &x->ids, &x->n_ids);
-    free(text);
+    if (!rc) rc = start_tokens(f, tok, &x->ep, think, &x->ids, &x->n_ids);
     for (int k = 0; !rc && k < x->n_ids; k++)
         if (x->ids[k] < 0 || x->ids[k] >= m->cfg.vocab_size)
             rc = vks_set_error(VKS_ERR_FORMAT, "token %d outside the model's vocabulary", (int)x->ids[k]);
@@ -144,8 +191,8 @@ static int start_episode(const vks_prompt_format *f, const struct vks_tokenizer 
 /* After one generated turn (new tokens, stopped by a stop token or not) of episode x of task t: stepped through
  * the environment and the reply appended, or the episode cut (the token budget or the context spent, no stop,
  * max_turns reached without done). */
-static int take_turn(const struct vks_tokenizer *tok, const vks_task *t, int max_new, int context, episode *x,
-                     const vks_sequence *s) {
+static int take_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
+                     int context, episode *x, const vks_sequence *s) {
     int n_new = s->n_ids - s->n_prompt, stopped = s->stop_token >= 0, room = max_new - (x->n_ids - x->n_start);
     bool cut = !stopped || n_new + stopped > room;
     if (cut && n_new > room) n_new = room; /* what the budget holds */
@@ -165,18 +212,15 @@ static int take_turn(const struct vks_tokenizer *tok, const vks_task *t, int max
     if (!rc) rc = append_ids(x, s->ids + s->n_prompt, n_new);
     if (!rc) rc = append_ids(x, &s->stop_token, 1);
     if (rc || (x->over = x->ep.done)) return rc;
-    char *reply = NULL;
     int32_t *ids = NULL;
     int n = 0;
-    rc = vks_env_reply_text(&x->ep, before + 1, x->ep.n, &reply, &len);
-    vks_tokenize_options to = {.add_bos = false, .parse_special = false};
-    if (!rc) rc = vks_tokenizer_tokenize(tok, reply, len, &to, &ids, &n);
+    rc = reply_tokens(f, tok, &x->ep, before + 1, s->stop_token, &ids, &n);
     for (int k = 0; !rc && k < n; k++)
         if (ids[k] < 0 || ids[k] >= vks_tokenizer_vocab_size(tok)) rc = vks_set_error(VKS_ERR_FORMAT, "a reply's token");
     if (!rc && (x->n_ids + n - x->n_start >= max_new || x->n_ids + n >= context)) x->over = true; /* no room to answer */
     else if (!rc) rc = append_ids(x, ids, n);
     if (!rc && x->ep.turns >= (t->program ? t->program->max_turns : VKS_ENV_DEFAULT_TURNS)) x->over = true;
-    free(reply), free(ids);
+    free(ids);
     return rc;
 }
 
@@ -201,7 +245,8 @@ static int episode_text(const episode *x, char **out, size_t *len) {
 
 /* One turn of every episode still going, generated together (each with its sample's index as its sampler's
  * sequence index: results do not depend on which others are still going, nor on the batch size). */
-static int episode_turns(vks_engine *e, const vks_generate_options *go, const struct vks_tokenizer *tok,
+static int episode_turns(vks_engine *e, const vks_generate_options *go, const vks_prompt_format *f,
+                         const struct vks_tokenizer *tok,
                          const vks_task *tasks, const vks_task_run_options *o, int max_new, int context, int64_t first,
                          int count, episode *xs, vks_sequence *seqs, uint32_t *index, int *which) {
     int k = 0, rc = VKS_OK;
@@ -224,7 +269,7 @@ static int episode_turns(vks_engine *e, const vks_generate_options *go, const st
     g.sched.steps = last < context ? last : context;
     if (!rc && k) rc = vks_generate(e, &g, seqs, k, 0);
     for (int i = 0; !rc && i < k; i++)
-        rc = take_turn(tok, &tasks[(first + which[i]) / o->samples], max_new, context, &xs[which[i]], &seqs[i]);
+        rc = take_turn(f, tok, &tasks[(first + which[i]) / o->samples], max_new, context, &xs[which[i]], &seqs[i]);
     for (int i = 0; i < k; i++) vks_sequence_free(&seqs[i]);
     return rc;
 }
@@ -245,7 +290,7 @@ static int run_episodes(vks_engine *e, const vks_prompt_format *f, const struct 
         for (int b = 0; b < count && !rc; b++)
             rc = start_episode(f, tok, m, &tasks[(first + b) / o->samples], first + b, o->think_tokens, &xs[b]);
         for (int turn = 0; turn <= VKS_ENV_MAX_TURNS && !rc; turn++) /* each turn ends some: at most max_turns */
-            rc = episode_turns(e, go, tok, tasks, o, max_new, context, first, count, xs, seqs, index, which);
+            rc = episode_turns(e, go, f, tok, tasks, o, max_new, context, first, count, xs, seqs, index, which);
         for (int b = 0; b < count && !rc; b++) {
             rewards[first + b] = xs[b].ep.done ? xs[b].ep.reward : 0;
             lengths[first + b] = xs[b].generated;
@@ -264,8 +309,8 @@ static int run_episodes(vks_engine *e, const vks_prompt_format *f, const struct 
     return rc;
 }
 
-/* Environment tasks run as episodes: all of the set or none, in the raw prompt format (for now). */
-static int episodes_wanted(const vks_task *tasks, int64_t n, const vks_prompt_format *f, bool *wanted) {
+/* Environment tasks run as episodes: all of the set or none. */
+static int episodes_wanted(const vks_task *tasks, int64_t n, bool *wanted) {
     const vks_task *env = vks_task_first_environment(tasks, n);
     *wanted = env != NULL;
     if (!env) return VKS_OK;
@@ -274,9 +319,6 @@ static int episodes_wanted(const vks_task *tasks, int64_t n, const vks_prompt_fo
             return vks_set_error(VKS_ERR_FORMAT, "task %lld is an environment and task %lld is not: a set of tasks "
                                  "with episodes runs environment tasks only (for now)", (long long)env->line,
                                  (long long)tasks[i].line);
-    if (strcmp(f->chat_template, "none"))
-        return vks_set_error(VKS_ERR_FORMAT, "task %lld: multi-turn episodes run in the raw prompt format only (for "
-                             "now), not with chat template %s", (long long)env->line, f->chat_template);
     return VKS_OK;
 }
 
@@ -296,7 +338,7 @@ int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok
     const vks_prompt_format *f = o->prompt ? o->prompt : &raw;
     prompt_set p = {0};
     bool episodes = false;
-    int rc = episodes_wanted(tasks, n, f, &episodes);
+    int rc = episodes_wanted(tasks, n, &episodes);
     if (rc == VKS_OK && o->show_prompt) { /* the first prompt as the model gets it */
         char *text = NULL;
         size_t len = 0;
