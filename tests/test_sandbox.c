@@ -774,17 +774,19 @@ static void test_environment_programs(void **state) {
 
 /* examples/environment (docs/rl.md "Environments"): calc.py, a user's environment in Python, and
  * the built-in calculator (task_type "calc") give the same conversation and reward for each of the
- * same recorded turns: two implementations of one protocol checked against each other. */
+ * same recorded turns: two implementations of one protocol checked against each other; and
+ * doublecheck.py, verifiers' example on multiturn.py (its MultiTurnEnv methods, one async), asks
+ * "Are you sure?" once and scores the final answer. */
 static void test_example_environment(void **state) {
     (void)state;
     char cmd[3000], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s tasks score --task %s/examples/environment/tasks.jsonl --completions "
              "%s/examples/environment/completions.jsonl", tu_bin(), tu_source(), tu_source());
     assert_int_equal(tu_run(cmd, &out), 0);
-    char *lines[8], *save = NULL;
+    char *lines[11], *save = NULL;
     int n = 0;
-    for (char *l = strtok_r(out, "\n", &save); l && n < 8; l = strtok_r(NULL, "\n", &save)) lines[n++] = l;
-    assert_int_equal(n, 8);
+    for (char *l = strtok_r(out, "\n", &save); l && n < 11; l = strtok_r(NULL, "\n", &save)) lines[n++] = l;
+    assert_int_equal(n, 10);
     static const char *const rewards[4] = {"\"reward\": 1,", "\"reward\": 0,", "\"reward\": 1,", "\"reward\": 0,"};
     for (int i = 0; i < 4; i++) {
         assert_non_null(strstr(lines[i], rewards[i]));
@@ -796,6 +798,13 @@ static void test_example_environment(void **state) {
     assert_non_null(strstr(lines[0], "\"why\": \"environment: done after 3 turns, reward 1; metrics {\\\"calls\\\":2}\""));
     assert_non_null(strstr(lines[2], "{\"role\": \"tool\", \"content\": \"= 7/2\"}"));
     assert_non_null(strstr(lines[7], "\"why\": \"not done after 4 turns (max_turns)\""));
+    assert_non_null(strstr(lines[8], "\"reward\": 1, \"why\": \"environment: done after 2 turns, reward 1; metrics "
+                                     "{\\\"changed_mind\\\":false}\", \"turns\": 2, \"messages\": [{\"role\": \"user\", "
+                                     "\"content\": \"What is 6*7? End with the line answer: N\"}, {\"role\": \"assistant\", "
+                                     "\"content\": \"answer: 42\"}, {\"role\": \"user\", \"content\": \"Are you sure?\"}, "
+                                     "{\"role\": \"assistant\", \"content\": \"Yes.\\nanswer: 42\"}]}"));
+    assert_non_null(strstr(lines[9], "\"reward\": 0, \"why\": \"environment: done after 2 turns, reward 0; metrics "
+                                     "{\\\"changed_mind\\\":true}\""));
     free(out);
 }
 
