@@ -225,6 +225,8 @@ int vks_env_reply_text(const vks_env_episode *ep, int from, int to, char **out, 
 /* The built-in calculator's worked episode of t (SFT warm-up): one call of the whole expression ("calc: EXPR",
  * "= VALUE"), then "answer: VALUE"; checked to score 1. */
 int vks_env_worked_episode(const vks_task *t, vks_env_episode *ep);
+/* The assistant turns an episode of t may take: its line's max_turns (the calculator's: VKS_ENV_DEFAULT_TURNS). */
+int vks_env_max_turns(const vks_task *t);
 /* The first environment task of tasks[0..n), or NULL. */
 const vks_task *vks_task_first_environment(const vks_task *tasks, int64_t n);
 /* VKS_OK, or (where tasks[0..n) hold an environment task, or spec is the built-in calc) an error naming it:

@@ -60,7 +60,7 @@ int vks_task_refuse_environments(const vks_task_spec *spec, const vks_task *task
                          "run its episodes, but rl does not train on multi-turn episodes yet", name);
 }
 
-static int max_turns(const vks_task *t) { return t->program ? t->program->max_turns : VKS_ENV_DEFAULT_TURNS; }
+int vks_env_max_turns(const vks_task *t) { return t && t->program ? t->program->max_turns : VKS_ENV_DEFAULT_TURNS; }
 
 /* Messages [from, to) of ep (none the assistant's) as text: contents joined by sep, then tail after each. */
 static int join_text(const vks_env_episode *ep, int from, int to, const char *sep, const char *tail, char **out,
@@ -247,7 +247,7 @@ int vks_env_reset(const vks_task *t, uint64_t seed, vks_env_episode *ep) {
 int vks_env_step(const vks_task *t, vks_env_episode *ep, const char *completion, size_t len) {
     if (!t || !ep || !completion || t->verify != VKS_VERIFY_ENVIRONMENT)
         return vks_set_error(VKS_ERR_ARG, "env: bad arguments");
-    if (ep->done || ep->turns >= max_turns(t))
+    if (ep->done || ep->turns >= vks_env_max_turns(t))
         return vks_set_error(VKS_ERR_ARG, "env: the episode is over (%s)", ep->done ? "done" : "max_turns");
     char *text = vks_task_valid_utf8(completion, len);
     int rc = text ? append_message(ep, "assistant", text, strlen(text)) : vks_set_error(VKS_ERR_NOMEM, "out of memory");
@@ -266,7 +266,7 @@ int vks_env_replay(const vks_task *t, uint64_t seed, const char *const *turns, c
     if (!t || !reward || n_turns < 0 || (n_turns && (!turns || !lens)) || t->verify != VKS_VERIFY_ENVIRONMENT)
         return vks_set_error(VKS_ERR_ARG, "env replay: bad arguments");
     vks_env_episode ep;
-    int rc = vks_env_reset(t, seed, &ep), limit = max_turns(t);
+    int rc = vks_env_reset(t, seed, &ep), limit = vks_env_max_turns(t);
     char reason[VKS_TASK_MAX_WHY] = "";
     *reward = 0;
     if (n_turns > limit)

@@ -219,7 +219,7 @@ static int take_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok
         if (ids[k] < 0 || ids[k] >= vks_tokenizer_vocab_size(tok)) rc = vks_set_error(VKS_ERR_FORMAT, "a reply's token");
     if (!rc && (x->n_ids + n - x->n_start >= max_new || x->n_ids + n >= context)) x->over = true; /* no room to answer */
     else if (!rc) rc = append_ids(x, ids, n);
-    if (!rc && x->ep.turns >= (t->program ? t->program->max_turns : VKS_ENV_DEFAULT_TURNS)) x->over = true;
+    if (!rc && x->ep.turns >= vks_env_max_turns(t)) x->over = true;
     free(ids);
     return rc;
 }
