@@ -1022,7 +1022,7 @@ static void test_run_episodes(void **state) {
                         "        turns[q['episode']] += 1\n"
                         "        done = turns[q['episode']] == 2\n"
                         "        a = {'messages': [] if done else [{'role': 'tool', 'content': 'ok'}], 'done': done, "
-                        "'reward': 1.0}\n"
+                        "'reward': 1.0, 'metrics': {'turns': turns[q['episode']], 'bad name!': 1}}\n"
                         "    print(json.dumps(a), flush=True)\n");
     char lines[3000]; /* the program by its path (each write_tmp is in a directory of its own) */
     snprintf(lines, sizeof lines,
@@ -1058,6 +1058,14 @@ static void test_run_episodes(void **state) {
         }
     }
     if (two_turns < 2) fail_msg("only %d of 32 episodes reached a second turn", two_turns);
+    /* eval's metrics: those of the episodes that ended (here after two turns), a name metrics cannot carry left out */
+    vks_task_eval_result er;
+    o.on_completion = NULL;
+    assert_int_equal(vks_task_eval_tasks(g, m, tok, tasks, 2, &o, &er), VKS_OK);
+    assert_true(er.accuracy == two_turns / 64.0);
+    assert_int_equal(er.n_metrics, 1);
+    assert_string_equal(er.metric_names[0], "turns");
+    assert_true(er.metric_means[0] == 2.0);
     o.max_new_tokens = 1, o.batch = 8; /* no turn ends in time: every episode cut */
     assert_int_equal(vks_task_run(g, m, tok, tasks, 2, &o, r1, l1), VKS_OK);
     for (int i = 0; i < 64; i++) assert_true(r1[i] == 0.0 && l1[i] <= 1);

@@ -82,7 +82,8 @@ static const char eval_usage[] =
     "correct completion), accuracy (correct completions / completions), pass@k for k = 1, 2, 4, ... and K\n"
     "(the unbiased estimator 1 - C(K-c, k) / C(K, k) per task, c correct of K, averaged), mean_length\n"
     "(completion tokens) and kinds: accuracy per task kind (a file's \"kind\", else its task_type; a\n"
-    "built-in task's name).\n"
+    "built-in task's name); and metrics, when reward programs or environments answered some: each name's\n"
+    "mean over the answers that gave it.\n"
     "--show N: before that object, one JSON line for each of the first N tasks: show (1..N), line (the\n"
     "task file's line; a built-in task's index), kind, prompt (as the model got it, chat template and\n"
     "all), expected (the reference answer) and completions: text, answer (the final answer read from\n"
@@ -283,7 +284,13 @@ static void print_task_eval(const task_eval_args *ta, const char *name, const vk
         cli_json_string(stdout, r->kinds[k].kind, strlen(r->kinds[k].kind));
         printf(": {\"n\": %lld, \"accuracy\": %.6f}", (long long)r->kinds[k].n, r->kinds[k].accuracy);
     }
-    printf("}}\n");
+    printf("}");
+    if (r->n_metrics) printf(", \"metrics\": {");
+    for (int k = 0; k < r->n_metrics; k++) { /* names are [A-Za-z0-9_.-] (vks_task_metrics_add) */
+        printf("%s\"%s\": ", k ? ", " : "", r->metric_names[k]);
+        printf(isfinite(r->metric_means[k]) ? "%.6g" : "null", r->metric_means[k]);
+    }
+    printf(r->n_metrics ? "}}\n" : "}\n");
 }
 
 /* eval --show N: the first N tasks and their completions, kept as they are scored. */

@@ -317,6 +317,8 @@ typedef struct {
     void (*on_completion)(void *ctx, const vks_task *task, int64_t completion, const char *text, size_t len,
                           int tokens, double reward);
     void *completion_ctx;
+    vks_task_metrics *metrics; /* NULL, or where the "metrics" of reward programs and of environments (at an
+                                * episode's end) are added */
 } vks_task_run_options;
 
 /* Generates samples completions (the prompt in o->prompt's format, stop at EOS, at most max_new_tokens) for each task and
@@ -345,6 +347,11 @@ typedef struct {
     double pass_at[VKS_TASK_MAX_PASS];
     int n_kinds;                /* per kind (vks_task.kind), in order of first appearance */
     vks_task_kind_result kinds[VKS_TASK_MAX_KINDS];
+    int n_metrics;              /* what reward programs and environments answered ("metrics"): each name's mean
+                                 * over the answers that gave it (vks_task_metrics_take), for
+                                 * vks_task_eval_tasks and vks_task_eval; 0 for vks_task_eval_score */
+    char metric_names[VKS_TASK_MAX_METRICS][VKS_TASK_METRIC_NAME];
+    double metric_means[VKS_TASK_MAX_METRICS];
 } vks_task_eval_result;
 /* tasks[0..n), o->samples completions each. More than VKS_TASK_MAX_KINDS
  * kinds are refused before anything is generated. */

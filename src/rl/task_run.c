@@ -64,7 +64,8 @@ static int score_batch(const struct vks_tokenizer *tok, const vks_task *tasks, c
         lengths[first + b] = n_new;
     }
     if (rc == VKS_OK)
-        rc = vks_task_score_many(which, (const char *const *)texts, lens, count, 0, rewards + first, NULL);
+        rc = vks_task_score_many_into(which, (const char *const *)texts, lens, count, 0, rewards + first, NULL,
+                                      o->metrics);
     for (int b = 0; rc == VKS_OK && o->on_completion && b < count; b++)
         o->on_completion(o->completion_ctx, which[b], first + b, texts[b], lens[b], lengths[first + b],
                          rewards[first + b]);
@@ -293,6 +294,7 @@ static int run_episodes(vks_engine *e, const vks_prompt_format *f, const struct 
             rc = episode_turns(e, go, f, tok, tasks, o, max_new, context, first, count, xs, seqs, index, which);
         for (int b = 0; b < count && !rc; b++) {
             rewards[first + b] = xs[b].ep.done ? xs[b].ep.reward : 0;
+            if (xs[b].ep.done && xs[b].ep.metrics[0] && o->metrics) vks_task_metrics_add(o->metrics, xs[b].ep.metrics);
             lengths[first + b] = xs[b].generated;
             char *text = NULL;
             size_t len = 0;
@@ -439,10 +441,20 @@ int vks_task_eval_tasks(vks_gpu *g, const vks_model *m, const struct vks_tokeniz
     size_t runs = (size_t)n * (size_t)o->samples;
     double *rewards = calloc(runs, sizeof *rewards);
     int *lengths = calloc(runs, sizeof *lengths);
-    int rc = rewards && lengths ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
+    vks_task_run_options with = *o; /* the metrics go to a sink of this evaluation's own (and on to o's) */
+    int rc = rewards && lengths ? vks_task_metrics_create(&with.metrics)
+                                : vks_set_error(VKS_ERR_NOMEM, "task eval: out of memory");
     if (rc == VKS_OK) rc = vks_task_eval_score(tasks, n, o->samples, rewards, lengths, r); /* the kinds, checked first */
-    if (rc == VKS_OK) rc = vks_task_run(g, m, tok, tasks, n, o, rewards, lengths);
+    if (rc == VKS_OK) rc = vks_task_run(g, m, tok, tasks, n, &with, rewards, lengths);
     if (rc == VKS_OK) rc = vks_task_eval_score(tasks, n, o->samples, rewards, lengths, r);
+    if (rc == VKS_OK)
+        r->n_metrics = vks_task_metrics_take(with.metrics, r->metric_names, r->metric_means, VKS_TASK_MAX_METRICS);
+    for (int i = 0; rc == VKS_OK && o->metrics && i < r->n_metrics; i++) {
+        char one[VKS_TASK_METRIC_NAME + 64];
+        snprintf(one, sizeof one, "{\"%s\": %.17g}", r->metric_names[i], r->metric_means[i]);
+        vks_task_metrics_add(o->metrics, one);
+    }
+    vks_task_metrics_free(with.metrics);
     free(rewards);
     free(lengths);
     return rc;
