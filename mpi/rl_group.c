@@ -451,12 +451,11 @@ static int relay_receive(stage_state *s) {
         at += got;
     }
     int64_t step = 0;
-    if (!rc) {
+    if (!rc) { /* its header as the first stage checked it (that stage held it to the step announced) */
         vks_rl_msg h;
         memcpy(&h, buf, sizeof h);
-        if (h.magic != VKS_RL_MAGIC || h.type != MSG_WEIGHTS || h.n != s->layout->n_values)
-            rc = vks_set_error(VKS_ERR_FORMAT, "the group's first stage passed on a malformed weights header");
-        else rc = vks_rl_wire_check_weights(buf, want, s->layout->n_values, s->pending_step, h.step, &step);
+        rc = vks_rl_wire_check_weights(buf, want, s->layout->n_values, s->pending_step, h.step, &step);
+        if (rc) rc = vks_error_prefix(rc, "the group's first stage passed on");
     }
     if (rc) {
         s->lost = true;
