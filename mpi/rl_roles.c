@@ -859,7 +859,7 @@ int vks_rl_orch_ranks(const trainer_src *t, vks_rl_rank_status *out, int cap) {
 }
 
 static int ranks_mpi(void *ctx, vks_rl_rank_status *out, int cap) { return vks_rl_orch_ranks(ctx, out, cap); }
-/* The trainer checks every completion it takes (vks_rl_check_sample scores it again): its programs' metrics. */
+/* The trainer checks every completion it takes (vks_rl_check_samples scores it again): its programs' metrics. */
 static vks_task_metrics *program_metrics_mpi(void *ctx) { return ((trainer_src *)ctx)->gen.program_metrics; }
 static int64_t position_mpi(void *ctx) { return ((trainer_src *)ctx)->next_batch; }
 static double broadcast_bytes_mpi(void *ctx) { return (double)((trainer_src *)ctx)->cast_bytes; }

@@ -269,11 +269,14 @@ static int rebuild_flat(const ver_state *v, const vks_rollout_file *f, const vks
             memcpy(s->tokens, rec->prompt_ids, sizeof(int32_t) * (size_t)rec->n_prompt);
             memcpy(s->tokens + rec->n_prompt, rec->output_ids, sizeof(int32_t) * (size_t)n_out);
             s->prompt_len = rec->n_prompt, s->completion_len = n_out;
-            char err[200];
-            if (vks_rl_score_sample(&v->gen, batch * P + p, s, &s->task_reward, &s->reward, err, sizeof err))
-                return snprintf(why, cap, "completion %d: %s", q, err), VKS_ERR_FORMAT;
-            r[i] = s->reward;
         }
+        /* the group scored at once (a code task's tests in parallel sandboxes) */
+        double task_r[VKS_RL_MAX_GROUP];
+        char err[200];
+        int bad = 0;
+        if (vks_rl_score_samples(&v->gen, batch * P + p, &flat[p * G], G, task_r, r, &bad, err, sizeof err))
+            return snprintf(why, cap, "completion %d: %s", p * G + bad, err), VKS_ERR_FORMAT;
+        for (int i = 0; i < G; i++) flat[p * G + i].task_reward = task_r[i], flat[p * G + i].reward = r[i];
         if (vks_grpo_group_has_signal(r, G)) {
             double lo = r[0], hi = r[0];
             for (int i = 1; i < G; i++) lo = r[i] < lo ? r[i] : lo, hi = r[i] > hi ? r[i] : hi;

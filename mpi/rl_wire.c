@@ -136,10 +136,13 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
             for (int k = 0; k < ws.completion_len; k++)
                 if (!isfinite(s->logp[k]) || s->logp[k] > 0)
                     BAD("group %d, completion %d: log-probability %g", p, i, (double)s->logp[k]);
-            char why[200];
-            if (vks_rl_check_sample(gen, wg.task_index, s, why, sizeof why)) BAD("group %d, completion %d: %s", p, i, why);
             rewards[i] = ws.reward;
         }
+        /* every completion scored again here (a code task's tests: the group's at once, in parallel sandboxes) */
+        char why[200];
+        int bad = 0;
+        if (vks_rl_check_samples(gen, wg.task_index, g->samples, g->n, &bad, why, sizeof why))
+            BAD("group %d, completion %d: %s", p, bad, why);
         /* the advantages must be the group's own (a rank cannot inflate them) */
         /* (a verifier rank filters what is left after its verdicts) */
         if (!unverified && !vks_grpo_group_has_signal(rewards, wg.n)) BAD("group %d has no signal", p);

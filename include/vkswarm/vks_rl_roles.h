@@ -216,16 +216,22 @@ uint64_t vks_rl_batch_seed(const vks_rl_config *c, int64_t batch);
 int vks_rl_gen_make_dirs(vks_rl_gen *g, const char *sub);
 /* Where batch `batch`'s rollout file goes: g->rollouts_dir/batch-NNNNNN.jsonl. */
 void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap);
-/* The trainer's check of a sample from another rank: its prompt is task
+/* What the trainer's check compares (vks_rl_check_samples): the prompt is task
  * task_index's (built as the inference side builds it: g->model gives the
- * vocabulary and context) and its rewards are what the task (and the
- * thinking budget) give its completion. err says why not. */
-int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap);
-/* What vks_rl_check_sample compares: the prompt and stop checks, then the
- * rewards the task (and the thinking budget) give s's completion (a verifier
- * rank scores the rollout records of groups sent without completions). */
+ * vocabulary and context), a stop token only at the end, then the rewards
+ * the task (and the thinking budget) give s's completion (a verifier rank
+ * scores the rollout records of groups sent without completions). */
 int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, double *task_reward,
                         double *reward, char *err, size_t cap);
+/* The same for n completions of one task at once (one group: code tasks' tests run in parallel
+ * sandboxes): task_reward[i] and reward[i] for s[i]; on an error *bad is the completion it concerns
+ * (the first in order) and err says why. */
+int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, int n, double *task_reward,
+                         double *reward, int *bad, char *err, size_t cap);
+/* The trainer's check of n completions of one task from another rank: scored as above, their sent rewards
+ * must be what the task gives (*bad: the first that fails; err says why). */
+int vks_rl_check_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, int n, int *bad, char *err,
+                         size_t cap);
 
 /* Where the trainer's groups come from and its weights go: the inference
  * thread (NULL source) or inference ranks (mpi/rl_roles.c). */

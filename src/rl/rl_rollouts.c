@@ -130,60 +130,86 @@ static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int n_prompts, int *
     return VKS_OK;
 }
 
-int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, double *task_reward,
-                        double *reward, char *err, size_t cap) {
-    const vks_rl_config *c = g->o->config;
-    vks_task t;
-    int target = 0, n = 0, rc = make_task(g, task_index, &t, &target);
-    int32_t *ids = NULL;
-    if (!rc) rc = tokenize_prompt(g, &t, target, &ids, &n);
-    if (rc) {
-        snprintf(err, cap, "task %lld: %s", (long long)task_index, vks_last_error());
-        return rc;
-    }
+/* One completion's text (up to a final stop token) for scoring, after its prompt (the task's, ids[0..n)) and
+ * stop tokens are checked; *n_new its tokens. */
+static int completion_text(const vks_rl_gen *g, int64_t task_index, const int32_t *ids, int n, const vks_rl_sample *s,
+                           char **text, size_t *len, int *n_new, char *err, size_t cap) {
     if (n != s->prompt_len || memcmp(ids, s->tokens, sizeof(int32_t) * (size_t)n)) {
-        free(ids);
         snprintf(err, cap, "the prompt is not task %lld's", (long long)task_index);
         return VKS_ERR_FORMAT;
     }
-    free(ids);
     /* a stop token can only end a completion (it stops the sampler) */
-    int n_new = s->completion_len, eos = vks_tokenizer_eos(g->o->tok);
-    if (n_new > 0 && s->tokens[s->prompt_len + n_new - 1] == eos) n_new--;
-    for (int k = 0; k < n_new; k++)
+    int eos = vks_tokenizer_eos(g->o->tok);
+    *n_new = s->completion_len;
+    if (*n_new > 0 && s->tokens[s->prompt_len + *n_new - 1] == eos) --*n_new;
+    for (int k = 0; k < *n_new; k++)
         if (s->tokens[s->prompt_len + k] == eos) {
             snprintf(err, cap, "a stop token inside the completion");
             return VKS_ERR_FORMAT;
         }
-    char *text = NULL;
-    size_t len = 0;
-    rc = vks_tokenizer_detokenize(g->o->tok, s->tokens + s->prompt_len, n_new, false, &text, &len);
-    if (rc) {
-        snprintf(err, cap, "%s", vks_last_error());
-        return rc;
-    }
-    const vks_task *tp = &t;
-    const char *ctext = text;
-    rc = vks_task_score_many_into(&tp, &ctext, &len, 1, 0, task_reward, NULL, g->program_metrics); /* code tasks: their tests, run here */
-    free(text);
-    if (rc) {
-        snprintf(err, cap, "scoring here failed: %s", vks_last_error());
-        return rc;
-    }
-    *reward = target ? vks_task_length_reward(*task_reward, target, n_new, c->length_penalty) : *task_reward;
-    return VKS_OK;
+    int rc = vks_tokenizer_detokenize(g->o->tok, s->tokens + s->prompt_len, *n_new, false, text, len);
+    if (rc) snprintf(err, cap, "%s", vks_last_error());
+    return rc;
 }
 
-int vks_rl_check_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, char *err, size_t cap) {
-    double task_reward = 0, reward = 0;
-    int rc = vks_rl_score_sample(g, task_index, s, &task_reward, &reward, err, cap);
-    if (rc) return rc;
-    if (task_reward != s->task_reward || fabs(reward - s->reward) > 1e-12 * (1 + fabs(reward))) {
-        snprintf(err, cap, "rewards %g / %g, the task gives %g / %g", s->task_reward, s->reward, task_reward, reward);
-        return VKS_ERR_FORMAT;
+int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, int n, double *task_reward,
+                         double *reward, int *bad, char *err, size_t cap) {
+    const vks_rl_config *c = g->o->config;
+    *bad = 0;
+    vks_task t;
+    int target = 0, n_ids = 0, rc = n < 1 ? vks_set_error(VKS_ERR_ARG, "no completions") : make_task(g, task_index, &t, &target);
+    int32_t *ids = NULL;
+    if (!rc) rc = tokenize_prompt(g, &t, target, &ids, &n_ids);
+    if (rc) {
+        snprintf(err, cap, "task %lld: %s", (long long)task_index, vks_last_error());
+        return rc;
     }
-    return VKS_OK;
+    char **texts = calloc((size_t)n, sizeof *texts);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int *n_new = calloc((size_t)n, sizeof *n_new);
+    const vks_task **which = calloc((size_t)n, sizeof *which);
+    if (!texts || !lens || !n_new || !which) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory"), snprintf(err, cap, "out of host memory");
+    for (int i = 0; !rc && i < n; i++) {
+        which[i] = &t, *bad = i;
+        rc = completion_text(g, task_index, ids, n_ids, &s[i], &texts[i], &lens[i], &n_new[i], err, cap);
+    }
+    /* code tasks: the group's tests at once, in parallel sandboxes */
+    if (!rc) {
+        *bad = 0;
+        rc = vks_task_score_many_into(which, (const char *const *)texts, lens, n, 0, task_reward, NULL, g->program_metrics);
+        if (rc) snprintf(err, cap, "scoring here failed: %s", vks_last_error());
+    }
+    for (int i = 0; !rc && i < n; i++)
+        reward[i] = target ? vks_task_length_reward(task_reward[i], target, n_new[i], c->length_penalty) : task_reward[i];
+    for (int i = 0; texts && i < n; i++) free(texts[i]);
+    free(texts), free(lens), free(n_new), free(which), free(ids);
+    return rc;
 }
+
+int vks_rl_score_sample(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, double *task_reward,
+                        double *reward, char *err, size_t cap) {
+    int bad = 0;
+    return vks_rl_score_samples(g, task_index, s, 1, task_reward, reward, &bad, err, cap);
+}
+
+int vks_rl_check_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, int n, int *bad, char *err,
+                         size_t cap) {
+    double *task_reward = calloc((size_t)(n > 0 ? n : 1), sizeof *task_reward);
+    double *reward = calloc((size_t)(n > 0 ? n : 1), sizeof *reward);
+    int rc = task_reward && reward ? vks_rl_score_samples(g, task_index, s, n, task_reward, reward, bad, err, cap)
+                                   : vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    if (!task_reward || !reward) snprintf(err, cap, "out of host memory");
+    for (int i = 0; !rc && i < n; i++)
+        if (task_reward[i] != s[i].task_reward || fabs(reward[i] - s[i].reward) > 1e-12 * (1 + fabs(reward[i]))) {
+            *bad = i;
+            snprintf(err, cap, "rewards %g / %g, the task gives %g / %g", s[i].task_reward, s[i].reward, task_reward[i],
+                     reward[i]);
+            rc = VKS_ERR_FORMAT;
+        }
+    free(task_reward), free(reward);
+    return rc;
+}
+
 
 /* The sampler of batch `batch`: its own seed, so stream indices restart at 0
  * in every batch (the verifier's task prompts are indexed by them). */

@@ -420,7 +420,7 @@ fi
 # of every 5th completion, global index (batch * 8 + q + 1) % 5 == 0, is not the sampler's draw;
 # they keep groups without signal, so that every batch holds cheated completions the verifier
 # sees) and rank 2 also claims a reward of 1 it did not earn (the check that refuses it,
-# vks_rl_check_sample re-scoring every completion inside vks_rl_wire_unpack_groups, is the
+# vks_rl_check_samples re-scoring every completion inside vks_rl_wire_unpack_groups, is the
 # trainer's own too: the garbage case above goes through that path without a verifier). The verifier rejects cheated
 # completions and nothing else, hands the trainer only accepted ones (the trainer refuses any
 # sample not marked accepted), records each rejection in OUT/verifier-rank3/rejected.jsonl, and
