@@ -642,7 +642,7 @@ static void test_environment_programs(void **state) {
                      "        a = {'messages': [] if g == s else [{'role': 'user', 'content': 'higher' if g < s else "
                      "'lower'}], 'done': g == s, 'reward': 1.0 if g == s else None}\n"
                      "    print(json.dumps(a), flush=True)\n"},
-        {"empty.py", "import sys\nfor line in sys.stdin: print('{\"messages\": []}', flush=True)\n"},
+        {"empty.py", "import sys\nfor line in sys.stdin: print('{\"messages\": [], \"done\": true}', flush=True)\n"},
         {"role.py", "import sys\nfor line in sys.stdin: print('{\"messages\": [{\"role\": \"assistant\", "
                     "\"content\": \"x\"}]}', flush=True)\n"},
         {"noreward.py", "import json, sys\nfor line in sys.stdin:\n"

@@ -195,7 +195,7 @@ static int check_answer(const char *command, const char *reply, void *ctx) {
     json_t *o = json_loads(reply, JSON_REJECT_DUPLICATES, &err);
     json_t *done = json_object_get(o, "done"), *reward = json_object_get(o, "reward"),
            *metrics = json_object_get(o, "metrics");
-    bool is_done = json_is_true(done);
+    bool is_done = !a->at_reset && json_is_true(done); /* an episode starts; a reset cannot end it */
     int rc = VKS_OK, n0 = ep->n;
     if (!json_is_object(o)) rc = vks_set_error(VKS_ERR_FORMAT, "an answer that is not a JSON object");
     else if (!a->at_reset && !json_is_boolean(done)) rc = vks_set_error(VKS_ERR_FORMAT, "no \"done\": true or false");
