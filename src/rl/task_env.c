@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 static atomic_uint_fast64_t episodes; /* episodes started in this process: their names */
 
@@ -98,24 +97,16 @@ int vks_env_reply_text(const vks_env_episode *ep, int from, int to, char **out, 
 
 /* The last line of text starting (after spaces) with "calc:" (any case): its expression, trimmed, in buf. */
 static bool last_calc_line(const char *text, size_t len, char *buf, size_t cap) {
-    bool found = false;
-    for (size_t at = 0; at < len;) {
-        const char *nl = memchr(text + at, '\n', len - at);
-        size_t end = nl ? (size_t)(nl - text) : len, s = at;
-        while (s < end && (text[s] == ' ' || text[s] == '\t')) s++;
-        if (end - s >= 5 && !strncasecmp(text + s, "calc:", 5)) {
-            s += 5;
-            while (s < end && (text[s] == ' ' || text[s] == '\t' || text[s] == '\r')) s++;
-            size_t e = end;
-            while (e > s && (text[e - 1] == ' ' || text[e - 1] == '\t' || text[e - 1] == '\r')) e--;
-            size_t n = e - s < cap - 1 ? e - s : cap - 1;
-            memcpy(buf, text + s, n);
-            buf[n] = 0;
-            found = true;
-        }
-        at = end + 1;
-    }
-    return found;
+    size_t end = 0;
+    long at = vks_task_last_line(text, len, "calc:", &end);
+    if (at < 0) return false;
+    size_t s = (size_t)at, e = end;
+    while (s < e && (text[s] == ' ' || text[s] == '\t' || text[s] == '\r')) s++;
+    while (e > s && (text[e - 1] == ' ' || text[e - 1] == '\t' || text[e - 1] == '\r')) e--;
+    size_t n = e - s < cap - 1 ? e - s : cap - 1;
+    memcpy(buf, text + s, n);
+    buf[n] = 0;
+    return true;
 }
 
 static int calc_step(const vks_task *t, vks_env_episode *ep, const char *text, size_t len) {
@@ -150,11 +141,12 @@ int vks_env_worked_episode(const vks_task *t, vks_env_episode *ep) {
     int rc = vks_env_reset(t, 0, ep);
     snprintf(turn, sizeof turn, "calc: %s", expr);
     if (!rc) rc = vks_env_step(t, ep, turn, strlen(turn));
-    const char *value = !rc && ep->n > 0 && !strncmp(ep->m[ep->n - 1].content, "= ", 2) ? ep->m[ep->n - 1].content + 2 : NULL;
+    const char *last = !rc && ep->n > 0 ? ep->m[ep->n - 1].content : "", *value = strncmp(last, "= ", 2) ? NULL : last + 2;
     if (!rc && !value) rc = vks_set_error(VKS_ERR_ARG, "env: '%s' gave no value", expr);
     if (!rc) snprintf(turn, sizeof turn, "answer: %s", value);
     if (!rc) rc = vks_env_step(t, ep, turn, strlen(turn));
-    if (!rc && !(ep->done && ep->reward == 1.0)) rc = vks_set_error(VKS_ERR_ARG, "env: the worked episode of %s fails", t->kind);
+    if (!rc && !(ep->done && ep->reward == 1.0))
+        rc = vks_set_error(VKS_ERR_ARG, "env: the worked episode of %s fails", t->kind);
     if (rc) vks_env_episode_free(ep);
     return rc;
 }

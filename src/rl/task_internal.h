@@ -35,6 +35,9 @@ struct json_t *vks_task_request_json(const vks_task *t);
  * errors) one request line and has check() read its answer line; see task_program.c's ask for restarts. */
 int vks_task_program_ask(const vks_task *t, const char *what, const char *line, bool retry,
                          int (*check)(const char *command, const char *reply, void *ctx), void *ctx);
+/* The last line of c[0..len) starting (after spaces and tabs) with prefix (any case): the offset of the
+ * text after the prefix, and *end that of the line's end (its newline, or len); -1 when there is none. */
+long vks_task_last_line(const char *c, size_t len, const char *prefix, size_t *end);
 /* Evaluates an arithmetic expression (integers below 2^31, + - * /, parentheses; at most 64 tokens, nesting 32)
  * exactly: false when it is none, divides by zero or overflows. */
 bool vks_task_eval_expr(const char *expr, int64_t *num, int64_t *den);

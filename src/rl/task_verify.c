@@ -20,15 +20,15 @@ static bool copy_trimmed(const char *s, size_t n, char *out, size_t cap) {
     return true;
 }
 
-/* The last line starting (after spaces) with "answer:": offset of its text, or -1. */
-static long last_answer_line(const char *c, size_t len, size_t *end) {
+long vks_task_last_line(const char *c, size_t len, const char *prefix, size_t *end) {
     long found = -1;
+    size_t k = strlen(prefix);
     for (size_t i = 0; i < len;) {
         size_t eol = i;
         while (eol < len && c[eol] != '\n') eol++;
         size_t j = i;
         while (j < eol && (c[j] == ' ' || c[j] == '\t')) j++;
-        if (eol - j >= 7 && !strncasecmp(c + j, "answer:", 7)) found = (long)(j + 7), *end = eol;
+        if (eol - j >= k && !strncasecmp(c + j, prefix, k)) found = (long)(j + k), *end = eol;
         i = eol + 1;
     }
     return found;
@@ -53,7 +53,7 @@ static long last_boxed(const char *c, size_t len, size_t *end) {
 bool vks_task_extract_answer(const char *completion, size_t len, char *answer, size_t cap) {
     if (!completion || !answer || !cap) return false;
     size_t line_end = 0, box_end = 0;
-    long line = last_answer_line(completion, len, &line_end), box = last_boxed(completion, len, &box_end);
+    long line = vks_task_last_line(completion, len, "answer:", &line_end), box = last_boxed(completion, len, &box_end);
     if (line < 0 && box < 0) return false;
     if (box > line) return copy_trimmed(completion + box, box_end - (size_t)box, answer, cap);
     return copy_trimmed(completion + line, line_end - (size_t)line, answer, cap);
