@@ -129,6 +129,23 @@ static int user_message(const vks_prompt_format *f, const char *task_prompt, int
     return rc;
 }
 
+/* The template text of chat format f (not raw): its name, or for "model" the tokenizer's model_template,
+ * whose family must be known (and have the thinking switch when think = false). */
+static int chat_template_text(const vks_prompt_format *f, const char *model_template, const char **tmpl) {
+    *tmpl = f->chat_template;
+    if (strcmp(*tmpl, "model")) return VKS_OK;
+    const char *family = model_template ? vks_chat_template_family(model_template) : NULL;
+    if (!family)
+        return vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template model: the tokenizer has %s (known families: %s)",
+                             model_template ? "a chat template that is not recognised" : "no chat template",
+                             vks_chat_template_names());
+    if (f->no_think && strcmp(family, "qwen3"))
+        return vks_set_error(VKS_ERR_FORMAT, "prompt.think = false: the model's chat template (%s) has no thinking "
+                             "switch (qwen3 has)", family);
+    *tmpl = model_template;
+    return VKS_OK;
+}
+
 int vks_prompt_text(const vks_prompt_format *f, const char *model_template, const char *task_prompt, int think_tokens,
                     char **out, size_t *len) {
     if (!f || !task_prompt || !out || !len || think_tokens < 0)
@@ -143,18 +160,8 @@ int vks_prompt_text(const vks_prompt_format *f, const char *model_template, cons
         *out = user.v, *len = user.n;
         return VKS_OK;
     }
-    const char *tmpl = f->chat_template;
-    if (!strcmp(tmpl, "model")) {
-        const char *family = model_template ? vks_chat_template_family(model_template) : NULL;
-        if (!family)
-            rc = vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template model: the tokenizer has %s (known families: %s)",
-                               model_template ? "a chat template that is not recognised" : "no chat template",
-                               vks_chat_template_names());
-        else if (f->no_think && strcmp(family, "qwen3"))
-            rc = vks_set_error(VKS_ERR_FORMAT, "prompt.think = false: the model's chat template (%s) has no thinking "
-                               "switch (qwen3 has)", family);
-        tmpl = model_template;
-    }
+    const char *tmpl = NULL;
+    rc = chat_template_text(f, model_template, &tmpl);
     vks_chat_message msgs[2];
     int n = 0;
     if (f->system[0]) msgs[n++] = (vks_chat_message){"system", f->system};
@@ -189,14 +196,7 @@ static int template_of(const vks_prompt_format *f, const struct vks_tokenizer *t
     int rc = vks_prompt_check(f);
     if (rc) return rc;
     if (is_raw_template(f)) return vks_set_error(VKS_ERR_ARG, "episodes: the raw format has no chat template");
-    *tmpl = f->chat_template;
-    if (strcmp(*tmpl, "model")) return VKS_OK;
-    *tmpl = vks_tokenizer_chat_template(tok);
-    if (!*tmpl || !vks_chat_template_family(*tmpl))
-        return vks_set_error(VKS_ERR_FORMAT, "prompt.chat_template model: the tokenizer has %s (known families: %s)",
-                             *tmpl ? "a chat template that is not recognised" : "no chat template",
-                             vks_chat_template_names());
-    return VKS_OK;
+    return chat_template_text(f, vks_tokenizer_chat_template(tok), tmpl);
 }
 
 /* conv[0..n) rendered (f's system message first when conv has none), with the assistant prompt. */
@@ -242,7 +242,8 @@ int vks_prompt_episode_reply(const vks_prompt_format *f, const struct vks_tokeni
     const char *tmpl = NULL;
     char *text = NULL, *stop = NULL;
     size_t stop_len = 0;
-    int rc = turn < 0 ? vks_set_error(VKS_ERR_ARG, "vks_prompt_episode_reply: no assistant turn") : template_of(f, tok, &tmpl);
+    int rc = turn < 0 ? vks_set_error(VKS_ERR_ARG, "vks_prompt_episode_reply: no assistant turn")
+                      : template_of(f, tok, &tmpl);
     if (!rc) rc = render_conversation(f, tmpl, roles, marked, n, &text);
     if (!rc) rc = vks_tokenizer_detokenize(tok, &stop_token, 1, true, &stop, &stop_len);
     const char *at = text ? strstr(text, turn_marker) : NULL, *after = at ? at + strlen(turn_marker) : NULL;
