@@ -201,7 +201,8 @@ char *vks_task_valid_utf8(const char *s, size_t len) {
 }
 
 json_t *vks_task_request_json(const vks_task *t) {
-    char *prompt = vks_task_valid_utf8(t->prompt, strlen(t->prompt)), *answer = vks_task_valid_utf8(t->answer, strlen(t->answer));
+    char *prompt = vks_task_valid_utf8(t->prompt, strlen(t->prompt));
+    char *answer = vks_task_valid_utf8(t->answer, strlen(t->answer));
     json_error_t err;
     json_t *info = t->program ? json_loads(t->program->info_json, JSON_DECODE_ANY, &err) : json_null();
     json_t *q = prompt && answer && info
@@ -282,14 +283,20 @@ static int ask(entry *e, const vks_task *t, const char *what, const char *line, 
     }
 }
 
-int vks_task_program_ask(const vks_task *t, const char *what, const char *line, bool retry,
-                         int (*check)(const char *command, const char *reply, void *ctx), void *ctx) {
-    entry *e = entry_for(t->program, t->program->commands[0]);
+/* ask() of the running program of command (one of t's), one request at a time. */
+static int ask_command(const vks_task *t, const char *command, const char *what, const char *line, bool retry,
+                       int (*check)(const char *command, const char *reply, void *ctx), void *ctx) {
+    entry *e = entry_for(t->program, command);
     if (!e) return vks_set_error(VKS_ERR_NOMEM, "out of memory for a %s", what);
     pthread_mutex_lock(&e->lock);
     int rc = ask(e, t, what, line, retry, check, ctx);
     pthread_mutex_unlock(&e->lock);
     return rc;
+}
+
+int vks_task_program_ask(const vks_task *t, const char *what, const char *line, bool retry,
+                         int (*check)(const char *command, const char *reply, void *ctx), void *ctx) {
+    return ask_command(t, t->program->commands[0], what, line, retry, check, ctx);
 }
 
 typedef struct {
@@ -314,16 +321,9 @@ int vks_task_score_programs(const vks_task *const *tasks, const char *const *tex
         char parts[VKS_TASK_MAX_WHY] = "", metrics[4096] = "", all_metrics[VKS_TASK_MAX_WHY] = "";
         double sum = 0;
         for (int k = 0; k < p->n; k++) {
-            entry *e = entry_for(p, p->commands[k]);
-            if (!e) {
-                free(line);
-                return vks_set_error(VKS_ERR_NOMEM, "out of memory for a reward program");
-            }
             double r = 0;
             answer_ctx a = {&r, metrics, sizeof metrics};
-            pthread_mutex_lock(&e->lock);
-            int rc = ask(e, tasks[i], "reward program", line, true, check_answer, &a);
-            pthread_mutex_unlock(&e->lock);
+            int rc = ask_command(tasks[i], p->commands[k], "reward program", line, true, check_answer, &a);
             if (rc) {
                 free(line);
                 return rc;
