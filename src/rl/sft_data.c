@@ -97,16 +97,21 @@ typedef struct {
     int bos, eos, vocab;
 } parse_ctx;
 
-/* Tokenizes a JSON string field (NUL bytes allowed) and checks every id. */
-static int tokenize_field(const parse_ctx *c, json_t *s, const char *field, int32_t **ids, int *n) {
+/* Tokenizes text (len bytes, NUL bytes allowed) of a field and checks every id. */
+static int tokenize_text(const parse_ctx *c, const char *text, size_t len, const char *field, int32_t **ids, int *n) {
     vks_tokenize_options to = {.add_bos = false, .add_eos = false, .parse_special = false};
-    int rc = vks_tokenizer_tokenize(c->tok, json_string_value(s), json_string_length(s), &to, ids, n);
+    int rc = vks_tokenizer_tokenize(c->tok, text, len, &to, ids, n);
     if (rc != VKS_OK) return vks_error_prefix(rc, "\"%s\"", field);
     for (int i = 0; i < *n; i++)
         if ((*ids)[i] < 0 || (*ids)[i] >= c->vocab)
             return vks_set_error(VKS_ERR_FORMAT, "\"%s\": token id %d outside the vocabulary of %d", field,
                                  (int)(*ids)[i], c->vocab);
     return VKS_OK;
+}
+
+/* A JSON string field tokenized (tokenize_text). */
+static int tokenize_field(const parse_ctx *c, json_t *s, const char *field, int32_t **ids, int *n) {
+    return tokenize_text(c, json_string_value(s), json_string_length(s), field, ids, n);
 }
 
 /* The {"prompt", "completion"} or {"text"} fields of a line's object. */
@@ -176,12 +181,10 @@ static int put_tokens(transcript *x, const int32_t *ids, int n, uint8_t loss) {
 
 /* Tokenizes text (len bytes) into x with the given loss flag. */
 static int put_text(transcript *x, const parse_ctx *c, const char *text, size_t len, const char *field, uint8_t loss) {
-    json_t *s = json_stringn_nocheck(text, len);
     int32_t *ids = NULL;
     int n = 0;
-    int rc = s ? tokenize_field(c, s, field, &ids, &n) : vks_set_error(VKS_ERR_NOMEM, "SFT data: out of memory");
+    int rc = tokenize_text(c, text, len, field, &ids, &n);
     if (!rc) rc = put_tokens(x, ids, n, loss);
-    json_decref(s);
     free(ids);
     return rc;
 }
