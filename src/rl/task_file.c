@@ -261,8 +261,8 @@ int vks_task_file_copy(const char *in_path, const vks_task *tasks, int64_t n, co
 }
 
 /* One {"prompt","completion"} line. */
-static bool write_sft_line(FILE *f, const vks_task *t, const char *completion) {
-    json_t *o = json_pack("{s:s, s:s}", "prompt", t->prompt, "completion", completion);
+/* Writes o as one compact JSON line (o consumed; NULL: false). */
+static bool put_json_line(FILE *f, json_t *o) {
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
     bool ok = s && fprintf(f, "%s\n", s) > 0;
     free(s);
@@ -270,8 +270,16 @@ static bool write_sft_line(FILE *f, const vks_task *t, const char *completion) {
     return ok;
 }
 
+/* A task's worked completion as {"prompt", "completion"} (*o NULL when out of memory). */
+static int sft_completion(const vks_task *t, json_t **o) {
+    char completion[2 * VKS_TASK_MAX_ANSWER + 256];
+    int rc = vks_task_worked_completion(t, completion, sizeof completion);
+    *o = rc ? NULL : json_pack("{s:s, s:s}", "prompt", t->prompt, "completion", completion);
+    return rc;
+}
+
 /* An environment task's worked episode as {"prompt", "turns": [...]} (vks_sft_data.h's multi-turn form). */
-static int write_sft_episode(FILE *f, const vks_task *t, bool *ok) {
+static int sft_episode(const vks_task *t, json_t **o) {
     vks_env_episode ep;
     int rc = vks_env_worked_episode(t, &ep);
     json_t *turns = rc ? NULL : json_array();
@@ -280,11 +288,7 @@ static int write_sft_episode(FILE *f, const vks_task *t, bool *ok) {
     for (int i = from; turns && i < ep.n; i++)
         json_array_append_new(turns, json_pack("{s:s, s:s%}", "role", ep.m[i].role, "content", ep.m[i].content,
                                                ep.m[i].len));
-    json_t *o = turns ? json_pack("{s:s, s:o}", "prompt", t->prompt, "turns", turns) : NULL;
-    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-    *ok = s && fprintf(f, "%s\n", s) > 0;
-    free(s);
-    json_decref(o);
+    *o = turns ? json_pack("{s:s, s:o}", "prompt", t->prompt, "turns", turns) : NULL;
     vks_env_episode_free(&ep);
     return rc;
 }
@@ -295,13 +299,12 @@ int vks_task_write_sft(const vks_task_spec *s, uint64_t seed, int64_t n, const c
     int rc = vks_outfile_open(&out, path, 0666);
     if (rc) return rc;
     vks_task *t = malloc(sizeof *t);
-    char completion[2 * VKS_TASK_MAX_ANSWER + 256];
     bool ok = t != NULL;
     for (int64_t i = 0; ok && i < n; i++) {
+        json_t *o = NULL;
         rc = vks_task_generate(s, seed, (uint32_t)i, t);
-        if (!rc && t->verify == VKS_VERIFY_ENVIRONMENT) rc = write_sft_episode(out.f, t, &ok);
-        else if (!rc) rc = vks_task_worked_completion(t, completion, sizeof completion);
-        if (t->verify != VKS_VERIFY_ENVIRONMENT) ok = !rc && write_sft_line(out.f, t, completion);
+        if (!rc) rc = t->verify == VKS_VERIFY_ENVIRONMENT ? sft_episode(t, &o) : sft_completion(t, &o);
+        ok = !rc && put_json_line(out.f, o); /* on an error o is NULL */
     }
     free(t);
     if (rc) {
