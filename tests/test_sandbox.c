@@ -433,6 +433,23 @@ static void test_sandbox_proc(void **state) {
     }
 }
 
+
+/* Programs of a test, each written to dir/NAME. */
+typedef struct {
+    const char *name, *code;
+} program_file;
+
+static void write_programs(const char *dir, const program_file *programs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/%s", dir, programs[i].name);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(programs[i].code, f);
+        fclose(f);
+    }
+}
+
 /* Reward programs ("task_type": "program"): a Python rubric scores as written, with the line's
  * answer and info passed on; one that crashes, hangs or lies (NaN, text, a reward above 1) is
  * named with the task line after it was started VKS_TASK_PROGRAM_RESTARTS + 1 times; one that
@@ -441,7 +458,7 @@ static void test_reward_programs(void **state) {
     (void)state;
     char dir[300], path[400];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
-    static const struct { const char *name, *code; } programs[] = {
+    static const program_file programs[] = {
         {"rubric.py", "import json, sys\n"
                       "for line in sys.stdin:\n"
                       "    q = json.loads(line)\n"
@@ -459,12 +476,7 @@ static void test_reward_programs(void **state) {
                     "if not os.path.exists('mark'):\n    open('mark', 'w').close(); raise SystemExit(3)\n"
                     "for line in sys.stdin: print('{\"reward\": 1}', flush=True)\n"},
     };
-    for (size_t i = 0; i < sizeof programs / sizeof programs[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, programs[i].name);
-        FILE *f = fopen(path, "w");
-        fputs(programs[i].code, f);
-        fclose(f);
-    }
+    write_programs(dir, programs, sizeof programs / sizeof programs[0]);
     snprintf(path, sizeof path, "%s/tasks.jsonl", dir);
     FILE *f = fopen(path, "w");
     fputs("{\"prompt\": \"say 42\", \"task_type\": \"program\", \"program\": \"python3 rubric.py\", \"answer\": 42, "
@@ -627,7 +639,7 @@ static void test_environment_programs(void **state) {
     (void)state;
     char dir[300], path[400];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
-    static const struct { const char *name, *code; } programs[] = {
+    static const program_file programs[] = {
         /* guess the number info.secret; "higher" / "lower" after a wrong guess */
         {"guess.py", "import json, sys\n"
                      "secret = {}\n"
@@ -659,12 +671,7 @@ static void test_environment_programs(void **state) {
                     "    if json.loads(line)['type'] == 'step': time.sleep(60)\n"
                     "    print('{\"messages\": [{\"role\": \"user\", \"content\": \"go\"}]}', flush=True)\n"},
     };
-    for (size_t i = 0; i < sizeof programs / sizeof programs[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, programs[i].name);
-        FILE *f = fopen(path, "w");
-        fputs(programs[i].code, f);
-        fclose(f);
-    }
+    write_programs(dir, programs, sizeof programs / sizeof programs[0]);
     snprintf(path, sizeof path, "%s/env.jsonl", dir);
     FILE *f = fopen(path, "w");
     fputs("{\"task_type\": \"environment\", \"environment\": \"python3 guess.py\", \"prompt\": \"Guess.\", \"info\": "
