@@ -157,7 +157,8 @@ int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_s
     const vks_rl_config *c = g->o->config;
     *bad = 0;
     vks_task t;
-    int target = 0, n_ids = 0, rc = n < 1 ? vks_set_error(VKS_ERR_ARG, "no completions") : make_task(g, task_index, &t, &target);
+    int target = 0, n_ids = 0;
+    int rc = n < 1 ? vks_set_error(VKS_ERR_ARG, "no completions") : make_task(g, task_index, &t, &target);
     int32_t *ids = NULL;
     if (!rc) rc = tokenize_prompt(g, &t, target, &ids, &n_ids);
     if (rc) {
@@ -168,7 +169,10 @@ int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_s
     size_t *lens = calloc((size_t)n, sizeof *lens);
     int *n_new = calloc((size_t)n, sizeof *n_new);
     const vks_task **which = calloc((size_t)n, sizeof *which);
-    if (!texts || !lens || !n_new || !which) rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory"), snprintf(err, cap, "out of host memory");
+    if (!texts || !lens || !n_new || !which) {
+        rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+        snprintf(err, cap, "out of host memory");
+    }
     for (int i = 0; !rc && i < n; i++) {
         which[i] = &t, *bad = i;
         rc = completion_text(g, task_index, ids, n_ids, &s[i], &texts[i], &lens[i], &n_new[i], err, cap);
@@ -176,7 +180,8 @@ int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_s
     /* code tasks: the group's tests at once, in parallel sandboxes */
     if (!rc) {
         *bad = 0;
-        rc = vks_task_score_many_into(which, (const char *const *)texts, lens, n, 0, task_reward, NULL, g->program_metrics);
+        rc = vks_task_score_many_into(which, (const char *const *)texts, lens, n, 0, task_reward, NULL,
+                                      g->program_metrics);
         if (rc) snprintf(err, cap, "scoring here failed: %s", vks_last_error());
     }
     for (int i = 0; !rc && i < n; i++)

@@ -266,7 +266,8 @@ static int episode_turns(vks_engine *e, const vks_generate_options *go, const vk
     vks_generate_options g = *go;
     g.seq_index = index;
     int last = 0; /* the furthest position a turn may reach: the budget of the episode that started latest */
-    for (int i = 0; i < k; i++) last = xs[which[i]].n_start + max_new - 1 > last ? xs[which[i]].n_start + max_new - 1 : last;
+    for (int i = 0; i < k; i++)
+        if (xs[which[i]].n_start + max_new - 1 > last) last = xs[which[i]].n_start + max_new - 1;
     g.sched.steps = last < context ? last : context;
     if (!rc && k) rc = vks_generate(e, &g, seqs, k, 0);
     for (int i = 0; !rc && i < k; i++)

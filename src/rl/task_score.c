@@ -94,7 +94,8 @@ static int parse_line(const char *buf, size_t len, const vks_task *tasks, int64_
                            (long long)json_integer_value(task));
     else if (env) rc = environment_fields(root, keep, c);
     if (!rc && !json_is_string(text) && !(env && json_object_get(root, "turns")))
-        rc = vks_set_error(VKS_ERR_FORMAT, env ? "no \"completion\" string or \"turns\" list" : "\"completion\" is not a string");
+        rc = vks_set_error(VKS_ERR_FORMAT, env ? "no \"completion\" string or \"turns\" list"
+                                               : "\"completion\" is not a string");
     c->id[0] = 0;
     if (!rc && id) {
         char *s = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
