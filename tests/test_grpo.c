@@ -69,14 +69,14 @@ static void test_advantages(void **state) {
 static void test_sequence_rows(void **state) {
     (void)state;
     float adv[7], w[7];
-    assert_int_equal(vks_grpo_sequence_rows(3, 4, -0.5, adv, w), VKS_OK);
+    assert_int_equal(vks_grpo_sequence_rows(3, 4, NULL, -0.5, adv, w), VKS_OK);
     float want_w[] = {0, 0, 1, 1, 1, 1, 0}; /* rows 2..5 predict the 4 completion tokens */
     for (int i = 0; i < 7; i++) {
         assert_true(w[i] == want_w[i]);
         assert_true(adv[i] == (want_w[i] ? -0.5f : 0.0f));
     }
-    assert_int_equal(vks_grpo_sequence_rows(0, 4, 1, adv, w), VKS_ERR_ARG);
-    assert_int_equal(vks_grpo_sequence_rows(3, -1, 1, adv, w), VKS_ERR_ARG);
+    assert_int_equal(vks_grpo_sequence_rows(0, 4, NULL, 1, adv, w), VKS_ERR_ARG);
+    assert_int_equal(vks_grpo_sequence_rows(3, -1, NULL, 1, adv, w), VKS_ERR_ARG);
 }
 
 /* The trainer's bound on a sampler's log-probabilities: a packed sequence
@@ -152,7 +152,7 @@ static void make_group(group_batch *g, const int *completion_lens, const double 
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             g->tokens[start + i] = (int32_t)((s >> 33) % (uint64_t)vocab);
         }
-        assert_int_equal(vks_grpo_sequence_rows(PROMPT, completion_lens[q], adv[q], g->adv + start, g->weight + start),
+        assert_int_equal(vks_grpo_sequence_rows(PROMPT, completion_lens[q], NULL, adv[q], g->adv + start, g->weight + start),
                          VKS_OK);
         g->lens[q] = len;
         g->n += len;
@@ -306,6 +306,99 @@ static void test_gradients_kl(void **s) { (void)s; check_grpo_gradients(false, V
  * by a good part of its scale (printed) */
 static void test_gradients_entropy(void **s) { (void)s; check_grpo_gradients(true, VKS_ROPE_ADJACENT, true, 0.1, 0.3); }
 
+/* The float64 reference's GRPO gradient (into a new set) of the batch with weights w. */
+static vks_ref_params *ref_grpo_gradient(const vks_model *m, const vks_ref_batch *rb, const double *old,
+                                         const double *adv, const double *w, const vks_grpo_loss_params *h,
+                                         double *loss) {
+    vks_ref_params *p, *g;
+    assert_int_equal(vks_ref_params_from_model(m, &p), VKS_OK);
+    assert_int_equal(vks_ref_params_create(&m->cfg, false, &g), VKS_OK);
+    double logp[MAX_ROWS], dlogp[MAX_ROWS] = {0};
+    uint32_t flags[MAX_ROWS];
+    vks_ref_acts *acts;
+    assert_int_equal(vks_ref_train_forward(p, rb, logp, NULL, &acts), VKS_OK);
+    assert_int_equal(vks_ref_grpo_loss(logp, old, adv, NULL, w, rb->n_tokens, h, NULL, flags, loss, dlogp), VKS_OK);
+    assert_int_equal(vks_ref_train_backward(p, rb, acts, dlogp, g), VKS_OK);
+    vks_ref_acts_free(acts);
+    vks_ref_params_free(p);
+    return g;
+}
+
+/* Multi-turn (issue 38): a hand-built two-turn episode (prompt, the assistant's turn, the environment's reply,
+ * the assistant's second turn) beside a one-turn completion of the same group. Only the assistant's tokens are
+ * trained: the rows vks_grpo_sequence_rows makes from the episode's mask are the ones written out here, and
+ * the trainer's loss and gradients equal the float64 reference's with the reply's rows dead. Training the
+ * reply too moves the reference gradient by far more than the tolerance: the mask is what is tested. */
+static void test_episode_mask(void **state) {
+    (void)state;
+    enum { P = 5, C1 = 10, C2 = 6, N = P + C1 + P + C2 };
+    static const uint8_t trained[C1] = {1, 1, 1, 0, 0, 0, 0, 1, 1, 1}; /* turn, reply (4 tokens), turn */
+    static const int live[] = {4, 5, 6, 11, 12, 13,                     /* rows P - 1 + k of trained tokens k */
+                               P + C1 + 4, P + C1 + 5, P + C1 + 6, P + C1 + 7, P + C1 + 8, P + C1 + 9};
+    vks_model *m = small_model(false, VKS_ROPE_HALF, 43);
+    int32_t tokens[N];
+    uint64_t x = 47;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        tokens[i] = (int32_t)((x >> 33) % (uint64_t)m->cfg.vocab_size);
+    }
+    memcpy(tokens + P + C1, tokens, sizeof(int32_t) * P); /* one prompt */
+    int lens[2] = {P + C1, P + C2};
+    float adv[N], w[N];
+    assert_int_equal(vks_grpo_sequence_rows(P, C1, trained, 1.0, adv, w), VKS_OK);
+    assert_int_equal(vks_grpo_sequence_rows(P, C2, NULL, -1.0, adv + P + C1, w + P + C1), VKS_OK);
+    assert_int_equal(vks_grpo_trained_tokens(C1, trained), 6);
+    assert_int_equal(vks_grpo_trained_tokens(C2, NULL), C2);
+    double wd[N] = {0}, advd[N] = {0}, w_all[N] = {0}, old[N];
+    for (size_t k = 0; k < sizeof live / sizeof *live; k++) wd[live[k]] = 1, advd[live[k]] = live[k] < P + C1 ? 1 : -1;
+    for (int i = 0; i < N; i++) {
+        assert_true(w[i] == (float)wd[i]);
+        assert_true(adv[i] == (float)advd[i]);
+        w_all[i] = (i >= P - 1 && i <= P + C1 - 2) || (i >= P + C1 + P - 1 && i <= N - 2); /* every completion row */
+    }
+    vks_trainer *t = make_trainer(m, false);
+    vks_train_batch b = {.tokens = tokens, .n_tokens = N, .seq_lens = lens, .n_seqs = 2, .weight = w};
+    float logp0[N], logp_old[N], logp[N];
+    assert_int_equal(vks_trainer_logprobs(t, &b, logp0), VKS_OK);
+    for (int i = 0; i < N; i++) { /* every completion row off by a shift, the reply's too */
+        logp_old[i] = i >= P ? logp0[i] - (float)shifts[i % 5] : 0.0f;
+        old[i] = logp_old[i];
+        if (!w_all[i]) advd[i] = 0;
+        else if (!wd[i]) advd[i] = 1; /* the reply's rows, live only in the unmasked reference */
+    }
+    vks_grpo_loss_params h = {.delta = VKS_GRPO_DELTA, .eps = VKS_GRPO_EPS, .token_budget = 64};
+    vks_grpo_stats st;
+    vks_grpo_rows rows = {logp_old, adv, NULL};
+    assert_int_equal(vks_trainer_accumulate_grpo(t, &b, &rows, &h, &st, logp), VKS_OK);
+    assert_int_equal(st.tokens, 12);
+    vks_ref_batch rb = {.tokens = tokens, .n_tokens = N, .seq_lens = lens, .n_seqs = 2};
+    double loss, loss_all;
+    vks_ref_params *g = ref_grpo_gradient(m, &rb, old, advd, wd, &h, &loss);
+    vks_ref_params *g_all = ref_grpo_gradient(m, &rb, old, advd, w_all, &h, &loss_all);
+    fprintf(stderr, "episode: loss %.6g (ref %.6g; the reply trained too: %.6g)\n", st.loss, loss, loss_all);
+    assert_true(fabs(st.loss - loss) <= 1e-5 * (fabs(loss) + 1e-3));
+    double moved = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        size_t n = (size_t)(g->tensors[i].rows * g->tensors[i].cols);
+        float *grad = malloc(n * sizeof *grad);
+        assert_non_null(grad);
+        assert_int_equal(vks_trainer_read(t, VKS_SET_GRADS, i, grad), VKS_OK);
+        double err = tensor_error(grad, g->tensors[i].data, n);
+        if (err > 1e-4) fprintf(stderr, "gradient of %s: relative error %.3g\n", g->tensors[i].name, err);
+        assert_true(err <= 1e-4);
+        double *all = g_all->tensors[i].data, d = 0, scale = 1e-6;
+        for (size_t k = 0; k < n; k++) d = fmax(d, fabs(all[k] - g->tensors[i].data[k])), scale = fmax(scale, fabs(all[k]));
+        moved = fmax(moved, d / scale);
+        free(grad);
+    }
+    fprintf(stderr, "training the reply too would move the gradient by up to %.3g of a tensor's scale\n", moved);
+    assert_true(moved > 0.05);
+    vks_ref_params_free(g), vks_ref_params_free(g_all);
+    vks_trainer_destroy(t);
+    vks_model_free(m);
+    assert_int_equal(vks_gpu_validation_messages(gpu), 0);
+}
+
 /* Sum of the live rows' logp of sequence q. */
 static double completion_logp(const group_batch *g, const float *logp, int q) {
     int start = 0;
@@ -455,6 +548,7 @@ int main(void) {
         cmocka_unit_test(test_gradients_tied_recompute),
         cmocka_unit_test(test_gradients_kl),
         cmocka_unit_test(test_gradients_entropy),
+        cmocka_unit_test(test_episode_mask),
         cmocka_unit_test(test_step_follows_advantage),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_bad_rows),

@@ -34,8 +34,14 @@ bool vks_grpo_group_has_signal(const double *rewards, int G);
  * of the arrays: weight = 1 and advantage = adv on the rows whose target is
  * a completion token (rows prompt_len - 1 .. prompt_len + completion_len - 2),
  * weight = 0 and advantage = 0 elsewhere (the prompt rows and the last row,
- * which has no target). VKS_ERR_ARG on NULL or bad lengths. */
-int vks_grpo_sequence_rows(int prompt_len, int completion_len, double adv, float *advantage, float *weight);
+ * which has no target). trained (completion_len entries, NULL: all 1) marks
+ * the completion tokens of the model's own in a multi-turn episode: the
+ * environment's tokens (0) are inputs, their rows dead as the prompt's.
+ * VKS_ERR_ARG on NULL or bad lengths. */
+int vks_grpo_sequence_rows(int prompt_len, int completion_len, const uint8_t *trained, double adv, float *advantage,
+                           float *weight);
+/* How many of a completion's completion_len tokens are trained on (trained: as above). */
+int vks_grpo_trained_tokens(int completion_len, const uint8_t *trained);
 
 /* The trainer's bound on what a sampler's record may claim. A packed
  * micro-batch of n_seqs sequences (seq_lens rows each): far[i] = true when a

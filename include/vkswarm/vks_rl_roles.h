@@ -16,11 +16,14 @@ struct vks_rl_timeline; /* a role's record of what it did when (src/rl) */
 #define VKS_RL_MAX_GROUP 1024          /* group_size's bound in the config */
 #define VKS_RL_MAX_BATCH 4096          /* prompts_per_step x group_size generated at once */
 
-/* One completion: BOS + prompt, then the completion (with the stop token when one ended it). */
+/* One completion: BOS + prompt, then the completion (with the stop token when one ended it); of an episode
+ * (environment tasks), every turn after its start with the environment's replies between them. */
 typedef struct {
     int32_t *tokens;
     int prompt_len, completion_len;
-    float *logp;          /* completion_len entries: the sampler's record (logp_old) */
+    float *logp;          /* completion_len entries: the sampler's record (logp_old; 0 on the environment's) */
+    uint8_t *trained;     /* completion_len entries or NULL (every token): 1 on the model's own tokens, 0 on a
+                           * multi-turn episode's environment messages (inputs, never trained on) */
     double task_reward;   /* 0..1 */
     double reward;        /* with the thinking-budget term */
     double advantage;

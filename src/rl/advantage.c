@@ -43,17 +43,26 @@ bool vks_grpo_group_has_signal(const double *rewards, int G) {
     return false;
 }
 
-int vks_grpo_sequence_rows(int prompt_len, int completion_len, double adv, float *advantage, float *weight) {
+int vks_grpo_sequence_rows(int prompt_len, int completion_len, const uint8_t *trained, double adv, float *advantage,
+                           float *weight) {
     if (!advantage || !weight || prompt_len < 1 || completion_len < 0 || completion_len > INT32_MAX - prompt_len)
         return vks_set_error(VKS_ERR_ARG, "GRPO rows: prompt of %d tokens (>= 1), completion of %d (>= 0)",
                              prompt_len, completion_len);
     int n = prompt_len + completion_len;
     for (int r = 0; r < n; r++) {
-        bool live = r >= prompt_len - 1 && r < n - 1; /* the target (row r + 1) is a completion token */
+        /* the target (row r + 1) is a completion token, the assistant's */
+        bool live = r >= prompt_len - 1 && r < n - 1 && (!trained || trained[r + 1 - prompt_len]);
         weight[r] = live ? 1.0f : 0.0f;
         advantage[r] = live ? (float)adv : 0.0f;
     }
     return VKS_OK;
+}
+
+int vks_grpo_trained_tokens(int completion_len, const uint8_t *trained) {
+    if (!trained) return completion_len > 0 ? completion_len : 0;
+    int n = 0;
+    for (int k = 0; k < completion_len; k++) n += trained[k] != 0;
+    return n;
 }
 
 int vks_grpo_far_sequences(const float *logp, const float *logp_old, const float *weight, const int *seq_lens, int n_seqs,

@@ -24,7 +24,8 @@
 #include "vkswarm/vks_toploc.h"
 
 void vks_rl_group_free(vks_rl_batch_group *g) {
-    for (int i = 0; g->samples && i < g->n; i++) free(g->samples[i].tokens), free(g->samples[i].logp);
+    for (int i = 0; g->samples && i < g->n; i++)
+        free(g->samples[i].tokens), free(g->samples[i].logp), free(g->samples[i].trained);
     free(g->samples);
     g->samples = NULL;
     g->n = 0;

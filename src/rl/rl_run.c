@@ -646,9 +646,11 @@ static bool trained_on(const vks_rl_sample *s) { return s->accepted && !s->logp_
 static int pack(rl_run *r, const vks_rl_sample *s, int *n_tokens, int *n_seqs) {
     int at = *n_tokens, len = s->prompt_len + s->completion_len;
     memcpy(r->tokens + at, s->tokens, sizeof(int32_t) * (size_t)len);
-    int rc = vks_grpo_sequence_rows(s->prompt_len, s->completion_len, s->advantage, r->advantage + at, r->weight + at);
-    if (r->c->loss.normalize == VKS_NORMALIZE_SEQUENCE && s->completion_len > 0) /* the completion's mean */
-        for (int k = 0; k < len; k++) r->weight[at + k] /= (float)s->completion_len;
+    int rc = vks_grpo_sequence_rows(s->prompt_len, s->completion_len, s->trained, s->advantage, r->advantage + at,
+                                    r->weight + at);
+    int trained = vks_grpo_trained_tokens(s->completion_len, s->trained);
+    if (r->c->loss.normalize == VKS_NORMALIZE_SEQUENCE && trained > 0) /* the completion's mean */
+        for (int k = 0; k < len; k++) r->weight[at + k] /= (float)trained;
     for (int k = 0; k < len; k++) r->logp_old[at + k] = 0.0f;
     for (int k = 0; k < s->completion_len; k++) r->logp_old[at + s->prompt_len - 1 + k] = s->logp[k];
     r->seq_sample[*n_seqs] = (vks_rl_sample *)s;
@@ -753,7 +755,7 @@ static int accumulate_step(rl_run *r, const vks_grpo_loss_params *h, step_stats 
             if (rc) break;
             r->seq_checked[n_seqs] = g->policy_step != vks_trainer_steps(r->trainer);
             rc = pack(r, s, &n_tokens, &n_seqs);
-            st->reward += s->task_reward, st->length += s->completion_len, st->n++;
+            st->reward += s->task_reward, st->length += vks_grpo_trained_tokens(s->completion_len, s->trained), st->n++;
         }
     }
     if (!rc) rc = flush_micro(r, n_tokens, n_seqs, h, st);
@@ -770,8 +772,9 @@ static double step_divisor(const rl_run *r) {
     for (int gi = 0; gi < c->prompts_per_step; gi++)
         for (int i = 0; i < r->groups[gi].n; i++) {
             const vks_rl_sample *s = &r->groups[gi].samples[i];
-            if (!trained_on(s) || s->completion_len <= 0) continue;
-            tokens += s->completion_len, completions++;
+            int trained = vks_grpo_trained_tokens(s->completion_len, s->trained);
+            if (!trained_on(s) || trained <= 0) continue;
+            tokens += trained, completions++;
         }
     double n = c->loss.normalize == VKS_NORMALIZE_TOKENS ? tokens : completions;
     return n > 0 ? n : 1;

@@ -45,4 +45,31 @@ bool vks_task_eval_expr(const char *expr, int64_t *num, int64_t *den);
 void vks_task_code_expr(const vks_task *t, char *buf, size_t cap);
 /* vks_task_score with a reason (why: NULL, or cap bytes); code tasks score 0 here. */
 double vks_task_score_why(const vks_task *t, const char *completion, size_t len, char *why, size_t cap);
+
+/* ---- multi-turn episodes (episode.c), for eval and tasks filter (task_run.c) and RL (rl_rollouts.c) ---- */
+#include "vkswarm/vks_engine.h"
+#include "vkswarm/vks_prompt.h"
+typedef struct {
+    vks_env_episode ep;
+    int32_t *ids;      /* the conversation's tokens so far (vks_env_start_text's "how an episode reaches the model") */
+    float *logp;       /* per token of ids: the sampler's log-probability of the assistant's (with record_logp), 0 */
+    uint8_t *trained;  /* per token of ids: 1 the assistant's (trained on), 0 the start's and the environment's */
+    int n_ids, n_start; /* tokens; the start's (the prompt) */
+    int generated;     /* the assistant's tokens, stop tokens included */
+    bool over;         /* the environment said done, or the episode was cut */
+    char *partial;     /* a cut turn's text (never stepped, its tokens kept), or NULL */
+} vks_episode;
+void vks_episode_free(vks_episode *x);
+/* Episode of task t with environment seed `seed`: reset, its start as a prompt (think: a thinking budget's
+ * sentence, raw format only) within vocab and a context of `context` positions. */
+int vks_episode_start(const vks_prompt_format *f, const struct vks_tokenizer *tok, int vocab, int context,
+                      const vks_task *t, uint64_t seed, int think, vks_episode *x);
+/* Turns every episode of xs[0..count) (started; episode b of tasks[b] with sampler sequence index seq_index[b])
+ * until each is over: within max_new tokens after its start (replies included) and go->sched.steps positions. */
+int vks_episodes_run(vks_engine *e, const vks_generate_options *go, const vks_prompt_format *f,
+                     const struct vks_tokenizer *tok, const vks_task *const *tasks, const uint32_t *seq_index,
+                     int count, int max_new, vks_episode *xs);
+/* The conversation after the start as text (what eval --show prints): each message's content and "\n"
+ * (a cut turn's text last). */
+int vks_episode_text(const vks_episode *x, char **out, size_t *len);
 #endif

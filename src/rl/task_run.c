@@ -97,218 +97,39 @@ static int run_batches(vks_engine *e, const struct vks_tokenizer *tok, const vks
     return rc;
 }
 
-/* ---- multi-turn episodes (environment tasks: vks_tasks.h) ---- */
-
-typedef struct {
-    vks_env_episode ep;
-    int32_t *ids;      /* the conversation's tokens so far (vks_env_start_text's "how an episode reaches the model") */
-    int n_ids, n_start; /* tokens; the start's (the prompt) */
-    int generated;     /* the assistant's tokens, stop tokens included */
-    bool over;         /* the environment said done, or the episode was cut */
-    char *partial;     /* a cut turn's text (never stepped), or NULL */
-} episode;
-
-static void episode_free(episode *x) {
-    vks_env_episode_free(&x->ep);
-    free(x->ids);
-    free(x->partial);
-    memset(x, 0, sizeof *x);
-}
-
-static int append_ids(episode *x, const int32_t *ids, int n) {
-    int32_t *v = realloc(x->ids, sizeof *v * (size_t)(x->n_ids + n + 1));
-    if (!v) return vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
-    memcpy(v + x->n_ids, ids, sizeof *v * (size_t)n);
-    x->ids = v, x->n_ids += n;
-    return VKS_OK;
-}
-
-/* Messages [0, n) of ep as the roles and contents vks_prompt_episode_* take (malloc'd arrays). */
-static int episode_messages(const vks_env_episode *ep, int n, const char ***roles, const char ***contents) {
-    *roles = malloc(sizeof **roles * (size_t)(n ? n : 1));
-    *contents = malloc(sizeof **contents * (size_t)(n ? n : 1));
-    if (!*roles || !*contents) return vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
-    for (int i = 0; i < n; i++) (*roles)[i] = ep->m[i].role, (*contents)[i] = ep->m[i].content;
-    return VKS_OK;
-}
-
-/* The start's tokens: raw, the start text as a task's prompt; in a chat template, its messages. */
-static int start_tokens(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_env_episode *ep,
-                        int think, int32_t **ids, int *n) {
-    char *text = NULL;
-    size_t len = 0;
-    const char **roles = NULL, **contents = NULL;
-    int rc;
-    if (!strcmp(f->chat_template, "none")) {
-        rc = vks_env_start_text(ep, &text, &len);
-        if (!rc) rc = vks_prompt_tokenize(f, tok, text, think, ids, n);
-    } else if (think > 0 || strcmp(f->user_template, "{prompt}")) {
-        rc = vks_set_error(VKS_ERR_FORMAT, "episodes in a chat template take the environment's messages as they are: "
-                           "a user template and a think sentence do not apply");
-    } else {
-        int start = 0;
-        while (start < ep->n && strcmp(ep->m[start].role, "assistant")) start++;
-        rc = episode_messages(ep, start, &roles, &contents);
-        if (!rc) rc = vks_prompt_episode_start(f, tok, roles, contents, start, ids, n);
-    }
-    free(text), free(roles), free(contents);
-    return rc;
-}
-
-/* The tokens of the environment's reply: messages [from, ep->n) after the turn at from - 1 (ended by stop). */
-static int reply_tokens(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_env_episode *ep,
-                        int from, int32_t stop, int32_t **ids, int *n) {
-    char *text = NULL;
-    size_t len = 0;
-    const char **roles = NULL, **contents = NULL;
-    int rc;
-    if (!strcmp(f->chat_template, "none")) {
-        vks_tokenize_options to = {.add_bos = false, .parse_special = false};
-        rc = vks_env_reply_text(ep, from, ep->n, &text, &len);
-        if (!rc) rc = vks_tokenizer_tokenize(tok, text, len, &to, ids, n);
-    } else {
-        rc = episode_messages(ep, ep->n, &roles, &contents);
-        if (!rc) rc = vks_prompt_episode_reply(f, tok, roles, contents, ep->n, stop, ids, n);
-    }
-    free(text), free(roles), free(contents);
-    return rc;
-}
-
-/* Episode of sample `sample` (its global index, also its environment seed): reset, its start as a prompt. */
-static int start_episode(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_model *m,
-                         const vks_task *t, int64_t sample, int think, episode *x) {
-    int rc = vks_env_reset(t, (uint64_t)sample, &x->ep);
-    if (!rc) rc = start_tokens(f, tok, &x->ep, think, &x->ids, &x->n_ids);
-    for (int k = 0; !rc && k < x->n_ids; k++)
-        if (x->ids[k] < 0 || x->ids[k] >= m->cfg.vocab_size)
-            rc = vks_set_error(VKS_ERR_FORMAT, "token %d outside the model's vocabulary", (int)x->ids[k]);
-    if (!rc && x->n_ids >= m->cfg.seq_len)
-        rc = vks_set_error(VKS_ERR_FORMAT, "the start's %d tokens leave no room in the context of %d", x->n_ids,
-                           m->cfg.seq_len);
-    x->n_start = x->n_ids;
-    return rc ? vks_error_prefix(rc, "task %lld", (long long)t->line) : VKS_OK;
-}
-
-/* After one generated turn (new tokens, stopped by a stop token or not) of episode x of task t: stepped through
- * the environment and the reply appended, or the episode cut (the token budget or the context spent, no stop,
- * max_turns reached without done). */
-static int take_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
-                     int context, episode *x, const vks_sequence *s) {
-    int n_new = s->n_ids - s->n_prompt, stopped = s->stop_token >= 0, room = max_new - (x->n_ids - x->n_start);
-    bool cut = !stopped || n_new + stopped > room;
-    if (cut && n_new > room) n_new = room; /* what the budget holds */
-    char *text = NULL;
-    size_t len = 0;
-    x->generated += n_new + (cut ? 0 : stopped);
-    int rc = vks_tokenizer_detokenize(tok, s->ids + s->n_prompt, n_new, false, &text, &len);
-    if (rc) return rc;
-    if (cut) { /* inside the turn: never stepped */
-        x->partial = text;
-        x->over = true;
-        return VKS_OK;
-    }
-    int before = x->ep.n;
-    rc = vks_env_step(t, &x->ep, text, len);
-    free(text);
-    if (!rc) rc = append_ids(x, s->ids + s->n_prompt, n_new);
-    if (!rc) rc = append_ids(x, &s->stop_token, 1);
-    if (rc || (x->over = x->ep.done)) return rc;
-    int32_t *ids = NULL;
-    int n = 0;
-    rc = reply_tokens(f, tok, &x->ep, before + 1, s->stop_token, &ids, &n);
-    for (int k = 0; !rc && k < n; k++)
-        if (ids[k] < 0 || ids[k] >= vks_tokenizer_vocab_size(tok)) rc = vks_set_error(VKS_ERR_FORMAT, "a reply's token");
-    if (!rc && (x->n_ids + n - x->n_start >= max_new || x->n_ids + n >= context)) x->over = true; /* no room to answer */
-    else if (!rc) rc = append_ids(x, ids, n);
-    if (!rc && x->ep.turns >= vks_env_max_turns(t)) x->over = true;
-    free(ids);
-    return rc;
-}
-
-/* The conversation after the start as text (what eval --show prints): each message's content and "\n"
- * (a cut turn's text last). */
-static int episode_text(const episode *x, char **out, size_t *len) {
-    int from = 0;
-    while (from < x->ep.n && strcmp(x->ep.m[from].role, "assistant")) from++;
-    size_t n = x->partial ? strlen(x->partial) : 0;
-    for (int i = from; i < x->ep.n; i++) n += x->ep.m[i].len + 1;
-    char *t = malloc(n + 1), *at = t;
-    if (!t) return vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
-    for (int i = from; i < x->ep.n; i++) {
-        memcpy(at, x->ep.m[i].content, x->ep.m[i].len), at += x->ep.m[i].len;
-        *at++ = '\n';
-    }
-    if (x->partial) memcpy(at, x->partial, strlen(x->partial)), at += strlen(x->partial);
-    *at = 0;
-    *out = t, *len = (size_t)(at - t);
-    return VKS_OK;
-}
-
-/* One turn of every episode still going, generated together (each with its sample's index as its sampler's
- * sequence index: results do not depend on which others are still going, nor on the batch size). */
-static int episode_turns(vks_engine *e, const vks_generate_options *go, const vks_prompt_format *f,
-                         const struct vks_tokenizer *tok,
-                         const vks_task *tasks, const vks_task_run_options *o, int max_new, int context, int64_t first,
-                         int count, episode *xs, vks_sequence *seqs, uint32_t *index, int *which) {
-    int k = 0, rc = VKS_OK;
-    for (int b = 0; b < count && !rc; b++) {
-        if (xs[b].over) continue;
-        if (xs[b].n_ids >= context - 1) { /* the context is full */
-            xs[b].over = true;
-            continue;
-        }
-        seqs[k] = (vks_sequence){.n_prompt = xs[b].n_ids, .n_ids = xs[b].n_ids, .stop_token = -1};
-        seqs[k].ids = malloc(sizeof(int32_t) * (size_t)xs[b].n_ids);
-        if (!seqs[k].ids) rc = vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
-        else memcpy(seqs[k].ids, xs[b].ids, sizeof(int32_t) * (size_t)xs[b].n_ids);
-        index[k] = (uint32_t)(first + b), which[k++] = b;
-    }
-    vks_generate_options g = *go;
-    g.seq_index = index;
-    int last = 0; /* the furthest position a turn may reach: the budget of the episode that started latest */
-    for (int i = 0; i < k; i++)
-        if (xs[which[i]].n_start + max_new - 1 > last) last = xs[which[i]].n_start + max_new - 1;
-    g.sched.steps = last < context ? last : context;
-    if (!rc && k) rc = vks_generate(e, &g, seqs, k, 0);
-    for (int i = 0; !rc && i < k; i++)
-        rc = take_turn(f, tok, &tasks[(first + which[i]) / o->samples], max_new, context, &xs[which[i]], &seqs[i]);
-    for (int i = 0; i < k; i++) vks_sequence_free(&seqs[i]);
-    return rc;
-}
-
 /* Batches of episodes: started, turned until every one is over, scored (the environment's reward when it said
- * done, else 0), reported as completions are. */
+ * done, else 0), reported as completions are. Sample i's environment seed and sampler sequence index are i. */
 static int run_episodes(vks_engine *e, const vks_prompt_format *f, const struct vks_tokenizer *tok,
                         const vks_model *m, const vks_task *tasks, int64_t total, const vks_task_run_options *o,
                         const vks_generate_options *go, int batch, int max_new, double *rewards, int *lengths) {
-    episode *xs = calloc((size_t)batch, sizeof *xs);
-    vks_sequence *seqs = calloc((size_t)batch, sizeof *seqs);
+    vks_episode *xs = calloc((size_t)batch, sizeof *xs);
+    const vks_task **which = calloc((size_t)batch, sizeof *which);
     uint32_t *index = calloc((size_t)batch, sizeof *index);
-    int *which = calloc((size_t)batch, sizeof *which);
-    int rc = xs && seqs && index && which ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
-    int context = go->sched.steps;
+    int rc = xs && which && index ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
     for (int64_t first = 0; rc == VKS_OK && first < total; first += batch) {
         int count = total - first < batch ? (int)(total - first) : batch;
-        for (int b = 0; b < count && !rc; b++)
-            rc = start_episode(f, tok, m, &tasks[(first + b) / o->samples], first + b, o->think_tokens, &xs[b]);
-        for (int turn = 0; turn <= VKS_ENV_MAX_TURNS && !rc; turn++) /* each turn ends some: at most max_turns */
-            rc = episode_turns(e, go, f, tok, tasks, o, max_new, context, first, count, xs, seqs, index, which);
+        for (int b = 0; b < count && !rc; b++) {
+            which[b] = &tasks[(first + b) / o->samples], index[b] = (uint32_t)(first + b);
+            rc = vks_episode_start(f, tok, m->cfg.vocab_size, m->cfg.seq_len, which[b], (uint64_t)(first + b),
+                                   o->think_tokens, &xs[b]);
+        }
+        if (!rc) rc = vks_episodes_run(e, go, f, tok, which, index, count, max_new, xs);
         for (int b = 0; b < count && !rc; b++) {
             rewards[first + b] = xs[b].ep.done ? xs[b].ep.reward : 0;
             if (xs[b].ep.done && xs[b].ep.metrics[0] && o->metrics) vks_task_metrics_add(o->metrics, xs[b].ep.metrics);
             lengths[first + b] = xs[b].generated;
             char *text = NULL;
             size_t len = 0;
-            if (o->on_completion) rc = episode_text(&xs[b], &text, &len);
+            if (o->on_completion) rc = vks_episode_text(&xs[b], &text, &len);
             if (!rc && o->on_completion)
-                o->on_completion(o->completion_ctx, &tasks[(first + b) / o->samples], first + b, text, len,
-                                 lengths[first + b], rewards[first + b]);
+                o->on_completion(o->completion_ctx, which[b], first + b, text, len, lengths[first + b],
+                                 rewards[first + b]);
             free(text);
         }
-        for (int b = 0; b < count; b++) episode_free(&xs[b]);
+        for (int b = 0; b < count; b++) vks_episode_free(&xs[b]);
         if (rc == VKS_OK && o->progress) o->progress(o->progress_ctx, first + count, total);
     }
-    free(xs), free(seqs), free(index), free(which);
+    free(xs), free(which), free(index);
     return rc;
 }
 
