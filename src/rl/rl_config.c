@@ -879,7 +879,6 @@ static int check_values(const vks_rl_config *c) {
     vks_task_spec spec;
     const char *path = NULL;
     if (vks_task_resolve(c->task, &spec, &path)) return vks_error_prefix(VKS_ERR_FORMAT, "config: task");
-    if (!path && vks_task_refuse_environments(&spec, NULL, 0)) return vks_error_prefix(VKS_ERR_FORMAT, "config");
     if (c->eval_split > 0 && !path)
         return vks_set_error(VKS_ERR_FORMAT, "config: eval_split holds out part of a task file, but task '%s' is built in "
                              "(its held-out accuracy is on fresh instances)", c->task);
@@ -918,6 +917,10 @@ int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
     int rc = check_values(c);
     if (rc) return rc;
+    vks_task_spec spec;
+    const char *path = NULL;
+    if (n_ranks > 1 && !vks_task_resolve(c->task, &spec, &path) && !path && vks_task_refuse_environments(&spec, NULL, 0))
+        return vks_error_prefix(VKS_ERR_FORMAT, "config");
     if (!c->roles_given) {
         c->trainer = c->orchestrator = 0;
         if (n_ranks != 1)

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "rl_internal.h"
+#include "task_internal.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_sandbox.h"
 #include "vkswarm/vks_philox.h"
@@ -40,12 +41,15 @@ typedef struct {
     vks_verdict *verdicts;  /* P * G, when verifying */
     double *task_reward, *reward;
     int *lengths;           /* completion tokens kept for training (stop token included) */
+    uint8_t **trained;      /* P * G, episodes: which completion tokens are the model's (vks_rl_sample.trained) */
     int longest_prompt;
 } gen_batch;
 
 static void batch_free(gen_batch *b, int P, int n) {
     for (int p = 0; b->prompt_ids && p < P; p++) free(b->prompt_ids[p]);
     for (int i = 0; b->seqs && i < n; i++) vks_sequence_free(&b->seqs[i]);
+    for (int i = 0; b->trained && i < n; i++) free(b->trained[i]);
+    free(b->trained);
     free(b->tasks), free(b->prompt_ids), free(b->prompt_lens), free(b->seqs), free(b->verdicts);
     free(b->task_reward), free(b->reward), free(b->lengths);
 }
@@ -60,7 +64,9 @@ static int batch_alloc(gen_batch *b, int P, int n) {
     b->task_reward = calloc((size_t)n, sizeof *b->task_reward);
     b->reward = calloc((size_t)n, sizeof *b->reward);
     b->lengths = calloc((size_t)n, sizeof *b->lengths);
-    if (b->tasks && b->prompt_ids && b->prompt_lens && b->seqs && b->verdicts && b->task_reward && b->reward && b->lengths)
+    b->trained = calloc((size_t)n, sizeof *b->trained);
+    if (b->tasks && b->prompt_ids && b->prompt_lens && b->seqs && b->verdicts && b->task_reward && b->reward && b->lengths &&
+        b->trained)
         return VKS_OK;
     return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
 }
@@ -116,7 +122,11 @@ static int prepare_batch(const vks_rl_gen *g, gen_batch *b, int n_prompts, int *
     int P = c->prompts_per_step, G = c->group_size;
     for (int p = 0; p < n_prompts; p++) {
         int rc = make_task(g, g->batch * P + p, &b->tasks[p], &targets[p]);
-        if (!rc) rc = tokenize_prompt(g, &b->tasks[p], targets[p], &b->prompt_ids[p], &b->prompt_lens[p]);
+        if (rc || g->episodes) { /* an episode's prompt is its environment's start (run_episodes) */
+            if (rc) return rc;
+            continue;
+        }
+        rc = tokenize_prompt(g, &b->tasks[p], targets[p], &b->prompt_ids[p], &b->prompt_lens[p]);
         if (rc) return rc;
         if (b->prompt_lens[p] > b->longest_prompt) b->longest_prompt = b->prompt_lens[p];
         for (int j = 0; j < G; j++) {
@@ -512,6 +522,56 @@ static int score_batch(const vks_rl_gen *g, gen_batch *b, const int *targets, in
     return rc;
 }
 
+/* Environment seed of sample j of task `task_index`: its index among the run's samples (what a replay of the
+ * episode is given again). */
+static uint64_t episode_seed(const vks_rl_gen *g, int64_t task_index, int j) {
+    return (uint64_t)task_index * (uint64_t)g->o->config->group_size + (uint64_t)j;
+}
+
+/* A batch of multi-turn episodes (environment tasks): every sample started from its environment, turned on
+ * the engine until each is over (within max_new_tokens, the environment's replies counted), its tokens, the
+ * sampler's log-probabilities and mask moved into the batch as a completion; the reward the environment gave
+ * when it said done (0 when cut), with the thinking-budget term on the model's own tokens. */
+static int run_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n) {
+    const vks_rl_config *c = g->o->config;
+    int G = c->group_size;
+    vks_sched_params sp = batch_sched(g, b);
+    sp.steps = g->model->cfg.seq_len;
+    vks_generate_options go = {.sched = sp, .record_logp = true};
+    vks_episode *xs = calloc((size_t)n, sizeof *xs);
+    const vks_task **which = calloc((size_t)n, sizeof *which);
+    uint32_t *index = calloc((size_t)n, sizeof *index);
+    int rc = xs && which && index ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    if (!rc && g->generate) rc = vks_set_error(VKS_ERR_ARG, "inference: episodes run on this rank's engine only");
+    for (int i = 0; !rc && i < n; i++) {
+        which[i] = &b->tasks[i / G], index[i] = (uint32_t)i;
+        rc = vks_episode_start(&c->prompt, g->o->tok, g->model->cfg.vocab_size, g->model->cfg.seq_len, which[i],
+                               episode_seed(g, g->batch * c->prompts_per_step + i / G, i % G), targets[i / G], &xs[i]);
+    }
+    if (!rc) rc = vks_episodes_run(g->engine, &go, &c->prompt, g->o->tok, which, index, n, c->max_new_tokens, xs);
+    for (int i = 0; !rc && i < n; i++) {
+        vks_episode *x = &xs[i];
+        vks_sequence *s = &b->seqs[i];
+        int len = x->n_ids - x->n_start, own = 0;
+        vks_sequence_free(s);
+        *s = (vks_sequence){.ids = x->ids, .n_prompt = x->n_start, .n_ids = x->n_ids, .stop_token = -1};
+        s->logp = malloc(sizeof(float) * (size_t)(len ? len : 1));
+        b->trained[i] = malloc((size_t)(len ? len : 1));
+        x->ids = NULL;
+        if (!s->logp || !b->trained[i]) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+        for (int k = 0; !rc && k < len; k++)
+            s->logp[k] = x->logp[x->n_start + k], b->trained[i][k] = x->trained[x->n_start + k], own += x->trained[x->n_start + k];
+        b->lengths[i] = len;
+        b->task_reward[i] = x->ep.done ? x->ep.reward : 0;
+        if (x->ep.done && x->ep.metrics[0]) vks_task_metrics_add(g->program_metrics, x->ep.metrics);
+        int target = targets[i / G];
+        b->reward[i] = target ? vks_task_length_reward(b->task_reward[i], target, own, c->length_penalty) : b->task_reward[i];
+    }
+    for (int i = 0; xs && i < n; i++) vks_episode_free(&xs[i]);
+    free(xs), free(which), free(index);
+    return rc;
+}
+
 static int copy_sample(const gen_batch *b, int i, double adv, bool accepted, vks_rl_sample *out) {
     const vks_sequence *s = &b->seqs[i];
     int n = s->n_prompt + b->lengths[i];
@@ -523,6 +583,11 @@ static int copy_sample(const gen_batch *b, int i, double adv, bool accepted, vks
     memcpy(out->tokens, s->ids, sizeof(int32_t) * (size_t)(n - (b->lengths[i] > s->n_ids - s->n_prompt)));
     if (b->lengths[i] > s->n_ids - s->n_prompt) out->tokens[n - 1] = s->stop_token; /* the stop token, kept */
     memcpy(out->logp, s->logp, sizeof(float) * (size_t)b->lengths[i]);
+    if (b->trained[i]) {
+        out->trained = malloc((size_t)(b->lengths[i] ? b->lengths[i] : 1));
+        if (!out->trained) return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+        memcpy(out->trained, b->trained[i], (size_t)b->lengths[i]);
+    }
     return VKS_OK;
 }
 
@@ -548,6 +613,22 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     return rc;
 }
 
+/* Whether the run's tasks are episodes (environment tasks: all of them or none), and where they may run. */
+static int open_episodes(vks_rl_gen *g) {
+    const vks_task *env = vks_task_first_environment(g->tasks, g->n_tasks);
+    g->episodes = env || (!g->tasks && g->spec.kind == VKS_TASK_CALC);
+    if (!g->episodes) return VKS_OK;
+    const char *where = g->tasks_path ? g->tasks_path : "task";
+    if (!g->episodes_allowed || g->o->verify)
+        return vks_error_prefix(vks_task_refuse_environments(&g->spec, g->tasks, g->n_tasks), "%s", where);
+    for (int64_t i = 0; i < g->n_tasks; i++)
+        if (g->tasks[i].verify != VKS_VERIFY_ENVIRONMENT)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: task %lld is an environment and task %lld is not: rl trains on "
+                                 "episodes of environment tasks only", where, (long long)env->line,
+                                 (long long)g->tasks[i].line);
+    return VKS_OK;
+}
+
 int vks_rl_gen_open_tasks(vks_rl_gen *g) {
     const vks_rl_config *c = g->o->config;
     int rc = vks_task_resolve(c->task, &g->spec, &g->tasks_path);
@@ -561,11 +642,10 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g) {
         if (!rc && g->reward_program->sandboxed && vks_sandbox_check()) rc = VKS_ERR_IO; /* before the run starts */
         if (rc) rc = vks_error_prefix(rc, "config reward");
     }
-    if (rc || !g->tasks_path) return rc;
+    if (rc || !g->tasks_path) return rc ? rc : open_episodes(g);
     rc = vks_task_file_load(g->tasks_path, &g->tasks, &g->n_tasks);
     if (!rc && g->n_tasks < 1) rc = vks_set_error(VKS_ERR_FORMAT, "%s: no tasks", g->tasks_path);
-    if (!rc && vks_task_refuse_environments(NULL, g->tasks, g->n_tasks))
-        rc = vks_error_prefix(VKS_ERR_FORMAT, "%s", g->tasks_path);
+    if (!rc) rc = open_episodes(g);
     /* code tasks: the sandbox is checked before the run starts (every rank scores: vks_rl_score_sample) */
     if (!rc && vks_task_first_code(g->tasks, g->n_tasks) && vks_sandbox_check())
         rc = vks_error_prefix(VKS_ERR_IO, "%s: code tasks", g->tasks_path);
@@ -607,8 +687,9 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_g
     int rc = batch_alloc(&b, P, n);
     if (!rc && !targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
     if (!rc) rc = prepare_batch(g, &b, P, targets);
-    if (!rc) rc = generate_batch(g, &b, n);
-    if (!rc) rc = score_batch(g, &b, targets, n);
+    if (!rc && g->episodes) rc = run_episodes(g, &b, targets, n);
+    else if (!rc) rc = generate_batch(g, &b, n);
+    if (!rc && !g->episodes) rc = score_batch(g, &b, targets, n);
     for (int p = 0; !rc && p < P; p++) rc = make_group(g, &b, p, &groups[p]);
     if (rc)
         for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
