@@ -1454,15 +1454,17 @@ static void test_program_task_run(void **state) {
 }
 
 /* Multi-turn environments (issue 38): an environment program of two turns (a tool message after the first,
- * then done with a reward from the length of what the model wrote) trains on one process without the
- * verifier; with the verifier (and so by default) the run is refused before it starts. The mismatch between
- * the sampler's and the trainer's log-probabilities stays at f32 rounding and no completion is left out for
- * it: only the assistant's tokens are live rows, each with its own turn's record (an environment token
- * trained with logp_old 0, or a turn's record off by one token, would be nats off: without the mask every
- * episode with a reply is left out). Held-out episodes are evaluated. */
+ * then done with a reward from the length of what the model wrote) trains on one process with the verifier.
+ * Honest: every episode is accepted (each turn's rollout file verified, the environment replayed from the
+ * recorded turns), and the mismatch between the sampler's and the trainer's log-probabilities stays at f32
+ * rounding with no completion left out for it: only the assistant's tokens are live rows, each with its own
+ * turn's record (an environment token trained with logp_old 0, or a turn's record off by one token, would be
+ * nats off: without the mask every episode with a reply is left out). A worker that writes its own tool
+ * results (TEST ONLY cheat_every: a reply's token changed) has those episodes rejected, named in
+ * rejected.jsonl, and never trained on. Held-out episodes are evaluated. */
 static void test_environment_run(void **state) {
     (void)state;
-    char dir[300], path[400], out[600];
+    char dir[300], path[400], out[600], file[700];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     snprintf(path, sizeof path, "%s/two.py", dir);
     FILE *f = fopen(path, "w");
@@ -1500,16 +1502,14 @@ static void test_environment_run(void **state) {
     for (int64_t k = 0; k < m->classifier.cols; k++) eos[k] *= 6.0f;
     progress_log log = {0};
     vks_rl_run_options o = options(&c, &log);
-    o.model = m;
+    o.model = m, o.eval_n = 2;
     vks_rl_result *r = malloc(sizeof *r);
     assert_non_null(r);
-    assert_int_equal(vks_rl_run(&o, r), VKS_ERR_FORMAT);
-    assert_non_null(strstr(vks_last_error(), "rl trains on its episodes in a run on one process with --no-verify"));
-    assert_int_equal(access(out, F_OK), -1); /* refused before OUT is made */
-    o.verify = false, o.eval_n = 2;
     if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
     assert_int_equal(r->eval_tasks, 8);
     assert_int_equal(log.n, 2);
+    snprintf(file, sizeof file, "%s/rollouts/batch-000000-turn-2.jsonl", out); /* the second turns' proofs */
+    assert_int_equal(access(file, F_OK), 0);
     assert_true(log.p[0].reward + log.p[1].reward > 0); /* some episodes went through both turns: a reply inside */
     for (int i = 0; i < log.n; i++) {
         const vks_rl_progress *p = &log.p[i];
@@ -1517,7 +1517,25 @@ static void test_environment_run(void **state) {
                 p->reward, p->length, p->loss, p->logp_mismatch);
         assert_true(isfinite(p->loss) && p->grad_norm > 0);
         assert_true(p->logp_mismatch < 1e-4 && p->logp_excluded == 0);
+        assert_true(p->accept_rate == 1.0 && p->rejected == 0);
     }
+    /* the cheat: one step, every second episode's first reply forged */
+    snprintf(out, sizeof out, "%s/rl-environment-cheat", tu_tmpdir());
+    snprintf(c.out, sizeof c.out, "%s", out);
+    c.steps = 1;
+    log.n = 0;
+    o.cheat_every = 2, o.eval_n = 0;
+    if (vks_rl_run(&o, r)) fail_msg("%s", vks_last_error());
+    fprintf(stderr, "episodes with forged replies: %lld rejected, accept rate %.3f\n", (long long)log.p[0].rejected,
+            log.p[0].accept_rate);
+    assert_true(log.p[0].rejected > 0 && log.p[0].accept_rate < 1.0);
+    assert_int_equal(r->trained_rejected, 0);
+    snprintf(file, sizeof file, "%s/rollouts/rejected.jsonl", out);
+    size_t len;
+    char *text = (char *)tu_read_file(file, &len);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "\"reason\":\"turn 2: its conversation is not what the environment gave (a forged reply)\""));
+    free(text);
     free(r);
     vks_model_free(m);
     vks_tokenizer_free(t);

@@ -166,8 +166,8 @@ struct vks_rl_gen {
     vks_task_metrics *program_metrics; /* what reward programs answered in this process's scoring (made by open_tasks) */
     vks_task_program *reward_program;  /* config "reward": scores every task instead of its own check (NULL: none) */
     bool episodes;            /* the tasks are multi-turn environments (set by open_tasks): a batch is episodes */
-    bool episodes_allowed;    /* set before open_tasks where this role runs episodes (a run on one process
-                               * without the verifier, for now); else open_tasks refuses environment tasks */
+    bool episodes_allowed;    /* set before open_tasks where this role runs episodes (a run on one process,
+                               * for now); else open_tasks refuses environment tasks */
 };
 
 /* Opens the run's tasks (config->task) into g, holding out config->eval_split

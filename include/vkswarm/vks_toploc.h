@@ -200,6 +200,9 @@ void vks_rollout_writer_set_kv_f16(vks_rollout_writer *r, bool on);
 void vks_rollout_writer_on_hidden(vks_rollout_writer *r, const vks_step *st, const vks_seq_state *states,
                                   const float *hidden);
 int vks_rollout_writer_finish(vks_rollout_writer *r, const vks_sequence *seqs, int n, uint32_t seq_base);
+/* The same for a vks_generate with seq_index (NULL: seq_base + i): sample i's stream index is seq_index[i]. */
+int vks_rollout_writer_finish_indexed(vks_rollout_writer *r, const vks_sequence *seqs, int n, uint32_t seq_base,
+                                      const uint32_t *seq_index);
 void vks_rollout_writer_destroy(vks_rollout_writer *r);
 
 /* File-level rules that reject every sample of a rollout file: the file must

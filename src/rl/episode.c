@@ -101,12 +101,8 @@ int vks_episode_start(const vks_prompt_format *f, const struct vks_tokenizer *to
     return rc ? vks_error_prefix(rc, "task %lld", (long long)t->line) : VKS_OK;
 }
 
-/* After one generated turn (new tokens, stopped by a stop token or not) of episode x of task t: stepped through
- * the environment and the reply appended, or the episode cut (the token budget or the context spent, no stop,
- * max_turns reached without done). A cut turn's tokens are kept (trained on, as a completion cut at
- * max_new_tokens is), its text in x->partial. */
-static int take_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
-                     int context, vks_episode *x, const vks_sequence *s) {
+int vks_episode_take_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
+                          int context, vks_episode *x, const vks_sequence *s) {
     int n_new = s->n_ids - s->n_prompt, stopped = s->stop_token >= 0, room = max_new - (x->n_ids - x->n_start);
     bool cut = !stopped || n_new + stopped > room;
     if (cut && n_new > room) n_new = room; /* what the budget holds */
@@ -158,8 +154,8 @@ int vks_episode_text(const vks_episode *x, char **out, size_t *len) {
  * do not depend on which others are still going, nor on the batch size). */
 static int episode_turn(vks_engine *e, const vks_generate_options *go, const vks_prompt_format *f,
                         const struct vks_tokenizer *tok, const vks_task *const *tasks, const uint32_t *seq_index,
-                        int count, int max_new, int context, vks_episode *xs, vks_sequence *seqs, uint32_t *index,
-                        int *which) {
+                        int count, int max_new, int context, const vks_episode_hooks *hooks, int turn,
+                        vks_episode *xs, vks_sequence *seqs, uint32_t *index, int *which) {
     int k = 0, rc = VKS_OK;
     for (int b = 0; b < count && !rc; b++) {
         if (xs[b].over) continue;
@@ -179,22 +175,26 @@ static int episode_turn(vks_engine *e, const vks_generate_options *go, const vks
     for (int i = 0; i < k; i++)
         if (xs[which[i]].n_start + max_new - 1 > last) last = xs[which[i]].n_start + max_new - 1;
     g.sched.steps = last < context ? last : context;
+    if (!rc && k && hooks && hooks->before) rc = hooks->before(hooks->ctx, turn, &g, k);
     if (!rc && k) rc = vks_generate(e, &g, seqs, k, 0);
+    if (!rc && k && hooks && hooks->generated) rc = hooks->generated(hooks->ctx, turn, seqs, index, which, k);
     for (int i = 0; !rc && i < k; i++)
-        rc = take_turn(f, tok, tasks[which[i]], max_new, context, &xs[which[i]], &seqs[i]);
+        rc = vks_episode_take_turn(f, tok, tasks[which[i]], max_new, context, &xs[which[i]], &seqs[i]);
+    if (!rc && k && hooks && hooks->stepped) hooks->stepped(hooks->ctx, turn, xs, count);
     for (int i = 0; i < k; i++) vks_sequence_free(&seqs[i]);
     return rc;
 }
 
 int vks_episodes_run(vks_engine *e, const vks_generate_options *go, const vks_prompt_format *f,
                      const struct vks_tokenizer *tok, const vks_task *const *tasks, const uint32_t *seq_index,
-                     int count, int max_new, vks_episode *xs) {
+                     int count, int max_new, const vks_episode_hooks *hooks, vks_episode *xs) {
     vks_sequence *seqs = calloc((size_t)count, sizeof *seqs);
     uint32_t *index = calloc((size_t)count, sizeof *index);
     int *which = calloc((size_t)count, sizeof *which);
     int rc = seqs && index && which ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "tasks: out of memory");
     for (int turn = 0; turn <= VKS_ENV_MAX_TURNS && !rc; turn++) /* each turn ends some: at most max_turns */
-        rc = episode_turn(e, go, f, tok, tasks, seq_index, count, max_new, go->sched.steps, xs, seqs, index, which);
+        rc = episode_turn(e, go, f, tok, tasks, seq_index, count, max_new, go->sched.steps, hooks, turn, xs, seqs,
+                          index, which);
     free(seqs), free(index), free(which);
     return rc;
 }

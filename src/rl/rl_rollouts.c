@@ -528,10 +528,156 @@ static uint64_t episode_seed(const vks_rl_gen *g, int64_t task_index, int j) {
     return (uint64_t)task_index * (uint64_t)g->o->config->group_size + (uint64_t)j;
 }
 
+/* ---- multi-turn episodes (environment tasks) ---- */
+
+/* Turn `turn`'s rollout file of the batch: the batch's own for the first turn, batch-B-turn-T.jsonl (T from 2)
+ * for the others. Each record is one assistant turn: its prompt the conversation so far. */
+static void turn_path(const vks_rl_gen *g, int turn, char *out, size_t cap) {
+    if (turn == 0) vks_rl_batch_path(g, g->batch, out, cap);
+    else snprintf(out, cap, "%s/batch-%06lld-turn-%d.jsonl", g->rollouts_dir, (long long)g->batch, turn + 1);
+}
+
+typedef struct {
+    vks_rl_gen *g;
+    vks_rollout_writer *w; /* the turn's, while it generates */
+    int turns;             /* turn files written */
+    int *reply_at;         /* per episode: where the last turn's reply starts (TEST ONLY: cheat) */
+    int rc;
+} episode_files;
+
+static int turn_before(void *ctx, int turn, vks_generate_options *go, int k) {
+    episode_files *e = ctx;
+    char path[4200], where[1024];
+    turn_path(e->g, turn, path, sizeof path);
+    int rc = vks_rollout_writer_create(path, e->g->model, e->g->adapter, "policy", &go->sched, k, true, &e->w);
+    if (rc) return rc;
+    policy_weights(e->g, where, sizeof where);
+    vks_rollout_writer_set_policy(e->w, e->g->policy_step, where);
+    go->on_hidden = on_hidden, go->user = e->w;
+    return VKS_OK;
+}
+
+static int turn_generated(void *ctx, int turn, const vks_sequence *seqs, const uint32_t *index, const int *which, int k) {
+    (void)turn;
+    episode_files *e = ctx;
+    int rc = vks_rollout_writer_finish_indexed(e->w, seqs, k, 0, index);
+    vks_rollout_writer_destroy(e->w);
+    e->w = NULL;
+    e->turns += !rc;
+    for (int i = 0; i < k; i++) e->reply_at[which[i]] = seqs[i].n_ids + 1; /* after the turn and its stop token */
+    return rc;
+}
+
+/* TEST ONLY: a cheating inference worker writes its own tool results: every cheat_every-th episode's first
+ * reply gets its first token shifted by one. */
+static void turn_stepped(void *ctx, int turn, vks_episode *xs, int count) {
+    episode_files *e = ctx;
+    int every = e->g->o->cheat_every, V = e->g->model->cfg.vocab_size;
+    int64_t first = e->g->batch * e->g->o->config->prompts_per_step * e->g->o->config->group_size;
+    for (int i = 0; every > 0 && turn == 0 && i < count; i++)
+        if ((first + i + 1) % every == 0 && !xs[i].over && xs[i].n_ids > e->reply_at[i])
+            xs[i].ids[e->reply_at[i]] = (xs[i].ids[e->reply_at[i]] + 1) % V;
+}
+
+static void reject(vks_verdict *v, const char *fmt, int turn, const char *what) {
+    if (!v->accepted) return; /* the first reason stands */
+    v->accepted = false;
+    snprintf(v->reason, sizeof v->reason, fmt, turn + 1, what);
+}
+
+/* One turn file's records replayed on the rebuilt episodes xs: each record's prompt must be the conversation
+ * its episode's environment gives (else a reply was forged), its turn is stepped through the environment as
+ * generation stepped it, and its tokens go through the verifier (TOPLOC, the sampler's replay). */
+static int verify_turn(vks_rl_gen *g, const vks_rollout_file *f, int turn, vks_episode *xs, gen_batch *b, int n,
+                       const vks_verify_options *vo) {
+    const vks_rl_config *c = g->o->config;
+    vks_verdict *v = calloc((size_t)(f->n_samples ? f->n_samples : 1), sizeof *v);
+    if (!v) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    int rc = vks_verify_batch_cpu(g->model, vo, f->samples, f->n_samples, v);
+    for (int j = 0; !rc && j < f->n_samples; j++) {
+        const vks_rollout_sample *r = &f->samples[j];
+        int i = (int)r->seq;
+        if (r->seq >= (uint32_t)n) return free(v), vks_set_error(VKS_ERR_FORMAT, "turn %d: sample %u of %d", turn + 1, r->seq, n);
+        vks_verdict *out = &b->verdicts[i];
+        if (!v[j].accepted) reject(out, "turn %d: %s", turn, v[j].reason);
+        vks_episode *x = &xs[i];
+        if (x->over || r->n_prompt != x->n_ids || memcmp(r->prompt_ids, x->ids, sizeof(int32_t) * (size_t)x->n_ids)) {
+            reject(out, "turn %d: %s", turn, "its conversation is not what the environment gave (a forged reply)");
+            x->over = true;
+            continue;
+        }
+        int stopped = r->n_output > 0 && r->output_ids[r->n_output - 1] == vks_tokenizer_eos(g->o->tok);
+        vks_sequence s = {.n_prompt = r->n_prompt, .n_ids = r->n_prompt + r->n_output - stopped,
+                          .stop_token = stopped ? r->output_ids[r->n_output - 1] : -1};
+        s.ids = malloc(sizeof(int32_t) * (size_t)(r->n_prompt + r->n_output));
+        if (!s.ids) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+        if (!rc) {
+            memcpy(s.ids, r->prompt_ids, sizeof(int32_t) * (size_t)r->n_prompt);
+            memcpy(s.ids + r->n_prompt, r->output_ids, sizeof(int32_t) * (size_t)r->n_output);
+            rc = vks_episode_take_turn(&c->prompt, g->o->tok, &b->tasks[i / c->group_size], c->max_new_tokens,
+                                       g->model->cfg.seq_len, x, &s);
+        }
+        free(s.ids);
+    }
+    free(v);
+    return rc;
+}
+
+/* The verifier of a batch of episodes (this process's own, read back from its turn files as a verifier rank
+ * would read them): every episode rebuilt from its environment's reset and its recorded turns, each turn
+ * verified; an episode is accepted when every turn is, its conversation is the rebuilt one and its reward the
+ * environment's. Rejections go to rejected.jsonl as the batch's first-turn records (sample = the episode). */
+static int verify_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n, int turns) {
+    const vks_rl_config *c = g->o->config;
+    vks_episode *xs = calloc((size_t)n, sizeof *xs);
+    int rc = xs ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int i = 0; !rc && i < n; i++) {
+        b->verdicts[i] = (vks_verdict){.accepted = true, .blamed_rank = -1};
+        rc = vks_episode_start(&c->prompt, g->o->tok, g->model->cfg.vocab_size, g->model->cfg.seq_len,
+                               &b->tasks[i / c->group_size],
+                               episode_seed(g, g->batch * c->prompts_per_step + i / c->group_size, i % c->group_size),
+                               targets[i / c->group_size], &xs[i]);
+    }
+    vks_rollout_file first = {0};
+    vks_verify_options vo;
+    vks_verify_options_default(&vo);
+    memcpy(vo.model_hash, g->model_hash, 32);
+    vo.cpu_threads = 1;
+    vo.lora = g->adapter;
+    for (int t = 0; !rc && t < turns; t++) {
+        char path[4200];
+        vks_rollout_file f;
+        turn_path(g, t, path, sizeof path);
+        if ((rc = vks_rollout_read(path, &f))) break;
+        vo.n_stop = f.header.n_stop;
+        memcpy(vo.stop_ids, f.header.stop_ids, sizeof vo.stop_ids);
+        rc = verify_turn(g, &f, t, xs, b, n, &vo);
+        if (t == 0 && !rc && f.n_samples == n) first = f;
+        else vks_rollout_file_free(&f);
+    }
+    for (int i = 0; !rc && i < n; i++) {
+        const vks_sequence *s = &b->seqs[i];
+        double reward = xs[i].ep.done ? xs[i].ep.reward : 0;
+        if (!xs[i].over) reject(&b->verdicts[i], "turn %d: %s", turns - 1, "the episode goes on after its last turn");
+        else if (xs[i].n_ids != s->n_ids || memcmp(xs[i].ids, s->ids, sizeof(int32_t) * (size_t)s->n_ids))
+            reject(&b->verdicts[i], "turn %d: %s", turns - 1, "the completion is not its turns and replies");
+        else if (reward != b->task_reward[i])
+            reject(&b->verdicts[i], "turn %d: %s", turns - 1, "its reward is not the environment's");
+    }
+    if (!rc && first.n_samples == n) rc = vks_rl_record_rejections(g, first.samples, b->verdicts, n, &vo);
+    else if (!rc) rc = vks_set_error(VKS_ERR_FORMAT, "batch %lld: the first turn's file holds %d of %d episodes",
+                                     (long long)g->batch, first.n_samples, n);
+    vks_rollout_file_free(&first);
+    for (int i = 0; xs && i < n; i++) vks_episode_free(&xs[i]);
+    free(xs);
+    return rc;
+}
+
 /* A batch of multi-turn episodes (environment tasks): every sample started from its environment, turned on
  * the engine until each is over (within max_new_tokens, the environment's replies counted), its tokens, the
  * sampler's log-probabilities and mask moved into the batch as a completion; the reward the environment gave
- * when it said done (0 when cut), with the thinking-budget term on the model's own tokens. */
+ * when it said done (0 when cut), with the thinking-budget term on the model's own tokens. With the verifier
+ * each turn's rollout file is written as it ends (turn_path), and the batch verified after the last. */
 static int run_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n) {
     const vks_rl_config *c = g->o->config;
     int G = c->group_size;
@@ -541,14 +687,21 @@ static int run_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n) 
     vks_episode *xs = calloc((size_t)n, sizeof *xs);
     const vks_task **which = calloc((size_t)n, sizeof *which);
     uint32_t *index = calloc((size_t)n, sizeof *index);
-    int rc = xs && which && index ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    if (!rc && g->generate) rc = vks_set_error(VKS_ERR_ARG, "inference: episodes run on this rank's engine only");
+    episode_files files = {.g = g, .reply_at = calloc((size_t)n, sizeof(int))};
+    vks_episode_hooks hooks = {.ctx = &files, .before = turn_before, .generated = turn_generated,
+                               .stepped = turn_stepped};
+    int rc = xs && which && index && files.reply_at ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    if (!rc && (g->generate || g->defer_verify))
+        rc = vks_set_error(VKS_ERR_ARG, "inference: episodes run on this process's engine only");
     for (int i = 0; !rc && i < n; i++) {
         which[i] = &b->tasks[i / G], index[i] = (uint32_t)i;
         rc = vks_episode_start(&c->prompt, g->o->tok, g->model->cfg.vocab_size, g->model->cfg.seq_len, which[i],
                                episode_seed(g, g->batch * c->prompts_per_step + i / G, i % G), targets[i / G], &xs[i]);
     }
-    if (!rc) rc = vks_episodes_run(g->engine, &go, &c->prompt, g->o->tok, which, index, n, c->max_new_tokens, xs);
+    if (!rc)
+        rc = vks_episodes_run(g->engine, &go, &c->prompt, g->o->tok, which, index, n, c->max_new_tokens,
+                              verified_here(g) || g->o->cheat_every ? &hooks : NULL, xs);
+    vks_rollout_writer_destroy(files.w);
     for (int i = 0; !rc && i < n; i++) {
         vks_episode *x = &xs[i];
         vks_sequence *s = &b->seqs[i];
@@ -568,7 +721,12 @@ static int run_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n) 
         b->reward[i] = target ? vks_task_length_reward(b->task_reward[i], target, own, c->length_penalty) : b->task_reward[i];
     }
     for (int i = 0; xs && i < n; i++) vks_episode_free(&xs[i]);
-    free(xs), free(which), free(index);
+    free(xs), free(which), free(index), free(files.reply_at);
+    if (!rc && verified_here(g)) {
+        g->verify_start = vks_seconds_now();
+        rc = verify_episodes(g, b, targets, n, files.turns);
+        g->verify_end = vks_seconds_now();
+    }
     return rc;
 }
 
@@ -619,7 +777,7 @@ static int open_episodes(vks_rl_gen *g) {
     g->episodes = env || (!g->tasks && g->spec.kind == VKS_TASK_CALC);
     if (!g->episodes) return VKS_OK;
     const char *where = g->tasks_path ? g->tasks_path : "task";
-    if (!g->episodes_allowed || g->o->verify)
+    if (!g->episodes_allowed)
         return vks_error_prefix(vks_task_refuse_environments(&g->spec, g->tasks, g->n_tasks), "%s", where);
     for (int64_t i = 0; i < g->n_tasks; i++)
         if (g->tasks[i].verify != VKS_VERIFY_ENVIRONMENT)

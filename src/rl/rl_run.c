@@ -1185,7 +1185,7 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     double t_start = vks_seconds_now(), idle = 0, total = 0;
     rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}, .start_accuracy = NAN};
     r.gen.o = o;
-    r.gen.episodes_allowed = !src; /* a run on one process (its verifier is refused with them: open_tasks) */
+    r.gen.episodes_allowed = !src; /* a run on one process (across ranks: refused by open_tasks) */
     r.status = (vks_rl_status){.say = o->status, .ctx = o->progress_ctx,
                                .interval_s = o->status_interval_s > 0 ? o->status_interval_s : VKS_RL_STATUS_INTERVAL_S};
     rc = vks_rl_gen_open_tasks(&r.gen); /* a bad task file is refused before OUT is made or locked */

@@ -64,11 +64,27 @@ void vks_episode_free(vks_episode *x);
  * sentence, raw format only) within vocab and a context of `context` positions. */
 int vks_episode_start(const vks_prompt_format *f, const struct vks_tokenizer *tok, int vocab, int context,
                       const vks_task *t, uint64_t seed, int think, vks_episode *x);
+/* What a caller does around each turn of vks_episodes_run (any may be NULL). */
+typedef struct {
+    void *ctx;
+    /* before the turn's vks_generate of k episodes (turn: 0, 1, ...): may set go->on_hidden and go->user */
+    int (*before)(void *ctx, int turn, vks_generate_options *go, int k);
+    /* after it: seqs[0..k) generated, seqs[i] of episode which[i] with sampler index index[i]; not yet stepped */
+    int (*generated)(void *ctx, int turn, const vks_sequence *seqs, const uint32_t *index, const int *which, int k);
+    /* after every turn was stepped and its reply appended */
+    void (*stepped)(void *ctx, int turn, vks_episode *xs, int count);
+} vks_episode_hooks;
 /* Turns every episode of xs[0..count) (started; episode b of tasks[b] with sampler sequence index seq_index[b])
  * until each is over: within max_new tokens after its start (replies included) and go->sched.steps positions. */
 int vks_episodes_run(vks_engine *e, const vks_generate_options *go, const vks_prompt_format *f,
                      const struct vks_tokenizer *tok, const vks_task *const *tasks, const uint32_t *seq_index,
-                     int count, int max_new, vks_episode *xs);
+                     int count, int max_new, const vks_episode_hooks *hooks, vks_episode *xs);
+/* After one generated turn s (new tokens after s->n_prompt, stopped by s->stop_token or not) of episode x of task
+ * t: stepped through the environment and the reply appended, or the episode cut (the token budget or the context
+ * spent, no stop, max_turns reached without done). A cut turn's tokens are kept (trained on, as a completion cut
+ * at max_new_tokens is), its text in x->partial. s->logp may be NULL (0 recorded). What a verifier replays. */
+int vks_episode_take_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
+                          int context, vks_episode *x, const vks_sequence *s);
 /* The conversation after the start as text (what eval --show prints): each message's content and "\n"
  * (a cut turn's text last). */
 int vks_episode_text(const vks_episode *x, char **out, size_t *len);

@@ -113,7 +113,7 @@ static int run_episodes(vks_engine *e, const vks_prompt_format *f, const struct 
             rc = vks_episode_start(f, tok, m->cfg.vocab_size, m->cfg.seq_len, which[b], (uint64_t)(first + b),
                                    o->think_tokens, &xs[b]);
         }
-        if (!rc) rc = vks_episodes_run(e, go, f, tok, which, index, count, max_new, xs);
+        if (!rc) rc = vks_episodes_run(e, go, f, tok, which, index, count, max_new, NULL, xs);
         for (int b = 0; b < count && !rc; b++) {
             rewards[first + b] = xs[b].ep.done ? xs[b].ep.reward : 0;
             if (xs[b].ep.done && xs[b].ep.metrics[0] && o->metrics) vks_task_metrics_add(o->metrics, xs[b].ep.metrics);

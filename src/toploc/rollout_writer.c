@@ -85,10 +85,10 @@ static int32_t *output_ids(const vks_sequence *s, int *n_out) {
     return ids;
 }
 
-static int write_sample(vks_rollout_writer *r, FILE *f, const vks_sequence *seq, int i, uint32_t seq_base) {
+static int write_sample(vks_rollout_writer *r, FILE *f, const vks_sequence *seq, int i, uint32_t stream) {
     char id[64];
     snprintf(id, sizeof id, "%llu-%d", (unsigned long long)r->sp.seed, i);
-    vks_rollout_sample s = {.id = id, .seed = r->sp.seed, .seq = seq_base + (uint32_t)i,
+    vks_rollout_sample s = {.id = id, .seed = r->sp.seed, .seq = stream,
                             .temperature = r->sp.temperature, .top_k = r->sp.top_k, .top_p = r->sp.top_p,
                             .max_steps = r->sp.steps, .prompt_ids = seq->ids, .n_prompt = seq->n_prompt};
     memcpy(s.model_hash, r->header.model_hash, 32);
@@ -112,6 +112,11 @@ static int write_sample(vks_rollout_writer *r, FILE *f, const vks_sequence *seq,
 }
 
 int vks_rollout_writer_finish(vks_rollout_writer *r, const vks_sequence *seqs, int n, uint32_t seq_base) {
+    return vks_rollout_writer_finish_indexed(r, seqs, n, seq_base, NULL);
+}
+
+int vks_rollout_writer_finish_indexed(vks_rollout_writer *r, const vks_sequence *seqs, int n, uint32_t seq_base,
+                                      const uint32_t *seq_index) {
     if (!r || (!seqs && n > 0)) return vks_set_error(VKS_ERR_ARG, "vks_rollout_writer_finish: bad argument");
     if (r->hidden_rc) return vks_set_error(r->hidden_rc, "toploc: %s", r->hidden_error);
     int rc;
@@ -119,7 +124,8 @@ int vks_rollout_writer_finish(vks_rollout_writer *r, const vks_sequence *seqs, i
     vks_outfile out;
     if ((rc = vks_outfile_open(&out, r->path, 0666))) return rc;
     if ((rc = vks_rollout_write_header(out.f, &r->header))) vks_error_prefix(rc, "%s", r->path);
-    for (int i = 0; rc == VKS_OK && i < n && i < r->n_seqs; i++) rc = write_sample(r, out.f, &seqs[i], i, seq_base);
+    for (int i = 0; rc == VKS_OK && i < n && i < r->n_seqs; i++)
+        rc = write_sample(r, out.f, &seqs[i], i, seq_index ? seq_index[i] : seq_base + (uint32_t)i);
     if (rc) {
         vks_outfile_abort(&out);
         return rc;
