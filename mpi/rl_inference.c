@@ -402,6 +402,7 @@ static int inference_rank(inf_state *sp, bool *no_finalize) {
         g.model_borrowed = true;
     }
     rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &s.layout);
+    g.episodes_allowed = vks_rl_config_episodes_across_ranks(o->config);
     if (!rc) rc = vks_rl_gen_open_tasks(&g);
     int me = s.joined;
     if (!s.joined) MPI_Comm_rank(s.comm, &me);

@@ -926,6 +926,7 @@ int vks_rl_orch_open(trainer_src *t, const vks_rl_run_options *o, const vks_rl_m
     if (!rc) rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &t->layout);
     t->gen.o = o;
     t->gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
+    t->gen.episodes_allowed = vks_rl_config_episodes_across_ranks(c); /* replayed here: vks_rl_check_samples */
     if (!rc) rc = vks_rl_gen_open_tasks(&t->gen);
     if (!rc && !origin) rc = vks_rl_gen_show_prompt(&t->gen); /* the trainer shows it in vks_rl_run_source */
     if (!rc && origin) t->weights = malloc(sizeof(vks_rl_msg) + sizeof(float) * t->layout->n_values);

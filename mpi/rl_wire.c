@@ -10,7 +10,8 @@
 /* ---- wire format of a batch's groups ---- */
 
 size_t vks_rl_wire_max_groups_bytes(const vks_rl_config *c, int seq_len) {
-    size_t per_sample = sizeof(wire_sample) + sizeof(int32_t) * (size_t)seq_len + sizeof(float) * (size_t)c->max_new_tokens;
+    size_t per_sample = sizeof(wire_sample) + sizeof(int32_t) * (size_t)seq_len +
+                        (sizeof(float) + 1) * (size_t)c->max_new_tokens; /* logp and the mask */
     return sizeof(vks_rl_msg) + 3 * sizeof(int64_t) + sizeof(double) +
            (size_t)c->prompts_per_step * (sizeof(wire_group) + (size_t)c->group_size * per_sample);
 }
@@ -33,7 +34,7 @@ void *vks_rl_wire_pack_groups(const vks_rl_batch_group *groups, int P, int64_t b
         for (int i = 0; i < groups[p].n; i++) {
             const vks_rl_sample *s = &groups[p].samples[i];
             n += sizeof(wire_sample) + sizeof(int32_t) * (size_t)(s->prompt_len + s->completion_len) +
-                 sizeof(float) * (size_t)s->completion_len;
+                 sizeof(float) * (size_t)s->completion_len + (s->trained ? (size_t)s->completion_len : 0);
         }
     }
     char *buf = malloc(n), *q = buf;
@@ -49,11 +50,13 @@ void *vks_rl_wire_pack_groups(const vks_rl_batch_group *groups, int P, int64_t b
         for (int i = 0; i < groups[p].n; i++) {
             const vks_rl_sample *s = &groups[p].samples[i];
             wire_sample ws = {.prompt_len = s->prompt_len, .completion_len = s->completion_len, .accepted = s->accepted,
-                              .task_reward = s->task_reward, .reward = s->reward, .advantage = s->advantage};
+                              .has_mask = s->trained != NULL, .task_reward = s->task_reward, .reward = s->reward,
+                              .advantage = s->advantage, .episode_seed = s->episode_seed};
             memcpy(q, &ws, sizeof ws), q += sizeof ws;
             size_t nt = sizeof(int32_t) * (size_t)(s->prompt_len + s->completion_len);
             memcpy(q, s->tokens, nt), q += nt;
             memcpy(q, s->logp, sizeof(float) * (size_t)s->completion_len), q += sizeof(float) * (size_t)s->completion_len;
+            if (s->trained) memcpy(q, s->trained, (size_t)s->completion_len), q += s->completion_len;
         }
     }
     *bytes = n;
@@ -115,6 +118,9 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
                 ws.prompt_len > mc->seq_len - c->max_new_tokens)
                 BAD("group %d, completion %d: lengths %d + %d (prompt at most %d, completion at most %d)", p, i,
                     ws.prompt_len, ws.completion_len, mc->seq_len - c->max_new_tokens, c->max_new_tokens);
+            if (ws.has_mask != gen->episodes || (!ws.has_mask && ws.episode_seed))
+                BAD("group %d, completion %d: %s", p, i, gen->episodes ? "an episode without its mask" : "a mask or "
+                    "seed of an episode, but the run's tasks are not environments");
             if (unverified ? ws.accepted != 0 : ws.accepted != 1)
                 BAD("group %d, completion %d: %s", p, i, unverified ? "a verdict before any verifier saw it"
                                                                       : "not accepted by its verifier");
@@ -122,13 +128,17 @@ int vks_rl_wire_unpack_groups(const void *buf, size_t bytes, const vks_rl_gen *g
                 BAD("group %d, completion %d: reward %g / %g, advantage %g", p, i, ws.task_reward, ws.reward, ws.advantage);
             vks_rl_sample *s = &g->samples[g->n++];
             *s = (vks_rl_sample){.prompt_len = ws.prompt_len, .completion_len = ws.completion_len, .accepted = !unverified,
-                                 .task_reward = ws.task_reward, .reward = ws.reward, .advantage = ws.advantage};
+                                 .task_reward = ws.task_reward, .reward = ws.reward, .advantage = ws.advantage,
+                                 .episode_seed = ws.episode_seed};
             int len = ws.prompt_len + ws.completion_len;
             s->tokens = malloc(sizeof(int32_t) * (size_t)len);
             s->logp = malloc(sizeof(float) * (size_t)(ws.completion_len ? ws.completion_len : 1));
             if (!s->tokens || !s->logp) BAD("out of host memory");
+            if (ws.has_mask && !(s->trained = malloc((size_t)(ws.completion_len ? ws.completion_len : 1))))
+                BAD("out of host memory");
             if (!take_bytes(&cu, s->tokens, sizeof(int32_t) * (size_t)len) ||
-                !take_bytes(&cu, s->logp, sizeof(float) * (size_t)ws.completion_len))
+                !take_bytes(&cu, s->logp, sizeof(float) * (size_t)ws.completion_len) ||
+                (ws.has_mask && !take_bytes(&cu, s->trained, (size_t)ws.completion_len)))
                 BAD("truncated at group %d, completion %d", p, i);
             for (int k = 0; k < len; k++)
                 if (s->tokens[k] < 0 || s->tokens[k] >= mc->vocab_size)

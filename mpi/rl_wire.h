@@ -37,10 +37,12 @@ typedef struct {
     uint64_t n;
 } vks_rl_msg;
 
-/* What a group's sample looks like on the wire, before its tokens and logp. */
+/* What a group's sample looks like on the wire, before its tokens, logp and (episodes: has_mask 1) the
+ * completion's trained mask, one byte per token. */
 typedef struct {
-    int32_t prompt_len, completion_len, accepted, pad;
+    int32_t prompt_len, completion_len, accepted, has_mask;
     double task_reward, reward, advantage;
+    uint64_t episode_seed;
 } wire_sample;
 typedef struct {
     int32_t n, pad;

@@ -10,6 +10,8 @@
  *   counts  claims 0 completions checked and 0 accepted
  *   sum     claims a task reward sum one higher than its rollouts give (at
  *           most one per rollout)
+ *   reply   writes its own tool results: the first token of each episode's first
+ *           environment reply (multi-turn tasks) moved by one
  *   base    loads another base model than the others once the start-up check
  *           passed (its final norm's first weight + 1; --init tiny): it
  *           refuses every adapter the trainer broadcasts, through the check
@@ -21,7 +23,7 @@
 #include "vkswarm/vks_model.h"
 #include "vkswarm/vks_rl_mpi.h"
 
-enum { CHEAT_HIDE = 1, CHEAT_LOGP, CHEAT_COUNTS, CHEAT_SUM, CHEAT_BASE };
+enum { CHEAT_HIDE = 1, CHEAT_LOGP, CHEAT_COUNTS, CHEAT_SUM, CHEAT_BASE, CHEAT_REPLY };
 static int cheat_kind;
 static int cheat_prompts; /* groups per batch */
 
@@ -34,6 +36,13 @@ static void tamper(void *ctx, void *groups_, void *counts_) {
         if (cheat_kind == CHEAT_HIDE) vks_rl_group_free(g); /* n = 0: "no signal" */
         for (int i = 0; cheat_kind == CHEAT_LOGP && i < g->n; i++)
             for (int k = 0; k < g->samples[i].completion_len; k++) g->samples[i].logp[k] = -3e38f;
+        for (int i = 0; cheat_kind == CHEAT_REPLY && i < g->n; i++) {
+            vks_rl_sample *s = &g->samples[i];
+            int k = 0;
+            while (s->trained && k < s->completion_len && s->trained[k]) k++;
+            int32_t *t = &s->tokens[s->prompt_len + k];
+            if (s->trained && k < s->completion_len) *t = *t > 0 ? *t - 1 : *t + 1; /* stays in the vocabulary */
+        }
     }
     if (cheat_kind == CHEAT_COUNTS) cnt->checked = cnt->accepted = 0;
     if (cheat_kind == CHEAT_SUM)
@@ -45,13 +54,13 @@ static void tamper(void *ctx, void *groups_, void *counts_) {
  * malformed spec, or base on a model whose weights are not f32 in memory. */
 int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo, vks_model *m);
 int vks_test_cheat_setup(const char *spec, int rank, int prompts_per_step, vks_rl_mpi_options *mo, vks_model *m) {
-    static const char *const kinds[] = {"", "hide", "logp", "counts", "sum", "base"};
+    static const char *const kinds[] = {"", "hide", "logp", "counts", "sum", "base", "reply"};
     for (const char *at = spec; at && *at;) {
         char kind[16] = "";
         int r = -1, used = 0;
         if (sscanf(at, "%d:%15[a-z]%n", &r, kind, &used) != 2) return -1;
         int k = 0;
-        for (int i = 1; i < 6; i++)
+        for (int i = 1; i < 7; i++)
             if (!strcmp(kind, kinds[i])) k = i;
         if (!k) return -1;
         if (r == rank && k == CHEAT_BASE) {

@@ -122,15 +122,23 @@ static void test_refusals(void **state) {
     /* own tasks: a task file by its shape; a split of a built-in task, a held-out set that is no file */
     expect_refused("{\"task\": \"words\"}", 1, "unknown task 'words': neither a built-in task");
     expect_refused("{\"task\": \"add:2\", \"eval_split\": 0.1}", 1, "eval_split holds out part of a task file");
-    /* the built-in environment: episodes are trained on by a run on one process, not across ranks yet */
-    expect_refused("{\"task\": \"calc:2\"}", 2, "task calc: a multi-turn environment; rl trains on its episodes in "
-                   "a run on one process");
+    /* the built-in environment: episodes are trained on by a run on one process, and across ranks without
+     * verifier ranks and pipeline groups */
+    expect_refused("{\"task\": \"calc:2\", \"roles\": {\"trainer\": 0, \"inference\": [[1]], \"verifiers\": [2]}}", 3,
+                   "task calc: a multi-turn environment; rl trains on its episodes on one process, or across ranks "
+                   "without verifier ranks and pipeline groups");
+    expect_refused("{\"task\": \"calc:2\", \"roles\": {\"trainer\": 0, \"inference\": [[1, 2]]}}", 3,
+                   "task calc: a multi-turn environment");
     expect_refused("{\"task\": \"w.jsonl\", \"eval_split\": 1}", 1, "eval_split must be a number in");
     expect_refused("{\"task\": \"w.jsonl\", \"eval_tasks\": \"add\"}", 1, "eval_tasks 'add' is not a task file");
     vks_rl_config c;
     vks_rl_config_defaults(&c);
     assert_int_equal(load_text(&c, "{\"task\": \"calc:2\"}"), VKS_OK);
     assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK); /* one process: episodes */
+    vks_rl_config_defaults(&c);
+    assert_int_equal(load_text(&c, "{\"task\": \"calc:2\", \"roles\": {\"trainer\": 0, \"inference\": [[1], [2]]}}"), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 3), VKS_OK);
+    assert_true(vks_rl_config_episodes_across_ranks(&c));
     vks_rl_config_defaults(&c);
     assert_int_equal(load_text(&c, "{\"task\": \"w.jsonl\", \"eval_split\": 0.1, \"eval_tasks\": \"dir/held\"}"), VKS_OK);
     assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);

@@ -24,6 +24,7 @@ typedef struct {
     float *logp;          /* completion_len entries: the sampler's record (logp_old; 0 on the environment's) */
     uint8_t *trained;     /* completion_len entries or NULL (every token): 1 on the model's own tokens, 0 on a
                            * multi-turn episode's environment messages (inputs, never trained on) */
+    uint64_t episode_seed; /* an episode's environment seed: task_index x group_size + its place in the group */
     double task_reward;   /* 0..1 */
     double reward;        /* with the thinking-budget term */
     double advantage;

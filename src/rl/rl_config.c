@@ -913,13 +913,21 @@ int vks_rl_config_ranks_named(const vks_rl_config *c) {
     return most + 1;
 }
 
+bool vks_rl_config_episodes_across_ranks(const vks_rl_config *c) {
+    if (!c || c->n_verifiers > 0) return false;
+    for (int i = 0; i < c->n_groups; i++)
+        if (c->groups[i].n > 1) return false;
+    return true;
+}
+
 int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
     int rc = check_values(c);
     if (rc) return rc;
     vks_task_spec spec;
     const char *path = NULL;
-    if (n_ranks > 1 && !vks_task_resolve(c->task, &spec, &path) && !path && vks_task_refuse_environments(&spec, NULL, 0))
+    if (n_ranks > 1 && !vks_rl_config_episodes_across_ranks(c) && !vks_task_resolve(c->task, &spec, &path) && !path &&
+        vks_task_refuse_environments(&spec, NULL, 0))
         return vks_error_prefix(VKS_ERR_FORMAT, "config");
     if (!c->roles_given) {
         c->trainer = c->orchestrator = 0;

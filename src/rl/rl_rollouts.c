@@ -163,6 +163,67 @@ static int completion_text(const vks_rl_gen *g, int64_t task_index, const int32_
     return rc;
 }
 
+/* Environment seed of sample j of task `task_index`: its index among the run's samples (what a replay of the
+ * episode is given again). */
+static uint64_t episode_seed(const vks_rl_gen *g, int64_t task_index, int j) {
+    return (uint64_t)task_index * (uint64_t)g->o->config->group_size + (uint64_t)j;
+}
+
+/* Sample s of an episode task replayed through its environment (the trainer's check of a completion from
+ * another rank): started with the sample's seed (one of its task's), each run of the model's own tokens stepped
+ * through the environment as generation stepped it; the conversation (replies included), where it ends and
+ * the mask must be what the environment gives. *task_reward: the environment's; *own: the model's tokens. */
+static int replay_episode(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, double *task_reward,
+                          int *own, char *err, size_t cap) {
+    const vks_rl_config *c = g->o->config;
+    const vks_model_config *mc = &g->model->cfg;
+    uint64_t first = episode_seed(g, task_index, 0);
+    vks_task t;
+    vks_episode x = {0};
+    int target = 0, eos = vks_tokenizer_eos(g->o->tok), rc = make_task(g, task_index, &t, &target);
+    const char *why = NULL;
+    if (!rc && (!s->trained || s->episode_seed < first || s->episode_seed - first >= (uint64_t)c->group_size))
+        why = "not an episode of its task (its seed or mask)";
+    if (!rc && !why) rc = vks_episode_start(&c->prompt, g->o->tok, mc->vocab_size, mc->seq_len, &t, s->episode_seed,
+                                            target, &x);
+    if (!rc && !why && (x.n_ids != s->prompt_len || memcmp(x.ids, s->tokens, sizeof(int32_t) * (size_t)x.n_ids)))
+        why = "the prompt is not its environment's start";
+    int at = 0; /* tokens of the completion replayed */
+    while (!rc && !why && at < s->completion_len && !x.over) {
+        int end = at;
+        while (end < s->completion_len && s->trained[end]) end++;
+        if (end == at) {
+            why = "its conversation is not what the environment gave (a forged reply)";
+            break;
+        }
+        int stopped = s->tokens[s->prompt_len + end - 1] == eos;
+        vks_sequence q = {.n_prompt = x.n_ids, .n_ids = x.n_ids + end - at - stopped, .stop_token = stopped ? eos : -1};
+        if (!(q.ids = malloc(sizeof(int32_t) * (size_t)(x.n_ids + end - at)))) {
+            rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+            break;
+        }
+        memcpy(q.ids, x.ids, sizeof(int32_t) * (size_t)x.n_ids);
+        memcpy(q.ids + x.n_ids, s->tokens + s->prompt_len + at, sizeof(int32_t) * (size_t)(end - at));
+        rc = vks_episode_take_turn(&c->prompt, g->o->tok, &t, c->max_new_tokens, mc->seq_len, &x, &q);
+        free(q.ids);
+        if (!rc && (x.n_ids > s->prompt_len + s->completion_len ||
+                    memcmp(x.ids, s->tokens, sizeof(int32_t) * (size_t)x.n_ids)))
+            why = "its conversation is not what the environment gave (a forged reply)";
+        at = x.n_ids - s->prompt_len;
+    }
+    if (!rc && !why && !x.over && x.n_ids >= mc->seq_len - 1) x.over = true; /* the context is full */
+    if (!rc && !why && (at != s->completion_len || !x.over))
+        why = "it does not end where its environment ends it";
+    if (!rc && !why && memcmp(x.trained + s->prompt_len, s->trained, (size_t)s->completion_len))
+        why = "its mask is not its turns";
+    *task_reward = x.ep.done ? x.ep.reward : 0;
+    *own = vks_grpo_trained_tokens(s->completion_len, s->trained);
+    if (rc) snprintf(err, cap, "task %lld: %s", (long long)task_index, vks_last_error());
+    else if (why) snprintf(err, cap, "%s", why), rc = VKS_ERR_FORMAT;
+    vks_episode_free(&x);
+    return rc;
+}
+
 int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, int n, double *task_reward,
                          double *reward, int *bad, char *err, size_t cap) {
     const vks_rl_config *c = g->o->config;
@@ -170,6 +231,13 @@ int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_s
     vks_task t;
     int target = 0, n_ids = 0;
     int rc = n < 1 ? vks_set_error(VKS_ERR_ARG, "no completions") : make_task(g, task_index, &t, &target);
+    for (int i = 0; !rc && g->episodes && i < n; i++) { /* episodes: each replayed through its environment */
+        int own = 0;
+        *bad = i;
+        rc = replay_episode(g, task_index, &s[i], &task_reward[i], &own, err, cap);
+        reward[i] = target ? vks_task_length_reward(task_reward[i], target, own, c->length_penalty) : task_reward[i];
+    }
+    if (g->episodes) return rc;
     int32_t *ids = NULL;
     if (!rc) rc = tokenize_prompt(g, &t, target, &ids, &n_ids);
     if (rc) {
@@ -522,12 +590,6 @@ static int score_batch(const vks_rl_gen *g, gen_batch *b, const int *targets, in
     return rc;
 }
 
-/* Environment seed of sample j of task `task_index`: its index among the run's samples (what a replay of the
- * episode is given again). */
-static uint64_t episode_seed(const vks_rl_gen *g, int64_t task_index, int j) {
-    return (uint64_t)task_index * (uint64_t)g->o->config->group_size + (uint64_t)j;
-}
-
 /* ---- multi-turn episodes (environment tasks) ---- */
 
 /* Turn `turn`'s rollout file of the batch: the batch's own for the first turn, batch-B-turn-T.jsonl (T from 2)
@@ -767,6 +829,7 @@ static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_bat
     for (int k = 0; !rc && k < n; k++)
         rc = copy_sample(b, idx[k], adv[k], verified_here(g) ? b->verdicts[idx[k]].accepted : !g->defer_verify,
                          &out->samples[out->n++]);
+    for (int k = 0; !rc && g->episodes && k < n; k++) out->samples[k].episode_seed = episode_seed(g, out->task_index, idx[k] % G);
     if (rc) vks_rl_group_free(out);
     return rc;
 }

@@ -389,7 +389,7 @@ static int open_eval_tasks(rl_run *r, vks_rl_result *res) {
         rc = vks_task_resolve(c->eval_tasks, &spec, &path);
         if (!rc && !path) rc = vks_set_error(VKS_ERR_FORMAT, "eval_tasks '%s' is not a task file", c->eval_tasks);
         if (!rc) rc = vks_task_file_load(path, &file, &n_file);
-        if (!rc && r->src && vks_task_refuse_environments(NULL, file, n_file)) /* evaluated on one process only */
+        if (!rc && !r->gen.episodes_allowed && vks_task_refuse_environments(NULL, file, n_file))
             rc = vks_error_prefix(VKS_ERR_FORMAT, "%s", path);
         if (!rc && vks_task_first_code(file, n_file) && vks_sandbox_check())
             rc = vks_error_prefix(VKS_ERR_IO, "%s: code tasks", path);
@@ -1185,7 +1185,7 @@ int vks_rl_run_source(const vks_rl_run_options *o, const vks_rl_source *src, vks
     double t_start = vks_seconds_now(), idle = 0, total = 0;
     rl_run r = {.o = o, .c = o->config, .src = src, .t_start = t_start, .out = {.fd = -1}, .start_accuracy = NAN};
     r.gen.o = o;
-    r.gen.episodes_allowed = !src; /* a run on one process (across ranks: refused by open_tasks) */
+    r.gen.episodes_allowed = !src || vks_rl_config_episodes_across_ranks(o->config);
     r.status = (vks_rl_status){.say = o->status, .ctx = o->progress_ctx,
                                .interval_s = o->status_interval_s > 0 ? o->status_interval_s : VKS_RL_STATUS_INTERVAL_S};
     rc = vks_rl_gen_open_tasks(&r.gen); /* a bad task file is refused before OUT is made or locked */

@@ -162,6 +162,81 @@ if [ "${VKSWARM_TEST_ONLY:-}" = models ]; then
     exit
 fi
 
+# Multi-turn episodes across ranks (issue 38): environment tasks (a program of two turns: a tool
+# message after the first, done after the second with a reward from the length of what the model
+# wrote) on a trainer and two inference ranks, from a tiny model taught in 30 SFT steps to end its
+# turns (short lines of x: an untrained one rarely stops, so its episodes never reach a reply). The
+# episodes reach the trainer with their masks: the sampler's log-probabilities of the trained tokens
+# equal the trainer's (< 1e-4), and no completion is left out for a far record (a reply trained on,
+# or a turn's record off by a token, would be nats off). A rank that writes its own tool results (vkswarm_cheat, VKSWARM_TEST_CHEAT=2:reply: a reply's
+# token moved) is refused by the trainer, which replays every episode through the environment, and
+# the run finishes on rank 1 (--enable-recovery). VKSWARM_TEST_ONLY=episodes runs only these cases.
+if [ -z "${VKSWARM_TEST_ONLY:-}" ] || [ "$VKSWARM_TEST_ONLY" = episodes ]; then
+mkdir -p "$tmp/ep"
+python3 -c "
+import json, random
+r = random.Random(1)
+for i in range(64): print(json.dumps({'prompt': 'say %d' % (i % 8), 'completion': 'x' * r.randint(1, 6)}))" > "$tmp/ep/stop.jsonl"
+cat > "$tmp/ep/two.py" <<'EOF'
+import json, sys
+said = {}
+for line in sys.stdin:
+    r = json.loads(line)
+    e = r['episode']
+    if r['type'] == 'reset':
+        said[e] = ''
+        print(json.dumps({'messages': [{'role': 'user', 'content': r['task']['prompt']}]}), flush=True)
+        continue
+    said[e] += r['completion']
+    if len(said[e]) == len(r['completion']):
+        print(json.dumps({'messages': [{'role': 'tool', 'content': 'once more'}], 'done': False}), flush=True)
+    else:
+        print(json.dumps({'messages': [], 'done': True, 'reward': min(len(said[e]), 12) / 12}), flush=True)
+EOF
+for i in $(seq 0 7); do echo "{\"prompt\": \"say $i\", \"task_type\": \"environment\", \"environment\": \"python3 two.py\"}"; done \
+    > "$tmp/ep/env.jsonl"
+$bin train sft --init tiny --data "$tmp/ep/stop.jsonl" --steps 30 --batch 8 --lr 3e-3 --out "$tmp/ep/warm" > /dev/null 2>&1 ||
+    bad "episodes: the warm-up failed"
+episodes_config() { # OUT
+    cat > "$tmp/run.json" <<EOF
+{"task": "file:$tmp/ep/env.jsonl", "model": "$tmp/ep/warm/step-000000030", "out": "$1", "steps": 2, "prompts_per_step": 2,
+ "group_size": 4, "async_level": 0, "max_new_tokens": 24, "lr": 1e-3,
+ "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1], [2]]}}
+EOF
+}
+episodes_config "$tmp/episodes"
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/episodes/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/episodes/metrics.jsonl" 2 0 && mismatch_ok "$tmp/episodes/metrics.jsonl" &&
+   grep -q '"reward":0\.[0-9]*[1-9]' "$tmp/episodes/metrics.jsonl" && ! grep -q '"logp_excluded":[1-9]' "$tmp/episodes/metrics.jsonl" &&
+   [ "$(grep -c '"logp_excluded":0' "$tmp/episodes/metrics.jsonl")" = 2 ] && ! grep -q "dropped\|refused" "$tmp/err.txt"; then
+    ok "episodes across ranks: 2 steps, rewards from the environment's second turns, logp mismatch < 1e-4 and none left out for it (the mask on the wire)"
+else bad "episodes across ranks: status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
+episodes_config "$tmp/episodes-cheat"
+VKSWARM_TEST_CHEAT=2:reply mpi_run 300 -x VKSWARM_TEST_CHEAT --enable-recovery -np 3 $cheat_bin rl --config "$tmp/run.json" \
+    --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^vkswarm: rl: inference rank 2 refused: batch [0-9]*: group [0-9]*, completion [0-9]*: its conversation is not what the environment gave (a forged reply); the run goes on without it" "$tmp/err.txt" &&
+   grep -q "^final checkpoint: $tmp/episodes-cheat/step-000000002" "$tmp/out.txt" && ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt"; then
+    ok "episodes across ranks: a rank writing its own tool results is refused by the trainer's replay, the run finishes on rank 1"
+else bad "episodes, a forged reply: status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
+# a verifier rank does not replay episodes yet: refused before the run starts, naming the task line
+episodes_config "$tmp/episodes-verifier"
+sed -i 's/"inference": \[\[1\], \[2\]\]}/"inference": [[1]], "verifiers": [2]}/' "$tmp/run.json"
+mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 2 ] && grep -q "task line 1: a multi-turn environment; rl trains on its episodes on one process, or across ranks without verifier ranks" "$tmp/err.txt" &&
+   [ ! -e "$tmp/episodes-verifier/metrics.jsonl" ]; then
+    ok "episodes with a verifier rank: refused at start (status 2), naming the task line"
+else bad "episodes with a verifier rank: status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; fi
+if [ "${VKSWARM_TEST_ONLY:-}" = episodes ]; then
+    echo "rl across ranks: $passed passed, $failed failed"
+    [ $failed -eq 0 ]
+    exit
+fi
+fi
+
 # LoRA across ranks (lora.rank 4): the same 4 ranks (a relay) as the happy path below; Shardcast
 # carries each step's adapter (a GGUF LoRA file in every receiver's store), not the weights: a
 # line per step names it, broadcast_bytes is under a tenth of the full weights' file (the tiny
