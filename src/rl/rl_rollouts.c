@@ -231,6 +231,7 @@ int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_s
     vks_task t;
     int target = 0, n_ids = 0;
     int rc = n < 1 ? vks_set_error(VKS_ERR_ARG, "no completions") : make_task(g, task_index, &t, &target);
+    if (rc && g->episodes) snprintf(err, cap, "task %lld: %s", (long long)task_index, vks_last_error());
     for (int i = 0; !rc && g->episodes && i < n; i++) { /* episodes: each replayed through its environment */
         int own = 0;
         *bad = i;
@@ -604,7 +605,6 @@ typedef struct {
     vks_rollout_writer *w; /* the turn's, while it generates */
     int turns;             /* turn files written */
     int *reply_at;         /* per episode: where the last turn's reply starts (TEST ONLY: cheat) */
-    int rc;
 } episode_files;
 
 static int turn_before(void *ctx, int turn, vks_generate_options *go, int k) {
