@@ -133,6 +133,20 @@ int vks_episode_take_turn(const vks_prompt_format *f, const struct vks_tokenizer
     return rc;
 }
 
+int vks_episode_replay_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
+                            int context, vks_episode *x, const int32_t *turn, int n) {
+    int32_t stop = vks_tokenizer_eos(tok);
+    int stopped = n > 0 && turn[n - 1] == stop;
+    vks_sequence q = {.n_prompt = x->n_ids, .n_ids = x->n_ids + n - stopped, .stop_token = stopped ? stop : -1};
+    if (n < 0 || !(q.ids = malloc(sizeof(int32_t) * (size_t)(x->n_ids + n + 1))))
+        return vks_set_error(VKS_ERR_NOMEM, "out of host memory");
+    memcpy(q.ids, x->ids, sizeof(int32_t) * (size_t)x->n_ids);
+    memcpy(q.ids + x->n_ids, turn, sizeof(int32_t) * (size_t)n);
+    int rc = vks_episode_take_turn(f, tok, t, max_new, context, x, &q);
+    free(q.ids);
+    return rc;
+}
+
 int vks_episode_text(const vks_episode *x, char **out, size_t *len) {
     int from = 0;
     while (from < x->ep.n && strcmp(x->ep.m[from].role, "assistant")) from++;

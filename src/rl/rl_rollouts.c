@@ -180,7 +180,7 @@ static int replay_episode(const vks_rl_gen *g, int64_t task_index, const vks_rl_
     uint64_t first = episode_seed(g, task_index, 0);
     vks_task t;
     vks_episode x = {0};
-    int target = 0, eos = vks_tokenizer_eos(g->o->tok), rc = make_task(g, task_index, &t, &target);
+    int target = 0, rc = make_task(g, task_index, &t, &target);
     const char *why = NULL;
     if (!rc && (!s->trained || s->episode_seed < first || s->episode_seed - first >= (uint64_t)c->group_size))
         why = "not an episode of its task (its seed or mask)";
@@ -196,16 +196,8 @@ static int replay_episode(const vks_rl_gen *g, int64_t task_index, const vks_rl_
             why = "its conversation is not what the environment gave (a forged reply)";
             break;
         }
-        int stopped = s->tokens[s->prompt_len + end - 1] == eos;
-        vks_sequence q = {.n_prompt = x.n_ids, .n_ids = x.n_ids + end - at - stopped, .stop_token = stopped ? eos : -1};
-        if (!(q.ids = malloc(sizeof(int32_t) * (size_t)(x.n_ids + end - at)))) {
-            rc = vks_set_error(VKS_ERR_NOMEM, "out of host memory");
-            break;
-        }
-        memcpy(q.ids, x.ids, sizeof(int32_t) * (size_t)x.n_ids);
-        memcpy(q.ids + x.n_ids, s->tokens + s->prompt_len + at, sizeof(int32_t) * (size_t)(end - at));
-        rc = vks_episode_take_turn(&c->prompt, g->o->tok, &t, c->max_new_tokens, mc->seq_len, &x, &q);
-        free(q.ids);
+        rc = vks_episode_replay_turn(&c->prompt, g->o->tok, &t, c->max_new_tokens, mc->seq_len, &x,
+                                     s->tokens + s->prompt_len + at, end - at);
         if (!rc && (x.n_ids > s->prompt_len + s->completion_len ||
                     memcmp(x.ids, s->tokens, sizeof(int32_t) * (size_t)x.n_ids)))
             why = "its conversation is not what the environment gave (a forged reply)";
@@ -528,6 +520,19 @@ static void policy_weights(const vks_rl_gen *g, char *out, size_t cap) {
         snprintf(out, cap, "not saved (save_every %d; the trainer's weights of step %lld)", c->save_every, (long long)step);
 }
 
+/* The rollout file at path for n sequences generated with go (its TOPLOC proofs made here when own_proofs),
+ * naming the policy generating; go's hidden-state hook feeds it. */
+static int open_rollout_file(const vks_rl_gen *g, const char *path, int n, bool own_proofs, vks_generate_options *go,
+                             vks_rollout_writer **w) {
+    int rc = vks_rollout_writer_create(path, g->model, g->adapter, "policy", &go->sched, n, own_proofs, w);
+    if (rc) return rc;
+    char where[1024];
+    policy_weights(g, where, sizeof where);
+    vks_rollout_writer_set_policy(*w, g->policy_step, where);
+    go->on_hidden = on_hidden, go->user = *w;
+    return VKS_OK;
+}
+
 static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     vks_sched_params sp = batch_sched(g, b);
     vks_generate_options go = {.sched = sp, .record_logp = true};
@@ -536,13 +541,8 @@ static int generate_batch(vks_rl_gen *g, gen_batch *b, int n) {
     vks_rl_batch_path(g, g->batch, path, sizeof path);
     int rc = VKS_OK;
     bool toploc = g->o->verify || g->defer_verify;
-    if (toploc) { /* the rollout file: for this verifier or a verifier rank (proofs made here unless elsewhere) */
-        rc = vks_rollout_writer_create(path, g->model, g->adapter, "policy", &sp, n, !g->generate, &w);
-        char where[1024];
-        policy_weights(g, where, sizeof where);
-        vks_rollout_writer_set_policy(w, g->policy_step, where);
-        go.on_hidden = on_hidden, go.user = w;
-    }
+    if (toploc) /* the rollout file: for this verifier or a verifier rank (proofs made here unless elsewhere) */
+        rc = open_rollout_file(g, path, n, !g->generate, &go, &w);
     if (!rc) rc = g->generate ? g->generate(g->generate_ctx, g, &sp, b->seqs, n, toploc)
                               : vks_generate(g->engine, &go, b->seqs, n, 0);
     if (!rc) cheat(g, b, n);
@@ -591,6 +591,14 @@ static int score_batch(const vks_rl_gen *g, gen_batch *b, const int *targets, in
     return rc;
 }
 
+/* Episode i of batch b (task i / group_size) started from its environment with its seed. */
+static int start_batch_episode(const vks_rl_gen *g, const gen_batch *b, const int *targets, int i, vks_episode *x) {
+    const vks_rl_config *c = g->o->config;
+    int p = i / c->group_size;
+    return vks_episode_start(&c->prompt, g->o->tok, g->model->cfg.vocab_size, g->model->cfg.seq_len, &b->tasks[p],
+                             episode_seed(g, g->batch * c->prompts_per_step + p, i % c->group_size), targets[p], x);
+}
+
 /* ---- multi-turn episodes (environment tasks) ---- */
 
 /* Turn `turn`'s rollout file of the batch: the batch's own for the first turn, batch-B-turn-T.jsonl (T from 2)
@@ -609,14 +617,9 @@ typedef struct {
 
 static int turn_before(void *ctx, int turn, vks_generate_options *go, int k) {
     episode_files *e = ctx;
-    char path[4200], where[1024];
+    char path[4200];
     turn_path(e->g, turn, path, sizeof path);
-    int rc = vks_rollout_writer_create(path, e->g->model, e->g->adapter, "policy", &go->sched, k, true, &e->w);
-    if (rc) return rc;
-    policy_weights(e->g, where, sizeof where);
-    vks_rollout_writer_set_policy(e->w, e->g->policy_step, where);
-    go->on_hidden = on_hidden, go->user = e->w;
-    return VKS_OK;
+    return open_rollout_file(e->g, path, k, true, go, &e->w);
 }
 
 static int turn_generated(void *ctx, int turn, const vks_sequence *seqs, const uint32_t *index, const int *which, int k) {
@@ -668,18 +671,8 @@ static int verify_turn(vks_rl_gen *g, const vks_rollout_file *f, int turn, vks_e
             x->over = true;
             continue;
         }
-        int stopped = r->n_output > 0 && r->output_ids[r->n_output - 1] == vks_tokenizer_eos(g->o->tok);
-        vks_sequence s = {.n_prompt = r->n_prompt, .n_ids = r->n_prompt + r->n_output - stopped,
-                          .stop_token = stopped ? r->output_ids[r->n_output - 1] : -1};
-        s.ids = malloc(sizeof(int32_t) * (size_t)(r->n_prompt + r->n_output));
-        if (!s.ids) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
-        if (!rc) {
-            memcpy(s.ids, r->prompt_ids, sizeof(int32_t) * (size_t)r->n_prompt);
-            memcpy(s.ids + r->n_prompt, r->output_ids, sizeof(int32_t) * (size_t)r->n_output);
-            rc = vks_episode_take_turn(&c->prompt, g->o->tok, &b->tasks[i / c->group_size], c->max_new_tokens,
-                                       g->model->cfg.seq_len, x, &s);
-        }
-        free(s.ids);
+        rc = vks_episode_replay_turn(&c->prompt, g->o->tok, &b->tasks[i / c->group_size], c->max_new_tokens,
+                                     g->model->cfg.seq_len, x, r->output_ids, r->n_output);
     }
     free(v);
     return rc;
@@ -690,15 +683,11 @@ static int verify_turn(vks_rl_gen *g, const vks_rollout_file *f, int turn, vks_e
  * verified; an episode is accepted when every turn is, its conversation is the rebuilt one and its reward the
  * environment's. Rejections go to rejected.jsonl as the batch's first-turn records (sample = the episode). */
 static int verify_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n, int turns) {
-    const vks_rl_config *c = g->o->config;
     vks_episode *xs = calloc((size_t)n, sizeof *xs);
     int rc = xs ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
     for (int i = 0; !rc && i < n; i++) {
         b->verdicts[i] = (vks_verdict){.accepted = true, .blamed_rank = -1};
-        rc = vks_episode_start(&c->prompt, g->o->tok, g->model->cfg.vocab_size, g->model->cfg.seq_len,
-                               &b->tasks[i / c->group_size],
-                               episode_seed(g, g->batch * c->prompts_per_step + i / c->group_size, i % c->group_size),
-                               targets[i / c->group_size], &xs[i]);
+        rc = start_batch_episode(g, b, targets, i, &xs[i]);
     }
     vks_rollout_file first = {0};
     vks_verify_options vo;
@@ -757,8 +746,7 @@ static int run_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n) 
         rc = vks_set_error(VKS_ERR_ARG, "inference: episodes run on this process's engine only");
     for (int i = 0; !rc && i < n; i++) {
         which[i] = &b->tasks[i / G], index[i] = (uint32_t)i;
-        rc = vks_episode_start(&c->prompt, g->o->tok, g->model->cfg.vocab_size, g->model->cfg.seq_len, which[i],
-                               episode_seed(g, g->batch * c->prompts_per_step + i / G, i % G), targets[i / G], &xs[i]);
+        rc = start_batch_episode(g, b, targets, i, &xs[i]);
     }
     if (!rc)
         rc = vks_episodes_run(g->engine, &go, &c->prompt, g->o->tok, which, index, n, c->max_new_tokens,

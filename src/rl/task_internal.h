@@ -85,6 +85,9 @@ int vks_episodes_run(vks_engine *e, const vks_generate_options *go, const vks_pr
  * at max_new_tokens is), its text in x->partial. s->logp may be NULL (0 recorded). What a verifier replays. */
 int vks_episode_take_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
                           int context, vks_episode *x, const vks_sequence *s);
+/* The same for a recorded turn: its n tokens after the conversation x (a final EOS: the turn's stop token). */
+int vks_episode_replay_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
+                            int context, vks_episode *x, const int32_t *turn, int n);
 /* The conversation after the start as text (what eval --show prints): each message's content and "\n"
  * (a cut turn's text last). */
 int vks_episode_text(const vks_episode *x, char **out, size_t *len);
