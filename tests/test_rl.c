@@ -1420,22 +1420,31 @@ static void test_code_task_run(void **state) {
 
 /* Reward program tasks (issue 38) in a run: the program's rewards (a fraction of the completion's
  * length here) give the groups their signal; held-out accuracy counts completions of reward 1. */
-static void test_program_task_run(void **state) {
-    (void)state;
-    char dir[300], path[400], out[600];
-    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
-    snprintf(path, sizeof path, "%s/len.py", dir);
+/* Writes program `name` (text) and task file `tasks` (8 lines {"prompt": "say I", FIELDS}) into a fresh
+ * directory; path gets the task file's. */
+static void write_program_tasks(const char *name, const char *text, const char *tasks, const char *fields, char *path,
+                                size_t cap) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* each call makes a directory */
+    snprintf(path, cap, "%s/%s", dir, name);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("import json, sys\nfor line in sys.stdin:\n    c = json.loads(line)['completion']\n"
-          "    print(json.dumps({'reward': min(len(c), 40) / 40}), flush=True)\n", f);
+    fputs(text, f);
     assert_int_equal(fclose(f), 0);
-    snprintf(path, sizeof path, "%s/prog.jsonl", dir);
+    snprintf(path, cap, "%s/%s", dir, tasks);
     f = fopen(path, "w");
     assert_non_null(f);
-    for (int i = 0; i < 8; i++)
-        fprintf(f, "{\"prompt\": \"say %d\", \"task_type\": \"program\", \"program\": \"python3 len.py\"}\n", i);
+    for (int i = 0; i < 8; i++) fprintf(f, "{\"prompt\": \"say %d\", %s}\n", i, fields);
     assert_int_equal(fclose(f), 0);
+}
+
+static void test_program_task_run(void **state) {
+    (void)state;
+    char path[400], out[600];
+    write_program_tasks("len.py",
+                        "import json, sys\nfor line in sys.stdin:\n    c = json.loads(line)['completion']\n"
+                        "    print(json.dumps({'reward': min(len(c), 40) / 40}), flush=True)\n",
+                        "prog.jsonl", "\"task_type\": \"program\", \"program\": \"python3 len.py\"", path, sizeof path);
     vks_rl_config c;
     snprintf(out, sizeof out, "%s/rl-program", tu_tmpdir());
     small_config(&c, out, 1, 0);
@@ -1464,29 +1473,20 @@ static void test_program_task_run(void **state) {
  * rejected.jsonl, and never trained on. Held-out episodes are evaluated. */
 static void test_environment_run(void **state) {
     (void)state;
-    char dir[300], path[400], out[600], file[700];
-    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
-    snprintf(path, sizeof path, "%s/two.py", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("import json, sys\nsaid = {}\nfor line in sys.stdin:\n    r = json.loads(line)\n    e = r['episode']\n"
-          "    if r['type'] == 'reset':\n        said[e] = ''\n"
-          "        print(json.dumps({'messages': [{'role': 'user', 'content': r['task']['prompt']}]}), flush=True)\n"
-          "        continue\n"
-          "    said[e] += r['completion']\n"
-          "    if len(said[e]) == len(r['completion']):\n"
-          "        print(json.dumps({'messages': [{'role': 'tool', 'content': 'once more, please'}], 'done': False}),"
-          " flush=True)\n"
-          "    else:\n"
-          "        print(json.dumps({'messages': [], 'done': True, 'reward': min(len(said[e]), 40) / 40}), flush=True)\n",
-          f);
-    assert_int_equal(fclose(f), 0);
-    snprintf(path, sizeof path, "%s/env.jsonl", dir);
-    f = fopen(path, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 8; i++)
-        fprintf(f, "{\"prompt\": \"say %d\", \"task_type\": \"environment\", \"environment\": \"python3 two.py\"}\n", i);
-    assert_int_equal(fclose(f), 0);
+    char path[400], out[600], file[700];
+    write_program_tasks("two.py",
+                        "import json, sys\nsaid = {}\nfor line in sys.stdin:\n    r = json.loads(line)\n    e = r['episode']\n"
+                        "    if r['type'] == 'reset':\n        said[e] = ''\n"
+                        "        print(json.dumps({'messages': [{'role': 'user', 'content': r['task']['prompt']}]}), flush=True)\n"
+                        "        continue\n"
+                        "    said[e] += r['completion']\n"
+                        "    if len(said[e]) == len(r['completion']):\n"
+                        "        print(json.dumps({'messages': [{'role': 'tool', 'content': 'once more, please'}], 'done': False}),"
+                        " flush=True)\n"
+                        "    else:\n"
+                        "        print(json.dumps({'messages': [], 'done': True, 'reward': min(len(said[e]), 40) / 40}), flush=True)\n",
+                        "env.jsonl", "\"task_type\": \"environment\", \"environment\": \"python3 two.py\"", path,
+                        sizeof path);
     vks_rl_config c;
     snprintf(out, sizeof out, "%s/rl-environment", tu_tmpdir());
     small_config(&c, out, 2, 0);

@@ -27,6 +27,13 @@ config() { # OUT STEPS K [VERIFIER RANKS] [RELAY RANKS]
  "roles": {"orchestrator": 0, "trainer": 0, "inference": [[1], [2]], "verifiers": [${4:-}], "relays": [${5:-}]}}
 EOF
 }
+# end_if_only NAME: with VKSWARM_TEST_ONLY=NAME, the cases of NAME were the run: the totals, and the end
+end_if_only() {
+    [ "${VKSWARM_TEST_ONLY:-}" = "$1" ] || return 0
+    echo "rl across ranks: $passed passed, $failed failed"
+    [ $failed -eq 0 ]
+    exit
+}
 # own_orchestrator: the config's rank 0 orchestrates alone, rank 1 trains, rank 2 generates
 own_orchestrator() {
     sed -i 's/"orchestrator": 0, "trainer": 0, "inference": \[\[1\], \[2\]\]/"orchestrator": 0, "trainer": 1, "inference": [[2]]/' "$tmp/run.json"
@@ -98,11 +105,7 @@ if [ $rc -eq 130 ] && [ -n "$at" ] && [ "$at" -ge 1 ] && [ "$at" -lt 4 ] &&
         ok "Ctrl-C to vkswarm mpirun after step 1: every rank ended (status $rc), checkpoint of step $at, --resume went on to step 4"
     else bad "clean stop: the resume from step $at: status $rc2"; tail -5 "$tmp/err2.txt"; fi
 else bad "clean stop: status $rc, stopped at '$at'"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -15; fi
-if [ "${VKSWARM_TEST_ONLY:-}" = stop ]; then
-    echo "rl across ranks: $passed passed, $failed failed"
-    [ $failed -eq 0 ]
-    exit
-fi
+end_if_only stop
 fi
 
 # Ranks with different models (issue 40). Two working directories each hold a model under the
@@ -156,11 +159,7 @@ if [ $rc -eq 3 ] && refusal_ok && grep -q "^vkswarm: rl: rank 2 refused the adap
    ! grep -q "^final checkpoint\|^rl: step" "$tmp/out.txt" "$tmp/err.txt" && ! grep -q "did not answer" "$tmp/err.txt"; then
     ok "a rank refusing the adapter without --enable-recovery: named with its reason, the run stops at once with status 3"
 else bad "a rank refusing the adapter, no recovery: status $rc"; grep -v "^\[vm\|device 0\|^rl: step" "$tmp/err.txt" | tail -8; fi
-if [ "${VKSWARM_TEST_ONLY:-}" = models ]; then
-    echo "rl across ranks: $passed passed, $failed failed"
-    [ $failed -eq 0 ]
-    exit
-fi
+end_if_only models
 
 # Multi-turn episodes across ranks (issue 38): environment tasks (a program of two turns: a tool
 # message after the first, done after the second with a reward from the length of what the model
@@ -230,11 +229,7 @@ if [ $rc -eq 2 ] && grep -q "task line 1: a multi-turn environment; rl trains on
    [ ! -e "$tmp/episodes-verifier/metrics.jsonl" ]; then
     ok "episodes with a verifier rank: refused at start (status 2), naming the task line"
 else bad "episodes with a verifier rank: status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; fi
-if [ "${VKSWARM_TEST_ONLY:-}" = episodes ]; then
-    echo "rl across ranks: $passed passed, $failed failed"
-    [ $failed -eq 0 ]
-    exit
-fi
+end_if_only episodes
 fi
 
 # LoRA across ranks (lora.rank 4): the same 4 ranks (a relay) as the happy path below; Shardcast
@@ -329,11 +324,7 @@ if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/lorao/step-000000002" "$tmp
    [ "$(lora_losses "$tmp/lorao/metrics.jsonl")" = "$(lora_losses "$tmp/lora/metrics.jsonl")" ]; then
     ok "LoRA with the orchestrator on its own rank: adapters from the trainer, the first LoRA case's losses"
 else bad "LoRA, own orchestrator: status $rc"; tail -5 "$tmp/err.txt"; lora_losses "$tmp/lorao/metrics.jsonl"; fi
-if [ "${VKSWARM_TEST_ONLY:-}" = lora ]; then
-    echo "rl across ranks: $passed passed, $failed failed"
-    [ $failed -eq 0 ]
-    exit
-fi
+end_if_only lora
 
 # happy path: trainer + 2 inference ranks + a Shardcast relay (rank 3: inference rank 2 gets the
 # weights through it), k = 0, 2 steps
