@@ -1462,6 +1462,46 @@ static void test_program_task_run(void **state) {
     vks_task_programs_stop();
 }
 
+/* A slow reward never stalls generation (issue 38): one process, k = 1, a reward program whose first answer
+ * (batch 0's first completion) waits for batch 1's rollout file, which only the generation of batch 1 writes.
+ * Scored beside the next batch's generation, it sees the file at once; scored in place, as before, it would
+ * wait out its 30 s bound and say "stalled". Rewards still reach the trainer in order (two steps, each loss
+ * finite). */
+static void test_slow_reward_beside_generation(void **state) {
+    (void)state;
+    char path[400], out[600], verdict[700];
+    snprintf(out, sizeof out, "%s/rl-slow-reward", tu_tmpdir());
+    char program[2600];
+    snprintf(program, sizeof program,
+             "import json, os, sys, time\nfirst = True\nfor line in sys.stdin:\n    c = json.loads(line)['completion']\n"
+             "    if first:\n        first = False\n        t = time.time()\n"
+             "        while not os.path.exists('%s/rollouts/batch-000001.jsonl') and time.time() - t < 30:\n"
+             "            time.sleep(0.05)\n"
+             "        seen = os.path.exists('%s/rollouts/batch-000001.jsonl')\n"
+             "        open('verdict.txt', 'w').write('overlapped' if seen else 'stalled')\n"
+             "    print(json.dumps({'reward': min(len(c), 40) / 40}), flush=True)\n",
+             out, out);
+    write_program_tasks("slow.py", program, "slow.jsonl",
+                        "\"task_type\": \"program\", \"program\": \"python3 slow.py\", \"sandbox\": false, \"timeout_s\": 60",
+                        path, sizeof path);
+    vks_rl_config c;
+    small_config(&c, out, 2, 1);
+    snprintf(c.task, sizeof c.task, "file:%s", path);
+    c.n_length_targets = 0;
+    progress_log log = {0};
+    vks_rl_result *r = run_checked(&c, &log, 0);
+    assert_int_equal(log.n, 2);
+    for (int i = 0; i < log.n; i++) assert_true(isfinite(log.p[i].loss));
+    snprintf(verdict, sizeof verdict, "%.*s/verdict.txt", (int)(strrchr(path, '/') - path), path);
+    size_t len = 0;
+    char *v = (char *)tu_read_file(verdict, &len);
+    assert_non_null(v);
+    assert_true(len == 10 && !memcmp(v, "overlapped", 10));
+    free(v);
+    free(r);
+    vks_task_programs_stop();
+}
+
 /* Multi-turn environments (issue 38): an environment program of two turns (a tool message after the first,
  * then done with a reward from the length of what the model wrote) trains on one process with the verifier.
  * Honest: every episode is accepted (each turn's rollout file verified, the environment replayed from the
@@ -1553,7 +1593,8 @@ int main(void) {
                                        cmocka_unit_test(test_loss_types_run),
                                        cmocka_unit_test(test_versions_ring), cmocka_unit_test(test_report_in_browser),
                                        cmocka_unit_test(test_sft_loss_window), cmocka_unit_test(test_code_task_run),
-                                       cmocka_unit_test(test_program_task_run), cmocka_unit_test(test_environment_run)};
+                                       cmocka_unit_test(test_program_task_run), cmocka_unit_test(test_slow_reward_beside_generation),
+                                       cmocka_unit_test(test_environment_run)};
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

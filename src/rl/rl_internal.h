@@ -91,6 +91,7 @@ typedef struct vks_rl_shared {
     char gen_error[1024];
     int64_t batches;         /* generation batches started (the rollout position) */
     double gen_busy_s;       /* seconds spent generating, scoring and verifying */
+    int64_t scoring_prompts; /* prompts generated and not yet in the queue (being scored: rl_rollouts.c scorer) */
 } vks_rl_shared;
 
 /* ---- what each role did when (timeline.c): OUT/timeline.svg ---- */

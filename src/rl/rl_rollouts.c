@@ -801,13 +801,14 @@ static int copy_sample(const gen_batch *b, int i, double adv, bool accepted, vks
 
 /* The accepted completions of prompt p as a group with advantages, or none
  * (n = 0) when fewer than two were accepted or their rewards are all equal. */
-static int make_group(const vks_rl_gen *g, const gen_batch *b, int p, vks_rl_batch_group *out) {
+static int make_group(const vks_rl_gen *g, const gen_batch *b, int64_t batch, int64_t policy_step, int p,
+                      vks_rl_batch_group *out) {
     int G = g->o->config->group_size, n = 0;
     int idx[VKS_RL_MAX_GROUP];
     double r[VKS_RL_MAX_GROUP], adv[VKS_RL_MAX_GROUP];
     memset(out, 0, sizeof *out);
-    out->policy_step = g->policy_step;
-    out->task_index = g->batch * g->o->config->prompts_per_step + p;
+    out->policy_step = policy_step;
+    out->task_index = batch * g->o->config->prompts_per_step + p;
     for (int j = 0; j < G; j++)
         if (!verified_here(g) || b->verdicts[p * G + j].accepted) idx[n] = p * G + j, r[n] = b->reward[p * G + j], n++;
     if (n < 2 || (!g->keep_flat_groups && !vks_grpo_group_has_signal(r, n))) return VKS_OK;
@@ -882,32 +883,62 @@ void vks_rl_gen_close(vks_rl_gen *g) {
     g->reward_program = NULL;
 }
 
-int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {
+/* A generated batch, not yet scored: what its scoring needs (the batch's
+ * index and policy step are its own: the next batch may be generating). */
+typedef struct {
+    gen_batch b;
+    int *targets;
+    int P, n;
+    int64_t batch, policy_step;
+} gen_pending;
+
+/* Generation (and verification) of batch `batch`: n_prompts tasks x group_size. x is freed by gen_end. */
+static int gen_begin(vks_rl_gen *g, int64_t batch, int n_prompts, gen_pending *x) {
+    const vks_rl_config *c = g->o->config;
+    memset(x, 0, sizeof *x);
+    if (n_prompts < 1 || n_prompts > c->prompts_per_step)
+        return vks_set_error(VKS_ERR_ARG, "inference: %d prompts in a batch of %d", n_prompts, c->prompts_per_step);
+    x->P = n_prompts, x->n = n_prompts * c->group_size, x->batch = batch, x->policy_step = g->policy_step;
+    g->batch = batch;
+    g->verify_start = g->verify_end = 0;
+    x->targets = calloc((size_t)x->P, sizeof *x->targets);
+    int rc = batch_alloc(&x->b, x->P, x->n);
+    if (!rc && !x->targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    if (!rc) rc = prepare_batch(g, &x->b, x->P, x->targets);
+    if (!rc && g->episodes) rc = run_episodes(g, &x->b, x->targets, x->n);
+    else if (!rc) rc = generate_batch(g, &x->b, x->n);
+    return rc;
+}
+
+/* Scoring of a generated batch (an episode's reward came with it), its groups, its counts; frees x. */
+static int gen_end(const vks_rl_gen *g, gen_pending *x, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {
     const vks_rl_config *c = g->o->config;
     memset(groups, 0, sizeof *groups * (size_t)c->prompts_per_step);
     memset(cnt, 0, sizeof *cnt);
-    if (n_prompts < 1 || n_prompts > c->prompts_per_step)
-        return vks_set_error(VKS_ERR_ARG, "inference: %d prompts in a batch of %d", n_prompts, c->prompts_per_step);
-    int P = n_prompts, n = P * c->group_size;
-    gen_batch b;
-    g->batch = batch;
-    g->verify_start = g->verify_end = 0;
-    int *targets = calloc((size_t)P, sizeof *targets);
-    int rc = batch_alloc(&b, P, n);
-    if (!rc && !targets) rc = vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    if (!rc) rc = prepare_batch(g, &b, P, targets);
-    if (!rc && g->episodes) rc = run_episodes(g, &b, targets, n);
-    else if (!rc) rc = generate_batch(g, &b, n);
-    if (!rc && !g->episodes) rc = score_batch(g, &b, targets, n);
-    for (int p = 0; !rc && p < P; p++) rc = make_group(g, &b, p, &groups[p]);
+    int rc = g->episodes ? VKS_OK : score_batch(g, &x->b, x->targets, x->n);
+    for (int p = 0; !rc && p < x->P; p++) rc = make_group(g, &x->b, x->batch, x->policy_step, p, &groups[p]);
     if (rc)
-        for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
-    cnt->rollouts = rc ? 0 : n;
-    for (int i = 0; !rc && verified_here(g) && i < n; i++) cnt->checked++, cnt->accepted += b.verdicts[i].accepted;
-    for (int i = 0; !rc && i < n; i++) cnt->task_reward_sum += b.task_reward[i];
-    batch_free(&b, P, n);
-    free(targets);
+        for (int p = 0; p < x->P; p++) vks_rl_group_free(&groups[p]);
+    cnt->rollouts = rc ? 0 : x->n;
+    for (int i = 0; !rc && verified_here(g) && i < x->n; i++) cnt->checked++, cnt->accepted += x->b.verdicts[i].accepted;
+    for (int i = 0; !rc && i < x->n; i++) cnt->task_reward_sum += x->b.task_reward[i];
+    batch_free(&x->b, x->P, x->n);
+    free(x->targets);
+    x->targets = NULL;
     return rc;
+}
+
+int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {
+    gen_pending x;
+    int rc = gen_begin(g, batch, n_prompts, &x);
+    int erc = rc ? VKS_OK : gen_end(g, &x, groups, cnt);
+    if (rc) {
+        memset(groups, 0, sizeof *groups * (size_t)g->o->config->prompts_per_step);
+        memset(cnt, 0, sizeof *cnt);
+        if (x.P) batch_free(&x.b, x.P, x.n);
+        free(x.targets);
+    }
+    return rc ? rc : erc;
 }
 
 /* The batch run from start to end on the thread's timeline: generation, with
@@ -923,27 +954,92 @@ static void note_batch(vks_rl_gen *g, double start, double end) {
     vks_rl_timeline_add(t, VKS_RL_WORK_GENERATE, step, start, end);
 }
 
-/* A batch of n_prompts prompts (the window's room, at most prompts_per_step). */
-static int run_batch(vks_rl_gen *g, int n_prompts) {
-    int P = g->o->config->prompts_per_step;
+/* Whether the run's rewards come from running something (code tests in sandboxes, reward programs): then a
+ * batch is scored beside the next one's generation. Other checks take microseconds: scored in place. */
+static bool slow_scoring(const vks_rl_gen *g) {
+    if (g->episodes) return false; /* an episode's reward comes with its last turn */
+    if (g->reward_program || (!g->tasks && g->spec.kind == VKS_TASK_CODE)) return true;
+    for (int64_t i = 0; i < g->n_tasks; i++)
+        if (g->tasks[i].verify == VKS_VERIFY_CODE || g->tasks[i].verify == VKS_VERIFY_PROGRAM) return true;
+    return false;
+}
+
+/* One process: the last generated batch, scored and handed to the trainer on a thread of its own while the
+ * next batch generates, so that a slow test never stalls generation. One at a time: batches reach the queue in
+ * order. The window counts its prompts (vks_rl_shared.scoring_prompts) until it is handed over. */
+typedef struct {
+    vks_rl_gen *g;
+    gen_pending x;
+    pthread_t thread;
+    bool running;
+    int rc;
+    char error[1024];
+} scorer;
+
+static void pending_free(gen_pending *x) {
+    if (x->P) batch_free(&x->b, x->P, x->n);
+    free(x->targets);
+    memset(x, 0, sizeof *x);
+}
+
+/* Batch x scored, its groups into the queue (frees x). */
+static int hand_over(vks_rl_gen *g, gen_pending *x) {
+    int P = g->o->config->prompts_per_step, n_prompts = x->P;
+    int64_t policy_step = x->policy_step;
+    vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
+    vks_rl_gen_counts cnt;
+    int rc = groups ? gen_end(g, x, groups, &cnt) : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
+    if (!groups) pending_free(x);
+    vks_rl_shared *sh = g->sh;
+    pthread_mutex_lock(&sh->mu);
+    if (!rc) rc = vks_rl_queue_push(&sh->queue, policy_step, groups, n_prompts, &cnt, g->o->max_empty_batches);
+    sh->scoring_prompts -= n_prompts;
+    pthread_cond_broadcast(&sh->cv); /* groups for the trainer, or room in the window again */
+    pthread_mutex_unlock(&sh->mu);
+    for (int p = 0; groups && p < P; p++) vks_rl_group_free(&groups[p]);
+    free(groups);
+    return rc;
+}
+
+static void *scorer_main(void *arg) {
+    scorer *s = arg;
+    s->rc = hand_over(s->g, &s->x);
+    if (s->rc) snprintf(s->error, sizeof s->error, "%s", vks_last_error());
+    return NULL;
+}
+
+/* Waits for the batch being scored, if any; its error. */
+static int scorer_join(scorer *s) {
+    if (!s->running) return VKS_OK;
+    pthread_join(s->thread, NULL);
+    s->running = false;
+    return s->rc ? vks_set_error(s->rc, "batch %lld: %s", (long long)s->x.batch, s->error) : VKS_OK;
+}
+
+/* A batch of n_prompts prompts (the window's room, at most prompts_per_step): generated here, then scored
+ * and handed over (beside the next batch's generation when scoring is slow). */
+static int run_batch(vks_rl_gen *g, scorer *sc, int n_prompts) {
     double t0 = vks_seconds_now();
     pthread_mutex_lock(&g->sh->mu);
     g->sh->batches = g->batch + 1; /* the rollout position a checkpoint records */
+    g->sh->scoring_prompts += n_prompts;
     pthread_mutex_unlock(&g->sh->mu);
-    vks_rl_batch_group *groups = calloc((size_t)P, sizeof *groups);
-    vks_rl_gen_counts cnt;
-    int rc = groups ? vks_rl_gen_batch(g, g->batch, n_prompts, groups, &cnt)
-                    : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    if (!rc) {
-        vks_rl_shared *sh = g->sh;
-        pthread_mutex_lock(&sh->mu);
-        int64_t pushed = sh->queue.pushed;
-        rc = vks_rl_queue_push(&sh->queue, g->policy_step, groups, n_prompts, &cnt, g->o->max_empty_batches);
-        if (sh->queue.pushed != pushed) pthread_cond_broadcast(&sh->cv);
-        pthread_mutex_unlock(&sh->mu);
+    gen_pending x;
+    int rc = gen_begin(g, g->batch, n_prompts, &x);
+    int previous = scorer_join(sc); /* the batch before this one reaches the queue first */
+    if (previous) rc = previous;
+    if (rc) {
+        pending_free(&x);
+        pthread_mutex_lock(&g->sh->mu);
+        g->sh->scoring_prompts -= n_prompts;
+        pthread_mutex_unlock(&g->sh->mu);
+    } else if (slow_scoring(g)) {
+        sc->g = g, sc->x = x, sc->rc = VKS_OK;
+        sc->running = pthread_create(&sc->thread, NULL, scorer_main, sc) == 0;
+        if (!sc->running) rc = hand_over(g, &sc->x); /* no thread: scored here */
+    } else {
+        rc = hand_over(g, &x);
     }
-    for (int p = 0; groups && p < P; p++) vks_rl_group_free(&groups[p]);
-    free(groups);
     g->batch++;
     double t1 = vks_seconds_now();
     note_batch(g, t0, t1);
@@ -1014,7 +1110,7 @@ static bool wait_for_work(vks_rl_gen *g, int *rc, int *n_prompts) {
             pthread_mutex_lock(&sh->mu);
             continue;
         }
-        int64_t room = vks_rl_queue_room(&sh->queue, g->policy_step);
+        int64_t room = vks_rl_queue_room(&sh->queue, g->policy_step) - sh->scoring_prompts; /* a batch being scored */
         if (room > 0) {
             *n_prompts = room < g->o->config->prompts_per_step ? (int)room : g->o->config->prompts_per_step;
             break;
@@ -1031,7 +1127,10 @@ void *vks_rl_gen_main(void *arg) {
     vks_rl_gen *g = arg;
     int rc = VKS_OK;
     int n_prompts = 0;
-    while (wait_for_work(g, &rc, &n_prompts) && !(rc = run_batch(g, n_prompts))) {}
+    scorer sc = {0};
+    while (wait_for_work(g, &rc, &n_prompts) && !(rc = run_batch(g, &sc, n_prompts))) {}
+    int last = scorer_join(&sc); /* the last batch's scoring, whatever ended the loop */
+    if (!rc) rc = last;
     if (rc) {
         vks_rl_shared *sh = g->sh;
         pthread_mutex_lock(&sh->mu);
