@@ -57,8 +57,33 @@ typedef struct {
                             * connection, where the weights come too (TAG_JOIN) */
     bool left;             /* joined: it stopped (stop_requested) and said goodbye */
     float *stream;         /* joined: the weights being received in chunks, stream_at bytes so far */
-    size_t stream_at;
+    size_t stream_at, stream_want; /* stream_want: the stream's length, read from its header */
 } inf_state;
+
+/* A joined rank of a LoRA run: the adapter file the stream held (want bytes, its header's step), loaded on
+ * the base as the pending adapter. The file is checked as a broadcast one is (vks_lora_load: the base's hash
+ * it names, every tensor's shape). */
+static int take_joined_adapter(inf_state *s, size_t want, int64_t step) {
+    if (step <= s->pending_step)
+        return vks_set_error(VKS_ERR_FORMAT, "an adapter of step %lld after step %lld", (long long)step,
+                             (long long)s->pending_step);
+    char path[4200];
+    if ((size_t)snprintf(path, sizeof path, "%s/joined-adapter.gguf", s->o->config->out) >= sizeof path)
+        return vks_set_error(VKS_ERR_ARG, "%s: path too long", s->o->config->out);
+    vks_outfile f;
+    int rc = vks_outfile_open(&f, path, 0644);
+    if (!rc) {
+        size_t n = want - sizeof(vks_rl_msg);
+        rc = vks_outfile_finish(&f, fwrite((char *)s->stream + sizeof(vks_rl_msg), 1, n, f.f) == n);
+    }
+    vks_lora_adapter *a = NULL;
+    if (!rc) rc = vks_lora_load(path, s->o->model, &a);
+    remove(path);
+    if (rc) return vks_error_prefix(rc, "the adapter of step %lld", (long long)step);
+    vks_lora_adapter_free(s->pending_adapter);
+    s->pending_adapter = a, s->pending_step = step;
+    return VKS_OK;
+}
 
 /* A joined rank: the next chunk of the trainer's WEIGHTS stream
  * (TAG_JOIN_WEIGHTS, probed: st). The first starts with the WEIGHTS header
@@ -67,8 +92,12 @@ typedef struct {
 static int take_joined_chunk(inf_state *s, const MPI_Status *st) {
     int count = 0;
     MPI_Get_count(st, MPI_BYTE, &count);
-    size_t want = sizeof(vks_rl_msg) + sizeof(float) * s->layout->n_values;
-    if (!s->stream && !(s->stream = malloc(want)))
+    const vks_rl_config *c = s->o->config;
+    bool lora = c->lora_rank > 0; /* LoRA: the stream is the adapter file, its length in the header */
+    size_t most = lora ? sizeof(vks_rl_msg) + vks_rl_cast_max_file(c, s->o->model, s->layout->n_values)
+                       : sizeof(vks_rl_msg) + sizeof(float) * s->layout->n_values;
+    size_t want = s->stream_at ? s->stream_want : most;
+    if (!s->stream && !(s->stream = malloc(most)))
         return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory for the weights");
     size_t left = want - s->stream_at;
     bool fits = count > 0 && (size_t)count <= left && count <= (int)VKS_RL_JOIN_CHUNK &&
@@ -87,11 +116,14 @@ static int take_joined_chunk(inf_state *s, const MPI_Status *st) {
     }
     if (!fits || mrc != MPI_SUCCESS)
         return vks_set_error(VKS_ERR_FORMAT, "a weights chunk of %d bytes at byte %zu of %zu", count, s->stream_at, want);
-    if (s->stream_at == 0) { /* the header: the stream is the WEIGHTS of this model, or nothing */
+    if (s->stream_at == 0) { /* the header: the stream is the WEIGHTS of this model (or its adapter), or nothing */
         vks_rl_msg h;
         memcpy(&h, s->stream, sizeof h);
-        if (h.magic != VKS_RL_MAGIC || h.type != MSG_WEIGHTS || h.n != s->layout->n_values)
+        if (h.magic != VKS_RL_MAGIC || h.type != MSG_WEIGHTS ||
+            (lora ? h.n < 1 || h.n > most - sizeof h : h.n != s->layout->n_values))
             return vks_set_error(VKS_ERR_FORMAT, "a malformed weights header");
+        s->stream_want = want = sizeof h + (lora ? (size_t)h.n : sizeof(float) * s->layout->n_values);
+        if ((size_t)count > want) return vks_set_error(VKS_ERR_FORMAT, "a weights chunk past the stream's end");
     }
     s->stream_at += (size_t)count;
     vks_test_point("weights"); /* tests kill a joiner at a chunk of its choosing */
@@ -100,6 +132,7 @@ static int take_joined_chunk(inf_state *s, const MPI_Status *st) {
     vks_rl_msg h;
     memcpy(&h, s->stream, sizeof h);
     int64_t step = 0;
+    if (lora) return take_joined_adapter(s, want, h.step);
     int rc = vks_rl_wire_check_weights(s->stream, want, s->layout->n_values, s->pending_step, h.step, &step);
     if (rc) return rc;
     bool leak = false; /* a joined group: its other stages take the weights from this one */

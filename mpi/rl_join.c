@@ -467,6 +467,8 @@ int vks_rl_join_run(vks_rl_joiner *j, const vks_rl_run_options *o, const vks_rl_
         return vks_set_error(VKS_ERR_ARG, "join: bad options");
     int n = world_size(), me = world_rank(), number = 0;
     int64_t step = 0;
+    if (n > 1 && o->config && o->config->lora_rank > 0) /* its stages would each need the adapter relayed */
+        return vks_set_error(VKS_ERR_ARG, "join: a pipeline group cannot join a LoRA run yet (join with one process)");
     int rc = n > 1 ? same_models(hash, mo->timeout_s) : VKS_OK;
     if (rc) return rc;
     if (me == 0) {

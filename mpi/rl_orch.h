@@ -78,7 +78,8 @@ typedef struct {
     inf_rank *ranks;      /* the inference ranks, then the verifier ranks */
     int n_ranks;
     int64_t next_batch, newest;
-    bool published;            /* the trainer: weights of step `newest` are in t->weights (step 0 included) */
+    bool published;            /* the trainer: weights of step `newest` are in t->weights (LoRA: its adapter in
+                                * t->adapter_file; step 0 included) */
     int grant_from;       /* the rank (index) the next grant looks at first: round robin */
     int verifier_from;    /* the same for choosing a verifier */
     int64_t *redo;        /* batches of dropped ranks, to grant again */
@@ -90,6 +91,8 @@ typedef struct {
     vks_rl_queue queue;
     vks_rl_cast cast;     /* the weights go out through Shardcast */
     float *weights;       /* the WEIGHTS file of the step being published */
+    uint8_t *adapter_file; /* LoRA: the GGUF adapter of step `newest`, kept for joined ranks (NULL: none yet) */
+    size_t adapter_bytes;
     uint64_t cast_bytes;  /* wire bytes of the last publish */
     MPI_Request *stop_req; /* per world rank: STOP to a rank dropped for a failed broadcast (stop_now) */
     vks_rl_msg *stop_msg;  /* their buffers (MPI may read them until the send completes) */

@@ -279,11 +279,14 @@ int vks_rl_orch_cast_adapter(trainer_src *t, vks_lora_adapter *a, int64_t step) 
     vks_lora_adapter_free(a);
     vks_bcast_report rep;
     if (!rc) rc = vks_rl_cast_send(&t->cast, file, bytes, step, &rep);
-    free(file);
-    if (rc && (bytes == 0 || rep.version == 0))
+    if (rc && (bytes == 0 || rep.version == 0)) {
+        free(file);
         return vks_error_prefix(rc, "trainer: broadcasting the adapter of step %lld", (long long)step);
+    }
+    free(t->adapter_file); /* the file stays for joined ranks (vks_rl_orch_joined_weights) */
+    t->adapter_file = file, t->adapter_bytes = bytes;
     t->cast_bytes = rep.wire_bytes;
-    t->newest = step;
+    t->newest = step, t->published = true;
     fprintf(stderr, "vkswarm: rl: shardcast: step %lld (version %llu): adapter, %llu bytes to %d of %d ranks in %.3f s\n",
             (long long)step, (unsigned long long)rep.version, (unsigned long long)rep.wire_bytes, rep.ranks_ok,
             t->cast.n_world - 1 - (t->orch >= 0), rep.seconds);
@@ -293,7 +296,8 @@ int vks_rl_orch_cast_adapter(trainer_src *t, vks_lora_adapter *a, int64_t step) 
 static int publish_adapter_mpi(void *ctx, vks_lora_adapter *a, int64_t step) {
     trainer_src *t = ctx;
     int rc = vks_rl_orch_cast_adapter(t, a, step);
-    return rc ? rc : failed_ranks(t, step);
+    if (!rc) rc = failed_ranks(t, step);
+    return rc ? rc : vks_rl_orch_joined_weights(t); /* the new adapter starts out to joined ranks */
 }
 
 /* With verifier ranks an inference rank only says DONE (its batch went to the verifier). */
@@ -953,7 +957,7 @@ void vks_rl_orch_close(trainer_src *t) {
         inf_rank *r = &t->ranks[i];
         if (r->rbuf && MPI_Test(&r->rreq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) free(r->rbuf);
     }
-    free(t->weights), free(t->ranks), free(t->redo), free(t->pend), free(t->drops);
+    free(t->weights), free(t->adapter_file), free(t->ranks), free(t->redo), free(t->pend), free(t->drops);
     vks_param_layout_free(t->layout);
     t->gen.model = NULL;
     vks_rl_gen_close(&t->gen);

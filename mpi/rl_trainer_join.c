@@ -142,16 +142,25 @@ static void release_weights(struct joined_weights *w) {
     if (w && --w->refs == 0) munmap(w, sizeof *w + w->bytes);
 }
 
-/* The newest weights as t->jw (made from t->weights when a newer step was published). */
+/* The newest weights as t->jw (made from t->weights when a newer step was published; LoRA: a WEIGHTS
+ * header whose n is the adapter file's length, then the GGUF adapter file). */
 static int newest_joined_weights(trainer_src *t) {
     if (!t->published || (t->jw && t->jw->step == t->newest)) return VKS_OK;
-    size_t bytes = sizeof(vks_rl_msg) + sizeof(float) * t->layout->n_values;
+    bool lora = t->c->lora_rank > 0;
+    if (lora && !t->adapter_file) return VKS_OK;
+    size_t bytes = sizeof(vks_rl_msg) + (lora ? t->adapter_bytes : sizeof(float) * t->layout->n_values);
     /* mapped, as the staging buffers are: one copy per step while joiners come and go, freed back whole
      * (malloc'd, they fragmented the heap under MALLOC_PERTURB_: 12 MB of RSS over 25 joins in tools/test) */
     struct joined_weights *w = mmap(NULL, sizeof *w + bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (w == MAP_FAILED) return vks_set_error(VKS_ERR_NOMEM, "trainer: out of host memory for the joiners' weights");
     *w = (struct joined_weights){.refs = 1, .step = t->newest, .bytes = bytes};
-    memcpy(w->data, t->weights, bytes);
+    if (lora) {
+        vks_rl_msg h = {.magic = VKS_RL_MAGIC, .type = MSG_WEIGHTS, .step = t->newest, .n = t->adapter_bytes};
+        memcpy(w->data, &h, sizeof h);
+        memcpy((char *)w->data + sizeof h, t->adapter_file, t->adapter_bytes);
+    } else {
+        memcpy(w->data, t->weights, bytes);
+    }
     release_weights(t->jw);
     t->jw = w;
     return VKS_OK;
@@ -282,11 +291,6 @@ void vks_rl_orch_admit(trainer_src *t, inf_rank *r, const char *buf, size_t byte
     hex32((const uint8_t *)buf + sizeof h, theirs);
     if (strcmp(mine, theirs)) {
         snprintf(why, sizeof why, "another model: its hash %.64s, the run's %.64s", theirs, mine);
-        not_admitted(t, r, why);
-        return;
-    }
-    if (t->c->lora_rank > 0) {
-        snprintf(why, sizeof why, "joins into a run with LoRA are not built yet");
         not_admitted(t, r, why);
         return;
     }

@@ -48,6 +48,72 @@ join_mpirun() {
         --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
 }
 
+# wait_for SECONDS CONDITION...: polls the condition every 0.1 s while the run lives
+wait_for() {
+    local t=$1 i
+    shift
+    for i in $(seq 1 $((t * 10))); do
+        "$@" && return 0
+        kill -0 $run 2>/dev/null || { "$@"; return; }
+        sleep 0.1
+    done
+    return 1
+}
+
+# ---- a LoRA run takes a join: the joiner is sent the newest adapter (the GGUF LoRA file the run
+# broadcasts, streamed as full weights are) and loads it on its own base. Its rollout files of a policy
+# step past 0 verify with that step's adapter (`vkswarm verify --lora OUT/step-N`, lr 1e-3 so that the
+# adapter moves the logits): it generated with the run's adapter, not its base. ----
+# VKSWARM_TEST_ONLY=lora runs only this case.
+lora_join_case() {
+    sed -e 's/"lr": 1e-6,/"lr": 1e-3, "lora": {"rank": 4}, "keep": 100000,/' -e 's/"steps": 40/"steps": 100000/' \
+        -e 's/"save_every": 4/"save_every": 1/' -e "s|$tmp/out\"|$tmp/out7\"|" "$tmp/run.json" > "$tmp/run7.json"
+    grep -q '"lora": {"rank": 4}' "$tmp/run7.json" || bad "run7.json: no LoRA"
+    run_err=$tmp/run7.err
+    join_mpirun 240 -np 2 "$bin" rl --config "$tmp/run7.json" --join --eval-n 0 --timeout-s 30 > /dev/null 2> "$run_err" &
+    run=$!
+    wait_for 120 test -s "$tmp/out7/join.uri" || bad "the LoRA run opened no join point"
+    "$bin" join --run "$tmp/out7/join.uri" --key "$tmp/k1" --out "$tmp/jl" --timeout-s 30 > /dev/null 2> "$tmp/jl.err" &
+    jl=$!
+    joiners+=("$jl")
+    past_step0() { [ "$(cat "$tmp"/jl/rollouts-rank2/batch-*.jsonl 2>/dev/null | grep -c '"policy_step":[1-9]')" -ge 3 ]; }
+    wait_for 180 past_step0 || bad "the LoRA joiner made no batch past policy step 0"
+    # a pipeline group may not join a LoRA run yet: refused, naming why
+    env -u MALLOC_PERTURB_ timeout -k 15 120 "$bin" mpirun --join-run "$tmp/out7/join.uri" --oversubscribe --mca btl tcp,self \
+        --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
+        "$bin" join --run "$tmp/out7/join.uri" --key "$tmp/k3" --out "$tmp/jlg" --timeout-s 30 > /dev/null 2> "$tmp/jlg.err"
+    rcg=$?
+    [ $rcg -eq 2 ] && grep -q "a pipeline group cannot join a LoRA run yet" "$tmp/jlg.err" &&
+        ok "a pipeline group's join of a LoRA run was refused: exit 2, naming why" ||
+        { bad "a pipeline group joining a LoRA run: rc $rcg"; grep -v '^ \|^-\|^$' "$tmp/jlg.err" | tail -5; }
+    kill -INT "$(pgrep -P $run | head -1)"
+    wait $run
+    rc=$?
+    for i in $(seq 1 300); do kill -0 "$jl" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$jl" 2>/dev/null && kill -INT "$jl"
+    wait "$jl"
+    "$bin" convert --init tiny --seed 1 --out "$tmp/tinyhf" 2> /dev/null || bad "convert --init tiny"
+    n_ok=0 n_bad=0
+    for f in "$tmp"/jl/rollouts-rank2/batch-*.jsonl; do
+        step=$(head -1 "$f" | sed -n 's/.*"policy_step":\([0-9]*\).*/\1/p')
+        dir=$(printf '%s/out7/step-%09d' "$tmp" "${step:-0}")
+        [ "${step:-0}" -ge 1 ] && [ -d "$dir" ] || continue
+        if "$bin" verify --model "$tmp/tinyhf" --rollouts "$f" --lora "$dir" > /dev/null 2> "$tmp/jl-verify.err"; then
+            n_ok=$((n_ok + 1))
+        else n_bad=$((n_bad + 1)); cat "$tmp/jl-verify.err"; fi
+    done
+    [ $rc -eq 130 ] && [ $n_ok -ge 1 ] && [ $n_bad -eq 0 ] && grep -q "inference rank 2 joined" "$run_err" &&
+        ok "a LoRA run took a join; the joiner's $n_ok rollout files past step 0 verify with their step's adapter" ||
+        { bad "the LoRA join: rc $rc, $n_ok files verified, $n_bad not"; grep "rank 2" "$run_err" | tail -5; tail -5 "$tmp/jl.err"; }
+}
+
+if [ "${VKSWARM_TEST_ONLY:-}" = lora ]; then
+    lora_join_case
+    echo "test_join: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+fi
+
 # ---- refusals before any work ----
 "$bin" rl --config "$tmp/run.json" --join > /dev/null 2> "$tmp/e0"
 rc=$?
@@ -63,17 +129,6 @@ run_err=$tmp/run.err
 join_mpirun 240 -np 2 "$bin" rl --config "$tmp/run.json" --join --join-allow "$tmp/allow" --eval-n 0 --timeout-s 5 \
     > "$tmp/run.out" 2> "$run_err" &
 run=$!
-# wait_for SECONDS CONDITION...: polls the condition every 0.1 s while the run lives
-wait_for() {
-    local t=$1 i
-    shift
-    for i in $(seq 1 $((t * 10))); do
-        "$@" && return 0
-        kill -0 $run 2>/dev/null || { "$@"; return; }
-        sleep 0.1
-    done
-    return 1
-}
 steps_at_least() { [ -s "$tmp/out/metrics.jsonl" ] && [ "$(wc -l < "$tmp/out/metrics.jsonl")" -ge "$1" ]; }
 batches_of() { find "$tmp/j/rollouts-rank$1" -name 'batch-*.jsonl' 2>/dev/null | wc -l; }
 has_batches() { [ "$(batches_of "$1")" -ge "$2" ]; }
@@ -244,6 +299,8 @@ rcg=$?
 [ $rc -eq 130 ] && tail -1 "$tmp/out5/metrics.jsonl" | grep -q "\"key.$k2.batches_accepted\":0,\"key.$k2.batches_rejected\":1" &&
     ok "the run with a verifier rank stopped cleanly; the cheater's key: 0 batches accepted, 1 rejected" ||
     { bad "the run with a verifier rank: rc $rc"; tail -3 "$run_err"; tail -1 "$tmp/out5/metrics.jsonl"; }
+
+lora_join_case
 
 # ---- churn: 30 joins and clean leaves (SIGINT) in one run; the trainer's memory ----
 # (VKSWARM_TEST_SHORT, the ASan build: 8, and no memory bound: ASan's quarantine keeps freed memory).
