@@ -259,15 +259,34 @@ static int take_weights(inf_state *s, vks_rl_gen *g) {
     return rc;
 }
 
-/* With verifier ranks: the batch's GROUPS message (every completion,
- * unverified; `groups` is owned from here) and its rollout file go to the
- * verifier named in the grant, then DONE to the trainer. */
-static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *groups, size_t groups_bytes) {
-    const vks_rl_config *c = s->o->config;
-    char path[4200], *file = NULL;
-    size_t file_bytes = 0;
+/* What a verifier is sent of batch `batch` besides its groups: its rollout file, or for episodes its turn
+ * files (vks_rl_wire_pack_turn_files). */
+static int batch_files(inf_state *s, vks_rl_gen *g, int64_t batch, char **out, size_t *bytes) {
+    size_t most = vks_rl_wire_max_rollout_bytes(s->o->config, s->o->model->cfg.seq_len);
+    char path[4200];
     vks_rl_batch_path(g, batch, path, sizeof path);
-    int rc = vks_file_read_all(path, vks_rl_wire_max_rollout_bytes(c, s->o->model->cfg.seq_len), &file, &file_bytes);
+    if (!g->episodes) return vks_file_read_all(path, most, out, bytes);
+    char *files[VKS_ENV_MAX_TURNS] = {0};
+    size_t lens[VKS_ENV_MAX_TURNS] = {0};
+    int rc = g->turns >= 1 && g->turns <= VKS_ENV_MAX_TURNS ? VKS_OK
+                                                             : vks_set_error(VKS_ERR_ARG, "batch %lld: %d turn files", (long long)batch, g->turns);
+    for (int t = 0; !rc && t < g->turns; t++) {
+        vks_rl_turn_path(g, batch, t, path, sizeof path);
+        rc = vks_file_read_all(path, most, &files[t], &lens[t]);
+    }
+    if (!rc) rc = vks_rl_wire_pack_turn_files(files, lens, g->turns, out, bytes);
+    for (int t = 0; t < VKS_ENV_MAX_TURNS; t++) free(files[t]);
+    return rc;
+}
+
+/* With verifier ranks: the batch's GROUPS message (every completion,
+ * unverified; `groups` is owned from here) and its rollout file (episodes:
+ * its turn files) go to the verifier named in the grant, then DONE to the
+ * trainer. */
+static int send_to_verifier(inf_state *s, vks_rl_gen *g, int64_t batch, void *groups, size_t groups_bytes) {
+    char *file = NULL;
+    size_t file_bytes = 0;
+    int rc = batch_files(s, g, batch, &file, &file_bytes);
     /* a joined rank reaches the verifier through the trainer, which checks its signature and says
      * whose batch it is (rl_trainer_join.c) */
     size_t total = sizeof(vks_rl_msg) + groups_bytes + file_bytes + (s->joined ? crypto_sign_BYTES : 0);

@@ -454,6 +454,118 @@ static int refuse(ver_state *v, int origin, int64_t batch, const char *why, int 
     return send_up(v, &h, text, strlen(text) + 1, what);
 }
 
+/* Episodes: the groups must be the episodes the turn files give (checks[q] for completion q): each sent
+ * completion the rebuilt episode's tokens and mask, its own tokens' log-probabilities the replay's; a
+ * group sent without completions must have every episode accepted and no signal in the rewards they
+ * earn (scored here: the environment's reward, the thinking budget). VKS_ERR_FORMAT: why says what. */
+static int episodes_agree(ver_state *v, int64_t batch, const vks_rl_batch_group *groups, vks_rl_episode_check *checks,
+                          vks_verdict *verdicts, char *why, size_t cap) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step, G = c->group_size;
+    for (int p = 0; p < P; p++) {
+        const vks_rl_batch_group *g = &groups[p];
+        if (g->n && g->n != G)
+            return snprintf(why, cap, "group %d has %d completions, not all %d", p, g->n, G), VKS_ERR_FORMAT;
+        for (int i = 0; i < g->n; i++) {
+            const vks_rl_sample *s = &g->samples[i];
+            const vks_rl_episode_check *e = &checks[p * G + i];
+            if (s->prompt_len != e->n_prompt || s->prompt_len + s->completion_len != e->n_ids ||
+                memcmp(s->tokens, e->ids, sizeof(int32_t) * (size_t)e->n_ids) || !s->trained ||
+                memcmp(s->trained, e->trained, (size_t)s->completion_len)) {
+                if (verdicts[p * G + i].accepted) {
+                    verdicts[p * G + i].accepted = false;
+                    snprintf(verdicts[p * G + i].reason, sizeof verdicts[p * G + i].reason,
+                             "not the episode its turn files give");
+                }
+                continue;
+            }
+            for (int k = 0; verdicts[p * G + i].accepted && k < s->completion_len; k++)
+                if (s->trained[k] && !(fabs((double)s->logp[k] - (double)e->logp[k]) <= LOGP_TOLERANCE))
+                    return snprintf(why, cap, "group %d, completion %d: log-probability %g of output %d, the replay "
+                                    "gives %g", p, i, (double)s->logp[k], k, (double)e->logp[k]), VKS_ERR_FORMAT;
+        }
+        if (g->n) continue;
+        vks_rl_sample flat[VKS_RL_MAX_GROUP];
+        double task_r[VKS_RL_MAX_GROUP], r[VKS_RL_MAX_GROUP];
+        for (int i = 0; i < G; i++) {
+            const vks_rl_episode_check *e = &checks[p * G + i];
+            if (!verdicts[p * G + i].accepted)
+                return snprintf(why, cap, "group %d came without its completions, but its completion %d is rejected: "
+                                "%.200s", p, p * G + i, verdicts[p * G + i].reason), VKS_ERR_FORMAT;
+            flat[i] = (vks_rl_sample){.tokens = e->ids, .prompt_len = e->n_prompt, .completion_len = e->n_ids - e->n_prompt,
+                                      .trained = e->trained,
+                                      .episode_seed = (uint64_t)(batch * P + p) * (uint64_t)G + (uint64_t)i};
+        }
+        char err[200];
+        int bad = 0;
+        if (vks_rl_score_samples(&v->gen, batch * P + p, flat, G, task_r, r, &bad, err, sizeof err))
+            return snprintf(why, cap, "completion %d: %s", p * G + bad, err), VKS_ERR_FORMAT;
+        if (vks_grpo_group_has_signal(r, G))
+            return snprintf(why, cap, "group %d came without its completions, but its episodes carry signal", p),
+                   VKS_ERR_FORMAT;
+    }
+    return VKS_OK;
+}
+
+/* A TO_VERIFY message of episodes (its groups at body, then its turn files): every episode rebuilt from its
+ * environment and every turn replayed (verify_sample does not apply: each turn is checked), then the groups
+ * held against them (episodes_agree). *bad: refused, why says why. */
+static int verify_episode_batch(ver_state *v, const vks_rl_msg *h, const char *files_buf, size_t files_bytes,
+                                vks_rl_batch_group *groups, vks_rl_gen_counts *cnt, vks_verdict *verdicts, bool *bad,
+                                char *why, size_t cap) {
+    const vks_rl_config *c = v->o->config;
+    int P = c->prompts_per_step, n_all = P * c->group_size, turns = 0;
+    const char *raw[VKS_ENV_MAX_TURNS];
+    size_t lens[VKS_ENV_MAX_TURNS];
+    vks_rollout_file files[VKS_ENV_MAX_TURNS];
+    memset(files, 0, sizeof files);
+    size_t most = vks_rl_wire_max_rollout_bytes(c, v->o->model->cfg.seq_len);
+    if (vks_rl_wire_unpack_turn_files(files_buf, files_bytes, most, raw, lens, &turns))
+        return snprintf(why, cap, "%s", vks_last_error()), *bad = true, VKS_OK;
+    vks_verify_options vo;
+    vks_verify_options_default(&vo);
+    memcpy(vo.model_hash, v->model_hash, 32);
+    vo.lora = v->lora;
+    vo.n_stop = 1, vo.stop_ids[0] = vks_tokenizer_eos(v->o->tok); /* trusted: the model's own, not the file's */
+    vo.cpu_threads = 1;
+    int read = 0, rc = VKS_OK;
+    for (; !*bad && read < turns; read++) {
+        char name[96];
+        snprintf(name, sizeof name, "batch %lld turn %d", (long long)h->batch, read + 1);
+        const char *problem = NULL;
+        if (vks_rollout_read_mem(raw[read], lens[read], name, &files[read])) problem = vks_last_error();
+        else problem = vks_verify_header_problem(&files[read].header, v->model_hash, vo.stop_ids, vo.n_stop);
+        if (problem) snprintf(why, cap, "turn %d: %s", read + 1, problem), *bad = true;
+    }
+    if (!*bad && files[0].n_samples != n_all)
+        snprintf(why, cap, "its first turn's file has %d episodes, the batch %d", files[0].n_samples, n_all), *bad = true;
+    vks_rl_episode_check *checks = *bad ? NULL : calloc((size_t)n_all, sizeof *checks);
+    if (!*bad && !checks) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    if (!*bad && !rc) {
+        rc = vks_rl_verify_episodes(&v->gen, v->model, &vo, h->batch, P, files, turns, true, checks);
+        if (rc == VKS_ERR_FORMAT) snprintf(why, cap, "%s", vks_last_error()), *bad = true, rc = VKS_OK;
+        else if (rc) checks = (free(checks), NULL);
+    }
+    bool made = !*bad && !rc;
+    double sum = 0;
+    for (int q = 0; made && q < n_all; q++) verdicts[q] = checks[q].verdict, sum += checks[q].task_reward;
+    if (made && !(fabs(sum - cnt->task_reward_sum) <= 1e-9 * (1 + fabs(sum))))
+        snprintf(why, cap, "a task reward sum of %g, its episodes give %g", cnt->task_reward_sum, sum), *bad = true;
+    if (made && !*bad && episodes_agree(v, h->batch, groups, checks, verdicts, why, cap)) *bad = true;
+    cnt->checked = cnt->accepted = 0;
+    cnt->task_reward_sum = sum; /* the verifier's own */
+    for (int q = 0; made && !*bad && q < n_all; q++) cnt->checked++, cnt->accepted += verdicts[q].accepted;
+    if (made && !*bad)
+        fprintf(stderr, "vkswarm: rl: verifier rank %d: batch %lld: %d episodes, %d turn files replayed, %lld accepted\n",
+                v->me, (long long)h->batch, n_all, turns, (long long)cnt->accepted);
+    v->gen.batch = h->batch, v->gen.policy_step = h->step; /* for the record of rejections */
+    if (made && !*bad && cnt->accepted < cnt->checked) rc = vks_rl_record_rejections(&v->gen, files[0].samples, verdicts, n_all, &vo);
+    if (checks) vks_rl_episode_checks_free(checks, n_all);
+    free(checks);
+    for (int t = 0; t < read; t++) vks_rollout_file_free(&files[t]);
+    return rc;
+}
+
 /* One TO_VERIFY message of `bytes` from inference rank `origin`. */
 static int verify_message(ver_state *v, int origin, const char *buf, size_t bytes) {
     const vks_rl_config *c = v->o->config;
@@ -482,6 +594,22 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     bool bad = vks_rl_wire_unpack_groups(buf + sizeof h, h.n, &v->gen, c, &v->o->model->cfg, h.batch, h.step, h.step,
                                          true, groups, &policy, &cnt, why, sizeof why) != VKS_OK;
     if (!bad) bad = vks_rl_wire_check_counts(&cnt, groups, P, false, why, sizeof why) != VKS_OK;
+    if (!bad && v->gen.episodes) { /* every turn and every episode checked: then regrouped and sent as below */
+        rc = verify_episode_batch(v, &h, buf + sizeof h + h.n, bytes - sizeof h - h.n, groups, &cnt, verdicts, &bad, why,
+                                  sizeof why);
+        if (!bad && !rc) rc = regroup(v, origin, h.batch, groups, verdicts);
+        size_t m = 0;
+        void *packed = bad || rc ? NULL : vks_rl_wire_pack_groups(groups, P, h.batch, h.step, &cnt, &m);
+        if (!bad && !rc && !packed) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+        for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
+        free(groups), free(verdicts), free(flat), free(logp), free(replayed);
+        if (rc) return free(packed), rc;
+        if (bad) return refuse(v, origin, h.batch, why, -1);
+        vks_rl_msg up = {.magic = VKS_RL_MAGIC, .type = MSG_VERIFIED, .batch = h.batch, .step = h.step, .n = (uint64_t)origin};
+        char what[64];
+        snprintf(what, sizeof what, "%s taking verdicts", vks_rl_wire_granter(v->o->config));
+        return send_up(v, &up, packed, m, what);
+    }
     if (!bad) {
         char name[64];
         snprintf(name, sizeof name, "rank %d batch %lld", origin, (long long)h.batch);
@@ -555,8 +683,9 @@ static int receive_batch(ver_state *v, const MPI_Status *st) {
     int count = 0, seq_len = v->o->model->cfg.seq_len;
     MPI_Get_count(st, MPI_BYTE, &count);
     bool forwarded = st->MPI_SOURCE == v->trainer; /* a joined rank's (verify_forwarded) */
+    size_t turns = v->gen.episodes ? VKS_ENV_MAX_TURNS : 1; /* episodes: a file per turn, framed */
     size_t most = sizeof(vks_rl_msg) * (forwarded ? 2 : 1) + vks_rl_wire_max_groups_bytes(c, seq_len) +
-                  vks_rl_wire_max_rollout_bytes(c, seq_len);
+                  turns * (vks_rl_wire_max_rollout_bytes(c, seq_len) + sizeof(uint64_t)) + sizeof(uint32_t);
     bool fits = count >= (int)sizeof(vks_rl_msg) && (size_t)count <= most;
     char small[sizeof(vks_rl_msg)];
     char *buf = fits ? malloc((size_t)count) : small;
@@ -593,6 +722,7 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     if (!rc) rc = vks_param_layout_create(&o->model->cfg, vks_model_has_bias(o->model), &v.layout);
     v.gen.o = o;
     v.gen.model = (vks_model *)(uintptr_t)o->model; /* read only: its shape */
+    v.gen.episodes_allowed = vks_rl_config_episodes_across_ranks(o->config); /* rebuilt here: verify_episode_batch */
     if (!rc) rc = vks_rl_gen_open_tasks(&v.gen);
     /* rejections are recorded in OUT/verifier-rankV/rejected.jsonl */
     char sub[32];

@@ -26,6 +26,49 @@ size_t vks_rl_wire_max_rollout_bytes(const vks_rl_config *c, int seq_len) {
                        (65536 + (64 + 16 * (stages - 1)) * (size_t)seq_len);
 }
 
+int vks_rl_wire_pack_turn_files(char *const *files, const size_t *lens, int turns, char **out, size_t *bytes) {
+    *out = NULL, *bytes = 0;
+    if (turns < 1 || turns > VKS_ENV_MAX_TURNS) return vks_set_error(VKS_ERR_ARG, "%d turn files", turns);
+    size_t n = sizeof(uint32_t) + sizeof(uint64_t) * (size_t)turns;
+    for (int t = 0; t < turns; t++) n += lens[t];
+    char *b = malloc(n);
+    if (!b) return vks_set_error(VKS_ERR_NOMEM, "out of host memory for %zu bytes of turn files", n);
+    uint32_t k = (uint32_t)turns;
+    memcpy(b, &k, sizeof k);
+    size_t at = sizeof k + sizeof(uint64_t) * (size_t)turns;
+    for (int t = 0; t < turns; t++) {
+        uint64_t len = lens[t];
+        memcpy(b + sizeof k + sizeof len * (size_t)t, &len, sizeof len);
+        memcpy(b + at, files[t], lens[t]);
+        at += lens[t];
+    }
+    *out = b, *bytes = n;
+    return VKS_OK;
+}
+
+int vks_rl_wire_unpack_turn_files(const char *buf, size_t bytes, size_t most_each, const char **files, size_t *lens,
+                                  int *turns) {
+    uint32_t k = 0;
+    *turns = 0;
+    if (bytes < sizeof k) return vks_set_error(VKS_ERR_FORMAT, "no turn files");
+    memcpy(&k, buf, sizeof k);
+    if (k < 1 || k > VKS_ENV_MAX_TURNS || bytes < sizeof k + sizeof(uint64_t) * (size_t)k)
+        return vks_set_error(VKS_ERR_FORMAT, "%u turn files (1 to %d) in %zu bytes", k, VKS_ENV_MAX_TURNS, bytes);
+    size_t at = sizeof k + sizeof(uint64_t) * (size_t)k;
+    for (uint32_t t = 0; t < k; t++) {
+        uint64_t len;
+        memcpy(&len, buf + sizeof k + sizeof len * (size_t)t, sizeof len);
+        if (len > most_each || len > bytes - at)
+            return vks_set_error(VKS_ERR_FORMAT, "turn file %u: %llu bytes (%zu left, at most %zu)", t + 1,
+                                 (unsigned long long)len, bytes - at, most_each);
+        files[t] = buf + at, lens[t] = (size_t)len;
+        at += (size_t)len;
+    }
+    if (at != bytes) return vks_set_error(VKS_ERR_FORMAT, "%zu bytes after the turn files", bytes - at);
+    *turns = (int)k;
+    return VKS_OK;
+}
+
 void *vks_rl_wire_pack_groups(const vks_rl_batch_group *groups, int P, int64_t batch, int64_t step,
                          const vks_rl_gen_counts *cnt, size_t *bytes) {
     size_t n = sizeof(vks_rl_msg) + 3 * sizeof(int64_t) + sizeof(double);

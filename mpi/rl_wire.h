@@ -53,6 +53,13 @@ typedef struct {
 size_t vks_rl_wire_max_groups_bytes(const vks_rl_config *c, int seq_len);
 /* The largest rollout file of a batch accepted from an inference rank. */
 size_t vks_rl_wire_max_rollout_bytes(const vks_rl_config *c, int seq_len);
+/* Episodes: a batch's turn files, where a TO_VERIFY message holds its one rollout file: uint32 turns
+ * (1 to VKS_ENV_MAX_TURNS), a uint64 length per turn, then the files' bytes in turn order. */
+int vks_rl_wire_pack_turn_files(char *const *files, const size_t *lens, int turns, char **out, size_t *bytes);
+/* The files of such a block (pointers into buf; each at most most_each bytes; every byte accounted for):
+ * VKS_ERR_FORMAT naming what is wrong. */
+int vks_rl_wire_unpack_turn_files(const char *buf, size_t bytes, size_t most_each, const char **files, size_t *lens,
+                                  int *turns);
 /* A GROUPS message (header batch, step; the batch's counts; the groups). NULL: out of memory. */
 void *vks_rl_wire_pack_groups(const vks_rl_batch_group *groups, int P, int64_t batch, int64_t step,
                               const vks_rl_gen_counts *cnt, size_t *bytes);

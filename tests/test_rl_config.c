@@ -123,12 +123,18 @@ static void test_refusals(void **state) {
     expect_refused("{\"task\": \"words\"}", 1, "unknown task 'words': neither a built-in task");
     expect_refused("{\"task\": \"add:2\", \"eval_split\": 0.1}", 1, "eval_split holds out part of a task file");
     /* the built-in environment: episodes are trained on by a run on one process, and across ranks without
-     * verifier ranks and pipeline groups */
-    expect_refused("{\"task\": \"calc:2\", \"roles\": {\"trainer\": 0, \"inference\": [[1]], \"verifiers\": [2]}}", 3,
-                   "task calc: a multi-turn environment; rl trains on its episodes on one process, or across ranks "
-                   "without verifier ranks and pipeline groups");
+     * pipeline groups (verifier ranks replay every turn) */
     expect_refused("{\"task\": \"calc:2\", \"roles\": {\"trainer\": 0, \"inference\": [[1, 2]]}}", 3,
-                   "task calc: a multi-turn environment");
+                   "task calc: a multi-turn environment; rl trains on its episodes on one process, or across ranks "
+                   "without pipeline groups");
+    {
+        vks_rl_config ok;
+        vks_rl_config_defaults(&ok);
+        assert_int_equal(load_text(&ok, "{\"task\": \"calc:2\", \"roles\": {\"trainer\": 0, \"inference\": [[1]], "
+                                        "\"verifiers\": [2]}}"), VKS_OK);
+        assert_int_equal(vks_rl_config_check(&ok, 3), VKS_OK);
+        assert_true(vks_rl_config_episodes_across_ranks(&ok));
+    }
     expect_refused("{\"task\": \"w.jsonl\", \"eval_split\": 1}", 1, "eval_split must be a number in");
     expect_refused("{\"task\": \"w.jsonl\", \"eval_tasks\": \"add\"}", 1, "eval_tasks 'add' is not a task file");
     vks_rl_config c;

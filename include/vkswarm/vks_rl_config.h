@@ -204,9 +204,9 @@ int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const ch
 int vks_rl_config_check(vks_rl_config *c, int n_ranks);
 /* How many ranks the roles name: 1 + the highest rank named (1 without roles). */
 int vks_rl_config_ranks_named(const vks_rl_config *c);
-/* Whether a run with these roles across ranks trains on multi-turn episodes (environment tasks): without
- * verifier ranks and with one rank per inference group (for now: a verifier rank's replay of an episode's
- * turn files and a pipeline group's turns are not built). A run on one process always does. */
+/* Whether a run with these roles across ranks trains on multi-turn episodes (environment tasks): with one
+ * rank per inference group (for now: a pipeline group's turns are not built); verifier ranks replay every
+ * turn. A run on one process always does. */
 bool vks_rl_config_episodes_across_ranks(const vks_rl_config *c);
 /* What rank r does: a bit set of VKS_RL_ROLE_*. */
 enum { VKS_RL_ROLE_ORCHESTRATOR = 1, VKS_RL_ROLE_TRAINER = 2, VKS_RL_ROLE_INFERENCE = 4, VKS_RL_ROLE_VERIFIER = 8,

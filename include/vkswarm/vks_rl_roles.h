@@ -6,6 +6,7 @@
 #ifndef VKS_RL_ROLES_H
 #define VKS_RL_ROLES_H
 #include "vks_lora.h"
+#include "vks_rollout.h"
 #include "vks_engine.h"
 #include "vks_rl.h"
 #include "vks_tasks.h"
@@ -167,6 +168,8 @@ struct vks_rl_gen {
     vks_task_metrics *program_metrics; /* what reward programs answered in this process's scoring (made by open_tasks) */
     vks_task_program *reward_program;  /* config "reward": scores every task instead of its own check (NULL: none) */
     bool episodes;            /* the tasks are multi-turn environments (set by open_tasks): a batch is episodes */
+    int turns;                /* episodes: the turn files the last batch wrote (its rollout file, then
+                               * batch-N-turn-T.jsonl for T = 2..turns) */
     bool episodes_allowed;    /* set before open_tasks where this role runs episodes (a run on one process,
                                * for now); else open_tasks refuses environment tasks */
 };
@@ -223,6 +226,9 @@ uint64_t vks_rl_batch_seed(const vks_rl_config *c, int64_t batch);
 int vks_rl_gen_make_dirs(vks_rl_gen *g, const char *sub);
 /* Where batch `batch`'s rollout file goes: g->rollouts_dir/batch-NNNNNN.jsonl. */
 void vks_rl_batch_path(const vks_rl_gen *g, int64_t batch, char *out, size_t cap);
+/* Episodes: where turn `turn` (0, 1, ...) of batch `batch` goes: its rollout file for the first turn,
+ * g->rollouts_dir/batch-NNNNNN-turn-T.jsonl (T = turn + 1) for the others. */
+void vks_rl_turn_path(const vks_rl_gen *g, int64_t batch, int turn, char *out, size_t cap);
 /* What the trainer's check compares (vks_rl_check_samples): the prompt is task
  * task_index's (built as the inference side builds it: g->model gives the
  * vocabulary and context), a stop token only at the end, then the rewards
@@ -239,6 +245,28 @@ int vks_rl_score_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_s
  * must be what the task gives (*bad: the first that fails; err says why). */
 int vks_rl_check_samples(const vks_rl_gen *g, int64_t task_index, const vks_rl_sample *s, int n, int *bad, char *err,
                          size_t cap);
+
+/* One episode of a batch as a verifier rebuilt it (vks_rl_verify_episodes). */
+typedef struct {
+    vks_verdict verdict;   /* accepted: every turn passed the proofs and the sampler's replay, each turn's prompt is
+                            * the conversation its environment gave, and the episode ends after its last turn */
+    int32_t *ids;          /* the episode rebuilt: its start (n_prompt tokens), then its turns and the replies */
+    int n_ids, n_prompt;
+    uint8_t *trained;      /* n_ids - n_prompt: 1 on the model's own tokens (the mask its sample must carry) */
+    float *logp;           /* n_ids - n_prompt: the replay's log-probability of each own token, 0 on replies */
+    double task_reward;    /* the environment's (0: the episode was cut) */
+} vks_rl_episode_check;
+/* The episodes i of batch `batch` (i < n_prompts x group_size; episode i of task batch x prompts_per_step +
+ * i / group_size, environment seed as the inference side gives it) rebuilt from their environments and the
+ * batch's turn files files[0..turns) (turn t's records keyed by episode: seq), each turn verified on model
+ * with vo (TOPLOC proofs, the sampler's replay; vo->logp_out is the function's own). check_streams: each
+ * record must also be the batch's sampler stream (its seed, its episode's index, the run's temperature).
+ * out[0..n) filled (free with vks_rl_episode_checks_free); a malformed file (a record of no episode, one
+ * episode twice in a turn) is VKS_ERR_FORMAT. What one process's verifier and a verifier rank both run. */
+int vks_rl_verify_episodes(const vks_rl_gen *g, const vks_model *model, const vks_verify_options *vo, int64_t batch,
+                           int n_prompts, const vks_rollout_file *files, int turns, bool check_streams,
+                           vks_rl_episode_check *out);
+void vks_rl_episode_checks_free(vks_rl_episode_check *x, int n);
 
 /* Where the trainer's groups come from and its weights go: the inference
  * thread (NULL source) or inference ranks (mpi/rl_roles.c). */

@@ -914,7 +914,7 @@ int vks_rl_config_ranks_named(const vks_rl_config *c) {
 }
 
 bool vks_rl_config_episodes_across_ranks(const vks_rl_config *c) {
-    if (!c || c->n_verifiers > 0) return false;
+    if (!c) return false;
     for (int i = 0; i < c->n_groups; i++)
         if (c->groups[i].n > 1) return false;
     return true;

@@ -603,9 +603,9 @@ static int start_batch_episode(const vks_rl_gen *g, const gen_batch *b, const in
 
 /* Turn `turn`'s rollout file of the batch: the batch's own for the first turn, batch-B-turn-T.jsonl (T from 2)
  * for the others. Each record is one assistant turn: its prompt the conversation so far. */
-static void turn_path(const vks_rl_gen *g, int turn, char *out, size_t cap) {
-    if (turn == 0) vks_rl_batch_path(g, g->batch, out, cap);
-    else snprintf(out, cap, "%s/batch-%06lld-turn-%d.jsonl", g->rollouts_dir, (long long)g->batch, turn + 1);
+void vks_rl_turn_path(const vks_rl_gen *g, int64_t batch, int turn, char *out, size_t cap) {
+    if (turn == 0) vks_rl_batch_path(g, batch, out, cap);
+    else snprintf(out, cap, "%s/batch-%06lld-turn-%d.jsonl", g->rollouts_dir, (long long)batch, turn + 1);
 }
 
 typedef struct {
@@ -618,7 +618,7 @@ typedef struct {
 static int turn_before(void *ctx, int turn, vks_generate_options *go, int k) {
     episode_files *e = ctx;
     char path[4200];
-    turn_path(e->g, turn, path, sizeof path);
+    vks_rl_turn_path(e->g, e->g->batch, turn, path, sizeof path);
     return open_rollout_file(e->g, path, k, true, go, &e->w);
 }
 
@@ -650,85 +650,145 @@ static void reject(vks_verdict *v, const char *fmt, int turn, const char *what) 
     snprintf(v->reason, sizeof v->reason, fmt, turn + 1, what);
 }
 
+void vks_rl_episode_checks_free(vks_rl_episode_check *x, int n) {
+    for (int i = 0; x && i < n; i++) free(x[i].ids), free(x[i].trained), free(x[i].logp);
+}
+
 /* One turn file's records replayed on the rebuilt episodes xs: each record's prompt must be the conversation
  * its episode's environment gives (else a reply was forged), its turn is stepped through the environment as
- * generation stepped it, and its tokens go through the verifier (TOPLOC, the sampler's replay). */
-static int verify_turn(vks_rl_gen *g, const vks_rollout_file *f, int turn, vks_episode *xs, gen_batch *b, int n,
-                       const vks_verify_options *vo) {
+ * generation stepped it, and its tokens go through the verifier (TOPLOC, the sampler's replay), whose
+ * log-probabilities of the turn's own tokens go into the episode. */
+static int verify_turn(const vks_rl_gen *g, const vks_model *model, const vks_verify_options *vo, int64_t batch,
+                       const vks_rollout_file *f, int turn, bool check_streams, vks_episode *xs, const vks_task *tasks,
+                       vks_rl_episode_check *out, int n) {
     const vks_rl_config *c = g->o->config;
-    vks_verdict *v = calloc((size_t)(f->n_samples ? f->n_samples : 1), sizeof *v);
-    if (!v) return vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
-    int rc = vks_verify_batch_cpu(g->model, vo, f->samples, f->n_samples, v);
-    for (int j = 0; !rc && j < f->n_samples; j++) {
+    int m = f->n_samples;
+    vks_verdict *v = calloc((size_t)(m ? m : 1), sizeof *v);
+    float **logp = calloc((size_t)(m ? m : 1), sizeof *logp);
+    uint8_t *seen = calloc((size_t)n, 1);
+    int rc = v && logp && seen ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int j = 0; !rc && j < m; j++) {
+        const vks_rollout_sample *r = &f->samples[j];
+        if (r->seq >= (uint32_t)n || seen[r->seq]++)
+            rc = vks_set_error(VKS_ERR_FORMAT, "turn %d: record %d is of episode %u (%d episodes, each once)", turn + 1, j,
+                               r->seq, n);
+        else if (!(logp[j] = malloc(sizeof(float) * (size_t)(r->n_output + 1))))
+            rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    }
+    vks_verify_options vt = *vo;
+    vt.logp_out = logp;
+    if (!rc) rc = vks_verify_batch_cpu(model, &vt, f->samples, m, v);
+    uint64_t seed = vks_rl_batch_seed(c, batch);
+    for (int j = 0; !rc && j < m; j++) {
         const vks_rollout_sample *r = &f->samples[j];
         int i = (int)r->seq;
-        if (r->seq >= (uint32_t)n) return free(v), vks_set_error(VKS_ERR_FORMAT, "turn %d: sample %u of %d", turn + 1, r->seq, n);
-        vks_verdict *out = &b->verdicts[i];
-        if (!v[j].accepted) reject(out, "turn %d: %s", turn, v[j].reason);
+        vks_verdict *o = &out[i].verdict;
         vks_episode *x = &xs[i];
+        if (!v[j].accepted) reject(o, "turn %d: %s", turn, v[j].reason);
+        if (check_streams && (r->seed != seed || r->temperature != (float)c->temperature || r->top_p != 1.0f || r->top_k != 0))
+            reject(o, "turn %d: %s", turn, "its record is not the batch's sampler stream");
         if (x->over || r->n_prompt != x->n_ids || memcmp(r->prompt_ids, x->ids, sizeof(int32_t) * (size_t)x->n_ids)) {
-            reject(out, "turn %d: %s", turn, "its conversation is not what the environment gave (a forged reply)");
+            reject(o, "turn %d: %s", turn, "its conversation is not what the environment gave (a forged reply)");
             x->over = true;
             continue;
         }
-        rc = vks_episode_replay_turn(&c->prompt, g->o->tok, &b->tasks[i / c->group_size], c->max_new_tokens,
-                                     g->model->cfg.seq_len, x, r->output_ids, r->n_output);
+        int at = x->n_ids;
+        rc = vks_episode_replay_turn(&c->prompt, g->o->tok, &tasks[i / c->group_size], c->max_new_tokens,
+                                     model->cfg.seq_len, x, r->output_ids, r->n_output);
+        for (int k = 0; !rc && k < r->n_output && at + k < x->n_ids; k++)
+            if (x->trained[at + k]) x->logp[at + k] = logp[j][k];
     }
-    free(v);
+    for (int j = 0; logp && j < m; j++) free(logp[j]);
+    free(v), free(logp), free(seen);
     return rc;
 }
 
-/* The verifier of a batch of episodes (this process's own, read back from its turn files as a verifier rank
- * would read them): every episode rebuilt from its environment's reset and its recorded turns, each turn
- * verified; an episode is accepted when every turn is, its conversation is the rebuilt one and its reward the
- * environment's. Rejections go to rejected.jsonl as the batch's first-turn records (sample = the episode). */
-static int verify_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n, int turns) {
+int vks_rl_verify_episodes(const vks_rl_gen *g, const vks_model *model, const vks_verify_options *vo, int64_t batch,
+                           int n_prompts, const vks_rollout_file *files, int turns, bool check_streams,
+                           vks_rl_episode_check *out) {
+    const vks_rl_config *c = g->o->config;
+    int P = c->prompts_per_step, G = c->group_size, n = n_prompts * G;
+    if (!g->episodes || n_prompts < 1 || n_prompts > P || turns < 1 || !model || !vo || !files || !out)
+        return vks_set_error(VKS_ERR_ARG, "verifier: bad episode batch");
+    memset(out, 0, sizeof *out * (size_t)n);
     vks_episode *xs = calloc((size_t)n, sizeof *xs);
-    int rc = xs ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    vks_task *tasks = calloc((size_t)n_prompts, sizeof *tasks);
+    int *targets = calloc((size_t)n_prompts, sizeof *targets);
+    int rc = xs && tasks && targets ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    for (int p = 0; !rc && p < n_prompts; p++) rc = make_task(g, batch * P + p, &tasks[p], &targets[p]);
     for (int i = 0; !rc && i < n; i++) {
-        b->verdicts[i] = (vks_verdict){.accepted = true, .blamed_rank = -1};
-        rc = start_batch_episode(g, b, targets, i, &xs[i]);
+        out[i].verdict = (vks_verdict){.accepted = true, .blamed_rank = -1};
+        rc = vks_episode_start(&c->prompt, g->o->tok, model->cfg.vocab_size, model->cfg.seq_len, &tasks[i / G],
+                               episode_seed(g, batch * P + i / G, i % G), targets[i / G], &xs[i]);
     }
-    vks_rollout_file first = {0};
+    for (int t = 0; !rc && t < turns; t++)
+        rc = verify_turn(g, model, vo, batch, &files[t], t, check_streams, xs, tasks, out, n);
+    for (int i = 0; !rc && i < n; i++) {
+        vks_episode *x = &xs[i];
+        vks_rl_episode_check *e = &out[i];
+        if (!x->over && x->n_ids >= model->cfg.seq_len - 1) x->over = true; /* the context is full */
+        if (!x->over) reject(&e->verdict, "turn %d: %s", turns - 1, "the episode goes on after its last turn");
+        int len = x->n_ids - x->n_start;
+        e->trained = malloc((size_t)(len ? len : 1));
+        e->logp = malloc(sizeof(float) * (size_t)(len ? len : 1));
+        if (!e->trained || !e->logp) {
+            rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+            break;
+        }
+        memcpy(e->trained, x->trained + x->n_start, (size_t)len);
+        memcpy(e->logp, x->logp + x->n_start, sizeof(float) * (size_t)len);
+        e->ids = x->ids, e->n_ids = x->n_ids, e->n_prompt = x->n_start;
+        x->ids = NULL;
+        e->task_reward = x->ep.done ? x->ep.reward : 0;
+    }
+    for (int i = 0; xs && i < n; i++) vks_episode_free(&xs[i]);
+    free(xs), free(tasks), free(targets);
+    if (rc) vks_rl_episode_checks_free(out, n);
+    return rc;
+}
+
+/* The verifier of a batch of episodes on this process (its own turn files read back, as a verifier rank reads
+ * the ones it is sent): an episode is accepted when vks_rl_verify_episodes accepts it and it is the completion
+ * and reward the batch holds. Rejections go to rejected.jsonl as the batch's first-turn records (sample = the
+ * episode). */
+static int verify_episodes(vks_rl_gen *g, gen_batch *b, int n, int turns) {
+    vks_rollout_file *files = calloc((size_t)(turns > 0 ? turns : 1), sizeof *files);
+    vks_rl_episode_check *checks = calloc((size_t)n, sizeof *checks);
+    int rc = files && checks ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    int read = 0;
+    for (; !rc && read < turns; read++) {
+        char path[4200];
+        vks_rl_turn_path(g, g->batch, read, path, sizeof path);
+        if ((rc = vks_rollout_read(path, &files[read]))) break;
+    }
     vks_verify_options vo;
     vks_verify_options_default(&vo);
     memcpy(vo.model_hash, g->model_hash, 32);
     vo.cpu_threads = 1;
     vo.lora = g->adapter;
-    for (int t = 0; !rc && t < turns; t++) {
-        char path[4200];
-        vks_rollout_file f;
-        turn_path(g, t, path, sizeof path);
-        if ((rc = vks_rollout_read(path, &f))) break;
-        vo.n_stop = f.header.n_stop;
-        memcpy(vo.stop_ids, f.header.stop_ids, sizeof vo.stop_ids);
-        rc = verify_turn(g, &f, t, xs, b, n, &vo);
-        if (t == 0 && !rc && f.n_samples == n) first = f;
-        else vks_rollout_file_free(&f);
+    if (!rc && turns > 0) {
+        vo.n_stop = files[0].header.n_stop;
+        memcpy(vo.stop_ids, files[0].header.stop_ids, sizeof vo.stop_ids);
     }
+    if (!rc) rc = vks_rl_verify_episodes(g, g->model, &vo, g->batch, n / g->o->config->group_size, files, turns, false, checks);
     for (int i = 0; !rc && i < n; i++) {
         const vks_sequence *s = &b->seqs[i];
-        double reward = xs[i].ep.done ? xs[i].ep.reward : 0;
-        if (!xs[i].over) reject(&b->verdicts[i], "turn %d: %s", turns - 1, "the episode goes on after its last turn");
-        else if (xs[i].n_ids != s->n_ids || memcmp(xs[i].ids, s->ids, sizeof(int32_t) * (size_t)s->n_ids))
-            reject(&b->verdicts[i], "turn %d: %s", turns - 1, "the completion is not its turns and replies");
-        else if (reward != b->task_reward[i])
-            reject(&b->verdicts[i], "turn %d: %s", turns - 1, "its reward is not the environment's");
+        vks_verdict *v = &b->verdicts[i];
+        *v = checks[i].verdict;
+        if (checks[i].n_ids != s->n_ids || memcmp(checks[i].ids, s->ids, sizeof(int32_t) * (size_t)s->n_ids))
+            reject(v, "turn %d: %s", turns - 1, "the completion is not its turns and replies");
+        else if (checks[i].task_reward != b->task_reward[i])
+            reject(v, "turn %d: %s", turns - 1, "its reward is not the environment's");
     }
-    if (!rc && first.n_samples == n) rc = vks_rl_record_rejections(g, first.samples, b->verdicts, n, &vo);
+    if (!rc && files[0].n_samples == n) rc = vks_rl_record_rejections(g, files[0].samples, b->verdicts, n, &vo);
     else if (!rc) rc = vks_set_error(VKS_ERR_FORMAT, "batch %lld: the first turn's file holds %d of %d episodes",
-                                     (long long)g->batch, first.n_samples, n);
-    vks_rollout_file_free(&first);
-    for (int i = 0; xs && i < n; i++) vks_episode_free(&xs[i]);
-    free(xs);
+                                     (long long)g->batch, files[0].n_samples, n);
+    vks_rl_episode_checks_free(checks, n);
+    for (int t = 0; t < read; t++) vks_rollout_file_free(&files[t]);
+    free(files), free(checks);
     return rc;
 }
 
-/* A batch of multi-turn episodes (environment tasks): every sample started from its environment, turned on
- * the engine until each is over (within max_new_tokens, the environment's replies counted), its tokens, the
- * sampler's log-probabilities and mask moved into the batch as a completion; the reward the environment gave
- * when it said done (0 when cut), with the thinking-budget term on the model's own tokens. With the verifier
- * each turn's rollout file is written as it ends (turn_path), and the batch verified after the last. */
 static int run_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n) {
     const vks_rl_config *c = g->o->config;
     int G = c->group_size;
@@ -742,16 +802,16 @@ static int run_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n) 
     vks_episode_hooks hooks = {.ctx = &files, .before = turn_before, .generated = turn_generated,
                                .stepped = turn_stepped};
     int rc = xs && which && index && files.reply_at ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
-    if (!rc && (g->generate || g->defer_verify))
-        rc = vks_set_error(VKS_ERR_ARG, "inference: episodes run on this process's engine only");
+    if (!rc && g->generate) rc = vks_set_error(VKS_ERR_ARG, "inference: episodes run on this process's engine only");
     for (int i = 0; !rc && i < n; i++) {
         which[i] = &b->tasks[i / G], index[i] = (uint32_t)i;
         rc = start_batch_episode(g, b, targets, i, &xs[i]);
     }
     if (!rc)
         rc = vks_episodes_run(g->engine, &go, &c->prompt, g->o->tok, which, index, n, c->max_new_tokens,
-                              verified_here(g) || g->o->cheat_every ? &hooks : NULL, xs);
+                              g->o->verify || g->defer_verify || g->o->cheat_every ? &hooks : NULL, xs);
     vks_rollout_writer_destroy(files.w);
+    g->turns = files.turns; /* a verifier rank is sent them all */
     for (int i = 0; !rc && i < n; i++) {
         vks_episode *x = &xs[i];
         vks_sequence *s = &b->seqs[i];
@@ -774,7 +834,7 @@ static int run_episodes(vks_rl_gen *g, gen_batch *b, const int *targets, int n) 
     free(xs), free(which), free(index), free(files.reply_at);
     if (!rc && verified_here(g)) {
         g->verify_start = vks_seconds_now();
-        rc = verify_episodes(g, b, targets, n, files.turns);
+        rc = verify_episodes(g, b, n, files.turns);
         g->verify_end = vks_seconds_now();
     }
     return rc;

@@ -56,7 +56,7 @@ int vks_task_refuse_environments(const vks_task_spec *spec, const vks_task *task
     if (t) snprintf(name, sizeof name, "task line %lld", (long long)t->line);
     else snprintf(name, sizeof name, "task calc");
     return vks_set_error(VKS_ERR_FORMAT, "%s: a multi-turn environment; rl trains on its episodes on one process, "
-                         "or across ranks without verifier ranks and pipeline groups (those not yet)", name);
+                         "or across ranks without pipeline groups (those not yet)", name);
 }
 
 int vks_env_max_turns(const vks_task *t) { return t && t->program ? t->program->max_turns : VKS_ENV_DEFAULT_TURNS; }

@@ -169,7 +169,8 @@ end_if_only models
 # equal the trainer's (< 1e-4), and no completion is left out for a far record (a reply trained on,
 # or a turn's record off by a token, would be nats off). A rank that writes its own tool results (vkswarm_cheat, VKSWARM_TEST_CHEAT=2:reply: a reply's
 # token moved) is refused by the trainer, which replays every episode through the environment, and
-# the run finishes on rank 1 (--enable-recovery). VKSWARM_TEST_ONLY=episodes runs only these cases.
+# the run finishes on rank 1 (--enable-recovery); then the same with a verifier rank (below).
+# VKSWARM_TEST_ONLY=episodes runs only these cases.
 if [ -z "${VKSWARM_TEST_ONLY:-}" ] || [ "$VKSWARM_TEST_ONLY" = episodes ]; then
 mkdir -p "$tmp/ep"
 python3 -c "
@@ -220,15 +221,41 @@ if [ $rc -eq 0 ] && grep -q "^vkswarm: rl: inference rank 2 refused: batch [0-9]
    grep -q "^final checkpoint: $tmp/episodes-cheat/step-000000002" "$tmp/out.txt" && ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt"; then
     ok "episodes across ranks: a rank writing its own tool results is refused by the trainer's replay, the run finishes on rank 1"
 else bad "episodes, a forged reply: status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
-# a verifier rank does not replay episodes yet: refused before the run starts, naming the task line
-episodes_config "$tmp/episodes-verifier"
-sed -i 's/"inference": \[\[1\], \[2\]\]}/"inference": [[1]], "verifiers": [2]}/' "$tmp/run.json"
-mpi_run 300 -np 3 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+# A verifier rank replays episodes: the inference ranks send it every turn file of a batch; it rebuilds each
+# episode from its environment, replays every turn (TOPLOC, the sampler), and holds the groups against
+# them. Honest: every episode accepted, the run finishes. A rank that claims log-probabilities its sampler
+# did not give (VKSWARM_TEST_CHEAT=2:logp: the turn files are honest, the groups are not) is refused by the
+# verifier naming the replay's value, and one writing its own tool results (2:reply) too; the run
+# finishes on rank 1 (--enable-recovery).
+episodes_verifier_config() { # OUT
+    episodes_config "$1"
+    sed -i 's/"inference": \[\[1\], \[2\]\]}/"inference": [[1], [2]], "verifiers": [3]}/' "$tmp/run.json"
+}
+episodes_verifier_config "$tmp/episodes-verifier"
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
 rc=$?
-if [ $rc -eq 2 ] && grep -q "task line 1: a multi-turn environment; rl trains on its episodes on one process, or across ranks without verifier ranks" "$tmp/err.txt" &&
-   [ ! -e "$tmp/episodes-verifier/metrics.jsonl" ]; then
-    ok "episodes with a verifier rank: refused at start (status 2), naming the task line"
-else bad "episodes with a verifier rank: status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -5; fi
+replayed=$(grep -c "^vkswarm: rl: verifier rank 3: batch [0-9]*: 8 episodes, [1-9][0-9]* turn files replayed, 8 accepted" "$tmp/err.txt")
+if [ $rc -eq 0 ] && grep -q "^final checkpoint: $tmp/episodes-verifier/step-000000002" "$tmp/out.txt" &&
+   metrics_ok "$tmp/episodes-verifier/metrics.jsonl" 2 0 && mismatch_ok "$tmp/episodes-verifier/metrics.jsonl" &&
+   [ "$replayed" -ge 2 ] && grep -q "verifier rank 3: batch [0-9]*: 8 episodes, 2 turn files replayed" "$tmp/err.txt" &&
+   ! grep -q "dropped\|refused" "$tmp/err.txt"; then
+    ok "episodes with a verifier rank: $replayed batches, every turn file replayed, every episode accepted"
+else bad "episodes with a verifier rank: status $rc, $replayed batches replayed"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
+for kind in logp reply; do
+    episodes_verifier_config "$tmp/episodes-verifier-$kind"
+    VKSWARM_TEST_CHEAT=2:$kind mpi_run 300 -x VKSWARM_TEST_CHEAT --enable-recovery -np 4 $cheat_bin rl --config "$tmp/run.json" \
+        --eval-n 0 --timeout-s 60 > "$tmp/out.txt" 2> "$tmp/err.txt"
+    rc=$?
+    case $kind in
+    logp) why="log-probability -3e+38 of output [0-9]*, the replay gives" ;;
+    reply) why="its conversation is not what the environment gave (a forged reply)" ;;
+    esac
+    if [ $rc -eq 0 ] && grep -q "^vkswarm: rl: verifier rank 3: batch [0-9]* of rank 2 refused: .*$why" "$tmp/err.txt" &&
+       grep -q "^final checkpoint: $tmp/episodes-verifier-$kind/step-000000002" "$tmp/out.txt" &&
+       ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt"; then
+        ok "episodes with a verifier rank: a rank sending $kind the turns do not hold is refused by the verifier, the run finishes on rank 1"
+    else bad "episodes with a verifier rank, cheat $kind: status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -8; fi
+done
 end_if_only episodes
 fi
 
