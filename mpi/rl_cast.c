@@ -349,7 +349,7 @@ static int relay_poll_trainer(relay_state *r) {
 int vks_rl_mpi_relay(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, bool *no_finalize) {
     *no_finalize = false;
     if (!o || !o->config || !o->model || !mo || !(mo->timeout_s > 0)) return vks_set_error(VKS_ERR_ARG, "rl: bad options");
-    int rc = vks_rl_mpi_check_roles(o->config);
+    int rc = vks_rl_mpi_check_roles(o->config, mo->join_server != NULL);
     if (rc) return rc;
     relay_state r = {.trainer = o->config->orchestrator}; /* STOP comes from the orchestrator */
     vks_param_layout *layout = NULL;

@@ -379,7 +379,7 @@ int vks_rl_mpi_inference(const vks_rl_run_options *o, const vks_rl_mpi_options *
     *no_finalize = false;
     if (!o || !o->config || !o->model || !o->tok || !o->infer_gpu || !mo || !(mo->timeout_s > 0))
         return vks_set_error(VKS_ERR_ARG, "rl: bad options");
-    int rc = vks_rl_mpi_check_roles(o->config);
+    int rc = vks_rl_mpi_check_roles(o->config, mo->join_server != NULL);
     if (rc) return rc;
     /* grants and STOP come from the orchestrator (the trainer's rank, or one of its own); beats go there */
     inf_state s = {.comm = vks_mpi_world(), .trainer = o->config->orchestrator, .o = o, .mo = mo, .assigned = -1,

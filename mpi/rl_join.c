@@ -2,8 +2,10 @@
  * the handshake (rl_join.h says what travels). */
 #define _POSIX_C_SOURCE 200809L
 #include "rl_join.h"
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +59,11 @@ int vks_rl_join_open(vks_rl_join_point **out, const char *server_uri, const char
         return vks_set_error(VKS_ERR_ARG, "join point: MPI did not grant MPI_THREAD_MULTIPLE (the port is served by a thread)");
     vks_rl_join_point *p = calloc(1, sizeof *p);
     if (!p) return vks_set_error(VKS_ERR_NOMEM, "join point: out of host memory");
+    /* OUT may not exist yet: a trainer alone opens joins before anything else writes there */
+    if (mkdir(out_dir, 0755) && errno != EEXIST) {
+        free(p);
+        return vks_set_error(VKS_ERR_IO, "join point: %s: %s", out_dir, strerror(errno));
+    }
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     if (MPI_Open_port(MPI_INFO_NULL, p->port) != MPI_SUCCESS || MPI_Comm_dup(MPI_COMM_SELF, &p->self) != MPI_SUCCESS) {
         free(p);

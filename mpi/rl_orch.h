@@ -117,6 +117,7 @@ typedef struct {
     int n_idents, cap_idents;
     int64_t joins, leaves, banned; /* since this process started */
     double alone_since;      /* joins open and no inference rank left: since when (0: there is one) */
+    bool had_inference;      /* an inference rank was live once (a trainer alone has none until the first joins) */
 } trainer_src;
 
 /* Opens the orchestration state for this rank's role: the ranks, the queue,

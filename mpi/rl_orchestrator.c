@@ -241,7 +241,7 @@ int vks_rl_mpi_orchestrator(const vks_rl_run_options *o, const vks_rl_mpi_option
     *no_finalize = false;
     if (!o || !o->config || !o->model || !o->tok || !mo || !(mo->timeout_s > 0))
         return vks_set_error(VKS_ERR_ARG, "rl: bad options");
-    int rc = vks_rl_mpi_check_roles(o->config);
+    int rc = vks_rl_mpi_check_roles(o->config, mo->join_server != NULL);
     if (rc) return rc;
     const vks_rl_config *c = o->config;
     orch_rank s = {.trainer = c->trainer, .want = -1, .heard = vks_seconds_now()};

@@ -58,12 +58,14 @@ const char *vks_rl_mpi_peer_name(const vks_rl_config *c) {
     return c->orchestrator == c->trainer ? "the trainer" : "the orchestrator";
 }
 
-int vks_rl_mpi_check_roles(const vks_rl_config *c) {
+int vks_rl_mpi_check_roles(const vks_rl_config *c, bool joins) {
     if (!c->roles_given) return vks_set_error(VKS_ERR_ARG, "rl across ranks: the config gives no roles");
     if (c->orchestrator != c->trainer && vks_rl_config_roles_of(c, c->orchestrator) != VKS_RL_ROLE_ORCHESTRATOR)
         return vks_set_error(VKS_ERR_ARG, "rl across ranks: the orchestrator (rank %d) shares a rank only with the "
                              "trainer (rank %d)", c->orchestrator, c->trainer);
-    if (c->n_inference_ranks < 1) return vks_set_error(VKS_ERR_ARG, "rl across ranks: no inference ranks");
+    if (c->n_inference_ranks < 1 && !joins)
+        return vks_set_error(VKS_ERR_ARG, "rl across ranks: no inference ranks (name some in roles.inference, or open the "
+                             "run to joins: --join)");
     return VKS_OK;
 }
 
@@ -770,13 +772,15 @@ int vks_rl_orch_round(trainer_src *t, vks_rl_batch_group *scratch) {
     }
     if (!live && t->join) { /* open to joins: the pool may grow again (a machine rebooting joins back) */
         double bound = t->mo->trainer_timeout_s > t->mo->timeout_s ? t->mo->trainer_timeout_s : t->mo->timeout_s;
+        const char *none = t->had_inference ? "no inference rank is left" : "no inference rank yet"; /* yet: a trainer alone */
         if (!t->alone_since) {
             t->alone_since = wall;
-            fprintf(stderr, "vkswarm: rl: no inference rank is left: waiting up to %.0f s for one to join\n", bound);
+            fprintf(stderr, "vkswarm: rl: %s: waiting up to %.0f s for one to join\n", none, bound);
         }
         if (wall - t->alone_since <= bound) return VKS_OK;
-        return vks_set_error(VKS_ERR_TIMEOUT, "trainer: no inference rank is left, and none joined within %.0f s", bound);
+        return vks_set_error(VKS_ERR_TIMEOUT, "trainer: %s, and none joined within %.0f s", none, bound);
     }
+    t->had_inference = t->had_inference || live > 0;
     if (!live) return vks_set_error(VKS_ERR_TIMEOUT, "%s: no inference rank is left", t->remote ? "orchestrator" : "trainer");
     if (t->alone_since) fprintf(stderr, "vkswarm: rl: an inference rank again after %.0f s without one\n", wall - t->alone_since);
     t->alone_since = 0;
@@ -966,7 +970,7 @@ void vks_rl_orch_close(trainer_src *t) {
 int vks_rl_mpi_trainer(const vks_rl_run_options *o, const vks_rl_mpi_options *mo, vks_rl_result *res, bool *lost) {
     *lost = false;
     if (!o || !o->config || !o->model || !mo || !(mo->timeout_s > 0)) return vks_set_error(VKS_ERR_ARG, "rl: bad options");
-    int rc = vks_rl_mpi_check_roles(o->config);
+    int rc = vks_rl_mpi_check_roles(o->config, mo->join_server != NULL);
     if (rc) return rc;
     if (o->config->orchestrator != o->config->trainer) return vks_rl_orch_trainer(o, mo, res, lost);
     trainer_src t;

@@ -710,7 +710,7 @@ int vks_rl_mpi_verifier(const vks_rl_run_options *o, const vks_rl_mpi_options *m
     *no_finalize = false;
     if (!o || !o->config || !o->model || !o->tok || !mo || !(mo->timeout_s > 0))
         return vks_set_error(VKS_ERR_ARG, "rl: bad options");
-    int rc = vks_rl_mpi_check_roles(o->config);
+    int rc = vks_rl_mpi_check_roles(o->config, mo->join_server != NULL);
     if (rc) return rc;
     ver_state v = {.comm = vks_mpi_world(), .trainer = o->config->orchestrator, /* grants, STOP, verdicts: the orchestrator */ .o = o, .mo = mo, .newest = -1,
                    .model_step = -1, .n_keep = o->config->async_level + 3};

@@ -101,7 +101,13 @@ static void test_refusals(void **state) {
     expect_refused("{\"roles\": {\"trainer\": 0, \"inference\": [[1], [1]]}}", 2, "listed twice");
     expect_refused("{\"roles\": {\"trainer\": 0, \"inference\": [[1, 5]]}}", 3, "rank 5 named but only 3 ranks");
     expect_refused("{\"roles\": {\"trainer\": 0, \"inference\": [[1]]}}", 3, "rank 2 has no role");
-    expect_refused("{\"roles\": {\"trainer\": 0}}", 1, "no inference group");
+    { /* a trainer alone: its pool is all joiners (the CLI refuses it without --join: vks_rl_mpi_check_roles) */
+        vks_rl_config alone;
+        vks_rl_config_defaults(&alone);
+        assert_int_equal(load_text(&alone, "{\"roles\": {\"trainer\": 0, \"inference\": []}}"), VKS_OK);
+        assert_int_equal(vks_rl_config_check(&alone, 1), VKS_OK);
+        assert_int_equal(alone.n_groups, 0);
+    }
     /* the orchestrator: the trainer's rank or one of its own, nothing else */
     expect_refused("{\"roles\": {\"orchestrator\": 1, \"trainer\": 0, \"inference\": [[1]]}}", 2,
                    "rank 1 is both orchestrator and inference");

@@ -112,6 +112,7 @@ typedef struct {
     vks_rl_run_options o;
     const char *init;
     int n_set, n_ranks;
+    bool across; /* a run across MPI ranks: more than one, or a trainer alone under mpirun open to joins */
     double timeout_s, trainer_timeout_s;
     int test_garbage_rank, test_garbage_kind;
     bool eval_n_given, eval_every_given, eval_seed_given, verify_given, override, join;
@@ -249,7 +250,7 @@ static void read_join_allow(rl_args *a) {
 /* --join: a run across ranks whose trainer orchestrates, under an mpirun that was given an
  * ompi-server (its URI, for DIR/join.uri, is in the environment mpirun gives every rank). */
 static void check_join(rl_args *a) {
-    if (a->n_ranks < 2)
+    if (!getenv("OMPI_COMM_WORLD_SIZE"))
         cli_usage_error("rl", "--join opens a run across ranks to more of them: start it under mpirun (vkswarm mpirun --join)");
     if (a->c.orchestrator != a->c.trainer)
         cli_usage_error("rl", "--join: joins go to the trainer's rank; roles.orchestrator names another (not built yet)");
@@ -339,13 +340,15 @@ static void parse_rl(int argc, char **argv, rl_args *a) {
     if (a->override && !a->o.resume) cli_usage_error("rl", "--override applies to --resume only");
     const char *np = getenv("OMPI_COMM_WORLD_SIZE");
     a->n_ranks = np && atoi(np) > 1 ? atoi(np) : 1;
-    if (a->o.resume && a->n_ranks == 1) resume_config(a);
+    a->across = a->n_ranks > 1 || (a->join && np); /* -np 1 --join: a trainer alone, its inference ranks all joiners */
+    if (a->o.resume && !a->across) resume_config(a);
     int named = vks_rl_config_ranks_named(&a->c);
     if (named > a->n_ranks) need_ranks(named, a->n_ranks, argc, argv);
     if (vks_rl_config_check(&a->c, a->n_ranks)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     check_eval(a);
-    if (a->n_ranks > 1 && a->c.shardcast_key[0]) check_keys(a);
-    if (a->n_ranks > 1 && vks_rl_mpi_check_roles(&a->c)) cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
+    if (a->across && a->c.shardcast_key[0]) check_keys(a);
+    if ((a->across || (a->c.roles_given && a->c.n_groups == 0)) && vks_rl_mpi_check_roles(&a->c, a->join))
+        cli_die(EXIT_BAD_INPUT, "%s", vks_last_error());
     if (a->join_allow_path && !a->join) cli_usage_error("rl", "--join-allow goes with --join");
     if (a->join) check_join(a);
 }
@@ -529,7 +532,7 @@ int cmd_rl(int argc, char **argv) {
     cli_check_prompt("rl", &a.c.prompt, tok, a.m.speaker);
     if (vks_tokenizer_check_dir_files(tok)) /* checkpoints hold it: refused now, not at the first save */
         cli_die(EXIT_BAD_INPUT, "%s (checkpoints could not hold the tokenizer)", vks_last_error());
-    if (a.n_ranks > 1) {
+    if (a.across) {
         int status = rl_mpi(&a, m, tok);
         vks_tokenizer_free(tok);
         vks_model_free(m);

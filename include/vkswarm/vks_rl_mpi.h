@@ -51,9 +51,11 @@ typedef struct {
     const uint8_t *join_secret_key;
 } vks_rl_mpi_options;
 
-/* Refuses roles this cut does not run (no roles, no inference rank, an
- * orchestrator sharing a rank with anything but the trainer), naming them. */
-int vks_rl_mpi_check_roles(const vks_rl_config *c);
+/* Refuses roles this cut does not run (no roles, no inference rank in a run
+ * closed to joins, an orchestrator sharing a rank with anything but the
+ * trainer), naming them. joins: the run takes joiners (mo->join_server), so
+ * its pool may start empty: a trainer alone waits for the first. */
+int vks_rl_mpi_check_roles(const vks_rl_config *c, bool joins);
 /* The trainer rank (and the orchestrator, when it shares the rank; else the
  * trainer asks the orchestrator's rank for each step's groups and re-checks
  * them, and a silent orchestrator ends the run naming it). *lost: inference

@@ -940,7 +940,7 @@ int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
         return VKS_OK; /* one rank does everything: no overlap rules */
     }
     if (c->trainer < 0) return vks_set_error(VKS_ERR_FORMAT, "roles: no trainer (exactly one: roles.trainer)");
-    if (c->n_groups < 1) return vks_set_error(VKS_ERR_FORMAT, "roles: no inference group");
+    /* no inference group: a trainer whose pool is all joiners (vks_rl_mpi_check_roles refuses it without joins) */
     int all[5] = {c->trainer, c->orchestrator};
     for (int i = 0; i < 2; i++)
         if (all[i] >= n_ranks) return vks_set_error(VKS_ERR_FORMAT, "roles: rank %d named but only %d ranks started", all[i], n_ranks);

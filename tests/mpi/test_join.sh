@@ -107,6 +107,44 @@ lora_join_case() {
         { bad "the LoRA join: rc $rc, $n_ok files verified, $n_bad not"; grep "rank 2" "$run_err" | tail -5; tail -5 "$tmp/jl.err"; }
 }
 
+# ---- a trainer alone (roles.inference empty, -np 1) open to joins: its whole pool joins. It waits for the
+# first joiner, trains on what joiners send, and finishes; without --join the config is refused (exit 2)
+# naming the way out. VKSWARM_TEST_ONLY=alone runs only this case. ----
+alone_case() {
+    sed -e 's/"inference": \[\[1\]\]}/"inference": []}/' -e 's/"steps": 40/"steps": 6/' -e "s|$tmp/out\"|$tmp/out8\"|" \
+        "$tmp/run.json" > "$tmp/run8.json"
+    grep -q '"inference": \[\]' "$tmp/run8.json" || bad "run8.json: inference ranks left"
+    "$bin" rl --config "$tmp/run8.json" --eval-n 0 > /dev/null 2> "$tmp/e8"
+    rc=$?
+    [ $rc -eq 2 ] && grep -q "no inference ranks (name some in roles.inference, or open the run to joins: --join)" "$tmp/e8" &&
+        ok "a trainer alone without --join: refused (exit 2), naming --join" ||
+        { bad "a trainer alone without --join: rc $rc"; cat "$tmp/e8"; }
+    run_err=$tmp/run8.err
+    join_mpirun 240 -np 1 "$bin" rl --config "$tmp/run8.json" --join --eval-n 0 --timeout-s 30 > "$tmp/run8.out" 2> "$run_err" &
+    run=$!
+    wait_for 120 test -s "$tmp/out8/join.uri" || bad "the trainer alone opened no join point"
+    "$bin" join --run "$tmp/out8/join.uri" --key "$tmp/k1" --out "$tmp/ja8" --timeout-s 30 > /dev/null 2> "$tmp/ja8.err" &
+    ja8=$!
+    joiners+=("$ja8")
+    wait $run
+    rc=$?
+    wait "$ja8"
+    rca=$?
+    joined=$(sed -n 's/.*joined rank 1 (key [0-9a-f]*): \([0-9]*\) batches.*/\1/p' "$run_err")
+    [ $rc -eq 0 ] && [ $rca -eq 0 ] && grep -q "no inference rank yet: waiting up to [0-9]* s for one to join" "$run_err" &&
+        [ "$(wc -l < "$tmp/out8/metrics.jsonl")" -eq 6 ] && grep -q "^final checkpoint: $tmp/out8/step-000000006" "$tmp/run8.out" &&
+        [ "${joined:-0}" -ge 6 ] &&
+        ok "a trainer alone waited for its first joiner and trained 6 steps on what it sent ($joined batches)" ||
+        { bad "the trainer alone: rc $rc, the joiner's $rca, ${joined:-no} batches"; tail -5 "$run_err"; tail -3 "$tmp/ja8.err"; }
+}
+
+if [ "${VKSWARM_TEST_ONLY:-}" = alone ]; then
+    alone_case
+    echo "test_join: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+fi
+
 if [ "${VKSWARM_TEST_ONLY:-}" = lora ]; then
     lora_join_case
     echo "test_join: $passed passed, $failed failed"
@@ -301,6 +339,7 @@ rcg=$?
     { bad "the run with a verifier rank: rc $rc"; tail -3 "$run_err"; tail -1 "$tmp/out5/metrics.jsonl"; }
 
 lora_join_case
+alone_case
 
 # ---- churn: 30 joins and clean leaves (SIGINT) in one run; the trainer's memory ----
 # (VKSWARM_TEST_SHORT, the ASan build: 8, and no memory bound: ASan's quarantine keeps freed memory).
