@@ -989,6 +989,12 @@ typedef struct {
     int n;
 } seen_texts;
 
+static char shown[256]; /* the first prompt as eval shows it (vks_task_run_options.show_prompt) */
+static void keep_shown(void *ctx, const char *text, size_t len) {
+    (void)ctx;
+    snprintf(shown, sizeof shown, "%.*s", (int)len, text);
+}
+
 static void keep_text(void *ctx, const vks_task *task, int64_t completion, const char *text, size_t len, int tokens,
                       double reward) {
     (void)task, (void)tokens, (void)reward;
@@ -1036,10 +1042,13 @@ static void test_run_episodes(void **state) {
     static seen_texts a, b;
     memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
     vks_task_run_options o = {.samples = 32, .max_new_tokens = 160, .batch = 5, .seed = 3, .temperature = 1.0f,
-                              .on_completion = keep_text, .completion_ctx = &a};
+                              .on_completion = keep_text, .completion_ctx = &a, .show_prompt = keep_shown};
     double r1[64], r2[64];
     int l1[64], l2[64];
+    shown[0] = 0;
     if (vks_task_run(g, m, tok, tasks, 2, &o, r1, l1) != VKS_OK) fail_msg("%s", vks_last_error());
+    assert_string_equal(shown, "say"); /* the environment's start, not the task line's (absent) prompt */
+    o.show_prompt = NULL;
     o.batch = 64, o.completion_ctx = &b;
     assert_int_equal(vks_task_run(g, m, tok, tasks, 2, &o, r2, l2), VKS_OK);
     assert_int_equal(a.n, 64);

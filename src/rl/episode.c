@@ -101,6 +101,17 @@ int vks_episode_start(const vks_prompt_format *f, const struct vks_tokenizer *to
     return rc ? vks_error_prefix(rc, "task %lld", (long long)t->line) : VKS_OK;
 }
 
+int vks_episode_start_text(const vks_prompt_format *f, const struct vks_tokenizer *tok, int vocab, int context,
+                           const vks_task *t, uint64_t seed, int think, char **text, size_t *len) {
+    vks_episode x;
+    *text = NULL, *len = 0;
+    int rc = vks_episode_start(f, tok, vocab, context, t, seed, think, &x);
+    int skip = !rc && x.n_ids > 0 && x.ids[0] == vks_tokenizer_bos(tok);
+    if (!rc) rc = vks_tokenizer_detokenize(tok, x.ids + skip, x.n_ids - skip, true, text, len);
+    vks_episode_free(&x);
+    return rc;
+}
+
 int vks_episode_take_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
                           int context, vks_episode *x, const vks_sequence *s) {
     int n_new = s->n_ids - s->n_prompt, stopped = s->stop_token >= 0, room = max_new - (x->n_ids - x->n_start);

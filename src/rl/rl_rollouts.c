@@ -111,7 +111,12 @@ int vks_rl_gen_show_prompt(const vks_rl_gen *g) {
     char *text = NULL;
     size_t len = 0;
     int target = 0, rc = make_task(g, 0, &t, &target);
-    if (!rc) rc = vks_prompt_text(&g->o->config->prompt, vks_tokenizer_chat_template(g->o->tok), t.prompt, target, &text, &len);
+    const vks_model_config *mc = &g->o->model->cfg; /* the run's start model: the policy's shape */
+    if (!rc && g->episodes) /* what the environment starts it with (the run's first episode: seed 0) */
+        rc = vks_episode_start_text(&g->o->config->prompt, g->o->tok, mc->vocab_size, mc->seq_len, &t, 0, target,
+                                    &text, &len);
+    else if (!rc)
+        rc = vks_prompt_text(&g->o->config->prompt, vks_tokenizer_chat_template(g->o->tok), t.prompt, target, &text, &len);
     if (!rc && g->o->show_prompt) g->o->show_prompt(g->o->progress_ctx, text, len);
     free(text);
     return rc;

@@ -88,6 +88,10 @@ int vks_episode_take_turn(const vks_prompt_format *f, const struct vks_tokenizer
 /* The same for a recorded turn: its n tokens after the conversation x (a final EOS: the turn's stop token). */
 int vks_episode_replay_turn(const vks_prompt_format *f, const struct vks_tokenizer *tok, const vks_task *t, int max_new,
                             int context, vks_episode *x, const int32_t *turn, int n);
+/* How episode `seed` of task t starts, as the model gets it (its environment reset, the start's tokens
+ * decoded with control tokens shown, BOS left out): what rl and eval show as their first prompt. */
+int vks_episode_start_text(const vks_prompt_format *f, const struct vks_tokenizer *tok, int vocab, int context,
+                           const vks_task *t, uint64_t seed, int think, char **text, size_t *len);
 /* The conversation after the start as text (what eval --show prints): each message's content and "\n"
  * (a cut turn's text last). */
 int vks_episode_text(const vks_episode *x, char **out, size_t *len);

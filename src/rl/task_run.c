@@ -166,7 +166,9 @@ int vks_task_run(vks_gpu *g, const vks_model *m, const struct vks_tokenizer *tok
     if (rc == VKS_OK && o->show_prompt) { /* the first prompt as the model gets it */
         char *text = NULL;
         size_t len = 0;
-        rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), tasks[0].prompt, o->think_tokens, &text, &len);
+        if (episodes) /* what the environment starts the first episode (seed 0) with */
+            rc = vks_episode_start_text(f, tok, m->cfg.vocab_size, m->cfg.seq_len, &tasks[0], 0, o->think_tokens, &text, &len);
+        else rc = vks_prompt_text(f, vks_tokenizer_chat_template(tok), tasks[0].prompt, o->think_tokens, &text, &len);
         if (rc == VKS_OK) o->show_prompt(o->progress_ctx, text, len);
         free(text);
     }
