@@ -535,6 +535,22 @@ if [ $rc -eq 0 ] && [ "$rejections" -ge 1 ] && [ "$false_rejections" = 0 ] && [ 
     ok "a verifier rank rejects exactly the cheated completions ($rejections), refuses a rank's unearned reward, the run finishes"
 else bad "verifier rank: status $rc, $rejections rejections, $false_rejections false, $recorded recorded"; tail -5 "$tmp/err.txt"; fi
 
+# a forged code reward (issue 38): the same with the built-in code task and no cheated tokens: rank 2
+# claims a reward of 1 for a completion of a code task; the verifier rank scores it itself through the
+# code task's check (the tiny model writes no fenced block: 0, nothing to run) and refuses rank 2.
+if [ -z "$short" ]; then
+config "$tmp/verifier-code" 2 0 3
+sed -i "s|\"task\": \"file:$tmp/tasks.jsonl\"|\"task\": \"code:2:short\"|" "$tmp/run.json"
+grep -q '"task": "code:2:short"' "$tmp/run.json" || bad "verifier-code: the config's task"
+mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-garbage-rank 2 --test-garbage-reward \
+    > "$tmp/out.txt" 2> "$tmp/err.txt"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "inference rank 2 refused: verifier rank 3: batch [0-9]*: group [0-9]*, completion 0: rewards 1 / 1, the task gives 0" "$tmp/err.txt" &&
+   ! grep -q "inference rank 1 \(refused\|dropped\)" "$tmp/err.txt" && metrics_ok "$tmp/verifier-code/metrics.jsonl" 2 0; then
+    ok "a rank's forged code reward is refused by the verifier rank's own scoring, the run finishes on rank 1"
+else bad "a forged code reward: status $rc"; grep -v "^\[vm\|device 0" "$tmp/err.txt" | tail -6; fi
+fi
+
 # dishonest inference ranks (the test build's vkswarm_cheat, VKSWARM_TEST_CHEAT) without a verifier
 # rank, at async level 1: rank 1 claims a log-probability of -3e38 for every token it sends (each
 # passes the wire's "finite and <= 0"): the trainer checks every completion against the weights that
