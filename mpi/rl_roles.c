@@ -459,11 +459,11 @@ static int from_verifier(trainer_src *t, inf_rank *v, const char *buf, size_t by
 /* The most bytes an honest message from r under tag can have: a GROUPS
  * message (a verifier's VERIFIED wraps one; REFUSE carries a reason of at
  * most VKS_RL_REASON_MAX), signed by a joined rank; a joined rank's batch for
- * its verifier adds its rollout file. */
+ * its verifier adds its rollout file (episodes: its turn files). */
 static size_t most_bytes(const trainer_src *t, const inf_rank *r, int tag) {
     int seq_len = t->o->model->cfg.seq_len;
     size_t most = sizeof(vks_rl_msg) + vks_rl_wire_max_groups_bytes(t->c, seq_len) + (r && r->joined ? crypto_sign_BYTES : 0);
-    return tag == TAG_VERIFY ? most + vks_rl_wire_max_rollout_bytes(t->c, seq_len) : most;
+    return tag == TAG_VERIFY ? most + vks_rl_wire_max_verify_files_bytes(t->c, seq_len, t->gen.episodes) : most;
 }
 
 /* Whether buf (*bytes, its signature last) is signed by joined rank r's key;

@@ -683,9 +683,8 @@ static int receive_batch(ver_state *v, const MPI_Status *st) {
     int count = 0, seq_len = v->o->model->cfg.seq_len;
     MPI_Get_count(st, MPI_BYTE, &count);
     bool forwarded = st->MPI_SOURCE == v->trainer; /* a joined rank's (verify_forwarded) */
-    size_t turns = v->gen.episodes ? VKS_ENV_MAX_TURNS : 1; /* episodes: a file per turn, framed */
     size_t most = sizeof(vks_rl_msg) * (forwarded ? 2 : 1) + vks_rl_wire_max_groups_bytes(c, seq_len) +
-                  turns * (vks_rl_wire_max_rollout_bytes(c, seq_len) + sizeof(uint64_t)) + sizeof(uint32_t);
+                  vks_rl_wire_max_verify_files_bytes(c, seq_len, v->gen.episodes);
     bool fits = count >= (int)sizeof(vks_rl_msg) && (size_t)count <= most;
     char small[sizeof(vks_rl_msg)];
     char *buf = fits ? malloc((size_t)count) : small;

@@ -26,6 +26,11 @@ size_t vks_rl_wire_max_rollout_bytes(const vks_rl_config *c, int seq_len) {
                        (65536 + (64 + 16 * (stages - 1)) * (size_t)seq_len);
 }
 
+size_t vks_rl_wire_max_verify_files_bytes(const vks_rl_config *c, int seq_len, bool episodes) {
+    size_t one = vks_rl_wire_max_rollout_bytes(c, seq_len);
+    return episodes ? sizeof(uint32_t) + (size_t)VKS_ENV_MAX_TURNS * (sizeof(uint64_t) + one) : one;
+}
+
 int vks_rl_wire_pack_turn_files(char *const *files, const size_t *lens, int turns, char **out, size_t *bytes) {
     *out = NULL, *bytes = 0;
     if (turns < 1 || turns > VKS_ENV_MAX_TURNS) return vks_set_error(VKS_ERR_ARG, "%d turn files", turns);

@@ -53,6 +53,9 @@ typedef struct {
 size_t vks_rl_wire_max_groups_bytes(const vks_rl_config *c, int seq_len);
 /* The largest rollout file of a batch accepted from an inference rank. */
 size_t vks_rl_wire_max_rollout_bytes(const vks_rl_config *c, int seq_len);
+/* The most bytes of files a TO_VERIFY message may carry after its groups: one rollout file, or for episodes
+ * the framed turn files (VKS_ENV_MAX_TURNS of them at most). */
+size_t vks_rl_wire_max_verify_files_bytes(const vks_rl_config *c, int seq_len, bool episodes);
 /* Episodes: a batch's turn files, where a TO_VERIFY message holds its one rollout file: uint32 turns
  * (1 to VKS_ENV_MAX_TURNS), a uint64 length per turn, then the files' bytes in turn order. */
 int vks_rl_wire_pack_turn_files(char *const *files, const size_t *lens, int turns, char **out, size_t *bytes);
