@@ -566,6 +566,40 @@ static int verify_episode_batch(ver_state *v, const vks_rl_msg *h, const char *f
     return rc;
 }
 
+/* A TO_VERIFY message of single-turn completions (its groups unpacked, its rollout file at files_buf):
+ * the file must be the batch's sampler streams, groups sent without completions carry no signal, the
+ * reward sum is the completions', every completion (or a drawn share) is replayed, no pipeline stage's
+ * commitment fails (*blamed: the stage), and the groups carry the replay's log-probabilities. Arrays of
+ * the batch's size, owned by the caller: flat, logp, replayed, and f (the file read). *bad: refused. */
+static int verify_file_batch(ver_state *v, int origin, const vks_rl_msg *h, const char *files_buf, size_t files_bytes,
+                             vks_rl_batch_group *groups, vks_rl_gen_counts *cnt, vks_verdict *verdicts,
+                             vks_rl_sample *flat, float **logp, bool *replayed, vks_rollout_file *f, bool *bad,
+                             int *blamed, char *why, size_t cap) {
+    const vks_rl_config *c = v->o->config;
+    int n_all = c->prompts_per_step * c->group_size, rc = VKS_OK;
+    char name[64];
+    snprintf(name, sizeof name, "rank %d batch %lld", origin, (long long)h->batch);
+    *bad = vks_rollout_read_mem(files_buf, files_bytes, name, f) != VKS_OK;
+    if (*bad) snprintf(why, cap, "%s", vks_last_error());
+    if (!*bad) *bad = !matches_file(v, f, groups, h->batch, why, cap);
+    if (!*bad && (rc = rebuild_flat(v, f, groups, h->batch, flat, why, cap)) == VKS_ERR_FORMAT) *bad = true, rc = VKS_OK;
+    double sum = *bad || rc ? 0 : task_reward_sum(v, groups, flat);
+    if (!*bad && !rc && !(fabs(sum - cnt->task_reward_sum) <= 1e-9 * (1 + sum))) {
+        snprintf(why, cap, "a task reward sum of %g, its completions give %g", cnt->task_reward_sum, sum);
+        *bad = true;
+    }
+    for (int q = 0; !*bad && !rc && q < n_all; q++)
+        if (groups[q / c->group_size].n && !(logp[q] = malloc(sizeof(float) * (size_t)(f->samples[q].n_output + 1))))
+            rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
+    cnt->checked = cnt->accepted = 0;
+    cnt->task_reward_sum = sum; /* the verifier's own */
+    v->gen.batch = h->batch, v->gen.policy_step = h->step; /* for the record of rejections */
+    if (!*bad && !rc) rc = replay(v, f, groups, flat, verdicts, logp, replayed, &cnt->checked, &cnt->accepted);
+    if (!*bad && !rc) *bad = !stages_hold(v, verdicts, why, cap, blamed);
+    if (!*bad && !rc) *bad = !replay_agrees(v, groups, verdicts, logp, replayed, why, cap);
+    return rc;
+}
+
 /* One TO_VERIFY message of `bytes` from inference rank `origin`. */
 static int verify_message(ver_state *v, int origin, const char *buf, size_t bytes) {
     const vks_rl_config *c = v->o->config;
@@ -594,45 +628,14 @@ static int verify_message(ver_state *v, int origin, const char *buf, size_t byte
     bool bad = vks_rl_wire_unpack_groups(buf + sizeof h, h.n, &v->gen, c, &v->o->model->cfg, h.batch, h.step, h.step,
                                          true, groups, &policy, &cnt, why, sizeof why) != VKS_OK;
     if (!bad) bad = vks_rl_wire_check_counts(&cnt, groups, P, false, why, sizeof why) != VKS_OK;
-    if (!bad && v->gen.episodes) { /* every turn and every episode checked: then regrouped and sent as below */
-        rc = verify_episode_batch(v, &h, buf + sizeof h + h.n, bytes - sizeof h - h.n, groups, &cnt, verdicts, &bad, why,
-                                  sizeof why);
-        if (!bad && !rc) rc = regroup(v, origin, h.batch, groups, verdicts);
-        size_t m = 0;
-        void *packed = bad || rc ? NULL : vks_rl_wire_pack_groups(groups, P, h.batch, h.step, &cnt, &m);
-        if (!bad && !rc && !packed) rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
-        for (int p = 0; p < P; p++) vks_rl_group_free(&groups[p]);
-        free(groups), free(verdicts), free(flat), free(logp), free(replayed);
-        if (rc) return free(packed), rc;
-        if (bad) return refuse(v, origin, h.batch, why, -1);
-        vks_rl_msg up = {.magic = VKS_RL_MAGIC, .type = MSG_VERIFIED, .batch = h.batch, .step = h.step, .n = (uint64_t)origin};
-        char what[64];
-        snprintf(what, sizeof what, "%s taking verdicts", vks_rl_wire_granter(v->o->config));
-        return send_up(v, &up, packed, m, what);
-    }
-    if (!bad) {
-        char name[64];
-        snprintf(name, sizeof name, "rank %d batch %lld", origin, (long long)h.batch);
-        bad = vks_rollout_read_mem(buf + sizeof h + h.n, bytes - sizeof h - h.n, name, &f) != VKS_OK;
-        if (bad) snprintf(why, sizeof why, "%s", vks_last_error());
-    }
-    if (!bad) bad = !matches_file(v, &f, groups, h.batch, why, sizeof why);
-    if (!bad && (rc = rebuild_flat(v, &f, groups, h.batch, flat, why, sizeof why)) == VKS_ERR_FORMAT) bad = true, rc = VKS_OK;
-    double sum = bad || rc ? 0 : task_reward_sum(v, groups, flat);
-    if (!bad && !rc && !(fabs(sum - cnt.task_reward_sum) <= 1e-9 * (1 + sum))) {
-        snprintf(why, sizeof why, "a task reward sum of %g, its completions give %g", cnt.task_reward_sum, sum);
-        bad = true;
-    }
-    for (int q = 0; !bad && !rc && q < n_all; q++)
-        if (groups[q / c->group_size].n && !(logp[q] = malloc(sizeof(float) * (size_t)(f.samples[q].n_output + 1))))
-            rc = vks_set_error(VKS_ERR_NOMEM, "verifier: out of host memory");
-    cnt.checked = cnt.accepted = 0;
-    cnt.task_reward_sum = sum; /* the verifier's own */
-    v->gen.batch = h.batch, v->gen.policy_step = h.step; /* for the record of rejections */
-    if (!bad && !rc) rc = replay(v, &f, groups, flat, verdicts, logp, replayed, &cnt.checked, &cnt.accepted);
+    const char *files = buf + sizeof h + h.n;
+    size_t files_bytes = bytes - sizeof h - h.n;
     int blamed = -1;
-    if (!bad && !rc) bad = !stages_hold(v, verdicts, why, sizeof why, &blamed);
-    if (!bad && !rc) bad = !replay_agrees(v, groups, verdicts, logp, replayed, why, sizeof why);
+    if (!bad && v->gen.episodes) /* every turn and every episode checked */
+        rc = verify_episode_batch(v, &h, files, files_bytes, groups, &cnt, verdicts, &bad, why, sizeof why);
+    else if (!bad)
+        rc = verify_file_batch(v, origin, &h, files, files_bytes, groups, &cnt, verdicts, flat, logp, replayed, &f, &bad,
+                               &blamed, why, sizeof why);
     if (!bad && !rc) rc = regroup(v, origin, h.batch, groups, verdicts);
     size_t n = 0;
     void *packed = bad || rc ? NULL : vks_rl_wire_pack_groups(groups, P, h.batch, h.step, &cnt, &n);

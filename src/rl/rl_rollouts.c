@@ -957,6 +957,13 @@ typedef struct {
     int64_t batch, policy_step;
 } gen_pending;
 
+/* Frees what x holds; its batch and policy step stay (an error names the batch). */
+static void pending_free(gen_pending *x) {
+    if (x->P) batch_free(&x->b, x->P, x->n);
+    free(x->targets);
+    x->targets = NULL, x->P = x->n = 0;
+}
+
 /* Generation (and verification) of batch `batch`: n_prompts tasks x group_size. x is freed by gen_end. */
 static int gen_begin(vks_rl_gen *g, int64_t batch, int n_prompts, gen_pending *x) {
     const vks_rl_config *c = g->o->config;
@@ -987,9 +994,7 @@ static int gen_end(const vks_rl_gen *g, gen_pending *x, vks_rl_batch_group *grou
     cnt->rollouts = rc ? 0 : x->n;
     for (int i = 0; !rc && verified_here(g) && i < x->n; i++) cnt->checked++, cnt->accepted += x->b.verdicts[i].accepted;
     for (int i = 0; !rc && i < x->n; i++) cnt->task_reward_sum += x->b.task_reward[i];
-    batch_free(&x->b, x->P, x->n);
-    free(x->targets);
-    x->targets = NULL;
+    pending_free(x);
     return rc;
 }
 
@@ -1000,8 +1005,7 @@ int vks_rl_gen_batch(vks_rl_gen *g, int64_t batch, int n_prompts, vks_rl_batch_g
     if (rc) {
         memset(groups, 0, sizeof *groups * (size_t)g->o->config->prompts_per_step);
         memset(cnt, 0, sizeof *cnt);
-        if (x.P) batch_free(&x.b, x.P, x.n);
-        free(x.targets);
+        pending_free(&x);
     }
     return rc ? rc : erc;
 }
@@ -1040,12 +1044,6 @@ typedef struct {
     int rc;
     char error[1024];
 } scorer;
-
-static void pending_free(gen_pending *x) {
-    if (x->P) batch_free(&x->b, x->P, x->n);
-    free(x->targets);
-    memset(x, 0, sizeof *x);
-}
 
 /* Batch x scored, its groups into the queue (frees x). */
 static int hand_over(vks_rl_gen *g, gen_pending *x) {
