@@ -59,6 +59,19 @@ wait_for() {
     done
     return 1
 }
+# join_until_end URI DIR RANK: a machine (key k1) joins the run ($run) until it ends; then rc (the
+# run's status), rca (the joiner's), joined (the batches the run's summary counts for joined rank
+# RANK, from $run_err); the joiner's stderr in DIR.err
+join_until_end() {
+    "$bin" join --run "$1" --key "$tmp/k1" --out "$2" --timeout-s 30 > /dev/null 2> "$2.err" &
+    local j=$!
+    joiners+=("$j")
+    wait $run
+    rc=$?
+    wait "$j"
+    rca=$?
+    joined=$(sed -n "s/.*joined rank $3 (key [0-9a-f]*): \([0-9]*\) batches.*/\1/p" "$run_err")
+}
 
 # ---- a LoRA run takes a join: the joiner is sent the newest adapter (the GGUF LoRA file the run
 # broadcasts, streamed as full weights are) and loads it on its own base. Its rollout files of a policy
@@ -123,14 +136,7 @@ alone_case() {
     join_mpirun 240 -np 1 "$bin" rl --config "$tmp/run8.json" --join --eval-n 0 --timeout-s 30 > "$tmp/run8.out" 2> "$run_err" &
     run=$!
     wait_for 120 test -s "$tmp/out8/join.uri" || bad "the trainer alone opened no join point"
-    "$bin" join --run "$tmp/out8/join.uri" --key "$tmp/k1" --out "$tmp/ja8" --timeout-s 30 > /dev/null 2> "$tmp/ja8.err" &
-    ja8=$!
-    joiners+=("$ja8")
-    wait $run
-    rc=$?
-    wait "$ja8"
-    rca=$?
-    joined=$(sed -n 's/.*joined rank 1 (key [0-9a-f]*): \([0-9]*\) batches.*/\1/p' "$run_err")
+    join_until_end "$tmp/out8/join.uri" "$tmp/ja8" 1
     [ $rc -eq 0 ] && [ $rca -eq 0 ] && grep -q "no inference rank yet: waiting up to [0-9]* s for one to join" "$run_err" &&
         [ "$(wc -l < "$tmp/out8/metrics.jsonl")" -eq 6 ] && grep -q "^final checkpoint: $tmp/out8/step-000000006" "$tmp/run8.out" &&
         [ "${joined:-0}" -ge 6 ] &&
@@ -434,14 +440,7 @@ else
         tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && kill -9 "$p"
     done
     wait_for 60 grep -q "no inference rank is left: waiting up to 120 s for one to join" "$run_err"
-    "$bin" join --run "$tmp/out6/join.uri" --key "$tmp/k1" --out "$tmp/ja" --timeout-s 30 > /dev/null 2> "$tmp/ja.err" &
-    ja=$!
-    joiners+=("$ja")
-    wait $run
-    rc=$?
-    wait "$ja"
-    rca=$?
-    joined=$(sed -n 's/.*joined rank 2 (key [0-9a-f]*): \([0-9]*\) batches.*/\1/p' "$run_err")
+    join_until_end "$tmp/out6/join.uri" "$tmp/ja" 2
     [ $rc -eq 0 ] && [ $rca -eq 0 ] && grep -q "an inference rank again after [0-9]* s without one" "$run_err" &&
         [ "${joined:-0}" -ge 1 ] && [ "$(wc -l < "$tmp/out6/metrics.jsonl")" -eq 16 ] &&
         ok "the run's only inference rank died; the run waited, a machine joined ($joined batches) and it finished" ||
