@@ -607,12 +607,13 @@ fi
 # cheat as above. Each batch's line says how many were checked and failed; a batch is rejected
 # exactly when a checked completion failed, and then every one of its completions is rejected
 # (the rejection lines add up to the rejected batches' sizes); accepted batches reject none. Every
-# 3rd completion cheats (about 2 in 3 batches rejected: some always are).
+# 3rd completion cheats (about 2 in 3 batches rejected), 8 steps: none rejected in 8 batches has
+# odds of 0.36^8 (at 4 steps 2%: seen once).
 # The model: the episodes' warm-up (it ends its lines, so groups differ in length and carry signal);
 # from the untrained one, whose completions rarely stop, a run with about half its batches rejected
 # whole once found no useful group in 20 batches and stopped (CI; the secret each batch is checked
 # with is random, as it must be).
-config "$tmp/sampled" 4 0 3
+config "$tmp/sampled" 8 0 3
 [ -d "$tmp/ep/warm/step-000000030" ] && sed -i "s|\"init\": \"tiny\"|\"model\": \"$tmp/ep/warm/step-000000030\"|" "$tmp/run.json"
 mpi_run 300 -np 4 $bin rl --config "$tmp/run.json" --eval-n 0 --timeout-s 60 --test-cheat-every 3 --set verify_sample=0.25 \
     > "$tmp/out.txt" 2> "$tmp/err.txt"
@@ -630,11 +631,11 @@ rejected_lines=$(grep -c "verifier rank 3: batch [0-9]* of rank [12]: completion
 # a batch judged whole counts as checked), the last step's accept rate = accepted / checked (issue
 # 26: the summary said "120 rollouts, 24 accepted, 0 rejected" beside "accepted 1.000")
 counts_agree=$(grep -o "^vkswarm: rl: [0-9]* rollouts; [0-9]* checked by a verifier: [0-9]* accepted, [0-9]* rejected" "$tmp/err.txt" |
-    awk -v acc="$(grep -o '^rl: step 4/4: .*accepted [0-9.]*' "$tmp/err.txt" | awk '{ print $NF }')" \
+    awk -v acc="$(grep -o '^rl: step 8/8: .*accepted [0-9.]*' "$tmp/err.txt" | awk '{ print $NF }')" \
         '{ n = $3; c = $5; a = $10; r = $12
            if (c <= n && c == a + r && c > 0 && sprintf("%.3f", a / c) == acc) print "yes" }')
-if [ $rc -eq 0 ] && [ "$batches" -ge 4 ] && [ "$wrong" = 0 ] && [ "$in_rejected" -gt 0 ] &&
-   [ "$rejected_lines" = "$in_rejected" ] && [ "$counts_agree" = yes ] && metrics_ok "$tmp/sampled/metrics.jsonl" 4 0; then
+if [ $rc -eq 0 ] && [ "$batches" -ge 8 ] && [ "$wrong" = 0 ] && [ "$in_rejected" -gt 0 ] &&
+   [ "$rejected_lines" = "$in_rejected" ] && [ "$counts_agree" = yes ] && metrics_ok "$tmp/sampled/metrics.jsonl" 8 0; then
     ok "verify_sample 0.25: $batches batches judged whole on a sampled quarter, $in_rejected completions in rejected batches, bounds as C(n-k,m)/C(n,m)"
 else bad "verify_sample: status $rc, $batches batches, $wrong wrong lines, $rejected_lines rejections vs $in_rejected, counts agree '$counts_agree'"; grep "rollouts;\|^rl: step" "$tmp/err.txt"; tail -5 "$tmp/err.txt"; fi
 
