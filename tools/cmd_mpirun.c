@@ -7,6 +7,7 @@
  * reach it; the first Ctrl-C (or SIGTERM, SIGHUP) here becomes SIGUSR1 to
  * mpirun, a second one mpirun's own SIGINT (the abort). */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include "cli_mpi.h"
 #include "cli_util.h"
@@ -29,6 +31,8 @@ static const char mpirun_usage[] =
     "abort, every rank killed within about 2 s. Plain mpirun takes the first Ctrl-C as that abort.\n"
     "Exit status: mpirun's (128 + N when a signal N ended it). mpirun is looked up in PATH\n"
     "(VKSWARM_MPIRUN=PATH names another). See docs/multi-machine.md \"7. Stopping cleanly\".\n"
+    "When every rank on this machine has ended and mpirun has not within 5 s (Open MPI 4.1 can hang in its\n"
+    "finalize after an abort), mpirun is ended and the status is the ranks' (the first non-zero exit).\n"
     "--join first starts Open MPI's ompi-server (the rendezvous that lets other machines connect to a\n"
     "running job; its URI in a temporary file) and gives mpirun --ompi-server file:FILE, so that\n"
     "`vkswarm rl --join` can open the run to joiners (docs \"Joining a run\"); ompi-server ends with\n"
@@ -80,6 +84,69 @@ static pid_t start_ompi_server(char *dir, char *uri_path, size_t cap) {
     }
     kill(pid, SIGKILL);
     cli_die(1, "mpirun: --join: ompi-server wrote no URI within 10 s");
+}
+
+/* Open MPI 4.1.4's mpirun sometimes hangs after an abort with every local rank already ended: its main
+ * thread in PMIx_server_finalize joining a progress thread that waits on a lock (tests/mpi/test_verifier.sh,
+ * about 1 run in 6 on a loaded machine; NOTES.md). Its ranks are then zombies it never reaps. The local
+ * children of `parent` from /proc: how many, how many ended, and the wait status mpirun would report (the
+ * first non-zero exit, else the first signal, else 0; /proc/PID/stat field 52 holds it for a zombie). */
+static int scan_children(pid_t parent, int *ended, int *status) {
+    DIR *d = opendir("/proc");
+    int n = 0, first_signal = 0;
+    *ended = 0, *status = 0;
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        char path[64], buf[1024];
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/%.20s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+        char state = 0;
+        long ppid = 0;
+        if (!p || sscanf(p + 1, " %c %ld", &state, &ppid) != 2 || ppid != (long)parent) continue;
+        n++;
+        if (state != 'Z') continue;
+        (*ended)++;
+        int field = 3, code = 0; /* field 3 is the state, just after the name */
+        for (char *t = p + 2; *t && field < 52; t++)
+            if (*t == ' ') field++, code = field == 52 ? atoi(t + 1) : code;
+        if (WIFEXITED(code) && WEXITSTATUS(code) && !*status) *status = code;
+        if (WIFSIGNALED(code) && !first_signal) first_signal = code;
+    }
+    closedir(d);
+    if (!*status) *status = first_signal;
+    return n;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Whether mpirun `pid` has had only ended ranks for MPIRUN_HUNG_S (*since: when that began, -1: not now);
+ * then it is ended here and *status is what its ranks said. */
+#define MPIRUN_HUNG_S 5.0
+static bool hung_after_ranks(pid_t pid, double *since, int *status) {
+    int ended, code, n = scan_children(pid, &ended, &code);
+    if (n == 0 || ended < n) {
+        *since = -1;
+        return false;
+    }
+    if (*since < 0) *since = now_s();
+    if (now_s() - *since < MPIRUN_HUNG_S) return false;
+    fprintf(stderr, "vkswarm: mpirun: every rank ended %.0f s ago but mpirun has not (Open MPI's hang in its "
+                    "finalize after an abort): ending mpirun with its ranks' status\n", MPIRUN_HUNG_S);
+    kill(pid, SIGKILL);
+    int ignored;
+    waitpid(pid, &ignored, 0);
+    *status = code;
+    return true;
 }
 
 static void run_child(const char *mpirun, char **args, const sigset_t *mask) {
@@ -134,16 +201,21 @@ int cmd_mpirun(int argc, char **argv) {
     child_pid = pid;
     sigprocmask(SIG_SETMASK, &old, NULL);
     int status;
+    double all_ended_since = -1;
+    unsigned polls = 0;
     for (;;) { /* mpirun, and ompi-server should it die first */
-        pid_t w = waitpid(-1, &status, 0);
+        pid_t w = waitpid(-1, &status, WNOHANG);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) cli_die(1, "mpirun: waitpid: %s", strerror(errno));
         if (w == pid) break;
-        if (w == server) {
+        if (w > 0 && w == server) {
             fprintf(stderr, "vkswarm: mpirun: ompi-server ended (%s %d): the running ranks go on; joins will fail\n",
                     WIFSIGNALED(status) ? "signal" : "status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
             server = 0;
         }
+        if (w > 0) continue;
+        if (++polls % 5 == 0 && hung_after_ranks(pid, &all_ended_since, &status)) break; /* once a second */
+        usleep(200000);
     }
     if (server > 0) {
         kill(server, SIGTERM);

@@ -19,10 +19,12 @@ mpi_rank_env=()
 # mpi_run SECONDS ARGS...: mpirun ARGS under `timeout SECONDS`, then SIGKILL 15 s later: seen
 # once on a loaded machine, mpirun with every rank gone (a start-up fault case) hung on and
 # outlived timeout's SIGTERM for ten minutes.
+# mpi_launcher: the command mpi_run starts (a test of `vkswarm mpirun` sets (BIN mpirun))
+mpi_launcher=(mpirun)
 mpi_run() {
     local t=$1
     shift
-    env -u MALLOC_PERTURB_ timeout -k 15 "$t" mpirun ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe --mca btl tcp,self \
+    env -u MALLOC_PERTURB_ timeout -k 15 "$t" "${mpi_launcher[@]}" ${mpi_rank_env[@]+"${mpi_rank_env[@]}"} --oversubscribe --mca btl tcp,self \
         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
 }
 # ok/bad WHAT: one check passed or failed (counted in passed, failed), with the
