@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <signal.h>
 #include <errno.h>
+#include <time.h>
 
 static void test_help_everywhere(void **state) {
     (void)state;
@@ -595,6 +596,14 @@ static void test_mpirun_wrapper(void **state) {
                      "sleep 20 & wait; sleep 20 & wait'", &out, &err);
     if (rc != 6 || strcmp(out, "int\n") || !strstr(err, "vkswarm: mpirun: SIGINT to mpirun"))
         fail_msg("second Ctrl-C: status %d, stdout '%s', stderr '%s'", rc, out, err);
+    free(out), free(err);
+    /* Open MPI's hang after an abort: its "ranks" end (one with status 3, one killed) and are never reaped
+     * (exec keeps them as zombies of the sleeping "mpirun"): ended 5 s later with the ranks' status */
+    time_t t0 = time(NULL);
+    rc = run_capture("mpirun -c '(exit 3) & sh -c \"kill -9 \\$\\$\" & exec sleep 60'", &out, &err);
+    time_t took = time(NULL) - t0;
+    if (rc != 3 || took > 30 || !strstr(err, "vkswarm: mpirun: every rank ended 5 s ago but mpirun has not"))
+        fail_msg("mpirun hung after its ranks: status %d after %lld s, stderr '%s'", rc, (long long)took, err);
     free(out), free(err);
     assert_int_equal(setenv("VKSWARM_MPIRUN", "/nonexistent/mpirun", 1), 0);
     rc = run_capture("mpirun -np 1 true", &out, &err);
