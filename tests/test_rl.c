@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "vkswarm/vks_checkpoint.h"
+#include "vkswarm/vks_difficulty_pool.h"
 #include "vkswarm/vks_gpu.h"
 #include "vkswarm/vks_metrics.h"
 #include "vkswarm/vks_model.h"
@@ -1390,6 +1391,104 @@ static vks_rl_result *run_checked(vks_rl_config *c, progress_log *log, int eval_
     return r;
 }
 
+/* Difficulty pools (config "buffer"): the rule at its thresholds; a slot's task is drawn once and the same
+ * for the same seed; with the pools at 10 tasks each the draws follow the weights (0.2 / 1.0 / 0.2 of
+ * 1.4, each within 5 standard errors over 14000 slots) and are uniform within a pool; a pool weighted 0 is
+ * never drawn from; a task moves back; a slot older than the kept ones and bad records are refused. */
+static void test_difficulty_pool(void **state) {
+    (void)state;
+    vks_rl_buffer b = {.easy_threshold = 0.75, .hard_threshold = 0.25, .easy_weight = 0.2, .normal_weight = 1.0,
+                       .hard_weight = 0.2};
+    const double rates[] = {0, 0.25, 0.26, 0.75, 0.76, 1};
+    const int pools[] = {VKS_POOL_HARD, VKS_POOL_HARD, VKS_POOL_NORMAL, VKS_POOL_NORMAL, VKS_POOL_EASY, VKS_POOL_EASY};
+    for (int i = 0; i < 6; i++) assert_int_equal(vks_difficulty_pool_of(&b, rates[i]), pools[i]);
+    vks_difficulty_pool *p = NULL, *q = NULL, *only = NULL;
+    assert_int_equal(vks_difficulty_pool_create(30, &b, 7, &p) | vks_difficulty_pool_create(30, &b, 7, &q), VKS_OK);
+    int64_t size[VKS_POOL_COUNT], a, c;
+    vks_difficulty_pool_sizes(p, size);
+    assert_true(size[VKS_POOL_EASY] == 0 && size[VKS_POOL_NORMAL] == 30 && size[VKS_POOL_HARD] == 0);
+    for (int64_t slot = 0; slot < 100; slot++) {
+        assert_int_equal(vks_difficulty_pool_task(p, slot, &a) | vks_difficulty_pool_task(q, slot, &c), VKS_OK);
+        assert_true(a == c && a >= 0 && a < 30);
+        assert_int_equal(vks_difficulty_pool_task(p, slot, &c), VKS_OK);
+        assert_int_equal(a, c);
+    }
+    for (int64_t t = 0; t < 30; t++) assert_int_equal(vks_difficulty_pool_record(p, t, t < 10 ? 1.0 : t < 20 ? 0.0 : 0.5), VKS_OK);
+    vks_difficulty_pool_sizes(p, size);
+    assert_true(size[VKS_POOL_EASY] == 10 && size[VKS_POOL_NORMAL] == 10 && size[VKS_POOL_HARD] == 10);
+    enum { N = 14000 };
+    int per_task[30] = {0};
+    for (int64_t slot = 1000; slot < 1000 + N; slot++) {
+        assert_int_equal(vks_difficulty_pool_task(p, slot, &a), VKS_OK);
+        per_task[a]++;
+    }
+    const double want[3] = {0.2 / 1.4, 1.0 / 1.4, 0.2 / 1.4}; /* tasks 0-9 easy, 10-19 hard, 20-29 normal */
+    const int first[3] = {0, 20, 10};
+    for (int k = 0; k < 3; k++) {
+        int n = 0;
+        for (int t = first[k]; t < first[k] + 10; t++) n += per_task[t];
+        double f = (double)n / N, se = sqrt(want[k] * (1 - want[k]) / N);
+        if (fabs(f - want[k]) > 5 * se) fail_msg("pool %d: %.4f of the draws, want %.4f +- %.4f", k, f, want[k], 5 * se);
+        for (int t = first[k]; t < first[k] + 10; t++) { /* uniform within the pool */
+            double ft = (double)per_task[t] / n, set = sqrt(0.1 * 0.9 / n);
+            if (fabs(ft - 0.1) > 5 * set) fail_msg("task %d: %.4f of its pool's draws", t, ft);
+        }
+    }
+    assert_int_equal(vks_difficulty_pool_record(p, 0, 0.5), VKS_OK); /* back to normal */
+    vks_difficulty_pool_sizes(p, size);
+    assert_true(size[VKS_POOL_EASY] == 9 && size[VKS_POOL_NORMAL] == 11 && size[VKS_POOL_HARD] == 10);
+    assert_int_equal(vks_difficulty_pool_task(p, 1000 + N + VKS_POOL_SLOTS + 5, &a), VKS_OK);
+    assert_int_equal(vks_difficulty_pool_task(p, 1005, &a), VKS_ERR_ARG); /* older than the kept slots */
+    assert_int_equal(vks_difficulty_pool_record(p, 30, 0.5), VKS_ERR_ARG);
+    assert_int_equal(vks_difficulty_pool_record(p, 1, NAN), VKS_ERR_ARG);
+    assert_int_equal(vks_difficulty_pool_record(p, 1, 1.5), VKS_ERR_ARG);
+    b.easy_weight = b.hard_weight = 0; /* the normal pool only */
+    assert_int_equal(vks_difficulty_pool_create(30, &b, 7, &only), VKS_OK);
+    for (int64_t t = 0; t < 20; t++) assert_int_equal(vks_difficulty_pool_record(only, t, t < 10 ? 1.0 : 0.0), VKS_OK);
+    for (int64_t slot = 0; slot < 500; slot++) {
+        assert_int_equal(vks_difficulty_pool_task(only, slot, &a), VKS_OK);
+        assert_true(a >= 20 && a < 30);
+    }
+    vks_difficulty_pool_free(p), vks_difficulty_pool_free(q), vks_difficulty_pool_free(only);
+}
+
+/* A run drawing its tasks from difficulty pools: every step's metrics hold the pools' sizes, adding up to the
+ * task file's 8 tasks; the tiny model solves nothing, so each task its batches drew went to the hard pool
+ * (at least the first batch's 2 by step 1); the verifier, which rebuilds each prompt from the slot's task,
+ * rejects nothing. */
+static void test_difficulty_pool_run(void **state) {
+    (void)state;
+    char out[600], path[700];
+    vks_rl_config c;
+    snprintf(out, sizeof out, "%s/rl-pool", tu_tmpdir());
+    small_config(&c, out, 2, 1);
+    assert_int_equal(vks_rl_config_set(&c, "buffer.type=difficulty_pool"), VKS_OK);
+    progress_log log = {0};
+    vks_rl_result *r = run_checked(&c, &log, 0);
+    assert_int_equal(log.n, 2);
+    assert_int_equal(r->rejected, 0);
+    free(r);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[16384];
+    int steps = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t err;
+        json_t *o = json_loads(line, 0, &err), *step = json_object_get(o, "step"), *easy = json_object_get(o, "pool_easy");
+        assert_non_null(o);
+        if (!easy || !json_integer_value(step)) { json_decref(o); continue; } /* the start's evaluation line */
+        double e = json_number_value(easy), n = json_number_value(json_object_get(o, "pool_normal")),
+               h = json_number_value(json_object_get(o, "pool_hard"));
+        fprintf(stderr, "step %lld: pools easy %g normal %g hard %g\n", (long long)json_integer_value(step), e, n, h);
+        assert_true(e + n + h == 8 && h >= 2 && e == 0);
+        steps++;
+        json_decref(o);
+    }
+    fclose(f);
+    assert_int_equal(steps, 2);
+}
+
 /* A code task file (issue 38) trains and is evaluated like any other: the
  * tiny model writes no code block (task reward 0, the thinking budget gives
  * the groups their signal) and its held-out set is scored through the
@@ -1592,7 +1691,7 @@ int main(void) {
                                        cmocka_unit_test(test_lora_run), cmocka_unit_test(test_off_policy_kept),
                                        cmocka_unit_test(test_loss_types_run),
                                        cmocka_unit_test(test_versions_ring), cmocka_unit_test(test_report_in_browser),
-                                       cmocka_unit_test(test_sft_loss_window), cmocka_unit_test(test_code_task_run),
+                                       cmocka_unit_test(test_sft_loss_window), cmocka_unit_test(test_code_task_run), cmocka_unit_test(test_difficulty_pool), cmocka_unit_test(test_difficulty_pool_run),
                                        cmocka_unit_test(test_program_task_run), cmocka_unit_test(test_slow_reward_beside_generation),
                                        cmocka_unit_test(test_environment_run)};
     if (getenv("VKSWARM_TEST_FILTER")) cmocka_set_test_filter(getenv("VKSWARM_TEST_FILTER"));

@@ -444,6 +444,45 @@ static void test_loss_block(void **state) {
     free(now);
 }
 
+/* "buffer": simple (the default, not stored) or difficulty_pool with its thresholds and weights, from
+ * --set and a file, round-tripped; refused naming the key and the reason: a built-in task, thresholds out
+ * of order, every weight 0, more than one rank. */
+static void test_buffer_block(void **state) {
+    (void)state;
+    vks_rl_config c, back;
+    vks_rl_config_defaults(&c);
+    char *text = vks_rl_config_to_json(&c);
+    assert_null(strstr(text, "buffer"));
+    free(text);
+    assert_int_equal(vks_rl_config_set(&c, "buffer.type=difficulty_pool"), VKS_OK);
+    assert_int_equal(load_text(&c, "{\"buffer\": {\"type\": \"difficulty_pool\", \"easy_threshold\": 0.8, "
+                                   "\"hard_weight\": 0.5}}"), VKS_OK);
+    assert_true(c.buffer.difficulty_pool && c.buffer.easy_threshold == 0.8 && c.buffer.hard_threshold == 0.25 &&
+                c.buffer.hard_weight == 0.5 && c.buffer.normal_weight == 1.0 && c.buffer.easy_weight == 0.2);
+    assert_true(vks_rl_config_given(&c, "buffer"));
+    text = vks_rl_config_to_json(&c);
+    assert_non_null(strstr(text, "\"buffer\":{\"type\":\"difficulty_pool\",\"easy_threshold\":0.8"));
+    vks_rl_config_defaults(&back);
+    assert_int_equal(vks_rl_config_parse(&back, text, "stored"), VKS_OK);
+    free(text);
+    assert_true(back.buffer.difficulty_pool && back.buffer.easy_threshold == 0.8 && back.buffer.hard_weight == 0.5);
+    expect_message(vks_rl_config_check(&c, 1), "config: buffer.type difficulty_pool needs a task file (task add:2 is built in");
+    snprintf(c.task, sizeof c.task, "file:/x/tasks.jsonl");
+    assert_int_equal(vks_rl_config_check(&c, 1), VKS_OK);
+    assert_int_equal(vks_rl_config_check(&c, 3), VKS_ERR_FORMAT);
+    assert_non_null(strstr(vks_last_error(), "config: buffer.type difficulty_pool runs on one process for now"));
+    assert_int_equal(vks_rl_config_set(&c, "buffer.hard_threshold=0.9"), VKS_OK);
+    expect_message(vks_rl_config_check(&c, 1), "config: buffer.hard_threshold 0.9 is above buffer.easy_threshold 0.8");
+    assert_int_equal(vks_rl_config_set(&c, "buffer.hard_threshold=0.1"), VKS_OK);
+    assert_int_equal(vks_rl_config_set(&c, "buffer.easy_weight=0") | vks_rl_config_set(&c, "buffer.normal_weight=0") |
+                     vks_rl_config_set(&c, "buffer.hard_weight=0"), VKS_OK);
+    expect_message(vks_rl_config_check(&c, 1), "config: buffer weights are all 0");
+    expect_message(vks_rl_config_set(&c, "buffer.type=priority"), "--set: buffer.type 'priority' is not simple or difficulty_pool");
+    expect_message(vks_rl_config_set(&c, "buffer.easy_threshold=1.5"), "--set: buffer.easy_threshold must be a number in [0, 1]");
+    expect_message(vks_rl_config_set(&c, "buffer.size=3"), "--set: unknown key 'buffer.size'");
+    expect_message(load_text(&c, "{\"buffer\": {\"easy_weight\": \"1\"}}"), "run.json: buffer.easy_weight must be a number");
+}
+
 /* "reward": reward programs for every task, from a file (program or rubric)
  * or --set (program, sandbox, timeout_s); checked as a task line's, refused
  * naming the key; stored only when given, round-tripped; a resume that
@@ -652,7 +691,7 @@ int main(void) {
         cmocka_unit_test(test_values_named),
         cmocka_unit_test(test_prompt_block),
         cmocka_unit_test(test_lora_block),
-        cmocka_unit_test(test_loss_block),
+        cmocka_unit_test(test_loss_block), cmocka_unit_test(test_buffer_block),
         cmocka_unit_test(test_reward_block),
         cmocka_unit_test(test_resume_merge),
         cmocka_unit_test(test_bans_file),

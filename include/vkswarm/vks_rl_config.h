@@ -124,6 +124,16 @@ typedef struct {
     bool behav_truncate;       /* "behav_weight": "truncate" (else "mask") */
 } vks_rl_loss;
 
+/* "buffer": how a batch's tasks are drawn from a task file. simple: in file order, cycled (task index
+ * mod the task count). difficulty_pool (prime-rl's): each task is in the easy pool (its latest group's
+ * solve rate above easy_threshold), the hard pool (at most hard_threshold) or the normal pool (the rest,
+ * and every task not yet seen); a batch's task is drawn from a pool chosen with the pools' weights
+ * (empty pools left out), then uniformly within it. */
+typedef struct {
+    bool difficulty_pool;      /* "type": "difficulty_pool" (else "simple") */
+    double easy_threshold, hard_threshold, easy_weight, normal_weight, hard_weight;
+} vks_rl_buffer;
+
 typedef struct {
     char task[512], init[16], model[1024], out[1024], shardcast_key[1024], eval_tasks[1024];
     double eval_split;
@@ -139,6 +149,7 @@ typedef struct {
     uint32_t lora_targets;
     vks_rl_loss loss;
     vks_advantage_type advantage;
+    vks_rl_buffer buffer;
     char reward[VKS_RL_MAX_REWARD]; /* "reward": every task scored by reward programs instead of its own check
                                      * ({"program" | "rubric", "sandbox", "timeout_s"} as compact JSON; "": none) */
     /* roles */

@@ -170,6 +170,8 @@ struct vks_rl_gen {
     bool episodes;            /* the tasks are multi-turn environments (set by open_tasks): a batch is episodes */
     int turns;                /* episodes: the turn files the last batch wrote (its rollout file, then
                                * batch-N-turn-T.jsonl for T = 2..turns) */
+    struct vks_difficulty_pool *pool; /* config buffer.type difficulty_pool: which task each slot gets (made by
+                                         open_tasks; NULL: task_index mod n_tasks) */
     bool episodes_allowed;    /* set before open_tasks where this role runs episodes (a run on one process,
                                * for now); else open_tasks refuses environment tasks */
 };

@@ -42,6 +42,8 @@ static const key_info keys[] = {
 static const vks_rl_loss default_loss = {VKS_LOSS_INTELLECT2, VKS_NORMALIZE_BUDGET, VKS_GRPO_DELTA, VKS_GRPO_EPS, VKS_DAPO_EPS_LOW,
                                          VKS_DAPO_EPS_HIGH, VKS_DPPO_MASK, VKS_DPPO_MASK, VKS_IPO_THRESHOLD, 1.0,
                                          VKS_DPPO_KL_TAU, VKS_GSPO_EPS_LOW, VKS_GSPO_EPS_HIGH, VKS_BEHAV_CAP, false};
+static const vks_rl_buffer default_buffer = {.easy_threshold = 0.75, .hard_threshold = 0.25, .easy_weight = 0.2,
+                                             .normal_weight = 1.0, .hard_weight = 0.2};
 
 void vks_rl_config_defaults(vks_rl_config *c) {
     memset(c, 0, sizeof *c);
@@ -67,6 +69,7 @@ void vks_rl_config_defaults(vks_rl_config *c) {
     c->lora_targets = VKS_LORA_ALL_TARGETS;
     c->loss = default_loss;
     c->advantage = VKS_ADVANTAGE_GROUP_STD;
+    c->buffer = default_buffer;
 }
 
 /* ---- "loss" and "advantage" ---- */
@@ -157,7 +160,52 @@ static int set_advantage(vks_rl_config *c, const char *k, const char *v, const c
     return rc;
 }
 
-/* "loss": {...} or "advantage": {...}: strings and numbers, each through its setter. */
+/* buffer.KEY = text: type (simple or difficulty_pool), the thresholds (solve rates in [0, 1]) and the weights. */
+typedef struct { const char *name; size_t offset; double lo, hi; } buffer_key;
+#define BUFFER_KEY(f, lo, hi) {#f, offsetof(vks_rl_buffer, f), lo, hi}
+static const buffer_key buffer_keys[] = {
+    BUFFER_KEY(easy_threshold, 0, 1), BUFFER_KEY(hard_threshold, 0, 1), BUFFER_KEY(easy_weight, 0, 1e6),
+    BUFFER_KEY(normal_weight, 0, 1e6), BUFFER_KEY(hard_weight, 0, 1e6),
+};
+#define N_BUFFER_KEYS (sizeof buffer_keys / sizeof buffer_keys[0])
+static const char *const buffer_names[] = {"simple", "difficulty_pool", NULL};
+
+static int set_buffer(vks_rl_config *c, const char *k, const char *v, const char *where) {
+    int i = 0, rc = VKS_OK;
+    if (!strcmp(k, "type")) {
+        if (!(rc = name_index(buffer_names, "buffer.type", v, where, &i))) c->buffer.difficulty_pool = i == 1;
+        return rc;
+    }
+    for (i = 0; i < (int)N_BUFFER_KEYS; i++) {
+        if (strcmp(k, buffer_keys[i].name)) continue;
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (end == v || *end || errno || !isfinite(x) || x < buffer_keys[i].lo || x > buffer_keys[i].hi)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: buffer.%s must be a number in [%g, %g]", where, k,
+                                 buffer_keys[i].lo, buffer_keys[i].hi);
+        *(double *)((char *)&c->buffer + buffer_keys[i].offset) = x;
+        return VKS_OK;
+    }
+    return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'buffer.%.40s'", where, k);
+}
+
+static double buffer_knob(const vks_rl_buffer *b, size_t i) { return *(const double *)((const char *)b + buffer_keys[i].offset); }
+
+static bool buffer_is_default(const vks_rl_config *c) {
+    bool same = c->buffer.difficulty_pool == default_buffer.difficulty_pool;
+    for (size_t i = 0; same && i < N_BUFFER_KEYS; i++) same = buffer_knob(&c->buffer, i) == buffer_knob(&default_buffer, i);
+    return same;
+}
+
+static json_t *buffer_object(const vks_rl_config *c) {
+    json_t *o = json_pack("{s:s}", "type", buffer_names[c->buffer.difficulty_pool]);
+    for (size_t i = 0; o && i < N_BUFFER_KEYS; i++)
+        json_object_set_new(o, buffer_keys[i].name, json_real(buffer_knob(&c->buffer, i)));
+    return o;
+}
+
+/* "loss": {...}, "advantage": {...} or "buffer": {...}: strings and numbers, each through its setter. */
 static int json_block(vks_rl_config *c, const char *name, json_t *o, const char *path,
                       int (*set)(vks_rl_config *, const char *, const char *, const char *)) {
     if (!json_is_object(o)) return vks_set_error(VKS_ERR_FORMAT, "%s: %s must be an object", path, name);
@@ -259,6 +307,7 @@ static int set_reward(vks_rl_config *c, const char *k, const char *v, const char
 #define GIVEN_TARGETS (1u << 29)
 #define GIVEN_ROLES (1u << 30)
 #define GIVEN_REWARD (1ull << 32)
+#define GIVEN_BUFFER (1ull << 33)
 _Static_assert(N_KEYS < 26, "vks_rl_config.given has a bit per key");
 
 static const key_info *find_key(const char *name) {
@@ -275,6 +324,7 @@ static uint64_t key_bit(const char *name) {
     if (!strcmp(name, "loss") || !strncmp(name, "loss.", 5)) return GIVEN_LOSS;
     if (!strcmp(name, "advantage") || !strncmp(name, "advantage.", 10)) return GIVEN_ADVANTAGE;
     if (!strcmp(name, "reward") || !strncmp(name, "reward.", 7)) return GIVEN_REWARD;
+    if (!strcmp(name, "buffer") || !strncmp(name, "buffer.", 7)) return GIVEN_BUFFER;
     const key_info *k = find_key(name);
     return k ? 1ull << (k - keys) : 0;
 }
@@ -468,6 +518,7 @@ int vks_rl_config_set(vks_rl_config *c, const char *assignment) {
     if (!strncmp(key, "loss.", 5)) return set_loss(c, key + 5, v, where);
     if (!strncmp(key, "advantage.", 10)) return set_advantage(c, key + 10, v, where);
     if (!strncmp(key, "reward.", 7)) return set_reward(c, key + 7, v, where);
+    if (!strncmp(key, "buffer.", 7)) return set_buffer(c, key + 7, v, where);
     if (!strncmp(key, "roles.", 6)) {
         const char *r = key + 6;
         c->roles_given = true;
@@ -586,6 +637,7 @@ static int json_key(vks_rl_config *c, const char *k, json_t *v, const char *path
     if (!strcmp(k, "loss")) return json_block(c, "loss", v, path, set_loss);
     if (!strcmp(k, "advantage")) return json_block(c, "advantage", v, path, set_advantage);
     if (!strcmp(k, "reward")) return put_reward(c, v, path);
+    if (!strcmp(k, "buffer")) return json_block(c, "buffer", v, path, set_buffer);
     if (!strcmp(k, "length_targets")) return json_targets(c, v, path);
     const key_info *info = find_key(k);
     if (!info) return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key '%s'", path, k);
@@ -682,6 +734,7 @@ static json_t *config_object(const vks_rl_config *c, bool all) {
     if (o && (all || !loss_is_default(c))) json_object_set_new(o, "loss", loss_object(c));
     if (o && (all || c->advantage != VKS_ADVANTAGE_GROUP_STD))
         json_object_set_new(o, "advantage", json_pack("{s:s}", "type", vks_advantage_type_name(c->advantage)));
+    if (o && (all || !buffer_is_default(c))) json_object_set_new(o, "buffer", buffer_object(c));
     if (o && c->reward[0]) { /* only then: stored configs stay as they were */
         json_error_t err;
         json_t *r = json_loads(c->reward, JSON_DECODE_ANY, &err);
@@ -792,11 +845,12 @@ int vks_rl_config_resume(vks_rl_config *c, const vks_rl_config *stored, const ch
     vks_rl_config *merged = malloc(sizeof *merged);
     int rc = mine && old && merged ? VKS_OK : vks_set_error(VKS_ERR_NOMEM, "resume: out of host memory");
     size_t at = 0;
-    const char *names[N_KEYS + 7];
+    const char *names[N_KEYS + 8];
     for (size_t i = 0; i < N_KEYS; i++) names[i] = keys[i].name;
     names[N_KEYS] = "length_targets", names[N_KEYS + 1] = "roles", names[N_KEYS + 2] = "prompt";
     names[N_KEYS + 3] = "lora", names[N_KEYS + 4] = "loss", names[N_KEYS + 5] = "advantage", names[N_KEYS + 6] = "reward";
-    for (size_t i = 0; !rc && i < N_KEYS + 7; i++) {
+    names[N_KEYS + 7] = "buffer";
+    for (size_t i = 0; !rc && i < N_KEYS + 8; i++) {
         const char *k = names[i];
         if (!vks_rl_config_given(c, k)) continue;
         json_t *now = json_object_get(mine, k), *was = json_object_get(old, k);
@@ -920,12 +974,33 @@ bool vks_rl_config_episodes_across_ranks(const vks_rl_config *c) {
     return true;
 }
 
+/* buffer.type difficulty_pool: a task file (a built-in task's instances are new each time: no solve rate to
+ * keep), thresholds in order, a weight somewhere, one process. */
+static int check_difficulty_pool(const vks_rl_config *c, int n_ranks) {
+    vks_task_spec spec;
+    const char *path = NULL;
+    const vks_rl_buffer *b = &c->buffer;
+    if (!vks_task_resolve(c->task, &spec, &path) && !path)
+        return vks_set_error(VKS_ERR_FORMAT, "config: buffer.type difficulty_pool needs a task file (task %s is built in: "
+                             "each of its instances is new, so none has a solve rate to keep)", c->task);
+    if (b->hard_threshold > b->easy_threshold)
+        return vks_set_error(VKS_ERR_FORMAT, "config: buffer.hard_threshold %g is above buffer.easy_threshold %g",
+                             b->hard_threshold, b->easy_threshold);
+    if (b->easy_weight + b->normal_weight + b->hard_weight <= 0)
+        return vks_set_error(VKS_ERR_FORMAT, "config: buffer weights are all 0: no pool could be drawn from");
+    if (n_ranks > 1 || c->roles_given)
+        return vks_set_error(VKS_ERR_FORMAT, "config: buffer.type difficulty_pool runs on one process for now (across ranks "
+                             "the orchestrator would send each grant's tasks with it: not built)");
+    return VKS_OK;
+}
+
 int vks_rl_config_check(vks_rl_config *c, int n_ranks) {
     if (!c || n_ranks < 1 || n_ranks > VKS_RL_MAX_RANKS) return vks_set_error(VKS_ERR_ARG, "config: %d ranks", n_ranks);
     int rc = check_values(c);
     if (rc) return rc;
     vks_task_spec spec;
     const char *path = NULL;
+    if (c->buffer.difficulty_pool && (rc = check_difficulty_pool(c, n_ranks))) return rc;
     if (n_ranks > 1 && !vks_rl_config_episodes_across_ranks(c) && !vks_task_resolve(c->task, &spec, &path) && !path &&
         vks_task_refuse_environments(&spec, NULL, 0))
         return vks_error_prefix(VKS_ERR_FORMAT, "config");

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "rl_internal.h"
 #include "task_internal.h"
+#include "vkswarm/vks_difficulty_pool.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_sandbox.h"
 #include "vkswarm/vks_philox.h"
@@ -71,12 +72,13 @@ static int batch_alloc(gen_batch *b, int P, int n) {
     return vks_set_error(VKS_ERR_NOMEM, "inference: out of host memory");
 }
 
-/* Task `index` of the run: a built-in instance or a user task (cycled), and
+/* Task `index` of the run: a built-in instance or a user task (cycled, or the difficulty pool's draw), and
  * its thinking-budget target when the run has length targets (0: none). */
 static int make_task(const vks_rl_gen *g, int64_t index, vks_task *t, int *target) {
     const vks_rl_config *c = g->o->config;
-    int rc = g->tasks ? (*t = g->tasks[index % g->n_tasks], VKS_OK)
-                      : vks_task_generate(&g->spec, c->seed, (uint32_t)index, t);
+    int64_t line = g->tasks ? index % g->n_tasks : 0;
+    int rc = g->pool ? vks_difficulty_pool_task(g->pool, index, &line) : VKS_OK;
+    if (!rc) rc = g->tasks ? (*t = g->tasks[line], VKS_OK) : vks_task_generate(&g->spec, c->seed, (uint32_t)index, t);
     if (!rc && g->reward_program) t->verify = VKS_VERIFY_PROGRAM, t->program = g->reward_program; /* config "reward" */
     *target = 0;
     if (rc || !c->n_length_targets) return rc;
@@ -928,6 +930,7 @@ int vks_rl_gen_open_tasks(vks_rl_gen *g) {
         rc = vks_task_split(g->tasks, &g->n_tasks, c->eval_split, &g->held, &g->n_held);
         if (rc) rc = vks_error_prefix(rc, "%s: eval_split %g", g->tasks_path, c->eval_split);
     }
+    if (!rc && c->buffer.difficulty_pool && !g->pool) rc = vks_difficulty_pool_create(g->n_tasks, &c->buffer, c->seed, &g->pool);
     return rc;
 }
 
@@ -946,6 +949,8 @@ void vks_rl_gen_close(vks_rl_gen *g) {
     g->program_metrics = NULL;
     free(g->reward_program);
     g->reward_program = NULL;
+    vks_difficulty_pool_free(g->pool);
+    g->pool = NULL;
 }
 
 /* A generated batch, not yet scored: what its scoring needs (the batch's
@@ -982,12 +987,28 @@ static int gen_begin(vks_rl_gen *g, int64_t batch, int n_prompts, gen_pending *x
     return rc;
 }
 
+/* Difficulty pools: each prompt's solve rate (its completions' mean task reward, rejected ones too: the
+ * pool is about the task, not the rank) moves its task to its pool for the batches drawn after this. */
+static int record_solve_rates(const vks_rl_gen *g, const gen_pending *x) {
+    int G = g->o->config->group_size, rc = VKS_OK;
+    for (int p = 0; !rc && p < x->P; p++) {
+        double sum = 0;
+        for (int j = 0; j < G; j++) sum += x->b.task_reward[p * G + j];
+        int64_t task = 0;
+        double rate = sum / G;
+        rc = vks_difficulty_pool_task(g->pool, x->batch * g->o->config->prompts_per_step + p, &task);
+        if (!rc) rc = vks_difficulty_pool_record(g->pool, task, rate < 0 ? 0 : rate > 1 ? 1 : rate);
+    }
+    return rc;
+}
+
 /* Scoring of a generated batch (an episode's reward came with it), its groups, its counts; frees x. */
 static int gen_end(const vks_rl_gen *g, gen_pending *x, vks_rl_batch_group *groups, vks_rl_gen_counts *cnt) {
     const vks_rl_config *c = g->o->config;
     memset(groups, 0, sizeof *groups * (size_t)c->prompts_per_step);
     memset(cnt, 0, sizeof *cnt);
     int rc = g->episodes ? VKS_OK : score_batch(g, &x->b, x->targets, x->n);
+    if (!rc && g->pool) rc = record_solve_rates(g, x);
     for (int p = 0; !rc && p < x->P; p++) rc = make_group(g, &x->b, x->batch, x->policy_step, p, &groups[p]);
     if (rc)
         for (int p = 0; p < x->P; p++) vks_rl_group_free(&groups[p]);

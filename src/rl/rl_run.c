@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 #include "rl_internal.h"
+#include "vkswarm/vks_difficulty_pool.h"
 #include "vkswarm/vks_rl_bans.h"
 #include "vkswarm/vks_grpo.h"
 #include "vkswarm/vks_sandbox.h"
@@ -996,7 +997,7 @@ static const char *trust_region_metric(const vks_rl_loss *l) {
 }
 
 static int log_step(rl_run *r, const vks_rl_progress *p) {
-    enum { FIXED = 31 };
+    enum { FIXED = 34 };
     vks_metric *m = malloc(sizeof *m * (FIXED + 4 * VKS_RL_MAX_RANK_STATUS + POOL_METRICS + VKS_TASK_MAX_METRICS));
     rank_names *names = malloc(sizeof *names * VKS_RL_MAX_RANK_STATUS);
     identity_names *id_names = malloc(sizeof *id_names * VKS_RL_MAX_IDENTITIES);
@@ -1033,6 +1034,13 @@ static int log_step(rl_run *r, const vks_rl_progress *p) {
     m[n++] = (vks_metric){"groups_stale", (double)p->groups_stale};
     m[n++] = (vks_metric){"off_policy_dropped", (double)p->off_policy_dropped};
     m[n++] = (vks_metric){"elapsed_s", p->elapsed_s};
+    if (r->gen.pool) { /* buffer.type difficulty_pool: the pools' sizes now */
+        int64_t size[VKS_POOL_COUNT];
+        vks_difficulty_pool_sizes(r->gen.pool, size);
+        m[n++] = (vks_metric){"pool_easy", (double)size[VKS_POOL_EASY]};
+        m[n++] = (vks_metric){"pool_normal", (double)size[VKS_POOL_NORMAL]};
+        m[n++] = (vks_metric){"pool_hard", (double)size[VKS_POOL_HARD]};
+    }
     n += rank_metrics(r, p, m + n, names, 4 * VKS_RL_MAX_RANK_STATUS);
     n += pool_metrics(r, pool, m + n, id_names);
     n += program_metrics(r, m + n, prog_names);
