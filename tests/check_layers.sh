@@ -30,7 +30,7 @@ declare -A header_layer=(
   [vks_engine]=engine [vks_sched]=engine [vks_train]=engine
   [vks_toploc]=toploc [vks_rollout]=toploc [vks_verify_group]=toploc
   [vks_rl]=rl [vks_rl_config]=rl [vks_rl_bans]=rl [vks_rl_roles]=rl [vks_grpo]=rl [vks_metrics]=rl [vks_prompt]=rl
-  [vks_sft]=rl [vks_sft_data]=rl [vks_tasks]=rl
+  [vks_sft]=rl [vks_sft_data]=rl [vks_tasks]=rl [vks_difficulty_pool]=rl
   [vks_mpi]=mpi [vks_broadcast]=mpi [vks_link]=mpi [vks_partition]=mpi [vks_pipeline]=mpi
   [vks_rl_mpi]=mpi [vks_verifier]=mpi
 )
