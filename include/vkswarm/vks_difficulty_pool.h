@@ -5,7 +5,7 @@
 #ifndef VKS_DIFFICULTY_POOL_H
 #define VKS_DIFFICULTY_POOL_H
 #include <stdint.h>
-#include "vkswarm/vks_rl_config.h"
+#include "vks_rl_config.h"
 
 enum { VKS_POOL_EASY = 0, VKS_POOL_NORMAL = 1, VKS_POOL_HARD = 2, VKS_POOL_COUNT = 3 };
 /* How many slots back a slot's task is remembered: older ones are refused (the report and the checks
