@@ -51,8 +51,11 @@ pid_file_pid() {
 # itself there, after a line "rank R: test signal: ... (pid P)" on stderr.
 # wait_signalled FILE JOB: waits (up to 120 s, or until mpirun JOB has ended) for that line in
 # FILE and, for a stop, until the process is stopped; sets sig_pid to P ("" when no line came) and
-# notes a stopped P for release_stopped
-signalled_in() { sed -n 's/.*test signal: .* (pid \([0-9]*\)).*/\1/p' "$1" | head -1; }
+# notes a stopped P for release_stopped. FILE must not hold an earlier job's lines: remove it before
+# starting JOB (the job's redirection may come after the first look here; an earlier case's line in a
+# reused file named a pid long gone, and the real rank stayed stopped: test_verifier, fresh run of
+# 2026-12-07)
+signalled_in() { sed -n 's/.*test signal: .* (pid \([0-9]*\)).*/\1/p' "$1" 2>/dev/null | head -1; }
 wait_signalled() {
     local i
     sig_pid=""

@@ -241,6 +241,7 @@ fi
 fault_run() { # rank KILL|STOP when(init|started|step:N) timeout-s
     local rank=$1 sig=$2 when=$3 t=$4 pid="" rc=0 name="rank $1 $2 at $3"
     local how=$([ "$sig" = STOP ] && echo stop || echo kill)
+    rm -f "$tmp/fault.txt" # not an earlier case's (wait_signalled)
     VKSWARM_TEST_SIGNAL=$rank:$how:$when mpi -x VKSWARM_TEST_SIGNAL -np 3 $bin pipeline $model --prompts "$tmp/prompts.txt" \
         --temp 0 -n 120 --link-latency-ms 300 --timeout-s "$t" > /dev/null 2> "$tmp/fault.txt" &
     local job=$!

@@ -88,6 +88,7 @@ verify_fault() {
     # through `vkswarm mpirun`, which ends an mpirun left hanging in Open MPI's finalize after the abort
     # with every rank ended (about 1 run in 6 on a loaded machine; plain mpirun sat until the 90 s bound)
     mpi_launcher=($bin mpirun)
+    rm -f "$tmp/fault.txt" # not an earlier case's (wait_signalled)
     VKSWARM_TEST_SIGNAL=$rank:stop:$when mpi_run 90 -x VKSWARM_TEST_SIGNAL -np "$np" $bin verify $model \
         --rollouts "$tmp/$file.jsonl" $mode --batch 3 --jsonl --mpi --timeout-s 3 > "$tmp/fault.out" 2> "$tmp/fault.txt" &
     local job=$!
