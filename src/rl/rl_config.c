@@ -74,15 +74,48 @@ void vks_rl_config_defaults(vks_rl_config *c) {
 
 /* ---- "loss" and "advantage" ---- */
 
-typedef struct { const char *name; size_t offset; double lo, hi; } loss_key;
+/* A block's number knobs ("loss", "buffer"): each a double of the block's struct at offset, in [lo, hi]. */
+typedef struct { const char *name; size_t offset; double lo, hi; } knob_key;
+typedef struct { const char *block; const knob_key *keys; size_t n; } knob_table;
+
+static double knob(const knob_table *t, const void *base, size_t i) {
+    return *(const double *)((const char *)base + t->keys[i].offset);
+}
+
+/* t->block.k = v (text), checked against its range; an unknown k is named. */
+static int set_knob(const knob_table *t, void *base, const char *k, const char *v, const char *where) {
+    for (size_t i = 0; i < t->n; i++) {
+        if (strcmp(k, t->keys[i].name)) continue;
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (end == v || *end || errno || !isfinite(x) || x < t->keys[i].lo || x > t->keys[i].hi)
+            return vks_set_error(VKS_ERR_FORMAT, "%s: %s.%s must be a number in [%g, %g]", where, t->block, k,
+                                 t->keys[i].lo, t->keys[i].hi);
+        *(double *)((char *)base + t->keys[i].offset) = x;
+        return VKS_OK;
+    }
+    return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key '%s.%.40s'", where, t->block, k);
+}
+
+static bool knobs_equal(const knob_table *t, const void *a, const void *b) {
+    for (size_t i = 0; i < t->n; i++)
+        if (knob(t, a, i) != knob(t, b, i)) return false;
+    return true;
+}
+
+static void put_knobs(json_t *o, const knob_table *t, const void *base) {
+    for (size_t i = 0; o && i < t->n; i++) json_object_set_new(o, t->keys[i].name, json_real(knob(t, base, i)));
+}
+
 #define LOSS_KEY(f, lo, hi) {#f, offsetof(vks_rl_loss, f), lo, hi}
-static const loss_key loss_keys[] = {
+static const knob_key loss_keys[] = {
     LOSS_KEY(delta, 1, 1e6),        LOSS_KEY(eps, 0, 0.999),          LOSS_KEY(eps_low, 0, 1),
     LOSS_KEY(eps_high, 0, 1e6),     LOSS_KEY(dppo_mask_low, 0, 1),    LOSS_KEY(dppo_mask_high, 0, 1),
     LOSS_KEY(ipo_threshold, 0, 1),  LOSS_KEY(adv_tau, 0, 1e6),        LOSS_KEY(kl_tau, 0, 1e6),
     LOSS_KEY(gspo_eps_low, 0, 1),   LOSS_KEY(gspo_eps_high, 0, 1e6),  LOSS_KEY(behav_cap, 1, 1e6),
 };
-#define N_LOSS_KEYS (sizeof loss_keys / sizeof loss_keys[0])
+static const knob_table loss_knobs = {"loss", loss_keys, sizeof loss_keys / sizeof loss_keys[0]};
 
 static const char *const advantage_names[] = {"group_std", "group_mean", NULL};
 static const char *const normalize_names[] = {"budget", "tokens", "sequence", NULL};
@@ -139,18 +172,7 @@ static int set_loss(vks_rl_config *c, const char *k, const char *v, const char *
         if (!(rc = name_index(behav_weight_names, "loss.behav_weight", v, where, &i))) c->loss.behav_truncate = i == 1;
         return rc;
     }
-    for (i = 0; i < (int)N_LOSS_KEYS; i++) {
-        if (strcmp(k, loss_keys[i].name)) continue;
-        char *end;
-        errno = 0;
-        double x = strtod(v, &end);
-        if (end == v || *end || errno || !isfinite(x) || x < loss_keys[i].lo || x > loss_keys[i].hi)
-            return vks_set_error(VKS_ERR_FORMAT, "%s: loss.%s must be a number in [%g, %g]", where, k,
-                                 loss_keys[i].lo, loss_keys[i].hi);
-        *(double *)((char *)&c->loss + loss_keys[i].offset) = x;
-        return VKS_OK;
-    }
-    return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'loss.%.40s'", where, k);
+    return set_knob(&loss_knobs, &c->loss, k, v, where);
 }
 
 static int set_advantage(vks_rl_config *c, const char *k, const char *v, const char *where) {
@@ -161,13 +183,12 @@ static int set_advantage(vks_rl_config *c, const char *k, const char *v, const c
 }
 
 /* buffer.KEY = text: type (simple or difficulty_pool), the thresholds (solve rates in [0, 1]) and the weights. */
-typedef struct { const char *name; size_t offset; double lo, hi; } buffer_key;
 #define BUFFER_KEY(f, lo, hi) {#f, offsetof(vks_rl_buffer, f), lo, hi}
-static const buffer_key buffer_keys[] = {
+static const knob_key buffer_keys[] = {
     BUFFER_KEY(easy_threshold, 0, 1), BUFFER_KEY(hard_threshold, 0, 1), BUFFER_KEY(easy_weight, 0, 1e6),
     BUFFER_KEY(normal_weight, 0, 1e6), BUFFER_KEY(hard_weight, 0, 1e6),
 };
-#define N_BUFFER_KEYS (sizeof buffer_keys / sizeof buffer_keys[0])
+static const knob_table buffer_knobs = {"buffer", buffer_keys, sizeof buffer_keys / sizeof buffer_keys[0]};
 static const char *const buffer_names[] = {"simple", "difficulty_pool", NULL};
 
 static int set_buffer(vks_rl_config *c, const char *k, const char *v, const char *where) {
@@ -176,32 +197,16 @@ static int set_buffer(vks_rl_config *c, const char *k, const char *v, const char
         if (!(rc = name_index(buffer_names, "buffer.type", v, where, &i))) c->buffer.difficulty_pool = i == 1;
         return rc;
     }
-    for (i = 0; i < (int)N_BUFFER_KEYS; i++) {
-        if (strcmp(k, buffer_keys[i].name)) continue;
-        char *end;
-        errno = 0;
-        double x = strtod(v, &end);
-        if (end == v || *end || errno || !isfinite(x) || x < buffer_keys[i].lo || x > buffer_keys[i].hi)
-            return vks_set_error(VKS_ERR_FORMAT, "%s: buffer.%s must be a number in [%g, %g]", where, k,
-                                 buffer_keys[i].lo, buffer_keys[i].hi);
-        *(double *)((char *)&c->buffer + buffer_keys[i].offset) = x;
-        return VKS_OK;
-    }
-    return vks_set_error(VKS_ERR_FORMAT, "%s: unknown key 'buffer.%.40s'", where, k);
+    return set_knob(&buffer_knobs, &c->buffer, k, v, where);
 }
 
-static double buffer_knob(const vks_rl_buffer *b, size_t i) { return *(const double *)((const char *)b + buffer_keys[i].offset); }
-
 static bool buffer_is_default(const vks_rl_config *c) {
-    bool same = c->buffer.difficulty_pool == default_buffer.difficulty_pool;
-    for (size_t i = 0; same && i < N_BUFFER_KEYS; i++) same = buffer_knob(&c->buffer, i) == buffer_knob(&default_buffer, i);
-    return same;
+    return c->buffer.difficulty_pool == default_buffer.difficulty_pool && knobs_equal(&buffer_knobs, &c->buffer, &default_buffer);
 }
 
 static json_t *buffer_object(const vks_rl_config *c) {
     json_t *o = json_pack("{s:s}", "type", buffer_names[c->buffer.difficulty_pool]);
-    for (size_t i = 0; o && i < N_BUFFER_KEYS; i++)
-        json_object_set_new(o, buffer_keys[i].name, json_real(buffer_knob(&c->buffer, i)));
+    put_knobs(o, &buffer_knobs, &c->buffer);
     return o;
 }
 
@@ -225,21 +230,16 @@ static int json_block(vks_rl_config *c, const char *name, json_t *o, const char 
     return VKS_OK;
 }
 
-static double loss_knob(const vks_rl_loss *l, size_t i) { return *(const double *)((const char *)l + loss_keys[i].offset); }
-
 static bool loss_is_default(const vks_rl_config *c) {
-    bool same = c->loss.type == default_loss.type && c->loss.normalize == default_loss.normalize &&
-                c->loss.behav_truncate == default_loss.behav_truncate;
-    for (size_t i = 0; same && i < N_LOSS_KEYS; i++) same = loss_knob(&c->loss, i) == loss_knob(&default_loss, i);
-    return same;
+    return c->loss.type == default_loss.type && c->loss.normalize == default_loss.normalize &&
+           c->loss.behav_truncate == default_loss.behav_truncate && knobs_equal(&loss_knobs, &c->loss, &default_loss);
 }
 
 static json_t *loss_object(const vks_rl_config *c) {
     json_t *o = json_pack("{s:s, s:s, s:s}", "type", vks_loss_type_name(c->loss.type), "normalize",
                           vks_loss_normalize_name(c->loss.normalize), "behav_weight",
                           behav_weight_names[c->loss.behav_truncate]);
-    for (size_t i = 0; o && i < N_LOSS_KEYS; i++)
-        json_object_set_new(o, loss_keys[i].name, json_real(loss_knob(&c->loss, i)));
+    put_knobs(o, &loss_knobs, &c->loss);
     return o;
 }
 
