@@ -16,11 +16,11 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include "cli_mpi.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "vkswarm/vks_common.h"
 
 static const char mpirun_usage[] =
     "usage: vkswarm mpirun [--join | --join-run FILE] [MPIRUN OPTIONS] PROGRAM [ARGS] [: ...]\n"
@@ -88,7 +88,7 @@ static pid_t start_ompi_server(char *dir, char *uri_path, size_t cap) {
 
 /* Open MPI 4.1.4's mpirun sometimes hangs after an abort with every local rank already ended: its main
  * thread in PMIx_server_finalize joining a progress thread that waits on a lock (tests/mpi/test_verifier.sh,
- * about 1 run in 6 on a loaded machine; NOTES.md). Its ranks are then zombies it never reaps. The local
+ * 2 runs in 40 on a loaded machine; NOTES.md). Its ranks are then zombies it never reaps. The local
  * children of `parent` from /proc: how many, how many ended, and the wait status mpirun would report (the
  * first non-zero exit, else the first signal, else 0; /proc/PID/stat field 52 holds it for a zombie). */
 static int scan_children(pid_t parent, int *ended, int *status) {
@@ -123,12 +123,6 @@ static int scan_children(pid_t parent, int *ended, int *status) {
     return n;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* Whether mpirun `pid` has had only ended ranks for MPIRUN_HUNG_S (*since: when that began, -1: not now);
  * then it is ended here and *status is what its ranks said. */
 #define MPIRUN_HUNG_S 5.0
@@ -138,8 +132,8 @@ static bool hung_after_ranks(pid_t pid, double *since, int *status) {
         *since = -1;
         return false;
     }
-    if (*since < 0) *since = now_s();
-    if (now_s() - *since < MPIRUN_HUNG_S) return false;
+    if (*since < 0) *since = vks_seconds_now();
+    if (vks_seconds_now() - *since < MPIRUN_HUNG_S) return false;
     fprintf(stderr, "vkswarm: mpirun: every rank ended %.0f s ago but mpirun has not (Open MPI's hang in its "
                     "finalize after an abort): ending mpirun with its ranks' status\n", MPIRUN_HUNG_S);
     kill(pid, SIGKILL);

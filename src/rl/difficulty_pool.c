@@ -72,7 +72,7 @@ static int64_t draw(const vks_difficulty_pool *p, int64_t slot) {
     double total = 0;
     for (int k = 0; k < VKS_POOL_COUNT; k++) total += p->size[k] ? weight[k] : 0;
     int pool = -1;
-    double u = (w[0] >> 8) * (1.0 / 16777216.0) * total; /* in [0, total) */
+    double u = vks_rng_uniform(w[0]) * total; /* in (0, total) */
     for (int k = 0; k < VKS_POOL_COUNT; k++) {
         double wk = p->size[k] ? weight[k] : 0;
         if (wk <= 0) continue;
